@@ -1,0 +1,1 @@
+"""Measurement: exact byte accounting, CUDA allocator, NVML, host, timelines, OOM parsing."""
