@@ -18,7 +18,13 @@ Recompute = Literal["none", "selective", "full"]
 Attention = Literal["eager", "math", "flash", "efficient", "cudnn"]
 
 DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+    "fp32": 4,
+    "tf32": 4,
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int4": 0.5,
 }
 """Storage bytes per element of each dtype name memlab uses."""
 
@@ -53,30 +59,72 @@ PRECISION_POLICIES: dict[str, PrecisionPolicy] = {
     for p in (
         PrecisionPolicy("fp32", 4, 4, 0, 0, "fp32", False, False, "plain fp32 training"),
         PrecisionPolicy(
-            "amp-bf16", 4, 4, 0, 0, "bf16", True, False,
+            "amp-bf16",
+            4,
+            4,
+            0,
+            0,
+            "bf16",
+            True,
+            False,
             "PyTorch automatic mixed precision (torch.autocast, bf16): fp32 weights and grads, 16-bit copies of "
             "matmul weights made per forward (docs.pytorch.org/docs/stable/amp.html)",
         ),
         PrecisionPolicy(
-            "amp-fp16", 4, 4, 0, 0, "fp16", True, True,
+            "amp-fp16",
+            4,
+            4,
+            0,
+            0,
+            "fp16",
+            True,
+            True,
             "PyTorch automatic mixed precision (torch.autocast, fp16) with torch.amp.GradScaler",
         ),
         PrecisionPolicy(
-            "mixed-bf16", 2, 2, 4, 0, "bf16", False, False,
+            "mixed-bf16",
+            2,
+            2,
+            4,
+            0,
+            "bf16",
+            False,
+            False,
             "16-bit weights and grads plus an fp32 master copy: the 2+2+12 = 16 B/param of Rajbhandari et al. "
             "2019 (ZeRO), Section 3.1, with Adam",
         ),
         PrecisionPolicy(
-            "mixed-fp16", 2, 2, 4, 0, "fp16", False, True,
+            "mixed-fp16",
+            2,
+            2,
+            4,
+            0,
+            "fp16",
+            False,
+            True,
             "as mixed-bf16 with fp16 and loss scaling (Micikevicius et al. 2018, 'Mixed Precision Training')",
         ),
         PrecisionPolicy(
-            "mixed-bf16-fp32-grads", 2, 4, 4, 0, "bf16", False, False,
+            "mixed-bf16-fp32-grads",
+            2,
+            4,
+            4,
+            0,
+            "bf16",
+            False,
+            False,
             "bf16 weights, fp32 gradients, fp32 master: 18 B/param with Adam (Megatron-LM docs, "
             "'Distributed Optimizer', bytes-per-parameter table)",
         ),
         PrecisionPolicy(
-            "mixed-fp16-fp32-accum", 2, 2, 4, 4, "fp16", False, True,
+            "mixed-fp16-fp32-accum",
+            2,
+            2,
+            4,
+            4,
+            "fp16",
+            False,
+            True,
             "fp16 weights and grads plus fp32 main grads for accumulation and fp32 master: 20 B/param with Adam "
             "(Megatron-LM docs, 'Distributed Optimizer', bytes-per-parameter table)",
         ),
