@@ -1,1 +1,38 @@
-"""Measurement: exact byte accounting, CUDA allocator, NVML, host, timelines, OOM parsing."""
+"""Measurement: exact byte accounting, CUDA allocator, NVML, host, timelines, OOM parsing.
+
+The adapters here read what is really there. Where a source is absent (no CUDA, no NVML) a reading says so
+(``available=False`` and a ``reason``); it never reports zeros in its place.
+
+The names below are re-exported lazily (PEP 562), so importing one submodule (e.g. ``accounting``) does not
+import the others (pandas, the sampler thread, NVML).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "cuda": (
+        "CudaMemoryStats", "CudaUnavailableError", "EmulatedGpu", "cuda_memory_stats", "cuda_unavailable_reason",
+        "emulate_smaller_gpu", "record_memory_history", "reset_peaks",
+    ),
+    "host": ("HostReading", "host_reading"),
+    "nvml": ("NvmlReading", "NvmlSession", "nvml_reading"),
+    "oom": ("OomInfo", "catch_oom", "clean_allocator", "is_oom_error", "parse_oom_message", "run_catching_oom"),
+    "timeline": ("TimelineSampler",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memlab.measure' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"memlab.measure.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
