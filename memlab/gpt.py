@@ -108,10 +108,10 @@ class Rotary(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` of shape (batch, seq, heads, head_dim)."""
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Rotate ``x`` of shape (batch, seq, heads, head_dim) whose first position is ``start``."""
         s, half = x.shape[1], x.shape[-1] // 2
-        cos, sin = self.cos[:s, None, :], self.sin[:s, None, :]
+        cos, sin = self.cos[start : start + s, None, :], self.sin[start : start + s, None, :]
         xf = x.float()
         x1, x2 = xf[..., :half], xf[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
@@ -144,8 +144,12 @@ class AttentionCore(nn.Module):
         self.softmax = ScoreSoftmax(config.dropout)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (b, s, a, d) and k, v (b, s, kv, d) to the attended values (b, s, a*d)."""
+        """q (b, s, a, d) and k, v (b, T, kv, d) to the attended values (b, s, a*d).
+
+        The s queries are the last s of the T positions (T > s when decoding with a KV cache).
+        """
         b, s, a, d = q.shape
+        T = k.shape[1]
         kv = self.n_kv_heads
         g = a // kv
         drop = self.dropout if self.training else 0.0
@@ -153,16 +157,18 @@ class AttentionCore(nn.Module):
             # The g query heads that share a KV head become extra rows, so K and V are never repeated:
             # q -> (b, kv, g*s, d). The contiguous copies are the ones matmul would make (and save) anyway.
             qg = q.view(b, s, kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv, g * s, d)
-            kt = k.permute(0, 2, 3, 1).contiguous()  # (b, kv, d, s)
-            vv = v.transpose(1, 2).contiguous()  # (b, kv, s, d)
+            kt = k.permute(0, 2, 3, 1).contiguous()  # (b, kv, d, T)
+            vv = v.transpose(1, 2).contiguous()  # (b, kv, T, d)
             # Scaling by a Python number and adding a mask save nothing for backward.
             scores = torch.matmul(qg, kt) * (1.0 / math.sqrt(d))
-            mask = torch.full((s, s), float("-inf"), device=q.device).triu(1).to(scores.dtype)
-            probs = self.softmax(scores.view(b, kv, g, s, s) + mask)
-            out = torch.matmul(probs.view(b, kv, g * s, s), vv)  # (b, kv, g*s, d)
+            mask = torch.full((s, T), float("-inf"), device=q.device).triu(T - s + 1).to(scores.dtype)
+            probs = self.softmax(scores.view(b, kv, g, s, T) + mask)
+            out = torch.matmul(probs.view(b, kv, g * s, T), vv)  # (b, kv, g*s, d)
             return out.view(b, kv, g, s, d).permute(0, 3, 1, 2, 4).reshape(b, s, a * d)
         from torch.nn.attention import sdpa_kernel
 
+        if s != T and s != 1:
+            raise SetupError("SDPA attention with a KV cache supports a prefill from position 0 or one-token decode")
         try:
             with sdpa_kernel(_sdpa_backend(self.attention)):
                 out = F.scaled_dot_product_attention(
@@ -170,7 +176,7 @@ class AttentionCore(nn.Module):
                     k.transpose(1, 2),
                     v.transpose(1, 2),
                     dropout_p=drop,
-                    is_causal=True,
+                    is_causal=s == T,
                     enable_gqa=g > 1,
                 )
         except RuntimeError as exc:
@@ -208,13 +214,16 @@ class Attention(nn.Module):
         self.recompute_core = recompute == "selective"
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor, rotary: Rotary | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
         b, s, _ = x.shape
+        start = kv.start if kv is not None else 0
         q = self.q(x).view(b, s, self.n_heads, self.head_dim)
         k = self.k(x).view(b, s, self.n_kv_heads, self.head_dim)
         v = self.v(x).view(b, s, self.n_kv_heads, self.head_dim)
         if rotary is not None:
-            q, k = rotary(q), rotary(k)
+            q, k = rotary(q, start), rotary(k, start)
+        if kv is not None:
+            k, v = kv.append(k, v)
         if self.recompute_core and torch.is_grad_enabled():
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
@@ -263,15 +272,15 @@ class Block(nn.Module):
         self.mlp = MLP(config, device, dtype)
         self.recompute_full = recompute == "full"
 
-    def _forward(self, x: torch.Tensor, rotary: Rotary | None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rotary)
+    def _forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rotary, kv)
         return x + self.mlp(self.norm2(x))
 
-    def forward(self, x: torch.Tensor, rotary: Rotary | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
             # Only x is kept; the rotary module is passed through, its fp32 tables are module buffers.
             return checkpoint(self._forward, x, rotary, use_reentrant=False)
-        return self._forward(x, rotary)
+        return self._forward(x, rotary, kv)
 
 
 class GPT(nn.Module):
@@ -326,20 +335,74 @@ class GPT(nn.Module):
                 n += p.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """Loss (with ``targets``) or logits for token ids ``idx`` (batch, seq).
+
+        With a :class:`KVCache` the tokens continue the cached sequence (inference: prefill, then decode).
+        """
         b, s = idx.shape
-        if s > self.config.max_seq:
-            raise SetupError(f"sequence length {s} exceeds max_seq={self.config.max_seq} of {self.config.name}")
+        start = cache.length if cache is not None else 0
+        if start + s > self.config.max_seq:
+            raise SetupError(
+                f"sequence length {start + s} exceeds max_seq={self.config.max_seq} of {self.config.name}"
+            )
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(s, device=idx.device))
-        for block in self.blocks:
-            x = block(x, self.rotary)
+            x = x + self.pos_emb(torch.arange(start, start + s, device=idx.device))
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.rotary, cache.layer(i) if cache is not None else None)
+        if cache is not None:
+            cache.length += s
         x = self.norm_f(x)
         logits = F.linear(x, self.head_weight)
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(b * s, -1), targets.view(b * s))
+
+
+class LayerCache:
+    """One layer's slice of a :class:`KVCache`: writes new keys/values at ``start`` and returns all so far."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        self.k, self.v, self.start = k, v, start
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.start + k.shape[1]
+        self.k[:, self.start : end] = k
+        self.v[:, self.start : end] = v
+        return self.k[:, :end], self.v[:, :end]
+
+
+class KVCache:
+    """Preallocated keys and values for every layer, each (batch, max_len, n_kv_heads, head_dim).
+
+    Its size is 2 * n_layers * batch * max_len * n_kv_heads * head_dim * element size bytes, allocated up
+    front as serving engines do, so its memory does not grow during decoding.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        batch: int,
+        max_len: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (batch, max_len, config.n_kv_heads or config.n_heads, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.length = 0
+
+    def layer(self, i: int) -> LayerCache:
+        """Layer ``i``'s cache, positioned at the current length."""
+        return LayerCache(self.k[i], self.v[i], self.length)
+
+    def nbytes(self) -> int:
+        """Bytes of all cache tensors."""
+        return sum(t.untyped_storage().nbytes() for t in self.k + self.v)
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -400,8 +463,8 @@ def saved_tensor_category(t: torch.Tensor, scope: tuple[nn.Module, ...]) -> str:
             return "attention scores"
         if isinstance(module, AttentionCore):
             # The probabilities, their 16-bit copy or dropped version, and dropout masks (a bool mask, or a
-            # noise tensor: the only saved tensor here with no grad_fn).
-            scores = t.dtype == torch.bool or t.grad_fn is None
+            # noise tensor shaped like the probabilities; the fused kernels' 3-D log-sum-exp has no grad_fn too).
+            scores = t.dtype == torch.bool or (t.grad_fn is None and t.dim() >= 4)
             scores = scores or any("Softmax" in n or "Dropout" in n for n in chain)
             return "attention scores" if scores else "attention"
         if isinstance(module, Attention):

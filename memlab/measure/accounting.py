@@ -41,8 +41,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else t
 
 
-def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and aliases counted once)."""
+def unique_storage_bytes(tensors: Iterable[torch.Tensor], device: torch.device | None = None) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and aliases counted once).
+
+    With ``device``, only storages on that device count (an optimizer's CPU step counters are not GPU memory).
+    """
     seen: set[tuple[str, int]] = set()
     total = 0
     for t in tensors:
@@ -50,11 +53,17 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
             continue
         t = _local(t)
         key = storage_key(t)
-        if key is None or key in seen:
+        if key is None or key in seen or not _on(t, device):
             continue
         seen.add(key)
         total += t.untyped_storage().nbytes()
     return total
+
+
+def _on(t: torch.Tensor, device: torch.device | None) -> bool:
+    if device is None:
+        return True
+    return t.device.type == device.type and (device.index is None or t.device.index in (None, device.index))
 
 
 def _state_tensors(state: Any) -> Iterator[torch.Tensor]:
@@ -99,11 +108,15 @@ class ModelStates:
         }
 
 
-def optimizer_state_bytes(optimizer: Any, exclude: Iterable[torch.Tensor] = ()) -> dict[str, int]:
+def optimizer_state_bytes(
+    optimizer: Any, exclude: Iterable[torch.Tensor] = (), device: torch.device | None = None
+) -> dict[str, int]:
     """Bytes of optimizer state by key, deduplicated by storage; ``exclude`` storages (the params) are skipped.
 
     Works for any ``torch.optim.Optimizer`` (its ``state`` dict) and for wrappers that expose
-    ``memlab_state_tensors()`` returning ``{key: [tensors]}`` (memlab's master-weight wrapper does).
+    ``memlab_state_tensors()`` returning ``{key: [tensors]}`` (memlab's master-weight wrapper does; its
+    ``grads`` key, fp32 buffers that replace the 16-bit gradients, is reported here too and counted as
+    gradients by :func:`model_states`). With ``device``, only storages on that device count.
     """
     seen = {k for t in exclude if (k := storage_key(_local(t))) is not None}
     groups: dict[str, list[torch.Tensor]] = {}
@@ -121,7 +134,7 @@ def optimizer_state_bytes(optimizer: Any, exclude: Iterable[torch.Tensor] = ()) 
         for t in tensors:
             t = _local(t)
             k = storage_key(t)
-            if k is None or k in seen:
+            if k is None or k in seen or not _on(t, device):
                 continue
             seen.add(k)
             n += t.untyped_storage().nbytes()
@@ -129,16 +142,20 @@ def optimizer_state_bytes(optimizer: Any, exclude: Iterable[torch.Tensor] = ()) 
     return out
 
 
-def model_states(model: nn.Module, optimizer: Any = None) -> ModelStates:
-    """Exact bytes of parameters, their gradients, optimizer state and buffers on this rank."""
+def model_states(model: nn.Module, optimizer: Any = None, *, device: torch.device | None = None) -> ModelStates:
+    """Exact bytes of parameters, their gradients, optimizer state and buffers on this rank.
+
+    ``device`` restricts the count to storages on that device (None: every device).
+    """
     params = list(model.parameters())
     grads = [p.grad for p in params if p.grad is not None]
-    by_key = optimizer_state_bytes(optimizer, exclude=params + grads) if optimizer is not None else {}
+    by_key = optimizer_state_bytes(optimizer, params + grads, device) if optimizer is not None else {}
+    wrapper_grads = by_key.pop("grads", 0)
     return ModelStates(
-        params_bytes=unique_storage_bytes(params),
-        grads_bytes=unique_storage_bytes(grads),
+        params_bytes=unique_storage_bytes(params, device),
+        grads_bytes=unique_storage_bytes(grads, device) + wrapper_grads,
         optimizer_bytes=sum(by_key.values()),
-        buffers_bytes=unique_storage_bytes(model.buffers()),
+        buffers_bytes=unique_storage_bytes(model.buffers(), device),
         optimizer_by_key=by_key,
     )
 
