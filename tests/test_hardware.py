@@ -46,21 +46,40 @@ def test_every_row_has_source_positive_memory_and_bandwidth(acc):
 PRINTED = [
     # NVIDIA H100 Tensor Core GPU datasheet: H100 SXM BF16 Tensor Core 1,979 TFLOPS* (*with sparsity)
     ("h100-sxm", "bf16", 1979e12, "sparse"),
-    # same datasheet, H100 PCIe: 1,513 TFLOPS*; FP8 3,026*
+    # same datasheet, H100 PCIe: 1,513 TFLOPS*; FP8 3,026*; H100 NVL: BF16 1,671*, TF32 835*
     ("h100-pcie", "bf16", 1513e12, "sparse"),
     ("h100-pcie", "fp8", 3026e12, "sparse"),
+    ("h100-nvl", "bf16", 1671e12, "sparse"),
+    ("h100-nvl", "tf32", 835e12, "sparse"),
+    # NVIDIA H200 product page: NVL FP8 3,341 TFLOPS*
+    ("h200-nvl", "fp8", 3341e12, "sparse"),
     # NVIDIA L4 datasheet: BF16 242 TFLOPS* (sparsity only printed)
     ("l4", "bf16", 242e12, "sparse"),
-    # NVIDIA HGX B200: FP16/BF16 36 PFLOPS* for 8 GPUs
+    # NVIDIA L40S datasheet: BF16 362.05 | 733* (dense printed)
+    ("l40s", "bf16", 362.05e12, "dense"),
+    # NVIDIA HGX B200 page: FP16/BF16 36 PFLOPS* for 8 GPUs; Blackwell datasheet per GPU: 4.5 PFLOPS*
     ("b200", "bf16", 36e15 / 8, "sparse"),
-    # NVIDIA GB200 NVL72: per superchip (2 GPUs) FP16/BF16 10 PFLOPS*
-    ("gb200", "bf16", 10e15 / 2, "sparse"),
+    ("b200", "bf16", 4.5e15, "sparse"),
+    # HGX B200 page: TF32 18 PFLOPS* for 8 GPUs (the per-GPU column rounds 2.25 to 2.2)
+    ("b200", "tf32", 18e15 / 8, "sparse"),
+    # NVIDIA Blackwell datasheet, GB200 NVL72 column, per GPU: FP16/BF16 5 PFLOPS*, FP8 10 PFLOPS*
+    ("gb200", "bf16", 5e15, "sparse"),
+    ("gb200", "fp8", 10e15, "sparse"),
     # NVIDIA A100 datasheet: BF16 312 TFLOPS dense (624* sparse)
     ("a100-80gb-sxm", "bf16", 312e12, "dense"),
+    # GA102 whitepaper, RTX 3090: FP16 tensor with FP32 accumulate 71 | 142*
+    ("rtx-3090", "bf16", 71e12, "dense"),
+    # Ada whitepaper, RTX 4090: FP8 with FP32 accumulate 330.3 | 660.6*
+    ("rtx-4090", "fp8", 330.3e12, "dense"),
     # Google Cloud TPU v4 docs: 275 TFLOPS bf16 per chip (the peak PaLM's MFU uses)
     ("tpu-v4", "bf16", 275e12, "dense"),
-    # AMD MI250X: 383 TFLOPS FP16/BF16 per package = 2 GCDs
+    # Google Cloud TPU v5e docs: 197 TFLOPs bf16, 393 TOPs int8 per chip
+    ("tpu-v5e", "int8", 393e12, "dense"),
+    # Google Cloud TPU v5p docs: 459 TFLOPs bf16 per chip
+    ("tpu-v5p", "bf16", 459e12, "dense"),
+    # AMD MI250X / MI250: 383 / 362.1 TFLOPS FP16/BF16 per package = 2 GCDs
     ("mi250x", "bf16", 383e12 / 2, "dense"),
+    ("mi250", "bf16", 362.1e12 / 2, "dense"),
     # AMD MI300X datasheet: 1,307.4 TFLOPS FP16/BF16 dense
     ("mi300x", "bf16", 1307.4e12, "dense"),
 ]
@@ -71,6 +90,58 @@ def test_stored_peaks_are_dense_not_the_printed_sparse_figure(key, dtype, printe
     stored = hw.gpu(key).peak(dtype)
     assert stored <= printed
     assert stored == pytest.approx(printed / 2 if kind == "sparse" else printed, rel=1e-9)
+
+
+# Memory, bandwidth and fp32 as the cited documents print them (corrected in the datasheet audit).
+@pytest.mark.parametrize(("key", "field", "value"), [
+    ("b200", "bandwidth_bytes_per_s", 7.7e12),  # Blackwell datasheet, HGX B200 per GPU: 180 GB | 7.7 TB/s
+    ("b200", "memory_bytes", 180 * GIB),
+    ("gb200", "bandwidth_bytes_per_s", 8e12),  # Blackwell datasheet, GB200 NVL72 per GPU: 186 GB | 8 TB/s
+    ("gb200", "memory_bytes", 186 * GIB),
+    ("t4", "bandwidth_bytes_per_s", 320e9),  # T4 product page "320+ GB/s" (the PDF datasheet says 300)
+    ("h100-nvl", "bandwidth_bytes_per_s", 3.9e12),  # H100 datasheet, NVL: 94 GB, 3.9 TB/s
+    ("tpu-v4", "bandwidth_bytes_per_s", 1.2e12),  # TPU v4 docs: 32 GiB, 1200 GBps
+])
+def test_memory_and_bandwidth_match_the_cited_document(key, field, value):
+    assert getattr(hw.gpu(key), field) == pytest.approx(value, rel=1e-12)
+
+
+def test_fp32_is_the_per_gpu_datasheet_figure_not_a_derived_one():
+    # Blackwell datasheet per GPU: GB200 80 TFLOPS, HGX B200 75 TFLOPS (the old NVL72 page's 180 TF / 2 = 90 is stale)
+    assert hw.gpu("gb200").peak("fp32") == 80e12
+    assert hw.gpu("b200").peak("fp32") == 75e12 == 600e12 / 8  # HGX B200 page: FP32 600 TFLOPS for 8 GPUs
+
+
+@pytest.mark.parametrize("acc", hw.list_gpus(), ids=lambda a: a.key)
+def test_tensor_rates_double_with_each_halving_of_precision(acc):
+    # A mistyped row (a sparse figure left undivided, a digit dropped) breaks these ratios.
+    p = acc.peak_flops
+    if p["fp16"] is not None and p["bf16"] is not None:
+        assert p["fp16"] == p["bf16"]
+    if p["tf32"] is not None and p["bf16"] is not None:
+        assert p["bf16"] / p["tf32"] == pytest.approx(2, rel=0.02)
+    if p["bf16"] is not None and p["fp8"] is not None:
+        assert p["fp8"] / p["bf16"] == pytest.approx(2, rel=0.02)
+    half = p["bf16"] or p["fp16"]
+    if half is not None and p["int8"] is not None:
+        assert p["int8"] >= half
+
+
+@pytest.mark.parametrize("acc", hw.list_gpus(), ids=lambda a: a.key)
+def test_every_row_says_how_its_dense_figures_were_obtained(acc):
+    assert "dense" in acc.notes
+    if "*" in acc.source:  # the document prints some figures "with sparsity"
+        assert "dense = " in acc.notes or "dense stored" in acc.notes
+    if acc.unofficial:
+        assert "unconfirmed" in acc.notes and acc.source.startswith("third party")
+
+
+def test_per_gcd_rows_are_half_the_package():
+    # AMD MI250X page: 95.7 TFLOPS FP32 matrix, 383 TOPS INT8, 128 GB, 3.2768 TB/s per package of 2 GCDs
+    acc = hw.gpu("mi250x")
+    assert (acc.peak("fp32"), acc.peak("int8")) == (pytest.approx(95.7e12 / 2), pytest.approx(383e12 / 2))
+    assert acc.memory_bytes == 128 * GIB // 2 and acc.bandwidth_bytes_per_s == pytest.approx(3.2768e12 / 2)
+    assert "per GCD = package / 2" in acc.notes
 
 
 def test_h100_sxm_dense_bf16_is_about_989_tflops():
