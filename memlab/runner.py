@@ -192,7 +192,7 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     model.train()
     step = training_step(model, policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr))
     data = _tokens(config, setup.batch, setup.seq, device, seed)
-    idx, tgt = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()  # separate storages, as a data loader yields
     out: dict[str, Any] = {}
 
     phases = [{"phase": "built", **_states(model, step, device), "activations": 0}]

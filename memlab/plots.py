@@ -1,0 +1,127 @@
+"""The course's standard figures: predicted beside measured stacked bars, memory timelines, error bars.
+
+Every figure has a title, labelled axes with units, and says where its numbers came from (``source=`` ends
+up in the title's second line). Functions return the matplotlib Figure; they never call ``plt.show()``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+COMPONENT_COLORS = {
+    "params": "#4C72B0",
+    "grads": "#DD8452",
+    "optimizer": "#55A868",
+    "activations": "#C44E52",
+    "kv_cache": "#8172B3",
+}
+
+
+def byte_unit(max_bytes: float) -> tuple[str, float]:
+    """A binary unit (B, KiB, MiB, GiB) that keeps ``max_bytes`` readable, and its size in bytes."""
+    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if max_bytes >= size:
+            return name, float(size)
+    return "B", 1.0
+
+
+def _figure(width: float = 8.0, height: float = 4.5) -> tuple[Figure, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    return fig, ax
+
+
+def stacked_breakdown(table: pd.DataFrame, *, title: str, source: str = "", label_col: str = "experiment") -> Figure:
+    """Predicted and measured bars side by side per experiment, each stacked by component.
+
+    ``table`` is a ledger (:func:`memlab.ledger.compare` rows); only the model components (params, grads,
+    optimizer, activations, kv_cache) are stacked. The measured bar is hatched.
+    """
+    t = table[table["component"].isin(list(COMPONENT_COLORS))]
+    labels = list(dict.fromkeys(t[label_col]))
+    comps = [c for c in COMPONENT_COLORS if c in set(t["component"])]
+    peak = max(
+        t.groupby(label_col)["predicted"].sum().max(),
+        t.groupby(label_col)["measured"].sum().max(),
+    )
+    unit, size = byte_unit(float(peak))
+    fig, ax = _figure(max(6.0, 1.6 * len(labels) + 2), 4.8)
+    width = 0.38
+    for i, label in enumerate(labels):
+        rows = t[t[label_col] == label].set_index("component")
+        for j, kind in enumerate(("predicted", "measured")):
+            bottom = 0.0
+            for comp in comps:
+                if comp not in rows.index:
+                    continue
+                value = float(rows.loc[comp, kind] or 0) / size
+                ax.bar(i + (j - 0.5) * width, value, width, bottom=bottom, color=COMPONENT_COLORS[comp],
+                       hatch="//" if kind == "measured" else None, edgecolor="white",
+                       label=comp if (i == 0 and j == 0) else None)
+                bottom += value
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(f"memory per device ({unit})")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.legend(title="left: predicted, right (hatched): measured", fontsize=8, title_fontsize=8)
+    return fig
+
+
+def phase_timeline(phases: pd.DataFrame, *, title: str, source: str = "") -> Figure:
+    """Exact bytes of params, grads, optimizer state and activations at each phase boundary, stacked.
+
+    ``phases`` has a ``phase`` column and one column per component (a runner Measurement's ``phases``).
+    """
+    comps = [c for c in ("params", "grads", "optimizer", "activations") if c in phases.columns]
+    totals = phases[comps].sum(axis=1)
+    unit, size = byte_unit(float(totals.max()))
+    fig, ax = _figure()
+    x = range(len(phases))
+    ax.stackplot(x, *[phases[c] / size for c in comps], labels=comps,
+                 colors=[COMPONENT_COLORS[c] for c in comps], step="mid", alpha=0.9)
+    ax.set_xticks(list(x), list(phases["phase"]), rotation=15)
+    ax.set_xlabel("phase of the training step")
+    ax.set_ylabel(f"bytes held ({unit})")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def sampled_timeline(frame: pd.DataFrame, *, title: str, columns: list[str] | None = None,
+                     source: str = "") -> Figure:
+    """A sampled memory timeline (TimelineSampler.frame()) with phase changes shaded."""
+    cols = columns or [c for c in frame.columns if c.endswith("_bytes")]
+    unit, size = byte_unit(float(frame[cols].max().max()))
+    fig, ax = _figure()
+    for c in cols:
+        ax.plot(frame["t_s"], frame[c] / size, label=c.removesuffix("_bytes"))
+    if "phase" in frame.columns:
+        changes = frame["phase"].ne(frame["phase"].shift())
+        for t, phase in zip(frame.loc[changes, "t_s"], frame.loc[changes, "phase"], strict=True):
+            ax.axvline(t, color="grey", lw=0.6, ls=":")
+            ax.text(t, ax.get_ylim()[1], f" {phase}", fontsize=7, va="top", rotation=90)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(f"memory ({unit})")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def error_bars(table: pd.DataFrame, *, title: str, source: str = "") -> Figure:
+    """Relative error (predicted - measured) / measured per ledger row, in percent."""
+    t = table.dropna(subset=["rel_error"])
+    fig, ax = _figure(8.0, max(3.0, 0.25 * len(t) + 1.2))
+    labels = [f"{e} · {c}" for e, c in zip(t["experiment"], t["component"], strict=True)]
+    ax.barh(range(len(t)), t["rel_error"] * 100, color="#4C72B0")
+    ax.set_yticks(range(len(t)), labels, fontsize=7)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("relative error of the prediction (%)")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    return fig
