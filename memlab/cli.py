@@ -1,4 +1,4 @@
-"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``.
+"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``.
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
@@ -357,7 +357,18 @@ COMMANDS: tuple[Command, ...] = (
     Command("gpus", "list the accelerator table", _gpus_arguments, run_gpus),
     Command("report", "build the course report (arguments go to memlab.report)", lambda p: None, run_report,
             passthrough=True),
+    Command("measure", "run the reference model and print predicted vs measured bytes",
+            lambda p: _lazy("measure_arguments")(p), lambda a: _lazy("run_measure")(a)),
+    Command("ledger", "measure the validation grid and print the estimator's achieved errors",
+            lambda p: _lazy("ledger_arguments")(p), lambda a: _lazy("run_ledger")(a)),
 )
+
+
+def _lazy(name: str) -> Callable[..., Any]:
+    """A function of :mod:`memlab.cli_measure`, imported only when its subcommand is used (it imports torch)."""
+    from memlab import cli_measure
+
+    return getattr(cli_measure, name)
 """The subcommands, in help order. Add a :class:`Command` here to extend ``memlab``."""
 
 

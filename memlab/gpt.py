@@ -180,7 +180,7 @@ class AttentionCore(nn.Module):
                     enable_gqa=g > 1,
                 )
         except RuntimeError as exc:
-            if "No available kernel" not in str(exc):
+            if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
                 raise
             works = available_attention(q.device, q.dtype)
             raise SetupError(

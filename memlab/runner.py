@@ -329,6 +329,14 @@ def run_step(
     if setup.zero_stage or setup.world_size > 1 or setup.tp > 1:
         raise SetupError("run_step measures one device; ZeRO/FSDP and tensor parallelism run under torchrun")
     dev = resolve_device(device)
+    if setup.attention != "eager":
+        from memlab.gpt import available_attention
+
+        dtype = model_dtype(setup.policy) if setup.mode == "train" else torch_dtype(setup.inference_weights)
+        works = available_attention(dev, torch.bfloat16 if setup.policy.autocast else dtype)
+        if setup.attention not in works:
+            raise SetupError(f"attention {setup.attention!r} does not run on {dev.type} with this torch build; "
+                             f"available here: {', '.join(works)}")
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     base = {"model": config.name, "setup": setup.to_dict(), "device": str(dev), "device_name": name}
     try:
