@@ -98,7 +98,8 @@ def sweep(
     points = list(grid)
     done = {r["key"] for r in read_rows(path)}
     todo = [(c, s) for c, s in points if point_key(c, s, dev) not in done]
-    bar = tqdm(total=len(points), initial=len(points) - len(todo), disable=not progress, desc="sweep", unit="cfg")
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), disable=not progress, desc="sweep", unit="cfg",
+               mininterval=1.0)
     try:
         for config, setup in todo:
             key = point_key(config, setup, dev)

@@ -1,0 +1,273 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Sixteen bytes per parameter, and when it is 8, 18 or 20
+#
+# **The common belief.** "Training with Adam costs 16 bytes per parameter, so 1B parameters need about 16 GB before
+# activations." Seed article 000 ("視訊記憶體利用率", *memory utilization*) gives exactly this rule, with a table of
+# 4 (fp32 master) + 2 (bf16 copy) + 2 (gradient) + 4 + 4 (Adam's two moments) bytes.
+#
+# The rule is right for one setup and quietly wrong for others. This chapter measures the model states
+# (parameters, gradients, optimizer state) of the reference GPT under several precision policies and optimizers,
+# byte for byte, and puts each measurement next to memlab's prediction:
+#
+# 1. the formula: bytes per parameter for each policy, and which framework uses which;
+# 2. the experiment: the same GPT trained for real under each policy;
+# 3. prediction vs measurement, component by component;
+# 4. when the bytes appear: optimizer state is created at the first step, and `zero_grad(set_to_none=True)` frees
+#    the gradients;
+# 5. "1B parameters ≈ 16 GB", checked.
+
+# %% tags=["parameters"]
+scale = "auto"
+device = "auto"
+seed = 0
+out_dir = "../reports/build/02_bytes_per_param"
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from memlab import exercises, plots
+from memlab.course import chapter
+from memlab.estimate import estimate
+from memlab.ledger import compare, predict_for
+from memlab.models import preset
+from memlab.setup import PRECISION_POLICIES, Setup
+from memlab.sweep import measurement_of, read_rows, sweep
+
+ch = chapter(scale, device, seed, out_dir)
+ch.to_dict()
+
+# %% [markdown]
+# ## 1. The formula
+#
+# A precision policy fixes how many bytes each parameter costs in weights, gradients, an fp32 master copy and an
+# fp32 gradient buffer; the optimizer adds its moments. `memlab.estimate` adds them up. For a bare parameter count
+# it returns the model states only, so dividing by the count gives bytes per parameter.
+
+# %%
+N = 10**9
+POLICIES = ["fp32", "amp-bf16", "mixed-bf16", "mixed-bf16-fp32-grads", "mixed-fp16-fp32-accum", "bf16"]
+OPTIMIZERS = ["adamw", "sgd-momentum", "sgd", "adam-8bit"]
+
+
+def bytes_per_param(policy: str, optimizer: str) -> float:
+    """Model-state bytes per parameter predicted for a 1B-parameter model (step counters excluded)."""
+    b = estimate(N, Setup(precision=policy, optimizer=optimizer))
+    return (b.params_bytes + b.grads_bytes + b.optimizer_bytes - b.optimizer_detail.get("step_counters", 0)) / N
+
+
+table = pd.DataFrame({opt: [bytes_per_param(p, opt) for p in POLICIES] for opt in OPTIMIZERS}, index=POLICIES)
+table.index.name = "bytes/param"
+table["who uses it (memlab.setup.PRECISION_POLICIES)"] = [PRECISION_POLICIES[p].source for p in POLICIES]
+ch.save_table(table.reset_index(), "bytes_per_param_predicted")
+table
+
+# %% [markdown]
+# Reading the AdamW column: **16** is the ZeRO paper's mixed precision (2 + 2 + 4 master + 8 moments) *and*
+# plain fp32 training (4 + 4 + 8); PyTorch AMP is also 16, because autocast keeps fp32 weights and gradients and
+# only makes temporary 16-bit copies for the matmuls. Megatron-LM's distributed-optimizer table gives **18** for
+# bf16 weights with fp32 gradients and **20** for fp16 weights with fp16 gradients plus fp32 "main" gradients.
+# Pure bf16 training halves everything, moments included. The optimizer matters as much as the precision: SGD
+# with momentum drops 4 bytes, plain SGD 8, 8-bit Adam about 6.
+
+# %% [markdown]
+# ## 2. The experiment: the same GPT under each policy
+#
+# `memlab.runner.run_step` builds the reference GPT in the policy's dtype, wires autocast, the GradScaler or fp32
+# master weights, trains on synthetic tokens and counts every byte of parameters, gradients and optimizer state
+# by storage. `memlab.sweep.sweep` writes each result as one JSON line the moment it is measured. At `full` scale
+# an interrupted sweep resumes where it stopped; at `ci` scale it starts over (it takes seconds).
+
+# %%
+model = preset("small-gpt") if ch.scale == "ci" else preset("gpt2")
+batch, seq = (2, 64) if ch.scale == "ci" else (4, 512)
+grid = [(model, Setup(batch=batch, seq=seq, precision=p, optimizer=o))
+        for p in POLICIES for o in ("adamw", "sgd", "adam-8bit")]
+path = ch.out_dir / "states.jsonl"
+if ch.scale == "ci":
+    path.unlink(missing_ok=True)
+runs = sweep(grid, path, device=ch.device, steps=1, count_flops=False, compute_mfu=False,
+             progress=ch.scale == "full")
+pairs = [measurement_of(r) for r in read_rows(path)]
+print(f"{model.name}: {model.param_count():,} parameters, {len(pairs)} runs on {pairs[0][1].device_name}")
+
+# %%
+ch.cpu_note("the byte counts are exact storage sizes, but there is no allocator: the temporary fp32 gradient "
+            "copies a mixed-precision step makes, and what the caching allocator keeps, are visible only in a GPU's "
+            "allocator peak (recorded GPU results, when the repo has them, are shown at the end).")
+
+# %% [markdown]
+# ## 3. Prediction vs measurement
+#
+# `memlab.ledger.compare` puts each prediction next to its measurement; relative error is
+# (predicted − measured) / measured.
+
+# %%
+ledger = pd.concat([compare(predict_for(cfg, m), m) for cfg, m in pairs], ignore_index=True)
+states = ledger[ledger["component"].isin(["params", "grads", "optimizer"])].copy()
+ch.record_ledger(states)
+worst = states["rel_error"].abs().max()
+print(f"largest |relative error| over {len(states)} component rows: {worst:.2%}")
+states.pivot_table(index="experiment", columns="component", values="measured", sort=False)
+
+# %%
+adamw = states[states["experiment"].str.contains(" adamw ")]
+fig = plots.stacked_breakdown(adamw, title=f"Model states of {model.name} with AdamW: predicted vs measured",
+                              source=f"measured on {pairs[0][1].device_name}, exact storage bytes")
+ch.save_figure(fig, "states_adamw")
+plt.show()
+
+# %% [markdown]
+# The measured bytes per parameter, next to the prediction for this model. The per-tensor `step` counters of Adam
+# (4 bytes per parameter *tensor*, not per parameter) are left out here: they are why an exact count is a hair
+# above 16. 8-bit Adam comes out above the 1B-parameter column of section 1 because, as in bitsandbytes, tensors
+# under 4,096 elements (biases, norms) keep fp32 states.
+
+# %%
+rows = []
+for cfg, m in pairs:
+    p = predict_for(cfg, m)
+    step = m.optimizer_by_key.get("step", 0)
+    measured_states = m.params_bytes + m.grads_bytes + m.optimizer_bytes - step
+    rows.append({"precision": m.setup["precision"], "optimizer": m.setup["optimizer"],
+                 "measured bytes/param": measured_states / cfg.param_count(),
+                 "predicted bytes/param": (p.params_bytes + p.grads_bytes + p.optimizer_bytes
+                                           - p.optimizer_detail.get("step_counters", 0)) / cfg.param_count(),
+                 "step counters (bytes)": step})
+measured = pd.DataFrame(rows)
+ch.save_table(measured, "bytes_per_param_measured")
+measured.pivot_table(index="precision", columns="optimizer", values=["measured bytes/param", "predicted bytes/param"],
+                     sort=False).round(3)
+
+# %% [markdown]
+# ## 4. When the bytes appear
+#
+# The runner records exact bytes at each phase boundary of the first training step. The fp32 master copy exists
+# from the start (it is made when the optimizer is wrapped), but Adam's moments do not exist until the first
+# `optimizer.step()` creates them, so memory *jumps* at the first step: a job that survives its first forward and
+# backward can still die at step one. `zero_grad(set_to_none=True)` (PyTorch's default since
+# 2.0) then frees the gradients instead of filling them with zeros.
+
+# %%
+first = next(m for _, m in pairs if m.setup["precision"] == "mixed-bf16" and m.setup["optimizer"] == "adamw")
+phases = pd.DataFrame(first.phases)
+fig = plots.phase_timeline(phases, title=f"{model.name}, mixed-bf16 + AdamW: bytes held through the first step",
+                           source="exact storage bytes at each phase boundary (memlab.runner)")
+ch.save_figure(fig, "first_step_timeline")
+plt.show()
+phases
+
+# %% [markdown]
+# What `set_to_none=False` would keep: the gradients stay allocated, zero-filled, through the next forward, when
+# activations are at their largest. The cell measures both with `memlab.measure.accounting.model_states`.
+
+# %%
+import torch
+
+from memlab.gpt import GPT
+from memlab.measure.accounting import model_states
+from memlab.optimizers import build_optimizer
+
+kept = {}
+for set_to_none in (True, False):
+    torch.manual_seed(seed)
+    net = GPT(model, device=ch.device)
+    opt = build_optimizer("adamw", net.parameters())
+    tokens = torch.randint(0, model.vocab_size, (batch, seq), device=ch.device)
+    net(tokens, tokens).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=set_to_none)
+    kept[f"set_to_none={set_to_none}"] = model_states(net, opt).grads_bytes
+del net, opt
+pd.Series(kept, name="gradient bytes held into the next forward").to_frame()
+
+# %% [markdown]
+# ## 5. "1B parameters is about 16 GB before activations", checked
+#
+# The measured bytes per parameter of the mixed-bf16 + AdamW run, scaled to 10⁹ parameters, against the rule and
+# the estimator. GB are 10⁹ bytes; GiB 2³⁰.
+
+# %%
+m_bpp = measured.query("precision == 'mixed-bf16' and optimizer == 'adamw'")["measured bytes/param"].item()
+check = pd.DataFrame({
+    "source": ["seed 000's rule (16 B/param)", "memlab estimate", f"measured on {model.name}, scaled"],
+    "bytes for 1e9 params": [16 * N, table.loc["mixed-bf16", "adamw"] * N, m_bpp * N],
+})
+check["GB"] = check["bytes for 1e9 params"] / 1e9
+check["GiB"] = check["bytes for 1e9 params"] / 2**30
+check
+
+# %% [markdown]
+# The rule holds for mixed-bf16 AdamW, exactly, as long as "GB" means 10⁹ bytes: in the GiB that nvidia-smi
+# and the CUDA allocator print, it is 14.9. It is not a rule for "training": the same model needs 8 B/param with
+# SGD and fp32 master weights, 4 with pure bf16 SGD, and 20 under Megatron-LM's fp16 recipe. Activations, the
+# allocator's cache and the CUDA context come on top (chapters 01 and 03).
+
+# %%
+recorded = ch.recorded("02_bytes_per_param_gpu")
+recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+
+# %% [markdown]
+# ## Exercises
+#
+# Write your answer in place of `...` and run the cell. Answers may carry units, e.g. `"112 GiB"`.
+#
+# **Exercise 1.** Llama-2-7B (preset `llama-2-7b`) trained with mixed-bf16 and AdamW on one GPU: how many GiB of
+# model states (parameters + gradients + optimizer state), before any activation?
+
+# %%
+llama = preset("llama-2-7b")
+ex_llama = exercises.Numeric(
+    "llama7b-states", "Llama-2-7B model states, mixed-bf16 + AdamW, in GiB",
+    reference=lambda: sum(estimate(llama, Setup(precision="mixed-bf16")).components()[c]
+                          for c in ("params", "grads", "optimizer")) / 2**30,
+    hint="multiply the parameter count (llama.param_count()) by the bytes/param of section 1, then divide by 2**30",
+    unit="GiB", rtol=0.01)
+answer = ...
+ex_llama.check(answer)
+
+# %% [markdown]
+# **Exercise 2.** Which policy costs 18 bytes per parameter with AdamW?
+
+# %%
+ex_18 = exercises.Choice(
+    "eighteen", "The 18 bytes/param policy",
+    reference=lambda: next(p for p in POLICIES if round(bytes_per_param(p, "adamw")) == 18),
+    options={"fp32": "fp32 weights, gradients and states", "amp-bf16": "PyTorch autocast to bf16",
+             "mixed-bf16": "bf16 weights and gradients, fp32 master",
+             "mixed-bf16-fp32-grads": "bf16 weights, fp32 gradients, fp32 master",
+             "mixed-fp16-fp32-accum": "fp16 weights and gradients, fp32 accumulation buffer, fp32 master",
+             "bf16": "everything in bf16"},
+    hint="look for fp32 gradients next to 16-bit weights in the table of section 1")
+answer = ...
+ex_18.check(answer)
+
+# %% [markdown]
+# **Exercise 3.** The same model with pure bf16 weights and plain SGD (no momentum): how many bytes per parameter?
+
+# %%
+ex_sgd = exercises.Numeric(
+    "bf16-sgd", "bf16 + SGD bytes per parameter", reference=lambda: bytes_per_param("bf16", "sgd"),
+    hint="bf16 weights and bf16 gradients; plain SGD keeps no state", unit="", rtol=0.01)
+answer = ...
+ex_sgd.check(answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - Model states cost (weight + gradient + master + fp32 gradient buffer + optimizer moments) bytes per parameter;
+#   the policy and the optimizer each choose their terms. 16 is mixed-bf16 or fp32 with Adam; 18 and 20 are
+#   Megatron-LM's fp32-gradient recipes; pure bf16 with SGD is 4.
+# - memlab's prediction and the exact storage count of a real training step agree to the byte here, including
+#   Adam's per-tensor step counters.
+# - Optimizer state appears at the first `optimizer.step()`: the first step is a memory event of its own.
+#   `zero_grad(set_to_none=True)` returns the gradients' bytes before the next forward.
+# - "1B parameters ≈ 16 GB" is 16 × 10⁹ bytes = 14.9 GiB, for mixed-bf16 + AdamW, before activations.
