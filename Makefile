@@ -1,0 +1,84 @@
+# memlab: two commands on a fresh machine, `make report` and `make test`; each creates .venv when it is absent.
+#   make report [SCALE=auto|ci|full] [FORCE=1] [ONLY=NN]   execute the course, render reports/index.html
+#   make test                                             ruff, then pytest (notebooks at ci scale, headless browser)
+# torch is installed first with an explicit pin (on a CPU-only machine the pinned CPU wheel, in seconds; an unpinned
+# torch would pull gigabytes of CUDA wheels): `make TORCH=torch==2.5.1 report` picks another.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+SCALE ?= auto
+FORCE ?=
+ONLY ?=
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+CHROMIUM ?= /usr/bin/chromium
+
+VENV_ABS := $(abspath $(VENV))
+PY := $(VENV_ABS)/bin/python
+STAMP := $(VENV_ABS)/.memlab-installed
+TORCH_PIN := $(VENV_ABS)/.torch-pin
+NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
+BENCHMARKS := $(wildcard benchmarks/*.py)
+IS_ROOT := $(filter 0,$(shell id -u))
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: help setup report test lab bench sync clean chromium always
+
+help: ## list the targets
+	@echo "memlab: fresh machine: 'make report' (the course, rendered) and 'make test' (CI)."
+	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-9s %s\n", $$1, $$2}'
+	@echo "variables: VENV=$(VENV) TORCH=$(TORCH) SCALE=$(SCALE) FORCE=$(FORCE) ONLY=$(ONLY)"
+
+# The torch pin is remembered in .venv, so `make TORCH=...` re-installs when it changes.
+$(TORCH_PIN): always
+	@mkdir -p $(VENV_ABS)
+	@echo '$(TORCH)' | cmp -s - $@ || echo '$(TORCH)' > $@
+
+$(STAMP): pyproject.toml $(TORCH_PIN)
+	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV_ABS); }
+	@echo "installing $(TORCH), then memlab[course,dev] into $(VENV)"
+	$(PIP) "$(TORCH)"
+	$(PIP) -e ".[course,dev]"
+	@touch $@
+
+setup: $(STAMP) ## create .venv (when absent) and install torch, memlab and the course tools
+
+report: $(STAMP) ## execute every chapter and render reports/index.html (SCALE=auto|ci|full, FORCE=1, ONLY=NN)
+	$(PY) -m memlab.report --scale $(SCALE)$(if $(filter-out 0 no false,$(FORCE)), --force)$(foreach n,$(ONLY), --only $(n))
+
+chromium: ## install Debian's chromium for the browser test (when missing and running as root)
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ -n "$(IS_ROOT)" ]; then \
+		echo "installing chromium (Debian package) for the browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+			>/dev/null; \
+	else echo "chromium is missing and this is not root: the browser test will skip"; fi
+
+test: $(STAMP) chromium ## ruff, then the whole pytest suite (executes the notebooks at ci scale, browser check)
+	$(VENV_ABS)/bin/ruff check .
+	MEMLAB_SCREENSHOT_DIR=$(CURDIR)/reports/screenshots $(VENV_ABS)/bin/pytest -q
+
+$(VENV_ABS)/.lab-installed: $(STAMP)
+	$(PIP) -e ".[course,dev,lab]"
+	@touch $@
+
+lab: $(VENV_ABS)/.lab-installed ## open the course in JupyterLab (notebooks/)
+	cd notebooks && $(VENV_ABS)/bin/jupyter lab $(if $(IS_ROOT),--allow-root)
+
+bench: $(STAMP) ## run each benchmark script in benchmarks/
+	@status=0; for script in $(BENCHMARKS); do echo "== $$script"; $(PY) "$$script" || status=1; done; \
+	[ -n "$(BENCHMARKS)" ] || echo "no benchmarks/*.py yet"; exit $$status
+
+sync: $(STAMP) ## re-pair notebooks/NN_topic.py with NN_topic.ipynb (jupytext) and strip outputs
+	$(VENV_ABS)/bin/jupytext --sync $(NOTEBOOKS)
+	$(VENV_ABS)/bin/jupyter nbconvert --log-level=WARN --clear-output --inplace $(NOTEBOOKS:.py=.ipynb)
+	@touch $(NOTEBOOKS)  # the .py stays the newer file of each pair: it is the source of truth
+
+clean: ## remove the rendered report, caches and build outputs (keeps .venv)
+	rm -rf reports/build reports/*.html reports/index.json reports/.cache.json reports/solutions reports/screenshots
+	rm -rf .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
+
+always:
