@@ -1,0 +1,89 @@
+"""Record the CUDA ledger on a real GPU: prediction vs exact accounting vs the allocator, with provenance.
+
+Runs 10 configs of the reference GPT on ``cuda`` with :func:`memlab.runner.run_step`, compares each with
+:func:`memlab.ledger.compare` (estimator told ``device_type="cuda"``) and writes, into ``--out`` (default
+``data/recorded``):
+
+- ``cuda_ledger.csv``: every ledger row (params, grads, optimizer, activations by category, the modelled total,
+  ``max_memory_allocated`` and the residual rows the estimator does not model);
+- ``cuda_ledger.json``: provenance (GPU, driver, CUDA, torch, memlab commit, date) and the raw measurements.
+
+These files are data recorded on that GPU; chapters show them labelled as such and never regenerate them on a
+CPU. Usage (on a machine with a CUDA GPU): ``python scripts/record_cuda_ledger.py [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from memlab.ledger import compare, predict_for
+from memlab.measure.nvml import nvml_reading
+from memlab.models import preset
+from memlab.runner import run_step
+from memlab.setup import Setup
+
+
+def grid() -> list[tuple[object, Setup]]:
+    """Ten configs: precision, attention kernel, recompute, GQA/SwiGLU and inference, at sizes that take seconds."""
+    gpt2, medium = preset("gpt2"), preset("gpt2-medium")
+    llama = preset("tiny-llama").with_(name="llama-style-350m", d_model=1024, n_layers=12, n_heads=16,
+                                       n_kv_heads=4, d_ff=2816, vocab_size=32000, max_seq=2048)
+    return [
+        (gpt2, Setup(batch=8, seq=1024, precision="fp32", attention="eager")),
+        (gpt2, Setup(batch=8, seq=1024, precision="amp-bf16", attention="eager")),
+        (gpt2, Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")),
+        (gpt2, Setup(batch=8, seq=1024, precision="amp-bf16", attention="eager", recompute="selective")),
+        (gpt2, Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash", recompute="full")),
+        (gpt2, Setup(batch=8, seq=1024, precision="mixed-bf16", attention="flash")),
+        (medium, Setup(batch=4, seq=1024, precision="amp-bf16", attention="efficient")),
+        (llama, Setup(batch=4, seq=2048, precision="bf16", attention="flash")),
+        (llama, Setup(batch=4, seq=2048, precision="mixed-bf16", optimizer="adam-8bit", attention="flash")),
+        (medium, Setup(batch=16, seq=1024, mode="inference", inference_weights="bf16", kv_cache_dtype="bf16",
+                       attention="flash")),
+    ]
+
+
+def provenance() -> dict[str, object]:
+    """GPU, driver, CUDA, torch, memlab commit and date of this recording."""
+    nv = nvml_reading(0)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {"gpu": torch.cuda.get_device_name(0), "driver": nv.driver_version if nv.available else None,
+            "cuda": torch.version.cuda, "torch": torch.__version__, "commit": commit,
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "total_memory_bytes": torch.cuda.get_device_properties(0).total_memory}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("data/recorded"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("record_cuda_ledger: no CUDA GPU here; this script records GPU data and does nothing on a CPU",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    tables, raw = [], []
+    for cfg, setup in grid():
+        m = run_step(cfg, setup, "cuda", steps=3)
+        raw.append(m.to_dict())
+        tables.append(compare(predict_for(cfg, m), m, activations_detail=True))
+        print(f"{cfg.name} {setup.precision} {setup.attention} {setup.recompute} {setup.mode}: {m.status}", flush=True)
+    pd.concat(tables, ignore_index=True).to_csv(args.out / "cuda_ledger.csv", index=False)
+    (args.out / "cuda_ledger.json").write_text(json.dumps({"provenance": provenance(), "measurements": raw},
+                                                          indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
