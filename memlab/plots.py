@@ -83,11 +83,16 @@ def phase_timeline(phases: pd.DataFrame, *, title: str, source: str = "") -> Fig
     totals = phases[comps].sum(axis=1)
     unit, size = byte_unit(float(totals.max()))
     fig, ax = _figure()
-    x = range(len(phases))
-    ax.stackplot(x, *[phases[c] / size for c in comps], labels=comps,
-                 colors=[COMPONENT_COLORS[c] for c in comps], step="mid", alpha=0.9)
-    ax.set_xticks(list(x), list(phases["phase"]), rotation=15)
-    ax.set_xlabel("phase of the training step")
+    x = list(range(len(phases)))
+    bottom = [0.0] * len(phases)
+    for c in comps:
+        values = list(phases[c] / size)
+        ax.bar(x, values, 0.6, bottom=bottom, color=COMPONENT_COLORS[c], label=c, edgecolor="white")
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for xi, total in zip(x, bottom, strict=True):
+        ax.text(xi, total, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, list(phases["phase"]), rotation=15)
+    ax.set_xlabel("after this phase of the first training step")
     ax.set_ylabel(f"bytes held ({unit})")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
