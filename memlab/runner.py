@@ -348,7 +348,9 @@ def run_step(
         if not is_oom_error(exc):
             raise
         info = parse_oom_message(str(exc))
-        del exc
+        fields = None
+    if fields is None:
+        # Cleaned after the except block: the exception's frames (the failed attempt's model) are gone by now.
         clean_allocator(dev if dev.type == "cuda" else None)
         return Measurement(**base, status="oom", error=info.raw.splitlines()[0] if info.raw else "out of memory",
                            oom=info.to_dict())

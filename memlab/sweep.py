@@ -95,14 +95,13 @@ def sweep(
     dev = str(resolve_device(device))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    points = list(grid)
+    points = {point_key(c, s, dev): (c, s) for c, s in grid}  # a point listed twice is measured once
     done = {r["key"] for r in read_rows(path)}
-    todo = [(c, s) for c, s in points if point_key(c, s, dev) not in done]
+    todo = [(key, c, s) for key, (c, s) in points.items() if key not in done]
     bar = tqdm(total=len(points), initial=len(points) - len(todo), disable=not progress, desc="sweep", unit="cfg",
                mininterval=1.0)
     try:
-        for config, setup in todo:
-            key = point_key(config, setup, dev)
+        for key, config, setup in todo:
             bar.set_postfix_str(f"{config.name} {setup.precision} {setup.attention} {setup.recompute}")
             row = {"key": key, "config": config.to_dict(), "time": time.time(),
                    "measurement": _measure(run, config, setup, dev, **run_kwargs)}

@@ -113,7 +113,8 @@ def optimizer_state_bytes(
 ) -> dict[str, int]:
     """Bytes of optimizer state by key, deduplicated by storage; ``exclude`` storages (the params) are skipped.
 
-    Works for any ``torch.optim.Optimizer`` (its ``state`` dict) and for wrappers that expose
+    Works for any ``torch.optim.Optimizer`` (its ``state`` dict), ``ZeroRedundancyOptimizer`` (the state of this
+    rank's partition, held by its ``optim``) and for wrappers that expose
     ``memlab_state_tensors()`` returning ``{key: [tensors]}`` (memlab's master-weight wrapper does; its
     ``grads`` key, fp32 buffers that replace the 16-bit gradients, is reported here too and counted as
     gradients by :func:`model_states`). With ``device``, only storages on that device count.
@@ -124,7 +125,9 @@ def optimizer_state_bytes(
     if callable(extra):
         for key, tensors in extra().items():
             groups.setdefault(key, []).extend(tensors)
-    inner = getattr(optimizer, "optimizer", optimizer)
+    # Wrappers hold the real optimizer: memlab's MasterWeights as ``optimizer``, torch's ZeroRedundancyOptimizer
+    # its local shard's optimizer as ``optim`` (its own ``state`` stays empty).
+    inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "optim", None) or optimizer
     for per_param in getattr(inner, "state", {}).values():
         for key, value in per_param.items():
             groups.setdefault(str(key), []).extend(_state_tensors(value))
