@@ -16,6 +16,7 @@ returns a :class:`Measurement`:
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -54,6 +55,8 @@ class Measurement:
     kv_cache_bytes: int | None = None
     phases: tuple[dict[str, Any], ...] = ()
     """Exact bytes at each phase boundary of the first step: phase, params, grads, optimizer, activations."""
+    timeline: tuple[dict[str, Any], ...] = ()
+    """With ``timeline=True``: samples over the first step (t_s, phase, allocator/NVML bytes on CUDA, host RSS)."""
     cuda_peak_allocated_bytes: int | None = None
     cuda_peak_reserved_bytes: int | None = None
     cuda_first_step_peak_allocated_bytes: int | None = None
@@ -88,7 +91,8 @@ class Measurement:
         """One flat row for a DataFrame: setup fields, scalars, and ``act_<category>_bytes`` columns."""
         row: dict[str, Any] = {"model": self.model, **self.setup}
         for k, v in asdict(self).items():
-            if k in ("model", "setup", "phases", "cuda", "nvml", "oom", "optimizer_by_key", "activations_by_category"):
+            if k in ("model", "setup", "phases", "timeline", "cuda", "nvml", "oom", "optimizer_by_key",
+                     "activations_by_category"):
                 continue
             row[k] = v
         for cat, n in self.activations_by_category.items():
@@ -185,7 +189,7 @@ def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, t
 
 
 def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int, lr: float,
-           flops: bool, mfu: bool) -> dict[str, Any]:
+           flops: bool, mfu: bool, timeline: bool) -> dict[str, Any]:
     torch.manual_seed(seed)
     policy = setup.policy
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device, dtype=model_dtype(policy))
@@ -198,18 +202,28 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     phases = [{"phase": "built", **_states(model, step, device), "activations": 0}]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    # Autocast is exited inside the recorder, so its weight-cast cache is gone when the count is read.
-    recorder = SavedTensorRecorder(model, categorize=saved_tensor_category)
-    with recorder, step.forward_context():
-        loss = model(idx, tgt)
-    saved = recorder.result()
-    phases.append({"phase": "forward", **_states(model, step, device), "activations": saved.total_bytes})
-    step.backward(loss)
-    phases.append({"phase": "backward", **_states(model, step, device), "activations": 0})
-    step.step()
-    phases.append({"phase": "optimizer step", **_states(model, step, device), "activations": 0})
-    step.zero_grad()
-    phases.append({"phase": "zero_grad", **_states(model, step, device), "activations": 0})
+    sampler = _sampler(device) if timeline else None
+    with sampler if sampler is not None else contextlib.nullcontext():
+        mark = sampler.mark if sampler is not None else (lambda phase: None)
+        mark("forward")
+        # Autocast is exited inside the recorder, so its weight-cast cache is gone when the count is read.
+        recorder = SavedTensorRecorder(model, categorize=saved_tensor_category)
+        with recorder, step.forward_context():
+            loss = model(idx, tgt)
+        saved = recorder.result()
+        phases.append({"phase": "forward", **_states(model, step, device), "activations": saved.total_bytes})
+        mark("backward")
+        step.backward(loss)
+        phases.append({"phase": "backward", **_states(model, step, device), "activations": 0})
+        mark("optimizer step")
+        step.step()
+        phases.append({"phase": "optimizer step", **_states(model, step, device), "activations": 0})
+        mark("zero_grad")
+        step.zero_grad()
+        phases.append({"phase": "zero_grad", **_states(model, step, device), "activations": 0})
+        mark("done")
+    if sampler is not None:
+        out["timeline"] = tuple(sampler.frame().to_dict("records"))
     first_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     out.update(phases=tuple(phases), activations_bytes=saved.total_bytes,
                activations_by_category=saved.by_category(), cuda_first_step_peak_allocated_bytes=first_peak)
@@ -251,6 +265,13 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     if mfu:
         out.update(_mfu_fields(config, setup, device, out["tokens_per_s"]))
     return out
+
+
+def _sampler(device: torch.device) -> Any:
+    """A TimelineSampler for the first step: allocator and NVML on CUDA, host RSS everywhere."""
+    from memlab.measure.timeline import TimelineSampler
+
+    return TimelineSampler(interval_s=0.002, device=device if device.type == "cuda" else None)
 
 
 def _fwd_bwd(model: GPT, step: TrainingStep, idx: torch.Tensor, tgt: torch.Tensor) -> None:
@@ -312,14 +333,18 @@ def run_step(
     lr: float = 1e-4,
     count_flops: bool = True,
     compute_mfu: bool = True,
+    timeline: bool = False,
 ) -> Measurement:
     """Run and measure ``config`` under ``setup`` on ``device``.
 
     Training: one instrumented first step (exact states at each phase, saved activations), then ``steps``
     timed steady-state steps (median time; CUDA peaks over them), then one forward+backward under
     FlopCounterMode when ``count_flops``. Inference: a prefill of ``seq - steps`` tokens into a preallocated
-    KV cache and ``steps`` one-token decodes. Bad setups raise :class:`memlab.errors.SetupError`; an
-    out-of-memory error is returned as a Measurement with ``status="oom"`` and the parsed message.
+    KV cache and ``steps`` one-token decodes. ``timeline`` samples memory over the first training step with
+    :class:`memlab.measure.timeline.TimelineSampler` (the allocator on CUDA; on a CPU only the process RSS, which
+    is coarse: the exact per-phase bytes are in ``phases`` either way). Bad setups raise
+    :class:`memlab.errors.SetupError`; an out-of-memory error is returned as a Measurement with ``status="oom"``
+    and the parsed message.
     """
     from memlab.measure.host import host_reading
     from memlab.measure.oom import clean_allocator, is_oom_error, parse_oom_message
@@ -341,7 +366,8 @@ def run_step(
     base = {"model": config.name, "setup": setup.to_dict(), "device": str(dev), "device_name": name}
     try:
         if setup.mode == "train":
-            fields = _train(config, setup, dev, steps=steps, seed=seed, lr=lr, flops=count_flops, mfu=compute_mfu)
+            fields = _train(config, setup, dev, steps=steps, seed=seed, lr=lr, flops=count_flops, mfu=compute_mfu,
+                            timeline=timeline)
         else:
             fields = _infer(config, setup, dev, steps=steps, seed=seed, flops=count_flops, mfu=compute_mfu)
     except (torch.OutOfMemoryError, RuntimeError) as exc:

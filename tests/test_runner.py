@@ -218,3 +218,13 @@ def test_bad_steps_and_unavailable_device() -> None:
             resolve_device("cuda")
         assert resolve_device("auto") == torch.device("cpu")
 
+
+
+def test_timeline_samples_the_first_step_by_phase_with_host_rss_on_cpu() -> None:
+    m = run_step(preset("tiny-gpt"), Setup(batch=2, seq=32), "cpu", steps=1, count_flops=False, compute_mfu=False,
+                 timeline=True)
+    phases = {row["phase"] for row in m.timeline}
+    assert {"forward", "backward", "optimizer step", "zero_grad"} <= phases
+    assert all(row["rss_bytes"] > 0 for row in m.timeline)
+    assert not any(key.startswith(("cuda_", "nvml_")) for row in m.timeline for key in row)
+    assert "timeline" not in m.to_row()
