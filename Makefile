@@ -74,7 +74,7 @@ bench: $(STAMP) ## run each benchmark script in benchmarks/
 sync: $(STAMP) ## re-pair notebooks/NN_topic.py with NN_topic.ipynb (jupytext) and strip outputs
 	$(VENV_ABS)/bin/jupytext --sync $(NOTEBOOKS)
 	$(VENV_ABS)/bin/jupyter nbconvert --log-level=WARN --clear-output --inplace $(NOTEBOOKS:.py=.ipynb)
-	@touch $(NOTEBOOKS)  # the .py stays the newer file of each pair: it is the source of truth
+	@touch $(NOTEBOOKS:.py=.ipynb)  # contents are in sync now; the .ipynb is the newer file of each pair
 
 clean: ## remove the rendered report, caches and build outputs (keeps .venv)
 	rm -rf reports/build reports/*.html reports/index.json reports/.cache.json reports/solutions reports/screenshots
