@@ -100,3 +100,13 @@ def test_zero1_keeps_full_params_and_grads_and_a_partition_of_the_states(ranks: 
         k = r["rank"]
         assert st["optimizer_by_key"] == {"step": 4 * counts[k], "exp_avg": 4 * sizes[k], "exp_avg_sq": 4 * sizes[k]}
         assert 0.45 < st["optimizer_bytes"] / (2 * full) < 0.55
+
+
+def test_fsdp1_counts_its_flat_parameter_shard(ranks: list[dict]) -> None:
+    total = sum(math.prod(s) for s in _shapes())
+    local = math.ceil(total / WORLD)  # FSDP1 pads the flat parameter to a multiple of the world size
+    for r in ranks:
+        st = r["fsdp1"]
+        assert st["flat_numel"] == [local]
+        assert st["params_bytes"] == 4 * local and st["grads_bytes"] == 4 * local
+        assert st["optimizer_by_key"] == {"step": 4, "exp_avg": 4 * local, "exp_avg_sq": 4 * local}

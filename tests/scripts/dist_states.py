@@ -4,7 +4,8 @@
 step of a tiny GPT (odd vocab and position rows, so FSDP2 has to pad its dim-0 shards) twice:
 
 - FSDP2: ``fully_shard`` on every block and on the root, AdamW over the sharded (DTensor) parameters;
-- ZeRO-1: a plain model with ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW).
+- ZeRO-1: a plain model with ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW);
+- FSDP1: ``FullyShardedDataParallel`` (one flat parameter, ``device_id=cpu``, ``use_orig_params=False``), AdamW.
 
 Each rank writes ``OUT_DIR/rank<R>.json`` with its config and :func:`memlab.measure.accounting.model_states` of
 both; the test computes the expected shard sizes from the sharding rules and compares.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from memlab.gpt import GPT
@@ -57,9 +58,17 @@ def measure(rank: int, world: int) -> dict:
     _step(plain, zero, cfg)
     zero1 = model_states(plain, zero)
 
+    torch.manual_seed(0)
+    flat = FullyShardedDataParallel(GPT(cfg), device_id=torch.device("cpu"), use_orig_params=False)
+    flat_opt = torch.optim.AdamW(flat.parameters(), foreach=False)
+    _step(flat, flat_opt, cfg)
+    fsdp1 = model_states(flat, flat_opt)
+    flat_numel = [p.numel() for p in flat.parameters()]
+
     return {"rank": rank, "world_size": world, "config": cfg.to_dict(), "fsdp_params_are_dtensors": is_dtensor,
             "fsdp": fsdp.to_dict() | {"optimizer_by_key": fsdp.optimizer_by_key},
-            "zero1": zero1.to_dict() | {"optimizer_by_key": zero1.optimizer_by_key}}
+            "zero1": zero1.to_dict() | {"optimizer_by_key": zero1.optimizer_by_key},
+            "fsdp1": fsdp1.to_dict() | {"optimizer_by_key": fsdp1.optimizer_by_key, "flat_numel": flat_numel}}
 
 
 def main(out_dir: Path) -> None:
