@@ -31,6 +31,7 @@ This module is pure arithmetic on ints or numpy arrays (batch and seq may be arr
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,12 @@ class ActivationTerm:
         """Bytes on one tensor-parallel rank."""
         div = tp if (self.sharded or sp) else 1
         return self.count * self.width / div
+
+
+@functools.lru_cache(maxsize=256)
+def _matmul_params(config: TransformerConfig) -> int:
+    """``config.matmul_param_count()``, cached: configs are frozen, and sweeps ask for it per setup."""
+    return config.matmul_param_count()
 
 
 def widths(setup: Setup, device_type: str = "cuda") -> dict[str, float]:
@@ -202,7 +209,7 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
         if drop:
             terms.append(ActivationTerm("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))
         if autocast:
-            per_layer = (config.matmul_param_count() - V * h) // L
+            per_layer = (_matmul_params(config) - V * h) // L
             terms.append(
                 ActivationTerm("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
             )
