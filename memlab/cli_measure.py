@@ -15,19 +15,9 @@ from memlab.errors import MemlabError
 from memlab.setup import ATTENTION, INFERENCE_WEIGHTS, OPTIMIZERS, PRECISION_POLICIES, RECOMPUTE
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def measure_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``memlab measure``."""
-    from memlab.cli import add_model_arguments
+    from memlab.cli import _positive_int, add_model_arguments
 
     add_model_arguments(p)
     p.add_argument("--mode", choices=("train", "inference"), default="train")

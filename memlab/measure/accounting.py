@@ -46,7 +46,11 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor], device: torch.device |
 
     With ``device``, only storages on that device count (an optimizer's CPU step counters are not GPU memory).
     """
-    seen: set[tuple[str, int]] = set()
+    return _count_new(tensors, set(), device)
+
+
+def _count_new(tensors: Iterable[torch.Tensor | None], seen: set[tuple[str, int]], device: torch.device | None) -> int:
+    """Bytes of the storages behind ``tensors`` not yet in ``seen`` (which is updated), on ``device`` if given."""
     total = 0
     for t in tensors:
         if t is None:
@@ -131,18 +135,7 @@ def optimizer_state_bytes(
     for per_param in getattr(inner, "state", {}).values():
         for key, value in per_param.items():
             groups.setdefault(str(key), []).extend(_state_tensors(value))
-    out: dict[str, int] = {}
-    for key, tensors in groups.items():
-        n = 0
-        for t in tensors:
-            t = _local(t)
-            k = storage_key(t)
-            if k is None or k in seen or not _on(t, device):
-                continue
-            seen.add(k)
-            n += t.untyped_storage().nbytes()
-        out[key] = n
-    return out
+    return {key: _count_new(tensors, seen, device) for key, tensors in groups.items()}
 
 
 def model_states(model: nn.Module, optimizer: Any = None, *, device: torch.device | None = None) -> ModelStates:
