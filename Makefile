@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml $(TORCH_PIN)
 setup: $(STAMP) ## create .venv (when absent) and install torch, memlab and the course tools
 
 report: $(STAMP) ## execute every chapter and render reports/index.html (SCALE=auto|ci|full, FORCE=1, ONLY=NN)
-	$(PY) -m memlab.report --scale $(SCALE)$(if $(filter-out 0 no false,$(FORCE)), --force)$(foreach n,$(ONLY), --only $(n))
+	$(PY) -m memlab.course.report --scale $(SCALE)$(if $(filter-out 0 no false,$(FORCE)), --force)$(foreach n,$(ONLY), --only $(n))
 
 chromium: ## install Debian's chromium for the browser test (when missing and running as root)
 	@if [ -x $(CHROMIUM) ]; then :; \

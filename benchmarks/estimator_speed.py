@@ -1,6 +1,6 @@
 """How many configurations per second the memory estimator evaluates (issue 2 asks for at least 100,000).
 
-Two paths, both running the same formula functions of :mod:`memlab.estimate`:
+Two paths, both running the same formula functions of :mod:`memlab.predict.estimate`:
 
 - scalar: ``estimate(config, setup)`` once per configuration (a full :class:`MemoryBreakdown` each time);
 - vectorised: ``sweep_totals(config, setup, batch=array, seq=array)`` over a batch x seq grid, once per setting
@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from memlab.estimate import estimate, sweep_totals
-from memlab.models import preset
-from memlab.setup import Setup
+from memlab.predict.estimate import estimate, sweep_totals
+from memlab.predict.models import preset
+from memlab.predict.setup import Setup
 
 TARGET = 100_000
 """Configs/second the issue requires (issue 2, section 4)."""

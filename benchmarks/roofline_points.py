@@ -10,7 +10,8 @@ import argparse
 
 import pandas as pd
 
-from memlab import bench, hardware
+from memlab import device as device_mod
+from memlab.run import roofline as bench
 
 
 def main() -> None:
@@ -18,7 +19,7 @@ def main() -> None:
     parser.add_argument("--scale", default="auto", choices=("auto", "ci", "full"))
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    info = hardware.detect(device=args.device)
+    info = device_mod.detect(device=args.device)
     device = "cuda" if info.kind == "cuda" else "cpu"
     mm = bench.matmul_flops_per_s(device=device, scale=args.scale)
     bw = bench.bandwidth_bytes_per_s(device=device, scale=args.scale)

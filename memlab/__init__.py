@@ -1,12 +1,61 @@
 """memlab: predict, run, measure and compare how deep-learning training and inference use memory and compute.
 
-The math modules (:mod:`memlab.models`, :mod:`memlab.setup`, :mod:`memlab.estimate`, :mod:`memlab.flops`)
-import no torch; measurement lives in :mod:`memlab.measure`, :mod:`memlab.gpt` and :mod:`memlab.runner`.
+The package is laid out in the order of the flow, one room per step::
+
+    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware
+    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline
+    measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
+    compare/   prediction next to measurement: the ledger and its plots
+    course/    chapters, exercises, the papermill report and its pages, provenance
+    cli/       the ``memlab`` command, one module per subcommand
+
+``predict`` imports no torch; ``measure`` and ``run`` never import ``course``; the tests enforce both. The names a
+notebook needs are re-exported here and imported lazily, so ``import memlab`` stays light::
+
+    from memlab import Setup, estimate, preset, run_step
+    from memlab.compare import compare      # the room and its main function share a name
+
+    setup = Setup(batch=2, seq=64)
+    compare(estimate(preset("tiny-gpt"), setup), run_step(preset("tiny-gpt"), setup, device="cpu"))
 """
 
-from memlab.errors import ConfigError, MemlabError, SetupError, UnknownNameError
-from memlab.models import TransformerConfig, preset
-from memlab.setup import Setup
+from __future__ import annotations
 
-__all__ = ["ConfigError", "MemlabError", "Setup", "SetupError", "TransformerConfig", "UnknownNameError", "preset"]
+import importlib
+from typing import Any
+
+from memlab.errors import ConfigError as ConfigError
+from memlab.errors import MemlabError as MemlabError
+from memlab.errors import SetupError as SetupError
+from memlab.errors import UnknownNameError as UnknownNameError
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "memlab.predict.models": ("TransformerConfig", "preset", "preset_names"),
+    "memlab.predict.setup": ("Setup",),
+    "memlab.predict.precision": ("PRECISION_POLICIES", "precision_policy"),
+    "memlab.predict.estimate": ("MemoryBreakdown", "Overheads", "estimate", "sweep_totals"),
+    "memlab.predict.fit": ("fits", "max_batch", "max_seq"),
+    "memlab.predict.flops": ("mfu",),
+    "memlab.predict.hardware": ("gpu", "list_gpus"),
+    "memlab.device": ("detect", "resolve_device", "resolve_scale"),
+    "memlab.run.runner": ("Measurement", "run_step"),
+    "memlab.run.sweep": ("sweep",),
+    "memlab.run.roofline": ("roofline_bound",),
+    "memlab.course.chapter": ("chapter",),
+    "memlab.course.exercises": ("Choice", "Numeric"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(["ConfigError", "MemlabError", "SetupError", "UnknownNameError", *_WHERE])
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memlab' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -29,22 +29,25 @@ out_dir = "../reports/build/00_your_machine"
 
 # %%
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
 pd.set_option("display.max_colwidth", None)
 
-from memlab import bench, exercises, hardware
-from memlab.course import chapter
+from memlab import chapter, detect
+from memlab.compare import plots
+from memlab.course import exercises
+from memlab.device import describe
+from memlab.predict import hardware
+from memlab.run import roofline
 
 ch = chapter(scale, device, seed, out_dir)
-info = hardware.detect(device=ch.device)
+info = detect(device=ch.device)
 ch.to_dict()
 
 # %% [markdown]
 # ## 1. The formula: what is this device, and what are its peaks?
 #
-# `memlab.hardware.detect()` resolves a GPU's name and memory to one row of memlab's accelerator table (dense
+# `memlab.device.detect()` resolves a GPU's name and memory to one row of memlab's accelerator table (dense
 # peaks per dtype, memory, bandwidth, and the datasheet each comes from). A GPU missing from the table gets *no*
 # peak, with the reason, never a neighbour's. A CPU has no datasheet row: its matmul peak is measured by a short
 # benchmark, cached, and marked as measured.
@@ -55,7 +58,7 @@ peaks = pd.DataFrame({
     "dense_peak_tflop_per_s": [None if v is None else v / 1e12 for v in info.peak_flops.values()],
 }).dropna()
 ch.save_table(peaks, "device_peaks")
-pd.Series(hardware.describe(ch.device), name="this device").to_frame()
+pd.Series(describe(ch.device), name="this device").to_frame()
 
 # %% [markdown]
 # Dense peaks this chapter compares against (dtypes without a peak for this device are left out):
@@ -71,8 +74,8 @@ ch.cpu_note("a CPU has no datasheet peak in memlab's table, so its peak is itsel
 # %% [markdown]
 # ## 2. The experiment: a matmul and a memory copy, against those peaks
 #
-# `memlab.bench.matmul_flops_per_s` times `C = A @ B` for a few shapes and dtypes (FLOPs = 2·m·n·k);
-# `memlab.bench.bandwidth_bytes_per_s` times STREAM's copy and triad kernels (bytes moved as STREAM counts them).
+# `memlab.run.roofline.matmul_flops_per_s` times `C = A @ B` for a few shapes and dtypes (FLOPs = 2·m·n·k);
+# `memlab.run.roofline.bandwidth_bytes_per_s` times STREAM's copy and triad kernels (bytes moved as STREAM counts them).
 # One bandwidth array size (64 MiB) is larger than a server CPU's last-level cache, so at least one point
 # measures DRAM rather than cache.
 #
@@ -81,14 +84,14 @@ ch.cpu_note("a CPU has no datasheet peak in memlab's table, so its peak is itsel
 # the ceiling any MFU inherits: no training step beats its own matmuls.
 
 # %%
-matmul = bench.matmul_flops_per_s(device=ch.device, scale=ch.scale)
+matmul = roofline.matmul_flops_per_s(device=ch.device, scale=ch.scale)
 matmul = matmul[matmul["status"] == "ok"].copy()
 matmul["peak_flops_per_s"] = matmul["dtype"].map(dict(info.peak_flops))
 matmul["achieved_over_peak"] = matmul["flops_per_s"] / matmul["peak_flops_per_s"]
 ch.save_table(matmul, "matmul")
 
-sizes = sorted(set(bench.default_sizes(ch.device, ch.scale)) | {64 * 2**20})
-bandwidth = bench.bandwidth_bytes_per_s(sizes, device=ch.device, scale=ch.scale)
+sizes = sorted(set(roofline.default_sizes(ch.device, ch.scale)) | {64 * 2**20})
+bandwidth = roofline.bandwidth_bytes_per_s(sizes, device=ch.device, scale=ch.scale)
 bandwidth = bandwidth[bandwidth["status"] == "ok"].copy()
 ch.save_table(bandwidth, "bandwidth")
 
@@ -110,18 +113,8 @@ roof_bandwidth, roof_label = (
     if info.accelerator and info.accelerator.bandwidth_bytes_per_s
     else (bandwidth["bytes_per_s"].max(), "best measured")
 )
-fig, ax = plt.subplots(figsize=(7.5, 4.5))
-intensity = pd.Series(np.logspace(-1, 4, 200))
-for dtype, rows in matmul.groupby("dtype"):
-    peak = info.peak_flops.get(dtype)
-    ax.scatter(rows["arithmetic_intensity"], rows["flops_per_s"] / 1e12, label=f"{dtype} measured", zorder=3)
-    if peak:
-        roof = (intensity * roof_bandwidth).clip(upper=peak)
-        ax.plot(intensity, roof / 1e12, "--", label=f"{dtype} roof ({roof_label} bandwidth)")
-ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)",
-       ylabel="throughput (TFLOP/s)", title=f"Matmul throughput against the roofline: {info.name}")
-ax.grid(True, which="both", alpha=0.3)
-ax.legend(fontsize=8)
+fig = plots.roofline(matmul, peaks={d: p for d, p in info.peak_flops.items() if p}, bandwidth_bytes_per_s=roof_bandwidth,
+                     bandwidth_label=roof_label, title=f"Matmul throughput against the roofline: {info.name}")
 roofline_png = ch.save_figure(fig, "roofline")
 
 # %%

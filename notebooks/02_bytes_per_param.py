@@ -34,13 +34,11 @@ out_dir = "../reports/build/02_bytes_per_param"
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from memlab import exercises, plots
-from memlab.course import chapter
-from memlab.estimate import estimate
-from memlab.ledger import compare, predict_for
-from memlab.models import preset
-from memlab.setup import PRECISION_POLICIES, Setup
-from memlab.sweep import measurement_of, read_rows, sweep
+from memlab import PRECISION_POLICIES, Setup, chapter, estimate, preset, run_step, sweep
+from memlab.compare import compare, plots
+from memlab.compare.ledger import predict_for
+from memlab.course import exercises
+from memlab.run.sweep import measurement_of, read_rows
 
 ch = chapter(scale, device, seed, out_dir)
 ch.to_dict()
@@ -49,7 +47,7 @@ ch.to_dict()
 # ## 1. The formula
 #
 # A precision policy fixes how many bytes each parameter costs in weights, gradients, an fp32 master copy and an
-# fp32 gradient buffer; the optimizer adds its moments. `memlab.estimate` adds them up. For a bare parameter count
+# fp32 gradient buffer; the optimizer adds its moments. `memlab.predict.estimate` adds them up. For a bare parameter count
 # it returns the model states only, so dividing by the count gives bytes per parameter.
 
 # %%
@@ -61,12 +59,12 @@ OPTIMIZERS = ["adamw", "sgd-momentum", "sgd", "adam-8bit"]
 def bytes_per_param(policy: str, optimizer: str) -> float:
     """Model-state bytes per parameter predicted for a 1B-parameter model (step counters excluded)."""
     b = estimate(N, Setup(precision=policy, optimizer=optimizer))
-    return (b.params_bytes + b.grads_bytes + b.optimizer_bytes - b.optimizer_detail.get("step_counters", 0)) / N
+    return b.model_state_bytes(step_counters=False) / N
 
 
 table = pd.DataFrame({opt: [bytes_per_param(p, opt) for p in POLICIES] for opt in OPTIMIZERS}, index=POLICIES)
 table.index.name = "bytes/param"
-table["who uses it (memlab.setup.PRECISION_POLICIES)"] = [PRECISION_POLICIES[p].source for p in POLICIES]
+table["who uses it (memlab.predict.setup.PRECISION_POLICIES)"] = [PRECISION_POLICIES[p].source for p in POLICIES]
 ch.save_table(table.reset_index(), "bytes_per_param_predicted")
 table
 
@@ -81,9 +79,9 @@ table
 # %% [markdown]
 # ## 2. The experiment: the same GPT under each policy
 #
-# `memlab.runner.run_step` builds the reference GPT in the policy's dtype, wires autocast, the GradScaler or fp32
+# `memlab.run.runner.run_step` builds the reference GPT in the policy's dtype, wires autocast, the GradScaler or fp32
 # master weights, trains on synthetic tokens and counts every byte of parameters, gradients and optimizer state
-# by storage. `memlab.sweep.sweep` writes each result as one JSON line the moment it is measured. At `full` scale
+# by storage. `memlab.run.sweep.sweep` writes each result as one JSON line the moment it is measured. At `full` scale
 # an interrupted sweep resumes where it stopped; at `ci` scale it starts over (it takes seconds).
 
 # %%
@@ -94,7 +92,7 @@ grid = [(model, Setup(batch=batch, seq=seq, precision=p, optimizer=o))
 path = ch.out_dir / "states.jsonl"
 if ch.scale == "ci":
     path.unlink(missing_ok=True)
-runs = sweep(grid, path, device=ch.device, steps=1, count_flops=False, compute_mfu=False,
+runs = sweep(grid, path, device=ch.device, steps=1, with_counted_flops=False, with_mfu=False,
              progress=ch.scale == "full")
 pairs = [measurement_of(r) for r in read_rows(path)]
 print(f"{model.name}: {model.param_count():,} parameters, {len(pairs)} runs on {pairs[0][1].device_name}")
@@ -107,7 +105,7 @@ ch.cpu_note("the byte counts are exact storage sizes, but there is no allocator:
 # %% [markdown]
 # ## 3. Prediction vs measurement
 #
-# `memlab.ledger.compare` puts each prediction next to its measurement; relative error is
+# `memlab.compare.ledger.compare` puts each prediction next to its measurement; relative error is
 # (predicted − measured) / measured.
 
 # %%
@@ -135,13 +133,10 @@ plt.show()
 rows = []
 for cfg, m in pairs:
     p = predict_for(cfg, m)
-    step = m.optimizer_by_key.get("step", 0)
-    measured_states = m.params_bytes + m.grads_bytes + m.optimizer_bytes - step
     rows.append({"precision": m.setup["precision"], "optimizer": m.setup["optimizer"],
-                 "measured bytes/param": measured_states / cfg.param_count(),
-                 "predicted bytes/param": (p.params_bytes + p.grads_bytes + p.optimizer_bytes
-                                           - p.optimizer_detail.get("step_counters", 0)) / cfg.param_count(),
-                 "step counters (bytes)": step})
+                 "measured bytes/param": m.model_state_bytes(step_counters=False) / cfg.param_count(),
+                 "predicted bytes/param": p.model_state_bytes(step_counters=False) / cfg.param_count(),
+                 "step counters (bytes)": m.optimizer_by_key.get("step", 0)})
 measured = pd.DataFrame(rows)
 ch.save_table(measured, "bytes_per_param_measured")
 measured.pivot_table(index="precision", columns="optimizer", values=["measured bytes/param", "predicted bytes/param"],
@@ -160,7 +155,7 @@ measured.pivot_table(index="precision", columns="optimizer", values=["measured b
 first = next(m for _, m in pairs if m.setup["precision"] == "mixed-bf16" and m.setup["optimizer"] == "adamw")
 phases = pd.DataFrame(first.phases)
 fig = plots.phase_timeline(phases, title=f"{model.name}, mixed-bf16 + AdamW: bytes held through the first step",
-                           source="exact storage bytes at each phase boundary (memlab.runner)")
+                           source="exact storage bytes at each phase boundary (memlab.run.runner)")
 ch.save_figure(fig, "first_step_timeline")
 plt.show()
 phases
@@ -170,23 +165,11 @@ phases
 # activations are at their largest. The cell measures both with `memlab.measure.accounting.model_states`.
 
 # %%
-import torch
-
-from memlab.gpt import GPT
-from memlab.measure.accounting import model_states
-from memlab.optimizers import build_optimizer
-
 kept = {}
 for set_to_none in (True, False):
-    torch.manual_seed(seed)
-    net = GPT(model, device=ch.device)
-    opt = build_optimizer("adamw", net.parameters())
-    tokens = torch.randint(0, model.vocab_size, (batch, seq), device=ch.device)
-    net(tokens, tokens).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=set_to_none)
-    kept[f"set_to_none={set_to_none}"] = model_states(net, opt).grads_bytes
-del net, opt
+    m = run_step(model, Setup(batch=batch, seq=seq, precision="fp32", optimizer="adamw"), ch.device, steps=1,
+                 seed=seed, with_counted_flops=False, with_mfu=False, set_to_none=set_to_none)
+    kept[f"set_to_none={set_to_none}"] = next(p for p in m.phases if p["phase"] == "zero_grad")["grads"]
 pd.Series(kept, name="gradient bytes held into the next forward").to_frame()
 
 # %% [markdown]

@@ -1,7 +1,7 @@
 """Record the CUDA ledger on a real GPU: prediction vs exact accounting vs the allocator, with provenance.
 
-Runs 10 configs of the reference GPT on ``cuda`` with :func:`memlab.runner.run_step`, compares each with
-:func:`memlab.ledger.compare` (estimator told ``device_type="cuda"``) and writes, into ``--out`` (default
+Runs 10 configs of the reference GPT on ``cuda`` with :func:`memlab.run.runner.run_step`, compares each with
+:func:`memlab.compare.ledger.compare` (estimator told ``device_type="cuda"``) and writes, into ``--out`` (default
 ``data/recorded``):
 
 - ``cuda_ledger.csv``: every ledger row (params, grads, optimizer, activations by category, the modelled total,
@@ -24,11 +24,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from memlab.ledger import compare, predict_for
+from memlab.compare.ledger import compare, predict_for
 from memlab.measure.nvml import nvml_reading
-from memlab.models import preset
-from memlab.runner import run_step
-from memlab.setup import Setup
+from memlab.predict.models import preset
+from memlab.predict.setup import Setup
+from memlab.run.runner import run_step
 
 
 def grid() -> list[tuple[object, Setup]]:

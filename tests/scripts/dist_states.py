@@ -23,9 +23,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from memlab.gpt import GPT
 from memlab.measure.accounting import model_states
-from memlab.models import TransformerConfig, preset
+from memlab.predict.models import TransformerConfig, preset
+from memlab.run.gpt import GPT
 
 
 def config() -> TransformerConfig:

@@ -10,8 +10,8 @@ import itertools
 import sys
 import time
 
-from memlab.models import TransformerConfig, preset
-from memlab.setup import Setup
+from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.setup import Setup
 
 DELAY_S = 0.5
 """Extra seconds per point: a real measurement takes time; this keeps the kill from arriving after the end."""
@@ -30,7 +30,7 @@ def grid() -> list[tuple[TransformerConfig, Setup]]:
 
 def slow_run(*args, **kwargs):
     """run_step, then a pause."""
-    from memlab.runner import run_step
+    from memlab.run.runner import run_step
 
     out = run_step(*args, **kwargs)
     time.sleep(DELAY_S)
@@ -38,7 +38,7 @@ def slow_run(*args, **kwargs):
 
 
 if __name__ == "__main__":
-    from memlab.sweep import sweep
+    from memlab.run.sweep import sweep
 
-    sweep(grid(), sys.argv[1], device="cpu", progress=False, run=slow_run, steps=1, count_flops=False,
-          compute_mfu=False)
+    sweep(grid(), sys.argv[1], device="cpu", progress=False, run=slow_run, steps=1, with_counted_flops=False,
+          with_mfu=False)

@@ -1,0 +1,114 @@
+"""``memlab measure`` and ``memlab ledger``: run the reference model and print prediction against measurement.
+
+``measure`` runs one config (the same MODEL options as ``estimate``) and prints the ledger, component by
+component. ``ledger`` runs the validation grid (:func:`memlab.compare.ledger.ci_grid`, 48 configs on a CPU in well
+under a minute) as a resumable sweep and prints the achieved errors per component.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from memlab.errors import MemlabError
+from memlab.predict.precision import PRECISION_POLICIES
+from memlab.predict.setup import ATTENTION, INFERENCE_WEIGHTS, OPTIMIZERS, RECOMPUTE
+
+
+def measure_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``memlab measure``."""
+    from memlab.cli import _positive_int, add_model_arguments
+
+    add_model_arguments(p)
+    p.add_argument("--mode", choices=("train", "inference"), default="train")
+    p.add_argument("--batch", type=_positive_int, default=1, metavar="B")
+    p.add_argument("--seq", type=_positive_int, default=128, metavar="S")
+    p.add_argument("--precision", choices=list(PRECISION_POLICIES), default="fp32")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    p.add_argument("--attention", choices=ATTENTION, default="eager")
+    p.add_argument("--weights", choices=INFERENCE_WEIGHTS, default="fp32", help="inference weight and KV dtype")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda[:N]")
+    p.add_argument("--steps", type=_positive_int, default=2, metavar="N", help="timed steps (decode tokens)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _table(frame: object) -> str:
+    import pandas as pd
+
+    assert isinstance(frame, pd.DataFrame)
+    t = frame[["component", "predicted", "measured", "rel_error"]].copy()
+    for col in ("predicted", "measured"):
+        t[col] = t[col].map(lambda v: "-" if v is None or v != v else f"{v:,.0f}")
+    t["rel_error"] = t["rel_error"].map(lambda v: "-" if v is None or v != v else f"{100 * v:+.3f} %")
+    return t.to_string(index=False)
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    """Run one config on the device and print predicted vs measured bytes per component."""
+    from memlab.cli import model_from_args
+    from memlab.compare.ledger import compare, predict_for
+    from memlab.predict.setup import Setup
+    from memlab.run.runner import run_step
+
+    model = model_from_args(args)
+    if isinstance(model, int):
+        raise MemlabError("memlab measure needs a model to build: give --preset or explicit dimensions, not --params")
+    setup = Setup(batch=args.batch, seq=args.seq, mode=args.mode, precision=args.precision,
+                  optimizer=args.optimizer, recompute=args.recompute, attention=args.attention,
+                  inference_weights=args.weights, kv_cache_dtype=args.weights)
+    m = run_step(model, setup, args.device, steps=args.steps)
+    table = compare(predict_for(model, m), m, activations_detail=True)
+    if args.json:
+        print(json.dumps({"measurement": m.to_dict(), "ledger": table.to_dict(orient="records")}, default=str))
+        return 0
+    print(f"memlab measure: {model.name} on {m.device} ({m.device_name}), status {m.status}")
+    if m.status != "ok":
+        print(f"  {m.error}")
+        return 1
+    print(_table(table))
+    if m.step_time_s is not None:
+        print(f"\nstep time {m.step_time_s * 1e3:.1f} ms, {m.tokens_per_s:,.0f} tokens/s, "
+              f"MFU {'unknown' if m.mfu is None else f'{100 * m.mfu:.1f} %'}"
+              + (f" ({m.mfu_reason})" if m.mfu_reason else ""))
+    if m.decode_time_per_token_s is not None:
+        print(f"\nprefill {m.prefill_time_s * 1e3:.1f} ms, decode {m.decode_time_per_token_s * 1e3:.2f} ms/token "
+              f"({m.tokens_per_s:,.0f} tokens/s over the batch)")
+    print("(relative error = (predicted - measured) / measured; on a CPU bytes are exact storage counts)")
+    return 0
+
+
+def ledger_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``memlab ledger``."""
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda[:N]")
+    p.add_argument("--out", type=Path, default=None, metavar="PATH",
+                   help="resumable sweep file (default build/ledger/ci-<device>.jsonl)")
+    p.add_argument("--fresh", action="store_true", help="start the sweep file over")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_ledger(args: argparse.Namespace) -> int:
+    """Measure the validation grid and print the achieved error per component."""
+    from memlab.compare.ledger import ci_grid, error_summary, ledger
+    from memlab.device import device_string
+    from memlab.run.sweep import measurement_of, read_rows, sweep
+
+    dev = device_string(args.device)
+    path = args.out or Path("build/ledger") / f"ci-{dev.replace(':', '')}.jsonl"
+    if args.fresh and path.exists():
+        path.unlink()
+    sweep(ci_grid(), path, device=dev, steps=1, with_counted_flops=False, with_mfu=False, progress=not args.json)
+    pairs = [measurement_of(r) for r in read_rows(path)]
+    table = ledger(pairs, activations_detail=True)
+    summary = error_summary(table)
+    failed = [m for _, m in pairs if m.status != "ok"]
+    if args.json:
+        print(json.dumps({"configs": len(pairs), "failed": len(failed), "summary": summary.to_dict(orient="records")}))
+        return 0 if not failed else 1
+    print(f"memlab ledger: {len(pairs)} configs on {dev}, {len(failed)} failed; sweep file {path}")
+    s = summary.copy()
+    for col in ("median_abs_rel_error", "max_abs_rel_error"):
+        s[col] = s[col].map(lambda v: f"{100 * v:.4f} %")
+    print(s.to_string(index=False))
+    return 0 if not failed else 1

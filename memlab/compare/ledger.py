@@ -1,0 +1,155 @@
+"""Prediction against measurement, component by component: the ledger every chapter shows.
+
+:func:`compare` puts an estimate (:class:`memlab.predict.estimate.MemoryBreakdown`) beside a measurement
+(:class:`memlab.run.runner.Measurement`) of the same config and setup. Relative error is
+``(predicted - measured) / measured``: positive means the estimator over-predicts. On CUDA the ledger adds
+what the estimator does not model as named residual rows (allocator peak beyond the modelled components,
+cached-but-free memory, and memory outside PyTorch's allocator such as the CUDA context), so the gap between
+"the formula" and "nvidia-smi" is explained rather than hidden.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from memlab.predict.activations import CATEGORIES
+from memlab.predict.estimate import MemoryBreakdown, estimate
+from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.setup import Setup
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from memlab.run.runner import Measurement
+
+COLUMNS = ["experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error", "note"]
+"""Columns of every ledger table (chapters write these to ledger.csv; the report summarises them)."""
+
+MODEL_COMPONENTS = ("params", "grads", "optimizer", "activations", "kv_cache")
+
+
+def device_type_of(measurement: Measurement) -> str:
+    """``cuda`` or ``cpu``: which device's autocast and kernel behaviour the prediction should assume."""
+    return "cuda" if measurement.device.startswith("cuda") else "cpu"
+
+
+def predict_for(config: TransformerConfig, measurement: Measurement) -> MemoryBreakdown:
+    """The estimate of the setup a measurement ran, for the device it ran on."""
+    setup = Setup(**measurement.setup)
+    return estimate(config, setup, device_type=device_type_of(measurement))
+
+
+def _row(experiment: str, component: str, predicted: float | None, measured: float | None, note: str = "") -> dict:
+    abs_err = rel_err = None
+    if predicted is not None and measured is not None:
+        abs_err = predicted - measured
+        rel_err = abs_err / measured if measured else (0.0 if predicted == 0 else float("inf"))
+    return {"experiment": experiment, "component": component, "unit": "bytes", "predicted": predicted,
+            "measured": measured, "abs_error": abs_err, "rel_error": rel_err, "note": note}
+
+
+def experiment_label(measurement: Measurement) -> str:
+    """A short label: model, precision, optimizer, attention, recompute, batch x seq."""
+    s = measurement.setup
+    if s["mode"] == "inference":
+        return f"{measurement.model} infer {s['inference_weights']} b{s['batch']}x{s['seq']} {s['attention']}"
+    return (f"{measurement.model} {s['precision']} {s['optimizer']} {s['attention']} {s['recompute']} "
+            f"b{s['batch']}x{s['seq']}")
+
+
+def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment: str | None = None,
+            activations_detail: bool = False) -> pd.DataFrame:
+    """Ledger rows (see :data:`COLUMNS`) for one prediction and its measurement.
+
+    Rows: params, grads, optimizer, activations (and kv_cache for inference), their total; with
+    ``activations_detail`` one row per activation category (``activations: <category>``). On CUDA, residual
+    rows: ``allocator peak`` (predicted = modelled total) and the unmodelled parts.
+    """
+    import pandas as pd
+
+    label = experiment or experiment_label(measurement)
+    if measurement.status != "ok":
+        return pd.DataFrame([_row(label, "total", predicted.total_bytes, None, f"{measurement.status}: "
+                                  f"{measurement.error}")], columns=COLUMNS)
+    pred = {"params": predicted.params_bytes, "grads": predicted.grads_bytes, "optimizer": predicted.optimizer_bytes,
+            "activations": predicted.activations_bytes, "kv_cache": predicted.kv_cache_bytes}
+    meas = {"params": measurement.params_bytes, "grads": measurement.grads_bytes,
+            "optimizer": measurement.optimizer_bytes, "activations": measurement.activations_bytes,
+            "kv_cache": measurement.kv_cache_bytes}
+    inference = measurement.setup.get("mode") == "inference"
+    rows = []
+    for comp in MODEL_COMPONENTS:
+        if inference and comp in ("grads", "optimizer", "activations"):
+            continue
+        if not inference and comp == "kv_cache":
+            continue
+        rows.append(_row(label, comp, pred[comp], meas[comp]))
+        if comp == "activations" and activations_detail:
+            for cat in CATEGORIES:
+                p = predicted.activation_detail.get(cat, 0)
+                m = measurement.activations_by_category.get(cat, 0)
+                if p or m:
+                    rows.append(_row(label, f"activations: {cat}", p, m))
+    modelled = [r for r in rows if ":" not in r["component"]]
+    total_p = sum(r["predicted"] for r in modelled)
+    total_m = sum(r["measured"] or 0 for r in modelled)
+    rows.append(_row(label, "modelled total", total_p, total_m, "sum of the rows above"))
+    if measurement.cuda_peak_allocated_bytes is not None:
+        rows += _cuda_residuals(label, total_p, measurement)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _cuda_residuals(label: str, modelled: float, m: Measurement) -> list[dict[str, Any]]:
+    """What the estimator's components do not cover on CUDA, each as its own row."""
+    rows = [_row(label, "allocator peak (max_memory_allocated)", modelled, m.cuda_peak_allocated_bytes,
+                 "measured includes transient buffers: gradients of activations, workspaces, the logits' grad")]
+    if m.cuda_peak_reserved_bytes is not None:
+        rows.append(_row(label, "residual: reserved but not allocated at peak", None,
+                         m.cuda_peak_reserved_bytes - m.cuda_peak_allocated_bytes,
+                         "the caching allocator's free blocks (fragmentation and cache)"))
+    nvml = m.nvml or {}
+    used = nvml.get("process_used_bytes") if nvml.get("available") else None
+    if used is not None and m.cuda_peak_reserved_bytes is not None:
+        rows.append(_row(label, "residual: outside PyTorch's allocator (process used - reserved)", None,
+                         used - m.cuda_peak_reserved_bytes, "CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers"))
+    return rows
+
+
+def ledger(pairs: Iterable[tuple[TransformerConfig, Measurement]], *, activations_detail: bool = False) -> pd.DataFrame:
+    """Ledger rows for many measurements (each predicted for the device it ran on)."""
+    import pandas as pd
+
+    frames = [compare(predict_for(cfg, m), m, activations_detail=activations_detail) for cfg, m in pairs]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+
+
+def error_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per component: rows, median and max |relative error|, and the worst experiment."""
+    import pandas as pd
+
+    t = table.dropna(subset=["rel_error"]).copy()
+    t["abs_rel"] = t["rel_error"].abs()
+    out = []
+    for comp, g in t.groupby("component", sort=False):
+        worst = g.loc[g["abs_rel"].idxmax()]
+        out.append({"component": comp, "rows": len(g), "median_abs_rel_error": g["abs_rel"].median(),
+                    "max_abs_rel_error": worst["abs_rel"], "worst_experiment": worst["experiment"]})
+    return pd.DataFrame(out)
+
+
+def ci_grid() -> list[tuple[TransformerConfig, Setup]]:
+    """The CPU validation grid of issue 3: 48 configs of the reference GPT.
+
+    Attention eager and SDPA flash; recompute none/selective/full; fp32 and amp-bf16; two model sizes
+    (tiny-gpt, small-gpt); two batch x sequence points. Each runs in well under a second on a CPU.
+    """
+    models = [preset("tiny-gpt"), preset("small-gpt")]
+    shapes = [(2, 32), (1, 96)]
+    out = []
+    for cfg, att, rec, prec, (b, s) in itertools.product(
+        models, ("eager", "flash"), ("none", "selective", "full"), ("fp32", "amp-bf16"), shapes
+    ):
+        out.append((cfg, Setup(batch=b, seq=s, precision=prec, attention=att, recompute=rec)))
+    return out

@@ -1,0 +1,156 @@
+"""The course's standard figures: predicted beside measured stacked bars, memory timelines, error bars.
+
+Every figure has a title, labelled axes with units, and says where its numbers came from (``source=`` ends
+up in the title's second line). Functions return the matplotlib Figure; they never call ``plt.show()``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memlab.units import byte_unit
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+COMPONENT_COLORS = {
+    "params": "#4C72B0",
+    "grads": "#DD8452",
+    "optimizer": "#55A868",
+    "activations": "#C44E52",
+    "kv_cache": "#8172B3",
+}
+
+
+def _figure(width: float = 8.0, height: float = 4.5) -> tuple[Figure, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    return fig, ax
+
+
+def stacked_breakdown(table: pd.DataFrame, *, title: str, source: str = "", label_col: str = "experiment") -> Figure:
+    """Predicted and measured bars side by side per experiment, each stacked by component.
+
+    ``table`` is a ledger (:func:`memlab.compare.ledger.compare` rows); only the model components (params, grads,
+    optimizer, activations, kv_cache) are stacked. The measured bar is hatched.
+    """
+    t = table[table["component"].isin(list(COMPONENT_COLORS))]
+    labels = list(dict.fromkeys(t[label_col]))
+    comps = [c for c in COMPONENT_COLORS if c in set(t["component"])]
+    peak = max(
+        t.groupby(label_col)["predicted"].sum().max(),
+        t.groupby(label_col)["measured"].sum().max(),
+    )
+    unit, size = byte_unit(float(peak))
+    fig, ax = _figure(max(6.0, 1.6 * len(labels) + 2), 4.8)
+    width = 0.38
+    for i, label in enumerate(labels):
+        rows = t[t[label_col] == label].set_index("component")
+        for j, kind in enumerate(("predicted", "measured")):
+            bottom = 0.0
+            for comp in comps:
+                if comp not in rows.index:
+                    continue
+                value = float(rows.loc[comp, kind] or 0) / size
+                ax.bar(i + (j - 0.5) * width, value, width, bottom=bottom, color=COMPONENT_COLORS[comp],
+                       hatch="//" if kind == "measured" else None, edgecolor="white",
+                       label=comp if (i == 0 and j == 0) else None)
+                bottom += value
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(f"memory per device ({unit})")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.legend(title="left: predicted, right (hatched): measured", fontsize=8, title_fontsize=8)
+    return fig
+
+
+def phase_timeline(phases: pd.DataFrame, *, title: str, source: str = "") -> Figure:
+    """Exact bytes of params, grads, optimizer state and activations at each phase boundary, stacked.
+
+    ``phases`` has a ``phase`` column and one column per component (a runner Measurement's ``phases``).
+    """
+    comps = [c for c in ("params", "grads", "optimizer", "activations") if c in phases.columns]
+    totals = phases[comps].sum(axis=1)
+    unit, size = byte_unit(float(totals.max()))
+    fig, ax = _figure()
+    x = list(range(len(phases)))
+    bottom = [0.0] * len(phases)
+    for c in comps:
+        values = list(phases[c] / size)
+        ax.bar(x, values, 0.6, bottom=bottom, color=COMPONENT_COLORS[c], label=c, edgecolor="white")
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for xi, total in zip(x, bottom, strict=True):
+        ax.text(xi, total, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, list(phases["phase"]), rotation=15)
+    ax.set_xlabel("after this phase of the first training step")
+    ax.set_ylabel(f"bytes held ({unit})")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def sampled_timeline(frame: pd.DataFrame, *, title: str, columns: list[str] | None = None,
+                     source: str = "") -> Figure:
+    """A sampled memory timeline (TimelineSampler.frame()) with phase changes shaded."""
+    cols = columns or [c for c in frame.columns if c.endswith("_bytes")]
+    unit, size = byte_unit(float(frame[cols].max().max()))
+    fig, ax = _figure()
+    for c in cols:
+        ax.plot(frame["t_s"], frame[c] / size, label=c.removesuffix("_bytes"))
+    if "phase" in frame.columns:
+        changes = frame["phase"].ne(frame["phase"].shift())
+        for t, phase in zip(frame.loc[changes, "t_s"], frame.loc[changes, "phase"], strict=True):
+            ax.axvline(t, color="grey", lw=0.6, ls=":")
+            ax.text(t, ax.get_ylim()[1], f" {phase}", fontsize=7, va="top", rotation=90)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(f"memory ({unit})")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def error_bars(table: pd.DataFrame, *, title: str, source: str = "") -> Figure:
+    """Relative error (predicted - measured) / measured per ledger row, in percent."""
+    t = table.dropna(subset=["rel_error"])
+    fig, ax = _figure(8.0, max(3.0, 0.25 * len(t) + 1.2))
+    labels = [f"{e} · {c}" for e, c in zip(t["experiment"], t["component"], strict=True)]
+    ax.barh(range(len(t)), t["rel_error"] * 100, color="#4C72B0")
+    ax.set_yticks(range(len(t)), labels, fontsize=7)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_xlabel("relative error of the prediction (%)")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    return fig
+
+
+def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_per_s: float, title: str,
+             bandwidth_label: str = "", source: str = "") -> Figure:
+    """Measured points against the roofline :func:`memlab.predict.flops.roofline_bound`, log-log.
+
+    ``points`` has ``arithmetic_intensity`` (FLOP/byte), ``flops_per_s`` and a ``dtype`` column; ``peaks`` maps a
+    dtype to its compute roof (FLOP/s). Axes in FLOP/byte and TFLOP/s.
+    """
+    import numpy as np
+
+    from memlab.predict.flops import roofline_bound
+
+    fig, ax = _figure(7.5, 4.5)
+    lo = max(float(points["arithmetic_intensity"].min()) / 3, 1e-2) if len(points) else 0.1
+    hi = max(float(points["arithmetic_intensity"].max()) * 3, 10.0) if len(points) else 1e4
+    intensity = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for dtype, rows in points.groupby("dtype"):
+        ax.scatter(rows["arithmetic_intensity"], rows["flops_per_s"] / 1e12, label=f"{dtype} measured", zorder=3)
+        peak = peaks.get(dtype)
+        if peak:
+            roof = roofline_bound(intensity, peak, bandwidth_bytes_per_s)
+            label = f"{dtype} roof" + (f" ({bandwidth_label} bandwidth)" if bandwidth_label else "")
+            ax.plot(intensity, roof / 1e12, "--", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)",
+           ylabel="throughput (TFLOP/s)")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

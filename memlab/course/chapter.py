@@ -1,0 +1,207 @@
+"""What every chapter notebook needs at its top: resolved parameters, a seeded run and a place for its outputs.
+
+A chapter starts with ``ch = chapter(scale, device, seed, out_dir)`` using its tagged ``parameters`` cell (papermill
+injects values when ``make report`` runs it). ``scale="auto"`` means ``ci`` (small, seconds) on a CPU and ``full``
+(real size) on CUDA; the same notebook code runs both. The :class:`Chapter` it returns saves figures and tables,
+appends prediction-vs-measurement rows to the chapter's ledger (which the report summarises), says in one sentence
+what a CPU cannot show, and loads results recorded on a real GPU from ``data/recorded/`` with their label.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from memlab.device import device_string, resolve_scale
+from memlab.errors import ConfigError
+
+"""``ci``: sizes that run in seconds on two CPU cores; ``full``: the real sizes, for a GPU; ``auto`` picks."""
+
+LEDGER_COLUMNS = ("experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error")
+"""Columns every ledger row has. ``abs_error = predicted - measured`` (in ``unit``), ``rel_error = abs_error /
+measured`` (a fraction); the report summarises ``|rel_error|`` per chapter."""
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECORDED_DIR = REPO_ROOT / "data" / "recorded"
+"""Results recorded on real GPUs: ``NAME.csv`` plus ``NAME.json`` (provenance), or ``NAME.json`` with ``rows``."""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's random generators (torch only when it is installed)."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Results recorded on a real GPU, with where they came from. Shown as such, never regenerated on a CPU."""
+
+    name: str
+    frame: Any  # pandas.DataFrame
+    provenance: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        """One line naming the GPU, driver, torch version and date the rows were recorded with."""
+        p = self.provenance
+        parts = [f"recorded on {p.get('gpu', 'an unnamed GPU')}"]
+        parts += [f"{key} {p[key]}" for key in ("driver", "torch", "commit", "date") if p.get(key)]
+        return ", ".join(parts)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<p><b>{html.escape(self.name)}</b> ({html.escape(self.label)})</p>" + self.frame.to_html(index=False)
+
+
+def load_recorded(name: str, directory: Path | str = RECORDED_DIR) -> Recorded | None:
+    """Load ``directory/NAME.csv`` (+ ``NAME.json`` provenance) or ``NAME.json`` with ``rows``; None when absent.
+
+    The provenance must name at least the ``gpu``; ``driver``, ``torch``, ``commit`` and ``date`` are shown when
+    present. A file without provenance is refused: an unlabelled GPU number would read like a measurement here.
+    """
+    import pandas as pd
+
+    directory = Path(directory)
+    csv_path, json_path = directory / f"{name}.csv", directory / f"{name}.json"
+    if not csv_path.exists() and not json_path.exists():
+        return None
+    meta: dict[str, Any] = json.loads(json_path.read_text()) if json_path.exists() else {}
+    provenance = meta.get("provenance", {k: v for k, v in meta.items() if k != "rows"})
+    if not provenance.get("gpu"):
+        raise ConfigError(f"recorded results {name!r} in {directory} carry no provenance: add {json_path.name} "
+                          "with at least 'gpu' (and 'driver', 'torch', 'commit', 'date').")
+    frame = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame(meta.get("rows", []))
+    return Recorded(name=name, frame=frame, provenance=provenance)
+
+
+@dataclass(frozen=True)
+class CpuNote:
+    """One sentence saying what a chapter cannot show on a CPU; shown as markdown when it ends a notebook cell."""
+
+    text: str
+
+    def __str__(self) -> str:
+        return f"On this CPU: {self.text}"
+
+    def _repr_markdown_(self) -> str:
+        return f"> **On this CPU:** {self.text}"
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """A chapter's resolved parameters and its output folder (figures, tables, ``ledger.csv``)."""
+
+    scale: str  # "ci" | "full" (resolved)
+    device: str  # "cpu" | "cuda" | "cuda:N" (resolved)
+    seed: int
+    out_dir: Path
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.out_dir / "ledger.csv"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "out_dir": str(self.out_dir)}
+
+    def save_figure(self, fig: Any, name: str) -> Path:
+        """Save a matplotlib figure as ``out_dir/NAME.png`` (150 dpi) and return the path.
+
+        Inside a notebook the saved PNG is also shown, once (a pyplot figure is closed so the inline backend does
+        not show it again): every saved figure appears on the chapter's page, including figures built without
+        pyplot, which the inline backend would not render.
+        """
+        path = self.out_dir / f"{_safe(name)}.png"
+        fig.savefig(path, dpi=150, bbox_inches="tight")
+        if _in_notebook():
+            import matplotlib.pyplot as plt
+            from IPython.display import Image, display
+
+            display(Image(filename=str(path)))
+            plt.close(fig)
+        return path
+
+    def save_table(self, df: Any, name: str) -> Path:
+        """Save a DataFrame as ``out_dir/NAME.csv`` and return the path."""
+        path = self.out_dir / f"{_safe(name)}.csv"
+        df.to_csv(path, index=False)
+        return path
+
+    def record_ledger(self, df: Any) -> Path:
+        """Append prediction-vs-measurement rows to ``out_dir/ledger.csv`` and return its path.
+
+        ``df`` needs ``experiment``, ``component``, ``unit``, ``predicted`` and ``measured``; ``abs_error`` and
+        ``rel_error`` are computed when absent (see :data:`LEDGER_COLUMNS`). A row recorded again for the same
+        (experiment, component, unit) replaces the earlier one, so re-running a cell does not double count.
+        """
+        import pandas as pd
+
+        rows = pd.DataFrame(df).copy()
+        missing = [c for c in LEDGER_COLUMNS[:5] if c not in rows.columns]
+        if missing:
+            raise ConfigError(f"ledger rows lack column(s) {', '.join(missing)}; need {', '.join(LEDGER_COLUMNS[:5])}.")
+        if "abs_error" not in rows.columns:
+            rows["abs_error"] = rows["predicted"] - rows["measured"]
+        if "rel_error" not in rows.columns:
+            measured = rows["measured"].where(rows["measured"] != 0)
+            rows["rel_error"] = rows["abs_error"] / measured
+        if self.ledger_path.exists():
+            rows = pd.concat([pd.read_csv(self.ledger_path), rows], ignore_index=True)
+        rows = rows.drop_duplicates(subset=["experiment", "component", "unit"], keep="last")
+        rows.to_csv(self.ledger_path, index=False)
+        return self.ledger_path
+
+    def cpu_note(self, text: str) -> CpuNote | None:
+        """On a CPU, the sentence saying what this chapter cannot show here (end a cell with it); None on CUDA."""
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError("cpu_note needs the sentence saying what a CPU cannot show.")
+        return CpuNote(text.strip()) if self.on_cpu else None
+
+    def recorded(self, name: str, directory: Path | str = RECORDED_DIR) -> Recorded | None:
+        """Results recorded on a real GPU (see :func:`load_recorded`), or None when the repo has none."""
+        return load_recorded(name, directory)
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def _safe(name: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name.strip())
+    if not cleaned:
+        raise ConfigError(f"output name {name!r} is empty after cleaning; use letters, digits, '-', '_' or '.'.")
+    return cleaned
+
+
+def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: str | Path = "out") -> Chapter:
+    """Resolve a chapter's parameters, seed the random generators and create ``out_dir``.
+
+    ``out_dir`` is taken relative to the working directory (``notebooks/`` both in JupyterLab and under
+    ``make report``, which injects an absolute path).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}.")
+    resolved_device = device_string(device)
+    resolved_scale = resolve_scale(scale, resolved_device)
+    path = Path(out_dir).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    seed_everything(seed)
+    return Chapter(scale=resolved_scale, device=resolved_device, seed=seed, out_dir=path)

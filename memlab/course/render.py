@@ -1,0 +1,141 @@
+"""The report's provenance and its index page (plain HTML with a little inline CSS, readable offline)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from memlab.course.chapter import REPO_ROOT
+
+
+def _git(*args: str, root: Path = REPO_ROOT) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """memlab's commit and whether the work tree differs from it (``dirty``); "unknown" outside a git clone."""
+    commit = _git("rev-parse", "HEAD", root=root)
+    if not commit:
+        return {"memlab_commit": "unknown (not a git clone)", "memlab_dirty": None}
+    status = _git("status", "--porcelain", root=root)
+    return {"memlab_commit": commit, "memlab_dirty": bool(status)}
+
+
+def provenance(device: str) -> dict[str, Any]:
+    """Where and with what the report was made: device (from :func:`memlab.device.describe`), peak source,
+    driver, torch, Python, memlab commit and whether the tree was dirty, date (UTC)."""
+    from memlab import device as device_mod
+    info = device_mod.describe(device)
+    torch = info.get("torch_version") or "not installed"
+    if info.get("cuda_version"):
+        torch += f" (CUDA {info['cuda_version']})"
+    return {
+        "device": info["device"],
+        "device_kind": info["device_kind"],
+        "accelerator": info.get("accelerator"),
+        "peak_source": info["peak_source"] + (f" ({info['peak_reason']})" if info.get("peak_reason") else ""),
+        "driver": info.get("driver_version") or "unavailable (no NVIDIA driver or NVML on this machine)",
+        "torch": torch,
+        "python": platform.python_version(),
+        **git_state(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
+color:#1f2328;line-height:1.45}
+h1{font-size:1.7em;margin-bottom:.2em} h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #d0d7de}
+table{border-collapse:collapse;margin:.6em 0;font-size:.95em} th,td{border:1px solid #d0d7de;padding:4px 9px;
+text-align:left;vertical-align:top} th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.status{font-weight:600;padding:1px 7px;border-radius:9px;color:#fff}
+.ok{background:#1a7f37} .cached{background:#0969da} .failed{background:#b3261e} .not-run{background:#6e7781}
+pre{background:#f6f8fa;padding:6px;overflow:auto;margin:.3em 0} .muted{color:#59636e}
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f} %"
+
+
+def _chapter_row(ch: dict[str, Any]) -> str:
+    title = _esc(ch["title"])
+    link = f'<a href="{_esc(ch["html"])}">{title}</a>' if ch.get("html") else title
+    status = ch["status"]
+    badge = f'<span class="status {status.replace(" ", "-")}">{_esc(status)}</span>'
+    run = "" if ch.get("run_time_s") is None else f"{ch['run_time_s']:.1f} s"
+    error = ""
+    if ch.get("error"):
+        err = ch["error"]
+        error = (f"<details open><summary>{_esc(err['ename'])}: {_esc(err['evalue'])}</summary>"
+                 + (f"<pre>{_esc(err['source_head'])}</pre>" if err.get("source_head") else "") + "</details>")
+    return (f'<tr class="chapter" data-chapter="{_esc(ch["id"])}" data-status="{_esc(status)}"><td>{_esc(ch["id"])}'
+            f'</td><td>{link}{error}</td><td>{badge}</td><td class="num">{run}</td>'
+            f'<td class="num">{ch.get("figures", 0)}</td></tr>')
+
+
+def _ledger_rows(chapters: list[dict[str, Any]]) -> str:
+    rows = []
+    for ch in chapters:
+        led = ch.get("ledger")
+        if not led:
+            continue
+        rows.append(f'<tr><td>{_esc(ch["title"])}</td><td class="num">{led["rows"]}</td>'
+                    f'<td class="num">{_pct(led["median_abs_rel_error"])}</td>'
+                    f'<td class="num">{_pct(led["max_abs_rel_error"])}</td>'
+                    f'<td>{_esc(led["worst_component"])}</td></tr>')
+    if not rows:
+        return '<p class="muted">No chapter recorded predictions next to measurements yet.</p>'
+    head = ("<tr><th>chapter</th><th>rows</th><th>median |error|</th><th>max |error|</th>"
+            "<th>worst component</th></tr>")
+    return f'<table class="ledger">{head}{"".join(rows)}</table>'
+
+
+def render_index(index: dict[str, Any]) -> str:
+    """The index page: chapters with status and run time, provenance, and the prediction-error summary."""
+    prov = index["provenance"]
+    dirty = {True: " (dirty: uncommitted changes)", False: "", None: ""}[prov.get("memlab_dirty")]
+    prov_rows = [
+        ("device", f"{prov.get('device')} ({prov.get('device_kind')})"),
+        ("peak figures from", prov.get("peak_source")),
+        ("driver", prov.get("driver")),
+        ("torch", prov.get("torch")),
+        ("python", prov.get("python")),
+        ("memlab commit", f"{prov.get('memlab_commit')}{dirty}"),
+        ("date", prov.get("date")),
+        ("scale", f"{index['scale']} (asked: {index['scale_requested']}), seed {prov.get('seed')}"),
+    ]
+    prov_html = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in prov_rows)
+    chapters = "".join(_chapter_row(ch) for ch in index["chapters"])
+    n_failed = sum(ch["status"] == "failed" for ch in index["chapters"])
+    verdict = "All chapters ran" if not n_failed else f"{n_failed} chapter(s) failed"
+    total_s = sum(ch.get("run_time_s") or 0 for ch in index["chapters"] if ch["status"] == "ok")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_esc(index['title'])}</title><style>{_CSS}</style></head>
+<body>
+<h1>{_esc(index['title'])}</h1>
+<p class="muted">Predict, run, measure, compare: each chapter puts a memory or compute formula next to a measurement
+on this machine. {_esc(verdict)}; executing them took {total_s:.0f} s (cached chapters not counted).</p>
+<h2>Chapters</h2>
+<table class="chapters"><tr><th>#</th><th>chapter</th><th>status</th><th>run time</th><th>figures</th></tr>
+{chapters}</table>
+<h2>Prediction errors</h2>
+<p class="muted">Per chapter, |predicted &minus; measured| / measured over the rows it recorded.</p>
+{_ledger_rows(index['chapters'])}
+<h2>Provenance</h2>
+<table class="provenance">{prov_html}</table>
+</body></html>
+"""

@@ -1,0 +1,341 @@
+"""This process's device: the one resolver of device, scale and dtype names, and ``detect()``.
+
+``resolve_device`` turns ``"auto"``/``"cpu"``/``"cuda:1"``/a ``torch.device`` into a ``torch.device`` (or its string
+with :func:`device_string`); ``resolve_scale`` picks ``ci`` on a CPU and ``full`` on a GPU for ``"auto"``;
+``torch_dtype`` maps memlab's dtype names to torch's. ``detect()`` describes the device with its sourced (GPU) or
+measured (CPU) peaks. torch is imported lazily, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from memlab.errors import MemlabError, SetupError, unknown_name
+from memlab.predict.hardware import PEAK_DTYPES, Accelerator, resolve
+from memlab.predict.precision import DTYPE_BYTES
+
+if TYPE_CHECKING:
+    import torch
+
+SCALES = ("auto", "ci", "full")
+"""Chapter and benchmark scales: ``ci`` (small, seconds on a CPU), ``full`` (real size), ``auto`` (ci on CPU)."""
+
+_TORCH_DTYPES = {
+    "fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn",
+    "int8": "int8",
+}
+_DEVICE_FORMS = "'auto', 'cpu', 'cuda' or 'cuda:N' (or a CUDA index N)"
+
+
+def resolve_device(device: int | str | torch.device | None = "auto") -> torch.device:
+    """The one device resolver: a ``torch.device`` that exists in this process.
+
+    ``None`` and ``"auto"`` give the current CUDA device when torch sees one, else the CPU. Names are read
+    case-insensitively (``" CUDA:0 "`` is ``cuda:0``); an int is a CUDA index. Only CPU and CUDA are measured
+    by memlab: any other name, a CUDA device on a machine without one, or an index that does not exist raises
+    :class:`SetupError` with the forms that work.
+    """
+    import torch
+
+    if isinstance(device, bool):
+        raise SetupError(f"device must be {_DEVICE_FORMS}, got {device!r}")
+    if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    if isinstance(device, int):
+        dev = torch.device("cuda", device) if device >= 0 else None
+    elif isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str):
+        text = device.strip().lower()
+        dev = torch.device(text) if re.fullmatch(r"cpu|cuda(:\d+)?", text) else None
+    else:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise SetupError(f"device must be {_DEVICE_FORMS}, got {device!r}")
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SetupError(f"device {device!r} asked for CUDA but torch sees no CUDA GPU here: use 'cpu' or 'auto'")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if not 0 <= index < count:
+        raise SetupError(f"CUDA device {index} does not exist: this process sees {count} device(s)")
+    return torch.device("cuda", index)
+
+
+def device_string(device: int | str | torch.device | None = "auto") -> str:
+    """:func:`resolve_device` as a string (``"cpu"``, ``"cuda:0"``), for JSON, papermill parameters and keys."""
+    return str(resolve_device(device))
+
+
+def resolve_scale(scale: str = "auto", device: int | str | torch.device | None = "auto") -> str:
+    """``"ci"`` or ``"full"``: ``"auto"`` is ``full`` on CUDA and ``ci`` elsewhere; explicit scales are kept."""
+    if not isinstance(scale, str) or scale.strip().lower() not in SCALES:
+        raise SetupError(f"scale must be one of {', '.join(SCALES)}, got {scale!r}")
+    scale = scale.strip().lower()
+    if scale != "auto":
+        return scale
+    return "full" if resolve_device(device).type == "cuda" else "ci"
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch storage dtype of a memlab dtype name (fp32, tf32, bf16, fp16, fp8, int8)."""
+    import torch
+
+    if name not in DTYPE_BYTES:
+        raise unknown_name("dtype", name, list(DTYPE_BYTES))
+    attr = _TORCH_DTYPES.get(name)
+    dtype = getattr(torch, attr, None) if attr else None
+    if dtype is None:
+        raise MemlabError(f"dtype {name!r} has no dense torch tensor type in torch {torch.__version__}")
+    return dtype
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else :mod:`platform`)."""
+    return _cpu_model()[0]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device this process would use (``cuda:0`` when available, else the CPU) and its peak, if known."""
+
+    kind: str
+    """``"cuda"`` (also ROCm builds, which use the cuda API) or ``"cpu"``."""
+    name: str
+    """Device name as reported (GPU name, or the CPU model string)."""
+    accelerator: Accelerator | None
+    """The table row (GPU), the measured row (CPU), or None when the peak is unknown."""
+    total_memory_bytes: int | None
+    """Device memory as reported by torch (GPU) or host RAM (CPU)."""
+    peak_flops: Mapping[str, float | None] = field(hash=False)
+    """Dense peak FLOP/s per dtype; all None when unknown."""
+    peak_source: str
+    """``"table: <source>"``, ``"measured: <benchmark>"`` or ``"unknown"``."""
+    peak_reason: str | None
+    """Why the peak is unknown (None when known)."""
+    torch_version: str | None
+    cuda_version: str | None
+    """CUDA (or ``"hip X"``) version torch was built with; None for a CPU-only build."""
+    driver_version: str | None
+    """NVIDIA driver version via NVML, None when NVML is unavailable."""
+    cpu_count: int | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "peak_flops", MappingProxyType({d: self.peak_flops.get(d) for d in PEAK_DTYPES}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready); the accelerator row is nested as its own dict."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["peak_flops"] = dict(self.peak_flops)
+        out["accelerator"] = self.accelerator.to_dict() if self.accelerator else None
+        return out
+
+
+def _driver_version() -> str | None:
+    """NVIDIA driver version from NVML, or None when NVML (or a driver) is absent."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing, no driver, no permission: "unavailable", never a guess
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def _cpu_model() -> tuple[str, str]:
+    """(model string, vendor) from /proc/cpuinfo, else from :mod:`platform`."""
+    model = vendor = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() == "model name" and not model:
+                model = v.strip()
+            elif k.strip() == "vendor_id" and not vendor:
+                vendor = v.strip()
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine() or "unknown CPU"
+    return model, vendor or platform.machine() or "unknown"
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+
+
+def _best_matmul_s(torch: Any, dtype: Any, n: int, reps: int) -> float:
+    """Best wall time of ``reps`` n x n x n matmuls after one warm-up (CPU matmuls are synchronous)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dtype)
+    b = torch.randn(n, n, generator=gen).to(dtype)
+    torch.matmul(a, b)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _measure_cpu_peaks(torch: Any, threads: int) -> tuple[dict[str, float | None], str]:
+    """Measured fp32 (and bf16 when it runs) matmul FLOP/s on this CPU, and the benchmark's description.
+
+    fp32: best of 5 1024^3 matmuls (2 * 1024^3 FLOP each). bf16: the size is picked from a 256^3 probe so one
+    matmul takes at most ~50 ms (CPUs without bf16 units emulate it slowly); best of 3. Total well under 1 s.
+    """
+    n32, reps32 = 1024, 5
+    peaks: dict[str, float | None] = {"fp32": 2 * n32**3 / _best_matmul_s(torch, torch.float32, n32, reps32)}
+    desc = f"best of {reps32} torch.matmul {n32}x{n32}x{n32} fp32"
+    try:
+        probe = _best_matmul_s(torch, torch.bfloat16, 256, 2)
+        n16 = 1024 if probe * 64 < 0.05 else 512 if probe * 8 < 0.05 else 256
+        peaks["bf16"] = 2 * n16**3 / _best_matmul_s(torch, torch.bfloat16, n16, 3)
+        desc += f", best of 3 {n16}x{n16}x{n16} bf16"
+    except RuntimeError:
+        peaks["bf16"] = None
+        desc += ", bf16 matmul unsupported"
+    desc += f" on {threads} thread(s), FLOP/s = 2*n^3 / best time"
+    return peaks, desc
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "memlab"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) and isinstance(data.get("entries"), dict) else {"entries": {}}
+    except (OSError, ValueError):
+        return {"entries": {}}
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Atomic write; an unwritable cache only costs a re-measurement next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+CPU_CACHE_FILE = "cpu_peak.json"
+
+
+def _valid_entry(entry: object) -> bool:
+    """A cache entry with a benchmark description and positive-or-None peaks for known dtypes only."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("benchmark"), str):
+        return False
+    peaks = entry.get("peak_flops")
+    if not isinstance(peaks, dict) or not peaks or set(peaks) - set(PEAK_DTYPES):
+        return False
+    return all(v is None or (isinstance(v, int | float) and math.isfinite(v) and v > 0) for v in peaks.values())
+
+
+def _detect_cpu(torch: Any, measure: bool, cache_dir: Path | None, common: dict[str, Any]) -> DeviceInfo:
+    model, vendor = _cpu_model()
+    threads = int(torch.get_num_threads())
+    cache_key = f"{model} | torch {torch.__version__} | {threads} threads"
+    path = (cache_dir if cache_dir is not None else _default_cache_dir()) / CPU_CACHE_FILE
+    cache = _read_cache(path)
+    entry = cache["entries"].get(cache_key)
+    if not _valid_entry(entry):
+        entry = None
+        if measure:
+            peaks, desc = _measure_cpu_peaks(torch, threads)
+            entry = {"peak_flops": peaks, "benchmark": desc, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            cache["entries"][cache_key] = entry
+            _write_cache(path, cache)
+    memory = _host_memory_bytes()
+    if entry is None:
+        return DeviceInfo("cpu", model, None, memory, {}, "unknown",
+                          "CPU peak not measured (measure_cpu_peak=False and no cached measurement)", **common)
+    source = f"measured: {entry['benchmark']} ({model})"
+    row = None
+    if memory:
+        row = Accelerator("cpu", model, vendor, memory, None, entry["peak_flops"], "CPU", source,
+                          "host CPU: peak measured by memlab.device.detect(), not a datasheet figure; "
+                          "bandwidth not measured", measured=True)
+    return DeviceInfo("cpu", model, row, memory, entry["peak_flops"], source, None, **common)
+
+
+def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, device: str | None = None) -> DeviceInfo:
+    """Describe the device this process would use: ``cuda:0`` when available, else the CPU.
+
+    GPU: name and total memory go through :func:`resolve`; a GPU missing from the table gets no peak, with the
+    reason. CPU: the fp32 (and bf16) matmul peak is measured by a sub-second benchmark and cached as JSON in
+    ``cache_dir`` (default ``$XDG_CACHE_HOME/memlab`` or ``~/.cache/memlab``), keyed by CPU model, torch version
+    and thread count; later calls read the cache. ``measure_cpu_peak=False`` uses a cached value if present and
+    never benchmarks. ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``; None or ``"auto"`` = the default above)
+    picks another device. The function keeps no state between calls besides that file.
+    """
+    import torch
+
+    hip = getattr(torch.version, "hip", None)
+    common: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or (f"hip {hip}" if hip else None),
+        "driver_version": _driver_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    want = "auto" if device is None else str(device).strip().lower()
+    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", want)
+    if match is None:
+        raise MemlabError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        return _detect_cpu(torch, measure_cpu_peak, cache_dir, common)
+    index = int(match.group(1) or 0)
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        raise MemlabError(f"device {device!r} is not available here (torch sees {torch.cuda.device_count()} CUDA "
+                          "device(s)); use device='cpu' or 'auto'")
+    props = torch.cuda.get_device_properties(index)
+    name = torch.cuda.get_device_name(index)
+    total = int(props.total_memory)
+    row = resolve(name, total, multiprocessor_count=getattr(props, "multi_processor_count", None))
+    if row is None:
+        reason = (f"GPU {name!r} is not in memlab's table; MFU is reported as unknown rather than borrowing "
+                  "another GPU's peak")
+        return DeviceInfo("cuda", name, None, total, {}, "unknown", reason, **common)
+    return DeviceInfo("cuda", name, row, total, row.peak_flops, row.peak_source, None, **common)
+
+
+def describe(device: str | None = None, *, measure_cpu_peak: bool = True, cache_dir: Path | None = None
+             ) -> dict[str, Any]:
+    """Flat provenance of a device for reports: ``device``, ``device_kind``, ``peak_source``, ``peak_reason``,
+    versions and the dense bf16/fp32 peaks (FLOP/s, None when unknown). Built from :func:`detect`."""
+    info = detect(measure_cpu_peak, cache_dir, device=device)
+    return {
+        "device": info.name, "device_kind": info.kind,
+        "accelerator": info.accelerator.key if info.accelerator else None,
+        "peak_source": info.peak_source, "peak_reason": info.peak_reason,
+        "peak_fp32_flops": info.peak_flops["fp32"], "peak_bf16_flops": info.peak_flops["bf16"],
+        "total_memory_bytes": info.total_memory_bytes, "torch_version": info.torch_version,
+        "cuda_version": info.cuda_version, "driver_version": info.driver_version, "cpu_count": info.cpu_count,
+    }

@@ -1,0 +1,259 @@
+"""Activation memory: bytes saved for backward by one micro-batch on one device, term by term.
+
+The starting point is Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+(arXiv:2205.05198), Section 4 and Table 2: per layer ``s*b*h*(34 + 5*a*s/h)`` bytes for 16-bit training with
+dropout. That count is a sum of tensors, and this module keeps it as a sum of named tensors so it can be
+generalised honestly and checked tensor by tensor against :class:`memlab.run.gpt.GPT`:
+
+- any precision policy: fp32, autocast (fp32 residual stream, 16-bit matmul inputs, 16-bit *copies* of every
+  matmul weight kept for backward) or pure 16-bit weights;
+- d_ff != 4h, SwiGLU (four f-wide tensors instead of two), GQA (K and V are ``n_kv_heads*head_dim`` wide),
+  RMSNorm, no dropout (the masks disappear);
+- the attention kernel: ``eager`` keeps the softmax probabilities (b*a*s^2 elements); SDPA ``math`` upcasts
+  16-bit inputs to fp32 (``allow_fp16_bf16_reduction_math_sdp`` is False by default) and repeats K/V for GQA;
+  fused kernels (flash, efficient, cudnn) keep q, k, v, their output and a fp32 log-sum-exp per row, no s^2 term;
+- recompute ``none``, ``selective`` (the attention core is recomputed: Korthikanti Section 5) or ``full``
+  (only each block's input is kept);
+- tensor parallelism ``tp`` and sequence parallelism ``sp`` as in Korthikanti Table 2;
+- the model-level tensors the paper leaves out: token ids and targets, the final norm, the LM-head input and
+  the fp32 log-softmax of the logits (Korthikanti Section 4.3 notes it is large: s*b*V*4 bytes).
+
+Two facts depend on the device, because PyTorch's autocast op lists differ (torch/include/ATen/autocast_mode.h,
+``AT_FORALL_FP32_SET_OPT_DTYPE`` applies to CUDA; the CPU lists in aten/src/ATen/autocast_mode.cpp do not list
+softmax) and so do the norm kernels:
+
+- under CUDA autocast softmax returns fp32, so eager attention keeps fp32 probabilities *and* the 16-bit copy the
+  attention x V matmul saves (6 bytes per score instead of 2); on CPU the probabilities stay 16-bit;
+- CUDA's layer_norm keeps fp32 mean/rstd for 16-bit inputs; the CPU kernel keeps them in the input dtype.
+
+This module is pure arithmetic on ints or numpy arrays (batch and seq may be arrays) and imports no torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import Setup
+
+CATEGORIES = (
+    "token ids",
+    "norms",
+    "attention",
+    "attention scores",
+    "mlp",
+    "block inputs (recompute)",
+    "head & loss",
+    "autocast weight copies",
+)
+"""Names shared with :mod:`memlab.run.gpt`'s saved-tensor categories, in display order."""
+
+INT64 = 8
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class ActivationTerm:
+    """One kind of saved tensor: ``count`` elements over all layers, ``width`` bytes each.
+
+    ``sharded`` is True when tensor parallelism splits it (divided by tp); replicated terms are divided by tp
+    only under sequence parallelism. ``count`` may be a numpy array when batch or seq are arrays.
+    """
+
+    name: str
+    category: str
+    count: Any
+    width: float
+    sharded: bool
+    note: str = ""
+
+    def bytes(self, tp: int = 1, sp: bool = False) -> Any:
+        """Bytes on one tensor-parallel rank."""
+        div = tp if (self.sharded or sp) else 1
+        return self.count * self.width / div
+
+
+@functools.lru_cache(maxsize=256)
+def _matmul_params(config: TransformerConfig) -> int:
+    """``config.matmul_param_count()``, cached: configs are frozen, and sweeps ask for it per setup."""
+    return config.matmul_param_count()
+
+
+def widths(setup: Setup, device_type: str = "cuda") -> dict[str, float]:
+    """Bytes per element of the tensors a policy produces.
+
+    ``compute``: matmul inputs/outputs; ``residual``: the residual stream and norm inputs; ``stats``: layernorm
+    mean/rstd; ``probs``: what the softmax keeps; ``probs_copy``: the 16-bit cast of the probabilities that the
+    attention x V matmul keeps under CUDA autocast (0 when there is none).
+    """
+    policy = setup.policy
+    compute = 4 if policy.compute_dtype == "fp32" else 2
+    residual = 4 if (policy.compute_dtype == "fp32" or policy.autocast) else 2
+    stats = residual if device_type == "cpu" else 4
+    if policy.autocast and device_type == "cuda" and compute == 2:
+        probs, probs_copy = 4, 2
+    else:
+        probs, probs_copy = compute, 0
+    # CUDA's fused native_dropout keeps a bool mask; elsewhere dropout multiplies by a noise tensor of the
+    # input's dtype (aten/src/ATen/native/Dropout.cpp, is_fused_kernel_acceptable).
+    mask = 1 if device_type == "cuda" else compute
+    return {
+        "compute": compute,
+        "residual": residual,
+        "stats": stats,
+        "probs": probs,
+        "probs_copy": probs_copy,
+        "mask": mask,
+        "probs_mask": 1 if device_type == "cuda" else probs,
+    }
+
+
+def _norm_terms(
+    config: TransformerConfig, tokens: Any, n: int, w: dict[str, float], where: str
+) -> list[ActivationTerm]:
+    """A norm keeps its input and statistics; the hand-written RMSNorm also keeps x * rstd (for the weight)."""
+    h = config.d_model
+    out = [ActivationTerm(f"{where} input", "norms", n * tokens * h, w["residual"], False)]
+    if config.norm == "layernorm":
+        out.append(ActivationTerm(f"{where} mean and rstd", "norms", n * 2 * tokens, w["stats"], False))
+    else:
+        out.append(ActivationTerm(f"{where} rstd", "norms", n * tokens, w["residual"], False))
+        out.append(ActivationTerm(f"{where} x*rstd", "norms", n * tokens * h, w["residual"], False))
+    return out
+
+
+def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict[str, float]) -> list[ActivationTerm]:
+    """What the attention core (QK^T, softmax, dropout, x V) keeps, for all layers."""
+    L, h, kv, a = config.n_layers, config.d_model, config.kv_dim, config.n_heads
+    t = b * s
+    scores = L * b * a * s * s
+    drop = config.dropout > 0
+    if setup.recompute == "selective":
+        return [
+            ActivationTerm("q, k, v kept to recompute the core", "attention", L * t * (h + 2 * kv), w["compute"], True)
+        ]
+    if setup.attention == "eager":
+        out = [
+            ActivationTerm("q (contiguous for QK^T)", "attention", L * t * h, w["compute"], True),
+            ActivationTerm("k^T (contiguous for QK^T)", "attention", L * t * kv, w["compute"], True),
+            ActivationTerm("v (contiguous for PV)", "attention", L * t * kv, w["compute"], True),
+            ActivationTerm("softmax probabilities", "attention scores", scores, w["probs"], True),
+        ]
+        if drop:
+            out.append(ActivationTerm("attention dropout mask", "attention scores", scores, w["probs_mask"], True))
+            if not w["probs_copy"]:
+                out.append(ActivationTerm("dropped probabilities", "attention scores", scores, w["probs"], True))
+        if w["probs_copy"]:
+            out.append(
+                ActivationTerm("16-bit copy of probabilities for PV", "attention scores", scores, w["probs_copy"], True)
+            )
+        return out
+    if setup.attention == "math":
+        out = [
+            ActivationTerm("q scaled, fp32", "attention", L * t * h, FP32, True, "math SDPA upcasts 16-bit inputs"),
+            ActivationTerm("k scaled, fp32 (GQA: repeated)", "attention", L * t * h, FP32, True),
+            ActivationTerm("v, fp32 (GQA: repeated)", "attention", L * t * h, FP32, True),
+            ActivationTerm("softmax probabilities, fp32", "attention scores", scores, FP32, True),
+        ]
+        if drop:
+            out.append(ActivationTerm("attention dropout mask", "attention scores", scores, w["mask"] and 4, True))
+            out.append(ActivationTerm("dropped probabilities, fp32", "attention scores", scores, FP32, True))
+        return out
+    rows = s if setup.attention != "efficient" else 32 * ((s + 31) // 32)
+    return [
+        # The kernel's output is laid out (b, s, a, d): the output projection's input is that same storage.
+        ActivationTerm("q, k, v (fused kernel inputs)", "attention", L * t * (h + 2 * kv), w["compute"], True),
+        ActivationTerm("log-sum-exp per row, fp32", "attention", L * b * a * rows, FP32, True),
+    ]
+
+
+def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> list[ActivationTerm]:
+    """Every tensor the reference model keeps for backward, as :class:`ActivationTerm` rows.
+
+    ``device_type`` ("cuda" or "cpu") selects the autocast and norm-kernel behaviour described in the module
+    docstring. Inference (``setup.mode == 'inference'``) keeps nothing for backward: the list is empty.
+    """
+    if setup.mode == "inference":
+        return []
+    b, s = setup.batch, setup.seq
+    t = b * s
+    L, h, f, V = config.n_layers, config.d_model, config.ffn, config.vocab_size
+    w = widths(setup, device_type)
+    autocast = setup.policy.autocast
+    drop = config.dropout > 0
+    terms: list[ActivationTerm] = [
+        ActivationTerm("input token ids", "token ids", t, INT64, False),
+        ActivationTerm("target token ids", "token ids", t, INT64, False),
+    ]
+    if config.positions == "learned":
+        terms.append(ActivationTerm("position ids", "token ids", s, INT64, False))
+    if setup.recompute == "full":
+        terms.append(ActivationTerm("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
+    else:
+        # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
+        n_attn_in = 3 if autocast else 1
+        n_mlp_in = (2 if config.mlp == "swiglu" else 1) if autocast else 1
+        terms += _norm_terms(config, t, 2 * L, w, "block norm")
+        terms.append(ActivationTerm("q/k/v projection input", "attention", n_attn_in * L * t * h, w["compute"], False))
+        terms += _core_terms(config, setup, b, s, w)
+        terms.append(ActivationTerm("output projection input", "attention", L * t * h, w["compute"], True))
+        if drop:
+            terms.append(ActivationTerm("attention output dropout mask", "attention", L * t * h, w["mask"], False))
+        terms.append(ActivationTerm("MLP input", "mlp", n_mlp_in * L * t * h, w["compute"], False))
+        n_f = 2 if config.mlp == "gelu" else 4  # gelu: its input, down's input; swiglu: gate, silu, up, down input
+        terms.append(
+            ActivationTerm(f"MLP {config.mlp} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True)
+        )
+        if drop:
+            terms.append(ActivationTerm("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))
+        if autocast:
+            per_layer = (_matmul_params(config) - V * h) // L
+            terms.append(
+                ActivationTerm("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
+            )
+    terms += _norm_terms(config, t, 1, w, "final norm")
+    terms.append(ActivationTerm("LM-head input", "head & loss", t * h, w["compute"], False))
+    terms.append(ActivationTerm("log-softmax of logits, fp32", "head & loss", t * V, FP32, True))
+    terms.append(ActivationTerm("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
+    if autocast:
+        terms.append(ActivationTerm("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+    return terms
+
+
+def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, Any]:
+    """Bytes saved for backward on one device for one micro-batch, by category (see :data:`CATEGORIES`).
+
+    The sum over categories is the activation memory the estimator reports. Values are ints for scalar
+    inputs and numpy arrays when ``setup`` was built with array-valued batch/seq by a vectorised sweep.
+    """
+    out: dict[str, Any] = {}
+    for term in activation_terms(config, setup, device_type=device_type):
+        out[term.category] = out.get(term.category, 0) + term.bytes(setup.tp, setup.sp)
+    return {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in out.items()}
+
+
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, *, t: int = 1, sp: bool = False, recompute: str = "none"
+) -> float:
+    """Activation bytes per transformer layer from Korthikanti et al. 2022, Table 2 (16-bit, with dropout).
+
+    none: ``sbh(10 + 24/t + 5as/(ht))``, or ``sbh/t (34 + 5as/h)`` with sequence parallelism;
+    selective: ``sbh(10 + 24/t)``, or ``34 sbh/t``; full: ``2 sbh`` (``2 sbh/t`` with sequence parallelism).
+    With t = 1 the first is the familiar ``sbh(34 + 5as/h)``.
+    """
+    sbh = s * b * h
+    attn = 5 * a * s / h
+    if recompute == "full":
+        return 2 * sbh / (t if sp else 1)
+    if sp:
+        return sbh / t * (34 + (0 if recompute == "selective" else attn))
+    return sbh * (10 + 24 / t + (0 if recompute == "selective" else attn / t))
+
+
+def attention_score_share(config: TransformerConfig, seq: int) -> float:
+    """Korthikanti's attention term 5as/h over the whole per-layer factor 34 + 5as/h (fraction of activations
+    that selective recomputation removes)."""
+    term = 5 * config.n_heads * seq / config.d_model
+    return term / (34 + term)

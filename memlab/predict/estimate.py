@@ -1,0 +1,542 @@
+"""Predicted memory per device for training and inference, as a named breakdown with its assumptions.
+
+``estimate(config, setup)`` returns a :class:`MemoryBreakdown`: bytes on ONE device for parameters, gradients,
+optimizer states, activations, KV cache and named overheads. Where each byte comes from:
+
+- model states per parameter: the :class:`memlab.predict.setup.PrecisionPolicy` (weights, gradients, fp32 master copy,
+  fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
+  "K = 12" for mixed-precision Adam), the fp32 master copy and the fp32 accumulation buffer are counted as
+  **optimizer** state; ``optimizer_detail`` splits them out again.
+- sharding: ZeRO stages 0-3 / FSDP over ``setup.world_size`` data-parallel ranks (:func:`zero_divisors`), after
+  Megatron tensor parallelism over ``setup.tp`` ranks (:func:`tp_shard_shape`).
+- activations: :func:`memlab.predict.activations.activation_bytes` (Korthikanti et al. 2022, generalised), used as-is.
+- inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
+  tensor of a full-prompt forward.
+- overheads: named terms (:class:`Overheads`), never folded into other components.
+
+Units: bytes. GiB = 2**30 bytes, GB = 10**9 bytes. This module imports no torch; the fit search and the CLI reuse
+these functions; :func:`sweep_totals` runs them on numpy arrays of batch/seq for fast sweeps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from memlab.errors import SetupError
+from memlab.predict.activations import activation_bytes
+from memlab.predict.models import TransformerConfig
+from memlab.predict.precision import DTYPE_BYTES, PrecisionPolicy
+from memlab.predict.setup import Setup
+from memlab.units import GB, GiB
+
+ADAM_8BIT_BLOCK = 2048
+"""bitsandbytes blockwise 8-bit optimizer block size (``Optimizer2State.init_state``: one fp32 absmax per 2048)."""
+ADAM_8BIT_MIN_SIZE = 4096
+"""bitsandbytes ``min_8bit_size``: tensors with fewer elements keep fp32 states."""
+INT4_GROUP = 128
+"""Weights per quantisation group for int4 (AWQ, Lin et al. 2023, and GPTQ, Frantar et al. 2022, "w4-g128")."""
+
+
+# -- formulas: one function each, with its source ---------------------------------------------------------------
+def optimizer_state_dtype_bytes(policy: PrecisionPolicy) -> int:
+    """Bytes per element of optimizer moments.
+
+    torch.optim creates states with ``zeros_like(param)`` (param dtype), so pure ``bf16`` keeps 2-byte moments
+    and ``fp32``/``amp-*`` 4-byte ones; mixed-precision wrappers (Megatron-LM, DeepSpeed; Micikevicius et al. 2018)
+    step on the fp32 master copy, so their moments are fp32.
+    """
+    return policy.master_bytes or policy.param_bytes
+
+
+def adam_moment_bytes(n_elements: int, state_bytes: int) -> int:
+    """exp_avg + exp_avg_sq: 2 x ``state_bytes`` per element (Kingma & Ba 2015; torch.optim.Adam/AdamW)."""
+    return 2 * state_bytes * n_elements
+
+
+def sgd_moment_bytes(n_elements: int, state_bytes: int, momentum: bool) -> int:
+    """Plain SGD keeps nothing; with momentum one buffer per element (torch.optim.SGD ``momentum_buffer``)."""
+    return state_bytes * n_elements if momentum else 0
+
+
+def adam8bit_tensor_bytes(numel: int) -> int:
+    """8-bit blockwise Adam state of one tensor (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization").
+
+    As bitsandbytes ``Optimizer2State.init_state`` allocates it: tensors with fewer than 4096 elements keep two
+    fp32 states (8 B/element); larger ones two uint8 states plus one fp32 absmax per 2048-element block per state.
+    The step counter is a Python int there (no tensor); the shared 256-entry quantisation maps are not counted.
+    """
+    if numel < ADAM_8BIT_MIN_SIZE:
+        return 8 * numel
+    return 2 * numel + 2 * 4 * math.ceil(numel / ADAM_8BIT_BLOCK)
+
+
+def adafactor_tensor_elements(shape: tuple[int, ...]) -> int:
+    """Adafactor second-moment elements of one tensor (Shazeer & Stern 2018, Sec. 3; torch.optim.Adafactor).
+
+    A tensor of shape (..., r, c) keeps a row factor (..., r) and a column factor (..., c): r + c per matrix;
+    a vector keeps its full n-element variance. No first moment (beta1 = None, the paper's default).
+    """
+    if len(shape) >= 2:
+        return math.prod(shape[:-1]) + math.prod(shape[:-2]) * shape[-1]
+    return math.prod(shape)
+
+
+def step_counter_bytes(n_tensors: int, optimizer: str) -> int:
+    """Per-tensor ``step`` counters: one fp32 scalar (4 B) per parameter tensor for Adam/AdamW/Adafactor.
+
+    torch.optim.Adam keeps ``state['step']`` as a 0-dim float32 tensor, on the CPU unless ``fused`` or
+    ``capturable`` (torch/optim/adam.py, "special device hosting for step"); Adafactor always on the CPU.
+    SGD keeps none; bitsandbytes keeps a Python int.
+    """
+    return 4 * n_tensors if optimizer in ("adam", "adamw", "adafactor") else 0
+
+
+def zero_divisors(stage: int, ranks: int) -> tuple[int, int, int]:
+    """How many ranks share (parameters, gradients, optimizer states) under ZeRO stage 0-3.
+
+    Rajbhandari et al. 2019, Sec. 5: P_os (stage 1) partitions optimizer states, P_os+g (2) also gradients,
+    P_os+g+p (3) also parameters. FSDP FULL_SHARD is stage 3, SHARD_GRAD_OP stage 2 (PyTorch FSDP docs).
+    """
+    return (ranks if stage >= 3 else 1, ranks if stage >= 2 else 1, ranks if stage >= 1 else 1)
+
+
+def tp_shard_shape(name: str, shape: tuple[int, ...], config: TransformerConfig, tp: int) -> tuple[int, ...]:
+    """Shape of one parameter on one tensor-parallel rank (Megatron-LM, Shoeybi et al. 2019, Sec. 3).
+
+    Column-parallel q, k, v, up, gate split their output rows (and biases); row-parallel o and down split their
+    input columns and replicate their biases; the embedding is vocab-parallel and the LM head column-parallel
+    (rows split); norms and learned positions are replicated. K/V split over min(tp, n_kv_heads) ranks: a KV
+    head is replicated when tp exceeds the number of KV heads. Uneven splits round up.
+    """
+    if tp == 1:
+        return shape
+    kind = name.split(".")[-2]
+    kv_tp = min(tp, int(config.n_kv_heads or config.n_heads))
+    if kind in ("q", "up", "gate", "tok_emb", "head"):
+        return (math.ceil(shape[0] / tp), *shape[1:])
+    if kind in ("k", "v"):
+        return (math.ceil(shape[0] / kv_tp), *shape[1:])
+    if kind in ("o", "down") and len(shape) == 2:
+        return (shape[0], math.ceil(shape[1] / tp))
+    return shape
+
+
+def kv_cache_bytes(config: TransformerConfig, batch: Any, seq: Any, dtype: str, tp: int = 1) -> Any:
+    """KV cache on one device: 2 (K and V) x n_layers x batch x seq x kv_dim x bytes(dtype), GQA-aware.
+
+    kv_dim = n_kv_heads x head_dim (Ainslie et al. 2023, GQA); KV heads split over min(tp, n_kv_heads) ranks
+    (Pope et al. 2022, "Efficiently Scaling Transformer Inference", Sec. 3.1). ``seq`` is the full cached context
+    (prompt + generated tokens). Works on numpy arrays for batch/seq.
+    """
+    n_kv = int(config.n_kv_heads or config.n_heads)
+    heads_per_rank = math.ceil(n_kv / min(tp, n_kv))
+    return 2 * config.n_layers * batch * seq * heads_per_rank * config.head_dim * DTYPE_BYTES[dtype]
+
+
+def prefill_transient_bytes(config: TransformerConfig, batch: Any, seq: Any, compute_bytes: float, tp: int,
+                            fused_attention: bool) -> dict[str, Any]:
+    """Candidates for the largest transient tensors of one full-prompt forward (inference), bytes per device.
+
+    - ``logits``: batch x seq x vocab in fp32 (Hugging Face causal-LM heads upcast logits with ``.float()``);
+      vocab-parallel over tp.
+    - ``mlp``: the MLP's inner tensors alive together: up and activation output (gelu, 2 x b·s·f) or gate, up
+      and their product (swiglu, 3 x b·s·f) in the compute dtype, split over tp.
+    - ``attention_scores``: eager/math attention materialises scores and softmax (2 x b·a·s² in the compute
+      dtype, heads split over tp); fused kernels (FlashAttention, Dao et al. 2022) keep none.
+    The estimate counts the largest of these; weights and KV cache are counted separately.
+    """
+    mlp_factor = 3 if config.mlp == "swiglu" else 2
+    scores = 0 if fused_attention else 2 * batch * math.ceil(config.n_heads / tp) * seq * seq * compute_bytes
+    return {
+        "logits": batch * seq * math.ceil(config.vocab_size / tp) * 4,
+        "mlp": mlp_factor * batch * seq * math.ceil(config.ffn / tp) * compute_bytes,
+        "attention_scores": scores,
+    }
+
+
+def quant_scale_bytes(rows: int, cols: int, weights: str) -> int:
+    """Extra bytes of quantisation scales for one (rows=out, cols=in) weight.
+
+    int8: one fp32 absmax per output row (LLM.int8() vector-wise quantisation, Dettmers et al. 2022;
+    bitsandbytes ``SCB``). int4: per group of 128 input weights per output row one fp16 scale and one packed
+    4-bit zero point (AWQ, Lin et al. 2023; GPTQ, Frantar et al. 2022, group size 128). Others: 0.
+    """
+    if weights == "int8":
+        return 4 * rows
+    if weights == "int4":
+        groups = rows * math.ceil(cols / INT4_GROUP)
+        return 2 * groups + math.ceil(groups / 2)
+    return 0
+
+
+# -- per-rank parameter statistics ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShapeSummary:
+    """Parameter statistics of ONE tensor-parallel rank, computed from exact shapes (counts of elements/bytes)."""
+
+    param_count: int
+    """The whole model's parameter count (all ranks; tied embeddings once)."""
+    elements: int
+    tensors: int
+    quantizable_elements: int
+    """2-D block weights (what int8/int4 inference quantises; embeddings, head, norms stay 16-bit)."""
+    layer_elements: int
+    """One transformer block's parameters (what FSDP gathers per wrapped block)."""
+    adafactor_elements: int
+    adam8bit_bytes: int
+    int8_scale_bytes: int
+    int4_scale_bytes: int
+
+
+def check_tp(config: TransformerConfig, tp: int) -> None:
+    """Raise :class:`SetupError` unless ``tp`` splits heads, KV heads and the MLP evenly (as Megatron requires)."""
+    n_kv = int(config.n_kv_heads or config.n_heads)
+    if config.n_heads % tp or config.ffn % tp:
+        raise SetupError(f"tp={tp} must divide n_heads={config.n_heads} and d_ff={config.ffn}: pick a divisor")
+    if (tp % n_kv) if tp > n_kv else (n_kv % tp):
+        raise SetupError(f"tp={tp} and n_kv_heads={n_kv} must divide one another: pick tp accordingly")
+
+
+@functools.lru_cache(maxsize=128)
+def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
+    """:class:`ShapeSummary` of ``config`` on one of ``tp`` tensor-parallel ranks (cached: configs are frozen)."""
+    check_tp(config, tp)
+    s = {k: 0 for k in ShapeSummary.__dataclass_fields__}
+    for name, shape, comp in config.param_shapes():
+        shard = tp_shard_shape(name, shape, config, tp)
+        n = math.prod(shard)
+        s["param_count"] += math.prod(shape)
+        s["elements"] += n
+        s["tensors"] += 1
+        s["adafactor_elements"] += adafactor_tensor_elements(shard)
+        s["adam8bit_bytes"] += adam8bit_tensor_bytes(n)
+        if name.startswith("blocks.0."):
+            s["layer_elements"] += n
+        if len(shard) == 2 and comp in ("attention", "mlp"):
+            s["quantizable_elements"] += n
+            s["int8_scale_bytes"] += quant_scale_bytes(*shard, "int8")
+            s["int4_scale_bytes"] += quant_scale_bytes(*shard, "int4")
+    return ShapeSummary(**s)
+
+
+# -- results ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Overheads:
+    """Named memory terms outside model states and activations; each appears in ``MemoryBreakdown.overhead``.
+
+    Defaults are 0 because their size depends on the machine, driver and kernels; each estimate says so in its
+    assumptions and how to measure the term. ``gathered_layers`` counts the transformer blocks whose full
+    parameters FSDP/ZeRO-3 holds gathered at once (1 for the running block, 2 with prefetch); 0 leaves it out.
+    """
+
+    cuda_context_bytes: int = 0
+    """CUDA context, kernels and library handles (outside the caching allocator)."""
+    workspace_bytes: int = 0
+    """cuBLAS / attention workspaces."""
+    fragmentation_fraction: float = 0.0
+    """Allocator margin as a fraction of all allocator-managed bytes (everything but the CUDA context)."""
+    gathered_layers: int = 0
+    """Blocks held gathered under ZeRO-3 / FSDP FULL_SHARD (0 = not counted)."""
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_context_bytes", "workspace_bytes", "gathered_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise SetupError(f"Overheads.{name} must be a non-negative integer, got {value!r}")
+        if not 0.0 <= float(self.fragmentation_fraction) < 1.0:
+            raise SetupError(f"fragmentation_fraction must be in [0, 1), got {self.fragmentation_fraction!r}")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted bytes on ONE device, by component; ``total_bytes`` is their sum (overhead = sum of its terms)."""
+
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    """Moments + fp32 master copy + fp32 accumulation buffer (+ device-resident step counters): ZeRO's K."""
+    activations_bytes: int
+    kv_cache_bytes: int
+    overhead: dict[str, int]
+    total_bytes: int
+    param_count: int
+    mode: str
+    activation_detail: dict[str, float]
+    optimizer_detail: dict[str, int]
+    assumptions: tuple[str, ...]
+    config: dict[str, Any] | None
+    setup: dict[str, Any]
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Sum of the named overhead terms."""
+        return sum(self.overhead.values())
+
+    def model_state_bytes(self, *, step_counters: bool = True) -> int:
+        """Parameters + gradients + optimizer state, bytes; ``step_counters=False`` leaves out Adam's per-tensor
+        ``step`` scalars (a few bytes per tensor, not per parameter), as bytes-per-parameter rules do."""
+        counters = 0 if step_counters else self.optimizer_detail.get("step_counters", 0)
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes - counters
+
+    @property
+    def total_gib(self) -> float:
+        """Total in GiB (2**30 bytes)."""
+        return self.total_bytes / GiB
+
+    @property
+    def total_gb(self) -> float:
+        """Total in GB (10**9 bytes)."""
+        return self.total_bytes / GB
+
+    def components(self) -> dict[str, int]:
+        """The main components in display order: params, grads, optimizer, activations, kv_cache, overhead."""
+        return {
+            "params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
+            "activations": self.activations_bytes, "kv_cache": self.kv_cache_bytes, "overhead": self.overhead_bytes,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready): every field plus ``per_device`` = components and total."""
+        d = asdict(self)
+        d["assumptions"] = list(self.assumptions)
+        d["per_device"] = {**self.components(), "total": self.total_bytes}
+        return d
+
+    def to_frame(self) -> Any:
+        """pandas DataFrame, one row per main component: bytes, GiB, GB and share of the total."""
+        import pandas as pd
+
+        total = self.total_bytes or 1
+        rows = [{"component": k, "bytes": v, "GiB": v / GiB, "GB": v / GB, "share": v / total}
+                for k, v in self.components().items()]
+        return pd.DataFrame(rows)
+
+
+# -- the estimator ----------------------------------------------------------------------------------------------
+class _ArraySetup:
+    """A read-only view of a :class:`Setup` whose batch and seq are numpy arrays (for :func:`sweep_totals`)."""
+
+    def __init__(self, setup: Setup, batch: Any, seq: Any) -> None:
+        self._setup, self.batch, self.seq = setup, batch, seq
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._setup, name)
+
+    @property
+    def tokens(self) -> Any:
+        return self.batch * self.seq
+
+
+def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> None:
+    if isinstance(model, TransformerConfig):
+        if model.positions == "learned" and seq_max > model.max_seq:
+            raise SetupError(
+                f"seq={int(seq_max)} exceeds max_seq={model.max_seq} of a model with learned positions: "
+                "lower seq or raise max_seq"
+            )
+        return
+    if not isinstance(model, int) or isinstance(model, bool) or model <= 0:
+        raise SetupError(f"expected a TransformerConfig or a positive parameter count, got {model!r}")
+    if setup.optimizer == "adafactor" and setup.mode == "train":
+        raise SetupError("adafactor state depends on parameter shapes: give a model config, not a bare count")
+
+
+def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool) -> tuple[dict[str, int], dict, list]:
+    """(params, grads, optimizer) per device after TP and ZeRO, the optimizer detail, and notes."""
+    pol, tp, notes = setup.policy, setup.tp, []
+    if isinstance(model, int):
+        n, tensors, summ = math.ceil(model / tp), 0, None
+        notes.append("bare parameter count: all parameters treated alike (no shapes): per-tensor step counters "
+                     "are not counted" + (", TP divides every parameter" if tp > 1 else ""))
+    else:
+        summ = shape_summary(model, tp)
+        n, tensors = summ.elements, summ.tensors
+    if setup.mode == "inference":
+        return _inference_weights(n, summ, setup.inference_weights, notes), {}, notes
+    dp, dg, do = zero_divisors(setup.zero_stage, setup.world_size)
+    sb, opt = optimizer_state_dtype_bytes(pol), setup.optimizer
+    if opt in ("adam", "adamw"):
+        moments = adam_moment_bytes(n, sb)
+    elif opt in ("sgd", "sgd-momentum"):
+        moments = sgd_moment_bytes(n, sb, opt == "sgd-momentum")
+    elif opt == "adam-8bit":
+        moments = summ.adam8bit_bytes if summ else 2 * n + 8 * math.ceil(n / ADAM_8BIT_BLOCK)
+    else:
+        moments = sb * summ.adafactor_elements  # type: ignore[union-attr]  # adafactor needs shapes (checked)
+    steps = step_counter_bytes(tensors, opt)
+    detail = {
+        "moments": math.ceil(moments / do),
+        "master": math.ceil(n / do) * pol.master_bytes,
+        "grad_accum": math.ceil(n / do) * pol.grad_accum_bytes,
+        "step_counters": steps if step_on_device else 0,
+    }
+    if steps and not step_on_device:
+        notes.append(f"{steps} B of per-tensor optimizer step counters live on the host (torch default unless "
+                     "fused/capturable): not counted on the device")
+    out = {
+        "params": math.ceil(n / dp) * pol.param_bytes,
+        "grads": math.ceil(n / dg) * pol.grad_bytes,
+        "optimizer": sum(detail.values()),
+    }
+    return out, detail, notes
+
+
+def _inference_weights(n: int, summ: ShapeSummary | None, weights: str, notes: list) -> dict[str, int]:
+    """Inference weight bytes: quantised block matrices (+ scales) and 16-bit embeddings/head/norms."""
+    wb = DTYPE_BYTES[weights]
+    if weights not in ("int8", "int4"):
+        return {"params": math.ceil(n * wb), "grads": 0, "optimizer": 0}
+    if summ is None:
+        scales = math.ceil(n / INT4_GROUP) * 2.5 if weights == "int4" else 0
+        notes.append(f"bare parameter count with {weights}: every parameter counted as quantised"
+                     + (" (group-128 scales included)" if weights == "int4" else "; per-row scales not counted"))
+        return {"params": math.ceil(n * wb + scales), "grads": 0, "optimizer": 0}
+    q = summ.quantizable_elements
+    scales = summ.int8_scale_bytes if weights == "int8" else summ.int4_scale_bytes
+    notes.append(f"{weights} weights: 2-D block matrices quantised with their scales ({scales} B); embeddings, "
+                 "LM head, norms and biases kept in fp16")
+    return {"params": math.ceil(q * wb) + scales + 2 * (n - q), "grads": 0, "optimizer": 0}
+
+
+def _overheads(ov: Overheads, model: TransformerConfig | int, setup: Any, managed: Any) -> dict[str, Any]:
+    """Named overhead terms; fragmentation is a fraction of every allocator-managed byte."""
+    gathered = 0
+    if isinstance(model, TransformerConfig) and setup.mode == "train" and setup.zero_stage == 3 \
+            and setup.world_size > 1:  # FSDP/ZeRO-3 all-gathers a block's full (TP-sharded) parameters
+        gathered = ov.gathered_layers * shape_summary(model, setup.tp).layer_elements * setup.policy.param_bytes
+    terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered}
+    terms["fragmentation"] = ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered)
+    return terms
+
+
+def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_type: str,
+              step_on_device: bool | None) -> tuple:
+    """Shared core of :func:`estimate` (scalars) and :func:`sweep_totals` (numpy batch/seq)."""
+    if device_type not in ("cuda", "cpu"):
+        raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    _check_model(model, setup, np.max(setup.seq))
+    on_device = device_type == "cpu" if step_on_device is None else bool(step_on_device)
+    states, opt_detail, notes = _states(model, setup, on_device)
+    kv, act_detail = 0, {}
+    if isinstance(model, TransformerConfig):
+        if setup.mode == "train":
+            act_detail = activation_bytes(model, setup, device_type=device_type)
+        else:
+            compute = 4 if setup.inference_weights == "fp32" else 2
+            act_detail = prefill_transient_bytes(model, setup.batch, setup.seq, compute, setup.tp,
+                                                 setup.fused_attention)
+            kv = kv_cache_bytes(model, setup.batch, setup.seq, setup.kv_cache_dtype, setup.tp)
+    if setup.mode == "train":
+        acts = sum(act_detail.values()) if act_detail else 0
+    else:
+        acts = functools.reduce(np.maximum, act_detail.values()) if act_detail else 0
+    managed = sum(states.values()) + acts + kv
+    terms = _overheads(ov, model, setup, managed)
+    return states, acts, kv, terms, act_detail, opt_detail, notes
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """Shallow field dict of a flat frozen dataclass (faster than dataclasses.asdict)."""
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+
+
+def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict) -> list[str]:
+    out = ["bytes per device; GiB = 2**30 B, GB = 1e9 B",
+           f"world_size={setup.world_size} counts data-parallel ranks; with tp={setup.tp} the job uses "
+           f"{setup.world_size * setup.tp} device(s)"]
+    if setup.mode == "train":
+        out.append("optimizer = moments + fp32 master copy + fp32 grad-accumulation buffer (ZeRO paper's K)")
+        if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes:
+            out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
+        if setup.zero_stage and setup.world_size == 1:
+            out.append("ZeRO/FSDP over 1 rank shards nothing")
+        if setup.zero_stage == 3 and setup.world_size > 1 and not ov.gathered_layers:
+            out.append("ZeRO-3/FSDP gathered-parameter buffers not counted: set Overheads(gathered_layers=1 or 2)")
+        if setup.policy.autocast:
+            out.append("autocast's 16-bit weight copies kept for backward are counted in activations")
+    else:
+        out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
+        out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
+        out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
+    if isinstance(model, int):
+        out.append("bare parameter count: activations and KV cache need a model config and are 0 here")
+    elif model.positions == "rotary" and setup.seq > model.max_seq:
+        out.append(f"seq={setup.seq} exceeds the model's trained max_seq={model.max_seq} (rotary: runs, quality aside)")
+    if not ov.cuda_context_bytes:
+        out.append("CUDA context not included (a few hundred MB; PyTorch maintainers cite ~300-400 MB with lazy "
+                   "loading, pytorch/pytorch#107667, #109888): measure NVML used minus torch.cuda.memory_reserved() "
+                   "after the first CUDA op and pass Overheads(cuda_context_bytes=...)")
+    if not ov.workspace_bytes:
+        out.append("cuBLAS/attention workspaces not included: pass Overheads(workspace_bytes=...)")
+    if not ov.fragmentation_fraction:
+        out.append("allocator fragmentation not included: measure (reserved - allocated) / allocated at the peak "
+                   "(torch.cuda.memory_stats) and pass Overheads(fragmentation_fraction=...)")
+    return out
+
+
+def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overheads: Overheads | None = None,
+             device_type: str = "cuda", step_on_device: bool | None = None) -> MemoryBreakdown:
+    """Predicted per-device memory of ``setup`` (training or inference, by ``setup.mode``).
+
+    ``config_or_params`` is a :class:`TransformerConfig` or a bare parameter count (model states only).
+    ``device_type`` ("cuda" or "cpu") selects the device-dependent activation widths of
+    :func:`memlab.predict.activations.activation_bytes`. ``step_on_device``: whether the optimizer's per-tensor step
+    counters live on the device; None means "only on a CPU run" (torch hosts them on the CPU unless the
+    optimizer is fused or capturable: pass True for those).
+    """
+    if not isinstance(setup, Setup):
+        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+    ov = overheads or Overheads()
+    states, acts, kv, terms, act_detail, opt_detail, notes = _evaluate(config_or_params, setup, ov, device_type,
+                                                                       step_on_device)
+    overhead = {k: math.ceil(v) for k, v in terms.items()}
+    acts_i, kv_i = math.ceil(acts), math.ceil(kv)
+    total = sum(states.values()) + acts_i + kv_i + sum(overhead.values())
+    is_cfg = isinstance(config_or_params, TransformerConfig)
+    return MemoryBreakdown(
+        params_bytes=states["params"], grads_bytes=states["grads"], optimizer_bytes=states["optimizer"],
+        activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
+        param_count=shape_summary(config_or_params).param_count if is_cfg else config_or_params, mode=setup.mode,
+        activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=opt_detail,
+        assumptions=tuple(_assumptions(config_or_params, setup, ov, terms) + notes),
+        config=_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
+    )
+
+
+def training(config_or_params: TransformerConfig | int, setup: Setup, **kwargs: Any) -> MemoryBreakdown:
+    """:func:`estimate` for a training step (``setup.mode`` must be ``train``)."""
+    if setup.mode != "train":
+        raise SetupError("training() needs setup.mode='train': use inference() or estimate()")
+    return estimate(config_or_params, setup, **kwargs)
+
+
+def inference(config_or_params: TransformerConfig | int, setup: Setup, **kwargs: Any) -> MemoryBreakdown:
+    """:func:`estimate` for inference (``setup.mode`` must be ``inference``)."""
+    if setup.mode != "inference":
+        raise SetupError("inference() needs setup.mode='inference': use training() or estimate()")
+    return estimate(config_or_params, setup, **kwargs)
+
+
+def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, batch: Any = None, seq: Any = None,
+                 overheads: Overheads | None = None, device_type: str = "cuda",
+                 step_on_device: bool | None = None) -> np.ndarray:
+    """Total bytes per device for arrays of ``batch`` and ``seq`` (broadcast together), vectorised.
+
+    Runs the same formula functions as :func:`estimate` with numpy arrays in place of the setup's batch/seq;
+    every other field comes from ``setup``. Totals are float64 (exact below 2**53 bytes) and equal
+    ``estimate(...).total_bytes`` up to the per-component rounding up to whole bytes.
+    """
+    b = np.asarray(setup.batch if batch is None else batch)
+    s = np.asarray(setup.seq if seq is None else seq)
+    if (b.size and np.min(b) <= 0) or (s.size and np.min(s) <= 0):
+        raise SetupError("batch and seq must be positive")
+    b, s = np.broadcast_arrays(b.astype(np.float64), s.astype(np.float64))
+    view = _ArraySetup(setup, b, s)
+    states, acts, kv, terms, *_ = _evaluate(config_or_params, view, overheads or Overheads(), device_type,
+                                            step_on_device)
+    return sum(states.values()) + acts + kv + sum(terms.values()) + np.zeros_like(b)

@@ -1,0 +1,115 @@
+"""Will it fit? A predicted step against a device's memory, and the largest batch or sequence that fits.
+
+The verdict compares the estimator's bytes with the capacity torch reports (a detected device) or the datasheet
+(a table row). This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memlab.errors import SetupError
+from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import Setup
+from memlab.units import GiB
+
+
+@dataclass(frozen=True)
+class FitVerdict:
+    """Whether a predicted total fits a device's memory (bytes; headroom negative when it does not)."""
+
+    fits: bool
+    total_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+    gpu: str
+    gpu_name: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FitSearch:
+    """Result of :func:`max_batch` / :func:`max_seq`: the largest ``value`` of ``field`` that fits (0 if none)."""
+
+    field: str
+    value: int
+    reason: str
+    total_bytes: int | None
+    capacity_bytes: int
+    gpu: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields."""
+        return asdict(self)
+
+
+def _capacity(gpu: Any) -> tuple[str, str, int]:
+    """(key, name, memory bytes) of a GPU name, an ``Accelerator`` row, or ``device.detect()``'s DeviceInfo."""
+    if isinstance(gpu, str):
+        from memlab.predict.hardware import gpu as lookup
+
+        gpu = lookup(gpu)
+    if hasattr(gpu, "memory_bytes"):
+        return gpu.key, gpu.name, int(gpu.memory_bytes)
+    if getattr(gpu, "total_memory_bytes", None):  # DeviceInfo: the memory torch reports for this device
+        key = gpu.accelerator.key if getattr(gpu, "accelerator", None) else gpu.kind
+        return key, gpu.name, int(gpu.total_memory_bytes)
+    raise SetupError(f"cannot tell the memory of {gpu!r}: pass a GPU name (see 'memlab gpus') or an Accelerator")
+
+
+def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup | None = None, *,
+         overheads: Overheads | None = None) -> FitVerdict:
+    """Does ``what`` (a breakdown, or a config/count with ``setup``) fit in ``gpu``'s memory?
+
+    ``gpu``: a name for :func:`memlab.predict.hardware.gpu`, an ``Accelerator`` row (its table memory), or
+    ``device.detect()``'s ``DeviceInfo`` (the memory torch reports). Fits when total <= capacity; the
+    CUDA context and fragmentation count only when given in ``overheads`` (see the assumptions).
+    """
+    key, name, cap = _capacity(gpu)
+    if not isinstance(what, MemoryBreakdown):
+        if setup is None:
+            raise SetupError("fits() needs a setup when given a model config or parameter count")
+        what = estimate(what, setup, overheads=overheads)
+    return FitVerdict(what.total_bytes <= cap, what.total_bytes, cap, cap - what.total_bytes, key, name)
+
+
+def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit: int,
+            overheads: Overheads | None) -> FitSearch:
+    if not isinstance(config, TransformerConfig):
+        raise SetupError(f"max_{field} needs a model config: with a bare parameter count {field} changes nothing")
+    if not isinstance(limit, int) or limit < 1:
+        raise SetupError(f"limit must be a positive integer, got {limit!r}")
+    key, _, cap = _capacity(gpu)
+
+    def total(v: int) -> int:
+        return estimate(config, setup.with_(**{field: v}), overheads=overheads).total_bytes
+
+    first = total(1)
+    if first > cap:
+        return FitSearch(field, 0, f"even {field}=1 needs {first / GiB:.2f} GiB > {cap / GiB:.2f} GiB on {key}",
+                         first, cap, key)
+    top = total(limit)
+    if top <= cap:
+        return FitSearch(field, limit, f"{field}={limit} (the search limit) fits", top, cap, key)
+    lo, hi = 1, limit  # total(lo) fits, total(hi) does not; memory is non-decreasing in batch and seq
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if total(mid) <= cap else (lo, mid)
+    return FitSearch(field, lo, f"{field}={lo} fits; {field}={lo + 1} does not", total(lo), cap, key)
+
+
+def max_batch(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int = 1 << 16,
+              overheads: Overheads | None = None) -> FitSearch:
+    """Largest micro-batch (1..``limit``) whose estimate fits ``gpu``, by bisection (memory grows with batch)."""
+    return _search(config, setup, gpu, "batch", limit, overheads)
+
+
+def max_seq(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int | None = None,
+            overheads: Overheads | None = None) -> FitSearch:
+    """Largest sequence length (1..``limit``, default the model's ``max_seq``) that fits ``gpu``, by bisection."""
+    return _search(config, setup, gpu, "seq", config.max_seq if limit is None else limit, overheads)

@@ -1,0 +1,315 @@
+"""FLOP counts for transformers, and model / hardware FLOPs utilisation (MFU / HFU).
+
+Counting convention (every function here): a matmul of an (m x k) by a (k x n) matrix costs 2*m*n*k FLOPs (one
+multiply and one add per term). Only matmuls are counted: norms, softmax, activations, biases, residual adds,
+dropout and the embedding lookup are left out, as in the papers below, which is why 6N (and not "6 x every
+parameter") is the training cost of N matmul weights. The backward pass of a matmul is two matmuls of the same
+size (input gradient and weight gradient), so training = 3 x forward (Narayanan et al. 2021, Appendix).
+
+Sources:
+
+- PaLM: Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways", Appendix B: training FLOPs per
+  token 6N + 12*L*H*Q*T, and MFU = achieved tokens/s x FLOPs per token / peak FLOP/s.
+- Megatron: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", Appendix "Floating-Point Operations", Eq. (3): 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) per
+  iteration with full activation recomputation.
+- Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Section 6 and
+  Appendix A: model FLOPs 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)); hardware FLOPs with selective recomputation
+  printed as 72*B*s*l*h^2*(1 + s/(3h) + V/(12*l*h)) (see :func:`megatron_closed_form` on that s/(3h)).
+
+No torch import; numbers only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from memlab.device import DeviceInfo
+from memlab.errors import ConfigError, MemlabError, SetupError, unknown_name
+from memlab.predict.hardware import PEAK_DTYPES, Accelerator, gpu
+from memlab.predict.models import TransformerConfig
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+
+
+def _pos_int(name: str, value: object, err: type[MemlabError] = SetupError) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise err(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _pos_num(name: str, value: object, err: type[MemlabError] = SetupError) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise err(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _check_recompute(recompute: str) -> str:
+    if recompute not in RECOMPUTE:
+        raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    return recompute
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """FLOPs of an (m x k) @ (k x n) matmul: 2*m*n*k (a multiply and an add per term; Narayanan et al. 2021)."""
+    return 2 * _pos_int("m", m) * _pos_int("n", n) * _pos_int("k", k)
+
+
+def attention_flops(batch: int, seq: int, d_model: int, n_heads: int | None = None, *, causal: bool = False) -> int:
+    """Forward FLOPs of one layer's attention core, QK^T and softmax(.)V: 2 x 2*b*s*s*h.
+
+    Per query head both products are (s x d_head) by (d_head x s) sized, and the heads together span
+    h = n_heads * d_head = ``d_model``, so the count does not depend on ``n_heads`` (given, it is only checked to
+    divide ``d_model``); GQA shares K/V heads but not this work. ``causal=False`` counts the full s x s score
+    matrix, as PaLM's 12*L*H*Q*T and Megatron's 4*B*s^2*h do. ``causal=True`` counts the useful half
+    (2*b*s*s*h), the convention of FlashAttention's benchmarks (Dao 2023), whose kernels skip masked blocks.
+    """
+    b, s, h = _pos_int("batch", batch), _pos_int("seq", seq), _pos_int("d_model", d_model)
+    if n_heads is not None and h % _pos_int("n_heads", n_heads):
+        raise ConfigError(f"n_heads={n_heads} must divide d_model={d_model}")
+    full = 4 * b * s * s * h
+    return full // 2 if causal else full
+
+
+def palm_flops_per_token(n_params: float, n_layers: int, n_heads: int, head_dim: int, seq: int) -> float:
+    """Training (forward + backward) FLOPs per token, 6N + 12*L*H*Q*T (Chowdhery et al. 2022, PaLM, Appendix B).
+
+    N: parameters that are multiplied per token. PaLM's N for 540B is its full 540.35e9 count, which includes the
+    input embedding because PaLM shares it with the output layer (so the LM-head matmul is in 6N); for an untied
+    model use the matmul weights (blocks + head), as :func:`flops_per_token` does. L layers, H heads, Q head
+    dimension, T sequence length; the attention term counts the full T x T scores (no causal halving).
+    """
+    n = _pos_num("n_params", n_params, ConfigError)
+    return 6 * n + 12 * _pos_int("n_layers", n_layers, ConfigError) * _pos_int("n_heads", n_heads, ConfigError) * (
+        _pos_int("head_dim", head_dim, ConfigError) * _pos_int("seq", seq)
+    )
+
+
+def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, causal: bool = False) -> dict[str, int]:
+    """Forward FLOPs of every matmul in ``config``'s model, by component (exact, integers).
+
+    - ``attention_proj``: per layer Q and O (h x h), K and V (h x n_kv_heads*head_dim: GQA/MQA narrow them)
+    - ``attention_core``: per layer QK^T and AV (:func:`attention_flops`)
+    - ``mlp``: per layer up and down (gelu) or gate, up and down (swiglu), all h x d_ff
+    - ``head``: the LM head, h x vocab (tied or not: it is multiplied either way)
+
+    Embedding lookups, norms, biases, activations and softmax are not matmuls and are not counted.
+    """
+    if not isinstance(config, TransformerConfig):
+        raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    tokens = _pos_int("batch", batch) * _pos_int("seq", seq)
+    h, kv, f, n_layers = config.d_model, config.kv_dim, config.ffn, config.n_layers
+    proj = 2 * matmul_flops(tokens, h, h) + 2 * matmul_flops(tokens, kv, h)
+    n_in = 1 if config.mlp == "gelu" else 2
+    mlp = n_in * matmul_flops(tokens, f, h) + matmul_flops(tokens, h, f)
+    return {
+        "attention_proj": n_layers * proj,
+        "attention_core": n_layers * attention_flops(batch, seq, h, config.n_heads, causal=causal),
+        "mlp": n_layers * mlp,
+        "head": matmul_flops(tokens, config.vocab_size, h),
+    }
+
+
+def forward_flops(config: TransformerConfig, batch: int, seq: int, causal: bool = False) -> int:
+    """Forward FLOPs of one batch (every matmul, counted exactly): the sum of :func:`forward_flops_breakdown`.
+
+    Equals 2 * ``config.matmul_param_count()`` * batch * seq + n_layers * attention_flops(...).
+    """
+    return sum(forward_flops_breakdown(config, batch, seq, causal).values())
+
+
+def flops_per_token(config: TransformerConfig, seq: int, *, include_attention: bool = True,
+                    exclude_embeddings: bool = True) -> float:
+    """Training FLOPs per token by the PaLM formula 6N + 12*L*H*Q*T (Chowdhery et al. 2022, Appendix B).
+
+    ``exclude_embeddings=True`` (default): N = ``config.matmul_param_count()``, the weights that are multiplied:
+    every projection in the blocks plus the LM head (counted once, tied or not). Excluded: the token-embedding
+    lookup of an untied model, learned position tables, norm weights and biases. This makes 6N + attention
+    equal 3 x :func:`forward_flops` / tokens exactly. ``exclude_embeddings=False``: N = ``param_count()`` (the
+    "6 x all parameters" habit, which overcounts looked-up tables). ``include_attention=False`` drops
+    12*L*H*Q*T. Attention is counted non-causal, as in PaLM.
+    """
+    if not isinstance(config, TransformerConfig):
+        raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    n = config.matmul_param_count() if exclude_embeddings else config.param_count()
+    attention = 12 * config.n_layers * config.n_heads * config.head_dim * _pos_int("seq", seq)
+    return float(6 * n + (attention if include_attention else 0))
+
+
+def megatron_iteration_flops(config: TransformerConfig, batch: int, seq: int, recompute: Recompute = "none",
+                             causal: bool = False) -> int:
+    """FLOPs one training iteration executes, by explicit matmul counting (generalises Narayanan / Korthikanti).
+
+    From the forward count F (:func:`forward_flops_breakdown`, GQA, gelu/swiglu and any d_ff):
+
+    - ``none``: 3F (forward, and a backward of twice the forward): Korthikanti et al. 2022's model FLOPs.
+    - ``full``: 3F + F_blocks: every transformer block runs its forward again before its backward, the LM head
+      does not (Narayanan et al. 2021, Eq. 3, counts the logit layer 3x and the layers 4x).
+    - ``selective``: 3F + F_attention_core: only QK^T, softmax and AV are recomputed (Korthikanti et al. 2022,
+      Section 5). This is what the GPU executes; Korthikanti's printed equation counts more (see
+      :func:`megatron_closed_form`).
+
+    For a GPT layout (d_ff = 4h, multi-head, 2-matrix MLP, non-causal) this equals the published closed forms
+    for ``none`` and ``full`` exactly; both leave out the same non-matmul work.
+    """
+    parts = forward_flops_breakdown(config, batch, seq, causal)
+    forward = sum(parts.values())
+    extra = {"none": 0, "full": forward - parts["head"], "selective": parts["attention_core"]}
+    return 3 * forward + extra[_check_recompute(recompute)]
+
+
+def megatron_closed_form(batch: int, seq: int, n_layers: int, d_model: int, vocab_size: int,
+                         recompute: Recompute = "none") -> float:
+    """The published per-iteration closed forms, verbatim (GPT layout: d_ff = 4h, multi-head, full s x s scores).
+
+    - ``none``: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*l*h)) (Korthikanti et al. 2022, model FLOPs).
+    - ``full``: 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)) (Narayanan et al. 2021, Eq. 3).
+    - ``selective``: 72*B*s*l*h^2*(1 + s/(3h) + V/(12*l*h)) (Korthikanti et al. 2022, hardware FLOPs).
+
+    Note on ``selective``: s/(3h) adds 12*B*s^2*h*l over the model FLOPs, three times the 4*B*s^2*h*l that one
+    more forward of QK^T and AV costs. Their Table 5 (MFU 51.4 % vs HFU 52.8 % for GPT-3) follows the printed
+    form. :func:`megatron_iteration_flops` counts the recomputation once, 8*B*s^2*h*l below this.
+    """
+    b, s = _pos_int("batch", batch), _pos_int("seq", seq)
+    n_l, h, v = (_pos_int(k, x, ConfigError) for k, x in (("n_layers", n_layers), ("d_model", d_model),
+                                                          ("vocab_size", vocab_size)))
+    base = b * s * n_l * h * h
+    forms = {
+        "none": 72 * base * (1 + s / (6 * h) + v / (12 * n_l * h)),
+        "full": 96 * base * (1 + s / (6 * h) + v / (16 * n_l * h)),
+        "selective": 72 * base * (1 + s / (3 * h) + v / (12 * n_l * h)),
+    }
+    return forms[_check_recompute(recompute)]
+
+
+def step_time_to_tokens_per_second(step_time_s: float, batch: int, seq: int, num_devices: int = 1) -> float:
+    """Tokens per second of a run: batch * seq * num_devices / step_time_s.
+
+    ``batch`` is sequences per step per data-parallel replica and ``num_devices`` the number of replicas that
+    each process a different batch; with one replica (or a global batch) pass ``num_devices=1``.
+    """
+    t = _pos_num("step_time_s", step_time_s)
+    return _pos_int("batch", batch) * _pos_int("seq", seq) * _pos_int("num_devices", num_devices) / t
+
+
+@dataclass(frozen=True)
+class MFUResult:
+    """Model (and hardware) FLOPs utilisation of a measured throughput, or "unknown" with the reason.
+
+    MFU = tokens/s * model FLOPs per token / (num_devices * peak); HFU uses the FLOPs executed, recomputation
+    included (Korthikanti et al. 2022). FLOP/s figures are totals over all devices.
+    """
+
+    mfu: float | None
+    hfu: float | None
+    achieved_flops_per_s: float
+    """tokens/s x model FLOPs per token (useful work, all devices)."""
+    model_flops_per_token: float
+    hardware_flops_per_token: float | None
+    peak_flops_per_s: float | None
+    """num_devices x the dense per-device peak; None when unknown."""
+    peak_source: str
+    dtype: str
+    num_devices: int
+    reason: str | None
+    """Why mfu is None (None when known)."""
+    tokens_per_second: float
+    recompute: str
+    formula: str
+    """Which FLOPs-per-token formula was used."""
+    accelerator: str | None
+    """Key (or name) of the device whose peak was used."""
+
+    @property
+    def known(self) -> bool:
+        """Whether an MFU could be computed (the peak is known)."""
+        return self.mfu is not None
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict (JSON-ready), with ``known``."""
+        return {**asdict(self), "known": self.known}
+
+
+def _per_token(model: TransformerConfig | float | None, seq: int | None, recompute: str,
+               override: float | None) -> tuple[float, float | None, str]:
+    """(model FLOPs/token, hardware FLOPs/token or None, formula description)."""
+    if override is not None:
+        value = _pos_num("model_flops_per_token", override, ConfigError)
+        return value, value if recompute == "none" else None, "given model_flops_per_token"
+    if isinstance(model, TransformerConfig):
+        if seq is None:
+            raise SetupError("seq is required with a model config: the attention term 12*L*h*seq depends on the "
+                             "training sequence length (pass the length actually trained on, not max_seq)")
+        s = _pos_int("seq", seq)
+        hw = megatron_iteration_flops(model, 1, s, recompute) / s
+        return flops_per_token(model, s), hw, f"PaLM 6N + 12*L*H*Q*T, N = matmul weights, T = {s}"
+    if isinstance(model, int | float) and not isinstance(model, bool):
+        n = _pos_num("parameter count", model, ConfigError)
+        hw = {"none": 6 * n, "full": 8 * n, "selective": None}[recompute]
+        return 6 * n, hw, "6N from a bare parameter count (attention FLOPs excluded; HFU unknown for selective)"
+    raise ConfigError(f"model must be a TransformerConfig or a parameter count, got {type(model).__name__}")
+
+
+def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
+        accelerator: Accelerator | DeviceInfo | str | None, num_devices: int = 1, dtype: str = "bf16",
+        seq: int | None = None, recompute: Recompute = "none",
+        model_flops_per_token: float | None = None) -> MFUResult:
+    """MFU (and HFU) of a measured throughput: tokens/s * model FLOPs per token / (num_devices * dense peak).
+
+    ``model``: a :class:`TransformerConfig` (FLOPs/token by :func:`flops_per_token`, needs ``seq``) or a bare
+    parameter count N (FLOPs/token = 6N, attention excluded). ``model_flops_per_token`` overrides both (for
+    published models a config cannot express, e.g. PaLM's head_dim != d_model / n_heads). ``accelerator``: a
+    table row, a key for :func:`memlab.predict.hardware.gpu`, a :class:`DeviceInfo` from ``detect()``, or None. When
+    the peak for ``dtype`` is unknown, ``mfu`` and ``hfu`` are None and ``reason`` says why: no other device's
+    peak is ever borrowed. ``num_devices`` counts devices as PyTorch sees them (an MI250X package is 2).
+    """
+    tps = _pos_num("tokens_per_second", tokens_per_second)
+    n_dev = _pos_int("num_devices", num_devices)
+    if dtype not in PEAK_DTYPES:
+        raise unknown_name("dtype", str(dtype), PEAK_DTYPES)
+    _check_recompute(recompute)
+    model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token)
+
+    label: str | None = None
+    if isinstance(accelerator, str):
+        accelerator = gpu(accelerator)
+    if isinstance(accelerator, Accelerator):
+        peak, source, label = accelerator.peak(dtype), accelerator.peak_source, accelerator.key
+        why = f"unknown peak: {accelerator.name} has no published dense {dtype} peak ({accelerator.notes})"
+    elif isinstance(accelerator, DeviceInfo):
+        peak, source, label = accelerator.peak_flops[dtype], accelerator.peak_source, accelerator.name
+        why = f"unknown peak: {accelerator.peak_reason or f'no {dtype} peak for {accelerator.name}'}"
+    elif accelerator is None:
+        peak, source, why = None, "unknown", "unknown peak: no accelerator given"
+    else:
+        raise SetupError(f"accelerator must be an Accelerator, DeviceInfo, GPU name or None, got "
+                         f"{type(accelerator).__name__}")
+
+    achieved = tps * model_fpt
+    if peak is None:
+        return MFUResult(None, None, achieved, model_fpt, hw_fpt, None, source if source != "unknown" else "unknown",
+                         dtype, n_dev, why, tps, recompute, formula, label)
+    total_peak = n_dev * peak
+    hfu = tps * hw_fpt / total_peak if hw_fpt is not None else None
+    return MFUResult(achieved / total_peak, hfu, achieved, model_fpt, hw_fpt, total_peak, source, dtype, n_dev,
+                     None, tps, recompute, formula, label)
+
+
+def roofline_bound(intensity_flop_per_byte: float | Any, peak_flop_per_s: float,
+                   bandwidth_bytes_per_s: float) -> float | Any:
+    """The roofline's attainable FLOP/s: ``min(peak, intensity × bandwidth)`` [williams2009].
+
+    ``intensity_flop_per_byte`` is FLOPs per byte of memory traffic (a number or a numpy/pandas array, kept
+    element-wise); ``peak_flop_per_s`` the compute roof and ``bandwidth_bytes_per_s`` the memory roof, both
+    positive. A kernel below the ridge point ``peak / bandwidth`` is memory-bound.
+    """
+    import numpy as np
+
+    for name, v in (("peak_flop_per_s", peak_flop_per_s), ("bandwidth_bytes_per_s", bandwidth_bytes_per_s)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+            raise SetupError(f"{name} must be a positive finite number, got {v!r}")
+    out = np.minimum(peak_flop_per_s, np.asarray(intensity_flop_per_byte, dtype=float) * bandwidth_bytes_per_s)
+    return float(out) if np.ndim(out) == 0 else out

@@ -1,0 +1,346 @@
+"""Transformer configurations, exact parameter counts and presets.
+
+A :class:`TransformerConfig` describes a decoder-only transformer precisely enough that memlab can count its
+parameters exactly, predict its memory and FLOPs, and build the same model in torch (:mod:`memlab.run.gpt`), whose
+parameter count equals :meth:`TransformerConfig.param_count` for every preset.
+
+Layout counted here (per layer; h = d_model, f = d_ff, k = n_kv_heads * head_dim):
+
+- attention: W_q h*h, W_k h*k, W_v h*k, W_o h*h (+ biases h, k, k, h when ``bias``)
+- MLP gelu: W_up h*f, W_down f*h (+ f, h); swiglu: W_gate, W_up h*f and W_down f*h (+ f, f, h)
+- two norms per layer and one final norm: layernorm has weight (+ bias when ``bias``), rmsnorm a weight only
+- embeddings vocab*h, learned positions max_seq*h, LM head vocab*h unless tied (never a bias)
+
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+from memlab.errors import ConfigError, unknown_name
+
+MlpKind = Literal["gelu", "swiglu"]
+PositionKind = Literal["learned", "rotary"]
+NormKind = Literal["layernorm", "rmsnorm"]
+
+
+def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
+    """Default SwiGLU width: 2/3 of 4h rounded up to ``multiple_of`` (the Llama rule, Touvron et al. 2023)."""
+    raw = int(2 * 4 * d_model / 3)
+    return multiple_of * math.ceil(raw / multiple_of)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """A decoder-only transformer, sized exactly.
+
+    Fields are model hyper-parameters; the batch, sequence length, precision and parallelism of a run live
+    in :class:`memlab.predict.setup.Setup`, so one config serves many experiments.
+    """
+
+    d_model: int
+    """Hidden size h."""
+    n_layers: int
+    """Number of transformer blocks L."""
+    n_heads: int
+    """Query heads a; head_dim = d_model / n_heads."""
+    n_kv_heads: int | None = None
+    """Key/value heads (GQA when < n_heads, MQA when 1); None means n_heads (multi-head attention)."""
+    d_ff: int | None = None
+    """MLP inner width; None means 4h for gelu and the Llama rule for swiglu."""
+    vocab_size: int = 50257
+    """Vocabulary size V (rows of the embedding and the LM head)."""
+    max_seq: int = 1024
+    """Longest sequence the model accepts; learned position tables have this many rows."""
+    mlp: MlpKind = "gelu"
+    """gelu: up, GELU, down. swiglu: down(silu(gate(x)) * up(x))."""
+    positions: PositionKind = "learned"
+    """learned absolute position table, or rotary embeddings (no parameters)."""
+    norm: NormKind = "layernorm"
+    """layernorm (weight and, with ``bias``, a bias) or rmsnorm (weight only)."""
+    bias: bool = True
+    """Biases on linear layers and layernorms (GPT-2: yes; Llama: no). The LM head never has one."""
+    tied_embeddings: bool = True
+    """Whether the LM head reuses the token embedding matrix."""
+    dropout: float = 0.0
+    """Dropout probability after attention softmax, attention output and MLP (0 for modern LLMs)."""
+    name: str = "custom"
+    """A label for tables and plots."""
+
+    def __post_init__(self) -> None:
+        for fname in ("d_model", "n_layers", "n_heads", "vocab_size", "max_seq"):
+            value = getattr(self, fname)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{fname} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} must divide d_model={self.d_model}: pick a d_model that is a multiple "
+                f"of n_heads (e.g. {self.n_heads * max(1, round(self.d_model / self.n_heads))})"
+            )
+        kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
+            raise ConfigError(f"n_kv_heads must be a positive integer or None, got {self.n_kv_heads!r}")
+        if self.n_heads % kv:
+            raise ConfigError(
+                f"n_kv_heads={kv} must divide n_heads={self.n_heads} (each KV head serves a whole group of "
+                "query heads): use a divisor of n_heads"
+            )
+        object.__setattr__(self, "n_kv_heads", kv)
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}")
+        if self.positions not in ("learned", "rotary"):
+            raise ConfigError(f"positions must be 'learned' or 'rotary', got {self.positions!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ConfigError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        if self.d_ff is None:
+            d_ff = 4 * self.d_model if self.mlp == "gelu" else swiglu_hidden(self.d_model)
+            object.__setattr__(self, "d_ff", d_ff)
+        elif not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff <= 0:
+            raise ConfigError(f"d_ff must be a positive integer or None, got {self.d_ff!r}")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"rotary positions need an even head_dim, got {self.head_dim}: change n_heads")
+        if not (0.0 <= float(self.dropout) < 1.0):
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    # -- derived sizes -------------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        """d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the K (or V) projection: n_kv_heads * head_dim."""
+        assert self.n_kv_heads is not None
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def ffn(self) -> int:
+        """d_ff as a plain int (resolved in ``__post_init__``)."""
+        assert self.d_ff is not None
+        return self.d_ff
+
+    # -- parameter shapes and counts ----------------------------------------------------------------------
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """Every parameter as ``(name, shape, component)``, in :mod:`memlab.run.gpt`'s naming.
+
+        ``component`` is one of embeddings, positions, attention, mlp, norms, head. Used for exact counts,
+        for shape-dependent optimizer state (Adafactor) and to check the torch model against the config.
+        """
+        h, f, k, b = self.d_model, self.ffn, self.kv_dim, self.bias
+        out: list[tuple[str, tuple[int, ...], str]] = [("tok_emb.weight", (self.vocab_size, h), "embeddings")]
+        if self.positions == "learned":
+            out.append(("pos_emb.weight", (self.max_seq, h), "positions"))
+
+        def norm(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
+            rows = [(f"{prefix}.weight", (h,), "norms")]
+            if self.norm == "layernorm" and b:
+                rows.append((f"{prefix}.bias", (h,), "norms"))
+            return rows
+
+        def linear(prefix: str, n_in: int, n_out: int, comp: str) -> list[tuple[str, tuple[int, ...], str]]:
+            rows = [(f"{prefix}.weight", (n_out, n_in), comp)]
+            if b:
+                rows.append((f"{prefix}.bias", (n_out,), comp))
+            return rows
+
+        for i in range(self.n_layers):
+            p = f"blocks.{i}"
+            out += norm(f"{p}.norm1")
+            out += linear(f"{p}.attn.q", h, h, "attention")
+            out += linear(f"{p}.attn.k", h, k, "attention")
+            out += linear(f"{p}.attn.v", h, k, "attention")
+            out += linear(f"{p}.attn.o", h, h, "attention")
+            out += norm(f"{p}.norm2")
+            if self.mlp == "gelu":
+                out += linear(f"{p}.mlp.up", h, f, "mlp")
+            else:
+                out += linear(f"{p}.mlp.gate", h, f, "mlp")
+                out += linear(f"{p}.mlp.up", h, f, "mlp")
+            out += linear(f"{p}.mlp.down", f, h, "mlp")
+        out += norm("norm_f")
+        if not self.tied_embeddings:
+            out.append(("head.weight", (self.vocab_size, h), "head"))
+        return out
+
+    def param_breakdown(self) -> dict[str, int]:
+        """Parameter count per component (embeddings, positions, attention, mlp, norms, head), exact."""
+        parts = {"embeddings": 0, "positions": 0, "attention": 0, "mlp": 0, "norms": 0, "head": 0}
+        for _, shape, comp in self.param_shapes():
+            parts[comp] += math.prod(shape)
+        return parts
+
+    def param_count(self) -> int:
+        """Total number of parameters, counting tied embeddings once."""
+        return sum(self.param_breakdown().values())
+
+    def matmul_param_count(self) -> int:
+        """Parameters that take part in matrix multiplies: every 2-D weight in the blocks and the LM head.
+
+        These are the weights autocast copies to 16 bits; the embedding table is looked up, not multiplied,
+        unless it is tied to the head.
+        """
+        n = sum(math.prod(s) for name, s, comp in self.param_shapes() if len(s) == 2 and comp in ("attention", "mlp"))
+        return n + self.vocab_size * self.d_model
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict of the fields (for JSON and DataFrames)."""
+        return asdict(self)
+
+    def with_(self, **changes: object) -> TransformerConfig:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named configuration with the publication or model card its sizes come from."""
+
+    config: TransformerConfig
+    source: str
+    note: str = ""
+    aliases: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _gpt2(name: str, d: int, layers: int, heads: int, note: str = "") -> Preset:
+    return Preset(
+        TransformerConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, vocab_size=50257, max_seq=1024),
+        "Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', Table 2; "
+        "sizes as released in the openai-community/" + ("gpt2" if name == "gpt2" else name) + " config.json",
+        note,
+    )
+
+
+def _llama(name: str, d: int, layers: int, heads: int, kv: int, ff: int, vocab: int, seq: int, src: str) -> Preset:
+    return Preset(
+        TransformerConfig(
+            name=name,
+            d_model=d,
+            n_layers=layers,
+            n_heads=heads,
+            n_kv_heads=kv,
+            d_ff=ff,
+            vocab_size=vocab,
+            max_seq=seq,
+            mlp="swiglu",
+            positions="rotary",
+            norm="rmsnorm",
+            bias=False,
+            tied_embeddings=False,
+        ),
+        src,
+    )
+
+
+_LLAMA2 = "Touvron et al. 2023, 'Llama 2: Open Foundation and Fine-Tuned Chat Models', Table 1; meta-llama config.json"
+_LLAMA3 = "Meta 2024, 'The Llama 3 Herd of Models' (Dubey et al.), Table 3; meta-llama config.json"
+
+PRESETS: dict[str, Preset] = {
+    "gpt2": _gpt2("gpt2", 768, 12, 12, "124M; tied embeddings, learned positions"),
+    "gpt2-medium": _gpt2("gpt2-medium", 1024, 24, 16, "355M"),
+    "gpt2-large": _gpt2("gpt2-large", 1280, 36, 20, "774M"),
+    "gpt2-xl": _gpt2("gpt2-xl", 1600, 48, 25, "1.5B"),
+    "llama-2-7b": _llama("llama-2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, _LLAMA2),
+    "llama-2-13b": _llama("llama-2-13b", 5120, 40, 40, 40, 13824, 32000, 4096, _LLAMA2),
+    "llama-2-70b": _llama("llama-2-70b", 8192, 80, 64, 8, 28672, 32000, 4096, _LLAMA2),
+    "llama-3-8b": _llama("llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, _LLAMA3),
+    "llama-3-70b": _llama("llama-3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, _LLAMA3),
+    "mistral-7b": _llama(
+        "mistral-7b",
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        32000,
+        32768,
+        "Jiang et al. 2023, 'Mistral 7B', Table 1; mistralai/Mistral-7B-v0.1 config.json",
+    ),
+    "opt-13b": Preset(
+        TransformerConfig(
+            name="opt-13b",
+            d_model=5120,
+            n_layers=40,
+            n_heads=40,
+            d_ff=20480,
+            vocab_size=50272,
+            max_seq=2048,
+        ),
+        "Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', Table 1; facebook/opt-13b config",
+        "OPT's position table has 2 extra offset rows (10,240 parameters) not modelled here",
+    ),
+    "gpt-3-175b": Preset(
+        TransformerConfig(
+            name="gpt-3-175b",
+            d_model=12288,
+            n_layers=96,
+            n_heads=96,
+            vocab_size=50257,
+            max_seq=2048,
+        ),
+        "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1",
+        "the paper reports 175.0B; this layout (GPT-2 style, tied) counts 174.6B",
+    ),
+    # Tiny models for CPU labs: small enough that a training step takes well under a second on 2 cores.
+    "tiny-gpt": Preset(
+        TransformerConfig(name="tiny-gpt", d_model=64, n_layers=2, n_heads=4, vocab_size=512, max_seq=256),
+        "memlab CPU-lab preset (GPT-2 layout, scaled down)",
+    ),
+    "small-gpt": Preset(
+        TransformerConfig(name="small-gpt", d_model=128, n_layers=4, n_heads=4, vocab_size=2048, max_seq=512),
+        "memlab CPU-lab preset (GPT-2 layout, scaled down)",
+    ),
+    "tiny-llama": Preset(
+        TransformerConfig(
+            name="tiny-llama",
+            d_model=64,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=176,
+            vocab_size=512,
+            max_seq=256,
+            mlp="swiglu",
+            positions="rotary",
+            norm="rmsnorm",
+            bias=False,
+            tied_embeddings=False,
+        ),
+        "memlab CPU-lab preset (Llama layout with GQA, scaled down)",
+    ),
+}
+
+ALIASES: dict[str, str] = {
+    "gpt2-small": "gpt2",
+    "gpt2-124m": "gpt2",
+    "gpt2-355m": "gpt2-medium",
+    "gpt2-774m": "gpt2-large",
+    "gpt2-1.5b": "gpt2-xl",
+    "gpt3": "gpt-3-175b",
+    "gpt-3": "gpt-3-175b",
+    "llama2-7b": "llama-2-7b",
+    "llama2-13b": "llama-2-13b",
+    "llama2-70b": "llama-2-70b",
+    "llama3-8b": "llama-3-8b",
+    "llama3-70b": "llama-3-70b",
+}
+
+
+def preset_names() -> list[str]:
+    """Canonical preset names, in table order."""
+    return list(PRESETS)
+
+
+def preset(name: str) -> TransformerConfig:
+    """The :class:`TransformerConfig` of a named preset (case-insensitive; a few aliases accepted).
+
+    Raises :class:`memlab.errors.UnknownNameError` listing the closest names when ``name`` is unknown.
+    """
+    key = name.strip().lower().replace("_", "-")
+    key = ALIASES.get(key, key)
+    if key not in PRESETS:
+        raise unknown_name("preset", name, preset_names())
+    return PRESETS[key].config

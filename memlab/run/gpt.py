@@ -1,0 +1,476 @@
+"""The reference GPT: a decoder-only transformer built from a :class:`~memlab.predict.models.TransformerConfig`.
+
+It exists so that every prediction of :mod:`memlab.predict.estimate` can be checked by a measurement of the *same*
+model: its parameter names and shapes are exactly :meth:`TransformerConfig.param_shapes`, and what it saves for
+backward is what :mod:`memlab.predict.activations` predicts, term by term. The code is written for that accountability,
+not for speed: each choice that changes saved memory is stated where it is made.
+
+Attention implementations (``attention=``):
+
+- ``eager``: softmax(QK^T / sqrt(d)) V written out; keeps the b x a x s x s probabilities for backward.
+- ``math``, ``flash``, ``efficient``, ``cudnn``: ``torch.nn.functional.scaled_dot_product_attention`` pinned to
+  that SDPA backend. Which backends run depends on the device and torch build; an unavailable one gets a
+  :class:`~memlab.errors.SetupError` naming the ones that work (on CPU with torch 2.13: math and flash).
+
+Recompute policies (``recompute=``), following Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+Large Transformer Models", Sections 4-5):
+
+- ``none``: everything the backward needs is kept.
+- ``selective``: the attention core (QK^T, mask, softmax, dropout, attention x V) is recomputed in backward; the
+  projection matmuls' inputs and outputs are kept. This removes the O(s^2) term, which is the paper's selective
+  recomputation.
+- ``full``: each block is recomputed from its input (``torch.utils.checkpoint``, non-reentrant); only block
+  inputs are kept.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from memlab.errors import SetupError
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import ATTENTION, RECOMPUTE
+
+if TYPE_CHECKING:
+    from torch.autograd.graph import Node
+
+_SDPA_BACKENDS = {
+    "math": "MATH",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+def _sdpa_backend(name: str) -> object:
+    from torch.nn.attention import SDPBackend
+
+    return getattr(SDPBackend, _SDPA_BACKENDS[name])
+
+
+def available_attention(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[str]:
+    """Attention implementations that actually run on ``device`` for ``dtype`` (probed with a tiny call)."""
+    device = torch.device(device)
+    out = ["eager"]
+    q = torch.randn(1, 2, 8, 16, device=device, dtype=dtype, requires_grad=True)
+    for name in _SDPA_BACKENDS:
+        try:
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(_sdpa_backend(name)):
+                F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+            out.append(name)
+        except (RuntimeError, NotImplementedError):
+            continue
+    return out
+
+
+class Norm(nn.Module):
+    """LayerNorm (with or without bias) or RMSNorm, as the config says."""
+
+    def __init__(self, config: TransformerConfig, device: torch.device | None, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        h = config.d_model
+        self.kind = config.norm
+        self.weight = nn.Parameter(torch.ones(h, device=device, dtype=dtype))
+        has_bias = config.norm == "layernorm" and config.bias
+        self.bias = nn.Parameter(torch.zeros(h, device=device, dtype=dtype)) if has_bias else None
+        self.eps = 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layernorm":
+            return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        # Written out (not F.rms_norm) so every device keeps the same tensors: x, rstd and x * rstd.
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * rstd) * self.weight
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021, RoFormer) in the half-split form used by Llama/GPT-NeoX.
+
+    cos and sin are fp32 non-persistent buffers shared by every layer. The rotation is done in fp32 and cast
+    back, so whatever the precision it saves only those buffers for backward (the input's gradient needs cos
+    and sin, not the input): rotary adds no activations.
+    """
+
+    def __init__(self, config: TransformerConfig, device: torch.device | None) -> None:
+        super().__init__()
+        d = config.head_dim
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+        t = torch.arange(config.max_seq, device=device, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # (max_seq, d/2)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Rotate ``x`` of shape (batch, seq, heads, head_dim) whose first position is ``start``."""
+        s, half = x.shape[1], x.shape[-1] // 2
+        cos, sin = self.cos[start : start + s, None, :], self.sin[start : start + s, None, :]
+        xf = x.float()
+        x1, x2 = xf[..., :half], xf[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def _linear(n_in: int, n_out: int, bias: bool, device: torch.device | None, dtype: torch.dtype | None) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=bias, device=device, dtype=dtype)
+
+
+class ScoreSoftmax(nn.Module):
+    """Softmax over the attention scores, then attention dropout: where the O(s^2) tensors are kept."""
+
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(scores, dim=-1)
+        return F.dropout(probs, p=self.dropout) if self.training and self.dropout > 0 else probs
+
+
+class AttentionCore(nn.Module):
+    """softmax(QK^T / sqrt(d) + causal mask) V, the part selective recompute recomputes. No parameters."""
+
+    def __init__(self, config: TransformerConfig, attention: str) -> None:
+        super().__init__()
+        self.n_kv_heads = config.n_kv_heads or config.n_heads
+        self.attention = attention
+        self.dropout = config.dropout
+        self.softmax = ScoreSoftmax(config.dropout)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (b, s, a, d) and k, v (b, T, kv, d) to the attended values (b, s, a*d).
+
+        The s queries are the last s of the T positions (T > s when decoding with a KV cache).
+        """
+        b, s, a, d = q.shape
+        T = k.shape[1]
+        kv = self.n_kv_heads
+        g = a // kv
+        drop = self.dropout if self.training else 0.0
+        if self.attention == "eager":
+            # The g query heads that share a KV head become extra rows, so K and V are never repeated:
+            # q -> (b, kv, g*s, d). The contiguous copies are the ones matmul would make (and save) anyway.
+            qg = q.view(b, s, kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, kv, g * s, d)
+            kt = k.permute(0, 2, 3, 1).contiguous()  # (b, kv, d, T)
+            vv = v.transpose(1, 2).contiguous()  # (b, kv, T, d)
+            # Scaling by a Python number and adding a mask save nothing for backward.
+            scores = torch.matmul(qg, kt) * (1.0 / math.sqrt(d))
+            mask = torch.full((s, T), float("-inf"), device=q.device).triu(T - s + 1).to(scores.dtype)
+            probs = self.softmax(scores.view(b, kv, g, s, T) + mask)
+            out = torch.matmul(probs.view(b, kv, g * s, T), vv)  # (b, kv, g*s, d)
+            return out.view(b, kv, g, s, d).permute(0, 3, 1, 2, 4).reshape(b, s, a * d)
+        from torch.nn.attention import sdpa_kernel
+
+        if s != T and s != 1:
+            raise SetupError("SDPA attention with a KV cache supports a prefill from position 0 or one-token decode")
+        try:
+            with sdpa_kernel(_sdpa_backend(self.attention)):
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2),
+                    k.transpose(1, 2),
+                    v.transpose(1, 2),
+                    dropout_p=drop,
+                    is_causal=s == T,
+                    enable_gqa=g > 1,
+                )
+        except RuntimeError as exc:
+            if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
+                raise
+            works = available_attention(q.device, q.dtype)
+            raise SetupError(
+                f"SDPA backend {self.attention!r} cannot run this call on {q.device.type} "
+                f"(dtype {str(q.dtype).removeprefix('torch.')}, dropout {drop}, head_dim {d}); "
+                f"attention that works here: {', '.join(works)}"
+            ) from None
+        return out.transpose(1, 2).reshape(b, s, a * d)
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention with separate q, k, v, o projections."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        attention: str,
+        recompute: str,
+        device: torch.device | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        h, k = config.d_model, config.kv_dim
+        self.n_heads, self.head_dim = config.n_heads, config.head_dim
+        self.n_kv_heads = config.n_kv_heads or config.n_heads
+        self.q = _linear(h, h, config.bias, device, dtype)
+        self.k = _linear(h, k, config.bias, device, dtype)
+        self.v = _linear(h, k, config.bias, device, dtype)
+        self.o = _linear(h, h, config.bias, device, dtype)
+        self.core = AttentionCore(config, attention)
+        self.recompute_core = recompute == "selective"
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
+        b, s, _ = x.shape
+        start = kv.start if kv is not None else 0
+        q = self.q(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.k(x).view(b, s, self.n_kv_heads, self.head_dim)
+        v = self.v(x).view(b, s, self.n_kv_heads, self.head_dim)
+        if rotary is not None:
+            q, k = rotary(q, start), rotary(k, start)
+        if kv is not None:
+            k, v = kv.append(k, v)
+        if self.recompute_core and torch.is_grad_enabled():
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            y = self.core(q, k, v)
+        out = self.o(y)
+        return F.dropout(out, p=self.dropout) if self.training and self.dropout > 0 else out
+
+
+class MLP(nn.Module):
+    """GELU (tanh approximation, as GPT-2) or SwiGLU (Shazeer 2020) feed-forward."""
+
+    def __init__(self, config: TransformerConfig, device: torch.device | None, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        h, f = config.d_model, config.ffn
+        self.kind = config.mlp
+        if self.kind == "swiglu":
+            self.gate = _linear(h, f, config.bias, device, dtype)
+        self.up = _linear(h, f, config.bias, device, dtype)
+        self.down = _linear(f, h, config.bias, device, dtype)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "gelu":
+            u = F.gelu(self.up(x), approximate="tanh")
+        else:
+            u = F.silu(self.gate(x)) * self.up(x)
+        out = self.down(u)
+        return F.dropout(out, p=self.dropout) if self.training and self.dropout > 0 else out
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.))."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        attention: str,
+        recompute: str,
+        device: torch.device | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.norm1 = Norm(config, device, dtype)
+        self.attn = Attention(config, attention, recompute, device, dtype)
+        self.norm2 = Norm(config, device, dtype)
+        self.mlp = MLP(config, device, dtype)
+        self.recompute_full = recompute == "full"
+
+    def _forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rotary, kv)
+        return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
+        if self.recompute_full and torch.is_grad_enabled():
+            # Only x is kept; the rotary module is passed through, its fp32 tables are module buffers.
+            return checkpoint(self._forward, x, rotary, use_reentrant=False)
+        return self._forward(x, rotary, kv)
+
+
+class GPT(nn.Module):
+    """The reference decoder-only transformer.
+
+    ``forward(idx, targets)`` returns the mean cross-entropy loss when ``targets`` is given (logits are cast to
+    fp32 before the loss, as mixed-precision recipes do), else the logits. Parameter names match
+    :meth:`TransformerConfig.param_shapes`; ``GPT(cfg, device="meta")`` builds any preset without memory.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        *,
+        attention: str = "eager",
+        recompute: str = "none",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if attention not in ATTENTION:
+            raise SetupError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        if recompute not in RECOMPUTE:
+            raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+        dev = torch.device(device) if device is not None else None
+        self.config, self.attention, self.recompute = config, attention, recompute
+        h = config.d_model
+        self.tok_emb = nn.Embedding(config.vocab_size, h, device=dev, dtype=dtype)
+        self.pos_emb = (
+            nn.Embedding(config.max_seq, h, device=dev, dtype=dtype) if config.positions == "learned" else None
+        )
+        self.rotary = Rotary(config, dev) if config.positions == "rotary" else None
+        self.blocks = nn.ModuleList(Block(config, attention, recompute, dev, dtype) for _ in range(config.n_layers))
+        self.norm_f = Norm(config, dev, dtype)
+        self.head = (
+            None if config.tied_embeddings else nn.Linear(h, config.vocab_size, bias=False, device=dev, dtype=dtype)
+        )
+        if dev is None or dev.type != "meta":
+            self.apply(_init_weights)
+
+    @property
+    def head_weight(self) -> nn.Parameter:
+        """The LM-head matrix (the token embedding when tied)."""
+        return self.tok_emb.weight if self.head is None else self.head.weight
+
+    def num_params(self) -> int:
+        """Parameters counted once per storage (tied embeddings once), like ``config.param_count()``."""
+        seen, n = set(), 0
+        for p in self.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel()
+        return n
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """Loss (with ``targets``) or logits for token ids ``idx`` (batch, seq).
+
+        With a :class:`KVCache` the tokens continue the cached sequence (inference: prefill, then decode).
+        """
+        b, s = idx.shape
+        start = cache.length if cache is not None else 0
+        if start + s > self.config.max_seq:
+            raise SetupError(
+                f"sequence length {start + s} exceeds max_seq={self.config.max_seq} of {self.config.name}"
+            )
+        x = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(start, start + s, device=idx.device))
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.rotary, cache.layer(i) if cache is not None else None)
+        if cache is not None:
+            cache.length += s
+        x = self.norm_f(x)
+        logits = F.linear(x, self.head_weight)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(b * s, -1), targets.view(b * s))
+
+
+class LayerCache:
+    """One layer's slice of a :class:`KVCache`: writes new keys/values at ``start`` and returns all so far."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        self.k, self.v, self.start = k, v, start
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.start + k.shape[1]
+        self.k[:, self.start : end] = k
+        self.v[:, self.start : end] = v
+        return self.k[:, :end], self.v[:, :end]
+
+
+class KVCache:
+    """Preallocated keys and values for every layer, each (batch, max_len, n_kv_heads, head_dim).
+
+    Its size is 2 * n_layers * batch * max_len * n_kv_heads * head_dim * element size bytes, allocated up
+    front as serving engines do, so its memory does not grow during decoding.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        batch: int,
+        max_len: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (batch, max_len, config.n_kv_heads or config.n_heads, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.length = 0
+
+    def layer(self, i: int) -> LayerCache:
+        """Layer ``i``'s cache, positioned at the current length."""
+        return LayerCache(self.k[i], self.v[i], self.length)
+
+    def nbytes(self) -> int:
+        """Bytes of all cache tensors."""
+        return sum(t.untyped_storage().nbytes() for t in self.k + self.v)
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2 style initialisation (normal 0.02, zero biases); the values do not affect memory."""
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+# -- naming what is saved -------------------------------------------------------------------------------------
+# Nodes walked through to find where a saved tensor came from: views, casts and (for dropout, which is a
+# multiply by noise off CUDA) multiplies, following their first input.
+_PASS_THROUGH = (
+    "View",
+    "Reshape",
+    "UnsafeView",
+    "Transpose",
+    "TBackward",
+    "Permute",
+    "Expand",
+    "Alias",
+    "ToCopy",
+    "Mul",
+)
+
+
+def _origin(node: Node | None, hops: int = 8) -> list[str]:
+    """Names of ``node`` and its first inputs through view-like ops and casts (most recent first)."""
+    names: list[str] = []
+    while node is not None and hops > 0:
+        name = node.name()
+        names.append(name)
+        if not name.startswith(_PASS_THROUGH) or not node.next_functions:
+            break
+        node = node.next_functions[0][0]
+        hops -= 1
+    if node is not None and node.name() == "torch::autograd::AccumulateGrad":
+        names.append("AccumulateGrad")
+    return names
+
+
+def saved_tensor_category(t: torch.Tensor, scope: tuple[nn.Module, ...]) -> str:
+    """Category of a tensor saved for backward by :class:`GPT`, in :data:`memlab.predict.activations.CATEGORIES`.
+
+    ``scope`` is the stack of modules running when it was saved (outermost first), as recorded by
+    :class:`memlab.measure.accounting.SavedTensorRecorder`.
+    """
+    chain = _origin(t.grad_fn)
+    if "AccumulateGrad" in chain and any(n.startswith("ToCopy") for n in chain):
+        return "autocast weight copies"
+    if t.dtype == torch.int64:
+        return "token ids"
+    for module in reversed(scope):
+        if isinstance(module, Norm):
+            return "norms"
+        if isinstance(module, ScoreSoftmax):
+            return "attention scores"
+        if isinstance(module, AttentionCore):
+            # The probabilities, their 16-bit copy or dropped version, and dropout masks (a bool mask, or a
+            # noise tensor shaped like the probabilities; the fused kernels' 3-D log-sum-exp has no grad_fn too).
+            scores = t.dtype == torch.bool or (t.grad_fn is None and t.dim() >= 4)
+            scores = scores or any("Softmax" in n or "Dropout" in n for n in chain)
+            return "attention scores" if scores else "attention"
+        if isinstance(module, Attention):
+            return "attention"
+        if isinstance(module, MLP):
+            return "mlp"
+        if isinstance(module, Block):
+            return "block inputs (recompute)"
+    return "head & loss"

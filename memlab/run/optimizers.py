@@ -1,0 +1,121 @@
+"""Optimizers the runner trains with, by the names :class:`memlab.predict.setup.Setup` uses.
+
+Everything is ``torch.optim`` except ``adam-8bit``: bitsandbytes' 8-bit optimizers need CUDA, so memlab ships
+:class:`Adam8bit`, a small blockwise 8-bit Adam with the *memory layout* of bitsandbytes'
+``Optimizer2State`` (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"): tensors with at
+least :data:`memlab.predict.estimate.ADAM_8BIT_MIN_SIZE` elements keep two uint8 state tensors plus one fp32 absmax
+per :data:`memlab.predict.estimate.ADAM_8BIT_BLOCK` elements per state; smaller tensors keep fp32 states. Its
+quantisation is a per-block power code (bitsandbytes uses a dynamic tree code); the bytes are the same, the
+numerics are a simplification and are not what the course measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from memlab.errors import SetupError
+from memlab.predict.estimate import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE
+from memlab.predict.setup import OPTIMIZERS
+
+
+class Adam8bit(torch.optim.Optimizer):
+    """AdamW with blockwise 8-bit moments (memory layout of bitsandbytes' 8-bit Adam; see module docstring)."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @staticmethod
+    def _blocks(flat: torch.Tensor) -> torch.Tensor:
+        """``flat`` (n,) as float blocks of ADAM_8BIT_BLOCK, zero-padded at the end (a transient)."""
+        pad = (-flat.numel()) % ADAM_8BIT_BLOCK
+        flat = flat.float()
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        return flat.view(-1, ADAM_8BIT_BLOCK)
+
+    # Codes are a power of the block-normalised value (square root for the signed first moment, fourth root
+    # for the second), so small values keep resolution, a coarse stand-in for bitsandbytes' dynamic code.
+    def _decode(self, codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> torch.Tensor:
+        scale, power = (127.0, 2) if signed else (255.0, 4)
+        c = self._blocks(codes) / scale
+        vals = c.sign() * c.abs() ** power * absmax[:, None]
+        return vals.reshape(-1)[: codes.numel()]
+
+    def _encode(self, value: torch.Tensor, codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> None:
+        blocks = self._blocks(value)
+        absmax.copy_(blocks.abs().amax(dim=1).clamp_min(1e-30))
+        scale, power = (127.0, 2) if signed else (255.0, 4)
+        x = blocks / absmax[:, None]
+        q = torch.round(x.sign() * x.abs() ** (1.0 / power) * scale).reshape(-1)[: codes.numel()]
+        codes.copy_(q.clamp(-127, 127) if signed else q.clamp(0, 255))
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                n = p.numel()
+                small = n < ADAM_8BIT_MIN_SIZE
+                if not state:
+                    state["step"] = 0  # a Python int, as bitsandbytes keeps it
+                    kw = {"device": p.device}
+                    if small:
+                        state["exp_avg"] = torch.zeros(n, dtype=torch.float32, **kw)
+                        state["exp_avg_sq"] = torch.zeros(n, dtype=torch.float32, **kw)
+                    else:
+                        nblocks = (n + ADAM_8BIT_BLOCK - 1) // ADAM_8BIT_BLOCK
+                        state["exp_avg"] = torch.zeros(n, dtype=torch.int8, **kw)
+                        state["exp_avg_sq"] = torch.zeros(n, dtype=torch.uint8, **kw)
+                        state["absmax1"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
+                        state["absmax2"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
+                state["step"] += 1
+                g = p.grad.reshape(-1).float()
+                if small:
+                    m, v = state["exp_avg"], state["exp_avg_sq"]
+                else:
+                    m = self._decode(state["exp_avg"], state["absmax1"], True)
+                    v = self._decode(state["exp_avg_sq"], state["absmax2"], False)
+                m.mul_(beta1).add_(g, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                t = state["step"]
+                update = (m / (1 - beta1**t)) / (v / (1 - beta2**t)).sqrt_().add_(group["eps"])
+                if group["weight_decay"]:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
+                if not small:
+                    self._encode(m, state["exp_avg"], state["absmax1"], True)
+                    self._encode(v, state["exp_avg_sq"], state["absmax2"], False)
+
+
+def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 1e-4) -> torch.optim.Optimizer:
+    """The optimizer called ``name`` (one of :data:`memlab.predict.setup.OPTIMIZERS`) over ``params``.
+
+    Implementation choices that change memory are explicit: ``foreach=False`` keeps the step's transient
+    buffers to one tensor at a time, which is what the estimator assumes (the states are the same either way).
+    """
+    params = list(params)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, foreach=False)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, foreach=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, foreach=False)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=False)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr, foreach=False)
+    if name == "adam-8bit":
+        return Adam8bit(params, lr=lr)
+    raise SetupError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")

@@ -1,0 +1,384 @@
+"""Run the reference GPT under a :class:`~memlab.predict.setup.Setup` and measure it: the twin of the estimator.
+
+:func:`run_step` builds :class:`memlab.run.gpt.GPT` with the setup's attention and recompute policy, wires the
+precision policy (:mod:`memlab.run.training_step`) and optimizer (:mod:`memlab.run.optimizers`), feeds synthetic tokens and
+returns a :class:`Measurement`:
+
+- exact bytes of parameters, gradients and optimizer state, and of activations saved for backward by category
+  (:mod:`memlab.measure.accounting`: the measured truth on a CPU);
+- the same bytes at every phase boundary of the first training step (built, forward, backward, optimizer step,
+  zero_grad), which shows optimizer state appearing at the first step;
+- on CUDA: the allocator's peaks over a steady-state step, and an NVML reading;
+- step time (CUDA events on a GPU, ``perf_counter`` on a CPU), tokens/s, FLOPs (analytic, and counted by
+  ``torch.utils.flop_counter.FlopCounterMode``), MFU and HFU, or "unknown peak" with the reason;
+- a CUDA out-of-memory error is caught, parsed and returned as ``status="oom"``, with the allocator cleaned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from memlab.device import resolve_device, torch_dtype
+from memlab.errors import SetupError
+from memlab.measure.accounting import SavedTensorRecorder, model_states
+from memlab.predict import flops as flops_mod
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import Setup
+from memlab.run.gpt import GPT, KVCache, saved_tensor_category
+from memlab.run.optimizers import build_optimizer
+from memlab.run.training_step import TrainingStep, model_dtype, training_step
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one run of the reference model measured. Bytes are per device; times in seconds."""
+
+    model: str
+    setup: dict[str, Any]
+    device: str
+    device_name: str
+    status: str = "ok"
+    """ok, oom, or error."""
+    error: str | None = None
+    params_bytes: int | None = None
+    grads_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    optimizer_by_key: dict[str, int] = field(default_factory=dict)
+    activations_bytes: int | None = None
+    activations_by_category: dict[str, int] = field(default_factory=dict)
+    kv_cache_bytes: int | None = None
+    phases: tuple[dict[str, Any], ...] = ()
+    """Exact bytes at each phase boundary of the first step: phase, params, grads, optimizer, activations."""
+    timeline: tuple[dict[str, Any], ...] = ()
+    """With ``timeline=True``: samples over the first step (t_s, phase, allocator/NVML bytes on CUDA, host RSS)."""
+    cuda_peak_allocated_bytes: int | None = None
+    cuda_peak_reserved_bytes: int | None = None
+    cuda_first_step_peak_allocated_bytes: int | None = None
+    cuda: dict[str, Any] | None = None
+    nvml: dict[str, Any] | None = None
+    host_rss_bytes: int | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    prefill_time_s: float | None = None
+    decode_time_per_token_s: float | None = None
+    flops_per_step: float | None = None
+    """Analytic model FLOPs of one step, no recompute (memlab.predict.flops): the MFU numerator's count."""
+    hardware_flops_per_step: float | None = None
+    """Analytic FLOPs including the setup's recompute (memlab.predict.flops): the HFU numerator's count."""
+    counted_flops_per_step: float | None = None
+    """FLOPs FlopCounterMode counts over one step (training: forward + backward, with recompute as torch runs
+    it: non-reentrant checkpoint stops recomputing once the tensors backward needs exist, and the flash
+    kernels' backward recomputes QK^T, so this can differ from the analytic hardware count)."""
+    mfu: float | None = None
+    hfu: float | None = None
+    mfu_reason: str | None = None
+    peak_source: str | None = None
+    loss: float | None = None
+    oom: dict[str, Any] | None = None
+    torch_version: str = torch.__version__
+
+    def model_state_bytes(self, *, step_counters: bool = True) -> int:
+        """Measured parameters + gradients + optimizer state, bytes; ``step_counters=False`` leaves out the
+        optimizer's ``step`` tensors, the twin of :meth:`MemoryBreakdown.model_state_bytes`."""
+        counters = 0 if step_counters else self.optimizer_by_key.get("step", 0)
+        return (self.params_bytes or 0) + (self.grads_bytes or 0) + (self.optimizer_bytes or 0) - counters
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field."""
+        return asdict(self)
+
+    def to_row(self) -> dict[str, Any]:
+        """One flat row for a DataFrame: setup fields, scalars, and ``act_<category>_bytes`` columns."""
+        row: dict[str, Any] = {"model": self.model, **self.setup}
+        for k, v in asdict(self).items():
+            if k in ("model", "setup", "phases", "timeline", "cuda", "nvml", "oom", "optimizer_by_key",
+                     "activations_by_category"):
+                continue
+            row[k] = v
+        for cat, n in self.activations_by_category.items():
+            row[f"act_{cat}_bytes"] = n
+        return row
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_region(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds ``fn`` takes: CUDA events around it on a GPU, ``perf_counter`` on a CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _flop_mapping() -> dict[Any, Any]:
+    """FLOP formulas FlopCounterMode lacks in torch 2.13: the CPU flash-attention kernel (counts 0 otherwise)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+    out: dict[Any, Any] = {}
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if fwd is not None:
+        out[fwd] = lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)
+    if bwd is not None:
+        out[bwd] = lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(g, q, k, v)
+    return out
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs torch's FlopCounterMode counts while ``fn`` runs (with memlab's CPU flash-attention formula)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False, custom_mapping=_flop_mapping()) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def _states(model: torch.nn.Module, step: TrainingStep | None, device: torch.device) -> dict[str, int]:
+    st = model_states(model, step.state_holder() if step else None, device=device)
+    return {"params": st.params_bytes, "grads": st.grads_bytes, "optimizer": st.optimizer_bytes}
+
+
+def _tokens(config: TransformerConfig, batch: int, seq: int, device: torch.device, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(device)
+
+
+def _cuda_stats(device: torch.device) -> dict[str, Any] | None:
+    if device.type != "cuda":
+        return None
+    from memlab.measure.cuda import cuda_memory_stats
+
+    return cuda_memory_stats(device).to_dict()
+
+
+def _nvml(device: torch.device) -> dict[str, Any] | None:
+    if device.type != "cuda":
+        return None
+    from memlab.measure.nvml import nvml_index_for_cuda, nvml_reading
+
+    return nvml_reading(nvml_index_for_cuda(device.index or 0)).to_dict()
+
+
+def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, tokens_per_s: float) -> dict[str, Any]:
+    from memlab.device import detect
+
+    info = detect(device=str(device) if device.type == "cuda" else "cpu")
+    dtype = setup.policy.compute_dtype if setup.mode == "train" else setup.inference_weights
+    res = flops_mod.mfu(config, tokens_per_s, accelerator=info, dtype=dtype, seq=setup.seq, recompute=setup.recompute)
+    return {"mfu": res.mfu, "hfu": res.hfu, "mfu_reason": res.reason, "peak_source": res.peak_source}
+
+
+def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int, lr: float,
+           with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    policy = setup.policy
+    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device, dtype=model_dtype(policy))
+    model.train()
+    step = training_step(model, policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr))
+    data = _tokens(config, setup.batch, setup.seq, device, seed)
+    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()  # separate storages, as a data loader yields
+    out: dict[str, Any] = {}
+
+    phases = [{"phase": "built", **_states(model, step, device), "activations": 0}]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sampler = _sampler(device) if timeline else None
+    with sampler if sampler is not None else contextlib.nullcontext():
+        mark = sampler.mark if sampler is not None else (lambda phase: None)
+        mark("forward")
+        # Autocast is exited inside the recorder, so its weight-cast cache is gone when the count is read.
+        recorder = SavedTensorRecorder(model, categorize=saved_tensor_category)
+        with recorder, step.forward_context():
+            loss = model(idx, tgt)
+        saved = recorder.result()
+        phases.append({"phase": "forward", **_states(model, step, device), "activations": saved.total_bytes})
+        mark("backward")
+        step.backward(loss)
+        phases.append({"phase": "backward", **_states(model, step, device), "activations": 0})
+        mark("optimizer step")
+        step.step()
+        phases.append({"phase": "optimizer step", **_states(model, step, device), "activations": 0})
+        mark("zero_grad")
+        step.zero_grad(set_to_none=set_to_none)
+        phases.append({"phase": "zero_grad", **_states(model, step, device), "activations": 0})
+        mark("done")
+    if sampler is not None:
+        out["timeline"] = tuple(sampler.frame().to_dict("records"))
+    first_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    out.update(phases=tuple(phases), activations_bytes=saved.total_bytes,
+               activations_by_category=saved.by_category(), cuda_first_step_peak_allocated_bytes=first_peak)
+
+    losses: list[float] = []
+
+    def one_step() -> None:
+        with step.forward_context():
+            loss = model(idx, tgt)
+        step.backward(loss)
+        grads = model_states(model, None, device=device).grads_bytes
+        step.step()
+        step.zero_grad(set_to_none=set_to_none)
+        losses.append(float(loss.detach()))
+        grad_bytes.append(grads)
+
+    grad_bytes: list[int] = []
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = [time_region(one_step, device) for _ in range(steps)]
+    # States as the steady state holds them: gradients just before the step, optimizer state after it.
+    final = model_states(model, step.state_holder(), device=device)
+    out.update(
+        params_bytes=final.params_bytes, grads_bytes=max(grad_bytes) + final.grads_bytes,
+        optimizer_bytes=final.optimizer_bytes, optimizer_by_key=final.optimizer_by_key, loss=losses[-1],
+        step_time_s=statistics.median(times), cuda=_cuda_stats(device), nvml=_nvml(device),
+    )
+    if device.type == "cuda":
+        out["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        out["cuda_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    out["tokens_per_s"] = setup.tokens / out["step_time_s"]
+    out["flops_per_step"] = float(flops_mod.megatron_iteration_flops(config, setup.batch, setup.seq, "none"))
+    out["hardware_flops_per_step"] = float(
+        flops_mod.megatron_iteration_flops(config, setup.batch, setup.seq, setup.recompute)
+    )
+    if with_counted_flops:
+        out["counted_flops_per_step"] = count_flops(lambda: _fwd_bwd(model, step, idx, tgt))
+    if with_mfu:
+        out.update(_mfu_fields(config, setup, device, out["tokens_per_s"]))
+    return out
+
+
+def _sampler(device: torch.device) -> Any:
+    """A TimelineSampler for the first step: allocator and NVML on CUDA, host RSS everywhere."""
+    from memlab.measure.timeline import TimelineSampler
+
+    return TimelineSampler(interval_s=0.002, device=device if device.type == "cuda" else None)
+
+
+def _fwd_bwd(model: GPT, step: TrainingStep, idx: torch.Tensor, tgt: torch.Tensor) -> None:
+    with step.forward_context():
+        loss = model(idx, tgt)
+    step.backward(loss)
+    step.zero_grad()
+
+
+def _infer(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int,
+           with_counted_flops: bool, with_mfu: bool) -> dict[str, Any]:
+    if setup.inference_weights not in ("fp32", "bf16", "fp16"):
+        raise SetupError(
+            f"the reference runner serves fp32/bf16/fp16 weights; {setup.inference_weights} weights are "
+            "estimated (memlab estimate) but not run here"
+        )
+    if setup.kv_cache_dtype != setup.inference_weights:
+        raise SetupError("the reference runner keeps the KV cache in the weight dtype: set kv_cache_dtype to match")
+    dtype = torch_dtype(setup.inference_weights)
+    torch.manual_seed(seed)
+    model = GPT(config, attention=setup.attention, device=device, dtype=dtype).eval()
+    n_decode = min(steps, setup.seq - 1)
+    prompt = setup.seq - n_decode
+    data = _tokens(config, setup.batch, setup.seq, device, seed)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.no_grad():
+        cache = KVCache(config, setup.batch, setup.seq, device=device, dtype=dtype)
+        prefill = time_region(lambda: model(data[:, :prompt], cache=cache), device)
+        decode = [time_region(lambda i=i: model(data[:, i : i + 1], cache=cache), device)
+                  for i in range(prompt, setup.seq)]
+        counted = None
+        if with_counted_flops:
+            counted = count_flops(lambda: model(data[:, :prompt], cache=KVCache(config, setup.batch, prompt,
+                                                                               device=device, dtype=dtype)))
+    per_token = statistics.median(decode) if decode else None
+    out: dict[str, Any] = {
+        "params_bytes": model_states(model, device=device).params_bytes, "grads_bytes": 0, "optimizer_bytes": 0,
+        "kv_cache_bytes": cache.nbytes(), "prefill_time_s": prefill, "decode_time_per_token_s": per_token,
+        "tokens_per_s": setup.batch / per_token if per_token else None, "counted_flops_per_step": counted,
+        "flops_per_step": float(flops_mod.forward_flops(config, setup.batch, prompt)),
+        "cuda": _cuda_stats(device), "nvml": _nvml(device),
+    }
+    if device.type == "cuda":
+        out["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        out["cuda_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    if with_mfu and per_token:
+        out.update(_mfu_fields(config, setup, device, out["tokens_per_s"]))
+    return out
+
+
+def run_step(
+    config: TransformerConfig,
+    setup: Setup,
+    device: str | torch.device = "auto",
+    *,
+    steps: int = 2,
+    seed: int = 0,
+    lr: float = 1e-4,
+    with_counted_flops: bool = True,
+    with_mfu: bool = True,
+    timeline: bool = False,
+    set_to_none: bool = True,
+) -> Measurement:
+    """Run and measure ``config`` under ``setup`` on ``device``.
+
+    Training: one instrumented first step (exact states at each phase, saved activations), then ``steps``
+    timed steady-state steps (median time; CUDA peaks over them), then one forward+backward under
+    FlopCounterMode when ``with_counted_flops``; ``with_mfu`` adds MFU and HFU against the detected peak. Inference: a prefill of ``seq - steps`` tokens into a preallocated
+    KV cache and ``steps`` one-token decodes. ``timeline`` samples memory over the first training step with
+    :class:`memlab.measure.timeline.TimelineSampler` (the allocator on CUDA; on a CPU only the process RSS, which
+    is coarse: the exact per-phase bytes are in ``phases`` either way). ``set_to_none=False`` makes every
+    ``zero_grad`` zero-fill the gradients instead of freeing them (they then persist into the next forward). Bad setups raise
+    :class:`memlab.errors.SetupError`; an out-of-memory error is returned as a Measurement with ``status="oom"``
+    and the parsed message.
+    """
+    from memlab.measure.host import host_reading
+    from memlab.measure.oom import clean_allocator, is_oom_error, parse_oom_message
+
+    if steps < 1:
+        raise SetupError(f"steps must be at least 1, got {steps}")
+    if setup.zero_stage or setup.world_size > 1 or setup.tp > 1:
+        raise SetupError("run_step measures one device; ZeRO/FSDP and tensor parallelism run under torchrun")
+    dev = resolve_device(device)
+    if setup.attention != "eager":
+        from memlab.run.gpt import available_attention
+
+        dtype = model_dtype(setup.policy) if setup.mode == "train" else torch_dtype(setup.inference_weights)
+        works = available_attention(dev, torch.bfloat16 if setup.policy.autocast else dtype)
+        if setup.attention not in works:
+            raise SetupError(f"attention {setup.attention!r} does not run on {dev.type} with this torch build; "
+                             f"available here: {', '.join(works)}")
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    base = {"model": config.name, "setup": setup.to_dict(), "device": str(dev), "device_name": name}
+    try:
+        if setup.mode == "train":
+            fields = _train(config, setup, dev, steps=steps, seed=seed, lr=lr, with_counted_flops=with_counted_flops,
+                            with_mfu=with_mfu, timeline=timeline, set_to_none=set_to_none)
+        else:
+            fields = _infer(config, setup, dev, steps=steps, seed=seed, with_counted_flops=with_counted_flops,
+                            with_mfu=with_mfu)
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if not is_oom_error(exc):
+            raise
+        info = parse_oom_message(str(exc))
+        fields = None
+    if fields is None:
+        # Cleaned after the except block: the exception's frames (the failed attempt's model) are gone by now.
+        clean_allocator(dev if dev.type == "cuda" else None)
+        return Measurement(**base, status="oom", error=info.raw.splitlines()[0] if info.raw else "out of memory",
+                           oom=info.to_dict())
+    fields["host_rss_bytes"] = host_reading().rss_bytes
+    return Measurement(**base, **fields)

@@ -1,0 +1,112 @@
+"""memlab.course.chapter: what every chapter notebook calls first (parameters, seeding, outputs, ledger, recorded GPU data)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+import torch
+
+from memlab.course.chapter import Chapter, CpuNote, chapter, load_recorded
+from memlab.device import device_string as resolve_device
+from memlab.device import resolve_scale
+from memlab.errors import ConfigError, MemlabError
+
+ON_CPU = not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not ON_CPU, reason="checks what 'auto' means on a machine without CUDA")
+def test_auto_means_ci_scale_on_cpu() -> None:
+    assert resolve_device("auto") == "cpu"
+    assert resolve_scale("auto", "auto") == "ci"
+    assert resolve_scale("full", "cpu") == "full", "an explicit scale is kept"
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"scale": "huge"}, "scale must be one of"),
+    ({"device": "tpu"}, "device must be"),
+    ({"seed": -1}, "seed must be"),
+    ({"seed": 1.5}, "seed must be"),
+])
+def test_bad_parameters_get_one_clear_error(tmp_path: Path, kwargs: dict, match: str) -> None:
+    with pytest.raises(MemlabError, match=match):
+        chapter(**{"out_dir": tmp_path, **kwargs})
+
+
+@pytest.mark.skipif(not ON_CPU, reason="asks for CUDA where there is none")
+def test_asking_for_cuda_without_one_is_an_error() -> None:
+    with pytest.raises(MemlabError, match="no CUDA GPU"):
+        resolve_device("cuda")
+
+
+def test_chapter_creates_out_dir_and_seeds_every_generator(tmp_path: Path) -> None:
+    out = tmp_path / "build" / "00_x"
+    ch = chapter("ci", "cpu", 7, out)
+    first = (random.random(), torch.rand(1).item())
+    chapter("ci", "cpu", 7, out)
+    assert (random.random(), torch.rand(1).item()) == first
+    assert ch.out_dir == out.resolve() and out.is_dir()
+    assert ch.to_dict() == {"scale": "ci", "device": "cpu", "seed": 7, "out_dir": str(out.resolve())}
+
+
+def test_save_figure_and_table_write_into_out_dir(tmp_path: Path) -> None:
+    ch = chapter("ci", "cpu", 0, tmp_path)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    png = ch.save_figure(fig, "line plot")
+    plt.close(fig)
+    assert png == tmp_path / "line_plot.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    csv = ch.save_table(pd.DataFrame({"a": [1, 2]}), "t")
+    assert pd.read_csv(csv)["a"].tolist() == [1, 2]
+
+
+def _rows(predicted: float, measured: float, component: str = "params") -> pd.DataFrame:
+    return pd.DataFrame({"experiment": ["e"], "component": [component], "unit": ["B"], "predicted": [predicted],
+                         "measured": [measured]})
+
+
+def test_record_ledger_computes_errors_and_replaces_rerun_rows(tmp_path: Path) -> None:
+    ch = chapter("ci", "cpu", 0, tmp_path)
+    ch.record_ledger(_rows(120.0, 100.0))
+    ch.record_ledger(_rows(90.0, 100.0, component="grads"))
+    path = ch.record_ledger(_rows(110.0, 100.0))  # the same row again, as when a cell is re-run
+    ledger = pd.read_csv(path).set_index("component")
+    assert sorted(ledger.index) == ["grads", "params"]
+    assert ledger.loc["params", "abs_error"] == pytest.approx(10.0)
+    assert ledger.loc["params", "rel_error"] == pytest.approx(0.1)
+    assert ledger.loc["grads", "rel_error"] == pytest.approx(-0.1)
+
+
+def test_record_ledger_names_missing_columns(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="measured"):
+        chapter("ci", "cpu", 0, tmp_path).record_ledger(pd.DataFrame({"experiment": ["e"], "component": ["c"],
+                                                                      "unit": ["B"], "predicted": [1.0]}))
+
+
+def test_cpu_note_speaks_only_on_a_cpu(tmp_path: Path) -> None:
+    note = Chapter("ci", "cpu", 0, tmp_path).cpu_note("no HBM here.")
+    assert isinstance(note, CpuNote) and "On this CPU" in note._repr_markdown_()
+    assert Chapter("full", "cuda", 0, tmp_path).cpu_note("no HBM here.") is None
+
+
+def test_recorded_results_come_with_their_gpu_label(tmp_path: Path) -> None:
+    assert load_recorded("absent", tmp_path) is None
+    pd.DataFrame({"batch": [1, 2], "peak_bytes": [10, 20]}).to_csv(tmp_path / "sweep.csv", index=False)
+    (tmp_path / "sweep.json").write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "driver": "550.54",
+                                                     "torch": "2.3.0", "date": "2024-05-01"}))
+    rec = chapter("ci", "cpu", 0, tmp_path / "out").recorded("sweep", tmp_path)
+    assert rec.frame["peak_bytes"].tolist() == [10, 20]
+    assert rec.label == "recorded on NVIDIA H100 80GB HBM3, driver 550.54, torch 2.3.0, date 2024-05-01"
+    assert "H100" in rec._repr_html_()
+    (tmp_path / "rows.json").write_text(json.dumps({"provenance": {"gpu": "A100"}, "rows": [{"x": 1}]}))
+    assert load_recorded("rows", tmp_path).frame["x"].tolist() == [1]
+
+
+def test_recorded_results_without_provenance_are_refused(tmp_path: Path) -> None:
+    pd.DataFrame({"x": [1]}).to_csv(tmp_path / "bare.csv", index=False)
+    with pytest.raises(ConfigError, match="provenance"):
+        load_recorded("bare", tmp_path)

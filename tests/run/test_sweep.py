@@ -1,0 +1,167 @@
+"""memlab.run.sweep: one JSON line per measured point; a killed sweep resumes without losing or repeating rows; torn
+lines are ignored; failures and OOMs are recorded and the sweep goes on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from memlab.predict.models import preset
+from memlab.predict.setup import Setup
+from memlab.run.gpt import GPT
+from memlab.run.sweep import measurement_of, point_key, read_rows, sweep, to_frame
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "scripts" / "slow_sweep.py"
+FAST = {"steps": 1, "with_counted_flops": False, "with_mfu": False, "progress": False}
+TINY = preset("tiny-gpt")
+
+
+
+
+def _script_grid():
+    spec = importlib.util.spec_from_file_location("slow_sweep", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.grid()
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_without_losing_or_repeating_rows(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_lines(out)) < 3:
+            assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read()!r}"
+            assert time.monotonic() < deadline, "the sweep wrote fewer than 3 rows in 60 s"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    grid = _script_grid()
+    before = read_rows(out)
+    assert 3 <= len(before) < len(grid)
+
+    # A kill in the middle of a write leaves half a line: it must be ignored, and the next row start afresh.
+    with out.open("a") as fh:
+        fh.write(json.dumps(before[0])[:40])
+    assert read_rows(out) == before
+
+    frame = sweep(grid, out, device="cpu", **FAST)
+    rows = read_rows(out)
+    keys = [r["key"] for r in rows]
+    assert sorted(keys) == sorted(point_key(c, s, "cpu") for c, s in grid)  # every point exactly once
+    assert rows[: len(before)] == before  # finished rows untouched (same "time", same measurement)
+    assert all(r["measurement"]["status"] == "ok" for r in rows)
+    assert len(_lines(out)) == len(grid) + 1  # the torn fragment stays on its own line, ignored
+    assert len(frame) == len(grid) and frame["key"].is_unique
+
+    again = sweep(grid, out, device="cpu", **FAST)  # a finished sweep measures nothing
+    assert read_rows(out) == rows and len(again) == len(grid)
+
+
+def test_resume_skips_done_points_and_measures_the_rest(tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    grid = [(TINY, Setup(batch=1, seq=8, precision=p)) for p in ("fp32", "bf16", "amp-bf16")]
+    calls: list[str] = []
+
+    def counting(config, setup, device, **kw):
+        from memlab.run.runner import run_step
+
+        calls.append(setup.precision)
+        return run_step(config, setup, device, **kw)
+
+    sweep(grid[:2], out, device="cpu", run=counting, **FAST)
+    first = read_rows(out)
+    sweep(grid, out, device="cpu", run=counting, **FAST)
+    assert calls == ["fp32", "bf16", "amp-bf16"]
+    assert read_rows(out)[:2] == first
+    assert [r["measurement"]["setup"]["precision"] for r in read_rows(out)] == ["fp32", "bf16", "amp-bf16"]
+
+
+def test_a_point_repeated_in_the_grid_is_measured_once(tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    point = (TINY, Setup(batch=1, seq=8))
+    frame = sweep([point, point, (TINY, Setup(batch=1, seq=8, optimizer="sgd")), point], out, device="cpu", **FAST)
+    keys = [r["key"] for r in read_rows(out)]
+    assert len(keys) == 2 == len(set(keys)) == len(frame)
+
+
+def test_failures_and_ooms_are_recorded_and_the_sweep_goes_on(tmp_path: Path, monkeypatch) -> None:
+    real_forward = GPT.forward
+    oom = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+           "1.23 GiB is free.")
+
+    def forward(self, idx, *args, **kwargs):
+        if idx.shape[1] == 12:  # the one point that "runs out of memory"
+            raise torch.OutOfMemoryError(oom)
+        return real_forward(self, idx, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    grid = [
+        (TINY, Setup(batch=1, seq=8, attention="efficient")),  # not on CPU: SetupError inside run_step
+        (TINY, Setup(batch=1, seq=12)),
+        (TINY, Setup(batch=1, seq=8)),
+    ]
+    out = tmp_path / "s.jsonl"
+    frame = sweep(grid, out, device="cpu", **FAST)
+    status = dict(zip(frame["seq"].astype(str) + frame["attention"], frame["status"], strict=True))
+    assert status == {"8efficient": "error", "12eager": "oom", "8eager": "ok"}
+    rows = read_rows(out)
+    err = rows[0]["measurement"]["error"]
+    assert err.startswith("SetupError: attention 'efficient' does not run on cpu") and "flash" in err
+    assert rows[1]["measurement"]["oom"]["tried_to_allocate_bytes"] == 2 * 2**30
+    _, m = measurement_of(rows[2])
+    assert m.status == "ok" and m.params_bytes == 4 * TINY.param_count()
+
+
+def test_unexpected_exceptions_become_error_rows_with_their_first_line(tmp_path: Path) -> None:
+    def broken(config, setup, device, **kw):
+        raise RuntimeError("kernel failed\nlong torch traceback text")
+
+    frame = sweep([(TINY, Setup(batch=1, seq=8))], tmp_path / "s.jsonl", device="cpu", run=broken, **FAST)
+    assert list(frame["status"]) == ["error"] and list(frame["error"]) == ["RuntimeError: kernel failed"]
+
+
+def test_rows_round_trip_to_measurements_and_frames(tmp_path: Path) -> None:
+    out = tmp_path / "deep" / "dir" / "s.jsonl"  # parent folders are created
+    frame = sweep([(TINY, Setup(batch=2, seq=8))], out, device="cpu", **FAST)
+    (row,) = read_rows(out)
+    assert set(row) == {"key", "config", "time", "measurement"}
+    cfg, m = measurement_of(row)
+    assert cfg == TINY and m.setup["batch"] == 2 and isinstance(m.phases, tuple)
+    assert to_frame([row]).equals(frame)
+    assert frame.loc[0, "model"] == "tiny-gpt" and frame.loc[0, "activations_bytes"] == m.activations_bytes
+
+
+def test_point_key_depends_on_config_setup_and_device() -> None:
+    s = Setup(batch=1, seq=8)
+    k = point_key(TINY, s, "cpu")
+    assert k == point_key(preset("tiny-gpt"), Setup(batch=1, seq=8), "cpu") and len(k) == 16
+    assert k != point_key(TINY.with_(dropout=0.1), s, "cpu")
+    assert k != point_key(TINY, s.with_(seq=9), "cpu")
+    assert k != point_key(TINY, s, "cuda:0")
+
+
+def test_read_rows_of_a_missing_file_is_empty(tmp_path: Path) -> None:
+    assert read_rows(tmp_path / "nothing.jsonl") == []
