@@ -1,1 +1,3 @@
-"""run"""
+"""run: torch code that executes a step. ``gpt`` (the reference model, one readable file), ``training_step``
+(autocast, GradScaler, fp32 master weights), ``optimizers``, ``runner`` (run_step -> Measurement), ``sweep``
+(resumable JSON-lines sweeps), ``roofline`` (matmul and bandwidth microbenchmarks)."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 
 from memlab.errors import SetupError
-from memlab.predict.estimate import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE
+from memlab.predict.optimizer_states import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE
 from memlab.predict.setup import OPTIMIZERS
 
 

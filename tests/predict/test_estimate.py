@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from memlab.errors import MemlabError, SetupError
 from memlab.predict import estimate as E
 from memlab.predict import fit as FIT
+from memlab.predict import inference, optimizer_states, sharding
 from memlab.predict.hardware import gpu
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.precision import PRECISION_POLICIES
@@ -102,9 +103,9 @@ def test_adafactor_factored_state_on_small_config_closed_form() -> None:
 
 def test_adam8bit_blockwise_state_follows_bitsandbytes_rule() -> None:
     """bitsandbytes Optimizer2State: < 4096 elements fp32 states; else uint8 states + fp32 absmax per 2048."""
-    assert E.adam8bit_tensor_bytes(4095) == 8 * 4095
-    assert E.adam8bit_tensor_bytes(4096) == 2 * 4096 + 2 * 4 * 2
-    assert E.adam8bit_tensor_bytes(5000) == 2 * 5000 + 2 * 4 * 3
+    assert optimizer_states.adam8bit_tensor_bytes(4095) == 8 * 4095
+    assert optimizer_states.adam8bit_tensor_bytes(4096) == 2 * 4096 + 2 * 4 * 2
+    assert optimizer_states.adam8bit_tensor_bytes(5000) == 2 * 5000 + 2 * 4 * 3
     cfg = preset("gpt2")
     bd = E.training(cfg, Setup(precision="fp32", optimizer="adam-8bit", seq=64))
     per_param = bd.optimizer_bytes / cfg.param_count()
@@ -162,10 +163,10 @@ def test_kv_cache_gqa_is_smaller_by_heads_over_kv_heads() -> None:
 
 def test_kv_cache_splits_over_tp_but_replicates_beyond_kv_heads() -> None:
     cfg = preset("llama-3-8b")  # 8 KV heads
-    one = E.kv_cache_bytes(cfg, 1, 1024, "bf16", tp=1)
-    assert E.kv_cache_bytes(cfg, 1, 1024, "bf16", tp=4) == one / 4
-    assert E.kv_cache_bytes(cfg, 1, 1024, "bf16", tp=8) == one / 8  # tp=16 would keep one head per rank, too
-    assert E.kv_cache_bytes(cfg, 1, 1024, "fp8", tp=1) == one / 2
+    one = inference.kv_cache_bytes(cfg, 1, 1024, "bf16", tp=1)
+    assert inference.kv_cache_bytes(cfg, 1, 1024, "bf16", tp=4) == one / 4
+    assert inference.kv_cache_bytes(cfg, 1, 1024, "bf16", tp=8) == one / 8  # tp=16 would keep one head per rank, too
+    assert inference.kv_cache_bytes(cfg, 1, 1024, "fp8", tp=1) == one / 2
 
 
 @pytest.mark.parametrize(("weights", "low", "high"), [("int8", 1.0, 1.3), ("int4", 0.5, 0.75)])
@@ -176,7 +177,7 @@ def test_quantised_weights_include_scales(weights: str, low: float, high: float)
     n = cfg.param_count()
     assert base.params_bytes == 2 * n
     assert low * n < q.params_bytes < high * n
-    summ = E.shape_summary(cfg)
+    summ = sharding.shape_summary(cfg)
     rows_cols = [s for _, s, c in cfg.param_shapes() if len(s) == 2 and c in ("attention", "mlp")]
     scales = sum(r * 4 for r, _ in rows_cols) if weights == "int8" else \
         sum(math.ceil(r * math.ceil(c / 128) * 2.5) for r, c in rows_cols)
