@@ -113,8 +113,9 @@ roof_bandwidth, roof_label = (
     if info.accelerator and info.accelerator.bandwidth_bytes_per_s
     else (bandwidth["bytes_per_s"].max(), "best measured")
 )
-fig = plots.roofline(matmul, peaks={d: p for d, p in info.peak_flops.items() if p}, bandwidth_bytes_per_s=roof_bandwidth,
-                     bandwidth_label=roof_label, title=f"Matmul throughput against the roofline: {info.name}")
+peaks = {dtype: peak for dtype, peak in info.peak_flops.items() if peak}
+fig = plots.roofline(matmul, peaks=peaks, bandwidth_bytes_per_s=roof_bandwidth, bandwidth_label=roof_label,
+                     title=f"Matmul throughput against the roofline: {info.name}")
 roofline_png = ch.save_figure(fig, "roofline")
 
 # %%

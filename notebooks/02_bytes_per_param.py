@@ -47,7 +47,8 @@ ch.to_dict()
 # ## 1. The formula
 #
 # A precision policy fixes how many bytes each parameter costs in weights, gradients, an fp32 master copy and an
-# fp32 gradient buffer; the optimizer adds its moments. `memlab.predict.estimate` adds them up. For a bare parameter count
+# fp32 gradient buffer; the optimizer adds its moments. `memlab.predict.estimate` adds them up. For a bare parameter
+# count
 # it returns the model states only, so dividing by the count gives bytes per parameter.
 
 # %%

@@ -15,9 +15,7 @@ CPU. Usage (on a machine with a CUDA GPU): ``python scripts/record_cuda_ledger.p
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import pandas as pd
 import torch
 
 from memlab.compare.ledger import compare, predict_for
-from memlab.measure.nvml import nvml_reading
+from memlab.course.provenance import provenance
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run.runner import run_step
@@ -51,19 +49,6 @@ def grid() -> list[tuple[object, Setup]]:
     ]
 
 
-def provenance() -> dict[str, object]:
-    """GPU, driver, CUDA, torch, memlab commit and date of this recording."""
-    nv = nvml_reading(0)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {"gpu": torch.cuda.get_device_name(0), "driver": nv.driver_version if nv.available else None,
-            "cuda": torch.version.cuda, "torch": torch.__version__, "commit": commit,
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "total_memory_bytes": torch.cuda.get_device_properties(0).total_memory}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("data/recorded"))
@@ -80,7 +65,7 @@ def main() -> int:
         tables.append(compare(predict_for(cfg, m), m, activations_detail=True))
         print(f"{cfg.name} {setup.precision} {setup.attention} {setup.recompute} {setup.mode}: {m.status}", flush=True)
     pd.concat(tables, ignore_index=True).to_csv(args.out / "cuda_ledger.csv", index=False)
-    (args.out / "cuda_ledger.json").write_text(json.dumps({"provenance": provenance(), "measurements": raw},
+    (args.out / "cuda_ledger.json").write_text(json.dumps({"provenance": provenance("cuda"), "measurements": raw},
                                                           indent=1, default=str))
     return 0
 

@@ -11,26 +11,19 @@ import argparse
 import json
 from pathlib import Path
 
+from memlab.cli.args import add_model_arguments, add_setup_arguments, model_from_args, positive_int, setup_from_args
 from memlab.errors import MemlabError
-from memlab.predict.precision import PRECISION_POLICIES
-from memlab.predict.setup import ATTENTION, INFERENCE_WEIGHTS, OPTIMIZERS, RECOMPUTE
+
+SHARDING_FIELDS = ("zero_stage", "world_size", "tp", "sp")
+"""Setup fields ``measure`` leaves out: one process measures one device (sharded runs go through torchrun)."""
 
 
-def measure_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``memlab measure``."""
-    from memlab.cli import _positive_int, add_model_arguments
-
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``memlab measure``: MODEL and the Setup fields one device can run (no sharding)."""
     add_model_arguments(p)
-    p.add_argument("--mode", choices=("train", "inference"), default="train")
-    p.add_argument("--batch", type=_positive_int, default=1, metavar="B")
-    p.add_argument("--seq", type=_positive_int, default=128, metavar="S")
-    p.add_argument("--precision", choices=list(PRECISION_POLICIES), default="fp32")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    p.add_argument("--attention", choices=ATTENTION, default="eager")
-    p.add_argument("--weights", choices=INFERENCE_WEIGHTS, default="fp32", help="inference weight and KV dtype")
+    add_setup_arguments(p, exclude=SHARDING_FIELDS)
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda[:N]")
-    p.add_argument("--steps", type=_positive_int, default=2, metavar="N", help="timed steps (decode tokens)")
+    p.add_argument("--steps", type=positive_int, default=2, metavar="N", help="timed steps (decode tokens)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -45,19 +38,15 @@ def _table(frame: object) -> str:
     return t.to_string(index=False)
 
 
-def run_measure(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run one config on the device and print predicted vs measured bytes per component."""
-    from memlab.cli import model_from_args
     from memlab.compare.ledger import compare, predict_for
-    from memlab.predict.setup import Setup
     from memlab.run.runner import run_step
 
     model = model_from_args(args)
     if isinstance(model, int):
         raise MemlabError("memlab measure needs a model to build: give --preset or explicit dimensions, not --params")
-    setup = Setup(batch=args.batch, seq=args.seq, mode=args.mode, precision=args.precision,
-                  optimizer=args.optimizer, recompute=args.recompute, attention=args.attention,
-                  inference_weights=args.weights, kv_cache_dtype=args.weights)
+    setup = setup_from_args(args, model)
     m = run_step(model, setup, args.device, steps=args.steps)
     table = compare(predict_for(model, m), m, activations_detail=True)
     if args.json:
@@ -79,7 +68,7 @@ def run_measure(args: argparse.Namespace) -> int:
     return 0
 
 
-def ledger_arguments(p: argparse.ArgumentParser) -> None:
+def add_ledger_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``memlab ledger``."""
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda[:N]")
     p.add_argument("--out", type=Path, default=None, metavar="PATH",

@@ -55,7 +55,10 @@ class Recorded:
         """One line naming the GPU, driver, torch version and date the rows were recorded with."""
         p = self.provenance
         parts = [f"recorded on {p.get('gpu', 'an unnamed GPU')}"]
-        parts += [f"{key} {p[key]}" for key in ("driver", "torch", "commit", "date") if p.get(key)]
+        commit = p.get("memlab_commit") or p.get("commit")
+        parts += [f"{key} {p[key]}" for key in ("driver", "torch") if p.get(key)]
+        parts += [f"memlab {str(commit)[:10]}"] if commit else []
+        parts += [f"date {p['date']}"] if p.get("date") else []
         return ", ".join(parts)
 
     def _repr_html_(self) -> str:

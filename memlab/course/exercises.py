@@ -145,7 +145,8 @@ class _Exercise:
     def solution(self, solutions: bool | None = None) -> str:
         """The worked answer when solutions are shown, otherwise a line saying how an instructor renders them."""
         if not solutions_enabled(solutions):
-            return "Solutions are hidden (an instructor renders them with `python -m memlab.course.report --solutions`)."
+            return ("Solutions are hidden (an instructor renders them with "
+                    "`python -m memlab.course.report --solutions`).")
         return f"{self.name}: {self._format(self.expected())}"
 
 

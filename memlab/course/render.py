@@ -2,53 +2,8 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import html
-import platform
-import subprocess
-from pathlib import Path
 from typing import Any
-
-from memlab.course.chapter import REPO_ROOT
-
-
-def _git(*args: str, root: Path = REPO_ROOT) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip()
-
-
-def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
-    """memlab's commit and whether the work tree differs from it (``dirty``); "unknown" outside a git clone."""
-    commit = _git("rev-parse", "HEAD", root=root)
-    if not commit:
-        return {"memlab_commit": "unknown (not a git clone)", "memlab_dirty": None}
-    status = _git("status", "--porcelain", root=root)
-    return {"memlab_commit": commit, "memlab_dirty": bool(status)}
-
-
-def provenance(device: str) -> dict[str, Any]:
-    """Where and with what the report was made: device (from :func:`memlab.device.describe`), peak source,
-    driver, torch, Python, memlab commit and whether the tree was dirty, date (UTC)."""
-    from memlab import device as device_mod
-    info = device_mod.describe(device)
-    torch = info.get("torch_version") or "not installed"
-    if info.get("cuda_version"):
-        torch += f" (CUDA {info['cuda_version']})"
-    return {
-        "device": info["device"],
-        "device_kind": info["device_kind"],
-        "accelerator": info.get("accelerator"),
-        "peak_source": info["peak_source"] + (f" ({info['peak_reason']})" if info.get("peak_reason") else ""),
-        "driver": info.get("driver_version") or "unavailable (no NVIDIA driver or NVML on this machine)",
-        "torch": torch,
-        "python": platform.python_version(),
-        **git_state(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;

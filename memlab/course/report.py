@@ -30,7 +30,8 @@ from typing import Any
 
 from memlab.course.chapter import REPO_ROOT
 from memlab.course.exercises import SOLUTIONS_ENV
-from memlab.course.render import provenance, render_index
+from memlab.course.provenance import provenance
+from memlab.course.render import render_index
 from memlab.device import SCALES, device_string, resolve_scale
 from memlab.errors import MemlabError
 

@@ -17,7 +17,7 @@ This module imports no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from memlab.errors import ConfigError, unknown_name
@@ -202,7 +202,6 @@ class Preset:
     config: TransformerConfig
     source: str
     note: str = ""
-    aliases: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _gpt2(name: str, d: int, layers: int, heads: int, note: str = "") -> Preset:

@@ -1,21 +1,22 @@
 """The experiment setup shared by the estimator and the runner.
 
 One :class:`Setup` (batch, sequence, precision policy, optimizer, recompute, attention, sharding) drives both
-``memlab.predict.estimate`` (the prediction) and ``memlab.run.runner`` (the measurement), so every predicted number has a
-measured twin. Precision policies live in :mod:`memlab.predict.precision`. This module imports no torch.
+``memlab.predict.estimate`` (the prediction) and ``memlab.run.runner`` (the measurement), so every predicted number
+has a measured twin. Precision policies live in :mod:`memlab.predict.precision`. This module imports no torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from memlab.errors import SetupError, unknown_name
-from memlab.predict.precision import PrecisionPolicy, precision_policy
+from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["eager", "math", "flash", "efficient", "cudnn"]
+ZeroStage = Literal[0, 1, 2, 3]
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor")
 RECOMPUTE = ("none", "selective", "full")
@@ -35,23 +36,38 @@ class Setup:
     ``zero_stage`` 0-3 shards optimizer states (1), gradients (2) and parameters (3) over ``world_size``
     data-parallel ranks; FSDP FULL_SHARD is stage 3 and SHARD_GRAD_OP stage 2. ``tp`` is the tensor-parallel
     degree and ``sp`` turns on sequence parallelism (Korthikanti et al. 2022).
+
+    Each field's docstring is its help text in the ``memlab`` command, which generates its options from these
+    fields (``metadata`` may name ``choices`` and a shorter ``flag``), so the CLI and the API share one set of
+    defaults: the ones written here.
     """
 
     batch: int = 1
+    """Micro-batch per data-parallel rank, in sequences."""
     seq: int = 1024
+    """Sequence length in tokens (the CLI lowers it to the model's max_seq when that is shorter)."""
     mode: Mode = "train"
-    precision: str = "fp32"
-    optimizer: str = "adamw"
+    """``train`` (forward, backward, optimizer step) or ``inference`` (weights and KV cache, prefill and decode)."""
+    precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES)})
+    """Training precision policy (memlab.predict.precision): how weights, gradients and master copies are stored."""
+    optimizer: str = field(default="adamw", metadata={"choices": OPTIMIZERS})
+    """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
+    """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
     attention: Attention = "eager"
-    zero_stage: int = 0
+    """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
+    zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})
+    """ZeRO stage over the data-parallel ranks: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     world_size: int = 1
+    """Data-parallel ranks."""
     tp: int = 1
+    """Tensor-parallel degree."""
     sp: bool = False
-    inference_weights: str = "bf16"
-    """Weight dtype when ``mode == 'inference'``."""
-    kv_cache_dtype: str = "bf16"
-    """KV-cache element type when ``mode == 'inference'``."""
+    """Sequence parallelism (needs tp > 1)."""
+    inference_weights: str = field(default="bf16", metadata={"choices": INFERENCE_WEIGHTS, "flag": "--weights"})
+    """Weight dtype when mode is inference."""
+    kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype"})
+    """KV-cache element type when mode is inference."""
 
     def __post_init__(self) -> None:
         for fname in ("batch", "seq", "world_size", "tp"):

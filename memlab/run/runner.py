@@ -1,8 +1,8 @@
 """Run the reference GPT under a :class:`~memlab.predict.setup.Setup` and measure it: the twin of the estimator.
 
 :func:`run_step` builds :class:`memlab.run.gpt.GPT` with the setup's attention and recompute policy, wires the
-precision policy (:mod:`memlab.run.training_step`) and optimizer (:mod:`memlab.run.optimizers`), feeds synthetic tokens and
-returns a :class:`Measurement`:
+precision policy (:mod:`memlab.run.training_step`) and optimizer (:mod:`memlab.run.optimizers`), feeds synthetic
+tokens and returns a :class:`Measurement`:
 
 - exact bytes of parameters, gradients and optimizer state, and of activations saved for backward by category
   (:mod:`memlab.measure.accounting`: the measured truth on a CPU);
@@ -335,15 +335,15 @@ def run_step(
 ) -> Measurement:
     """Run and measure ``config`` under ``setup`` on ``device``.
 
-    Training: one instrumented first step (exact states at each phase, saved activations), then ``steps``
-    timed steady-state steps (median time; CUDA peaks over them), then one forward+backward under
-    FlopCounterMode when ``with_counted_flops``; ``with_mfu`` adds MFU and HFU against the detected peak. Inference: a prefill of ``seq - steps`` tokens into a preallocated
-    KV cache and ``steps`` one-token decodes. ``timeline`` samples memory over the first training step with
-    :class:`memlab.measure.timeline.TimelineSampler` (the allocator on CUDA; on a CPU only the process RSS, which
-    is coarse: the exact per-phase bytes are in ``phases`` either way). ``set_to_none=False`` makes every
-    ``zero_grad`` zero-fill the gradients instead of freeing them (they then persist into the next forward). Bad setups raise
-    :class:`memlab.errors.SetupError`; an out-of-memory error is returned as a Measurement with ``status="oom"``
-    and the parsed message.
+    Training: one instrumented first step (exact states at each phase, saved activations), then ``steps`` timed
+    steady-state steps (median time; CUDA peaks over them), then one forward+backward under FlopCounterMode when
+    ``with_counted_flops``; ``with_mfu`` adds MFU and HFU against the detected peak. Inference: a prefill of ``seq -
+    steps`` tokens into a preallocated KV cache and ``steps`` one-token decodes. ``timeline`` samples memory over
+    the first training step with :class:`memlab.measure.timeline.TimelineSampler` (the allocator on CUDA; on a CPU
+    only the process RSS, which is coarse: the exact per-phase bytes are in ``phases`` either way).
+    ``set_to_none=False`` makes every ``zero_grad`` zero-fill the gradients instead of freeing them (they then
+    persist into the next forward). Bad setups raise :class:`memlab.errors.SetupError`; an out-of-memory error is
+    returned as a Measurement with ``status="oom"`` and the parsed message.
     """
     from memlab.measure.host import host_reading
     from memlab.measure.oom import clean_allocator, is_oom_error, parse_oom_message

@@ -15,7 +15,7 @@ a real training step keep exactly those bytes, so the accounting can check the e
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,9 +190,3 @@ def training_step(
     optimizer = make_optimizer(_unique_params(model))
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
     return TrainingStep(policy, device, optimizer, scaler)
-
-
-@contextlib.contextmanager
-def no_op() -> Iterator[None]:
-    """A context that does nothing (for symmetry in callers)."""
-    yield

@@ -1,4 +1,5 @@
-"""memlab.course.chapter: what every chapter notebook calls first (parameters, seeding, outputs, ledger, recorded GPU data)."""
+"""memlab.course.chapter: what every chapter notebook calls first (parameters, seeding, outputs, ledger, recorded GPU
+data)."""
 
 from __future__ import annotations
 

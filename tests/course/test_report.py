@@ -1,4 +1,5 @@
-"""memlab.course.report: cache keys, failure handling, index.json, offline pages; then (slow) the real course at ci scale,
+"""memlab.course.report: cache keys, failure handling, index.json, offline pages; then (slow) the real course at ci
+scale,
 built once, and its rendered index checked in headless Chromium."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""memlab.predict.activations: the term-by-term activation model equals what the reference GPT saves for backward (exactly,
+"""memlab.predict.activations: the term-by-term activation model equals what the reference GPT saves for backward
+(exactly,
 category by category, on CPU), and reduces to Korthikanti et al. 2022 (arXiv:2205.05198) Section 4 / Table 2."""
 
 from __future__ import annotations

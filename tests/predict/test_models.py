@@ -1,4 +1,5 @@
-"""memlab.predict.models: exact parameter counts pinned to published totals, independent formulas, validation, presets."""
+"""memlab.predict.models: exact parameter counts pinned to published totals, independent formulas, validation,
+presets."""
 
 from __future__ import annotations
 

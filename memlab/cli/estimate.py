@@ -1,0 +1,94 @@
+"""``memlab estimate``: the per-device memory of a training or inference step, and a fit verdict with ``--gpu``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from memlab.cli.args import (
+    add_model_arguments,
+    add_setup_arguments,
+    fraction,
+    model_from_args,
+    non_negative_float,
+    non_negative_int,
+    setup_from_args,
+)
+from memlab.errors import MemlabError
+from memlab.units import GB, GiB
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``memlab estimate``: MODEL, every Setup field, the fit target and the named overheads."""
+    add_model_arguments(p)
+    add_setup_arguments(p)
+    p.add_argument("--fsdp", choices=("full-shard", "shard-grad-op", "no-shard"), help="= --zero 3 / 2 / 0")
+    p.add_argument("--gpu", metavar="NAME", help="check the fit on this accelerator (see 'memlab gpus')")
+    p.add_argument("--cuda-context-mib", type=non_negative_float, default=0.0, metavar="MIB",
+                   help="CUDA context, MiB (default 0: not counted)")
+    p.add_argument("--workspace-mib", type=non_negative_float, default=0.0, metavar="MIB",
+                   help="cuBLAS/attention workspaces, MiB (default 0: not counted)")
+    p.add_argument("--fragmentation", type=fraction, default=0.0, metavar="F", help="allocator margin fraction")
+    p.add_argument("--gathered-layers", type=non_negative_int, default=0, metavar="N",
+                   help="blocks FSDP/ZeRO-3 holds gathered at once (default 0: not counted)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _setup(args: argparse.Namespace, model: Any) -> Any:
+    if args.zero_stage is not None and args.fsdp is not None:
+        raise MemlabError("give --zero or --fsdp, not both (FULL_SHARD = ZeRO 3, SHARD_GRAD_OP = ZeRO 2)")
+    overrides = {"zero_stage": {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}[args.fsdp]} if args.fsdp else {}
+    return setup_from_args(args, model, **overrides)
+
+
+def _size(n: float) -> str:
+    return f"{n:>17,.0f} {n / GiB:>10.3f} {n / GB:>10.3f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """``memlab estimate``: the per-device breakdown, and a fits verdict with ``--gpu``."""
+    from memlab.predict.estimate import Overheads, estimate
+    from memlab.predict.fit import fits
+
+    model = model_from_args(args)
+    setup = _setup(args, model)
+    ov = Overheads(cuda_context_bytes=int(args.cuda_context_mib * 2**20),
+                   workspace_bytes=int(args.workspace_mib * 2**20),
+                   fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
+    bd = estimate(model, setup, overheads=ov)
+    verdict = fits(bd, args.gpu) if args.gpu else None
+    if args.json:
+        out = {"param_count": bd.param_count, "per_device": {**bd.components(), "total": bd.total_bytes},
+               "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
+               "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
+               "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
+               "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup}
+        print(json.dumps(out, indent=2))
+        return 0
+    name = model.name if bd.config is not None else "bare parameter count"
+    s = setup
+    print(f"memlab estimate: {name} ({bd.param_count:,} parameters), {s.mode}, batch {s.batch} x seq {s.seq}, "
+          f"{s.precision if s.mode == 'train' else s.inference_weights + ' weights'}, "
+          f"{s.optimizer + ', ' if s.mode == 'train' else ''}recompute {s.recompute}, attention {s.attention}, "
+          f"ZeRO-{s.zero_stage} over {s.world_size} rank(s), tp {s.tp}{' + sp' if s.sp else ''}")
+    print(f"\n{'per device':<24}{'bytes':>17} {'GiB':>10} {'GB':>10}")
+    for comp, value in bd.components().items():
+        print(f"{comp:<24}{_size(value)}")
+        detail = {"activations": bd.activation_detail, "optimizer": bd.optimizer_detail,
+                  "overhead": bd.overhead}.get(comp, {})
+        for key, v in detail.items():
+            print(f"  {key:<22}{_size(v)}")
+    print(f"{'total':<24}{_size(bd.total_bytes)}")
+    print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
+    if verdict:
+        word = "FITS" if verdict.fits else "DOES NOT FIT"
+        print(f"\nverdict: {word} on {verdict.gpu_name} ({verdict.gpu}): needs {verdict.total_bytes / GiB:.2f} GiB "
+              f"of {verdict.capacity_bytes / GiB:.2f} GiB ({verdict.capacity_bytes / GB:.1f} GB); headroom "
+              f"{verdict.headroom_bytes / GiB:+.2f} GiB")
+    else:
+        print("\nverdict: none (pass --gpu NAME to check the fit)")
+    print("\nassumptions:")
+    for line in bd.assumptions:
+        print(f"  - {line}")
+    return 0
