@@ -1,4 +1,4 @@
-"""How many configurations per second the memory estimator evaluates (issue 2 asks for at least 100,000).
+"""How many configurations per second the memory estimator evaluates (target: at least 100,000; fit searches call it).
 
 Two paths, both running the same formula functions of :mod:`memlab.predict.estimate`:
 
@@ -22,7 +22,7 @@ from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 
 TARGET = 100_000
-"""Configs/second the issue requires (issue 2, section 4)."""
+"""Configs/second the issue requires (fit searches and sweeps evaluate it in loops)."""
 
 
 def _setups(max_seq: int) -> list[Setup]:

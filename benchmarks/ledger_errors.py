@@ -1,4 +1,4 @@
-"""The estimator's achieved errors on the validation grid (issue 3): prediction vs exact measurement.
+"""The estimator's achieved errors on the validation grid: prediction vs exact measurement.
 
 Runs :func:`memlab.compare.ledger.ci_grid` (48 configs of the reference GPT: eager and flash attention, three recompute
 policies, fp32 and amp-bf16, two model sizes, two batch x sequence points) as a resumable sweep on this machine's

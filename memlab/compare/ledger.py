@@ -140,7 +140,7 @@ def error_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def ci_grid() -> list[tuple[TransformerConfig, Setup]]:
-    """The CPU validation grid of issue 3: 48 configs of the reference GPT.
+    """The CPU validation grid: 48 configs of the reference GPT.
 
     Attention eager and SDPA flash; recompute none/selective/full; fp32 and amp-bf16; two model sizes
     (tiny-gpt, small-gpt); two batch x sequence points. Each runs in well under a second on a CPU.

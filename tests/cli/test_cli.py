@@ -1,4 +1,4 @@
-"""Tests for the ``memlab`` command (issue 2, section 6 is the contract): in-process via main(), one subprocess."""
+"""Tests for the ``memlab`` command (bad input: one stderr line, exit 2): in-process via main(), one subprocess."""
 
 from __future__ import annotations
 

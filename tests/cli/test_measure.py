@@ -1,5 +1,5 @@
 """``memlab measure`` and ``memlab ledger``: prediction beside measurement from the command line; bad input gets
-one line on stderr and exit status 2 (issue 2, section 6 contract). In-process through ``memlab.cli.main``."""
+one line on stderr and exit status 2 (the CLI's contract). In-process through ``memlab.cli.main``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""memlab.compare.ledger on the CPU validation grid (issue 3's done-when): the estimator equals the accounting exactly.
+"""memlab.compare.ledger on the CPU validation grid: the estimator equals the accounting exactly.
 
 The 48-config grid is measured ONCE per test session module (``ci_sweep``) and reused by the other tests here:
 ledger columns, error summary, plots, and ``memlab ledger`` reading the finished sweep without re-running it.

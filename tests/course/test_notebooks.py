@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
-REQUIRED_CHAPTERS = ("00", "02")  # issue 4: the pipeline is proven on these two
+REQUIRED_CHAPTERS = ("00", "02")  # the chapters every checkout must have
 
 
 def _ids(paths: list[Path]) -> list[str]:
