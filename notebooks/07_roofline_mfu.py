@@ -58,9 +58,10 @@ ch.to_dict() | {"model": CFG.name, "setup": f"batch {SETUP.batch}, seq {SETUP.se
 # ## 1. This device's roofline, measured
 #
 # The compute roof is what a matmul actually reaches. Like ml-engineering's MAMF finder ("maximum achievable
-# matmul FLOPS", Bekman) we time several shapes and keep the best as the *achievable* ceiling, beside the peak
-# `detect()` reports (a datasheet row on a GPU; on a CPU itself a measurement). The memory roof is STREAM's copy and
-# triad with every array 4x the last-level cache, read from sysfs below, so the figure is DRAM's, not a cache's.
+# matmul FLOPS" [bekman-mamf]) we time several shapes and keep the best as the *achievable* ceiling, beside the peak
+# `detect()` reports (a datasheet row on a GPU; on a CPU itself a measurement). The memory roof is STREAM's copy
+# and triad [mccalpin-stream] with every array 4x the last-level cache, read from sysfs below, so the figure is
+# DRAM's, not a cache's.
 
 # %%
 caches = cache_bytes()
@@ -238,7 +239,7 @@ split[["step_s", "model_step_s", "mfu", "mfu_model_time"]].round(5)
 #
 # An MFU is only as right as its denominator. The same measured work divided by a sparse figure (2:4 sparsity,
 # twice the dense peak), by another dtype's column, or by an A100's peak because the tool did not know the device
-# (torchtitan's issue tracker has "563 % MFU" from exactly that fallback):
+# (the fallback that makes a faster GPU report MFU above 100 %):
 
 # %%
 achieved = meas.flops_per_step / meas.step_time_s

@@ -248,8 +248,8 @@ busy_fraction = pd.DataFrame([{
 busy_fraction.round(3)
 
 # %% [markdown]
-# The starved loop would read about half "utilisation" with no memory bottleneck (the cure is the loader); the copy
-# loop reads full utilisation while memory is all that limits it. Utilisation is time occupancy in both directions.
+# The starved loop computes for only part of each step (its "utilisation" is low) with no memory bottleneck: the
+# cure is the loader. The copy loop reads full utilisation while memory is all that limits it. Utilisation is time occupancy in both directions.
 #
 # **Exercise 3.** Under JAX's default, how many GiB does nvidia-smi show as used on an H200 SXM (memlab's table)
 # right after the first JAX operation, whatever the model?
