@@ -249,7 +249,8 @@ busy_fraction.round(3)
 
 # %% [markdown]
 # The starved loop computes for only part of each step (its "utilisation" is low) with no memory bottleneck: the
-# cure is the loader. The copy loop reads full utilisation while memory is all that limits it. Utilisation is time occupancy in both directions.
+# cure is the loader. The copy loop reads full utilisation while memory is all that limits it. Utilisation is time
+# occupancy in both directions.
 #
 # **Exercise 3.** Under JAX's default, how many GiB does nvidia-smi show as used on an H200 SXM (memlab's table)
 # right after the first JAX operation, whatever the model?
