@@ -34,6 +34,7 @@ out_dir = "../reports/build/07_roofline_mfu"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
+import torch
 
 pd.set_option("display.max_colwidth", 80)
 
@@ -45,6 +46,8 @@ from memlab.predict import flops, hardware, parallelism
 from memlab.run import profile, roofline, step_time
 
 ch = chapter(scale, device, seed, out_dir)
+if ch.scale == "ci" and not ch.device.startswith("cuda"):
+    torch.set_num_threads(1)  # repeatable on a shared CI runner: detect() measures its peak for 1 thread too
 info = detect(device=ch.device)
 CUDA = ch.device.startswith("cuda")
 DTYPE = "bf16" if CUDA else "fp32"  # the dtype the step's matmuls run in
@@ -170,9 +173,10 @@ ch.record_ledger(pd.DataFrame({"experiment": "roofline time per op kind", "compo
 err.round(6)
 
 # %% [markdown]
-# **Reading it.** Matmuls reach a large fraction of the roof; the element-wise ops run far below theirs, because at
-# these sizes each op's fixed cost (dispatch, a kernel launch on a GPU, a thread fork on a CPU) outweighs its bytes.
-# The roofline is an upper bound, not a prediction of small ops. Eager vs flash attention: the fused kernel
+# **Reading it.** The big matmuls sit near the compute roof. The element-wise ops scatter on both sides of the memory
+# roof: those above it read operands the previous op left in cache (the roof is DRAM's bandwidth, measured with
+# arrays no cache holds), those far below it are dominated by each call's fixed cost (dispatch, a kernel launch on
+# a GPU). The roofline bounds an op; it predicts small ops poorly. Eager vs flash attention: the fused kernel
 # replaces the s×s score matrix's softmax and its two matmuls by one op whose bytes are only Q, K, V and O [dao2022]:
 
 # %%
@@ -292,6 +296,7 @@ ex_h100.check(answer)
 delay = plain.model_step_s / SETUP.batch  # seconds per sequence: one batch = one step of compute
 variants = {
     "fast loader": {},
+    "fast loader, again (the noise floor)": {},
     "slow loader, 0 workers": {"delay_s": delay},
     "slow loader, 2 workers, prefetch 4": {"delay_s": delay, "num_workers": 2, "prefetch_factor": 4},
     "slow loader, 2 workers, pin_memory": {"delay_s": delay, "num_workers": 2, "pin_memory": True},
@@ -310,7 +315,8 @@ loops[["data_s", "step_s", "tokens_per_s", "mfu", "mfu lost vs fast loader"]].ro
 
 # %%
 ch.cpu_note("the .item() stall and pin_memory's faster copies are GPU effects (an asynchronous launch queue, "
-            "pageable vs pinned host memory); here both rows measure their CPU cost, which is near zero.")
+            "pageable vs pinned host memory); here both rows measure their CPU cost, which is within the run-to-run "
+            "noise that the repeated fast-loader row shows.")
 
 # %% [markdown]
 # ## 6. From one device to many
@@ -398,7 +404,8 @@ claims
 # ## Summary
 #
 # - The compute roof is what the best matmul shape reaches (achievable), the memory roof is bandwidth with arrays
-#   beyond every cache. Small and element-wise ops sit far under both: fixed costs, not the roof, bound them.
+#   beyond every cache. Element-wise ops land on both sides of the memory roof: cache above it, fixed per-call
+#   costs far below it; the roofline bounds them but predicts them poorly.
 # - Per op, FLOPs and bytes come from the profiler's shapes; matmuls carry nearly all FLOPs, the other ops a
 #   visible share of the time. Fused attention removes the score matrix's softmax and traffic.
 # - MFU: model FLOPs (PaLM, Megatron or counted agree closely) over the model's step time (no logging, no

@@ -32,6 +32,7 @@ out_dir = "../reports/build/08_nvidia_smi"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
+import torch
 
 pd.set_option("display.max_colwidth", 80)
 
@@ -41,6 +42,8 @@ from memlab.predict import hardware
 from memlab.run import roofline, step_time, utilisation
 
 ch = chapter(scale, device, seed, out_dir)
+if ch.scale == "ci" and not ch.device.startswith("cuda"):
+    torch.set_num_threads(1)  # repeatable on a shared CI runner: detect() measures its peak for 1 thread too
 info = detect(device=ch.device)
 cpu = detect(device="cpu")
 CUDA = ch.device.startswith("cuda")
