@@ -196,9 +196,19 @@ def _skipped(reason: str) -> pd.DataFrame:
 
 
 def _cuda_reason(device: str | torch.device) -> str | None:
+    """Why ``device`` is not a usable CUDA device (None when it is), without creating a CUDA context."""
     if not torch.cuda.is_available():
         return "no CUDA GPU: torch.cuda.is_available() is False"
-    return None if resolve_device(device).type == "cuda" else "device is not CUDA"
+    text = str(device).strip().lower()
+    return None if text == "auto" or text.startswith("cuda") else "device is not CUDA"
+
+
+def _cuda_index(device: str | torch.device) -> int:
+    """The CUDA index named by ``device`` ("cuda:1" -> 1; "cuda", "auto" -> 0), without initialising CUDA."""
+    if isinstance(device, torch.device):
+        return device.index or 0
+    _, _, index = str(device).partition(":")
+    return int(index) if index.strip().isdigit() else 0
 
 
 def gpu_util_demo(device: str | torch.device = "cuda", duration_s: float = 2.0, matmul_n: int = 8192,
@@ -247,7 +257,8 @@ def gpu_util_demo(device: str | torch.device = "cuda", duration_s: float = 2.0, 
                 calls += 10
                 torch.cuda.synchronize(dev)
             wall = time.perf_counter() - start
-        s = pd.DataFrame(sampler.samples).dropna(subset=["gpu_util_pct"])
+        s = pd.DataFrame(sampler.samples)
+        s = s.dropna(subset=["gpu_util_pct"]) if "gpu_util_pct" in s else s.iloc[0:0]
         s = s.iloc[len(s) // 5:]  # drop the first fifth: NVML averages over its last sample period
         rate = flops * calls / wall
         rows.append({"workload": name, "status": "ok", "reason": None, "calls": calls, "wall_s": wall,
@@ -268,27 +279,33 @@ def nvml_memory_ledger(device: str | torch.device = "cuda", alloc_bytes: int = 4
 
     Stages: ``before CUDA init`` (only meaningful when this is the process's first CUDA call), ``context``,
     ``allocated`` (``alloc_bytes`` in 64 MiB tensors), ``freed half`` (the allocator keeps the blocks),
-    ``empty_cache`` (returned to the driver). CUDA only.
+    ``empty_cache`` (returned to the driver). CUDA only. In a process that already used CUDA the first reading
+    cannot separate other processes from this one's context: ``other`` is then 0 and ``context`` holds both
+    (``fresh_process`` says which); :func:`main` calls this first, in a fresh process.
     """
     why = _cuda_reason(device)
     if why:
         return _skipped(why)
     from memlab.measure.nvml import nvml_index_for_cuda, nvml_reading
 
-    dev = resolve_device(device)
-    index = nvml_index_for_cuda(dev.index or 0)
-    rows: list[dict[str, Any]] = []
     fresh = not torch.cuda.is_initialized()
+    index = nvml_index_for_cuda(_cuda_index(device))
+    rows: list[dict[str, Any]] = []
+    dev = torch.device("cuda", _cuda_index(device))
 
     def record(stage: str) -> None:
         if torch.cuda.is_initialized():
             torch.cuda.synchronize(dev)
         n = nvml_reading(index)
+        live = torch.cuda.is_initialized()
         rows.append({"stage": stage, "nvml_used_bytes": n.memory_used_bytes,
                      "nvml_process_bytes": n.process_used_bytes,
-                     "reserved_bytes": torch.cuda.memory_reserved(dev) if torch.cuda.is_initialized() else 0,
-                     "allocated_bytes": torch.cuda.memory_allocated(dev) if torch.cuda.is_initialized() else 0})
+                     "reserved_bytes": torch.cuda.memory_reserved(dev) if live else 0,
+                     "allocated_bytes": torch.cuda.memory_allocated(dev) if live else 0})
 
+    if not fresh:
+        gc.collect()
+        torch.cuda.empty_cache()  # start from the allocator's smallest reserve
     record("before CUDA init" if fresh else "before (CUDA already initialised)")
     torch.empty(1, device=dev)
     record("context")
