@@ -108,6 +108,25 @@ ch.cpu_note("tensor cores and occupancy (active warps / the SM's maximum) exist 
             "so this chapter does not imitate them.")
 
 # %% [markdown]
+# **Tensor cores and occupancy, on a GPU.** The same fp32 matmul with TF32 allowed runs on tensor cores; the table
+# puts its FLOP/s beside IEEE fp32 and bf16. Occupancy (active warps over the SM's maximum [seed-001]) needs a
+# kernel profiler; what the matmul table does show is its coarse cause: a GEMM cut into 128 × 128 output tiles
+# keeps every SM busy only when there are at least as many tiles as SMs.
+
+# %%
+if CUDA:
+    from IPython.display import display
+
+    sms = torch.cuda.get_device_properties(torch.device(ch.device)).multi_processor_count
+    occ = matmul[["dtype", "m", "n", "k", "flops_per_s"]].copy()
+    occ["tiles_128x128"] = (-(-occ["m"] // 128)) * (-(-occ["n"] // 128))
+    occ["tiles / SMs"] = occ["tiles_128x128"] / sms
+    occ["fraction of best"] = occ["flops_per_s"] / occ["dtype"].map(achievable)
+    display(occ.round(3))
+    tensor_cores = achievable.reindex(["fp32", "tf32", "bf16"]) / achievable["fp32"]
+    display(tensor_cores.rename("speed-up over IEEE fp32").to_frame().round(2))
+
+# %% [markdown]
 # ## 2. One training step, op by op
 #
 # `memlab.run.profile.profile_step` runs `torch.profiler` with `record_shapes=True` over one step of the reference
