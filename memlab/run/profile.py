@@ -228,8 +228,9 @@ def profile_step(config: TransformerConfig, setup: Setup, device: str | torch.de
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     events = list(prof.events())
+    # The CPU-side ranges only: on CUDA each record_function also appears as a GPU annotation, on device time.
     ranges = {e.name.removeprefix("memlab::"): (e.time_range.start, e.time_range.end)
-              for e in events if e.name.startswith("memlab::")}
+              for e in events if e.name.startswith("memlab::") and str(e.device_type).endswith("CPU")}
     cuda = dev.type == "cuda"
     rows = []
     for e in events:
