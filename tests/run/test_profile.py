@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from memlab.predict.flops import megatron_iteration_flops
 from memlab.predict.models import preset
@@ -68,3 +69,28 @@ def test_prediction_is_the_roofline_bound_and_flags_memory_bound_ops() -> None:
     assert row["predicted_s"] == pytest.approx(max(row["flops"] / 1e11, row["bytes"] / 1e10))
     assert pred.loc[pred["kind"] == "norm", "memory_bound"].all()
     assert (pred["time_ratio"] > 0).all()
+
+
+def test_op_roofline_figure_has_title_axes_and_one_series_per_kind() -> None:
+    from memlab.compare import plots
+
+    pred = profile.predict_ops(profile.profile_step(preset("tiny-gpt"), Setup(batch=2, seq=16), "cpu").by_op(),
+                               1e11, 1e10)
+    fig = plots.op_roofline(pred, peak_flops_per_s=1e11, bandwidth_bytes_per_s=1e10, title="ops")
+    ax = fig.axes[0]
+    assert ax.get_title().startswith("ops") and "FLOP per byte" in ax.get_xlabel() and "GFLOP/s" in ax.get_ylabel()
+    kinds = set(pred.loc[pred["flops"] > 0, "kind"])
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: this machine's torch sees none")
+def test_cuda_profile_times_ops_on_the_device_and_counts_bf16_bytes() -> None:
+    cfg, setup = preset("tiny-gpt"), Setup(batch=2, seq=64, precision="amp-bf16", attention="flash")
+    prof = profile.profile_step(cfg, setup, "cuda")
+    assert prof.time_source == "self device time"
+    ops = prof.by_op()
+    mm = ops[ops["kind"] == "matmul"]
+    assert mm["self_s"].sum() > 0
+    assert mm["flops"].sum() == megatron_iteration_flops(cfg, setup.batch, setup.seq)
+    assert (ops["kind"] == "attention").any()
