@@ -60,6 +60,9 @@ def test_flash_attention_is_one_costed_op_per_layer_and_direction() -> None:
     att = ops[ops["kind"] == "attention"]
     assert att["calls"].sum() == 2 * cfg.n_layers
     assert "softmax" not in set(ops["kind"])
+    # the flash backward recomputes the scores: 5 score-sized products against the forward's 2 (torch's count)
+    fwd, bwd = (att.loc[att["phase"] == p, "flops"].sum() for p in ("forward", "backward"))
+    assert bwd == pytest.approx(2.5 * fwd)
 
 
 def test_prediction_is_the_roofline_bound_and_flags_memory_bound_ops() -> None:
@@ -92,5 +95,6 @@ def test_cuda_profile_times_ops_on_the_device_and_counts_bf16_bytes() -> None:
     ops = prof.by_op()
     mm = ops[ops["kind"] == "matmul"]
     assert mm["self_s"].sum() > 0
-    assert mm["flops"].sum() == megatron_iteration_flops(cfg, setup.batch, setup.seq)
     assert (ops["kind"] == "attention").any()
+    executed = ops.loc[ops["kind"].isin(["matmul", "attention"]), "flops"].sum()
+    assert executed >= megatron_iteration_flops(cfg, setup.batch, setup.seq)  # flash's backward recomputes scores
