@@ -203,6 +203,15 @@ both = pd.concat([profile.time_by_kind(p.by_op()).assign(attention=a) for a, p i
 both.pivot_table(index="kind", columns="attention", values="self_s", aggfunc="sum").round(5)
 
 # %% [markdown]
+# The fused backward does not read a stored score matrix: it recomputes it, trading FLOPs for bytes [dao2022].
+# Counted from the shapes (torch's SDPA formulas), the flash backward executes more than twice its forward:
+
+# %%
+flash_att = prof["flash"].by_op().query("kind == 'attention'").groupby("phase")["flops"].sum()
+pd.Series({"flash backward / forward FLOPs": flash_att["backward"] / flash_att["forward"],
+           "a plain matmul's backward / forward": 2.0}, name="attention").to_frame()
+
+# %% [markdown]
 # ## 3. MFU three ways, HFU, and the step split
 #
 # The same measured step time divided three ways: PaLM's 6N + 12·L·H·Q·T per token [chowdhery2022], Megatron's
@@ -224,6 +233,10 @@ three["mfu"] = three["flops_per_step"] / meas.step_time_s / peak
 three.loc[len(three)] = ["HFU, full recompute (executed)", meas_rc.hardware_flops_per_step,
                          meas_rc.hardware_flops_per_step / meas_rc.step_time_s / peak]
 ch.save_table(three, "mfu_three_ways")
+ch.record_ledger(pd.DataFrame({"experiment": "FLOPs per step: formula vs FlopCounterMode",
+                               "component": three["formula"].iloc[:2], "unit": "FLOP",
+                               "predicted": three["flops_per_step"].iloc[:2],
+                               "measured": meas.counted_flops_per_step}))
 three.round(4)
 
 # %%
