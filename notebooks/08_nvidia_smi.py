@@ -79,7 +79,7 @@ ax1.set(ylabel="process CPU %", xticks=list(x), xticklabels=busy["loop"],
 ax2 = ax1.twinx()
 ax2.bar([i + 0.2 for i in x], busy["flops_per_s"] / 1e9, 0.4, label="GFLOP/s achieved", color="tab:blue")
 ax2.set(ylabel="achieved GFLOP/s")
-fig.legend(loc="upper left", fontsize=8)
+fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.9), ncols=2, fontsize=8)
 ch.save_figure(fig, "cpu_percent_vs_flops")
 busy[["loop", "cpu_pct", "flops_per_s", "torch_threads"]].round(2)
 
