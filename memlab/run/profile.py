@@ -64,9 +64,6 @@ ELEMENTWISE_FLOPS: dict[str, tuple[str, float]] = {
 }
 """memlab's per-element FLOP convention for the non-matmul ops of a GPT training step (see the module doc)."""
 
-PHASES = ("forward", "backward", "optimizer")
-
-
 def _numel(shape: Any) -> int:
     return math.prod(int(d) for d in shape) if isinstance(shape, list | tuple) else 1
 
@@ -96,7 +93,7 @@ def _matmul(name: str, ins: list[tuple[list[int], int]]) -> tuple[float, float] 
     return 2.0 * batch * m * n * k, float(read + batch * m * n * elt)
 
 
-def _attention(name: str, shapes: list[Any], ins: list[tuple[list[int], int]]) -> tuple[float, float] | None:
+def _attention(name: str, ins: list[tuple[list[int], int]]) -> tuple[float, float] | None:
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     tensors = [s for s, _ in ins if len(s) == 4]
@@ -126,7 +123,7 @@ def op_cost(name: str, shapes: list[Any], dtypes: list[str]) -> tuple[str, float
         cost = _matmul(name, ins)
         return None if cost is None else ("matmul", *cost)
     if base in ATTENTION_OPS:
-        cost = _attention(name, shapes, ins)
+        cost = _attention(name, ins)
         return None if cost is None else ("attention", *cost)
     if name not in ELEMENTWISE_FLOPS:
         return None
