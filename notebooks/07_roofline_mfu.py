@@ -415,6 +415,9 @@ claims = pd.DataFrame([
      f"non-matmul ops take {1 - matmul_frac:.0%} of the step's op time"),
     ("001", "cuBLAS keeps tensor cores > 80 % busy", "measured on GPU only",
      f"best {DTYPE} matmul here: {ceilings.loc[DTYPE, 'achievable / peak']:.0%} of the detect() peak"),
+    ("001", "occupancy = active warps / max warps", "holds (a definition)",
+     "needs a kernel profiler; on CUDA the tiles-per-SM table shows its coarse cause" if CUDA
+     else "a CPU has no warps: not measured here"),
     ("001", "MFU excludes recompute; HFU counts it", "holds",
      f"MFU {meas_rc.mfu:.2%} vs HFU {meas_rc.hfu:.2%} with full recompute"),
     ("001", "recompute ≈ 1.3x FLOPs", "holds",
