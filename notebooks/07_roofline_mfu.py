@@ -433,6 +433,7 @@ claims = pd.DataFrame([
      f"workers recovered {loops.loc['slow loader, 2 workers, prefetch 4', 'mfu'] / loops.loc['fast loader', 'mfu']:.0%}"
      f" of the fast loader's MFU here; .item() and pin_memory are GPU effects"),
 ], columns=["seed", "claim", "verdict", "number (this run)"])
+pd.set_option("display.max_colwidth", None)
 claims
 
 # %% [markdown]

@@ -303,6 +303,7 @@ claims = pd.DataFrame([
      f"a starved loop computes {busy_fraction.iloc[1, 1]:.0%} of its time with no memory limit"),
     ("004", "nvidia-smi dmon shows bandwidth use", "does not hold", "'mem' is controller busy time, not bytes/s"),
 ], columns=["seed", "claim", "verdict", "number (this run)"])
+pd.set_option("display.max_colwidth", None)
 claims
 
 # %% [markdown]
