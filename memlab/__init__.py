@@ -2,8 +2,10 @@
 
 The package is laid out in the order of the flow, one room per step::
 
-    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware
-    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline
+    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, parallelism,
+               hardware
+    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline, profile
+               (a step op by op), step_time (where a step's time goes), utilisation (what monitors count)
     measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
     compare/   prediction next to measurement: the ledger and its plots
     course/    chapters, exercises, the papermill report and its pages, provenance
@@ -35,12 +37,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.predict.precision": ("PRECISION_POLICIES", "precision_policy"),
     "memlab.predict.estimate": ("MemoryBreakdown", "Overheads", "estimate", "sweep_totals"),
     "memlab.predict.fit": ("fits", "max_batch", "max_seq"),
-    "memlab.predict.flops": ("mfu",),
+    "memlab.predict.flops": ("mfu", "roofline_bound"),
     "memlab.predict.hardware": ("gpu", "list_gpus"),
     "memlab.device": ("detect", "resolve_device", "resolve_scale"),
     "memlab.run.runner": ("Measurement", "run_step"),
     "memlab.run.sweep": ("sweep",),
-    "memlab.run.roofline": ("roofline_bound",),
     "memlab.course.chapter": ("chapter",),
     "memlab.course.exercises": ("Choice", "Numeric"),
 }

@@ -175,6 +175,42 @@ def _cpu_model() -> tuple[str, str]:
     return model, vendor or platform.machine() or "unknown"
 
 
+def _parse_size(text: str) -> int | None:
+    """``"48K"``, ``"32768K"``, ``"2 MiB"``, ``"1M"`` -> bytes (powers of two, as sysfs and lscpu mean them)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
+    if match is None:
+        return None
+    return int(match.group(1)) * 1024 ** " KMG".index((match.group(2) or " ").upper())
+
+
+def cache_bytes(root: Path | str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
+    """This CPU's data and unified caches as seen by core 0, in bytes: ``{"L1d": ..., "L2": ..., "L3": ...}``.
+
+    Read from Linux sysfs (``index*/level``, ``type``, ``size``: the figures ``lscpu`` prints per instance). A
+    cache shared by several cores is one entry at its full size. Empty where sysfs is absent (macOS, Windows,
+    some containers): callers then size arrays from a stated default instead of guessing. Used to size
+    bandwidth arrays beyond the last level, so they measure DRAM rather than cache.
+    """
+    out: dict[str, int] = {}
+    for index in sorted(Path(root).glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = _parse_size((index / "size").read_text())
+        except OSError:
+            continue
+        if size is None or kind == "Instruction":
+            continue
+        out[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    return out
+
+
+def last_level_cache_bytes(root: Path | str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The largest cache of :func:`cache_bytes` (the last level), or None when sysfs does not say."""
+    sizes = cache_bytes(root)
+    return max(sizes.values()) if sizes else None
+
+
 def _host_memory_bytes() -> int | None:
     try:
         import psutil

@@ -154,3 +154,35 @@ def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_p
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_per_s: float, title: str,
+                peak_label: str = "peak", bandwidth_label: str = "bandwidth", source: str = "") -> Figure:
+    """The ops of a profiled step on one roofline, log-log: one point per (op, shapes), coloured by ``kind``,
+    its area proportional to its share of the step's time (:meth:`memlab.run.profile.StepProfile.by_op`).
+
+    ``ops`` needs ``arithmetic_intensity``, ``flops_per_s``, ``self_s`` and ``kind``; FLOP-free ops (copies,
+    the embedding gather) have no place on a log x-axis and are left out.
+    """
+    import numpy as np
+
+    from memlab.predict.flops import roofline_bound
+
+    t = ops[(ops["flops"] > 0) & (ops["self_s"] > 0)]
+    fig, ax = _figure(7.5, 4.8)
+    lo = max(float(t["arithmetic_intensity"].min()) / 3, 1e-3) if len(t) else 0.01
+    hi = max(float(t["arithmetic_intensity"].max()) * 3, 3 * peak_flops_per_s / bandwidth_bytes_per_s)
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ax.plot(x, roofline_bound(x, peak_flops_per_s, bandwidth_bytes_per_s) / 1e9, "k--",
+            label=f"roof: {peak_label}, {bandwidth_label}")
+    share = t["self_s"] / t["self_s"].sum() if len(t) else t["self_s"]
+    for kind, rows in t.groupby("kind"):
+        ax.scatter(rows["arithmetic_intensity"], rows["flops_per_s"] / 1e9, s=20 + 600 * share[rows.index],
+                   alpha=0.7, label=kind, zorder=3)
+    ax.axvline(peak_flops_per_s / bandwidth_bytes_per_s, color="grey", lw=0.8, ls=":")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte, from shapes)",
+           ylabel="achieved (GFLOP/s)")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig

@@ -309,3 +309,30 @@ def bandwidth_bytes_per_s(
         ops = {}  # free this size's arrays before the next size allocates
     return _frame(rows, _BANDWIDTH_KEYS,
                   ("array_bytes", "n_elements", "bytes_moved", "repeats", "warmup", "l2_flush_bytes"))
+
+
+DRAM_FALLBACK_BYTES = 256 * 2**20
+"""Per-array size :func:`beyond_cache_bytes` uses on a CPU whose caches sysfs does not report."""
+
+
+def beyond_cache_bytes(device: Device = None, factor: int = 4) -> int:
+    """Bytes per bandwidth array that no cache can hold: ``factor`` x the last-level cache.
+
+    CPU: the last level from :func:`memlab.device.last_level_cache_bytes` (sysfs), or
+    :data:`DRAM_FALLBACK_BYTES` when it is not reported. CUDA: ``factor`` x the L2 (at least 256 MiB). Rounded up
+    to a whole MiB. With ``factor >= 2`` a STREAM kernel's arrays together are at least 4x the cache, so its
+    bandwidth is DRAM's (or HBM's), not the cache's.
+    """
+    from memlab.device import last_level_cache_bytes
+
+    if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
+        raise MemlabError(f"factor must be an integer >= 2 (arrays larger than the cache), got {factor!r}.")
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+        size = max(L2_FLUSH_MIN_BYTES, factor * l2)
+    else:
+        llc = last_level_cache_bytes()
+        size = factor * llc if llc else DRAM_FALLBACK_BYTES
+    mib = 2**20
+    return -(-size // mib) * mib

@@ -1,0 +1,452 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · The roofline and MFU: which peak, which ops, which step time
+#
+# **The common belief.** Seed article 001 ("利用率", *utilization*) [seed-001] says that top large-model training
+# reaches only about 50 % MFU, that a "312 TFLOPS" GPU gives about 160 TFLOP/s of useful work, that the rest is
+# eaten by memory traffic, communication and scheduling, and that MFU's step time must exclude logging and
+# checkpointing. Seed 004 [seed-004] lists the fixes for low utilisation: more `num_workers`, `pin_memory`, fewer
+# `.item()` syncs.
+#
+# This chapter measures each of those on the machine it runs on:
+#
+# 1. this device's roofline: matmul FLOP/s over shapes and dtypes, the best one as the achievable ceiling, and
+#    bandwidth with arrays larger than every cache;
+# 2. one real training step of the reference GPT, op by op, placed on that roofline and predicted by it;
+# 3. MFU three ways, HFU with recomputation, and the step time split into its phases;
+# 4. MFU divided by the wrong peak;
+# 5. a starved input pipeline and host syncs, measured as MFU lost;
+# 6. from one device to many: the pipeline bubble and scaling efficiency.
+
+# %% tags=["parameters"]
+scale = "auto"
+device = "auto"
+seed = 0
+out_dir = "../reports/build/07_roofline_mfu"
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+pd.set_option("display.max_colwidth", 80)
+
+from memlab import Setup, chapter, detect, mfu, preset, roofline_bound, run_step
+from memlab.compare import plots
+from memlab.course import exercises
+from memlab.device import cache_bytes
+from memlab.predict import flops, hardware, parallelism
+from memlab.run import profile, roofline, step_time
+
+ch = chapter(scale, device, seed, out_dir)
+if ch.scale == "ci" and not ch.device.startswith("cuda"):
+    torch.set_num_threads(1)  # repeatable on a shared CI runner: detect() measures its peak for 1 thread too
+info = detect(device=ch.device)
+CUDA = ch.device.startswith("cuda")
+DTYPE = "bf16" if CUDA else "fp32"  # the dtype the step's matmuls run in
+if CUDA:
+    CFG, SETUP = preset("gpt2"), Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")
+else:
+    CFG, SETUP = preset("small-gpt"), Setup(batch=4, seq=128, precision="fp32", attention="eager")
+ch.to_dict() | {"model": CFG.name, "setup": f"batch {SETUP.batch}, seq {SETUP.seq}, {SETUP.precision}"}
+
+# %% [markdown]
+# ## 1. This device's roofline, measured
+#
+# The compute roof is what a matmul actually reaches. Like ml-engineering's MAMF finder ("maximum achievable
+# matmul FLOPS" [bekman-mamf]) we time several shapes and keep the best as the *achievable* ceiling, beside the peak
+# `detect()` reports (a datasheet row on a GPU; on a CPU itself a measurement). The memory roof is STREAM's copy
+# and triad [mccalpin-stream] with every array 4x the last-level cache, read from sysfs below, so the figure is
+# DRAM's, not a cache's.
+
+# %%
+caches = cache_bytes()
+array_bytes = roofline.beyond_cache_bytes(ch.device)
+pd.Series({**{f"{k} (MiB)": v / 2**20 for k, v in caches.items()}, "bandwidth array (MiB)": array_bytes / 2**20},
+          name="this machine").to_frame()
+
+# %%
+shapes = roofline.default_shapes(ch.device, ch.scale) + ([(384, 384, 384), (512, 512, 512)] if not CUDA else [])
+dtypes = ("fp32", "tf32", "bf16") if CUDA else ("fp32", "bf16")
+matmul = roofline.matmul_flops_per_s(shapes, dtypes, device=ch.device, scale=ch.scale, repeats=3, warmup=1)
+matmul = matmul[matmul["status"] == "ok"].copy()
+bandwidth = roofline.bandwidth_bytes_per_s([array_bytes], device=ch.device, scale=ch.scale, repeats=3, warmup=1)
+ch.save_table(matmul, "matmul")
+ch.save_table(bandwidth, "bandwidth")
+
+achievable = matmul.groupby("dtype")["flops_per_s"].max()
+BW = float(bandwidth["bytes_per_s"].max())
+PEAK = float(achievable[DTYPE])
+ceilings = pd.DataFrame({
+    "achievable (best shape), TFLOP/s": achievable / 1e12,
+    "detect() peak, TFLOP/s": [(info.peak_flops.get(d) or float("nan")) / 1e12 for d in achievable.index],
+})
+ceilings["achievable / peak"] = ceilings.iloc[:, 0] / ceilings.iloc[:, 1]
+ceilings.round(3)
+
+# %%
+fig = plots.roofline(matmul, peaks=achievable.to_dict(), bandwidth_bytes_per_s=BW,
+                     bandwidth_label=f"triad {array_bytes // 2**20} MiB",
+                     title=f"Matmuls on the measured roofline: {info.name}",
+                     source="roof = best measured shape per dtype (achievable ceiling)")
+ch.save_figure(fig, "matmul_roofline")
+
+# %% [markdown]
+# Seed 001 claims that cuBLAS keeps tensor cores more than 80 % busy [seed-001]. The last column is the measured
+# version of that claim for this device's library (cuBLAS on a GPU, oneDNN/MKL on a CPU), on the best shape only.
+
+# %%
+ch.cpu_note("tensor cores and occupancy (active warps / the SM's maximum) exist only on a GPU: on a CUDA run the "
+            "table above has tf32 next to fp32, the same matmul on tensor cores or not; a CPU has neither, "
+            "so this chapter does not imitate them.")
+
+# %% [markdown]
+# **Tensor cores and occupancy, on a GPU.** The same fp32 matmul with TF32 allowed runs on tensor cores; the table
+# puts its FLOP/s beside IEEE fp32 and bf16. Occupancy (active warps over the SM's maximum [seed-001]) needs a
+# kernel profiler; what the matmul table does show is its coarse cause: a GEMM cut into 128 × 128 output tiles
+# keeps every SM busy only when there are at least as many tiles as SMs.
+
+# %%
+if CUDA:
+    from IPython.display import display
+
+    sms = torch.cuda.get_device_properties(torch.device(ch.device)).multi_processor_count
+    occ = matmul[["dtype", "m", "n", "k", "flops_per_s"]].copy()
+    occ["tiles_128x128"] = (-(-occ["m"] // 128)) * (-(-occ["n"] // 128))
+    occ["tiles / SMs"] = occ["tiles_128x128"] / sms
+    occ["fraction of best"] = occ["flops_per_s"] / occ["dtype"].map(achievable)
+    display(occ.round(3))
+    tensor_cores = achievable.reindex(["fp32", "tf32", "bf16"]) / achievable["fp32"]
+    display(tensor_cores.rename("speed-up over IEEE fp32").to_frame().round(2))
+
+# %% [markdown]
+# ## 2. One training step, op by op
+#
+# `memlab.run.profile.profile_step` runs `torch.profiler` with `record_shapes=True` over one step of the reference
+# GPT (after a warm-up step) and gives each op FLOPs and bytes from its recorded shapes and dtypes. Matmuls count
+# 2·m·n·k [narayanan2021]; softmax, norms, GELU, residual adds, the loss and the optimizer's element-wise updates
+# count a few FLOPs per element (memlab's convention, `profile.ELEMENTWISE_FLOPS`): seed 001 says to drop them from
+# MFU [seed-001], and the profile shows what they cost in time instead.
+#
+# **Exercise 1 (predict first).** Before running the next cell: which kind of op will sit furthest *under* the
+# memory roof's ridge point, i.e. do the fewest FLOPs per byte: `"matmul"`, `"norm"` or `"softmax"`?
+
+# %%
+T, H = SETUP.batch * SETUP.seq, CFG.d_model
+SHAPES = {  # one op of each kind at this model's shapes: (op, input shapes, input dtypes)
+    "matmul": ("aten::mm", [[T, H], [H, 4 * H]], ["float", "float"]),
+    "norm": ("aten::native_layer_norm", [[T, H], [], [H], [H], []], ["float", "", "float", "float", ""]),
+    "softmax": ("aten::_softmax", [[SETUP.batch, CFG.n_heads, SETUP.seq, SETUP.seq], [], []], ["float", "", ""]),
+}
+
+
+def intensity(kind: str) -> float:
+    """FLOP per byte of one op of ``kind`` by memlab's counting (profile.op_cost), from shapes alone."""
+    _, f, b = profile.op_cost(*SHAPES[kind])
+    return f / b
+
+
+ex_bound = exercises.Choice(
+    "most-memory-bound", "The op kind with the lowest arithmetic intensity",
+    reference=lambda: min(SHAPES, key=intensity),
+    options={"matmul": "matmul", "norm": "norm (LayerNorm)", "softmax": "softmax"},
+    hint="a matmul reuses each operand many times; the others read and write each element once, so compare "
+         "their FLOPs per element (profile.ELEMENTWISE_FLOPS) at the same bytes per element")
+answer = ...
+ex_bound.check(answer)
+
+# %%
+prof = {att: profile.profile_step(CFG, Setup(**{**SETUP.to_dict(), "attention": att}), ch.device, seed=seed)
+        for att in ("eager", "flash")}
+ops = prof[SETUP.attention].by_op()
+pred = profile.predict_ops(ops, PEAK, BW, min_time_s=5e-6)
+ch.save_table(pred, "ops")
+fig = plots.op_roofline(pred, peak_flops_per_s=PEAK, bandwidth_bytes_per_s=BW, peak_label=f"best {DTYPE} matmul",
+                        bandwidth_label="triad",
+                        title=f"One training step of {CFG.name}, op by op ({SETUP.attention} attention)",
+                        source="torch.profiler self times, FLOPs and bytes from shapes; area = share of time")
+ch.save_figure(fig, "step_ops_roofline")
+
+# %%
+kinds = profile.time_by_kind(ops)
+kinds["memory_bound"] = kinds["kind"].map(pred.groupby("kind")["memory_bound"].mean().gt(0.5))
+kinds["intensity (FLOP/B)"] = kinds["flops"] / kinds["bytes"]
+kinds.round(4)
+
+# %% [markdown]
+# The prediction: each op at its roof, time = max(FLOPs / peak, bytes / bandwidth) [williams2009]. The ratio
+# measured / predicted is 1 on the roof; per op kind, summed:
+
+# %%
+err = pred.groupby("kind", as_index=False)[["predicted_s", "self_s"]].sum()
+err["measured / predicted"] = err["self_s"] / err["predicted_s"]
+ch.record_ledger(pd.DataFrame({"experiment": "roofline time per op kind", "component": err["kind"], "unit": "s",
+                               "predicted": err["predicted_s"], "measured": err["self_s"]}))
+err.round(6)
+
+# %% [markdown]
+# **Reading it.** The big matmuls sit near the compute roof. The element-wise ops scatter on both sides of the memory
+# roof: those above it read operands the previous op left in cache (the roof is DRAM's bandwidth, measured with
+# arrays no cache holds), those far below it are dominated by each call's fixed cost (dispatch, a kernel launch on
+# a GPU). The roofline bounds an op; it predicts small ops poorly. Eager vs flash attention: the fused kernel
+# replaces the s×s score matrix's softmax and its two matmuls by one op whose bytes are only Q, K, V and O [dao2022]:
+
+# %%
+both = pd.concat([profile.time_by_kind(p.by_op()).assign(attention=a) for a, p in prof.items()])
+both.pivot_table(index="kind", columns="attention", values="self_s", aggfunc="sum").round(5)
+
+# %% [markdown]
+# The fused backward does not read a stored score matrix: it recomputes it, trading FLOPs for bytes [dao2022].
+# Counted from the shapes (torch's SDPA formulas), the flash backward executes more than twice its forward:
+
+# %%
+flash_att = prof["flash"].by_op().query("kind == 'attention'").groupby("phase")["flops"].sum()
+pd.Series({"flash backward / forward FLOPs": flash_att["backward"] / flash_att["forward"],
+           "a plain matmul's backward / forward": 2.0}, name="attention").to_frame()
+
+# %% [markdown]
+# ## 3. MFU three ways, HFU, and the step split
+#
+# The same measured step time divided three ways: PaLM's 6N + 12·L·H·Q·T per token [chowdhery2022], Megatron's
+# closed form 72·B·s·l·h²(1 + s/6h + V/12lh) [korthikanti2022], and torch's `FlopCounterMode` counting the matmuls
+# actually dispatched. HFU adds the recomputed forward under full activation checkpointing [korthikanti2022].
+
+# %%
+meas = run_step(CFG, SETUP, ch.device, steps=3, seed=seed)
+meas_rc = run_step(CFG, Setup(**{**SETUP.to_dict(), "recompute": "full"}), ch.device, steps=3, seed=seed)
+peak = info.peak_flops.get(DTYPE)
+tokens = SETUP.batch * SETUP.seq
+three = pd.DataFrame({
+    "formula": ["PaLM 6N + 12LHQT", "Megatron closed form", "FlopCounterMode (counted)"],
+    "flops_per_step": [flops.flops_per_token(CFG, SETUP.seq) * tokens,
+                       flops.megatron_closed_form(SETUP.batch, SETUP.seq, CFG.n_layers, CFG.d_model, CFG.vocab_size),
+                       meas.counted_flops_per_step],
+})
+three["mfu"] = three["flops_per_step"] / meas.step_time_s / peak
+three.loc[len(three)] = ["HFU, full recompute (executed)", meas_rc.hardware_flops_per_step,
+                         meas_rc.hardware_flops_per_step / meas_rc.step_time_s / peak]
+ch.save_table(three, "mfu_three_ways")
+ch.record_ledger(pd.DataFrame({"experiment": "FLOPs per step: formula vs FlopCounterMode",
+                               "component": three["formula"].iloc[:2], "unit": "FLOP",
+                               "predicted": three["flops_per_step"].iloc[:2],
+                               "measured": meas.counted_flops_per_step}))
+three.round(4)
+
+# %%
+recompute = pd.Series({
+    "executed FLOPs, full / none": meas_rc.hardware_flops_per_step / meas.flops_per_step,
+    "step time, full / none (measured)": meas_rc.step_time_s / meas.step_time_s,
+    "MFU with recompute (run_step)": meas_rc.mfu, "HFU with recompute (run_step)": meas_rc.hfu,
+}, name="activation recompute").round(3)
+recompute.to_frame()
+
+# %% [markdown]
+# Seed 001 says recomputation costs "about 1.3x" the FLOPs [seed-001]: one more forward of the blocks is 4/3 of
+# forward + backward, less the LM head, which is not recomputed. MFU keeps counting the model's FLOPs only, so
+# recomputation lowers MFU while HFU counts the extra work.
+#
+# **The step split.** `memlab.run.step_time.training_loop` times data, forward, backward, optimizer, host work
+# (`.item()`, logging) and checkpointing, step by step (with a synchronize at each boundary on a GPU). With a log
+# line and a checkpoint in the loop, MFU on the whole wall time is lower than on the model's time: seed 001's rule
+# [seed-001] (and PaLM's [chowdhery2022]) is that MFU uses the latter.
+
+# %%
+loop_cfg = dict(steps=3 if not CUDA else 20, seed=seed)
+plain = step_time.training_loop(CFG, SETUP, ch.device, label="plain", **loop_cfg)
+logged = step_time.training_loop(CFG, SETUP, ch.device, label="log every step, checkpoint every 2",
+                                 log_every=1, checkpoint_every=2, **loop_cfg)
+split = pd.DataFrame([plain.to_row(), logged.to_row()]).set_index("label")
+phase_cols = [f"{p}_s" for p in step_time.PHASES]
+fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
+(split[phase_cols] * 1e3).rename(columns=lambda c: c[:-2]).plot.barh(stacked=True, ax=ax)
+ax.set(xlabel="mean time per step (ms)", ylabel="", title=f"Where a step's time goes ({CFG.name}, {ch.device})")
+ch.save_figure(fig, "step_split")
+split[["step_s", "model_step_s", "mfu", "mfu_model_time"]].round(5)
+
+# %% [markdown]
+# ## 4. The wrong peak
+#
+# An MFU is only as right as its denominator. The same measured work divided by a sparse figure (2:4 sparsity,
+# twice the dense peak), by another dtype's column, or by an A100's peak because the tool did not know the device
+# (the fallback that makes a faster GPU report MFU above 100 %):
+
+# %%
+achieved = meas.flops_per_step / meas.step_time_s
+a100, h100 = hardware.gpu("a100-80gb-sxm"), hardware.gpu("h100-sxm")
+other = "bf16" if DTYPE == "fp32" else "fp32"
+wrong = pd.DataFrame([
+    {"denominator": f"dense {DTYPE} peak of this device (right)", "peak_tflop_s": peak / 1e12},
+    {"denominator": "2:4 sparse figure (2x dense)", "peak_tflop_s": 2 * peak / 1e12},
+    {"denominator": f"the {other} column", "peak_tflop_s": (info.peak_flops.get(other) or float("nan")) / 1e12},
+    {"denominator": "A100 bf16 (a tool's fallback)", "peak_tflop_s": a100.peak("bf16") / 1e12},
+])
+wrong["mfu"] = achieved / (wrong["peak_tflop_s"] * 1e12)
+unknown = mfu(CFG, meas.tokens_per_s, accelerator=None, seq=SETUP.seq)
+print("memlab on an unknown device:", unknown.mfu, "-", unknown.reason)
+wrong.round(5)
+
+# %% [markdown]
+# Seed 001's example placed on the A100's roofline (table peak and bandwidth): 160 of 312 TFLOP/s is 51 % of the
+# dense bf16 peak; a kernel reaches that only with an arithmetic intensity above 160 T / 2.04 TB/s.
+
+# %%
+SEED_001_USEFUL = 160e12  # seed 001: a "312 TFLOPS" GPU gives about 160 TFLOP/s of useful work
+a100_ridge = a100.peak("bf16") / a100.bandwidth_bytes_per_s
+pd.Series({
+    "fraction of A100 dense bf16 peak": SEED_001_USEFUL / a100.peak("bf16"),
+    "ridge point (FLOP/B)": a100_ridge,
+    "intensity needed for 160 TFLOP/s (FLOP/B)": SEED_001_USEFUL / a100.bandwidth_bytes_per_s,
+    "roofline bound at 1 FLOP/B, TFLOP/s (a LayerNorm)": roofline_bound(1.0, a100.peak("bf16"),
+                                                                       a100.bandwidth_bytes_per_s) / 1e12,
+}, name="A100 80GB SXM (memlab table)").round(3).to_frame()
+
+# %% [markdown]
+# **Exercise 2.** The same 160 TFLOP/s measured on an H100 SXM: what MFU in % is right (memlab's table, dense
+# bf16)?
+
+# %%
+ex_h100 = exercises.Numeric(
+    "h100-mfu", "MFU of 160 TFLOP/s on an H100 SXM", reference=lambda: 100 * SEED_001_USEFUL / h100.peak("bf16"),
+    hint="divide by the H100's dense bf16 peak: hardware.gpu('h100-sxm').peak('bf16')", unit="%", rtol=0.02)
+answer = ...
+ex_h100.check(answer)
+
+# %% [markdown]
+# ## 5. A starved input pipeline and host syncs, as MFU lost
+#
+# Seed 004's low-utilisation row [seed-004]: a slow loader, `num_workers`, `pin_memory`, and `.item()` syncs. The
+# loader below takes as long to produce one batch as the plain step takes to compute it (a sleep, like I/O).
+
+# %%
+delay = plain.model_step_s / SETUP.batch  # seconds per sequence: one batch = one step of compute
+variants = {
+    "fast loader": {},
+    "fast loader, again (the noise floor)": {},
+    "slow loader, 0 workers": {"delay_s": delay},
+    "slow loader, 2 workers, prefetch 4": {"delay_s": delay, "num_workers": 2, "prefetch_factor": 4},
+    "slow loader, 2 workers, pin_memory": {"delay_s": delay, "num_workers": 2, "pin_memory": True},
+    ".item() every step": {"item_every": 1},
+}
+loops = pd.DataFrame([step_time.training_loop(CFG, SETUP, ch.device, label=k, **loop_cfg, **v).to_row()
+                      for k, v in variants.items()]).set_index("label")
+loops["mfu lost vs fast loader"] = loops.loc["fast loader", "mfu"] - loops["mfu"]
+ch.save_table(loops.reset_index(), "input_pipeline")
+loops[["data_s", "step_s", "tokens_per_s", "mfu", "mfu lost vs fast loader"]].round(5)
+
+# %% [markdown]
+# Workers overlap the loader with compute, as long as the machine has cores to spare; `pin_memory` only changes
+# host-to-GPU copies, so on a CPU it is a no-op. On a CPU every op is synchronous, so `.item()` costs nearly
+# nothing; on a GPU it makes the host wait for the queue to drain each step.
+
+# %%
+ch.cpu_note("the .item() stall and pin_memory's faster copies are GPU effects (an asynchronous launch queue, "
+            "pageable vs pinned host memory); here both rows measure their CPU cost, which is within the run-to-run "
+            "noise that the repeated fast-loader row shows.")
+
+# %% [markdown]
+# ## 6. From one device to many
+#
+# With p pipeline stages and m micro-batches, 1F1B idles each device for (p − 1)/(m + p − 1) of the iteration;
+# v interleaved chunks divide the bubble by v [narayanan2021]. Seed 001 says scheduling brings bubbles from
+# 30-50 % to under 5 % [seed-001]:
+
+# %%
+configs = [(4, 4, 1), (8, 8, 1), (8, 32, 1), (8, 128, 1), (16, 64, 1), (16, 64, 2)]
+bubbles = pd.DataFrame([{"stages p": p, "micro-batches m": m, "interleave v": v,
+                         "bubble": parallelism.pipeline_bubble_fraction(p, m, v)} for p, m, v in configs])
+bubbles.round(3)
+
+# %% [markdown]
+# Seed 001's "55 % MFU per GPU becomes about 40 % at 1000 GPUs" [seed-001] as a worked example. Assumptions
+# (stated, not measured): 8 pipeline stages with 64 micro-batches, and the rest lost to communication that overlap
+# does not hide. The example fixes how much that must be:
+
+# %%
+bubble = parallelism.pipeline_bubble_fraction(8, 64)
+comm = parallelism.exposed_comm_for(0.55, 0.40, bubble)
+worked = parallelism.cluster_utilisation(0.55, bubble_fraction=bubble, exposed_comm_fraction=comm)
+pd.Series(worked.to_dict(), name="55 % -> 40 %").round(4).to_frame()
+
+# %% [markdown]
+# **Exercise 3.** 16 stages and 48 micro-batches, no interleaving: what fraction of the iteration, in %, is
+# bubble?
+
+# %%
+ex_bubble = exercises.Numeric(
+    "bubble-16-48", "Pipeline bubble for p=16, m=48",
+    reference=lambda: 100 * parallelism.pipeline_bubble_fraction(16, 48),
+    hint="(p - 1) / (m + p - 1)", unit="%", rtol=0.02)
+answer = ...
+ex_bubble.check(answer)
+
+# %% [markdown]
+# **Exercise 4.** From the table of section 3: by what factor does full recomputation multiply the FLOPs this
+# step executes (HFU FLOPs / model FLOPs)?
+
+# %%
+ex_rc = exercises.Numeric(
+    "recompute-factor", "Executed FLOPs with full recompute / without",
+    reference=lambda: meas_rc.hardware_flops_per_step / meas.flops_per_step,
+    hint="one more forward of every block: (3F + F_blocks) / 3F", rtol=0.02)
+answer = ...
+ex_rc.check(answer)
+
+# %% [markdown]
+# ## The seed's claims, answered
+
+# %%
+matmul_frac = float(kinds.loc[kinds["kind"] == "matmul", "time_share"].sum())
+claims = pd.DataFrame([
+    ("001", "top training MFU ≈ 50 %", "holds with qualification",
+     f"PaLM reports 46.2 % [chowdhery2022]; this step: {three['mfu'].iloc[0]:.1%} of {info.name}'s {DTYPE} peak"),
+    ("000", "MFU 30-60 % is a good level", "unsourced range",
+     "depends on the peak used: section 4 moves the same run by 2x (sparse) or more (wrong dtype / device)"),
+    ("001", "roofline, arithmetic intensity, machine balance", "holds",
+     f"ridge {PEAK / BW:.0f} FLOP/B here; {int(pred['memory_bound'].sum())} of {len(pred)} op shapes below it"),
+    ("001", "matmul = 2mnk; drop norms and residuals", "holds with qualification",
+     f"matmuls are {three['flops_per_step'].iloc[2] / meas.flops_per_step:.3f}x the analytic count, but "
+     f"non-matmul ops take {1 - matmul_frac:.0%} of the step's op time"),
+    ("001", "cuBLAS keeps tensor cores > 80 % busy", "measured on GPU only",
+     f"best {DTYPE} matmul here: {ceilings.loc[DTYPE, 'achievable / peak']:.0%} of the detect() peak"),
+    ("001", "occupancy = active warps / max warps", "holds (a definition)",
+     "needs a kernel profiler; on CUDA the tiles-per-SM table shows its coarse cause" if CUDA
+     else "a CPU has no warps: not measured here"),
+    ("001", "MFU excludes recompute; HFU counts it", "holds",
+     f"MFU {meas_rc.mfu:.2%} vs HFU {meas_rc.hfu:.2%} with full recompute"),
+    ("001", "recompute ≈ 1.3x FLOPs", "holds",
+     f"{meas_rc.hardware_flops_per_step / meas.flops_per_step:.3f}x executed FLOPs; "
+     f"{meas_rc.step_time_s / meas.step_time_s:.2f}x measured time"),
+    ("001", "bubbles 30-50 % -> < 5 %; 55 % -> 40 % at 1k GPUs", "holds with qualification",
+     f"p=8: m=8 gives {parallelism.pipeline_bubble_fraction(8, 8):.0%}, m=128 "
+     f"{parallelism.pipeline_bubble_fraction(8, 128):.1%}; 55->40 needs {comm:.0%} exposed comm after a "
+     f"{bubble:.0%} bubble"),
+    ("004", "torch.profiler with shapes shows the ops", "holds", f"{len(ops)} op shapes costed, "
+     f"{prof[SETUP.attention].coverage():.0%} of profiled op time"),
+    ("004", "num_workers, pin_memory, .item() fix low utilisation", "holds with qualification",
+     f"workers recovered {loops.loc['slow loader, 2 workers, prefetch 4', 'mfu'] / loops.loc['fast loader', 'mfu']:.0%}"
+     f" of the fast loader's MFU here; .item() and pin_memory are GPU effects"),
+], columns=["seed", "claim", "verdict", "number (this run)"])
+pd.set_option("display.max_colwidth", None)
+claims
+
+# %% [markdown]
+# ## Summary
+#
+# - The compute roof is what the best matmul shape reaches (achievable), the memory roof is bandwidth with arrays
+#   beyond every cache. Element-wise ops land on both sides of the memory roof: cache above it, fixed per-call
+#   costs far below it; the roofline bounds them but predicts them poorly.
+# - Per op, FLOPs and bytes come from the profiler's shapes; matmuls carry nearly all FLOPs, the other ops a
+#   visible share of the time. Fused attention removes the score matrix's softmax and traffic.
+# - MFU: model FLOPs (PaLM, Megatron or counted agree closely) over the model's step time (no logging, no
+#   checkpoints) over the dense peak of the dtype the matmuls run in. HFU adds recomputation (≈ 4/3).
+# - A sparse figure halves MFU, a wrong dtype or a borrowed A100 peak makes it meaningless; memlab refuses an
+#   unknown device instead.
+# - Data starvation costs MFU in proportion to the time the step waits; workers hide it when cores are free.
+# - Across devices, the bubble (p − 1)/(m + p − 1) and exposed communication multiply into the per-device MFU.

@@ -1,0 +1,318 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · What nvidia-smi's numbers count, and their CPU twins
+#
+# **The common belief.** "GPU-Util is 100 %, so the GPU is fully used"; "memory at 85-95 % is healthy"; "GPU-Util
+# below 70 % means a memory bottleneck"; "`nvidia-smi dmon` shows bandwidth use". Seed 001 [seed-001] already
+# warns that GPU-Util only says a kernel was running; seed 000 [seed-000] gives the 85-95 % rule and the
+# utilisation ratios U_cap, U_bw, U_eff; seed 004 [seed-004] gives the 70 % rule and a monitoring script.
+#
+# Each monitor number is a *time fraction* or a *policy*, not a measure of useful work. This chapter shows it with
+# measurements:
+#
+# 1. CPU % at the same level for a loop doing no arithmetic and for a matmul (the twin of GPU-Util);
+# 2. process RSS against live tensor bytes (the twin of "memory used" against allocated);
+# 3. on a GPU: GPU-Util and NVML's memory ledger, measured (recorded data shown when present);
+# 4. U_cap, U_eff and U_bw from a real run, and what each hides;
+# 5. seed 004's monitoring script, run and corrected; the 85-95 % and 70 % rules against preallocation policies.
+
+# %% tags=["parameters"]
+scale = "auto"
+device = "auto"
+seed = 0
+out_dir = "../reports/build/08_nvidia_smi"
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+pd.set_option("display.max_colwidth", 80)
+
+from memlab import Setup, chapter, detect, preset, run_step
+from memlab.course import exercises
+from memlab.predict import hardware
+from memlab.run import roofline, step_time, utilisation
+
+ch = chapter(scale, device, seed, out_dir)
+if ch.scale == "ci" and not ch.device.startswith("cuda"):
+    torch.set_num_threads(1)  # repeatable on a shared CI runner: detect() measures its peak for 1 thread too
+info = detect(device=ch.device)
+cpu = detect(device="cpu")
+CUDA = ch.device.startswith("cuda")
+ch.to_dict()
+
+# %% [markdown]
+# ## 1. Busy is not useful: CPU % for three loops
+#
+# `psutil`'s process CPU % is the share of wall time this process ran on a core, exactly as GPU-Util is the share
+# of NVML's sample period during which a kernel ran (NVML API, `nvmlUtilization_t` [nvml-api]). Each loop below runs
+# for the same time on one thread: a pure-Python counter (no floating-point work), a memory-bound copy, and a matmul.
+#
+# **Exercise 1 (predict first).** Which loop will show the highest CPU %: `"busy"`, `"copy"`, `"matmul"`, or
+# `"same"` (all within 25 % of each other)?
+
+# %%
+ex_cpu = exercises.Choice(
+    "cpu-percent", "Which loop reads the highest CPU %",
+    reference=lambda: ("same" if busy["cpu_pct"].max() <= 1.25 * busy["cpu_pct"].min()
+                       else ["busy", "copy", "matmul"][int(busy["cpu_pct"].to_numpy().argmax())]),
+    options={"busy": "the Python busy loop", "copy": "the copy", "matmul": "the matmul", "same": "about the same"},
+    hint="CPU % counts time on a core, not what the core computed")
+answer = ...
+ex_cpu.check(answer)
+
+# %%
+busy = utilisation.cpu_busy_vs_work(duration_s=0.4 if ch.scale == "ci" else 2.0, peak_flops_per_s=None)
+fig, ax1 = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
+x = range(len(busy))
+ax1.bar([i - 0.2 for i in x], busy["cpu_pct"], 0.4, label="CPU % (psutil)", color="tab:grey")
+ax1.set(ylabel="process CPU %", xticks=list(x), xticklabels=busy["loop"],
+        title="Same CPU %, very different work (one thread each)")
+ax2 = ax1.twinx()
+ax2.bar([i + 0.2 for i in x], busy["flops_per_s"] / 1e9, 0.4, label="GFLOP/s achieved", color="tab:blue")
+ax2.set(ylabel="achieved GFLOP/s")
+fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.9), ncols=2, fontsize=8)
+ch.save_figure(fig, "cpu_percent_vs_flops")
+busy[["loop", "cpu_pct", "flops_per_s", "torch_threads"]].round(2)
+
+# %% [markdown]
+# **Reading it.** All three read the same CPU % (on a shared machine, the share the scheduler gave this process);
+# the matmul did billions of FLOPs per second and the other two none. GPU-Util has the same blind spot: one kernel
+# spinning on one of a GPU's many SMs reads 100 %.
+
+# %% [markdown]
+# ## 2. Memory "used" is not memory in use: RSS vs live tensors
+#
+# PyTorch's CUDA caching allocator keeps freed blocks reserved for reuse, so nvidia-smi keeps showing them
+# [pytorch-cuda-memory]. The C library does the same on a CPU: tensors below glibc's mmap threshold come from the
+# heap, and freed heap pages stay in the process until `malloc_trim` (the twin of `torch.cuda.empty_cache`).
+
+# %%
+rss = utilisation.rss_vs_live_bytes(total_bytes=64 * 2**20 if ch.scale == "ci" else 512 * 2**20)
+fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
+pos = range(len(rss))
+ax.bar([i - 0.2 for i in pos], rss["live_tensor_bytes"] / 2**20, 0.4, label="live tensor bytes (exact)")
+ax.bar([i + 0.2 for i in pos], rss["rss_delta_bytes"] / 2**20, 0.4, label="RSS above start (what top shows)")
+ax.set(xticks=list(pos), xticklabels=rss["stage"], ylabel="MiB", title="Freed is not returned: RSS vs live tensors")
+ax.tick_params(axis="x", labelsize=8)
+ax.legend(fontsize=8)
+ch.save_figure(fig, "rss_vs_live")
+ch.record_ledger(pd.DataFrame({"experiment": "RSS vs live tensor bytes", "component": rss["stage"], "unit": "bytes",
+                               "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"]}))
+rss.assign(live_MiB=rss["live_tensor_bytes"] / 2**20, rss_delta_MiB=rss["rss_delta_bytes"] / 2**20).round(1)
+
+# %% [markdown]
+# ## 3. On a GPU: GPU-Util and the NVML ledger
+#
+# On CUDA this section measures, in this process: NVML GPU-Util while one `torch.cuda._sleep` kernel spins, while
+# 1-element adds run back to back, during a big matmul and during a 1 GiB copy, with MFU and bandwidth beside
+# each; and NVML "used" taken apart into other processes + CUDA context + the allocator's reserve, stage by stage
+# (allocate, free half, `empty_cache`). `python -m memlab.run.utilisation --out DIR` records the same as data files
+# with provenance (a fresh process, so the context is measured from zero).
+
+# %%
+if CUDA:
+    from IPython.display import display
+
+    gpu_util = utilisation.gpu_util_demo(ch.device, duration_s=2.0)
+    ledger = utilisation.nvml_memory_ledger(ch.device)
+    ch.save_table(gpu_util, "gpu_util")
+    ch.save_table(ledger, "nvml_ledger")
+    ch.record_ledger(pd.DataFrame({
+        "experiment": "NVML used = other + context + reserved", "component": ledger["stage"], "unit": "bytes",
+        "predicted": ledger["other_bytes"] + ledger["context_bytes"] + ledger["reserved_bytes"],
+        "measured": ledger["nvml_used_bytes"]}).dropna())
+    display(gpu_util)
+    display(ledger)
+recorded = [r for r in (ch.recorded(f"utilisation_{n}") for n in ("gpu_util", "nvml_ledger")) if r is not None]
+recorded if recorded else "No GPU-Util or NVML ledger recordings in data/recorded/ yet."
+
+# %%
+ch.cpu_note("GPU-Util, NVML's memory ledger and the CUDA context exist only with a GPU and its driver; the two "
+            "sections above are their CPU twins, and the GPU rows appear here only when run on CUDA or recorded.")
+
+# %% [markdown]
+# `nvidia-smi dmon` prints one line per interval. Its columns, read as NVIDIA's nvidia-smi documentation defines
+# them [nvidia-smi]: `sm` is the same time fraction as GPU-Util; `mem` is the fraction of time the memory
+# controller was busy (not bandwidth, not capacity: seed 004 reads it as bandwidth [seed-004]); `fb` is
+# framebuffer memory used in MiB (the "memory used" of the ledger above).
+
+# %%
+pd.DataFrame([
+    ("sm", "% of the sample period a kernel ran on the GPU (= GPU-Util)", "useful FLOPs (see MFU)"),
+    ("mem", "% of the sample period device memory was read or written", "how many bytes per second moved"),
+    ("fb", "MiB of device memory used, all processes and contexts", "what tensors are live"),
+    ("pwr / gtemp", "board power (W) and GPU temperature (C)", "work done"),
+    ("mclk / pclk", "memory and SM clocks (MHz)", "whether the clocks are throttled for a reason"),
+], columns=["dmon column", "what it measures", "what it does not"])
+
+# %% [markdown]
+# ## 4. U_cap, U_eff and U_bw from a real run
+#
+# Seed 000 defines U_cap = allocated / total, U_bw = achieved / peak bandwidth and U_eff = (P + G + O + A) /
+# allocated [seed-000]. On this device, from one measured training step (exact bytes from `run_step`) and the
+# process's memory as the OS sees it:
+
+# %%
+if CUDA:
+    cfg, setup = preset("gpt2"), Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")
+else:
+    cfg, setup = preset("tiny-gpt"), Setup(batch=4, seq=64)
+m = run_step(cfg, setup, ch.device, steps=2, seed=seed, with_counted_flops=False)
+states = m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes
+if CUDA:
+    held, total, held_name = m.cuda_peak_reserved_bytes, info.total_memory_bytes, "peak reserved (allocator)"
+    bw = roofline.bandwidth_bytes_per_s([roofline.beyond_cache_bytes(ch.device)], ["copy"], device=ch.device)
+    peak_bw = info.accelerator.bandwidth_bytes_per_s if info.accelerator else None
+else:
+    held, total, held_name = m.host_rss_bytes, cpu.total_memory_bytes, "process RSS"
+    bw = roofline.bandwidth_bytes_per_s([roofline.beyond_cache_bytes("cpu")], ["copy"], device="cpu",
+                                        repeats=3, warmup=1)
+    peak_bw = None
+u = pd.Series({
+    "P+G+O+A, exact (MiB)": states / 2**20,
+    f"{held_name} (MiB)": held / 2**20,
+    "U_cap = held / total": held / total,
+    "U_eff = (P+G+O+A) / held": states / held,
+    "measured copy bandwidth (GB/s)": float(bw["bytes_per_s"].iloc[0]) / 1e9,
+    "U_bw = achieved / peak": float(bw["bytes_per_s"].iloc[0]) / peak_bw if peak_bw else float("nan"),
+}, name=f"{cfg.name}, batch {setup.batch}, seq {setup.seq}").round(4)
+u.to_frame()
+
+# %% [markdown]
+# **What each hides.** U_cap says nothing about what the bytes are: a run at 3 % and one at 95 % can be the same
+# model under different allocator policies (section 5). U_eff is low on a CPU because the process also holds the
+# interpreter and torch's libraries (hundreds of MiB), and on a GPU because of the allocator's cache and
+# fragmentation; it does not say whether the cache is needed at the next step's peak. U_bw needs a datasheet peak;
+# memlab's table has none for a CPU, so it is left blank here rather than divided by a guess.
+#
+# **Exercise 2.** From the table above: what is U_eff in % for this run?
+
+# %%
+ex_ueff = exercises.Numeric(
+    "u-eff", "U_eff of this run", reference=lambda: 100 * states / held,
+    hint="(params + grads + optimizer + activations) / the bytes the process holds", unit="%", rtol=0.05)
+answer = ...
+ex_ueff.check(answer)
+
+# %% [markdown]
+# ## 5. Seed 004's monitor, and the 85-95 % and 70 % rules
+#
+# Seed 004's script [seed-004] divides NVML's and psutil's byte counts by `1024**3` and prints "GB". Run once here,
+# with the exact bytes, the seed's label and the two correct readings:
+
+# %%
+mon = utilisation.monitor_snapshot()
+mon.round(3)
+
+# %% [markdown]
+# The seed's "GB" is GiB: 7.4 % smaller than decimal GB at this scale, the gap between a card's "80 GB" and its
+# 85.9 × 10⁹ bytes.
+#
+# **The 85-95 % rule.** "Memory used" is the sum of policies, not of the workload. JAX preallocates 75 % of the
+# GPU's memory at its first operation [jax-gpu-memory]; vLLM reserves `gpu_memory_utilization = 0.9` of it for
+# weights and KV cache [vllm-engine-args]; PyTorch holds the context plus what its allocator has reserved. The same
+# tiny workload (the run of section 4) on an H200, as nvidia-smi would report it:
+
+# %%
+h200 = hardware.gpu("h200-sxm")
+JAX_PREALLOCATE, VLLM_FRACTION = 0.75, 0.90  # the two frameworks' documented defaults (SOURCES.md)
+policies = pd.DataFrame({
+    "framework default": ["PyTorch caching allocator", "JAX (preallocate)", "vLLM (gpu_memory_utilization)"],
+    "memory used (GiB)": [held / 2**30, JAX_PREALLOCATE * h200.memory_bytes / 2**30,
+                          VLLM_FRACTION * h200.memory_bytes / 2**30],
+})
+policies["'memory utilisation' (%)"] = 100 * policies["memory used (GiB)"] * 2**30 / h200.memory_bytes
+policies.round(2)
+
+# %% [markdown]
+# Two of the three read inside or near the "healthy" 85-95 % band for a workload that needs a fraction of a GiB;
+# the first reads almost 0 % for the same work. The band measures the framework's policy.
+#
+# **The 70 % rule.** GPU-Util below 70 % is said to mean a memory bottleneck [seed-004]. Its CPU twin, measured:
+# the fraction of a step's time spent computing, for a data-starved loop (no memory bottleneck at all) and for a
+# memory-bound copy (100 % busy, yet limited by memory):
+
+# %%
+plain = step_time.training_loop(cfg, setup, ch.device, steps=3, label="fast loader", seed=seed)
+starved = step_time.training_loop(cfg, setup, ch.device, steps=3, label="slow loader",
+                                  delay_s=plain.model_step_s / setup.batch, seed=seed)
+busy_fraction = pd.DataFrame([{
+    "loop": r.label, "compute time / step time": 1 - r.phase_s["data"] / r.step_s, "mfu": r.mfu,
+} for r in (plain, starved)] + [{"loop": "copy loop (section 1)", "compute time / step time": 1.0, "mfu": 0.0}])
+busy_fraction.round(3)
+
+# %% [markdown]
+# The starved loop computes for only part of each step (its "utilisation" is low) with no memory bottleneck: the
+# cure is the loader. The copy loop reads full utilisation while memory is all that limits it. Utilisation is time
+# occupancy in both directions.
+#
+# **Exercise 3.** Under JAX's default, how many GiB does nvidia-smi show as used on an H200 SXM (memlab's table)
+# right after the first JAX operation, whatever the model?
+
+# %%
+ex_jax = exercises.Numeric(
+    "jax-h200", "JAX's default preallocation on an H200 SXM",
+    reference=lambda: JAX_PREALLOCATE * h200.memory_bytes / 2**30,
+    hint="75 % of the card's memory; the table's memory_bytes is in bytes, 1 GiB = 2**30 bytes", unit="GiB",
+    rtol=0.02)
+answer = ...
+ex_jax.check(answer)
+
+# %% [markdown]
+# **Exercise 4.** Seed 004's script prints `80.0GB` for a card whose NVML total is 80 GiB. How many decimal GB is
+# that?
+
+# %%
+ex_gb = exercises.Numeric(
+    "gib-to-gb", "80 GiB in decimal GB", reference=lambda: 80 * 2**30 / 1e9,
+    hint="GB = bytes / 10**9; GiB = bytes / 2**30", unit="GB", rtol=0.01)
+answer = ...
+ex_gb.check(answer)
+
+# %% [markdown]
+# ## The seed's claims, answered
+
+# %%
+claims = pd.DataFrame([
+    ("000", "U_cap = allocated / total", "holds with qualification",
+     f"{u['U_cap = held / total']:.2%} here; unit-free only if both sides are bytes (GiB vs GB is 7.4 %)"),
+    ("000", "U_eff = (P+G+O+A) / allocated", "holds, hides the rest",
+     f"{u['U_eff = (P+G+O+A) / held']:.1%} of the {held_name}: interpreter, libraries and caches are the rest"),
+    ("000", "nvidia-smi ≠ effective use; active vs reserved", "holds",
+     f"RSS kept {rss['rss_delta_bytes'].iloc[2] / 2**20:.0f} MiB for {rss['live_tensor_bytes'].iloc[2] / 2**20:.0f}"
+     " MiB of live tensors until malloc_trim"),
+    ("000", "85-95 % is healthy memory utilisation", "does not hold",
+     f"same workload reads {policies.iloc[0, 2]:.1f} % (PyTorch), 75 % (JAX), 90 % (vLLM)"),
+    ("000", "targets: cap 80-95 %, BW 60-90 %, MFU 30-60 %", "unsourced",
+     "cap is a policy (above); MFU depends on its peak (chapter 07)"),
+    ("001", "GPU-Util = fraction of time a kernel runs", "holds", "NVML's definition; CPU % twin: "
+     f"{busy['cpu_pct'].min():.0f}-{busy['cpu_pct'].max():.0f} % for 0 to "
+     f"{busy['flops_per_s'].max() / 1e9:.1f} GFLOP/s"),
+    ("004", "monitor script, /1024**3 labelled GB", "does not hold", "the figure is GiB: 80 GiB = "
+     f"{80 * 2**30 / 1e9:.1f} GB"),
+    ("004", "GPU-Util < 70 % means a memory bottleneck", "does not hold",
+     f"a starved loop computes {busy_fraction.iloc[1, 1]:.0%} of its time with no memory limit"),
+    ("004", "nvidia-smi dmon shows bandwidth use", "does not hold", "'mem' is controller busy time, not bytes/s"),
+], columns=["seed", "claim", "verdict", "number (this run)"])
+pd.set_option("display.max_colwidth", None)
+claims
+
+# %% [markdown]
+# ## Summary
+#
+# - GPU-Util and CPU % are time occupancy: a loop doing nothing useful reads the same as a matmul. Divide FLOPs by
+#   the peak (MFU, chapter 07) to know how much work was done.
+# - "Memory used" (nvidia-smi, RSS) counts what the process holds: live tensors, plus the allocator's cache, plus
+#   the CUDA context or the interpreter. Freed memory stays until `empty_cache` / `malloc_trim`.
+# - U_cap is a policy (PyTorch grows on demand, JAX takes 75 %, vLLM 90 %); U_eff hides what the rest is; U_bw needs
+#   a peak the device actually has.
+# - `dmon`'s `mem` is controller busy time, `fb` is memory used; neither is bandwidth. Print GiB as GiB.
