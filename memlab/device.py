@@ -249,14 +249,21 @@ def _write_cache(path: Path, data: dict[str, Any]) -> None:
 CPU_CACHE_FILE = "cpu_peak.json"
 
 
+MAX_CPU_PEAK_FLOPS = 1e15
+"""The most a cached CPU matmul peak may claim: 1 PFLOP/s, several times the bf16 AMX peak of a two-socket server
+(about 2 x 56 cores x 2 GHz x 1024 FLOP/cycle = 230 TFLOP/s). A larger cached value is corrupt and is re-measured."""
+
+
 def _valid_entry(entry: object) -> bool:
-    """A cache entry with a benchmark description and positive-or-None peaks for known dtypes only."""
+    """A cache entry with a benchmark description and plausible peaks (positive, at most
+    :data:`MAX_CPU_PEAK_FLOPS`, or None) for known dtypes only."""
     if not isinstance(entry, dict) or not isinstance(entry.get("benchmark"), str):
         return False
     peaks = entry.get("peak_flops")
     if not isinstance(peaks, dict) or not peaks or set(peaks) - set(PEAK_DTYPES):
         return False
-    return all(v is None or (isinstance(v, int | float) and math.isfinite(v) and v > 0) for v in peaks.values())
+    return all(v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                             and 0 < v <= MAX_CPU_PEAK_FLOPS) for v in peaks.values())
 
 
 def _detect_cpu(torch: Any, measure: bool, cache_dir: Path | None, common: dict[str, Any]) -> DeviceInfo:

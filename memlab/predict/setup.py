@@ -12,6 +12,7 @@ from typing import Literal
 
 from memlab.errors import SetupError, unknown_name
 from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
+from memlab.predict.validate import check_fields
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
@@ -24,6 +25,16 @@ ATTENTION = ("eager", "math", "flash", "efficient", "cudnn")
 MODES = ("train", "inference")
 INFERENCE_WEIGHTS = ("fp32", "fp16", "bf16", "int8", "int4")
 KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
+
+MAX_BATCH = 10**7
+MAX_SEQ = 10**8
+MAX_RANKS = 10**6
+MAX_TP = 10**4
+_BATCH_WHY = ("ten million sequences per rank, about 1000x the largest published global batches; beyond it byte "
+              "counts leave the range a float64 sweep holds exactly")
+_SEQ_WHY = "100 million tokens, 10x the longest published context window (10M tokens)"
+_RANKS_WHY = "a million data-parallel ranks, about 10x the largest training clusters built"
+_TP_WHY = "ten thousand tensor-parallel ranks; tensor parallelism is used within a node or a few (2-64 ranks)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,9 +53,9 @@ class Setup:
     defaults: the ones written here.
     """
 
-    batch: int = 1
+    batch: int = field(default=1, metadata={"max": MAX_BATCH, "why": _BATCH_WHY})
     """Micro-batch per data-parallel rank, in sequences."""
-    seq: int = 1024
+    seq: int = field(default=1024, metadata={"max": MAX_SEQ, "why": _SEQ_WHY})
     """Sequence length in tokens (the CLI lowers it to the model's max_seq when that is shorter)."""
     mode: Mode = "train"
     """``train`` (forward, backward, optimizer step) or ``inference`` (weights and KV cache, prefill and decode)."""
@@ -58,9 +69,9 @@ class Setup:
     """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
     zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})
     """ZeRO stage over the data-parallel ranks: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
-    world_size: int = 1
+    world_size: int = field(default=1, metadata={"max": MAX_RANKS, "why": _RANKS_WHY})
     """Data-parallel ranks."""
-    tp: int = 1
+    tp: int = field(default=1, metadata={"max": MAX_TP, "why": _TP_WHY})
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
@@ -70,10 +81,13 @@ class Setup:
     """KV-cache element type when mode is inference."""
 
     def __post_init__(self) -> None:
-        for fname in ("batch", "seq", "world_size", "tp"):
-            value = getattr(self, fname)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise SetupError(f"{fname} must be a positive integer, got {value!r}")
+        # Types and ranges of every field from its annotation and metadata (memlab.predict.validate): a bool is no
+        # count, a float no ZeRO stage, None no policy name. Names with a closest-match message come after.
+        check_fields(self, SetupError, skip=("precision", "optimizer"))
+        for name in ("precision", "optimizer"):
+            if not isinstance(getattr(self, name), str):
+                raise SetupError(f"Setup.{name} must be a string, got {getattr(self, name)!r}: pass e.g. "
+                                 f"{type(self).__dataclass_fields__[name].default!r}")
         if self.mode not in MODES:
             raise SetupError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         precision_policy(self.precision)
