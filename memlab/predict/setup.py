@@ -30,6 +30,9 @@ MAX_BATCH = 10**7
 MAX_SEQ = 10**8
 MAX_RANKS = 10**6
 MAX_TP = 10**4
+MAX_STEPS = 10**4
+_STEPS_WHY = ("ten thousand timed steps (or decoded tokens) per measurement; a median over more adds no precision "
+              "to a memory experiment")
 _BATCH_WHY = ("ten million sequences per rank, about 1000x the largest published global batches; beyond it byte "
               "counts leave the range a float64 sweep holds exactly")
 _SEQ_WHY = "100 million tokens, 10x the longest published context window (10M tokens)"
@@ -49,8 +52,10 @@ class Setup:
     degree and ``sp`` turns on sequence parallelism (Korthikanti et al. 2022).
 
     Each field's docstring is its help text in the ``memlab`` command, which generates its options from these
-    fields (``metadata`` may name ``choices`` and a shorter ``flag``), so the CLI and the API share one set of
-    defaults: the ones written here.
+    fields (``metadata`` may name ``choices``, a shorter ``flag``, ``max`` with its reason ``why``, and the
+    ``mode`` a field applies to), so the CLI and the API share one set of defaults and limits: the ones written
+    here. ``__post_init__`` checks every field by its annotation (:mod:`memlab.predict.validate`), so a new field
+    is validated by its type without new code.
     """
 
     batch: int = field(default=1, metadata={"max": MAX_BATCH, "why": _BATCH_WHY})
@@ -59,9 +64,9 @@ class Setup:
     """Sequence length in tokens (the CLI lowers it to the model's max_seq when that is shorter)."""
     mode: Mode = "train"
     """``train`` (forward, backward, optimizer step) or ``inference`` (weights and KV cache, prefill and decode)."""
-    precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES)})
+    precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES), "mode": "train"})
     """Training precision policy (memlab.predict.precision): how weights, gradients and master copies are stored."""
-    optimizer: str = field(default="adamw", metadata={"choices": OPTIMIZERS})
+    optimizer: str = field(default="adamw", metadata={"choices": OPTIMIZERS, "mode": "train"})
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
@@ -75,9 +80,11 @@ class Setup:
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
-    inference_weights: str = field(default="bf16", metadata={"choices": INFERENCE_WEIGHTS, "flag": "--weights"})
+    inference_weights: str = field(default="bf16", metadata={"choices": INFERENCE_WEIGHTS, "flag": "--weights",
+                                                             "mode": "inference"})
     """Weight dtype when mode is inference."""
-    kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype"})
+    kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype",
+                                                          "mode": "inference"})
     """KV-cache element type when mode is inference."""
 
     def __post_init__(self) -> None:
