@@ -18,7 +18,7 @@ import torch
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run.gpt import GPT
-from memlab.run.sweep import measurement_of, point_key, read_rows, sweep, to_frame
+from memlab.run.sweep import DamagedRowsWarning, measurement_of, point_key, read_rows, sweep, to_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "slow_sweep.py"
@@ -65,15 +65,18 @@ def test_killed_sweep_resumes_without_losing_or_repeating_rows(tmp_path: Path) -
     # A kill in the middle of a write leaves half a line: it must be ignored, and the next row start afresh.
     with out.open("a") as fh:
         fh.write(json.dumps(before[0])[:40])
-    assert read_rows(out) == before
+    with pytest.warns(DamagedRowsWarning, match="line 4: not JSON"):
+        assert read_rows(out) == before
 
-    frame = sweep(grid, out, device="cpu", **FAST)
+    with pytest.warns(DamagedRowsWarning, match="moved to"):
+        frame = sweep(grid, out, device="cpu", **FAST)
     rows = read_rows(out)
     keys = [r["key"] for r in rows]
     assert sorted(keys) == sorted(point_key(c, s, "cpu") for c, s in grid)  # every point exactly once
     assert rows[: len(before)] == before  # finished rows untouched (same "time", same measurement)
     assert all(r["measurement"]["status"] == "ok" for r in rows)
-    assert len(_lines(out)) == len(grid) + 1  # the torn fragment stays on its own line, ignored
+    assert len(_lines(out)) == len(grid)  # the torn fragment was set aside, byte for byte
+    assert _lines(out.with_name("sweep.jsonl.damaged")) == [json.dumps(before[0])[:40]]
     assert len(frame) == len(grid) and frame["key"].is_unique
 
     again = sweep(grid, out, device="cpu", **FAST)  # a finished sweep measures nothing
