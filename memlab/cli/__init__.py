@@ -74,9 +74,17 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments: "):
             options = [s for a in self._actions for s in a.option_strings]
             flags = [w for w in message.removeprefix("unrecognized arguments: ").split() if w.startswith("-")]
-            hints = [f"{f} (did you mean {c}?)" if (c := closest_flag(f, options)) else f for f in flags]
+            hints = [f"{f} (did you mean {c}?)" if (c := closest_flag(f, options)) else f + self._elsewhere(f)
+                     for f in flags]
             message = f"unrecognized argument(s): {', '.join(hints) or message}"
         raise _UsageError(f"{message}{_choice_hint(self, message)} (see '{self.prog} --help')")
+
+    def _elsewhere(self, flag: str) -> str:
+        """' (an option of estimate, not of measure)' when another subcommand has ``flag``."""
+        siblings: dict[str, argparse.ArgumentParser] = getattr(self, "siblings", {})
+        name = flag.split("=", 1)[0]
+        owners = [c for c, p in siblings.items() if p is not self and any(name in a.option_strings for a in p._actions)]
+        return f" (an option of {' and '.join(owners)}, not of {self.prog.split()[-1]})" if owners else ""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         # Unknown flags are reported by the subcommand's parser, which knows the options to suggest from.
@@ -124,6 +132,7 @@ def build_parser(commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentP
         if cmd.passthrough:
             p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(_run=cmd.run, _parser=p)
+        p.siblings = sub.choices  # type: ignore[attr-defined]  # for "an option of estimate, not of measure"
     return parser
 
 
