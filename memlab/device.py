@@ -41,9 +41,9 @@ def resolve_device(device: int | str | torch.device | None = "auto") -> torch.de
     """The one device resolver: a ``torch.device`` that exists in this process.
 
     ``None`` and ``"auto"`` give the current CUDA device when torch sees one, else the CPU. Names are read
-    case-insensitively (``" CUDA:0 "`` is ``cuda:0``); an int is a CUDA index. Only CPU and CUDA are measured
-    by memlab: any other name, a CUDA device on a machine without one, or an index that does not exist raises
-    :class:`SetupError` with the forms that work.
+    case-insensitively (``" CUDA:0 "`` is ``cuda:0``, ``cpu:0`` is ``cpu``); an int is a CUDA index. Only CPU and
+    CUDA are measured by memlab: any other name, a CUDA device on a machine without one, or an index that does
+    not exist raises :class:`SetupError` with the forms that work.
     """
     import torch
 
@@ -59,7 +59,7 @@ def resolve_device(device: int | str | torch.device | None = "auto") -> torch.de
         dev = device
     elif isinstance(device, str):
         text = device.strip().lower()
-        dev = torch.device(text) if re.fullmatch(r"cpu|cuda(:\d+)?", text) else None
+        dev = torch.device(text) if re.fullmatch(r"cpu(:0)?|cuda(:\d+)?", text) else None
     else:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
