@@ -237,7 +237,9 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
     _check_model(model, setup, np.max(setup.seq))
-    on_device = device_type == "cpu" if step_on_device is None else bool(step_on_device)
+    if step_on_device is not None and not isinstance(step_on_device, bool):
+        raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")
+    on_device = device_type == "cpu" if step_on_device is None else step_on_device
     states, opt_detail, notes = _states(model, setup, on_device)
     kv, act_detail = 0, {}
     if isinstance(model, TransformerConfig):
@@ -255,6 +257,15 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     managed = sum(states.values()) + acts + kv
     terms = _overheads(ov, model, setup, managed)
     return states, acts, kv, terms, act_detail, opt_detail, notes
+
+
+def _overheads_arg(overheads: object) -> Overheads:
+    if overheads is None:
+        return Overheads()
+    if not isinstance(overheads, Overheads):
+        raise SetupError(f"overheads must be a memlab.predict.estimate.Overheads or None, got "
+                         f"{type(overheads).__name__}: pass Overheads(cuda_context_bytes=...)")
+    return overheads
 
 
 def _fields(obj: Any) -> dict[str, Any]:
@@ -308,7 +319,7 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     """
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
-    ov = overheads or Overheads()
+    ov = _overheads_arg(overheads)
     states, acts, kv, terms, act_detail, opt_detail, notes = _evaluate(config_or_params, setup, ov, device_type,
                                                                        step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
@@ -378,6 +389,6 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
         raise SetupError(f"batch (shape {b.shape}) and seq (shape {s.shape}) do not broadcast together: pass "
                          "arrays of one shape, or one of them as a scalar") from None
     view = _ArraySetup(setup, b, s)
-    states, acts, kv, terms, *_ = _evaluate(config_or_params, view, overheads or Overheads(), device_type,
+    states, acts, kv, terms, *_ = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
                                             step_on_device)
     return sum(states.values()) + acts + kv + sum(terms.values()) + np.zeros_like(b)

@@ -340,5 +340,13 @@ def roofline_bound(intensity_flop_per_byte: float | Any, peak_flop_per_s: float,
     for name, v in (("peak_flop_per_s", peak_flop_per_s), ("bandwidth_bytes_per_s", bandwidth_bytes_per_s)):
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
             raise SetupError(f"{name} must be a positive finite number, got {v!r}")
-    out = np.minimum(peak_flop_per_s, np.asarray(intensity_flop_per_byte, dtype=float) * bandwidth_bytes_per_s)
+    try:
+        intensity = np.asarray(intensity_flop_per_byte, dtype=float)
+    except (TypeError, ValueError):
+        raise SetupError(f"intensity_flop_per_byte must be a number or an array of numbers (FLOP per byte), got "
+                         f"{type(intensity_flop_per_byte).__name__}") from None
+    if isinstance(intensity_flop_per_byte, bool | str) or not np.all(np.isfinite(intensity)) or np.any(intensity < 0):
+        raise SetupError("intensity_flop_per_byte must be finite and >= 0 (FLOP per byte of traffic); got NaN, "
+                         "infinity, a negative value or a non-number")
+    out = np.minimum(peak_flop_per_s, intensity * bandwidth_bytes_per_s)
     return float(out) if np.ndim(out) == 0 else out

@@ -237,3 +237,47 @@ def test_detect_distrusts_an_implausible_cached_cpu_peak(tmp_path, peak) -> None
         assert info.peak_flops["fp32"] is None
         return
     assert info.peak_flops["fp32"] is None and info.peak_source == "unknown"
+
+
+# -- the other public functions: every odd value is a MemlabError (or a finite result), never a foreign exception --
+def _public_calls():
+    from memlab.predict import activations, inference
+    from memlab.predict.fit import fits, max_batch, max_seq
+
+    s = Setup(seq=8)
+    return {
+        "fits(gpu)": lambda v: fits(estimate(TINY, s), v),
+        "fits(what)": lambda v: fits(v, "h100-sxm", s),
+        "fits(setup)": lambda v: fits(TINY, "h100-sxm", v),
+        "max_batch(setup)": lambda v: max_batch(TINY, v, "h100-sxm"),
+        "max_batch(limit)": lambda v: max_batch(TINY, s, "h100-sxm", limit=v),
+        "max_seq(gpu)": lambda v: max_seq(TINY, s, v),
+        "roofline_bound(intensity)": lambda v: flops.roofline_bound(v, 1e12, 1e9),
+        "roofline_bound(peak)": lambda v: flops.roofline_bound(1.0, v, 1e9),
+        "activation_bytes(config)": lambda v: activations.activation_bytes(v, s),
+        "activation_bytes(setup)": lambda v: activations.activation_bytes(TINY, v),
+        "kv_cache_bytes(batch)": lambda v: inference.kv_cache_bytes(TINY, v, 8, "bf16", 1),
+        "kv_cache_bytes(dtype)": lambda v: inference.kv_cache_bytes(TINY, 1, 8, v, 1),
+        "forward_flops(batch)": lambda v: flops.forward_flops(TINY, v, 8),
+        "flops_per_token(seq)": lambda v: flops.flops_per_token(TINY, v),
+        "step_time_to_tokens_per_second": lambda v: flops.step_time_to_tokens_per_second(v, 1, 8),
+        "estimate(device_type)": lambda v: estimate(TINY, s, device_type=v),
+        "estimate(overheads)": lambda v: estimate(TINY, s, overheads=v),
+        "estimate(step_on_device)": lambda v: estimate(TINY, s, step_on_device=v),
+        "with_(d_model)": lambda v: TINY.with_(d_model=v),
+    }
+
+
+ODD = [None, True, "x", "", -1, 0, 1.5, math.nan, math.inf, 10**30, [], {}, object()]
+PUBLIC = [(name, v) for name in _public_calls() for v in ODD]
+
+
+@pytest.mark.parametrize(("name", "value"), PUBLIC, ids=[f"{n}-{v!r}"[:50] for n, v in PUBLIC])
+def test_public_functions_give_memlab_errors_or_finite_results(name: str, value: object) -> None:
+    try:
+        result = _public_calls()[name](value)
+    except MemlabError as exc:
+        assert "\n" not in str(exc)
+        return
+    if isinstance(result, float | np.ndarray):
+        assert np.all(np.isfinite(result)), f"{name}({value!r}) returned {result}"
