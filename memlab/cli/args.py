@@ -5,6 +5,10 @@ The model options (``--preset`` | explicit dimensions | ``--params``) are declar
 The Setup options are **generated** from :class:`memlab.predict.setup.Setup`'s fields: the flag is the field name
 (or ``metadata["flag"]``), the help is the field's docstring, the choices come from its ``Literal`` type or
 ``metadata["choices"]``, and the default is the field's default, so ``estimate`` and ``measure`` share one set.
+Size options are bounded by the same ``metadata["max"]`` (and its reason) the dataclasses enforce, so a huge value
+is refused with the limit before any work. Devices go through :func:`memlab.device.resolve_device`
+(:func:`device_arg`); output paths are checked up front (:func:`output_file`, :func:`output_dir`) and written
+inside :func:`writing`; ``--json`` goes through :func:`print_json` (never NaN or Infinity).
 """
 
 from __future__ import annotations
@@ -164,9 +168,9 @@ def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {_short(text)}") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {_short(text)}")
     return value
 
 
@@ -180,9 +184,9 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {_short(text)}") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {_short(text)}")
     return value
 
 
@@ -192,7 +196,7 @@ def _float_in(text: str, lo: float, hi: float, what: str) -> float:
     except ValueError:
         value = float("nan")
     if not lo <= value < hi:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {_short(text)}")
     return value
 
 
@@ -213,9 +217,9 @@ def param_count(text: str) -> int:
     try:
         value = float(body) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a parameter count like 7e9 or 7B, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a parameter count like 7e9 or 7B, got {_short(text)}") from None
     if not 1 <= value < 1e16 or value != round(value):
-        raise argparse.ArgumentTypeError(f"expected a positive whole parameter count, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive whole parameter count, got {_short(text)}")
     return round(value)
 
 

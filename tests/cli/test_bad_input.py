@@ -101,6 +101,7 @@ def test_bad_input_is_one_line_and_exit_2(command: str, argv: list[str], tmp_pat
     assert code == 2, f"exit {code}; stdout {out[:300]!r}; stderr {err[:300]!r}"
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("memlab: error: "), err
+    assert len(lines[0]) < 1000, "the input is not echoed whole"
     assert "Traceback" not in err and "Traceback" not in out
     assert "nan" not in out.lower() and "infinity" not in out.lower()
 
