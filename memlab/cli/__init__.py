@@ -2,8 +2,11 @@
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
-stderr and exits with status 2, never a traceback. Each subcommand is a module of this package with
-``add_arguments(parser)`` and ``run(args)``; the shared options are declared once in :mod:`memlab.cli.args`.
+stderr and exits with status 2, never a traceback: an unknown flag names the closest flag of that subcommand
+(:data:`SYNONYMS` for other tools' spellings, then difflib), an invalid choice names the option that takes the value,
+and an OSError while writing (a full disk, stdout to ``/dev/full``) is that one line too. Each subcommand is a
+module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are declared once in
+:mod:`memlab.cli.args`.
 
 Subcommands are data: :data:`COMMANDS` holds ``Command(name, help, add_arguments, run)`` entries; add one to
 extend the tool. A ``passthrough`` command gets its remaining arguments unparsed (``args.rest``) and parses them
