@@ -34,8 +34,8 @@ _PARAMS_WHY = "a quadrillion parameters, about 500x the largest published models
 MAX_D_MODEL = 10**6
 MAX_D_FF = 10**7
 MAX_VOCAB = 10**8
-_LAYERS_WHY = ("ten thousand blocks, 10x the deepest published transformer (DeepNet, 1,000 layers); parameter "
-               "shapes are listed per layer, so this also keeps every call well under a second")
+_LAYERS_WHY = ("ten thousand blocks, 10x the deepest published transformer (DeepNet, 1,000 layers [wang2022]); "
+               "parameter shapes are listed per layer, so this also keeps every call well under a second")
 _D_WHY = "a million, about 40x the widest published models (d_model 12,288-25,600)"
 _FF_WHY = "ten million, about 100x the widest published MLPs"
 _VOCAB_WHY = "a hundred million tokens, about 400x the largest published vocabularies (~256k)"

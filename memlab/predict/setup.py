@@ -35,7 +35,7 @@ _STEPS_WHY = ("ten thousand timed steps (or decoded tokens) per measurement; a m
               "to a memory experiment")
 _BATCH_WHY = ("ten million sequences per rank, about 1000x the largest published global batches; beyond it byte "
               "counts leave the range a float64 sweep holds exactly")
-_SEQ_WHY = "100 million tokens, 10x the longest published context window (10M tokens)"
+_SEQ_WHY = "100 million tokens, 10x the longest published context (10M tokens recalled [gemini2024])"
 _RANKS_WHY = "a million data-parallel ranks, about 10x the largest training clusters built"
 _TP_WHY = "ten thousand tensor-parallel ranks; tensor parallelism is used within a node or a few (2-64 ranks)"
 
