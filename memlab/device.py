@@ -313,10 +313,10 @@ def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, devi
         "cpu_count": os.cpu_count(),
     }
     want = "auto" if device is None else str(device).strip().lower()
-    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", want)
+    match = re.fullmatch(r"auto|cpu(?::0)?|cuda(?::(\d+))?", want)
     if match is None:
         raise MemlabError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+    if want.startswith("cpu") or (want == "auto" and not torch.cuda.is_available()):
         return _detect_cpu(torch, measure_cpu_peak, cache_dir, common)
     index = int(match.group(1) or 0)
     if not torch.cuda.is_available() or index >= torch.cuda.device_count():
