@@ -196,3 +196,27 @@ def test_a_fifo_as_the_sweep_file_fails_fast(tmp_path: Path) -> None:
 def test_a_bad_device_in_a_subprocess(tmp_path: Path) -> None:
     proc = _memlab("measure", *TINY, "--device", "mps", capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "device must be" in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["ledger", "--device", "cpu", "--out", "{tmp}/new/s.jsonl"],
+                                  ["ledger", "--device", "cpu", "--out", "{tmp}/file"],
+                                  ["report", "--out", "{tmp}/reports"]])
+def test_unwritable_outputs_are_refused_before_any_work(argv, tmp_path: Path, monkeypatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.cli import args as args_mod
+
+    (tmp_path / "reports").mkdir()
+    monkeypatch.setattr(args_mod.os, "access", lambda *a, **k: False)  # as if not root and read-only
+    assert cli.main(_fill(argv, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not writable" in err
+
+
+def test_writing_turns_an_oserror_into_the_one_line_error(tmp_path: Path) -> None:
+    import errno
+
+    from memlab.cli.args import writing
+    from memlab.errors import MemlabError
+
+    with pytest.raises(MemlabError, match=r"cannot write .*No space left on device"), writing(tmp_path / "x"):
+        raise OSError(errno.ENOSPC, "No space left on device")
