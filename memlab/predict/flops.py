@@ -306,7 +306,7 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     achieved = tps * model_fpt
     if peak is None:
         return MFUResult(None, None, achieved, model_fpt, hw_fpt, None, source if source != "unknown" else "unknown",
-                         dtype, n_dev, why, tps, recompute, formula, label)
+                         dtype, n_dev, why, tps, recompute, formula, label, "unknown", None)
     total_peak = n_dev * peak
     ratio = achieved / total_peak
     hfu = tps * hw_fpt / total_peak if hw_fpt is not None else None

@@ -213,6 +213,11 @@ def test_a_plausible_mfu_is_unchanged() -> None:
     assert res.computed_mfu == res.mfu
 
 
+def test_an_unknown_peak_is_an_unknown_verdict() -> None:
+    res = flops.mfu(7e9, 1e4, accelerator=None)
+    assert res.verdict == "unknown" and res.mfu is None and res.reason.startswith("unknown peak")
+
+
 def test_mfu_rejects_the_seq_estimate_rejects() -> None:
     with pytest.raises(MemlabError, match="max_seq") as a:
         flops.mfu(TINY, 100.0, accelerator="h100-sxm", seq=TINY.max_seq + 1)
