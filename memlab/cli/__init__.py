@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc))
     except SystemExit as exc:  # --help and friends
         return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:  # Ctrl-C: one line; a sweep's finished rows are already on disk
+        print("memlab: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly (Python docs, "Note on SIGPIPE")
         _silence_stdout()
         return 1

@@ -41,7 +41,7 @@ from memlab.predict.optimizer_states import (
 from memlab.predict.precision import DTYPE_BYTES
 from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
-from memlab.predict.validate import check_fields, check_int, show
+from memlab.predict.validate import StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
 
 MAX_OVERHEAD_BYTES = 2**50
@@ -50,13 +50,15 @@ _OVERHEAD_WHY = "one pebibyte (2**50 bytes), over 1000x any accelerator's memory
 
 # -- results ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Overheads:
+class Overheads(StrictInit):
     """Named memory terms outside model states and activations; each appears in ``MemoryBreakdown.overhead``.
 
     Defaults are 0 because their size depends on the machine, driver and kernels; each estimate says so in its
     assumptions and how to measure the term. ``gathered_layers`` counts the transformer blocks whose full
     parameters FSDP/ZeRO-3 holds gathered at once (1 for the running block, 2 with prefetch); 0 leaves it out.
     """
+
+    _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
     cuda_context_bytes: int = field(default=0, metadata={"max": MAX_OVERHEAD_BYTES, "why": _OVERHEAD_WHY})
     """CUDA context, kernels and library handles (outside the caching allocator)."""

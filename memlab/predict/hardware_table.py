@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from memlab.errors import MemlabError, unknown_name
-from memlab.predict.validate import check_fields, check_number, show
+from memlab.predict.validate import StrictInit, check_fields, check_number, show
 
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """The dtypes every peak table carries, in display order (int8 in integer op/s)."""
@@ -26,7 +26,7 @@ T = 1e12  # tera (FLOP/s or bytes/s)
 
 
 @dataclass(frozen=True)
-class Accelerator:
+class Accelerator(StrictInit):
     """One accelerator (or, for a measured CPU, the host processor) with its dense peaks and their source."""
 
     key: str

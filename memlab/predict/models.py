@@ -22,7 +22,7 @@ from typing import Literal
 
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
-from memlab.predict.validate import check_fields
+from memlab.predict.validate import StrictInit, check_fields
 
 MlpKind = Literal["gelu", "swiglu"]
 PositionKind = Literal["learned", "rotary"]
@@ -48,12 +48,14 @@ def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TransformerConfig:
+class TransformerConfig(StrictInit):
     """A decoder-only transformer, sized exactly.
 
     Fields are model hyper-parameters; the batch, sequence length, precision and parallelism of a run live
     in :class:`memlab.predict.setup.Setup`, so one config serves many experiments.
     """
+
+    _error = ConfigError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
     d_model: int = field(metadata={"max": MAX_D_MODEL, "why": _D_WHY})
     """Hidden size h."""

@@ -12,7 +12,7 @@ from typing import Literal
 
 from memlab.errors import SetupError, unknown_name
 from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
-from memlab.predict.validate import check_fields
+from memlab.predict.validate import StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
@@ -41,7 +41,7 @@ _TP_WHY = "ten thousand tensor-parallel ranks; tensor parallelism is used within
 
 
 @dataclass(frozen=True, kw_only=True)
-class Setup:
+class Setup(StrictInit):
     """Everything about a run that is not the model: shapes, precision, optimizer, memory policies, sharding.
 
     ``batch`` is the micro-batch per data-parallel rank; ``seq`` the sequence length in tokens. ``attention``
@@ -54,9 +54,11 @@ class Setup:
     Each field's docstring is its help text in the ``memlab`` command, which generates its options from these
     fields (``metadata`` may name ``choices``, a shorter ``flag``, ``max`` with its reason ``why``, and the
     ``mode`` a field applies to), so the CLI and the API share one set of defaults and limits: the ones written
-    here. ``__post_init__`` checks every field by its annotation (:mod:`memlab.predict.validate`), so a new field
-    is validated by its type without new code.
+    here. An unknown field name is a SetupError naming the closest one. ``__post_init__`` checks every field by
+    its annotation (:mod:`memlab.predict.validate`), so a new field is validated by its type without new code.
     """
+
+    _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
     batch: int = field(default=1, metadata={"max": MAX_BATCH, "why": _BATCH_WHY})
     """Micro-batch per data-parallel rank, in sequences."""

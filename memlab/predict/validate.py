@@ -168,3 +168,35 @@ def check_fields(obj: Any, err: type[MemlabError] = MemlabError, *, skip: tuple[
             check_str(r.name, value, choices=r.choices, owner=owner, err=err)
         elif r.kind == "literal":
             check_choice(r.name, value, r.choices or (), owner=owner, err=err)
+
+
+class _StrictCall(type):
+    """Metaclass of :class:`StrictInit`: checks the arguments of ``Cls(...)`` (not of copy/pickle, which call
+    ``__new__`` directly) before the dataclass ``__init__`` would raise a TypeError."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        err: type[MemlabError] = getattr(cls, "_error", MemlabError)
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        names = [f.name for f in fields]
+        for key in kwargs:
+            if key not in names:
+                near = closest_names(key, names, n=2)
+                hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+                raise err(f"{cls.__name__} has no field {show(key)}{hint}; its fields: {', '.join(names)}")
+        if args and all(f.kw_only for f in fields):
+            raise err(f"{cls.__name__} takes keyword arguments only, e.g. {cls.__name__}({names[0]}=...)")
+        if len(args) > len(names):
+            raise err(f"{cls.__name__} takes at most {len(names)} arguments, got {len(args)}")
+        given = set(names[: len(args)]) | set(kwargs)
+        missing = [f.name for f in fields if f.name not in given and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise err(f"{cls.__name__} needs {', '.join(missing)}: pass {missing[0]}=...")
+        return super().__call__(*args, **kwargs)
+
+
+class StrictInit(metaclass=_StrictCall):
+    """Base for frozen dataclasses: an unknown, missing or positional argument is a :class:`MemlabError` naming the
+    field (and the closest one), not Python's TypeError. A class attribute ``_error`` picks the subclass raised."""
+
+    __slots__ = ()

@@ -108,6 +108,28 @@ def test_a_new_annotated_field_is_checked_without_new_code() -> None:
         Later(steps=65)
 
 
+@pytest.mark.parametrize(("make", "word"), [
+    (lambda: Setup(batchsize=4), "did you mean batch"), (lambda: Setup(4), "keyword arguments only"),
+    (lambda: TransformerConfig(), "needs d_model, n_layers, n_heads"),
+    (lambda: TransformerConfig(**DIMS, n_layer=2), "did you mean n_layers"),
+    (lambda: Overheads(cuda_context=1), "did you mean cuda_context_bytes"),
+    (lambda: Overheads(1, 2, 0.0, 0, 5), "at most"),
+    (lambda: Accelerator(**ROW, peak=1e12), "has no field"), (lambda: TINY.with_(layers=3), "did you mean n_layers"),
+], ids=["setup-unknown", "setup-positional", "config-missing", "config-unknown", "overheads-unknown",
+        "overheads-too-many", "accelerator-unknown", "with-unknown"])
+def test_unknown_missing_or_positional_fields_are_memlab_errors(make, word: str) -> None:
+    with pytest.raises(MemlabError, match=word):
+        make()
+
+
+def test_strict_dataclasses_still_copy_pickle_and_hash() -> None:
+    import copy
+    import pickle
+
+    for obj in (TINY, Setup(batch=2), Overheads(workspace_bytes=5)):
+        assert copy.deepcopy(obj) == obj == pickle.loads(pickle.dumps(obj)) and hash(obj) == hash(copy.copy(obj))
+
+
 # -- Overheads, presets, policies, GPUs ---------------------------------------------------------------------------
 OVERHEADS_BAD = [
     ("fragmentation_fraction", "0.5"), ("fragmentation_fraction", 1.0), ("fragmentation_fraction", np.nan),
