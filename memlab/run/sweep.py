@@ -324,6 +324,7 @@ def measurement_of(row: dict[str, Any]) -> tuple[TransformerConfig, Measurement]
         raise MemlabError(f"config or measurement incomplete ({exc})") from None
     if not isinstance(measurement.setup, dict) or not isinstance(measurement.status, str):
         raise MemlabError("measurement cut (no setup or status)")
+    Setup(**measurement.setup)  # a setup that no longer validates is a damaged row (SetupError names the field)
     return config, measurement
 
 

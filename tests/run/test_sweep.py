@@ -210,6 +210,8 @@ DAMAGE = {
     "cut-measurement": _cut_measurement,
     "no-config": lambda line: json.dumps({**json.loads(line), "config": None}).encode(),
     "bad-config": lambda line: json.dumps({**json.loads(line), "config": {"d_model": True}}).encode(),
+    "bad-setup": lambda line: json.dumps({**json.loads(line), "measurement": {
+        **json.loads(line)["measurement"], "setup": {"batch": "one"}}}).encode(),
     "ok-without-bytes": lambda line: json.dumps({**json.loads(line), "measurement": {
         **json.loads(line)["measurement"], "params_bytes": None}}).encode(),
 }
