@@ -3,8 +3,9 @@
 :func:`sweep` runs every (config, setup) point of a grid with :func:`memlab.run.runner.run_step`, appends each
 result to a JSON-lines file (flushed and fsync'ed), and on a restart skips the points already in the file,
 so an interrupted sweep resumes without repeating or losing rows. Out-of-memory results and failures are
-recorded with their message and the sweep goes on. Progress is shown with tqdm. A damaged line costs only itself
-(skipped with a warning, its point measured again); a lock file keeps two sweeps of one file from doubling rows.
+recorded with their message and the sweep goes on. Progress is shown with tqdm. A damaged line costs only itself:
+it is skipped with a warning, set aside byte for byte in ``PATH.damaged`` and its point measured again; a lock on
+``PATH.lock`` keeps two sweeps of one file from doubling rows; a FIFO or device is refused before it is opened.
 """
 
 from __future__ import annotations
@@ -257,6 +258,15 @@ def _measure(run: Callable[..., Measurement], config: TransformerConfig, setup: 
     return m.to_dict()
 
 
+def _checked(grid: Iterable[tuple[TransformerConfig, Setup]]) -> list[tuple[TransformerConfig, Setup]]:
+    points = list(grid)
+    for i, point in enumerate(points):
+        if not (isinstance(point, tuple | list) and len(point) == 2 and isinstance(point[0], TransformerConfig)
+                and isinstance(point[1], Setup)):
+            raise MemlabError(f"grid point {i} must be a (TransformerConfig, Setup) pair, got {type(point).__name__}")
+    return points
+
+
 def sweep(
     grid: Iterable[tuple[TransformerConfig, Setup]],
     path: str | Path,
@@ -284,7 +294,7 @@ def sweep(
     run = run or run_step
     dev = device_string(device)
     path = check_sweep_path(path)
-    points = {point_key(c, s, dev): (c, s) for c, s in grid}  # a point listed twice is measured once
+    points = {point_key(c, s, dev): (c, s) for c, s in _checked(grid)}  # a point listed twice is measured once
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

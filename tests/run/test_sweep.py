@@ -357,3 +357,11 @@ def test_run_step_refuses_bad_step_counts(steps) -> None:
 
     with pytest.raises(MemlabError, match="steps"):
         run_step(TINY, Setup(batch=1, seq=8), "cpu", steps=steps)
+
+
+@pytest.mark.parametrize("grid", [[TINY], [(TINY,)], [(Setup(), TINY)], [("tiny-gpt", Setup())], [None]])
+def test_a_malformed_grid_is_a_memlab_error(tmp_path: Path, grid) -> None:
+    from memlab.errors import MemlabError
+
+    with pytest.raises(MemlabError, match="grid point 0"):
+        sweep(grid, tmp_path / "s.jsonl", device="cpu", run=_fake_run([]), **QUIET)
