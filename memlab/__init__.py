@@ -2,7 +2,8 @@
 
 The package is laid out in the order of the flow, one room per step::
 
-    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware
+    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware;
+               validate (type and range checks of every public dataclass, read from its annotations)
     run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline
     measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
     compare/   prediction next to measurement: the ledger and its plots
