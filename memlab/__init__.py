@@ -3,7 +3,7 @@
 The package is laid out in the order of the flow, one room per step::
 
     predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, parallelism,
-               hardware
+               hardware; validate (type and range checks of every public dataclass, read from its annotations)
     run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline, profile
                (a step op by op), step_time (where a step's time goes), utilisation (what monitors count)
     measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM

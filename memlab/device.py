@@ -41,9 +41,9 @@ def resolve_device(device: int | str | torch.device | None = "auto") -> torch.de
     """The one device resolver: a ``torch.device`` that exists in this process.
 
     ``None`` and ``"auto"`` give the current CUDA device when torch sees one, else the CPU. Names are read
-    case-insensitively (``" CUDA:0 "`` is ``cuda:0``); an int is a CUDA index. Only CPU and CUDA are measured
-    by memlab: any other name, a CUDA device on a machine without one, or an index that does not exist raises
-    :class:`SetupError` with the forms that work.
+    case-insensitively (``" CUDA:0 "`` is ``cuda:0``, ``cpu:0`` is ``cpu``); an int is a CUDA index. Only CPU and
+    CUDA are measured by memlab: any other name, a CUDA device on a machine without one, or an index that does
+    not exist raises :class:`SetupError` with the forms that work.
     """
     import torch
 
@@ -59,7 +59,7 @@ def resolve_device(device: int | str | torch.device | None = "auto") -> torch.de
         dev = device
     elif isinstance(device, str):
         text = device.strip().lower()
-        dev = torch.device(text) if re.fullmatch(r"cpu|cuda(:\d+)?", text) else None
+        dev = torch.device(text) if re.fullmatch(r"cpu(:0)?|cuda(:\d+)?", text) else None
     else:
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
@@ -285,14 +285,21 @@ def _write_cache(path: Path, data: dict[str, Any]) -> None:
 CPU_CACHE_FILE = "cpu_peak.json"
 
 
+MAX_CPU_PEAK_FLOPS = 1e15
+"""The most a cached CPU matmul peak may claim: 1 PFLOP/s, several times the bf16 AMX peak of a two-socket server
+(about 2 x 56 cores x 2 GHz x 1024 FLOP/cycle = 230 TFLOP/s). A larger cached value is corrupt and is re-measured."""
+
+
 def _valid_entry(entry: object) -> bool:
-    """A cache entry with a benchmark description and positive-or-None peaks for known dtypes only."""
+    """A cache entry with a benchmark description and plausible peaks (positive, at most
+    :data:`MAX_CPU_PEAK_FLOPS`, or None) for known dtypes only."""
     if not isinstance(entry, dict) or not isinstance(entry.get("benchmark"), str):
         return False
     peaks = entry.get("peak_flops")
     if not isinstance(peaks, dict) or not peaks or set(peaks) - set(PEAK_DTYPES):
         return False
-    return all(v is None or (isinstance(v, int | float) and math.isfinite(v) and v > 0) for v in peaks.values())
+    return all(v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                             and 0 < v <= MAX_CPU_PEAK_FLOPS) for v in peaks.values())
 
 
 def _detect_cpu(torch: Any, measure: bool, cache_dir: Path | None, common: dict[str, Any]) -> DeviceInfo:
@@ -342,10 +349,10 @@ def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, devi
         "cpu_count": os.cpu_count(),
     }
     want = "auto" if device is None else str(device).strip().lower()
-    match = re.fullmatch(r"auto|cpu|cuda(?::(\d+))?", want)
+    match = re.fullmatch(r"auto|cpu(?::0)?|cuda(?::(\d+))?", want)
     if match is None:
         raise MemlabError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+    if want.startswith("cpu") or (want == "auto" and not torch.cuda.is_available()):
         return _detect_cpu(torch, measure_cpu_peak, cache_dir, common)
     index = int(match.group(1) or 0)
     if not torch.cuda.is_available() or index >= torch.cuda.device_count():

@@ -24,7 +24,7 @@ def test_bad_devices_get_one_setup_error_naming_the_forms(bad):
         resolve_device(bad)
 
 
-@pytest.mark.parametrize("name", ["cpu", " CPU ", "Cpu", torch.device("cpu")])
+@pytest.mark.parametrize("name", ["cpu", " CPU ", "Cpu", "cpu:0", torch.device("cpu")])
 def test_cpu_names_resolve_to_the_cpu(name):
     assert resolve_device(name) == torch.device("cpu") and device_string(name) == "cpu"
 

@@ -2,8 +2,11 @@
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
-stderr and exits with status 2, never a traceback. Each subcommand is a module of this package with
-``add_arguments(parser)`` and ``run(args)``; the shared options are declared once in :mod:`memlab.cli.args`.
+stderr and exits with status 2, never a traceback: an unknown flag names the closest flag of that subcommand
+(:data:`SYNONYMS` for other tools' spellings, then difflib), an invalid choice names the option that takes the value,
+and an OSError while writing (a full disk, stdout to ``/dev/full``) is that one line too. Each subcommand is a
+module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are declared once in
+:mod:`memlab.cli.args`.
 
 Subcommands are data: :data:`COMMANDS` holds ``Command(name, help, add_arguments, run)`` entries; add one to
 extend the tool. A ``passthrough`` command gets its remaining arguments unparsed (``args.rest``) and parses them
@@ -13,7 +16,9 @@ itself, as ``report`` does with :func:`memlab.course.report.main`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +32,70 @@ class _UsageError(Exception):
     """An argparse error, turned into one stderr line by :func:`main`."""
 
 
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "--batch-size": ("--batch", "--global-batch"), "--micro-batch-size": ("--batch",), "--bs": ("--batch",),
+    "--global-batch-size": ("--global-batch",), "--seq-len": ("--seq",), "--seq-length": ("--seq",),
+    "--sequence-length": ("--seq",), "--context-length": ("--seq", "--max-seq"), "--max-seq-len": ("--max-seq",),
+    "--max-position-embeddings": ("--max-seq",), "--model": ("--preset",), "--model-name": ("--preset",),
+    "--dtype": ("--precision", "--weights", "--dtype"), "--optim": ("--optimizer",), "--zero-stage": ("--zero",),
+    "--gpus": ("--num-gpus", "--world-size"), "--n-gpus": ("--num-gpus", "--world-size"),
+    "--num-devices": ("--num-gpus", "--world-size"), "--dp": ("--world-size",), "--hidden-size": ("--d-model",),
+    "--num-layers": ("--n-layers",), "--num-heads": ("--n-heads",), "--num-attention-heads": ("--n-heads",),
+    "--vocab-size": ("--vocab",), "--tokens-per-sec": ("--tokens-per-second",), "--tps": ("--tokens-per-second",),
+    "--throughput": ("--tokens-per-second",), "--gradient-checkpointing": ("--recompute",),
+    "--activation-checkpointing": ("--recompute",), "--tensor-parallel": ("--tp",), "--tp-size": ("--tp",),
+    "--output": ("--out",), "-o": ("--out",), "--gpu-name": ("--gpu",), "--accelerator": ("--gpu",),
+}
+"""Flags other tools use, mapped to memlab's (those the subcommand has are suggested)."""
+
+
+def closest_flag(flag: str, options: list[str]) -> str | None:
+    """The option(s) of ``options`` a mistyped or foreign ``flag`` most likely means (synonyms, then difflib)."""
+    import difflib
+
+    name = flag.split("=", 1)[0]
+    known = [c for c in SYNONYMS.get(name.lower(), ()) if c in options]
+    if known:
+        return " or ".join(known)
+    hits = difflib.get_close_matches(name, [o for o in options if o.startswith("--")], n=1, cutoff=0.6)
+    return hits[0] if hits else None
+
+
+def _choice_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """For 'argument --x: invalid choice: V', the other options of ``parser`` that accept V."""
+    match = re.match(r"argument (\S+?)(?:/\S+)?: invalid choice: '([^']*)'", message)
+    if not match:
+        return ""
+    flag, value = match.groups()
+    others = [a.option_strings[0] for a in parser._actions
+              if a.choices is not None and flag not in a.option_strings and value in map(str, a.choices)]
+    return f"; {value!r} is a value of {' and '.join(others)} (did you mean {others[0]} {value}?)" if others else ""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse would print the usage and exit; we want one line
-        raise _UsageError(f"{message} (see '{self.prog} --help')")
+        if message.startswith("unrecognized arguments: "):
+            options = [s for a in self._actions for s in a.option_strings]
+            flags = [w for w in message.removeprefix("unrecognized arguments: ").split() if w.startswith("-")]
+            hints = [f"{f} (did you mean {c}?)" if (c := closest_flag(f, options)) else f + self._elsewhere(f)
+                     for f in flags]
+            message = f"unrecognized argument(s): {', '.join(hints) or message}"
+        raise _UsageError(f"{message}{_choice_hint(self, message)} (see '{self.prog} --help')")
+
+    def _elsewhere(self, flag: str) -> str:
+        """' (an option of estimate, not of measure)' when another subcommand has ``flag``."""
+        siblings: dict[str, argparse.ArgumentParser] = getattr(self, "siblings", {})
+        name = flag.split("=", 1)[0]
+        owners = [c for c, p in siblings.items() if p is not self and any(name in a.option_strings for a in p._actions)]
+        return f" (an option of {' and '.join(owners)}, not of {self.prog.split()[-1]})" if owners else ""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # Unknown flags are reported by the subcommand's parser, which knows the options to suggest from.
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = getattr(ns, "_parser", self)
+            sub.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
 
 
 @dataclass(frozen=True)
@@ -68,7 +134,8 @@ def build_parser(commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentP
         cmd.add_arguments(p)
         if cmd.passthrough:
             p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(_run=cmd.run)
+        p.set_defaults(_run=cmd.run, _parser=p)
+        p.siblings = sub.choices  # type: ignore[attr-defined]  # for "an option of estimate, not of measure"
     return parser
 
 
@@ -84,15 +151,35 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             names = ", ".join(c.name for c in COMMANDS)
             raise _UsageError(f"give a command: {names} (see 'memlab --help')")
-        return args._run(args)
+        code = args._run(args)
+        sys.stdout.flush()  # a full disk or /dev/full fails here, inside the one-line error handling
+        return code
     except (MemlabError, _UsageError) as exc:
-        print(f"memlab: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     except SystemExit as exc:  # --help and friends
         return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:  # Ctrl-C: one line; a sweep's finished rows are already on disk
+        print("memlab: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly (Python docs, "Note on SIGPIPE")
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
         return 1
+    except OSError as exc:  # writing stdout or a file failed (disk full, permissions): one line, no traceback
+        _silence_stdout()
+        where = f" {exc.filename!r}" if exc.filename else " standard output"
+        return _fail(f"cannot write{where}: {exc.strerror or exc}")
+
+
+def _fail(message: str) -> int:
+    text = " ".join(message.split())
+    print(f"memlab: error: {text[:2000]}", file=sys.stderr)
+    return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush of unwritable output cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # not a real file (captured in tests)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

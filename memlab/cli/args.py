@@ -5,31 +5,172 @@ The model options (``--preset`` | explicit dimensions | ``--params``) are declar
 The Setup options are **generated** from :class:`memlab.predict.setup.Setup`'s fields: the flag is the field name
 (or ``metadata["flag"]``), the help is the field's docstring, the choices come from its ``Literal`` type or
 ``metadata["choices"]``, and the default is the field's default, so ``estimate`` and ``measure`` share one set.
+Size options are bounded by the same ``metadata["max"]`` (and its reason) the dataclasses enforce, so a huge value
+is refused with the limit before any work. Devices go through :func:`memlab.device.resolve_device`
+(:func:`device_arg`); output paths are checked up front (:func:`output_file`, :func:`output_dir`) and written
+inside :func:`writing`; ``--json`` goes through :func:`print_json` (never NaN or Infinity).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
 import itertools
+import json
+import math
+import os
 import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from memlab.errors import MemlabError
 
+MIB = 2**20
+MAX_MIB = 2**30
+"""The most MiB an overhead flag takes: 2**30 MiB = 1 PiB (the API's Overheads bound)."""
+
 
 # -- argument types ---------------------------------------------------------------------------------------------
+def bounded_int(lo: int, hi: int, why: str) -> Callable[[str], int]:
+    """An argument type: a whole number in [lo, hi]; the error says the limit and ``why``."""
+
+    def parse(text: str) -> int:
+        value = (non_negative_int if lo == 0 else positive_int)(text)
+        if value < lo or value > hi:
+            raise argparse.ArgumentTypeError(f"expected at most {hi:,} ({why}), got {_short(text)}")
+        return value
+
+    parse.__name__ = "bounded_int"
+    return parse
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return repr(text) if len(text) <= limit else repr(text[: limit - 3] + "...")
+
+
+def field_bound(cls: type, name: str) -> Callable[[str], int]:
+    """The argument type of an int field of ``cls``, bounded by its ``metadata`` (max and the reason)."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    lo = 0 if f.default == 0 else 1
+    hi = f.metadata.get("max")
+    return bounded_int(lo, hi, f.metadata.get("why", "")) if hi is not None else (
+        non_negative_int if lo == 0 else positive_int)
+
+
+def mebibytes(text: str) -> float:
+    """A size in MiB, >= 0 and at most :data:`MAX_MIB` (1 PiB)."""
+    value = non_negative_float(text)
+    if value > MAX_MIB:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_MIB:,} MiB (1 PiB, over 1000x any accelerator's "
+                                         f"memory), got {_short(text)}")
+    return value
+
+
+def gpu_name(text: str) -> str:
+    """A GPU of memlab's table (key, spelling or torch name); unknown names list the closest ones."""
+    from memlab.predict.hardware import gpu
+
+    try:
+        return gpu(text).key
+    except MemlabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def device_arg(text: str) -> str:
+    """A device this process can use, through the one resolver :func:`memlab.device.resolve_device`
+    (``auto``, ``cpu``, ``cuda``, ``cuda:N``); garbage, ``''``, ``mps``, ``meta`` or CUDA without a GPU are refused
+    before any work starts."""
+    from memlab.device import device_string
+
+    try:
+        return device_string(text)
+    except MemlabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _check_parents(path: Path) -> None:
+    """Refuse a path whose folder chain holds a file, or whose name is longer than the file system allows."""
+    for part in path.parts:
+        if len(part.encode(errors="surrogateescape")) > 255:
+            raise argparse.ArgumentTypeError(f"{_short(str(path))}: a name in the path is longer than 255 bytes")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise argparse.ArgumentTypeError(f"{_short(str(path))}: {str(parent)!r} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK) and not path.exists():
+                raise argparse.ArgumentTypeError(f"{_short(str(path))}: folder {str(parent)!r} is not writable")
+            return
+
+
+def output_file(text: str) -> Path:
+    """A file memlab may create or append to: not a folder, not a FIFO or device (``/dev/null``, ``/dev/full``),
+    not under a file, a writable location. Missing parent folders are created when it is written."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got ''")
+    path = Path(text)
+    _check_parents(path)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{_short(text)} is a folder: give a file path inside it")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{_short(text)} is not a regular file (a FIFO, device or socket): give a "
+                                         "file path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{_short(text)} is not writable")
+    return path
+
+
+def output_dir(text: str) -> Path:
+    """A folder memlab may create and write into (not a file, not under a file, writable)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder path, got ''")
+    path = Path(text)
+    _check_parents(path)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{_short(text)} exists and is not a folder: give a folder path")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"folder {_short(text)} is not writable")
+    return path
+
+
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Turn an OSError raised while writing ``path`` (disk full, permissions, a vanished folder) into the one-line
+    :class:`MemlabError`."""
+    try:
+        yield
+    except OSError as exc:
+        raise MemlabError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def clean_json(obj: Any) -> Any:
+    """``obj`` with every NaN or infinity replaced by None (JSON has neither), recursively."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean_json(v) for v in obj]
+    return obj
+
+
+def print_json(obj: Any, **kwargs: Any) -> None:
+    """Print ``obj`` as strict JSON: non-finite numbers become null, never ``NaN``/``Infinity``."""
+    print(json.dumps(clean_json(obj), allow_nan=False, **kwargs))
+
+
 def positive_int(text: str) -> int:
     """A whole number > 0."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {_short(text)}") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {_short(text)}")
     return value
 
 
@@ -43,9 +184,9 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {_short(text)}") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {_short(text)}")
     return value
 
 
@@ -55,7 +196,7 @@ def _float_in(text: str, lo: float, hi: float, what: str) -> float:
     except ValueError:
         value = float("nan")
     if not lo <= value < hi:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {_short(text)}")
     return value
 
 
@@ -76,31 +217,36 @@ def param_count(text: str) -> int:
     try:
         value = float(body) * scale
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a parameter count like 7e9 or 7B, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a parameter count like 7e9 or 7B, got {_short(text)}") from None
     if not 1 <= value < 1e16 or value != round(value):
-        raise argparse.ArgumentTypeError(f"expected a positive whole parameter count, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive whole parameter count, got {_short(text)}")
     return round(value)
 
 
 # -- the model --------------------------------------------------------------------------------------------------
-_DIM_ONLY = ("n_kv_heads", "d_ff", "vocab", "mlp", "max_seq", "untied", "positions", "norm", "no_bias")
+_DIM_ONLY = ("n_kv_heads", "d_ff", "vocab", "mlp", "untied", "positions", "norm", "no_bias")
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True) -> None:
     """MODEL := --preset NAME | --d-model H --n-layers L --n-heads A [...] | --params P."""
     what = "--preset, explicit dimensions" + (", --params" if allow_params else "")
     g = p.add_argument_group(f"model (exactly one of: {what})")
-    from memlab.predict.models import preset_names
+    from memlab.predict.models import TransformerConfig, preset_names
+
+    def dim(name: str) -> Callable[[str], int]:
+        return field_bound(TransformerConfig, name)
 
     g.add_argument("--preset", metavar="NAME", help=f"a preset: {', '.join(preset_names())}")
-    g.add_argument("--d-model", type=positive_int, metavar="H")
-    g.add_argument("--n-layers", type=positive_int, metavar="L")
-    g.add_argument("--n-heads", type=positive_int, metavar="A")
-    g.add_argument("--n-kv-heads", type=positive_int, metavar="K", help="KV heads (GQA/MQA); default A")
-    g.add_argument("--d-ff", type=positive_int, metavar="F", help="MLP width; default 4H (gelu) or Llama rule")
-    g.add_argument("--vocab", type=positive_int, metavar="V", help="vocabulary size (default 50257)")
+    g.add_argument("--d-model", type=dim("d_model"), metavar="H")
+    g.add_argument("--n-layers", type=dim("n_layers"), metavar="L")
+    g.add_argument("--n-heads", type=dim("n_heads"), metavar="A")
+    g.add_argument("--n-kv-heads", type=dim("n_kv_heads"), metavar="K", help="KV heads (GQA/MQA); default A")
+    g.add_argument("--d-ff", type=dim("d_ff"), metavar="F", help="MLP width; default 4H (gelu) or Llama rule")
+    g.add_argument("--vocab", type=dim("vocab_size"), metavar="V", help="vocabulary size (default 50257)")
     g.add_argument("--mlp", choices=("gelu", "swiglu"))
-    g.add_argument("--max-seq", type=positive_int, metavar="S", help="default max(1024, --seq)")
+    g.add_argument("--max-seq", type=dim("max_seq"), metavar="S",
+                   help="longest sequence (learned position rows); default max(1024, --seq); with --preset it "
+                        "replaces the preset's max_seq")
     g.add_argument("--untied", action="store_true", help="separate LM head (default: tied to the embedding)")
     g.add_argument("--positions", choices=("learned", "rotary"))
     g.add_argument("--norm", choices=("layernorm", "rmsnorm"))
@@ -126,7 +272,12 @@ def model_from_args(args: argparse.Namespace) -> Any:
     if chosen[0] != "explicit dimensions":
         if extra:
             raise MemlabError(f"{', '.join(extra)} only apply to explicit dimensions, not to {chosen[0]}")
-        return preset(args.preset) if args.preset is not None else params
+        if args.preset is None:
+            if args.max_seq is not None:
+                raise MemlabError("--max-seq describes a model config; a bare --params count has no positions")
+            return params
+        cfg = preset(args.preset)
+        return cfg.with_(max_seq=args.max_seq) if args.max_seq is not None else cfg
     if not all(dims):
         raise MemlabError("explicit dimensions need all of --d-model, --n-layers and --n-heads")
     fields: dict[str, Any] = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.n_heads,
@@ -152,6 +303,8 @@ class SetupOption:
     kind: str
     """``bool``, ``int``, ``float`` or ``str``."""
     choices: tuple[Any, ...] | None
+    mode: str | None = None
+    """``train`` or ``inference`` when the field only applies in that mode (``metadata["mode"]``)."""
 
 
 @functools.cache
@@ -185,7 +338,7 @@ def setup_options() -> tuple[SetupOption, ...]:
             kind = {bool: "bool", int: "int", float: "float"}.get(hint, "str")
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
         out.append(SetupOption(f.name, flag, docs.get(f.name, ""), f.default, kind,
-                               tuple(choices) if choices is not None else None))
+                               tuple(choices) if choices is not None else None, f.metadata.get("mode")))
     return tuple(out)
 
 
@@ -199,8 +352,10 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] 
         if opt.kind == "bool":
             g.add_argument(opt.flag, dest=opt.field, action=argparse.BooleanOptionalAction, default=None, help=text)
             continue
-        conv = {"int": non_negative_int if opt.default == 0 else positive_int, "float": positive_float,
-                "str": str}[opt.kind]
+        from memlab.predict.setup import Setup
+
+        conv: Callable[[str], Any] = (field_bound(Setup, opt.field) if opt.kind == "int"
+                                      else positive_float if opt.kind == "float" else str)
         g.add_argument(opt.flag, dest=opt.field, type=conv, choices=opt.choices, default=None,
                        metavar=None if opt.choices else {"int": "N", "float": "X"}.get(opt.kind, "VALUE"), help=text)
 
@@ -214,9 +369,18 @@ def setup_from_args(args: argparse.Namespace, model: Any, **overrides: Any) -> A
     """The :class:`Setup` the options describe. An unset ``--seq`` is Setup's default lowered to the model's
     ``max_seq`` when that is shorter; ``overrides`` win over the command line (e.g. ``--fsdp`` on estimate)."""
     from memlab.predict.models import TransformerConfig
-    from memlab.predict.setup import Setup
+    from memlab.predict.setup import INFERENCE_WEIGHTS, Setup
 
-    values = {**given_setup_fields(args), **overrides}
+    given = given_setup_fields(args)
+    mode = given.get("mode", Setup().mode)
+    # A training-only option under --mode inference would be ignored silently (the usual slip: --precision fp16
+    # for fp16 weights). Inference options under training are allowed: they describe the model's later serving.
+    wrong = [o for o in setup_options() if o.field in given and o.mode == "train" and mode == "inference"]
+    if wrong:
+        flags = ", ".join(f"{o.flag} {given[o.field]}" for o in wrong)
+        raise MemlabError(f"{flags}: only for training, ignored by --mode inference; inference weights are "
+                          f"--weights ({', '.join(INFERENCE_WEIGHTS)}) and the KV cache --kv-dtype")
+    values = {**given, **overrides}
     if "seq" not in values and isinstance(model, TransformerConfig):
         values["seq"] = min(Setup().seq, model.max_seq)
     return Setup(**values)

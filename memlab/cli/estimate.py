@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from memlab.cli.args import (
+    MIB,
     add_model_arguments,
     add_setup_arguments,
+    bounded_int,
     fraction,
+    gpu_name,
+    mebibytes,
     model_from_args,
-    non_negative_float,
-    non_negative_int,
+    print_json,
     setup_from_args,
 )
 from memlab.errors import MemlabError
+from memlab.predict.models import MAX_LAYERS
 from memlab.units import GB, GiB
 
 
@@ -24,14 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_setup_arguments(p)
     p.add_argument("--fsdp", choices=("full-shard", "shard-grad-op", "no-shard"), help="= --zero 3 / 2 / 0")
-    p.add_argument("--gpu", metavar="NAME", help="check the fit on this accelerator (see 'memlab gpus')")
-    p.add_argument("--cuda-context-mib", type=non_negative_float, default=0.0, metavar="MIB",
+    p.add_argument("--gpu", type=gpu_name, metavar="NAME", help="check the fit on this accelerator (see 'memlab gpus')")
+    p.add_argument("--cuda-context-mib", type=mebibytes, default=0.0, metavar="MIB",
                    help="CUDA context, MiB (default 0: not counted)")
-    p.add_argument("--workspace-mib", type=non_negative_float, default=0.0, metavar="MIB",
+    p.add_argument("--workspace-mib", type=mebibytes, default=0.0, metavar="MIB",
                    help="cuBLAS/attention workspaces, MiB (default 0: not counted)")
     p.add_argument("--fragmentation", type=fraction, default=0.0, metavar="F", help="allocator margin fraction")
-    p.add_argument("--gathered-layers", type=non_negative_int, default=0, metavar="N",
-                   help="blocks FSDP/ZeRO-3 holds gathered at once (default 0: not counted)")
+    p.add_argument("--gathered-layers", type=bounded_int(0, MAX_LAYERS, "at most the model's blocks"), default=0,
+                   metavar="N", help="blocks FSDP/ZeRO-3 holds gathered at once (default 0: not counted)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -53,18 +56,18 @@ def run(args: argparse.Namespace) -> int:
 
     model = model_from_args(args)
     setup = _setup(args, model)
-    ov = Overheads(cuda_context_bytes=int(args.cuda_context_mib * 2**20),
-                   workspace_bytes=int(args.workspace_mib * 2**20),
+    ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
+                   workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
     bd = estimate(model, setup, overheads=ov)
-    verdict = fits(bd, args.gpu) if args.gpu else None
+    verdict = fits(bd, args.gpu) if args.gpu is not None else None
     if args.json:
         out = {"param_count": bd.param_count, "per_device": {**bd.components(), "total": bd.total_bytes},
                "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup}
-        print(json.dumps(out, indent=2))
+        print_json(out, indent=2)
         return 0
     name = model.name if bd.config is not None else "bare parameter count"
     s = setup

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from memlab.cli.args import print_json
 from memlab.units import GB, GiB
 
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from memlab.predict import hardware
     rows = list(hardware.list_gpus())
     if args.json:
-        print(json.dumps([_plain(a) for a in rows], indent=2, default=str))
+        print_json([_plain(a) for a in rows], indent=2, default=str)
         return 0
     print(f"{'key':<14} {'name':<34} {'GiB':>7} {'GB':>7} {'TB/s':>6} {'bf16 TF':>8} {'fp8 TF':>7}  source")
     for a in rows:

@@ -8,11 +8,21 @@ under a minute) as a resumable sweep and prints the achieved errors per componen
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from memlab.cli.args import add_model_arguments, add_setup_arguments, model_from_args, positive_int, setup_from_args
+from memlab.cli.args import (
+    add_model_arguments,
+    add_setup_arguments,
+    bounded_int,
+    device_arg,
+    model_from_args,
+    output_file,
+    print_json,
+    setup_from_args,
+    writing,
+)
 from memlab.errors import MemlabError
+from memlab.predict.setup import _STEPS_WHY, MAX_STEPS
 
 SHARDING_FIELDS = ("zero_stage", "world_size", "tp", "sp")
 """Setup fields ``measure`` leaves out: one process measures one device (sharded runs go through torchrun)."""
@@ -22,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``memlab measure``: MODEL and the Setup fields one device can run (no sharding)."""
     add_model_arguments(p)
     add_setup_arguments(p, exclude=SHARDING_FIELDS)
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda[:N]")
-    p.add_argument("--steps", type=positive_int, default=2, metavar="N", help="timed steps (decode tokens)")
+    p.add_argument("--device", type=device_arg, default="auto", help="auto (cuda when available), cpu or cuda[:N]")
+    p.add_argument("--steps", type=bounded_int(1, MAX_STEPS, _STEPS_WHY), default=2, metavar="N",
+                   help="timed steps (training) or decoded tokens (inference; at most seq - 1)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     m = run_step(model, setup, args.device, steps=args.steps)
     table = compare(predict_for(model, m), m, activations_detail=True)
     if args.json:
-        print(json.dumps({"measurement": m.to_dict(), "ledger": table.to_dict(orient="records")}, default=str))
+        print_json({"measurement": m.to_dict(), "ledger": table.to_dict(orient="records")}, default=str)
         return 0
     print(f"memlab measure: {model.name} on {m.device} ({m.device_name}), status {m.status}")
     if m.status != "ok":
@@ -70,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
 def add_ledger_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``memlab ledger``."""
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda[:N]")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH",
+    p.add_argument("--device", type=device_arg, default="auto", help="auto (cuda when available), cpu or cuda[:N]")
+    p.add_argument("--out", type=output_file, default=None, metavar="PATH",
                    help="resumable sweep file (default build/ledger/ci-<device>.jsonl)")
     p.add_argument("--fresh", action="store_true", help="start the sweep file over")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -84,16 +95,18 @@ def run_ledger(args: argparse.Namespace) -> int:
     from memlab.run.sweep import measurement_of, read_rows, sweep
 
     dev = device_string(args.device)
-    path = args.out or Path("build/ledger") / f"ci-{dev.replace(':', '')}.jsonl"
-    if args.fresh and path.exists():
-        path.unlink()
-    sweep(ci_grid(), path, device=dev, steps=1, with_counted_flops=False, with_mfu=False, progress=not args.json)
-    pairs = [measurement_of(r) for r in read_rows(path)]
+    path = args.out or output_file(str(Path("build/ledger") / f"ci-{dev.replace(':', '')}.jsonl"))
+    with writing(path):
+        if args.fresh and path.exists():
+            path.unlink()
+        sweep(ci_grid(), path, device=dev, steps=1, with_counted_flops=False, with_mfu=False,
+              progress=not args.json)
+        pairs = [measurement_of(r) for r in read_rows(path)]
     table = ledger(pairs, activations_detail=True)
     summary = error_summary(table)
     failed = [m for _, m in pairs if m.status != "ok"]
     if args.json:
-        print(json.dumps({"configs": len(pairs), "failed": len(failed), "summary": summary.to_dict(orient="records")}))
+        print_json({"configs": len(pairs), "failed": len(failed), "summary": summary.to_dict(orient="records")})
         return 0 if not failed else 1
     print(f"memlab ledger: {len(pairs)} configs on {dev}, {len(failed)} failed; sweep file {path}")
     s = summary.copy()

@@ -1,52 +1,95 @@
-"""``memlab mfu``: model FLOPs utilisation of a measured throughput against a GPU's dense peak [chowdhery2022]."""
+"""``memlab mfu``: model FLOPs utilisation of a measured throughput against a GPU's dense peak [chowdhery2022].
+
+The throughput is given directly (``--tokens-per-second``, over all ``--num-gpus``) or as a step time with the
+sequences it processed: ``--global-batch`` (sequences per optimizer step over ALL GPUs, as papers and Megatron logs
+report it; use it for tensor- or pipeline-parallel jobs, where several GPUs share one batch) or ``--batch``
+(sequences per step per data-parallel replica, multiplied by ``--num-gpus``: right only when every GPU processes
+its own batch, i.e. pure data parallelism). An MFU above 100 % of the peak is impossible and is an error naming the
+likely mistake; ``--json`` never prints NaN or Infinity.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 
-from memlab.cli.args import add_model_arguments, model_from_args, positive_float, positive_int
+from memlab.cli.args import (
+    add_model_arguments,
+    bounded_int,
+    gpu_name,
+    model_from_args,
+    positive_float,
+    print_json,
+)
 from memlab.errors import MemlabError
-from memlab.predict.setup import RECOMPUTE
+from memlab.predict.setup import _BATCH_WHY, _SEQ_WHY, MAX_BATCH, MAX_SEQ, RECOMPUTE
 from memlab.units import fmt_pct
+
+_GLOBAL_BATCH_WHY = "ten million sequences per step over all GPUs, about 1000x the largest published global batches"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``memlab mfu``: MODEL, the throughput (or step time and batch), the GPU and the dtype."""
     add_model_arguments(p)
-    p.add_argument("--tokens-per-second", type=positive_float, metavar="X", help="throughput over all --num-gpus")
-    p.add_argument("--step-time", type=positive_float, metavar="SEC", help="seconds per step (with --batch, --seq)")
-    p.add_argument("--batch", type=positive_int, metavar="B", help="sequences per step per device")
-    p.add_argument("--seq", type=positive_int, metavar="S", help="sequence length")
-    p.add_argument("--gpu", required=True, metavar="NAME", help="accelerator (see 'memlab gpus')")
-    p.add_argument("--num-gpus", type=positive_int, default=1, metavar="N")
+    g = p.add_argument_group("throughput (one of --tokens-per-second, or --step-time with a batch and --seq)")
+    g.add_argument("--tokens-per-second", type=positive_float, metavar="X", help="throughput over all --num-gpus")
+    g.add_argument("--step-time", type=positive_float, metavar="SEC", help="seconds per optimizer step")
+    batch = g.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch", type=bounded_int(1, MAX_BATCH, _GLOBAL_BATCH_WHY), metavar="B",
+                       help="sequences per step over ALL GPUs (papers, Megatron logs); use this for tensor- or "
+                            "pipeline-parallel jobs")
+    batch.add_argument("--batch", type=bounded_int(1, MAX_BATCH, _BATCH_WHY), metavar="B",
+                       help="sequences per step per data-parallel replica, multiplied by --num-gpus: only for pure "
+                            "data parallelism (every GPU its own batch)")
+    p.add_argument("--seq", type=bounded_int(1, MAX_SEQ, _SEQ_WHY), metavar="S",
+                   help="sequence length trained on (at most the model's max_seq with learned positions)")
+    p.add_argument("--gpu", type=gpu_name, required=True, metavar="NAME", help="accelerator (see 'memlab gpus')")
+    p.add_argument("--num-gpus", type=bounded_int(1, 10**7, "ten million devices, 100x the largest clusters"),
+                   default=1, metavar="N", help="devices the throughput was measured over (default 1)")
     p.add_argument("--recompute", choices=RECOMPUTE, default="none")
     p.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp8", "int8"), default="bf16",
                    help="peak FLOP/s column to compare against")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _tokens_per_second(args: argparse.Namespace) -> float:
+    from memlab.predict import flops
+
+    batch_given = args.batch is not None or args.global_batch is not None
+    if (args.tokens_per_second is None) == (args.step_time is None):
+        raise MemlabError("give exactly one of --tokens-per-second X or --step-time SEC (with --global-batch or "
+                          "--batch, and --seq)")
+    if args.tokens_per_second is not None:
+        if batch_given:
+            raise MemlabError("--batch/--global-batch turn --step-time into tokens per second; with "
+                              "--tokens-per-second leave them out")
+        return args.tokens_per_second
+    if not batch_given or args.seq is None:
+        raise MemlabError("--step-time needs --global-batch B (sequences over all GPUs) or --batch B (per data-"
+                          "parallel replica), and --seq S, to turn the step time into tokens per second")
+    if args.global_batch is not None:
+        return flops.step_time_to_tokens_per_second(args.step_time, args.global_batch, args.seq, num_devices=1)
+    return flops.step_time_to_tokens_per_second(args.step_time, args.batch, args.seq, num_devices=args.num_gpus)
+
+
 def run(args: argparse.Namespace) -> int:
     """``memlab mfu``: model FLOPs utilisation of a measured throughput against the GPU's dense peak."""
     from memlab.predict import flops, hardware
-    if (args.tokens_per_second is None) == (args.step_time is None):
-        raise MemlabError("give exactly one of --tokens-per-second X or --step-time SEC (with --batch and --seq)")
-    if args.step_time is not None and (args.batch is None or args.seq is None):
-        raise MemlabError("--step-time needs --batch and --seq to turn the step time into tokens per second")
+
+    tps = _tokens_per_second(args)
     model = model_from_args(args)
     if args.seq is None and not isinstance(model, int):
         raise MemlabError("a model config needs --seq S (the trained sequence length) for the attention FLOPs; "
                           "or give --params P to use 6N")
     acc = hardware.gpu(args.gpu)
-    tps = args.tokens_per_second
-    if tps is None:
-        tps = flops.step_time_to_tokens_per_second(args.step_time, args.batch, args.seq, num_devices=args.num_gpus)
     res = flops.mfu(model, tps, accelerator=acc, num_devices=args.num_gpus, dtype=args.dtype, seq=args.seq,
                     recompute=args.recompute)
+    if res.verdict == "implausible":
+        raise MemlabError(f"{res.reason} (tokens/s {tps:,.4g} x FLOPs/token {res.model_flops_per_token:,.4g} = "
+                          f"{res.achieved_flops_per_s:,.4g} FLOP/s against a peak of {res.peak_flops_per_s:,.4g})")
     if args.json:
-        out = {"mfu": res.mfu, "hfu": res.hfu, "peak_flops": res.peak_flops_per_s,
-               "flops_per_token": res.model_flops_per_token, "tokens_per_second": tps, "gpu": acc.key,
-               **res.to_dict()}
-        print(json.dumps(out, indent=2))
+        print_json({"mfu": res.mfu, "hfu": res.hfu, "peak_flops": res.peak_flops_per_s,
+                    "flops_per_token": res.model_flops_per_token, "tokens_per_second": tps, "gpu": acc.key,
+                    **res.to_dict()}, indent=2)
         return 0
     print(f"memlab mfu: {getattr(model, 'name', 'bare parameter count')} on {args.num_gpus} x {acc.name} ({acc.key}), "
           f"{tps:,.1f} tokens/s, {args.dtype} dense peak")

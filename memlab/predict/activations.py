@@ -35,6 +35,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 
@@ -175,6 +176,10 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
     ``device_type`` ("cuda" or "cpu") selects the autocast and norm-kernel behaviour described in the module
     docstring. Inference (``setup.mode == 'inference'``) keeps nothing for backward: the list is empty.
     """
+    if not isinstance(config, TransformerConfig):
+        raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    if not all(hasattr(setup, a) for a in ("mode", "batch", "seq", "policy", "tp", "sp")):
+        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
     if setup.mode == "inference":
         return []
     b, s = setup.batch, setup.seq

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ import numpy as np
 from memlab.errors import SetupError
 from memlab.predict.activations import activation_bytes
 from memlab.predict.inference import INT4_GROUP, kv_cache_bytes, prefill_transient_bytes
-from memlab.predict.models import TransformerConfig
+from memlab.predict.models import _PARAMS_WHY, MAX_LAYERS, MAX_PARAMS, TransformerConfig
 from memlab.predict.optimizer_states import (
     ADAM_8BIT_BLOCK,
     adam_moment_bytes,
@@ -39,14 +39,18 @@ from memlab.predict.optimizer_states import (
     step_counter_bytes,
 )
 from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import Setup
+from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
+from memlab.predict.validate import StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
+
+MAX_OVERHEAD_BYTES = 2**50
+_OVERHEAD_WHY = "one pebibyte (2**50 bytes), over 1000x any accelerator's memory"
 
 
 # -- results ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Overheads:
+class Overheads(StrictInit):
     """Named memory terms outside model states and activations; each appears in ``MemoryBreakdown.overhead``.
 
     Defaults are 0 because their size depends on the machine, driver and kernels; each estimate says so in its
@@ -54,22 +58,20 @@ class Overheads:
     parameters FSDP/ZeRO-3 holds gathered at once (1 for the running block, 2 with prefetch); 0 leaves it out.
     """
 
-    cuda_context_bytes: int = 0
+    _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
+
+    cuda_context_bytes: int = field(default=0, metadata={"max": MAX_OVERHEAD_BYTES, "why": _OVERHEAD_WHY})
     """CUDA context, kernels and library handles (outside the caching allocator)."""
-    workspace_bytes: int = 0
+    workspace_bytes: int = field(default=0, metadata={"max": MAX_OVERHEAD_BYTES, "why": _OVERHEAD_WHY})
     """cuBLAS / attention workspaces."""
-    fragmentation_fraction: float = 0.0
+    fragmentation_fraction: float = field(default=0.0, metadata={"max": 1.0, "max_open": True,
+                                                                  "why": "a fraction of the managed bytes, below 1"})
     """Allocator margin as a fraction of all allocator-managed bytes (everything but the CUDA context)."""
-    gathered_layers: int = 0
+    gathered_layers: int = field(default=0, metadata={"max": MAX_LAYERS, "why": "at most the model's blocks"})
     """Blocks held gathered under ZeRO-3 / FSDP FULL_SHARD (0 = not counted)."""
 
     def __post_init__(self) -> None:
-        for name in ("cuda_context_bytes", "workspace_bytes", "gathered_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise SetupError(f"Overheads.{name} must be a non-negative integer, got {value!r}")
-        if not 0.0 <= float(self.fragmentation_fraction) < 1.0:
-            raise SetupError(f"fragmentation_fraction must be in [0, 1), got {self.fragmentation_fraction!r}")
+        check_fields(self, SetupError)  # types and ranges from the annotations (memlab.predict.validate)
 
 
 @dataclass(frozen=True)
@@ -154,14 +156,11 @@ class _ArraySetup:
 
 def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> None:
     if isinstance(model, TransformerConfig):
-        if model.positions == "learned" and seq_max > model.max_seq:
-            raise SetupError(
-                f"seq={int(seq_max)} exceeds max_seq={model.max_seq} of a model with learned positions: "
-                "lower seq or raise max_seq"
-            )
+        model.check_seq(seq_max)
         return
     if not isinstance(model, int) or isinstance(model, bool) or model <= 0:
-        raise SetupError(f"expected a TransformerConfig or a positive parameter count, got {model!r}")
+        raise SetupError(f"expected a TransformerConfig or a positive parameter count (int), got {show(model)}")
+    check_int("parameter count", model, hi=MAX_PARAMS, why=_PARAMS_WHY, err=SetupError)
     if setup.optimizer == "adafactor" and setup.mode == "train":
         raise SetupError("adafactor state depends on parameter shapes: give a model config, not a bare count")
 
@@ -240,7 +239,9 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
     _check_model(model, setup, np.max(setup.seq))
-    on_device = device_type == "cpu" if step_on_device is None else bool(step_on_device)
+    if step_on_device is not None and not isinstance(step_on_device, bool):
+        raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")
+    on_device = device_type == "cpu" if step_on_device is None else step_on_device
     states, opt_detail, notes = _states(model, setup, on_device)
     kv, act_detail = 0, {}
     if isinstance(model, TransformerConfig):
@@ -258,6 +259,15 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     managed = sum(states.values()) + acts + kv
     terms = _overheads(ov, model, setup, managed)
     return states, acts, kv, terms, act_detail, opt_detail, notes
+
+
+def _overheads_arg(overheads: object) -> Overheads:
+    if overheads is None:
+        return Overheads()
+    if not isinstance(overheads, Overheads):
+        raise SetupError(f"overheads must be a memlab.predict.estimate.Overheads or None, got "
+                         f"{type(overheads).__name__}: pass Overheads(cuda_context_bytes=...)")
+    return overheads
 
 
 def _fields(obj: Any) -> dict[str, Any]:
@@ -311,7 +321,7 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     """
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
-    ov = overheads or Overheads()
+    ov = _overheads_arg(overheads)
     states, acts, kv, terms, act_detail, opt_detail, notes = _evaluate(config_or_params, setup, ov, device_type,
                                                                        step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
@@ -342,6 +352,26 @@ def inference(config_or_params: TransformerConfig | int, setup: Setup, **kwargs:
     return estimate(config_or_params, setup, **kwargs)
 
 
+def _size_array(name: str, values: Any, hi: int) -> np.ndarray:
+    """``values`` as a float64 array of whole numbers in [1, hi]; anything else raises SetupError with the fix."""
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise SetupError(f"{name} must be a number or an array of whole numbers, got {show(values)} ({exc})") from None
+    if arr.dtype == bool or arr.dtype.kind not in "iuf":
+        raise SetupError(f"{name} must hold whole numbers (ints), got dtype {arr.dtype} ({show(values)})")
+    arr = arr.astype(np.float64)
+    if arr.size == 0:
+        raise SetupError(f"{name} is empty: pass at least one value")
+    if not np.all(np.isfinite(arr)):
+        raise SetupError(f"{name} must be finite: got NaN or infinity in {show(values)}")
+    if np.any(arr != np.round(arr)):
+        raise SetupError(f"{name} must hold whole numbers, got fractions in {show(values)}")
+    if np.min(arr) < 1 or np.max(arr) > hi:
+        raise SetupError(f"{name} must lie in [1, {hi:,}] (Setup's bounds), got {np.min(arr):g}..{np.max(arr):g}")
+    return arr
+
+
 def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, batch: Any = None, seq: Any = None,
                  overheads: Overheads | None = None, device_type: str = "cuda",
                  step_on_device: bool | None = None) -> np.ndarray:
@@ -351,12 +381,16 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
     every other field comes from ``setup``. Totals are float64 (exact below 2**53 bytes) and equal
     ``estimate(...).total_bytes`` up to the per-component rounding up to whole bytes.
     """
-    b = np.asarray(setup.batch if batch is None else batch)
-    s = np.asarray(setup.seq if seq is None else seq)
-    if (b.size and np.min(b) <= 0) or (s.size and np.min(s) <= 0):
-        raise SetupError("batch and seq must be positive")
-    b, s = np.broadcast_arrays(b.astype(np.float64), s.astype(np.float64))
+    if not isinstance(setup, Setup):
+        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+    b = _size_array("batch", setup.batch if batch is None else batch, MAX_BATCH)
+    s = _size_array("seq", setup.seq if seq is None else seq, MAX_SEQ)
+    try:
+        b, s = np.broadcast_arrays(b, s)
+    except ValueError:
+        raise SetupError(f"batch (shape {b.shape}) and seq (shape {s.shape}) do not broadcast together: pass "
+                         "arrays of one shape, or one of them as a scalar") from None
     view = _ArraySetup(setup, b, s)
-    states, acts, kv, terms, *_ = _evaluate(config_or_params, view, overheads or Overheads(), device_type,
+    states, acts, kv, terms, *_ = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
                                             step_on_device)
     return sum(states.values()) + acts + kv + sum(terms.values()) + np.zeros_like(b)

@@ -12,7 +12,8 @@ from typing import Any
 from memlab.errors import SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup
+from memlab.predict.validate import check_int
 from memlab.units import GiB
 
 
@@ -82,8 +83,10 @@ def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit
             overheads: Overheads | None) -> FitSearch:
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"max_{field} needs a model config: with a bare parameter count {field} changes nothing")
-    if not isinstance(limit, int) or limit < 1:
-        raise SetupError(f"limit must be a positive integer, got {limit!r}")
+    if not isinstance(setup, Setup):
+        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+    hi = MAX_BATCH if field == "batch" else MAX_SEQ
+    check_int("limit", limit, hi=hi, why=f"Setup's bound on {field}", err=SetupError)
     key, _, cap = _capacity(gpu)
 
     def total(v: int) -> int:

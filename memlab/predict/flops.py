@@ -29,9 +29,15 @@ from typing import Any, Literal
 from memlab.device import DeviceInfo
 from memlab.errors import ConfigError, MemlabError, SetupError, unknown_name
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, gpu
-from memlab.predict.models import TransformerConfig
+from memlab.predict.models import _PARAMS_WHY, MAX_PARAMS, TransformerConfig
+from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
+from memlab.predict.validate import check_int, check_number
 
 Recompute = Literal["none", "selective", "full"]
+MAX_TOKENS_PER_S = 1e13
+_TPS_WHY = "ten trillion tokens/s, about 1000x what a 100,000-GPU cluster processes"
+MAX_DEVICES = 10**7
+_DEV_WHY = "ten million devices, about 100x the largest clusters built"
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 
 
@@ -222,10 +228,15 @@ class MFUResult:
     """Which FLOPs-per-token formula was used."""
     accelerator: str | None
     """Key (or name) of the device whose peak was used."""
+    verdict: str = "ok"
+    """``ok``; ``unknown`` (no peak); or ``implausible``: the ratio came out above 100 % of the peak, which no run
+    can reach, so ``mfu``/``hfu`` are None and ``reason`` names the likely mistake."""
+    computed_mfu: float | None = None
+    """tokens/s x FLOPs per token / peak as computed, before the plausibility check (above 1 when implausible)."""
 
     @property
     def known(self) -> bool:
-        """Whether an MFU could be computed (the peak is known)."""
+        """Whether a plausible MFU could be computed (the peak is known and the ratio is at most 1)."""
         return self.mfu is not None
 
     def to_dict(self) -> dict[str, object]:
@@ -237,17 +248,20 @@ def _per_token(model: TransformerConfig | float | None, seq: int | None, recompu
                override: float | None) -> tuple[float, float | None, str]:
     """(model FLOPs/token, hardware FLOPs/token or None, formula description)."""
     if override is not None:
-        value = _pos_num("model_flops_per_token", override, ConfigError)
+        value = check_number("model_flops_per_token", override, lo=0.0, lo_open=True, hi=6 * MAX_PARAMS,
+                             why="6 x the largest parameter count memlab accepts", err=ConfigError)
         return value, value if recompute == "none" else None, "given model_flops_per_token"
     if isinstance(model, TransformerConfig):
         if seq is None:
             raise SetupError("seq is required with a model config: the attention term 12*L*h*seq depends on the "
                              "training sequence length (pass the length actually trained on, not max_seq)")
-        s = _pos_int("seq", seq)
+        s = check_int("seq", seq, hi=MAX_SEQ, why=_SEQ_WHY, err=SetupError)
+        model.check_seq(s)
         hw = megatron_iteration_flops(model, 1, s, recompute) / s
         return flops_per_token(model, s), hw, f"PaLM 6N + 12*L*H*Q*T, N = matmul weights, T = {s}"
     if isinstance(model, int | float) and not isinstance(model, bool):
-        n = _pos_num("parameter count", model, ConfigError)
+        n = check_number("parameter count", model, lo=0.0, lo_open=True, hi=MAX_PARAMS, why=_PARAMS_WHY,
+                         err=ConfigError)
         hw = {"none": 6 * n, "full": 8 * n, "selective": None}[recompute]
         return 6 * n, hw, "6N from a bare parameter count (attention FLOPs excluded; HFU unknown for selective)"
     raise ConfigError(f"model must be a TransformerConfig or a parameter count, got {type(model).__name__}")
@@ -266,8 +280,9 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     the peak for ``dtype`` is unknown, ``mfu`` and ``hfu`` are None and ``reason`` says why: no other device's
     peak is ever borrowed. ``num_devices`` counts devices as PyTorch sees them (an MI250X package is 2).
     """
-    tps = _pos_num("tokens_per_second", tokens_per_second)
-    n_dev = _pos_int("num_devices", num_devices)
+    tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=MAX_TOKENS_PER_S,
+                       why=_TPS_WHY, err=SetupError)
+    n_dev = check_int("num_devices", num_devices, hi=MAX_DEVICES, why=_DEV_WHY, err=SetupError)
     if dtype not in PEAK_DTYPES:
         raise unknown_name("dtype", str(dtype), PEAK_DTYPES)
     _check_recompute(recompute)
@@ -291,11 +306,25 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     achieved = tps * model_fpt
     if peak is None:
         return MFUResult(None, None, achieved, model_fpt, hw_fpt, None, source if source != "unknown" else "unknown",
-                         dtype, n_dev, why, tps, recompute, formula, label)
+                         dtype, n_dev, why, tps, recompute, formula, label, "unknown", None)
     total_peak = n_dev * peak
+    ratio = achieved / total_peak
     hfu = tps * hw_fpt / total_peak if hw_fpt is not None else None
-    return MFUResult(achieved / total_peak, hfu, achieved, model_fpt, hw_fpt, total_peak, source, dtype, n_dev,
-                     None, tps, recompute, formula, label)
+    if ratio > 1 or (hfu is not None and hfu > 1):
+        return MFUResult(None, None, achieved, model_fpt, hw_fpt, total_peak, source, dtype, n_dev,
+                         implausible_reason(ratio, hfu, dtype, n_dev), tps, recompute, formula, label, "implausible",
+                         ratio)
+    return MFUResult(ratio, hfu, achieved, model_fpt, hw_fpt, total_peak, source, dtype, n_dev,
+                     None, tps, recompute, formula, label, "ok", ratio)
+
+
+def implausible_reason(mfu: float, hfu: float | None, dtype: str, num_devices: int) -> str:
+    """Why an MFU (or HFU) above 1 cannot be right, with the usual mistakes that produce one."""
+    which = f"MFU {100 * mfu:,.4g} %" if mfu > 1 else f"HFU {100 * (hfu or 0):,.4g} %"
+    return (f"implausible: {which} of the dense {dtype} peak of {num_devices} device(s), and no run exceeds its "
+            "peak. Check: the throughput counts more devices than num_devices; a per-device batch was multiplied "
+            "by GPUs that share it (tensor/pipeline parallel: use the global batch); the peak is a sparse or "
+            "another dtype's figure; the FLOPs per token are too high (wrong seq, model or recompute)")
 
 
 def roofline_bound(intensity_flop_per_byte: float | Any, peak_flop_per_s: float,
@@ -311,5 +340,13 @@ def roofline_bound(intensity_flop_per_byte: float | Any, peak_flop_per_s: float,
     for name, v in (("peak_flop_per_s", peak_flop_per_s), ("bandwidth_bytes_per_s", bandwidth_bytes_per_s)):
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
             raise SetupError(f"{name} must be a positive finite number, got {v!r}")
-    out = np.minimum(peak_flop_per_s, np.asarray(intensity_flop_per_byte, dtype=float) * bandwidth_bytes_per_s)
+    try:
+        intensity = np.asarray(intensity_flop_per_byte, dtype=float)
+    except (TypeError, ValueError):
+        raise SetupError(f"intensity_flop_per_byte must be a number or an array of numbers (FLOP per byte), got "
+                         f"{type(intensity_flop_per_byte).__name__}") from None
+    if isinstance(intensity_flop_per_byte, bool | str) or not np.all(np.isfinite(intensity)) or np.any(intensity < 0):
+        raise SetupError("intensity_flop_per_byte must be finite and >= 0 (FLOP per byte of traffic); got NaN, "
+                         "infinity, a negative value or a non-number")
+    out = np.minimum(peak_flop_per_s, intensity * bandwidth_bytes_per_s)
     return float(out) if np.ndim(out) == 0 else out

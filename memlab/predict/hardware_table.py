@@ -6,23 +6,27 @@ conventions every row follows are in that module's docstring. No torch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
 from memlab.errors import MemlabError, unknown_name
+from memlab.predict.validate import StrictInit, check_fields, check_number, show
 
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """The dtypes every peak table carries, in display order (int8 in integer op/s)."""
+
+MAX_PEAK_FLOPS = 1e17
+_PEAK_WHY = ("100 PFLOP/s per device, over 10x the largest dense figure any vendor prints; a larger value is a "
+             "unit mistake (FLOP/s, not TFLOP/s) or a corrupt measurement")
 
 GIB = 2**30
 T = 1e12  # tera (FLOP/s or bytes/s)
 
 
 @dataclass(frozen=True)
-class Accelerator:
+class Accelerator(StrictInit):
     """One accelerator (or, for a measured CPU, the host processor) with its dense peaks and their source."""
 
     key: str
@@ -30,9 +34,10 @@ class Accelerator:
     name: str
     """Marketing name."""
     vendor: str
-    memory_bytes: int
+    memory_bytes: int = field(metadata={"max": 2**50, "why": "a pebibyte, over 1000x any accelerator's memory"})
     """Device memory in bytes (datasheet GB read as GiB, see the module docstring)."""
-    bandwidth_bytes_per_s: float | None
+    bandwidth_bytes_per_s: float | None = field(metadata={"min": 1.0, "max": 1e16,
+                                                          "why": "10 PB/s, over 1000x any HBM stack's bandwidth"})
     """Peak memory bandwidth in bytes/s (decimal); None only for a measured CPU row (not benchmarked)."""
     peak_flops: Mapping[str, float | None] = field(hash=False)
     """Dense peak FLOP/s per dtype in :data:`PEAK_DTYPES` (int8 in op/s); None = unsupported or unpublished."""
@@ -47,18 +52,18 @@ class Accelerator:
     """True only for a CPU peak measured by :func:`detect`'s benchmark."""
 
     def __post_init__(self) -> None:
+        check_fields(self, MemlabError)  # types and ranges from the annotations (memlab.predict.validate)
+        if not isinstance(self.peak_flops, Mapping):
+            raise MemlabError(f"{self.key}: peak_flops must be a mapping dtype -> FLOP/s, got {show(self.peak_flops)}")
         unknown = set(self.peak_flops) - set(PEAK_DTYPES)
         if unknown:
-            raise MemlabError(f"{self.key}: unknown peak dtypes {sorted(unknown)}; use {', '.join(PEAK_DTYPES)}")
+            raise MemlabError(f"{self.key}: unknown peak dtypes {sorted(map(str, unknown))}; use "
+                              f"{', '.join(PEAK_DTYPES)}")
         peaks = {d: self.peak_flops.get(d) for d in PEAK_DTYPES}
         for d, v in peaks.items():
-            if v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise MemlabError(f"{self.key}: peak for {d} must be a positive number or None, got {v!r}")
-        if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
-            raise MemlabError(f"{self.key}: memory_bytes must be a positive int, got {self.memory_bytes!r}")
-        bw = self.bandwidth_bytes_per_s
-        if bw is not None and not bw > 0:
-            raise MemlabError(f"{self.key}: bandwidth_bytes_per_s must be positive or None, got {bw!r}")
+            if v is not None:
+                check_number(f"peak_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=MAX_PEAK_FLOPS, why=_PEAK_WHY,
+                             owner=f"Accelerator {self.key!r}", err=MemlabError)
         object.__setattr__(self, "peak_flops", MappingProxyType(peaks))
 
     @property

@@ -6,11 +6,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import DTYPE_BYTES
+from memlab.predict.validate import check_int, check_number, show
 
 INT4_GROUP = 128
 """Weights per quantisation group for int4 (AWQ, Lin et al. 2023, and GPTQ, Frantar et al. 2022, "w4-g128")."""
+
+
+def _check(config: object, dtype: str, tp: object) -> None:
+    if not isinstance(config, TransformerConfig):
+        raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise SetupError(f"KV-cache dtype must be one of {', '.join(DTYPE_BYTES)}, got {show(dtype)}")
+    check_int("tp", tp, err=SetupError)
 
 
 def kv_cache_bytes(config: TransformerConfig, batch: Any, seq: Any, dtype: str, tp: int = 1) -> Any:
@@ -20,6 +30,10 @@ def kv_cache_bytes(config: TransformerConfig, batch: Any, seq: Any, dtype: str, 
     (Pope et al. 2022, "Efficiently Scaling Transformer Inference", Sec. 3.1). ``seq`` is the full cached context
     (prompt + generated tokens). Works on numpy arrays for batch/seq.
     """
+    _check(config, dtype, tp)
+    for name, v in (("batch", batch), ("seq", seq)):
+        if not hasattr(v, "shape"):  # scalars are checked here; sweep_totals checks its arrays
+            check_number(name, v, lo=1.0, err=SetupError)
     n_kv = int(config.n_kv_heads or config.n_heads)
     heads_per_rank = math.ceil(n_kv / min(tp, n_kv))
     return 2 * config.n_layers * batch * seq * heads_per_rank * config.head_dim * DTYPE_BYTES[dtype]

@@ -17,14 +17,28 @@ This module imports no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
-from memlab.errors import ConfigError, unknown_name
+from memlab.errors import ConfigError, SetupError, unknown_name
+from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
+from memlab.predict.validate import StrictInit, check_fields
 
 MlpKind = Literal["gelu", "swiglu"]
 PositionKind = Literal["learned", "rotary"]
 NormKind = Literal["layernorm", "rmsnorm"]
+
+MAX_LAYERS = 10**4
+MAX_PARAMS = 10**15
+_PARAMS_WHY = "a quadrillion parameters, about 500x the largest published models (~2 trillion)"
+MAX_D_MODEL = 10**6
+MAX_D_FF = 10**7
+MAX_VOCAB = 10**8
+_LAYERS_WHY = ("ten thousand blocks, 10x the deepest published transformer (DeepNet, 1,000 layers [wang2022]); "
+               "parameter shapes are listed per layer, so this also keeps every call well under a second")
+_D_WHY = "a million, about 40x the widest published models (d_model 12,288-25,600)"
+_FF_WHY = "ten million, about 100x the widest published MLPs"
+_VOCAB_WHY = "a hundred million tokens, about 400x the largest published vocabularies (~256k)"
 
 
 def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
@@ -34,26 +48,28 @@ def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TransformerConfig:
+class TransformerConfig(StrictInit):
     """A decoder-only transformer, sized exactly.
 
     Fields are model hyper-parameters; the batch, sequence length, precision and parallelism of a run live
     in :class:`memlab.predict.setup.Setup`, so one config serves many experiments.
     """
 
-    d_model: int
+    _error = ConfigError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
+
+    d_model: int = field(metadata={"max": MAX_D_MODEL, "why": _D_WHY})
     """Hidden size h."""
-    n_layers: int
+    n_layers: int = field(metadata={"max": MAX_LAYERS, "why": _LAYERS_WHY})
     """Number of transformer blocks L."""
-    n_heads: int
+    n_heads: int = field(metadata={"max": MAX_D_MODEL, "why": "at most one head per hidden unit"})
     """Query heads a; head_dim = d_model / n_heads."""
-    n_kv_heads: int | None = None
+    n_kv_heads: int | None = field(default=None, metadata={"max": MAX_D_MODEL, "why": "at most n_heads"})
     """Key/value heads (GQA when < n_heads, MQA when 1); None means n_heads (multi-head attention)."""
-    d_ff: int | None = None
+    d_ff: int | None = field(default=None, metadata={"max": MAX_D_FF, "why": _FF_WHY})
     """MLP inner width; None means 4h for gelu and the Llama rule for swiglu."""
-    vocab_size: int = 50257
+    vocab_size: int = field(default=50257, metadata={"max": MAX_VOCAB, "why": _VOCAB_WHY})
     """Vocabulary size V (rows of the embedding and the LM head)."""
-    max_seq: int = 1024
+    max_seq: int = field(default=1024, metadata={"max": MAX_SEQ, "why": _SEQ_WHY})
     """Longest sequence the model accepts; learned position tables have this many rows."""
     mlp: MlpKind = "gelu"
     """gelu: up, GELU, down. swiglu: down(silu(gate(x)) * up(x))."""
@@ -65,24 +81,21 @@ class TransformerConfig:
     """Biases on linear layers and layernorms (GPT-2: yes; Llama: no). The LM head never has one."""
     tied_embeddings: bool = True
     """Whether the LM head reuses the token embedding matrix."""
-    dropout: float = 0.0
+    dropout: float = field(default=0.0, metadata={"max": 1.0, "max_open": True, "why": "a probability below 1"})
     """Dropout probability after attention softmax, attention output and MLP (0 for modern LLMs)."""
     name: str = "custom"
     """A label for tables and plots."""
 
     def __post_init__(self) -> None:
-        for fname in ("d_model", "n_layers", "n_heads", "vocab_size", "max_seq"):
-            value = getattr(self, fname)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{fname} must be a positive integer, got {value!r}")
+        # Types and ranges from the annotations and metadata above (memlab.predict.validate): a bool is no size,
+        # 'no' is no bool (it would build a tied model), '0.1' is no dropout.
+        check_fields(self, ConfigError)
         if self.d_model % self.n_heads:
             raise ConfigError(
                 f"n_heads={self.n_heads} must divide d_model={self.d_model}: pick a d_model that is a multiple "
                 f"of n_heads (e.g. {self.n_heads * max(1, round(self.d_model / self.n_heads))})"
             )
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:
-            raise ConfigError(f"n_kv_heads must be a positive integer or None, got {self.n_kv_heads!r}")
         if self.n_heads % kv:
             raise ConfigError(
                 f"n_kv_heads={kv} must divide n_heads={self.n_heads} (each KV head serves a whole group of "
@@ -98,12 +111,17 @@ class TransformerConfig:
         if self.d_ff is None:
             d_ff = 4 * self.d_model if self.mlp == "gelu" else swiglu_hidden(self.d_model)
             object.__setattr__(self, "d_ff", d_ff)
-        elif not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff <= 0:
-            raise ConfigError(f"d_ff must be a positive integer or None, got {self.d_ff!r}")
         if self.positions == "rotary" and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head_dim, got {self.head_dim}: change n_heads")
-        if not (0.0 <= float(self.dropout) < 1.0):
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+
+    def check_seq(self, seq: float) -> None:
+        """Raise :class:`SetupError` when ``seq`` tokens do not fit a model with learned positions (its position
+        table has ``max_seq`` rows); rotary models run any length. The estimator and ``mfu`` share this check."""
+        if self.positions == "learned" and seq > self.max_seq:
+            raise SetupError(
+                f"seq={int(seq)} exceeds max_seq={self.max_seq} of a model with learned positions: lower seq or "
+                "raise max_seq (config.with_(max_seq=N); on the command line --max-seq N, also with --preset)"
+            )
 
     # -- derived sizes -------------------------------------------------------------------------------------
     @property
@@ -338,6 +356,8 @@ def preset(name: str) -> TransformerConfig:
 
     Raises :class:`memlab.errors.UnknownNameError` listing the closest names when ``name`` is unknown.
     """
+    if not isinstance(name, str):
+        raise unknown_name("preset", repr(name), preset_names())
     key = name.strip().lower().replace("_", "-")
     key = ALIASES.get(key, key)
     if key not in PRESETS:

@@ -129,6 +129,8 @@ PRECISION_POLICIES: dict[str, PrecisionPolicy] = {
 
 def precision_policy(name: str) -> PrecisionPolicy:
     """Look up a precision policy by name; unknown names get the closest known ones."""
+    if not isinstance(name, str):
+        raise unknown_name("precision policy", repr(name), list(PRECISION_POLICIES))
     key = name.strip().lower()
     if key not in PRECISION_POLICIES:
         raise unknown_name("precision policy", name, list(PRECISION_POLICIES))

@@ -12,6 +12,7 @@ from typing import Literal
 
 from memlab.errors import SetupError, unknown_name
 from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
+from memlab.predict.validate import StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
@@ -25,9 +26,22 @@ MODES = ("train", "inference")
 INFERENCE_WEIGHTS = ("fp32", "fp16", "bf16", "int8", "int4")
 KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
 
+MAX_BATCH = 10**7
+MAX_SEQ = 10**8
+MAX_RANKS = 10**6
+MAX_TP = 10**4
+MAX_STEPS = 10**4
+_STEPS_WHY = ("ten thousand timed steps (or decoded tokens) per measurement; a median over more adds no precision "
+              "to a memory experiment")
+_BATCH_WHY = ("ten million sequences per rank, about 1000x the largest published global batches; beyond it byte "
+              "counts leave the range a float64 sweep holds exactly")
+_SEQ_WHY = "100 million tokens, 10x the longest published context (10M tokens recalled [gemini2024])"
+_RANKS_WHY = "a million data-parallel ranks, about 10x the largest training clusters built"
+_TP_WHY = "ten thousand tensor-parallel ranks; tensor parallelism is used within a node or a few (2-64 ranks)"
+
 
 @dataclass(frozen=True, kw_only=True)
-class Setup:
+class Setup(StrictInit):
     """Everything about a run that is not the model: shapes, precision, optimizer, memory policies, sharding.
 
     ``batch`` is the micro-batch per data-parallel rank; ``seq`` the sequence length in tokens. ``attention``
@@ -38,19 +52,23 @@ class Setup:
     degree and ``sp`` turns on sequence parallelism (Korthikanti et al. 2022).
 
     Each field's docstring is its help text in the ``memlab`` command, which generates its options from these
-    fields (``metadata`` may name ``choices`` and a shorter ``flag``), so the CLI and the API share one set of
-    defaults: the ones written here.
+    fields (``metadata`` may name ``choices``, a shorter ``flag``, ``max`` with its reason ``why``, and the
+    ``mode`` a field applies to), so the CLI and the API share one set of defaults and limits: the ones written
+    here. An unknown field name is a SetupError naming the closest one. ``__post_init__`` checks every field by
+    its annotation (:mod:`memlab.predict.validate`), so a new field is validated by its type without new code.
     """
 
-    batch: int = 1
+    _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
+
+    batch: int = field(default=1, metadata={"max": MAX_BATCH, "why": _BATCH_WHY})
     """Micro-batch per data-parallel rank, in sequences."""
-    seq: int = 1024
+    seq: int = field(default=1024, metadata={"max": MAX_SEQ, "why": _SEQ_WHY})
     """Sequence length in tokens (the CLI lowers it to the model's max_seq when that is shorter)."""
     mode: Mode = "train"
     """``train`` (forward, backward, optimizer step) or ``inference`` (weights and KV cache, prefill and decode)."""
-    precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES)})
+    precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES), "mode": "train"})
     """Training precision policy (memlab.predict.precision): how weights, gradients and master copies are stored."""
-    optimizer: str = field(default="adamw", metadata={"choices": OPTIMIZERS})
+    optimizer: str = field(default="adamw", metadata={"choices": OPTIMIZERS, "mode": "train"})
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
@@ -58,22 +76,27 @@ class Setup:
     """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
     zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})
     """ZeRO stage over the data-parallel ranks: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
-    world_size: int = 1
+    world_size: int = field(default=1, metadata={"max": MAX_RANKS, "why": _RANKS_WHY})
     """Data-parallel ranks."""
-    tp: int = 1
+    tp: int = field(default=1, metadata={"max": MAX_TP, "why": _TP_WHY})
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
-    inference_weights: str = field(default="bf16", metadata={"choices": INFERENCE_WEIGHTS, "flag": "--weights"})
+    inference_weights: str = field(default="bf16", metadata={"choices": INFERENCE_WEIGHTS, "flag": "--weights",
+                                                             "mode": "inference"})
     """Weight dtype when mode is inference."""
-    kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype"})
+    kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype",
+                                                          "mode": "inference"})
     """KV-cache element type when mode is inference."""
 
     def __post_init__(self) -> None:
-        for fname in ("batch", "seq", "world_size", "tp"):
-            value = getattr(self, fname)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise SetupError(f"{fname} must be a positive integer, got {value!r}")
+        # Types and ranges of every field from its annotation and metadata (memlab.predict.validate): a bool is no
+        # count, a float no ZeRO stage, None no policy name. Names with a closest-match message come after.
+        check_fields(self, SetupError, skip=("precision", "optimizer"))
+        for name in ("precision", "optimizer"):
+            if not isinstance(getattr(self, name), str):
+                raise SetupError(f"Setup.{name} must be a string, got {getattr(self, name)!r}: pass e.g. "
+                                 f"{type(self).__dataclass_fields__[name].default!r}")
         if self.mode not in MODES:
             raise SetupError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         precision_policy(self.precision)

@@ -30,7 +30,8 @@ from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.setup import _STEPS_WHY, MAX_STEPS, Setup
+from memlab.predict.validate import check_int
 from memlab.run.gpt import GPT, KVCache, saved_tensor_category
 from memlab.run.optimizers import build_optimizer
 from memlab.run.training_step import TrainingStep, model_dtype, training_step
@@ -348,8 +349,10 @@ def run_step(
     from memlab.measure.host import host_reading
     from memlab.measure.oom import clean_allocator, is_oom_error, parse_oom_message
 
-    if steps < 1:
-        raise SetupError(f"steps must be at least 1, got {steps}")
+    check_int("steps", steps, hi=MAX_STEPS, why=_STEPS_WHY, err=SetupError)
+    if not isinstance(config, TransformerConfig) or not isinstance(setup, Setup):
+        raise SetupError(f"run_step needs a TransformerConfig and a Setup, got {type(config).__name__} and "
+                         f"{type(setup).__name__}")
     if setup.zero_stage or setup.world_size > 1 or setup.tp > 1:
         raise SetupError("run_step measures one device; ZeRO/FSDP and tensor parallelism run under torchrun")
     dev = resolve_device(device)

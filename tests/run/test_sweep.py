@@ -18,7 +18,7 @@ import torch
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run.gpt import GPT
-from memlab.run.sweep import measurement_of, point_key, read_rows, sweep, to_frame
+from memlab.run.sweep import DamagedRowsWarning, measurement_of, point_key, read_rows, sweep, to_frame
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "slow_sweep.py"
@@ -65,15 +65,18 @@ def test_killed_sweep_resumes_without_losing_or_repeating_rows(tmp_path: Path) -
     # A kill in the middle of a write leaves half a line: it must be ignored, and the next row start afresh.
     with out.open("a") as fh:
         fh.write(json.dumps(before[0])[:40])
-    assert read_rows(out) == before
+    with pytest.warns(DamagedRowsWarning, match="line 4: not JSON"):
+        assert read_rows(out) == before
 
-    frame = sweep(grid, out, device="cpu", **FAST)
+    with pytest.warns(DamagedRowsWarning, match="moved to"):
+        frame = sweep(grid, out, device="cpu", **FAST)
     rows = read_rows(out)
     keys = [r["key"] for r in rows]
     assert sorted(keys) == sorted(point_key(c, s, "cpu") for c, s in grid)  # every point exactly once
     assert rows[: len(before)] == before  # finished rows untouched (same "time", same measurement)
     assert all(r["measurement"]["status"] == "ok" for r in rows)
-    assert len(_lines(out)) == len(grid) + 1  # the torn fragment stays on its own line, ignored
+    assert len(_lines(out)) == len(grid)  # the torn fragment was set aside, byte for byte
+    assert _lines(out.with_name("sweep.jsonl.damaged")) == [json.dumps(before[0])[:40]]
     assert len(frame) == len(grid) and frame["key"].is_unique
 
     again = sweep(grid, out, device="cpu", **FAST)  # a finished sweep measures nothing
@@ -165,3 +168,200 @@ def test_point_key_depends_on_config_setup_and_device() -> None:
 
 def test_read_rows_of_a_missing_file_is_empty(tmp_path: Path) -> None:
     assert read_rows(tmp_path / "nothing.jsonl") == []
+
+
+# -- issue 8, section 3: damage costs at most the damaged row ------------------------------------------------------
+def _fake_run(calls: list[int]):
+    def run(config, setup, device, **kw):
+        from memlab.run.runner import Measurement
+
+        calls.append(setup.seq)
+        return Measurement(model=config.name, setup=setup.to_dict(), device=device, device_name="cpu",
+                           params_bytes=4 * config.param_count(), grads_bytes=0, optimizer_bytes=0)
+
+    return run
+
+
+GRID = [(TINY, Setup(batch=1, seq=s)) for s in (8, 9, 10, 11)]
+QUIET = {"progress": False}
+
+
+def _good_file(tmp_path: Path) -> tuple[Path, list[str]]:
+    out = tmp_path / "s.jsonl"
+    sweep(GRID, out, device="cpu", run=_fake_run([]), **QUIET)
+    return out, _lines(out)
+
+
+def _cut_measurement(line: str) -> bytes:
+    row = json.loads(line)
+    row["measurement"] = {"model": row["measurement"]["model"]}  # the key survived, the measurement did not
+    return json.dumps(row).encode()
+
+
+DAMAGE = {
+    "invalid-utf8": lambda line: line.encode()[:30] + b"\xff\xfe" + line.encode()[30:],
+    "torn": lambda line: line.encode()[: len(line) // 2],
+    "number": lambda line: b"42",
+    "null": lambda line: b"null",
+    "list": lambda line: b"[]",
+    "string": lambda line: b'"row"',
+    "object-without-key": lambda line: json.dumps({k: v for k, v in json.loads(line).items() if k != "key"}).encode(),
+    "key-not-a-string": lambda line: json.dumps({**json.loads(line), "key": 7}).encode(),
+    "cut-measurement": _cut_measurement,
+    "no-config": lambda line: json.dumps({**json.loads(line), "config": None}).encode(),
+    "bad-config": lambda line: json.dumps({**json.loads(line), "config": {"d_model": True}}).encode(),
+    "bad-setup": lambda line: json.dumps({**json.loads(line), "measurement": {
+        **json.loads(line)["measurement"], "setup": {"batch": "one"}}}).encode(),
+    "ok-without-bytes": lambda line: json.dumps({**json.loads(line), "measurement": {
+        **json.loads(line)["measurement"], "params_bytes": None}}).encode(),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_line_is_skipped_with_a_warning_and_its_point_measured_again(tmp_path: Path, damage: str) -> None:
+    out, lines = _good_file(tmp_path)
+    broken = DAMAGE[damage](lines[1])
+    out.write_bytes(b"\n".join([lines[0].encode(), broken, *(x.encode() for x in lines[2:])]) + b"\n")
+    with pytest.warns(DamagedRowsWarning, match="line 2"):
+        rows = read_rows(out)
+    assert [r["key"] for r in rows] == [json.loads(x)["key"] for x in (lines[0], *lines[2:])]
+
+    calls: list[int] = []
+    with pytest.warns(DamagedRowsWarning, match="moved to"):
+        frame = sweep(GRID, out, device="cpu", run=_fake_run(calls), **QUIET)
+    assert calls == [9]  # only the damaged point is measured again
+    assert sorted(frame["seq"]) == [8, 9, 10, 11] and frame["key"].is_unique
+    assert (tmp_path / "s.jsonl.damaged").read_bytes() == broken + b"\n"  # set aside byte for byte, not lost
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(read_rows(out)) == 4  # clean again: no warning on later reads
+
+
+def test_duplicates_keep_the_last_good_row(tmp_path: Path) -> None:
+    out, lines = _good_file(tmp_path)
+    newer = json.loads(lines[0])
+    newer["time"] = 1.0
+    with out.open("a") as fh:
+        fh.write(lines[1] + "\n" + json.dumps(newer) + "\n")
+    rows = read_rows(out)
+    assert len(rows) == 4 and len({r["key"] for r in rows}) == 4
+    assert next(r for r in rows if r["key"] == newer["key"])["time"] == 1.0
+    assert len(to_frame(rows)) == 4
+
+
+@pytest.mark.parametrize(("a", "b"), [("cpu", "cpu:0"), ("cpu", " CPU "), ("cuda", "cuda:0")])
+def test_device_names_are_normalised_in_keys(a: str, b: str) -> None:
+    s = Setup(batch=1, seq=8)
+    assert point_key(TINY, s, a) == point_key(TINY, s, b)
+
+
+def test_cpu_and_cpu0_sweeps_share_rows(tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    calls: list[int] = []
+    sweep(GRID[:2], out, device="cpu:0", run=_fake_run(calls), **QUIET)
+    sweep(GRID[:2], out, device="cpu", run=_fake_run(calls), **QUIET)
+    assert calls == [8, 9] and len(_lines(out)) == 2
+
+
+def test_a_second_sweep_of_the_same_file_refuses_while_the_first_holds_the_lock(tmp_path: Path) -> None:
+    from memlab.errors import MemlabError
+    from memlab.run.sweep import sweep_lock
+
+    out = tmp_path / "s.jsonl"
+    with sweep_lock(out):
+        with pytest.raises(MemlabError, match=f"another sweep is writing.*pid {os.getpid()}"):
+            sweep(GRID, out, device="cpu", run=_fake_run([]), **QUIET)
+        t0 = time.monotonic()
+        with pytest.raises(MemlabError, match="another sweep"):
+            sweep(GRID, out, device="cpu", run=_fake_run([]), lock_wait_s=0.3, **QUIET)
+        assert time.monotonic() - t0 >= 0.3
+    assert not out.exists() or read_rows(out) == []
+    sweep(GRID, out, device="cpu", run=_fake_run([]), **QUIET)  # free again
+    assert len(read_rows(out)) == 4
+
+
+def test_two_concurrent_sweeps_write_each_point_once(tmp_path: Path) -> None:
+    import threading
+
+    out = tmp_path / "s.jsonl"
+    calls: list[int] = []
+    slow = _fake_run(calls)
+
+    def run(*args, **kw):
+        time.sleep(0.05)
+        return slow(*args, **kw)
+
+    errors: list[Exception] = []
+
+    def go() -> None:
+        try:
+            sweep(GRID, out, device="cpu", run=run, lock_wait_s=30, **QUIET)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    keys = [json.loads(x)["key"] for x in _lines(out)]
+    assert len(keys) == 4 == len(set(keys)) and sorted(calls) == [8, 9, 10, 11]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-full", "dev-null", "folder", "under-a-file"])
+def test_special_files_fail_fast_with_a_clear_error(tmp_path: Path, kind: str) -> None:
+    from memlab.errors import MemlabError
+
+    if kind == "fifo":
+        path = tmp_path / "s.jsonl"
+        os.mkfifo(path)
+    elif kind == "folder":
+        path = tmp_path
+    elif kind == "under-a-file":
+        (tmp_path / "f").write_text("x")
+        path = tmp_path / "f" / "s.jsonl"
+    else:
+        path = Path("/dev/full" if kind == "dev-full" else "/dev/null")
+        if not path.exists():
+            pytest.skip(f"{path} is Linux-only")
+    t0 = time.monotonic()
+    for call in (lambda: read_rows(path), lambda: sweep(GRID, path, device="cpu", run=_fake_run([]), **QUIET)):
+        with pytest.raises(MemlabError) as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert time.monotonic() - t0 < 5, "must not block on a FIFO"
+    assert not Path(str(path) + ".lock").exists() or kind == "folder"
+
+
+def test_a_full_disk_while_appending_is_a_memlab_error(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from memlab.errors import MemlabError
+    from memlab.run import sweep as sweep_mod
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sweep_mod.os, "fsync", full)
+    with pytest.raises(MemlabError, match=r"No space left on device.*kept"):
+        sweep(GRID, tmp_path / "s.jsonl", device="cpu", run=_fake_run([]), **QUIET)
+
+
+@pytest.mark.parametrize("steps", [0, True, 1.5, "2", 10**6])
+def test_run_step_refuses_bad_step_counts(steps) -> None:
+    from memlab.errors import MemlabError
+    from memlab.run.runner import run_step
+
+    with pytest.raises(MemlabError, match="steps"):
+        run_step(TINY, Setup(batch=1, seq=8), "cpu", steps=steps)
+
+
+@pytest.mark.parametrize("grid", [[TINY], [(TINY,)], [(Setup(), TINY)], [("tiny-gpt", Setup())], [None]])
+def test_a_malformed_grid_is_a_memlab_error(tmp_path: Path, grid) -> None:
+    from memlab.errors import MemlabError
+
+    with pytest.raises(MemlabError, match="grid point 0"):
+        sweep(grid, tmp_path / "s.jsonl", device="cpu", run=_fake_run([]), **QUIET)

@@ -1,0 +1,310 @@
+"""Issue 8, section 2: bad input to any public entry point is ONE MemlabError naming the field (never a foreign
+exception, never a silent wrong result). One parametrised table of bad inputs per entry point."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Literal
+
+import numpy as np
+import pytest
+
+from memlab.errors import MemlabError
+from memlab.predict import flops
+from memlab.predict.estimate import Overheads, estimate, sweep_totals
+from memlab.predict.hardware import gpu
+from memlab.predict.hardware_table import Accelerator
+from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.precision import precision_policy
+from memlab.predict.setup import Setup
+from memlab.predict.validate import check_fields, field_rules
+
+TINY = preset("tiny-gpt")
+DIMS = {"d_model": 64, "n_layers": 2, "n_heads": 4}
+
+
+def _raises_one_memlab_error(make, field: str) -> str:
+    with pytest.raises(MemlabError) as err:
+        make()
+    message = str(err.value)
+    assert field in message, f"the message must name {field!r}: {message}"
+    assert "\n" not in message and len(message) < 600, "one short line, whatever the input"
+    return message
+
+
+# -- TransformerConfig ------------------------------------------------------------------------------------------
+CONFIG_BAD = [
+    ("d_model", None), ("d_model", "64"), ("d_model", 64.0), ("d_model", True), ("d_model", 0), ("d_model", 10**7),
+    ("n_layers", 10**9), ("n_layers", -1), ("n_layers", 2.5), ("n_heads", False), ("n_kv_heads", "2"),
+    ("n_kv_heads", 0), ("d_ff", 1.5), ("d_ff", 10**8), ("vocab_size", np.nan), ("vocab_size", 10**9),
+    ("max_seq", 10**200), ("max_seq", "1024"), ("mlp", "relu"), ("mlp", None), ("positions", 1), ("norm", "RMS"),
+    ("bias", "yes"), ("bias", 1), ("tied_embeddings", "no"), ("tied_embeddings", None), ("dropout", "0.1"),
+    ("dropout", 1.0), ("dropout", -0.1), ("dropout", math.inf), ("dropout", True), ("name", None), ("name", 3),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), CONFIG_BAD, ids=[f"{f}={v!r}"[:40] for f, v in CONFIG_BAD])
+def test_transformer_config_rejects(field: str, value: object) -> None:
+    _raises_one_memlab_error(lambda: TransformerConfig(**{**DIMS, field: value}), field)
+
+
+def test_tied_embeddings_no_is_refused_not_read_as_true() -> None:
+    msg = _raises_one_memlab_error(lambda: TransformerConfig(**DIMS, tied_embeddings="no"), "tied_embeddings")
+    assert "True or False" in msg
+
+
+def test_size_limits_say_the_limit_and_the_reason() -> None:
+    msg = _raises_one_memlab_error(lambda: TransformerConfig(d_model=64, n_layers=10**6, n_heads=4), "n_layers")
+    assert "10,000" in msg and "DeepNet" in msg
+
+
+# -- Setup ------------------------------------------------------------------------------------------------------
+SETUP_BAD = [
+    ("batch", 0), ("batch", True), ("batch", 2.0), ("batch", "4"), ("batch", 10**8), ("seq", 10**9), ("seq", None),
+    ("mode", "training"), ("mode", None), ("precision", None), ("precision", 16), ("precision", "fp64"),
+    ("optimizer", None), ("optimizer", "adamx"), ("recompute", True), ("attention", "flash2"),
+    ("zero_stage", True), ("zero_stage", 1.0), ("zero_stage", 4), ("zero_stage", "3"), ("world_size", 0),
+    ("world_size", 10**7), ("tp", 1.0), ("tp", 10**5), ("sp", 1), ("sp", "false"), ("inference_weights", "fp64"),
+    ("inference_weights", None), ("kv_cache_dtype", "int4"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), SETUP_BAD, ids=[f"{f}={v!r}"[:40] for f, v in SETUP_BAD])
+def test_setup_rejects(field: str, value: object) -> None:
+    name = {"precision": "precision", "optimizer": "optimizer"}.get(field, field)
+    _raises_one_memlab_error(lambda: Setup(**{field: value}), name)
+
+
+def test_setup_with_revalidates() -> None:
+    with pytest.raises(MemlabError, match="zero_stage"):
+        Setup().with_(zero_stage=True)
+
+
+def test_every_setup_field_has_a_rule_so_new_fields_are_validated_by_their_annotation() -> None:
+    rules = {r.name: r for r in field_rules(Setup)}
+    assert set(rules) == {f.name for f in dataclasses.fields(Setup)}
+    assert all(r.kind != "other" for r in rules.values()), "a Setup field of a type validate does not check"
+
+
+def test_a_new_annotated_field_is_checked_without_new_code() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Later:
+        steps: int = dataclasses.field(default=1, metadata={"max": 64, "why": "a test bound"})
+        impl: Literal["foreach", "fused"] = "foreach"
+        scale: float = 0.5
+        flag: bool = False
+        label: str | None = None
+
+        def __post_init__(self) -> None:
+            check_fields(self)
+
+    Later()
+    for bad in ({"steps": 65}, {"steps": True}, {"impl": "loop"}, {"scale": "0.5"}, {"flag": 0}, {"label": 1}):
+        with pytest.raises(MemlabError, match=next(iter(bad))):
+            Later(**bad)
+    with pytest.raises(MemlabError, match="a test bound"):
+        Later(steps=65)
+
+
+@pytest.mark.parametrize(("make", "word"), [
+    (lambda: Setup(batchsize=4), "did you mean batch"), (lambda: Setup(4), "keyword arguments only"),
+    (lambda: TransformerConfig(), "needs d_model, n_layers, n_heads"),
+    (lambda: TransformerConfig(**DIMS, n_layer=2), "did you mean n_layers"),
+    (lambda: Overheads(cuda_context=1), "did you mean cuda_context_bytes"),
+    (lambda: Overheads(1, 2, 0.0, 0, 5), "at most"),
+    (lambda: Accelerator(**ROW, peak=1e12), "has no field"), (lambda: TINY.with_(layers=3), "did you mean n_layers"),
+], ids=["setup-unknown", "setup-positional", "config-missing", "config-unknown", "overheads-unknown",
+        "overheads-too-many", "accelerator-unknown", "with-unknown"])
+def test_unknown_missing_or_positional_fields_are_memlab_errors(make, word: str) -> None:
+    with pytest.raises(MemlabError, match=word):
+        make()
+
+
+def test_strict_dataclasses_still_copy_pickle_and_hash() -> None:
+    import copy
+    import pickle
+
+    for obj in (TINY, Setup(batch=2), Overheads(workspace_bytes=5)):
+        assert copy.deepcopy(obj) == obj == pickle.loads(pickle.dumps(obj)) and hash(obj) == hash(copy.copy(obj))
+
+
+# -- Overheads, presets, policies, GPUs ---------------------------------------------------------------------------
+OVERHEADS_BAD = [
+    ("fragmentation_fraction", "0.5"), ("fragmentation_fraction", 1.0), ("fragmentation_fraction", np.nan),
+    ("fragmentation_fraction", True), ("cuda_context_bytes", 1e308), ("cuda_context_bytes", -1),
+    ("cuda_context_bytes", 2**60), ("workspace_bytes", "1"), ("gathered_layers", True), ("gathered_layers", 10**6),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), OVERHEADS_BAD, ids=[f"{f}={v!r}"[:40] for f, v in OVERHEADS_BAD])
+def test_overheads_reject(field: str, value: object) -> None:
+    _raises_one_memlab_error(lambda: Overheads(**{field: value}), field)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: preset(None), lambda: preset(3), lambda: preset(""), lambda: preset("gpt5"),
+    lambda: precision_policy(None), lambda: precision_policy(16), lambda: gpu(None), lambda: gpu(""),
+    lambda: gpu(["h100"]),
+], ids=["preset-None", "preset-3", "preset-empty", "preset-unknown", "policy-None", "policy-16", "gpu-None",
+        "gpu-empty", "gpu-list"])
+def test_name_lookups_reject_non_names(call) -> None:
+    with pytest.raises(MemlabError):
+        call()
+
+
+ROW = {"key": "x", "name": "X", "vendor": "v", "memory_bytes": 2**30, "bandwidth_bytes_per_s": 1e12,
+       "peak_flops": {"bf16": 1e14}, "form_factor": "SXM", "source": "s"}
+ACCEL_BAD = [
+    ("memory_bytes", True), ("memory_bytes", 1.5e9), ("memory_bytes", 0), ("memory_bytes", 2**60),
+    ("bandwidth_bytes_per_s", "3e12"), ("bandwidth_bytes_per_s", -1.0), ("bandwidth_bytes_per_s", math.inf),
+    ("peak_flops", {"bf16": 1e30}), ("peak_flops", {"bf16": "1e14"}), ("peak_flops", {"bf16": True}),
+    ("peak_flops", {"fp64": 1e12}), ("peak_flops", [1e14]), ("unofficial", "no"), ("key", None),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), ACCEL_BAD, ids=[f"{f}={v!r}"[:40] for f, v in ACCEL_BAD])
+def test_accelerator_rows_reject(field: str, value: object) -> None:
+    with pytest.raises(MemlabError):
+        Accelerator(**{**ROW, field: value})
+
+
+# -- estimate, sweep_totals --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", [True, 0, -5, 7.5e9, "7e9", None, 10**16], ids=repr)
+def test_estimate_rejects_models_that_are_not_configs_or_counts(model: object) -> None:
+    with pytest.raises(MemlabError):
+        estimate(model, Setup())  # type: ignore[arg-type]
+
+
+def test_estimate_rejects_a_setup_that_is_not_one() -> None:
+    with pytest.raises(MemlabError, match="setup must be"):
+        estimate(TINY, {"batch": 1})  # type: ignore[arg-type]
+
+
+SWEEP_BAD = [
+    ({"batch": np.nan}, "batch"), ({"batch": math.inf}, "batch"), ({"seq": [8, np.nan]}, "seq"),
+    ({"batch": 0}, "batch"), ({"batch": 1.5}, "batch"), ({"batch": "4"}, "batch"), ({"batch": [True]}, "batch"),
+    ({"batch": []}, "batch"), ({"batch": 10**8}, "batch"), ({"seq": 10**9}, "seq"),
+    ({"batch": [1, 2], "seq": [8, 16, 32]}, "broadcast"), ({"batch": object()}, "batch"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), SWEEP_BAD, ids=[str(k)[:40] for k, _ in SWEEP_BAD])
+def test_sweep_totals_rejects(kwargs: dict, field: str) -> None:
+    _raises_one_memlab_error(lambda: sweep_totals(TINY, Setup(seq=8), **kwargs), field)
+
+
+def test_sweep_totals_still_matches_estimate() -> None:
+    totals = sweep_totals(TINY, Setup(seq=8), batch=np.array([1, 2, 4]))
+    assert [round(t) for t in totals] == [estimate(TINY, Setup(seq=8, batch=b)).total_bytes for b in (1, 2, 4)]
+
+
+# -- mfu ----------------------------------------------------------------------------------------------------------
+MFU_BAD = [
+    ({"tokens_per_second": math.nan}, "tokens_per_second"), ({"tokens_per_second": math.inf}, "tokens_per_second"),
+    ({"tokens_per_second": 1e308}, "tokens_per_second"), ({"tokens_per_second": "1000"}, "tokens_per_second"),
+    ({"tokens_per_second": True}, "tokens_per_second"), ({"num_devices": 0}, "num_devices"),
+    ({"num_devices": 2.0}, "num_devices"), ({"num_devices": True}, "num_devices"), ({"dtype": "fp64"}, "dtype"),
+    ({"recompute": "all"}, "recompute"), ({"model": True}, "model"), ({"model": 1e300}, "parameter count"),
+    ({"model": TINY, "seq": None}, "seq"), ({"model": TINY, "seq": 4096}, "max_seq"),
+    ({"model": TINY, "seq": 8.0}, "seq"), ({"accelerator": 3}, "accelerator"),
+    ({"model_flops_per_token": math.inf}, "model_flops_per_token"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), MFU_BAD, ids=[str(k)[:40] for k, _ in MFU_BAD])
+def test_mfu_rejects(kwargs: dict, field: str) -> None:
+    args = {"model": 7e9, "tokens_per_second": 1000.0, "accelerator": "h100-sxm", **kwargs}
+    model, tps = args.pop("model"), args.pop("tokens_per_second")
+    _raises_one_memlab_error(lambda: flops.mfu(model, tps, **args), field)
+
+
+@pytest.mark.parametrize(("tps", "num_devices"), [(1e12, 1), (1e5, 1), (8 * 3e4, 1)])
+def test_an_mfu_above_the_peak_is_an_explicit_implausible_verdict(tps: float, num_devices: int) -> None:
+    res = flops.mfu(7e9, tps, accelerator="h100-sxm", num_devices=num_devices)
+    assert res.computed_mfu > 1
+    assert res.verdict == "implausible" and res.mfu is None and res.hfu is None and not res.known
+    assert res.reason.startswith("implausible") and "global batch" in res.reason and "sparse" in res.reason
+    assert json.dumps(res.to_dict(), allow_nan=False)
+
+
+def test_a_plausible_mfu_is_unchanged() -> None:
+    res = flops.mfu(7e9, 1e4, accelerator="h100-sxm")
+    assert res.verdict == "ok" and res.mfu == pytest.approx(6 * 7e9 * 1e4 / gpu("h100-sxm").peak("bf16"))
+    assert res.computed_mfu == res.mfu
+
+
+def test_an_unknown_peak_is_an_unknown_verdict() -> None:
+    res = flops.mfu(7e9, 1e4, accelerator=None)
+    assert res.verdict == "unknown" and res.mfu is None and res.reason.startswith("unknown peak")
+
+
+def test_mfu_rejects_the_seq_estimate_rejects() -> None:
+    with pytest.raises(MemlabError, match="max_seq") as a:
+        flops.mfu(TINY, 100.0, accelerator="h100-sxm", seq=TINY.max_seq + 1)
+    with pytest.raises(MemlabError, match="max_seq") as b:
+        estimate(TINY, Setup(seq=TINY.max_seq + 1))
+    assert str(a.value) == str(b.value)
+
+
+# -- detect()'s cached CPU peak ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("peak", [1e30, math.inf, -1.0, "1e11", True, None])
+def test_detect_distrusts_an_implausible_cached_cpu_peak(tmp_path, peak) -> None:
+    import torch
+
+    from memlab import device as device_mod
+
+    model, _ = device_mod._cpu_model()
+    key = f"{model} | torch {torch.__version__} | {int(torch.get_num_threads())} threads"
+    entry = {"peak_flops": {"fp32": peak}, "benchmark": "forged"}
+    (tmp_path / device_mod.CPU_CACHE_FILE).write_text(json.dumps({"entries": {key: entry}}))
+    info = device_mod.detect(measure_cpu_peak=False, cache_dir=tmp_path)
+    if peak is None:  # a None peak is a valid "unsupported" entry, kept as such
+        assert info.peak_flops["fp32"] is None
+        return
+    assert info.peak_flops["fp32"] is None and info.peak_source == "unknown"
+
+
+# -- the other public functions: every odd value is a MemlabError (or a finite result), never a foreign exception --
+def _public_calls():
+    from memlab.predict import activations, inference
+    from memlab.predict.fit import fits, max_batch, max_seq
+
+    s = Setup(seq=8)
+    return {
+        "fits(gpu)": lambda v: fits(estimate(TINY, s), v),
+        "fits(what)": lambda v: fits(v, "h100-sxm", s),
+        "fits(setup)": lambda v: fits(TINY, "h100-sxm", v),
+        "max_batch(setup)": lambda v: max_batch(TINY, v, "h100-sxm"),
+        "max_batch(limit)": lambda v: max_batch(TINY, s, "h100-sxm", limit=v),
+        "max_seq(gpu)": lambda v: max_seq(TINY, s, v),
+        "roofline_bound(intensity)": lambda v: flops.roofline_bound(v, 1e12, 1e9),
+        "roofline_bound(peak)": lambda v: flops.roofline_bound(1.0, v, 1e9),
+        "activation_bytes(config)": lambda v: activations.activation_bytes(v, s),
+        "activation_bytes(setup)": lambda v: activations.activation_bytes(TINY, v),
+        "kv_cache_bytes(batch)": lambda v: inference.kv_cache_bytes(TINY, v, 8, "bf16", 1),
+        "kv_cache_bytes(dtype)": lambda v: inference.kv_cache_bytes(TINY, 1, 8, v, 1),
+        "forward_flops(batch)": lambda v: flops.forward_flops(TINY, v, 8),
+        "flops_per_token(seq)": lambda v: flops.flops_per_token(TINY, v),
+        "step_time_to_tokens_per_second": lambda v: flops.step_time_to_tokens_per_second(v, 1, 8),
+        "estimate(device_type)": lambda v: estimate(TINY, s, device_type=v),
+        "estimate(overheads)": lambda v: estimate(TINY, s, overheads=v),
+        "estimate(step_on_device)": lambda v: estimate(TINY, s, step_on_device=v),
+        "with_(d_model)": lambda v: TINY.with_(d_model=v),
+    }
+
+
+ODD = [None, True, "x", "", -1, 0, 1.5, math.nan, math.inf, 10**30, [], {}, object()]
+PUBLIC = [(name, v) for name in _public_calls() for v in ODD]
+
+
+@pytest.mark.parametrize(("name", "value"), PUBLIC, ids=[f"{n}-{v!r}"[:50] for n, v in PUBLIC])
+def test_public_functions_give_memlab_errors_or_finite_results(name: str, value: object) -> None:
+    try:
+        result = _public_calls()[name](value)
+    except MemlabError as exc:
+        assert "\n" not in str(exc)
+        return
+    if isinstance(result, float | np.ndarray):
+        assert np.all(np.isfinite(result)), f"{name}({value!r}) returned {result}"
