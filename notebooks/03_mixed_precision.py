@@ -31,9 +31,9 @@ out_dir = "../reports/build/03_mixed_precision"
 
 # %%
 import matplotlib.pyplot as plt
-from IPython.display import display
 import pandas as pd
 import torch
+from IPython.display import display
 
 from memlab import Setup, chapter, estimate, preset, run_step
 from memlab.compare import compare
@@ -72,8 +72,8 @@ ratios.round(2)
 
 # %% [markdown]
 # Read the ratios: no policy halves everything. `amp-*` keeps parameters, gradients and optimizer state at fp32's
-# size (1.00) and *adds* weight copies (last column); `mixed-bf16` halves the weights and gradients but adds a 4-byte master
-# copy, so the optimizer column grows; only pure `bf16` halves all three.
+# size (1.00) and *adds* weight copies (last column); `mixed-bf16` halves the weights and gradients but adds a
+# 4-byte master copy, so the optimizer column grows; only pure `bf16` halves all three.
 
 # %% [markdown]
 # **Exercise 1 (predict first).** Autocast keeps a bf16 copy of every matmul weight from the forward to the

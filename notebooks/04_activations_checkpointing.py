@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from memlab import Setup, chapter, estimate, preset, run_step
+from memlab import Setup, chapter, preset, run_step
 from memlab.course import exercises
 from memlab.predict import flops
 from memlab.predict.activations import activation_bytes, attention_score_share, korthikanti_layer_bytes
