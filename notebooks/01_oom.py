@@ -329,6 +329,35 @@ seven.round(1)
 # The seed forgets the 4-byte master copy: 16 B/param, 108 GB (100 GiB) for 6.74 B parameters, not 84.
 
 # %% [markdown]
+# ## Seed claims, answered
+
+# %%
+eval_leak = growth.query("case == 'eval-grad' and not fixed")["bytes per iteration"].item()
+keep_leak = growth.query("case == 'keep-loss' and not fixed")["bytes per iteration"].item()
+claims = pd.DataFrame([
+    {"#": 3, "claim": "U_eff = (P + G + O + A) / allocated [seed-000]", "verdict": "holds with a qualification",
+     "number": f"{u_eff:.2f} at the peak of step 2: the rest is temporaries no component names"},
+    {"#": 13, "claim": "nvidia-smi ≠ effective use; active vs reserved [seed-000]", "verdict": "holds",
+     "number": f"decoded message: {(info.process_in_use_bytes - info.allocated_by_pytorch_bytes) / 2**30:.2f} GiB "
+               "in use by the process but in no tensor"},
+    {"#": 30, "claim": "the OOM text is 'Tried to allocate 2.00 GiB' [seed-004]",
+     "verdict": "holds with a qualification",
+     "number": f"today's message states {int(shapes['fields stated'].max())} fields; the request alone misleads"},
+    {"#": 32, "claim": "7B: 14 + 14 + 56 = 84 GB [seed-004]", "verdict": "does not hold",
+     "number": f"{seven.loc['total', 'memlab (GB)']:.1f} GB for {n7 / 1e9:.2f} B parameters (fp32 master omitted)"},
+    {"#": 41, "claim": "torch.profiler profile_memory, Nsight [seed-004]", "verdict": "holds (tools exist)",
+     "number": "the allocator snapshot (section 5) is the finer tool; CUDA only"},
+    {"#": 44, "claim": "OOM row: batch, leak, no_grad, empty_cache treats symptoms [seed-004]",
+     "verdict": "holds with a qualification",
+     "number": f"eval without no_grad leaks {eval_leak / 2**10:.0f} KiB/iteration; a kept loss after backward "
+               f"{keep_leak:.0f} B; empty_cache frees no live byte"},
+    {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
+     "verdict": "an opinion, not a measurable claim", "number": "—"},
+])
+ch.save_table(claims, "seed_claims")
+claims
+
+# %% [markdown]
 # ## Exercises
 #
 # **Exercise 2.** Which field of an OOM message points to fragmentation rather than a too-large workload?

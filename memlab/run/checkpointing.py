@@ -8,13 +8,14 @@ The reference GPT has three recompute policies of its own (``none``, ``selective
   --recompute-num-layers k``; ``k = 1`` is ``full``.
 - ``sequential``: ``torch.utils.checkpoint.checkpoint_sequential(blocks, segments, x)`` as seed 004 writes it.
   Torch checkpoints the first ``segments - 1`` segments and runs the **last one without checkpointing** (its
-  source: "the last chunk has to be non-volatile"), so ``segments=2`` keeps half of the blocks' activations.
+  source: "the last chunk has to be non-volatile"; [pytorch-checkpoint]), so ``segments=2`` keeps half of the
+  blocks' activations.
 
-The square-root argument (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"): with ``n`` blocks in
+The square-root argument ([chen2016], "Training Deep Nets with Sublinear Memory Cost"): with ``n`` blocks in
 groups of ``k``, backward holds the ``n/k`` group inputs plus one group's internals while it recomputes it, i.e.
 ``(n/k) * x + k * A`` for a block input of ``x`` bytes and block internals of ``A`` bytes; this is smallest at
 ``k = sqrt(n * x / A)``, which is ``sqrt(n)`` only when a block keeps as much as its input (``A = x``). A
-transformer block keeps about 17 times its input (Korthikanti et al. 2022: ``34 sbh`` against the ``2 sbh``
+transformer block keeps about 17 times its input ([korthikanti2022]: ``34 sbh`` against the ``2 sbh``
 input in 16-bit), so the optimum is near ``k = 1``: checkpoint every block.
 
 Introduced for chapter 04 (activations and checkpointing).

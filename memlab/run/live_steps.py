@@ -61,9 +61,23 @@ class LiveSteps:
         return d
 
 
+def _optimizer(name: str, lr: float, foreach: bool) -> Any:
+    if not foreach:
+        return lambda ps: build_optimizer(name, ps, lr)
+    if name not in ("adamw", "adam"):
+        raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {name!r}")
+    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return lambda ps: cls(list(ps), lr=lr, foreach=True)
+
+
 def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.device | str = "cpu", *,
-                        steps: int = 2, seed: int = 0, lr: float = 1e-4) -> LiveSteps:
-    """Train ``config`` under ``setup`` for ``steps`` steps and count live tensor bytes at every op."""
+                        steps: int = 2, seed: int = 0, lr: float = 1e-4, foreach: bool = False) -> LiveSteps:
+    """Train ``config`` under ``setup`` for ``steps`` steps and count live tensor bytes at every op.
+
+    The optimizer is memlab's (``foreach=False``: one parameter's scratch at a time, torch's default on a CPU);
+    ``foreach=True`` builds AdamW/Adam with torch's multi-tensor step, the default when every parameter is on
+    CUDA, whose scratch is sized like all the parameters together.
+    """
     if not isinstance(steps, int) or steps < 1:
         raise SetupError(f"steps must be a positive integer, got {steps!r}")
     if setup.mode != "train":
@@ -72,7 +86,7 @@ def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.d
     torch.manual_seed(seed)
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=dev,
                 dtype=model_dtype(setup.policy)).train()
-    step = training_step(model, setup.policy, dev, lambda ps: build_optimizer(setup.optimizer, ps, lr))
+    step = training_step(model, setup.policy, dev, _optimizer(setup.optimizer, lr, foreach))
     gen = torch.Generator().manual_seed(seed)
     data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1), generator=gen).to(dev)
     idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()

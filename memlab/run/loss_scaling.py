@@ -4,8 +4,8 @@
 - :func:`cast_survival`: multiply gradients by a scale, cast to a 16-bit dtype, and count what is lost: values
   that become 0 (below the smallest subnormal, 2^-24 ~ 6.0e-8 in fp16), that become subnormal (below 2^-14 ~
   6.1e-5: fewer significant bits) and that overflow to inf (above 65504). bf16 keeps fp32's 8 exponent bits, so
-  its range is fp32's and nothing underflows that fp32 keeps (Micikevicius et al. 2018, Section 3.2, for fp16;
-  Kalamkar et al. 2019 for bf16).
+  its range is fp32's and nothing underflows that fp32 keeps ([micikevicius2018] Section 3.2 for fp16;
+  [kalamkar2019] for bf16).
 - :func:`scaler_trajectory`: ``torch.amp.GradScaler`` over a few real autocast-fp16 steps: the scale halves and
   the step is skipped on each overflow, and doubles after ``growth_interval`` clean steps.
 - :func:`deprecated_amp_calls`: the ``torch.cuda.amp`` calls seed 004 writes, and the warnings torch prints.
