@@ -3,8 +3,10 @@
 The package is laid out in the order of the flow, one room per step::
 
     predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware
-    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline
-    measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
+    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline,
+               checkpointing strategies, live training steps, leak loops, loss scaling
+    measure/   what is really there: byte accounting, live tensor bytes, CUDA allocator, NVML, host, timelines,
+               OOM (parsing, recorded messages), allocator snapshots
     compare/   prediction next to measurement: the ledger and its plots
     course/    chapters, exercises, the papermill report and its pages, provenance
     cli/       the ``memlab`` command, one module per subcommand
