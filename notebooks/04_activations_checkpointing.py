@@ -120,6 +120,19 @@ fig.suptitle(f"{model.name}, fp32: activations measured by SavedTensorRecorder v
 ch.save_figure(fig, "saved_vs_seq_batch")
 plt.show()
 
+# %%
+eager = saved.query("attention == 'eager' and batch == 2")
+by_cat = eager.pivot_table(index="seq", columns="component", values="measured", aggfunc="sum")
+by_cat.columns = [c.removeprefix("activations: ") for c in by_cat.columns]
+fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
+(by_cat.div(by_cat.sum(axis=1), axis=0) * 100).plot.bar(stacked=True, ax=ax, width=0.7)
+ax.set(xlabel="sequence length s (tokens)", ylabel="share of the bytes saved for backward (%)",
+       title=f"{model.name}, fp32, eager attention, batch 2: what is saved, by category\n"
+             f"measured by SavedTensorRecorder on {ch.device}")
+ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+ch.save_figure(fig, "saved_by_category")
+plt.show()
+
 # %% [markdown]
 # Prediction and measurement agree to the byte here because the reference GPT was written for it; the point is
 # the shape. With eager attention, doubling `s` more than doubles the bytes (the `a·s²·b` scores); with SDPA's
