@@ -66,7 +66,8 @@ seq = 64 if ch.scale == "ci" else 1024
 if on_cuda:
     from memlab.measure.cuda import emulate_smaller_gpu
 
-    with emulate_smaller_gpu(4 * 2**30, ch.device):
+    cap_bytes = 4 * 2**30
+    with emulate_smaller_gpu(cap_bytes, ch.device):
         failed = run_step(model, Setup(batch=64, seq=seq, precision="fp32"), ch.device, steps=1,
                           with_counted_flops=False, with_mfu=False)
     message, where = (failed.oom or {}).get("raw", ""), f"produced here on {failed.device_name} (capped at 4 GiB)"
@@ -74,6 +75,8 @@ else:
     message, where = RECORDED_OOM_MESSAGES[0].message, (f"{RECORDED_OOM_MESSAGES[0].source}, "
                                                        f"{RECORDED_OOM_MESSAGES[0].torch}")
 info = parse_oom_message(message)
+if not on_cuda:
+    cap_bytes = info.total_capacity_bytes
 print(f"{where}:\n{message}\n")
 decoded = pd.DataFrame(decode_oom(info))
 ch.save_table(decoded, "oom_decoded")
@@ -86,9 +89,15 @@ if info.process_in_use_bytes is not None and info.reserved_total_bytes is not No
           f"{info.reserved_total_bytes / 2**30:.2f} GiB + {outside / 2**30:.2f} GiB outside PyTorch's allocator "
           "(CUDA context, cuBLAS/cuDNN workspaces): what nvidia-smi counts and no tensor holds")
 
+# %%
+share = info.tried_to_allocate_bytes / cap_bytes  # on CUDA: the emulated card, not the whole GPU
+print(f"the failed request is {share:.1%} of the capacity: " + (
+    "the card was already full; look at what holds it" if share < 0.1 else "that one tensor is too big"))
+
 # %% [markdown]
-# The request was small; the card was full. "Allocated by PyTorch" is the workload; "in use by this process"
-# minus the allocator's reserve is the CUDA context and other libraries. Every shape of the message, from real
+# A small request next to a full card means the memory was already taken; a request near the capacity means one
+# tensor is too big. "Allocated by PyTorch" is the workload; "in use by this process" minus the allocator's
+# reserve is the CUDA context and other libraries. Every shape of the message, from real
 # reports, with the fields each one states (seed 004 quotes only "Tried to allocate"):
 
 # %%

@@ -272,9 +272,10 @@ ch.save_table(seven, "llama7b_activations")
 seven
 
 # %% [markdown]
-# The activations themselves are about 3 GiB, not 10-20 GB: the seed's guess is too high by 3-6x. Under PyTorch
-# AMP the 12.3 GiB of bf16 weight copies land in the same window, so a *measured* "activation" bump of about 15 GiB
-# is real, but it is weights, not activations, and checkpointing does not remove it (chapter 03).
+# The activations themselves are 2.7-5 GiB (3.2 GiB with 16-bit weights and eager attention), not 10-20 GB: the
+# seed's guess is 3-6 times too high. Under PyTorch AMP the 12.3 GiB of bf16 weight copies land in the same
+# window, so a *measured* bump of 16-17 GiB between forward and backward is real, but most of it is weights,
+# not activations, and checkpointing does not remove it (chapter 03).
 
 # %% [markdown]
 # ## 5. The peak moves from the backward pass to the optimizer step as the batch shrinks
@@ -415,6 +416,6 @@ ex_phase.check(answer)
 # - Checkpointing every block keeps only the block inputs, for about one third more FLOPs;
 #   `checkpoint_sequential(2)` saves about half (torch leaves the last segment un-checkpointed), √n segments
 #   about three quarters. "O(√n)" is the optimum only when a block keeps as much as its input.
-# - For 7B at b = 1, s = 512 the activations are about 3 GiB, not 10-20 GB; AMP adds 12 GiB of weight copies.
+# - For 7B at b = 1, s = 512 the activations are 3-5 GiB, not 10-20 GB; AMP adds 12 GiB of weight copies.
 # - With torch's foreach AdamW the peak sits in the optimizer step for small batches and in the backward pass
 #   for large ones: checkpointing helps only past the crossover.

@@ -14,8 +14,8 @@ Cases (``fixed=False`` is the bug, ``fixed=True`` the fix):
   whole graph, activations included, stays alive. Fix: ``torch.no_grad()`` (and ``.item()``).
 - ``cycle``: each step keeps an exception in a local variable (``except E as e: err = e``). Frame -> err ->
   traceback -> frame is a reference cycle, so the step's tensors are freed only when the cycle collector runs
-  (every ``gc_every`` iterations here; automatic collection is off during the loop): a sawtooth. Fix: ``del err``
-  (or ``traceback.clear_frames``), which breaks the cycle.
+  (``gc.collect(0)`` every ``gc_every`` iterations here; automatic collection is off during the loop): a
+  sawtooth. Fix: ``del err`` (or ``traceback.clear_frames``), which breaks the cycle.
 - ``empty-cache``: the ``eval-grad`` leak with ``torch.cuda.empty_cache()`` after every iteration (on CUDA; a CPU
   has no cache to empty). Live bytes grow exactly as before: the call returns only *unallocated* cached blocks to
   the driver, "treating the symptom". Fix: the ``no_grad`` fix.
@@ -83,8 +83,7 @@ def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerCon
     running: Any = 0.0
     kept: list[Any] = []
     was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
+    gc.disable()  # automatic collection off: only the loop's own gc.collect() frees a cycle
     try:
         with LiveTensorBytes(sample_every=1 << 30) as live:
             live.track(model.parameters(), "params")
@@ -112,7 +111,7 @@ def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerCon
                     with torch.no_grad():
                         running += _step_keeping_error(model, idx, tgt, fixed)
                     if (i + 1) % gc_every == 0:
-                        gc.collect()
+                        gc.collect(0)  # the youngest generation holds every object made since the last one
                 row = {"case": case, "fixed": fixed, "iteration": i, "bytes_above_weights": live.live_bytes - baseline}
                 if dev.type == "cuda":
                     row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(dev)
@@ -122,7 +121,7 @@ def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerCon
         del running, kept
         if was_enabled:
             gc.enable()
-        gc.collect()
+        gc.collect(0)  # the loop's cycles are all in the youngest generation while collection is off
     return pd.DataFrame(rows)
 
 
