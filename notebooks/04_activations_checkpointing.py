@@ -180,8 +180,11 @@ cp["activation saving"] = 1 - cp["kept (of none)"]
 cp["peak change"] = cp["peak above weights"] / base["peak above weights"] - 1
 cp["extra FLOPs (analytic)"] = cp["hardware_flops"] / cp["model_flops"] - 1
 cp["extra FLOPs (counted)"] = cp["counted_flops"] / base["counted_flops"] - 1
+cp["extra time"] = cp["time_s"] / base["time_s"] - 1
 cols = ["label", "saved_bytes", "kept (of none)", "activation saving", "peak above weights", "peak change",
-        "recomputed_fraction", "extra FLOPs (analytic)", "extra FLOPs (counted)", "time_s"]
+        "recomputed_fraction", "extra FLOPs (analytic)", "extra FLOPs (counted)", "time_s", "extra time"]
+if not ch.on_cpu:
+    cols.append("cuda_peak_allocated_bytes")
 ch.save_table(cp[cols], "checkpointing_strategies")
 cp[cols].round(3)
 
@@ -205,9 +208,9 @@ ch.save_figure(fig, "checkpointing_tradeoff")
 plt.show()
 
 # %%
-ch.cpu_note("CPU step times are too noisy on a shared machine to carry the time argument (the time_s column "
-            "is shown, not used); the extra compute is argued from FLOPs, analytic and counted. On a GPU the "
-            "same cell times each strategy with CUDA events.")
+ch.cpu_note("CPU step times are too noisy on a shared machine to carry the time argument (the time columns "
+            "are shown, not used); the extra compute is argued from FLOPs, analytic and counted. On a GPU the "
+            "same cell times each strategy with CUDA events and adds the allocator's peak.")
 
 # %% [markdown]
 # **The √n argument, and why it does not decide here.** With `n` blocks in groups of `k`, backward holds the

@@ -23,7 +23,7 @@ Introduced for chapter 04 (activations and checkpointing).
 
 from __future__ import annotations
 
-import time
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -112,6 +112,9 @@ class CheckpointRun:
     counted_flops: int | None = None
     """FLOPs FlopCounterMode counts in forward + backward (torch's non-reentrant checkpoint may stop early)."""
     time_s: float | None = None
+    """Median seconds of un-instrumented forward + backward runs (CUDA events on a GPU, perf_counter on a CPU)."""
+    cuda_peak_allocated_bytes: int | None = None
+    """``torch.cuda.max_memory_allocated`` over those runs, on CUDA (None elsewhere)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict; ``saved_by_category`` becomes ``saved_<category>_bytes`` keys in :meth:`to_row`."""
@@ -147,13 +150,16 @@ def build_model(config: TransformerConfig, strategy: str, *, k: int = 1, segment
 
 def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: int = 2, seq: int = 64, k: int = 1,
                           segments: int = 2, attention: str = "eager", device: torch.device | str = "cpu",
-                          seed: int = 0, with_counted_flops: bool = True) -> CheckpointRun:
+                          seed: int = 0, with_counted_flops: bool = True, timing_repeats: int = 3) -> CheckpointRun:
     """Build the reference GPT with ``strategy``, run one forward + backward, and measure it.
 
     Saved bytes come from :class:`memlab.measure.accounting.SavedTensorRecorder` (checkpointed groups' inputs are
     the category ``block inputs (recompute)``), the peak from :class:`memlab.measure.live.LiveTensorBytes`,
-    FLOPs analytically (:func:`memlab.predict.flops.megatron_iteration_flops`) and counted.
+    FLOPs analytically (:func:`memlab.predict.flops.megatron_iteration_flops`) and counted, and the time (and on
+    CUDA the allocator peak) of ``timing_repeats`` further forward + backward runs without any instrumentation.
     """
+    if not isinstance(timing_repeats, int) or timing_repeats < 1:
+        raise SetupError(f"timing_repeats must be a positive integer, got {timing_repeats!r}")
     dev = torch.device(device)
     torch.manual_seed(seed)
     model = build_model(config, strategy, k=k, segments=segments, attention=attention, device=dev)
@@ -169,15 +175,23 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
     with LiveTensorBytes(sample_every=1 << 30) as live:
         live.track(model.parameters(), "params")
         recorder = SavedTensorRecorder(model, categorize=categorize)
-        t0 = time.perf_counter()
         with recorder:
             loss = model(idx, tgt)
         live.mark("backward")
         loss.backward()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        elapsed = time.perf_counter() - t0
+        del loss
     saved = recorder.result()
+
+    def fwd_bwd() -> None:
+        model.zero_grad(set_to_none=True)
+        model(idx, tgt).backward()
+
+    from memlab.run.runner import time_region
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    times = [time_region(fwd_bwd, dev) for _ in range(timing_repeats)]
+    cuda_peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     params = model_states(model).params_bytes
     if isinstance(model, SegmentedGPT):
         frac = model.checkpointed_fraction()
@@ -201,7 +215,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
         strategy=strategy, label=_label(strategy, k, segments), batch=batch, seq=seq, n_layers=config.n_layers,
         saved_bytes=saved.total_bytes, saved_by_category=saved.by_category(), peak_bytes=live.peak_bytes,
         params_bytes=params, recomputed_fraction=float(frac), model_flops=float(none), hardware_flops=float(hw),
-        counted_flops=counted, time_s=elapsed,
+        counted_flops=counted, time_s=statistics.median(times), cuda_peak_allocated_bytes=cuda_peak,
     )
 
 
