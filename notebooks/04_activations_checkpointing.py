@@ -167,6 +167,8 @@ ex_seq2.check(answer)
 # strategy and measures the bytes kept after the forward (`SavedTensorRecorder`), the peak of live tensor bytes
 # over forward and backward (`memlab.measure.live.LiveTensorBytes`: this includes the recomputed internals of the
 # group being differentiated), and the FLOPs, analytic (`memlab.predict.flops`) and counted (`FlopCounterMode`).
+# MFU counts the model's FLOPs, HFU the FLOPs the hardware runs, recompute included `[chowdhery2022]`: at equal
+# step time HFU / MFU = 1 + the "extra FLOPs" column, so a recompute policy raises HFU while MFU stays put.
 
 # %%
 strategies = [("none", {}), ("selective", {}), ("full", {}), ("every-k", {"k": 2}), ("every-k", {"k": 4}),
