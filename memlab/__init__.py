@@ -2,14 +2,14 @@
 
 The package is laid out in the order of the flow, one room per step::
 
-    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, parallelism,
-               hardware; validate (type and range checks of every public dataclass, read from its annotations)
-    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline, profile
-               (a step op by op), step_time (where a step's time goes), utilisation (what monitors count)
-    measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
+    predict/   the formulas, no torch: models, setup, precision, activations, estimate, fit, flops, hardware, ...
+    run/       torch code that executes a step: the reference GPT, training step, runner, sweeps, benchmarks, ...
+    measure/   what is really there: byte accounting, live bytes, CUDA allocator, NVML, host, timelines, OOM, ...
     compare/   prediction next to measurement: the ledger and its plots
     course/    chapters, exercises, the papermill report and its pages, provenance
     cli/       the ``memlab`` command, one module per subcommand
+
+Each room's ``__init__`` docstring lists its modules and what each holds.
 
 ``predict`` imports no torch; ``measure`` and ``run`` never import ``course``; the tests enforce both. The names a
 notebook needs are re-exported here and imported lazily, so ``import memlab`` stays light::

@@ -185,4 +185,25 @@ def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_p
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
+
+def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers: pd.DataFrame | None = None,
+                 capacity_bytes: float | None = None) -> Figure:
+    """Live bytes op by op, stacked by what allocated them (``memlab.measure.live.stacked_by_label``'s frame).
+
+    ``markers`` (columns op, label) draws a dotted line where each phase starts; ``capacity_bytes`` a red line.
+    """
+    unit, size = byte_unit(float(stacked.sum(axis=1).max()))
+    fig, ax = _figure(9.0, 4.5)
+    ax.stackplot(stacked.index, *[stacked[c] / size for c in stacked.columns], labels=list(stacked.columns),
+                 alpha=0.85)
+    if markers is not None:
+        for op, label in zip(markers["op"], markers["label"], strict=True):
+            ax.axvline(op, color="grey", lw=0.5, ls=":")
+            ax.text(op, ax.get_ylim()[1], f" {label}", fontsize=6, va="top", rotation=90)
+    if capacity_bytes is not None:
+        ax.axhline(capacity_bytes / size, color="red", lw=1.2, ls="--", label="capacity")
+    ax.set_xlabel("op number (every tensor op, forward, backward and optimizer)")
+    ax.set_ylabel(f"live tensor bytes ({unit})")
+    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
+    ax.legend(fontsize=6, loc="upper left", ncol=2)
     return fig

@@ -335,6 +335,12 @@ class GPT(nn.Module):
                 n += p.numel()
         return n
 
+    def run_blocks(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The residual stream through every block (memlab.run.checkpointing overrides it to checkpoint groups)."""
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.rotary, cache.layer(i) if cache is not None else None)
+        return x
+
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache: KVCache | None = None
     ) -> torch.Tensor:
@@ -351,8 +357,7 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(start, start + s, device=idx.device))
-        for i, block in enumerate(self.blocks):
-            x = block(x, self.rotary, cache.layer(i) if cache is not None else None)
+        x = self.run_blocks(x, cache)
         if cache is not None:
             cache.length += s
         x = self.norm_f(x)

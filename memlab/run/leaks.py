@@ -1,0 +1,134 @@
+"""The OOM troubleshooting row of seed 004, made executable: small loops that leak, and the same loops fixed.
+
+Each case runs the reference GPT for a few iterations and returns one row per iteration with the live tensor
+bytes at its end (:class:`memlab.measure.live.LiveTensorBytes`, on any device; on CUDA also the allocator's
+allocated and reserved bytes). A leak is bytes that grow with the iteration number; :func:`growth_per_iteration`
+is the least-squares slope.
+
+Cases (``fixed=False`` is the bug, ``fixed=True`` the fix):
+
+- ``keep-loss``: a training loop that keeps ``loss`` (a tensor) for logging instead of ``loss.item()``. After
+  ``backward`` the graph's saved tensors are freed, so this keeps only the 4-byte scalar (and its graph nodes,
+  host memory that no tensor count sees): a slow leak.
+- ``eval-grad``: an evaluation loop run without ``torch.no_grad()`` that sums the loss tensor: every batch's
+  whole graph, activations included, stays alive. Fix: ``torch.no_grad()`` (and ``.item()``).
+- ``cycle``: each step keeps an exception in a local variable (``except E as e: err = e``). Frame -> err ->
+  traceback -> frame is a reference cycle, so the step's tensors are freed only when the cycle collector runs
+  (``gc.collect(0)`` every ``gc_every`` iterations here; automatic collection is off during the loop): a
+  sawtooth. Fix: ``del err`` (or ``traceback.clear_frames``), which breaks the cycle.
+- ``empty-cache``: the ``eval-grad`` leak with ``torch.cuda.empty_cache()`` after every iteration (on CUDA; a CPU
+  has no cache to empty). Live bytes grow exactly as before: the call returns only *unallocated* cached blocks to
+  the driver, "treating the symptom". Fix: the ``no_grad`` fix.
+
+Introduced for chapter 01 (anatomy of an OOM).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from memlab.errors import SetupError
+from memlab.measure.live import LiveTensorBytes
+from memlab.predict.models import TransformerConfig, preset
+from memlab.run.gpt import GPT
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+CASES = ("keep-loss", "eval-grad", "cycle", "empty-cache")
+
+
+class _StepFailed(Exception):
+    pass
+
+
+def _step_keeping_error(model: GPT, idx: torch.Tensor, tgt: torch.Tensor, fixed: bool) -> float:
+    """A forward that records a (caught) exception, the way retry or logging code does."""
+    logits = model(idx)  # a tensor local to this frame (batch x seq x vocab)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+    try:
+        raise _StepFailed("a recoverable problem")
+    except _StepFailed as exc:
+        err = exc  # frame -> err -> traceback -> frame: a reference cycle holding this frame's tensors
+    value = float(loss.detach())
+    if fixed:
+        del err
+    return value
+
+
+def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerConfig | None = None,
+              batch: int = 2, seq: int = 32, device: torch.device | str = "cpu", gc_every: int = 4,
+              seed: int = 0) -> pd.DataFrame:
+    """Run ``case`` (one of :data:`CASES`) for ``iters`` iterations; one row per iteration (bytes at its end)."""
+    import pandas as pd
+
+    if case not in CASES:
+        raise SetupError(f"case must be one of {', '.join(CASES)}, got {case!r}")
+    if not isinstance(iters, int) or iters < 2:
+        raise SetupError(f"iters must be an integer of at least 2 (a slope needs two points), got {iters!r}")
+    if not isinstance(gc_every, int) or gc_every < 1:
+        raise SetupError(f"gc_every must be a positive integer, got {gc_every!r}")
+    dev = torch.device(device)
+    config = config or preset("tiny-gpt")
+    torch.manual_seed(seed)
+    model = GPT(config, device=dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(dev)
+    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
+    rows: list[dict[str, Any]] = []
+    running: Any = 0.0
+    kept: list[Any] = []
+    was_enabled = gc.isenabled()
+    gc.disable()  # automatic collection off: only the loop's own gc.collect() frees a cycle
+    try:
+        with LiveTensorBytes(sample_every=1 << 30) as live:
+            live.track(model.parameters(), "params")
+            baseline = live.live_bytes
+            for i in range(iters):
+                live.mark(f"iteration {i}")
+                if case == "keep-loss":
+                    model.train()
+                    loss = model(idx, tgt)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    kept.append(loss.item() if fixed else loss)
+                    del loss
+                elif case in ("eval-grad", "empty-cache"):
+                    model.eval()
+                    with torch.no_grad() if fixed else torch.enable_grad():
+                        loss = model(idx, tgt)
+                    running = running + (loss.item() if fixed else loss)
+                    del loss
+                    if case == "empty-cache" and dev.type == "cuda":
+                        torch.cuda.empty_cache()
+                else:  # cycle
+                    model.eval()
+                    with torch.no_grad():
+                        running += _step_keeping_error(model, idx, tgt, fixed)
+                    if (i + 1) % gc_every == 0:
+                        gc.collect(0)  # the youngest generation holds every object made since the last one
+                row = {"case": case, "fixed": fixed, "iteration": i, "bytes_above_weights": live.live_bytes - baseline}
+                if dev.type == "cuda":
+                    row["cuda_allocated_bytes"] = torch.cuda.memory_allocated(dev)
+                    row["cuda_reserved_bytes"] = torch.cuda.memory_reserved(dev)
+                rows.append(row)
+    finally:
+        del running, kept
+        if was_enabled:
+            gc.enable()
+        gc.collect(0)  # the loop's cycles are all in the youngest generation while collection is off
+    return pd.DataFrame(rows)
+
+
+def growth_per_iteration(frame: pd.DataFrame, column: str = "bytes_above_weights") -> float:
+    """Least-squares slope of ``column`` over ``iteration``: bytes leaked per iteration (about 0 when fixed)."""
+    import numpy as np
+
+    x = frame["iteration"].to_numpy(dtype=float)
+    y = frame[column].to_numpy(dtype=float)
+    return float(np.polyfit(x, y, 1)[0])

@@ -1,0 +1,143 @@
+"""Live tensor bytes through several training steps of the reference GPT, op by op, labelled by step and phase.
+
+:func:`memlab.run.runner.run_step` gives exact bytes at the phase *boundaries* of the first step; this gives the
+bytes *between* them (temporaries, the moment backward holds both activations and gradients, the optimizer's
+``foreach`` scratch) for ``steps`` consecutive steps, counted by :class:`memlab.measure.live.LiveTensorBytes`.
+It shows why a job that survives step 1 can die at step 2: Adam's moments appear during the first
+``optimizer.step()`` and are there for every later forward and backward. On CUDA the allocator's bytes are what
+count (``run_step`` and ``memlab.measure.cuda``); this is the device-independent twin.
+
+The phase-aware peak estimator and ``memlab trace`` (issue 9) predict the same curve; until they are on main the
+chapters compare with these measured peaks. Introduced for chapter 01 (anatomy of an OOM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from memlab.errors import SetupError
+from memlab.measure.live import LiveTensorBytes
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import Setup
+from memlab.run.gpt import GPT
+from memlab.run.optimizers import build_optimizer
+from memlab.run.training_step import model_dtype, training_step
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PHASES = ("forward", "backward", "optimizer step", "zero_grad")
+
+
+@dataclass(frozen=True)
+class LiveSteps:
+    """Live bytes over ``steps`` training steps: one row per op in ``frame``, the peak of each (step, phase)."""
+
+    frame: pd.DataFrame
+    """op, label ("step N: phase"), live_bytes, and ``from <label>`` bytes still live that were allocated there."""
+    params_bytes: int
+    peak_bytes: int
+    peak_label: str
+
+    def peaks(self) -> pd.DataFrame:
+        """Largest live bytes in each step and phase, in order: columns step, phase, peak_bytes."""
+        f = self.frame[self.frame["label"].str.startswith("step ")]
+        out = f.groupby("label", sort=False)["live_bytes"].max().reset_index()
+        parts = out["label"].str.extract(r"step (\d+): (.+)")
+        return out.assign(step=parts[0].astype(int), phase=parts[1])[["step", "phase", "live_bytes"]].rename(
+            columns={"live_bytes": "peak_bytes"})
+
+    def step_peaks(self) -> pd.Series:
+        """Largest live bytes of each step (index: step number)."""
+        return self.peaks().groupby("step")["peak_bytes"].max()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict; the frame as records."""
+        d = asdict(self)
+        d["frame"] = self.frame.to_dict("records")
+        return d
+
+
+def _optimizer(name: str, lr: float, foreach: bool) -> Any:
+    if not foreach:
+        return lambda ps: build_optimizer(name, ps, lr)
+    if name not in ("adamw", "adam"):
+        raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {name!r}")
+    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return lambda ps: cls(list(ps), lr=lr, foreach=True)
+
+
+def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.device | str = "cpu", *,
+                        steps: int = 2, seed: int = 0, lr: float = 1e-4, foreach: bool = False) -> LiveSteps:
+    """Train ``config`` under ``setup`` for ``steps`` steps and count live tensor bytes at every op.
+
+    The optimizer is memlab's (``foreach=False``: one parameter's scratch at a time, torch's default on a CPU);
+    ``foreach=True`` builds AdamW/Adam with torch's multi-tensor step, the default when every parameter is on
+    CUDA, whose scratch is sized like all the parameters together.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise SetupError(f"steps must be a positive integer, got {steps!r}")
+    if setup.mode != "train":
+        raise SetupError("live_training_steps follows training steps; use run_step for inference")
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=dev,
+                dtype=model_dtype(setup.policy)).train()
+    step = training_step(model, setup.policy, dev, _optimizer(setup.optimizer, lr, foreach))
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1), generator=gen).to(dev)
+    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
+    with LiveTensorBytes() as live:
+        params = live.track(model.parameters(), "params")
+        holder = step.state_holder()
+        extra = getattr(holder, "memlab_state_tensors", None)
+        if callable(extra):  # fp32 master weights exist before the first step
+            live.track((t for ts in extra().values() for t in ts), "master weights")
+        for i in range(1, steps + 1):
+            live.mark(f"step {i}: forward")
+            with step.forward_context():
+                loss = model(idx, tgt)
+            live.mark(f"step {i}: backward")
+            step.backward(loss)
+            del loss
+            live.mark(f"step {i}: optimizer step")
+            step.step()
+            live.mark(f"step {i}: zero_grad")
+            step.zero_grad(set_to_none=True)
+        live.mark("done")
+    return LiveSteps(frame=live.frame(), params_bytes=params, peak_bytes=live.peak_bytes, peak_label=live.peak_label)
+
+
+def fit_sweep(config: TransformerConfig, setup: Setup, batches: list[int], capacity_bytes: int,
+              device: torch.device | str = "cpu", *, steps: int = 2, seed: int = 0) -> pd.DataFrame:
+    """Which batch sizes fit ``capacity_bytes``, measured: one row per batch, an OOM recorded as a result.
+
+    On CUDA each batch runs :func:`memlab.run.runner.run_step` under
+    :func:`memlab.measure.cuda.emulate_smaller_gpu` (a real allocator cap; ``status`` is ``ok`` or ``oom`` and the
+    parsed message is kept). On a CPU there is no allocator to refuse: each batch's peak live tensor bytes over
+    ``steps`` steps (:func:`live_training_steps`) is compared with the budget, and ``status`` says ``ok`` or
+    ``over budget``; that is a byte count against a number, not an out-of-memory error.
+    """
+    import pandas as pd
+
+    dev = torch.device(device)
+    rows = []
+    for b in batches:
+        s = setup.with_(batch=b)
+        if dev.type == "cuda":
+            from memlab.measure.cuda import emulate_smaller_gpu
+            from memlab.run.runner import run_step
+
+            with emulate_smaller_gpu(capacity_bytes, dev):
+                m = run_step(config, s, dev, steps=steps, seed=seed, with_counted_flops=False, with_mfu=False)
+            rows.append({"batch": b, "status": m.status, "peak_bytes": m.cuda_peak_allocated_bytes,
+                         "reserved_peak_bytes": m.cuda_peak_reserved_bytes,
+                         "oom_message": (m.oom or {}).get("raw")})
+        else:
+            peak = live_training_steps(config, s, dev, steps=steps, seed=seed).peak_bytes
+            rows.append({"batch": b, "status": "ok" if peak <= capacity_bytes else "over budget",
+                         "peak_bytes": peak})
+    return pd.DataFrame(rows)

@@ -1,0 +1,126 @@
+"""Why fp16 training needs a loss scale and bf16 does not, on real tensors (fp16 and bf16 work on a CPU).
+
+- :func:`real_gradients`: the fp32 gradients of one step of the reference GPT, flattened.
+- :func:`cast_survival`: multiply gradients by a scale, cast to a 16-bit dtype, and count what is lost: values
+  that become 0 (below the smallest subnormal, 2^-24 ~ 6.0e-8 in fp16), that become subnormal (below 2^-14 ~
+  6.1e-5: fewer significant bits) and that overflow to inf (above 65504). bf16 keeps fp32's 8 exponent bits, so
+  its range is fp32's and nothing underflows that fp32 keeps ([micikevicius2018] Section 3.2 for fp16;
+  [kalamkar2019] for bf16).
+- :func:`scaler_trajectory`: ``torch.amp.GradScaler`` over a few real autocast-fp16 steps: the scale halves and
+  the step is skipped on each overflow, and doubles after ``growth_interval`` clean steps.
+- :func:`deprecated_amp_calls`: the ``torch.cuda.amp`` calls seed 004 writes, and the warnings torch prints.
+
+Introduced for chapter 03 (mixed precision).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from memlab.errors import SetupError
+from memlab.predict.models import TransformerConfig
+from memlab.run.gpt import GPT
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _batch(config: TransformerConfig, batch: int, seq: int, seed: int,
+           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(device)
+    return data[:, :-1].clone(), data[:, 1:].clone()
+
+
+def real_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, seed: int = 0,
+                   device: torch.device | str = "cpu") -> torch.Tensor:
+    """All parameter gradients of one fp32 forward + backward of the reference GPT, as one flat fp32 tensor."""
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    model = GPT(config, device=dev).train()
+    idx, tgt = _batch(config, batch, seq, seed, dev)
+    model(idx, tgt).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def cast_survival(grads: torch.Tensor, scales: list[float], dtypes: tuple[str, ...] = ("fp16", "bf16")) -> pd.DataFrame:
+    """For each scale and 16-bit dtype: fractions of the nonzero fp32 gradients that the cast flushes to zero,
+    makes subnormal, or overflows to inf, and the fraction that survives as a normal number."""
+    import pandas as pd
+
+    if grads.dtype != torch.float32:
+        raise SetupError(f"cast_survival expects fp32 gradients, got {grads.dtype}")
+    g = grads[grads != 0]
+    if g.numel() == 0:
+        raise SetupError("cast_survival needs at least one nonzero gradient")
+    rows: list[dict[str, Any]] = []
+    for scale in scales:
+        if not scale > 0:
+            raise SetupError(f"scales must be positive numbers, got {scale!r}")
+        scaled = g * float(scale)
+        for name in dtypes:
+            dt = _DTYPES[name]
+            info = torch.finfo(dt)
+            c = scaled.to(dt)
+            zero = (c == 0).float().mean().item()
+            inf = torch.isinf(c).float().mean().item()
+            sub = ((c != 0) & (c.abs() < info.smallest_normal)).float().mean().item()
+            rows.append({"scale": float(scale), "dtype": name, "flushed to zero": zero, "subnormal": sub,
+                         "overflow to inf": inf, "normal": 1.0 - zero - inf - sub})
+    return pd.DataFrame(rows)
+
+
+def scaler_trajectory(config: TransformerConfig, *, steps: int = 8, init_scale: float = 2.0**24,
+                      growth_interval: int = 3, batch: int = 4, seq: int = 64, seed: int = 0,
+                      device: torch.device | str = "cpu") -> pd.DataFrame:
+    """Run ``steps`` autocast-fp16 AdamW steps with ``torch.amp.GradScaler`` and record, per step, the scale used,
+    whether the step was skipped (inf/NaN gradients found) and the scale after ``update()``."""
+    import pandas as pd
+
+    if not isinstance(steps, int) or steps < 1:
+        raise SetupError(f"steps must be a positive integer, got {steps!r}")
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    model = GPT(config, device=dev).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(dev.type, init_scale=init_scale, growth_interval=growth_interval)
+    idx, tgt = _batch(config, batch, seq, seed, dev)
+    rows = []
+    for i in range(steps):
+        with torch.autocast(dev.type, dtype=torch.float16):
+            loss = model(idx, tgt)
+        used = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        after = scaler.get_scale()
+        opt.zero_grad(set_to_none=True)
+        rows.append({"step": i + 1, "scale used": used, "skipped": after < used, "scale after update": after,
+                     "loss": float(loss.detach())})
+    return pd.DataFrame(rows)
+
+
+def deprecated_amp_calls() -> pd.DataFrame:
+    """Call seed 004's ``torch.cuda.amp.autocast()`` and ``GradScaler()`` and record every warning torch prints,
+    beside the ``torch.amp`` spelling that replaces each (torch 2.4 deprecated the ``torch.cuda.amp`` names)."""
+    import pandas as pd
+
+    rows = []
+    calls = {
+        "torch.cuda.amp.autocast()": ("torch.amp.autocast('cuda', dtype=torch.float16)",
+                                     lambda: torch.cuda.amp.autocast()),
+        "torch.cuda.amp.GradScaler()": ("torch.amp.GradScaler('cuda')", lambda: torch.cuda.amp.GradScaler()),
+    }
+    for call, (replacement, fn) in calls.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+        for w in caught:
+            rows.append({"seed 004 writes": call, "warning": w.category.__name__, "message": str(w.message),
+                         "torch.amp form": replacement})
+    return pd.DataFrame(rows)

@@ -1,0 +1,419 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Anatomy of an OOM
+#
+# **The common belief.** Seed article 004 `[seed-004]` opens with the error everyone has seen,
+# "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB...", and its troubleshooting table blames
+# "批次大小过大 … 内存泄漏如张量未释放" (*a batch that is too large … a leak, tensors not released*), prescribes
+# `torch.no_grad()` for inference, and calls `torch.cuda.empty_cache()` "治标不治本" (*treating the symptom, not
+# the cause*). Its budget for a 7B model is 14 + 14 + 56 = 84 GB before activations.
+#
+# An OOM message says much more than "tried to allocate". This chapter reads it field by field, shows where the
+# bytes were when a step failed, predicts the largest batch that fits and then finds it, and turns the seed's
+# troubleshooting rows into loops whose bytes are measured per iteration:
+#
+# 1. the message, decoded; 2. where the bytes were: step 1 survives, step 2 dies; 3. predict, then find, the
+# largest batch; 4. fragmentation; 5. memory snapshots; 6. leaks, `no_grad`, cycles and `empty_cache`, measured.
+
+# %% tags=["parameters"]
+scale = "auto"
+device = "auto"
+seed = 0
+out_dir = "../reports/build/01_oom"
+
+# %%
+import dataclasses
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from IPython.display import display
+
+from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
+from memlab.compare import plots
+from memlab.course import exercises
+from memlab.measure.live import stacked_by_label
+from memlab.measure.oom import parse_oom_message
+from memlab.measure.oom_examples import RECORDED_OOM_MESSAGES, decode_oom
+from memlab.run.leaks import CASES, growth_per_iteration, leak_loop
+from memlab.run.live_steps import fit_sweep, live_training_steps
+
+ch = chapter(scale, device, seed, out_dir)
+on_cuda = ch.device.startswith("cuda")
+if ch.on_cpu:
+    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
+ch.to_dict()
+
+# %% [markdown]
+# ## 1. The message, decoded
+#
+# Since torch 2.1 the message is a set of sentences: the request, the card's capacity and what is free, what this
+# process holds in total, what live tensors hold ("allocated by PyTorch") and what the caching allocator keeps
+# without a tensor in it ("reserved but unallocated"). `memlab.measure.oom.parse_oom_message` reads every shape
+# torch has printed. On CUDA the cell makes a real one (a small card emulated with
+# `set_per_process_memory_fraction`); on a CPU it decodes messages real GPUs printed, quoted from public reports.
+
+# %%
+model = preset("tiny-gpt") if ch.scale == "ci" else preset("gpt2")
+seq = 64 if ch.scale == "ci" else 1024
+if on_cuda:
+    from memlab.measure.cuda import emulate_smaller_gpu
+
+    cap_bytes = 4 * 2**30
+    with emulate_smaller_gpu(cap_bytes, ch.device):
+        failed = run_step(model, Setup(batch=64, seq=seq, precision="fp32"), ch.device, steps=1,
+                          with_counted_flops=False, with_mfu=False)
+    message, where = (failed.oom or {}).get("raw", ""), f"produced here on {failed.device_name} (capped at 4 GiB)"
+else:
+    message, where = RECORDED_OOM_MESSAGES[0].message, (f"{RECORDED_OOM_MESSAGES[0].source}, "
+                                                       f"{RECORDED_OOM_MESSAGES[0].torch}")
+info = parse_oom_message(message)
+if not on_cuda:
+    cap_bytes = info.total_capacity_bytes
+print(f"{where}:\n{message}\n")
+decoded = pd.DataFrame(decode_oom(info))
+ch.save_table(decoded, "oom_decoded")
+decoded.round({"GiB": 3})
+
+# %%
+if info.process_in_use_bytes is not None and info.reserved_total_bytes is not None:
+    outside = info.process_in_use_bytes - info.reserved_total_bytes
+    print(f"in use by the process {info.process_in_use_bytes / 2**30:.2f} GiB = allocator reserve "
+          f"{info.reserved_total_bytes / 2**30:.2f} GiB + {outside / 2**30:.2f} GiB outside PyTorch's allocator "
+          "(CUDA context, cuBLAS/cuDNN workspaces): what nvidia-smi counts and no tensor holds")
+
+# %%
+share = info.tried_to_allocate_bytes / cap_bytes  # on CUDA: the emulated card, not the whole GPU
+print(f"the failed request is {share:.1%} of the capacity: " + (
+    "the card was already full; look at what holds it" if share < 0.1 else "that one tensor is too big"))
+
+# %% [markdown]
+# A small request next to a full card means the memory was already taken; a request near the capacity means one
+# tensor is too big. "Allocated by PyTorch" is the workload; "in use by this process" minus the allocator's
+# reserve is the CUDA context and other libraries. Every shape of the message, from real
+# reports, with the fields each one states (seed 004 quotes only "Tried to allocate"):
+
+# %%
+shapes = []
+for rec in RECORDED_OOM_MESSAGES:
+    i = parse_oom_message(rec.message)
+    shapes.append({"message": rec.key, "torch": rec.torch, "reported in": rec.source,
+                   "shape": i.message_format, "fields stated": len(decode_oom(i)),
+                   "tried (GiB)": i.tried_to_allocate_bytes / 2**30,
+                   "allocated by PyTorch (GiB)": (i.allocated_by_pytorch_bytes or 0) / 2**30,
+                   "reserved, unallocated (GiB)": (i.reserved_unallocated_bytes
+                                                   if i.reserved_unallocated_bytes is not None
+                                                   else (i.reserved_total_bytes or 0)
+                                                   - (i.allocated_by_pytorch_bytes or 0)) / 2**30})
+shapes = pd.DataFrame(shapes)
+ch.save_table(shapes, "oom_shapes")
+shapes.round(2)
+
+# %% [markdown]
+# The `fragmented-2.5` message is the other kind of OOM: 9.35 GiB reserved but unallocated against a 22.78 GiB
+# request. Freeing tensors would not help there; the allocator's layout would (section 4).
+
+# %% [markdown]
+# ## 2. Where the bytes were: why step 1 survives and step 2 dies
+#
+# `live_training_steps` counts the bytes of every live tensor at every op of two AdamW steps, stacked by the phase
+# that allocated them. Adam's two moments are created inside the first `optimizer.step()`; from then on every
+# forward and backward runs on top of them. A card whose capacity lies between the two steps' peaks passes step 1
+# and fails in step 2.
+
+# %%
+# hook (issue 9): draw the phase-aware peak estimator's predicted peak and its phase beside these measured peaks.
+setup = Setup(batch=4, seq=seq, precision="fp32", optimizer="adamw")
+live = live_training_steps(model, setup, ch.device, steps=2, seed=seed)
+step_peaks = live.step_peaks()
+card = int((step_peaks[1] + step_peaks[2]) // 2)
+markers = live.frame.loc[live.frame["label"].ne(live.frame["label"].shift()), ["op", "label"]]
+fig = plots.live_stacked(stacked_by_label(live.frame),
+                         title=f"{model.name}, fp32 + AdamW, b=4, s={seq}: live tensor bytes over two steps",
+                         source=f"memlab.measure.live.LiveTensorBytes on {ch.device}; red: a card between the "
+                                "two steps' peaks", markers=markers, capacity_bytes=card)
+ch.save_figure(fig, "two_steps_live")
+plt.show()
+live.peaks().assign(**{"MiB": lambda d: d["peak_bytes"] / 2**20}).round(3)
+
+# %%
+m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
+phases = pd.DataFrame(m.phases)
+u_eff = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes) / live.peak_bytes
+print(f"step 1 peak {step_peaks[1] / 2**20:.2f} MiB, step 2 peak {step_peaks[2] / 2**20:.2f} MiB "
+      f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / 2**20:.2f} MiB, "
+      f"is new in step 2.\n(P + G + O + A) / peak = {u_eff:.2f}: seed 000's 'effective utilisation'; the rest of "
+      "the peak is temporaries (the logits' gradient, the optimizer's scratch), counted by no component")
+phases
+
+# %% [markdown]
+# ## 3. Predict, then find, the largest batch that fits
+#
+# **Exercise 1 (predict first).** The card below has the capacity printed by the cell. With the model and
+# setup of section 2, what is the largest batch that fits? Answer before running section 3's measuring cell;
+# the check compares with memlab's fit search (`max_batch`).
+
+# %%
+if on_cuda:
+    card_spec = gpu("t4")  # a 16 GiB card, emulated on this GPU with set_per_process_memory_fraction
+else:
+    budget = estimate(model, setup.with_(batch=6)).total_bytes
+    card_spec = dataclasses.replace(gpu("t4"), key="budget", name=f"a {budget / 2**20:.1f} MiB budget",
+                                    memory_bytes=budget)
+print(f"{card_spec.name}: {card_spec.memory_bytes / 2**20:,.1f} MiB")
+ex_batch = exercises.Numeric(
+    "largest-batch", f"largest batch of {model.name} (fp32 + AdamW, s={seq}) that fits {card_spec.name}",
+    reference=lambda: max_batch(model, setup, card_spec).value,
+    hint="model states are fixed (16 B/param); activations grow linearly with the batch", unit="", rtol=0.01)
+answer = ...
+ex_batch.check(answer)
+
+# %% [markdown]
+# The measurement: one run per batch, an OOM kept as a row (`status`), not a crash. On CUDA the cap is real
+# (`emulate_smaller_gpu`); on a CPU, which has no allocator to refuse, each batch's measured peak of live
+# tensor bytes is compared with the budget.
+
+# %%
+batches = list(range(1, 13)) if ch.scale == "ci" else [1, 2, 4, 6, 8, 12, 16]
+found = fit_sweep(model, setup, batches, card_spec.memory_bytes, ch.device, steps=2, seed=seed)
+predicted_total = [estimate(model, setup.with_(batch=b)).total_bytes for b in batches]
+found["predicted (sum of components)"] = predicted_total
+fit = max_batch(model, setup, card_spec)
+measured_max = int(found.loc[found["status"] == "ok", "batch"].max()) if (found["status"] == "ok").any() else 0
+print(f"fit search (estimator): batch {fit.value}; measured: batch {measured_max} ({fit.reason})")
+ch.record_ledger(pd.DataFrame([{"experiment": f"{model.name} fp32 adamw s={seq} on {card_spec.key}",
+                                "component": "largest batch", "unit": "batch", "predicted": fit.value,
+                                "measured": measured_max}]))
+ch.save_table(found.drop(columns="oom_message", errors="ignore"), "fit_sweep")
+found.drop(columns="oom_message", errors="ignore")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
+ax.plot(found["batch"], found["peak_bytes"] / 2**20, "-o", label="measured peak")
+ax.plot(found["batch"], found["predicted (sum of components)"] / 2**20, "--", label="estimator: sum of components")
+ax.axhline(card_spec.memory_bytes / 2**20, color="red", ls=":", label=card_spec.name)
+ax.set(xlabel="batch", ylabel="bytes (MiB)",
+       title=f"{model.name}, fp32 + AdamW, s={seq}: the largest batch, predicted and measured\n"
+             f"measured on {ch.device} ({'allocator peak' if on_cuda else 'live tensor bytes'})")
+ax.legend(fontsize=8)
+ch.save_figure(fig, "largest_batch")
+plt.show()
+
+# %%
+slope_m = (found["peak_bytes"].iloc[-1] - found["peak_bytes"].iloc[0]) / (batches[-1] - batches[0])
+slope_p = (predicted_total[-1] - predicted_total[0]) / (batches[-1] - batches[0])
+print(f"per extra sample: measured peak +{slope_m / 2**10:.0f} KiB, estimator's sum +{slope_p / 2**10:.0f} KiB")
+
+# %% [markdown]
+# The estimator adds the components, each at its largest; the measured peak is the largest *moment* of the step,
+# which holds the activations together with the temporaries of the backward pass (the fp32 logits' gradient
+# above all), and those grow with the batch too. Where the two cross the line at different batches, trust the
+# measurement and budget the difference; the phase-aware peak of issue 9 predicts that moment.
+
+# %% [markdown]
+# ## 4. Fragmentation: "reserved but unallocated"
+#
+# The CUDA caching allocator keeps freed blocks for reuse. When live tensors sit between the free blocks of a
+# segment, the segment cannot be returned, and a request larger than every hole fails although the sum of the
+# holes would fit: the message then shows a large "reserved but unallocated". `fragmentation_probe` fills a
+# capped card with equal blocks, frees every other one and asks for one larger tensor, once with the default
+# allocator and once with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (read at CUDA start-up, so each
+# runs in a fresh process).
+
+# %%
+if on_cuda:
+    from memlab.measure.snapshot import fragmentation_probe
+
+    frag = pd.DataFrame([fragmentation_probe(2 * 2**30, expandable_segments=e) for e in (False, True)])
+    ch.save_table(frag.drop(columns="message", errors="ignore"), "fragmentation")
+    display(frag.drop(columns="message", errors="ignore"))
+else:
+    display(ch.cpu_note("a CPU run has no caching allocator: torch's CPU tensors come from malloc and go back "
+                        "to it when freed, so there is no 'reserved but unallocated' to measure. The GPU run "
+                        "below is shown when the repo has one recorded."))
+rec = ch.recorded("01_fragmentation_gpu")
+rec if rec is not None else "No GPU fragmentation run is recorded in data/recorded/ yet."
+
+# %% [markdown]
+# ## 5. Memory snapshots
+#
+# On CUDA, `memlab.measure.cuda.record_memory_history` wraps `torch.cuda.memory._record_memory_history` and
+# `_dump_snapshot`: the pickle it writes opens at https://pytorch.org/memory_viz, and
+# `memlab.measure.snapshot.snapshot_timeline` draws it offline, stacked by the phase that allocated each block.
+# `torch.profiler.profile(profile_memory=True)` (seed 004's suggestion) records per-op allocations too, but
+# without the allocator's segments. On a CPU, section 2's figure is the same picture from the live-tensor counter.
+
+# %%
+if on_cuda:
+    from memlab.measure.cuda import record_memory_history
+    from memlab.measure.snapshot import snapshot_timeline
+
+    with record_memory_history(ch.out_dir / "step_snapshot.pickle") as snap_path:
+        run_step(model, setup, ch.device, steps=1, with_counted_flops=False, with_mfu=False)
+    tl = snapshot_timeline(snap_path)
+    cats = [c for c in ("forward", "backward", "optimizer", "other") if c in tl.columns]
+    fig = plots.live_stacked(tl.set_index("event")[cats], title=f"{model.name}: CUDA allocator snapshot",
+                             source=f"{snap_path.name} (open it at pytorch.org/memory_viz)")
+    ch.save_figure(fig, "cuda_snapshot")
+    plt.show()
+else:
+    display(ch.cpu_note("a snapshot records the CUDA allocator; there is none here. Section 2 shows the "
+                        "same timeline from memlab.measure.live."))
+
+# %% [markdown]
+# ## 6. The troubleshooting row, measured
+#
+# Four loops over the reference GPT (`memlab.run.leaks`), each as the bug and as the fix, with the live tensor
+# bytes above the weights at the end of every iteration:
+#
+# - **keep-loss**: a training loop that keeps `loss` instead of `loss.item()` for logging;
+# - **eval-grad**: evaluation without `torch.no_grad()`, summing the loss tensor;
+# - **cycle**: an exception kept in a local variable, a reference cycle freed only by the garbage collector
+#   (here every 4 iterations);
+# - **empty-cache**: the eval-grad leak with `torch.cuda.empty_cache()` after every iteration.
+
+# %%
+iters = 8 if ch.scale == "ci" else 20
+loops = pd.concat([leak_loop(c, fixed=f, iters=iters, device=ch.device, seed=seed) for c in CASES
+                   for f in (False, True)], ignore_index=True)
+growth = (loops.groupby(["case", "fixed"], sort=False)
+          .apply(lambda d: pd.Series({"bytes per iteration": growth_per_iteration(d),
+                                      "largest held": d["bytes_above_weights"].max()}), include_groups=False)
+          .reset_index())
+ch.save_table(loops, "leak_loops")
+ch.save_table(growth, "leak_growth")
+growth.round(1)
+
+# %%
+fig, axes = plt.subplots(1, len(CASES), figsize=(13, 3.6), layout="constrained", sharey=False)
+for ax, case in zip(axes, CASES, strict=True):
+    for fixed, style in ((False, "-o"), (True, "--s")):
+        d = loops[(loops["case"] == case) & (loops["fixed"] == fixed)]
+        ax.plot(d["iteration"], d["bytes_above_weights"] / 2**10, style, ms=3, label="fixed" if fixed else "bug")
+    ax.set(title=case, xlabel="iteration", ylabel="live bytes above the weights (KiB)")
+    ax.legend(fontsize=7)
+fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
+             f"{ch.device} (memlab.run.leaks)", fontsize=10)
+ch.save_figure(fig, "leak_loops")
+plt.show()
+
+# %% [markdown]
+# What the numbers say, row by row. Keeping `loss` after `backward` leaks only the 4-byte scalar per iteration:
+# `backward` frees the graph's saved tensors (its nodes stay, in host memory). The same habit in an evaluation
+# loop without `no_grad` keeps every batch's whole graph, activations included: the real leak. The reference
+# cycle is a sawtooth that only `gc` resets: its slope over whole periods is about zero, but it holds several
+# iterations' tensors at its top, enough to tip a full card. `empty_cache` changes nothing in the live bytes:
+# it returns *unallocated* cached blocks to the driver, so `nvidia-smi` shows less while the tensors that fill
+# the card stay. Seed 004's row holds; its "treats the symptom" is exact.
+
+# %% [markdown]
+# ## 7. Seed 004's 7B budget, checked
+#
+# "7B × 2 bytes = 14 GB parameters, ≈ 14 GB gradients, 7B × 4 × 2 = 56 GB Adam: 84 GB." Llama-2-7B
+# `[touvron2023]` has 6.74 B parameters, and fp16 mixed precision also keeps an fp32 master copy
+# `[micikevicius2018]`:
+
+# %%
+llama = preset("llama-2-7b")
+b7 = estimate(llama, Setup(batch=1, seq=512, precision="mixed-bf16", optimizer="adamw"))
+n7 = llama.param_count()
+seven = pd.DataFrame({
+    "seed 004 (GB)": {"params": 14, "grads": 14, "optimizer (moments + master)": 56},
+    "memlab (GB)": {"params": b7.params_bytes / 1e9, "grads": b7.grads_bytes / 1e9,
+                    "optimizer (moments + master)": b7.optimizer_bytes / 1e9},
+})
+seven.loc["total"] = seven.sum()
+seven["memlab (GiB)"] = seven["memlab (GB)"] * 1e9 / 2**30
+print(f"{n7 / 1e9:.2f} B parameters; master copy {b7.optimizer_detail.get('master', 0) / 1e9:.1f} GB")
+seven.round(1)
+
+# %% [markdown]
+# The seed forgets the 4-byte master copy: 16 B/param, 108 GB (100 GiB) for 6.74 B parameters, not 84.
+
+# %% [markdown]
+# ## Seed claims, answered
+
+# %%
+eval_leak = growth.query("case == 'eval-grad' and not fixed")["bytes per iteration"].item()
+keep_leak = growth.query("case == 'keep-loss' and not fixed")["bytes per iteration"].item()
+claims = pd.DataFrame([
+    {"#": 3, "claim": "U_eff = (P + G + O + A) / allocated [seed-000]", "verdict": "holds with a qualification",
+     "number": f"{u_eff:.2f} at the peak of step 2: the rest is temporaries no component names"},
+    {"#": 13, "claim": "nvidia-smi ≠ effective use; active vs reserved [seed-000]", "verdict": "holds",
+     "number": f"decoded message: {(info.process_in_use_bytes - info.allocated_by_pytorch_bytes) / 2**30:.2f} GiB "
+               "in use by the process but in no tensor"},
+    {"#": 30, "claim": "the OOM text is 'Tried to allocate 2.00 GiB' [seed-004]",
+     "verdict": "holds with a qualification",
+     "number": f"today's message states {int(shapes['fields stated'].max())} fields; the request alone misleads"},
+    {"#": 32, "claim": "7B: 14 + 14 + 56 = 84 GB [seed-004]", "verdict": "does not hold",
+     "number": f"{seven.loc['total', 'memlab (GB)']:.1f} GB for {n7 / 1e9:.2f} B parameters (fp32 master omitted)"},
+    {"#": 41, "claim": "torch.profiler profile_memory, Nsight [seed-004]", "verdict": "holds (tools exist)",
+     "number": "the allocator snapshot (section 5) is the finer tool; CUDA only"},
+    {"#": 44, "claim": "OOM row: batch, leak, no_grad, empty_cache treats symptoms [seed-004]",
+     "verdict": "holds with a qualification",
+     "number": f"eval without no_grad leaks {eval_leak / 2**10:.0f} KiB/iteration; a kept loss after backward "
+               f"{keep_leak:.0f} B; empty_cache frees no live byte"},
+    {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
+     "verdict": "an opinion, not a measurable claim", "number": "—"},
+])
+ch.save_table(claims, "seed_claims")
+claims
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 2.** Which field of an OOM message points to fragmentation rather than a too-large workload?
+
+# %%
+ex_field = exercises.Choice(
+    "fragmentation-field", "the message field that measures the allocator's cache and fragmentation",
+    reference=lambda: "reserved_unallocated_bytes",
+    options={"tried_to_allocate_bytes": "Tried to allocate", "free_bytes": "of which ... is free",
+             "allocated_by_pytorch_bytes": "allocated by PyTorch",
+             "reserved_unallocated_bytes": "reserved by PyTorch but unallocated"},
+    hint="the bytes the allocator holds that no tensor uses")
+answer = ...
+ex_field.check(answer)
+
+# %% [markdown]
+# **Exercise 3.** In section 6, how many bytes per iteration does the evaluation loop without `no_grad` leak?
+
+# %%
+ex_leak = exercises.Numeric(
+    "eval-leak", "bytes leaked per iteration by eval without no_grad",
+    reference=lambda: growth.query("case == 'eval-grad' and not fixed")["bytes per iteration"].item(),
+    hint="the 'bytes per iteration' column of the eval-grad bug row", unit="B", rtol=0.02)
+answer = ...
+ex_leak.check(answer)
+
+# %% [markdown]
+# **Exercise 4.** In the `fragmented-2.5` message of section 1, how many GiB were reserved by PyTorch but
+# unallocated?
+
+# %%
+ex_frag = exercises.Numeric(
+    "fragmented-gib", "reserved but unallocated in the fragmented-2.5 message",
+    reference=lambda: parse_oom_message(next(r.message for r in RECORDED_OOM_MESSAGES
+                                             if r.key == "fragmented-2.5")).reserved_unallocated_bytes,
+    hint="read the sentence 'X is reserved by PyTorch but unallocated'", unit="GiB", rtol=0.01)
+answer = ...
+ex_frag.check(answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - An OOM message states the request, capacity, free memory, this process's total, the live tensors and the
+#   allocator's unused reserve; each points to a different fix.
+# - Optimizer state appears during the first `optimizer.step()`: step 2's peak is higher than step 1's.
+# - The largest batch that fits is decided by the step's peak moment, not by the sum of components.
+# - A large "reserved but unallocated" is fragmentation; `expandable_segments:True` is the fix to try.
+# - Leaks are bytes that grow per iteration: eval without `no_grad` keeps whole graphs; a kept `loss` after
+#   backward only a scalar; cycles wait for `gc`; `empty_cache` frees no live tensor.
+# - Seed 004's 7B budget omits the fp32 master: 108 GB, not 84.

@@ -1,0 +1,359 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Mixed precision: what autocast halves, and what it adds
+#
+# **The common belief.** Seed article 004 `[seed-004]` introduces AMP with `from torch.cuda.amp import autocast,
+# GradScaler` and promises "效果通常可减少约50%的模型参数、梯度和激活内存" (*it usually cuts parameter, gradient
+# and activation memory by about 50 %*). Seed 000 `[seed-000]` says the same of parameters and gradients.
+#
+# Under PyTorch's autocast `[pytorch-amp]` the weights and gradients stay fp32; autocast makes 16-bit *copies* of
+# the matmul weights for each forward and keeps them until backward; activations shrink only where an op runs in
+# 16 bits. This chapter measures each policy byte by byte:
+#
+# 1. the formula: bytes per component and policy (`memlab.estimate`);
+# 2. the experiment: fp32, `amp-bf16`, `amp-fp16` + GradScaler, `mixed-bf16` (16-bit weights, fp32 master) and
+#    pure `bf16` trained for real, predicted beside measured, with the peak and tokens/s;
+# 3. loss scaling: fp16 gradients underflowing on real tensors, the scaler's scale over steps, why bf16 needs none;
+# 4. the deprecated `torch.cuda.amp` spelling and its replacement; 5. tensor-core shapes (CUDA).
+
+# %% tags=["parameters"]
+scale = "auto"
+device = "auto"
+seed = 0
+out_dir = "../reports/build/03_mixed_precision"
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from IPython.display import display
+
+from memlab import Setup, chapter, estimate, preset, run_step
+from memlab.compare import compare
+from memlab.compare.ledger import predict_for
+from memlab.course import exercises
+from memlab.run.live_steps import live_training_steps
+from memlab.run.loss_scaling import cast_survival, deprecated_amp_calls, real_gradients, scaler_trajectory
+
+ch = chapter(scale, device, seed, out_dir)
+if ch.on_cpu:
+    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
+ch.to_dict()
+
+# %% [markdown]
+# ## 1. The formula
+#
+# `memlab.estimate` counts each component for a precision policy. For a model config it adds the activations,
+# term by term, including the autocast weight copies (category `autocast weight copies`).
+
+# %%
+model = preset("small-gpt") if ch.scale == "ci" else preset("gpt2")
+batch, seq = (2, 64) if ch.scale == "ci" else (8, 1024)
+POLICIES = ["fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "bf16"]
+dev_type = "cuda" if ch.device.startswith("cuda") else "cpu"
+pred = {}
+for p in POLICIES:
+    b = estimate(model, Setup(batch=batch, seq=seq, precision=p), device_type=dev_type)
+    copies = b.activation_detail.get("autocast weight copies", 0)
+    pred[p] = {"params": b.params_bytes, "grads": b.grads_bytes, "optimizer": b.optimizer_bytes,
+               "activations (tensors)": b.activations_bytes - copies, "autocast weight copies": copies}
+pred = pd.DataFrame(pred).T
+ratios = (pred.drop(columns="autocast weight copies") / pred.loc["fp32"]).rename(columns=lambda c: f"{c} / fp32")
+ratios["weight copies (B/param)"] = pred["autocast weight copies"] / model.param_count()
+ch.save_table(ratios.reset_index(names="policy"), "policies_predicted_ratios")
+ratios.round(2)
+
+# %% [markdown]
+# Read the ratios: no policy halves everything. `amp-*` keeps parameters, gradients and optimizer state at fp32's
+# size (1.00) and *adds* weight copies (last column); `mixed-bf16` halves the weights and gradients but adds a
+# 4-byte master copy, so the optimizer column grows; only pure `bf16` halves all three.
+
+# %% [markdown]
+# **Exercise 1 (predict first).** Autocast keeps a bf16 copy of every matmul weight from the forward to the
+# backward. How many bytes per parameter of the whole model do those copies cost for this model? (The embedding
+# is tied to the LM head, whose matmul autocast also runs in bf16.)
+
+# %%
+ex_copies = exercises.Numeric(
+    "autocast-copies", "bytes per parameter of autocast's bf16 weight copies",
+    reference=lambda: pred.loc["amp-bf16", "autocast weight copies"] / model.param_count(),
+    hint="2 bytes for each parameter that feeds a matmul (model.matmul_param_count()), divided by all parameters",
+    unit="", rtol=0.02)
+answer = ...
+ex_copies.check(answer)
+
+# %% [markdown]
+# ## 2. The experiment: the same model trained under each policy
+#
+# `run_step` builds the reference GPT in the policy's dtype, wires autocast, the `torch.amp.GradScaler` (fp16) or
+# the fp32 master weights, and counts every byte by storage; `live_training_steps` counts live tensor bytes at
+# every op of two steps, whose maximum is the peak.
+
+# %%
+runs, peaks = {}, {}
+for p in POLICIES:
+    setup = Setup(batch=batch, seq=seq, precision=p)
+    runs[p] = run_step(model, setup, ch.device, steps=2, seed=seed, with_counted_flops=False, with_mfu=False)
+    peaks[p] = live_training_steps(model, setup, ch.device, steps=2, seed=seed).peak_bytes
+ledger = pd.concat([compare(predict_for(model, m), m) for m in runs.values()], ignore_index=True)
+ch.record_ledger(ledger)
+print(f"largest |relative error| over {len(ledger)} ledger rows: {ledger['rel_error'].abs().max():.2%}")
+
+# %%
+rows = []
+for p, m in runs.items():
+    copies = m.activations_by_category.get("autocast weight copies", 0)
+    rows.append({"policy": p, "params": m.params_bytes, "grads": m.grads_bytes, "optimizer": m.optimizer_bytes,
+                 "activations (tensors)": m.activations_bytes - copies, "autocast weight copies": copies,
+                 "peak (live bytes)": peaks[p], "cuda peak allocated": m.cuda_peak_allocated_bytes,
+                 "step time (s)": m.step_time_s, "tokens/s": m.tokens_per_s})
+measured = pd.DataFrame(rows).set_index("policy")
+ch.save_table(measured.reset_index(), "policies_measured")
+measured.round(4)
+
+# %%
+comp = ["params", "grads", "optimizer", "activations (tensors)", "autocast weight copies"]
+fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+bottom = pd.Series(0.0, index=measured.index)
+for c in comp:
+    ax.bar(measured.index, measured[c] / 2**20, bottom=bottom / 2**20, label=c, edgecolor="white")
+    bottom += measured[c]
+ax.plot(measured.index, measured["peak (live bytes)"] / 2**20, "k_", ms=30, mew=2, label="peak of two steps")
+ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
+       title=f"{model.name}, AdamW, b={batch}, s={seq}: measured bytes per component and the step's peak\n"
+             f"exact storage bytes (memlab.run.runner) and live tensor bytes, on {ch.device}")
+ax.legend(fontsize=8)
+ch.save_figure(fig, "policies_components")
+plt.show()
+over = measured["peak (live bytes)"] - measured[comp].sum(axis=1)
+print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / 2**20:+.2f}" for p, v in over.items()))
+
+# %% [markdown]
+# A peak below the sum means the components are never all alive at once (the activations are gone before the
+# optimizer touches its state); `mixed-bf16`'s peak lies *above* it: its master-weight step makes fp32 copies of
+# the 16-bit gradients, a transient that no component names.
+
+# %% [markdown]
+# ### The weight copies, and which activations shrink
+#
+# Measured bytes per parameter of the autocast copies, and each activation category under `amp-bf16` as a
+# fraction of fp32's. On a CPU autocast's op lists differ from CUDA's (softmax and layer norm stay in the input
+# dtype on CPU; on CUDA softmax returns fp32): the estimator models both, see `memlab.predict.activations`.
+
+# %%
+copies_bpp = measured.loc["amp-bf16", "autocast weight copies"] / model.param_count()
+print(f"autocast weight copies: {copies_bpp:.3f} bytes per parameter "
+      f"(2 x {model.matmul_param_count() / model.param_count():.3f} of the parameters feed a matmul)")
+cats = pd.DataFrame({p: runs[p].activations_by_category for p in ("fp32", "amp-bf16", "bf16")}).fillna(0)
+cats["amp-bf16 / fp32"] = cats["amp-bf16"] / cats["fp32"].where(cats["fp32"] > 0)
+ch.save_table(cats.reset_index(names="category"), "activations_by_category")
+cats.round(3)
+
+# %% [markdown]
+# The matmul inputs and outputs (attention, MLP) halve; the residual stream, the fp32 loss and (on CUDA) the
+# softmax do not. So AMP cuts *activations* by less than half, and the weight copies come on top. Seed 004's
+# "−50 % for parameters, gradients and activations" does not hold for `torch.autocast`: parameters and gradients
+# change by 0 %, and the total activation-time memory can grow. Halving needs 16-bit weights (`mixed-*`, `bf16`),
+# and then an fp32 master copy takes the saving back unless the optimizer state is in bf16 too.
+
+# %%
+verdict = pd.DataFrame({
+    "component (amp-bf16 vs fp32)": ["params", "grads", "activations (tensors)", "activations + weight copies"],
+    "seed 004 claims": ["-50%"] * 4,
+    "measured": [measured.loc["amp-bf16", "params"] / measured.loc["fp32", "params"] - 1,
+                 measured.loc["amp-bf16", "grads"] / measured.loc["fp32", "grads"] - 1,
+                 measured.loc["amp-bf16", "activations (tensors)"] / measured.loc["fp32", "activations (tensors)"] - 1,
+                 (measured.loc["amp-bf16", ["activations (tensors)", "autocast weight copies"]].sum()
+                  / measured.loc["fp32", "activations (tensors)"] - 1)],
+})
+verdict["measured"] = verdict["measured"].map(lambda v: f"{v:+.0%}")
+ch.save_table(verdict, "seed_verdict_amp")
+verdict
+
+# %%
+ch.cpu_note("step times and tokens/s on a CPU say nothing about tensor cores (bf16 matmuls are often slower than "
+            "fp32 on a CPU); the allocator peak column is empty without CUDA. The byte counts are exact.")
+
+# %% [markdown]
+# ## 3. Loss scaling: why fp16 needs a GradScaler and bf16 does not
+#
+# fp16 has 5 exponent bits: the smallest normal number is 2⁻¹⁴ ≈ 6.1e-5, the smallest subnormal 2⁻²⁴ ≈ 6.0e-8, the
+# largest 65504. bf16 keeps fp32's 8 exponent bits (smallest normal ≈ 1.2e-38) with fewer mantissa bits
+# `[kalamkar2019]`. The cell
+# takes the real fp32 gradients of one step of the model, multiplies them by a scale and casts them: a scale
+# below 1 is what averaging the loss over many accumulation micro-batches does `[micikevicius2018]`.
+
+# %%
+finfo = pd.DataFrame({n: {"exponent bits": {torch.float16: 5, torch.bfloat16: 8, torch.float32: 8}[d],
+                          "smallest normal": torch.finfo(d).smallest_normal, "smallest subnormal":
+                          torch.finfo(d).smallest_normal * torch.finfo(d).eps, "largest": torch.finfo(d).max}
+                      for n, d in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32))})
+grads = real_gradients(model, batch=batch, seq=seq, seed=seed)
+survival = cast_survival(grads, [2.0**-10, 1.0, 2.0**8, 2.0**16, 2.0**24])
+ch.save_table(survival, "fp16_underflow")
+display(finfo)
+survival.round(4)
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
+for name, style in (("fp16", "-o"), ("bf16", "--s")):
+    s = survival[survival["dtype"] == name]
+    ax.plot(s["scale"], s["flushed to zero"] * 100, style, label=f"{name}: flushed to zero")
+    ax.plot(s["scale"], s["overflow to inf"] * 100, style, alpha=0.5, label=f"{name}: overflow to inf")
+f16 = survival[survival["dtype"] == "fp16"]
+ax.plot(f16["scale"], f16["subnormal"] * 100, ":", label="fp16: subnormal (precision lost)")
+ax.set_xscale("log", base=2)
+ax.set(xlabel="scale applied to the gradients (loss scale)", ylabel="% of nonzero fp32 gradient values",
+       title=f"Real gradients of {model.name} cast to 16 bits: what a scale saves and what it breaks\n"
+             f"{grads.numel():,} gradient values, measured on {ch.device}")
+ax.legend(fontsize=7)
+ch.save_figure(fig, "fp16_underflow")
+plt.show()
+
+# %% [markdown]
+# Unscaled, a share of fp16 gradients is flushed to zero and many more lose precision; at 2¹⁶ almost all are
+# normal numbers; at 2²⁴ about a tenth overflow. bf16 loses nothing at any scale. `GradScaler` looks for that
+# window at run time: it starts high, halves the scale and *skips the step* whenever a gradient is inf/NaN, and
+# doubles it after `growth_interval` clean steps. Here with a deliberately high start and a short interval:
+
+# %%
+traj = scaler_trajectory(model, steps=8 if ch.scale == "ci" else 50, init_scale=2.0**24, growth_interval=3,
+                         batch=batch, seq=seq, seed=seed, device=ch.device)
+ch.save_table(traj, "grad_scaler_trajectory")
+print(f"{int(traj['skipped'].sum())} of {len(traj)} steps skipped; scale {traj['scale used'].iloc[0]:.0f} -> "
+      f"{traj['scale after update'].iloc[-1]:.0f}")
+traj
+
+# %% [markdown]
+# Skipped steps leave the loss unchanged. Seed 004's AMP-NaN row advises tuning `growth_interval` and
+# `backoff_factor`; they only change how fast this search runs. With bf16 there is nothing to search: use
+# `torch.autocast(device, dtype=torch.bfloat16)` without a scaler. Its "force fp32 for LayerNorm with
+# `custom_fwd`" is what autocast's op lists already do on CUDA (layer_norm is in the fp32 list).
+
+# %% [markdown]
+# ## 4. The seed's code, on torch 2.13
+#
+# `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()` still run, with a `FutureWarning` each (and, on a
+# machine without CUDA, a second warning that they disable themselves):
+
+# %%
+warn = deprecated_amp_calls()
+ch.save_table(warn, "deprecated_amp_warnings")
+pd.set_option("display.max_colwidth", 120)
+warn
+
+# %% [markdown]
+# The seed's loop in the `torch.amp` form (device-generic; drop the scaler for bf16):
+#
+# ```python
+# scaler = torch.amp.GradScaler("cuda")
+# with torch.autocast("cuda", dtype=torch.float16):
+#     loss = loss_fn(model(data), target)
+# scaler.scale(loss).backward()
+# scaler.step(optimizer)
+# scaler.update()
+# ```
+
+# %% [markdown]
+# ## 5. Tensor-core shapes (CUDA)
+#
+# Tensor cores run 16-bit matmuls whose dimensions are multiples of 8 (16 bytes) at full rate; other shapes pad or
+# fall back. On a GPU the cell times `n x n` bf16 matmuls for `n` a multiple of 8 and one off it.
+
+# %%
+if ch.device.startswith("cuda"):
+    from memlab.run.roofline import matmul_flops_per_s
+
+    sizes = [4096, 4095, 4104, 8192, 8191]
+    tc = matmul_flops_per_s([(n, n, n) for n in sizes], dtypes=("bf16", "fp16"), device=ch.device, scale=ch.scale)
+    tc["multiple of 8"] = tc["m"] % 8 == 0
+    ch.save_table(tc, "tensor_core_shapes")
+    display(tc[["dtype", "m", "multiple of 8", "flops_per_s"]])
+else:
+    display(ch.cpu_note("tensor cores are a GPU unit: the multiple-of-8 effect (and fp8's 2x) can only be "
+                        "measured on CUDA, which this cell does when the chapter runs there."))
+
+# %% [markdown]
+# ## Seed claims, answered
+
+# %%
+flush = survival.query("scale == 1.0").set_index("dtype")["flushed to zero"]
+amp_params = measured.loc["amp-bf16", "params"] / measured.loc["fp32", "params"] - 1
+mixed_states = runs["mixed-bf16"].model_state_bytes() / runs["fp32"].model_state_bytes() - 1
+claims = pd.DataFrame([
+    {"#": 7, "claim": "mixed precision halves parameter and gradient memory [seed-000]",
+     "verdict": "does not hold for AMP; holds for 16-bit weights, whose master copy takes it back",
+     "number": f"amp-bf16 params {amp_params:+.0%}; mixed-bf16 model states {mixed_states:+.0%}"},
+    {"#": 37, "claim": "torch.cuda.amp code; AMP −50 % params/grads/activations [seed-004]",
+     "verdict": "does not hold; the API is deprecated",
+     "number": "; ".join(f"{c} {m}" for c, m in zip(verdict["component (amp-bf16 vs fp32)"], verdict["measured"],
+                                                   strict=True))
+               + f"; {int((warn['warning'] == 'FutureWarning').sum())} FutureWarnings"},
+    {"#": 46, "claim": "AMP NaN: tune GradScaler, force fp32 with custom_fwd [seed-004]",
+     "verdict": "holds for fp16; bf16 needs no scaler",
+     "number": f"at scale 1 fp16 flushes {flush['fp16']:.2%} of gradients to zero, bf16 {flush['bf16']:.2%}"},
+    {"#": 28, "claim": "FP8 ≈ 2x [seed-001]", "verdict": "not measured here (needs tensor cores)",
+     "number": "section 5 runs on CUDA only"},
+])
+ch.save_table(claims, "seed_claims")
+claims
+
+# %%
+recorded = ch.recorded("03_mixed_precision_gpu")
+recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 2.** Which policy needs a GradScaler?
+
+# %%
+ex_scaler = exercises.Choice(
+    "needs-scaler", "the policy whose gradients need loss scaling",
+    reference=lambda: next(p for p in POLICIES if Setup(precision=p).policy.grad_scaler),
+    options={p: p for p in POLICIES}, hint="which 16-bit format has 5 exponent bits?")
+answer = ...
+ex_scaler.check(answer)
+
+# %% [markdown]
+# **Exercise 3.** In the table of section 3, what fraction of the nonzero gradients did fp16 flush to zero with
+# no scaling (scale 1)? (e.g. `0.01`)
+
+# %%
+ex_flush = exercises.Numeric(
+    "fp16-flush", "fraction of gradients fp16 flushes to zero at scale 1",
+    reference=lambda: survival.query("dtype == 'fp16' and scale == 1.0")["flushed to zero"].item(),
+    hint="the 'flushed to zero' column, fp16 row, scale 1", unit="", rtol=0.05)
+answer = ...
+ex_flush.check(answer)
+
+# %% [markdown]
+# **Exercise 4.** Under `amp-bf16` with AdamW, how many bytes per parameter do the model states (parameters +
+# gradients + optimizer state) cost, step counters left out?
+
+# %%
+ex_states = exercises.Numeric(
+    "amp-states", "model-state bytes per parameter under amp-bf16 + AdamW",
+    reference=lambda: runs["amp-bf16"].model_state_bytes(step_counters=False) / model.param_count(),
+    hint="fp32 weights, fp32 gradients, two fp32 moments", unit="", rtol=0.01)
+answer = ...
+ex_states.check(answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - `torch.autocast` keeps fp32 weights and gradients: 16 B/param with AdamW, like fp32, plus 2 bytes per matmul
+#   parameter of bf16 weight copies held from forward to backward.
+# - Activations shrink only for ops autocast runs in 16 bits; the residual stream and the loss stay fp32.
+# - Halving weights and gradients needs 16-bit weights; an fp32 master copy and fp32 moments keep the total at 16.
+# - fp16 flushes small gradients to zero: a loss scale (GradScaler) moves them into range and backs off on
+#   overflow; bf16 has fp32's range and needs none.
+# - `torch.cuda.amp.*` is deprecated (FutureWarning); write `torch.amp.autocast("cuda", ...)` and
+#   `torch.amp.GradScaler("cuda")`.

@@ -1,0 +1,91 @@
+"""Record chapters 01, 03 and 04's GPU-only results on a real GPU, with provenance, for ``ch.recorded(...)``.
+
+Writes into ``--out`` (default ``data/recorded``), each as ``NAME.csv`` plus ``NAME.json`` (provenance: GPU,
+driver, CUDA, torch, memlab commit, date):
+
+- ``01_fragmentation_gpu``: :func:`memlab.measure.snapshot.fragmentation_probe` with the default allocator and
+  with ``expandable_segments:True`` (status, allocated/reserved before the request, the OOM message);
+- ``03_mixed_precision_gpu``: GPT-2 (b=8, s=1024) under fp32, amp-bf16, amp-fp16, mixed-bf16 and bf16 with
+  AdamW: exact states, activations, allocator peaks, step time and tokens/s (:func:`memlab.run.runner.run_step`);
+- ``04_activations_checkpointing_gpu``: a 16-block GPT-2 (b=2, s=1024) under none / selective / full / every-k /
+  ``checkpoint_sequential``: bytes kept, allocator peak, FLOPs, time (:mod:`memlab.run.checkpointing`).
+
+These are data recorded on that GPU; the chapters show them labelled and never regenerate them on a CPU. Usage
+(with a CUDA GPU): ``python scripts/record_chapters_gpu.py [--out DIR]``; ``scripts/gpu_session.sh`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from memlab.measure.snapshot import fragmentation_probe
+from memlab.predict.models import preset
+from memlab.predict.setup import Setup
+from memlab.run.checkpointing import measure_checkpointing
+from memlab.run.runner import run_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record_cuda_ledger import provenance  # the one provenance builder of the GPU scripts
+
+
+def _write(out: Path, name: str, frame: pd.DataFrame) -> None:
+    frame.to_csv(out / f"{name}.csv", index=False)
+    (out / f"{name}.json").write_text(json.dumps({"provenance": provenance()}, indent=1, default=str))
+    print(f"{name}: {len(frame)} rows", flush=True)
+
+
+def fragmentation() -> pd.DataFrame:
+    """The probe at a 2 GiB cap, without and with expandable segments."""
+    rows = []
+    for expandable in (False, True):
+        r = fragmentation_probe(2 * 2**30, expandable_segments=expandable)
+        before = r.get("before_request", {})
+        rows.append({"expandable_segments": expandable, "status": r["status"], "request_bytes": r.get("request_bytes"),
+                     "allocated_before_bytes": before.get("allocated"), "reserved_before_bytes": before.get("reserved"),
+                     "message": r.get("message")})
+    return pd.DataFrame(rows)
+
+
+def mixed_precision() -> pd.DataFrame:
+    """GPT-2 under five precision policies with AdamW."""
+    rows = []
+    for policy in ("fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "bf16"):
+        m = run_step(preset("gpt2"), Setup(batch=8, seq=1024, precision=policy), "cuda", steps=5,
+                     with_counted_flops=False)
+        rows.append({"policy": policy, **{k: v for k, v in m.to_row().items() if not isinstance(v, dict | list)}})
+    return pd.DataFrame(rows)
+
+
+def checkpointing() -> pd.DataFrame:
+    """A 16-block GPT-2 under each checkpointing strategy."""
+    deep = preset("gpt2").with_(n_layers=16)
+    strategies = [("none", {}), ("selective", {}), ("full", {}), ("every-k", {"k": 2}), ("every-k", {"k": 4}),
+                  ("sequential", {"segments": 2}), ("sequential", {"segments": 4}), ("sequential", {"segments": 16})]
+    rows = [measure_checkpointing(deep, st, batch=2, seq=1024, device="cuda", timing_repeats=10, **kw).to_row()
+            for st, kw in strategies]
+    return pd.DataFrame(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("data/recorded"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("record_chapters_gpu: no CUDA GPU here; this script records GPU data and does nothing on a CPU",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    _write(args.out, "01_fragmentation_gpu", fragmentation())
+    _write(args.out, "03_mixed_precision_gpu", mixed_precision())
+    _write(args.out, "04_activations_checkpointing_gpu", checkpointing())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
