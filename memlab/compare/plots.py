@@ -185,6 +185,8 @@ def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_p
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
+    return fig
+
 
 def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers: pd.DataFrame | None = None,
                  capacity_bytes: float | None = None) -> Figure:
