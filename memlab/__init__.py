@@ -35,12 +35,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.predict.precision": ("PRECISION_POLICIES", "precision_policy"),
     "memlab.predict.estimate": ("MemoryBreakdown", "Overheads", "estimate", "sweep_totals"),
     "memlab.predict.fit": ("fits", "max_batch", "max_seq"),
-    "memlab.predict.flops": ("mfu",),
+    "memlab.predict.flops": ("mfu", "roofline_bound"),
     "memlab.predict.hardware": ("gpu", "list_gpus"),
     "memlab.device": ("detect", "resolve_device", "resolve_scale"),
     "memlab.run.runner": ("Measurement", "run_step"),
     "memlab.run.sweep": ("sweep",),
-    "memlab.run.roofline": ("roofline_bound",),
     "memlab.course.chapter": ("chapter",),
     "memlab.course.exercises": ("Choice", "Numeric"),
 }
