@@ -207,8 +207,9 @@ amp.round(3)
 # %%
 amp_copies = amp.set_index("precision").loc["amp-bf16", "autocast weight copies, measured (B/param)"]
 print(f"amp-bf16 holds {amp_copies:.2f} B/param of bf16 weight copies from forward to backward, on top of "
-      f"{amp.set_index('precision').loc['amp-bf16', 'model states (B/param)']:.2f} B/param of model states "
-      f"(below 2 because embeddings and norms are not matmul weights)")
+      f"{amp.set_index('precision').loc['amp-bf16', 'model states (B/param)']:.2f} B/param of "
+      f"model states; 2 bytes for each of the {model.matmul_param_count():,} matmul weights of the "
+      f"{model.param_count():,} parameters ({2 * model.matmul_param_count() / model.param_count():.2f} B/param)")
 
 # %% [markdown]
 # ## 5. When the bytes appear
