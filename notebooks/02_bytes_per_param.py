@@ -199,7 +199,8 @@ for cfg, m in pairs:
                      "all saved activations (B/param)": m.activations_bytes / cfg.param_count()})
 amp = pd.DataFrame(amp_rows)
 ch.save_table(amp, "autocast_copies")
-amp_ledger = pd.DataFrame({"experiment": f"{model.name} autocast weight copies", "component": amp["precision"],
+amp_ledger = pd.DataFrame({"experiment": f"{model.name} " + amp["precision"] + " adamw, saved for backward",
+                           "component": "autocast weight copies",
                            "unit": "B/param", "predicted": amp["predicted (B/param)"],
                            "measured": amp["autocast weight copies, measured (B/param)"]})
 ch.record_ledger(amp_ledger[amp_ledger["measured"] > 0])

@@ -396,7 +396,7 @@ def test_rendered_report_in_headless_chromium(course_report: tuple[int, Path]) -
             planned = page.locator('tr.chapter[data-status="planned"]')
             assert planned.count() == sum(ch["status"] == "planned" for ch in index["chapters"])
             page.screenshot(path=str(shots / "index.png"), full_page=True)
-            for ch in index["chapters"]:
+            for ch in [ch for ch in index["chapters"] if ch.get("html")]:
                 page.goto((out / ch["html"]).as_uri())
                 page.wait_for_load_state("load")
                 assert page.title(), f"{ch['name']} has a title"
