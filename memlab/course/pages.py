@@ -97,6 +97,14 @@ def one_parameters_cell(nb: Any, params: Mapping[str, Any], notebooks_dir: Path)
             cell.source = "\n".join(f"{k} = {v!r}" for k, v in shown.items())
             break
     nb.cells = cells
+    count = 0
+    for cell in cells:  # renumber In [n] so dropping the injected cell leaves no gap
+        if cell.cell_type == "code" and cell.get("execution_count") is not None:
+            count += 1
+            cell.execution_count = count
+            for output in cell.get("outputs", []):
+                if "execution_count" in output:
+                    output["execution_count"] = count
     return nb
 
 
