@@ -296,7 +296,7 @@ def test_pages_show_one_parameters_cell_and_no_machine_path(fixture_runs: dict) 
     assert len(OUT_DIR_ASSIGNED.findall(html)) == 1, "the parameters cell appears once"
     assert "[report]/build/10_passes" in html and "injected" not in html.lower()
     counts = [int(n) for n in re.findall(r"In[\s\xa0]\[(\d+)\]", html)]
-    assert counts and counts == list(range(1, len(counts) + 1)), "cells are numbered without the gap of the dropped cell"
+    assert counts and counts == list(range(1, len(counts) + 1)), "In [n] has no gap where a cell was dropped"
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
