@@ -242,8 +242,8 @@ def reader_display() -> None:
 
 
 def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: str | Path = "out") -> Chapter:
-    """Resolve a chapter's parameters, seed the random generators, create ``out_dir`` and set the display for a
-    reader (:func:`reader_display`: rounded numbers in tables, no tqdm notice).
+    """Resolve a chapter's parameters, seed the random generators, create ``out_dir`` and, inside a notebook, set
+    the display for a reader (:func:`reader_display`: rounded numbers in tables, no tqdm notice).
 
     ``out_dir`` is taken relative to the working directory (``notebooks/`` both in JupyterLab and under
     ``make report``, which injects an absolute path).
@@ -255,5 +255,6 @@ def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: s
     path = Path(out_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
-    reader_display()
+    if _in_notebook():  # a kernel's display; a test or script calling chapter() keeps pandas as it was
+        reader_display()
     return Chapter(scale=resolved_scale, device=resolved_device, seed=seed, out_dir=path)
