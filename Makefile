@@ -48,13 +48,14 @@ setup: $(STAMP) ## create .venv (when absent) and install torch, memlab and the 
 report: $(STAMP) ## execute every chapter and render reports/index.html (SCALE=auto|ci|full, FORCE=1, ONLY=NN)
 	$(PY) -m memlab.course.report --scale $(SCALE)$(if $(filter-out 0 no false,$(FORCE)), --force)$(foreach n,$(ONLY), --only $(n))
 
-chromium: ## install Debian's chromium for the browser test (when missing and running as root)
-	@if [ -x $(CHROMIUM) ]; then :; \
+chromium: ## install Debian's chromium and a CJK font (fonts-noto-cjk) for the browser test (as root, when missing)
+	@missing="$$(test -x $(CHROMIUM) || echo chromium) $$(fc-list :lang=zh 2>/dev/null | grep -q . || echo fonts-noto-cjk)"; \
+	if [ -z "$${missing// /}" ]; then :; \
 	elif [ -n "$(IS_ROOT)" ]; then \
-		echo "installing chromium (Debian package) for the browser test"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+		echo "installing$$missing (Debian packages) for the browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing \
 			>/dev/null; \
-	else echo "chromium is missing and this is not root: the browser test will skip"; fi
+	else echo "missing:$$missing and this is not root: the browser test skips or fails on CJK glyphs"; fi
 
 test: $(STAMP) chromium ## ruff, then the whole pytest suite (executes the notebooks at ci scale, browser check)
 	$(VENV_ABS)/bin/ruff check .

@@ -10,13 +10,15 @@
 # # 00 · Your machine: its peaks, its bandwidth, and the units they are printed in
 #
 # **The common belief.** "My card does *N* TFLOP/s and has 80 GB": the two numbers on the datasheet are taken as
-# what a training job gets. Every later chapter divides by a peak (MFU) or compares against a capacity (does it
-# fit?), so this chapter pins down which peak and which capacity, on the machine the course runs on:
+# what a training job gets. Every later chapter divides by a peak or compares against a capacity (does it fit?).
+# The division by a peak is **MFU**, *model FLOPs utilisation*: the FLOP/s a model's own arithmetic achieves over
+# the device's peak FLOP/s (PaLM, Appendix B, `[chowdhery2022]`). So this chapter pins down which peak and which
+# capacity, on the machine the course runs on:
 #
 # 1. what the device is, and where its peak figures come from (a sourced table row, or a measurement);
 # 2. what a matmul and a memory copy actually achieve here, against those peaks;
 # 3. dense vs sparse peaks: the datasheet's biggest number is usually not the one to divide by;
-# 4. GB vs GiB: "80 GB" is not 80 × 10⁹ bytes.
+# 4. GB vs GiB: "80 GB" and the unit a memory ratio is taken in.
 #
 # Later chapters reuse what this one writes to its output folder (`device_peaks.csv`, `matmul.csv`,
 # `bandwidth.csv`).
@@ -30,19 +32,19 @@ out_dir = "../reports/build/00_your_machine"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
+import psutil
 
-pd.set_option("display.max_colwidth", None)
-
-from memlab import chapter, detect
+from memlab import chapter, detect, roofline_bound
 from memlab.compare import plots
 from memlab.course import exercises
 from memlab.device import describe
 from memlab.predict import hardware
 from memlab.run import roofline
+from memlab.units import GB, GiB, MiB, fmt_bytes, fmt_rate
 
 ch = chapter(scale, device, seed, out_dir)
 info = detect(device=ch.device)
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula: what is this device, and what are its peaks?
@@ -58,7 +60,10 @@ peaks = pd.DataFrame({
     "dense_peak_tflop_per_s": [None if v is None else v / 1e12 for v in info.peak_flops.values()],
 }).dropna()
 ch.save_table(peaks, "device_peaks")
-pd.Series(describe(ch.device), name="this device").to_frame()
+about = describe(ch.device)
+about.update({k: fmt_rate(v) for k, v in about.items() if k.startswith("peak_") and isinstance(v, float)})
+about["total_memory_bytes"] = f"{about['total_memory_bytes']:,} B ({fmt_bytes(about['total_memory_bytes'])})"
+pd.Series(about, name="this device").to_frame()
 
 # %% [markdown]
 # Dense peaks this chapter compares against (dtypes without a peak for this device are left out):
@@ -67,103 +72,186 @@ pd.Series(describe(ch.device), name="this device").to_frame()
 peaks
 
 # %%
-ch.cpu_note("a CPU has no datasheet peak in memlab's table, so its peak is itself a matmul measurement and "
-            "achieved/peak below compares two measurements; the GPU-only points (HBM bandwidth, tensor-core "
-            "dtypes such as tf32 and fp8) cannot be shown here.")
+ch.cpu_note("a CPU has no datasheet peak in memlab's table, so its ceiling is itself a measurement (the best "
+            "matmul measured, by detect() or in this chapter) and achieved/ceiling compares two measurements; the "
+            "GPU-only points (HBM bandwidth, tensor-core dtypes such as tf32 and fp8) cannot be shown here.")
 
 # %% [markdown]
 # ## 2. The experiment: a matmul and a memory copy, against those peaks
 #
-# `memlab.run.roofline.matmul_flops_per_s` times `C = A @ B` for a few shapes and dtypes (FLOPs = 2·m·n·k);
-# `memlab.run.roofline.bandwidth_bytes_per_s` times STREAM's copy and triad kernels (bytes moved as STREAM counts them).
-# One bandwidth array size (64 MiB) is larger than a server CPU's last-level cache, so at least one point
-# measures DRAM rather than cache.
+# `memlab.run.roofline.matmul_flops_per_s` times `C = A @ B` for a few shapes and dtypes (FLOPs = 2·m·n·k). One
+# shape has m = 1: a **GEMV**, a *general matrix-vector product* (one vector times a matrix, as in one decoding
+# step), which does little arithmetic per byte it reads. `memlab.run.roofline.bandwidth_bytes_per_s` times two
+# kernels of McCalpin's **STREAM** benchmark `[mccalpin1995]`: *copy* (`a = b`) and *triad*
+# (`a = b + s·c`, two reads and one write per element), counting bytes as STREAM does.
 #
+# Where an array lives decides what is measured: one that fits in a cache measures the cache, one larger than
+# every cache measures DRAM (or a GPU's HBM). `memlab.run.roofline.cache_bytes` reads this machine's cache sizes
+# (Linux sysfs or `lscpu`; a GPU's L2 from its device properties) and `default_sizes` picks one array inside
+# the L2 and one at least twice the whole last-level cache:
+
+# %%
+caches = roofline.cache_bytes(ch.device)
+sizes = roofline.default_sizes(ch.device, ch.scale, caches=caches)
+llc_total = caches.get("last_level_total")
+pd.DataFrame({
+    "what": [*caches.keys(), *(f"array {i + 1} of the benchmark" for i in range(len(sizes)))],
+    "size": [fmt_bytes(v) for v in [*caches.values(), *sizes]],
+    "note": [{"last_level": "one instance of the last level", "last_level_total": "all instances on this machine"}
+             .get(k, "per instance") for k in caches]
+            + ["beyond the whole last-level cache: DRAM" if llc_total and s >= 2 * llc_total else "fits in a cache"
+               for s in sizes],
+})
+
+# %% [markdown]
+# **Exercise 1 (predict before the next cell measures).** The GEMV-like shape below multiplies a 1 × k vector by
+# a k × n fp32 matrix. Its *arithmetic intensity* is FLOPs per byte moved: 2·m·n·k FLOPs over the bytes of the
+# two operands and the result, each read or written once. How many FLOP per byte?
+
+# %%
+gemv = next(shape for shape in roofline.default_shapes(ch.device, ch.scale) if shape[0] == 1)
+print(f"GEMV-like shape (m, n, k) = {gemv}")
+ex_gemv = exercises.Numeric(
+    "gemv-intensity", "Arithmetic intensity of the fp32 GEMV, FLOP/byte",
+    reference=lambda: 2 * gemv[0] * gemv[1] * gemv[2] / (4 * (gemv[0] * gemv[2] + gemv[2] * gemv[1]
+                                                              + gemv[0] * gemv[1])),
+    hint="bytes = 4 x (m·k + k·n + m·n) for fp32; with m = 1 the matrix dominates", unit="", rtol=0.02,
+    diagnoses={lambda: 2 * gemv[1] * gemv[2] / (gemv[2] + gemv[1] * gemv[2] + gemv[1]):
+               "That counts elements, not bytes: an fp32 element is 4 bytes.",
+               lambda: gemv[1] * gemv[2] / (4 * (gemv[2] + gemv[1] * gemv[2] + gemv[1])):
+               "A multiply-add is 2 FLOPs (2·m·n·k), not 1."})
+answer = ...
+ex_gemv.check(answer)
+
+# %% [markdown]
 # Seed article 001 ("利用率", *utilization*) claims that top large-model training reaches only about 50 % MFU,
-# and that a "312 TFLOPS" GPU delivers about 160 TFLOPS of useful work. Achieved/peak for single matmuls below is
-# the ceiling any MFU inherits: no training step beats its own matmuls.
+# and that a "312 TFLOPS" GPU delivers about 160 TFLOPS of useful work `[seed-001]`. Achieved/peak for single
+# matmuls below is the ceiling any MFU inherits: no training step beats its own matmuls.
 
 # %%
 matmul = roofline.matmul_flops_per_s(device=ch.device, scale=ch.scale)
 matmul = matmul[matmul["status"] == "ok"].copy()
-matmul["peak_flops_per_s"] = matmul["dtype"].map(dict(info.peak_flops))
-matmul["achieved_over_peak"] = matmul["flops_per_s"] / matmul["peak_flops_per_s"]
-ch.save_table(matmul, "matmul")
-
-sizes = sorted(set(roofline.default_sizes(ch.device, ch.scale)) | {64 * 2**20})
 bandwidth = roofline.bandwidth_bytes_per_s(sizes, device=ch.device, scale=ch.scale)
 bandwidth = bandwidth[bandwidth["status"] == "ok"].copy()
 ch.save_table(bandwidth, "bandwidth")
 
-matmul[["dtype", "m", "n", "k", "arithmetic_intensity", "flops_per_s", "peak_flops_per_s", "achieved_over_peak"]]
+# The ceiling each point is compared with. A GPU: the datasheet's dense peak. A CPU: the best matmul measured,
+# by detect()'s benchmark or in this run, whichever is higher, so no point can sit above its own ceiling.
+best_here = matmul.groupby("dtype")["flops_per_s"].max()
+if ch.on_cpu:
+    ceiling = {d: max(p, float(best_here.get(d, 0.0))) for d, p in info.peak_flops.items() if p}
+    ceiling_label = "best measured (detect() or this run)"
+else:
+    ceiling = {d: p for d, p in info.peak_flops.items() if p}
+    ceiling_label = "datasheet dense peak"
+matmul["ceiling_flops_per_s"] = matmul["dtype"].map(ceiling)
+matmul["achieved_over_ceiling"] = matmul["flops_per_s"] / matmul["ceiling_flops_per_s"]
+ch.save_table(matmul, "matmul")
+pd.DataFrame({
+    "dtype": matmul["dtype"], "shape m x n x k": matmul[["m", "n", "k"]].astype(str).agg(" x ".join, axis=1),
+    "FLOP/byte": matmul["arithmetic_intensity"].round(2),
+    "achieved": matmul["flops_per_s"].map(fmt_rate), "ceiling": matmul["ceiling_flops_per_s"].map(fmt_rate),
+    f"achieved / ceiling ({ceiling_label})": matmul["achieved_over_ceiling"].map("{:.1%}".format),
+})
 
 # %% [markdown]
 # ## 3. Prediction vs measurement: the roofline
 #
 # The "prediction" a datasheet invites is: every matmul runs at peak. The roofline (Williams, Waterman and
-# Patterson, CACM 2009) refines it: a kernel doing *I* FLOPs per byte of memory traffic can reach at most
-# min(peak, I × bandwidth). Points far below the flat roof at high intensity are overheads; points on the slope
-# are limited by memory, not by compute. On a GPU the roof uses the table's peak bandwidth (the benchmark flushes
-# the L2 cache between repeats); on a CPU there is no table figure and small operands stay in cache, so the roof
-# uses the best bandwidth measured above.
+# Patterson, CACM 2009, `[williams2009]`) refines it: a kernel doing *I* FLOPs per byte of memory traffic can
+# reach at most min(peak, I × bandwidth) (`memlab.roofline_bound`). Points far below the flat roof at high
+# intensity are overheads; points on the slope are limited by memory, not by compute. On a GPU the roof uses the
+# table's peak bandwidth (the benchmark flushes the L2 cache between repeats); on a CPU there is no table figure
+# and small operands stay in cache, so the roof uses the best bandwidth measured above.
 
 # %%
 roof_bandwidth, roof_label = (
     (info.accelerator.bandwidth_bytes_per_s, "table")
     if info.accelerator and info.accelerator.bandwidth_bytes_per_s
-    else (bandwidth["bytes_per_s"].max(), "best measured")
+    else (float(bandwidth["bytes_per_s"].max()), "best measured")
 )
-peaks = {dtype: peak for dtype, peak in info.peak_flops.items() if peak}
-fig = plots.roofline(matmul, peaks=peaks, bandwidth_bytes_per_s=roof_bandwidth, bandwidth_label=roof_label,
-                     title=f"Matmul throughput against the roofline: {info.name}")
+fig = plots.roofline(matmul, peaks=ceiling, bandwidth_bytes_per_s=roof_bandwidth, bandwidth_label=roof_label,
+                     title=f"Matmul throughput against the roofline: {info.name}",
+                     source=f"compute roof: {ceiling_label}")
 roofline_png = ch.save_figure(fig, "roofline")
 
 # %%
-best = matmul.loc[matmul.groupby("dtype")["flops"].idxmax()]  # the largest shape per dtype
+matmul["roofline_bound"] = [roofline_bound(i, ceiling[d], roof_bandwidth)
+                            for i, d in zip(matmul["arithmetic_intensity"], matmul["dtype"], strict=True)]
 ledger = pd.DataFrame({
-    "experiment": "largest matmul vs dense peak",
-    "component": best["dtype"] + " " + best[["m", "n", "k"]].astype(str).agg("x".join, axis=1),
+    "experiment": "matmul vs roofline bound",
+    "component": matmul["dtype"] + " " + matmul[["m", "n", "k"]].astype(str).agg("x".join, axis=1),
     "unit": "FLOP/s",
-    "predicted": best["peak_flops_per_s"],
-    "measured": best["flops_per_s"],
-}).dropna(subset=["predicted"])
+    "predicted": matmul["roofline_bound"],
+    "measured": matmul["flops_per_s"],
+})
 ch.record_ledger(ledger)
-ledger
+ledger.assign(predicted=ledger["predicted"].map(fmt_rate), measured=ledger["measured"].map(fmt_rate),
+              **{"measured / bound": (ledger["measured"] / ledger["predicted"]).map("{:.1%}".format)})
 
 # %% [markdown]
+# The ledger (and the report's index) records each matmul against its roofline bound, min(ceiling, I × bandwidth):
+# the bound is the prediction, and the last column says how much of it each shape reached. A point far below both
+# roofs is limited by neither compute nor memory but by overheads (small shapes, a library's slow path).
+#
 # ### Host memory vs HBM
 #
-# Seed article 004 (on AI's growing memory demand, HBM vs DRAM) claims that mainstream DDR5 delivers about
-# 50-100 GB/s while HBM3 reaches 3.2 TB/s and more, "dozens of times" DDR5. The figure puts the bandwidth measured
-# here next to the HBM figures of memlab's table and the article's DDR5 range.
+# **HBM**, *high-bandwidth memory*, is DRAM stacked beside the GPU die on a wide interface. Seed article 004 (on
+# AI's growing memory demand) claims that mainstream DDR5 delivers about 50-100 GB/s while HBM3 reaches 3.2 TB/s
+# and more, "dozens of times" DDR5 `[seed-004]`. A DDR5 channel is 8 bytes wide (two 32-bit subchannels,
+# `[jedec-ddr5]`), so its peak is channels × 8 B × transfers per second: the seed's range is a *desktop* with two
+# channels. A server socket has 8 channels (Intel Xeon 4th gen, DDR5-4800, `[intel-xeon4]`) or 12 (AMD EPYC
+# 9004, DDR5-4800, `[amd-epyc9004]`):
+
+# %%
+def ddr_peak(channels: int, mega_transfers_per_s: int) -> float:
+    """Peak DDR bandwidth in bytes/s: channels x 8 bytes x transfers/s [jedec-ddr5]."""
+    return channels * 8 * mega_transfers_per_s * 1e6
+
+
+ddr = pd.DataFrame({
+    "system": ["desktop, 2 x DDR5-4800", "desktop, 2 x DDR5-6400", "Xeon 4th gen socket, 8 x DDR5-4800",
+               "EPYC 9004 socket, 12 x DDR5-4800"],
+    "peak (GB/s)": [ddr_peak(2, 4800) / GB, ddr_peak(2, 6400) / GB, ddr_peak(8, 4800) / GB, ddr_peak(12, 4800) / GB],
+})
+ddr
+
+# %% [markdown]
+# HBM figures are per device: an H100 SXM's 3.35 TB/s is that one GPU reading its own stacks; eight GPUs in a
+# server each have their own, and none reads another's at that rate. The figure puts the bandwidth measured here
+# next to both.
 
 # %%
 SEED_004_DDR5_GB_S = (50, 100)  # seed article 004's claim for mainstream DDR5, GB/s
 hbm = hardware.to_frame([hardware.gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "mi300x")])
-measured = bandwidth.assign(label=lambda d: d["kind"] + " " + (d["array_bytes"] // 2**20).astype(str) + " MiB")
+measured = bandwidth.assign(label=lambda d: d["kind"] + " " + d["array_bytes"].map(fmt_bytes))
 fig, ax = plt.subplots(figsize=(7.5, 4.5))
 ax.bar(measured["label"], measured["bytes_per_s"] / 1e9, color="tab:blue", label=f"measured on {info.name}")
-ax.bar(hbm["key"], hbm["bandwidth_bytes_per_s"] / 1e9, color="tab:orange", label="memlab table (datasheets)")
-ax.axhspan(*SEED_004_DDR5_GB_S, color="tab:green", alpha=0.25, label="seed 004's DDR5 claim")
-ax.set(yscale="log", ylabel="bandwidth (GB/s)", title="Memory bandwidth: measured here vs datasheet HBM")
-ax.tick_params(axis="x", rotation=45)
-ax.legend(fontsize=8)
+ax.bar(ddr["system"].str.replace(" socket", "").str.replace(", ", "\n"), ddr["peak (GB/s)"], color="tab:green",
+       label="DDR5 peak: channels x 8 B x rate")
+ax.bar(hbm["key"], hbm["bandwidth_bytes_per_s"] / 1e9, color="tab:orange", label="memlab table (datasheets), per GPU")
+ax.axhspan(*SEED_004_DDR5_GB_S, color="tab:green", alpha=0.2, label="seed 004's DDR5 claim")
+ax.set(yscale="log", ylabel="bandwidth (GB/s)", title="Memory bandwidth: measured here, DDR5 peaks, per-GPU HBM")
+ax.tick_params(axis="x", rotation=60, labelsize=7)
+ax.legend(fontsize=7)
 bandwidth_png = ch.save_figure(fig, "bandwidth")
 
 # %%
 dram = bandwidth.loc[bandwidth["array_bytes"].idxmax()]
 h100 = hardware.gpu("h100-sxm")
 pd.Series({
-    "measured, largest array (GB/s)": round(dram["bytes_per_s"] / 1e9, 1),
-    "H100 SXM HBM3, table (GB/s)": h100.bandwidth_bytes_per_s / 1e9,
-    "ratio HBM / measured": round(h100.bandwidth_bytes_per_s / dram["bytes_per_s"], 1),
+    "largest array (beyond the last-level cache)": fmt_bytes(int(dram["array_bytes"])),
+    "measured on it": fmt_rate(dram["bytes_per_s"], "B/s"),
+    "H100 SXM HBM3, table": fmt_rate(h100.bandwidth_bytes_per_s, "B/s"),
+    "ratio HBM / measured": f"{h100.bandwidth_bytes_per_s / dram['bytes_per_s']:.0f}x",
+    "ratio HBM / 2-channel DDR5-6400 desktop": f"{h100.bandwidth_bytes_per_s / ddr_peak(2, 6400):.0f}x",
+    "ratio HBM / 12-channel DDR5-4800 server socket": f"{h100.bandwidth_bytes_per_s / ddr_peak(12, 4800):.1f}x",
 }, name="bandwidth").to_frame()
 
 # %% [markdown]
-# **Reading it.** A bandwidth figure belongs to a whole memory system: all channels of a socket (DDR5) or all
-# stacks of a GPU (HBM). A process with a few cores sees a slice of it, and small arrays that fit in cache show
-# cache bandwidth, well above DRAM's. The article's ratio holds in kind (HBM is one to two orders of magnitude
-# above what a CPU process reads from DRAM), but the measured number depends on the array size and core count.
+# **Reading it.** The seed's "dozens of times" holds against a two-channel desktop but shrinks several-fold
+# against a 12-channel server socket (last row). A process with a few cores sees a slice of either, and small
+# arrays that fit in cache show cache bandwidth, well above DRAM's.
 
 # %%
 recorded = ch.recorded("00_your_machine_gpu")
@@ -174,69 +262,106 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 #
 # Since Ampere, NVIDIA datasheets print tensor-core figures "with sparsity": 2:4 structured sparsity (two of
 # every four weights zero, in a pattern the hardware skips) doubles the rate. Dense training never runs at that
-# figure. memlab's table stores the dense peak and says so in each row's notes; the sparse figure is twice it.
-# An MFU computed against the sparse figure comes out at half its true value.
+# figure. memlab's table stores the dense peak and, where the datasheet prints one, the sparse figure as printed:
+# it is not always exactly twice the dense one (the L40S prints 362.05 and 733). An MFU computed against the
+# sparse figure comes out at about half its true value.
 
 # %%
 rows = [hardware.gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "l40s", "b200", "mi300x")]
 pd.DataFrame({
     "gpu": [r.name for r in rows],
     "dense bf16 (TFLOP/s)": [r.peak("bf16") / 1e12 for r in rows],
-    "with 2:4 sparsity (TFLOP/s)": [2 * r.peak("bf16") / 1e12 for r in rows],
+    "with 2:4 sparsity, as printed (TFLOP/s)": [None if r.sparse_peak("bf16") is None else r.sparse_peak("bf16") / 1e12
+                                                for r in rows],
+    "2 x dense (TFLOP/s)": [2 * r.peak("bf16") / 1e12 for r in rows],
+    "memory (GiB, as memlab stores it)": [r.memory_gib for r in rows],
     "table notes": [r.notes for r in rows],
 })
 
 # %% [markdown]
 # Seed article 001's "312 TFLOPS" GPU is the A100's *dense* bf16 peak (first row): the article divided by the
-# right number. The same card's sparse figure is twice that.
+# right number. The same card's sparse figure is twice that. (The MI300X row's source quotes no printed sparse
+# number, so that cell is empty.)
 #
-# ## 5. The misreading, part 2: GB vs GiB
+# ## 5. The misreading, part 2: GB vs GiB, and the unit of a ratio
 #
-# Memory is counted in powers of two (GiB = 2³⁰ bytes; nvidia-smi prints MiB) and marketed in "GB". HBM is
-# built from power-of-two dies, so an "80 GB" HBM card holds 80 GiB, of which the driver reserves a little; read
-# as decimal gigabytes, the same "80 GB" would be 7 % less. Seed article 000 ("視訊記憶體利用率", *memory
-# utilization*) defines memory utilization as memory in use over the physically available total: that ratio is
-# only as good as the unit of its denominator.
+# Memory is counted in powers of two (GiB = 2³⁰ bytes; nvidia-smi prints MiB) and marketed in "GB". A datasheet's
+# GB is a product decision, not a power-of-two die size: HBM3e stacks 24 Gb dies, 24 GB per eight-high stack
+# `[micron-hbm3e]`, and NVIDIA sells the H200 as 141 GB, less than its six stacks hold. memlab's table reads a
+# datasheet's "N GB" as N GiB (GPUs report within a few % of that); read as decimal gigabytes it would be 7 %
+# less.
+#
+# Seed article 000 ("視訊記憶體利用率", *memory utilization*) defines U_cap as memory in use over the physically
+# available total `[seed-000]`. The ratio has no unit: it is the same in bytes, MiB or GiB as long as numerator and
+# denominator share one. The trap is mixing them: memory in use as nvidia-smi prints it (MiB) over the marketed
+# "GB" figure times 1000. Measured on this device now:
+
+# %%
+if ch.on_cpu:
+    total = info.total_memory_bytes
+    used = total - psutil.virtual_memory().available
+else:
+    import torch
+
+    free, total = torch.cuda.mem_get_info(ch.device)
+    used = total - free
+marketed_gb = round(total / GB)  # the figure a vendor would print for this capacity
+pd.DataFrame({
+    "U_cap computed as": ["bytes / bytes", "GiB / GiB", "MiB in use / (marketed GB x 1000)",
+                          "GiB in use / marketed GB"],
+    "value": [used / total, (used / GiB) / (total / GiB), (used / MiB) / (marketed_gb * 1000),
+              (used / GiB) / marketed_gb],
+}).assign(value=lambda d: d["value"].map("{:.2%}".format))
+
+# %% [markdown]
+# The first two rows agree; the mixed ones are off by the unit ratio (MiB/MB = 1.049) and the marketing rounding.
+# The same capacities in both units:
 
 # %%
 units = pd.DataFrame({
     "what": ["this device (reported)", "H100 SXM (memlab table)", "'80 GB' read as decimal"],
     "bytes": [info.total_memory_bytes, h100.memory_bytes, 80 * 10**9],
 })
-units["GB (10^9 B)"] = units["bytes"] / 1e9
-units["GiB (2^30 B)"] = units["bytes"] / 2**30
+units["GB (10^9 B)"] = (units["bytes"] / 1e9).round(2)
+units["GiB (2^30 B)"] = (units["bytes"] / 2**30).round(2)
+units["bytes"] = units["bytes"].map("{:,}".format)
 units
 
 # %% [markdown]
 # ## Exercises
 #
 # Write your answer in place of `...` and run the cell: the check says whether it is right, or how far off and a
-# hint. Answers may carry units, e.g. `"74.5 GiB"`.
+# hint. Answers may carry units, e.g. `"74.5 GiB"`. (Exercise 1 is above, before the measurement.)
 #
-# **Exercise 1.** How many GiB of memory does this device report (the `bytes` of the first row above)?
+# **Exercise 2.** How many GiB of memory does this device report (the `bytes` of the first row above)?
 
 # %%
 ex_gib = exercises.Numeric(
     "device-gib", "This device's memory in GiB", reference=lambda: info.total_memory_bytes / 2**30,
-    hint="1 GiB = 2**30 bytes = 1.074 GB", unit="GiB", rtol=0.01)
+    hint="1 GiB = 2**30 bytes = 1.074 GB", unit="GiB", rtol=0.01,
+    diagnoses={lambda: info.total_memory_bytes / 1e9: "That is the decimal GB figure; divide the bytes by 2**30."})
 answer = ...
 ex_gib.check(answer)
 
 # %% [markdown]
-# **Exercise 2.** Take seed article 001's example: an A100 doing about 160 TFLOP/s of useful bf16 work. Someone
+# **Exercise 3.** Take seed article 001's example: an A100 doing about 160 TFLOP/s of useful bf16 work. Someone
 # divides it by the A100's bf16 figure printed *with sparsity*. What MFU, in %, do they report?
 
 # %%
 SEED_001_USEFUL_FLOP_S = 160e12  # seed article 001's "about 160 TFLOPS" of useful work on a 312 TFLOPS GPU
+a100 = hardware.gpu("a100-80gb-sxm")
 ex_sparse = exercises.Numeric(
     "a100-sparse-mfu", "MFU against the sparse figure",
-    reference=lambda: 100 * SEED_001_USEFUL_FLOP_S / (2 * hardware.gpu("a100-80gb-sxm").peak("bf16")),
-    hint="the sparse figure is twice the dense peak in the table above", unit="%", rtol=0.02)
+    reference=lambda: 100 * SEED_001_USEFUL_FLOP_S / a100.sparse_peak("bf16"),
+    hint="the sparse figure is in the table above (twice the dense peak for the A100)", unit="%", rtol=0.02,
+    diagnoses={lambda: 100 * SEED_001_USEFUL_FLOP_S / a100.peak("bf16"):
+               "That is the MFU against the dense peak, the right one; the question asks what the sparse figure "
+               "gives."})
 answer = ...
 ex_sparse.check(answer)
 
 # %% [markdown]
-# **Exercise 3.** At its peak bandwidth (memlab's table), how many milliseconds does an H200 SXM need to read
+# **Exercise 4.** At its peak bandwidth (memlab's table), how many milliseconds does an H200 SXM need to read
 # all of its memory once? (That is the floor for one decoding step of a model that fills the card.)
 
 # %%
@@ -245,17 +370,22 @@ ex_sweep = exercises.Numeric(
     "h200-read-all", "Time to read all H200 SXM memory once",
     reference=lambda: 1e3 * h200.memory_bytes / h200.bandwidth_bytes_per_s,
     hint="time = bytes / (bytes per second); the table's memory is in GiB, its bandwidth in decimal TB/s",
-    unit="ms", rtol=0.03)
+    unit="ms", rtol=0.03,
+    diagnoses={lambda: 1e3 * 141e9 / h200.bandwidth_bytes_per_s:
+               "That reads 141 GB as 141 x 10^9 bytes; memlab's table stores it as 141 GiB."})
 answer = ...
 ex_sweep.check(answer)
 
 # %% [markdown]
 # ## Summary
 #
-# - Peaks come from a sourced table row (GPU) or a measurement (CPU); an unknown GPU gets no peak rather than a
-#   borrowed one. Every MFU in this course divides by the **dense** peak of the dtype the matmuls run in.
-# - Single matmuls reach their peak only when large: small and skinny shapes sit under the memory roof. No
-#   training step exceeds its matmuls' achieved/peak.
-# - Bandwidth depends on where the data lives (cache, DRAM, HBM) and how much of the memory system a process
-#   drives; datasheet HBM figures sit one to two orders of magnitude above what a CPU process reads from DRAM.
-# - "GB" on a GPU datasheet means GiB-sized dies; convert with 2³⁰, not 10⁹, before deciding whether a model fits.
+# - Peaks come from a sourced table row (GPU) or a measurement (CPU, labelled "best measured"); an unknown GPU
+#   gets no peak rather than a borrowed one. Every MFU in this course divides by the **dense** peak of the dtype
+#   the matmuls run in; the datasheet's sparse figure is printed beside it, not derived.
+# - Single matmuls reach their ceiling only when large: small and skinny shapes (a GEMV) sit under the memory
+#   roof. No training step exceeds its matmuls' achieved/peak.
+# - Bandwidth depends on where the data lives: arrays sized from this machine's caches measure cache or DRAM.
+#   The seed's 50-100 GB/s is a two-channel desktop; a server socket peaks at 300-460 GB/s; HBM figures are per
+#   GPU, several to dozens of times those.
+# - "GB" on a datasheet is a marketed capacity (the H200's 141 GB is not a power of two); a ratio such as U_cap
+#   is unit-free as long as both sides are in one unit: MiB over marketed GB is the slip.

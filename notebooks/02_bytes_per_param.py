@@ -11,7 +11,7 @@
 #
 # **The common belief.** "Training with Adam costs 16 bytes per parameter, so 1B parameters need about 16 GB before
 # activations." Seed article 000 ("視訊記憶體利用率", *memory utilization*) gives exactly this rule, with a table of
-# 4 (fp32 master) + 2 (bf16 copy) + 2 (gradient) + 4 + 4 (Adam's two moments) bytes.
+# 4 (fp32 master) + 2 (bf16 copy) + 2 (gradient) + 4 + 4 (Adam's two moments) bytes `[seed-000]`.
 #
 # The rule is right for one setup and quietly wrong for others. This chapter measures the model states
 # (parameters, gradients, optimizer state) of the reference GPT under several precision policies and optimizers,
@@ -20,9 +20,10 @@
 # 1. the formula: bytes per parameter for each policy, and which framework uses which;
 # 2. the experiment: the same GPT trained for real under each policy;
 # 3. prediction vs measurement, component by component;
-# 4. when the bytes appear: optimizer state is created at the first step, and `zero_grad(set_to_none=True)` frees
+# 4. what AMP holds besides its 16 bytes: bf16 weight copies kept from forward to backward;
+# 5. when the bytes appear: optimizer state is created at the first step, and `zero_grad(set_to_none=True)` frees
 #    the gradients;
-# 5. "1B parameters ≈ 16 GB", checked.
+# 6. "1B parameters ≈ 16 GB", checked.
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -39,9 +40,10 @@ from memlab.compare import compare, plots
 from memlab.compare.ledger import predict_for
 from memlab.course import exercises
 from memlab.run.sweep import measurement_of, read_rows
+from memlab.units import fmt_bytes
 
 ch = chapter(scale, device, seed, out_dir)
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula
@@ -70,26 +72,55 @@ ch.save_table(table.reset_index(), "bytes_per_param_predicted")
 table
 
 # %% [markdown]
-# Reading the AdamW column: **16** is the ZeRO paper's mixed precision (2 + 2 + 4 master + 8 moments) *and*
-# plain fp32 training (4 + 4 + 8); PyTorch AMP is also 16, because autocast keeps fp32 weights and gradients and
-# only makes temporary 16-bit copies for the matmuls. Megatron-LM's distributed-optimizer table gives **18** for
-# bf16 weights with fp32 gradients and **20** for fp16 weights with fp16 gradients plus fp32 "main" gradients.
+# Reading the AdamW column, and who counts which:
+#
+# - **16**: the ZeRO paper's mixed precision, 2 + 2 + 4 master + 8 moments `[rajbhandari2019]`, and plain fp32
+#   training (4 + 4 + 8). PyTorch AMP also *stores* 16 (fp32 weights, gradients and moments), but autocast holds
+#   bf16 copies of the matmul weights from the forward pass to the backward: section 4 measures them.
+# - **18**: Hugging Face's Transformers documentation counts mixed precision as 6 bytes of weights (16-bit and
+#   fp32 copies), 4 of fp32 gradients and 8 of AdamW `[hf-transformers-anatomy]`; Megatron-LM's
+#   distributed-optimizer table gives the same for bf16 weights with fp32 gradients `[megatron-docs]`.
+# - **20**: the Ultra-Scale Playbook's default mixed precision keeps bf16 weights and gradients plus fp32 copies
+#   of both, and Adam's 8 `[ultrascale-playbook]`; Megatron-LM's fp16 recipe with fp32 "main" gradients is the
+#   same count `[megatron-docs]`.
+#
 # Pure bf16 training halves everything, moments included. The optimizer matters as much as the precision: SGD
 # with momentum drops 4 bytes, plain SGD 8, 8-bit Adam about 6.
+#
+# **Exercise 1 (predict before the next cells measure).** The sweep below trains the same GPT under each policy.
+# How many bytes per parameter of model states (parameters + gradients + optimizer state) will the **amp-bf16 +
+# AdamW** run hold?
+
+# %%
+ex_amp = exercises.Numeric(
+    "amp-states", "Model-state bytes per parameter of amp-bf16 + AdamW", unit="B/param", rtol=0.01,
+    reference=lambda: bytes_per_param("amp-bf16", "adamw"),
+    hint="autocast changes the dtype of the matmuls' inputs, not of the stored weights, gradients or moments",
+    diagnoses={12: "12 is seed 004's 14 + 14 + 56 GB for 7B parameters: 16-bit weights and gradients and Adam's "
+                   "moments, without any fp32 weights. AMP stores fp32 weights.",
+               (lambda v: v < 12): "That counts 16-bit weights or gradients: under AMP both stay fp32 in storage; "
+                                   "the 16-bit copies are made during the forward pass.",
+               18: "18 needs fp32 gradients next to 16-bit weights; AMP has no 16-bit weights in storage."})
+answer = ...
+ex_amp.check(answer)
 
 # %% [markdown]
 # ## 2. The experiment: the same GPT under each policy
 #
 # `memlab.run.runner.run_step` builds the reference GPT in the policy's dtype, wires autocast, the GradScaler or fp32
 # master weights, trains on synthetic tokens and counts every byte of parameters, gradients and optimizer state
-# by storage. `memlab.run.sweep.sweep` writes each result as one JSON line the moment it is measured. At `full` scale
-# an interrupted sweep resumes where it stopped; at `ci` scale it starts over (it takes seconds).
+# by storage, and every tensor saved for backward by category. `memlab.run.sweep.sweep` writes each result as one
+# JSON line the moment it is measured. At `full` scale an interrupted sweep resumes where it stopped and runs
+# every policy with every optimizer; at `ci` scale it starts over and runs AdamW under every policy, SGD under two
+# and 8-bit Adam under one (it takes seconds: 16-bit matmuls are slow on most CPUs).
 
 # %%
-model = preset("small-gpt") if ch.scale == "ci" else preset("gpt2")
-batch, seq = (2, 64) if ch.scale == "ci" else (4, 512)
+model = preset("tiny-gpt") if ch.scale == "ci" else preset("gpt2")
+batch, seq = (1, 32) if ch.scale == "ci" else (4, 512)
+others = {"sgd": ["fp32", "bf16"], "adam-8bit": ["mixed-bf16"]} if ch.scale == "ci" else dict.fromkeys(
+    ("sgd", "adam-8bit"), POLICIES)
 grid = [(model, Setup(batch=batch, seq=seq, precision=p, optimizer=o))
-        for p in POLICIES for o in ("adamw", "sgd", "adam-8bit")]
+        for p in POLICIES for o in ("adamw", "sgd", "adam-8bit") if o == "adamw" or p in others[o]]
 path = ch.out_dir / "states.jsonl"
 if ch.scale == "ci":
     path.unlink(missing_ok=True)
@@ -99,9 +130,11 @@ pairs = [measurement_of(r) for r in read_rows(path)]
 print(f"{model.name}: {model.param_count():,} parameters, {len(pairs)} runs on {pairs[0][1].device_name}")
 
 # %%
-ch.cpu_note("the byte counts are exact storage sizes, but there is no allocator: the temporary fp32 gradient "
-            "copies a mixed-precision step makes, and what the caching allocator keeps, are visible only in a GPU's "
-            "allocator peak (recorded GPU results, when the repo has them, are shown at the end).")
+ch.cpu_note("prediction and measurement both count the stored bytes of the same tensors, so their agreement "
+            "checks memlab's bookkeeping (which tensors exist, in which dtype, when), not a memory system. Only a "
+            "GPU's caching allocator adds what neither counts: each block rounded up (to 512-byte multiples, carved "
+            "from larger segments), freed blocks kept in its cache, fragmentation, and the transients inside a "
+            "step; recorded GPU results, when the repo has them, are shown at the end.")
 
 # %% [markdown]
 # ## 3. Prediction vs measurement
@@ -114,7 +147,8 @@ ledger = pd.concat([compare(predict_for(cfg, m), m) for cfg, m in pairs], ignore
 states = ledger[ledger["component"].isin(["params", "grads", "optimizer"])].copy()
 ch.record_ledger(states)
 worst = states["rel_error"].abs().max()
-print(f"largest |relative error| over {len(states)} component rows: {worst:.2%}")
+print(f"predicted vs measured bytes of params, grads and optimizer state in {len(pairs)} runs ({len(states)} rows): "
+      + ("every row agrees exactly" if worst == 0 else f"largest |relative error| {worst:.2%}"))
 states.pivot_table(index="experiment", columns="component", values="measured", sort=False)
 
 # %%
@@ -128,7 +162,7 @@ plt.show()
 # The measured bytes per parameter, next to the prediction for this model. The per-tensor `step` counters of Adam
 # (4 bytes per parameter *tensor*, not per parameter) are left out here: they are why an exact count is a hair
 # above 16. 8-bit Adam comes out above the 1B-parameter column of section 1 because, as in bitsandbytes, tensors
-# under 4,096 elements (biases, norms) keep fp32 states.
+# under 4,096 elements (biases, norms) keep fp32 states `[dettmers2022]`; a small model has many of them.
 
 # %%
 rows = []
@@ -144,7 +178,43 @@ measured.pivot_table(index="precision", columns="optimizer", values=["measured b
                      sort=False).round(3)
 
 # %% [markdown]
-# ## 4. When the bytes appear
+# ## 4. What AMP holds besides its 16 bytes
+#
+# Under autocast, each matmul casts its fp32 weight to bf16. The cast's output is saved for the backward pass, so
+# the bf16 copies of all matmul weights live from the forward pass to the backward, through the activation peak:
+# 2 bytes per matmul parameter on top of the 16 of model states `[pytorch-amp]`. The runner's saved-tensor
+# recorder files them under "autocast weight copies"; the estimator predicts them among the activations.
+
+# %%
+amp_rows = []
+for cfg, m in pairs:
+    if m.setup["optimizer"] != "adamw":
+        continue
+    p = predict_for(cfg, m)
+    copies = m.activations_by_category.get("autocast weight copies", 0)
+    amp_rows.append({"precision": m.setup["precision"],
+                     "model states (B/param)": m.model_state_bytes(step_counters=False) / cfg.param_count(),
+                     "autocast weight copies, measured (B/param)": copies / cfg.param_count(),
+                     "predicted (B/param)": p.activation_detail.get("autocast weight copies", 0) / cfg.param_count(),
+                     "all saved activations (B/param)": m.activations_bytes / cfg.param_count()})
+amp = pd.DataFrame(amp_rows)
+ch.save_table(amp, "autocast_copies")
+amp_ledger = pd.DataFrame({"experiment": f"{model.name} " + amp["precision"] + " adamw, saved for backward",
+                           "component": "autocast weight copies",
+                           "unit": "B/param", "predicted": amp["predicted (B/param)"],
+                           "measured": amp["autocast weight copies, measured (B/param)"]})
+ch.record_ledger(amp_ledger[amp_ledger["measured"] > 0])
+amp.round(3)
+
+# %%
+amp_copies = amp.set_index("precision").loc["amp-bf16", "autocast weight copies, measured (B/param)"]
+print(f"amp-bf16 holds {amp_copies:.2f} B/param of bf16 weight copies from forward to backward, on top of "
+      f"{amp.set_index('precision').loc['amp-bf16', 'model states (B/param)']:.2f} B/param of "
+      f"model states; 2 bytes for each of the {model.matmul_param_count():,} matmul weights of the "
+      f"{model.param_count():,} parameters ({2 * model.matmul_param_count() / model.param_count():.2f} B/param)")
+
+# %% [markdown]
+# ## 5. When the bytes appear
 #
 # The runner records exact bytes at each phase boundary of the first training step. The fp32 master copy exists
 # from the start (it is made when the optimizer is wrapped), but Adam's moments do not exist until the first
@@ -159,7 +229,26 @@ fig = plots.phase_timeline(phases, title=f"{model.name}, mixed-bf16 + AdamW: byt
                            source="exact storage bytes at each phase boundary (memlab.run.runner)")
 ch.save_figure(fig, "first_step_timeline")
 plt.show()
-phases
+phases.assign(**{c: phases[c].map(fmt_bytes) for c in ("params", "grads", "optimizer", "activations")})
+
+# %% [markdown]
+# **What the boundaries miss.** These are bytes held *between* phases. Inside `optimizer.step()` an optimizer
+# allocates temporaries and frees them before it returns, so no boundary sees them: the multi-tensor
+# ("foreach") implementations, PyTorch's default on CUDA, build intermediates for every parameter at once, a loop
+# over parameters (memlab's runner passes `foreach=False`) for one tensor at a time, and the fused kernels keep
+# almost none. A GPU's allocator peak includes them; on a CPU only a measurement inside the step can (the "temp"
+# of seed 004's budget, P + G + O + A + temp, `[seed-004]`).
+
+# %%
+# hook: once run_step reports a phase-aware peak measured inside the step (issue 9), show it here per optimizer.
+step_rows = pd.DataFrame(first.phases).set_index("phase")
+pd.Series({
+    "optimizer state created by the first step": fmt_bytes(step_rows.loc["optimizer step", "optimizer"]
+                                                           - step_rows.loc["backward", "optimizer"]),
+    "held after the step (params + grads + optimizer)": fmt_bytes(
+        step_rows.loc["optimizer step", ["params", "grads", "optimizer"]].sum()),
+    "transient inside the step": "not seen at phase boundaries",
+}, name="first optimizer step, mixed-bf16 + AdamW").to_frame()
 
 # %% [markdown]
 # What `set_to_none=False` would keep: the gradients stay allocated, zero-filled, through the next forward, when
@@ -170,11 +259,11 @@ kept = {}
 for set_to_none in (True, False):
     m = run_step(model, Setup(batch=batch, seq=seq, precision="fp32", optimizer="adamw"), ch.device, steps=1,
                  seed=seed, with_counted_flops=False, with_mfu=False, set_to_none=set_to_none)
-    kept[f"set_to_none={set_to_none}"] = next(p for p in m.phases if p["phase"] == "zero_grad")["grads"]
+    kept[f"set_to_none={set_to_none}"] = fmt_bytes(next(p for p in m.phases if p["phase"] == "zero_grad")["grads"])
 pd.Series(kept, name="gradient bytes held into the next forward").to_frame()
 
 # %% [markdown]
-# ## 5. "1B parameters is about 16 GB before activations", checked
+# ## 6. "1B parameters is about 16 GB before activations", checked
 #
 # The measured bytes per parameter of the mixed-bf16 + AdamW run, scaled to 10⁹ parameters, against the rule and
 # the estimator. GB are 10⁹ bytes; GiB 2³⁰.
@@ -185,15 +274,16 @@ check = pd.DataFrame({
     "source": ["seed 000's rule (16 B/param)", "memlab estimate", f"measured on {model.name}, scaled"],
     "bytes for 1e9 params": [16 * N, table.loc["mixed-bf16", "adamw"] * N, m_bpp * N],
 })
-check["GB"] = check["bytes for 1e9 params"] / 1e9
-check["GiB"] = check["bytes for 1e9 params"] / 2**30
+check["GB"] = (check["bytes for 1e9 params"] / 1e9).round(2)
+check["GiB"] = (check["bytes for 1e9 params"] / 2**30).round(2)
 check
 
 # %% [markdown]
 # The rule holds for mixed-bf16 AdamW, exactly, as long as "GB" means 10⁹ bytes: in the GiB that nvidia-smi
 # and the CUDA allocator print, it is 14.9. It is not a rule for "training": the same model needs 8 B/param with
-# SGD and fp32 master weights, 4 with pure bf16 SGD, and 20 under Megatron-LM's fp16 recipe. Activations, the
-# allocator's cache and the CUDA context come on top (chapters 01 and 03).
+# SGD and fp32 master weights, 4 with pure bf16 SGD, and 20 with fp32 copies of weights and gradients (the
+# Ultra-Scale Playbook's count). AMP adds its bf16 weight copies during the step (section 4). Activations come on
+# top (chapter 04); the allocator's cache and the CUDA context too (chapter 01).
 
 # %%
 recorded = ch.recorded("02_bytes_per_param_gpu")
@@ -202,9 +292,10 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # %% [markdown]
 # ## Exercises
 #
-# Write your answer in place of `...` and run the cell. Answers may carry units, e.g. `"112 GiB"`.
+# Write your answer in place of `...` and run the cell. Answers may carry units, e.g. `"112 GiB"`. (Exercise 1 is
+# in section 1, before the measurement.)
 #
-# **Exercise 1.** Llama-2-7B (preset `llama-2-7b`) trained with mixed-bf16 and AdamW on one GPU: how many GiB of
+# **Exercise 2.** Llama-2-7B (preset `llama-2-7b`) trained with mixed-bf16 and AdamW on one GPU: how many GiB of
 # model states (parameters + gradients + optimizer state), before any activation?
 
 # %%
@@ -214,12 +305,16 @@ ex_llama = exercises.Numeric(
     reference=lambda: sum(estimate(llama, Setup(precision="mixed-bf16")).components()[c]
                           for c in ("params", "grads", "optimizer")) / 2**30,
     hint="multiply the parameter count (llama.param_count()) by the bytes/param of section 1, then divide by 2**30",
-    unit="GiB", rtol=0.01)
+    unit="GiB", rtol=0.01,
+    diagnoses={lambda: 16 * 7e9 / 2**30: "That uses the nominal 7B; llama.param_count() is the exact count.",
+               lambda: 84e9 / 2**30: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 "
+                                     "master weights.",
+               lambda: 12 * llama.param_count() / 2**30: "12 B/param leaves out the fp32 master weights."})
 answer = ...
 ex_llama.check(answer)
 
 # %% [markdown]
-# **Exercise 2.** Which policy costs 18 bytes per parameter with AdamW?
+# **Exercise 3.** Which policy costs 18 bytes per parameter with AdamW?
 
 # %%
 ex_18 = exercises.Choice(
@@ -230,17 +325,22 @@ ex_18 = exercises.Choice(
              "mixed-bf16-fp32-grads": "bf16 weights, fp32 gradients, fp32 master",
              "mixed-fp16-fp32-accum": "fp16 weights and gradients, fp32 accumulation buffer, fp32 master",
              "bf16": "everything in bf16"},
-    hint="look for fp32 gradients next to 16-bit weights in the table of section 1")
+    hint="look for fp32 gradients next to 16-bit weights in the table of section 1",
+    diagnoses={"mixed-fp16-fp32-accum": "That one is 20: fp32 copies of both weights and gradients.",
+               "mixed-bf16": "That one is 16: ZeRO's count, with 16-bit gradients.",
+               "amp-bf16": "AMP stores 16: fp32 weights, gradients and moments."})
 answer = ...
 ex_18.check(answer)
 
 # %% [markdown]
-# **Exercise 3.** The same model with pure bf16 weights and plain SGD (no momentum): how many bytes per parameter?
+# **Exercise 4.** The same model with pure bf16 weights and plain SGD (no momentum): how many bytes per parameter?
 
 # %%
 ex_sgd = exercises.Numeric(
     "bf16-sgd", "bf16 + SGD bytes per parameter", reference=lambda: bytes_per_param("bf16", "sgd"),
-    hint="bf16 weights and bf16 gradients; plain SGD keeps no state", unit="", rtol=0.01)
+    hint="bf16 weights and bf16 gradients; plain SGD keeps no state", unit="B/param", rtol=0.01,
+    diagnoses={8: "8 is fp32 SGD (or bf16 with an fp32 master copy); pure bf16 keeps no fp32 weights.",
+               6: "6 adds a momentum buffer; plain SGD keeps none."})
 answer = ...
 ex_sgd.check(answer)
 
@@ -248,10 +348,14 @@ ex_sgd.check(answer)
 # ## Summary
 #
 # - Model states cost (weight + gradient + master + fp32 gradient buffer + optimizer moments) bytes per parameter;
-#   the policy and the optimizer each choose their terms. 16 is mixed-bf16 or fp32 with Adam; 18 and 20 are
-#   Megatron-LM's fp32-gradient recipes; pure bf16 with SGD is 4.
+#   the policy and the optimizer each choose their terms. 16 is ZeRO's mixed precision or fp32 with Adam; 18 is
+#   what Hugging Face's docs and Megatron-LM count with fp32 gradients; 20 the Ultra-Scale Playbook's fp32 copies
+#   of weights and gradients; pure bf16 with SGD is 4.
+# - AMP stores 16 but holds bf16 copies of its matmul weights from forward to backward: close to 2 B/param more
+#   through the activation peak.
 # - memlab's prediction and the exact storage count of a real training step agree to the byte here, including
-#   Adam's per-tensor step counters.
+#   Adam's per-tensor step counters: on a CPU that checks the bookkeeping; a GPU's allocator adds rounding, its
+#   cache and the transients inside the optimizer step, which phase boundaries do not see.
 # - Optimizer state appears at the first `optimizer.step()`: the first step is a memory event of its own.
 #   `zero_grad(set_to_none=True)` returns the gradients' bytes before the next forward.
 # - "1B parameters ≈ 16 GB" is 16 × 10⁹ bytes = 14.9 GiB, for mixed-bf16 + AdamW, before activations.

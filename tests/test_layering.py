@@ -113,3 +113,10 @@ def test_every_room_has_a_docstring_that_says_what_it_holds() -> None:
     for room in ("predict", "run", "measure", "compare", "course", "cli"):
         doc = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text()))
         assert doc and len(doc) > 40, f"memlab/{room}/__init__.py needs a docstring naming what the room holds"
+
+
+def test_every_public_name_of_memlab_resolves() -> None:
+    import memlab
+
+    missing = [name for name in memlab.__all__ if not hasattr(memlab, name)]
+    assert not missing, f"memlab exports names its modules do not define: {missing}"

@@ -10,7 +10,9 @@ what a CPU cannot show, and loads results recorded on a real GPU from ``data/rec
 from __future__ import annotations
 
 import json
+import math
 import random
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,12 @@ measured`` (a fraction); the report summarises ``|rel_error|`` per chapter."""
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = REPO_ROOT / "data" / "recorded"
+RECORDED_SHOWN = "recorded_shown.json"
+"""Written into ``out_dir`` by :meth:`Chapter.recorded` when GPU data is loaded: the report's provenance says which
+recorded results a page shows."""
+QUIET_WARNINGS = (r"IProgress not found",)
+"""Warning messages (regexes) silenced in a chapter's kernel: tqdm.auto's notice that ipywidgets is absent (the
+text bar it falls back to is fine); nothing a reader needs to act on."""
 """Results recorded on real GPUs: ``NAME.csv`` plus ``NAME.json`` (provenance), or ``NAME.json`` with ``rows``."""
 
 
@@ -121,6 +129,11 @@ class Chapter:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "out_dir": str(self.out_dir)}
 
+    def _repr_markdown_(self) -> str:
+        where = "/".join(self.out_dir.parts[-2:])
+        return (f"Running at scale **{self.scale}** on **{self.device}**, seed {self.seed}; figures and tables go to "
+                f"`…/{where}`.")
+
     def save_figure(self, fig: Any, name: str) -> Path:
         """Save a matplotlib figure as ``out_dir/NAME.png`` (150 dpi) and return the path.
 
@@ -175,8 +188,17 @@ class Chapter:
         return CpuNote(text.strip()) if self.on_cpu else None
 
     def recorded(self, name: str, directory: Path | str = RECORDED_DIR) -> Recorded | None:
-        """Results recorded on a real GPU (see :func:`load_recorded`), or None when the repo has none."""
-        return load_recorded(name, directory)
+        """Results recorded on a real GPU (see :func:`load_recorded`), or None when the repo has none.
+
+        Loaded results are noted in ``out_dir/recorded_shown.json`` (name and label), for the report's provenance.
+        """
+        found = load_recorded(name, directory)
+        if found is not None:
+            path = self.out_dir / RECORDED_SHOWN
+            shown = json.loads(path.read_text()) if path.exists() else {}
+            shown[name] = found.label
+            path.write_text(json.dumps(shown, indent=1))
+        return found
 
 
 def _in_notebook() -> bool:
@@ -194,8 +216,34 @@ def _safe(name: str) -> str:
     return cleaned
 
 
+def reader_number(value: float) -> str:
+    """A float as a table cell for a reader: thousands grouped and no decimals from 1,000 up (``4,484,096``,
+    ``16,000,000,000``), two decimals from 1 (``23.54``), three significant digits below (``0.222``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1e15:
+        return f"{value:.3e}"
+    if abs(value) >= 1000 or value == round(value):
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:,.2f}"
+    return f"{value:.3g}"
+
+
+def reader_display() -> None:
+    """Set pandas to show rounded numbers (:func:`reader_number`) and silence :data:`QUIET_WARNINGS`, in this
+    process: a chapter's kernel (:func:`chapter` calls it)."""
+    import pandas as pd
+
+    pd.set_option("display.float_format", reader_number)
+    pd.set_option("display.max_colwidth", 120)
+    for message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+
+
 def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: str | Path = "out") -> Chapter:
-    """Resolve a chapter's parameters, seed the random generators and create ``out_dir``.
+    """Resolve a chapter's parameters, seed the random generators, create ``out_dir`` and, inside a notebook, set
+    the display for a reader (:func:`reader_display`: rounded numbers in tables, no tqdm notice).
 
     ``out_dir`` is taken relative to the working directory (``notebooks/`` both in JupyterLab and under
     ``make report``, which injects an absolute path).
@@ -207,4 +255,6 @@ def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: s
     path = Path(out_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
+    if _in_notebook():  # a kernel's display; a test or script calling chapter() keeps pandas as it was
+        reader_display()
     return Chapter(scale=resolved_scale, device=resolved_device, seed=seed, out_dir=path)

@@ -17,6 +17,7 @@ that for the kernels it starts) or ``solutions=True`` is passed; only then does 
 from __future__ import annotations
 
 import html
+import inspect
 import math
 import os
 import re
@@ -29,10 +30,12 @@ from memlab.errors import ConfigError
 Status = Literal["correct", "incorrect", "unanswered", "invalid"]
 
 SOLUTIONS_ENV = "MEMLAB_SOLUTIONS"
+ECHO_CHARS = 40
+"""An answer echoed in a message is clipped to this many characters."""
 
 # unit -> (dimension, factor to the dimension's base unit). Decimal prefixes are powers of 1000, binary of 1024.
 _UNITS: dict[str, tuple[str, float]] = {"": ("number", 1.0), "%": ("number", 0.01), "x": ("number", 1.0)}
-for _prefix, _factor in {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}.items():
+for _prefix, _factor in {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}.items():
     _UNITS[f"{_prefix}B"] = ("bytes", _factor)
     _UNITS[f"{_prefix}FLOP"] = ("flop", _factor)
     _UNITS[f"{_prefix}FLOP/s"] = ("flop/s", _factor)
@@ -41,9 +44,15 @@ for _prefix, _power in {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5}.items():
     _UNITS[f"{_prefix}B"] = ("bytes", 1024.0**_power)
     _UNITS[f"{_prefix}B/s"] = ("bytes/s", 1024.0**_power)
 _UNITS.update({"s": ("time", 1.0), "ms": ("time", 1e-3), "us": ("time", 1e-6), "ns": ("time", 1e-9)})
-_UNITS.update({"FLOPs": _UNITS["FLOP"], "TFLOPS": _UNITS["TFLOP/s"], "GFLOPS": _UNITS["GFLOP/s"]})
+_UNITS.update({"B/param": ("bytes/param", 1.0)})
+_ALIASES = {"FLOPs": "FLOP", "TFLOPS": "TFLOP/s", "GFLOPS": "GFLOP/s", "PFLOPS": "PFLOP/s", "KB": "kB",
+            "µs": "us", "bytes": "B", "bytes/param": "B/param", "B/parameter": "B/param", "percent": "%"}
+_BY_LOWER: dict[str, str] = {name.lower(): name for name in _UNITS} | {a.lower(): u for a, u in _ALIASES.items()}
+"""Any spelling's lower case -> the canonical unit: "gib", "GIB" and "GiB" are one unit (memlab knows no bits)."""
 
-_NUMBER_WITH_UNIT = re.compile(r"^\s*([-+]?(?:\d[\d_,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%/]*)\s*$")
+_NUMBER_WITH_UNIT = re.compile(r"^\s*([-+]?[\d_,.]*\d[\d_,.]*(?:[eE][-+]?\d+)?)\s*([^\d\s].*?)?\s*$")
+_PREFIX_RATIOS = tuple(base**k for base in (1000.0, 1024.0) for k in (-3, -2, -1, 1, 2, 3))
+_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?(?:[eE][-+]?\d+)?$")
 
 
 def solutions_enabled(solutions: bool | None = None) -> bool:
@@ -53,38 +62,100 @@ def solutions_enabled(solutions: bool | None = None) -> bool:
     return os.environ.get(SOLUTIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def clip(value: Any, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with an ellipsis), for echoing a learner's answer."""
+    text = value if isinstance(value, str) else repr(value)
+    text = repr(text) if isinstance(value, str) else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _unanswered(answer: Any) -> bool:
     return answer is None or answer is Ellipsis or (isinstance(answer, str) and answer.strip() in {"", "..."})
 
 
-def parse_quantity(answer: Any, unit: str) -> float:
-    """An answer in ``unit``: a number (taken in ``unit``), ``"74.5 GiB"``, or ``(74.5, "GiB")``.
+def _is_bool(value: Any) -> bool:
+    return type(value).__name__ in {"bool", "bool_"}
 
-    Raises :class:`ConfigError` when the answer is not a number or its unit measures something else.
-    """
-    if unit not in _UNITS:
+
+def canonical_unit(unit: str) -> str | None:
+    """The canonical spelling of ``unit`` in any letter case ("gib" -> "GiB", "tflops" -> "TFLOP/s"), or None."""
+    return _BY_LOWER.get(unit.strip().lower()) if isinstance(unit, str) else None
+
+
+def _example(unit: str) -> str:
+    return f"74.5 or '74.5 {unit}'" if unit else "74.5"
+
+
+def _number(text: str, unit: str) -> tuple[float, int]:
+    """A number token read as a float, and its count of significant digits; commas only as thousands groups."""
+    cleaned = text.replace("_", "")
+    if "," in cleaned:
+        if not _THOUSANDS.match(cleaned):
+            raise ConfigError(f"{clip(text)} has a comma that is not a thousands separator, so it is ambiguous: for a "
+                              f"decimal write a point ({text.replace(',', '.')!r}), for thousands group by three "
+                              "digits (1,000).")
+        cleaned = cleaned.replace(",", "")
+    try:
+        number = float(cleaned)
+    except ValueError:
+        raise ConfigError(f"could not read {clip(text)} as a number; write e.g. {_example(unit)}.") from None
+    mantissa = re.split(r"[eE]", cleaned)[0].lstrip("+-").replace(".", "").lstrip("0")
+    digits = len(mantissa.rstrip("0")) if "." not in cleaned else len(mantissa)
+    return number, max(digits, 1)
+
+
+def _read(answer: Any, unit: str) -> tuple[float, str, int]:
+    """(number in the answer's own unit, that unit, significant digits): the parsing under :func:`parse_quantity`."""
+    want = canonical_unit(unit)
+    if want is None:
         raise ConfigError(f"unknown unit {unit!r}; known: {', '.join(sorted(k for k in _UNITS if k))}.")
+    if _is_bool(answer) or (isinstance(answer, tuple) and answer and _is_bool(answer[0])):
+        raise ConfigError(f"{clip(answer)} is a truth value, not a number; write the number, e.g. 74.5.")
     if isinstance(answer, tuple) and len(answer) == 2:
         value, given = answer
+        if not isinstance(given, str):
+            raise ConfigError(f"the unit in {clip(answer)} must be a string such as {unit or '%'!r}.")
     elif isinstance(answer, str):
         match = _NUMBER_WITH_UNIT.match(answer)
         if not match:
-            raise ConfigError(f"could not read {answer!r} as a number with a unit, e.g. '74.5 {unit}'.")
-        value, given = match.group(1).replace("_", "").replace(",", ""), match.group(2) or unit
+            raise ConfigError(f"could not read {clip(answer)} as a number{' with a unit' if want else ''}, e.g. "
+                              f"{_example(want)}.")
+        value, given = match.group(1), match.group(2) or ""
+        given = given if given else want
     else:
-        value, given = answer, unit
-    if given not in _UNITS:
-        raise ConfigError(f"unknown unit {given!r} in the answer; give the value in {unit}.")
-    if _UNITS[given][0] != _UNITS[unit][0]:
-        raise ConfigError(f"the answer is in {given} ({_UNITS[given][0]}), the question asks for {_UNITS[unit][0]}"
-                          f" in {unit}.")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"could not read {value!r} as a number; write e.g. 74.5 or '74.5 {unit}'.") from None
+        value, given = answer, want
+    given_unit = canonical_unit(given)
+    if given_unit is None or _UNITS[given_unit][0] != _UNITS[want][0]:
+        if want in {"", "x"} and given_unit not in {"%", "x", ""}:
+            raise ConfigError(f"this answer is a plain number without a unit: write the number alone (not "
+                              f"{clip(answer)}).")
+        if given_unit is None:
+            raise ConfigError(f"unknown unit {clip(given)} in the answer; give the value in {want}.")
+        raise ConfigError(f"the answer is in {given_unit} ({_UNITS[given_unit][0]}), the question asks for "
+                          f"{_UNITS[want][0]} in {want}.")
+    if isinstance(value, str):
+        number, digits = _number(value, want)
+    else:
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"could not read {clip(value)} as a number; write e.g. {_example(want)}.") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"the answer {clip(answer)} is not a finite number.")
+        digits = _number(f"{number:.15g}", want)[1]
     if not math.isfinite(number):
-        raise ConfigError(f"the answer {answer!r} is not a finite number.")
-    return number * _UNITS[given][1] / _UNITS[unit][1]
+        raise ConfigError(f"the answer {clip(answer)} is not a finite number.")
+    return number, given_unit, digits
+
+
+def parse_quantity(answer: Any, unit: str) -> float:
+    """An answer in ``unit``: a number (taken in ``unit``), ``"74.5 GiB"`` (unit in any case), or ``(74.5, "GiB")``.
+
+    Raises :class:`ConfigError` when the answer is not a number (a bool is not), its unit measures something else,
+    or a comma could be a decimal comma (``"1,2 GB"``: 1.2 or 12? write a point; ``"1,000 MB"`` is thousands).
+    """
+    number, given, _ = _read(answer, unit)
+    return number * _UNITS[given][1] / _UNITS[canonical_unit(unit)][1]
 
 
 @dataclass(frozen=True)
@@ -150,19 +221,57 @@ class _Exercise:
         return f"{self.name}: {self._format(self.expected())}"
 
 
+Diagnoses = Mapping[Any, str]
+"""Likely wrong answers and what to say about them. A key is one of: a number (a wrong answer in the exercise's
+unit, e.g. the seed's ``12`` B/param), a callable with no argument that computes such a number when the check runs
+(``lambda: 7e9``: the nominal size), or a callable with one argument, the learner's value in the exercise's unit,
+that returns True when the message applies (``lambda v: v < 1``). A number matches within the exercise's ``rtol``."""
+
+
+def _arity(fn: Callable[..., Any]) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _rounded(value: float, digits: int) -> float:
+    return float(f"{value:.{max(digits, 1)}g}")
+
+
 @dataclass(frozen=True)
 class Numeric(_Exercise):
-    """A number (with a unit) checked against a computed reference within a relative tolerance ``rtol``."""
+    """A number (with a unit) checked against a computed reference within a relative tolerance ``rtol``.
+
+    ``diagnoses`` names likely wrong answers (see :data:`Diagnoses`): a wrong answer that matches one gets its
+    message. Without one, the check says how far off the answer is and recognises four slips: an answer that is
+    the reference rounded to too few digits, a fraction given for a percentage (or the reverse), a factor of
+    1.024^k (GB for GiB) and a factor of 1000^k (a prefix).
+    """
 
     unit: str = ""
     rtol: float = 0.02
+    diagnoses: Diagnoses | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.unit not in _UNITS:
-            raise ConfigError(f"exercise {self.name!r}: unknown unit {self.unit!r}.")
-        if not 0 < self.rtol < 1:
+        canonical = canonical_unit(self.unit)
+        if canonical is None:
+            raise ConfigError(f"exercise {self.name!r}: unknown unit {self.unit!r}; known: "
+                              f"{', '.join(sorted(k for k in _UNITS if k))}.")
+        object.__setattr__(self, "unit", canonical)
+        if _is_bool(self.rtol) or not isinstance(self.rtol, (int, float)) or not 0 < self.rtol < 1:
             raise ConfigError(f"exercise {self.name!r}: rtol must be a fraction in (0, 1), got {self.rtol!r}.")
+        if self.diagnoses is not None:
+            if not isinstance(self.diagnoses, Mapping):
+                raise ConfigError(f"exercise {self.name!r}: diagnoses must map a wrong answer (a number or a "
+                                  "callable) to a message, got {type(self.diagnoses).__name__}.")
+            for key, message in self.diagnoses.items():
+                numeric = isinstance(key, (int, float)) and not _is_bool(key) and math.isfinite(key)
+                if not (numeric or callable(key)) or not isinstance(message, str) or not message.strip():
+                    raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number or a "
+                                      "callable and the message a non-empty string.")
 
     def _format(self, value: Any) -> str:
         number = float(value)
@@ -174,16 +283,34 @@ class Numeric(_Exercise):
         if _unanswered(answer):
             return self._result("unanswered", f"Not answered yet. Hint: {self.hint}", answer, solutions, self.unit)
         try:
-            value = parse_quantity(answer, self.unit)
+            number, given, digits = _read(answer, self.unit)
         except ConfigError as err:
             return self._result("invalid", f"{err} Hint: {self.hint}", answer, solutions, self.unit)
+        value = number * _UNITS[given][1] / _UNITS[self.unit][1]
         expected = float(self.expected())
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
             return self._result("correct", f"Correct: {self._format(value)} is within {self.rtol:.0%}.", answer,
                                 solutions, self.unit)
-        return self._result("incorrect", self._how_far(value, expected), answer, solutions, self.unit)
+        expected_given = expected * _UNITS[self.unit][1] / _UNITS[given][1]
+        rounded = digits < 4 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
+        return self._result("incorrect", self._how_far(value, expected, rounded, digits), answer, solutions,
+                            self.unit)
 
-    def _how_far(self, value: float, expected: float) -> str:
+    def _diagnosis(self, value: float) -> str | None:
+        for key, message in (self.diagnoses or {}).items():
+            try:
+                if callable(key) and _arity(key) >= 1:
+                    hit = bool(key(value))
+                else:
+                    wrong = float(key() if callable(key) else key)
+                    hit = math.isclose(value, wrong, rel_tol=self.rtol, abs_tol=0.0 if wrong else 1e-12)
+            except Exception:  # a diagnosis that cannot judge this answer says nothing
+                hit = False
+            if hit:
+                return message.strip()
+        return None
+
+    def _how_far(self, value: float, expected: float, rounded: bool, digits: int) -> str:
         if expected == 0:
             return f"Not yet: the answer should be zero. Hint: {self.hint}"
         ratio = value / expected
@@ -191,13 +318,27 @@ class Numeric(_Exercise):
             off = f"{abs(ratio - 1):.1%} too {'high' if ratio > 1 else 'low'}"
         else:
             off = f"off by a factor of {ratio:.3g}"
+        head = f"Not yet: {self._format(value)} is {off} (tolerance {self.rtol:.0%})."
+        diagnosis = self._diagnosis(value)
+        if diagnosis:
+            return f"{head} {diagnosis} Hint: {self.hint}"
         extra = ""
-        if self.unit.endswith(("B", "B/s")) and any(math.isclose(ratio, (1.024**k) ** s, rel_tol=self.rtol / 2)
-                                                    for k in (1, 2, 3, 4) for s in (1, -1)):
+        if rounded:
+            extra = (f" Your {digits} significant digit{'s' if digits > 1 else ''} round the right value too "
+                     "coarsely for the tolerance: give more digits.")
+        elif self.unit == "%" and math.isclose(ratio, 0.01, rel_tol=self.rtol):
+            extra = (" That looks like a fraction: the question asks for a percentage "
+                     f"({value:.4g} as a fraction is {100 * value:.4g} %).")
+        elif self.unit == "" and math.isclose(ratio, 100.0, rel_tol=self.rtol):
+            extra = (" That looks like a percentage: the question asks for a fraction "
+                     f"({value:.4g} % = {value / 100:.4g}).")
+        elif self.unit.endswith(("B", "B/s")) and any(math.isclose(ratio, (1.024**k) ** s, rel_tol=self.rtol / 2)
+                                                      for k in (1, 2, 3, 4) for s in (1, -1)):
             extra = " That ratio is a power of 1.024: check GB (10^9 B) against GiB (2^30 B)."
-        elif any(math.isclose(ratio, 10.0**k, rel_tol=self.rtol) for k in (-9, -6, -3, 3, 6, 9)):
-            extra = f" That is off by a power of 1000: check the unit ({self.unit})."
-        return f"Not yet: {self._format(value)} is {off} (tolerance {self.rtol:.0%}).{extra} Hint: {self.hint}"
+        elif any(math.isclose(ratio, prefix, rel_tol=self.rtol) for prefix in _PREFIX_RATIOS):
+            extra = (f" That is off by a power of 1000 (or 1024): check the prefix of the unit "
+                     f"({self.unit or 'a plain number'}).")
+        return f"{head}{extra} Hint: {self.hint}"
 
 
 @dataclass(frozen=True)
@@ -205,11 +346,17 @@ class Choice(_Exercise):
     """One option out of ``options`` (key -> text); the reference callable returns the right key."""
 
     options: Mapping[str, str] | None = None
+    diagnoses: Mapping[str, str] | None = None
+    """A wrong option's key -> what that choice likely misreads (shown when it is chosen)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.options or len(self.options) < 2:
+        if not isinstance(self.options, Mapping) or len(self.options) < 2:
             raise ConfigError(f"exercise {self.name!r}: a choice needs at least two options.")
+        stray = set(self.diagnoses or {}) - set(self.options)
+        if stray:
+            raise ConfigError(f"exercise {self.name!r}: diagnoses for {sorted(map(str, stray))}, which are not "
+                              "option keys.")
 
     def _format(self, value: Any) -> str:
         return f"{value} ({self.options[value]})" if value in self.options else str(value)
@@ -228,10 +375,12 @@ class Choice(_Exercise):
         key = self._key(answer)
         if key is None:
             known = ", ".join(repr(k) for k in self.options)
-            return self._result("invalid", f"{answer!r} is not one of the options {known}.", answer, solutions)
+            return self._result("invalid", f"{clip(answer)} is not one of the options {known}.", answer, solutions)
         expected = self.expected()
         if expected not in self.options:
             raise ConfigError(f"exercise {self.name!r}: the reference returned {expected!r}, not an option key.")
         if key == expected:
             return self._result("correct", f"Correct: {self._format(key)}.", answer, solutions)
-        return self._result("incorrect", f"Not yet: {key!r} is not it. Hint: {self.hint}", answer, solutions)
+        diagnosis = (self.diagnoses or {}).get(key)
+        said = f" {diagnosis.strip()}" if diagnosis else ""
+        return self._result("incorrect", f"Not yet: {key!r} is not it.{said} Hint: {self.hint}", answer, solutions)

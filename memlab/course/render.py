@@ -13,6 +13,7 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.95em} th,td{border:1px s
 text-align:left;vertical-align:top} th{background:#f6f8fa} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .status{font-weight:600;padding:1px 7px;border-radius:9px;color:#fff}
 .ok{background:#1a7f37} .cached{background:#0969da} .failed{background:#b3261e} .not-run{background:#6e7781}
+.planned{background:#8c959f}
 pre{background:#f6f8fa;padding:6px;overflow:auto;margin:.3em 0} .muted{color:#59636e}
 """
 
@@ -22,7 +23,20 @@ def _esc(value: Any) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f} %"
+    """A fraction as a percentage a reader can trust: exact zero says so, and a tiny error is not rounded to 0."""
+    if value is None:
+        return "n/a"
+    if value == 0:
+        return "0 % (exact)"
+    if value < 0.0005:
+        return f"{100 * value:.1g} %" if value >= 5e-7 else "< 0.0001 %"
+    return f"{100 * value:.1f} %"
+
+
+def _bytes(n: Any) -> str:
+    from memlab.units import fmt_bytes
+
+    return fmt_bytes(n) if isinstance(n, int | float) else "unknown"
 
 
 def _chapter_row(ch: dict[str, Any]) -> str:
@@ -38,7 +52,7 @@ def _chapter_row(ch: dict[str, Any]) -> str:
                  + (f"<pre>{_esc(err['source_head'])}</pre>" if err.get("source_head") else "") + "</details>")
     return (f'<tr class="chapter" data-chapter="{_esc(ch["id"])}" data-status="{_esc(status)}"><td>{_esc(ch["id"])}'
             f'</td><td>{link}{error}</td><td>{badge}</td><td class="num">{run}</td>'
-            f'<td class="num">{ch.get("figures", 0)}</td></tr>')
+            f'<td class="num">{"" if status in {"planned", "not run"} else ch.get("figures", 0)}</td></tr>')
 
 
 def _ledger_rows(chapters: list[dict[str, Any]]) -> str:
@@ -47,27 +61,44 @@ def _ledger_rows(chapters: list[dict[str, Any]]) -> str:
         led = ch.get("ledger")
         if not led:
             continue
-        rows.append(f'<tr><td>{_esc(ch["title"])}</td><td class="num">{led["rows"]}</td>'
+        exact = led.get("max_abs_rel_error") == 0
+        worst = "none: every row agrees exactly" if exact else led.get("worst_component") or "n/a"
+        rows.append(f'<tr><td>{_esc(ch["title"])}</td><td>{_esc(led.get("compared", "?"))}</td>'
+                    f'<td class="num">{led["rows"]}</td>'
                     f'<td class="num">{_pct(led["median_abs_rel_error"])}</td>'
                     f'<td class="num">{_pct(led["max_abs_rel_error"])}</td>'
-                    f'<td>{_esc(led["worst_component"])}</td></tr>')
+                    f'<td>{_esc(worst)}</td></tr>')
     if not rows:
         return '<p class="muted">No chapter recorded predictions next to measurements yet.</p>'
-    head = ("<tr><th>chapter</th><th>rows</th><th>median |error|</th><th>max |error|</th>"
+    head = ("<tr><th>chapter</th><th>what was compared</th><th>rows</th><th>median |error|</th><th>max |error|</th>"
             "<th>worst component</th></tr>")
     return f'<table class="ledger">{head}{"".join(rows)}</table>'
+
+
+def _recorded(prov: dict[str, Any]) -> str:
+    shown = prov.get("recorded_gpu_data") or {}
+    if not shown:
+        return "none (no page shows results recorded on a GPU)"
+    return "; ".join(f"{name} ({label})" for name, label in shown.items())
 
 
 def render_index(index: dict[str, Any]) -> str:
     """The index page: chapters with status and run time, provenance, and the prediction-error summary."""
     prov = index["provenance"]
-    dirty = {True: " (dirty: uncommitted changes)", False: "", None: ""}[prov.get("memlab_dirty")]
+    dirty = {True: " (dirty: uncommitted changes)", False: " (clean)", None: ""}[prov.get("memlab_dirty")]
+    libraries = ", ".join(f"{k} {v}" for k, v in (prov.get("libraries") or {}).items()) or "unknown"
+    cuda = f", CUDA {prov['cuda']}" if prov.get("cuda") else ""
     prov_rows = [
         ("device", f"{prov.get('device')} ({prov.get('device_kind')})"),
         ("peak figures from", prov.get("peak_source")),
+        ("hardware table revision", prov.get("hardware_table")),
+        ("recorded GPU data shown", _recorded(prov)),
         ("driver", prov.get("driver")),
-        ("torch", prov.get("torch")),
+        ("torch", f"{prov.get('torch')}{cuda}"),
         ("python", prov.get("python")),
+        ("libraries", libraries),
+        ("OS", prov.get("os")),
+        ("host memory (RAM)", _bytes(prov.get("host_memory_bytes"))),
         ("memlab commit", f"{prov.get('memlab_commit')}{dirty}"),
         ("date", prov.get("date")),
         ("scale", f"{index['scale']} (asked: {index['scale_requested']}), seed {prov.get('seed')}"),
@@ -75,7 +106,12 @@ def render_index(index: dict[str, Any]) -> str:
     prov_html = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in prov_rows)
     chapters = "".join(_chapter_row(ch) for ch in index["chapters"])
     n_failed = sum(ch["status"] == "failed" for ch in index["chapters"])
+    n_planned = sum(ch["status"] == "planned" for ch in index["chapters"])
     verdict = "All chapters ran" if not n_failed else f"{n_failed} chapter(s) failed"
+    if n_planned:
+        verdict += f" ({n_planned} more planned, not written yet)"
+    if not index.get("complete", True):
+        verdict = f"The report is being built (started {index.get('started', '?')}) or its build was interrupted"
     total_s = sum(ch.get("run_time_s") or 0 for ch in index["chapters"] if ch["status"] == "ok")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -88,7 +124,8 @@ on this machine. {_esc(verdict)}; executing them took {total_s:.0f} s (cached ch
 <table class="chapters"><tr><th>#</th><th>chapter</th><th>status</th><th>run time</th><th>figures</th></tr>
 {chapters}</table>
 <h2>Prediction errors</h2>
-<p class="muted">Per chapter, |predicted &minus; measured| / measured over the rows it recorded.</p>
+<p class="muted">Per chapter, |predicted &minus; measured| / measured over the rows it recorded, and what those
+rows compare.</p>
 {_ledger_rows(index['chapters'])}
 <h2>Provenance</h2>
 <table class="provenance">{prov_html}</table>

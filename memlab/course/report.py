@@ -24,12 +24,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from memlab.course.chapter import REPO_ROOT
+from memlab.course.chapter import RECORDED_SHOWN, REPO_ROOT
 from memlab.course.exercises import SOLUTIONS_ENV
+from memlab.course.pages import machine_paths, one_parameters_cell, render_html, scrub, write_atomic
 from memlab.course.provenance import provenance
 from memlab.course.render import render_index
 from memlab.device import SCALES, device_string, resolve_scale
@@ -39,20 +40,27 @@ CACHE_VERSION = 1
 NOTEBOOK_GLOB = "[0-9][0-9]_*.py"
 SOURCE_HEAD_LINES = 4
 
-_OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-{% block jupyter_widgets %}{% endblock jupyter_widgets %}
-{% block extra_css %}<style>main{max-width:1100px;margin:0 auto}</style>{% endblock extra_css %}
-"""
-"""nbconvert's lab template without the scripts it loads from CDNs (require.js, MathJax, mermaid, widgets): the
-chapters use plain markdown and PNG figures, which the page carries inline."""
+CHAPTERS: tuple[tuple[str, str, str], ...] = (
+    ("00", "your_machine", "Your machine: its peaks, its bandwidth, and the units they are printed in"),
+    ("01", "anatomy_of_an_oom", "Anatomy of an OOM: the message, reserved vs allocated, fragmentation"),
+    ("02", "bytes_per_param", "Sixteen bytes per parameter, and when it is 8, 18 or 20"),
+    ("03", "mixed_precision", "Mixed precision (AMP): does bf16 halve memory?"),
+    ("04", "activations", "Activations and checkpointing"),
+    ("05", "zero_fsdp", "ZeRO and FSDP: what each stage shards, per rank"),
+    ("06", "flash_attention", "FlashAttention: the s² term that disappears"),
+    ("07", "roofline_mfu", "Roofline and MFU: achieved FLOP/s against the right peak"),
+    ("08", "nvidia_smi", "nvidia-smi misreadings: utilisation and memory used"),
+    ("09", "inference", "Inference: weights, KV cache and MoE"),
+    ("10", "your_model", "Your model: the whole budget"),
+)
+"""The course plan: (number, slug, title) of every chapter. A chapter whose ``notebooks/NN_*.py`` exists is run
+(its title then comes from the notebook); the others are listed in the index as planned."""
 
 
 @dataclass(frozen=True)
 class ChapterResult:
-    """One chapter's line in the index. ``status``: ok | failed | cached | not run; times in seconds."""
+    """One chapter's line in the index. ``status``: ok | failed | cached | not run | planned; times in seconds.
+    ``recorded``: the recorded GPU results the page shows (name -> label), empty when none."""
 
     id: str
     name: str
@@ -64,6 +72,7 @@ class ChapterResult:
     error: dict[str, Any] | None = None
     ledger: dict[str, Any] | None = None
     cache_key: str = ""
+    recorded: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +81,15 @@ class ChapterResult:
 def find_notebooks(notebooks_dir: Path) -> list[Path]:
     """The chapter sources ``NN_*.py`` in ``notebooks_dir``, in chapter order."""
     return sorted(Path(notebooks_dir).glob(NOTEBOOK_GLOB))
+
+
+def planned_chapters(present: list[str], notebooks_dir: Path) -> list[ChapterResult]:
+    """The chapters of :data:`CHAPTERS` without a notebook among ``present`` (chapter numbers), as ``planned``
+    lines; none for a notebooks folder other than the course's own (a test course has its own plan)."""
+    if Path(notebooks_dir).resolve() != (REPO_ROOT / "notebooks").resolve():
+        return []
+    return [ChapterResult(id=number, name=f"{number}_{slug}", title=title, status="planned")
+            for number, slug, title in CHAPTERS if number not in present]
 
 
 def tree_hash(paths: list[Path], root: Path) -> str:
@@ -127,37 +145,39 @@ def count_figures(nb: Any) -> int:
     )
 
 
+def _compared(frame: Any) -> str:
+    """What a ledger's rows put side by side: components, units and how many experiments."""
+    def listed(column: str) -> str:
+        if column not in frame.columns:
+            return "?"
+        values = [str(v) for v in frame[column].dropna().unique()]
+        return ", ".join(values[:6]) + (f" and {len(values) - 6} more" if len(values) > 6 else "")
+
+    n = frame["experiment"].nunique() if "experiment" in frame.columns else len(frame)
+    return f"predicted vs measured {listed('component')} ({listed('unit')}) in {n} experiment{'s' * (n != 1)}"
+
+
 def ledger_summary(ledger_csv: Path) -> dict[str, Any] | None:
-    """Rows, median and max ``|rel_error|`` and the worst component of a chapter's ledger; None when absent."""
+    """Rows, median and max ``|rel_error|``, what was compared and the worst component of a chapter's ledger
+    (None when every error is zero: there is no worst); None when there is no ledger."""
     import pandas as pd
 
     if not Path(ledger_csv).exists():
         return None
     frame = pd.read_csv(ledger_csv)
     summary: dict[str, Any] = {"rows": len(frame), "median_abs_rel_error": None, "max_abs_rel_error": None,
-                               "worst_component": None}
+                               "worst_component": None, "compared": _compared(frame)}
     if "rel_error" not in frame.columns:
         return summary
     rel = pd.to_numeric(frame["rel_error"], errors="coerce").abs()
     rel = rel[rel < float("inf")]  # drops NaN and the inf of a zero measurement (its row still counts)
     if rel.empty:
         return summary
-    worst = frame.loc[rel.idxmax()]
-    summary.update(median_abs_rel_error=float(rel.median()), max_abs_rel_error=float(rel.max()),
-                   worst_component=f"{worst.get('experiment', '?')}: {worst.get('component', '?')}")
+    summary.update(median_abs_rel_error=float(rel.median()), max_abs_rel_error=float(rel.max()))
+    if rel.max() > 0:
+        worst = frame.loc[rel.idxmax()]
+        summary["worst_component"] = f"{worst.get('experiment', '?')}: {worst.get('component', '?')}"
     return summary
-
-
-def render_html(nb: Any, html_path: Path, title: str) -> None:
-    """Write an executed notebook as a self-contained HTML page (images inline, no CDN scripts)."""
-    import jinja2
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter(template_name="lab", embed_images=True,
-                            extra_loaders=[jinja2.DictLoader({"memlab_offline.html.j2": _OFFLINE_TEMPLATE})])
-    exporter.template_file = "memlab_offline.html.j2"
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    Path(html_path).write_text(body, encoding="utf-8")
 
 
 @contextmanager
@@ -173,14 +193,23 @@ def _solutions_env(on: bool) -> Iterator[None]:
             os.environ[SOLUTIONS_ENV] = old
 
 
-def _error_of(exc: BaseException) -> dict[str, Any]:
+def _error_of(exc: BaseException, paths: dict[str, str] | None = None) -> dict[str, Any]:
     ename = getattr(exc, "ename", None) or type(exc).__name__
     evalue = getattr(exc, "evalue", None)
     if evalue is None:
         evalue = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     source = getattr(exc, "source", None) or ""
-    return {"ename": ename, "evalue": str(evalue), "cell_index": getattr(exc, "cell_index", None),
-            "source_head": "\n".join(source.splitlines()[:SOURCE_HEAD_LINES])}
+    paths = paths if paths is not None else machine_paths()
+    return {"ename": ename, "evalue": scrub(str(evalue), paths), "cell_index": getattr(exc, "cell_index", None),
+            "source_head": scrub("\n".join(source.splitlines()[:SOURCE_HEAD_LINES]), paths)}
+
+
+def _recorded_shown(build: Path) -> dict[str, str]:
+    try:
+        shown = json.loads((build / RECORDED_SHOWN).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in shown.items()} if isinstance(shown, dict) else {}
 
 
 def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bool, timeout_s: int,
@@ -210,14 +239,20 @@ def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bo
         error = _error_of(exc)
     run_time_s = time.perf_counter() - start
     html, figures = None, 0
+    paths = machine_paths(out, source.parent)
     if executed.exists():
-        done = nbformat.read(executed, as_version=4)
-        figures = count_figures(done)
-        render_html(done, html_path, title)
-        html = html_path.name
+        try:
+            done = one_parameters_cell(nbformat.read(executed, as_version=4), params, source.parent)
+            figures = count_figures(done)
+            render_html(done, html_path, title, paths)
+            html = html_path.name
+        except Exception as exc:  # a page that cannot be written (a full disk) fails its chapter, not the report
+            error = error or _error_of(exc, paths)
+    if error:
+        error = {**error, "evalue": scrub(error["evalue"], paths), "source_head": scrub(error["source_head"], paths)}
     return ChapterResult(id=name[:2], name=name, title=title, status="failed" if error else "ok",
                          run_time_s=round(run_time_s, 2), html=html, figures=figures, error=error,
-                         ledger=ledger_summary(build / "ledger.csv"))
+                         ledger=ledger_summary(build / "ledger.csv"), recorded=_recorded_shown(build))
 
 
 def _cached(record: dict[str, Any] | None, key: str, out: Path, build: Path) -> bool:
@@ -259,6 +294,11 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
         raise MemlabError(f"--only {', '.join(sorted(unknown))}: no such chapter; have "
                           f"{', '.join(s.name[:2] for s in sources)}.")
     out.mkdir(parents=True, exist_ok=True)
+    title = "memlab course report" + (" (solutions)" if args.solutions else "")
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    building = {"title": title, "ok": False, "complete": False, "started": started, "scale": scale,
+                "scale_requested": args.scale, "solutions": args.solutions, "provenance": {}, "chapters": []}
+    _write_index(out, building)  # until the run completes, the index says so (an interrupted run is never "ok")
     cache_path = out / ".cache.json"
     cache = load_cache(cache_path)
     code_hash = memlab_hash()
@@ -292,19 +332,30 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
         results.append(result)
         if result.status != "not run":
             cache[name] = result.to_dict()
-    cache_path.write_text(json.dumps({"version": CACHE_VERSION, "chapters": cache}, indent=1))
+    results += planned_chapters([r.id for r in results], notebooks_dir)
+    results.sort(key=lambda r: r.id)
+    write_atomic(cache_path, json.dumps({"version": CACHE_VERSION, "chapters": cache}, indent=1))
+    shown = {f"{r.id}: {name}": label for r in results for name, label in r.recorded.items()}
     index = {
-        "title": "memlab course report" + (" (solutions)" if args.solutions else ""),
+        "title": title,
         "ok": not any(r.status == "failed" for r in results),
+        "complete": True,
+        "started": started,
         "scale": scale,
         "scale_requested": args.scale,
         "solutions": args.solutions,
-        "provenance": {**provenance(device), "scale": scale, "seed": args.seed},
+        "provenance": {**provenance(device), "scale": scale, "seed": args.seed, "recorded_gpu_data": shown},
         "chapters": [r.to_dict() for r in results],
     }
-    (out / "index.json").write_text(json.dumps(index, indent=1))
-    (out / "index.html").write_text(render_index(index), encoding="utf-8")
+    _write_index(out, index)
     return results, index
+
+
+def _write_index(out: Path, index: dict[str, Any]) -> None:
+    """``index.json`` and ``index.html``, each written atomically (see :func:`memlab.course.pages.write_atomic`);
+    the JSON first, so a reader of the JSON never finds it older than the page."""
+    write_atomic(out / "index.json", json.dumps(index, indent=1))
+    write_atomic(out / "index.html", render_index(index))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,9 +366,15 @@ def main(argv: list[str] | None = None) -> int:
     except MemlabError as err:
         print(f"memlab report: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk or an unwritable --out: the index written so far says "not complete"
+        print(f"memlab report: cannot write the report in {args.out}: {err.strerror or err}; free space or pass "
+              "--out DIR.", file=sys.stderr)
+        return 1
     failed = [r.name for r in results if r.status == "failed"]
+    planned = sum(r.status == "planned" for r in results)
     where = (args.out / "solutions" if args.solutions else args.out).resolve() / "index.html"
-    print(f"report: {where} ({len(results) - len(failed)} of {len(results)} chapters without failure)", flush=True)
+    print(f"report: {where} ({len(results) - planned - len(failed)} of {len(results) - planned} chapters without "
+          f"failure; {planned} planned)", flush=True)
     if failed:
         print(f"report: failed chapter(s): {', '.join(failed)}; their pages show the error", file=sys.stderr)
         return 1

@@ -50,6 +50,9 @@ class Accelerator(StrictInit):
     """True when the vendor publishes no datasheet figures and the row cites a third party."""
     measured: bool = False
     """True only for a CPU peak measured by :func:`detect`'s benchmark."""
+    printed_sparse_flops: Mapping[str, float] = field(default_factory=dict, hash=False)
+    """The datasheet's "with sparsity" (2:4) figures per dtype, as printed, where the row's source prints them.
+    Not always 2 x dense: the L40S datasheet prints 362.05 dense and 733 sparse bf16 TFLOP/s. Empty otherwise."""
 
     def __post_init__(self) -> None:
         check_fields(self, MemlabError)  # types and ranges from the annotations (memlab.predict.validate)
@@ -65,6 +68,12 @@ class Accelerator(StrictInit):
                 check_number(f"peak_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=MAX_PEAK_FLOPS, why=_PEAK_WHY,
                              owner=f"Accelerator {self.key!r}", err=MemlabError)
         object.__setattr__(self, "peak_flops", MappingProxyType(peaks))
+        sparse = dict(self.printed_sparse_flops or {})
+        for d, v in sparse.items():
+            if d not in PEAK_DTYPES or not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise MemlabError(f"{self.key}: printed sparse figure for {d!r} must be a positive number for one of "
+                                  f"{', '.join(PEAK_DTYPES)}, got {v!r}")
+        object.__setattr__(self, "printed_sparse_flops", MappingProxyType(sparse))
 
     @property
     def memory_gib(self) -> float:
@@ -82,18 +91,33 @@ class Accelerator(StrictInit):
             raise unknown_name("dtype", dtype, PEAK_DTYPES)
         return self.peak_flops[dtype]
 
+    def sparse_peak(self, dtype: str) -> float | None:
+        """The datasheet's printed "with sparsity" FLOP/s for ``dtype``; None where the source prints none."""
+        if dtype not in PEAK_DTYPES:
+            raise unknown_name("dtype", dtype, PEAK_DTYPES)
+        return self.printed_sparse_flops.get(dtype)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready) of every field."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["peak_flops"] = dict(self.peak_flops)
+        out["printed_sparse_flops"] = dict(self.printed_sparse_flops)
         return out
 
 
 def _row(key: str, name: str, vendor: str, form: str, mem_gib: float, bw: float,
-         peaks: tuple[float | None, ...], source: str, notes: str = "", unofficial: bool = False) -> Accelerator:
-    """A table row; ``peaks`` are dense, in :data:`PEAK_DTYPES` order, already in FLOP/s."""
+         peaks: tuple[float | None, ...], source: str, notes: str = "", unofficial: bool = False,
+         sparse: Mapping[str, float] | None = None) -> Accelerator:
+    """A table row; ``peaks`` are dense, in :data:`PEAK_DTYPES` order, already in FLOP/s; ``sparse`` the printed
+    "with sparsity" figures (FLOP/s) by dtype, where the source prints them."""
     return Accelerator(key, name, vendor, round(mem_gib * GIB), bw, dict(zip(PEAK_DTYPES, peaks, strict=True)),
-                       form, source, notes, unofficial)
+                       form, source, notes, unofficial, printed_sparse_flops=dict(sparse or {}))
+
+
+def _printed(tf32: float, bf16: float, fp8: float | None, int8: float) -> dict[str, float]:
+    """Printed sparse TFLOP/s (fp16 = bf16) as FLOP/s."""
+    out = {"tf32": tf32 * T, "bf16": bf16 * T, "fp16": bf16 * T, "int8": int8 * T}
+    return out | ({"fp8": fp8 * T} if fp8 else {})
 
 
 _SPARSE = "datasheet prints tensor figures 'with sparsity'; dense = printed / 2"
@@ -129,7 +153,7 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
          (19.5 * T, 156 * T, 312 * T, 312 * T, None, 624 * T), _A100_SRC + "; 40GB HBM2 1,555 GB/s", _A100_NOTE),
     _row("a100-80gb-sxm", "NVIDIA A100 80GB SXM4", "NVIDIA", "SXM", 80, 2039e9,
          (19.5 * T, 156 * T, 312 * T, 312 * T, None, 624 * T), _A100_SRC + "; 80GB SXM HBM2e 2,039 GB/s",
-         _A100_NOTE),
+         _A100_NOTE, sparse=_printed(312, 624, None, 1248)),
     _row("a100-40gb-pcie", "NVIDIA A100 40GB PCIe", "NVIDIA", "PCIe", 40, 1555e9,
          (19.5 * T, 156 * T, 312 * T, 312 * T, None, 624 * T), _A100_SRC + "; 40GB HBM2 1,555 GB/s", _A100_NOTE),
     _row("a100-80gb-pcie", "NVIDIA A100 80GB PCIe", "NVIDIA", "PCIe", 80, 1935e9,
@@ -155,7 +179,7 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
          "NVIDIA L40S GPU datasheet (resources.nvidia.com/en-us-l40s/l40s-datasheet-28413; nvidia.com/en-us/data-"
          "center/l40s/): FP32 91.6, TF32 183 | 366*, BF16/FP16 362.05 | 733*, FP8 733 | 1,466* TFLOPS, INT8 "
          "733 | 1,466* TOPS (* with sparsity), 48 GB GDDR6, 864 GB/s",
-         "datasheet prints dense | sparse*; dense stored as printed"),
+         "datasheet prints dense | sparse*; dense stored as printed", sparse=_printed(366, 733, 1466, 1466)),
     _row("t4", "NVIDIA T4", "NVIDIA", "PCIe", 16, 320e9,
          (8.1 * T, None, None, 65 * T, None, 130 * T),
          "NVIDIA T4 product page (nvidia.com/en-us/data-center/tesla-t4/): FP32 8.1, mixed precision FP16/FP32 65 "
@@ -166,7 +190,7 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
     _row("h100-sxm", "NVIDIA H100 SXM5 80GB", "NVIDIA", "SXM", 80, 3.35e12,
          (67 * T, 494.5 * T, 989.5 * T, 989.5 * T, 1979 * T, 1979 * T), _H100_SRC + "; SXM 80 GB HBM3, 3.35 TB/s",
          _SPARSE + " (the Hopper whitepaper, resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper, gives "
-         "dense bf16 989.4 TFLOP/s at boost clock)"),
+         "dense bf16 989.4 TFLOP/s at boost clock)", sparse=_printed(989, 1979, 3958, 3958)),
     _row("h100-pcie", "NVIDIA H100 PCIe 80GB", "NVIDIA", "PCIe", 80, 2.0e12,
          (51 * T, 378 * T, 756.5 * T, 756.5 * T, 1513 * T, 1513 * T), _H100_SRC + "; PCIe 80 GB HBM2e, 2 TB/s",
          _SPARSE),
@@ -174,7 +198,8 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
          (60 * T, 417.5 * T, 835.5 * T, 835.5 * T, 1670.5 * T, 1670.5 * T), _H100_SRC + "; NVL 94 GB HBM3, 3.9 TB/s",
          _SPARSE + "; per GPU (the 2023 datasheet printed a bridged pair: 188 GB, 7.8 TB/s)"),
     _row("h200-sxm", "NVIDIA H200 SXM 141GB", "NVIDIA", "SXM", 141, 4.8e12,
-         (67 * T, 494.5 * T, 989.5 * T, 989.5 * T, 1979 * T, 1979 * T), _H200_SRC, _SPARSE),
+         (67 * T, 494.5 * T, 989.5 * T, 989.5 * T, 1979 * T, 1979 * T), _H200_SRC, _SPARSE,
+         sparse=_printed(989, 1979, 3958, 3958)),
     _row("h200-nvl", "NVIDIA H200 NVL 141GB", "NVIDIA", "NVL", 141, 4.8e12,
          (60 * T, 417.5 * T, 835.5 * T, 835.5 * T, 1670.5 * T, 1670.5 * T), _H200_SRC, _SPARSE),
     _row("h20", "NVIDIA H20 96GB", "NVIDIA", "SXM", 96, 4.0e12,
@@ -190,7 +215,8 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
          "180 GB HBM3E, 7.7 TB/s; NVIDIA HGX B200 page (nvidia.com/en-us/data-center/hgx/): per 8 GPUs TF32 18 PF*, "
          "BF16/FP16 36 PF*, FP8/INT8 72 PF*, FP32 600 TF",
          _SPARSE + "; tf32 = HGX 8-GPU 18 PF* / 8 / 2 (the per-GPU column rounds it to 2.2 PF*); bandwidth is the "
-         "per-GPU 7.7 TB/s (the DGX B200 datasheet's 64 TB/s per 8 GPUs would give 8 TB/s)"),
+         "per-GPU 7.7 TB/s (the DGX B200 datasheet's 64 TB/s per 8 GPUs would give 8 TB/s)",
+         sparse=_printed(2200, 4500, 9000, 9000)),
     _row("gb200", "NVIDIA GB200 (one Blackwell GPU of a Grace Blackwell superchip)", "NVIDIA", "Superchip", 186,
          8e12, (80 * T, 1250 * T, 2500 * T, 2500 * T, 5000 * T, 5000 * T),
          _BLACKWELL_SRC + "GB200 NVL72 per GPU FP32 80 TF, TF32 2.5 PF*, BF16/FP16 5 PF*, FP8 10 PF*, INT8 10 POPS*, "

@@ -14,9 +14,13 @@ storage with TF32 tensor-core matmuls (a CUDA mode). Sizes scale with ``scale``:
 from __future__ import annotations
 
 import contextlib
+import math
+import re
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -46,16 +50,111 @@ def default_shapes(device: Device = None, scale: str = "auto") -> list[tuple[int
     return [(1, 2048, 2048), (16, 2048, 2048)] + [(s, s, s) for s in (256, 512, 1024, 2048)]
 
 
-def default_sizes(device: Device = None, scale: str = "auto") -> list[int]:
-    """Array sizes in bytes (per array) for the bandwidth benchmark.
+_SIZE_SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+CPU_CACHE_DIR = Path("/sys/devices/system/cpu")
 
-    The CPU ``ci`` sizes (1 and 8 MiB) fit in a server CPU's caches, so they measure cache bandwidth, not DRAM;
-    ``full`` goes to 256 MiB per array on CPU and 4 GiB on CUDA, beyond any cache."""
-    cuda = resolve_device(device).type == "cuda"
+
+def _cache_size(text: str) -> int | None:
+    """``"32768K"`` (sysfs) or ``"1048576"`` -> bytes; None when unreadable."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text or "", flags=re.IGNORECASE)
+    return int(match.group(1)) * _SIZE_SUFFIX[match.group(2).upper()] if match else None
+
+
+def _sysfs_caches(root: Path) -> dict[str, int]:
+    """Per-level sizes from ``root/cpu*/cache/index*/{level,type,size,shared_cpu_list}``; the highest level's
+    distinct instances (by the CPUs that share each) are summed into ``last_level_total``."""
+    levels: dict[str, int] = {}
+    instances: dict[tuple[str, str], int] = {}
+    for index in sorted(root.glob("cpu[0-9]*/cache/index[0-9]*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = _cache_size((index / "size").read_text())
+            shared = (index / "shared_cpu_list").read_text().strip()
+        except OSError:
+            continue
+        if size is None or kind == "Instruction":
+            continue
+        name = f"L{level}" + ("d" if kind == "Data" else "")
+        levels.setdefault(name, size)
+        instances[(name, shared)] = size
+    if not levels:
+        return {}
+    last = max(levels, key=lambda n: (int(n[1]), n))
+    return {**levels, "last_level": levels[last],
+            "last_level_total": sum(v for (n, _), v in instances.items() if n == last)}
+
+
+def _lscpu_caches() -> dict[str, int]:
+    """The same from ``lscpu -B -C=NAME,ONE-SIZE,ALL-SIZE`` (bytes), when sysfs has no cache directory."""
+    try:
+        done = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE,ALL-SIZE"], capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if len(line.split()) == 3]
+    levels = {name.upper().replace("D", "d"): int(one) for name, one, _ in rows if one.isdigit() and
+              not name.lower().endswith("i")}
+    totals = {name.upper().replace("D", "d"): int(all_) for name, _, all_ in rows if all_.isdigit()}
+    if not levels:
+        return {}
+    last = max(levels, key=lambda n: (n[1:2], n))
+    return {**levels, "last_level": levels[last], "last_level_total": totals.get(last, levels[last])}
+
+
+def cache_bytes(device: Device = None) -> dict[str, int]:
+    """The device's cache sizes in bytes: ``L1d``, ``L2``, ``L3`` ... (one instance each, as the hardware reports
+    them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances on the
+    machine: the cache a multi-threaded kernel can fill). {} when unknown.
+
+    CPU: Linux sysfs (``/sys/devices/system/cpu/cpu*/cache/index*``: level, type, size, shared_cpu_list), else
+    ``lscpu``. CUDA: the L2 from torch's device properties (``L2_cache_size``), the GPU's last level.
+    """
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+        return {"L2": l2, "last_level": l2, "last_level_total": l2} if l2 > 0 else {}
+    return _sysfs_caches(CPU_CACHE_DIR) or _lscpu_caches()
+
+
+def _mib_up(n: float) -> int:
+    return math.ceil(n / 2**20) * 2**20
+
+
+def default_sizes(device: Device = None, scale: str = "auto", caches: dict[str, int] | None = None) -> list[int]:
+    """Array sizes in bytes (per array) for the bandwidth benchmark, from the detected caches (:func:`cache_bytes`,
+    or ``caches``).
+
+    One size fits in half the L2 (cache bandwidth) and one is at least twice the whole last-level cache of the
+    machine (``last_level_total``), so the three STREAM arrays (12 or more times that cache) come from DRAM or
+    HBM. ``full`` adds sizes in between and beyond (8 x the last level on CPU, at least 4 GiB on CUDA). Without
+    cache information a last level of 512 MiB (a large server) is assumed. On CPU no size exceeds 1/16 of the
+    available memory (the three arrays then take under a fifth of it)."""
+    dev = resolve_device(device)
+    cuda = dev.type == "cuda"
+    caches = cache_bytes(dev) if caches is None else caches
     mib = 2**20
-    if resolve_scale(scale, device) == "ci":
-        return [64 * mib, 256 * mib] if cuda else [1 * mib, 8 * mib]
-    return [16 * mib, 256 * mib, 1024 * mib, 4096 * mib] if cuda else [1 * mib, 16 * mib, 64 * mib, 256 * mib]
+    llc = caches.get("last_level_total") or caches.get("last_level") or (0 if cuda else 512 * mib)
+    l2 = caches.get("L2") or caches.get("last_level") or mib
+    small = max(_mib_up(l2 / 2) if l2 >= 2 * mib else 256 * 2**10 if l2 >= 512 * 2**10 else 64 * 2**10, 64 * 2**10)
+    if cuda:
+        beyond = max(64 * mib, _mib_up(4 * llc))
+        ci, full = [beyond, 4 * beyond], [16 * mib, beyond, 4 * beyond, max(4096 * mib, 16 * beyond)]
+    else:
+        beyond = max(16 * mib, _mib_up(2 * llc))
+        middle = _mib_up(caches.get("last_level", llc) / 4) if caches.get("last_level", 0) >= 4 * mib else 2 * mib
+        ci, full = [small, beyond], [small, middle, beyond, 4 * beyond]
+        cap = _mib_up(_available_ram() / 16) if _available_ram() else None
+        ci, full = ([min(v, cap) for v in sizes] if cap else sizes for sizes in (ci, full))
+    return sorted(set(ci if resolve_scale(scale, dev) == "ci" else full))
+
+
+def _available_ram() -> int | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
 
 
 def l2_flush_bytes(device: Device = None) -> int:

@@ -111,3 +111,30 @@ def test_recorded_results_without_provenance_are_refused(tmp_path: Path) -> None
     pd.DataFrame({"x": [1]}).to_csv(tmp_path / "bare.csv", index=False)
     with pytest.raises(ConfigError, match="provenance"):
         load_recorded("bare", tmp_path)
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (371315844094.552368, "371,315,844,095"), (1.6e10, "16,000,000,000"), (4484096.0, "4,484,096"),
+    (23.540585, "23.54"), (0.222391, "0.222"), (16.0, "16"), (0.0, "0"), (float("nan"), "nan"), (-0.5, "-0.5"),
+])
+def test_tables_show_numbers_rounded_for_a_reader(value: float, shown: str) -> None:
+    from memlab.course.chapter import reader_number
+
+    assert reader_number(value) == shown
+
+
+def test_a_chapter_shows_itself_without_a_machine_path(tmp_path: Path) -> None:
+    ch = chapter("ci", "cpu", 0, tmp_path / "build" / "00_x")
+    text = ch._repr_markdown_()
+    assert "…/build/00_x" in text and str(tmp_path) not in text
+
+
+def test_recorded_gpu_data_shown_is_noted_for_the_report(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "x.json").write_text(json.dumps({"provenance": {"gpu": "NVIDIA H100"}, "rows": [{"a": 1}]}))
+    ch = chapter("ci", "cpu", 0, tmp_path / "out")
+    assert ch.recorded("absent", tmp_path / "rec") is None and not (ch.out_dir / "recorded_shown.json").exists()
+    ch.recorded("x", tmp_path / "rec")
+    assert "H100" in json.loads((ch.out_dir / "recorded_shown.json").read_text())["x"]

@@ -128,3 +128,114 @@ def test_result_is_inspectable_and_renders_in_a_notebook() -> None:
     assert result.to_dict()["status"] == "unanswered"
     assert 'data-status="unanswered"' in result._repr_html_()
     assert str(result).startswith("[gpt2-params] unanswered")
+
+
+# --- parsing: a table of answers per entry point ------------------------------------------------------------------
+
+def twelve_gb() -> Numeric:
+    return Numeric("gb", "12 GB in GB?", reference=lambda: 12.0, hint="h", unit="GB", rtol=0.01)
+
+
+@pytest.mark.parametrize(("answer", "unit", "value"), [
+    ("12 gb", "GB", 12.0), ("  12 gib ", "GiB", 12.0), ("12 GIB", "B", 12 * GIB), ("12gb", "GB", 12.0),
+    ((12, "gb"), "GB", 12.0), ("1.5 tflops", "TFLOP/s", 1.5), ("3 MS", "s", 0.003), ("25.6 percent", "", 0.256),
+    ("1,000 MB", "GB", 1.0), ("1,234,567 B", "B", 1_234_567), ("12_000 B", "kB", 12.0), ("16 b/param", "B/param", 16),
+    ("16", "B/param", 16), ("4 bytes/param", "B/param", 4), (".5 GB", "GB", 0.5), ("1e3 KB", "MB", 1.0),
+])
+def test_units_are_read_in_any_case(answer: object, unit: str, value: float) -> None:
+    assert parse_quantity(answer, unit) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(("answer", "unit", "says"), [
+    ("1,2 GB", "GB", "ambiguous"), ("12,5", "", "ambiguous"), ("1,23 GB", "GB", "decimal"),
+    (True, "GB", "truth value"), (False, "", "truth value"), ((True, "GB"), "GB", "truth value"),
+    ("4 B/param", "", "plain number without a unit"), ("16 GB", "", "plain number without a unit"),
+    ("12 parsecs", "GB", "unknown unit"), ("3 TFLOP", "GiB", "bytes"), ("lots", "GB", "could not read"),
+    ("nan GB", "GB", "could not read"), (float("inf"), "GB", "not a finite"), ("1e400 GB", "GB", "not a finite"),
+    (10**400, "GB", "could not read"), ([12], "GB", "could not read"), ((12, 3), "GB", "must be a string"),
+    ("1.2.3 GB", "GB", "could not read"),
+])
+def test_bad_answers_are_refused_with_the_reason(answer: object, unit: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse_quantity(answer, unit)
+    result = Numeric("q", "?", reference=lambda: 1.0, hint="h", unit=unit).check(answer)
+    assert result.status == "invalid" and says in result.message
+
+
+def test_numpy_bools_are_not_numbers() -> None:
+    np = pytest.importorskip("numpy")
+    assert twelve_gb().check(np.bool_(True)).status == "invalid"
+    assert twelve_gb().check(np.float64(12.0)).correct
+
+
+@pytest.mark.parametrize("answer", ["9" * 500, "x" * 500, ["y"] * 300])
+def test_long_answers_are_clipped_when_echoed(answer: object) -> None:
+    for exercise in (twelve_gb(), dense_or_sparse()):
+        message = exercise.check(answer).message
+        assert len(message) < 300 and "…" in message
+
+
+# --- diagnoses: which slip, said once --------------------------------------------------------------------------
+
+def gib_2354() -> Numeric:
+    return Numeric("gib", "?", reference=lambda: 23.54, hint="h", unit="GiB", rtol=0.01)
+
+
+@pytest.mark.parametrize(("exercise", "answer", "says", "not_says"), [
+    (gib_2354, "24", "significant digits", "1.024"),  # a plain rounding error is not a GB/GiB slip
+    (gib_2354, 24, "significant digits", "1.024"),
+    (gib_2354, "23.54 GB", "1.024", "significant"),
+    (gib_2354, "25.28", "1.024", "significant"),  # the GB figure typed as GiB
+    (gib_2354, "23.54 MiB", "power of 1000", "1.024"),
+    (lambda: Numeric("pct", "?", reference=lambda: 25.6, hint="h", unit="%"), 0.256, "fraction", "factor of 0.00"),
+    (lambda: Numeric("frac", "?", reference=lambda: 0.256, hint="h"), 25.6, "percentage", "1000"),
+])
+def test_likely_slips_get_their_own_hint(exercise, answer: object, says: str, not_says: str) -> None:
+    result = exercise().check(answer)
+    assert result.status == "incorrect"
+    assert says in result.message and not_says not in result.message
+
+
+def llama_params() -> Numeric:
+    exact = preset("llama-2-7b").param_count()
+    return Numeric("n", "Parameters of Llama-2-7B?", reference=lambda: exact, hint="h", rtol=0.005, diagnoses={
+        lambda: 7e9: "7B is the nominal size; count the parameters.",
+        12: "12 is the seed's bytes per parameter, not a count.",
+        (lambda v: v < 1e6): "Far too small: the answer is a count of parameters.",
+    })
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    ("7e9", "nominal"), (7_000_000_000, "nominal"), ("7,000,000,000", "nominal"), (12, "seed's"),
+    (500, "Far too small"), (preset("llama-2-7b").param_count() * 1.5, "too high"),
+])
+def test_diagnoses_name_the_likely_wrong_answer(answer: object, says: str) -> None:
+    result = llama_params().check(answer)
+    assert result.status == "incorrect" and says in result.message
+
+
+def test_a_diagnosis_never_overrides_a_correct_answer_or_raises() -> None:
+    exercise = Numeric("n", "?", reference=lambda: 7e9, hint="h", diagnoses={
+        lambda: 7e9: "never shown", (lambda v: 1 / 0): "broken predicate"})
+    assert exercise.check("7e9").correct
+    assert "broken" not in exercise.check("1").message
+
+
+@pytest.mark.parametrize("diagnoses", [{"12": "x"}, {12: ""}, {True: "x"}, [(12, "x")], {float("nan"): "x"}])
+def test_malformed_diagnoses_are_refused(diagnoses: object) -> None:
+    with pytest.raises(ConfigError, match="diagnos"):
+        Numeric("n", "?", reference=lambda: 1.0, hint="h", diagnoses=diagnoses)
+
+
+def test_choice_diagnoses_explain_a_wrong_option() -> None:
+    exercise = Choice("peak", "?", reference=lambda: "a", hint="h", options={"a": "dense", "b": "sparse"},
+                      diagnoses={"b": "The sparse figure assumes 2:4 sparsity."})
+    assert "2:4" in exercise.check("b").message
+    with pytest.raises(ConfigError, match="not option keys"):
+        Choice("x", "?", reference=lambda: "a", hint="", options={"a": "1", "b": "2"}, diagnoses={"c": "?"})
+
+
+def test_an_exercise_unit_in_any_case_is_canonical() -> None:
+    assert Numeric("x", "?", reference=lambda: 1.0, hint="", unit="gib").unit == "GiB"
+    with pytest.raises(ConfigError, match="unknown unit"):
+        Numeric("x", "?", reference=lambda: 1.0, hint="", unit="parsec")

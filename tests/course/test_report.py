@@ -4,21 +4,27 @@ built once, and its rendered index checked in headless Chromium."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from memlab.course import report
+from memlab.course import pages, render, report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "course"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CJK_SAMPLE = "視訊記憶體利用率"  # seed 000's title: the glyphs a CJK font must supply
+WARNING_TEXT = re.compile(r"\b[A-Z]\w*Warning\b|data-mime-type=\"application/vnd\.jupyter\.stderr\"")
+OUT_DIR_ASSIGNED = re.compile(r'out_dir</span>\s*<span class="o">=</span>')  # `out_dir = ...` in a highlighted cell
 EXTERNAL_RESOURCE = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"']?(?:https?:)?//", re.I)
 
 
@@ -62,6 +68,133 @@ def test_memlab_hash_covers_every_memlab_source_file(tmp_path: Path) -> None:
 def test_unreadable_cache_is_ignored(tmp_path: Path) -> None:
     (tmp_path / ".cache.json").write_text("{not json")
     assert report.load_cache(tmp_path / ".cache.json") == {}
+
+
+def machine_paths_in(text: str, *extra: Path) -> list[str]:
+    """Absolute paths of the build machine found in ``text``: the repository, the report, Python, tmp, home."""
+    candidates = {str(ROOT), sys.prefix, sys.base_prefix, tempfile.gettempdir() + "/", str(Path.home()) + "/",
+                  *(str(p) for p in extra)}
+    return sorted(c for c in candidates if len(c) > 2 and c in text)
+
+
+def test_ledger_summary_says_what_was_compared_and_names_no_worst_when_all_agree(tmp_path: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame({"experiment": ["a", "a", "b"], "component": ["params", "grads", "params"], "unit": "B",
+                  "rel_error": [0.0, 0.0, -0.0]}).to_csv(tmp_path / "ledger.csv", index=False)
+    summary = report.ledger_summary(tmp_path / "ledger.csv")
+    assert summary["max_abs_rel_error"] == 0 and summary["worst_component"] is None
+    assert summary["compared"] == "predicted vs measured params, grads (B) in 2 experiments"
+
+
+@pytest.mark.parametrize(("fraction", "shown"), [
+    (None, "n/a"), (0.0, "0 % (exact)"), (1e-4, "0.01 %"), (1e-9, "< 0.0001 %"), (0.1234, "12.3 %"),
+])
+def test_percentages_in_the_index_never_round_an_error_to_zero(fraction: float | None, shown: str) -> None:
+    assert render._pct(fraction) == shown
+
+
+def test_chapters_table_lists_every_present_chapter_and_plans_the_rest() -> None:
+    numbers = [number for number, _, _ in report.CHAPTERS]
+    assert numbers == sorted(set(numbers)) and numbers[0] == "00"
+    present = [p.name[:2] for p in report.find_notebooks(ROOT / "notebooks")]
+    assert set(present) <= set(numbers), "a chapter in notebooks/ is missing from report.CHAPTERS"
+    planned = report.planned_chapters(present, ROOT / "notebooks")
+    assert sorted([p.id for p in planned] + present) == numbers
+    assert all(p.status == "planned" and p.title for p in planned)
+    assert report.planned_chapters([], FIXTURES) == [], "a test course has no plan"
+
+
+def test_index_page_shows_planned_chapters_provenance_and_exact_agreement() -> None:
+    index = {"title": "t", "ok": True, "complete": True, "scale": "ci", "scale_requested": "auto",
+             "provenance": {"device": "cpu", "device_kind": "cpu", "os": "Linux 6.1 (x86_64)",
+                            "host_memory_bytes": 25276510208, "libraries": {"torch": "2.13.0", "pandas": "2.2"},
+                            "hardware_table": "abc123def456", "memlab_dirty": True, "memlab_commit": "c0ffee",
+                            "recorded_gpu_data": {}, "seed": 0},
+             "chapters": [
+                 {"id": "00", "name": "00_a", "title": "A", "status": "ok", "run_time_s": 1.0, "html": "00_a.html",
+                  "figures": 1, "ledger": {"rows": 2, "median_abs_rel_error": 0.0, "max_abs_rel_error": 0.0,
+                                           "worst_component": None, "compared": "predicted vs measured params (B)"}},
+                 {"id": "01", "name": "01_b", "title": "B", "status": "planned"}]}
+    page = render.render_index(index)
+    for text in ("Linux 6.1", "23.54 GiB", "torch 2.13.0", "abc123def456", "dirty", "none (no page shows",
+                 "0 % (exact)", "every row agrees exactly", "predicted vs measured params (B)",
+                 'data-status="planned"', "1 more planned"):
+        assert text in page, text
+    building = render.render_index({**index, "complete": False, "started": "now", "chapters": []})
+    assert "being built" in building
+
+
+def test_write_atomic_leaves_the_old_file_when_a_write_fails(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "page.html"
+    pages.write_atomic(target, "old page")
+    real_fdopen = os.fdopen
+
+    class HalfThenFull:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, text: str) -> None:
+            self.handle.write(text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pages.os, "fdopen", lambda fd, *a, **k: HalfThenFull(real_fdopen(fd, *a, **k)))
+    with pytest.raises(OSError, match="No space"):
+        pages.write_atomic(target, "new page " * 1000)
+    assert target.read_text() == "old page"
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"], "no temporary file is left behind"
+
+
+def _disk_full_after(monkeypatch: pytest.MonkeyPatch, matches) -> None:
+    """Make every atomic write whose target ``matches`` write half its text and fail as a full disk would."""
+    real = pages.write_atomic
+
+    def failing(path, text):
+        if matches(Path(path)):
+            Path(path).with_suffix(".partial").write_text(text[: len(text) // 2])  # what a disk takes before ENOSPC
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, text)
+
+    monkeypatch.setattr(pages, "write_atomic", failing)
+    monkeypatch.setattr(report, "write_atomic", failing)
+    monkeypatch.setattr(report, "memlab_hash", lambda root=ROOT: "fixed")
+
+
+def test_a_full_disk_while_writing_a_page_fails_that_chapter(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    _disk_full_after(monkeypatch, lambda p: p.name == "10_passes.html")
+    assert _run(tmp_path, "--only", "10") == 1
+    index = _index(tmp_path)
+    chapter = _by_name(index)["10_passes"]
+    assert index["ok"] is False and chapter["status"] == "failed" and chapter["html"] is None
+    assert "No space" in chapter["error"]["evalue"]
+    assert not (tmp_path / "10_passes.html").exists(), "no truncated page beside the index"
+
+
+def test_a_full_disk_while_writing_the_index_leaves_no_ok_index(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(report, "memlab_hash", lambda root=ROOT: "fixed")
+        assert _run(tmp_path, "--only", "10") == 0 or _index(tmp_path)["chapters"]
+    calls = []
+
+    def final_index(path: Path) -> bool:
+        calls.append(path.name)
+        return path.name == "index.json" and calls.count("index.json") == 2  # the in-progress index succeeds
+    _disk_full_after(monkeypatch, final_index)
+    assert _run(tmp_path, "--only", "10", "--force") == 1
+    assert "cannot write the report" in capsys.readouterr().err
+    index = _index(tmp_path)
+    assert index["ok"] is False and index["complete"] is False, "an interrupted build never reads as ok"
+    assert "being built" in (tmp_path / "index.html").read_text()
 
 
 def test_ledger_summary_skips_undefined_errors_and_names_the_worst(tmp_path: Path) -> None:
@@ -154,6 +287,18 @@ def test_pages_need_no_cdn(fixture_runs: dict) -> None:
     assert "data:image/png;base64," in (out / "10_passes.html").read_text(), "figures are embedded"
 
 
+def test_pages_show_one_parameters_cell_and_no_machine_path(fixture_runs: dict) -> None:
+    out = fixture_runs["out"]
+    for page in [out / "index.html", out / "10_passes.html", out / "11_fails.html"]:
+        html = page.read_text()
+        assert not machine_paths_in(html, out), f"{page.name} shows a path of this machine"
+    html = (out / "10_passes.html").read_text()
+    assert len(OUT_DIR_ASSIGNED.findall(html)) == 1, "the parameters cell appears once"
+    assert "[report]/build/10_passes" in html and "injected" not in html.lower()
+    counts = [int(n) for n in re.findall(r"In[\s\xa0]\[(\d+)\]", html)]
+    assert counts and counts == list(range(1, len(counts) + 1)), "In [n] has no gap where a cell was dropped"
+
+
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(tmp_path, "--only", "99") == 2
     assert "no such chapter" in capsys.readouterr().err
@@ -176,14 +321,20 @@ def course_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
 def test_every_real_chapter_executes_at_ci_scale(course_report: tuple[int, Path]) -> None:
     code, out = course_report
     index = _index(out)
-    failures = {ch["name"]: ch["error"] for ch in index["chapters"] if ch["status"] != "ok"}
+    run = [ch for ch in index["chapters"] if ch["status"] != "planned"]
+    failures = {ch["name"]: ch["error"] for ch in run if ch["status"] != "ok"}
     assert code == 0 and not failures, failures
-    names = [ch["name"] for ch in index["chapters"]]
-    assert names == sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
-    for ch in index["chapters"]:
+    assert [ch["name"] for ch in run] == sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert len(index["chapters"]) == len(report.CHAPTERS), "planned chapters are listed too"
+    for page in [out / "index.html"] + [out / ch["html"] for ch in run]:
+        html = page.read_text()
+        assert not EXTERNAL_RESOURCE.findall(html), f"{page.name} loads something from the network"
+        assert not machine_paths_in(html, out), f"{page.name} shows a path of this machine"
+        assert not WARNING_TEXT.findall(html), f"{page.name} shows warning or stderr text"
+    for ch in run:
         assert ch["figures"] >= 1, f"{ch['name']} shows no figure"
         html = (out / ch["html"]).read_text()
-        assert not EXTERNAL_RESOURCE.findall(html), f"{ch['name']} loads something from the network"
+        assert html.count("injected-parameters") == 0 and len(OUT_DIR_ASSIGNED.findall(html)) == 1, ch["name"]
 
 
 def _browser_or_skip():
@@ -197,6 +348,33 @@ def _browser_or_skip():
     return sync_playwright
 
 
+MISSING_GLYPHS = """(chars) => {
+  // Each character drawn in the page's font next to an unassigned code point (U+0378), whose drawing is the
+  // font's 'missing glyph' box: a character drawn exactly like it has no glyph here.
+  const font = "32px " + getComputedStyle(document.body).fontFamily;
+  const draw = (c) => {
+    const canvas = document.createElement("canvas"); canvas.width = 48; canvas.height = 48;
+    const ctx = canvas.getContext("2d"); ctx.font = font; ctx.fillText(c, 4, 36);
+    return Array.from(ctx.getImageData(0, 0, 48, 48).data).join(",");
+  };
+  const box = draw("\\u0378");
+  return Array.from(chars).filter((c) => draw(c) === box).join("");
+}"""
+
+
+def test_missing_glyph_check_sees_boxes() -> None:
+    sync_playwright = _browser_or_skip()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_content("<p>x</p>")
+            assert page.evaluate(MISSING_GLYPHS, "\u0379") == "\u0379", "an unassigned code point is a box"
+            assert page.evaluate(MISSING_GLYPHS, "ab") == "", "Latin letters have glyphs"
+        finally:
+            browser.close()
+
+
 @pytest.mark.slow
 def test_rendered_report_in_headless_chromium(course_report: tuple[int, Path]) -> None:
     sync_playwright = _browser_or_skip()
@@ -208,14 +386,19 @@ def test_rendered_report_in_headless_chromium(course_report: tuple[int, Path]) -
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_content(f"<p>{CJK_SAMPLE}</p>")
+            assert not page.evaluate(MISSING_GLYPHS, CJK_SAMPLE), (
+                "CJK glyphs render as boxes: install a CJK font (make chromium installs fonts-noto-cjk)")
             page.goto((out / "index.html").as_uri())
             rows = page.locator("tr.chapter")
             assert rows.count() == len(index["chapters"])
             links = page.locator("tr.chapter a")
             hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
-            assert hrefs == [ch["html"] for ch in index["chapters"]]
+            assert hrefs == [ch["html"] for ch in index["chapters"] if ch.get("html")]
+            planned = page.locator('tr.chapter[data-status="planned"]')
+            assert planned.count() == sum(ch["status"] == "planned" for ch in index["chapters"])
             page.screenshot(path=str(shots / "index.png"), full_page=True)
-            for ch in index["chapters"]:
+            for ch in [ch for ch in index["chapters"] if ch.get("html")]:
                 page.goto((out / ch["html"]).as_uri())
                 page.wait_for_load_state("load")
                 assert page.title(), f"{ch['name']} has a title"
@@ -223,6 +406,9 @@ def test_rendered_report_in_headless_chromium(course_report: tuple[int, Path]) -
                 assert len(images) >= max(1, ch["figures"]), f"{ch['name']}: figures missing"
                 broken = [i for i, (complete, width) in enumerate(images) if not complete or width == 0]
                 assert not broken, f"{ch['name']}: broken images {broken}"
+                cjk = "".join(sorted(set(re.findall(r"[\u3000-\u9fff\uf900-\ufaff]", page.inner_text("body")))))
+                missing = page.evaluate(MISSING_GLYPHS, cjk) if cjk else ""
+                assert not missing, f"{ch['name']}: no glyph for {missing!r} (boxes): install a CJK font"
                 page.screenshot(path=str(shots / f"{ch['name']}.png"))
         finally:
             browser.close()

@@ -277,3 +277,23 @@ def test_resolve_returns_none_for_anything_unrecognised(name, total):
 
 
 # -- detect() -----------------------------------------------------------------------------------------------------
+
+
+def test_printed_sparse_figures_are_kept_as_printed_beside_unchanged_dense_peaks() -> None:
+    l40s = hw.gpu("l40s")
+    assert l40s.peak("bf16") == pytest.approx(362.05e12), "dense stays as the datasheet prints it"
+    assert l40s.sparse_peak("bf16") == pytest.approx(733e12) != pytest.approx(2 * l40s.peak("bf16"))
+    for key in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "l40s", "b200"):
+        row = hw.gpu(key)
+        for dtype, sparse in row.printed_sparse_flops.items():
+            assert 1.9 < sparse / row.peak(dtype) < 2.1, (key, dtype)
+    assert hw.gpu("mi300x").sparse_peak("bf16") is None, "no printed figure in the row's source"
+    assert hw.gpu("l40s").to_dict()["printed_sparse_flops"]["fp8"] == pytest.approx(1466e12)
+
+
+@pytest.mark.parametrize("sparse", [{"bf17": 1e12}, {"bf16": -1.0}, {"bf16": float("nan")}, {"bf16": "733"}])
+def test_bad_printed_sparse_figures_are_refused(sparse: dict) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(MemlabError, match="sparse"):
+        replace(hw.gpu("l40s"), printed_sparse_flops=sparse)

@@ -144,3 +144,58 @@ def test_cuda_matmul_and_bandwidth_rows() -> None:
     assert bf16 > fp32  # tensor cores: on any GPU with bf16 support this holds by a wide margin
     bw = bandwidth_bytes_per_s(sizes=[256 * 2**20], device="cuda", scale="ci", repeats=5, warmup=2)
     assert set(bw["status"]) == {"ok"} and (bw["bytes_per_s"] > 0).all()
+
+
+# --- cache sizes and the bandwidth array sizes they choose ---------------------------------------------------
+
+def _fake_sysfs(root, cpus: int, l3_groups: list[str]) -> None:
+    """cpu0..cpuN-1 each with L1d 48K, L1i 32K, L2 1024K (private) and an L3 of 32 MiB shared per group."""
+    for cpu in range(cpus):
+        for i, (level, kind, size, shared) in enumerate([
+            ("1", "Data", "48K", str(cpu)), ("1", "Instruction", "32K", str(cpu)), ("2", "Unified", "1024K", str(cpu)),
+            ("3", "Unified", "32768K", next(g for g in l3_groups if str(cpu) in g.split(","))),
+        ]):
+            index = root / f"cpu{cpu}" / "cache" / f"index{i}"
+            index.mkdir(parents=True)
+            for name, value in (("level", level), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+                (index / name).write_text(value + "\n")
+
+
+@pytest.mark.parametrize(("cpus", "groups", "total_mib"), [(2, ["0,1"], 32), (4, ["0,1", "2,3"], 64)])
+def test_cache_bytes_reads_sysfs_and_sums_last_level_instances(tmp_path, monkeypatch, cpus, groups,
+                                                               total_mib) -> None:
+    from memlab.run import roofline
+
+    _fake_sysfs(tmp_path, cpus, groups)
+    monkeypatch.setattr(roofline, "CPU_CACHE_DIR", tmp_path)
+    caches = roofline.cache_bytes("cpu")
+    assert caches["L1d"] == 48 * 2**10 and caches["L2"] == 2**20 and caches["L3"] == 32 * 2**20
+    assert "L1i" not in caches and caches["last_level"] == 32 * 2**20
+    assert caches["last_level_total"] == total_mib * 2**20
+
+
+def test_cache_bytes_of_this_machine_are_plausible() -> None:
+    from memlab.run.roofline import cache_bytes
+
+    caches = cache_bytes("cpu")
+    if not caches:
+        pytest.skip("this machine reports no cache sizes (no sysfs cache directory, no lscpu)")
+    assert 0 < caches["last_level"] <= caches["last_level_total"]
+
+
+@pytest.mark.parametrize("caches", [
+    {"L2": 2**20, "L3": 32 * 2**20, "last_level": 32 * 2**20, "last_level_total": 32 * 2**20},  # this VM
+    {"L2": 2 * 2**20, "L3": 32 * 2**20, "last_level": 32 * 2**20, "last_level_total": 480 * 2**20},  # a server
+    {},  # unknown
+])
+@pytest.mark.parametrize("scale", ["ci", "full"])
+def test_bandwidth_sizes_span_a_cache_resident_and_a_dram_array(caches: dict, scale: str) -> None:
+    from memlab.run.roofline import default_sizes
+
+    sizes = default_sizes("cpu", scale, caches=caches)
+    llc = caches.get("last_level_total", 512 * 2**20)
+    assert min(sizes) <= caches.get("L2", 2**20) / 2 or min(sizes) == 64 * 2**10
+    import psutil
+
+    cap = psutil.virtual_memory().available / 16
+    assert max(sizes) >= 2 * llc or max(sizes) >= cap - 2**20, "one array is beyond the whole last-level cache"
