@@ -42,10 +42,10 @@ SOURCE_HEAD_LINES = 4
 
 CHAPTERS: tuple[tuple[str, str, str], ...] = (
     ("00", "your_machine", "Your machine: its peaks, its bandwidth, and the units they are printed in"),
-    ("01", "anatomy_of_an_oom", "Anatomy of an OOM: the message, reserved vs allocated, fragmentation"),
+    ("01", "oom", "Anatomy of an OOM: the message, reserved vs allocated, fragmentation"),
     ("02", "bytes_per_param", "Sixteen bytes per parameter, and when it is 8, 18 or 20"),
     ("03", "mixed_precision", "Mixed precision (AMP): does bf16 halve memory?"),
-    ("04", "activations", "Activations and checkpointing"),
+    ("04", "activations_checkpointing", "Activations and checkpointing"),
     ("05", "zero_fsdp", "ZeRO and FSDP: what each stage shards, per rank"),
     ("06", "flash_attention", "FlashAttention: the s² term that disappears"),
     ("07", "roofline_mfu", "Roofline and MFU: achieved FLOP/s against the right peak"),
