@@ -6,6 +6,7 @@ conventions every row follows are in that module's docstring. No torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
