@@ -79,3 +79,24 @@ def kv_waste(lengths: Any, *, max_len: int = 2048, block_tokens: int = 16) -> li
         rows.append({"policy": policy, "requests": int(n.size), "used_tokens": used, "reserved_tokens": res,
                      "wasted_fraction": (res - used) / res, "used_share": used / res})
     return rows
+
+
+def max_sequences(config: Any, capacity_bytes: int, context: int, *, weights: str = "bf16", kv_dtype: str = "bf16",
+                  tp: int = 1) -> int:
+    """Sequences of ``context`` tokens whose KV cache fits next to the weights in ``capacity_bytes`` (decode-time
+    memory: weights + KV cache, no activations, no allocator margin), on one of ``tp`` tensor-parallel devices.
+
+    This is the serving engines' view: they size the KV pool from what the weights leave [kwon2023] and compute
+    prefill logits for the last token only, so the estimator's full-prompt transient (fp32 logits for every
+    prompt token, as a plain Hugging Face forward makes) is left out here.
+    """
+    from memlab.predict.estimate import estimate
+    from memlab.predict.inference import kv_cache_bytes
+    from memlab.predict.setup import Setup
+
+    if not isinstance(context, int) or context <= 0:
+        raise SetupError(f"context must be a positive integer, got {context!r}")
+    w = estimate(config, Setup(mode="inference", batch=1, seq=1, inference_weights=weights, kv_cache_dtype=kv_dtype,
+                               tp=tp)).params_bytes
+    per_seq = kv_cache_bytes(config, 1, context, kv_dtype, tp)
+    return max(0, int((capacity_bytes - w) // per_seq))
