@@ -70,12 +70,12 @@ class TransformerConfig:
     name: str = "custom"
     """A label for tables and plots."""
     n_experts: int = 1
-    """Routed MLP experts per layer (mixture of experts when > 1; Shazeer et al. 2017, Fedus et al. 2021). Each
+    """Routed MLP experts per layer (mixture of experts when > 1; [shazeer2017], [fedus2021]). Each
     expert is a full MLP of width d_ff; a bias-free router (n_experts x h) picks ``top_k`` of them per token."""
     top_k: int = 1
     """Routed experts each token runs through (Mixtral: 2 of 8)."""
     n_shared_experts: int = 0
-    """Experts every token runs through besides the routed ones (DeepSeekMoE's shared experts, Dai et al. 2024)."""
+    """Experts every token runs through besides the routed ones (DeepSeekMoE shared experts [dai2024])."""
 
     def __post_init__(self) -> None:
         for fname in ("d_model", "n_layers", "n_heads", "vocab_size", "max_seq"):

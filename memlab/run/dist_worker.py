@@ -6,7 +6,7 @@ start-up is the slow part of a launch, so one launch serves all strategies of on
 
 - ``ddp``: ``DistributedDataParallel``, AdamW (ZeRO stage 0);
 - ``zero1``: DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW states partitioned: stage 1);
-- ``fsdp2-zero2``: FSDP2 ``fully_shard`` per block and root, ``reshard_after_forward=False`` (parameters stay
+- ``fsdp2-zero2``: FSDP2 ``fully_shard`` [pytorch-fsdp2] per block and root, ``reshard_after_forward=False`` (parameters stay
   gathered from forward to backward: ZeRO-2-like memory with sharded states and gradients);
 - ``fsdp2-zero3``: the same with ``reshard_after_forward=True`` (ZeRO-3: each block re-gathered in backward);
 - ``fsdp2-offload``: ZeRO-3 plus ``CPUOffloadPolicy`` (sharded parameters, gradients and AdamW states in host
@@ -205,6 +205,8 @@ def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("collective_timeout_s", 60))))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
+        if spec.get("fail_rank") == rank:
+            raise RuntimeError(f"rank {rank} fails on purpose (WorkerSpec.fail_rank={rank})")
         rows = [run_strategy(s, spec, rank, world, device) for s in spec["strategies"]]
     except BaseException:
         (out_dir / f"rank{rank}.error").write_text(traceback.format_exc())

@@ -45,6 +45,8 @@ class WorkerSpec:
     device: str = "auto"
     """auto: NCCL on CUDA when torch sees GPUs, else gloo on CPU; cpu forces gloo."""
     collective_timeout_s: float = 60.0
+    fail_rank: int | None = None
+    """A rank that raises on purpose before its first strategy (to exercise the error path); None for none."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -142,9 +144,10 @@ def _run(cmd: list[str], timeout_s: float, threads_per_rank: int, what: str) -> 
 
 def _collect(out: Path, nproc: int, returncode: int, log: str) -> tuple[dict[str, Any], ...]:
     """Every rank's rows from ``out``, or a :class:`LaunchError` naming the first failing rank and its traceback."""
-    errors = sorted(out.glob("rank*.error"))
+    errors = sorted(out.glob("rank*.error"), key=lambda f: f.stat().st_mtime_ns)  # the first to fail is the cause
     if errors:
-        raise LaunchError(f"{errors[0].stem} of {nproc} failed (exit status {returncode}):\n"
+        others = f"; {len(errors) - 1} other rank(s) failed after it" if len(errors) > 1 else ""
+        raise LaunchError(f"{errors[0].stem} of {nproc} failed first (exit status {returncode}){others}:\n"
                           f"{_tail(errors[0].read_text())}")
     files = [out / f"rank{r}.json" for r in range(nproc)]
     missing = [f.stem for f in files if not f.exists()]

@@ -1,8 +1,8 @@
 """A mixture-of-experts MLP for the reference GPT (``TransformerConfig.n_experts > 1``).
 
-Top-k token-choice routing as in Mixtral (Jiang et al. 2024, Sec. 2): a bias-free router scores the
+Top-k token-choice routing as in Mixtral [jiang2024, Sec. 2]: a bias-free router scores the
 ``n_experts`` experts per token, the top ``top_k`` are kept and their softmax-renormalised weights scale the
-experts' outputs; ``n_shared_experts`` MLPs run on every token (DeepSeekMoE, Dai et al. 2024). Each expert is a
+experts' outputs; ``n_shared_experts`` MLPs run on every token (DeepSeekMoE [dai2024]). Each expert is a
 :class:`memlab.run.gpt.MLP`, so parameter names are ``mlp.router.weight``, ``mlp.experts.<e>.*`` and
 ``mlp.shared.<e>.*``, exactly :meth:`TransformerConfig.param_shapes`.
 
