@@ -6,8 +6,8 @@ start-up is the slow part of a launch, so one launch serves all strategies of on
 
 - ``ddp``: ``DistributedDataParallel``, AdamW (ZeRO stage 0);
 - ``zero1``: DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW states partitioned: stage 1);
-- ``fsdp2-zero2``: FSDP2 ``fully_shard`` [pytorch-fsdp2] per block and root, ``reshard_after_forward=False`` (parameters stay
-  gathered from forward to backward: ZeRO-2-like memory with sharded states and gradients);
+- ``fsdp2-zero2``: FSDP2 ``fully_shard`` [pytorch-fsdp2] per block and root, ``reshard_after_forward=False``
+  (parameters stay gathered from forward to backward: ZeRO-2-like memory with sharded states and gradients);
 - ``fsdp2-zero3``: the same with ``reshard_after_forward=True`` (ZeRO-3: each block re-gathered in backward);
 - ``fsdp2-offload``: ZeRO-3 plus ``CPUOffloadPolicy`` (sharded parameters, gradients and AdamW states in host
   memory; needs an accelerator, skipped with the reason on a CPU-only run).
