@@ -1,4 +1,4 @@
-"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``.
+"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``, ``shard``.
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
@@ -360,13 +360,16 @@ COMMANDS: tuple[Command, ...] = (
             lambda p: _lazy("measure_arguments")(p), lambda a: _lazy("run_measure")(a)),
     Command("ledger", "measure the validation grid and print the estimator's achieved errors",
             lambda p: _lazy("ledger_arguments")(p), lambda a: _lazy("run_ledger")(a)),
+    Command("shard", "launch torchrun ranks (DDP, ZeRO-1, FSDP2) and print per-rank bytes and bytes moved",
+            lambda p: _lazy("shard_arguments", "shard")(p), lambda a: _lazy("run_shard", "shard")(a)),
 )
 
 
-def _lazy(name: str) -> Callable[..., Any]:
-    """A function of :mod:`memlab.cli.measure`, imported only when its subcommand is used (it imports torch)."""
-    from memlab.cli import measure as cli_measure
-    return getattr(cli_measure, name)
+def _lazy(name: str, module: str = "measure") -> Callable[..., Any]:
+    """A function of :mod:`memlab.cli.measure` (or ``module``), imported only when its subcommand is used (torch)."""
+    import importlib
+
+    return getattr(importlib.import_module(f"memlab.cli.{module}"), name)
 """The subcommands, in help order. Add a :class:`Command` here to extend ``memlab``."""
 
 

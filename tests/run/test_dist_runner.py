@@ -80,3 +80,11 @@ def test_bad_specs_and_commands_are_refused() -> None:
         torchrun_command(8, nnodes=2)
     cmd = torchrun_command(8, nnodes=2, rdzv_endpoint="host:29500")
     assert cmd[cmd.index("--rdzv-backend") + 1] == "c10d" and "--standalone" not in cmd
+
+
+def test_memlab_shard_prints_the_ledger(capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.cli import main
+
+    assert main(["shard", "--preset", "tiny-gpt", "--ranks", "1", "--strategies", "ddp,fsdp2-zero3", "--cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-gpt ddp N=1" in out and "fsdp2-zero3" in out
