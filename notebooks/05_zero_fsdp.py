@@ -157,6 +157,9 @@ comm["predicted / Ψ"] = [predicted_rank(model, s, n)["comm_volume"] / psi for s
 comm["wire bytes/rank (ring)"] = [ring_wire_bytes(v, n) for v, n in
                                   zip(comm["comm_volume_bytes"], comm["world_size"], strict=True)]
 comm["gathered / full params"] = comm["gathered_peak_bytes"] / psi
+if not ch.on_cpu:  # the step-time cost of the traffic and the allocator's peak, measured on NCCL ranks
+    cuda_cols = measured.groupby(["strategy", "world_size"], sort=False)[["step_time_s", "cuda_peak_allocated_bytes"]]
+    comm = comm.merge(cuda_cols.mean().reset_index(), on=["strategy", "world_size"])
 ch.save_table(comm, "communication")
 fig, ax = plt.subplots(figsize=(7, 3.4))
 top = comm[comm["world_size"] == max(sizes)]
