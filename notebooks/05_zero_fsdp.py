@@ -56,8 +56,10 @@ ch.to_dict()
 # 3Ψ for stage 3, which all-gathers the parameters again in backward (`memlab.predict.communication`).
 
 # %%
-model = preset("tiny-gpt") if ch.scale == "ci" else preset("gpt2")
-batch, seq = (2, 32) if ch.scale == "ci" else (4, 512)
+gpus = torch.cuda.device_count() if ch.device.startswith("cuda") else 0
+on_gpus = ch.scale == "full" and gpus >= 2  # one NCCL rank per GPU; otherwise gloo ranks on the CPU
+model = preset("gpt2") if on_gpus else preset("tiny-gpt")
+batch, seq = (4, 512) if on_gpus else (2, 32)
 STRATEGIES = ["ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload"]
 psi = 4 * model.param_count()  # fp32 gradients: one copy, in bytes
 formula = pd.DataFrame([{"strategy": s, **{f"N={n}": sum(predicted_rank(model, s, n, batch=batch, seq=seq)[c]
@@ -91,10 +93,9 @@ ex_comm.check(answer)
 # traceback; a launch past its timeout is killed.
 
 # %%
-gpus = torch.cuda.device_count() if ch.device.startswith("cuda") else 0
-sizes = (1, 2, 4) if ch.scale == "ci" or gpus < 2 else tuple(n for n in (1, 2, 4, 8) if n <= gpus)
-spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIES), steps=1 if ch.on_cpu else 3,
-                  device="cpu" if ch.on_cpu else "auto")
+sizes = tuple(n for n in (1, 2, 4, 8) if n <= gpus) if on_gpus else (1, 2, 4)
+spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIES), steps=3 if on_gpus else 1,
+                  device="auto" if on_gpus else "cpu")
 runs = launch_sweep(spec, sizes, timeout_s=180)
 rows = [r for run in runs.values() for r in run.rows]
 measured = pd.DataFrame([r for r in rows if r["status"] == "ok"])
@@ -105,6 +106,8 @@ measured.groupby(["strategy", "world_size"], sort=False)[["params_bytes", "grads
                                                           "gathered_peak_bytes", "comm_volume_bytes"]].mean()
 
 # %%
+if not on_gpus and not ch.on_cpu:
+    print(f"{gpus} GPU(s) visible: the ranks ran on the CPU with gloo; NCCL ranks need one GPU each")
 ch.cpu_note("gloo ranks on CPU cores share one memory: the bytes per rank are exact, but there is no allocator "
             "peak, no offload (host and device are the same memory, so the offload row is skipped) and no "
             "meaningful step time or bandwidth; a multi-GPU run measures those with NCCL.")
@@ -157,7 +160,7 @@ comm["predicted / Ψ"] = [predicted_rank(model, s, n)["comm_volume"] / psi for s
 comm["wire bytes/rank (ring)"] = [ring_wire_bytes(v, n) for v, n in
                                   zip(comm["comm_volume_bytes"], comm["world_size"], strict=True)]
 comm["gathered / full params"] = comm["gathered_peak_bytes"] / psi
-if not ch.on_cpu:  # the step-time cost of the traffic and the allocator's peak, measured on NCCL ranks
+if on_gpus:  # the step-time cost of the traffic and the allocator's peak, measured on NCCL ranks
     cuda_cols = measured.groupby(["strategy", "world_size"], sort=False)[["step_time_s", "cuda_peak_allocated_bytes"]]
     comm = comm.merge(cuda_cols.mean().reset_index(), on=["strategy", "world_size"])
 ch.save_table(comm, "communication")

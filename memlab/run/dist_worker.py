@@ -193,11 +193,26 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
     return row
 
 
+def _guarded(strategy: str, spec: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:
+    """:func:`run_strategy`, with an error that every rank raises alike (an unsupported option on this device, say)
+    recorded as a row with ``status="error"`` so the other strategies still run."""
+    try:
+        return run_strategy(strategy, spec, rank, world, device)
+    except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
+        gc.collect()
+        dist.barrier()
+        return {"strategy": strategy, "rank": rank, "world_size": world, "device": str(device), "status": "error",
+                "reason": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     """Initialise the process group (NCCL on CUDA, gloo on CPU), run every strategy, write this rank's rows."""
     out_dir = Path(out_dir)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() and spec.get("device", "auto") != "cpu"
+    if use_cuda and local >= torch.cuda.device_count():
+        raise RuntimeError(f"local rank {local} has no GPU ({torch.cuda.device_count()} visible): launch at most that "
+                           "many ranks per node, or set WorkerSpec(device='cpu') for gloo ranks")
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -207,7 +222,7 @@ def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     try:
         if spec.get("fail_rank") == rank:
             raise RuntimeError(f"rank {rank} fails on purpose (WorkerSpec.fail_rank={rank})")
-        rows = [run_strategy(s, spec, rank, world, device) for s in spec["strategies"]]
+        rows = [_guarded(s, spec, rank, world, device) for s in spec["strategies"]]
     except BaseException:
         (out_dir / f"rank{rank}.error").write_text(traceback.format_exc())
         raise

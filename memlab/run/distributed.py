@@ -157,9 +157,15 @@ def _collect(out: Path, nproc: int, returncode: int, log: str) -> tuple[dict[str
     return tuple(row for f in files for row in json.loads(f.read_text()))
 
 
-def _check_spec(spec: WorkerSpec) -> None:
+def _check_spec(spec: WorkerSpec, largest: int) -> None:
     if not isinstance(spec, WorkerSpec):
         raise SetupError(f"spec must be a memlab.run.distributed.WorkerSpec, got {type(spec).__name__}")
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if spec.device == "auto" and gpus and largest > gpus:
+        raise SetupError(f"{largest} ranks need {largest} GPUs on this node, {gpus} visible: launch fewer ranks, or "
+                         "WorkerSpec(device='cpu') for gloo ranks on the CPU")
 
 
 def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0, threads_per_rank: int = 1) -> \
@@ -170,7 +176,7 @@ def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0, t
     rank fails, when a rank wrote nothing, or after ``timeout_s`` seconds (torchrun and its ranks are killed).
     ``threads_per_rank`` sets OMP_NUM_THREADS so N ranks do not oversubscribe the CPU cores.
     """
-    _check_spec(spec)
+    _check_spec(spec, nproc_per_node)
     with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
         cmd = [*torchrun_command(nproc_per_node), "-m", "memlab.run.dist_worker", json.dumps(spec.to_dict()), tmp]
         code, log, wall = _run(cmd, timeout_s, threads_per_rank, f"torchrun with {nproc_per_node} rank(s)")
@@ -187,10 +193,10 @@ def launch_sweep(spec: WorkerSpec, world_sizes: tuple[int, ...] = (1, 2, 4), *, 
     once instead of N + 1 times per launch: the same ranks, rendezvous and collectives, a few seconds instead of
     tens. ``timeout_s`` bounds the whole sweep; errors as in :func:`launch`. ``wall_s`` of each run is the sweep's.
     """
-    _check_spec(spec)
     sizes = tuple(world_sizes)
     if not sizes or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in sizes):
         raise SetupError(f"world_sizes must be positive integers, got {world_sizes!r}")
+    _check_spec(spec, max(sizes))
     with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
         cmd = [sys.executable, "-m", "memlab.run.dist_worker", "--sweep", json.dumps(spec.to_dict()), tmp,
                ",".join(map(str, sizes))]
