@@ -2,10 +2,12 @@
 
 The package is laid out in the order of the flow, one room per step::
 
-    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware
-    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline
+    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware,
+               communication (ZeRO volumes), paging (KV reservations)
+    run/       the reference GPT (+ MoE MLP), the training step's torch wiring, optimizers, runner, sweeps,
+               roofline, distributed (torchrun launches + the rank worker), quantized (int8)
     measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
-    compare/   prediction next to measurement: the ledger and its plots
+    compare/   prediction next to measurement: the ledger, its plots, data-parallel strategies (sharding)
     course/    chapters, exercises, the papermill report and its pages, provenance
     cli/       the ``memlab`` command, one module per subcommand
 
