@@ -141,7 +141,8 @@ for ax, n in zip(axes, sizes, strict=True):
     ax.tick_params(axis="x", rotation=60)
 axes[0].set_ylabel("MiB per rank (measured)")
 axes[0].legend(fontsize=8)
-fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {measured['backend'].iloc[0]} ranks")
+fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {measured['backend'].iloc[0]} ranks",
+             y=1.03)
 ch.save_figure(fig, "states_per_rank")
 plt.show()
 
