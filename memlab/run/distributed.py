@@ -168,6 +168,18 @@ def _check_spec(spec: WorkerSpec, largest: int) -> None:
                          "WorkerSpec(device='cpu') for gloo ranks on the CPU")
 
 
+def run_script(script: Path | str, args: list[str], nproc_per_node: int, *, timeout_s: float = 180.0,
+               threads_per_rank: int = 1) -> str:
+    """Run any rank script under ``torchrun --standalone`` with the launcher's guarantees: killed with its ranks
+    after ``timeout_s``, a :class:`LaunchError` with the log's last lines on a non-zero exit. Returns the log."""
+    cmd = [*torchrun_command(nproc_per_node), str(script), *map(str, args)]
+    code, log, _ = _run(cmd, timeout_s, threads_per_rank, f"torchrun {Path(script).name} with {nproc_per_node} rank(s)")
+    if code != 0:
+        raise LaunchError(f"torchrun {Path(script).name} with {nproc_per_node} rank(s) exited with {code}. "
+                          f"Last lines of its log:\n{_tail(log)}")
+    return log
+
+
 def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0, threads_per_rank: int = 1) -> \
         DistributedRun:
     """Run ``spec`` on ``nproc_per_node`` local ranks with the ``torchrun`` command line; every rank's rows.
