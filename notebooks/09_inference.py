@@ -200,8 +200,10 @@ pd.Series({"int8 weight bytes, measured": q["int8_weight_bytes"],
            "quantised layers": q["quantized_layers"]}).to_frame(f"{q_cfg.name}")
 
 # %% [markdown]
-# Seed 000's "2-4× smaller" holds with a qualification: against 16-bit weights, int8 gives just under 2× and int4
-# just under 4× (scales, embeddings and the head stay); against fp32 the factors double.
+# Seed 000's "2-4× smaller" holds with a qualification: against 16-bit weights int8 gives a little under 2×, and
+# int4 falls short of 4× by as much as the model's unquantised part weighs (scales, norms, and above all the
+# embedding and LM head: Llama-3's untied 128k-row vocabulary keeps its ratio near 3×); against fp32 the factors
+# double.
 
 # %% [markdown]
 # ## 5. PagedAttention: what contiguous reservations waste
@@ -338,8 +340,9 @@ ex_users.check(answer)
 # - Inference memory is weights + KV cache + a transient; the KV cache is 2 × layers × KV heads × head_dim ×
 #   bytes per token and grows linearly with context × users, as measured byte for byte on the reference GPT.
 #   GQA divides it by n_heads / n_kv_heads.
-# - int8 weights were measured on the CPU (torch's dynamic quantisation, matching the estimator's count); int8/int4
-#   save just under 2× / 4× against bf16: seed 000's "2-4×" holds against 16-bit weights.
+# - int8 weights were measured on the CPU (torch's dynamic quantisation, matching the estimator's count); against
+#   bf16, int8 saves a little under 2× and int4 between about 3× and 4×, less for large vocabularies: seed 000's
+#   "2-4×" holds against 16-bit weights, with the embeddings and head as the qualification.
 # - PagedAttention: for a synthetic heavy-tailed request mix, reserving max_len leaves most of the KV memory
 #   empty; paging wastes under one block per request (seed 000 holds, computed).
 # - Mixture of experts: every expert is resident and, in a batch, every expert is read; FLOPs follow the active
