@@ -39,6 +39,7 @@ from memlab.compare import compare
 from memlab.compare.ledger import predict_for
 from memlab.course import exercises
 from memlab.predict import flops
+from memlab.predict.attention_io import attention_hbm_bytes
 from memlab.run.gpt import available_attention
 
 ch = chapter(scale, device, seed, out_dir)
@@ -200,13 +201,28 @@ fl
 # GPU-kernel claim: this chapter measures it only on CUDA.
 
 # %% [markdown]
+# What the recompute buys is HBM traffic. The FlashAttention paper's IO count (`memlab.predict.attention_io`,
+# [dao2022] Theorem 2: Θ(N²d²/M) against Θ(N² + Nd)) for one layer in bf16 at batch 1, with the A100's 192 KB of
+# SRAM per SM as M: GPT-2 medium's heads of 64 (the paper's Fig. 2 model) and Llama-2-7B's heads of 128. The
+# saving shrinks as d² approaches M; the memory saving of section 3 does not depend on it. Predicted only:
+# torch's profiler does not report bytes per kernel (Nsight Compute does).
+
+# %%
+llama = preset("llama-2-7b")
+io = pd.DataFrame([{"model": cfg.name, "seq": n, **{
+    f"{k} (MiB)": attention_hbm_bytes(1, cfg.n_heads, n, cfg.head_dim, kernel=k) / 2**20
+    for k in ("standard", "flash")}} for cfg in (preset("gpt2-medium"), llama) for n in (1024, 4096)])
+io["standard / flash"] = io["standard (MiB)"] / io["flash (MiB)"]
+ch.save_table(io, "hbm_traffic_predicted")
+io.round(1)
+
+# %% [markdown]
 # ## 5. Seed 004's 2048² × dtype, for a real model
 #
 # For Llama-2-7B at batch 1 and 2048 tokens with bf16 weights (mixed-bf16), the seed's figure against what eager
 # attention keeps in all layers:
 
 # %%
-llama = preset("llama-2-7b")
 seed_fig = 2048 * 2048 * 2
 real = estimate(llama, Setup(batch=1, seq=2048, precision="mixed-bf16")).activation_detail["attention scores"]
 pd.DataFrame({"bytes": [seed_fig, real], "MiB": [seed_fig / 2**20, real / 2**20]},

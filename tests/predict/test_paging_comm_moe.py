@@ -63,3 +63,15 @@ def test_moe_fields_are_validated() -> None:
     with pytest.raises(ConfigError, match="n_shared_experts"):
         preset("tiny-gpt").with_(n_shared_experts=1)
     assert preset("tiny-gpt").active_param_count() == preset("tiny-gpt").param_count()
+
+
+def test_attention_io_standard_is_quadratic_and_flash_divides_by_the_block() -> None:
+    from memlab.predict.attention_io import attention_hbm_bytes
+
+    std = [attention_hbm_bytes(1, 1, n, 64, kernel="standard", element_bytes=1) for n in (1024, 2048)]
+    assert std == [4 * 1024 * 64 + 4 * 1024**2, 4 * 2048 * 64 + 4 * 2048**2]
+    flash = attention_hbm_bytes(1, 1, 1024, 64, kernel="flash", element_bytes=1, sram_bytes=4 * 64 * 128)
+    assert flash == 2 * 1024 * 64 + 8 * (3 * 1024 * 64 + 4 * 1024)  # blocks of 128 columns: 8 passes
+    assert flash < std[0]
+    with pytest.raises(SetupError):
+        attention_hbm_bytes(1, 1, 8, 8, kernel="sparse")
