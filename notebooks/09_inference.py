@@ -75,9 +75,11 @@ per_token.round(3)
 # 16 dims) to 4 sequences of 256 tokens, cache in fp32. How many bytes does its KV cache take?
 
 # %%
-small = preset("tiny-llama") if ch.scale == "ci" else preset("llama-3-8b")
+tiny_llama = preset("tiny-llama")
+small = tiny_llama if ch.scale == "ci" else preset("llama-3-8b")
 ex_kv = exercises.Numeric(
-    "tiny-kv", "KV cache of tiny-llama, 4 x 256 tokens, fp32", reference=lambda: kv_cache_bytes(small, 4, 256, "fp32"),
+    "tiny-kv", "KV cache of tiny-llama, 4 x 256 tokens, fp32",
+    reference=lambda: kv_cache_bytes(tiny_llama, 4, 256, "fp32"),
     hint="2 (K and V) x layers x batch x tokens x KV heads x head_dim x 4 bytes", unit="B", rtol=0.01)
 answer = ...
 ex_kv.check(answer)
@@ -98,6 +100,10 @@ for cfg, b, s in grid:
     m = run_step(cfg, Setup(mode="inference", batch=b, seq=s, inference_weights=dtype, kv_cache_dtype=dtype),
                  ch.device, steps=8, with_counted_flops=False, with_mfu=not ch.on_cpu)
     served.append((cfg, m))
+exercise_run = run_step(tiny_llama, Setup(mode="inference", batch=4, seq=256, inference_weights="fp32",
+                                          kv_cache_dtype="fp32"), "cpu", steps=1, with_counted_flops=False,
+                        with_mfu=False)
+print(f"exercise 1, measured: tiny-llama's KV cache for 4 x 256 tokens in fp32 is {exercise_run.kv_cache_bytes:,} B")
 rows = pd.DataFrame([{"model": cfg.name, "batch": m.setup["batch"], "context": m.setup["seq"],
                       "weights B": m.params_bytes, "KV cache B": m.kv_cache_bytes,
                       "KV B / token / layer": m.kv_cache_bytes / (m.setup["batch"] * m.setup["seq"] * cfg.n_layers),
