@@ -361,7 +361,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("ledger", "measure the validation grid and print the estimator's achieved errors",
             lambda p: _lazy("ledger_arguments")(p), lambda a: _lazy("run_ledger")(a)),
     Command("shard", "launch torchrun ranks (DDP, ZeRO-1, FSDP2) and print per-rank bytes and bytes moved",
-            lambda p: _lazy("shard_arguments", "shard")(p), lambda a: _lazy("run_shard", "shard")(a)),
+            lambda p: _lazy("add_arguments", "shard")(p), lambda a: _lazy("run", "shard")(a)),
 )
 
 
