@@ -48,3 +48,7 @@ def unknown_name(kind: str, name: str, known: list[str] | tuple[str, ...]) -> Un
     near = closest_names(name, known)
     hint = f" Closest: {', '.join(near)}." if near else ""
     return UnknownNameError(f"unknown {kind} {name!r}.{hint} Known: {', '.join(sorted(known))}.")
+
+
+class LaunchError(MemlabError):
+    """A multi-process launch (torchrun) that failed or timed out; the message carries the failing rank's log."""

@@ -1,4 +1,4 @@
-"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``.
+"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``, ``shard``.
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.cli import estimate, gpus, measure, mfu, report
+from memlab.cli import estimate, gpus, measure, mfu, report, shard
 from memlab.errors import MemlabError
 
 
@@ -121,6 +121,8 @@ COMMANDS: tuple[Command, ...] = (
             measure.run),
     Command("ledger", "measure the validation grid and print the estimator's achieved errors",
             measure.add_ledger_arguments, measure.run_ledger),
+    Command("shard", "launch torchrun ranks (DDP, ZeRO-1, FSDP2) and print per-rank bytes and bytes moved",
+            shard.add_arguments, shard.run),
 )
 """The subcommands, in help order. Add a :class:`Command` here to extend ``memlab``."""
 

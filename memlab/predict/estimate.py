@@ -293,6 +293,10 @@ def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, te
         out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
         out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
         out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
+    if isinstance(model, TransformerConfig) and model.is_moe:
+        out.append(f"mixture of experts: all {model.n_experts} experts' weights (and their grads and states) are "
+                   "resident; activations are counted as for one dense MLP per token (the top_k routed copies are "
+                   "not modelled yet)")
     if isinstance(model, int):
         out.append("bare parameter count: activations and KV cache need a model config and are 0 here")
     elif model.positions == "rotary" and setup.seq > model.max_seq:

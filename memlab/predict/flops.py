@@ -99,7 +99,8 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
 
     - ``attention_proj``: per layer Q and O (h x h), K and V (h x n_kv_heads*head_dim: GQA/MQA narrow them)
     - ``attention_core``: per layer QK^T and AV (:func:`attention_flops`)
-    - ``mlp``: per layer up and down (gelu) or gate, up and down (swiglu), all h x d_ff
+    - ``mlp``: per layer up and down (gelu) or gate, up and down (swiglu), all h x d_ff; a mixture of experts
+      runs that for each of its ``active_experts`` (top_k routed + shared) plus the h x n_experts router
     - ``head``: the LM head, h x vocab (tied or not: it is multiplied either way)
 
     Embedding lookups, norms, biases, activations and softmax are not matmuls and are not counted.
@@ -110,7 +111,9 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
     h, kv, f, n_layers = config.d_model, config.kv_dim, config.ffn, config.n_layers
     proj = 2 * matmul_flops(tokens, h, h) + 2 * matmul_flops(tokens, kv, h)
     n_in = 1 if config.mlp == "gelu" else 2
-    mlp = n_in * matmul_flops(tokens, f, h) + matmul_flops(tokens, h, f)
+    mlp = (n_in * matmul_flops(tokens, f, h) + matmul_flops(tokens, h, f)) * config.active_experts
+    if config.is_moe:
+        mlp += matmul_flops(tokens, config.n_experts, h)
     return {
         "attention_proj": n_layers * proj,
         "attention_core": n_layers * attention_flops(batch, seq, h, config.n_heads, causal=causal),
@@ -122,7 +125,8 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
 def forward_flops(config: TransformerConfig, batch: int, seq: int, causal: bool = False) -> int:
     """Forward FLOPs of one batch (every matmul, counted exactly): the sum of :func:`forward_flops_breakdown`.
 
-    Equals 2 * ``config.matmul_param_count()`` * batch * seq + n_layers * attention_flops(...).
+    Equals 2 * ``config.matmul_param_count()`` * batch * seq + n_layers * attention_flops(...) for a dense model;
+    for a mixture of experts only the active experts' weights count (``config.active_param_count()``).
     """
     return sum(forward_flops_breakdown(config, batch, seq, causal).values())
 
@@ -134,13 +138,15 @@ def flops_per_token(config: TransformerConfig, seq: int, *, include_attention: b
     ``exclude_embeddings=True`` (default): N = ``config.matmul_param_count()``, the weights that are multiplied:
     every projection in the blocks plus the LM head (counted once, tied or not). Excluded: the token-embedding
     lookup of an untied model, learned position tables, norm weights and biases. This makes 6N + attention
-    equal 3 x :func:`forward_flops` / tokens exactly. ``exclude_embeddings=False``: N = ``param_count()`` (the
+    equal 3 x :func:`forward_flops` / tokens exactly (for a mixture of experts, N leaves out the routed experts a
+    token skips). ``exclude_embeddings=False``: N = ``param_count()`` (the
     "6 x all parameters" habit, which overcounts looked-up tables). ``include_attention=False`` drops
     12*L*H*Q*T. Attention is counted non-causal, as in PaLM.
     """
     if not isinstance(config, TransformerConfig):
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
     n = config.matmul_param_count() if exclude_embeddings else config.param_count()
+    n -= config.inactive_expert_params(matmul_only=exclude_embeddings)  # a token multiplies only its experts
     attention = 12 * config.n_layers * config.n_heads * config.head_dim * _pos_int("seq", seq)
     return float(6 * n + (attention if include_attention else 0))
 

@@ -85,6 +85,13 @@ class TransformerConfig(StrictInit):
     """Dropout probability after attention softmax, attention output and MLP (0 for modern LLMs)."""
     name: str = "custom"
     """A label for tables and plots."""
+    n_experts: int = 1
+    """Routed MLP experts per layer (mixture of experts when > 1; [shazeer2017], [fedus2021]). Each
+    expert is a full MLP of width d_ff; a bias-free router (n_experts x h) picks ``top_k`` of them per token."""
+    top_k: int = 1
+    """Routed experts each token runs through (Mixtral: 2 of 8)."""
+    n_shared_experts: int = 0
+    """Experts every token runs through besides the routed ones (DeepSeekMoE shared experts [dai2024])."""
 
     def __post_init__(self) -> None:
         # Types and ranges from the annotations and metadata above (memlab.predict.validate): a bool is no size,
@@ -113,6 +120,7 @@ class TransformerConfig(StrictInit):
             object.__setattr__(self, "d_ff", d_ff)
         if self.positions == "rotary" and self.head_dim % 2:
             raise ConfigError(f"rotary positions need an even head_dim, got {self.head_dim}: change n_heads")
+        self._check_moe()
 
     def check_seq(self, seq: float) -> None:
         """Raise :class:`SetupError` when ``seq`` tokens do not fit a model with learned positions (its position
@@ -122,6 +130,27 @@ class TransformerConfig(StrictInit):
                 f"seq={int(seq)} exceeds max_seq={self.max_seq} of a model with learned positions: lower seq or "
                 "raise max_seq (config.with_(max_seq=N); on the command line --max-seq N, also with --preset)"
             )
+
+
+    def _check_moe(self) -> None:
+        for fname, low in (("n_experts", 1), ("top_k", 1), ("n_shared_experts", 0)):
+            value = getattr(self, fname)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"{fname} must be an integer >= {low}, got {value!r}")
+        if self.top_k > self.n_experts:
+            raise ConfigError(f"top_k={self.top_k} cannot exceed n_experts={self.n_experts}: lower top_k")
+        if self.n_shared_experts and not self.is_moe:
+            raise ConfigError("n_shared_experts needs a mixture of experts: set n_experts > 1 (or use a wider d_ff)")
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the MLP is a mixture of experts (more than one routed expert)."""
+        return self.n_experts > 1
+
+    @property
+    def active_experts(self) -> int:
+        """MLPs one token runs through: top_k routed + shared (1 for a dense model)."""
+        return (self.top_k if self.is_moe else 1) + self.n_shared_experts
 
     # -- derived sizes -------------------------------------------------------------------------------------
     @property
@@ -165,6 +194,11 @@ class TransformerConfig(StrictInit):
                 rows.append((f"{prefix}.bias", (n_out,), comp))
             return rows
 
+        def mlp(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
+            rows = linear(f"{prefix}.up", h, f, "mlp") if self.mlp == "gelu" else \
+                linear(f"{prefix}.gate", h, f, "mlp") + linear(f"{prefix}.up", h, f, "mlp")
+            return rows + linear(f"{prefix}.down", f, h, "mlp")
+
         for i in range(self.n_layers):
             p = f"blocks.{i}"
             out += norm(f"{p}.norm1")
@@ -173,12 +207,14 @@ class TransformerConfig(StrictInit):
             out += linear(f"{p}.attn.v", h, k, "attention")
             out += linear(f"{p}.attn.o", h, h, "attention")
             out += norm(f"{p}.norm2")
-            if self.mlp == "gelu":
-                out += linear(f"{p}.mlp.up", h, f, "mlp")
-            else:
-                out += linear(f"{p}.mlp.gate", h, f, "mlp")
-                out += linear(f"{p}.mlp.up", h, f, "mlp")
-            out += linear(f"{p}.mlp.down", f, h, "mlp")
+            if not self.is_moe:
+                out += mlp(f"{p}.mlp")
+                continue
+            out.append((f"{p}.mlp.router.weight", (self.n_experts, h), "mlp"))
+            for e in range(self.n_experts):
+                out += mlp(f"{p}.mlp.experts.{e}")
+            for e in range(self.n_shared_experts):
+                out += mlp(f"{p}.mlp.shared.{e}")
         out += norm("norm_f")
         if not self.tied_embeddings:
             out.append(("head.weight", (self.vocab_size, h), "head"))
@@ -203,6 +239,23 @@ class TransformerConfig(StrictInit):
         """
         n = sum(math.prod(s) for name, s, comp in self.param_shapes() if len(s) == 2 and comp in ("attention", "mlp"))
         return n + self.vocab_size * self.d_model
+
+    def active_param_count(self) -> int:
+        """Parameters one token's forward multiplies or looks up: every parameter except the routed experts it
+        does not visit (top_k of n_experts per layer). Equals :meth:`param_count` for a dense model.
+
+        Memory follows :meth:`param_count` (every expert is resident); FLOPs follow this count.
+        """
+        return self.param_count() - self.inactive_expert_params()
+
+    def inactive_expert_params(self, *, matmul_only: bool = False) -> int:
+        """Parameters of the routed experts one token skips: L x (n_experts - top_k) x one expert's MLP
+        (``matmul_only``: its 2-D weights only, the twin of :meth:`matmul_param_count`)."""
+        if not self.is_moe:
+            return 0
+        one = sum(math.prod(s) for n, s, _ in self.param_shapes()
+                  if n.startswith("blocks.0.mlp.experts.0.") and (len(s) == 2 or not matmul_only))
+        return self.n_layers * (self.n_experts - self.top_k) * one
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict of the fields (for JSON and DataFrames)."""
@@ -301,6 +354,15 @@ PRESETS: dict[str, Preset] = {
         "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1",
         "the paper reports 175.0B; this layout (GPT-2 style, tied) counts 174.6B",
     ),
+    "mixtral-8x7b": Preset(
+        TransformerConfig(
+            name="mixtral-8x7b", d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=32000,
+            max_seq=32768, mlp="swiglu", positions="rotary", norm="rmsnorm", bias=False, tied_embeddings=False,
+            n_experts=8, top_k=2,
+        ),
+        "Jiang et al. 2024, 'Mixtral of Experts', Sec. 2 and Table 1; mistralai/Mixtral-8x7B-v0.1 config.json",
+        "46.7B parameters, 12.9B active per token (the paper's numbers)",
+    ),
     # Tiny models for CPU labs: small enough that a training step takes well under a second on 2 cores.
     "tiny-gpt": Preset(
         TransformerConfig(name="tiny-gpt", d_model=64, n_layers=2, n_heads=4, vocab_size=512, max_seq=256),
@@ -327,6 +389,14 @@ PRESETS: dict[str, Preset] = {
             tied_embeddings=False,
         ),
         "memlab CPU-lab preset (Llama layout with GQA, scaled down)",
+    ),
+    "tiny-moe": Preset(
+        TransformerConfig(
+            name="tiny-moe", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=512, max_seq=256,
+            mlp="swiglu", positions="rotary", norm="rmsnorm", bias=False, tied_embeddings=False,
+            n_experts=8, top_k=2, n_shared_experts=1,
+        ),
+        "memlab CPU-lab preset (tiny-llama layout with 8 routed experts, top-2, one shared expert)",
     ),
 }
 

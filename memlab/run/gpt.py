@@ -269,7 +269,12 @@ class Block(nn.Module):
         self.norm1 = Norm(config, device, dtype)
         self.attn = Attention(config, attention, recompute, device, dtype)
         self.norm2 = Norm(config, device, dtype)
-        self.mlp = MLP(config, device, dtype)
+        if config.is_moe:
+            from memlab.run.moe import MoEMLP  # routed experts (memlab.run.moe); imported here: moe imports MLP
+
+            self.mlp: nn.Module = MoEMLP(config, device, dtype)
+        else:
+            self.mlp = MLP(config, device, dtype)
         self.recompute_full = recompute == "full"
 
     def _forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:

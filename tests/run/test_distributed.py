@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from memlab.predict.models import TransformerConfig, preset
+from memlab.run.distributed import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "dist_states.py"
@@ -47,11 +45,7 @@ def _shapes() -> list[tuple[int, ...]]:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--standalone",
-           str(SCRIPT), str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_script(SCRIPT, [out], WORLD, timeout_s=180)  # memlab's launcher: killed on timeout, the log on failure
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -1,0 +1,69 @@
+"""``memlab shard``: launch real data-parallel ranks (torchrun) and print, per strategy, the bytes one rank holds
+and the bytes its collectives move, next to the estimator and the ZeRO paper.
+
+``memlab shard --preset tiny-gpt --ranks 2 --strategies ddp,fsdp2-zero3`` runs
+:func:`memlab.run.distributed.launch` (gloo on a CPU, NCCL on GPUs) and prints the ledger of
+:func:`memlab.compare.sharding.sharding_ledger`; ``--json`` prints the rows instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``memlab shard`` (self-contained: the model is a preset, the rest is the launch)."""
+    p.add_argument("--preset", default="tiny-gpt", metavar="NAME", help="the model (default tiny-gpt)")
+    p.add_argument("--ranks", type=_count, default=2, metavar="N", help="ranks on this node (default 2)")
+    p.add_argument("--strategies", default="ddp,zero1,fsdp2-zero2,fsdp2-zero3,fsdp2-offload",
+                   help="comma-separated: ddp, zero1, fsdp2-zero2, fsdp2-zero3, fsdp2-offload")
+    p.add_argument("--batch", type=_count, default=2, metavar="B", help="micro-batch per rank")
+    p.add_argument("--seq", type=_count, default=32, metavar="S")
+    p.add_argument("--steps", type=_count, default=1, help="steps per strategy; the last one is measured")
+    p.add_argument("--cpu", action="store_true", help="gloo on CPU even when GPUs are present")
+    p.add_argument("--timeout", type=_seconds, default=300.0, metavar="SECONDS")
+    p.add_argument("--json", action="store_true", help="print the ranks' rows as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Launch, then print the ledger (or the rows)."""
+    from memlab.compare.sharding import sharding_ledger
+    from memlab.predict.models import preset
+    from memlab.run.distributed import WorkerSpec, launch
+
+    config = preset(args.preset)
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    spec = WorkerSpec(config=config, batch=args.batch, seq=args.seq, strategies=strategies, steps=args.steps,
+                      device="cpu" if args.cpu else "auto")
+    result = launch(spec, args.ranks, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    ledger = sharding_ledger(list(result.rows), config)
+    print(f"{config.name}: {args.ranks} rank(s), {result.wall_s:.1f} s; bytes per rank (mean over ranks)")
+    print(ledger[["experiment", "component", "predicted", "measured", "note"]].to_string(index=False))
+    for row in result.rows:
+        if row.get("status") != "ok" and row.get("rank") == 0:
+            print(f"{row['status']} {row['strategy']}: {row.get('reason', '')}")
+    return 0

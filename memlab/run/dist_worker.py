@@ -1,0 +1,267 @@
+"""One rank of a data-parallel memory experiment, run under torchrun by :func:`memlab.run.distributed.launch`.
+
+``python -m torch.distributed.run --nproc-per-node N --standalone -m memlab.run.dist_worker SPEC_JSON OUT_DIR``
+runs every strategy of the spec on the reference GPT, one after the other in the same process group (process
+start-up is the slow part of a launch, so one launch serves all strategies of one N):
+
+- ``ddp``: ``DistributedDataParallel``, AdamW (ZeRO stage 0);
+- ``zero1``: DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW states partitioned: stage 1);
+- ``fsdp2-zero2``: FSDP2 ``fully_shard`` [pytorch-fsdp2] per block and root, ``reshard_after_forward=False``
+  (parameters stay gathered from forward to backward: ZeRO-2-like memory with sharded states and gradients);
+- ``fsdp2-zero3``: the same with ``reshard_after_forward=True`` (ZeRO-3: each block re-gathered in backward);
+- ``fsdp2-offload``: ZeRO-3 plus ``CPUOffloadPolicy`` (sharded parameters, gradients and AdamW states in host
+  memory; needs an accelerator, skipped with the reason on a CPU-only run).
+
+For each it trains ``steps`` steps (AdamW, synthetic tokens, a different batch per rank) and reports, per rank:
+exact local bytes of parameters, gradients and optimizer state (:func:`memlab.measure.accounting.model_states`,
+on the device and on the host), the largest bytes of gathered (unsharded) parameters seen during a step, and
+every collective the step issued (counted at the dispatcher, ``c10d::*`` ops, which DDP's C++ reducer and FSDP2's
+Python code both go through), as ZeRO's volume convention (:mod:`memlab.predict.communication`).
+
+Each rank writes ``OUT_DIR/rank<R>.json`` (a list of rows) or, on failure, ``OUT_DIR/rank<R>.error`` with the
+traceback, then exits non-zero so torchrun stops the others.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memlab.measure.accounting import model_states, storage_key
+from memlab.predict.communication import collective_volume_bytes
+from memlab.predict.models import TransformerConfig
+from memlab.run.gpt import GPT
+
+STRATEGIES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload")
+
+# c10d op -> (collective, index of the argument holding the full buffer). Functional collectives
+# (_c10d_functional, used by DTensor) give the local input and the group size instead.
+_C10D = {
+    "allreduce_": ("all_reduce", 0), "allreduce_coalesced_": ("all_reduce", 0),
+    "_allgather_base_": ("all_gather", 0), "allgather_": ("all_gather", 0),
+    "allgather_into_tensor_coalesced_": ("all_gather", 0),
+    "_reduce_scatter_base_": ("reduce_scatter", 1), "reduce_scatter_": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "broadcast_": ("broadcast", 0),
+}
+_FUNCTIONAL = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+               "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast"}
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, list | tuple):
+        return sum(_nbytes(y) for y in x)
+    return 0
+
+
+class StepProbe(TorchDispatchMode):
+    """Counts the collectives dispatched while active and samples the bytes of gathered parameters.
+
+    ``params`` is a callable returning the model's currently registered parameters: FSDP2 registers the
+    unsharded (plain) tensors while a module is gathered and the DTensor shards otherwise, so the plain ones
+    are what is gathered at that moment. Sampling happens at every dispatched op (cheap for small models).
+    """
+
+    def __init__(self, params: Any, sample: bool) -> None:
+        super().__init__()
+        self.params, self.sample = params, sample
+        self.comm: dict[str, dict[str, int]] = {}
+        self.gathered_peak_bytes = 0
+
+    def _record(self, op: str, buffer_bytes: int) -> None:
+        row = self.comm.setdefault(op, {"calls": 0, "buffer_bytes": 0, "volume_bytes": 0})
+        row["calls"] += 1
+        row["buffer_bytes"] += buffer_bytes
+        row["volume_bytes"] += collective_volume_bytes(op, buffer_bytes)
+
+    def _gathered(self) -> int:
+        seen, total = set(), 0
+        for p in self.params():
+            if type(p).__name__ == "DTensor":
+                continue
+            key = storage_key(p)
+            if key is not None and key not in seen:
+                seen.add(key)
+                total += p.untyped_storage().nbytes()
+        return total
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        ns, _, name = str(func.name()).partition("::")
+        if ns == "c10d" and name in _C10D:
+            op, i = _C10D[name]
+            self._record(op, _nbytes(args[i]))
+        elif ns == "_c10d_functional" and name in _FUNCTIONAL:
+            op = _FUNCTIONAL[name]
+            size = _nbytes(args[0]) * (args[2] if op == "all_gather" else 1)
+            self._record(op, size)
+        out = func(*args, **kwargs)
+        if self.sample:
+            self.gathered_peak_bytes = max(self.gathered_peak_bytes, self._gathered())
+        return out
+
+
+def _wrap(strategy: str, model: GPT, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    if strategy == "ddp":
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        return ddp, torch.optim.AdamW(ddp.parameters(), foreach=False)
+    if strategy == "zero1":
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, foreach=False)
+    kwargs: dict[str, Any] = {"reshard_after_forward": strategy != "fsdp2-zero2"}
+    if strategy == "fsdp2-offload":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model, torch.optim.AdamW(model.parameters(), foreach=False)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:
+    """Train ``spec["steps"]`` steps under ``strategy`` on this rank and measure the last one (see module doc)."""
+    cfg = TransformerConfig(**spec["config"])
+    batch, seq, seed = int(spec["batch"]), int(spec["seq"]), int(spec.get("seed", 0))
+    base = {"strategy": strategy, "rank": rank, "world_size": world, "device": str(device),
+            "backend": dist.get_backend(), "model": cfg.name, "batch": batch, "seq": seq, "status": "ok"}
+    if strategy == "fsdp2-offload" and device.type != "cuda":
+        return base | {"status": "skipped", "reason": "CPUOffloadPolicy moves shards from an accelerator to the "
+                       "host; on a CPU-only run both are the same memory"}
+    torch.manual_seed(seed)
+    init_device = "cpu" if strategy == "fsdp2-offload" else device
+    model = GPT(cfg, attention=spec.get("attention", "eager"), device=init_device)
+    wrapped, opt = _wrap(strategy, model, device)
+    gen = torch.Generator().manual_seed(seed + 1000 * rank)
+    data = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=gen).to(device)
+    idx, tgt = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    probe, states, times = None, None, []
+    for step in range(int(spec.get("steps", 2))):
+        last = step == int(spec.get("steps", 2)) - 1
+        probe = StepProbe(lambda w=wrapped: list(w.parameters()), sample=last and strategy.startswith("fsdp2"))
+        _sync(device)
+        t0 = time.perf_counter()
+        with probe:
+            wrapped(idx, tgt).backward()
+            if last:  # gradients as the optimizer sees them, before the step (FSDP2: the reduced shards)
+                grads = model_states(wrapped, None, device=device).grads_bytes
+            opt.step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if last:
+            states = {"device": model_states(wrapped, opt, device=device),
+                      "host": model_states(wrapped, opt, device=torch.device("cpu"))}
+        opt.zero_grad(set_to_none=True)
+    assert probe is not None and states is not None
+    dev, host = states["device"], states["host"]
+    row = base | {
+        "params_bytes": dev.params_bytes, "grads_bytes": grads, "optimizer_bytes": dev.optimizer_bytes,
+        "optimizer_by_key": dev.optimizer_by_key,
+        "host_params_bytes": host.params_bytes if device.type == "cuda" else 0,
+        "host_optimizer_bytes": host.optimizer_bytes if device.type == "cuda" else 0,
+        "gathered_peak_bytes": probe.gathered_peak_bytes, "comm": probe.comm,
+        "comm_volume_bytes": sum(c["volume_bytes"] for c in probe.comm.values()),
+        "step_time_s": times[-1], "param_count": cfg.param_count(),
+    }
+    if device.type == "cuda":
+        row["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    del wrapped, opt, model, probe
+    gc.collect()
+    return row
+
+
+def _guarded(strategy: str, spec: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:
+    """:func:`run_strategy`, with an error that every rank raises alike (an unsupported option on this device, say)
+    recorded as a row with ``status="error"`` so the other strategies still run."""
+    try:
+        return run_strategy(strategy, spec, rank, world, device)
+    except (RuntimeError, ValueError, NotImplementedError, AssertionError) as exc:
+        gc.collect()
+        dist.barrier()
+        return {"strategy": strategy, "rank": rank, "world_size": world, "device": str(device), "status": "error",
+                "reason": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
+    """Initialise the process group (NCCL on CUDA, gloo on CPU), run every strategy, write this rank's rows."""
+    out_dir = Path(out_dir)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and spec.get("device", "auto") != "cpu"
+    if use_cuda and local >= torch.cuda.device_count():
+        raise RuntimeError(f"local rank {local} has no GPU ({torch.cuda.device_count()} visible): launch at most that "
+                           "many ranks per node, or set WorkerSpec(device='cpu') for gloo ranks")
+    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    backend = spec.get("backend") or ("nccl" if use_cuda else "gloo")
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("collective_timeout_s", 60))))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        if spec.get("fail_rank") == rank:
+            raise RuntimeError(f"rank {rank} fails on purpose (WorkerSpec.fail_rank={rank})")
+        rows = [_guarded(s, spec, rank, world, device) for s in spec["strategies"]]
+    except BaseException:
+        (out_dir / f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
+    gc.collect()  # free gloo work handles while the group is alive
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def sweep_main(spec: dict[str, Any], out_dir: Path, world_sizes: list[int]) -> int:
+    """Launch ``rank_main`` on each world size in turn through torchrun's own launcher (``elastic_launch``, the
+    function behind ``torchrun``), forking the ranks from this process so torch and FSDP are imported once.
+
+    Rows go to ``out_dir/n<N>/rank<R>.json``. Returns 0, or 1 after the first failed launch.
+    """
+    # DDP and FSDP import these at first use: imported here, before forking, they are imported once.
+    import torch._dynamo
+    import torch.distributed.fsdp
+    import torch.distributed.optim
+    import torch.nn.parallel
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    method = "spawn" if torch.cuda.is_available() and spec.get("device", "auto") != "cpu" else "fork"
+    for n in world_sizes:
+        path = Path(out_dir) / f"n{n}"
+        path.mkdir(parents=True, exist_ok=True)
+        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, rdzv_backend="c10d",
+                              rdzv_endpoint="localhost:0", run_id=f"memlab-{os.getpid()}-{n}", max_restarts=0,
+                              start_method=method, monitor_interval=0.05)
+        try:
+            elastic_launch(config, rank_main)(spec, path)
+        except ChildFailedError as exc:
+            print(f"launch with {n} rank(s) failed: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--sweep":
+        sys.exit(sweep_main(json.loads(sys.argv[2]), Path(sys.argv[3]), [int(n) for n in sys.argv[4].split(",")]))
+    rank_main(json.loads(sys.argv[1]), Path(sys.argv[2]))

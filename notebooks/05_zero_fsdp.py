@@ -1,0 +1,358 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · ZeRO and FSDP: what each stage shards, measured on real ranks
+#
+# **The common belief.** "ZeRO stage 1/2/3 shards optimizer states / gradients / parameters over the GPUs, so
+# memory goes from O(N) to O(N/k) for k GPUs" (seed 000's table, `[seed-000]`), and "stage 3 also shards the
+# parameters, so in theory a model of any size can be trained with limited GPU memory" (`[seed-004]`, which also
+# gives a DeepSpeed ZeRO-2 config with CPU offload).
+#
+# This chapter launches real data-parallel ranks with `torchrun` (gloo on a CPU, NCCL on GPUs), trains the
+# reference GPT under DDP, ZeRO-1 and FSDP2 and measures on every rank the bytes it holds and the bytes its
+# collectives move. Then it checks the seeds' claims against those numbers:
+#
+# 1. the formula: per-rank model states and communication per ZeRO stage [rajbhandari2019];
+# 2. the experiment: N = 1, 2, 4 ranks, five strategies, one launch per N;
+# 3. prediction vs measurement: states, the gathered parameters inside the step, bytes moved;
+# 4. what does not shrink: activations and the gathered layer, from 8 to 1024 ranks;
+# 5. the seed's DeepSpeed config, and its FSDP2 equivalent; many nodes.
+
+# %% tags=["parameters"]
+scale = "auto"
+device = "auto"
+seed = 0
+out_dir = "../reports/build/05_zero_fsdp"
+
+# %%
+import json
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+from memlab import Setup, chapter, estimate, preset, run_step
+from memlab.compare.sharding import predicted_rank, sharding_ledger
+from memlab.course import exercises
+from memlab.predict.communication import ring_wire_bytes, zero_comm_bytes
+from memlab.predict.estimate import Overheads
+from memlab.run.distributed import WorkerSpec, launch_sweep, torchrun_command
+
+ch = chapter(scale, device, seed, out_dir)
+ch.to_dict()
+
+# %% [markdown]
+# ## 1. The formula
+#
+# With Ψ parameters, ZeRO stage 1 divides the optimizer states by N, stage 2 also the gradients, stage 3 also the
+# parameters (`memlab.predict.sharding.zero_divisors`). Communication per step and rank, in the paper's convention
+# (an all-reduce counts twice its buffer: a reduce-scatter then an all-gather) is 2Ψ for DDP and stages 1-2, and
+# 3Ψ for stage 3, which all-gathers the parameters again in backward (`memlab.predict.communication`).
+
+# %%
+gpus = torch.cuda.device_count() if ch.device.startswith("cuda") else 0
+on_gpus = ch.scale == "full" and gpus >= 2  # one NCCL rank per GPU; otherwise gloo ranks on the CPU
+model = preset("gpt2") if on_gpus else preset("tiny-gpt")
+batch, seq = (4, 512) if on_gpus else (2, 32)
+STRATEGIES = ["ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload"]
+psi = 4 * model.param_count()  # fp32 gradients: one copy, in bytes
+formula = pd.DataFrame([{"strategy": s, **{f"N={n}": sum(predicted_rank(model, s, n, batch=batch, seq=seq)[c]
+                                                          for c in ("params", "grads", "optimizer"))
+                                           for n in (1, 2, 4, 8)}} for s in STRATEGIES])
+formula["comm / Ψ"] = [sum(zero_comm_bytes(psi, stage).values()) / psi for stage in (0, 1, 2, 3, 3)]
+print(f"{model.name}: {model.param_count():,} parameters, Ψ = {psi:,} B of fp32 gradients")
+formula
+
+# %% [markdown]
+# **Exercise 1 (predict before you measure).** Under FSDP2 with `reshard_after_forward=True` (ZeRO-3), how many
+# Ψ does one rank move per training step? Answer before running the launch below.
+
+# %%
+ex_comm = exercises.Numeric(
+    "zero3-comm", "ZeRO-3 communication per rank per step, in units of Ψ",
+    reference=lambda: sum(zero_comm_bytes(psi, 3).values()) / psi,
+    hint="forward all-gathers every block, backward all-gathers it again, then the gradients are reduce-scattered",
+    unit="", rtol=0.01)
+answer = ...
+ex_comm.check(answer)
+
+# %% [markdown]
+# ## 2. The experiment: real ranks
+#
+# `memlab.run.distributed.launch_sweep` starts torchrun's launcher once per N (the ranks are real processes joined
+# by a c10d rendezvous; the launcher forks them so torch is imported once) and runs every strategy on every rank:
+# DDP, DDP + `ZeroRedundancyOptimizer` (ZeRO-1), FSDP2 `fully_shard` with `reshard_after_forward=False`
+# (ZeRO-2-like) and `True` (ZeRO-3), and ZeRO-3 with `CPUOffloadPolicy`. Each rank counts its local bytes exactly
+# and every collective its step dispatched (`c10d::*` ops). A failing rank raises one `LaunchError` with its
+# traceback; a launch past its timeout is killed.
+
+# %%
+sizes = tuple(n for n in (1, 2, 4, 8) if n <= gpus) if on_gpus else (1, 2, 4)
+spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIES), steps=3 if on_gpus else 1,
+                  device="auto" if on_gpus else "cpu")
+runs = launch_sweep(spec, sizes, timeout_s=180)
+rows = [r for run in runs.values() for r in run.rows]
+measured = pd.DataFrame([r for r in rows if r["status"] == "ok"])
+ch.save_table(pd.concat([run.frame() for run in runs.values()]), "ranks")
+print(f"{len(rows)} rows from {sum(sizes)} ranks in {next(iter(runs.values())).wall_s:.1f} s; "
+      f"backend {measured['backend'].iloc[0]}")
+measured.groupby(["strategy", "world_size"], sort=False)[["params_bytes", "grads_bytes", "optimizer_bytes",
+                                                          "gathered_peak_bytes", "comm_volume_bytes"]].mean()
+
+# %%
+if not on_gpus and not ch.on_cpu:
+    print(f"{gpus} GPU(s) visible: the ranks ran on the CPU with gloo; NCCL ranks need one GPU each")
+ch.cpu_note("gloo ranks on CPU cores share one memory: the bytes per rank are exact, but there is no allocator "
+            "peak, no offload (host and device are the same memory, so the offload row is skipped) and no "
+            "meaningful step time or bandwidth; a multi-GPU run measures those with NCCL.")
+
+# %% [markdown]
+# ## 3. Prediction vs measurement
+#
+# `memlab.compare.sharding.sharding_ledger` puts the estimator's per-rank bytes next to the mean over ranks.
+
+# %%
+ledger = sharding_ledger(rows, model)
+ch.record_ledger(ledger)
+exact = ledger[ledger["component"].isin(["params", "grads", "optimizer"])]
+worst = ((exact["predicted"] - exact["measured"]).abs() / exact["measured"]).max()
+print(f"model states: {len(exact)} rows, largest |relative error| {worst:.2%}")
+ledger[~ledger["component"].isin(["params", "grads", "optimizer"])]
+
+# %%
+fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 3.6), sharey=True)
+ok = [s for s in STRATEGIES if s in set(measured["strategy"])]
+for ax, n in zip(axes, sizes, strict=True):
+    part = measured[measured["world_size"] == n].groupby("strategy", sort=False).mean(numeric_only=True).loc[ok]
+    bottom = 0
+    for comp, color in (("params", "C0"), ("grads", "C1"), ("optimizer", "C2")):
+        ax.bar(ok, part[f"{comp}_bytes"] / 2**20, bottom=bottom, color=color, label=comp)
+        bottom = bottom + part[f"{comp}_bytes"] / 2**20
+    pred = [sum(predicted_rank(model, s, n, batch=batch, seq=seq)[c] for c in ("params", "grads", "optimizer"))
+            for s in ok]
+    ax.scatter(ok, [p / 2**20 for p in pred], color="k", marker="_", s=400, zorder=3, label="predicted total")
+    ax.set_title(f"N = {n} ranks")
+    ax.tick_params(axis="x", rotation=60)
+axes[0].set_ylabel("MiB per rank (measured)")
+axes[0].legend(fontsize=8)
+fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {measured['backend'].iloc[0]} ranks",
+             y=1.03)
+ch.save_figure(fig, "states_per_rank")
+plt.show()
+
+# %% [markdown]
+# Reading it: DDP keeps everything on every rank; ZeRO-1 divides the AdamW moments by N (not exactly: torch's
+# ZeroRedundancyOptimizer hands whole tensors to ranks, so the shares differ by a tensor); FSDP2 divides all three.
+# Between steps the two FSDP2 settings hold the same bytes: `reshard_after_forward=False` differs *inside* the
+# step. The gathered parameters (the transient the sum misses) and the bytes moved:
+
+# %%
+comm = measured[measured["world_size"] > 1].groupby(["strategy", "world_size"], sort=False)
+comm = comm[["comm_volume_bytes", "gathered_peak_bytes"]].mean().reset_index()
+comm["measured / Ψ"] = comm["comm_volume_bytes"] / psi
+comm["predicted / Ψ"] = [predicted_rank(model, s, n)["comm_volume"] / psi for s, n in
+                         zip(comm["strategy"], comm["world_size"], strict=True)]
+comm["wire bytes/rank (ring)"] = [ring_wire_bytes(v, n) for v, n in
+                                  zip(comm["comm_volume_bytes"], comm["world_size"], strict=True)]
+comm["gathered / full params"] = comm["gathered_peak_bytes"] / psi
+if on_gpus:  # the step-time cost of the traffic and the allocator's peak, measured on NCCL ranks
+    cuda_cols = measured.groupby(["strategy", "world_size"], sort=False)[["step_time_s", "cuda_peak_allocated_bytes"]]
+    comm = comm.merge(cuda_cols.mean().reset_index(), on=["strategy", "world_size"])
+ch.save_table(comm, "communication")
+fig, ax = plt.subplots(figsize=(7, 3.4))
+top = comm[comm["world_size"] == max(sizes)]
+ax.bar(top["strategy"], top["measured / Ψ"], label="measured (c10d ops counted)")
+ax.scatter(top["strategy"], top["predicted / Ψ"], color="k", marker="_", s=500, zorder=3,
+           label="ZeRO paper [rajbhandari2019]")
+ax.set_ylabel("volume per rank per step / Ψ")
+ax.set_title(f"Bytes moved per step, N = {max(sizes)}, in units of Ψ = one gradient copy")
+ax.legend()
+ch.save_figure(fig, "communication")
+plt.show()
+comm
+
+# %% [markdown]
+# **The misreading.** Two of the paper's numbers need the implementation next to them. torch's
+# `ZeroRedundancyOptimizer` moves **3Ψ**, not 2Ψ: it runs under DDP's full all-reduce and then broadcasts every
+# rank's updated partition. And FSDP2's ZeRO-3 holds more than "one layer" gathered: the root module's own
+# parameters (here the embeddings) stay gathered from forward to backward, next to the running block. With
+# `reshard_after_forward=False` the whole model is gathered by the end of forward: ZeRO-2's memory *inside* the
+# step, ZeRO-3's between steps, and 2Ψ of traffic instead of 3Ψ.
+
+# %% [markdown]
+# ## 4. What does not shrink
+#
+# Data parallelism splits the batch, not the sample: each rank runs its own micro-batch, so its activations do
+# not depend on N. Measured on one process with the same micro-batch, against the estimator:
+
+# %%
+one = run_step(model, Setup(batch=batch, seq=seq), ch.device, steps=1, with_counted_flops=False, with_mfu=False)
+act = estimate(model, Setup(batch=batch, seq=seq), device_type="cpu" if ch.on_cpu else "cuda").activations_bytes
+print(f"activations per rank for micro-batch {batch} x {seq}: measured {one.activations_bytes:,} B, predicted "
+      f"{act:,} B, for every N")
+
+# %% [markdown]
+# The estimator at real size: GPT-3 175B, mixed-bf16 AdamW, ZeRO-3, micro-batch 1 × 2048 with full recompute,
+# one gathered block (two with prefetch), from 8 to 1024 ranks.
+
+# %%
+big = preset("gpt-3-175b")
+# Hook (issue 9): the phase-aware peak / `memlab trace` would place this floor inside the step, phase by phase.
+floor = []
+for n in (8, 16, 64, 256, 1024):
+    s = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=n, recompute="full")
+    b = estimate(big, s, overheads=Overheads(gathered_layers=2))
+    floor.append({"ranks": n, "model states GiB": b.model_state_bytes() / 2**30,
+                  "activations GiB": b.activations_bytes / 2**30,
+                  "gathered blocks GiB": b.overhead["zero3_gathered_params"] / 2**30, "total GiB": b.total_gib})
+floor = pd.DataFrame(floor)
+ch.save_table(floor, "gpt3_per_rank")
+fig, ax = plt.subplots(figsize=(6, 3.4))
+ax.stackplot(floor["ranks"], floor["model states GiB"], floor["activations GiB"], floor["gathered blocks GiB"],
+             labels=["model states (÷N)", "activations (per rank)", "2 gathered blocks"])
+ax.set_xscale("log", base=2)
+ax.set_xlabel("data-parallel ranks N")
+ax.set_ylabel("GiB per rank (predicted)")
+ax.set_title("GPT-3 175B under ZeRO-3: what 1/N does not divide")
+ax.legend(fontsize=8)
+ch.save_figure(fig, "zero3_floor")
+plt.show()
+big_psi = 2 * big.param_count()  # bf16 gradients
+print(f"every ZeRO-3 step moves {sum(zero_comm_bytes(big_psi, 3).values()) / 1e12:.2f} TB per rank, whatever N")
+floor.round(2)
+
+# %% [markdown]
+# Past a few hundred ranks the model states are the smallest term: the per-rank floor is the activations of one
+# micro-batch and the gathered blocks, and every step still moves 3Ψ per rank. "Arbitrarily large" is bounded
+# by one layer fitting gathered, by activations, and by the network.
+
+# %% [markdown]
+# ## 5. The seed's DeepSpeed config, and FSDP2
+#
+# Seed 004's `ds_config.json` (quotes restored; they are lost in the stored text) carries `//` comments. JSON has
+# no comments, so `json.load` (and DeepSpeed's loader) rejects it:
+
+# %%
+SEED_CONFIG = """{
+  "train_batch_size": 32,
+  "zero_optimization": {
+    "stage": 2, // stage 2: shard optimizer states and gradients
+    "offload_optimizer": {
+      "device": "cpu" // optional: offload optimizer states to the CPU
+    },
+    "allgather_partitions": true, "allgather_bucket_size": 5e8, "overlap_comm": true,
+    "reduce_scatter": true, "reduce_bucket_size": 5e8
+  },
+  "fp16": {"enabled": true}
+}"""
+try:
+    json.loads(SEED_CONFIG)
+    verdict = "valid JSON"
+except json.JSONDecodeError as err:
+    verdict = f"invalid JSON: {err}"
+valid = json.loads("\n".join(line.split("//")[0] for line in SEED_CONFIG.splitlines()))
+print(verdict)
+print(json.dumps(valid, indent=1)[:200], "...")
+
+# %%
+fsdp2 = pd.DataFrame([
+    ("train_batch_size: 32", "global batch = micro-batch × grad. accumulation × world size (set in the data loader)"),
+    ("stage: 2", "fully_shard(block, reshard_after_forward=False) per block, then on the root"),
+    ("offload_optimizer: cpu", "fully_shard(..., offload_policy=CPUOffloadPolicy()): parameters, gradients AND "
+                               "optimizer states on the host (no optimizer-only offload); the step runs on CPU"),
+    ("allgather_partitions / allgather_bucket_size", "one all-gather per fully_shard unit: the bucket is the module"),
+    ("reduce_scatter / reduce_bucket_size", "gradients are always reduce-scattered, one call per unit"),
+    ("overlap_comm: true", "default: all-gathers and reduce-scatters run on their own streams with implicit prefetch;"
+                           " module.set_modules_to_forward_prefetch([...]) for explicit prefetch"),
+    ("fp16.enabled", "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32); fp16 "
+                     "also needs a ShardedGradScaler"),
+], columns=["DeepSpeed key", "FSDP2 (torch.distributed.fsdp) equivalent"])
+ch.save_table(fsdp2, "deepspeed_to_fsdp2")
+fsdp2
+
+# %% [markdown]
+# The offload row, predicted (a CPU cannot show it; on CUDA the `fsdp2-offload` strategy measures it): the
+# device keeps only what is gathered, the host keeps the shards and the states.
+
+# %%
+off = predicted_rank(model, "fsdp2-offload", max(sizes), batch=batch, seq=seq)
+pd.Series({"device: model states (B)": off["params"] + off["grads"] + off["optimizer"],
+           "device: gathered parameters in the step (B)": off["gathered"],
+           "host: shards + AdamW states (B)": off["host"]}).to_frame(f"{model.name}, N={max(sizes)}, predicted")
+
+# %% [markdown]
+# **Many nodes.** The same worker runs on a cluster: the command below on every node (8 GPUs each, 4 nodes),
+# with one node's address as the rendezvous endpoint. The estimator answers per-rank memory for any N first.
+
+# %%
+cluster = torchrun_command(8, nnodes=4, rdzv_endpoint="node0.example:29500")
+print(" ".join([*cluster, "-m", "memlab.run.dist_worker", "'<spec json>'", "out/"]))
+
+# %%
+recorded = ch.recorded("05_zero_fsdp_gpu")
+recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 2.** Which strategy moved more bytes per step than the ZeRO paper's figure for its stage?
+
+# %%
+ex_which = exercises.Choice(
+    "comm-outlier", "The strategy whose measured traffic exceeds the paper's",
+    reference=lambda: comm.assign(r=comm["measured / Ψ"] / comm["predicted / Ψ"]).sort_values("r")["strategy"].iloc[-1],
+    options={"ddp": "DDP", "zero1": "DDP + ZeroRedundancyOptimizer", "fsdp2-zero2": "FSDP2, no reshard after forward",
+             "fsdp2-zero3": "FSDP2 ZeRO-3"},
+    hint="compare the two columns 'measured / Ψ' and 'predicted / Ψ' of section 3")
+answer = ...
+ex_which.check(answer)
+
+# %% [markdown]
+# **Exercise 3.** Llama-2-70B, mixed-bf16 AdamW, ZeRO-3 over 64 ranks: model states per rank, in GiB?
+
+# %%
+llama = preset("llama-2-70b")
+ex_70b = exercises.Numeric(
+    "llama70b-zero3", "Llama-2-70B model states per rank, ZeRO-3, 64 ranks",
+    reference=lambda: estimate(llama, Setup(precision="mixed-bf16", zero_stage=3, world_size=64)).model_state_bytes()
+    / 2**30,
+    hint="16 bytes per parameter (chapter 02), divided by 64; GiB = 2**30 bytes", unit="GiB", rtol=0.02)
+answer = ...
+ex_70b.check(answer)
+
+# %% [markdown]
+# **Exercise 4.** Doubling the ranks from 512 to 1024 under ZeRO-3: by what factor does GPT-3's predicted
+# per-rank total of section 4 shrink? (1 would be "not at all", 2 "halved".)
+
+# %%
+def sweep_ratio() -> float:
+    tot = [estimate(big, Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=n,
+                               recompute="full"), overheads=Overheads(gathered_layers=2)).total_bytes
+           for n in (512, 1024)]
+    return tot[0] / tot[1]
+
+
+ex_floor = exercises.Numeric(
+    "zero3-floor", "per-rank total at 512 ranks / at 1024 ranks", reference=sweep_ratio,
+    hint="model states halve; activations and the gathered blocks do not", unit="", rtol=0.02)
+answer = ...
+ex_floor.check(answer)
+
+# %% [markdown]
+# ## Summary
+#
+# - Measured on real gloo ranks, per-rank parameters, gradients and AdamW states follow the ZeRO divisors to the
+#   byte for DDP and FSDP2, and within one tensor for torch's ZeRO-1 (whole tensors per rank).
+# - Seed 000's "O(N) → O(N/k)" holds for **model states, per stage**; activations do not shrink with k, and
+#   ZeRO-3 adds gathered parameters inside the step (one block plus FSDP2's root here; all of them with
+#   `reshard_after_forward=False`).
+# - Communication: DDP and FSDP2 move exactly 2Ψ and 3Ψ per rank per step, as the paper says; torch's ZeRO-1 moves
+#   3Ψ (all-reduce + broadcast).
+# - Seed 004's "stage 3 trains arbitrarily large models" overclaims: the floor is activations + gathered blocks,
+#   and 3Ψ of traffic per step; its config is not valid JSON (comments), and each key has an FSDP2 equivalent.
