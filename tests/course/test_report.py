@@ -23,7 +23,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CJK_SAMPLE = "視訊記憶體利用率"  # seed 000's title: the glyphs a CJK font must supply
-WARNING_TEXT = re.compile(r"\b[A-Z]\w*Warning\b|data-mime-type=\"application/vnd\.jupyter\.stderr\"")
+WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|data-mime-type=\"application/vnd\.jupyter\.stderr\"")
+"""A warning as Python prints it (``file.py:12: FutureWarning: ...``) or any stderr output; a chapter may still
+*discuss* a warning (chapter 03 tabulates the ones ``torch.cuda.amp`` raises)."""
 OUT_DIR_ASSIGNED = re.compile(r'out_dir</span>\s*<span class="o">=</span>')  # `out_dir = ...` in a highlighted cell
 EXTERNAL_RESOURCE = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=[\"']?(?:https?:)?//", re.I)
 
