@@ -261,8 +261,10 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
 
 
 def _fields(obj: Any) -> dict[str, Any]:
-    """Shallow field dict of a flat frozen dataclass (faster than dataclasses.asdict)."""
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    """Shallow field dict of a frozen dataclass (faster than dataclasses.asdict); nested ones (a config's ``impl``)
+    by their ``to_dict()``."""
+    out = {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    return {k: (v.to_dict() if hasattr(v, "__dataclass_fields__") else v) for k, v in out.items()}
 
 
 def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict) -> list[str]:

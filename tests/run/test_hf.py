@@ -1,0 +1,58 @@
+"""Real HF models built from the shipped tiny configs (memlab/course/configs/tiny, nothing downloaded), one training
+step on CPU: memlab's term-by-term activations equal the bytes saved for backward exactly, and model states equal
+the estimator's, for every family in a handful of (attention, dtype, shape) runs; the per-op listing explains them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from memlab.measure.by_op import layer_listing, saved_by_op
+from memlab.predict.hf import from_hf
+from memlab.run.hf import build_hf_model, predict_hf, run_hf
+
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+
+
+def tiny(family: str) -> dict:
+    return {k: v for k, v in json.loads((CONFIGS / f"{family}.json").read_text()).items() if not k.startswith("_")}
+
+
+RUNS = [
+    ("gpt2", "eager", "fp32", 1, 40),  # batch 1: q is a view of the fused QKV buffer
+    ("gpt2", "sdpa", "bf16", 2, 24),
+    ("llama", "eager", "bf16", 2, 24),  # repeat_kv, fp32 softmax, RMSNorm upcast
+    ("gemma", "eager", "fp32", 1, 40),  # one KV head at batch 1: repeat_kv stays a view
+    ("gpt_neox", "sdpa", "fp32", 2, 24),  # parallel block, output copy
+    ("opt", "eager", "bf16", 2, 24),  # ReLU, per-token position ids
+    ("phi", "eager", "bf16", 1, 40),  # shared norm, gelu_new
+    ("qwen2", "sdpa", "fp32", 2, 24),
+    ("mistral", "sdpa", "bf16", 1, 40),
+]
+
+
+@pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)
+def test_activations_and_states_are_exact(family: str, attn: str, dtype: str, batch: int, seq: int) -> None:
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype=dtype, batch=batch, seq=seq)
+    p = predict_hf(config, m)
+    assert config.param_count() == m.params
+    assert p["activations"] == m.saved_bytes
+    assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
+
+
+def test_by_op_listing_sums_to_the_recorded_total_and_names_gelu_new() -> None:
+    model = build_hf_model(tiny("gpt2"))
+    idx = torch.randint(0, 512, (2, 16))
+    frame = saved_by_op(model, lambda: model(input_ids=idx, labels=idx).loss)
+    config = from_hf(tiny("gpt2"))
+    assert "(not in a node)" not in set(frame["op"])
+    layer = layer_listing(frame, "h.0.", tokens=32)
+    d_ff_rows = layer[layer["op"].isin(["PowBackward0", "TanhBackward0", "MulBackward0"])]
+    assert d_ff_rows["nbytes"].sum() == 4 * 32 * config.ffn * 4  # gelu_new's four d_ff-wide tensors, fp32
+    assert layer["nbytes"].sum() == frame[frame["scope"].str.contains("h.0.", regex=False)]["nbytes"].sum()
