@@ -51,9 +51,16 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
 
     if dtype not in DTYPES:
         raise SetupError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    from transformers.utils import logging
+
     torch.manual_seed(seed)
-    cfg = hf_config(config)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # config validation warnings about tiny vocabularies, once per build
+    try:
+        cfg = hf_config(config)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
+    finally:
+        logging.set_verbosity(level)
     return model.to(device).train()
 
 
