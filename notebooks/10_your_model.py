@@ -218,9 +218,10 @@ residuals.style.format({"reference formula": "{:+.1%}", "with traits": "{:+.2%}"
 
 # %% [markdown]
 # One layer of GPT-2 and one of Llama, every saved storage grouped by the autograd op that keeps it, in bytes per
-# token. GPT-2's `PowBackward0`, `TanhBackward0` and two `MulBackward0` rows are `gelu_new`'s four extra d_ff-wide
-# tensors (a fused GELU keeps one); Llama's fp32 `SoftmaxBackward0` row beside a bf16 `BmmBackward0` copy is the
-# fp32 softmax, and its fp32 `MulBackward0` rows are RMSNorm's upcast input.
+# token. GPT-2's `PowBackward0`, `TanhBackward0` and two `MulBackward0` rows are `gelu_new`'s four d_ff-wide
+# tensors besides its output, where a fused GELU keeps one (its input); Llama's fp32 `SoftmaxBackward0` row (the
+# bf16 copy the next matmul keeps is among the `BmmBackward0` tensors) is the fp32 softmax, and its fp32
+# `MulBackward0` rows are RMSNorm's upcast input and statistics.
 
 # %%
 import torch

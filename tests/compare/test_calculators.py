@@ -96,3 +96,15 @@ def test_shoot_out_on_real_runs_memlab_exact() -> None:
     assert table.loc["memlab", "activations worst"] == 0.0
     assert table.loc["memlab-trace", "states median"] == "unavailable"
     assert table.loc["transformer-math-101", "states median"] > 0.2
+
+
+def test_shootout_figure_has_one_panel_per_component() -> None:
+    import pandas as pd
+
+    from memlab.compare.plots import shootout_errors
+
+    frame = pd.DataFrame([{"tool": t, "component": c, "rel_error": e, "available": a}
+                          for t, e, a in (("memlab", 0.0, True), ("x", 0.5, True), ("y", None, False))
+                          for c in COMPONENTS])
+    fig = shootout_errors(frame, title="t", source="s")
+    assert len(fig.axes) == len(COMPONENTS)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from memlab.errors import ConfigError
-from memlab.predict.hf import SUPPORTED, from_hf, hf_attention
+from memlab.predict.hf import SUPPORTED, from_hf, hf_attention, trait_effects
 from memlab.predict.models import TransformerConfig
 
 H, L, A, KV, F, V, P = 64, 2, 4, 2, 128, 512, 256
@@ -106,3 +106,17 @@ def test_param_count_equals_the_hf_models(family: str) -> None:
 
     model = build_hf_model(TINY[family])
     assert from_hf(TINY[family]).param_count() == sum(p.numel() for p in model.parameters())
+
+
+def test_trait_effects_name_what_each_trait_adds() -> None:
+    from memlab.predict.setup import Setup
+
+    setup = Setup(batch=2, seq=24, precision="bf16", attention="eager")
+    gpt2 = from_hf(TINY["gpt2"])
+    effects = trait_effects(gpt2, setup, device_type="cpu")
+    assert list(effects) == ["activation"]
+    assert effects["activation"] == 3 * 2 * 24 * gpt2.ffn * 2 * gpt2.n_layers  # 3 more d_ff tensors, bf16
+    llama = trait_effects(from_hf(TINY["llama"]), setup, device_type="cpu")
+    scores = 2 * 4 * 24 * 24 * 2  # b a s^2 L
+    assert llama["softmax_fp32"] == 4 * scores  # fp32 probabilities + their bf16 copy instead of bf16 alone
+    assert {"rmsnorm", "eager_repeat_kv"} <= set(llama)
