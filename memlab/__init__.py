@@ -2,10 +2,11 @@
 
 The package is laid out in the order of the flow, one room per step::
 
-    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware
+    predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware,
+               traits and from_hf (Hugging Face configs)
     run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline
     measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
-    compare/   prediction next to measurement: the ledger and its plots
+    compare/   prediction next to measurement: the ledger, the public calculators, plots
     course/    chapters, exercises, the papermill report and its pages, provenance
     cli/       the ``memlab`` command, one module per subcommand
 

@@ -56,3 +56,15 @@ def test_by_op_listing_sums_to_the_recorded_total_and_names_gelu_new() -> None:
     d_ff_rows = layer[layer["op"].isin(["PowBackward0", "TanhBackward0", "MulBackward0"])]
     assert d_ff_rows["nbytes"].sum() == 4 * 32 * config.ffn * 4  # gelu_new's four d_ff-wide tensors, fp32
     assert layer["nbytes"].sum() == frame[frame["scope"].str.contains("h.0.", regex=False)]["nbytes"].sum()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+@pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)
+def test_activations_and_states_are_exact_on_cuda(family: str, attn: str, dtype: str, batch: int, seq: int) -> None:
+    """The same runs on CUDA: SDPA picks the CUDA kernels (flash for bf16, memory-efficient for fp32), layer_norm
+    keeps fp32 statistics; the prediction for device_type 'cuda' must still equal the saved bytes."""
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype=dtype, batch=batch, seq=seq, device="cuda")
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
