@@ -116,7 +116,12 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma}.get(family, _llama_like)
     tc = build(c, family, label)
     loss_src = ("loss_labels_padded", "transformers/loss/loss_utils.py ForCausalLMLoss")
-    impl = replace(tc.impl, loss_labels_padded=True, sources=(*tc.impl.sources, loss_src))
+    im = tc.impl
+    # Traits equal to what the reference GPT would do anyway go back to their defaults, so impl.differs() lists
+    # only real differences (Llama's SiLU is the reference swiglu's; a bias equal to config.bias is no trait).
+    same = {"activation": "default"} if im.activation == Implementation().act(tc.mlp) else {}
+    same.update({k: None for k in ("qkv_bias", "o_bias", "mlp_bias") if getattr(im, k) == tc.bias})
+    impl = replace(im, loss_labels_padded=True, sources=(*im.sources, loss_src), **same)
     return tc.with_(impl=impl)
 
 

@@ -57,7 +57,10 @@ def test_family_traits() -> None:
     assert llama.n_kv_heads == KV and llama.mlp == "swiglu" and not llama.tied_embeddings
     assert gemma.impl.rmsnorm == "fp32" and gemma.impl.activation == "gelu_tanh" and gemma.head_dim == 32
     assert gemma.q_dim == 128 and gemma.tied_embeddings
-    assert qwen.impl.qkv_bias and qwen.impl.o_bias is False and qwen.tied_embeddings
+    names = {n for n, _, _ in qwen.param_shapes()}
+    assert qwen.impl.qkv_bias and qwen.tied_embeddings
+    assert "blocks.0.attn.q.bias" in names and "blocks.0.attn.o.bias" not in names
+    assert "activation" not in llama.impl.differs()  # SiLU is the reference swiglu's: not a difference
 
 
 def test_gemma_7b_head_dim_is_not_d_model_over_heads() -> None:
