@@ -64,8 +64,10 @@ class Run:
 
     def setup(self) -> Setup:
         """memlab's Setup for the run (pure 16-bit for bf16: weights, gradients and Adam states in bf16)."""
+        cfg = from_hf(self.hf)
+        p = cfg.impl.attention_dropout_or(cfg.dropout)
         return Setup(batch=self.batch, seq=self.seq, precision=self.dtype, optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, self.device_type, self.dtype))
+                     attention=hf_attention(self.attn_implementation, self.device_type, self.dtype, p))
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from memlab.predict.setup import Setup
 
 CATEGORIES = (
     "token ids",
+    "embeddings",
     "norms",
     "attention",
     "attention scores",
@@ -156,8 +157,8 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
     L, h, kv, a = config.n_layers, config.q_dim, config.kv_dim, config.n_heads
     t = b * s
     scores = L * b * a * s * s
-    drop = config.dropout > 0
     im = config.impl
+    drop = im.attention_dropout_or(config.dropout) > 0
     if setup.recompute == "selective":
         return [
             ActivationTerm("q, k, v kept to recompute the core", "attention", L * t * (h + 2 * kv), w["compute"], True)
@@ -236,6 +237,8 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
         rot = int(config.head_dim * im.rotary_fraction)
         terms.append(ActivationTerm("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
                                     w["residual"], False))
+    if im.embedding_dropout > 0:
+        terms.append(ActivationTerm("embedding dropout mask", "embeddings", t * h, w["mask"], False))
     if setup.recompute == "full":
         terms.append(ActivationTerm("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
     else:

@@ -36,7 +36,8 @@ _LLAMA_LIKE = {
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None, "vocab_size": 50257, "n_positions": 1024,
-             "activation_function": "gelu_new", "resid_pdrop": 0.1, "attn_pdrop": 0.1, "tie_word_embeddings": True,
+             "activation_function": "gelu_new", "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1,
+             "tie_word_embeddings": True,
              "scale_attn_weights": True},
     "opt": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072,
             "vocab_size": 50272, "max_position_embeddings": 2048, "activation_function": "relu", "dropout": 0.1,
@@ -103,8 +104,9 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
 
     Supported ``model_type``: gpt2, opt, gpt_neox, phi, llama, mistral, qwen2, gemma. Anything else raises a
     :class:`~memlab.errors.ConfigError` naming these. Parameter counts equal the HF model's
-    ``sum(p.numel() for p in model.parameters())`` (tied embeddings once); ``dropout`` is the family's residual
-    dropout (set it to 0 in the config to train as modern LLMs do). Source: ``[hf-transformers]``.
+    ``sum(p.numel() for p in model.parameters())`` (tied embeddings once). ``dropout`` is the family's residual
+    dropout; attention and embedding dropout, where the family has them, are the traits ``attention_dropout`` and
+    ``embedding_dropout`` (OPT's ``activation_dropout`` is not modelled). Source: ``[hf-transformers]``.
     """
     raw = _as_dict(config)
     family = str(raw.get("model_type", "")).lower()
@@ -115,13 +117,16 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     label = name or str(raw.get("_name_or_path") or raw.get("name") or family) or family
     build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma}.get(family, _llama_like)
     tc = build(c, family, label)
+    attn_p = float(c.get("attn_pdrop" if family == "gpt2" else "attention_dropout") or 0.0)
+    embd_p = float(c.get({"gpt2": "embd_pdrop", "phi": "embd_pdrop", "gpt_neox": "hidden_dropout"}.get(family, ""), 0.0) or 0.0)
     loss_src = ("loss_labels_padded", "transformers/loss/loss_utils.py ForCausalLMLoss")
     im = tc.impl
     # Traits equal to what the reference GPT would do anyway go back to their defaults, so impl.differs() lists
     # only real differences (Llama's SiLU is the reference swiglu's; a bias equal to config.bias is no trait).
     same = {"activation": "default"} if im.activation == Implementation().act(tc.mlp) else {}
     same.update({k: None for k in ("qkv_bias", "o_bias", "mlp_bias") if getattr(im, k) == tc.bias})
-    impl = replace(im, loss_labels_padded=True, sources=(*im.sources, loss_src), **same)
+    impl = replace(im, loss_labels_padded=True, sources=(*im.sources, loss_src), embedding_dropout=embd_p,
+                   attention_dropout=None if attn_p == tc.dropout else attn_p, **same)
     return tc.with_(impl=impl)
 
 
@@ -135,7 +140,7 @@ def _gpt2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
                  ("fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.c_attn (Conv1D)")),
                  ("q_view_of_fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.forward: "
                                                       "c_attn(hidden_states).split(split_size, dim=2)")),
-                 ("dropout", "embedding dropout (GPT2Model.drop) is not counted")),
+                 ("embedding_dropout", _src("gpt2", "modeling_gpt2.py GPT2Model.drop (embd_pdrop)"))),
     )
     return TransformerConfig(
         name=label, d_model=d, n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c["n_inner"] or 4 * d,
@@ -263,16 +268,20 @@ def _gemma(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     )
 
 
-def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str = "fp32") -> str:
+def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str = "fp32",
+                 attention_dropout: float = 0.0) -> str:
     """The memlab ``Setup.attention`` an HF ``attn_implementation`` runs as: ``eager`` is eager; ``sdpa`` picks
-    PyTorch's fused kernel (on CPU the flash kernel, on CUDA flash for 16-bit and memory-efficient for fp32);
+    PyTorch's fused kernel (on CPU the flash kernel, or the math backend when attention dropout is on, which the
+    CPU flash kernel does not support; on CUDA flash for 16-bit and memory-efficient for fp32);
     ``flash_attention_2`` is flash."""
     if attn_implementation == "eager":
         return "eager"
     if attn_implementation in ("flash_attention_2", "flash_attention_3"):
         return "flash"
     if attn_implementation == "sdpa":
-        return "flash" if device_type == "cpu" or dtype != "fp32" else "efficient"
+        if device_type == "cpu":
+            return "math" if attention_dropout > 0 else "flash"
+        return "flash" if dtype != "fp32" else "efficient"
     raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got {attn_implementation!r}")
 
 

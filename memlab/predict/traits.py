@@ -95,6 +95,13 @@ class Implementation:
     """The loss pads the labels by one column and shifts (``pad(labels, (0, 1))[..., 1:]``): at batch 1 the
     shifted targets are a view of the (s + 1)-long padded row, 8 bytes more [hf-transformers:
     loss/loss_utils.py ForCausalLMLoss]."""
+    attention_dropout: float | None = None
+    """Dropout on the attention probabilities when it differs from ``TransformerConfig.dropout`` (the residual
+    dropout): GPT-2 ``attn_pdrop``, OPT/NeoX/Phi/Llama ``attention_dropout``. None: the same as ``dropout``."""
+    embedding_dropout: float = 0.0
+    """Dropout on the embeddings' output (GPT-2 and Phi ``embd_pdrop``, GPT-NeoX ``hidden_dropout``): one more
+    mask of width d_model per token [hf-transformers: modeling_gpt2.py GPT2Model.drop, modeling_gpt_neox.py
+    GPTNeoXModel.emb_dropout]."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.run.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()
@@ -110,6 +117,10 @@ class Implementation:
             raise ConfigError("Implementation.shared_norm needs parallel_block=True (one norm feeds both branches)")
         if not (0.0 < float(self.rotary_fraction) <= 1.0):
             raise ConfigError(f"Implementation.rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
+        for name in ("attention_dropout", "embedding_dropout"):
+            p = getattr(self, name)
+            if p is not None and not (0.0 <= float(p) < 1.0):
+                raise ConfigError(f"Implementation.{name} must be in [0, 1), got {p!r}")
         value = self.position_offset
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"Implementation.position_offset must be a non-negative integer, got {value!r}")
@@ -126,6 +137,10 @@ class Implementation:
         if unknown:
             raise ConfigError(f"unknown Implementation fields {unknown}; known: {', '.join(sorted(known))}")
         return cls(**d)  # type: ignore[arg-type]
+
+    def attention_dropout_or(self, dropout: float) -> float:
+        """The dropout on attention probabilities, given the config's (residual) ``dropout``."""
+        return dropout if self.attention_dropout is None else float(self.attention_dropout)
 
     def act(self, mlp: str) -> str:
         """The activation actually used by an MLP of kind ``mlp`` ('gelu' or 'swiglu')."""

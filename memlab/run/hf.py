@@ -85,11 +85,13 @@ class HfMeasurement:
         """Parameters + gradients + optimizer state."""
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
-    def setup(self) -> Setup:
-        """The memlab :class:`Setup` this run corresponds to."""
+    def setup(self, config: TransformerConfig | None = None) -> Setup:
+        """The memlab :class:`Setup` this run corresponds to (``config`` tells whether attention dropout moves
+        CPU SDPA to the math backend)."""
         dev = torch.device(self.device).type
+        p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
         return Setup(batch=self.batch, seq=self.seq, precision=PRECISION_OF[self.dtype], optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, dev, self.dtype))
+                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p))
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -125,7 +127,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
 
 def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
     """memlab's prediction for the same run: activations (term by term) and model states (the estimator's)."""
-    setup = m.setup()
+    setup = m.setup(config)
     dev = torch.device(m.device).type
     acts = sum(activation_bytes(config, setup, device_type=dev).values())
     comp = estimate(config, setup, device_type=dev).components()

@@ -115,9 +115,11 @@ def test_trait_effects_name_what_each_trait_adds() -> None:
     from memlab.predict.setup import Setup
 
     setup = Setup(batch=2, seq=24, precision="bf16", attention="eager")
-    gpt2 = from_hf(TINY["gpt2"])
+    gpt2 = from_hf({**TINY["gpt2"], "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0})
     effects = trait_effects(gpt2, setup, device_type="cpu")
     assert list(effects) == ["activation"]
+    with_defaults = trait_effects(from_hf(TINY["gpt2"]), setup, device_type="cpu")  # GPT-2 drops out 0.1 by default
+    assert with_defaults["embedding_dropout"] == 2 * 24 * H * 2  # one bf16 noise mask per token, d_model wide
     assert effects["activation"] == 3 * 2 * 24 * gpt2.ffn * 2 * gpt2.n_layers  # 3 more d_ff tensors, bf16
     llama = trait_effects(from_hf(TINY["llama"]), setup, device_type="cpu")
     scores = 2 * 4 * 24 * 24 * 2  # b a s^2 L

@@ -35,6 +35,17 @@ RUNS = [
     ("qwen2", "sdpa", "fp32", 2, 24),
     ("mistral", "sdpa", "bf16", 1, 40),
 ]
+DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
+           "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities
+           "llama": {"attention_dropout": 0.1}}  # on the probabilities only; SDPA on CPU then runs the math backend
+
+
+@pytest.mark.parametrize("family", list(DROPOUT))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_dropout_masks_are_counted_where_each_family_drops(family: str, attn: str) -> None:
+    config, m = run_hf({**tiny(family), **DROPOUT[family]}, attn_implementation=attn, dtype="bf16", batch=2,
+                       seq=24)
+    assert predict_hf(config, m)["activations"] == m.saved_bytes
 
 
 @pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)
