@@ -233,7 +233,7 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
     ]
     if config.positions == "learned":
         terms.append(ActivationTerm("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
-    elif im.rotary_tables_per_forward:
+    elif im.rotary_tables_per_forward and setup.recompute != "full":  # checkpointed layers get them by keyword
         rot = int(config.head_dim * im.rotary_fraction)
         terms.append(ActivationTerm("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
                                     w["residual"], False))
@@ -241,6 +241,9 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
         terms.append(ActivationTerm("embedding dropout mask", "embeddings", t * h, w["mask"], False))
     if setup.recompute == "full":
         terms.append(ActivationTerm("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
+        if im.checkpoint_keeps_mask and setup.attention == "eager":
+            terms.append(ActivationTerm("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s,
+                                        w["compute"], False))
     else:
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.

@@ -118,7 +118,8 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma}.get(family, _llama_like)
     tc = build(c, family, label)
     attn_p = float(c.get("attn_pdrop" if family == "gpt2" else "attention_dropout") or 0.0)
-    embd_p = float(c.get({"gpt2": "embd_pdrop", "phi": "embd_pdrop", "gpt_neox": "hidden_dropout"}.get(family, ""), 0.0) or 0.0)
+    embd_key = {"gpt2": "embd_pdrop", "phi": "embd_pdrop", "gpt_neox": "hidden_dropout"}.get(family, "")
+    embd_p = float(c.get(embd_key, 0.0) or 0.0)
     loss_src = ("loss_labels_padded", "transformers/loss/loss_utils.py ForCausalLMLoss")
     im = tc.impl
     # Traits equal to what the reference GPT would do anyway go back to their defaults, so impl.differs() lists
@@ -134,13 +135,15 @@ def _gpt2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     d = c["n_embd"]
     impl = Implementation(
         family=family, activation=_activation(c["activation_function"], "activation_function", family),
-        fused_qkv=True, q_view_of_fused_qkv=True,
+        fused_qkv=True, q_view_of_fused_qkv=True, checkpoint_keeps_mask=True,
         sources=(("activation", _src("gpt2", "modeling_gpt2.py GPT2MLP (ACT2FN[activation_function]); "
                                              "activations.py NewGELUActivation")),
                  ("fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.c_attn (Conv1D)")),
                  ("q_view_of_fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.forward: "
                                                       "c_attn(hidden_states).split(split_size, dim=2)")),
-                 ("embedding_dropout", _src("gpt2", "modeling_gpt2.py GPT2Model.drop (embd_pdrop)"))),
+                 ("embedding_dropout", _src("gpt2", "modeling_gpt2.py GPT2Model.drop (embd_pdrop)")),
+                 ("checkpoint_keeps_mask", _src("gpt2", "modeling_gpt2.py GPT2Block called with the causal mask "
+                                                        "as a positional argument"))),
     )
     return TransformerConfig(
         name=label, d_model=d, n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c["n_inner"] or 4 * d,

@@ -102,6 +102,11 @@ class Implementation:
     """Dropout on the embeddings' output (GPT-2 and Phi ``embd_pdrop``, GPT-NeoX ``hidden_dropout``): one more
     mask of width d_model per token [hf-transformers: modeling_gpt2.py GPT2Model.drop, modeling_gpt_neox.py
     GPTNeoXModel.emb_dropout]."""
+    checkpoint_keeps_mask: bool = False
+    """Under gradient checkpointing, each checkpointed layer keeps the 4-D attention mask (batch, 1, s, s) it is
+    passed positionally in eager attention (GPT-2); other families pass it, and the rotary cos/sin, as keyword
+    arguments, which the checkpoint holds by reference instead of saving [hf-transformers: modeling_layers.py
+    GradientCheckpointingLayer.__call__]."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.run.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()

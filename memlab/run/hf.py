@@ -45,8 +45,10 @@ def hf_config(config: Any) -> Any:
 
 
 def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: str = "fp32",
-                   device: str | torch.device = "cpu", seed: int = 0) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_config`` in ``dtype`` with ``attn_implementation`` (eager or sdpa), in train mode."""
+                   device: str | torch.device = "cpu", seed: int = 0,
+                   gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_config`` in ``dtype`` with ``attn_implementation`` (eager or sdpa), in train mode;
+    ``gradient_checkpointing`` calls the model's ``gradient_checkpointing_enable()`` (memlab's recompute "full")."""
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
@@ -61,6 +63,8 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
     finally:
         logging.set_verbosity(level)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     return model.to(device).train()
 
 
@@ -79,6 +83,7 @@ class HfMeasurement:
     grads_bytes: int
     optimizer_bytes: int
     device: str
+    recompute: str = "none"
 
     @property
     def states_bytes(self) -> int:
@@ -91,7 +96,7 @@ class HfMeasurement:
         dev = torch.device(self.device).type
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
         return Setup(batch=self.batch, seq=self.seq, precision=PRECISION_OF[self.dtype], optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p))
+                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -120,7 +125,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
         params_bytes=st.params_bytes, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
-        device=str(dev),
+        device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
     )
     return (m, saved) if keep_saved else m
 
@@ -135,10 +140,11 @@ def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
             "optimizer": comp["optimizer"]}
 
 
-def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int,
-           device: str = "cpu", seed: int = 0) -> tuple[TransformerConfig, HfMeasurement]:
+def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
+           seed: int = 0, gradient_checkpointing: bool = False) -> tuple[TransformerConfig, HfMeasurement]:
     """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement."""
-    model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed)
+    model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
+                           gradient_checkpointing=gradient_checkpointing)
     m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed)
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
     del model

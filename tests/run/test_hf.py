@@ -40,6 +40,16 @@ DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  
            "llama": {"attention_dropout": 0.1}}  # on the probabilities only; SDPA on CPU then runs the math backend
 
 
+@pytest.mark.parametrize(("family", "attn"), [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "eager"),
+                                             ("phi", "sdpa"), ("gemma", "eager")])
+def test_gradient_checkpointing_is_recompute_full(family: str, attn: str) -> None:
+    """model.gradient_checkpointing_enable() keeps each layer's input (and, for GPT-2 eager, its 4-D mask)."""
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype="fp32", batch=2, seq=24,
+                       gradient_checkpointing=True)
+    assert m.recompute == "full"
+    assert predict_hf(config, m)["activations"] == m.saved_bytes
+
+
 @pytest.mark.parametrize("family", list(DROPOUT))
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_dropout_masks_are_counted_where_each_family_drops(family: str, attn: str) -> None:
