@@ -169,7 +169,8 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
         kw = kv + repeat * (h - kv)
         # GPT-2 at batch 1: q is a view of the fused QKV output, and QK^T keeps that whole buffer
         qw = h + (b == 1) * 2 * kv if im.q_view_of_fused_qkv else h
-        if im.softmax_fp32 and w["compute"] == 2:
+        promoted = im.autocast_mask_promotes_scores and setup.policy.autocast
+        if (im.softmax_fp32 or promoted) and w["compute"] == 2:
             w = {**w, "probs": FP32, "probs_copy": 2}
         out = [
             ActivationTerm("q (contiguous for QK^T)", "attention", L * t * qw, w["compute"], True),
@@ -238,16 +239,18 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
         terms.append(ActivationTerm("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
                                     w["residual"], False))
     if im.embedding_dropout > 0:
-        terms.append(ActivationTerm("embedding dropout mask", "embeddings", t * h, w["mask"], False))
+        # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
+        terms.append(ActivationTerm("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1
+                                    else w["residual"], False))
     if setup.recompute == "full":
         terms.append(ActivationTerm("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
         if im.checkpoint_keeps_mask and setup.attention == "eager":
             terms.append(ActivationTerm("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s,
-                                        w["compute"], False))
+                                        w["residual"], False))
     else:
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
-        n_attn_in = 3 if autocast else 1
+        n_attn_in = 3 if autocast and not im.fused_qkv else 1  # a fused QKV projection casts its input once
         n_mlp_in = (2 if config.mlp == "swiglu" else 1) if autocast else (0 if im.shared_norm else 1)
         n_norms = L if im.shared_norm else 2 * L
         terms += _norm_terms(config, t, n_norms, w, "block norm", L if im.parallel_block else n_norms)

@@ -135,13 +135,15 @@ def _gpt2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     d = c["n_embd"]
     impl = Implementation(
         family=family, activation=_activation(c["activation_function"], "activation_function", family),
-        fused_qkv=True, q_view_of_fused_qkv=True, checkpoint_keeps_mask=True,
+        fused_qkv=True, q_view_of_fused_qkv=True, checkpoint_keeps_mask=True, autocast_mask_promotes_scores=True,
         sources=(("activation", _src("gpt2", "modeling_gpt2.py GPT2MLP (ACT2FN[activation_function]); "
                                              "activations.py NewGELUActivation")),
                  ("fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.c_attn (Conv1D)")),
                  ("q_view_of_fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.forward: "
                                                       "c_attn(hidden_states).split(split_size, dim=2)")),
                  ("embedding_dropout", _src("gpt2", "modeling_gpt2.py GPT2Model.drop (embd_pdrop)")),
+                 ("autocast_mask_promotes_scores", _src("gpt2", "modeling_gpt2.py eager_attention_forward: "
+                                                                "attn_weights + causal_mask (fp32)")),
                  ("checkpoint_keeps_mask", _src("gpt2", "modeling_gpt2.py GPT2Block called with the causal mask "
                                                         "as a positional argument"))),
     )

@@ -59,6 +59,11 @@ class Implementation:
     """Eager attention runs softmax in fp32 and casts back: in 16 bits it keeps the fp32 probabilities and their
     16-bit copy (6 B per score) [hf-transformers: modeling_llama.py eager_attention_forward,
     ``softmax(..., dtype=torch.float32).to(query.dtype)``]."""
+    autocast_mask_promotes_scores: bool = False
+    """Under autocast (an fp32 model), eager attention adds the fp32 causal mask to the 16-bit scores, which
+    promotes them to fp32: softmax keeps fp32 probabilities and the matmul with V their 16-bit cast, as with
+    ``softmax_fp32`` (GPT-2) [hf-transformers: modeling_gpt2.py eager_attention_forward, ``attn_weights +
+    causal_mask`` then ``.type(value.dtype)``]."""
     rmsnorm: RmsNormKind = "reference"
     """How RMSNorm is written: ``reference`` keeps x, rstd and x*rstd in the residual dtype (memlab.run.gpt.Norm);
     ``fp32-input`` upcasts x to fp32 (keeps the fp32 x, fp32 rstd, and the normalised x cast back for the weight:

@@ -84,6 +84,8 @@ class HfMeasurement:
     optimizer_bytes: int
     device: str
     recompute: str = "none"
+    autocast: bool = False
+    """The forward ran under ``torch.autocast`` to bf16 on an fp32 model (memlab's ``amp-bf16``)."""
 
     @property
     def states_bytes(self) -> int:
@@ -95,7 +97,8 @@ class HfMeasurement:
         CPU SDPA to the math backend)."""
         dev = torch.device(self.device).type
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
-        return Setup(batch=self.batch, seq=self.seq, precision=PRECISION_OF[self.dtype], optimizer="adamw",
+        precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
+        return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
                      attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute)
 
     def to_dict(self) -> dict[str, object]:
@@ -103,9 +106,10 @@ class HfMeasurement:
 
 
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
-               keep_saved: bool = False) -> HfMeasurement | tuple[HfMeasurement, Any]:
+               keep_saved: bool = False, autocast: bool = False) -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens: saved-for-backward bytes of the forward, then backward and
-    an AdamW step, then the model states. With ``keep_saved`` also returns the recorder's
+    an AdamW step, then the model states. ``autocast`` runs the forward under ``torch.autocast`` to bf16 (an fp32
+    model: PyTorch AMP, what ``Trainer(bf16=True)`` does). With ``keep_saved`` also returns the recorder's
     :class:`~memlab.measure.accounting.SavedActivations`."""
     cfg = model.config
     dev = next(model.parameters()).device
@@ -113,7 +117,8 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rec = SavedTensorRecorder(model)
-    with rec:
+    # autocast exits inside the recorder, so its weight-cast cache is released as in training
+    with rec, torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
         loss = model(input_ids=idx, labels=idx).loss
     saved = rec.result()
     loss.backward()
@@ -126,6 +131,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
         params_bytes=st.params_bytes, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
         device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
+        autocast=autocast,
     )
     return (m, saved) if keep_saved else m
 
@@ -141,11 +147,15 @@ def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
 
 
 def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
-           seed: int = 0, gradient_checkpointing: bool = False) -> tuple[TransformerConfig, HfMeasurement]:
-    """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement."""
+           seed: int = 0, gradient_checkpointing: bool = False,
+           autocast: bool = False) -> tuple[TransformerConfig, HfMeasurement]:
+    """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
+    (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``)."""
+    if autocast and dtype != "fp32":
+        raise SetupError("autocast runs an fp32 model (dtype='fp32') with a bf16 forward; got dtype=" + repr(dtype))
     model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
                            gradient_checkpointing=gradient_checkpointing)
-    m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed)
+    m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast)
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
     del model
     return tc, m  # type: ignore[return-value]

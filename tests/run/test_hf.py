@@ -50,6 +50,18 @@ def test_gradient_checkpointing_is_recompute_full(family: str, attn: str) -> Non
     assert predict_hf(config, m)["activations"] == m.saved_bytes
 
 
+@pytest.mark.parametrize(("family", "attn"), [("gpt2", "eager"), ("gpt_neox", "eager"), ("llama", "sdpa"),
+                                             ("phi", "eager"), ("opt", "sdpa")])
+def test_autocast_on_an_fp32_model_is_amp_bf16(family: str, attn: str) -> None:
+    """torch.autocast to bf16 on an fp32 model (what Trainer(bf16=True) runs): GPT-2's fp32 mask promotes its
+    scores to fp32, a fused QKV projection casts its input once; states are fp32 weights, grads and Adam."""
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype="fp32", batch=2, seq=24, autocast=True)
+    p = predict_hf(config, m)
+    assert m.setup(config).precision == "amp-bf16"
+    assert p["activations"] == m.saved_bytes
+    assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
+
+
 @pytest.mark.parametrize("family", list(DROPOUT))
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_dropout_masks_are_counted_where_each_family_drops(family: str, attn: str) -> None:
