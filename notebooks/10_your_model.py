@@ -322,8 +322,8 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # - The budget of seed 004 is right; the activation term is not one formula. It is a list of tensors set by how
 #   the model is written. memlab's `from_hf` names the traits (composed `gelu_new`, ReLU, parallel block and shared
 #   norm, `repeat_kv`, fp32 softmax, RMSNorm upcasts, per-forward rotary tables, SDPA layouts) and counts each;
-#   on every real run here it matches the saved bytes and the model states (and, in `make bench`, on 192 runs
-#   with and without dropout and gradient checkpointing).
+#   on every real run here it matches the saved bytes and the model states (`make bench` runs the wider grids:
+#   dropout, gradient checkpointing, autocast).
 # - The other calculators, run on the same steps, miss by tens of percent either way: fixed bytes-per-parameter
 #   recipes that do not match the run's precision, and one activation layout for every family.
 # - A residual is explained by listing what each autograd op keeps for one layer; the trait that causes it is
