@@ -209,3 +209,42 @@ def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.legend(fontsize=6, loc="upper left", ncol=2)
     return fig
+
+
+def shootout_errors(frame: pd.DataFrame, *, title: str, source: str = "") -> Figure:
+    """One panel per component (states, activations, states + activations): each tool's signed relative error on
+    every run, as dots on a symmetric-log percentage axis (0 is exact). ``frame`` is
+    :func:`memlab.compare.calculators.shoot_out`'s table; tools without a number for a component are named, not
+    drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    comps = list(dict.fromkeys(frame["component"]))
+    tools = list(dict.fromkeys(frame["tool"]))
+    errors = frame["rel_error"].dropna().astype(float).abs() * 100
+    lim = max(10.0, 1.3 * float(errors.max())) if len(errors) else 10.0
+    ticks = [t for t in (1, 10, 100, 1000) if t < lim]
+    fig, axes = plt.subplots(1, len(comps), figsize=(4.2 * len(comps), 0.45 * len(tools) + 2.2), sharey=True,
+                             layout="constrained")
+    for ax, comp in zip(list(axes) if len(comps) > 1 else [axes], comps, strict=True):
+        part = frame[frame["component"] == comp]
+        for i, tool in enumerate(tools):
+            e = part[part["tool"] == tool]["rel_error"].dropna().astype(float) * 100
+            if e.empty:
+                why = "unavailable" if not part[part["tool"] == tool]["available"].all() else "not modelled"
+                ax.text(0, i, why, ha="center", va="center", fontsize=8, color="grey")
+                continue
+            ax.scatter(e, [i] * len(e), s=14, alpha=0.6, color="#C44E52" if tool != "memlab" else "#4C72B0")
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(-lim, lim)
+        ax.set_xticks([-t for t in reversed(ticks)] + [0] + ticks, [f"{-t:g}" for t in reversed(ticks)] + ["0"]
+                      + [f"+{t:g}" for t in ticks])
+        ax.set_title(comp, fontsize=10)
+        ax.set_xlabel("(predicted - measured) / measured, %")
+        ax.set_yticks(range(len(tools)), tools)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(title + (f"\n{source}" if source else ""), fontsize=11)
+    return fig

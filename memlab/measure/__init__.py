@@ -1,4 +1,5 @@
-"""Measurement: exact byte accounting, CUDA allocator, NVML, host, timelines, OOM parsing.
+"""Measurement: exact byte accounting, saved tensors per autograd op (``by_op``), CUDA allocator, NVML, host,
+timelines, OOM parsing.
 
 The adapters here read what is really there. Where a source is absent (no CUDA, no NVML) a reading says so
 (``available=False`` and a ``reason``); it never reports zeros in its place.

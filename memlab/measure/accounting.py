@@ -274,3 +274,7 @@ class SavedTensorRecorder:
     def result(self) -> SavedActivations:
         """The distinct saved storages recorded so far."""
         return SavedActivations(tuple(self._seen.values()))
+
+    def by_storage(self) -> dict[tuple[str, int], SavedTensor]:
+        """The recorded rows keyed by :func:`storage_key` (to join with an autograd-graph walk)."""
+        return dict(self._seen)

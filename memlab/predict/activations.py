@@ -18,6 +18,13 @@ generalised honestly and checked tensor by tensor against :class:`memlab.run.gpt
 - the model-level tensors the paper leaves out: token ids and targets, the final norm, the LM-head input and
   the fp32 log-softmax of the logits (Korthikanti Section 4.3 notes it is large: s*b*V*4 bytes).
 
+How a model is *written* changes the list too: ``config.impl`` (:class:`memlab.predict.traits.Implementation`)
+names each such choice (composed ``gelu_new``, ReLU, a parallel block and shared norm, ``repeat_kv``, fp32
+softmax, RMSNorm upcasts, per-forward rotary tables, SDPA output copies, a q that is a view of a fused QKV buffer)
+and the terms below count each one; the defaults are the reference GPT's. With the traits
+:func:`memlab.predict.hf.from_hf` sets, the count equals what Hugging Face models save, byte for byte, on the
+families and runs of ``tests/run/test_hf.py`` and ``benchmarks/hf_activation_errors.py``.
+
 Two facts depend on the device, because PyTorch's autocast op lists differ (torch/include/ATen/autocast_mode.h,
 ``AT_FORALL_FP32_SET_OPT_DTYPE`` applies to CUDA; the CPU lists in aten/src/ATen/autocast_mode.cpp do not list
 softmax) and so do the norm kernels:
@@ -41,6 +48,7 @@ from memlab.predict.setup import Setup
 
 CATEGORIES = (
     "token ids",
+    "embeddings",
     "norms",
     "attention",
     "attention scores",
@@ -112,34 +120,63 @@ def widths(setup: Setup, device_type: str = "cuda") -> dict[str, float]:
 
 
 def _norm_terms(
-    config: TransformerConfig, tokens: Any, n: int, w: dict[str, float], where: str
+    config: TransformerConfig, tokens: Any, n: int, w: dict[str, float], where: str, n_inputs: Any = None
 ) -> list[ActivationTerm]:
-    """A norm keeps its input and statistics; the hand-written RMSNorm also keeps x * rstd (for the weight)."""
-    h = config.d_model
-    out = [ActivationTerm(f"{where} input", "norms", n * tokens * h, w["residual"], False)]
+    """``n`` norms keep their input and statistics (``n_inputs`` distinct inputs, ``n`` unless a parallel block's
+    two norms read one tensor). RMSNorm as written by the model (:attr:`Implementation.rmsnorm`): the reference
+    keeps x, rstd and x * rstd in the residual dtype; ``fp32-input`` the fp32 x, fp32 rstd and x * rstd cast back;
+    ``fp32`` the fp32 x, rstd, x * rstd and ``1 + weight``."""
+    h, kind = config.d_model, config.impl.rmsnorm
+    n_in = n if n_inputs is None else n_inputs
     if config.norm == "layernorm":
-        out.append(ActivationTerm(f"{where} mean and rstd", "norms", n * 2 * tokens, w["stats"], False))
+        return [
+            ActivationTerm(f"{where} input", "norms", n_in * tokens * h, w["residual"], False),
+            ActivationTerm(f"{where} mean and rstd", "norms", n * 2 * tokens, w["stats"], False),
+        ]
+    if kind == "reference":
+        return [
+            ActivationTerm(f"{where} input", "norms", n_in * tokens * h, w["residual"], False),
+            ActivationTerm(f"{where} rstd", "norms", n * tokens, w["residual"], False),
+            ActivationTerm(f"{where} x*rstd", "norms", n * tokens * h, w["residual"], False),
+        ]
+    # An fp32 upcast of a 16-bit input is a new tensor per norm; of an fp32 input it is the input itself.
+    up_in = n_in if w["residual"] == FP32 else n
+    out = [
+        ActivationTerm(f"{where} input, fp32", "norms", up_in * tokens * h, FP32, False, "x.to(float32)"),
+        ActivationTerm(f"{where} rstd, fp32", "norms", n * tokens, FP32, False),
+    ]
+    if kind == "fp32-input":
+        out.append(ActivationTerm(f"{where} x*rstd cast back", "norms", n * tokens * h, w["residual"], False))
     else:
-        out.append(ActivationTerm(f"{where} rstd", "norms", n * tokens, w["residual"], False))
-        out.append(ActivationTerm(f"{where} x*rstd", "norms", n * tokens * h, w["residual"], False))
+        out.append(ActivationTerm(f"{where} x*rstd, fp32", "norms", n * tokens * h, FP32, False))
+        out.append(ActivationTerm(f"{where} 1 + weight, fp32", "norms", n * h, FP32, False))
     return out
 
 
 def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict[str, float]) -> list[ActivationTerm]:
     """What the attention core (QK^T, softmax, dropout, x V) keeps, for all layers."""
-    L, h, kv, a = config.n_layers, config.d_model, config.kv_dim, config.n_heads
+    L, h, kv, a = config.n_layers, config.q_dim, config.kv_dim, config.n_heads
     t = b * s
     scores = L * b * a * s * s
-    drop = config.dropout > 0
+    im = config.impl
+    drop = im.attention_dropout_or(config.dropout) > 0
     if setup.recompute == "selective":
         return [
             ActivationTerm("q, k, v kept to recompute the core", "attention", L * t * (h + 2 * kv), w["compute"], True)
         ]
     if setup.attention == "eager":
+        # repeat_kv: K and V at full query width, unless one KV head at batch 1 (an expanded view matmul accepts)
+        repeat = 0 if (not im.eager_repeat_kv or kv == h) else (1 if kv != config.head_dim else (b != 1))
+        kw = kv + repeat * (h - kv)
+        # GPT-2 at batch 1: q is a view of the fused QKV output, and QK^T keeps that whole buffer
+        qw = h + (b == 1) * 2 * kv if im.q_view_of_fused_qkv else h
+        promoted = im.autocast_mask_promotes_scores and setup.policy.autocast
+        if (im.softmax_fp32 or promoted) and w["compute"] == 2:
+            w = {**w, "probs": FP32, "probs_copy": 2}
         out = [
-            ActivationTerm("q (contiguous for QK^T)", "attention", L * t * h, w["compute"], True),
-            ActivationTerm("k^T (contiguous for QK^T)", "attention", L * t * kv, w["compute"], True),
-            ActivationTerm("v (contiguous for PV)", "attention", L * t * kv, w["compute"], True),
+            ActivationTerm("q (contiguous for QK^T)", "attention", L * t * qw, w["compute"], True),
+            ActivationTerm("k^T (contiguous for QK^T)", "attention", L * t * kw, w["compute"], True),
+            ActivationTerm("v (contiguous for PV)", "attention", L * t * kw, w["compute"], True),
             ActivationTerm("softmax probabilities", "attention scores", scores, w["probs"], True),
         ]
         if drop:
@@ -163,11 +200,18 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
             out.append(ActivationTerm("dropped probabilities, fp32", "attention scores", scores, FP32, True))
         return out
     rows = s if setup.attention != "efficient" else 32 * ((s + 31) // 32)
-    return [
+    out = [
         # The kernel's output is laid out (b, s, a, d): the output projection's input is that same storage.
         ActivationTerm("q, k, v (fused kernel inputs)", "attention", L * t * (h + 2 * kv), w["compute"], True),
         ActivationTerm("log-sum-exp per row, fp32", "attention", L * b * a * rows, FP32, True),
     ]
+    if im.q_view_of_fused_qkv:
+        out.append(ActivationTerm("rest of the fused QKV buffer q is a view of", "attention", L * t * 2 * kv,
+                                  w["compute"], True))
+    if im.sdpa_output_copy:
+        out.append(ActivationTerm("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
+                                  w["compute"], True))
+    return out
 
 
 def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> list[ActivationTerm]:
@@ -188,28 +232,43 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
     w = widths(setup, device_type)
     autocast = setup.policy.autocast
     drop = config.dropout > 0
+    im = config.impl
     terms: list[ActivationTerm] = [
         ActivationTerm("input token ids", "token ids", t, INT64, False),
-        ActivationTerm("target token ids", "token ids", t, INT64, False),
+        ActivationTerm("target token ids", "token ids", t + (b == 1) * im.loss_labels_padded, INT64, False),
     ]
     if config.positions == "learned":
-        terms.append(ActivationTerm("position ids", "token ids", s, INT64, False))
+        terms.append(ActivationTerm("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
+    elif im.rotary_tables_per_forward and setup.recompute != "full":  # checkpointed layers get them by keyword
+        rot = int(config.head_dim * im.rotary_fraction)
+        terms.append(ActivationTerm("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
+                                    w["residual"], False))
+    if im.embedding_dropout > 0:
+        # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
+        terms.append(ActivationTerm("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1
+                                    else w["residual"], False))
     if setup.recompute == "full":
         terms.append(ActivationTerm("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
+        if im.checkpoint_keeps_mask and setup.attention == "eager":
+            terms.append(ActivationTerm("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s,
+                                        w["residual"], False))
     else:
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
-        n_attn_in = 3 if autocast else 1
-        n_mlp_in = (2 if config.mlp == "swiglu" else 1) if autocast else 1
-        terms += _norm_terms(config, t, 2 * L, w, "block norm")
+        # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
+        n_attn_in = 3 if autocast and not im.fused_qkv else 1  # a fused QKV projection casts its input once
+        n_mlp_in = (2 if config.mlp == "swiglu" else 1) if autocast else (0 if im.shared_norm else 1)
+        n_norms = L if im.shared_norm else 2 * L
+        terms += _norm_terms(config, t, n_norms, w, "block norm", L if im.parallel_block else n_norms)
         terms.append(ActivationTerm("q/k/v projection input", "attention", n_attn_in * L * t * h, w["compute"], False))
         terms += _core_terms(config, setup, b, s, w)
-        terms.append(ActivationTerm("output projection input", "attention", L * t * h, w["compute"], True))
+        terms.append(ActivationTerm("output projection input", "attention", L * t * config.q_dim, w["compute"], True))
         if drop:
             terms.append(ActivationTerm("attention output dropout mask", "attention", L * t * h, w["mask"], False))
         terms.append(ActivationTerm("MLP input", "mlp", n_mlp_in * L * t * h, w["compute"], False))
-        n_f = 2 if config.mlp == "gelu" else 4  # gelu: its input, down's input; swiglu: gate, silu, up, down input
+        n_f = im.mlp_saved_tensors(config.mlp)  # gelu: its input, down's input; swiglu: gate, silu, up, down input
+        act = im.act(config.mlp)
         terms.append(
-            ActivationTerm(f"MLP {config.mlp} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True)
+            ActivationTerm(f"MLP {config.mlp}/{act} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True)
         )
         if drop:
             terms.append(ActivationTerm("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))

@@ -271,8 +271,19 @@ def _overheads_arg(overheads: object) -> Overheads:
 
 
 def _fields(obj: Any) -> dict[str, Any]:
-    """Shallow field dict of a flat frozen dataclass (faster than dataclasses.asdict)."""
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    """Shallow field dict of a frozen dataclass (faster than dataclasses.asdict); nested ones (a config's ``impl``)
+    by their ``to_dict()``."""
+    out = {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    impl = out.get("impl")
+    if impl is not None:
+        out["impl"] = dict(_nested_dict(impl))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _nested_dict(value: Any) -> dict[str, Any]:
+    """``to_dict()`` of a frozen (hashable) nested dataclass, cached: sweeps ask for the same one per setup."""
+    return value.to_dict()
 
 
 def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Literal
 
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
+from memlab.predict.traits import REFERENCE, Implementation
 from memlab.predict.validate import StrictInit, check_fields
 
 MlpKind = Literal["gelu", "swiglu"]
@@ -78,7 +79,8 @@ class TransformerConfig(StrictInit):
     norm: NormKind = "layernorm"
     """layernorm (weight and, with ``bias``, a bias) or rmsnorm (weight only)."""
     bias: bool = True
-    """Biases on linear layers and layernorms (GPT-2: yes; Llama: no). The LM head never has one."""
+    """Biases on linear layers and layernorms (GPT-2: yes; Llama: no); ``impl`` can override per projection. The
+    LM head has one only with ``impl.head_bias``."""
     tied_embeddings: bool = True
     """Whether the LM head reuses the token embedding matrix."""
     dropout: float = field(default=0.0, metadata={"max": 1.0, "max_open": True, "why": "a probability below 1"})
@@ -92,12 +94,22 @@ class TransformerConfig(StrictInit):
     """Routed experts each token runs through (Mixtral: 2 of 8)."""
     n_shared_experts: int = 0
     """Experts every token runs through besides the routed ones (DeepSeekMoE shared experts [dai2024])."""
+    attn_head_dim: int | None = None
+    """Per-head width when it is not d_model / n_heads (Gemma-7B: 16 heads of 256 on d_model 3072); None derives it."""
+    impl: Implementation = REFERENCE
+    """How the model is written (:class:`memlab.predict.traits.Implementation`); the default is the reference GPT."""
 
     def __post_init__(self) -> None:
         # Types and ranges from the annotations and metadata above (memlab.predict.validate): a bool is no size,
         # 'no' is no bool (it would build a tied model), '0.1' is no dropout.
         check_fields(self, ConfigError)
-        if self.d_model % self.n_heads:
+        if isinstance(self.impl, dict):  # from to_dict() or a JSON line
+            object.__setattr__(self, "impl", Implementation.from_dict(self.impl))
+        if not isinstance(self.impl, Implementation):
+            raise ConfigError(f"impl must be a memlab.predict.traits.Implementation, got {type(self.impl).__name__}")
+        if self.attn_head_dim is not None and self.attn_head_dim <= 0:
+            raise ConfigError(f"attn_head_dim must be a positive integer or None, got {self.attn_head_dim!r}")
+        if self.attn_head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"n_heads={self.n_heads} must divide d_model={self.d_model}: pick a d_model that is a multiple "
                 f"of n_heads (e.g. {self.n_heads * max(1, round(self.d_model / self.n_heads))})"
@@ -155,8 +167,13 @@ class TransformerConfig(StrictInit):
     # -- derived sizes -------------------------------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        """d_model / n_heads."""
-        return self.d_model // self.n_heads
+        """d_model / n_heads, or ``attn_head_dim`` when given."""
+        return self.attn_head_dim if self.attn_head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection and the attention output: n_heads * head_dim (d_model unless overridden)."""
+        return self.n_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -177,10 +194,12 @@ class TransformerConfig(StrictInit):
         ``component`` is one of embeddings, positions, attention, mlp, norms, head. Used for exact counts,
         for shape-dependent optimizer state (Adafactor) and to check the torch model against the config.
         """
-        h, f, k, b = self.d_model, self.ffn, self.kv_dim, self.bias
+        h, f, k, b, im = self.d_model, self.ffn, self.kv_dim, self.bias, self.impl
+        qd = self.q_dim
+        qkv_b, o_b, mlp_b = (b if x is None else x for x in (im.qkv_bias, im.o_bias, im.mlp_bias))
         out: list[tuple[str, tuple[int, ...], str]] = [("tok_emb.weight", (self.vocab_size, h), "embeddings")]
         if self.positions == "learned":
-            out.append(("pos_emb.weight", (self.max_seq, h), "positions"))
+            out.append(("pos_emb.weight", (self.max_seq + im.position_offset, h), "positions"))
 
         def norm(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
             rows = [(f"{prefix}.weight", (h,), "norms")]
@@ -188,25 +207,29 @@ class TransformerConfig(StrictInit):
                 rows.append((f"{prefix}.bias", (h,), "norms"))
             return rows
 
-        def linear(prefix: str, n_in: int, n_out: int, comp: str) -> list[tuple[str, tuple[int, ...], str]]:
+        def linear(prefix: str, n_in: int, n_out: int, comp: str, bias: bool) -> list[tuple[str, tuple[int, ...], str]]:
             rows = [(f"{prefix}.weight", (n_out, n_in), comp)]
-            if b:
+            if bias:
                 rows.append((f"{prefix}.bias", (n_out,), comp))
             return rows
 
         def mlp(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
-            rows = linear(f"{prefix}.up", h, f, "mlp") if self.mlp == "gelu" else \
-                linear(f"{prefix}.gate", h, f, "mlp") + linear(f"{prefix}.up", h, f, "mlp")
-            return rows + linear(f"{prefix}.down", f, h, "mlp")
+            rows = linear(f"{prefix}.up", h, f, "mlp", mlp_b) if self.mlp == "gelu" else \
+                linear(f"{prefix}.gate", h, f, "mlp", mlp_b) + linear(f"{prefix}.up", h, f, "mlp", mlp_b)
+            return rows + linear(f"{prefix}.down", f, h, "mlp", mlp_b)
 
         for i in range(self.n_layers):
             p = f"blocks.{i}"
             out += norm(f"{p}.norm1")
-            out += linear(f"{p}.attn.q", h, h, "attention")
-            out += linear(f"{p}.attn.k", h, k, "attention")
-            out += linear(f"{p}.attn.v", h, k, "attention")
-            out += linear(f"{p}.attn.o", h, h, "attention")
-            out += norm(f"{p}.norm2")
+            if im.fused_qkv:  # one tensor (and one optimizer step counter) for Q, K and V
+                out += linear(f"{p}.attn.qkv", h, qd + 2 * k, "attention", qkv_b)
+            else:
+                out += linear(f"{p}.attn.q", h, qd, "attention", qkv_b)
+                out += linear(f"{p}.attn.k", h, k, "attention", qkv_b)
+                out += linear(f"{p}.attn.v", h, k, "attention", qkv_b)
+            out += linear(f"{p}.attn.o", qd, h, "attention", o_b)
+            if not im.shared_norm:
+                out += norm(f"{p}.norm2")
             if not self.is_moe:
                 out += mlp(f"{p}.mlp")
                 continue
@@ -218,6 +241,8 @@ class TransformerConfig(StrictInit):
         out += norm("norm_f")
         if not self.tied_embeddings:
             out.append(("head.weight", (self.vocab_size, h), "head"))
+        if im.head_bias:
+            out.append(("head.bias", (self.vocab_size,), "head"))
         return out
 
     def param_breakdown(self) -> dict[str, int]:
@@ -264,6 +289,14 @@ class TransformerConfig(StrictInit):
     def with_(self, **changes: object) -> TransformerConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
+
+    @classmethod
+    def from_hf(cls, config: object, *, name: str | None = None) -> TransformerConfig:
+        """The config of a Hugging Face model (a ``transformers`` config, its ``to_dict()``, or a ``config.json``
+        path), with the implementation traits of its family: see :func:`memlab.predict.hf.from_hf`."""
+        from memlab.predict.hf import from_hf
+
+        return from_hf(config, name=name)
 
 
 @dataclass(frozen=True)

@@ -40,12 +40,8 @@ from memlab.predict.setup import ATTENTION, RECOMPUTE
 if TYPE_CHECKING:
     from torch.autograd.graph import Node
 
-_SDPA_BACKENDS = {
-    "math": "MATH",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "cudnn": "CUDNN_ATTENTION",
-}
+_SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                  "cudnn": "CUDNN_ATTENTION"}
 
 
 def _sdpa_backend(name: str) -> object:
@@ -119,6 +115,23 @@ class Rotary(nn.Module):
 
 def _linear(n_in: int, n_out: int, bias: bool, device: torch.device | None, dtype: torch.dtype | None) -> nn.Linear:
     return nn.Linear(n_in, n_out, bias=bias, device=device, dtype=dtype)
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh GELU written out elementwise, as HF's NewGELUActivation: it keeps x, tanh(.), 0.5 x and
+    1 + tanh(.) for backward where the fused ``F.gelu(x, approximate="tanh")`` keeps x alone."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "gelu_new": gelu_new,
+               "relu": F.relu, "silu": F.silu}
+REFERENCE_TRAITS = ("activation", "parallel_block", "shared_norm", "qkv_bias", "o_bias", "mlp_bias", "head_bias")
+"""The :class:`~memlab.predict.traits.Implementation` traits this GPT implements; the others describe HF code."""
+
+
+def _biases(config: TransformerConfig) -> tuple[bool, bool, bool]:
+    im = config.impl
+    return tuple(config.bias if x is None else x for x in (im.qkv_bias, im.o_bias, im.mlp_bias))  # type: ignore
 
 
 class ScoreSoftmax(nn.Module):
@@ -203,13 +216,14 @@ class Attention(nn.Module):
         dtype: torch.dtype | None,
     ) -> None:
         super().__init__()
-        h, k = config.d_model, config.kv_dim
+        h, k, qd = config.d_model, config.kv_dim, config.q_dim
         self.n_heads, self.head_dim = config.n_heads, config.head_dim
         self.n_kv_heads = config.n_kv_heads or config.n_heads
-        self.q = _linear(h, h, config.bias, device, dtype)
-        self.k = _linear(h, k, config.bias, device, dtype)
-        self.v = _linear(h, k, config.bias, device, dtype)
-        self.o = _linear(h, h, config.bias, device, dtype)
+        qkv_b, o_b, _ = _biases(config)
+        self.q = _linear(h, qd, qkv_b, device, dtype)
+        self.k = _linear(h, k, qkv_b, device, dtype)
+        self.v = _linear(h, k, qkv_b, device, dtype)
+        self.o = _linear(qd, h, o_b, device, dtype)
         self.core = AttentionCore(config, attention)
         self.recompute_core = recompute == "selective"
         self.dropout = config.dropout
@@ -233,29 +247,28 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU (tanh approximation, as GPT-2) or SwiGLU (Shazeer 2020) feed-forward."""
+    """down(act(up(x))) or, gated (``mlp="swiglu"``, Shazeer 2020), down(act(gate(x)) * up(x)); the activation is
+    ``config.impl.act(mlp)``: fused tanh GELU / SiLU by default, or ``gelu_new``, exact ``gelu``, ``relu``."""
 
     def __init__(self, config: TransformerConfig, device: torch.device | None, dtype: torch.dtype | None) -> None:
         super().__init__()
-        h, f = config.d_model, config.ffn
-        self.kind = config.mlp
+        h, f, b = config.d_model, config.ffn, _biases(config)[2]
+        self.kind, self.act = config.mlp, ACTIVATIONS[config.impl.act(config.mlp)]
         if self.kind == "swiglu":
-            self.gate = _linear(h, f, config.bias, device, dtype)
-        self.up = _linear(h, f, config.bias, device, dtype)
-        self.down = _linear(f, h, config.bias, device, dtype)
+            self.gate = _linear(h, f, b, device, dtype)
+        self.up = _linear(h, f, b, device, dtype)
+        self.down = _linear(f, h, b, device, dtype)
         self.dropout = config.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "gelu":
-            u = F.gelu(self.up(x), approximate="tanh")
-        else:
-            u = F.silu(self.gate(x)) * self.up(x)
+        u = self.act(self.up(x)) if self.kind == "gelu" else self.act(self.gate(x)) * self.up(x)
         out = self.down(u)
         return F.dropout(out, p=self.dropout) if self.training and self.dropout > 0 else out
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.))."""
+    """Pre-norm block: x + attn(norm1(x)), then + mlp(norm2(.)); parallel (``impl.parallel_block``, GPT-NeoX):
+    x + attn(norm1(x)) + mlp(norm2(x)), with ``impl.shared_norm`` (Phi) one norm for both."""
 
     def __init__(
         self,
@@ -268,7 +281,7 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = Norm(config, device, dtype)
         self.attn = Attention(config, attention, recompute, device, dtype)
-        self.norm2 = Norm(config, device, dtype)
+        self.norm2 = None if config.impl.shared_norm else Norm(config, device, dtype)
         if config.is_moe:
             from memlab.run.moe import MoEMLP  # routed experts (memlab.run.moe); imported here: moe imports MLP
 
@@ -276,10 +289,14 @@ class Block(nn.Module):
         else:
             self.mlp = MLP(config, device, dtype)
         self.recompute_full = recompute == "full"
+        self.parallel = config.impl.parallel_block
 
     def _forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
+        if self.parallel:
+            n = self.norm1(x)
+            return x + self.attn(n, rotary, kv) + self.mlp(n if self.norm2 is None else self.norm2(x))
         x = x + self.attn(self.norm1(x), rotary, kv)
-        return x + self.mlp(self.norm2(x))
+        return x + self.mlp(self.norm2(x))  # type: ignore[misc]
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
@@ -310,6 +327,11 @@ class GPT(nn.Module):
             raise SetupError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if recompute not in RECOMPUTE:
             raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+        other = sorted(set(config.impl.differs()) - set(REFERENCE_TRAITS))
+        if other or (config.impl.head_bias and config.tied_embeddings):
+            raise SetupError(f"the reference GPT implements the traits {', '.join(REFERENCE_TRAITS)} (head_bias only "
+                             f"untied), not {other or ['head_bias with tied embeddings']}: those describe HF code; "
+                             "build the HF model (memlab.run.hf) to measure them")
         dev = torch.device(device) if device is not None else None
         self.config, self.attention, self.recompute = config, attention, recompute
         h = config.d_model
@@ -321,7 +343,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, attention, recompute, dev, dtype) for _ in range(config.n_layers))
         self.norm_f = Norm(config, dev, dtype)
         self.head = (
-            None if config.tied_embeddings else nn.Linear(h, config.vocab_size, bias=False, device=dev, dtype=dtype)
+            None if config.tied_embeddings
+            else nn.Linear(h, config.vocab_size, bias=config.impl.head_bias, device=dev, dtype=dtype)
         )
         if dev is None or dev.type != "meta":
             self.apply(_init_weights)
@@ -366,7 +389,7 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += s
         x = self.norm_f(x)
-        logits = F.linear(x, self.head_weight)
+        logits = F.linear(x, self.head_weight, None if self.head is None else self.head.bias)
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(b * s, -1), targets.view(b * s))
@@ -426,18 +449,8 @@ def _init_weights(module: nn.Module) -> None:
 # -- naming what is saved -------------------------------------------------------------------------------------
 # Nodes walked through to find where a saved tensor came from: views, casts and (for dropout, which is a
 # multiply by noise off CUDA) multiplies, following their first input.
-_PASS_THROUGH = (
-    "View",
-    "Reshape",
-    "UnsafeView",
-    "Transpose",
-    "TBackward",
-    "Permute",
-    "Expand",
-    "Alias",
-    "ToCopy",
-    "Mul",
-)
+_PASS_THROUGH = ("View", "Reshape", "UnsafeView", "Transpose", "TBackward", "Permute", "Expand", "Alias", "ToCopy",
+                 "Mul")
 
 
 def _origin(node: Node | None, hops: int = 8) -> list[str]:

@@ -1,0 +1,101 @@
+"""memlab's achieved errors on real Hugging Face models, and every public calculator on the same runs.
+
+Builds the tiny configs shipped in ``memlab/course/configs/tiny`` (GPT-2, OPT, GPT-NeoX, Phi, Llama, Mistral,
+Qwen2, Gemma; nothing downloaded) with ``AutoModelForCausalLM.from_config``, runs one real training step for each of
+eager and SDPA attention, fp32 and bf16, two shapes (64 runs) on this machine, and counts exactly what the forward
+saves for backward and what the model states hold. Prints memlab's activation and model-state errors per family
+(the goal: activations within 3 % median and 10 % worst, model states exact), then the shoot-out table
+(:mod:`memlab.compare.calculators`). A second grid turns on dropout 0.1 wherever each family has it (residual,
+attention probabilities, embeddings: GPT-2's defaults), a third turns on gradient checkpointing (recompute "full"), a
+fourth runs fp32 models under bf16 autocast (PyTorch AMP, ``Trainer(bf16=True)``); these check memlab alone. Exits 1
+when memlab misses the goal.
+
+Usage: ``python benchmarks/hf_activation_errors.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from memlab.compare.calculators import Run, error_table, measure_run, shoot_out
+
+TINY = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
+SHAPES = [(2, 24), (1, 64)]
+DROPOUT_KEYS = ("resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout", "attention_dropout", "hidden_dropout")
+
+
+def runs(dropout: float = 0.0) -> list[Run]:
+    out = []
+    for path in sorted(TINY.glob("*.json")):
+        hf = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+        if dropout:
+            hf = {**hf, **{k: dropout for k in DROPOUT_KEYS if k in hf or k == "attention_dropout"}}
+        for attn in ("eager", "sdpa"):
+            for dtype in ("fp32", "bf16"):
+                out += [Run(hf, b, s, dtype, attn, name=path.stem) for b, s in SHAPES]
+    return out
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    except ImportError:
+        print("transformers is not installed: no HF model can be built here (pip install 'memlab[course]')")
+        return 1
+    start = time.perf_counter()
+    pairs = [(r, measure_run(r)) for r in runs()]
+    frame = shoot_out(pairs)
+    took = time.perf_counter() - start
+    ours = frame[frame["tool"] == "memlab"].copy()
+    ours["abs"] = ours["rel_error"].abs()
+    per_family = ours.pivot_table(index="family", columns="component", values="abs", aggfunc=["median", "max"])
+    pd.set_option("display.width", 200)
+    print(f"{len(pairs)} real runs (8 families x eager/sdpa x fp32/bf16 x {len(SHAPES)} shapes) in {took:.1f} s")
+    print("\nmemlab |relative error| per family (fractions):")
+    print(per_family.round(6).to_string())
+    acts = ours[ours["component"] == "activations"]["abs"]
+    states = ours[ours["component"] == "states"]["abs"]
+    print(f"\nmemlab activations: median {acts.median():.4%}, worst {acts.max():.4%} (goal 3 % / 10 %); "
+          f"model states: worst {states.max():.4%} (goal exact)")
+    print("\nshoot-out (median |error| and signed worst error, fractions; same runs for every tool):")
+    print(error_table(frame).to_string(index=False))
+    dropped = shoot_out([(r, measure_run(r)) for r in runs(dropout=0.1)], tools=["memlab"])
+    d_acts = dropped[dropped["component"] == "activations"]["rel_error"].abs()
+    print(f"\nwith dropout 0.1 ({len(d_acts)} runs): memlab activations median {d_acts.median():.4%}, "
+          f"worst {d_acts.max():.4%}")
+    from memlab.run.hf import predict_hf, run_hf
+
+    ckpt = []
+    for r in runs():
+        config, m = run_hf(r.hf, attn_implementation=r.attn_implementation, dtype=r.dtype, batch=r.batch, seq=r.seq,
+                           gradient_checkpointing=True)
+        ckpt.append(abs(predict_hf(config, m)["activations"] - m.saved_bytes) / m.saved_bytes)
+    c_acts = pd.Series(ckpt)
+    print(f"with gradient checkpointing ({len(c_acts)} runs): memlab activations median {c_acts.median():.4%}, "
+          f"worst {c_acts.max():.4%}")
+    amp = []
+    for r in runs():
+        if r.dtype != "fp32":
+            continue
+        config, m = run_hf(r.hf, attn_implementation=r.attn_implementation, dtype="fp32", batch=r.batch, seq=r.seq,
+                           autocast=True)
+        amp.append(abs(predict_hf(config, m)["activations"] - m.saved_bytes) / m.saved_bytes)
+    a_acts = pd.Series(amp)
+    print(f"fp32 models under bf16 autocast ({len(a_acts)} runs): memlab activations median {a_acts.median():.4%}, "
+          f"worst {a_acts.max():.4%}")
+    ok = max(acts.median(), d_acts.median(), c_acts.median(), a_acts.median()) <= 0.03
+    ok = ok and max(acts.max(), d_acts.max(), c_acts.max(), a_acts.max()) <= 0.10
+    return 0 if ok and states.max() == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

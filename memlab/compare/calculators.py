@@ -1,0 +1,302 @@
+"""The calculator shoot-out: every public memory estimator asked about the same runs, next to what was measured.
+
+One function per estimator takes a :class:`Run` (an HF config, batch, seq, dtype, attention) and returns a
+:class:`CalculatorResult` with its prediction per component: model ``states`` (parameters + gradients + optimizer),
+``activations`` (saved for backward) and their sum. Where an estimator has code, its own code is called; where it
+is a formula, the formula is written here from its source:
+
+- ``accelerate``: ``accelerate estimate-memory``'s own functions (``accelerate.commands.estimate``:
+  ``calculate_maximum_sizes`` on an empty model, ``estimate_training_usage``; the command reports the largest of
+  its terms as "Training using Adam") ``[accelerate-estimate]``;
+- ``deepspeed-zero2`` / ``deepspeed-zero3``: ``estimate_zero2_model_states_mem_needs`` and
+  ``estimate_zero3_model_states_mem_needs`` (one GPU, no offload; ZeRO-3's largest layer found as DeepSpeed's
+  ``model_to_params`` does) ``[deepspeed-zero]``;
+- ``gpu_poor``: ``src/App.js`` of RahulSChand/gpu_poor (its own parameter formula, 2-byte floats, Adam as
+  3 x the model, ``getActivationMemory``; its fixed 650 MB "cuda + other overhead" is left out) ``[gpu-poor]``;
+- ``transformer-math-101``: EleutherAI's Transformer Math 101 (model 4 or 2 B/param, AdamW 12 B/param, gradients
+  4 or 2 B/param; activations ``sbhL(10 + 24/t + 5as/(ht))``) ``[anthony2023]``;
+- ``ultrascale-playbook``: the Ultra-Scale Playbook's memory formulas (16 N bytes for full or mixed precision with
+  Adam; activations ``L s b h (34 + 5 a s / h)``) ``[tazi2025]``;
+- ``memlab``: :func:`memlab.predict.hf.from_hf` and the term-by-term activation model;
+- ``memlab-trace``: the fake-tensor trace at full size (issue 9). **Hook**: not on this branch; the row says so.
+
+Formulas given a parameter count get the model's exact one (their own count formulas assume the GPT-2 layout),
+so the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package
+cannot be imported on this machine returns ``available=False`` with the reason; its rows are skipped, never
+imitated. Several tools assume mixed precision (fp32 master weights and Adam states) for a 16-bit run: on a pure
+bf16 run (bf16 weights, gradients and Adam states, as ``model.to(torch.bfloat16)`` trains) they over-predict states.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from memlab.predict.activations import activation_bytes
+from memlab.predict.estimate import estimate
+from memlab.predict.hf import from_hf, hf_attention
+from memlab.predict.setup import Setup
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+COMPONENTS = ("states", "activations", "states + activations")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training step every calculator is asked about: an HF config (dict with ``model_type``) and the shape."""
+
+    hf: dict[str, Any] = field(hash=False)
+    batch: int
+    seq: int
+    dtype: str = "fp32"
+    attn_implementation: str = "eager"
+    device_type: str = "cpu"
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return (f"{self.name or self.hf.get('model_type')} {self.attn_implementation} {self.dtype} "
+                f"b{self.batch}x{self.seq}")
+
+    def setup(self) -> Setup:
+        """memlab's Setup for the run (pure 16-bit for bf16: weights, gradients and Adam states in bf16)."""
+        cfg = from_hf(self.hf)
+        p = cfg.impl.attention_dropout_or(cfg.dropout)
+        return Setup(batch=self.batch, seq=self.seq, precision=self.dtype, optimizer="adamw",
+                     attention=hf_attention(self.attn_implementation, self.device_type, self.dtype, p))
+
+
+@dataclass(frozen=True)
+class CalculatorResult:
+    """A calculator's prediction for one run, in bytes (None: the tool does not model that component)."""
+
+    tool: str
+    states: float | None
+    activations: float | None
+    available: bool = True
+    note: str = ""
+
+    @property
+    def total(self) -> float | None:
+        """states + activations (states alone when the tool has no activation model; None if no states)."""
+        if self.states is None:
+            return None
+        return self.states + (self.activations or 0)
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "total": self.total}
+
+
+def _unavailable(tool: str, reason: str) -> CalculatorResult:
+    return CalculatorResult(tool, None, None, available=False, note=reason)
+
+
+def _params(run: Run) -> int:
+    return from_hf(run.hf).param_count()
+
+
+def _bytes16(run: Run) -> int:
+    return 4 if run.dtype == "fp32" else 2
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_model_sizes(hf_items: tuple, base: bool) -> tuple[int, int, int]:
+    """(accelerate total_size, DeepSpeed total_params, DeepSpeed largest_layer_params) of an empty fp32 model:
+    ``AutoModel`` (the base model, no LM head) when ``base``, as ``accelerate estimate-memory`` builds it
+    (``create_empty_model``), else ``AutoModelForCausalLM``, the model one trains and hands DeepSpeed."""
+    import torch
+    from accelerate import init_empty_weights
+    from accelerate.utils import calculate_maximum_sizes
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    from memlab.run.hf import hf_config
+
+    with init_empty_weights():
+        model = (AutoModel if base else AutoModelForCausalLM).from_config(hf_config(dict(hf_items)),
+                                                                          dtype=torch.float32)
+    total_size, _ = calculate_maximum_sizes(model)
+    total_params = sum({id(p): p.numel() for p in model.parameters()}.values())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return int(total_size), int(total_params), int(largest)
+
+
+def _hf_key(run: Run) -> tuple:
+    return tuple(sorted((k, v) for k, v in run.hf.items() if not isinstance(v, dict | list)))
+
+
+def accelerate_estimate(run: Run) -> CalculatorResult:
+    """``accelerate estimate-memory``: its "Training using Adam" figure, the largest of the terms of
+    ``estimate_training_usage(total_size, dtype)`` for the empty ``AutoModel``'s ``total_size`` (fp32 bytes,
+    buffers included, no LM head: the command builds the base model). No activations. ``[accelerate-estimate]``"""
+    try:
+        from accelerate.commands.estimate import estimate_training_usage
+    except ImportError as exc:  # pragma: no cover - accelerate is a course dependency
+        return _unavailable("accelerate", f"accelerate cannot be imported here: {exc}")
+    total_size, _, _ = _empty_model_sizes(_hf_key(run), True)
+    usage = estimate_training_usage(total_size, "float32" if run.dtype == "fp32" else "bfloat16")
+    return CalculatorResult("accelerate", float(max(usage.values())), None,
+                            note="largest of estimate_training_usage's terms; no activation model")
+
+
+def _deepspeed(stage: int, run: Run) -> CalculatorResult:
+    tool = f"deepspeed-zero{stage}"
+    try:
+        if stage == 2:
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as est
+        else:
+            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as est
+    except Exception as exc:  # DeepSpeed can fail at import for many machine reasons (no compiler, no CUDA)
+        return _unavailable(tool, f"DeepSpeed cannot be imported here ({type(exc).__name__}: {exc})")
+    # total_params as DeepSpeed's model_to_params counts a live model (tied weights once, by data_ptr): the exact
+    # count; an empty model's tied weights are separate meta tensors, so only the largest layer is taken from it.
+    _, _, largest = _empty_model_sizes(_hf_key(run), False)
+    total = _params(run)
+    if stage == 2:
+        _, gpu = est(total, num_gpus_per_node=1, num_nodes=1, cpu_offload=False)
+    else:
+        _, gpu, _ = est(total, largest, num_gpus_per_node=1, num_nodes=1, cpu_offload=False,
+                        cpu_offload_params=False)
+    return CalculatorResult(tool, float(gpu), None, note="GPU bytes, one GPU, no offload; no activation model")
+
+
+def deepspeed_zero2(run: Run) -> CalculatorResult:
+    """DeepSpeed's ``estimate_zero2_model_states_mem_needs`` (2 + 18 B/param on one GPU). ``[deepspeed-zero]``"""
+    return _deepspeed(2, run)
+
+
+def deepspeed_zero3(run: Run) -> CalculatorResult:
+    """DeepSpeed's ``estimate_zero3_model_states_mem_needs`` (4 x largest layer + 18 B/param). ``[deepspeed-zero]``"""
+    return _deepspeed(3, run)
+
+
+def _gpu_poor_config(hf: dict[str, Any]) -> dict[str, int]:
+    """gpu_poor's ``getParseConfig``: the first key present, else its default."""
+
+    def key(names: Iterable[str], default: int) -> int:
+        return next((hf[n] for n in names if hf.get(n) is not None), default)
+
+    h = key(["hidden_size", "d_model", "n_embd"], 768)
+    heads = key(["num_attention_heads", "num_heads", "n_head"], 12)
+    return {"vocab": key(["vocab_size"], 32000), "h": h, "heads": heads,
+            "inter": key(["intermediate_size", "n_inner", "d_ff"], 4 * h),
+            "layers": key(["num_layers", "num_hidden_layers", "n_layer"], 12)}
+
+
+def gpu_poor(run: Run) -> CalculatorResult:
+    """gpu_poor's training estimate (``src/App.js``: ``computeModelSize``, ``getGradOptMemory`` for full training
+    with Adam and no quantisation, ``getActivationMemory``; ``convertToBytes`` is 2 for every float type).
+    ``[gpu-poor]``"""
+    c = _gpu_poor_config(run.hf)
+    h, inter, heads, L, n = c["h"], c["inter"], c["heads"], c["layers"], run.seq
+    params = c["vocab"] * h * 2 + L * 4 * h * h + L * 3 * inter * h
+    fb = 2.0
+    states = params * fb + params * 3 * fb
+    attn = (n * h * 3 * fb + n * h * 2 * fb + n * n * heads * fb + n * n * heads * 4 + n * n * heads * fb
+            + 3 * n * h * fb)
+    ffn = 2 * h * n * fb + fb * 5 * n * inter + inter * n * fb
+    norm = n * 4 * 2 + n * h * fb * 6
+    acts = (attn + ffn + norm) * L * run.batch
+    return CalculatorResult("gpu_poor", states, acts, note="its own parameter formula; 650 MB overhead left out")
+
+
+def transformer_math_101(run: Run) -> CalculatorResult:
+    """EleutherAI's Transformer Math 101: model 4 (fp32) or 2 (16-bit) B/param, AdamW 12 B/param, gradients 4 or 2
+    B/param; activations without recomputation ``s b h L (10 + 24/t + 5 a s / (h t))`` with t = 1.
+    ``[anthony2023]``"""
+    n, cfg = _params(run), from_hf(run.hf)
+    b16 = _bytes16(run)
+    states = n * (b16 + 12 + b16)
+    s, b, h, L, a = run.seq, run.batch, cfg.d_model, cfg.n_layers, cfg.n_heads
+    acts = s * b * h * L * (10 + 24 + 5 * a * s / h)
+    return CalculatorResult("transformer-math-101", float(states), float(acts))
+
+
+def ultrascale_playbook(run: Run) -> CalculatorResult:
+    """The Ultra-Scale Playbook: with Adam, 4N + 4N + 8N (full precision) or 2N + 2N + 4N + 8N (mixed precision)
+    = 16 N bytes; activations ``L s b h (34 + 5 a s / h)``. ``[tazi2025]``"""
+    n, cfg = _params(run), from_hf(run.hf)
+    s, b, h, L, a = run.seq, run.batch, cfg.d_model, cfg.n_layers, cfg.n_heads
+    return CalculatorResult("ultrascale-playbook", float(16 * n), float(L * s * b * h * (34 + 5 * a * s / h)))
+
+
+def memlab_formula(run: Run) -> CalculatorResult:
+    """memlab: :func:`~memlab.predict.hf.from_hf` traits, term-by-term activations, the estimator's model states."""
+    cfg, setup = from_hf(run.hf), run.setup()
+    comp = estimate(cfg, setup, device_type=run.device_type).components()
+    acts = sum(activation_bytes(cfg, setup, device_type=run.device_type).values())
+    return CalculatorResult("memlab", float(comp["params"] + comp["grads"] + comp["optimizer"]), float(acts))
+
+
+def memlab_trace(run: Run) -> CalculatorResult:
+    """HOOK for issue 9 (``memlab trace``, a fake-tensor trace of the real model at full size): not on this
+    branch. The lead wires it here when merging; until then the row is reported as unavailable, never imitated."""
+    return _unavailable("memlab-trace", "memlab trace (issue 9) is not on this branch yet")
+
+
+CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {
+    "memlab": memlab_formula,
+    "memlab-trace": memlab_trace,
+    "accelerate": accelerate_estimate,
+    "deepspeed-zero2": deepspeed_zero2,
+    "deepspeed-zero3": deepspeed_zero3,
+    "gpu_poor": gpu_poor,
+    "transformer-math-101": transformer_math_101,
+    "ultrascale-playbook": ultrascale_playbook,
+}
+"""Every calculator, by name, in table order."""
+
+
+def measure_run(run: Run, seed: int = 0) -> dict[str, int]:
+    """Run the step for real on this machine (:func:`memlab.run.hf.run_hf`): ``{"states", "activations"}``, bytes."""
+    from memlab.run.hf import run_hf
+
+    _, m = run_hf(run.hf, attn_implementation=run.attn_implementation, dtype=run.dtype, batch=run.batch,
+                  seq=run.seq, device=run.device_type, seed=seed)
+    return {"states": m.states_bytes, "activations": m.saved_bytes}
+
+
+def shoot_out(runs: Iterable[tuple[Run, dict[str, int]]], tools: Iterable[str] | None = None) -> pd.DataFrame:
+    """Long table: one row per (tool, run, component) with predicted, measured and relative error.
+
+    ``runs`` pairs each :class:`Run` with its measurement ``{"states": ..., "activations": ...}`` (bytes).
+    Unavailable tools and components a tool does not model give rows with ``predicted`` NaN and the reason.
+    """
+    import pandas as pd
+
+    rows = []
+    for run, measured in runs:
+        meas = {**measured, "states + activations": measured["states"] + measured["activations"]}
+        for name in tools or CALCULATORS:
+            r = CALCULATORS[name](run)
+            pred = {"states": r.states, "activations": r.activations, "states + activations": r.total}
+            for comp in COMPONENTS:
+                p, m = pred[comp], meas[comp]
+                rows.append({"tool": name, "experiment": run.label, "family": run.hf.get("model_type"),
+                             "dtype": run.dtype, "component": comp, "predicted": p, "measured": m,
+                             "rel_error": None if p is None else (p - m) / m, "available": r.available,
+                             "note": r.note if (p is None or not r.available) else ""})
+    return pd.DataFrame(rows)
+
+
+def error_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per tool and component: median |error| and the signed worst error (largest magnitude), as fractions;
+    'not modelled' / 'unavailable' where a tool has no number."""
+    import pandas as pd
+
+    out = []
+    for tool, g in frame.groupby("tool", sort=False):
+        row: dict[str, Any] = {"tool": tool}
+        for comp in COMPONENTS:
+            e = g[g["component"] == comp]["rel_error"].dropna().astype(float)
+            if e.empty:
+                row[f"{comp} median"] = row[f"{comp} worst"] = (
+                    "unavailable" if not g["available"].all() else "not modelled")
+                continue
+            row[f"{comp} median"] = float(e.abs().median())
+            row[f"{comp} worst"] = float(e.loc[e.abs().idxmax()])
+        out.append(row)
+    return pd.DataFrame(out)

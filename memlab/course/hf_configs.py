@@ -1,0 +1,47 @@
+"""The Hugging Face ``config.json`` files chapter 10 ships, and the learner's own.
+
+``memlab/course/configs/tiny/`` holds scaled-down configs of eight families (written for memlab from each family's
+layout: d_model 64, 2 layers, vocab 512) that build and train on a CPU in milliseconds; ``full/`` the published
+architectures (each file names its source in ``_memlab_source``), for predictions at full size. Nothing here is
+downloaded: these are configs, not weights; a model is built from one with ``AutoModelForCausalLM.from_config``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memlab.errors import ConfigError, unknown_name
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+SIZES = ("tiny", "full")
+
+
+def config_names(size: str = "tiny") -> list[str]:
+    """Names of the shipped configs of one size (``tiny`` or ``full``)."""
+    if size not in SIZES:
+        raise ConfigError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    return sorted(p.stem for p in (CONFIG_DIR / size).glob("*.json"))
+
+
+def _read(name_or_path: str | Path, size: str) -> dict[str, Any]:
+    path = Path(name_or_path)
+    if path.suffix != ".json":
+        if str(name_or_path) not in config_names(size):
+            raise unknown_name(f"{size} config", str(name_or_path), config_names(size))
+        path = CONFIG_DIR / size / f"{name_or_path}.json"
+    if not path.exists():
+        raise ConfigError(f"no config.json at {path}: give a shipped name ({', '.join(config_names(size))}) or a path")
+    return json.loads(path.read_text())
+
+
+def load_config(name_or_path: str | Path, size: str = "tiny") -> dict[str, Any]:
+    """A shipped config by name (or any ``config.json`` path) as a dict, without memlab's ``_memlab_*`` notes."""
+    return {k: v for k, v in _read(name_or_path, size).items() if not k.startswith("_memlab")}
+
+
+def config_source(name_or_path: str | Path, size: str = "full") -> str:
+    """Where a shipped config's sizes come from (its ``_memlab_source`` or ``_memlab_note``)."""
+    raw = _read(name_or_path, size)
+    return str(raw.get("_memlab_source") or raw.get("_memlab_note") or "the learner's own config.json")

@@ -1,0 +1,181 @@
+"""Implementation traits: the choices inside a model's code that change what it saves for backward.
+
+Two models with the same sizes can save different tensors: GPT-2 builds ``gelu_new`` out of five elementwise ops
+where a fused GELU keeps one tensor; GPT-NeoX and Phi run attention and the MLP in parallel from one input; Llama's
+eager attention repeats K and V to full width for grouped-query attention. :class:`Implementation` names each such
+choice as a field, and :mod:`memlab.predict.activations` counts each one term by term. The defaults describe
+memlab's reference GPT (:mod:`memlab.run.gpt`), so a :class:`~memlab.predict.models.TransformerConfig` without an
+``impl`` predicts exactly what it predicted before.
+
+Every field's docstring names the code that causes it (the Hugging Face ``transformers`` modelling file and the
+function, as of transformers 5.x, ``[hf-transformers]``); :func:`memlab.predict.hf.from_hf` sets them per family and
+records that source in :attr:`Implementation.sources`. This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+from memlab.errors import ConfigError
+
+Activation = Literal["default", "gelu_tanh", "gelu", "gelu_new", "relu", "silu"]
+RmsNormKind = Literal["reference", "fp32-input", "fp32"]
+
+ACTIVATIONS = ("default", "gelu_tanh", "gelu", "gelu_new", "relu", "silu")
+RMSNORMS = ("reference", "fp32-input", "fp32")
+
+ACT_SAVED_BEFORE_OUTPUT = {"gelu_tanh": 1, "gelu": 1, "silu": 1, "relu": 0, "gelu_new": 4}
+"""d_ff-wide tensors an activation keeps besides its output: a fused GELU or SiLU keeps its input; ReLU keeps only
+its output (``threshold_backward`` needs the result, not the input); ``gelu_new`` written as
+``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` keeps x (for ``pow``), tanh's output, ``0.5 * x`` and
+``1 + tanh(...)`` (the last multiply keeps both operands) [hf-transformers: activations.py, NewGELUActivation]."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Implementation:
+    """How a transformer is written, as far as memory cares. Defaults: memlab's reference GPT."""
+
+    activation: Activation = "default"
+    """MLP nonlinearity and how it is built: ``default`` is the reference GPT's (fused tanh GELU for a gelu MLP,
+    SiLU for swiglu); ``gelu_new`` the composed tanh GELU of GPT-2 and Phi [hf-transformers: activations.py,
+    NewGELUActivation]; ``gelu`` exact fused GELU (GPT-NeoX, GELUActivation); ``relu`` (OPT); ``gelu_tanh`` fused
+    (Gemma's GeGLU, GELUTanh)."""
+    parallel_block: bool = False
+    """Attention and MLP both read the block input, ``x + attn(n1(x)) + mlp(n2(x))`` (GPT-NeoX with
+    ``use_parallel_residual``, Phi) [hf-transformers: modeling_gpt_neox.py GPTNeoXLayer.forward,
+    modeling_phi.py PhiDecoderLayer.forward]. The second norm's input is the first's: stored once."""
+    shared_norm: bool = False
+    """One norm feeds both branches of a parallel block (Phi: ``input_layernorm`` only): no second norm, and the
+    MLP's input is the attention's input [hf-transformers: modeling_phi.py PhiDecoderLayer]."""
+    fused_qkv: bool = False
+    """Q, K and V come from one projection (GPT-2 ``c_attn``, GPT-NeoX ``query_key_value``). Same parameters and,
+    in eager attention, the same saved bytes; recorded for the layout [modeling_gpt2.py GPT2Attention]."""
+    eager_repeat_kv: bool = False
+    """Eager attention materialises K and V at full query width for grouped-query attention
+    (``repeat_kv``: ``expand`` then ``reshape``, a copy; with one KV head and batch 1 the expanded view stays a view
+    that ``matmul`` accepts) [hf-transformers: modeling_llama.py repeat_kv, eager_attention_forward]."""
+    softmax_fp32: bool = False
+    """Eager attention runs softmax in fp32 and casts back: in 16 bits it keeps the fp32 probabilities and their
+    16-bit copy (6 B per score) [hf-transformers: modeling_llama.py eager_attention_forward,
+    ``softmax(..., dtype=torch.float32).to(query.dtype)``]."""
+    autocast_mask_promotes_scores: bool = False
+    """Under autocast (an fp32 model), eager attention adds the fp32 causal mask to the 16-bit scores, which
+    promotes them to fp32: softmax keeps fp32 probabilities and the matmul with V their 16-bit cast, as with
+    ``softmax_fp32`` (GPT-2) [hf-transformers: modeling_gpt2.py eager_attention_forward, ``attn_weights +
+    causal_mask`` then ``.type(value.dtype)``]."""
+    rmsnorm: RmsNormKind = "reference"
+    """How RMSNorm is written: ``reference`` keeps x, rstd and x*rstd in the residual dtype (memlab.run.gpt.Norm);
+    ``fp32-input`` upcasts x to fp32 (keeps the fp32 x, fp32 rstd, and the normalised x cast back for the weight:
+    LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm); ``fp32`` computes everything in fp32 including ``1 + weight``
+    (GemmaRMSNorm) [hf-transformers: modeling_llama.py LlamaRMSNorm.forward, modeling_gemma.py GemmaRMSNorm]."""
+    rotary_tables_per_forward: bool = False
+    """cos and sin are computed each forward in the activations' dtype (one (s, rotary_dim) pair shared by all
+    layers, saved by the rotation's multiplies) instead of being module buffers [hf-transformers:
+    modeling_llama.py LlamaRotaryEmbedding.forward, apply_rotary_pos_emb]."""
+    rotary_fraction: float = 1.0
+    """Share of head_dim that is rotated (GPT-NeoX ``rotary_pct``, Phi ``partial_rotary_factor``)."""
+    sdpa_output_copy: bool = False
+    """Under SDPA the attention output is laid out (b, a, s, d), so ``transpose(1, 2).reshape`` copies it and the
+    output projection keeps the copy too. Happens when partial rotary rebuilds q with ``torch.cat`` (contiguous in
+    (b, a, s, d)) [hf-transformers: modeling_gpt_neox.py apply_rotary_pos_emb, modeling_phi.py PhiAttention]."""
+    qkv_bias: bool | None = None
+    """Biases on the Q, K, V projections; None follows ``TransformerConfig.bias`` (Qwen2: True with bias False)."""
+    o_bias: bool | None = None
+    """Bias on the attention output projection; None follows ``TransformerConfig.bias``."""
+    mlp_bias: bool | None = None
+    """Biases on the MLP projections; None follows ``TransformerConfig.bias``."""
+    head_bias: bool = False
+    """A bias on the LM head (Phi's ``lm_head`` has one) [hf-transformers: modeling_phi.py PhiForCausalLM]."""
+    position_offset: int = 0
+    """Extra rows of a learned position table (OPT: 2) [hf-transformers: modeling_opt.py
+    OPTLearnedPositionalEmbedding]."""
+    position_ids_per_token: bool = False
+    """Learned position ids are (batch, seq), computed from the attention mask (OPT), not (1, seq) (GPT-2)."""
+    q_view_of_fused_qkv: bool = False
+    """q is a strided view of the fused QKV output, so whatever keeps q keeps the whole (h + 2 kv)-wide buffer:
+    SDPA always (k and v are copied), eager attention at batch 1 (at batch > 1 ``matmul`` copies q) (GPT-2)
+    [hf-transformers: modeling_gpt2.py GPT2Attention.forward, ``c_attn(...).split``]."""
+    loss_labels_padded: bool = False
+    """The loss pads the labels by one column and shifts (``pad(labels, (0, 1))[..., 1:]``): at batch 1 the
+    shifted targets are a view of the (s + 1)-long padded row, 8 bytes more [hf-transformers:
+    loss/loss_utils.py ForCausalLMLoss]."""
+    attention_dropout: float | None = None
+    """Dropout on the attention probabilities when it differs from ``TransformerConfig.dropout`` (the residual
+    dropout): GPT-2 ``attn_pdrop``, OPT/NeoX/Phi/Llama ``attention_dropout``. None: the same as ``dropout``."""
+    embedding_dropout: float = 0.0
+    """Dropout on the embeddings' output (GPT-2 and Phi ``embd_pdrop``, GPT-NeoX ``hidden_dropout``): one more
+    mask of width d_model per token [hf-transformers: modeling_gpt2.py GPT2Model.drop, modeling_gpt_neox.py
+    GPTNeoXModel.emb_dropout]."""
+    checkpoint_keeps_mask: bool = False
+    """Under gradient checkpointing, each checkpointed layer keeps the 4-D attention mask (batch, 1, s, s) it is
+    passed positionally in eager attention (GPT-2); other families pass it, and the rotary cos/sin, as keyword
+    arguments, which the checkpoint holds by reference instead of saving [hf-transformers: modeling_layers.py
+    GradientCheckpointingLayer.__call__]."""
+    family: str = "reference"
+    """Which code this describes: ``reference`` (memlab.run.gpt) or an HF ``model_type``."""
+    sources: tuple[tuple[str, str], ...] = ()
+    """(trait, where in the modelling code it comes from) for the traits a family sets."""
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"Implementation.activation must be one of {', '.join(ACTIVATIONS)}, "
+                              f"got {self.activation!r}")
+        if self.rmsnorm not in RMSNORMS:
+            raise ConfigError(f"Implementation.rmsnorm must be one of {', '.join(RMSNORMS)}, got {self.rmsnorm!r}")
+        if self.shared_norm and not self.parallel_block:
+            raise ConfigError("Implementation.shared_norm needs parallel_block=True (one norm feeds both branches)")
+        if not (0.0 < float(self.rotary_fraction) <= 1.0):
+            raise ConfigError(f"Implementation.rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
+        for name in ("attention_dropout", "embedding_dropout"):
+            p = getattr(self, name)
+            if p is not None and not (0.0 <= float(p) < 1.0):
+                raise ConfigError(f"Implementation.{name} must be in [0, 1), got {p!r}")
+        value = self.position_offset
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"Implementation.position_offset must be a non-negative integer, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Implementation:
+        """Inverse of :meth:`to_dict` (also accepts ``dataclasses.asdict`` output and JSON's lists)."""
+        d = dict(data)
+        src = d.get("sources", ())
+        pairs = src.items() if isinstance(src, dict) else src
+        d["sources"] = tuple((str(k), str(v)) for k, v in pairs)  # type: ignore[union-attr]
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown Implementation fields {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)  # type: ignore[arg-type]
+
+    def attention_dropout_or(self, dropout: float) -> float:
+        """The dropout on attention probabilities, given the config's (residual) ``dropout``."""
+        return dropout if self.attention_dropout is None else float(self.attention_dropout)
+
+    def act(self, mlp: str) -> str:
+        """The activation actually used by an MLP of kind ``mlp`` ('gelu' or 'swiglu')."""
+        if self.activation != "default":
+            return self.activation
+        return "gelu_tanh" if mlp == "gelu" else "silu"
+
+    def mlp_saved_tensors(self, mlp: str) -> int:
+        """d_ff-wide tensors one MLP keeps: the activation's, then its output (the down projection's input), and
+        for a gated MLP also the up projection's output and the product (Shazeer 2020, GLU variants)."""
+        before = ACT_SAVED_BEFORE_OUTPUT[self.act(mlp)]
+        return before + (3 if mlp == "swiglu" else 1)
+
+    def differs(self) -> dict[str, object]:
+        """The traits that differ from the reference GPT (without ``family`` and ``sources``)."""
+        ref = Implementation()
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("family", "sources") and getattr(self, f.name) != getattr(ref, f.name)}
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict of the fields (``sources`` as a dict)."""
+        out = asdict(self)
+        out["sources"] = dict(self.sources)
+        return out
+
+
+REFERENCE = Implementation()
+"""The reference GPT's traits (every default)."""

@@ -1,0 +1,161 @@
+"""Hugging Face models built from configs (never downloaded) and measured for real at small shapes.
+
+:func:`build_hf_model` makes ``AutoModelForCausalLM.from_config(config)`` in a dtype and attention implementation;
+:func:`measure_hf` runs one training step (forward with ``labels``, backward, AdamW step) on synthetic tokens and
+counts, exactly and by storage, what the forward left for backward
+(:class:`~memlab.measure.accounting.SavedTensorRecorder`) and the model states after the step
+(:func:`~memlab.measure.accounting.model_states`). On a CPU these counts are the truth; on CUDA they sit beside the
+allocator's numbers. :func:`predict_hf` is the twin prediction from :func:`memlab.predict.hf.from_hf`.
+
+``transformers`` is imported when a function runs, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from memlab.errors import SetupError
+from memlab.measure.accounting import SavedTensorRecorder, model_states
+from memlab.predict.activations import activation_bytes
+from memlab.predict.estimate import estimate
+from memlab.predict.hf import from_hf, hf_attention
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import Setup
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISION_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16"}
+"""memlab precision policy of a model built in that dtype (pure 16-bit: weights, grads and Adam states)."""
+
+
+def hf_config(config: Any) -> Any:
+    """A ``transformers`` config from a dict (with ``model_type``) or a config object (returned as is)."""
+    from transformers import AutoConfig
+
+    if isinstance(config, dict):
+        d = dict(config)
+        model_type = d.pop("model_type", None)
+        if not model_type:
+            raise SetupError("an HF config dict needs its model_type (gpt2, llama, ...)")
+        d = {k: v for k, v in d.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")}
+        return AutoConfig.for_model(model_type, **d)
+    return config
+
+
+def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: str = "fp32",
+                   device: str | torch.device = "cpu", seed: int = 0,
+                   gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """``AutoModelForCausalLM.from_config`` in ``dtype`` with ``attn_implementation`` (eager or sdpa), in train mode;
+    ``gradient_checkpointing`` calls the model's ``gradient_checkpointing_enable()`` (memlab's recompute "full")."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise SetupError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    from transformers.utils import logging
+
+    torch.manual_seed(seed)
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # config validation warnings about tiny vocabularies, once per build
+    try:
+        cfg = hf_config(config)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
+    finally:
+        logging.set_verbosity(level)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model.to(device).train()
+
+
+@dataclass(frozen=True)
+class HfMeasurement:
+    """One real training step of an HF model: exact bytes saved for backward and held as model states."""
+
+    family: str
+    attn_implementation: str
+    dtype: str
+    batch: int
+    seq: int
+    params: int
+    saved_bytes: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    device: str
+    recompute: str = "none"
+    autocast: bool = False
+    """The forward ran under ``torch.autocast`` to bf16 on an fp32 model (memlab's ``amp-bf16``)."""
+
+    @property
+    def states_bytes(self) -> int:
+        """Parameters + gradients + optimizer state."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    def setup(self, config: TransformerConfig | None = None) -> Setup:
+        """The memlab :class:`Setup` this run corresponds to (``config`` tells whether attention dropout moves
+        CPU SDPA to the math backend)."""
+        dev = torch.device(self.device).type
+        p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
+        precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
+        return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
+                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
+               keep_saved: bool = False, autocast: bool = False) -> HfMeasurement | tuple[HfMeasurement, Any]:
+    """One training step of ``model`` on random tokens: saved-for-backward bytes of the forward, then backward and
+    an AdamW step, then the model states. ``autocast`` runs the forward under ``torch.autocast`` to bf16 (an fp32
+    model: PyTorch AMP, what ``Trainer(bf16=True)`` does). With ``keep_saved`` also returns the recorder's
+    :class:`~memlab.measure.accounting.SavedActivations`."""
+    cfg = model.config
+    dev = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rec = SavedTensorRecorder(model)
+    # autocast exits inside the recorder, so its weight-cast cache is released as in training
+    with rec, torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+        loss = model(input_ids=idx, labels=idx).loss
+    saved = rec.result()
+    loss.backward()
+    del loss
+    opt.step()
+    st = model_states(model, opt, device=dev)
+    dtype = next(k for k, v in DTYPES.items() if v == next(model.parameters()).dtype)
+    m = HfMeasurement(
+        family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
+        params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
+        params_bytes=st.params_bytes, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
+        device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
+        autocast=autocast,
+    )
+    return (m, saved) if keep_saved else m
+
+
+def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
+    """memlab's prediction for the same run: activations (term by term) and model states (the estimator's)."""
+    setup = m.setup(config)
+    dev = torch.device(m.device).type
+    acts = sum(activation_bytes(config, setup, device_type=dev).values())
+    comp = estimate(config, setup, device_type=dev).components()
+    return {"activations": int(acts), "params": comp["params"], "grads": comp["grads"],
+            "optimizer": comp["optimizer"]}
+
+
+def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
+           seed: int = 0, gradient_checkpointing: bool = False,
+           autocast: bool = False) -> tuple[TransformerConfig, HfMeasurement]:
+    """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
+    (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``)."""
+    if autocast and dtype != "fp32":
+        raise SetupError("autocast runs an fp32 model (dtype='fp32') with a bf16 forward; got dtype=" + repr(dtype))
+    model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
+                           gradient_checkpointing=gradient_checkpointing)
+    m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast)
+    tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
+    del model
+    return tc, m  # type: ignore[return-value]

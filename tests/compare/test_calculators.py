@@ -1,0 +1,110 @@
+"""memlab.compare.calculators: each public estimator's formula, checked by hand on a full-size config (no model is
+built for the formula tools), the packaged tools called for real, and the shoot-out table on two real tiny runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memlab.compare.calculators import (
+    CALCULATORS,
+    COMPONENTS,
+    Run,
+    error_table,
+    gpu_poor,
+    measure_run,
+    memlab_formula,
+    memlab_trace,
+    shoot_out,
+    transformer_math_101,
+    ultrascale_playbook,
+)
+from memlab.predict.hf import from_hf
+
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+
+
+def config(size: str, name: str) -> dict:
+    return {k: v for k, v in json.loads((CONFIGS / size / f"{name}.json").read_text()).items()
+            if not k.startswith("_")}
+
+
+LLAMA7 = config("full", "llama-2-7b")
+N7 = 6_738_415_616  # Llama-2-7B's parameter count (meta-llama/Llama-2-7b-hf)
+
+
+def test_full_size_configs_have_their_published_parameter_counts() -> None:
+    assert from_hf(LLAMA7).param_count() == N7
+    assert from_hf(config("full", "gpt2")).param_count() == 124_439_808
+    assert from_hf(config("full", "pythia-1.4b")).param_count() == 1_414_647_808
+
+
+def test_transformer_math_101_by_hand() -> None:
+    r = transformer_math_101(Run(LLAMA7, 1, 4096, "fp32"))
+    assert r.states == 20 * N7  # 4 model + 12 AdamW + 4 gradients
+    assert r.activations == 4096 * 4096 * 32 * (34 + 5 * 32 * 4096 / 4096)  # s b h L (10 + 24 + 5as/h)
+    assert transformer_math_101(Run(LLAMA7, 1, 4096, "bf16")).states == 16 * N7
+
+
+def test_ultrascale_playbook_by_hand() -> None:
+    r = ultrascale_playbook(Run(LLAMA7, 2, 1024, "bf16"))
+    assert r.states == 16 * N7
+    assert r.activations == 32 * 1024 * 2 * 4096 * (34 + 5 * 32 * 1024 / 4096)
+
+
+def test_gpu_poor_by_hand() -> None:
+    """src/App.js: params = 2Vh + 4Lh^2 + 3L*inter*h; model 2 B/param, Adam 3 x 2 B/param."""
+    r = gpu_poor(Run(LLAMA7, 1, 100))
+    params = 2 * 32000 * 4096 + 32 * 4 * 4096**2 + 32 * 3 * 11008 * 4096
+    assert r.states == 8 * params
+    n, h, a, f = 100, 4096, 32, 11008
+    per_layer = (5 * n * h * 2 + n * n * a * (2 + 4 + 2) + 3 * n * h * 2) + (2 * h * n * 2 + 12 * n * f) + (
+        8 * n + 12 * n * h)
+    assert r.activations == per_layer * 32
+
+
+def test_accelerate_and_deepspeed_call_their_own_functions() -> None:
+    pytest.importorskip("accelerate")
+    run = Run(config("tiny", "llama"), 2, 24)
+    acc = CALCULATORS["accelerate"](run)
+    assert acc.available and acc.activations is None and acc.states > 0
+    ds = CALCULATORS["deepspeed-zero2"](run)
+    if not ds.available:
+        pytest.skip(ds.note)
+    n = from_hf(run.hf).param_count()
+    assert ds.states == 20 * n  # 2 (16-bit params) + 18 per parameter on one GPU
+    assert CALCULATORS["deepspeed-zero3"](run).states > 18 * n
+
+
+def test_the_trace_hook_says_it_is_not_wired() -> None:
+    r = memlab_trace(Run(LLAMA7, 1, 4096))
+    assert not r.available and "issue 9" in r.note
+
+
+def test_shoot_out_on_real_runs_memlab_exact() -> None:
+    pytest.importorskip("transformers")
+    runs = [Run(config("tiny", "gpt2"), 2, 16, "fp32", "eager"), Run(config("tiny", "phi"), 1, 24, "bf16", "sdpa")]
+    pairs = [(r, measure_run(r)) for r in runs]
+    for r, m in pairs:
+        p = memlab_formula(r)
+        assert (p.states, p.activations) == (m["states"], m["activations"])
+    frame = shoot_out(pairs)
+    assert len(frame) == len(runs) * len(CALCULATORS) * len(COMPONENTS)
+    table = error_table(frame).set_index("tool")
+    assert table.loc["memlab", "activations worst"] == 0.0
+    assert table.loc["memlab-trace", "states median"] == "unavailable"
+    assert table.loc["transformer-math-101", "states median"] > 0.2
+
+
+def test_shootout_figure_has_one_panel_per_component() -> None:
+    import pandas as pd
+
+    from memlab.compare.plots import shootout_errors
+
+    frame = pd.DataFrame([{"tool": t, "component": c, "rel_error": e, "available": a}
+                          for t, e, a in (("memlab", 0.0, True), ("x", 0.5, True), ("y", None, False))
+                          for c in COMPONENTS])
+    fig = shootout_errors(frame, title="t", source="s")
+    assert len(fig.axes) == len(COMPONENTS)

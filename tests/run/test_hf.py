@@ -1,0 +1,103 @@
+"""Real HF models built from the shipped tiny configs (memlab/course/configs/tiny, nothing downloaded), one training
+step on CPU: memlab's term-by-term activations equal the bytes saved for backward exactly, and model states equal
+the estimator's, for every family in a handful of (attention, dtype, shape) runs; the per-op listing explains them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from memlab.measure.by_op import layer_listing, saved_by_op
+from memlab.predict.hf import from_hf
+from memlab.run.hf import build_hf_model, predict_hf, run_hf
+
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+
+
+def tiny(family: str) -> dict:
+    return {k: v for k, v in json.loads((CONFIGS / f"{family}.json").read_text()).items() if not k.startswith("_")}
+
+
+RUNS = [
+    ("gpt2", "eager", "fp32", 1, 40),  # batch 1: q is a view of the fused QKV buffer
+    ("gpt2", "sdpa", "bf16", 2, 24),
+    ("llama", "eager", "bf16", 2, 24),  # repeat_kv, fp32 softmax, RMSNorm upcast
+    ("gemma", "eager", "fp32", 1, 40),  # one KV head at batch 1: repeat_kv stays a view
+    ("gpt_neox", "sdpa", "fp32", 2, 24),  # parallel block, output copy
+    ("opt", "eager", "bf16", 2, 24),  # ReLU, per-token position ids
+    ("phi", "eager", "bf16", 1, 40),  # shared norm, gelu_new
+    ("qwen2", "sdpa", "fp32", 2, 24),
+    ("mistral", "sdpa", "bf16", 1, 40),
+]
+DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
+           "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities
+           "llama": {"attention_dropout": 0.1}}  # on the probabilities only; SDPA on CPU then runs the math backend
+
+
+@pytest.mark.parametrize(("family", "attn"), [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "eager"),
+                                             ("phi", "sdpa"), ("gemma", "eager")])
+def test_gradient_checkpointing_is_recompute_full(family: str, attn: str) -> None:
+    """model.gradient_checkpointing_enable() keeps each layer's input (and, for GPT-2 eager, its 4-D mask)."""
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype="fp32", batch=2, seq=24,
+                       gradient_checkpointing=True)
+    assert m.recompute == "full"
+    assert predict_hf(config, m)["activations"] == m.saved_bytes
+
+
+@pytest.mark.parametrize(("family", "attn"), [("gpt2", "eager"), ("gpt_neox", "eager"), ("llama", "sdpa"),
+                                             ("phi", "eager"), ("opt", "sdpa")])
+def test_autocast_on_an_fp32_model_is_amp_bf16(family: str, attn: str) -> None:
+    """torch.autocast to bf16 on an fp32 model (what Trainer(bf16=True) runs): GPT-2's fp32 mask promotes its
+    scores to fp32, a fused QKV projection casts its input once; states are fp32 weights, grads and Adam."""
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype="fp32", batch=2, seq=24, autocast=True)
+    p = predict_hf(config, m)
+    assert m.setup(config).precision == "amp-bf16"
+    assert p["activations"] == m.saved_bytes
+    assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
+
+
+@pytest.mark.parametrize("family", list(DROPOUT))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_dropout_masks_are_counted_where_each_family_drops(family: str, attn: str) -> None:
+    config, m = run_hf({**tiny(family), **DROPOUT[family]}, attn_implementation=attn, dtype="bf16", batch=2,
+                       seq=24)
+    assert predict_hf(config, m)["activations"] == m.saved_bytes
+
+
+@pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)
+def test_activations_and_states_are_exact(family: str, attn: str, dtype: str, batch: int, seq: int) -> None:
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype=dtype, batch=batch, seq=seq)
+    p = predict_hf(config, m)
+    assert config.param_count() == m.params
+    assert p["activations"] == m.saved_bytes
+    assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
+
+
+def test_by_op_listing_sums_to_the_recorded_total_and_names_gelu_new() -> None:
+    model = build_hf_model(tiny("gpt2"))
+    idx = torch.randint(0, 512, (2, 16))
+    frame = saved_by_op(model, lambda: model(input_ids=idx, labels=idx).loss)
+    config = from_hf(tiny("gpt2"))
+    assert "(not in a node)" not in set(frame["op"])
+    layer = layer_listing(frame, "h.0.", tokens=32)
+    d_ff_rows = layer[layer["op"].isin(["PowBackward0", "TanhBackward0", "MulBackward0"])]
+    assert d_ff_rows["nbytes"].sum() == 4 * 32 * config.ffn * 4  # gelu_new's four d_ff-wide tensors, fp32
+    assert layer["nbytes"].sum() == frame[frame["scope"].str.contains("h.0.", regex=False)]["nbytes"].sum()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; this machine has none")
+@pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)
+def test_activations_and_states_are_exact_on_cuda(family: str, attn: str, dtype: str, batch: int, seq: int) -> None:
+    """The same runs on CUDA: SDPA picks the CUDA kernels (flash for bf16, memory-efficient for fp32), layer_norm
+    keeps fp32 statistics; the prediction for device_type 'cuda' must still equal the saved bytes."""
+    config, m = run_hf(tiny(family), attn_implementation=attn, dtype=dtype, batch=batch, seq=seq, device="cuda")
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
