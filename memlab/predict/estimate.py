@@ -38,6 +38,7 @@ from memlab.predict.optimizer_states import (
     sgd_moment_bytes,
     step_counter_bytes,
 )
+from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
 from memlab.predict.setup import Setup
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
@@ -74,7 +75,12 @@ class Overheads:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Predicted bytes on ONE device, by component; ``total_bytes`` is their sum (overhead = sum of its terms)."""
+    """Predicted bytes on ONE device, by component; ``total_bytes`` is their sum (overhead = sum of its terms).
+
+    A step never holds all components at once: ``phases`` are the bytes held at each phase of the first and the
+    steady step (:mod:`memlab.predict.phases`), ``peak_bytes`` the largest of them (at ``peak_step``/``peak_phase``).
+    "Will it fit?" is a question about ``peak_bytes``; ``total_bytes`` stays the sum of components.
+    """
 
     params_bytes: int
     grads_bytes: int
@@ -91,6 +97,25 @@ class MemoryBreakdown:
     assumptions: tuple[str, ...]
     config: dict[str, Any] | None
     setup: dict[str, Any]
+    phases: tuple[dict[str, Any], ...] = ()
+    """``{"step": "first"|"steady", "phase": ..., "bytes": ...}`` in step order (inference: prefill, decode)."""
+    peak_bytes: int = 0
+    """The largest phase: what must fit on the device."""
+    peak_phase: str = ""
+    peak_step: str = ""
+
+    @property
+    def peak_gib(self) -> float:
+        """Peak in GiB (2**30 bytes)."""
+        return self.peak_bytes / GiB
+
+    def phase_bytes(self, phase: str, step: str = "steady") -> int:
+        """Bytes of one phase of one step."""
+        for row in self.phases:
+            if row["phase"] == phase and row["step"] == step:
+                return row["bytes"]
+        raise SetupError(f"no phase {phase!r} in the {step} step: phases are "
+                         f"{', '.join(sorted({r['phase'] for r in self.phases}))}")
 
     @property
     def overhead_bytes(self) -> int:
@@ -121,10 +146,11 @@ class MemoryBreakdown:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready): every field plus ``per_device`` = components and total."""
+        """Plain dict (JSON-ready): every field plus ``per_device`` = components, total (their sum) and peak."""
         d = asdict(self)
         d["assumptions"] = list(self.assumptions)
-        d["per_device"] = {**self.components(), "total": self.total_bytes}
+        d["phases"] = [dict(r) for r in self.phases]
+        d["per_device"] = {**self.components(), "total": self.total_bytes, "peak": self.peak_bytes}
         return d
 
     def to_frame(self) -> Any:
@@ -257,7 +283,35 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         acts = functools.reduce(np.maximum, act_detail.values()) if act_detail else 0
     managed = sum(states.values()) + acts + kv
     terms = _overheads(ov, model, setup, managed)
-    return states, acts, kv, terms, act_detail, opt_detail, notes
+    phases = _phases(model, setup, states, acts, kv, opt_detail, sum(terms.values()), device_type)
+    return states, acts, kv, terms, act_detail, opt_detail, notes, phases
+
+
+def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any, kv: Any, opt_detail: dict,
+            overhead: Any, device_type: str) -> list[tuple[str, str, Any]]:
+    """Bytes at each phase of a step (:mod:`memlab.predict.phases`)."""
+    is_cfg = isinstance(model, TransformerConfig)
+    if setup.mode != "train":
+        decode = 0
+        if is_cfg:
+            compute = 4 if setup.inference_weights == "fp32" else 2
+            decode = functools.reduce(np.maximum, prefill_transient_bytes(
+                model, setup.batch, 1, compute, setup.tp, setup.fused_attention).values())
+        return inference_phases(states["params"], kv, acts, decode, overhead)
+    before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
+    if is_cfg:
+        summ = shape_summary(model, setup.tp)
+        dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
+        x = step_inputs(model, setup, device_type=device_type, elements=math.ceil(summ.elements / dp),
+                        largest=summ.largest_elements, layer_elements=math.ceil(summ.layer_elements / dp),
+                        before_step=before)
+    else:
+        n = math.ceil(model / setup.tp)
+        x = step_inputs(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,
+                        before_step=before)
+    return training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
+                           grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
+                           overhead=overhead)
 
 
 def _fields(obj: Any) -> dict[str, Any]:
@@ -312,12 +366,14 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
     ov = overheads or Overheads()
-    states, acts, kv, terms, act_detail, opt_detail, notes = _evaluate(config_or_params, setup, ov, device_type,
-                                                                       step_on_device)
+    states, acts, kv, terms, act_detail, opt_detail, notes, phases = _evaluate(config_or_params, setup, ov,
+                                                                               device_type, step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
     acts_i, kv_i = math.ceil(acts), math.ceil(kv)
     total = sum(states.values()) + acts_i + kv_i + sum(overhead.values())
     is_cfg = isinstance(config_or_params, TransformerConfig)
+    rows = tuple({"step": st, "phase": ph, "bytes": math.ceil(v)} for st, ph, v in phases)
+    top = max(rows, key=lambda r: r["bytes"])
     return MemoryBreakdown(
         params_bytes=states["params"], grads_bytes=states["grads"], optimizer_bytes=states["optimizer"],
         activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
@@ -325,6 +381,7 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=opt_detail,
         assumptions=tuple(_assumptions(config_or_params, setup, ov, terms) + notes),
         config=_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
+        phases=rows, peak_bytes=top["bytes"], peak_phase=top["phase"], peak_step=top["step"],
     )
 
 
@@ -344,12 +401,13 @@ def inference(config_or_params: TransformerConfig | int, setup: Setup, **kwargs:
 
 def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, batch: Any = None, seq: Any = None,
                  overheads: Overheads | None = None, device_type: str = "cuda",
-                 step_on_device: bool | None = None) -> np.ndarray:
-    """Total bytes per device for arrays of ``batch`` and ``seq`` (broadcast together), vectorised.
+                 step_on_device: bool | None = None, peak: bool = False) -> np.ndarray:
+    """Total bytes per device (``peak=True``: the peak over the step's phases) for arrays of ``batch`` and ``seq``
+    (broadcast together), vectorised.
 
     Runs the same formula functions as :func:`estimate` with numpy arrays in place of the setup's batch/seq;
-    every other field comes from ``setup``. Totals are float64 (exact below 2**53 bytes) and equal
-    ``estimate(...).total_bytes`` up to the per-component rounding up to whole bytes.
+    every other field comes from ``setup``. Values are float64 (exact below 2**53 bytes) and equal
+    ``estimate(...).total_bytes`` (``.peak_bytes``) up to the per-component rounding up to whole bytes.
     """
     b = np.asarray(setup.batch if batch is None else batch)
     s = np.asarray(setup.seq if seq is None else seq)
@@ -357,6 +415,8 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
         raise SetupError("batch and seq must be positive")
     b, s = np.broadcast_arrays(b.astype(np.float64), s.astype(np.float64))
     view = _ArraySetup(setup, b, s)
-    states, acts, kv, terms, *_ = _evaluate(config_or_params, view, overheads or Overheads(), device_type,
-                                            step_on_device)
+    states, acts, kv, terms, *_, phases = _evaluate(config_or_params, view, overheads or Overheads(), device_type,
+                                                    step_on_device)
+    if peak:
+        return peak_of(phases) + np.zeros_like(b)
     return sum(states.values()) + acts + kv + sum(terms.values()) + np.zeros_like(b)

@@ -1,8 +1,8 @@
 """The experiment setup shared by the estimator and the runner.
 
 One :class:`Setup` (batch, sequence, precision policy, optimizer, recompute, attention, sharding) drives both
-``memlab.predict.estimate`` (the prediction) and ``memlab.run.runner`` (the measurement), so every predicted number has a
-measured twin. Precision policies live in :mod:`memlab.predict.precision`. This module imports no torch.
+``memlab.predict.estimate`` (the prediction) and ``memlab.run.runner`` (the measurement), so every predicted number
+has a measured twin. Precision policies live in :mod:`memlab.predict.precision`. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -23,6 +23,28 @@ ATTENTION = ("eager", "math", "flash", "efficient", "cudnn")
 MODES = ("train", "inference")
 INFERENCE_WEIGHTS = ("fp32", "fp16", "bf16", "int8", "int4")
 KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
+OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
+FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
+"""Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
+FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
+"""Optimizers torch.optim implements with multi-tensor ``_foreach_*`` ops."""
+
+
+def resolve_optimizer_impl(optimizer: str, impl: str, device_type: str = "cuda") -> str:
+    """The implementation a run uses: ``auto`` is what torch.optim picks by itself.
+
+    torch.optim defaults to ``foreach`` when every parameter is on a CUDA device and to the for-loop otherwise;
+    it never picks ``fused`` by default (torch/optim/optimizer.py, ``_default_to_fused_or_foreach``). Optimizers
+    without a foreach/fused version (memlab's 8-bit Adam) always run the for-loop.
+    """
+    if impl == "auto":
+        impl = "foreach" if device_type == "cuda" else "for-loop"
+    if impl == "foreach" and optimizer not in FOREACH_OPTIMIZERS:
+        return "for-loop"
+    if impl == "fused" and optimizer not in FUSED_OPTIMIZERS:
+        raise SetupError(f"optimizer_impl='fused' exists for {', '.join(FUSED_OPTIMIZERS)}, not {optimizer!r}: "
+                         "use for-loop or foreach")
+    return impl
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,9 +74,16 @@ class Setup:
     """Weight dtype when ``mode == 'inference'``."""
     kv_cache_dtype: str = "bf16"
     """KV-cache element type when ``mode == 'inference'``."""
+    optimizer_impl: str = "auto"
+    """Optimizer implementation: for-loop (one tensor at a time), foreach (multi-tensor: a step-sized temporary),
+    fused (one kernel, no temporary) or auto (what torch picks: foreach on CUDA, for-loop on CPU)."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; gradients persist (and accumulate) across the micro-steps."""
+    zero_grad_to_none: bool = True
+    """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
 
     def __post_init__(self) -> None:
-        for fname in ("batch", "seq", "world_size", "tp"):
+        for fname in ("batch", "seq", "world_size", "tp", "grad_accum_steps"):
             value = getattr(self, fname)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SetupError(f"{fname} must be a positive integer, got {value!r}")
@@ -75,6 +104,9 @@ class Setup:
             raise SetupError(f"inference_weights must be one of {', '.join(INFERENCE_WEIGHTS)}")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise SetupError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise SetupError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}")
+        resolve_optimizer_impl(self.optimizer, self.optimizer_impl)
 
     @property
     def policy(self) -> PrecisionPolicy:

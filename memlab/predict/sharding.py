@@ -57,9 +57,13 @@ class ShapeSummary:
     layer_elements: int
     """One transformer block's parameters (what FSDP gathers per wrapped block)."""
     adafactor_elements: int
-    adam8bit_bytes: int
-    int8_scale_bytes: int
-    int4_scale_bytes: int
+    largest_elements: int = 0
+    """The largest single tensor (a for-loop optimizer's temporaries are this size)."""
+    embedding_elements: int = 0
+    """Token and position embeddings (their gradients appear last in backward)."""
+    adam8bit_bytes: int = 0
+    int8_scale_bytes: int = 0
+    int4_scale_bytes: int = 0
 
 
 def check_tp(config: TransformerConfig, tp: int) -> None:
@@ -84,6 +88,9 @@ def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
         s["tensors"] += 1
         s["adafactor_elements"] += adafactor_tensor_elements(shard)
         s["adam8bit_bytes"] += adam8bit_tensor_bytes(n)
+        s["largest_elements"] = max(s["largest_elements"], n)
+        if name in ("tok_emb.weight", "pos_emb.weight"):
+            s["embedding_elements"] += n
         if name.startswith("blocks.0."):
             s["layer_elements"] += n
         if len(shard) == 2 and comp in ("attention", "mlp"):
