@@ -1,0 +1,316 @@
+"""Trace one training step of any PyTorch model on fake tensors: the exact bytes PyTorch would hold, at full scale.
+
+The model, its optimizer and a batch are built under ``torch._subclasses.fake_tensor.FakeTensorMode`` (tensors
+with shapes and dtypes but no data: nothing is allocated), then two steps run under
+``torch.distributed._tools.mem_tracker.MemTracker``, which counts every storage by category (parameters,
+buffers, gradients, optimizer states, activations, temporaries, inputs). memlab adds phases: the peak *inside*
+forward, backward, the optimizer step and zero_grad, for the **first** step (optimizer state appears inside it)
+and the **steady** one. The same code on real tensors (``fake=False``) is the check: tests assert fake == real
+byte for byte.
+
+Three ways in:
+
+- :func:`trace_gpt` for the reference GPT under a :class:`~memlab.predict.setup.Setup`;
+- :func:`trace_hf` for a Hugging Face causal LM built from its config (never a download): :mod:`memlab.run.trace_hf`;
+- :func:`trace` for your own module::
+
+    import torch
+    from memlab.run.trace import trace
+
+    t = trace(
+        model_fn=lambda: torch.nn.Sequential(torch.nn.Linear(4096, 16384), torch.nn.GELU(),
+                                             torch.nn.Linear(16384, 4096)),
+        batch_fn=lambda: torch.randn(64, 1024, 4096),
+        optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), foreach=True),
+        loss_fn=lambda m, x: m(x).square().mean(),
+    )
+    print(t.peak_bytes / 2**30, t.peak_phase)   # GiB and where the peak is, on a laptop
+    t.to_frame()                                 # bytes by phase and category
+
+Found when this was built (torch 2.13): the model must be built under a device context inside the fake mode
+(``.to()`` on fake parameters fails), MemTracker's module statistics are reset between the steps, and fake ``cuda``
+tensors abort in autograd on a CPU-only torch, so traces run on CPU; what CUDA adds that no trace sees is listed
+as named terms with their sources (:data:`CUDA_TERMS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from copy import deepcopy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import SetupError
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import Setup, resolve_optimizer_impl
+
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "inputs")
+"""Trace categories, in display order (MemTracker's Parameter, Buffer, Gradient, Optstate, Activation, Temp,
+Other; tensors made inside the optimizer step that do not survive it move from optimizer states to temporaries)."""
+
+_FROM_TRACKER = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Optstate":
+                 "optimizer states", "Activation": "activations", "Temp": "temporaries", "Other": "inputs"}
+
+CUDA_TERMS: tuple[dict[str, str], ...] = (
+    {"term": "allocation rounding", "size": "every block rounded up to 512 B (small pool: 1 MiB segments)",
+     "source": "PyTorch CUDACachingAllocator.cpp, kMinBlockSize = 512, kSmallBuffer = 1 MiB"},
+    {"term": "caching allocator reserve and fragmentation", "size": "reserved - allocated, workload-dependent",
+     "source": "torch.cuda.memory_stats(): reserved_bytes.all.peak - allocated_bytes.all.peak"},
+    {"term": "CUDA context", "size": "a few hundred MB outside the allocator",
+     "source": "pytorch/pytorch#107667, #109888 (about 300-400 MB with lazy module loading)"},
+    {"term": "cuBLAS / attention workspaces", "size": "cuBLAS: up to 4 MiB x streams (CUBLAS_WORKSPACE_CONFIG); "
+     "flash/efficient attention allocate their own scratch", "source": "NVIDIA cuBLAS docs, cublasSetWorkspace"},
+)
+"""What a CUDA run holds that a CPU trace cannot see; add them (memlab.predict.estimate.Overheads) when they matter."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Bytes one training step holds, from a traced step (fake or real tensors). Bytes throughout.
+
+    ``phases``: one row per (step, phase) with ``peak_bytes`` (the most held at once inside the phase), ``end_bytes``
+    and ``by_category`` (the categories at the phase's peak). ``peak_*`` is the largest phase peak over both steps.
+    ``modules``: per module of the steady step, ``activation_bytes`` its forward leaves behind for backward
+    (MemTracker's post-forward minus pre-forward activations; parents include their children).
+    """
+
+    model: str
+    setup: dict[str, Any]
+    fake: bool
+    phases: tuple[dict[str, Any], ...]
+    peak_bytes: int
+    peak_phase: str
+    peak_step: str
+    peak_by_category: dict[str, int]
+    modules: tuple[dict[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    cuda_terms: tuple[dict[str, str], ...] = CUDA_TERMS
+    torch_version: str = field(default=torch.__version__)
+
+    def phase(self, name: str, step: str = "steady") -> dict[str, Any]:
+        """The row of one phase of one step (``first`` or ``steady``)."""
+        for row in self.phases:
+            if row["phase"] == name and row["step"] == step:
+                return row
+        raise SetupError(f"no phase {name!r} in the {step} step: phases are "
+                         f"{', '.join(sorted({r['phase'] for r in self.phases}))}")
+
+    def peak_of(self, step: str) -> int:
+        """Largest phase peak of the ``first`` or ``steady`` step."""
+        return max(r["peak_bytes"] for r in self.phases if r["step"] == step)
+
+    def top_modules(self, n: int = 8, *, leaves_only: bool = True) -> list[dict[str, Any]]:
+        """The ``n`` modules whose forward keeps the most bytes for backward (leaf modules by default)."""
+        names = [m["module"] for m in self.modules]
+        rows = [m for m in self.modules
+                if not leaves_only or not any(o.startswith(m["module"] + ".") for o in names)]
+        return sorted(rows, key=lambda m: -m["activation_bytes"])[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field."""
+        return asdict(self)
+
+    def to_frame(self) -> Any:
+        """pandas DataFrame, one row per (step, phase): peak and end bytes and each category at the peak."""
+        import pandas as pd
+
+        rows = [{"step": r["step"], "phase": r["phase"], "peak_bytes": r["peak_bytes"], "end_bytes": r["end_bytes"],
+                 **{c: r["by_category"].get(c, 0) for c in CATEGORIES}} for r in self.phases]
+        return pd.DataFrame(rows)
+
+
+# -- the phase recorder over MemTracker ------------------------------------------------------------------------
+def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for dev_snap in snap.values():
+        for key, value in dev_snap.items():
+            name = _FROM_TRACKER.get(getattr(key, "value", str(key)))
+            if name is not None:
+                out[name] += int(value)
+    return out
+
+
+class _Phases:
+    """Per-phase peaks over a MemTracker: its global peak is re-based at each phase start (private fields of
+    torch.distributed._tools.mem_tracker, stable since torch 2.5)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker, self.rows = tracker, []
+
+    def _total(self, snap: dict[Any, dict[Any, int]]) -> int:
+        return sum(int(d.get("Total", 0)) for d in snap.values())
+
+    @contextlib.contextmanager
+    def phase(self, step: str, name: str) -> Iterator[None]:
+        mt = self.tracker
+        current = mt.get_tracker_snapshot("current")
+        mt._peak_mem_snap = deepcopy(current)
+        mt._peak_mem = {dev: int(d.get("Total", 0)) for dev, d in current.items()}
+        yield
+        end, peak = mt.get_tracker_snapshot("current"), mt.get_tracker_snapshot("peak")
+        peak_total, end_total = self._total(peak), self._total(end)
+        if end_total > peak_total:  # nothing dispatched after the last allocation (a peak is read per op)
+            peak, peak_total = end, end_total
+        by_cat, end_cat = _categories(peak), _categories(end)
+        if name == "optimizer step":  # made in the step and freed before its end: temporaries, not states
+            moved = max(0, by_cat["optimizer states"] - end_cat["optimizer states"])
+            by_cat["optimizer states"] -= moved
+            by_cat["temporaries"] += moved
+        self.rows.append({"step": step, "phase": name, "peak_bytes": peak_total, "end_bytes": end_total,
+                          "by_category": by_cat, "end_by_category": end_cat})
+
+
+def _modules(tracker: Any) -> tuple[dict[str, Any], ...]:
+    from torch.distributed._tools.mem_tracker import _ModState
+
+    out = []
+    for stats in tracker.memory_tracking.values():
+        snaps = stats.snapshots
+        pre, post = snaps.get(_ModState.PRE_FW), snaps.get(_ModState.POST_FW)
+        if not pre or not post:
+            continue
+        act = _categories(post[-1])["activations"] - _categories(pre[-1])["activations"]
+        peak_fw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_FW, [{}])[-1].values())
+        peak_bw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_BW, [{}])[-1].values())
+        out.append({"module": stats.mod_fqn, "activation_bytes": act, "peak_forward_bytes": peak_fw,
+                    "peak_backward_bytes": peak_bw})
+    return tuple(out)
+
+
+def _default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        loss = out
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise SetupError("the model's output is not a scalar loss: pass loss_fn=lambda model, batch: ...")
+    return loss
+
+
+# -- the generic tracer ----------------------------------------------------------------------------------------
+def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
+          optimizer_fn: Callable[[nn.Module], Any] | None = None, *,
+          loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+          forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+          backward_fn: Callable[[torch.Tensor], None] | None = None, fake: bool = True, grad_accum_steps: int = 1,
+          set_to_none: bool = True, name: str = "model", setup: dict[str, Any] | None = None,
+          notes: tuple[str, ...] = ()) -> Trace:
+    """Trace two training steps of ``model_fn()`` on ``batch_fn()`` with ``optimizer_fn(model)`` (module docstring).
+
+    ``model_fn``/``batch_fn``/``optimizer_fn`` run inside the fake mode and a ``torch.device("cpu")`` context, so
+    build tensors there (never ``.to()`` a fake parameter). ``loss_fn(model, batch)`` returns the scalar loss
+    (default: ``model(**batch).loss`` for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``).
+    ``forward_context`` (e.g. autocast), ``backward_fn`` (e.g. a loss scaler) and ``optimizer_fn`` returning an
+    object with ``step()`` and ``zero_grad(set_to_none)`` cover precision wrappers. ``fake=False`` runs the same on
+    real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+        raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
+    loss_fn = loss_fn or _default_loss
+    ctx = forward_context or contextlib.nullcontext
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    with mode, torch.device("cpu"):
+        model = model_fn()
+        optimizer = optimizer_fn(model) if optimizer_fn is not None else None
+        batch = batch_fn()
+        tracker = MemTracker()
+        inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
+        tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
+        extra = getattr(optimizer, "memlab_state_tensors", None)
+        if callable(extra):
+            tracker.track_external(*[t for ts in extra().values() for t in ts])
+        rec = _Phases(tracker)
+        with tracker:
+            for step in ("first", "steady"):
+                for micro in range(grad_accum_steps):
+                    tracker.reset_mod_stats()  # MemTracker keeps one call per module: reset before each forward
+                    tag = "" if micro == 0 else " (accumulating)"
+                    with rec.phase(step, "forward" + tag), ctx():
+                        loss = loss_fn(model, batch)
+                    with rec.phase(step, "backward" + tag):
+                        (backward_fn or torch.Tensor.backward)(loss)
+                        del loss
+                if optimizer is not None:
+                    with rec.phase(step, "optimizer step"):
+                        optimizer.step()
+                    with rec.phase(step, "zero_grad"):
+                        optimizer.zero_grad(set_to_none=set_to_none)
+                if step == "steady":
+                    modules = _modules(tracker)  # the steady step's (last) micro-batch
+    best = max(rec.rows, key=lambda r: r["peak_bytes"])
+    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rec.rows), peak_bytes=best["peak_bytes"],
+                 peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
+                 modules=modules, notes=tuple(notes))
+
+
+# -- the reference GPT -----------------------------------------------------------------------------------------
+def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
+                   device_type: str = "cuda") -> dict[str, Any]:
+    """``model_fn``, ``batch_fn``, ``optimizer_fn``, ``loss_fn``, ``forward_context``, ``backward_fn`` and notes that
+    run the reference GPT under ``setup`` in :func:`trace` (the runner's precision and optimizer wiring).
+
+    ``device_type`` is the device whose optimizer default (``optimizer_impl='auto'``) the trace imitates.
+    """
+    from memlab.run.gpt import GPT
+    from memlab.run.optimizers import build_optimizer
+    from memlab.run.training_step import MasterWeights, autocast, model_dtype
+
+    if setup.mode != "train":
+        raise SetupError("tracing runs a training step: set mode='train' (inference is estimated, not traced)")
+    if setup.tp > 1 or setup.world_size > 1:
+        raise SetupError("the tracer runs one process: set tp=1 and world_size=1 (sharded traces are future work)")
+    policy, notes = setup.policy, []
+    impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
+    notes.append(f"optimizer {setup.optimizer}, {impl} implementation")
+    if policy.grad_scaler:
+        notes.append("loss scaling traced without its finite check (data-dependent on fake tensors): the scale and "
+                     "found-inf scalars are a few bytes")
+    state: dict[str, Any] = {}
+
+    def model_fn() -> nn.Module:
+        return GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(policy))
+
+    def optimizer_fn(model: nn.Module) -> Any:
+        params = [p for p in model.parameters() if p.requires_grad]
+        make = lambda ps: build_optimizer(setup.optimizer, ps, lr, impl)  # noqa: E731
+        if policy.master_bytes:
+            opt = MasterWeights(model, make, policy, loss_scale=None)
+        else:
+            opt = make(params)
+        state["opt"] = opt
+        return opt
+
+    def batch_fn() -> tuple[torch.Tensor, torch.Tensor]:
+        data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1))
+        return data[:, :-1].clone(), data[:, 1:].clone()
+
+    def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return model(*batch)
+
+    def forward_context() -> contextlib.AbstractContextManager[Any]:
+        return autocast(policy, torch.device("cpu")) if policy.autocast else contextlib.nullcontext()
+
+    return {"model_fn": model_fn, "batch_fn": batch_fn, "optimizer_fn": optimizer_fn, "loss_fn": loss_fn,
+            "forward_context": forward_context, "notes": tuple(notes)}
+
+
+def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, device_type: str = "cuda") -> Trace:
+    """:func:`trace` of the reference GPT (``memlab.run.gpt.GPT``) under ``setup`` (training, one process).
+
+    Traces run on CPU; ``device_type`` only picks the optimizer implementation ``auto`` means. CPU autocast and
+    norm kernels differ from CUDA's in a few saved widths (:mod:`memlab.predict.activations` lists them): compare
+    with ``estimate(..., device_type='cpu')`` for byte equality.
+    """
+    if not isinstance(config, TransformerConfig):
+        raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
+    parts = gpt_step_parts(config, setup, device_type=device_type)
+    notes = parts.pop("notes")
+    return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
+                 name=config.name, setup=setup.to_dict(), notes=notes)
