@@ -250,17 +250,15 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
                  modules=modules, notes=tuple(notes))
 
 
-# -- the reference GPT -----------------------------------------------------------------------------------------
-def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
-                   device_type: str = "cuda") -> dict[str, Any]:
-    """``model_fn``, ``batch_fn``, ``optimizer_fn``, ``loss_fn``, ``forward_context``, ``backward_fn`` and notes that
-    run the reference GPT under ``setup`` in :func:`trace` (the runner's precision and optimizer wiring).
+# -- the reference GPT ----------------------------------------------------------------------------------------
+def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") -> dict[str, Any]:
+    """``optimizer_fn``, ``forward_context`` and ``notes`` that carry out ``setup``'s precision policy and optimizer
+    (the runner's wiring: :mod:`memlab.run.training_step`, :mod:`memlab.run.optimizers`) for :func:`trace`.
 
     ``device_type`` is the device whose optimizer default (``optimizer_impl='auto'``) the trace imitates.
     """
-    from memlab.run.gpt import GPT
     from memlab.run.optimizers import build_optimizer
-    from memlab.run.training_step import MasterWeights, autocast, model_dtype
+    from memlab.run.training_step import MasterWeights, autocast
 
     if setup.mode != "train":
         raise SetupError("tracing runs a training step: set mode='train' (inference is estimated, not traced)")
@@ -272,20 +270,29 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
     if policy.grad_scaler:
         notes.append("loss scaling traced without its finite check (data-dependent on fake tensors): the scale and "
                      "found-inf scalars are a few bytes")
-    state: dict[str, Any] = {}
-
-    def model_fn() -> nn.Module:
-        return GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(policy))
 
     def optimizer_fn(model: nn.Module) -> Any:
-        params = [p for p in model.parameters() if p.requires_grad]
         make = lambda ps: build_optimizer(setup.optimizer, ps, lr, impl)  # noqa: E731
         if policy.master_bytes:
-            opt = MasterWeights(model, make, policy, loss_scale=None)
-        else:
-            opt = make(params)
-        state["opt"] = opt
-        return opt
+            return MasterWeights(model, make, policy, loss_scale=None)
+        return make([p for p in model.parameters() if p.requires_grad])
+
+    def forward_context() -> contextlib.AbstractContextManager[Any]:
+        return autocast(policy, torch.device("cpu"))
+
+    return {"optimizer_fn": optimizer_fn, "forward_context": forward_context, "notes": tuple(notes)}
+
+
+def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
+                   device_type: str = "cuda") -> dict[str, Any]:
+    """Everything :func:`trace` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`)."""
+    from memlab.run.gpt import GPT
+    from memlab.run.training_step import model_dtype
+
+    parts = setup_parts(setup, lr=lr, device_type=device_type)
+
+    def model_fn() -> nn.Module:
+        return GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy))
 
     def batch_fn() -> tuple[torch.Tensor, torch.Tensor]:
         data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1))
@@ -294,11 +301,7 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
     def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return model(*batch)
 
-    def forward_context() -> contextlib.AbstractContextManager[Any]:
-        return autocast(policy, torch.device("cpu")) if policy.autocast else contextlib.nullcontext()
-
-    return {"model_fn": model_fn, "batch_fn": batch_fn, "optimizer_fn": optimizer_fn, "loss_fn": loss_fn,
-            "forward_context": forward_context, "notes": tuple(notes)}
+    return {**parts, "model_fn": model_fn, "batch_fn": batch_fn, "loss_fn": loss_fn}
 
 
 def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, device_type: str = "cuda") -> Trace:
