@@ -1,4 +1,4 @@
-"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``.
+"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``, ``trace``.
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
@@ -227,7 +227,10 @@ def run_estimate(args: argparse.Namespace) -> int:
     bd = estimate(model, setup, overheads=ov)
     verdict = fits(bd, args.gpu) if args.gpu else None
     if args.json:
-        out = {"param_count": bd.param_count, "per_device": {**bd.components(), "total": bd.total_bytes},
+        out = {"param_count": bd.param_count,
+               "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},
+               "peak_phase": bd.peak_phase, "peak_step": bd.peak_step, "phases": list(bd.phases),
+               "total_is": "the sum of components; 'peak' is the most a step holds at once (fit verdicts use it)",
                "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
@@ -247,11 +250,17 @@ def run_estimate(args: argparse.Namespace) -> int:
                   "overhead": bd.overhead}.get(comp, {})
         for key, v in detail.items():
             print(f"  {key:<22}{_size(v)}")
-    print(f"{'total':<24}{_size(bd.total_bytes)}")
+    print(f"{'total (sum)':<24}{_size(bd.total_bytes)}")
+    print("\nwhen the bytes appear (held at once; zero_grad: after it):")
+    for row in bd.phases:
+        mark = "  <- peak" if (row["step"], row["phase"]) == (bd.peak_step, bd.peak_phase) else ""
+        print(f"  {row['step'] + ' ' + row['phase']:<34}{_size(row['bytes'])}{mark}")
+    print(f"{'peak':<24}{_size(bd.peak_bytes)}")
     print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
     if verdict:
         word = "FITS" if verdict.fits else "DOES NOT FIT"
-        print(f"\nverdict: {word} on {verdict.gpu_name} ({verdict.gpu}): needs {verdict.total_bytes / GiB:.2f} GiB "
+        print(f"\nverdict: {word} on {verdict.gpu_name} ({verdict.gpu}): peak {verdict.peak_bytes / GiB:.2f} GiB "
+              f"({verdict.peak_phase}) "
               f"of {verdict.capacity_bytes / GiB:.2f} GiB ({verdict.capacity_bytes / GB:.1f} GB); headroom "
               f"{verdict.headroom_bytes / GiB:+.2f} GiB")
     else:
@@ -360,6 +369,9 @@ COMMANDS: tuple[Command, ...] = (
             lambda p: _lazy("measure_arguments")(p), lambda a: _lazy("run_measure")(a)),
     Command("ledger", "measure the validation grid and print the estimator's achieved errors",
             lambda p: _lazy("ledger_arguments")(p), lambda a: _lazy("run_ledger")(a)),
+    Command("trace", "trace one training step on fake tensors: bytes per phase, the peak, top modules",
+            lambda p: __import__("memlab.cli.trace", fromlist=["x"]).add_arguments(p),
+            lambda a: __import__("memlab.cli.trace", fromlist=["x"]).run(a)),
 )
 
 

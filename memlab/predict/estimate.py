@@ -40,7 +40,7 @@ from memlab.predict.optimizer_states import (
 )
 from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import Setup
+from memlab.predict.setup import Setup, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
 from memlab.units import GB, GiB
 
@@ -319,12 +319,16 @@ def _fields(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
-def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict) -> list[str]:
+def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict,
+                 device_type: str = "cuda") -> list[str]:
     out = ["bytes per device; GiB = 2**30 B, GB = 1e9 B",
            f"world_size={setup.world_size} counts data-parallel ranks; with tp={setup.tp} the job uses "
            f"{setup.world_size * setup.tp} device(s)"]
     if setup.mode == "train":
         out.append("optimizer = moments + fp32 master copy + fp32 grad-accumulation buffer (ZeRO paper's K)")
+        impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
+        out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
+                   f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
         if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes:
             out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
         if setup.zero_stage and setup.world_size == 1:
@@ -379,7 +383,7 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
         param_count=shape_summary(config_or_params).param_count if is_cfg else config_or_params, mode=setup.mode,
         activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=opt_detail,
-        assumptions=tuple(_assumptions(config_or_params, setup, ov, terms) + notes),
+        assumptions=tuple(_assumptions(config_or_params, setup, ov, terms, device_type) + notes),
         config=_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
         phases=rows, peak_bytes=top["bytes"], peak_phase=top["phase"], peak_step=top["step"],
     )
