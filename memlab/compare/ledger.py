@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from memlab.run.runner import Measurement
+    from memlab.run.trace import Trace
 
 COLUMNS = ["experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error", "note"]
 """Columns of every ledger table (chapters write these to ledger.csv; the report summarises them)."""
@@ -96,9 +97,78 @@ def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment:
     total_p = sum(r["predicted"] for r in modelled)
     total_m = sum(r["measured"] or 0 for r in modelled)
     rows.append(_row(label, "modelled total", total_p, total_m, "sum of the rows above"))
+    if measurement.phase_peaks and predicted.phases:
+        rows += _phase_rows(label, predicted, measurement.phase_peaks, measurement.phase_peaks[0]["source"])
     if measurement.cuda_peak_allocated_bytes is not None:
         rows += _cuda_residuals(label, total_p, measurement)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _phase_rows(label: str, predicted: MemoryBreakdown, observed: Iterable[dict[str, Any]],
+                source: str) -> list[dict[str, Any]]:
+    """``phase: <step> <phase>`` rows (peak inside the phase; zero_grad: held after it) and the ``peak`` row."""
+    rows, seen = [], []
+    for r in observed:
+        try:
+            p = predicted.phase_bytes(r["phase"], r["step"])
+        except Exception:  # a phase the estimator does not model (e.g. a user's custom loop)
+            continue
+        m = r["end_bytes"] if r["phase"] == "zero_grad" else r["peak_bytes"]
+        rows.append(_row(label, f"phase: {r['step']} {r['phase']}", p, m, source))
+        if r["phase"] != "zero_grad":
+            seen.append(r["peak_bytes"])
+    if seen:
+        rows.append(_row(label, "peak (inside the step)", predicted.peak_bytes, max(seen),
+                         f"the most held at once; {source}"))
+    return rows
+
+
+def compare_trace(predicted: MemoryBreakdown, trace: Trace, *, experiment: str | None = None) -> pd.DataFrame:
+    """Ledger rows (:data:`COLUMNS`) of the formula against ``memlab trace`` (the measured column is the trace):
+    one row per phase and the peak. The trace checks the formula at full scale, for any implementation."""
+    import pandas as pd
+
+    label = experiment or f"{trace.model} (trace)"
+    return pd.DataFrame(_phase_rows(label, predicted, trace.phases, "memlab trace (fake tensors, MemTracker)"),
+                        columns=COLUMNS)
+
+
+def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
+    """The estimator's peak against the trace's over a grid of presets and setups (issue 9's bench grid).
+
+    Rows: model, setup label, trace_peak, formula_peak, rel_error, and where each peak is. Sharded points are kept
+    with ``trace_peak=None`` and a note (one-process tracer). Imports torch (the tracer) when called.
+    """
+    from memlab.run.trace import trace_gpt
+
+    small = [("gpt2", Setup(seq=1024, batch=2, precision=p, attention=a, recompute=r))
+             for p, a, r in (("fp32", "eager", "none"), ("amp-bf16", "flash", "none"), ("mixed-bf16", "flash", "full"),
+                             ("bf16", "math", "selective"), ("fp32", "flash", "full"))]
+    small += [("tiny-llama", Setup(seq=256, batch=4, precision=p, attention=a, recompute=r))
+              for p, a, r in (("fp32", "eager", "none"), ("amp-bf16", "flash", "selective"))]
+    small += [("gpt2-medium", Setup(seq=1024, batch=1, precision="amp-bf16", attention="flash",
+                                    optimizer_impl="for-loop"))]
+    large = [("llama-2-7b", Setup(seq=4096, precision="fp32", attention="flash")),
+             ("llama-2-7b", Setup(seq=4096, precision="mixed-bf16", attention="flash", recompute="selective"))]
+    sharded = [("llama-2-70b", Setup(seq=4096, precision="mixed-bf16", attention="flash", zero_stage=3,
+                                     world_size=8))]
+    out = []
+    for name, setup in small + ([] if quick else large) + sharded:
+        cfg = preset(name)
+        bd = estimate(cfg, setup)
+        label = (f"{setup.precision} {setup.attention} {setup.recompute} b{setup.batch}x{setup.seq}"
+                 + (f" ZeRO-{setup.zero_stage}x{setup.world_size}" if setup.world_size > 1 else ""))
+        row = {"model": name, "setup": label, "formula_peak": bd.peak_bytes,
+               "formula_phase": f"{bd.peak_step} {bd.peak_phase}", "trace_peak": None, "trace_phase": None,
+               "rel_error": None, "note": ""}
+        if setup.world_size > 1 or setup.tp > 1:
+            row["note"] = "not traced: one-process tracer (FSDP2 over a fake process group is future work)"
+        else:
+            t = trace_gpt(cfg, setup)
+            row.update(trace_peak=t.peak_bytes, trace_phase=f"{t.peak_step} {t.peak_phase}",
+                       rel_error=(bd.peak_bytes - t.peak_bytes) / t.peak_bytes)
+        out.append(row)
+    return out
 
 
 def _cuda_residuals(label: str, modelled: float, m: Measurement) -> list[dict[str, Any]]:

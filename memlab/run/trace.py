@@ -164,6 +164,36 @@ class _Phases:
                           "by_category": by_cat, "end_by_category": end_cat})
 
 
+def _fast_tracker() -> Any:
+    """A MemTracker whose per-op peak update visits only the modules running now (the stock one walks every module
+    it has seen on every op: half of a 7B trace's time). Same numbers; relies on its private fields (torch 2.5+)."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+
+    class FastMemTracker(MemTracker):
+        _by_fqn: dict[str, Any]
+        _seen = -1
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            curr = self._curr_mem_snap
+            if self._seen != len(self.memory_tracking):
+                self._by_fqn = {st.mod_fqn: st for st in self.memory_tracking.values()}
+                self._seen = len(self.memory_tracking)
+            for fqn in self._mod_tracker.parents:
+                stats = self._by_fqn.get(fqn)
+                if stats is None or peak_state not in stats.snapshots:
+                    continue
+                for dev, dev_snap in curr.items():
+                    if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                        stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                        stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+            for dev, dev_snap in curr.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = deepcopy(dev_snap)
+
+    return FastMemTracker()
+
+
 def _modules(tracker: Any) -> tuple[dict[str, Any], ...]:
     from torch.distributed._tools.mem_tracker import _ModState
 
@@ -209,7 +239,6 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
     real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
         raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
@@ -220,7 +249,7 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
         model = model_fn()
         optimizer = optimizer_fn(model) if optimizer_fn is not None else None
         batch = batch_fn()
-        tracker = MemTracker()
+        tracker = _fast_tracker()
         inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
         tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
         extra = getattr(optimizer, "memlab_state_tensors", None)
