@@ -18,9 +18,10 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
   ``T_layer``: the d_ff-wide gradients or the s x s score gradients of eager/math attention, three h-wide ones);
   end, ``P + O + G`` plus, for tied embeddings, the head's and the embedding's gradient contributions before they are
   summed (``2 V h`` gradient bytes).
-- optimizer step: ``P + G + O + T_opt`` with ``T_opt`` by implementation (torch/optim/adamw.py): for-loop Adam
-  keeps two temporaries of the tensor being stepped (``sqrt`` and the division: 2 x the largest tensor), foreach
-  one temporary per parameter at once (``_foreach_sqrt``: all parameters, state dtype, 4 B/param in fp32), fused
+- optimizer step: ``P + G + O + T_opt`` with ``T_opt`` by implementation ([pytorch-optim], torch/optim/adamw.py):
+  for-loop Adam keeps two temporaries of the tensor being stepped (``sqrt`` and the division: 2 x the largest
+  tensor), foreach one temporary per parameter at once (``_foreach_sqrt``: all parameters, state dtype, 4 B/param
+  in fp32), fused
   none; SGD none; a master-weight wrapper holds fp32 copies of every 16-bit gradient during the step (4 B/param).
   In the first step ``O`` is allocated inside this phase.
 - zero_grad: what is held *after* it, ``P + O`` (+ ``G`` with ``set_to_none=False``).
@@ -29,9 +30,9 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
 - inference: ``prefill`` = weights + KV cache + the largest prefill transient; ``decode`` = weights + KV cache +
   one token's transient.
 
-Terms were checked against ``memlab.run.trace`` (MemTracker on fake tensors, the reference GPT): the start-of-backward
-and optimizer-step terms are exact; the bottom-layer term is within a few per cent. Pure numpy arithmetic (works on
-arrays of batch/seq); no torch. Units: bytes.
+Terms were checked against ``memlab.run.trace`` (MemTracker on fake tensors [pytorch-memtracker], the reference
+GPT): the start-of-backward and optimizer-step terms are exact; the bottom-layer term is within a few per cent.
+Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
 """
 
 from __future__ import annotations

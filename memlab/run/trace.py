@@ -2,10 +2,10 @@
 
 The model, its optimizer and a batch are built under ``torch._subclasses.fake_tensor.FakeTensorMode`` (tensors
 with shapes and dtypes but no data: nothing is allocated), then two steps run under
-``torch.distributed._tools.mem_tracker.MemTracker``, which counts every storage by category (parameters,
-buffers, gradients, optimizer states, activations, temporaries, inputs). memlab adds phases: the peak *inside*
-forward, backward, the optimizer step and zero_grad, for the **first** step (optimizer state appears inside it)
-and the **steady** one. The same code on real tensors (``fake=False``) is the check: tests assert fake == real
+``torch.distributed._tools.mem_tracker.MemTracker`` [pytorch-memtracker], which counts every storage by category
+(parameters, buffers, gradients, optimizer states, activations, temporaries, inputs). memlab adds phases: the peak
+*inside* forward, backward, the optimizer step and zero_grad, for the **first** step (optimizer state appears inside
+it) and the **steady** one. The same code on real tensors (``fake=False``) is the check: tests assert fake == real
 byte for byte.
 
 Three ways in:

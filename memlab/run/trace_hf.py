@@ -7,11 +7,11 @@ The config comes from a ``config.json`` path, a ``PretrainedConfig``, or a famil
 (``hf_config("llama", hidden_size=4096, ...)``, ``transformers.AutoConfig.for_model``).
 
 Found when this was built (transformers 5.x): transformers treats a FakeTensor as "tracing"
-(``transformers.utils.import_utils.is_tracing``) and then builds an explicit attention mask from the position ids
-(``masking_utils.find_packed_sequence_indices``), so SDPA gets a mask and, for GQA, ``repeat_kv`` copies: more saved
-bytes than the real run. :func:`unpacked_batches` forces the path a real unpadded, unpacked batch takes (no mask:
-``is_causal`` and native GQA); it is valid only for unpadded batches without packed sequences, and every trace
-says so in its notes.
+(``transformers.utils.import_utils.is_tracing``, [transformers-masking]) and then builds an explicit attention
+mask from the position ids (``masking_utils.find_packed_sequence_indices``), so SDPA gets a mask and, for GQA,
+``repeat_kv`` copies: more saved bytes than the real run. :func:`unpacked_batches` forces the path a real
+unpadded, unpacked batch takes (no mask: ``is_causal`` and native GQA); it is valid only for unpadded batches
+without packed sequences, and every trace says so in its notes.
 """
 
 from __future__ import annotations
