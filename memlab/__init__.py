@@ -3,8 +3,8 @@
 The package is laid out in the order of the flow, one room per step::
 
     predict/   closed-form: models, setup, precision policies, activations, estimate, fit, flops, hardware
-    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline
-    measure/   what is really there: byte accounting, CUDA allocator, NVML, host, timelines, OOM
+    run/       the reference GPT, the training step's torch wiring, optimizers, runner, sweeps, roofline, trace
+    measure/   what is really there: byte accounting, live bytes per phase, CUDA allocator, NVML, host, timelines, OOM
     compare/   prediction next to measurement: the ledger and its plots
     course/    chapters, exercises, the papermill report and its pages, provenance
     cli/       the ``memlab`` command, one module per subcommand
@@ -41,6 +41,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.run.runner": ("Measurement", "run_step"),
     "memlab.run.sweep": ("sweep",),
     "memlab.run.roofline": ("roofline_bound",),
+    "memlab.run.trace": ("Trace", "trace", "trace_gpt"),
+    "memlab.run.trace_hf": ("trace_hf",),
     "memlab.course.chapter": ("chapter",),
     "memlab.course.exercises": ("Choice", "Numeric"),
 }

@@ -193,7 +193,8 @@ def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, t
 
 
 def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int, lr: float,
-           with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True) -> dict[str, Any]:
+           with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True,
+           with_phase_peaks: bool = True) -> dict[str, Any]:
     torch.manual_seed(seed)
     policy = setup.policy
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device, dtype=model_dtype(policy))
@@ -206,7 +207,8 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     out: dict[str, Any] = {}
     holder = step.state_holder()
     extra = holder.memlab_state_tensors() if hasattr(holder, "memlab_state_tensors") else {}
-    meter = PhasePeaks(device, track=[*model.parameters(), *model.buffers(), idx, tgt, *extra.values()])
+    meter = PhasePeaks(device, track=[*model.parameters(), *model.buffers(), idx, tgt, *extra.values()]) \
+        if with_phase_peaks else _NoMeter()
 
     phases = [{"phase": "built", **_states(model, step, device), "activations": 0}]
     if device.type == "cuda":
@@ -235,21 +237,23 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
             step.zero_grad(set_to_none=set_to_none)
         phases.append({"phase": "zero_grad", **_states(model, step, device), "activations": 0})
         mark("done")
-        # One steady step, phase by phase (optimizer state now exists).
-        with meter.phase("steady", "forward"), step.forward_context():
-            loss = model(idx, tgt)
-        with meter.phase("steady", "backward"):
-            step.backward(loss)
-            del loss
-        with meter.phase("steady", "optimizer step"):
-            step.step()
-        with meter.phase("steady", "zero_grad"):
-            step.zero_grad(set_to_none=set_to_none)
+    if with_phase_peaks:  # one steady step, phase by phase (optimizer state now exists)
+        with meter:
+            with meter.phase("steady", "forward"), step.forward_context():
+                loss = model(idx, tgt)
+            with meter.phase("steady", "backward"):
+                step.backward(loss)
+                del loss
+            with meter.phase("steady", "optimizer step"):
+                step.step()
+            with meter.phase("steady", "zero_grad"):
+                step.zero_grad(set_to_none=set_to_none)
     if sampler is not None:
         out["timeline"] = tuple(sampler.frame().to_dict("records"))
     first_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    top = max((r for r in meter.rows if r["phase"] != "zero_grad"), key=lambda r: r["peak_bytes"])
-    out.update(phase_peaks=tuple(meter.rows), peak_bytes=top["peak_bytes"], peak_phase=top["phase"])
+    if meter.rows:
+        top = max((r for r in meter.rows if r["phase"] != "zero_grad"), key=lambda r: r["peak_bytes"])
+        out.update(phase_peaks=tuple(meter.rows), peak_bytes=top["peak_bytes"], peak_phase=top["phase"])
     out.update(phases=tuple(phases), activations_bytes=saved.total_bytes,
                activations_by_category=saved.by_category(), cuda_first_step_peak_allocated_bytes=first_peak)
 
@@ -290,6 +294,17 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     if with_mfu:
         out.update(_mfu_fields(config, setup, device, out["tokens_per_s"]))
     return out
+
+
+class _NoMeter(contextlib.nullcontext):
+    """Stands in for PhasePeaks when ``with_phase_peaks=False``."""
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return []
+
+    def phase(self, step: str, name: str) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
 
 
 def _sampler(device: torch.device) -> Any:
@@ -360,6 +375,7 @@ def run_step(
     with_mfu: bool = True,
     timeline: bool = False,
     set_to_none: bool | None = None,
+    with_phase_peaks: bool = True,
 ) -> Measurement:
     """Run and measure ``config`` under ``setup`` on ``device``.
 
@@ -372,7 +388,8 @@ def run_step(
     is coarse: the exact per-phase bytes are in ``phases`` either way). ``set_to_none=False`` makes every
     ``zero_grad`` zero-fill the gradients instead of freeing them (they then persist into the next forward); None
     follows ``setup.zero_grad_to_none``. ``phase_peaks`` holds the peak inside each phase of the first and one
-    steady step (:class:`memlab.measure.live_bytes.PhasePeaks`). Bad setups raise
+    steady step (:class:`memlab.measure.live_bytes.PhasePeaks`; ``with_phase_peaks=False`` skips it, and the extra
+    step, for speed). Bad setups raise
     :class:`memlab.errors.SetupError`; an out-of-memory error is returned as a Measurement with ``status="oom"``
     and the parsed message.
     """
@@ -402,7 +419,8 @@ def run_step(
     try:
         if setup.mode == "train":
             fields = _train(config, setup, dev, steps=steps, seed=seed, lr=lr, with_counted_flops=with_counted_flops,
-                            with_mfu=with_mfu, timeline=timeline, set_to_none=set_to_none)
+                            with_mfu=with_mfu, timeline=timeline, set_to_none=set_to_none,
+                            with_phase_peaks=with_phase_peaks)
         else:
             fields = _infer(config, setup, dev, steps=steps, seed=seed, with_counted_flops=with_counted_flops,
                             with_mfu=with_mfu)
