@@ -221,30 +221,9 @@ def _default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return loss
 
 
-# -- the generic tracer ----------------------------------------------------------------------------------------
-def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
-          optimizer_fn: Callable[[nn.Module], Any] | None = None, *,
-          loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-          forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-          backward_fn: Callable[[torch.Tensor], None] | None = None, fake: bool = True, grad_accum_steps: int = 1,
-          set_to_none: bool = True, name: str = "model", setup: dict[str, Any] | None = None,
-          notes: tuple[str, ...] = ()) -> Trace:
-    """Trace two training steps of ``model_fn()`` on ``batch_fn()`` with ``optimizer_fn(model)`` (module docstring).
-
-    ``model_fn``/``batch_fn``/``optimizer_fn`` run inside the fake mode and a ``torch.device("cpu")`` context, so
-    build tensors there (never ``.to()`` a fake parameter). ``loss_fn(model, batch)`` returns the scalar loss
-    (default: ``model(**batch).loss`` for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``).
-    ``forward_context`` (e.g. autocast), ``backward_fn`` (e.g. a loss scaler) and ``optimizer_fn`` returning an
-    object with ``step()`` and ``zero_grad(set_to_none)`` cover precision wrappers. ``fake=False`` runs the same on
-    real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
-        raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
-    loss_fn = loss_fn or _default_loss
-    ctx = forward_context or contextlib.nullcontext
-    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], optimizer_fn: Any, loss_fn: Any,
+         ctx: Any, backward_fn: Any, grad_accum_steps: int, set_to_none: bool) -> tuple[list, tuple]:
+    """The two traced steps of :func:`trace`: (phase rows, module rows)."""
     with mode, torch.device("cpu"):
         model = model_fn()
         optimizer = optimizer_fn(model) if optimizer_fn is not None else None
@@ -273,8 +252,42 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
                         optimizer.zero_grad(set_to_none=set_to_none)
                 if step == "steady":
                     modules = _modules(tracker)  # the steady step's (last) micro-batch
-    best = max(rec.rows, key=lambda r: r["peak_bytes"])
-    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rec.rows), peak_bytes=best["peak_bytes"],
+    return rec.rows, modules
+
+
+# -- the generic tracer ----------------------------------------------------------------------------------------
+def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
+          optimizer_fn: Callable[[nn.Module], Any] | None = None, *,
+          loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+          forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+          backward_fn: Callable[[torch.Tensor], None] | None = None, fake: bool = True, grad_accum_steps: int = 1,
+          set_to_none: bool = True, name: str = "model", setup: dict[str, Any] | None = None,
+          notes: tuple[str, ...] = ()) -> Trace:
+    """Trace two training steps of ``model_fn()`` on ``batch_fn()`` with ``optimizer_fn(model)`` (module docstring).
+
+    ``model_fn``/``batch_fn``/``optimizer_fn`` run inside the fake mode and a ``torch.device("cpu")`` context, so
+    build tensors there (never ``.to()`` a fake parameter). ``loss_fn(model, batch)`` returns the scalar loss
+    (default: ``model(**batch).loss`` for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``).
+    ``forward_context`` (e.g. autocast), ``backward_fn`` (e.g. a loss scaler) and ``optimizer_fn`` returning an
+    object with ``step()`` and ``zero_grad(set_to_none)`` cover precision wrappers. ``fake=False`` runs the same on
+    real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+        raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
+    loss_fn = loss_fn or _default_loss
+    ctx = forward_context or contextlib.nullcontext
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    try:
+        rows, modules = _run(mode, model_fn, batch_fn, optimizer_fn, loss_fn, ctx, backward_fn, grad_accum_steps,
+                             set_to_none)
+    except DataDependentOutputException as exc:
+        raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
+                         "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
+                         "a small shape, or use an implementation without data-dependent control flow") from None
+    best = max(rows, key=lambda r: r["peak_bytes"])
+    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best["peak_bytes"],
                  peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
                  modules=modules, notes=tuple(notes))
 

@@ -96,3 +96,8 @@ def test_trace_refuses_what_it_cannot_run() -> None:
         trace_gpt(TINY, Setup(zero_stage=3, world_size=8, seq=32))
     with pytest.raises(SetupError, match="training"):
         trace_gpt(TINY, Setup(mode="inference", seq=32))
+
+
+def test_data_dependent_steps_get_one_clear_error() -> None:
+    with pytest.raises(SetupError, match="fake tensor does not have"):
+        trace_gpt(TINY, Setup(batch=1, seq=16, optimizer="adafactor"), device_type="cpu")
