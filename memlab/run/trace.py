@@ -304,8 +304,11 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
 
     if setup.mode != "train":
         raise SetupError("tracing runs a training step: set mode='train' (inference is estimated, not traced)")
-    if setup.tp > 1 or setup.world_size > 1:
-        raise SetupError("the tracer runs one process: set tp=1 and world_size=1 (sharded traces are future work)")
+    if setup.tp > 1:
+        raise SetupError("the tracer runs data parallelism only: set tp=1 (tensor-parallel traces are future work)")
+    if setup.world_size > 1 and setup.zero_stage not in (2, 3):
+        raise SetupError("a traced data-parallel setup runs FSDP2: set zero_stage=2 or 3 (plain DDP and ZeRO-1 "
+                         "replicate the model: trace world_size=1)")
     policy, notes = setup.policy, []
     impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
     notes.append(f"optimizer {setup.optimizer}, {impl} implementation")
@@ -325,16 +328,22 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
     return {"optimizer_fn": optimizer_fn, "forward_context": forward_context, "notes": tuple(notes)}
 
 
-def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
-                   device_type: str = "cuda") -> dict[str, Any]:
-    """Everything :func:`trace` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`)."""
+def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda",
+                   mesh: Any = None) -> dict[str, Any]:
+    """Everything :func:`trace` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
+    ``mesh`` (:func:`memlab.run.fake_dist.fake_process_group`) the blocks are sharded with FSDP2."""
     from memlab.run.gpt import GPT
     from memlab.run.training_step import model_dtype
 
     parts = setup_parts(setup, lr=lr, device_type=device_type)
 
     def model_fn() -> nn.Module:
-        return GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy))
+        model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy))
+        if mesh is not None:
+            from memlab.run.fake_dist import shard_blocks
+
+            shard_blocks(model, mesh, setup.zero_stage)
+        return model
 
     def batch_fn() -> tuple[torch.Tensor, torch.Tensor]:
         data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1))
@@ -347,7 +356,8 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
 
 
 def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, device_type: str = "cuda") -> Trace:
-    """:func:`trace` of the reference GPT (``memlab.run.gpt.GPT``) under ``setup`` (training, one process).
+    """:func:`trace` of the reference GPT (``memlab.run.gpt.GPT``) under ``setup`` (training, one process;
+    ``zero_stage`` 2/3 over ``world_size`` > 1 ranks runs FSDP2 over a fake process group, :mod:`memlab.run.fake_dist`).
 
     Traces run on CPU; ``device_type`` only picks the optimizer implementation ``auto`` means. CPU autocast and
     norm kernels differ from CUDA's in a few saved widths (:mod:`memlab.predict.activations` lists them): compare
@@ -355,7 +365,19 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     """
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
-    parts = gpt_step_parts(config, setup, device_type=device_type)
-    notes = parts.pop("notes")
-    return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
-                 name=config.name, setup=setup.to_dict(), notes=notes)
+    if setup.world_size == 1:
+        parts = gpt_step_parts(config, setup, device_type=device_type)
+        notes = parts.pop("notes")
+        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
+                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes)
+    from memlab.run.fake_dist import fake_process_group
+
+    setup_parts(setup, device_type=device_type)  # validates before a process group is made
+    with fake_process_group(setup.world_size) as mesh:
+        parts = gpt_step_parts(config, setup, device_type=device_type, mesh=mesh)
+        notes = (*parts.pop("notes"), f"FSDP2 over a fake {setup.world_size}-rank process group: rank 0's bytes, "
+                 "gathered blocks included (collectives' buffers as FSDP2 allocates them; no communication); the first "
+                 "optimizer step also counts DTensor's first sharding propagation (more than a real run): the steady "
+                 "step is exact")
+        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
+                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes)

@@ -92,8 +92,8 @@ def test_user_module_api() -> None:
 
 
 def test_trace_refuses_what_it_cannot_run() -> None:
-    with pytest.raises(SetupError, match="one process"):
-        trace_gpt(TINY, Setup(zero_stage=3, world_size=8, seq=32))
+    with pytest.raises(SetupError, match="tp=1"):
+        trace_gpt(TINY, Setup(tp=2, seq=32))
     with pytest.raises(SetupError, match="training"):
         trace_gpt(TINY, Setup(mode="inference", seq=32))
 
@@ -101,3 +101,24 @@ def test_trace_refuses_what_it_cannot_run() -> None:
 def test_data_dependent_steps_get_one_clear_error() -> None:
     with pytest.raises(SetupError, match="fake tensor does not have"):
         trace_gpt(TINY, Setup(batch=1, seq=16, optimizer="adafactor"), device_type="cpu")
+
+
+def test_sharded_trace_runs_fsdp2_over_a_fake_process_group() -> None:
+    from memlab.predict.estimate import Overheads
+
+    setup = Setup(batch=2, seq=32, zero_stage=3, world_size=4, attention="flash")
+    fake, real = trace_gpt(TINY, setup, device_type="cpu"), trace_gpt(TINY, setup, fake=False, device_type="cpu")
+    # Exact but for the first optimizer step, where a fake trace also counts DTensor's first sharding propagation
+    key = [(r["step"], r["phase"]) for r in fake.phases]
+    for (st, ph), a, b in zip(key, fake.phases, real.phases, strict=True):
+        if (st, ph) != ("first", "optimizer step"):
+            assert (a["peak_bytes"], a["end_bytes"], a["by_category"]) == (b["peak_bytes"], b["end_bytes"],
+                                                                           b["by_category"]), (st, ph)
+    assert fake.peak_of("steady") == real.peak_of("steady")
+    one = trace_gpt(TINY, setup.with_(zero_stage=0, world_size=1), device_type="cpu")
+    states = fake.phase("zero_grad")["end_by_category"]
+    assert states["optimizer states"] < one.phase("zero_grad")["end_by_category"]["optimizer states"] / 3
+    bd = estimate(TINY, setup, device_type="cpu", overheads=Overheads(gathered_layers=2))
+    assert abs(bd.peak_bytes - fake.peak_bytes) / fake.peak_bytes < 0.08
+    with pytest.raises(SetupError, match="FSDP2"):
+        trace_gpt(TINY, Setup(seq=32, zero_stage=1, world_size=4))
