@@ -3,8 +3,8 @@
 Each point traces one reference-GPT step on fake tensors (:func:`memlab.run.trace.trace_gpt`, CPU, the optimizer
 implementation torch picks on CUDA) and predicts it (:func:`memlab.predict.estimate.estimate`, CUDA widths: the same
 as the CPU trace for fp32, and within the few autocast/norm widths :mod:`memlab.predict.activations` lists
-otherwise). Issue 9's target: median <= 3 %, worst <= 8 %. Sharded setups (ZeRO-3 over 8 ranks) are printed
-as not traced: the tracer runs one process (FSDP2 over a fake process group is future work).
+otherwise). Issue 9's target: median <= 3 %, worst <= 8 %. Sharded setups (ZeRO-3 over 8 ranks) trace FSDP2 over
+a fake process group in this one process (rank 0's bytes), as torchtitan's memory estimator does.
 
 Usage: ``python benchmarks/peak_errors.py [--quick]`` (quick: the small models only).
 """
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['model']:<12} {r['setup']:<44} {'-':>10} {r['formula_peak'] / GiB:>12.3f} {'-':>8}  {r['note']}")
             continue
         print(f"{r['model']:<12} {r['setup']:<44} {r['trace_peak'] / GiB:>10.3f} {r['formula_peak'] / GiB:>12.3f} "
-              f"{100 * r['rel_error']:>+7.2f}%  {r['trace_phase']} / {r['formula_phase']}")
+              f"{100 * r['rel_error']:>+7.2f}%  {r['trace_phase']} / {r['formula_phase']}"
+              + (f"  ({r['note']})" if r["note"] else ""))
     errs = [abs(r["rel_error"]) for r in rows if r["rel_error"] is not None]
     print(f"peak error over {len(errs)} traced points: median {100 * statistics.median(errs):.2f} %, worst "
           f"{100 * max(errs):.2f} % (targets 3 % and 8 %); {time.perf_counter() - start:.0f} s")

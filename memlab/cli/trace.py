@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
                 pred = None
         err = "-" if pred is None or not traced else f"{100 * (pred - traced) / traced:+.1f} %"
         mark = "  <- peak" if (row["step"], row["phase"]) == (result.peak_step, result.peak_phase) else ""
+        if not row.get("reliable", True):
+            mark = "  (unreliable on fake tensors: see the notes)"
         label = row["phase"] + (" (after)" if zero else "")
         print(f"  {row['step']:<7} {label:<26} {_num(traced, size):>12} {_num(pred, size):>12} {err:>8}{mark}")
     cats = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in result.peak_by_category.items() if v)

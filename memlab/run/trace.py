@@ -100,8 +100,8 @@ class Trace:
                          f"{', '.join(sorted({r['phase'] for r in self.phases}))}")
 
     def peak_of(self, step: str) -> int:
-        """Largest phase peak of the ``first`` or ``steady`` step."""
-        return max(r["peak_bytes"] for r in self.phases if r["step"] == step)
+        """Largest (reliable) phase peak of the ``first`` or ``steady`` step."""
+        return max(r["peak_bytes"] for r in self.phases if r["step"] == step and r.get("reliable", True))
 
     def top_modules(self, n: int = 8, *, leaves_only: bool = True) -> list[dict[str, Any]]:
         """The ``n`` modules whose forward keeps the most bytes for backward (leaf modules by default)."""
@@ -232,8 +232,13 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
         inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
         tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
         extra = getattr(optimizer, "memlab_state_tensors", None)
-        if callable(extra):
-            tracker.track_external(*[t for ts in extra().values() for t in ts])
+        if callable(extra):  # a wrapper's master copy and fp32 buffers: optimizer states and gradients
+            from torch.distributed._tools.mem_tracker import _MemRefType
+
+            for role, tensors in extra().items():
+                kind = _MemRefType.GRAD if role == "grads" else _MemRefType.OPT
+                for t in tensors:
+                    tracker._update_and_maybe_create_winfos(t, kind)
         rec = _Phases(tracker)
         with tracker:
             for step in ("first", "steady"):
@@ -262,7 +267,7 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
           forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
           backward_fn: Callable[[torch.Tensor], None] | None = None, fake: bool = True, grad_accum_steps: int = 1,
           set_to_none: bool = True, name: str = "model", setup: dict[str, Any] | None = None,
-          notes: tuple[str, ...] = ()) -> Trace:
+          notes: tuple[str, ...] = (), unreliable: tuple[tuple[str, str], ...] = ()) -> Trace:
     """Trace two training steps of ``model_fn()`` on ``batch_fn()`` with ``optimizer_fn(model)`` (module docstring).
 
     ``model_fn``/``batch_fn``/``optimizer_fn`` run inside the fake mode and a ``torch.device("cpu")`` context, so
@@ -271,6 +276,7 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
     ``forward_context`` (e.g. autocast), ``backward_fn`` (e.g. a loss scaler) and ``optimizer_fn`` returning an
     object with ``step()`` and ``zero_grad(set_to_none)`` cover precision wrappers. ``fake=False`` runs the same on
     real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
+    ``unreliable`` (step, phase) pairs are kept in ``phases`` with ``"reliable": False`` and left out of the peak.
     """
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
@@ -286,7 +292,9 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
         raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
                          "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
                          "a small shape, or use an implementation without data-dependent control flow") from None
-    best = max(rows, key=lambda r: r["peak_bytes"])
+    for r in rows:
+        r["reliable"] = (r["step"], r["phase"]) not in unreliable
+    best = max((r for r in rows if r["reliable"]), key=lambda r: r["peak_bytes"])
     return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best["peak_bytes"],
                  peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
                  modules=modules, notes=tuple(notes))
@@ -376,8 +384,10 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     with fake_process_group(setup.world_size) as mesh:
         parts = gpt_step_parts(config, setup, device_type=device_type, mesh=mesh)
         notes = (*parts.pop("notes"), f"FSDP2 over a fake {setup.world_size}-rank process group: rank 0's bytes, "
-                 "gathered blocks included (collectives' buffers as FSDP2 allocates them; no communication); the first "
-                 "optimizer step also counts DTensor's first sharding propagation (more than a real run): the steady "
-                 "step is exact")
+                 "gathered blocks included (collectives' buffers as FSDP2 allocates them; no communication); on fake "
+                 "tensors the first optimizer step also counts DTensor's first sharding propagation (global-shape "
+                 "temporaries no real run holds): marked unreliable and left out of the peak; the steady step is "
+                 "exact")
         return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
-                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes)
+                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes,
+                     unreliable=(("first", "optimizer step"),) if fake else ())
