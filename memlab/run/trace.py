@@ -311,7 +311,7 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
     from memlab.run.training_step import MasterWeights, autocast
 
     if setup.mode != "train":
-        raise SetupError("tracing runs a training step: set mode='train' (inference is estimated, not traced)")
+        raise SetupError("this traces a training step: set mode='train' (trace_gpt traces inference itself)")
     if setup.tp > 1:
         raise SetupError("the tracer runs data parallelism only: set tp=1 (tensor-parallel traces are future work)")
     if setup.world_size > 1 and setup.zero_stage not in (2, 3):
@@ -373,6 +373,8 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     """
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
+    if setup.mode == "inference":
+        return _trace_inference(config, setup, fake=fake)
     if setup.world_size == 1:
         parts = gpt_step_parts(config, setup, device_type=device_type)
         notes = parts.pop("notes")
@@ -391,3 +393,47 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
         return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
                      set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes,
                      unreliable=(("first", "optimizer step"),) if fake else ())
+
+
+def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:
+    """Prefill of ``seq - 1`` tokens into a KV cache of ``seq`` and one decode step, as the runner serves them.
+
+    Phases ``prefill`` and ``decode`` (step ``steady``); the KV cache and the token ids are in ``inputs``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memlab.device import torch_dtype
+    from memlab.run.gpt import GPT, KVCache
+
+    if setup.inference_weights not in ("fp32", "bf16", "fp16") or setup.kv_cache_dtype != setup.inference_weights:
+        raise SetupError("traced inference runs fp32/bf16/fp16 weights with the KV cache in the weight dtype: set "
+                         "inference_weights and kv_cache_dtype alike")
+    if setup.seq < 2:
+        raise SetupError("traced inference needs seq >= 2 (a prompt and one decoded token)")
+    dtype = torch_dtype(setup.inference_weights)
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    with mode, torch.device("cpu"), torch.no_grad():
+        model = GPT(config, attention=setup.attention, dtype=dtype).eval()
+        cache = KVCache(config, setup.batch, setup.seq, dtype=dtype)
+        ids = torch.randint(0, config.vocab_size, (setup.batch, setup.seq))
+        tracker = _fast_tracker()
+        tracker.track_external(model, ids, *cache.k, *cache.v)
+        rec = _Phases(tracker)
+        with tracker:
+            with rec.phase("steady", "prefill"):
+                out = model(ids[:, :-1], cache=cache)
+                del out
+            tracker.reset_mod_stats()
+            with rec.phase("steady", "decode"):
+                out = model(ids[:, -1:], cache=cache)
+                del out
+            modules = _modules(tracker)
+    for r in rec.rows:
+        r["reliable"] = True
+    best = max(rec.rows, key=lambda r: r["peak_bytes"])
+    return Trace(model=config.name, setup=setup.to_dict(), fake=fake, phases=tuple(rec.rows),
+                 peak_bytes=best["peak_bytes"], peak_phase=best["phase"], peak_step=best["step"],
+                 peak_by_category=dict(best["by_category"]), modules=modules,
+                 notes=("inference: prefill of seq-1 tokens into a preallocated KV cache, then one decoded token; "
+                        "'inputs' holds the KV cache and the token ids; the reference GPT returns logits in the "
+                        "weight dtype (Hugging Face heads upcast them to fp32)",))

@@ -94,8 +94,8 @@ def test_user_module_api() -> None:
 def test_trace_refuses_what_it_cannot_run() -> None:
     with pytest.raises(SetupError, match="tp=1"):
         trace_gpt(TINY, Setup(tp=2, seq=32))
-    with pytest.raises(SetupError, match="training"):
-        trace_gpt(TINY, Setup(mode="inference", seq=32))
+    with pytest.raises(SetupError, match="weight dtype"):
+        trace_gpt(TINY, Setup(mode="inference", seq=32, inference_weights="int8"))
 
 
 def test_data_dependent_steps_get_one_clear_error() -> None:
@@ -122,3 +122,12 @@ def test_sharded_trace_runs_fsdp2_over_a_fake_process_group() -> None:
     assert abs(bd.peak_bytes - fake.peak_bytes) / fake.peak_bytes < 0.08
     with pytest.raises(SetupError, match="FSDP2"):
         trace_gpt(TINY, Setup(seq=32, zero_stage=1, world_size=4))
+
+
+def test_inference_trace_prefill_and_decode() -> None:
+    setup = Setup(mode="inference", seq=48, batch=2, inference_weights="fp32", kv_cache_dtype="fp32")
+    fake, real = trace_gpt(TINY, setup), trace_gpt(TINY, setup, fake=False)
+    _same(fake, real)
+    assert [r["phase"] for r in fake.phases] == ["prefill", "decode"] and fake.peak_phase == "prefill"
+    kv = 2 * TINY.n_layers * 2 * 48 * TINY.d_model * 4
+    assert fake.phase("decode")["end_by_category"]["inputs"] >= kv
