@@ -1,4 +1,4 @@
-"""Measurement: exact byte accounting, CUDA allocator, NVML, host, timelines, OOM parsing.
+"""Measurement: exact byte accounting, live bytes per phase, CUDA allocator, NVML, host, timelines, OOM parsing.
 
 The adapters here read what is really there. Where a source is absent (no CUDA, no NVML) a reading says so
 (``available=False`` and a ``reason``); it never reports zeros in its place.
@@ -18,6 +18,7 @@ _EXPORTS = {
         "emulate_smaller_gpu", "record_memory_history", "reset_peaks",
     ),
     "host": ("HostReading", "host_reading"),
+    "live_bytes": ("LiveBytes", "PhasePeaks"),
     "nvml": ("NvmlReading", "NvmlSession", "nvml_reading"),
     "oom": ("OomInfo", "catch_oom", "clean_allocator", "is_oom_error", "parse_oom_message", "run_catching_oom"),
     "timeline": ("TimelineSampler",),

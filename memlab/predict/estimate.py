@@ -13,6 +13,8 @@ optimizer states, activations, KV cache and named overheads. Where each byte com
 - inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
   tensor of a full-prompt forward.
 - overheads: named terms (:class:`Overheads`), never folded into other components.
+- phases: the bytes held at each phase of the first and the steady step and their peak (:mod:`memlab.predict.phases`):
+  what must fit. ``total_bytes`` stays the sum of the components.
 
 Units: bytes. GiB = 2**30 bytes, GB = 10**9 bytes. This module imports no torch; the fit search and the CLI reuse
 these functions; :func:`sweep_totals` runs them on numpy arrays of batch/seq for fast sweeps.
