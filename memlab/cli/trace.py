@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             out["estimate"] = {"phases": list(predicted.phases), "peak": predicted.peak_bytes,
                                "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
                                "total": predicted.total_bytes}
-        out["top_modules"] = result.top_modules(args.top)
+        out["top_modules"] = result.modules_by_kind(args.top)
         print(json.dumps(out, indent=2, default=str))
         return 0
     unit, size = byte_unit(result.peak_bytes)
@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
     if predicted is not None:
         print(f"formula: peak {fmt_bytes(predicted.peak_bytes, digits=3)} ({predicted.peak_step} "
               f"{predicted.peak_phase}); sum of components {fmt_bytes(predicted.total_bytes, digits=3)}")
-    print(f"top {args.top} modules by activation bytes kept for backward:")
-    for m in result.top_modules(args.top):
-        print(f"  {m['module']:<44} {fmt_bytes(m['activation_bytes']):>12}")
+    print(f"top {args.top} modules by activation bytes kept for backward (summed over layers):")
+    for m in result.modules_by_kind(args.top):
+        print(f"  {m['module']:<40} x{m['count']:<4} {fmt_bytes(m['activation_bytes']):>12}")
     for note in result.notes:
         print(f"note: {note}")
     print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"

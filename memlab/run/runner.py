@@ -237,6 +237,10 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
             step.zero_grad(set_to_none=set_to_none)
         phases.append({"phase": "zero_grad", **_states(model, step, device), "activations": 0})
         mark("done")
+    first_peak = None
+    if device.type == "cuda":  # the meter resets the allocator's peak per phase: the first step's is their max
+        first_peak = max((r["peak_bytes"] for r in meter.rows if r["step"] == "first"),
+                         default=torch.cuda.max_memory_allocated(device))
     if with_phase_peaks:  # one steady step, phase by phase (optimizer state now exists)
         with meter:
             with meter.phase("steady", "forward"), step.forward_context():
@@ -250,7 +254,6 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
                 step.zero_grad(set_to_none=set_to_none)
     if sampler is not None:
         out["timeline"] = tuple(sampler.frame().to_dict("records"))
-    first_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     if meter.rows:
         top = max((r for r in meter.rows if r["phase"] != "zero_grad"), key=lambda r: r["peak_bytes"])
         out.update(phase_peaks=tuple(meter.rows), peak_bytes=top["peak_bytes"], peak_phase=top["phase"])

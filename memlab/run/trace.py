@@ -110,6 +110,19 @@ class Trace:
                 if not leaves_only or not any(o.startswith(m["module"] + ".") for o in names)]
         return sorted(rows, key=lambda m: -m["activation_bytes"])[:n]
 
+    def modules_by_kind(self, n: int = 8) -> list[dict[str, Any]]:
+        """Leaf modules grouped over their layer index (``GPT.blocks.*.mlp.up``): count and activation bytes summed,
+        the ``n`` largest first."""
+        import re
+
+        groups: dict[str, dict[str, Any]] = {}
+        for m in self.top_modules(len(self.modules)):
+            key = re.sub(r"\.\d+(?=\.|$)", ".*", m["module"])
+            g = groups.setdefault(key, {"module": key, "count": 0, "activation_bytes": 0})
+            g["count"] += 1
+            g["activation_bytes"] += m["activation_bytes"]
+        return sorted(groups.values(), key=lambda g: -g["activation_bytes"])[:n]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict of every field."""
         return asdict(self)

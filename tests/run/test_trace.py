@@ -62,6 +62,8 @@ def test_trace_categories_and_modules() -> None:
     assert t.phase("zero_grad")["end_by_category"]["optimizer states"] == bd.optimizer_bytes
     top = t.top_modules(3)
     assert top and all("." in m["module"] for m in top) and top[0]["activation_bytes"] > 0
+    kinds = t.modules_by_kind(3)
+    assert kinds[0]["count"] == TINY.n_layers and "*" in kinds[0]["module"]
     frame = t.to_frame()
     assert len(frame) == 8 and frame["peak_bytes"].max() == t.peak_bytes
     assert t.to_dict()["peak_bytes"] == t.peak_bytes and t.cuda_terms
