@@ -61,12 +61,15 @@ def experiment_label(measurement: Measurement) -> str:
 
 
 def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment: str | None = None,
-            activations_detail: bool = False) -> pd.DataFrame:
+            activations_detail: bool = False, trace: Trace | None = None) -> pd.DataFrame:
     """Ledger rows (see :data:`COLUMNS`) for one prediction and its measurement.
 
     Rows: params, grads, optimizer, activations (and kv_cache for inference), their total; with
-    ``activations_detail`` one row per activation category (``activations: <category>``). On CUDA, residual
-    rows: ``allocator peak`` (predicted = modelled total) and the unmodelled parts.
+    ``activations_detail`` one row per activation category (``activations: <category>``); with per-phase peaks
+    in the measurement, one ``phase: <step> <phase>`` row each and ``peak (inside the step)``. On CUDA, residual
+    rows: ``allocator peak`` (predicted = modelled total) and the unmodelled parts. With a ``trace``
+    (:func:`memlab.run.trace.trace_gpt` of the same setup) a ``traced`` column puts the trace's bytes beside
+    formula and measurement: three columns.
     """
     import pandas as pd
 
@@ -101,7 +104,29 @@ def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment:
         rows += _phase_rows(label, predicted, measurement.phase_peaks, measurement.phase_peaks[0]["source"])
     if measurement.cuda_peak_allocated_bytes is not None:
         rows += _cuda_residuals(label, total_p, measurement)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    if trace is None:
+        return pd.DataFrame(rows, columns=COLUMNS)
+    traced = _traced(trace)
+    for r in rows:
+        r["traced"] = traced.get(r["component"])
+    return pd.DataFrame(rows, columns=[*COLUMNS, "traced"])
+
+
+def _traced(trace: Trace) -> dict[str, int]:
+    """The trace's bytes under the ledger's component names (steady step; token ids counted as activations)."""
+    out: dict[str, int] = {}
+    if {"forward", "zero_grad"} <= {r["phase"] for r in trace.phases}:
+        end = trace.phase("zero_grad")["end_by_category"]
+        fwd = trace.phase("forward")["end_by_category"]
+        grads = trace.phase("optimizer step")["end_by_category"]["gradients"]
+        out = {"params": end["parameters"], "grads": grads, "optimizer": end["optimizer states"],
+               "activations": fwd["activations"] + fwd["inputs"]}
+        out["modelled total"] = sum(out.values())
+    for r in trace.phases:
+        if r.get("reliable", True):
+            out[f"phase: {r['step']} {r['phase']}"] = r["end_bytes"] if r["phase"] == "zero_grad" else r["peak_bytes"]
+    out["peak (inside the step)"] = trace.peak_bytes
+    return out
 
 
 def _phase_rows(label: str, predicted: MemoryBreakdown, observed: Iterable[dict[str, Any]],

@@ -26,3 +26,11 @@ def test_compare_trace_rows() -> None:
     table = compare_trace(estimate(cfg, setup, device_type="cpu"), t)
     assert "peak (inside the step)" in set(table["component"])
     assert table["rel_error"].abs().max() < 0.01
+
+
+def test_three_columns_formula_trace_measurement() -> None:
+    cfg, setup = preset("tiny-gpt"), Setup(batch=2, seq=32, attention="flash", precision="amp-bf16")
+    m = run_step(cfg, setup, "cpu", steps=1, with_counted_flops=False, with_mfu=False)
+    table = compare(predict_for(cfg, m), m, trace=trace_gpt(cfg, setup, device_type="cpu")).set_index("component")
+    for comp in ("params", "grads", "optimizer", "peak (inside the step)", "phase: steady backward"):
+        assert table.loc[comp, "traced"] == table.loc[comp, "measured"], comp
