@@ -24,7 +24,8 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
   in fp32), fused
   none; SGD none; a master-weight wrapper holds fp32 copies of every 16-bit gradient during the step (4 B/param).
   In the first step ``O`` is allocated inside this phase.
-- zero_grad: what is held *after* it, ``P + O`` (+ ``G`` with ``set_to_none=False``).
+- zero_grad: what is held *after* it, ``P + O`` (+ ``G`` with ``set_to_none=False``); the batch's token ids are
+  held by the loop through the optimizer step and after it.
 - gradient accumulation (``grad_accum_steps > 1``): from the second micro-batch on, ``G_held = G`` (gradients
   persist across micro-steps): phases ``forward (accumulating)``, ``backward (accumulating)``.
 - inference: ``prefill`` = weights + KV cache + the largest prefill transient; ``decode`` = weights + KV cache +
@@ -51,6 +52,8 @@ PHASES = ("forward", "backward", "optimizer step", "zero_grad")
 STEPS = ("first", "steady")
 
 _MODEL_LEVEL = ("token ids", "head & loss")
+LOSS_BYTES = 4
+"""The fp32 scalar loss, alive from the end of forward into backward."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class StepInputs:
     """Gradients that exist from the start (fp32 gradient buffers of a master-weight wrapper)."""
     head_16bit: bool
     full_recompute: bool
+    input_bytes: Any = 0
+    """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
 
 
 class _View:
@@ -113,8 +118,11 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str) -> dic
         "layer": per / config.n_layers,
         "temp": np.maximum(mlp, attn) + 3 * t * config.d_model * w["residual"],
         "block_forward": mlp + t * config.d_model * w["compute"],
-        "inputs": sum(tm.bytes(setup.tp, setup.sp) for tm in own if tm.category == "block inputs (recompute)"),
+        "recompute_inputs": sum(tm.bytes(setup.tp, setup.sp) for tm in own
+                                if tm.category == "block inputs (recompute)"),
         "head": sum(tm.bytes(setup.tp, setup.sp) for tm in own if tm.category == "head & loss"),
+        "inputs": sum(tm.bytes(setup.tp, setup.sp) for tm in own
+                      if tm.name in ("input token ids", "target token ids")),
     }
 
 
@@ -152,10 +160,10 @@ def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: st
     return StepInputs(
         logits_elements=setup.batch * setup.seq * config.vocab_size / setup.tp,
         layer_activation_bytes=lt["layer"], layer_temporary_bytes=lt["temp"], block_forward_bytes=lt["block_forward"],
-        recompute_inputs_bytes=lt["inputs"], head_loss_bytes=lt["head"], layer_grad_bytes=layer_elements * gb,
+        recompute_inputs_bytes=lt["recompute_inputs"], head_loss_bytes=lt["head"], layer_grad_bytes=layer_elements * gb,
         tied_head_grad_bytes=tied, optimizer_temporary_bytes=opt_t, optimizer_before_step_bytes=before_step,
         persistent_grads=persistent, head_16bit=pol.compute_dtype != "fp32",
-        full_recompute=setup.recompute == "full",
+        full_recompute=setup.recompute == "full", input_bytes=lt["inputs"],
     )
 
 
@@ -177,16 +185,17 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             g_held = g if holds else 0
             tag = "" if first_micro else " (accumulating)"
             base = p + o_held
-            fwd = base + g_held + a + fwd_logits
+            fwd = base + g_held + a + fwd_logits + LOSS_BYTES
             if x.full_recompute:
                 fwd = np.maximum(fwd, base + g_held + a - x.head_loss_bytes + x.block_forward_bytes)
-            start = base + g_held + a + bwd_logits
+            start = base + g_held + a + bwd_logits + LOSS_BYTES
             below = g if holds else np.maximum(g - x.layer_grad_bytes, 0)
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
             out.append((step, "forward" + tag, fwd + overhead))
             out.append((step, "backward" + tag, np.maximum(np.maximum(start, bottom), base + end) + overhead))
-        out.append((step, "optimizer step", p + g + o + x.optimizer_temporary_bytes + overhead))
-        out.append((step, "zero_grad", p + o + (0 if set_to_none and not x.persistent_grads else g) + overhead))
+        out.append((step, "optimizer step", p + g + o + x.optimizer_temporary_bytes + x.input_bytes + overhead))
+        out.append((step, "zero_grad", p + o + (0 if set_to_none and not x.persistent_grads else g) + x.input_bytes
+                    + overhead))
     return out
 
 
