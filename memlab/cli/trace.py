@@ -68,6 +68,20 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
     return "gpt", model
 
 
+def _hf_estimate(path: str, setup: Any) -> Any:
+    """The formula for a Hugging Face config when memlab can read one (``TransformerConfig.from_hf``), else None."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.models import TransformerConfig
+
+    from_hf = getattr(TransformerConfig, "from_hf", None)
+    if from_hf is None:
+        return None
+    try:
+        return estimate(from_hf(path), setup)
+    except MemlabError:
+        return None
+
+
 def _num(v: float | None, size: float) -> str:
     return "-" if v is None else f"{v / size:,.3f}"
 
@@ -83,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = hf_config(target)
         setup = _setup(args, 1)  # a bare count: the estimate's default seq (1024)
         result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}")
-        predicted = None
+        predicted = _hf_estimate(target, setup)
     else:
         from memlab.run.trace import trace_gpt
 
@@ -126,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
               f"{predicted.peak_phase}); sum of components {fmt_bytes(predicted.total_bytes, digits=3)}")
     print(f"top {args.top} modules by activation bytes kept for backward (summed over layers):")
     for m in result.modules_by_kind(args.top):
-        print(f"  {m['module']:<40} x{m['count']:<4} {fmt_bytes(m['activation_bytes']):>12}")
+        name = m["module"] if len(m["module"]) <= 56 else "..." + m["module"][-53:]
+        print(f"  {name:<56} x{m['count']:<4} {fmt_bytes(m['activation_bytes']):>12}")
     for note in result.notes:
         print(f"note: {note}")
     print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"

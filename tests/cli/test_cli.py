@@ -202,3 +202,15 @@ def test_trace_command_prints_phases_and_peak(capsys: pytest.CaptureFixture[str]
     assert code == 0 and d["peak_bytes"] == max(r["peak_bytes"] for r in d["phases"]) and d["estimate"]["peak"]
     code, _, err = run(capsys, "trace", "no-such-model")
     assert code == 2 and err.count("\n") == 1 and "unknown preset" in err
+
+
+def test_trace_command_builds_a_hugging_face_config(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, _ = run(capsys, "trace", "--hf-config", str(path), "--seq", "32", "--batch", "2", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["model"].startswith("hf:") and d["peak_bytes"] > 0
+    assert any("unpadded" in n for n in d["notes"])
