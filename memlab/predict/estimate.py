@@ -379,7 +379,8 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     total = sum(states.values()) + acts_i + kv_i + sum(overhead.values())
     is_cfg = isinstance(config_or_params, TransformerConfig)
     rows = tuple({"step": st, "phase": ph, "bytes": math.ceil(v)} for st, ph, v in phases)
-    top = max(rows, key=lambda r: r["bytes"])
+    # Ties go to the first step and, within a step, to the later phase (backward starts with what forward ends with)
+    top = max(enumerate(rows), key=lambda ir: (ir[1]["bytes"], ir[1]["step"] == "first", ir[0]))[1]
     return MemoryBreakdown(
         params_bytes=states["params"], grads_bytes=states["grads"], optimizer_bytes=states["optimizer"],
         activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
