@@ -7,7 +7,8 @@ appears inside its optimizer step) and the **steady** state, from the components
 per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width.
 
 - forward: ``P + O + G_held + A + logits`` where the fp32 logits are alive while the loss is computed (``4tV``;
-  ``8tV`` when the head computes in 16 bits: the 16-bit logits, their fp32 copy, as traced on CPU); under full
+  ``6tV`` when the head computes in 16 bits: the 16-bit logits and their fp32 copy; ``8tV`` under autocast, as
+  traced on CPU); under full
   recompute also inside a block's forward, whose d_ff-wide tensors exist until it returns.
 - first step: no optimizer state yet, except what a master-weight wrapper allocates up front (the fp32 copy).
 - backward, the largest of three moments (gradients appear while activations are freed, both linearly in the
@@ -80,7 +81,9 @@ class StepInputs:
     """Optimizer-side bytes that exist before the first step: fp32 master copy and accumulation buffer."""
     persistent_grads: bool
     """Gradients that exist from the start (fp32 gradient buffers of a master-weight wrapper)."""
-    head_16bit: bool
+    forward_logits_bytes_per_element: float
+    """Transient logits bytes per element at the end of forward: 4 (fp32), 6 (16-bit logits and their fp32 copy),
+    8 under autocast (as traced on CPU)."""
     full_recompute: bool
     input_bytes: Any = 0
     """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
@@ -153,7 +156,7 @@ def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: st
     opt_t = optimizer_temporary_bytes(setup.optimizer, impl, pol, elements, largest)
     persistent = bool(pol.master_bytes and pol.grad_bytes == 4)
     if config is None:
-        return StepInputs(0, 0, 0, 0, 0, 0, 0.0, 0.0, opt_t, before_step, persistent, False, False)
+        return StepInputs(0, 0, 0, 0, 0, 0, 0.0, 0.0, opt_t, before_step, persistent, 4, False)
     lt = _layer_terms(config, setup, device_type)
     gb = pol.grad_bytes
     tied = 2 * config.vocab_size * config.d_model * gb / setup.tp if config.tied_embeddings else 0.0
@@ -162,7 +165,8 @@ def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: st
         layer_activation_bytes=lt["layer"], layer_temporary_bytes=lt["temp"], block_forward_bytes=lt["block_forward"],
         recompute_inputs_bytes=lt["recompute_inputs"], head_loss_bytes=lt["head"], layer_grad_bytes=layer_elements * gb,
         tied_head_grad_bytes=tied, optimizer_temporary_bytes=opt_t, optimizer_before_step_bytes=before_step,
-        persistent_grads=persistent, head_16bit=pol.compute_dtype != "fp32",
+        persistent_grads=persistent,
+        forward_logits_bytes_per_element=4 if pol.compute_dtype == "fp32" else (8 if pol.autocast else 6),
         full_recompute=setup.recompute == "full", input_bytes=lt["inputs"],
     )
 
@@ -173,7 +177,7 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
 
     Works elementwise on numpy arrays (a vectorised sweep) as on scalars.
     """
-    fwd_logits = (8 if x.head_16bit else 4) * x.logits_elements
+    fwd_logits = x.forward_logits_bytes_per_element * x.logits_elements
     bwd_logits = 8 * x.logits_elements
     end = g + x.tied_head_grad_bytes
     out = []
