@@ -305,8 +305,9 @@ def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any,
         summ = shape_summary(model, setup.tp)
         dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
         x = step_inputs(model, setup, device_type=device_type, elements=math.ceil(summ.elements / dp),
-                        largest=summ.largest_elements, layer_elements=math.ceil(summ.layer_elements / dp),
-                        before_step=before)
+                        largest=math.ceil(summ.largest_elements / dp),
+                        layer_elements=math.ceil(summ.layer_elements / dp), before_step=before,
+                        loop_peak=math.ceil(summ.loop_peak_elements / dp))
     else:
         n = math.ceil(model / setup.tp)
         x = step_inputs(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,

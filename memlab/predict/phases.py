@@ -20,9 +20,9 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
   end, ``P + O + G`` plus, for tied embeddings, the head's and the embedding's gradient contributions before they are
   summed (``2 V h`` gradient bytes).
 - optimizer step: ``P + G + O + T_opt`` with ``T_opt`` by implementation ([pytorch-optim], torch/optim/adamw.py):
-  for-loop Adam keeps two temporaries of the tensor being stepped (``sqrt`` and the division: 2 x the largest
-  tensor), foreach one temporary per parameter at once (``_foreach_sqrt``: all parameters, state dtype, 4 B/param
-  in fp32), fused
+  for-loop Adam keeps two temporaries of the tensor being stepped (``sqrt`` and the division) beside the previous
+  tensor's ``denom``, still bound to the loop variable (2 x a tensor + the one before it, at worst); foreach one
+  temporary per parameter at once (``_foreach_sqrt``: all parameters, state dtype, 4 B/param in fp32); fused
   none; SGD none; a master-weight wrapper holds fp32 copies of every 16-bit gradient during the step (4 B/param).
   In the first step ``O`` is allocated inside this phase.
 - zero_grad: what is held *after* it, ``P + O`` (+ ``G`` with ``set_to_none=False``); the batch's token ids are
@@ -129,8 +129,14 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str) -> dic
     }
 
 
-def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: int, largest: int) -> float:
-    """Transient bytes inside ``optimizer.step()`` beyond the states (see the module docstring)."""
+def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: int, largest: int,
+                              loop_peak: int | None = None) -> float:
+    """Transient bytes inside ``optimizer.step()`` beyond the states (see the module docstring).
+
+    ``largest``: the largest tensor's elements; ``loop_peak``: the for-loop's worst moment in elements (2 x a
+    tensor + the previous one, :attr:`memlab.predict.sharding.ShapeSummary.loop_peak_elements`; default 2 x
+    ``largest``).
+    """
     sb = optimizer_state_dtype_bytes(policy)
     if impl == "fused" or optimizer in ("sgd", "sgd-momentum"):
         core = 0
@@ -139,13 +145,13 @@ def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: 
     elif optimizer == "adam-8bit":
         core = 5 * 4 * largest  # memlab's Adam8bit: fp32 gradient, decoded m and v, the update, padding
     else:
-        core = 2 * sb * largest
+        core = sb * (2 * largest if loop_peak is None else loop_peak)
     wrapper = 4 * elements if (policy.master_bytes and not policy.grad_accum_bytes and policy.grad_bytes == 2) else 0
     return float(core + wrapper)
 
 
 def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
-                layer_elements: int, before_step: float = 0.0) -> StepInputs:
+                layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None) -> StepInputs:
     """:class:`StepInputs` of ``config`` under ``setup`` (``config=None``: a bare count, no activation terms).
 
     ``elements``/``largest``/``layer_elements``: parameters on this device, its largest tensor, one block's;
@@ -153,7 +159,7 @@ def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: st
     """
     pol = setup.policy
     impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
-    opt_t = optimizer_temporary_bytes(setup.optimizer, impl, pol, elements, largest)
+    opt_t = optimizer_temporary_bytes(setup.optimizer, impl, pol, elements, largest, loop_peak)
     persistent = bool(pol.master_bytes and pol.grad_bytes == 4)
     if config is None:
         return StepInputs(0, 0, 0, 0, 0, 0, 0.0, 0.0, opt_t, before_step, persistent, 4, False)
