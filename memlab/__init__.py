@@ -42,6 +42,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.device": ("detect", "resolve_device", "resolve_scale"),
     "memlab.run.runner": ("Measurement", "run_step"),
     "memlab.run.sweep": ("sweep",),
+    "memlab.run.trace": ("Trace", "trace", "trace_gpt"),
+    "memlab.run.trace_hf": ("trace_hf",),
     "memlab.course.chapter": ("chapter",),
     "memlab.course.exercises": ("Choice", "Numeric"),
 }

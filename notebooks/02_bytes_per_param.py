@@ -125,7 +125,7 @@ path = ch.out_dir / "states.jsonl"
 if ch.scale == "ci":
     path.unlink(missing_ok=True)
 runs = sweep(grid, path, device=ch.device, steps=1, with_counted_flops=False, with_mfu=False,
-             progress=ch.scale == "full")
+             with_phase_peaks=False, progress=ch.scale == "full")
 pairs = [measurement_of(r) for r in read_rows(path)]
 print(f"{model.name}: {model.param_count():,} parameters, {len(pairs)} runs on {pairs[0][1].device_name}")
 
@@ -249,6 +249,22 @@ pd.Series({
         step_rows.loc["optimizer step", ["params", "grads", "optimizer"]].sum()),
     "transient inside the step": "not seen at phase boundaries",
 }, name="first optimizer step, mixed-bf16 + AdamW").to_frame()
+
+# %% [markdown]
+# The boundaries hide what happens *inside* a phase. The runner also counts live tensor bytes through the step
+# (`memlab.measure.live_bytes` on a CPU; `max_memory_allocated`, reset per phase, on CUDA): inside backward the
+# loss's fp32 gradients sit next to every activation, inside the optimizer step its temporaries sit next to all
+# states. "Will it fit?" is a question about that peak, which `estimate(...).phases` predicts phase by phase.
+
+# %%
+spiked = run_step(model, Setup(**first.setup), ch.device, steps=1, seed=seed, with_counted_flops=False,
+                  with_mfu=False)
+pred = predict_for(model, spiked)
+inside = pd.DataFrame(spiked.phase_peaks)[["step", "phase", "peak_bytes", "end_bytes"]]
+inside["predicted"] = [pred.phase_bytes(ph, st) for st, ph in zip(inside["step"], inside["phase"], strict=True)]
+inside["spike above the phase's end"] = inside["peak_bytes"] - inside["end_bytes"]
+ch.save_table(inside, "in_step_peaks")
+inside
 
 # %% [markdown]
 # What `set_to_none=False` would keep: the gradients stay allocated, zero-filled, through the next forward, when

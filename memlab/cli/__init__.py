@@ -1,4 +1,4 @@
-"""The ``memlab`` command: ``estimate``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``, ``shard``.
+"""The ``memlab`` command: ``estimate``, ``trace``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``, ``shard``.
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.cli import estimate, gpus, measure, mfu, report, shard
+from memlab.cli import estimate, gpus, measure, mfu, report, shard, trace
 from memlab.errors import MemlabError
 
 
@@ -113,6 +113,8 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("estimate", "predict memory per device (training or inference) and check the fit",
             estimate.add_arguments, estimate.run),
+    Command("trace", "trace one training step on fake tensors: bytes per phase, the peak, top modules",
+            trace.add_arguments, trace.run),
     Command("mfu", "model FLOPs utilisation of a measured throughput", mfu.add_arguments, mfu.run),
     Command("gpus", "list the accelerator table", gpus.add_arguments, gpus.run),
     Command("report", "build the course report (arguments go to memlab.course.report)", report.add_arguments,

@@ -42,8 +42,9 @@ def _table(frame: object) -> str:
     import pandas as pd
 
     assert isinstance(frame, pd.DataFrame)
-    t = frame[["component", "predicted", "measured", "rel_error"]].copy()
-    for col in ("predicted", "measured"):
+    cols = ["component", "predicted", *(["traced"] if "traced" in frame.columns else []), "measured", "rel_error"]
+    t = frame[cols].copy()
+    for col in [c for c in ("predicted", "traced", "measured") if c in t.columns]:
         t[col] = t[col].map(lambda v: "-" if v is None or v != v else f"{v:,.0f}")
     t["rel_error"] = t["rel_error"].map(lambda v: "-" if v is None or v != v else f"{100 * v:+.3f} %")
     return t.to_string(index=False)
@@ -59,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
         raise MemlabError("memlab measure needs a model to build: give --preset or explicit dimensions, not --params")
     setup = setup_from_args(args, model)
     m = run_step(model, setup, args.device, steps=args.steps)
-    table = compare(predict_for(model, m), m, activations_detail=True)
+    traced = None
+    if setup.mode == "train" and m.status == "ok":  # the third column: the same step on fake tensors
+        from memlab.compare.ledger import device_type_of
+        from memlab.run.trace import trace_gpt
+
+        traced = trace_gpt(model, setup, device_type=device_type_of(m))
+    table = compare(predict_for(model, m), m, activations_detail=True, trace=traced)
     if args.json:
         print_json({"measurement": m.to_dict(), "ledger": table.to_dict(orient="records")}, default=str)
         return 0
@@ -75,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if m.decode_time_per_token_s is not None:
         print(f"\nprefill {m.prefill_time_s * 1e3:.1f} ms, decode {m.decode_time_per_token_s * 1e3:.2f} ms/token "
               f"({m.tokens_per_s:,.0f} tokens/s over the batch)")
-    print("(relative error = (predicted - measured) / measured; on a CPU bytes are exact storage counts)")
+    print("(relative error = (predicted - measured) / measured; on a CPU bytes are exact storage counts; traced = "
+          "memlab trace of the same step on fake tensors)")
     return 0
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from memlab.predict.activations import CATEGORIES
-from memlab.predict.estimate import MemoryBreakdown, estimate
+from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from memlab.run.runner import Measurement
+    from memlab.run.trace import Trace
 
 COLUMNS = ["experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error", "note"]
 """Columns of every ledger table (chapters write these to ledger.csv; the report summarises them)."""
@@ -60,12 +61,15 @@ def experiment_label(measurement: Measurement) -> str:
 
 
 def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment: str | None = None,
-            activations_detail: bool = False) -> pd.DataFrame:
+            activations_detail: bool = False, trace: Trace | None = None) -> pd.DataFrame:
     """Ledger rows (see :data:`COLUMNS`) for one prediction and its measurement.
 
     Rows: params, grads, optimizer, activations (and kv_cache for inference), their total; with
-    ``activations_detail`` one row per activation category (``activations: <category>``). On CUDA, residual
-    rows: ``allocator peak`` (predicted = modelled total) and the unmodelled parts.
+    ``activations_detail`` one row per activation category (``activations: <category>``); with per-phase peaks
+    in the measurement, one ``phase: <step> <phase>`` row each and ``peak (inside the step)``. On CUDA, residual
+    rows: ``allocator peak`` (predicted = modelled total) and the unmodelled parts. With a ``trace``
+    (:func:`memlab.run.trace.trace_gpt` of the same setup) a ``traced`` column puts the trace's bytes beside
+    formula and measurement: three columns.
     """
     import pandas as pd
 
@@ -96,9 +100,105 @@ def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment:
     total_p = sum(r["predicted"] for r in modelled)
     total_m = sum(r["measured"] or 0 for r in modelled)
     rows.append(_row(label, "modelled total", total_p, total_m, "sum of the rows above"))
+    if measurement.phase_peaks and predicted.phases:
+        rows += _phase_rows(label, predicted, measurement.phase_peaks, measurement.phase_peaks[0]["source"])
     if measurement.cuda_peak_allocated_bytes is not None:
         rows += _cuda_residuals(label, total_p, measurement)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    if trace is None:
+        return pd.DataFrame(rows, columns=COLUMNS)
+    traced = _traced(trace)
+    for r in rows:
+        r["traced"] = traced.get(r["component"])
+    return pd.DataFrame(rows, columns=[*COLUMNS, "traced"])
+
+
+def _traced(trace: Trace) -> dict[str, int]:
+    """The trace's bytes under the ledger's component names (steady step; token ids counted as activations)."""
+    out: dict[str, int] = {}
+    if {"forward", "zero_grad"} <= {r["phase"] for r in trace.phases}:
+        end = trace.phase("zero_grad")["end_by_category"]
+        fwd = trace.phase("forward")["end_by_category"]
+        grads = trace.phase("optimizer step")["end_by_category"]["gradients"]
+        out = {"params": end["parameters"], "grads": grads, "optimizer": end["optimizer states"],
+               "activations": fwd["activations"] + fwd["inputs"]}
+        out["modelled total"] = sum(out.values())
+    for r in trace.phases:
+        if r.get("reliable", True):
+            out[f"phase: {r['step']} {r['phase']}"] = r["end_bytes"] if r["phase"] == "zero_grad" else r["peak_bytes"]
+    out["peak (inside the step)"] = trace.peak_bytes
+    return out
+
+
+def _phase_rows(label: str, predicted: MemoryBreakdown, observed: Iterable[dict[str, Any]],
+                source: str) -> list[dict[str, Any]]:
+    """``phase: <step> <phase>`` rows (peak inside the phase; zero_grad: held after it) and the ``peak`` row."""
+    rows, seen = [], []
+    for r in observed:
+        if not r.get("reliable", True):
+            continue
+        try:
+            p = predicted.phase_bytes(r["phase"], r["step"])
+        except Exception:  # a phase the estimator does not model (e.g. a user's custom loop)
+            continue
+        m = r["end_bytes"] if r["phase"] == "zero_grad" else r["peak_bytes"]
+        rows.append(_row(label, f"phase: {r['step']} {r['phase']}", p, m, source))
+        if r["phase"] != "zero_grad":
+            seen.append(r["peak_bytes"])
+    if seen:
+        rows.append(_row(label, "peak (inside the step)", predicted.peak_bytes, max(seen),
+                         f"the most held at once; {source}"))
+    return rows
+
+
+def compare_trace(predicted: MemoryBreakdown, trace: Trace, *, experiment: str | None = None) -> pd.DataFrame:
+    """Ledger rows (:data:`COLUMNS`) of the formula against ``memlab trace`` (the measured column is the trace):
+    one row per phase and the peak. The trace checks the formula at full scale, for any implementation."""
+    import pandas as pd
+
+    label = experiment or f"{trace.model} (trace)"
+    return pd.DataFrame(_phase_rows(label, predicted, trace.phases, "memlab trace (fake tensors, MemTracker)"),
+                        columns=COLUMNS)
+
+
+def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
+    """The estimator's peak against the trace's over a grid of presets and setups (issue 9's bench grid).
+
+    Rows: model, setup label, trace_peak, formula_peak, rel_error, and where each peak is. Sharded points (ZeRO-3
+    over 8 ranks) trace FSDP2 over a fake process group and predict with ``Overheads(gathered_layers=2)``.
+    Imports torch (the tracer) when called.
+    """
+    from memlab.run.trace import trace_gpt
+
+    small = [("gpt2", Setup(seq=1024, batch=2, precision=p, attention=a, recompute=r))
+             for p, a, r in (("fp32", "eager", "none"), ("amp-bf16", "flash", "none"), ("mixed-bf16", "flash", "full"),
+                             ("bf16", "math", "selective"), ("fp32", "flash", "full"))]
+    small += [("tiny-llama", Setup(seq=256, batch=4, precision=p, attention=a, recompute=r))
+              for p, a, r in (("fp32", "eager", "none"), ("amp-bf16", "flash", "selective"))]
+    small += [("gpt2-medium", Setup(seq=1024, batch=1, precision="amp-bf16", attention="flash",
+                                    optimizer_impl="for-loop"))]
+    large = [("llama-2-7b", Setup(seq=4096, precision="fp32", attention="flash")),
+             ("llama-2-7b", Setup(seq=4096, precision="mixed-bf16", attention="flash", recompute="selective"))]
+    small += [("small-gpt", Setup(seq=256, batch=2, precision="mixed-bf16", attention="flash", zero_stage=3,
+                                  world_size=8))]
+    large += [(name, Setup(seq=4096, precision="mixed-bf16", attention="flash", zero_stage=3, world_size=8))
+              for name in ("llama-2-7b", "llama-2-70b")]
+    out = []
+    for name, setup in small + ([] if quick else large):
+        cfg = preset(name)
+        # FSDP2 holds the running block and the prefetched next one gathered (2 blocks)
+        ov = Overheads(gathered_layers=2) if setup.zero_stage == 3 and setup.world_size > 1 else None
+        bd = estimate(cfg, setup, overheads=ov)
+        label = (f"{setup.precision} {setup.attention} {setup.recompute} b{setup.batch}x{setup.seq}"
+                 + (f" ZeRO-{setup.zero_stage}x{setup.world_size}" if setup.world_size > 1 else ""))
+        row = {"model": name, "setup": label, "formula_peak": bd.peak_bytes,
+               "formula_phase": f"{bd.peak_step} {bd.peak_phase}", "trace_peak": None, "trace_phase": None,
+               "rel_error": None, "note": ""}
+        t = trace_gpt(cfg, setup)
+        row.update(trace_peak=t.peak_bytes, trace_phase=f"{t.peak_step} {t.peak_phase}",
+                   rel_error=(bd.peak_bytes - t.peak_bytes) / t.peak_bytes,
+                   note="FSDP2 over a fake process group, formula with gathered_layers=2" if ov else "")
+        out.append(row)
+    return out
 
 
 def _cuda_residuals(label: str, modelled: float, m: Measurement) -> list[dict[str, Any]]:

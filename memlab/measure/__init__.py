@@ -19,6 +19,7 @@ _EXPORTS = {
         "emulate_smaller_gpu", "record_memory_history", "reset_peaks",
     ),
     "host": ("HostReading", "host_reading"),
+    "live_bytes": ("LiveBytes", "PhasePeaks"),
     "nvml": ("NvmlReading", "NvmlSession", "nvml_reading"),
     "oom": ("OomInfo", "catch_oom", "clean_allocator", "is_oom_error", "parse_oom_message", "run_catching_oom"),
     "timeline": ("TimelineSampler",),

@@ -13,6 +13,8 @@ optimizer states, activations, KV cache and named overheads. Where each byte com
 - inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
   tensor of a full-prompt forward.
 - overheads: named terms (:class:`Overheads`), never folded into other components.
+- phases: the bytes held at each phase of the first and the steady step and their peak (:mod:`memlab.predict.phases`):
+  what must fit. ``total_bytes`` stays the sum of the components.
 
 Units: bytes. GiB = 2**30 bytes, GB = 10**9 bytes. This module imports no torch; the fit search and the CLI reuse
 these functions; :func:`sweep_totals` runs them on numpy arrays of batch/seq for fast sweeps.
@@ -38,8 +40,9 @@ from memlab.predict.optimizer_states import (
     sgd_moment_bytes,
     step_counter_bytes,
 )
+from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup
+from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
 from memlab.predict.validate import StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
@@ -76,7 +79,12 @@ class Overheads(StrictInit):
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Predicted bytes on ONE device, by component; ``total_bytes`` is their sum (overhead = sum of its terms)."""
+    """Predicted bytes on ONE device, by component; ``total_bytes`` is their sum (overhead = sum of its terms).
+
+    A step never holds all components at once: ``phases`` are the bytes held at each phase of the first and the
+    steady step (:mod:`memlab.predict.phases`), ``peak_bytes`` the largest of them (at ``peak_step``/``peak_phase``).
+    "Will it fit?" is a question about ``peak_bytes``; ``total_bytes`` stays the sum of components.
+    """
 
     params_bytes: int
     grads_bytes: int
@@ -93,6 +101,25 @@ class MemoryBreakdown:
     assumptions: tuple[str, ...]
     config: dict[str, Any] | None
     setup: dict[str, Any]
+    phases: tuple[dict[str, Any], ...] = ()
+    """``{"step": "first"|"steady", "phase": ..., "bytes": ...}`` in step order (inference: prefill, decode)."""
+    peak_bytes: int = 0
+    """The largest phase: what must fit on the device."""
+    peak_phase: str = ""
+    peak_step: str = ""
+
+    @property
+    def peak_gib(self) -> float:
+        """Peak in GiB (2**30 bytes)."""
+        return self.peak_bytes / GiB
+
+    def phase_bytes(self, phase: str, step: str = "steady") -> int:
+        """Bytes of one phase of one step."""
+        for row in self.phases:
+            if row["phase"] == phase and row["step"] == step:
+                return row["bytes"]
+        raise SetupError(f"no phase {phase!r} in the {step} step: phases are "
+                         f"{', '.join(sorted({r['phase'] for r in self.phases}))}")
 
     @property
     def overhead_bytes(self) -> int:
@@ -123,10 +150,11 @@ class MemoryBreakdown:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready): every field plus ``per_device`` = components and total."""
+        """Plain dict (JSON-ready): every field plus ``per_device`` = components, total (their sum) and peak."""
         d = asdict(self)
         d["assumptions"] = list(self.assumptions)
-        d["per_device"] = {**self.components(), "total": self.total_bytes}
+        d["phases"] = [dict(r) for r in self.phases]
+        d["per_device"] = {**self.components(), "total": self.total_bytes, "peak": self.peak_bytes}
         return d
 
     def to_frame(self) -> Any:
@@ -258,7 +286,36 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         acts = functools.reduce(np.maximum, act_detail.values()) if act_detail else 0
     managed = sum(states.values()) + acts + kv
     terms = _overheads(ov, model, setup, managed)
-    return states, acts, kv, terms, act_detail, opt_detail, notes
+    phases = _phases(model, setup, states, acts, kv, opt_detail, sum(terms.values()), device_type)
+    return states, acts, kv, terms, act_detail, opt_detail, notes, phases
+
+
+def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any, kv: Any, opt_detail: dict,
+            overhead: Any, device_type: str) -> list[tuple[str, str, Any]]:
+    """Bytes at each phase of a step (:mod:`memlab.predict.phases`)."""
+    is_cfg = isinstance(model, TransformerConfig)
+    if setup.mode != "train":
+        decode = 0
+        if is_cfg:
+            compute = 4 if setup.inference_weights == "fp32" else 2
+            decode = functools.reduce(np.maximum, prefill_transient_bytes(
+                model, setup.batch, 1, compute, setup.tp, setup.fused_attention).values())
+        return inference_phases(states["params"], kv, acts, decode, overhead)
+    before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
+    if is_cfg:
+        summ = shape_summary(model, setup.tp)
+        dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
+        x = step_inputs(model, setup, device_type=device_type, elements=math.ceil(summ.elements / dp),
+                        largest=math.ceil(summ.largest_elements / dp),
+                        layer_elements=math.ceil(summ.layer_elements / dp), before_step=before,
+                        loop_peak=math.ceil(summ.loop_peak_elements / dp))
+    else:
+        n = math.ceil(model / setup.tp)
+        x = step_inputs(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,
+                        before_step=before)
+    return training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
+                           grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
+                           overhead=overhead)
 
 
 def _overheads_arg(overheads: object) -> Overheads:
@@ -286,12 +343,16 @@ def _nested_dict(value: Any) -> dict[str, Any]:
     return value.to_dict()
 
 
-def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict) -> list[str]:
+def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict,
+                 device_type: str = "cuda") -> list[str]:
     out = ["bytes per device; GiB = 2**30 B, GB = 1e9 B",
            f"world_size={setup.world_size} counts data-parallel ranks; with tp={setup.tp} the job uses "
            f"{setup.world_size * setup.tp} device(s)"]
     if setup.mode == "train":
         out.append("optimizer = moments + fp32 master copy + fp32 grad-accumulation buffer (ZeRO paper's K)")
+        impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
+        out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
+                   f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
         if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes:
             out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
         if setup.zero_stage and setup.world_size == 1:
@@ -337,19 +398,23 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
     ov = _overheads_arg(overheads)
-    states, acts, kv, terms, act_detail, opt_detail, notes = _evaluate(config_or_params, setup, ov, device_type,
-                                                                       step_on_device)
+    states, acts, kv, terms, act_detail, opt_detail, notes, phases = _evaluate(config_or_params, setup, ov,
+                                                                               device_type, step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
     acts_i, kv_i = math.ceil(acts), math.ceil(kv)
     total = sum(states.values()) + acts_i + kv_i + sum(overhead.values())
     is_cfg = isinstance(config_or_params, TransformerConfig)
+    rows = tuple({"step": st, "phase": ph, "bytes": math.ceil(v)} for st, ph, v in phases)
+    # Ties go to the first step and, within a step, to the later phase (backward starts with what forward ends with)
+    top = max(enumerate(rows), key=lambda ir: (ir[1]["bytes"], ir[1]["step"] == "first", ir[0]))[1]
     return MemoryBreakdown(
         params_bytes=states["params"], grads_bytes=states["grads"], optimizer_bytes=states["optimizer"],
         activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
         param_count=shape_summary(config_or_params).param_count if is_cfg else config_or_params, mode=setup.mode,
         activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=opt_detail,
-        assumptions=tuple(_assumptions(config_or_params, setup, ov, terms) + notes),
+        assumptions=tuple(_assumptions(config_or_params, setup, ov, terms, device_type) + notes),
         config=_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
+        phases=rows, peak_bytes=top["bytes"], peak_phase=top["phase"], peak_step=top["step"],
     )
 
 
@@ -389,12 +454,13 @@ def _size_array(name: str, values: Any, hi: int) -> np.ndarray:
 
 def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, batch: Any = None, seq: Any = None,
                  overheads: Overheads | None = None, device_type: str = "cuda",
-                 step_on_device: bool | None = None) -> np.ndarray:
-    """Total bytes per device for arrays of ``batch`` and ``seq`` (broadcast together), vectorised.
+                 step_on_device: bool | None = None, peak: bool = False) -> np.ndarray:
+    """Total bytes per device (``peak=True``: the peak over the step's phases) for arrays of ``batch`` and ``seq``
+    (broadcast together), vectorised.
 
     Runs the same formula functions as :func:`estimate` with numpy arrays in place of the setup's batch/seq;
-    every other field comes from ``setup``. Totals are float64 (exact below 2**53 bytes) and equal
-    ``estimate(...).total_bytes`` up to the per-component rounding up to whole bytes.
+    every other field comes from ``setup``. Values are float64 (exact below 2**53 bytes) and equal
+    ``estimate(...).total_bytes`` (``.peak_bytes``) up to the per-component rounding up to whole bytes.
     """
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
@@ -406,6 +472,8 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
         raise SetupError(f"batch (shape {b.shape}) and seq (shape {s.shape}) do not broadcast together: pass "
                          "arrays of one shape, or one of them as a scalar") from None
     view = _ArraySetup(setup, b, s)
-    states, acts, kv, terms, *_ = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
-                                            step_on_device)
+    states, acts, kv, terms, *_, phases = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
+                                                    step_on_device)
+    if peak:
+        return peak_of(phases) + np.zeros_like(b)
     return sum(states.values()) + acts + kv + sum(terms.values()) + np.zeros_like(b)

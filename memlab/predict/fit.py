@@ -1,7 +1,8 @@
 """Will it fit? A predicted step against a device's memory, and the largest batch or sequence that fits.
 
-The verdict compares the estimator's bytes with the capacity torch reports (a detected device) or the datasheet
-(a table row). This module imports no torch.
+The verdict compares the estimator's **peak** (the most a step holds at once, :mod:`memlab.predict.phases`), not the
+sum of components, with the capacity torch reports (a detected device) or the datasheet (a table row).
+This module imports no torch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from memlab.units import GiB
 
 @dataclass(frozen=True)
 class FitVerdict:
-    """Whether a predicted total fits a device's memory (bytes; headroom negative when it does not)."""
+    """Whether a predicted step's peak fits a device's memory (bytes; headroom = capacity - peak, negative when it
+    does not). ``total_bytes`` is the sum of components, shown beside the peak."""
 
     fits: bool
     total_bytes: int
@@ -27,6 +29,8 @@ class FitVerdict:
     headroom_bytes: int
     gpu: str
     gpu_name: str
+    peak_bytes: int = 0
+    peak_phase: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields."""
@@ -35,7 +39,8 @@ class FitVerdict:
 
 @dataclass(frozen=True)
 class FitSearch:
-    """Result of :func:`max_batch` / :func:`max_seq`: the largest ``value`` of ``field`` that fits (0 if none)."""
+    """Result of :func:`max_batch` / :func:`max_seq`: the largest ``value`` of ``field`` whose peak fits (0 if none);
+    ``total_bytes`` is the peak at that value (or at 1 when nothing fits)."""
 
     field: str
     value: int
@@ -68,15 +73,17 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
     """Does ``what`` (a breakdown, or a config/count with ``setup``) fit in ``gpu``'s memory?
 
     ``gpu``: a name for :func:`memlab.predict.hardware.gpu`, an ``Accelerator`` row (its table memory), or
-    ``device.detect()``'s ``DeviceInfo`` (the memory torch reports). Fits when total <= capacity; the
-    CUDA context and fragmentation count only when given in ``overheads`` (see the assumptions).
+    ``device.detect()``'s ``DeviceInfo`` (the memory torch reports). The
+    CUDA context and fragmentation count only when given in ``overheads`` (see the assumptions). Fits when the
+    peak (``MemoryBreakdown.peak_bytes``) <= capacity.
     """
     key, name, cap = _capacity(gpu)
     if not isinstance(what, MemoryBreakdown):
         if setup is None:
             raise SetupError("fits() needs a setup when given a model config or parameter count")
         what = estimate(what, setup, overheads=overheads)
-    return FitVerdict(what.total_bytes <= cap, what.total_bytes, cap, cap - what.total_bytes, key, name)
+    peak = what.peak_bytes
+    return FitVerdict(peak <= cap, what.total_bytes, cap, cap - peak, key, name, peak, what.peak_phase)
 
 
 def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit: int,
@@ -90,7 +97,7 @@ def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit
     key, _, cap = _capacity(gpu)
 
     def total(v: int) -> int:
-        return estimate(config, setup.with_(**{field: v}), overheads=overheads).total_bytes
+        return estimate(config, setup.with_(**{field: v}), overheads=overheads).peak_bytes
 
     first = total(1)
     if first > cap:
@@ -108,7 +115,7 @@ def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit
 
 def max_batch(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int = 1 << 16,
               overheads: Overheads | None = None) -> FitSearch:
-    """Largest micro-batch (1..``limit``) whose estimate fits ``gpu``, by bisection (memory grows with batch)."""
+    """Largest micro-batch (1..``limit``) whose predicted peak fits ``gpu``, by bisection (memory grows with batch)."""
     return _search(config, setup, gpu, "batch", limit, overheads)
 
 

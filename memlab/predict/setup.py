@@ -25,12 +25,35 @@ ATTENTION = ("eager", "math", "flash", "efficient", "cudnn")
 MODES = ("train", "inference")
 INFERENCE_WEIGHTS = ("fp32", "fp16", "bf16", "int8", "int4")
 KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
+OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
+FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
+"""Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
+FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
+"""Optimizers torch.optim implements with multi-tensor ``_foreach_*`` ops."""
+
+
+def resolve_optimizer_impl(optimizer: str, impl: str, device_type: str = "cuda") -> str:
+    """The implementation a run uses: ``auto`` is what torch.optim picks by itself.
+
+    torch.optim defaults to ``foreach`` when every parameter is on a CUDA device and to the for-loop otherwise;
+    it never picks ``fused`` by default (torch/optim/optimizer.py, ``_default_to_fused_or_foreach``). Optimizers
+    without a foreach/fused version (memlab's 8-bit Adam) always run the for-loop.
+    """
+    if impl == "auto":
+        impl = "foreach" if device_type == "cuda" else "for-loop"
+    if impl == "foreach" and optimizer not in FOREACH_OPTIMIZERS:
+        return "for-loop"
+    if impl == "fused" and optimizer not in FUSED_OPTIMIZERS:
+        raise SetupError(f"optimizer_impl='fused' exists for {', '.join(FUSED_OPTIMIZERS)}, not {optimizer!r}: "
+                         "use for-loop or foreach")
+    return impl
 
 MAX_BATCH = 10**7
 MAX_SEQ = 10**8
 MAX_RANKS = 10**6
 MAX_TP = 10**4
 MAX_STEPS = 10**4
+MAX_GRAD_ACCUM = 10**6
 _STEPS_WHY = ("ten thousand timed steps (or decoded tokens) per measurement; a median over more adds no precision "
               "to a memory experiment")
 _BATCH_WHY = ("ten million sequences per rank, about 1000x the largest published global batches; beyond it byte "
@@ -88,6 +111,14 @@ class Setup(StrictInit):
     kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype",
                                                           "mode": "inference"})
     """KV-cache element type when mode is inference."""
+    optimizer_impl: str = field(default="auto", metadata={"choices": OPTIMIZER_IMPLS, "mode": "train"})
+    """Optimizer implementation: for-loop (one tensor at a time), foreach (multi-tensor: a step-sized temporary),
+    fused (one kernel, no temporary) or auto (what torch picks: foreach on CUDA, for-loop on CPU)."""
+    grad_accum_steps: int = field(default=1, metadata={"max": MAX_GRAD_ACCUM, "why": "micro-steps per optimizer step",
+                                                       "mode": "train"})
+    """Micro-batches per optimizer step; gradients persist (and accumulate) across the micro-steps."""
+    zero_grad_to_none: bool = field(default=True, metadata={"mode": "train"})
+    """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
 
     def __post_init__(self) -> None:
         # Types and ranges of every field from its annotation and metadata (memlab.predict.validate): a bool is no
@@ -114,6 +145,9 @@ class Setup(StrictInit):
             raise SetupError(f"inference_weights must be one of {', '.join(INFERENCE_WEIGHTS)}")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise SetupError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise SetupError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}")
+        resolve_optimizer_impl(self.optimizer, self.optimizer_impl)
 
     @property
     def policy(self) -> PrecisionPolicy:

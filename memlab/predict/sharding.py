@@ -57,9 +57,16 @@ class ShapeSummary:
     layer_elements: int
     """One transformer block's parameters (what FSDP gathers per wrapped block)."""
     adafactor_elements: int
-    adam8bit_bytes: int
-    int8_scale_bytes: int
-    int4_scale_bytes: int
+    largest_elements: int = 0
+    """The largest single tensor (a for-loop optimizer's temporaries are this size)."""
+    embedding_elements: int = 0
+    """Token and position embeddings (their gradients appear last in backward)."""
+    loop_peak_elements: int = 0
+    """max over parameters, in model order, of 2 x this tensor + the previous one: a for-loop Adam step keeps the
+    previous tensor's ``denom`` alive (a loop variable) while making this one's ``sqrt`` and division."""
+    adam8bit_bytes: int = 0
+    int8_scale_bytes: int = 0
+    int4_scale_bytes: int = 0
 
 
 def check_tp(config: TransformerConfig, tp: int) -> None:
@@ -76,6 +83,7 @@ def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
     """:class:`ShapeSummary` of ``config`` on one of ``tp`` tensor-parallel ranks (cached: configs are frozen)."""
     check_tp(config, tp)
     s = {k: 0 for k in ShapeSummary.__dataclass_fields__}
+    prev = 0
     for name, shape, comp in config.param_shapes():
         shard = tp_shard_shape(name, shape, config, tp)
         n = math.prod(shard)
@@ -84,6 +92,11 @@ def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
         s["tensors"] += 1
         s["adafactor_elements"] += adafactor_tensor_elements(shard)
         s["adam8bit_bytes"] += adam8bit_tensor_bytes(n)
+        s["largest_elements"] = max(s["largest_elements"], n)
+        s["loop_peak_elements"] = max(s["loop_peak_elements"], 2 * n + prev)
+        prev = n
+        if name in ("tok_emb.weight", "pos_emb.weight"):
+            s["embedding_elements"] += n
         if name.startswith("blocks.0."):
             s["layer_elements"] += n
         if len(shard) == 2 and comp in ("attention", "mlp"):

@@ -17,7 +17,7 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.predict.optimizer_states import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE
-from memlab.predict.setup import OPTIMIZERS
+from memlab.predict.setup import OPTIMIZERS, resolve_optimizer_impl
 
 
 class Adam8bit(torch.optim.Optimizer):
@@ -99,23 +99,28 @@ class Adam8bit(torch.optim.Optimizer):
                     self._encode(v, state["exp_avg_sq"], state["absmax2"], False)
 
 
-def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 1e-4) -> torch.optim.Optimizer:
+def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 1e-4,
+                    impl: str = "for-loop") -> torch.optim.Optimizer:
     """The optimizer called ``name`` (one of :data:`memlab.predict.setup.OPTIMIZERS`) over ``params``.
 
-    Implementation choices that change memory are explicit: ``foreach=False`` keeps the step's transient
-    buffers to one tensor at a time, which is what the estimator assumes (the states are the same either way).
+    ``impl`` (``for-loop``, ``foreach``, ``fused``, or ``auto``: torch's own choice for the parameters' device) is
+    passed to torch.optim explicitly, because it changes the step's transient memory (the states are the same):
+    the for-loop holds one tensor's temporaries at a time, foreach one temporary per parameter at once, fused none.
     """
     params = list(params)
+    device_type = params[0].device.type if params else "cpu"
+    impl = resolve_optimizer_impl(name, impl, device_type)
+    kw = {"foreach": impl == "foreach"} | ({"fused": True} if impl == "fused" else {})
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, foreach=False)
+        return torch.optim.AdamW(params, lr=lr, **kw)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, foreach=False)
+        return torch.optim.Adam(params, lr=lr, **kw)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=False)
+        return torch.optim.SGD(params, lr=lr, **kw)
     if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=False)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
     if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=lr, foreach=False)
+        return torch.optim.Adafactor(params, lr=lr, foreach=impl == "foreach")
     if name == "adam-8bit":
         return Adam8bit(params, lr=lr)
     raise SetupError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")

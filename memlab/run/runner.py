@@ -28,6 +28,7 @@ import torch
 from memlab.device import resolve_device, torch_dtype
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
+from memlab.measure.live_bytes import PhasePeaks
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import _STEPS_WHY, MAX_STEPS, Setup
@@ -57,6 +58,12 @@ class Measurement:
     kv_cache_bytes: int | None = None
     phases: tuple[dict[str, Any], ...] = ()
     """Exact bytes at each phase boundary of the first step: phase, params, grads, optimizer, activations."""
+    phase_peaks: tuple[dict[str, Any], ...] = ()
+    """Peak bytes *inside* each phase of the first and one steady step: step, phase, peak_bytes, end_bytes, source
+    (live tensor bytes on a CPU, ``max_memory_allocated`` reset per phase on CUDA)."""
+    peak_bytes: int | None = None
+    """The largest phase peak (what the estimator's ``peak_bytes`` predicts)."""
+    peak_phase: str | None = None
     timeline: tuple[dict[str, Any], ...] = ()
     """With ``timeline=True``: samples over the first step (t_s, phase, allocator/NVML bytes on CUDA, host RSS)."""
     cuda_peak_allocated_bytes: int | None = None
@@ -99,7 +106,7 @@ class Measurement:
         """One flat row for a DataFrame: setup fields, scalars, and ``act_<category>_bytes`` columns."""
         row: dict[str, Any] = {"model": self.model, **self.setup}
         for k, v in asdict(self).items():
-            if k in ("model", "setup", "phases", "timeline", "cuda", "nvml", "oom", "optimizer_by_key",
+            if k in ("model", "setup", "phases", "phase_peaks", "timeline", "cuda", "nvml", "oom", "optimizer_by_key",
                      "activations_by_category"):
                 continue
             row[k] = v
@@ -187,42 +194,70 @@ def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, t
 
 
 def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int, lr: float,
-           with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True) -> dict[str, Any]:
+           with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True,
+           with_phase_peaks: bool = True) -> dict[str, Any]:
     torch.manual_seed(seed)
     policy = setup.policy
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device, dtype=model_dtype(policy))
     model.train()
-    step = training_step(model, policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr))
+    step = training_step(model, policy, device,
+                         lambda ps: build_optimizer(setup.optimizer, ps, lr, setup.optimizer_impl))
     data = _tokens(config, setup.batch, setup.seq, device, seed)
     idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()  # separate storages, as a data loader yields
+    del data
     out: dict[str, Any] = {}
+    holder = step.state_holder()
+    extra = holder.memlab_state_tensors() if hasattr(holder, "memlab_state_tensors") else {}
+    meter = PhasePeaks(device, track=[*model.parameters(), *model.buffers(), idx, tgt, *extra.values()]) \
+        if with_phase_peaks else _NoMeter()
 
     phases = [{"phase": "built", **_states(model, step, device), "activations": 0}]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sampler = _sampler(device) if timeline else None
-    with sampler if sampler is not None else contextlib.nullcontext():
+    with sampler if sampler is not None else contextlib.nullcontext(), meter:
         mark = sampler.mark if sampler is not None else (lambda phase: None)
         mark("forward")
         # Autocast is exited inside the recorder, so its weight-cast cache is gone when the count is read.
         recorder = SavedTensorRecorder(model, categorize=saved_tensor_category)
-        with recorder, step.forward_context():
+        with meter.phase("first", "forward"), recorder, step.forward_context():
             loss = model(idx, tgt)
         saved = recorder.result()
         phases.append({"phase": "forward", **_states(model, step, device), "activations": saved.total_bytes})
         mark("backward")
-        step.backward(loss)
+        with meter.phase("first", "backward"):
+            step.backward(loss)
+            del loss
         phases.append({"phase": "backward", **_states(model, step, device), "activations": 0})
         mark("optimizer step")
-        step.step()
+        with meter.phase("first", "optimizer step"):
+            step.step()
         phases.append({"phase": "optimizer step", **_states(model, step, device), "activations": 0})
         mark("zero_grad")
-        step.zero_grad(set_to_none=set_to_none)
+        with meter.phase("first", "zero_grad"):
+            step.zero_grad(set_to_none=set_to_none)
         phases.append({"phase": "zero_grad", **_states(model, step, device), "activations": 0})
         mark("done")
+    first_peak = None
+    if device.type == "cuda":  # the meter resets the allocator's peak per phase: the first step's is their max
+        first_peak = max((r["peak_bytes"] for r in meter.rows if r["step"] == "first"),
+                         default=torch.cuda.max_memory_allocated(device))
+    if with_phase_peaks:  # one steady step, phase by phase (optimizer state now exists)
+        with meter:
+            with meter.phase("steady", "forward"), step.forward_context():
+                loss = model(idx, tgt)
+            with meter.phase("steady", "backward"):
+                step.backward(loss)
+                del loss
+            with meter.phase("steady", "optimizer step"):
+                step.step()
+            with meter.phase("steady", "zero_grad"):
+                step.zero_grad(set_to_none=set_to_none)
     if sampler is not None:
         out["timeline"] = tuple(sampler.frame().to_dict("records"))
-    first_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    if meter.rows:
+        top = max((r for r in meter.rows if r["phase"] != "zero_grad"), key=lambda r: r["peak_bytes"])
+        out.update(phase_peaks=tuple(meter.rows), peak_bytes=top["peak_bytes"], peak_phase=top["phase"])
     out.update(phases=tuple(phases), activations_bytes=saved.total_bytes,
                activations_by_category=saved.by_category(), cuda_first_step_peak_allocated_bytes=first_peak)
 
@@ -263,6 +298,17 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     if with_mfu:
         out.update(_mfu_fields(config, setup, device, out["tokens_per_s"]))
     return out
+
+
+class _NoMeter(contextlib.nullcontext):
+    """Stands in for PhasePeaks when ``with_phase_peaks=False``."""
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return []
+
+    def phase(self, step: str, name: str) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
 
 
 def _sampler(device: torch.device) -> Any:
@@ -332,19 +378,23 @@ def run_step(
     with_counted_flops: bool = True,
     with_mfu: bool = True,
     timeline: bool = False,
-    set_to_none: bool = True,
+    set_to_none: bool | None = None,
+    with_phase_peaks: bool = True,
 ) -> Measurement:
     """Run and measure ``config`` under ``setup`` on ``device``.
 
     Training: one instrumented first step (exact states at each phase, saved activations), then ``steps`` timed
     steady-state steps (median time; CUDA peaks over them), then one forward+backward under FlopCounterMode when
-    ``with_counted_flops``; ``with_mfu`` adds MFU and HFU against the detected peak. Inference: a prefill of ``seq -
-    steps`` tokens into a preallocated KV cache and ``steps`` one-token decodes. ``timeline`` samples memory over
-    the first training step with :class:`memlab.measure.timeline.TimelineSampler` (the allocator on CUDA; on a CPU
-    only the process RSS, which is coarse: the exact per-phase bytes are in ``phases`` either way).
+    ``with_counted_flops``; ``with_mfu`` adds MFU and HFU against the detected peak. Inference: a prefill of
+    ``seq - steps`` tokens into a preallocated KV cache and ``steps`` one-token decodes. ``timeline`` samples
+    memory over the first training step with :class:`memlab.measure.timeline.TimelineSampler` (the allocator on
+    CUDA; on a CPU only the process RSS, which is coarse: the exact per-phase bytes are in ``phases`` either way).
     ``set_to_none=False`` makes every ``zero_grad`` zero-fill the gradients instead of freeing them (they then
-    persist into the next forward). Bad setups raise :class:`memlab.errors.SetupError`; an out-of-memory error is
-    returned as a Measurement with ``status="oom"`` and the parsed message.
+    persist into the next forward); None follows ``setup.zero_grad_to_none``. ``phase_peaks`` holds the peak
+    inside each phase of the first and one steady step (:class:`memlab.measure.live_bytes.PhasePeaks`;
+    ``with_phase_peaks=False`` skips it, and the extra step, for speed). Bad setups raise
+    :class:`memlab.errors.SetupError`; an out-of-memory error is returned as a Measurement with ``status="oom"``
+    and the parsed message.
     """
     from memlab.measure.host import host_reading
     from memlab.measure.oom import clean_allocator, is_oom_error, parse_oom_message
@@ -353,6 +403,11 @@ def run_step(
     if not isinstance(config, TransformerConfig) or not isinstance(setup, Setup):
         raise SetupError(f"run_step needs a TransformerConfig and a Setup, got {type(config).__name__} and "
                          f"{type(setup).__name__}")
+    if setup.grad_accum_steps != 1:
+        raise SetupError("run_step measures one micro-batch per step: set grad_accum_steps=1 (memlab trace and the "
+                         "estimator model accumulation)")
+    if set_to_none is None:
+        set_to_none = setup.zero_grad_to_none
     if setup.zero_stage or setup.world_size > 1 or setup.tp > 1:
         raise SetupError("run_step measures one device; ZeRO/FSDP and tensor parallelism run under torchrun")
     dev = resolve_device(device)
@@ -369,7 +424,8 @@ def run_step(
     try:
         if setup.mode == "train":
             fields = _train(config, setup, dev, steps=steps, seed=seed, lr=lr, with_counted_flops=with_counted_flops,
-                            with_mfu=with_mfu, timeline=timeline, set_to_none=set_to_none)
+                            with_mfu=with_mfu, timeline=timeline, set_to_none=set_to_none,
+                            with_phase_peaks=with_phase_peaks)
         else:
             fields = _infer(config, setup, dev, steps=steps, seed=seed, with_counted_flops=with_counted_flops,
                             with_mfu=with_mfu)

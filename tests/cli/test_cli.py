@@ -42,11 +42,13 @@ def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     d = json.loads(out)
     assert isinstance(d["param_count"], int) and d["param_count"] == preset("llama-2-7b").param_count()
     per = d["per_device"]
-    assert set(per) == {"params", "grads", "optimizer", "activations", "kv_cache", "overhead", "total"}
+    assert set(per) == {"params", "grads", "optimizer", "activations", "kv_cache", "overhead", "total", "peak"}
     assert all(isinstance(v, int) for v in per.values())
-    assert per["total"] == sum(v for k, v in per.items() if k != "total")
+    assert per["total"] == sum(v for k, v in per.items() if k not in ("total", "peak"))
     assert per["overhead"] == sum(d["overhead_terms"].values())
-    assert d["fits"] is (per["total"] <= gpu("h100-sxm").memory_bytes)
+    assert d["fits"] is (per["peak"] <= gpu("h100-sxm").memory_bytes)  # the verdict is about the peak
+    assert per["peak"] == max(r["bytes"] for r in d["phases"])
+    assert {r["step"] for r in d["phases"]} == {"first", "steady"} and d["peak_phase"]
     assert isinstance(d["assumptions"], list) and d["assumptions"]
     assert sum(d["activation_detail"].values()) == pytest.approx(per["activations"], abs=1)
 
@@ -190,3 +192,25 @@ def test_installed_entry_point_runs_in_a_subprocess() -> None:
     bad = subprocess.run([sys.executable, "-m", "memlab", "estimate", "--preset", "nope"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_trace_command_prints_phases_and_peak(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "trace", "tiny-gpt", "--seq", "32", "--batch", "2")
+    assert code == 0 and "<- peak" in out and "steady  backward" in out and "top 8 modules" in out
+    code, out, _ = run(capsys, "trace", "--preset", "tiny-gpt", "--seq", "32", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["peak_bytes"] == max(r["peak_bytes"] for r in d["phases"]) and d["estimate"]["peak"]
+    code, _, err = run(capsys, "trace", "no-such-model")
+    assert code == 2 and err.count("\n") == 1 and "unknown preset" in err
+
+
+def test_trace_command_builds_a_hugging_face_config(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, _ = run(capsys, "trace", "--hf-config", str(path), "--seq", "32", "--batch", "2", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["model"].startswith("hf:") and d["peak_bytes"] > 0
+    assert any("unpadded" in n for n in d["notes"])

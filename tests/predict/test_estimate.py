@@ -264,6 +264,9 @@ def test_sweep_totals_equal_scalar_estimates(setup: Setup) -> None:
     scalar = [[E.estimate(cfg, setup.with_(batch=int(b), seq=int(s[0]))).total_bytes for b in batch] for s in seq]
     assert swept.shape == (3, 3)
     assert np.abs(swept - np.array(scalar)).max() <= 8  # per-component rounding up to whole bytes
+    peaks = E.sweep_totals(cfg, setup, batch=batch, seq=seq, peak=True)
+    scalar = [[E.estimate(cfg, setup.with_(batch=int(b), seq=int(s[0]))).peak_bytes for b in batch] for s in seq]
+    assert np.abs(peaks - np.array(scalar)).max() <= 8
 
 
 def test_sweep_rejects_non_positive_sizes() -> None:
@@ -334,12 +337,12 @@ def test_zero_on_one_rank_equals_stage_zero(cfg: TransformerConfig, setup: Setup
 
 
 # -- fits and fit search -----------------------------------------------------------------------------------------
-def test_fits_verdict_is_total_against_capacity() -> None:
+def test_fits_verdict_is_peak_against_capacity() -> None:
     acc = gpu("h100-sxm")
     bd = E.training(preset("llama-2-7b"), Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096))
     v = FIT.fits(bd, "h100-sxm")
-    assert v.capacity_bytes == acc.memory_bytes and v.headroom_bytes == acc.memory_bytes - bd.total_bytes
-    assert v.fits == (bd.total_bytes <= acc.memory_bytes) and v.gpu == "h100-sxm"
+    assert v.capacity_bytes == acc.memory_bytes and v.headroom_bytes == acc.memory_bytes - bd.peak_bytes
+    assert v.fits == (bd.peak_bytes <= acc.memory_bytes) and v.gpu == "h100-sxm" and v.total_bytes == bd.total_bytes
     assert FIT.fits(preset("llama-2-7b"), acc, Setup(precision="fp32", seq=4096)).fits is False
 
 
@@ -348,8 +351,8 @@ def test_max_batch_is_the_largest_that_fits() -> None:
     setup = Setup(precision="amp-fp16", seq=1024)
     found = FIT.max_batch(cfg, setup, acc)
     assert found.value > 0
-    assert E.estimate(cfg, setup.with_(batch=found.value)).total_bytes <= acc.memory_bytes
-    assert E.estimate(cfg, setup.with_(batch=found.value + 1)).total_bytes > acc.memory_bytes
+    assert E.estimate(cfg, setup.with_(batch=found.value)).peak_bytes <= acc.memory_bytes
+    assert E.estimate(cfg, setup.with_(batch=found.value + 1)).peak_bytes > acc.memory_bytes
 
 
 def test_max_seq_and_no_fit_reason() -> None:
@@ -366,7 +369,7 @@ def test_fits_accepts_detected_device_memory_and_refuses_unknown() -> None:
     from memlab.device import DeviceInfo
 
     bd = E.training(preset("tiny-gpt"), Setup(seq=64))
-    small = DeviceInfo(kind="cpu", name="test host", accelerator=None, total_memory_bytes=bd.total_bytes - 1,
+    small = DeviceInfo(kind="cpu", name="test host", accelerator=None, total_memory_bytes=bd.peak_bytes - 1,
                        peak_flops={}, peak_source="unknown", peak_reason="test", torch_version=None,
                        cuda_version=None, driver_version=None, cpu_count=1)
     v = FIT.fits(bd, small)

@@ -1,0 +1,141 @@
+"""``memlab trace``: one training step of a model on fake tensors, phase by phase, beside the estimator's phases.
+
+``memlab trace MODEL [setup flags as estimate] [--hf-config F] [--json]``. MODEL is a preset name (or ``--preset``
+/ explicit dimensions, as ``estimate``) for the reference GPT, or a Hugging Face ``config.json`` (``--hf-config``,
+or a path given as MODEL). Prints the bytes held at each phase of the first and the steady step (trace and formula
+side by side), marks the peak, and lists the top modules by the activation bytes their forward keeps. Nothing is
+allocated or downloaded; the step runs on CPU fake tensors (:mod:`memlab.run.trace`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from memlab.cli import estimate
+from memlab.cli.args import model_from_args, positive_int
+from memlab.errors import MemlabError
+from memlab.units import byte_unit, fmt_bytes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``memlab trace``: the estimate's MODEL and setup options, ``--hf-config``, ``--top``, ``--json``."""
+    p.add_argument("model", nargs="?", metavar="MODEL", help="a preset name or a Hugging Face config.json path")
+    estimate.add_arguments(p)
+    p.add_argument("--hf-config", metavar="F", help="trace transformers' AutoModelForCausalLM built from this "
+                   "config.json (never downloads)")
+    p.add_argument("--top", type=positive_int, default=8, metavar="N", help="modules listed (default 8)")
+
+
+def _setup(args: argparse.Namespace, model: Any) -> Any:
+    """The estimate's Setup: every Setup field is an option (generated in :mod:`memlab.cli.args`)."""
+    return estimate._setup(args, model)
+
+
+def _target(args: argparse.Namespace) -> tuple[str, Any]:
+    """("hf", config path) or ("gpt", TransformerConfig)."""
+    from memlab.predict.models import PRESETS
+
+    hf = args.hf_config
+    if args.model is not None:
+        if args.model in PRESETS:
+            if args.preset is not None:
+                raise MemlabError(f"give the preset once: MODEL {args.model!r} or --preset {args.preset!r}")
+            args.preset = args.model
+        elif Path(args.model).suffix == ".json" or Path(args.model).is_dir():
+            if hf is not None:
+                raise MemlabError("give the Hugging Face config once: MODEL or --hf-config")
+            hf = args.model
+        else:
+            from memlab.errors import unknown_name
+
+            raise unknown_name("preset (or config.json path)", args.model, list(PRESETS))
+    if hf is not None:
+        return "hf", hf
+    model = model_from_args(args)
+    if isinstance(model, int):
+        raise MemlabError("memlab trace needs a model to build: give a preset or dimensions, not --params")
+    return "gpt", model
+
+
+def _hf_estimate(path: str, setup: Any) -> Any:
+    """The formula for a Hugging Face config when memlab can read one (``TransformerConfig.from_hf``), else None."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.models import TransformerConfig
+
+    from_hf = getattr(TransformerConfig, "from_hf", None)
+    if from_hf is None:
+        return None
+    try:
+        return estimate(from_hf(path), setup)
+    except MemlabError:
+        return None
+
+
+def _num(v: float | None, size: float) -> str:
+    return "-" if v is None else f"{v / size:,.3f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Trace the step and print the phase table (or JSON)."""
+    from memlab.predict.estimate import estimate
+
+    kind, target = _target(args)
+    if kind == "hf":
+        from memlab.run.trace_hf import hf_config, trace_hf
+
+        cfg = hf_config(target)
+        setup = _setup(args, 1)  # a bare count: the estimate's default seq (1024)
+        result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}")
+        predicted = _hf_estimate(target, setup)
+    else:
+        from memlab.run.trace import trace_gpt
+
+        setup = _setup(args, target)
+        result = trace_gpt(target, setup)
+        predicted = estimate(target, setup)
+    if args.json:
+        out = result.to_dict()
+        if predicted is not None:
+            out["estimate"] = {"phases": list(predicted.phases), "peak": predicted.peak_bytes,
+                               "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
+                               "total": predicted.total_bytes}
+        out["top_modules"] = result.modules_by_kind(args.top)
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    unit, size = byte_unit(result.peak_bytes)
+    print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
+          f"attention {setup.attention}, recompute {setup.recompute} (fake tensors on CPU; GiB = 2**30 bytes)")
+    print(f"  {'step':<7} {'phase':<26} {'trace ' + unit:>12} {'formula ' + unit:>12} {'error':>8}")
+    for row in result.phases:
+        zero = row["phase"] == "zero_grad"
+        traced = row["end_bytes"] if zero else row["peak_bytes"]
+        pred = None
+        if predicted is not None:
+            try:
+                pred = predicted.phase_bytes(row["phase"], row["step"])
+            except MemlabError:
+                pred = None
+        err = "-" if pred is None or not traced else f"{100 * (pred - traced) / traced:+.1f} %"
+        mark = "  <- peak" if (row["step"], row["phase"]) == (result.peak_step, result.peak_phase) else ""
+        if not row.get("reliable", True):
+            mark = "  (unreliable on fake tensors: see the notes)"
+        label = row["phase"] + (" (after)" if zero else "")
+        print(f"  {row['step']:<7} {label:<26} {_num(traced, size):>12} {_num(pred, size):>12} {err:>8}{mark}")
+    cats = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in result.peak_by_category.items() if v)
+    print(f"peak: {fmt_bytes(result.peak_bytes, digits=3)} ({result.peak_bytes:,} B) in the {result.peak_step} "
+          f"step's {result.peak_phase}: {cats}")
+    if predicted is not None:
+        print(f"formula: peak {fmt_bytes(predicted.peak_bytes, digits=3)} ({predicted.peak_step} "
+              f"{predicted.peak_phase}); sum of components {fmt_bytes(predicted.total_bytes, digits=3)}")
+    print(f"top {args.top} modules by activation bytes kept for backward (summed over layers):")
+    for m in result.modules_by_kind(args.top):
+        name = m["module"] if len(m["module"]) <= 56 else "..." + m["module"][-53:]
+        print(f"  {name:<56} x{m['count']:<4} {fmt_bytes(m['activation_bytes']):>12}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"
+                                                                for t in result.cuda_terms))
+    return 0

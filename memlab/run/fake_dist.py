@@ -1,0 +1,55 @@
+"""Sharded training traced in ONE process: FSDP2 over a fake process group, as torchtitan's memory estimator does.
+
+:func:`fake_process_group` initialises ``torch.distributed`` with the ``fake`` backend
+(``torch.testing._internal.distributed.fake_pg.FakeStore``: collectives return at once, nothing is sent) for
+``world_size`` ranks, this process being rank 0, and yields a 1-D device mesh; it tears the group down after.
+:func:`shard_blocks` applies ``torch.distributed.fsdp.fully_shard`` to each transformer block and to the root, so
+a trace (:mod:`memlab.run.trace`) sees rank 0's bytes: its parameter, gradient and optimizer-state shards, and the
+full parameters of the blocks FSDP holds gathered at each moment. ZeRO-3 is ``reshard_after_forward=True``
+(FULL_SHARD), ZeRO-2 ``False`` (SHARD_GRAD_OP: gathered parameters stay from forward to backward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from torch import nn
+
+from memlab.errors import SetupError
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[Any]:
+    """A fake ``world_size``-rank process group (rank 0) and its 1-D CPU device mesh, for one process."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise SetupError("a torch.distributed process group is already initialised: trace sharded setups in a "
+                         "process without one (the fake group would replace it)")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield init_device_mesh("cpu", (world_size,))  # made outside any fake mode: it reads its rank values
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_blocks(model: nn.Module, mesh: Any, zero_stage: int) -> nn.Module:
+    """``fully_shard`` every block in ``model.blocks`` (or ``model.model.layers`` for Hugging Face models) and the
+    root; ``zero_stage`` 3 reshards after forward, 2 does not."""
+    from torch.distributed.fsdp import fully_shard
+
+    if zero_stage not in (2, 3):
+        raise SetupError(f"sharded traces run FSDP2: zero_stage 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {zero_stage}")
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        blocks = getattr(getattr(model, "model", None), "layers", None)
+    if blocks is None:
+        raise SetupError("cannot find the model's blocks to shard (model.blocks or model.model.layers)")
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=zero_stage == 3)
+    fully_shard(model, mesh=mesh, reshard_after_forward=zero_stage == 3)
+    return model

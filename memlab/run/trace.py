@@ -1,0 +1,452 @@
+"""Trace one training step of any PyTorch model on fake tensors: the exact bytes PyTorch would hold, at full scale.
+
+The model, its optimizer and a batch are built under ``torch._subclasses.fake_tensor.FakeTensorMode`` (tensors
+with shapes and dtypes but no data: nothing is allocated), then two steps run under
+``torch.distributed._tools.mem_tracker.MemTracker`` [pytorch-memtracker], which counts every storage by category
+(parameters, buffers, gradients, optimizer states, activations, temporaries, inputs). memlab adds phases: the peak
+*inside* forward, backward, the optimizer step and zero_grad, for the **first** step (optimizer state appears inside
+it) and the **steady** one. The same code on real tensors (``fake=False``) is the check: tests assert fake == real
+byte for byte.
+
+Three ways in:
+
+- :func:`trace_gpt` for the reference GPT under a :class:`~memlab.predict.setup.Setup`;
+- :func:`trace_hf` for a Hugging Face causal LM built from its config (never a download): :mod:`memlab.run.trace_hf`;
+- :func:`trace` for your own module::
+
+    import torch
+    from memlab.run.trace import trace
+
+    t = trace(
+        model_fn=lambda: torch.nn.Sequential(torch.nn.Linear(4096, 16384), torch.nn.GELU(),
+                                             torch.nn.Linear(16384, 4096)),
+        batch_fn=lambda: torch.randn(64, 1024, 4096),
+        optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), foreach=True),
+        loss_fn=lambda m, x: m(x).square().mean(),
+    )
+    print(t.peak_bytes / 2**30, t.peak_phase)   # GiB and where the peak is, on a laptop
+    t.to_frame()                                 # bytes by phase and category
+
+Found when this was built (torch 2.13): the model must be built under a device context inside the fake mode
+(``.to()`` on fake parameters fails), MemTracker's module statistics are reset between the steps, and fake ``cuda``
+tensors abort in autograd on a CPU-only torch, so traces run on CPU; what CUDA adds that no trace sees is listed
+as named terms with their sources (:data:`CUDA_TERMS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from copy import deepcopy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import SetupError
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import Setup, resolve_optimizer_impl
+
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "inputs")
+"""Trace categories, in display order (MemTracker's Parameter, Buffer, Gradient, Optstate, Activation, Temp,
+Other; tensors made inside the optimizer step that do not survive it move from optimizer states to temporaries)."""
+
+_FROM_TRACKER = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gradients", "Optstate":
+                 "optimizer states", "Activation": "activations", "Temp": "temporaries", "Other": "inputs"}
+
+CUDA_TERMS: tuple[dict[str, str], ...] = (
+    {"term": "allocation rounding", "size": "every block rounded up to 512 B (small pool: 1 MiB segments)",
+     "source": "PyTorch CUDACachingAllocator.cpp, kMinBlockSize = 512, kSmallBuffer = 1 MiB"},
+    {"term": "caching allocator reserve and fragmentation", "size": "reserved - allocated, workload-dependent",
+     "source": "torch.cuda.memory_stats(): reserved_bytes.all.peak - allocated_bytes.all.peak"},
+    {"term": "CUDA context", "size": "a few hundred MB outside the allocator",
+     "source": "pytorch/pytorch#107667, #109888 (about 300-400 MB with lazy module loading)"},
+    {"term": "cuBLAS / attention workspaces", "size": "cuBLAS: up to 4 MiB x streams (CUBLAS_WORKSPACE_CONFIG); "
+     "flash/efficient attention allocate their own scratch", "source": "NVIDIA cuBLAS docs, cublasSetWorkspace"},
+)
+"""What a CUDA run holds that a CPU trace cannot see; add them (memlab.predict.estimate.Overheads) when they matter."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Bytes one training step holds, from a traced step (fake or real tensors). Bytes throughout.
+
+    ``phases``: one row per (step, phase) with ``peak_bytes`` (the most held at once inside the phase), ``end_bytes``
+    and ``by_category`` (the categories at the phase's peak). ``peak_*`` is the largest phase peak over both steps.
+    ``modules``: per module of the steady step, ``activation_bytes`` its forward leaves behind for backward
+    (MemTracker's post-forward minus pre-forward activations; parents include their children).
+    """
+
+    model: str
+    setup: dict[str, Any]
+    fake: bool
+    phases: tuple[dict[str, Any], ...]
+    peak_bytes: int
+    peak_phase: str
+    peak_step: str
+    peak_by_category: dict[str, int]
+    modules: tuple[dict[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    cuda_terms: tuple[dict[str, str], ...] = CUDA_TERMS
+    torch_version: str = field(default=torch.__version__)
+
+    def phase(self, name: str, step: str = "steady") -> dict[str, Any]:
+        """The row of one phase of one step (``first`` or ``steady``)."""
+        for row in self.phases:
+            if row["phase"] == name and row["step"] == step:
+                return row
+        raise SetupError(f"no phase {name!r} in the {step} step: phases are "
+                         f"{', '.join(sorted({r['phase'] for r in self.phases}))}")
+
+    def peak_of(self, step: str) -> int:
+        """Largest (reliable) phase peak of the ``first`` or ``steady`` step."""
+        return max(r["peak_bytes"] for r in self.phases if r["step"] == step and r.get("reliable", True))
+
+    def top_modules(self, n: int = 8, *, leaves_only: bool = True) -> list[dict[str, Any]]:
+        """The ``n`` modules whose forward keeps the most bytes for backward (leaf modules by default)."""
+        names = [m["module"] for m in self.modules]
+        rows = [m for m in self.modules
+                if not leaves_only or not any(o.startswith(m["module"] + ".") for o in names)]
+        return sorted(rows, key=lambda m: -m["activation_bytes"])[:n]
+
+    def modules_by_kind(self, n: int = 8) -> list[dict[str, Any]]:
+        """Leaf modules grouped over their layer index (``GPT.blocks.*.mlp.up``): count and activation bytes summed,
+        the ``n`` largest first."""
+        import re
+
+        groups: dict[str, dict[str, Any]] = {}
+        for m in self.top_modules(len(self.modules)):
+            key = re.sub(r"\.\d+(?=\.|$)", ".*", m["module"])
+            g = groups.setdefault(key, {"module": key, "count": 0, "activation_bytes": 0})
+            g["count"] += 1
+            g["activation_bytes"] += m["activation_bytes"]
+        return sorted(groups.values(), key=lambda g: -g["activation_bytes"])[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field."""
+        return asdict(self)
+
+    def to_frame(self) -> Any:
+        """pandas DataFrame, one row per (step, phase): peak and end bytes and each category at the peak."""
+        import pandas as pd
+
+        rows = [{"step": r["step"], "phase": r["phase"], "peak_bytes": r["peak_bytes"], "end_bytes": r["end_bytes"],
+                 **{c: r["by_category"].get(c, 0) for c in CATEGORIES}} for r in self.phases]
+        return pd.DataFrame(rows)
+
+
+# -- the phase recorder over MemTracker ------------------------------------------------------------------------
+def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
+    out = dict.fromkeys(CATEGORIES, 0)
+    for dev_snap in snap.values():
+        for key, value in dev_snap.items():
+            name = _FROM_TRACKER.get(getattr(key, "value", str(key)))
+            if name is not None:
+                out[name] += int(value)
+    return out
+
+
+class _Phases:
+    """Per-phase peaks over a MemTracker: its global peak is re-based at each phase start (private fields of
+    torch.distributed._tools.mem_tracker, stable since torch 2.5)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker, self.rows = tracker, []
+
+    def _total(self, snap: dict[Any, dict[Any, int]]) -> int:
+        return sum(int(d.get("Total", 0)) for d in snap.values())
+
+    @contextlib.contextmanager
+    def phase(self, step: str, name: str) -> Iterator[None]:
+        mt = self.tracker
+        current = mt.get_tracker_snapshot("current")
+        mt._peak_mem_snap = deepcopy(current)
+        mt._peak_mem = {dev: int(d.get("Total", 0)) for dev, d in current.items()}
+        yield
+        end, peak = mt.get_tracker_snapshot("current"), mt.get_tracker_snapshot("peak")
+        peak_total, end_total = self._total(peak), self._total(end)
+        if end_total > peak_total:  # nothing dispatched after the last allocation (a peak is read per op)
+            peak, peak_total = end, end_total
+        by_cat, end_cat = _categories(peak), _categories(end)
+        if name == "optimizer step":  # made in the step and freed before its end: temporaries, not states
+            moved = max(0, by_cat["optimizer states"] - end_cat["optimizer states"])
+            by_cat["optimizer states"] -= moved
+            by_cat["temporaries"] += moved
+        self.rows.append({"step": step, "phase": name, "peak_bytes": peak_total, "end_bytes": end_total,
+                          "by_category": by_cat, "end_by_category": end_cat})
+
+
+def _fast_tracker() -> Any:
+    """A MemTracker whose per-op peak update visits only the modules running now (the stock one walks every module
+    it has seen on every op: half of a 7B trace's time). Same numbers; relies on its private fields (torch 2.5+)."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+
+    class FastMemTracker(MemTracker):
+        _by_fqn: dict[str, Any]
+        _seen = -1
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            curr = self._curr_mem_snap
+            if self._seen != len(self.memory_tracking):
+                self._by_fqn = {st.mod_fqn: st for st in self.memory_tracking.values()}
+                self._seen = len(self.memory_tracking)
+            for fqn in self._mod_tracker.parents:
+                stats = self._by_fqn.get(fqn)
+                if stats is None or peak_state not in stats.snapshots:
+                    continue
+                for dev, dev_snap in curr.items():
+                    if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                        stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                        stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+            for dev, dev_snap in curr.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = deepcopy(dev_snap)
+
+    return FastMemTracker()
+
+
+def _modules(tracker: Any) -> tuple[dict[str, Any], ...]:
+    from torch.distributed._tools.mem_tracker import _ModState
+
+    out = []
+    for stats in tracker.memory_tracking.values():
+        snaps = stats.snapshots
+        pre, post = snaps.get(_ModState.PRE_FW), snaps.get(_ModState.POST_FW)
+        if not pre or not post:
+            continue
+        act = _categories(post[-1])["activations"] - _categories(pre[-1])["activations"]
+        peak_fw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_FW, [{}])[-1].values())
+        peak_bw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_BW, [{}])[-1].values())
+        out.append({"module": stats.mod_fqn, "activation_bytes": act, "peak_forward_bytes": peak_fw,
+                    "peak_backward_bytes": peak_bw})
+    return tuple(out)
+
+
+def _default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        loss = out
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise SetupError("the model's output is not a scalar loss: pass loss_fn=lambda model, batch: ...")
+    return loss
+
+
+def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], optimizer_fn: Any, loss_fn: Any,
+         ctx: Any, backward_fn: Any, grad_accum_steps: int, set_to_none: bool) -> tuple[list, tuple]:
+    """The two traced steps of :func:`trace`: (phase rows, module rows)."""
+    with mode, torch.device("cpu"):
+        model = model_fn()
+        optimizer = optimizer_fn(model) if optimizer_fn is not None else None
+        batch = batch_fn()
+        tracker = _fast_tracker()
+        inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
+        tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
+        extra = getattr(optimizer, "memlab_state_tensors", None)
+        if callable(extra):  # a wrapper's master copy and fp32 buffers: optimizer states and gradients
+            from torch.distributed._tools.mem_tracker import _MemRefType
+
+            for role, tensors in extra().items():
+                kind = _MemRefType.GRAD if role == "grads" else _MemRefType.OPT
+                for t in tensors:
+                    tracker._update_and_maybe_create_winfos(t, kind)
+        rec = _Phases(tracker)
+        with tracker:
+            for step in ("first", "steady"):
+                for micro in range(grad_accum_steps):
+                    tracker.reset_mod_stats()  # MemTracker keeps one call per module: reset before each forward
+                    tag = "" if micro == 0 else " (accumulating)"
+                    with rec.phase(step, "forward" + tag), ctx():
+                        loss = loss_fn(model, batch)
+                    with rec.phase(step, "backward" + tag):
+                        (backward_fn or torch.Tensor.backward)(loss)
+                        del loss
+                if optimizer is not None:
+                    with rec.phase(step, "optimizer step"):
+                        optimizer.step()
+                    with rec.phase(step, "zero_grad"):
+                        optimizer.zero_grad(set_to_none=set_to_none)
+                if step == "steady":
+                    modules = _modules(tracker)  # the steady step's (last) micro-batch
+    return rec.rows, modules
+
+
+# -- the generic tracer ----------------------------------------------------------------------------------------
+def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
+          optimizer_fn: Callable[[nn.Module], Any] | None = None, *,
+          loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+          forward_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+          backward_fn: Callable[[torch.Tensor], None] | None = None, fake: bool = True, grad_accum_steps: int = 1,
+          set_to_none: bool = True, name: str = "model", setup: dict[str, Any] | None = None,
+          notes: tuple[str, ...] = (), unreliable: tuple[tuple[str, str], ...] = ()) -> Trace:
+    """Trace two training steps of ``model_fn()`` on ``batch_fn()`` with ``optimizer_fn(model)`` (module docstring).
+
+    ``model_fn``/``batch_fn``/``optimizer_fn`` run inside the fake mode and a ``torch.device("cpu")`` context, so
+    build tensors there (never ``.to()`` a fake parameter). ``loss_fn(model, batch)`` returns the scalar loss
+    (default: ``model(**batch).loss`` for a dict, ``model(*batch)`` for a tuple, else ``model(batch)``).
+    ``forward_context`` (e.g. autocast), ``backward_fn`` (e.g. a loss scaler) and ``optimizer_fn`` returning an
+    object with ``step()`` and ``zero_grad(set_to_none)`` cover precision wrappers. ``fake=False`` runs the same on
+    real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
+    ``unreliable`` (step, phase) pairs are kept in ``phases`` with ``"reliable": False`` and left out of the peak.
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
+        raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
+    loss_fn = loss_fn or _default_loss
+    ctx = forward_context or contextlib.nullcontext
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    try:
+        rows, modules = _run(mode, model_fn, batch_fn, optimizer_fn, loss_fn, ctx, backward_fn, grad_accum_steps,
+                             set_to_none)
+    except DataDependentOutputException as exc:
+        raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
+                         "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
+                         "a small shape, or use an implementation without data-dependent control flow") from None
+    for r in rows:
+        r["reliable"] = (r["step"], r["phase"]) not in unreliable
+    best = max((r for r in rows if r["reliable"]), key=lambda r: r["peak_bytes"])
+    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best["peak_bytes"],
+                 peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
+                 modules=modules, notes=tuple(notes))
+
+
+# -- the reference GPT ----------------------------------------------------------------------------------------
+def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") -> dict[str, Any]:
+    """``optimizer_fn``, ``forward_context`` and ``notes`` that carry out ``setup``'s precision policy and optimizer
+    (the runner's wiring: :mod:`memlab.run.training_step`, :mod:`memlab.run.optimizers`) for :func:`trace`.
+
+    ``device_type`` is the device whose optimizer default (``optimizer_impl='auto'``) the trace imitates.
+    """
+    from memlab.run.optimizers import build_optimizer
+    from memlab.run.training_step import MasterWeights, autocast
+
+    if setup.mode != "train":
+        raise SetupError("this traces a training step: set mode='train' (trace_gpt traces inference itself)")
+    if setup.tp > 1:
+        raise SetupError("the tracer runs data parallelism only: set tp=1 (tensor-parallel traces are future work)")
+    if setup.world_size > 1 and setup.zero_stage not in (2, 3):
+        raise SetupError("a traced data-parallel setup runs FSDP2: set zero_stage=2 or 3 (plain DDP and ZeRO-1 "
+                         "replicate the model: trace world_size=1)")
+    policy, notes = setup.policy, []
+    impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
+    notes.append(f"optimizer {setup.optimizer}, {impl} implementation")
+    if policy.grad_scaler:
+        notes.append("loss scaling traced without its finite check (data-dependent on fake tensors): the scale and "
+                     "found-inf scalars are a few bytes")
+
+    def optimizer_fn(model: nn.Module) -> Any:
+        make = lambda ps: build_optimizer(setup.optimizer, ps, lr, impl)  # noqa: E731
+        if policy.master_bytes:
+            return MasterWeights(model, make, policy, loss_scale=None)
+        return make([p for p in model.parameters() if p.requires_grad])
+
+    def forward_context() -> contextlib.AbstractContextManager[Any]:
+        return autocast(policy, torch.device("cpu"))
+
+    return {"optimizer_fn": optimizer_fn, "forward_context": forward_context, "notes": tuple(notes)}
+
+
+def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda",
+                   mesh: Any = None) -> dict[str, Any]:
+    """Everything :func:`trace` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
+    ``mesh`` (:func:`memlab.run.fake_dist.fake_process_group`) the blocks are sharded with FSDP2."""
+    from memlab.run.gpt import GPT
+    from memlab.run.training_step import model_dtype
+
+    parts = setup_parts(setup, lr=lr, device_type=device_type)
+
+    def model_fn() -> nn.Module:
+        model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy))
+        if mesh is not None:
+            from memlab.run.fake_dist import shard_blocks
+
+            shard_blocks(model, mesh, setup.zero_stage)
+        return model
+
+    def batch_fn() -> tuple[torch.Tensor, torch.Tensor]:
+        data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1))
+        return data[:, :-1].clone(), data[:, 1:].clone()
+
+    def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return model(*batch)
+
+    return {**parts, "model_fn": model_fn, "batch_fn": batch_fn, "loss_fn": loss_fn}
+
+
+def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, device_type: str = "cuda") -> Trace:
+    """:func:`trace` of the reference GPT (``memlab.run.gpt.GPT``) under ``setup`` (training, one process;
+    ``zero_stage`` 2/3 over ``world_size`` > 1 ranks runs FSDP2 over a fake process group, :mod:`memlab.run.fake_dist`).
+
+    Traces run on CPU; ``device_type`` only picks the optimizer implementation ``auto`` means. CPU autocast and
+    norm kernels differ from CUDA's in a few saved widths (:mod:`memlab.predict.activations` lists them): compare
+    with ``estimate(..., device_type='cpu')`` for byte equality.
+    """
+    if not isinstance(config, TransformerConfig):
+        raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
+    if setup.mode == "inference":
+        return _trace_inference(config, setup, fake=fake)
+    if setup.world_size == 1:
+        parts = gpt_step_parts(config, setup, device_type=device_type)
+        notes = parts.pop("notes")
+        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
+                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes)
+    from memlab.run.fake_dist import fake_process_group
+
+    setup_parts(setup, device_type=device_type)  # validates before a process group is made
+    with fake_process_group(setup.world_size) as mesh:
+        parts = gpt_step_parts(config, setup, device_type=device_type, mesh=mesh)
+        notes = (*parts.pop("notes"), f"FSDP2 over a fake {setup.world_size}-rank process group: rank 0's bytes, "
+                 "gathered blocks included (collectives' buffers as FSDP2 allocates them; no communication); on fake "
+                 "tensors the first optimizer step also counts DTensor's first sharding propagation (global-shape "
+                 "temporaries no real run holds): marked unreliable and left out of the peak; the steady step is "
+                 "exact")
+        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
+                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes,
+                     unreliable=(("first", "optimizer step"),) if fake else ())
+
+
+def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:
+    """Prefill of ``seq - 1`` tokens into a KV cache of ``seq`` and one decode step, as the runner serves them.
+
+    Phases ``prefill`` and ``decode`` (step ``steady``); the KV cache and the token ids are in ``inputs``.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memlab.device import torch_dtype
+    from memlab.run.gpt import GPT, KVCache
+
+    if setup.inference_weights not in ("fp32", "bf16", "fp16") or setup.kv_cache_dtype != setup.inference_weights:
+        raise SetupError("traced inference runs fp32/bf16/fp16 weights with the KV cache in the weight dtype: set "
+                         "inference_weights and kv_cache_dtype alike")
+    if setup.seq < 2:
+        raise SetupError("traced inference needs seq >= 2 (a prompt and one decoded token)")
+    dtype = torch_dtype(setup.inference_weights)
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    with mode, torch.device("cpu"), torch.no_grad():
+        model = GPT(config, attention=setup.attention, dtype=dtype).eval()
+        cache = KVCache(config, setup.batch, setup.seq, dtype=dtype)
+        ids = torch.randint(0, config.vocab_size, (setup.batch, setup.seq))
+        tracker = _fast_tracker()
+        tracker.track_external(model, ids, *cache.k, *cache.v)
+        rec = _Phases(tracker)
+        with tracker:
+            with rec.phase("steady", "prefill"):
+                out = model(ids[:, :-1], cache=cache)
+                del out
+            tracker.reset_mod_stats()
+            with rec.phase("steady", "decode"):
+                out = model(ids[:, -1:], cache=cache)
+                del out
+            modules = _modules(tracker)
+    for r in rec.rows:
+        r["reliable"] = True
+    best = max(rec.rows, key=lambda r: r["peak_bytes"])
+    return Trace(model=config.name, setup=setup.to_dict(), fake=fake, phases=tuple(rec.rows),
+                 peak_bytes=best["peak_bytes"], peak_phase=best["phase"], peak_step=best["step"],
+                 peak_by_category=dict(best["by_category"]), modules=modules,
+                 notes=("inference: prefill of seq-1 tokens into a preallocated KV cache, then one decoded token; "
+                        "'inputs' holds the KV cache and the token ids; the reference GPT returns logits in the "
+                        "weight dtype (Hugging Face heads upcast them to fp32)",))

@@ -1,0 +1,150 @@
+"""Trace a Hugging Face Transformers causal LM built from its config (never a download): :func:`trace_hf`.
+
+The model is ``transformers.AutoModelForCausalLM.from_config(config)`` built inside the fake mode under a
+``torch.device("cpu")`` context, then traced by :func:`memlab.run.trace.trace` under a memlab
+:class:`~memlab.predict.setup.Setup` (precision policy, optimizer and its implementation, attention, recompute).
+The config comes from a ``config.json`` path, a ``PretrainedConfig``, or a family name with dimensions
+(``hf_config("llama", hidden_size=4096, ...)``, ``transformers.AutoConfig.for_model``).
+
+Found when this was built (transformers 5.x): transformers treats a FakeTensor as "tracing"
+(``transformers.utils.import_utils.is_tracing``, [transformers-masking]) and then builds an explicit attention
+mask from the position ids (``masking_utils.find_packed_sequence_indices``), so SDPA gets a mask and, for GQA,
+``repeat_kv`` copies: more saved bytes than the real run. :func:`unpacked_batches` forces the path a real
+unpadded, unpacked batch takes (no mask: ``is_causal`` and native GQA); it is valid only for unpadded batches
+without packed sequences, and every trace says so in its notes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import SetupError
+from memlab.predict.setup import Setup
+from memlab.run.trace import Trace, setup_parts, trace
+
+_ATTENTION = {"eager": ("eager", None), "math": ("sdpa", "math"), "flash": ("sdpa", "flash"),
+              "efficient": ("sdpa", "efficient"), "cudnn": ("sdpa", "cudnn")}
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - a course dependency
+        raise SetupError(f"tracing a Hugging Face model needs transformers: pip install transformers ({exc})") from None
+    return transformers
+
+
+def hf_config(source: Any, **dims: Any) -> Any:
+    """A ``transformers`` config: from a ``config.json`` path (or its folder), a config object, or a model type name
+    (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...) with dimensions as keyword arguments. Nothing is downloaded."""
+    tf = _transformers()
+    if hasattr(source, "to_dict") and hasattr(source, "model_type"):
+        return source.__class__.from_dict({**source.to_dict(), **dims}) if dims else source
+    path = Path(str(source))
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" or path.exists():
+        if not path.exists():
+            raise SetupError(f"no config file at {path}: give the path of a Hugging Face config.json")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise SetupError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        kind = data.get("model_type")
+        if not kind:
+            raise SetupError(f"{path} has no 'model_type': is it a Hugging Face config.json?")
+        data.update(dims)
+        return tf.AutoConfig.for_model(kind, **{k: v for k, v in data.items() if k != "model_type"})
+    try:
+        return tf.AutoConfig.for_model(str(source), **dims)
+    except ValueError:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        from memlab.errors import unknown_name
+        raise unknown_name("Hugging Face model type", str(source), list(CONFIG_MAPPING.keys())) from None
+
+
+@contextlib.contextmanager
+def unpacked_batches() -> Iterator[None]:
+    """Make transformers take the unpadded, unpacked path on fake tensors (module docstring): the packed-sequence
+    detection returns None, as it does for a real batch of consecutive position ids."""
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str = "cuda",
+             force_unpacked: bool = True, name: str | None = None) -> Trace:
+    """:func:`memlab.run.trace.trace` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under ``setup``.
+
+    ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
+    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant);
+    ``selective`` has no transformers equivalent. ``force_unpacked``: see :func:`unpacked_batches`.
+    """
+    tf = _transformers()
+    from memlab.run.training_step import model_dtype
+
+    cfg = hf_config(config)
+    if setup.recompute == "selective":
+        raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+    impl, backend = _ATTENTION[setup.attention]
+    parts = setup_parts(setup, device_type=device_type)
+    notes = list(parts.pop("notes"))
+    notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
+                 + (f" (SDPA backend {backend})" if backend else ""))
+    if force_unpacked:
+        notes.append("unpadded, unpacked batch forced (no attention mask: SDPA is_causal, native GQA); valid only "
+                     "for batches without padding or packed sequences")
+    vocab = int(cfg.vocab_size)
+
+    def model_fn() -> nn.Module:
+        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
+        if setup.recompute == "full":
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.train()
+        return model
+
+    def batch_fn() -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab, (setup.batch, setup.seq))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    forward = parts.pop("forward_context")
+
+    @contextlib.contextmanager
+    def forward_context() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(forward())
+            if backend:
+                from torch.nn.attention import sdpa_kernel
+
+                from memlab.run.gpt import _sdpa_backend
+                stack.enter_context(sdpa_kernel(_sdpa_backend(backend)))
+            yield
+
+    ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
+    try:
+        with ctx:
+            return trace(model_fn=model_fn, batch_fn=batch_fn, forward_context=forward_context, fake=fake,
+                         grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
+                         name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes), **parts)
+    except RuntimeError as exc:
+        if "No available kernel" not in str(exc):
+            raise
+        raise SetupError(f"SDPA backend {backend!r} cannot run this model here (on CPU: no dropout in training, "
+                         "no mask): set the config's dropout to 0 or use attention='math' or 'eager'") from None

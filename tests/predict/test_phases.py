@@ -1,0 +1,86 @@
+"""The phase model: the peak of a step, not the sum (memlab.predict.phases through estimate())."""
+
+from __future__ import annotations
+
+import pytest
+
+from memlab.errors import SetupError
+from memlab.predict import estimate as E
+from memlab.predict.models import preset
+from memlab.predict.phases import PHASES, optimizer_temporary_bytes
+from memlab.predict.precision import precision_policy
+from memlab.predict.setup import Setup, resolve_optimizer_impl
+from memlab.predict.sharding import shape_summary
+from memlab.units import GiB
+
+
+def test_phases_cover_both_steps_and_peak_is_their_max() -> None:
+    bd = E.estimate(preset("gpt2"), Setup(seq=1024, batch=4))
+    assert [(r["step"], r["phase"]) for r in bd.phases] == [(s, p) for s in ("first", "steady") for p in PHASES]
+    top = max(bd.phases, key=lambda r: r["bytes"])
+    assert bd.peak_bytes == top["bytes"] and bd.peak_phase == top["phase"] and bd.peak_step == top["step"]
+    # GPT-2's 50257-token logits: the loss's fp32 gradients are a transient the sum has no term for
+    assert bd.peak_bytes > bd.total_bytes
+    d = bd.to_dict()
+    assert d["per_device"]["peak"] == bd.peak_bytes and d["per_device"]["total"] == bd.total_bytes
+    assert {"step", "phase", "bytes"} <= set(d["phases"][0])
+
+
+def test_llama7b_fp32_steady_peak_is_params_states_activations_and_logit_gradients() -> None:
+    cfg = preset("llama-2-7b")
+    bd = E.estimate(cfg, Setup(precision="fp32", attention="flash", seq=4096, batch=1, optimizer_impl="for-loop"))
+    p, o, a = bd.params_bytes, bd.optimizer_bytes, bd.activations_bytes
+    logits = 2 * 4096 * cfg.vocab_size * 4  # the fp32 gradients of the log-softmax and of the logits
+    assert bd.phase_bytes("backward") == p + o + a + logits + 4  # and the fp32 scalar loss
+    assert (bd.peak_step, bd.peak_phase) == ("steady", "backward")
+    # the for-loop step's worst moment: the LM head's sqrt and division beside the final norm's denom
+    loop = 2 * cfg.vocab_size * cfg.d_model + cfg.d_model
+    assert shape_summary(cfg).loop_peak_elements == loop
+    ids = 2 * 4096 * 8  # the batch's input and target token ids, held by the loop
+    assert bd.phase_bytes("optimizer step", "first") == p + bd.grads_bytes + o + 4 * loop + ids
+    assert bd.total_bytes / GiB > 140 > bd.peak_bytes / GiB
+
+
+def test_first_step_has_no_optimizer_state_before_its_step() -> None:
+    bd = E.estimate(preset("gpt2"), Setup(seq=512))
+    assert bd.phase_bytes("backward", "steady") - bd.phase_bytes("backward", "first") == bd.optimizer_bytes
+
+
+def test_optimizer_implementations_order_the_step_transient() -> None:
+    cfg = preset("gpt2")
+    step = {impl: E.estimate(cfg, Setup(seq=256, optimizer_impl=impl)).phase_bytes("optimizer step")
+            for impl in ("fused", "for-loop", "foreach")}
+    assert step["fused"] < step["for-loop"] < step["foreach"]
+    n = E.estimate(cfg, Setup()).params_bytes // 4
+    assert step["foreach"] - step["fused"] == 4 * n  # one fp32 temporary per parameter: 4 B/param
+    assert resolve_optimizer_impl("adamw", "auto", "cuda") == "foreach"
+    assert resolve_optimizer_impl("adamw", "auto", "cpu") == "for-loop"
+    assert resolve_optimizer_impl("adam-8bit", "foreach") == "for-loop"
+    with pytest.raises(SetupError, match="fused"):
+        Setup(optimizer="adafactor", optimizer_impl="fused")
+    assert optimizer_temporary_bytes("sgd", "foreach", precision_policy("fp32"), 10, 5) == 0
+
+
+def test_grad_accumulation_and_set_to_none_keep_gradients() -> None:
+    cfg = preset("gpt2")
+    base = E.estimate(cfg, Setup(seq=1024, batch=8))
+    acc = E.estimate(cfg, Setup(seq=1024, batch=8, grad_accum_steps=4))
+    keep = E.estimate(cfg, Setup(seq=1024, batch=8, zero_grad_to_none=False))
+    g = base.grads_bytes
+    assert acc.phase_bytes("backward (accumulating)") - acc.phase_bytes("backward") == g
+    assert keep.phase_bytes("backward") - base.phase_bytes("backward") == g
+    assert keep.phase_bytes("zero_grad") - base.phase_bytes("zero_grad") == g
+    assert acc.total_bytes == base.total_bytes  # the sum of components does not see the phases
+    with pytest.raises(SetupError, match="grad_accum_steps"):
+        Setup(grad_accum_steps=0)
+
+
+def test_inference_phases_are_prefill_and_decode() -> None:
+    bd = E.estimate(preset("llama-2-7b"), Setup(mode="inference", seq=4096, attention="flash"))
+    assert [r["phase"] for r in bd.phases] == ["prefill", "decode"]
+    assert bd.peak_phase == "prefill" and bd.peak_bytes == bd.total_bytes
+
+
+def test_bare_parameter_count_has_phases() -> None:
+    bd = E.estimate(7 * 10**9, Setup(optimizer_impl="fused"))
+    assert bd.peak_bytes == bd.params_bytes + bd.grads_bytes + bd.optimizer_bytes  # no batch without a config

@@ -1,0 +1,57 @@
+"""memlab trace for Hugging Face causal LMs built from a config: fake == real byte for byte (memlab.run.trace_hf)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memlab.errors import MemlabError, SetupError
+from memlab.predict.setup import Setup
+
+pytest.importorskip("transformers")
+
+from memlab.run.trace_hf import hf_config, trace_hf
+
+GPT2 = {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 128, "attn_pdrop": 0.0,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0}
+LLAMA = {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128}
+
+
+def _rows(t) -> list:
+    return [(r["step"], r["phase"], r["peak_bytes"], r["end_bytes"], r["by_category"]) for r in t.phases]
+
+
+@pytest.mark.parametrize(("family", "dims"), [("gpt2", GPT2), ("llama", LLAMA)])
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_hf_fake_trace_equals_real_run(family: str, dims: dict, attention: str) -> None:
+    cfg = hf_config(family, **dims)
+    setup = Setup(batch=2, seq=32, attention=attention)
+    fake, real = trace_hf(cfg, setup), trace_hf(cfg, setup, fake=False)
+    assert _rows(fake) == _rows(real) and fake.peak_bytes == real.peak_bytes
+    assert any("unpadded" in n for n in fake.notes)
+
+
+def test_hf_config_from_json_and_recompute(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", **LLAMA}))
+    setup = Setup(batch=2, seq=32, recompute="full", precision="amp-bf16")
+    t = trace_hf(path, setup)
+    assert _rows(t) == _rows(trace_hf(str(tmp_path), setup, fake=False))
+    plain = trace_hf(path, setup.with_(recompute="none"))
+    acts = [x.phase("forward")["end_by_category"]["activations"] for x in (t, plain)]
+    assert acts[0] < acts[1]
+
+
+def test_hf_bad_input_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SetupError, match="no config file"):
+        hf_config(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SetupError, match="model_type"):
+        hf_config(tmp_path / "bad.json")
+    with pytest.raises(MemlabError):
+        hf_config("not-a-model-family")
+    with pytest.raises(SetupError, match="selective"):
+        trace_hf(hf_config("llama", **LLAMA), Setup(seq=32, recompute="selective"))
