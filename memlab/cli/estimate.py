@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _setup(args: argparse.Namespace, model: Any) -> Any:
+def setup_of(args: argparse.Namespace, model: Any) -> Any:
     if args.zero_stage is not None and args.fsdp is not None:
         raise MemlabError("give --zero or --fsdp, not both (FULL_SHARD = ZeRO 3, SHARD_GRAD_OP = ZeRO 2)")
     overrides = {"zero_stage": {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}[args.fsdp]} if args.fsdp else {}
@@ -55,14 +55,17 @@ def run(args: argparse.Namespace) -> int:
     from memlab.predict.fit import fits
 
     model = model_from_args(args)
-    setup = _setup(args, model)
+    setup = setup_of(args, model)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
                    workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
     bd = estimate(model, setup, overheads=ov)
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
     if args.json:
-        out = {"param_count": bd.param_count, "per_device": {**bd.components(), "total": bd.total_bytes},
+        out = {"param_count": bd.param_count,
+               "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},
+               "peak_phase": bd.peak_phase, "peak_step": bd.peak_step, "phases": list(bd.phases),
+               "total_is": "the sum of components; 'peak' is the most a step holds at once (fit verdicts use it)",
                "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
@@ -82,12 +85,18 @@ def run(args: argparse.Namespace) -> int:
                   "overhead": bd.overhead}.get(comp, {})
         for key, v in detail.items():
             print(f"  {key:<22}{_size(v)}")
-    print(f"{'total':<24}{_size(bd.total_bytes)}")
+    print(f"{'total (sum)':<24}{_size(bd.total_bytes)}")
+    print("\nwhen the bytes appear (held at once; zero_grad: after it):")
+    for row in bd.phases:
+        mark = "  <- peak" if (row["step"], row["phase"]) == (bd.peak_step, bd.peak_phase) else ""
+        print(f"  {row['step'] + ' ' + row['phase']:<34}{_size(row['bytes'])}{mark}")
+    print(f"{'peak':<24}{_size(bd.peak_bytes)}")
     print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
     if verdict:
         word = "FITS" if verdict.fits else "DOES NOT FIT"
-        print(f"\nverdict: {word} on {verdict.gpu_name} ({verdict.gpu}): needs {verdict.total_bytes / GiB:.2f} GiB "
-              f"of {verdict.capacity_bytes / GiB:.2f} GiB ({verdict.capacity_bytes / GB:.1f} GB); headroom "
+        print(f"\nverdict: {word} on {verdict.gpu_name} ({verdict.gpu}): peak {verdict.peak_bytes / GiB:.2f} GiB "
+              f"({verdict.peak_phase}) of {verdict.capacity_bytes / GiB:.2f} GiB "
+              f"({verdict.capacity_bytes / GB:.1f} GB); headroom "
               f"{verdict.headroom_bytes / GiB:+.2f} GiB")
     else:
         print("\nverdict: none (pass --gpu NAME to check the fit)")

@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memlab.cli import estimate
 from memlab.cli.args import model_from_args, positive_int
+from memlab.cli.estimate import add_arguments as add_estimate_arguments
+from memlab.cli.estimate import setup_of
 from memlab.errors import MemlabError
 from memlab.units import byte_unit, fmt_bytes
 
@@ -23,7 +24,7 @@ from memlab.units import byte_unit, fmt_bytes
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``memlab trace``: the estimate's MODEL and setup options, ``--hf-config``, ``--top``, ``--json``."""
     p.add_argument("model", nargs="?", metavar="MODEL", help="a preset name or a Hugging Face config.json path")
-    estimate.add_arguments(p)
+    add_estimate_arguments(p)
     p.add_argument("--hf-config", metavar="F", help="trace transformers' AutoModelForCausalLM built from this "
                    "config.json (never downloads)")
     p.add_argument("--top", type=positive_int, default=8, metavar="N", help="modules listed (default 8)")
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _setup(args: argparse.Namespace, model: Any) -> Any:
     """The estimate's Setup: every Setup field is an option (generated in :mod:`memlab.cli.args`)."""
-    return estimate._setup(args, model)
+    return setup_of(args, model)
 
 
 def _target(args: argparse.Namespace) -> tuple[str, Any]:
