@@ -36,11 +36,15 @@ out_dir = "../reports/build/10_your_model"
 # %%
 import warnings
 
+from memlab import chapter
+
+ch = chapter(scale, device, seed, out_dir)  # first: it sets up the kernel (rounded tables, no tqdm notice)
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import transformers
 
-from memlab import Setup, chapter, estimate, fits, max_batch
+from memlab import Setup, estimate, fits, max_batch
 from memlab.compare import calculators, plots
 from memlab.compare.calculators import Run, error_table, measure_run, shoot_out
 from memlab.course import exercises
@@ -50,7 +54,6 @@ from memlab.predict.hf import from_hf, trait_effects
 from memlab.predict.traits import Implementation
 from memlab.units import GiB
 
-ch = chapter(scale, device, seed, out_dir)
 warnings.filterwarnings("ignore", module="transformers")
 transformers.logging.set_verbosity_error()  # its config checks warn about the tiny vocabularies
 ch.to_dict()
