@@ -1,5 +1,8 @@
-"""compare: prediction next to measurement. ``ledger`` (formula vs measurement per component, :func:`compare` for
-one pair), ``calculators`` (every public estimator on the same runs), ``plots``.
+"""compare: prediction next to measurement.
+
+``ledger`` (formula, trace and measurement per component and phase; :func:`compare` for one pair), ``calculators``
+(every public estimator run on the same runs), ``sharding`` (data-parallel strategies against the ranks'
+measurements), ``plots`` (the standard figures).
 
 ``from memlab.compare import compare`` is the one-pair comparison; the room and the function share the name, so
 the function is imported from here rather than from ``memlab`` itself.

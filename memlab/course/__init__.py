@@ -1,3 +1,6 @@
-"""course: what the chapters call. ``chapter`` (parameters, outputs, recorded GPU data), ``exercises`` (checks that
-explain a wrong answer), ``report`` (papermill runs with a cache), ``render`` (offline HTML pages and the index),
-``hf_configs`` (the shipped HF ``config.json`` files)."""
+"""course: what the chapters call.
+
+``chapter`` (parameters, outputs, recorded GPU data), ``exercises`` (checks that explain a wrong answer),
+``hf_configs`` (the shipped config.json files), ``report`` (papermill runs with a cache), ``pages`` and ``render``
+(offline HTML pages and the index, written atomically), ``provenance`` (the one builder of where a number was made).
+"""

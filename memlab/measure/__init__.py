@@ -1,5 +1,10 @@
-"""Measurement: exact byte accounting, saved tensors per autograd op (``by_op``), CUDA allocator, NVML, host,
-timelines, OOM parsing.
+"""measure: what is really there.
+
+``accounting`` (model states by storage, saved-for-backward bytes by category), ``by_op`` (saved tensors per autograd
+op), live tensor bytes op by op and the peak inside each phase, ``cuda`` (the caching allocator's statistics,
+snapshots, a smaller-GPU emulation), ``snapshot`` (snapshots read offline, fragmentation), ``nvml`` (what
+nvidia-smi shows), ``host`` (RSS and RAM), ``timeline`` (a sampled memory timeline), ``oom`` and ``oom_examples``
+(out-of-memory messages as data).
 
 The adapters here read what is really there. Where a source is absent (no CUDA, no NVML) a reading says so
 (``available=False`` and a ``reason``); it never reports zeros in its place.

@@ -1,8 +1,14 @@
 """predict: the closed-form side, numpy only and no torch.
 
-``models`` (TransformerConfig, presets), ``setup`` (Setup: shapes, optimizer, sharding), ``precision`` (precision
-policies as data), ``activations`` (saved-for-backward bytes, term by term), ``estimate`` (MemoryBreakdown), ``fit``
-(will it fit, largest batch or sequence), ``flops`` (FLOPs, MFU/HFU, the roofline bound), ``hardware`` and
-``hardware_table`` (the sourced accelerator table and name resolution), ``traits`` (how a model is written: the
-implementation traits the activation count follows), ``hf`` (Hugging Face configs to TransformerConfig + traits).
+- ``models``: TransformerConfig, exact parameter counts, presets (MoE included); ``hf``: Hugging Face configs to a
+  TransformerConfig; ``traits``: how a model is written (the implementation traits the activation count follows).
+- ``setup``: Setup (shapes, optimizer and its implementation, recompute, attention, sharding); ``precision``:
+  precision policies as data; ``validate``: type and range checks of every public dataclass.
+- ``activations``: saved-for-backward bytes, term by term; ``optimizer_states``, ``sharding``, ``inference``: the
+  other terms; ``estimate``: MemoryBreakdown; ``phases``: bytes held at each phase of a step and the peak;
+  ``fit``: will it fit, the largest batch or sequence.
+- ``flops``: FLOPs, MFU/HFU, the roofline bound; ``parallelism``: pipeline bubble, scaling efficiency;
+  ``communication``: bytes moved per ZeRO stage; ``attention_io``: attention's HBM traffic; ``paging``: KV-cache
+  reservation policies.
+- ``hardware`` + ``hardware_table``: the sourced accelerator table and name resolution.
 """
