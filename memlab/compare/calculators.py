@@ -18,7 +18,9 @@ is a formula, the formula is written here from its source:
 - ``ultrascale-playbook``: the Ultra-Scale Playbook's memory formulas (16 N bytes for full or mixed precision with
   Adam; activations ``L s b h (34 + 5 a s / h)``) ``[tazi2025]``;
 - ``memlab``: :func:`memlab.predict.hf.from_hf` and the term-by-term activation model;
-- ``memlab-trace``: the fake-tensor trace at full size (issue 9). **Hook**: not on this branch; the row says so.
+- ``memlab-trace``: :func:`memlab.run.trace_hf.trace_hf`, the real Hugging Face model's step traced on fake tensors
+  (MemTracker counts every storage; nothing is allocated, so full-size configs run on a laptop's CPU)
+  ``[pytorch-memtracker]``.
 
 Formulas given a parameter count get the model's exact one (their own count formulas assume the GPT-2 layout),
 so the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package
@@ -41,6 +43,8 @@ from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from memlab.run.trace import Trace
 
 COMPONENTS = ("states", "activations", "states + activations")
 
@@ -231,10 +235,45 @@ def memlab_formula(run: Run) -> CalculatorResult:
     return CalculatorResult("memlab", float(comp["params"] + comp["grads"] + comp["optimizer"]), float(acts))
 
 
+@functools.lru_cache(maxsize=32)
+def _trace(hf_items: tuple, batch: int, seq: int, dtype: str, attn: str, device_type: str) -> Trace:
+    from memlab.run.hf import hf_config
+    from memlab.run.trace_hf import trace_hf
+
+    run = Run(dict(hf_items), batch, seq, dtype, attn, device_type)
+    return trace_hf(hf_config(run.hf), run.setup(), device_type=device_type, name=run.hf.get("model_type"))
+
+
+def trace_run(run: Run) -> Trace:
+    """The fake-tensor trace of ``run`` (:func:`memlab.run.trace_hf.trace_hf` of its config under ``run.setup()``,
+    on CPU, at any size; cached per run). ``[pytorch-memtracker]``"""
+    return _trace(_hf_key(run), run.batch, run.seq, run.dtype, run.attn_implementation, run.device_type)
+
+
+def trace_components(trace: Trace) -> dict[str, int]:
+    """A trace's bytes as the shoot-out counts them: ``states`` = parameters + gradients (held before the steady
+    optimizer step) + optimizer states, buffers left out as the measurement leaves them; ``activations`` = what the
+    steady forward leaves alive (activations and the token ids, as :func:`memlab.compare.ledger.compare` counts
+    them; the measurement's saved-for-backward count has the input ids but not the labels nor the scalar loss)."""
+    end = trace.phase("zero_grad")["end_by_category"]
+    fwd = trace.phase("forward")["end_by_category"]
+    grads = trace.phase("optimizer step")["end_by_category"]["gradients"]
+    return {"states": end["parameters"] + grads + end["optimizer states"],
+            "activations": fwd["activations"] + fwd["inputs"]}
+
+
 def memlab_trace(run: Run) -> CalculatorResult:
-    """HOOK for issue 9 (``memlab trace``, a fake-tensor trace of the real model at full size): not on this
-    branch. The lead wires it here when merging; until then the row is reported as unavailable, never imitated."""
-    return _unavailable("memlab-trace", "memlab trace (issue 9) is not on this branch yet")
+    """memlab's fake-tensor trace of the real Hugging Face model (:func:`trace_run`): model states and the bytes the
+    forward leaves for backward (:func:`trace_components`), with the peak inside the step in the note. Unavailable,
+    with the reason, when transformers cannot be imported. ``[pytorch-memtracker]``"""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - a course dependency
+        return _unavailable("memlab-trace", f"transformers cannot be imported here: {exc}")
+    t = trace_run(run)
+    c = trace_components(t)
+    return CalculatorResult("memlab-trace", float(c["states"]), float(c["activations"]),
+                            note=f"fake tensors, CPU; peak {t.peak_bytes:,} B in the {t.peak_step} {t.peak_phase}")
 
 
 CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {
