@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memlab.errors import MemlabError
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
@@ -251,26 +252,27 @@ def trace_run(run: Run) -> Trace:
 
 
 def trace_components(trace: Trace) -> dict[str, int]:
-    """A trace's bytes as the shoot-out counts them: ``states`` = parameters + gradients (held before the steady
-    optimizer step) + optimizer states, buffers left out as the measurement leaves them; ``activations`` = what the
-    steady forward leaves alive (activations and the token ids, as :func:`memlab.compare.ledger.compare` counts
-    them; the measurement's saved-for-backward count has the input ids but not the labels nor the scalar loss)."""
-    end = trace.phase("zero_grad")["end_by_category"]
-    fwd = trace.phase("forward")["end_by_category"]
-    grads = trace.phase("optimizer step")["end_by_category"]["gradients"]
-    return {"states": end["parameters"] + grads + end["optimizer states"],
-            "activations": fwd["activations"] + fwd["inputs"]}
+    """A trace's bytes as the shoot-out counts them (:meth:`memlab.run.trace.Trace.components`): ``states`` =
+    parameters + gradients + optimizer states (buffers left out, as the measurement leaves them); ``activations``
+    = what the steady forward leaves alive (the measurement's saved-for-backward count has the input ids but not
+    the labels nor the scalar loss: a few bytes per token less)."""
+    c = trace.components()
+    return {"states": c["params"] + c["grads"] + c["optimizer"], "activations": c["activations"]}
 
 
 def memlab_trace(run: Run) -> CalculatorResult:
     """memlab's fake-tensor trace of the real Hugging Face model (:func:`trace_run`): model states and the bytes the
     forward leaves for backward (:func:`trace_components`), with the peak inside the step in the note. Unavailable,
-    with the reason, when transformers cannot be imported. ``[pytorch-memtracker]``"""
+    with the reason, when transformers cannot be imported or the setup cannot be traced on CPU.
+    ``[pytorch-memtracker]``"""
     try:
         import transformers  # noqa: F401
     except ImportError as exc:  # pragma: no cover - a course dependency
         return _unavailable("memlab-trace", f"transformers cannot be imported here: {exc}")
-    t = trace_run(run)
+    try:
+        t = trace_run(run)
+    except MemlabError as exc:  # e.g. the CPU flash kernel has no dropout: the trace cannot run this setup here
+        return _unavailable("memlab-trace", str(exc))
     c = trace_components(t)
     return CalculatorResult("memlab-trace", float(c["states"]), float(c["activations"]),
                             note=f"fake tensors, CPU; peak {t.peak_bytes:,} B in the {t.peak_step} {t.peak_phase}")

@@ -116,11 +116,7 @@ def _traced(trace: Trace) -> dict[str, int]:
     """The trace's bytes under the ledger's component names (steady step; token ids counted as activations)."""
     out: dict[str, int] = {}
     if {"forward", "zero_grad"} <= {r["phase"] for r in trace.phases}:
-        end = trace.phase("zero_grad")["end_by_category"]
-        fwd = trace.phase("forward")["end_by_category"]
-        grads = trace.phase("optimizer step")["end_by_category"]["gradients"]
-        out = {"params": end["parameters"], "grads": grads, "optimizer": end["optimizer states"],
-               "activations": fwd["activations"] + fwd["inputs"]}
+        out = trace.components()
         out["modelled total"] = sum(out.values())
     for r in trace.phases:
         if r.get("reliable", True):
