@@ -157,7 +157,7 @@ def compare_trace(predicted: MemoryBreakdown, trace: Trace, *, experiment: str |
 
 
 def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
-    """The estimator's peak against the trace's over a grid of presets and setups (issue 9's bench grid).
+    """The estimator's peak against the trace's over a grid of presets and setups.
 
     Rows: model, setup label, trace_peak, formula_peak, rel_error, and where each peak is. Sharded points (ZeRO-3
     over 8 ranks) trace FSDP2 over a fake process group and predict with ``Overheads(gathered_layers=2)``.
