@@ -92,6 +92,14 @@ def test_memlab_trace_matches_the_real_tiny_step() -> None:
     assert "peak" in r.note and trace_run(run) is trace_run(run)  # cached
 
 
+def test_memlab_trace_says_why_a_cuda_only_kernel_cannot_be_traced() -> None:
+    """fp32 SDPA on CUDA is the memory-efficient kernel, which has no CPU version: the row is unavailable, with
+    the reason, never imitated."""
+    pytest.importorskip("transformers")
+    r = memlab_trace(Run(config("tiny", "llama"), 1, 16, "fp32", "sdpa", device_type="cuda"))
+    assert not r.available and "efficient" in r.note and r.states is None
+
+
 def test_memlab_trace_at_full_size_agrees_with_the_formula_on_states() -> None:
     """Full-size GPT-2 (dropout 0.1) on fake tensors, nothing allocated: the formula's model states exactly and its
     activations within 0.01 % (CPU kernels, so the formula for CPU), and a peak inside the step above states +
