@@ -147,9 +147,22 @@ def accelerate_estimate(run: Run) -> CalculatorResult:
                             note="largest of estimate_training_usage's terms; no activation model")
 
 
+def _quiet_deepspeed_accelerator() -> None:
+    """Without CUDA, DeepSpeed's import logs a WARNING ("Setting accelerator to CPU ...") into the page; naming the
+    CPU accelerator (``DS_ACCELERATOR``, deepspeed/accelerator/real_accelerator.py) selects it without the warning.
+    Set only when unset and only on a machine without CUDA, so a user's choice and a GPU run are left alone."""
+    import os
+
+    import torch
+
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def _deepspeed(stage: int, run: Run) -> CalculatorResult:
     tool = f"deepspeed-zero{stage}"
     try:
+        _quiet_deepspeed_accelerator()
         if stage == 2:
             from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as est
         else:
