@@ -129,7 +129,6 @@ shapes.round(2)
 # and fails in step 2.
 
 # %%
-# hook (issue 9): draw the phase-aware peak estimator's predicted peak and its phase beside these measured peaks.
 setup = Setup(batch=4, seq=seq, precision="fp32", optimizer="adamw")
 live = live_training_steps(model, setup, ch.device, steps=2, seed=seed)
 step_peaks = live.step_peaks()
@@ -141,7 +140,14 @@ fig = plots.live_stacked(stacked_by_label(live.frame),
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
 plt.show()
-live.peaks().assign(**{"MiB": lambda d: d["peak_bytes"] / 2**20}).round(3)
+# beside each measured peak, the phase-aware estimator's (memlab.predict.phases) for the same for-loop AdamW
+predicted = estimate(model, setup.with_(optimizer_impl="for-loop"), device_type="cpu" if ch.on_cpu else "cuda")
+against = live.against(predicted)
+ch.save_table(against, "two_steps_peaks_predicted")
+print(f"predicted peak {predicted.peak_bytes / 2**20:.2f} MiB in the {predicted.peak_step} step's "
+      f"{predicted.peak_phase}; measured {live.peak_bytes / 2**20:.2f} MiB ({live.peak_label})")
+against.assign(**{"measured MiB": against["measured"] / 2**20, "predicted MiB": against["predicted"] / 2**20})[
+    ["step", "phase", "measured MiB", "predicted MiB", "rel_error"]].round({"measured MiB": 3, "predicted MiB": 3})
 
 # %%
 m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
@@ -214,8 +220,21 @@ print(f"per extra sample: measured peak +{slope_m / 2**10:.0f} KiB, estimator's 
 # %% [markdown]
 # The estimator adds the components, each at its largest; the measured peak is the largest *moment* of the step,
 # which holds the activations together with the temporaries of the backward pass (the fp32 logits' gradient
-# above all), and those grow with the batch too. Where the two cross the line at different batches, trust the
-# measurement and budget the difference; the phase-aware peak of issue 9 predicts that moment.
+# above all), and those grow with the batch too. The phase-aware estimate (`estimate(...).peak_bytes`, the
+# largest of its phases) predicts that moment, and it is what `max_batch` searches with:
+
+# %%
+dev_type = "cpu" if ch.on_cpu else "cuda"
+peaks = pd.DataFrame([{"batch": b, "measured peak": p,
+                       "predicted peak": estimate(model, setup.with_(batch=b, optimizer_impl="for-loop"),
+                                                  device_type=dev_type).peak_bytes}
+                      for b, p in zip(found["batch"], found["peak_bytes"], strict=True)])
+peaks["rel_error"] = (peaks["predicted peak"] - peaks["measured peak"]) / peaks["measured peak"]
+ch.save_table(peaks, "fit_sweep_peaks")
+over = {c: peaks.loc[peaks[c] > card_spec.memory_bytes, "batch"].min() for c in ("measured peak", "predicted peak")}
+print(f"first batch over {card_spec.name}: measured {over['measured peak']}, predicted peak {over['predicted peak']}")
+mib = ("measured peak", "predicted peak")
+peaks.assign(**{c: peaks[c] / 2**20 for c in mib}).round(dict.fromkeys(mib, 3))
 
 # %% [markdown]
 # ## 4. Fragmentation: "reserved but unallocated"

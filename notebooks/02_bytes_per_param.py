@@ -240,7 +240,6 @@ phases.assign(**{c: phases[c].map(fmt_bytes) for c in ("params", "grads", "optim
 # of seed 004's budget, P + G + O + A + temp, `[seed-004]`).
 
 # %%
-# hook: once run_step reports a phase-aware peak measured inside the step (issue 9), show it here per optimizer.
 step_rows = pd.DataFrame(first.phases).set_index("phase")
 pd.Series({
     "optimizer state created by the first step": fmt_bytes(step_rows.loc["optimizer step", "optimizer"]

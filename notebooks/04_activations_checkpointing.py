@@ -263,24 +263,36 @@ verdict
 # parameter, 12 GiB for 7B, which no per-layer activation formula counts.
 
 # %%
-# hook (issue 9): replace by memlab.trace's exact bytes at full scale once `memlab trace` is on main.
+from memlab.run.trace import trace_gpt
+
 llama = preset("llama-2-7b")
+traced_runs = {("mixed-bf16", "eager")} if ch.scale == "ci" else {(p, a) for p in ("mixed-bf16", "amp-bf16")
+                                                                   for a in ("eager", "flash")}
 seven = []
 for policy in ("mixed-bf16", "amp-bf16"):
     for att in ("eager", "flash"):
-        a = activation_bytes(llama, Setup(batch=1, seq=512, precision=policy, attention=att))
+        s7 = Setup(batch=1, seq=512, precision=policy, attention=att)
+        a = activation_bytes(llama, s7)
         copies = a.get("autocast weight copies", 0)
+        # the exact bytes: the reference GPT's step at full size on fake tensors (memlab.run.trace), nothing allocated
+        kept = trace_gpt(llama, s7).components()["activations"] if (policy, att) in traced_runs else None
         seven.append({"precision": policy, "attention": att, "activations (GiB)": (sum(a.values()) - copies) / 2**30,
-                      "autocast weight copies (GiB)": copies / 2**30})
-seven = pd.DataFrame(seven).round(2)
+                      "autocast weight copies (GiB)": copies / 2**30,
+                      "traced: all the forward leaves (GiB)": None if kept is None else kept / 2**30,
+                      "traced vs formula": None if kept is None else kept / sum(a.values()) - 1})
+seven = pd.DataFrame(seven)
+print(f"traced on fake tensors at full size: {len(traced_runs)} of 4 rows"
+      + (" (ci scale: one trace; all four at full scale)" if ch.scale == "ci" else ""))
 ch.save_table(seven, "llama7b_activations")
-seven
+seven.round(3)
 
 # %% [markdown]
 # The activations themselves are 2.7-5 GiB (3.2 GiB with 16-bit weights and eager attention), not 10-20 GB: the
 # seed's guess is 3-6 times too high. Under PyTorch AMP the 12.3 GiB of bf16 weight copies land in the same
 # window, so a *measured* bump of 16-17 GiB between forward and backward is real, but most of it is weights,
 # not activations, and checkpointing does not remove it (chapter 03).
+# The trace columns are the reference GPT's own step at full size on fake tensors: what the forward really
+# leaves for backward, weight copies included, against the formula's sum.
 
 # %% [markdown]
 # ## 5. The peak moves from the backward pass to the optimizer step as the batch shrinks
@@ -291,16 +303,29 @@ seven
 # together, and once with one parameter at a time (memlab's runner, and torch's default on a CPU).
 
 # %%
-# hook (issue 9): put the phase-aware peak estimator's prediction beside each measured phase peak.
+from memlab import estimate
+
 cross = []
 cross_seq = 16 if ch.scale == "ci" else 128
 for foreach in (True, False):
     for b in ([1, 2, 4, 8, 16] if ch.scale == "ci" else [1, 2, 4, 8, 16, 32]):
-        live = live_training_steps(model, Setup(batch=b, seq=cross_seq, precision="fp32"), ch.device, steps=2,
-                                   seed=seed, foreach=foreach)
+        s5 = Setup(batch=b, seq=cross_seq, precision="fp32")
+        live = live_training_steps(model, s5, ch.device, steps=2, seed=seed, foreach=foreach)
         pk = live.peaks().query("step == 2").set_index("phase")["peak_bytes"]
-        cross.append({"foreach": foreach, "batch": b, **pk.to_dict(), "peak phase": pk.idxmax()})
+        # the phase-aware estimate of the same step (memlab.predict.phases), with the implementation that ran
+        pred = estimate(model, s5.with_(optimizer_impl="foreach" if foreach else "for-loop"),
+                        device_type="cpu" if ch.on_cpu else "cuda")
+        ph = ("forward", "backward", "optimizer step")
+        pp = {p: pred.phase_bytes(p, "steady") for p in ph}
+        cross.append({"foreach": foreach, "batch": b, **pk.to_dict(), "peak phase": pk[list(ph)].idxmax(),
+                      **{f"predicted {p}": v for p, v in pp.items()}, "predicted peak phase": max(pp, key=pp.get),
+                      "worst error": max(abs(pp[p] - pk[p]) / pk[p] for p in ph)})
 cross = pd.DataFrame(cross)
+miss = cross[cross["peak phase"] != cross["predicted peak phase"]]
+gap = max((abs(r["backward"] - r["optimizer step"]) for _, r in miss.iterrows()), default=0)
+print(f"predicted peak phase = measured in {len(cross) - len(miss)} of {len(cross)} runs"
+      + (f" (the others are ties: backward and optimizer step within {gap:,} B)" if len(miss) else "")
+      + f"; worst error of a phase peak {cross['worst error'].max():.2%}")
 ch.save_table(cross, "peak_phase_by_batch")
 cross
 
@@ -308,7 +333,9 @@ cross
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
 fe = cross[cross["foreach"]]
 for ph in ("forward", "backward", "optimizer step"):
-    ax.plot(fe["batch"], fe[ph] / 2**20, "-o", label=ph)
+    line, = ax.plot(fe["batch"], fe[ph] / 2**20, "-o", label=ph)
+    ax.plot(fe["batch"], fe[f"predicted {ph}"] / 2**20, "x", color=line.get_color(), ms=9)
+ax.plot([], [], "kx", label="predicted (estimate(...).phases)")
 ax.plot(cross.loc[~cross["foreach"], "batch"], cross.loc[~cross["foreach"], "optimizer step"] / 2**20, ":",
         color="grey", label="optimizer step, one tensor at a time")
 ax.set_xscale("log", base=2)

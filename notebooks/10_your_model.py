@@ -111,15 +111,28 @@ ch.save_table(full_pred, "full_size_prediction")
 full_pred.round(3)
 
 # %% [markdown]
-# **Where the trace at full size goes.** memlab's fake-tensor trace (`memlab trace`, issue 9) runs the real HF
-# model at full size without allocating it (7B at 4,096 tokens in seconds) and gives the exact bytes of *this*
-# implementation. It is not on this branch yet; the cell below is the hook that will show it, and says so until
-# then. Nothing is imitated in its place.
+# **The trace at full size.** `calculators.memlab_trace` runs the real HF model's training step on fake tensors
+# (`memlab.run.trace_hf`: shapes and dtypes, no data; PyTorch's MemTracker counts every storage
+# `[pytorch-memtracker]`), so a full-size config traces on this CPU without allocating it and gives the exact bytes
+# of *this* implementation, phase by phase, beside the formula's. At full scale it traces Llama-2-7B at 4,096
+# tokens; at ci scale Pythia-1.4B at 2,048 (section 5's model), as the 7B trace alone would take half the chapter's
+# time budget.
 
 # %%
-# TRACE HOOK (issue 9): replace calculators.memlab_trace with the real trace when it is merged.
-trace = calculators.memlab_trace(Run(full["llama-2-7b"], 1, 4096, "bf16", "sdpa", device_type="cuda"))
-trace.note if not trace.available else trace.to_dict()
+from memlab.compare.ledger import compare_trace
+
+trace_name = "llama-2-7b" if ch.scale == "full" else "pythia-1.4b"
+trace_run = Run(full[trace_name], 1, min(configs[trace_name].max_seq, 4096), "bf16", "sdpa", device_type="cuda",
+                name=trace_name)
+traced, formula = calculators.memlab_trace(trace_run), calculators.memlab_formula(trace_run)
+trace_phases = compare_trace(estimate(configs[trace_name], trace_run.setup(), device_type="cuda"),
+                             calculators.trace_run(trace_run), experiment=trace_run.label)
+print(f"{trace_run.label} on fake tensors ({traced.note}):\nmodel states {traced.states / GiB:.3f} GiB traced, "
+      f"{formula.states / GiB:.3f} GiB by the formula; left for backward {traced.activations / GiB:.3f} GiB traced, "
+      f"{formula.activations / GiB:.3f} GiB by the formula")
+ch.save_table(trace_phases, "full_size_trace")
+trace_phases.assign(**{"predicted GiB": trace_phases["predicted"] / GiB, "traced GiB": trace_phases["measured"] / GiB})[
+    ["component", "predicted GiB", "traced GiB", "rel_error"]].round({"predicted GiB": 3, "traced GiB": 3})
 
 # %% [markdown]
 # ## 2. The experiment: the same families, small, trained for real
@@ -169,10 +182,12 @@ ch.cpu_note("the runs are tiny and counted exactly, but there is no CUDA allocat
 #
 # `shoot_out` asks each calculator about each run: accelerate and DeepSpeed by calling their own functions, the
 # others by their published formulas (each function cites where its formula lives). memlab's rows go to the
-# chapter's ledger. Relative error is (predicted − measured) / measured.
+# chapter's ledger. Relative error is (predicted − measured) / measured. memlab's fake-tensor trace (section 1)
+# joins at full scale; at ci scale its 16 traces would take a third of the chapter's time budget.
 
 # %%
-frame = shoot_out(pairs)
+frame = shoot_out(pairs, tools=None if ch.scale == "full" else
+                  [t for t in calculators.CALCULATORS if t != "memlab-trace"])
 ours = frame[frame["tool"] == "memlab"]
 ch.record_ledger(ours[ours["component"] != "states + activations"].assign(unit="bytes"))
 table = error_table(frame)
@@ -261,15 +276,26 @@ ex_fit.check(answer)
 
 # %%
 fit = max_batch(pythia, fit_setup, "rtx-4090")
-check = pd.DataFrame([{"batch": b, "predicted GiB": estimate(pythia, fit_setup.with_(batch=b)).total_bytes / GiB,
-                       "card GiB": fit.capacity_bytes / GiB} for b in (fit.value, fit.value + 1)])
-check["fits"] = check["predicted GiB"] <= check["card GiB"]
-check.round(2)
+check = []
+for b in (fit.value, fit.value + 1):
+    run_b = Run(full["pythia-1.4b"], b, 2048, "bf16", "sdpa", device_type="cuda", name="pythia-1.4b")
+    t = calculators.trace_run(run_b)
+    check.append({"batch": b, "predicted peak GiB": estimate(pythia, fit_setup.with_(batch=b)).peak_bytes / GiB,
+                  "traced peak GiB": t.peak_bytes / GiB, "traced peak in": f"{t.peak_step} {t.peak_phase}",
+                  "card GiB": fit.capacity_bytes / GiB})
+check = pd.DataFrame(check)
+check["fits (traced)"] = check["traced peak GiB"] <= check["card GiB"]
+agree = (check["fits (traced)"] == (check["predicted peak GiB"] <= check["card GiB"])).all()
+print(f"fit search: batch {fit.value}; the trace {'agrees' if agree else 'DISAGREES'} at batches {fit.value} and "
+      f"{fit.value + 1}")
+ch.save_table(check, "pythia_fit_traced")
+check.round(3)
 
 # %% [markdown]
-# The check of this answer by the trace (the real Pythia code, at full size, allocating nothing) is the trace
-# hook's job (section 1): until issue 9 is merged, the check above is the formula's, and the real small runs above
-# are what vouch for the formula.
+# The trace runs the real GPT-NeoX code at full size, allocating nothing; where its peak lies on the same side of the
+# card as the formula's at both batches, the fit search's answer holds for this implementation. What a CUDA run adds
+# on top (the allocator's rounding and cache, the CUDA context, kernel workspaces) no trace sees:
+# `memlab.run.trace.CUDA_TERMS` lists them with their sources.
 
 # %% [markdown]
 # **Exercise 3.** In full-size GPT-2 (d_ff 3,072) trained in pure bf16, how many more bytes per token does one
@@ -331,4 +357,5 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 #   recipes that do not match the run's precision, and one activation layout for every family.
 # - A residual is explained by listing what each autograd op keeps for one layer; the trait that causes it is
 #   named with the modelling function it comes from.
-# - Full-size answers here are the formula's; the trace at full size plugs into the hook in section 1.
+# - At full size the fake-tensor trace of the real HF code checks the formula phase by phase (section 1) and
+#   the fit search's answer (section 5), without allocating the model.

@@ -18,7 +18,9 @@ is a formula, the formula is written here from its source:
 - ``ultrascale-playbook``: the Ultra-Scale Playbook's memory formulas (16 N bytes for full or mixed precision with
   Adam; activations ``L s b h (34 + 5 a s / h)``) ``[tazi2025]``;
 - ``memlab``: :func:`memlab.predict.hf.from_hf` and the term-by-term activation model;
-- ``memlab-trace``: the fake-tensor trace at full size (issue 9). **Hook**: not on this branch; the row says so.
+- ``memlab-trace``: :func:`memlab.run.trace_hf.trace_hf`, the real Hugging Face model's step traced on fake tensors
+  (MemTracker counts every storage; nothing is allocated, so full-size configs run on a laptop's CPU)
+  ``[pytorch-memtracker]``.
 
 Formulas given a parameter count get the model's exact one (their own count formulas assume the GPT-2 layout),
 so the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package
@@ -34,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memlab.errors import MemlabError
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
@@ -41,6 +44,8 @@ from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from memlab.run.trace import Trace
 
 COMPONENTS = ("states", "activations", "states + activations")
 
@@ -142,9 +147,22 @@ def accelerate_estimate(run: Run) -> CalculatorResult:
                             note="largest of estimate_training_usage's terms; no activation model")
 
 
+def _quiet_deepspeed_accelerator() -> None:
+    """Without CUDA, DeepSpeed's import logs a WARNING ("Setting accelerator to CPU ...") into the page; naming the
+    CPU accelerator (``DS_ACCELERATOR``, deepspeed/accelerator/real_accelerator.py) selects it without the warning.
+    Set only when unset and only on a machine without CUDA, so a user's choice and a GPU run are left alone."""
+    import os
+
+    import torch
+
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def _deepspeed(stage: int, run: Run) -> CalculatorResult:
     tool = f"deepspeed-zero{stage}"
     try:
+        _quiet_deepspeed_accelerator()
         if stage == 2:
             from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs as est
         else:
@@ -231,10 +249,46 @@ def memlab_formula(run: Run) -> CalculatorResult:
     return CalculatorResult("memlab", float(comp["params"] + comp["grads"] + comp["optimizer"]), float(acts))
 
 
+@functools.lru_cache(maxsize=32)
+def _trace(hf_items: tuple, batch: int, seq: int, dtype: str, attn: str, device_type: str) -> Trace:
+    from memlab.run.hf import hf_config
+    from memlab.run.trace_hf import trace_hf
+
+    run = Run(dict(hf_items), batch, seq, dtype, attn, device_type)
+    return trace_hf(hf_config(run.hf), run.setup(), device_type=device_type, name=run.hf.get("model_type"))
+
+
+def trace_run(run: Run) -> Trace:
+    """The fake-tensor trace of ``run`` (:func:`memlab.run.trace_hf.trace_hf` of its config under ``run.setup()``,
+    on CPU, at any size; cached per run). ``[pytorch-memtracker]``"""
+    return _trace(_hf_key(run), run.batch, run.seq, run.dtype, run.attn_implementation, run.device_type)
+
+
+def trace_components(trace: Trace) -> dict[str, int]:
+    """A trace's bytes as the shoot-out counts them (:meth:`memlab.run.trace.Trace.components`): ``states`` =
+    parameters + gradients + optimizer states (buffers left out, as the measurement leaves them); ``activations``
+    = what the steady forward leaves alive (the measurement's saved-for-backward count has the input ids but not
+    the labels nor the scalar loss: a few bytes per token less)."""
+    c = trace.components()
+    return {"states": c["params"] + c["grads"] + c["optimizer"], "activations": c["activations"]}
+
+
 def memlab_trace(run: Run) -> CalculatorResult:
-    """HOOK for issue 9 (``memlab trace``, a fake-tensor trace of the real model at full size): not on this
-    branch. The lead wires it here when merging; until then the row is reported as unavailable, never imitated."""
-    return _unavailable("memlab-trace", "memlab trace (issue 9) is not on this branch yet")
+    """memlab's fake-tensor trace of the real Hugging Face model (:func:`trace_run`): model states and the bytes the
+    forward leaves for backward (:func:`trace_components`), with the peak inside the step in the note. Unavailable,
+    with the reason, when transformers cannot be imported or the setup cannot be traced on CPU.
+    ``[pytorch-memtracker]``"""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - a course dependency
+        return _unavailable("memlab-trace", f"transformers cannot be imported here: {exc}")
+    try:
+        t = trace_run(run)
+    except MemlabError as exc:  # e.g. the CPU flash kernel has no dropout: the trace cannot run this setup here
+        return _unavailable("memlab-trace", str(exc))
+    c = trace_components(t)
+    return CalculatorResult("memlab-trace", float(c["states"]), float(c["activations"]),
+                            note=f"fake tensors, CPU; peak {t.peak_bytes:,} B in the {t.peak_step} {t.peak_phase}")
 
 
 CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {

@@ -116,11 +116,7 @@ def _traced(trace: Trace) -> dict[str, int]:
     """The trace's bytes under the ledger's component names (steady step; token ids counted as activations)."""
     out: dict[str, int] = {}
     if {"forward", "zero_grad"} <= {r["phase"] for r in trace.phases}:
-        end = trace.phase("zero_grad")["end_by_category"]
-        fwd = trace.phase("forward")["end_by_category"]
-        grads = trace.phase("optimizer step")["end_by_category"]["gradients"]
-        out = {"params": end["parameters"], "grads": grads, "optimizer": end["optimizer states"],
-               "activations": fwd["activations"] + fwd["inputs"]}
+        out = trace.components()
         out["modelled total"] = sum(out.values())
     for r in trace.phases:
         if r.get("reliable", True):
@@ -161,7 +157,7 @@ def compare_trace(predicted: MemoryBreakdown, trace: Trace, *, experiment: str |
 
 
 def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
-    """The estimator's peak against the trace's over a grid of presets and setups (issue 9's bench grid).
+    """The estimator's peak against the trace's over a grid of presets and setups.
 
     Rows: model, setup label, trace_peak, formula_peak, rel_error, and where each peak is. Sharded points (ZeRO-3
     over 8 ranks) trace FSDP2 over a fake process group and predict with ``Overheads(gathered_layers=2)``.

@@ -7,8 +7,9 @@ It shows why a job that survives step 1 can die at step 2: Adam's moments appear
 ``optimizer.step()`` and are there for every later forward and backward. On CUDA the allocator's bytes are what
 count (``run_step`` and ``memlab.measure.cuda``); this is the device-independent twin.
 
-The phase-aware peak estimator and ``memlab trace`` (issue 9) predict the same curve; until they are on main the
-chapters compare with these measured peaks. Introduced for chapter 01 (anatomy of an OOM).
+The phase-aware peak estimator (``estimate(...).phases``, :mod:`memlab.predict.phases`) predicts these peaks:
+:meth:`LiveSteps.against` puts its prediction beside each measured one; :mod:`memlab.run.trace` gives the same
+bytes at full scale on fake tensors. Introduced for chapter 01 (anatomy of an OOM).
 """
 
 from __future__ import annotations
@@ -49,6 +50,23 @@ class LiveSteps:
         parts = out["label"].str.extract(r"step (\d+): (.+)")
         return out.assign(step=parts[0].astype(int), phase=parts[1])[["step", "phase", "live_bytes"]].rename(
             columns={"live_bytes": "peak_bytes"})
+
+    def against(self, predicted: Any) -> pd.DataFrame:
+        """The measured peaks beside a prediction's phases (``estimate(...)``, a MemoryBreakdown): step 1 is the
+        estimator's ``first`` step, later ones ``steady``. ``measured`` is the peak inside the phase, for
+        ``zero_grad`` the bytes held after it (what the estimator predicts there); columns step, phase, measured,
+        predicted, rel_error. Predict with the optimizer implementation that ran (``foreach`` or ``for-loop``)."""
+        import pandas as pd
+
+        f = self.frame[self.frame["label"].str.startswith("step ")]
+        ends = f.groupby("label", sort=False)["live_bytes"].last()
+        rows = []
+        for r in self.peaks().itertuples(index=False):
+            measured = int(ends[f"step {r.step}: {r.phase}"]) if r.phase == "zero_grad" else int(r.peak_bytes)
+            p = predicted.phase_bytes(r.phase, "first" if r.step == 1 else "steady")
+            rows.append({"step": r.step, "phase": r.phase, "measured": measured, "predicted": p,
+                         "rel_error": (p - measured) / measured})
+        return pd.DataFrame(rows)
 
     def step_peaks(self) -> pd.Series:
         """Largest live bytes of each step (index: step number)."""

@@ -103,6 +103,15 @@ class Trace:
         """Largest (reliable) phase peak of the ``first`` or ``steady`` step."""
         return max(r["peak_bytes"] for r in self.phases if r["step"] == step and r.get("reliable", True))
 
+    def components(self) -> dict[str, int]:
+        """The steady step's bytes under the estimator's component names: ``params`` and ``optimizer`` held after
+        zero_grad, ``grads`` held after the optimizer step, ``activations`` what the forward leaves alive (its
+        activations and the token ids; the scalar loss and the labels included). Training traces only."""
+        end = self.phase("zero_grad")["end_by_category"]
+        fwd = self.phase("forward")["end_by_category"]
+        return {"params": end["parameters"], "grads": self.phase("optimizer step")["end_by_category"]["gradients"],
+                "optimizer": end["optimizer states"], "activations": fwd["activations"] + fwd["inputs"]}
+
     def top_modules(self, n: int = 8, *, leaves_only: bool = True) -> list[dict[str, Any]]:
         """The ``n`` modules whose forward keeps the most bytes for backward (leaf modules by default)."""
         names = [m["module"] for m in self.modules]

@@ -144,7 +144,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
                          name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes), **parts)
     except RuntimeError as exc:
-        if "No available kernel" not in str(exc):
+        if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
             raise
-        raise SetupError(f"SDPA backend {backend!r} cannot run this model here (on CPU: no dropout in training, "
-                         "no mask): set the config's dropout to 0 or use attention='math' or 'eager'") from None
+        raise SetupError(f"SDPA backend {backend!r} cannot run this model on CPU, where traces run (the efficient "
+                         "kernel has no CPU version; CPU flash has no dropout in training and no mask): set the "
+                         "config's dropout to 0 or use attention='math' or 'eager'") from None

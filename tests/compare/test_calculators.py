@@ -18,6 +18,8 @@ from memlab.compare.calculators import (
     memlab_formula,
     memlab_trace,
     shoot_out,
+    trace_components,
+    trace_run,
     transformer_math_101,
     ultrascale_playbook,
 )
@@ -78,9 +80,37 @@ def test_accelerate_and_deepspeed_call_their_own_functions() -> None:
     assert CALCULATORS["deepspeed-zero3"](run).states > 18 * n
 
 
-def test_the_trace_hook_says_it_is_not_wired() -> None:
-    r = memlab_trace(Run(LLAMA7, 1, 4096))
-    assert not r.available and "issue 9" in r.note
+def test_memlab_trace_matches_the_real_tiny_step() -> None:
+    """The fake-tensor trace of the real HF model against the real step: states byte for byte; activations within
+    the labels and the scalar loss (the trace counts both token-id tensors, the measurement the saved ones)."""
+    pytest.importorskip("transformers")
+    run = Run(config("tiny", "llama"), 2, 24, "bf16", "eager")
+    r, m = memlab_trace(run), measure_run(run)
+    assert r.available and r.states == m["states"]
+    labels = run.batch * run.seq * 8
+    assert 0 <= r.activations - m["activations"] <= labels + 4  # and the fp32 loss
+    assert "peak" in r.note and trace_run(run) is trace_run(run)  # cached
+
+
+def test_memlab_trace_says_why_a_cuda_only_kernel_cannot_be_traced() -> None:
+    """fp32 SDPA on CUDA is the memory-efficient kernel, which has no CPU version: the row is unavailable, with
+    the reason, never imitated."""
+    pytest.importorskip("transformers")
+    r = memlab_trace(Run(config("tiny", "llama"), 1, 16, "fp32", "sdpa", device_type="cuda"))
+    assert not r.available and "efficient" in r.note and r.states is None
+
+
+def test_memlab_trace_at_full_size_agrees_with_the_formula_on_states() -> None:
+    """Full-size GPT-2 (dropout 0.1) on fake tensors, nothing allocated: the formula's model states exactly and its
+    activations within 0.01 % (CPU kernels, so the formula for CPU), and a peak inside the step above states +
+    activations (the transients no component counts)."""
+    pytest.importorskip("transformers")
+    run = Run(config("full", "gpt2"), 1, 1024, "bf16", "eager", device_type="cpu")
+    r, f = memlab_trace(run), memlab_formula(run)
+    assert r.states == f.states
+    assert abs(r.activations - f.activations) / f.activations < 1e-4
+    assert trace_components(trace_run(run))["states"] == r.states
+    assert trace_run(run).peak_bytes > r.total
 
 
 def test_shoot_out_on_real_runs_memlab_exact() -> None:
@@ -94,7 +124,8 @@ def test_shoot_out_on_real_runs_memlab_exact() -> None:
     assert len(frame) == len(runs) * len(CALCULATORS) * len(COMPONENTS)
     table = error_table(frame).set_index("tool")
     assert table.loc["memlab", "activations worst"] == 0.0
-    assert table.loc["memlab-trace", "states median"] == "unavailable"
+    assert table.loc["memlab-trace", "states worst"] == 0.0
+    assert abs(table.loc["memlab-trace", "activations worst"]) < 0.01
     assert table.loc["transformer-math-101", "states median"] > 0.2
 
 

@@ -67,6 +67,10 @@ def test_trace_categories_and_modules() -> None:
     frame = t.to_frame()
     assert len(frame) == 8 and frame["peak_bytes"].max() == t.peak_bytes
     assert t.to_dict()["peak_bytes"] == t.peak_bytes and t.cuda_terms
+    comp = t.components()
+    assert (comp["params"], comp["optimizer"]) == (bd.params_bytes, bd.optimizer_bytes)
+    assert comp["grads"] == bd.grads_bytes
+    assert abs(comp["activations"] - bd.activations_bytes) <= 2 * 32 * 8 + 4  # the labels and the loss
 
 
 @pytest.mark.parametrize("setup", [
