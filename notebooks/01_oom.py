@@ -39,7 +39,7 @@ from IPython.display import display
 from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
 from memlab.compare import plots
 from memlab.course import exercises
-from memlab.measure.live import stacked_by_label
+from memlab.measure.live_bytes import stacked_by_label
 from memlab.measure.oom import parse_oom_message
 from memlab.measure.oom_examples import RECORDED_OOM_MESSAGES, decode_oom
 from memlab.run.leaks import CASES, growth_per_iteration, leak_loop
@@ -137,7 +137,7 @@ card = int((step_peaks[1] + step_peaks[2]) // 2)
 markers = live.frame.loc[live.frame["label"].ne(live.frame["label"].shift()), ["op", "label"]]
 fig = plots.live_stacked(stacked_by_label(live.frame),
                          title=f"{model.name}, fp32 + AdamW, b=4, s={seq}: live tensor bytes over two steps",
-                         source=f"memlab.measure.live.LiveTensorBytes on {ch.device}; red: a card between the "
+                         source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; red: a card between the "
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
 plt.show()
@@ -265,7 +265,7 @@ if on_cuda:
     plt.show()
 else:
     display(ch.cpu_note("a snapshot records the CUDA allocator; there is none here. Section 2 shows the "
-                        "same timeline from memlab.measure.live."))
+                        "same timeline from memlab.measure.live_bytes."))
 
 # %% [markdown]
 # ## 6. The troubleshooting row, measured

@@ -165,7 +165,7 @@ ex_seq2.check(answer)
 # %% [markdown]
 # `memlab.run.checkpointing.measure_checkpointing` runs one forward + backward of the 16-block model under each
 # strategy and measures the bytes kept after the forward (`SavedTensorRecorder`), the peak of live tensor bytes
-# over forward and backward (`memlab.measure.live.LiveTensorBytes`: this includes the recomputed internals of the
+# over forward and backward (`memlab.measure.live_bytes.LiveBytes`: this includes the recomputed internals of the
 # group being differentiated), and the FLOPs, analytic (`memlab.predict.flops`) and counted (`FlopCounterMode`).
 # MFU counts the model's FLOPs, HFU the FLOPs the hardware runs, recompute included `[chowdhery2022]`: at equal
 # step time HFU / MFU = 1 + the "extra FLOPs" column, so a recompute policy raises HFU while MFU stays put.
@@ -204,7 +204,7 @@ ax.axvspan(20, 30, color="green", alpha=0.1, label="seed 004: +20…30 % time")
 ax.set(xlabel="extra FLOPs per step (%), analytic, memlab.predict.flops",
        ylabel="change against no checkpointing (%)",
        title=f"{deep.name} with 16 blocks, b={cb}, s={cs}: what each strategy buys and costs\n"
-             f"measured on {ch.device} (LiveTensorBytes), FLOPs counted analytically")
+             f"measured on {ch.device} (LiveBytes), FLOPs counted analytically")
 ax.legend(fontsize=7, loc="upper right")
 ch.save_figure(fig, "checkpointing_tradeoff")
 plt.show()
@@ -314,7 +314,7 @@ ax.plot(cross.loc[~cross["foreach"], "batch"], cross.loc[~cross["foreach"], "opt
 ax.set_xscale("log", base=2)
 ax.set(xlabel="batch", ylabel="peak live tensor bytes in the phase (MiB)",
        title=f"{model.name}, fp32 + AdamW (foreach), s={cross_seq}, step 2: which phase holds the peak\n"
-             f"measured on {ch.device} by memlab.measure.live.LiveTensorBytes")
+             f"measured on {ch.device} by memlab.measure.live_bytes.LiveBytes")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "peak_phase_crossover")
 plt.show()

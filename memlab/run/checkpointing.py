@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
-from memlab.measure.live import LiveTensorBytes
+from memlab.measure.live_bytes import LiveBytes
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
 from memlab.run.gpt import GPT, saved_tensor_category
@@ -154,7 +154,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
     """Build the reference GPT with ``strategy``, run one forward + backward, and measure it.
 
     Saved bytes come from :class:`memlab.measure.accounting.SavedTensorRecorder` (checkpointed groups' inputs are
-    the category ``block inputs (recompute)``), the peak from :class:`memlab.measure.live.LiveTensorBytes`,
+    the category ``block inputs (recompute)``), the peak from :class:`memlab.measure.live_bytes.LiveBytes`,
     FLOPs analytically (:func:`memlab.predict.flops.megatron_iteration_flops`) and counted, and the time (and on
     CUDA the allocator peak) of ``timing_repeats`` further forward + backward runs without any instrumentation.
     """
@@ -172,7 +172,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
             return "block inputs (recompute)"
         return saved_tensor_category(t, scope)
 
-    with LiveTensorBytes(sample_every=1 << 30) as live:
+    with LiveBytes(sample_every=None) as live:
         live.track(model.parameters(), "params")
         recorder = SavedTensorRecorder(model, categorize=categorize)
         with recorder:

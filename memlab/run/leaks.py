@@ -1,7 +1,7 @@
 """The OOM troubleshooting row of seed 004, made executable: small loops that leak, and the same loops fixed.
 
 Each case runs the reference GPT for a few iterations and returns one row per iteration with the live tensor
-bytes at its end (:class:`memlab.measure.live.LiveTensorBytes`, on any device; on CUDA also the allocator's
+bytes at its end (:class:`memlab.measure.live_bytes.LiveBytes`, on any device; on CUDA also the allocator's
 allocated and reserved bytes). A leak is bytes that grow with the iteration number; :func:`growth_per_iteration`
 is the least-squares slope.
 
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.errors import SetupError
-from memlab.measure.live import LiveTensorBytes
+from memlab.measure.live_bytes import LiveBytes
 from memlab.predict.models import TransformerConfig, preset
 from memlab.run.gpt import GPT
 
@@ -85,7 +85,7 @@ def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerCon
     was_enabled = gc.isenabled()
     gc.disable()  # automatic collection off: only the loop's own gc.collect() frees a cycle
     try:
-        with LiveTensorBytes(sample_every=1 << 30) as live:
+        with LiveBytes(sample_every=None) as live:
             live.track(model.parameters(), "params")
             baseline = live.live_bytes
             for i in range(iters):
