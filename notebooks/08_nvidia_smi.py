@@ -115,7 +115,7 @@ rss.assign(live_MiB=rss["live_tensor_bytes"] / 2**20, rss_delta_MiB=rss["rss_del
 # On CUDA this section measures, in this process: NVML GPU-Util while one `torch.cuda._sleep` kernel spins, while
 # 1-element adds run back to back, during a big matmul and during a 1 GiB copy, with MFU and bandwidth beside
 # each; and NVML "used" taken apart into other processes + CUDA context + the allocator's reserve, stage by stage
-# (allocate, free half, `empty_cache`). `python -m memlab.run.utilisation --out DIR` records the same as data files
+# (allocate, free half, `empty_cache`). `python scripts/record_utilisation.py --out DIR` records the same as data files
 # with provenance (a fresh process, so the context is measured from zero).
 
 # %%

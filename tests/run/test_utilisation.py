@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +13,8 @@ from memlab.errors import MemlabError, SetupError
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run import roofline, step_time, utilisation
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cache_bytes_reads_sysfs_levels(tmp_path) -> None:
@@ -78,7 +83,10 @@ def test_cuda_demos_skip_with_the_reason_on_cpu() -> None:
 
 
 def test_entry_point_writes_tables_with_provenance(tmp_path) -> None:
-    assert utilisation.main(["--out", str(tmp_path), "--duration", "0.2"]) == 0
+    spec = importlib.util.spec_from_file_location("record_utilisation", ROOT / "scripts" / "record_utilisation.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--out", str(tmp_path), "--duration", "0.2"]) == 0
     for name in ("gpu_util", "nvml_ledger", "cpu_busy", "rss", "monitor"):
         assert (tmp_path / f"utilisation_{name}.csv").exists()
         assert "provenance" in (tmp_path / f"utilisation_{name}.json").read_text()
