@@ -33,7 +33,6 @@ import dataclasses
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 from IPython.display import display
 
 from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
@@ -45,10 +44,8 @@ from memlab.measure.oom_examples import RECORDED_OOM_MESSAGES, decode_oom
 from memlab.run.leaks import CASES, growth_per_iteration, leak_loop
 from memlab.run.live_steps import fit_sweep, live_training_steps
 
-ch = chapter(scale, device, seed, out_dir)
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 on_cuda = ch.device.startswith("cuda")
-if ch.on_cpu:
-    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
 ch.to_dict()
 
 # %% [markdown]
@@ -343,7 +340,7 @@ seven.round(1)
 # %%
 eval_leak = growth.query("case == 'eval-grad' and not fixed")["bytes per iteration"].item()
 keep_leak = growth.query("case == 'keep-loss' and not fixed")["bytes per iteration"].item()
-claims = pd.DataFrame([
+ch.seed_claims([
     {"#": 3, "claim": "U_eff = (P + G + O + A) / allocated [seed-000]", "verdict": "holds with a qualification",
      "number": f"{u_eff:.2f} at the peak of step 2: the rest is temporaries no component names"},
     {"#": 13, "claim": "nvidia-smi ≠ effective use; active vs reserved [seed-000]", "verdict": "holds",
@@ -363,8 +360,6 @@ claims = pd.DataFrame([
     {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
      "verdict": "an opinion, not a measurable claim", "number": "—"},
 ])
-ch.save_table(claims, "seed_claims")
-claims
 
 # %% [markdown]
 # ## Exercises

@@ -42,9 +42,7 @@ from memlab.course import exercises
 from memlab.run.live_steps import live_training_steps
 from memlab.run.loss_scaling import cast_survival, deprecated_amp_calls, real_gradients, scaler_trajectory
 
-ch = chapter(scale, device, seed, out_dir)
-if ch.on_cpu:
-    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 ch.to_dict()
 
 # %% [markdown]
@@ -246,7 +244,6 @@ traj
 # %%
 warn = deprecated_amp_calls()
 ch.save_table(warn, "deprecated_amp_warnings")
-pd.set_option("display.max_colwidth", 120)
 warn
 
 # %% [markdown]
@@ -287,7 +284,7 @@ else:
 flush = survival.query("scale == 1.0").set_index("dtype")["flushed to zero"]
 amp_params = measured.loc["amp-bf16", "params"] / measured.loc["fp32", "params"] - 1
 mixed_states = runs["mixed-bf16"].model_state_bytes() / runs["fp32"].model_state_bytes() - 1
-claims = pd.DataFrame([
+ch.seed_claims([
     {"#": 7, "claim": "mixed precision halves parameter and gradient memory [seed-000]",
      "verdict": "does not hold for AMP; holds for 16-bit weights, whose master copy takes it back",
      "number": f"amp-bf16 params {amp_params:+.0%}; mixed-bf16 model states {mixed_states:+.0%}"},
@@ -302,8 +299,6 @@ claims = pd.DataFrame([
     {"#": 28, "claim": "FP8 ≈ 2x [seed-001]", "verdict": "not measured here (needs tensor cores)",
      "number": "section 5 runs on CUDA only"},
 ])
-ch.save_table(claims, "seed_claims")
-claims
 
 # %%
 recorded = ch.recorded("03_mixed_precision_gpu")

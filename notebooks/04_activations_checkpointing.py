@@ -32,7 +32,6 @@ out_dir = "../reports/build/04_activations_checkpointing"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 
 from memlab import Setup, chapter, preset, run_step
 from memlab.course import exercises
@@ -41,9 +40,7 @@ from memlab.predict.activations import activation_bytes, attention_score_share, 
 from memlab.run.checkpointing import measure_checkpointing, sqrt_n_model
 from memlab.run.live_steps import live_training_steps
 
-ch = chapter(scale, device, seed, out_dir)
-if ch.on_cpu:
-    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 ch.to_dict()
 
 # %% [markdown]
@@ -346,7 +343,7 @@ pd.Series(acc, name="activation bytes (memlab.predict.activations)").to_frame()
 
 # %%
 full_row = cp.loc[cp["strategy"] == "full"].iloc[0]
-claims = pd.DataFrame([
+ch.seed_claims([
     {"#": 8, "claim": "checkpointing ≈ 33 % extra compute [seed-000]",
      "verdict": "holds (full recompute)",
      "number": f"+{full_row['extra FLOPs (analytic)']:.0%} analytic, +{full_row['extra FLOPs (counted)']:.0%} "
@@ -365,8 +362,6 @@ claims = pd.DataFrame([
      "verdict": "holds with qualifications", "number": "; ".join(f"{c}: {m}" for c, m in
                                                           zip(verdict["claim"], verdict["measured"], strict=True))},
 ])
-ch.save_table(claims, "seed_claims")
-claims
 
 # %%
 recorded = ch.recorded("04_activations_checkpointing_gpu")
