@@ -20,12 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_cache_bytes_reads_sysfs_levels(tmp_path) -> None:
     for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
                                              (3, "Unified", "32768K")]):
-        d = tmp_path / f"index{i}"
-        d.mkdir()
+        d = tmp_path / "cpu0" / "cache" / f"index{i}"  # no shared_cpu_list: each CPU's caches its own
+        d.mkdir(parents=True)
         (d / "level").write_text(f"{level}\n")
         (d / "type").write_text(f"{kind}\n")
         (d / "size").write_text(f"{size}\n")
-    assert cache_bytes(tmp_path) == {"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 32 * 2**20}
+    assert cache_bytes(tmp_path) == {"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 32 * 2**20,
+                                     "last_level": 32 * 2**20, "last_level_total": 32 * 2**20}
     assert last_level_cache_bytes(tmp_path) == 32 * 2**20
     assert cache_bytes(tmp_path / "absent") == {} and last_level_cache_bytes(tmp_path / "absent") is None
 
