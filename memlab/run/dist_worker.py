@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlab.measure.accounting import model_states, storage_key
+from memlab.measure.cuda import synchronize
 from memlab.predict.communication import collective_volume_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.run.gpt import GPT
@@ -135,11 +136,6 @@ def _wrap(strategy: str, model: GPT, device: torch.device) -> tuple[torch.nn.Mod
     return model, torch.optim.AdamW(model.parameters(), foreach=False)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:
     """Train ``spec["steps"]`` steps under ``strategy`` on this rank and measure the last one (see module doc)."""
     cfg = TransformerConfig(**spec["config"])
@@ -162,14 +158,14 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
     for step in range(int(spec.get("steps", 2))):
         last = step == int(spec.get("steps", 2)) - 1
         probe = StepProbe(lambda w=wrapped: list(w.parameters()), sample=last and strategy.startswith("fsdp2"))
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         with probe:
             wrapped(idx, tgt).backward()
             if last:  # gradients as the optimizer sees them, before the step (FSDP2: the reduced shards)
                 grads = model_states(wrapped, None, device=device).grads_bytes
             opt.step()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
         if last:
             states = {"device": model_states(wrapped, opt, device=device),

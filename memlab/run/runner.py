@@ -28,6 +28,7 @@ import torch
 from memlab.device import resolve_device, torch_dtype
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
+from memlab.measure.cuda import synchronize
 from memlab.measure.live_bytes import PhasePeaks
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
@@ -113,11 +114,6 @@ class Measurement:
         for cat, n in self.activations_by_category.items():
             row[f"act_{cat}_bytes"] = n
         return row
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_region(fn: Callable[[], Any], device: torch.device) -> float:
@@ -274,7 +270,7 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
         grad_bytes.append(grads)
 
     grad_bytes: list[int] = []
-    _sync(device)
+    synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = [time_region(one_step, device) for _ in range(steps)]

@@ -24,6 +24,7 @@ import torch
 
 from memlab.device import resolve_device
 from memlab.errors import SetupError
+from memlab.measure.cuda import synchronize
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 
@@ -81,11 +82,6 @@ class LoopResult:
         return row
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.device = "auto", *, steps: int = 4,
                   label: str = "", delay_s: float = 0.0, num_workers: int = 0, pin_memory: bool = False,
                   prefetch_factor: int | None = None, item_every: int = 0, log_every: int = 0,
@@ -124,7 +120,7 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
 
         def mark(marks: list[float] = marks) -> None:
             if split_phases:
-                _sync(dev)
+                synchronize(dev)
             marks.append(time.perf_counter())
 
         with step.forward_context():
@@ -139,7 +135,7 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
             float(loss.item())
         if log_every and i % log_every == 0:
             log.write(f"step {i} loss {loss.item():.4f}\n")
-        _sync(dev)
+        synchronize(dev)
         marks.append(time.perf_counter())
         if checkpoint_every and i % checkpoint_every == 0:
             torch.save({"model": model.state_dict(), "optimizer": step.state_holder().state_dict()}, io.BytesIO())

@@ -23,6 +23,7 @@ On CUDA (each returns a frame with ``status="skipped"`` and the reason elsewhere
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import threading
 import time
@@ -33,13 +34,10 @@ import pandas as pd
 import torch
 
 from memlab.device import resolve_device
-from memlab.errors import MemlabError
+from memlab.predict.validate import check_number
 
-
-def _pos(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise MemlabError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+_pos = functools.partial(check_number, lo=0.0, lo_open=True)
+"""A finite number > 0, or the :class:`MemlabError` naming it (:func:`memlab.predict.validate.check_number`)."""
 
 
 def _busy_python(deadline: float) -> float:
