@@ -36,6 +36,7 @@ from memlab.measure.live_bytes import LiveBytes
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
 from memlab.run.gpt import GPT, saved_tensor_category
+from memlab.run.tokens import token_batch
 
 STRATEGIES = ("none", "selective", "full", "every-k", "sequential")
 
@@ -163,9 +164,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
     dev = torch.device(device)
     torch.manual_seed(seed)
     model = build_model(config, strategy, k=k, segments=segments, attention=attention, device=dev)
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(dev)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
+    idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
 
     def categorize(t: torch.Tensor, scope: tuple[torch.nn.Module, ...]) -> str:
         if getattr(model, "in_blocks", False) and scope and scope[-1] is model:

@@ -43,6 +43,7 @@ from memlab.measure.cuda import synchronize
 from memlab.predict.communication import collective_volume_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.run.gpt import GPT
+from memlab.run.tokens import token_batch
 
 STRATEGIES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload")
 
@@ -149,9 +150,7 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
     init_device = "cpu" if strategy == "fsdp2-offload" else device
     model = GPT(cfg, attention=spec.get("attention", "eager"), device=init_device)
     wrapped, opt = _wrap(strategy, model, device)
-    gen = torch.Generator().manual_seed(seed + 1000 * rank)
-    data = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=gen).to(device)
-    idx, tgt = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    idx, tgt = token_batch(cfg.vocab_size, batch, seq, device, seed + 1000 * rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     probe, states, times = None, None, []

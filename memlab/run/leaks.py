@@ -34,6 +34,7 @@ from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
 from memlab.predict.models import TransformerConfig, preset
 from memlab.run.gpt import GPT
+from memlab.run.tokens import token_batch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -76,9 +77,7 @@ def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerCon
     torch.manual_seed(seed)
     model = GPT(config, device=dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(dev)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
+    idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
     rows: list[dict[str, Any]] = []
     running: Any = 0.0
     kept: list[Any] = []

@@ -24,6 +24,7 @@ from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 from memlab.run.gpt import GPT
 from memlab.run.optimizers import build_optimizer
+from memlab.run.tokens import token_batch
 from memlab.run.training_step import model_dtype, training_step
 
 if TYPE_CHECKING:
@@ -85,9 +86,7 @@ def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.d
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=dev,
                 dtype=model_dtype(setup.policy)).train()
     step = training_step(model, setup.policy, dev, _optimizer(setup.optimizer, lr, foreach))
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1), generator=gen).to(dev)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
+    idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, dev, seed)
     with LiveBytes() as live:
         params = live.track(model.parameters(), "params")
         holder = step.state_holder()

@@ -32,6 +32,7 @@ from memlab.errors import SetupError
 from memlab.predict.flops import roofline_bound
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
+from memlab.run.tokens import token_batch
 
 ELEMENT_BYTES = {
     "float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "short int": 2,
@@ -191,9 +192,7 @@ def build_training(config: TransformerConfig, setup: Setup, device: torch.device
                 dtype=model_dtype(setup.policy))
     model.train()
     step = training_step(model, setup.policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr))
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1), generator=gen).to(device)
-    return model, step, data[:, :-1].clone(), data[:, 1:].clone()
+    return model, step, *token_batch(config.vocab_size, setup.batch, setup.seq, device, seed)
 
 
 def profile_step(config: TransformerConfig, setup: Setup, device: str | torch.device = "auto", *, seed: int = 0,

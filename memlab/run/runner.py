@@ -36,6 +36,7 @@ from memlab.predict.setup import _STEPS_WHY, MAX_STEPS, Setup
 from memlab.predict.validate import check_int
 from memlab.run.gpt import GPT, KVCache, saved_tensor_category
 from memlab.run.optimizers import build_optimizer
+from memlab.run.tokens import token_batch, token_ids
 from memlab.run.training_step import TrainingStep, model_dtype, training_step
 
 
@@ -159,11 +160,6 @@ def _states(model: torch.nn.Module, step: TrainingStep | None, device: torch.dev
     return {"params": st.params_bytes, "grads": st.grads_bytes, "optimizer": st.optimizer_bytes}
 
 
-def _tokens(config: TransformerConfig, batch: int, seq: int, device: torch.device, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(device)
-
-
 def _cuda_stats(device: torch.device) -> dict[str, Any] | None:
     if device.type != "cuda":
         return None
@@ -198,9 +194,7 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     model.train()
     step = training_step(model, policy, device,
                          lambda ps: build_optimizer(setup.optimizer, ps, lr, setup.optimizer_impl))
-    data = _tokens(config, setup.batch, setup.seq, device, seed)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()  # separate storages, as a data loader yields
-    del data
+    idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, device, seed)
     out: dict[str, Any] = {}
     holder = step.state_holder()
     extra = holder.memlab_state_tensors() if hasattr(holder, "memlab_state_tensors") else {}
@@ -335,7 +329,7 @@ def _infer(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     model = GPT(config, attention=setup.attention, device=device, dtype=dtype).eval()
     n_decode = min(steps, setup.seq - 1)
     prompt = setup.seq - n_decode
-    data = _tokens(config, setup.batch, setup.seq, device, seed)
+    data = token_ids(config.vocab_size, setup.batch, setup.seq + 1, device, seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with torch.no_grad():
