@@ -137,7 +137,6 @@ fig = plots.live_stacked(stacked_by_label(live.frame),
                          source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; red: a card between the "
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
-plt.show()
 live.peaks().assign(**{"MiB": lambda d: d["peak_bytes"] / 2**20}).round(3)
 
 # %%
@@ -201,7 +200,6 @@ ax.set(xlabel="batch", ylabel="bytes (MiB)",
              f"measured on {ch.device} ({'allocator peak' if on_cuda else 'live tensor bytes'})")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "largest_batch")
-plt.show()
 
 # %%
 slope_m = (found["peak_bytes"].iloc[-1] - found["peak_bytes"].iloc[0]) / (batches[-1] - batches[0])
@@ -299,7 +297,6 @@ for ax, case in zip(axes, CASES, strict=True):
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
              f"{ch.device} (memlab.run.leaks)", fontsize=10)
 ch.save_figure(fig, "leak_loops")
-plt.show()
 
 # %% [markdown]
 # What the numbers say, row by row. Keeping `loss` after `backward` leaks only the 4-byte scalar per iteration:

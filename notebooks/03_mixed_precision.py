@@ -129,7 +129,6 @@ ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
              f"exact storage bytes (memlab.run.runner) and live tensor bytes, on {ch.device}")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "policies_components")
-plt.show()
 over = measured["peak (live bytes)"] - measured[comp].sum(axis=1)
 print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / 2**20:+.2f}" for p, v in over.items()))
 
@@ -213,7 +212,6 @@ ax.set(xlabel="scale applied to the gradients (loss scale)", ylabel="% of nonzer
              f"{grads.numel():,} gradient values, measured on {ch.device}")
 ax.legend(fontsize=7)
 ch.save_figure(fig, "fp16_underflow")
-plt.show()
 
 # %% [markdown]
 # Unscaled, a share of fp16 gradients is flushed to zero and many more lose precision; at 2¹⁶ almost all are

@@ -115,7 +115,6 @@ for ax in axes:
 fig.suptitle(f"{model.name}, fp32: activations measured by SavedTensorRecorder vs memlab's terms "
              f"(dotted), on {ch.device}", fontsize=10)
 ch.save_figure(fig, "saved_vs_seq_batch")
-plt.show()
 
 # %%
 eager = saved.query("attention == 'eager' and batch == 2")
@@ -128,7 +127,6 @@ ax.set(xlabel="sequence length s (tokens)", ylabel="share of the bytes saved for
              f"measured by SavedTensorRecorder on {ch.device}")
 ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 ch.save_figure(fig, "saved_by_category")
-plt.show()
 
 # %% [markdown]
 # Prediction and measurement agree to the byte here because the reference GPT was written for it; the point is
@@ -204,7 +202,6 @@ ax.set(xlabel="extra FLOPs per step (%), analytic, memlab.predict.flops",
              f"measured on {ch.device} (LiveBytes), FLOPs counted analytically")
 ax.legend(fontsize=7, loc="upper right")
 ch.save_figure(fig, "checkpointing_tradeoff")
-plt.show()
 
 # %%
 ch.cpu_note("CPU step times are too noisy on a shared machine to carry the time argument (the time columns "
@@ -314,7 +311,6 @@ ax.set(xlabel="batch", ylabel="peak live tensor bytes in the phase (MiB)",
              f"measured on {ch.device} by memlab.measure.live_bytes.LiveBytes")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "peak_phase_crossover")
-plt.show()
 
 # %% [markdown]
 # At small batches the optimizer step is the peak; past the crossover the backward pass is. Checkpointing only
