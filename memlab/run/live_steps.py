@@ -22,10 +22,8 @@ from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
-from memlab.run.gpt import GPT
-from memlab.run.optimizers import build_optimizer
 from memlab.run.tokens import token_batch
-from memlab.run.training_step import model_dtype, training_step
+from memlab.run.training_step import build_training
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -60,15 +58,6 @@ class LiveSteps:
         return d
 
 
-def _optimizer(name: str, lr: float, foreach: bool) -> Any:
-    if not foreach:
-        return lambda ps: build_optimizer(name, ps, lr)
-    if name not in ("adamw", "adam"):
-        raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {name!r}")
-    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return lambda ps: cls(list(ps), lr=lr, foreach=True)
-
-
 def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.device | str = "cpu", *,
                         steps: int = 2, seed: int = 0, lr: float = 1e-4, foreach: bool = False) -> LiveSteps:
     """Train ``config`` under ``setup`` for ``steps`` steps and count live tensor bytes at every op.
@@ -81,11 +70,11 @@ def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.d
         raise SetupError(f"steps must be a positive integer, got {steps!r}")
     if setup.mode != "train":
         raise SetupError("live_training_steps follows training steps; use run_step for inference")
+    if foreach and setup.optimizer not in ("adamw", "adam"):
+        raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {setup.optimizer!r}")
     dev = torch.device(device)
-    torch.manual_seed(seed)
-    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=dev,
-                dtype=model_dtype(setup.policy)).train()
-    step = training_step(model, setup.policy, dev, _optimizer(setup.optimizer, lr, foreach))
+    model, step = build_training(config, setup, dev, seed=seed, lr=lr,
+                                 optimizer_impl="foreach" if foreach else "for-loop")
     idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, dev, seed)
     with LiveBytes() as live:
         params = live.track(model.parameters(), "params")

@@ -35,9 +35,8 @@ from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import _STEPS_WHY, MAX_STEPS, Setup
 from memlab.predict.validate import check_int
 from memlab.run.gpt import GPT, KVCache, saved_tensor_category
-from memlab.run.optimizers import build_optimizer
 from memlab.run.tokens import token_batch, token_ids
-from memlab.run.training_step import TrainingStep, model_dtype, training_step
+from memlab.run.training_step import TrainingStep, build_training, model_dtype
 
 
 @dataclass(frozen=True)
@@ -188,12 +187,7 @@ def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, t
 def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int, lr: float,
            with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True,
            with_phase_peaks: bool = True) -> dict[str, Any]:
-    torch.manual_seed(seed)
-    policy = setup.policy
-    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device, dtype=model_dtype(policy))
-    model.train()
-    step = training_step(model, policy, device,
-                         lambda ps: build_optimizer(setup.optimizer, ps, lr, setup.optimizer_impl))
+    model, step = build_training(config, setup, device, seed=seed, lr=lr)
     idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, device, seed)
     out: dict[str, Any] = {}
     holder = step.state_holder()

@@ -98,12 +98,12 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
     """
     from memlab.device import detect
     from memlab.predict.flops import mfu
-    from memlab.run.profile import build_training
+    from memlab.run.training_step import build_training
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise SetupError(f"steps must be an integer >= 1, got {steps!r}")
     dev = resolve_device(device)
-    model, step, _, _ = build_training(config, setup, dev, seed=seed)
+    model, step = build_training(config, setup, dev, seed=seed)
     dataset = SlowTokens(config.vocab_size, setup.seq, setup.batch * (steps + 1), delay_s)
     extra = {"prefetch_factor": prefetch_factor} if num_workers and prefetch_factor else {}
     loader = torch.utils.data.DataLoader(dataset, batch_size=setup.batch, num_workers=num_workers,
