@@ -175,6 +175,10 @@ def _cpu_model() -> tuple[str, str]:
     return model, vendor or platform.machine() or "unknown"
 
 
+CPU_CACHE_DIR = Path("/sys/devices/system/cpu")
+"""Where Linux lists each CPU's caches (``cpu*/cache/index*``); :func:`cache_bytes` reads it."""
+
+
 def _parse_size(text: str) -> int | None:
     """``"48K"``, ``"32768K"``, ``"2 MiB"``, ``"1M"`` -> bytes (powers of two, as sysfs and lscpu mean them)."""
     match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
@@ -183,16 +187,17 @@ def _parse_size(text: str) -> int | None:
     return int(match.group(1)) * 1024 ** " KMG".index((match.group(2) or " ").upper())
 
 
-def cache_bytes(root: Path | str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
-    """This CPU's data and unified caches as seen by core 0, in bytes: ``{"L1d": ..., "L2": ..., "L3": ...}``.
+def _with_last_level(levels: dict[str, int], last_total: dict[str, int]) -> dict[str, int]:
+    if not levels:
+        return {}
+    last = max(levels, key=lambda n: (int(n[1]), n))
+    return {**levels, "last_level": levels[last], "last_level_total": last_total.get(last, levels[last])}
 
-    Read from Linux sysfs (``index*/level``, ``type``, ``size``: the figures ``lscpu`` prints per instance). A
-    cache shared by several cores is one entry at its full size. Empty where sysfs is absent (macOS, Windows,
-    some containers): callers then size arrays from a stated default instead of guessing. Used to size
-    bandwidth arrays beyond the last level, so they measure DRAM rather than cache.
-    """
-    out: dict[str, int] = {}
-    for index in sorted(Path(root).glob("index*")):
+
+def _sysfs_caches(root: Path) -> dict[str, int]:
+    levels: dict[str, int] = {}
+    instances: dict[tuple[str, str], int] = {}
+    for index in sorted(root.glob("cpu[0-9]*/cache/index[0-9]*")):
         try:
             level = (index / "level").read_text().strip()
             kind = (index / "type").read_text().strip()
@@ -201,14 +206,50 @@ def cache_bytes(root: Path | str = "/sys/devices/system/cpu/cpu0/cache") -> dict
             continue
         if size is None or kind == "Instruction":
             continue
-        out[f"L{level}" + ("d" if kind == "Data" else "")] = size
-    return out
+        shared_file = index / "shared_cpu_list"
+        shared = shared_file.read_text().strip() if shared_file.exists() else index.parent.parent.name
+        name = f"L{level}" + ("d" if kind == "Data" else "")
+        levels.setdefault(name, size)
+        instances[(name, shared)] = size
+    totals: dict[str, int] = {}
+    for (name, _), size in instances.items():
+        totals[name] = totals.get(name, 0) + size
+    return _with_last_level(levels, totals)
 
 
-def last_level_cache_bytes(root: Path | str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """The largest cache of :func:`cache_bytes` (the last level), or None when sysfs does not say."""
-    sizes = cache_bytes(root)
-    return max(sizes.values()) if sizes else None
+def _lscpu_caches() -> dict[str, int]:
+    import subprocess
+
+    try:
+        done = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE,ALL-SIZE"], capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if len(line.split()) == 3]
+    levels = {name.upper().replace("D", "d"): int(one) for name, one, _ in rows if one.isdigit() and
+              not name.lower().endswith("i")}
+    totals = {name.upper().replace("D", "d"): int(all_) for name, _, all_ in rows if all_.isdigit()}
+    return _with_last_level(levels, totals)
+
+
+def cache_bytes(root: Path | str | None = None) -> dict[str, int]:
+    """This CPU's data and unified caches in bytes: ``L1d``, ``L2``, ``L3`` ... (one instance each, as the hardware
+    reports them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances
+    on the machine: the cache a multi-threaded kernel can fill).
+
+    Read from Linux sysfs (``root``, default :data:`CPU_CACHE_DIR`: ``cpu*/cache/index*/{level,type,size,
+    shared_cpu_list}``, the figures ``lscpu`` prints), else, for the default root, from ``lscpu -B``. Empty where
+    neither says (macOS, Windows, some containers): callers then size arrays from a stated default instead of
+    guessing. Used to size bandwidth arrays beyond the last level, so they measure DRAM rather than cache.
+    """
+    if root is not None:
+        return _sysfs_caches(Path(root))
+    return _sysfs_caches(CPU_CACHE_DIR) or _lscpu_caches()
+
+
+def last_level_cache_bytes(root: Path | str | None = None) -> int | None:
+    """One instance of the last-level cache of :func:`cache_bytes`, or None when the machine does not say."""
+    return cache_bytes(root).get("last_level")
 
 
 def _host_memory_bytes() -> int | None:

@@ -33,22 +33,19 @@ import dataclasses
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 from IPython.display import display
 
 from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
 from memlab.compare import plots
 from memlab.course import exercises
-from memlab.measure.live import stacked_by_label
+from memlab.measure.live_bytes import stacked_by_label
 from memlab.measure.oom import parse_oom_message
 from memlab.measure.oom_examples import RECORDED_OOM_MESSAGES, decode_oom
 from memlab.run.leaks import CASES, growth_per_iteration, leak_loop
 from memlab.run.live_steps import fit_sweep, live_training_steps
 
-ch = chapter(scale, device, seed, out_dir)
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 on_cuda = ch.device.startswith("cuda")
-if ch.on_cpu:
-    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
 ch.to_dict()
 
 # %% [markdown]
@@ -136,10 +133,9 @@ card = int((step_peaks[1] + step_peaks[2]) // 2)
 markers = live.frame.loc[live.frame["label"].ne(live.frame["label"].shift()), ["op", "label"]]
 fig = plots.live_stacked(stacked_by_label(live.frame),
                          title=f"{model.name}, fp32 + AdamW, b=4, s={seq}: live tensor bytes over two steps",
-                         source=f"memlab.measure.live.LiveTensorBytes on {ch.device}; red: a card between the "
+                         source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; red: a card between the "
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
-plt.show()
 # beside each measured peak, the phase-aware estimator's (memlab.predict.phases) for the same for-loop AdamW
 predicted = estimate(model, setup.with_(optimizer_impl="for-loop"), device_type="cpu" if ch.on_cpu else "cuda")
 against = live.against(predicted)
@@ -210,7 +206,6 @@ ax.set(xlabel="batch", ylabel="bytes (MiB)",
              f"measured on {ch.device} ({'allocator peak' if on_cuda else 'live tensor bytes'})")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "largest_batch")
-plt.show()
 
 # %%
 slope_m = (found["peak_bytes"].iloc[-1] - found["peak_bytes"].iloc[0]) / (batches[-1] - batches[0])
@@ -284,7 +279,7 @@ if on_cuda:
     plt.show()
 else:
     display(ch.cpu_note("a snapshot records the CUDA allocator; there is none here. Section 2 shows the "
-                        "same timeline from memlab.measure.live."))
+                        "same timeline from memlab.measure.live_bytes."))
 
 # %% [markdown]
 # ## 6. The troubleshooting row, measured
@@ -321,7 +316,6 @@ for ax, case in zip(axes, CASES, strict=True):
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
              f"{ch.device} (memlab.run.leaks)", fontsize=10)
 ch.save_figure(fig, "leak_loops")
-plt.show()
 
 # %% [markdown]
 # What the numbers say, row by row. Keeping `loss` after `backward` leaks only the 4-byte scalar per iteration:
@@ -362,7 +356,7 @@ seven.round(1)
 # %%
 eval_leak = growth.query("case == 'eval-grad' and not fixed")["bytes per iteration"].item()
 keep_leak = growth.query("case == 'keep-loss' and not fixed")["bytes per iteration"].item()
-claims = pd.DataFrame([
+ch.seed_claims([
     {"#": 3, "claim": "U_eff = (P + G + O + A) / allocated [seed-000]", "verdict": "holds with a qualification",
      "number": f"{u_eff:.2f} at the peak of step 2: the rest is temporaries no component names"},
     {"#": 13, "claim": "nvidia-smi ≠ effective use; active vs reserved [seed-000]", "verdict": "holds",
@@ -382,8 +376,6 @@ claims = pd.DataFrame([
     {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
      "verdict": "an opinion, not a measurable claim", "number": "—"},
 ])
-ch.save_table(claims, "seed_claims")
-claims
 
 # %% [markdown]
 # ## Exercises

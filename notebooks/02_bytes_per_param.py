@@ -32,7 +32,6 @@ seed = 0
 out_dir = "../reports/build/02_bytes_per_param"
 
 # %%
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from memlab import PRECISION_POLICIES, Setup, chapter, estimate, preset, run_step, sweep
@@ -156,7 +155,6 @@ adamw = states[states["experiment"].str.contains(" adamw ")]
 fig = plots.stacked_breakdown(adamw, title=f"Model states of {model.name} with AdamW: predicted vs measured",
                               source=f"measured on {pairs[0][1].device_name}, exact storage bytes")
 ch.save_figure(fig, "states_adamw")
-plt.show()
 
 # %% [markdown]
 # The measured bytes per parameter, next to the prediction for this model. The per-tensor `step` counters of Adam
@@ -228,7 +226,6 @@ phases = pd.DataFrame(first.phases)
 fig = plots.phase_timeline(phases, title=f"{model.name}, mixed-bf16 + AdamW: bytes held through the first step",
                            source="exact storage bytes at each phase boundary (memlab.run.runner)")
 ch.save_figure(fig, "first_step_timeline")
-plt.show()
 phases.assign(**{c: phases[c].map(fmt_bytes) for c in ("params", "grads", "optimizer", "activations")})
 
 # %% [markdown]

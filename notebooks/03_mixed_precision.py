@@ -42,9 +42,7 @@ from memlab.course import exercises
 from memlab.run.live_steps import live_training_steps
 from memlab.run.loss_scaling import cast_survival, deprecated_amp_calls, real_gradients, scaler_trajectory
 
-ch = chapter(scale, device, seed, out_dir)
-if ch.on_cpu:
-    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 ch.to_dict()
 
 # %% [markdown]
@@ -131,7 +129,6 @@ ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
              f"exact storage bytes (memlab.run.runner) and live tensor bytes, on {ch.device}")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "policies_components")
-plt.show()
 over = measured["peak (live bytes)"] - measured[comp].sum(axis=1)
 print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / 2**20:+.2f}" for p, v in over.items()))
 
@@ -215,7 +212,6 @@ ax.set(xlabel="scale applied to the gradients (loss scale)", ylabel="% of nonzer
              f"{grads.numel():,} gradient values, measured on {ch.device}")
 ax.legend(fontsize=7)
 ch.save_figure(fig, "fp16_underflow")
-plt.show()
 
 # %% [markdown]
 # Unscaled, a share of fp16 gradients is flushed to zero and many more lose precision; at 2¹⁶ almost all are
@@ -246,7 +242,6 @@ traj
 # %%
 warn = deprecated_amp_calls()
 ch.save_table(warn, "deprecated_amp_warnings")
-pd.set_option("display.max_colwidth", 120)
 warn
 
 # %% [markdown]
@@ -287,7 +282,7 @@ else:
 flush = survival.query("scale == 1.0").set_index("dtype")["flushed to zero"]
 amp_params = measured.loc["amp-bf16", "params"] / measured.loc["fp32", "params"] - 1
 mixed_states = runs["mixed-bf16"].model_state_bytes() / runs["fp32"].model_state_bytes() - 1
-claims = pd.DataFrame([
+ch.seed_claims([
     {"#": 7, "claim": "mixed precision halves parameter and gradient memory [seed-000]",
      "verdict": "does not hold for AMP; holds for 16-bit weights, whose master copy takes it back",
      "number": f"amp-bf16 params {amp_params:+.0%}; mixed-bf16 model states {mixed_states:+.0%}"},
@@ -302,8 +297,6 @@ claims = pd.DataFrame([
     {"#": 28, "claim": "FP8 ≈ 2x [seed-001]", "verdict": "not measured here (needs tensor cores)",
      "number": "section 5 runs on CUDA only"},
 ])
-ch.save_table(claims, "seed_claims")
-claims
 
 # %%
 recorded = ch.recorded("03_mixed_precision_gpu")

@@ -32,7 +32,6 @@ out_dir = "../reports/build/04_activations_checkpointing"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 
 from memlab import Setup, chapter, preset, run_step
 from memlab.course import exercises
@@ -41,9 +40,7 @@ from memlab.predict.activations import activation_bytes, attention_score_share, 
 from memlab.run.checkpointing import measure_checkpointing, sqrt_n_model
 from memlab.run.live_steps import live_training_steps
 
-ch = chapter(scale, device, seed, out_dir)
-if ch.on_cpu:
-    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared CPU
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 ch.to_dict()
 
 # %% [markdown]
@@ -118,7 +115,6 @@ for ax in axes:
 fig.suptitle(f"{model.name}, fp32: activations measured by SavedTensorRecorder vs memlab's terms "
              f"(dotted), on {ch.device}", fontsize=10)
 ch.save_figure(fig, "saved_vs_seq_batch")
-plt.show()
 
 # %%
 eager = saved.query("attention == 'eager' and batch == 2")
@@ -131,7 +127,6 @@ ax.set(xlabel="sequence length s (tokens)", ylabel="share of the bytes saved for
              f"measured by SavedTensorRecorder on {ch.device}")
 ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
 ch.save_figure(fig, "saved_by_category")
-plt.show()
 
 # %% [markdown]
 # Prediction and measurement agree to the byte here because the reference GPT was written for it; the point is
@@ -165,7 +160,7 @@ ex_seq2.check(answer)
 # %% [markdown]
 # `memlab.run.checkpointing.measure_checkpointing` runs one forward + backward of the 16-block model under each
 # strategy and measures the bytes kept after the forward (`SavedTensorRecorder`), the peak of live tensor bytes
-# over forward and backward (`memlab.measure.live.LiveTensorBytes`: this includes the recomputed internals of the
+# over forward and backward (`memlab.measure.live_bytes.LiveBytes`: this includes the recomputed internals of the
 # group being differentiated), and the FLOPs, analytic (`memlab.predict.flops`) and counted (`FlopCounterMode`).
 # MFU counts the model's FLOPs, HFU the FLOPs the hardware runs, recompute included `[chowdhery2022]`: at equal
 # step time HFU / MFU = 1 + the "extra FLOPs" column, so a recompute policy raises HFU while MFU stays put.
@@ -204,10 +199,9 @@ ax.axvspan(20, 30, color="green", alpha=0.1, label="seed 004: +20…30 % time")
 ax.set(xlabel="extra FLOPs per step (%), analytic, memlab.predict.flops",
        ylabel="change against no checkpointing (%)",
        title=f"{deep.name} with 16 blocks, b={cb}, s={cs}: what each strategy buys and costs\n"
-             f"measured on {ch.device} (LiveTensorBytes), FLOPs counted analytically")
+             f"measured on {ch.device} (LiveBytes), FLOPs counted analytically")
 ax.legend(fontsize=7, loc="upper right")
 ch.save_figure(fig, "checkpointing_tradeoff")
-plt.show()
 
 # %%
 ch.cpu_note("CPU step times are too noisy on a shared machine to carry the time argument (the time columns "
@@ -341,10 +335,9 @@ ax.plot(cross.loc[~cross["foreach"], "batch"], cross.loc[~cross["foreach"], "opt
 ax.set_xscale("log", base=2)
 ax.set(xlabel="batch", ylabel="peak live tensor bytes in the phase (MiB)",
        title=f"{model.name}, fp32 + AdamW (foreach), s={cross_seq}, step 2: which phase holds the peak\n"
-             f"measured on {ch.device} by memlab.measure.live.LiveTensorBytes")
+             f"measured on {ch.device} by memlab.measure.live_bytes.LiveBytes")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "peak_phase_crossover")
-plt.show()
 
 # %% [markdown]
 # At small batches the optimizer step is the peak; past the crossover the backward pass is. Checkpointing only
@@ -373,7 +366,7 @@ pd.Series(acc, name="activation bytes (memlab.predict.activations)").to_frame()
 
 # %%
 full_row = cp.loc[cp["strategy"] == "full"].iloc[0]
-claims = pd.DataFrame([
+ch.seed_claims([
     {"#": 8, "claim": "checkpointing ≈ 33 % extra compute [seed-000]",
      "verdict": "holds (full recompute)",
      "number": f"+{full_row['extra FLOPs (analytic)']:.0%} analytic, +{full_row['extra FLOPs (counted)']:.0%} "
@@ -392,8 +385,6 @@ claims = pd.DataFrame([
      "verdict": "holds with qualifications", "number": "; ".join(f"{c}: {m}" for c, m in
                                                           zip(verdict["claim"], verdict["measured"], strict=True))},
 ])
-ch.save_table(claims, "seed_claims")
-claims
 
 # %%
 recorded = ch.recorded("04_activations_checkpointing_gpu")

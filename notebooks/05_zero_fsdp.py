@@ -144,7 +144,6 @@ axes[0].legend(fontsize=8)
 fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {measured['backend'].iloc[0]} ranks",
              y=1.03)
 ch.save_figure(fig, "states_per_rank")
-plt.show()
 
 # %% [markdown]
 # Reading it: DDP keeps everything on every rank; ZeRO-1 divides the AdamW moments by N (not exactly: torch's
@@ -174,7 +173,6 @@ ax.set_ylabel("volume per rank per step / Ψ")
 ax.set_title(f"Bytes moved per step, N = {max(sizes)}, in units of Ψ = one gradient copy")
 ax.legend()
 ch.save_figure(fig, "communication")
-plt.show()
 comm
 
 # %% [markdown]
@@ -223,7 +221,6 @@ ax.set_ylabel("GiB per rank (predicted)")
 ax.set_title("GPT-3 175B under ZeRO-3: what 1/N does not divide")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "zero3_floor")
-plt.show()
 big_psi = 2 * big.param_count()  # bf16 gradients
 print(f"every ZeRO-3 step moves {sum(zero_comm_bytes(big_psi, 3).values()) / 1e12:.2f} TB per rank, whatever N")
 floor.round(2)

@@ -155,7 +155,6 @@ ax.set_ylabel("bytes kept for backward by attention (1 layer)")
 ax.set_title(f"{layer.name}, 1 layer, batch 1, {precision}: attention memory vs s")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "attention_vs_seq")
-plt.show()
 
 # %% [markdown]
 # Eager and SDPA's math backend keep the same bytes here (fp32 on a CPU: the math backend's upcast is a no-op),

@@ -36,8 +36,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-pd.set_option("display.max_colwidth", 80)
-
 from memlab import Setup, chapter, detect, mfu, preset, roofline_bound, run_step
 from memlab.compare import plots
 from memlab.course import exercises
@@ -45,9 +43,7 @@ from memlab.device import cache_bytes
 from memlab.predict import flops, hardware, parallelism
 from memlab.run import profile, roofline, step_time
 
-ch = chapter(scale, device, seed, out_dir)
-if ch.scale == "ci" and not ch.device.startswith("cuda"):
-    torch.set_num_threads(1)  # repeatable on a shared CI runner: detect() measures its peak for 1 thread too
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # repeatable: detect() measures 1 thread's peak
 info = detect(device=ch.device)
 CUDA = ch.device.startswith("cuda")
 DTYPE = "bf16" if CUDA else "fp32"  # the dtype the step's matmuls run in
@@ -403,7 +399,7 @@ ex_rc.check(answer)
 
 # %%
 matmul_frac = float(kinds.loc[kinds["kind"] == "matmul", "time_share"].sum())
-claims = pd.DataFrame([
+ch.seed_claims([
     ("001", "top training MFU ≈ 50 %", "holds with qualification",
      f"PaLM reports 46.2 % [chowdhery2022]; this step: {three['mfu'].iloc[0]:.1%} of {info.name}'s {DTYPE} peak"),
     ("000", "MFU 30-60 % is a good level", "unsourced range",
@@ -433,8 +429,6 @@ claims = pd.DataFrame([
      f"workers recovered {loops.loc['slow loader, 2 workers, prefetch 4', 'mfu'] / loops.loc['fast loader', 'mfu']:.0%}"
      f" of the fast loader's MFU here; .item() and pin_memory are GPU effects"),
 ], columns=["seed", "claim", "verdict", "number (this run)"])
-pd.set_option("display.max_colwidth", None)
-claims
 
 # %% [markdown]
 # ## Summary

@@ -32,18 +32,13 @@ out_dir = "../reports/build/08_nvidia_smi"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
-
-pd.set_option("display.max_colwidth", 80)
 
 from memlab import Setup, chapter, detect, preset, run_step
 from memlab.course import exercises
 from memlab.predict import hardware
 from memlab.run import roofline, step_time, utilisation
 
-ch = chapter(scale, device, seed, out_dir)
-if ch.scale == "ci" and not ch.device.startswith("cuda"):
-    torch.set_num_threads(1)  # repeatable on a shared CI runner: detect() measures its peak for 1 thread too
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # repeatable: detect() measures 1 thread's peak
 info = detect(device=ch.device)
 cpu = detect(device="cpu")
 CUDA = ch.device.startswith("cuda")
@@ -115,7 +110,7 @@ rss.assign(live_MiB=rss["live_tensor_bytes"] / 2**20, rss_delta_MiB=rss["rss_del
 # On CUDA this section measures, in this process: NVML GPU-Util while one `torch.cuda._sleep` kernel spins, while
 # 1-element adds run back to back, during a big matmul and during a 1 GiB copy, with MFU and bandwidth beside
 # each; and NVML "used" taken apart into other processes + CUDA context + the allocator's reserve, stage by stage
-# (allocate, free half, `empty_cache`). `python -m memlab.run.utilisation --out DIR` records the same as data files
+# (allocate, free half, `empty_cache`). `python scripts/record_utilisation.py --out DIR` records the same as data files
 # with provenance (a fresh process, so the context is measured from zero).
 
 # %%
@@ -282,7 +277,7 @@ ex_gb.check(answer)
 # ## The seed's claims, answered
 
 # %%
-claims = pd.DataFrame([
+ch.seed_claims([
     ("000", "U_cap = allocated / total", "holds with qualification",
      f"{u['U_cap = held / total']:.2%} here; unit-free only if both sides are bytes (GiB vs GB is 7.4 %)"),
     ("000", "U_eff = (P+G+O+A) / allocated", "holds, hides the rest",
@@ -303,8 +298,6 @@ claims = pd.DataFrame([
      f"a starved loop computes {busy_fraction.iloc[1, 1]:.0%} of its time with no memory limit"),
     ("004", "nvidia-smi dmon shows bandwidth use", "does not hold", "'mem' is controller busy time, not bytes/s"),
 ], columns=["seed", "claim", "verdict", "number (this run)"])
-pd.set_option("display.max_colwidth", None)
-claims
 
 # %% [markdown]
 # ## Summary

@@ -141,7 +141,6 @@ phase.plot.bar(ax=axes[1], rot=0, logy=True)
 axes[1].set_ylabel("seconds (log)")
 axes[1].set_title(f"prefill vs one decode step, on {served[0][1].device_name}")
 ch.save_figure(fig, "kv_growth_and_phases")
-plt.show()
 
 # %% [markdown]
 # ## 3. Will model M serve N users at context C on GPU G?
@@ -244,7 +243,6 @@ axes[1].bar(waste["policy"], waste["used_share"] * 100)
 axes[1].set_ylabel("% of reserved KV memory holding tokens")
 axes[1].set_title("KV memory used by real tokens, per reservation policy")
 ch.save_figure(fig, "paged_attention")
-plt.show()
 
 # %% [markdown]
 # With paging, waste is less than one block per request; reserving the maximum leaves most of the cache empty.

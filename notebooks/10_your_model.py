@@ -40,7 +40,6 @@ from memlab import chapter
 
 ch = chapter(scale, device, seed, out_dir)  # first: it sets up the kernel (rounded tables, no tqdm notice)
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import transformers
 
@@ -199,7 +198,6 @@ table.set_index("tool").map(lambda v: f"{v:+.1%}" if isinstance(v, float) else v
 fig = plots.shootout_errors(frame, title=f"Every calculator on the same {len(pairs)} real training steps",
                             source=f"measured on {ch.device}: exact saved-for-backward and model-state bytes")
 ch.save_figure(fig, "shootout")
-plt.show()
 
 # %% [markdown]
 # Two things decide the other tools' errors. Their model-state rules assume one recipe: DeepSpeed's estimators

@@ -2,7 +2,7 @@
 # Everything that needs a CUDA GPU, in one run, for a lent GPU session (see the device tool's README):
 #   1. the GPU-marked tests, 2. the CUDA ledger recording (data/recorded/cuda_ledger.*) and chapters 01/03/04's
 #   GPU-only results (data/recorded/0N_*_gpu.*), 3. the chapters at full scale, 4. the GPU-Util and NVML
-#   memory-ledger demonstrations (memlab.run.utilisation).
+#   memory-ledger demonstrations (scripts/record_utilisation.py).
 # Results go to $OUT (default ./gpu-out); commit what comes back under data/recorded/ with its provenance.
 # The device image has torch; memlab's other needs (pandas, matplotlib, nvidia-ml-py, psutil, tqdm, papermill,
 # nbconvert, jupytext, ipykernel, pytest) travel as wheels when missing (device README, "Notes").
@@ -15,4 +15,4 @@ python3 -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.t
 python3 scripts/record_cuda_ledger.py --out "$OUT" 2>&1 | tee "$OUT/record.txt"
 python3 scripts/record_chapters_gpu.py --out "$OUT" 2>&1 | tee "$OUT/record-chapters.txt"
 python3 -m memlab.course.report --scale full --force --no-progress --out "$OUT/report" 2>&1 | tail -n 40 | tee "$OUT/report.txt"
-python3 -m memlab.run.utilisation --out "$OUT/utilisation" 2>&1 | tee "$OUT/utilisation.txt"
+python3 scripts/record_utilisation.py --out "$OUT/utilisation" 2>&1 | tee "$OUT/utilisation.txt"

@@ -16,28 +16,17 @@ These are data recorded on that GPU; the chapters show them labelled and never r
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 
+from memlab.course.provenance import record_gpu_data, write_recorded
 from memlab.measure.snapshot import fragmentation_probe
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run.checkpointing import measure_checkpointing
 from memlab.run.runner import run_step
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_cuda_ledger import provenance  # the one provenance builder of the GPU scripts
-
-
-def _write(out: Path, name: str, frame: pd.DataFrame) -> None:
-    frame.to_csv(out / f"{name}.csv", index=False)
-    (out / f"{name}.json").write_text(json.dumps({"provenance": provenance()}, indent=1, default=str))
-    print(f"{name}: {len(frame)} rows", flush=True)
 
 
 def fragmentation() -> pd.DataFrame:
@@ -72,20 +61,14 @@ def checkpointing() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("data/recorded"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("record_chapters_gpu: no CUDA GPU here; this script records GPU data and does nothing on a CPU",
-              file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    _write(args.out, "01_fragmentation_gpu", fragmentation())
-    _write(args.out, "03_mixed_precision_gpu", mixed_precision())
-    _write(args.out, "04_activations_checkpointing_gpu", checkpointing())
-    return 0
+def record(out: Path) -> None:
+    """Each table into ``out`` with its provenance."""
+    for name, make in (("01_fragmentation_gpu", fragmentation), ("03_mixed_precision_gpu", mixed_precision),
+                       ("04_activations_checkpointing_gpu", checkpointing)):
+        frame = make()
+        write_recorded(out, name, frame)
+        print(f"{name}: {len(frame)} rows", flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record_gpu_data(__doc__, record))

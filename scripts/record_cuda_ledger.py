@@ -14,16 +14,13 @@ CPU. Usage (on a machine with a CUDA GPU): ``python scripts/record_cuda_ledger.p
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from memlab.compare.ledger import compare, predict_for
-from memlab.course.provenance import provenance
+from memlab.course.provenance import record_gpu_data, write_recorded
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run.runner import run_step
@@ -49,26 +46,16 @@ def grid() -> list[tuple[object, Setup]]:
     ]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("data/recorded"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("record_cuda_ledger: no CUDA GPU here; this script records GPU data and does nothing on a CPU",
-              file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+def record(out: Path) -> None:
+    """Run the grid on ``cuda`` and write the ledger with its provenance and the raw measurements."""
     tables, raw = [], []
     for cfg, setup in grid():
         m = run_step(cfg, setup, "cuda", steps=3)
         raw.append(m.to_dict())
         tables.append(compare(predict_for(cfg, m), m, activations_detail=True))
         print(f"{cfg.name} {setup.precision} {setup.attention} {setup.recompute} {setup.mode}: {m.status}", flush=True)
-    pd.concat(tables, ignore_index=True).to_csv(args.out / "cuda_ledger.csv", index=False)
-    (args.out / "cuda_ledger.json").write_text(json.dumps({"provenance": provenance("cuda"), "measurements": raw},
-                                                          indent=1, default=str))
-    return 0
+    write_recorded(out, "cuda_ledger", pd.concat(tables, ignore_index=True), {"measurements": raw})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record_gpu_data(__doc__, record))

@@ -11,38 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+from memlab.cli.args import positive_float, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``memlab shard`` (self-contained: the model is a preset, the rest is the launch)."""
     p.add_argument("--preset", default="tiny-gpt", metavar="NAME", help="the model (default tiny-gpt)")
-    p.add_argument("--ranks", type=_count, default=2, metavar="N", help="ranks on this node (default 2)")
+    p.add_argument("--ranks", type=positive_int, default=2, metavar="N", help="ranks on this node (default 2)")
     p.add_argument("--strategies", default="ddp,zero1,fsdp2-zero2,fsdp2-zero3,fsdp2-offload",
                    help="comma-separated: ddp, zero1, fsdp2-zero2, fsdp2-zero3, fsdp2-offload")
-    p.add_argument("--batch", type=_count, default=2, metavar="B", help="micro-batch per rank")
-    p.add_argument("--seq", type=_count, default=32, metavar="S")
-    p.add_argument("--steps", type=_count, default=1, help="steps per strategy; the last one is measured")
+    p.add_argument("--batch", type=positive_int, default=2, metavar="B", help="micro-batch per rank")
+    p.add_argument("--seq", type=positive_int, default=32, metavar="S")
+    p.add_argument("--steps", type=positive_int, default=1, help="steps per strategy; the last one is measured")
     p.add_argument("--cpu", action="store_true", help="gloo on CPU even when GPUs are present")
-    p.add_argument("--timeout", type=_seconds, default=300.0, metavar="SECONDS")
+    p.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
+                   help="seconds to wait for the ranks (default 300)")
     p.add_argument("--json", action="store_true", help="print the ranks' rows as JSON")
 
 

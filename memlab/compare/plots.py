@@ -190,7 +190,7 @@ def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_p
 
 def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers: pd.DataFrame | None = None,
                  capacity_bytes: float | None = None) -> Figure:
-    """Live bytes op by op, stacked by what allocated them (``memlab.measure.live.stacked_by_label``'s frame).
+    """Live bytes op by op, stacked by what allocated them (``memlab.measure.live_bytes.stacked_by_label``'s frame).
 
     ``markers`` (columns op, label) draws a dotted line where each phase starts; ``capacity_bytes`` a red line.
     """

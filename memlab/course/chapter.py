@@ -20,21 +20,21 @@ from typing import Any
 from memlab.device import device_string, resolve_scale
 from memlab.errors import ConfigError
 
-"""``ci``: sizes that run in seconds on two CPU cores; ``full``: the real sizes, for a GPU; ``auto`` picks."""
-
 LEDGER_COLUMNS = ("experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error")
 """Columns every ledger row has. ``abs_error = predicted - measured`` (in ``unit``), ``rel_error = abs_error /
 measured`` (a fraction); the report summarises ``|rel_error|`` per chapter."""
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = REPO_ROOT / "data" / "recorded"
+"""Results recorded on real GPUs: ``NAME.csv`` plus ``NAME.json`` (provenance), or ``NAME.json`` with ``rows``."""
 RECORDED_SHOWN = "recorded_shown.json"
 """Written into ``out_dir`` by :meth:`Chapter.recorded` when GPU data is loaded: the report's provenance says which
 recorded results a page shows."""
 QUIET_WARNINGS = (r"IProgress not found",)
 """Warning messages (regexes) silenced in a chapter's kernel: tqdm.auto's notice that ipywidgets is absent (the
 text bar it falls back to is fine); nothing a reader needs to act on."""
-"""Results recorded on real GPUs: ``NAME.csv`` plus ``NAME.json`` (provenance), or ``NAME.json`` with ``rows``."""
+SEED_CLAIMS_COLUMNS = ("claim", "verdict")
+"""Columns every seed-claims table has (:meth:`Chapter.seed_claims`), beside the seed and the number."""
 
 
 def seed_everything(seed: int) -> None:
@@ -94,6 +94,19 @@ def load_recorded(name: str, directory: Path | str = RECORDED_DIR) -> Recorded |
                           "with at least 'gpu' (and 'driver', 'torch', 'commit', 'date').")
     frame = pd.read_csv(csv_path) if csv_path.exists() else pd.DataFrame(meta.get("rows", []))
     return Recorded(name=name, frame=frame, provenance=provenance)
+
+
+@dataclass(frozen=True)
+class SeedClaims:
+    """A chapter's answers to its rows of SEED-CLAIMS.md; shown with every cell whole (a number is never cut)."""
+
+    frame: Any  # pandas.DataFrame
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        with pd.option_context("display.max_colwidth", None):
+            return self.frame.to_html(index=False)
 
 
 @dataclass(frozen=True)
@@ -181,6 +194,20 @@ class Chapter:
         rows.to_csv(self.ledger_path, index=False)
         return self.ledger_path
 
+    def seed_claims(self, rows: Any, columns: list[str] | None = None) -> SeedClaims:
+        """The chapter's rows of SEED-CLAIMS.md answered, as one table saved as ``out_dir/seed_claims.csv``; end a
+        cell with it. ``rows``: dicts (or tuples with ``columns``) naming the claim with its seed, a ``verdict``
+        (holds / holds with a qualification / does not hold) and the number measured or computed here."""
+        import pandas as pd
+
+        frame = pd.DataFrame(rows, columns=columns)
+        missing = [c for c in SEED_CLAIMS_COLUMNS if c not in frame.columns]
+        if frame.empty or missing:
+            raise ConfigError(f"seed_claims needs at least one row with the columns {', '.join(SEED_CLAIMS_COLUMNS)}; "
+                              f"got {len(frame)} row(s) with {', '.join(map(str, frame.columns)) or 'no columns'}.")
+        self.save_table(frame, "seed_claims")
+        return SeedClaims(frame)
+
     def cpu_note(self, text: str) -> CpuNote | None:
         """On a CPU, the sentence saying what this chapter cannot show here (end a cell with it); None on CUDA."""
         if not isinstance(text, str) or not text.strip():
@@ -241,20 +268,29 @@ def reader_display() -> None:
         warnings.filterwarnings("ignore", message=message)
 
 
-def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: str | Path = "out") -> Chapter:
+def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: str | Path = "out", *,
+            ci_threads: int | None = None) -> Chapter:
     """Resolve a chapter's parameters, seed the random generators, create ``out_dir`` and, inside a notebook, set
     the display for a reader (:func:`reader_display`: rounded numbers in tables, no tqdm notice).
 
     ``out_dir`` is taken relative to the working directory (``notebooks/`` both in JupyterLab and under
-    ``make report``, which injects an absolute path).
+    ``make report``, which injects an absolute path). ``ci_threads``: on a CPU at ``ci`` scale, run torch on this
+    many threads (``1`` for tiny models on a shared machine: more threads only add contention, and timings
+    repeat); None keeps torch's default, as does every other device and scale.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}.")
+    if ci_threads is not None and (isinstance(ci_threads, bool) or not isinstance(ci_threads, int) or ci_threads < 1):
+        raise ConfigError(f"ci_threads must be a positive integer or None, got {ci_threads!r}.")
     resolved_device = device_string(device)
     resolved_scale = resolve_scale(scale, resolved_device)
     path = Path(out_dir).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
+    if ci_threads is not None and resolved_scale == "ci" and resolved_device == "cpu":
+        import torch
+
+        torch.set_num_threads(ci_threads)
     if _in_notebook():  # a kernel's display; a test or script calling chapter() keeps pandas as it was
         reader_display()
     return Chapter(scale=resolved_scale, device=resolved_device, seed=seed, out_dir=path)

@@ -1,4 +1,5 @@
-"""Provenance: where and with what a number was made. The one builder for the report and for recorded GPU data.
+"""Provenance: where and with what a number was made. The one builder for the report and for recorded GPU data
+(:func:`write_recorded` writes a recorded table with it).
 
 Every rendered report and every file under ``data/recorded/`` carries this dict, so a reader can tell a CPU run
 at ci scale from a recording on a named GPU (driver, torch, CUDA), and which memlab commit (dirty or not) made it.
@@ -9,10 +10,15 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import importlib.metadata
+import json
 import platform
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LIBRARIES = ("torch", "numpy", "pandas", "matplotlib", "transformers", "accelerate", "deepspeed", "papermill",
@@ -82,3 +88,37 @@ def provenance(device: str = "auto", *, measure_cpu_peak: bool = True) -> dict[s
         **git_state(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def write_recorded(out_dir: Path | str, name: str, frame: pd.DataFrame, extra: dict[str, Any] | None = None, *,
+                   device: str = "cuda", prov: dict[str, Any] | None = None) -> Path:
+    """Write ``NAME.csv`` (``frame``) and ``NAME.json`` (``{"provenance": ..., **extra}``) into ``out_dir``, the pair
+    :func:`memlab.course.chapter.load_recorded` reads; returns the csv's path. ``prov`` defaults to
+    ``provenance(device)`` (pass one built once to label several tables alike)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / f"{name}.csv", index=False)
+    meta = {"provenance": provenance(device) if prov is None else prov, **(extra or {})}
+    (out / f"{name}.json").write_text(json.dumps(meta, indent=1, default=str))
+    return out / f"{name}.csv"
+
+
+def record_gpu_data(doc: str, record: Callable[[Path], Any], argv: list[str] | None = None) -> int:
+    """The ``main`` of a ``scripts/record_*.py``: parse ``--out DIR`` (default ``data/recorded``), refuse with one
+    line on stderr and exit code 2 when no CUDA GPU is here (GPU data is never recorded on a CPU), else call
+    ``record(out)`` and return 0."""
+    import argparse
+    import sys
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("data/recorded"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{parser.prog}: no CUDA GPU here; this script records GPU data and does nothing on a CPU",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    record(args.out)
+    return 0

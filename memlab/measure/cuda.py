@@ -44,6 +44,13 @@ def as_torch_device(device: int | str | torch.device) -> torch.device:
         raise MemlabError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:0' or a CUDA index ({exc}).") from None
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until ``device``'s queued kernels have run (CUDA launches are asynchronous); nothing to wait for on a
+    CPU, whose ops return when done. Call it before reading a wall clock around GPU work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def cuda_unavailable_reason(device: Device = None) -> str | None:
     """Why CUDA cannot be used for ``device`` here, or None when it can.
 

@@ -16,15 +16,14 @@ this is the paper's model, not a profile.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from memlab.errors import SetupError
+from memlab.predict.validate import check_int
 
-
-def _pos(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise SetupError(f"{name} must be a positive integer, got {value!r}")
-    return value
+_pos = functools.partial(check_int, err=SetupError)
+"""A count >= 1, or the :class:`SetupError` naming it (:func:`memlab.predict.validate.check_int`)."""
 
 
 def attention_hbm_bytes(batch: int, heads: int, seq: int, head_dim: int, *, kernel: str, element_bytes: int = 2,

@@ -22,12 +22,13 @@ No torch import; numbers only.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from memlab.device import DeviceInfo
-from memlab.errors import ConfigError, MemlabError, SetupError, unknown_name
+from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, gpu
 from memlab.predict.models import _PARAMS_WHY, MAX_PARAMS, TransformerConfig
 from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
@@ -41,16 +42,10 @@ _DEV_WHY = "ten million devices, about 100x the largest clusters built"
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 
 
-def _pos_int(name: str, value: object, err: type[MemlabError] = SetupError) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise err(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _pos_num(name: str, value: object, err: type[MemlabError] = SetupError) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise err(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
+_pos_int = functools.partial(check_int, err=SetupError)
+"""A count (batch, seq, dims) >= 1, or the :class:`SetupError` naming it (``err=ConfigError`` for a model's)."""
+_pos_num = functools.partial(check_number, lo=0.0, lo_open=True, err=SetupError)
+"""A finite number > 0 (seconds, a parameter count)."""
 
 
 def _check_recompute(recompute: str) -> str:
@@ -88,10 +83,10 @@ def palm_flops_per_token(n_params: float, n_layers: int, n_heads: int, head_dim:
     model use the matmul weights (blocks + head), as :func:`flops_per_token` does. L layers, H heads, Q head
     dimension, T sequence length; the attention term counts the full T x T scores (no causal halving).
     """
-    n = _pos_num("n_params", n_params, ConfigError)
-    return 6 * n + 12 * _pos_int("n_layers", n_layers, ConfigError) * _pos_int("n_heads", n_heads, ConfigError) * (
-        _pos_int("head_dim", head_dim, ConfigError) * _pos_int("seq", seq)
-    )
+    n = _pos_num("n_params", n_params, err=ConfigError)
+    n_l, a, d = (_pos_int(k, x, err=ConfigError) for k, x in (("n_layers", n_layers), ("n_heads", n_heads),
+                                                                ("head_dim", head_dim)))
+    return 6 * n + 12 * n_l * a * (d * _pos_int("seq", seq))
 
 
 def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, causal: bool = False) -> dict[str, int]:
@@ -186,7 +181,7 @@ def megatron_closed_form(batch: int, seq: int, n_layers: int, d_model: int, voca
     form. :func:`megatron_iteration_flops` counts the recomputation once, 8*B*s^2*h*l below this.
     """
     b, s = _pos_int("batch", batch), _pos_int("seq", seq)
-    n_l, h, v = (_pos_int(k, x, ConfigError) for k, x in (("n_layers", n_layers), ("d_model", d_model),
+    n_l, h, v = (_pos_int(k, x, err=ConfigError) for k, x in (("n_layers", n_layers), ("d_model", d_model),
                                                           ("vocab_size", vocab_size)))
     base = b * s * n_l * h * h
     forms = {

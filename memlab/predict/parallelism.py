@@ -15,16 +15,15 @@ No torch; numbers only.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
 from memlab.errors import SetupError
+from memlab.predict.validate import check_int
 
-
-def _pos_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SetupError(f"{name} must be a positive integer, got {value!r}")
-    return value
+_pos_int = functools.partial(check_int, err=SetupError)
+"""A count >= 1, or the :class:`SetupError` naming it (:func:`memlab.predict.validate.check_int`)."""
 
 
 def _fraction(name: str, value: object, *, allow_one: bool = False) -> float:

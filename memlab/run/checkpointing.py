@@ -32,10 +32,11 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
-from memlab.measure.live import LiveTensorBytes
+from memlab.measure.live_bytes import LiveBytes
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
 from memlab.run.gpt import GPT, saved_tensor_category
+from memlab.run.tokens import token_batch
 
 STRATEGIES = ("none", "selective", "full", "every-k", "sequential")
 
@@ -154,7 +155,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
     """Build the reference GPT with ``strategy``, run one forward + backward, and measure it.
 
     Saved bytes come from :class:`memlab.measure.accounting.SavedTensorRecorder` (checkpointed groups' inputs are
-    the category ``block inputs (recompute)``), the peak from :class:`memlab.measure.live.LiveTensorBytes`,
+    the category ``block inputs (recompute)``), the peak from :class:`memlab.measure.live_bytes.LiveBytes`,
     FLOPs analytically (:func:`memlab.predict.flops.megatron_iteration_flops`) and counted, and the time (and on
     CUDA the allocator peak) of ``timing_repeats`` further forward + backward runs without any instrumentation.
     """
@@ -163,16 +164,14 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
     dev = torch.device(device)
     torch.manual_seed(seed)
     model = build_model(config, strategy, k=k, segments=segments, attention=attention, device=dev)
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(dev)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
+    idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
 
     def categorize(t: torch.Tensor, scope: tuple[torch.nn.Module, ...]) -> str:
         if getattr(model, "in_blocks", False) and scope and scope[-1] is model:
             return "block inputs (recompute)"
         return saved_tensor_category(t, scope)
 
-    with LiveTensorBytes(sample_every=1 << 30) as live:
+    with LiveBytes(sample_every=None) as live:
         live.track(model.parameters(), "params")
         recorder = SavedTensorRecorder(model, categorize=categorize)
         with recorder:

@@ -39,9 +39,11 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlab.measure.accounting import model_states, storage_key
+from memlab.measure.cuda import synchronize
 from memlab.predict.communication import collective_volume_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.run.gpt import GPT
+from memlab.run.tokens import token_batch
 
 STRATEGIES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload")
 
@@ -135,11 +137,6 @@ def _wrap(strategy: str, model: GPT, device: torch.device) -> tuple[torch.nn.Mod
     return model, torch.optim.AdamW(model.parameters(), foreach=False)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:
     """Train ``spec["steps"]`` steps under ``strategy`` on this rank and measure the last one (see module doc)."""
     cfg = TransformerConfig(**spec["config"])
@@ -153,23 +150,21 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
     init_device = "cpu" if strategy == "fsdp2-offload" else device
     model = GPT(cfg, attention=spec.get("attention", "eager"), device=init_device)
     wrapped, opt = _wrap(strategy, model, device)
-    gen = torch.Generator().manual_seed(seed + 1000 * rank)
-    data = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=gen).to(device)
-    idx, tgt = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    idx, tgt = token_batch(cfg.vocab_size, batch, seq, device, seed + 1000 * rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     probe, states, times = None, None, []
     for step in range(int(spec.get("steps", 2))):
         last = step == int(spec.get("steps", 2)) - 1
         probe = StepProbe(lambda w=wrapped: list(w.parameters()), sample=last and strategy.startswith("fsdp2"))
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         with probe:
             wrapped(idx, tgt).backward()
             if last:  # gradients as the optimizer sees them, before the step (FSDP2: the reduced shards)
                 grads = model_states(wrapped, None, device=device).grads_bytes
             opt.step()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
         if last:
             states = {"device": model_states(wrapped, opt, device=device),

@@ -24,6 +24,7 @@ from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
+from memlab.run.tokens import token_ids
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISION_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16"}
@@ -113,8 +114,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     :class:`~memlab.measure.accounting.SavedActivations`."""
     cfg = model.config
     dev = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(dev)
+    idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     rec = SavedTensorRecorder(model)
     # autocast exits inside the recorder, so its weight-cast cache is released as in training

@@ -1,7 +1,7 @@
 """The OOM troubleshooting row of seed 004, made executable: small loops that leak, and the same loops fixed.
 
 Each case runs the reference GPT for a few iterations and returns one row per iteration with the live tensor
-bytes at its end (:class:`memlab.measure.live.LiveTensorBytes`, on any device; on CUDA also the allocator's
+bytes at its end (:class:`memlab.measure.live_bytes.LiveBytes`, on any device; on CUDA also the allocator's
 allocated and reserved bytes). A leak is bytes that grow with the iteration number; :func:`growth_per_iteration`
 is the least-squares slope.
 
@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.errors import SetupError
-from memlab.measure.live import LiveTensorBytes
+from memlab.measure.live_bytes import LiveBytes
 from memlab.predict.models import TransformerConfig, preset
 from memlab.run.gpt import GPT
+from memlab.run.tokens import token_batch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -76,16 +77,14 @@ def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerCon
     torch.manual_seed(seed)
     model = GPT(config, device=dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(dev)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
+    idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
     rows: list[dict[str, Any]] = []
     running: Any = 0.0
     kept: list[Any] = []
     was_enabled = gc.isenabled()
     gc.disable()  # automatic collection off: only the loop's own gc.collect() frees a cycle
     try:
-        with LiveTensorBytes(sample_every=1 << 30) as live:
+        with LiveBytes(sample_every=None) as live:
             live.track(model.parameters(), "params")
             baseline = live.live_bytes
             for i in range(iters):

@@ -2,7 +2,7 @@
 
 :func:`memlab.run.runner.run_step` gives exact bytes at the phase *boundaries* of the first step; this gives the
 bytes *between* them (temporaries, the moment backward holds both activations and gradients, the optimizer's
-``foreach`` scratch) for ``steps`` consecutive steps, counted by :class:`memlab.measure.live.LiveTensorBytes`.
+``foreach`` scratch) for ``steps`` consecutive steps, counted by :class:`memlab.measure.live_bytes.LiveBytes`.
 It shows why a job that survives step 1 can die at step 2: Adam's moments appear during the first
 ``optimizer.step()`` and are there for every later forward and backward. On CUDA the allocator's bytes are what
 count (``run_step`` and ``memlab.measure.cuda``); this is the device-independent twin.
@@ -20,17 +20,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.errors import SetupError
-from memlab.measure.live import LiveTensorBytes
+from memlab.measure.live_bytes import LiveBytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
-from memlab.run.gpt import GPT
-from memlab.run.optimizers import build_optimizer
-from memlab.run.training_step import model_dtype, training_step
+from memlab.run.tokens import token_batch
+from memlab.run.training_step import build_training
 
 if TYPE_CHECKING:
     import pandas as pd
-
-PHASES = ("forward", "backward", "optimizer step", "zero_grad")
 
 
 @dataclass(frozen=True)
@@ -42,14 +39,14 @@ class LiveSteps:
     params_bytes: int
     peak_bytes: int
     peak_label: str
+    phases: tuple[dict[str, Any], ...] = ()
+    """One row per (step, phase): step, phase, start_bytes, peak_bytes, end_bytes (:meth:`LiveBytes.phase`)."""
 
     def peaks(self) -> pd.DataFrame:
         """Largest live bytes in each step and phase, in order: columns step, phase, peak_bytes."""
-        f = self.frame[self.frame["label"].str.startswith("step ")]
-        out = f.groupby("label", sort=False)["live_bytes"].max().reset_index()
-        parts = out["label"].str.extract(r"step (\d+): (.+)")
-        return out.assign(step=parts[0].astype(int), phase=parts[1])[["step", "phase", "live_bytes"]].rename(
-            columns={"live_bytes": "peak_bytes"})
+        import pandas as pd
+
+        return pd.DataFrame(list(self.phases), columns=["step", "phase", "peak_bytes"])
 
     def against(self, predicted: Any) -> pd.DataFrame:
         """The measured peaks beside a prediction's phases (``estimate(...)``, a MemoryBreakdown): step 1 is the
@@ -79,15 +76,6 @@ class LiveSteps:
         return d
 
 
-def _optimizer(name: str, lr: float, foreach: bool) -> Any:
-    if not foreach:
-        return lambda ps: build_optimizer(name, ps, lr)
-    if name not in ("adamw", "adam"):
-        raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {name!r}")
-    cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return lambda ps: cls(list(ps), lr=lr, foreach=True)
-
-
 def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.device | str = "cpu", *,
                         steps: int = 2, seed: int = 0, lr: float = 1e-4, foreach: bool = False) -> LiveSteps:
     """Train ``config`` under ``setup`` for ``steps`` steps and count live tensor bytes at every op.
@@ -100,33 +88,31 @@ def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.d
         raise SetupError(f"steps must be a positive integer, got {steps!r}")
     if setup.mode != "train":
         raise SetupError("live_training_steps follows training steps; use run_step for inference")
+    if foreach and setup.optimizer not in ("adamw", "adam"):
+        raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {setup.optimizer!r}")
     dev = torch.device(device)
-    torch.manual_seed(seed)
-    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=dev,
-                dtype=model_dtype(setup.policy)).train()
-    step = training_step(model, setup.policy, dev, _optimizer(setup.optimizer, lr, foreach))
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1), generator=gen).to(dev)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()
-    with LiveTensorBytes() as live:
+    model, step = build_training(config, setup, dev, seed=seed, lr=lr,
+                                 optimizer_impl="foreach" if foreach else "for-loop")
+    idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, dev, seed)
+    with LiveBytes() as live:
         params = live.track(model.parameters(), "params")
         holder = step.state_holder()
         extra = getattr(holder, "memlab_state_tensors", None)
         if callable(extra):  # fp32 master weights exist before the first step
             live.track((t for ts in extra().values() for t in ts), "master weights")
         for i in range(1, steps + 1):
-            live.mark(f"step {i}: forward")
-            with step.forward_context():
+            with live.phase("forward", label=f"step {i}: forward", step=i), step.forward_context():
                 loss = model(idx, tgt)
-            live.mark(f"step {i}: backward")
-            step.backward(loss)
-            del loss
-            live.mark(f"step {i}: optimizer step")
-            step.step()
-            live.mark(f"step {i}: zero_grad")
-            step.zero_grad(set_to_none=True)
+            with live.phase("backward", label=f"step {i}: backward", step=i):
+                step.backward(loss)
+                del loss
+            with live.phase("optimizer step", label=f"step {i}: optimizer step", step=i):
+                step.step()
+            with live.phase("zero_grad", label=f"step {i}: zero_grad", step=i):
+                step.zero_grad(set_to_none=True)
         live.mark("done")
-    return LiveSteps(frame=live.frame(), params_bytes=params, peak_bytes=live.peak_bytes, peak_label=live.peak_label)
+    return LiveSteps(frame=live.frame(), params_bytes=params, peak_bytes=live.peak_bytes, peak_label=live.peak_label,
+                     phases=tuple(live.phases))
 
 
 def fit_sweep(config: TransformerConfig, setup: Setup, batches: list[int], capacity_bytes: int,

@@ -23,18 +23,12 @@ import torch
 from memlab.errors import SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.run.gpt import GPT
+from memlab.run.tokens import token_batch
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _batch(config: TransformerConfig, batch: int, seq: int, seed: int,
-           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(device)
-    return data[:, :-1].clone(), data[:, 1:].clone()
 
 
 def real_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, seed: int = 0,
@@ -43,7 +37,7 @@ def real_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, 
     dev = torch.device(device)
     torch.manual_seed(seed)
     model = GPT(config, device=dev).train()
-    idx, tgt = _batch(config, batch, seq, seed, dev)
+    idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
     model(idx, tgt).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -89,7 +83,7 @@ def scaler_trajectory(config: TransformerConfig, *, steps: int = 8, init_scale: 
     model = GPT(config, device=dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler(dev.type, init_scale=init_scale, growth_interval=growth_interval)
-    idx, tgt = _batch(config, batch, seq, seed, dev)
+    idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
     rows = []
     for i in range(steps):
         with torch.autocast(dev.type, dtype=torch.float16):

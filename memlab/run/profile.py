@@ -32,6 +32,8 @@ from memlab.errors import SetupError
 from memlab.predict.flops import roofline_bound
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
+from memlab.run.tokens import token_batch
+from memlab.run.training_step import build_training
 
 ELEMENT_BYTES = {
     "float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "short int": 2,
@@ -178,24 +180,6 @@ def _phase_of(event: Any, ranges: dict[str, tuple[int, int]]) -> str:
     return "other"
 
 
-def build_training(config: TransformerConfig, setup: Setup, device: torch.device, *, seed: int = 0,
-                   lr: float = 1e-4) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
-    """(model, training step, input ids, targets): the reference GPT wired as :func:`memlab.run.runner.run_step`
-    wires it (precision policy, optimizer, attention kernel, recompute), on one synthetic batch."""
-    from memlab.run.gpt import GPT
-    from memlab.run.optimizers import build_optimizer
-    from memlab.run.training_step import model_dtype, training_step
-
-    torch.manual_seed(seed)
-    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device,
-                dtype=model_dtype(setup.policy))
-    model.train()
-    step = training_step(model, setup.policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr))
-    gen = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1), generator=gen).to(device)
-    return model, step, data[:, :-1].clone(), data[:, 1:].clone()
-
-
 def profile_step(config: TransformerConfig, setup: Setup, device: str | torch.device = "auto", *, seed: int = 0,
                  lr: float = 1e-4) -> StepProfile:
     """Profile one steady-state training step of the reference GPT under ``setup`` (see the module doc)."""
@@ -204,7 +188,8 @@ def profile_step(config: TransformerConfig, setup: Setup, device: str | torch.de
     if setup.mode != "train":
         raise SetupError("profile_step profiles a training step: use a Setup with mode='train'")
     dev = resolve_device(device)
-    model, step, idx, tgt = build_training(config, setup, dev, seed=seed, lr=lr)
+    model, step = build_training(config, setup, dev, seed=seed, lr=lr)
+    idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, dev, seed)
 
     def one_step(marked: bool) -> None:
         ctx = record_function if marked else (lambda _name: contextlib.nullcontext())

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from memlab.device import cpu_model, resolve_device, resolve_scale, torch_dtype
+from memlab.device import cache_bytes as cpu_cache_bytes
+from memlab.device import cpu_model, last_level_cache_bytes, resolve_device, resolve_scale, torch_dtype
 from memlab.errors import MemlabError, unknown_name
 from memlab.measure.cuda import Device
 from memlab.predict.precision import DTYPE_BYTES
@@ -50,56 +48,9 @@ def default_shapes(device: Device = None, scale: str = "auto") -> list[tuple[int
     return [(1, 2048, 2048), (16, 2048, 2048)] + [(s, s, s) for s in (256, 512, 1024, 2048)]
 
 
-_SIZE_SUFFIX = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-CPU_CACHE_DIR = Path("/sys/devices/system/cpu")
-
-
-def _cache_size(text: str) -> int | None:
-    """``"32768K"`` (sysfs) or ``"1048576"`` -> bytes; None when unreadable."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text or "", flags=re.IGNORECASE)
-    return int(match.group(1)) * _SIZE_SUFFIX[match.group(2).upper()] if match else None
-
-
-def _sysfs_caches(root: Path) -> dict[str, int]:
-    """Per-level sizes from ``root/cpu*/cache/index*/{level,type,size,shared_cpu_list}``; the highest level's
-    distinct instances (by the CPUs that share each) are summed into ``last_level_total``."""
-    levels: dict[str, int] = {}
-    instances: dict[tuple[str, str], int] = {}
-    for index in sorted(root.glob("cpu[0-9]*/cache/index[0-9]*")):
-        try:
-            level = (index / "level").read_text().strip()
-            kind = (index / "type").read_text().strip()
-            size = _cache_size((index / "size").read_text())
-            shared = (index / "shared_cpu_list").read_text().strip()
-        except OSError:
-            continue
-        if size is None or kind == "Instruction":
-            continue
-        name = f"L{level}" + ("d" if kind == "Data" else "")
-        levels.setdefault(name, size)
-        instances[(name, shared)] = size
-    if not levels:
-        return {}
-    last = max(levels, key=lambda n: (int(n[1]), n))
-    return {**levels, "last_level": levels[last],
-            "last_level_total": sum(v for (n, _), v in instances.items() if n == last)}
-
-
-def _lscpu_caches() -> dict[str, int]:
-    """The same from ``lscpu -B -C=NAME,ONE-SIZE,ALL-SIZE`` (bytes), when sysfs has no cache directory."""
-    try:
-        done = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE,ALL-SIZE"], capture_output=True, text=True,
-                              timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    rows = [line.split() for line in done.stdout.splitlines()[1:] if len(line.split()) == 3]
-    levels = {name.upper().replace("D", "d"): int(one) for name, one, _ in rows if one.isdigit() and
-              not name.lower().endswith("i")}
-    totals = {name.upper().replace("D", "d"): int(all_) for name, _, all_ in rows if all_.isdigit()}
-    if not levels:
-        return {}
-    last = max(levels, key=lambda n: (n[1:2], n))
-    return {**levels, "last_level": levels[last], "last_level_total": totals.get(last, levels[last])}
+def _l2_bytes(dev: torch.device) -> int:
+    """The CUDA device's L2 in bytes (torch's ``L2_cache_size``; 0 when torch does not say)."""
+    return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
 
 
 def cache_bytes(device: Device = None) -> dict[str, int]:
@@ -107,14 +58,14 @@ def cache_bytes(device: Device = None) -> dict[str, int]:
     them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances on the
     machine: the cache a multi-threaded kernel can fill). {} when unknown.
 
-    CPU: Linux sysfs (``/sys/devices/system/cpu/cpu*/cache/index*``: level, type, size, shared_cpu_list), else
-    ``lscpu``. CUDA: the L2 from torch's device properties (``L2_cache_size``), the GPU's last level.
+    CPU: :func:`memlab.device.cache_bytes` (Linux sysfs, else ``lscpu``). CUDA: the L2 from torch's device
+    properties (``L2_cache_size``), the GPU's last level.
     """
     dev = resolve_device(device)
     if dev.type == "cuda":
-        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+        l2 = _l2_bytes(dev)
         return {"L2": l2, "last_level": l2, "last_level_total": l2} if l2 > 0 else {}
-    return _sysfs_caches(CPU_CACHE_DIR) or _lscpu_caches()
+    return cpu_cache_bytes()
 
 
 def _mib_up(n: float) -> int:
@@ -163,7 +114,7 @@ def l2_flush_bytes(device: Device = None) -> int:
     dev = resolve_device(device)
     if dev.type != "cuda":
         return 0
-    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    l2 = _l2_bytes(dev)
     return max(L2_FLUSH_MIN_BYTES, 4 * l2)
 
 
@@ -417,18 +368,16 @@ DRAM_FALLBACK_BYTES = 256 * 2**20
 def beyond_cache_bytes(device: Device = None, factor: int = 4) -> int:
     """Bytes per bandwidth array that no cache can hold: ``factor`` x the last-level cache.
 
-    CPU: the last level from :func:`memlab.device.last_level_cache_bytes` (sysfs), or
+    CPU: the last level from :func:`memlab.device.last_level_cache_bytes` (sysfs or lscpu), or
     :data:`DRAM_FALLBACK_BYTES` when it is not reported. CUDA: ``factor`` x the L2 (at least 256 MiB). Rounded up
     to a whole MiB. With ``factor >= 2`` a STREAM kernel's arrays together are at least 4x the cache, so its
     bandwidth is DRAM's (or HBM's), not the cache's.
     """
-    from memlab.device import last_level_cache_bytes
-
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
         raise MemlabError(f"factor must be an integer >= 2 (arrays larger than the cache), got {factor!r}.")
     dev = resolve_device(device)
     if dev.type == "cuda":
-        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+        l2 = _l2_bytes(dev)
         size = max(L2_FLUSH_MIN_BYTES, factor * l2)
     else:
         llc = last_level_cache_bytes()

@@ -28,14 +28,15 @@ import torch
 from memlab.device import resolve_device, torch_dtype
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
+from memlab.measure.cuda import synchronize
 from memlab.measure.live_bytes import PhasePeaks
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import _STEPS_WHY, MAX_STEPS, Setup
 from memlab.predict.validate import check_int
 from memlab.run.gpt import GPT, KVCache, saved_tensor_category
-from memlab.run.optimizers import build_optimizer
-from memlab.run.training_step import TrainingStep, model_dtype, training_step
+from memlab.run.tokens import token_batch, token_ids
+from memlab.run.training_step import TrainingStep, build_training, model_dtype
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,6 @@ class Measurement:
         return row
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_region(fn: Callable[[], Any], device: torch.device) -> float:
     """Seconds ``fn`` takes: CUDA events around it on a GPU, ``perf_counter`` on a CPU."""
     if device.type == "cuda":
@@ -163,11 +159,6 @@ def _states(model: torch.nn.Module, step: TrainingStep | None, device: torch.dev
     return {"params": st.params_bytes, "grads": st.grads_bytes, "optimizer": st.optimizer_bytes}
 
 
-def _tokens(config: TransformerConfig, batch: int, seq: int, device: torch.device, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (batch, seq + 1), generator=gen).to(device)
-
-
 def _cuda_stats(device: torch.device) -> dict[str, Any] | None:
     if device.type != "cuda":
         return None
@@ -196,15 +187,8 @@ def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, t
 def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int, lr: float,
            with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True,
            with_phase_peaks: bool = True) -> dict[str, Any]:
-    torch.manual_seed(seed)
-    policy = setup.policy
-    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device, dtype=model_dtype(policy))
-    model.train()
-    step = training_step(model, policy, device,
-                         lambda ps: build_optimizer(setup.optimizer, ps, lr, setup.optimizer_impl))
-    data = _tokens(config, setup.batch, setup.seq, device, seed)
-    idx, tgt = data[:, :-1].clone(), data[:, 1:].clone()  # separate storages, as a data loader yields
-    del data
+    model, step = build_training(config, setup, device, seed=seed, lr=lr)
+    idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, device, seed)
     out: dict[str, Any] = {}
     holder = step.state_holder()
     extra = holder.memlab_state_tensors() if hasattr(holder, "memlab_state_tensors") else {}
@@ -274,7 +258,7 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
         grad_bytes.append(grads)
 
     grad_bytes: list[int] = []
-    _sync(device)
+    synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = [time_region(one_step, device) for _ in range(steps)]
@@ -339,7 +323,7 @@ def _infer(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     model = GPT(config, attention=setup.attention, device=device, dtype=dtype).eval()
     n_decode = min(steps, setup.seq - 1)
     prompt = setup.seq - n_decode
-    data = _tokens(config, setup.batch, setup.seq, device, seed)
+    data = token_ids(config.vocab_size, setup.batch, setup.seq + 1, device, seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with torch.no_grad():

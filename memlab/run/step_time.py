@@ -24,6 +24,7 @@ import torch
 
 from memlab.device import resolve_device
 from memlab.errors import SetupError
+from memlab.measure.cuda import synchronize
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 
@@ -81,11 +82,6 @@ class LoopResult:
         return row
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.device = "auto", *, steps: int = 4,
                   label: str = "", delay_s: float = 0.0, num_workers: int = 0, pin_memory: bool = False,
                   prefetch_factor: int | None = None, item_every: int = 0, log_every: int = 0,
@@ -102,12 +98,12 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
     """
     from memlab.device import detect
     from memlab.predict.flops import mfu
-    from memlab.run.profile import build_training
+    from memlab.run.training_step import build_training
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise SetupError(f"steps must be an integer >= 1, got {steps!r}")
     dev = resolve_device(device)
-    model, step, _, _ = build_training(config, setup, dev, seed=seed)
+    model, step = build_training(config, setup, dev, seed=seed)
     dataset = SlowTokens(config.vocab_size, setup.seq, setup.batch * (steps + 1), delay_s)
     extra = {"prefetch_factor": prefetch_factor} if num_workers and prefetch_factor else {}
     loader = torch.utils.data.DataLoader(dataset, batch_size=setup.batch, num_workers=num_workers,
@@ -124,7 +120,7 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
 
         def mark(marks: list[float] = marks) -> None:
             if split_phases:
-                _sync(dev)
+                synchronize(dev)
             marks.append(time.perf_counter())
 
         with step.forward_context():
@@ -139,7 +135,7 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
             float(loss.item())
         if log_every and i % log_every == 0:
             log.write(f"step {i} loss {loss.item():.4f}\n")
-        _sync(dev)
+        synchronize(dev)
         marks.append(time.perf_counter())
         if checkpoint_every and i % checkpoint_every == 0:
             torch.save({"model": model.state_dict(), "optimizer": step.state_holder().state_dict()}, io.BytesIO())

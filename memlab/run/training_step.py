@@ -17,13 +17,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from memlab.device import torch_dtype
 from memlab.predict.precision import PrecisionPolicy
+
+if TYPE_CHECKING:
+    from memlab.predict.models import TransformerConfig
+    from memlab.predict.setup import Setup
 
 
 def model_dtype(policy: PrecisionPolicy) -> torch.dtype:
@@ -190,3 +194,19 @@ def training_step(
     optimizer = make_optimizer(_unique_params(model))
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
     return TrainingStep(policy, device, optimizer, scaler)
+
+
+def build_training(config: TransformerConfig, setup: Setup, device: torch.device, *, seed: int = 0,
+                   lr: float = 1e-4, optimizer_impl: str | None = None) -> tuple[nn.Module, TrainingStep]:
+    """The reference GPT for ``setup`` (dtype from its precision policy, attention kernel, recompute), seeded with
+    ``seed`` and in train mode, and its :class:`TrainingStep` with ``setup.optimizer`` run by ``optimizer_impl``
+    (default ``setup.optimizer_impl``): how :func:`memlab.run.runner.run_step`, the live-bytes steps and the
+    profiler build the step they measure."""
+    from memlab.run.gpt import GPT
+    from memlab.run.optimizers import build_optimizer
+
+    torch.manual_seed(seed)
+    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device,
+                dtype=model_dtype(setup.policy)).train()
+    impl = setup.optimizer_impl if optimizer_impl is None else optimizer_impl
+    return model, training_step(model, setup.policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr, impl))

@@ -16,35 +16,28 @@ On CUDA (each returns a frame with ``status="skipped"`` and the reason elsewhere
 - :func:`nvml_memory_ledger`: NVML "used" = other processes + CUDA context + allocator reserved, stage by stage
   (allocate, free, ``empty_cache``), with the residual.
 
-``python -m memlab.run.utilisation --out DIR`` runs all of them and writes ``utilisation_NAME.csv`` with its
-``utilisation_NAME.json`` (provenance: GPU, driver, torch, commit, date) for ``data/recorded/``.
+``python scripts/record_utilisation.py --out DIR`` runs all of them and writes ``utilisation_NAME.csv`` with its
+``utilisation_NAME.json`` (:func:`memlab.course.provenance.write_recorded`) for ``data/recorded/``.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import datetime as dt
+import functools
 import gc
-import json
-import subprocess
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
 from memlab.device import resolve_device
-from memlab.errors import MemlabError
+from memlab.predict.validate import check_number
 
-
-def _pos(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise MemlabError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+_pos = functools.partial(check_number, lo=0.0, lo_open=True)
+"""A finite number > 0, or the :class:`MemlabError` naming it (:func:`memlab.predict.validate.check_number`)."""
 
 
 def _busy_python(deadline: float) -> float:
@@ -357,45 +350,3 @@ def monitor_snapshot(index: int = 0) -> pd.DataFrame:
     t["GB"] = t["bytes"] / 1e9
     return t
 
-
-def provenance(device: str | torch.device = "auto") -> dict[str, Any]:
-    """Device, driver, CUDA, torch, memlab commit and UTC date, for a recorded data file."""
-    from memlab.device import describe
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    d = describe(str(resolve_device(device)))
-    return {"gpu": d["device"] if d["device_kind"] == "cuda" else None, "device": d["device"],
-            "driver": d["driver_version"], "cuda": d["cuda_version"], "torch": d["torch_version"], "commit": commit,
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m memlab.run.utilisation --out DIR [--device auto] [--duration 2]``."""
-    parser = argparse.ArgumentParser(prog="python -m memlab.run.utilisation", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for utilisation_NAME.csv and .json")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--duration", type=float, default=2.0, help="seconds per GPU-Util workload")
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    frames = {"nvml_ledger": nvml_memory_ledger(args.device)}  # first: before anything else initialises CUDA
-    from memlab.device import detect
-
-    frames["gpu_util"] = gpu_util_demo(args.device, duration_s=args.duration)
-    frames["cpu_busy"] = cpu_busy_vs_work(peak_flops_per_s=detect(device="cpu").peak_flops["fp32"])
-    frames["rss"] = rss_vs_live_bytes()
-    frames["monitor"] = monitor_snapshot()
-    for name, frame in frames.items():
-        frame.to_csv(args.out / f"utilisation_{name}.csv", index=False)
-        print(f"--- {name}\n{frame.to_string(index=False)}", flush=True)
-    prov = provenance(args.device)
-    for name in frames:  # one provenance file per table, as memlab.course.chapter.load_recorded reads them
-        (args.out / f"utilisation_{name}.json").write_text(json.dumps({"provenance": prov}, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -32,6 +32,7 @@ def test_auto_means_ci_scale_on_cpu() -> None:
     ({"device": "tpu"}, "device must be"),
     ({"seed": -1}, "seed must be"),
     ({"seed": 1.5}, "seed must be"),
+    ({"ci_threads": 0}, "ci_threads must be"),
 ])
 def test_bad_parameters_get_one_clear_error(tmp_path: Path, kwargs: dict, match: str) -> None:
     with pytest.raises(MemlabError, match=match):
@@ -52,6 +53,31 @@ def test_chapter_creates_out_dir_and_seeds_every_generator(tmp_path: Path) -> No
     assert (random.random(), torch.rand(1).item()) == first
     assert ch.out_dir == out.resolve() and out.is_dir()
     assert ch.to_dict() == {"scale": "ci", "device": "cpu", "seed": 7, "out_dir": str(out.resolve())}
+
+
+def test_ci_threads_pins_torch_on_a_cpu_at_ci_scale_only(tmp_path: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        chapter("full", "cpu", 0, tmp_path, ci_threads=1)
+        assert torch.get_num_threads() == before
+        chapter("ci", "cpu", 0, tmp_path, ci_threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_seed_claims_are_saved_and_shown_whole(tmp_path: Path) -> None:
+    ch = chapter("ci", "cpu", 0, tmp_path)
+    long = "x" * 300
+    shown = ch.seed_claims([{"#": 7, "claim": "halves memory [seed-000]", "verdict": "does not hold", "number": long}])
+    assert pd.read_csv(tmp_path / "seed_claims.csv").to_dict("records") == shown.frame.to_dict("records")
+    assert long in shown._repr_html_()
+    tuples = ch.seed_claims([("001", "c", "holds", "1")], columns=["seed", "claim", "verdict", "number"])
+    assert list(tuples.frame.columns) == ["seed", "claim", "verdict", "number"]
+    with pytest.raises(MemlabError, match="verdict"):
+        ch.seed_claims([{"claim": "c"}])
+    with pytest.raises(MemlabError, match="at least one row"):
+        ch.seed_claims([])
 
 
 def test_save_figure_and_table_write_into_out_dir(tmp_path: Path) -> None:

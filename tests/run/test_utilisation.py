@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,16 +17,19 @@ from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run import roofline, step_time, utilisation
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def test_cache_bytes_reads_sysfs_levels(tmp_path) -> None:
     for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
                                              (3, "Unified", "32768K")]):
-        d = tmp_path / f"index{i}"
-        d.mkdir()
+        d = tmp_path / "cpu0" / "cache" / f"index{i}"  # no shared_cpu_list: each CPU's caches its own
+        d.mkdir(parents=True)
         (d / "level").write_text(f"{level}\n")
         (d / "type").write_text(f"{kind}\n")
         (d / "size").write_text(f"{size}\n")
-    assert cache_bytes(tmp_path) == {"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 32 * 2**20}
+    assert cache_bytes(tmp_path) == {"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 32 * 2**20,
+                                     "last_level": 32 * 2**20, "last_level_total": 32 * 2**20}
     assert last_level_cache_bytes(tmp_path) == 32 * 2**20
     assert cache_bytes(tmp_path / "absent") == {} and last_level_cache_bytes(tmp_path / "absent") is None
 
@@ -88,7 +93,10 @@ def test_cuda_demos_skip_with_the_reason_on_cpu() -> None:
 
 
 def test_entry_point_writes_tables_with_provenance(tmp_path) -> None:
-    assert utilisation.main(["--out", str(tmp_path), "--duration", "0.2"]) == 0
+    spec = importlib.util.spec_from_file_location("record_utilisation", ROOT / "scripts" / "record_utilisation.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--out", str(tmp_path), "--duration", "0.2"]) == 0
     for name in ("gpu_util", "nvml_ledger", "cpu_busy", "rss", "monitor"):
         assert (tmp_path / f"utilisation_{name}.csv").exists()
         assert "provenance" in (tmp_path / f"utilisation_{name}.json").read_text()

@@ -1,4 +1,5 @@
-"""LiveTensorBytes counts live storages exactly: freed ones leave at once, views count once, cycles wait for gc."""
+"""LiveBytes counts live storages exactly: freed ones leave at once, views count once, cycles wait for gc;
+phases keep their peak."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError
-from memlab.measure.live import LiveTensorBytes, stacked_by_label
+from memlab.measure.live_bytes import LiveBytes, stacked_by_label
 
 
 def test_counts_new_storages_and_drops_them_when_freed() -> None:
-    with LiveTensorBytes() as live:
+    with LiveBytes() as live:
         a = torch.zeros(1000)  # 4000 bytes
         v = a.view(10, 100)  # a view: same storage
         assert live.live_bytes == 4000
@@ -28,7 +29,7 @@ def test_counts_new_storages_and_drops_them_when_freed() -> None:
 def test_track_adds_existing_tensors_under_their_label() -> None:
     w = torch.ones(256)
     view = w.view(16, 16)
-    with LiveTensorBytes() as live:
+    with LiveBytes() as live:
         assert live.track([w, view], "params") == 1024
         live.mark("forward")
         y = w * 2
@@ -42,7 +43,7 @@ def test_track_adds_existing_tensors_under_their_label() -> None:
 def test_backward_gradients_and_saved_tensors_are_seen() -> None:
     lin = torch.nn.Linear(64, 64, bias=False)
     x = torch.randn(32, 64)
-    with LiveTensorBytes() as live:
+    with LiveBytes() as live:
         live.mark("forward")
         loss = lin(x).square().sum()
         live.mark("backward")
@@ -54,7 +55,7 @@ def test_backward_gradients_and_saved_tensors_are_seen() -> None:
 def test_a_reference_cycle_holds_its_tensor_until_gc() -> None:
     gc.disable()
     try:
-        with LiveTensorBytes() as live:
+        with LiveBytes() as live:
             holder: dict = {"t": torch.zeros(100)}
             holder["self"] = holder
             del holder
@@ -67,4 +68,28 @@ def test_a_reference_cycle_holds_its_tensor_until_gc() -> None:
 
 def test_sample_every_must_be_positive() -> None:
     with pytest.raises(MemlabError, match="sample_every"):
-        LiveTensorBytes(sample_every=0)
+        LiveBytes(sample_every=0)
+
+
+def test_a_phase_keeps_the_peak_inside_it() -> None:
+    with LiveBytes(sample_every=None) as live:
+        a = torch.zeros(100)  # 400 bytes
+        with live.phase("transient", step=1):
+            b = a * 2
+            c = a + 1
+            del b  # a transient: gone before the phase ends
+        del a, c
+    assert live.phases == [{"step": 1, "phase": "transient", "start_bytes": 400, "peak_bytes": 1200,
+                            "end_bytes": 800}]
+    assert live.samples == [] and live.peak_label == "transient"
+
+
+def test_fake_tensors_are_counted_like_real_ones() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), LiveBytes() as live:
+        x = torch.zeros(64, 64)
+        y = x @ x
+        assert live.live_bytes == 2 * 64 * 64 * 4
+        del x, y
+        assert live.live_bytes == 0
