@@ -1,6 +1,6 @@
 """The estimator's peak against ``memlab trace``'s over a grid of models and setups: median and worst error.
 
-Each point traces one reference-GPT step on fake tensors (:func:`memlab.run.trace.trace_gpt`, CPU, the optimizer
+Each point traces one reference-GPT step on fake tensors (:func:`memlab.tracing.gpt.trace_gpt`, CPU, the optimizer
 implementation torch picks on CUDA) and predicts it (:func:`memlab.predict.estimate.estimate`, CUDA widths: the same
 as the CPU trace for fp32, and within the few autocast/norm widths :mod:`memlab.predict.activations` lists
 otherwise). Issue 9's target: median <= 3 %, worst <= 8 %. Sharded setups (ZeRO-3 over 8 ranks) trace FSDP2 over

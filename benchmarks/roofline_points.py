@@ -10,8 +10,8 @@ import argparse
 
 import pandas as pd
 
-from memlab import device as device_mod
-from memlab.run import roofline as bench
+from memlab.measure import machine as device_mod
+from memlab.measure import roofline as bench
 
 
 def main() -> None:

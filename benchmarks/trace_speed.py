@@ -1,7 +1,7 @@
 """How fast ``memlab trace`` runs a Llama-2-7B-shaped training step at seq 4096 on fake tensors, and its peak RSS.
 
 Issue 9 asks for <= 30 s and <= 1 GiB peak RSS on the 2-core course machine. The step (fp32, AdamW, flash
-attention, batch 1) is traced once in this process (:func:`memlab.run.trace.trace_gpt`); the RSS is the process's
+attention, batch 1) is traced once in this process (:func:`memlab.tracing.gpt.trace_gpt`); the RSS is the process's
 peak (``resource.getrusage``), imports included.
 
 Usage: ``python benchmarks/trace_speed.py [--preset NAME] [--seq S]``.
@@ -17,7 +17,7 @@ import time
 from memlab.predict.estimate import estimate
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
-from memlab.run.trace import trace_gpt
+from memlab.tracing.gpt import trace_gpt
 from memlab.units import GiB, MiB
 
 TARGET_S, TARGET_RSS = 30.0, 1 * GiB

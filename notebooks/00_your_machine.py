@@ -37,9 +37,9 @@ import psutil
 from memlab import chapter, detect, roofline_bound
 from memlab.compare import plots
 from memlab.course import exercises
-from memlab.device import describe
+from memlab.measure import roofline
+from memlab.measure.machine import describe
 from memlab.predict import hardware
-from memlab.run import roofline
 from memlab.units import GB, GiB, MiB, fmt_bytes, fmt_rate
 
 ch = chapter(scale, device, seed, out_dir)
@@ -49,7 +49,7 @@ ch
 # %% [markdown]
 # ## 1. The formula: what is this device, and what are its peaks?
 #
-# `memlab.device.detect()` resolves a GPU's name and memory to one row of memlab's accelerator table (dense
+# `memlab.measure.machine.detect()` resolves a GPU's name and memory to one row of memlab's accelerator table (dense
 # peaks per dtype, memory, bandwidth, and the datasheet each comes from). A GPU missing from the table gets *no*
 # peak, with the reason, never a neighbour's. A CPU has no datasheet row: its matmul peak is measured by a short
 # benchmark, cached, and marked as measured.
@@ -79,14 +79,14 @@ ch.cpu_note("a CPU has no datasheet peak in memlab's table, so its ceiling is it
 # %% [markdown]
 # ## 2. The experiment: a matmul and a memory copy, against those peaks
 #
-# `memlab.run.roofline.matmul_flops_per_s` times `C = A @ B` for a few shapes and dtypes (FLOPs = 2·m·n·k). One
+# `memlab.measure.roofline.matmul_flops_per_s` times `C = A @ B` for a few shapes and dtypes (FLOPs = 2·m·n·k). One
 # shape has m = 1: a **GEMV**, a *general matrix-vector product* (one vector times a matrix, as in one decoding
-# step), which does little arithmetic per byte it reads. `memlab.run.roofline.bandwidth_bytes_per_s` times two
+# step), which does little arithmetic per byte it reads. `memlab.measure.roofline.bandwidth_bytes_per_s` times two
 # kernels of McCalpin's **STREAM** benchmark `[mccalpin1995]`: *copy* (`a = b`) and *triad*
 # (`a = b + s·c`, two reads and one write per element), counting bytes as STREAM does.
 #
 # Where an array lives decides what is measured: one that fits in a cache measures the cache, one larger than
-# every cache measures DRAM (or a GPU's HBM). `memlab.run.roofline.cache_bytes` reads this machine's cache sizes
+# every cache measures DRAM (or a GPU's HBM). `memlab.measure.roofline.cache_bytes` reads this machine's cache sizes
 # (Linux sysfs or `lscpu`; a GPU's L2 from its device properties) and `default_sizes` picks one array inside
 # the L2 and one at least twice the whole last-level cache:
 

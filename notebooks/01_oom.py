@@ -38,11 +38,11 @@ from IPython.display import display
 from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
 from memlab.compare import plots
 from memlab.course import exercises
+from memlab.labs.oom import CASES, fit_sweep, growth_per_iteration, leak_loop
 from memlab.measure.live_bytes import stacked_by_label
 from memlab.measure.oom import parse_oom_message
 from memlab.measure.oom_examples import RECORDED_OOM_MESSAGES, decode_oom
-from memlab.run.leaks import CASES, growth_per_iteration, leak_loop
-from memlab.run.live_steps import fit_sweep, live_training_steps
+from memlab.run.live_steps import live_training_steps
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 on_cuda = ch.device.startswith("cuda")
@@ -284,7 +284,7 @@ else:
 # %% [markdown]
 # ## 6. The troubleshooting row, measured
 #
-# Four loops over the reference GPT (`memlab.run.leaks`), each as the bug and as the fix, with the live tensor
+# Four loops over the reference GPT (`memlab.labs.oom`), each as the bug and as the fix, with the live tensor
 # bytes above the weights at the end of every iteration:
 #
 # - **keep-loss**: a training loop that keeps `loss` instead of `loss.item()` for logging;
@@ -314,7 +314,7 @@ for ax, case in zip(axes, CASES, strict=True):
     ax.set(title=case, xlabel="iteration", ylabel="live bytes above the weights (KiB)")
     ax.legend(fontsize=7)
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
-             f"{ch.device} (memlab.run.leaks)", fontsize=10)
+             f"{ch.device} (memlab.labs.oom)", fontsize=10)
 ch.save_figure(fig, "leak_loops")
 
 # %% [markdown]

@@ -39,8 +39,8 @@ from memlab import Setup, chapter, estimate, preset, run_step
 from memlab.compare import compare
 from memlab.compare.ledger import predict_for
 from memlab.course import exercises
+from memlab.labs.precision import cast_survival, deprecated_amp_calls, real_gradients, scaler_trajectory
 from memlab.run.live_steps import live_training_steps
-from memlab.run.loss_scaling import cast_survival, deprecated_amp_calls, real_gradients, scaler_trajectory
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 ch.to_dict()
@@ -264,7 +264,7 @@ warn
 
 # %%
 if ch.device.startswith("cuda"):
-    from memlab.run.roofline import matmul_flops_per_s
+    from memlab.measure.roofline import matmul_flops_per_s
 
     sizes = [4096, 4095, 4104, 8192, 8191]
     tc = matmul_flops_per_s([(n, n, n) for n in sizes], dtypes=("bf16", "fp16"), device=ch.device, scale=ch.scale)

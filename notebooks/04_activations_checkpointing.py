@@ -35,9 +35,9 @@ import pandas as pd
 
 from memlab import Setup, chapter, preset, run_step
 from memlab.course import exercises
+from memlab.labs.checkpointing import measure_checkpointing, sqrt_n_model
 from memlab.predict import flops
 from memlab.predict.activations import activation_bytes, attention_score_share, korthikanti_layer_bytes
-from memlab.run.checkpointing import measure_checkpointing, sqrt_n_model
 from memlab.run.live_steps import live_training_steps
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
@@ -158,7 +158,7 @@ answer = ...
 ex_seq2.check(answer)
 
 # %% [markdown]
-# `memlab.run.checkpointing.measure_checkpointing` runs one forward + backward of the 16-block model under each
+# `memlab.labs.checkpointing.measure_checkpointing` runs one forward + backward of the 16-block model under each
 # strategy and measures the bytes kept after the forward (`SavedTensorRecorder`), the peak of live tensor bytes
 # over forward and backward (`memlab.measure.live_bytes.LiveBytes`: this includes the recomputed internals of the
 # group being differentiated), and the FLOPs, analytic (`memlab.predict.flops`) and counted (`FlopCounterMode`).
@@ -257,7 +257,7 @@ verdict
 # parameter, 12 GiB for 7B, which no per-layer activation formula counts.
 
 # %%
-from memlab.run.trace import trace_gpt
+from memlab.tracing.gpt import trace_gpt
 
 llama = preset("llama-2-7b")
 traced_runs = {("mixed-bf16", "eager")} if ch.scale == "ci" else {(p, a) for p in ("mixed-bf16", "amp-bf16")
@@ -268,7 +268,7 @@ for policy in ("mixed-bf16", "amp-bf16"):
         s7 = Setup(batch=1, seq=512, precision=policy, attention=att)
         a = activation_bytes(llama, s7)
         copies = a.get("autocast weight copies", 0)
-        # the exact bytes: the reference GPT's step at full size on fake tensors (memlab.run.trace), nothing allocated
+        # the exact bytes: the reference GPT's step at full size on fake tensors (memlab.tracing), nothing allocated
         kept = trace_gpt(llama, s7).components()["activations"] if (policy, att) in traced_runs else None
         seven.append({"precision": policy, "attention": att, "activations (GiB)": (sum(a.values()) - copies) / 2**30,
                       "autocast weight copies (GiB)": copies / 2**30,

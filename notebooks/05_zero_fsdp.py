@@ -42,7 +42,7 @@ from memlab.compare.sharding import predicted_rank, sharding_ledger
 from memlab.course import exercises
 from memlab.predict.communication import ring_wire_bytes, zero_comm_bytes
 from memlab.predict.estimate import Overheads
-from memlab.run.distributed import WorkerSpec, launch_sweep, torchrun_command
+from memlab.run.distributed.launch import WorkerSpec, launch_sweep, torchrun_command
 
 ch = chapter(scale, device, seed, out_dir)
 ch.to_dict()
@@ -233,15 +233,15 @@ floor.round(2)
 # The sum of terms is not the most a rank holds at once. The phase-aware estimate (`peak` columns above) places
 # the floor inside the step: with few ranks the optimizer step's fp32 gradient copies and multi-tensor scratch,
 # sized like the rank's shard, hold the peak; with many, the backward's recomputed block and its gradients do. At
-# full scale `memlab.run.trace` checks it at 8 ranks: the real step of the reference GPT at GPT-3 size, FSDP2
-# over a fake 8-rank process group (`memlab.run.fake_dist`), rank 0's bytes, nothing allocated.
+# full scale `memlab.tracing.tracer` checks it at 8 ranks: the real step of the reference GPT at GPT-3 size, FSDP2
+# over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes, nothing allocated.
 
 # %%
 print("peak inside the step: " + ", ".join(f"N={r}: {p}" for r, p in zip(floor["ranks"], floor["peak in"],
                                                                          strict=True)))
 if ch.scale == "full":
     from memlab.compare.ledger import compare_trace
-    from memlab.run.trace import trace_gpt
+    from memlab.tracing.gpt import trace_gpt
 
     s8 = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=8, recompute="full")
     traced8 = compare_trace(estimate(big, s8, overheads=Overheads(gathered_layers=2)), trace_gpt(big, s8))
@@ -313,7 +313,7 @@ pd.Series({"device: model states (B)": off["params"] + off["grads"] + off["optim
 
 # %%
 cluster = torchrun_command(8, nnodes=4, rdzv_endpoint="node0.example:29500")
-print(" ".join([*cluster, "-m", "memlab.run.dist_worker", "'<spec json>'", "out/"]))
+print(" ".join([*cluster, "-m", "memlab.run.distributed.worker", "'<spec json>'", "out/"]))
 
 # %%
 recorded = ch.recorded("05_zero_fsdp_gpu")

@@ -38,9 +38,9 @@ from memlab import Setup, chapter, estimate, max_seq, preset, run_step
 from memlab.compare import compare
 from memlab.compare.ledger import predict_for
 from memlab.course import exercises
+from memlab.model.gpt import available_attention
 from memlab.predict import flops
 from memlab.predict.attention_io import attention_hbm_bytes
-from memlab.run.gpt import available_attention
 
 ch = chapter(scale, device, seed, out_dir)
 ch.to_dict()
@@ -258,13 +258,13 @@ fit = pd.DataFrame([{"attention": a, **max_seq(llama, fit_setup.with_(attention=
 fit[["attention", "value", "reason"]]
 
 # %% [markdown]
-# The fit search adds the estimator's terms. `memlab.run.trace` runs the reference GPT's real step at the answer, at
-# full size, on fake tensors: FSDP2 over a fake 8-rank process group (`memlab.run.fake_dist`), rank 0's bytes,
+# The fit search adds the estimator's terms. `memlab.tracing` runs the reference GPT's real step at the answer, at
+# full size, on fake tensors: FSDP2 over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes,
 # nothing allocated. At ci scale it traces the eager answer (about 5 s); at full scale both.
 
 # %%
 from memlab import estimate
-from memlab.run.trace import trace_gpt
+from memlab.tracing.gpt import trace_gpt
 
 confirm = []
 for a in ("eager",) if ch.scale == "ci" else ("eager", "flash"):

@@ -39,9 +39,11 @@ import torch
 from memlab import Setup, chapter, detect, mfu, preset, roofline_bound, run_step
 from memlab.compare import plots
 from memlab.course import exercises
-from memlab.device import cache_bytes
+from memlab.labs import step_time
+from memlab.measure import roofline
+from memlab.measure.machine import cache_bytes
 from memlab.predict import flops, hardware, parallelism
-from memlab.run import profile, roofline, step_time
+from memlab.run import op_profile as profile
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # repeatable: detect() measures 1 thread's peak
 info = detect(device=ch.device)
@@ -125,7 +127,7 @@ if CUDA:
 # %% [markdown]
 # ## 2. One training step, op by op
 #
-# `memlab.run.profile.profile_step` runs `torch.profiler` with `record_shapes=True` over one step of the reference
+# `memlab.run.op_profile.profile_step` runs `torch.profiler` with `record_shapes=True` over one step of the reference
 # GPT (after a warm-up step) and gives each op FLOPs and bytes from its recorded shapes and dtypes. Matmuls count
 # 2·m·n·k [narayanan2021]; softmax, norms, GELU, residual adds, the loss and the optimizer's element-wise updates
 # count a few FLOPs per element (memlab's convention, `profile.ELEMENTWISE_FLOPS`): seed 001 says to drop them from
@@ -248,7 +250,7 @@ recompute.to_frame()
 # forward + backward, less the LM head, which is not recomputed. MFU keeps counting the model's FLOPs only, so
 # recomputation lowers MFU while HFU counts the extra work.
 #
-# **The step split.** `memlab.run.step_time.training_loop` times data, forward, backward, optimizer, host work
+# **The step split.** `memlab.labs.step_time.training_loop` times data, forward, backward, optimizer, host work
 # (`.item()`, logging) and checkpointing, step by step (with a synchronize at each boundary on a GPU). With a log
 # line and a checkpoint in the loop, MFU on the whole wall time is lower than on the model's time: seed 001's rule
 # [seed-001] (and PaLM's [chowdhery2022]) is that MFU uses the latter.

@@ -35,8 +35,10 @@ import pandas as pd
 
 from memlab import Setup, chapter, detect, preset, run_step
 from memlab.course import exercises
+from memlab.labs import monitors as utilisation
+from memlab.labs import step_time
+from memlab.measure import roofline
 from memlab.predict import hardware
-from memlab.run import roofline, step_time, utilisation
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # repeatable: detect() measures 1 thread's peak
 info = detect(device=ch.device)

@@ -40,14 +40,13 @@ from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
 from memlab.compare import compare
 from memlab.compare.ledger import predict_for
 from memlab.course import exercises
+from memlab.labs.inference import expert_load, int8_linear_bytes
 from memlab.measure.accounting import model_states
+from memlab.model.gpt import GPT
 from memlab.predict import flops
 from memlab.predict.inference import kv_cache_bytes
 from memlab.predict.paging import kv_waste, max_sequences, reserved_tokens, synthetic_request_lengths
 from memlab.predict.sharding import shape_summary
-from memlab.run.gpt import GPT
-from memlab.run.moe import expert_load
-from memlab.run.quantized import int8_linear_bytes
 from memlab.run.runner import count_flops
 
 ch = chapter(scale, device, seed, out_dir)
@@ -194,7 +193,7 @@ quant.pivot_table(index="model", columns="weights", values="bf16 / this", sort=F
 
 # %% [markdown]
 # Measured: torch's own dynamic int8 quantisation of every `nn.Linear` of the reference GPT
-# (`memlab.run.quantized.int8_linear_bytes`), its packed int8 bytes next to the estimator's count of the same
+# (`memlab.labs.inference.int8_linear_bytes`), its packed int8 bytes next to the estimator's count of the same
 # matrices. int4 has no CPU kernel in torch: it stays predicted.
 
 # %%

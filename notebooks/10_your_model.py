@@ -111,7 +111,7 @@ full_pred.round(3)
 
 # %% [markdown]
 # **The trace at full size.** `calculators.memlab_trace` runs the real HF model's training step on fake tensors
-# (`memlab.run.trace_hf`: shapes and dtypes, no data; PyTorch's MemTracker counts every storage
+# (`memlab.tracing.hf`: shapes and dtypes, no data; PyTorch's MemTracker counts every storage
 # `[pytorch-memtracker]`), so a full-size config traces on this CPU without allocating it and gives the exact bytes
 # of *this* implementation, phase by phase, beside the formula's. At full scale it traces Llama-2-7B at 4,096
 # tokens; at ci scale Pythia-1.4B at 2,048 (section 5's model), as the 7B trace alone would take half the chapter's
@@ -243,7 +243,7 @@ residuals.style.format({"reference formula": "{:+.1%}", "with traits": "{:+.2%}"
 import torch
 
 from memlab.measure.by_op import layer_listing, saved_by_op
-from memlab.run.hf import build_hf_model
+from memlab.model.hf import build_hf_model
 
 listings = {}
 for name, layer in (("gpt2", "h.0."), ("llama", "layers.0.")):
@@ -293,7 +293,7 @@ check.round(3)
 # The trace runs the real GPT-NeoX code at full size, allocating nothing; where its peak lies on the same side of the
 # card as the formula's at both batches, the fit search's answer holds for this implementation. What a CUDA run adds
 # on top (the allocator's rounding and cache, the CUDA context, kernel workspaces) no trace sees:
-# `memlab.run.trace.CUDA_TERMS` lists them with their sources.
+# `memlab.tracing.tracer.CUDA_TERMS` lists them with their sources.
 
 # %% [markdown]
 # **Exercise 3.** In full-size GPT-2 (d_ff 3,072) trained in pure bf16, how many more bytes per token does one

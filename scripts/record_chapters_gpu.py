@@ -8,7 +8,7 @@ driver, CUDA, torch, memlab commit, date):
 - ``03_mixed_precision_gpu``: GPT-2 (b=8, s=1024) under fp32, amp-bf16, amp-fp16, mixed-bf16 and bf16 with
   AdamW: exact states, activations, allocator peaks, step time and tokens/s (:func:`memlab.run.runner.run_step`);
 - ``04_activations_checkpointing_gpu``: a 16-block GPT-2 (b=2, s=1024) under none / selective / full / every-k /
-  ``checkpoint_sequential``: bytes kept, allocator peak, FLOPs, time (:mod:`memlab.run.checkpointing`).
+  ``checkpoint_sequential``: bytes kept, allocator peak, FLOPs, time (:mod:`memlab.labs.checkpointing`).
 
 These are data recorded on that GPU; the chapters show them labelled and never regenerate them on a CPU. Usage
 (with a CUDA GPU): ``python scripts/record_chapters_gpu.py [--out DIR]``; ``scripts/gpu_session.sh`` runs it.
@@ -22,10 +22,10 @@ from pathlib import Path
 import pandas as pd
 
 from memlab.course.provenance import record_gpu_data, write_recorded
+from memlab.labs.checkpointing import measure_checkpointing
 from memlab.measure.snapshot import fragmentation_probe
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
-from memlab.run.checkpointing import measure_checkpointing
 from memlab.run.runner import run_step
 
 

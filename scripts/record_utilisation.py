@@ -1,4 +1,4 @@
-"""Record what the monitors' "utilisation" numbers count (:mod:`memlab.run.utilisation`), with provenance.
+"""Record what the monitors' "utilisation" numbers count (:mod:`memlab.labs.monitors`), with provenance.
 
 Writes into ``--out`` ``utilisation_NAME.csv`` plus ``utilisation_NAME.json`` (provenance: GPU, driver, CUDA,
 torch, memlab commit, date) for NAME in nvml_ledger, gpu_util (both CUDA; a ``skipped`` row with the reason
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from memlab.course.provenance import provenance, write_recorded
-from memlab.device import detect
-from memlab.run import utilisation
+from memlab.labs import monitors as utilisation
+from memlab.measure.machine import detect
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     traced = None
     if setup.mode == "train" and m.status == "ok":  # the third column: the same step on fake tensors
         from memlab.compare.ledger import device_type_of
-        from memlab.run.trace import trace_gpt
+        from memlab.tracing.gpt import trace_gpt
 
         traced = trace_gpt(model, setup, device_type=device_type_of(m))
     table = compare(predict_for(model, m), m, activations_detail=True, trace=traced)

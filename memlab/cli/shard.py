@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     """Launch, then print the ledger (or the rows)."""
     from memlab.compare.sharding import sharding_ledger
     from memlab.predict.models import preset
-    from memlab.run.distributed import WorkerSpec, launch
+    from memlab.run.distributed.launch import WorkerSpec, launch
 
     config = preset(args.preset)
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())

@@ -4,7 +4,7 @@
 / explicit dimensions, as ``estimate``) for the reference GPT, or a Hugging Face ``config.json`` (``--hf-config``,
 or a path given as MODEL). Prints the bytes held at each phase of the first and the steady step (trace and formula
 side by side), marks the peak, and lists the top modules by the activation bytes their forward keeps. Nothing is
-allocated or downloaded; the step runs on CPU fake tensors (:mod:`memlab.run.trace`).
+allocated or downloaded; the step runs on CPU fake tensors (:mod:`memlab.tracing.tracer`).
 """
 
 from __future__ import annotations
@@ -85,14 +85,15 @@ def run(args: argparse.Namespace) -> int:
 
     kind, target = _target(args)
     if kind == "hf":
-        from memlab.run.trace_hf import hf_config, trace_hf
+        from memlab.model.hf import hf_config
+        from memlab.tracing.hf import trace_hf
 
         cfg = hf_config(target)
         setup = _setup(args, 1)  # a bare count: the estimate's default seq (1024)
         result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}")
         predicted = _hf_estimate(target, setup)
     else:
-        from memlab.run.trace import trace_gpt
+        from memlab.tracing.gpt import trace_gpt
 
         setup = _setup(args, target)
         result = trace_gpt(target, setup)

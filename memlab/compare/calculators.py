@@ -18,7 +18,7 @@ is a formula, the formula is written here from its source:
 - ``ultrascale-playbook``: the Ultra-Scale Playbook's memory formulas (16 N bytes for full or mixed precision with
   Adam; activations ``L s b h (34 + 5 a s / h)``) ``[tazi2025]``;
 - ``memlab``: :func:`memlab.predict.hf.from_hf` and the term-by-term activation model;
-- ``memlab-trace``: :func:`memlab.run.trace_hf.trace_hf`, the real Hugging Face model's step traced on fake tensors
+- ``memlab-trace``: :func:`memlab.tracing.hf.trace_hf`, the real Hugging Face model's step traced on fake tensors
   (MemTracker counts every storage; nothing is allocated, so full-size configs run on a laptop's CPU)
   ``[pytorch-memtracker]``.
 
@@ -45,7 +45,7 @@ from memlab.predict.setup import Setup
 if TYPE_CHECKING:
     import pandas as pd
 
-    from memlab.run.trace import Trace
+    from memlab.tracing.tracer import Trace
 
 COMPONENTS = ("states", "activations", "states + activations")
 
@@ -118,7 +118,7 @@ def _empty_model_sizes(hf_items: tuple, base: bool) -> tuple[int, int, int]:
     from accelerate.utils import calculate_maximum_sizes
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from memlab.run.hf import hf_config
+    from memlab.model.hf import hf_config
 
     with init_empty_weights():
         model = (AutoModel if base else AutoModelForCausalLM).from_config(hf_config(dict(hf_items)),
@@ -251,21 +251,21 @@ def memlab_formula(run: Run) -> CalculatorResult:
 
 @functools.lru_cache(maxsize=32)
 def _trace(hf_items: tuple, batch: int, seq: int, dtype: str, attn: str, device_type: str) -> Trace:
-    from memlab.run.hf import hf_config
-    from memlab.run.trace_hf import trace_hf
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
 
     run = Run(dict(hf_items), batch, seq, dtype, attn, device_type)
     return trace_hf(hf_config(run.hf), run.setup(), device_type=device_type, name=run.hf.get("model_type"))
 
 
 def trace_run(run: Run) -> Trace:
-    """The fake-tensor trace of ``run`` (:func:`memlab.run.trace_hf.trace_hf` of its config under ``run.setup()``,
+    """The fake-tensor trace of ``run`` (:func:`memlab.tracing.hf.trace_hf` of its config under ``run.setup()``,
     on CPU, at any size; cached per run). ``[pytorch-memtracker]``"""
     return _trace(_hf_key(run), run.batch, run.seq, run.dtype, run.attn_implementation, run.device_type)
 
 
 def trace_components(trace: Trace) -> dict[str, int]:
-    """A trace's bytes as the shoot-out counts them (:meth:`memlab.run.trace.Trace.components`): ``states`` =
+    """A trace's bytes as the shoot-out counts them (:meth:`memlab.tracing.tracer.Trace.components`): ``states`` =
     parameters + gradients + optimizer states (buffers left out, as the measurement leaves them); ``activations``
     = what the steady forward leaves alive (the measurement's saved-for-backward count has the input ids but not
     the labels nor the scalar loss: a few bytes per token less)."""

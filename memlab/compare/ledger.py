@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from memlab.run.runner import Measurement
-    from memlab.run.trace import Trace
+    from memlab.tracing.tracer import Trace
 
 COLUMNS = ["experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error", "note"]
 """Columns of every ledger table (chapters write these to ledger.csv; the report summarises them)."""
@@ -68,7 +68,7 @@ def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment:
     ``activations_detail`` one row per activation category (``activations: <category>``); with per-phase peaks
     in the measurement, one ``phase: <step> <phase>`` row each and ``peak (inside the step)``. On CUDA, residual
     rows: ``allocator peak`` (predicted = modelled total) and the unmodelled parts. With a ``trace``
-    (:func:`memlab.run.trace.trace_gpt` of the same setup) a ``traced`` column puts the trace's bytes beside
+    (:func:`memlab.tracing.gpt.trace_gpt` of the same setup) a ``traced`` column puts the trace's bytes beside
     formula and measurement: three columns.
     """
     import pandas as pd
@@ -163,7 +163,7 @@ def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
     over 8 ranks) trace FSDP2 over a fake process group and predict with ``Overheads(gathered_layers=2)``.
     Imports torch (the tracer) when called.
     """
-    from memlab.run.trace import trace_gpt
+    from memlab.tracing.gpt import trace_gpt
 
     small = [("gpt2", Setup(seq=1024, batch=2, precision=p, attention=a, recompute=r))
              for p, a, r in (("fp32", "eager", "none"), ("amp-bf16", "flash", "none"), ("mixed-bf16", "flash", "full"),

@@ -159,7 +159,7 @@ def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_p
 def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_per_s: float, title: str,
                 peak_label: str = "peak", bandwidth_label: str = "bandwidth", source: str = "") -> Figure:
     """The ops of a profiled step on one roofline, log-log: one point per (op, shapes), coloured by ``kind``,
-    its area proportional to its share of the step's time (:meth:`memlab.run.profile.StepProfile.by_op`).
+    its area proportional to its share of the step's time (:meth:`memlab.run.op_profile.StepProfile.by_op`).
 
     ``ops`` needs ``arithmetic_intensity``, ``flops_per_s``, ``self_s`` and ``kind``; FLOP-free ops (copies,
     the embedding gather) have no place on a log x-axis and are left out.

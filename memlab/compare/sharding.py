@@ -1,4 +1,4 @@
-"""Data-parallel strategies, predicted next to the ranks' measurements (:mod:`memlab.run.distributed` rows).
+"""Data-parallel strategies, predicted next to the ranks' measurements (:mod:`memlab.run.distributed.launch` rows).
 
 Each strategy the worker runs is mapped to the estimator's ZeRO stage [rajbhandari2019] and FSDP2's behaviour:
 

@@ -136,6 +136,11 @@ class Chapter:
         return self.device == "cpu"
 
     @property
+    def device_type(self) -> str:
+        """``"cpu"`` or ``"cuda"``: the type of the chapter's device, for calls that take a device type."""
+        return self.device.split(":")[0]
+
+    @property
     def ledger_path(self) -> Path:
         return self.out_dir / "ledger.csv"
 

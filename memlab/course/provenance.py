@@ -62,10 +62,10 @@ def hardware_table_revision() -> str:
 
 
 def provenance(device: str = "auto", *, measure_cpu_peak: bool = True) -> dict[str, Any]:
-    """Device (from :func:`memlab.device.describe`), ``gpu`` (its name on CUDA, else None), peak source, driver,
+    """Device (:func:`memlab.measure.machine.describe`), ``gpu`` (its name on CUDA, else None), peak source, driver,
     torch and CUDA, Python, OS, host memory, library versions, the hardware table's revision, memlab's commit and
     dirty flag, and the date (UTC)."""
-    from memlab.device import describe
+    from memlab.measure.machine import describe
 
     info = describe(device, measure_cpu_peak=measure_cpu_peak)
     import psutil

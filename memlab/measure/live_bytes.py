@@ -23,7 +23,7 @@ phase on any device (this counter on a CPU, ``max_memory_allocated`` on CUDA).
 
 Bytes are storage bytes (``untyped_storage().nbytes()``), each storage counted once (views share it), the same
 count :mod:`memlab.measure.accounting` uses. It works on real tensors and on fake ones (FakeTensorMode): the
-counts are independent of :class:`torch.distributed._tools.mem_tracker.MemTracker`, which ``memlab.run.trace``
+counts are independent of :class:`torch.distributed._tools.mem_tracker.MemTracker`, which ``memlab.tracing.tracer``
 uses, so the two check each other. What it does not see: the caching allocator (reserved but unallocated bytes,
 fragmentation, its 512 B rounding), workspaces that kernels allocate internally, and memory outside torch; on CUDA
 prefer ``torch.cuda.max_memory_allocated``. A reference cycle that holds a tensor keeps it live until ``gc`` runs,

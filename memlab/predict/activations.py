@@ -3,7 +3,7 @@
 The starting point is Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
 (arXiv:2205.05198), Section 4 and Table 2: per layer ``s*b*h*(34 + 5*a*s/h)`` bytes for 16-bit training with
 dropout. That count is a sum of tensors, and this module keeps it as a sum of named tensors so it can be
-generalised honestly and checked tensor by tensor against :class:`memlab.run.gpt.GPT`:
+generalised honestly and checked tensor by tensor against :class:`memlab.model.gpt.GPT`:
 
 - any precision policy: fp32, autocast (fp32 residual stream, 16-bit matmul inputs, 16-bit *copies* of every
   matmul weight kept for backward) or pure 16-bit weights;
@@ -57,7 +57,7 @@ CATEGORIES = (
     "head & loss",
     "autocast weight copies",
 )
-"""Names shared with :mod:`memlab.run.gpt`'s saved-tensor categories, in display order."""
+"""Names shared with :mod:`memlab.model.gpt`'s saved-tensor categories, in display order."""
 
 INT64 = 8
 FP32 = 4

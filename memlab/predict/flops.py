@@ -27,9 +27,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from memlab.device import DeviceInfo
 from memlab.errors import ConfigError, SetupError, unknown_name
-from memlab.predict.hardware import PEAK_DTYPES, Accelerator, gpu
+from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
 from memlab.predict.models import _PARAMS_WHY, MAX_PARAMS, TransformerConfig
 from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
 from memlab.predict.validate import check_int, check_number

@@ -18,7 +18,9 @@ cached as JSON and marked ``measured``. No torch import at module level; ``detec
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import UnknownNameError, unknown_name
@@ -154,3 +156,37 @@ def resolve(device_name: str, total_memory_bytes: int | None = None, *,
 # --------------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device this process would use (``cuda:0`` when available, else the CPU) and its peak, if known."""
+
+    kind: str
+    """``"cuda"`` (also ROCm builds, which use the cuda API) or ``"cpu"``."""
+    name: str
+    """Device name as reported (GPU name, or the CPU model string)."""
+    accelerator: Accelerator | None
+    """The table row (GPU), the measured row (CPU), or None when the peak is unknown."""
+    total_memory_bytes: int | None
+    """Device memory as reported by torch (GPU) or host RAM (CPU)."""
+    peak_flops: Mapping[str, float | None] = field(hash=False)
+    """Dense peak FLOP/s per dtype; all None when unknown."""
+    peak_source: str
+    """``"table: <source>"``, ``"measured: <benchmark>"`` or ``"unknown"``."""
+    peak_reason: str | None
+    """Why the peak is unknown (None when known)."""
+    torch_version: str | None
+    cuda_version: str | None
+    """CUDA (or ``"hip X"``) version torch was built with; None for a CPU-only build."""
+    driver_version: str | None
+    """NVIDIA driver version via NVML, None when NVML is unavailable."""
+    cpu_count: int | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "peak_flops", MappingProxyType({d: self.peak_flops.get(d) for d in PEAK_DTYPES}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready); the accelerator row is nested as its own dict."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["peak_flops"] = dict(self.peak_flops)
+        out["accelerator"] = self.accelerator.to_dict() if self.accelerator else None
+        return out

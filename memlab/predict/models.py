@@ -1,7 +1,7 @@
 """Transformer configurations, exact parameter counts and presets.
 
 A :class:`TransformerConfig` describes a decoder-only transformer precisely enough that memlab can count its
-parameters exactly, predict its memory and FLOPs, and build the same model in torch (:mod:`memlab.run.gpt`), whose
+parameters exactly, predict its memory and FLOPs, and build the same model in torch (:mod:`memlab.model.gpt`), whose
 parameter count equals :meth:`TransformerConfig.param_count` for every preset.
 
 Layout counted here (per layer; h = d_model, f = d_ff, k = n_kv_heads * head_dim):
@@ -189,7 +189,7 @@ class TransformerConfig(StrictInit):
 
     # -- parameter shapes and counts ----------------------------------------------------------------------
     def param_shapes(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """Every parameter as ``(name, shape, component)``, in :mod:`memlab.run.gpt`'s naming.
+        """Every parameter as ``(name, shape, component)``, in :mod:`memlab.model.gpt`'s naming.
 
         ``component`` is one of embeddings, positions, attention, mlp, norms, head. Used for exact counts,
         for shape-dependent optimizer state (Adafactor) and to check the torch model against the config.

@@ -32,7 +32,7 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
 - inference: ``prefill`` = weights + KV cache + the largest prefill transient; ``decode`` = weights + KV cache +
   one token's transient.
 
-Terms were checked against ``memlab.run.trace`` (MemTracker on fake tensors [pytorch-memtracker], the reference
+Terms were checked against ``memlab.tracing.tracer`` (MemTracker on fake tensors [pytorch-memtracker], the reference
 GPT): the start-of-backward and optimizer-step terms are exact; the bottom-layer term is within a few per cent.
 Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
 """

@@ -1,7 +1,7 @@
 """Precision policies: how a run stores weights, gradients and master copies, and in which dtype it computes.
 
 Each policy is data (:data:`PRECISION_POLICIES`) with its bytes per parameter and the source that uses it. The torch
-wiring that carries a policy out (autocast, GradScaler, fp32 master weights) is :mod:`memlab.run.training_step`.
+wiring that carries a policy out (autocast, GradScaler, fp32 master weights) is :mod:`memlab.model.step`.
 This module imports no torch.
 """
 

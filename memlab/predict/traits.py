@@ -4,7 +4,7 @@ Two models with the same sizes can save different tensors: GPT-2 builds ``gelu_n
 where a fused GELU keeps one tensor; GPT-NeoX and Phi run attention and the MLP in parallel from one input; Llama's
 eager attention repeats K and V to full width for grouped-query attention. :class:`Implementation` names each such
 choice as a field, and :mod:`memlab.predict.activations` counts each one term by term. The defaults describe
-memlab's reference GPT (:mod:`memlab.run.gpt`), so a :class:`~memlab.predict.models.TransformerConfig` without an
+memlab's reference GPT (:mod:`memlab.model.gpt`), so a :class:`~memlab.predict.models.TransformerConfig` without an
 ``impl`` predicts exactly what it predicted before.
 
 Every field's docstring names the code that causes it (the Hugging Face ``transformers`` modelling file and the
@@ -65,7 +65,7 @@ class Implementation:
     ``softmax_fp32`` (GPT-2) [hf-transformers: modeling_gpt2.py eager_attention_forward, ``attn_weights +
     causal_mask`` then ``.type(value.dtype)``]."""
     rmsnorm: RmsNormKind = "reference"
-    """How RMSNorm is written: ``reference`` keeps x, rstd and x*rstd in the residual dtype (memlab.run.gpt.Norm);
+    """How RMSNorm is written: ``reference`` keeps x, rstd and x*rstd in the residual dtype (memlab.model.gpt.Norm);
     ``fp32-input`` upcasts x to fp32 (keeps the fp32 x, fp32 rstd, and the normalised x cast back for the weight:
     LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm); ``fp32`` computes everything in fp32 including ``1 + weight``
     (GemmaRMSNorm) [hf-transformers: modeling_llama.py LlamaRMSNorm.forward, modeling_gemma.py GemmaRMSNorm]."""
@@ -113,7 +113,7 @@ class Implementation:
     arguments, which the checkpoint holds by reference instead of saving [hf-transformers: modeling_layers.py
     GradientCheckpointingLayer.__call__]."""
     family: str = "reference"
-    """Which code this describes: ``reference`` (memlab.run.gpt) or an HF ``model_type``."""
+    """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()
     """(trait, where in the modelling code it comes from) for the traits a family sets."""
 

@@ -19,54 +19,16 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
+from memlab.model.hf import DTYPES, build_hf_model
+from memlab.model.step import token_ids
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
-from memlab.run.tokens import token_ids
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISION_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16"}
 """memlab precision policy of a model built in that dtype (pure 16-bit: weights, grads and Adam states)."""
-
-
-def hf_config(config: Any) -> Any:
-    """A ``transformers`` config from a dict (with ``model_type``) or a config object (returned as is)."""
-    from transformers import AutoConfig
-
-    if isinstance(config, dict):
-        d = dict(config)
-        model_type = d.pop("model_type", None)
-        if not model_type:
-            raise SetupError("an HF config dict needs its model_type (gpt2, llama, ...)")
-        d = {k: v for k, v in d.items() if not k.startswith("_") and k not in ("architectures", "transformers_version")}
-        return AutoConfig.for_model(model_type, **d)
-    return config
-
-
-def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: str = "fp32",
-                   device: str | torch.device = "cpu", seed: int = 0,
-                   gradient_checkpointing: bool = False) -> torch.nn.Module:
-    """``AutoModelForCausalLM.from_config`` in ``dtype`` with ``attn_implementation`` (eager or sdpa), in train mode;
-    ``gradient_checkpointing`` calls the model's ``gradient_checkpointing_enable()`` (memlab's recompute "full")."""
-    from transformers import AutoModelForCausalLM
-
-    if dtype not in DTYPES:
-        raise SetupError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    from transformers.utils import logging
-
-    torch.manual_seed(seed)
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()  # config validation warnings about tiny vocabularies, once per build
-    try:
-        cfg = hf_config(config)
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
-    finally:
-        logging.set_verbosity(level)
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    return model.to(device).train()
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ It shows why a job that survives step 1 can die at step 2: Adam's moments appear
 count (``run_step`` and ``memlab.measure.cuda``); this is the device-independent twin.
 
 The phase-aware peak estimator (``estimate(...).phases``, :mod:`memlab.predict.phases`) predicts these peaks:
-:meth:`LiveSteps.against` puts its prediction beside each measured one; :mod:`memlab.run.trace` gives the same
+:meth:`LiveSteps.against` puts its prediction beside each measured one; :mod:`memlab.tracing.tracer` gives the same
 bytes at full scale on fake tensors. Introduced for chapter 01 (anatomy of an OOM).
 """
 
@@ -21,10 +21,9 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
+from memlab.model.step import build_training, token_batch
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
-from memlab.run.tokens import token_batch
-from memlab.run.training_step import build_training
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,35 +112,3 @@ def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.d
         live.mark("done")
     return LiveSteps(frame=live.frame(), params_bytes=params, peak_bytes=live.peak_bytes, peak_label=live.peak_label,
                      phases=tuple(live.phases))
-
-
-def fit_sweep(config: TransformerConfig, setup: Setup, batches: list[int], capacity_bytes: int,
-              device: torch.device | str = "cpu", *, steps: int = 2, seed: int = 0) -> pd.DataFrame:
-    """Which batch sizes fit ``capacity_bytes``, measured: one row per batch, an OOM recorded as a result.
-
-    On CUDA each batch runs :func:`memlab.run.runner.run_step` under
-    :func:`memlab.measure.cuda.emulate_smaller_gpu` (a real allocator cap; ``status`` is ``ok`` or ``oom`` and the
-    parsed message is kept). On a CPU there is no allocator to refuse: each batch's peak live tensor bytes over
-    ``steps`` steps (:func:`live_training_steps`) is compared with the budget, and ``status`` says ``ok`` or
-    ``over budget``; that is a byte count against a number, not an out-of-memory error.
-    """
-    import pandas as pd
-
-    dev = torch.device(device)
-    rows = []
-    for b in batches:
-        s = setup.with_(batch=b)
-        if dev.type == "cuda":
-            from memlab.measure.cuda import emulate_smaller_gpu
-            from memlab.run.runner import run_step
-
-            with emulate_smaller_gpu(capacity_bytes, dev):
-                m = run_step(config, s, dev, steps=steps, seed=seed, with_counted_flops=False, with_mfu=False)
-            rows.append({"batch": b, "status": m.status, "peak_bytes": m.cuda_peak_allocated_bytes,
-                         "reserved_peak_bytes": m.cuda_peak_reserved_bytes,
-                         "oom_message": (m.oom or {}).get("raw")})
-        else:
-            peak = live_training_steps(config, s, dev, steps=steps, seed=seed).peak_bytes
-            rows.append({"batch": b, "status": "ok" if peak <= capacity_bytes else "over budget",
-                         "peak_bytes": peak})
-    return pd.DataFrame(rows)

@@ -1,7 +1,7 @@
 """Run the reference GPT under a :class:`~memlab.predict.setup.Setup` and measure it: the twin of the estimator.
 
-:func:`run_step` builds :class:`memlab.run.gpt.GPT` with the setup's attention and recompute policy, wires the
-precision policy (:mod:`memlab.run.training_step`) and optimizer (:mod:`memlab.run.optimizers`), feeds synthetic
+:func:`run_step` builds :class:`memlab.model.gpt.GPT` with the setup's attention and recompute policy, wires the
+precision policy (:mod:`memlab.model.step`) and optimizer (:mod:`memlab.model.optimizers`), feeds synthetic
 tokens and returns a :class:`Measurement`:
 
 - exact bytes of parameters, gradients and optimizer state, and of activations saved for backward by category
@@ -30,13 +30,13 @@ from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.measure.cuda import synchronize
 from memlab.measure.live_bytes import PhasePeaks
+from memlab.model.gpt import GPT, KVCache
+from memlab.model.saved import saved_tensor_category
+from memlab.model.step import TrainingStep, build_training, model_dtype, token_batch, token_ids
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import _STEPS_WHY, MAX_STEPS, Setup
 from memlab.predict.validate import check_int
-from memlab.run.gpt import GPT, KVCache, saved_tensor_category
-from memlab.run.tokens import token_batch, token_ids
-from memlab.run.training_step import TrainingStep, build_training, model_dtype
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def _nvml(device: torch.device) -> dict[str, Any] | None:
 
 
 def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, tokens_per_s: float) -> dict[str, Any]:
-    from memlab.device import detect
+    from memlab.measure.machine import detect
 
     info = detect(device=str(device) if device.type == "cuda" else "cpu")
     dtype = setup.policy.compute_dtype if setup.mode == "train" else setup.inference_weights
@@ -396,7 +396,7 @@ def run_step(
         raise SetupError("run_step measures one device; ZeRO/FSDP and tensor parallelism run under torchrun")
     dev = resolve_device(device)
     if setup.attention != "eager":
-        from memlab.run.gpt import available_attention
+        from memlab.model.gpt import available_attention
 
         dtype = model_dtype(setup.policy) if setup.mode == "train" else torch_dtype(setup.inference_weights)
         works = available_attention(dev, torch.bfloat16 if setup.policy.autocast else dtype)

@@ -7,7 +7,7 @@ from memlab.predict.estimate import estimate
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 from memlab.run.runner import run_step
-from memlab.run.trace import trace_gpt
+from memlab.tracing.gpt import trace_gpt
 
 
 def test_ledger_has_phase_and_peak_rows_against_the_measurement() -> None:

@@ -27,6 +27,12 @@ def test_auto_means_ci_scale_on_cpu() -> None:
     assert resolve_scale("full", "cpu") == "full", "an explicit scale is kept"
 
 
+@pytest.mark.parametrize(("device", "kind"), [("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda")])
+def test_device_type_is_the_kind_of_the_chapters_device(tmp_path: Path, device: str, kind: str) -> None:
+    ch = Chapter(scale="ci", device=device, seed=0, out_dir=tmp_path)
+    assert ch.device_type == kind
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"scale": "huge"}, "scale must be one of"),
     ({"device": "tpu"}, "device must be"),

@@ -13,10 +13,10 @@ from memlab.measure.accounting import (
     storage_key,
     unique_storage_bytes,
 )
+from memlab.model.gpt import GPT
+from memlab.model.step import MasterWeights
 from memlab.predict.models import preset
 from memlab.predict.precision import precision_policy
-from memlab.run.gpt import GPT
-from memlab.run.training_step import MasterWeights
 
 
 def test_views_of_one_storage_count_once() -> None:

@@ -11,6 +11,9 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder
+from memlab.model.gpt import GPT
+from memlab.model.saved import saved_tensor_category
+from memlab.model.step import autocast, model_dtype
 from memlab.predict.activations import (
     CATEGORIES,
     activation_bytes,
@@ -21,8 +24,6 @@ from memlab.predict.activations import (
 )
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
-from memlab.run.gpt import GPT, saved_tensor_category
-from memlab.run.training_step import autocast, model_dtype
 
 CPU = torch.device("cpu")
 CUSTOM = TransformerConfig(name="custom-nobias", d_model=48, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=80,

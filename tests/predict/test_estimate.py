@@ -366,7 +366,7 @@ def test_max_seq_and_no_fit_reason() -> None:
 
 
 def test_fits_accepts_detected_device_memory_and_refuses_unknown() -> None:
-    from memlab.device import DeviceInfo
+    from memlab.predict.hardware import DeviceInfo
 
     bd = E.training(preset("tiny-gpt"), Setup(seq=64))
     small = DeviceInfo(kind="cpu", name="test host", accelerator=None, total_memory_bytes=bd.peak_bytes - 1,

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab import device as device_mod
 from memlab.errors import ConfigError, MemlabError, SetupError, UnknownNameError
 from memlab.predict import flops as F
 from memlab.predict import hardware as hw
@@ -174,14 +173,14 @@ def test_mfu_with_a_dtype_the_device_lacks_is_unknown():
 
 
 def test_mfu_with_a_device_info_of_an_unknown_gpu_keeps_its_reason():
-    info = device_mod.DeviceInfo("cuda", "NVIDIA Future GPU", None, 10**11, {}, "unknown",
+    info = hw.DeviceInfo("cuda", "NVIDIA Future GPU", None, 10**11, {}, "unknown",
                          "GPU 'NVIDIA Future GPU' is not in memlab's table", "2.13.0", "12.8", None, 16)
     res = F.mfu(preset("gpt2"), 10_000, accelerator=info, seq=1024)
     assert res.mfu is None and "not in memlab's table" in res.reason
 
 
 def test_mfu_with_a_measured_cpu_peak():
-    info = device_mod.DeviceInfo("cpu", "Some CPU", None, 10**10, {"fp32": 1e11}, "measured: fake", None,
+    info = hw.DeviceInfo("cpu", "Some CPU", None, 10**10, {"fp32": 1e11}, "measured: fake", None,
                          "2.13.0", None, None, 2)
     cfg = preset("tiny-gpt")
     res = F.mfu(cfg, 1000, accelerator=info, seq=128, dtype="fp32")

@@ -105,7 +105,7 @@ def test_attention_mapping() -> None:
 @pytest.mark.parametrize("family", list(TINY))
 def test_param_count_equals_the_hf_models(family: str) -> None:
     pytest.importorskip("transformers")
-    from memlab.run.hf import build_hf_model
+    from memlab.model.hf import build_hf_model
 
     model = build_hf_model(TINY[family])
     assert from_hf(TINY[family]).param_count() == sum(p.numel() for p in model.parameters())

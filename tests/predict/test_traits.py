@@ -12,12 +12,13 @@ import torch
 
 from memlab.errors import ConfigError, SetupError
 from memlab.measure.accounting import SavedTensorRecorder
+from memlab.model.gpt import GPT
+from memlab.model.saved import saved_tensor_category
+from memlab.model.step import autocast, model_dtype
 from memlab.predict.activations import activation_bytes
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
 from memlab.predict.traits import REFERENCE, Implementation
-from memlab.run.gpt import GPT, saved_tensor_category
-from memlab.run.training_step import autocast, model_dtype
 
 CPU = torch.device("cpu")
 GPT_ = preset("tiny-gpt")

@@ -253,7 +253,7 @@ def test_mfu_rejects_the_seq_estimate_rejects() -> None:
 def test_detect_distrusts_an_implausible_cached_cpu_peak(tmp_path, peak) -> None:
     import torch
 
-    from memlab import device as device_mod
+    from memlab.measure import machine as device_mod
 
     model, _ = device_mod._cpu_model()
     key = f"{model} | torch {torch.__version__} | {int(torch.get_num_threads())} threads"

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from memlab.errors import LaunchError, SetupError
 from memlab.predict.communication import zero_comm_bytes
 from memlab.predict.models import preset
-from memlab.run.distributed import WorkerSpec, launch, launch_sweep, torchrun_command
+from memlab.run.distributed.launch import WorkerSpec, launch, launch_sweep, torchrun_command
 
 pytestmark = [
     pytest.mark.slow,

@@ -20,7 +20,7 @@ import pytest
 import torch.distributed as dist
 
 from memlab.predict.models import TransformerConfig, preset
-from memlab.run.distributed import run_script
+from memlab.run.distributed.launch import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "dist_states.py"

@@ -1,4 +1,4 @@
-"""memlab.run.gpt: the reference model matches its config exactly, attention kernels and recompute agree numerically,
+"""memlab.model.gpt: the reference model matches its config exactly, attention kernels and recompute agree numerically,
 the KV cache decodes like a full forward, and bad setups get one clear error."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from memlab.errors import SetupError
+from memlab.model.gpt import GPT, KVCache, available_attention
 from memlab.predict.models import PRESETS, TransformerConfig, preset
-from memlab.run.gpt import GPT, KVCache, available_attention
 
 CUSTOM = TransformerConfig(name="custom-nobias", d_model=48, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=80,
                            vocab_size=97, max_seq=64, bias=False, norm="layernorm", tied_embeddings=False)

@@ -14,8 +14,9 @@ pytest.importorskip("transformers")
 import torch
 
 from memlab.measure.by_op import layer_listing, saved_by_op
+from memlab.model.hf import build_hf_model
 from memlab.predict.hf import from_hf
-from memlab.run.hf import build_hf_model, predict_hf, run_hf
+from memlab.run.hf import predict_hf, run_hf
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
 

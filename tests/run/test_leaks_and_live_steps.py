@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from memlab.errors import SetupError
+from memlab.labs.oom import fit_sweep, growth_per_iteration, leak_loop
+from memlab.labs.precision import cast_survival, deprecated_amp_calls, scaler_trajectory
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
-from memlab.run.leaks import growth_per_iteration, leak_loop
-from memlab.run.live_steps import fit_sweep, live_training_steps
-from memlab.run.loss_scaling import cast_survival, deprecated_amp_calls, scaler_trajectory
+from memlab.run.live_steps import live_training_steps
 
 TINY = preset("tiny-gpt")
 

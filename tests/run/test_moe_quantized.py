@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from memlab.labs.inference import expert_load, int8_linear_bytes
 from memlab.measure.accounting import model_states
+from memlab.model.gpt import GPT
 from memlab.predict import flops
 from memlab.predict.models import preset
 from memlab.predict.sharding import shape_summary
-from memlab.run.gpt import GPT
-from memlab.run.moe import expert_load
-from memlab.run.quantized import int8_linear_bytes
 from memlab.run.runner import count_flops
 
 

@@ -1,4 +1,4 @@
-"""memlab.run.optimizers: the blockwise 8-bit Adam keeps bitsandbytes' memory layout and still optimises; every
+"""memlab.model.optimizers: the blockwise 8-bit Adam keeps bitsandbytes' memory layout and still optimises; every
 optimizer name builds the torch optimizer the estimator assumes."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.measure.accounting import model_states
+from memlab.model.optimizers import Adam8bit, build_optimizer
 from memlab.predict.setup import OPTIMIZERS
-from memlab.run.optimizers import Adam8bit, build_optimizer
 
 # bitsandbytes Optimizer2State.init_state (Dettmers et al. 2022): tensors with >= 4096 elements get uint8 states
 # and one fp32 absmax per 2048-element block; smaller tensors keep fp32 states.

@@ -8,7 +8,7 @@ import torch
 from memlab.predict.flops import megatron_iteration_flops
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
-from memlab.run import profile
+from memlab.run import op_profile as profile
 
 
 def test_matmul_costs_2mnk_and_the_minimum_traffic() -> None:

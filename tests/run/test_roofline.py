@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from memlab.errors import MemlabError, UnknownNameError
-from memlab.predict.precision import DTYPE_BYTES
-from memlab.run.roofline import (
+from memlab.measure.roofline import (
     bandwidth_bytes_per_s,
     default_shapes,
     default_sizes,
@@ -16,6 +15,7 @@ from memlab.run.roofline import (
     time_fn,
     torch_dtype,
 )
+from memlab.predict.precision import DTYPE_BYTES
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: this machine's torch sees none")
@@ -164,11 +164,10 @@ def _fake_sysfs(root, cpus: int, l3_groups: list[str]) -> None:
 @pytest.mark.parametrize(("cpus", "groups", "total_mib"), [(2, ["0,1"], 32), (4, ["0,1", "2,3"], 64)])
 def test_cache_bytes_reads_sysfs_and_sums_last_level_instances(tmp_path, monkeypatch, cpus, groups,
                                                                total_mib) -> None:
-    from memlab import device
-    from memlab.run import roofline
+    from memlab.measure import machine, roofline
 
     _fake_sysfs(tmp_path, cpus, groups)
-    monkeypatch.setattr(device, "CPU_CACHE_DIR", tmp_path)
+    monkeypatch.setattr(machine, "CPU_CACHE_DIR", tmp_path)
     caches = roofline.cache_bytes("cpu")
     assert caches["L1d"] == 48 * 2**10 and caches["L2"] == 2**20 and caches["L3"] == 32 * 2**20
     assert "L1i" not in caches and caches["last_level"] == 32 * 2**20
@@ -176,7 +175,7 @@ def test_cache_bytes_reads_sysfs_and_sums_last_level_instances(tmp_path, monkeyp
 
 
 def test_cache_bytes_of_this_machine_are_plausible() -> None:
-    from memlab.run.roofline import cache_bytes
+    from memlab.measure.roofline import cache_bytes
 
     caches = cache_bytes("cpu")
     if not caches:
@@ -191,7 +190,7 @@ def test_cache_bytes_of_this_machine_are_plausible() -> None:
 ])
 @pytest.mark.parametrize("scale", ["ci", "full"])
 def test_bandwidth_sizes_span_a_cache_resident_and_a_dram_array(caches: dict, scale: str) -> None:
-    from memlab.run.roofline import default_sizes
+    from memlab.measure.roofline import default_sizes
 
     sizes = default_sizes("cpu", scale, caches=caches)
     llc = caches.get("last_level_total", 512 * 2**20)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from memlab.model.gpt import GPT
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
-from memlab.run.gpt import GPT
 from memlab.run.sweep import DamagedRowsWarning, measurement_of, point_key, read_rows, sweep, to_frame
 
 ROOT = Path(__file__).resolve().parents[2]

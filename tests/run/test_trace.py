@@ -1,5 +1,5 @@
 """memlab trace: fake tensors hold exactly the bytes real ones do, by phase and category, and the estimator's
-phase model agrees with the trace (memlab.run.trace, memlab.measure.live_bytes)."""
+phase model agrees with the trace (memlab.tracing.tracer, memlab.measure.live_bytes)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from memlab.predict.estimate import estimate
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
 from memlab.run.runner import run_step
-from memlab.run.trace import CATEGORIES, trace, trace_gpt
+from memlab.tracing.gpt import trace_gpt
+from memlab.tracing.tracer import CATEGORIES, trace
 
 TINY = preset("tiny-gpt")
 LLAMA = TransformerConfig(name="t-llama", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, max_seq=128,

@@ -1,4 +1,4 @@
-"""memlab trace for Hugging Face causal LMs built from a config: fake == real byte for byte (memlab.run.trace_hf)."""
+"""memlab trace for Hugging Face causal LMs built from a config: fake == real byte for byte (memlab.tracing.hf)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from memlab.predict.setup import Setup
 
 pytest.importorskip("transformers")
 
-from memlab.run.trace_hf import hf_config, trace_hf
+from memlab.model.hf import hf_config
+from memlab.tracing.hf import trace_hf
 
 GPT2 = {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 128, "attn_pdrop": 0.0,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0}

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from memlab.device import cache_bytes, last_level_cache_bytes
 from memlab.errors import MemlabError, SetupError
+from memlab.labs import monitors as utilisation
+from memlab.labs import step_time
+from memlab.measure import roofline
+from memlab.measure.machine import cache_bytes, last_level_cache_bytes
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
-from memlab.run import roofline, step_time, utilisation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +54,7 @@ def test_cpu_percent_does_not_see_flops() -> None:
 def test_rss_keeps_freed_small_tensors_until_trimmed() -> None:
     # In a fresh process, as a chapter's kernel is: after a thousand tests this process's heap already holds freed,
     # resident pages that a new allocation reuses without growing RSS.
-    code = ("import json; from memlab.run import utilisation; "
+    code = ("import json; from memlab.labs import monitors as utilisation; "
             "t = utilisation.rss_vs_live_bytes(total_bytes=16 * 2**20, tensor_bytes=64 * 2**10, keep_every=64); "
             "print(json.dumps({'live': t['live_tensor_bytes'].tolist(), 'rss': t['rss_delta_bytes'].tolist()}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

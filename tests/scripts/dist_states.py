@@ -24,8 +24,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from memlab.measure.accounting import model_states
+from memlab.model.gpt import GPT
 from memlab.predict.models import TransformerConfig, preset
-from memlab.run.gpt import GPT
 
 
 def config() -> TransformerConfig:

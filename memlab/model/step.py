@@ -202,11 +202,27 @@ def build_training(config: TransformerConfig, setup: Setup, device: torch.device
     ``seed`` and in train mode, and its :class:`TrainingStep` with ``setup.optimizer`` run by ``optimizer_impl``
     (default ``setup.optimizer_impl``): how :func:`memlab.run.runner.run_step`, the live-bytes steps and the
     profiler build the step they measure."""
-    from memlab.run.gpt import GPT
-    from memlab.run.optimizers import build_optimizer
+    from memlab.model.gpt import GPT
+    from memlab.model.optimizers import build_optimizer
 
     torch.manual_seed(seed)
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device,
                 dtype=model_dtype(setup.policy)).train()
     impl = setup.optimizer_impl if optimizer_impl is None else optimizer_impl
     return model, training_step(model, setup.policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr, impl))
+
+
+# -- token batches --------------------------------------------------------------------------------------------
+def token_ids(vocab_size: int, batch: int, length: int, device: torch.device | str = "cpu",
+              seed: int = 0) -> torch.Tensor:
+    """A ``batch`` x ``length`` tensor of random token ids in ``[0, vocab_size)`` (int64), on ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, length), generator=gen).to(device)
+
+
+def token_batch(vocab_size: int, batch: int, seq: int, device: torch.device | str = "cpu",
+                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(idx, tgt)``: ``batch`` x ``seq`` inputs and their next-token targets (the same ids shifted by one), each
+    in its own storage, as a data loader yields them."""
+    data = token_ids(vocab_size, batch, seq + 1, device, seed)
+    return data[:, :-1].clone(), data[:, 1:].clone()

@@ -32,9 +32,11 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
+from memlab.model.gpt import GPT
+from memlab.model.step import token_batch
 from memlab.predict.models import TransformerConfig, preset
-from memlab.run.gpt import GPT
-from memlab.run.tokens import token_batch
+from memlab.predict.setup import Setup
+from memlab.run.live_steps import live_training_steps
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,3 +133,35 @@ def growth_per_iteration(frame: pd.DataFrame, column: str = "bytes_above_weights
     x = frame["iteration"].to_numpy(dtype=float)
     y = frame[column].to_numpy(dtype=float)
     return float(np.polyfit(x, y, 1)[0])
+
+
+def fit_sweep(config: TransformerConfig, setup: Setup, batches: list[int], capacity_bytes: int,
+              device: torch.device | str = "cpu", *, steps: int = 2, seed: int = 0) -> pd.DataFrame:
+    """Which batch sizes fit ``capacity_bytes``, measured: one row per batch, an OOM recorded as a result.
+
+    On CUDA each batch runs :func:`memlab.run.runner.run_step` under
+    :func:`memlab.measure.cuda.emulate_smaller_gpu` (a real allocator cap; ``status`` is ``ok`` or ``oom`` and the
+    parsed message is kept). On a CPU there is no allocator to refuse: each batch's peak live tensor bytes over
+    ``steps`` steps (:func:`live_training_steps`) is compared with the budget, and ``status`` says ``ok`` or
+    ``over budget``; that is a byte count against a number, not an out-of-memory error.
+    """
+    import pandas as pd
+
+    dev = torch.device(device)
+    rows = []
+    for b in batches:
+        s = setup.with_(batch=b)
+        if dev.type == "cuda":
+            from memlab.measure.cuda import emulate_smaller_gpu
+            from memlab.run.runner import run_step
+
+            with emulate_smaller_gpu(capacity_bytes, dev):
+                m = run_step(config, s, dev, steps=steps, seed=seed, with_counted_flops=False, with_mfu=False)
+            rows.append({"batch": b, "status": m.status, "peak_bytes": m.cuda_peak_allocated_bytes,
+                         "reserved_peak_bytes": m.cuda_peak_reserved_bytes,
+                         "oom_message": (m.oom or {}).get("raw")})
+        else:
+            peak = live_training_steps(config, s, dev, steps=steps, seed=seed).peak_bytes
+            rows.append({"batch": b, "status": "ok" if peak <= capacity_bytes else "over budget",
+                         "peak_bytes": peak})
+    return pd.DataFrame(rows)

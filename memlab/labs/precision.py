@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memlab.errors import SetupError
+from memlab.model.gpt import GPT
+from memlab.model.step import token_batch
 from memlab.predict.models import TransformerConfig
-from memlab.run.gpt import GPT
-from memlab.run.tokens import token_batch
 
 if TYPE_CHECKING:
     import pandas as pd

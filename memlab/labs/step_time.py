@@ -94,11 +94,11 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
     (``pin_memory`` only matters for CUDA copies). ``item_every``: call ``loss.item()`` every that many steps (a
     host sync). ``log_every``: format a log line with the loss (an ``.item()``) into a buffer. ``checkpoint_every``:
     ``torch.save`` the model and optimizer state into memory. ``accelerator``: what :func:`memlab.predict.flops.mfu`
-    divides by (default: :func:`memlab.device.detect` for the device).
+    divides by (default: :func:`memlab.measure.machine.detect` for the device).
     """
-    from memlab.device import detect
+    from memlab.measure.machine import detect
+    from memlab.model.step import build_training
     from memlab.predict.flops import mfu
-    from memlab.run.training_step import build_training
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise SetupError(f"steps must be an integer >= 1, got {steps!r}")

@@ -23,10 +23,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-from memlab.device import cache_bytes as cpu_cache_bytes
-from memlab.device import cpu_model, last_level_cache_bytes, resolve_device, resolve_scale, torch_dtype
+from memlab.device import resolve_device, resolve_scale, torch_dtype
 from memlab.errors import MemlabError, unknown_name
 from memlab.measure.cuda import Device
+from memlab.measure.machine import cache_bytes as cpu_cache_bytes
+from memlab.measure.machine import cpu_model, last_level_cache_bytes
 from memlab.predict.precision import DTYPE_BYTES
 
 BANDWIDTH_KINDS = ("copy", "triad")
@@ -58,7 +59,7 @@ def cache_bytes(device: Device = None) -> dict[str, int]:
     them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances on the
     machine: the cache a multi-threaded kernel can fill). {} when unknown.
 
-    CPU: :func:`memlab.device.cache_bytes` (Linux sysfs, else ``lscpu``). CUDA: the L2 from torch's device
+    CPU: :func:`memlab.measure.machine.cache_bytes` (Linux sysfs, else ``lscpu``). CUDA: the L2 from torch's device
     properties (``L2_cache_size``), the GPU's last level.
     """
     dev = resolve_device(device)
@@ -368,7 +369,7 @@ DRAM_FALLBACK_BYTES = 256 * 2**20
 def beyond_cache_bytes(device: Device = None, factor: int = 4) -> int:
     """Bytes per bandwidth array that no cache can hold: ``factor`` x the last-level cache.
 
-    CPU: the last level from :func:`memlab.device.last_level_cache_bytes` (sysfs or lscpu), or
+    CPU: the last level from :func:`memlab.measure.machine.last_level_cache_bytes` (sysfs or lscpu), or
     :data:`DRAM_FALLBACK_BYTES` when it is not reported. CUDA: ``factor`` x the L2 (at least 256 MiB). Rounded up
     to a whole MiB. With ``factor >= 2`` a STREAM kernel's arrays together are at least 4x the cache, so its
     bandwidth is DRAM's (or HBM's), not the cache's.

@@ -65,7 +65,7 @@ def cpu_busy_vs_work(duration_s: float = 0.5, matmul_n: int = 512, copy_bytes: i
     ``matmul``: ``matmul_n``³ fp32, 2n³ FLOPs per call. ``cpu_pct`` is psutil's process figure (100 = one core
     fully busy; a multi-threaded matmul reads up to 100 x threads); ``cpu_pct_of_machine`` divides by the
     logical cores. ``fraction_of_peak`` divides FLOP/s by ``peak_flops_per_s`` when given (the fp32 peak of
-    :func:`memlab.device.detect`). ``threads``: torch threads during the loops (default 1, so every loop
+    :func:`memlab.measure.machine.detect`). ``threads``: torch threads during the loops (default 1, so every loop
     can occupy exactly one core, as the Python loop does; None keeps torch's setting).
     """
     import psutil
@@ -216,7 +216,8 @@ def gpu_util_demo(device: str | torch.device = "cuda", duration_s: float = 2.0, 
     why = _cuda_reason(device)
     if why:
         return _skipped(why)
-    from memlab.device import detect, torch_dtype
+    from memlab.device import torch_dtype
+    from memlab.measure.machine import detect
     from memlab.measure.nvml import nvml_index_for_cuda
 
     dev = resolve_device(device)

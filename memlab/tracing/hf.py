@@ -1,7 +1,7 @@
 """Trace a Hugging Face Transformers causal LM built from its config (never a download): :func:`trace_hf`.
 
 The model is ``transformers.AutoModelForCausalLM.from_config(config)`` built inside the fake mode under a
-``torch.device("cpu")`` context, then traced by :func:`memlab.run.trace.trace` under a memlab
+``torch.device("cpu")`` context, then traced by :func:`memlab.tracing.tracer.trace` under a memlab
 :class:`~memlab.predict.setup.Setup` (precision policy, optimizer and its implementation, attention, recompute).
 The config comes from a ``config.json`` path, a ``PretrainedConfig``, or a family name with dimensions
 (``hf_config("llama", hidden_size=4096, ...)``, ``transformers.AutoConfig.for_model``).
@@ -17,58 +17,21 @@ without packed sequences, and every trace says so in its notes.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from memlab.errors import SetupError
+from memlab.model.gpt import sdpa_backend
+from memlab.model.hf import hf_config, import_transformers
 from memlab.predict.setup import Setup
-from memlab.run.trace import Trace, setup_parts, trace
+from memlab.tracing.gpt import setup_parts
+from memlab.tracing.tracer import Trace, trace
 
 _ATTENTION = {"eager": ("eager", None), "math": ("sdpa", "math"), "flash": ("sdpa", "flash"),
               "efficient": ("sdpa", "efficient"), "cudnn": ("sdpa", "cudnn")}
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as exc:  # pragma: no cover - a course dependency
-        raise SetupError(f"tracing a Hugging Face model needs transformers: pip install transformers ({exc})") from None
-    return transformers
-
-
-def hf_config(source: Any, **dims: Any) -> Any:
-    """A ``transformers`` config: from a ``config.json`` path (or its folder), a config object, or a model type name
-    (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...) with dimensions as keyword arguments. Nothing is downloaded."""
-    tf = _transformers()
-    if hasattr(source, "to_dict") and hasattr(source, "model_type"):
-        return source.__class__.from_dict({**source.to_dict(), **dims}) if dims else source
-    path = Path(str(source))
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" or path.exists():
-        if not path.exists():
-            raise SetupError(f"no config file at {path}: give the path of a Hugging Face config.json")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise SetupError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        kind = data.get("model_type")
-        if not kind:
-            raise SetupError(f"{path} has no 'model_type': is it a Hugging Face config.json?")
-        data.update(dims)
-        return tf.AutoConfig.for_model(kind, **{k: v for k, v in data.items() if k != "model_type"})
-    try:
-        return tf.AutoConfig.for_model(str(source), **dims)
-    except ValueError:
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-        from memlab.errors import unknown_name
-        raise unknown_name("Hugging Face model type", str(source), list(CONFIG_MAPPING.keys())) from None
 
 
 @contextlib.contextmanager
@@ -87,14 +50,14 @@ def unpacked_batches() -> Iterator[None]:
 
 def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str = "cuda",
              force_unpacked: bool = True, name: str | None = None) -> Trace:
-    """:func:`memlab.run.trace.trace` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under ``setup``.
+    """:func:`memlab.tracing.tracer.trace` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under ``setup``.
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant);
     ``selective`` has no transformers equivalent. ``force_unpacked``: see :func:`unpacked_batches`.
     """
-    tf = _transformers()
-    from memlab.run.training_step import model_dtype
+    tf = import_transformers()
+    from memlab.model.step import model_dtype
 
     cfg = hf_config(config)
     if setup.recompute == "selective":
@@ -133,8 +96,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             if backend:
                 from torch.nn.attention import sdpa_kernel
 
-                from memlab.run.gpt import _sdpa_backend
-                stack.enter_context(sdpa_kernel(_sdpa_backend(backend)))
+                stack.enter_context(sdpa_kernel(sdpa_backend(backend)))
             yield
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()

@@ -11,11 +11,11 @@ byte for byte.
 Three ways in:
 
 - :func:`trace_gpt` for the reference GPT under a :class:`~memlab.predict.setup.Setup`;
-- :func:`trace_hf` for a Hugging Face causal LM built from its config (never a download): :mod:`memlab.run.trace_hf`;
+- :func:`trace_hf` for a Hugging Face causal LM built from its config (never a download): :mod:`memlab.tracing.hf`;
 - :func:`trace` for your own module::
 
     import torch
-    from memlab.run.trace import trace
+    from memlab.tracing.tracer import trace
 
     t = trace(
         model_fn=lambda: torch.nn.Sequential(torch.nn.Linear(4096, 16384), torch.nn.GELU(),
@@ -45,8 +45,6 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup, resolve_optimizer_impl
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "inputs")
 """Trace categories, in display order (MemTracker's Parameter, Buffer, Gradient, Optstate, Activation, Temp,
@@ -320,142 +318,3 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
     return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best["peak_bytes"],
                  peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
                  modules=modules, notes=tuple(notes))
-
-
-# -- the reference GPT ----------------------------------------------------------------------------------------
-def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") -> dict[str, Any]:
-    """``optimizer_fn``, ``forward_context`` and ``notes`` that carry out ``setup``'s precision policy and optimizer
-    (the runner's wiring: :mod:`memlab.run.training_step`, :mod:`memlab.run.optimizers`) for :func:`trace`.
-
-    ``device_type`` is the device whose optimizer default (``optimizer_impl='auto'``) the trace imitates.
-    """
-    from memlab.run.optimizers import build_optimizer
-    from memlab.run.training_step import MasterWeights, autocast
-
-    if setup.mode != "train":
-        raise SetupError("this traces a training step: set mode='train' (trace_gpt traces inference itself)")
-    if setup.tp > 1:
-        raise SetupError("the tracer runs data parallelism only: set tp=1 (tensor-parallel traces are future work)")
-    if setup.world_size > 1 and setup.zero_stage not in (2, 3):
-        raise SetupError("a traced data-parallel setup runs FSDP2: set zero_stage=2 or 3 (plain DDP and ZeRO-1 "
-                         "replicate the model: trace world_size=1)")
-    policy, notes = setup.policy, []
-    impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
-    notes.append(f"optimizer {setup.optimizer}, {impl} implementation")
-    if policy.grad_scaler:
-        notes.append("loss scaling traced without its finite check (data-dependent on fake tensors): the scale and "
-                     "found-inf scalars are a few bytes")
-
-    def optimizer_fn(model: nn.Module) -> Any:
-        make = lambda ps: build_optimizer(setup.optimizer, ps, lr, impl)  # noqa: E731
-        if policy.master_bytes:
-            return MasterWeights(model, make, policy, loss_scale=None)
-        return make([p for p in model.parameters() if p.requires_grad])
-
-    def forward_context() -> contextlib.AbstractContextManager[Any]:
-        return autocast(policy, torch.device("cpu"))
-
-    return {"optimizer_fn": optimizer_fn, "forward_context": forward_context, "notes": tuple(notes)}
-
-
-def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda",
-                   mesh: Any = None) -> dict[str, Any]:
-    """Everything :func:`trace` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
-    ``mesh`` (:func:`memlab.run.fake_dist.fake_process_group`) the blocks are sharded with FSDP2."""
-    from memlab.run.gpt import GPT
-    from memlab.run.training_step import model_dtype
-
-    parts = setup_parts(setup, lr=lr, device_type=device_type)
-
-    def model_fn() -> nn.Module:
-        model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy))
-        if mesh is not None:
-            from memlab.run.fake_dist import shard_blocks
-
-            shard_blocks(model, mesh, setup.zero_stage)
-        return model
-
-    def batch_fn() -> tuple[torch.Tensor, torch.Tensor]:
-        data = torch.randint(0, config.vocab_size, (setup.batch, setup.seq + 1))
-        return data[:, :-1].clone(), data[:, 1:].clone()
-
-    def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return model(*batch)
-
-    return {**parts, "model_fn": model_fn, "batch_fn": batch_fn, "loss_fn": loss_fn}
-
-
-def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, device_type: str = "cuda") -> Trace:
-    """:func:`trace` of the reference GPT (``memlab.run.gpt.GPT``) under ``setup`` (training, one process;
-    ``zero_stage`` 2/3 over ``world_size`` > 1 ranks runs FSDP2 over a fake process group, :mod:`memlab.run.fake_dist`).
-
-    Traces run on CPU; ``device_type`` only picks the optimizer implementation ``auto`` means. CPU autocast and
-    norm kernels differ from CUDA's in a few saved widths (:mod:`memlab.predict.activations` lists them): compare
-    with ``estimate(..., device_type='cpu')`` for byte equality.
-    """
-    if not isinstance(config, TransformerConfig):
-        raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
-    if setup.mode == "inference":
-        return _trace_inference(config, setup, fake=fake)
-    if setup.world_size == 1:
-        parts = gpt_step_parts(config, setup, device_type=device_type)
-        notes = parts.pop("notes")
-        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
-                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes)
-    from memlab.run.fake_dist import fake_process_group
-
-    setup_parts(setup, device_type=device_type)  # validates before a process group is made
-    with fake_process_group(setup.world_size) as mesh:
-        parts = gpt_step_parts(config, setup, device_type=device_type, mesh=mesh)
-        notes = (*parts.pop("notes"), f"FSDP2 over a fake {setup.world_size}-rank process group: rank 0's bytes, "
-                 "gathered blocks included (collectives' buffers as FSDP2 allocates them; no communication); on fake "
-                 "tensors the first optimizer step also counts DTensor's first sharding propagation (global-shape "
-                 "temporaries no real run holds): marked unreliable and left out of the peak; the steady step is "
-                 "exact")
-        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
-                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes,
-                     unreliable=(("first", "optimizer step"),) if fake else ())
-
-
-def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:
-    """Prefill of ``seq - 1`` tokens into a KV cache of ``seq`` and one decode step, as the runner serves them.
-
-    Phases ``prefill`` and ``decode`` (step ``steady``); the KV cache and the token ids are in ``inputs``.
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from memlab.device import torch_dtype
-    from memlab.run.gpt import GPT, KVCache
-
-    if setup.inference_weights not in ("fp32", "bf16", "fp16") or setup.kv_cache_dtype != setup.inference_weights:
-        raise SetupError("traced inference runs fp32/bf16/fp16 weights with the KV cache in the weight dtype: set "
-                         "inference_weights and kv_cache_dtype alike")
-    if setup.seq < 2:
-        raise SetupError("traced inference needs seq >= 2 (a prompt and one decoded token)")
-    dtype = torch_dtype(setup.inference_weights)
-    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
-    with mode, torch.device("cpu"), torch.no_grad():
-        model = GPT(config, attention=setup.attention, dtype=dtype).eval()
-        cache = KVCache(config, setup.batch, setup.seq, dtype=dtype)
-        ids = torch.randint(0, config.vocab_size, (setup.batch, setup.seq))
-        tracker = _fast_tracker()
-        tracker.track_external(model, ids, *cache.k, *cache.v)
-        rec = _Phases(tracker)
-        with tracker:
-            with rec.phase("steady", "prefill"):
-                out = model(ids[:, :-1], cache=cache)
-                del out
-            tracker.reset_mod_stats()
-            with rec.phase("steady", "decode"):
-                out = model(ids[:, -1:], cache=cache)
-                del out
-            modules = _modules(tracker)
-    for r in rec.rows:
-        r["reliable"] = True
-    best = max(rec.rows, key=lambda r: r["peak_bytes"])
-    return Trace(model=config.name, setup=setup.to_dict(), fake=fake, phases=tuple(rec.rows),
-                 peak_bytes=best["peak_bytes"], peak_phase=best["phase"], peak_step=best["step"],
-                 peak_by_category=dict(best["by_category"]), modules=modules,
-                 notes=("inference: prefill of seq-1 tokens into a preallocated KV cache, then one decoded token; "
-                        "'inputs' holds the KV cache and the token ids; the reference GPT returns logits in the "
-                        "weight dtype (Hugging Face heads upcast them to fp32)",))

@@ -1,10 +1,10 @@
 """Launch real data-parallel ranks with torchrun and collect one row per rank and strategy.
 
-:func:`launch` runs ``python -m torch.distributed.run --nproc-per-node N --standalone -m memlab.run.dist_worker``
+:func:`launch` runs ``python -m torch.distributed.run --nproc-per-node N --standalone -m memlab.run.distributed.worker``
 (gloo on a CPU, NCCL on GPUs: the worker picks), waits at most ``timeout_s``, and returns a
-:class:`DistributedRun` whose rows are the ranks' measurements (:mod:`memlab.run.dist_worker`). A rank that fails,
-or a launch that runs past its timeout, raises one :class:`memlab.errors.LaunchError` with the failing rank's
-traceback or the tail of the log; the whole process group is killed on a timeout, so a notebook cell never hangs.
+:class:`DistributedRun` whose rows are the ranks' measurements (:mod:`memlab.run.distributed.worker`). A rank
+that fails, or a launch that runs past its timeout, raises one :class:`memlab.errors.LaunchError` with the failing
+rank's traceback or the tail of the log; the whole process group is killed on a timeout, so a notebook cell never hangs.
 
 :func:`torchrun_command` builds the same command for many nodes (``--nnodes``, ``--node-rank``,
 ``--rdzv-backend c10d``, ``--rdzv-endpoint``), as torchrun's documentation describes [pytorch-torchrun]: run it on
@@ -26,7 +26,7 @@ from typing import Any
 
 from memlab.errors import LaunchError, SetupError
 from memlab.predict.models import TransformerConfig
-from memlab.run.dist_worker import STRATEGIES
+from memlab.run.distributed.worker import STRATEGIES
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,7 +159,7 @@ def _collect(out: Path, nproc: int, returncode: int, log: str) -> tuple[dict[str
 
 def _check_spec(spec: WorkerSpec, largest: int) -> None:
     if not isinstance(spec, WorkerSpec):
-        raise SetupError(f"spec must be a memlab.run.distributed.WorkerSpec, got {type(spec).__name__}")
+        raise SetupError(f"spec must be a memlab.run.distributed.launch.WorkerSpec, got {type(spec).__name__}")
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -190,7 +190,8 @@ def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0, t
     """
     _check_spec(spec, nproc_per_node)
     with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
-        cmd = [*torchrun_command(nproc_per_node), "-m", "memlab.run.dist_worker", json.dumps(spec.to_dict()), tmp]
+        cmd = [*torchrun_command(nproc_per_node), "-m", "memlab.run.distributed.worker", json.dumps(spec.to_dict()),
+               tmp]
         code, log, wall = _run(cmd, timeout_s, threads_per_rank, f"torchrun with {nproc_per_node} rank(s)")
         rows = _collect(Path(tmp), nproc_per_node, code, log)
     return DistributedRun(nproc_per_node, rows, tuple(cmd), wall, _tail(log))
@@ -200,17 +201,18 @@ def launch_sweep(spec: WorkerSpec, world_sizes: tuple[int, ...] = (1, 2, 4), *, 
                  threads_per_rank: int = 1) -> dict[int, DistributedRun]:
     """Run ``spec`` at each world size, one launch after another, from ONE launcher process.
 
-    The launcher (``python -m memlab.run.dist_worker --sweep``) calls torchrun's launcher API (``elastic_launch``,
-    what the ``torchrun`` command runs) for each N and forks the ranks from itself on a CPU, so torch is imported
-    once instead of N + 1 times per launch: the same ranks, rendezvous and collectives, a few seconds instead of
-    tens. ``timeout_s`` bounds the whole sweep; errors as in :func:`launch`. ``wall_s`` of each run is the sweep's.
+    The launcher (``python -m memlab.run.distributed.worker --sweep``) calls torchrun's launcher API
+    (``elastic_launch``, what the ``torchrun`` command runs) for each N and forks the ranks from itself on a CPU, so
+    torch is imported once instead of N + 1 times per launch: the same ranks, rendezvous and collectives, a few
+    seconds instead of tens. ``timeout_s`` bounds the whole sweep; errors as in :func:`launch`. ``wall_s`` of each run
+    is the sweep's.
     """
     sizes = tuple(world_sizes)
     if not sizes or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in sizes):
         raise SetupError(f"world_sizes must be positive integers, got {world_sizes!r}")
     _check_spec(spec, max(sizes))
     with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
-        cmd = [sys.executable, "-m", "memlab.run.dist_worker", "--sweep", json.dumps(spec.to_dict()), tmp,
+        cmd = [sys.executable, "-m", "memlab.run.distributed.worker", "--sweep", json.dumps(spec.to_dict()), tmp,
                ",".join(map(str, sizes))]
         code, log, wall = _run(cmd, timeout_s, threads_per_rank, f"the launches over {sizes} rank(s)")
         out: dict[int, DistributedRun] = {}

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from memlab.measure.accounting import unique_storage_bytes
+from memlab.model.gpt import MoEMLP
 
 
 def int8_linear_bytes(model: nn.Module) -> dict[str, Any]:
@@ -43,3 +44,26 @@ def int8_linear_bytes(model: nn.Module) -> dict[str, Any]:
     return {"model": qmodel, "int8_weight_bytes": weight, "float_bias_bytes": bias,
             "float_param_bytes": unique_storage_bytes(qmodel.parameters()), "quantized_layers": layers,
             "float_bytes_before": before}
+
+
+def expert_load(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    """Tokens routed to each expert of each MoE layer for a batch ``idx``: (n_layers, n_experts) counts.
+
+    Runs the model once without gradients, recording the router's choices in every :class:`MoEMLP`.
+    """
+    counts: list[torch.Tensor] = []
+
+    def hook(module: MoEMLP, args: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
+        flat = args[0].reshape(-1, args[0].shape[-1])
+        chosen = torch.topk(module.router(flat), module.top_k, dim=-1).indices
+        counts.append(torch.bincount(chosen.flatten(), minlength=len(module.experts)))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, MoEMLP)]
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.stack(counts) if counts else torch.zeros(0, 0, dtype=torch.long)
+

@@ -1,7 +1,7 @@
 """Activation checkpointing strategies measured on the reference GPT: what is kept, the peak, the extra FLOPs.
 
 The reference GPT has three recompute policies of its own (``none``, ``selective``, ``full``: see
-:mod:`memlab.run.gpt`). This module adds the two that act on groups of blocks:
+:mod:`memlab.model.gpt`). This module adds the two that act on groups of blocks:
 
 - ``every-k``: the blocks in consecutive groups of ``k``, each group checkpointed (only its input is kept; in
   backward the group is recomputed, then differentiated). Megatron-LM's ``--recompute-method uniform
@@ -33,10 +33,11 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.measure.live_bytes import LiveBytes
+from memlab.model.gpt import GPT
+from memlab.model.saved import saved_tensor_category
+from memlab.model.step import token_batch
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
-from memlab.run.gpt import GPT, saved_tensor_category
-from memlab.run.tokens import token_batch
 
 STRATEGIES = ("none", "selective", "full", "every-k", "sequential")
 

@@ -4,7 +4,7 @@
 (``torch.testing._internal.distributed.fake_pg.FakeStore``: collectives return at once, nothing is sent) for
 ``world_size`` ranks, this process being rank 0, and yields a 1-D device mesh; it tears the group down after.
 :func:`shard_blocks` applies ``torch.distributed.fsdp.fully_shard`` to each transformer block and to the root, so
-a trace (:mod:`memlab.run.trace`) sees rank 0's bytes: its parameter, gradient and optimizer-state shards, and the
+a trace (:mod:`memlab.tracing.tracer`) sees rank 0's bytes: its parameter, gradient and optimizer-state shards, and the
 full parameters of the blocks FSDP holds gathered at each moment. ZeRO-3 is ``reshard_after_forward=True``
 (FULL_SHARD), ZeRO-2 ``False`` (SHARD_GRAD_OP: gathered parameters stay from forward to backward).
 """

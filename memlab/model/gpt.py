@@ -26,7 +26,6 @@ Large Transformer Models", Sections 4-5):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -37,14 +36,11 @@ from memlab.errors import SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import ATTENTION, RECOMPUTE
 
-if TYPE_CHECKING:
-    from torch.autograd.graph import Node
-
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                   "cudnn": "CUDNN_ATTENTION"}
 
 
-def _sdpa_backend(name: str) -> object:
+def sdpa_backend(name: str) -> object:
     from torch.nn.attention import SDPBackend
 
     return getattr(SDPBackend, _SDPA_BACKENDS[name])
@@ -59,7 +55,7 @@ def available_attention(device: torch.device | str = "cpu", dtype: torch.dtype =
         try:
             from torch.nn.attention import sdpa_kernel
 
-            with sdpa_kernel(_sdpa_backend(name)):
+            with sdpa_kernel(sdpa_backend(name)):
                 F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
             out.append(name)
         except (RuntimeError, NotImplementedError):
@@ -183,7 +179,7 @@ class AttentionCore(nn.Module):
         if s != T and s != 1:
             raise SetupError("SDPA attention with a KV cache supports a prefill from position 0 or one-token decode")
         try:
-            with sdpa_kernel(_sdpa_backend(self.attention)):
+            with sdpa_kernel(sdpa_backend(self.attention)):
                 out = F.scaled_dot_product_attention(
                     q.transpose(1, 2),
                     k.transpose(1, 2),
@@ -282,12 +278,7 @@ class Block(nn.Module):
         self.norm1 = Norm(config, device, dtype)
         self.attn = Attention(config, attention, recompute, device, dtype)
         self.norm2 = None if config.impl.shared_norm else Norm(config, device, dtype)
-        if config.is_moe:
-            from memlab.run.moe import MoEMLP  # routed experts (memlab.run.moe); imported here: moe imports MLP
-
-            self.mlp: nn.Module = MoEMLP(config, device, dtype)
-        else:
-            self.mlp = MLP(config, device, dtype)
+        self.mlp: nn.Module = MoEMLP(config, device, dtype) if config.is_moe else MLP(config, device, dtype)
         self.recompute_full = recompute == "full"
         self.parallel = config.impl.parallel_block
 
@@ -364,7 +355,7 @@ class GPT(nn.Module):
         return n
 
     def run_blocks(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """The residual stream through every block (memlab.run.checkpointing overrides it to checkpoint groups)."""
+        """The residual stream through every block (memlab.labs.checkpointing overrides it to checkpoint groups)."""
         for i, block in enumerate(self.blocks):
             x = block(x, self.rotary, cache.layer(i) if cache is not None else None)
         return x
@@ -446,54 +437,39 @@ def _init_weights(module: nn.Module) -> None:
             nn.init.zeros_(module.bias)
 
 
-# -- naming what is saved -------------------------------------------------------------------------------------
-# Nodes walked through to find where a saved tensor came from: views, casts and (for dropout, which is a
-# multiply by noise off CUDA) multiplies, following their first input.
-_PASS_THROUGH = ("View", "Reshape", "UnsafeView", "Transpose", "TBackward", "Permute", "Expand", "Alias", "ToCopy",
-                 "Mul")
+class MoEMLP(nn.Module):
+    """A mixture-of-experts MLP (``TransformerConfig.n_experts > 1``): router + routed experts + shared experts;
+    forward maps (b, s, h) to (b, s, h).
 
+    Top-k token-choice routing as in Mixtral [jiang2024, Sec. 2]: a bias-free router scores the
+    ``n_experts`` experts per token, the top ``top_k`` are kept and their softmax-renormalised weights scale the
+    experts' outputs; ``n_shared_experts`` MLPs run on every token (DeepSeekMoE [dai2024]). Each expert is a
+    :class:`MLP`, so parameter names are ``mlp.router.weight``, ``mlp.experts.<e>.*`` and
+    ``mlp.shared.<e>.*``, exactly :meth:`TransformerConfig.param_shapes`.
 
-def _origin(node: Node | None, hops: int = 8) -> list[str]:
-    """Names of ``node`` and its first inputs through view-like ops and casts (most recent first)."""
-    names: list[str] = []
-    while node is not None and hops > 0:
-        name = node.name()
-        names.append(name)
-        if not name.startswith(_PASS_THROUGH) or not node.next_functions:
-            break
-        node = node.next_functions[0][0]
-        hops -= 1
-    if node is not None and node.name() == "torch::autograd::AccumulateGrad":
-        names.append("AccumulateGrad")
-    return names
-
-
-def saved_tensor_category(t: torch.Tensor, scope: tuple[nn.Module, ...]) -> str:
-    """Category of a tensor saved for backward by :class:`GPT`, in :data:`memlab.predict.activations.CATEGORIES`.
-
-    ``scope`` is the stack of modules running when it was saved (outermost first), as recorded by
-    :class:`memlab.measure.accounting.SavedTensorRecorder`.
+    Memory and work part ways here: every expert's weights are resident (built, moved, sharded alike), while each
+    token is multiplied only by its top_k experts' weights (plus the shared ones). The loop gathers each expert's
+    tokens and runs the expert on those rows only, so FLOP counters see the active work. No capacity factor, no
+    token dropping, no load-balancing loss: this model exists to be measured, not trained well.
     """
-    chain = _origin(t.grad_fn)
-    if "AccumulateGrad" in chain and any(n.startswith("ToCopy") for n in chain):
-        return "autocast weight copies"
-    if t.dtype == torch.int64:
-        return "token ids"
-    for module in reversed(scope):
-        if isinstance(module, Norm):
-            return "norms"
-        if isinstance(module, ScoreSoftmax):
-            return "attention scores"
-        if isinstance(module, AttentionCore):
-            # The probabilities, their 16-bit copy or dropped version, and dropout masks (a bool mask, or a
-            # noise tensor shaped like the probabilities; the fused kernels' 3-D log-sum-exp has no grad_fn too).
-            scores = t.dtype == torch.bool or (t.grad_fn is None and t.dim() >= 4)
-            scores = scores or any("Softmax" in n or "Dropout" in n for n in chain)
-            return "attention scores" if scores else "attention"
-        if isinstance(module, Attention):
-            return "attention"
-        if isinstance(module, MLP):
-            return "mlp"
-        if isinstance(module, Block):
-            return "block inputs (recompute)"
-    return "head & loss"
+
+    def __init__(self, config: TransformerConfig, device: torch.device | None, dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.top_k = config.top_k
+        self.router = nn.Linear(config.d_model, config.n_experts, bias=False, device=device, dtype=dtype)
+        self.experts = nn.ModuleList(MLP(config, device, dtype) for _ in range(config.n_experts))
+        self.shared = nn.ModuleList(MLP(config, device, dtype) for _ in range(config.n_shared_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        flat = x.reshape(b * s, h)
+        weights, chosen = torch.topk(self.router(flat).float().softmax(-1), self.top_k, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.nonzero(chosen == e, as_tuple=True)
+            if rows.numel():
+                out = out.index_add(0, rows, expert(flat[rows]) * weights[rows, slot, None])
+        for expert in self.shared:
+            out = out + expert(flat)
+        return out.view(b, s, h)

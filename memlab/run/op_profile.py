@@ -29,11 +29,10 @@ import torch
 
 from memlab.device import resolve_device
 from memlab.errors import SetupError
+from memlab.model.step import build_training, token_batch
 from memlab.predict.flops import roofline_bound
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
-from memlab.run.tokens import token_batch
-from memlab.run.training_step import build_training
 
 ELEMENT_BYTES = {
     "float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "short int": 2,

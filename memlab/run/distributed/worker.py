@@ -1,6 +1,6 @@
 """One rank of a data-parallel memory experiment, run under torchrun by :func:`memlab.run.distributed.launch`.
 
-``python -m torch.distributed.run --nproc-per-node N --standalone -m memlab.run.dist_worker SPEC_JSON OUT_DIR``
+``python -m torch.distributed.run --nproc-per-node N --standalone -m memlab.run.distributed.worker SPEC_JSON OUT_DIR``
 runs every strategy of the spec on the reference GPT, one after the other in the same process group (process
 start-up is the slow part of a launch, so one launch serves all strategies of one N):
 
@@ -40,10 +40,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlab.measure.accounting import model_states, storage_key
 from memlab.measure.cuda import synchronize
+from memlab.model.gpt import GPT
+from memlab.model.step import token_batch
 from memlab.predict.communication import collective_volume_bytes
 from memlab.predict.models import TransformerConfig
-from memlab.run.gpt import GPT
-from memlab.run.tokens import token_batch
 
 STRATEGIES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload")
 

@@ -1,0 +1,11 @@
+"""labs: what only one chapter demonstrates, one module per chapter topic (d2l's ``train_ch3``, named by topic).
+
+- ``oom`` (chapter 01): leak loops and their growth per iteration, the measured fit sweep.
+- ``precision`` (chapter 03): loss scaling and fp16 underflow, what autocast casts, deprecated AMP calls.
+- ``checkpointing`` (chapter 04): checkpointing policies measured (every-k, ``checkpoint_sequential``, sqrt(n)).
+- ``step_time`` (chapters 07, 08): where a training loop's time goes (loader, host syncs, logging, checkpoints).
+- ``monitors`` (chapter 08): what GPU-Util and nvidia-smi count, beside the work done.
+- ``inference`` (chapter 09): int8 weight bytes, tokens routed to each expert.
+
+The rooms below (``model``, ``trace``, ``run``, ``measure``, ``predict``) never import ``labs``; the tests enforce it.
+"""

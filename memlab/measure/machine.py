@@ -1,0 +1,306 @@
+"""This machine: ``detect()`` (the device this process would use and its peak), caches, the CPU peak benchmark.
+
+A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware`); a CPU's is measured once with a matmul
+benchmark and cached on disk (``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. Cache sizes
+come from sysfs (``lscpu`` as a fallback). torch is imported lazily, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, resolve
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else :mod:`platform`)."""
+    return _cpu_model()[0]
+
+
+def _driver_version() -> str | None:
+    """NVIDIA driver version from NVML, or None when NVML (or a driver) is absent."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # NVML missing, no driver, no permission: "unavailable", never a guess
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def _cpu_model() -> tuple[str, str]:
+    """(model string, vendor) from /proc/cpuinfo, else from :mod:`platform`."""
+    model = vendor = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() == "model name" and not model:
+                model = v.strip()
+            elif k.strip() == "vendor_id" and not vendor:
+                vendor = v.strip()
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine() or "unknown CPU"
+    return model, vendor or platform.machine() or "unknown"
+
+
+CPU_CACHE_DIR = Path("/sys/devices/system/cpu")
+"""Where Linux lists each CPU's caches (``cpu*/cache/index*``); :func:`cache_bytes` reads it."""
+
+
+def _parse_size(text: str) -> int | None:
+    """``"48K"``, ``"32768K"``, ``"2 MiB"``, ``"1M"`` -> bytes (powers of two, as sysfs and lscpu mean them)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, flags=re.IGNORECASE)
+    if match is None:
+        return None
+    return int(match.group(1)) * 1024 ** " KMG".index((match.group(2) or " ").upper())
+
+
+def _with_last_level(levels: dict[str, int], last_total: dict[str, int]) -> dict[str, int]:
+    if not levels:
+        return {}
+    last = max(levels, key=lambda n: (int(n[1]), n))
+    return {**levels, "last_level": levels[last], "last_level_total": last_total.get(last, levels[last])}
+
+
+def _sysfs_caches(root: Path) -> dict[str, int]:
+    levels: dict[str, int] = {}
+    instances: dict[tuple[str, str], int] = {}
+    for index in sorted(root.glob("cpu[0-9]*/cache/index[0-9]*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = _parse_size((index / "size").read_text())
+        except OSError:
+            continue
+        if size is None or kind == "Instruction":
+            continue
+        shared_file = index / "shared_cpu_list"
+        shared = shared_file.read_text().strip() if shared_file.exists() else index.parent.parent.name
+        name = f"L{level}" + ("d" if kind == "Data" else "")
+        levels.setdefault(name, size)
+        instances[(name, shared)] = size
+    totals: dict[str, int] = {}
+    for (name, _), size in instances.items():
+        totals[name] = totals.get(name, 0) + size
+    return _with_last_level(levels, totals)
+
+
+def _lscpu_caches() -> dict[str, int]:
+    import subprocess
+
+    try:
+        done = subprocess.run(["lscpu", "-B", "-C=NAME,ONE-SIZE,ALL-SIZE"], capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if len(line.split()) == 3]
+    levels = {name.upper().replace("D", "d"): int(one) for name, one, _ in rows if one.isdigit() and
+              not name.lower().endswith("i")}
+    totals = {name.upper().replace("D", "d"): int(all_) for name, _, all_ in rows if all_.isdigit()}
+    return _with_last_level(levels, totals)
+
+
+def cache_bytes(root: Path | str | None = None) -> dict[str, int]:
+    """This CPU's data and unified caches in bytes: ``L1d``, ``L2``, ``L3`` ... (one instance each, as the hardware
+    reports them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances
+    on the machine: the cache a multi-threaded kernel can fill).
+
+    Read from Linux sysfs (``root``, default :data:`CPU_CACHE_DIR`: ``cpu*/cache/index*/{level,type,size,
+    shared_cpu_list}``, the figures ``lscpu`` prints), else, for the default root, from ``lscpu -B``. Empty where
+    neither says (macOS, Windows, some containers): callers then size arrays from a stated default instead of
+    guessing. Used to size bandwidth arrays beyond the last level, so they measure DRAM rather than cache.
+    """
+    if root is not None:
+        return _sysfs_caches(Path(root))
+    return _sysfs_caches(CPU_CACHE_DIR) or _lscpu_caches()
+
+
+def last_level_cache_bytes(root: Path | str | None = None) -> int | None:
+    """One instance of the last-level cache of :func:`cache_bytes`, or None when the machine does not say."""
+    return cache_bytes(root).get("last_level")
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+
+
+def _best_matmul_s(torch: Any, dtype: Any, n: int, reps: int) -> float:
+    """Best wall time of ``reps`` n x n x n matmuls after one warm-up (CPU matmuls are synchronous)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dtype)
+    b = torch.randn(n, n, generator=gen).to(dtype)
+    torch.matmul(a, b)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _measure_cpu_peaks(torch: Any, threads: int) -> tuple[dict[str, float | None], str]:
+    """Measured fp32 (and bf16 when it runs) matmul FLOP/s on this CPU, and the benchmark's description.
+
+    fp32: best of 5 1024^3 matmuls (2 * 1024^3 FLOP each). bf16: the size is picked from a 256^3 probe so one
+    matmul takes at most ~50 ms (CPUs without bf16 units emulate it slowly); best of 3. Total well under 1 s.
+    """
+    n32, reps32 = 1024, 5
+    peaks: dict[str, float | None] = {"fp32": 2 * n32**3 / _best_matmul_s(torch, torch.float32, n32, reps32)}
+    desc = f"best of {reps32} torch.matmul {n32}x{n32}x{n32} fp32"
+    try:
+        probe = _best_matmul_s(torch, torch.bfloat16, 256, 2)
+        n16 = 1024 if probe * 64 < 0.05 else 512 if probe * 8 < 0.05 else 256
+        peaks["bf16"] = 2 * n16**3 / _best_matmul_s(torch, torch.bfloat16, n16, 3)
+        desc += f", best of 3 {n16}x{n16}x{n16} bf16"
+    except RuntimeError:
+        peaks["bf16"] = None
+        desc += ", bf16 matmul unsupported"
+    desc += f" on {threads} thread(s), FLOP/s = 2*n^3 / best time"
+    return peaks, desc
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "memlab"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) and isinstance(data.get("entries"), dict) else {"entries": {}}
+    except (OSError, ValueError):
+        return {"entries": {}}
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Atomic write; an unwritable cache only costs a re-measurement next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+CPU_CACHE_FILE = "cpu_peak.json"
+
+
+MAX_CPU_PEAK_FLOPS = 1e15
+"""The most a cached CPU matmul peak may claim: 1 PFLOP/s, several times the bf16 AMX peak of a two-socket server
+(about 2 x 56 cores x 2 GHz x 1024 FLOP/cycle = 230 TFLOP/s). A larger cached value is corrupt and is re-measured."""
+
+
+def _valid_entry(entry: object) -> bool:
+    """A cache entry with a benchmark description and plausible peaks (positive, at most
+    :data:`MAX_CPU_PEAK_FLOPS`, or None) for known dtypes only."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("benchmark"), str):
+        return False
+    peaks = entry.get("peak_flops")
+    if not isinstance(peaks, dict) or not peaks or set(peaks) - set(PEAK_DTYPES):
+        return False
+    return all(v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                             and 0 < v <= MAX_CPU_PEAK_FLOPS) for v in peaks.values())
+
+
+def _detect_cpu(torch: Any, measure: bool, cache_dir: Path | None, common: dict[str, Any]) -> DeviceInfo:
+    model, vendor = _cpu_model()
+    threads = int(torch.get_num_threads())
+    cache_key = f"{model} | torch {torch.__version__} | {threads} threads"
+    path = (cache_dir if cache_dir is not None else _default_cache_dir()) / CPU_CACHE_FILE
+    cache = _read_cache(path)
+    entry = cache["entries"].get(cache_key)
+    if not _valid_entry(entry):
+        entry = None
+        if measure:
+            peaks, desc = _measure_cpu_peaks(torch, threads)
+            entry = {"peak_flops": peaks, "benchmark": desc, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            cache["entries"][cache_key] = entry
+            _write_cache(path, cache)
+    memory = _host_memory_bytes()
+    if entry is None:
+        return DeviceInfo("cpu", model, None, memory, {}, "unknown",
+                          "CPU peak not measured (measure_cpu_peak=False and no cached measurement)", **common)
+    source = f"measured: {entry['benchmark']} ({model})"
+    row = None
+    if memory:
+        row = Accelerator("cpu", model, vendor, memory, None, entry["peak_flops"], "CPU", source,
+                          "host CPU: peak measured by memlab.measure.machine.detect(), not a datasheet figure; "
+                          "bandwidth not measured", measured=True)
+    return DeviceInfo("cpu", model, row, memory, entry["peak_flops"], source, None, **common)
+
+
+def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, device: str | None = None) -> DeviceInfo:
+    """Describe the device this process would use: ``cuda:0`` when available, else the CPU.
+
+    GPU: name and total memory go through :func:`resolve`; a GPU missing from the table gets no peak, with the
+    reason. CPU: the fp32 (and bf16) matmul peak is measured by a sub-second benchmark and cached as JSON in
+    ``cache_dir`` (default ``$XDG_CACHE_HOME/memlab`` or ``~/.cache/memlab``), keyed by CPU model, torch version
+    and thread count; later calls read the cache. ``measure_cpu_peak=False`` uses a cached value if present and
+    never benchmarks. ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``; None or ``"auto"`` = the default above)
+    picks another device. The function keeps no state between calls besides that file.
+    """
+    import torch
+
+    hip = getattr(torch.version, "hip", None)
+    common: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or (f"hip {hip}" if hip else None),
+        "driver_version": _driver_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    want = "auto" if device is None else str(device).strip().lower()
+    match = re.fullmatch(r"auto|cpu(?::0)?|cuda(?::(\d+))?", want)
+    if match is None:
+        raise MemlabError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if want.startswith("cpu") or (want == "auto" and not torch.cuda.is_available()):
+        return _detect_cpu(torch, measure_cpu_peak, cache_dir, common)
+    index = int(match.group(1) or 0)
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        raise MemlabError(f"device {device!r} is not available here (torch sees {torch.cuda.device_count()} CUDA "
+                          "device(s)); use device='cpu' or 'auto'")
+    props = torch.cuda.get_device_properties(index)
+    name = torch.cuda.get_device_name(index)
+    total = int(props.total_memory)
+    row = resolve(name, total, multiprocessor_count=getattr(props, "multi_processor_count", None))
+    if row is None:
+        reason = (f"GPU {name!r} is not in memlab's table; MFU is reported as unknown rather than borrowing "
+                  "another GPU's peak")
+        return DeviceInfo("cuda", name, None, total, {}, "unknown", reason, **common)
+    return DeviceInfo("cuda", name, row, total, row.peak_flops, row.peak_source, None, **common)
+
+
+def describe(device: str | None = None, *, measure_cpu_peak: bool = True, cache_dir: Path | None = None
+             ) -> dict[str, Any]:
+    """Flat provenance of a device for reports: ``device``, ``device_kind``, ``peak_source``, ``peak_reason``,
+    versions and the dense bf16/fp32 peaks (FLOP/s, None when unknown). Built from :func:`detect`."""
+    info = detect(measure_cpu_peak, cache_dir, device=device)
+    return {
+        "device": info.name, "device_kind": info.kind,
+        "accelerator": info.accelerator.key if info.accelerator else None,
+        "peak_source": info.peak_source, "peak_reason": info.peak_reason,
+        "peak_fp32_flops": info.peak_flops["fp32"], "peak_bf16_flops": info.peak_flops["bf16"],
+        "total_memory_bytes": info.total_memory_bytes, "torch_version": info.torch_version,
+        "cuda_version": info.cuda_version, "driver_version": info.driver_version, "cpu_count": info.cpu_count,
+    }

@@ -1,0 +1,11 @@
+"""tracing: twin 2, a training step on fake tensors (FakeTensorMode + MemTracker): exact bytes at full size on a CPU.
+
+- ``tracer``: :func:`memlab.tracing.tracer.trace` for any module, the :class:`memlab.tracing.tracer.Trace` result
+  and the phase meter over MemTracker; ``CUDA_TERMS``, what a CUDA run adds that no trace sees.
+- ``gpt``: :func:`memlab.tracing.gpt.trace_gpt`, the reference GPT under a Setup (training or inference).
+- ``hf``: :func:`memlab.tracing.hf.trace_hf`, a Hugging Face causal LM built from its config.
+- ``fake_dist``: a fake process group, so FSDP2 shards on one CPU as on N ranks.
+
+The room is called ``tracing`` so that ``memlab.trace`` stays the function users call
+(``memlab.trace(model_fn, batch_fn, optimizer_fn)``).
+"""
