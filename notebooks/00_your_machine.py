@@ -33,12 +33,11 @@ out_dir = "../reports/build/00_your_machine"
 import matplotlib.pyplot as plt
 import pandas as pd
 import psutil
+import torch
 
-from memlab import chapter, detect, roofline_bound
+from memlab import Numeric, chapter, describe, detect, gpu, roofline_bound
 from memlab.compare import plots
-from memlab.course import exercises
 from memlab.measure import roofline
-from memlab.measure.machine import describe
 from memlab.predict import hardware
 from memlab.units import GB, GiB, MiB, fmt_bytes, fmt_rate
 
@@ -111,7 +110,7 @@ pd.DataFrame({
 # %%
 gemv = next(shape for shape in roofline.default_shapes(ch.device, ch.scale) if shape[0] == 1)
 print(f"GEMV-like shape (m, n, k) = {gemv}")
-ex_gemv = exercises.Numeric(
+ex_gemv = Numeric(
     "gemv-intensity", "Arithmetic intensity of the fp32 GEMV, FLOP/byte",
     reference=lambda: 2 * gemv[0] * gemv[1] * gemv[2] / (4 * (gemv[0] * gemv[2] + gemv[2] * gemv[1]
                                                               + gemv[0] * gemv[1])),
@@ -223,7 +222,7 @@ ddr
 
 # %%
 SEED_004_DDR5_GB_S = (50, 100)  # seed article 004's claim for mainstream DDR5, GB/s
-hbm = hardware.to_frame([hardware.gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "mi300x")])
+hbm = hardware.to_frame([gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "mi300x")])
 measured = bandwidth.assign(label=lambda d: d["kind"] + " " + d["array_bytes"].map(fmt_bytes))
 fig, ax = plt.subplots(figsize=(7.5, 4.5))
 ax.bar(measured["label"], measured["bytes_per_s"] / 1e9, color="tab:blue", label=f"measured on {info.name}")
@@ -238,7 +237,7 @@ bandwidth_png = ch.save_figure(fig, "bandwidth")
 
 # %%
 dram = bandwidth.loc[bandwidth["array_bytes"].idxmax()]
-h100 = hardware.gpu("h100-sxm")
+h100 = gpu("h100-sxm")
 pd.Series({
     "largest array (beyond the last-level cache)": fmt_bytes(int(dram["array_bytes"])),
     "measured on it": fmt_rate(dram["bytes_per_s"], "B/s"),
@@ -267,7 +266,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # sparse figure comes out at about half its true value.
 
 # %%
-rows = [hardware.gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "l40s", "b200", "mi300x")]
+rows = [gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "l40s", "b200", "mi300x")]
 pd.DataFrame({
     "gpu": [r.name for r in rows],
     "dense bf16 (TFLOP/s)": [r.peak("bf16") / 1e12 for r in rows],
@@ -301,8 +300,6 @@ if ch.on_cpu:
     total = info.total_memory_bytes
     used = total - psutil.virtual_memory().available
 else:
-    import torch
-
     free, total = torch.cuda.mem_get_info(ch.device)
     used = total - free
 marketed_gb = round(total / GB)  # the figure a vendor would print for this capacity
@@ -320,10 +317,10 @@ pd.DataFrame({
 # %%
 units = pd.DataFrame({
     "what": ["this device (reported)", "H100 SXM (memlab table)", "'80 GB' read as decimal"],
-    "bytes": [info.total_memory_bytes, h100.memory_bytes, 80 * 10**9],
+    "bytes": [info.total_memory_bytes, h100.memory_bytes, 80 * GB],
 })
 units["GB (10^9 B)"] = (units["bytes"] / 1e9).round(2)
-units["GiB (2^30 B)"] = (units["bytes"] / 2**30).round(2)
+units["GiB (2^30 B)"] = (units["bytes"] / GiB).round(2)
 units["bytes"] = units["bytes"].map("{:,}".format)
 units
 
@@ -336,8 +333,8 @@ units
 # **Exercise 2.** How many GiB of memory does this device report (the `bytes` of the first row above)?
 
 # %%
-ex_gib = exercises.Numeric(
-    "device-gib", "This device's memory in GiB", reference=lambda: info.total_memory_bytes / 2**30,
+ex_gib = Numeric(
+    "device-gib", "This device's memory in GiB", reference=lambda: info.total_memory_bytes / GiB,
     hint="1 GiB = 2**30 bytes = 1.074 GB", unit="GiB", rtol=0.01,
     diagnoses={lambda: info.total_memory_bytes / 1e9: "That is the decimal GB figure; divide the bytes by 2**30."})
 answer = ...
@@ -349,8 +346,8 @@ ex_gib.check(answer)
 
 # %%
 SEED_001_USEFUL_FLOP_S = 160e12  # seed article 001's "about 160 TFLOPS" of useful work on a 312 TFLOPS GPU
-a100 = hardware.gpu("a100-80gb-sxm")
-ex_sparse = exercises.Numeric(
+a100 = gpu("a100-80gb-sxm")
+ex_sparse = Numeric(
     "a100-sparse-mfu", "MFU against the sparse figure",
     reference=lambda: 100 * SEED_001_USEFUL_FLOP_S / a100.sparse_peak("bf16"),
     hint="the sparse figure is in the table above (twice the dense peak for the A100)", unit="%", rtol=0.02,
@@ -365,8 +362,8 @@ ex_sparse.check(answer)
 # all of its memory once? (That is the floor for one decoding step of a model that fills the card.)
 
 # %%
-h200 = hardware.gpu("h200-sxm")
-ex_sweep = exercises.Numeric(
+h200 = gpu("h200-sxm")
+ex_sweep = Numeric(
     "h200-read-all", "Time to read all H200 SXM memory once",
     reference=lambda: 1e3 * h200.memory_bytes / h200.bandwidth_bytes_per_s,
     hint="time = bytes / (bytes per second); the table's memory is in GiB, its bandwidth in decimal TB/s",
