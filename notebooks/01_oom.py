@@ -35,17 +35,33 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
+from memlab import (
+    RECORDED_OOM_MESSAGES,
+    Choice,
+    Numeric,
+    Setup,
+    chapter,
+    decode_oom,
+    emulate_smaller_gpu,
+    estimate,
+    fragmentation_probe,
+    gpu,
+    live_training_steps,
+    max_batch,
+    parse_oom_message,
+    preset,
+    record_memory_history,
+    run_step,
+    snapshot_timeline,
+    stacked_by_label,
+)
 from memlab.compare import plots
-from memlab.course import exercises
-from memlab.labs.oom import CASES, fit_sweep, growth_per_iteration, leak_loop
-from memlab.measure.live_bytes import stacked_by_label
-from memlab.measure.oom import parse_oom_message
-from memlab.measure.oom_examples import RECORDED_OOM_MESSAGES, decode_oom
-from memlab.run.live_steps import live_training_steps
+from memlab.labs import oom
+from memlab.units import GB, GiB, KiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
-on_cuda = ch.device.startswith("cuda")
+SIZES = {"ci": dict(model="tiny-gpt", seq=64, batches=list(range(1, 13)), leak_iters=8),
+         "full": dict(model="gpt2", seq=1024, batches=[1, 2, 4, 6, 8, 12, 16], leak_iters=20)}[ch.scale]
 ch.to_dict()
 
 # %% [markdown]
@@ -58,12 +74,10 @@ ch.to_dict()
 # `set_per_process_memory_fraction`); on a CPU it decodes messages real GPUs printed, quoted from public reports.
 
 # %%
-model = preset("tiny-gpt") if ch.scale == "ci" else preset("gpt2")
-seq = 64 if ch.scale == "ci" else 1024
-if on_cuda:
-    from memlab.measure.cuda import emulate_smaller_gpu
-
-    cap_bytes = 4 * 2**30
+model = preset(SIZES["model"])
+seq = SIZES["seq"]
+if not ch.on_cpu:
+    cap_bytes = 4 * GiB
     with emulate_smaller_gpu(cap_bytes, ch.device):
         failed = run_step(model, Setup(batch=64, seq=seq, precision="fp32"), ch.device, steps=1,
                           with_counted_flops=False, with_mfu=False)
@@ -72,7 +86,7 @@ else:
     message, where = RECORDED_OOM_MESSAGES[0].message, (f"{RECORDED_OOM_MESSAGES[0].source}, "
                                                        f"{RECORDED_OOM_MESSAGES[0].torch}")
 info = parse_oom_message(message)
-if not on_cuda:
+if ch.on_cpu:
     cap_bytes = info.total_capacity_bytes
 print(f"{where}:\n{message}\n")
 decoded = pd.DataFrame(decode_oom(info))
@@ -82,8 +96,8 @@ decoded.round({"GiB": 3})
 # %%
 if info.process_in_use_bytes is not None and info.reserved_total_bytes is not None:
     outside = info.process_in_use_bytes - info.reserved_total_bytes
-    print(f"in use by the process {info.process_in_use_bytes / 2**30:.2f} GiB = allocator reserve "
-          f"{info.reserved_total_bytes / 2**30:.2f} GiB + {outside / 2**30:.2f} GiB outside PyTorch's allocator "
+    print(f"in use by the process {info.process_in_use_bytes / GiB:.2f} GiB = allocator reserve "
+          f"{info.reserved_total_bytes / GiB:.2f} GiB + {outside / GiB:.2f} GiB outside PyTorch's allocator "
           "(CUDA context, cuBLAS/cuDNN workspaces): what nvidia-smi counts and no tensor holds")
 
 # %%
@@ -103,12 +117,12 @@ for rec in RECORDED_OOM_MESSAGES:
     i = parse_oom_message(rec.message)
     shapes.append({"message": rec.key, "torch": rec.torch, "reported in": rec.source,
                    "shape": i.message_format, "fields stated": len(decode_oom(i)),
-                   "tried (GiB)": i.tried_to_allocate_bytes / 2**30,
-                   "allocated by PyTorch (GiB)": (i.allocated_by_pytorch_bytes or 0) / 2**30,
+                   "tried (GiB)": i.tried_to_allocate_bytes / GiB,
+                   "allocated by PyTorch (GiB)": (i.allocated_by_pytorch_bytes or 0) / GiB,
                    "reserved, unallocated (GiB)": (i.reserved_unallocated_bytes
                                                    if i.reserved_unallocated_bytes is not None
                                                    else (i.reserved_total_bytes or 0)
-                                                   - (i.allocated_by_pytorch_bytes or 0)) / 2**30})
+                                                   - (i.allocated_by_pytorch_bytes or 0)) / GiB})
 shapes = pd.DataFrame(shapes)
 ch.save_table(shapes, "oom_shapes")
 shapes.round(2)
@@ -137,20 +151,20 @@ fig = plots.live_stacked(stacked_by_label(live.frame),
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
 # beside each measured peak, the phase-aware estimator's (memlab.predict.phases) for the same for-loop AdamW
-predicted = estimate(model, setup.with_(optimizer_impl="for-loop"), device_type="cpu" if ch.on_cpu else "cuda")
+predicted = estimate(model, setup.with_(optimizer_impl="for-loop"), device_type=ch.device_type)
 against = live.against(predicted)
 ch.save_table(against, "two_steps_peaks_predicted")
-print(f"predicted peak {predicted.peak_bytes / 2**20:.2f} MiB in the {predicted.peak_step} step's "
-      f"{predicted.peak_phase}; measured {live.peak_bytes / 2**20:.2f} MiB ({live.peak_label})")
-against.assign(**{"measured MiB": against["measured"] / 2**20, "predicted MiB": against["predicted"] / 2**20})[
+print(f"predicted peak {predicted.peak_bytes / MiB:.2f} MiB in the {predicted.peak_step} step's "
+      f"{predicted.peak_phase}; measured {live.peak_bytes / MiB:.2f} MiB ({live.peak_label})")
+against.assign(**{"measured MiB": against["measured"] / MiB, "predicted MiB": against["predicted"] / MiB})[
     ["step", "phase", "measured MiB", "predicted MiB", "rel_error"]].round({"measured MiB": 3, "predicted MiB": 3})
 
 # %%
 m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
 phases = pd.DataFrame(m.phases)
 u_eff = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes) / live.peak_bytes
-print(f"step 1 peak {step_peaks[1] / 2**20:.2f} MiB, step 2 peak {step_peaks[2] / 2**20:.2f} MiB "
-      f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / 2**20:.2f} MiB, "
+print(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / MiB:.2f} MiB "
+      f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
       f"is new in step 2.\n(P + G + O + A) / peak = {u_eff:.2f}: seed 000's 'effective utilisation'; the rest of "
       "the peak is temporaries (the logits' gradient, the optimizer's scratch), counted by no component")
 phases
@@ -163,14 +177,14 @@ phases
 # the check compares with memlab's fit search (`max_batch`).
 
 # %%
-if on_cuda:
+if not ch.on_cpu:
     card_spec = gpu("t4")  # a 16 GiB card, emulated on this GPU with set_per_process_memory_fraction
 else:
     budget = estimate(model, setup.with_(batch=6)).total_bytes
-    card_spec = dataclasses.replace(gpu("t4"), key="budget", name=f"a {budget / 2**20:.1f} MiB budget",
+    card_spec = dataclasses.replace(gpu("t4"), key="budget", name=f"a {budget / MiB:.1f} MiB budget",
                                     memory_bytes=budget)
-print(f"{card_spec.name}: {card_spec.memory_bytes / 2**20:,.1f} MiB")
-ex_batch = exercises.Numeric(
+print(f"{card_spec.name}: {card_spec.memory_bytes / MiB:,.1f} MiB")
+ex_batch = Numeric(
     "largest-batch", f"largest batch of {model.name} (fp32 + AdamW, s={seq}) that fits {card_spec.name}",
     reference=lambda: max_batch(model, setup, card_spec).value,
     hint="model states are fixed (16 B/param); activations grow linearly with the batch", unit="", rtol=0.01)
@@ -183,8 +197,8 @@ ex_batch.check(answer)
 # tensor bytes is compared with the budget.
 
 # %%
-batches = list(range(1, 13)) if ch.scale == "ci" else [1, 2, 4, 6, 8, 12, 16]
-found = fit_sweep(model, setup, batches, card_spec.memory_bytes, ch.device, steps=2, seed=seed)
+batches = SIZES["batches"]
+found = oom.fit_sweep(model, setup, batches, card_spec.memory_bytes, ch.device, steps=2, seed=seed)
 predicted_total = [estimate(model, setup.with_(batch=b)).total_bytes for b in batches]
 found["predicted (sum of components)"] = predicted_total
 fit = max_batch(model, setup, card_spec)
@@ -198,19 +212,19 @@ found.drop(columns="oom_message", errors="ignore")
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
-ax.plot(found["batch"], found["peak_bytes"] / 2**20, "-o", label="measured peak")
-ax.plot(found["batch"], found["predicted (sum of components)"] / 2**20, "--", label="estimator: sum of components")
-ax.axhline(card_spec.memory_bytes / 2**20, color="red", ls=":", label=card_spec.name)
+ax.plot(found["batch"], found["peak_bytes"] / MiB, "-o", label="measured peak")
+ax.plot(found["batch"], found["predicted (sum of components)"] / MiB, "--", label="estimator: sum of components")
+ax.axhline(card_spec.memory_bytes / MiB, color="red", ls=":", label=card_spec.name)
 ax.set(xlabel="batch", ylabel="bytes (MiB)",
        title=f"{model.name}, fp32 + AdamW, s={seq}: the largest batch, predicted and measured\n"
-             f"measured on {ch.device} ({'allocator peak' if on_cuda else 'live tensor bytes'})")
+             f"measured on {ch.device} ({'live tensor bytes' if ch.on_cpu else 'allocator peak'})")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "largest_batch")
 
 # %%
 slope_m = (found["peak_bytes"].iloc[-1] - found["peak_bytes"].iloc[0]) / (batches[-1] - batches[0])
 slope_p = (predicted_total[-1] - predicted_total[0]) / (batches[-1] - batches[0])
-print(f"per extra sample: measured peak +{slope_m / 2**10:.0f} KiB, estimator's sum +{slope_p / 2**10:.0f} KiB")
+print(f"per extra sample: measured peak +{slope_m / KiB:.0f} KiB, estimator's sum +{slope_p / KiB:.0f} KiB")
 
 # %% [markdown]
 # The estimator adds the components, each at its largest; the measured peak is the largest *moment* of the step,
@@ -219,17 +233,16 @@ print(f"per extra sample: measured peak +{slope_m / 2**10:.0f} KiB, estimator's 
 # largest of its phases) predicts that moment, and it is what `max_batch` searches with:
 
 # %%
-dev_type = "cpu" if ch.on_cpu else "cuda"
 peaks = pd.DataFrame([{"batch": b, "measured peak": p,
                        "predicted peak": estimate(model, setup.with_(batch=b, optimizer_impl="for-loop"),
-                                                  device_type=dev_type).peak_bytes}
+                                                  device_type=ch.device_type).peak_bytes}
                       for b, p in zip(found["batch"], found["peak_bytes"], strict=True)])
 peaks["rel_error"] = (peaks["predicted peak"] - peaks["measured peak"]) / peaks["measured peak"]
 ch.save_table(peaks, "fit_sweep_peaks")
 over = {c: peaks.loc[peaks[c] > card_spec.memory_bytes, "batch"].min() for c in ("measured peak", "predicted peak")}
 print(f"first batch over {card_spec.name}: measured {over['measured peak']}, predicted peak {over['predicted peak']}")
 mib = ("measured peak", "predicted peak")
-peaks.assign(**{c: peaks[c] / 2**20 for c in mib}).round(dict.fromkeys(mib, 3))
+peaks.assign(**{c: peaks[c] / MiB for c in mib}).round(dict.fromkeys(mib, 3))
 
 # %% [markdown]
 # ## 4. Fragmentation: "reserved but unallocated"
@@ -242,10 +255,8 @@ peaks.assign(**{c: peaks[c] / 2**20 for c in mib}).round(dict.fromkeys(mib, 3))
 # runs in a fresh process).
 
 # %%
-if on_cuda:
-    from memlab.measure.snapshot import fragmentation_probe
-
-    frag = pd.DataFrame([fragmentation_probe(2 * 2**30, expandable_segments=e) for e in (False, True)])
+if not ch.on_cpu:
+    frag = pd.DataFrame([fragmentation_probe(2 * GiB, expandable_segments=e) for e in (False, True)])
     ch.save_table(frag.drop(columns="message", errors="ignore"), "fragmentation")
     display(frag.drop(columns="message", errors="ignore"))
 else:
@@ -265,10 +276,7 @@ rec if rec is not None else "No GPU fragmentation run is recorded in data/record
 # without the allocator's segments. On a CPU, section 2's figure is the same picture from the live-tensor counter.
 
 # %%
-if on_cuda:
-    from memlab.measure.cuda import record_memory_history
-    from memlab.measure.snapshot import snapshot_timeline
-
+if not ch.on_cpu:
     with record_memory_history(ch.out_dir / "step_snapshot.pickle") as snap_path:
         run_step(model, setup, ch.device, steps=1, with_counted_flops=False, with_mfu=False)
     tl = snapshot_timeline(snap_path)
@@ -294,11 +302,10 @@ else:
 # - **empty-cache**: the eval-grad leak with `torch.cuda.empty_cache()` after every iteration.
 
 # %%
-iters = 8 if ch.scale == "ci" else 20
-loops = pd.concat([leak_loop(c, fixed=f, iters=iters, device=ch.device, seed=seed) for c in CASES
-                   for f in (False, True)], ignore_index=True)
+loops = pd.concat([oom.leak_loop(c, fixed=f, iters=SIZES["leak_iters"], device=ch.device, seed=seed)
+                   for c in oom.CASES for f in (False, True)], ignore_index=True)
 growth = (loops.groupby(["case", "fixed"], sort=False)
-          .apply(lambda d: pd.Series({"bytes per iteration": growth_per_iteration(d),
+          .apply(lambda d: pd.Series({"bytes per iteration": oom.growth_per_iteration(d),
                                       "largest held": d["bytes_above_weights"].max()}), include_groups=False)
           .reset_index())
 ch.save_table(loops, "leak_loops")
@@ -306,11 +313,11 @@ ch.save_table(growth, "leak_growth")
 growth.round(1)
 
 # %%
-fig, axes = plt.subplots(1, len(CASES), figsize=(13, 3.6), layout="constrained", sharey=False)
-for ax, case in zip(axes, CASES, strict=True):
+fig, axes = plt.subplots(1, len(oom.CASES), figsize=(13, 3.6), layout="constrained", sharey=False)
+for ax, case in zip(axes, oom.CASES, strict=True):
     for fixed, style in ((False, "-o"), (True, "--s")):
         d = loops[(loops["case"] == case) & (loops["fixed"] == fixed)]
-        ax.plot(d["iteration"], d["bytes_above_weights"] / 2**10, style, ms=3, label="fixed" if fixed else "bug")
+        ax.plot(d["iteration"], d["bytes_above_weights"] / KiB, style, ms=3, label="fixed" if fixed else "bug")
     ax.set(title=case, xlabel="iteration", ylabel="live bytes above the weights (KiB)")
     ax.legend(fontsize=7)
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
@@ -343,7 +350,7 @@ seven = pd.DataFrame({
                     "optimizer (moments + master)": b7.optimizer_bytes / 1e9},
 })
 seven.loc["total"] = seven.sum()
-seven["memlab (GiB)"] = seven["memlab (GB)"] * 1e9 / 2**30
+seven["memlab (GiB)"] = seven["memlab (GB)"] * GB / GiB
 print(f"{n7 / 1e9:.2f} B parameters; master copy {b7.optimizer_detail.get('master', 0) / 1e9:.1f} GB")
 seven.round(1)
 
@@ -360,7 +367,7 @@ ch.seed_claims([
     {"#": 3, "claim": "U_eff = (P + G + O + A) / allocated [seed-000]", "verdict": "holds with a qualification",
      "number": f"{u_eff:.2f} at the peak of step 2: the rest is temporaries no component names"},
     {"#": 13, "claim": "nvidia-smi ≠ effective use; active vs reserved [seed-000]", "verdict": "holds",
-     "number": f"decoded message: {(info.process_in_use_bytes - info.allocated_by_pytorch_bytes) / 2**30:.2f} GiB "
+     "number": f"decoded message: {(info.process_in_use_bytes - info.allocated_by_pytorch_bytes) / GiB:.2f} GiB "
                "in use by the process but in no tensor"},
     {"#": 30, "claim": "the OOM text is 'Tried to allocate 2.00 GiB' [seed-004]",
      "verdict": "holds with a qualification",
@@ -371,7 +378,7 @@ ch.seed_claims([
      "number": "the allocator snapshot (section 5) is the finer tool; CUDA only"},
     {"#": 44, "claim": "OOM row: batch, leak, no_grad, empty_cache treats symptoms [seed-004]",
      "verdict": "holds with a qualification",
-     "number": f"eval without no_grad leaks {eval_leak / 2**10:.0f} KiB/iteration; a kept loss after backward "
+     "number": f"eval without no_grad leaks {eval_leak / KiB:.0f} KiB/iteration; a kept loss after backward "
                f"{keep_leak:.0f} B; empty_cache frees no live byte"},
     {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
      "verdict": "an opinion, not a measurable claim", "number": "—"},
@@ -383,7 +390,7 @@ ch.seed_claims([
 # **Exercise 2.** Which field of an OOM message points to fragmentation rather than a too-large workload?
 
 # %%
-ex_field = exercises.Choice(
+ex_field = Choice(
     "fragmentation-field", "the message field that measures the allocator's cache and fragmentation",
     reference=lambda: "reserved_unallocated_bytes",
     options={"tried_to_allocate_bytes": "Tried to allocate", "free_bytes": "of which ... is free",
@@ -397,7 +404,7 @@ ex_field.check(answer)
 # **Exercise 3.** In section 6, how many bytes per iteration does the evaluation loop without `no_grad` leak?
 
 # %%
-ex_leak = exercises.Numeric(
+ex_leak = Numeric(
     "eval-leak", "bytes leaked per iteration by eval without no_grad",
     reference=lambda: growth.query("case == 'eval-grad' and not fixed")["bytes per iteration"].item(),
     hint="the 'bytes per iteration' column of the eval-grad bug row", unit="B", rtol=0.02)
@@ -409,7 +416,7 @@ ex_leak.check(answer)
 # unallocated?
 
 # %%
-ex_frag = exercises.Numeric(
+ex_frag = Numeric(
     "fragmented-gib", "reserved but unallocated in the fragmented-2.5 message",
     reference=lambda: parse_oom_message(next(r.message for r in RECORDED_OOM_MESSAGES
                                              if r.key == "fragmented-2.5")).reserved_unallocated_bytes,
