@@ -34,14 +34,29 @@ out_dir = "../reports/build/02_bytes_per_param"
 # %%
 import pandas as pd
 
-from memlab import PRECISION_POLICIES, Setup, chapter, estimate, preset, run_step, sweep
+from memlab import (
+    PRECISION_POLICIES,
+    Choice,
+    Numeric,
+    Setup,
+    chapter,
+    estimate,
+    measurement_of,
+    predict_for,
+    preset,
+    read_rows,
+    run_step,
+    sweep,
+)
 from memlab.compare import compare, plots
-from memlab.compare.ledger import predict_for
-from memlab.course import exercises
-from memlab.run.sweep import measurement_of, read_rows
-from memlab.units import fmt_bytes
+from memlab.units import GiB, fmt_bytes
 
 ch = chapter(scale, device, seed, out_dir)
+# ci: AdamW under every policy, SGD under two, 8-bit Adam under one, a fresh sweep; full: every policy with every
+# optimizer (others=None), resuming an interrupted sweep
+SIZES = {"ci": dict(model="tiny-gpt", batch=1, seq=32, others={"sgd": ["fp32", "bf16"], "adam-8bit": ["mixed-bf16"]},
+                    resume=False),
+         "full": dict(model="gpt2", batch=4, seq=512, others=None, resume=True)}[ch.scale]
 ch
 
 # %% [markdown]
@@ -91,7 +106,7 @@ table
 # AdamW** run hold?
 
 # %%
-ex_amp = exercises.Numeric(
+ex_amp = Numeric(
     "amp-states", "Model-state bytes per parameter of amp-bf16 + AdamW", unit="B/param", rtol=0.01,
     reference=lambda: bytes_per_param("amp-bf16", "adamw"),
     hint="autocast changes the dtype of the matmuls' inputs, not of the stored weights, gradients or moments",
@@ -114,17 +129,16 @@ ex_amp.check(answer)
 # and 8-bit Adam under one (it takes seconds: 16-bit matmuls are slow on most CPUs).
 
 # %%
-model = preset("tiny-gpt") if ch.scale == "ci" else preset("gpt2")
-batch, seq = (1, 32) if ch.scale == "ci" else (4, 512)
-others = {"sgd": ["fp32", "bf16"], "adam-8bit": ["mixed-bf16"]} if ch.scale == "ci" else dict.fromkeys(
-    ("sgd", "adam-8bit"), POLICIES)
+model = preset(SIZES["model"])
+batch, seq = SIZES["batch"], SIZES["seq"]
+others = SIZES["others"] or dict.fromkeys(("sgd", "adam-8bit"), POLICIES)
 grid = [(model, Setup(batch=batch, seq=seq, precision=p, optimizer=o))
         for p in POLICIES for o in ("adamw", "sgd", "adam-8bit") if o == "adamw" or p in others[o]]
 path = ch.out_dir / "states.jsonl"
-if ch.scale == "ci":
+if not SIZES["resume"]:
     path.unlink(missing_ok=True)
 runs = sweep(grid, path, device=ch.device, steps=1, with_counted_flops=False, with_mfu=False,
-             with_phase_peaks=False, progress=ch.scale == "full")
+             with_phase_peaks=False, progress=SIZES["resume"])
 pairs = [measurement_of(r) for r in read_rows(path)]
 print(f"{model.name}: {model.param_count():,} parameters, {len(pairs)} runs on {pairs[0][1].device_name}")
 
@@ -287,7 +301,7 @@ check = pd.DataFrame({
     "bytes for 1e9 params": [16 * N, table.loc["mixed-bf16", "adamw"] * N, m_bpp * N],
 })
 check["GB"] = (check["bytes for 1e9 params"] / 1e9).round(2)
-check["GiB"] = (check["bytes for 1e9 params"] / 2**30).round(2)
+check["GiB"] = (check["bytes for 1e9 params"] / GiB).round(2)
 check
 
 # %% [markdown]
@@ -312,16 +326,16 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 
 # %%
 llama = preset("llama-2-7b")
-ex_llama = exercises.Numeric(
+ex_llama = Numeric(
     "llama7b-states", "Llama-2-7B model states, mixed-bf16 + AdamW, in GiB",
     reference=lambda: sum(estimate(llama, Setup(precision="mixed-bf16")).components()[c]
-                          for c in ("params", "grads", "optimizer")) / 2**30,
+                          for c in ("params", "grads", "optimizer")) / GiB,
     hint="multiply the parameter count (llama.param_count()) by the bytes/param of section 1, then divide by 2**30",
     unit="GiB", rtol=0.01,
-    diagnoses={lambda: 16 * 7e9 / 2**30: "That uses the nominal 7B; llama.param_count() is the exact count.",
-               lambda: 84e9 / 2**30: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 "
+    diagnoses={lambda: 16 * 7e9 / GiB: "That uses the nominal 7B; llama.param_count() is the exact count.",
+               lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 "
                                      "master weights.",
-               lambda: 12 * llama.param_count() / 2**30: "12 B/param leaves out the fp32 master weights."})
+               lambda: 12 * llama.param_count() / GiB: "12 B/param leaves out the fp32 master weights."})
 answer = ...
 ex_llama.check(answer)
 
@@ -329,7 +343,7 @@ ex_llama.check(answer)
 # **Exercise 3.** Which policy costs 18 bytes per parameter with AdamW?
 
 # %%
-ex_18 = exercises.Choice(
+ex_18 = Choice(
     "eighteen", "The 18 bytes/param policy",
     reference=lambda: next(p for p in POLICIES if round(bytes_per_param(p, "adamw")) == 18),
     options={"fp32": "fp32 weights, gradients and states", "amp-bf16": "PyTorch autocast to bf16",
@@ -348,7 +362,7 @@ ex_18.check(answer)
 # **Exercise 4.** The same model with pure bf16 weights and plain SGD (no momentum): how many bytes per parameter?
 
 # %%
-ex_sgd = exercises.Numeric(
+ex_sgd = Numeric(
     "bf16-sgd", "bf16 + SGD bytes per parameter", reference=lambda: bytes_per_param("bf16", "sgd"),
     hint="bf16 weights and bf16 gradients; plain SGD keeps no state", unit="B/param", rtol=0.01,
     diagnoses={8: "8 is fp32 SGD (or bf16 with an fp32 master copy); pure bf16 keeps no fp32 weights.",
