@@ -35,14 +35,25 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from memlab import Setup, chapter, estimate, preset, run_step
+from memlab import (
+    Choice,
+    Numeric,
+    Setup,
+    chapter,
+    estimate,
+    live_training_steps,
+    matmul_flops_per_s,
+    predict_for,
+    preset,
+    run_step,
+)
 from memlab.compare import compare
-from memlab.compare.ledger import predict_for
-from memlab.course import exercises
-from memlab.labs.precision import cast_survival, deprecated_amp_calls, real_gradients, scaler_trajectory
-from memlab.run.live_steps import live_training_steps
+from memlab.labs import precision
+from memlab.units import MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
+SIZES = {"ci": dict(model="small-gpt", batch=2, seq=64, scaler_steps=8),
+         "full": dict(model="gpt2", batch=8, seq=1024, scaler_steps=50)}[ch.scale]
 ch.to_dict()
 
 # %% [markdown]
@@ -52,13 +63,12 @@ ch.to_dict()
 # term by term, including the autocast weight copies (category `autocast weight copies`).
 
 # %%
-model = preset("small-gpt") if ch.scale == "ci" else preset("gpt2")
-batch, seq = (2, 64) if ch.scale == "ci" else (8, 1024)
+model = preset(SIZES["model"])
+batch, seq = SIZES["batch"], SIZES["seq"]
 POLICIES = ["fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "bf16"]
-dev_type = "cuda" if ch.device.startswith("cuda") else "cpu"
 pred = {}
 for p in POLICIES:
-    b = estimate(model, Setup(batch=batch, seq=seq, precision=p), device_type=dev_type)
+    b = estimate(model, Setup(batch=batch, seq=seq, precision=p), device_type=ch.device_type)
     copies = b.activation_detail.get("autocast weight copies", 0)
     pred[p] = {"params": b.params_bytes, "grads": b.grads_bytes, "optimizer": b.optimizer_bytes,
                "activations (tensors)": b.activations_bytes - copies, "autocast weight copies": copies}
@@ -79,7 +89,7 @@ ratios.round(2)
 # is tied to the LM head, whose matmul autocast also runs in bf16.)
 
 # %%
-ex_copies = exercises.Numeric(
+ex_copies = Numeric(
     "autocast-copies", "bytes per parameter of autocast's bf16 weight copies",
     reference=lambda: pred.loc["amp-bf16", "autocast weight copies"] / model.param_count(),
     hint="2 bytes for each parameter that feeds a matmul (model.matmul_param_count()), divided by all parameters",
@@ -121,16 +131,16 @@ comp = ["params", "grads", "optimizer", "activations (tensors)", "autocast weigh
 fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
 bottom = pd.Series(0.0, index=measured.index)
 for c in comp:
-    ax.bar(measured.index, measured[c] / 2**20, bottom=bottom / 2**20, label=c, edgecolor="white")
+    ax.bar(measured.index, measured[c] / MiB, bottom=bottom / MiB, label=c, edgecolor="white")
     bottom += measured[c]
-ax.plot(measured.index, measured["peak (live bytes)"] / 2**20, "k_", ms=30, mew=2, label="peak of two steps")
+ax.plot(measured.index, measured["peak (live bytes)"] / MiB, "k_", ms=30, mew=2, label="peak of two steps")
 ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
        title=f"{model.name}, AdamW, b={batch}, s={seq}: measured bytes per component and the step's peak\n"
              f"exact storage bytes (memlab.run.runner) and live tensor bytes, on {ch.device}")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "policies_components")
 over = measured["peak (live bytes)"] - measured[comp].sum(axis=1)
-print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / 2**20:+.2f}" for p, v in over.items()))
+print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / MiB:+.2f}" for p, v in over.items()))
 
 # %% [markdown]
 # A peak below the sum means the components are never all alive at once (the activations are gone before the
@@ -192,8 +202,8 @@ finfo = pd.DataFrame({n: {"exponent bits": {torch.float16: 5, torch.bfloat16: 8,
                           "smallest normal": torch.finfo(d).smallest_normal, "smallest subnormal":
                           torch.finfo(d).smallest_normal * torch.finfo(d).eps, "largest": torch.finfo(d).max}
                       for n, d in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32))})
-grads = real_gradients(model, batch=batch, seq=seq, seed=seed)
-survival = cast_survival(grads, [2.0**-10, 1.0, 2.0**8, 2.0**16, 2.0**24])
+grads = precision.real_gradients(model, batch=batch, seq=seq, seed=seed)
+survival = precision.cast_survival(grads, [2.0**-10, 1.0, 2.0**8, 2.0**16, 2.0**24])
 ch.save_table(survival, "fp16_underflow")
 display(finfo)
 survival.round(4)
@@ -220,7 +230,7 @@ ch.save_figure(fig, "fp16_underflow")
 # doubles it after `growth_interval` clean steps. Here with a deliberately high start and a short interval:
 
 # %%
-traj = scaler_trajectory(model, steps=8 if ch.scale == "ci" else 50, init_scale=2.0**24, growth_interval=3,
+traj = precision.scaler_trajectory(model, steps=SIZES["scaler_steps"], init_scale=2.0**24, growth_interval=3,
                          batch=batch, seq=seq, seed=seed, device=ch.device)
 ch.save_table(traj, "grad_scaler_trajectory")
 print(f"{int(traj['skipped'].sum())} of {len(traj)} steps skipped; scale {traj['scale used'].iloc[0]:.0f} -> "
@@ -240,7 +250,7 @@ traj
 # machine without CUDA, a second warning that they disable themselves):
 
 # %%
-warn = deprecated_amp_calls()
+warn = precision.deprecated_amp_calls()
 ch.save_table(warn, "deprecated_amp_warnings")
 warn
 
@@ -263,9 +273,7 @@ warn
 # fall back. On a GPU the cell times `n x n` bf16 matmuls for `n` a multiple of 8 and one off it.
 
 # %%
-if ch.device.startswith("cuda"):
-    from memlab.measure.roofline import matmul_flops_per_s
-
+if not ch.on_cpu:
     sizes = [4096, 4095, 4104, 8192, 8191]
     tc = matmul_flops_per_s([(n, n, n) for n in sizes], dtypes=("bf16", "fp16"), device=ch.device, scale=ch.scale)
     tc["multiple of 8"] = tc["m"] % 8 == 0
@@ -308,7 +316,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # **Exercise 2.** Which policy needs a GradScaler?
 
 # %%
-ex_scaler = exercises.Choice(
+ex_scaler = Choice(
     "needs-scaler", "the policy whose gradients need loss scaling",
     reference=lambda: next(p for p in POLICIES if Setup(precision=p).policy.grad_scaler),
     options={p: p for p in POLICIES}, hint="which 16-bit format has 5 exponent bits?")
@@ -320,7 +328,7 @@ ex_scaler.check(answer)
 # no scaling (scale 1)? (e.g. `0.01`)
 
 # %%
-ex_flush = exercises.Numeric(
+ex_flush = Numeric(
     "fp16-flush", "fraction of gradients fp16 flushes to zero at scale 1",
     reference=lambda: survival.query("dtype == 'fp16' and scale == 1.0")["flushed to zero"].item(),
     hint="the 'flushed to zero' column, fp16 row, scale 1", unit="", rtol=0.05)
@@ -332,7 +340,7 @@ ex_flush.check(answer)
 # gradients + optimizer state) cost, step counters left out?
 
 # %%
-ex_states = exercises.Numeric(
+ex_states = Numeric(
     "amp-states", "model-state bytes per parameter under amp-bf16 + AdamW",
     reference=lambda: runs["amp-bf16"].model_state_bytes(step_counters=False) / model.param_count(),
     hint="fp32 weights, fp32 gradients, two fp32 moments", unit="", rtol=0.01)
