@@ -33,14 +33,36 @@ out_dir = "../reports/build/04_activations_checkpointing"
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from memlab import Setup, chapter, preset, run_step
-from memlab.course import exercises
-from memlab.labs.checkpointing import measure_checkpointing, sqrt_n_model
-from memlab.predict import flops
-from memlab.predict.activations import activation_bytes, attention_score_share, korthikanti_layer_bytes
-from memlab.run.live_steps import live_training_steps
+from memlab import (
+    Choice,
+    Numeric,
+    Setup,
+    activation_bytes,
+    attention_score_share,
+    chapter,
+    estimate,
+    korthikanti_layer_bytes,
+    live_training_steps,
+    megatron_iteration_flops,
+    predict_for,
+    preset,
+    run_step,
+    trace_gpt,
+)
+from memlab.compare import compare
+from memlab.labs import checkpointing
+from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
+# seqs/batches: section 2's grid; checkpoint_batch/seq: section 3's 16-block model; traced: the Llama-2-7B
+# (precision, attention) rows of section 4 traced on fake tensors; cross_seq/cross_batches: section 5
+SIZES = {"ci": dict(model="tiny-gpt", seqs=[32, 64, 128, 256], batches=[1, 2, 4], checkpoint_batch=2,
+                    checkpoint_seq=32, traced=[("mixed-bf16", "eager")],
+                    cross_seq=16, cross_batches=[1, 2, 4, 8, 16]),
+         "full": dict(model="gpt2", seqs=[128, 256, 512, 1024], batches=[1, 4, 8], checkpoint_batch=2,
+                      checkpoint_seq=512,
+                      traced=[(p, a) for p in ("mixed-bf16", "amp-bf16") for a in ("eager", "flash")],
+                      cross_seq=128, cross_batches=[1, 2, 4, 8, 16, 32])}[ch.scale]
 ch.to_dict()
 
 # %% [markdown]
@@ -58,7 +80,7 @@ gpt3 = preset("gpt-3-175b")
 s3 = 2048
 per_layer = {r: korthikanti_layer_bytes(s3, 1, gpt3.d_model, gpt3.n_heads, recompute=r)
              for r in ("none", "selective", "full")}
-pd.DataFrame({"bytes per layer (b=1)": per_layer, "GiB": {k: v / 2**30 for k, v in per_layer.items()}}).assign(
+pd.DataFrame({"bytes per layer (b=1)": per_layer, "GiB": {k: v / GiB for k, v in per_layer.items()}}).assign(
     **{"5as/h": 5 * gpt3.n_heads * s3 / gpt3.d_model, "share removed by selective":
        attention_score_share(gpt3, s3)}).round(3)
 
@@ -74,27 +96,23 @@ pd.DataFrame({"bytes per layer (b=1)": per_layer, "GiB": {k: v / 2**30 for k, v 
 # prediction is `activation_bytes` for the same model and setup.
 
 # %%
-model = preset("tiny-gpt") if ch.scale == "ci" else preset("gpt2")
-seqs = [32, 64, 128, 256] if ch.scale == "ci" else [128, 256, 512, 1024]
-batches = [1, 2, 4] if ch.scale == "ci" else [1, 4, 8]
-dev_type = "cuda" if ch.device.startswith("cuda") else "cpu"
+model = preset(SIZES["model"])
+seqs, batches = SIZES["seqs"], SIZES["batches"]
 rows = []
 fused = "flash" if ch.on_cpu else "efficient"  # CUDA's flash kernel takes 16-bit inputs only; these runs are fp32
 grid = [(b, s, att) for att in ("eager", fused) for s in seqs for b in (batches if s == seqs[1] else [2])]
 for b, s, att in grid:
     setup = Setup(batch=b, seq=s, precision="fp32", attention=att)
     m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
-    pred = activation_bytes(model, setup, device_type=dev_type)
-    for cat in sorted(set(pred) | set(m.activations_by_category)):
-        rows.append({"experiment": f"{model.name} b={b} s={s} {att}", "batch": b, "seq": s, "attention": att,
-                     "component": f"activations: {cat}", "unit": "bytes", "predicted": pred.get(cat, 0),
-                     "measured": m.activations_by_category.get(cat, 0)})
-saved = pd.DataFrame(rows)
+    detail = compare(predict_for(model, m), m, experiment=f"{model.name} b={b} s={s} {att}", activations_detail=True)
+    rows.append(detail[detail["component"].str.startswith("activations: ")].assign(batch=b, seq=s, attention=att))
+# whole bytes: the estimate's per-category detail is held as floats
+saved = pd.concat(rows, ignore_index=True).astype({"predicted": int, "abs_error": int})
 ch.record_ledger(saved)
 totals = saved.groupby(["experiment", "batch", "seq", "attention"], sort=False)[["predicted", "measured"]].sum()
 totals["rel_error"] = totals["predicted"] / totals["measured"] - 1
 print(f"largest |relative error| of a total: {totals['rel_error'].abs().max():.2%}; "
-      f"of a category row: {(saved['predicted'] - saved['measured']).abs().max()} bytes")
+      f"of a category row: {saved['abs_error'].abs().max()} bytes")
 ch.save_table(totals.reset_index(), "saved_bytes_totals")
 totals.reset_index().drop(columns="experiment")
 
@@ -102,11 +120,11 @@ totals.reset_index().drop(columns="experiment")
 fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
 for att, style in (("eager", "-o"), (fused, "--s")):
     t = totals.reset_index().query("attention == @att and batch == 2")
-    axes[0].plot(t["seq"], t["measured"] / 2**20, style, label=f"{att}: measured")
-    axes[0].plot(t["seq"], t["predicted"] / 2**20, "k:", lw=0.8)
+    axes[0].plot(t["seq"], t["measured"] / MiB, style, label=f"{att}: measured")
+    axes[0].plot(t["seq"], t["predicted"] / MiB, "k:", lw=0.8)
 t = totals.reset_index().query("attention == 'eager' and seq == @seqs[1]")
-axes[1].plot(t["batch"], t["measured"] / 2**20, "-o", label="eager: measured")
-axes[1].plot(t["batch"], t["predicted"] / 2**20, "k:", lw=0.8, label="predicted (memlab)")
+axes[1].plot(t["batch"], t["measured"] / MiB, "-o", label="eager: measured")
+axes[1].plot(t["batch"], t["predicted"] / MiB, "k:", lw=0.8, label="predicted (memlab)")
 axes[0].set(xlabel="sequence length s (tokens), batch 2", ylabel="saved for backward (MiB)",
             title="grows faster than s with eager attention (the s² scores)")
 axes[1].set(xlabel=f"batch b, s = {seqs[1]}", ylabel="saved for backward (MiB)", title="linear in b")
@@ -145,13 +163,13 @@ ch.save_figure(fig, "saved_by_category")
 
 # %%
 deep = model.with_(n_layers=16)
-cb, cs = (2, 32) if ch.scale == "ci" else (2, 512)
-ex_seq2 = exercises.Numeric(
+cb, cs = SIZES["checkpoint_batch"], SIZES["checkpoint_seq"]
+ex_seq2 = Numeric(
     "sequential-2", "fraction of activation bytes checkpoint_sequential(segments=2) keeps (16 blocks)",
-    reference=lambda: (measure_checkpointing(deep, "sequential", batch=cb, seq=cs, segments=2, device=ch.device,
-                                             with_counted_flops=False).saved_bytes
-                       / measure_checkpointing(deep, "none", batch=cb, seq=cs, device=ch.device,
-                                               with_counted_flops=False).saved_bytes),
+    reference=lambda: (checkpointing.measure_checkpointing(deep, "sequential", batch=cb, seq=cs, segments=2,
+                                                           device=ch.device, with_counted_flops=False).saved_bytes
+                       / checkpointing.measure_checkpointing(deep, "none", batch=cb, seq=cs, device=ch.device,
+                                                             with_counted_flops=False).saved_bytes),
     hint="the last of two segments is not checkpointed: half the blocks keep everything, plus one segment input",
     unit="", rtol=0.1)
 answer = ...
@@ -168,7 +186,8 @@ ex_seq2.check(answer)
 # %%
 strategies = [("none", {}), ("selective", {}), ("full", {}), ("every-k", {"k": 2}), ("every-k", {"k": 4}),
               ("sequential", {"segments": 2}), ("sequential", {"segments": 4}), ("sequential", {"segments": 16})]
-runs = [measure_checkpointing(deep, st, batch=cb, seq=cs, device=ch.device, seed=seed, **kw) for st, kw in strategies]
+runs = [checkpointing.measure_checkpointing(deep, st, batch=cb, seq=cs, device=ch.device, seed=seed, **kw)
+        for st, kw in strategies]
 cp = pd.DataFrame([r.to_row() for r in runs])
 cp["peak above weights"] = cp["peak_bytes"] - cp["params_bytes"]
 base = cp.loc[cp["strategy"] == "none"].iloc[0]
@@ -219,7 +238,7 @@ x_in = cp.loc[cp["strategy"] == "full", "saved block inputs (recompute)"].iloc[0
 block_internal = (base["saved_bytes"] - base.get("saved head & loss", 0) - base.get("saved token ids", 0)) / 16
 ratio = block_internal / x_in
 model_rows = pd.DataFrame({"k (blocks per group)": [1, 2, 4, 8, 16]})
-model_rows["held in backward, model (bytes)"] = [sqrt_n_model(16, x_in, block_internal, k)
+model_rows["held in backward, model (bytes)"] = [checkpointing.sqrt_n_model(16, x_in, block_internal, k)
                                                  for k in model_rows["k (blocks per group)"]]
 print(f"a block keeps {ratio:.1f}x its input, so the optimum k = sqrt(16 / {ratio:.1f}) = {(16 / ratio) ** 0.5:.2f} "
       f"(√n would be 4)")
@@ -257,11 +276,8 @@ verdict
 # parameter, 12 GiB for 7B, which no per-layer activation formula counts.
 
 # %%
-from memlab.tracing.gpt import trace_gpt
-
 llama = preset("llama-2-7b")
-traced_runs = {("mixed-bf16", "eager")} if ch.scale == "ci" else {(p, a) for p in ("mixed-bf16", "amp-bf16")
-                                                                   for a in ("eager", "flash")}
+traced_runs = set(SIZES["traced"])
 seven = []
 for policy in ("mixed-bf16", "amp-bf16"):
     for att in ("eager", "flash"):
@@ -270,13 +286,13 @@ for policy in ("mixed-bf16", "amp-bf16"):
         copies = a.get("autocast weight copies", 0)
         # the exact bytes: the reference GPT's step at full size on fake tensors (memlab.tracing), nothing allocated
         kept = trace_gpt(llama, s7).components()["activations"] if (policy, att) in traced_runs else None
-        seven.append({"precision": policy, "attention": att, "activations (GiB)": (sum(a.values()) - copies) / 2**30,
-                      "autocast weight copies (GiB)": copies / 2**30,
-                      "traced: all the forward leaves (GiB)": None if kept is None else kept / 2**30,
+        seven.append({"precision": policy, "attention": att, "activations (GiB)": (sum(a.values()) - copies) / GiB,
+                      "autocast weight copies (GiB)": copies / GiB,
+                      "traced: all the forward leaves (GiB)": None if kept is None else kept / GiB,
                       "traced vs formula": None if kept is None else kept / sum(a.values()) - 1})
 seven = pd.DataFrame(seven)
 print(f"traced on fake tensors at full size: {len(traced_runs)} of 4 rows"
-      + (" (ci scale: one trace; all four at full scale)" if ch.scale == "ci" else ""))
+      + (" (ci scale: one trace; all four at full scale)" if len(traced_runs) < 4 else ""))
 ch.save_table(seven, "llama7b_activations")
 seven.round(3)
 
@@ -297,23 +313,22 @@ seven.round(3)
 # together, and once with one parameter at a time (memlab's runner, and torch's default on a CPU).
 
 # %%
-from memlab import estimate
-
 cross = []
-cross_seq = 16 if ch.scale == "ci" else 128
+cross_seq = SIZES["cross_seq"]
 for foreach in (True, False):
-    for b in ([1, 2, 4, 8, 16] if ch.scale == "ci" else [1, 2, 4, 8, 16, 32]):
+    for b in SIZES["cross_batches"]:
         s5 = Setup(batch=b, seq=cross_seq, precision="fp32")
         live = live_training_steps(model, s5, ch.device, steps=2, seed=seed, foreach=foreach)
         pk = live.peaks().query("step == 2").set_index("phase")["peak_bytes"]
         # the phase-aware estimate of the same step (memlab.predict.phases), with the implementation that ran
         pred = estimate(model, s5.with_(optimizer_impl="foreach" if foreach else "for-loop"),
-                        device_type="cpu" if ch.on_cpu else "cuda")
-        ph = ("forward", "backward", "optimizer step")
-        pp = {p: pred.phase_bytes(p, "steady") for p in ph}
-        cross.append({"foreach": foreach, "batch": b, **pk.to_dict(), "peak phase": pk[list(ph)].idxmax(),
+                        device_type=ch.device_type)
+        ph = ["forward", "backward", "optimizer step"]
+        steady = live.against(pred).query("step == 2").set_index("phase").loc[ph]
+        pp = steady["predicted"].to_dict()
+        cross.append({"foreach": foreach, "batch": b, **pk.to_dict(), "peak phase": pk[ph].idxmax(),
                       **{f"predicted {p}": v for p, v in pp.items()}, "predicted peak phase": max(pp, key=pp.get),
-                      "worst error": max(abs(pp[p] - pk[p]) / pk[p] for p in ph)})
+                      "worst error": steady["rel_error"].abs().max()})
 cross = pd.DataFrame(cross)
 miss = cross[cross["peak phase"] != cross["predicted peak phase"]]
 gap = max((abs(r["backward"] - r["optimizer step"]) for _, r in miss.iterrows()), default=0)
@@ -327,10 +342,10 @@ cross
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
 fe = cross[cross["foreach"]]
 for ph in ("forward", "backward", "optimizer step"):
-    line, = ax.plot(fe["batch"], fe[ph] / 2**20, "-o", label=ph)
-    ax.plot(fe["batch"], fe[f"predicted {ph}"] / 2**20, "x", color=line.get_color(), ms=9)
+    line, = ax.plot(fe["batch"], fe[ph] / MiB, "-o", label=ph)
+    ax.plot(fe["batch"], fe[f"predicted {ph}"] / MiB, "x", color=line.get_color(), ms=9)
 ax.plot([], [], "kx", label="predicted (estimate(...).phases)")
-ax.plot(cross.loc[~cross["foreach"], "batch"], cross.loc[~cross["foreach"], "optimizer step"] / 2**20, ":",
+ax.plot(cross.loc[~cross["foreach"], "batch"], cross.loc[~cross["foreach"], "optimizer step"] / MiB, ":",
         color="grey", label="optimizer step, one tensor at a time")
 ax.set_xscale("log", base=2)
 ax.set(xlabel="batch", ylabel="peak live tensor bytes in the phase (MiB)",
@@ -397,7 +412,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # recomputation remove? (A fraction, e.g. `0.5`.)
 
 # %%
-ex_sel = exercises.Numeric(
+ex_sel = Numeric(
     "selective-share", "share of GPT-3's per-layer activations selective recompute removes at s=2048",
     reference=lambda: attention_score_share(gpt3, s3),
     hint="5as/h over 34 + 5as/h with a = 96, h = 12288", unit="", rtol=0.02)
@@ -409,10 +424,10 @@ ex_sel.check(answer)
 # times the no-recompute FLOPs does one training step of GPT-3 at b = 1, s = 2048 execute? (e.g. `1.5`)
 
 # %%
-ex_hfu = exercises.Numeric(
+ex_hfu = Numeric(
     "full-recompute-flops", "FLOPs ratio, full recompute / none, GPT-3, b=1, s=2048",
-    reference=lambda: (flops.megatron_iteration_flops(gpt3, 1, s3, "full")
-                       / flops.megatron_iteration_flops(gpt3, 1, s3, "none")),
+    reference=lambda: (megatron_iteration_flops(gpt3, 1, s3, "full")
+                       / megatron_iteration_flops(gpt3, 1, s3, "none")),
     hint="3F without recompute, 3F + F_blocks with it: almost 4/3", unit="x", rtol=0.01)
 answer = ...
 ex_hfu.check(answer)
@@ -421,7 +436,7 @@ ex_hfu.check(answer)
 # **Exercise 4.** In section 5, at batch 1 with the foreach AdamW step, which phase holds the peak?
 
 # %%
-ex_phase = exercises.Choice(
+ex_phase = Choice(
     "peak-phase-b1", "the phase with the largest live bytes at batch 1",
     reference=lambda: cross.loc[cross["foreach"] & (cross["batch"] == 1), "peak phase"].item(),
     options={"forward": "the forward pass", "backward": "the backward pass",
