@@ -37,14 +37,36 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from memlab import Setup, chapter, estimate, preset, run_step
-from memlab.compare.sharding import predicted_rank, sharding_ledger
-from memlab.course import exercises
-from memlab.predict.communication import ring_wire_bytes, zero_comm_bytes
-from memlab.predict.estimate import Overheads
-from memlab.run.distributed.launch import WorkerSpec, launch_sweep, torchrun_command
+from memlab import (
+    Choice,
+    Numeric,
+    Overheads,
+    Setup,
+    WorkerSpec,
+    chapter,
+    compare_trace,
+    estimate,
+    launch_sweep,
+    predicted_rank,
+    preset,
+    ring_wire_bytes,
+    run_step,
+    sharding_ledger,
+    torchrun_command,
+    trace_gpt,
+    zero_comm_bytes,
+)
+from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir)
+gpus = 0 if ch.on_cpu else torch.cuda.device_count()
+on_gpus = ch.scale == "full" and gpus >= 2  # one NCCL rank per GPU; otherwise gloo ranks on the CPU
+# the ranks' model, micro-batch, steps and world sizes, by where they run; at full scale section 4 also traces
+# GPT-3 175B over a fake 8-rank group (about a minute of CPU)
+RANKS = {"gloo": dict(model="tiny-gpt", batch=2, seq=32, steps=1, device="cpu", sizes=(1, 2, 4)),
+         "nccl": dict(model="gpt2", batch=4, seq=512, steps=3, device="auto",
+                      sizes=tuple(n for n in (1, 2, 4, 8) if n <= gpus))}["nccl" if on_gpus else "gloo"]
+trace_gpt3_8_ranks = ch.scale == "full"
 ch.to_dict()
 
 # %% [markdown]
@@ -56,10 +78,8 @@ ch.to_dict()
 # 3Ψ for stage 3, which all-gathers the parameters again in backward (`memlab.predict.communication`).
 
 # %%
-gpus = torch.cuda.device_count() if ch.device.startswith("cuda") else 0
-on_gpus = ch.scale == "full" and gpus >= 2  # one NCCL rank per GPU; otherwise gloo ranks on the CPU
-model = preset("gpt2") if on_gpus else preset("tiny-gpt")
-batch, seq = (4, 512) if on_gpus else (2, 32)
+model = preset(RANKS["model"])
+batch, seq = RANKS["batch"], RANKS["seq"]
 STRATEGIES = ["ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload"]
 psi = 4 * model.param_count()  # fp32 gradients: one copy, in bytes
 formula = pd.DataFrame([{"strategy": s, **{f"N={n}": sum(predicted_rank(model, s, n, batch=batch, seq=seq)[c]
@@ -74,7 +94,7 @@ formula
 # Ψ does one rank move per training step? Answer before running the launch below.
 
 # %%
-ex_comm = exercises.Numeric(
+ex_comm = Numeric(
     "zero3-comm", "ZeRO-3 communication per rank per step, in units of Ψ",
     reference=lambda: sum(zero_comm_bytes(psi, 3).values()) / psi,
     hint="forward all-gathers every block, backward all-gathers it again, then the gradients are reduce-scattered",
@@ -93,9 +113,9 @@ ex_comm.check(answer)
 # traceback; a launch past its timeout is killed.
 
 # %%
-sizes = tuple(n for n in (1, 2, 4, 8) if n <= gpus) if on_gpus else (1, 2, 4)
-spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIES), steps=3 if on_gpus else 1,
-                  device="auto" if on_gpus else "cpu")
+sizes = RANKS["sizes"]
+spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIES), steps=RANKS["steps"],
+                  device=RANKS["device"])
 runs = launch_sweep(spec, sizes, timeout_s=180)
 rows = [r for run in runs.values() for r in run.rows]
 measured = pd.DataFrame([r for r in rows if r["status"] == "ok"])
@@ -132,11 +152,11 @@ for ax, n in zip(axes, sizes, strict=True):
     part = measured[measured["world_size"] == n].groupby("strategy", sort=False).mean(numeric_only=True).loc[ok]
     bottom = 0
     for comp, color in (("params", "C0"), ("grads", "C1"), ("optimizer", "C2")):
-        ax.bar(ok, part[f"{comp}_bytes"] / 2**20, bottom=bottom, color=color, label=comp)
-        bottom = bottom + part[f"{comp}_bytes"] / 2**20
+        ax.bar(ok, part[f"{comp}_bytes"] / MiB, bottom=bottom, color=color, label=comp)
+        bottom = bottom + part[f"{comp}_bytes"] / MiB
     pred = [sum(predicted_rank(model, s, n, batch=batch, seq=seq)[c] for c in ("params", "grads", "optimizer"))
             for s in ok]
-    ax.scatter(ok, [p / 2**20 for p in pred], color="k", marker="_", s=400, zorder=3, label="predicted total")
+    ax.scatter(ok, [p / MiB for p in pred], color="k", marker="_", s=400, zorder=3, label="predicted total")
     ax.set_title(f"N = {n} ranks")
     ax.tick_params(axis="x", rotation=60)
 axes[0].set_ylabel("MiB per rank (measured)")
@@ -191,7 +211,7 @@ comm
 
 # %%
 one = run_step(model, Setup(batch=batch, seq=seq), ch.device, steps=1, with_counted_flops=False, with_mfu=False)
-act = estimate(model, Setup(batch=batch, seq=seq), device_type="cpu" if ch.on_cpu else "cuda").activations_bytes
+act = estimate(model, Setup(batch=batch, seq=seq), device_type=ch.device_type).activations_bytes
 print(f"activations per rank for micro-batch {batch} x {seq}: measured {one.activations_bytes:,} B, predicted "
       f"{act:,} B, for every N")
 
@@ -205,11 +225,11 @@ floor = []
 for n in (8, 16, 64, 256, 1024):
     s = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=n, recompute="full")
     b = estimate(big, s, overheads=Overheads(gathered_layers=2))
-    floor.append({"ranks": n, "model states GiB": b.model_state_bytes() / 2**30,
-                  "activations GiB": b.activations_bytes / 2**30,
-                  "gathered blocks GiB": b.overhead["zero3_gathered_params"] / 2**30, "total GiB": b.total_gib,
+    floor.append({"ranks": n, "model states GiB": b.model_state_bytes() / GiB,
+                  "activations GiB": b.activations_bytes / GiB,
+                  "gathered blocks GiB": b.overhead["zero3_gathered_params"] / GiB, "total GiB": b.total_gib,
                   # the phase-aware peak (memlab.predict.phases): the floor placed inside the step
-                  "peak GiB": b.peak_bytes / 2**30, "peak in": f"{b.peak_step} {b.peak_phase}"})
+                  "peak GiB": b.peak_bytes / GiB, "peak in": f"{b.peak_step} {b.peak_phase}"})
 floor = pd.DataFrame(floor)
 ch.save_table(floor, "gpt3_per_rank")
 fig, ax = plt.subplots(figsize=(6, 3.4))
@@ -239,14 +259,11 @@ floor.round(2)
 # %%
 print("peak inside the step: " + ", ".join(f"N={r}: {p}" for r, p in zip(floor["ranks"], floor["peak in"],
                                                                          strict=True)))
-if ch.scale == "full":
-    from memlab.compare.ledger import compare_trace
-    from memlab.tracing.gpt import trace_gpt
-
+if trace_gpt3_8_ranks:
     s8 = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=8, recompute="full")
     traced8 = compare_trace(estimate(big, s8, overheads=Overheads(gathered_layers=2)), trace_gpt(big, s8))
     ch.save_table(traced8, "gpt3_traced_8_ranks")
-    out = traced8.assign(**{"predicted GiB": traced8["predicted"] / 2**30, "traced GiB": traced8["measured"] / 2**30})
+    out = traced8.assign(**{"predicted GiB": traced8["predicted"] / GiB, "traced GiB": traced8["measured"] / GiB})
     out = out[["component", "predicted GiB", "traced GiB", "rel_error"]].round(3)
 else:
     out = ch.cpu_note("at ci scale the table is the estimate's; the GPT-3 175B trace over a fake 8-rank group runs "
@@ -325,7 +342,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # **Exercise 2.** Which strategy moved more bytes per step than the ZeRO paper's figure for its stage?
 
 # %%
-ex_which = exercises.Choice(
+ex_which = Choice(
     "comm-outlier", "The strategy whose measured traffic exceeds the paper's",
     reference=lambda: comm.assign(r=comm["measured / Ψ"] / comm["predicted / Ψ"]).sort_values("r")["strategy"].iloc[-1],
     options={"ddp": "DDP", "zero1": "DDP + ZeroRedundancyOptimizer", "fsdp2-zero2": "FSDP2, no reshard after forward",
@@ -339,10 +356,10 @@ ex_which.check(answer)
 
 # %%
 llama = preset("llama-2-70b")
-ex_70b = exercises.Numeric(
+ex_70b = Numeric(
     "llama70b-zero3", "Llama-2-70B model states per rank, ZeRO-3, 64 ranks",
     reference=lambda: estimate(llama, Setup(precision="mixed-bf16", zero_stage=3, world_size=64)).model_state_bytes()
-    / 2**30,
+    / GiB,
     hint="16 bytes per parameter (chapter 02), divided by 64; GiB = 2**30 bytes", unit="GiB", rtol=0.02)
 answer = ...
 ex_70b.check(answer)
@@ -359,7 +376,7 @@ def sweep_ratio() -> float:
     return tot[0] / tot[1]
 
 
-ex_floor = exercises.Numeric(
+ex_floor = Numeric(
     "zero3-floor", "per-rank total at 512 ranks / at 1024 ranks", reference=sweep_ratio,
     hint="model states halve; activations and the gathered blocks do not", unit="", rtol=0.02)
 answer = ...
