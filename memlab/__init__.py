@@ -1,17 +1,28 @@
 """memlab: predict, run, measure and compare how deep-learning training and inference use memory and compute.
 
-The package is laid out in the order of the flow, one room per step::
+One training step has three twins: the formula (``predict``), the step on fake tensors (``tracing``) and the step
+on this machine (``run``); the last two stand on the torch model in ``model``. The rooms follow the flow
+predict -> trace -> run -> measure -> compare -> report::
 
-    predict/   the formulas, no torch: models, setup, precision, activations, estimate, fit, flops, hardware, ...
-    run/       torch code that executes a step: the reference GPT, training step, runner, sweeps, benchmarks, ...
-    measure/   what is really there: byte accounting, live bytes, CUDA allocator, NVML, host, timelines, OOM, ...
-    compare/   prediction next to measurement: the ledger and its plots
-    course/    chapters, exercises, the papermill report and its pages, provenance
-    cli/       the ``memlab`` command, one module per subcommand
+    room       holds                                                             may import
+    predict/   the formulas, no torch: models, setup, precision, activations,    errors, units
+               estimate, phases, fit, flops, hardware, sharding, inference
+    model/     the torch twin of predict.models: reference GPT (MoE, KV cache),  predict, device
+               the training step, optimizers, HF models built from configs
+    tracing/   twin 2, the step on fake tensors: trace, trace_gpt, trace_hf      model, predict, device
+    run/       twin 3, the step here: run_step, live steps, sweeps, HF runs,     model, measure, predict, device
+               op profile, distributed/ (torchrun ranks)
+    measure/   meters: accounting, live bytes, CUDA allocator, NVML, host,       predict, device
+               timelines, OOM, roofline, machine
+    compare/   the ledger (formula, trace, measurement), calculators, plots      predict, tracing, run, measure
+    labs/      one module per chapter topic (leaks, loss scaling, monitors)      all but course and cli
+    course/    chapters, exercises, the papermill report, pages, provenance      all but cli
+    cli/       the memlab command, one module per subcommand                     all
+    device.py  the one device/scale/dtype resolver                               predict
+    units.py   GB and GiB, formatting; errors.py: the one exception family       nothing
 
-Each room's ``__init__`` docstring lists its modules and what each holds.
-
-``predict`` imports no torch; ``measure`` and ``run`` never import ``course``; the tests enforce both. The names a
+Every room may import ``errors`` and ``units``; imports inside functions count, and ``tests/test_layering.py``
+enforces the table (and no import cycles). Each room's ``__init__`` docstring lists its modules. The names a
 notebook needs are re-exported here and imported lazily, so ``import memlab`` stays light::
 
     from memlab import Setup, estimate, preset, run_step

@@ -366,8 +366,9 @@ def given_setup_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def setup_from_args(args: argparse.Namespace, model: Any, **overrides: Any) -> Any:
-    """The :class:`Setup` the options describe. An unset ``--seq`` is Setup's default lowered to the model's
-    ``max_seq`` when that is shorter; ``overrides`` win over the command line (e.g. ``--fsdp`` on estimate)."""
+    """The :class:`~memlab.predict.setup.Setup` the options describe. An unset ``--seq`` is Setup's default lowered
+    to the model's ``max_seq`` when that is shorter; ``overrides`` win over the command line (e.g. ``--fsdp`` on
+    estimate)."""
     from memlab.predict.models import TransformerConfig
     from memlab.predict.setup import INFERENCE_WEIGHTS, Setup
 

@@ -7,5 +7,6 @@
 - ``monitors`` (chapter 08): what GPU-Util and nvidia-smi count, beside the work done.
 - ``inference`` (chapter 09): int8 weight bytes, tokens routed to each expert.
 
-The rooms below (``model``, ``trace``, ``run``, ``measure``, ``predict``) never import ``labs``; the tests enforce it.
+The rooms below (``model``, ``tracing``, ``run``, ``measure``, ``predict``) never import ``labs``; the tests
+enforce it.
 """

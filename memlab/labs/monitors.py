@@ -37,7 +37,8 @@ from memlab.device import resolve_device
 from memlab.predict.validate import check_number
 
 _pos = functools.partial(check_number, lo=0.0, lo_open=True)
-"""A finite number > 0, or the :class:`MemlabError` naming it (:func:`memlab.predict.validate.check_number`)."""
+"""A finite number > 0, or the :class:`~memlab.errors.MemlabError` naming it
+(:func:`memlab.predict.validate.check_number`)."""
 
 
 def _busy_python(deadline: float) -> float:
@@ -275,7 +276,7 @@ def nvml_memory_ledger(device: str | torch.device = "cuda", alloc_bytes: int = 4
     ``allocated`` (``alloc_bytes`` in 64 MiB tensors), ``freed half`` (the allocator keeps the blocks),
     ``empty_cache`` (returned to the driver). CUDA only. In a process that already used CUDA the first reading
     cannot separate other processes from this one's context: ``other`` is then 0 and ``context`` holds both
-    (``fresh_process`` says which); :func:`main` calls this first, in a fresh process.
+    (``fresh_process`` says which); ``scripts/record_utilisation.py`` calls this first, in a fresh process.
     """
     why = _cuda_reason(device)
     if why:

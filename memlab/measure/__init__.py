@@ -1,10 +1,14 @@
-"""measure: what is really there.
+"""measure: the meters, what is really there.
 
-``accounting`` (model states by storage, saved-for-backward bytes by category), ``by_op`` (saved tensors per autograd
-op), live tensor bytes op by op and the peak inside each phase, ``cuda`` (the caching allocator's statistics,
-snapshots, a smaller-GPU emulation), ``snapshot`` (snapshots read offline, fragmentation), ``nvml`` (what
-nvidia-smi shows), ``host`` (RSS and RAM), ``timeline`` (a sampled memory timeline), ``oom`` and ``oom_examples``
-(out-of-memory messages as data).
+- ``accounting``: model states by storage, saved-for-backward bytes by category; ``by_op``: saved tensors per
+  autograd op.
+- ``live_bytes``: live tensor bytes op by op and the peak inside each phase (the CPU's twin of the allocator).
+- ``cuda``: the caching allocator's statistics, snapshots, a smaller-GPU emulation; ``snapshot``: snapshots read
+  offline, fragmentation.
+- ``nvml``: what nvidia-smi shows; ``host``: RSS and RAM; ``timeline``: a sampled memory timeline.
+- ``oom`` and ``oom_examples``: out-of-memory messages as data.
+- ``roofline``: matmul FLOP/s and memory-bandwidth microbenchmarks; ``machine``: this machine (``detect``, caches,
+  the CPU peak benchmark).
 
 The adapters here read what is really there. Where a source is absent (no CUDA, no NVML) a reading says so
 (``available=False`` and a ``reason``); it never reports zeros in its place.

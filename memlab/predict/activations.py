@@ -123,7 +123,7 @@ def _norm_terms(
     config: TransformerConfig, tokens: Any, n: int, w: dict[str, float], where: str, n_inputs: Any = None
 ) -> list[ActivationTerm]:
     """``n`` norms keep their input and statistics (``n_inputs`` distinct inputs, ``n`` unless a parallel block's
-    two norms read one tensor). RMSNorm as written by the model (:attr:`Implementation.rmsnorm`): the reference
+    two norms read one tensor). RMSNorm as written by the model (``config.impl.rmsnorm``): the reference
     keeps x, rstd and x * rstd in the residual dtype; ``fp32-input`` the fp32 x, fp32 rstd and x * rstd cast back;
     ``fp32`` the fp32 x, rstd, x * rstd and ``1 + weight``."""
     h, kind = config.d_model, config.impl.rmsnorm

@@ -55,7 +55,8 @@ class FitSearch:
 
 
 def _capacity(gpu: Any) -> tuple[str, str, int]:
-    """(key, name, memory bytes) of a GPU name, an ``Accelerator`` row, or ``device.detect()``'s DeviceInfo."""
+    """(key, name, memory bytes) of a GPU name, an ``Accelerator`` row, or the DeviceInfo of
+    ``memlab.measure.machine.detect()``."""
     if isinstance(gpu, str):
         from memlab.predict.hardware import gpu as lookup
 
@@ -73,7 +74,7 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
     """Does ``what`` (a breakdown, or a config/count with ``setup``) fit in ``gpu``'s memory?
 
     ``gpu``: a name for :func:`memlab.predict.hardware.gpu`, an ``Accelerator`` row (its table memory), or
-    ``device.detect()``'s ``DeviceInfo`` (the memory torch reports). The
+    ``memlab.measure.machine.detect()``'s ``DeviceInfo`` (the memory torch reports). The
     CUDA context and fragmentation count only when given in ``overheads`` (see the assumptions). Fits when the
     peak (``MemoryBreakdown.peak_bytes``) <= capacity.
     """

@@ -1,4 +1,5 @@
-"""Accelerators: a sourced table of dense peaks, name resolution, and ``detect()`` for this process's device.
+"""Accelerators: a sourced table of dense peaks, name resolution, and :class:`DeviceInfo`, what
+:func:`memlab.measure.machine.detect` reports for this process's device.
 
 Conventions used in every row of :data:`GPUS`:
 
@@ -10,9 +11,10 @@ Conventions used in every row of :data:`GPUS`:
   firmware reservations). :func:`resolve` allows for that gap.
 - ``bandwidth_bytes_per_s`` is the vendor's decimal figure (``3.35 TB/s`` -> ``3.35e12``).
 
-An unknown device is never given another device's peak: :func:`resolve` returns ``None`` and :func:`detect`
-reports the peak as unknown with the reason. For a CPU the peak is measured (a short matmul benchmark),
-cached as JSON and marked ``measured``. No torch import at module level; ``detect()`` imports it lazily.
+An unknown device is never given another device's peak: :func:`resolve` returns ``None`` and
+:func:`memlab.measure.machine.detect` reports the peak as unknown with the reason. For a CPU the peak is measured
+(a short matmul benchmark), cached as JSON and marked ``measured``. This module imports no torch; detecting a
+device (which does) lives in :mod:`memlab.measure.machine`.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ def resolve(device_name: str, total_memory_bytes: int | None = None, *,
 
 
 # --------------------------------------------------------------------------------------------------------------
-# detect(): the device this process would use
+# DeviceInfo: the device this process would use, as memlab.measure.machine.detect() reports it
 # --------------------------------------------------------------------------------------------------------------
 
 

@@ -50,7 +50,7 @@ class Accelerator(StrictInit):
     unofficial: bool = False
     """True when the vendor publishes no datasheet figures and the row cites a third party."""
     measured: bool = False
-    """True only for a CPU peak measured by :func:`detect`'s benchmark."""
+    """True only for a CPU peak measured by :func:`memlab.measure.machine.detect`'s benchmark."""
     printed_sparse_flops: Mapping[str, float] = field(default_factory=dict, hash=False)
     """The datasheet's "with sparsity" (2:4) figures per dtype, as printed, where the row's source prints them.
     Not always 2 x dense: the L40S datasheet prints 362.05 dense and 733 sparse bf16 TFLOP/s. Empty otherwise."""

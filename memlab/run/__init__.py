@@ -1,12 +1,15 @@
-"""run: torch code that executes a step.
+"""run: twin 3, the training step on this machine (a CPU or a GPU), measured.
 
-- ``gpt``: the reference model (one readable file), ``moe``: its mixture-of-experts MLP; ``hf``: Hugging Face
-  models built from configs and measured.
-- ``training_step``: autocast, GradScaler, fp32 master weights; ``optimizers``; ``runner``: ``run_step`` ->
-  Measurement; ``sweep``: resumable JSON-lines sweeps.
-- ``trace``, ``trace_hf``, ``fake_dist``: any model's step on fake tensors, phase by phase, sharded ones included.
-- ``distributed`` + ``dist_worker``: real data-parallel ranks under torchrun (DDP, ZeRO-1, FSDP2).
-- ``checkpointing``, ``live_steps``, ``leaks``, ``loss_scaling``, ``quantized``: the chapters' experiments.
-- ``roofline`` (microbenchmarks), ``profile`` (a step op by op), ``step_time`` (where a step's time goes),
-  ``utilisation`` (what monitors count, beside the work done).
+- ``runner``: :func:`memlab.run.runner.run_step` -> :class:`memlab.run.runner.Measurement` (model states by
+  storage, saved-for-backward bytes by category, phase boundaries, step time and FLOPs; the allocator and NVML on
+  CUDA).
+- ``live_steps``: live tensor bytes op by op through several steps, beside the phase-aware prediction.
+- ``sweep``: resumable JSON-lines sweeps of ``run_step``.
+- ``hf``: a Hugging Face model built from its config, one step measured (``measure_hf``, ``run_hf``).
+- ``op_profile``: one step op by op under ``torch.profiler``, placed on the roofline.
+- ``distributed``: real data-parallel ranks under torchrun: ``launch`` starts them, ``worker`` is each rank (DDP,
+  ZeRO-1, FSDP2).
+
+The step itself (precision wiring, optimizers, token batches) is :mod:`memlab.model.step`; the meters are
+:mod:`memlab.measure`; what only one chapter demonstrates is in :mod:`memlab.labs`.
 """

@@ -95,7 +95,7 @@ class Measurement:
 
     def model_state_bytes(self, *, step_counters: bool = True) -> int:
         """Measured parameters + gradients + optimizer state, bytes; ``step_counters=False`` leaves out the
-        optimizer's ``step`` tensors, the twin of :meth:`MemoryBreakdown.model_state_bytes`."""
+        optimizer's ``step`` tensors, the twin of :meth:`memlab.predict.estimate.MemoryBreakdown.model_state_bytes`."""
         counters = 0 if step_counters else self.optimizer_by_key.get("step", 0)
         return (self.params_bytes or 0) + (self.grads_bytes or 0) + (self.optimizer_bytes or 0) - counters
 

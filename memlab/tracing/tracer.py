@@ -10,8 +10,8 @@ byte for byte.
 
 Three ways in:
 
-- :func:`trace_gpt` for the reference GPT under a :class:`~memlab.predict.setup.Setup`;
-- :func:`trace_hf` for a Hugging Face causal LM built from its config (never a download): :mod:`memlab.tracing.hf`;
+- :func:`memlab.tracing.gpt.trace_gpt` for the reference GPT under a :class:`~memlab.predict.setup.Setup`;
+- :func:`memlab.tracing.hf.trace_hf` for a Hugging Face causal LM built from its config (never a download);
 - :func:`trace` for your own module::
 
     import torch
