@@ -105,7 +105,7 @@ ex_comm.check(answer)
 # %% [markdown]
 # ## 2. The experiment: real ranks
 #
-# `memlab.run.distributed.launch.launch_sweep` starts torchrun's launcher once per N (the ranks are real processes joined
+# `launch_sweep` starts torchrun's launcher once per N (the ranks are real processes joined
 # by a c10d rendezvous; the launcher forks them so torch is imported once) and runs every strategy on every rank:
 # DDP, DDP + `ZeroRedundancyOptimizer` (ZeRO-1), FSDP2 `fully_shard` with `reshard_after_forward=False`
 # (ZeRO-2-like) and `True` (ZeRO-3), and ZeRO-3 with `CPUOffloadPolicy`. Each rank counts its local bytes exactly

@@ -34,15 +34,33 @@ import numpy as np
 import pandas as pd
 import torch
 
-from memlab import Setup, chapter, estimate, max_seq, preset, run_step
-from memlab.compare import compare
-from memlab.compare.ledger import predict_for
-from memlab.course import exercises
-from memlab.model.gpt import available_attention
-from memlab.predict import flops
-from memlab.predict.attention_io import attention_hbm_bytes
+from memlab import (
+    Choice,
+    Numeric,
+    Setup,
+    attention_hbm_bytes,
+    available_attention,
+    chapter,
+    estimate,
+    ledger,
+    matmul_flops,
+    max_seq,
+    megatron_iteration_flops,
+    preset,
+    run_step,
+    trace_gpt,
+)
+from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir)
+SIZES = {  # what the scale changes: the one-layer model, the sequence lengths, the kernels traced in section 5
+    "ci": dict(model="tiny-gpt", seqs=[128, 256, 512, 1024], traced=("eager",)),
+    "full": dict(model="gpt2", seqs=[1024, 2048, 4096, 8192], traced=("eager", "flash")),
+}[ch.scale]
+ON_DEVICE = {  # what the device changes: the precision (and the dtype the kernels are probed in), steps per run
+    "cpu": dict(precision="fp32", dtype=torch.float32, steps=1),
+    "cuda": dict(precision="amp-bf16", dtype=torch.bfloat16, steps=3),
+}[ch.device_type]
 ch.to_dict()
 
 # %% [markdown]
@@ -54,15 +72,20 @@ ch.to_dict()
 # [dao2022]. `memlab.predict.activations` counts both, term by term.
 
 # %%
-cuda = ch.device.startswith("cuda")
-layer = (preset("tiny-gpt") if ch.scale == "ci" else preset("gpt2")).with_(n_layers=1, max_seq=8192)
-precision = "amp-bf16" if cuda else "fp32"
-seqs = [128, 256, 512, 1024] if ch.scale == "ci" else [1024, 2048, 4096, 8192]
-device_type = "cuda" if cuda else "cpu"
-backends = available_attention(ch.device, dtype=torch.bfloat16 if cuda else torch.float32)
-formula = pd.DataFrame([{"kernel": a, "seq": s, **{f"{k} (B)": v for k, v in estimate(
-    layer, Setup(batch=1, seq=s, precision=precision, attention=a), device_type=device_type).activation_detail.items()
-    if k.startswith("attention")}} for a in backends for s in (seqs[0], seqs[-1])]).fillna(0)
+cuda = ch.device_type == "cuda"
+layer = preset(SIZES["model"]).with_(n_layers=1, max_seq=8192)
+precision, seqs = ON_DEVICE["precision"], SIZES["seqs"]
+backends = available_attention(ch.device, dtype=ON_DEVICE["dtype"])
+
+
+def predicted_attention(attention: str, s: int) -> dict[str, float]:
+    """The estimate's attention categories (bytes kept for backward) for one layer at ``s`` tokens, batch 1."""
+    b = estimate(layer, Setup(batch=1, seq=s, precision=precision, attention=attention), device_type=ch.device_type)
+    return {k: v for k, v in b.activation_detail.items() if k.startswith("attention")}
+
+
+formula = pd.DataFrame([{"kernel": a, "seq": s, **{f"{k} (B)": v for k, v in predicted_attention(a, s).items()}}
+                        for a in backends for s in (seqs[0], seqs[-1])]).fillna(0)
 print(f"{layer.name} with one layer: h={layer.d_model}, a={layer.n_heads}; attention kernels here: {backends}")
 formula
 
@@ -73,11 +96,10 @@ formula
 # %%
 def predicted_scores(s: int) -> float:
     """Eager attention's predicted ``attention scores`` bytes at ``s`` tokens (the measurement below checks it)."""
-    b = estimate(layer, Setup(batch=1, seq=s, precision=precision, attention="eager"), device_type=device_type)
-    return b.activation_detail["attention scores"]
+    return predicted_attention("eager", s)["attention scores"]
 
 
-ex_growth = exercises.Numeric(
+ex_growth = Numeric(
     "eager-growth", "eager attention-score bytes at 1024 / at 512 tokens",
     reference=lambda: predicted_scores(1024) / predicted_scores(512),
     hint="the probabilities are b x a x s x s numbers", unit="", rtol=0.02)
@@ -97,7 +119,7 @@ for a in backends:
     for s in seqs:
         counted = s == seqs[-2]
         measurements[(a, s)] = run_step(layer, Setup(batch=1, seq=s, precision=precision, attention=a), ch.device,
-                                        steps=1 if ch.on_cpu else 3, with_counted_flops=counted, with_mfu=cuda)
+                                        steps=ON_DEVICE["steps"], with_counted_flops=counted, with_mfu=cuda)
 runs = pd.DataFrame([{"attention": a, "seq": s,
                       "attention scores": m.activations_by_category.get("attention scores", 0),
                       "attention core + projections": m.activations_by_category.get("attention", 0),
@@ -118,9 +140,8 @@ ch.cpu_note("these are exact saved-tensor bytes; a CPU has no allocator peak, no
 # measured attention bytes over the longest sequences, on log-log axes.
 
 # %%
-ledger = pd.concat([compare(predict_for(layer, m), m, activations_detail=True) for m in measurements.values()],
-                   ignore_index=True)
-acts = ledger[ledger["component"].str.startswith("activations")]
+rows = ledger([(layer, m) for m in measurements.values()], activations_detail=True)
+acts = rows[rows["component"].str.startswith("activations")]
 ch.record_ledger(acts)
 print(f"{len(acts)} activation rows, largest |relative error| {acts['rel_error'].abs().max():.2%}")
 
@@ -142,9 +163,7 @@ slopes.round(2)
 fig, ax = plt.subplots(figsize=(6.5, 4))
 for i, a in enumerate(backends):
     part = runs[runs["attention"] == a]
-    pred = [sum(v for k, v in estimate(layer, Setup(batch=1, seq=s, precision=precision, attention=a),
-                                       device_type=device_type).activation_detail.items() if k.startswith("attention"))
-            for s in part["seq"]]
+    pred = [sum(predicted_attention(a, s).values()) for s in part["seq"]]
     ax.plot(part["seq"], pred, color=f"C{i}", alpha=0.5, label=f"{a}: predicted")
     ax.scatter(part["seq"], part["attention total"], color=f"C{i}", marker="ox+sd"[i % 5],
                label=f"{a}: measured (slope {slope(a):.2f})")
@@ -180,10 +199,10 @@ share.round(3)
 
 # %%
 s2 = seqs[-2]
-model_flops = flops.megatron_iteration_flops(layer, 1, s2, "none")
+model_flops = megatron_iteration_flops(layer, 1, s2, "none")
 fl = pd.DataFrame([{"attention": a, "counted FLOPs (fwd+bwd)": measurements[(a, s2)].counted_flops_per_step,
                     "model FLOPs": model_flops,
-                    "QK^T of one forward": flops.matmul_flops(s2, s2, layer.d_model)}
+                    "QK^T of one forward": matmul_flops(s2, s2, layer.d_model)}
                    for a in backends])
 fl["counted - model"] = fl["counted FLOPs (fwd+bwd)"] - fl["model FLOPs"]
 fl["extra / QK^T"] = fl["counted - model"] / fl["QK^T of one forward"]
@@ -209,7 +228,7 @@ fl
 # %%
 llama = preset("llama-2-7b")
 io = pd.DataFrame([{"model": cfg.name, "seq": n, **{
-    f"{k} (MiB)": attention_hbm_bytes(1, cfg.n_heads, n, cfg.head_dim, kernel=k) / 2**20
+    f"{k} (MiB)": attention_hbm_bytes(1, cfg.n_heads, n, cfg.head_dim, kernel=k) / MiB
     for k in ("standard", "flash")}} for cfg in (preset("gpt2-medium"), llama) for n in (1024, 4096)])
 io["standard / flash"] = io["standard (MiB)"] / io["flash (MiB)"]
 ch.save_table(io, "hbm_traffic_predicted")
@@ -224,14 +243,14 @@ io.round(1)
 # %%
 seed_fig = 2048 * 2048 * 2
 real = estimate(llama, Setup(batch=1, seq=2048, precision="mixed-bf16")).activation_detail["attention scores"]
-pd.DataFrame({"bytes": [seed_fig, real], "MiB": [seed_fig / 2**20, real / 2**20]},
+pd.DataFrame({"bytes": [seed_fig, real], "MiB": [seed_fig / MiB, real / MiB]},
              index=["seed 004: 2048² × 2 B", f"eager, {llama.n_heads} heads × {llama.n_layers} layers, batch 1"])
 
 # %% [markdown]
 # **Exercise 2.** By what factor does the seed's figure undercount that, for Llama-2-7B?
 
 # %%
-ex_factor = exercises.Numeric(
+ex_factor = Numeric(
     "seed-undercount", "eager attention-score bytes / (2048² × 2 B)", reference=lambda: real / seed_fig,
     hint="one matrix per head per layer", unit="", rtol=0.01)
 answer = ...
@@ -244,7 +263,7 @@ ex_factor.check(answer)
 
 # %%
 fit_setup = Setup(batch=1, precision="mixed-bf16", attention="eager", zero_stage=3, world_size=8)
-ex_fit = exercises.Numeric(
+ex_fit = Numeric(
     "eager-max-seq", "longest sequence that fits, eager attention",
     reference=lambda: max_seq(llama, fit_setup, "h100-sxm", limit=1 << 17).value,
     hint="model states are 16 B/param / 8; activations grow with s (linear terms) and s² (the probabilities)",
@@ -263,17 +282,14 @@ fit[["attention", "value", "reason"]]
 # nothing allocated. At ci scale it traces the eager answer (about 5 s); at full scale both.
 
 # %%
-from memlab import estimate
-from memlab.tracing.gpt import trace_gpt
-
 confirm = []
-for a in ("eager",) if ch.scale == "ci" else ("eager", "flash"):
+for a in SIZES["traced"]:
     row = fit.set_index("attention").loc[a]
     s6 = fit_setup.with_(attention=a, seq=int(row["value"]))
     t = trace_gpt(llama.with_(max_seq=s6.seq), s6)  # rotary positions: max_seq is only the preset's bound
-    confirm.append({"attention": a, "seq": s6.seq, "predicted peak GiB": estimate(llama, s6).peak_bytes / 2**30,
-                    "traced peak GiB": t.peak_bytes / 2**30, "traced peak in": f"{t.peak_step} {t.peak_phase}",
-                    "card GiB": row["capacity_bytes"] / 2**30, "fits (traced)": t.peak_bytes <= row["capacity_bytes"]})
+    confirm.append({"attention": a, "seq": s6.seq, "predicted peak GiB": estimate(llama, s6).peak_bytes / GiB,
+                    "traced peak GiB": t.peak_bytes / GiB, "traced peak in": f"{t.peak_step} {t.peak_phase}",
+                    "card GiB": row["capacity_bytes"] / GiB, "fits (traced)": t.peak_bytes <= row["capacity_bytes"]})
 confirm = pd.DataFrame(confirm)
 confirm["traced vs predicted"] = confirm["traced peak GiB"] / confirm["predicted peak GiB"] - 1
 ch.save_table(confirm, "fit_search_traced")
@@ -294,7 +310,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # **Exercise 4.** Which kernel's measured slope is closest to 1?
 
 # %%
-ex_slope = exercises.Choice(
+ex_slope = Choice(
     "slope-one", "kernel with a linear attention memory",
     reference=lambda: slopes.assign(d=(slopes["log-log slope (measured)"] - 1).abs()).sort_values("d")["attention"]
     .iloc[0],

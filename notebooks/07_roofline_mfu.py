@@ -35,24 +35,42 @@ out_dir = "../reports/build/07_roofline_mfu"
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from IPython.display import display
 
-from memlab import Setup, chapter, detect, mfu, preset, roofline_bound, run_step
+from memlab import (
+    Choice,
+    Numeric,
+    Setup,
+    chapter,
+    cluster_utilisation,
+    detect,
+    exposed_comm_for,
+    flops_per_token,
+    gpu,
+    megatron_closed_form,
+    mfu,
+    pipeline_bubble_fraction,
+    preset,
+    roofline_bound,
+    run_step,
+    training_loop,
+)
 from memlab.compare import plots
-from memlab.course import exercises
-from memlab.labs import step_time
 from memlab.measure import roofline
-from memlab.measure.machine import cache_bytes
-from memlab.predict import flops, hardware, parallelism
-from memlab.run import op_profile as profile
+from memlab.run import op_profile
+from memlab.units import MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # repeatable: detect() measures 1 thread's peak
 info = detect(device=ch.device)
-CUDA = ch.device.startswith("cuda")
-DTYPE = "bf16" if CUDA else "fp32"  # the dtype the step's matmuls run in
-if CUDA:
-    CFG, SETUP = preset("gpt2"), Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")
-else:
-    CFG, SETUP = preset("small-gpt"), Setup(batch=4, seq=128, precision="fp32", attention="eager")
+CUDA = ch.device_type == "cuda"
+ON_DEVICE = {  # what the device changes (each scale keeps these; roofline's shapes and repeats follow the scale)
+    "cpu": dict(model="small-gpt", setup=Setup(batch=4, seq=128, precision="fp32", attention="eager"),
+                dtype="fp32", dtypes=("fp32", "bf16"), extra_shapes=[(384, 384, 384), (512, 512, 512)], loop_steps=3),
+    "cuda": dict(model="gpt2", setup=Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash"),
+                 dtype="bf16", dtypes=("fp32", "tf32", "bf16"), extra_shapes=[], loop_steps=20),
+}[ch.device_type]
+CFG, SETUP = preset(ON_DEVICE["model"]), ON_DEVICE["setup"]
+DTYPE = ON_DEVICE["dtype"]  # the dtype the step's matmuls run in
 ch.to_dict() | {"model": CFG.name, "setup": f"batch {SETUP.batch}, seq {SETUP.seq}, {SETUP.precision}"}
 
 # %% [markdown]
@@ -65,15 +83,15 @@ ch.to_dict() | {"model": CFG.name, "setup": f"batch {SETUP.batch}, seq {SETUP.se
 # DRAM's, not a cache's.
 
 # %%
-caches = cache_bytes()
+caches = roofline.cache_bytes("cpu")
 array_bytes = roofline.beyond_cache_bytes(ch.device)
-pd.Series({**{f"{k} (MiB)": v / 2**20 for k, v in caches.items()}, "bandwidth array (MiB)": array_bytes / 2**20},
+pd.Series({**{f"{k} (MiB)": v / MiB for k, v in caches.items()}, "bandwidth array (MiB)": array_bytes / MiB},
           name="this machine").to_frame()
 
 # %%
-shapes = roofline.default_shapes(ch.device, ch.scale) + ([(384, 384, 384), (512, 512, 512)] if not CUDA else [])
-dtypes = ("fp32", "tf32", "bf16") if CUDA else ("fp32", "bf16")
-matmul = roofline.matmul_flops_per_s(shapes, dtypes, device=ch.device, scale=ch.scale, repeats=3, warmup=1)
+shapes = roofline.default_shapes(ch.device, ch.scale) + ON_DEVICE["extra_shapes"]
+matmul = roofline.matmul_flops_per_s(shapes, ON_DEVICE["dtypes"], device=ch.device, scale=ch.scale, repeats=3,
+                                     warmup=1)
 matmul = matmul[matmul["status"] == "ok"].copy()
 bandwidth = roofline.bandwidth_bytes_per_s([array_bytes], device=ch.device, scale=ch.scale, repeats=3, warmup=1)
 ch.save_table(matmul, "matmul")
@@ -91,7 +109,7 @@ ceilings.round(3)
 
 # %%
 fig = plots.roofline(matmul, peaks=achievable.to_dict(), bandwidth_bytes_per_s=BW,
-                     bandwidth_label=f"triad {array_bytes // 2**20} MiB",
+                     bandwidth_label=f"triad {array_bytes // MiB} MiB",
                      title=f"Matmuls on the measured roofline: {info.name}",
                      source="roof = best measured shape per dtype (achievable ceiling)")
 ch.save_figure(fig, "matmul_roofline")
@@ -113,8 +131,6 @@ ch.cpu_note("tensor cores and occupancy (active warps / the SM's maximum) exist 
 
 # %%
 if CUDA:
-    from IPython.display import display
-
     sms = torch.cuda.get_device_properties(torch.device(ch.device)).multi_processor_count
     occ = matmul[["dtype", "m", "n", "k", "flops_per_s"]].copy()
     occ["tiles_128x128"] = (-(-occ["m"] // 128)) * (-(-occ["n"] // 128))
@@ -130,7 +146,7 @@ if CUDA:
 # `memlab.run.op_profile.profile_step` runs `torch.profiler` with `record_shapes=True` over one step of the reference
 # GPT (after a warm-up step) and gives each op FLOPs and bytes from its recorded shapes and dtypes. Matmuls count
 # 2·m·n·k [narayanan2021]; softmax, norms, GELU, residual adds, the loss and the optimizer's element-wise updates
-# count a few FLOPs per element (memlab's convention, `profile.ELEMENTWISE_FLOPS`): seed 001 says to drop them from
+# count a few FLOPs per element (memlab's convention, `op_profile.ELEMENTWISE_FLOPS`): seed 001 says to drop them from
 # MFU [seed-001], and the profile shows what they cost in time instead.
 #
 # **Exercise 1 (predict first).** Before running the next cell: which kind of op will sit furthest *under* the
@@ -146,25 +162,25 @@ SHAPES = {  # one op of each kind at this model's shapes: (op, input shapes, inp
 
 
 def intensity(kind: str) -> float:
-    """FLOP per byte of one op of ``kind`` by memlab's counting (profile.op_cost), from shapes alone."""
-    _, f, b = profile.op_cost(*SHAPES[kind])
+    """FLOP per byte of one op of ``kind`` by memlab's counting (op_profile.op_cost), from shapes alone."""
+    _, f, b = op_profile.op_cost(*SHAPES[kind])
     return f / b
 
 
-ex_bound = exercises.Choice(
+ex_bound = Choice(
     "most-memory-bound", "The op kind with the lowest arithmetic intensity",
     reference=lambda: min(SHAPES, key=intensity),
     options={"matmul": "matmul", "norm": "norm (LayerNorm)", "softmax": "softmax"},
     hint="a matmul reuses each operand many times; the others read and write each element once, so compare "
-         "their FLOPs per element (profile.ELEMENTWISE_FLOPS) at the same bytes per element")
+         "their FLOPs per element (op_profile.ELEMENTWISE_FLOPS) at the same bytes per element")
 answer = ...
 ex_bound.check(answer)
 
 # %%
-prof = {att: profile.profile_step(CFG, Setup(**{**SETUP.to_dict(), "attention": att}), ch.device, seed=seed)
+prof = {att: op_profile.profile_step(CFG, Setup(**{**SETUP.to_dict(), "attention": att}), ch.device, seed=seed)
         for att in ("eager", "flash")}
 ops = prof[SETUP.attention].by_op()
-pred = profile.predict_ops(ops, PEAK, BW, min_time_s=5e-6)
+pred = op_profile.predict_ops(ops, PEAK, BW, min_time_s=5e-6)
 ch.save_table(pred, "ops")
 fig = plots.op_roofline(pred, peak_flops_per_s=PEAK, bandwidth_bytes_per_s=BW, peak_label=f"best {DTYPE} matmul",
                         bandwidth_label="triad",
@@ -173,7 +189,7 @@ fig = plots.op_roofline(pred, peak_flops_per_s=PEAK, bandwidth_bytes_per_s=BW, p
 ch.save_figure(fig, "step_ops_roofline")
 
 # %%
-kinds = profile.time_by_kind(ops)
+kinds = op_profile.time_by_kind(ops)
 kinds["memory_bound"] = kinds["kind"].map(pred.groupby("kind")["memory_bound"].mean().gt(0.5))
 kinds["intensity (FLOP/B)"] = kinds["flops"] / kinds["bytes"]
 kinds.round(4)
@@ -197,7 +213,7 @@ err.round(6)
 # replaces the s×s score matrix's softmax and its two matmuls by one op whose bytes are only Q, K, V and O [dao2022]:
 
 # %%
-both = pd.concat([profile.time_by_kind(p.by_op()).assign(attention=a) for a, p in prof.items()])
+both = pd.concat([op_profile.time_by_kind(p.by_op()).assign(attention=a) for a, p in prof.items()])
 both.pivot_table(index="kind", columns="attention", values="self_s", aggfunc="sum").round(5)
 
 # %% [markdown]
@@ -223,8 +239,8 @@ peak = info.peak_flops.get(DTYPE)
 tokens = SETUP.batch * SETUP.seq
 three = pd.DataFrame({
     "formula": ["PaLM 6N + 12LHQT", "Megatron closed form", "FlopCounterMode (counted)"],
-    "flops_per_step": [flops.flops_per_token(CFG, SETUP.seq) * tokens,
-                       flops.megatron_closed_form(SETUP.batch, SETUP.seq, CFG.n_layers, CFG.d_model, CFG.vocab_size),
+    "flops_per_step": [flops_per_token(CFG, SETUP.seq) * tokens,
+                       megatron_closed_form(SETUP.batch, SETUP.seq, CFG.n_layers, CFG.d_model, CFG.vocab_size),
                        meas.counted_flops_per_step],
 })
 three["mfu"] = three["flops_per_step"] / meas.step_time_s / peak
@@ -256,12 +272,12 @@ recompute.to_frame()
 # [seed-001] (and PaLM's [chowdhery2022]) is that MFU uses the latter.
 
 # %%
-loop_cfg = dict(steps=3 if not CUDA else 20, seed=seed)
-plain = step_time.training_loop(CFG, SETUP, ch.device, label="plain", **loop_cfg)
-logged = step_time.training_loop(CFG, SETUP, ch.device, label="log every step, checkpoint every 2",
-                                 log_every=1, checkpoint_every=2, **loop_cfg)
+loop_cfg = dict(steps=ON_DEVICE["loop_steps"], seed=seed)
+plain = training_loop(CFG, SETUP, ch.device, label="plain", **loop_cfg)
+logged = training_loop(CFG, SETUP, ch.device, label="log every step, checkpoint every 2",
+                       log_every=1, checkpoint_every=2, **loop_cfg)
 split = pd.DataFrame([plain.to_row(), logged.to_row()]).set_index("label")
-phase_cols = [f"{p}_s" for p in step_time.PHASES]
+phase_cols = [f"{p}_s" for p in plain.phase_s]  # data, forward, ..., checkpoint
 fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
 (split[phase_cols] * 1e3).rename(columns=lambda c: c[:-2]).plot.barh(stacked=True, ax=ax)
 ax.set(xlabel="mean time per step (ms)", ylabel="", title=f"Where a step's time goes ({CFG.name}, {ch.device})")
@@ -277,7 +293,7 @@ split[["step_s", "model_step_s", "mfu", "mfu_model_time"]].round(5)
 
 # %%
 achieved = meas.flops_per_step / meas.step_time_s
-a100, h100 = hardware.gpu("a100-80gb-sxm"), hardware.gpu("h100-sxm")
+a100, h100 = gpu("a100-80gb-sxm"), gpu("h100-sxm")
 other = "bf16" if DTYPE == "fp32" else "fp32"
 wrong = pd.DataFrame([
     {"denominator": f"dense {DTYPE} peak of this device (right)", "peak_tflop_s": peak / 1e12},
@@ -310,9 +326,9 @@ pd.Series({
 # bf16)?
 
 # %%
-ex_h100 = exercises.Numeric(
+ex_h100 = Numeric(
     "h100-mfu", "MFU of 160 TFLOP/s on an H100 SXM", reference=lambda: 100 * SEED_001_USEFUL / h100.peak("bf16"),
-    hint="divide by the H100's dense bf16 peak: hardware.gpu('h100-sxm').peak('bf16')", unit="%", rtol=0.02)
+    hint="divide by the H100's dense bf16 peak: gpu('h100-sxm').peak('bf16')", unit="%", rtol=0.02)
 answer = ...
 ex_h100.check(answer)
 
@@ -332,7 +348,7 @@ variants = {
     "slow loader, 2 workers, pin_memory": {"delay_s": delay, "num_workers": 2, "pin_memory": True},
     ".item() every step": {"item_every": 1},
 }
-loops = pd.DataFrame([step_time.training_loop(CFG, SETUP, ch.device, label=k, **loop_cfg, **v).to_row()
+loops = pd.DataFrame([training_loop(CFG, SETUP, ch.device, label=k, **loop_cfg, **v).to_row()
                       for k, v in variants.items()]).set_index("label")
 loops["mfu lost vs fast loader"] = loops.loc["fast loader", "mfu"] - loops["mfu"]
 ch.save_table(loops.reset_index(), "input_pipeline")
@@ -358,7 +374,7 @@ ch.cpu_note("the .item() stall and pin_memory's faster copies are GPU effects (a
 # %%
 configs = [(4, 4, 1), (8, 8, 1), (8, 32, 1), (8, 128, 1), (16, 64, 1), (16, 64, 2)]
 bubbles = pd.DataFrame([{"stages p": p, "micro-batches m": m, "interleave v": v,
-                         "bubble": parallelism.pipeline_bubble_fraction(p, m, v)} for p, m, v in configs])
+                         "bubble": pipeline_bubble_fraction(p, m, v)} for p, m, v in configs])
 bubbles.round(3)
 
 # %% [markdown]
@@ -367,9 +383,9 @@ bubbles.round(3)
 # does not hide. The example fixes how much that must be:
 
 # %%
-bubble = parallelism.pipeline_bubble_fraction(8, 64)
-comm = parallelism.exposed_comm_for(0.55, 0.40, bubble)
-worked = parallelism.cluster_utilisation(0.55, bubble_fraction=bubble, exposed_comm_fraction=comm)
+bubble = pipeline_bubble_fraction(8, 64)
+comm = exposed_comm_for(0.55, 0.40, bubble)
+worked = cluster_utilisation(0.55, bubble_fraction=bubble, exposed_comm_fraction=comm)
 pd.Series(worked.to_dict(), name="55 % -> 40 %").round(4).to_frame()
 
 # %% [markdown]
@@ -377,9 +393,9 @@ pd.Series(worked.to_dict(), name="55 % -> 40 %").round(4).to_frame()
 # bubble?
 
 # %%
-ex_bubble = exercises.Numeric(
+ex_bubble = Numeric(
     "bubble-16-48", "Pipeline bubble for p=16, m=48",
-    reference=lambda: 100 * parallelism.pipeline_bubble_fraction(16, 48),
+    reference=lambda: 100 * pipeline_bubble_fraction(16, 48),
     hint="(p - 1) / (m + p - 1)", unit="%", rtol=0.02)
 answer = ...
 ex_bubble.check(answer)
@@ -389,7 +405,7 @@ ex_bubble.check(answer)
 # step executes (HFU FLOPs / model FLOPs)?
 
 # %%
-ex_rc = exercises.Numeric(
+ex_rc = Numeric(
     "recompute-factor", "Executed FLOPs with full recompute / without",
     reference=lambda: meas_rc.hardware_flops_per_step / meas.flops_per_step,
     hint="one more forward of every block: (3F + F_blocks) / 3F", rtol=0.02)
@@ -422,8 +438,8 @@ ch.seed_claims([
      f"{meas_rc.hardware_flops_per_step / meas.flops_per_step:.3f}x executed FLOPs; "
      f"{meas_rc.step_time_s / meas.step_time_s:.2f}x measured time"),
     ("001", "bubbles 30-50 % -> < 5 %; 55 % -> 40 % at 1k GPUs", "holds with qualification",
-     f"p=8: m=8 gives {parallelism.pipeline_bubble_fraction(8, 8):.0%}, m=128 "
-     f"{parallelism.pipeline_bubble_fraction(8, 128):.1%}; 55->40 needs {comm:.0%} exposed comm after a "
+     f"p=8: m=8 gives {pipeline_bubble_fraction(8, 8):.0%}, m=128 "
+     f"{pipeline_bubble_fraction(8, 128):.1%}; 55->40 needs {comm:.0%} exposed comm after a "
      f"{bubble:.0%} bubble"),
     ("004", "torch.profiler with shapes shows the ops", "holds", f"{len(ops)} op shapes costed, "
      f"{prof[SETUP.attention].coverage():.0%} of profiled op time"),

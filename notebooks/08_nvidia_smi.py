@@ -32,18 +32,25 @@ out_dir = "../reports/build/08_nvidia_smi"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
+from IPython.display import display
 
-from memlab import Setup, chapter, detect, preset, run_step
-from memlab.course import exercises
-from memlab.labs import monitors as utilisation
-from memlab.labs import step_time
+from memlab import Choice, Numeric, Setup, chapter, detect, gpu, preset, run_step, training_loop
+from memlab.labs import monitors
 from memlab.measure import roofline
-from memlab.predict import hardware
+from memlab.units import GB, GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # repeatable: detect() measures 1 thread's peak
 info = detect(device=ch.device)
 cpu = detect(device="cpu")
-CUDA = ch.device.startswith("cuda")
+CUDA = ch.device_type == "cuda"
+SIZES = {  # what the scale changes: how long each CPU-% loop runs, how many bytes the RSS experiment allocates
+    "ci": dict(busy_s=0.4, rss_bytes=64 * MiB),
+    "full": dict(busy_s=2.0, rss_bytes=512 * MiB),
+}[ch.scale]
+ON_DEVICE = {  # what the device changes: the training step of sections 4 and 5
+    "cpu": dict(model="tiny-gpt", setup=Setup(batch=4, seq=64)),
+    "cuda": dict(model="gpt2", setup=Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")),
+}[ch.device_type]
 ch.to_dict()
 
 # %% [markdown]
@@ -57,7 +64,7 @@ ch.to_dict()
 # `"same"` (all within 25 % of each other)?
 
 # %%
-ex_cpu = exercises.Choice(
+ex_cpu = Choice(
     "cpu-percent", "Which loop reads the highest CPU %",
     reference=lambda: ("same" if busy["cpu_pct"].max() <= 1.25 * busy["cpu_pct"].min()
                        else ["busy", "copy", "matmul"][int(busy["cpu_pct"].to_numpy().argmax())]),
@@ -67,7 +74,7 @@ answer = ...
 ex_cpu.check(answer)
 
 # %%
-busy = utilisation.cpu_busy_vs_work(duration_s=0.4 if ch.scale == "ci" else 2.0, peak_flops_per_s=None)
+busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=None)
 fig, ax1 = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
 x = range(len(busy))
 ax1.bar([i - 0.2 for i in x], busy["cpu_pct"], 0.4, label="CPU % (psutil)", color="tab:grey")
@@ -93,18 +100,18 @@ busy[["loop", "cpu_pct", "flops_per_s", "torch_threads"]].round(2)
 # heap, and freed heap pages stay in the process until `malloc_trim` (the twin of `torch.cuda.empty_cache`).
 
 # %%
-rss = utilisation.rss_vs_live_bytes(total_bytes=64 * 2**20 if ch.scale == "ci" else 512 * 2**20)
+rss = monitors.rss_vs_live_bytes(total_bytes=SIZES["rss_bytes"])
 fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
 pos = range(len(rss))
-ax.bar([i - 0.2 for i in pos], rss["live_tensor_bytes"] / 2**20, 0.4, label="live tensor bytes (exact)")
-ax.bar([i + 0.2 for i in pos], rss["rss_delta_bytes"] / 2**20, 0.4, label="RSS above start (what top shows)")
+ax.bar([i - 0.2 for i in pos], rss["live_tensor_bytes"] / MiB, 0.4, label="live tensor bytes (exact)")
+ax.bar([i + 0.2 for i in pos], rss["rss_delta_bytes"] / MiB, 0.4, label="RSS above start (what top shows)")
 ax.set(xticks=list(pos), xticklabels=rss["stage"], ylabel="MiB", title="Freed is not returned: RSS vs live tensors")
 ax.tick_params(axis="x", labelsize=8)
 ax.legend(fontsize=8)
 ch.save_figure(fig, "rss_vs_live")
 ch.record_ledger(pd.DataFrame({"experiment": "RSS vs live tensor bytes", "component": rss["stage"], "unit": "bytes",
                                "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"]}))
-rss.assign(live_MiB=rss["live_tensor_bytes"] / 2**20, rss_delta_MiB=rss["rss_delta_bytes"] / 2**20).round(1)
+rss.assign(live_MiB=rss["live_tensor_bytes"] / MiB, rss_delta_MiB=rss["rss_delta_bytes"] / MiB).round(1)
 
 # %% [markdown]
 # ## 3. On a GPU: GPU-Util and the NVML ledger
@@ -117,10 +124,8 @@ rss.assign(live_MiB=rss["live_tensor_bytes"] / 2**20, rss_delta_MiB=rss["rss_del
 
 # %%
 if CUDA:
-    from IPython.display import display
-
-    gpu_util = utilisation.gpu_util_demo(ch.device, duration_s=2.0)
-    ledger = utilisation.nvml_memory_ledger(ch.device)
+    gpu_util = monitors.gpu_util_demo(ch.device, duration_s=2.0)
+    ledger = monitors.nvml_memory_ledger(ch.device)
     ch.save_table(gpu_util, "gpu_util")
     ch.save_table(ledger, "nvml_ledger")
     ch.record_ledger(pd.DataFrame({
@@ -159,12 +164,9 @@ pd.DataFrame([
 # process's memory as the OS sees it:
 
 # %%
-if CUDA:
-    cfg, setup = preset("gpt2"), Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")
-else:
-    cfg, setup = preset("tiny-gpt"), Setup(batch=4, seq=64)
+cfg, setup = preset(ON_DEVICE["model"]), ON_DEVICE["setup"]
 m = run_step(cfg, setup, ch.device, steps=2, seed=seed, with_counted_flops=False)
-states = m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes
+states = m.model_state_bytes() + m.activations_bytes
 if CUDA:
     held, total, held_name = m.cuda_peak_reserved_bytes, info.total_memory_bytes, "peak reserved (allocator)"
     bw = roofline.bandwidth_bytes_per_s([roofline.beyond_cache_bytes(ch.device)], ["copy"], device=ch.device)
@@ -175,11 +177,11 @@ else:
                                         repeats=3, warmup=1)
     peak_bw = None
 u = pd.Series({
-    "P+G+O+A, exact (MiB)": states / 2**20,
-    f"{held_name} (MiB)": held / 2**20,
+    "P+G+O+A, exact (MiB)": states / MiB,
+    f"{held_name} (MiB)": held / MiB,
     "U_cap = held / total": held / total,
     "U_eff = (P+G+O+A) / held": states / held,
-    "measured copy bandwidth (GB/s)": float(bw["bytes_per_s"].iloc[0]) / 1e9,
+    "measured copy bandwidth (GB/s)": float(bw["bytes_per_s"].iloc[0]) / GB,
     "U_bw = achieved / peak": float(bw["bytes_per_s"].iloc[0]) / peak_bw if peak_bw else float("nan"),
 }, name=f"{cfg.name}, batch {setup.batch}, seq {setup.seq}").round(4)
 u.to_frame()
@@ -194,7 +196,7 @@ u.to_frame()
 # **Exercise 2.** From the table above: what is U_eff in % for this run?
 
 # %%
-ex_ueff = exercises.Numeric(
+ex_ueff = Numeric(
     "u-eff", "U_eff of this run", reference=lambda: 100 * states / held,
     hint="(params + grads + optimizer + activations) / the bytes the process holds", unit="%", rtol=0.05)
 answer = ...
@@ -207,7 +209,7 @@ ex_ueff.check(answer)
 # with the exact bytes, the seed's label and the two correct readings:
 
 # %%
-mon = utilisation.monitor_snapshot()
+mon = monitors.monitor_snapshot()
 mon.round(3)
 
 # %% [markdown]
@@ -221,15 +223,15 @@ mon.round(3)
 # device: on a CPU that is the process RSS, and a GPU would add the CUDA context (a few hundred MiB) to it.
 
 # %%
-h200 = hardware.gpu("h200-sxm")
+h200 = gpu("h200-sxm")
 JAX_PREALLOCATE, VLLM_FRACTION = 0.75, 0.90  # the two frameworks' documented defaults (SOURCES.md)
 policies = pd.DataFrame({
     "framework default": [f"PyTorch: this run's {held_name} on {ch.device}", "JAX (preallocate)",
                           "vLLM (gpu_memory_utilization)"],
-    "memory used (GiB)": [held / 2**30, JAX_PREALLOCATE * h200.memory_bytes / 2**30,
-                          VLLM_FRACTION * h200.memory_bytes / 2**30],
+    "memory used (GiB)": [held / GiB, JAX_PREALLOCATE * h200.memory_bytes / GiB,
+                          VLLM_FRACTION * h200.memory_bytes / GiB],
 })
-policies["'memory utilisation' (%)"] = 100 * policies["memory used (GiB)"] * 2**30 / h200.memory_bytes
+policies["'memory utilisation' (%)"] = 100 * policies["memory used (GiB)"] * GiB / h200.memory_bytes
 policies.round(2)
 
 # %% [markdown]
@@ -241,9 +243,9 @@ policies.round(2)
 # memory-bound copy (100 % busy, yet limited by memory):
 
 # %%
-plain = step_time.training_loop(cfg, setup, ch.device, steps=3, label="fast loader", seed=seed)
-starved = step_time.training_loop(cfg, setup, ch.device, steps=3, label="slow loader",
-                                  delay_s=plain.model_step_s / setup.batch, seed=seed)
+plain = training_loop(cfg, setup, ch.device, steps=3, label="fast loader", seed=seed)
+starved = training_loop(cfg, setup, ch.device, steps=3, label="slow loader",
+                        delay_s=plain.model_step_s / setup.batch, seed=seed)
 busy_fraction = pd.DataFrame([{
     "loop": r.label, "compute time / step time": 1 - r.phase_s["data"] / r.step_s, "mfu": r.mfu,
 } for r in (plain, starved)] + [{"loop": "copy loop (section 1)", "compute time / step time": 1.0, "mfu": 0.0}])
@@ -258,9 +260,9 @@ busy_fraction.round(3)
 # right after the first JAX operation, whatever the model?
 
 # %%
-ex_jax = exercises.Numeric(
+ex_jax = Numeric(
     "jax-h200", "JAX's default preallocation on an H200 SXM",
-    reference=lambda: JAX_PREALLOCATE * h200.memory_bytes / 2**30,
+    reference=lambda: JAX_PREALLOCATE * h200.memory_bytes / GiB,
     hint="75 % of the card's memory; the table's memory_bytes is in bytes, 1 GiB = 2**30 bytes", unit="GiB",
     rtol=0.02)
 answer = ...
@@ -271,8 +273,8 @@ ex_jax.check(answer)
 # that?
 
 # %%
-ex_gb = exercises.Numeric(
-    "gib-to-gb", "80 GiB in decimal GB", reference=lambda: 80 * 2**30 / 1e9,
+ex_gb = Numeric(
+    "gib-to-gb", "80 GiB in decimal GB", reference=lambda: 80 * GiB / GB,
     hint="GB = bytes / 10**9; GiB = bytes / 2**30", unit="GB", rtol=0.01)
 answer = ...
 ex_gb.check(answer)
@@ -284,11 +286,11 @@ ex_gb.check(answer)
 ch.seed_claims([
     ("000", "U_cap = allocated / total", "holds with qualification",
      f"{u['U_cap = held / total']:.2%} here; unit-free only if both sides are bytes "
-     f"(GiB vs GB is {2**30 / 1e9 - 1:.1%})"),
+     f"(GiB vs GB is {GiB / GB - 1:.1%})"),
     ("000", "U_eff = (P+G+O+A) / allocated", "holds, hides the rest",
      f"{u['U_eff = (P+G+O+A) / held']:.1%} of the {held_name}: interpreter, libraries and caches are the rest"),
     ("000", "nvidia-smi ≠ effective use; active vs reserved", "holds",
-     f"RSS kept {rss['rss_delta_bytes'].iloc[2] / 2**20:.0f} MiB for {rss['live_tensor_bytes'].iloc[2] / 2**20:.0f}"
+     f"RSS kept {rss['rss_delta_bytes'].iloc[2] / MiB:.0f} MiB for {rss['live_tensor_bytes'].iloc[2] / MiB:.0f}"
      " MiB of live tensors until malloc_trim"),
     ("000", "85-95 % is healthy memory utilisation", "does not hold",
      f"same workload reads {policies.iloc[0, 2]:.1f} % (PyTorch), {JAX_PREALLOCATE:.0%} (JAX), "
@@ -299,7 +301,7 @@ ch.seed_claims([
      f"{busy['cpu_pct'].min():.0f}-{busy['cpu_pct'].max():.0f} % for 0 to "
      f"{busy['flops_per_s'].max() / 1e9:.1f} GFLOP/s"),
     ("004", "monitor script, /1024**3 labelled GB", "does not hold", "the figure is GiB: 80 GiB = "
-     f"{80 * 2**30 / 1e9:.1f} GB"),
+     f"{80 * GiB / GB:.1f} GB"),
     ("004", "GPU-Util < 70 % means a memory bottleneck", "does not hold",
      f"a starved loop computes {busy_fraction.iloc[1, 1]:.0%} of its time with no memory limit"),
     ("004", "nvidia-smi dmon shows bandwidth use", "does not hold", "'mem' is controller busy time, not bytes/s"),

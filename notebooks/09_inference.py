@@ -36,20 +36,38 @@ import numpy as np
 import pandas as pd
 import torch
 
-from memlab import Setup, chapter, estimate, gpu, max_batch, preset, run_step
-from memlab.compare import compare
-from memlab.compare.ledger import predict_for
-from memlab.course import exercises
-from memlab.labs.inference import expert_load, int8_linear_bytes
-from memlab.measure.accounting import model_states
-from memlab.model.gpt import GPT
-from memlab.predict import flops
-from memlab.predict.inference import kv_cache_bytes
-from memlab.predict.paging import kv_waste, max_sequences, reserved_tokens, synthetic_request_lengths
-from memlab.predict.sharding import shape_summary
-from memlab.run.runner import count_flops
+from memlab import (
+    GPT,
+    Choice,
+    Numeric,
+    Setup,
+    chapter,
+    count_flops,
+    estimate,
+    forward_flops,
+    gpu,
+    kv_cache_bytes,
+    kv_waste,
+    ledger,
+    max_batch,
+    max_sequences,
+    model_states,
+    preset,
+    reserved_tokens,
+    run_step,
+    shape_summary,
+    synthetic_request_lengths,
+    token_ids,
+)
+from memlab.labs import inference
+from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir)
+SIZES = {  # what the scale changes: the GQA and MHA models served in section 2, and their contexts
+    "ci": dict(gqa="tiny-llama", mha="tiny-gpt", contexts=(64, 256)),
+    "full": dict(gqa="llama-3-8b", mha="llama-2-7b", contexts=(1024, 4096)),
+}[ch.scale]
+DTYPE = {"cpu": "fp32", "cuda": "bf16"}[ch.device_type]  # served weights and KV cache
 ch.to_dict()
 
 # %% [markdown]
@@ -63,8 +81,8 @@ ch.to_dict()
 kv_models = ["llama-2-7b", "llama-3-8b", "mistral-7b", "llama-2-70b", "mixtral-8x7b"]
 per_token = pd.DataFrame([{"model": n, "query heads": c.n_heads, "KV heads": c.n_kv_heads,
                            "KV bytes / token / layer (bf16)": kv_cache_bytes(c, 1, 1, "bf16") / c.n_layers,
-                           "KV MiB / token (all layers)": kv_cache_bytes(c, 1, 1, "bf16") / 2**20,
-                           "KV GiB at 32 users x 4096": kv_cache_bytes(c, 32, 4096, "bf16") / 2**30}
+                           "KV MiB / token (all layers)": kv_cache_bytes(c, 1, 1, "bf16") / MiB,
+                           "KV GiB at 32 users x 4096": kv_cache_bytes(c, 32, 4096, "bf16") / GiB}
                           for n in kv_models for c in [preset(n)]])
 ch.save_table(per_token, "kv_per_token")
 per_token.round(3)
@@ -75,8 +93,7 @@ per_token.round(3)
 
 # %%
 tiny_llama = preset("tiny-llama")
-small = tiny_llama if ch.scale == "ci" else preset("llama-3-8b")
-ex_kv = exercises.Numeric(
+ex_kv = Numeric(
     "tiny-kv", "KV cache of tiny-llama, 4 x 256 tokens, fp32",
     reference=lambda: kv_cache_bytes(tiny_llama, 4, 256, "fp32"),
     hint="2 (K and V) x layers x batch x tokens x KV heads x head_dim x 4 bytes", unit="B", rtol=0.01)
@@ -91,17 +108,15 @@ ex_kv.check(answer)
 # and GQA (`tiny-llama`), several contexts and batches.
 
 # %%
-dtype = "fp32" if ch.on_cpu else "bf16"
-mha = preset("tiny-gpt") if ch.scale == "ci" else preset("llama-2-7b")
-contexts = (64, 256) if ch.scale == "ci" else (1024, 4096)
+small, mha, contexts = preset(SIZES["gqa"]), preset(SIZES["mha"]), SIZES["contexts"]
 grid = [(small, b, s) for b in (1, 4) for s in contexts] + [(mha, 4, s) for s in contexts]
 served = []
 for cfg, b, s in grid:
-    m = run_step(cfg, Setup(mode="inference", batch=b, seq=s, inference_weights=dtype, kv_cache_dtype=dtype),
+    m = run_step(cfg, Setup(mode="inference", batch=b, seq=s, inference_weights=DTYPE, kv_cache_dtype=DTYPE),
                  ch.device, steps=4, with_counted_flops=False, with_mfu=not ch.on_cpu)
     served.append((cfg, m))
 exercise_run = next((m for cfg, m in served if cfg == tiny_llama and m.setup["batch"] == 4 and m.setup["seq"] == 256
-                     and dtype == "fp32"), None) or run_step(
+                     and DTYPE == "fp32"), None) or run_step(
     tiny_llama, Setup(mode="inference", batch=4, seq=256, inference_weights="fp32", kv_cache_dtype="fp32"), "cpu",
     steps=1, with_counted_flops=False, with_mfu=False)
 print(f"exercise 1, measured: tiny-llama's KV cache for 4 x 256 tokens in fp32 is {exercise_run.kv_cache_bytes:,} B")
@@ -111,9 +126,9 @@ rows = pd.DataFrame([{"model": cfg.name, "batch": m.setup["batch"], "context": m
                       "prefill s": m.prefill_time_s, "decode s/token": m.decode_time_per_token_s,
                       "decode tokens/s": m.tokens_per_s} for cfg, m in served])
 ch.save_table(rows, "served")
-ledger = pd.concat([compare(predict_for(cfg, m), m) for cfg, m in served], ignore_index=True)
-ch.record_ledger(ledger)
-kv_rows = ledger[ledger["component"].isin(["params", "kv_cache"])]
+served_ledger = ledger(served)
+ch.record_ledger(served_ledger)
+kv_rows = served_ledger[served_ledger["component"].isin(["params", "kv_cache"])]
 print(f"weights and KV cache: {len(kv_rows)} rows, largest |relative error| {kv_rows['rel_error'].abs().max():.2%}")
 rows
 
@@ -127,10 +142,10 @@ for i, cfg in enumerate((mha, small)):
     part = rows[rows["model"] == cfg.name]
     for b in sorted(part["batch"].unique()):
         p = part[part["batch"] == b]
-        axes[0].plot(p["context"], p["KV cache B"] / 2**20, marker="o", color=f"C{i}",
+        axes[0].plot(p["context"], p["KV cache B"] / MiB, marker="o", color=f"C{i}",
                      linestyle="-" if b == 1 else "--", label=f"{cfg.name}, batch {b}")
     ctx = np.array(sorted(part["context"].unique()))
-    axes[0].plot(ctx, kv_cache_bytes(cfg, 4, ctx, dtype) / 2**20, color="k", alpha=0.3, linewidth=4, zorder=0)
+    axes[0].plot(ctx, kv_cache_bytes(cfg, 4, ctx, DTYPE) / MiB, color="k", alpha=0.3, linewidth=4, zorder=0)
 axes[0].set_xlabel("context (tokens)")
 axes[0].set_ylabel("KV cache (MiB), measured")
 axes[0].set_title("KV cache vs context and batch (grey: predicted)")
@@ -157,7 +172,7 @@ serve = []
 for name in ["llama-2-7b", "llama-3-8b", "mistral-7b", "mixtral-8x7b", "llama-2-70b"]:
     cfg = preset(name)
     s = Setup(mode="inference", batch=1, seq=context)
-    row = {"model": name, "weights GiB": estimate(cfg, s).params_bytes / 2**30}
+    row = {"model": name, "weights GiB": estimate(cfg, s).params_bytes / GiB}
     for card in cards:
         n = max_sequences(cfg, gpu(card).memory_bytes, context)
         row[card] = f"{'yes' if n >= users else 'no'}: {n} ({max_batch(cfg, s, card).value} naive)"
@@ -186,7 +201,7 @@ for name in ["llama-2-7b", "llama-3-8b", "mixtral-8x7b"]:
     bf16 = estimate(cfg, Setup(mode="inference", batch=1, seq=1, inference_weights="bf16")).params_bytes
     for w in ("bf16", "int8", "int4"):
         b = estimate(cfg, Setup(mode="inference", batch=1, seq=1, inference_weights=w)).params_bytes
-        quant.append({"model": name, "weights": w, "GiB": b / 2**30, "bf16 / this": bf16 / b})
+        quant.append({"model": name, "weights": w, "GiB": b / GiB, "bf16 / this": bf16 / b})
 quant = pd.DataFrame(quant)
 ch.save_table(quant, "quantised_weights")
 quant.pivot_table(index="model", columns="weights", values="bf16 / this", sort=False).round(2)
@@ -197,8 +212,8 @@ quant.pivot_table(index="model", columns="weights", values="bf16 / this", sort=F
 # matrices. int4 has no CPU kernel in torch: it stays predicted.
 
 # %%
-q_cfg = mha if ch.scale == "ci" else preset("tiny-gpt")
-q = int8_linear_bytes(GPT(q_cfg))
+q_cfg = preset("tiny-gpt")  # at both scales: the measurement builds the model in this process
+q = inference.int8_linear_bytes(GPT(q_cfg))
 pd.Series({"int8 weight bytes, measured": q["int8_weight_bytes"],
            "int8 weight bytes, predicted": shape_summary(q_cfg).quantizable_elements,
            "fp32 bytes before": q["float_bytes_before"],
@@ -259,10 +274,10 @@ ch.save_figure(fig, "paged_attention")
 mix = preset("mixtral-8x7b")
 moe_table = pd.DataFrame({
     "parameters (B)": [mix.param_count() / 1e9, mix.active_param_count() / 1e9],
-    "bf16 weight memory GiB": [estimate(mix, Setup(mode="inference", batch=1, seq=1)).params_bytes / 2**30,
-                               2 * mix.active_param_count() / 2**30],
-    "forward GFLOP / token (seq 1)": [flops.forward_flops(mix.with_(n_experts=8, top_k=8), 1, 1) / 1e9,
-                                      flops.forward_flops(mix, 1, 1) / 1e9]},
+    "bf16 weight memory GiB": [estimate(mix, Setup(mode="inference", batch=1, seq=1)).params_bytes / GiB,
+                               2 * mix.active_param_count() / GiB],
+    "forward GFLOP / token (seq 1)": [forward_flops(mix.with_(n_experts=8, top_k=8), 1, 1) / 1e9,
+                                      forward_flops(mix, 1, 1) / 1e9]},
     index=["all 8 experts (what is resident)", "top-2 experts (what one token uses)"])
 moe_table.round(2)
 
@@ -274,21 +289,21 @@ moe_table.round(2)
 moe = preset("tiny-moe")
 torch.manual_seed(ch.seed)
 moe_model = GPT(moe).eval()
-idx = torch.randint(0, moe.vocab_size, (4, 64), generator=torch.Generator().manual_seed(ch.seed))
+idx = token_ids(moe.vocab_size, 4, 64, seed=ch.seed)
 resident = model_states(moe_model).params_bytes
 counted = count_flops(lambda: moe_model(idx))
-load = expert_load(moe_model, idx)
+load = inference.expert_load(moe_model, idx)
 moe_meas = pd.Series({"resident weight bytes (measured)": resident,
                       "all parameters x 4 B (predicted)": 4 * moe.param_count(),
                       "active parameters x 4 B": 4 * moe.active_param_count(),
                       "forward FLOPs counted": counted,
-                      "forward FLOPs predicted (active)": flops.forward_flops(moe, 4, 64),
+                      "forward FLOPs predicted (active)": forward_flops(moe, 4, 64),
                       "experts that received tokens, per layer": int((load > 0).sum(1).min())}).to_frame(moe.name)
 ch.record_ledger(pd.DataFrame([
     {"experiment": f"{moe.name} forward b4x64", "component": "params (all experts resident)", "unit": "bytes",
      "predicted": 4 * moe.param_count(), "measured": resident},
     {"experiment": f"{moe.name} forward b4x64", "component": "forward FLOPs (active experts)", "unit": "FLOPs",
-     "predicted": flops.forward_flops(moe, 4, 64), "measured": counted}]))
+     "predicted": forward_flops(moe, 4, 64), "measured": counted}]))
 moe_meas
 
 # %% [markdown]
@@ -307,9 +322,9 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # **Exercise 2.** Mixtral-8x7B in bf16: how many GiB of weights must be resident to serve it?
 
 # %%
-ex_mix = exercises.Numeric(
+ex_mix = Numeric(
     "mixtral-resident", "Mixtral-8x7B resident bf16 weights, GiB",
-    reference=lambda: estimate(mix, Setup(mode="inference", batch=1, seq=1)).params_bytes / 2**30,
+    reference=lambda: estimate(mix, Setup(mode="inference", batch=1, seq=1)).params_bytes / GiB,
     hint="all experts count: 2 bytes x param_count(), not active_param_count()", unit="GiB", rtol=0.02)
 answer = ...
 ex_mix.check(answer)
@@ -318,7 +333,7 @@ ex_mix.check(answer)
 # **Exercise 3.** Which reservation policy leaves the largest share of KV memory empty?
 
 # %%
-ex_policy = exercises.Choice(
+ex_policy = Choice(
     "worst-policy", "the most wasteful KV reservation",
     reference=lambda: waste.sort_values("wasted_fraction")["policy"].iloc[-1],
     options={"max": "reserve max_len per request", "pow2": "round up to a power of two",
@@ -332,7 +347,7 @@ ex_policy.check(answer)
 # (bf16 weights and cache, weights + KV only)?
 
 # %%
-ex_users = exercises.Numeric(
+ex_users = Numeric(
     "llama3-users", "Llama-3-8B sequences of 4096 tokens on an H100-SXM",
     reference=lambda: max_sequences(preset("llama-3-8b"), gpu("h100-sxm").memory_bytes, 4096),
     hint="(card memory - weights) / KV bytes of one 4096-token sequence (section 1's table)", unit="", rtol=0.05)

@@ -43,18 +43,40 @@ ch = chapter(scale, device, seed, out_dir)  # first: it sets up the kernel (roun
 import pandas as pd
 import transformers
 
-from memlab import Setup, estimate, fits, max_batch
+from memlab import (
+    Choice,
+    Numeric,
+    Setup,
+    activation_bytes,
+    build_hf_model,
+    compare_trace,
+    config_names,
+    config_source,
+    estimate,
+    fits,
+    from_hf,
+    layer_listing,
+    load_config,
+    max_batch,
+    reference_activation_bytes,
+    saved_by_op,
+    token_ids,
+    trait_effects,
+)
 from memlab.compare import calculators, plots
-from memlab.compare.calculators import Run, error_table, measure_run, shoot_out
-from memlab.course import exercises
-from memlab.course.hf_configs import config_names, config_source, load_config
-from memlab.predict.activations import activation_bytes
-from memlab.predict.hf import from_hf, trait_effects
-from memlab.predict.traits import Implementation
+from memlab.compare.calculators import measure_run
 from memlab.units import GiB
 
 warnings.filterwarnings("ignore", module="transformers")
 transformers.logging.set_verbosity_error()  # its config checks warn about the tiny vocabularies
+SIZES = {  # what the scale changes: the config traced at full size, the tiny runs' grid, the calculators asked
+    # ci: two runs per family (eager bf16 and SDPA fp32, two shapes), without the fake-tensor trace (16 more traces)
+    "ci": dict(trace="pythia-1.4b", grid=[("eager", "bf16", 2, 24), ("sdpa", "fp32", 1, 64)],
+               tools=[t for t in calculators.CALCULATORS if t != "memlab-trace"]),
+    # full: every attention x dtype x shape, and every calculator
+    "full": dict(trace="llama-2-7b", grid=[(a, d, b, s) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
+                                           for b, s in ((4, 256), (1, 1024))], tools=None),
+}[ch.scale]
 ch.to_dict()
 
 # %% [markdown]
@@ -100,7 +122,7 @@ for name, cfg in configs.items():
     for attention in ("flash", "eager"):
         setup = Setup(batch=1, seq=seq, precision="mixed-bf16", attention=attention)
         b = estimate(cfg, setup)
-        plain = sum(activation_bytes(cfg.with_(impl=Implementation()), setup).values())
+        plain = reference_activation_bytes(cfg, setup)
         rows.append({"config": name, "seq": seq, "attention": attention,
                      "states GiB": b.model_state_bytes() / GiB, "activations GiB": b.activations_bytes / GiB,
                      "reference formula GiB": plain / GiB,
@@ -118,11 +140,9 @@ full_pred.round(3)
 # time budget.
 
 # %%
-from memlab.compare.ledger import compare_trace
-
-trace_name = "llama-2-7b" if ch.scale == "full" else "pythia-1.4b"
-trace_run = Run(full[trace_name], 1, min(configs[trace_name].max_seq, 4096), "bf16", "sdpa", device_type="cuda",
-                name=trace_name)
+trace_name = SIZES["trace"]
+trace_run = calculators.Run(full[trace_name], 1, min(configs[trace_name].max_seq, 4096), "bf16", "sdpa",
+                            device_type="cuda", name=trace_name)
 traced, formula = calculators.memlab_trace(trace_run), calculators.memlab_formula(trace_run)
 trace_phases = compare_trace(estimate(configs[trace_name], trace_run.setup(), device_type="cuda"),
                              calculators.trace_run(trace_run), experiment=trace_run.label)
@@ -147,7 +167,7 @@ trace_phases.assign(**{"predicted GiB": trace_phases["predicted"] / GiB, "traced
 
 # %%
 same_size = {"gpt2": load_config("gpt2"), "gpt_neox": {**load_config("gpt_neox"), "intermediate_size": 256}}
-ex_family = exercises.Choice(
+ex_family = Choice(
     "family-per-token", "Which family saves more activation bytes per token",
     reference=lambda: max(same_size, key=lambda f: sum(activation_bytes(
         from_hf(same_size[f]), Setup(batch=2, seq=24, attention="eager"), device_type="cpu").values())),
@@ -158,17 +178,12 @@ answer = ...
 ex_family.check(answer)
 
 # %%
-# ci: two runs per family (eager bf16 and SDPA fp32, two shapes); full: every attention x dtype x shape
-device_type = "cpu" if ch.on_cpu else "cuda"
 tiny = {name: load_config(name) for name in config_names("tiny")}
-if ch.scale == "ci":
-    grid = [("eager", "bf16", 2, 24), ("sdpa", "fp32", 1, 64)]
-else:
-    grid = [(a, d, b, s) for a in ("eager", "sdpa") for d in ("fp32", "bf16") for b, s in ((4, 256), (1, 1024))]
-runs = [Run(cfg, b, s, dtype, attn, device_type=device_type, name=name) for name, cfg in tiny.items()
-        for attn, dtype, b, s in grid]
+runs = [calculators.Run(cfg, b, s, dtype, attn, device_type=ch.device_type, name=name) for name, cfg in tiny.items()
+        for attn, dtype, b, s in SIZES["grid"]]
 pairs = [(r, measure_run(r, seed=seed)) for r in runs]
-per_token = {f: measure_run(Run(c, 2, 24, name=f), seed=seed)["activations"] / 48 for f, c in same_size.items()}
+per_token = {f: measure_run(calculators.Run(c, 2, 24, name=f), seed=seed)["activations"] / 48
+             for f, c in same_size.items()}
 print(f"{len(pairs)} real training steps on {ch.device}; same-size pair, bytes saved per token: "
       + ", ".join(f"{f} {v:,.0f}" for f, v in per_token.items()))
 
@@ -185,11 +200,10 @@ ch.cpu_note("the runs are tiny and counted exactly, but there is no CUDA allocat
 # joins at full scale; at ci scale its 16 traces would take a third of the chapter's time budget.
 
 # %%
-frame = shoot_out(pairs, tools=None if ch.scale == "full" else
-                  [t for t in calculators.CALCULATORS if t != "memlab-trace"])
+frame = calculators.shoot_out(pairs, tools=SIZES["tools"])
 ours = frame[frame["tool"] == "memlab"]
 ch.record_ledger(ours[ours["component"] != "states + activations"].assign(unit="bytes"))
-table = error_table(frame)
+table = calculators.error_table(frame)
 ch.save_table(frame, "shootout_runs")
 ch.save_table(table, "shootout_errors")
 table.set_index("tool").map(lambda v: f"{v:+.1%}" if isinstance(v, float) else v)
@@ -218,13 +232,13 @@ ch.save_figure(fig, "shootout")
 # %%
 rows = []
 for name, cfg in tiny.items():
-    run = Run(cfg, 2, 24, "bf16", "eager", device_type=device_type, name=name)
+    run = calculators.Run(cfg, 2, 24, "bf16", "eager", device_type=ch.device_type, name=name)
     tc, setup = from_hf(cfg), run.setup()
     measured = dict(pairs)[run]["activations"] if run in dict(pairs) else measure_run(run, seed=seed)["activations"]
-    plain = sum(activation_bytes(tc.with_(impl=Implementation()), setup, device_type=device_type).values())
-    effects = trait_effects(tc, setup, device_type=device_type)
+    plain = reference_activation_bytes(tc, setup, device_type=ch.device_type)
+    effects = trait_effects(tc, setup, device_type=ch.device_type)
     rows.append({"family": name, "measured B": measured, "reference formula": (plain - measured) / measured,
-                 "with traits": (sum(activation_bytes(tc, setup, device_type=device_type).values()) - measured)
+                 "with traits": (sum(activation_bytes(tc, setup, device_type=ch.device_type).values()) - measured)
                  / measured,
                  "traits behind the residual (share of measured)": ", ".join(
                      f"{k} {v / measured:+.0%}" for k, v in effects.items() if abs(v) / measured >= 0.005)})
@@ -240,15 +254,10 @@ residuals.style.format({"reference formula": "{:+.1%}", "with traits": "{:+.2%}"
 # `MulBackward0` rows are RMSNorm's upcast input and statistics.
 
 # %%
-import torch
-
-from memlab.measure.by_op import layer_listing, saved_by_op
-from memlab.model.hf import build_hf_model
-
 listings = {}
 for name, layer in (("gpt2", "h.0."), ("llama", "layers.0.")):
     model = build_hf_model(tiny[name], dtype="bf16", seed=seed)
-    idx = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(seed))
+    idx = token_ids(tiny[name]["vocab_size"], 2, 24, seed=seed)
     ops = saved_by_op(model, lambda m=model, i=idx: m(input_ids=i, labels=i).loss)
     listings[name] = layer_listing(ops, layer, tokens=48)
     ch.save_table(listings[name], f"layer_ops_{name}")
@@ -264,7 +273,7 @@ pd.concat(listings, names=["family"]).drop(columns="nbytes")
 # %%
 pythia = configs["pythia-1.4b"]
 fit_setup = Setup(batch=1, seq=2048, precision="bf16", attention="flash")
-ex_fit = exercises.Numeric(
+ex_fit = Numeric(
     "pythia-4090-batch", "Largest micro-batch of Pythia-1.4B on a 24 GB card",
     reference=lambda: max_batch(pythia, fit_setup, "rtx-4090").value,
     hint="states are 8 B/param in pure bf16 with Adam; divide what is left of 24e9 bytes by the activations of one "
@@ -276,7 +285,7 @@ ex_fit.check(answer)
 fit = max_batch(pythia, fit_setup, "rtx-4090")
 check = []
 for b in (fit.value, fit.value + 1):
-    run_b = Run(full["pythia-1.4b"], b, 2048, "bf16", "sdpa", device_type="cuda", name="pythia-1.4b")
+    run_b = calculators.Run(full["pythia-1.4b"], b, 2048, "bf16", "sdpa", device_type="cuda", name="pythia-1.4b")
     t = calculators.trace_run(run_b)
     check.append({"batch": b, "predicted peak GiB": estimate(pythia, fit_setup.with_(batch=b)).peak_bytes / GiB,
                   "traced peak GiB": t.peak_bytes / GiB, "traced peak in": f"{t.peak_step} {t.peak_phase}",
@@ -301,7 +310,7 @@ check.round(3)
 
 # %%
 gpt2_full = configs["gpt2"]
-ex_gelu = exercises.Numeric(
+ex_gelu = Numeric(
     "gelu-new-extra", "Extra bytes per token per layer from composed gelu_new (bf16)",
     reference=lambda: trait_effects(gpt2_full, Setup(batch=1, seq=1, precision="bf16"))["activation"]
     / gpt2_full.n_layers,

@@ -24,7 +24,7 @@ from memlab.errors import ConfigError
 from memlab.predict.activations import activation_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
-from memlab.predict.traits import Implementation
+from memlab.predict.traits import REFERENCE, Implementation
 
 _T = "transformers/models"
 _LLAMA_LIKE = {
@@ -288,6 +288,13 @@ def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str 
             return "math" if attention_dropout > 0 else "flash"
         return "flash" if dtype != "fp32" else "efficient"
     raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got {attn_implementation!r}")
+
+
+def reference_activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> float:
+    """Activation bytes (saved for backward, one device, one micro-batch) of ``config``'s sizes counted as memlab's
+    reference GPT is written: every implementation trait at :data:`memlab.predict.traits.REFERENCE`. The "reference
+    formula" a family's real saved bytes differ from by what its modelling code does (:func:`trait_effects`)."""
+    return float(sum(activation_bytes(config.with_(impl=REFERENCE), setup, device_type=device_type).values()))
 
 
 def trait_effects(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, float]:

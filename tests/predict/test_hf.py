@@ -9,7 +9,7 @@ import json
 import pytest
 
 from memlab.errors import ConfigError
-from memlab.predict.hf import SUPPORTED, from_hf, hf_attention, trait_effects
+from memlab.predict.hf import SUPPORTED, from_hf, hf_attention, reference_activation_bytes, trait_effects
 from memlab.predict.models import TransformerConfig
 
 H, L, A, KV, F, V, P = 64, 2, 4, 2, 128, 512, 256
@@ -109,6 +109,19 @@ def test_param_count_equals_the_hf_models(family: str) -> None:
 
     model = build_hf_model(TINY[family])
     assert from_hf(TINY[family]).param_count() == sum(p.numel() for p in model.parameters())
+
+
+def test_reference_formula_is_the_sizes_counted_as_the_reference_gpt() -> None:
+    from memlab.predict.activations import activation_bytes
+    from memlab.predict.setup import Setup
+    from memlab.predict.traits import REFERENCE
+
+    setup = Setup(batch=2, seq=24, precision="bf16", attention="eager")
+    gpt2 = from_hf({**TINY["gpt2"], "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0})
+    ref = reference_activation_bytes(gpt2, setup, device_type="cpu")
+    assert ref == sum(activation_bytes(gpt2.with_(impl=REFERENCE), setup, device_type="cpu").values())
+    traits = sum(activation_bytes(gpt2, setup, device_type="cpu").values())
+    assert traits - ref == trait_effects(gpt2, setup, device_type="cpu")["activation"]  # its one trait: gelu_new
 
 
 def test_trait_effects_name_what_each_trait_adds() -> None:
