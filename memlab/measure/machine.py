@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memlab.errors import MemlabError
+from memlab.device import Device, resolve_device
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, resolve
 
 
@@ -251,15 +251,16 @@ def _detect_cpu(torch: Any, measure: bool, cache_dir: Path | None, common: dict[
     return DeviceInfo("cpu", model, row, memory, entry["peak_flops"], source, None, **common)
 
 
-def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, device: str | None = None) -> DeviceInfo:
-    """Describe the device this process would use: ``cuda:0`` when available, else the CPU.
+def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, device: Device = None) -> DeviceInfo:
+    """Describe the device this process would use: the current CUDA device when available, else the CPU.
 
     GPU: name and total memory go through :func:`resolve`; a GPU missing from the table gets no peak, with the
     reason. CPU: the fp32 (and bf16) matmul peak is measured by a sub-second benchmark and cached as JSON in
     ``cache_dir`` (default ``$XDG_CACHE_HOME/memlab`` or ``~/.cache/memlab``), keyed by CPU model, torch version
     and thread count; later calls read the cache. ``measure_cpu_peak=False`` uses a cached value if present and
     never benchmarks. ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``; None or ``"auto"`` = the default above)
-    picks another device. The function keeps no state between calls besides that file.
+    picks another device, read by :func:`memlab.device.resolve_device` (a device that is not here raises its
+    ``SetupError``). The function keeps no state between calls besides that file.
     """
     import torch
 
@@ -270,16 +271,10 @@ def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, devi
         "driver_version": _driver_version(),
         "cpu_count": os.cpu_count(),
     }
-    want = "auto" if device is None else str(device).strip().lower()
-    match = re.fullmatch(r"auto|cpu(?::0)?|cuda(?::(\d+))?", want)
-    if match is None:
-        raise MemlabError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if want.startswith("cpu") or (want == "auto" and not torch.cuda.is_available()):
+    dev = resolve_device(device)
+    if dev.type == "cpu":
         return _detect_cpu(torch, measure_cpu_peak, cache_dir, common)
-    index = int(match.group(1) or 0)
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        raise MemlabError(f"device {device!r} is not available here (torch sees {torch.cuda.device_count()} CUDA "
-                          "device(s)); use device='cpu' or 'auto'")
+    index = dev.index
     props = torch.cuda.get_device_properties(index)
     name = torch.cuda.get_device_name(index)
     total = int(props.total_memory)
@@ -291,7 +286,7 @@ def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, devi
     return DeviceInfo("cuda", name, row, total, row.peak_flops, row.peak_source, None, **common)
 
 
-def describe(device: str | None = None, *, measure_cpu_peak: bool = True, cache_dir: Path | None = None
+def describe(device: Device = None, *, measure_cpu_peak: bool = True, cache_dir: Path | None = None
              ) -> dict[str, Any]:
     """Flat provenance of a device for reports: ``device``, ``device_kind``, ``peak_source``, ``peak_reason``,
     versions and the dense bf16/fp32 peaks (FLOP/s, None when unknown). Built from :func:`detect`."""

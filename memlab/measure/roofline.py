@@ -23,9 +23,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from memlab.device import resolve_device, resolve_scale, torch_dtype
+from memlab.device import Device, resolve_device, resolve_scale, torch_dtype
 from memlab.errors import MemlabError, unknown_name
-from memlab.measure.cuda import Device
 from memlab.measure.machine import cache_bytes as cpu_cache_bytes
 from memlab.measure.machine import cpu_model, last_level_cache_bytes
 from memlab.predict.precision import DTYPE_BYTES
