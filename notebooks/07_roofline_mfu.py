@@ -41,7 +41,7 @@ from memlab.compare import plots
 from memlab.course import exercises
 from memlab.labs import step_time
 from memlab.measure import roofline
-from memlab.measure.machine import cache_bytes
+from memlab.measure.machine import cpu_cache_bytes
 from memlab.predict import flops, hardware, parallelism
 from memlab.run import op_profile as profile
 
@@ -65,7 +65,7 @@ ch.to_dict() | {"model": CFG.name, "setup": f"batch {SETUP.batch}, seq {SETUP.se
 # DRAM's, not a cache's.
 
 # %%
-caches = cache_bytes()
+caches = cpu_cache_bytes()
 array_bytes = roofline.beyond_cache_bytes(ch.device)
 pd.Series({**{f"{k} (MiB)": v / 2**20 for k, v in caches.items()}, "bandwidth array (MiB)": array_bytes / 2**20},
           name="this machine").to_frame()

@@ -1,8 +1,9 @@
 """This machine: ``detect()`` (the device this process would use and its peak), caches, the CPU peak benchmark.
 
 A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware`); a CPU's is measured once with a matmul
-benchmark and cached on disk (``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. Cache sizes
-come from sysfs (``lscpu`` as a fallback). torch is imported lazily, so this module imports without it.
+benchmark and cached on disk (``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. The CPU's cache
+sizes come from sysfs (``lscpu`` as a fallback): :func:`cpu_cache_bytes`. torch is imported lazily, so this module
+imports without it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _cpu_model() -> tuple[str, str]:
 
 
 CPU_CACHE_DIR = Path("/sys/devices/system/cpu")
-"""Where Linux lists each CPU's caches (``cpu*/cache/index*``); :func:`cache_bytes` reads it."""
+"""Where Linux lists each CPU's caches (``cpu*/cache/index*``); :func:`cpu_cache_bytes` reads it."""
 
 
 def _parse_size(text: str) -> int | None:
@@ -113,7 +114,7 @@ def _lscpu_caches() -> dict[str, int]:
     return _with_last_level(levels, totals)
 
 
-def cache_bytes(root: Path | str | None = None) -> dict[str, int]:
+def cpu_cache_bytes(root: Path | str | None = None) -> dict[str, int]:
     """This CPU's data and unified caches in bytes: ``L1d``, ``L2``, ``L3`` ... (one instance each, as the hardware
     reports them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances
     on the machine: the cache a multi-threaded kernel can fill).
@@ -121,16 +122,12 @@ def cache_bytes(root: Path | str | None = None) -> dict[str, int]:
     Read from Linux sysfs (``root``, default :data:`CPU_CACHE_DIR`: ``cpu*/cache/index*/{level,type,size,
     shared_cpu_list}``, the figures ``lscpu`` prints), else, for the default root, from ``lscpu -B``. Empty where
     neither says (macOS, Windows, some containers): callers then size arrays from a stated default instead of
-    guessing. Used to size bandwidth arrays beyond the last level, so they measure DRAM rather than cache.
+    guessing. Used to size bandwidth arrays beyond the last level, so they measure DRAM rather than cache
+    (:func:`memlab.measure.roofline.cache_bytes` is this reading on a CPU and a GPU's L2 on CUDA).
     """
     if root is not None:
         return _sysfs_caches(Path(root))
     return _sysfs_caches(CPU_CACHE_DIR) or _lscpu_caches()
-
-
-def last_level_cache_bytes(root: Path | str | None = None) -> int | None:
-    """One instance of the last-level cache of :func:`cache_bytes`, or None when the machine does not say."""
-    return cache_bytes(root).get("last_level")
 
 
 def _host_memory_bytes() -> int | None:
