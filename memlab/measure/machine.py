@@ -1,9 +1,9 @@
 """This machine: ``detect()`` (the device this process would use and its peak), caches, the CPU peak benchmark.
 
-A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware`); a CPU's is measured once with a matmul
-benchmark and cached on disk (``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. The CPU's cache
-sizes come from sysfs (``lscpu`` as a fallback): :func:`cpu_cache_bytes`. torch is imported lazily, so this module
-imports without it.
+A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware`); a CPU's is measured once with the
+roofline's matmul benchmark (:func:`memlab.measure.roofline.matmul_flops_per_s`) and cached on disk
+(``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. The CPU's cache sizes come from sysfs
+(``lscpu`` as a fallback): :func:`cpu_cache_bytes`. torch is imported lazily, so this module imports without it.
 """
 
 from __future__ import annotations
@@ -142,37 +142,33 @@ def _host_memory_bytes() -> int | None:
             return None
 
 
-def _best_matmul_s(torch: Any, dtype: Any, n: int, reps: int) -> float:
-    """Best wall time of ``reps`` n x n x n matmuls after one warm-up (CPU matmuls are synchronous)."""
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(dtype)
-    b = torch.randn(n, n, generator=gen).to(dtype)
-    torch.matmul(a, b)
-    best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _measure_cpu_peaks(torch: Any, threads: int) -> tuple[dict[str, float | None], str]:
     """Measured fp32 (and bf16 when it runs) matmul FLOP/s on this CPU, and the benchmark's description.
 
-    fp32: best of 5 1024^3 matmuls (2 * 1024^3 FLOP each). bf16: the size is picked from a 256^3 probe so one
-    matmul takes at most ~50 ms (CPUs without bf16 units emulate it slowly); best of 3. Total well under 1 s.
+    Timed by :func:`memlab.measure.roofline.matmul_flops_per_s` (the roofline's matmul benchmark) on square
+    n x n x n shapes after one warm-up; the peak is ``2 n^3 / min_s``, the best repeat. fp32: best of 5 1024^3
+    matmuls. bf16: the size is picked from a 256^3 probe so one matmul takes at most ~50 ms (CPUs without bf16
+    units emulate it slowly); best of 3. Total well under 1 s. The benchmark's random operands are drawn inside
+    ``torch.random.fork_rng``, so detecting the machine leaves the caller's random stream where it was.
     """
+    from memlab.measure.roofline import matmul_flops_per_s
+
+    def best_s(dtype: str, n: int, reps: int) -> float | None:
+        row = matmul_flops_per_s([(n, n, n)], [dtype], device="cpu", repeats=reps, warmup=1).iloc[0]
+        return float(row["min_s"]) if row["status"] == "ok" else None
+
     n32, reps32 = 1024, 5
-    peaks: dict[str, float | None] = {"fp32": 2 * n32**3 / _best_matmul_s(torch, torch.float32, n32, reps32)}
-    desc = f"best of {reps32} torch.matmul {n32}x{n32}x{n32} fp32"
-    try:
-        probe = _best_matmul_s(torch, torch.bfloat16, 256, 2)
-        n16 = 1024 if probe * 64 < 0.05 else 512 if probe * 8 < 0.05 else 256
-        peaks["bf16"] = 2 * n16**3 / _best_matmul_s(torch, torch.bfloat16, n16, 3)
-        desc += f", best of 3 {n16}x{n16}x{n16} bf16"
-    except RuntimeError:
-        peaks["bf16"] = None
-        desc += ", bf16 matmul unsupported"
+    with torch.random.fork_rng(devices=[]):
+        fp32_s = best_s("fp32", n32, reps32)
+        probe = best_s("bf16", 256, 2)
+        n16 = 256 if probe is None else 1024 if probe * 64 < 0.05 else 512 if probe * 8 < 0.05 else 256
+        bf16_s = None if probe is None else best_s("bf16", n16, 3)
+    if fp32_s is None:
+        raise RuntimeError("an fp32 matmul does not run on this CPU: no peak to measure")
+    peaks: dict[str, float | None] = {"fp32": 2 * n32**3 / fp32_s}
+    peaks["bf16"] = None if bf16_s is None else 2 * n16**3 / bf16_s
+    desc = f"best of {reps32} torch.mm {n32}x{n32}x{n32} fp32"
+    desc += ", bf16 matmul unsupported" if bf16_s is None else f", best of 3 {n16}x{n16}x{n16} bf16"
     desc += f" on {threads} thread(s), FLOP/s = 2*n^3 / best time"
     return peaks, desc
 
