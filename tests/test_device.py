@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memlab.device import device_string, resolve_device, resolve_scale, torch_dtype
+from memlab.device import canonical_device, device_string, device_type, resolve_device, resolve_scale, torch_dtype
 from memlab.errors import MemlabError, SetupError, UnknownNameError
 
 CUDA = torch.cuda.is_available()
@@ -33,6 +33,33 @@ def test_cuda_without_a_gpu_is_a_clear_error(name):
 def test_auto_and_none_pick_cuda_when_present_else_the_cpu():
     expected = "cuda:0" if CUDA else "cpu"
     assert device_string("auto") == device_string(None) == device_string(" AUTO ") == expected
+
+
+@pytest.mark.parametrize(("name", "kind", "recorded"), [
+    ("cpu", "cpu", "cpu"), (" CPU:0 ", "cpu", "cpu"), (torch.device("cpu"), "cpu", "cpu"),
+    ("cuda", "cuda", "cuda:0"), ("CUDA:3", "cuda", "cuda:3"), (2, "cuda", "cuda:2"),
+    (torch.device("cuda", 1), "cuda", "cuda:1"),
+])
+def test_type_and_recorded_name_are_read_without_asking_this_machine(name, kind, recorded):
+    assert device_type(name) == kind and canonical_device(name) == recorded  # a GPU's record reads on a laptop
+
+
+def test_auto_type_and_name_are_this_machines():
+    assert device_type("auto") == device_type(None) == ("cuda" if CUDA else "cpu")
+    assert canonical_device("auto") == device_string("auto")
+
+
+@pytest.mark.parametrize("bad", ["tpu", "meta", "cuda:x", -1, True, torch.device("meta")])
+def test_type_and_recorded_name_refuse_what_the_resolver_refuses(bad):
+    for read in (device_type, canonical_device):
+        with pytest.raises(SetupError, match="device must be 'auto', 'cpu', 'cuda'"):
+            read(bad)
+
+
+def test_resolving_creates_no_cuda_context():
+    before = torch.cuda.is_initialized()  # True only if an earlier test used CUDA
+    resolve_device("auto"), device_type("auto"), canonical_device("cuda")
+    assert torch.cuda.is_initialized() == before
 
 
 def test_scale_auto_follows_the_device_and_explicit_scales_are_kept():

@@ -62,10 +62,10 @@ def run(args: argparse.Namespace) -> int:
     m = run_step(model, setup, args.device, steps=args.steps)
     traced = None
     if setup.mode == "train" and m.status == "ok":  # the third column: the same step on fake tensors
-        from memlab.compare.ledger import device_type_of
+        from memlab.device import device_type
         from memlab.tracing.gpt import trace_gpt
 
-        traced = trace_gpt(model, setup, device_type=device_type_of(m))
+        traced = trace_gpt(model, setup, device_type=device_type(m.device))
     table = compare(predict_for(model, m), m, activations_detail=True, trace=traced)
     if args.json:
         print_json({"measurement": m.to_dict(), "ledger": table.to_dict(orient="records")}, default=str)

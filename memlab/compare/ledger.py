@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from memlab.device import device_type
 from memlab.predict.activations import CATEGORIES
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig, preset
@@ -31,15 +32,10 @@ COLUMNS = ["experiment", "component", "unit", "predicted", "measured", "abs_erro
 MODEL_COMPONENTS = ("params", "grads", "optimizer", "activations", "kv_cache")
 
 
-def device_type_of(measurement: Measurement) -> str:
-    """``cuda`` or ``cpu``: which device's autocast and kernel behaviour the prediction should assume."""
-    return "cuda" if measurement.device.startswith("cuda") else "cpu"
-
-
 def predict_for(config: TransformerConfig, measurement: Measurement) -> MemoryBreakdown:
     """The estimate of the setup a measurement ran, for the device it ran on."""
     setup = Setup(**measurement.setup)
-    return estimate(config, setup, device_type=device_type_of(measurement))
+    return estimate(config, setup, device_type=device_type(measurement.device))
 
 
 def _row(experiment: str, component: str, predicted: float | None, measured: float | None, note: str = "") -> dict:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from memlab.device import device_string, resolve_scale
+from memlab.device import device_string, device_type, resolve_scale
 from memlab.errors import ConfigError
 
 LEDGER_COLUMNS = ("experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error")
@@ -133,12 +133,13 @@ class Chapter:
 
     @property
     def on_cpu(self) -> bool:
-        return self.device == "cpu"
+        return self.device_type == "cpu"
 
     @property
     def device_type(self) -> str:
-        """``"cpu"`` or ``"cuda"``: the type of the chapter's device, for calls that take a device type."""
-        return self.device.split(":")[0]
+        """``"cpu"`` or ``"cuda"``: the type of the chapter's device (:func:`memlab.device.device_type`), for calls
+        that take a device type."""
+        return device_type(self.device)
 
     @property
     def ledger_path(self) -> Path:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.measure.live_bytes import LiveBytes
@@ -162,7 +163,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
     """
     if not isinstance(timing_repeats, int) or timing_repeats < 1:
         raise SetupError(f"timing_repeats must be a positive integer, got {timing_repeats!r}")
-    dev = torch.device(device)
+    dev = resolve_device(device)
     torch.manual_seed(seed)
     model = build_model(config, strategy, k=k, segments=segments, attention=attention, device=dev)
     idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)

@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from memlab.device import resolve_device
+from memlab.measure.cuda import cuda_unavailable_reason
 from memlab.predict.validate import check_number
 
 _pos = functools.partial(check_number, lo=0.0, lo_open=True)
@@ -189,22 +190,6 @@ def _skipped(reason: str) -> pd.DataFrame:
     return pd.DataFrame([{"status": "skipped", "reason": reason}])
 
 
-def _cuda_reason(device: str | torch.device) -> str | None:
-    """Why ``device`` is not a usable CUDA device (None when it is), without creating a CUDA context."""
-    if not torch.cuda.is_available():
-        return "no CUDA GPU: torch.cuda.is_available() is False"
-    text = str(device).strip().lower()
-    return None if text == "auto" or text.startswith("cuda") else "device is not CUDA"
-
-
-def _cuda_index(device: str | torch.device) -> int:
-    """The CUDA index named by ``device`` ("cuda:1" -> 1; "cuda", "auto" -> 0), without initialising CUDA."""
-    if isinstance(device, torch.device):
-        return device.index or 0
-    _, _, index = str(device).partition(":")
-    return int(index) if index.strip().isdigit() else 0
-
-
 def gpu_util_demo(device: str | torch.device = "cuda", duration_s: float = 2.0, matmul_n: int = 8192,
                   dtype: str = "bf16") -> pd.DataFrame:
     """NVML GPU-Util and memory-util next to measured FLOP/s, MFU and bandwidth, for four workloads (CUDA).
@@ -214,7 +199,7 @@ def gpu_util_demo(device: str | torch.device = "cuda", duration_s: float = 2.0, 
     ``big matmul``: ``matmul_n``³ in ``dtype``. ``copy``: 1 GiB device-to-device copies (bandwidth-bound).
     GPU-Util is "percent of the sample period a kernel ran" (NVML), so the first two read near 100 % too.
     """
-    why = _cuda_reason(device)
+    why = cuda_unavailable_reason(device)
     if why:
         return _skipped(why)
     from memlab.device import torch_dtype
@@ -243,7 +228,7 @@ def gpu_util_demo(device: str | torch.device = "cuda", duration_s: float = 2.0, 
     for name, (op, flops, nbytes) in work.items():
         op()
         torch.cuda.synchronize(dev)
-        with _Sampler(nvml_index_for_cuda(dev.index or 0)) as sampler:
+        with _Sampler(nvml_index_for_cuda(dev.index)) as sampler:
             start = time.perf_counter()
             calls = 0
             while time.perf_counter() - start < duration_s:
@@ -278,15 +263,15 @@ def nvml_memory_ledger(device: str | torch.device = "cuda", alloc_bytes: int = 4
     cannot separate other processes from this one's context: ``other`` is then 0 and ``context`` holds both
     (``fresh_process`` says which); ``scripts/record_utilisation.py`` calls this first, in a fresh process.
     """
-    why = _cuda_reason(device)
+    why = cuda_unavailable_reason(device)
     if why:
         return _skipped(why)
     from memlab.measure.nvml import nvml_index_for_cuda, nvml_reading
 
     fresh = not torch.cuda.is_initialized()
-    index = nvml_index_for_cuda(_cuda_index(device))
+    dev = resolve_device(device)  # creates no CUDA context, so the first stage can read the GPU before one exists
+    index = nvml_index_for_cuda(dev.index)
     rows: list[dict[str, Any]] = []
-    dev = torch.device("cuda", _cuda_index(device))
 
     def record(stage: str) -> None:
         if torch.cuda.is_initialized():

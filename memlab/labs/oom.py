@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
 from memlab.model.gpt import GPT
@@ -74,7 +75,7 @@ def leak_loop(case: str, *, fixed: bool, iters: int = 12, config: TransformerCon
         raise SetupError(f"iters must be an integer of at least 2 (a slope needs two points), got {iters!r}")
     if not isinstance(gc_every, int) or gc_every < 1:
         raise SetupError(f"gc_every must be a positive integer, got {gc_every!r}")
-    dev = torch.device(device)
+    dev = resolve_device(device)
     config = config or preset("tiny-gpt")
     torch.manual_seed(seed)
     model = GPT(config, device=dev)
@@ -147,7 +148,7 @@ def fit_sweep(config: TransformerConfig, setup: Setup, batches: list[int], capac
     """
     import pandas as pd
 
-    dev = torch.device(device)
+    dev = resolve_device(device)
     rows = []
     for b in batches:
         s = setup.with_(batch=b)

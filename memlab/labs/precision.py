@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.model.gpt import GPT
 from memlab.model.step import token_batch
@@ -34,7 +35,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def real_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, seed: int = 0,
                    device: torch.device | str = "cpu") -> torch.Tensor:
     """All parameter gradients of one fp32 forward + backward of the reference GPT, as one flat fp32 tensor."""
-    dev = torch.device(device)
+    dev = resolve_device(device)
     torch.manual_seed(seed)
     model = GPT(config, device=dev).train()
     idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
@@ -78,7 +79,7 @@ def scaler_trajectory(config: TransformerConfig, *, steps: int = 8, init_scale: 
 
     if not isinstance(steps, int) or steps < 1:
         raise SetupError(f"steps must be a positive integer, got {steps!r}")
-    dev = torch.device(device)
+    dev = resolve_device(device)
     torch.manual_seed(seed)
     model = GPT(config, device=dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

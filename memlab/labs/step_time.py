@@ -152,7 +152,7 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
     step_s = statistics.fmean(walls)
     model_s = step_s - phase["host"] - phase["checkpoint"]
     tokens = setup.batch * setup.seq
-    acc = accelerator if accelerator is not None else detect(device=str(dev) if dev.type == "cuda" else "cpu")
+    acc = accelerator if accelerator is not None else detect(device=dev)
     dtype = setup.policy.compute_dtype
     full = mfu(config, tokens / step_s, accelerator=acc, dtype=dtype, seq=setup.seq)
     model_only = mfu(config, tokens / model_s, accelerator=acc, dtype=dtype, seq=setup.seq)

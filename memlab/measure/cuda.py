@@ -21,27 +21,12 @@ from typing import Any, Literal
 
 import torch
 
+from memlab.device import Device, device_string, device_type, resolve_device
 from memlab.errors import MemlabError
-
-Device = int | str | torch.device | None
 
 
 class CudaUnavailableError(MemlabError):
     """A CUDA-only action was asked for where CUDA cannot be used; the message says why."""
-
-
-def as_torch_device(device: int | str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device`` (an int means that CUDA index); a name torch does not know is an error."""
-    if isinstance(device, torch.device):
-        return device
-    if isinstance(device, int) and not isinstance(device, bool):
-        if device < 0:
-            raise MemlabError(f"a CUDA device index must be >= 0, got {device}.")
-        return torch.device("cuda", device)
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise MemlabError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:0' or a CUDA index ({exc}).") from None
 
 
 def synchronize(device: torch.device) -> None:
@@ -54,12 +39,12 @@ def synchronize(device: torch.device) -> None:
 def cuda_unavailable_reason(device: Device = None) -> str | None:
     """Why CUDA cannot be used for ``device`` here, or None when it can.
 
-    ``device`` None means "the current CUDA device"; a CPU device (``"cpu"``) is reported as not CUDA.
+    ``device`` None means "the current CUDA device"; a CPU device (``"cpu"``, or ``"auto"`` on a machine without
+    CUDA) is reported as not CUDA. The device is read by :func:`memlab.device.device_type` (a name it does not know
+    raises ``SetupError``).
     """
-    if device is not None:
-        dev = as_torch_device(device)
-        if dev.type != "cuda":
-            return f"device {dev} is not a CUDA device"
+    if device is not None and device_type(device) != "cuda":
+        return f"device {device_string(device)} is not a CUDA device"
     if torch.version.cuda is None:
         return f"this torch build ({torch.__version__}) has no CUDA support"
     if not torch.cuda.is_available():
@@ -68,21 +53,6 @@ def cuda_unavailable_reason(device: Device = None) -> str | None:
             "(check the driver and CUDA_VISIBLE_DEVICES)"
         )
     return None
-
-
-def cuda_device_index(device: Device = None) -> int:
-    """The CUDA device index of ``device`` (None: the current device). Raises :class:`CudaUnavailableError`."""
-    reason = cuda_unavailable_reason(device)
-    if reason is not None:
-        raise CudaUnavailableError(f"CUDA is needed here but {reason}.")
-    if device is None:
-        return torch.cuda.current_device()
-    dev = as_torch_device(device)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    count = torch.cuda.device_count()
-    if not 0 <= index < count:
-        raise MemlabError(f"CUDA device index {index} does not exist: this process sees {count} device(s).")
-    return index
 
 
 @dataclass(frozen=True)
@@ -138,7 +108,7 @@ def cuda_memory_stats(device: Device = None) -> CudaMemoryStats:
     reason = cuda_unavailable_reason(device)
     if reason is not None:
         return CudaMemoryStats(available=False, reason=reason)
-    index = cuda_device_index(device)
+    index = resolve_device(device).index
     stats = torch.cuda.memory_stats(index)
     values = {field: int(stats.get(key, 0)) for field, key in _STAT_KEYS.items()}
     total = int(torch.cuda.get_device_properties(index).total_memory)
@@ -149,7 +119,7 @@ def reset_peaks(device: Device = None) -> bool:
     """Reset the allocator's peak statistics for ``device``; False (and nothing done) where CUDA is absent."""
     if cuda_unavailable_reason(device) is not None:
         return False
-    torch.cuda.reset_peak_memory_stats(cuda_device_index(device))
+    torch.cuda.reset_peak_memory_stats(resolve_device(device))
     return True
 
 
@@ -182,7 +152,7 @@ def record_memory_history(
         raise CudaUnavailableError(f"memory snapshots record the CUDA caching allocator, but {reason}.")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    extra = {} if device is None else {"device": cuda_device_index(device)}
+    extra = {} if device is None else {"device": resolve_device(device).index}
     torch.cuda.memory._record_memory_history(
         enabled="all", context="all", stacks=stacks, max_entries=max_entries, **extra
     )
@@ -246,7 +216,7 @@ def emulate_smaller_gpu(capacity_bytes: int, device: Device = None) -> EmulatedG
     reason = cuda_unavailable_reason(device)
     if reason is not None:
         raise CudaUnavailableError(f"emulating a smaller GPU caps the CUDA allocator, but {reason}.")
-    index = cuda_device_index(device)
+    index = resolve_device(device).index
     total = int(torch.cuda.get_device_properties(index).total_memory)
     if capacity_bytes > total:
         raise MemlabError(

@@ -1,8 +1,9 @@
 """This machine: ``detect()`` (the device this process would use and its peak), caches, the CPU peak benchmark.
 
-A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware`); a CPU's is measured once with a matmul
-benchmark and cached on disk (``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. Cache sizes
-come from sysfs (``lscpu`` as a fallback). torch is imported lazily, so this module imports without it.
+A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware`); a CPU's is measured once with the
+roofline's matmul benchmark (:func:`memlab.measure.roofline.matmul_flops_per_s`) and cached on disk
+(``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. The CPU's cache sizes come from sysfs
+(``lscpu`` as a fallback): :func:`cpu_cache_bytes`. torch is imported lazily, so this module imports without it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memlab.errors import MemlabError
+from memlab.device import Device, resolve_device
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, resolve
 
 
@@ -57,7 +58,7 @@ def _cpu_model() -> tuple[str, str]:
 
 
 CPU_CACHE_DIR = Path("/sys/devices/system/cpu")
-"""Where Linux lists each CPU's caches (``cpu*/cache/index*``); :func:`cache_bytes` reads it."""
+"""Where Linux lists each CPU's caches (``cpu*/cache/index*``); :func:`cpu_cache_bytes` reads it."""
 
 
 def _parse_size(text: str) -> int | None:
@@ -113,7 +114,7 @@ def _lscpu_caches() -> dict[str, int]:
     return _with_last_level(levels, totals)
 
 
-def cache_bytes(root: Path | str | None = None) -> dict[str, int]:
+def cpu_cache_bytes(root: Path | str | None = None) -> dict[str, int]:
     """This CPU's data and unified caches in bytes: ``L1d``, ``L2``, ``L3`` ... (one instance each, as the hardware
     reports them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances
     on the machine: the cache a multi-threaded kernel can fill).
@@ -121,16 +122,12 @@ def cache_bytes(root: Path | str | None = None) -> dict[str, int]:
     Read from Linux sysfs (``root``, default :data:`CPU_CACHE_DIR`: ``cpu*/cache/index*/{level,type,size,
     shared_cpu_list}``, the figures ``lscpu`` prints), else, for the default root, from ``lscpu -B``. Empty where
     neither says (macOS, Windows, some containers): callers then size arrays from a stated default instead of
-    guessing. Used to size bandwidth arrays beyond the last level, so they measure DRAM rather than cache.
+    guessing. Used to size bandwidth arrays beyond the last level, so they measure DRAM rather than cache
+    (:func:`memlab.measure.roofline.cache_bytes` is this reading on a CPU and a GPU's L2 on CUDA).
     """
     if root is not None:
         return _sysfs_caches(Path(root))
     return _sysfs_caches(CPU_CACHE_DIR) or _lscpu_caches()
-
-
-def last_level_cache_bytes(root: Path | str | None = None) -> int | None:
-    """One instance of the last-level cache of :func:`cache_bytes`, or None when the machine does not say."""
-    return cache_bytes(root).get("last_level")
 
 
 def _host_memory_bytes() -> int | None:
@@ -145,37 +142,33 @@ def _host_memory_bytes() -> int | None:
             return None
 
 
-def _best_matmul_s(torch: Any, dtype: Any, n: int, reps: int) -> float:
-    """Best wall time of ``reps`` n x n x n matmuls after one warm-up (CPU matmuls are synchronous)."""
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(dtype)
-    b = torch.randn(n, n, generator=gen).to(dtype)
-    torch.matmul(a, b)
-    best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _measure_cpu_peaks(torch: Any, threads: int) -> tuple[dict[str, float | None], str]:
     """Measured fp32 (and bf16 when it runs) matmul FLOP/s on this CPU, and the benchmark's description.
 
-    fp32: best of 5 1024^3 matmuls (2 * 1024^3 FLOP each). bf16: the size is picked from a 256^3 probe so one
-    matmul takes at most ~50 ms (CPUs without bf16 units emulate it slowly); best of 3. Total well under 1 s.
+    Timed by :func:`memlab.measure.roofline.matmul_flops_per_s` (the roofline's matmul benchmark) on square
+    n x n x n shapes after one warm-up; the peak is ``2 n^3 / min_s``, the best repeat. fp32: best of 5 1024^3
+    matmuls. bf16: the size is picked from a 256^3 probe so one matmul takes at most ~50 ms (CPUs without bf16
+    units emulate it slowly); best of 3. Total well under 1 s. The benchmark's random operands are drawn inside
+    ``torch.random.fork_rng``, so detecting the machine leaves the caller's random stream where it was.
     """
+    from memlab.measure.roofline import matmul_flops_per_s
+
+    def best_s(dtype: str, n: int, reps: int) -> float | None:
+        row = matmul_flops_per_s([(n, n, n)], [dtype], device="cpu", repeats=reps, warmup=1).iloc[0]
+        return float(row["min_s"]) if row["status"] == "ok" else None
+
     n32, reps32 = 1024, 5
-    peaks: dict[str, float | None] = {"fp32": 2 * n32**3 / _best_matmul_s(torch, torch.float32, n32, reps32)}
-    desc = f"best of {reps32} torch.matmul {n32}x{n32}x{n32} fp32"
-    try:
-        probe = _best_matmul_s(torch, torch.bfloat16, 256, 2)
-        n16 = 1024 if probe * 64 < 0.05 else 512 if probe * 8 < 0.05 else 256
-        peaks["bf16"] = 2 * n16**3 / _best_matmul_s(torch, torch.bfloat16, n16, 3)
-        desc += f", best of 3 {n16}x{n16}x{n16} bf16"
-    except RuntimeError:
-        peaks["bf16"] = None
-        desc += ", bf16 matmul unsupported"
+    with torch.random.fork_rng(devices=[]):
+        fp32_s = best_s("fp32", n32, reps32)
+        probe = best_s("bf16", 256, 2)
+        n16 = 256 if probe is None else 1024 if probe * 64 < 0.05 else 512 if probe * 8 < 0.05 else 256
+        bf16_s = None if probe is None else best_s("bf16", n16, 3)
+    if fp32_s is None:
+        raise RuntimeError("an fp32 matmul does not run on this CPU: no peak to measure")
+    peaks: dict[str, float | None] = {"fp32": 2 * n32**3 / fp32_s}
+    peaks["bf16"] = None if bf16_s is None else 2 * n16**3 / bf16_s
+    desc = f"best of {reps32} torch.mm {n32}x{n32}x{n32} fp32"
+    desc += ", bf16 matmul unsupported" if bf16_s is None else f", best of 3 {n16}x{n16}x{n16} bf16"
     desc += f" on {threads} thread(s), FLOP/s = 2*n^3 / best time"
     return peaks, desc
 
@@ -251,15 +244,16 @@ def _detect_cpu(torch: Any, measure: bool, cache_dir: Path | None, common: dict[
     return DeviceInfo("cpu", model, row, memory, entry["peak_flops"], source, None, **common)
 
 
-def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, device: str | None = None) -> DeviceInfo:
-    """Describe the device this process would use: ``cuda:0`` when available, else the CPU.
+def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, device: Device = None) -> DeviceInfo:
+    """Describe the device this process would use: the current CUDA device when available, else the CPU.
 
     GPU: name and total memory go through :func:`resolve`; a GPU missing from the table gets no peak, with the
     reason. CPU: the fp32 (and bf16) matmul peak is measured by a sub-second benchmark and cached as JSON in
     ``cache_dir`` (default ``$XDG_CACHE_HOME/memlab`` or ``~/.cache/memlab``), keyed by CPU model, torch version
     and thread count; later calls read the cache. ``measure_cpu_peak=False`` uses a cached value if present and
     never benchmarks. ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``; None or ``"auto"`` = the default above)
-    picks another device. The function keeps no state between calls besides that file.
+    picks another device, read by :func:`memlab.device.resolve_device` (a device that is not here raises its
+    ``SetupError``). The function keeps no state between calls besides that file.
     """
     import torch
 
@@ -270,16 +264,10 @@ def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, devi
         "driver_version": _driver_version(),
         "cpu_count": os.cpu_count(),
     }
-    want = "auto" if device is None else str(device).strip().lower()
-    match = re.fullmatch(r"auto|cpu(?::0)?|cuda(?::(\d+))?", want)
-    if match is None:
-        raise MemlabError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if want.startswith("cpu") or (want == "auto" and not torch.cuda.is_available()):
+    dev = resolve_device(device)
+    if dev.type == "cpu":
         return _detect_cpu(torch, measure_cpu_peak, cache_dir, common)
-    index = int(match.group(1) or 0)
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        raise MemlabError(f"device {device!r} is not available here (torch sees {torch.cuda.device_count()} CUDA "
-                          "device(s)); use device='cpu' or 'auto'")
+    index = dev.index
     props = torch.cuda.get_device_properties(index)
     name = torch.cuda.get_device_name(index)
     total = int(props.total_memory)
@@ -291,7 +279,7 @@ def detect(measure_cpu_peak: bool = True, cache_dir: Path | None = None, *, devi
     return DeviceInfo("cuda", name, row, total, row.peak_flops, row.peak_source, None, **common)
 
 
-def describe(device: str | None = None, *, measure_cpu_peak: bool = True, cache_dir: Path | None = None
+def describe(device: Device = None, *, measure_cpu_peak: bool = True, cache_dir: Path | None = None
              ) -> dict[str, Any]:
     """Flat provenance of a device for reports: ``device``, ``device_kind``, ``peak_source``, ``peak_reason``,
     versions and the dense bf16/fp32 peaks (FLOP/s, None when unknown). Built from :func:`detect`."""

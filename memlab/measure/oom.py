@@ -39,7 +39,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from memlab.measure.cuda import CudaMemoryStats, Device, cuda_memory_stats, cuda_unavailable_reason, reset_peaks
+from memlab.device import Device
+from memlab.measure.cuda import CudaMemoryStats, cuda_memory_stats, cuda_unavailable_reason, reset_peaks
 
 T = TypeVar("T")
 

@@ -23,11 +23,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from memlab.device import resolve_device, resolve_scale, torch_dtype
+from memlab.device import Device, resolve_device, resolve_scale, torch_dtype
 from memlab.errors import MemlabError, unknown_name
-from memlab.measure.cuda import Device
-from memlab.measure.machine import cache_bytes as cpu_cache_bytes
-from memlab.measure.machine import cpu_model, last_level_cache_bytes
+from memlab.measure.machine import cpu_cache_bytes, cpu_model
 from memlab.predict.precision import DTYPE_BYTES
 
 BANDWIDTH_KINDS = ("copy", "triad")
@@ -59,8 +57,8 @@ def cache_bytes(device: Device = None) -> dict[str, int]:
     them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances on the
     machine: the cache a multi-threaded kernel can fill). {} when unknown.
 
-    CPU: :func:`memlab.measure.machine.cache_bytes` (Linux sysfs, else ``lscpu``). CUDA: the L2 from torch's device
-    properties (``L2_cache_size``), the GPU's last level.
+    CPU: :func:`memlab.measure.machine.cpu_cache_bytes` (Linux sysfs, else ``lscpu``). CUDA: the L2 from torch's
+    device properties (``L2_cache_size``), the GPU's last level.
     """
     dev = resolve_device(device)
     if dev.type == "cuda":
@@ -369,19 +367,18 @@ DRAM_FALLBACK_BYTES = 256 * 2**20
 def beyond_cache_bytes(device: Device = None, factor: int = 4) -> int:
     """Bytes per bandwidth array that no cache can hold: ``factor`` x the last-level cache.
 
-    CPU: the last level from :func:`memlab.measure.machine.last_level_cache_bytes` (sysfs or lscpu), or
-    :data:`DRAM_FALLBACK_BYTES` when it is not reported. CUDA: ``factor`` x the L2 (at least 256 MiB). Rounded up
-    to a whole MiB. With ``factor >= 2`` a STREAM kernel's arrays together are at least 4x the cache, so its
+    The last level is ``last_level`` of :func:`cache_bytes`. CPU: ``factor`` x one instance of it (sysfs or lscpu),
+    or :data:`DRAM_FALLBACK_BYTES` when it is not reported. CUDA: ``factor`` x the L2 (at least 256 MiB). Rounded
+    up to a whole MiB. With ``factor >= 2`` a STREAM kernel's arrays together are at least 4x the cache, so its
     bandwidth is DRAM's (or HBM's), not the cache's.
     """
     if isinstance(factor, bool) or not isinstance(factor, int) or factor < 2:
         raise MemlabError(f"factor must be an integer >= 2 (arrays larger than the cache), got {factor!r}.")
     dev = resolve_device(device)
+    last = cache_bytes(dev).get("last_level", 0)
     if dev.type == "cuda":
-        l2 = _l2_bytes(dev)
-        size = max(L2_FLUSH_MIN_BYTES, factor * l2)
+        size = max(L2_FLUSH_MIN_BYTES, factor * last)
     else:
-        llc = last_level_cache_bytes()
-        size = factor * llc if llc else DRAM_FALLBACK_BYTES
+        size = factor * last if last else DRAM_FALLBACK_BYTES
     mib = 2**20
     return -(-size // mib) * mib

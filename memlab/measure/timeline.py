@@ -24,8 +24,9 @@ from typing import Any
 import pandas as pd
 import torch
 
+from memlab.device import Device, resolve_device
 from memlab.errors import MemlabError
-from memlab.measure.cuda import Device, as_torch_device, cuda_device_index, cuda_unavailable_reason
+from memlab.measure.cuda import cuda_unavailable_reason
 from memlab.measure.nvml import NvmlSession, nvml_index_for_cuda
 
 _MAX_ERRORS = 20
@@ -75,13 +76,10 @@ class TimelineSampler:
 
     # ----------------------------------------------------------------------------------------------- sources
     def _open_sources(self) -> None:
-        if self.device is None:
-            reason = cuda_unavailable_reason()
-            self._cuda_index = None if reason else cuda_device_index()
-        else:
-            dev = as_torch_device(self.device)
-            reason = None if dev.type == "cuda" else f"device {dev} is not a CUDA device"
-            self._cuda_index = cuda_device_index(dev) if dev.type == "cuda" else None
+        # None: CUDA if it is here; an explicit device is resolved, so CUDA asked for on a machine without it fails
+        dev = None if self.device is None else resolve_device(self.device)
+        reason = cuda_unavailable_reason(dev)
+        self._cuda_index = None if reason else resolve_device(dev).index
         if self._cuda_index is None:
             self.unavailable["cuda"] = str(reason)
             self.unavailable["nvml"] = "no CUDA device in use, so there is no GPU to read"

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.model.hf import DTYPES, build_hf_model
@@ -58,7 +59,7 @@ class HfMeasurement:
     def setup(self, config: TransformerConfig | None = None) -> Setup:
         """The memlab :class:`Setup` this run corresponds to (``config`` tells whether attention dropout moves
         CPU SDPA to the math backend)."""
-        dev = torch.device(self.device).type
+        dev = device_type(self.device)
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
         precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
@@ -101,7 +102,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
 def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
     """memlab's prediction for the same run: activations (term by term) and model states (the estimator's)."""
     setup = m.setup(config)
-    dev = torch.device(m.device).type
+    dev = device_type(m.device)
     acts = sum(activation_bytes(config, setup, device_type=dev).values())
     comp = estimate(config, setup, device_type=dev).components()
     return {"activations": int(acts), "params": comp["params"], "grads": comp["grads"],

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
 from memlab.model.step import build_training, token_batch
@@ -89,7 +90,7 @@ def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.d
         raise SetupError("live_training_steps follows training steps; use run_step for inference")
     if foreach and setup.optimizer not in ("adamw", "adam"):
         raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {setup.optimizer!r}")
-    dev = torch.device(device)
+    dev = resolve_device(device)
     model, step = build_training(config, setup, dev, seed=seed, lr=lr,
                                  optimizer_impl="foreach" if foreach else "for-loop")
     idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, dev, seed)

@@ -178,7 +178,7 @@ def _nvml(device: torch.device) -> dict[str, Any] | None:
 def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, tokens_per_s: float) -> dict[str, Any]:
     from memlab.measure.machine import detect
 
-    info = detect(device=str(device) if device.type == "cuda" else "cpu")
+    info = detect(device=device)
     dtype = setup.policy.compute_dtype if setup.mode == "train" else setup.inference_weights
     res = flops_mod.mfu(config, tokens_per_s, accelerator=info, dtype=dtype, seq=setup.seq, recompute=setup.recompute)
     return {"mfu": res.mfu, "hfu": res.hfu, "mfu_reason": res.reason, "peak_source": res.peak_source}

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import stat
 import time
 import warnings
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memlab.device import canonical_device
 from memlab.errors import MemlabError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
@@ -36,19 +36,10 @@ class DamagedRowsWarning(UserWarning):
     """A sweep file held lines that are not whole rows; they are skipped and their points measured again."""
 
 
-def normalise_device(device: str) -> str:
-    """The device name keys are made of: lower case, ``cpu:N`` is ``cpu`` (one host), ``cuda`` is ``cuda:0``."""
-    if not isinstance(device, str):
-        raise MemlabError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
-    text = device.strip().lower()
-    if re.fullmatch(r"cpu(:\d+)?", text):
-        return "cpu"
-    return "cuda:0" if text == "cuda" else text
-
-
 def point_key(config: TransformerConfig, setup: Setup, device: str) -> str:
-    """Stable id of a grid point: a hash of the config, the setup and the device (normalised: cpu == cpu:0)."""
-    blob = json.dumps({"config": config.to_dict(), "setup": setup.to_dict(), "device": normalise_device(device)},
+    """Stable id of a grid point: a hash of the config, the setup and the device's recorded name
+    (:func:`memlab.device.canonical_device`: cpu == cpu:0, cuda == cuda:0)."""
+    blob = json.dumps({"config": config.to_dict(), "setup": setup.to_dict(), "device": canonical_device(device)},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

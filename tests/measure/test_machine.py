@@ -90,7 +90,7 @@ def test_detect_device_argument_picks_the_cpu_and_refuses_missing_devices(tmp_pa
     _fake_cuda(monkeypatch, "NVIDIA H100 80GB HBM3", 81559 * MIB)
     monkeypatch.setattr(device_mod, "_measure_cpu_peaks", lambda torch, threads: ({"fp32": 1e11}, "fake"))
     assert device_mod.detect(cache_dir=tmp_path, device="cpu").kind == "cpu"  # a GPU box can still describe its CPU
-    with pytest.raises(MemlabError, match="not available"):
+    with pytest.raises(MemlabError, match="CUDA device 3 does not exist"):
         device_mod.detect(device="cuda:3")
     with pytest.raises(MemlabError, match="device must be"):
         device_mod.detect(device="tpu")

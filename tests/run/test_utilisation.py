@@ -15,7 +15,7 @@ from memlab.errors import MemlabError, SetupError
 from memlab.labs import monitors as utilisation
 from memlab.labs import step_time
 from memlab.measure import roofline
-from memlab.measure.machine import cache_bytes, last_level_cache_bytes
+from memlab.measure.machine import cpu_cache_bytes
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 
@@ -30,15 +30,14 @@ def test_cache_bytes_reads_sysfs_levels(tmp_path) -> None:
         (d / "level").write_text(f"{level}\n")
         (d / "type").write_text(f"{kind}\n")
         (d / "size").write_text(f"{size}\n")
-    assert cache_bytes(tmp_path) == {"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 32 * 2**20,
-                                     "last_level": 32 * 2**20, "last_level_total": 32 * 2**20}
-    assert last_level_cache_bytes(tmp_path) == 32 * 2**20
-    assert cache_bytes(tmp_path / "absent") == {} and last_level_cache_bytes(tmp_path / "absent") is None
+    assert cpu_cache_bytes(tmp_path) == {"L1d": 48 * 1024, "L2": 2 * 2**20, "L3": 32 * 2**20,
+                                         "last_level": 32 * 2**20, "last_level_total": 32 * 2**20}
+    assert cpu_cache_bytes(tmp_path / "absent") == {}
 
 
 def test_bandwidth_arrays_are_beyond_the_last_level_cache() -> None:
     size = roofline.beyond_cache_bytes("cpu")
-    llc = last_level_cache_bytes()
+    llc = cpu_cache_bytes().get("last_level")
     assert size >= (4 * llc if llc else roofline.DRAM_FALLBACK_BYTES)
     with pytest.raises(MemlabError, match="factor"):
         roofline.beyond_cache_bytes("cpu", factor=1)

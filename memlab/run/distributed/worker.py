@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memlab.device import device_type
 from memlab.measure.accounting import model_states, storage_key
 from memlab.measure.cuda import synchronize
 from memlab.model.gpt import GPT
@@ -204,7 +205,7 @@ def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     """Initialise the process group (NCCL on CUDA, gloo on CPU), run every strategy, write this rank's rows."""
     out_dir = Path(out_dir)
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() and spec.get("device", "auto") != "cpu"
+    use_cuda = device_type(spec.get("device", "auto")) == "cuda"
     if use_cuda and local >= torch.cuda.device_count():
         raise RuntimeError(f"local rank {local} has no GPU ({torch.cuda.device_count()} visible): launch at most that "
                            "many ranks per node, or set WorkerSpec(device='cpu') for gloo ranks")
@@ -237,11 +238,11 @@ def sweep_main(spec: dict[str, Any], out_dir: Path, world_sizes: list[int]) -> i
     import torch._dynamo
     import torch.distributed.fsdp
     import torch.distributed.optim
-    import torch.nn.parallel
+    import torch.nn.parallel  # noqa: F401 (imported before forking, as the comment above says)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    method = "spawn" if torch.cuda.is_available() and spec.get("device", "auto") != "cpu" else "fork"
+    method = "spawn" if device_type(spec.get("device", "auto")) == "cuda" else "fork"
     for n in world_sizes:
         path = Path(out_dir) / f"n{n}"
         path.mkdir(parents=True, exist_ok=True)
