@@ -21,7 +21,7 @@
 # MLP side by side, Llama's eager attention copies K and V to full width. This chapter takes Hugging Face configs
 # (shipped ones, or yours), and:
 #
-# 1. predicts them at full size with `TransformerConfig.from_hf` (sizes plus the implementation traits of the
+# 1. predicts them at full size with `memlab.predict.hf.from_hf` (sizes plus the implementation traits of the
 #    family's modelling code);
 # 2. builds the same families small and trains one real step on this machine, counting every saved byte;
 # 3. puts memlab and five public calculators on exactly those runs;
@@ -48,8 +48,8 @@ from memlab.compare import calculators, plots
 from memlab.compare.calculators import Run, error_table, measure_run, shoot_out
 from memlab.course import exercises
 from memlab.course.hf_configs import config_names, config_source, load_config
-from memlab.predict.activations import activation_bytes
-from memlab.predict.hf import from_hf, trait_effects
+from memlab.predict.activations import activation_bytes, trait_effects
+from memlab.predict.hf import from_hf
 from memlab.predict.traits import Implementation
 from memlab.units import GiB
 

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError
-from memlab.predict.activations import activation_bytes
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
 from memlab.predict.traits import Implementation
 
 _T = "transformers/models"
@@ -288,23 +286,3 @@ def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str 
             return "math" if attention_dropout > 0 else "flash"
         return "flash" if dtype != "fp32" else "efficient"
     raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got {attn_implementation!r}")
-
-
-def trait_effects(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, float]:
-    """Bytes each implementation trait adds to the activations of ``config`` under ``setup``: the prediction with
-    the trait minus the prediction with that one trait set back to the reference GPT's value (largest first,
-    zero effects left out). It names the operation behind a residual between the reference formula and a model
-    (what :func:`memlab.measure.by_op.layer_listing` then shows tensor by tensor)."""
-    def total(cfg: TransformerConfig) -> float:
-        return float(sum(activation_bytes(cfg, setup, device_type=device_type).values()))
-
-    ref, base = Implementation(), total(config)
-    out: dict[str, float] = {}
-    for name in config.impl.differs():
-        changes: dict[str, object] = {name: getattr(ref, name)}
-        if name == "parallel_block":  # a shared norm only exists in a parallel block
-            changes["shared_norm"] = False
-        off = config.with_(impl=replace(config.impl, **changes))
-        if (delta := base - total(off)) != 0:
-            out[name] = delta
-    return dict(sorted(out.items(), key=lambda kv: -abs(kv[1])))

@@ -290,14 +290,6 @@ class TransformerConfig(StrictInit):
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
-    @classmethod
-    def from_hf(cls, config: object, *, name: str | None = None) -> TransformerConfig:
-        """The config of a Hugging Face model (a ``transformers`` config, its ``to_dict()``, or a ``config.json``
-        path), with the implementation traits of its family: see :func:`memlab.predict.hf.from_hf`."""
-        from memlab.predict.hf import from_hf
-
-        return from_hf(config, name=name)
-
 
 @dataclass(frozen=True)
 class Preset:
