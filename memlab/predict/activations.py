@@ -44,7 +44,7 @@ from typing import Any
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.setup import Setup, SetupView
 from memlab.predict.traits import Implementation
 
 CATEGORIES = (
@@ -223,7 +223,7 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
     """
     if not isinstance(config, TransformerConfig):
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
-    if not all(hasattr(setup, a) for a in ("mode", "batch", "seq", "policy", "tp", "sp")):
+    if not isinstance(setup, Setup | SetupView):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
     if setup.mode == "inference":
         return []

@@ -42,7 +42,7 @@ from memlab.predict.optimizer_states import (
 )
 from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup, resolve_optimizer_impl
+from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup, SetupView, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
 from memlab.predict.validate import StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
@@ -168,20 +168,6 @@ class MemoryBreakdown:
 
 
 # -- the estimator ----------------------------------------------------------------------------------------------
-class _ArraySetup:
-    """A read-only view of a :class:`Setup` whose batch and seq are numpy arrays (for :func:`sweep_totals`)."""
-
-    def __init__(self, setup: Setup, batch: Any, seq: Any) -> None:
-        self._setup, self.batch, self.seq = setup, batch, seq
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._setup, name)
-
-    @property
-    def tokens(self) -> Any:
-        return self.batch * self.seq
-
-
 def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> None:
     if isinstance(model, TransformerConfig):
         model.check_seq(seq_max)
@@ -471,7 +457,7 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
     except ValueError:
         raise SetupError(f"batch (shape {b.shape}) and seq (shape {s.shape}) do not broadcast together: pass "
                          "arrays of one shape, or one of them as a scalar") from None
-    view = _ArraySetup(setup, b, s)
+    view = SetupView(setup, batch=b, seq=s)
     states, acts, kv, terms, *_, phases = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
                                                     step_on_device)
     if peak:

@@ -8,7 +8,7 @@ has a measured twin. Precision policies live in :mod:`memlab.predict.precision`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from memlab.errors import SetupError, unknown_name
 from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
@@ -172,3 +172,39 @@ class Setup(StrictInit):
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
+
+
+class SetupView:
+    """A read-only :class:`Setup` with some fields replaced, unvalidated: the estimator's vectorised sweeps give it
+    numpy arrays for ``batch`` and ``seq`` (:func:`memlab.predict.estimate.sweep_totals`), and one block's terms
+    are counted with ``recompute="none"`` (:mod:`memlab.predict.phases`).
+
+    A field reads from ``overrides`` first, then from ``base``; the derived properties (``policy``,
+    ``fused_attention``, ``tokens``) are :class:`Setup`'s own, computed on the view, so ``tokens`` is
+    ``batch * seq`` of the overridden arrays. A view of a view merges the overrides onto the first base.
+    Only field names are accepted: an unknown one is a :class:`~memlab.errors.SetupError`.
+    """
+
+    __slots__ = ("_base", "_over")
+
+    def __init__(self, base: Setup | SetupView, **overrides: Any) -> None:
+        unknown = sorted(set(overrides) - set(Setup.__dataclass_fields__))
+        if unknown:
+            raise SetupError(f"SetupView overrides Setup fields only, not {', '.join(unknown)}")
+        if isinstance(base, SetupView):
+            base, overrides = base._base, {**base._over, **overrides}
+        if not isinstance(base, Setup):
+            raise SetupError(f"SetupView needs a memlab.predict.setup.Setup, got {type(base).__name__}")
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_over", overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        over = object.__getattribute__(self, "_over")
+        return over[name] if name in over else getattr(object.__getattribute__(self, "_base"), name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"SetupView is read-only (cannot set {name})")
+
+    policy = property(Setup.policy.fget, doc="The :class:`PrecisionPolicy` named by ``precision``.")
+    fused_attention = property(Setup.fused_attention.fget, doc="True for kernels that keep no s x s score matrix.")
+    tokens = property(Setup.tokens.fget, doc="Tokens per micro-batch on one rank: batch * seq (arrays in a sweep).")
