@@ -25,20 +25,18 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
 from memlab.predict.models import _PARAMS_WHY, MAX_PARAMS, TransformerConfig
-from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
+from memlab.predict.setup import _SEQ_WHY, MAX_SEQ, RECOMPUTE, Recompute
 from memlab.predict.validate import check_int, check_number
 
-Recompute = Literal["none", "selective", "full"]
 MAX_TOKENS_PER_S = 1e13
 _TPS_WHY = "ten trillion tokens/s, about 1000x what a 100,000-GPU cluster processes"
 MAX_DEVICES = 10**7
 _DEV_WHY = "ten million devices, about 100x the largest clusters built"
-RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 
 
 _pos_int = functools.partial(check_int, err=SetupError)

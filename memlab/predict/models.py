@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import Literal, get_args
 
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
@@ -28,6 +28,9 @@ from memlab.predict.validate import StrictInit, check_fields
 MlpKind = Literal["gelu", "swiglu"]
 PositionKind = Literal["learned", "rotary"]
 NormKind = Literal["layernorm", "rmsnorm"]
+MLPS: tuple[str, ...] = get_args(MlpKind)
+POSITIONS: tuple[str, ...] = get_args(PositionKind)
+NORMS: tuple[str, ...] = get_args(NormKind)
 
 MAX_LAYERS = 10**4
 MAX_PARAMS = 10**15
@@ -100,15 +103,13 @@ class TransformerConfig(StrictInit):
     """How the model is written (:class:`memlab.predict.traits.Implementation`); the default is the reference GPT."""
 
     def __post_init__(self) -> None:
-        # Types and ranges from the annotations and metadata above (memlab.predict.validate): a bool is no size,
-        # 'no' is no bool (it would build a tied model), '0.1' is no dropout.
+        # Types, ranges and Literal choices from the annotations and metadata above (memlab.predict.validate): a bool
+        # is no size, 'no' is no bool (it would build a tied model), '0.1' is no dropout, 'relu' no mlp kind.
         check_fields(self, ConfigError)
         if isinstance(self.impl, dict):  # from to_dict() or a JSON line
             object.__setattr__(self, "impl", Implementation.from_dict(self.impl))
         if not isinstance(self.impl, Implementation):
             raise ConfigError(f"impl must be a memlab.predict.traits.Implementation, got {type(self.impl).__name__}")
-        if self.attn_head_dim is not None and self.attn_head_dim <= 0:
-            raise ConfigError(f"attn_head_dim must be a positive integer or None, got {self.attn_head_dim!r}")
         if self.attn_head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"n_heads={self.n_heads} must divide d_model={self.d_model}: pick a d_model that is a multiple "
@@ -121,12 +122,6 @@ class TransformerConfig(StrictInit):
                 "query heads): use a divisor of n_heads"
             )
         object.__setattr__(self, "n_kv_heads", kv)
-        if self.mlp not in ("gelu", "swiglu"):
-            raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}")
-        if self.positions not in ("learned", "rotary"):
-            raise ConfigError(f"positions must be 'learned' or 'rotary', got {self.positions!r}")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ConfigError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
         if self.d_ff is None:
             d_ff = 4 * self.d_model if self.mlp == "gelu" else swiglu_hidden(self.d_model)
             object.__setattr__(self, "d_ff", d_ff)
@@ -145,10 +140,6 @@ class TransformerConfig(StrictInit):
 
 
     def _check_moe(self) -> None:
-        for fname, low in (("n_experts", 1), ("top_k", 1), ("n_shared_experts", 0)):
-            value = getattr(self, fname)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{fname} must be an integer >= {low}, got {value!r}")
         if self.top_k > self.n_experts:
             raise ConfigError(f"top_k={self.top_k} cannot exceed n_experts={self.n_experts}: lower top_k")
         if self.n_shared_experts and not self.is_moe:

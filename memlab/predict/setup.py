@@ -8,7 +8,7 @@ has a measured twin. Precision policies live in :mod:`memlab.predict.precision`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from memlab.errors import SetupError, unknown_name
 from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
@@ -18,14 +18,18 @@ Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["eager", "math", "flash", "efficient", "cudnn"]
 ZeroStage = Literal[0, 1, 2, 3]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor"]
+InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
+KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
+OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor")
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("eager", "math", "flash", "efficient", "cudnn")
-MODES = ("train", "inference")
-INFERENCE_WEIGHTS = ("fp32", "fp16", "bf16", "int8", "int4")
-KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
-OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
+MODES: tuple[str, ...] = get_args(Mode)
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+ATTENTION: tuple[str, ...] = get_args(Attention)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
+KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
+OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
 """Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
 FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -91,7 +95,7 @@ class Setup(StrictInit):
     """``train`` (forward, backward, optimizer step) or ``inference`` (weights and KV cache, prefill and decode)."""
     precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES), "mode": "train"})
     """Training precision policy (memlab.predict.precision): how weights, gradients and master copies are stored."""
-    optimizer: str = field(default="adamw", metadata={"choices": OPTIMIZERS, "mode": "train"})
+    optimizer: Optimizer = field(default="adamw", metadata={"mode": "train"})
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
@@ -105,13 +109,11 @@ class Setup(StrictInit):
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
-    inference_weights: str = field(default="bf16", metadata={"choices": INFERENCE_WEIGHTS, "flag": "--weights",
-                                                             "mode": "inference"})
+    inference_weights: InferenceWeights = field(default="bf16", metadata={"flag": "--weights", "mode": "inference"})
     """Weight dtype when mode is inference."""
-    kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype",
-                                                          "mode": "inference"})
+    kv_cache_dtype: KvDtype = field(default="bf16", metadata={"flag": "--kv-dtype", "mode": "inference"})
     """KV-cache element type when mode is inference."""
-    optimizer_impl: str = field(default="auto", metadata={"choices": OPTIMIZER_IMPLS, "mode": "train"})
+    optimizer_impl: OptimizerImpl = field(default="auto", metadata={"mode": "train"})
     """Optimizer implementation: for-loop (one tensor at a time), foreach (multi-tensor: a step-sized temporary),
     fused (one kernel, no temporary) or auto (what torch picks: foreach on CUDA, for-loop on CPU)."""
     grad_accum_steps: int = field(default=1, metadata={"max": MAX_GRAD_ACCUM, "why": "micro-steps per optimizer step",
@@ -121,32 +123,19 @@ class Setup(StrictInit):
     """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
 
     def __post_init__(self) -> None:
-        # Types and ranges of every field from its annotation and metadata (memlab.predict.validate): a bool is no
-        # count, a float no ZeRO stage, None no policy name. Names with a closest-match message come after.
+        # Types, ranges and Literal choices of every field from its annotation and metadata
+        # (memlab.predict.validate): a bool is no count, a float no ZeRO stage, 'training' no mode. precision and
+        # optimizer are names with a closest-match message (UnknownNameError), checked after.
         check_fields(self, SetupError, skip=("precision", "optimizer"))
         for name in ("precision", "optimizer"):
             if not isinstance(getattr(self, name), str):
                 raise SetupError(f"Setup.{name} must be a string, got {getattr(self, name)!r}: pass e.g. "
                                  f"{type(self).__dataclass_fields__[name].default!r}")
-        if self.mode not in MODES:
-            raise SetupError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         precision_policy(self.precision)
         if self.optimizer not in OPTIMIZERS:
             raise unknown_name("optimizer", self.optimizer, list(OPTIMIZERS))
-        if self.recompute not in RECOMPUTE:
-            raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
-        if self.attention not in ATTENTION:
-            raise SetupError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise SetupError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.sp and self.tp == 1:
             raise SetupError("sequence parallelism (sp) needs tensor parallelism: set tp > 1 or drop sp")
-        if self.inference_weights not in INFERENCE_WEIGHTS:
-            raise SetupError(f"inference_weights must be one of {', '.join(INFERENCE_WEIGHTS)}")
-        if self.kv_cache_dtype not in KV_DTYPES:
-            raise SetupError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}")
-        if self.optimizer_impl not in OPTIMIZER_IMPLS:
-            raise SetupError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}")
         resolve_optimizer_impl(self.optimizer, self.optimizer_impl)
 
     @property

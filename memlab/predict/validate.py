@@ -5,7 +5,7 @@
 - ``int``: a whole number, not a bool (``True`` is not 1 layer) and not a float (``1.0`` is not a ZeRO stage);
   ``metadata["min"]`` (default 1, or 0 when the field's default is 0) and ``metadata["max"]``;
 - ``float``: a finite real number, not a bool and not a string (``'0.5'`` would multiply into a string);
-  ``min`` (default 0), ``max``, ``max_open`` (``True``: the maximum itself is excluded);
+  ``min`` (default 0), ``min_open`` (``True``: the minimum itself is excluded), ``max``, ``max_open`` (likewise);
 - ``bool``: exactly ``True`` or ``False`` (``'no'`` is truthy and would silently mean yes);
 - ``str``: a string, within ``metadata["choices"]`` when given;
 - ``Literal[...]``: one of the values, with the value's own type (``True == 1`` but is no ZeRO stage);
@@ -118,6 +118,7 @@ class FieldRule:
     hi: float | None
     hi_open: bool
     why: str
+    lo_open: bool = False
 
 
 def _unwrap(hint: Any) -> tuple[Any, bool]:
@@ -145,7 +146,8 @@ def field_rules(cls: type) -> tuple[FieldRule, ...]:
         default_lo = 0 if f.default == 0 and not isinstance(f.default, bool) else (1 if kind == "int" else 0.0)
         rules.append(FieldRule(f.name, kind, optional, tuple(choices) if choices is not None else None,
                                f.metadata.get("min", default_lo), f.metadata.get("max"),
-                               bool(f.metadata.get("max_open", False)), f.metadata.get("why", "")))
+                               bool(f.metadata.get("max_open", False)), f.metadata.get("why", ""),
+                               bool(f.metadata.get("min_open", False))))
     return tuple(rules)
 
 
@@ -160,8 +162,8 @@ def check_fields(obj: Any, err: type[MemlabError] = MemlabError, *, skip: tuple[
             check_int(r.name, value, lo=int(r.lo or 0), hi=None if r.hi is None else int(r.hi), why=r.why,
                       owner=owner, err=err)
         elif r.kind == "float":
-            check_number(r.name, value, lo=float(r.lo or 0.0), hi=r.hi, hi_open=r.hi_open, why=r.why, owner=owner,
-                         err=err)
+            check_number(r.name, value, lo=float(r.lo or 0.0), hi=r.hi, lo_open=r.lo_open, hi_open=r.hi_open, why=r.why,
+                         owner=owner, err=err)
         elif r.kind == "bool":
             check_bool(r.name, value, owner=owner, err=err)
         elif r.kind == "str":
