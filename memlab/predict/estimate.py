@@ -32,7 +32,7 @@ import numpy as np
 from memlab.errors import SetupError
 from memlab.predict.activations import activation_bytes
 from memlab.predict.inference import INT4_GROUP, kv_cache_bytes, prefill_transient_bytes
-from memlab.predict.models import _PARAMS_WHY, MAX_LAYERS, MAX_PARAMS, TransformerConfig
+from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
     ADAM_8BIT_BLOCK,
     adam_moment_bytes,
@@ -42,13 +42,10 @@ from memlab.predict.optimizer_states import (
 )
 from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup, SetupView, resolve_optimizer_impl
+from memlab.predict.setup import Setup, SetupView, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
-from memlab.predict.validate import StrictInit, check_fields, check_int, show
+from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
-
-MAX_OVERHEAD_BYTES = 2**50
-_OVERHEAD_WHY = "one pebibyte (2**50 bytes), over 1000x any accelerator's memory"
 
 
 # -- results ----------------------------------------------------------------------------------------------------
@@ -63,14 +60,14 @@ class Overheads(StrictInit):
 
     _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
-    cuda_context_bytes: int = field(default=0, metadata={"max": MAX_OVERHEAD_BYTES, "why": _OVERHEAD_WHY})
+    cuda_context_bytes: int = field(default=0, metadata=LIMITS["overhead_bytes"].meta())
     """CUDA context, kernels and library handles (outside the caching allocator)."""
-    workspace_bytes: int = field(default=0, metadata={"max": MAX_OVERHEAD_BYTES, "why": _OVERHEAD_WHY})
+    workspace_bytes: int = field(default=0, metadata=LIMITS["overhead_bytes"].meta())
     """cuBLAS / attention workspaces."""
     fragmentation_fraction: float = field(default=0.0, metadata={"max": 1.0, "max_open": True,
                                                                   "why": "a fraction of the managed bytes, below 1"})
     """Allocator margin as a fraction of all allocator-managed bytes (everything but the CUDA context)."""
-    gathered_layers: int = field(default=0, metadata={"max": MAX_LAYERS, "why": "at most the model's blocks"})
+    gathered_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks"})
     """Blocks held gathered under ZeRO-3 / FSDP FULL_SHARD (0 = not counted)."""
 
     def __post_init__(self) -> None:
@@ -174,7 +171,7 @@ def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> No
         return
     if not isinstance(model, int) or isinstance(model, bool) or model <= 0:
         raise SetupError(f"expected a TransformerConfig or a positive parameter count (int), got {show(model)}")
-    check_int("parameter count", model, hi=MAX_PARAMS, why=_PARAMS_WHY, err=SetupError)
+    check_int("parameter count", model, hi=LIMITS["params"].max, why=LIMITS["params"].why, err=SetupError)
     if setup.optimizer == "adafactor" and setup.mode == "train":
         raise SetupError("adafactor state depends on parameter shapes: give a model config, not a bare count")
 
@@ -450,8 +447,8 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
     """
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
-    b = _size_array("batch", setup.batch if batch is None else batch, MAX_BATCH)
-    s = _size_array("seq", setup.seq if seq is None else seq, MAX_SEQ)
+    b = _size_array("batch", setup.batch if batch is None else batch, LIMITS["batch"].max)
+    s = _size_array("seq", setup.seq if seq is None else seq, LIMITS["seq"].max)
     try:
         b, s = np.broadcast_arrays(b, s)
     except ValueError:

@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Literal, get_args
 
 from memlab.errors import ConfigError, SetupError, unknown_name
-from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
 from memlab.predict.traits import REFERENCE, Implementation
-from memlab.predict.validate import StrictInit, check_fields
+from memlab.predict.validate import LIMITS, StrictInit, check_fields
 
 MlpKind = Literal["gelu", "swiglu"]
 PositionKind = Literal["learned", "rotary"]
@@ -31,18 +30,6 @@ NormKind = Literal["layernorm", "rmsnorm"]
 MLPS: tuple[str, ...] = get_args(MlpKind)
 POSITIONS: tuple[str, ...] = get_args(PositionKind)
 NORMS: tuple[str, ...] = get_args(NormKind)
-
-MAX_LAYERS = 10**4
-MAX_PARAMS = 10**15
-_PARAMS_WHY = "a quadrillion parameters, about 500x the largest published models (~2 trillion)"
-MAX_D_MODEL = 10**6
-MAX_D_FF = 10**7
-MAX_VOCAB = 10**8
-_LAYERS_WHY = ("ten thousand blocks, 10x the deepest published transformer (DeepNet, 1,000 layers [wang2022]); "
-               "parameter shapes are listed per layer, so this also keeps every call well under a second")
-_D_WHY = "a million, about 40x the widest published models (d_model 12,288-25,600)"
-_FF_WHY = "ten million, about 100x the widest published MLPs"
-_VOCAB_WHY = "a hundred million tokens, about 400x the largest published vocabularies (~256k)"
 
 
 def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
@@ -61,19 +48,19 @@ class TransformerConfig(StrictInit):
 
     _error = ConfigError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
-    d_model: int = field(metadata={"max": MAX_D_MODEL, "why": _D_WHY})
+    d_model: int = field(metadata=LIMITS["d_model"].meta())
     """Hidden size h."""
-    n_layers: int = field(metadata={"max": MAX_LAYERS, "why": _LAYERS_WHY})
+    n_layers: int = field(metadata=LIMITS["layers"].meta())
     """Number of transformer blocks L."""
-    n_heads: int = field(metadata={"max": MAX_D_MODEL, "why": "at most one head per hidden unit"})
+    n_heads: int = field(metadata={"max": LIMITS["d_model"].max, "why": "at most one head per hidden unit"})
     """Query heads a; head_dim = d_model / n_heads."""
-    n_kv_heads: int | None = field(default=None, metadata={"max": MAX_D_MODEL, "why": "at most n_heads"})
+    n_kv_heads: int | None = field(default=None, metadata={"max": LIMITS["d_model"].max, "why": "at most n_heads"})
     """Key/value heads (GQA when < n_heads, MQA when 1); None means n_heads (multi-head attention)."""
-    d_ff: int | None = field(default=None, metadata={"max": MAX_D_FF, "why": _FF_WHY})
+    d_ff: int | None = field(default=None, metadata=LIMITS["d_ff"].meta())
     """MLP inner width; None means 4h for gelu and the Llama rule for swiglu."""
-    vocab_size: int = field(default=50257, metadata={"max": MAX_VOCAB, "why": _VOCAB_WHY})
+    vocab_size: int = field(default=50257, metadata=LIMITS["vocab"].meta())
     """Vocabulary size V (rows of the embedding and the LM head)."""
-    max_seq: int = field(default=1024, metadata={"max": MAX_SEQ, "why": _SEQ_WHY})
+    max_seq: int = field(default=1024, metadata=LIMITS["seq"].meta())
     """Longest sequence the model accepts; learned position tables have this many rows."""
     mlp: MlpKind = "gelu"
     """gelu: up, GELU, down. swiglu: down(silu(gate(x)) * up(x))."""

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 
 from memlab.errors import SetupError, unknown_name
 from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
-from memlab.predict.validate import StrictInit, check_fields
+from memlab.predict.validate import LIMITS, StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
@@ -52,20 +52,6 @@ def resolve_optimizer_impl(optimizer: str, impl: str, device_type: str = "cuda")
                          "use for-loop or foreach")
     return impl
 
-MAX_BATCH = 10**7
-MAX_SEQ = 10**8
-MAX_RANKS = 10**6
-MAX_TP = 10**4
-MAX_STEPS = 10**4
-MAX_GRAD_ACCUM = 10**6
-_STEPS_WHY = ("ten thousand timed steps (or decoded tokens) per measurement; a median over more adds no precision "
-              "to a memory experiment")
-_BATCH_WHY = ("ten million sequences per rank, about 1000x the largest published global batches; beyond it byte "
-              "counts leave the range a float64 sweep holds exactly")
-_SEQ_WHY = "100 million tokens, 10x the longest published context (10M tokens recalled [gemini2024])"
-_RANKS_WHY = "a million data-parallel ranks, about 10x the largest training clusters built"
-_TP_WHY = "ten thousand tensor-parallel ranks; tensor parallelism is used within a node or a few (2-64 ranks)"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Setup(StrictInit):
@@ -87,9 +73,9 @@ class Setup(StrictInit):
 
     _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
-    batch: int = field(default=1, metadata={"max": MAX_BATCH, "why": _BATCH_WHY})
+    batch: int = field(default=1, metadata=LIMITS["batch"].meta())
     """Micro-batch per data-parallel rank, in sequences."""
-    seq: int = field(default=1024, metadata={"max": MAX_SEQ, "why": _SEQ_WHY})
+    seq: int = field(default=1024, metadata=LIMITS["seq"].meta())
     """Sequence length in tokens (the CLI lowers it to the model's max_seq when that is shorter)."""
     mode: Mode = "train"
     """``train`` (forward, backward, optimizer step) or ``inference`` (weights and KV cache, prefill and decode)."""
@@ -103,9 +89,9 @@ class Setup(StrictInit):
     """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
     zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})
     """ZeRO stage over the data-parallel ranks: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
-    world_size: int = field(default=1, metadata={"max": MAX_RANKS, "why": _RANKS_WHY})
+    world_size: int = field(default=1, metadata=LIMITS["ranks"].meta())
     """Data-parallel ranks."""
-    tp: int = field(default=1, metadata={"max": MAX_TP, "why": _TP_WHY})
+    tp: int = field(default=1, metadata=LIMITS["tp"].meta())
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
@@ -116,8 +102,7 @@ class Setup(StrictInit):
     optimizer_impl: OptimizerImpl = field(default="auto", metadata={"mode": "train"})
     """Optimizer implementation: for-loop (one tensor at a time), foreach (multi-tensor: a step-sized temporary),
     fused (one kernel, no temporary) or auto (what torch picks: foreach on CUDA, for-loop on CPU)."""
-    grad_accum_steps: int = field(default=1, metadata={"max": MAX_GRAD_ACCUM, "why": "micro-steps per optimizer step",
-                                                       "mode": "train"})
+    grad_accum_steps: int = field(default=1, metadata=LIMITS["grad_accum"].meta(mode="train"))
     """Micro-batches per optimizer step; gradients persist (and accumulate) across the micro-steps."""
     zero_grad_to_none: bool = field(default=True, metadata={"mode": "train"})
     """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
