@@ -401,20 +401,6 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     )
 
 
-def training(config_or_params: TransformerConfig | int, setup: Setup, **kwargs: Any) -> MemoryBreakdown:
-    """:func:`estimate` for a training step (``setup.mode`` must be ``train``)."""
-    if setup.mode != "train":
-        raise SetupError("training() needs setup.mode='train': use inference() or estimate()")
-    return estimate(config_or_params, setup, **kwargs)
-
-
-def inference(config_or_params: TransformerConfig | int, setup: Setup, **kwargs: Any) -> MemoryBreakdown:
-    """:func:`estimate` for inference (``setup.mode`` must be ``inference``)."""
-    if setup.mode != "inference":
-        raise SetupError("inference() needs setup.mode='inference': use training() or estimate()")
-    return estimate(config_or_params, setup, **kwargs)
-
-
 def _size_array(name: str, values: Any, hi: int) -> np.ndarray:
     """``values`` as a float64 array of whole numbers in [1, hi]; anything else raises SetupError with the fix."""
     try:

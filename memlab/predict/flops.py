@@ -66,20 +66,6 @@ def attention_flops(batch: int, seq: int, d_model: int, n_heads: int | None = No
     return full // 2 if causal else full
 
 
-def palm_flops_per_token(n_params: float, n_layers: int, n_heads: int, head_dim: int, seq: int) -> float:
-    """Training (forward + backward) FLOPs per token, 6N + 12*L*H*Q*T (Chowdhery et al. 2022, PaLM, Appendix B).
-
-    N: parameters that are multiplied per token. PaLM's N for 540B is its full 540.35e9 count, which includes the
-    input embedding because PaLM shares it with the output layer (so the LM-head matmul is in 6N); for an untied
-    model use the matmul weights (blocks + head), as :func:`flops_per_token` does. L layers, H heads, Q head
-    dimension, T sequence length; the attention term counts the full T x T scores (no causal halving).
-    """
-    n = _pos_num("n_params", n_params, err=ConfigError)
-    n_l, a, d = (_pos_int(k, x, err=ConfigError) for k, x in (("n_layers", n_layers), ("n_heads", n_heads),
-                                                                ("head_dim", head_dim)))
-    return 6 * n + 12 * n_l * a * (d * _pos_int("seq", seq))
-
-
 def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, causal: bool = False) -> dict[str, int]:
     """Forward FLOPs of every matmul in ``config``'s model, by component (exact, integers).
 
