@@ -45,12 +45,13 @@ import transformers
 
 from memlab import Setup, estimate, fits, max_batch
 from memlab.compare import calculators, plots
-from memlab.compare.calculators import Run, error_table, measure_run, shoot_out
+from memlab.compare.calculators import Run, error_table, shoot_out
 from memlab.course import exercises
 from memlab.course.hf_configs import config_names, config_source, load_config
 from memlab.predict.activations import activation_bytes, trait_effects
 from memlab.predict.hf import from_hf
 from memlab.predict.traits import Implementation
+from memlab.run.hf import measure_run
 from memlab.units import GiB
 
 warnings.filterwarnings("ignore", module="transformers")

@@ -312,19 +312,11 @@ CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {
 """Every calculator, by name, in table order."""
 
 
-def measure_run(run: Run, seed: int = 0) -> dict[str, int]:
-    """Run the step for real on this machine (:func:`memlab.run.hf.run_hf`): ``{"states", "activations"}``, bytes."""
-    from memlab.run.hf import run_hf
-
-    _, m = run_hf(run.hf, attn_implementation=run.attn_implementation, dtype=run.dtype, batch=run.batch,
-                  seq=run.seq, device=run.device_type, seed=seed)
-    return {"states": m.states_bytes, "activations": m.saved_bytes}
-
-
 def shoot_out(runs: Iterable[tuple[Run, dict[str, int]]], tools: Iterable[str] | None = None) -> pd.DataFrame:
     """Long table: one row per (tool, run, component) with predicted, measured and relative error.
 
-    ``runs`` pairs each :class:`Run` with its measurement ``{"states": ..., "activations": ...}`` (bytes).
+    ``runs`` pairs each :class:`Run` with its measurement ``{"states": ..., "activations": ...}`` (bytes), data
+    from wherever it was measured (:func:`memlab.run.hf.measure_run` runs it on this machine).
     Unavailable tools and components a tool does not model give rows with ``predicted`` NaN and the reason.
     """
     import pandas as pd
