@@ -3,10 +3,10 @@
 Everything is ``torch.optim`` except ``adam-8bit``: bitsandbytes' 8-bit optimizers need CUDA, so memlab ships
 :class:`Adam8bit`, a small blockwise 8-bit Adam with the *memory layout* of bitsandbytes'
 ``Optimizer2State`` (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"): tensors with at
-least :data:`memlab.predict.estimate.ADAM_8BIT_MIN_SIZE` elements keep two uint8 state tensors plus one fp32 absmax
-per :data:`memlab.predict.estimate.ADAM_8BIT_BLOCK` elements per state; smaller tensors keep fp32 states. Its
-quantisation is a per-block power code (bitsandbytes uses a dynamic tree code); the bytes are the same, the
-numerics are a simplification and are not what the course measures.
+least :data:`memlab.predict.optimizer_states.ADAM_8BIT_MIN_SIZE` elements keep two uint8 state tensors plus one
+fp32 absmax per :data:`memlab.predict.optimizer_states.ADAM_8BIT_BLOCK` elements per state; smaller tensors keep
+fp32 states. Its quantisation is a per-block power code (bitsandbytes uses a dynamic tree code); the bytes are the
+same, the numerics are a simplification and are not what the course measures.
 """
 
 from __future__ import annotations

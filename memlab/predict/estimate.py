@@ -3,8 +3,8 @@
 ``estimate(config, setup)`` returns a :class:`MemoryBreakdown`: bytes on ONE device for parameters, gradients,
 optimizer states, activations, KV cache and named overheads. Where each byte comes from:
 
-- model states per parameter: the :class:`memlab.predict.setup.PrecisionPolicy` (weights, gradients, fp32 master copy,
-  fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
+- model states per parameter: the :class:`memlab.predict.precision.PrecisionPolicy` (weights, gradients, fp32 master
+  copy, fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
   "K = 12" for mixed-precision Adam), the fp32 master copy and the fp32 accumulation buffer are counted as
   **optimizer** state; ``optimizer_detail`` splits them out again.
 - sharding: ZeRO stages 0-3 / FSDP over ``setup.world_size`` data-parallel ranks (:func:`zero_divisors`), after
