@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from memlab.compare.calculators import Run, error_table, measure_run, shoot_out
+from memlab.compare.calculators import Run, error_table, shoot_out
+from memlab.run.hf import measure_run
 
 TINY = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
 SHAPES = [(2, 24), (1, 64)]

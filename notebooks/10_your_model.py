@@ -21,7 +21,7 @@
 # MLP side by side, Llama's eager attention copies K and V to full width. This chapter takes Hugging Face configs
 # (shipped ones, or yours), and:
 #
-# 1. predicts them at full size with `TransformerConfig.from_hf` (sizes plus the implementation traits of the
+# 1. predicts them at full size with `memlab.predict.hf.from_hf` (sizes plus the implementation traits of the
 #    family's modelling code);
 # 2. builds the same families small and trains one real step on this machine, counting every saved byte;
 # 3. puts memlab and five public calculators on exactly those runs;
@@ -64,7 +64,7 @@ from memlab import (
     trait_effects,
 )
 from memlab.compare import calculators, plots
-from memlab.compare.calculators import measure_run
+from memlab.run.hf import measure_run
 from memlab.units import GiB
 
 warnings.filterwarnings("ignore", module="transformers")

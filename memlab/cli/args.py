@@ -231,7 +231,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
     """MODEL := --preset NAME | --d-model H --n-layers L --n-heads A [...] | --params P."""
     what = "--preset, explicit dimensions" + (", --params" if allow_params else "")
     g = p.add_argument_group(f"model (exactly one of: {what})")
-    from memlab.predict.models import TransformerConfig, preset_names
+    from memlab.predict.models import MLPS, NORMS, POSITIONS, TransformerConfig, preset_names
 
     def dim(name: str) -> Callable[[str], int]:
         return field_bound(TransformerConfig, name)
@@ -243,13 +243,13 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
     g.add_argument("--n-kv-heads", type=dim("n_kv_heads"), metavar="K", help="KV heads (GQA/MQA); default A")
     g.add_argument("--d-ff", type=dim("d_ff"), metavar="F", help="MLP width; default 4H (gelu) or Llama rule")
     g.add_argument("--vocab", type=dim("vocab_size"), metavar="V", help="vocabulary size (default 50257)")
-    g.add_argument("--mlp", choices=("gelu", "swiglu"))
+    g.add_argument("--mlp", choices=MLPS)
     g.add_argument("--max-seq", type=dim("max_seq"), metavar="S",
                    help="longest sequence (learned position rows); default max(1024, --seq); with --preset it "
                         "replaces the preset's max_seq")
     g.add_argument("--untied", action="store_true", help="separate LM head (default: tied to the embedding)")
-    g.add_argument("--positions", choices=("learned", "rotary"))
-    g.add_argument("--norm", choices=("layernorm", "rmsnorm"))
+    g.add_argument("--positions", choices=POSITIONS)
+    g.add_argument("--norm", choices=NORMS)
     g.add_argument("--no-bias", action="store_true", help="no biases on linear layers and norms")
     if allow_params:
         g.add_argument("--params", type=param_count, metavar="P", help="a bare parameter count: model states only")

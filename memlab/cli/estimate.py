@@ -18,7 +18,7 @@ from memlab.cli.args import (
     setup_from_args,
 )
 from memlab.errors import MemlabError
-from memlab.predict.models import MAX_LAYERS
+from memlab.predict.validate import LIMITS
 from memlab.units import GB, GiB
 
 
@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workspace-mib", type=mebibytes, default=0.0, metavar="MIB",
                    help="cuBLAS/attention workspaces, MiB (default 0: not counted)")
     p.add_argument("--fragmentation", type=fraction, default=0.0, metavar="F", help="allocator margin fraction")
-    p.add_argument("--gathered-layers", type=bounded_int(0, MAX_LAYERS, "at most the model's blocks"), default=0,
-                   metavar="N", help="blocks FSDP/ZeRO-3 holds gathered at once (default 0: not counted)")
+    p.add_argument("--gathered-layers", type=bounded_int(0, LIMITS["layers"].max, "at most the model's blocks"),
+                   default=0, metavar="N", help="blocks FSDP/ZeRO-3 holds gathered at once (default 0: not counted)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 

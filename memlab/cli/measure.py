@@ -22,7 +22,7 @@ from memlab.cli.args import (
     writing,
 )
 from memlab.errors import MemlabError
-from memlab.predict.setup import _STEPS_WHY, MAX_STEPS
+from memlab.predict.validate import LIMITS
 
 SHARDING_FIELDS = ("zero_stage", "world_size", "tp", "sp")
 """Setup fields ``measure`` leaves out: one process measures one device (sharded runs go through torchrun)."""
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_setup_arguments(p, exclude=SHARDING_FIELDS)
     p.add_argument("--device", type=device_arg, default="auto", help="auto (cuda when available), cpu or cuda[:N]")
-    p.add_argument("--steps", type=bounded_int(1, MAX_STEPS, _STEPS_WHY), default=2, metavar="N",
+    p.add_argument("--steps", type=bounded_int(1, LIMITS["steps"].max, LIMITS["steps"].why), default=2, metavar="N",
                    help="timed steps (training) or decoded tokens (inference; at most seq - 1)")
     p.add_argument("--json", action="store_true", help="print JSON")
 

@@ -21,7 +21,8 @@ from memlab.cli.args import (
     print_json,
 )
 from memlab.errors import MemlabError
-from memlab.predict.setup import _BATCH_WHY, _SEQ_WHY, MAX_BATCH, MAX_SEQ, RECOMPUTE
+from memlab.predict.setup import RECOMPUTE
+from memlab.predict.validate import LIMITS
 from memlab.units import fmt_pct
 
 _GLOBAL_BATCH_WHY = "ten million sequences per step over all GPUs, about 1000x the largest published global batches"
@@ -34,13 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokens-per-second", type=positive_float, metavar="X", help="throughput over all --num-gpus")
     g.add_argument("--step-time", type=positive_float, metavar="SEC", help="seconds per optimizer step")
     batch = g.add_mutually_exclusive_group()
-    batch.add_argument("--global-batch", type=bounded_int(1, MAX_BATCH, _GLOBAL_BATCH_WHY), metavar="B",
+    batch.add_argument("--global-batch", type=bounded_int(1, LIMITS["batch"].max, _GLOBAL_BATCH_WHY), metavar="B",
                        help="sequences per step over ALL GPUs (papers, Megatron logs); use this for tensor- or "
                             "pipeline-parallel jobs")
-    batch.add_argument("--batch", type=bounded_int(1, MAX_BATCH, _BATCH_WHY), metavar="B",
+    batch.add_argument("--batch", type=bounded_int(1, LIMITS["batch"].max, LIMITS["batch"].why), metavar="B",
                        help="sequences per step per data-parallel replica, multiplied by --num-gpus: only for pure "
                             "data parallelism (every GPU its own batch)")
-    p.add_argument("--seq", type=bounded_int(1, MAX_SEQ, _SEQ_WHY), metavar="S",
+    p.add_argument("--seq", type=bounded_int(1, LIMITS["seq"].max, LIMITS["seq"].why), metavar="S",
                    help="sequence length trained on (at most the model's max_seq with learned positions)")
     p.add_argument("--gpu", type=gpu_name, required=True, metavar="NAME", help="accelerator (see 'memlab gpus')")
     p.add_argument("--num-gpus", type=bounded_int(1, 10**7, "ten million devices, 100x the largest clusters"),

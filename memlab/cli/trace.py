@@ -62,13 +62,11 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
 
 
 def _hf_estimate(path: str, setup: Any) -> Any:
-    """The formula for a Hugging Face config when memlab can read one (``TransformerConfig.from_hf``), else None."""
+    """The formula for a Hugging Face config when memlab can read one (:func:`memlab.predict.hf.from_hf`), else
+    None."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.models import TransformerConfig
+    from memlab.predict.hf import from_hf
 
-    from_hf = getattr(TransformerConfig, "from_hf", None)
-    if from_hf is None:
-        return None
     try:
         return estimate(from_hf(path), setup)
     except MemlabError:

@@ -37,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError
-from memlab.predict.activations import activation_bytes
+from memlab.predict.activations import activation_bytes, korthikanti_layer_bytes
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
+from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
@@ -221,24 +222,31 @@ def gpu_poor(run: Run) -> CalculatorResult:
     return CalculatorResult("gpu_poor", states, acts, note="its own parameter formula; 650 MB overhead left out")
 
 
+def _korthikanti_model_bytes(run: Run, cfg: TransformerConfig) -> float:
+    """L layers of Korthikanti's ``sbh(34 + 5as/h)`` (no recompute, t = 1). The formula is linear in b, so the L
+    layers of batch b are passed as one layer of batch b*L: the integer product s*b*L*h comes first, as both
+    sources write it, and the float result is the same to the last bit."""
+    return korthikanti_layer_bytes(run.seq, run.batch * cfg.n_layers, cfg.d_model, cfg.n_heads)
+
+
 def transformer_math_101(run: Run) -> CalculatorResult:
     """EleutherAI's Transformer Math 101: model 4 (fp32) or 2 (16-bit) B/param, AdamW 12 B/param, gradients 4 or 2
-    B/param; activations without recomputation ``s b h L (10 + 24/t + 5 a s / (h t))`` with t = 1.
-    ``[anthony2023]``"""
+    B/param; activations without recomputation ``s b h L (10 + 24/t + 5 a s / (h t))`` with t = 1, i.e. L x
+    Korthikanti's layer (:func:`memlab.predict.activations.korthikanti_layer_bytes`). ``[anthony2023]``"""
     n, cfg = _params(run), from_hf(run.hf)
     b16 = _bytes16(run)
     states = n * (b16 + 12 + b16)
-    s, b, h, L, a = run.seq, run.batch, cfg.d_model, cfg.n_layers, cfg.n_heads
-    acts = s * b * h * L * (10 + 24 + 5 * a * s / h)
+    acts = _korthikanti_model_bytes(run, cfg)
     return CalculatorResult("transformer-math-101", float(states), float(acts))
 
 
 def ultrascale_playbook(run: Run) -> CalculatorResult:
     """The Ultra-Scale Playbook: with Adam, 4N + 4N + 8N (full precision) or 2N + 2N + 4N + 8N (mixed precision)
-    = 16 N bytes; activations ``L s b h (34 + 5 a s / h)``. ``[tazi2025]``"""
+    = 16 N bytes; activations ``L s b h (34 + 5 a s / h)``, L x Korthikanti's layer
+    (:func:`memlab.predict.activations.korthikanti_layer_bytes`). ``[tazi2025]``"""
     n, cfg = _params(run), from_hf(run.hf)
-    s, b, h, L, a = run.seq, run.batch, cfg.d_model, cfg.n_layers, cfg.n_heads
-    return CalculatorResult("ultrascale-playbook", float(16 * n), float(L * s * b * h * (34 + 5 * a * s / h)))
+    acts = _korthikanti_model_bytes(run, cfg)
+    return CalculatorResult("ultrascale-playbook", float(16 * n), float(acts))
 
 
 def memlab_formula(run: Run) -> CalculatorResult:
@@ -304,19 +312,11 @@ CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {
 """Every calculator, by name, in table order."""
 
 
-def measure_run(run: Run, seed: int = 0) -> dict[str, int]:
-    """Run the step for real on this machine (:func:`memlab.run.hf.run_hf`): ``{"states", "activations"}``, bytes."""
-    from memlab.run.hf import run_hf
-
-    _, m = run_hf(run.hf, attn_implementation=run.attn_implementation, dtype=run.dtype, batch=run.batch,
-                  seq=run.seq, device=run.device_type, seed=seed)
-    return {"states": m.states_bytes, "activations": m.saved_bytes}
-
-
 def shoot_out(runs: Iterable[tuple[Run, dict[str, int]]], tools: Iterable[str] | None = None) -> pd.DataFrame:
     """Long table: one row per (tool, run, component) with predicted, measured and relative error.
 
-    ``runs`` pairs each :class:`Run` with its measurement ``{"states": ..., "activations": ...}`` (bytes).
+    ``runs`` pairs each :class:`Run` with its measurement ``{"states": ..., "activations": ...}`` (bytes), data
+    from wherever it was measured (:func:`memlab.run.hf.measure_run` runs it on this machine).
     Unavailable tools and components a tool does not model give rows with ``predicted`` NaN and the reason.
     """
     import pandas as pd

@@ -26,8 +26,14 @@ if TYPE_CHECKING:
     from memlab.run.runner import Measurement
     from memlab.tracing.tracer import Trace
 
-COLUMNS = ["experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error", "note"]
-"""Columns of every ledger table (chapters write these to ledger.csv; the report summarises them)."""
+COLUMNS = ("experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error", "note")
+"""Columns of every ledger table: ``abs_error = predicted - measured`` (in ``unit``), ``rel_error`` from
+:func:`rel_error` (a fraction). Chapters append such rows to their ledger.csv (:meth:`memlab.course.chapter.Chapter.
+record_ledger`, which needs the first five and fills the errors); the report summarises them with
+:func:`error_summary`."""
+
+REQUIRED = COLUMNS[:5]
+"""The columns a ledger row must bring; the errors are computed from them and ``note`` is optional."""
 
 MODEL_COMPONENTS = ("params", "grads", "optimizer", "activations", "kv_cache")
 
@@ -38,11 +44,30 @@ def predict_for(config: TransformerConfig, measurement: Measurement) -> MemoryBr
     return estimate(config, setup, device_type=device_type(measurement.device))
 
 
+def rel_error(predicted: float | None, measured: float | None) -> float | None:
+    """``(predicted - measured) / measured``: positive when the prediction is too high. A zero measurement gives
+    0.0 when the prediction is zero too and ``inf`` otherwise (an error no ratio expresses); None (or NaN) on
+    either side gives None."""
+    if predicted is None or measured is None or predicted != predicted or measured != measured:
+        return None
+    if measured:
+        return (predicted - measured) / measured
+    return 0.0 if predicted == 0 else float("inf")
+
+
+def with_errors(rows: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ledger ``rows`` with ``abs_error`` and ``rel_error`` (:func:`rel_error`) filled in where absent."""
+    out = rows.copy()
+    if "abs_error" not in out.columns:
+        out["abs_error"] = out["predicted"] - out["measured"]
+    if "rel_error" not in out.columns:
+        out["rel_error"] = [rel_error(p, m) for p, m in zip(out["predicted"], out["measured"], strict=True)]
+    return out
+
+
 def _row(experiment: str, component: str, predicted: float | None, measured: float | None, note: str = "") -> dict:
-    abs_err = rel_err = None
-    if predicted is not None and measured is not None:
-        abs_err = predicted - measured
-        rel_err = abs_err / measured if measured else (0.0 if predicted == 0 else float("inf"))
+    abs_err = None if predicted is None or measured is None else predicted - measured
+    rel_err = rel_error(predicted, measured)
     return {"experiment": experiment, "component": component, "unit": "bytes", "predicted": predicted,
             "measured": measured, "abs_error": abs_err, "rel_error": rel_err, "note": note}
 
@@ -217,17 +242,27 @@ def ledger(pairs: Iterable[tuple[TransformerConfig, Measurement]], *, activation
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
 
 
-def error_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per component: rows, median and max |relative error|, and the worst experiment."""
+def error_summary(table: pd.DataFrame, *, by: str | None = "component") -> pd.DataFrame:
+    """Rows, median and max ``|rel_error|`` and the worst experiment, per ``by`` group (one row for the whole
+    table when ``by`` is None, which also names the worst row's component). Undefined errors are left out: NaN (a
+    side not modelled or not measured) and ``inf`` (a zero measurement, :func:`rel_error`)."""
     import pandas as pd
 
-    t = table.dropna(subset=["rel_error"]).copy()
-    t["abs_rel"] = t["rel_error"].abs()
+    t = table.copy()
+    t["abs_rel"] = pd.to_numeric(t["rel_error"], errors="coerce").abs()
+    t = t[t["abs_rel"] < float("inf")]
+    groups = [(None, t)] if by is None else list(t.groupby(by, sort=False))
     out = []
-    for comp, g in t.groupby("component", sort=False):
+    for key, g in groups:
+        if g.empty:
+            continue
         worst = g.loc[g["abs_rel"].idxmax()]
-        out.append({"component": comp, "rows": len(g), "median_abs_rel_error": g["abs_rel"].median(),
-                    "max_abs_rel_error": worst["abs_rel"], "worst_experiment": worst["experiment"]})
+        row = {} if by is None else {by: key}
+        row.update(rows=len(g), median_abs_rel_error=g["abs_rel"].median(), max_abs_rel_error=worst["abs_rel"],
+                   worst_experiment=worst.get("experiment", "?"))
+        if by is None:
+            row["worst_component"] = worst.get("component", "?")
+        out.append(row)
     return pd.DataFrame(out)
 
 

@@ -93,39 +93,6 @@ def phase_timeline(phases: pd.DataFrame, *, title: str, source: str = "") -> Fig
     return fig
 
 
-def sampled_timeline(frame: pd.DataFrame, *, title: str, columns: list[str] | None = None,
-                     source: str = "") -> Figure:
-    """A sampled memory timeline (TimelineSampler.frame()) with phase changes shaded."""
-    cols = columns or [c for c in frame.columns if c.endswith("_bytes")]
-    unit, size = byte_unit(float(frame[cols].max().max()))
-    fig, ax = _figure()
-    for c in cols:
-        ax.plot(frame["t_s"], frame[c] / size, label=c.removesuffix("_bytes"))
-    if "phase" in frame.columns:
-        changes = frame["phase"].ne(frame["phase"].shift())
-        for t, phase in zip(frame.loc[changes, "t_s"], frame.loc[changes, "phase"], strict=True):
-            ax.axvline(t, color="grey", lw=0.6, ls=":")
-            ax.text(t, ax.get_ylim()[1], f" {phase}", fontsize=7, va="top", rotation=90)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel(f"memory ({unit})")
-    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
-    ax.legend(fontsize=8)
-    return fig
-
-
-def error_bars(table: pd.DataFrame, *, title: str, source: str = "") -> Figure:
-    """Relative error (predicted - measured) / measured per ledger row, in percent."""
-    t = table.dropna(subset=["rel_error"])
-    fig, ax = _figure(8.0, max(3.0, 0.25 * len(t) + 1.2))
-    labels = [f"{e} · {c}" for e, c in zip(t["experiment"], t["component"], strict=True)]
-    ax.barh(range(len(t)), t["rel_error"] * 100, color="#4C72B0")
-    ax.set_yticks(range(len(t)), labels, fontsize=7)
-    ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel("relative error of the prediction (%)")
-    ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
-    return fig
-
-
 def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_per_s: float, title: str,
              bandwidth_label: str = "", source: str = "") -> Figure:
     """Measured points against the roofline :func:`memlab.predict.flops.roofline_bound`, log-log.

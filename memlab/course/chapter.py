@@ -20,10 +20,6 @@ from typing import Any
 from memlab.device import device_string, device_type, resolve_scale
 from memlab.errors import ConfigError
 
-LEDGER_COLUMNS = ("experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error")
-"""Columns every ledger row has. ``abs_error = predicted - measured`` (in ``unit``), ``rel_error = abs_error /
-measured`` (a fraction); the report summarises ``|rel_error|`` per chapter."""
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDED_DIR = REPO_ROOT / "data" / "recorded"
 """Results recorded on real GPUs: ``NAME.csv`` plus ``NAME.json`` (provenance), or ``NAME.json`` with ``rows``."""
@@ -180,20 +176,19 @@ class Chapter:
         """Append prediction-vs-measurement rows to ``out_dir/ledger.csv`` and return its path.
 
         ``df`` needs ``experiment``, ``component``, ``unit``, ``predicted`` and ``measured``; ``abs_error`` and
-        ``rel_error`` are computed when absent (see :data:`LEDGER_COLUMNS`). A row recorded again for the same
+        ``rel_error`` are computed when absent, by :func:`memlab.compare.ledger.with_errors` (the one ledger schema,
+        :data:`memlab.compare.ledger.COLUMNS`, and the one relative error). A row recorded again for the same
         (experiment, component, unit) replaces the earlier one, so re-running a cell does not double count.
         """
         import pandas as pd
 
-        rows = pd.DataFrame(df).copy()
-        missing = [c for c in LEDGER_COLUMNS[:5] if c not in rows.columns]
+        from memlab.compare.ledger import REQUIRED, with_errors
+
+        rows = pd.DataFrame(df)
+        missing = [c for c in REQUIRED if c not in rows.columns]
         if missing:
-            raise ConfigError(f"ledger rows lack column(s) {', '.join(missing)}; need {', '.join(LEDGER_COLUMNS[:5])}.")
-        if "abs_error" not in rows.columns:
-            rows["abs_error"] = rows["predicted"] - rows["measured"]
-        if "rel_error" not in rows.columns:
-            measured = rows["measured"].where(rows["measured"] != 0)
-            rows["rel_error"] = rows["abs_error"] / measured
+            raise ConfigError(f"ledger rows lack column(s) {', '.join(missing)}; need {', '.join(REQUIRED)}.")
+        rows = with_errors(rows)
         if self.ledger_path.exists():
             rows = pd.concat([pd.read_csv(self.ledger_path), rows], ignore_index=True)
         rows = rows.drop_duplicates(subset=["experiment", "component", "unit"], keep="last")

@@ -1,7 +1,7 @@
 """Exercises that check themselves: the learner answers in a cell, memlab says correct, or how far off and a hint.
 
 Reference answers are computed by memlab when the check runs (a callable such as
-``lambda: estimate.training(cfg, setup).optimizer_bytes``), never typed into the notebook, so they stay right
+``lambda: estimate(cfg, setup).optimizer_bytes``), never typed into the notebook, so they stay right
 when a formula or a table row is corrected. An answer left as ``...`` or ``None`` is "not answered yet": the check
 shows the hint and does not raise, so ``make report`` can execute every chapter with its exercises open.
 

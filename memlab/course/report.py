@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from memlab.compare.ledger import error_summary
 from memlab.course.chapter import RECORDED_SHOWN, REPO_ROOT
 from memlab.course.exercises import SOLUTIONS_ENV
 from memlab.course.pages import machine_paths, one_parameters_cell, render_html, scrub, write_atomic
@@ -169,14 +170,14 @@ def ledger_summary(ledger_csv: Path) -> dict[str, Any] | None:
                                "worst_component": None, "compared": _compared(frame)}
     if "rel_error" not in frame.columns:
         return summary
-    rel = pd.to_numeric(frame["rel_error"], errors="coerce").abs()
-    rel = rel[rel < float("inf")]  # drops NaN and the inf of a zero measurement (its row still counts)
-    if rel.empty:
+    overall = error_summary(frame, by=None)  # NaN and the inf of a zero measurement left out (their rows count)
+    if overall.empty:
         return summary
-    summary.update(median_abs_rel_error=float(rel.median()), max_abs_rel_error=float(rel.max()))
-    if rel.max() > 0:
-        worst = frame.loc[rel.idxmax()]
-        summary["worst_component"] = f"{worst.get('experiment', '?')}: {worst.get('component', '?')}"
+    row = overall.iloc[0]
+    summary.update(median_abs_rel_error=float(row["median_abs_rel_error"]),
+                   max_abs_rel_error=float(row["max_abs_rel_error"]))
+    if row["max_abs_rel_error"] > 0:
+        summary["worst_component"] = f"{row['worst_experiment']}: {row['worst_component']}"
     return summary
 
 

@@ -53,17 +53,6 @@ MPS allocator's older "KB/MB/GB" used the same 1024 divisors (it printed "Tried 
 which only a 2**20 divisor with a 2**30 threshold produces; Comfy-Org/ComfyUI#7372)."""
 
 _SIZE = r"(\d+(?:\.\d+)?)\s*(bytes?|[KMGT]i?B|B)"
-_SIZE_RE = re.compile(rf"^\s*{_SIZE}\s*$", re.IGNORECASE)
-
-
-def size_to_bytes(text: str) -> int:
-    """Bytes in a size such as ``"2.00 GiB"``, ``"512.00 MiB"``, ``"0 bytes"`` (rounded to whole bytes)."""
-    match = _SIZE_RE.match(text)
-    if match is None:
-        from memlab.errors import MemlabError
-
-        raise MemlabError(f"not a size: {text!r}; expected a number and a unit such as '2.00 GiB' or '0 bytes'.")
-    return _bytes(match.group(1), match.group(2))
 
 
 def _bytes(number: str, unit: str) -> int:

@@ -39,12 +39,13 @@ This module is pure arithmetic on ints or numpy arrays (batch and seq may be arr
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.setup import Setup, SetupView
+from memlab.predict.traits import REFERENCE, Implementation
 
 CATEGORIES = (
     "token ids",
@@ -222,7 +223,7 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
     """
     if not isinstance(config, TransformerConfig):
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
-    if not all(hasattr(setup, a) for a in ("mode", "batch", "seq", "policy", "tp", "sp")):
+    if not isinstance(setup, Setup | SetupView):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
     if setup.mode == "inference":
         return []
@@ -296,6 +297,33 @@ def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: st
     for term in activation_terms(config, setup, device_type=device_type):
         out[term.category] = out.get(term.category, 0) + term.bytes(setup.tp, setup.sp)
     return {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in out.items()}
+
+
+def reference_activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> float:
+    """Activation bytes (saved for backward, one device, one micro-batch) of ``config``'s sizes counted as memlab's
+    reference GPT is written: every implementation trait at :data:`memlab.predict.traits.REFERENCE`. The "reference
+    formula" a family's real saved bytes differ from by what its modelling code does (:func:`trait_effects`)."""
+    return float(sum(activation_bytes(config.with_(impl=REFERENCE), setup, device_type=device_type).values()))
+
+
+def trait_effects(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, float]:
+    """Bytes each implementation trait adds to the activations of ``config`` under ``setup``: the prediction with
+    the trait minus the prediction with that one trait set back to the reference GPT's value (largest first,
+    zero effects left out). It names the operation behind a residual between the reference formula and a model
+    (what :func:`memlab.measure.by_op.layer_listing` then shows tensor by tensor)."""
+    def total(cfg: TransformerConfig) -> float:
+        return float(sum(activation_bytes(cfg, setup, device_type=device_type).values()))
+
+    ref, base = Implementation(), total(config)
+    out: dict[str, float] = {}
+    for name in config.impl.differs():
+        changes: dict[str, object] = {name: getattr(ref, name)}
+        if name == "parallel_block":  # a shared norm only exists in a parallel block
+            changes["shared_norm"] = False
+        off = config.with_(impl=replace(config.impl, **changes))
+        if (delta := base - total(off)) != 0:
+            out[name] = delta
+    return dict(sorted(out.items(), key=lambda kv: -abs(kv[1])))
 
 
 def korthikanti_layer_bytes(

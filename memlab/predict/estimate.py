@@ -3,8 +3,8 @@
 ``estimate(config, setup)`` returns a :class:`MemoryBreakdown`: bytes on ONE device for parameters, gradients,
 optimizer states, activations, KV cache and named overheads. Where each byte comes from:
 
-- model states per parameter: the :class:`memlab.predict.setup.PrecisionPolicy` (weights, gradients, fp32 master copy,
-  fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
+- model states per parameter: the :class:`memlab.predict.precision.PrecisionPolicy` (weights, gradients, fp32 master
+  copy, fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
   "K = 12" for mixed-precision Adam), the fp32 master copy and the fp32 accumulation buffer are counted as
   **optimizer** state; ``optimizer_detail`` splits them out again.
 - sharding: ZeRO stages 0-3 / FSDP over ``setup.world_size`` data-parallel ranks (:func:`zero_divisors`), after
@@ -32,7 +32,7 @@ import numpy as np
 from memlab.errors import SetupError
 from memlab.predict.activations import activation_bytes
 from memlab.predict.inference import INT4_GROUP, kv_cache_bytes, prefill_transient_bytes
-from memlab.predict.models import _PARAMS_WHY, MAX_LAYERS, MAX_PARAMS, TransformerConfig
+from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
     ADAM_8BIT_BLOCK,
     adam_moment_bytes,
@@ -42,13 +42,10 @@ from memlab.predict.optimizer_states import (
 )
 from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup, resolve_optimizer_impl
+from memlab.predict.setup import Setup, SetupView, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
-from memlab.predict.validate import StrictInit, check_fields, check_int, show
+from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
-
-MAX_OVERHEAD_BYTES = 2**50
-_OVERHEAD_WHY = "one pebibyte (2**50 bytes), over 1000x any accelerator's memory"
 
 
 # -- results ----------------------------------------------------------------------------------------------------
@@ -63,14 +60,14 @@ class Overheads(StrictInit):
 
     _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
-    cuda_context_bytes: int = field(default=0, metadata={"max": MAX_OVERHEAD_BYTES, "why": _OVERHEAD_WHY})
+    cuda_context_bytes: int = field(default=0, metadata=LIMITS["overhead_bytes"].meta())
     """CUDA context, kernels and library handles (outside the caching allocator)."""
-    workspace_bytes: int = field(default=0, metadata={"max": MAX_OVERHEAD_BYTES, "why": _OVERHEAD_WHY})
+    workspace_bytes: int = field(default=0, metadata=LIMITS["overhead_bytes"].meta())
     """cuBLAS / attention workspaces."""
     fragmentation_fraction: float = field(default=0.0, metadata={"max": 1.0, "max_open": True,
                                                                   "why": "a fraction of the managed bytes, below 1"})
     """Allocator margin as a fraction of all allocator-managed bytes (everything but the CUDA context)."""
-    gathered_layers: int = field(default=0, metadata={"max": MAX_LAYERS, "why": "at most the model's blocks"})
+    gathered_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks"})
     """Blocks held gathered under ZeRO-3 / FSDP FULL_SHARD (0 = not counted)."""
 
     def __post_init__(self) -> None:
@@ -168,27 +165,13 @@ class MemoryBreakdown:
 
 
 # -- the estimator ----------------------------------------------------------------------------------------------
-class _ArraySetup:
-    """A read-only view of a :class:`Setup` whose batch and seq are numpy arrays (for :func:`sweep_totals`)."""
-
-    def __init__(self, setup: Setup, batch: Any, seq: Any) -> None:
-        self._setup, self.batch, self.seq = setup, batch, seq
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._setup, name)
-
-    @property
-    def tokens(self) -> Any:
-        return self.batch * self.seq
-
-
 def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> None:
     if isinstance(model, TransformerConfig):
         model.check_seq(seq_max)
         return
     if not isinstance(model, int) or isinstance(model, bool) or model <= 0:
         raise SetupError(f"expected a TransformerConfig or a positive parameter count (int), got {show(model)}")
-    check_int("parameter count", model, hi=MAX_PARAMS, why=_PARAMS_WHY, err=SetupError)
+    check_int("parameter count", model, hi=LIMITS["params"].max, why=LIMITS["params"].why, err=SetupError)
     if setup.optimizer == "adafactor" and setup.mode == "train":
         raise SetupError("adafactor state depends on parameter shapes: give a model config, not a bare count")
 
@@ -418,20 +401,6 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     )
 
 
-def training(config_or_params: TransformerConfig | int, setup: Setup, **kwargs: Any) -> MemoryBreakdown:
-    """:func:`estimate` for a training step (``setup.mode`` must be ``train``)."""
-    if setup.mode != "train":
-        raise SetupError("training() needs setup.mode='train': use inference() or estimate()")
-    return estimate(config_or_params, setup, **kwargs)
-
-
-def inference(config_or_params: TransformerConfig | int, setup: Setup, **kwargs: Any) -> MemoryBreakdown:
-    """:func:`estimate` for inference (``setup.mode`` must be ``inference``)."""
-    if setup.mode != "inference":
-        raise SetupError("inference() needs setup.mode='inference': use training() or estimate()")
-    return estimate(config_or_params, setup, **kwargs)
-
-
 def _size_array(name: str, values: Any, hi: int) -> np.ndarray:
     """``values`` as a float64 array of whole numbers in [1, hi]; anything else raises SetupError with the fix."""
     try:
@@ -464,14 +433,14 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
     """
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
-    b = _size_array("batch", setup.batch if batch is None else batch, MAX_BATCH)
-    s = _size_array("seq", setup.seq if seq is None else seq, MAX_SEQ)
+    b = _size_array("batch", setup.batch if batch is None else batch, LIMITS["batch"].max)
+    s = _size_array("seq", setup.seq if seq is None else seq, LIMITS["seq"].max)
     try:
         b, s = np.broadcast_arrays(b, s)
     except ValueError:
         raise SetupError(f"batch (shape {b.shape}) and seq (shape {s.shape}) do not broadcast together: pass "
                          "arrays of one shape, or one of them as a scalar") from None
-    view = _ArraySetup(setup, b, s)
+    view = SetupView(setup, batch=b, seq=s)
     states, acts, kv, terms, *_, phases = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
                                                     step_on_device)
     if peak:

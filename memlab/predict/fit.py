@@ -13,8 +13,8 @@ from typing import Any
 from memlab.errors import SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import MAX_BATCH, MAX_SEQ, Setup
-from memlab.predict.validate import check_int
+from memlab.predict.setup import Setup
+from memlab.predict.validate import LIMITS, check_int
 from memlab.units import GiB
 
 
@@ -93,7 +93,7 @@ def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit
         raise SetupError(f"max_{field} needs a model config: with a bare parameter count {field} changes nothing")
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
-    hi = MAX_BATCH if field == "batch" else MAX_SEQ
+    hi = LIMITS[field].max
     check_int("limit", limit, hi=hi, why=f"Setup's bound on {field}", err=SetupError)
     key, _, cap = _capacity(gpu)
 

@@ -25,21 +25,13 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
-from memlab.predict.models import _PARAMS_WHY, MAX_PARAMS, TransformerConfig
-from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
-from memlab.predict.validate import check_int, check_number
-
-Recompute = Literal["none", "selective", "full"]
-MAX_TOKENS_PER_S = 1e13
-_TPS_WHY = "ten trillion tokens/s, about 1000x what a 100,000-GPU cluster processes"
-MAX_DEVICES = 10**7
-_DEV_WHY = "ten million devices, about 100x the largest clusters built"
-RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
-
+from memlab.predict.models import TransformerConfig
+from memlab.predict.setup import RECOMPUTE, Recompute
+from memlab.predict.validate import LIMITS, check_int, check_number
 
 _pos_int = functools.partial(check_int, err=SetupError)
 """A count (batch, seq, dims) >= 1, or the :class:`SetupError` naming it (``err=ConfigError`` for a model's)."""
@@ -72,20 +64,6 @@ def attention_flops(batch: int, seq: int, d_model: int, n_heads: int | None = No
         raise ConfigError(f"n_heads={n_heads} must divide d_model={d_model}")
     full = 4 * b * s * s * h
     return full // 2 if causal else full
-
-
-def palm_flops_per_token(n_params: float, n_layers: int, n_heads: int, head_dim: int, seq: int) -> float:
-    """Training (forward + backward) FLOPs per token, 6N + 12*L*H*Q*T (Chowdhery et al. 2022, PaLM, Appendix B).
-
-    N: parameters that are multiplied per token. PaLM's N for 540B is its full 540.35e9 count, which includes the
-    input embedding because PaLM shares it with the output layer (so the LM-head matmul is in 6N); for an untied
-    model use the matmul weights (blocks + head), as :func:`flops_per_token` does. L layers, H heads, Q head
-    dimension, T sequence length; the attention term counts the full T x T scores (no causal halving).
-    """
-    n = _pos_num("n_params", n_params, err=ConfigError)
-    n_l, a, d = (_pos_int(k, x, err=ConfigError) for k, x in (("n_layers", n_layers), ("n_heads", n_heads),
-                                                                ("head_dim", head_dim)))
-    return 6 * n + 12 * n_l * a * (d * _pos_int("seq", seq))
 
 
 def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, causal: bool = False) -> dict[str, int]:
@@ -248,20 +226,20 @@ def _per_token(model: TransformerConfig | float | None, seq: int | None, recompu
                override: float | None) -> tuple[float, float | None, str]:
     """(model FLOPs/token, hardware FLOPs/token or None, formula description)."""
     if override is not None:
-        value = check_number("model_flops_per_token", override, lo=0.0, lo_open=True, hi=6 * MAX_PARAMS,
+        value = check_number("model_flops_per_token", override, lo=0.0, lo_open=True, hi=6 * LIMITS["params"].max,
                              why="6 x the largest parameter count memlab accepts", err=ConfigError)
         return value, value if recompute == "none" else None, "given model_flops_per_token"
     if isinstance(model, TransformerConfig):
         if seq is None:
             raise SetupError("seq is required with a model config: the attention term 12*L*h*seq depends on the "
                              "training sequence length (pass the length actually trained on, not max_seq)")
-        s = check_int("seq", seq, hi=MAX_SEQ, why=_SEQ_WHY, err=SetupError)
+        s = check_int("seq", seq, hi=LIMITS["seq"].max, why=LIMITS["seq"].why, err=SetupError)
         model.check_seq(s)
         hw = megatron_iteration_flops(model, 1, s, recompute) / s
         return flops_per_token(model, s), hw, f"PaLM 6N + 12*L*H*Q*T, N = matmul weights, T = {s}"
     if isinstance(model, int | float) and not isinstance(model, bool):
-        n = check_number("parameter count", model, lo=0.0, lo_open=True, hi=MAX_PARAMS, why=_PARAMS_WHY,
-                         err=ConfigError)
+        n = check_number("parameter count", model, lo=0.0, lo_open=True, hi=LIMITS["params"].max,
+                         why=LIMITS["params"].why, err=ConfigError)
         hw = {"none": 6 * n, "full": 8 * n, "selective": None}[recompute]
         return 6 * n, hw, "6N from a bare parameter count (attention FLOPs excluded; HFU unknown for selective)"
     raise ConfigError(f"model must be a TransformerConfig or a parameter count, got {type(model).__name__}")
@@ -280,9 +258,9 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     the peak for ``dtype`` is unknown, ``mfu`` and ``hfu`` are None and ``reason`` says why: no other device's
     peak is ever borrowed. ``num_devices`` counts devices as PyTorch sees them (an MI250X package is 2).
     """
-    tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=MAX_TOKENS_PER_S,
-                       why=_TPS_WHY, err=SetupError)
-    n_dev = check_int("num_devices", num_devices, hi=MAX_DEVICES, why=_DEV_WHY, err=SetupError)
+    tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=LIMITS["tokens_per_s"].max,
+                       why=LIMITS["tokens_per_s"].why, err=SetupError)
+    n_dev = check_int("num_devices", num_devices, hi=LIMITS["devices"].max, why=LIMITS["devices"].why, err=SetupError)
     if dtype not in PEAK_DTYPES:
         raise unknown_name("dtype", str(dtype), PEAK_DTYPES)
     _check_recompute(recompute)

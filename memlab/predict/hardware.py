@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import UnknownNameError, unknown_name
-from memlab.predict.hardware_table import _ALIASES, GPUS, PEAK_DTYPES, Accelerator
+from memlab.predict.hardware_table import ALIASES, GPUS, PEAK_DTYPES, Accelerator
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,7 +55,7 @@ def gpu(name: str) -> Accelerator:
     if not isinstance(name, str) or not name.strip():
         raise unknown_name("GPU", str(name), list(GPUS))
     key = _normalise(name, "-")
-    target = _ALIASES.get(key, key)
+    target = ALIASES.get(key, key)
     if isinstance(target, tuple):
         raise UnknownNameError(
             f"GPU name {name!r} is ambiguous: its variants differ in memory or peak FLOP/s. memlab's table has "

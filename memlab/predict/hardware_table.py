@@ -13,14 +13,10 @@ from types import MappingProxyType
 from typing import Any
 
 from memlab.errors import MemlabError, unknown_name
-from memlab.predict.validate import StrictInit, check_fields, check_number, show
+from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_number, show
 
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """The dtypes every peak table carries, in display order (int8 in integer op/s)."""
-
-MAX_PEAK_FLOPS = 1e17
-_PEAK_WHY = ("100 PFLOP/s per device, over 10x the largest dense figure any vendor prints; a larger value is a "
-             "unit mistake (FLOP/s, not TFLOP/s) or a corrupt measurement")
 
 GIB = 2**30
 T = 1e12  # tera (FLOP/s or bytes/s)
@@ -66,8 +62,8 @@ class Accelerator(StrictInit):
         peaks = {d: self.peak_flops.get(d) for d in PEAK_DTYPES}
         for d, v in peaks.items():
             if v is not None:
-                check_number(f"peak_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=MAX_PEAK_FLOPS, why=_PEAK_WHY,
-                             owner=f"Accelerator {self.key!r}", err=MemlabError)
+                check_number(f"peak_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=LIMITS["peak_flops"].max,
+                             why=LIMITS["peak_flops"].why, owner=f"Accelerator {self.key!r}", err=MemlabError)
         object.__setattr__(self, "peak_flops", MappingProxyType(peaks))
         sparse = dict(self.printed_sparse_flops or {})
         for d, v in sparse.items():
@@ -276,7 +272,7 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
 )})
 """The accelerator table, keyed by canonical key (read-only)."""
 
-_ALIASES: Mapping[str, str | tuple[str, ...]] = MappingProxyType({
+ALIASES: Mapping[str, str | tuple[str, ...]] = MappingProxyType({
     # unambiguous alternative spellings
     "v100-sxm2": "v100-sxm2-32gb", "v100-32gb": "v100-sxm2-32gb", "v100-sxm2-32": "v100-sxm2-32gb",
     "a100-sxm4-40gb": "a100-40gb-sxm", "a100-40gb-sxm4": "a100-40gb-sxm",

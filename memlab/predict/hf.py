@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError
-from memlab.predict.activations import activation_bytes
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
-from memlab.predict.traits import REFERENCE, Implementation
+from memlab.predict.traits import Implementation
 
 _T = "transformers/models"
 _LLAMA_LIKE = {
@@ -288,30 +286,3 @@ def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str 
             return "math" if attention_dropout > 0 else "flash"
         return "flash" if dtype != "fp32" else "efficient"
     raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got {attn_implementation!r}")
-
-
-def reference_activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> float:
-    """Activation bytes (saved for backward, one device, one micro-batch) of ``config``'s sizes counted as memlab's
-    reference GPT is written: every implementation trait at :data:`memlab.predict.traits.REFERENCE`. The "reference
-    formula" a family's real saved bytes differ from by what its modelling code does (:func:`trait_effects`)."""
-    return float(sum(activation_bytes(config.with_(impl=REFERENCE), setup, device_type=device_type).values()))
-
-
-def trait_effects(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, float]:
-    """Bytes each implementation trait adds to the activations of ``config`` under ``setup``: the prediction with
-    the trait minus the prediction with that one trait set back to the reference GPT's value (largest first,
-    zero effects left out). It names the operation behind a residual between the reference formula and a model
-    (what :func:`memlab.measure.by_op.layer_listing` then shows tensor by tensor)."""
-    def total(cfg: TransformerConfig) -> float:
-        return float(sum(activation_bytes(cfg, setup, device_type=device_type).values()))
-
-    ref, base = Implementation(), total(config)
-    out: dict[str, float] = {}
-    for name in config.impl.differs():
-        changes: dict[str, object] = {name: getattr(ref, name)}
-        if name == "parallel_block":  # a shared norm only exists in a parallel block
-            changes["shared_norm"] = False
-        off = config.with_(impl=replace(config.impl, **changes))
-        if (delta := base - total(off)) != 0:
-            out[name] = delta
-    return dict(sorted(out.items(), key=lambda kv: -abs(kv[1])))

@@ -18,28 +18,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import Literal, get_args
 
 from memlab.errors import ConfigError, SetupError, unknown_name
-from memlab.predict.setup import _SEQ_WHY, MAX_SEQ
 from memlab.predict.traits import REFERENCE, Implementation
-from memlab.predict.validate import StrictInit, check_fields
+from memlab.predict.validate import LIMITS, StrictInit, check_fields
 
 MlpKind = Literal["gelu", "swiglu"]
 PositionKind = Literal["learned", "rotary"]
 NormKind = Literal["layernorm", "rmsnorm"]
-
-MAX_LAYERS = 10**4
-MAX_PARAMS = 10**15
-_PARAMS_WHY = "a quadrillion parameters, about 500x the largest published models (~2 trillion)"
-MAX_D_MODEL = 10**6
-MAX_D_FF = 10**7
-MAX_VOCAB = 10**8
-_LAYERS_WHY = ("ten thousand blocks, 10x the deepest published transformer (DeepNet, 1,000 layers [wang2022]); "
-               "parameter shapes are listed per layer, so this also keeps every call well under a second")
-_D_WHY = "a million, about 40x the widest published models (d_model 12,288-25,600)"
-_FF_WHY = "ten million, about 100x the widest published MLPs"
-_VOCAB_WHY = "a hundred million tokens, about 400x the largest published vocabularies (~256k)"
+MLPS: tuple[str, ...] = get_args(MlpKind)
+POSITIONS: tuple[str, ...] = get_args(PositionKind)
+NORMS: tuple[str, ...] = get_args(NormKind)
 
 
 def swiglu_hidden(d_model: int, multiple_of: int = 256) -> int:
@@ -58,19 +48,19 @@ class TransformerConfig(StrictInit):
 
     _error = ConfigError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
-    d_model: int = field(metadata={"max": MAX_D_MODEL, "why": _D_WHY})
+    d_model: int = field(metadata=LIMITS["d_model"].meta())
     """Hidden size h."""
-    n_layers: int = field(metadata={"max": MAX_LAYERS, "why": _LAYERS_WHY})
+    n_layers: int = field(metadata=LIMITS["layers"].meta())
     """Number of transformer blocks L."""
-    n_heads: int = field(metadata={"max": MAX_D_MODEL, "why": "at most one head per hidden unit"})
+    n_heads: int = field(metadata={"max": LIMITS["d_model"].max, "why": "at most one head per hidden unit"})
     """Query heads a; head_dim = d_model / n_heads."""
-    n_kv_heads: int | None = field(default=None, metadata={"max": MAX_D_MODEL, "why": "at most n_heads"})
+    n_kv_heads: int | None = field(default=None, metadata={"max": LIMITS["d_model"].max, "why": "at most n_heads"})
     """Key/value heads (GQA when < n_heads, MQA when 1); None means n_heads (multi-head attention)."""
-    d_ff: int | None = field(default=None, metadata={"max": MAX_D_FF, "why": _FF_WHY})
+    d_ff: int | None = field(default=None, metadata=LIMITS["d_ff"].meta())
     """MLP inner width; None means 4h for gelu and the Llama rule for swiglu."""
-    vocab_size: int = field(default=50257, metadata={"max": MAX_VOCAB, "why": _VOCAB_WHY})
+    vocab_size: int = field(default=50257, metadata=LIMITS["vocab"].meta())
     """Vocabulary size V (rows of the embedding and the LM head)."""
-    max_seq: int = field(default=1024, metadata={"max": MAX_SEQ, "why": _SEQ_WHY})
+    max_seq: int = field(default=1024, metadata=LIMITS["seq"].meta())
     """Longest sequence the model accepts; learned position tables have this many rows."""
     mlp: MlpKind = "gelu"
     """gelu: up, GELU, down. swiglu: down(silu(gate(x)) * up(x))."""
@@ -100,15 +90,13 @@ class TransformerConfig(StrictInit):
     """How the model is written (:class:`memlab.predict.traits.Implementation`); the default is the reference GPT."""
 
     def __post_init__(self) -> None:
-        # Types and ranges from the annotations and metadata above (memlab.predict.validate): a bool is no size,
-        # 'no' is no bool (it would build a tied model), '0.1' is no dropout.
+        # Types, ranges and Literal choices from the annotations and metadata above (memlab.predict.validate): a bool
+        # is no size, 'no' is no bool (it would build a tied model), '0.1' is no dropout, 'relu' no mlp kind.
         check_fields(self, ConfigError)
         if isinstance(self.impl, dict):  # from to_dict() or a JSON line
             object.__setattr__(self, "impl", Implementation.from_dict(self.impl))
         if not isinstance(self.impl, Implementation):
             raise ConfigError(f"impl must be a memlab.predict.traits.Implementation, got {type(self.impl).__name__}")
-        if self.attn_head_dim is not None and self.attn_head_dim <= 0:
-            raise ConfigError(f"attn_head_dim must be a positive integer or None, got {self.attn_head_dim!r}")
         if self.attn_head_dim is None and self.d_model % self.n_heads:
             raise ConfigError(
                 f"n_heads={self.n_heads} must divide d_model={self.d_model}: pick a d_model that is a multiple "
@@ -121,12 +109,6 @@ class TransformerConfig(StrictInit):
                 "query heads): use a divisor of n_heads"
             )
         object.__setattr__(self, "n_kv_heads", kv)
-        if self.mlp not in ("gelu", "swiglu"):
-            raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}")
-        if self.positions not in ("learned", "rotary"):
-            raise ConfigError(f"positions must be 'learned' or 'rotary', got {self.positions!r}")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ConfigError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
         if self.d_ff is None:
             d_ff = 4 * self.d_model if self.mlp == "gelu" else swiglu_hidden(self.d_model)
             object.__setattr__(self, "d_ff", d_ff)
@@ -145,10 +127,6 @@ class TransformerConfig(StrictInit):
 
 
     def _check_moe(self) -> None:
-        for fname, low in (("n_experts", 1), ("top_k", 1), ("n_shared_experts", 0)):
-            value = getattr(self, fname)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{fname} must be an integer >= {low}, got {value!r}")
         if self.top_k > self.n_experts:
             raise ConfigError(f"top_k={self.top_k} cannot exceed n_experts={self.n_experts}: lower top_k")
         if self.n_shared_experts and not self.is_moe:
@@ -290,14 +268,6 @@ class TransformerConfig(StrictInit):
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
-    @classmethod
-    def from_hf(cls, config: object, *, name: str | None = None) -> TransformerConfig:
-        """The config of a Hugging Face model (a ``transformers`` config, its ``to_dict()``, or a ``config.json``
-        path), with the implementation traits of its family: see :func:`memlab.predict.hf.from_hf`."""
-        from memlab.predict.hf import from_hf
-
-        return from_hf(config, name=name)
-
 
 @dataclass(frozen=True)
 class Preset:
@@ -308,130 +278,61 @@ class Preset:
     note: str = ""
 
 
-def _gpt2(name: str, d: int, layers: int, heads: int, note: str = "") -> Preset:
-    return Preset(
-        TransformerConfig(name=name, d_model=d, n_layers=layers, n_heads=heads, vocab_size=50257, max_seq=1024),
-        "Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', Table 2; "
-        "sizes as released in the openai-community/" + ("gpt2" if name == "gpt2" else name) + " config.json",
-        note,
-    )
-
-
-def _llama(name: str, d: int, layers: int, heads: int, kv: int, ff: int, vocab: int, seq: int, src: str) -> Preset:
-    return Preset(
-        TransformerConfig(
-            name=name,
-            d_model=d,
-            n_layers=layers,
-            n_heads=heads,
-            n_kv_heads=kv,
-            d_ff=ff,
-            vocab_size=vocab,
-            max_seq=seq,
-            mlp="swiglu",
-            positions="rotary",
-            norm="rmsnorm",
-            bias=False,
-            tied_embeddings=False,
-        ),
-        src,
-    )
-
-
+_GPT2 = {"vocab_size": 50257, "max_seq": 1024}  # GPT-2 layout: learned positions, layernorm, biases, tied head
+_LLAMA = {"mlp": "swiglu", "positions": "rotary", "norm": "rmsnorm", "bias": False, "tied_embeddings": False}
+_GPT2_SRC = ("Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', Table 2; sizes as released "
+             "in the openai-community/{} config.json")
 _LLAMA2 = "Touvron et al. 2023, 'Llama 2: Open Foundation and Fine-Tuned Chat Models', Table 1; meta-llama config.json"
 _LLAMA3 = "Meta 2024, 'The Llama 3 Herd of Models' (Dubey et al.), Table 3; meta-llama config.json"
+_CPU_LAB = "memlab CPU-lab preset ({}, scaled down)"
+# Tiny models for CPU labs: small enough that a training step takes well under a second on 2 cores.
+_TINY = {"vocab_size": 512, "max_seq": 256}
 
-PRESETS: dict[str, Preset] = {
-    "gpt2": _gpt2("gpt2", 768, 12, 12, "124M; tied embeddings, learned positions"),
-    "gpt2-medium": _gpt2("gpt2-medium", 1024, 24, 16, "355M"),
-    "gpt2-large": _gpt2("gpt2-large", 1280, 36, 20, "774M"),
-    "gpt2-xl": _gpt2("gpt2-xl", 1600, 48, 25, "1.5B"),
-    "llama-2-7b": _llama("llama-2-7b", 4096, 32, 32, 32, 11008, 32000, 4096, _LLAMA2),
-    "llama-2-13b": _llama("llama-2-13b", 5120, 40, 40, 40, 13824, 32000, 4096, _LLAMA2),
-    "llama-2-70b": _llama("llama-2-70b", 8192, 80, 64, 8, 28672, 32000, 4096, _LLAMA2),
-    "llama-3-8b": _llama("llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, _LLAMA3),
-    "llama-3-70b": _llama("llama-3-70b", 8192, 80, 64, 8, 28672, 128256, 8192, _LLAMA3),
-    "mistral-7b": _llama(
-        "mistral-7b",
-        4096,
-        32,
-        32,
-        8,
-        14336,
-        32000,
-        32768,
-        "Jiang et al. 2023, 'Mistral 7B', Table 1; mistralai/Mistral-7B-v0.1 config.json",
-    ),
-    "opt-13b": Preset(
-        TransformerConfig(
-            name="opt-13b",
-            d_model=5120,
-            n_layers=40,
-            n_heads=40,
-            d_ff=20480,
-            vocab_size=50272,
-            max_seq=2048,
-        ),
-        "Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', Table 1; facebook/opt-13b config",
-        "OPT's position table has 2 extra offset rows (10,240 parameters) not modelled here",
-    ),
-    "gpt-3-175b": Preset(
-        TransformerConfig(
-            name="gpt-3-175b",
-            d_model=12288,
-            n_layers=96,
-            n_heads=96,
-            vocab_size=50257,
-            max_seq=2048,
-        ),
-        "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1",
-        "the paper reports 175.0B; this layout (GPT-2 style, tied) counts 174.6B",
-    ),
-    "mixtral-8x7b": Preset(
-        TransformerConfig(
-            name="mixtral-8x7b", d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=32000,
-            max_seq=32768, mlp="swiglu", positions="rotary", norm="rmsnorm", bias=False, tied_embeddings=False,
-            n_experts=8, top_k=2,
-        ),
-        "Jiang et al. 2024, 'Mixtral of Experts', Sec. 2 and Table 1; mistralai/Mixtral-8x7B-v0.1 config.json",
-        "46.7B parameters, 12.9B active per token (the paper's numbers)",
-    ),
-    # Tiny models for CPU labs: small enough that a training step takes well under a second on 2 cores.
-    "tiny-gpt": Preset(
-        TransformerConfig(name="tiny-gpt", d_model=64, n_layers=2, n_heads=4, vocab_size=512, max_seq=256),
-        "memlab CPU-lab preset (GPT-2 layout, scaled down)",
-    ),
-    "small-gpt": Preset(
-        TransformerConfig(name="small-gpt", d_model=128, n_layers=4, n_heads=4, vocab_size=2048, max_seq=512),
-        "memlab CPU-lab preset (GPT-2 layout, scaled down)",
-    ),
-    "tiny-llama": Preset(
-        TransformerConfig(
-            name="tiny-llama",
-            d_model=64,
-            n_layers=2,
-            n_heads=4,
-            n_kv_heads=2,
-            d_ff=176,
-            vocab_size=512,
-            max_seq=256,
-            mlp="swiglu",
-            positions="rotary",
-            norm="rmsnorm",
-            bias=False,
-            tied_embeddings=False,
-        ),
-        "memlab CPU-lab preset (Llama layout with GQA, scaled down)",
-    ),
-    "tiny-moe": Preset(
-        TransformerConfig(
-            name="tiny-moe", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab_size=512, max_seq=256,
-            mlp="swiglu", positions="rotary", norm="rmsnorm", bias=False, tied_embeddings=False,
-            n_experts=8, top_k=2, n_shared_experts=1,
-        ),
-        "memlab CPU-lab preset (tiny-llama layout with 8 routed experts, top-2, one shared expert)",
-    ),
-}
+_C = TransformerConfig
+PRESETS: dict[str, Preset] = {p.config.name: p for p in (
+    # One keyword line per model; the comment is its exact param_count().
+    Preset(_C(name="gpt2", d_model=768, n_layers=12, n_heads=12, **_GPT2),  # 124,439,808
+           _GPT2_SRC.format("gpt2"), "124M; tied embeddings, learned positions"),
+    Preset(_C(name="gpt2-medium", d_model=1024, n_layers=24, n_heads=16, **_GPT2),  # 354,823,168
+           _GPT2_SRC.format("gpt2-medium"), "355M"),
+    Preset(_C(name="gpt2-large", d_model=1280, n_layers=36, n_heads=20, **_GPT2),  # 774,030,080
+           _GPT2_SRC.format("gpt2-large"), "774M"),
+    Preset(_C(name="gpt2-xl", d_model=1600, n_layers=48, n_heads=25, **_GPT2),  # 1,557,611,200
+           _GPT2_SRC.format("gpt2-xl"), "1.5B"),
+    Preset(_C(name="llama-2-7b", d_model=4096, n_layers=32, n_heads=32, d_ff=11008, vocab_size=32000, max_seq=4096,
+              **_LLAMA), _LLAMA2),  # 6,738,415,616
+    Preset(_C(name="llama-2-13b", d_model=5120, n_layers=40, n_heads=40, d_ff=13824, vocab_size=32000, max_seq=4096,
+              **_LLAMA), _LLAMA2),  # 13,015,864,320
+    Preset(_C(name="llama-2-70b", d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672, vocab_size=32000,
+              max_seq=4096, **_LLAMA), _LLAMA2),  # 68,976,648,192
+    Preset(_C(name="llama-3-8b", d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=128256,
+              max_seq=8192, **_LLAMA), _LLAMA3),  # 8,030,261,248
+    Preset(_C(name="llama-3-70b", d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672, vocab_size=128256,
+              max_seq=8192, **_LLAMA), _LLAMA3),  # 70,553,706,496
+    Preset(_C(name="mistral-7b", d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=32000,
+              max_seq=32768, **_LLAMA),  # 7,241,732,096
+           "Jiang et al. 2023, 'Mistral 7B', Table 1; mistralai/Mistral-7B-v0.1 config.json"),
+    Preset(_C(name="opt-13b", d_model=5120, n_layers=40, n_heads=40, d_ff=20480, vocab_size=50272, max_seq=2048),
+           "Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models', Table 1; facebook/opt-13b config",
+           "OPT's position table has 2 extra offset rows (10,240 parameters) not modelled here"),  # 12,853,463,040
+    Preset(_C(name="gpt-3-175b", d_model=12288, n_layers=96, n_heads=96, vocab_size=50257, max_seq=2048),
+           "Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1",
+           "the paper reports 175.0B; this layout (GPT-2 style, tied) counts 174.6B"),  # 174,604,259,328
+    Preset(_C(name="mixtral-8x7b", d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336, vocab_size=32000,
+              max_seq=32768, n_experts=8, top_k=2, **_LLAMA),  # 46,702,792,704 (12,879,925,248 active)
+           "Jiang et al. 2024, 'Mixtral of Experts', Sec. 2 and Table 1; mistralai/Mixtral-8x7B-v0.1 config.json",
+           "46.7B parameters, 12.9B active per token (the paper's numbers)"),
+    Preset(_C(name="tiny-gpt", d_model=64, n_layers=2, n_heads=4, **_TINY),  # 149,248
+           _CPU_LAB.format("GPT-2 layout")),
+    Preset(_C(name="small-gpt", d_model=128, n_layers=4, n_heads=4, vocab_size=2048, max_seq=512),  # 1,121,024
+           _CPU_LAB.format("GPT-2 layout")),
+    Preset(_C(name="tiny-llama", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=176, **_TINY, **_LLAMA),
+           _CPU_LAB.format("Llama layout with GQA")),  # 158,016
+    Preset(_C(name="tiny-moe", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, n_experts=8, top_k=2,
+              n_shared_experts=1, **_TINY, **_LLAMA),  # 533,824 (238,912 active)
+           "memlab CPU-lab preset (tiny-llama layout with 8 routed experts, top-2, one shared expert)"),
+)}
+"""The named models, in table order: sizes from the publication or model card each :attr:`Preset.source` names."""
 
 ALIASES: dict[str, str] = {
     "gpt2-small": "gpt2",

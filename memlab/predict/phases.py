@@ -46,7 +46,7 @@ import numpy as np
 
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
-from memlab.predict.setup import resolve_optimizer_impl
+from memlab.predict.setup import SetupView, resolve_optimizer_impl
 
 PHASES = ("forward", "backward", "optimizer step", "zero_grad")
 """Training phases in step order (``zero_grad`` is the bytes held after it; the others the peak inside)."""
@@ -89,22 +89,12 @@ class StepInputs:
     """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
 
 
-class _View:
-    """A setup with some attributes overridden (works for Setup and the estimator's array view)."""
-
-    def __init__(self, base: Any, **over: Any) -> None:
-        self._base, self._over = base, over
-
-    def __getattr__(self, name: str) -> Any:
-        return self._over[name] if name in self._over else getattr(self._base, name)
-
-
 def _layer_terms(config: TransformerConfig, setup: Any, device_type: str) -> dict[str, Any]:
     """One block's terms on one tp rank: saved bytes (without recompute, less the MLP's), backward temporaries,
     the transient of its forward, and the model-level head/loss and recompute terms."""
     from memlab.predict.activations import activation_terms, widths
 
-    terms = activation_terms(config, _View(setup, recompute="none"), device_type=device_type)
+    terms = activation_terms(config, SetupView(setup, recompute="none"), device_type=device_type)
     per = sum(tm.bytes(setup.tp, setup.sp) for tm in terms
               if tm.category not in (*_MODEL_LEVEL, "mlp") and not tm.name.startswith("final norm")
               and tm.name != "16-bit copy of LM-head weight")

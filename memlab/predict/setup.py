@@ -8,24 +8,28 @@ has a measured twin. Precision policies live in :mod:`memlab.predict.precision`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from memlab.errors import SetupError, unknown_name
 from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
-from memlab.predict.validate import StrictInit, check_fields
+from memlab.predict.validate import LIMITS, StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["eager", "math", "flash", "efficient", "cudnn"]
 ZeroStage = Literal[0, 1, 2, 3]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor"]
+InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
+KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
+OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor")
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("eager", "math", "flash", "efficient", "cudnn")
-MODES = ("train", "inference")
-INFERENCE_WEIGHTS = ("fp32", "fp16", "bf16", "int8", "int4")
-KV_DTYPES = ("fp32", "fp16", "bf16", "fp8", "int8")
-OPTIMIZER_IMPLS = ("auto", "for-loop", "foreach", "fused")
+MODES: tuple[str, ...] = get_args(Mode)
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+ATTENTION: tuple[str, ...] = get_args(Attention)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
+KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
+OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
 """Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
 FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -48,20 +52,6 @@ def resolve_optimizer_impl(optimizer: str, impl: str, device_type: str = "cuda")
                          "use for-loop or foreach")
     return impl
 
-MAX_BATCH = 10**7
-MAX_SEQ = 10**8
-MAX_RANKS = 10**6
-MAX_TP = 10**4
-MAX_STEPS = 10**4
-MAX_GRAD_ACCUM = 10**6
-_STEPS_WHY = ("ten thousand timed steps (or decoded tokens) per measurement; a median over more adds no precision "
-              "to a memory experiment")
-_BATCH_WHY = ("ten million sequences per rank, about 1000x the largest published global batches; beyond it byte "
-              "counts leave the range a float64 sweep holds exactly")
-_SEQ_WHY = "100 million tokens, 10x the longest published context (10M tokens recalled [gemini2024])"
-_RANKS_WHY = "a million data-parallel ranks, about 10x the largest training clusters built"
-_TP_WHY = "ten thousand tensor-parallel ranks; tensor parallelism is used within a node or a few (2-64 ranks)"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Setup(StrictInit):
@@ -83,15 +73,15 @@ class Setup(StrictInit):
 
     _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
 
-    batch: int = field(default=1, metadata={"max": MAX_BATCH, "why": _BATCH_WHY})
+    batch: int = field(default=1, metadata=LIMITS["batch"].meta())
     """Micro-batch per data-parallel rank, in sequences."""
-    seq: int = field(default=1024, metadata={"max": MAX_SEQ, "why": _SEQ_WHY})
+    seq: int = field(default=1024, metadata=LIMITS["seq"].meta())
     """Sequence length in tokens (the CLI lowers it to the model's max_seq when that is shorter)."""
     mode: Mode = "train"
     """``train`` (forward, backward, optimizer step) or ``inference`` (weights and KV cache, prefill and decode)."""
     precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES), "mode": "train"})
     """Training precision policy (memlab.predict.precision): how weights, gradients and master copies are stored."""
-    optimizer: str = field(default="adamw", metadata={"choices": OPTIMIZERS, "mode": "train"})
+    optimizer: Optimizer = field(default="adamw", metadata={"mode": "train"})
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
@@ -99,54 +89,38 @@ class Setup(StrictInit):
     """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
     zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})
     """ZeRO stage over the data-parallel ranks: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
-    world_size: int = field(default=1, metadata={"max": MAX_RANKS, "why": _RANKS_WHY})
+    world_size: int = field(default=1, metadata=LIMITS["ranks"].meta())
     """Data-parallel ranks."""
-    tp: int = field(default=1, metadata={"max": MAX_TP, "why": _TP_WHY})
+    tp: int = field(default=1, metadata=LIMITS["tp"].meta())
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
-    inference_weights: str = field(default="bf16", metadata={"choices": INFERENCE_WEIGHTS, "flag": "--weights",
-                                                             "mode": "inference"})
+    inference_weights: InferenceWeights = field(default="bf16", metadata={"flag": "--weights", "mode": "inference"})
     """Weight dtype when mode is inference."""
-    kv_cache_dtype: str = field(default="bf16", metadata={"choices": KV_DTYPES, "flag": "--kv-dtype",
-                                                          "mode": "inference"})
+    kv_cache_dtype: KvDtype = field(default="bf16", metadata={"flag": "--kv-dtype", "mode": "inference"})
     """KV-cache element type when mode is inference."""
-    optimizer_impl: str = field(default="auto", metadata={"choices": OPTIMIZER_IMPLS, "mode": "train"})
+    optimizer_impl: OptimizerImpl = field(default="auto", metadata={"mode": "train"})
     """Optimizer implementation: for-loop (one tensor at a time), foreach (multi-tensor: a step-sized temporary),
     fused (one kernel, no temporary) or auto (what torch picks: foreach on CUDA, for-loop on CPU)."""
-    grad_accum_steps: int = field(default=1, metadata={"max": MAX_GRAD_ACCUM, "why": "micro-steps per optimizer step",
-                                                       "mode": "train"})
+    grad_accum_steps: int = field(default=1, metadata=LIMITS["grad_accum"].meta(mode="train"))
     """Micro-batches per optimizer step; gradients persist (and accumulate) across the micro-steps."""
     zero_grad_to_none: bool = field(default=True, metadata={"mode": "train"})
     """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
 
     def __post_init__(self) -> None:
-        # Types and ranges of every field from its annotation and metadata (memlab.predict.validate): a bool is no
-        # count, a float no ZeRO stage, None no policy name. Names with a closest-match message come after.
+        # Types, ranges and Literal choices of every field from its annotation and metadata
+        # (memlab.predict.validate): a bool is no count, a float no ZeRO stage, 'training' no mode. precision and
+        # optimizer are names with a closest-match message (UnknownNameError), checked after.
         check_fields(self, SetupError, skip=("precision", "optimizer"))
         for name in ("precision", "optimizer"):
             if not isinstance(getattr(self, name), str):
                 raise SetupError(f"Setup.{name} must be a string, got {getattr(self, name)!r}: pass e.g. "
                                  f"{type(self).__dataclass_fields__[name].default!r}")
-        if self.mode not in MODES:
-            raise SetupError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         precision_policy(self.precision)
         if self.optimizer not in OPTIMIZERS:
             raise unknown_name("optimizer", self.optimizer, list(OPTIMIZERS))
-        if self.recompute not in RECOMPUTE:
-            raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}")
-        if self.attention not in ATTENTION:
-            raise SetupError(f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise SetupError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.sp and self.tp == 1:
             raise SetupError("sequence parallelism (sp) needs tensor parallelism: set tp > 1 or drop sp")
-        if self.inference_weights not in INFERENCE_WEIGHTS:
-            raise SetupError(f"inference_weights must be one of {', '.join(INFERENCE_WEIGHTS)}")
-        if self.kv_cache_dtype not in KV_DTYPES:
-            raise SetupError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}")
-        if self.optimizer_impl not in OPTIMIZER_IMPLS:
-            raise SetupError(f"optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {self.optimizer_impl!r}")
         resolve_optimizer_impl(self.optimizer, self.optimizer_impl)
 
     @property
@@ -172,3 +146,39 @@ class Setup(StrictInit):
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
+
+
+class SetupView:
+    """A read-only :class:`Setup` with some fields replaced, unvalidated: the estimator's vectorised sweeps give it
+    numpy arrays for ``batch`` and ``seq`` (:func:`memlab.predict.estimate.sweep_totals`), and one block's terms
+    are counted with ``recompute="none"`` (:mod:`memlab.predict.phases`).
+
+    A field reads from ``overrides`` first, then from ``base``; the derived properties (``policy``,
+    ``fused_attention``, ``tokens``) are :class:`Setup`'s own, computed on the view, so ``tokens`` is
+    ``batch * seq`` of the overridden arrays. A view of a view merges the overrides onto the first base.
+    Only field names are accepted: an unknown one is a :class:`~memlab.errors.SetupError`.
+    """
+
+    __slots__ = ("_base", "_over")
+
+    def __init__(self, base: Setup | SetupView, **overrides: Any) -> None:
+        unknown = sorted(set(overrides) - set(Setup.__dataclass_fields__))
+        if unknown:
+            raise SetupError(f"SetupView overrides Setup fields only, not {', '.join(unknown)}")
+        if isinstance(base, SetupView):
+            base, overrides = base._base, {**base._over, **overrides}
+        if not isinstance(base, Setup):
+            raise SetupError(f"SetupView needs a memlab.predict.setup.Setup, got {type(base).__name__}")
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_over", overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        over = object.__getattribute__(self, "_over")
+        return over[name] if name in over else getattr(object.__getattribute__(self, "_base"), name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"SetupView is read-only (cannot set {name})")
+
+    policy = property(Setup.policy.fget, doc="The :class:`PrecisionPolicy` named by ``precision``.")
+    fused_attention = property(Setup.fused_attention.fget, doc="True for kernels that keep no s x s score matrix.")
+    tokens = property(Setup.tokens.fget, doc="Tokens per micro-batch on one rank: batch * seq (arrays in a sweep).")

@@ -14,16 +14,18 @@ records that source in :attr:`Implementation.sources`. This module imports no to
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal, get_args
 
 from memlab.errors import ConfigError
+from memlab.predict.validate import check_fields
 
 Activation = Literal["default", "gelu_tanh", "gelu", "gelu_new", "relu", "silu"]
 RmsNormKind = Literal["reference", "fp32-input", "fp32"]
 
-ACTIVATIONS = ("default", "gelu_tanh", "gelu", "gelu_new", "relu", "silu")
-RMSNORMS = ("reference", "fp32-input", "fp32")
+ACTIVATIONS: tuple[str, ...] = get_args(Activation)
+RMSNORMS: tuple[str, ...] = get_args(RmsNormKind)
+_PROBABILITY = {"max": 1.0, "max_open": True, "why": "a dropout probability below 1"}
 
 ACT_SAVED_BEFORE_OUTPUT = {"gelu_tanh": 1, "gelu": 1, "silu": 1, "relu": 0, "gelu_new": 4}
 """d_ff-wide tensors an activation keeps besides its output: a fused GELU or SiLU keeps its input; ReLU keeps only
@@ -73,7 +75,7 @@ class Implementation:
     """cos and sin are computed each forward in the activations' dtype (one (s, rotary_dim) pair shared by all
     layers, saved by the rotation's multiplies) instead of being module buffers [hf-transformers:
     modeling_llama.py LlamaRotaryEmbedding.forward, apply_rotary_pos_emb]."""
-    rotary_fraction: float = 1.0
+    rotary_fraction: float = field(default=1.0, metadata={"min_open": True, "max": 1.0, "why": "a share of head_dim"})
     """Share of head_dim that is rotated (GPT-NeoX ``rotary_pct``, Phi ``partial_rotary_factor``)."""
     sdpa_output_copy: bool = False
     """Under SDPA the attention output is laid out (b, a, s, d), so ``transpose(1, 2).reshape`` copies it and the
@@ -100,10 +102,10 @@ class Implementation:
     """The loss pads the labels by one column and shifts (``pad(labels, (0, 1))[..., 1:]``): at batch 1 the
     shifted targets are a view of the (s + 1)-long padded row, 8 bytes more [hf-transformers:
     loss/loss_utils.py ForCausalLMLoss]."""
-    attention_dropout: float | None = None
+    attention_dropout: float | None = field(default=None, metadata=_PROBABILITY)
     """Dropout on the attention probabilities when it differs from ``TransformerConfig.dropout`` (the residual
     dropout): GPT-2 ``attn_pdrop``, OPT/NeoX/Phi/Llama ``attention_dropout``. None: the same as ``dropout``."""
-    embedding_dropout: float = 0.0
+    embedding_dropout: float = field(default=0.0, metadata=_PROBABILITY)
     """Dropout on the embeddings' output (GPT-2 and Phi ``embd_pdrop``, GPT-NeoX ``hidden_dropout``): one more
     mask of width d_model per token [hf-transformers: modeling_gpt2.py GPT2Model.drop, modeling_gpt_neox.py
     GPTNeoXModel.emb_dropout]."""
@@ -118,22 +120,11 @@ class Implementation:
     """(trait, where in the modelling code it comes from) for the traits a family sets."""
 
     def __post_init__(self) -> None:
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"Implementation.activation must be one of {', '.join(ACTIVATIONS)}, "
-                              f"got {self.activation!r}")
-        if self.rmsnorm not in RMSNORMS:
-            raise ConfigError(f"Implementation.rmsnorm must be one of {', '.join(RMSNORMS)}, got {self.rmsnorm!r}")
+        # Types, ranges and Literal choices from the annotations and metadata above (memlab.predict.validate):
+        # 'yes' is no trait flag, 1.5 no rotary fraction, -1 no position offset. Cross-field rules after.
+        check_fields(self, ConfigError)
         if self.shared_norm and not self.parallel_block:
             raise ConfigError("Implementation.shared_norm needs parallel_block=True (one norm feeds both branches)")
-        if not (0.0 < float(self.rotary_fraction) <= 1.0):
-            raise ConfigError(f"Implementation.rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
-        for name in ("attention_dropout", "embedding_dropout"):
-            p = getattr(self, name)
-            if p is not None and not (0.0 <= float(p) < 1.0):
-                raise ConfigError(f"Implementation.{name} must be in [0, 1), got {p!r}")
-        value = self.position_offset
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"Implementation.position_offset must be a non-negative integer, got {value!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Implementation:

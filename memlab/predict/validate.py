@@ -5,13 +5,15 @@
 - ``int``: a whole number, not a bool (``True`` is not 1 layer) and not a float (``1.0`` is not a ZeRO stage);
   ``metadata["min"]`` (default 1, or 0 when the field's default is 0) and ``metadata["max"]``;
 - ``float``: a finite real number, not a bool and not a string (``'0.5'`` would multiply into a string);
-  ``min`` (default 0), ``max``, ``max_open`` (``True``: the maximum itself is excluded);
+  ``min`` (default 0), ``min_open`` (``True``: the minimum itself is excluded), ``max``, ``max_open`` (likewise);
 - ``bool``: exactly ``True`` or ``False`` (``'no'`` is truthy and would silently mean yes);
 - ``str``: a string, within ``metadata["choices"]`` when given;
 - ``Literal[...]``: one of the values, with the value's own type (``True == 1`` but is no ZeRO stage);
 - ``X | None``: None, or a valid X. Other annotations (mappings, nested dataclasses) are left to the class.
 
-``metadata["why"]`` is the reason for ``max`` and is part of the message, so a limit is always explained. The same
+``metadata["why"]`` is the reason for ``max`` and is part of the message, so a limit is always explained. The
+shared limits (batch, seq, parameters, steps, ...) are one public table, :data:`LIMITS`, read by the dataclasses,
+the estimator, the FLOP counter, the runner and the command line alike. The same
 metadata bounds the ``memlab`` command's options (:mod:`memlab.cli.args`), so the API and the CLI agree. A field
 added to a dataclass later is validated by its annotation without new code.
 """
@@ -24,9 +26,51 @@ import math
 import numbers
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from memlab.errors import MemlabError, closest_names
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """The largest value memlab accepts for one kind of input and the reason it is safe: ``why`` is part of every
+    message that refuses a larger value, so a limit is always explained. The bounds sit orders of magnitude above
+    any published model or cluster; they exist to turn typos (an extra three zeros) into a clear error."""
+
+    max: int | float
+    why: str
+
+    def meta(self, **extra: Any) -> dict[str, Any]:
+        """This limit as dataclass field metadata (``max`` and ``why``, plus ``extra``) for :func:`check_fields`
+        and the command line's option bounds."""
+        return {"max": self.max, "why": self.why, **extra}
+
+
+LIMITS: Mapping[str, Limit] = types.MappingProxyType({
+    "batch": Limit(10**7, "ten million sequences per rank, about 1000x the largest published global batches; beyond "
+                          "it byte counts leave the range a float64 sweep holds exactly"),
+    "seq": Limit(10**8, "100 million tokens, 10x the longest published context (10M tokens recalled [gemini2024])"),
+    "ranks": Limit(10**6, "a million data-parallel ranks, about 10x the largest training clusters built"),
+    "tp": Limit(10**4, "ten thousand tensor-parallel ranks; tensor parallelism is used within a node or a few "
+                       "(2-64 ranks)"),
+    "steps": Limit(10**4, "ten thousand timed steps (or decoded tokens) per measurement; a median over more adds no "
+                          "precision to a memory experiment"),
+    "grad_accum": Limit(10**6, "micro-steps per optimizer step"),
+    "params": Limit(10**15, "a quadrillion parameters, about 500x the largest published models (~2 trillion)"),
+    "layers": Limit(10**4, "ten thousand blocks, 10x the deepest published transformer (DeepNet, 1,000 layers "
+                           "[wang2022]); parameter shapes are listed per layer, so this also keeps every call well "
+                           "under a second"),
+    "d_model": Limit(10**6, "a million, about 40x the widest published models (d_model 12,288-25,600)"),
+    "d_ff": Limit(10**7, "ten million, about 100x the widest published MLPs"),
+    "vocab": Limit(10**8, "a hundred million tokens, about 400x the largest published vocabularies (~256k)"),
+    "tokens_per_s": Limit(1e13, "ten trillion tokens/s, about 1000x what a 100,000-GPU cluster processes"),
+    "devices": Limit(10**7, "ten million devices, about 100x the largest clusters built"),
+    "overhead_bytes": Limit(2**50, "one pebibyte (2**50 bytes), over 1000x any accelerator's memory"),
+    "peak_flops": Limit(1e17, "100 PFLOP/s per device, over 10x the largest dense figure any vendor prints; a larger "
+                              "value is a unit mistake (FLOP/s, not TFLOP/s) or a corrupt measurement"),
+})
+"""memlab's input limits by name (read-only): ``LIMITS["seq"].max`` and ``LIMITS["seq"].why``."""
 
 
 def show(value: object, limit: int = 60) -> str:
@@ -118,6 +162,7 @@ class FieldRule:
     hi: float | None
     hi_open: bool
     why: str
+    lo_open: bool = False
 
 
 def _unwrap(hint: Any) -> tuple[Any, bool]:
@@ -145,7 +190,8 @@ def field_rules(cls: type) -> tuple[FieldRule, ...]:
         default_lo = 0 if f.default == 0 and not isinstance(f.default, bool) else (1 if kind == "int" else 0.0)
         rules.append(FieldRule(f.name, kind, optional, tuple(choices) if choices is not None else None,
                                f.metadata.get("min", default_lo), f.metadata.get("max"),
-                               bool(f.metadata.get("max_open", False)), f.metadata.get("why", "")))
+                               bool(f.metadata.get("max_open", False)), f.metadata.get("why", ""),
+                               bool(f.metadata.get("min_open", False))))
     return tuple(rules)
 
 
@@ -160,8 +206,8 @@ def check_fields(obj: Any, err: type[MemlabError] = MemlabError, *, skip: tuple[
             check_int(r.name, value, lo=int(r.lo or 0), hi=None if r.hi is None else int(r.hi), why=r.why,
                       owner=owner, err=err)
         elif r.kind == "float":
-            check_number(r.name, value, lo=float(r.lo or 0.0), hi=r.hi, hi_open=r.hi_open, why=r.why, owner=owner,
-                         err=err)
+            check_number(r.name, value, lo=float(r.lo or 0.0), hi=r.hi, lo_open=r.lo_open, hi_open=r.hi_open, why=r.why,
+                         owner=owner, err=err)
         elif r.kind == "bool":
             check_bool(r.name, value, owner=owner, err=err)
         elif r.kind == "str":

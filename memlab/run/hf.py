@@ -13,7 +13,7 @@ allocator's numbers. :func:`predict_hf` is the twin prediction from :func:`memla
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
+
+if TYPE_CHECKING:
+    from memlab.compare.calculators import Run
 
 PRECISION_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16"}
 """memlab precision policy of a model built in that dtype (pure 16-bit: weights, grads and Adam states)."""
@@ -122,3 +125,12 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
     del model
     return tc, m  # type: ignore[return-value]
+
+
+def measure_run(run: Run, seed: int = 0) -> dict[str, int]:
+    """Run a shoot-out :class:`~memlab.compare.calculators.Run` for real on this machine (:func:`run_hf` on
+    ``run.device_type``): ``{"states", "activations"}`` in bytes (model states; saved for backward), the measured
+    side :func:`memlab.compare.calculators.shoot_out` compares the calculators with."""
+    _, m = run_hf(run.hf, attn_implementation=run.attn_implementation, dtype=run.dtype, batch=run.batch,
+                  seq=run.seq, device=run.device_type, seed=seed)
+    return {"states": m.states_bytes, "activations": m.saved_bytes}

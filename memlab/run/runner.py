@@ -35,8 +35,8 @@ from memlab.model.saved import saved_tensor_category
 from memlab.model.step import TrainingStep, build_training, model_dtype, token_batch, token_ids
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import _STEPS_WHY, MAX_STEPS, Setup
-from memlab.predict.validate import check_int
+from memlab.predict.setup import Setup
+from memlab.predict.validate import LIMITS, check_int
 
 
 @dataclass(frozen=True)
@@ -383,7 +383,7 @@ def run_step(
     from memlab.measure.host import host_reading
     from memlab.measure.oom import clean_allocator, is_oom_error, parse_oom_message
 
-    check_int("steps", steps, hi=MAX_STEPS, why=_STEPS_WHY, err=SetupError)
+    check_int("steps", steps, hi=LIMITS["steps"].max, why=LIMITS["steps"].why, err=SetupError)
     if not isinstance(config, TransformerConfig) or not isinstance(setup, Setup):
         raise SetupError(f"run_step needs a TransformerConfig and a Setup, got {type(config).__name__} and "
                          f"{type(setup).__name__}")

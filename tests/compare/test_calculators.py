@@ -14,7 +14,6 @@ from memlab.compare.calculators import (
     Run,
     error_table,
     gpu_poor,
-    measure_run,
     memlab_formula,
     memlab_trace,
     shoot_out,
@@ -24,6 +23,7 @@ from memlab.compare.calculators import (
     ultrascale_playbook,
 )
 from memlab.predict.hf import from_hf
+from memlab.run.hf import measure_run
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
 

@@ -143,10 +143,6 @@ def test_plots_have_titles_labels_and_one_bar_pair_per_experiment(ci_sweep) -> N
     assert [t.get_text() for t in ax.get_xticklabels()] == list(phases["phase"])
     assert ax.get_title() == "first step"
     plt.close(fig)
-    fig = plots.error_bars(some, title="errors")
-    assert fig.axes[0].get_xlabel() == "relative error of the prediction (%)"
-    assert fig.axes[0].get_title() == "errors"
-    plt.close(fig)
 
 
 def test_byte_unit_picks_binary_units() -> None:

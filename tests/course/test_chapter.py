@@ -114,6 +114,14 @@ def test_record_ledger_computes_errors_and_replaces_rerun_rows(tmp_path: Path) -
     assert ledger.loc["grads", "rel_error"] == pytest.approx(-0.1)
 
 
+def test_record_ledger_uses_the_compare_ledgers_relative_error_at_zero(tmp_path: Path) -> None:
+    ch = chapter("ci", "cpu", 0, tmp_path)
+    ch.record_ledger(_rows(0.0, 0.0))
+    path = ch.record_ledger(_rows(5.0, 0.0, component="grads"))
+    ledger = pd.read_csv(path).set_index("component")
+    assert ledger.loc["params", "rel_error"] == 0.0 and ledger.loc["grads", "rel_error"] == float("inf")
+
+
 def test_record_ledger_names_missing_columns(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="measured"):
         chapter("ci", "cpu", 0, tmp_path).record_ledger(pd.DataFrame({"experiment": ["e"], "component": ["c"],

@@ -19,7 +19,6 @@ from memlab.measure.oom import (
     is_oom_error,
     parse_oom_message,
     run_catching_oom,
-    size_to_bytes,
 )
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -160,22 +159,6 @@ MSG_CUDA_ERROR = (
     "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other "
     "API call,so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1."
 )
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("2.00 GiB", 2 * GiB), ("512.00 MiB", 512 * MiB), ("20.00 KiB", 20 * KiB), ("0 bytes", 0),
-        ("1.50 GiB", 3 * GiB // 2), ("1024 bytes", 1024), ("1024.00 MB", GiB),
-    ],
-)
-def test_size_to_bytes_reads_torch_units_as_binary(text: str, expected: int) -> None:
-    assert size_to_bytes(text) == expected
-
-
-def test_size_to_bytes_rejects_text_without_a_unit() -> None:
-    with pytest.raises(MemlabError, match="not a size"):
-        size_to_bytes("lots")
 
 
 def test_oldest_cached_format_maps_cached_to_reserved_unallocated() -> None:

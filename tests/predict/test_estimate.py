@@ -31,7 +31,7 @@ def _states_per_param(bd: E.MemoryBreakdown) -> float:
 def test_zero_figure1_per_device_model_states(stage: int, gb: float) -> None:
     """Rajbhandari et al. 2019 (ZeRO), Figure 1: Psi = 7.5B, N_d = 64, mixed-precision Adam (K = 12)."""
     setup = Setup(precision="mixed-bf16", optimizer="adam", zero_stage=stage, world_size=64)
-    bd = E.training(7_500_000_000, setup)
+    bd = E.estimate(7_500_000_000, setup)
     assert bd.activations_bytes == 0 and bd.kv_cache_bytes == 0 and bd.overhead_bytes == 0
     assert round(bd.total_bytes / GB, 1) == gb
 
@@ -46,13 +46,13 @@ def test_zero_figure1_per_device_model_states(stage: int, gb: float) -> None:
     ("bf16", 8),  # pure bf16: moments in the parameter dtype
 ])
 def test_adam_bytes_per_param_by_precision(precision: str, per_param: int) -> None:
-    bd = E.training(preset("tiny-llama"), Setup(precision=precision, optimizer="adamw", seq=64))
+    bd = E.estimate(preset("tiny-llama"), Setup(precision=precision, optimizer="adamw", seq=64))
     assert _states_per_param(bd) == per_param
 
 
 def test_optimizer_detail_puts_master_and_accum_in_optimizer() -> None:
     cfg = preset("tiny-gpt")
-    bd = E.training(cfg, Setup(precision="mixed-fp16-fp32-accum", seq=64))
+    bd = E.estimate(cfg, Setup(precision="mixed-fp16-fp32-accum", seq=64))
     n = cfg.param_count()
     assert bd.optimizer_detail == {"moments": 8 * n, "master": 4 * n, "grad_accum": 4 * n, "step_counters": 0}
     assert bd.optimizer_bytes == 16 * n
@@ -60,11 +60,11 @@ def test_optimizer_detail_puts_master_and_accum_in_optimizer() -> None:
 
 def test_step_counters_are_four_bytes_per_tensor_when_on_device() -> None:
     cfg = preset("tiny-gpt")
-    host = E.training(cfg, Setup(seq=64))
-    dev = E.training(cfg, Setup(seq=64), step_on_device=True)
+    host = E.estimate(cfg, Setup(seq=64))
+    dev = E.estimate(cfg, Setup(seq=64), step_on_device=True)
     assert dev.optimizer_bytes - host.optimizer_bytes == 4 * len(cfg.param_shapes())
     assert any("step counters live on the host" in a for a in host.assumptions)
-    cpu = E.training(cfg, Setup(seq=64), device_type="cpu")
+    cpu = E.estimate(cfg, Setup(seq=64), device_type="cpu")
     assert cpu.optimizer_detail["step_counters"] == 4 * len(cfg.param_shapes())
 
 
@@ -87,7 +87,7 @@ def test_optimizer_bytes_match_real_torch_optimizer_state(optimizer: str, dtype_
     opt.step()
     measured = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                    if isinstance(t, torch.Tensor))
-    bd = E.training(cfg, Setup(precision=dtype_name, optimizer=optimizer, seq=64), device_type="cpu")
+    bd = E.estimate(cfg, Setup(precision=dtype_name, optimizer=optimizer, seq=64), device_type="cpu")
     assert bd.optimizer_bytes == measured
 
 
@@ -97,7 +97,7 @@ def test_adafactor_factored_state_on_small_config_closed_form() -> None:
     h, f, v, s, n_layers = cfg.d_model, cfg.ffn, cfg.vocab_size, cfg.max_seq, cfg.n_layers
     per_layer = 4 * h + 4 * (2 * h) + 4 * h + (f + h) + f + (h + f) + h  # norms, qkvo W, qkvo b, up, b, down, b
     expected = n_layers * per_layer + (v + h) + (s + h) + 2 * h
-    bd = E.training(cfg, Setup(precision="fp32", optimizer="adafactor", seq=64))
+    bd = E.estimate(cfg, Setup(precision="fp32", optimizer="adafactor", seq=64))
     assert bd.optimizer_detail["moments"] == 4 * expected
 
 
@@ -107,21 +107,21 @@ def test_adam8bit_blockwise_state_follows_bitsandbytes_rule() -> None:
     assert optimizer_states.adam8bit_tensor_bytes(4096) == 2 * 4096 + 2 * 4 * 2
     assert optimizer_states.adam8bit_tensor_bytes(5000) == 2 * 5000 + 2 * 4 * 3
     cfg = preset("gpt2")
-    bd = E.training(cfg, Setup(precision="fp32", optimizer="adam-8bit", seq=64))
+    bd = E.estimate(cfg, Setup(precision="fp32", optimizer="adam-8bit", seq=64))
     per_param = bd.optimizer_bytes / cfg.param_count()
     assert 2 < per_param < 2.1  # mostly 2 B/param + small-tensor fp32 states + absmax
 
 
 def test_adafactor_with_bare_count_is_refused() -> None:
     with pytest.raises(SetupError, match="adafactor"):
-        E.training(10**9, Setup(optimizer="adafactor"))
+        E.estimate(10**9, Setup(optimizer="adafactor"))
 
 
 # -- sharding ----------------------------------------------------------------------------------------------------
 def test_zero3_shards_params_grads_and_states() -> None:
     cfg = preset("llama-2-7b")
-    base = E.training(cfg, Setup(precision="mixed-bf16", seq=512, attention="flash"))
-    z3 = E.training(cfg, Setup(precision="mixed-bf16", seq=512, attention="flash", zero_stage=3, world_size=8))
+    base = E.estimate(cfg, Setup(precision="mixed-bf16", seq=512, attention="flash"))
+    z3 = E.estimate(cfg, Setup(precision="mixed-bf16", seq=512, attention="flash", zero_stage=3, world_size=8))
     n = cfg.param_count()
     assert z3.params_bytes == math.ceil(n / 8) * 2 and z3.grads_bytes == math.ceil(n / 8) * 2
     assert z3.optimizer_bytes == math.ceil(n / 8) * 12
@@ -131,30 +131,30 @@ def test_zero3_shards_params_grads_and_states() -> None:
 def test_fsdp_gathered_layers_overhead_only_for_stage3() -> None:
     cfg = preset("tiny-llama")
     ov = E.Overheads(gathered_layers=2)
-    z3 = E.training(cfg, Setup(precision="mixed-bf16", seq=64, zero_stage=3, world_size=4), overheads=ov)
+    z3 = E.estimate(cfg, Setup(precision="mixed-bf16", seq=64, zero_stage=3, world_size=4), overheads=ov)
     block = sum(math.prod(s) for name, s, _ in cfg.param_shapes() if name.startswith("blocks.0."))
     assert z3.overhead["zero3_gathered_params"] == 2 * block * 2
-    z2 = E.training(cfg, Setup(precision="mixed-bf16", seq=64, zero_stage=2, world_size=4), overheads=ov)
+    z2 = E.estimate(cfg, Setup(precision="mixed-bf16", seq=64, zero_stage=2, world_size=4), overheads=ov)
     assert z2.overhead["zero3_gathered_params"] == 0
 
 
 def test_tensor_parallel_splits_all_but_norms_for_llama() -> None:
     cfg = preset("llama-2-7b")  # no biases, rotary: every weight but the norms is split by Megatron TP
     norms = cfg.param_breakdown()["norms"]
-    bd = E.training(cfg, Setup(precision="bf16", optimizer="sgd", seq=512, tp=2))
+    bd = E.estimate(cfg, Setup(precision="bf16", optimizer="sgd", seq=512, tp=2))
     assert bd.params_bytes == 2 * ((cfg.param_count() - norms) // 2 + norms)
 
 
 def test_tensor_parallel_must_divide_heads() -> None:
     with pytest.raises(SetupError, match="tp=3"):
-        E.training(preset("llama-2-7b"), Setup(seq=512, tp=3))
+        E.estimate(preset("llama-2-7b"), Setup(seq=512, tp=3))
 
 
 # -- inference ---------------------------------------------------------------------------------------------------
 def test_kv_cache_gqa_is_smaller_by_heads_over_kv_heads() -> None:
     mha, gqa = preset("llama-2-7b"), preset("llama-3-8b")
     setup = Setup(mode="inference", batch=2, seq=4096, attention="flash")
-    per_token = {c.name: E.inference(c, setup).kv_cache_bytes / (c.n_layers * 2 * 4096) for c in (mha, gqa)}
+    per_token = {c.name: E.estimate(c, setup).kv_cache_bytes / (c.n_layers * 2 * 4096) for c in (mha, gqa)}
     expected_ratio = (mha.n_kv_heads * mha.head_dim) / (gqa.n_kv_heads * gqa.head_dim)
     assert expected_ratio == 4
     assert per_token["llama-2-7b"] / per_token["llama-3-8b"] == expected_ratio
@@ -172,8 +172,8 @@ def test_kv_cache_splits_over_tp_but_replicates_beyond_kv_heads() -> None:
 @pytest.mark.parametrize(("weights", "low", "high"), [("int8", 1.0, 1.3), ("int4", 0.5, 0.75)])
 def test_quantised_weights_include_scales(weights: str, low: float, high: float) -> None:
     cfg = preset("llama-2-7b")
-    base = E.inference(cfg, Setup(mode="inference", seq=512, inference_weights="bf16", attention="flash"))
-    q = E.inference(cfg, Setup(mode="inference", seq=512, inference_weights=weights, attention="flash"))
+    base = E.estimate(cfg, Setup(mode="inference", seq=512, inference_weights="bf16", attention="flash"))
+    q = E.estimate(cfg, Setup(mode="inference", seq=512, inference_weights=weights, attention="flash"))
     n = cfg.param_count()
     assert base.params_bytes == 2 * n
     assert low * n < q.params_bytes < high * n
@@ -187,20 +187,20 @@ def test_quantised_weights_include_scales(weights: str, low: float, high: float)
 
 def test_inference_has_no_grads_or_optimizer_and_counts_largest_transient() -> None:
     cfg = preset("gpt2")
-    bd = E.inference(cfg, Setup(mode="inference", batch=2, seq=1024, attention="eager"))
+    bd = E.estimate(cfg, Setup(mode="inference", batch=2, seq=1024, attention="eager"))
     assert bd.grads_bytes == 0 and bd.optimizer_bytes == 0
     assert bd.activations_bytes == max(bd.activation_detail.values())
     assert bd.activation_detail["logits"] == 2 * 1024 * cfg.vocab_size * 4
-    fused = E.inference(cfg, Setup(mode="inference", batch=2, seq=1024, attention="flash"))
+    fused = E.estimate(cfg, Setup(mode="inference", batch=2, seq=1024, attention="flash"))
     assert fused.activation_detail["attention_scores"] == 0
 
 
 # -- overheads, results, errors ----------------------------------------------------------------------------------
 def test_overheads_are_named_terms_never_folded() -> None:
     cfg = preset("tiny-gpt")
-    plain = E.training(cfg, Setup(seq=64))
+    plain = E.estimate(cfg, Setup(seq=64))
     ov = E.Overheads(cuda_context_bytes=300 * 2**20, workspace_bytes=2**20, fragmentation_fraction=0.1)
-    bd = E.training(cfg, Setup(seq=64), overheads=ov)
+    bd = E.estimate(cfg, Setup(seq=64), overheads=ov)
     assert set(bd.overhead) == {"cuda_context", "workspace", "zero3_gathered_params", "fragmentation"}
     assert bd.overhead["cuda_context"] == 300 * 2**20
     assert bd.overhead["fragmentation"] == math.ceil(0.1 * (plain.total_bytes + 2**20))
@@ -219,7 +219,7 @@ def test_bad_overheads_raise(kwargs: dict) -> None:
 def test_breakdown_components_sum_to_total_and_serialise() -> None:
     import json
 
-    bd = E.training(preset("tiny-llama"), Setup(seq=128, precision="amp-bf16"))
+    bd = E.estimate(preset("tiny-llama"), Setup(seq=128, precision="amp-bf16"))
     assert sum(bd.components().values()) == bd.total_bytes
     d = json.loads(json.dumps(bd.to_dict()))
     assert d["per_device"]["total"] == bd.total_bytes and d["param_count"] == preset("tiny-llama").param_count()
@@ -229,7 +229,7 @@ def test_breakdown_components_sum_to_total_and_serialise() -> None:
 
 
 def test_bare_count_gives_model_states_only_with_reason() -> None:
-    bd = E.training(10**9, Setup(precision="mixed-bf16"))
+    bd = E.estimate(10**9, Setup(precision="mixed-bf16"))
     assert bd.activations_bytes == 0 and any("bare parameter count" in a for a in bd.assumptions)
 
 
@@ -241,14 +241,7 @@ def test_bad_model_argument_raises(bad: object) -> None:
 
 def test_learned_positions_refuse_seq_beyond_max_seq() -> None:
     with pytest.raises(SetupError, match="max_seq"):
-        E.training(preset("gpt2"), Setup(seq=2048))
-
-
-def test_mode_specific_entry_points_check_mode() -> None:
-    with pytest.raises(SetupError):
-        E.training(preset("gpt2"), Setup(mode="inference"))
-    with pytest.raises(SetupError):
-        E.inference(preset("gpt2"), Setup())
+        E.estimate(preset("gpt2"), Setup(seq=2048))
 
 
 # -- vectorised sweep --------------------------------------------------------------------------------------------
@@ -339,7 +332,7 @@ def test_zero_on_one_rank_equals_stage_zero(cfg: TransformerConfig, setup: Setup
 # -- fits and fit search -----------------------------------------------------------------------------------------
 def test_fits_verdict_is_peak_against_capacity() -> None:
     acc = gpu("h100-sxm")
-    bd = E.training(preset("llama-2-7b"), Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096))
+    bd = E.estimate(preset("llama-2-7b"), Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096))
     v = FIT.fits(bd, "h100-sxm")
     assert v.capacity_bytes == acc.memory_bytes and v.headroom_bytes == acc.memory_bytes - bd.peak_bytes
     assert v.fits == (bd.peak_bytes <= acc.memory_bytes) and v.gpu == "h100-sxm" and v.total_bytes == bd.total_bytes
@@ -368,7 +361,7 @@ def test_max_seq_and_no_fit_reason() -> None:
 def test_fits_accepts_detected_device_memory_and_refuses_unknown() -> None:
     from memlab.predict.hardware import DeviceInfo
 
-    bd = E.training(preset("tiny-gpt"), Setup(seq=64))
+    bd = E.estimate(preset("tiny-gpt"), Setup(seq=64))
     small = DeviceInfo(kind="cpu", name="test host", accelerator=None, total_memory_bytes=bd.peak_bytes - 1,
                        peak_flops={}, peak_source="unknown", peak_reason="test", torch_version=None,
                        cuda_version=None, driver_version=None, cpu_count=1)

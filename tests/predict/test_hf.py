@@ -9,8 +9,8 @@ import json
 import pytest
 
 from memlab.errors import ConfigError
-from memlab.predict.hf import SUPPORTED, from_hf, hf_attention, reference_activation_bytes, trait_effects
-from memlab.predict.models import TransformerConfig
+from memlab.predict.activations import reference_activation_bytes, trait_effects
+from memlab.predict.hf import SUPPORTED, from_hf, hf_attention
 
 H, L, A, KV, F, V, P = 64, 2, 4, 2, 128, 512, 256
 TINY = {
@@ -90,7 +90,7 @@ def test_config_json_path_and_object_and_classmethod(tmp_path) -> None:
             return dict(TINY["llama"])
 
     assert from_hf(path) == from_hf(tmp_path) == from_hf(Obj()).with_(name=from_hf(path).name)
-    assert TransformerConfig.from_hf(TINY["llama"], name="x").name == "x"
+    assert from_hf(TINY["llama"], name="x").name == "x"
     with pytest.raises(ConfigError, match="no HF config"):
         from_hf(tmp_path / "missing.json")
 

@@ -98,5 +98,11 @@ def test_bad_traits_are_refused_by_name() -> None:
         Implementation(activation="swish")
     with pytest.raises(ConfigError, match="shared_norm"):
         Implementation(shared_norm=True)
+    # every field by its annotation (memlab.predict.validate.check_fields), as TransformerConfig and Setup
+    for name, bad in (("parallel_block", "yes"), ("rotary_fraction", 0.0), ("rotary_fraction", 1.5),
+                      ("attention_dropout", 1.0), ("embedding_dropout", "0.1"), ("position_offset", -1),
+                      ("rmsnorm", "fp16"), ("qkv_bias", 1)):
+        with pytest.raises(ConfigError, match=f"Implementation.{name}"):
+            Implementation(**{name: bad})
     with pytest.raises(SetupError, match="eager_repeat_kv"):
         GPT(LLAMA.with_(impl=Implementation(eager_repeat_kv=True)), device="meta")

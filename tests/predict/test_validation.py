@@ -11,14 +11,14 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from memlab.errors import MemlabError
+from memlab.errors import MemlabError, SetupError
 from memlab.predict import flops
 from memlab.predict.estimate import Overheads, estimate, sweep_totals
 from memlab.predict.hardware import gpu
 from memlab.predict.hardware_table import Accelerator
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.precision import precision_policy
-from memlab.predict.setup import Setup
+from memlab.predict.setup import Setup, SetupView
 from memlab.predict.validate import check_fields, field_rules
 
 TINY = preset("tiny-gpt")
@@ -308,3 +308,15 @@ def test_public_functions_give_memlab_errors_or_finite_results(name: str, value:
         return
     if isinstance(result, float | np.ndarray):
         assert np.all(np.isfinite(result)), f"{name}({value!r}) returned {result}"
+
+
+def test_setup_view_overrides_fields_and_derives_properties_on_the_view() -> None:
+    base = Setup(batch=2, seq=8, precision="bf16", recompute="full")
+    b = np.array([1, 4])
+    view = SetupView(SetupView(base, recompute="none"), batch=b)
+    assert view.recompute == "none" and view.precision == "bf16" and view.policy == base.policy
+    assert (view.tokens == b * 8).all()
+    with pytest.raises(SetupError, match="fields only"):
+        SetupView(base, bach=3)
+    with pytest.raises(AttributeError):
+        view.batch = 3
