@@ -95,7 +95,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "measure": {"predict", "device", "errors", "units"},
     "tracing": {"model", "predict", "device", "errors", "units"},
     "run": {"model", "measure", "predict", "device", "errors", "units"},
-    "compare": {"predict", "tracing", "run", "measure", "errors", "units"},
+    "compare": {"predict", "tracing", "run", "measure", "device", "errors", "units"},
     "labs": _ALL - {"labs", "course", "cli"},
     "course": _ALL - {"course", "cli"},
     "cli": _ALL - {"cli"},

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 COLUMNS = ("experiment", "component", "unit", "predicted", "measured", "abs_error", "rel_error", "note")
 """Columns of every ledger table: ``abs_error = predicted - measured`` (in ``unit``), ``rel_error`` from
-:func:`rel_error` (a fraction). Chapters append such rows to their ledger.csv (:meth:`memlab.course.chapter.Chapter.
-record_ledger`, which needs the first five and fills the errors); the report summarises them with
-:func:`error_summary`."""
+:func:`rel_error` (a fraction). Chapters append such rows to their ledger.csv
+(:meth:`memlab.course.chapter.Chapter.record_ledger`, which needs the first five and fills the errors); the report
+summarises them with :func:`error_summary`."""
 
 REQUIRED = COLUMNS[:5]
 """The columns a ledger row must bring; the errors are computed from them and ``note`` is optional."""

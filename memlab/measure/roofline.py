@@ -25,7 +25,7 @@ import torch
 
 from memlab.device import Device, resolve_device, resolve_scale, torch_dtype
 from memlab.errors import MemlabError, unknown_name
-from memlab.measure.machine import cpu_cache_bytes, cpu_model
+from memlab.measure.cpu import cpu_cache_bytes, cpu_model
 from memlab.predict.precision import DTYPE_BYTES
 
 BANDWIDTH_KINDS = ("copy", "triad")
@@ -57,7 +57,7 @@ def cache_bytes(device: Device = None) -> dict[str, int]:
     them), ``last_level`` (one instance of the highest level) and ``last_level_total`` (all its instances on the
     machine: the cache a multi-threaded kernel can fill). {} when unknown.
 
-    CPU: :func:`memlab.measure.machine.cpu_cache_bytes` (Linux sysfs, else ``lscpu``). CUDA: the L2 from torch's
+    CPU: :func:`memlab.measure.cpu.cpu_cache_bytes` (Linux sysfs, else ``lscpu``). CUDA: the L2 from torch's
     device properties (``L2_cache_size``), the GPU's last level.
     """
     dev = resolve_device(device)

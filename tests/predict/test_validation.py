@@ -254,8 +254,9 @@ def test_detect_distrusts_an_implausible_cached_cpu_peak(tmp_path, peak) -> None
     import torch
 
     from memlab.measure import machine as device_mod
+    from memlab.measure.cpu import cpu_model
 
-    model, _ = device_mod._cpu_model()
+    model = cpu_model()
     key = f"{model} | torch {torch.__version__} | {int(torch.get_num_threads())} threads"
     entry = {"peak_flops": {"fp32": peak}, "benchmark": "forged"}
     (tmp_path / device_mod.CPU_CACHE_FILE).write_text(json.dumps({"entries": {key: entry}}))

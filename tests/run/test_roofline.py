@@ -164,10 +164,10 @@ def _fake_sysfs(root, cpus: int, l3_groups: list[str]) -> None:
 @pytest.mark.parametrize(("cpus", "groups", "total_mib"), [(2, ["0,1"], 32), (4, ["0,1", "2,3"], 64)])
 def test_cache_bytes_reads_sysfs_and_sums_last_level_instances(tmp_path, monkeypatch, cpus, groups,
                                                                total_mib) -> None:
-    from memlab.measure import machine, roofline
+    from memlab.measure import cpu, roofline
 
     _fake_sysfs(tmp_path, cpus, groups)
-    monkeypatch.setattr(machine, "CPU_CACHE_DIR", tmp_path)
+    monkeypatch.setattr(cpu, "CPU_CACHE_DIR", tmp_path)
     caches = roofline.cache_bytes("cpu")
     assert caches["L1d"] == 48 * 2**10 and caches["L2"] == 2**20 and caches["L3"] == 32 * 2**20
     assert "L1i" not in caches and caches["last_level"] == 32 * 2**20

@@ -15,7 +15,7 @@ from memlab.errors import MemlabError, SetupError
 from memlab.labs import monitors as utilisation
 from memlab.labs import step_time
 from memlab.measure import roofline
-from memlab.measure.machine import cpu_cache_bytes
+from memlab.measure.cpu import cpu_cache_bytes
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 
