@@ -303,12 +303,11 @@ cross = []
 cross_seq = 16 if ch.scale == "ci" else 128
 for foreach in (True, False):
     for b in ([1, 2, 4, 8, 16] if ch.scale == "ci" else [1, 2, 4, 8, 16, 32]):
-        s5 = Setup(batch=b, seq=cross_seq, precision="fp32")
-        live = live_training_steps(model, s5, ch.device, steps=2, seed=seed, foreach=foreach)
+        s5 = Setup(batch=b, seq=cross_seq, precision="fp32", optimizer_impl="foreach" if foreach else "for-loop")
+        live = live_training_steps(model, s5, ch.device, steps=2, seed=seed)
         pk = live.peaks().query("step == 2").set_index("phase")["peak_bytes"]
         # the phase-aware estimate of the same step (memlab.predict.phases), with the implementation that ran
-        pred = estimate(model, s5.with_(optimizer_impl="foreach" if foreach else "for-loop"),
-                        device_type="cpu" if ch.on_cpu else "cuda")
+        pred = estimate(model, s5, device_type="cpu" if ch.on_cpu else "cuda")
         ph = ("forward", "backward", "optimizer step")
         pp = {p: pred.phase_bytes(p, "steady") for p in ph}
         cross.append({"foreach": foreach, "batch": b, **pk.to_dict(), "peak phase": pk[list(ph)].idxmax(),
