@@ -19,7 +19,7 @@ optimizer step and ``zero_grad``, each phase inside a :class:`Meter`'s context, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -306,7 +306,7 @@ class Meters(Meter):
         self.meters = meters
 
     @contextlib.contextmanager
-    def phase(self, step: Any, name: str) -> Any:
+    def phase(self, step: Any, name: str) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             for m in self.meters:
                 stack.enter_context(m.phase(step, name))
@@ -324,8 +324,9 @@ def train_step(step: Step, loss_fn: Callable[[], torch.Tensor], *, meter: Meter 
     each inside ``meter.phase(label, name)``.
 
     ``optimizer_step=False`` leaves the parameters unchanged (a FLOP count of forward + backward);
-    ``zero_grad=False`` as well leaves the gradients too (a step with no optimizer). The loss is released inside
-    the backward phase, as a training loop releases it: byte counts over the phases depend on that.
+    ``zero_grad=False`` leaves the gradients (both False: a step with no optimizer, as
+    :func:`memlab.tracing.tracer.trace` runs one). The loss is released inside the backward phase, as a training
+    loop releases it: byte counts over the phases depend on that.
     """
     meter = meter if meter is not None else Meter()
     for micro in range(step.grad_accum_steps):
