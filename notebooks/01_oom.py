@@ -141,7 +141,8 @@ shapes.round(2)
 
 # %%
 setup = Setup(batch=4, seq=seq, precision="fp32", optimizer="adamw")
-live = live_training_steps(model, setup, ch.device, steps=2, seed=seed)
+for_loop = setup.with_(optimizer_impl="for-loop")  # one parameter at a time: the live steps and their estimate
+live = live_training_steps(model, for_loop, ch.device, steps=2, seed=seed)
 step_peaks = live.step_peaks()
 card = int((step_peaks[1] + step_peaks[2]) // 2)
 markers = live.frame.loc[live.frame["label"].ne(live.frame["label"].shift()), ["op", "label"]]
@@ -151,7 +152,7 @@ fig = plots.live_stacked(stacked_by_label(live.frame),
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
 # beside each measured peak, the phase-aware estimator's (memlab.predict.phases) for the same for-loop AdamW
-predicted = estimate(model, setup.with_(optimizer_impl="for-loop"), device_type=ch.device_type)
+predicted = estimate(model, for_loop, device_type=ch.device_type)
 against = live.against(predicted)
 ch.save_table(against, "two_steps_peaks_predicted")
 print(f"predicted peak {predicted.peak_bytes / MiB:.2f} MiB in the {predicted.peak_step} step's "

@@ -277,14 +277,16 @@ ch.save_table(inside, "in_step_peaks")
 inside
 
 # %% [markdown]
-# What `set_to_none=False` would keep: the gradients stay allocated, zero-filled, through the next forward, when
-# activations are at their largest. The cell measures both with `memlab.measure.accounting.model_states`.
+# What `zero_grad(set_to_none=False)` (`Setup(zero_grad_to_none=False)`) would keep: the gradients stay
+# allocated, zero-filled, through the next forward, when activations are at their largest. The cell measures both
+# with `memlab.measure.accounting.model_states`.
 
 # %%
 kept = {}
 for set_to_none in (True, False):
-    m = run_step(model, Setup(batch=batch, seq=seq, precision="fp32", optimizer="adamw"), ch.device, steps=1,
-                 seed=seed, with_counted_flops=False, with_mfu=False, set_to_none=set_to_none)
+    m = run_step(model, Setup(batch=batch, seq=seq, precision="fp32", optimizer="adamw",
+                              zero_grad_to_none=set_to_none), ch.device, steps=1,
+                 seed=seed, with_counted_flops=False, with_mfu=False)
     kept[f"set_to_none={set_to_none}"] = fmt_bytes(next(p for p in m.phases if p["phase"] == "zero_grad")["grads"])
 pd.Series(kept, name="gradient bytes held into the next forward").to_frame()
 

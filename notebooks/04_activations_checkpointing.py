@@ -317,12 +317,11 @@ cross = []
 cross_seq = SIZES["cross_seq"]
 for foreach in (True, False):
     for b in SIZES["cross_batches"]:
-        s5 = Setup(batch=b, seq=cross_seq, precision="fp32")
-        live = live_training_steps(model, s5, ch.device, steps=2, seed=seed, foreach=foreach)
+        s5 = Setup(batch=b, seq=cross_seq, precision="fp32", optimizer_impl="foreach" if foreach else "for-loop")
+        live = live_training_steps(model, s5, ch.device, steps=2, seed=seed)
         pk = live.peaks().query("step == 2").set_index("phase")["peak_bytes"]
         # the phase-aware estimate of the same step (memlab.predict.phases), with the implementation that ran
-        pred = estimate(model, s5.with_(optimizer_impl="foreach" if foreach else "for-loop"),
-                        device_type=ch.device_type)
+        pred = estimate(model, s5, device_type=ch.device_type)
         ph = ["forward", "backward", "optimizer step"]
         steady = live.against(pred).query("step == 2").set_index("phase").loc[ph]
         pp = steady["predicted"].to_dict()

@@ -187,11 +187,11 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
         model.zero_grad(set_to_none=True)
         model(idx, tgt).backward()
 
-    from memlab.run.runner import time_region
+    from memlab.measure.timing import time_fn
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    times = [time_region(fwd_bwd, dev) for _ in range(timing_repeats)]
+    times = time_fn(fwd_bwd, device=dev, repeats=timing_repeats, warmup=0)
     cuda_peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     params = model_states(model).params_bytes
     if isinstance(model, SegmentedGPT):

@@ -143,8 +143,9 @@ def fit_sweep(config: TransformerConfig, setup: Setup, batches: list[int], capac
     On CUDA each batch runs :func:`memlab.run.runner.run_step` under
     :func:`memlab.measure.cuda.emulate_smaller_gpu` (a real allocator cap; ``status`` is ``ok`` or ``oom`` and the
     parsed message is kept). On a CPU there is no allocator to refuse: each batch's peak live tensor bytes over
-    ``steps`` steps (:func:`live_training_steps`) is compared with the budget, and ``status`` says ``ok`` or
-    ``over budget``; that is a byte count against a number, not an out-of-memory error.
+    ``steps`` steps (:func:`live_training_steps`, the same setup: its optimizer implementation and zero_grad) is
+    compared with the budget, and ``status`` says ``ok`` or ``over budget``; that is a byte count against a number,
+    not an out-of-memory error.
     """
     import pandas as pd
 

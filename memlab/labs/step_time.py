@@ -13,10 +13,12 @@ On a CPU every op is synchronous, so ``.item()`` costs almost nothing there: the
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,10 +27,35 @@ import torch
 from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.measure.cuda import synchronize
+from memlab.model.step import Meter
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 
 PHASES = ("data", "forward", "backward", "optimizer", "host", "checkpoint")
+"""The loop's timed spans; ``optimizer`` is :func:`memlab.model.step.train_step`'s optimizer step and zero_grad."""
+
+
+class _Marks(Meter):
+    """``perf_counter`` at the end of the forward, the backward and zero_grad (after a synchronize with
+    ``split_phases``), and the step's loss, kept for the host work after the step."""
+
+    def __init__(self, device: torch.device, split_phases: bool, marks: list[float]) -> None:
+        self.device, self.split_phases, self.marks = device, split_phases, marks
+        self.last_loss: torch.Tensor | None = None
+
+    def mark(self) -> None:
+        if self.split_phases:
+            synchronize(self.device)
+        self.marks.append(time.perf_counter())
+
+    @contextlib.contextmanager
+    def phase(self, step: Any, name: str) -> Iterator[None]:
+        yield
+        if name != "optimizer step":  # the optimizer span ends after zero_grad
+            self.mark()
+
+    def loss(self, step: Any, loss: torch.Tensor) -> None:
+        self.last_loss = loss.detach()
 
 
 class SlowTokens(torch.utils.data.Dataset):
@@ -97,7 +124,7 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
     divides by (default: :func:`memlab.measure.machine.detect` for the device).
     """
     from memlab.measure.machine import detect
-    from memlab.model.step import build_training
+    from memlab.model.step import build_training, train_step
     from memlab.predict.flops import mfu
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -116,21 +143,10 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
         t0 = time.perf_counter()
         batch = next(it).to(dev, non_blocking=pin_memory)
         idx, tgt = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
-        marks = [t0, time.perf_counter()]
-
-        def mark(marks: list[float] = marks) -> None:
-            if split_phases:
-                synchronize(dev)
-            marks.append(time.perf_counter())
-
-        with step.forward_context():
-            loss = model(idx, tgt)
-        mark()
-        step.backward(loss)
-        mark()
-        step.step()
-        step.zero_grad(set_to_none=True)
-        mark()
+        meter = _Marks(dev, split_phases, [t0, time.perf_counter()])
+        train_step(step, lambda idx=idx, tgt=tgt: model(idx, tgt), meter=meter, label=i)
+        marks, loss = meter.marks, meter.last_loss
+        assert loss is not None
         if item_every and i % item_every == 0:
             float(loss.item())
         if log_every and i % log_every == 0:

@@ -10,19 +10,24 @@ makes a real training step keep exactly those bytes, so the accounting can check
   on and copies them back into the model after each step (Micikevicius et al. 2018; Rajbhandari et al. 2019).
   ``mixed-bf16-fp32-grads`` accumulates every gradient into a persistent fp32 buffer as soon as backward
   produces it and frees the 16-bit one (Megatron-LM's main grads); ``mixed-fp16-fp32-accum`` keeps both.
+
+:func:`train_step` is the one phased loop every caller runs (the tracer, the runner, live steps, the profiler,
+the step-time lab, the Hugging Face run, the torchrun worker): forward -> backward per micro-batch, then the
+optimizer step and ``zero_grad``, each phase inside a :class:`Meter`'s context, which is where the callers differ.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from memlab.device import torch_dtype
+from memlab.errors import SetupError
 from memlab.predict.precision import PrecisionPolicy
 
 if TYPE_CHECKING:
@@ -144,12 +149,18 @@ class MasterWeights:
 
 @dataclass
 class TrainingStep:
-    """The pieces of one training step under a precision policy: call :meth:`backward` and :meth:`step`."""
+    """The pieces of one training step under a precision policy, run by :func:`train_step`.
+
+    ``set_to_none`` is what :meth:`zero_grad` does (``Setup.zero_grad_to_none``); ``grad_accum_steps`` how many
+    micro-batches :func:`train_step` runs before the optimizer step (``Setup.grad_accum_steps``).
+    """
 
     policy: PrecisionPolicy
     device: torch.device
     optimizer: Any
     scaler: Any = None
+    set_to_none: bool = True
+    grad_accum_steps: int = 1
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         """autocast for ``amp-*``, nothing otherwise."""
@@ -172,9 +183,9 @@ class TrainingStep:
         else:
             self.optimizer.step()
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Free the gradients (``set_to_none=True``, PyTorch's default) or zero-fill them in place."""
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    def zero_grad(self) -> None:
+        """Free the gradients (``set_to_none``, PyTorch's default) or zero-fill them in place."""
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)
 
     def state_holder(self) -> Any:
         """What :func:`memlab.measure.accounting.model_states` should read optimizer state from."""
@@ -186,30 +197,152 @@ def training_step(
     policy: PrecisionPolicy,
     device: torch.device,
     make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    *,
+    loss_scaling: bool = True,
+    set_to_none: bool = True,
+    grad_accum_steps: int = 1,
 ) -> TrainingStep:
-    """Wire ``model`` (already built in :func:`model_dtype`) for training under ``policy``."""
+    """Wire ``model`` (already built in :func:`model_dtype`) for training under ``policy``.
+
+    ``loss_scaling=False`` leaves out the policy's loss scale (GradScaler, or the master weights' scale and its
+    finite check): the fake-tensor trace needs that, since the check reads tensor values a fake tensor lacks.
+    """
     if policy.master_bytes:
-        scale = 2.0**12 if policy.grad_scaler else None
-        return TrainingStep(policy, device, MasterWeights(model, make_optimizer, policy, loss_scale=scale))
+        scale = 2.0**12 if policy.grad_scaler and loss_scaling else None
+        return TrainingStep(policy, device, MasterWeights(model, make_optimizer, policy, loss_scale=scale),
+                            set_to_none=set_to_none, grad_accum_steps=grad_accum_steps)
     optimizer = make_optimizer(_unique_params(model))
-    scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
-    return TrainingStep(policy, device, optimizer, scaler)
+    scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler and loss_scaling else None
+    return TrainingStep(policy, device, optimizer, scaler, set_to_none=set_to_none,
+                        grad_accum_steps=grad_accum_steps)
+
+
+def check_single_process(setup: Setup) -> None:
+    """Refuse what one process on one device does not run: gradient accumulation (the trace and the estimator
+    model it), ZeRO/FSDP sharding, data and tensor parallelism (torchrun). Raises :class:`SetupError`; shared by
+    :func:`build_training` and :func:`memlab.run.runner.run_step`, so every measured step refuses alike."""
+    if setup.grad_accum_steps != 1:
+        raise SetupError("a single-process run measures one micro-batch per step: set grad_accum_steps=1 (memlab "
+                         "trace and the estimator model accumulation)")
+    if setup.zero_stage or setup.world_size > 1 or setup.tp > 1:
+        raise SetupError("a single-process run measures one device; ZeRO/FSDP and tensor parallelism run under "
+                         "torchrun")
 
 
 def build_training(config: TransformerConfig, setup: Setup, device: torch.device, *, seed: int = 0,
-                   lr: float = 1e-4, optimizer_impl: str | None = None) -> tuple[nn.Module, TrainingStep]:
+                   lr: float = 1e-4) -> tuple[nn.Module, TrainingStep]:
     """The reference GPT for ``setup`` (dtype from its precision policy, attention kernel, recompute), seeded with
-    ``seed`` and in train mode, and its :class:`TrainingStep` with ``setup.optimizer`` run by ``optimizer_impl``
-    (default ``setup.optimizer_impl``): how :func:`memlab.run.runner.run_step`, the live-bytes steps and the
-    profiler build the step they measure."""
+    ``seed`` and in train mode, and its :class:`TrainingStep`: ``setup.optimizer`` run by ``setup.optimizer_impl``,
+    ``zero_grad`` by ``setup.zero_grad_to_none``. How :func:`memlab.run.runner.run_step`, the live-bytes steps,
+    the profiler and the step-time lab build the step they measure; setups one process cannot run are refused
+    (:func:`check_single_process`)."""
     from memlab.model.gpt import GPT
     from memlab.model.optimizers import build_optimizer
 
+    check_single_process(setup)
     torch.manual_seed(seed)
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device,
                 dtype=model_dtype(setup.policy)).train()
-    impl = setup.optimizer_impl if optimizer_impl is None else optimizer_impl
-    return model, training_step(model, setup.policy, device, lambda ps: build_optimizer(setup.optimizer, ps, lr, impl))
+    return model, training_step(model, setup.policy, device,
+                                lambda ps: build_optimizer(setup.optimizer, ps, lr, setup.optimizer_impl),
+                                set_to_none=setup.zero_grad_to_none)
+
+
+# -- the one training step loop -------------------------------------------------------------------------------
+STEP_PHASES = ("forward", "backward", "optimizer step", "zero_grad")
+"""The phases :func:`train_step` runs, in order; micro-batches after the first of an accumulating step are
+``forward (accumulating)`` and ``backward (accumulating)``."""
+
+
+class Step(Protocol):
+    """What :func:`train_step` runs: a :class:`TrainingStep`, or the tracer's step over a user's optimizer."""
+
+    grad_accum_steps: int
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> None: ...
+
+    def zero_grad(self) -> None: ...
+
+    def state_holder(self) -> Any:
+        """The optimizer (or its wrapper), None for a step without one."""
+        ...
+
+
+class Meter:
+    """What :func:`train_step` reports to; this base measures nothing.
+
+    :meth:`phase` is a context around each phase (``step`` is the caller's label: ``"first"``, ``"steady"``, a step
+    number); :meth:`loss` receives each micro-batch's loss right after its forward. The loop drops its own
+    reference to the loss inside the backward phase, so a meter that keeps it (``loss.detach()``, to read it after
+    the step as a loop that logs does) is what holds its storage.
+    """
+
+    def phase(self, step: Any, name: str) -> contextlib.AbstractContextManager[Any]:
+        """The context around phase ``name`` of step ``step``."""
+        return contextlib.nullcontext()
+
+    def loss(self, step: Any, loss: torch.Tensor) -> None:
+        """Called with each micro-batch's loss after its forward."""
+
+
+class PhaseMeter(Meter):
+    """A :class:`Meter` from a ``phase(step, name)`` context function (e.g. ``PhasePeaks(...).phase``)."""
+
+    def __init__(self, phase: Callable[[Any, str], contextlib.AbstractContextManager[Any]]) -> None:
+        self._phase = phase
+
+    def phase(self, step: Any, name: str) -> contextlib.AbstractContextManager[Any]:
+        return self._phase(step, name)
+
+
+class Meters(Meter):
+    """Several meters at once: phases entered in the order given (the first is outermost), losses to each."""
+
+    def __init__(self, *meters: Meter) -> None:
+        self.meters = meters
+
+    @contextlib.contextmanager
+    def phase(self, step: Any, name: str) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for m in self.meters:
+                stack.enter_context(m.phase(step, name))
+            yield
+
+    def loss(self, step: Any, loss: torch.Tensor) -> None:
+        for m in self.meters:
+            m.loss(step, loss)
+
+
+def train_step(step: Step, loss_fn: Callable[[], torch.Tensor], *, meter: Meter | None = None, label: Any = "steady",
+               optimizer_step: bool = True, zero_grad: bool = True) -> None:
+    """One training step: ``step.grad_accum_steps`` micro-batches of forward (``loss_fn()`` under
+    ``step.forward_context()``) and backward, then the optimizer step and ``zero_grad`` (:data:`STEP_PHASES`),
+    each inside ``meter.phase(label, name)``.
+
+    ``optimizer_step=False`` leaves the parameters unchanged (a FLOP count of forward + backward);
+    ``zero_grad=False`` leaves the gradients (both False: a step with no optimizer, as
+    :func:`memlab.tracing.tracer.trace` runs one). The loss is released inside the backward phase, as a training
+    loop releases it: byte counts over the phases depend on that.
+    """
+    meter = meter if meter is not None else Meter()
+    for micro in range(step.grad_accum_steps):
+        tag = "" if micro == 0 else " (accumulating)"
+        with meter.phase(label, "forward" + tag), step.forward_context():
+            loss = loss_fn()
+        meter.loss(label, loss)
+        with meter.phase(label, "backward" + tag):
+            step.backward(loss)
+            del loss
+    if optimizer_step:
+        with meter.phase(label, "optimizer step"):
+            step.step()
+    if zero_grad:
+        with meter.phase(label, "zero_grad"):
+            step.zero_grad()
 
 
 # -- token batches --------------------------------------------------------------------------------------------

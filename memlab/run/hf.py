@@ -1,17 +1,20 @@
 """Hugging Face models built from configs (never downloaded) and measured for real at small shapes.
 
 :func:`build_hf_model` makes ``AutoModelForCausalLM.from_config(config)`` in a dtype and attention implementation;
-:func:`measure_hf` runs one training step (forward with ``labels``, backward, AdamW step) on synthetic tokens and
-counts, exactly and by storage, what the forward left for backward
-(:class:`~memlab.measure.accounting.SavedTensorRecorder`) and the model states after the step
-(:func:`~memlab.measure.accounting.model_states`). On a CPU these counts are the truth; on CUDA they sit beside the
-allocator's numbers. :func:`predict_hf` is the twin prediction from :func:`memlab.predict.hf.from_hf`.
+:func:`measure_hf` runs one training step (forward with ``labels``, backward, AdamW step, zero_grad:
+:func:`memlab.model.step.train_step`) on synthetic tokens and counts, exactly and by storage, what the forward
+left for backward (:class:`~memlab.measure.accounting.SavedTensorRecorder`) and the model states after the
+optimizer step (:func:`~memlab.measure.accounting.model_states`). On a CPU these counts are the truth; on CUDA
+they sit beside the allocator's numbers. :func:`predict_hf` is the twin prediction from
+:func:`memlab.predict.hf.from_hf`.
 
 ``transformers`` is imported when a function runs, so importing this module is cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +24,12 @@ from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.model.hf import DTYPES, build_hf_model
-from memlab.model.step import token_ids
+from memlab.model.step import Meter, token_ids, train_step, training_step
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
 from memlab.predict.models import TransformerConfig
+from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
@@ -72,26 +76,41 @@ class HfMeasurement:
         return asdict(self)
 
 
+class _HfMeter(Meter):
+    """The forward's saved tensors (autocast exits inside the recorder, so its weight-cast cache is released as in
+    training) and the model states after the optimizer step, gradients still held."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, device: torch.device) -> None:
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.recorder = SavedTensorRecorder(model)
+        self.saved: Any = None
+        self.states: Any = None
+
+    @contextlib.contextmanager
+    def phase(self, step: Any, name: str) -> Iterator[None]:
+        with self.recorder if name == "forward" else contextlib.nullcontext():
+            yield
+        if name == "forward":
+            self.saved = self.recorder.result()
+        elif name == "optimizer step":
+            self.states = model_states(self.model, self.optimizer, device=self.device)
+
+
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
                keep_saved: bool = False, autocast: bool = False) -> HfMeasurement | tuple[HfMeasurement, Any]:
-    """One training step of ``model`` on random tokens: saved-for-backward bytes of the forward, then backward and
-    an AdamW step, then the model states. ``autocast`` runs the forward under ``torch.autocast`` to bf16 (an fp32
-    model: PyTorch AMP, what ``Trainer(bf16=True)`` does). With ``keep_saved`` also returns the recorder's
-    :class:`~memlab.measure.accounting.SavedActivations`."""
+    """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
+    bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
+    runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
+    does). With ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`."""
     cfg = model.config
     dev = next(model.parameters()).device
     idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    rec = SavedTensorRecorder(model)
-    # autocast exits inside the recorder, so its weight-cast cache is released as in training
-    with rec, torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-        loss = model(input_ids=idx, labels=idx).loss
-    saved = rec.result()
-    loss.backward()
-    del loss
-    opt.step()
-    st = model_states(model, opt, device=dev)
     dtype = next(k for k, v in DTYPES.items() if v == next(model.parameters()).dtype)
+    policy = precision_policy("amp-bf16" if autocast else PRECISION_OF[dtype])
+    step = training_step(model, policy, dev, lambda ps: torch.optim.AdamW(ps, lr=1e-4))
+    meter = _HfMeter(model, step.state_holder(), dev)
+    train_step(step, lambda: model(input_ids=idx, labels=idx).loss, meter=meter)
+    saved, st = meter.saved, meter.states
     m = HfMeasurement(
         family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,

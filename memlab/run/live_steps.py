@@ -22,7 +22,7 @@ import torch
 from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
-from memlab.model.step import build_training, token_batch
+from memlab.model.step import PhaseMeter, build_training, token_batch, train_step
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 
@@ -77,22 +77,21 @@ class LiveSteps:
 
 
 def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.device | str = "cpu", *,
-                        steps: int = 2, seed: int = 0, lr: float = 1e-4, foreach: bool = False) -> LiveSteps:
+                        steps: int = 2, seed: int = 0, lr: float = 1e-4) -> LiveSteps:
     """Train ``config`` under ``setup`` for ``steps`` steps and count live tensor bytes at every op.
 
-    The optimizer is memlab's (``foreach=False``: one parameter's scratch at a time, torch's default on a CPU);
-    ``foreach=True`` builds AdamW/Adam with torch's multi-tensor step, the default when every parameter is on
-    CUDA, whose scratch is sized like all the parameters together.
+    Each step is :func:`memlab.model.step.train_step` of :func:`memlab.model.step.build_training`'s step, as in
+    :func:`memlab.run.runner.run_step`: ``setup.optimizer_impl`` picks the optimizer's implementation (``for-loop``:
+    one parameter's scratch at a time, torch's default on a CPU; ``foreach``: torch's multi-tensor step, the
+    default when every parameter is on CUDA, whose scratch is sized like all the parameters together),
+    ``setup.zero_grad_to_none`` what ``zero_grad`` does; setups one process cannot run are refused alike.
     """
     if not isinstance(steps, int) or steps < 1:
         raise SetupError(f"steps must be a positive integer, got {steps!r}")
     if setup.mode != "train":
         raise SetupError("live_training_steps follows training steps; use run_step for inference")
-    if foreach and setup.optimizer not in ("adamw", "adam"):
-        raise SetupError(f"foreach=True is offered for adamw and adam (torch's CUDA default), not {setup.optimizer!r}")
     dev = resolve_device(device)
-    model, step = build_training(config, setup, dev, seed=seed, lr=lr,
-                                 optimizer_impl="foreach" if foreach else "for-loop")
+    model, step = build_training(config, setup, dev, seed=seed, lr=lr)
     idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, dev, seed)
     with LiveBytes() as live:
         params = live.track(model.parameters(), "params")
@@ -100,16 +99,9 @@ def live_training_steps(config: TransformerConfig, setup: Setup, device: torch.d
         extra = getattr(holder, "memlab_state_tensors", None)
         if callable(extra):  # fp32 master weights exist before the first step
             live.track((t for ts in extra().values() for t in ts), "master weights")
+        meter = PhaseMeter(lambda i, name: live.phase(name, label=f"step {i}: {name}", step=i))
         for i in range(1, steps + 1):
-            with live.phase("forward", label=f"step {i}: forward", step=i), step.forward_context():
-                loss = model(idx, tgt)
-            with live.phase("backward", label=f"step {i}: backward", step=i):
-                step.backward(loss)
-                del loss
-            with live.phase("optimizer step", label=f"step {i}: optimizer step", step=i):
-                step.step()
-            with live.phase("zero_grad", label=f"step {i}: zero_grad", step=i):
-                step.zero_grad(set_to_none=True)
+            train_step(step, lambda: model(idx, tgt), meter=meter, label=i)
         live.mark("done")
     return LiveSteps(frame=live.frame(), params_bytes=params, peak_bytes=live.peak_bytes, peak_label=live.peak_label,
                      phases=tuple(live.phases))

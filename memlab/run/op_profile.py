@@ -1,7 +1,8 @@
 """One training step of the reference GPT, op by op, placed on the roofline and predicted by it.
 
 :func:`profile_step` runs ``torch.profiler`` with ``record_shapes=True`` over one steady-state step (after a
-warm-up step that creates the optimizer state), with ``record_function`` ranges for the phases. Every leaf aten
+warm-up step that creates the optimizer state), with ``record_function`` ranges for the phases of
+:func:`memlab.model.step.train_step` (forward, backward, optimizer step, zero_grad). Every leaf aten
 op the table below knows gets FLOPs and bytes **from its recorded shapes and dtypes**:
 
 - matmuls (``mm``, ``addmm``, ``bmm``, ``baddbmm``): 2*m*n*k per product [narayanan2021]; bytes = operands read
@@ -19,7 +20,6 @@ max(FLOPs / peak, bytes / bandwidth) [williams2009], and its error against the m
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +29,7 @@ import torch
 
 from memlab.device import resolve_device
 from memlab.errors import SetupError
-from memlab.model.step import build_training, token_batch
+from memlab.model.step import PhaseMeter, build_training, token_batch, train_step
 from memlab.predict.flops import roofline_bound
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
@@ -148,7 +148,8 @@ class StepProfile:
     ops: pd.DataFrame
     """name, kind, phase, shapes, dtypes, self_s, flops, bytes (NaN where not costed)."""
     phase_s: dict[str, float]
-    """Wall time of each ``record_function`` phase under the profiler (forward, backward, optimizer), seconds."""
+    """Wall time of each ``record_function`` phase under the profiler (forward, backward, optimizer step,
+    zero_grad: :data:`memlab.model.step.STEP_PHASES`), seconds."""
     device: str
     time_source: str
     """``"self device time"`` (CUDA) or ``"self CPU time"`` (CPU)."""
@@ -190,22 +191,15 @@ def profile_step(config: TransformerConfig, setup: Setup, device: str | torch.de
     model, step = build_training(config, setup, dev, seed=seed, lr=lr)
     idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, dev, seed)
 
-    def one_step(marked: bool) -> None:
-        ctx = record_function if marked else (lambda _name: contextlib.nullcontext())
-        with ctx("memlab::forward"), step.forward_context():
-            loss = model(idx, tgt)
-        with ctx("memlab::backward"):
-            step.backward(loss)
-        with ctx("memlab::optimizer"):
-            step.step()
-            step.zero_grad(set_to_none=True)
+    def loss_fn() -> torch.Tensor:
+        return model(idx, tgt)
 
-    one_step(False)  # warm-up: creates the optimizer state, picks kernels
+    train_step(step, loss_fn)  # warm-up: creates the optimizer state, picks kernels
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:
-        one_step(True)
+        train_step(step, loss_fn, meter=PhaseMeter(lambda _step, name: record_function(f"memlab::{name}")))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
     events = list(prof.events())

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,9 +29,21 @@ from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.measure.cuda import synchronize
 from memlab.measure.live_bytes import PhasePeaks
+from memlab.measure.timing import time_fn
 from memlab.model.gpt import GPT, KVCache
 from memlab.model.saved import saved_tensor_category
-from memlab.model.step import TrainingStep, build_training, model_dtype, token_batch, token_ids
+from memlab.model.step import (
+    Meter,
+    Meters,
+    PhaseMeter,
+    TrainingStep,
+    build_training,
+    check_single_process,
+    model_dtype,
+    token_batch,
+    token_ids,
+    train_step,
+)
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
@@ -116,20 +127,6 @@ class Measurement:
         return row
 
 
-def time_region(fn: Callable[[], Any], device: torch.device) -> float:
-    """Seconds ``fn`` takes: CUDA events around it on a GPU, ``perf_counter`` on a CPU."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def _flop_mapping() -> dict[Any, Any]:
     """FLOP formulas FlopCounterMode lacks in torch 2.13: the CPU flash-attention kernel (counts 0 otherwise)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
@@ -184,88 +181,105 @@ def _mfu_fields(config: TransformerConfig, setup: Setup, device: torch.device, t
     return {"mfu": res.mfu, "hfu": res.hfu, "mfu_reason": res.reason, "peak_source": res.peak_source}
 
 
+class _FirstStep(Meter):
+    """The runner's first step: exact states after each phase, the forward's saved tensors (a
+    :class:`~memlab.measure.accounting.SavedTensorRecorder` around it) and a timeline mark at each phase start.
+    Outermost of the first step's meters, so its counts are read after the peak meter's phase has closed."""
+
+    def __init__(self, model: torch.nn.Module, step: TrainingStep, device: torch.device,
+                 mark: Callable[[str], None]) -> None:
+        self.model, self.step, self.device, self.mark = model, step, device, mark
+        self.recorder = SavedTensorRecorder(model, categorize=saved_tensor_category)
+        self.rows = [{"phase": "built", **_states(model, step, device), "activations": 0}]
+        self.saved: Any = None
+
+    @contextlib.contextmanager
+    def phase(self, step: Any, name: str) -> Iterator[None]:
+        self.mark(name)
+        # Autocast is exited inside the recorder, so its weight-cast cache is gone when the count is read.
+        with self.recorder if name == "forward" else contextlib.nullcontext():
+            yield
+        if name == "forward":
+            self.saved = self.recorder.result()
+        activations = self.saved.total_bytes if name == "forward" else 0
+        self.rows.append({"phase": name, **_states(self.model, self.step, self.device), "activations": activations})
+
+
+class _Timed(Meter):
+    """The timed steps: the gradients' bytes just before the optimizer step, and the loss (kept to the end of
+    the step, as a loop that reads it keeps it)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.grad_bytes: list[int] = []
+        self.last_loss: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def phase(self, step: Any, name: str) -> Iterator[None]:
+        yield
+        if name == "backward":
+            self.grad_bytes.append(model_states(self.model, None, device=self.device).grads_bytes)
+
+    def loss(self, step: Any, loss: torch.Tensor) -> None:
+        self.last_loss = loss.detach()
+
+
 def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int, lr: float,
-           with_counted_flops: bool, with_mfu: bool, timeline: bool, set_to_none: bool = True,
-           with_phase_peaks: bool = True) -> dict[str, Any]:
+           with_counted_flops: bool, with_mfu: bool, timeline: bool, with_phase_peaks: bool = True) -> dict[str, Any]:
     model, step = build_training(config, setup, device, seed=seed, lr=lr)
     idx, tgt = token_batch(config.vocab_size, setup.batch, setup.seq, device, seed)
+
+    def loss_fn() -> torch.Tensor:
+        return model(idx, tgt)
+
     out: dict[str, Any] = {}
     holder = step.state_holder()
     extra = holder.memlab_state_tensors() if hasattr(holder, "memlab_state_tensors") else {}
-    meter = PhasePeaks(device, track=[*model.parameters(), *model.buffers(), idx, tgt, *extra.values()]) \
-        if with_phase_peaks else _NoMeter()
+    peaks = PhasePeaks(device, track=[*model.parameters(), *model.buffers(), idx, tgt, *extra.values()]) \
+        if with_phase_peaks else None
+    peak_meter = PhaseMeter(peaks.phase) if peaks is not None else Meter()
 
-    phases = [{"phase": "built", **_states(model, step, device), "activations": 0}]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sampler = _sampler(device) if timeline else None
-    with sampler if sampler is not None else contextlib.nullcontext(), meter:
-        mark = sampler.mark if sampler is not None else (lambda phase: None)
-        mark("forward")
-        # Autocast is exited inside the recorder, so its weight-cast cache is gone when the count is read.
-        recorder = SavedTensorRecorder(model, categorize=saved_tensor_category)
-        with meter.phase("first", "forward"), recorder, step.forward_context():
-            loss = model(idx, tgt)
-        saved = recorder.result()
-        phases.append({"phase": "forward", **_states(model, step, device), "activations": saved.total_bytes})
-        mark("backward")
-        with meter.phase("first", "backward"):
-            step.backward(loss)
-            del loss
-        phases.append({"phase": "backward", **_states(model, step, device), "activations": 0})
-        mark("optimizer step")
-        with meter.phase("first", "optimizer step"):
-            step.step()
-        phases.append({"phase": "optimizer step", **_states(model, step, device), "activations": 0})
-        mark("zero_grad")
-        with meter.phase("first", "zero_grad"):
-            step.zero_grad(set_to_none=set_to_none)
-        phases.append({"phase": "zero_grad", **_states(model, step, device), "activations": 0})
-        mark("done")
+    first = _FirstStep(model, step, device, sampler.mark if sampler is not None else (lambda phase: None))
+    with sampler if sampler is not None else contextlib.nullcontext(), peaks or contextlib.nullcontext():
+        train_step(step, loss_fn, meter=Meters(first, peak_meter), label="first")
+        first.mark("done")
+    rows = peaks.rows if peaks is not None else []
     first_peak = None
     if device.type == "cuda":  # the meter resets the allocator's peak per phase: the first step's is their max
-        first_peak = max((r["peak_bytes"] for r in meter.rows if r["step"] == "first"),
+        first_peak = max((r["peak_bytes"] for r in rows if r["step"] == "first"),
                          default=torch.cuda.max_memory_allocated(device))
-    if with_phase_peaks:  # one steady step, phase by phase (optimizer state now exists)
-        with meter:
-            with meter.phase("steady", "forward"), step.forward_context():
-                loss = model(idx, tgt)
-            with meter.phase("steady", "backward"):
-                step.backward(loss)
-                del loss
-            with meter.phase("steady", "optimizer step"):
-                step.step()
-            with meter.phase("steady", "zero_grad"):
-                step.zero_grad(set_to_none=set_to_none)
+    if peaks is not None:  # one steady step, phase by phase (optimizer state now exists)
+        with peaks:
+            train_step(step, loss_fn, meter=peak_meter, label="steady")
     if sampler is not None:
         out["timeline"] = tuple(sampler.frame().to_dict("records"))
-    if meter.rows:
-        top = max((r for r in meter.rows if r["phase"] != "zero_grad"), key=lambda r: r["peak_bytes"])
-        out.update(phase_peaks=tuple(meter.rows), peak_bytes=top["peak_bytes"], peak_phase=top["phase"])
-    out.update(phases=tuple(phases), activations_bytes=saved.total_bytes,
+    if rows:
+        top = max((r for r in rows if r["phase"] != "zero_grad"), key=lambda r: r["peak_bytes"])
+        out.update(phase_peaks=tuple(rows), peak_bytes=top["peak_bytes"], peak_phase=top["phase"])
+    saved = first.saved
+    out.update(phases=tuple(first.rows), activations_bytes=saved.total_bytes,
                activations_by_category=saved.by_category(), cuda_first_step_peak_allocated_bytes=first_peak)
 
     losses: list[float] = []
+    timed = _Timed(model, device)
 
     def one_step() -> None:
-        with step.forward_context():
-            loss = model(idx, tgt)
-        step.backward(loss)
-        grads = model_states(model, None, device=device).grads_bytes
-        step.step()
-        step.zero_grad(set_to_none=set_to_none)
-        losses.append(float(loss.detach()))
-        grad_bytes.append(grads)
+        train_step(step, loss_fn, meter=timed)
+        assert timed.last_loss is not None
+        losses.append(float(timed.last_loss))
+        timed.last_loss = None
 
-    grad_bytes: list[int] = []
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = [time_region(one_step, device) for _ in range(steps)]
+    times = time_fn(one_step, device=device, repeats=steps, warmup=0)
     # States as the steady state holds them: gradients just before the step, optimizer state after it.
     final = model_states(model, step.state_holder(), device=device)
     out.update(
-        params_bytes=final.params_bytes, grads_bytes=max(grad_bytes) + final.grads_bytes,
+        params_bytes=final.params_bytes, grads_bytes=max(timed.grad_bytes) + final.grads_bytes,
         optimizer_bytes=final.optimizer_bytes, optimizer_by_key=final.optimizer_by_key, loss=losses[-1],
         step_time_s=statistics.median(times), cuda=_cuda_stats(device), nvml=_nvml(device),
     )
@@ -277,22 +291,11 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     out["hardware_flops_per_step"] = float(
         flops_mod.megatron_iteration_flops(config, setup.batch, setup.seq, setup.recompute)
     )
-    if with_counted_flops:
-        out["counted_flops_per_step"] = count_flops(lambda: _fwd_bwd(model, step, idx, tgt))
+    if with_counted_flops:  # forward + backward (+ zero_grad), no update
+        out["counted_flops_per_step"] = count_flops(lambda: train_step(step, loss_fn, optimizer_step=False))
     if with_mfu:
         out.update(_mfu_fields(config, setup, device, out["tokens_per_s"]))
     return out
-
-
-class _NoMeter(contextlib.nullcontext):
-    """Stands in for PhasePeaks when ``with_phase_peaks=False``."""
-
-    @property
-    def rows(self) -> list[dict[str, Any]]:
-        return []
-
-    def phase(self, step: str, name: str) -> contextlib.nullcontext:
-        return contextlib.nullcontext()
 
 
 def _sampler(device: torch.device) -> Any:
@@ -300,13 +303,6 @@ def _sampler(device: torch.device) -> Any:
     from memlab.measure.timeline import TimelineSampler
 
     return TimelineSampler(interval_s=0.002, device=device if device.type == "cuda" else None)
-
-
-def _fwd_bwd(model: GPT, step: TrainingStep, idx: torch.Tensor, tgt: torch.Tensor) -> None:
-    with step.forward_context():
-        loss = model(idx, tgt)
-    step.backward(loss)
-    step.zero_grad()
 
 
 def _infer(config: TransformerConfig, setup: Setup, device: torch.device, *, steps: int, seed: int,
@@ -328,8 +324,8 @@ def _infer(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
         torch.cuda.reset_peak_memory_stats(device)
     with torch.no_grad():
         cache = KVCache(config, setup.batch, setup.seq, device=device, dtype=dtype)
-        prefill = time_region(lambda: model(data[:, :prompt], cache=cache), device)
-        decode = [time_region(lambda i=i: model(data[:, i : i + 1], cache=cache), device)
+        prefill = time_fn(lambda: model(data[:, :prompt], cache=cache), device=device, repeats=1, warmup=0)[0]
+        decode = [time_fn(lambda i=i: model(data[:, i : i + 1], cache=cache), device=device, repeats=1, warmup=0)[0]
                   for i in range(prompt, setup.seq)]
         counted = None
         if with_counted_flops:
@@ -362,7 +358,6 @@ def run_step(
     with_counted_flops: bool = True,
     with_mfu: bool = True,
     timeline: bool = False,
-    set_to_none: bool | None = None,
     with_phase_peaks: bool = True,
 ) -> Measurement:
     """Run and measure ``config`` under ``setup`` on ``device``.
@@ -373,8 +368,9 @@ def run_step(
     ``seq - steps`` tokens into a preallocated KV cache and ``steps`` one-token decodes. ``timeline`` samples
     memory over the first training step with :class:`memlab.measure.timeline.TimelineSampler` (the allocator on
     CUDA; on a CPU only the process RSS, which is coarse: the exact per-phase bytes are in ``phases`` either way).
-    ``set_to_none=False`` makes every ``zero_grad`` zero-fill the gradients instead of freeing them (they then
-    persist into the next forward); None follows ``setup.zero_grad_to_none``. ``phase_peaks`` holds the peak
+    Every step is :func:`memlab.model.step.train_step` of :func:`memlab.model.step.build_training`'s step, so
+    every field of ``setup`` that changes a step is honoured (``zero_grad_to_none=False``: every ``zero_grad``
+    zero-fills the gradients, which then persist into the next forward). ``phase_peaks`` holds the peak
     inside each phase of the first and one steady step (:class:`memlab.measure.live_bytes.PhasePeaks`;
     ``with_phase_peaks=False`` skips it, and the extra step, for speed). Bad setups raise
     :class:`memlab.errors.SetupError`; an out-of-memory error is returned as a Measurement with ``status="oom"``
@@ -387,13 +383,7 @@ def run_step(
     if not isinstance(config, TransformerConfig) or not isinstance(setup, Setup):
         raise SetupError(f"run_step needs a TransformerConfig and a Setup, got {type(config).__name__} and "
                          f"{type(setup).__name__}")
-    if setup.grad_accum_steps != 1:
-        raise SetupError("run_step measures one micro-batch per step: set grad_accum_steps=1 (memlab trace and the "
-                         "estimator model accumulation)")
-    if set_to_none is None:
-        set_to_none = setup.zero_grad_to_none
-    if setup.zero_stage or setup.world_size > 1 or setup.tp > 1:
-        raise SetupError("run_step measures one device; ZeRO/FSDP and tensor parallelism run under torchrun")
+    check_single_process(setup)
     dev = resolve_device(device)
     if setup.attention != "eager":
         from memlab.model.gpt import available_attention
@@ -408,8 +398,7 @@ def run_step(
     try:
         if setup.mode == "train":
             fields = _train(config, setup, dev, steps=steps, seed=seed, lr=lr, with_counted_flops=with_counted_flops,
-                            with_mfu=with_mfu, timeline=timeline, set_to_none=set_to_none,
-                            with_phase_peaks=with_phase_peaks)
+                            with_mfu=with_mfu, timeline=timeline, with_phase_peaks=with_phase_peaks)
         else:
             fields = _infer(config, setup, dev, steps=steps, seed=seed, with_counted_flops=with_counted_flops,
                             with_mfu=with_mfu)

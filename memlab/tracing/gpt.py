@@ -1,7 +1,7 @@
 """The reference GPT's step on fake tensors: :func:`trace_gpt` (training under a Setup, or inference).
 
 The step is wired by :mod:`memlab.model.step` exactly as the measured runner wires it (precision policy, master
-weights, optimizer and its implementation), then traced by :func:`memlab.tracing.tracer.trace`. With
+weights, optimizer and its implementation), then traced by :func:`memlab.tracing.tracer.trace_step`. With
 ``zero_stage`` 2/3 over ``world_size`` > 1 ranks the blocks are sharded with FSDP2 over a fake process group
 (:mod:`memlab.tracing.fake_dist`).
 """
@@ -17,17 +17,19 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup, resolve_optimizer_impl
-from memlab.tracing.tracer import Trace, _fast_tracker, _modules, _Phases, trace
+from memlab.tracing.tracer import Trace, _fast_tracker, _modules, _Phases, trace_step
 
 
 def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") -> dict[str, Any]:
-    """``optimizer_fn``, ``forward_context`` and ``notes`` that carry out ``setup``'s precision policy and optimizer
-    (the runner's wiring: :mod:`memlab.model.step`, :mod:`memlab.model.optimizers`) for :func:`trace`.
+    """``step_fn`` and ``notes`` that carry out ``setup``'s precision policy, optimizer, ``zero_grad`` and gradient
+    accumulation for :func:`~memlab.tracing.tracer.trace_step`: ``step_fn(model)`` is
+    :func:`memlab.model.step.training_step`, the runner's wiring, with loss scaling left out (its finite check
+    reads values a fake tensor lacks) and autocast to the CPU, where traces run.
 
     ``device_type`` is the device whose optimizer default (``optimizer_impl='auto'``) the trace imitates.
     """
     from memlab.model.optimizers import build_optimizer
-    from memlab.model.step import MasterWeights, autocast
+    from memlab.model.step import TrainingStep, training_step
 
     if setup.mode != "train":
         raise SetupError("this traces a training step: set mode='train' (trace_gpt traces inference itself)")
@@ -43,21 +45,17 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
         notes.append("loss scaling traced without its finite check (data-dependent on fake tensors): the scale and "
                      "found-inf scalars are a few bytes")
 
-    def optimizer_fn(model: nn.Module) -> Any:
+    def step_fn(model: nn.Module) -> TrainingStep:
         make = lambda ps: build_optimizer(setup.optimizer, ps, lr, impl)  # noqa: E731
-        if policy.master_bytes:
-            return MasterWeights(model, make, policy, loss_scale=None)
-        return make([p for p in model.parameters() if p.requires_grad])
+        return training_step(model, policy, torch.device("cpu"), make, loss_scaling=False,
+                             set_to_none=setup.zero_grad_to_none, grad_accum_steps=setup.grad_accum_steps)
 
-    def forward_context() -> contextlib.AbstractContextManager[Any]:
-        return autocast(policy, torch.device("cpu"))
-
-    return {"optimizer_fn": optimizer_fn, "forward_context": forward_context, "notes": tuple(notes)}
+    return {"step_fn": step_fn, "notes": tuple(notes)}
 
 
 def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda",
                    mesh: Any = None) -> dict[str, Any]:
-    """Everything :func:`trace` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
+    """Everything :func:`trace_step` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
     ``mesh`` (:func:`memlab.tracing.fake_dist.fake_process_group`) the blocks are sharded with FSDP2."""
     from memlab.model.gpt import GPT
     from memlab.model.step import model_dtype
@@ -83,8 +81,8 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
 
 
 def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, device_type: str = "cuda") -> Trace:
-    """:func:`trace` of the reference GPT (``memlab.model.gpt.GPT``) under ``setup`` (training, one process;
-    ``zero_stage`` 2/3 over ``world_size`` > 1 ranks runs FSDP2 over a fake process group,
+    """:func:`~memlab.tracing.tracer.trace_step` of the reference GPT (``memlab.model.gpt.GPT``) under ``setup``
+    (training, one process; ``zero_stage`` 2/3 over ``world_size`` > 1 ranks runs FSDP2 over a fake process group,
     :mod:`memlab.tracing.fake_dist`).
 
     Traces run on CPU; ``device_type`` only picks the optimizer implementation ``auto`` means. CPU autocast and
@@ -98,8 +96,7 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     if setup.world_size == 1:
         parts = gpt_step_parts(config, setup, device_type=device_type)
         notes = parts.pop("notes")
-        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
-                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes)
+        return trace_step(**parts, fake=fake, name=config.name, setup=setup.to_dict(), notes=notes)
     from memlab.tracing.fake_dist import fake_process_group
 
     setup_parts(setup, device_type=device_type)  # validates before a process group is made
@@ -110,9 +107,8 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
                  "tensors the first optimizer step also counts DTensor's first sharding propagation (global-shape "
                  "temporaries no real run holds): marked unreliable and left out of the peak; the steady step is "
                  "exact")
-        return trace(**parts, fake=fake, grad_accum_steps=setup.grad_accum_steps,
-                     set_to_none=setup.zero_grad_to_none, name=config.name, setup=setup.to_dict(), notes=notes,
-                     unreliable=(("first", "optimizer step"),) if fake else ())
+        return trace_step(**parts, fake=fake, name=config.name, setup=setup.to_dict(), notes=notes,
+                          unreliable=(("first", "optimizer step"),) if fake else ())
 
 
 def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:

@@ -1,7 +1,7 @@
 """Trace a Hugging Face Transformers causal LM built from its config (never a download): :func:`trace_hf`.
 
 The model is ``transformers.AutoModelForCausalLM.from_config(config)`` built inside the fake mode under a
-``torch.device("cpu")`` context, then traced by :func:`memlab.tracing.tracer.trace` under a memlab
+``torch.device("cpu")`` context, then traced by :func:`memlab.tracing.tracer.trace_step` under a memlab
 :class:`~memlab.predict.setup.Setup` (precision policy, optimizer and its implementation, attention, recompute).
 The config comes from a ``config.json`` path, a ``PretrainedConfig``, or a family name with dimensions
 (``hf_config("llama", hidden_size=4096, ...)``, ``transformers.AutoConfig.for_model``).
@@ -28,7 +28,7 @@ from memlab.model.gpt import sdpa_backend
 from memlab.model.hf import hf_config, import_transformers
 from memlab.predict.setup import Setup
 from memlab.tracing.gpt import setup_parts
-from memlab.tracing.tracer import Trace, trace
+from memlab.tracing.tracer import Trace, _default_loss, trace_step
 
 _ATTENTION = {"eager": ("eager", None), "math": ("sdpa", "math"), "flash": ("sdpa", "flash"),
               "efficient": ("sdpa", "efficient"), "cudnn": ("sdpa", "cudnn")}
@@ -50,7 +50,8 @@ def unpacked_batches() -> Iterator[None]:
 
 def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str = "cuda",
              force_unpacked: bool = True, name: str | None = None) -> Trace:
-    """:func:`memlab.tracing.tracer.trace` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under ``setup``.
+    """:func:`memlab.tracing.tracer.trace_step` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under
+    ``setup``.
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant);
@@ -87,24 +88,19 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         ids = torch.randint(0, vocab, (setup.batch, setup.seq))
         return {"input_ids": ids, "labels": ids.clone()}
 
-    forward = parts.pop("forward_context")
+    def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not backend:
+            return _default_loss(model, batch)
+        from torch.nn.attention import sdpa_kernel
 
-    @contextlib.contextmanager
-    def forward_context() -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(forward())
-            if backend:
-                from torch.nn.attention import sdpa_kernel
-
-                stack.enter_context(sdpa_kernel(sdpa_backend(backend)))
-            yield
+        with sdpa_kernel(sdpa_backend(backend)):  # inside the step's autocast, as the forward runs it
+            return _default_loss(model, batch)
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
     try:
         with ctx:
-            return trace(model_fn=model_fn, batch_fn=batch_fn, forward_context=forward_context, fake=fake,
-                         grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
-                         name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes), **parts)
+            return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
+                              name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:
         if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
             raise

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
+from memlab.model.step import Meter, Step, train_step
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "inputs")
 """Trace categories, in display order (MemTracker's Parameter, Buffer, Gradient, Optstate, Activation, Temp,
@@ -154,9 +155,10 @@ def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
     return out
 
 
-class _Phases:
+class _Phases(Meter):
     """Per-phase peaks over a MemTracker: its global peak is re-based at each phase start (private fields of
-    torch.distributed._tools.mem_tracker, stable since torch 2.5)."""
+    torch.distributed._tools.mem_tracker, stable since torch 2.5). Its module statistics are reset before each
+    forward: MemTracker keeps one call per module."""
 
     def __init__(self, tracker: Any) -> None:
         self.tracker, self.rows = tracker, []
@@ -167,6 +169,8 @@ class _Phases:
     @contextlib.contextmanager
     def phase(self, step: str, name: str) -> Iterator[None]:
         mt = self.tracker
+        if name.startswith("forward"):
+            mt.reset_mod_stats()
         current = mt.get_tracker_snapshot("current")
         mt._peak_mem_snap = deepcopy(current)
         mt._peak_mem = {dev: int(d.get("Total", 0)) for dev, d in current.items()}
@@ -241,14 +245,41 @@ def _default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return loss
 
 
-def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], optimizer_fn: Any, loss_fn: Any,
-         ctx: Any, backward_fn: Any, grad_accum_steps: int, set_to_none: bool) -> tuple[list, tuple]:
-    """The two traced steps of :func:`trace`: (phase rows, module rows)."""
+@dataclass
+class _UserStep:
+    """:func:`trace`'s arguments as the :class:`~memlab.model.step.Step` that :func:`train_step` runs."""
+
+    optimizer: Any
+    context: Callable[[], contextlib.AbstractContextManager[Any]]
+    backward_fn: Callable[[torch.Tensor], None] | None
+    set_to_none: bool
+    grad_accum_steps: int
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return self.context()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.backward_fn or torch.Tensor.backward)(loss)
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)
+
+    def state_holder(self) -> Any:
+        return self.optimizer
+
+
+def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Any],
+         loss_fn: Any) -> tuple[list, tuple]:
+    """The two traced steps of :func:`trace_step`: (phase rows, module rows)."""
     with mode, torch.device("cpu"):
         model = model_fn()
-        optimizer = optimizer_fn(model) if optimizer_fn is not None else None
+        step = step_fn(model)
         batch = batch_fn()
         tracker = _fast_tracker()
+        optimizer = step.state_holder()
         inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
         tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
         extra = getattr(optimizer, "memlab_state_tensors", None)
@@ -260,24 +291,39 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
                 for t in tensors:
                     tracker._update_and_maybe_create_winfos(t, kind)
         rec = _Phases(tracker)
+        update = optimizer is not None
         with tracker:
-            for step in ("first", "steady"):
-                for micro in range(grad_accum_steps):
-                    tracker.reset_mod_stats()  # MemTracker keeps one call per module: reset before each forward
-                    tag = "" if micro == 0 else " (accumulating)"
-                    with rec.phase(step, "forward" + tag), ctx():
-                        loss = loss_fn(model, batch)
-                    with rec.phase(step, "backward" + tag):
-                        (backward_fn or torch.Tensor.backward)(loss)
-                        del loss
-                if optimizer is not None:
-                    with rec.phase(step, "optimizer step"):
-                        optimizer.step()
-                    with rec.phase(step, "zero_grad"):
-                        optimizer.zero_grad(set_to_none=set_to_none)
-                if step == "steady":
-                    modules = _modules(tracker)  # the steady step's (last) micro-batch
+            for label in ("first", "steady"):
+                train_step(step, lambda: loss_fn(model, batch), meter=rec, label=label, optimizer_step=update,
+                           zero_grad=update)
+            modules = _modules(tracker)  # the steady step's (last) micro-batch
     return rec.rows, modules
+
+
+def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Step],
+               *, loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None, fake: bool = True,
+               name: str = "model", setup: dict[str, Any] | None = None, notes: tuple[str, ...] = (),
+               unreliable: tuple[tuple[str, str], ...] = ()) -> Trace:
+    """Trace two :func:`~memlab.model.step.train_step` calls of ``step_fn(model_fn())`` on ``batch_fn()``: what
+    :func:`trace` and the GPT and HF traces run. ``step_fn`` returns the step (a
+    :class:`~memlab.model.step.TrainingStep`, with ``state_holder()`` giving the optimizer or None for no update);
+    the other arguments are :func:`trace`'s."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    loss_fn = loss_fn or _default_loss
+    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
+    try:
+        rows, modules = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
+    except DataDependentOutputException as exc:
+        raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
+                         "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
+                         "a small shape, or use an implementation without data-dependent control flow") from None
+    for r in rows:
+        r["reliable"] = (r["step"], r["phase"]) not in unreliable
+    best = max((r for r in rows if r["reliable"]), key=lambda r: r["peak_bytes"])
+    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best["peak_bytes"],
+                 peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
+                 modules=modules, notes=tuple(notes))
 
 
 # -- the generic tracer ----------------------------------------------------------------------------------------
@@ -298,23 +344,13 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
     real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
     ``unreliable`` (step, phase) pairs are kept in ``phases`` with ``"reliable": False`` and left out of the peak.
     """
-    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
-
     if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
         raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
-    loss_fn = loss_fn or _default_loss
-    ctx = forward_context or contextlib.nullcontext
-    mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
-    try:
-        rows, modules = _run(mode, model_fn, batch_fn, optimizer_fn, loss_fn, ctx, backward_fn, grad_accum_steps,
-                             set_to_none)
-    except DataDependentOutputException as exc:
-        raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
-                         "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
-                         "a small shape, or use an implementation without data-dependent control flow") from None
-    for r in rows:
-        r["reliable"] = (r["step"], r["phase"]) not in unreliable
-    best = max((r for r in rows if r["reliable"]), key=lambda r: r["peak_bytes"])
-    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best["peak_bytes"],
-                 peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
-                 modules=modules, notes=tuple(notes))
+
+    def step_fn(model: nn.Module) -> _UserStep:
+        optimizer = optimizer_fn(model) if optimizer_fn is not None else None
+        return _UserStep(optimizer, forward_context or contextlib.nullcontext, backward_fn, set_to_none,
+                         grad_accum_steps)
+
+    return trace_step(model_fn, batch_fn, step_fn, loss_fn=loss_fn, fake=fake, name=name, setup=setup, notes=notes,
+                      unreliable=unreliable)

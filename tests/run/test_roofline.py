@@ -12,9 +12,9 @@ from memlab.measure.roofline import (
     default_sizes,
     matmul_flops_per_s,
     resolve_scale,
-    time_fn,
     torch_dtype,
 )
+from memlab.measure.timing import time_fn
 from memlab.predict.precision import DTYPE_BYTES
 
 CUDA = torch.cuda.is_available()

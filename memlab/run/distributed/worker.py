@@ -12,7 +12,8 @@ start-up is the slow part of a launch, so one launch serves all strategies of on
 - ``fsdp2-offload``: ZeRO-3 plus ``CPUOffloadPolicy`` (sharded parameters, gradients and AdamW states in host
   memory; needs an accelerator, skipped with the reason on a CPU-only run).
 
-For each it trains ``steps`` steps (AdamW, synthetic tokens, a different batch per rank) and reports, per rank:
+For each it trains ``steps`` steps (:func:`memlab.model.step.train_step`: fp32, AdamW's for-loop, gradients freed by
+``zero_grad``; synthetic tokens, a different batch per rank) and reports, per rank:
 exact local bytes of parameters, gradients and optimizer state (:func:`memlab.measure.accounting.model_states`,
 on the device and on the host), the largest bytes of gathered (unsharded) parameters seen during a step, and
 every collective the step issued (counted at the dispatcher, ``c10d::*`` ops, which DDP's C++ reducer and FSDP2's
@@ -24,12 +25,14 @@ traceback, then exits non-zero so torchrun stops the others.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,9 +45,10 @@ from memlab.device import device_type
 from memlab.measure.accounting import model_states, storage_key
 from memlab.measure.cuda import synchronize
 from memlab.model.gpt import GPT
-from memlab.model.step import token_batch
+from memlab.model.step import Meter, TrainingStep, token_batch, train_step
 from memlab.predict.communication import collective_volume_bytes
 from memlab.predict.models import TransformerConfig
+from memlab.predict.precision import precision_policy
 
 STRATEGIES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload")
 
@@ -117,6 +121,42 @@ class StepProbe(TorchDispatchMode):
         return out
 
 
+class _RankStep(Meter):
+    """One step on this rank: ``probe`` active from the forward to the end of the optimizer step, timed between
+    synchronizes; on the ``last`` step also the gradients as the optimizer sees them (before its step; FSDP2: the
+    reduced shards) and the states after it, on the device and on the host."""
+
+    def __init__(self, wrapped: torch.nn.Module, optimizer: Any, device: torch.device, probe: StepProbe,
+                 last: bool) -> None:
+        self.wrapped, self.optimizer, self.device, self.probe, self.last = wrapped, optimizer, device, probe, last
+        self.t0 = 0.0
+        self.time_s: float | None = None
+        self.grads: int | None = None
+        self.states: dict[str, Any] | None = None
+
+    @contextlib.contextmanager
+    def phase(self, step: Any, name: str) -> Iterator[None]:
+        if name == "forward":
+            synchronize(self.device)
+            self.t0 = time.perf_counter()
+            self.probe.__enter__()
+        try:
+            yield
+        except BaseException:
+            if name != "zero_grad":
+                self.probe.__exit__(None, None, None)
+            raise
+        if name == "backward" and self.last:
+            self.grads = model_states(self.wrapped, None, device=self.device).grads_bytes
+        elif name == "optimizer step":
+            self.probe.__exit__(None, None, None)
+            synchronize(self.device)
+            self.time_s = time.perf_counter() - self.t0
+            if self.last:
+                self.states = {"device": model_states(self.wrapped, self.optimizer, device=self.device),
+                               "host": model_states(self.wrapped, self.optimizer, device=torch.device("cpu"))}
+
+
 def _wrap(strategy: str, model: GPT, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -154,25 +194,16 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
     idx, tgt = token_batch(cfg.vocab_size, batch, seq, device, seed + 1000 * rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    probe, states, times = None, None, []
-    for step in range(int(spec.get("steps", 2))):
-        last = step == int(spec.get("steps", 2)) - 1
+    step = TrainingStep(precision_policy("fp32"), device, opt)
+    n_steps = int(spec.get("steps", 2))
+    meter = None
+    for i in range(n_steps):
+        last = i == n_steps - 1
         probe = StepProbe(lambda w=wrapped: list(w.parameters()), sample=last and strategy.startswith("fsdp2"))
-        synchronize(device)
-        t0 = time.perf_counter()
-        with probe:
-            wrapped(idx, tgt).backward()
-            if last:  # gradients as the optimizer sees them, before the step (FSDP2: the reduced shards)
-                grads = model_states(wrapped, None, device=device).grads_bytes
-            opt.step()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-        if last:
-            states = {"device": model_states(wrapped, opt, device=device),
-                      "host": model_states(wrapped, opt, device=torch.device("cpu"))}
-        opt.zero_grad(set_to_none=True)
-    assert probe is not None and states is not None
-    dev, host = states["device"], states["host"]
+        meter = _RankStep(wrapped, opt, device, probe, last)
+        train_step(step, lambda w=wrapped: w(idx, tgt), meter=meter, label=i)
+    assert meter is not None and meter.states is not None
+    probe, grads, dev, host = meter.probe, meter.grads, meter.states["device"], meter.states["host"]
     row = base | {
         "params_bytes": dev.params_bytes, "grads_bytes": grads, "optimizer_bytes": dev.optimizer_bytes,
         "optimizer_by_key": dev.optimizer_by_key,
@@ -180,11 +211,11 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
         "host_optimizer_bytes": host.optimizer_bytes if device.type == "cuda" else 0,
         "gathered_peak_bytes": probe.gathered_peak_bytes, "comm": probe.comm,
         "comm_volume_bytes": sum(c["volume_bytes"] for c in probe.comm.values()),
-        "step_time_s": times[-1], "param_count": cfg.param_count(),
+        "step_time_s": meter.time_s, "param_count": cfg.param_count(),
     }
     if device.type == "cuda":
         row["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-    del wrapped, opt, model, probe
+    del wrapped, opt, model, probe, step, meter
     gc.collect()
     return row
 
