@@ -8,7 +8,7 @@
 - ``nvml``: what nvidia-smi shows; ``host``: RSS and RAM; ``timeline``: a sampled memory timeline.
 - ``oom`` and ``oom_examples``: out-of-memory messages as data.
 - ``roofline``: matmul FLOP/s and memory-bandwidth microbenchmarks; ``machine``: this machine (``detect``, the CPU
-  peak benchmark); ``cpu``: the CPU's model name and caches.
+  peak benchmark); ``cpu``: the CPU's model name and caches; ``timing``: the one timer (``time_fn``).
 
 The adapters here read what is really there. Where a source is absent (no CUDA, no NVML) a reading says so
 (``available=False`` and a ``reason``); it never reports zeros in its place.

@@ -48,7 +48,7 @@ def test_estimator_matches_accounting_on_ci_grid(ci_sweep) -> None:
     path, pairs, table = ci_sweep
     assert len(pairs) == 48 and all(m.status == "ok" for _, m in pairs)
     assert len({r["key"] for r in read_rows(path)}) == 48
-    assert list(table.columns) == COLUMNS
+    assert list(table.columns) == list(COLUMNS)
     for comp in STATE_COMPONENTS:
         rows = table[table["component"] == comp]
         assert len(rows) == 48, comp
