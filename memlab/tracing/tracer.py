@@ -169,6 +169,7 @@ class PhaseRecorder(Meter):
 
     @contextlib.contextmanager
     def phase(self, step: str, name: str) -> Iterator[None]:
+        """Record phase ``name`` of ``step`` (``first``/``steady``): append its row when the block ends."""
         mt = self.tracker
         if name.startswith("forward"):
             mt.reset_mod_stats()
