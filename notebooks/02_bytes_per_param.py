@@ -270,7 +270,7 @@ pd.Series({
 spiked = run_step(model, Setup(**first.setup), ch.device, steps=1, seed=seed, with_counted_flops=False,
                   with_mfu=False)
 pred = predict_for(model, spiked)
-inside = pd.DataFrame(spiked.phase_peaks)[["step", "phase", "peak_bytes", "end_bytes"]]
+inside = pd.DataFrame([r.to_dict() for r in spiked.phase_peaks])[["step", "phase", "peak_bytes", "end_bytes"]]
 inside["predicted"] = [pred.phase_bytes(ph, st) for st, ph in zip(inside["step"], inside["phase"], strict=True)]
 inside["spike above the phase's end"] = inside["peak_bytes"] - inside["end_bytes"]
 ch.save_table(inside, "in_step_peaks")

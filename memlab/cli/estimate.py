@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {"param_count": bd.param_count,
                "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},
-               "peak_phase": bd.peak_phase, "peak_step": bd.peak_step, "phases": list(bd.phases),
+               "peak_phase": bd.peak_phase, "peak_step": bd.peak_step, "phases": [r.to_dict() for r in bd.phases],
                "total_is": "the sum of components; 'peak' is the most a step holds at once (fit verdicts use it)",
                "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'total (sum)':<24}{_size(bd.total_bytes)}")
     print("\nwhen the bytes appear (held at once; zero_grad: after it):")
     for row in bd.phases:
-        mark = "  <- peak" if (row["step"], row["phase"]) == (bd.peak_step, bd.peak_phase) else ""
-        print(f"  {row['step'] + ' ' + row['phase']:<34}{_size(row['bytes'])}{mark}")
+        mark = "  <- peak" if (row.step, row.phase) == (bd.peak_step, bd.peak_phase) else ""
+        print(f"  {row.step + ' ' + row.phase:<34}{_size(row.peak_bytes)}{mark}")
     print(f"{'peak':<24}{_size(bd.peak_bytes)}")
     print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
     if verdict:

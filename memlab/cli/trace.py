@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = result.to_dict()
         if predicted is not None:
-            out["estimate"] = {"phases": list(predicted.phases), "peak": predicted.peak_bytes,
+            out["estimate"] = {"phases": [r.to_dict() for r in predicted.phases], "peak": predicted.peak_bytes,
                                "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
                                "total": predicted.total_bytes}
         out["top_modules"] = result.modules_by_kind(args.top)
@@ -110,20 +110,19 @@ def run(args: argparse.Namespace) -> int:
           f"attention {setup.attention}, recompute {setup.recompute} (fake tensors on CPU; GiB = 2**30 bytes)")
     print(f"  {'step':<7} {'phase':<26} {'trace ' + unit:>12} {'formula ' + unit:>12} {'error':>8}")
     for row in result.phases:
-        zero = row["phase"] == "zero_grad"
-        traced = row["end_bytes"] if zero else row["peak_bytes"]
+        traced = row.held_bytes
         pred = None
         if predicted is not None:
             try:
-                pred = predicted.phase_bytes(row["phase"], row["step"])
+                pred = predicted.phase_bytes(row.phase, row.step)
             except MemlabError:
                 pred = None
         err = "-" if pred is None or not traced else f"{100 * (pred - traced) / traced:+.1f} %"
-        mark = "  <- peak" if (row["step"], row["phase"]) == (result.peak_step, result.peak_phase) else ""
-        if not row.get("reliable", True):
+        mark = "  <- peak" if (row.step, row.phase) == (result.peak_step, result.peak_phase) else ""
+        if not row.reliable:
             mark = "  (unreliable on fake tensors: see the notes)"
-        label = row["phase"] + (" (after)" if zero else "")
-        print(f"  {row['step']:<7} {label:<26} {_num(traced, size):>12} {_num(pred, size):>12} {err:>8}{mark}")
+        label = row.phase + (" (after)" if row.phase == "zero_grad" else "")
+        print(f"  {row.step:<7} {label:<26} {_num(traced, size):>12} {_num(pred, size):>12} {err:>8}{mark}")
     cats = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in result.peak_by_category.items() if v)
     print(f"peak: {fmt_bytes(result.peak_bytes, digits=3)} ({result.peak_bytes:,} B) in the {result.peak_step} "
           f"step's {result.peak_phase}: {cats}")

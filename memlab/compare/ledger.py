@@ -15,9 +15,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from memlab.device import device_type
+from memlab.errors import MemlabError
 from memlab.predict.activations import CATEGORIES
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.phases import PhaseRow
 from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
@@ -122,7 +124,7 @@ def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment:
     total_m = sum(r["measured"] or 0 for r in modelled)
     rows.append(_row(label, "modelled total", total_p, total_m, "sum of the rows above"))
     if measurement.phase_peaks and predicted.phases:
-        rows += _phase_rows(label, predicted, measurement.phase_peaks, measurement.phase_peaks[0]["source"])
+        rows += _phase_rows(label, predicted, measurement.phase_peaks, measurement.phase_peaks[0].source)
     if measurement.cuda_peak_allocated_bytes is not None:
         rows += _cuda_residuals(label, total_p, measurement)
     if trace is None:
@@ -136,31 +138,31 @@ def compare(predicted: MemoryBreakdown, measurement: Measurement, *, experiment:
 def _traced(trace: Trace) -> dict[str, int]:
     """The trace's bytes under the ledger's component names (steady step; token ids counted as activations)."""
     out: dict[str, int] = {}
-    if {"forward", "zero_grad"} <= {r["phase"] for r in trace.phases}:
+    if {"forward", "zero_grad"} <= {r.phase for r in trace.phases}:
         out = trace.components()
         out["modelled total"] = sum(out.values())
     for r in trace.phases:
-        if r.get("reliable", True):
-            out[f"phase: {r['step']} {r['phase']}"] = r["end_bytes"] if r["phase"] == "zero_grad" else r["peak_bytes"]
+        if r.reliable:
+            out[f"phase: {r.step} {r.phase}"] = r.held_bytes
     out["peak (inside the step)"] = trace.peak_bytes
     return out
 
 
-def _phase_rows(label: str, predicted: MemoryBreakdown, observed: Iterable[dict[str, Any]],
+def _phase_rows(label: str, predicted: MemoryBreakdown, observed: Iterable[PhaseRow],
                 source: str) -> list[dict[str, Any]]:
-    """``phase: <step> <phase>`` rows (peak inside the phase; zero_grad: held after it) and the ``peak`` row."""
+    """``phase: <step> <phase>`` rows (:attr:`PhaseRow.held_bytes`: peak inside the phase; zero_grad: held after it)
+    and the ``peak`` row."""
     rows, seen = [], []
     for r in observed:
-        if not r.get("reliable", True):
+        if not r.reliable:
             continue
         try:
-            p = predicted.phase_bytes(r["phase"], r["step"])
-        except Exception:  # a phase the estimator does not model (e.g. a user's custom loop)
+            p = predicted.phase_bytes(r.phase, r.step)
+        except MemlabError:  # a phase the estimator does not model (e.g. a user's custom loop)
             continue
-        m = r["end_bytes"] if r["phase"] == "zero_grad" else r["peak_bytes"]
-        rows.append(_row(label, f"phase: {r['step']} {r['phase']}", p, m, source))
-        if r["phase"] != "zero_grad":
-            seen.append(r["peak_bytes"])
+        rows.append(_row(label, f"phase: {r.step} {r.phase}", p, r.held_bytes, source))
+        if r.phase != "zero_grad":
+            seen.append(r.peak_bytes)
     if seen:
         rows.append(_row(label, "peak (inside the step)", predicted.peak_bytes, max(seen),
                          f"the most held at once; {source}"))

@@ -14,7 +14,7 @@ maximum. Two views of the same count::
             loss = model(idx, tgt)
         live.mark("backward")                            # or only a label for what runs from now on
         loss.backward()
-    live.phases    # ({"phase": "forward", "start_bytes", "peak_bytes", "end_bytes"}, ...)
+    live.phases    # [PhaseRow(step="", phase="forward", peak_bytes=..., end_bytes=..., start_bytes=...), ...]
     live.frame()   # one row per op: op, label, live_bytes, "from <label>" bytes still live
 
 The frame stacks the live bytes by the label under which they were allocated, drawn by
@@ -42,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from memlab.errors import MemlabError
+from memlab.predict.phases import PhaseRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,7 +65,7 @@ class LiveBytes(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
         self.peak_label = "start"
-        self.phases: list[dict[str, Any]] = []
+        self.phases: list[PhaseRow] = []
         self.samples: list[dict[str, Any]] = []
         self._live: dict[int, tuple[int, str, weakref.ref]] = {}
         self._by_label: dict[str, int] = {}
@@ -123,15 +124,14 @@ class LiveBytes(TorchDispatchMode):
         self._sample()
 
     @contextlib.contextmanager
-    def phase(self, name: str, *, label: str | None = None, **fields: Any) -> Iterator[None]:
-        """Mark ``label`` (default ``name``) and append ``{**fields, "phase", "start_bytes", "peak_bytes"
-        (the most live at once inside), "end_bytes"}`` to :attr:`phases` when the block ends."""
+    def phase(self, name: str, *, label: str | None = None, step: str | int = "") -> Iterator[None]:
+        """Mark ``label`` (default ``name``) and append a :class:`~memlab.predict.phases.PhaseRow` of ``step`` and
+        ``name`` to :attr:`phases` when the block ends: start, peak (the most live at once inside) and end bytes."""
         start = self.live_bytes
         self.mark(name if label is None else label)
         self._phase_peak = start
         yield
-        self.phases.append({**fields, "phase": name, "start_bytes": start, "peak_bytes": self._phase_peak,
-                            "end_bytes": self.live_bytes})
+        self.phases.append(PhaseRow(step, name, self._phase_peak, end_bytes=self.live_bytes, start_bytes=start))
 
     def by_label(self) -> dict[str, int]:
         """Live bytes now, by the label under which they were allocated."""
@@ -174,12 +174,12 @@ class PhasePeaks:
         with meter:
             with meter.phase("first", "forward"):
                 ...
-        meter.rows  # [{"step", "phase", "peak_bytes", "end_bytes", "source"}, ...]
+        meter.rows  # [PhaseRow(step, phase, peak_bytes, end_bytes=..., source=...), ...]
     """
 
     def __init__(self, device: torch.device, track: Any = ()) -> None:
         self.device = torch.device(device)
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[PhaseRow] = []
         self._live = LiveBytes(sample_every=None) if self.device.type != "cuda" else None
         self._track = list(tree_flatten(list(track))[0])
 
@@ -212,12 +212,11 @@ class PhasePeaks:
             with self._live.phase(name, step=step):
                 yield
             row = self._live.phases[-1]
-            self.rows.append({"step": step, "phase": name, "peak_bytes": row["peak_bytes"],
-                              "end_bytes": row["end_bytes"], "source": self.source})
+            self.rows.append(PhaseRow(step, name, row.peak_bytes, end_bytes=row.end_bytes, source=self.source))
             return
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         yield
         torch.cuda.synchronize(self.device)
-        self.rows.append({"step": step, "phase": name, "peak_bytes": torch.cuda.max_memory_allocated(self.device),
-                          "end_bytes": torch.cuda.memory_allocated(self.device), "source": self.source})
+        self.rows.append(PhaseRow(step, name, torch.cuda.max_memory_allocated(self.device),
+                                  end_bytes=torch.cuda.memory_allocated(self.device), source=self.source))

@@ -40,7 +40,7 @@ from memlab.predict.optimizer_states import (
     sgd_moment_bytes,
     step_counter_bytes,
 )
-from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
+from memlab.predict.phases import PhaseRow, find_phase, inference_phases, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
 from memlab.predict.setup import Setup, SetupView, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
@@ -98,8 +98,10 @@ class MemoryBreakdown:
     assumptions: tuple[str, ...]
     config: dict[str, Any] | None
     setup: dict[str, Any]
-    phases: tuple[dict[str, Any], ...] = ()
-    """``{"step": "first"|"steady", "phase": ..., "bytes": ...}`` in step order (inference: prefill, decode)."""
+    phases: tuple[PhaseRow, ...] = ()
+    """One :class:`~memlab.predict.phases.PhaseRow` per (step, phase) in step order (steps ``first``, ``steady``;
+    inference: ``steady`` prefill, decode): ``peak_bytes`` is the predicted peak inside the phase; for
+    ``zero_grad``, what is held after it (``end_bytes`` too)."""
     peak_bytes: int = 0
     """The largest phase: what must fit on the device."""
     peak_phase: str = ""
@@ -111,12 +113,9 @@ class MemoryBreakdown:
         return self.peak_bytes / GiB
 
     def phase_bytes(self, phase: str, step: str = "steady") -> int:
-        """Bytes of one phase of one step."""
-        for row in self.phases:
-            if row["phase"] == phase and row["step"] == step:
-                return row["bytes"]
-        raise SetupError(f"no phase {phase!r} in the {step} step: phases are "
-                         f"{', '.join(sorted({r['phase'] for r in self.phases}))}")
+        """Predicted bytes of one phase of one step: its ``peak_bytes`` (:func:`~memlab.predict.phases.find_phase`;
+        zero_grad: held after it)."""
+        return find_phase(self.phases, phase, step).peak_bytes
 
     @property
     def overhead_bytes(self) -> int:
@@ -150,7 +149,7 @@ class MemoryBreakdown:
         """Plain dict (JSON-ready): every field plus ``per_device`` = components, total (their sum) and peak."""
         d = asdict(self)
         d["assumptions"] = list(self.assumptions)
-        d["phases"] = [dict(r) for r in self.phases]
+        d["phases"] = [r.to_dict() for r in self.phases]
         d["per_device"] = {**self.components(), "total": self.total_bytes, "peak": self.peak_bytes}
         return d
 
@@ -387,9 +386,10 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     acts_i, kv_i = math.ceil(acts), math.ceil(kv)
     total = sum(states.values()) + acts_i + kv_i + sum(overhead.values())
     is_cfg = isinstance(config_or_params, TransformerConfig)
-    rows = tuple({"step": st, "phase": ph, "bytes": math.ceil(v)} for st, ph, v in phases)
+    rows = tuple(PhaseRow(st, ph, math.ceil(v), end_bytes=math.ceil(v) if ph == "zero_grad" else None)
+                 for st, ph, v in phases)
     # Ties go to the first step and, within a step, to the later phase (backward starts with what forward ends with)
-    top = max(enumerate(rows), key=lambda ir: (ir[1]["bytes"], ir[1]["step"] == "first", ir[0]))[1]
+    top = max(enumerate(rows), key=lambda ir: (ir[1].peak_bytes, ir[1].step == "first", ir[0]))[1]
     return MemoryBreakdown(
         params_bytes=states["params"], grads_bytes=states["grads"], optimizer_bytes=states["optimizer"],
         activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
@@ -397,7 +397,7 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=opt_detail,
         assumptions=tuple(_assumptions(config_or_params, setup, ov, terms, device_type) + notes),
         config=_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
-        phases=rows, peak_bytes=top["bytes"], peak_phase=top["phase"], peak_step=top["step"],
+        phases=rows, peak_bytes=top.peak_bytes, peak_phase=top.phase, peak_step=top.step,
     )
 
 

@@ -32,6 +32,9 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
 - inference: ``prefill`` = weights + KV cache + the largest prefill transient; ``decode`` = weights + KV cache +
   one token's transient.
 
+Every side of the comparison gives its phases as :class:`PhaseRow` records (the estimate, the trace, the runner's
+in-step peaks, the live counter) and looks one up with :func:`find_phase`.
+
 Terms were checked against ``memlab.tracing.tracer`` (MemTracker on fake tensors [pytorch-memtracker], the reference
 GPT): the start-of-backward and optimizer-step terms are exact; the bottom-layer term is within a few per cent.
 Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
@@ -39,11 +42,13 @@ Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
+from memlab.errors import MemlabError, SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
 from memlab.predict.setup import SetupView, resolve_optimizer_impl
@@ -55,6 +60,75 @@ STEPS = ("first", "steady")
 _MODEL_LEVEL = ("token ids", "head & loss")
 LOSS_BYTES = 4
 """The fp32 scalar loss, alive from the end of forward into backward."""
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """The bytes one phase of one step holds: the one record of ``MemoryBreakdown.phases`` (predicted),
+    ``Trace.phases`` (traced), ``Measurement.phase_peaks`` (measured in the step) and ``LiveSteps.phases`` (live
+    tensor bytes). Bytes throughout; a field a side does not know is ``None`` or empty.
+
+    The estimate's ``peak_bytes`` is the predicted peak inside the phase (this module's formulas), except for
+    ``zero_grad``, whose formula is what is held *after* it: there ``end_bytes`` is that same number, and
+    ``peak_bytes`` repeats it (the estimator has no formula for the moment inside ``zero_grad``).
+    :attr:`held_bytes` is the number a prediction is compared on, the same rule for every side.
+    """
+
+    step: str | int
+    """``first`` or ``steady`` (estimate, trace, runner); the step number from 1 in ``LiveSteps``."""
+    phase: str
+    """``forward``, ``backward``, ``optimizer step``, ``zero_grad`` (``... (accumulating)``); ``prefill``/``decode``."""
+    peak_bytes: int
+    """The most held at once inside the phase."""
+    end_bytes: int | None = None
+    """Held when the phase ends (``None``: not known, as in a predicted phase other than zero_grad)."""
+    start_bytes: int | None = None
+    """Held when the phase starts (the live counter's rows)."""
+    by_category: dict[str, int] = field(default_factory=dict)
+    """Bytes by trace category at the phase's peak (``memlab.tracing.tracer.CATEGORIES``; traces only)."""
+    end_by_category: dict[str, int] = field(default_factory=dict)
+    """Bytes by trace category when the phase ends (traces only)."""
+    source: str = ""
+    """Where measured numbers come from (live tensor bytes on a CPU, ``max_memory_allocated`` on CUDA)."""
+    reliable: bool = True
+    """False for a traced phase known not to be what a real run holds (left out of the trace's peak)."""
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes compared with a prediction: ``peak_bytes``, for ``zero_grad`` ``end_bytes`` (held after it)."""
+        if self.phase == "zero_grad" and self.end_bytes is not None:
+            return self.end_bytes
+        return self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (the categories copied)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> PhaseRow:
+        """The row :meth:`to_dict` wrote, or an older dict row with fewer keys (a sweep file's ``phase_peaks``:
+        step, phase, peak_bytes, end_bytes, source). Unknown or missing keys raise :class:`MemlabError`."""
+        if not isinstance(row, dict):
+            raise MemlabError(f"a phase row must be a dict, got {type(row).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(row) - known)
+        missing = [k for k in ("step", "phase", "peak_bytes") if k not in row]
+        if unknown or missing:
+            raise MemlabError(f"phase row {row!r}: " + "; ".join(
+                ([f"unknown keys {', '.join(unknown)}"] if unknown else [])
+                + ([f"missing {', '.join(missing)}"] if missing else [])))
+        return cls(**{k: dict(v) if k in ("by_category", "end_by_category") else v for k, v in row.items()})
+
+
+def find_phase(rows: Iterable[PhaseRow], phase: str, step: str | int = "steady") -> PhaseRow:
+    """The row of ``phase`` in ``step`` (``first``/``steady``, or a step number); raises :class:`SetupError`
+    naming the phases there are."""
+    seen = tuple(rows)
+    for row in seen:
+        if row.phase == phase and row.step == step:
+            return row
+    where = f"step {step}" if isinstance(step, int) else f"the {step} step"
+    raise SetupError(f"no phase {phase!r} in {where}: phases are {', '.join(sorted({r.phase for r in seen}))}")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
 from memlab.model.step import PhaseMeter, build_training, token_batch, train_step
 from memlab.predict.models import TransformerConfig
+from memlab.predict.phases import PhaseRow, find_phase
 from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
@@ -39,14 +40,19 @@ class LiveSteps:
     params_bytes: int
     peak_bytes: int
     peak_label: str
-    phases: tuple[dict[str, Any], ...] = ()
-    """One row per (step, phase): step, phase, start_bytes, peak_bytes, end_bytes (:meth:`LiveBytes.phase`)."""
+    phases: tuple[PhaseRow, ...] = ()
+    """One :class:`~memlab.predict.phases.PhaseRow` per (step, phase), the step numbered from 1: start_bytes,
+    peak_bytes, end_bytes (:meth:`LiveBytes.phase`)."""
+
+    def phase(self, name: str, step: int) -> PhaseRow:
+        """The row of phase ``name`` in step number ``step`` (:func:`~memlab.predict.phases.find_phase`)."""
+        return find_phase(self.phases, name, step)
 
     def peaks(self) -> pd.DataFrame:
         """Largest live bytes in each step and phase, in order: columns step, phase, peak_bytes."""
         import pandas as pd
 
-        return pd.DataFrame(list(self.phases), columns=["step", "phase", "peak_bytes"])
+        return pd.DataFrame([r.to_dict() for r in self.phases], columns=["step", "phase", "peak_bytes"])
 
     def against(self, predicted: Any) -> pd.DataFrame:
         """The measured peaks beside a prediction's phases (``estimate(...)``, a MemoryBreakdown): step 1 is the

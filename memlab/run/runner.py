@@ -46,6 +46,7 @@ from memlab.model.step import (
 )
 from memlab.predict import flops as flops_mod
 from memlab.predict.models import TransformerConfig
+from memlab.predict.phases import PhaseRow, find_phase
 from memlab.predict.setup import Setup
 from memlab.predict.validate import LIMITS, check_int
 
@@ -70,9 +71,10 @@ class Measurement:
     kv_cache_bytes: int | None = None
     phases: tuple[dict[str, Any], ...] = ()
     """Exact bytes at each phase boundary of the first step: phase, params, grads, optimizer, activations."""
-    phase_peaks: tuple[dict[str, Any], ...] = ()
-    """Peak bytes *inside* each phase of the first and one steady step: step, phase, peak_bytes, end_bytes, source
-    (live tensor bytes on a CPU, ``max_memory_allocated`` reset per phase on CUDA)."""
+    phase_peaks: tuple[PhaseRow, ...] = ()
+    """Peak bytes *inside* each phase of the first and one steady step (:class:`~memlab.predict.phases.PhaseRow`:
+    step, phase, peak_bytes, end_bytes, source: live tensor bytes on a CPU, ``max_memory_allocated`` reset per phase
+    on CUDA)."""
     peak_bytes: int | None = None
     """The largest phase peak (what the estimator's ``peak_bytes`` predicts)."""
     peak_phase: str | None = None
@@ -103,6 +105,11 @@ class Measurement:
     loss: float | None = None
     oom: dict[str, Any] | None = None
     torch_version: str = torch.__version__
+
+    def phase_peak(self, phase: str, step: str = "steady") -> PhaseRow:
+        """The :attr:`phase_peaks` row of one phase of one step (``first`` or ``steady``;
+        :func:`~memlab.predict.phases.find_phase`)."""
+        return find_phase(self.phase_peaks, phase, step)
 
     def model_state_bytes(self, *, step_counters: bool = True) -> int:
         """Measured parameters + gradients + optimizer state, bytes; ``step_counters=False`` leaves out the
@@ -249,7 +256,7 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     rows = peaks.rows if peaks is not None else []
     first_peak = None
     if device.type == "cuda":  # the meter resets the allocator's peak per phase: the first step's is their max
-        first_peak = max((r["peak_bytes"] for r in rows if r["step"] == "first"),
+        first_peak = max((r.peak_bytes for r in rows if r.step == "first"),
                          default=torch.cuda.max_memory_allocated(device))
     if peaks is not None:  # one steady step, phase by phase (optimizer state now exists)
         with peaks:
@@ -257,8 +264,8 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     if sampler is not None:
         out["timeline"] = tuple(sampler.frame().to_dict("records"))
     if rows:
-        top = max((r for r in rows if r["phase"] != "zero_grad"), key=lambda r: r["peak_bytes"])
-        out.update(phase_peaks=tuple(rows), peak_bytes=top["peak_bytes"], peak_phase=top["phase"])
+        top = max((r for r in rows if r.phase != "zero_grad"), key=lambda r: r.peak_bytes)
+        out.update(phase_peaks=tuple(rows), peak_bytes=top.peak_bytes, peak_phase=top.phase)
     saved = first.saved
     out.update(phases=tuple(first.rows), activations_bytes=saved.total_bytes,
                activations_by_category=saved.by_category(), cuda_first_step_peak_allocated_bytes=first_peak)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from memlab.device import canonical_device
 from memlab.errors import MemlabError
 from memlab.predict.models import TransformerConfig
+from memlab.predict.phases import PhaseRow
 from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
@@ -318,6 +319,7 @@ def measurement_of(row: dict[str, Any]) -> tuple[TransformerConfig, Measurement]
     m = dict(row["measurement"])
     try:
         m["phases"] = tuple(m.get("phases") or ())
+        m["phase_peaks"] = tuple(PhaseRow.from_dict(r) for r in m.get("phase_peaks") or ())
         m["timeline"] = tuple(m.get("timeline") or ())
         config = TransformerConfig(**row["config"])
         measurement = Measurement(**m)

@@ -17,7 +17,7 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup, resolve_optimizer_impl
-from memlab.tracing.tracer import Trace, _fast_tracker, _modules, _Phases, trace_step
+from memlab.tracing.tracer import PhaseRecorder, Trace, fast_mem_tracker, module_rows, trace_step
 
 
 def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") -> dict[str, Any]:
@@ -132,9 +132,9 @@ def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> 
         model = GPT(config, attention=setup.attention, dtype=dtype).eval()
         cache = KVCache(config, setup.batch, setup.seq, dtype=dtype)
         ids = torch.randint(0, config.vocab_size, (setup.batch, setup.seq))
-        tracker = _fast_tracker()
+        tracker = fast_mem_tracker()
         tracker.track_external(model, ids, *cache.k, *cache.v)
-        rec = _Phases(tracker)
+        rec = PhaseRecorder(tracker)
         with tracker:
             with rec.phase("steady", "prefill"):
                 out = model(ids[:, :-1], cache=cache)
@@ -143,13 +143,11 @@ def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> 
             with rec.phase("steady", "decode"):
                 out = model(ids[:, -1:], cache=cache)
                 del out
-            modules = _modules(tracker)
-    for r in rec.rows:
-        r["reliable"] = True
-    best = max(rec.rows, key=lambda r: r["peak_bytes"])
+            modules = module_rows(tracker)
+    best = max(rec.rows, key=lambda r: r.peak_bytes)
     return Trace(model=config.name, setup=setup.to_dict(), fake=fake, phases=tuple(rec.rows),
-                 peak_bytes=best["peak_bytes"], peak_phase=best["phase"], peak_step=best["step"],
-                 peak_by_category=dict(best["by_category"]), modules=modules,
+                 peak_bytes=best.peak_bytes, peak_phase=best.phase, peak_step=best.step,
+                 peak_by_category=dict(best.by_category), modules=modules,
                  notes=("inference: prefill of seq-1 tokens into a preallocated KV cache, then one decoded token; "
                         "'inputs' holds the KV cache and the token ids; the reference GPT returns logits in the "
                         "weight dtype (Hugging Face heads upcast them to fp32)",))

@@ -28,7 +28,7 @@ from memlab.model.gpt import sdpa_backend
 from memlab.model.hf import hf_config, import_transformers
 from memlab.predict.setup import Setup
 from memlab.tracing.gpt import setup_parts
-from memlab.tracing.tracer import Trace, _default_loss, trace_step
+from memlab.tracing.tracer import Trace, default_loss, trace_step
 
 _ATTENTION = {"eager": ("eager", None), "math": ("sdpa", "math"), "flash": ("sdpa", "flash"),
               "efficient": ("sdpa", "efficient"), "cudnn": ("sdpa", "cudnn")}
@@ -90,11 +90,11 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if not backend:
-            return _default_loss(model, batch)
+            return default_loss(model, batch)
         from torch.nn.attention import sdpa_kernel
 
         with sdpa_kernel(sdpa_backend(backend)):  # inside the step's autocast, as the forward runs it
-            return _default_loss(model, batch)
+            return default_loss(model, batch)
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
     try:

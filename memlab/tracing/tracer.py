@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from copy import deepcopy
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -46,6 +46,7 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.model.step import Meter, Step, train_step
+from memlab.predict.phases import PhaseRow, find_phase
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "inputs")
 """Trace categories, in display order (MemTracker's Parameter, Buffer, Gradient, Optstate, Activation, Temp,
@@ -71,8 +72,9 @@ CUDA_TERMS: tuple[dict[str, str], ...] = (
 class Trace:
     """Bytes one training step holds, from a traced step (fake or real tensors). Bytes throughout.
 
-    ``phases``: one row per (step, phase) with ``peak_bytes`` (the most held at once inside the phase), ``end_bytes``
-    and ``by_category`` (the categories at the phase's peak). ``peak_*`` is the largest phase peak over both steps.
+    ``phases``: one :class:`~memlab.predict.phases.PhaseRow` per (step, phase) with ``peak_bytes`` (the most held at
+    once inside the phase), ``end_bytes``, ``by_category`` (the categories at the phase's peak), ``end_by_category``
+    and ``reliable``. ``peak_*`` is the largest reliable phase peak over both steps.
     ``modules``: per module of the steady step, ``activation_bytes`` its forward leaves behind for backward
     (MemTracker's post-forward minus pre-forward activations; parents include their children).
     """
@@ -80,7 +82,7 @@ class Trace:
     model: str
     setup: dict[str, Any]
     fake: bool
-    phases: tuple[dict[str, Any], ...]
+    phases: tuple[PhaseRow, ...]
     peak_bytes: int
     peak_phase: str
     peak_step: str
@@ -90,25 +92,21 @@ class Trace:
     cuda_terms: tuple[dict[str, str], ...] = CUDA_TERMS
     torch_version: str = field(default=torch.__version__)
 
-    def phase(self, name: str, step: str = "steady") -> dict[str, Any]:
-        """The row of one phase of one step (``first`` or ``steady``)."""
-        for row in self.phases:
-            if row["phase"] == name and row["step"] == step:
-                return row
-        raise SetupError(f"no phase {name!r} in the {step} step: phases are "
-                         f"{', '.join(sorted({r['phase'] for r in self.phases}))}")
+    def phase(self, name: str, step: str = "steady") -> PhaseRow:
+        """The row of one phase of one step (``first`` or ``steady``; :func:`~memlab.predict.phases.find_phase`)."""
+        return find_phase(self.phases, name, step)
 
     def peak_of(self, step: str) -> int:
         """Largest (reliable) phase peak of the ``first`` or ``steady`` step."""
-        return max(r["peak_bytes"] for r in self.phases if r["step"] == step and r.get("reliable", True))
+        return max(r.peak_bytes for r in self.phases if r.step == step and r.reliable)
 
     def components(self) -> dict[str, int]:
         """The steady step's bytes under the estimator's component names: ``params`` and ``optimizer`` held after
         zero_grad, ``grads`` held after the optimizer step, ``activations`` what the forward leaves alive (its
         activations and the token ids; the scalar loss and the labels included). Training traces only."""
-        end = self.phase("zero_grad")["end_by_category"]
-        fwd = self.phase("forward")["end_by_category"]
-        return {"params": end["parameters"], "grads": self.phase("optimizer step")["end_by_category"]["gradients"],
+        end = self.phase("zero_grad").end_by_category
+        fwd = self.phase("forward").end_by_category
+        return {"params": end["parameters"], "grads": self.phase("optimizer step").end_by_category["gradients"],
                 "optimizer": end["optimizer states"], "activations": fwd["activations"] + fwd["inputs"]}
 
     def top_modules(self, n: int = 8, *, leaves_only: bool = True) -> list[dict[str, Any]]:
@@ -139,8 +137,8 @@ class Trace:
         """pandas DataFrame, one row per (step, phase): peak and end bytes and each category at the peak."""
         import pandas as pd
 
-        rows = [{"step": r["step"], "phase": r["phase"], "peak_bytes": r["peak_bytes"], "end_bytes": r["end_bytes"],
-                 **{c: r["by_category"].get(c, 0) for c in CATEGORIES}} for r in self.phases]
+        rows = [{"step": r.step, "phase": r.phase, "peak_bytes": r.peak_bytes, "end_bytes": r.end_bytes,
+                 **{c: r.by_category.get(c, 0) for c in CATEGORIES}} for r in self.phases]
         return pd.DataFrame(rows)
 
 
@@ -155,19 +153,23 @@ def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
     return out
 
 
-class _Phases(Meter):
-    """Per-phase peaks over a MemTracker: its global peak is re-based at each phase start (private fields of
-    torch.distributed._tools.mem_tracker, stable since torch 2.5). Its module statistics are reset before each
-    forward: MemTracker keeps one call per module."""
+class PhaseRecorder(Meter):
+    """A :class:`~memlab.model.step.Meter` that records one :class:`~memlab.predict.phases.PhaseRow` per phase from
+    a MemTracker (:func:`fast_mem_tracker`) into :attr:`rows`: peak and end bytes, in total and by
+    :data:`CATEGORIES`. The tracker's global peak is re-based at each phase start (private fields of
+    torch.distributed._tools.mem_tracker, stable since torch 2.5); its module statistics are reset before each
+    forward (MemTracker keeps one call per module). Use ``with recorder.phase(step, name):`` around each phase."""
 
     def __init__(self, tracker: Any) -> None:
-        self.tracker, self.rows = tracker, []
+        self.tracker = tracker
+        self.rows: list[PhaseRow] = []
 
     def _total(self, snap: dict[Any, dict[Any, int]]) -> int:
         return sum(int(d.get("Total", 0)) for d in snap.values())
 
     @contextlib.contextmanager
     def phase(self, step: str, name: str) -> Iterator[None]:
+        """Record phase ``name`` of ``step`` (``first``/``steady``): append its row when the block ends."""
         mt = self.tracker
         if name.startswith("forward"):
             mt.reset_mod_stats()
@@ -184,13 +186,14 @@ class _Phases(Meter):
             moved = max(0, by_cat["optimizer states"] - end_cat["optimizer states"])
             by_cat["optimizer states"] -= moved
             by_cat["temporaries"] += moved
-        self.rows.append({"step": step, "phase": name, "peak_bytes": peak_total, "end_bytes": end_total,
-                          "by_category": by_cat, "end_by_category": end_cat})
+        self.rows.append(PhaseRow(step, name, peak_total, end_bytes=end_total, by_category=by_cat,
+                                  end_by_category=end_cat))
 
 
-def _fast_tracker() -> Any:
-    """A MemTracker whose per-op peak update visits only the modules running now (the stock one walks every module
-    it has seen on every op: half of a 7B trace's time). Same numbers; relies on its private fields (torch 2.5+)."""
+def fast_mem_tracker() -> Any:
+    """A new ``torch.distributed._tools.mem_tracker.MemTracker`` whose per-op peak update visits only the modules
+    running now (the stock one walks every module it has seen on every op: half of a 7B trace's time). Same numbers;
+    relies on its private fields (torch 2.5+). Enter it (``with tracker:``) around the traced work."""
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
     class FastMemTracker(MemTracker):
@@ -218,7 +221,11 @@ def _fast_tracker() -> Any:
     return FastMemTracker()
 
 
-def _modules(tracker: Any) -> tuple[dict[str, Any], ...]:
+def module_rows(tracker: Any) -> tuple[dict[str, Any], ...]:
+    """One row per module a MemTracker saw run forward (its last call): ``module`` (the qualified name),
+    ``activation_bytes`` (activations after its forward minus before: what it leaves for backward; parents include
+    their children), ``peak_forward_bytes`` and ``peak_backward_bytes`` (all bytes held at its forward's and
+    backward's peak). Bytes; :attr:`Trace.modules` holds them."""
     from torch.distributed._tools.mem_tracker import _ModState
 
     out = []
@@ -235,7 +242,10 @@ def _modules(tracker: Any) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def _default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """The scalar loss of ``model`` on ``batch``: ``model(**batch)`` for a dict, ``model(*batch)`` for a tuple, else
+    ``model(batch)``; the output's ``.loss`` when it has one (Hugging Face), else the output itself, which must be a
+    one-element tensor (SetupError otherwise)."""
     out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
     loss = getattr(out, "loss", None)
     if loss is None:
@@ -272,13 +282,13 @@ class _UserStep:
 
 
 def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Any],
-         loss_fn: Any) -> tuple[list, tuple]:
+         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...]]:
     """The two traced steps of :func:`trace_step`: (phase rows, module rows)."""
     with mode, torch.device("cpu"):
         model = model_fn()
         step = step_fn(model)
         batch = batch_fn()
-        tracker = _fast_tracker()
+        tracker = fast_mem_tracker()
         optimizer = step.state_holder()
         inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
         tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
@@ -290,13 +300,13 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
                 kind = _MemRefType.GRAD if role == "grads" else _MemRefType.OPT
                 for t in tensors:
                     tracker._update_and_maybe_create_winfos(t, kind)
-        rec = _Phases(tracker)
+        rec = PhaseRecorder(tracker)
         update = optimizer is not None
         with tracker:
             for label in ("first", "steady"):
                 train_step(step, lambda: loss_fn(model, batch), meter=rec, label=label, optimizer_step=update,
                            zero_grad=update)
-            modules = _modules(tracker)  # the steady step's (last) micro-batch
+            modules = module_rows(tracker)  # the steady step's (last) micro-batch
     return rec.rows, modules
 
 
@@ -310,7 +320,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     the other arguments are :func:`trace`'s."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-    loss_fn = loss_fn or _default_loss
+    loss_fn = loss_fn or default_loss
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     try:
         rows, modules = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
@@ -318,11 +328,10 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
         raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
                          "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
                          "a small shape, or use an implementation without data-dependent control flow") from None
-    for r in rows:
-        r["reliable"] = (r["step"], r["phase"]) not in unreliable
-    best = max((r for r in rows if r["reliable"]), key=lambda r: r["peak_bytes"])
-    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best["peak_bytes"],
-                 peak_phase=best["phase"], peak_step=best["step"], peak_by_category=dict(best["by_category"]),
+    rows = [replace(r, reliable=(r.step, r.phase) not in unreliable) for r in rows]
+    best = max((r for r in rows if r.reliable), key=lambda r: r.peak_bytes)
+    return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best.peak_bytes,
+                 peak_phase=best.phase, peak_step=best.step, peak_by_category=dict(best.by_category),
                  modules=modules, notes=tuple(notes))
 
 
@@ -342,7 +351,7 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
     ``forward_context`` (e.g. autocast), ``backward_fn`` (e.g. a loss scaler) and ``optimizer_fn`` returning an
     object with ``step()`` and ``zero_grad(set_to_none)`` cover precision wrappers. ``fake=False`` runs the same on
     real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
-    ``unreliable`` (step, phase) pairs are kept in ``phases`` with ``"reliable": False`` and left out of the peak.
+    ``unreliable`` (step, phase) pairs are kept in ``phases`` with ``reliable=False`` and left out of the peak.
     """
     if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
         raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")

@@ -47,7 +47,7 @@ def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     assert per["total"] == sum(v for k, v in per.items() if k not in ("total", "peak"))
     assert per["overhead"] == sum(d["overhead_terms"].values())
     assert d["fits"] is (per["peak"] <= gpu("h100-sxm").memory_bytes)  # the verdict is about the peak
-    assert per["peak"] == max(r["bytes"] for r in d["phases"])
+    assert per["peak"] == max(r["peak_bytes"] for r in d["phases"])
     assert {r["step"] for r in d["phases"]} == {"first", "steady"} and d["peak_phase"]
     assert isinstance(d["assumptions"], list) and d["assumptions"]
     assert sum(d["activation_detail"].values()) == pytest.approx(per["activations"], abs=1)

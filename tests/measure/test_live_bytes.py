@@ -10,6 +10,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.measure.live_bytes import LiveBytes, stacked_by_label
+from memlab.predict.phases import PhaseRow
 
 
 def test_counts_new_storages_and_drops_them_when_freed() -> None:
@@ -79,8 +80,7 @@ def test_a_phase_keeps_the_peak_inside_it() -> None:
             c = a + 1
             del b  # a transient: gone before the phase ends
         del a, c
-    assert live.phases == [{"step": 1, "phase": "transient", "start_bytes": 400, "peak_bytes": 1200,
-                            "end_bytes": 800}]
+    assert live.phases == [PhaseRow(1, "transient", 1200, end_bytes=800, start_bytes=400)]
     assert live.samples == [] and live.peak_label == "transient"
 
 

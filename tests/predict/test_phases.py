@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from memlab.errors import SetupError
+from memlab.errors import MemlabError, SetupError
 from memlab.predict import estimate as E
 from memlab.predict.models import preset
-from memlab.predict.phases import PHASES, optimizer_temporary_bytes
+from memlab.predict.phases import PHASES, PhaseRow, find_phase, optimizer_temporary_bytes
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, resolve_optimizer_impl
 from memlab.predict.sharding import shape_summary
@@ -16,14 +16,14 @@ from memlab.units import GiB
 
 def test_phases_cover_both_steps_and_peak_is_their_max() -> None:
     bd = E.estimate(preset("gpt2"), Setup(seq=1024, batch=4))
-    assert [(r["step"], r["phase"]) for r in bd.phases] == [(s, p) for s in ("first", "steady") for p in PHASES]
-    top = max(bd.phases, key=lambda r: r["bytes"])
-    assert bd.peak_bytes == top["bytes"] and bd.peak_phase == top["phase"] and bd.peak_step == top["step"]
+    assert [(r.step, r.phase) for r in bd.phases] == [(s, p) for s in ("first", "steady") for p in PHASES]
+    top = max(bd.phases, key=lambda r: r.peak_bytes)
+    assert bd.peak_bytes == top.peak_bytes and bd.peak_phase == top.phase and bd.peak_step == top.step
     # GPT-2's 50257-token logits: the loss's fp32 gradients are a transient the sum has no term for
     assert bd.peak_bytes > bd.total_bytes
     d = bd.to_dict()
     assert d["per_device"]["peak"] == bd.peak_bytes and d["per_device"]["total"] == bd.total_bytes
-    assert {"step", "phase", "bytes"} <= set(d["phases"][0])
+    assert {"step", "phase", "peak_bytes"} <= set(d["phases"][0])
 
 
 def test_llama7b_fp32_steady_peak_is_params_states_activations_and_logit_gradients() -> None:
@@ -77,10 +77,36 @@ def test_grad_accumulation_and_set_to_none_keep_gradients() -> None:
 
 def test_inference_phases_are_prefill_and_decode() -> None:
     bd = E.estimate(preset("llama-2-7b"), Setup(mode="inference", seq=4096, attention="flash"))
-    assert [r["phase"] for r in bd.phases] == ["prefill", "decode"]
+    assert [r.phase for r in bd.phases] == ["prefill", "decode"]
     assert bd.peak_phase == "prefill" and bd.peak_bytes == bd.total_bytes
 
 
 def test_bare_parameter_count_has_phases() -> None:
     bd = E.estimate(7 * 10**9, Setup(optimizer_impl="fused"))
     assert bd.peak_bytes == bd.params_bytes + bd.grads_bytes + bd.optimizer_bytes  # no batch without a config
+
+
+def test_the_estimates_phase_rows_are_phase_rows_with_one_lookup() -> None:
+    bd = E.estimate(preset("gpt2"), Setup(seq=1024, batch=4))
+    assert all(isinstance(r, PhaseRow) for r in bd.phases)
+    back = find_phase(bd.phases, "backward", "first")
+    assert bd.phase_bytes("backward", "first") == back.peak_bytes == back.held_bytes and back.end_bytes is None
+    zero = find_phase(bd.phases, "zero_grad")  # predicted: what is held after it, in both fields
+    assert zero.end_bytes == zero.peak_bytes == zero.held_bytes == bd.phase_bytes("zero_grad")
+    d = bd.to_dict()["phases"]
+    assert d[0]["peak_bytes"] == bd.phases[0].peak_bytes and [PhaseRow.from_dict(r) for r in d] == list(bd.phases)
+    with pytest.raises(SetupError, match="no phase 'prefill' in the steady step: phases are backward, "
+                                         "forward, optimizer step, zero_grad"):
+        bd.phase_bytes("prefill")
+    with pytest.raises(SetupError, match="no phase 'forward' in step 3"):
+        find_phase([PhaseRow(1, "forward", 10)], "forward", 3)
+
+
+def test_phase_rows_round_trip_and_read_older_dicts() -> None:
+    row = PhaseRow("first", "zero_grad", 30, end_bytes=20, start_bytes=25, by_category={"gradients": 5},
+                   source="live tensor bytes", reliable=False)
+    assert PhaseRow.from_dict(row.to_dict()) == row and row.held_bytes == 20
+    old = {"step": "steady", "phase": "forward", "peak_bytes": 10, "end_bytes": 8, "source": "x"}  # a sweep row
+    assert PhaseRow.from_dict(old) == PhaseRow("steady", "forward", 10, end_bytes=8, source="x")
+    with pytest.raises(MemlabError, match="unknown keys bytes; missing peak_bytes"):
+        PhaseRow.from_dict({"step": "steady", "phase": "forward", "bytes": 10})

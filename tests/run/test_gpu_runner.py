@@ -81,9 +81,9 @@ def test_cuda_phase_peaks_are_allocator_peaks_per_phase() -> None:
     m = run_step(cfg, Setup(batch=2, seq=512, precision="fp32", attention="flash"), "cuda", steps=1,
                  with_counted_flops=False, with_mfu=False)
     assert m.status == "ok", m.error
-    rows = {(r["step"], r["phase"]): r for r in m.phase_peaks}
-    assert len(rows) == 8 and all("max_memory_allocated" in r["source"] for r in rows.values())
-    assert all(r["peak_bytes"] >= r["end_bytes"] for r in rows.values())
+    rows = {(r.step, r.phase): r for r in m.phase_peaks}
+    assert len(rows) == 8 and all("max_memory_allocated" in r.source for r in rows.values())
+    assert all(r.peak_bytes >= r.end_bytes for r in rows.values())
     predicted = predict_for(cfg, m)
     # the allocator rounds every block up to 512 B and keeps cuBLAS workspaces: a few per cent above the tensors
     assert 0.97 <= m.peak_bytes / predicted.peak_bytes <= 1.10

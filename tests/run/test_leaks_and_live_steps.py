@@ -43,6 +43,7 @@ def test_step_two_peaks_higher_by_the_adam_moments() -> None:
     fwd = live.peaks().query("phase == 'forward'").set_index("step")["peak_bytes"]
     # exp_avg and exp_avg_sq (fp32, like the params) and one 4-byte step counter per parameter tensor
     assert fwd[2] - fwd[1] == pytest.approx(2 * live.params_bytes, abs=4 * 64)
+    assert live.phase("forward", 2).peak_bytes == fwd[2] and live.phase("forward", 2).start_bytes is not None
 
 
 @pytest.mark.parametrize("impl", ["for-loop", "foreach"])

@@ -17,6 +17,7 @@ import torch
 
 from memlab.model.gpt import GPT
 from memlab.predict.models import preset
+from memlab.predict.phases import PhaseRow
 from memlab.predict.setup import Setup
 from memlab.run.sweep import DamagedRowsWarning, measurement_of, point_key, read_rows, sweep, to_frame
 
@@ -153,6 +154,11 @@ def test_rows_round_trip_to_measurements_and_frames(tmp_path: Path) -> None:
     assert set(row) == {"key", "config", "time", "measurement"}
     cfg, m = measurement_of(row)
     assert cfg == TINY and m.setup["batch"] == 2 and isinstance(m.phases, tuple)
+    assert len(m.phase_peaks) == 8 and all(isinstance(r, PhaseRow) for r in m.phase_peaks)
+    assert m.phase_peak("backward", "first").peak_bytes > 0
+    older = [{k: r[k] for k in ("step", "phase", "peak_bytes", "end_bytes", "source")}
+             for r in row["measurement"]["phase_peaks"]]  # rows written before PhaseRow
+    assert measurement_of({**row, "measurement": {**row["measurement"], "phase_peaks": older}})[1] == m
     assert to_frame([row]).equals(frame)
     assert frame.loc[0, "model"] == "tiny-gpt" and frame.loc[0, "activations_bytes"] == m.activations_bytes
 

@@ -22,8 +22,8 @@ LLAMA = TransformerConfig(name="t-llama", d_model=64, n_layers=2, n_heads=4, n_k
 
 
 def _same(a, b) -> None:
-    assert [(r["step"], r["phase"], r["peak_bytes"], r["end_bytes"], r["by_category"]) for r in a.phases] == \
-        [(r["step"], r["phase"], r["peak_bytes"], r["end_bytes"], r["by_category"]) for r in b.phases]
+    assert [(r.step, r.phase, r.peak_bytes, r.end_bytes, r.by_category) for r in a.phases] == \
+        [(r.step, r.phase, r.peak_bytes, r.end_bytes, r.by_category) for r in b.phases]
     assert (a.peak_bytes, a.peak_phase, a.peak_step) == (b.peak_bytes, b.peak_phase, b.peak_step)
 
 
@@ -50,17 +50,18 @@ def test_trace_equals_the_runners_live_bytes(setup: Setup) -> None:
     m = run_step(TINY, setup, "cpu", steps=1, with_counted_flops=False, with_mfu=False)
     t = trace_gpt(TINY, setup, device_type="cpu")
     for row in m.phase_peaks:
-        tr = t.phase(row["phase"], row["step"])
-        assert (row["peak_bytes"], row["end_bytes"]) == (tr["peak_bytes"], tr["end_bytes"]), row
+        tr = t.phase(row.phase, row.step)
+        assert (row.peak_bytes, row.end_bytes) == (tr.peak_bytes, tr.end_bytes), row
+        assert m.phase_peak(row.phase, row.step) is row
 
 
 def test_trace_categories_and_modules() -> None:
     t = trace_gpt(TINY, Setup(batch=2, seq=32))
     fwd = t.phase("forward", "first")
-    assert set(fwd["by_category"]) == set(CATEGORIES)
+    assert set(fwd.by_category) == set(CATEGORIES)
     bd = estimate(TINY, Setup(batch=2, seq=32), device_type="cpu")
-    assert fwd["by_category"]["parameters"] == bd.params_bytes
-    assert t.phase("zero_grad")["end_by_category"]["optimizer states"] == bd.optimizer_bytes
+    assert fwd.by_category["parameters"] == bd.params_bytes
+    assert t.phase("zero_grad").end_by_category["optimizer states"] == bd.optimizer_bytes
     top = t.top_modules(3)
     assert top and all("." in m["module"] for m in top) and top[0]["activation_bytes"] > 0
     kinds = t.modules_by_kind(3)
@@ -92,8 +93,8 @@ def test_user_module_api() -> None:
               optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), foreach=True),
               loss_fn=lambda m, x: m(x).square().mean())
     n = 512 * 2048 * 2 + 2048 + 512
-    assert t.phase("zero_grad")["end_by_category"]["optimizer states"] >= 8 * n
-    assert t.phase("optimizer step")["by_category"]["temporaries"] >= 4 * n  # foreach: one fp32 temp per param
+    assert t.phase("zero_grad").end_by_category["optimizer states"] >= 8 * n
+    assert t.phase("optimizer step").by_category["temporaries"] >= 4 * n  # foreach: one fp32 temp per param
     with pytest.raises(SetupError, match="scalar loss"):
         trace(lambda: torch.nn.Linear(4, 4), lambda: torch.randn(2, 4))
 
@@ -116,15 +117,14 @@ def test_sharded_trace_runs_fsdp2_over_a_fake_process_group() -> None:
     setup = Setup(batch=2, seq=32, zero_stage=3, world_size=4, attention="flash")
     fake, real = trace_gpt(TINY, setup, device_type="cpu"), trace_gpt(TINY, setup, fake=False, device_type="cpu")
     # Exact but for the first optimizer step, where a fake trace also counts DTensor's first sharding propagation
-    key = [(r["step"], r["phase"]) for r in fake.phases]
+    key = [(r.step, r.phase) for r in fake.phases]
     for (st, ph), a, b in zip(key, fake.phases, real.phases, strict=True):
         if (st, ph) != ("first", "optimizer step"):
-            assert (a["peak_bytes"], a["end_bytes"], a["by_category"]) == (b["peak_bytes"], b["end_bytes"],
-                                                                           b["by_category"]), (st, ph)
+            assert (a.peak_bytes, a.end_bytes, a.by_category) == (b.peak_bytes, b.end_bytes, b.by_category), (st, ph)
     assert fake.peak_of("steady") == real.peak_of("steady")
     one = trace_gpt(TINY, setup.with_(zero_stage=0, world_size=1), device_type="cpu")
-    states = fake.phase("zero_grad")["end_by_category"]
-    assert states["optimizer states"] < one.phase("zero_grad")["end_by_category"]["optimizer states"] / 3
+    states = fake.phase("zero_grad").end_by_category
+    assert states["optimizer states"] < one.phase("zero_grad").end_by_category["optimizer states"] / 3
     bd = estimate(TINY, setup, device_type="cpu", overheads=Overheads(gathered_layers=2))
     assert abs(bd.peak_bytes - fake.peak_bytes) / fake.peak_bytes < 0.08
     with pytest.raises(SetupError, match="FSDP2"):
@@ -135,6 +135,6 @@ def test_inference_trace_prefill_and_decode() -> None:
     setup = Setup(mode="inference", seq=48, batch=2, inference_weights="fp32", kv_cache_dtype="fp32")
     fake, real = trace_gpt(TINY, setup), trace_gpt(TINY, setup, fake=False)
     _same(fake, real)
-    assert [r["phase"] for r in fake.phases] == ["prefill", "decode"] and fake.peak_phase == "prefill"
+    assert [r.phase for r in fake.phases] == ["prefill", "decode"] and fake.peak_phase == "prefill"
     kv = 2 * TINY.n_layers * 2 * 48 * TINY.d_model * 4
-    assert fake.phase("decode")["end_by_category"]["inputs"] >= kv
+    assert fake.phase("decode").end_by_category["inputs"] >= kv

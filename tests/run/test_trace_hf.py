@@ -22,7 +22,7 @@ LLAMA = {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "n
 
 
 def _rows(t) -> list:
-    return [(r["step"], r["phase"], r["peak_bytes"], r["end_bytes"], r["by_category"]) for r in t.phases]
+    return [(r.step, r.phase, r.peak_bytes, r.end_bytes, r.by_category) for r in t.phases]
 
 
 @pytest.mark.parametrize(("family", "dims"), [("gpt2", GPT2), ("llama", LLAMA)])
@@ -42,7 +42,7 @@ def test_hf_config_from_json_and_recompute(tmp_path: Path) -> None:
     t = trace_hf(path, setup)
     assert _rows(t) == _rows(trace_hf(str(tmp_path), setup, fake=False))
     plain = trace_hf(path, setup.with_(recompute="none"))
-    acts = [x.phase("forward")["end_by_category"]["activations"] for x in (t, plain)]
+    acts = [x.phase("forward").end_by_category["activations"] for x in (t, plain)]
     assert acts[0] < acts[1]
 
 
