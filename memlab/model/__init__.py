@@ -1,11 +1,12 @@
 """model: the torch twin of :mod:`memlab.predict.models`, which the trace and the measured run both stand on.
 
-- ``gpt``: the reference GPT (mixture-of-experts MLP and KV cache included), one readable file whose parameter
-  names and shapes are exactly :meth:`memlab.predict.models.TransformerConfig.param_shapes`.
+- ``gpt``: the reference GPT (mixture-of-experts MLP included), one readable file whose parameter names and shapes
+  are exactly :meth:`memlab.predict.models.TransformerConfig.param_shapes`; ``kv_cache``: its preallocated KV cache.
 - ``saved``: which estimator category each tensor the GPT saves for backward belongs to.
-- ``step``: the one training step: precision wiring (autocast, GradScaler, fp32 master weights) in
-  :class:`memlab.model.step.TrainingStep`, built by :func:`memlab.model.step.build_training`, and seeded token
-  batches.
+- ``step``: the one training step every caller runs: :func:`memlab.model.step.train_step` (forward -> backward ->
+  optimizer step -> zero_grad, phase by phase) with a :class:`memlab.model.step.Meter` for what a caller records;
+  the precision wiring (autocast, GradScaler, fp32 master weights) in :class:`memlab.model.step.TrainingStep`, built
+  by :func:`memlab.model.step.build_training`; seeded token batches.
 - ``optimizers``: the optimizer table (torch's, plus memlab's 8-bit Adam) and its implementations.
 - ``hf``: Hugging Face configs read and models built from them (never downloaded).
 """

@@ -30,7 +30,8 @@ from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.measure.cuda import synchronize
 from memlab.measure.live_bytes import PhasePeaks
 from memlab.measure.timing import time_fn
-from memlab.model.gpt import GPT, KVCache
+from memlab.model.gpt import GPT
+from memlab.model.kv_cache import KVCache
 from memlab.model.saved import saved_tensor_category
 from memlab.model.step import (
     Meter,

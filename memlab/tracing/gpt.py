@@ -119,7 +119,8 @@ def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memlab.device import torch_dtype
-    from memlab.model.gpt import GPT, KVCache
+    from memlab.model.gpt import GPT
+    from memlab.model.kv_cache import KVCache
 
     if setup.inference_weights not in ("fp32", "bf16", "fp16") or setup.kv_cache_dtype != setup.inference_weights:
         raise SetupError("traced inference runs fp32/bf16/fp16 weights with the KV cache in the weight dtype: set "

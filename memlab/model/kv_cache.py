@@ -1,0 +1,55 @@
+"""The reference GPT's KV cache for inference: preallocated keys and values per layer, as serving engines hold them.
+
+:class:`KVCache` holds ``2 * n_layers * batch * max_len * n_kv_heads * head_dim`` elements allocated up front
+(the bytes :func:`memlab.predict.inference.kv_cache_bytes` predicts), so decoding never grows it; each layer writes
+into its slice through a :class:`LayerCache`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memlab.predict.models import TransformerConfig
+
+
+class LayerCache:
+    """One layer's slice of a :class:`KVCache`: writes new keys/values at ``start`` and returns all so far."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        self.k, self.v, self.start = k, v, start
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.start + k.shape[1]
+        self.k[:, self.start : end] = k
+        self.v[:, self.start : end] = v
+        return self.k[:, :end], self.v[:, :end]
+
+
+class KVCache:
+    """Preallocated keys and values for every layer, each (batch, max_len, n_kv_heads, head_dim).
+
+    Its size is 2 * n_layers * batch * max_len * n_kv_heads * head_dim * element size bytes, allocated up
+    front as serving engines do, so its memory does not grow during decoding.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        batch: int,
+        max_len: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (batch, max_len, config.n_kv_heads or config.n_heads, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.length = 0
+
+    def layer(self, i: int) -> LayerCache:
+        """Layer ``i``'s cache, positioned at the current length."""
+        return LayerCache(self.k[i], self.v[i], self.length)
+
+    def nbytes(self) -> int:
+        """Bytes of all cache tensors."""
+        return sum(t.untyped_storage().nbytes() for t in self.k + self.v)
