@@ -107,6 +107,19 @@ class DistributedRun:
         return {"world_size": self.world_size, "rows": list(self.rows), "command": list(self.command),
                 "wall_s": self.wall_s, "ready_s": self.ready_s, "retries": list(self.retries)}
 
+    def frame(self) -> Any:
+        """pandas DataFrame, one row per (strategy, rank); ``comm`` expanded to ``<op>_volume_bytes`` columns."""
+        import pandas as pd
+
+        flat = []
+        for r in self.rows:
+            row = {k: v for k, v in r.items() if k not in ("comm", "optimizer_by_key")}
+            for op, c in (r.get("comm") or {}).items():
+                row[f"{op}_calls"] = c["calls"]
+                row[f"{op}_volume_bytes"] = c["volume_bytes"]
+            flat.append(row)
+        return pd.DataFrame(flat)
+
     def measured(self) -> list[dict[str, Any]]:
         """The rows with ``status == "ok"``; a :class:`LaunchError` naming every strategy's reason when none is."""
         ok = [r for r in self.rows if r.get("status") == "ok"]
@@ -127,19 +140,6 @@ class _Attempts:
     stages: tuple[Stage, ...]
     ready_s: tuple[float, ...]
     retries: tuple[str, ...]
-
-    def frame(self) -> Any:
-        """pandas DataFrame, one row per (strategy, rank); ``comm`` expanded to ``<op>_volume_bytes`` columns."""
-        import pandas as pd
-
-        flat = []
-        for r in self.rows:
-            row = {k: v for k, v in r.items() if k not in ("comm", "optimizer_by_key")}
-            for op, c in (r.get("comm") or {}).items():
-                row[f"{op}_calls"] = c["calls"]
-                row[f"{op}_volume_bytes"] = c["volume_bytes"]
-            flat.append(row)
-        return pd.DataFrame(flat)
 
 
 def torchrun_command(nproc_per_node: int, *, nnodes: int = 1, node_rank: int | None = None,

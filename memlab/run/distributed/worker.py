@@ -19,8 +19,11 @@ on the device and on the host), the largest bytes of gathered (unsharded) parame
 every collective the step issued (counted at the dispatcher, ``c10d::*`` ops, which DDP's C++ reducer and FSDP2's
 Python code both go through), as ZeRO's volume convention (:mod:`memlab.predict.communication`).
 
-Each rank writes ``OUT_DIR/rank<R>.json`` (a list of rows) or, on failure, ``OUT_DIR/rank<R>.error`` with the
-traceback, then exits non-zero so torchrun stops the others.
+Under memlab's launcher a rank first signals ready and waits for go (:mod:`memlab.run.distributed.handshake`), so
+``init_process_group`` starts with every rank present. DDP (and ZeRO-1 under it) over an MoE model sets
+``find_unused_parameters``: an expert no token chose has no gradient. Each rank writes ``OUT_DIR/rank<R>.json`` (a
+list of rows) or, on failure, ``OUT_DIR/rank<R>.error`` with the traceback, then exits non-zero so torchrun stops
+the others.
 """
 
 from __future__ import annotations
