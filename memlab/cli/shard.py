@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import warnings
 
 from memlab.cli.args import positive_float, positive_int
 
@@ -42,7 +44,13 @@ def run(args: argparse.Namespace) -> int:
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     spec = WorkerSpec(config=config, batch=args.batch, seq=args.seq, strategies=strategies, steps=args.steps,
                       device="cpu" if args.cpu else "auto")
-    result = launch(spec, args.ranks, timeout_s=args.timeout)
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", RuntimeWarning)
+        try:
+            result = launch(spec, args.ranks, timeout_s=args.timeout)
+        finally:  # a retry's message, also when the retry failed too
+            for note in notes:
+                print(f"memlab: note: {note.message}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
         return 0

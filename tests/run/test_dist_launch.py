@@ -23,8 +23,8 @@ from memlab.errors import LaunchError, SetupError
 from memlab.predict.models import preset
 from memlab.run.distributed.capacity import RANK_BASE_BYTES, RANKS_PER_CORE, rank_capacity
 from memlab.run.distributed.handshake import DELAY_VAR, HANG_VAR, ready_ranks
-from memlab.run.distributed.launch import DistributedRun, WorkerSpec, launch, launch_sweep
-from memlab.run.distributed.supervise import Stage, supervise
+from memlab.run.distributed.launch import DistributedRun, WorkerSpec, _retry_reason, launch, launch_sweep
+from memlab.run.distributed.supervise import Outcome, Stage, supervise
 
 CFG = preset("tiny-gpt")
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +80,16 @@ def test_a_rank_that_never_signals_ready_ends_the_start_clock(tmp_path: Path) ->
     assert out.failure == "start" and out.not_ready == (2,)
     assert elapsed < 2 + 5 and not out.ready_s
     assert _alive_with(token) == []  # rank 2 wrote no ready file: found as torchrun's descendant
+
+
+def test_a_store_timeout_is_retried_and_a_step_timeout_is_not(tmp_path: Path) -> None:
+    failed = Outcome(1, "torch.distributed.DistStoreError: wait timeout after 60000ms, keys: /default_pg/0//cpu//0/1",
+                     100.0, (1.0,), 0)
+    stages = [Stage(tmp_path, 4)]
+    assert _retry_reason(failed, stages, 300) == ("the ranks' rendezvous timed out (DistStoreError: wait timeout "
+                                                  "after 60000ms, keys: /default_pg/0//cpu//0/1)")
+    assert _retry_reason(Outcome(None, "", 9.0, (1.0,), 0, "timeout", 0), stages, 300) == ""
+    assert _retry_reason(Outcome(1, "RuntimeError: boom", 9.0, (1.0,), 0), stages, 300) == ""
 
 
 def test_capacity_is_the_smaller_of_cores_and_memory() -> None:
@@ -140,7 +150,7 @@ def test_a_rank_past_the_start_clock_is_retried_once(monkeypatch: pytest.MonkeyP
     """Rank 1 misses the start clock on the first attempt (a cold start); the retry runs, with its message."""
     monkeypatch.setenv(DELAY_VAR, "1:120")
     with pytest.warns(RuntimeWarning, match=r"rank\(s\) 1 of 2 did not signal ready .* retried once"):
-        runs = launch_sweep(SPEC, (1, 2), timeout_s=60, start_timeout_s=15)
+        runs = launch_sweep(SPEC, (1, 2), timeout_s=60, start_timeout_s=10)
     assert [r["status"] for r in runs[2].rows] == ["ok", "ok"] and len(runs[2].rows) == 2
     assert len(runs[1].rows) == 1 and len(runs[2].retries) == 1
 

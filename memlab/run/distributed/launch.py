@@ -314,8 +314,8 @@ def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0,
         _raise_for(what, run.outcome, run.retries, timeout_s)
         rows = _collect(run.stages[0].path, nproc_per_node, run.outcome.returncode or 0, run.outcome.log)
     out = run.outcome
-    return DistributedRun(nproc_per_node, rows, tuple(run.command), out.wall_s, run.ready_s[0], run.retries,
-                          _tail(out.log))
+    ready_s = run.ready_s[0] if run.ready_s else float("nan")
+    return DistributedRun(nproc_per_node, rows, tuple(run.command), out.wall_s, ready_s, run.retries, _tail(out.log))
 
 
 def launch_sweep(spec: WorkerSpec, world_sizes: tuple[int, ...] = (1, 2, 4), *, timeout_s: float = 120.0,
