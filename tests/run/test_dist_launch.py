@@ -128,6 +128,25 @@ def test_a_launch_that_measured_nothing_is_one_launch_error() -> None:
         sharding_ledger(list(run.rows), CFG)
 
 
+def test_memlab_shard_prints_a_retry_as_a_note(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import warnings
+
+    import memlab.run.distributed.launch as launcher
+    from memlab.cli import main
+
+    def retried_then_failed(*args: object, **kwargs: object) -> None:
+        warnings.warn("torchrun with 2 rank(s): rank(s) 1 of 2 did not signal ready; retried once", RuntimeWarning,
+                      stacklevel=2)
+        raise LaunchError("rank(s) 1 did not signal ready within start_timeout_s (after one retry)")
+
+    monkeypatch.setattr(launcher, "launch", retried_then_failed)
+    assert main(["shard", "--ranks", "2", "--strategies", "ddp", "--cpu"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "memlab: note: torchrun with 2 rank(s): rank(s) 1 of 2 did not signal ready; retried once",
+        "memlab: error: rank(s) 1 did not signal ready within start_timeout_s (after one retry)"]
+
+
 # -- real gloo ranks -------------------------------------------------------------------------------------------
 SPEC = WorkerSpec(config=CFG, strategies=("ddp",), steps=1, device="cpu", batch=2, seq=16)
 
