@@ -212,15 +212,15 @@ def _supervised(what: str, build: Callable[[int, int], tuple[list[str], list[Sta
     raise AssertionError("unreachable: the second attempt always returns")
 
 
-def _raise_for(what: str, out: Outcome, retries: tuple[str, ...], timeout_s: float) -> None:
+def _raise_for(what: str, out: Outcome, retries: tuple[str, ...], timeout_s: float, start_timeout_s: float) -> None:
     """A :class:`LaunchError` for a run that was killed (start-up or step past its clock); nothing otherwise."""
     again = " (after one retry)" if retries else ""
     left = f"; pid(s) {', '.join(map(str, out.survivors))} survived SIGKILL" if out.survivors else ""
     if out.failure == "start":
         raise LaunchError(f"{what}: rank(s) {', '.join(map(str, out.not_ready))} did not signal ready within "
-                          f"start_timeout_s{again}; the machine is too slow or too loaded for this many ranks: launch "
-                          f"fewer, or raise start_timeout_s. Killed {out.killed} rank process(es){left}. Last lines "
-                          f"of its log:\n{_tail(out.log)}")
+                          f"start_timeout_s={start_timeout_s:g} s{again}; the machine is too slow or too loaded for "
+                          f"this many ranks: launch fewer, or raise start_timeout_s. Killed {out.killed} rank "
+                          f"process(es){left}. Last lines of its log:\n{_tail(out.log)}")
     if out.failure == "timeout":
         ready = f" (in {out.ready_s[-1]:.1f} s)" if out.ready_s else ""
         raise LaunchError(f"{what} ran past timeout_s={timeout_s:g} s after its ranks were ready{ready} and was "
@@ -280,7 +280,7 @@ def run_script(script: Path | str, args: list[str], nproc_per_node: int, *, time
     with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
         run = _supervised(what, lambda attempt, first: (cmd, []), timeout_s=timeout_s,
                           start_timeout_s=timeout_s, threads_per_rank=threads_per_rank, root=Path(tmp))
-    _raise_for(what, run.outcome, run.retries, timeout_s)
+    _raise_for(what, run.outcome, run.retries, timeout_s, timeout_s)
     if run.outcome.returncode != 0:
         raise LaunchError(f"{what} exited with {run.outcome.returncode}. Last lines of its log:\n"
                           f"{_tail(run.outcome.log)}")
@@ -311,7 +311,7 @@ def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0,
 
         run = _supervised(what, build, timeout_s=timeout_s, start_timeout_s=start_timeout_s,
                           threads_per_rank=threads_per_rank, root=Path(tmp))
-        _raise_for(what, run.outcome, run.retries, timeout_s)
+        _raise_for(what, run.outcome, run.retries, timeout_s, start_timeout_s)
         rows = _collect(run.stages[0].path, nproc_per_node, run.outcome.returncode or 0, run.outcome.log)
     out = run.outcome
     ready_s = run.ready_s[0] if run.ready_s else float("nan")
@@ -347,7 +347,7 @@ def launch_sweep(spec: WorkerSpec, world_sizes: tuple[int, ...] = (1, 2, 4), *, 
 
         run = _supervised(what, build, timeout_s=timeout_s, start_timeout_s=start_timeout_s,
                           threads_per_rank=threads_per_rank, root=Path(tmp))
-        _raise_for(what, run.outcome, run.retries, timeout_s)
+        _raise_for(what, run.outcome, run.retries, timeout_s, start_timeout_s)
         code, log = run.outcome.returncode or 0, run.outcome.log
         out: dict[int, DistributedRun] = {}
         for n, stage, ready_s in zip(sizes, run.stages, (*run.ready_s, *[float("nan")] * len(sizes)), strict=False):
