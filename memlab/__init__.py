@@ -79,7 +79,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.run.runner": ("Measurement", "count_flops", "run_step"),
     "memlab.run.sweep": ("measurement_of", "read_rows", "sweep"),
     "memlab.run.live_steps": ("live_training_steps",),
-    "memlab.run.distributed.launch": ("WorkerSpec", "launch_sweep", "torchrun_command"),
+    "memlab.run.distributed.launch": ("WorkerSpec", "launch_sweep", "machine_capacity", "torchrun_command"),
     "memlab.compare.ledger": ("compare_trace", "ledger", "predict_for"),
     "memlab.compare.sharding": ("predicted_rank", "sharding_ledger"),
     "memlab.labs.step_time": ("training_loop",),

@@ -47,6 +47,7 @@ from memlab import (
     compare_trace,
     estimate,
     launch_sweep,
+    machine_capacity,
     predicted_rank,
     preset,
     ring_wire_bytes,
@@ -64,8 +65,8 @@ on_gpus = ch.scale == "full" and gpus >= 2  # one NCCL rank per GPU; otherwise g
 # the ranks' model, micro-batch, steps and world sizes, by where they run; at full scale section 4 also traces
 # GPT-3 175B over a fake 8-rank group (about a minute of CPU)
 RANKS = {"gloo": dict(model="tiny-gpt", batch=2, seq=32, steps=1, device="cpu", sizes=(1, 2, 4)),
-         "nccl": dict(model="gpt2", batch=4, seq=512, steps=3, device="auto",
-                      sizes=tuple(n for n in (1, 2, 4, 8) if n <= gpus))}["nccl" if on_gpus else "gloo"]
+         "nccl": dict(model="gpt2", batch=4, seq=512, steps=3, device="auto", sizes=(1, 2, 4, 8))}[
+    "nccl" if on_gpus else "gloo"]
 trace_gpt3_8_ranks = ch.scale == "full"
 ch.to_dict()
 
@@ -110,12 +111,17 @@ ex_comm.check(answer)
 # DDP, DDP + `ZeroRedundancyOptimizer` (ZeRO-1), FSDP2 `fully_shard` with `reshard_after_forward=False`
 # (ZeRO-2-like) and `True` (ZeRO-3), and ZeRO-3 with `CPUOffloadPolicy`. Each rank counts its local bytes exactly
 # and every collective its step dispatched (`c10d::*` ops). A failing rank raises one `LaunchError` with its
-# traceback; a launch past its timeout is killed.
+# traceback. Every rank signals ready once torch is imported, and the rendezvous starts only then (a slow start is
+# retried once); a launch past its timeout is killed with every rank. The world sizes this machine cannot run at
+# once (one GPU per NCCL rank; CPU cores and memory for gloo ranks: `machine_capacity`) are left out, and the cell
+# says why.
 
 # %%
-sizes = RANKS["sizes"]
 spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIES), steps=RANKS["steps"],
                   device=RANKS["device"])
+capacity = machine_capacity(spec)
+sizes = capacity.largest(RANKS["sizes"])
+print(capacity.sentence(RANKS["sizes"]))
 runs = launch_sweep(spec, sizes, timeout_s=180)
 rows = [r for run in runs.values() for r in run.rows]
 measured = pd.DataFrame([r for r in rows if r["status"] == "ok"])
@@ -146,7 +152,8 @@ print(f"model states: {len(exact)} rows, largest |relative error| {worst:.2%}")
 ledger[~ledger["component"].isin(["params", "grads", "optimizer"])]
 
 # %%
-fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 3.6), sharey=True)
+fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 3.6), sharey=True, squeeze=False)
+axes = axes[0]
 ok = [s for s in STRATEGIES if s in set(measured["strategy"])]
 for ax, n in zip(axes, sizes, strict=True):
     part = measured[measured["world_size"] == n].groupby("strategy", sort=False).mean(numeric_only=True).loc[ok]

@@ -3,13 +3,17 @@ and the bytes its collectives move, next to the estimator and the ZeRO paper.
 
 ``memlab shard --preset tiny-gpt --ranks 2 --strategies ddp,fsdp2-zero3`` runs
 :func:`memlab.run.distributed.launch` (gloo on a CPU, NCCL on GPUs) and prints the ledger of
-:func:`memlab.compare.sharding.sharding_ledger`; ``--json`` prints the rows instead.
+:func:`memlab.compare.sharding.sharding_ledger`; ``--json`` prints the rows instead. More ranks than the machine
+runs at once, a repeated strategy, or strategies that all skip on this device are refused before any launch
+(``memlab: error: ...``, exit 2); so is a launch that measured nothing, with each strategy's reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import warnings
 
 from memlab.cli.args import positive_float, positive_int
 
@@ -25,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=1, help="steps per strategy; the last one is measured")
     p.add_argument("--cpu", action="store_true", help="gloo on CPU even when GPUs are present")
     p.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
-                   help="seconds to wait for the ranks (default 300)")
+                   help="seconds the ranks may work once all have started; then every rank is killed (default 300; "
+                        "start-up has its own bound, START_TIMEOUT_S in memlab.run.distributed.launch)")
     p.add_argument("--json", action="store_true", help="print the ranks' rows as JSON")
 
 
@@ -39,11 +44,17 @@ def run(args: argparse.Namespace) -> int:
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     spec = WorkerSpec(config=config, batch=args.batch, seq=args.seq, strategies=strategies, steps=args.steps,
                       device="cpu" if args.cpu else "auto")
-    result = launch(spec, args.ranks, timeout_s=args.timeout)
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", RuntimeWarning)
+        try:
+            result = launch(spec, args.ranks, timeout_s=args.timeout)
+        finally:  # a retry's message, also when the retry failed too
+            for note in notes:
+                print(f"memlab: note: {note.message}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
         return 0
-    ledger = sharding_ledger(list(result.rows), config)
+    ledger = sharding_ledger(result.measured(), config)
     print(f"{config.name}: {args.ranks} rank(s), {result.wall_s:.1f} s; bytes per rank (mean over ranks)")
     print(ledger[["experiment", "component", "predicted", "measured", "note"]].to_string(index=False))
     for row in result.rows:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memlab.errors import SetupError
 from memlab.predict.communication import zero_comm_bytes
 from memlab.predict.estimate import Overheads, estimate
 from memlab.predict.models import TransformerConfig
@@ -58,10 +59,15 @@ def predicted_rank(config: TransformerConfig, strategy: str, world_size: int, *,
 
 def sharding_ledger(rows: list[dict[str, Any]], config: TransformerConfig, *, precision: str = "fp32") -> Any:
     """Ledger rows (experiment, component, unit, predicted, measured, note): the rank mean of every measured
-    strategy and world size against :func:`predicted_rank`. Skipped strategies are left out."""
+    strategy and world size against :func:`predicted_rank`. Skipped strategies are left out; a SetupError names
+    every row's reason when no row was measured."""
     import pandas as pd
 
     df = pd.DataFrame([r for r in rows if r.get("status") == "ok"])
+    if df.empty:
+        reasons = "; ".join(f"{r.get('strategy', '?')} N={r.get('world_size', '?')} {r.get('status')}: "
+                            f"{r.get('reason', '')}" for r in rows) or "no rows"
+        raise SetupError(f"no measured row to compare (every strategy failed or was skipped): {reasons}")
     out = []
     for (strategy, n), group in df.groupby(["strategy", "world_size"], sort=False):
         device_type = "cuda" if str(group["device"].iloc[0]).startswith("cuda") else "cpu"

@@ -80,6 +80,12 @@ BAD: dict[str, list[list[str]]] = {
         ["report", "--out", out] for out in ("/dev/null", "{tmp}/file", "{tmp}/file/sub", f"{{tmp}}/{LONG}")
     ],
     "gpus": [["gpus", "--jsn"]],
+    "shard": [
+        ["shard", *TINY, "--cpu", "--ranks", "100000"],
+        ["shard", *TINY, "--cpu", "--strategies", "ddp,ddp"],
+        ["shard", *TINY, "--cpu", "--strategies", "fsdp2-offload"],
+        ["shard", *TINY, "--cpu", "--strategies", "zero4"],
+    ],
     "(none)": [[], ["frobnicate"], ["--version-x"]],
 }
 CASES = [(name, argv) for name, table in BAD.items() for argv in table]
@@ -129,6 +135,9 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     ([*MFU, "--params", "7e9", "--tokens-per-second", "1e12"], "implausible"),
     (["ledger", "--device", "cpu", "--out", "/dev/full"], "not a regular file"),
     (["measure", *TINY, "--device", "cuda"], "no CUDA GPU"),
+    (["shard", *TINY, "--cpu", "--ranks", "100000"], "100000 ranks exceed what this machine can run at once"),
+    (["shard", *TINY, "--cpu", "--strategies", "ddp,ddp"], "list each strategy once"),
+    (["shard", *TINY, "--cpu", "--strategies", "fsdp2-offload"], "need(s) an accelerator"),
 ])
 def test_errors_point_to_the_fix(capsys: pytest.CaptureFixture[str], argv: list[str], hint: str) -> None:
     if "cuda" in argv and __import__("torch").cuda.is_available():

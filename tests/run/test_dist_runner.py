@@ -9,6 +9,7 @@ import torch.distributed as dist
 from memlab.errors import LaunchError, SetupError
 from memlab.predict.communication import zero_comm_bytes
 from memlab.predict.models import preset
+from memlab.run.distributed.handshake import HANG_VAR
 from memlab.run.distributed.launch import WorkerSpec, launch, launch_sweep, torchrun_command
 
 pytestmark = [
@@ -67,10 +68,11 @@ def test_a_failing_rank_raises_one_launch_error_with_its_traceback() -> None:
         launch_sweep(spec, (2,), timeout_s=120)
 
 
-def test_a_launch_past_its_timeout_is_killed() -> None:
+def test_a_launch_past_its_timeout_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(HANG_VAR, "1")  # rank 1 signals ready, then never finishes
     spec = WorkerSpec(config=CFG, strategies=("ddp",), steps=1, device="cpu")
-    with pytest.raises(LaunchError, match=r"timeout_s=0\.5"):
-        launch(spec, 2, timeout_s=0.5)
+    with pytest.raises(LaunchError, match=r"timeout_s=1 s after its ranks were ready .* killed with its \d+ rank"):
+        launch_sweep(spec, (2,), timeout_s=1)
 
 
 def test_bad_specs_and_commands_are_refused() -> None:

@@ -1,10 +1,14 @@
 """Launch real data-parallel ranks with torchrun and collect one row per rank and strategy.
 
 :func:`launch` runs ``python -m torch.distributed.run --nproc-per-node N --standalone -m memlab.run.distributed.worker``
-(gloo on a CPU, NCCL on GPUs: the worker picks), waits at most ``timeout_s``, and returns a
-:class:`DistributedRun` whose rows are the ranks' measurements (:mod:`memlab.run.distributed.worker`). A rank
-that fails, or a launch that runs past its timeout, raises one :class:`memlab.errors.LaunchError` with the failing
-rank's traceback or the tail of the log; the whole process group is killed on a timeout, so a notebook cell never hangs.
+(gloo on a CPU, NCCL on GPUs: the worker picks) and returns a :class:`DistributedRun` whose rows are the ranks'
+measurements (:mod:`memlab.run.distributed.worker`). Two clocks bound it (:mod:`memlab.run.distributed.supervise`):
+every rank has ``start_timeout_s`` to import torch and signal ready (:mod:`memlab.run.distributed.handshake`), and
+only then, with all ranks present, does the process-group rendezvous start and ``timeout_s`` run. A start-up or
+rendezvous timeout is retried ONCE with a warning; a rank that fails, a second timeout, or work past ``timeout_s``
+raises one :class:`memlab.errors.LaunchError` with the failing rank's traceback or the tail of the log, after
+torchrun and every rank (each in a session of its own) are killed, so a notebook cell never hangs. More ranks than
+the machine holds (:mod:`memlab.run.distributed.capacity`) are refused with a :class:`memlab.errors.SetupError`.
 
 :func:`torchrun_command` builds the same command for many nodes (``--nnodes``, ``--node-rank``,
 ``--rdzv-backend c10d``, ``--rdzv-endpoint``), as torchrun's documentation describes [pytorch-torchrun]: run it on
@@ -15,20 +19,31 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
+import re
 import sys
 import tempfile
-import time
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memlab.errors import LaunchError, SetupError
 from memlab.predict.models import TransformerConfig
-from memlab.run.distributed.worker import STRATEGIES
+from memlab.run.distributed.capacity import RankCapacity, rank_capacity
+from memlab.run.distributed.supervise import Outcome, Stage, supervise
+from memlab.run.distributed.worker import ACCELERATOR_ONLY, PROCESS_GROUP_TIMEOUT_S, STRATEGIES
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 300.0
+"""Seconds every rank of a launch has to import torch and signal ready. Warm, a rank is ready in about 2 s; on a
+cold package cache, four ranks importing torch at once on two loaded cores left one rank unregistered after 60 s
+(memlab issue 23); 300 s is five times that, and only a machine that cannot start the ranks at all waits it out."""
+GO_GRACE_S = 60.0
+"""Seconds a ready rank waits for go beyond ``start_timeout_s`` before it gives up (its launcher is gone)."""
+RENDEZVOUS_TIMEOUT = re.compile(r"DistStoreError[^\n]*|RendezvousTimeoutError[^\n]*|wait timeout after \d+ ?ms|"
+                                r"Timed out initializing process group[^\n]*|Socket Timeout[^\n]*")
+"""What a rendezvous or TCPStore timeout prints (torch 2.x): a launch that fails with one is retried once."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +59,8 @@ class WorkerSpec:
     attention: str = "eager"
     device: str = "auto"
     """auto: NCCL on CUDA when torch sees GPUs, else gloo on CPU; cpu forces gloo."""
-    collective_timeout_s: float = 60.0
+    collective_timeout_s: float = PROCESS_GROUP_TIMEOUT_S
+    """Seconds ``init_process_group``'s store waits and each collective may take (see PROCESS_GROUP_TIMEOUT_S)."""
     fail_rank: int | None = None
     """A rank that raises on purpose before its first strategy (to exercise the error path); None for none."""
 
@@ -52,6 +68,13 @@ class WorkerSpec:
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad or not self.strategies:
             raise SetupError(f"unknown strategies {bad}: choose from {', '.join(STRATEGIES)}")
+        repeated = sorted({s for s in self.strategies if self.strategies.count(s) > 1})
+        if repeated:
+            raise SetupError(f"strategies repeat {', '.join(repeated)}: list each strategy once (each runs on every "
+                             "rank; a repeat would count its ranks twice in the mean over ranks)")
+        if not isinstance(self.collective_timeout_s, int | float) or self.collective_timeout_s <= 0:
+            raise SetupError(f"collective_timeout_s must be a positive number of seconds, got "
+                             f"{self.collective_timeout_s!r}")
         for name in ("batch", "seq", "steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -69,17 +92,20 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class DistributedRun:
-    """The rows of one launch (one per rank and strategy), the command and its wall time in seconds."""
+    """The rows of one launch (one per rank and strategy), the command, its wall time in seconds (start-up
+    included), the seconds until every rank was ready (``ready_s``) and the message of each retry."""
 
     world_size: int
     rows: tuple[dict[str, Any], ...]
     command: tuple[str, ...]
     wall_s: float
+    ready_s: float = float("nan")
+    retries: tuple[str, ...] = ()
     log_tail: str = field(default="", repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "rows": list(self.rows), "command": list(self.command),
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "ready_s": self.ready_s, "retries": list(self.retries)}
 
     def frame(self) -> Any:
         """pandas DataFrame, one row per (strategy, rank); ``comm`` expanded to ``<op>_volume_bytes`` columns."""
@@ -93,6 +119,27 @@ class DistributedRun:
                 row[f"{op}_volume_bytes"] = c["volume_bytes"]
             flat.append(row)
         return pd.DataFrame(flat)
+
+    def measured(self) -> list[dict[str, Any]]:
+        """The rows with ``status == "ok"``; a :class:`LaunchError` naming every strategy's reason when none is."""
+        ok = [r for r in self.rows if r.get("status") == "ok"]
+        if not ok:
+            reasons = {r.get("strategy", "?"): f"{r.get('status')}: {r.get('reason', '')}" for r in self.rows}
+            raise LaunchError(f"the launch of {self.world_size} rank(s) measured nothing: every strategy failed or "
+                              "was skipped; " + "; ".join(f"{s} {why}" for s, why in reasons.items()))
+        return ok
+
+
+@dataclass(frozen=True)
+class _Attempts:
+    """What :func:`_supervised` ran: the last attempt's outcome and command, every stage that ran (done ones of the
+    first attempt, then the last attempt's), their ready times in seconds and the retry messages."""
+
+    outcome: Outcome
+    command: list[str]
+    stages: tuple[Stage, ...]
+    ready_s: tuple[float, ...]
+    retries: tuple[str, ...]
 
 
 def torchrun_command(nproc_per_node: int, *, nnodes: int = 1, node_rank: int | None = None,
@@ -125,21 +172,60 @@ def _env(threads_per_rank: int) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONPATH": path}
 
 
-def _run(cmd: list[str], timeout_s: float, threads_per_rank: int, what: str) -> tuple[int, str, float]:
-    """Run ``cmd`` in its own session; on timeout kill the whole session (torchrun and every rank)."""
-    if not isinstance(timeout_s, int | float) or timeout_s <= 0:
-        raise SetupError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=PACKAGE_ROOT, env=_env(threads_per_rank), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        raise LaunchError(f"{what} ran past timeout_s={timeout_s:g} s and was killed with its ranks; raise "
-                          f"timeout_s or shrink the spec. Last lines of its log:\n{_tail(log or '')}") from None
-    return proc.returncode, log or "", time.perf_counter() - t0
+def _check_timeouts(**timeouts: float) -> None:
+    for name, value in timeouts.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise SetupError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def _retry_reason(out: Outcome, stages: list[Stage], start_timeout_s: float) -> str:
+    """Why a failed attempt is worth one more (a rank not ready in time, a rendezvous or store timeout), or ""."""
+    if out.failure == "start":
+        return (f"rank(s) {', '.join(map(str, out.not_ready))} of {stages[out.stage].ranks} did not signal ready "
+                f"(torch imported) within start_timeout_s={start_timeout_s:g} s")
+    if out.failure or out.returncode == 0:
+        return ""
+    texts = [out.log, *(f.read_text(errors="replace") for st in stages for f in st.path.glob("rank*.error"))]
+    hit = next((m for t in texts for m in [RENDEZVOUS_TIMEOUT.search(t)] if m), None)
+    return f"the ranks' rendezvous timed out ({hit.group(0)})" if hit else ""
+
+
+def _supervised(what: str, build: Callable[[int, int], tuple[list[str], list[Stage]]], *, timeout_s: float,
+                start_timeout_s: float, threads_per_rank: int, root: Path) -> _Attempts:
+    """Run ``build(attempt, first_stage)`` (its command and its stages, from stage ``first_stage`` on) under
+    :func:`supervise`; after a start-up or rendezvous timeout, warn and run the stages not yet complete ONCE more."""
+    done: list[Stage] = []
+    ready_s: list[float] = []
+    retries: list[str] = []
+    for attempt in (0, 1):
+        cmd, stages = build(attempt, len(done))
+        out = supervise(cmd, stages, cwd=PACKAGE_ROOT, env=_env(threads_per_rank), log_path=root / f"log{attempt}",
+                        start_timeout_s=start_timeout_s, timeout_s=timeout_s)
+        reason = _retry_reason(out, stages, start_timeout_s) if attempt == 0 else ""
+        if not reason:
+            return _Attempts(out, cmd, tuple(done + stages), (*ready_s, *out.ready_s), tuple(retries))
+        ok = next((i for i, st in enumerate(stages) if not st.complete()), len(stages))
+        done, ready_s = done + stages[:ok], ready_s + list(out.ready_s[:ok])
+        retries.append(f"{what}: {reason}; a cold or loaded machine starts ranks slowly, so its ranks were killed "
+                       "and the launch is retried once")
+        warnings.warn(retries[-1], RuntimeWarning, stacklevel=3)
+    raise AssertionError("unreachable: the second attempt always returns")
+
+
+def _raise_for(what: str, out: Outcome, retries: tuple[str, ...], timeout_s: float, start_timeout_s: float) -> None:
+    """A :class:`LaunchError` for a run that was killed (start-up or step past its clock); nothing otherwise."""
+    again = " (after one retry)" if retries else ""
+    left = f"; pid(s) {', '.join(map(str, out.survivors))} survived SIGKILL" if out.survivors else ""
+    if out.failure == "start":
+        raise LaunchError(f"{what}: rank(s) {', '.join(map(str, out.not_ready))} did not signal ready within "
+                          f"start_timeout_s={start_timeout_s:g} s{again}; the machine is too slow or too loaded for "
+                          f"this many ranks: launch fewer, or raise start_timeout_s. Killed {out.killed} rank "
+                          f"process(es){left}. Last lines of its log:\n{_tail(out.log)}")
+    if out.failure == "timeout":
+        ready = f" (in {out.ready_s[-1]:.1f} s)" if out.ready_s else ""
+        raise LaunchError(f"{what} ran past timeout_s={timeout_s:g} s after its ranks were ready{ready} and was "
+                          f"killed with its {out.killed} rank process(es){left}; raise timeout_s or shrink the spec. "
+                          f"Last lines of its log:\n{_tail(out.log)}")
 
 
 def _collect(out: Path, nproc: int, returncode: int, log: str) -> tuple[dict[str, Any], ...]:
@@ -158,69 +244,118 @@ def _collect(out: Path, nproc: int, returncode: int, log: str) -> tuple[dict[str
 
 
 def _check_spec(spec: WorkerSpec, largest: int) -> None:
+    """A WorkerSpec whose ``largest`` launch this machine can run and that measures something here."""
     if not isinstance(spec, WorkerSpec):
         raise SetupError(f"spec must be a memlab.run.distributed.launch.WorkerSpec, got {type(spec).__name__}")
+    capacity = machine_capacity(spec)
+    if not capacity.gpus and all(s in ACCELERATOR_ONLY for s in spec.strategies):
+        raise SetupError(f"{', '.join(spec.strategies)} need(s) an accelerator and would be skipped on these CPU "
+                         f"ranks: nothing to measure; add a strategy that runs on a CPU "
+                         f"({', '.join(s for s in STRATEGIES if s not in ACCELERATOR_ONLY)})")
+    capacity.check(largest)
+
+
+def machine_capacity(spec: WorkerSpec) -> RankCapacity:
+    """How many ranks of ``spec`` this machine runs at once (:mod:`memlab.run.distributed.capacity`): one per
+    visible GPU for NCCL ranks (``device="auto"`` with GPUs), else bounded by CPU cores and memory."""
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if spec.device == "auto" and gpus and largest > gpus:
-        raise SetupError(f"{largest} ranks need {largest} GPUs on this node, {gpus} visible: launch fewer ranks, or "
-                         "WorkerSpec(device='cpu') for gloo ranks on the CPU")
+    gpus = torch.cuda.device_count() if spec.device == "auto" and torch.cuda.is_available() else 0
+    return rank_capacity(spec.config, spec.batch, spec.seq, gpus=gpus)
+
+
+def _spec_json(spec: WorkerSpec, attempt: int, start_timeout_s: float) -> str:
+    """The spec as the ranks read it, with the handshake on (memlab's launcher gives go) and the attempt number."""
+    return json.dumps(spec.to_dict() | {"attempt": attempt, "handshake_timeout_s": start_timeout_s + GO_GRACE_S})
 
 
 def run_script(script: Path | str, args: list[str], nproc_per_node: int, *, timeout_s: float = 180.0,
                threads_per_rank: int = 1) -> str:
-    """Run any rank script under ``torchrun --standalone`` with the launcher's guarantees: killed with its ranks
-    after ``timeout_s``, a :class:`LaunchError` with the log's last lines on a non-zero exit. Returns the log."""
+    """Run any rank script under ``torchrun --standalone`` with the launcher's guarantees: killed with every rank
+    after ``timeout_s`` (start-up included: a plain script has no handshake), one retry after a rendezvous or store
+    timeout, a :class:`LaunchError` with the log's last lines on a non-zero exit. Returns the log."""
+    _check_timeouts(timeout_s=timeout_s)
+    what = f"torchrun {Path(script).name} with {nproc_per_node} rank(s)"
     cmd = [*torchrun_command(nproc_per_node), str(script), *map(str, args)]
-    code, log, _ = _run(cmd, timeout_s, threads_per_rank, f"torchrun {Path(script).name} with {nproc_per_node} rank(s)")
-    if code != 0:
-        raise LaunchError(f"torchrun {Path(script).name} with {nproc_per_node} rank(s) exited with {code}. "
-                          f"Last lines of its log:\n{_tail(log)}")
-    return log
+    with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
+        run = _supervised(what, lambda attempt, first: (cmd, []), timeout_s=timeout_s,
+                          start_timeout_s=timeout_s, threads_per_rank=threads_per_rank, root=Path(tmp))
+    _raise_for(what, run.outcome, run.retries, timeout_s, timeout_s)
+    if run.outcome.returncode != 0:
+        raise LaunchError(f"{what} exited with {run.outcome.returncode}. Last lines of its log:\n"
+                          f"{_tail(run.outcome.log)}")
+    return run.outcome.log
 
 
-def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0, threads_per_rank: int = 1) -> \
-        DistributedRun:
+def launch(spec: WorkerSpec, nproc_per_node: int, *, timeout_s: float = 120.0,
+           start_timeout_s: float = START_TIMEOUT_S, threads_per_rank: int = 1) -> DistributedRun:
     """Run ``spec`` on ``nproc_per_node`` local ranks with the ``torchrun`` command line; every rank's rows.
 
-    Raises :class:`LaunchError` (with the failing rank's traceback, or the last lines of torchrun's log) when a
-    rank fails, when a rank wrote nothing, or after ``timeout_s`` seconds (torchrun and its ranks are killed).
+    Every rank signals ready once torch is imported; the ranks get ``start_timeout_s`` seconds for that, then
+    ``timeout_s`` seconds for the work (the clock starts when all are ready). A rank not ready in time, or a
+    rendezvous/store timeout, is retried once with a RuntimeWarning (the message is also in
+    :attr:`DistributedRun.retries`). Raises :class:`LaunchError` (with the failing rank's traceback, or the last
+    lines of torchrun's log) when a rank fails, when a rank wrote nothing, or past either clock (torchrun and every
+    rank are killed first). Raises :class:`SetupError` for more ranks than :func:`machine_capacity` allows.
     ``threads_per_rank`` sets OMP_NUM_THREADS so N ranks do not oversubscribe the CPU cores.
     """
+    _check_timeouts(timeout_s=timeout_s, start_timeout_s=start_timeout_s)
     _check_spec(spec, nproc_per_node)
+    what = f"torchrun with {nproc_per_node} rank(s)"
     with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
-        cmd = [*torchrun_command(nproc_per_node), "-m", "memlab.run.distributed.worker", json.dumps(spec.to_dict()),
-               tmp]
-        code, log, wall = _run(cmd, timeout_s, threads_per_rank, f"torchrun with {nproc_per_node} rank(s)")
-        rows = _collect(Path(tmp), nproc_per_node, code, log)
-    return DistributedRun(nproc_per_node, rows, tuple(cmd), wall, _tail(log))
+        def build(attempt: int, first: int) -> tuple[list[str], list[Stage]]:
+            path = Path(tmp) / f"attempt{attempt}"
+            path.mkdir()
+            return ([*torchrun_command(nproc_per_node), "-m", "memlab.run.distributed.worker",
+                     _spec_json(spec, attempt, start_timeout_s), str(path)], [Stage(path, nproc_per_node)])
+
+        run = _supervised(what, build, timeout_s=timeout_s, start_timeout_s=start_timeout_s,
+                          threads_per_rank=threads_per_rank, root=Path(tmp))
+        _raise_for(what, run.outcome, run.retries, timeout_s, start_timeout_s)
+        rows = _collect(run.stages[0].path, nproc_per_node, run.outcome.returncode or 0, run.outcome.log)
+    out = run.outcome
+    ready_s = run.ready_s[0] if run.ready_s else float("nan")
+    return DistributedRun(nproc_per_node, rows, tuple(run.command), out.wall_s, ready_s, run.retries, _tail(out.log))
 
 
 def launch_sweep(spec: WorkerSpec, world_sizes: tuple[int, ...] = (1, 2, 4), *, timeout_s: float = 120.0,
-                 threads_per_rank: int = 1) -> dict[int, DistributedRun]:
+                 start_timeout_s: float = START_TIMEOUT_S, threads_per_rank: int = 1) -> dict[int, DistributedRun]:
     """Run ``spec`` at each world size, one launch after another, from ONE launcher process.
 
     The launcher (``python -m memlab.run.distributed.worker --sweep``) calls torchrun's launcher API
     (``elastic_launch``, what the ``torchrun`` command runs) for each N and forks the ranks from itself on a CPU, so
     torch is imported once instead of N + 1 times per launch: the same ranks, rendezvous and collectives, a few
-    seconds instead of tens. ``timeout_s`` bounds the whole sweep; errors as in :func:`launch`. ``wall_s`` of each run
-    is the sweep's.
+    seconds instead of tens. Each launch's ranks get ``start_timeout_s`` to be ready and then ``timeout_s`` for
+    their work; the retry (the sizes not yet done) and the errors are :func:`launch`'s. ``wall_s`` of each run is
+    the sweep's (its last attempt's).
     """
     sizes = tuple(world_sizes)
     if not sizes or any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in sizes):
         raise SetupError(f"world_sizes must be positive integers, got {world_sizes!r}")
+    if len(set(sizes)) != len(sizes):
+        raise SetupError(f"world_sizes repeat a size: {world_sizes!r}; list each once")
+    _check_timeouts(timeout_s=timeout_s, start_timeout_s=start_timeout_s)
     _check_spec(spec, max(sizes))
+    what = f"the launches over {sizes} rank(s)"
     with tempfile.TemporaryDirectory(prefix="memlab-dist-") as tmp:
-        cmd = [sys.executable, "-m", "memlab.run.distributed.worker", "--sweep", json.dumps(spec.to_dict()), tmp,
-               ",".join(map(str, sizes))]
-        code, log, wall = _run(cmd, timeout_s, threads_per_rank, f"the launches over {sizes} rank(s)")
+        def build(attempt: int, first: int) -> tuple[list[str], list[Stage]]:
+            path = Path(tmp) / f"attempt{attempt}"
+            todo = sizes[first:]
+            return ([sys.executable, "-m", "memlab.run.distributed.worker", "--sweep",
+                     _spec_json(spec, attempt, start_timeout_s), str(path), ",".join(map(str, todo))],
+                    [Stage(path / f"n{n}", n) for n in todo])
+
+        run = _supervised(what, build, timeout_s=timeout_s, start_timeout_s=start_timeout_s,
+                          threads_per_rank=threads_per_rank, root=Path(tmp))
+        _raise_for(what, run.outcome, run.retries, timeout_s, start_timeout_s)
+        code, log = run.outcome.returncode or 0, run.outcome.log
         out: dict[int, DistributedRun] = {}
-        for n in sizes:
-            path = Path(tmp) / f"n{n}"
-            if code != 0 and not list(path.glob("rank*.error")) and not (path / "rank0.json").exists():
+        for n, stage, ready_s in zip(sizes, run.stages, (*run.ready_s, *[float("nan")] * len(sizes)), strict=False):
+            path = stage.path
+            if not stage.complete() and not list(path.glob("rank*.error")) and not (path / "rank0.json").exists():
                 raise LaunchError(f"the launch with {n} rank(s) did not start or failed (exit {code}). "
                                   f"Last lines of its log:\n{_tail(log)}")
-            rows = _collect(path, n, 0 if (path / f"rank{n - 1}.json").exists() else code, log)
-            out[n] = DistributedRun(n, rows, tuple(torchrun_command(n)), wall, _tail(log))
+            rows = _collect(path, n, 0 if stage.complete() else code, log)
+            out[n] = DistributedRun(n, rows, tuple(torchrun_command(n)), run.outcome.wall_s, ready_s, run.retries,
+                                    _tail(log))
     return out

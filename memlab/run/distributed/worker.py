@@ -19,8 +19,11 @@ on the device and on the host), the largest bytes of gathered (unsharded) parame
 every collective the step issued (counted at the dispatcher, ``c10d::*`` ops, which DDP's C++ reducer and FSDP2's
 Python code both go through), as ZeRO's volume convention (:mod:`memlab.predict.communication`).
 
-Each rank writes ``OUT_DIR/rank<R>.json`` (a list of rows) or, on failure, ``OUT_DIR/rank<R>.error`` with the
-traceback, then exits non-zero so torchrun stops the others.
+Under memlab's launcher a rank first signals ready and waits for go (:mod:`memlab.run.distributed.handshake`), so
+``init_process_group`` starts with every rank present. DDP (and ZeRO-1 under it) over an MoE model sets
+``find_unused_parameters``: an expert no token chose has no gradient. Each rank writes ``OUT_DIR/rank<R>.json`` (a
+list of rows) or, on failure, ``OUT_DIR/rank<R>.error`` with the traceback, then exits non-zero so torchrun stops
+the others.
 """
 
 from __future__ import annotations
@@ -49,8 +52,16 @@ from memlab.model.step import Meter, TrainingStep, token_batch, train_step
 from memlab.predict.communication import collective_volume_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
+from memlab.run.distributed.handshake import handshake
 
 STRATEGIES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload")
+ACCELERATOR_ONLY = ("fsdp2-offload",)
+"""Strategies a CPU-only run skips (with the reason): offloading moves shards from an accelerator to the host."""
+PROCESS_GROUP_TIMEOUT_S = 300.0
+"""Seconds ``init_process_group``'s store may wait for a peer and each collective may take. memlab's launcher
+starts the rendezvous only when every rank has imported torch (the handshake), so this covers a rank descheduled on
+a loaded machine (N ranks time-sharing few cores), not a slow import; five times the 60 s that ran out in memlab
+issue 23. The launcher's own ``timeout_s`` still stops a hung launch sooner."""
 
 # c10d op -> (collective, index of the argument holding the full buffer). Functional collectives
 # (_c10d_functional, used by DTensor) give the local input and the group size instead.
@@ -163,11 +174,15 @@ def _wrap(strategy: str, model: GPT, device: torch.device) -> tuple[torch.nn.Mod
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
+    # An MoE expert that no token of this rank's batch chose has no gradient: DDP's reducer would wait for it
+    # forever (and the peers in the all-reduce with it). find_unused_parameters marks such parameters ready after
+    # each forward (a graph traversal per step), as torch's DDP documentation prescribes for models like this one.
+    unused = model.config.n_experts > 1
     if strategy == "ddp":
-        ddp = DistributedDataParallel(model, device_ids=ids)
+        ddp = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
         return ddp, torch.optim.AdamW(ddp.parameters(), foreach=False)
     if strategy == "zero1":
-        ddp = DistributedDataParallel(model, device_ids=ids)
+        ddp = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
         return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, foreach=False)
     kwargs: dict[str, Any] = {"reshard_after_forward": strategy != "fsdp2-zero2"}
     if strategy == "fsdp2-offload":
@@ -184,7 +199,7 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
     batch, seq, seed = int(spec["batch"]), int(spec["seq"]), int(spec.get("seed", 0))
     base = {"strategy": strategy, "rank": rank, "world_size": world, "device": str(device),
             "backend": dist.get_backend(), "model": cfg.name, "batch": batch, "seq": seq, "status": "ok"}
-    if strategy == "fsdp2-offload" and device.type != "cuda":
+    if strategy in ACCELERATOR_ONLY and device.type != "cuda":
         return base | {"status": "skipped", "reason": "CPUOffloadPolicy moves shards from an accelerator to the "
                        "host; on a CPU-only run both are the same memory"}
     torch.manual_seed(seed)
@@ -233,8 +248,13 @@ def _guarded(strategy: str, spec: dict[str, Any], rank: int, world: int, device:
 
 
 def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
-    """Initialise the process group (NCCL on CUDA, gloo on CPU), run every strategy, write this rank's rows."""
+    """Initialise the process group (NCCL on CUDA, gloo on CPU), run every strategy, write this rank's rows.
+
+    Under memlab's launcher (``handshake_timeout_s`` in the spec) the rank first signals ready and waits for go
+    (:mod:`memlab.run.distributed.handshake`), so ``init_process_group`` starts with every rank present."""
     out_dir = Path(out_dir)
+    if "handshake_timeout_s" in spec:
+        handshake(out_dir, int(os.environ["RANK"]), int(spec.get("attempt", 0)), float(spec["handshake_timeout_s"]))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = device_type(spec.get("device", "auto")) == "cuda"
     if use_cuda and local >= torch.cuda.device_count():
@@ -244,7 +264,8 @@ def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     if use_cuda:
         torch.cuda.set_device(device)
     backend = spec.get("backend") or ("nccl" if use_cuda else "gloo")
-    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("collective_timeout_s", 60))))
+    timeout = timedelta(seconds=float(spec.get("collective_timeout_s", PROCESS_GROUP_TIMEOUT_S)))
+    dist.init_process_group(backend, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         if spec.get("fail_rank") == rank:
