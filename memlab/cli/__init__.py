@@ -4,9 +4,9 @@ Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled),
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
 stderr and exits with status 2, never a traceback: an unknown flag names the closest flag of that subcommand
 (:data:`SYNONYMS` for other tools' spellings, then difflib), an invalid choice names the option that takes the value,
-and an OSError while writing (a full disk, stdout to ``/dev/full``) is that one line too. Each subcommand is a
-module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are declared once in
-:mod:`memlab.cli.args`.
+and an OSError while writing (a full disk, stdout to ``/dev/full``, stdout closed) is that one line too. Each
+subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are
+declared once in :mod:`memlab.cli.args`.
 
 Subcommands are data: :data:`COMMANDS` holds ``Command(name, help, add_arguments, run)`` entries; add one to
 extend the tool. A ``passthrough`` command gets its remaining arguments unparsed (``args.rest``) and parses them
@@ -146,6 +146,8 @@ def build_parser(commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentP
 def main(argv: list[str] | None = None) -> int:
     """Run ``memlab`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (2 on bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with stdout closed (`memlab gpus >&-`): every print() would vanish silently
+        return _fail("cannot write standard output: it is closed; redirect it to a file or /dev/null")
     parser = build_parser()
     try:
         passthrough = {c.name: c for c in COMMANDS if c.passthrough}

@@ -185,6 +185,17 @@ def test_stdout_to_dev_full_is_one_line(argv: list[str]) -> None:
     assert proc.stderr.strip().splitlines() == ["memlab: error: cannot write standard output: No space left on device"]
 
 
+@pytest.mark.parametrize("argv", [["gpus"], ["gpus", "--json"]])
+def test_stdout_closed_is_one_line(argv: list[str]) -> None:
+    # `memlab gpus >&-`: the interpreter starts with sys.stdout None, where print() drops every line silently
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-m", "memlab", *argv], env=env, timeout=120, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "memlab: error: cannot write standard output: it is closed; redirect it to a file or /dev/null"]
+
+
 def test_a_fifo_as_the_sweep_file_fails_fast(tmp_path: Path) -> None:
     fifo = tmp_path / "sweep.jsonl"
     os.mkfifo(fifo)
