@@ -78,7 +78,7 @@ BAD: dict[str, list[list[str]]] = {
         ["report", "--device", dev] for dev in ("garbage", "", "mps", "meta")
     ] + [
         ["report", "--out", out] for out in ("/dev/null", "{tmp}/file", "{tmp}/file/sub", f"{{tmp}}/{LONG}")
-    ],
+    ] + [["report", "--bogus"], ["report", "--scale", "huge"], ["report", "--timeout", "-1"], ["report", "--only"]],
     "gpus": [["gpus", "--jsn"]],
     "(none)": [[], ["frobnicate"], ["--version-x"]],
 }
