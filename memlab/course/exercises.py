@@ -273,6 +273,23 @@ class Numeric(_Exercise):
                     raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number or a "
                                       "callable and the message a non-empty string.")
 
+    def expected(self) -> float:
+        """The reference answer, computed now, as a finite float. A reference that returns anything else (None,
+        NaN, a string, a bool) is the exercise author's bug: a :class:`ConfigError` naming the exercise, never a
+        TypeError, and never a learner graded against NaN."""
+        value = self.reference()
+        number = None
+        if not isinstance(value, str | bytes) and not _is_bool(value):  # a 0-d tensor or numpy scalar converts
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                number = None
+        if number is None or not math.isfinite(number):
+            raise ConfigError(f"exercise {self.name!r}: its reference returned {clip(value)} "
+                              f"({type(value).__name__}), not a finite number: the exercise's reference is broken, "
+                              "not the answer.")
+        return number
+
     def _format(self, value: Any) -> str:
         number = float(value)
         text = f"{number:,.0f}" if abs(number) >= 1e4 and number == round(number) else f"{number:.4g}"
@@ -287,7 +304,7 @@ class Numeric(_Exercise):
         except ConfigError as err:
             return self._result("invalid", f"{err} Hint: {self.hint}", answer, solutions, self.unit)
         value = number * _UNITS[given][1] / _UNITS[self.unit][1]
-        expected = float(self.expected())
+        expected = self.expected()
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
             return self._result("correct", f"Correct: {self._format(value)} is within {self.rtol:.0%}.", answer,
                                 solutions, self.unit)

@@ -14,7 +14,7 @@ import pytest
 from memlab.errors import MemlabError, SetupError
 from memlab.predict import flops
 from memlab.predict.estimate import Overheads, estimate, sweep_totals
-from memlab.predict.hardware import gpu
+from memlab.predict.hardware import gpu, resolve
 from memlab.predict.hardware_table import Accelerator
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.precision import precision_policy
@@ -168,6 +168,41 @@ ACCEL_BAD = [
 def test_accelerator_rows_reject(field: str, value: object) -> None:
     with pytest.raises(MemlabError):
         Accelerator(**{**ROW, field: value})
+
+
+@pytest.mark.parametrize("call", [
+    lambda: flops.flops_per_token(TINY, 10**400), lambda: flops.forward_flops(TINY, 10**400, 8),
+    lambda: flops.step_time_to_tokens_per_second(1.0, 1, 10**400),
+    lambda: flops.megatron_closed_form(1, 8, 10**400, 64, 100),
+    lambda: gpu("h100-sxm").peak(None), lambda: gpu("h100-sxm").sparse_peak(None), lambda: gpu("h100-sxm").peak(16),
+    lambda: resolve("NVIDIA H100 80GB HBM3", "80"), lambda: resolve("NVIDIA H100 80GB HBM3", [110]),
+    lambda: resolve("NVIDIA H100 80GB HBM3", 80.0 * 2**30),
+    lambda: resolve("AMD Instinct MI250X/MI250", multiprocessor_count=[110]),
+], ids=["flops_per_token-huge-seq", "forward_flops-huge-batch", "tokens_per_second-huge-seq",
+        "megatron-huge-layers", "peak-None", "sparse_peak-None", "peak-16", "resolve-memory-str",
+        "resolve-memory-list", "resolve-memory-float", "resolve-cus-list"])
+def test_odd_arguments_are_memlab_errors_not_python_ones(call) -> None:
+    with pytest.raises(MemlabError) as err:
+        call()
+    assert "\n" not in str(err.value) and len(str(err.value)) < 600
+
+
+def test_resolve_still_matches_a_real_device() -> None:
+    assert resolve("NVIDIA H100 80GB HBM3", 80 * 2**30 - 2**28).key == "h100-sxm"
+    assert resolve("AMD Instinct MI250X/MI250", multiprocessor_count=110).key == "mi250x"
+
+
+@pytest.mark.parametrize("memory", [0, -1, 1.5e9, None, "80GB"], ids=repr)
+def test_fits_refuses_a_device_without_a_usable_memory(memory: object) -> None:
+    from memlab.predict.fit import fits, max_batch
+    from memlab.predict.hardware import DeviceInfo
+
+    dev = DeviceInfo(kind="cpu", name="odd host", accelerator=None, total_memory_bytes=memory, peak_flops={},
+                     peak_source="unknown", peak_reason="test", torch_version=None, cuda_version=None,
+                     driver_version=None, cpu_count=1)
+    for call in (lambda: fits(estimate(TINY, Setup(seq=8)), dev), lambda: max_batch(TINY, Setup(seq=8), dev)):
+        with pytest.raises(SetupError, match="memory"):
+            call()
 
 
 # -- estimate, sweep_totals --------------------------------------------------------------------------------------
