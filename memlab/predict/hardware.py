@@ -22,10 +22,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import UnknownNameError, unknown_name
+from memlab.predict.frozen import FrozenDict
 from memlab.predict.hardware_table import ALIASES, GPUS, PEAK_DTYPES, Accelerator
 from memlab.predict.validate import LIMITS, check_int
 
@@ -193,7 +193,7 @@ class DeviceInfo:
     cpu_count: int | None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "peak_flops", MappingProxyType({d: self.peak_flops.get(d) for d in PEAK_DTYPES}))
+        object.__setattr__(self, "peak_flops", FrozenDict({d: self.peak_flops.get(d) for d in PEAK_DTYPES}))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready); the accelerator row is nested as its own dict."""

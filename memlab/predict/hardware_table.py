@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any
 
 from memlab.errors import MemlabError, unknown_name
+from memlab.predict.frozen import FrozenDict
 from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_number, show
 
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -64,13 +65,13 @@ class Accelerator(StrictInit):
             if v is not None:
                 check_number(f"peak_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=LIMITS["peak_flops"].max,
                              why=LIMITS["peak_flops"].why, owner=f"Accelerator {self.key!r}", err=MemlabError)
-        object.__setattr__(self, "peak_flops", MappingProxyType(peaks))
+        object.__setattr__(self, "peak_flops", FrozenDict(peaks))
         sparse = dict(self.printed_sparse_flops or {})
         for d, v in sparse.items():
             if d not in PEAK_DTYPES or not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise MemlabError(f"{self.key}: printed sparse figure for {d!r} must be a positive number for one of "
                                   f"{', '.join(PEAK_DTYPES)}, got {v!r}")
-        object.__setattr__(self, "printed_sparse_flops", MappingProxyType(sparse))
+        object.__setattr__(self, "printed_sparse_flops", FrozenDict(sparse))
 
     @property
     def memory_gib(self) -> float:

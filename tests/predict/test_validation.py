@@ -126,7 +126,7 @@ def test_strict_dataclasses_still_copy_pickle_and_hash() -> None:
     import copy
     import pickle
 
-    for obj in (TINY, Setup(batch=2), Overheads(workspace_bytes=5)):
+    for obj in (TINY, Setup(batch=2), Overheads(workspace_bytes=5), gpu("h100-sxm")):
         assert copy.deepcopy(obj) == obj == pickle.loads(pickle.dumps(obj)) and hash(obj) == hash(copy.copy(obj))
 
 
