@@ -26,6 +26,7 @@ from typing import Any
 
 from memlab.cli import estimate, gpus, measure, mfu, report, shard, trace
 from memlab.errors import MemlabError
+from memlab.predict.validate import canonical_choice
 
 
 class _UsageError(Exception):
@@ -73,6 +74,14 @@ def _choice_hint(parser: argparse.ArgumentParser, message: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        # A choice is read as the API reads one (memlab.predict.validate.canonical_choice): '--precision BF16' and
+        # '--attention " flash"' name bf16 and flash, as Setup(precision="BF16") does; the run prints the canonical
+        # name. The subcommand names are not choices of this kind.
+        if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+            arg_string = canonical_choice(arg_string, action.choices)
+        return super()._get_value(action, arg_string)
+
     def error(self, message: str) -> Any:  # argparse would print the usage and exit; we want one line
         if message.startswith("unrecognized arguments: "):
             options = [s for a in self._actions for s in a.option_strings]

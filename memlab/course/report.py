@@ -36,6 +36,7 @@ from memlab.course.provenance import provenance
 from memlab.course.render import render_index
 from memlab.device import SCALES, device_string, resolve_scale
 from memlab.errors import MemlabError
+from memlab.predict.validate import canonical_choice
 
 CACHE_VERSION = 1
 NOTEBOOK_GLOB = "[0-9][0-9]_*.py"
@@ -293,6 +294,11 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         raise MemlabError(f"{message} (see '{self.prog} --help')")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:  # '--scale CI' is ci, as everywhere
+        if action.choices is not None:
+            arg_string = canonical_choice(arg_string, action.choices)
+        return super()._get_value(action, arg_string)
 
 
 def _positive_int(text: str) -> int:

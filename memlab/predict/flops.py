@@ -31,7 +31,7 @@ from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import RECOMPUTE, Recompute
-from memlab.predict.validate import LIMITS, check_int, check_number
+from memlab.predict.validate import LIMITS, canonical_choice, check_int, check_number
 
 _pos_int = functools.partial(check_int, err=SetupError)
 """A count (batch, seq, dims) >= 1, or the :class:`SetupError` naming it (``err=ConfigError`` for a model's)."""
@@ -49,6 +49,7 @@ _pos_num = functools.partial(check_number, lo=0.0, lo_open=True, err=SetupError)
 
 
 def _check_recompute(recompute: str) -> str:
+    recompute = canonical_choice(recompute, RECOMPUTE)
     if recompute not in RECOMPUTE:
         raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     return recompute
@@ -271,9 +272,10 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=LIMITS["tokens_per_s"].max,
                        why=LIMITS["tokens_per_s"].why, err=SetupError)
     n_dev = check_int("num_devices", num_devices, hi=LIMITS["devices"].max, why=LIMITS["devices"].why, err=SetupError)
+    dtype = canonical_choice(dtype, PEAK_DTYPES)
     if dtype not in PEAK_DTYPES:
         raise unknown_name("dtype", str(dtype), PEAK_DTYPES)
-    _check_recompute(recompute)
+    recompute = _check_recompute(recompute)
     model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token)
 
     label: str | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from memlab.errors import MemlabError, unknown_name
 from memlab.predict.frozen import FrozenDict
-from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_number, show
+from memlab.predict.validate import LIMITS, StrictInit, canonical_choice, check_fields, check_number, show
 
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """The dtypes every peak table carries, in display order (int8 in integer op/s)."""
@@ -84,13 +84,16 @@ class Accelerator(StrictInit):
         return self.source if self.measured else f"table: {self.source}"
 
     def peak(self, dtype: str) -> float | None:
-        """Dense peak FLOP/s for ``dtype`` (one of :data:`PEAK_DTYPES`), None when unsupported or unpublished."""
+        """Dense peak FLOP/s for ``dtype`` (one of :data:`PEAK_DTYPES`, any case), None when unsupported or
+        unpublished."""
+        dtype = canonical_choice(dtype, PEAK_DTYPES)
         if dtype not in PEAK_DTYPES:
             raise unknown_name("dtype", dtype, PEAK_DTYPES)
         return self.peak_flops[dtype]
 
     def sparse_peak(self, dtype: str) -> float | None:
         """The datasheet's printed "with sparsity" FLOP/s for ``dtype``; None where the source prints none."""
+        dtype = canonical_choice(dtype, PEAK_DTYPES)
         if dtype not in PEAK_DTYPES:
             raise unknown_name("dtype", dtype, PEAK_DTYPES)
         return self.printed_sparse_flops.get(dtype)

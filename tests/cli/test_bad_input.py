@@ -136,6 +136,27 @@ def test_errors_point_to_the_fix(capsys: pytest.CaptureFixture[str], argv: list[
     assert hint in _error(capsys, *argv)
 
 
+@pytest.mark.parametrize("device", ["CPU", " cpu", "Cpu:0 "])
+def test_a_device_in_any_case_is_resolved_once_and_shown_canonically(device: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.cli import build_parser
+
+    # The one resolver (memlab.device.resolve_device) reads the name; measure, ledger and report get its canonical
+    # form, and the run names it ("on cpu"), so the normalisation is visible, never a silent second reading.
+    for argv in (["measure", *TINY, "--device", device], ["ledger", "--device", device]):
+        assert build_parser().parse_args(argv).device == "cpu"
+    assert cli.main(["measure", *TINY, "--device", device, "--steps", "1", "--seq", "8"]) == 0
+    assert capsys.readouterr().out.startswith("memlab measure: tiny-gpt on cpu (cpu), status ok")
+
+
+def test_choices_on_the_command_line_follow_the_apis_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    # Setup(precision="BF16") is bf16, so is --precision BF16 (memlab.predict.validate.canonical_choice)
+    assert cli.main(["estimate", *TINY, "--precision", "BF16", "--attention", " Flash", "--json"]) == 0
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    assert (setup["precision"], setup["attention"]) == ("bf16", "flash")
+    assert "invalid choice: 'bf17'" in _error(capsys, "estimate", *TINY, "--precision", "bf17")
+
+
 def test_max_seq_works_with_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["estimate", "--preset", "gpt2", "--max-seq", "4096", "--seq", "4096", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)

@@ -77,6 +77,38 @@ def test_setup_rejects(field: str, value: object) -> None:
     _raises_one_memlab_error(lambda: Setup(**{field: value}), name)
 
 
+def _string_choices(cls: type) -> list[tuple[str, str]]:
+    return [(r.name, c) for r in field_rules(cls) for c in (r.choices or ()) if isinstance(c, str)]
+
+
+@pytest.mark.parametrize("spell", [str.upper, lambda c: f" {c.title()}\t"], ids=["upper", "title-spaced"])
+def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -> None:
+    from memlab.predict.traits import Implementation
+
+    for field, choice in _string_choices(Setup):
+        extra = {"tp": 2} if field == "sp" else {}
+        if field == "optimizer_impl" and choice == "fused":
+            extra["optimizer"] = "adamw"
+        assert getattr(Setup(**{field: spell(choice)}, **extra), field) == choice
+        assert Setup(**{field: spell(choice)}, **extra) == Setup(**{field: choice}, **extra)
+    for field, choice in _string_choices(TransformerConfig):
+        assert getattr(TransformerConfig(**DIMS, **{field: spell(choice)}), field) == choice
+    for field, choice in _string_choices(Implementation):
+        assert getattr(Implementation(**{field: spell(choice)}), field) == choice
+
+
+def test_choice_arguments_follow_the_same_rule() -> None:
+    from memlab.predict.inference import kv_cache_bytes
+
+    assert gpu("h100-sxm").peak(" BF16") == gpu("h100-sxm").peak("bf16")
+    assert flops.mfu(7e9, 1e3, accelerator="h100-sxm", dtype="FP8") == flops.mfu(7e9, 1e3, accelerator="h100-sxm",
+                                                                                dtype="fp8")
+    assert flops.megatron_iteration_flops(TINY, 1, 8, "Full") == flops.megatron_iteration_flops(TINY, 1, 8, "full")
+    assert kv_cache_bytes(TINY, 1, 8, "BF16", 1) == kv_cache_bytes(TINY, 1, 8, "bf16", 1)
+    with pytest.raises(MemlabError, match=r"FP64.*Closest: fp32"):
+        Setup(precision="FP64")  # a spelling of no choice is still refused, with the closest names
+
+
 def test_setup_with_revalidates() -> None:
     with pytest.raises(MemlabError, match="zero_stage"):
         Setup().with_(zero_stage=True)
