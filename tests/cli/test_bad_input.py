@@ -122,7 +122,13 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     (["measure", *TINY, "--device", "cpu", "--steps", "1", "--world-size", "2"], "an option of estimate"),
     (["estimate", *TINY, "--mode", "inference", "--precision", "fp16"], "did you mean --weights fp16?"),
     (["estimate", *TINY, "--mode", "inference", "--precision", "bf16"], "--weights"),
-    (["estimate", "--preset", "gpt2", "--seq", "4096"], "--max-seq N, also with --preset"),
+    (["estimate", "--preset", "gpt2", "--seq", "4096"], "explicit dimensions with --max-seq N"),
+    (["estimate", "--preset", "gpt2", "--max-seq", "4096"], "a table of 1,024 rows"),
+    (["estimate", "--preset", "gpt2", "--max-seq", "512"], "a table of 1,024 rows"),
+    (["estimate", *TINY, "--weights", "int4"], "only for inference"),
+    (["measure", *TINY, "--device", "cpu", "--kv-dtype", "fp8"], "only for inference"),
+    (["measure", *TINY, "--device", "cpu", "--mode", "inference", "--seq", "1", "--steps", "2"], "prefill"),
+    (["measure", *TINY, "--device", "cpu", "--mode", "inference", "--seq", "8", "--steps", "8"], "prefill"),
     (["estimate", *TINY, "--n-layers", "2"], "explicit dimensions"),
     (["estimate", "--d-model", "64", "--n-heads", "4", "--n-layers", str(10**6)], "DeepNet"),
     (["estimate", *TINY, "--seq", str(10**9)], "longest published context"),
@@ -157,10 +163,15 @@ def test_choices_on_the_command_line_follow_the_apis_rule(capsys: pytest.Capture
     assert "invalid choice: 'bf17'" in _error(capsys, "estimate", *TINY, "--precision", "bf17")
 
 
-def test_max_seq_works_with_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["estimate", "--preset", "gpt2", "--max-seq", "4096", "--seq", "4096", "--json"]) == 0
+def test_max_seq_works_with_a_rotary_preset_and_explicit_dimensions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["estimate", "--preset", "tiny-llama", "--max-seq", "4096", "--seq", "4096", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["model"]["max_seq"] == 4096 and d["setup"]["seq"] == 4096
+    assert cli.main(["estimate", "--preset", "gpt2", "--max-seq", "1024", "--json"]) == 0, "the table's own size"
+    assert json.loads(capsys.readouterr().out)["model"]["max_seq"] == 1024
+    dims = ["--d-model", "64", "--n-heads", "4", "--n-layers", "2", "--max-seq", "4096", "--seq", "4096", "--json"]
+    assert cli.main(["estimate", *dims]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["max_seq"] == 4096
 
 
 def test_global_batch_is_not_multiplied_by_the_gpus(capsys: pytest.CaptureFixture[str]) -> None:
