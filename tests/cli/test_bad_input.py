@@ -263,3 +263,82 @@ def test_writing_turns_an_oserror_into_the_one_line_error(tmp_path: Path) -> Non
 
     with pytest.raises(MemlabError, match=r"cannot write .*No space left on device"), writing(tmp_path / "x"):
         raise OSError(errno.ENOSPC, "No space left on device")
+
+
+# -- generated: random argument lists over every subcommand --------------------------------------------------------
+class _Reached(Exception):
+    """Raised by the stubs where a subcommand would start its real work: the input got through validation."""
+
+
+def _reached(*args, **kwargs):
+    raise _Reached
+
+
+FUZZ_VALUES = ["", " ", "0", "1", "2", "8", "-1", "3.5", "1e400", "nan", "inf", "10" * 30, "x" * 300, "CPU", " cpu",
+               "cuda:9", "auto", "tiny-gpt", "tiny-llama", "gpt2", "GPT2", "h100-sxm", "inference", "train", "int4",
+               "BF16", "fp8", "full", "flash", "4096", "7e9", "1e12", "--", "-", "=", "\x00", "é", "--x=1"]
+"""Values a fuzzed option gets: valid ones in odd spellings, bounds, non-numbers, control characters."""
+FUZZ_BASE = {"estimate": TINY, "trace": TINY, "measure": [*TINY, "--device", "cpu"], "ledger": ["--device", "cpu"],
+             "mfu": ["--gpu", "h100-sxm", "--preset", "tiny-gpt", "--seq", "64", "--tokens-per-second", "1e3"],
+             "shard": ["--cpu"], "report": ["--device", "cpu"]}
+"""A valid start for half the argument lists, so the fuzzed options reach the checks after parsing."""
+FUZZ_SKIP = {"--hf-config"}
+"""Flags left out: ``trace --hf-config`` reads a file (its input is another issue's)."""
+
+
+REPORT_FLAGS = ["--scale", "--device", "--seed", "--force", "--only", "--out", "--notebooks", "--solutions",
+                "--timeout", "--no-progress"]
+"""``memlab report``'s flags (its own parser, :mod:`memlab.course.report`)."""
+
+
+def _flags(name: str) -> list[str]:
+    from memlab.cli import build_parser
+
+    if name == "report":
+        return REPORT_FLAGS
+    sub = next(a for a in build_parser()._actions if a.choices and name in a.choices).choices[name]
+    return sorted({s for a in sub._actions for s in a.option_strings if s not in FUZZ_SKIP and s not in ("-h",
+                                                                                                      "--help")})
+
+
+@pytest.mark.parametrize("command", [c.name for c in cli.COMMANDS])
+def test_random_arguments_are_exit_0_or_one_error_line(command: str, tmp_path: Path, monkeypatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    import memlab.course.report
+    import memlab.run.distributed.launch
+    import memlab.run.runner
+    import memlab.run.sweep
+    import memlab.tracing.gpt
+
+    # Where each subcommand's real work starts (a model run, a sweep, notebooks, torchrun, a trace) the stub stops
+    # it: everything before, the parsing and every check, runs for real.
+    for module, name in ((memlab.run.runner, "_train"), (memlab.run.runner, "_infer"), (memlab.run.sweep, "sweep"),
+                         (memlab.course.report, "build"), (memlab.run.distributed.launch, "launch"),
+                         (memlab.tracing.gpt, "trace_gpt")):
+        monkeypatch.setattr(module, name, _reached)
+    monkeypatch.chdir(tmp_path)  # a default output folder (build/ledger) lands here
+    flag, value = st.sampled_from(_flags(command)), st.sampled_from(FUZZ_VALUES)
+    option = st.one_of(st.tuples(flag, value), st.tuples(flag), st.tuples(value))
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(st.sampled_from([[], FUZZ_BASE.get(command, [])]), st.lists(option, max_size=5))
+    def check(base: list[str], options: list[tuple[str, ...]]) -> None:
+        rest = [*base, *(w for o in options for w in o)]
+        capsys.readouterr()
+        try:
+            code = cli.main([command, *rest])
+        except _Reached:
+            return
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err and "Traceback" not in out
+        if code == 2:
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("memlab: error: ") and len(lines[0]) < 2100, err
+        else:
+            assert code == 0, f"{[command, *rest]}: exit {code}; stderr {err[:300]!r}"
+
+    check()
