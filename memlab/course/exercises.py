@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from memlab.errors import ConfigError
+from memlab.predict.validate import StrictInit
 
 Status = Literal["correct", "incorrect", "unanswered", "invalid"]
 
@@ -188,13 +189,19 @@ class Result:
 
 
 @dataclass(frozen=True)
-class _Exercise:
+class _Exercise(StrictInit):
+    _error = ConfigError  # an unknown or missing field (StrictInit): the author's slip, named
+
     name: str
     question: str
     reference: Callable[[], Any]
     hint: str
 
     def __post_init__(self) -> None:
+        for text in ("name", "question", "hint"):
+            if not isinstance(getattr(self, text), str):
+                raise ConfigError(f"exercise {clip(self.name)}: {text} must be a string, got "
+                                  f"{clip(getattr(self, text))} ({type(getattr(self, text)).__name__}).")
         if not callable(self.reference):
             raise ConfigError(f"exercise {self.name!r}: reference must be a callable that computes the answer "
                               "with memlab (e.g. lambda: ...), not a typed-in value.")
@@ -370,6 +377,9 @@ class Choice(_Exercise):
         super().__post_init__()
         if not isinstance(self.options, Mapping) or len(self.options) < 2:
             raise ConfigError(f"exercise {self.name!r}: a choice needs at least two options.")
+        if self.diagnoses is not None and not isinstance(self.diagnoses, Mapping):
+            raise ConfigError(f"exercise {self.name!r}: diagnoses must map an option key to a message, got "
+                              f"{clip(self.diagnoses)}.")
         stray = set(self.diagnoses or {}) - set(self.options)
         if stray:
             raise ConfigError(f"exercise {self.name!r}: diagnoses for {sorted(map(str, stray))}, which are not "

@@ -6,7 +6,6 @@ conventions every row follows are in that module's docstring. No torch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -66,11 +65,16 @@ class Accelerator(StrictInit):
                 check_number(f"peak_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=LIMITS["peak_flops"].max,
                              why=LIMITS["peak_flops"].why, owner=f"Accelerator {self.key!r}", err=MemlabError)
         object.__setattr__(self, "peak_flops", FrozenDict(peaks))
-        sparse = dict(self.printed_sparse_flops or {})
+        if not isinstance(self.printed_sparse_flops, Mapping):
+            raise MemlabError(f"{self.key}: printed_sparse_flops must be a mapping dtype -> FLOP/s, got "
+                              f"{show(self.printed_sparse_flops)}")
+        sparse = dict(self.printed_sparse_flops)
         for d, v in sparse.items():
-            if d not in PEAK_DTYPES or not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise MemlabError(f"{self.key}: printed sparse figure for {d!r} must be a positive number for one of "
-                                  f"{', '.join(PEAK_DTYPES)}, got {v!r}")
+            if d not in PEAK_DTYPES:
+                raise MemlabError(f"{self.key}: printed sparse figure for {show(d)}: not one of "
+                                  f"{', '.join(PEAK_DTYPES)}")
+            check_number(f"printed_sparse_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=2 * LIMITS["peak_flops"].max,
+                         why=LIMITS["peak_flops"].why, owner=f"Accelerator {self.key!r}", err=MemlabError)
         object.__setattr__(self, "printed_sparse_flops", FrozenDict(sparse))
 
     @property

@@ -113,7 +113,10 @@ def check_number(name: str, value: object, *, lo: float = 0.0, hi: float | None 
         rng = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise err(f"{what} must be {rng}, got {show(value)} ({type(value).__name__}): pass a float")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float's range (10**400)
+        x = math.inf
     if not math.isfinite(x):
         raise err(f"{what} must be finite, {rng}, got {show(value)}")
     low_bad = x <= lo if lo_open else x < lo

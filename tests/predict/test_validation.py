@@ -11,6 +11,7 @@ from typing import Literal
 import numpy as np
 import pytest
 
+from memlab.course.exercises import Numeric
 from memlab.errors import MemlabError, SetupError
 from memlab.predict import flops
 from memlab.predict.estimate import Overheads, estimate, sweep_totals
@@ -19,6 +20,7 @@ from memlab.predict.hardware_table import Accelerator
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
+from memlab.predict.traits import Implementation
 from memlab.predict.validate import check_fields, field_rules
 
 TINY = preset("tiny-gpt")
@@ -83,8 +85,6 @@ def _string_choices(cls: type) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("spell", [str.upper, lambda c: f" {c.title()}\t"], ids=["upper", "title-spaced"])
 def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -> None:
-    from memlab.predict.traits import Implementation
-
     for field, choice in _string_choices(Setup):
         extra = {"tp": 2} if field == "sp" else {}
         if field == "optimizer_impl" and choice == "fused":
@@ -147,8 +147,10 @@ def test_a_new_annotated_field_is_checked_without_new_code() -> None:
     (lambda: Overheads(cuda_context=1), "did you mean cuda_context_bytes"),
     (lambda: Overheads(1, 2, 0.0, 0, 5), "at most"),
     (lambda: Accelerator(**ROW, peak=1e12), "has no field"), (lambda: TINY.with_(layers=3), "did you mean n_layers"),
+    (lambda: Implementation(fused=True), "did you mean fused_qkv"),
+    (lambda: Numeric("n", "q", reference=lambda: 1, hint="", tolerance=0.1), "has no field"),
 ], ids=["setup-unknown", "setup-positional", "config-missing", "config-unknown", "overheads-unknown",
-        "overheads-too-many", "accelerator-unknown", "with-unknown"])
+        "overheads-too-many", "accelerator-unknown", "with-unknown", "implementation-unknown", "numeric-unknown"])
 def test_unknown_missing_or_positional_fields_are_memlab_errors(make, word: str) -> None:
     with pytest.raises(MemlabError, match=word):
         make()
@@ -167,6 +169,7 @@ OVERHEADS_BAD = [
     ("fragmentation_fraction", "0.5"), ("fragmentation_fraction", 1.0), ("fragmentation_fraction", np.nan),
     ("fragmentation_fraction", True), ("cuda_context_bytes", 1e308), ("cuda_context_bytes", -1),
     ("cuda_context_bytes", 2**60), ("workspace_bytes", "1"), ("gathered_layers", True), ("gathered_layers", 10**6),
+    ("fragmentation_fraction", 10**400), ("cuda_context_bytes", 10**400),
 ]
 
 
@@ -193,6 +196,8 @@ ACCEL_BAD = [
     ("bandwidth_bytes_per_s", "3e12"), ("bandwidth_bytes_per_s", -1.0), ("bandwidth_bytes_per_s", math.inf),
     ("peak_flops", {"bf16": 1e30}), ("peak_flops", {"bf16": "1e14"}), ("peak_flops", {"bf16": True}),
     ("peak_flops", {"fp64": 1e12}), ("peak_flops", [1e14]), ("unofficial", "no"), ("key", None),
+    ("printed_sparse_flops", 7), ("printed_sparse_flops", "bf16"), ("printed_sparse_flops", {"bf16": 10**400}),
+    ("printed_sparse_flops", {"fp64": 1e12}), ("printed_sparse_flops", {"bf16": True}),
 ]
 
 
@@ -388,3 +393,56 @@ def test_setup_view_overrides_fields_and_derives_properties_on_the_view() -> Non
         SetupView(base, bach=3)
     with pytest.raises(AttributeError):
         view.batch = 3
+
+
+# -- generated: random field values over every public dataclass ---------------------------------------------------
+FUZZ_ODD = [None, True, False, 0, 1, 2, 3, -1, 7, 64, 10**6, 10**30, 10**400, 0.5, 1.0, -0.0, math.nan, math.inf,
+            1e308, "", " ", "x", "FP32 ", " Flash", "SwiGLU", "bf16", "1", "x" * 1000, [], {}, (), [1],
+            {"bf16": 1e14}, object(), np.int64(4), np.float64(0.5), b"fp32", 2**63, complex(1, 1)]
+"""Odd field values: bounds, non-finite numbers, numbers in the wrong type, strings in odd spellings, containers."""
+
+
+def _fuzzed_classes() -> dict[type, dict[str, object]]:
+    """Every public dataclass that validates its input, with the fields it needs to exist."""
+    from memlab.course.exercises import Choice
+
+    return {Setup: {}, TransformerConfig: dict(DIMS), Implementation: {}, Overheads: {}, Accelerator: dict(ROW),
+            Numeric: {"name": "n", "question": "q", "reference": lambda: 1.0, "hint": "h"},
+            Choice: {"name": "c", "question": "q", "reference": lambda: "a", "hint": "h",
+                     "options": {"a": "one", "b": "two"}}}
+
+
+@pytest.mark.parametrize("cls", list(_fuzzed_classes()), ids=lambda c: c.__name__)
+def test_random_field_values_are_a_memlab_error_or_a_valid_object(cls: type) -> None:
+    import copy
+    import pickle
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from memlab.course.exercises import Result
+
+    required = _fuzzed_classes()[cls]
+    names = [f.name for f in dataclasses.fields(cls)] + ["bogus_field"]
+    values = st.sampled_from(FUZZ_ODD)
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(st.dictionaries(st.sampled_from(names), values, min_size=1, max_size=3), values)
+    def check(changes: dict[str, object], answer: object) -> None:
+        try:
+            obj = cls(**{**required, **changes})
+        except MemlabError as exc:
+            assert "\n" not in str(exc) and len(str(exc)) < 2000
+            return
+        if hasattr(obj, "check"):  # an exercise: a learner's answer never raises
+            assert isinstance(obj.check(answer), Result)
+            return
+        assert pickle.loads(pickle.dumps(obj)) == obj == copy.deepcopy(obj)
+        if isinstance(obj, Setup):  # a valid Setup estimates, or says why not
+            try:
+                total = estimate(TINY, obj.with_(seq=min(obj.seq, TINY.max_seq))).total_bytes
+            except MemlabError:
+                return
+            assert isinstance(total, int) and total > 0
+
+    check()
