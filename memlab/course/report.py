@@ -41,9 +41,11 @@ from memlab.predict.validate import canonical_choice
 CACHE_VERSION = 1
 NOTEBOOK_GLOB = "[0-9][0-9]_*.py"
 SOURCE_HEAD_LINES = 4
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]
-"""Passed to each chapter's kernel: its start-up log ("Kernel is running over TCP without encryption", a warning
-about the local connection every ipykernel prints) stays off the report's stderr; errors still show."""
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+"""Passed to each chapter's kernel: its own log stays off the report's stderr: the start-up warning every ipykernel
+prints ("Kernel is running over TCP without encryption") and the "KeyboardInterrupt caught in kernel" it logs when
+shut down after a failing cell. A chapter's errors are its cells' outputs (the page and ``index.json``), and a kernel
+that dies is reported by the client as that chapter's error."""
 
 CHAPTERS: tuple[tuple[str, str, str], ...] = (
     ("00", "your_machine", "Your machine: its peaks, its bandwidth, and the units they are printed in"),
