@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from memlab.errors import MemlabError, SetupError, unknown_name
 from memlab.predict.precision import DTYPE_BYTES
+from memlab.predict.validate import canonical_choice
 
 if TYPE_CHECKING:
     import torch
@@ -119,9 +120,10 @@ def resolve_scale(scale: str = "auto", device: Device = "auto") -> str:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch storage dtype of a memlab dtype name (fp32, tf32, bf16, fp16, fp8, int8)."""
+    """The torch storage dtype of a memlab dtype name (fp32, tf32, bf16, fp16, fp8, int8; any case)."""
     import torch
 
+    name = canonical_choice(name, DTYPE_BYTES)
     if name not in DTYPE_BYTES:
         raise unknown_name("dtype", name, list(DTYPE_BYTES))
     attr = _TORCH_DTYPES.get(name)

@@ -28,10 +28,11 @@ class UnknownNameError(MemlabError, KeyError):
 
 
 def closest_names(name: str, known: list[str] | tuple[str, ...], n: int = 4) -> list[str]:
-    """Up to ``n`` known names closest to ``name`` (difflib ratio, then substring matches)."""
+    """Up to ``n`` known names closest to ``name`` (difflib ratio, then substring matches); ``name`` may be any
+    value (``None``, a number): it is compared as its ``str``."""
     import difflib
 
-    key = name.strip().lower()
+    key = str(name).strip().lower()
     hits = difflib.get_close_matches(key, [k.lower() for k in known], n=n, cutoff=0.4)
     by_lower = {k.lower(): k for k in known}
     out = [by_lower[h] for h in hits]

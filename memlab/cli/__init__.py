@@ -4,9 +4,9 @@ Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled),
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
 stderr and exits with status 2, never a traceback: an unknown flag names the closest flag of that subcommand
 (:data:`SYNONYMS` for other tools' spellings, then difflib), an invalid choice names the option that takes the value,
-and an OSError while writing (a full disk, stdout to ``/dev/full``) is that one line too. Each subcommand is a
-module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are declared once in
-:mod:`memlab.cli.args`.
+and an OSError while writing (a full disk, stdout to ``/dev/full``, stdout closed) is that one line too. Each
+subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are
+declared once in :mod:`memlab.cli.args`.
 
 Subcommands are data: :data:`COMMANDS` holds ``Command(name, help, add_arguments, run)`` entries; add one to
 extend the tool. A ``passthrough`` command gets its remaining arguments unparsed (``args.rest``) and parses them
@@ -26,6 +26,7 @@ from typing import Any
 
 from memlab.cli import estimate, gpus, measure, mfu, report, shard, trace
 from memlab.errors import MemlabError
+from memlab.predict.validate import canonical_choice
 
 
 class _UsageError(Exception):
@@ -73,6 +74,14 @@ def _choice_hint(parser: argparse.ArgumentParser, message: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        # A choice is read as the API reads one (memlab.predict.validate.canonical_choice): '--precision BF16' and
+        # '--attention " flash"' name bf16 and flash, as Setup(precision="BF16") does; the run prints the canonical
+        # name. The subcommand names are not choices of this kind.
+        if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+            arg_string = canonical_choice(arg_string, action.choices)
+        return super()._get_value(action, arg_string)
+
     def error(self, message: str) -> Any:  # argparse would print the usage and exit; we want one line
         if message.startswith("unrecognized arguments: "):
             options = [s for a in self._actions for s in a.option_strings]
@@ -146,6 +155,8 @@ def build_parser(commands: tuple[Command, ...] = COMMANDS) -> argparse.ArgumentP
 def main(argv: list[str] | None = None) -> int:
     """Run ``memlab`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (2 on bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with stdout closed (`memlab gpus >&-`): every print() would vanish silently
+        return _fail("cannot write standard output: it is closed; redirect it to a file or /dev/null")
     parser = build_parser()
     try:
         passthrough = {c.name: c for c in COMMANDS if c.passthrough}

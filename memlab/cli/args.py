@@ -246,7 +246,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
     g.add_argument("--mlp", choices=MLPS)
     g.add_argument("--max-seq", type=dim("max_seq"), metavar="S",
                    help="longest sequence (learned position rows); default max(1024, --seq); with --preset it "
-                        "replaces the preset's max_seq")
+                        "replaces a rotary preset's max_seq (a learned-position preset keeps its table)")
     g.add_argument("--untied", action="store_true", help="separate LM head (default: tied to the embedding)")
     g.add_argument("--positions", choices=POSITIONS)
     g.add_argument("--norm", choices=NORMS)
@@ -277,6 +277,12 @@ def model_from_args(args: argparse.Namespace) -> Any:
                 raise MemlabError("--max-seq describes a model config; a bare --params count has no positions")
             return params
         cfg = preset(args.preset)
+        if args.max_seq is not None and cfg.positions == "learned" and args.max_seq != cfg.max_seq:
+            # Another table size is another model: its parameter count, and every byte after it, would change
+            raise MemlabError(f"--max-seq {args.max_seq}: {cfg.name} has learned positions, a table of "
+                              f"{cfg.max_seq:,} rows, so it reads at most {cfg.max_seq:,} tokens; another size is "
+                              "another model: describe it with explicit dimensions (--d-model, --n-layers, "
+                              "--n-heads, --max-seq) or use a rotary preset")
         return cfg.with_(max_seq=args.max_seq) if args.max_seq is not None else cfg
     if not all(dims):
         raise MemlabError("explicit dimensions need all of --d-model, --n-layers and --n-heads")
@@ -374,13 +380,16 @@ def setup_from_args(args: argparse.Namespace, model: Any, **overrides: Any) -> A
 
     given = given_setup_fields(args)
     mode = given.get("mode", Setup().mode)
-    # A training-only option under --mode inference would be ignored silently (the usual slip: --precision fp16
-    # for fp16 weights). Inference options under training are allowed: they describe the model's later serving.
-    wrong = [o for o in setup_options() if o.field in given and o.mode == "train" and mode == "inference"]
+    # An option of the other mode would be ignored silently: a training option under --mode inference (the usual
+    # slip: --precision fp16 for fp16 weights), or an inference one (--weights int4) under training.
+    wrong = [o for o in setup_options() if o.field in given and o.mode is not None and o.mode != mode]
     if wrong:
         flags = ", ".join(f"{o.flag} {given[o.field]}" for o in wrong)
-        raise MemlabError(f"{flags}: only for training, ignored by --mode inference; inference weights are "
-                          f"--weights ({', '.join(INFERENCE_WEIGHTS)}) and the KV cache --kv-dtype")
+        if mode == "inference":
+            raise MemlabError(f"{flags}: only for training, ignored by --mode inference; inference weights are "
+                              f"--weights ({', '.join(INFERENCE_WEIGHTS)}) and the KV cache --kv-dtype")
+        raise MemlabError(f"{flags}: only for inference, ignored by training (the default --mode train): add "
+                          "--mode inference, or drop it; training precision is --precision")
     values = {**given, **overrides}
     if "seq" not in values and isinstance(model, TransformerConfig):
         values["seq"] = min(Setup().seq, model.max_seq)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise MemlabError(f"'memlab report' is unavailable: memlab.course.report cannot be imported ({exc})") from None
     try:
-        return int(report.main(rest) or 0)
+        return int(report.main(rest, prog="memlab report") or 0)
     except OSError as exc:
         where = f" {exc.filename!r}" if exc.filename else ""
         raise MemlabError(f"the report could not be written{where}: {exc.strerror or exc}") from None

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from memlab.errors import ConfigError
+from memlab.predict.validate import StrictInit
 
 Status = Literal["correct", "incorrect", "unanswered", "invalid"]
 
@@ -188,13 +189,19 @@ class Result:
 
 
 @dataclass(frozen=True)
-class _Exercise:
+class _Exercise(StrictInit):
+    _error = ConfigError  # an unknown or missing field (StrictInit): the author's slip, named
+
     name: str
     question: str
     reference: Callable[[], Any]
     hint: str
 
     def __post_init__(self) -> None:
+        for text in ("name", "question", "hint"):
+            if not isinstance(getattr(self, text), str):
+                raise ConfigError(f"exercise {clip(self.name)}: {text} must be a string, got "
+                                  f"{clip(getattr(self, text))} ({type(getattr(self, text)).__name__}).")
         if not callable(self.reference):
             raise ConfigError(f"exercise {self.name!r}: reference must be a callable that computes the answer "
                               "with memlab (e.g. lambda: ...), not a typed-in value.")
@@ -273,6 +280,23 @@ class Numeric(_Exercise):
                     raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number or a "
                                       "callable and the message a non-empty string.")
 
+    def expected(self) -> float:
+        """The reference answer, computed now, as a finite float. A reference that returns anything else (None,
+        NaN, a string, a bool) is the exercise author's bug: a :class:`ConfigError` naming the exercise, never a
+        TypeError, and never a learner graded against NaN."""
+        value = self.reference()
+        number = None
+        if not isinstance(value, str | bytes) and not _is_bool(value):  # a 0-d tensor or numpy scalar converts
+            try:
+                number = float(value)
+            except (TypeError, ValueError, OverflowError):
+                number = None
+        if number is None or not math.isfinite(number):
+            raise ConfigError(f"exercise {self.name!r}: its reference returned {clip(value)} "
+                              f"({type(value).__name__}), not a finite number: the exercise's reference is broken, "
+                              "not the answer.")
+        return number
+
     def _format(self, value: Any) -> str:
         number = float(value)
         text = f"{number:,.0f}" if abs(number) >= 1e4 and number == round(number) else f"{number:.4g}"
@@ -287,7 +311,7 @@ class Numeric(_Exercise):
         except ConfigError as err:
             return self._result("invalid", f"{err} Hint: {self.hint}", answer, solutions, self.unit)
         value = number * _UNITS[given][1] / _UNITS[self.unit][1]
-        expected = float(self.expected())
+        expected = self.expected()
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
             return self._result("correct", f"Correct: {self._format(value)} is within {self.rtol:.0%}.", answer,
                                 solutions, self.unit)
@@ -353,6 +377,9 @@ class Choice(_Exercise):
         super().__post_init__()
         if not isinstance(self.options, Mapping) or len(self.options) < 2:
             raise ConfigError(f"exercise {self.name!r}: a choice needs at least two options.")
+        if self.diagnoses is not None and not isinstance(self.diagnoses, Mapping):
+            raise ConfigError(f"exercise {self.name!r}: diagnoses must map an option key to a message, got "
+                              f"{clip(self.diagnoses)}.")
         stray = set(self.diagnoses or {}) - set(self.options)
         if stray:
             raise ConfigError(f"exercise {self.name!r}: diagnoses for {sorted(map(str, stray))}, which are not "

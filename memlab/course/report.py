@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,16 @@ from memlab.course.provenance import provenance
 from memlab.course.render import render_index
 from memlab.device import SCALES, device_string, resolve_scale
 from memlab.errors import MemlabError
+from memlab.predict.validate import canonical_choice
 
 CACHE_VERSION = 1
 NOTEBOOK_GLOB = "[0-9][0-9]_*.py"
 SOURCE_HEAD_LINES = 4
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+"""Passed to each chapter's kernel: its own log stays off the report's stderr: the start-up warning every ipykernel
+prints ("Kernel is running over TCP without encryption") and the "KeyboardInterrupt caught in kernel" it logs when
+shut down after a failing cell. A chapter's errors are its cells' outputs (the page and ``index.json``), and a kernel
+that dies is reported by the client as that chapter's error."""
 
 CHAPTERS: tuple[tuple[str, str, str], ...] = (
     ("00", "your_machine", "Your machine: its peaks, its bandwidth, and the units they are printed in"),
@@ -119,12 +125,36 @@ def cache_key(notebook: Path, code_hash: str, params: dict[str, Any]) -> str:
 
 
 def load_cache(path: Path) -> dict[str, dict[str, Any]]:
-    """The chapter records of a previous run, or {} when there is none or it is unreadable."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+    """The chapter records of a previous run, or {} when there is none. A damaged cache (not JSON, not an object
+    of this version, a record that is not a :class:`ChapterResult`) is treated as absent, with a one-line note on
+    stdout: its chapters run again and the next run writes a sound one."""
+    path = Path(path)
+    if not path.exists():
         return {}
-    return data.get("chapters", {}) if data.get("version") == CACHE_VERSION else {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return _damaged(path, f"unreadable ({type(exc).__name__})")
+    if not isinstance(data, dict):
+        return _damaged(path, f"a JSON {type(data).__name__}, not an object")
+    if data.get("version") != CACHE_VERSION:
+        return {}  # an older memlab's cache: its keys cannot match, nothing is damaged
+    chapters = data.get("chapters", {})
+    names = {f.name for f in fields(ChapterResult)}
+    if not isinstance(chapters, dict) or not all(isinstance(r, dict) and _REQUIRED <= set(r) <= names
+                                                 for r in chapters.values()):
+        return _damaged(path, "its chapter records are not memlab's")
+    return chapters
+
+
+_REQUIRED = {"id", "name", "title", "status"}
+"""The fields a cached chapter record must hold to be rebuilt as a :class:`ChapterResult`."""
+
+
+def _damaged(path: Path, why: str) -> dict[str, dict[str, Any]]:
+    print(f"memlab report: note: the cache {path.name} is damaged ({why}); treated as absent, so every chapter runs",
+          flush=True)
+    return {}
 
 
 def _title(nb: Any, fallback: str) -> str:
@@ -235,7 +265,7 @@ def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bo
         with _solutions_env(solutions):
             papermill.execute_notebook(nb, str(executed), parameters=params, cwd=str(source.parent),
                                        progress_bar=progress, request_save_on_cell_execute=False,
-                                       execution_timeout=timeout_s)
+                                       execution_timeout=timeout_s, extra_arguments=KERNEL_ARGUMENTS)
     except Exception as exc:  # one failing chapter must not stop the others: record it and go on
         error = _error_of(exc)
     run_time_s = time.perf_counter() - start
@@ -257,12 +287,34 @@ def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bo
 
 
 def _cached(record: dict[str, Any] | None, key: str, out: Path, build: Path) -> bool:
-    return bool(record and record.get("cache_key") == key and record.get("status") in {"ok", "cached"}
-                and record.get("html") and (out / record["html"]).exists() and build.exists())
+    return bool(record and record.get("cache_key") == key and record.get("status") in ("ok", "cached")
+                and isinstance(record.get("html"), str) and (out / record["html"]).exists() and build.exists())
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m memlab.course.report", description=__doc__.splitlines()[0])
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is a :class:`MemlabError` (one line from :func:`main`), not a usage dump."""
+
+    def error(self, message: str) -> Any:
+        raise MemlabError(f"{message} (see '{self.prog} --help')")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:  # '--scale CI' is ci, as everywhere
+        if action.choices is not None:
+            arg_string = canonical_choice(arg_string, action.choices)
+        return super()._get_value(action, arg_string)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, got {text[:40]!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 second, got {value}")
+    return value
+
+
+def _parse(argv: list[str] | None, prog: str = "python -m memlab.course.report") -> argparse.Namespace:
+    parser = _Parser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--scale", choices=SCALES, default="auto", help="auto: ci on CPU, full on CUDA")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     parser.add_argument("--seed", type=int, default=0)
@@ -272,7 +324,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports", help="report folder (default reports/)")
     parser.add_argument("--notebooks", type=Path, default=REPO_ROOT / "notebooks", help="chapter sources")
     parser.add_argument("--solutions", action="store_true", help="render pages with solutions into OUT/solutions/")
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell (default 1800)")
+    parser.add_argument("--timeout", type=_positive_int, default=1800, help="seconds allowed per cell (default 1800)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide papermill's progress")
     return parser.parse_args(argv)
 
@@ -359,13 +411,14 @@ def _write_index(out: Path, index: dict[str, Any]) -> None:
     write_atomic(out / "index.html", render_index(index))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Build the report; 0 when every chapter ran (or was cached), 1 when one failed, 2 for bad input."""
-    args = _parse(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m memlab.course.report") -> int:
+    """Build the report; 0 when every chapter ran (or was cached), 1 when one failed, 2 for bad input (one line
+    ``memlab: error: ...`` on stderr, as the ``memlab`` command prints). ``prog`` names the command in messages."""
     try:
+        args = _parse(argv, prog)
         results, _ = build(args)
     except MemlabError as err:
-        print(f"memlab report: {err}", file=sys.stderr)
+        print(f"memlab: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk or an unwritable --out: the index written so far says "not complete"
         print(f"memlab report: cannot write the report in {args.out}: {err.strerror or err}; free space or pass "

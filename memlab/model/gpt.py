@@ -36,6 +36,7 @@ from memlab.errors import SetupError
 from memlab.model.kv_cache import KVCache, LayerCache
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import ATTENTION, RECOMPUTE
+from memlab.predict.validate import canonical_choice
 
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                   "cudnn": "CUDNN_ATTENTION"}
@@ -315,6 +316,7 @@ class GPT(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        attention, recompute = canonical_choice(attention, ATTENTION), canonical_choice(recompute, RECOMPUTE)
         if attention not in ATTENTION:
             raise SetupError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if recompute not in RECOMPUTE:

@@ -3,7 +3,8 @@
 - ``models``: TransformerConfig, exact parameter counts, presets (MoE included); ``hf``: Hugging Face configs to a
   TransformerConfig; ``traits``: how a model is written (the implementation traits the activation count follows).
 - ``setup``: Setup (shapes, optimizer and its implementation, recompute, attention, sharding); ``precision``:
-  precision policies as data; ``validate``: type and range checks of every public dataclass.
+  precision policies as data; ``validate``: type and range checks of every public dataclass; ``frozen``:
+  FrozenDict, the read-only mapping rows hold (it pickles and deep-copies).
 - ``activations``: saved-for-backward bytes, term by term; ``optimizer_states``, ``sharding``, ``inference``: the
   other terms; ``estimate``: MemoryBreakdown; ``phases``: bytes held at each phase of a step and the peak;
   ``fit``: will it fit, the largest batch or sequence.

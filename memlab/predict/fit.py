@@ -14,7 +14,7 @@ from memlab.errors import SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
-from memlab.predict.validate import LIMITS, check_int
+from memlab.predict.validate import LIMITS, check_int, show
 from memlab.units import GiB
 
 
@@ -56,17 +56,24 @@ class FitSearch:
 
 def _capacity(gpu: Any) -> tuple[str, str, int]:
     """(key, name, memory bytes) of a GPU name, an ``Accelerator`` row, or the DeviceInfo of
-    ``memlab.measure.machine.detect()``."""
+    ``memlab.measure.machine.detect()``. A memory that is not a whole number of bytes >= 1 (zero, negative, a
+    float) is a :class:`SetupError`: no step fits in it, and a verdict against it would be meaningless."""
+    from memlab.predict.hardware import Accelerator, DeviceInfo
+
     if isinstance(gpu, str):
         from memlab.predict.hardware import gpu as lookup
 
         gpu = lookup(gpu)
-    if hasattr(gpu, "memory_bytes"):
-        return gpu.key, gpu.name, int(gpu.memory_bytes)
-    if getattr(gpu, "total_memory_bytes", None):  # DeviceInfo: the memory torch reports for this device
-        key = gpu.accelerator.key if getattr(gpu, "accelerator", None) else gpu.kind
-        return key, gpu.name, int(gpu.total_memory_bytes)
-    raise SetupError(f"cannot tell the memory of {gpu!r}: pass a GPU name (see 'memlab gpus') or an Accelerator")
+    if isinstance(gpu, Accelerator):
+        key, name, memory = gpu.key, gpu.name, gpu.memory_bytes
+    elif isinstance(gpu, DeviceInfo) and gpu.total_memory_bytes is not None:  # the memory torch reports
+        key, name, memory = gpu.accelerator.key if gpu.accelerator else gpu.kind, gpu.name, gpu.total_memory_bytes
+    else:
+        raise SetupError(f"cannot tell the memory of {show(gpu)}: pass a GPU name (see 'memlab gpus'), an "
+                         "Accelerator or detect()'s DeviceInfo")
+    limit = LIMITS["overhead_bytes"]
+    return key, name, check_int("memory_bytes", memory, hi=int(limit.max), why=limit.why, owner=f"GPU {key!r}",
+                                err=SetupError)
 
 
 def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup | None = None, *,

@@ -31,15 +31,25 @@ from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import RECOMPUTE, Recompute
-from memlab.predict.validate import LIMITS, check_int, check_number
+from memlab.predict.validate import LIMITS, canonical_choice, check_int, check_number
 
 _pos_int = functools.partial(check_int, err=SetupError)
 """A count (batch, seq, dims) >= 1, or the :class:`SetupError` naming it (``err=ConfigError`` for a model's)."""
+
+
+def _bounded(name: str, value: object) -> int:
+    """A batch, seq or num_devices count in [1, its :data:`~memlab.predict.validate.LIMITS` bound], so no product
+    of counts overflows a float (``flops_per_token(cfg, 10**400)`` is refused, not an OverflowError)."""
+    limit = LIMITS[{"num_devices": "devices"}.get(name, name)]
+    return check_int(name, value, hi=int(limit.max), why=limit.why, err=SetupError)
+
+
 _pos_num = functools.partial(check_number, lo=0.0, lo_open=True, err=SetupError)
 """A finite number > 0 (seconds, a parameter count)."""
 
 
 def _check_recompute(recompute: str) -> str:
+    recompute = canonical_choice(recompute, RECOMPUTE)
     if recompute not in RECOMPUTE:
         raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     return recompute
@@ -59,7 +69,7 @@ def attention_flops(batch: int, seq: int, d_model: int, n_heads: int | None = No
     matrix, as PaLM's 12*L*H*Q*T and Megatron's 4*B*s^2*h do. ``causal=True`` counts the useful half
     (2*b*s*s*h), the convention of FlashAttention's benchmarks (Dao 2023), whose kernels skip masked blocks.
     """
-    b, s, h = _pos_int("batch", batch), _pos_int("seq", seq), _pos_int("d_model", d_model)
+    b, s, h = _bounded("batch", batch), _bounded("seq", seq), _pos_int("d_model", d_model)
     if n_heads is not None and h % _pos_int("n_heads", n_heads):
         raise ConfigError(f"n_heads={n_heads} must divide d_model={d_model}")
     full = 4 * b * s * s * h
@@ -79,7 +89,7 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
     """
     if not isinstance(config, TransformerConfig):
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
-    tokens = _pos_int("batch", batch) * _pos_int("seq", seq)
+    tokens = _bounded("batch", batch) * _bounded("seq", seq)
     h, kv, f, n_layers = config.d_model, config.kv_dim, config.ffn, config.n_layers
     proj = 2 * matmul_flops(tokens, h, h) + 2 * matmul_flops(tokens, kv, h)
     n_in = 1 if config.mlp == "gelu" else 2
@@ -119,7 +129,7 @@ def flops_per_token(config: TransformerConfig, seq: int, *, include_attention: b
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
     n = config.matmul_param_count() if exclude_embeddings else config.param_count()
     n -= config.inactive_expert_params(matmul_only=exclude_embeddings)  # a token multiplies only its experts
-    attention = 12 * config.n_layers * config.n_heads * config.head_dim * _pos_int("seq", seq)
+    attention = 12 * config.n_layers * config.n_heads * config.head_dim * _bounded("seq", seq)
     return float(6 * n + (attention if include_attention else 0))
 
 
@@ -157,9 +167,10 @@ def megatron_closed_form(batch: int, seq: int, n_layers: int, d_model: int, voca
     more forward of QK^T and AV costs. Their Table 5 (MFU 51.4 % vs HFU 52.8 % for GPT-3) follows the printed
     form. :func:`megatron_iteration_flops` counts the recomputation once, 8*B*s^2*h*l below this.
     """
-    b, s = _pos_int("batch", batch), _pos_int("seq", seq)
-    n_l, h, v = (_pos_int(k, x, err=ConfigError) for k, x in (("n_layers", n_layers), ("d_model", d_model),
-                                                          ("vocab_size", vocab_size)))
+    b, s = _bounded("batch", batch), _bounded("seq", seq)
+    n_l, h, v = (_pos_int(k, x, hi=int(LIMITS[lim].max), why=LIMITS[lim].why, err=ConfigError)
+                 for k, x, lim in (("n_layers", n_layers, "layers"), ("d_model", d_model, "d_model"),
+                                   ("vocab_size", vocab_size, "vocab")))
     base = b * s * n_l * h * h
     forms = {
         "none": 72 * base * (1 + s / (6 * h) + v / (12 * n_l * h)),
@@ -176,7 +187,7 @@ def step_time_to_tokens_per_second(step_time_s: float, batch: int, seq: int, num
     each process a different batch; with one replica (or a global batch) pass ``num_devices=1``.
     """
     t = _pos_num("step_time_s", step_time_s)
-    return _pos_int("batch", batch) * _pos_int("seq", seq) * _pos_int("num_devices", num_devices) / t
+    return _bounded("batch", batch) * _bounded("seq", seq) * _bounded("num_devices", num_devices) / t
 
 
 @dataclass(frozen=True)
@@ -261,9 +272,10 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=LIMITS["tokens_per_s"].max,
                        why=LIMITS["tokens_per_s"].why, err=SetupError)
     n_dev = check_int("num_devices", num_devices, hi=LIMITS["devices"].max, why=LIMITS["devices"].why, err=SetupError)
+    dtype = canonical_choice(dtype, PEAK_DTYPES)
     if dtype not in PEAK_DTYPES:
         raise unknown_name("dtype", str(dtype), PEAK_DTYPES)
-    _check_recompute(recompute)
+    recompute = _check_recompute(recompute)
     model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token)
 
     label: str | None = None

@@ -22,11 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import UnknownNameError, unknown_name
+from memlab.predict.frozen import FrozenDict
 from memlab.predict.hardware_table import ALIASES, GPUS, PEAK_DTYPES, Accelerator
+from memlab.predict.validate import LIMITS, check_int
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -134,10 +135,18 @@ def resolve(device_name: str, total_memory_bytes: int | None = None, *,
     not ``"NVIDIA B200"``; ``"NVIDIA GH200 480GB"`` is none of them). When ``total_memory_bytes`` is given it
     must lie within 85-102 % of the row's datasheet memory, else None. ROCm names both MI250X and MI250 GCDs
     ``"AMD Instinct MI250X/MI250"``: ``multiprocessor_count`` (compute units: 110 vs 104) decides, and without
-    it the answer is None. None means MFU will be reported as unknown, never borrowed from another device.
+    it the answer is None. None means MFU will be reported as unknown, never borrowed from another device. A
+    memory or compute-unit count that is not a positive whole number (``"80"``, ``[110]``) is a
+    :class:`~memlab.errors.MemlabError`.
     """
     if not isinstance(device_name, str):
         return None
+    if total_memory_bytes is not None:
+        check_int("total_memory_bytes", total_memory_bytes, hi=LIMITS["overhead_bytes"].max,
+                  why=LIMITS["overhead_bytes"].why, owner="resolve")
+    if multiprocessor_count is not None:
+        check_int("multiprocessor_count", multiprocessor_count, hi=10**6, why="a million compute units",
+                  owner="resolve")
     text = _normalise(device_name, " ")
     if text == "mi250x mi250":
         key = _MI250_CUS.get(multiprocessor_count) if multiprocessor_count is not None else None
@@ -184,7 +193,7 @@ class DeviceInfo:
     cpu_count: int | None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "peak_flops", MappingProxyType({d: self.peak_flops.get(d) for d in PEAK_DTYPES}))
+        object.__setattr__(self, "peak_flops", FrozenDict({d: self.peak_flops.get(d) for d in PEAK_DTYPES}))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready); the accelerator row is nested as its own dict."""

@@ -6,14 +6,14 @@ conventions every row follows are in that module's docstring. No torch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
 from memlab.errors import MemlabError, unknown_name
-from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_number, show
+from memlab.predict.frozen import FrozenDict
+from memlab.predict.validate import LIMITS, StrictInit, canonical_choice, check_fields, check_number, show
 
 PEAK_DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 """The dtypes every peak table carries, in display order (int8 in integer op/s)."""
@@ -64,13 +64,18 @@ class Accelerator(StrictInit):
             if v is not None:
                 check_number(f"peak_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=LIMITS["peak_flops"].max,
                              why=LIMITS["peak_flops"].why, owner=f"Accelerator {self.key!r}", err=MemlabError)
-        object.__setattr__(self, "peak_flops", MappingProxyType(peaks))
-        sparse = dict(self.printed_sparse_flops or {})
+        object.__setattr__(self, "peak_flops", FrozenDict(peaks))
+        if not isinstance(self.printed_sparse_flops, Mapping):
+            raise MemlabError(f"{self.key}: printed_sparse_flops must be a mapping dtype -> FLOP/s, got "
+                              f"{show(self.printed_sparse_flops)}")
+        sparse = dict(self.printed_sparse_flops)
         for d, v in sparse.items():
-            if d not in PEAK_DTYPES or not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise MemlabError(f"{self.key}: printed sparse figure for {d!r} must be a positive number for one of "
-                                  f"{', '.join(PEAK_DTYPES)}, got {v!r}")
-        object.__setattr__(self, "printed_sparse_flops", MappingProxyType(sparse))
+            if d not in PEAK_DTYPES:
+                raise MemlabError(f"{self.key}: printed sparse figure for {show(d)}: not one of "
+                                  f"{', '.join(PEAK_DTYPES)}")
+            check_number(f"printed_sparse_flops[{d!r}]", v, lo=0.0, lo_open=True, hi=2 * LIMITS["peak_flops"].max,
+                         why=LIMITS["peak_flops"].why, owner=f"Accelerator {self.key!r}", err=MemlabError)
+        object.__setattr__(self, "printed_sparse_flops", FrozenDict(sparse))
 
     @property
     def memory_gib(self) -> float:
@@ -83,13 +88,16 @@ class Accelerator(StrictInit):
         return self.source if self.measured else f"table: {self.source}"
 
     def peak(self, dtype: str) -> float | None:
-        """Dense peak FLOP/s for ``dtype`` (one of :data:`PEAK_DTYPES`), None when unsupported or unpublished."""
+        """Dense peak FLOP/s for ``dtype`` (one of :data:`PEAK_DTYPES`, any case), None when unsupported or
+        unpublished."""
+        dtype = canonical_choice(dtype, PEAK_DTYPES)
         if dtype not in PEAK_DTYPES:
             raise unknown_name("dtype", dtype, PEAK_DTYPES)
         return self.peak_flops[dtype]
 
     def sparse_peak(self, dtype: str) -> float | None:
         """The datasheet's printed "with sparsity" FLOP/s for ``dtype``; None where the source prints none."""
+        dtype = canonical_choice(dtype, PEAK_DTYPES)
         if dtype not in PEAK_DTYPES:
             raise unknown_name("dtype", dtype, PEAK_DTYPES)
         return self.printed_sparse_flops.get(dtype)

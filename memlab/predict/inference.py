@@ -9,18 +9,21 @@ from typing import Any
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.validate import check_int, check_number, show
+from memlab.predict.validate import canonical_choice, check_int, check_number, show
 
 INT4_GROUP = 128
 """Weights per quantisation group for int4 (AWQ, Lin et al. 2023, and GPTQ, Frantar et al. 2022, "w4-g128")."""
 
 
-def _check(config: object, dtype: str, tp: object) -> None:
+def _check(config: object, dtype: str, tp: object) -> str:
+    """The canonical KV-cache dtype name (any case), after checking the config and tp."""
     if not isinstance(config, TransformerConfig):
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    dtype = canonical_choice(dtype, DTYPE_BYTES)
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise SetupError(f"KV-cache dtype must be one of {', '.join(DTYPE_BYTES)}, got {show(dtype)}")
     check_int("tp", tp, err=SetupError)
+    return dtype
 
 
 def kv_cache_bytes(config: TransformerConfig, batch: Any, seq: Any, dtype: str, tp: int = 1) -> Any:
@@ -30,7 +33,7 @@ def kv_cache_bytes(config: TransformerConfig, batch: Any, seq: Any, dtype: str, 
     (Pope et al. 2022, "Efficiently Scaling Transformer Inference", Sec. 3.1). ``seq`` is the full cached context
     (prompt + generated tokens). Works on numpy arrays for batch/seq.
     """
-    _check(config, dtype, tp)
+    dtype = _check(config, dtype, tp)
     for name, v in (("batch", batch), ("seq", seq)):
         if not hasattr(v, "shape"):  # scalars are checked here; sweep_totals checks its arrays
             check_number(name, v, lo=1.0, err=SetupError)

@@ -122,7 +122,7 @@ class TransformerConfig(StrictInit):
         if self.positions == "learned" and seq > self.max_seq:
             raise SetupError(
                 f"seq={int(seq)} exceeds max_seq={self.max_seq} of a model with learned positions: lower seq or "
-                "raise max_seq (config.with_(max_seq=N); on the command line --max-seq N, also with --preset)"
+                "raise max_seq (config.with_(max_seq=N); on the command line explicit dimensions with --max-seq N)"
             )
 
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, get_args
 
 from memlab.errors import ConfigError
-from memlab.predict.validate import check_fields
+from memlab.predict.validate import StrictInit, check_fields
 
 Activation = Literal["default", "gelu_tanh", "gelu", "gelu_new", "relu", "silu"]
 RmsNormKind = Literal["reference", "fp32-input", "fp32"]
@@ -35,8 +35,10 @@ its output (``threshold_backward`` needs the result, not the input); ``gelu_new`
 
 
 @dataclass(frozen=True, kw_only=True)
-class Implementation:
+class Implementation(StrictInit):
     """How a transformer is written, as far as memory cares. Defaults: memlab's reference GPT."""
+
+    _error = ConfigError  # what StrictInit raises for an unknown field (a class attribute, not a field)
 
     activation: Activation = "default"
     """MLP nonlinearity and how it is built: ``default`` is the reference GPT's (fused tanh GELU for a gelu MLP,

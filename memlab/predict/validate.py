@@ -9,6 +9,9 @@
 - ``bool``: exactly ``True`` or ``False`` (``'no'`` is truthy and would silently mean yes);
 - ``str``: a string, within ``metadata["choices"]`` when given;
 - ``Literal[...]``: one of the values, with the value's own type (``True == 1`` but is no ZeRO stage);
+- a string choice (``Literal`` or ``choices``) is read as every name memlab takes (presets, GPUs, devices,
+  precision policies): case and surrounding whitespace do not matter, and the field is stored in its canonical
+  spelling (``Setup(precision="FP32 ").precision == "fp32"``) by :func:`canonical_choice`;
 - ``X | None``: None, or a valid X. Other annotations (mappings, nested dataclasses) are left to the class.
 
 ``metadata["why"]`` is the reason for ``max`` and is part of the message, so a limit is always explained. The
@@ -26,7 +29,7 @@ import math
 import numbers
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memlab.errors import MemlabError, closest_names
@@ -110,7 +113,10 @@ def check_number(name: str, value: object, *, lo: float = 0.0, hi: float | None 
         rng = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise err(f"{what} must be {rng}, got {show(value)} ({type(value).__name__}): pass a float")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float's range (10**400)
+        x = math.inf
     if not math.isfinite(x):
         raise err(f"{what} must be finite, {rng}, got {show(value)}")
     low_bad = x <= lo if lo_open else x < lo
@@ -139,6 +145,17 @@ def check_str(name: str, value: object, *, choices: tuple[Any, ...] | None = Non
         hint = f" (closest: {', '.join(near)})" if near else ""
         raise err(f"{what} must be one of {', '.join(map(repr, choices))}, got {show(value)}{hint}")
     return value
+
+
+def canonical_choice(value: Any, choices: Iterable[Any]) -> Any:
+    """The choice a string ``value`` names, read case- and whitespace-insensitively (``"FP32 "`` -> ``"fp32"``,
+    ``" Flash"`` -> ``"flash"``): the one rule for every choice memlab reads (dataclass fields, dtype and
+    recompute arguments, the command line's options). Anything else, or a string that names no choice, is returned
+    unchanged for the caller's check to refuse with the closest names."""
+    if not isinstance(value, str):
+        return value
+    key = value.strip().lower()
+    return next((c for c in choices if isinstance(c, str) and c.lower() == key), value)
 
 
 def check_choice(name: str, value: object, choices: tuple[Any, ...], *, owner: str = "",
@@ -196,10 +213,17 @@ def field_rules(cls: type) -> tuple[FieldRule, ...]:
 
 
 def check_fields(obj: Any, err: type[MemlabError] = MemlabError, *, skip: tuple[str, ...] = ()) -> None:
-    """Check every field of the dataclass instance ``obj`` by its annotation (see the module docstring)."""
+    """Check every field of the dataclass instance ``obj`` by its annotation (see the module docstring). A string
+    choice is first stored in its canonical spelling (:func:`canonical_choice`), also for the fields in ``skip``
+    (they are checked by the class, against the canonical name)."""
     owner = type(obj).__name__
     for r in field_rules(type(obj)):
         value = getattr(obj, r.name)
+        if r.choices is not None and isinstance(value, str):
+            canonical = canonical_choice(value, r.choices)
+            if canonical != value:
+                object.__setattr__(obj, r.name, canonical)  # frozen dataclasses: during __post_init__ only
+                value = canonical
         if r.name in skip or (r.optional and value is None):
             continue
         if r.kind == "int":

@@ -325,8 +325,7 @@ def _infer(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     dtype = torch_dtype(setup.inference_weights)
     torch.manual_seed(seed)
     model = GPT(config, attention=setup.attention, device=device, dtype=dtype).eval()
-    n_decode = min(steps, setup.seq - 1)
-    prompt = setup.seq - n_decode
+    prompt = setup.seq - steps  # run_step checked steps <= seq - 1: at least one prompt token
     data = token_ids(config.vocab_size, setup.batch, setup.seq + 1, device, seed)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -373,7 +372,8 @@ def run_step(
     Training: one instrumented first step (exact states at each phase, saved activations), then ``steps`` timed
     steady-state steps (median time; CUDA peaks over them), then one forward+backward under FlopCounterMode when
     ``with_counted_flops``; ``with_mfu`` adds MFU and HFU against the detected peak. Inference: a prefill of
-    ``seq - steps`` tokens into a preallocated KV cache and ``steps`` one-token decodes. ``timeline`` samples
+    ``seq - steps`` tokens into a preallocated KV cache and ``steps`` one-token decodes (``steps`` <= ``seq - 1``,
+    else a :class:`SetupError`: no prefill is no inference). ``timeline`` samples
     memory over the first training step with :class:`memlab.measure.timeline.TimelineSampler` (the allocator on
     CUDA; on a CPU only the process RSS, which is coarse: the exact per-phase bytes are in ``phases`` either way).
     Every step is :func:`memlab.model.step.train_step` of :func:`memlab.model.step.build_training`'s step, so
@@ -391,6 +391,11 @@ def run_step(
     if not isinstance(config, TransformerConfig) or not isinstance(setup, Setup):
         raise SetupError(f"run_step needs a TransformerConfig and a Setup, got {type(config).__name__} and "
                          f"{type(setup).__name__}")
+    if setup.mode == "inference" and steps > setup.seq - 1:
+        # seq tokens = a prompt of seq - steps (prefilled) + steps decoded: both must be at least one token
+        raise SetupError(f"inference decodes steps={steps} tokens after a prefill of seq - steps tokens, so seq must "
+                         f"be at least steps + 1, got seq={setup.seq}: raise seq or lower steps (the prefill would "
+                         f"be {setup.seq - steps} tokens)")
     check_single_process(setup)
     dev = resolve_device(device)
     if setup.attention != "eager":

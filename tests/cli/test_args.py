@@ -11,6 +11,7 @@ import pytest
 from memlab.cli import COMMANDS, build_parser
 from memlab.cli.args import model_from_args, setup_from_args, setup_options
 from memlab.cli.measure import SHARDING_FIELDS
+from memlab.errors import MemlabError
 from memlab.predict.models import preset
 from memlab.predict.setup import Setup
 
@@ -51,11 +52,25 @@ def test_estimate_and_measure_share_flags_choices_and_defaults() -> None:
 
 def test_given_options_reach_the_setup() -> None:
     argv = ["estimate", "--preset", "llama-2-7b", "--seq", "4096", "--precision", "mixed-bf16", "--zero", "3",
-            "--world-size", "8", "--sp", "--tp", "2", "--weights", "int4"]
+            "--world-size", "8", "--sp", "--tp", "2"]
     args = build_parser().parse_args(argv)
     setup = setup_from_args(args, preset("llama-2-7b"))
-    assert (setup.seq, setup.precision, setup.zero_stage, setup.world_size, setup.sp, setup.tp,
-            setup.inference_weights) == (4096, "mixed-bf16", 3, 8, True, 2, "int4")
+    assert (setup.seq, setup.precision, setup.zero_stage, setup.world_size, setup.sp, setup.tp) == (
+        4096, "mixed-bf16", 3, 8, True, 2)
+    argv = ["estimate", "--preset", "llama-2-7b", "--mode", "inference", "--weights", "int4", "--kv-dtype", "fp8"]
+    setup = setup_from_args(build_parser().parse_args(argv), preset("llama-2-7b"))
+    assert (setup.mode, setup.inference_weights, setup.kv_cache_dtype) == ("inference", "int4", "fp8")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--weights", "int4"], "only for inference"), (["--kv-dtype", "fp8"], "only for inference"),
+    (["--mode", "inference", "--precision", "bf16"], "only for training"),
+    (["--mode", "inference", "--optimizer", "sgd"], "only for training"),
+])
+def test_an_option_of_the_other_mode_is_refused_not_ignored(argv: list[str], says: str) -> None:
+    args = build_parser().parse_args(["estimate", "--preset", "tiny-gpt", *argv])
+    with pytest.raises(MemlabError, match=says):
+        setup_from_args(args, preset("tiny-gpt"))
 
 
 def test_every_command_is_registered_once() -> None:

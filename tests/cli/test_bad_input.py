@@ -78,7 +78,7 @@ BAD: dict[str, list[list[str]]] = {
         ["report", "--device", dev] for dev in ("garbage", "", "mps", "meta")
     ] + [
         ["report", "--out", out] for out in ("/dev/null", "{tmp}/file", "{tmp}/file/sub", f"{{tmp}}/{LONG}")
-    ],
+    ] + [["report", "--bogus"], ["report", "--scale", "huge"], ["report", "--timeout", "-1"], ["report", "--only"]],
     "gpus": [["gpus", "--jsn"]],
     "shard": [
         ["shard", *TINY, "--cpu", "--ranks", "100000"],
@@ -128,7 +128,13 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     (["measure", *TINY, "--device", "cpu", "--steps", "1", "--world-size", "2"], "an option of estimate"),
     (["estimate", *TINY, "--mode", "inference", "--precision", "fp16"], "did you mean --weights fp16?"),
     (["estimate", *TINY, "--mode", "inference", "--precision", "bf16"], "--weights"),
-    (["estimate", "--preset", "gpt2", "--seq", "4096"], "--max-seq N, also with --preset"),
+    (["estimate", "--preset", "gpt2", "--seq", "4096"], "explicit dimensions with --max-seq N"),
+    (["estimate", "--preset", "gpt2", "--max-seq", "4096"], "a table of 1,024 rows"),
+    (["estimate", "--preset", "gpt2", "--max-seq", "512"], "a table of 1,024 rows"),
+    (["estimate", *TINY, "--weights", "int4"], "only for inference"),
+    (["measure", *TINY, "--device", "cpu", "--kv-dtype", "fp8"], "only for inference"),
+    (["measure", *TINY, "--device", "cpu", "--mode", "inference", "--seq", "1", "--steps", "2"], "prefill"),
+    (["measure", *TINY, "--device", "cpu", "--mode", "inference", "--seq", "8", "--steps", "8"], "prefill"),
     (["estimate", *TINY, "--n-layers", "2"], "explicit dimensions"),
     (["estimate", "--d-model", "64", "--n-heads", "4", "--n-layers", str(10**6)], "DeepNet"),
     (["estimate", *TINY, "--seq", str(10**9)], "longest published context"),
@@ -145,10 +151,36 @@ def test_errors_point_to_the_fix(capsys: pytest.CaptureFixture[str], argv: list[
     assert hint in _error(capsys, *argv)
 
 
-def test_max_seq_works_with_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["estimate", "--preset", "gpt2", "--max-seq", "4096", "--seq", "4096", "--json"]) == 0
+@pytest.mark.parametrize("device", ["CPU", " cpu", "Cpu:0 "])
+def test_a_device_in_any_case_is_resolved_once_and_shown_canonically(device: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.cli import build_parser
+
+    # The one resolver (memlab.device.resolve_device) reads the name; measure, ledger and report get its canonical
+    # form, and the run names it ("on cpu"), so the normalisation is visible, never a silent second reading.
+    for argv in (["measure", *TINY, "--device", device], ["ledger", "--device", device]):
+        assert build_parser().parse_args(argv).device == "cpu"
+    assert cli.main(["measure", *TINY, "--device", device, "--steps", "1", "--seq", "8"]) == 0
+    assert capsys.readouterr().out.startswith("memlab measure: tiny-gpt on cpu (cpu), status ok")
+
+
+def test_choices_on_the_command_line_follow_the_apis_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    # Setup(precision="BF16") is bf16, so is --precision BF16 (memlab.predict.validate.canonical_choice)
+    assert cli.main(["estimate", *TINY, "--precision", "BF16", "--attention", " Flash", "--json"]) == 0
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    assert (setup["precision"], setup["attention"]) == ("bf16", "flash")
+    assert "invalid choice: 'bf17'" in _error(capsys, "estimate", *TINY, "--precision", "bf17")
+
+
+def test_max_seq_works_with_a_rotary_preset_and_explicit_dimensions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["estimate", "--preset", "tiny-llama", "--max-seq", "4096", "--seq", "4096", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["model"]["max_seq"] == 4096 and d["setup"]["seq"] == 4096
+    assert cli.main(["estimate", "--preset", "gpt2", "--max-seq", "1024", "--json"]) == 0, "the table's own size"
+    assert json.loads(capsys.readouterr().out)["model"]["max_seq"] == 1024
+    dims = ["--d-model", "64", "--n-heads", "4", "--n-layers", "2", "--max-seq", "4096", "--seq", "4096", "--json"]
+    assert cli.main(["estimate", *dims]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["max_seq"] == 4096
 
 
 def test_global_batch_is_not_multiplied_by_the_gpus(capsys: pytest.CaptureFixture[str]) -> None:
@@ -194,6 +226,17 @@ def test_stdout_to_dev_full_is_one_line(argv: list[str]) -> None:
     assert proc.stderr.strip().splitlines() == ["memlab: error: cannot write standard output: No space left on device"]
 
 
+@pytest.mark.parametrize("argv", [["gpus"], ["gpus", "--json"]])
+def test_stdout_closed_is_one_line(argv: list[str]) -> None:
+    # `memlab gpus >&-`: the interpreter starts with sys.stdout None, where print() drops every line silently
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-m", "memlab", *argv], env=env, timeout=120, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "memlab: error: cannot write standard output: it is closed; redirect it to a file or /dev/null"]
+
+
 def test_a_fifo_as_the_sweep_file_fails_fast(tmp_path: Path) -> None:
     fifo = tmp_path / "sweep.jsonl"
     os.mkfifo(fifo)
@@ -229,3 +272,82 @@ def test_writing_turns_an_oserror_into_the_one_line_error(tmp_path: Path) -> Non
 
     with pytest.raises(MemlabError, match=r"cannot write .*No space left on device"), writing(tmp_path / "x"):
         raise OSError(errno.ENOSPC, "No space left on device")
+
+
+# -- generated: random argument lists over every subcommand --------------------------------------------------------
+class _Reached(Exception):
+    """Raised by the stubs where a subcommand would start its real work: the input got through validation."""
+
+
+def _reached(*args, **kwargs):
+    raise _Reached
+
+
+FUZZ_VALUES = ["", " ", "0", "1", "2", "8", "-1", "3.5", "1e400", "nan", "inf", "10" * 30, "x" * 300, "CPU", " cpu",
+               "cuda:9", "auto", "tiny-gpt", "tiny-llama", "gpt2", "GPT2", "h100-sxm", "inference", "train", "int4",
+               "BF16", "fp8", "full", "flash", "4096", "7e9", "1e12", "--", "-", "=", "\x00", "é", "--x=1"]
+"""Values a fuzzed option gets: valid ones in odd spellings, bounds, non-numbers, control characters."""
+FUZZ_BASE = {"estimate": TINY, "trace": TINY, "measure": [*TINY, "--device", "cpu"], "ledger": ["--device", "cpu"],
+             "mfu": ["--gpu", "h100-sxm", "--preset", "tiny-gpt", "--seq", "64", "--tokens-per-second", "1e3"],
+             "shard": ["--cpu"], "report": ["--device", "cpu"]}
+"""A valid start for half the argument lists, so the fuzzed options reach the checks after parsing."""
+FUZZ_SKIP = {"--hf-config"}
+"""Flags left out: ``trace --hf-config`` reads a file (its input is another issue's)."""
+
+
+REPORT_FLAGS = ["--scale", "--device", "--seed", "--force", "--only", "--out", "--notebooks", "--solutions",
+                "--timeout", "--no-progress"]
+"""``memlab report``'s flags (its own parser, :mod:`memlab.course.report`)."""
+
+
+def _flags(name: str) -> list[str]:
+    from memlab.cli import build_parser
+
+    if name == "report":
+        return REPORT_FLAGS
+    sub = next(a for a in build_parser()._actions if a.choices and name in a.choices).choices[name]
+    return sorted({s for a in sub._actions for s in a.option_strings if s not in FUZZ_SKIP and s not in ("-h",
+                                                                                                      "--help")})
+
+
+@pytest.mark.parametrize("command", [c.name for c in cli.COMMANDS])
+def test_random_arguments_are_exit_0_or_one_error_line(command: str, tmp_path: Path, monkeypatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    import memlab.course.report
+    import memlab.run.distributed.launch
+    import memlab.run.runner
+    import memlab.run.sweep
+    import memlab.tracing.gpt
+
+    # Where each subcommand's real work starts (a model run, a sweep, notebooks, torchrun, a trace) the stub stops
+    # it: everything before, the parsing and every check, runs for real.
+    for module, name in ((memlab.run.runner, "_train"), (memlab.run.runner, "_infer"), (memlab.run.sweep, "sweep"),
+                         (memlab.course.report, "build"), (memlab.run.distributed.launch, "launch"),
+                         (memlab.tracing.gpt, "trace_gpt")):
+        monkeypatch.setattr(module, name, _reached)
+    monkeypatch.chdir(tmp_path)  # a default output folder (build/ledger) lands here
+    flag, value = st.sampled_from(_flags(command)), st.sampled_from(FUZZ_VALUES)
+    option = st.one_of(st.tuples(flag, value), st.tuples(flag), st.tuples(value))
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(st.sampled_from([[], FUZZ_BASE.get(command, [])]), st.lists(option, max_size=5))
+    def check(base: list[str], options: list[tuple[str, ...]]) -> None:
+        rest = [*base, *(w for o in options for w in o)]
+        capsys.readouterr()
+        try:
+            code = cli.main([command, *rest])
+        except _Reached:
+            return
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err and "Traceback" not in out
+        if code == 2:
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("memlab: error: ") and len(lines[0]) < 2100, err
+        else:
+            assert code == 0, f"{[command, *rest]}: exit {code}; stderr {err[:300]!r}"
+
+    check()

@@ -167,11 +167,11 @@ def test_report_passes_its_arguments_through(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
     fake = types.ModuleType("memlab.course.report")
-    fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
+    fake.main = lambda argv, prog: seen.append([prog, *argv]) or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "memlab.course.report", fake)
     monkeypatch.setattr("memlab.course.report", fake, raising=False)
     assert cli.main(["report", "--scale", "ci", "--help"]) == 0
-    assert seen == [["--scale", "ci", "--help"]]
+    assert seen == [["memlab report", "--scale", "ci", "--help"]]
 
 
 def test_report_unavailable_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

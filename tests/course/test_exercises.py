@@ -239,3 +239,21 @@ def test_an_exercise_unit_in_any_case_is_canonical() -> None:
     assert Numeric("x", "?", reference=lambda: 1.0, hint="", unit="gib").unit == "GiB"
     with pytest.raises(ConfigError, match="unknown unit"):
         Numeric("x", "?", reference=lambda: 1.0, hint="", unit="parsec")
+
+
+@pytest.mark.parametrize("reference", [None, float("nan"), float("inf"), "74.5", True, 10**400, [1.0]],
+                         ids=["None", "nan", "inf", "string", "bool", "huge-int", "list"])
+@pytest.mark.parametrize("answer", ["74.5", None], ids=["answered", "unanswered"])
+def test_a_broken_numeric_reference_is_the_authors_error_naming_the_exercise(reference: object,
+                                                                             answer: object) -> None:
+    ex = Numeric("broken-ref", "?", reference=lambda: reference, hint="h")
+    with pytest.raises(ConfigError, match=r"exercise 'broken-ref': its reference returned .* not a finite number"):
+        ex.check(answer, solutions=True)
+    with pytest.raises(ConfigError, match="broken-ref"):
+        ex.check("74.5")
+
+
+def test_a_numeric_reference_may_be_a_numpy_scalar() -> None:
+    import numpy as np
+
+    assert Numeric("np", "?", reference=lambda: np.int64(3), hint="h").check("3").correct

@@ -67,9 +67,23 @@ def test_memlab_hash_covers_every_memlab_source_file(tmp_path: Path) -> None:
     assert report.memlab_hash(tmp_path) != before, "a nested module's edit changes the hash"
 
 
-def test_unreadable_cache_is_ignored(tmp_path: Path) -> None:
-    (tmp_path / ".cache.json").write_text("{not json")
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '"a string"', "null", '{"version": 1, "chapters": [1]}',
+                                  '{"version": 1, "chapters": {"10_x": 5}}',
+                                  '{"version": 1, "chapters": {"10_x": {"name": "10_x", "bogus": 1}}}'],
+                         ids=["not-json", "list", "string", "null", "chapters-list", "record-int", "record-keys"])
+def test_a_damaged_cache_is_treated_as_absent_with_a_note(tmp_path: Path, text: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / ".cache.json").write_text(text)
     assert report.load_cache(tmp_path / ".cache.json") == {}
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "cache .cache.json is damaged" in out and "every chapter runs" in out
+
+
+def test_a_missing_or_older_cache_is_absent_without_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.load_cache(tmp_path / ".cache.json") == {}
+    (tmp_path / ".cache.json").write_text('{"version": 0, "chapters": {}}')
+    assert report.load_cache(tmp_path / ".cache.json") == {}
+    assert capsys.readouterr().out == ""
 
 
 def machine_paths_in(text: str, *extra: Path) -> list[str]:
@@ -308,6 +322,27 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Captu
     empty.mkdir()
     assert report.main(["--notebooks", str(empty), "--out", str(tmp_path / "o")]) == 2
     assert "no chapter notebooks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--scale", "huge"], ["--seed", "x"], ["--timeout", "0"], ["--only"]],
+                         ids=["unknown-flag", "bad-scale", "bad-seed", "zero-timeout", "missing-value"])
+def test_bad_flags_are_one_error_line_not_a_usage_dump(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memlab: error: ") and "usage" not in captured.err, captured.err
+    assert "python -m memlab.course.report --help" in lines[0] and captured.out == ""
+
+
+def test_a_failing_run_shows_no_kernel_start_up_warning(tmp_path: Path) -> None:
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "memlab.course.report", "--notebooks", str(FIXTURES), "--out",
+                           str(tmp_path), "--no-progress", "--only", "11"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == ["report: failed chapter(s): 11_fails; their pages show the error"]
 
 
 # --- the real course, built once at ci scale, checked in a real browser ------------------------------------------

@@ -176,6 +176,28 @@ def test_peak_rejects_an_unknown_dtype_and_rows_are_read_only():
         hw.Accelerator("x", "x", "x", 1, 1.0, {"bf16": -1.0}, "PCIe", "src")
 
 
+def test_rows_pickle_and_deep_copy_and_stay_read_only():
+    import copy
+    import dataclasses
+    import pickle
+
+    for row in hw.list_gpus():
+        for twin in (pickle.loads(pickle.dumps(row)), copy.deepcopy(row)):
+            assert twin == row and hash(twin) == hash(row) and twin.peak("bf16") == row.peak("bf16")
+            assert twin.printed_sparse_flops == row.printed_sparse_flops
+            with pytest.raises(TypeError):
+                twin.peak_flops["bf16"] = 1.0  # type: ignore[index]
+            with pytest.raises(TypeError):
+                twin.printed_sparse_flops["bf16"] = 1.0  # type: ignore[index]
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                twin.memory_bytes = 1  # type: ignore[misc]
+    info = hw.DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", hw.gpu("h100-sxm"), 80 * 2**30, {"bf16": 1e15},
+                         "table: x", None, None, None, None, 1)
+    assert pickle.loads(pickle.dumps(info)) == info == copy.deepcopy(info)
+    with pytest.raises(TypeError):
+        copy.deepcopy(info).peak_flops["bf16"] = 0.0  # type: ignore[index]
+
+
 def test_to_frame_has_one_row_per_gpu_and_peak_columns():
     df = hw.to_frame()
     assert len(df) == len(hw.GPUS) and df["key"].is_unique

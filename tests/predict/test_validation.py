@@ -11,14 +11,16 @@ from typing import Literal
 import numpy as np
 import pytest
 
+from memlab.course.exercises import Numeric
 from memlab.errors import MemlabError, SetupError
 from memlab.predict import flops
 from memlab.predict.estimate import Overheads, estimate, sweep_totals
-from memlab.predict.hardware import gpu
+from memlab.predict.hardware import gpu, resolve
 from memlab.predict.hardware_table import Accelerator
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
+from memlab.predict.traits import Implementation
 from memlab.predict.validate import check_fields, field_rules
 
 TINY = preset("tiny-gpt")
@@ -77,6 +79,36 @@ def test_setup_rejects(field: str, value: object) -> None:
     _raises_one_memlab_error(lambda: Setup(**{field: value}), name)
 
 
+def _string_choices(cls: type) -> list[tuple[str, str]]:
+    return [(r.name, c) for r in field_rules(cls) for c in (r.choices or ()) if isinstance(c, str)]
+
+
+@pytest.mark.parametrize("spell", [str.upper, lambda c: f" {c.title()}\t"], ids=["upper", "title-spaced"])
+def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -> None:
+    for field, choice in _string_choices(Setup):
+        extra = {"tp": 2} if field == "sp" else {}
+        if field == "optimizer_impl" and choice == "fused":
+            extra["optimizer"] = "adamw"
+        assert getattr(Setup(**{field: spell(choice)}, **extra), field) == choice
+        assert Setup(**{field: spell(choice)}, **extra) == Setup(**{field: choice}, **extra)
+    for field, choice in _string_choices(TransformerConfig):
+        assert getattr(TransformerConfig(**DIMS, **{field: spell(choice)}), field) == choice
+    for field, choice in _string_choices(Implementation):
+        assert getattr(Implementation(**{field: spell(choice)}), field) == choice
+
+
+def test_choice_arguments_follow_the_same_rule() -> None:
+    from memlab.predict.inference import kv_cache_bytes
+
+    assert gpu("h100-sxm").peak(" BF16") == gpu("h100-sxm").peak("bf16")
+    assert flops.mfu(7e9, 1e3, accelerator="h100-sxm", dtype="FP8") == flops.mfu(7e9, 1e3, accelerator="h100-sxm",
+                                                                                dtype="fp8")
+    assert flops.megatron_iteration_flops(TINY, 1, 8, "Full") == flops.megatron_iteration_flops(TINY, 1, 8, "full")
+    assert kv_cache_bytes(TINY, 1, 8, "BF16", 1) == kv_cache_bytes(TINY, 1, 8, "bf16", 1)
+    with pytest.raises(MemlabError, match=r"FP64.*Closest: fp32"):
+        Setup(precision="FP64")  # a spelling of no choice is still refused, with the closest names
+
+
 def test_setup_with_revalidates() -> None:
     with pytest.raises(MemlabError, match="zero_stage"):
         Setup().with_(zero_stage=True)
@@ -115,8 +147,10 @@ def test_a_new_annotated_field_is_checked_without_new_code() -> None:
     (lambda: Overheads(cuda_context=1), "did you mean cuda_context_bytes"),
     (lambda: Overheads(1, 2, 0.0, 0, 5), "at most"),
     (lambda: Accelerator(**ROW, peak=1e12), "has no field"), (lambda: TINY.with_(layers=3), "did you mean n_layers"),
+    (lambda: Implementation(fused=True), "did you mean fused_qkv"),
+    (lambda: Numeric("n", "q", reference=lambda: 1, hint="", tolerance=0.1), "has no field"),
 ], ids=["setup-unknown", "setup-positional", "config-missing", "config-unknown", "overheads-unknown",
-        "overheads-too-many", "accelerator-unknown", "with-unknown"])
+        "overheads-too-many", "accelerator-unknown", "with-unknown", "implementation-unknown", "numeric-unknown"])
 def test_unknown_missing_or_positional_fields_are_memlab_errors(make, word: str) -> None:
     with pytest.raises(MemlabError, match=word):
         make()
@@ -126,7 +160,7 @@ def test_strict_dataclasses_still_copy_pickle_and_hash() -> None:
     import copy
     import pickle
 
-    for obj in (TINY, Setup(batch=2), Overheads(workspace_bytes=5)):
+    for obj in (TINY, Setup(batch=2), Overheads(workspace_bytes=5), gpu("h100-sxm")):
         assert copy.deepcopy(obj) == obj == pickle.loads(pickle.dumps(obj)) and hash(obj) == hash(copy.copy(obj))
 
 
@@ -135,6 +169,7 @@ OVERHEADS_BAD = [
     ("fragmentation_fraction", "0.5"), ("fragmentation_fraction", 1.0), ("fragmentation_fraction", np.nan),
     ("fragmentation_fraction", True), ("cuda_context_bytes", 1e308), ("cuda_context_bytes", -1),
     ("cuda_context_bytes", 2**60), ("workspace_bytes", "1"), ("gathered_layers", True), ("gathered_layers", 10**6),
+    ("fragmentation_fraction", 10**400), ("cuda_context_bytes", 10**400),
 ]
 
 
@@ -161,6 +196,8 @@ ACCEL_BAD = [
     ("bandwidth_bytes_per_s", "3e12"), ("bandwidth_bytes_per_s", -1.0), ("bandwidth_bytes_per_s", math.inf),
     ("peak_flops", {"bf16": 1e30}), ("peak_flops", {"bf16": "1e14"}), ("peak_flops", {"bf16": True}),
     ("peak_flops", {"fp64": 1e12}), ("peak_flops", [1e14]), ("unofficial", "no"), ("key", None),
+    ("printed_sparse_flops", 7), ("printed_sparse_flops", "bf16"), ("printed_sparse_flops", {"bf16": 10**400}),
+    ("printed_sparse_flops", {"fp64": 1e12}), ("printed_sparse_flops", {"bf16": True}),
 ]
 
 
@@ -168,6 +205,41 @@ ACCEL_BAD = [
 def test_accelerator_rows_reject(field: str, value: object) -> None:
     with pytest.raises(MemlabError):
         Accelerator(**{**ROW, field: value})
+
+
+@pytest.mark.parametrize("call", [
+    lambda: flops.flops_per_token(TINY, 10**400), lambda: flops.forward_flops(TINY, 10**400, 8),
+    lambda: flops.step_time_to_tokens_per_second(1.0, 1, 10**400),
+    lambda: flops.megatron_closed_form(1, 8, 10**400, 64, 100),
+    lambda: gpu("h100-sxm").peak(None), lambda: gpu("h100-sxm").sparse_peak(None), lambda: gpu("h100-sxm").peak(16),
+    lambda: resolve("NVIDIA H100 80GB HBM3", "80"), lambda: resolve("NVIDIA H100 80GB HBM3", [110]),
+    lambda: resolve("NVIDIA H100 80GB HBM3", 80.0 * 2**30),
+    lambda: resolve("AMD Instinct MI250X/MI250", multiprocessor_count=[110]),
+], ids=["flops_per_token-huge-seq", "forward_flops-huge-batch", "tokens_per_second-huge-seq",
+        "megatron-huge-layers", "peak-None", "sparse_peak-None", "peak-16", "resolve-memory-str",
+        "resolve-memory-list", "resolve-memory-float", "resolve-cus-list"])
+def test_odd_arguments_are_memlab_errors_not_python_ones(call) -> None:
+    with pytest.raises(MemlabError) as err:
+        call()
+    assert "\n" not in str(err.value) and len(str(err.value)) < 600
+
+
+def test_resolve_still_matches_a_real_device() -> None:
+    assert resolve("NVIDIA H100 80GB HBM3", 80 * 2**30 - 2**28).key == "h100-sxm"
+    assert resolve("AMD Instinct MI250X/MI250", multiprocessor_count=110).key == "mi250x"
+
+
+@pytest.mark.parametrize("memory", [0, -1, 1.5e9, None, "80GB"], ids=repr)
+def test_fits_refuses_a_device_without_a_usable_memory(memory: object) -> None:
+    from memlab.predict.fit import fits, max_batch
+    from memlab.predict.hardware import DeviceInfo
+
+    dev = DeviceInfo(kind="cpu", name="odd host", accelerator=None, total_memory_bytes=memory, peak_flops={},
+                     peak_source="unknown", peak_reason="test", torch_version=None, cuda_version=None,
+                     driver_version=None, cpu_count=1)
+    for call in (lambda: fits(estimate(TINY, Setup(seq=8)), dev), lambda: max_batch(TINY, Setup(seq=8), dev)):
+        with pytest.raises(SetupError, match="memory"):
+            call()
 
 
 # -- estimate, sweep_totals --------------------------------------------------------------------------------------
@@ -321,3 +393,56 @@ def test_setup_view_overrides_fields_and_derives_properties_on_the_view() -> Non
         SetupView(base, bach=3)
     with pytest.raises(AttributeError):
         view.batch = 3
+
+
+# -- generated: random field values over every public dataclass ---------------------------------------------------
+FUZZ_ODD = [None, True, False, 0, 1, 2, 3, -1, 7, 64, 10**6, 10**30, 10**400, 0.5, 1.0, -0.0, math.nan, math.inf,
+            1e308, "", " ", "x", "FP32 ", " Flash", "SwiGLU", "bf16", "1", "x" * 1000, [], {}, (), [1],
+            {"bf16": 1e14}, object(), np.int64(4), np.float64(0.5), b"fp32", 2**63, complex(1, 1)]
+"""Odd field values: bounds, non-finite numbers, numbers in the wrong type, strings in odd spellings, containers."""
+
+
+def _fuzzed_classes() -> dict[type, dict[str, object]]:
+    """Every public dataclass that validates its input, with the fields it needs to exist."""
+    from memlab.course.exercises import Choice
+
+    return {Setup: {}, TransformerConfig: dict(DIMS), Implementation: {}, Overheads: {}, Accelerator: dict(ROW),
+            Numeric: {"name": "n", "question": "q", "reference": lambda: 1.0, "hint": "h"},
+            Choice: {"name": "c", "question": "q", "reference": lambda: "a", "hint": "h",
+                     "options": {"a": "one", "b": "two"}}}
+
+
+@pytest.mark.parametrize("cls", list(_fuzzed_classes()), ids=lambda c: c.__name__)
+def test_random_field_values_are_a_memlab_error_or_a_valid_object(cls: type) -> None:
+    import copy
+    import pickle
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from memlab.course.exercises import Result
+
+    required = _fuzzed_classes()[cls]
+    names = [f.name for f in dataclasses.fields(cls)] + ["bogus_field"]
+    values = st.sampled_from(FUZZ_ODD)
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(st.dictionaries(st.sampled_from(names), values, min_size=1, max_size=3), values)
+    def check(changes: dict[str, object], answer: object) -> None:
+        try:
+            obj = cls(**{**required, **changes})
+        except MemlabError as exc:
+            assert "\n" not in str(exc) and len(str(exc)) < 2000
+            return
+        if hasattr(obj, "check"):  # an exercise: a learner's answer never raises
+            assert isinstance(obj.check(answer), Result)
+            return
+        assert pickle.loads(pickle.dumps(obj)) == obj == copy.deepcopy(obj)
+        if isinstance(obj, Setup):  # a valid Setup estimates, or says why not
+            try:
+                total = estimate(TINY, obj.with_(seq=min(obj.seq, TINY.max_seq))).total_bytes
+            except MemlabError:
+                return
+            assert isinstance(total, int) and total > 0
+
+    check()

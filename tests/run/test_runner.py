@@ -214,6 +214,9 @@ def test_bad_setups_raise_one_clear_setup_error(setup: Setup, config, words: str
 def test_bad_steps_and_unavailable_device() -> None:
     with pytest.raises(SetupError, match="steps"):
         _run(Setup(seq=8), steps=0)
+    for seq, steps in ((1, 2), (1, 1), (8, 8)):  # no prompt token left to prefill: refused, not silently clamped
+        with pytest.raises(SetupError, match="at least steps \\+ 1"):
+            _run(Setup(mode="inference", seq=seq, inference_weights="fp32", kv_cache_dtype="fp32"), steps=steps)
     if not torch.cuda.is_available():
         with pytest.raises(SetupError, match="no CUDA GPU"):
             resolve_device("cuda")
