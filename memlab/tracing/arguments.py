@@ -98,7 +98,7 @@ def checked_batch_of(batch: Any) -> Any:
     leaves = tree_leaves(batch)
     odd = next((x for x in leaves if not isinstance(x, torch.Tensor)), None)
     if batch is None or not leaves or odd is not None:
-        got = type(batch).__name__ if odd is None else f"a {type(odd).__name__} inside it"
+        got = type(batch).__name__ if odd is None else f"{type(odd).__name__} {odd!r:.40} inside it"
         raise SetupError(f"batch_fn() must return a tensor or a tuple, list or dict of tensors (the inputs the trace "
                          f"counts), got {got}")
     return batch
