@@ -48,7 +48,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
             if args.preset is not None:
                 raise MemlabError(f"give the preset once: MODEL {args.model!r} or --preset {args.preset!r}")
             args.preset = args.model
-        elif Path(args.model).suffix == ".json" or Path(args.model).is_dir():
+        elif Path(args.model).suffix == ".json" or _is_dir(args.model):
             if hf is not None:
                 raise MemlabError("give the Hugging Face config once: MODEL or --hf-config")
             hf = args.model
@@ -66,6 +66,14 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
     if isinstance(model, int):
         raise MemlabError("memlab trace needs a model to build: give a preset or dimensions, not --params")
     return "gpt", model
+
+
+def _is_dir(text: str) -> bool:
+    """Whether ``text`` names a folder (a config's); False for a name the OS refuses (too long)."""
+    try:
+        return Path(text).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def _hf_estimate(path: str, setup: Any) -> Any:

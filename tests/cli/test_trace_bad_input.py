@@ -75,6 +75,8 @@ CASES: list[tuple[list[str], str]] = [
     (["--hf-config", "{d}/ok.json", "--recompute", "selective", *SMALL], "selective"),
     (["--hf-config", "{d}/gpt2_64.json"], "max_position_embeddings=64"),  # the default seq 1024
     (["--hf-config", "{d}/gpt2_64.json", "--seq", "65", "--batch", "1"], "at most 64"),
+    (["x" * 5000, *SMALL], "unknown preset"),
+    (["--hf-config", "x" * 5000 + ".json", *SMALL], "cannot read the config"),
     (["tiny-gpt", "--fragmentation", "0.1", *SMALL], "--fragmentation"),
     (["tiny-gpt", "--cuda-context-mib", "300", *SMALL], "--cuda-context-mib"),
 ]
