@@ -2,19 +2,22 @@
 
 ``memlab trace MODEL [setup flags as estimate] [--hf-config F] [--json]``. MODEL is a preset name (or ``--preset``
 / explicit dimensions, as ``estimate``) for the reference GPT, or a Hugging Face ``config.json`` (``--hf-config``,
-or a path given as MODEL). Prints the bytes held at each phase of the first and the steady step (trace and formula
-side by side), marks the peak, and lists the top modules by the activation bytes their forward keeps. Nothing is
-allocated or downloaded; the step runs on CPU fake tensors (:mod:`memlab.tracing.tracer`).
+or a path given as MODEL; then no preset or dimension flag, one process). Prints the bytes held at each phase of
+the first and the steady step (trace and formula side by side), marks the peak, lists the top modules by the
+activation bytes their forward keeps, and with ``--gpu`` says whether the traced peak fits that accelerator. Nothing
+is allocated or downloaded; the step runs on CPU fake tensors (:mod:`memlab.tracing.tracer`). Python warnings raised
+on the way are shown only when the trace succeeds (an error is one line).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
-from memlab.cli.args import model_from_args, positive_int
+from memlab.cli.args import given_model_options, model_from_args, positive_int
 from memlab.cli.estimate import add_arguments as add_estimate_arguments
 from memlab.cli.estimate import setup_of
 from memlab.errors import MemlabError
@@ -45,7 +48,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
             if args.preset is not None:
                 raise MemlabError(f"give the preset once: MODEL {args.model!r} or --preset {args.preset!r}")
             args.preset = args.model
-        elif Path(args.model).suffix == ".json" or Path(args.model).is_dir():
+        elif Path(args.model).suffix == ".json" or _is_dir(args.model):
             if hf is not None:
                 raise MemlabError("give the Hugging Face config once: MODEL or --hf-config")
             hf = args.model
@@ -54,11 +57,23 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
 
             raise unknown_name("preset (or config.json path)", args.model, list(PRESETS))
     if hf is not None:
+        given = given_model_options(args)
+        if given:
+            raise MemlabError(f"the model comes from the Hugging Face config, so {', '.join(given)} would be ignored: "
+                              "drop them (the sizes are the config's), or drop --hf-config to trace the reference GPT")
         return "hf", hf
     model = model_from_args(args)
     if isinstance(model, int):
         raise MemlabError("memlab trace needs a model to build: give a preset or dimensions, not --params")
     return "gpt", model
+
+
+def _is_dir(text: str) -> bool:
+    """Whether ``text`` names a folder (a config's); False for a name the OS refuses (too long)."""
+    try:
+        return Path(text).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def _hf_estimate(path: str, setup: Any) -> Any:
@@ -77,8 +92,38 @@ def _num(v: float | None, size: float) -> str:
     return "-" if v is None else f"{v / size:,.3f}"
 
 
+_ESTIMATE_ONLY = {"cuda_context_mib": "--cuda-context-mib", "workspace_mib": "--workspace-mib",
+                  "fragmentation": "--fragmentation", "gathered_layers": "--gathered-layers"}
+"""Estimate options a trace has no use for (its CUDA terms are listed after the table instead)."""
+
+
+def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
+    """Whether the traced peak (bytes) fits ``gpu``'s table memory: the fields of a
+    :class:`~memlab.predict.fit.FitVerdict`, from the trace."""
+    from memlab.predict.hardware import gpu as lookup
+
+    acc = lookup(gpu)
+    cap = int(acc.memory_bytes)
+    return {"fits": peak <= cap, "gpu": acc.key, "gpu_name": acc.name, "capacity_bytes": cap, "peak_bytes": peak,
+            "headroom_bytes": cap - peak, "peak_step": step, "peak_phase": phase, "source": "the traced peak (CPU "
+            "fake tensors), without the CUDA terms a run adds"}
+
+
 def run(args: argparse.Namespace) -> int:
-    """Trace the step and print the phase table (or JSON)."""
+    """Trace the step and print the phase table (or JSON); Python warnings are shown only if it succeeds."""
+    ignored = [flag for key, flag in _ESTIMATE_ONLY.items() if getattr(args, key, 0)]
+    if ignored:
+        raise MemlabError(f"{', '.join(ignored)}: overheads of memlab estimate, which a trace would ignore (it lists "
+                          "the CUDA terms it cannot see instead): drop them, or run memlab estimate")
+    with warnings.catch_warnings(record=True) as caught:
+        result, setup, predicted = _trace(args)
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return _print(args, result, setup, predicted)
+
+
+def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(trace, setup, formula or None) of the command's target."""
     from memlab.predict.estimate import estimate
 
     kind, target = _target(args)
@@ -96,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
         setup = _setup(args, target)
         result = trace_gpt(target, setup)
         predicted = estimate(target, setup)
+    return result, setup, predicted
+
+
+def _print(args: argparse.Namespace, result: Any, setup: Any, predicted: Any) -> int:
+    """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given."""
+    verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase) if args.gpu is not None
+               else None)
     if args.json:
         out = result.to_dict()
         if predicted is not None:
@@ -103,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
                                "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
                                "total": predicted.total_bytes}
         out["top_modules"] = result.modules_by_kind(args.top)
+        out["verdict"] = verdict
         print(json.dumps(out, indent=2, default=str))
         return 0
     unit, size = byte_unit(result.peak_bytes)
@@ -137,4 +190,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"
                                                                 for t in result.cuda_terms))
+    if verdict is not None:
+        word = "FITS" if verdict["fits"] else "DOES NOT FIT"
+        print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
+              f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
+              f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
     return 0

@@ -8,11 +8,11 @@ downloaded: these are configs, not weights; a model is built from one with ``Aut
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError, unknown_name
+from memlab.predict.hf import read_config_json
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 SIZES = ("tiny", "full")
@@ -33,7 +33,7 @@ def _read(name_or_path: str | Path, size: str) -> dict[str, Any]:
         path = CONFIG_DIR / size / f"{name_or_path}.json"
     if not path.exists():
         raise ConfigError(f"no config.json at {path}: give a shipped name ({', '.join(config_names(size))}) or a path")
-    return json.loads(path.read_text())
+    return read_config_json(path)  # a learner's file: regular, size-capped, strict UTF-8 JSON object
 
 
 def load_config(name_or_path: str | Path, size: str = "tiny") -> dict[str, Any]:

@@ -11,13 +11,17 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from memlab.errors import SetupError, unknown_name
+from memlab.errors import ConfigError, MemlabError, SetupError, unknown_name
+from memlab.predict.hf import read_config_json
+from memlab.predict.validate import check_int
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """Dtypes a Hugging Face model is built in here (memlab name -> torch dtype)."""
@@ -32,44 +36,123 @@ def import_transformers() -> Any:
 
 
 def hf_config(source: Any, **dims: Any) -> Any:
-    """A ``transformers`` config from what a user holds: a config object (returned as is, or copied with ``dims``), a
-    dict with its ``model_type`` (a parsed ``config.json``), a ``config.json`` path (or its folder), or a model type
-    name (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...); ``dims`` override or add keys. Nothing is downloaded.
-    Keys starting with ``_`` (memlab's notes, transformers' bookkeeping), ``architectures`` and
-    ``transformers_version`` are dropped; a bad path, bad JSON or unknown type raises :class:`SetupError`."""
+    """A ``transformers`` causal-LM config from what a user holds: a config object (returned as is, or copied with
+    ``dims``), a dict with its ``model_type`` (a parsed ``config.json``), a ``config.json`` path (or its folder, read
+    by :func:`memlab.predict.hf.read_config_json`: regular files only, size-capped, strict UTF-8 JSON), or a model
+    type name (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...); ``dims`` override or add keys. Nothing is
+    downloaded. Keys starting with ``_`` (memlab's notes, transformers' bookkeeping), ``architectures`` and
+    ``transformers_version`` are dropped. A bad path or file, an unknown type, a type with no causal LM (t5), a
+    config transformers refuses, a size that is not a positive int, or heads that do not divide the width raise
+    :class:`~memlab.errors.ConfigError` (an unknown type :class:`~memlab.errors.UnknownNameError`) in one line;
+    transformers' config warnings are silenced."""
     tf = import_transformers()
-    if hasattr(source, "to_dict") and hasattr(source, "model_type"):
-        return source.__class__.from_dict({**source.to_dict(), **dims}) if dims else source
-    if isinstance(source, dict):
-        return _from_dict(tf, dict(source), dims, "an HF config dict")
-    path = Path(str(source))
-    if path.is_dir():
-        path = path / "config.json"
-    if path.suffix == ".json" or path.exists():
-        if not path.exists():
-            raise SetupError(f"no config file at {path}: give the path of a Hugging Face config.json")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise SetupError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(data, dict):
-            raise SetupError(f"{path} holds a JSON {type(data).__name__}, not a Hugging Face config object")
-        return _from_dict(tf, data, dims, str(path))
-    try:
-        return tf.AutoConfig.for_model(str(source), **dims)
-    except ValueError:
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    if not isinstance(source, str | os.PathLike | dict) and not (hasattr(source, "to_dict")
+                                                                   and hasattr(source, "model_type")):
+        raise ConfigError(f"hf_config needs a config.json path, a dict with model_type, a transformers config or a "
+                          f"model type name, got {type(source).__name__}")
+    with quiet_transformers():
+        if not isinstance(source, str | os.PathLike | dict):
+            cfg = _built(lambda: source.__class__.from_dict({**source.to_dict(), **dims}) if dims else source,
+                         type(source).__name__)
+        elif isinstance(source, dict):
+            cfg = _from_dict(tf, dict(source), dims, "an HF config dict")
+        elif _is_config_path(Path(source)):
+            cfg = _from_dict(tf, read_config_json(source), dims, str(source))
+        else:
+            cfg = _for_type(tf, str(source), dims)
+    return _checked(cfg)
 
-        raise unknown_name("Hugging Face model type", str(source), list(CONFIG_MAPPING.keys())) from None
+
+def _is_config_path(path: Path) -> bool:
+    """A path (a ``.json`` name, or anything that exists) rather than a model type name like ``llama``."""
+    try:
+        return path.suffix == ".json" or os.path.lexists(path)
+    except (OSError, ValueError):  # a name too long, a NUL byte: read_config_json says what is wrong
+        return True
+
+
+def _for_type(tf: Any, kind: str, dims: dict[str, Any], where: str = "") -> Any:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if kind not in CONFIG_MAPPING:
+        raise unknown_name("Hugging Face model type", kind[:100], list(CONFIG_MAPPING.keys()))
+    return _built(lambda: tf.AutoConfig.for_model(kind, **dims), f"{where} ({kind})" if where else f"a {kind} config")
 
 
 def _from_dict(tf: Any, data: dict[str, Any], dims: dict[str, Any], where: str) -> Any:
     kind = data.pop("model_type", None)
     if not kind:
-        raise SetupError(f"{where} has no 'model_type' (gpt2, llama, ...): is it a Hugging Face config.json?")
+        raise ConfigError(f"{where} has no 'model_type' (gpt2, llama, ...): is it a Hugging Face config.json?")
+    if not isinstance(kind, str):
+        raise ConfigError(f"{where}: model_type must be a string (gpt2, llama, ...), got {type(kind).__name__}")
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{where}: config keys must be strings, got {bad[0]!r:.60}")
     keys = {k: v for k, v in {**data, **dims}.items()
             if not k.startswith("_") and k not in ("architectures", "transformers_version")}
-    return tf.AutoConfig.for_model(kind, **keys)
+    return _for_type(tf, kind, keys, where)
+
+
+def _built(make: Callable[[], Any], what: str) -> Any:
+    """``make()``, with whatever transformers raises for a config it refuses (its strict dataclass checks, a
+    ``TypeError`` for a list where a dict belongs, ...) as one :class:`ConfigError` line."""
+    try:
+        return make()
+    except MemlabError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{what} nests too deep for transformers to read") from None
+    except Exception as exc:  # the boundary with transformers' many config checks
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        text = " ".join(str(cause).split())[:300]
+        raise ConfigError(f"transformers refuses {what}: {type(cause).__name__}: {text}") from None
+
+
+_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+          "head_dim", "vocab_size", "max_position_embeddings")
+"""Config attributes that, when a config has them and sets them, must be positive ints (``attribute_map`` reads
+GPT-2's ``n_embd`` as ``hidden_size``)."""
+
+
+def _checked(cfg: Any) -> Any:
+    """``cfg`` when it describes a causal LM memlab can build: its type has an ``AutoModelForCausalLM`` class, its
+    sizes (:data:`_SIZES`) are positive ints and its heads divide the width (unless it gives ``head_dim``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    kind = getattr(cfg, "model_type", None)
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError(f"model_type {kind!r:.60} has no causal LM in transformers (AutoModelForCausalLM): memlab "
+                          "builds decoder-only language models (gpt2, llama, mistral, qwen2, ...), not encoder-decoder "
+                          "or encoder models")
+    sizes = {}
+    for key in _SIZES:
+        try:
+            value = getattr(cfg, key, None)
+        except Exception:  # a property that cannot compute from a broken config
+            value = None
+        if value is not None:
+            sizes[key] = check_int(key, value, owner=str(kind), err=ConfigError)
+    width, heads, kv = (sizes.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
+    if width and heads and "head_dim" not in sizes and width % heads:
+        raise ConfigError(f"the {kind} config's num_attention_heads={heads} must divide hidden_size={width} (or give "
+                          "head_dim)")
+    if heads and kv and heads % kv:
+        raise ConfigError(f"the {kind} config's num_key_value_heads={kv} must divide num_attention_heads={heads}")
+    return cfg
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' logging at error level while building configs and models (its config-validation warnings
+    about tiny vocabularies and loss types would precede memlab's own one-line answer)."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: str = "fp32",
@@ -81,16 +164,10 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
 
     if dtype not in DTYPES:
         raise SetupError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    from transformers.utils import logging
-
     torch.manual_seed(seed)
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()  # config validation warnings about tiny vocabularies, once per build
-    try:
+    with quiet_transformers():  # config validation warnings about tiny vocabularies, once per build
         cfg = hf_config(config)
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
-    finally:
-        logging.set_verbosity(level)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model.to(device).train()

@@ -6,23 +6,29 @@ A Hugging Face model is described by its ``config.json``; the code that runs it 
 ``gelu_new``, a parallel block, ``repeat_kv``, fp32 softmax and RMSNorm upcasts, ...), each with the file and
 function that causes it, so :mod:`memlab.predict.activations` counts what that code really saves.
 
-Accepted input: a ``transformers`` config object (anything with ``to_dict()`` or attributes), a plain dict, or the
-path of a ``config.json``. Nothing is downloaded and neither torch nor transformers is imported here. Keys the
-config leaves out take the family's ``transformers`` defaults (:data:`DEFAULTS`). ``vocab_size`` is the embedding's
-row count as the config gives it, i.e. already padded (Pythia: 50,304 rows for a 50,277-token tokenizer).
+Accepted input: a ``transformers`` config object (anything with ``to_dict()``, or attributes with a
+``model_type``), a plain dict, or the path of a ``config.json`` (read by :func:`read_config_json`, the one safe
+reader :mod:`memlab.model.hf` shares). Nothing is downloaded and neither torch nor transformers is imported here.
+Keys the config leaves out take the family's ``transformers`` defaults (:data:`DEFAULTS`); the keys it gives are
+checked against the kind of their default (sizes are positive ints, flags are JSON booleans, dropouts are numbers
+in [0, 1]), so ``"false"`` is no False and ``0`` heads no default. ``vocab_size`` is the embedding's row count as
+the config gives it, i.e. already padded (Pythia: 50,304 rows for a 50,277-token tokenizer).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memlab.errors import ConfigError
+from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.traits import Implementation
+from memlab.predict.validate import check_bool, check_int, check_number, check_str
 
 _T = "transformers/models"
 _LLAMA_LIKE = {
@@ -71,28 +77,149 @@ _ACT = {"gelu_new": "gelu_new", "gelu_fast": "gelu_new", "gelu": "gelu", "relu":
         "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
-def _as_dict(config: object) -> dict[str, Any]:
-    if isinstance(config, str | Path):
-        path = Path(config)
+MAX_CONFIG_BYTES = 4 * 2**20
+"""The largest ``config.json`` :func:`read_config_json` reads, bytes (4 MiB; a real one is a few KiB, a
+multimodal one with its sub-configs under 100 KiB)."""
+
+MAX_CONFIG_DEPTH = 32
+"""The deepest nesting of objects and lists :func:`read_config_json` accepts (real configs nest 3 or 4 deep:
+``text_config.rope_scaling.*``)."""
+
+
+def read_config_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in a Hugging Face ``config.json`` (or in ``path/config.json`` for a folder), read safely.
+
+    Only a regular file is opened (a FIFO would block, ``/dev/zero`` never ends), at most :data:`MAX_CONFIG_BYTES`
+    of it, as strict UTF-8 JSON (no comments, no NaN or Infinity) that is an object nesting at most
+    :data:`MAX_CONFIG_DEPTH` deep. Anything else raises :class:`~memlab.errors.ConfigError` saying what the file
+    is. Used by :func:`from_hf` and by :func:`memlab.model.hf.hf_config`."""
+    path = Path(path)
+    try:
         if path.is_dir():
             path = path / "config.json"
-        if not path.exists():
-            raise ConfigError(f"no HF config at {path}: pass a config.json path, a dict or a transformers config")
-        return json.loads(path.read_text())
+        info = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"no config file at {path}: give the path of a Hugging Face config.json, a dict or a "
+                          "transformers config") from None
+    except (OSError, ValueError) as exc:  # permissions, a name too long, a NUL byte
+        raise ConfigError(f"cannot read the config {str(path)[:200]!r}: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+    _check_regular(path, info.st_mode)
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path} is {info.st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a config.json may have "
+                          "(real ones are a few KiB): is it a weights file?")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # never blocks, even if swapped for a FIFO
+        with os.fdopen(fd, "rb") as f:
+            _check_regular(path, os.fstat(f.fileno()).st_mode)
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path} is over the {MAX_CONFIG_BYTES:,} bytes a config.json may have")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}): a config.json is UTF-8 JSON") from None
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}; JSON has "
+                          "no comments or trailing commas)") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests deeper than Python's JSON reader goes: not a config.json") from None
+    except ValueError as exc:  # a number with more digits than Python converts
+        raise ConfigError(f"{path} is not a config.json memlab reads: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path} holds a JSON {_json_kind(obj)}, not a Hugging Face config object {{...}}")
+    if _depth(obj) > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{path} nests objects or lists over {MAX_CONFIG_DEPTH} deep: not a Hugging Face config")
+    return obj
+
+
+def _check_regular(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        raise ConfigError(f"{path} is {kind}, not a regular file: give the path of a config.json file")
+
+
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not a JSON number", name, 0)
+
+
+def _json_kind(obj: object) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(obj), "number")
+
+
+def _depth(obj: object) -> int:
+    """How deep lists and objects nest in ``obj`` (iteratively: a deep value never recurses)."""
+    deepest, todo = 0, [(obj, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_CONFIG_DEPTH:
+                todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _as_dict(config: object) -> dict[str, Any]:
+    if isinstance(config, str | os.PathLike):
+        return read_config_json(config)
     if isinstance(config, Mapping):
         return dict(config)
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
-        return dict(to_dict())
-    return {k: v for k, v in vars(config).items() if not k.startswith("__")}
+        out = to_dict()
+        if not isinstance(out, Mapping):
+            raise ConfigError(f"{type(config).__name__}.to_dict() returned {type(out).__name__}, not a dict")
+        return dict(out)
+    attrs = getattr(config, "__dict__", None)
+    if isinstance(attrs, dict) and "model_type" in attrs:
+        return {k: v for k, v in attrs.items() if not k.startswith("__")}
+    raise ConfigError(f"from_hf needs a config.json path, a dict or a transformers config (with model_type), got "
+                      f"{type(config).__name__}")
+
+
+def _checked(c: dict[str, Any], family: str) -> dict[str, Any]:
+    """``c`` with every key of the family's :data:`DEFAULTS` checked against the kind of its default: an int
+    default is a positive size, None an optional positive size, a bool a JSON boolean, a str a name, a float a
+    fraction in [0, 1] (rotary fractions in (0, 1])."""
+    for key, default in DEFAULTS[family].items():
+        value, where = c[key], f"HF {family} config"
+        if default is None:
+            if value is not None:
+                check_int(key, value, owner=where, err=ConfigError)
+        elif isinstance(default, bool):
+            check_bool(key, value, owner=where, err=ConfigError)
+        elif isinstance(default, int):
+            check_int(key, value, owner=where, err=ConfigError)
+        elif isinstance(default, float):
+            rotary = key in ("rotary_pct", "partial_rotary_factor")
+            check_number(key, value, lo=0.0, hi=1.0, lo_open=rotary, owner=where, err=ConfigError)
+        else:
+            check_str(key, value, owner=where, err=ConfigError)
+    return c
+
+
+def _optional(c: dict[str, Any], key: str, family: str, check: Any, default: Any) -> Any:
+    """``c[key]`` checked by ``check`` (a :mod:`memlab.predict.validate` checker; numbers in [0, 1]), or
+    ``default`` when the config leaves it out or gives null: for keys some families have and :data:`DEFAULTS`
+    does not list."""
+    value = c.get(key)
+    if value is None:
+        return default
+    bounds = {"lo": 0.0, "hi": 1.0} if check is check_number else {}
+    return check(key, value, **bounds, owner=f"HF {family} config", err=ConfigError)
 
 
 def _src(family: str, text: str) -> str:
     return f"{_T}/{family}/{text}"
 
 
-def _activation(name: str, field: str, family: str) -> str:
-    if name not in _ACT:
+def _activation(name: object, field: str, family: str) -> str:
+    if not isinstance(name, str) or name not in _ACT:
         raise ConfigError(f"{family}: {field}={name!r} is not modelled; known activations: {', '.join(sorted(_ACT))}")
     return _ACT[name]
 
@@ -107,17 +234,21 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     ``embedding_dropout`` (OPT's ``activation_dropout`` is not modelled). Source: ``[hf-transformers]``.
     """
     raw = _as_dict(config)
-    family = str(raw.get("model_type", "")).lower()
+    kind = raw.get("model_type", "")
+    family = kind.lower() if isinstance(kind, str) else ""
     if family not in DEFAULTS:
-        raise ConfigError(f"HF model_type {family or '(missing)'!r} is not supported by from_hf; supported: "
+        shown = repr(kind)[:60] if kind else "(missing)"
+        raise ConfigError(f"HF model_type {shown} is not supported by from_hf; supported: "
                           f"{', '.join(SUPPORTED)} (or build a TransformerConfig by hand)")
-    c = {**DEFAULTS[family], **{k: v for k, v in raw.items() if v is not None or k not in DEFAULTS[family]}}
-    label = name or str(raw.get("_name_or_path") or raw.get("name") or family) or family
+    c = _checked({**DEFAULTS[family], **{k: v for k, v in raw.items() if v is not None or k not in DEFAULTS[family]}},
+                 family)
+    given = next((v for v in (raw.get("_name_or_path"), raw.get("name")) if isinstance(v, str) and v), family)
+    label = name or given
     build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma}.get(family, _llama_like)
     tc = build(c, family, label)
-    attn_p = float(c.get("attn_pdrop" if family == "gpt2" else "attention_dropout") or 0.0)
+    attn_p = _optional(c, "attn_pdrop" if family == "gpt2" else "attention_dropout", family, check_number, 0.0)
     embd_key = {"gpt2": "embd_pdrop", "phi": "embd_pdrop", "gpt_neox": "hidden_dropout"}.get(family, "")
-    embd_p = float(c.get(embd_key, 0.0) or 0.0)
+    embd_p = _optional(c, embd_key, family, check_number, 0.0)
     loss_src = ("loss_labels_padded", "transformers/loss/loss_utils.py ForCausalLMLoss")
     im = tc.impl
     # Traits equal to what the reference GPT would do anyway go back to their defaults, so impl.differs() lists
@@ -225,12 +356,12 @@ def _phi(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
 def _llama_like(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     cls = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]
     d, a = c["hidden_size"], c["num_attention_heads"]
-    head_dim = c.get("head_dim") or d // a
+    head_dim = _optional(c, "head_dim", family, check_int, None) or d // a
     if family == "qwen2":
         qkv_bias, o_bias, mlp_bias = True, False, False
     else:
-        qkv_bias = o_bias = bool(c.get("attention_bias", False))
-        mlp_bias = bool(c.get("mlp_bias", False))
+        qkv_bias = o_bias = _optional(c, "attention_bias", family, check_bool, False)
+        mlp_bias = _optional(c, "mlp_bias", family, check_bool, False)
     sources = tuple((k, _src(family, v.format(f=family, F=cls))) for k, v in _LLAMA_LIKE.items())
     if family == "qwen2":
         sources += (("qkv_bias", _src(family, "modeling_qwen2.py Qwen2Attention: q/k/v_proj bias=True, o_proj "
@@ -276,7 +407,14 @@ def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str 
     """The memlab ``Setup.attention`` an HF ``attn_implementation`` runs as: ``eager`` is eager; ``sdpa`` picks
     PyTorch's fused kernel (on CPU the flash kernel, or the math backend when attention dropout is on, which the
     CPU flash kernel does not support; on CUDA flash for 16-bit and memory-efficient for fp32);
-    ``flash_attention_2`` is flash."""
+    ``flash_attention_2`` is flash. ``device_type`` is ``"cpu"`` or ``"cuda"`` (the kernels memlab models),
+    ``dtype`` the model's (fp32, bf16 or fp16); anything else raises :class:`~memlab.errors.SetupError`."""
+    if device_type not in ("cpu", "cuda") or not isinstance(device_type, str):
+        raise SetupError(f"device_type must be 'cpu' or 'cuda' (the SDPA kernels memlab models), got "
+                         f"{device_type!r:.60}")
+    if dtype not in ("fp32", "bf16", "fp16") or not isinstance(dtype, str):
+        raise SetupError(f"dtype must be fp32, bf16 or fp16 (an HF model's dtype), got {dtype!r:.60}")
+    check_number("attention_dropout", attention_dropout, lo=0.0, hi=1.0, err=SetupError)
     if attn_implementation == "eager":
         return "eager"
     if attn_implementation in ("flash_attention_2", "flash_attention_3"):
@@ -285,4 +423,5 @@ def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str 
         if device_type == "cpu":
             return "math" if attention_dropout > 0 else "flash"
         return "flash" if dtype != "fp32" else "efficient"
-    raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got {attn_implementation!r}")
+    raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got "
+                      f"{attn_implementation!r:.60}")

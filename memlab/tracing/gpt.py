@@ -17,6 +17,7 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup, resolve_optimizer_impl
+from memlab.tracing.arguments import check_trace_setup
 from memlab.tracing.tracer import PhaseRecorder, Trace, fast_mem_tracker, module_rows, trace_step
 
 
@@ -31,6 +32,7 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
     from memlab.model.optimizers import build_optimizer
     from memlab.model.step import TrainingStep, training_step
 
+    check_trace_setup(setup, device_type)
     if setup.mode != "train":
         raise SetupError("this traces a training step: set mode='train' (trace_gpt traces inference itself)")
     if setup.tp > 1:
@@ -91,6 +93,7 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     """
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
+    check_trace_setup(setup, device_type, fake)
     if setup.mode == "inference":
         return _trace_inference(config, setup, fake=fake)
     if setup.world_size == 1:

@@ -25,8 +25,10 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.model.gpt import sdpa_backend
-from memlab.model.hf import hf_config, import_transformers
+from memlab.model.hf import hf_config, import_transformers, quiet_transformers
 from memlab.predict.setup import Setup
+from memlab.predict.validate import check_bool
+from memlab.tracing.arguments import check_trace_setup
 from memlab.tracing.gpt import setup_parts
 from memlab.tracing.tracer import Trace, default_loss, trace_step
 
@@ -55,12 +57,27 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant);
-    ``selective`` has no transformers equivalent. ``force_unpacked``: see :func:`unpacked_batches`.
+    ``selective`` has no transformers equivalent. ``force_unpacked``: see :func:`unpacked_batches`. One process
+    only (``world_size`` 1: transformers models are not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces
+    FSDP2); ``device_type`` is ``"cpu"`` or ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's
+    ``n_positions``, OPT's ``max_position_embeddings``) raises :class:`SetupError`: on fake tensors the lookup past
+    the table would pass unnoticed. transformers' warnings are silenced while the step is traced.
     """
     tf = import_transformers()
     from memlab.model.step import model_dtype
 
+    check_trace_setup(setup, device_type, fake)
+    check_bool("force_unpacked", force_unpacked, err=SetupError)
+    if name is not None and not isinstance(name, str):
+        raise SetupError(f"name must be a string or None, got {type(name).__name__}")
     cfg = hf_config(config)
+    if setup.mode != "train":
+        raise SetupError("trace_hf traces a training step: set mode='train' (traced inference runs for the reference "
+                         "GPT: trace_gpt)")
+    if setup.world_size > 1:
+        raise SetupError(f"trace_hf traces one process, but world_size={setup.world_size} (ZeRO-{setup.zero_stage}): "
+                         "a transformers model is not sharded here, so its trace would sit beside a sharded formula; "
+                         "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
     impl, backend = _ATTENTION[setup.attention]
@@ -81,6 +98,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        _check_positions(model, cfg, setup.seq)
         model.train()
         return model
 
@@ -98,7 +116,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
     try:
-        with ctx:
+        with ctx, quiet_transformers():
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
                               name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:
@@ -107,3 +125,22 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         raise SetupError(f"SDPA backend {backend!r} cannot run this model on CPU, where traces run (the efficient "
                          "kernel has no CPU version; CPU flash has no dropout in training and no mask): set the "
                          "config's dropout to 0 or use attention='math' or 'eager'") from None
+
+
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+"""Names transformers gives a learned position table (GPT-2 and GPT-Neo ``wpe``, OPT and BioGPT
+``embed_positions``, ``position_embeddings`` elsewhere)."""
+
+
+def _check_positions(model: nn.Module, cfg: Any, seq: int) -> None:
+    """Raise :class:`SetupError` when ``seq`` tokens index past ``model``'s learned position table: an
+    ``nn.Embedding`` named as in :data:`_POSITION_TABLES`, of ``num_embeddings`` rows less its ``offset`` (OPT's 2).
+    Rotary and ALiBi models have no table and run any length."""
+    for qualified, module in model.named_modules():
+        if qualified.rpartition(".")[2] in _POSITION_TABLES and isinstance(module, nn.Embedding):
+            rows = module.num_embeddings - int(getattr(module, "offset", 0) or 0)
+            if seq > rows:
+                limit = getattr(cfg, "max_position_embeddings", rows)
+                raise SetupError(f"seq={seq} is longer than the {cfg.model_type} model's learned position table "
+                                 f"({rows} positions: max_position_embeddings={limit}): lower seq to at most {rows} "
+                                 "or raise max_position_embeddings in the config")

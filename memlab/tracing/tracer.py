@@ -47,6 +47,14 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.model.step import Meter, Step, train_step
 from memlab.predict.phases import PhaseRow, find_phase
+from memlab.tracing.arguments import (
+    check_trace_arguments,
+    checked_batch_of,
+    checked_context_of,
+    checked_loss_of,
+    checked_model_of,
+    checked_optimizer_of,
+)
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "inputs")
 """Trace categories, in display order (MemTracker's Parameter, Buffer, Gradient, Optstate, Activation, Temp,
@@ -352,14 +360,37 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
     object with ``step()`` and ``zero_grad(set_to_none)`` cover precision wrappers. ``fake=False`` runs the same on
     real CPU tensors (the check). Each step runs ``grad_accum_steps`` micro-batches before the optimizer step.
     ``unreliable`` (step, phase) pairs are kept in ``phases`` with ``reliable=False`` and left out of the peak.
+    ``optimizer_fn=None`` traces forward and backward only; an ``optimizer_fn`` that returns None is refused. An
+    argument of the wrong kind, or a function returning the wrong kind (a model that is no ``nn.Module``, a batch
+    that is no tensor or tuple/list/dict of tensors, a loss that is no scalar tensor with a gradient, a context that
+    is no context manager), raises one :class:`SetupError` naming the argument.
     """
-    if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
-        raise SetupError(f"grad_accum_steps must be a positive integer, got {grad_accum_steps!r}")
+    check_trace_arguments(model_fn=model_fn, batch_fn=batch_fn, optimizer_fn=optimizer_fn, loss_fn=loss_fn,
+                          forward_context=forward_context, backward_fn=backward_fn, fake=fake,
+                          grad_accum_steps=grad_accum_steps, set_to_none=set_to_none, name=name, setup=setup,
+                          notes=notes, unreliable=unreliable)
+    user_loss = loss_fn or _default_loss
+    context = forward_context or contextlib.nullcontext
+
+    def checked_model() -> nn.Module:
+        return checked_model_of(model_fn())
+
+    def checked_batch() -> Any:
+        return checked_batch_of(batch_fn())
+
+    def checked_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        return checked_loss_of(user_loss(model, batch), "loss_fn" if loss_fn is not None else "the model's output")
+
+    def checked_context() -> contextlib.AbstractContextManager[Any]:
+        return checked_context_of(context())
 
     def step_fn(model: nn.Module) -> _UserStep:
-        optimizer = optimizer_fn(model) if optimizer_fn is not None else None
-        return _UserStep(optimizer, forward_context or contextlib.nullcontext, backward_fn, set_to_none,
-                         grad_accum_steps)
+        optimizer = None
+        if optimizer_fn is not None:
+            optimizer = optimizer_fn(model)
+            checked_optimizer_of(optimizer)
+        return _UserStep(optimizer, checked_context, backward_fn, set_to_none, grad_accum_steps)
 
-    return trace_step(model_fn, batch_fn, step_fn, loss_fn=loss_fn, fake=fake, name=name, setup=setup, notes=notes,
-                      unreliable=unreliable)
+    return trace_step(checked_model, checked_batch, step_fn, loss_fn=checked_loss, fake=fake, name=name, setup=setup,
+                      notes=tuple(notes), unreliable=tuple(tuple(u) for u in unreliable))
+

@@ -35,3 +35,6 @@ def test_own_config_path_and_unknown_names(tmp_path) -> None:
         load_config("lama")
     with pytest.raises(ConfigError):
         config_names("huge")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="JSON list"):
+        load_config(tmp_path / "list.json")

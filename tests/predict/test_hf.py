@@ -91,7 +91,7 @@ def test_config_json_path_and_object_and_classmethod(tmp_path) -> None:
 
     assert from_hf(path) == from_hf(tmp_path) == from_hf(Obj()).with_(name=from_hf(path).name)
     assert from_hf(TINY["llama"], name="x").name == "x"
-    with pytest.raises(ConfigError, match="no HF config"):
+    with pytest.raises(ConfigError, match="no config file"):
         from_hf(tmp_path / "missing.json")
 
 

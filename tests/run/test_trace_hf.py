@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.errors import MemlabError, SetupError
+from memlab.errors import ConfigError, MemlabError, SetupError
 from memlab.predict.setup import Setup
 
 pytest.importorskip("transformers")
@@ -47,10 +47,10 @@ def test_hf_config_from_json_and_recompute(tmp_path: Path) -> None:
 
 
 def test_hf_bad_input_is_one_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(SetupError, match="no config file"):
+    with pytest.raises(ConfigError, match="no config file"):
         hf_config(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(SetupError, match="model_type"):
+    with pytest.raises(ConfigError, match="model_type"):
         hf_config(tmp_path / "bad.json")
     with pytest.raises(MemlabError):
         hf_config("not-a-model-family")

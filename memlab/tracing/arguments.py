@@ -1,0 +1,116 @@
+"""The argument checks of the traces: :func:`check_trace_arguments` for :func:`memlab.tracing.tracer.trace`'s
+functions and flags, the ``checked_*_of`` checks of what those functions return, and :func:`check_trace_setup` for
+the ``setup``/``device_type``/``fake`` that :func:`~memlab.tracing.gpt.trace_gpt` and
+:func:`~memlab.tracing.hf.trace_hf` share. Each raises one :class:`~memlab.errors.SetupError` naming the argument,
+before torch would raise a ``TypeError`` deep inside the step (or trace a step with no optimizer without a word).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import SetupError
+from memlab.predict.setup import Setup
+from memlab.predict.validate import check_bool
+
+
+def check_trace_setup(setup: object, device_type: object, fake: object = True) -> None:
+    """Raise :class:`SetupError` unless ``setup`` is a :class:`Setup`, ``device_type`` is ``"cpu"`` or ``"cuda"``
+    (the device whose defaults a trace imitates: a device *type*, not ``"cuda:7"``) and ``fake`` is a bool."""
+    if not isinstance(setup, Setup):
+        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}: pass e.g. "
+                         "Setup(batch=1, seq=1024)")
+    if not isinstance(device_type, str) or device_type not in ("cpu", "cuda"):
+        raise SetupError(f"device_type must be 'cpu' or 'cuda' (the device whose optimizer default a trace "
+                         f"imitates; traces always run on CPU), got {device_type!r:.60}")
+    check_bool("fake", fake, err=SetupError)
+
+
+def check_trace_arguments(**args: Any) -> None:
+    """:func:`trace`'s arguments of the right kind, or one :class:`SetupError` naming the first that is not."""
+    for key in ("model_fn", "batch_fn"):
+        value = args[key]
+        if isinstance(value, nn.Module | torch.Tensor) or not callable(value):
+            what = "a module" if isinstance(value, nn.Module) else type(value).__name__
+            raise SetupError(f"{key} must be a function that builds the {key[:-3]} inside the fake mode (lambda: ...), "
+                             f"got {what}")
+    for key in ("optimizer_fn", "loss_fn", "forward_context", "backward_fn"):
+        value = args[key]
+        if value is not None and (not callable(value) or isinstance(value, torch.optim.Optimizer | nn.Module)):
+            raise SetupError(f"{key} must be a function or None, got {type(value).__name__}"
+                             + (": pass lambda: <the context manager>" if key == "forward_context" else ""))
+    for key in ("fake", "set_to_none"):
+        if not isinstance(args[key], bool):
+            raise SetupError(f"{key} must be True or False, got {args[key]!r:.60}")
+    steps = args["grad_accum_steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise SetupError(f"grad_accum_steps must be a positive integer, got {steps!r:.60}")
+    if not isinstance(args["name"], str):
+        raise SetupError(f"name must be a string, got {type(args['name']).__name__}")
+    if args["setup"] is not None and not isinstance(args["setup"], dict):
+        raise SetupError(f"setup must be a dict (Setup.to_dict()) or None, got {type(args['setup']).__name__}")
+    notes = args["notes"]
+    if not isinstance(notes, tuple | list) or not all(isinstance(n, str) for n in notes):
+        raise SetupError(f"notes must be a tuple of strings, got {notes!r:.60}")
+    pairs = args["unreliable"]
+    if not isinstance(pairs, tuple | list) or not all(
+            isinstance(u, tuple | list) and len(u) == 2 and all(isinstance(x, str) for x in u) for u in pairs):
+        raise SetupError(f"unreliable must be a tuple of (step, phase) pairs, e.g. (('first', 'optimizer step'),), "
+                         f"got {pairs!r:.60}")
+
+
+def checked_model_of(model: Any) -> nn.Module:
+    """``model`` (what ``model_fn()`` returned) if it is an ``nn.Module``."""
+    if not isinstance(model, nn.Module):
+        raise SetupError(f"model_fn() returned {type(model).__name__}, not a torch.nn.Module built inside the "
+                         "function")
+    return model
+
+
+def checked_optimizer_of(optimizer: Any) -> Any:
+    """``optimizer`` (what ``optimizer_fn(model)`` returned) if it has ``step()`` and ``zero_grad()``; None is
+    refused (``optimizer_fn=None`` is how a trace runs without one)."""
+    if optimizer is None:
+        raise SetupError("optimizer_fn returned None: return the optimizer (e.g. torch.optim.AdamW("
+                         "model.parameters())), or pass optimizer_fn=None to trace forward and backward only")
+    if not all(callable(getattr(optimizer, a, None)) for a in ("step", "zero_grad")):
+        raise SetupError(f"optimizer_fn returned {type(optimizer).__name__}, which has no step() and "
+                         "zero_grad(set_to_none): return a torch.optim.Optimizer or a wrapper with both")
+    return optimizer
+
+
+def checked_context_of(ctx: Any) -> contextlib.AbstractContextManager[Any]:
+    """``ctx`` (what ``forward_context()`` returned) if it is a context manager."""
+    if not (hasattr(ctx, "__enter__") and hasattr(ctx, "__exit__")):
+        raise SetupError(f"forward_context() returned {type(ctx).__name__}, not a context manager: pass a "
+                         "function that makes one (lambda: torch.autocast('cpu', torch.bfloat16))")
+    return ctx
+
+
+def checked_batch_of(batch: Any) -> Any:
+    """``batch`` if it is a tensor or a (nested) tuple, list or dict of tensors: what the tracker can count."""
+    from torch.utils._pytree import tree_leaves
+
+    leaves = tree_leaves(batch)
+    odd = next((x for x in leaves if not isinstance(x, torch.Tensor)), None)
+    if batch is None or not leaves or odd is not None:
+        got = type(batch).__name__ if odd is None else f"{type(odd).__name__} {odd!r:.40} inside it"
+        raise SetupError(f"batch_fn() must return a tensor or a tuple, list or dict of tensors (the inputs the trace "
+                         f"counts), got {got}")
+    return batch
+
+
+def checked_loss_of(loss: Any, where: str) -> torch.Tensor:
+    """``loss`` if backward can run from it: a one-element tensor with a gradient."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise SetupError(f"{where} must give a scalar loss tensor, got {shape}: pass loss_fn=lambda model, batch: "
+                         "... .mean()")
+    if not loss.requires_grad:
+        raise SetupError(f"{where} gave a loss with no gradient (requires_grad=False): compute it from the model's "
+                         "output, so backward reaches the parameters")
+    return loss
