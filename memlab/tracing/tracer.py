@@ -369,7 +369,7 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
                           forward_context=forward_context, backward_fn=backward_fn, fake=fake,
                           grad_accum_steps=grad_accum_steps, set_to_none=set_to_none, name=name, setup=setup,
                           notes=notes, unreliable=unreliable)
-    user_loss = loss_fn or _default_loss
+    user_loss = loss_fn or default_loss
     context = forward_context or contextlib.nullcontext
 
     def checked_model() -> nn.Module:

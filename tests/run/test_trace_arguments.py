@@ -77,9 +77,9 @@ def test_trace_names_the_bad_argument(case: str) -> None:
 
 def test_no_optimizer_is_forward_and_backward_only() -> None:
     t = trace(**BASE)
-    assert [r["phase"] for r in t.phases] == ["forward", "backward"] * 2
+    assert [r.phase for r in t.phases] == ["forward", "backward"] * 2
     with_opt = trace(**BASE, optimizer_fn=_sgd)
-    assert "optimizer step" in {r["phase"] for r in with_opt.phases}
+    assert "optimizer step" in {r.phase for r in with_opt.phases}
 
 
 @pytest.mark.parametrize("setup", [None, {"batch": 1}, 3])
