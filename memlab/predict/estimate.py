@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import SetupError
-from memlab.predict.activations import activation_bytes
+from memlab.predict.activations import bytes_by_category, term_rows
 from memlab.predict.inference import INT4_GROUP, kv_cache_bytes, prefill_transient_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
@@ -40,7 +40,7 @@ from memlab.predict.optimizer_states import (
     sgd_moment_bytes,
     step_counter_bytes,
 )
-from memlab.predict.phases import inference_phases, peak_of, step_inputs, training_phases
+from memlab.predict.phases import inference_phases, larger, peak_of, step_inputs, training_phases
 from memlab.predict.precision import DTYPE_BYTES
 from memlab.predict.setup import Setup, SetupView, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
@@ -72,6 +72,10 @@ class Overheads(StrictInit):
 
     def __post_init__(self) -> None:
         check_fields(self, SetupError)  # types and ranges from the annotations (memlab.predict.validate)
+
+
+_NO_OVERHEADS = Overheads()
+"""The default (all terms 0): frozen, so one instance serves every call instead of one validated per estimate."""
 
 
 @dataclass(frozen=True)
@@ -249,15 +253,16 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     """Shared core of :func:`estimate` (scalars) and :func:`sweep_totals` (numpy batch/seq)."""
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
-    _check_model(model, setup, np.max(setup.seq))
+    _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
     if step_on_device is not None and not isinstance(step_on_device, bool):
         raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")
     on_device = device_type == "cpu" if step_on_device is None else step_on_device
     states, opt_detail, notes = _states(model, setup, on_device)
-    kv, act_detail = 0, {}
+    kv, act_detail, act_terms = 0, {}, None
     if isinstance(model, TransformerConfig):
-        if setup.mode == "train":
-            act_detail = activation_bytes(model, setup, device_type=device_type)
+        if setup.mode == "train":  # listed once: the phases reuse them (memlab.predict.phases.step_inputs)
+            act_terms = term_rows(model, setup, device_type=device_type)
+            act_detail = bytes_by_category(act_terms, setup.tp, setup.sp)
         else:
             compute = 4 if setup.inference_weights == "fp32" else 2
             act_detail = prefill_transient_bytes(model, setup.batch, setup.seq, compute, setup.tp,
@@ -266,22 +271,23 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     if setup.mode == "train":
         acts = sum(act_detail.values()) if act_detail else 0
     else:
-        acts = functools.reduce(np.maximum, act_detail.values()) if act_detail else 0
+        acts = functools.reduce(larger, act_detail.values()) if act_detail else 0
     managed = sum(states.values()) + acts + kv
     terms = _overheads(ov, model, setup, managed)
-    phases = _phases(model, setup, states, acts, kv, opt_detail, sum(terms.values()), device_type)
+    phases = _phases(model, setup, states, acts, kv, opt_detail, sum(terms.values()), device_type, act_terms)
     return states, acts, kv, terms, act_detail, opt_detail, notes, phases
 
 
 def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any, kv: Any, opt_detail: dict,
-            overhead: Any, device_type: str) -> list[tuple[str, str, Any]]:
-    """Bytes at each phase of a step (:mod:`memlab.predict.phases`)."""
+            overhead: Any, device_type: str, act_terms: list | None = None) -> list[tuple[str, str, Any]]:
+    """Bytes at each phase of a step (:mod:`memlab.predict.phases`); ``act_terms``: the setup's
+    :func:`~memlab.predict.activations.term_rows`."""
     is_cfg = isinstance(model, TransformerConfig)
     if setup.mode != "train":
         decode = 0
         if is_cfg:
             compute = 4 if setup.inference_weights == "fp32" else 2
-            decode = functools.reduce(np.maximum, prefill_transient_bytes(
+            decode = functools.reduce(larger, prefill_transient_bytes(
                 model, setup.batch, 1, compute, setup.tp, setup.fused_attention).values())
         return inference_phases(states["params"], kv, acts, decode, overhead)
     before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
@@ -291,7 +297,7 @@ def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any,
         x = step_inputs(model, setup, device_type=device_type, elements=math.ceil(summ.elements / dp),
                         largest=math.ceil(summ.largest_elements / dp),
                         layer_elements=math.ceil(summ.layer_elements / dp), before_step=before,
-                        loop_peak=math.ceil(summ.loop_peak_elements / dp))
+                        loop_peak=math.ceil(summ.loop_peak_elements / dp), terms=act_terms)
     else:
         n = math.ceil(model / setup.tp)
         x = step_inputs(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,
@@ -303,7 +309,7 @@ def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any,
 
 def _overheads_arg(overheads: object) -> Overheads:
     if overheads is None:
-        return Overheads()
+        return _NO_OVERHEADS
     if not isinstance(overheads, Overheads):
         raise SetupError(f"overheads must be a memlab.predict.estimate.Overheads or None, got "
                          f"{type(overheads).__name__}: pass Overheads(cuda_context_bytes=...)")

@@ -1,4 +1,6 @@
-"""estimate() returns what it returned before it was made fast: a golden file of ``to_dict()`` results.
+"""estimate() returns what it returned before it was made fast: a golden file of ``to_dict()`` results, and the
+estimator's shortcuts (activation rows listed once, a block counted without recompute) against the plain
+formulation through :class:`~memlab.predict.activations.ActivationTerm` records.
 
 ``tests/fixtures/estimate_golden.json`` was written by the estimator before the speed-up (commit 6f597dc) over a
 deterministic spread of models (presets, Hugging Face configs, a bare parameter count) and setups (every precision,
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +22,13 @@ import pytest
 
 from memlab.course.hf_configs import load_config
 from memlab.errors import MemlabError
+from memlab.predict import activations as A
+from memlab.predict import phases as P
 from memlab.predict.estimate import Overheads, estimate
 from memlab.predict.hf import from_hf
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.precision import PRECISION_POLICIES
-from memlab.predict.setup import ATTENTION, FUSED_OPTIMIZERS, KV_DTYPES, OPTIMIZERS, RECOMPUTE, Setup
+from memlab.predict.setup import ATTENTION, FUSED_OPTIMIZERS, KV_DTYPES, OPTIMIZERS, RECOMPUTE, Setup, SetupView
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "estimate_golden.json"
 MODELS: tuple[str | int, ...] = ("llama-2-7b", "gpt2", "mixtral-8x7b", "tiny-gpt", "tiny-llama", "hf:gpt2", "hf:phi-2",
@@ -117,6 +122,35 @@ def test_estimate_matches_the_golden_file(index: int) -> None:
                                      "total": got["total_bytes"], "peak": got["peak_bytes"]}
     got["phases"] = [[r["step"], r["phase"], r["bytes"]] for r in got["phases"]]
     assert _canonical(got) == _canonical(expected)
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("key", ["hf:gpt2", "hf:phi-2", "tiny-llama"])
+def test_term_rows_and_layer_terms_match_the_records(key: str, recompute: str, device_type: str) -> None:
+    """The estimator's rows (tuples) are the ActivationTerm records' fields; a block without recompute listed with
+    ``recompute="none"`` is the list of a SetupView with recompute none; the sums equal those over the records."""
+    config = _model(key)
+    assert isinstance(config, TransformerConfig)
+    for precision in ("fp32", "amp-bf16", "bf16"):
+        setup = Setup(batch=1, seq=64, precision=precision, recompute=recompute, attention="eager", tp=2, sp=True)
+        rows = A.term_rows(config, setup, device_type=device_type)
+        records = A.activation_terms(config, setup, device_type=device_type)
+        assert [astuple(t) for t in records] == [astuple(A.ActivationTerm(*r)) for r in rows]
+        none = A.activation_terms(config, SetupView(setup, recompute="none"), device_type=device_type)
+        assert [astuple(t) for t in none] == [astuple(A.ActivationTerm(*r)) for r in A.term_rows(
+            config, setup, device_type=device_type, recompute="none")]
+        by_cat: dict[str, Any] = {}
+        for t in records:
+            by_cat[t.category] = by_cat.get(t.category, 0) + t.bytes(setup.tp, setup.sp)
+        assert _canonical(A.bytes_by_category(rows, setup.tp, setup.sp)) == _canonical(
+            {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in by_cat.items()})
+        lt = P._layer_terms(config, setup, device_type, rows)
+        assert lt == P._layer_terms(config, setup, device_type)
+        per = sum(t.bytes(setup.tp, setup.sp) for t in none if t.category not in ("token ids", "head & loss", "mlp")
+                  and not t.name.startswith("final norm") and t.name != "16-bit copy of LM-head weight")
+        assert lt["layer"] == per / config.n_layers
+        assert lt["head"] == sum(t.bytes(setup.tp, setup.sp) for t in records if t.category == "head & loss")
 
 
 def _write() -> None:
