@@ -239,11 +239,13 @@ def _check(config: object, setup: object) -> None:
 
 
 def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda",
-              recompute: str | None = None) -> list[TermRow]:
+              recompute: str | None = None, model_level: bool = True) -> list[TermRow]:
     """:func:`activation_terms` as plain tuples of the :class:`ActivationTerm` fields in order, ``(name, category,
     count, width, sharded[, note])``, without building the records: the estimator's path (a frozen record costs
     more to build than its arithmetic). ``recompute`` replaces the setup's own (:mod:`memlab.predict.phases`
-    counts one block as without recompute). The arguments are not checked here; :func:`activation_terms` checks.
+    counts one block as without recompute); ``model_level=False`` leaves out the token ids, the final norm and the
+    LM head's and loss's rows (what is not per block). The arguments are not checked here;
+    :func:`activation_terms` checks.
     """
     recompute = setup.recompute if recompute is None else recompute
     if setup.mode == "inference":
@@ -258,9 +260,10 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     terms: list[TermRow] = [
         ("input token ids", "token ids", t, INT64, False),
         ("target token ids", "token ids", t + (b == 1) * im.loss_labels_padded, INT64, False),
-    ]
+    ] if model_level else []
     if config.positions == "learned":
-        terms.append(("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
+        if model_level:
+            terms.append(("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
     elif im.rotary_tables_per_forward and recompute != "full":  # checkpointed layers get them by keyword
         rot = int(config.head_dim * im.rotary_fraction)
         terms.append(("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
@@ -299,6 +302,8 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
             terms.append(
                 ("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
             )
+    if not model_level:
+        return terms
     terms += _norm_terms(config, t, 1, w, "final norm")
     terms.append(("LM-head input", "head & loss", t * h, w["compute"], False))
     terms.append(("log-softmax of logits, fp32", "head & loss", t * V, FP32, True))

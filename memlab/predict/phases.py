@@ -102,23 +102,28 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
     tp, sp = setup.tp, setup.sp
     if own is None:
         own = term_rows(config, setup, device_type=device_type)
-    # One pass per list, each sum in list order (as ``sum`` over the terms adds them); a row is (name, category,
-    # count, width, sharded[, note]) and its bytes count * width / (tp if sharded or sp else 1), ActivationTerm.bytes
+    # Each sum adds its rows in list order (as ``sum`` over the ActivationTerms did); a row is (name, category, count,
+    # width, sharded[, note]), its bytes count * width / (tp if sharded or sp else 1) (ActivationTerm.bytes).
+    # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
+    # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
     per = recompute_inputs = head = inputs = 0
-    # Without recompute the block's terms are the setup's own: listed once
-    for row in own if setup.recompute == "none" else term_rows(config, setup, device_type=device_type,
-                                                                recompute="none"):
-        name = row[0]
-        if row[1] not in _NOT_PER_LAYER and not name.startswith("final norm") and name != _HEAD_COPY:
-            per += row[2] * row[3] / (tp if (row[4] or sp) else 1)
+    own_is_block = setup.recompute == "none"
+    if not own_is_block:
+        for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
+            if row[1] != "mlp":
+                per += row[2] * row[3] / (tp if (row[4] or sp) else 1)
     for row in own:
         name, category = row[0], row[1]
+        size = row[2] * row[3] / (tp if (row[4] or sp) else 1)
+        if own_is_block and category not in _NOT_PER_LAYER and not name.startswith("final norm") \
+                and name != _HEAD_COPY:
+            per += size
         if category == "block inputs (recompute)":
-            recompute_inputs += row[2] * row[3] / (tp if (row[4] or sp) else 1)
+            recompute_inputs += size
         elif category == "head & loss":
-            head += row[2] * row[3] / (tp if (row[4] or sp) else 1)
+            head += size
         if name in _TOKEN_IDS:
-            inputs += row[2] * row[3] / (tp if (row[4] or sp) else 1)
+            inputs += size
     w = widths(setup, device_type)
     t = setup.batch * setup.seq
     n_f = 3 if config.mlp == "swiglu" else 2

@@ -151,6 +151,16 @@ def test_term_rows_and_layer_terms_match_the_records(key: str, recompute: str, d
                   and not t.name.startswith("final norm") and t.name != "16-bit copy of LM-head weight")
         assert lt["layer"] == per / config.n_layers
         assert lt["head"] == sum(t.bytes(setup.tp, setup.sp) for t in records if t.category == "head & loss")
+        assert lt["recompute_inputs"] == sum(t.bytes(setup.tp, setup.sp) for t in records
+                                             if t.category == "block inputs (recompute)")
+        assert lt["inputs"] == sum(t.bytes(setup.tp, setup.sp) for t in records
+                                   if t.name in ("input token ids", "target token ids"))
+        # the block-only listing is the full one less exactly the rows one block's sum leaves out
+        block = A.term_rows(config, setup, device_type=device_type, recompute="none", model_level=False)
+        assert block == [astuple(t)[:len(r)] for t, r in zip(none, A.term_rows(config, setup, device_type=device_type,
+                                                                                recompute="none"), strict=True)
+                         if t.category not in ("token ids", "head & loss") and not t.name.startswith("final norm")
+                         and t.name != "16-bit copy of LM-head weight"]
 
 
 def _write() -> None:
