@@ -214,10 +214,10 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
     ]
     if im.q_view_of_fused_qkv:
         out.append(("rest of the fused QKV buffer q is a view of", "attention", L * t * 2 * kv,
-                                  w["compute"], True))
+                    w["compute"], True))
     if im.sdpa_output_copy:
         out.append(("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
-                                  w["compute"], True))
+                    w["compute"], True))
     return out
 
 
@@ -267,16 +267,16 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     elif im.rotary_tables_per_forward and recompute != "full":  # checkpointed layers get them by keyword
         rot = int(config.head_dim * im.rotary_fraction)
         terms.append(("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
-                                    w["residual"], False))
+                      w["residual"], False))
     if im.embedding_dropout > 0:
         # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
         terms.append(("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1
-                                    else w["residual"], False))
+                      else w["residual"], False))
     if recompute == "full":
         terms.append(("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
         if im.checkpoint_keeps_mask and setup.attention == "eager":
             terms.append(("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s,
-                                        w["residual"], False))
+                          w["residual"], False))
     else:
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
