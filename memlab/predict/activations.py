@@ -85,6 +85,11 @@ class ActivationTerm:
         return self.count * self.width / div
 
 
+TermRow = tuple
+"""An :class:`ActivationTerm`'s fields as a plain tuple, in order: ``(name, category, count, width, sharded[,
+note])``."""
+
+
 @functools.lru_cache(maxsize=256)
 def _matmul_params(config: TransformerConfig) -> int:
     """``config.matmul_param_count()``, cached: configs are frozen, and sweeps ask for it per setup."""
@@ -122,7 +127,7 @@ def widths(setup: Setup, device_type: str = "cuda") -> dict[str, float]:
 
 def _norm_terms(
     config: TransformerConfig, tokens: Any, n: int, w: dict[str, float], where: str, n_inputs: Any = None
-) -> list[ActivationTerm]:
+) -> list[TermRow]:
     """``n`` norms keep their input and statistics (``n_inputs`` distinct inputs, ``n`` unless a parallel block's
     two norms read one tensor). RMSNorm as written by the model (``config.impl.rmsnorm``): the reference
     keeps x, rstd and x * rstd in the residual dtype; ``fp32-input`` the fp32 x, fp32 rstd and x * rstd cast back;
@@ -131,39 +136,40 @@ def _norm_terms(
     n_in = n if n_inputs is None else n_inputs
     if config.norm == "layernorm":
         return [
-            ActivationTerm(f"{where} input", "norms", n_in * tokens * h, w["residual"], False),
-            ActivationTerm(f"{where} mean and rstd", "norms", n * 2 * tokens, w["stats"], False),
+            (f"{where} input", "norms", n_in * tokens * h, w["residual"], False),
+            (f"{where} mean and rstd", "norms", n * 2 * tokens, w["stats"], False),
         ]
     if kind == "reference":
         return [
-            ActivationTerm(f"{where} input", "norms", n_in * tokens * h, w["residual"], False),
-            ActivationTerm(f"{where} rstd", "norms", n * tokens, w["residual"], False),
-            ActivationTerm(f"{where} x*rstd", "norms", n * tokens * h, w["residual"], False),
+            (f"{where} input", "norms", n_in * tokens * h, w["residual"], False),
+            (f"{where} rstd", "norms", n * tokens, w["residual"], False),
+            (f"{where} x*rstd", "norms", n * tokens * h, w["residual"], False),
         ]
     # An fp32 upcast of a 16-bit input is a new tensor per norm; of an fp32 input it is the input itself.
     up_in = n_in if w["residual"] == FP32 else n
     out = [
-        ActivationTerm(f"{where} input, fp32", "norms", up_in * tokens * h, FP32, False, "x.to(float32)"),
-        ActivationTerm(f"{where} rstd, fp32", "norms", n * tokens, FP32, False),
+        (f"{where} input, fp32", "norms", up_in * tokens * h, FP32, False, "x.to(float32)"),
+        (f"{where} rstd, fp32", "norms", n * tokens, FP32, False),
     ]
     if kind == "fp32-input":
-        out.append(ActivationTerm(f"{where} x*rstd cast back", "norms", n * tokens * h, w["residual"], False))
+        out.append((f"{where} x*rstd cast back", "norms", n * tokens * h, w["residual"], False))
     else:
-        out.append(ActivationTerm(f"{where} x*rstd, fp32", "norms", n * tokens * h, FP32, False))
-        out.append(ActivationTerm(f"{where} 1 + weight, fp32", "norms", n * h, FP32, False))
+        out.append((f"{where} x*rstd, fp32", "norms", n * tokens * h, FP32, False))
+        out.append((f"{where} 1 + weight, fp32", "norms", n * h, FP32, False))
     return out
 
 
-def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict[str, float]) -> list[ActivationTerm]:
-    """What the attention core (QK^T, softmax, dropout, x V) keeps, for all layers."""
+def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict[str, float],
+                recompute: str) -> list[TermRow]:
+    """What the attention core (QK^T, softmax, dropout, x V) keeps, for all layers, under ``recompute``."""
     L, h, kv, a = config.n_layers, config.q_dim, config.kv_dim, config.n_heads
     t = b * s
     scores = L * b * a * s * s
     im = config.impl
     drop = im.attention_dropout_or(config.dropout) > 0
-    if setup.recompute == "selective":
+    if recompute == "selective":
         return [
-            ActivationTerm("q, k, v kept to recompute the core", "attention", L * t * (h + 2 * kv), w["compute"], True)
+            ("q, k, v kept to recompute the core", "attention", L * t * (h + 2 * kv), w["compute"], True)
         ]
     if setup.attention == "eager":
         # repeat_kv: K and V at full query width, unless one KV head at batch 1 (an expanded view matmul accepts)
@@ -175,43 +181,43 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
         if (im.softmax_fp32 or promoted) and w["compute"] == 2:
             w = {**w, "probs": FP32, "probs_copy": 2}
         out = [
-            ActivationTerm("q (contiguous for QK^T)", "attention", L * t * qw, w["compute"], True),
-            ActivationTerm("k^T (contiguous for QK^T)", "attention", L * t * kw, w["compute"], True),
-            ActivationTerm("v (contiguous for PV)", "attention", L * t * kw, w["compute"], True),
-            ActivationTerm("softmax probabilities", "attention scores", scores, w["probs"], True),
+            ("q (contiguous for QK^T)", "attention", L * t * qw, w["compute"], True),
+            ("k^T (contiguous for QK^T)", "attention", L * t * kw, w["compute"], True),
+            ("v (contiguous for PV)", "attention", L * t * kw, w["compute"], True),
+            ("softmax probabilities", "attention scores", scores, w["probs"], True),
         ]
         if drop:
-            out.append(ActivationTerm("attention dropout mask", "attention scores", scores, w["probs_mask"], True))
+            out.append(("attention dropout mask", "attention scores", scores, w["probs_mask"], True))
             if not w["probs_copy"]:
-                out.append(ActivationTerm("dropped probabilities", "attention scores", scores, w["probs"], True))
+                out.append(("dropped probabilities", "attention scores", scores, w["probs"], True))
         if w["probs_copy"]:
             out.append(
-                ActivationTerm("16-bit copy of probabilities for PV", "attention scores", scores, w["probs_copy"], True)
+                ("16-bit copy of probabilities for PV", "attention scores", scores, w["probs_copy"], True)
             )
         return out
     if setup.attention == "math":
         out = [
-            ActivationTerm("q scaled, fp32", "attention", L * t * h, FP32, True, "math SDPA upcasts 16-bit inputs"),
-            ActivationTerm("k scaled, fp32 (GQA: repeated)", "attention", L * t * h, FP32, True),
-            ActivationTerm("v, fp32 (GQA: repeated)", "attention", L * t * h, FP32, True),
-            ActivationTerm("softmax probabilities, fp32", "attention scores", scores, FP32, True),
+            ("q scaled, fp32", "attention", L * t * h, FP32, True, "math SDPA upcasts 16-bit inputs"),
+            ("k scaled, fp32 (GQA: repeated)", "attention", L * t * h, FP32, True),
+            ("v, fp32 (GQA: repeated)", "attention", L * t * h, FP32, True),
+            ("softmax probabilities, fp32", "attention scores", scores, FP32, True),
         ]
         if drop:
-            out.append(ActivationTerm("attention dropout mask", "attention scores", scores, w["mask"] and 4, True))
-            out.append(ActivationTerm("dropped probabilities, fp32", "attention scores", scores, FP32, True))
+            out.append(("attention dropout mask", "attention scores", scores, w["mask"] and 4, True))
+            out.append(("dropped probabilities, fp32", "attention scores", scores, FP32, True))
         return out
     rows = s if setup.attention != "efficient" else 32 * ((s + 31) // 32)
     out = [
         # The kernel's output is laid out (b, s, a, d): the output projection's input is that same storage.
-        ActivationTerm("q, k, v (fused kernel inputs)", "attention", L * t * (h + 2 * kv), w["compute"], True),
-        ActivationTerm("log-sum-exp per row, fp32", "attention", L * b * a * rows, FP32, True),
+        ("q, k, v (fused kernel inputs)", "attention", L * t * (h + 2 * kv), w["compute"], True),
+        ("log-sum-exp per row, fp32", "attention", L * b * a * rows, FP32, True),
     ]
     if im.q_view_of_fused_qkv:
-        out.append(ActivationTerm("rest of the fused QKV buffer q is a view of", "attention", L * t * 2 * kv,
-                                  w["compute"], True))
+        out.append(("rest of the fused QKV buffer q is a view of", "attention", L * t * 2 * kv,
+                    w["compute"], True))
     if im.sdpa_output_copy:
-        out.append(ActivationTerm("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
-                                  w["compute"], True))
+        out.append(("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
+                    w["compute"], True))
     return out
 
 
@@ -221,10 +227,27 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
     ``device_type`` ("cuda" or "cpu") selects the autocast and norm-kernel behaviour described in the module
     docstring. Inference (``setup.mode == 'inference'``) keeps nothing for backward: the list is empty.
     """
+    _check(config, setup)
+    return [ActivationTerm(*row) for row in term_rows(config, setup, device_type=device_type)]
+
+
+def _check(config: object, setup: object) -> None:
     if not isinstance(config, TransformerConfig):
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
     if not isinstance(setup, Setup | SetupView):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+
+
+def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda",
+              recompute: str | None = None, model_level: bool = True) -> list[TermRow]:
+    """:func:`activation_terms` as plain tuples of the :class:`ActivationTerm` fields in order, ``(name, category,
+    count, width, sharded[, note])``, without building the records: the estimator's path (a frozen record costs
+    more to build than its arithmetic). ``recompute`` replaces the setup's own (:mod:`memlab.predict.phases`
+    counts one block as without recompute); ``model_level=False`` leaves out the token ids, the final norm and the
+    LM head's and loss's rows (what is not per block). The arguments are not checked here;
+    :func:`activation_terms` checks.
+    """
+    recompute = setup.recompute if recompute is None else recompute
     if setup.mode == "inference":
         return []
     b, s = setup.batch, setup.seq
@@ -234,25 +257,26 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
     autocast = setup.policy.autocast
     drop = config.dropout > 0
     im = config.impl
-    terms: list[ActivationTerm] = [
-        ActivationTerm("input token ids", "token ids", t, INT64, False),
-        ActivationTerm("target token ids", "token ids", t + (b == 1) * im.loss_labels_padded, INT64, False),
-    ]
+    terms: list[TermRow] = [
+        ("input token ids", "token ids", t, INT64, False),
+        ("target token ids", "token ids", t + (b == 1) * im.loss_labels_padded, INT64, False),
+    ] if model_level else []
     if config.positions == "learned":
-        terms.append(ActivationTerm("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
-    elif im.rotary_tables_per_forward and setup.recompute != "full":  # checkpointed layers get them by keyword
+        if model_level:
+            terms.append(("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
+    elif im.rotary_tables_per_forward and recompute != "full":  # checkpointed layers get them by keyword
         rot = int(config.head_dim * im.rotary_fraction)
-        terms.append(ActivationTerm("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
-                                    w["residual"], False))
+        terms.append(("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
+                      w["residual"], False))
     if im.embedding_dropout > 0:
         # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
-        terms.append(ActivationTerm("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1
-                                    else w["residual"], False))
-    if setup.recompute == "full":
-        terms.append(ActivationTerm("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
+        terms.append(("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1
+                      else w["residual"], False))
+    if recompute == "full":
+        terms.append(("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
         if im.checkpoint_keeps_mask and setup.attention == "eager":
-            terms.append(ActivationTerm("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s,
-                                        w["residual"], False))
+            terms.append(("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s,
+                          w["residual"], False))
     else:
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
@@ -260,30 +284,32 @@ def activation_terms(config: TransformerConfig, setup: Setup, *, device_type: st
         n_mlp_in = (2 if config.mlp == "swiglu" else 1) if autocast else (0 if im.shared_norm else 1)
         n_norms = L if im.shared_norm else 2 * L
         terms += _norm_terms(config, t, n_norms, w, "block norm", L if im.parallel_block else n_norms)
-        terms.append(ActivationTerm("q/k/v projection input", "attention", n_attn_in * L * t * h, w["compute"], False))
-        terms += _core_terms(config, setup, b, s, w)
-        terms.append(ActivationTerm("output projection input", "attention", L * t * config.q_dim, w["compute"], True))
+        terms.append(("q/k/v projection input", "attention", n_attn_in * L * t * h, w["compute"], False))
+        terms += _core_terms(config, setup, b, s, w, recompute)
+        terms.append(("output projection input", "attention", L * t * config.q_dim, w["compute"], True))
         if drop:
-            terms.append(ActivationTerm("attention output dropout mask", "attention", L * t * h, w["mask"], False))
-        terms.append(ActivationTerm("MLP input", "mlp", n_mlp_in * L * t * h, w["compute"], False))
+            terms.append(("attention output dropout mask", "attention", L * t * h, w["mask"], False))
+        terms.append(("MLP input", "mlp", n_mlp_in * L * t * h, w["compute"], False))
         n_f = im.mlp_saved_tensors(config.mlp)  # gelu: its input, down's input; swiglu: gate, silu, up, down input
         act = im.act(config.mlp)
         terms.append(
-            ActivationTerm(f"MLP {config.mlp}/{act} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True)
+            (f"MLP {config.mlp}/{act} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True)
         )
         if drop:
-            terms.append(ActivationTerm("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))
+            terms.append(("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))
         if autocast:
             per_layer = (_matmul_params(config) - V * h) // L
             terms.append(
-                ActivationTerm("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
+                ("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
             )
+    if not model_level:
+        return terms
     terms += _norm_terms(config, t, 1, w, "final norm")
-    terms.append(ActivationTerm("LM-head input", "head & loss", t * h, w["compute"], False))
-    terms.append(ActivationTerm("log-softmax of logits, fp32", "head & loss", t * V, FP32, True))
-    terms.append(ActivationTerm("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
+    terms.append(("LM-head input", "head & loss", t * h, w["compute"], False))
+    terms.append(("log-softmax of logits, fp32", "head & loss", t * V, FP32, True))
+    terms.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
     if autocast:
-        terms.append(ActivationTerm("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+        terms.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
     return terms
 
 
@@ -293,9 +319,18 @@ def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: st
     The sum over categories is the activation memory the estimator reports. Values are ints for scalar
     inputs and numpy arrays when ``setup`` was built with array-valued batch/seq by a vectorised sweep.
     """
+    _check(config, setup)
+    return bytes_by_category(term_rows(config, setup, device_type=device_type), setup.tp, setup.sp)
+
+
+def bytes_by_category(rows: list[TermRow], tp: int = 1, sp: bool = False) -> dict[str, Any]:
+    """Bytes on one tensor-parallel rank of :func:`term_rows`' rows (as :meth:`ActivationTerm.bytes` computes them)
+    summed by category, in first-seen order, whole floats as ints: :func:`activation_bytes` of rows already listed
+    (the estimator lists them once per estimate)."""
     out: dict[str, Any] = {}
-    for term in activation_terms(config, setup, device_type=device_type):
-        out[term.category] = out.get(term.category, 0) + term.bytes(setup.tp, setup.sp)
+    for row in rows:
+        category = row[1]
+        out[category] = out.get(category, 0) + row[2] * row[3] / (tp if (row[4] or sp) else 1)
     return {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in out.items()}
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import SetupError
-from memlab.predict.activations import activation_bytes
+from memlab.predict.activations import bytes_by_category, term_rows
 from memlab.predict.inference import INT4_GROUP, kv_cache_bytes, prefill_transient_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
@@ -40,7 +40,15 @@ from memlab.predict.optimizer_states import (
     sgd_moment_bytes,
     step_counter_bytes,
 )
-from memlab.predict.phases import PhaseRow, find_phase, inference_phases, peak_of, step_inputs, training_phases
+from memlab.predict.phases import (
+    PhaseRow,
+    find_phase,
+    inference_phases,
+    larger,
+    peak_of,
+    step_inputs,
+    training_phases,
+)
 from memlab.predict.precision import DTYPE_BYTES
 from memlab.predict.setup import Setup, SetupView, resolve_optimizer_impl
 from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
@@ -72,6 +80,10 @@ class Overheads(StrictInit):
 
     def __post_init__(self) -> None:
         check_fields(self, SetupError)  # types and ranges from the annotations (memlab.predict.validate)
+
+
+_NO_OVERHEADS = Overheads()
+"""The default (all terms 0): frozen, so one instance serves every call instead of one validated per estimate."""
 
 
 @dataclass(frozen=True)
@@ -175,15 +187,16 @@ def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> No
         raise SetupError("adafactor state depends on parameter shapes: give a model config, not a bare count")
 
 
-def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool) -> tuple[dict[str, int], dict, list]:
-    """(params, grads, optimizer) per device after TP and ZeRO, the optimizer detail, and notes."""
+def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
+            summ: ShapeSummary | None) -> tuple[dict[str, int], dict, list]:
+    """(params, grads, optimizer) per device after TP and ZeRO, the optimizer detail, and notes; ``summ``: the
+    model's :func:`~memlab.predict.sharding.shape_summary` on one tp rank (None for a bare count)."""
     pol, tp, notes = setup.policy, setup.tp, []
-    if isinstance(model, int):
-        n, tensors, summ = math.ceil(model / tp), 0, None
+    if summ is None:
+        n, tensors = math.ceil(model / tp), 0
         notes.append("bare parameter count: all parameters treated alike (no shapes): per-tensor step counters "
                      "are not counted" + (", TP divides every parameter" if tp > 1 else ""))
     else:
-        summ = shape_summary(model, tp)
         n, tensors = summ.elements, summ.tensors
     if setup.mode == "inference":
         return _inference_weights(n, summ, setup.inference_weights, notes), {}, notes
@@ -232,12 +245,12 @@ def _inference_weights(n: int, summ: ShapeSummary | None, weights: str, notes: l
     return {"params": math.ceil(q * wb) + scales + 2 * (n - q), "grads": 0, "optimizer": 0}
 
 
-def _overheads(ov: Overheads, model: TransformerConfig | int, setup: Any, managed: Any) -> dict[str, Any]:
+def _overheads(ov: Overheads, summ: ShapeSummary | None, setup: Any, managed: Any) -> dict[str, Any]:
     """Named overhead terms; fragmentation is a fraction of every allocator-managed byte."""
     gathered = 0
-    if isinstance(model, TransformerConfig) and setup.mode == "train" and setup.zero_stage == 3 \
+    if summ is not None and setup.mode == "train" and setup.zero_stage == 3 \
             and setup.world_size > 1:  # FSDP/ZeRO-3 all-gathers a block's full (TP-sharded) parameters
-        gathered = ov.gathered_layers * shape_summary(model, setup.tp).layer_elements * setup.policy.param_bytes
+        gathered = ov.gathered_layers * summ.layer_elements * setup.policy.param_bytes
     terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered}
     terms["fragmentation"] = ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered)
     return terms
@@ -248,15 +261,17 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     """Shared core of :func:`estimate` (scalars) and :func:`sweep_totals` (numpy batch/seq)."""
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
-    _check_model(model, setup, np.max(setup.seq))
+    _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
     if step_on_device is not None and not isinstance(step_on_device, bool):
         raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")
     on_device = device_type == "cpu" if step_on_device is None else step_on_device
-    states, opt_detail, notes = _states(model, setup, on_device)
-    kv, act_detail = 0, {}
+    summ = shape_summary(model, setup.tp) if isinstance(model, TransformerConfig) else None  # checks tp
+    states, opt_detail, notes = _states(model, setup, on_device, summ)
+    kv, act_detail, act_terms = 0, {}, None
     if isinstance(model, TransformerConfig):
-        if setup.mode == "train":
-            act_detail = activation_bytes(model, setup, device_type=device_type)
+        if setup.mode == "train":  # listed once: the phases reuse them (memlab.predict.phases.step_inputs)
+            act_terms = term_rows(model, setup, device_type=device_type)
+            act_detail = bytes_by_category(act_terms, setup.tp, setup.sp)
         else:
             compute = 4 if setup.inference_weights == "fp32" else 2
             act_detail = prefill_transient_bytes(model, setup.batch, setup.seq, compute, setup.tp,
@@ -265,32 +280,34 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     if setup.mode == "train":
         acts = sum(act_detail.values()) if act_detail else 0
     else:
-        acts = functools.reduce(np.maximum, act_detail.values()) if act_detail else 0
+        acts = functools.reduce(larger, act_detail.values()) if act_detail else 0
     managed = sum(states.values()) + acts + kv
-    terms = _overheads(ov, model, setup, managed)
-    phases = _phases(model, setup, states, acts, kv, opt_detail, sum(terms.values()), device_type)
+    terms = _overheads(ov, summ, setup, managed)
+    phases = _phases(model, setup, states, acts, kv, opt_detail, sum(terms.values()), device_type, act_terms, summ)
     return states, acts, kv, terms, act_detail, opt_detail, notes, phases
 
 
 def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any, kv: Any, opt_detail: dict,
-            overhead: Any, device_type: str) -> list[tuple[str, str, Any]]:
-    """Bytes at each phase of a step (:mod:`memlab.predict.phases`)."""
+            overhead: Any, device_type: str, act_terms: list | None = None,
+            summ: ShapeSummary | None = None) -> list[tuple[str, str, Any]]:
+    """Bytes at each phase of a step (:mod:`memlab.predict.phases`); ``act_terms``: the setup's
+    :func:`~memlab.predict.activations.term_rows`."""
     is_cfg = isinstance(model, TransformerConfig)
     if setup.mode != "train":
         decode = 0
         if is_cfg:
             compute = 4 if setup.inference_weights == "fp32" else 2
-            decode = functools.reduce(np.maximum, prefill_transient_bytes(
+            decode = functools.reduce(larger, prefill_transient_bytes(
                 model, setup.batch, 1, compute, setup.tp, setup.fused_attention).values())
         return inference_phases(states["params"], kv, acts, decode, overhead)
     before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
     if is_cfg:
-        summ = shape_summary(model, setup.tp)
+        summ = summ or shape_summary(model, setup.tp)
         dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
         x = step_inputs(model, setup, device_type=device_type, elements=math.ceil(summ.elements / dp),
                         largest=math.ceil(summ.largest_elements / dp),
                         layer_elements=math.ceil(summ.layer_elements / dp), before_step=before,
-                        loop_peak=math.ceil(summ.loop_peak_elements / dp))
+                        loop_peak=math.ceil(summ.loop_peak_elements / dp), terms=act_terms)
     else:
         n = math.ceil(model / setup.tp)
         x = step_inputs(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,
@@ -302,7 +319,7 @@ def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any,
 
 def _overheads_arg(overheads: object) -> Overheads:
     if overheads is None:
-        return Overheads()
+        return _NO_OVERHEADS
     if not isinstance(overheads, Overheads):
         raise SetupError(f"overheads must be a memlab.predict.estimate.Overheads or None, got "
                          f"{type(overheads).__name__}: pass Overheads(cuda_context_bytes=...)")
@@ -310,19 +327,21 @@ def _overheads_arg(overheads: object) -> Overheads:
 
 
 def _fields(obj: Any) -> dict[str, Any]:
-    """Shallow field dict of a frozen dataclass (faster than dataclasses.asdict); nested ones (a config's ``impl``)
-    by their ``to_dict()``."""
-    out = {name: getattr(obj, name) for name in obj.__dataclass_fields__}
-    impl = out.get("impl")
-    if impl is not None:
-        out["impl"] = dict(_nested_dict(impl))
+    """Shallow field dict of a frozen dataclass (faster than dataclasses.asdict)."""
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+
+
+def _config_fields(config: TransformerConfig) -> dict[str, Any]:
+    """:func:`_fields` of a config with its ``impl`` as ``impl.to_dict()``: a fresh dict (and impl dict) each call,
+    copied from one cached per config (configs are frozen; sweeps ask for the same one per setup)."""
+    out = dict(_cached_config_fields(config))
+    out["impl"] = dict(out["impl"])
     return out
 
 
 @functools.lru_cache(maxsize=64)
-def _nested_dict(value: Any) -> dict[str, Any]:
-    """``to_dict()`` of a frozen (hashable) nested dataclass, cached: sweeps ask for the same one per setup."""
-    return value.to_dict()
+def _cached_config_fields(config: TransformerConfig) -> dict[str, Any]:
+    return {**_fields(config), "impl": config.impl.to_dict()}
 
 
 def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict,
@@ -396,7 +415,7 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         param_count=shape_summary(config_or_params).param_count if is_cfg else config_or_params, mode=setup.mode,
         activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=opt_detail,
         assumptions=tuple(_assumptions(config_or_params, setup, ov, terms, device_type) + notes),
-        config=_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
+        config=_config_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
         phases=rows, peak_bytes=top.peak_bytes, peak_phase=top.phase, peak_step=top.step,
     )
 

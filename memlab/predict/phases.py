@@ -51,13 +51,17 @@ import numpy as np
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
-from memlab.predict.setup import SetupView, resolve_optimizer_impl
+from memlab.predict.setup import resolve_optimizer_impl
 
 PHASES = ("forward", "backward", "optimizer step", "zero_grad")
 """Training phases in step order (``zero_grad`` is the bytes held after it; the others the peak inside)."""
 STEPS = ("first", "steady")
 
 _MODEL_LEVEL = ("token ids", "head & loss")
+_NOT_PER_LAYER = (*_MODEL_LEVEL, "mlp")
+"""Categories left out of one block's saved bytes (besides the final norm and the LM head's 16-bit copy)."""
+_HEAD_COPY = "16-bit copy of LM-head weight"
+_TOKEN_IDS = ("input token ids", "target token ids")
 LOSS_BYTES = 4
 """The fp32 scalar loss, alive from the end of forward into backward."""
 
@@ -163,15 +167,37 @@ class StepInputs:
     """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
 
 
-def _layer_terms(config: TransformerConfig, setup: Any, device_type: str) -> dict[str, Any]:
+def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
     """One block's terms on one tp rank: saved bytes (without recompute, less the MLP's), backward temporaries,
-    the transient of its forward, and the model-level head/loss and recompute terms."""
-    from memlab.predict.activations import activation_terms, widths
+    the transient of its forward, and the model-level head/loss and recompute terms. ``own``: the setup's
+    :func:`~memlab.predict.activations.term_rows` when the caller has listed them (listed here otherwise)."""
+    from memlab.predict.activations import term_rows, widths
 
-    terms = activation_terms(config, SetupView(setup, recompute="none"), device_type=device_type)
-    per = sum(tm.bytes(setup.tp, setup.sp) for tm in terms
-              if tm.category not in (*_MODEL_LEVEL, "mlp") and not tm.name.startswith("final norm")
-              and tm.name != "16-bit copy of LM-head weight")
+    tp, sp = setup.tp, setup.sp
+    if own is None:
+        own = term_rows(config, setup, device_type=device_type)
+    # Each sum adds its rows in list order (as ``sum`` over the ActivationTerms did); a row is (name, category, count,
+    # width, sharded[, note]), its bytes count * width / (tp if sharded or sp else 1) (ActivationTerm.bytes).
+    # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
+    # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
+    per = recompute_inputs = head = inputs = 0
+    own_is_block = setup.recompute == "none"
+    if not own_is_block:
+        for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
+            if row[1] != "mlp":
+                per += row[2] * row[3] / (tp if (row[4] or sp) else 1)
+    for row in own:
+        name, category = row[0], row[1]
+        size = row[2] * row[3] / (tp if (row[4] or sp) else 1)
+        if own_is_block and category not in _NOT_PER_LAYER and not name.startswith("final norm") \
+                and name != _HEAD_COPY:
+            per += size
+        if category == "block inputs (recompute)":
+            recompute_inputs += size
+        elif category == "head & loss":
+            head += size
+        if name in _TOKEN_IDS:
+            inputs += size
     w = widths(setup, device_type)
     t = setup.batch * setup.seq
     n_f = 3 if config.mlp == "swiglu" else 2
@@ -180,17 +206,22 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str) -> dic
     if setup.attention in ("eager", "math"):
         probs = w["probs"] if setup.attention == "eager" else 4
         attn = 2 * setup.batch * config.n_heads * setup.seq * setup.seq * probs / setup.tp
-    own = activation_terms(config, setup, device_type=device_type)
     return {
         "layer": per / config.n_layers,
-        "temp": np.maximum(mlp, attn) + 3 * t * config.d_model * w["residual"],
+        "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
         "block_forward": mlp + t * config.d_model * w["compute"],
-        "recompute_inputs": sum(tm.bytes(setup.tp, setup.sp) for tm in own
-                                if tm.category == "block inputs (recompute)"),
-        "head": sum(tm.bytes(setup.tp, setup.sp) for tm in own if tm.category == "head & loss"),
-        "inputs": sum(tm.bytes(setup.tp, setup.sp) for tm in own
-                      if tm.name in ("input token ids", "target token ids")),
+        "recompute_inputs": recompute_inputs,
+        "head": head,
+        "inputs": inputs,
     }
+
+
+def larger(a: Any, b: Any) -> Any:
+    """``np.maximum(a, b)``; for two Python scalars (a scalar estimate) without numpy's per-call cost (the value is
+    the same; the type stays Python's, where numpy's would be an ``np.float64``/``np.int64``)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return b if b > a else a
 
 
 def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: int, largest: int,
@@ -215,11 +246,13 @@ def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: 
 
 
 def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
-                layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None) -> StepInputs:
+                layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None,
+                terms: list | None = None) -> StepInputs:
     """:class:`StepInputs` of ``config`` under ``setup`` (``config=None``: a bare count, no activation terms).
 
     ``elements``/``largest``/``layer_elements``: parameters on this device, its largest tensor, one block's;
-    ``before_step``: optimizer-side bytes allocated before the first step (master copy, accumulation buffer).
+    ``before_step``: optimizer-side bytes allocated before the first step (master copy, accumulation buffer);
+    ``terms``: the setup's :func:`~memlab.predict.activations.term_rows` when the caller has listed them.
     """
     pol = setup.policy
     impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
@@ -227,7 +260,7 @@ def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: st
     persistent = bool(pol.master_bytes and pol.grad_bytes == 4)
     if config is None:
         return StepInputs(0, 0, 0, 0, 0, 0, 0.0, 0.0, opt_t, before_step, persistent, 4, False)
-    lt = _layer_terms(config, setup, device_type)
+    lt = _layer_terms(config, setup, device_type, terms)
     gb = pol.grad_bytes
     tied = 2 * config.vocab_size * config.d_model * gb / setup.tp if config.tied_embeddings else 0.0
     return StepInputs(
@@ -261,12 +294,12 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             base = p + o_held
             fwd = base + g_held + a + fwd_logits + LOSS_BYTES
             if x.full_recompute:
-                fwd = np.maximum(fwd, base + g_held + a - x.head_loss_bytes + x.block_forward_bytes)
+                fwd = larger(fwd, base + g_held + a - x.head_loss_bytes + x.block_forward_bytes)
             start = base + g_held + a + bwd_logits + LOSS_BYTES
-            below = g if holds else np.maximum(g - x.layer_grad_bytes, 0)
+            below = g if holds else larger(g - x.layer_grad_bytes, 0)
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
             out.append((step, "forward" + tag, fwd + overhead))
-            out.append((step, "backward" + tag, np.maximum(np.maximum(start, bottom), base + end) + overhead))
+            out.append((step, "backward" + tag, larger(larger(start, bottom), base + end) + overhead))
         out.append((step, "optimizer step", p + g + o + x.optimizer_temporary_bytes + x.input_bytes + overhead))
         out.append((step, "zero_grad", p + o + (0 if set_to_none and not x.persistent_grads else g) + x.input_bytes
                     + overhead))

@@ -129,6 +129,9 @@ PRECISION_POLICIES: dict[str, PrecisionPolicy] = {
 
 def precision_policy(name: str) -> PrecisionPolicy:
     """Look up a precision policy by name; unknown names get the closest known ones."""
+    policy = PRECISION_POLICIES.get(name) if isinstance(name, str) else None
+    if policy is not None:  # the exact name (every Setup's, per estimate): no normalising
+        return policy
     if not isinstance(name, str):
         raise unknown_name("precision policy", repr(name), list(PRECISION_POLICIES))
     key = name.strip().lower()

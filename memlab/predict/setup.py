@@ -150,8 +150,7 @@ class Setup(StrictInit):
 
 class SetupView:
     """A read-only :class:`Setup` with some fields replaced, unvalidated: the estimator's vectorised sweeps give it
-    numpy arrays for ``batch`` and ``seq`` (:func:`memlab.predict.estimate.sweep_totals`), and one block's terms
-    are counted with ``recompute="none"`` (:mod:`memlab.predict.phases`).
+    numpy arrays for ``batch`` and ``seq`` (:func:`memlab.predict.estimate.sweep_totals`).
 
     A field reads from ``overrides`` first, then from ``base``; the derived properties (``policy``,
     ``fused_attention``, ``tokens``) are :class:`Setup`'s own, computed on the view, so ``tokens`` is

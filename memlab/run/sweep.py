@@ -3,7 +3,9 @@
 :func:`sweep` runs every (config, setup) point of a grid with :func:`memlab.run.runner.run_step`, appends each
 result to a JSON-lines file (flushed and fsync'ed), and on a restart skips the points already in the file,
 so an interrupted sweep resumes without repeating or losing rows. Out-of-memory results and failures are
-recorded with their message and the sweep goes on. Progress is shown with tqdm. A damaged line costs only itself:
+recorded with their message and the sweep goes on. Progress is a tqdm bar on a terminal (or in a Jupyter kernel);
+written to a file or pipe, it is one final line instead of a line per update (:func:`live_progress`). A damaged
+line costs only itself:
 it is skipped with a warning, set aside byte for byte in ``PATH.damaged`` and its point measured again; a lock on
 ``PATH.lock`` keeps two sweeps of one file from doubling rows; a FIFO or device is refused before it is opened.
 """
@@ -15,6 +17,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -276,7 +279,8 @@ def sweep(
     ``path`` must be a regular file or a new name (a FIFO or device is refused before it is opened); damaged lines
     are moved to ``PATH.damaged`` with a warning and their points measured again (:func:`read_rows`). While it
     runs the sweep holds ``PATH.lock`` (:func:`sweep_lock`); a second sweep of the same file waits ``lock_wait_s``
-    seconds, then refuses.
+    seconds, then refuses. ``progress``: a live bar where the stream redraws it (:func:`live_progress`), else one
+    final line on stderr.
     """
     from tqdm.auto import tqdm
 
@@ -294,18 +298,37 @@ def sweep(
     with sweep_lock(path, lock_wait_s):
         done = {r["key"] for r in _quarantine(path)}  # under the lock: another sweep's rows count as done
         todo = [(key, c, s) for key, (c, s) in points.items() if key not in done]
-        bar = tqdm(total=len(points), initial=len(points) - len(todo), disable=not progress, desc="sweep",
-                   unit="cfg", mininterval=1.0)
+        live = progress and live_progress(sys.stderr)
+        bar = tqdm(total=len(points), initial=len(points) - len(todo), disable=not live, desc="sweep",
+                   unit="cfg", mininterval=1.0, file=sys.stderr)
+        start, measured = time.perf_counter(), 0
         try:
             for key, config, setup in todo:
                 bar.set_postfix_str(f"{config.name} {setup.precision} {setup.attention} {setup.recompute}")
                 row = {"key": key, "config": config.to_dict(), "time": time.time(),
                        "measurement": _measure(run, config, setup, dev, **run_kwargs)}
                 _append(path, row)
+                measured += 1
                 bar.update(1)
         finally:
             bar.close()
+            if progress and not live:  # a file or a pipe: one line, not one per update
+                done = len(points) - len(todo) + measured
+                print(f"sweep: {done}/{len(points)} cfg ({measured} measured, {len(points) - len(todo)} already in "
+                      f"{path.name}) in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return to_frame(read_rows(path, warn=False))
+
+
+def live_progress(stream: Any) -> bool:
+    """Whether a progress bar on ``stream`` is redrawn in place: a terminal, or a Jupyter kernel's output (tqdm.auto's
+    widget, or its text bar). A file or a pipe (``make bench > log``, CI) is not: each update would be a new line."""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        if callable(isatty) and isatty():
+            return True
+    except (OSError, ValueError):  # a closed or detached stream
+        return False
+    return "ipykernel" in sys.modules
 
 
 def measurement_of(row: dict[str, Any]) -> tuple[TransformerConfig, Measurement]:

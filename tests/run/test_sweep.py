@@ -4,6 +4,7 @@ lines are ignored; failures and OOMs are recorded and the sweep goes on."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -174,6 +175,56 @@ def test_point_key_depends_on_config_setup_and_device() -> None:
 
 def test_read_rows_of_a_missing_file_is_empty(tmp_path: Path) -> None:
     assert read_rows(tmp_path / "nothing.jsonl") == []
+
+
+# -- quiet progress: a bar on a terminal, one final line in a file or pipe ---------------------------------------------
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_off_a_terminal_is_one_final_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)  # not a Jupyter kernel either
+    out = tmp_path / "s.jsonl"
+    sweep(GRID[:3], out, device="cpu", run=_fake_run([]), progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.count("\n") == 1, err  # tqdm would redraw with \r, one "line" per update
+    assert err.startswith("sweep: 3/3 cfg (3 measured, 0 already in s.jsonl) in ")
+    sweep(GRID, out, device="cpu", run=_fake_run([]), progress=True)
+    assert capsys.readouterr().err.startswith("sweep: 4/4 cfg (1 measured, 3 already in s.jsonl) in ")
+    sweep(GRID, tmp_path / "t.jsonl", device="cpu", run=_fake_run([]), progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_off_a_terminal_in_a_subprocess_writes_one_line_to_a_file(tmp_path: Path) -> None:
+    code = """
+import sys, time
+from memlab.predict.models import preset
+from memlab.predict.setup import Setup
+from memlab.run.runner import Measurement
+from memlab.run.sweep import sweep
+
+def run(config, setup, device, **kw):
+    time.sleep(0.15)  # slower than tqdm's mininterval (1 s) over the grid: a bar would redraw several times
+    return Measurement(model=config.name, setup=setup.to_dict(), device=device, device_name="cpu", params_bytes=1,
+                       grads_bytes=0, optimizer_bytes=0)
+
+sweep([(preset("tiny-gpt"), Setup(batch=1, seq=s)) for s in range(8, 20)], sys.argv[1], device="cpu", run=run)
+"""
+    log = tmp_path / "stderr.log"
+    with log.open("w") as err:
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.jsonl")], check=True, stderr=err,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    text = log.read_text()
+    assert len(text.splitlines()) == 1 and "\r" not in text and text.startswith("sweep: 12/12 cfg"), text
+
+
+def test_progress_on_a_terminal_is_a_live_bar(tmp_path: Path, monkeypatch) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    sweep(GRID, tmp_path / "s.jsonl", device="cpu", run=_fake_run([]), progress=True)
+    text = terminal.getvalue()
+    assert "\r" in text and "4/4" in text and not text.startswith("sweep: 4/4 cfg (")
 
 
 # -- issue 8, section 3: damage costs at most the damaged row ------------------------------------------------------
