@@ -31,27 +31,20 @@ import numpy as np
 
 from memlab.errors import SetupError
 from memlab.predict.activations import bytes_by_category, term_rows
-from memlab.predict.inference import INT4_GROUP, kv_cache_bytes, prefill_transient_bytes
+from memlab.predict.inference import kv_cache_bytes, prefill_transient_bytes
 from memlab.predict.models import TransformerConfig
-from memlab.predict.optimizer_states import (
-    ADAM_8BIT_BLOCK,
-    adam_moment_bytes,
-    optimizer_state_dtype_bytes,
-    sgd_moment_bytes,
-    step_counter_bytes,
-)
 from memlab.predict.phases import (
     PhaseRow,
     find_phase,
     inference_phases,
     larger,
     peak_of,
-    step_inputs,
+    predicted_row,
+    step_inputs_with,
     training_phases,
 )
-from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import Setup, SetupView, resolve_optimizer_impl
-from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
+from memlab.predict.plan import plan, rest_of, rotary_seq_note
+from memlab.predict.setup import Setup, SetupView
 from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
 
@@ -187,89 +180,21 @@ def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> No
         raise SetupError("adafactor state depends on parameter shapes: give a model config, not a bare count")
 
 
-def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
-            summ: ShapeSummary | None) -> tuple[dict[str, int], dict, list]:
-    """(params, grads, optimizer) per device after TP and ZeRO, the optimizer detail, and notes; ``summ``: the
-    model's :func:`~memlab.predict.sharding.shape_summary` on one tp rank (None for a bare count)."""
-    pol, tp, notes = setup.policy, setup.tp, []
-    if summ is None:
-        n, tensors = math.ceil(model / tp), 0
-        notes.append("bare parameter count: all parameters treated alike (no shapes): per-tensor step counters "
-                     "are not counted" + (", TP divides every parameter" if tp > 1 else ""))
-    else:
-        n, tensors = summ.elements, summ.tensors
-    if setup.mode == "inference":
-        return _inference_weights(n, summ, setup.inference_weights, notes), {}, notes
-    dp, dg, do = zero_divisors(setup.zero_stage, setup.world_size)
-    sb, opt = optimizer_state_dtype_bytes(pol), setup.optimizer
-    if opt in ("adam", "adamw"):
-        moments = adam_moment_bytes(n, sb)
-    elif opt in ("sgd", "sgd-momentum"):
-        moments = sgd_moment_bytes(n, sb, opt == "sgd-momentum")
-    elif opt == "adam-8bit":
-        moments = summ.adam8bit_bytes if summ else 2 * n + 8 * math.ceil(n / ADAM_8BIT_BLOCK)
-    else:
-        moments = sb * summ.adafactor_elements  # type: ignore[union-attr]  # adafactor needs shapes (checked)
-    steps = step_counter_bytes(tensors, opt)
-    detail = {
-        "moments": math.ceil(moments / do),
-        "master": math.ceil(n / do) * pol.master_bytes,
-        "grad_accum": math.ceil(n / do) * pol.grad_accum_bytes,
-        "step_counters": steps if step_on_device else 0,
-    }
-    if steps and not step_on_device:
-        notes.append(f"{steps} B of per-tensor optimizer step counters live on the host (torch default unless "
-                     "fused/capturable): not counted on the device")
-    out = {
-        "params": math.ceil(n / dp) * pol.param_bytes,
-        "grads": math.ceil(n / dg) * pol.grad_bytes,
-        "optimizer": sum(detail.values()),
-    }
-    return out, detail, notes
-
-
-def _inference_weights(n: int, summ: ShapeSummary | None, weights: str, notes: list) -> dict[str, int]:
-    """Inference weight bytes: quantised block matrices (+ scales) and 16-bit embeddings/head/norms."""
-    wb = DTYPE_BYTES[weights]
-    if weights not in ("int8", "int4"):
-        return {"params": math.ceil(n * wb), "grads": 0, "optimizer": 0}
-    if summ is None:
-        scales = math.ceil(n / INT4_GROUP) * 2.5 if weights == "int4" else 0
-        notes.append(f"bare parameter count with {weights}: every parameter counted as quantised"
-                     + (" (group-128 scales included)" if weights == "int4" else "; per-row scales not counted"))
-        return {"params": math.ceil(n * wb + scales), "grads": 0, "optimizer": 0}
-    q = summ.quantizable_elements
-    scales = summ.int8_scale_bytes if weights == "int8" else summ.int4_scale_bytes
-    notes.append(f"{weights} weights: 2-D block matrices quantised with their scales ({scales} B); embeddings, "
-                 "LM head, norms and biases kept in fp16")
-    return {"params": math.ceil(q * wb) + scales + 2 * (n - q), "grads": 0, "optimizer": 0}
-
-
-def _overheads(ov: Overheads, summ: ShapeSummary | None, setup: Any, managed: Any) -> dict[str, Any]:
-    """Named overhead terms; fragmentation is a fraction of every allocator-managed byte."""
-    gathered = 0
-    if summ is not None and setup.mode == "train" and setup.zero_stage == 3 \
-            and setup.world_size > 1:  # FSDP/ZeRO-3 all-gathers a block's full (TP-sharded) parameters
-        gathered = ov.gathered_layers * summ.layer_elements * setup.policy.param_bytes
-    terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered}
-    terms["fragmentation"] = ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered)
-    return terms
-
-
 def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_type: str,
               step_on_device: bool | None) -> tuple:
-    """Shared core of :func:`estimate` (scalars) and :func:`sweep_totals` (numpy batch/seq)."""
+    """Shared core of :func:`estimate` (scalars) and :func:`sweep_totals` (numpy batch/seq): the setup's cached
+    :class:`~memlab.predict.plan.Plan` (what batch and seq do not change) and the terms that batch and seq do."""
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
     _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
     if step_on_device is not None and not isinstance(step_on_device, bool):
         raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")
     on_device = device_type == "cpu" if step_on_device is None else step_on_device
-    summ = shape_summary(model, setup.tp) if isinstance(model, TransformerConfig) else None  # checks tp
-    states, opt_detail, notes = _states(model, setup, on_device, summ)
+    p = plan(model, rest_of(setup), ov, device_type, on_device)  # checks tp
     kv, act_detail, act_terms = 0, {}, None
-    if isinstance(model, TransformerConfig):
-        if setup.mode == "train":  # listed once: the phases reuse them (memlab.predict.phases.step_inputs)
+    is_cfg = isinstance(model, TransformerConfig)
+    if is_cfg:
+        if setup.mode == "train":  # listed once: the phases reuse them (memlab.predict.phases.step_inputs_with)
             act_terms = term_rows(model, setup, device_type=device_type)
             act_detail = bytes_by_category(act_terms, setup.tp, setup.sp)
         else:
@@ -281,40 +206,25 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         acts = sum(act_detail.values()) if act_detail else 0
     else:
         acts = functools.reduce(larger, act_detail.values()) if act_detail else 0
-    managed = sum(states.values()) + acts + kv
-    terms = _overheads(ov, summ, setup, managed)
-    phases = _phases(model, setup, states, acts, kv, opt_detail, sum(terms.values()), device_type, act_terms, summ)
-    return states, acts, kv, terms, act_detail, opt_detail, notes, phases
-
-
-def _phases(model: TransformerConfig | int, setup: Any, states: dict, acts: Any, kv: Any, opt_detail: dict,
-            overhead: Any, device_type: str, act_terms: list | None = None,
-            summ: ShapeSummary | None = None) -> list[tuple[str, str, Any]]:
-    """Bytes at each phase of a step (:mod:`memlab.predict.phases`); ``act_terms``: the setup's
-    :func:`~memlab.predict.activations.term_rows`."""
-    is_cfg = isinstance(model, TransformerConfig)
+    managed = p.states_total + acts + kv
+    gathered = ov.gathered_layers * p.gather_bytes_per_layer if p.gather_bytes_per_layer else 0
+    terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered,
+             "fragmentation": ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered)}
+    overhead = sum(terms.values())
+    states = p.states
     if setup.mode != "train":
         decode = 0
         if is_cfg:
             compute = 4 if setup.inference_weights == "fp32" else 2
             decode = functools.reduce(larger, prefill_transient_bytes(
                 model, setup.batch, 1, compute, setup.tp, setup.fused_attention).values())
-        return inference_phases(states["params"], kv, acts, decode, overhead)
-    before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
-    if is_cfg:
-        summ = summ or shape_summary(model, setup.tp)
-        dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
-        x = step_inputs(model, setup, device_type=device_type, elements=math.ceil(summ.elements / dp),
-                        largest=math.ceil(summ.largest_elements / dp),
-                        layer_elements=math.ceil(summ.layer_elements / dp), before_step=before,
-                        loop_peak=math.ceil(summ.loop_peak_elements / dp), terms=act_terms)
+        phases = inference_phases(states["params"], kv, acts, decode, overhead)
     else:
-        n = math.ceil(model / setup.tp)
-        x = step_inputs(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,
-                        before_step=before)
-    return training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
-                           grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
-                           overhead=overhead)
+        x = step_inputs_with(p.step, model if is_cfg else None, setup, device_type=device_type, terms=act_terms)
+        phases = training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
+                                 grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
+                                 overhead=overhead)
+    return p, acts, kv, terms, act_detail, phases
 
 
 def _overheads_arg(overheads: object) -> Overheads:
@@ -344,48 +254,6 @@ def _cached_config_fields(config: TransformerConfig) -> dict[str, Any]:
     return {**_fields(config), "impl": config.impl.to_dict()}
 
 
-def _assumptions(model: TransformerConfig | int, setup: Setup, ov: Overheads, terms: dict,
-                 device_type: str = "cuda") -> list[str]:
-    out = ["bytes per device; GiB = 2**30 B, GB = 1e9 B",
-           f"world_size={setup.world_size} counts data-parallel ranks; with tp={setup.tp} the job uses "
-           f"{setup.world_size * setup.tp} device(s)"]
-    if setup.mode == "train":
-        out.append("optimizer = moments + fp32 master copy + fp32 grad-accumulation buffer (ZeRO paper's K)")
-        impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
-        out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
-                   f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
-        if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes:
-            out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
-        if setup.zero_stage and setup.world_size == 1:
-            out.append("ZeRO/FSDP over 1 rank shards nothing")
-        if setup.zero_stage == 3 and setup.world_size > 1 and not ov.gathered_layers:
-            out.append("ZeRO-3/FSDP gathered-parameter buffers not counted: set Overheads(gathered_layers=1 or 2)")
-        if setup.policy.autocast:
-            out.append("autocast's 16-bit weight copies kept for backward are counted in activations")
-    else:
-        out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
-        out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
-        out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
-    if isinstance(model, TransformerConfig) and model.is_moe:
-        out.append(f"mixture of experts: all {model.n_experts} experts' weights (and their grads and states) are "
-                   "resident; activations are counted as for one dense MLP per token (the top_k routed copies are "
-                   "not modelled yet)")
-    if isinstance(model, int):
-        out.append("bare parameter count: activations and KV cache need a model config and are 0 here")
-    elif model.positions == "rotary" and setup.seq > model.max_seq:
-        out.append(f"seq={setup.seq} exceeds the model's trained max_seq={model.max_seq} (rotary: runs, quality aside)")
-    if not ov.cuda_context_bytes:
-        out.append("CUDA context not included (a few hundred MB; PyTorch maintainers cite ~300-400 MB with lazy "
-                   "loading, pytorch/pytorch#107667, #109888): measure NVML used minus torch.cuda.memory_reserved() "
-                   "after the first CUDA op and pass Overheads(cuda_context_bytes=...)")
-    if not ov.workspace_bytes:
-        out.append("cuBLAS/attention workspaces not included: pass Overheads(workspace_bytes=...)")
-    if not ov.fragmentation_fraction:
-        out.append("allocator fragmentation not included: measure (reserved - allocated) / allocated at the peak "
-                   "(torch.cuda.memory_stats) and pass Overheads(fragmentation_fraction=...)")
-    return out
-
-
 def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overheads: Overheads | None = None,
              device_type: str = "cuda", step_on_device: bool | None = None) -> MemoryBreakdown:
     """Predicted per-device memory of ``setup`` (training or inference, by ``setup.mode``).
@@ -399,24 +267,27 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
     ov = _overheads_arg(overheads)
-    states, acts, kv, terms, act_detail, opt_detail, notes, phases = _evaluate(config_or_params, setup, ov,
-                                                                               device_type, step_on_device)
+    p, acts, kv, terms, act_detail, phases = _evaluate(config_or_params, setup, ov, device_type, step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
     acts_i, kv_i = math.ceil(acts), math.ceil(kv)
-    total = sum(states.values()) + acts_i + kv_i + sum(overhead.values())
-    is_cfg = isinstance(config_or_params, TransformerConfig)
-    rows = tuple(PhaseRow(st, ph, math.ceil(v), end_bytes=math.ceil(v) if ph == "zero_grad" else None)
-                 for st, ph, v in phases)
-    # Ties go to the first step and, within a step, to the later phase (backward starts with what forward ends with)
-    top = max(enumerate(rows), key=lambda ir: (ir[1].peak_bytes, ir[1].step == "first", ir[0]))[1]
+    total = p.states_total + acts_i + kv_i + sum(overhead.values())
+    rows = [predicted_row(st, ph, math.ceil(v)) for st, ph, v in phases]
+    # The peak row: the largest; ties go to the first step and, within a step, to the later phase (backward starts
+    # with what forward ends with): the last row of the largest (bytes, step == "first").
+    top = rows[0]
+    for row in rows:
+        if row.peak_bytes > top.peak_bytes or (row.peak_bytes == top.peak_bytes
+                                               and (row.step == "first" or top.step != "first")):
+            top = row
+    states = p.states
     return MemoryBreakdown(
         params_bytes=states["params"], grads_bytes=states["grads"], optimizer_bytes=states["optimizer"],
         activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
-        param_count=shape_summary(config_or_params).param_count if is_cfg else config_or_params, mode=setup.mode,
-        activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=opt_detail,
-        assumptions=tuple(_assumptions(config_or_params, setup, ov, terms, device_type) + notes),
-        config=_config_fields(config_or_params) if is_cfg else None, setup=_fields(setup),
-        phases=rows, peak_bytes=top.peak_bytes, peak_phase=top.phase, peak_step=top.step,
+        param_count=p.param_count, mode=setup.mode,
+        activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=dict(p.opt_detail),
+        assumptions=(*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq), *p.assumptions_tail),
+        config=_config_fields(config_or_params) if isinstance(config_or_params, TransformerConfig) else None,
+        setup=_fields(setup), phases=tuple(rows), peak_bytes=top.peak_bytes, peak_phase=top.phase, peak_step=top.step,
     )
 
 
@@ -460,8 +331,8 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
         raise SetupError(f"batch (shape {b.shape}) and seq (shape {s.shape}) do not broadcast together: pass "
                          "arrays of one shape, or one of them as a scalar") from None
     view = SetupView(setup, batch=b, seq=s)
-    states, acts, kv, terms, *_, phases = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
-                                                    step_on_device)
+    p, acts, kv, terms, *_, phases = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
+                                               step_on_device)
     if peak:
         return peak_of(phases) + np.zeros_like(b)
-    return sum(states.values()) + acts + kv + sum(terms.values()) + np.zeros_like(b)
+    return p.states_total + acts + kv + sum(terms.values()) + np.zeros_like(b)

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import MemlabError, SetupError
+from memlab.predict.frozen import unchecked
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
 from memlab.predict.setup import resolve_optimizer_impl
@@ -122,6 +123,15 @@ class PhaseRow:
                 ([f"unknown keys {', '.join(unknown)}"] if unknown else [])
                 + ([f"missing {', '.join(missing)}"] if missing else [])))
         return cls(**{k: dict(v) if k in ("by_category", "end_by_category") else v for k, v in row.items()})
+
+
+def predicted_row(step: str, phase: str, peak_bytes: int) -> PhaseRow:
+    """The estimator's :class:`PhaseRow` of one phase: ``end_bytes`` repeats ``peak_bytes`` for ``zero_grad`` (what is
+    held after it) and is None otherwise; the measured-side fields are empty. Equal to ``PhaseRow(step, phase,
+    peak_bytes, end_bytes=...)``, built with :func:`~memlab.predict.frozen.unchecked` (eight rows per estimate)."""
+    return unchecked(PhaseRow, {"step": step, "phase": phase, "peak_bytes": peak_bytes,
+                                "end_bytes": peak_bytes if phase == "zero_grad" else None, "start_bytes": None,
+                                "by_category": {}, "end_by_category": {}, "source": "", "reliable": True})
 
 
 def find_phase(rows: Iterable[PhaseRow], phase: str, step: str | int = "steady") -> PhaseRow:
@@ -254,23 +264,45 @@ def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: st
     ``before_step``: optimizer-side bytes allocated before the first step (master copy, accumulation buffer);
     ``terms``: the setup's :func:`~memlab.predict.activations.term_rows` when the caller has listed them.
     """
+    const = step_constants(config, setup, device_type=device_type, elements=elements, largest=largest,
+                           layer_elements=layer_elements, before_step=before_step, loop_peak=loop_peak)
+    return step_inputs_with(const, config, setup, device_type=device_type, terms=terms)
+
+
+def step_constants(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
+                   layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None) -> dict[str, Any]:
+    """The :class:`StepInputs` fields that depend on neither batch nor seq (arguments as :func:`step_inputs`), by
+    name: the estimator computes them once per setup (:mod:`memlab.predict.plan`) and :func:`step_inputs_with`
+    adds the batch/seq terms."""
     pol = setup.policy
     impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
     opt_t = optimizer_temporary_bytes(setup.optimizer, impl, pol, elements, largest, loop_peak)
     persistent = bool(pol.master_bytes and pol.grad_bytes == 4)
     if config is None:
-        return StepInputs(0, 0, 0, 0, 0, 0, 0.0, 0.0, opt_t, before_step, persistent, 4, False)
-    lt = _layer_terms(config, setup, device_type, terms)
+        return {"layer_grad_bytes": 0.0, "tied_head_grad_bytes": 0.0, "optimizer_temporary_bytes": opt_t,
+                "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
+                "forward_logits_bytes_per_element": 4, "full_recompute": False}
     gb = pol.grad_bytes
-    tied = 2 * config.vocab_size * config.d_model * gb / setup.tp if config.tied_embeddings else 0.0
+    return {
+        "layer_grad_bytes": layer_elements * gb,
+        "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp if config.tied_embeddings
+        else 0.0,
+        "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
+        "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else (8 if pol.autocast else 6),
+        "full_recompute": setup.recompute == "full",
+    }
+
+
+def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, setup: Any, *, device_type: str,
+                     terms: list | None = None) -> StepInputs:
+    """:class:`StepInputs` from :func:`step_constants`' ``const`` and the batch/seq terms of ``setup``."""
+    if config is None:
+        return StepInputs(0, 0, 0, 0, 0, 0, **const)
+    lt = _layer_terms(config, setup, device_type, terms)
     return StepInputs(
         logits_elements=setup.batch * setup.seq * config.vocab_size / setup.tp,
         layer_activation_bytes=lt["layer"], layer_temporary_bytes=lt["temp"], block_forward_bytes=lt["block_forward"],
-        recompute_inputs_bytes=lt["recompute_inputs"], head_loss_bytes=lt["head"], layer_grad_bytes=layer_elements * gb,
-        tied_head_grad_bytes=tied, optimizer_temporary_bytes=opt_t, optimizer_before_step_bytes=before_step,
-        persistent_grads=persistent,
-        forward_logits_bytes_per_element=4 if pol.compute_dtype == "fp32" else (8 if pol.autocast else 6),
-        full_recompute=setup.recompute == "full", input_bytes=lt["inputs"],
+        recompute_inputs_bytes=lt["recompute_inputs"], head_loss_bytes=lt["head"], input_bytes=lt["inputs"], **const,
     )
 
 

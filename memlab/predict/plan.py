@@ -1,0 +1,202 @@
+"""The part of an estimate that depends on neither batch nor seq, computed once per setup and cached.
+
+``estimate()`` is called in loops over batch and seq (fit searches, sweeps, the course's tables); model states,
+the optimizer's step constants, the notes and most assumptions do not change along such a loop. :func:`plan` computes
+them from the model, the setup's fields other than ``batch``/``seq`` (:func:`rest_of`), the overheads, the device
+type and where the step counters live; its cache (``functools.lru_cache``, bounded) is keyed on those frozen,
+hashable values only, and it reads the setup through a view whose ``batch``/``seq`` are None, so nothing it returns
+can depend on them (a read would fail). A hit returns the very :class:`Plan` a miss computed: its dicts are shared
+and never changed (the estimator copies what it hands out). Of the overheads only their truthiness is read here
+(the assumptions); their values are applied per call. Units: bytes. No torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+from memlab.predict.inference import INT4_GROUP
+from memlab.predict.models import TransformerConfig
+from memlab.predict.optimizer_states import (
+    ADAM_8BIT_BLOCK,
+    adam_moment_bytes,
+    optimizer_state_dtype_bytes,
+    sgd_moment_bytes,
+    step_counter_bytes,
+)
+from memlab.predict.phases import step_constants
+from memlab.predict.precision import DTYPE_BYTES
+from memlab.predict.setup import Setup, SetupView, resolve_optimizer_impl
+from memlab.predict.sharding import ShapeSummary, shape_summary, zero_divisors
+
+REST_FIELDS = tuple(name for name in Setup.__dataclass_fields__ if name not in ("batch", "seq"))
+"""The :class:`~memlab.predict.setup.Setup` fields a plan depends on: all but ``batch`` and ``seq``, in field order."""
+rest_of = operator.attrgetter(*REST_FIELDS)
+"""``rest_of(setup)``: the values of :data:`REST_FIELDS` as a tuple (a view's overrides included): the cache key."""
+_BASE = Setup()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an estimate of one (model, setup without batch/seq, overheads, device) needs that batch and seq do not
+    change. Shared between calls: read it, never change its dicts."""
+
+    summ: ShapeSummary | None
+    """The model's :func:`~memlab.predict.sharding.shape_summary` on one tp rank (None for a bare count)."""
+    states: dict[str, int]
+    """``params``, ``grads``, ``optimizer`` bytes per device after TP and ZeRO."""
+    states_total: int
+    """Their sum."""
+    opt_detail: dict[str, int]
+    """The optimizer bytes split into moments, master, grad_accum, step_counters (empty for inference)."""
+    gather_bytes_per_layer: int
+    """Bytes one gathered block adds under ZeRO-3/FSDP (0 where no block is gathered): times
+    ``Overheads.gathered_layers``."""
+    assumptions_head: tuple[str, ...]
+    """The assumptions before the seq-dependent one (rotary seq beyond max_seq)."""
+    assumptions_tail: tuple[str, ...]
+    """The assumptions after it, then the notes of the model-state count."""
+    param_count: int
+    step: dict[str, Any]
+    """Training: :func:`~memlab.predict.phases.step_constants` of the setup; inference: empty."""
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(model: TransformerConfig | int, rest: tuple, ov: Any, device_type: str, step_on_device: bool) -> Plan:
+    """The :class:`Plan` of ``model`` (checked by the caller) under the setup whose :data:`REST_FIELDS` values are
+    ``rest``, with overheads ``ov`` (a :class:`~memlab.predict.estimate.Overheads`) on ``device_type``;
+    ``step_on_device``: whether the optimizer's step counters count (resolved). Cached: up to 1024 plans."""
+    setup = SetupView(_BASE, batch=None, seq=None, **dict(zip(REST_FIELDS, rest, strict=True)))
+    summ = shape_summary(model, setup.tp) if isinstance(model, TransformerConfig) else None  # checks tp
+    states, opt_detail, notes = _states(model, setup, step_on_device, summ)
+    per_layer = 0
+    if summ is not None and setup.mode == "train" and setup.zero_stage == 3 \
+            and setup.world_size > 1:  # FSDP/ZeRO-3 all-gathers a block's full (TP-sharded) parameters
+        per_layer = summ.layer_elements * setup.policy.param_bytes
+    head, tail = _assumptions(model, setup, ov, device_type)
+    step: dict[str, Any] = {}
+    if setup.mode == "train":
+        before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
+        if summ is not None:
+            dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
+            step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
+                                  elements=math.ceil(summ.elements / dp), largest=math.ceil(summ.largest_elements / dp),
+                                  layer_elements=math.ceil(summ.layer_elements / dp), before_step=before,
+                                  loop_peak=math.ceil(summ.loop_peak_elements / dp))
+        else:
+            n = math.ceil(model / setup.tp)  # type: ignore[operator]
+            step = step_constants(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,
+                                  before_step=before)
+    return Plan(summ=summ, states=states, states_total=sum(states.values()), opt_detail=opt_detail,
+                gather_bytes_per_layer=per_layer, assumptions_head=tuple(head), assumptions_tail=(*tail, *notes),
+                param_count=shape_summary(model).param_count if summ is not None else model,  # type: ignore[arg-type]
+                step=step)
+
+
+def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
+            summ: ShapeSummary | None) -> tuple[dict[str, int], dict, list]:
+    """(params, grads, optimizer) per device after TP and ZeRO, the optimizer detail, and notes; ``summ``: the
+    model's :func:`~memlab.predict.sharding.shape_summary` on one tp rank (None for a bare count)."""
+    pol, tp, notes = setup.policy, setup.tp, []
+    if summ is None:
+        n, tensors = math.ceil(model / tp), 0
+        notes.append("bare parameter count: all parameters treated alike (no shapes): per-tensor step counters "
+                     "are not counted" + (", TP divides every parameter" if tp > 1 else ""))
+    else:
+        n, tensors = summ.elements, summ.tensors
+    if setup.mode == "inference":
+        return _inference_weights(n, summ, setup.inference_weights, notes), {}, notes
+    dp, dg, do = zero_divisors(setup.zero_stage, setup.world_size)
+    sb, opt = optimizer_state_dtype_bytes(pol), setup.optimizer
+    if opt in ("adam", "adamw"):
+        moments = adam_moment_bytes(n, sb)
+    elif opt in ("sgd", "sgd-momentum"):
+        moments = sgd_moment_bytes(n, sb, opt == "sgd-momentum")
+    elif opt == "adam-8bit":
+        moments = summ.adam8bit_bytes if summ else 2 * n + 8 * math.ceil(n / ADAM_8BIT_BLOCK)
+    else:
+        moments = sb * summ.adafactor_elements  # type: ignore[union-attr]  # adafactor needs shapes (checked)
+    steps = step_counter_bytes(tensors, opt)
+    detail = {
+        "moments": math.ceil(moments / do),
+        "master": math.ceil(n / do) * pol.master_bytes,
+        "grad_accum": math.ceil(n / do) * pol.grad_accum_bytes,
+        "step_counters": steps if step_on_device else 0,
+    }
+    if steps and not step_on_device:
+        notes.append(f"{steps} B of per-tensor optimizer step counters live on the host (torch default unless "
+                     "fused/capturable): not counted on the device")
+    out = {
+        "params": math.ceil(n / dp) * pol.param_bytes,
+        "grads": math.ceil(n / dg) * pol.grad_bytes,
+        "optimizer": sum(detail.values()),
+    }
+    return out, detail, notes
+
+
+def _inference_weights(n: int, summ: ShapeSummary | None, weights: str, notes: list) -> dict[str, int]:
+    """Inference weight bytes: quantised block matrices (+ scales) and 16-bit embeddings/head/norms."""
+    wb = DTYPE_BYTES[weights]
+    if weights not in ("int8", "int4"):
+        return {"params": math.ceil(n * wb), "grads": 0, "optimizer": 0}
+    if summ is None:
+        scales = math.ceil(n / INT4_GROUP) * 2.5 if weights == "int4" else 0
+        notes.append(f"bare parameter count with {weights}: every parameter counted as quantised"
+                     + (" (group-128 scales included)" if weights == "int4" else "; per-row scales not counted"))
+        return {"params": math.ceil(n * wb + scales), "grads": 0, "optimizer": 0}
+    q = summ.quantizable_elements
+    scales = summ.int8_scale_bytes if weights == "int8" else summ.int4_scale_bytes
+    notes.append(f"{weights} weights: 2-D block matrices quantised with their scales ({scales} B); embeddings, "
+                 "LM head, norms and biases kept in fp16")
+    return {"params": math.ceil(q * wb) + scales + 2 * (n - q), "grads": 0, "optimizer": 0}
+
+
+def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_type: str) -> tuple[list, list]:
+    """The assumptions before and after :func:`rotary_seq_note`'s place (the one that depends on seq)."""
+    out = ["bytes per device; GiB = 2**30 B, GB = 1e9 B",
+           f"world_size={setup.world_size} counts data-parallel ranks; with tp={setup.tp} the job uses "
+           f"{setup.world_size * setup.tp} device(s)"]
+    if setup.mode == "train":
+        out.append("optimizer = moments + fp32 master copy + fp32 grad-accumulation buffer (ZeRO paper's K)")
+        impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
+        out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
+                   f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
+        if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes:
+            out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
+        if setup.zero_stage and setup.world_size == 1:
+            out.append("ZeRO/FSDP over 1 rank shards nothing")
+        if setup.zero_stage == 3 and setup.world_size > 1 and not ov.gathered_layers:
+            out.append("ZeRO-3/FSDP gathered-parameter buffers not counted: set Overheads(gathered_layers=1 or 2)")
+        if setup.policy.autocast:
+            out.append("autocast's 16-bit weight copies kept for backward are counted in activations")
+    else:
+        out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
+        out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
+        out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
+    if isinstance(model, TransformerConfig) and model.is_moe:
+        out.append(f"mixture of experts: all {model.n_experts} experts' weights (and their grads and states) are "
+                   "resident; activations are counted as for one dense MLP per token (the top_k routed copies are "
+                   "not modelled yet)")
+    if isinstance(model, int):
+        out.append("bare parameter count: activations and KV cache need a model config and are 0 here")
+    tail = []
+    if not ov.cuda_context_bytes:
+        tail.append("CUDA context not included (a few hundred MB; PyTorch maintainers cite ~300-400 MB with lazy "
+                    "loading, pytorch/pytorch#107667, #109888): measure NVML used minus torch.cuda.memory_reserved() "
+                    "after the first CUDA op and pass Overheads(cuda_context_bytes=...)")
+    if not ov.workspace_bytes:
+        tail.append("cuBLAS/attention workspaces not included: pass Overheads(workspace_bytes=...)")
+    if not ov.fragmentation_fraction:
+        tail.append("allocator fragmentation not included: measure (reserved - allocated) / allocated at the peak "
+                    "(torch.cuda.memory_stats) and pass Overheads(fragmentation_fraction=...)")
+    return out, tail
+
+
+def rotary_seq_note(model: TransformerConfig | int, seq: int) -> tuple[str, ...]:
+    """The assumption a rotary model run beyond its trained length adds (between the plan's head and tail)."""
+    if isinstance(model, int) or model.positions != "rotary" or seq <= model.max_seq:
+        return ()
+    return (f"seq={seq} exceeds the model's trained max_seq={model.max_seq} (rotary: runs, quality aside)",)
