@@ -44,6 +44,7 @@ from typing import Any
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
+from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
 from memlab.predict.traits import REFERENCE, Implementation
 
@@ -103,7 +104,15 @@ def widths(setup: Setup, device_type: str = "cuda") -> dict[str, float]:
     mean/rstd; ``probs``: what the softmax keeps; ``probs_copy``: the 16-bit cast of the probabilities that the
     attention x V matmul keeps under CUDA autocast (0 when there is none).
     """
-    policy = setup.policy
+    return dict(shared_widths(setup.precision, device_type))
+
+
+@functools.lru_cache(maxsize=64)
+def shared_widths(precision: str, device_type: str = "cuda") -> dict[str, float]:
+    """:func:`widths` of the precision policy named ``precision`` (a Setup's canonical name), cached (a handful of
+    policies x two device types): one dict shared by every caller, so read it, never change it (the estimator's
+    :func:`term_rows` and :func:`memlab.predict.phases._layer_terms` read it per estimate)."""
+    policy = precision_policy(precision)
     compute = 4 if policy.compute_dtype == "fp32" else 2
     residual = 4 if (policy.compute_dtype == "fp32" or policy.autocast) else 2
     stats = residual if device_type == "cpu" else 4
@@ -253,7 +262,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     b, s = setup.batch, setup.seq
     t = b * s
     L, h, f, V = config.n_layers, config.d_model, config.ffn, config.vocab_size
-    w = widths(setup, device_type)
+    w = shared_widths(setup.precision, device_type)
     autocast = setup.policy.autocast
     drop = config.dropout > 0
     im = config.impl
@@ -328,9 +337,10 @@ def bytes_by_category(rows: list[TermRow], tp: int = 1, sp: bool = False) -> dic
     summed by category, in first-seen order, whole floats as ints: :func:`activation_bytes` of rows already listed
     (the estimator lists them once per estimate)."""
     out: dict[str, Any] = {}
+    get, rep = out.get, tp if sp else 1  # rep: a replicated row's divisor (``tp if (sharded or sp) else 1``)
     for row in rows:
         category = row[1]
-        out[category] = out.get(category, 0) + row[2] * row[3] / (tp if (row[4] or sp) else 1)
+        out[category] = get(category, 0) + row[2] * row[3] / (tp if row[4] else rep)
     return {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in out.items()}
 
 

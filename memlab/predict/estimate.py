@@ -31,6 +31,7 @@ import numpy as np
 
 from memlab.errors import SetupError
 from memlab.predict.activations import bytes_by_category, term_rows
+from memlab.predict.frozen import unchecked
 from memlab.predict.inference import kv_cache_bytes, prefill_transient_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.phases import (
@@ -241,17 +242,12 @@ def _fields(obj: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
-def _config_fields(config: TransformerConfig) -> dict[str, Any]:
-    """:func:`_fields` of a config with its ``impl`` as ``impl.to_dict()``: a fresh dict (and impl dict) each call,
-    copied from one cached per config (configs are frozen; sweeps ask for the same one per setup)."""
-    out = dict(_cached_config_fields(config))
+def _config_fields(cached: dict[str, Any]) -> dict[str, Any]:
+    """A fresh copy (and a fresh ``impl`` dict) of a plan's :attr:`~memlab.predict.plan.Plan.config_fields`: the
+    config's fields with its ``impl`` as ``impl.to_dict()``, listed once per plan (configs are frozen)."""
+    out = dict(cached)
     out["impl"] = dict(out["impl"])
     return out
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_config_fields(config: TransformerConfig) -> dict[str, Any]:
-    return {**_fields(config), "impl": config.impl.to_dict()}
 
 
 def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overheads: Overheads | None = None,
@@ -280,15 +276,15 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
                                                and (row.step == "first" or top.step != "first")):
             top = row
     states = p.states
-    return MemoryBreakdown(
-        params_bytes=states["params"], grads_bytes=states["grads"], optimizer_bytes=states["optimizer"],
-        activations_bytes=acts_i, kv_cache_bytes=kv_i, overhead=overhead, total_bytes=total,
-        param_count=p.param_count, mode=setup.mode,
-        activation_detail={k: float(v) for k, v in act_detail.items()}, optimizer_detail=dict(p.opt_detail),
-        assumptions=(*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq), *p.assumptions_tail),
-        config=_config_fields(config_or_params) if isinstance(config_or_params, TransformerConfig) else None,
-        setup=_fields(setup), phases=tuple(rows), peak_bytes=top.peak_bytes, peak_phase=top.phase, peak_step=top.step,
-    )
+    return unchecked(MemoryBreakdown, {  # every field in order; MemoryBreakdown checks nothing (frozen.unchecked)
+        "params_bytes": states["params"], "grads_bytes": states["grads"], "optimizer_bytes": states["optimizer"],
+        "activations_bytes": acts_i, "kv_cache_bytes": kv_i, "overhead": overhead, "total_bytes": total,
+        "param_count": p.param_count, "mode": setup.mode,
+        "activation_detail": {k: float(v) for k, v in act_detail.items()}, "optimizer_detail": dict(p.opt_detail),
+        "assumptions": (*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq), *p.assumptions_tail),
+        "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": _fields(setup),
+        "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
+    })
 
 
 def _size_array(name: str, values: Any, hi: int) -> np.ndarray:

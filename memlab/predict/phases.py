@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import MemlabError, SetupError
+from memlab.predict.activations import shared_widths, term_rows
 from memlab.predict.frozen import unchecked
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
@@ -128,10 +129,14 @@ class PhaseRow:
 def predicted_row(step: str, phase: str, peak_bytes: int) -> PhaseRow:
     """The estimator's :class:`PhaseRow` of one phase: ``end_bytes`` repeats ``peak_bytes`` for ``zero_grad`` (what is
     held after it) and is None otherwise; the measured-side fields are empty. Equal to ``PhaseRow(step, phase,
-    peak_bytes, end_bytes=...)``, built with :func:`~memlab.predict.frozen.unchecked` (eight rows per estimate)."""
-    return unchecked(PhaseRow, {"step": step, "phase": phase, "peak_bytes": peak_bytes,
-                                "end_bytes": peak_bytes if phase == "zero_grad" else None, "start_bytes": None,
-                                "by_category": {}, "end_by_category": {}, "source": "", "reliable": True})
+    peak_bytes, end_bytes=...)``, built as :func:`~memlab.predict.frozen.unchecked` builds a record (inlined here:
+    eight rows per estimate)."""
+    row = object.__new__(PhaseRow)
+    object.__setattr__(row, "__dict__", {"step": step, "phase": phase, "peak_bytes": peak_bytes,
+                                         "end_bytes": peak_bytes if phase == "zero_grad" else None,
+                                         "start_bytes": None, "by_category": {}, "end_by_category": {}, "source": "",
+                                         "reliable": True})
+    return row
 
 
 def find_phase(rows: Iterable[PhaseRow], phase: str, step: str | int = "steady") -> PhaseRow:
@@ -181,9 +186,8 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
     """One block's terms on one tp rank: saved bytes (without recompute, less the MLP's), backward temporaries,
     the transient of its forward, and the model-level head/loss and recompute terms. ``own``: the setup's
     :func:`~memlab.predict.activations.term_rows` when the caller has listed them (listed here otherwise)."""
-    from memlab.predict.activations import term_rows, widths
-
     tp, sp = setup.tp, setup.sp
+    rep = tp if sp else 1  # the divisor of a replicated row: ``tp if (sharded or sp) else 1`` is ``tp`` or ``rep``
     if own is None:
         own = term_rows(config, setup, device_type=device_type)
     # Each sum adds its rows in list order (as ``sum`` over the ActivationTerms did); a row is (name, category, count,
@@ -195,10 +199,10 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
     if not own_is_block:
         for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
             if row[1] != "mlp":
-                per += row[2] * row[3] / (tp if (row[4] or sp) else 1)
+                per += row[2] * row[3] / (tp if row[4] else rep)
     for row in own:
         name, category = row[0], row[1]
-        size = row[2] * row[3] / (tp if (row[4] or sp) else 1)
+        size = row[2] * row[3] / (tp if row[4] else rep)
         if own_is_block and category not in _NOT_PER_LAYER and not name.startswith("final norm") \
                 and name != _HEAD_COPY:
             per += size
@@ -208,7 +212,7 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
             head += size
         if name in _TOKEN_IDS:
             inputs += size
-    w = widths(setup, device_type)
+    w = shared_widths(setup.precision, device_type)
     t = setup.batch * setup.seq
     n_f = 3 if config.mlp == "swiglu" else 2
     mlp = n_f * t * config.ffn * w["compute"] / setup.tp
@@ -295,15 +299,19 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
 
 def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, setup: Any, *, device_type: str,
                      terms: list | None = None) -> StepInputs:
-    """:class:`StepInputs` from :func:`step_constants`' ``const`` and the batch/seq terms of ``setup``."""
+    """:class:`StepInputs` from :func:`step_constants`' ``const`` and the batch/seq terms of ``setup``: built with
+    :func:`~memlab.predict.frozen.unchecked` (once per estimate; StepInputs has no checks to skip)."""
     if config is None:
-        return StepInputs(0, 0, 0, 0, 0, 0, **const)
+        return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
+                                      "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
+                                      **const, "input_bytes": 0})
     lt = _layer_terms(config, setup, device_type, terms)
-    return StepInputs(
-        logits_elements=setup.batch * setup.seq * config.vocab_size / setup.tp,
-        layer_activation_bytes=lt["layer"], layer_temporary_bytes=lt["temp"], block_forward_bytes=lt["block_forward"],
-        recompute_inputs_bytes=lt["recompute_inputs"], head_loss_bytes=lt["head"], input_bytes=lt["inputs"], **const,
-    )
+    return unchecked(StepInputs, {
+        "logits_elements": setup.batch * setup.seq * config.vocab_size / setup.tp,
+        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
+        "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
+        "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
+    })
 
 
 def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum_steps: int = 1,

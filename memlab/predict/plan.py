@@ -62,6 +62,9 @@ class Plan:
     param_count: int
     step: dict[str, Any]
     """Training: :func:`~memlab.predict.phases.step_constants` of the setup; inference: empty."""
+    config_fields: dict[str, Any] | None
+    """The config's fields with ``impl`` as ``impl.to_dict()`` (what ``MemoryBreakdown.config`` copies); None for a
+    bare count."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -93,7 +96,12 @@ def plan(model: TransformerConfig | int, rest: tuple, ov: Any, device_type: str,
     return Plan(summ=summ, states=states, states_total=sum(states.values()), opt_detail=opt_detail,
                 gather_bytes_per_layer=per_layer, assumptions_head=tuple(head), assumptions_tail=(*tail, *notes),
                 param_count=shape_summary(model).param_count if summ is not None else model,  # type: ignore[arg-type]
-                step=step)
+                step=step, config_fields=None if summ is None else _config_fields(model))  # type: ignore[arg-type]
+
+
+def _config_fields(config: TransformerConfig) -> dict[str, Any]:
+    """Shallow field dict of ``config`` (faster than dataclasses.asdict), its ``impl`` as ``impl.to_dict()``."""
+    return {**{name: getattr(config, name) for name in config.__dataclass_fields__}, "impl": config.impl.to_dict()}
 
 
 def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
