@@ -7,8 +7,9 @@ optimizer states, activations, KV cache and named overheads. Where each byte com
   copy, fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
   "K = 12" for mixed-precision Adam), the fp32 master copy and the fp32 accumulation buffer are counted as
   **optimizer** state; ``optimizer_detail`` splits them out again.
-- sharding: ZeRO stages 0-3 / FSDP over ``setup.world_size`` data-parallel ranks (:func:`zero_divisors`), after
-  Megatron tensor parallelism over ``setup.tp`` ranks (:func:`~memlab.predict.sharding.tp_shard_shape`).
+- sharding: ZeRO stages 0-3 / FSDP over ``setup.world_size`` data-parallel ranks
+  (:func:`~memlab.predict.sharding.zero_divisors`), after Megatron tensor parallelism over ``setup.tp`` ranks
+  (:func:`~memlab.predict.sharding.tp_shard_shape`).
 - activations: :func:`memlab.predict.activations.activation_bytes` (Korthikanti et al. 2022, generalised), used as-is.
 - inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
   tensor of a full-prompt forward.
