@@ -37,7 +37,8 @@ FAKE_TORCHRUN = """
 import subprocess, sys, time
 out, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rank = ("import sys, time; from memlab.run.distributed.handshake import signal_ready; r = int(sys.argv[2]); "
-        "print('rank', r, 'up', flush=True); (sys.argv[3] == 'lazy' and r == int(sys.argv[4]) - 1) or "
+        "sys.stdout.write(f'rank {r} up' + chr(10)); sys.stdout.flush(); "  # one write (unbuffered print() splits)
+        "(sys.argv[3] == 'lazy' and r == int(sys.argv[4]) - 1) or "
         "signal_ready(sys.argv[1], r); time.sleep(3600)")
 for r in range(n):
     subprocess.Popen([sys.executable, "-c", rank, out, str(r), mode, str(n)], start_new_session=True)
