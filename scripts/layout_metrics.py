@@ -9,9 +9,12 @@ then the cycles and the private imports, each listed.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -51,39 +54,13 @@ def graph(mods: dict[str, Path]) -> tuple[dict[str, set[str]], list[tuple[str, s
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan): every import cycle lies in one."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in edges[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(sorted(comp))
-
-    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
-    for v in edges:
-        if v not in index:
-            visit(v)
-    return found
+    """The import cycles of ``edges``, found by the house rules' own finder (``find_cycles`` in
+    ``tests/test_layering.py``, Tarjan's strongly connected components), loaded from this checkout so that the census
+    and the test cannot disagree."""
+    spec = importlib.util.spec_from_file_location("memlab_layering_rules", HERE / "tests" / "test_layering.py")
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    return [sorted(c) for c in rules.find_cycles(edges)]
 
 
 def main(root: Path) -> None:
@@ -105,4 +82,4 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)

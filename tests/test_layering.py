@@ -141,7 +141,7 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 """Import cycles that exist today and are being removed (none: keep it that way); the test fails on a new one."""
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+def find_cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     """The strongly connected components of more than one module (Tarjan): every import cycle lies in one."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -173,7 +173,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 def test_no_import_cycles_among_memlab_modules() -> None:
     # importing memlab.a.b runs memlab.a's __init__ first: that is not a dependency of memlab.a.b on memlab.a's
     # other modules, so packages' own __init__ edges are kept but parents are not added implicitly.
-    cycles = _cycles(GRAPH)
+    cycles = find_cycles(GRAPH)
     new = [sorted(c) for c in cycles if frozenset(c) not in KNOWN_CYCLES]
     assert not new, "import cycles (function-level imports count): " + "; ".join(" <-> ".join(c) for c in new)
     gone = [sorted(c) for c in KNOWN_CYCLES if set(c) not in cycles]
@@ -181,7 +181,7 @@ def test_no_import_cycles_among_memlab_modules() -> None:
 
 
 def test_the_import_check_sees_imports_inside_functions_but_not_type_checking_ones(tmp_path: Path) -> None:
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     path = tmp_path / "probe.py"
     path.write_text(
         "def f():\n    from memlab.units import GiB\n"
