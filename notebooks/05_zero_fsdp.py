@@ -19,7 +19,8 @@
 # collectives move. Then it checks the seeds' claims against those numbers:
 #
 # 1. the formula: per-rank model states and communication per ZeRO stage [rajbhandari2019];
-# 2. the experiment: N = 1, 2, 4 ranks, five strategies, one launch per N;
+# 2. the experiment: N = 1, 2, 4 ranks on a CPU (1-8 GPUs on CUDA), as many as this machine runs, five strategies, one
+#    launch per N;
 # 3. prediction vs measurement: states, the gathered parameters inside the step, bytes moved;
 # 4. what does not shrink: activations and the gathered layer, from 8 to 1024 ranks;
 # 5. the seed's DeepSpeed config, and its FSDP2 equivalent; many nodes.
