@@ -129,14 +129,10 @@ class PhaseRow:
 def predicted_row(step: str, phase: str, peak_bytes: int) -> PhaseRow:
     """The estimator's :class:`PhaseRow` of one phase: ``end_bytes`` repeats ``peak_bytes`` for ``zero_grad`` (what is
     held after it) and is None otherwise; the measured-side fields are empty. Equal to ``PhaseRow(step, phase,
-    peak_bytes, end_bytes=...)``, built as :func:`~memlab.predict.frozen.unchecked` builds a record (inlined here:
-    eight rows per estimate)."""
-    row = object.__new__(PhaseRow)
-    object.__setattr__(row, "__dict__", {"step": step, "phase": phase, "peak_bytes": peak_bytes,
-                                         "end_bytes": peak_bytes if phase == "zero_grad" else None,
-                                         "start_bytes": None, "by_category": {}, "end_by_category": {}, "source": "",
-                                         "reliable": True})
-    return row
+    peak_bytes, end_bytes=...)``, built by :func:`~memlab.predict.frozen.unchecked` (eight rows per estimate)."""
+    return unchecked(PhaseRow, {"step": step, "phase": phase, "peak_bytes": peak_bytes,
+                                "end_bytes": peak_bytes if phase == "zero_grad" else None, "start_bytes": None,
+                                "by_category": {}, "end_by_category": {}, "source": "", "reliable": True})
 
 
 def find_phase(rows: Iterable[PhaseRow], phase: str, step: str | int = "steady") -> PhaseRow:
