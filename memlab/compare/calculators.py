@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memlab.compare.ledger import rel_error
 from memlab.errors import MemlabError
 from memlab.predict.activations import activation_bytes, korthikanti_layer_bytes
 from memlab.predict.estimate import estimate
@@ -331,7 +332,7 @@ def shoot_out(runs: Iterable[tuple[Run, dict[str, int]]], tools: Iterable[str] |
                 p, m = pred[comp], meas[comp]
                 rows.append({"tool": name, "experiment": run.label, "family": run.hf.get("model_type"),
                              "dtype": run.dtype, "component": comp, "predicted": p, "measured": m,
-                             "rel_error": None if p is None else (p - m) / m, "available": r.available,
+                             "rel_error": rel_error(p, m), "available": r.available,
                              "note": r.note if (p is None or not r.available) else ""})
     return pd.DataFrame(rows)
 
