@@ -14,6 +14,9 @@ FORCE ?=
 ONLY ?=
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 CHROMIUM ?= /usr/bin/chromium
+TEST_WORKERS ?= 2
+# pytest-xdist workers for make test: the course's ci-scale build (the longest test fixture) runs on one while
+# the rest of the suite runs on the other; modules sharing a fixture stay on one worker (tests/conftest.py).
 
 VENV_ABS := $(abspath $(VENV))
 PY := $(VENV_ABS)/bin/python
@@ -59,7 +62,7 @@ chromium: ## install Debian's chromium and a CJK font (fonts-noto-cjk) for the b
 
 test: $(STAMP) chromium ## ruff, then the whole pytest suite (executes the notebooks at ci scale, browser check)
 	$(VENV_ABS)/bin/ruff check .
-	MEMLAB_SCREENSHOT_DIR=$(CURDIR)/reports/screenshots $(VENV_ABS)/bin/pytest -q
+	MEMLAB_SCREENSHOT_DIR=$(CURDIR)/reports/screenshots $(VENV_ABS)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 $(VENV_ABS)/.lab-installed: $(STAMP)
 	$(PIP) -e ".[course,dev,lab]"

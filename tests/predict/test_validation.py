@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Literal
 
 import numpy as np
@@ -25,6 +26,12 @@ from memlab.predict.validate import check_fields, field_rules
 
 TINY = preset("tiny-gpt")
 DIMS = {"d_model": 64, "n_layers": 2, "n_heads": 4}
+
+
+def _id(value: object) -> str:
+    """A test id that is the same in every process (xdist's workers compare them): no memory address."""
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(value))
+
 
 
 def _raises_one_memlab_error(make, field: str) -> str:
@@ -47,7 +54,7 @@ CONFIG_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("field", "value"), CONFIG_BAD, ids=[f"{f}={v!r}"[:40] for f, v in CONFIG_BAD])
+@pytest.mark.parametrize(("field", "value"), CONFIG_BAD, ids=[f"{f}={_id(v)}"[:40] for f, v in CONFIG_BAD])
 def test_transformer_config_rejects(field: str, value: object) -> None:
     _raises_one_memlab_error(lambda: TransformerConfig(**{**DIMS, field: value}), field)
 
@@ -73,7 +80,7 @@ SETUP_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("field", "value"), SETUP_BAD, ids=[f"{f}={v!r}"[:40] for f, v in SETUP_BAD])
+@pytest.mark.parametrize(("field", "value"), SETUP_BAD, ids=[f"{f}={_id(v)}"[:40] for f, v in SETUP_BAD])
 def test_setup_rejects(field: str, value: object) -> None:
     name = {"precision": "precision", "optimizer": "optimizer"}.get(field, field)
     _raises_one_memlab_error(lambda: Setup(**{field: value}), name)
@@ -173,7 +180,7 @@ OVERHEADS_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("field", "value"), OVERHEADS_BAD, ids=[f"{f}={v!r}"[:40] for f, v in OVERHEADS_BAD])
+@pytest.mark.parametrize(("field", "value"), OVERHEADS_BAD, ids=[f"{f}={_id(v)}"[:40] for f, v in OVERHEADS_BAD])
 def test_overheads_reject(field: str, value: object) -> None:
     _raises_one_memlab_error(lambda: Overheads(**{field: value}), field)
 
@@ -201,7 +208,7 @@ ACCEL_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("field", "value"), ACCEL_BAD, ids=[f"{f}={v!r}"[:40] for f, v in ACCEL_BAD])
+@pytest.mark.parametrize(("field", "value"), ACCEL_BAD, ids=[f"{f}={_id(v)}"[:40] for f, v in ACCEL_BAD])
 def test_accelerator_rows_reject(field: str, value: object) -> None:
     with pytest.raises(MemlabError):
         Accelerator(**{**ROW, field: value})
@@ -262,7 +269,7 @@ SWEEP_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "field"), SWEEP_BAD, ids=[str(k)[:40] for k, _ in SWEEP_BAD])
+@pytest.mark.parametrize(("kwargs", "field"), SWEEP_BAD, ids=[_id(k)[:40] for k, _ in SWEEP_BAD])
 def test_sweep_totals_rejects(kwargs: dict, field: str) -> None:
     _raises_one_memlab_error(lambda: sweep_totals(TINY, Setup(seq=8), **kwargs), field)
 
@@ -372,7 +379,7 @@ ODD = [None, True, "x", "", -1, 0, 1.5, math.nan, math.inf, 10**30, [], {}, obje
 PUBLIC = [(name, v) for name in _public_calls() for v in ODD]
 
 
-@pytest.mark.parametrize(("name", "value"), PUBLIC, ids=[f"{n}-{v!r}"[:50] for n, v in PUBLIC])
+@pytest.mark.parametrize(("name", "value"), PUBLIC, ids=[f"{n}-{_id(v)}"[:50] for n, v in PUBLIC])
 def test_public_functions_give_memlab_errors_or_finite_results(name: str, value: object) -> None:
     try:
         result = _public_calls()[name](value)
