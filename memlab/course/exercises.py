@@ -1,12 +1,54 @@
-"""Exercises that check themselves: the learner answers in a cell, memlab says correct, or how far off and a hint.
+"""Exercises that check themselves, with their answers kept out of the learner's cell.
 
-Reference answers are computed by memlab when the check runs (a callable such as
-``lambda: estimate(cfg, setup).optimizer_bytes``), never typed into the notebook, so they stay right
-when a formula or a table row is corrected. An answer left as ``...`` or ``None`` is "not answered yet": the check
-shows the hint and does not raise, so ``make report`` can execute every chapter with its exercises open.
+An exercise lives in the package, in its chapter's bank (:mod:`memlab.course.bank`, one module per chapter:
+``bank/ch02.py`` defines chapter 02's exercises). It holds the question, a **reference** (a callable that computes
+the answer with memlab when the check runs, never a typed-in value), a **hint** (shown only after a wrong try), the
+**diagnoses** of likely wrong answers, a **why** (shown with a correct answer and in the solution) and, for a
+:class:`Choice`, the options and the key. The notebook cell holds only the answer slot and one check call::
 
-Solutions are hidden unless ``MEMLAB_SOLUTIONS`` is set to ``1`` (``python -m memlab.course.report --solutions`` does
-that for the kernels it starts) or ``solutions=True`` is passed; only then does a result carry the expected value.
+    answer = ...
+    check("02.llama7b-states", answer)
+
+A reference that needs the chapter's knobs or measured data takes them as keyword arguments, and the check call
+passes them (``check("04.saved-bytes", answer, table=df)``); the reference never reads a notebook global. A
+diagnosis keyed by a callable gets the same arguments. ``sample`` (a callable with no argument that returns such
+arguments) lets the tests grade every exercise without running its chapter.
+
+What a check says:
+
+- ``...`` or ``None``: "not answered yet", and the form of the answer (its unit, or the option keys). No hint.
+- a correct answer: why, and the exact value.
+- a wrong answer: how far off, then the matching diagnosis (a named wrong answer, or a slip memlab recognises:
+  GB for GiB, a power of 1000, a fraction for a percentage) or, when none matches, the hint.
+- an answer that cannot be read (a unit of another dimension, a stray comma): what to write instead.
+
+In a notebook the result renders as HTML with a collapsed ``<details class="memlab-solution">`` block holding the
+exact value and why (``<details class="memlab-solution" open>`` when ``MEMLAB_SOLUTIONS=1``, which
+``python -m memlab.course.report --solutions`` sets). Its plain text (a terminal, ``text/plain``) never holds the
+solution of an exercise not yet answered correctly.
+
+One complete example, as a chapter bank defines it (question text in the notebook's markdown cell above)::
+
+    from memlab.course.exercises import Numeric, When
+
+    def _states_gib(model, setup):
+        from memlab.predict import estimate
+        return estimate(model, setup).model_state_bytes() / 2**30
+
+    EXERCISES = (
+        Numeric(
+            "11.lora-states", "Model states of the LoRA run, GiB",
+            reference=_states_gib, unit="GiB", rtol=0.02,
+            hint="the frozen base keeps only its weights; the adapters keep weights, gradients and Adam's moments",
+            why="frozen weights need neither gradients nor optimizer state, so only the adapters pay 16 B/param",
+            diagnoses={lambda model, setup: 16 * model.param_count() / 2**30:
+                           "That is full fine-tuning: 16 B for every parameter.",
+                       When(lambda v: v < 1): "Far too small: the frozen base weights are still resident."},
+            sample=lambda: {"model": __import__("memlab").preset("tiny-gpt"), "setup": __import__("memlab").Setup()},
+        ),
+    )
+
+and the notebook's cell: ``answer = ...`` then ``check("11.lora-states", answer, model=model, setup=setup)``.
 
 >>> ex = Numeric("gib", "An 80 GB card in GiB?", reference=lambda: 80e9 / 2**30, hint="1 GiB = 2**30 B",
 ...              unit="GiB", rtol=0.01)
@@ -159,9 +201,16 @@ def parse_quantity(answer: Any, unit: str) -> float:
     return number * _UNITS[given][1] / _UNITS[canonical_unit(unit)][1]
 
 
+
+
 @dataclass(frozen=True)
 class Result:
-    """The outcome of one check. ``expected`` is None unless solutions are shown."""
+    """The outcome of one check.
+
+    ``message`` is what the learner reads; it never holds the solution unless the answer is correct. ``solution``
+    is the exact value and why, shown in the notebook's collapsed ``memlab-solution`` block (open when
+    ``solutions_open``); ``expected`` is the exact value when solutions are shown, otherwise None.
+    """
 
     exercise: str
     status: Status
@@ -169,6 +218,8 @@ class Result:
     answer: Any
     expected: Any = None
     unit: str = ""
+    solution: str = ""
+    solutions_open: bool = False
 
     @property
     def correct(self) -> bool:
@@ -180,12 +231,52 @@ class Result:
     def __str__(self) -> str:
         return f"[{self.exercise}] {self.status}: {self.message}"
 
+    def __repr__(self) -> str:  # text/plain: the feedback without the solution block
+        return str(self)
+
     def _repr_html_(self) -> str:
         colour = {"correct": "#1a7f37", "incorrect": "#b3261e", "unanswered": "#8a6d00", "invalid": "#b3261e"}
         mark = {"correct": "✔", "incorrect": "✘", "unanswered": "…", "invalid": "✘"}[self.status]
+        details = ""
+        if self.solution:
+            opened = " open" if self.solutions_open else ""
+            details = (f'<details class="memlab-solution"{opened}><summary>Solution</summary>'
+                       f"<p>{html.escape(self.solution)}</p></details>")
         return (f'<div class="memlab-exercise" data-status="{self.status}" style="border-left:4px solid '
                 f'{colour[self.status]};padding:4px 10px">{mark} <b>{html.escape(self.exercise)}:</b> '
-                f"{html.escape(self.message)}</div>")
+                f"{html.escape(self.message)}{details}</div>")
+
+
+@dataclass(frozen=True)
+class When:
+    """A diagnosis key that matches a learner's value by a predicate, e.g. ``When(lambda v: v < 12)``: ``v`` is the
+    answer in the exercise's unit. (A bare callable key computes a wrong answer from the check's arguments.)"""
+
+    predicate: Callable[[float], bool]
+
+    def __post_init__(self) -> None:
+        if not callable(self.predicate):
+            raise ConfigError(f"When(...) takes a predicate of the learner's value, got {clip(self.predicate)}.")
+
+
+def _parameters(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of ``fn``'s parameters that the check's keyword arguments fill."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _call(fn: Callable[..., Any], data: Mapping[str, Any]) -> Any:
+    """``fn`` called with the check's arguments it names (all of them when it takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return fn(**data)
+    return fn(**{name: data[name] for name in _parameters(fn) if name in data})
 
 
 @dataclass(frozen=True)
@@ -194,8 +285,13 @@ class _Exercise(StrictInit):
 
     name: str
     question: str
-    reference: Callable[[], Any]
+    reference: Callable[..., Any]
     hint: str
+    why: str | Callable[..., str] = ""
+    """Why the answer is what it is: shown with a correct answer and in the solution. A callable gets the check's
+    arguments (for a sentence whose numbers are computed)."""
+    sample: Callable[[], Mapping[str, Any]] | None = None
+    """Example arguments for the reference (built without running the chapter), for the tests."""
 
     def __post_init__(self) -> None:
         for text in ("name", "question", "hint"):
@@ -205,42 +301,69 @@ class _Exercise(StrictInit):
         if not callable(self.reference):
             raise ConfigError(f"exercise {self.name!r}: reference must be a callable that computes the answer "
                               "with memlab (e.g. lambda: ...), not a typed-in value.")
+        if not (isinstance(self.why, str) or callable(self.why)):
+            raise ConfigError(f"exercise {self.name!r}: why must be a string or a callable, got {clip(self.why)}.")
+        if self.sample is not None and not callable(self.sample):
+            raise ConfigError(f"exercise {self.name!r}: sample must be a callable returning the check's arguments.")
 
-    def expected(self) -> Any:
-        """The reference answer, computed now."""
-        return self.reference()
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The keyword arguments the check call must pass (the reference's required parameters)."""
+        try:
+            params = inspect.signature(self.reference).parameters.values()
+        except (TypeError, ValueError):
+            return ()
+        return tuple(p.name for p in params if p.default is p.empty
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
-    def _result(self, status: Status, message: str, answer: Any, solutions: bool | None, unit: str = "") -> Result:
+    def _data(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        missing = [name for name in self.needs if name not in data]
+        if missing:
+            raise ConfigError(f"exercise {self.name!r} needs {', '.join(f'{m}=...' for m in missing)} in its check "
+                              f"call, e.g. check({self.name!r}, answer, {', '.join(f'{m}={m}' for m in missing)}).")
+        return data
+
+    def expected(self, **data: Any) -> Any:
+        """The reference answer, computed now from the check's arguments."""
+        return _call(self.reference, self._data(data))
+
+    def explanation(self, **data: Any) -> str:
+        """The ``why`` sentence, computed from the check's arguments when it is a callable."""
+        return str(_call(self.why, data) if callable(self.why) else self.why).strip()
+
+    def solution_text(self, **data: Any) -> str:
+        """The exact value and why, as the notebook's solution block shows it."""
+        why = self.explanation(**data)
+        return f"{self._format(self.expected(**data))}." + (f" Why: {why}" if why else "")
+
+    def _result(self, status: Status, message: str, answer: Any, solutions: bool | None, data: Mapping[str, Any],
+                unit: str = "") -> Result:
         shown = solutions_enabled(solutions)
-        expected = self.expected() if shown else None
-        if shown and status != "correct":
-            message = f"{message} Solution: {self._format(expected)}."
-        return Result(self.name, status, message, answer, expected, unit)
+        expected = self.expected(**data) if shown else None
+        return Result(self.name, status, message, answer, expected, unit, self.solution_text(**data), shown)
 
     def _format(self, value: Any) -> str:
         return str(value)
 
-    def solution(self, solutions: bool | None = None) -> str:
+    def _correct(self, shown: str, data: Mapping[str, Any], within: str = "") -> str:
+        why = self.explanation(**data)
+        exact = self._format(self.expected(**data))
+        return f"Correct: {shown}{within}; the exact value is {exact}." + (f" Why: {why}" if why else "")
+
+    def solution(self, solutions: bool | None = None, **data: Any) -> str:
         """The worked answer when solutions are shown, otherwise a line saying how an instructor renders them."""
         if not solutions_enabled(solutions):
             return ("Solutions are hidden (an instructor renders them with "
                     "`python -m memlab.course.report --solutions`).")
-        return f"{self.name}: {self._format(self.expected())}"
+        return f"{self.name}: {self.solution_text(**data)}"
 
 
 Diagnoses = Mapping[Any, str]
 """Likely wrong answers and what to say about them. A key is one of: a number (a wrong answer in the exercise's
-unit, e.g. the seed's ``12`` B/param), a callable with no argument that computes such a number when the check runs
-(``lambda: 7e9``: the nominal size), or a callable with one argument, the learner's value in the exercise's unit,
-that returns True when the message applies (``lambda v: v < 1``). A number matches within the exercise's ``rtol``."""
-
-
-def _arity(fn: Callable[..., Any]) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+unit, e.g. the seed's ``12`` B/param), a callable that computes such a number from the check's arguments when the
+check runs (``lambda: 7e9``: the nominal size; ``lambda model: 12 * model.param_count()``), or :class:`When` with a
+predicate of the learner's value in the exercise's unit (``When(lambda v: v < 1)``). A number matches within the
+exercise's ``rtol``."""
 
 
 def _rounded(value: float, digits: int) -> float:
@@ -252,9 +375,9 @@ class Numeric(_Exercise):
     """A number (with a unit) checked against a computed reference within a relative tolerance ``rtol``.
 
     ``diagnoses`` names likely wrong answers (see :data:`Diagnoses`): a wrong answer that matches one gets its
-    message. Without one, the check says how far off the answer is and recognises four slips: an answer that is
-    the reference rounded to too few digits, a fraction given for a percentage (or the reverse), a factor of
-    1.024^k (GB for GiB) and a factor of 1000^k (a prefix).
+    message. Without one, the check recognises three slips (a fraction given for a percentage or the reverse, a
+    factor of 1.024^k: GB for GiB, a factor of 1000^k: a prefix) and otherwise gives the hint. A right value rounded
+    to two or three significant digits, too coarse for the tolerance, is told so.
     """
 
     unit: str = ""
@@ -272,19 +395,20 @@ class Numeric(_Exercise):
             raise ConfigError(f"exercise {self.name!r}: rtol must be a fraction in (0, 1), got {self.rtol!r}.")
         if self.diagnoses is not None:
             if not isinstance(self.diagnoses, Mapping):
-                raise ConfigError(f"exercise {self.name!r}: diagnoses must map a wrong answer (a number or a "
-                                  "callable) to a message, got {type(self.diagnoses).__name__}.")
+                raise ConfigError(f"exercise {self.name!r}: diagnoses must map a wrong answer (a number, a "
+                                  f"callable or When) to a message, got {type(self.diagnoses).__name__}.")
             for key, message in self.diagnoses.items():
                 numeric = isinstance(key, (int, float)) and not _is_bool(key) and math.isfinite(key)
-                if not (numeric or callable(key)) or not isinstance(message, str) or not message.strip():
-                    raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number or a "
-                                      "callable and the message a non-empty string.")
+                if not (numeric or callable(key) or isinstance(key, When)) or not isinstance(message, str) \
+                        or not message.strip():
+                    raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number, a "
+                                      "callable or When(...) and the message a non-empty string.")
 
-    def expected(self) -> float:
+    def expected(self, **data: Any) -> float:
         """The reference answer, computed now, as a finite float. A reference that returns anything else (None,
         NaN, a string, a bool) is the exercise author's bug: a :class:`ConfigError` naming the exercise, never a
         TypeError, and never a learner graded against NaN."""
-        value = self.reference()
+        value = super().expected(**data)
         number = None
         if not isinstance(value, str | bytes) and not _is_bool(value):  # a 0-d tensor or numpy scalar converts
             try:
@@ -299,34 +423,47 @@ class Numeric(_Exercise):
 
     def _format(self, value: Any) -> str:
         number = float(value)
-        text = f"{number:,.0f}" if abs(number) >= 1e4 and number == round(number) else f"{number:.4g}"
-        return f"{text} {self.unit}".strip()
+        if abs(number) >= 1e4 and number == round(number):
+            text = f"{number:,.0f}"
+        elif abs(number) >= 1e4:
+            text = f"{number:,.1f}"
+        else:
+            text = f"{number:.4g}"
+        return f"{text} {self.unit}".strip() if self.unit != "%" else f"{text} %"
 
-    def check(self, answer: Any, solutions: bool | None = None) -> Result:
-        """Compare ``answer`` with the reference; never raises for a learner's answer."""
+    def form(self) -> str:
+        """What form the answer takes, for an unanswered check."""
+        if self.unit in {"", "x"}:
+            return "a plain number (e.g. 2.5)"
+        return f"a number in {self.unit} (e.g. 74.5 or '74.5 {self.unit}')"
+
+    def check(self, answer: Any, solutions: bool | None = None, **data: Any) -> Result:
+        """Compare ``answer`` with the reference computed from ``data``; never raises for a learner's answer."""
+        self._data(data)
         if _unanswered(answer):
-            return self._result("unanswered", f"Not answered yet. Hint: {self.hint}", answer, solutions, self.unit)
+            return self._result("unanswered", f"Not answered yet: replace ... with {self.form()}, then run the "
+                                "cell.", answer, solutions, data, self.unit)
         try:
             number, given, digits = _read(answer, self.unit)
         except ConfigError as err:
-            return self._result("invalid", f"{err} Hint: {self.hint}", answer, solutions, self.unit)
+            return self._result("invalid", str(err), answer, solutions, data, self.unit)
         value = number * _UNITS[given][1] / _UNITS[self.unit][1]
-        expected = self.expected()
+        expected = self.expected(**data)
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
-            return self._result("correct", f"Correct: {self._format(value)} is within {self.rtol:.0%}.", answer,
-                                solutions, self.unit)
+            return self._result("correct", self._correct(self._format(value), data, f" (within {self.rtol:.0%})"),
+                                answer, solutions, data, self.unit)
         expected_given = expected * _UNITS[self.unit][1] / _UNITS[given][1]
-        rounded = digits < 4 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
-        return self._result("incorrect", self._how_far(value, expected, rounded, digits), answer, solutions,
-                            self.unit)
+        rough = 2 <= digits <= 3 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
+        return self._result("incorrect", self._how_far(value, expected, rough, digits, data), answer, solutions,
+                            data, self.unit)
 
-    def _diagnosis(self, value: float) -> str | None:
+    def _diagnosis(self, value: float, data: Mapping[str, Any]) -> str | None:
         for key, message in (self.diagnoses or {}).items():
             try:
-                if callable(key) and _arity(key) >= 1:
-                    hit = bool(key(value))
+                if isinstance(key, When):
+                    hit = bool(key.predicate(value))
                 else:
-                    wrong = float(key() if callable(key) else key)
+                    wrong = float(_call(key, data) if callable(key) else key)
                     hit = math.isclose(value, wrong, rel_tol=self.rtol, abs_tol=0.0 if wrong else 1e-12)
             except Exception:  # a diagnosis that cannot judge this answer says nothing
                 hit = False
@@ -334,7 +471,7 @@ class Numeric(_Exercise):
                 return message.strip()
         return None
 
-    def _how_far(self, value: float, expected: float, rounded: bool, digits: int) -> str:
+    def _how_far(self, value: float, expected: float, rough: bool, digits: int, data: Mapping[str, Any]) -> str:
         if expected == 0:
             return f"Not yet: the answer should be zero. Hint: {self.hint}"
         ratio = value / expected
@@ -343,31 +480,30 @@ class Numeric(_Exercise):
         else:
             off = f"off by a factor of {ratio:.3g}"
         head = f"Not yet: {self._format(value)} is {off} (tolerance {self.rtol:.0%})."
-        diagnosis = self._diagnosis(value)
+        if rough:
+            return (f"{head} It is the right value rounded to {digits} significant digits, which is coarser than "
+                    "the tolerance: give one more digit.")
+        diagnosis = self._diagnosis(value, data)
         if diagnosis:
-            return f"{head} {diagnosis} Hint: {self.hint}"
-        extra = ""
-        if rounded:
-            extra = (f" Your {digits} significant digit{'s' if digits > 1 else ''} round the right value too "
-                     "coarsely for the tolerance: give more digits.")
-        elif self.unit == "%" and math.isclose(ratio, 0.01, rel_tol=self.rtol):
-            extra = (" That looks like a fraction: the question asks for a percentage "
-                     f"({value:.4g} as a fraction is {100 * value:.4g} %).")
-        elif self.unit == "" and math.isclose(ratio, 100.0, rel_tol=self.rtol):
-            extra = (" That looks like a percentage: the question asks for a fraction "
-                     f"({value:.4g} % = {value / 100:.4g}).")
-        elif self.unit.endswith(("B", "B/s")) and any(math.isclose(ratio, (1.024**k) ** s, rel_tol=self.rtol / 2)
-                                                      for k in (1, 2, 3, 4) for s in (1, -1)):
-            extra = " That ratio is a power of 1.024: check GB (10^9 B) against GiB (2^30 B)."
-        elif any(math.isclose(ratio, prefix, rel_tol=self.rtol) for prefix in _PREFIX_RATIOS):
-            extra = (f" That is off by a power of 1000 (or 1024): check the prefix of the unit "
-                     f"({self.unit or 'a plain number'}).")
-        return f"{head}{extra} Hint: {self.hint}"
+            return f"{head} {diagnosis}"
+        if self.unit == "%" and math.isclose(ratio, 0.01, rel_tol=self.rtol):
+            return (f"{head} That looks like a fraction: the question asks for a percentage "
+                    f"({value:.4g} as a fraction is {100 * value:.4g} %).")
+        if self.unit == "" and math.isclose(ratio, 100.0, rel_tol=self.rtol):
+            return (f"{head} That looks like a percentage: the question asks for a fraction "
+                    f"({value:.4g} % = {value / 100:.4g}).")
+        if self.unit.endswith(("B", "B/s")) and any(math.isclose(ratio, (1.024**k) ** s, rel_tol=self.rtol / 2)
+                                                    for k in (1, 2, 3, 4) for s in (1, -1)):
+            return f"{head} That ratio is a power of 1.024: check GB (10^9 B) against GiB (2^30 B)."
+        if any(math.isclose(ratio, prefix, rel_tol=self.rtol) for prefix in _PREFIX_RATIOS):
+            return (f"{head} That is off by a power of 1000 (or 1024): check the prefix of the unit "
+                    f"({self.unit or 'a plain number'}).")
+        return f"{head} Hint: {self.hint}"
 
 
 @dataclass(frozen=True)
 class Choice(_Exercise):
-    """One option out of ``options`` (key -> text); the reference callable returns the right key."""
+    """One option out of ``options`` (key -> text); the reference callable returns the right key (or its text)."""
 
     options: Mapping[str, str] | None = None
     diagnoses: Mapping[str, str] | None = None
@@ -385,8 +521,24 @@ class Choice(_Exercise):
             raise ConfigError(f"exercise {self.name!r}: diagnoses for {sorted(map(str, stray))}, which are not "
                               "option keys.")
 
+    def expected(self, **data: Any) -> str:
+        """The right option's key, computed now (a reference may return the key or the option's text)."""
+        value = super().expected(**data)
+        key = self._key(value)
+        if key is None:
+            raise ConfigError(f"exercise {self.name!r}: the reference returned {value!r}, not an option key.")
+        return key
+
     def _format(self, value: Any) -> str:
-        return f"{value} ({self.options[value]})" if value in self.options else str(value)
+        return f"{value!r} ({self.options[value]})" if value in self.options else str(value)
+
+    def form(self) -> str:
+        """The option keys and what each means, for an unanswered check."""
+        return "; ".join(f"{key!r}: {text}" for key, text in self.options.items())
+
+    def _correct(self, shown: str, data: Mapping[str, Any], within: str = "") -> str:
+        why = self.explanation(**data)
+        return f"Correct: {shown}." + (f" Why: {why}" if why else "")
 
     def _key(self, answer: Any) -> str | None:
         text = str(answer).strip().lower()
@@ -395,19 +547,23 @@ class Choice(_Exercise):
                 return key
         return None
 
-    def check(self, answer: Any, solutions: bool | None = None) -> Result:
+    def check(self, answer: Any, solutions: bool | None = None, **data: Any) -> Result:
         """Compare the chosen key (or option text, case-insensitive) with the reference key."""
+        self._data(data)
         if _unanswered(answer):
-            return self._result("unanswered", f"Not answered yet. Hint: {self.hint}", answer, solutions)
+            return self._result("unanswered", f"Not answered yet: replace ... with one option's key, then run the "
+                                f"cell. Options: {self.form()}.", answer, solutions, data)
         key = self._key(answer)
         if key is None:
             known = ", ".join(repr(k) for k in self.options)
-            return self._result("invalid", f"{clip(answer)} is not one of the options {known}.", answer, solutions)
-        expected = self.expected()
-        if expected not in self.options:
-            raise ConfigError(f"exercise {self.name!r}: the reference returned {expected!r}, not an option key.")
+            return self._result("invalid", f"{clip(answer)} is not one of the options {known}.", answer, solutions,
+                                data)
+        expected = self.expected(**data)
         if key == expected:
-            return self._result("correct", f"Correct: {self._format(key)}.", answer, solutions)
+            return self._result("correct", self._correct(self._format(key), data), answer, solutions, data)
         diagnosis = (self.diagnoses or {}).get(key)
-        said = f" {diagnosis.strip()}" if diagnosis else ""
-        return self._result("incorrect", f"Not yet: {key!r} is not it.{said} Hint: {self.hint}", answer, solutions)
+        said = f" {diagnosis.strip()}" if diagnosis else f" Hint: {self.hint}"
+        return self._result("incorrect", f"Not yet: {key!r} is not it.{said}", answer, solutions, data)
+
+
+Exercise = Numeric | Choice
