@@ -366,6 +366,11 @@ predicate of the learner's value in the exercise's unit (``When(lambda v: v < 1)
 exercise's ``rtol``."""
 
 
+def _percent(fraction: float) -> str:
+    """A tolerance as a percentage with the digits it needs: 0.01 -> "1%", 1e-4 -> "0.01%"."""
+    return f"{100 * fraction:.2g}%"
+
+
 def _rounded(value: float, digits: int) -> float:
     return float(f"{value:.{max(digits, 1)}g}")
 
@@ -450,7 +455,7 @@ class Numeric(_Exercise):
         value = number * _UNITS[given][1] / _UNITS[self.unit][1]
         expected = self.expected(**data)
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
-            return self._result("correct", self._correct(self._format(value), data, f" (within {self.rtol:.0%})"),
+            return self._result("correct", self._correct(self._format(value), data, f" (within {_percent(self.rtol)})"),
                                 answer, solutions, data, self.unit)
         expected_given = expected * _UNITS[self.unit][1] / _UNITS[given][1]
         rough = 2 <= digits <= 3 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
@@ -479,7 +484,7 @@ class Numeric(_Exercise):
             off = f"{abs(ratio - 1):.1%} too {'high' if ratio > 1 else 'low'}"
         else:
             off = f"off by a factor of {ratio:.3g}"
-        head = f"Not yet: {self._format(value)} is {off} (tolerance {self.rtol:.0%})."
+        head = f"Not yet: {self._format(value)} is {off} (tolerance {_percent(self.rtol)})."
         if rough:
             return (f"{head} It is the right value rounded to {digits} significant digits, which is coarser than "
                     "the tolerance: give one more digit.")
@@ -530,7 +535,10 @@ class Choice(_Exercise):
         return key
 
     def _format(self, value: Any) -> str:
-        return f"{value!r} ({self.options[value]})" if value in self.options else str(value)
+        if value not in self.options:
+            return str(value)
+        text = self.options[value]
+        return repr(value) if text.strip().lower() == str(value).lower() else f"{value!r} ({text})"
 
     def form(self) -> str:
         """The option keys and what each means, for an unanswered check."""
