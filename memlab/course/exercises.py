@@ -70,7 +70,7 @@ from typing import Any, Literal
 from memlab.errors import ConfigError
 from memlab.predict.validate import StrictInit
 
-Status = Literal["correct", "incorrect", "unanswered", "invalid"]
+Status = Literal["correct", "incorrect", "unanswered", "invalid", "unavailable"]
 
 SOLUTIONS_ENV = "MEMLAB_SOLUTIONS"
 ECHO_CHARS = 40
@@ -235,8 +235,9 @@ class Result:
         return str(self)
 
     def _repr_html_(self) -> str:
-        colour = {"correct": "#1a7f37", "incorrect": "#b3261e", "unanswered": "#8a6d00", "invalid": "#b3261e"}
-        mark = {"correct": "✔", "incorrect": "✘", "unanswered": "…", "invalid": "✘"}[self.status]
+        colour = {"correct": "#1a7f37", "incorrect": "#b3261e", "unanswered": "#8a6d00", "invalid": "#b3261e",
+                  "unavailable": "#6e7781"}
+        mark = {"correct": "✔", "incorrect": "✘", "unanswered": "…", "invalid": "✘", "unavailable": "–"}[self.status]
         details = ""
         if self.solution:
             opened = " open" if self.solutions_open else ""
@@ -333,21 +334,38 @@ class _Exercise(StrictInit):
 
     def solution_text(self, **data: Any) -> str:
         """The exact value and why, as the notebook's solution block shows it."""
+        return self._solution(self.expected(**data), data)
+
+    def _solution(self, expected: Any, data: Mapping[str, Any]) -> str:
         why = self.explanation(**data)
-        return f"{self._format(self.expected(**data))}." + (f" Why: {why}" if why else "")
+        return f"{self._format(expected)}." + (f" Why: {why}" if why else "")
+
+    def _reference_or_none(self, data: Mapping[str, Any]) -> tuple[Any, str | None]:
+        """The reference computed from ``data``, or None and why it could not be (a measurement that did not run
+        here: a table without the row the exercise needs). An author's bug (a NaN reference) still raises."""
+        try:
+            return self.expected(**data), None
+        except ConfigError:
+            raise
+        except Exception as err:  # the data a chapter measured may lack what this exercise reads
+            return None, f"{type(err).__name__}: {clip(str(err), 120)}"
+
+    def _unavailable(self, answer: Any, reason: str) -> Result:
+        return Result(self.name, "unavailable", f"This exercise cannot be checked here: the data it reads is "
+                      f"missing ({reason}); it needs the chapter's measurement above.", answer)
 
     def _result(self, status: Status, message: str, answer: Any, solutions: bool | None, data: Mapping[str, Any],
-                unit: str = "") -> Result:
+                expected: Any, unit: str = "") -> Result:
         shown = solutions_enabled(solutions)
-        expected = self.expected(**data) if shown else None
-        return Result(self.name, status, message, answer, expected, unit, self.solution_text(**data), shown)
+        return Result(self.name, status, message, answer, expected if shown else None, unit,
+                      self._solution(expected, data), shown)
 
     def _format(self, value: Any) -> str:
         return str(value)
 
-    def _correct(self, shown: str, data: Mapping[str, Any], within: str = "") -> str:
+    def _correct(self, shown: str, data: Mapping[str, Any], expected: Any, within: str = "") -> str:
         why = self.explanation(**data)
-        exact = self._format(self.expected(**data))
+        exact = self._format(expected)
         return f"Correct: {shown}{within}; the exact value is {exact}." + (f" Why: {why}" if why else "")
 
     def solution(self, solutions: bool | None = None, **data: Any) -> str:
@@ -445,22 +463,24 @@ class Numeric(_Exercise):
     def check(self, answer: Any, solutions: bool | None = None, **data: Any) -> Result:
         """Compare ``answer`` with the reference computed from ``data``; never raises for a learner's answer."""
         self._data(data)
+        expected, missing = self._reference_or_none(data)
+        if missing:
+            return self._unavailable(answer, missing)
         if _unanswered(answer):
             return self._result("unanswered", f"Not answered yet: replace ... with {self.form()}, then run the "
-                                "cell.", answer, solutions, data, self.unit)
+                                "cell.", answer, solutions, data, expected, self.unit)
         try:
             number, given, digits = _read(answer, self.unit)
         except ConfigError as err:
-            return self._result("invalid", str(err), answer, solutions, data, self.unit)
+            return self._result("invalid", str(err), answer, solutions, data, expected, self.unit)
         value = number * _UNITS[given][1] / _UNITS[self.unit][1]
-        expected = self.expected(**data)
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
-            return self._result("correct", self._correct(self._format(value), data, f" (within {_percent(self.rtol)})"),
-                                answer, solutions, data, self.unit)
+            message = self._correct(self._format(value), data, expected, f" (within {_percent(self.rtol)})")
+            return self._result("correct", message, answer, solutions, data, expected, self.unit)
         expected_given = expected * _UNITS[self.unit][1] / _UNITS[given][1]
         rough = 2 <= digits <= 3 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
         return self._result("incorrect", self._how_far(value, expected, rough, digits, data), answer, solutions,
-                            data, self.unit)
+                            data, expected, self.unit)
 
     def _diagnosis(self, value: float, data: Mapping[str, Any]) -> str | None:
         for key, message in (self.diagnoses or {}).items():
@@ -544,7 +564,7 @@ class Choice(_Exercise):
         """The option keys and what each means, for an unanswered check."""
         return "; ".join(f"{key!r}: {text}" for key, text in self.options.items())
 
-    def _correct(self, shown: str, data: Mapping[str, Any], within: str = "") -> str:
+    def _correct(self, shown: str, data: Mapping[str, Any], expected: Any, within: str = "") -> str:
         why = self.explanation(**data)
         return f"Correct: {shown}." + (f" Why: {why}" if why else "")
 
@@ -558,20 +578,23 @@ class Choice(_Exercise):
     def check(self, answer: Any, solutions: bool | None = None, **data: Any) -> Result:
         """Compare the chosen key (or option text, case-insensitive) with the reference key."""
         self._data(data)
+        expected, missing = self._reference_or_none(data)
+        if missing:
+            return self._unavailable(answer, missing)
         if _unanswered(answer):
             return self._result("unanswered", f"Not answered yet: replace ... with one option's key, then run the "
-                                f"cell. Options: {self.form()}.", answer, solutions, data)
+                                f"cell. Options: {self.form()}.", answer, solutions, data, expected)
         key = self._key(answer)
         if key is None:
             known = ", ".join(repr(k) for k in self.options)
             return self._result("invalid", f"{clip(answer)} is not one of the options {known}.", answer, solutions,
-                                data)
-        expected = self.expected(**data)
+                                data, expected)
         if key == expected:
-            return self._result("correct", self._correct(self._format(key), data), answer, solutions, data)
+            return self._result("correct", self._correct(self._format(key), data, expected), answer, solutions,
+                                data, expected)
         diagnosis = (self.diagnoses or {}).get(key)
         said = f" {diagnosis.strip()}" if diagnosis else f" Hint: {self.hint}"
-        return self._result("incorrect", f"Not yet: {key!r} is not it.{said}", answer, solutions, data)
+        return self._result("incorrect", f"Not yet: {key!r} is not it.{said}", answer, solutions, data, expected)
 
 
 Exercise = Numeric | Choice
