@@ -79,7 +79,7 @@ EXERCISES = (
     ),
     Numeric(
         "05.gpt3-zero1-tb", "TB each rank moves per step: GPT-3 175B, bf16 gradients, DDP + ZeroRedundancyOptimizer",
-        reference=_gpt3_zero1_tb, unit="", rtol=0.02,
+        reference=_gpt3_zero1_tb, unit="TB", rtol=0.02,
         hint="take the Ψ-multiple that section 3 measured for DDP + ZeroRedundancyOptimizer (not the paper's), and "
              "Ψ = 2 bytes × preset('gpt-3-175b').param_count()",
         why=lambda table: (
@@ -90,7 +90,7 @@ EXERCISES = (
                    "That is the paper's 2Ψ for stage 1; section 3 measured what torch's implementation moves.",
                    lambda table: _zero1_measured_psi(table) * 4 * _preset("gpt-3-175b").param_count() / 1e12:
                    "That takes Ψ in fp32 bytes; the question says bf16 gradients (2 B each).",
-                   When(lambda v: v > 1e6): "Give the answer in TB (10^12 bytes)."},
+                   When(lambda v: v > 1e6): "Far too large: is that in bytes? Write e.g. '1.2 TB'."},
         sample=_sample_comm,
     ),
     Numeric(

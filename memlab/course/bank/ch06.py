@@ -32,6 +32,12 @@ def _eager_max_seq(setup: Any, card: str) -> int:
     return max_seq(_llama(), setup, card, limit=1 << 17).value
 
 
+def _capacity_gib(card: str) -> float:
+    from memlab.predict.hardware import gpu
+
+    return gpu(card).memory_bytes / 2**30
+
+
 def _sample_attention() -> dict[str, Any]:
     from memlab.predict.estimate import estimate
     from memlab.predict.models import preset
@@ -82,7 +88,8 @@ EXERCISES = (
         hint="model states are 16 B/param / 8 ranks; activations grow with s (linear terms) and s² (the "
              "probabilities): the card holds what is left after the states",
         why=lambda setup, card: (
-            f"max_seq answers {_eager_max_seq(setup, card):,} tokens against the table's capacity of {card}. It is "
+            f"max_seq answers {_eager_max_seq(setup, card):,} tokens against the {_capacity_gib(card):.0f} GiB of "
+            f"memlab's {card} row. It is "
             "the estimator's answer: the trace below runs the real step there, and FSDP2's gathered parameters and "
             "buffers, which the estimate counts only with Overheads(gathered_layers=...), can put it over the card."),
         diagnoses={lambda: 4096: "4096 is Llama-2's trained context, not what fits: memory, not the model, sets the "

@@ -43,7 +43,7 @@ EXERCISES = (
         "08.cpu-percent", "Which loop reads the highest CPU %",
         reference=_highest_cpu,
         options={"busy": "the Python busy loop", "copy": "the copy", "matmul": "the matmul",
-                 "same": f"about the same (within {SAME_WITHIN - 1:.0%} of each other)"},
+                 "same": f"about the same, within {SAME_WITHIN - 1:.0%} of each other"},
         hint="CPU % counts time on a core, not what the core computed",
         why=lambda table: ("CPU % per loop: " + ", ".join(f"{r.loop} {r.cpu_pct:.0f} %" for r in table.itertuples())
                            + ". Each loop keeps its thread on a core the whole time, whatever it computes: busy "
@@ -87,7 +87,7 @@ EXERCISES = (
         reference=lambda printed: printed * GiB / GB, unit="GB", rtol=0.005,
         hint="the script divides bytes by 1024**3, so its 'GB' are GiB; decimal GB are bytes / 10**9",
         why=lambda printed: (f"{printed:g} × 2**30 B = {printed * GiB:,.0f} B = {printed * GiB / GB:.2f} × 10**9 B: "
-                             "GiB are 7.4 % larger than GB."),
+                             f"GiB are {GiB / GB - 1:.1%} larger than GB."),
         diagnoses={lambda printed: printed * GB / GiB: "That converts the other way: the printed figure is in GiB, "
                                                        "which are larger than GB.",
                    lambda printed: printed: "The label says GB, but the script divided by 1024**3: the figure is "

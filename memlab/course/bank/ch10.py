@@ -107,8 +107,9 @@ EXERCISES = (
         reference=_gelu_extra, unit="B", rtol=0.01,
         hint="gelu_new keeps 4 d_ff-wide tensors besides its output where a fused GELU keeps 1; 2 bytes each in "
              "bf16, per token",
-        why=lambda model: (f"{_gelu_extra(model):,.0f} B = (4 − 1) d_ff-wide tensors × d_ff = {model.d_ff:,} × 2 B: "
-                           "the intermediates of the composed tanh approximation."),
+        why=lambda model: (f"{_gelu_extra(model):,.0f} B = {_gelu_extra(model) / (2 * model.d_ff):g} extra "
+                           f"d_ff-wide tensors × d_ff = {model.d_ff:,} × 2 B: the intermediates of the composed tanh "
+                           "approximation, which a fused GELU does not keep."),
         diagnoses={lambda model: 4 * model.d_ff * 2: "That counts all four tensors; a fused GELU keeps one of them "
                                                      "too, so the extra is three.",
                    lambda model: _gelu_extra(model) * model.n_layers: "That is all layers; the question asks per "
