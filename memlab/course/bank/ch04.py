@@ -67,7 +67,7 @@ def _crossover_batch() -> int:
 
 
 def _sample_deep() -> dict[str, Any]:
-    return {"model": _preset("tiny-gpt").with_(n_layers=4), "batch": 1, "seq": 16, "device": "cpu"}
+    return {"model": _preset("tiny-gpt").with_(n_layers=2), "batch": 1, "seq": 8, "device": "cpu"}
 
 
 EXERCISES = (
