@@ -62,40 +62,26 @@ import html
 import inspect
 import math
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from memlab.course.quantities import (
+    PREFIX_RATIOS,
+    UNITS,
+    canonical_unit,
+    clip,
+    is_bool,
+    read_answer,
+)
+from memlab.course.quantities import parse_quantity as parse_quantity  # the exercises' parser, public here too
 from memlab.errors import ConfigError
 from memlab.predict.validate import StrictInit
 
 Status = Literal["correct", "incorrect", "unanswered", "invalid", "unavailable"]
 
 SOLUTIONS_ENV = "MEMLAB_SOLUTIONS"
-ECHO_CHARS = 40
-"""An answer echoed in a message is clipped to this many characters."""
-
-# unit -> (dimension, factor to the dimension's base unit). Decimal prefixes are powers of 1000, binary of 1024.
-_UNITS: dict[str, tuple[str, float]] = {"": ("number", 1.0), "%": ("number", 0.01), "x": ("number", 1.0)}
-for _prefix, _factor in {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}.items():
-    _UNITS[f"{_prefix}B"] = ("bytes", _factor)
-    _UNITS[f"{_prefix}FLOP"] = ("flop", _factor)
-    _UNITS[f"{_prefix}FLOP/s"] = ("flop/s", _factor)
-    _UNITS[f"{_prefix}B/s"] = ("bytes/s", _factor)
-for _prefix, _power in {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5}.items():
-    _UNITS[f"{_prefix}B"] = ("bytes", 1024.0**_power)
-    _UNITS[f"{_prefix}B/s"] = ("bytes/s", 1024.0**_power)
-_UNITS.update({"s": ("time", 1.0), "ms": ("time", 1e-3), "us": ("time", 1e-6), "ns": ("time", 1e-9)})
-_UNITS.update({"B/param": ("bytes/param", 1.0)})
-_ALIASES = {"FLOPs": "FLOP", "TFLOPS": "TFLOP/s", "GFLOPS": "GFLOP/s", "PFLOPS": "PFLOP/s", "KB": "kB",
-            "µs": "us", "bytes": "B", "bytes/param": "B/param", "B/parameter": "B/param", "percent": "%"}
-_BY_LOWER: dict[str, str] = {name.lower(): name for name in _UNITS} | {a.lower(): u for a, u in _ALIASES.items()}
-"""Any spelling's lower case -> the canonical unit: "gib", "GIB" and "GiB" are one unit (memlab knows no bits)."""
-
-_NUMBER_WITH_UNIT = re.compile(r"^\s*([-+]?[\d_,.]*\d[\d_,.]*(?:[eE][-+]?\d+)?)\s*([^\d\s].*?)?\s*$")
-_PREFIX_RATIOS = tuple(base**k for base in (1000.0, 1024.0) for k in (-3, -2, -1, 1, 2, 3))
-_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?(?:[eE][-+]?\d+)?$")
+"""Set to 1 (``python -m memlab.course.report --solutions`` does) to open every exercise's solution block."""
 
 
 def solutions_enabled(solutions: bool | None = None) -> bool:
@@ -105,102 +91,8 @@ def solutions_enabled(solutions: bool | None = None) -> bool:
     return os.environ.get(SOLUTIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def clip(value: Any, limit: int = ECHO_CHARS) -> str:
-    """``repr(value)`` cut to ``limit`` characters (with an ellipsis), for echoing a learner's answer."""
-    text = value if isinstance(value, str) else repr(value)
-    text = repr(text) if isinstance(value, str) else text
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _unanswered(answer: Any) -> bool:
     return answer is None or answer is Ellipsis or (isinstance(answer, str) and answer.strip() in {"", "..."})
-
-
-def _is_bool(value: Any) -> bool:
-    return type(value).__name__ in {"bool", "bool_"}
-
-
-def canonical_unit(unit: str) -> str | None:
-    """The canonical spelling of ``unit`` in any letter case ("gib" -> "GiB", "tflops" -> "TFLOP/s"), or None."""
-    return _BY_LOWER.get(unit.strip().lower()) if isinstance(unit, str) else None
-
-
-def _example(unit: str) -> str:
-    return f"74.5 or '74.5 {unit}'" if unit else "74.5"
-
-
-def _number(text: str, unit: str) -> tuple[float, int]:
-    """A number token read as a float, and its count of significant digits; commas only as thousands groups."""
-    cleaned = text.replace("_", "")
-    if "," in cleaned:
-        if not _THOUSANDS.match(cleaned):
-            raise ConfigError(f"{clip(text)} has a comma that is not a thousands separator, so it is ambiguous: for a "
-                              f"decimal write a point ({text.replace(',', '.')!r}), for thousands group by three "
-                              "digits (1,000).")
-        cleaned = cleaned.replace(",", "")
-    try:
-        number = float(cleaned)
-    except ValueError:
-        raise ConfigError(f"could not read {clip(text)} as a number; write e.g. {_example(unit)}.") from None
-    mantissa = re.split(r"[eE]", cleaned)[0].lstrip("+-").replace(".", "").lstrip("0")
-    digits = len(mantissa.rstrip("0")) if "." not in cleaned else len(mantissa)
-    return number, max(digits, 1)
-
-
-def _read(answer: Any, unit: str) -> tuple[float, str, int]:
-    """(number in the answer's own unit, that unit, significant digits): the parsing under :func:`parse_quantity`."""
-    want = canonical_unit(unit)
-    if want is None:
-        raise ConfigError(f"unknown unit {unit!r}; known: {', '.join(sorted(k for k in _UNITS if k))}.")
-    if _is_bool(answer) or (isinstance(answer, tuple) and answer and _is_bool(answer[0])):
-        raise ConfigError(f"{clip(answer)} is a truth value, not a number; write the number, e.g. 74.5.")
-    if isinstance(answer, tuple) and len(answer) == 2:
-        value, given = answer
-        if not isinstance(given, str):
-            raise ConfigError(f"the unit in {clip(answer)} must be a string such as {unit or '%'!r}.")
-    elif isinstance(answer, str):
-        match = _NUMBER_WITH_UNIT.match(answer)
-        if not match:
-            raise ConfigError(f"could not read {clip(answer)} as a number{' with a unit' if want else ''}, e.g. "
-                              f"{_example(want)}.")
-        value, given = match.group(1), match.group(2) or ""
-        given = given if given else want
-    else:
-        value, given = answer, want
-    given_unit = canonical_unit(given)
-    if given_unit is None or _UNITS[given_unit][0] != _UNITS[want][0]:
-        if want in {"", "x"} and given_unit not in {"%", "x", ""}:
-            raise ConfigError(f"this answer is a plain number without a unit: write the number alone (not "
-                              f"{clip(answer)}).")
-        if given_unit is None:
-            raise ConfigError(f"unknown unit {clip(given)} in the answer; give the value in {want}.")
-        raise ConfigError(f"the answer is in {given_unit} ({_UNITS[given_unit][0]}), the question asks for "
-                          f"{_UNITS[want][0]} in {want}.")
-    if isinstance(value, str):
-        number, digits = _number(value, want)
-    else:
-        try:
-            number = float(value)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"could not read {clip(value)} as a number; write e.g. {_example(want)}.") from None
-        if not math.isfinite(number):
-            raise ConfigError(f"the answer {clip(answer)} is not a finite number.")
-        digits = _number(f"{number:.15g}", want)[1]
-    if not math.isfinite(number):
-        raise ConfigError(f"the answer {clip(answer)} is not a finite number.")
-    return number, given_unit, digits
-
-
-def parse_quantity(answer: Any, unit: str) -> float:
-    """An answer in ``unit``: a number (taken in ``unit``), ``"74.5 GiB"`` (unit in any case), or ``(74.5, "GiB")``.
-
-    Raises :class:`ConfigError` when the answer is not a number (a bool is not), its unit measures something else,
-    or a comma could be a decimal comma (``"1,2 GB"``: 1.2 or 12? write a point; ``"1,000 MB"`` is thousands).
-    """
-    number, given, _ = _read(answer, unit)
-    return number * _UNITS[given][1] / _UNITS[canonical_unit(unit)][1]
-
-
 
 
 @dataclass(frozen=True)
@@ -412,16 +304,16 @@ class Numeric(_Exercise):
         canonical = canonical_unit(self.unit)
         if canonical is None:
             raise ConfigError(f"exercise {self.name!r}: unknown unit {self.unit!r}; known: "
-                              f"{', '.join(sorted(k for k in _UNITS if k))}.")
+                              f"{', '.join(sorted(k for k in UNITS if k))}.")
         object.__setattr__(self, "unit", canonical)
-        if _is_bool(self.rtol) or not isinstance(self.rtol, (int, float)) or not 0 < self.rtol < 1:
+        if is_bool(self.rtol) or not isinstance(self.rtol, (int, float)) or not 0 < self.rtol < 1:
             raise ConfigError(f"exercise {self.name!r}: rtol must be a fraction in (0, 1), got {self.rtol!r}.")
         if self.diagnoses is not None:
             if not isinstance(self.diagnoses, Mapping):
                 raise ConfigError(f"exercise {self.name!r}: diagnoses must map a wrong answer (a number, a "
                                   f"callable or When) to a message, got {type(self.diagnoses).__name__}.")
             for key, message in self.diagnoses.items():
-                numeric = isinstance(key, (int, float)) and not _is_bool(key) and math.isfinite(key)
+                numeric = isinstance(key, (int, float)) and not is_bool(key) and math.isfinite(key)
                 if not (numeric or callable(key) or isinstance(key, When)) or not isinstance(message, str) \
                         or not message.strip():
                     raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number, a "
@@ -433,7 +325,7 @@ class Numeric(_Exercise):
         TypeError, and never a learner graded against NaN."""
         value = super().expected(**data)
         number = None
-        if not isinstance(value, str | bytes) and not _is_bool(value):  # a 0-d tensor or numpy scalar converts
+        if not isinstance(value, str | bytes) and not is_bool(value):  # a 0-d tensor or numpy scalar converts
             try:
                 number = float(value)
             except (TypeError, ValueError, OverflowError):
@@ -470,14 +362,14 @@ class Numeric(_Exercise):
             return self._result("unanswered", f"Not answered yet: replace ... with {self.form()}, then run the "
                                 "cell.", answer, solutions, data, expected, self.unit)
         try:
-            number, given, digits = _read(answer, self.unit)
+            number, given, digits = read_answer(answer, self.unit)
         except ConfigError as err:
             return self._result("invalid", str(err), answer, solutions, data, expected, self.unit)
-        value = number * _UNITS[given][1] / _UNITS[self.unit][1]
+        value = number * UNITS[given][1] / UNITS[self.unit][1]
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
             message = self._correct(self._format(value), data, expected, f" (within {_percent(self.rtol)})")
             return self._result("correct", message, answer, solutions, data, expected, self.unit)
-        expected_given = expected * _UNITS[self.unit][1] / _UNITS[given][1]
+        expected_given = expected * UNITS[self.unit][1] / UNITS[given][1]
         rough = 2 <= digits <= 3 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
         return self._result("incorrect", self._how_far(value, expected, rough, digits, data), answer, solutions,
                             data, expected, self.unit)
@@ -520,7 +412,7 @@ class Numeric(_Exercise):
         if self.unit.endswith(("B", "B/s")) and any(math.isclose(ratio, (1.024**k) ** s, rel_tol=self.rtol / 2)
                                                     for k in (1, 2, 3, 4) for s in (1, -1)):
             return f"{head} That ratio is a power of 1.024: check GB (10^9 B) against GiB (2^30 B)."
-        if any(math.isclose(ratio, prefix, rel_tol=self.rtol) for prefix in _PREFIX_RATIOS):
+        if any(math.isclose(ratio, prefix, rel_tol=self.rtol) for prefix in PREFIX_RATIOS):
             return (f"{head} That is off by a power of 1000 (or 1024): check the prefix of the unit "
                     f"({self.unit or 'a plain number'}).")
         return f"{head} Hint: {self.hint}"

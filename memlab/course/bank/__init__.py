@@ -1,4 +1,8 @@
-"""The course's exercises, one module per chapter (``ch00`` ... ``ch10``), and the one call a notebook makes.
+"""The course's exercises, one module per chapter, and the one call a notebook makes.
+
+``ch00`` (your machine), ``ch01`` (an OOM), ``ch02`` (bytes per parameter), ``ch03`` (mixed precision), ``ch04``
+(activations and checkpointing), ``ch05`` (ZeRO and FSDP), ``ch06`` (FlashAttention), ``ch07`` (roofline and MFU),
+``ch08`` (nvidia-smi), ``ch09`` (inference), ``ch10`` (your model).
 
 A chapter module defines ``EXERCISES``, a tuple of :class:`~memlab.course.exercises.Numeric` and
 :class:`~memlab.course.exercises.Choice`, each named ``"NN.short-name"`` (NN: the chapter). The notebook's cell is::
