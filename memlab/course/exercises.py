@@ -353,11 +353,12 @@ class Numeric(_Exercise):
             text = f"{number:.4g}"
         return f"{text} {self.unit}".strip() if self.unit != "%" else f"{text} %"
 
-    def form(self) -> str:
-        """What form the answer takes, for an unanswered check."""
+    def form(self, expected: float | None = None) -> str:
+        """What form the answer takes, for an unanswered check; its example is never near ``expected``."""
+        example = next(v for v in (2.5, 40, 1200) if expected is None or not 0.25 < abs(expected) / v < 4)
         if self.unit in {"", "x"}:
-            return "a plain number (e.g. 2.5)"
-        return f"a number in {self.unit} (e.g. 74.5 or '74.5 {self.unit}')"
+            return f"a plain number (e.g. {example:g})"
+        return f"a number in {self.unit} (e.g. {example:g} or '{example:g} {self.unit}')"
 
     def check(self, answer: Any, solutions: bool | None = None, **data: Any) -> Result:
         """Compare ``answer`` with the reference computed from ``data``; never raises for a learner's answer."""
@@ -366,7 +367,7 @@ class Numeric(_Exercise):
         if missing:
             return self._unavailable(answer, missing)
         if _unanswered(answer):
-            return self._result("unanswered", f"Not answered yet: replace ... with {self.form()}, then run the "
+            return self._result("unanswered", f"Not answered yet: replace ... with {self.form(expected)}, then run the "
                                 "cell.", answer, solutions, data, expected, self.unit)
         try:
             number, given, digits = read_answer(answer, self.unit)

@@ -340,6 +340,9 @@ def test_every_exercise_grades_its_reference_right_and_a_wrong_answer_with_help(
     assert wrong.status == "incorrect" and (helped or "looks like" in wrong.message or "power of" in wrong.message)
     unanswered = bank.check(name, ..., **data)
     assert unanswered.status == "unanswered" and exercise.hint not in unanswered.message
+    example = re.search(r"e\.g\. ([\d.]+)", unanswered.message)
+    if example:
+        assert not bank.check(name, float(example.group(1)), **data).correct, "the form's example is the answer"
     html = unanswered._repr_html_()
     assert '<details class="memlab-solution">' in html and escape(exercise._format(expected)) in html
     plain = repr(unanswered)
