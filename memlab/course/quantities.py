@@ -100,7 +100,7 @@ def read_answer(answer: Any, unit: str) -> tuple[float, str, int]:
     given_unit = canonical_unit(given)
     if given_unit is None or UNITS[given_unit][0] != UNITS[want][0]:
         if want in {"", "x"} and given_unit not in {"%", "x", ""}:
-            raise ConfigError(f"this answer is a plain number without a unit: write the number alone (not "
+            raise ConfigError(f"the question asks for a plain number, without a unit: write the number alone (not "
                               f"{clip(answer)}).")
         if given_unit is None:
             raise ConfigError(f"unknown unit {clip(given)} in the answer; give the value in {want}.")

@@ -191,7 +191,7 @@ def test_units_are_read_in_any_case(answer: object, unit: str, value: float) -> 
 @pytest.mark.parametrize(("answer", "unit", "says"), [
     ("1,2 GB", "GB", "ambiguous"), ("12,5", "", "ambiguous"), ("1,23 GB", "GB", "decimal"),
     (True, "GB", "truth value"), (False, "", "truth value"), ((True, "GB"), "GB", "truth value"),
-    ("4 B/param", "", "plain number without a unit"), ("16 GB", "", "plain number without a unit"),
+    ("4 B/param", "", "asks for a plain number"), ("16 GB", "", "asks for a plain number"),
     ("12 parsecs", "GB", "unknown unit"), ("3 TFLOP", "GiB", "bytes"), ("lots", "GB", "could not read"),
     ("nan GB", "GB", "could not read"), (float("inf"), "GB", "not a finite"), ("1e400 GB", "GB", "not a finite"),
     (10**400, "GB", "could not read"), ([12], "GB", "could not read"), ((12, 3), "GB", "must be a string"),
