@@ -390,6 +390,17 @@ def test_each_chapter_checks_each_of_its_exercises_once_with_the_arguments_it_ne
         assert set(exercise.needs) <= {k.arg for k in call.keywords}, f"{exercise.name} needs {exercise.needs}"
 
 
+@pytest.mark.parametrize("source", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_no_chapter_rebinds_the_name_check(source: Path) -> None:
+    for cell in jupytext.read(source).cells:
+        if cell.cell_type != "code":
+            continue
+        tree = ast.parse("\n".join(line for line in cell.source.splitlines() if not line.startswith(("%", "!"))))
+        stored = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "check"
+                  and isinstance(n.ctx, ast.Store)]
+        assert not stored, f"{source.name} assigns to `check` (memlab's exercise check): rename that variable"
+
+
 def _shown_forms(value) -> set[str]:
     """How a reference value could be typed or printed: its formatted value and its 3- and 4-digit roundings."""
     if isinstance(value, str):
