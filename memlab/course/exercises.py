@@ -351,7 +351,7 @@ class Numeric(_Exercise):
             text = f"{number:,.1f}"
         else:
             text = f"{number:.4g}"
-        return f"{text} {self.unit}".strip() if self.unit != "%" else f"{text} %"
+        return {"%": f"{text} %", "x": f"{text}×"}.get(self.unit, f"{text} {self.unit}".strip())
 
     def form(self, expected: float | None = None) -> str:
         """What form the answer takes, for an unanswered check; its example is never near ``expected``."""
