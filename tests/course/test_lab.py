@@ -36,6 +36,9 @@ def test_one_plain_notebook_per_chapter_and_opening_it_changes_nothing(tmp_path:
         changes, _ = nbformat.validator.normalize(nb)
         assert changes == 0 and all(cell.get("id") for cell in nb.cells), "JupyterLab would add ids: modified"
         assert not any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
+    from jupytext.config import find_jupytext_configuration_file
+
+    assert find_jupytext_configuration_file(str(lab.LAB_DIR)) is None, "no jupytext pairing may reach lab/"
 
 
 def test_a_learners_copy_is_kept_and_fresh_replaces_it(tmp_path: Path) -> None:
