@@ -307,11 +307,12 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 2.** Which policy needs a GradScaler?
+# **Exercise 2.** torch's `GradScaler` with its default settings runs 6,000 steps without an inf/NaN gradient,
+# then one step with one. What is its scale after that?
 
 # %%
 answer = ...
-check("03.needs-scaler", answer)
+check("03.scaler-scale", answer, clean_steps=6000, overflows=1)
 
 # %% [markdown]
 # **Exercise 3.** A gradient value of 2⁻³⁰ (about 9.3e-10) is cast to fp16 after multiplying the loss by a scale

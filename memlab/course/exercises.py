@@ -344,13 +344,9 @@ class Numeric(_Exercise):
         return number
 
     def _format(self, value: Any) -> str:
-        number = float(value)
-        if abs(number) >= 1e4 and number == round(number):
-            text = f"{number:,.0f}"
-        elif abs(number) >= 1e4:
-            text = f"{number:,.1f}"
-        else:
-            text = f"{number:.4g}"
+        number = float(value)  # 4 significant digits, or whole numbers with separators between 10^4 and 10^15
+        grouped = 1e4 <= abs(number) < 1e15
+        text = f"{number:,.{0 if number == round(number) else 1}f}" if grouped else f"{number:.4g}"
         return {"%": f"{text} %", "x": f"{text}×"}.get(self.unit, f"{text} {self.unit}".strip())
 
     def form(self, expected: float | None = None) -> str:

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import math
 
-from memlab.course.exercises import Choice, Numeric, When
+from memlab.course.exercises import Numeric, When
 from memlab.units import GiB
-
-POLICIES = ("fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "bf16")
-"""The policies chapter 03 compares."""
 
 
 def _llama():
@@ -26,10 +23,21 @@ def _copies_gib() -> float:
     return b.activation_detail["autocast weight copies"] / GiB
 
 
-def _needs_scaler() -> str:
-    from memlab.predict.setup import Setup
+def _scaler_defaults() -> dict[str, float]:
+    """torch.amp.GradScaler's defaults (init_scale, growth_factor, backoff_factor, growth_interval), read from torch."""
+    import inspect
 
-    return next(p for p in POLICIES if Setup(precision=p).policy.grad_scaler)
+    import torch
+
+    params = inspect.signature(torch.amp.GradScaler).parameters
+    return {k: params[k].default for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")}
+
+
+def _scaler_scale(clean_steps: int, overflows: int) -> float:
+    """The scale after ``clean_steps`` steps without inf/NaN, then ``overflows`` steps with one, from the defaults."""
+    d = _scaler_defaults()
+    growths = clean_steps // d["growth_interval"]
+    return d["init_scale"] * d["growth_factor"] ** growths * d["backoff_factor"] ** overflows
 
 
 def _fp16_smallest_normal() -> float:
@@ -81,16 +89,26 @@ EXERCISES = (
                    lambda: 2 * _llama().matmul_param_count() / 1e9: "That is in decimal GB; the question asks for "
                                                                     "GiB."},
     ),
-    Choice(
-        "03.needs-scaler", "The policy whose gradients need loss scaling (a GradScaler)",
-        reference=_needs_scaler, options={p: p for p in POLICIES},
-        hint="which 16-bit format has only 5 exponent bits, so that small gradients flush to zero?",
-        why="fp16's 5 exponent bits put its smallest normal at 2**-14; the scaler shifts gradients into range and "
-            "skips a step on inf/NaN. bf16 has fp32's 8 exponent bits, and fp32 policies never cast gradients.",
-        diagnoses={"amp-bf16": "bf16 has fp32's exponent range: nothing underflows that fp32 would keep.",
-                   "bf16": "bf16 has fp32's exponent range: its limit is precision (8 significant bits), not range.",
-                   "mixed-bf16": "bf16 gradients have fp32's exponent range; no scaler is needed.",
-                   "fp32": "fp32 has the widest range of all; nothing is cast to 16 bits."},
+    Numeric(
+        "03.scaler-scale", "torch's GradScaler scale, from its defaults, after clean steps then overflowing steps",
+        reference=_scaler_scale, unit="", rtol=0.001,
+        hint="the scale starts at init_scale, is multiplied by growth_factor after every growth_interval clean steps "
+             "in a row and by backoff_factor at every step with an inf/NaN gradient (that step is skipped); the "
+             "defaults are in inspect.signature(torch.amp.GradScaler)",
+        why=lambda clean_steps, overflows: (
+            f"{_scaler_defaults()['init_scale']:,.0f} × {_scaler_defaults()['growth_factor']:g}^"
+            f"{clean_steps // _scaler_defaults()['growth_interval']} (one growth per "
+            f"{_scaler_defaults()['growth_interval']:,} clean steps) × {_scaler_defaults()['backoff_factor']:g}^"
+            f"{overflows} = {_scaler_scale(clean_steps, overflows):,.0f}: the scaler searches for the largest scale "
+            "that does not overflow, at run time."),
+        diagnoses={lambda clean_steps, overflows: _scaler_scale(clean_steps, 0):
+                   "That leaves out the overflowing steps: each one multiplies the scale by backoff_factor.",
+                   lambda overflows: _scaler_defaults()["init_scale"] * _scaler_defaults()["backoff_factor"]
+                   ** overflows: "That leaves out the growth: the scale doubles after each growth_interval clean "
+                                 "steps in a row.",
+                   lambda: _scaler_defaults()["init_scale"]: "That is the initial scale; it changes as the steps run.",
+                   When(lambda v: v > 1e12): "The scale grows once per growth_interval clean steps, not every step."},
+        sample=lambda: {"clean_steps": 6000, "overflows": 1},
     ),
     Numeric(
         "03.scale-exponent", "Smallest k such that a gradient of 2**e times a loss scale 2**k is a normal fp16 number",
