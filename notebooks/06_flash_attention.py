@@ -314,4 +314,4 @@ check("06.attention-growth", answer, attention=predicted_attention)
 #   model's activations were linear in s already.
 # - The fused backward recomputes QKᵀ: equal model FLOPs, one more QKᵀ per layer of hardware FLOPs.
 # - Seed 004's 2048² × dtype is one head of one layer: Llama-2-7B keeps heads × layers times more at batch 1
-#   (exercise 2's factor), and batch times that; under CUDA autocast the fp32 probabilities triple it again.
+#   (section 5's table), and batch times that; under CUDA autocast the fp32 probabilities triple it again.
