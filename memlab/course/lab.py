@@ -45,6 +45,16 @@ def chapter_sources(notebooks: Path = NOTEBOOKS) -> list[Path]:
     return sorted(Path(notebooks).glob("[0-9][0-9]_*.py"))
 
 
+def _language_info() -> dict:
+    """What the python3 kernel reports on start (ipykernel's language_info): JupyterLab writes it into the notebook
+    when the kernel starts, so a copy without it would be marked modified as soon as it is opened."""
+    try:
+        from ipykernel.ipkernel import IPythonKernel
+    except ImportError:  # no kernel installed here: JupyterLab will fill it in
+        return {"name": "python"}
+    return dict(IPythonKernel.language_info)
+
+
 def lab_notebook(source: Path):
     """The chapter at ``source`` as a plain nbformat-4 notebook: no jupytext metadata, cell ids set, no outputs."""
     import jupytext
@@ -53,7 +63,7 @@ def lab_notebook(source: Path):
     nb = jupytext.read(source)
     nb.metadata.pop("jupytext", None)
     nb.metadata["kernelspec"] = dict(KERNEL)
-    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["language_info"] = _language_info()
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

@@ -33,6 +33,7 @@ def test_one_plain_notebook_per_chapter_and_opening_it_changes_nothing(tmp_path:
     for path in done.written:
         nb = nbformat.read(path, as_version=4)
         assert "jupytext" not in nb.metadata, "a paired copy would be rewritten on open"
+        assert nb.metadata["language_info"].get("version"), "the kernel's language_info, or opening marks it dirty"
         changes, _ = nbformat.validator.normalize(nb)
         assert changes == 0 and all(cell.get("id") for cell in nb.cells), "JupyterLab would add ids: modified"
         assert not any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
