@@ -12,6 +12,7 @@ TORCH ?= torch==2.13.0
 SCALE ?= auto
 FORCE ?=
 ONLY ?=
+FRESH ?=
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 CHROMIUM ?= /usr/bin/chromium
 TEST_WORKERS ?= 2
@@ -68,8 +69,11 @@ $(VENV_ABS)/.lab-installed: $(STAMP)
 	$(PIP) -e ".[course,dev,lab]"
 	@touch $@
 
-lab: $(VENV_ABS)/.lab-installed ## open the course in JupyterLab (notebooks/)
-	cd notebooks && $(VENV_ABS)/bin/jupyter lab $(if $(IS_ROOT),--allow-root)
+# The learner's copies: lab/NN_topic.ipynb, one plain notebook per chapter, in a git-ignored folder, so opening or
+# running a chapter never touches the committed pair (memlab/course/lab.py says why copies and not a git filter).
+lab: $(VENV_ABS)/.lab-installed ## JupyterLab on plain copies of the chapters in lab/ (git-ignored; FRESH=1 replaces them)
+	$(PY) -m memlab.course.lab$(if $(filter-out 0 no false,$(FRESH)), --fresh)
+	cd lab && $(VENV_ABS)/bin/jupyter lab $(if $(IS_ROOT),--allow-root)
 
 bench: $(STAMP) ## run each benchmark script in benchmarks/
 	@status=0; for script in $(BENCHMARKS); do echo "== $$script"; $(PY) "$$script" || status=1; done; \

@@ -85,6 +85,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.labs.step_time": ("training_loop",),
     "memlab.course.chapter": ("chapter",),
     "memlab.course.exercises": ("Choice", "Numeric"),
+    "memlab.course.bank": ("check",),
     "memlab.course.hf_configs": ("config_names", "config_source", "load_config"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

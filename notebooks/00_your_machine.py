@@ -35,7 +35,7 @@ import pandas as pd
 import psutil
 import torch
 
-from memlab import Numeric, chapter, describe, detect, gpu, roofline_bound
+from memlab import chapter, check, describe, detect, gpu, roofline_bound
 from memlab.compare import plots
 from memlab.measure import roofline
 from memlab.predict import hardware
@@ -110,17 +110,10 @@ pd.DataFrame({
 # %%
 gemv = next(shape for shape in roofline.default_shapes(ch.device, ch.scale) if shape[0] == 1)
 print(f"GEMV-like shape (m, n, k) = {gemv}")
-ex_gemv = Numeric(
-    "gemv-intensity", "Arithmetic intensity of the fp32 GEMV, FLOP/byte",
-    reference=lambda: 2 * gemv[0] * gemv[1] * gemv[2] / (4 * (gemv[0] * gemv[2] + gemv[2] * gemv[1]
-                                                              + gemv[0] * gemv[1])),
-    hint="bytes = 4 x (m·k + k·n + m·n) for fp32; with m = 1 the matrix dominates", unit="", rtol=0.02,
-    diagnoses={lambda: 2 * gemv[1] * gemv[2] / (gemv[2] + gemv[1] * gemv[2] + gemv[1]):
-               "That counts elements, not bytes: an fp32 element is 4 bytes.",
-               lambda: gemv[1] * gemv[2] / (4 * (gemv[2] + gemv[1] * gemv[2] + gemv[1])):
-               "A multiply-add is 2 FLOPs (2·m·n·k), not 1."})
+
+# %%
 answer = ...
-ex_gemv.check(answer)
+check("00.gemv-intensity", answer, shape=gemv)
 
 # %% [markdown]
 # Seed article 001 ("利用率", *utilization*) claims that top large-model training reaches only about 50 % MFU,
@@ -327,51 +320,32 @@ units
 # %% [markdown]
 # ## Exercises
 #
-# Write your answer in place of `...` and run the cell: the check says whether it is right, or how far off and a
-# hint. Answers may carry units, e.g. `"74.5 GiB"`. (Exercise 1 is above, before the measurement.)
+# Write your answer in place of `...` and run the cell: the check says whether it is right (with the exact value
+# and why), or how far off, with a hint. Answers may carry units, e.g. `"74.5 GiB"`. Each check ends with a
+# collapsed solution. (Exercise 1 is above, before the measurement.)
 #
-# **Exercise 2.** How many GiB of memory does this device report (the `bytes` of the first row above)?
+# **Exercise 2.** `nvidia-smi` shows 61,440 MiB in use on an H100 SXM (memlab's table row). What is U_cap, in %?
 
 # %%
-ex_gib = Numeric(
-    "device-gib", "This device's memory in GiB", reference=lambda: info.total_memory_bytes / GiB,
-    hint="1 GiB = 2**30 bytes = 1.074 GB", unit="GiB", rtol=0.01,
-    diagnoses={lambda: info.total_memory_bytes / 1e9: "That is the decimal GB figure; divide the bytes by 2**30."})
 answer = ...
-ex_gib.check(answer)
+check("00.ucap-units", answer, used_mib=61_440, card="h100-sxm")
 
 # %% [markdown]
 # **Exercise 3.** Take seed article 001's example: an A100 doing about 160 TFLOP/s of useful bf16 work. Someone
 # divides it by the A100's bf16 figure printed *with sparsity*. What MFU, in %, do they report?
 
 # %%
-SEED_001_USEFUL_FLOP_S = 160e12  # seed article 001's "about 160 TFLOPS" of useful work on a 312 TFLOPS GPU
-a100 = gpu("a100-80gb-sxm")
-ex_sparse = Numeric(
-    "a100-sparse-mfu", "MFU against the sparse figure",
-    reference=lambda: 100 * SEED_001_USEFUL_FLOP_S / a100.sparse_peak("bf16"),
-    hint="the sparse figure is in the table above (twice the dense peak for the A100)", unit="%", rtol=0.02,
-    diagnoses={lambda: 100 * SEED_001_USEFUL_FLOP_S / a100.peak("bf16"):
-               "That is the MFU against the dense peak, the right one; the question asks what the sparse figure "
-               "gives."})
 answer = ...
-ex_sparse.check(answer)
+check("00.a100-sparse-mfu", answer)
 
 # %% [markdown]
 # **Exercise 4.** At its peak bandwidth (memlab's table), how many milliseconds does an H200 SXM need to read
-# all of its memory once? (That is the floor for one decoding step of a model that fills the card.)
+# all of its memory once? Use the table row `gpu("h200-sxm")`: its `memory_bytes` and `bandwidth_bytes_per_s`.
+# (That is the floor for one decoding step of a model that fills the card.)
 
 # %%
-h200 = gpu("h200-sxm")
-ex_sweep = Numeric(
-    "h200-read-all", "Time to read all H200 SXM memory once",
-    reference=lambda: 1e3 * h200.memory_bytes / h200.bandwidth_bytes_per_s,
-    hint="time = bytes / (bytes per second); the table's memory is in GiB, its bandwidth in decimal TB/s",
-    unit="ms", rtol=0.03,
-    diagnoses={lambda: 1e3 * 141e9 / h200.bandwidth_bytes_per_s:
-               "That reads 141 GB as 141 x 10^9 bytes; memlab's table stores it as 141 GiB."})
 answer = ...
-ex_sweep.check(answer)
+check("00.h200-read-all", answer)
 
 # %% [markdown]
 # ## Summary

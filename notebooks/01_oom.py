@@ -37,10 +37,9 @@ from IPython.display import display
 
 from memlab import (
     RECORDED_OOM_MESSAGES,
-    Choice,
-    Numeric,
     Setup,
     chapter,
+    check,
     decode_oom,
     emulate_smaller_gpu,
     estimate,
@@ -185,12 +184,10 @@ else:
     card_spec = dataclasses.replace(gpu("t4"), key="budget", name=f"a {budget / MiB:.1f} MiB budget",
                                     memory_bytes=budget)
 print(f"{card_spec.name}: {card_spec.memory_bytes / MiB:,.1f} MiB")
-ex_batch = Numeric(
-    "largest-batch", f"largest batch of {model.name} (fp32 + AdamW, s={seq}) that fits {card_spec.name}",
-    reference=lambda: max_batch(model, setup, card_spec).value,
-    hint="model states are fixed (16 B/param); activations grow linearly with the batch", unit="", rtol=0.01)
+
+# %%
 answer = ...
-ex_batch.check(answer)
+check("01.largest-batch", answer, model=model, setup=setup, card=card_spec)
 
 # %% [markdown]
 # The measurement: one run per batch, an OOM kept as a row (`status`), not a crash. On CUDA the cap is real
@@ -391,39 +388,25 @@ ch.seed_claims([
 # **Exercise 2.** Which field of an OOM message points to fragmentation rather than a too-large workload?
 
 # %%
-ex_field = Choice(
-    "fragmentation-field", "the message field that measures the allocator's cache and fragmentation",
-    reference=lambda: "reserved_unallocated_bytes",
-    options={"tried_to_allocate_bytes": "Tried to allocate", "free_bytes": "of which ... is free",
-             "allocated_by_pytorch_bytes": "allocated by PyTorch",
-             "reserved_unallocated_bytes": "reserved by PyTorch but unallocated"},
-    hint="the bytes the allocator holds that no tensor uses")
 answer = ...
-ex_field.check(answer)
+check("01.fragmentation-field", answer)
 
 # %% [markdown]
-# **Exercise 3.** In section 6, how many bytes per iteration does the evaluation loop without `no_grad` leak?
+# **Exercise 3.** Section 6's keep-loss loop (the bug: `losses.append(loss)` after `backward`) runs for 1,000
+# iterations instead. How many bytes do the kept losses hold at the end, on this device?
 
 # %%
-ex_leak = Numeric(
-    "eval-leak", "bytes leaked per iteration by eval without no_grad",
-    reference=lambda: growth.query("case == 'eval-grad' and not fixed")["bytes per iteration"].item(),
-    hint="the 'bytes per iteration' column of the eval-grad bug row", unit="B", rtol=0.02)
 answer = ...
-ex_leak.check(answer)
+check("01.kept-losses", answer, table=growth, iterations=1000)
 
 # %% [markdown]
-# **Exercise 4.** In the `fragmented-2.5` message of section 1, how many GiB were reserved by PyTorch but
-# unallocated?
+# **Exercise 4.** The `fragmented-2.5` message of section 1 says "reserved but unallocated is large, try
+# expandable_segments". Suppose that setting let the allocator hand out *every* reserved-but-unallocated byte, on
+# top of what the driver still has free. By how many GiB would the request still be short?
 
 # %%
-ex_frag = Numeric(
-    "fragmented-gib", "reserved but unallocated in the fragmented-2.5 message",
-    reference=lambda: parse_oom_message(next(r.message for r in RECORDED_OOM_MESSAGES
-                                             if r.key == "fragmented-2.5")).reserved_unallocated_bytes,
-    hint="read the sentence 'X is reserved by PyTorch but unallocated'", unit="GiB", rtol=0.01)
 answer = ...
-ex_frag.check(answer)
+check("01.fragmented-short", answer)
 
 # %% [markdown]
 # ## Summary

@@ -36,10 +36,9 @@ import pandas as pd
 
 from memlab import (
     PRECISION_POLICIES,
-    Choice,
-    Numeric,
     Setup,
     chapter,
+    check,
     estimate,
     measurement_of,
     predict_for,
@@ -101,22 +100,13 @@ table
 # Pure bf16 training halves everything, moments included. The optimizer matters as much as the precision: SGD
 # with momentum drops 4 bytes, plain SGD 8, 8-bit Adam about 6.
 #
-# **Exercise 1 (predict before the next cells measure).** The sweep below trains the same GPT under each policy.
-# How many bytes per parameter of model states (parameters + gradients + optimizer state) will the **amp-bf16 +
-# AdamW** run hold?
+# **Exercise 1 (predict before the next cells measure).** The sweep below trains the GPT preset `SIZES["model"]`
+# (`preset(SIZES["model"]).param_count()` parameters) under each policy. How many MiB of model states (parameters
+# + gradients + optimizer state, step counters left out) will the **amp-bf16 + AdamW** run hold?
 
 # %%
-ex_amp = Numeric(
-    "amp-states", "Model-state bytes per parameter of amp-bf16 + AdamW", unit="B/param", rtol=0.01,
-    reference=lambda: bytes_per_param("amp-bf16", "adamw"),
-    hint="autocast changes the dtype of the matmuls' inputs, not of the stored weights, gradients or moments",
-    diagnoses={12: "12 is seed 004's 14 + 14 + 56 GB for 7B parameters: 16-bit weights and gradients and Adam's "
-                   "moments, without any fp32 weights. AMP stores fp32 weights.",
-               (lambda v: v < 12): "That counts 16-bit weights or gradients: under AMP both stay fp32 in storage; "
-                                   "the 16-bit copies are made during the forward pass.",
-               18: "18 needs fp32 gradients next to 16-bit weights; AMP has no 16-bit weights in storage."})
 answer = ...
-ex_amp.check(answer)
+check("02.amp-run-mib", answer, model=preset(SIZES["model"]))
 
 # %% [markdown]
 # ## 2. The experiment: the same GPT under each policy
@@ -298,13 +288,13 @@ pd.Series(kept, name="gradient bytes held into the next forward").to_frame()
 
 # %%
 m_bpp = measured.query("precision == 'mixed-bf16' and optimizer == 'adamw'")["measured bytes/param"].item()
-check = pd.DataFrame({
+rule = pd.DataFrame({
     "source": ["seed 000's rule (16 B/param)", "memlab estimate", f"measured on {model.name}, scaled"],
     "bytes for 1e9 params": [16 * N, table.loc["mixed-bf16", "adamw"] * N, m_bpp * N],
 })
-check["GB"] = (check["bytes for 1e9 params"] / 1e9).round(2)
-check["GiB"] = (check["bytes for 1e9 params"] / GiB).round(2)
-check
+rule["GB"] = (rule["bytes for 1e9 params"] / 1e9).round(2)
+rule["GiB"] = (rule["bytes for 1e9 params"] / GiB).round(2)
+rule
 
 # %% [markdown]
 # The rule holds for mixed-bf16 AdamW, exactly, as long as "GB" means 10⁹ bytes: in the GiB that nvidia-smi
@@ -320,57 +310,31 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # %% [markdown]
 # ## Exercises
 #
-# Write your answer in place of `...` and run the cell. Answers may carry units, e.g. `"112 GiB"`. (Exercise 1 is
-# in section 1, before the measurement.)
+# Write your answer in place of `...` and run the cell: a wrong answer gets a hint, a right one the exact value and
+# why, and each check ends with a collapsed solution. Answers may carry units, e.g. `"112 GiB"`. (Exercise 1 is in
+# section 1, before the measurement.)
 #
 # **Exercise 2.** Llama-2-7B (preset `llama-2-7b`) trained with mixed-bf16 and AdamW on one GPU: how many GiB of
 # model states (parameters + gradients + optimizer state), before any activation?
 
 # %%
-llama = preset("llama-2-7b")
-ex_llama = Numeric(
-    "llama7b-states", "Llama-2-7B model states, mixed-bf16 + AdamW, in GiB",
-    reference=lambda: sum(estimate(llama, Setup(precision="mixed-bf16")).components()[c]
-                          for c in ("params", "grads", "optimizer")) / GiB,
-    hint="multiply the parameter count (llama.param_count()) by the bytes/param of section 1, then divide by 2**30",
-    unit="GiB", rtol=0.01,
-    diagnoses={lambda: 16 * 7e9 / GiB: "That uses the nominal 7B; llama.param_count() is the exact count.",
-               lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 "
-                                     "master weights.",
-               lambda: 12 * llama.param_count() / GiB: "12 B/param leaves out the fp32 master weights."})
 answer = ...
-ex_llama.check(answer)
+check("02.llama7b-states", answer)
 
 # %% [markdown]
-# **Exercise 3.** Which policy costs 18 bytes per parameter with AdamW?
+# **Exercise 3.** Starting from fp32 + AdamW, which *one* change saves the most model-state bytes per parameter?
 
 # %%
-ex_18 = Choice(
-    "eighteen", "The 18 bytes/param policy",
-    reference=lambda: next(p for p in POLICIES if round(bytes_per_param(p, "adamw")) == 18),
-    options={"fp32": "fp32 weights, gradients and states", "amp-bf16": "PyTorch autocast to bf16",
-             "mixed-bf16": "bf16 weights and gradients, fp32 master",
-             "mixed-bf16-fp32-grads": "bf16 weights, fp32 gradients, fp32 master",
-             "mixed-fp16-fp32-accum": "fp16 weights and gradients, fp32 accumulation buffer, fp32 master",
-             "bf16": "everything in bf16"},
-    hint="look for fp32 gradients next to 16-bit weights in the table of section 1",
-    diagnoses={"mixed-fp16-fp32-accum": "That one is 20: fp32 copies of both weights and gradients.",
-               "mixed-bf16": "That one is 16: ZeRO's count, with 16-bit gradients.",
-               "amp-bf16": "AMP stores 16: fp32 weights, gradients and moments."})
 answer = ...
-ex_18.check(answer)
+check("02.biggest-saving", answer)
 
 # %% [markdown]
-# **Exercise 4.** The same model with pure bf16 weights and plain SGD (no momentum): how many bytes per parameter?
+# **Exercise 4.** A card has 80 GiB for model states alone. With pure bf16 weights and gradients and plain SGD (no
+# momentum), how many billion parameters fit at most?
 
 # %%
-ex_sgd = Numeric(
-    "bf16-sgd", "bf16 + SGD bytes per parameter", reference=lambda: bytes_per_param("bf16", "sgd"),
-    hint="bf16 weights and bf16 gradients; plain SGD keeps no state", unit="B/param", rtol=0.01,
-    diagnoses={8: "8 is fp32 SGD (or bf16 with an fp32 master copy); pure bf16 keeps no fp32 weights.",
-               6: "6 adds a momentum buffer; plain SGD keeps none."})
 answer = ...
-ex_sgd.check(answer)
+check("02.bf16-sgd-fit", answer, capacity_gib=80)
 
 # %% [markdown]
 # ## Summary

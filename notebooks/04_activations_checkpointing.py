@@ -34,16 +34,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from memlab import (
-    Choice,
-    Numeric,
     Setup,
     activation_bytes,
     attention_score_share,
     chapter,
+    check,
     estimate,
     korthikanti_layer_bytes,
     live_training_steps,
-    megatron_iteration_flops,
     predict_for,
     preset,
     run_step,
@@ -159,21 +157,15 @@ ch.save_figure(fig, "saved_by_category")
 # **Exercise 1 (predict first).** A 16-block model with `checkpoint_sequential(blocks, segments=2, x)`, the
 # seed's line. Torch checkpoints the first `segments − 1` segments and runs the last one normally
 # `[pytorch-checkpoint]`. What fraction of the no-checkpointing activation bytes does it still keep after the
-# forward? (A fraction, e.g. `0.3`.)
+# forward? (A fraction between 0 and 1.)
 
 # %%
 deep = model.with_(n_layers=16)
 cb, cs = SIZES["checkpoint_batch"], SIZES["checkpoint_seq"]
-ex_seq2 = Numeric(
-    "sequential-2", "fraction of activation bytes checkpoint_sequential(segments=2) keeps (16 blocks)",
-    reference=lambda: (checkpointing.measure_checkpointing(deep, "sequential", batch=cb, seq=cs, segments=2,
-                                                           device=ch.device, with_counted_flops=False).saved_bytes
-                       / checkpointing.measure_checkpointing(deep, "none", batch=cb, seq=cs, device=ch.device,
-                                                             with_counted_flops=False).saved_bytes),
-    hint="the last of two segments is not checkpointed: half the blocks keep everything, plus one segment input",
-    unit="", rtol=0.1)
+
+# %%
 answer = ...
-ex_seq2.check(answer)
+check("04.sequential-2", answer, model=deep, batch=cb, seq=cs, device=ch.device)
 
 # %% [markdown]
 # `memlab.labs.checkpointing.measure_checkpointing` runs one forward + backward of the 16-block model under each
@@ -407,42 +399,29 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 2.** For GPT-3 175B at s = 2048, what share of the per-layer activation bytes does selective
-# recomputation remove? (A fraction, e.g. `0.5`.)
+# **Exercise 2.** For Llama-2-7B (preset `llama-2-7b`; its `n_heads` and `d_model` are a and h) at s = 4096, what
+# share of the per-layer activation bytes does selective recomputation remove? (A fraction between 0 and 1.)
 
 # %%
-ex_sel = Numeric(
-    "selective-share", "share of GPT-3's per-layer activations selective recompute removes at s=2048",
-    reference=lambda: attention_score_share(gpt3, s3),
-    hint="5as/h over 34 + 5as/h with a = 96, h = 12288", unit="", rtol=0.02)
 answer = ...
-ex_sel.check(answer)
+check("04.selective-share", answer, model_name="llama-2-7b", seq=4096)
 
 # %% [markdown]
 # **Exercise 3.** Full recomputation runs every block's forward twice. Using `memlab.predict.flops`, how many
-# times the no-recompute FLOPs does one training step of GPT-3 at b = 1, s = 2048 execute? (e.g. `1.5`)
+# times the no-recompute FLOPs does one training step of GPT-3 at b = 1, s = 2048 execute? (A ratio, e.g. `1.25`.)
 
 # %%
-ex_hfu = Numeric(
-    "full-recompute-flops", "FLOPs ratio, full recompute / none, GPT-3, b=1, s=2048",
-    reference=lambda: (megatron_iteration_flops(gpt3, 1, s3, "full")
-                       / megatron_iteration_flops(gpt3, 1, s3, "none")),
-    hint="3F without recompute, 3F + F_blocks with it: almost 4/3", unit="x", rtol=0.01)
 answer = ...
-ex_hfu.check(answer)
+check("04.full-recompute-flops", answer)
 
 # %% [markdown]
-# **Exercise 4.** In section 5, at batch 1 with the foreach AdamW step, which phase holds the peak?
+# **Exercise 4.** Section 5 found the optimizer step holding the peak at small batches. For Llama-2-7B in fp32
+# with the foreach AdamW step at s = 512 (eager attention), what is the smallest batch at which the backward pass
+# holds the peak instead, by memlab's phase-aware estimate?
 
 # %%
-ex_phase = Choice(
-    "peak-phase-b1", "the phase with the largest live bytes at batch 1",
-    reference=lambda: cross.loc[cross["foreach"] & (cross["batch"] == 1), "peak phase"].item(),
-    options={"forward": "the forward pass", "backward": "the backward pass",
-             "optimizer step": "the optimizer step", "zero_grad": "zero_grad"},
-    hint="look at the first row of the section 5 table")
 answer = ...
-ex_phase.check(answer)
+check("04.crossover-batch", answer)
 
 # %% [markdown]
 # ## Summary

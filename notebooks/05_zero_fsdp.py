@@ -39,12 +39,11 @@ import pandas as pd
 import torch
 
 from memlab import (
-    Choice,
-    Numeric,
     Overheads,
     Setup,
     WorkerSpec,
     chapter,
+    check,
     compare_trace,
     estimate,
     launch_sweep,
@@ -92,17 +91,13 @@ print(f"{model.name}: {model.param_count():,} parameters, Ψ = {psi:,} B of fp32
 formula
 
 # %% [markdown]
-# **Exercise 1 (predict before you measure).** Under FSDP2 with `reshard_after_forward=True` (ZeRO-3), how many
-# Ψ does one rank move per training step? Answer before running the launch below.
+# **Exercise 1 (predict before you measure).** Under FSDP2 with `reshard_after_forward=True` (ZeRO-3) over N = 4
+# ranks, with ring collectives, how many MiB does one rank of this chapter's model send per training step
+# (Ψ = its fp32 gradient bytes, printed above)? Answer before running the launch below.
 
 # %%
-ex_comm = Numeric(
-    "zero3-comm", "ZeRO-3 communication per rank per step, in units of Ψ",
-    reference=lambda: sum(zero_comm_bytes(psi, 3).values()) / psi,
-    hint="forward all-gathers every block, backward all-gathers it again, then the gradients are reduce-scattered",
-    unit="", rtol=0.01)
 answer = ...
-ex_comm.check(answer)
+check("05.zero3-ring-mib", answer, model=model, world_size=4)
 
 # %% [markdown]
 # ## 2. The experiment: real ranks
@@ -347,48 +342,27 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 2.** Which strategy moved more bytes per step than the ZeRO paper's figure for its stage?
+# **Exercise 2.** GPT-3 175B trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16 gradients: how many TB
+# does each rank move per step, by what section 3 measured for this implementation?
 
 # %%
-ex_which = Choice(
-    "comm-outlier", "The strategy whose measured traffic exceeds the paper's",
-    reference=lambda: comm.assign(r=comm["measured / Ψ"] / comm["predicted / Ψ"]).sort_values("r")["strategy"].iloc[-1],
-    options={"ddp": "DDP", "zero1": "DDP + ZeroRedundancyOptimizer", "fsdp2-zero2": "FSDP2, no reshard after forward",
-             "fsdp2-zero3": "FSDP2 ZeRO-3"},
-    hint="compare the two columns 'measured / Ψ' and 'predicted / Ψ' of section 3")
 answer = ...
-ex_which.check(answer)
+check("05.gpt3-zero1-tb", answer, table=comm)
 
 # %% [markdown]
 # **Exercise 3.** Llama-2-70B, mixed-bf16 AdamW, ZeRO-3 over 64 ranks: model states per rank, in GiB?
 
 # %%
-llama = preset("llama-2-70b")
-ex_70b = Numeric(
-    "llama70b-zero3", "Llama-2-70B model states per rank, ZeRO-3, 64 ranks",
-    reference=lambda: estimate(llama, Setup(precision="mixed-bf16", zero_stage=3, world_size=64)).model_state_bytes()
-    / GiB,
-    hint="16 bytes per parameter (chapter 02), divided by 64; GiB = 2**30 bytes", unit="GiB", rtol=0.02)
 answer = ...
-ex_70b.check(answer)
+check("05.llama70b-zero3", answer)
 
 # %% [markdown]
 # **Exercise 4.** Doubling the ranks from 512 to 1024 under ZeRO-3: by what factor does GPT-3's predicted
 # per-rank total of section 4 shrink? (1 would be "not at all", 2 "halved".)
 
 # %%
-def sweep_ratio() -> float:
-    tot = [estimate(big, Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=n,
-                               recompute="full"), overheads=Overheads(gathered_layers=2)).total_bytes
-           for n in (512, 1024)]
-    return tot[0] / tot[1]
-
-
-ex_floor = Numeric(
-    "zero3-floor", "per-rank total at 512 ranks / at 1024 ranks", reference=sweep_ratio,
-    hint="model states halve; activations and the gathered blocks do not", unit="", rtol=0.02)
 answer = ...
-ex_floor.check(answer)
+check("05.zero3-floor", answer)
 
 # %% [markdown]
 # ## Summary

@@ -35,12 +35,11 @@ import pandas as pd
 import torch
 
 from memlab import (
-    Choice,
-    Numeric,
     Setup,
     attention_hbm_bytes,
     available_attention,
     chapter,
+    check,
     estimate,
     ledger,
     matmul_flops,
@@ -99,13 +98,9 @@ def predicted_scores(s: int) -> float:
     return predicted_attention("eager", s)["attention scores"]
 
 
-ex_growth = Numeric(
-    "eager-growth", "eager attention-score bytes at 1024 / at 512 tokens",
-    reference=lambda: predicted_scores(1024) / predicted_scores(512),
-    hint="the probabilities are b x a x s x s numbers", unit="", rtol=0.02)
-
+# %%
 answer = ...
-ex_growth.check(answer)
+check("06.eager-growth", answer, scores=predicted_scores)
 
 # %% [markdown]
 # ## 2. The experiment
@@ -247,29 +242,24 @@ pd.DataFrame({"bytes": [seed_fig, real], "MiB": [seed_fig / MiB, real / MiB]},
              index=["seed 004: 2048² × 2 B", f"eager, {llama.n_heads} heads × {llama.n_layers} layers, batch 1"])
 
 # %% [markdown]
-# **Exercise 2.** By what factor does the seed's figure undercount that, for Llama-2-7B?
+# **Exercise 2.** By what factor does the seed's 2048² × 2 B undercount what eager attention keeps in the
+# `attention scores` category for Llama-2-7B (mixed-bf16) at batch 4 and 4096 tokens?
 
 # %%
-ex_factor = Numeric(
-    "seed-undercount", "eager attention-score bytes / (2048² × 2 B)", reference=lambda: real / seed_fig,
-    hint="one matrix per head per layer", unit="", rtol=0.01)
 answer = ...
-ex_factor.check(answer)
+check("06.seed-undercount-b4", answer)
 
 # %% [markdown]
-# **Exercise 3 (predict, then search).** Llama-2-7B, mixed-bf16 AdamW, ZeRO-3 over 8 H100-SXM (80 GB), batch 1,
-# no recompute: what is the longest sequence that fits with *eager* attention? Guess first; the cell after
-# runs the fit search.
+# **Exercise 3 (predict, then search).** Llama-2-7B, mixed-bf16 AdamW, ZeRO-3 over 8 H100-SXM (memlab's table
+# capacity), batch 1, no recompute: what is the longest sequence that the estimator's fit search (`max_seq`) says
+# fits with *eager* attention? Guess first; the cell after runs the search, and the trace after it checks it.
 
 # %%
 fit_setup = Setup(batch=1, precision="mixed-bf16", attention="eager", zero_stage=3, world_size=8)
-ex_fit = Numeric(
-    "eager-max-seq", "longest sequence that fits, eager attention",
-    reference=lambda: max_seq(llama, fit_setup, "h100-sxm", limit=1 << 17).value,
-    hint="model states are 16 B/param / 8; activations grow with s (linear terms) and s² (the probabilities)",
-    unit="", rtol=0.1)
+
+# %%
 answer = ...
-ex_fit.check(answer)
+check("06.eager-max-seq", answer, setup=fit_setup, card="h100-sxm")
 
 # %%
 fit = pd.DataFrame([{"attention": a, **max_seq(llama, fit_setup.with_(attention=a), "h100-sxm",
@@ -307,16 +297,13 @@ recorded = ch.recorded("06_flash_attention_gpu")
 recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
 
 # %% [markdown]
-# **Exercise 4.** Which kernel's measured slope is closest to 1?
+# **Exercise 4.** From 1024 to 8192 tokens, by what factor grows *everything* eager attention keeps for this
+# chapter's one-layer model (all its `attention` categories, as `predicted_attention` counts them), not only the
+# scores?
 
 # %%
-ex_slope = Choice(
-    "slope-one", "kernel with a linear attention memory",
-    reference=lambda: slopes.assign(d=(slopes["log-log slope (measured)"] - 1).abs()).sort_values("d")["attention"]
-    .iloc[0],
-    options={a: a for a in backends}, hint="read the slope table of section 3")
 answer = ...
-ex_slope.check(answer)
+check("06.attention-growth", answer, attention=predicted_attention)
 
 # %% [markdown]
 # ## Summary
@@ -327,4 +314,4 @@ ex_slope.check(answer)
 #   model's activations were linear in s already.
 # - The fused backward recomputes QKᵀ: equal model FLOPs, one more QKᵀ per layer of hardware FLOPs.
 # - Seed 004's 2048² × dtype is one head of one layer: Llama-2-7B keeps heads × layers times more at batch 1
-#   (exercise 2's factor), and batch times that; under CUDA autocast the fp32 probabilities triple it again.
+#   (section 5's table), and batch times that; under CUDA autocast the fp32 probabilities triple it again.

@@ -38,10 +38,9 @@ import torch
 from IPython.display import display
 
 from memlab import (
-    Choice,
-    Numeric,
     Setup,
     chapter,
+    check,
     cluster_utilisation,
     detect,
     exposed_comm_for,
@@ -149,32 +148,13 @@ if CUDA:
 # count a few FLOPs per element (memlab's convention, `op_profile.ELEMENTWISE_FLOPS`): seed 001 says to drop them from
 # MFU [seed-001], and the profile shows what they cost in time instead.
 #
-# **Exercise 1 (predict first).** Before running the next cell: which kind of op will sit furthest *under* the
-# memory roof's ridge point, i.e. do the fewest FLOPs per byte: `"matmul"`, `"norm"` or `"softmax"`?
+# **Exercise 1 (predict first).** Before running the next cell: at this model's shapes, which op does the fewest
+# FLOPs per byte moved, i.e. sits furthest *under* the memory roof's ridge point: `"matmul"` (the MLP's
+# up-projection), `"norm"` (LayerNorm) or `"add"` (the residual add)?
 
 # %%
-T, H = SETUP.batch * SETUP.seq, CFG.d_model
-SHAPES = {  # one op of each kind at this model's shapes: (op, input shapes, input dtypes)
-    "matmul": ("aten::mm", [[T, H], [H, 4 * H]], ["float", "float"]),
-    "norm": ("aten::native_layer_norm", [[T, H], [], [H], [H], []], ["float", "", "float", "float", ""]),
-    "softmax": ("aten::_softmax", [[SETUP.batch, CFG.n_heads, SETUP.seq, SETUP.seq], [], []], ["float", "", ""]),
-}
-
-
-def intensity(kind: str) -> float:
-    """FLOP per byte of one op of ``kind`` by memlab's counting (op_profile.op_cost), from shapes alone."""
-    _, f, b = op_profile.op_cost(*SHAPES[kind])
-    return f / b
-
-
-ex_bound = Choice(
-    "most-memory-bound", "The op kind with the lowest arithmetic intensity",
-    reference=lambda: min(SHAPES, key=intensity),
-    options={"matmul": "matmul", "norm": "norm (LayerNorm)", "softmax": "softmax"},
-    hint="a matmul reuses each operand many times; the others read and write each element once, so compare "
-         "their FLOPs per element (op_profile.ELEMENTWISE_FLOPS) at the same bytes per element")
 answer = ...
-ex_bound.check(answer)
+check("07.most-memory-bound", answer, model=CFG, setup=SETUP)
 
 # %%
 prof = {att: op_profile.profile_step(CFG, Setup(**{**SETUP.to_dict(), "attention": att}), ch.device, seed=seed)
@@ -326,11 +306,8 @@ pd.Series({
 # bf16)?
 
 # %%
-ex_h100 = Numeric(
-    "h100-mfu", "MFU of 160 TFLOP/s on an H100 SXM", reference=lambda: 100 * SEED_001_USEFUL / h100.peak("bf16"),
-    hint="divide by the H100's dense bf16 peak: gpu('h100-sxm').peak('bf16')", unit="%", rtol=0.02)
 answer = ...
-ex_h100.check(answer)
+check("07.h100-mfu", answer, useful_flop_s=SEED_001_USEFUL)
 
 # %% [markdown]
 # ## 5. A starved input pipeline and host syncs, as MFU lost
@@ -393,24 +370,16 @@ pd.Series(worked.to_dict(), name="55 % -> 40 %").round(4).to_frame()
 # bubble?
 
 # %%
-ex_bubble = Numeric(
-    "bubble-16-48", "Pipeline bubble for p=16, m=48",
-    reference=lambda: 100 * pipeline_bubble_fraction(16, 48),
-    hint="(p - 1) / (m + p - 1)", unit="%", rtol=0.02)
 answer = ...
-ex_bubble.check(answer)
+check("07.bubble", answer, stages=16, micro_batches=48)
 
 # %% [markdown]
-# **Exercise 4.** From the table of section 3: by what factor does full recomputation multiply the FLOPs this
-# step executes (HFU FLOPs / model FLOPs)?
+# **Exercise 4.** 1F1B has the same bubble as GPipe; what it changes is memory. With p = 8 stages and m = 64
+# micro-batches, how many micro-batches' activations does the *first* stage hold at once, at most, under 1F1B?
 
 # %%
-ex_rc = Numeric(
-    "recompute-factor", "Executed FLOPs with full recompute / without",
-    reference=lambda: meas_rc.hardware_flops_per_step / meas.flops_per_step,
-    hint="one more forward of every block: (3F + F_blocks) / 3F", rtol=0.02)
 answer = ...
-ex_rc.check(answer)
+check("07.in-flight-1f1b", answer, stages=8, micro_batches=64)
 
 # %% [markdown]
 # ## The seed's claims, answered

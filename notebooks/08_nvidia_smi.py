@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from memlab import Choice, Numeric, Setup, chapter, detect, gpu, preset, run_step, training_loop
+from memlab import Setup, chapter, check, detect, gpu, preset, run_step, training_loop
 from memlab.labs import monitors
 from memlab.measure import roofline
 from memlab.units import GB, GiB, MiB
@@ -61,17 +61,11 @@ ch.to_dict()
 # for the same time on one thread: a pure-Python counter (no floating-point work), a memory-bound copy, and a matmul.
 #
 # **Exercise 1 (predict first).** Which loop will show the highest CPU %: `"busy"`, `"copy"`, `"matmul"`, or
-# `"same"` (all within 25 % of each other)?
+# `"same"` (all within 25 % of each other)? Write your prediction before running the measurement; the cell after
+# it checks.
 
 # %%
-ex_cpu = Choice(
-    "cpu-percent", "Which loop reads the highest CPU %",
-    reference=lambda: ("same" if busy["cpu_pct"].max() <= 1.25 * busy["cpu_pct"].min()
-                       else ["busy", "copy", "matmul"][int(busy["cpu_pct"].to_numpy().argmax())]),
-    options={"busy": "the Python busy loop", "copy": "the copy", "matmul": "the matmul", "same": "about the same"},
-    hint="CPU % counts time on a core, not what the core computed")
-answer = ...
-ex_cpu.check(answer)
+prediction = ...
 
 # %%
 busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=None)
@@ -86,6 +80,9 @@ ax2.set(ylabel="achieved GFLOP/s")
 fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.9), ncols=2, fontsize=8)
 ch.save_figure(fig, "cpu_percent_vs_flops")
 busy[["loop", "cpu_pct", "flops_per_s", "torch_threads"]].round(2)
+
+# %%
+check("08.cpu-percent", prediction, table=busy)
 
 # %% [markdown]
 # **Reading it.** All three read the same CPU % (on a shared machine, the share the scheduler gave this process);
@@ -193,14 +190,12 @@ u.to_frame()
 # fragmentation; it does not say whether the cache is needed at the next step's peak. U_bw needs a datasheet peak;
 # memlab's table has none for a CPU, so it is left blank here rather than divided by a guess.
 #
-# **Exercise 2.** From the table above: what is U_eff in % for this run?
+# **Exercise 2.** A vLLM server on an H200 SXM (memlab's table) runs with its default `gpu_memory_utilization`;
+# its weights and the KV cache its requests actually use take 40 GiB. What is its U_eff, in %?
 
 # %%
-ex_ueff = Numeric(
-    "u-eff", "U_eff of this run", reference=lambda: 100 * states / held,
-    hint="(params + grads + optimizer + activations) / the bytes the process holds", unit="%", rtol=0.05)
 answer = ...
-ex_ueff.check(answer)
+check("08.u-eff-vllm", answer, used_gib=40)
 
 # %% [markdown]
 # ## 5. Seed 004's monitor, and the 85-95 % and 70 % rules
@@ -256,28 +251,20 @@ busy_fraction.round(3)
 # cure is the loader. The copy loop reads full utilisation while memory is all that limits it. Utilisation is time
 # occupancy in both directions.
 #
-# **Exercise 3.** Under JAX's default, how many GiB does nvidia-smi show as used on an H200 SXM (memlab's table)
-# right after the first JAX operation, whatever the model?
+# **Exercise 3.** A JAX job that needs 30 GiB runs on an H200 SXM (memlab's table) with JAX's defaults. What
+# U_cap, in %, does nvidia-smi's memory column show right after its first operation?
 
 # %%
-ex_jax = Numeric(
-    "jax-h200", "JAX's default preallocation on an H200 SXM",
-    reference=lambda: JAX_PREALLOCATE * h200.memory_bytes / GiB,
-    hint="75 % of the card's memory; the table's memory_bytes is in bytes, 1 GiB = 2**30 bytes", unit="GiB",
-    rtol=0.02)
 answer = ...
-ex_jax.check(answer)
+check("08.jax-ucap", answer, need_gib=30)
 
 # %% [markdown]
-# **Exercise 4.** Seed 004's script prints `80.0GB` for a card whose NVML total is 80 GiB. How many decimal GB is
-# that?
+# **Exercise 4.** Seed 004's script prints `45.0GB` of memory in use (it divides the bytes by `1024**3`). How
+# many decimal GB is that?
 
 # %%
-ex_gb = Numeric(
-    "gib-to-gb", "80 GiB in decimal GB", reference=lambda: 80 * GiB / GB,
-    hint="GB = bytes / 10**9; GiB = bytes / 2**30", unit="GB", rtol=0.01)
 answer = ...
-ex_gb.check(answer)
+check("08.printed-gb", answer, printed=45.0)
 
 # %% [markdown]
 # ## The seed's claims, answered

@@ -38,10 +38,9 @@ import torch
 
 from memlab import (
     GPT,
-    Choice,
-    Numeric,
     Setup,
     chapter,
+    check,
     count_flops,
     estimate,
     forward_flops,
@@ -88,17 +87,16 @@ ch.save_table(per_token, "kv_per_token")
 per_token.round(3)
 
 # %% [markdown]
-# **Exercise 1 (predict before you measure).** The CPU run below serves `tiny-llama` (2 layers, 2 KV heads of
-# 16 dims) to 4 sequences of 256 tokens, cache in fp32. How many bytes does its KV cache take?
+# **Exercise 1 (predict before you measure).** The CPU run below serves `tiny-llama` (see
+# `preset("tiny-llama")` for its layers, KV heads and head size) to 4 sequences of 256 tokens, cache in fp32. How
+# many bytes does its KV cache take?
 
 # %%
 tiny_llama = preset("tiny-llama")
-ex_kv = Numeric(
-    "tiny-kv", "KV cache of tiny-llama, 4 x 256 tokens, fp32",
-    reference=lambda: kv_cache_bytes(tiny_llama, 4, 256, "fp32"),
-    hint="2 (K and V) x layers x batch x tokens x KV heads x head_dim x 4 bytes", unit="B", rtol=0.01)
+
+# %%
 answer = ...
-ex_kv.check(answer)
+check("09.tiny-kv", answer)
 
 # %% [markdown]
 # ## 2. The experiment: prefill and decode with a KV cache
@@ -319,40 +317,28 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 2.** Mixtral-8x7B in bf16: how many GiB of weights must be resident to serve it?
+# **Exercise 2.** Every expert of a mixture is resident. How many L4 cards (memlab's table), at the fewest, does
+# Mixtral-8x7B need just to hold its bf16 weights, split across them (tensor parallelism)?
 
 # %%
-ex_mix = Numeric(
-    "mixtral-resident", "Mixtral-8x7B resident bf16 weights, GiB",
-    reference=lambda: estimate(mix, Setup(mode="inference", batch=1, seq=1)).params_bytes / GiB,
-    hint="all experts count: 2 bytes x param_count(), not active_param_count()", unit="GiB", rtol=0.02)
 answer = ...
-ex_mix.check(answer)
+check("09.mixtral-cards", answer, model="mixtral-8x7b", card="l4")
 
 # %% [markdown]
-# **Exercise 3.** Which reservation policy leaves the largest share of KV memory empty?
+# **Exercise 3.** Under the power-of-two reservation policy of section 5, what share of one 1,100-token
+# request's reservation, in %, holds no token?
 
 # %%
-ex_policy = Choice(
-    "worst-policy", "the most wasteful KV reservation",
-    reference=lambda: waste.sort_values("wasted_fraction")["policy"].iloc[-1],
-    options={"max": "reserve max_len per request", "pow2": "round up to a power of two",
-             "oracle": "reserve the exact final length", "paged": "16-token blocks on demand"},
-    hint="look at wasted_fraction in section 5")
 answer = ...
-ex_policy.check(answer)
+check("09.pow2-empty", answer, tokens=1100, policy="pow2")
 
 # %% [markdown]
-# **Exercise 4.** On one H100-SXM, how many sequences of 4096 tokens can a serving engine hold for Llama-3-8B
-# (bf16 weights and cache, weights + KV only)?
+# **Exercise 4.** On one H200 SXM (memlab's table), how many sequences of 8,192 tokens can a serving engine hold
+# for Llama-3-8B (bf16 weights and cache, weights + KV only)?
 
 # %%
-ex_users = Numeric(
-    "llama3-users", "Llama-3-8B sequences of 4096 tokens on an H100-SXM",
-    reference=lambda: max_sequences(preset("llama-3-8b"), gpu("h100-sxm").memory_bytes, 4096),
-    hint="(card memory - weights) / KV bytes of one 4096-token sequence (section 1's table)", unit="", rtol=0.05)
 answer = ...
-ex_users.check(answer)
+check("09.llama3-h200-8k", answer, model="llama-3-8b", card="h200-sxm", tokens=8192)
 
 # %% [markdown]
 # ## Summary

@@ -44,11 +44,10 @@ import pandas as pd
 import transformers
 
 from memlab import (
-    Choice,
-    Numeric,
     Setup,
     activation_bytes,
     build_hf_model,
+    check,
     compare_trace,
     config_names,
     config_source,
@@ -167,15 +166,10 @@ trace_phases.assign(**{"predicted GiB": trace_phases["predicted"] / GiB, "traced
 
 # %%
 same_size = {"gpt2": load_config("gpt2"), "gpt_neox": {**load_config("gpt_neox"), "intermediate_size": 256}}
-ex_family = Choice(
-    "family-per-token", "Which family saves more activation bytes per token",
-    reference=lambda: max(same_size, key=lambda f: sum(activation_bytes(
-        from_hf(same_size[f]), Setup(batch=2, seq=24, attention="eager"), device_type="cpu").values())),
-    options={"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "same": "the same: the sizes are equal"},
-    hint="count the d_ff-wide tensors each MLP keeps (composed gelu_new vs a fused GELU) and how many norm inputs "
-         "a parallel block keeps")
+
+# %%
 answer = ...
-ex_family.check(answer)
+check("10.family-per-token", answer, configs=same_size)
 
 # %%
 tiny = {name: load_config(name) for name in config_names("tiny")}
@@ -273,30 +267,27 @@ pd.concat(listings, names=["family"]).drop(columns="nbytes")
 # %%
 pythia = configs["pythia-1.4b"]
 fit_setup = Setup(batch=1, seq=2048, precision="bf16", attention="flash")
-ex_fit = Numeric(
-    "pythia-4090-batch", "Largest micro-batch of Pythia-1.4B on a 24 GB card",
-    reference=lambda: max_batch(pythia, fit_setup, "rtx-4090").value,
-    hint="states are 8 B/param in pure bf16 with Adam; divide what is left of 24e9 bytes by the activations of one "
-         "sequence (estimate(...).activations_bytes)", unit="", rtol=0.01)
+
+# %%
 answer = ...
-ex_fit.check(answer)
+check("10.pythia-4090-batch", answer, model=pythia, setup=fit_setup, card="rtx-4090")
 
 # %%
 fit = max_batch(pythia, fit_setup, "rtx-4090")
-check = []
+fit_check = []
 for b in (fit.value, fit.value + 1):
     run_b = calculators.Run(full["pythia-1.4b"], b, 2048, "bf16", "sdpa", device_type="cuda", name="pythia-1.4b")
     t = calculators.trace_run(run_b)
-    check.append({"batch": b, "predicted peak GiB": estimate(pythia, fit_setup.with_(batch=b)).peak_bytes / GiB,
-                  "traced peak GiB": t.peak_bytes / GiB, "traced peak in": f"{t.peak_step} {t.peak_phase}",
-                  "card GiB": fit.capacity_bytes / GiB})
-check = pd.DataFrame(check)
-check["fits (traced)"] = check["traced peak GiB"] <= check["card GiB"]
-agree = (check["fits (traced)"] == (check["predicted peak GiB"] <= check["card GiB"])).all()
+    fit_check.append({"batch": b, "predicted peak GiB": estimate(pythia, fit_setup.with_(batch=b)).peak_bytes / GiB,
+                      "traced peak GiB": t.peak_bytes / GiB, "traced peak in": f"{t.peak_step} {t.peak_phase}",
+                      "card GiB": fit.capacity_bytes / GiB})
+fit_check = pd.DataFrame(fit_check)
+fit_check["fits (traced)"] = fit_check["traced peak GiB"] <= fit_check["card GiB"]
+agree = (fit_check["fits (traced)"] == (fit_check["predicted peak GiB"] <= fit_check["card GiB"])).all()
 print(f"fit search: batch {fit.value}; the trace {'agrees' if agree else 'DISAGREES'} at batches {fit.value} and "
       f"{fit.value + 1}")
-ch.save_table(check, "pythia_fit_traced")
-check.round(3)
+ch.save_table(fit_check, "pythia_fit_traced")
+fit_check.round(3)
 
 # %% [markdown]
 # The trace runs the real GPT-NeoX code at full size, allocating nothing; where its peak lies on the same side of the
@@ -310,14 +301,10 @@ check.round(3)
 
 # %%
 gpt2_full = configs["gpt2"]
-ex_gelu = Numeric(
-    "gelu-new-extra", "Extra bytes per token per layer from composed gelu_new (bf16)",
-    reference=lambda: trait_effects(gpt2_full, Setup(batch=1, seq=1, precision="bf16"))["activation"]
-    / gpt2_full.n_layers,
-    hint="gelu_new keeps 4 d_ff-wide tensors besides its output where a fused GELU keeps 1; 2 bytes each in bf16",
-    unit="B", rtol=0.01)
+
+# %%
 answer = ...
-ex_gelu.check(answer)
+check("10.gelu-new-extra", answer, model=gpt2_full)
 
 # %% [markdown]
 # ## 6. Seed 004's order of optimisations, computed for one model

@@ -1,17 +1,66 @@
-"""Exercises that check themselves: the learner answers in a cell, memlab says correct, or how far off and a hint.
+"""Exercises that check themselves, with their answers kept out of the learner's cell.
 
-Reference answers are computed by memlab when the check runs (a callable such as
-``lambda: estimate(cfg, setup).optimizer_bytes``), never typed into the notebook, so they stay right
-when a formula or a table row is corrected. An answer left as ``...`` or ``None`` is "not answered yet": the check
-shows the hint and does not raise, so ``make report`` can execute every chapter with its exercises open.
+An exercise lives in the package, in its chapter's bank (:mod:`memlab.course.bank`, one module per chapter:
+``bank/ch02.py`` defines chapter 02's exercises). It holds the question, a **reference** (a callable that computes
+the answer with memlab when the check runs, never a typed-in value), a **hint** (shown only after a wrong try), the
+**diagnoses** of likely wrong answers, a **why** (shown with a correct answer and in the solution) and, for a
+:class:`Choice`, the options and the key. The notebook cell holds only the answer slot and one check call::
 
-Solutions are hidden unless ``MEMLAB_SOLUTIONS`` is set to ``1`` (``python -m memlab.course.report --solutions`` does
-that for the kernels it starts) or ``solutions=True`` is passed; only then does a result carry the expected value.
+    answer = ...
+    check("02.llama7b-states", answer)
 
->>> ex = Numeric("gib", "An 80 GB card in GiB?", reference=lambda: 80e9 / 2**30, hint="1 GiB = 2**30 B",
-...              unit="GiB", rtol=0.01)
->>> ex.check("74.5 GiB").status
-'correct'
+A reference that needs the chapter's knobs or measured data takes them as keyword arguments, and the check call
+passes them (``check("04.saved-bytes", answer, table=df)``); the reference never reads a notebook global. A
+diagnosis keyed by a callable gets the same arguments. ``sample`` (a callable with no argument that returns such
+arguments) lets the tests grade every exercise without running its chapter.
+
+What a check says:
+
+- ``...`` or ``None``: "not answered yet", and the form of the answer (its unit, or the option keys). No hint.
+- a correct answer: why, and the exact value.
+- a wrong answer: how far off, then the matching diagnosis (a named wrong answer, or a slip memlab recognises:
+  GB for GiB, a power of 1000, a fraction for a percentage) or, when none matches, the hint.
+- an answer that cannot be read (a unit of another dimension, a stray comma): what to write instead;
+- data the reference reads is missing (the chapter's measurement did not run): "cannot be checked here".
+
+In a notebook the result renders as HTML with a collapsed ``<details class="memlab-solution">`` block holding the
+exact value and why (``<details class="memlab-solution" open>`` when ``MEMLAB_SOLUTIONS=1``, which
+``python -m memlab.course.report --solutions`` sets). Its plain text (a terminal, ``text/plain``) never holds the
+solution of an exercise not yet answered correctly.
+
+One complete example, as a chapter's bank module (``memlab/course/bank/ch11.py``, listed in
+``bank.CHAPTER_MODULES``) defines it; the question's text is the notebook's markdown cell above the check::
+
+    from memlab.course.exercises import Numeric, When
+    from memlab.units import GiB
+
+
+    def _states_gib(model, setup):
+        from memlab.predict.estimate import estimate
+
+        return estimate(model, setup).model_state_bytes() / GiB
+
+
+    def _sample():
+        from memlab.predict.models import preset
+        from memlab.predict.setup import Setup
+
+        return {"model": preset("tiny-gpt"), "setup": Setup(seq=64, precision="mixed-bf16")}
+
+
+    EXERCISES = (
+        Numeric(
+            "11.states-gib", "Model states of this run, GiB",
+            reference=_states_gib, unit="GiB", rtol=0.02,
+            hint="16 B/param for mixed-bf16 + AdamW: weights, gradients, master copy, two moments",
+            why=lambda model, setup: f"16 B × {model.param_count():,} parameters",
+            diagnoses={lambda model: 12 * model.param_count() / GiB: "12 B/param leaves out the fp32 master copy.",
+                       When(lambda v: v > 1e6): "That looks like bytes; the question asks for GiB."},
+            sample=_sample,
+        ),
+    )
+
+and in the notebook: ``answer = ...`` then ``check("11.states-gib", answer, model=model, setup=setup)``.
 """
 
 from __future__ import annotations
@@ -20,40 +69,26 @@ import html
 import inspect
 import math
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from memlab.errors import ConfigError
+from memlab.course.quantities import (
+    PREFIX_RATIOS,
+    UNITS,
+    canonical_unit,
+    clip,
+    is_bool,
+    read_answer,
+)
+from memlab.course.quantities import parse_quantity as parse_quantity  # the exercises' parser, public here too
+from memlab.errors import ConfigError, MemlabError
 from memlab.predict.validate import StrictInit
 
-Status = Literal["correct", "incorrect", "unanswered", "invalid"]
+Status = Literal["correct", "incorrect", "unanswered", "invalid", "unavailable"]
 
 SOLUTIONS_ENV = "MEMLAB_SOLUTIONS"
-ECHO_CHARS = 40
-"""An answer echoed in a message is clipped to this many characters."""
-
-# unit -> (dimension, factor to the dimension's base unit). Decimal prefixes are powers of 1000, binary of 1024.
-_UNITS: dict[str, tuple[str, float]] = {"": ("number", 1.0), "%": ("number", 0.01), "x": ("number", 1.0)}
-for _prefix, _factor in {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}.items():
-    _UNITS[f"{_prefix}B"] = ("bytes", _factor)
-    _UNITS[f"{_prefix}FLOP"] = ("flop", _factor)
-    _UNITS[f"{_prefix}FLOP/s"] = ("flop/s", _factor)
-    _UNITS[f"{_prefix}B/s"] = ("bytes/s", _factor)
-for _prefix, _power in {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5}.items():
-    _UNITS[f"{_prefix}B"] = ("bytes", 1024.0**_power)
-    _UNITS[f"{_prefix}B/s"] = ("bytes/s", 1024.0**_power)
-_UNITS.update({"s": ("time", 1.0), "ms": ("time", 1e-3), "us": ("time", 1e-6), "ns": ("time", 1e-9)})
-_UNITS.update({"B/param": ("bytes/param", 1.0)})
-_ALIASES = {"FLOPs": "FLOP", "TFLOPS": "TFLOP/s", "GFLOPS": "GFLOP/s", "PFLOPS": "PFLOP/s", "KB": "kB",
-            "µs": "us", "bytes": "B", "bytes/param": "B/param", "B/parameter": "B/param", "percent": "%"}
-_BY_LOWER: dict[str, str] = {name.lower(): name for name in _UNITS} | {a.lower(): u for a, u in _ALIASES.items()}
-"""Any spelling's lower case -> the canonical unit: "gib", "GIB" and "GiB" are one unit (memlab knows no bits)."""
-
-_NUMBER_WITH_UNIT = re.compile(r"^\s*([-+]?[\d_,.]*\d[\d_,.]*(?:[eE][-+]?\d+)?)\s*([^\d\s].*?)?\s*$")
-_PREFIX_RATIOS = tuple(base**k for base in (1000.0, 1024.0) for k in (-3, -2, -1, 1, 2, 3))
-_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?(?:[eE][-+]?\d+)?$")
+"""Set to 1 (``python -m memlab.course.report --solutions`` does) to open every exercise's solution block."""
 
 
 def solutions_enabled(solutions: bool | None = None) -> bool:
@@ -63,105 +98,18 @@ def solutions_enabled(solutions: bool | None = None) -> bool:
     return os.environ.get(SOLUTIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def clip(value: Any, limit: int = ECHO_CHARS) -> str:
-    """``repr(value)`` cut to ``limit`` characters (with an ellipsis), for echoing a learner's answer."""
-    text = value if isinstance(value, str) else repr(value)
-    text = repr(text) if isinstance(value, str) else text
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _unanswered(answer: Any) -> bool:
     return answer is None or answer is Ellipsis or (isinstance(answer, str) and answer.strip() in {"", "..."})
 
 
-def _is_bool(value: Any) -> bool:
-    return type(value).__name__ in {"bool", "bool_"}
-
-
-def canonical_unit(unit: str) -> str | None:
-    """The canonical spelling of ``unit`` in any letter case ("gib" -> "GiB", "tflops" -> "TFLOP/s"), or None."""
-    return _BY_LOWER.get(unit.strip().lower()) if isinstance(unit, str) else None
-
-
-def _example(unit: str) -> str:
-    return f"74.5 or '74.5 {unit}'" if unit else "74.5"
-
-
-def _number(text: str, unit: str) -> tuple[float, int]:
-    """A number token read as a float, and its count of significant digits; commas only as thousands groups."""
-    cleaned = text.replace("_", "")
-    if "," in cleaned:
-        if not _THOUSANDS.match(cleaned):
-            raise ConfigError(f"{clip(text)} has a comma that is not a thousands separator, so it is ambiguous: for a "
-                              f"decimal write a point ({text.replace(',', '.')!r}), for thousands group by three "
-                              "digits (1,000).")
-        cleaned = cleaned.replace(",", "")
-    try:
-        number = float(cleaned)
-    except ValueError:
-        raise ConfigError(f"could not read {clip(text)} as a number; write e.g. {_example(unit)}.") from None
-    mantissa = re.split(r"[eE]", cleaned)[0].lstrip("+-").replace(".", "").lstrip("0")
-    digits = len(mantissa.rstrip("0")) if "." not in cleaned else len(mantissa)
-    return number, max(digits, 1)
-
-
-def _read(answer: Any, unit: str) -> tuple[float, str, int]:
-    """(number in the answer's own unit, that unit, significant digits): the parsing under :func:`parse_quantity`."""
-    want = canonical_unit(unit)
-    if want is None:
-        raise ConfigError(f"unknown unit {unit!r}; known: {', '.join(sorted(k for k in _UNITS if k))}.")
-    if _is_bool(answer) or (isinstance(answer, tuple) and answer and _is_bool(answer[0])):
-        raise ConfigError(f"{clip(answer)} is a truth value, not a number; write the number, e.g. 74.5.")
-    if isinstance(answer, tuple) and len(answer) == 2:
-        value, given = answer
-        if not isinstance(given, str):
-            raise ConfigError(f"the unit in {clip(answer)} must be a string such as {unit or '%'!r}.")
-    elif isinstance(answer, str):
-        match = _NUMBER_WITH_UNIT.match(answer)
-        if not match:
-            raise ConfigError(f"could not read {clip(answer)} as a number{' with a unit' if want else ''}, e.g. "
-                              f"{_example(want)}.")
-        value, given = match.group(1), match.group(2) or ""
-        given = given if given else want
-    else:
-        value, given = answer, want
-    given_unit = canonical_unit(given)
-    if given_unit is None or _UNITS[given_unit][0] != _UNITS[want][0]:
-        if want in {"", "x"} and given_unit not in {"%", "x", ""}:
-            raise ConfigError(f"this answer is a plain number without a unit: write the number alone (not "
-                              f"{clip(answer)}).")
-        if given_unit is None:
-            raise ConfigError(f"unknown unit {clip(given)} in the answer; give the value in {want}.")
-        raise ConfigError(f"the answer is in {given_unit} ({_UNITS[given_unit][0]}), the question asks for "
-                          f"{_UNITS[want][0]} in {want}.")
-    if isinstance(value, str):
-        number, digits = _number(value, want)
-    else:
-        try:
-            number = float(value)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"could not read {clip(value)} as a number; write e.g. {_example(want)}.") from None
-        if not math.isfinite(number):
-            raise ConfigError(f"the answer {clip(answer)} is not a finite number.")
-        digits = _number(f"{number:.15g}", want)[1]
-    if not math.isfinite(number):
-        raise ConfigError(f"the answer {clip(answer)} is not a finite number.")
-    return number, given_unit, digits
-
-
-def parse_quantity(answer: Any, unit: str) -> float:
-    """An answer in ``unit``: a number (taken in ``unit``), ``"74.5 GiB"`` (unit in any case), or ``(74.5, "GiB")``.
-
-    Raises :class:`ConfigError` when the answer is not a number (a bool is not), its unit measures something else,
-    or a comma could be a decimal comma (``"1,2 GB"``: 1.2 or 12? write a point; ``"1,000 MB"`` is thousands).
-    """
-    number, given, _ = _read(answer, unit)
-    return number * _UNITS[given][1] / _UNITS[canonical_unit(unit)][1]
-
-
 @dataclass(frozen=True)
 class Result:
-    """The outcome of one check. ``expected`` is None unless solutions are shown."""
+    """The outcome of one check.
+
+    ``message`` is what the learner reads; it never holds the solution unless the answer is correct. ``solution``
+    is the exact value and why, shown in the notebook's collapsed ``memlab-solution`` block (open when
+    ``solutions_open``); ``expected`` is the exact value when solutions are shown, otherwise None.
+    """
 
     exercise: str
     status: Status
@@ -169,6 +117,8 @@ class Result:
     answer: Any
     expected: Any = None
     unit: str = ""
+    solution: str = ""
+    solutions_open: bool = False
 
     @property
     def correct(self) -> bool:
@@ -180,12 +130,53 @@ class Result:
     def __str__(self) -> str:
         return f"[{self.exercise}] {self.status}: {self.message}"
 
+    def __repr__(self) -> str:  # text/plain: the feedback without the solution block
+        return str(self)
+
     def _repr_html_(self) -> str:
-        colour = {"correct": "#1a7f37", "incorrect": "#b3261e", "unanswered": "#8a6d00", "invalid": "#b3261e"}
-        mark = {"correct": "✔", "incorrect": "✘", "unanswered": "…", "invalid": "✘"}[self.status]
+        colour = {"correct": "#1a7f37", "incorrect": "#b3261e", "unanswered": "#8a6d00", "invalid": "#b3261e",
+                  "unavailable": "#6e7781"}
+        mark = {"correct": "✔", "incorrect": "✘", "unanswered": "…", "invalid": "✘", "unavailable": "–"}[self.status]
+        details = ""
+        if self.solution:
+            opened = " open" if self.solutions_open else ""
+            details = (f'<details class="memlab-solution"{opened}><summary>Solution</summary>'
+                       f"<p>{html.escape(self.solution)}</p></details>")
         return (f'<div class="memlab-exercise" data-status="{self.status}" style="border-left:4px solid '
                 f'{colour[self.status]};padding:4px 10px">{mark} <b>{html.escape(self.exercise)}:</b> '
-                f"{html.escape(self.message)}</div>")
+                f"{html.escape(self.message)}{details}</div>")
+
+
+@dataclass(frozen=True)
+class When:
+    """A diagnosis key that matches a learner's value by a predicate, e.g. ``When(lambda v: v < 12)``: ``v`` is the
+    answer in the exercise's unit. (A bare callable key computes a wrong answer from the check's arguments.)"""
+
+    predicate: Callable[[float], bool]
+
+    def __post_init__(self) -> None:
+        if not callable(self.predicate):
+            raise ConfigError(f"When(...) takes a predicate of the learner's value, got {clip(self.predicate)}.")
+
+
+def _parameters(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of ``fn``'s parameters that the check's keyword arguments fill."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _call(fn: Callable[..., Any], data: Mapping[str, Any]) -> Any:
+    """``fn`` called with the check's arguments it names (all of them when it takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return fn(**data)
+    return fn(**{name: data[name] for name in _parameters(fn) if name in data})
 
 
 @dataclass(frozen=True)
@@ -194,8 +185,13 @@ class _Exercise(StrictInit):
 
     name: str
     question: str
-    reference: Callable[[], Any]
+    reference: Callable[..., Any]
     hint: str
+    why: str | Callable[..., str] = ""
+    """Why the answer is what it is: shown with a correct answer and in the solution. A callable gets the check's
+    arguments (for a sentence whose numbers are computed)."""
+    sample: Callable[[], Mapping[str, Any]] | None = None
+    """Example arguments for the reference (built without running the chapter), for the tests."""
 
     def __post_init__(self) -> None:
         for text in ("name", "question", "hint"):
@@ -205,42 +201,91 @@ class _Exercise(StrictInit):
         if not callable(self.reference):
             raise ConfigError(f"exercise {self.name!r}: reference must be a callable that computes the answer "
                               "with memlab (e.g. lambda: ...), not a typed-in value.")
+        if not (isinstance(self.why, str) or callable(self.why)):
+            raise ConfigError(f"exercise {self.name!r}: why must be a string or a callable, got {clip(self.why)}.")
+        if self.sample is not None and not callable(self.sample):
+            raise ConfigError(f"exercise {self.name!r}: sample must be a callable returning the check's arguments.")
 
-    def expected(self) -> Any:
-        """The reference answer, computed now."""
-        return self.reference()
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The keyword arguments the check call must pass (the reference's required parameters)."""
+        try:
+            params = inspect.signature(self.reference).parameters.values()
+        except (TypeError, ValueError):
+            return ()
+        return tuple(p.name for p in params if p.default is p.empty
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
-    def _result(self, status: Status, message: str, answer: Any, solutions: bool | None, unit: str = "") -> Result:
+    def _data(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        missing = [name for name in self.needs if name not in data]
+        if missing:
+            raise ConfigError(f"exercise {self.name!r} needs {', '.join(f'{m}=...' for m in missing)} in its check "
+                              f"call, e.g. check({self.name!r}, answer, {', '.join(f'{m}={m}' for m in missing)}).")
+        return data
+
+    def expected(self, **data: Any) -> Any:
+        """The reference answer, computed now from the check's arguments."""
+        return _call(self.reference, self._data(data))
+
+    def explanation(self, **data: Any) -> str:
+        """The ``why`` sentence, computed from the check's arguments when it is a callable."""
+        return str(_call(self.why, data) if callable(self.why) else self.why).strip()
+
+    def solution_text(self, **data: Any) -> str:
+        """The exact value and why, as the notebook's solution block shows it."""
+        return self._solution(self.expected(**data), data)
+
+    def _solution(self, expected: Any, data: Mapping[str, Any]) -> str:
+        why = self.explanation(**data)
+        return f"{self._format(expected)}." + (f" Why: {why}" if why else "")
+
+    def _reference_or_none(self, data: Mapping[str, Any]) -> tuple[Any, str | None]:
+        """The reference computed from ``data``, or None and why it could not be (a measurement that did not run
+        here: a table without the row the exercise needs)."""
+        try:
+            return self.expected(**data), None
+        except MemlabError:  # the exercise's own bug (a NaN, a setup memlab refuses): its author's to fix
+            raise
+        except Exception as err:  # the data a chapter measured may lack what this exercise reads
+            return None, f"{type(err).__name__}: {clip(str(err), 120)}"
+
+    def _unavailable(self, answer: Any, reason: str) -> Result:
+        return Result(self.name, "unavailable", f"This exercise cannot be checked here: the data it reads is "
+                      f"missing ({reason}); it needs the chapter's measurement above.", answer)
+
+    def _result(self, status: Status, message: str, answer: Any, solutions: bool | None, data: Mapping[str, Any],
+                expected: Any, unit: str = "") -> Result:
         shown = solutions_enabled(solutions)
-        expected = self.expected() if shown else None
-        if shown and status != "correct":
-            message = f"{message} Solution: {self._format(expected)}."
-        return Result(self.name, status, message, answer, expected, unit)
+        return Result(self.name, status, message, answer, expected if shown else None, unit,
+                      self._solution(expected, data), shown)
 
     def _format(self, value: Any) -> str:
         return str(value)
 
-    def solution(self, solutions: bool | None = None) -> str:
+    def _correct(self, shown: str, data: Mapping[str, Any], expected: Any, within: str = "") -> str:
+        why = self.explanation(**data)
+        exact = self._format(expected)
+        return f"Correct: {shown}{within}; the exact value is {exact}." + (f" Why: {why}" if why else "")
+
+    def solution(self, solutions: bool | None = None, **data: Any) -> str:
         """The worked answer when solutions are shown, otherwise a line saying how an instructor renders them."""
         if not solutions_enabled(solutions):
             return ("Solutions are hidden (an instructor renders them with "
                     "`python -m memlab.course.report --solutions`).")
-        return f"{self.name}: {self._format(self.expected())}"
+        return f"{self.name}: {self.solution_text(**data)}"
 
 
 Diagnoses = Mapping[Any, str]
 """Likely wrong answers and what to say about them. A key is one of: a number (a wrong answer in the exercise's
-unit, e.g. the seed's ``12`` B/param), a callable with no argument that computes such a number when the check runs
-(``lambda: 7e9``: the nominal size), or a callable with one argument, the learner's value in the exercise's unit,
-that returns True when the message applies (``lambda v: v < 1``). A number matches within the exercise's ``rtol``."""
+unit, e.g. the seed's ``12`` B/param), a callable that computes such a number from the check's arguments when the
+check runs (``lambda: 7e9``: the nominal size; ``lambda model: 12 * model.param_count()``), or :class:`When` with a
+predicate of the learner's value in the exercise's unit (``When(lambda v: v < 1)``). A number matches within the
+exercise's ``rtol``."""
 
 
-def _arity(fn: Callable[..., Any]) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+def _percent(fraction: float) -> str:
+    """A tolerance as a percentage with the digits it needs: 0.01 -> "1%", 1e-4 -> "0.01%"."""
+    return f"{100 * fraction:.2g}%"
 
 
 def _rounded(value: float, digits: int) -> float:
@@ -252,9 +297,9 @@ class Numeric(_Exercise):
     """A number (with a unit) checked against a computed reference within a relative tolerance ``rtol``.
 
     ``diagnoses`` names likely wrong answers (see :data:`Diagnoses`): a wrong answer that matches one gets its
-    message. Without one, the check says how far off the answer is and recognises four slips: an answer that is
-    the reference rounded to too few digits, a fraction given for a percentage (or the reverse), a factor of
-    1.024^k (GB for GiB) and a factor of 1000^k (a prefix).
+    message. Without one, the check recognises three slips (a fraction given for a percentage or the reverse, a
+    factor of 1.024^k: GB for GiB, a factor of 1000^k: a prefix) and otherwise gives the hint. A right value rounded
+    to two or three significant digits, too coarse for the tolerance, is told so.
     """
 
     unit: str = ""
@@ -266,27 +311,28 @@ class Numeric(_Exercise):
         canonical = canonical_unit(self.unit)
         if canonical is None:
             raise ConfigError(f"exercise {self.name!r}: unknown unit {self.unit!r}; known: "
-                              f"{', '.join(sorted(k for k in _UNITS if k))}.")
+                              f"{', '.join(sorted(k for k in UNITS if k))}.")
         object.__setattr__(self, "unit", canonical)
-        if _is_bool(self.rtol) or not isinstance(self.rtol, (int, float)) or not 0 < self.rtol < 1:
+        if is_bool(self.rtol) or not isinstance(self.rtol, (int, float)) or not 0 < self.rtol < 1:
             raise ConfigError(f"exercise {self.name!r}: rtol must be a fraction in (0, 1), got {self.rtol!r}.")
         if self.diagnoses is not None:
             if not isinstance(self.diagnoses, Mapping):
-                raise ConfigError(f"exercise {self.name!r}: diagnoses must map a wrong answer (a number or a "
-                                  "callable) to a message, got {type(self.diagnoses).__name__}.")
+                raise ConfigError(f"exercise {self.name!r}: diagnoses must map a wrong answer (a number, a "
+                                  f"callable or When) to a message, got {type(self.diagnoses).__name__}.")
             for key, message in self.diagnoses.items():
-                numeric = isinstance(key, (int, float)) and not _is_bool(key) and math.isfinite(key)
-                if not (numeric or callable(key)) or not isinstance(message, str) or not message.strip():
-                    raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number or a "
-                                      "callable and the message a non-empty string.")
+                numeric = isinstance(key, (int, float)) and not is_bool(key) and math.isfinite(key)
+                if not (numeric or callable(key) or isinstance(key, When)) or not isinstance(message, str) \
+                        or not message.strip():
+                    raise ConfigError(f"exercise {self.name!r}: diagnosis {key!r}: the key must be a number, a "
+                                      "callable or When(...) and the message a non-empty string.")
 
-    def expected(self) -> float:
+    def expected(self, **data: Any) -> float:
         """The reference answer, computed now, as a finite float. A reference that returns anything else (None,
         NaN, a string, a bool) is the exercise author's bug: a :class:`ConfigError` naming the exercise, never a
         TypeError, and never a learner graded against NaN."""
-        value = self.reference()
+        value = super().expected(**data)
         number = None
-        if not isinstance(value, str | bytes) and not _is_bool(value):  # a 0-d tensor or numpy scalar converts
+        if not isinstance(value, str | bytes) and not is_bool(value):  # a 0-d tensor or numpy scalar converts
             try:
                 number = float(value)
             except (TypeError, ValueError, OverflowError):
@@ -298,35 +344,47 @@ class Numeric(_Exercise):
         return number
 
     def _format(self, value: Any) -> str:
-        number = float(value)
-        text = f"{number:,.0f}" if abs(number) >= 1e4 and number == round(number) else f"{number:.4g}"
-        return f"{text} {self.unit}".strip()
+        number = float(value)  # 4 significant digits, or whole numbers with separators between 10^4 and 10^15
+        grouped = 1e4 <= abs(number) < 1e15
+        text = f"{number:,.{0 if number == round(number) else 1}f}" if grouped else f"{number:.4g}"
+        return {"%": f"{text} %", "x": f"{text}×"}.get(self.unit, f"{text} {self.unit}".strip())
 
-    def check(self, answer: Any, solutions: bool | None = None) -> Result:
-        """Compare ``answer`` with the reference; never raises for a learner's answer."""
+    def form(self, expected: float | None = None) -> str:
+        """What form the answer takes, for an unanswered check; its example is never near ``expected``."""
+        example = next(v for v in (2.5, 40, 1200) if expected is None or not 0.25 < abs(expected) / v < 4)
+        if self.unit in {"", "x"}:
+            return f"a plain number (e.g. {example:g})"
+        return f"a number in {self.unit} (e.g. {example:g} or '{example:g} {self.unit}')"
+
+    def check(self, answer: Any, solutions: bool | None = None, **data: Any) -> Result:
+        """Compare ``answer`` with the reference computed from ``data``; never raises for a learner's answer."""
+        self._data(data)
+        expected, missing = self._reference_or_none(data)
+        if missing:
+            return self._unavailable(answer, missing)
         if _unanswered(answer):
-            return self._result("unanswered", f"Not answered yet. Hint: {self.hint}", answer, solutions, self.unit)
+            return self._result("unanswered", f"Not answered yet: replace ... with {self.form(expected)}, then run the "
+                                "cell.", answer, solutions, data, expected, self.unit)
         try:
-            number, given, digits = _read(answer, self.unit)
+            number, given, digits = read_answer(answer, self.unit)
         except ConfigError as err:
-            return self._result("invalid", f"{err} Hint: {self.hint}", answer, solutions, self.unit)
-        value = number * _UNITS[given][1] / _UNITS[self.unit][1]
-        expected = self.expected()
+            return self._result("invalid", str(err), answer, solutions, data, expected, self.unit)
+        value = number * UNITS[given][1] / UNITS[self.unit][1]
         if math.isclose(value, expected, rel_tol=self.rtol, abs_tol=0.0 if expected else 1e-12):
-            return self._result("correct", f"Correct: {self._format(value)} is within {self.rtol:.0%}.", answer,
-                                solutions, self.unit)
-        expected_given = expected * _UNITS[self.unit][1] / _UNITS[given][1]
-        rounded = digits < 4 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
-        return self._result("incorrect", self._how_far(value, expected, rounded, digits), answer, solutions,
-                            self.unit)
+            message = self._correct(self._format(value), data, expected, f" (within {_percent(self.rtol)})")
+            return self._result("correct", message, answer, solutions, data, expected, self.unit)
+        expected_given = expected * UNITS[self.unit][1] / UNITS[given][1]
+        rough = 2 <= digits <= 3 and math.isclose(_rounded(expected_given, digits), number, rel_tol=1e-9)
+        return self._result("incorrect", self._how_far(value, expected, rough, digits, data), answer, solutions,
+                            data, expected, self.unit)
 
-    def _diagnosis(self, value: float) -> str | None:
+    def _diagnosis(self, value: float, data: Mapping[str, Any]) -> str | None:
         for key, message in (self.diagnoses or {}).items():
             try:
-                if callable(key) and _arity(key) >= 1:
-                    hit = bool(key(value))
+                if isinstance(key, When):
+                    hit = bool(key.predicate(value))
                 else:
-                    wrong = float(key() if callable(key) else key)
+                    wrong = float(_call(key, data) if callable(key) else key)
                     hit = math.isclose(value, wrong, rel_tol=self.rtol, abs_tol=0.0 if wrong else 1e-12)
             except Exception:  # a diagnosis that cannot judge this answer says nothing
                 hit = False
@@ -334,7 +392,7 @@ class Numeric(_Exercise):
                 return message.strip()
         return None
 
-    def _how_far(self, value: float, expected: float, rounded: bool, digits: int) -> str:
+    def _how_far(self, value: float, expected: float, rough: bool, digits: int, data: Mapping[str, Any]) -> str:
         if expected == 0:
             return f"Not yet: the answer should be zero. Hint: {self.hint}"
         ratio = value / expected
@@ -342,32 +400,31 @@ class Numeric(_Exercise):
             off = f"{abs(ratio - 1):.1%} too {'high' if ratio > 1 else 'low'}"
         else:
             off = f"off by a factor of {ratio:.3g}"
-        head = f"Not yet: {self._format(value)} is {off} (tolerance {self.rtol:.0%})."
-        diagnosis = self._diagnosis(value)
+        head = f"Not yet: {self._format(value)} is {off} (tolerance {_percent(self.rtol)})."
+        if rough:
+            return (f"{head} It is the right value rounded to {digits} significant digits, which is coarser than "
+                    "the tolerance: give one more digit.")
+        diagnosis = self._diagnosis(value, data)
         if diagnosis:
-            return f"{head} {diagnosis} Hint: {self.hint}"
-        extra = ""
-        if rounded:
-            extra = (f" Your {digits} significant digit{'s' if digits > 1 else ''} round the right value too "
-                     "coarsely for the tolerance: give more digits.")
-        elif self.unit == "%" and math.isclose(ratio, 0.01, rel_tol=self.rtol):
-            extra = (" That looks like a fraction: the question asks for a percentage "
-                     f"({value:.4g} as a fraction is {100 * value:.4g} %).")
-        elif self.unit == "" and math.isclose(ratio, 100.0, rel_tol=self.rtol):
-            extra = (" That looks like a percentage: the question asks for a fraction "
-                     f"({value:.4g} % = {value / 100:.4g}).")
-        elif self.unit.endswith(("B", "B/s")) and any(math.isclose(ratio, (1.024**k) ** s, rel_tol=self.rtol / 2)
-                                                      for k in (1, 2, 3, 4) for s in (1, -1)):
-            extra = " That ratio is a power of 1.024: check GB (10^9 B) against GiB (2^30 B)."
-        elif any(math.isclose(ratio, prefix, rel_tol=self.rtol) for prefix in _PREFIX_RATIOS):
-            extra = (f" That is off by a power of 1000 (or 1024): check the prefix of the unit "
-                     f"({self.unit or 'a plain number'}).")
-        return f"{head}{extra} Hint: {self.hint}"
+            return f"{head} {diagnosis}"
+        if self.unit == "%" and math.isclose(ratio, 0.01, rel_tol=self.rtol):
+            return (f"{head} That looks like a fraction: the question asks for a percentage "
+                    f"({value:.4g} as a fraction is {100 * value:.4g} %).")
+        if self.unit == "" and math.isclose(ratio, 100.0, rel_tol=self.rtol):
+            return (f"{head} That looks like a percentage: the question asks for a fraction "
+                    f"({value:.4g} % = {value / 100:.4g}).")
+        if self.unit.endswith(("B", "B/s")) and any(math.isclose(ratio, (1.024**k) ** s, rel_tol=self.rtol / 2)
+                                                    for k in (1, 2, 3, 4) for s in (1, -1)):
+            return f"{head} That ratio is a power of 1.024: check GB (10^9 B) against GiB (2^30 B)."
+        if any(math.isclose(ratio, prefix, rel_tol=self.rtol) for prefix in PREFIX_RATIOS):
+            return (f"{head} That is off by a power of 1000 (or 1024): check the prefix of the unit "
+                    f"({self.unit or 'a plain number'}).")
+        return f"{head} Hint: {self.hint}"
 
 
 @dataclass(frozen=True)
 class Choice(_Exercise):
-    """One option out of ``options`` (key -> text); the reference callable returns the right key."""
+    """One option out of ``options`` (key -> text); the reference callable returns the right key (or its text)."""
 
     options: Mapping[str, str] | None = None
     diagnoses: Mapping[str, str] | None = None
@@ -385,8 +442,27 @@ class Choice(_Exercise):
             raise ConfigError(f"exercise {self.name!r}: diagnoses for {sorted(map(str, stray))}, which are not "
                               "option keys.")
 
+    def expected(self, **data: Any) -> str:
+        """The right option's key, computed now (a reference may return the key or the option's text)."""
+        value = super().expected(**data)
+        key = self._key(value)
+        if key is None:
+            raise ConfigError(f"exercise {self.name!r}: the reference returned {value!r}, not an option key.")
+        return key
+
     def _format(self, value: Any) -> str:
-        return f"{value} ({self.options[value]})" if value in self.options else str(value)
+        if value not in self.options:
+            return str(value)
+        text = self.options[value]
+        return repr(value) if text.strip().lower() == str(value).lower() else f"{value!r} ({text})"
+
+    def form(self) -> str:
+        """The option keys and what each means, for an unanswered check."""
+        return "; ".join(f"{key!r}: {text}" for key, text in self.options.items())
+
+    def _correct(self, shown: str, data: Mapping[str, Any], expected: Any, within: str = "") -> str:
+        why = self.explanation(**data)
+        return f"Correct: {shown}." + (f" Why: {why}" if why else "")
 
     def _key(self, answer: Any) -> str | None:
         text = str(answer).strip().lower()
@@ -395,19 +471,26 @@ class Choice(_Exercise):
                 return key
         return None
 
-    def check(self, answer: Any, solutions: bool | None = None) -> Result:
+    def check(self, answer: Any, solutions: bool | None = None, **data: Any) -> Result:
         """Compare the chosen key (or option text, case-insensitive) with the reference key."""
+        self._data(data)
+        expected, missing = self._reference_or_none(data)
+        if missing:
+            return self._unavailable(answer, missing)
         if _unanswered(answer):
-            return self._result("unanswered", f"Not answered yet. Hint: {self.hint}", answer, solutions)
+            return self._result("unanswered", f"Not answered yet: replace ... with one option's key, then run the "
+                                f"cell. Options: {self.form()}.", answer, solutions, data, expected)
         key = self._key(answer)
         if key is None:
             known = ", ".join(repr(k) for k in self.options)
-            return self._result("invalid", f"{clip(answer)} is not one of the options {known}.", answer, solutions)
-        expected = self.expected()
-        if expected not in self.options:
-            raise ConfigError(f"exercise {self.name!r}: the reference returned {expected!r}, not an option key.")
+            return self._result("invalid", f"{clip(answer)} is not one of the options {known}.", answer, solutions,
+                                data, expected)
         if key == expected:
-            return self._result("correct", f"Correct: {self._format(key)}.", answer, solutions)
+            return self._result("correct", self._correct(self._format(key), data, expected), answer, solutions,
+                                data, expected)
         diagnosis = (self.diagnoses or {}).get(key)
-        said = f" {diagnosis.strip()}" if diagnosis else ""
-        return self._result("incorrect", f"Not yet: {key!r} is not it.{said} Hint: {self.hint}", answer, solutions)
+        said = f" {diagnosis.strip()}" if diagnosis else f" Hint: {self.hint}"
+        return self._result("incorrect", f"Not yet: {key!r} is not it.{said}", answer, solutions, data, expected)
+
+
+Exercise = Numeric | Choice

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+import re
+from functools import cache
+from html import escape
+from pathlib import Path
+
+import jupytext
 import pytest
 
-from memlab.course import exercises
-from memlab.course.exercises import Choice, Numeric, parse_quantity, solutions_enabled
-from memlab.errors import ConfigError
+from memlab.course import bank, exercises
+from memlab.course.exercises import Choice, Numeric, When, parse_quantity, solutions_enabled
+from memlab.errors import ConfigError, UnknownNameError
 from memlab.predict.models import preset
 
 GIB = 2**30
@@ -38,10 +45,12 @@ def test_typed_in_reference_is_refused() -> None:
 
 
 @pytest.mark.parametrize("answer", [..., None, "", "..."])
-def test_unanswered_says_so_with_the_hint_and_does_not_raise(answer: object) -> None:
+def test_unanswered_says_so_and_the_form_of_the_answer_without_the_hint(answer: object) -> None:
     result = gpt2_params().check(answer)
     assert result.status == "unanswered"
-    assert "Not answered yet" in result.message and "tied" in result.message
+    assert "Not answered yet" in result.message and "plain number" in result.message
+    assert "tied" not in result.message, "the hint comes after a wrong try, not before"
+    assert "GiB" in eighty_gb_in_gib().check(answer).message, "the unit the answer takes"
     assert result.expected is None
 
 
@@ -89,17 +98,34 @@ def test_parse_quantity_scales_decimal_and_binary_prefixes() -> None:
         parse_quantity("1 GiB", "s")
 
 
-def test_solutions_are_shown_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_solutions_are_collapsed_unless_asked_and_never_in_the_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    exact = f"{preset('gpt2').param_count():,}"
     wrong = preset("gpt2").param_count() * 2
-    assert gpt2_params().check(wrong).expected is None
-    assert "hidden" in gpt2_params().solution()
+    hidden = gpt2_params().check(wrong)
+    assert hidden.expected is None and "hidden" in gpt2_params().solution()
+    assert '<details class="memlab-solution">' in hidden._repr_html_() and exact in hidden._repr_html_()
+    assert exact not in repr(hidden) and exact not in str(hidden) and exact not in hidden.message
     monkeypatch.setenv(exercises.SOLUTIONS_ENV, "1")
     assert solutions_enabled()
     shown = gpt2_params().check(wrong)
     assert shown.expected == preset("gpt2").param_count()
-    assert "Solution:" in shown.message
-    assert f"{preset('gpt2').param_count():,}" in gpt2_params().solution()
+    assert '<details class="memlab-solution" open>' in shown._repr_html_()
+    assert exact not in repr(shown), "text/plain holds no solution even for an instructor"
+    assert exact in gpt2_params().solution()
     assert not solutions_enabled(False), "an explicit argument wins over the environment"
+
+
+def test_a_correct_answer_says_why_with_the_exact_value() -> None:
+    exercise = Numeric("n", "?", reference=lambda: 16.0, hint="h", unit="B/param", rtol=0.01,
+                       why="4 + 4 + 8 bytes")
+    message = exercise.check(16.1).message
+    assert message.startswith("Correct") and "16 B/param" in message and "4 + 4 + 8" in message
+
+
+def test_a_plainly_wrong_answer_gets_no_significant_digits_message() -> None:
+    exercise = Numeric("n", "?", reference=lambda: 16.0, hint="the hint", unit="B/param", rtol=0.01)
+    message = exercise.check(20).message
+    assert "significant" not in message and "the hint" in message
 
 
 def dense_or_sparse() -> Choice:
@@ -121,6 +147,22 @@ def test_choice_needs_options_and_a_reference_among_them() -> None:
     broken = Choice("x", "?", reference=lambda: "z", hint="", options={"a": "1", "b": "2"})
     with pytest.raises(ConfigError, match="not an option"):
         broken.check("a")
+
+
+def test_references_take_the_check_calls_arguments_and_name_a_missing_one() -> None:
+    exercise = Numeric("x", "?", reference=lambda table, scale=2: scale * table["v"], hint="h",
+                       diagnoses={lambda table: table["v"]: "the unscaled value"})
+    assert exercise.needs == ("table",)
+    assert exercise.check(8, table={"v": 4}).correct
+    assert "unscaled" in exercise.check(4, table={"v": 4}).message
+    with pytest.raises(ConfigError, match=r"needs table=\.\.\."):
+        exercise.check(8)
+
+
+def test_a_reference_whose_data_is_missing_says_so_in_one_line() -> None:
+    exercise = Numeric("x", "?", reference=lambda table: table["absent"], hint="h")
+    result = exercise.check(..., table={})
+    assert result.status == "unavailable" and "missing" in result.message and "\n" not in result.message
 
 
 def test_result_is_inspectable_and_renders_in_a_notebook() -> None:
@@ -149,7 +191,7 @@ def test_units_are_read_in_any_case(answer: object, unit: str, value: float) -> 
 @pytest.mark.parametrize(("answer", "unit", "says"), [
     ("1,2 GB", "GB", "ambiguous"), ("12,5", "", "ambiguous"), ("1,23 GB", "GB", "decimal"),
     (True, "GB", "truth value"), (False, "", "truth value"), ((True, "GB"), "GB", "truth value"),
-    ("4 B/param", "", "plain number without a unit"), ("16 GB", "", "plain number without a unit"),
+    ("4 B/param", "", "asks for a plain number"), ("16 GB", "", "asks for a plain number"),
     ("12 parsecs", "GB", "unknown unit"), ("3 TFLOP", "GiB", "bytes"), ("lots", "GB", "could not read"),
     ("nan GB", "GB", "could not read"), (float("inf"), "GB", "not a finite"), ("1e400 GB", "GB", "not a finite"),
     (10**400, "GB", "could not read"), ([12], "GB", "could not read"), ((12, 3), "GB", "must be a string"),
@@ -201,7 +243,7 @@ def llama_params() -> Numeric:
     return Numeric("n", "Parameters of Llama-2-7B?", reference=lambda: exact, hint="h", rtol=0.005, diagnoses={
         lambda: 7e9: "7B is the nominal size; count the parameters.",
         12: "12 is the seed's bytes per parameter, not a count.",
-        (lambda v: v < 1e6): "Far too small: the answer is a count of parameters.",
+        When(lambda v: v < 1e6): "Far too small: the answer is a count of parameters.",
     })
 
 
@@ -216,7 +258,7 @@ def test_diagnoses_name_the_likely_wrong_answer(answer: object, says: str) -> No
 
 def test_a_diagnosis_never_overrides_a_correct_answer_or_raises() -> None:
     exercise = Numeric("n", "?", reference=lambda: 7e9, hint="h", diagnoses={
-        lambda: 7e9: "never shown", (lambda v: 1 / 0): "broken predicate"})
+        lambda: 7e9: "never shown", When(lambda v: 1 / 0): "broken predicate"})
     assert exercise.check("7e9").correct
     assert "broken" not in exercise.check("1").message
 
@@ -257,3 +299,130 @@ def test_a_numeric_reference_may_be_a_numpy_scalar() -> None:
     import numpy as np
 
     assert Numeric("np", "?", reference=lambda: np.int64(3), hint="h").check("3").correct
+
+
+# --- the course's bank: every exercise of every chapter, generated -------------------------------------------------
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+BANK = bank.exercises()
+
+
+def _data(exercise) -> dict:
+    return dict(exercise.sample()) if exercise.sample else {}
+
+
+def _wrong(exercise, expected):
+    """A wrong answer: the reference × 2 (or, for a zero reference, 1), or another option."""
+    if isinstance(exercise, Choice):
+        return next(key for key in exercise.options if key != expected)
+    return expected * 2 if expected else 1.0
+
+
+def test_the_bank_has_every_chapters_exercises_named_by_chapter() -> None:
+    chapters = {p.name[:2] for p in NOTEBOOKS.glob("[0-9][0-9]_*.py")}
+    assert chapters <= {m[2:] for m in bank.CHAPTER_MODULES}
+    for chapter in chapters:
+        assert len(bank.chapter_exercises(chapter)) >= 3, f"chapter {chapter} has fewer than three exercises"
+    questions = [ex.question for ex in BANK.values()]
+    assert len(set(questions)) == len(questions), "two exercises ask the same question"
+
+
+@pytest.mark.parametrize("name", list(BANK))
+def test_every_exercise_grades_its_reference_right_and_a_wrong_answer_with_help(name: str) -> None:
+    exercise, data = BANK[name], _data(BANK[name])
+    expected = exercise.expected(**data)
+    assert set(exercise.needs) <= set(data), f"{name}: its sample lacks {set(exercise.needs) - set(data)}"
+    right = bank.check(name, expected, **data)
+    assert right.correct and "Correct" in right.message, right.message
+    assert exercise.explanation(**data), f"{name}: a correct answer says why"
+    wrong = bank.check(name, _wrong(exercise, expected), **data)
+    helped = "Hint:" in wrong.message or any(m in wrong.message for m in (exercise.diagnoses or {}).values())
+    assert wrong.status == "incorrect" and (helped or "looks like" in wrong.message or "power of" in wrong.message)
+    unanswered = bank.check(name, ..., **data)
+    assert unanswered.status == "unanswered" and exercise.hint not in unanswered.message
+    example = re.search(r"e\.g\. ([\d.]+)", unanswered.message)
+    if example:
+        assert not bank.check(name, float(example.group(1)), **data).correct, "the form's example is the answer"
+    html = unanswered._repr_html_()
+    assert '<details class="memlab-solution">' in html and escape(exercise._format(expected)) in html
+    plain = repr(unanswered)
+    assert "Why:" not in plain and exercise.explanation(**data)[:30] not in plain, "text/plain holds no solution"
+    if isinstance(exercise, Numeric):  # a choice lists every option's key, the right one among them
+        assert not any(form in plain for form in _shown_forms(expected) if len(form) >= 3), "nor the exact value"
+
+
+def test_solutions_open_when_the_instructor_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(exercises.SOLUTIONS_ENV, "1")
+    name = next(n for n, ex in BANK.items() if not ex.needs)
+    assert '<details class="memlab-solution" open>' in bank.check(name, ...)._repr_html_()
+
+
+def test_an_unknown_exercise_name_lists_the_closest() -> None:
+    with pytest.raises(UnknownNameError, match=r"02\.llama7b-states"):
+        bank.check("02.llama7b-state", 1)
+
+
+@cache
+def _check_calls(source: Path) -> list[tuple[int, ast.Call, list]]:
+    """(cell index, the check(...) call, the notebook's cells) for every exercise call in a chapter."""
+    cells = jupytext.read(source).cells
+    calls = []
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "code" or "check(" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check":
+                calls.append((i, node, cells))
+    return calls
+
+
+CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+
+
+@pytest.mark.parametrize("source", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_each_chapter_checks_each_of_its_exercises_once_with_the_arguments_it_needs(source: Path) -> None:
+    calls = _check_calls(source)
+    names = [ast.literal_eval(call.args[0]) for _, call, _ in calls]
+    assert sorted(names) == sorted(ex.name for ex in bank.chapter_exercises(source.name[:2])), names
+    for _, call, _ in calls:
+        exercise = BANK[ast.literal_eval(call.args[0])]
+        assert len(call.args) == 2, f"{exercise.name}: check(name, answer, **data), one answer"
+        assert set(exercise.needs) <= {k.arg for k in call.keywords}, f"{exercise.name} needs {exercise.needs}"
+
+
+@pytest.mark.parametrize("source", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_no_chapter_rebinds_the_name_check(source: Path) -> None:
+    for cell in jupytext.read(source).cells:
+        if cell.cell_type != "code":
+            continue
+        tree = ast.parse("\n".join(line for line in cell.source.splitlines() if not line.startswith(("%", "!"))))
+        stored = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "check"
+                  and isinstance(n.ctx, ast.Store)]
+        assert not stored, f"{source.name} assigns to `check` (memlab's exercise check): rename that variable"
+
+
+def _shown_forms(value) -> set[str]:
+    """How a reference value could be typed or printed: its formatted value and its 3- and 4-digit roundings."""
+    if isinstance(value, str):
+        return {repr(value)[1:-1]} if len(value) > 3 else set()
+    forms = {f"{value:.4g}", f"{value:.3g}", f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"}
+    return {f for f in forms if len(re.sub(r"\D", "", f)) >= 2}
+
+
+@pytest.mark.parametrize("source", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_no_exercise_cell_holds_its_answer_or_its_hint(source: Path) -> None:
+    for i, call, cells in _check_calls(source):
+        exercise = BANK[ast.literal_eval(call.args[0])]
+        cell = cells[i].source
+        above = cells[i - 1].source if cells[i - 1].cell_type == "markdown" else ""
+        for leak in ("reference=", "diagnoses=", "hint=", "options=", exercise.hint[:40]):
+            assert leak not in cell and leak not in above, f"{exercise.name}: {leak!r} is in the learner's cells"
+        literal = {}
+        try:
+            literal = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        except ValueError:  # data from the chapter (a table, a model): the reference needs the run
+            continue
+        expected = exercise.expected(**literal)
+        for form in _shown_forms(expected):
+            assert not re.search(rf"(?<![\w.]){re.escape(form)}(?![\d])", cell + "\n" + above), (
+                f"{exercise.name}: its answer {form} is in the exercise's cells")

@@ -1,0 +1,129 @@
+"""Chapter 01's exercises (anatomy of an OOM). Questions are the notebook's markdown cells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlab.course.exercises import Choice, Numeric, When
+from memlab.units import GiB
+
+
+def _sample_fit() -> dict[str, Any]:
+    import dataclasses
+
+    from memlab.predict.estimate import estimate
+    from memlab.predict.hardware import gpu
+    from memlab.predict.models import preset
+    from memlab.predict.setup import Setup
+
+    model, setup = preset("tiny-gpt"), Setup(batch=4, seq=64, precision="fp32", optimizer="adamw")
+    budget = estimate(model, setup.with_(batch=6)).total_bytes
+    return {"model": model, "setup": setup,
+            "card": dataclasses.replace(gpu("t4"), key="budget", name="a budget", memory_bytes=budget)}
+
+
+def _largest_batch(model: Any, setup: Any, card: Any) -> int:
+    from memlab.predict.fit import max_batch
+
+    return max_batch(model, setup, card).value
+
+
+def _largest_by_sum(model: Any, setup: Any, card: Any) -> int:
+    """The largest batch whose sum of components (states + activations) fits: the trap the fit search avoids."""
+    from memlab.predict.estimate import estimate
+
+    batch = 0
+    while estimate(model, setup.with_(batch=batch + 1)).total_bytes <= card.memory_bytes and batch < 4096:
+        batch += 1
+    return batch
+
+
+def _fragmented() -> Any:
+    from memlab.measure.oom import parse_oom_message
+    from memlab.measure.oom_examples import RECORDED_OOM_MESSAGES
+
+    return parse_oom_message(next(r.message for r in RECORDED_OOM_MESSAGES if r.key == "fragmented-2.5"))
+
+
+def _short_gib() -> float:
+    """How far the fragmented-2.5 request stays above free + reserved-but-unallocated memory, in GiB."""
+    i = _fragmented()
+    return (i.tried_to_allocate_bytes - i.free_bytes - i.reserved_unallocated_bytes) / GiB
+
+
+def _leak(table: Any, case: str) -> float:
+    return float(table.query(f"case == '{case}' and not fixed")["bytes per iteration"].item())
+
+
+def _sample_growth() -> dict[str, Any]:
+    import pandas as pd
+
+    return {"table": pd.DataFrame({"case": ["keep-loss", "keep-loss", "eval-grad", "eval-grad"],
+                                   "fixed": [False, True, False, True],
+                                   "bytes per iteration": [4.0, 0.0, 756_736.0, 0.0]}),
+            "iterations": 1000}
+
+
+EXERCISES = (
+    Numeric(
+        "01.largest-batch", "Largest batch that fits the card (memlab's fit search, max_batch)",
+        reference=_largest_batch, unit="", rtol=0.01,
+        hint="model states are fixed and activations grow with the batch, but a batch fits only if the peak of every "
+             "phase fits: compare estimate(model, setup.with_(batch=b)).peak_bytes, not .total_bytes (the sum of "
+             "components), with the card's memory_bytes",
+        why=lambda model, setup, card: (
+            f"batch {_largest_batch(model, setup, card)} is the largest whose phase-aware peak fits "
+            f"{card.memory_bytes:,} B. The sum of components admits batch {_largest_by_sum(model, setup, card)}, but "
+            "the peak is above that sum: in the backward pass the logits' gradient is live next to the saved "
+            "activations."),
+        diagnoses={_largest_by_sum: "That batch fits the sum of components (model states + activations), but the "
+                                    "peak of the backward pass is higher: it also holds the logits' gradient. The fit "
+                                    "search checks each phase's peak.",
+                   When(lambda v: v != round(v)): "A batch is a whole number of sequences."},
+        sample=_sample_fit,
+    ),
+    Choice(
+        "01.fragmentation-field", "The OOM message field that measures the allocator's cache and fragmentation",
+        reference=lambda: "reserved_unallocated_bytes",
+        options={"tried_to_allocate_bytes": "Tried to allocate", "free_bytes": "of which ... is free",
+                 "allocated_by_pytorch_bytes": "allocated by PyTorch",
+                 "reserved_unallocated_bytes": "reserved by PyTorch but unallocated"},
+        hint="the bytes the caching allocator holds that no tensor uses",
+        why="the allocator keeps freed blocks cached for reuse; when that cache is large but no cached block fits "
+            "the request, the memory is fragmented, not used up.",
+        diagnoses={"tried_to_allocate_bytes": "That is the request: it says how big, not why it failed.",
+                   "allocated_by_pytorch_bytes": "That is what live tensors hold: the workload, not the cache.",
+                   "free_bytes": "That is what the driver has left, outside this process's allocator."},
+    ),
+    Numeric(
+        "01.kept-losses", "Bytes the kept-loss list holds after the given number of iterations (section 6's loop)",
+        reference=lambda table, iterations: iterations * _leak(table, "keep-loss"), unit="B", rtol=0.02,
+        hint="backward frees the graph's saved tensors, so each kept loss holds only its own storage: multiply the "
+             "measured bytes per iteration of the keep-loss bug by the iterations",
+        why=lambda table, iterations: (
+            f"{iterations:,} iterations × {_leak(table, 'keep-loss'):,.0f} B measured per kept loss. After backward "
+            "a kept loss holds its scalar (a CUDA allocator block on a GPU), not the graph's activations."),
+        diagnoses={lambda table, iterations: iterations * _leak(table, "eval-grad"):
+                   "That is the eval-grad leak: without backward the graph and its activations stay; after backward "
+                   "they are freed and only the scalar stays.",
+                   When(lambda v: v == 0): "The kept losses are tensors: each one holds its storage until the list "
+                                           "is cleared."},
+        sample=_sample_growth,
+    ),
+    Numeric(
+        "01.fragmented-short", "GiB by which the fragmented-2.5 request exceeds free plus reserved-but-unallocated",
+        reference=_short_gib, unit="GiB", rtol=0.02,
+        hint="the most the request could get is what the driver has free plus every reserved-but-unallocated byte "
+             "the allocator could hand out with expandable_segments; subtract that from the request",
+        why=lambda: (f"{_fragmented().tried_to_allocate_bytes / GiB:.2f} GiB requested against "
+                     f"{_fragmented().free_bytes / GiB:.2f} GiB free + "
+                     f"{_fragmented().reserved_unallocated_bytes / GiB:.2f} GiB reserved but unallocated: even a "
+                     "perfectly defragmented cache leaves the request short, so this OOM is a too-large request."),
+        diagnoses={lambda: (_fragmented().tried_to_allocate_bytes - _fragmented().free_bytes) / GiB:
+                   "That leaves out the reserved-but-unallocated bytes, which expandable_segments could reuse.",
+                   lambda: (_fragmented().tried_to_allocate_bytes - _fragmented().reserved_unallocated_bytes) / GiB:
+                   "That leaves out the memory the driver still has free.",
+                   When(lambda v: v <= 0): "Add free and reserved-but-unallocated and compare with the request: "
+                                           "it does not fit even then."},
+    ),
+)

@@ -1,0 +1,121 @@
+"""Chapter 02's exercises (bytes per parameter). Questions are the notebook's markdown cells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlab.course.exercises import Choice, Numeric, When
+from memlab.units import GiB, MiB
+
+_N = 10**9
+
+
+def bytes_per_param(policy: str, optimizer: str = "adamw") -> float:
+    """Model-state bytes per parameter that memlab predicts (step counters excluded), as chapter 02's table."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.setup import Setup
+
+    return estimate(_N, Setup(precision=policy, optimizer=optimizer)).model_state_bytes(step_counters=False) / _N
+
+
+def _states_mib(model: Any) -> float:
+    return bytes_per_param("amp-bf16") * model.param_count() / MiB
+
+
+def _llama_gib() -> float:
+    from memlab.predict.estimate import estimate
+    from memlab.predict.models import preset
+    from memlab.predict.setup import Setup
+
+    parts = estimate(preset("llama-2-7b"), Setup(precision="mixed-bf16", seq=1)).components()
+    return sum(parts[c] for c in ("params", "grads", "optimizer")) / GiB
+
+
+def _llama_count() -> int:
+    from memlab.predict.models import preset
+
+    return preset("llama-2-7b").param_count()
+
+
+SWITCHES = {"a": ("fp32 + AdamW → mixed-bf16 + AdamW", "mixed-bf16", "adamw"),
+            "b": ("fp32 + AdamW → fp32 + plain SGD", "fp32", "sgd"),
+            "c": ("fp32 + AdamW → fp32 + 8-bit Adam", "fp32", "adam-8bit"),
+            "d": ("fp32 + AdamW → fp32 + SGD with momentum", "fp32", "sgd-momentum")}
+"""Exercise 3's options: one change each from fp32 + AdamW, as (text, policy, optimizer)."""
+
+
+def _saving(key: str) -> float:
+    _, policy, optimizer = SWITCHES[key]
+    return bytes_per_param("fp32") - bytes_per_param(policy, optimizer)
+
+
+def _billions_fit(capacity_gib: float) -> float:
+    return capacity_gib * GiB / bytes_per_param("bf16", "sgd") / 1e9
+
+
+EXERCISES = (
+    Numeric(
+        "02.amp-run-mib", "Model states (no step counters) of the amp-bf16 + AdamW run, MiB",
+        reference=_states_mib, unit="MiB", rtol=0.01,
+        hint="autocast changes the dtype of the matmuls' inputs, not of the stored weights, gradients or moments: "
+             "count the bytes per parameter that stay in storage, times model.param_count()",
+        why=lambda model: (f"{bytes_per_param('amp-bf16'):.0f} B/param (fp32 weights 4, fp32 gradients 4, two fp32 "
+                           f"moments 8) × {model.param_count():,} parameters. Autocast's bf16 copies live only from "
+                           "the forward to the backward (chapter 03)."),
+        diagnoses={lambda model: 12 * model.param_count() / MiB:
+                   "That is 12 B/param, seed 004's 14 + 14 + 56 GB for 7B: 16-bit weights and gradients and Adam's "
+                   "moments without fp32 weights. AMP stores fp32 weights.",
+                   lambda model: 18 * model.param_count() / MiB:
+                   "That is 18 B/param: it counts autocast's 16-bit weight copy as stored. The copies are transient "
+                   "(made in the forward, freed after the backward), not model states.",
+                   lambda model: 20 * model.param_count() / MiB:
+                   "That is 20 B/param, 16-bit weights and gradients plus fp32 copies of both; AMP keeps one fp32 "
+                   "copy of each and no 16-bit one in storage.",
+                   lambda model: 16 * model.param_count() / 1e6:
+                   "That is in decimal MB; the question asks for MiB (2**20 bytes)."},
+        sample=lambda: {"model": __import__("memlab.predict.models", fromlist=["preset"]).preset("tiny-gpt")},
+    ),
+    Numeric(
+        "02.llama7b-states", "Llama-2-7B model states, mixed-bf16 + AdamW, in GiB",
+        reference=_llama_gib, unit="GiB", rtol=0.01,
+        hint="multiply the parameter count (preset('llama-2-7b').param_count()) by mixed-bf16 + AdamW's bytes per "
+             "parameter from section 1, then divide by 2**30",
+        why=lambda: (f"{bytes_per_param('mixed-bf16'):.0f} B/param × {_llama_count():,} parameters: bf16 weights "
+                     "and gradients (2 + 2), an fp32 master copy (4) and two fp32 moments (8)."),
+        diagnoses={lambda: 16 * 7e9 / GiB: "That uses the nominal 7B; preset('llama-2-7b').param_count() is the exact "
+                                           "count.",
+                   lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 master "
+                                       "weights.",
+                   lambda: 12 * _llama_count() / GiB: "12 B/param leaves out the fp32 master weights.",
+                   lambda: 16 * _llama_count() / 1e9: "That is in decimal GB; the question asks for GiB."},
+    ),
+    Choice(
+        "02.biggest-saving", "Which one change from fp32 + AdamW saves the most model-state bytes per parameter",
+        reference=lambda: max(SWITCHES, key=_saving),
+        options={key: text for key, (text, _, _) in SWITCHES.items()},
+        hint="for each change, subtract its bytes per parameter (the table of section 1) from fp32 + AdamW's",
+        why=lambda: ("the savings in B/param are " + ", ".join(f"{k}: {_saving(k):.3g}" for k in SWITCHES)
+                     + ". Adam's two fp32 moments are half of fp32 + AdamW's bytes; mixed precision moves bytes "
+                       "between copies without saving any."),
+        diagnoses={"a": "Mixed-bf16 saves nothing: bf16 weights and gradients (2 + 2) plus an fp32 master (4) "
+                        "cost what fp32 weights and gradients (4 + 4) did.",
+                   "c": "8-bit Adam shrinks the moments from 8 B to about 2, but plain SGD drops them altogether.",
+                   "d": "Momentum is one fp32 buffer (4 B); plain SGD keeps none."},
+    ),
+    Numeric(
+        "02.bf16-sgd-fit", "Largest parameter count, in billions, whose bf16 + plain-SGD model states fit the capacity",
+        reference=_billions_fit, unit="", rtol=0.01,
+        hint="divide the capacity in bytes (GiB × 2**30) by the bytes per parameter of bf16 weights and bf16 "
+             "gradients with an optimizer that keeps no state",
+        why=lambda capacity_gib: (f"{capacity_gib:g} × 2**30 B over {bytes_per_param('bf16', 'sgd'):g} B/param "
+                                  "(bf16 weights 2 + bf16 gradients 2, plain SGD keeps nothing)."),
+        diagnoses={lambda capacity_gib: capacity_gib * 1e9 / bytes_per_param("bf16", "sgd") / 1e9:
+                   "That reads the capacity as decimal GB; it is GiB (2**30 bytes each).",
+                   lambda capacity_gib: capacity_gib * GiB / bytes_per_param("fp32") / 1e9:
+                   "That is fp32 + AdamW's 16 B/param.",
+                   lambda capacity_gib: capacity_gib * GiB / bytes_per_param("bf16", "sgd-momentum") / 1e9:
+                   "That adds a momentum buffer; plain SGD keeps none.",
+                   When(lambda v: v > 1e6): "Give the count in billions (e.g. 7 for 7e9)."},
+        sample=lambda: {"capacity_gib": 80},
+    ),
+)

@@ -1,0 +1,130 @@
+"""Chapter 04's exercises (activations and checkpointing). Questions are the notebook's markdown cells."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from memlab.course.exercises import Numeric, When
+
+
+@cache
+def _kept_fraction(model: Any, batch: int, seq: int, device: str) -> float:
+    """Measured: bytes checkpoint_sequential(segments=2) keeps after the forward over no checkpointing's."""
+    from memlab.labs import checkpointing
+
+    def saved(strategy: str, **kw: Any) -> float:
+        return checkpointing.measure_checkpointing(model, strategy, batch=batch, seq=seq, device=device,
+                                                   with_counted_flops=False, timing_repeats=1, **kw).saved_bytes
+
+    return saved("sequential", segments=2) / saved("none")
+
+
+def _sequential_2(model: Any, batch: int, seq: int, device: Any) -> float:
+    return _kept_fraction(model, batch, seq, str(device))
+
+
+def _preset(name: str) -> Any:
+    from memlab.predict.models import preset
+
+    return preset(name)
+
+
+def _selective_share(model_name: str, seq: int) -> float:
+    from memlab.predict.activations import attention_score_share
+
+    return attention_score_share(_preset(model_name), seq)
+
+
+def _recompute_ratio() -> float:
+    from memlab.predict.flops import megatron_iteration_flops
+
+    gpt3 = _preset("gpt-3-175b")
+    return megatron_iteration_flops(gpt3, 1, 2048, "full") / megatron_iteration_flops(gpt3, 1, 2048, "none")
+
+
+def _phases(batch: int) -> Any:
+    from memlab.predict.estimate import estimate
+    from memlab.predict.setup import Setup
+
+    setup = Setup(batch=batch, seq=512, precision="fp32", optimizer="adamw", optimizer_impl="foreach",
+                  attention="eager")
+    return estimate(_preset("llama-2-7b"), setup)
+
+
+def _phase_peak(batch: int, phase: str) -> int:
+    return max(row.peak_bytes for row in _phases(batch).phases if row.phase == phase)
+
+
+def _crossover_batch() -> int:
+    """The smallest batch at which Llama-2-7B's backward pass, not the foreach optimizer step, holds the peak."""
+    batch = 1
+    while _phases(batch).peak_phase != "backward":
+        batch += 1
+        if batch > 4096:
+            raise ValueError("no crossover below batch 4096")
+    return batch
+
+
+def _sample_deep() -> dict[str, Any]:
+    return {"model": _preset("tiny-gpt").with_(n_layers=2), "batch": 1, "seq": 8, "device": "cpu"}
+
+
+EXERCISES = (
+    Numeric(
+        "04.sequential-2", "Fraction of activation bytes checkpoint_sequential(segments=2) keeps (16 blocks)",
+        reference=_sequential_2, unit="", rtol=0.1,
+        hint="torch leaves the last of the two segments un-checkpointed: its blocks keep everything they would "
+             "without checkpointing; the first segment keeps only its input",
+        why=lambda model, batch, seq, device: (
+            f"measured: {_sequential_2(model, batch, seq, device):.3f} of the bytes. Half the blocks (the last "
+            "segment) keep all their activations, the other half only the first segment's input: about half, "
+            "not the 1/segments that the seed's line suggests."),
+        diagnoses={When(lambda v: v < 0.2): "That is what full checkpointing would keep. checkpoint_sequential "
+                                            "runs its last segment normally.",
+                   When(lambda v: v > 1): "A fraction of what no checkpointing keeps: at most 1.",
+                   When(lambda v: abs(v - 0.5) > 0.1): "Count per block: how many of the 16 blocks keep everything, "
+                                                        "and what do the others keep?"},
+        sample=_sample_deep,
+    ),
+    Numeric(
+        "04.selective-share", "Share of a layer's activation bytes that selective recomputation removes",
+        reference=_selective_share, unit="", rtol=0.02,
+        hint="Korthikanti et al.'s per-layer bytes are s·b·h·(34 + 5·a·s/h): selective recomputation drops the "
+             "5·a·s/h term (the attention scores, softmax and dropout); its share is 5as/h / (34 + 5as/h)",
+        why=lambda model_name, seq: (
+            f"5·a·s/h = {5 * _preset(model_name).n_heads * seq / _preset(model_name).d_model:.1f} with "
+            f"a = {_preset(model_name).n_heads}, h = {_preset(model_name).d_model}, s = {seq:,}; the share grows "
+            "with s/d_head, so long sequences make selective recomputation worth more."),
+        diagnoses={lambda model_name: _selective_share("gpt-3-175b", 2048):
+                   "That is GPT-3's share at s = 2048 (section 1); recompute 5as/h for this model and sequence.",
+                   lambda model_name, seq: 1 - _selective_share(model_name, seq):
+                   "That is the share that stays (34 / (34 + 5as/h)), not the share removed.",
+                   When(lambda v: v > 1): "A share of the layer's bytes: between 0 and 1."},
+        sample=lambda: {"model_name": "llama-2-7b", "seq": 4096},
+    ),
+    Numeric(
+        "04.full-recompute-flops", "FLOPs ratio, full recompute / none, GPT-3 at b=1, s=2048",
+        reference=_recompute_ratio, unit="x", rtol=0.01,
+        hint="without recompute a step is 3F (forward + a backward twice as costly); full recompute adds one more "
+             "forward of the blocks, F_blocks, which is a little less than F (the LM head is not recomputed)",
+        why=lambda: (f"(3F + F_blocks) / 3F = {_recompute_ratio():.4f}: just under 4/3, because the LM head's "
+                     "forward is not recomputed."),
+        diagnoses={2: "The forward runs twice, but the backward (2F) once: the step is 3F + F_blocks, not 2 × 3F.",
+                   1.5: "That counts the step as forward + backward = 2F; the backward costs 2F, so a step is 3F."},
+    ),
+    Numeric(
+        "04.crossover-batch", "Smallest batch at which Llama-2-7B's backward pass holds the peak (fp32, foreach "
+                              "AdamW, s=512, memlab's estimate)",
+        reference=_crossover_batch, unit="", rtol=0.001,
+        hint="the foreach step's scratch does not grow with the batch, the activations do: find the first b at which "
+             "estimate(preset('llama-2-7b'), Setup(batch=b, seq=512, precision='fp32', optimizer_impl='foreach'))"
+             ".peak_phase is 'backward'",
+        why=lambda: (f"below batch {_crossover_batch()} the foreach step's scratch (sized like all parameters, "
+                     f"{(_phase_peak(1, 'optimizer step') - _phase_peak(1, 'backward')) / 2**30:,.1f} GiB above the "
+                     "backward at batch 1) holds the peak; activations grow with the batch and overtake "
+                     "it there. Checkpointing cannot lower a peak that the optimizer step holds."),
+        diagnoses={When(lambda v: v == 1): "At batch 1 the optimizer step holds the peak, as in section 5.",
+                   When(lambda v: v != round(v)): "A batch is a whole number of sequences."},
+    ),
+)

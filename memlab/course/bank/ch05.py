@@ -1,0 +1,119 @@
+"""Chapter 05's exercises (ZeRO and FSDP). Questions are the notebook's markdown cells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlab.course.exercises import Numeric, When
+from memlab.units import GiB, MiB
+
+
+def _preset(name: str) -> Any:
+    from memlab.predict.models import preset
+
+    return preset(name)
+
+
+def _zero3_volume(psi: float) -> float:
+    from memlab.predict.communication import zero_comm_bytes
+
+    return sum(zero_comm_bytes(psi, 3).values())
+
+
+def _ring_mib(model: Any, world_size: int) -> float:
+    """MiB each rank sends per ZeRO-3 step over a ring, Ψ = the model's fp32 gradient bytes."""
+    from memlab.predict.communication import ring_wire_bytes
+
+    return ring_wire_bytes(_zero3_volume(4 * model.param_count()), world_size) / MiB
+
+
+def _zero1_measured_psi(table: Any) -> float:
+    """DDP + ZeroRedundancyOptimizer's measured traffic in Ψ, at the largest world size measured."""
+    rows = table[table["strategy"] == "zero1"]
+    return float(rows.loc[rows["world_size"].idxmax(), "measured / Ψ"])
+
+
+def _gpt3_zero1_tb(table: Any) -> float:
+    return _zero1_measured_psi(table) * 2 * _preset("gpt-3-175b").param_count() / 1e12
+
+
+def _llama70b_gib() -> float:
+    from memlab.predict.estimate import estimate
+    from memlab.predict.setup import Setup
+
+    setup = Setup(precision="mixed-bf16", zero_stage=3, world_size=64, seq=1)
+    return estimate(_preset("llama-2-70b"), setup).model_state_bytes() / GiB
+
+
+def _gpt3_total(ranks: int) -> float:
+    from memlab.predict.estimate import Overheads, estimate
+    from memlab.predict.setup import Setup
+
+    setup = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=ranks, recompute="full")
+    return estimate(_preset("gpt-3-175b"), setup, overheads=Overheads(gathered_layers=2)).total_bytes
+
+
+def _sample_comm() -> dict[str, Any]:
+    import pandas as pd
+
+    return {"table": pd.DataFrame({"strategy": ["ddp", "zero1", "zero1"], "world_size": [4, 2, 4],
+                                   "measured / Ψ": [2.0, 3.0, 3.0]})}
+
+
+EXERCISES = (
+    Numeric(
+        "05.zero3-ring-mib", "MiB each rank sends per ZeRO-3 step over a ring of N ranks (Ψ = fp32 gradients)",
+        reference=_ring_mib, unit="MiB", rtol=0.01,
+        hint="the paper's volume per rank is 3Ψ for ZeRO-3 (two all-gathers of the parameters, one reduce-scatter of "
+             "the gradients); a ring collective sends (N − 1)/N of its volume on each rank's link",
+        why=lambda model, world_size: (
+            f"3Ψ = {_zero3_volume(4 * model.param_count()) / MiB:,.2f} MiB of volume, × ({world_size} − 1)/"
+            f"{world_size} on the wire: a ring passes every chunk but the rank's own."),
+        diagnoses={lambda model: _zero3_volume(4 * model.param_count()) / MiB:
+                   "That is the paper's volume, 3Ψ; on a ring each rank sends (N − 1)/N of it.",
+                   lambda model, world_size: (2 * 4 * model.param_count() * (world_size - 1) / world_size) / MiB:
+                   "That is 2Ψ, DDP's (or ZeRO-2's) traffic; ZeRO-3 all-gathers the parameters again in backward.",
+                   lambda model, world_size: _ring_mib(model, world_size) / 2:
+                   "That counts Ψ in bf16 bytes; this run's gradients are fp32 (4 B each)."},
+        sample=lambda: {"model": _preset("tiny-gpt"), "world_size": 4},
+    ),
+    Numeric(
+        "05.gpt3-zero1-tb", "TB each rank moves per step: GPT-3 175B, bf16 gradients, DDP + ZeroRedundancyOptimizer",
+        reference=_gpt3_zero1_tb, unit="TB", rtol=0.02,
+        hint="take the Ψ-multiple that section 3 measured for DDP + ZeroRedundancyOptimizer (not the paper's), and "
+             "Ψ = 2 bytes × preset('gpt-3-175b').param_count()",
+        why=lambda table: (
+            f"{_zero1_measured_psi(table):.2f}Ψ measured × Ψ = {2 * _preset('gpt-3-175b').param_count() / 1e12:.3f} "
+            "TB: torch's ZeroRedundancyOptimizer runs under DDP's full all-reduce (2Ψ) and then broadcasts every "
+            "rank's updated partition (1Ψ); the volume per rank does not depend on N."),
+        diagnoses={lambda: 2 * 2 * _preset("gpt-3-175b").param_count() / 1e12:
+                   "That is the paper's 2Ψ for stage 1; section 3 measured what torch's implementation moves.",
+                   lambda table: _zero1_measured_psi(table) * 4 * _preset("gpt-3-175b").param_count() / 1e12:
+                   "That takes Ψ in fp32 bytes; the question says bf16 gradients (2 B each).",
+                   When(lambda v: v > 1e6): "Far too large: is that in bytes? Write e.g. '1.2 TB'."},
+        sample=_sample_comm,
+    ),
+    Numeric(
+        "05.llama70b-zero3", "Llama-2-70B model states per rank, mixed-bf16 AdamW, ZeRO-3 over 64 ranks, GiB",
+        reference=_llama70b_gib, unit="GiB", rtol=0.02,
+        hint="16 bytes per parameter (chapter 02) for preset('llama-2-70b').param_count() parameters, divided by 64; "
+             "GiB = 2**30 bytes",
+        why=lambda: (f"16 B × {_preset('llama-2-70b').param_count():,} / 64: ZeRO-3 shards parameters, gradients "
+                     "and optimizer states alike."),
+        diagnoses={lambda: 16 * 70e9 / 64 / GiB: "That uses the nominal 70B; count the parameters.",
+                   lambda: 16 * _preset("llama-2-70b").param_count() / GiB:
+                   "That is the whole model's states; ZeRO-3 divides all of them by the 64 ranks.",
+                   lambda: (4 + 12 / 64) * _preset("llama-2-70b").param_count() / GiB:
+                   "That shards only the optimizer (ZeRO-1); stage 3 shards parameters and gradients too."},
+    ),
+    Numeric(
+        "05.zero3-floor", "Per-rank total at 512 ranks / at 1024 ranks, GPT-3 175B under ZeRO-3 (section 4's setup)",
+        reference=lambda: _gpt3_total(512) / _gpt3_total(1024), unit="", rtol=0.02,
+        hint="model states halve from 512 to 1024 ranks; the activations of one micro-batch and the gathered blocks "
+             "do not: add them up at both N",
+        why=lambda: (f"{_gpt3_total(512) / GiB:.2f} GiB / {_gpt3_total(1024) / GiB:.2f} GiB: past a few hundred "
+                     "ranks the model states are the smallest term, so doubling N barely helps."),
+        diagnoses={2: "Only the model states halve; activations and the gathered blocks stay per rank.",
+                   When(lambda v: v < 1): "The total shrinks with more ranks: the ratio 512 / 1024 is at least 1."},
+    ),
+)

@@ -1,0 +1,120 @@
+"""Chapter 10's exercises (your model: Hugging Face families, their traits, will it fit). Questions are the
+notebook's markdown cells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlab.course.exercises import Choice, Numeric, When
+
+SAME_SIZE_SETUP = {"batch": 2, "seq": 24, "attention": "eager"}
+"""Exercise 1's run: batch 2 × 24 tokens, eager attention, fp32 (the Setup default)."""
+
+
+def _saved(config: Any) -> float:
+    from memlab.predict.activations import activation_bytes
+    from memlab.predict.hf import from_hf
+    from memlab.predict.setup import Setup
+
+    return sum(activation_bytes(from_hf(config), Setup(**SAME_SIZE_SETUP), device_type="cpu").values())
+
+
+def _more_per_token(configs: dict[str, Any]) -> str:
+    saved = {family: _saved(cfg) for family, cfg in configs.items()}
+    if max(saved.values()) == min(saved.values()):
+        return "same"
+    return max(saved, key=saved.get)
+
+
+def _sample_families() -> dict[str, Any]:
+    from memlab.course.hf_configs import load_config
+
+    return {"configs": {"gpt2": load_config("gpt2"),
+                        "gpt_neox": {**load_config("gpt_neox"), "intermediate_size": 256}}}
+
+
+def _largest_batch(model: Any, setup: Any, card: str) -> int:
+    from memlab.predict.fit import max_batch
+
+    return max_batch(model, setup, card).value
+
+
+def _by_decimal_gb(model: Any, setup: Any, card: str) -> int:
+    """The largest batch whose peak fits the card read as decimal GB: the unit slip chapter 08 warns about."""
+    import dataclasses
+
+    from memlab.predict.fit import max_batch
+    from memlab.predict.hardware import gpu
+
+    spec = gpu(card)
+    return max_batch(model, setup, dataclasses.replace(spec, memory_bytes=int(spec.memory_gib * 1e9))).value
+
+
+def _sample_pythia() -> dict[str, Any]:
+    from memlab.course.hf_configs import load_config
+    from memlab.predict.hf import from_hf
+    from memlab.predict.setup import Setup
+
+    return {"model": from_hf(load_config("pythia-1.4b", "full"), name="pythia-1.4b"),
+            "setup": Setup(batch=1, seq=2048, precision="bf16", attention="flash"), "card": "rtx-4090"}
+
+
+def _gelu_extra(model: Any) -> float:
+    from memlab.predict.activations import trait_effects
+    from memlab.predict.setup import Setup
+
+    return trait_effects(model, Setup(batch=1, seq=1, precision="bf16"))["activation"] / model.n_layers
+
+
+def _sample_gpt2() -> dict[str, Any]:
+    from memlab.course.hf_configs import load_config
+    from memlab.predict.hf import from_hf
+
+    return {"model": from_hf(load_config("gpt2", "full"), name="gpt2")}
+
+
+EXERCISES = (
+    Choice(
+        "10.family-per-token", "Which family saves more activation bytes per token at the same sizes",
+        reference=_more_per_token,
+        options={"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "same": "the same: the sizes are equal"},
+        hint="count the d_ff-wide tensors each MLP keeps (composed gelu_new vs a fused GELU) and how many norm "
+             "inputs a parallel block keeps",
+        why=lambda configs: ("bytes saved for backward: " + ", ".join(f"{f} {_saved(c):,.0f}" for f, c in
+                                                                      configs.items())
+                             + ". Equal sizes, different code: GPT-2's gelu_new is built from element-wise ops, "
+                               "each keeping a d_ff-wide tensor, where GPT-NeoX calls one fused GELU."),
+        diagnoses={"same": "The sizes are equal, but what a layer keeps depends on how its code is written: "
+                           "a composed activation keeps its intermediates."},
+        sample=_sample_families,
+    ),
+    Numeric(
+        "10.pythia-4090-batch", "Largest micro-batch of Pythia-1.4B (pure bf16, SDPA, 2,048 tokens) on an RTX 4090",
+        reference=_largest_batch, unit="", rtol=0.01,
+        hint="model states are 8 B/param in pure bf16 with Adam; divide what is left of the card's "
+             "gpu('rtx-4090').memory_bytes (memlab's table reads its '24 GB' as 24 GiB) by the peak bytes one more "
+             "sequence adds, or call max_batch(config, setup, 'rtx-4090')",
+        why=lambda model, setup, card: (
+            f"batch {_largest_batch(model, setup, card)} is the largest whose phase-aware peak fits the card's "
+            "memory_bytes; the trace below checks it and the next batch."),
+        diagnoses={_by_decimal_gb: "That reads the card as 24 × 10^9 bytes; memlab's table stores 24 GiB "
+                                   "(24 × 2^30), as the card reports.",
+                   When(lambda v: v != round(v)): "A batch is a whole number of sequences."},
+        sample=_sample_pythia,
+    ),
+    Numeric(
+        "10.gelu-new-extra", "Extra bytes per token per layer that composed gelu_new keeps (bf16)",
+        reference=_gelu_extra, unit="B", rtol=0.01,
+        hint="gelu_new keeps 4 d_ff-wide tensors besides its output where a fused GELU keeps 1; 2 bytes each in "
+             "bf16, per token",
+        why=lambda model: (f"{_gelu_extra(model):,.0f} B = {_gelu_extra(model) / (2 * model.d_ff):g} extra "
+                           f"d_ff-wide tensors × d_ff = {model.d_ff:,} × 2 B: the intermediates of the composed tanh "
+                           "approximation, which a fused GELU does not keep."),
+        diagnoses={lambda model: 4 * model.d_ff * 2: "That counts all four tensors; a fused GELU keeps one of them "
+                                                     "too, so the extra is three.",
+                   lambda model: _gelu_extra(model) * model.n_layers: "That is all layers; the question asks per "
+                                                                       "layer.",
+                   lambda model: _gelu_extra(model) * 2: "That uses 4-byte elements; in pure bf16 each is 2 bytes."},
+        sample=_sample_gpt2,
+    ),
+)
