@@ -237,12 +237,13 @@ def build_training(config: TransformerConfig, setup: Setup, device: torch.device
     the profiler and the step-time lab build the step they measure; setups one process cannot run are refused
     (:func:`check_single_process`)."""
     from memlab.model.gpt import GPT
+    from memlab.model.loss import LossOptions
     from memlab.model.optimizers import build_optimizer
 
     check_single_process(setup)
     torch.manual_seed(seed)
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device,
-                dtype=model_dtype(setup.policy)).train()
+                dtype=model_dtype(setup.policy), loss=LossOptions.of(setup)).train()
     return model, training_step(model, setup.policy, device,
                                 lambda ps: build_optimizer(setup.optimizer, ps, lr, setup.optimizer_impl),
                                 set_to_none=setup.zero_grad_to_none)

@@ -42,7 +42,10 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.loss import kept_positions
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
@@ -314,12 +317,48 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     if not model_level:
         return terms
     terms += _norm_terms(config, t, 1, w, "final norm")
-    terms.append(("LM-head input", "head & loss", t * h, w["compute"], False))
-    terms.append(("log-softmax of logits, fp32", "head & loss", t * V, FP32, True))
-    terms.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
-    if autocast:
-        terms.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+    terms += loss_rows(config, setup, w)
     return terms
+
+
+def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> list[TermRow]:
+    """What the LM head and the loss keep for backward under ``setup.loss`` and ``setup.logits_to_keep``
+    (:mod:`memlab.predict.loss`; ``w``: :func:`shared_widths`). Plain and chunked keep the head's input: with
+    ``logits_to_keep`` shorter than seq at batch > 1 the last positions are not contiguous, and the head's matmul
+    keeps both the whole hidden state and its contiguous copy (and the loss a copy of the targets' slice)."""
+    b, s = setup.batch, setup.seq
+    t, h, V = b * s, config.d_model, config.vocab_size
+    kind = setup.loss
+    if kind == "plain" and not setup.logits_to_keep:  # the default, listed without the general case's arithmetic
+        rows: list[TermRow] = [("LM-head input", "head & loss", t * h, w["compute"], False),
+                               ("log-softmax of logits, fp32", "head & loss", t * V, FP32, True),
+                               ("loss normaliser (total_weight)", "head & loss", 1, FP32, False)]
+        if setup.policy.autocast:
+            rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+        return rows
+    k = kept_positions(setup)
+    tk = b * k
+    # a batch > 1 slice of the last 1 < k < s positions is no view of (b * k, h): reshape copies it
+    copied = (k != s) * (b != 1) * (k != 1)
+    if kind == "fused":
+        rows = [("gradient of the LM-head input (fused loss)", "head & loss", tk * h, w["residual"],
+                                False, "computed in forward [liger2024]"),
+                               ("gradient of the LM-head weight (fused loss)", "head & loss", V * h,
+                                setup.policy.param_bytes, True)]
+        if config.impl.head_bias and not config.tied_embeddings:
+            rows.append(("gradient of the LM-head bias (fused loss)", "head & loss", V, setup.policy.param_bytes, True))
+        return rows
+    # chunked: its checkpoints keep the copy instead of the whole hidden state
+    rows = [("LM-head input", "head & loss", (t if kind == "plain" else t - copied * t) * h, w["compute"], False)]
+    if isinstance(copied, np.ndarray) or copied:
+        rows.append(("contiguous copy of the kept positions", "head & loss", copied * tk * h, w["compute"], False))
+        rows.append(("copy of the kept targets", "head & loss", copied * tk, INT64, False))
+    if kind == "plain":
+        rows.append(("log-softmax of logits, fp32", "head & loss", tk * V, FP32, True))
+        rows.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
+        if setup.policy.autocast:
+            rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+    return rows
 
 
 def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, Any]:

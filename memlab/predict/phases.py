@@ -51,6 +51,7 @@ import numpy as np
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.activations import shared_widths, term_rows
 from memlab.predict.frozen import unchecked
+from memlab.predict.loss import chunk_tokens, kept_positions
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
 from memlab.predict.setup import resolve_optimizer_impl
@@ -176,6 +177,11 @@ class StepInputs:
     full_recompute: bool
     input_bytes: Any = 0
     """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
+    loss_forward_bytes: Any = 0
+    """Transient bytes of the LM head and loss at the end of forward, beyond what they keep
+    (:func:`loss_transients`)."""
+    loss_backward_bytes: Any = 0
+    """Transient bytes of the loss's backward at the start of backward, beyond what it keeps."""
 
 
 def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
@@ -300,14 +306,55 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     if config is None:
         return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
-                                      **const, "input_bytes": 0})
+                                      **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0})
     lt = _layer_terms(config, setup, device_type, terms)
+    if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
+        logits = setup.batch * setup.seq * config.vocab_size / setup.tp
+        fwd, bwd = const["forward_logits_bytes_per_element"] * logits, 8 * logits
+    else:
+        logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
+        fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
     return unchecked(StepInputs, {
-        "logits_elements": setup.batch * setup.seq * config.vocab_size / setup.tp,
+        "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
+        "loss_forward_bytes": fwd, "loss_backward_bytes": bwd,
     })
+
+
+def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logit: float,
+                    device_type: str) -> tuple[Any, Any]:
+    """(end of forward, start of backward) transient bytes of the LM head and loss beyond what they keep, on one
+    tp rank (:mod:`memlab.predict.loss`). ``logits``: the elements of one logits tensor (``t' V / tp``);
+    ``per_logit``: bytes per logit alive at the end of a plain forward (4, 6 or 8).
+
+    plain: ``per_logit x logits`` and ``8 x logits`` (the fp32 gradients of the log-softmax and the logits).
+    chunked: one chunk's fp32 logits and log-softmax (``8 c V``) and three fp32 scalars (the running sum, the
+    chunk's loss and total_weight) in forward; in backward the recomputed chunk beside its gradients.
+    fused: one chunk's logits, log-softmax and gradient in forward; nothing in backward (the kept gradients are
+    scaled in place and handed on).
+    """
+    kind = setup.loss
+    if kind == "plain":
+        return per_logit * logits, 8 * logits
+    tk = setup.batch * kept_positions(setup)
+    V, h = config.vocab_size, config.d_model
+    c = chunk_tokens(tk, V, h, setup.loss_chunk)
+    chunk_logits = c * V / setup.tp
+    w = shared_widths(setup.precision, device_type)
+    gb, cw = setup.policy.grad_bytes, w["compute"]
+    if kind == "chunked":
+        # backward, first chunk: the recomputed log-softmax and two fp32 gradients (12 c V), then, while its
+        # weight gradient is made contiguous for AccumulateGrad (two V x h), the log-softmax, the input's gradient
+        # buffer (t' h) and the chunk's (c h)
+        head_grad = 2 * V * h * gb / setup.tp
+        return 8 * chunk_logits + 12, 12 * chunk_logits + head_grad + (tk + c) * h * cw + 4
+    # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk; under autocast the
+    # 16-bit copy of the head weight autocast caches until forward ends
+    t = setup.batch * setup.seq
+    copy = 2 * V * h / setup.tp if setup.policy.autocast else 0
+    return 8 * chunk_logits + t * h * w["residual"] + copy, 0
 
 
 def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum_steps: int = 1,
@@ -316,8 +363,7 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
 
     Works elementwise on numpy arrays (a vectorised sweep) as on scalars.
     """
-    fwd_logits = x.forward_logits_bytes_per_element * x.logits_elements
-    bwd_logits = 8 * x.logits_elements
+    fwd_logits, bwd_logits = x.loss_forward_bytes, x.loss_backward_bytes
     end = g + x.tied_head_grad_bytes
     out = []
     for step in STEPS:

@@ -60,12 +60,14 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
     """Everything :func:`trace_step` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
     ``mesh`` (:func:`memlab.tracing.fake_dist.fake_process_group`) the blocks are sharded with FSDP2."""
     from memlab.model.gpt import GPT
+    from memlab.model.loss import LossOptions
     from memlab.model.step import model_dtype
 
     parts = setup_parts(setup, lr=lr, device_type=device_type)
 
     def model_fn() -> nn.Module:
-        model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy))
+        model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy),
+                    loss=LossOptions.of(setup))
         if mesh is not None:
             from memlab.tracing.fake_dist import shard_blocks
 
