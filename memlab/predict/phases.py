@@ -182,6 +182,11 @@ class StepInputs:
     (:func:`loss_transients`)."""
     loss_backward_bytes: Any = 0
     """Transient bytes of the loss's backward at the start of backward, beyond what it keeps."""
+    head_input_bytes: Any = 0
+    """The LM head's saved input (part of ``head_loss_bytes``)."""
+    offload: bool = False
+    """Saved activations live on the host (``Setup.offload_activations``): the device keeps only the token ids the
+    loop holds, and takes each saved tensor back when backward reads it (the loss's at the start of backward)."""
 
 
 def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
@@ -196,7 +201,7 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
     # width, sharded[, note]), its bytes count * width / (tp if sharded or sp else 1) (ActivationTerm.bytes).
     # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
     # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
-    per = recompute_inputs = head = inputs = 0
+    per = recompute_inputs = head = inputs = head_input = 0
     own_is_block = setup.recompute == "none"
     if not own_is_block:
         for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
@@ -212,6 +217,8 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
             recompute_inputs += size
         elif category == "head & loss":
             head += size
+            if name == "LM-head input":
+                head_input += size
         if name in _TOKEN_IDS:
             inputs += size
     w = shared_widths(setup.precision, device_type)
@@ -227,7 +234,7 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
         "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
         "block_forward": mlp + t * config.d_model * w["compute"],
         "recompute_inputs": recompute_inputs,
-        "head": head,
+        "head": head, "head_input": head_input,
         "inputs": inputs,
     }
 
@@ -287,7 +294,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
     if config is None:
         return {"layer_grad_bytes": 0.0, "tied_head_grad_bytes": 0.0, "optimizer_temporary_bytes": opt_t,
                 "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
-                "forward_logits_bytes_per_element": 4, "full_recompute": False}
+                "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False}
     gb = pol.grad_bytes
     return {
         "layer_grad_bytes": layer_elements * gb,
@@ -295,7 +302,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else (8 if pol.autocast else 6),
-        "full_recompute": setup.recompute == "full",
+        "full_recompute": setup.recompute == "full", "offload": setup.offload_activations,
     }
 
 
@@ -306,7 +313,8 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     if config is None:
         return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
-                                      **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0})
+                                      **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
+                                      "head_input_bytes": 0})
     lt = _layer_terms(config, setup, device_type, terms)
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
         logits = setup.batch * setup.seq * config.vocab_size / setup.tp
@@ -319,7 +327,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
-        "loss_forward_bytes": fwd, "loss_backward_bytes": bwd,
+        "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
     })
 
 
@@ -374,10 +382,14 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             g_held = g if holds else 0
             tag = "" if first_micro else " (accumulating)"
             base = p + o_held
-            fwd = base + g_held + a + fwd_logits + LOSS_BYTES
+            # offload: the device keeps the loop's token ids, and the loss's saved tensors while the loss runs
+            a_fwd = x.input_bytes + x.head_loss_bytes if x.offload else a
+            fwd = base + g_held + a_fwd + fwd_logits + LOSS_BYTES
             if x.full_recompute:
-                fwd = larger(fwd, base + g_held + a - x.head_loss_bytes + x.block_forward_bytes)
-            start = base + g_held + a + bwd_logits + LOSS_BYTES
+                fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes + x.block_forward_bytes)
+            # offload: the loss's saved tensors but the head's input copied back at the start of backward
+            a_start = x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload else a
+            start = base + g_held + a_start + bwd_logits + LOSS_BYTES
             below = g if holds else larger(g - x.layer_grad_bytes, 0)
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
             out.append((step, "forward" + tag, fwd + overhead))

@@ -47,10 +47,21 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
         notes.append("loss scaling traced without its finite check (data-dependent on fake tensors): the scale and "
                      "found-inf scalars are a few bytes")
 
+    if setup.offload_activations:
+        notes.append("activation offload (save_on_cpu, pinned) simulated: saved tensors leave the device for a "
+                     "meta-tensor 'host' and come back as fresh device tensors; device bytes are a GPU run's, "
+                     "values are not; the trace's host_bytes is what a forward copies to the host")
+
     def step_fn(model: nn.Module) -> TrainingStep:
         make = lambda ps: build_optimizer(setup.optimizer, ps, lr, impl)  # noqa: E731
+        offload = None
+        if setup.offload_activations:
+            from memlab.model.offload import OffloadActivations
+
+            offload = OffloadActivations(simulate=True)
         return training_step(model, policy, torch.device("cpu"), make, loss_scaling=False,
-                             set_to_none=setup.zero_grad_to_none, grad_accum_steps=setup.grad_accum_steps)
+                             set_to_none=setup.zero_grad_to_none, grad_accum_steps=setup.grad_accum_steps,
+                             offload=offload)
 
     return {"step_fn": step_fn, "notes": tuple(notes)}
 
