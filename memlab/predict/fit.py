@@ -223,7 +223,8 @@ def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int
             continue
         bd = estimate(config, changed, overheads=overheads)
         extra = flops(changed) - base_flops + (head if changed.loss == "chunked" and setup.loss != "chunked" else 0)
-        out.append(LeverResult(lever.name.replace(" N ", f" {world_size} "), {k: getattr(changed, k) for k, _ in lever.changes}, bd.peak_bytes,
+        name = lever.name.replace(" N ", f" {world_size} ")
+        out.append(LeverResult(name, {k: getattr(changed, k) for k, _ in lever.changes}, bd.peak_bytes,
                                bd.peak_phase, bd.peak_bytes <= cap, base.peak_bytes - bd.peak_bytes, extra,
                                bd.host_bytes, lever.cost))
     return sorted(out, key=lambda r: (r.peak_bytes, r.name))

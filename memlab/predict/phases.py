@@ -353,11 +353,16 @@ def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logi
     w = shared_widths(setup.precision, device_type)
     gb, cw = setup.policy.grad_bytes, w["compute"]
     if kind == "chunked":
-        # backward, first chunk: the recomputed log-softmax and two fp32 gradients (12 c V), then, while its
-        # weight gradient is made contiguous for AccumulateGrad (two V x h), the log-softmax, the input's gradient
-        # buffer (t' h) and the chunk's (c h)
-        head_grad = 2 * V * h * gb / setup.tp
-        return 8 * chunk_logits + 12, 12 * chunk_logits + head_grad + (tk + c) * h * cw + 4
+        # backward, the first chunk: the recomputed chunk (logits, log-softmax) beside its fp32 gradients, then
+        # its weight gradient (h x V), made contiguous for AccumulateGrad, beside the log-softmax; with the input's
+        # gradient buffer (t' h) and the chunk's (c h). The larger of the two moments, each taken at its most (an
+        # upper bound: the trace is within a few per cent below it, tests/predict/test_loss_offload.py)
+        around = (tk + c) * h * cw + 4
+        # with the kept positions copied (activations.loss_rows), the whole hidden state is alive in forward too
+        k, b = kept_positions(setup), setup.batch
+        hidden = (k != setup.seq) * (b != 1) * (k != 1) * b * setup.seq * h * cw
+        weight_grad = 3 * V * h * gb / setup.tp
+        return 8 * chunk_logits + 12 + hidden, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
     # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk; under autocast the
     # 16-bit copy of the head weight autocast caches until forward ends
     t = setup.batch * setup.seq

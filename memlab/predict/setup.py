@@ -142,9 +142,9 @@ class Setup(StrictInit):
             raise SetupError(f"logits_to_keep={self.logits_to_keep} exceeds seq={self.seq}: keep at most seq positions "
                              "(0 keeps all)")
         if self.offload_activations and self.loss == "chunked":
-            raise SetupError("offload_activations with loss='chunked': each chunk's checkpoint saves the LM-head weight "
-                             "and save_on_cpu copies it to the host once per chunk: use loss='fused' (or 'plain') "
-                             "with offload")
+            raise SetupError("offload_activations with loss='chunked': each chunk's checkpoint saves the LM-head "
+                             "weight and save_on_cpu copies it to the host once per chunk: use loss='fused' (or "
+                             "'plain') with offload")
         if self.mode == "inference" and (self.loss != "plain" or self.logits_to_keep or self.offload_activations):
             raise SetupError("loss, logits_to_keep and offload_activations describe a training step: drop them with "
                              "mode='inference'")
