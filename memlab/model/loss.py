@@ -57,7 +57,7 @@ class LossOptions:
 
 
 def _chunk_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tgt: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of one chunk (fp32 upcast as HF's loss does)."""
+    """Summed cross-entropy of one chunk (fp32 upcast as HF's loss does; targets of -100 ignored, as torch's)."""
     return F.cross_entropy(F.linear(x, weight, bias).float(), tgt, reduction="sum")
 
 
@@ -66,18 +66,28 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     by chunk (Liger-Kernel's scheme [liger2024]); backward scales the kept gradients by the incoming one."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, tgt, chunk):  # type: ignore[override]
-        n = x.shape[0]
+    def forward(ctx, x, weight, bias, tgt, chunk, ignore_index=None):  # type: ignore[override]
+        if ignore_index is not None:  # Hugging Face's shifted labels end in -100: mask them, divide by the rest
+            valid = tgt != ignore_index
+            n = valid.sum()
+            tgt = tgt.masked_fill(~valid, 0)
+        else:
+            valid, n = None, x.shape[0]
         grad_x = torch.zeros_like(x)
         grad_w = torch.zeros_like(weight) if weight.requires_grad else None
         grad_b = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
         total = torch.zeros((), dtype=torch.float32, device=x.device)
-        for start in range(0, n, chunk):
+        for start in range(0, x.shape[0], chunk):
             xc, tc = x[start:start + chunk], tgt[start:start + chunk, None]
             logp = torch.log_softmax(F.linear(xc, weight, bias).float(), dim=-1)  # the chunk's logits, fp32
-            total.sub_(logp.gather(1, tc).sum())
+            picked = logp.gather(1, tc)
+            if valid is not None:
+                picked = picked * valid[start:start + chunk, None]
+            total.sub_(picked.sum())
             # d(mean CE)/d logits = (softmax - one_hot) / n, in place over the log-probabilities
             grad = logp.exp_().scatter_add_(1, tc, torch.full_like(tc, -1, dtype=logp.dtype)).div_(n)
+            if valid is not None:
+                grad.mul_(valid[start:start + chunk, None])
             del logp
             grad = grad.to(xc.dtype)
             torch.mm(grad, weight.to(grad.dtype), out=grad_x[start:start + chunk])
@@ -96,13 +106,15 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         for g in (grad_x, grad_w, grad_b):
             if g is not None:
                 g.mul_(grad_out.to(g.dtype))
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-            options: LossOptions = LossOptions()) -> torch.Tensor:
+            options: LossOptions = LossOptions(), *, ignore_index: int | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy of the LM head (``weight``: vocab x width, ``bias`` or None) over ``hidden``
-    (batch, seq, width) against ``targets`` (batch, seq), computed as ``options`` says (module docstring)."""
+    (batch, seq, width) against ``targets`` (batch, seq), computed as ``options`` says (module docstring).
+    ``ignore_index``: a target value left out of the loss and of its mean (Hugging Face's -100); None: every
+    target counts (the reference GPT's batches)."""
     b, s, h = hidden.shape
     if options.keep and options.keep < s:
         hidden, targets = hidden[:, s - options.keep:], targets[:, s - options.keep:]
@@ -113,10 +125,27 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     x, tgt = hidden.reshape(b * s, h), targets.reshape(b * s)
     chunk = chunk_tokens(b * s, weight.shape[0], h, options.chunk)
     if options.kind == "fused":
-        return FusedLinearCrossEntropy.apply(x, weight, bias, tgt, chunk)
+        return FusedLinearCrossEntropy.apply(x, weight, bias, tgt, chunk, ignore_index)
     total = None
     for start in range(0, b * s, chunk):
         part = checkpoint(_chunk_sum, x[start:start + chunk], weight, bias, tgt[start:start + chunk],
                           use_reentrant=False)
         total = part if total is None else total + part
-    return total / (b * s)
+    return total / ((tgt != ignore_index).sum() if ignore_index is not None else b * s)
+
+
+def hf_causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
+                      options: LossOptions = LossOptions()) -> torch.Tensor:
+    """The loss of a transformers causal LM under ``options``: plain is the model's own (``model(input_ids,
+    labels=...)``, and ``logits_to_keep=N`` with the last N labels); chunked and fused run the base model for the
+    hidden states and :func:`lm_loss` over its output embeddings (the LM head), with the labels shifted as
+    ``ForCausalLMLoss`` shifts them (padded with -100, which is ignored)."""
+    if options.kind == "plain":
+        if options.keep and options.keep < input_ids.shape[1]:
+            return model(input_ids=input_ids, labels=labels[:, -options.keep:], logits_to_keep=options.keep).loss
+        return model(input_ids=input_ids, labels=labels).loss
+    out = model.base_model(input_ids=input_ids)
+    hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+    head = model.get_output_embeddings()
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+    return lm_loss(hidden, head.weight, head.bias, shifted, options, ignore_index=-100)
