@@ -91,7 +91,7 @@ def test_fused_and_chunked_forward_match_the_trace_and_backward_is_bounded() -> 
                 assert d <= 16 * t + 8, (kind, st, res)
                 assert -d <= 0.12 * est.phase_bytes(phase, step), (kind, st, res)
             else:
-                assert -16 <= d <= 0, (kind, st, res)  # chunked: a few fp32 scalars fewer at one chunk
+                assert abs(d) <= 16, (kind, st, res)  # up to four fp32 scalars (the running sums of the chunks)
 
 
 def test_offload_device_phases_match_the_trace_and_host_bytes_bound_it() -> None:
