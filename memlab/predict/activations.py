@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.loss import kept_positions
+from memlab.predict.loss import kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
@@ -271,7 +271,8 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     im = config.impl
     terms: list[TermRow] = [
         ("input token ids", "token ids", t, INT64, False),
-        ("target token ids", "token ids", t + (b == 1) * im.loss_labels_padded, INT64, False),
+        ("target token ids", "token ids", (t + (b == 1) * im.loss_labels_padded) * (
+            1 if setup.loss == "plain" and not setup.logits_to_keep else targets_saved(setup)), INT64, False),
     ] if model_level else []
     if config.positions == "learned":
         if model_level:
@@ -336,10 +337,8 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
         if setup.policy.autocast:
             rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
         return rows
-    k = kept_positions(setup)
-    tk = b * k
-    # a batch > 1 slice of the last 1 < k < s positions is no view of (b * k, h): reshape copies it
-    copied = (k != s) * (b != 1) * (k != 1)
+    tk = b * kept_positions(setup)
+    copied = kept_copy(setup)  # a batch > 1 slice of the last 1 < k < s positions: reshape copies it
     if kind == "fused":
         rows = [("gradient of the LM-head input (fused loss)", "head & loss", tk * h, w["residual"],
                                 False, "computed in forward [liger2024]"),
@@ -348,8 +347,8 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
         if config.impl.head_bias and not config.tied_embeddings:
             rows.append(("gradient of the LM-head bias (fused loss)", "head & loss", V, setup.policy.param_bytes, True))
         return rows
-    # chunked: its checkpoints keep the copy instead of the whole hidden state
-    rows = [("LM-head input", "head & loss", (t if kind == "plain" else t - copied * t) * h, w["compute"], False)]
+    # a copy of the kept positions is kept instead of the whole hidden state
+    rows = [("LM-head input", "head & loss", (t - copied * t) * h, w["compute"], False)]
     if isinstance(copied, np.ndarray) or copied:
         rows.append(("contiguous copy of the kept positions", "head & loss", copied * tk * h, w["compute"], False))
         rows.append(("copy of the kept targets", "head & loss", copied * tk, INT64, False))

@@ -50,3 +50,18 @@ def chunk_tokens(tokens: Any, vocab: int, width: int, chunk: int = 0) -> Any:
         pow2 = np.left_shift(1, np.ceil(np.log2(np.maximum(per, 1))).astype(np.int64))
         return np.minimum(pow2, tokens)
     return min(1 << max(per - 1, 0).bit_length(), tokens)
+
+
+def kept_copy(setup: Any) -> Any:
+    """1 where the last ``logits_to_keep`` positions are copied to be contiguous (batch > 1 and 1 < k < seq: the
+    slice is no view of ``(b k, h)``), else 0. The copy is what the head keeps; the whole hidden state is alive
+    only while the loss runs. Elementwise on arrays."""
+    k, s, b = kept_positions(setup), setup.seq, setup.batch
+    return (k != s) * (b != 1) * (k != 1)
+
+
+def targets_saved(setup: Any) -> Any:
+    """1 where the step's target ids are saved for backward (by the loss, or by the chunked loss's checkpoints),
+    0 where nothing saves them: the fused loss, and kept positions that are copied (their copy is saved instead).
+    The training loop holds them either way."""
+    return (setup.loss != "fused") * (1 - kept_copy(setup))

@@ -51,7 +51,7 @@ import numpy as np
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.activations import shared_widths, term_rows
 from memlab.predict.frozen import unchecked
-from memlab.predict.loss import chunk_tokens, kept_positions
+from memlab.predict.loss import chunk_tokens, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
 from memlab.predict.setup import resolve_optimizer_impl
@@ -184,6 +184,9 @@ class StepInputs:
     """Transient bytes of the loss's backward at the start of backward, beyond what it keeps."""
     head_input_bytes: Any = 0
     """The LM head's saved input (part of ``head_loss_bytes``)."""
+    unsaved_input_bytes: Any = 0
+    """Token ids the loop holds that no op saves (the fused loss's targets; copied kept positions'): in
+    ``input_bytes``, not in A."""
     offload: bool = False
     """Saved activations live on the host (``Setup.offload_activations``): the device keeps only the token ids the
     loop holds, and takes each saved tensor back when backward reads it (the loss's at the start of backward)."""
@@ -314,20 +317,25 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
                                       **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
-                                      "head_input_bytes": 0})
+                                      "head_input_bytes": 0, "unsaved_input_bytes": 0})
     lt = _layer_terms(config, setup, device_type, terms)
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
         logits = setup.batch * setup.seq * config.vocab_size / setup.tp
         fwd, bwd = const["forward_logits_bytes_per_element"] * logits, 8 * logits
+        unsaved = 0
     else:
         logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
         fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
+        # targets no op saves are still held by the training loop
+        unsaved = (1 - targets_saved(setup)) * setup.batch * setup.seq * 8
+        lt["inputs"] += unsaved
     return unchecked(StepInputs, {
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
+        "unsaved_input_bytes": unsaved,
     })
 
 
@@ -344,23 +352,22 @@ def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logi
     scaled in place and handed on).
     """
     kind = setup.loss
+    w = shared_widths(setup.precision, device_type)
+    V, h, cw = config.vocab_size, config.d_model, w["compute"]
+    # with the kept positions copied (activations.loss_rows), the whole hidden state is alive while the loss runs
+    hidden = kept_copy(setup) * setup.batch * setup.seq * h * cw
     if kind == "plain":
-        return per_logit * logits, 8 * logits
+        return per_logit * logits + hidden, 8 * logits
     tk = setup.batch * kept_positions(setup)
-    V, h = config.vocab_size, config.d_model
     c = chunk_tokens(tk, V, h, setup.loss_chunk)
     chunk_logits = c * V / setup.tp
-    w = shared_widths(setup.precision, device_type)
-    gb, cw = setup.policy.grad_bytes, w["compute"]
+    gb = setup.policy.grad_bytes
     if kind == "chunked":
         # backward, the first chunk: the recomputed chunk (logits, log-softmax) beside its fp32 gradients, then
         # its weight gradient (h x V), made contiguous for AccumulateGrad, beside the log-softmax; with the input's
         # gradient buffer (t' h) and the chunk's (c h). The larger of the two moments, each taken at its most (an
         # upper bound: the trace is within a few per cent below it, tests/run/test_loss_offload.py)
         around = (tk + c) * h * cw + 4
-        # with the kept positions copied (activations.loss_rows), the whole hidden state is alive in forward too
-        k, b = kept_positions(setup), setup.batch
-        hidden = (k != setup.seq) * (b != 1) * (k != 1) * b * setup.seq * h * cw
         weight_grad = 3 * V * h * gb / setup.tp
         return 8 * chunk_logits + 12 + hidden, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
     # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk; under autocast the
@@ -388,12 +395,13 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             tag = "" if first_micro else " (accumulating)"
             base = p + o_held
             # offload: the device keeps the loop's token ids, and the loss's saved tensors while the loss runs
-            a_fwd = x.input_bytes + x.head_loss_bytes if x.offload else a
+            a_fwd = x.input_bytes + x.head_loss_bytes if x.offload else a + x.unsaved_input_bytes
             fwd = base + g_held + a_fwd + fwd_logits + LOSS_BYTES
             if x.full_recompute:
                 fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes + x.block_forward_bytes)
             # offload: the loss's saved tensors but the head's input copied back at the start of backward
-            a_start = x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload else a
+            a_start = (x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload
+                       else a + x.unsaved_input_bytes)
             start = base + g_held + a_start + bwd_logits + LOSS_BYTES
             below = g if holds else larger(g - x.layer_grad_bytes, 0)
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes

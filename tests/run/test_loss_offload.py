@@ -165,3 +165,17 @@ def test_cli_answers_max_batch_and_levers_and_refuses_bad_combinations(tmp_path,
         code = cli.main(["estimate", *bad])
         out, err = capsys.readouterr()
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_measured_cpu_step_saves_what_the_estimate_counts_for_each_loss() -> None:
+    from memlab import run_step
+
+    rng = random.Random(4)
+    for kw in ({"loss": "chunked"}, {"loss": "fused"}, {"logits_to_keep": 5}):
+        cfg = TransformerConfig(d_model=32, n_layers=1, n_heads=4, vocab_size=rng.randrange(500, 3000), max_seq=64,
+                                dropout=0.0, tied_embeddings=rng.random() < 0.5)
+        st = Setup(batch=rng.choice([2, 3]), seq=rng.choice([16, 32]), precision=rng.choice(["fp32", "bf16"]), **kw)
+        measured = run_step(cfg, st, device="cpu", steps=1)
+        assert measured.activations_bytes == estimate(cfg, st, device_type="cpu").activations_bytes, (kw, st)
+    with pytest.raises(SetupError, match="CUDA device"):
+        run_step(cfg, Setup(batch=1, seq=16, offload_activations=True), device="cpu", steps=1)
