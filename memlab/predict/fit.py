@@ -166,8 +166,11 @@ LEVERS: tuple[Lever, ...] = (
           "changes the objective: the loss reads the last position only (RL / classification-style fine-tunes)"),
     Lever("activation offload (save_on_cpu, pinned)", (("offload_activations", True),),
           "host memory (below) and a host<->device copy of every saved tensor per step"),
+    Lever("bf16 weights and optimizer states (no fp32 master)", (("precision", "bf16"),),
+          "numerics: bf16 updates lose small steps (no fp32 master copy): 8 B/param with AdamW"),
     Lever("ZeRO-3 / FSDP over N ranks", (("zero_stage", 3), ("world_size", "N")),
-          "N devices; all-gathers of parameters per step (memlab.predict.communication)"),
+          "N devices; all-gathers of parameters per step (memlab.predict.communication); the gathered blocks "
+          "count only with Overheads(gathered_layers=...) / --gathered-layers"),
 )
 """The levers :func:`levers` ranks, as data: adding one (LoRA, QLoRA, an 8-bit optimizer) is one entry."""
 
