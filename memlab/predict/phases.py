@@ -25,6 +25,10 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
   temporary per parameter at once (``_foreach_sqrt``: all parameters, state dtype, 4 B/param in fp32); fused
   none; SGD none; a master-weight wrapper holds fp32 copies of every 16-bit gradient during the step (4 B/param).
   In the first step ``O`` is allocated inside this phase.
+- the loss (``Setup.loss``, ``logits_to_keep``; :mod:`memlab.predict.loss`): :func:`loss_transients` gives the
+  end-of-forward and start-of-backward transients in place of the plain ``4tV``-``8tV`` and ``8tV`` terms.
+- activation offload (``Setup.offload_activations``, save_on_cpu): the forward and backward-start moments hold the
+  loop's token ids and the loss's saved tensors (copied back) instead of ``A``; the bottom-layer moment is kept.
 - zero_grad: what is held *after* it, ``P + O`` (+ ``G`` with ``set_to_none=False``); the batch's token ids are
   held by the loop through the optimizer step and after it.
 - gradient accumulation (``grad_accum_steps > 1``): from the second micro-batch on, ``G_held = G`` (gradients

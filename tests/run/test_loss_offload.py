@@ -179,3 +179,19 @@ def test_a_measured_cpu_step_saves_what_the_estimate_counts_for_each_loss() -> N
         assert measured.activations_bytes == estimate(cfg, st, device_type="cpu").activations_bytes, (kw, st)
     with pytest.raises(SetupError, match="CUDA device"):
         run_step(cfg, Setup(batch=1, seq=16, offload_activations=True), device="cpu", steps=1)
+
+
+def test_vectorised_sweeps_agree_with_scalar_estimates_for_the_loss_options() -> None:
+    from memlab.predict.estimate import sweep_totals
+
+    rng = np.random.default_rng(8)
+    cfg = preset("gpt2")
+    b, s = rng.integers(1, 9, 6), rng.integers(2, 1025, 6)
+    for kw in ({"loss": "chunked"}, {"loss": "fused", "loss_chunk": 100}, {"logits_to_keep": 16},
+               {"offload_activations": True}, {"loss": "fused", "offload_activations": True, "logits_to_keep": 1}):
+        st = Setup(**kw)
+        for peak in (False, True):
+            got = sweep_totals(cfg, st, batch=b, seq=s, peak=peak)
+            ref = [getattr(estimate(cfg, st.with_(batch=int(x), seq=int(y))), "peak_bytes" if peak else "total_bytes")
+                   for x, y in zip(b, s, strict=True)]
+            assert np.array_equal(got, np.array(ref, dtype=float)), (kw, peak)
