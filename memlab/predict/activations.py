@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.loss import kept_copy, kept_positions, targets_saved
+from memlab.predict.loss import hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
@@ -271,8 +271,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     im = config.impl
     terms: list[TermRow] = [
         ("input token ids", "token ids", t, INT64, False),
-        ("target token ids", "token ids", (t + (b == 1) * im.loss_labels_padded) * (
-            1 if setup.loss == "plain" and not setup.logits_to_keep else targets_saved(setup)), INT64, False),
+        _target_row(setup, t, b, im.loss_labels_padded),
     ] if model_level else []
     if config.positions == "learned":
         if model_level:
@@ -322,6 +321,20 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     return terms
 
 
+def _target_row(setup: Setup, t: Any, b: Any, padded: bool) -> TermRow:
+    """The step's target ids as saved: padded by one at batch 1 when the model pads its labels (HF); under HF's
+    own loss on kept positions, its padded copy of the last k labels (:func:`memlab.predict.loss.hf_kept_labels`);
+    none where no op saves them (:func:`memlab.predict.loss.targets_saved`)."""
+    if setup.loss == "plain" and not setup.logits_to_keep:
+        return ("target token ids", "token ids", t + (b == 1) * padded, INT64, False)
+    hf, k = hf_kept_labels(setup, padded), kept_positions(setup)
+    count = (t + (b == 1) * padded) * targets_saved(setup, padded) + hf * (b * k + (b == 1))
+    # memlab's chunked loss over HF's shifted labels at k = 1 < seq, batch > 1: its checkpoints keep views of the
+    # whole padded labels, b (s + 1) ids
+    count = count + padded * (setup.loss == "chunked") * (k == 1) * (k != setup.seq) * (b != 1) * b
+    return ("target token ids", "token ids", count, INT64, False)
+
+
 def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> list[TermRow]:
     """What the LM head and the loss keep for backward under ``setup.loss`` and ``setup.logits_to_keep``
     (:mod:`memlab.predict.loss`; ``w``: :func:`shared_widths`). Plain and chunked keep the head's input: with
@@ -351,7 +364,10 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
     rows = [("LM-head input", "head & loss", (t - copied * t) * h, w["compute"], False)]
     if isinstance(copied, np.ndarray) or copied:
         rows.append(("contiguous copy of the kept positions", "head & loss", copied * tk * h, w["compute"], False))
-        rows.append(("copy of the kept targets", "head & loss", copied * tk, INT64, False))
+        not_hf = 1 - hf_kept_labels(setup, config.impl.loss_labels_padded)  # HF's own copy is the target row
+        rows.append(("copy of the kept targets", "head & loss", copied * not_hf * tk, INT64, False))
+    if kind == "chunked" and config.impl.loss_labels_padded:  # HF labels: the mean divides by a count tensor
+        rows.append(("count of targets not ignored (the mean's divisor)", "head & loss", 1, INT64, False))
     if kind == "plain":
         rows.append(("log-softmax of logits, fp32", "head & loss", tk * V, FP32, True))
         rows.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))

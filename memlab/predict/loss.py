@@ -60,8 +60,15 @@ def kept_copy(setup: Any) -> Any:
     return (k != s) * (b != 1) * (k != 1)
 
 
-def targets_saved(setup: Any) -> Any:
+def hf_kept_labels(setup: Any, padded: bool) -> Any:
+    """1 where Hugging Face's own loss reads kept positions (``padded``: the model pads its labels,
+    ``ForCausalLMLoss``; plain loss; ``logits_to_keep`` < seq): it pads the last k labels into a new tensor and
+    keeps that (``b k + 1`` ids at batch 1, a ``b k`` contiguous copy otherwise), not the step's labels."""
+    return padded * (setup.loss == "plain") * (kept_positions(setup) != setup.seq)
+
+
+def targets_saved(setup: Any, padded: bool = False) -> Any:
     """1 where the step's target ids are saved for backward (by the loss, or by the chunked loss's checkpoints),
-    0 where nothing saves them: the fused loss, and kept positions that are copied (their copy is saved instead).
-    The training loop holds them either way."""
-    return (setup.loss != "fused") * (1 - kept_copy(setup))
+    0 where nothing saves them: the fused loss, kept positions that are copied (their copy is saved instead) and
+    Hugging Face's padded kept labels (:func:`hf_kept_labels`). The training loop holds them either way."""
+    return (setup.loss != "fused") * (1 - kept_copy(setup)) * (1 - hf_kept_labels(setup, padded))

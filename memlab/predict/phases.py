@@ -331,7 +331,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
         fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
         # targets no op saves are still held by the training loop
-        unsaved = (1 - targets_saved(setup)) * setup.batch * setup.seq * 8
+        unsaved = (1 - targets_saved(setup, config.impl.loss_labels_padded)) * setup.batch * setup.seq * 8
         lt["inputs"] += unsaved
     return unchecked(StepInputs, {
         "logits_elements": logits,

@@ -195,3 +195,25 @@ def test_vectorised_sweeps_agree_with_scalar_estimates_for_the_loss_options() ->
             ref = [getattr(estimate(cfg, st.with_(batch=int(x), seq=int(y))), "peak_bytes" if peak else "total_bytes")
                    for x, y in zip(b, s, strict=True)]
             assert np.array_equal(got, np.array(ref, dtype=float)), (kw, peak)
+
+
+def test_hf_models_save_what_the_estimate_counts_under_each_loss_option() -> None:
+    pytest.importorskip("transformers")
+    import warnings
+
+    from memlab.course.hf_configs import load_config
+    from memlab.model.hf import hf_config, import_transformers
+    from memlab.predict.hf import from_hf
+    from memlab.run.hf import measure_hf, predict_hf
+
+    tf, rng = import_transformers(), random.Random(12)
+    options = [LossOptions("plain", 0, 5), LossOptions("chunked"), LossOptions("fused"), LossOptions("fused", 16, 5),
+               LossOptions("plain", 0, 1), LossOptions("chunked", 8, 1)]
+    for family in ("llama", "gpt2", "gemma"):
+        raw = load_config(family)
+        opts, batch = rng.choice(options), rng.choice([1, 2, 3])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = tf.AutoModelForCausalLM.from_config(hf_config(raw), attn_implementation="eager").train()
+            m = measure_hf(model, batch=batch, seq=32, attn_implementation="eager", loss=opts)
+        assert m.saved_bytes == predict_hf(from_hf(raw), m)["activations"], (family, opts, batch)
