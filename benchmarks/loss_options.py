@@ -74,9 +74,10 @@ def main() -> None:
     args = p.parse_args()
     warnings.filterwarnings("ignore")
     pd.set_option("display.width", 200)
-    gpt = pd.DataFrame(gpt_rows(args.grid))
-    print("reference GPT, steady step: traced - predicted (bytes)")
-    print(gpt.pivot_table(index=["model", "option"], columns="phase", values="traced - predicted").to_string())
+    if args.grid:
+        gpt = pd.DataFrame(gpt_rows(args.grid))
+        print("reference GPT, steady step: traced - predicted (bytes)")
+        print(gpt.pivot_table(index=["model", "option"], columns="phase", values="traced - predicted").to_string())
     hf = pd.DataFrame(hf_rows([f for f in args.families.split(",") if f]))
     print("\nHugging Face tiny configs, steady step: traced - predicted, and the option's effect error (bytes)")
     print(hf.pivot_table(index=["model", "option"], columns="phase",

@@ -55,7 +55,7 @@ import numpy as np
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.activations import shared_widths, term_rows
 from memlab.predict.frozen import unchecked
-from memlab.predict.loss import chunk_tokens, kept_copy, kept_positions, targets_saved
+from memlab.predict.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
 from memlab.predict.setup import resolve_optimizer_impl
@@ -191,6 +191,9 @@ class StepInputs:
     unsaved_input_bytes: Any = 0
     """Token ids the loop holds that no op saves (the fused loss's targets; copied kept positions'): in
     ``input_bytes``, not in A."""
+    top_layer: bool = False
+    """Count the top block's backward moment (A held, its temporaries and gradients): set for the non-plain losses
+    and kept positions, where no t x V gradient dominates the start of backward (an upper bound)."""
     offload: bool = False
     """Saved activations live on the host (``Setup.offload_activations``): the device keeps only the token ids the
     loop holds, and takes each saved tensor back when backward reads it (the loss's at the start of backward)."""
@@ -321,25 +324,29 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
                                       **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
-                                      "head_input_bytes": 0, "unsaved_input_bytes": 0})
+                                      "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False})
     lt = _layer_terms(config, setup, device_type, terms)
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
         logits = setup.batch * setup.seq * config.vocab_size / setup.tp
         fwd, bwd = const["forward_logits_bytes_per_element"] * logits, 8 * logits
-        unsaved = 0
+        unsaved, top = 0, False
     else:
         logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
         fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
+        top = not setup.offload_activations and setup.recompute != "full"
         # targets no op saves are still held by the training loop
-        unsaved = (1 - targets_saved(setup, config.impl.loss_labels_padded)) * setup.batch * setup.seq * 8
-        lt["inputs"] += unsaved
+        padded = config.impl.loss_labels_padded
+        unsaved = (1 - targets_saved(setup, padded)) * setup.batch * setup.seq * 8
+        # the loop holds the step's ids; HF's padded copy of the kept labels (the target row then) is not the loop's
+        b = setup.batch
+        lt["inputs"] += unsaved - hf_kept_labels(setup, padded) * (b * kept_positions(setup) + (b == 1)) * 8
     return unchecked(StepInputs, {
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
-        "unsaved_input_bytes": unsaved,
+        "unsaved_input_bytes": unsaved, "top_layer": top,
     })
 
 
@@ -409,8 +416,12 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             start = base + g_held + a_start + bwd_logits + LOSS_BYTES
             below = g if holds else larger(g - x.layer_grad_bytes, 0)
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
+            back = larger(larger(start, bottom), base + end)
+            if x.top_layer:  # the top block's backward with (nearly) all activations held: no logits term hides it
+                back = larger(back, base + g_held + a_start - x.head_input_bytes + x.layer_temporary_bytes
+                              + (0 if holds else x.layer_grad_bytes))
             out.append((step, "forward" + tag, fwd + overhead))
-            out.append((step, "backward" + tag, larger(larger(start, bottom), base + end) + overhead))
+            out.append((step, "backward" + tag, back + overhead))
         out.append((step, "optimizer step", p + g + o + x.optimizer_temporary_bytes + x.input_bytes + overhead))
         out.append((step, "zero_grad", p + o + (0 if set_to_none and not x.persistent_grads else g) + x.input_bytes
                     + overhead))
