@@ -21,7 +21,8 @@
 # 1. the formula: Korthikanti et al.'s `sbh(34 + 5as/h)` per layer `[korthikanti2022]`, generalised by memlab;
 # 2. the experiment: saved bytes by category over sequence length and batch, predicted beside measured;
 # 3. none / selective / full / every-k blocks / `checkpoint_sequential(segments)`: bytes kept, peak, extra FLOPs;
-# 4. the 7B guess, checked; 5. where the peak sits as the batch shrinks.
+# 4. the 7B guess, checked; 5. where the peak sits as the batch shrinks; 6. the loss at modern
+# vocabularies (plain, chunked, fused; logits_to_keep) and activation offload.
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -364,6 +365,103 @@ acc = {f"one batch of {micro * k_acc}": sum(activation_bytes(model, Setup(batch=
        f"{k_acc} accumulated micro-batches of {micro}": sum(activation_bytes(model, Setup(batch=micro,
                                                                                          seq=cross_seq)).values())}
 pd.Series(acc, name="activation bytes (memlab.predict.activations)").to_frame()
+
+# %% [markdown]
+# ## 6. The loss at modern vocabularies, and activation offload
+#
+# Korthikanti et al. leave the loss out of their per-layer count, but note it is large `[korthikanti2022]`: the
+# logits are tokens x vocabulary, and transformers' `ForCausalLMLoss` upcasts them to fp32 before the
+# cross-entropy `[hf-transformers]`, whose fp32 log-softmax is kept for backward. Three ways to compute the same
+# loss are `Setup(loss=...)`: `plain` (as Hugging Face models do), `chunked` (the head and the loss a chunk of
+# tokens at a time, each chunk recomputed in backward) and `fused` (a linear + cross-entropy that computes its
+# gradients chunk by chunk in forward, after Liger-Kernel `[liger2024]`; memlab runs a pure-torch twin of it,
+# `memlab.model.loss`, so a CPU can measure it). `logits_to_keep=N` computes the loss on the last N positions.
+
+# %%
+spike_seq, vocab_k = 8192, 128
+vocab = vocab_k * 1024
+spike = 4 * spike_seq * vocab  # one fp32 logits tensor of one sequence, bytes
+print(f"a {vocab_k}k vocabulary ({vocab:,} tokens) at {spike_seq:,} tokens: one fp32 logits tensor is "
+      f"{spike:,} B = {spike / GiB:.2f} GiB per sequence; plain keeps the log-softmax of the same size for backward")
+spike_model = preset("llama-2-7b").with_(max_seq=spike_seq)
+vocabs = [32000, 50257, 65536, vocab, 2 * vocab]
+spike_rows = []
+for v in vocabs:
+    for kind in ("plain", "chunked", "fused"):
+        s6 = Setup(batch=1, seq=spike_seq, precision="mixed-bf16", attention="flash", recompute="full", loss=kind,
+                   zero_stage=3, world_size=8)
+        bd = estimate(spike_model.with_(vocab_size=v), s6)
+        spike_rows.append({"vocabulary": v, "loss": kind, "peak GiB": bd.peak_bytes / GiB, "peak phase": bd.peak_phase,
+                           "forward GiB": bd.phase_bytes("forward") / GiB,
+                           "backward GiB": bd.phase_bytes("backward") / GiB})
+spike_df = pd.DataFrame(spike_rows)
+ch.save_table(spike_df, "loss_peak_by_vocabulary")
+at_vocab = spike_df[spike_df["vocabulary"] == vocab].set_index("loss")
+print(f"at {vocab:,} tokens of vocabulary the plain loss puts the peak in the {at_vocab.loc['plain', 'peak phase']} "
+      f"({at_vocab.loc['plain', 'peak GiB']:.1f} GiB); chunked: {at_vocab.loc['chunked', 'peak phase']} "
+      f"({at_vocab.loc['chunked', 'peak GiB']:.1f} GiB), fused: {at_vocab.loc['fused', 'peak phase']} "
+      f"({at_vocab.loc['fused', 'peak GiB']:.1f} GiB)")
+spike_df.pivot(index="vocabulary", columns="loss", values=["peak GiB", "peak phase"])
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
+for kind, part in spike_df.groupby("loss", sort=False):
+    ax.plot(part["vocabulary"], part["peak GiB"], "-o", label=f"loss={kind}")
+ax.set_xscale("log", base=2)
+ax.set(xlabel="vocabulary size (tokens)", ylabel="predicted peak per device (GiB)",
+       title=f"Llama-2-7B layout, 1 x {spike_seq:,} tokens, mixed-bf16, flash, full recompute, ZeRO-3 over 8:\n"
+             "peak per device vs vocabulary, by how the loss is computed (memlab.predict.estimate)")
+ax.legend(fontsize=8)
+ch.save_figure(fig, "loss_peak_by_vocabulary")
+
+# %% [markdown]
+# The same three losses, traced on fake tensors (the reference GPT's own step, `trace_gpt`) beside the estimate,
+# phase by phase, for a small model whose vocabulary dwarfs its width. The named residuals: `chunked`'s backward
+# is an upper bound (two moments inside one chunk's backward, the larger taken at its most); `fused`'s backward
+# ends with the loop's token ids and the loss still held (`16 t + 8` bytes the end-of-backward term leaves out).
+
+# %%
+loss_model = preset("tiny-gpt").with_(vocab_size=8192, dropout=0.0)
+trace_rows = []
+for kind in ("plain", "chunked", "fused"):
+    s6 = Setup(batch=2, seq=64, loss=kind)
+    tr, bd = trace_gpt(loss_model, s6, device_type="cpu"), estimate(loss_model, s6, device_type="cpu")
+    for trow in tr.phases:
+        if trow.step == "steady":
+            tpred = bd.phase_bytes(trow.phase)
+            trace_rows.append({"loss": kind, "phase": trow.phase, "traced B": trow.held_bytes, "predicted B": tpred,
+                               "traced - predicted B": trow.held_bytes - tpred})
+loss_trace = pd.DataFrame(trace_rows)
+ch.save_table(loss_trace, "loss_traced_vs_predicted")
+worst = loss_trace.assign(off=loss_trace["traced - predicted B"].abs()).sort_values("off").groupby("loss").last()
+print("largest |traced - predicted| per loss: " + "; ".join(
+    f"{k} {r['off']:,} B ({r['phase']}, {r['off'] / r['traced B']:.2%})" for k, r in worst.iterrows()))
+loss_trace
+
+# %% [markdown]
+# **Activation offload.** `torch.autograd.graph.save_on_cpu(pin_memory=True)` `[pytorch-autograd]` copies every
+# tensor autograd saves into pinned host memory, and back when backward reads it: the device keeps the token ids
+# and, while the loss runs, the loss's own tensors. Its price is host memory (the estimate's `host_bytes`, its own
+# line: at least the saved activations plus the matmul weights save_on_cpu copies too) and a copy each way per
+# step. On a CPU the host and the device are one memory, so a CPU *run* cannot show what offload frees; the trace
+# shows it: it sends each saved tensor to a storage-less "host" (a meta tensor) and back as a fresh tensor, so its
+# device bytes are a GPU run's, and it counts the bytes moved (`Trace.host_bytes`).
+
+# %%
+s6 = Setup(batch=2, seq=64, offload_activations=True)
+tr, bd = trace_gpt(loss_model, s6, device_type="cpu"), estimate(loss_model, s6, device_type="cpu")
+plain_fwd = loss_trace.set_index(["loss", "phase"]).loc[("plain", "forward")]
+off_rows = [{"offload": False, "traced forward B": plain_fwd["traced B"],
+             "predicted forward B": plain_fwd["predicted B"], "traced host B": 0, "predicted host B (at least)": 0},
+            {"offload": True, "traced forward B": tr.phase("forward").held_bytes,
+             "predicted forward B": bd.phase_bytes("forward"), "traced host B": tr.host_bytes,
+             "predicted host B (at least)": bd.host_bytes}]
+s7 = Setup(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
+off7 = {off: estimate(preset("llama-2-7b"), s7.with_(offload_activations=off)) for off in (False, True)}
+print(f"Llama-2-7B, 1 x 4096, mixed-bf16: forward {off7[False].phase_bytes('forward') / GiB:.1f} GiB -> "
+      f"{off7[True].phase_bytes('forward') / GiB:.1f} GiB with offload, for {off7[True].host_bytes / GiB:.1f} GiB "
+      f"of pinned host memory; the peak ({off7[True].peak_phase}) is then {off7[True].peak_gib:.1f} GiB")
+pd.DataFrame(off_rows)
 
 # %% [markdown]
 # ## Seed claims, answered

@@ -35,6 +35,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fragmentation", type=fraction, default=0.0, metavar="F", help="allocator margin fraction")
     p.add_argument("--gathered-layers", type=bounded_int(0, LIMITS["layers"].max, "at most the model's blocks"),
                    default=0, metavar="N", help="blocks FSDP/ZeRO-3 holds gathered at once (default 0: not counted)")
+    g = p.add_argument_group("answers (with --gpu): what fits, and what to switch on to fit")
+    g.add_argument("--hf", metavar="PATH", help="the model from a Hugging Face config.json (or a folder holding one; "
+                   "read offline), instead of --preset or dimensions")
+    g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose predicted peak fits --gpu")
+    g.add_argument("--longest-seq", action="store_true",
+                   help="the longest sequence (up to the model's max_seq) whose predicted peak fits --gpu")
+    g.add_argument("--levers", action="store_true", help="rank what to switch on (recompute, attention kernel, "
+                   "precision, fused optimizer, chunked/fused loss, logits_to_keep, offload, ZeRO-3) by the peak each "
+                   "gives on --gpu, with its cost, and the levers that together make the step fit")
+    g.add_argument("--lever-ranks", type=bounded_int(2, LIMITS["ranks"].max, LIMITS["ranks"].why), default=8,
+                   metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -54,13 +65,22 @@ def run(args: argparse.Namespace) -> int:
     from memlab.predict.estimate import Overheads, estimate
     from memlab.predict.fit import fits
 
-    model = model_from_args(args)
+    model = _model(args)
     setup = setup_of(args, model)
+    answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                                     ("--levers", args.levers)) if on]
+    if answers and args.gpu is None:
+        raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
+    if answers and isinstance(model, int):
+        raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
+    if args.levers and setup.mode != "train":
+        raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
                    workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
     bd = estimate(model, setup, overheads=ov)
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
+    found = _answers(args, model, setup, ov)
     if args.json:
         out = {"param_count": bd.param_count,
                "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},
@@ -69,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
                "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
-               "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup}
+               "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
+               "host_bytes": bd.host_bytes, **found}
         print_json(out, indent=2)
         return 0
     name = model.name if bd.config is not None else "bare parameter count"
@@ -91,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         mark = "  <- peak" if (row.step, row.phase) == (bd.peak_step, bd.peak_phase) else ""
         print(f"  {row.step + ' ' + row.phase:<34}{_size(row.peak_bytes)}{mark}")
     print(f"{'peak':<24}{_size(bd.peak_bytes)}")
+    if setup.offload_activations:
+        print(f"{'host (pinned, offload)':<24}{_size(bd.host_bytes)}  (not on the device; at least this)")
     print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
     if verdict:
         word = "FITS" if verdict.fits else "DOES NOT FIT"
@@ -100,7 +123,66 @@ def run(args: argparse.Namespace) -> int:
               f"{verdict.headroom_bytes / GiB:+.2f} GiB")
     else:
         print("\nverdict: none (pass --gpu NAME to check the fit)")
+    _print_answers(found, verdict)
     print("\nassumptions:")
     for line in bd.assumptions:
         print(f"  - {line}")
     return 0
+
+
+def _model(args: argparse.Namespace) -> Any:
+    """The model of ``--hf PATH`` (read offline with :func:`memlab.predict.hf.from_hf`) or of the MODEL options."""
+    if args.hf is None:
+        return model_from_args(args)
+    from memlab.cli.args import given_model_options
+    from memlab.predict.hf import from_hf, read_config_json
+
+    given = given_model_options(args)
+    if given:
+        raise MemlabError(f"the model comes from --hf, so {', '.join(given)} would be ignored: drop them (the sizes "
+                          "are the config's) or drop --hf")
+    return from_hf(read_config_json(args.hf))
+
+
+def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:
+    """``--max-batch``, ``--max-seq`` and ``--levers`` answered from the phase-aware peak (memlab.predict.fit)."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.fit import fits, levers, max_batch, max_seq, plan_to_fit
+
+    out: dict[str, Any] = {}
+    if args.max_batch:
+        out["max_batch"] = max_batch(model, setup, args.gpu, overheads=ov).to_dict()
+    if args.longest_seq:
+        out["max_seq"] = max_seq(model, setup, args.gpu, overheads=ov).to_dict()
+    if args.levers:
+        out["levers"] = [r.to_dict() for r in levers(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)]
+        names, fitted, peak = plan_to_fit(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)
+        out["to_fit"] = {"levers": names, "peak_bytes": peak, "setup": fitted.to_dict(),
+                         "fits": fits(estimate(model, fitted, overheads=ov), args.gpu).fits}
+    return out
+
+
+def _print_answers(found: dict[str, Any], verdict: Any) -> None:
+    for key in ("max_batch", "max_seq"):
+        if key in found:
+            r = found[key]
+            print(f"\n{key.replace('_', ' ')} on {r['gpu']}: {r['value']:,} ({r['reason']}; peak, never the sum)")
+    if "levers" in found:
+        print(f"\nlevers, ranked by the predicted peak each gives alone (capacity "
+              f"{verdict.capacity_bytes / GiB:.2f} GiB):")
+        for r in found["levers"]:
+            extra = []
+            if r["extra_flops"]:
+                extra.append(f"+{r['extra_flops'] / 1e12:,.1f} TFLOP/step")
+            if r["host_bytes"]:
+                extra.append(f"host {r['host_bytes'] / GiB:,.2f} GiB pinned")
+            print(f"  {r['name']:<46}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}"
+                  f"{'fits' if r['fits'] else 'does not fit':<13}{', '.join(extra)}")
+            print(f"      cost: {r['cost']}")
+        fit = found["to_fit"]
+        names = " + ".join(fit["levers"]) or "nothing (it fits already)"
+        if fit["fits"]:
+            print(f"to fit, switch on: {names} -> peak {fit['peak_bytes'] / GiB:.2f} GiB")
+        else:
+            print(f"no combination of these levers fits (best: {' + '.join(fit['levers']) or 'none'}, peak "
+                  f"{fit['peak_bytes'] / GiB:.2f} GiB): a smaller model, a bigger card or more ranks")

@@ -182,6 +182,10 @@ def _print(args: argparse.Namespace, result: Any, setup: Any, predicted: Any) ->
     if predicted is not None:
         print(f"formula: peak {fmt_bytes(predicted.peak_bytes, digits=3)} ({predicted.peak_step} "
               f"{predicted.peak_phase}); sum of components {fmt_bytes(predicted.total_bytes, digits=3)}")
+    if setup.offload_activations:
+        est_host = f"; the formula's lower bound {fmt_bytes(predicted.host_bytes, digits=3)}" if predicted else ""
+        print(f"host (pinned, offloaded activations): {fmt_bytes(result.host_bytes, digits=3)} "
+              f"({result.host_bytes:,} B) copied per forward{est_host}")
     print(f"top {args.top} modules by activation bytes kept for backward (summed over layers):")
     for m in result.modules_by_kind(args.top):
         name = m["module"] if len(m["module"]) <= 56 else "..." + m["module"][-53:]

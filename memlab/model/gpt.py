@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import SetupError
 from memlab.model.kv_cache import KVCache, LayerCache
+from memlab.model.loss import LossOptions, lm_loss
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import ATTENTION, RECOMPUTE
 from memlab.predict.validate import canonical_choice
@@ -301,8 +302,9 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """The reference decoder-only transformer.
 
-    ``forward(idx, targets)`` returns the mean cross-entropy loss when ``targets`` is given (logits are cast to
-    fp32 before the loss, as mixed-precision recipes do), else the logits. Parameter names match
+    ``forward(idx, targets)`` returns the mean cross-entropy loss when ``targets`` is given (computed by
+    :func:`memlab.model.loss.lm_loss` as ``loss`` says: by default the logits cast to fp32 before the loss, as
+    mixed-precision recipes do), else the logits. Parameter names match
     :meth:`TransformerConfig.param_shapes`; ``GPT(cfg, device="meta")`` builds any preset without memory.
     """
 
@@ -314,8 +316,10 @@ class GPT(nn.Module):
         recompute: str = "none",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        loss: LossOptions | None = None,
     ) -> None:
         super().__init__()
+        self.loss = loss if loss is not None else LossOptions()
         attention, recompute = canonical_choice(attention, ATTENTION), canonical_choice(recompute, RECOMPUTE)
         if attention not in ATTENTION:
             raise SetupError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
@@ -370,7 +374,7 @@ class GPT(nn.Module):
 
         With a :class:`KVCache` the tokens continue the cached sequence (inference: prefill, then decode).
         """
-        b, s = idx.shape
+        s = idx.shape[1]
         start = cache.length if cache is not None else 0
         if start + s > self.config.max_seq:
             raise SetupError(
@@ -383,10 +387,10 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += s
         x = self.norm_f(x)
-        logits = F.linear(x, self.head_weight, None if self.head is None else self.head.bias)
+        bias = None if self.head is None else self.head.bias
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(b * s, -1), targets.view(b * s))
+            return F.linear(x, self.head_weight, bias)
+        return lm_loss(x, self.head_weight, bias, targets, self.loss)
 
 
 def _init_weights(module: nn.Module) -> None:

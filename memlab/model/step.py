@@ -161,10 +161,17 @@ class TrainingStep:
     scaler: Any = None
     set_to_none: bool = True
     grad_accum_steps: int = 1
+    offload: Any = None
+    """An :class:`memlab.model.offload.OffloadActivations` the forward runs inside (``Setup.offload_activations``)."""
 
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
-        """autocast for ``amp-*``, nothing otherwise."""
-        return autocast(self.policy, self.device)
+        """autocast for ``amp-*`` (nothing otherwise), inside the activation offload's hooks when there are any."""
+        if self.offload is None:
+            return autocast(self.policy, self.device)
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.offload)
+        stack.enter_context(autocast(self.policy, self.device))
+        return stack
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of the (scaled) loss."""
@@ -201,20 +208,22 @@ def training_step(
     loss_scaling: bool = True,
     set_to_none: bool = True,
     grad_accum_steps: int = 1,
+    offload: Any = None,
 ) -> TrainingStep:
     """Wire ``model`` (already built in :func:`model_dtype`) for training under ``policy``.
 
     ``loss_scaling=False`` leaves out the policy's loss scale (GradScaler, or the master weights' scale and its
     finite check): the fake-tensor trace needs that, since the check reads tensor values a fake tensor lacks.
+    ``offload``: an :class:`memlab.model.offload.OffloadActivations` around each forward (None: no offload).
     """
     if policy.master_bytes:
         scale = 2.0**12 if policy.grad_scaler and loss_scaling else None
         return TrainingStep(policy, device, MasterWeights(model, make_optimizer, policy, loss_scale=scale),
-                            set_to_none=set_to_none, grad_accum_steps=grad_accum_steps)
+                            set_to_none=set_to_none, grad_accum_steps=grad_accum_steps, offload=offload)
     optimizer = make_optimizer(_unique_params(model))
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler and loss_scaling else None
     return TrainingStep(policy, device, optimizer, scaler, set_to_none=set_to_none,
-                        grad_accum_steps=grad_accum_steps)
+                        grad_accum_steps=grad_accum_steps, offload=offload)
 
 
 def check_single_process(setup: Setup) -> None:
@@ -237,15 +246,24 @@ def build_training(config: TransformerConfig, setup: Setup, device: torch.device
     the profiler and the step-time lab build the step they measure; setups one process cannot run are refused
     (:func:`check_single_process`)."""
     from memlab.model.gpt import GPT
+    from memlab.model.loss import LossOptions
     from memlab.model.optimizers import build_optimizer
 
     check_single_process(setup)
+    if setup.offload_activations and device.type != "cuda":
+        raise SetupError("activation offload is measured on a CUDA device (on a CPU the host and the device are one "
+                         "memory): trace it instead (memlab trace --offload counts the device bytes and what moves)")
     torch.manual_seed(seed)
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device,
-                dtype=model_dtype(setup.policy)).train()
+                dtype=model_dtype(setup.policy), loss=LossOptions.of(setup)).train()
+    offload = None
+    if setup.offload_activations:
+        from memlab.model.offload import OffloadActivations
+
+        offload = OffloadActivations()
     return model, training_step(model, setup.policy, device,
                                 lambda ps: build_optimizer(setup.optimizer, ps, lr, setup.optimizer_impl),
-                                set_to_none=setup.zero_grad_to_none)
+                                set_to_none=setup.zero_grad_to_none, offload=offload)
 
 
 # -- the one training step loop -------------------------------------------------------------------------------

@@ -42,7 +42,10 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.loss import hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
@@ -268,7 +271,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     im = config.impl
     terms: list[TermRow] = [
         ("input token ids", "token ids", t, INT64, False),
-        ("target token ids", "token ids", t + (b == 1) * im.loss_labels_padded, INT64, False),
+        _target_row(setup, t, b, im.loss_labels_padded),
     ] if model_level else []
     if config.positions == "learned":
         if model_level:
@@ -314,12 +317,63 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     if not model_level:
         return terms
     terms += _norm_terms(config, t, 1, w, "final norm")
-    terms.append(("LM-head input", "head & loss", t * h, w["compute"], False))
-    terms.append(("log-softmax of logits, fp32", "head & loss", t * V, FP32, True))
-    terms.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
-    if autocast:
-        terms.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+    terms += loss_rows(config, setup, w)
     return terms
+
+
+def _target_row(setup: Setup, t: Any, b: Any, padded: bool) -> TermRow:
+    """The step's target ids as saved: padded by one at batch 1 when the model pads its labels (HF); under HF's
+    own loss on kept positions, its padded copy of the last k labels (:func:`memlab.predict.loss.hf_kept_labels`);
+    none where no op saves them (:func:`memlab.predict.loss.targets_saved`)."""
+    if setup.loss == "plain" and not setup.logits_to_keep:
+        return ("target token ids", "token ids", t + (b == 1) * padded, INT64, False)
+    hf, k = hf_kept_labels(setup, padded), kept_positions(setup)
+    count = (t + (b == 1) * padded) * targets_saved(setup, padded) + hf * (b * k + (b == 1))
+    # memlab's chunked loss over HF's shifted labels at k = 1 < seq, batch > 1: its checkpoints keep views of the
+    # whole padded labels, b (s + 1) ids
+    count = count + padded * (setup.loss == "chunked") * (k == 1) * (k != setup.seq) * (b != 1) * b
+    return ("target token ids", "token ids", count, INT64, False)
+
+
+def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> list[TermRow]:
+    """What the LM head and the loss keep for backward under ``setup.loss`` and ``setup.logits_to_keep``
+    (:mod:`memlab.predict.loss`; ``w``: :func:`shared_widths`). Plain and chunked keep the head's input: with
+    ``logits_to_keep`` shorter than seq at batch > 1 the last positions are not contiguous, and the head's matmul
+    keeps both the whole hidden state and its contiguous copy (and the loss a copy of the targets' slice)."""
+    b, s = setup.batch, setup.seq
+    t, h, V = b * s, config.d_model, config.vocab_size
+    kind = setup.loss
+    if kind == "plain" and not setup.logits_to_keep:  # the default, listed without the general case's arithmetic
+        rows: list[TermRow] = [("LM-head input", "head & loss", t * h, w["compute"], False),
+                               ("log-softmax of logits, fp32", "head & loss", t * V, FP32, True),
+                               ("loss normaliser (total_weight)", "head & loss", 1, FP32, False)]
+        if setup.policy.autocast:
+            rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+        return rows
+    tk = b * kept_positions(setup)
+    copied = kept_copy(setup)  # a batch > 1 slice of the last 1 < k < s positions: reshape copies it
+    if kind == "fused":
+        rows = [("gradient of the LM-head input (fused loss)", "head & loss", tk * h, w["residual"],
+                                False, "computed in forward [liger2024]"),
+                               ("gradient of the LM-head weight (fused loss)", "head & loss", V * h,
+                                setup.policy.param_bytes, True)]
+        if config.impl.head_bias and not config.tied_embeddings:
+            rows.append(("gradient of the LM-head bias (fused loss)", "head & loss", V, setup.policy.param_bytes, True))
+        return rows
+    # a copy of the kept positions is kept instead of the whole hidden state
+    rows = [("LM-head input", "head & loss", (t - copied * t) * h, w["compute"], False)]
+    if isinstance(copied, np.ndarray) or copied:
+        rows.append(("contiguous copy of the kept positions", "head & loss", copied * tk * h, w["compute"], False))
+        not_hf = 1 - hf_kept_labels(setup, config.impl.loss_labels_padded)  # HF's own copy is the target row
+        rows.append(("copy of the kept targets", "head & loss", copied * not_hf * tk, INT64, False))
+    if kind == "chunked" and config.impl.loss_labels_padded:  # HF labels: the mean divides by a count tensor
+        rows.append(("count of targets not ignored (the mean's divisor)", "head & loss", 1, INT64, False))
+    if kind == "plain":
+        rows.append(("log-softmax of logits, fp32", "head & loss", tk * V, FP32, True))
+        rows.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
+        if setup.policy.autocast:
+            rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+    return rows
 
 
 def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, Any]:

@@ -113,6 +113,10 @@ class MemoryBreakdown:
     """The largest phase: what must fit on the device."""
     peak_phase: str = ""
     peak_step: str = ""
+    host_bytes: int = 0
+    """Host (pinned) memory activation offload takes (``Setup.offload_activations``; 0 without): at least the saved
+    activations, plus the matmul weights and the second reference to the log-softmax that save_on_cpu copies too
+    (:func:`offload_host_bytes`). Not part of the device's total or peak."""
 
     @property
     def peak_gib(self) -> float:
@@ -285,7 +289,32 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         "assumptions": (*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq), *p.assumptions_tail),
         "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": _fields(setup),
         "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
+        "host_bytes": offload_host_bytes(config_or_params, setup, acts_i) if setup.offload_activations else 0,
     })
+
+
+def offload_host_bytes(model: TransformerConfig | int, setup: Setup, activations: int) -> int:
+    """Host bytes ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` takes for one micro-batch, at least.
+
+    save_on_cpu copies every tensor autograd saves, once per op that saves it [pytorch-autograd]: the activations
+    (each storage once here), the matmul weights (parameters; under autocast their 16-bit copies, already in the
+    activations, are what matmuls save) and, for the plain loss, the fp32 log-softmax twice (log_softmax's backward
+    and nll_loss's both save it). Other tensors saved by two ops (views, a GELU input) are copied twice too and
+    are not counted here, and torch's pinned-memory allocator may round each block up: a lower bound (within
+    15 % of the traced copies on the reference GPT, tests/run/test_loss_offload.py)."""
+    if not isinstance(model, TransformerConfig):
+        return activations
+    weights = 0
+    if not setup.policy.autocast:
+        head = model.vocab_size * model.d_model
+        # full recompute: the blocks' matmuls save nothing in forward (only the head's weight is saved)
+        matmul = head if setup.recompute == "full" else model.matmul_param_count()
+        matmul -= head if setup.loss == "fused" else 0
+        weights = math.ceil(matmul / setup.tp) * setup.policy.param_bytes
+    twice = 4 * setup.batch * setup.seq * model.vocab_size // setup.tp if setup.loss == "plain" else 0
+    if setup.loss == "plain" and setup.logits_to_keep:
+        twice = 4 * setup.batch * min(setup.logits_to_keep, setup.seq) * model.vocab_size // setup.tp
+    return activations + weights + twice
 
 
 def _size_array(name: str, values: Any, hi: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from memlab.errors import SetupError
+from memlab.errors import MemlabError, SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
@@ -131,3 +131,124 @@ def max_seq(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int | N
             overheads: Overheads | None = None) -> FitSearch:
     """Largest sequence length (1..``limit``, default the model's ``max_seq``) that fits ``gpu``, by bisection."""
     return _search(config, setup, gpu, "seq", config.max_seq if limit is None else limit, overheads)
+
+
+# -- what to switch on to fit ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Lever:
+    """One thing a user can switch on: the :class:`Setup` fields it sets and what it costs, in words. ``needs``:
+    a field value the lever only makes sense with (e.g. ZeRO needs ranks): see :data:`LEVERS`."""
+
+    name: str
+    changes: tuple[tuple[str, Any], ...]
+    cost: str
+
+    def setup(self, base: Setup, world_size: int) -> Setup:
+        """``base`` with this lever on (``world_size`` for the sharding levers); raises SetupError where invalid."""
+        values = {k: (world_size if v == "N" else v) for k, v in self.changes}
+        return base.with_(**values)
+
+
+LEVERS: tuple[Lever, ...] = (
+    Lever("selective recompute", (("recompute", "selective"),),
+          "recomputes the attention core in backward (Korthikanti et al. 2022: a few per cent of the FLOPs)"),
+    Lever("full recompute", (("recompute", "full"),), "one more forward per step (hardware FLOPs below)"),
+    Lever("fused attention kernel (flash)", (("attention", "flash"),),
+          "none in memory; needs a GPU kernel that supports the model (FlashAttention / SDPA flash)"),
+    Lever("mixed precision (bf16 weights, fp32 master)", (("precision", "mixed-bf16"),),
+          "numerics: bf16 compute; states stay 16 B/param with the fp32 master"),
+    Lever("fused optimizer", (("optimizer_impl", "fused"),), "none (one kernel per step; CUDA)"),
+    Lever("chunked loss", (("loss", "chunked"),), "the LM head runs twice (forward and recomputed in backward): "
+          "+2 t V h FLOPs"),
+    Lever("fused linear + cross-entropy (Liger-style)", (("loss", "fused"),),
+          "a kernel (liger-kernel) or memlab.model.loss's reference; no extra FLOPs"),
+    Lever("logits_to_keep=1", (("logits_to_keep", 1),),
+          "changes the objective: the loss reads the last position only (RL / classification-style fine-tunes)"),
+    Lever("activation offload (save_on_cpu, pinned)", (("offload_activations", True),),
+          "host memory (below) and a host<->device copy of every saved tensor per step"),
+    Lever("bf16 weights and optimizer states (no fp32 master)", (("precision", "bf16"),),
+          "numerics: bf16 updates lose small steps (no fp32 master copy): 8 B/param with AdamW"),
+    Lever("ZeRO-3 / FSDP over N ranks", (("zero_stage", 3), ("world_size", "N")),
+          "N devices; all-gathers of parameters per step (memlab.predict.communication); the gathered blocks "
+          "count only with Overheads(gathered_layers=...) / --gathered-layers"),
+)
+"""The levers :func:`levers` ranks, as data: adding one (LoRA, QLoRA, an 8-bit optimizer) is one entry."""
+
+
+@dataclass(frozen=True)
+class LeverResult:
+    """One lever applied to a setup: its predicted peak (bytes, phase) and whether it fits, beside the baseline's;
+    ``extra_flops`` (hardware FLOPs per step beyond the baseline's) and ``host_bytes`` are what it costs."""
+
+    name: str
+    changes: dict[str, Any]
+    peak_bytes: int
+    peak_phase: str
+    fits: bool
+    saved_bytes: int
+    extra_flops: float
+    host_bytes: int
+    cost: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields."""
+        return asdict(self)
+
+
+def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int = 8,
+           overheads: Overheads | None = None, table: tuple[Lever, ...] = LEVERS) -> list[LeverResult]:
+    """Each lever of ``table`` applied alone to ``setup``, ranked by the predicted **peak** it gives (lowest
+    first; :mod:`memlab.predict.phases`, never the sum), with whether it then fits ``gpu`` and its cost. Levers
+    that change nothing (already on) or that this setup cannot take (a SetupError: e.g. a fused optimizer for
+    Adafactor) are left out. ``world_size``: the ranks the ZeRO lever shards over."""
+    from memlab.predict.flops import megatron_iteration_flops
+
+    if not isinstance(config, TransformerConfig):
+        raise SetupError("levers need a model config: with a bare parameter count most levers change nothing")
+    if not isinstance(setup, Setup) or setup.mode != "train":
+        raise SetupError("levers rank ways to fit a training step: pass a Setup with mode='train'")
+    check_int("world_size", world_size, hi=LIMITS["ranks"].max, why=LIMITS["ranks"].why, err=SetupError)
+    _, _, cap = _capacity(gpu)
+    base = estimate(config, setup, overheads=overheads)
+
+    def flops(s: Setup) -> float:
+        return float(megatron_iteration_flops(config, s.batch, s.seq, s.recompute))
+
+    base_flops = flops(setup)
+    head = 2 * setup.batch * setup.seq * config.vocab_size * config.d_model
+    out = []
+    for lever in table:
+        try:
+            changed = lever.setup(setup, world_size)
+        except MemlabError:
+            continue
+        if changed == setup:
+            continue
+        bd = estimate(config, changed, overheads=overheads)
+        extra = flops(changed) - base_flops + (head if changed.loss == "chunked" and setup.loss != "chunked" else 0)
+        name = lever.name.replace(" N ", f" {world_size} ")
+        out.append(LeverResult(name, {k: getattr(changed, k) for k, _ in lever.changes}, bd.peak_bytes,
+                               bd.peak_phase, bd.peak_bytes <= cap, base.peak_bytes - bd.peak_bytes, extra,
+                               bd.host_bytes, lever.cost))
+    return sorted(out, key=lambda r: (r.peak_bytes, r.name))
+
+
+def plan_to_fit(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int = 8,
+                overheads: Overheads | None = None, table: tuple[Lever, ...] = LEVERS,
+                exclude: tuple[str, ...] = ("logits_to_keep=1",)) -> tuple[list[str], Setup, int]:
+    """What to switch on to fit: levers added one at a time, each time the one giving the lowest peak, until the
+    peak fits ``gpu`` or no lever lowers it. Returns (lever names in order, the setup, its peak bytes). Levers
+    named in ``exclude`` (by default the one that changes the objective) are not chosen."""
+    _, _, cap = _capacity(gpu)
+    chosen: list[str] = []
+    current, peak = setup, estimate(config, setup, overheads=overheads).peak_bytes
+    pool = tuple(lv for lv in table if lv.name not in exclude)
+    while peak > cap:
+        ranked = [r for r in levers(config, current, gpu, world_size=world_size, overheads=overheads, table=pool)
+                  if r.name not in chosen and r.peak_bytes < peak]
+        if not ranked:
+            break
+        best = ranked[0]
+        chosen.append(best.name)
+        current, peak = current.with_(**best.changes), best.peak_bytes
+    return chosen, current, peak

@@ -25,6 +25,10 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
   temporary per parameter at once (``_foreach_sqrt``: all parameters, state dtype, 4 B/param in fp32); fused
   none; SGD none; a master-weight wrapper holds fp32 copies of every 16-bit gradient during the step (4 B/param).
   In the first step ``O`` is allocated inside this phase.
+- the loss (``Setup.loss``, ``logits_to_keep``; :mod:`memlab.predict.loss`): :func:`loss_transients` gives the
+  end-of-forward and start-of-backward transients in place of the plain ``4tV``-``8tV`` and ``8tV`` terms.
+- activation offload (``Setup.offload_activations``, save_on_cpu): the forward and backward-start moments hold the
+  loop's token ids and the loss's saved tensors (copied back) instead of ``A``; the bottom-layer moment is kept.
 - zero_grad: what is held *after* it, ``P + O`` (+ ``G`` with ``set_to_none=False``); the batch's token ids are
   held by the loop through the optimizer step and after it.
 - gradient accumulation (``grad_accum_steps > 1``): from the second micro-batch on, ``G_held = G`` (gradients
@@ -51,6 +55,7 @@ import numpy as np
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.activations import shared_widths, term_rows
 from memlab.predict.frozen import unchecked
+from memlab.predict.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
 from memlab.predict.setup import resolve_optimizer_impl
@@ -176,6 +181,22 @@ class StepInputs:
     full_recompute: bool
     input_bytes: Any = 0
     """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
+    loss_forward_bytes: Any = 0
+    """Transient bytes of the LM head and loss at the end of forward, beyond what they keep
+    (:func:`loss_transients`)."""
+    loss_backward_bytes: Any = 0
+    """Transient bytes of the loss's backward at the start of backward, beyond what it keeps."""
+    head_input_bytes: Any = 0
+    """The LM head's saved input (part of ``head_loss_bytes``)."""
+    unsaved_input_bytes: Any = 0
+    """Token ids the loop holds that no op saves (the fused loss's targets; copied kept positions'): in
+    ``input_bytes``, not in A."""
+    top_layer: bool = False
+    """Count the top block's backward moment (A held, its temporaries and gradients): set for the non-plain losses
+    and kept positions, where no t x V gradient dominates the start of backward (an upper bound)."""
+    offload: bool = False
+    """Saved activations live on the host (``Setup.offload_activations``): the device keeps only the token ids the
+    loop holds, and takes each saved tensor back when backward reads it (the loss's at the start of backward)."""
 
 
 def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
@@ -190,7 +211,7 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
     # width, sharded[, note]), its bytes count * width / (tp if sharded or sp else 1) (ActivationTerm.bytes).
     # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
     # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
-    per = recompute_inputs = head = inputs = 0
+    per = recompute_inputs = head = inputs = head_input = 0
     own_is_block = setup.recompute == "none"
     if not own_is_block:
         for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
@@ -206,6 +227,8 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
             recompute_inputs += size
         elif category == "head & loss":
             head += size
+            if name == "LM-head input":
+                head_input += size
         if name in _TOKEN_IDS:
             inputs += size
     w = shared_widths(setup.precision, device_type)
@@ -221,7 +244,7 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
         "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
         "block_forward": mlp + t * config.d_model * w["compute"],
         "recompute_inputs": recompute_inputs,
-        "head": head,
+        "head": head, "head_input": head_input,
         "inputs": inputs,
     }
 
@@ -281,7 +304,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
     if config is None:
         return {"layer_grad_bytes": 0.0, "tied_head_grad_bytes": 0.0, "optimizer_temporary_bytes": opt_t,
                 "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
-                "forward_logits_bytes_per_element": 4, "full_recompute": False}
+                "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False}
     gb = pol.grad_bytes
     return {
         "layer_grad_bytes": layer_elements * gb,
@@ -289,7 +312,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else (8 if pol.autocast else 6),
-        "full_recompute": setup.recompute == "full",
+        "full_recompute": setup.recompute == "full", "offload": setup.offload_activations,
     }
 
 
@@ -300,14 +323,69 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     if config is None:
         return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
-                                      **const, "input_bytes": 0})
+                                      **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
+                                      "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False})
     lt = _layer_terms(config, setup, device_type, terms)
+    if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
+        logits = setup.batch * setup.seq * config.vocab_size / setup.tp
+        fwd, bwd = const["forward_logits_bytes_per_element"] * logits, 8 * logits
+        unsaved, top = 0, False
+    else:
+        logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
+        fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
+        top = not setup.offload_activations and setup.recompute != "full"
+        # targets no op saves are still held by the training loop
+        padded = config.impl.loss_labels_padded
+        unsaved = (1 - targets_saved(setup, padded)) * setup.batch * setup.seq * 8
+        # the loop holds the step's ids; HF's padded copy of the kept labels (the target row then) is not the loop's
+        b = setup.batch
+        lt["inputs"] += unsaved - hf_kept_labels(setup, padded) * (b * kept_positions(setup) + (b == 1)) * 8
     return unchecked(StepInputs, {
-        "logits_elements": setup.batch * setup.seq * config.vocab_size / setup.tp,
+        "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
+        "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
+        "unsaved_input_bytes": unsaved, "top_layer": top,
     })
+
+
+def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logit: float,
+                    device_type: str) -> tuple[Any, Any]:
+    """(end of forward, start of backward) transient bytes of the LM head and loss beyond what they keep, on one
+    tp rank (:mod:`memlab.predict.loss`). ``logits``: the elements of one logits tensor (``t' V / tp``);
+    ``per_logit``: bytes per logit alive at the end of a plain forward (4, 6 or 8).
+
+    plain: ``per_logit x logits`` and ``8 x logits`` (the fp32 gradients of the log-softmax and the logits).
+    chunked: one chunk's fp32 logits and log-softmax (``8 c V``) and three fp32 scalars (the running sum, the
+    chunk's loss and total_weight) in forward; in backward the recomputed chunk beside its gradients.
+    fused: one chunk's logits, log-softmax and gradient in forward; nothing in backward (the kept gradients are
+    scaled in place and handed on).
+    """
+    kind = setup.loss
+    w = shared_widths(setup.precision, device_type)
+    V, h, cw = config.vocab_size, config.d_model, w["compute"]
+    # with the kept positions copied (activations.loss_rows), the whole hidden state is alive while the loss runs
+    hidden = kept_copy(setup) * setup.batch * setup.seq * h * cw
+    if kind == "plain":
+        return per_logit * logits + hidden, 8 * logits
+    tk = setup.batch * kept_positions(setup)
+    c = chunk_tokens(tk, V, h, setup.loss_chunk)
+    chunk_logits = c * V / setup.tp
+    gb = setup.policy.grad_bytes
+    if kind == "chunked":
+        # backward, the first chunk: the recomputed chunk (logits, log-softmax) beside its fp32 gradients, then
+        # its weight gradient (h x V), made contiguous for AccumulateGrad, beside the log-softmax; with the input's
+        # gradient buffer (t' h) and the chunk's (c h). The larger of the two moments, each taken at its most (an
+        # upper bound: the trace is within a few per cent below it, tests/run/test_loss_offload.py)
+        around = (tk + c) * h * cw + 4
+        weight_grad = 3 * V * h * gb / setup.tp
+        return 8 * chunk_logits + 12 + hidden, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
+    # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk; under autocast the
+    # 16-bit copy of the head weight autocast caches until forward ends
+    t = setup.batch * setup.seq
+    copy = 2 * V * h / setup.tp if setup.policy.autocast else 0
+    return 8 * chunk_logits + t * h * w["residual"] + copy, 0
 
 
 def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum_steps: int = 1,
@@ -316,8 +394,7 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
 
     Works elementwise on numpy arrays (a vectorised sweep) as on scalars.
     """
-    fwd_logits = x.forward_logits_bytes_per_element * x.logits_elements
-    bwd_logits = 8 * x.logits_elements
+    fwd_logits, bwd_logits = x.loss_forward_bytes, x.loss_backward_bytes
     end = g + x.tied_head_grad_bytes
     out = []
     for step in STEPS:
@@ -328,14 +405,23 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             g_held = g if holds else 0
             tag = "" if first_micro else " (accumulating)"
             base = p + o_held
-            fwd = base + g_held + a + fwd_logits + LOSS_BYTES
+            # offload: the device keeps the loop's token ids, and the loss's saved tensors while the loss runs
+            a_fwd = x.input_bytes + x.head_loss_bytes if x.offload else a + x.unsaved_input_bytes
+            fwd = base + g_held + a_fwd + fwd_logits + LOSS_BYTES
             if x.full_recompute:
-                fwd = larger(fwd, base + g_held + a - x.head_loss_bytes + x.block_forward_bytes)
-            start = base + g_held + a + bwd_logits + LOSS_BYTES
+                fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes + x.block_forward_bytes)
+            # offload: the loss's saved tensors but the head's input copied back at the start of backward
+            a_start = (x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload
+                       else a + x.unsaved_input_bytes)
+            start = base + g_held + a_start + bwd_logits + LOSS_BYTES
             below = g if holds else larger(g - x.layer_grad_bytes, 0)
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
+            back = larger(larger(start, bottom), base + end)
+            if x.top_layer:  # the top block's backward with (nearly) all activations held: no logits term hides it
+                back = larger(back, base + g_held + a_start - x.head_input_bytes + x.layer_temporary_bytes
+                              + (0 if holds else x.layer_grad_bytes))
             out.append((step, "forward" + tag, fwd + overhead))
-            out.append((step, "backward" + tag, larger(larger(start, bottom), base + end) + overhead))
+            out.append((step, "backward" + tag, back + overhead))
         out.append((step, "optimizer step", p + g + o + x.optimizer_temporary_bytes + x.input_bytes + overhead))
         out.append((step, "zero_grad", p + o + (0 if set_to_none and not x.persistent_grads else g) + x.input_bytes
                     + overhead))

@@ -180,6 +180,16 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
             out.append("ZeRO-3/FSDP gathered-parameter buffers not counted: set Overheads(gathered_layers=1 or 2)")
         if setup.policy.autocast:
             out.append("autocast's 16-bit weight copies kept for backward are counted in activations")
+        if setup.loss != "plain" or setup.logits_to_keep:
+            out.append(f"loss={setup.loss}" + (f", logits_to_keep={setup.logits_to_keep}" if setup.logits_to_keep
+                       else "") + ": the loss's terms follow memlab.model.loss (the fused loss as its pure-torch "
+                       "reference: Liger's kernel holds less per chunk); chunked's backward is an upper bound; with "
+                       "the loss no longer the largest moment the backward peak may sit at the bottom layer, whose "
+                       "term is approximate (a few per cent on the reference GPT; for HF families see "
+                       "benchmarks/loss_options.py)")
+        if setup.offload_activations:
+            out.append("activation offload (save_on_cpu, pinned): the device keeps the token ids and the loss's "
+                       "tensors while it runs; host_bytes is a lower bound (tensors saved twice are copied twice)")
     else:
         out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
         out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")

@@ -22,6 +22,7 @@ Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafac
 InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
 OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
+LossKind = Literal["plain", "chunked", "fused"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -30,6 +31,7 @@ OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
 OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
+LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
 """Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
 FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -106,6 +108,17 @@ class Setup(StrictInit):
     """Micro-batches per optimizer step; gradients persist (and accumulate) across the micro-steps."""
     zero_grad_to_none: bool = field(default=True, metadata={"mode": "train"})
     """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
+    # -- the loss at large vocabularies and activation offload (memlab.model.loss; issue 18) --------------------
+    loss: LossKind = field(default="plain", metadata={"mode": "train"})
+    """LM head + cross-entropy: plain (full logits, upcast to fp32, as HF's ForCausalLMLoss), chunked (head and
+    loss per chunk of tokens, recomputed in backward: no t x V tensor kept) or fused (Liger-style fused linear +
+    cross-entropy: gradients computed chunk by chunk in forward, logits never held in full)."""
+    loss_chunk: int = field(default=0, metadata={**LIMITS["seq"].meta(mode="train"), "min": 0})
+    """Tokens per loss chunk for chunked/fused (0: Liger's rule, next_pow2(ceil(t / ceil(V / h))) tokens)."""
+    logits_to_keep: int = field(default=0, metadata={**LIMITS["seq"].meta(mode="train"), "min": 0})
+    """Compute logits and the loss for the last N positions of each sequence only (HF logits_to_keep; 0: all)."""
+    offload_activations: bool = field(default=False, metadata={"mode": "train", "flag": "--offload"})
+    """torch.autograd.graph.save_on_cpu(pin_memory=True): saved activations live in pinned host memory."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -122,6 +135,19 @@ class Setup(StrictInit):
         if self.sp and self.tp == 1:
             raise SetupError("sequence parallelism (sp) needs tensor parallelism: set tp > 1 or drop sp")
         resolve_optimizer_impl(self.optimizer, self.optimizer_impl)
+        if self.loss == "plain" and self.loss_chunk:
+            raise SetupError(f"loss_chunk={self.loss_chunk} applies to loss='chunked' or 'fused', not 'plain': set "
+                             "loss='chunked' (or drop loss_chunk)")
+        if self.logits_to_keep > self.seq:
+            raise SetupError(f"logits_to_keep={self.logits_to_keep} exceeds seq={self.seq}: keep at most seq positions "
+                             "(0 keeps all)")
+        if self.offload_activations and self.loss == "chunked":
+            raise SetupError("offload_activations with loss='chunked': each chunk's checkpoint saves the LM-head "
+                             "weight and save_on_cpu copies it to the host once per chunk: use loss='fused' (or "
+                             "'plain') with offload")
+        if self.mode == "inference" and (self.loss != "plain" or self.logits_to_keep or self.offload_activations):
+            raise SetupError("loss, logits_to_keep and offload_activations describe a training step: drop them with "
+                             "mode='inference'")
 
     @property
     def policy(self) -> PrecisionPolicy:

@@ -57,6 +57,10 @@ class HfMeasurement:
     recompute: str = "none"
     autocast: bool = False
     """The forward ran under ``torch.autocast`` to bf16 on an fp32 model (memlab's ``amp-bf16``)."""
+    loss: str = "plain"
+    """How the loss was computed (``Setup.loss``; :func:`memlab.model.loss.hf_causal_lm_loss`)."""
+    loss_chunk: int = 0
+    logits_to_keep: int = 0
 
     @property
     def states_bytes(self) -> int:
@@ -70,7 +74,8 @@ class HfMeasurement:
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
         precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute)
+                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute,
+                     loss=self.loss, loss_chunk=self.loss_chunk, logits_to_keep=self.logits_to_keep)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -97,11 +102,13 @@ class _HfMeter(Meter):
 
 
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
-               keep_saved: bool = False, autocast: bool = False) -> HfMeasurement | tuple[HfMeasurement, Any]:
+               keep_saved: bool = False, autocast: bool = False,
+               loss: Any = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
     bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
     runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
-    does). With ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`."""
+    does). With ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`.
+    ``loss``: a :class:`memlab.model.loss.LossOptions` (chunked, fused, logits_to_keep; None: the model's own)."""
     cfg = model.config
     dev = next(model.parameters()).device
     idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
@@ -109,14 +116,17 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     policy = precision_policy("amp-bf16" if autocast else PRECISION_OF[dtype])
     step = training_step(model, policy, dev, lambda ps: torch.optim.AdamW(ps, lr=1e-4))
     meter = _HfMeter(model, step.state_holder(), dev)
-    train_step(step, lambda: model(input_ids=idx, labels=idx).loss, meter=meter)
+    from memlab.model.loss import LossOptions, hf_causal_lm_loss
+
+    opts = loss if loss is not None else LossOptions()
+    train_step(step, lambda: hf_causal_lm_loss(model, idx, idx, opts), meter=meter)
     saved, st = meter.saved, meter.states
     m = HfMeasurement(
         family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
         params_bytes=st.params_bytes, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
         device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
-        autocast=autocast,
+        autocast=autocast, loss=opts.kind, loss_chunk=opts.chunk, logits_to_keep=opts.keep,
     )
     return (m, saved) if keep_saved else m
 

@@ -47,10 +47,21 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
         notes.append("loss scaling traced without its finite check (data-dependent on fake tensors): the scale and "
                      "found-inf scalars are a few bytes")
 
+    if setup.offload_activations:
+        notes.append("activation offload (save_on_cpu, pinned) simulated: saved tensors leave the device for a "
+                     "meta-tensor 'host' and come back as fresh device tensors; device bytes are a GPU run's, "
+                     "values are not; the trace's host_bytes is what a forward copies to the host")
+
     def step_fn(model: nn.Module) -> TrainingStep:
         make = lambda ps: build_optimizer(setup.optimizer, ps, lr, impl)  # noqa: E731
+        offload = None
+        if setup.offload_activations:
+            from memlab.model.offload import OffloadActivations
+
+            offload = OffloadActivations(simulate=True)
         return training_step(model, policy, torch.device("cpu"), make, loss_scaling=False,
-                             set_to_none=setup.zero_grad_to_none, grad_accum_steps=setup.grad_accum_steps)
+                             set_to_none=setup.zero_grad_to_none, grad_accum_steps=setup.grad_accum_steps,
+                             offload=offload)
 
     return {"step_fn": step_fn, "notes": tuple(notes)}
 
@@ -60,12 +71,14 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
     """Everything :func:`trace_step` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
     ``mesh`` (:func:`memlab.tracing.fake_dist.fake_process_group`) the blocks are sharded with FSDP2."""
     from memlab.model.gpt import GPT
+    from memlab.model.loss import LossOptions
     from memlab.model.step import model_dtype
 
     parts = setup_parts(setup, lr=lr, device_type=device_type)
 
     def model_fn() -> nn.Module:
-        model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy))
+        model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy),
+                    loss=LossOptions.of(setup))
         if mesh is not None:
             from memlab.tracing.fake_dist import shard_blocks
 

@@ -64,6 +64,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     the table would pass unnoticed. transformers' warnings are silenced while the step is traced.
     """
     tf = import_transformers()
+    from memlab.model.loss import LossOptions, hf_causal_lm_loss
     from memlab.model.step import model_dtype
 
     check_trace_setup(setup, device_type, fake)
@@ -106,13 +107,20 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         ids = torch.randint(0, vocab, (setup.batch, setup.seq))
         return {"input_ids": ids, "labels": ids.clone()}
 
+    options = LossOptions.of(setup)
+
+    def one_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if options == LossOptions():
+            return default_loss(model, batch)
+        return hf_causal_lm_loss(model, batch["input_ids"], batch["labels"], options)
+
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if not backend:
-            return default_loss(model, batch)
+            return one_loss(model, batch)
         from torch.nn.attention import sdpa_kernel
 
         with sdpa_kernel(sdpa_backend(backend)):  # inside the step's autocast, as the forward runs it
-            return default_loss(model, batch)
+            return one_loss(model, batch)
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
     try:

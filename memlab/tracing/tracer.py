@@ -99,6 +99,8 @@ class Trace:
     notes: tuple[str, ...] = ()
     cuda_terms: tuple[dict[str, str], ...] = CUDA_TERMS
     torch_version: str = field(default=torch.__version__)
+    host_bytes: int = 0
+    """Bytes activation offload (``Setup.offload_activations``) copied to the host in the last forward; 0 without."""
 
     def phase(self, name: str, step: str = "steady") -> PhaseRow:
         """The row of one phase of one step (``first`` or ``steady``; :func:`~memlab.predict.phases.find_phase`)."""
@@ -290,8 +292,8 @@ class _UserStep:
 
 
 def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Any],
-         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...]]:
-    """The two traced steps of :func:`trace_step`: (phase rows, module rows)."""
+         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int]:
+    """The two traced steps of :func:`trace_step`: (phase rows, module rows, bytes offloaded to the host)."""
     with mode, torch.device("cpu"):
         model = model_fn()
         step = step_fn(model)
@@ -315,7 +317,8 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
                 train_step(step, lambda: loss_fn(model, batch), meter=rec, label=label, optimizer_step=update,
                            zero_grad=update)
             modules = module_rows(tracker)  # the steady step's (last) micro-batch
-    return rec.rows, modules
+    offload = getattr(step, "offload", None)  # activation offload's books: what the last forward copied to the host
+    return rec.rows, modules, (offload.host_bytes if offload is not None else 0)
 
 
 def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Step],
@@ -331,7 +334,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     loss_fn = loss_fn or default_loss
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     try:
-        rows, modules = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
+        rows, modules, host = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
     except DataDependentOutputException as exc:
         raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
                          "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
@@ -340,7 +343,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     best = max((r for r in rows if r.reliable), key=lambda r: r.peak_bytes)
     return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best.peak_bytes,
                  peak_phase=best.phase, peak_step=best.step, peak_by_category=dict(best.by_category),
-                 modules=modules, notes=tuple(notes))
+                 modules=modules, notes=tuple(notes), host_bytes=host)
 
 
 # -- the generic tracer ----------------------------------------------------------------------------------------
