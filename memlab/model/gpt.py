@@ -370,7 +370,7 @@ class GPT(nn.Module):
 
         With a :class:`KVCache` the tokens continue the cached sequence (inference: prefill, then decode).
         """
-        b, s = idx.shape
+        s = idx.shape[1]
         start = cache.length if cache is not None else 0
         if start + s > self.config.max_seq:
             raise SetupError(
@@ -383,10 +383,17 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += s
         x = self.norm_f(x)
-        logits = F.linear(x, self.head_weight, None if self.head is None else self.head.bias)
+        # The head runs as a module when untied (FSDP2 hooks a wrapped head's forward); tied, it is the embedding
+        logits = F.linear(x, self.tok_emb.weight) if self.head is None else self.head(x)
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().view(b * s, -1), targets.view(b * s))
+        return lm_loss(logits, targets)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The next-token loss of the reference GPT: cross-entropy of the fp32 logits, averaged over every token
+    (``GPT.forward`` with targets; the FSDP2 runs with the loss outside the model call it on the logits)."""
+    return F.cross_entropy(logits.float().view(targets.numel(), -1), targets.reshape(-1))
 
 
 def _init_weights(module: nn.Module) -> None:

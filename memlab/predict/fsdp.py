@@ -155,8 +155,9 @@ def moments(p: FsdpPlan) -> dict[str, float]:
       inside the root, the last unit's all-gather buffer (freed at the root's post-forward);
     - ``block_forward``: inside the last block's forward (full recompute's moment): the units still gathered before
       it, the block and its own all-gather buffer;
-    - ``start`` of backward: what forward left gathered plus the prefetched all-gather buffer of the last unit
-      that was resharded;
+    - ``start`` of backward: what forward left gathered plus, when the loss is inside a root that holds
+      parameters, the prefetched all-gather buffer of the last unit that was resharded (the root's pre-backward
+      runs on the loss; otherwise the prefetch comes after the loss's backward);
     - ``bottom`` (the first block's backward): the root and head units' parameters and unsharded gradients (the
       root reduces at the end of backward), the block, the prefetched buffer of the unit before it, and the
       reduce-scatter input FSDP2 keeps of the block after it (``reduce_scatter_max_input_buffers = 1``);
@@ -172,7 +173,10 @@ def moments(p: FsdpPlan) -> dict[str, float]:
     before = sum(p.full(u) for u in units[:units.index(lb)] if not u.reshard_after_forward)
     block_fwd = before + p.full(lb) + p.buffer(lb)
     resharded = [u for u in units if u.reshard_after_forward]
-    start = held_after_fwd + (p.buffer(resharded[-1]) if resharded else 0)
+    # The root's pre-backward hook sits on its output: with the loss inside, on the loss, so its prefetch comes
+    # first in backward; otherwise (or with a root that holds no parameters) after the loss's backward
+    root_first = p.loss_inside and bool(p.of_kind("root"))
+    start = held_after_fwd + (p.buffer(resharded[-1]) if resharded and root_first else 0)
     b0 = blocks[0]
     i0 = units.index(b0)
     prev = units[i0 - 1] if i0 > 0 else None

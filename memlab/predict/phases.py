@@ -181,7 +181,8 @@ class StepInputs:
     held until the autocast region (the forward) ends; 0 otherwise (without full recompute they are in ``A``)."""
     head_input_bytes: Any = 0
     """Under autocast, the fp32 final-norm output the forward still holds (a local variable) while the loss is
-    computed: the head saved its 16-bit copy, so it is in no saved term (``4 t h``, as traced)."""
+    computed inside it: the head saved its 16-bit copy, so it is in no saved term (``4 t h``, as traced); 0 when
+    the loss is computed outside the model (the forward has returned)."""
     fsdp: dict[str, float] | None = None
     """FSDP2's additions per moment (:func:`memlab.predict.fsdp.moments`, plus ``root_grads_shard``: the root's
     sharded gradient bytes, which appear only at the end of backward); None without FSDP2."""
@@ -327,7 +328,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
         "head_input_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
-        if setup.policy.autocast else 0,
+        if setup.policy.autocast and not (const["fsdp"] is not None and setup.fsdp_loss == "outside") else 0,
     })
 
 
