@@ -115,8 +115,13 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
                  "tensors the first optimizer step also counts DTensor's first sharding propagation (global-shape "
                  "temporaries no real run holds): marked unreliable and left out of the peak; the steady step is "
                  "exact")
+        unreliable = (("first", "optimizer step"),) if fake else ()
+        if fake and setup.optimizer == "sgd-momentum":  # its steady step runs ops its first step did not (the
+            unreliable += (("steady", "optimizer step"),)  # buffers exist): DTensor propagates them afresh
+            notes += ("SGD with momentum: the steady optimizer step's ops are new to DTensor's sharding propagation "
+                      "too (its first step made the buffers), so that phase is marked unreliable as well",)
         return trace_step(**parts, fake=fake, name=config.name, setup=setup.to_dict(), notes=notes,
-                          unreliable=(("first", "optimizer step"),) if fake else ())
+                          unreliable=unreliable)
 
 
 def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:
