@@ -79,3 +79,14 @@ def test_summary_counts_verdicts() -> None:
                           {"draw": "b", "step": "", "phase": "peak", "rel_diff": -0.2, "verdict": "off"}])
     out = summary(frame)
     assert out["peak"] == {"within": 1, "named": 0, "off": 1} and out["worst"]["draw"] == "b"
+
+
+def test_torchtitan_protocol_equals_memlab_trace_and_estimate_at_step_2() -> None:
+    from memlab.compare.titan import residual_names, titan_rows
+    from memlab.predict.models import preset
+
+    row = titan_rows(preset("tiny-llama"), Setup(batch=2, seq=64, attention="flash", world_size=4,
+                                                 optimizer_impl="fused"))
+    assert row["titan_step2"] == row["trace_step2"] == row["estimate_step2"] > 0, row
+    assert row["titan_printed_max"] >= row["titan_step2"]
+    assert len(residual_names(row)) == 4 and "+0 B" in residual_names(row)[0]
