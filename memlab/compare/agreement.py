@@ -11,7 +11,7 @@ peak into one of three verdicts:
 
 - ``within``: ``|estimate - trace| <= tol * trace`` (0.1 % by default);
 - ``named``: outside that, but the estimate names the term it leaves out and its size
-  (:func:`named_terms`), and that size covers the difference;
+  (:func:`named_terms`, :func:`memlab.predict.estimate.unmodelled_terms`), and their sizes cover the difference;
 - ``off``: neither (a bug to fix).
 
 Traced phases the trace marks unreliable (the first optimizer step under FSDP2 on fake tensors: DTensor's first
@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.predict.estimate import MemoryBreakdown, estimate
+from memlab.predict.estimate import MemoryBreakdown, estimate, unmodelled_terms
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
 
@@ -103,16 +103,10 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci") -> list[Draw]:
     return out
 
 
-def named_terms(bd: MemoryBreakdown) -> dict[str, int]:
-    """Terms the estimate says it leaves out, with their size in bytes: today the mixture-of-experts routing
-    (the ``top_k`` routed token copies and the router's tensors the estimate counts as one dense MLP per token),
-    sized as ``top_k - 1`` more dense MLPs' saved tensors per layer. Empty when the estimate claims everything."""
-    cfg = bd.config or {}
-    out: dict[str, int] = {}
-    if cfg.get("n_experts", 1) > 1:
-        mlp = bd.activation_detail.get("mlp", 0.0)
-        out["moe routing (top_k routed copies, router)"] = int(max(cfg.get("top_k", 1), 2) * mlp)
-    return out
+def named_terms(draw: Draw, bd: MemoryBreakdown) -> dict[str, int]:
+    """The terms the estimate names as left out, with their sizes
+    (:func:`memlab.predict.estimate.unmodelled_terms`)."""
+    return unmodelled_terms(draw.config, draw.setup, bd)
 
 
 def compare_draw(draw: Draw, *, tol: float = TOLERANCE) -> list[dict[str, Any]]:
@@ -123,7 +117,7 @@ def compare_draw(draw: Draw, *, tol: float = TOLERANCE) -> list[dict[str, Any]]:
     # A mixture of experts routes by value (nonzero): fake tensors cannot run it, real CPU-lab ones can
     t = trace_gpt(draw.config, draw.setup, device_type=device, fake=not draw.config.is_moe)
     bd = estimate(draw.config, draw.setup, device_type="cpu")
-    named = named_terms(bd)
+    named = named_terms(draw, bd)
     rows = []
     for r in t.phases:
         if not r.reliable:

@@ -238,6 +238,30 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     return p, acts, kv, terms, act_detail, phases
 
 
+def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
+    """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
+    the most it can add or take away, in bytes: FSDP2's moments outside the phase model
+    (:func:`memlab.predict.fsdp.unmodelled`), and for a mixture of experts the routing (the estimate counts one dense
+    MLP per token: ``top_k`` routed copies of its saved tensors and the router's, ``top_k`` x the MLP term) and the
+    experts no token chose (no gradient, so no optimizer state, in a real step: up to every expert's gradients and
+    moments). Empty when the estimate claims everything it counts."""
+    from memlab.predict.fsdp import plan_of, unmodelled
+
+    out: dict[str, int] = {}
+    if not isinstance(config, TransformerConfig) or setup.mode != "train":
+        return out
+    fsdp = plan_of(config, setup)
+    if fsdp is not None:
+        out.update({k: math.ceil(v) for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v})
+    if config.is_moe:
+        out["MoE routing (top_k routed copies, router)"] = math.ceil(config.top_k * bd.activation_detail.get("mlp", 0))
+        expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)
+        share = expert / max(1, bd.param_count)
+        out["MoE experts no token chose (no gradient, no optimizer state)"] = math.ceil(
+            share * (bd.grads_bytes + bd.optimizer_bytes))
+    return out
+
+
 def model_buffer_bytes(config: TransformerConfig) -> int:
     """Bytes of the model's buffers: the reference GPT's rotary cos and sin tables, fp32 ``max_seq`` x
     ``head_dim / 2`` each (``memlab.model.gpt.Rotary``), so ``4 * max_seq * head_dim`` bytes; 0 for learned or no

@@ -189,3 +189,16 @@ def moments(p: FsdpPlan) -> dict[str, float]:
     return {"forward": fwd, "block_forward": block_fwd, "start": start, "bottom": bottom,
             "root_grads_full": root_grads, "end": root_grads + sum(p.ranks * u.shard_elements for u in root_like
                                                                    if u.kind == "root") * p.reduce_bytes}
+
+
+def unmodelled(p: FsdpPlan, grad_bytes: float) -> dict[str, float]:
+    """FSDP2 moments :func:`moments` does not model, each with the most it can add (bytes on rank 0), for the
+    estimate to name: ``first all-gathers`` (at the first block's all-gather the first unit's buffer is still alive:
+    it is freed at the block's copy-out), ``mid-backward`` (a block between the first and the last one holds itself,
+    the next unit's prefetched buffer and its own unsharded gradients while the sharded ones of later blocks exist:
+    at most one gathered block and one block of gradients beyond the bottom moment)."""
+    blocks = p.of_kind("block")
+    b = blocks[0]
+    return {"FSDP2 first all-gathers (first unit's buffer until block 0's copy-out)": p.buffer(p.units[0]),
+            "FSDP2 mid-backward moment (a gathered block and its unsharded gradients)":
+                p.full(b) + b.full_elements * grad_bytes if len(blocks) > 1 else 0.0}

@@ -195,6 +195,11 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                           "stage 2 keeps full 16-bit parameters at rest: add them)")
                        + "): gathered parameters, all-gather buffers, prefetch and unsharded gradients are modelled "
                        "per phase (memlab.predict.fsdp); shards padded to ceil(d0 / N) rows as rank 0 holds them")
+            from memlab.predict.fsdp import unmodelled
+
+            left = "; ".join(f"{k}: up to {math.ceil(v):,} B"
+                             for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
+            out.append(f"FSDP2 moments not modelled (memlab.predict.estimate.unmodelled_terms): {left}")
             if setup.policy.fsdp_mixed:
                 out.append(f"MixedPrecisionPolicy(param_dtype={setup.policy.fsdp_param_dtype}, reduce_dtype="
                            f"{setup.policy.fsdp_reduce_dtype}, output_dtype=None): activations as pure "
@@ -209,6 +214,8 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
         out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
     if isinstance(model, TransformerConfig) and model.is_moe:
+        out.append("mixture of experts: routing activations and unchosen experts are named with their sizes by "
+                   "memlab.predict.estimate.unmodelled_terms")
         out.append(f"mixture of experts: all {model.n_experts} experts' weights (and their grads and states) are "
                    "resident; activations are counted as for one dense MLP per token (the top_k routed copies are "
                    "not modelled yet)")
