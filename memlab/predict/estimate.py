@@ -242,7 +242,8 @@ def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBr
     """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
     the most it can add or take away, in bytes: FSDP2's moments outside the phase model
     (:func:`memlab.predict.fsdp.unmodelled`), and for a mixture of experts the routing (the estimate counts one dense
-    MLP per token: ``top_k`` routed copies of its saved tensors and the router's, ``top_k`` x the MLP term) and the
+    MLP per token: ``top_k`` routed copies of its saved tensors and the router's, ``top_k`` x the MLP term as
+    without recompute, since the copies exist inside a block's forward under any recompute) and the
     experts no token chose (no gradient, so no optimizer state, in a real step: up to every expert's gradients and
     moments). Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
@@ -254,7 +255,10 @@ def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBr
     if fsdp is not None:
         out.update({k: math.ceil(v) for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v})
     if config.is_moe:
-        out["MoE routing (top_k routed copies, router)"] = math.ceil(config.top_k * bd.activation_detail.get("mlp", 0))
+        mlp = bd.activation_detail.get("mlp", 0)
+        if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
+            mlp = estimate(config, setup.with_(recompute="none"), device_type="cpu").activation_detail.get("mlp", 0)
+        out["MoE routing (top_k routed copies, router)"] = math.ceil(config.top_k * mlp)
         expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)
         share = expert / max(1, bd.param_count)
         out["MoE experts no token chose (no gradient, no optimizer state)"] = math.ceil(
