@@ -1,8 +1,9 @@
 """torchtitan's memory estimator, rebuilt from its building blocks, on the setup memlab traces: the peer of issue 24.
 
-torchtitan v0.2.2 shipped ``scripts/estimate/estimation.py`` (removed in the config refactor, torchtitan commit
-76d5c72e2, February 2026): build the model under ``FakeTensorMode``, shard it with ``apply_fsdp`` (embedding, each
-block, ``[norm, output]`` as units; ``MixedPrecisionPolicy(bf16, fp32)``), run two iterations of
+torchtitan v0.2.2 shipped ``scripts/estimate/estimation.py`` [torchtitan-fsdp] (removed in the config refactor,
+torchtitan commit 76d5c72e2, February 2026): build the model under ``FakeTensorMode``, shard it with
+``apply_fsdp`` (embedding, each block, ``[norm, output]`` as units; ``MixedPrecisionPolicy(bf16, fp32)``), run two
+iterations of
 ``loss_fn(model(ids), labels)``, backward, ``clip_grad_norm_(foreach=True)``, the optimizer step and ``zero_grad``
 under torch's ``FSDPMemTracker``, and print the tracker's peak. torchtitan itself does not import on a CPU-only
 torch 2.13: ``import torchtitan.models.llama3`` reaches ``torchtitan/models/moe/kernels.py``'s ``import triton``
