@@ -67,6 +67,10 @@ class WorkerSpec:
     """FSDP2 wrapping plan of the fsdp2-* strategies (Setup.fsdp_units; memlab.model.fsdp.shard_model)."""
     fsdp_loss: str = "inside"
     """Where the fsdp2-* strategies compute the loss (Setup.fsdp_loss)."""
+    fsdp_param_dtype: str = "none"
+    """MixedPrecisionPolicy.param_dtype of the fsdp2-* strategies (Setup.fsdp_param_dtype; none: no policy)."""
+    fsdp_reduce_dtype: str = "fp32"
+    """MixedPrecisionPolicy.reduce_dtype (Setup.fsdp_reduce_dtype)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -85,6 +89,10 @@ class WorkerSpec:
                 raise SetupError(f"{name} must be a positive integer, got {value!r}")
         from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
 
+        if self.fsdp_param_dtype not in ("none", "bf16", "fp16") or self.fsdp_reduce_dtype not in ("fp32", "bf16",
+                                                                                                 "fp16"):
+            raise SetupError(f"fsdp_param_dtype must be none, bf16 or fp16 and fsdp_reduce_dtype fp32, bf16 or fp16, "
+                             f"got {self.fsdp_param_dtype!r}, {self.fsdp_reduce_dtype!r}")
         if self.fsdp_units not in FSDP_UNITS or self.fsdp_loss not in FSDP_LOSS:
             raise SetupError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)} and fsdp_loss one of "
                              f"{', '.join(FSDP_LOSS)}, got {self.fsdp_units!r}, {self.fsdp_loss!r}")
@@ -96,7 +104,8 @@ class WorkerSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["strategies"] = list(self.strategies)
-        d["fsdp"] = {"units": d.pop("fsdp_units"), "loss": d.pop("fsdp_loss")}  # the worker's spec["fsdp"]
+        d["fsdp"] = {"units": d.pop("fsdp_units"), "loss": d.pop("fsdp_loss"),  # the worker's spec["fsdp"]
+                     "param_dtype": d.pop("fsdp_param_dtype"), "reduce_dtype": d.pop("fsdp_reduce_dtype")}
         return d
 
 
