@@ -435,7 +435,8 @@ ex_floor.check(answer)
 # - Seed 000's "O(N) → O(N/k)" holds for **model states, per stage**; activations do not shrink with k, and
 #   ZeRO-3 adds gathered parameters inside the step (one block plus FSDP2's root here; all of them with
 #   `reshard_after_forward=False`).
-# - Communication: DDP and FSDP2 move exactly 2Ψ and 3Ψ per rank per step, as the paper says; torch's ZeRO-1 moves
-#   3Ψ (all-reduce + broadcast).
+# - Communication: DDP moves exactly 2Ψ per rank per step, as the paper says; FSDP2's ZeRO-3 moves the paper's 3Ψ
+#   less the root module's own parameters (FSDP2 keeps the root gathered from forward to backward, so it gathers it
+#   once); torch's ZeRO-1 moves 3Ψ (all-reduce + broadcast).
 # - Seed 004's "stage 3 trains arbitrarily large models" overclaims: the floor is activations + gathered blocks,
 #   and 3Ψ of traffic per step; its config is not valid JSON (comments), and each key has an FSDP2 equivalent.
