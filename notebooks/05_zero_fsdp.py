@@ -359,7 +359,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # %%
 from memlab.compare.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
 
-titan_shape = dict(batch=1, seq=256) if ch.scale == "ci" else dict(batch=8, seq=2048)
+titan_shape = dict(batch=1, seq=128) if ch.scale == "ci" else dict(batch=8, seq=2048)
 titan = titan_rows(TITAN_DEBUG, Setup(**titan_shape, attention="flash", world_size=8, optimizer_impl="fused"))
 ch.save_table(pd.DataFrame([titan]), "titan_peer_debugmodel")
 print("\n".join(residual_names(titan)))
