@@ -340,6 +340,43 @@ recorded = ch.recorded("05_zero_fsdp_gpu")
 recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
 
 # %% [markdown]
+# ## 6. The same FSDP2 step, three ways: the estimate, memlab's trace, torchtitan's estimator
+#
+# torchtitan (v0.2.2) shipped a memory estimator: the model under `FakeTensorMode`, sharded with its `apply_fsdp`
+# plan (the embedding, each block, and the final norm + output layer as their own units; `MixedPrecisionPolicy`
+# with bf16 parameters and fp32 reduction, no autocast), the loss computed outside the model, two iterations under
+# torch's `FSDPMemTracker`. memlab models the same choices as Setup fields (`fsdp_units="torchtitan"`,
+# `fsdp_loss="outside"`, `fsdp_param_dtype="bf16"`), applies them in the trace and the ranks with one function
+# (`memlab.model.fsdp.shard_model`), and runs torchtitan's protocol with its torch pieces as the peer
+# (`memlab.tracing.peer`: torchtitan's own package does not import on a CPU-only torch, its MoE kernels need
+# triton). Each residual is named with its size below.
+
+# %%
+from memlab.compare.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
+
+titan_shape = dict(batch=1, seq=128) if ch.scale == "ci" else dict(batch=8, seq=2048)
+titan = titan_rows(TITAN_DEBUG, Setup(**titan_shape, attention="flash", world_size=8, optimizer_impl="fused"))
+ch.save_table(pd.DataFrame([titan]), "titan_peer_debugmodel")
+print("\n".join(residual_names(titan)))
+pd.Series({k: v for k, v in titan.items() if k.endswith(("step2", "max"))}).to_frame(titan["setup"])
+
+# %% [markdown]
+# At full size (torchtitan's Llama-3-8B training shape), recorded by `scripts/record_titan_peer.py` on a CPU with
+# fake tensors (a few minutes: shown as recorded, not rerun here; it is no GPU measurement):
+
+# %%
+rec = recorded_titan()
+if rec is None:
+    shown = "no recorded full-size peer run yet: python scripts/record_titan_peer.py writes it"
+else:
+    print(rec["provenance"]["kind"], "·", "torch", rec["provenance"]["torch"], "·", rec["provenance"]["date"])
+    for row in rec["rows"]:
+        print(f"{row['model']}: " + "; ".join(residual_names(row)[:3]))
+    shown = pd.DataFrame(rec["rows"]).set_index("model")[["estimate_step2", "trace_step2", "titan_step2",
+                                                            "titan_printed_max"]].map(lambda b: f"{b / GiB:.3f} GiB")
+shown
+
+# %% [markdown]
 # ## Exercises
 #
 # **Exercise 2.** GPT-3 175B trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16 gradients: how many TB
@@ -372,7 +409,8 @@ check("05.zero3-floor", answer)
 # - Seed 000's "O(N) → O(N/k)" holds for **model states, per stage**; activations do not shrink with k, and
 #   ZeRO-3 adds gathered parameters inside the step (one block plus FSDP2's root here; all of them with
 #   `reshard_after_forward=False`).
-# - Communication: DDP and FSDP2 move exactly 2Ψ and 3Ψ per rank per step, as the paper says; torch's ZeRO-1 moves
-#   3Ψ (all-reduce + broadcast).
+# - Communication: DDP moves exactly 2Ψ per rank per step, as the paper says; FSDP2's ZeRO-3 moves the paper's 3Ψ
+#   less the root module's own parameters (FSDP2 keeps the root gathered from forward to backward, so it gathers it
+#   once); torch's ZeRO-1 moves 3Ψ (all-reduce + broadcast).
 # - Seed 004's "stage 3 trains arbitrarily large models" overclaims: the floor is activations + gathered blocks,
 #   and 3Ψ of traffic per step; its config is not valid JSON (comments), and each key has an FSDP2 equivalent.

@@ -340,6 +340,27 @@ recorded = ch.recorded("10_your_model_gpu")
 recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
 
 # %% [markdown]
+# ## 7. Your model sharded: the estimate, the trace and torchtitan's estimator
+#
+# The estimator and memlab's trace agree phase by phase over a seeded sample of the Setup space
+# (`memlab.compare.agreement`; `make bench` runs the larger sample, counting within 0.1 % / named / off). The same
+# holds against a peer: torchtitan's memory-estimation protocol (`memlab.tracing.peer`, its `apply_fsdp` plan,
+# loss outside the model, `MixedPrecisionPolicy(bf16, fp32)`, `FSDPMemTracker`) on a Llama-shaped model. Here
+# torchtitan's debug model, small; the full-size Llama-3-8B result is the recorded one of chapter 05.
+
+# %%
+from memlab.compare.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
+from memlab.predict.setup import Setup as _Setup
+
+peer = titan_rows(TITAN_DEBUG, _Setup(batch=1, seq=128 if ch.scale == "ci" else 2048, attention="flash",
+                                      world_size=8, optimizer_impl="fused"))
+print("\n".join(residual_names(peer)))
+rec = recorded_titan()
+if rec is not None:
+    for row in rec["rows"]:
+        print(f"recorded ({rec['provenance']['kind']}), {row['model']}: " + residual_names(row)[0])
+
+# %% [markdown]
 # ## Summary
 #
 # - The budget of seed 004 is right; the activation term is not one formula. It is a list of tensors set by how

@@ -34,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuBLAS/attention workspaces, MiB (default 0: not counted)")
     p.add_argument("--fragmentation", type=fraction, default=0.0, metavar="F", help="allocator margin fraction")
     p.add_argument("--gathered-layers", type=bounded_int(0, LIMITS["layers"].max, "at most the model's blocks"),
-                   default=0, metavar="N", help="blocks FSDP/ZeRO-3 holds gathered at once (default 0: not counted)")
+                   default=0, metavar="N",
+                   help="blocks ZeRO-3 holds gathered, as the gathered component (default 0: FSDP2 is modelled "
+                   "per phase; tensor-parallel ZeRO-3 is not counted)")
     g = p.add_argument_group("answers (with --gpu): what fits, and what to switch on to fit")
     g.add_argument("--hf", metavar="PATH", help="the model from a Hugging Face config.json (or a folder holding one; "
                    "read offline), instead of --preset or dimensions")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from memlab.device import device_type
 from memlab.errors import MemlabError
 from memlab.predict.activations import CATEGORIES
-from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
+from memlab.predict.estimate import MemoryBreakdown, estimate
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.phases import PhaseRow
 from memlab.predict.setup import Setup
@@ -183,7 +183,7 @@ def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
     """The estimator's peak against the trace's over a grid of presets and setups.
 
     Rows: model, setup label, trace_peak, formula_peak, rel_error, and where each peak is. Sharded points (ZeRO-3
-    over 8 ranks) trace FSDP2 over a fake process group and predict with ``Overheads(gathered_layers=2)``.
+    over 8 ranks) trace FSDP2 over a fake process group; the estimate models FSDP2 per phase (memlab.predict.fsdp).
     Imports torch (the tracer) when called.
     """
     from memlab.tracing.gpt import trace_gpt
@@ -204,9 +204,8 @@ def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
     out = []
     for name, setup in small + ([] if quick else large):
         cfg = preset(name)
-        # FSDP2 holds the running block and the prefetched next one gathered (2 blocks)
-        ov = Overheads(gathered_layers=2) if setup.zero_stage == 3 and setup.world_size > 1 else None
-        bd = estimate(cfg, setup, overheads=ov)
+        sharded = setup.zero_stage == 3 and setup.world_size > 1
+        bd = estimate(cfg, setup)
         label = (f"{setup.precision} {setup.attention} {setup.recompute} b{setup.batch}x{setup.seq}"
                  + (f" ZeRO-{setup.zero_stage}x{setup.world_size}" if setup.world_size > 1 else ""))
         row = {"model": name, "setup": label, "formula_peak": bd.peak_bytes,
@@ -215,7 +214,7 @@ def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
         t = trace_gpt(cfg, setup)
         row.update(trace_peak=t.peak_bytes, trace_phase=f"{t.peak_step} {t.peak_phase}",
                    rel_error=(bd.peak_bytes - t.peak_bytes) / t.peak_bytes,
-                   note="FSDP2 over a fake process group, formula with gathered_layers=2" if ov else "")
+                   note="FSDP2 over a fake process group, modelled per phase" if sharded else "")
         out.append(row)
     return out
 

@@ -31,6 +31,8 @@ STAGE = {"ddp": 0, "zero1": 1, "fsdp2-zero2": 3, "fsdp2-zero3": 3, "fsdp2-offloa
 NOTES = {
     ("fsdp2-zero3", "gathered params"): "; the estimator counts one gathered block; FSDP2 also keeps the root "
     "module's own parameters (embeddings, positions, final norm) gathered from forward to backward",
+    ("fsdp2-zero3", "comm volume/step"): "; the paper's stage 3 moves 3 Psi; FSDP2 leaves the root module gathered "
+    "from forward to backward (its default), so the root's parameters are all-gathered once, not twice",
     ("zero1", "comm volume/step"): "; the paper's stage 1 moves 2 Psi; torch's ZeroRedundancyOptimizer runs under "
     "DDP's all-reduce (2 Psi) and then broadcasts every updated partition (Psi more)",
 }

@@ -11,4 +11,6 @@
   by :func:`memlab.model.step.build_training`; seeded token batches.
 - ``optimizers``: the optimizer table (torch's, plus memlab's 8-bit Adam) and its implementations.
 - ``hf``: Hugging Face configs read and models built from them (never downloaded).
+- ``fsdp``: the one FSDP2 wrapping plan (units, reshard, MixedPrecisionPolicy, offload) and where the loss is
+  computed, shared by the trace and the torchrun ranks.
 """

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import SetupError
 from memlab.model.kv_cache import KVCache, LayerCache
-from memlab.model.loss import LossOptions, lm_loss
+from memlab.model.loss import LossOptions, lm_loss, logits_loss
 from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import ATTENTION, RECOMPUTE
 from memlab.predict.validate import canonical_choice
@@ -387,9 +387,11 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += s
         x = self.norm_f(x)
+        if targets is None or (self.loss.kind == "plain" and not self.loss.keep):
+            # The head runs as a module when untied (FSDP2 hooks a wrapped head's forward); tied, it is the embedding
+            logits = F.linear(x, self.tok_emb.weight) if self.head is None else self.head(x)
+            return logits if targets is None else logits_loss(logits, targets)
         bias = None if self.head is None else self.head.bias
-        if targets is None:
-            return F.linear(x, self.head_weight, bias)
         return lm_loss(x, self.head_weight, bias, targets, self.loss)
 
 

@@ -109,6 +109,12 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None
 
 
+def logits_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The plain next-token loss on computed logits: cross-entropy of the fp32 logits, averaged over every token
+    (the reference GPT's default; FSDP2 runs with the loss outside the model call it on the returned logits)."""
+    return F.cross_entropy(logits.float().view(targets.numel(), -1), targets.reshape(-1))
+
+
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
             options: LossOptions = LossOptions(), *, ignore_index: int | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy of the LM head (``weight``: vocab x width, ``bias`` or None) over ``hidden``
@@ -120,8 +126,7 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         hidden, targets = hidden[:, s - options.keep:], targets[:, s - options.keep:]
         s = options.keep
     if options.kind == "plain":
-        logits = F.linear(hidden, weight, bias)
-        return F.cross_entropy(logits.float().view(b * s, -1), targets.reshape(b * s))
+        return logits_loss(F.linear(hidden, weight, bias), targets)
     x, tgt = hidden.reshape(b * s, h), targets.reshape(b * s)
     chunk = chunk_tokens(b * s, weight.shape[0], h, options.chunk)
     if options.kind == "fused":

@@ -6,10 +6,11 @@
   precision policies as data; ``validate``: type and range checks of every public dataclass; ``frozen``:
   FrozenDict, the read-only mapping rows hold (it pickles and deep-copies).
 - ``activations``: saved-for-backward bytes, term by term; ``optimizer_states``, ``sharding``, ``inference``: the
-  other terms; ``estimate``: MemoryBreakdown; ``plan``: what an estimate computes once per setup (batch and seq
-  aside, cached); ``phases``: bytes held at each phase of a step and the peak; ``loss``: the
-  LM head and loss at large vocabularies (chunks, kept positions); ``fit``: will it fit, the largest batch or
-  sequence, and the levers that make a step fit (``levers``).
+  other terms; ``fsdp``: FSDP2's units, padded shards and gathered bytes per phase; ``estimate``:
+  MemoryBreakdown; ``plan``: what an estimate computes once per setup (batch and seq aside, cached);
+  ``phases``: bytes held at each phase of a step and the peak; ``loss``: the LM head and loss at large
+  vocabularies (chunks, kept positions); ``fit``: will it fit, the largest batch or sequence, and the levers that
+  make a step fit (``levers``).
 - ``flops``: FLOPs, MFU/HFU, the roofline bound; ``parallelism``: pipeline bubble, scaling efficiency;
   ``communication``: bytes moved per ZeRO stage; ``attention_io``: attention's HBM traffic; ``paging``: KV-cache
   reservation policies.

@@ -107,7 +107,7 @@ def widths(setup: Setup, device_type: str = "cuda") -> dict[str, float]:
     mean/rstd; ``probs``: what the softmax keeps; ``probs_copy``: the 16-bit cast of the probabilities that the
     attention x V matmul keeps under CUDA autocast (0 when there is none).
     """
-    return dict(shared_widths(setup.precision, device_type))
+    return dict(shared_widths(setup.policy.name, device_type))
 
 
 @functools.lru_cache(maxsize=64)
@@ -265,7 +265,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     b, s = setup.batch, setup.seq
     t = b * s
     L, h, f, V = config.n_layers, config.d_model, config.ffn, config.vocab_size
-    w = shared_widths(setup.precision, device_type)
+    w = shared_widths(setup.policy.name, device_type)
     autocast = setup.policy.autocast
     drop = config.dropout > 0
     im = config.impl
@@ -374,6 +374,13 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
         if setup.policy.autocast:
             rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
     return rows
+
+
+def autocast_block_copy_bytes(config: TransformerConfig, tp: int = 1) -> float:
+    """Bytes of autocast's 16-bit copies of every block's matmul weights on one tp rank: what the
+    "16-bit copies of block weights" term saves for backward, and what autocast's cast cache holds until the
+    autocast region ends (the whole forward) when full recompute saves none of them [pytorch-amp]."""
+    return (_matmul_params(config) - config.vocab_size * config.d_model) * 2 / tp
 
 
 def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, Any]:

@@ -58,7 +58,9 @@ class Overheads(StrictInit):
 
     Defaults are 0 because their size depends on the machine, driver and kernels; each estimate says so in its
     assumptions and how to measure the term. ``gathered_layers`` counts the transformer blocks whose full
-    parameters FSDP/ZeRO-3 holds gathered at once (1 for the running block, 2 with prefetch); 0 leaves it out.
+    parameters ZeRO-3 holds gathered at once, for setups FSDP2's model does not cover (tensor parallelism): under
+    FSDP2 (ZeRO-2/3 over > 1 rank) the phases model the gathered units themselves (:mod:`memlab.predict.fsdp`) and
+    0 reports what the loss moment holds gathered; a value > 0 overrides that component (not the phases).
     """
 
     _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
@@ -214,9 +216,16 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         acts = functools.reduce(larger, act_detail.values()) if act_detail else 0
     managed = p.states_total + acts + kv
     gathered = ov.gathered_layers * p.gather_bytes_per_layer if p.gather_bytes_per_layer else 0
+    fsdp = p.step.get("fsdp") if p.fsdp is not None else None
+    if fsdp is not None and not ov.gathered_layers:  # FSDP2 modelled per phase: the component is what the loss sees
+        gathered = fsdp["forward"]
+    buffers = model_buffer_bytes(model) if is_cfg else 0
     terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered,
-             "fragmentation": ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered)}
+             "model_buffers": buffers,
+             "fragmentation": ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered + buffers)}
     overhead = sum(terms.values())
+    # Under FSDP2 the phases carry the gathered bytes themselves (memlab.predict.fsdp.moments): not added twice
+    phase_overhead = overhead - gathered if fsdp is not None else overhead
     states = p.states
     if setup.mode != "train":
         decode = 0
@@ -229,8 +238,46 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         x = step_inputs_with(p.step, model if is_cfg else None, setup, device_type=device_type, terms=act_terms)
         phases = training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
                                  grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
-                                 overhead=overhead)
+                                 overhead=phase_overhead)
     return p, acts, kv, terms, act_detail, phases
+
+
+def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
+    """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
+    the most it can add or take away, in bytes: FSDP2's moments outside the phase model
+    (:func:`memlab.predict.fsdp.unmodelled`), and for a mixture of experts the routing (the estimate counts one dense
+    MLP per token: ``top_k`` routed copies of its saved tensors and the router's, ``top_k`` x the MLP term as
+    without recompute, since the copies exist inside a block's forward under any recompute) and the
+    experts no token chose (no gradient, so no optimizer state, in a real step: up to every expert's gradients and
+    moments). Empty when the estimate claims everything it counts."""
+    from memlab.predict.fsdp import plan_of, unmodelled
+
+    out: dict[str, int] = {}
+    if not isinstance(config, TransformerConfig) or setup.mode != "train":
+        return out
+    fsdp = plan_of(config, setup)
+    if fsdp is not None:
+        out.update({k: math.ceil(v) for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v})
+    if config.is_moe:
+        mlp = bd.activation_detail.get("mlp", 0)
+        if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
+            mlp = estimate(config, setup.with_(recompute="none"), device_type="cpu").activation_detail.get("mlp", 0)
+        out["MoE routing (top_k routed copies, router)"] = math.ceil(config.top_k * mlp)
+        expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)
+        share = expert / max(1, bd.param_count)
+        out["MoE experts no token chose (no gradient, no optimizer state)"] = math.ceil(
+            share * (bd.grads_bytes + bd.optimizer_bytes))
+    return out
+
+
+def model_buffer_bytes(config: TransformerConfig) -> int:
+    """Bytes of the model's buffers: the reference GPT's rotary cos and sin tables, fp32 ``max_seq`` x
+    ``head_dim / 2`` each (``memlab.model.gpt.Rotary``), so ``4 * max_seq * head_dim`` bytes; 0 for learned or no
+    positions and for implementations that build the tables per forward (``impl.rotary_tables_per_forward``:
+    Hugging Face's rotary keeps only an ``inv_freq`` vector of ``head_dim / 2`` floats, not counted)."""
+    if config.positions != "rotary" or config.impl.rotary_tables_per_forward:
+        return 0
+    return 4 * config.max_seq * config.head_dim
 
 
 def _overheads_arg(overheads: object) -> Overheads:

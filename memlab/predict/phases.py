@@ -7,8 +7,8 @@ appears inside its optimizer step) and the **steady** state, from the components
 per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width.
 
 - forward: ``P + O + G_held + A + logits`` where the fp32 logits are alive while the loss is computed (``4tV``;
-  ``6tV`` when the head computes in 16 bits: the 16-bit logits and their fp32 copy; ``8tV`` under autocast, as
-  traced on CPU); under full
+  ``6tV`` when the head computes in 16 bits: the 16-bit logits and their fp32 copy; under autocast also the fp32
+  final-norm output, ``4th``, as traced); under full
   recompute also inside a block's forward, whose d_ff-wide tensors exist until it returns.
 - first step: no optimizer state yet, except what a master-weight wrapper allocates up front (the fp32 copy).
 - backward, the largest of three moments (gradients appear while activations are freed, both linearly in the
@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import MemlabError, SetupError
-from memlab.predict.activations import shared_widths, term_rows
+from memlab.predict.activations import autocast_block_copy_bytes, shared_widths, term_rows
 from memlab.predict.frozen import unchecked
 from memlab.predict.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
@@ -176,8 +176,8 @@ class StepInputs:
     persistent_grads: bool
     """Gradients that exist from the start (fp32 gradient buffers of a master-weight wrapper)."""
     forward_logits_bytes_per_element: float
-    """Transient logits bytes per element at the end of forward: 4 (fp32), 6 (16-bit logits and their fp32 copy),
-    8 under autocast (as traced on CPU)."""
+    """Transient logits bytes per element at the end of forward: 4 (fp32), 6 (16-bit logits and their fp32 copy;
+    autocast too)."""
     full_recompute: bool
     input_bytes: Any = 0
     """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
@@ -197,6 +197,16 @@ class StepInputs:
     offload: bool = False
     """Saved activations live on the host (``Setup.offload_activations``): the device keeps only the token ids the
     loop holds, and takes each saved tensor back when backward reads it (the loss's at the start of backward)."""
+    cast_cache_bytes: float = 0.0
+    """Autocast's cast cache under full recompute: 16-bit copies of every block's weights, saved by nothing but
+    held until the autocast region (the forward) ends; 0 otherwise (without full recompute they are in ``A``)."""
+    final_norm_output_bytes: Any = 0
+    """Under autocast, the fp32 final-norm output the forward still holds (a local variable) while the loss is
+    computed inside it: the head saved its 16-bit copy, so it is in no saved term (``4 t h``, as traced); 0 when
+    the loss is computed outside the model (the forward has returned)."""
+    fsdp: dict[str, float] | None = None
+    """FSDP2's additions per moment (:func:`memlab.predict.fsdp.moments`, plus ``root_grads_shard``: the root's
+    sharded gradient bytes, which appear only at the end of backward); None without FSDP2."""
 
 
 def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
@@ -231,7 +241,7 @@ def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: l
                 head_input += size
         if name in _TOKEN_IDS:
             inputs += size
-    w = shared_widths(setup.precision, device_type)
+    w = shared_widths(setup.policy.name, device_type)
     t = setup.batch * setup.seq
     n_f = 3 if config.mlp == "swiglu" else 2
     mlp = n_f * t * config.ffn * w["compute"] / setup.tp
@@ -293,7 +303,8 @@ def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: st
 
 
 def step_constants(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
-                   layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None) -> dict[str, Any]:
+                   layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None,
+                   fsdp: Any = None) -> dict[str, Any]:
     """The :class:`StepInputs` fields that depend on neither batch nor seq (arguments as :func:`step_inputs`), by
     name: the estimator computes them once per setup (:mod:`memlab.predict.plan`) and :func:`step_inputs_with`
     adds the batch/seq terms."""
@@ -304,15 +315,24 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
     if config is None:
         return {"layer_grad_bytes": 0.0, "tied_head_grad_bytes": 0.0, "optimizer_temporary_bytes": opt_t,
                 "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
-                "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False}
+                "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False, "fsdp": None,
+                "cast_cache_bytes": 0.0}
     gb = pol.grad_bytes
+    extra = None
+    if fsdp is not None:
+        from memlab.predict.fsdp import moments
+
+        extra = dict(moments(fsdp))
+        extra["root_grads_shard"] = sum(u.shard_elements for u in fsdp.units if u.kind == "root") * gb
     return {
         "layer_grad_bytes": layer_elements * gb,
         "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp if config.tied_embeddings
         else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
-        "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else (8 if pol.autocast else 6),
-        "full_recompute": setup.recompute == "full", "offload": setup.offload_activations,
+        "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
+        "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,
+        "cast_cache_bytes": autocast_block_copy_bytes(config, setup.tp)
+        if pol.autocast and setup.recompute == "full" else 0.0,
     }
 
 
@@ -324,7 +344,8 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
                                       **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
-                                      "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False})
+                                      "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False,
+                                      "final_norm_output_bytes": 0})
     lt = _layer_terms(config, setup, device_type, terms)
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
         logits = setup.batch * setup.seq * config.vocab_size / setup.tp
@@ -347,6 +368,10 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved, "top_layer": top,
+        # the plain loss inside the model under autocast: the fp32 final-norm output is alive while it runs
+        "final_norm_output_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
+        if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep
+        and not (const["fsdp"] is not None and setup.fsdp_loss == "outside") else 0,
     })
 
 
@@ -396,6 +421,9 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
     """
     fwd_logits, bwd_logits = x.loss_forward_bytes, x.loss_backward_bytes
     end = g + x.tied_head_grad_bytes
+    f = x.fsdp
+    if f is not None:  # FSDP2: the root's gradients stay full until its reduce-scatter ends backward
+        end = g - f["root_grads_shard"] + f["end"] + x.tied_head_grad_bytes
     out = []
     for step in STEPS:
         o_held = x.optimizer_before_step_bytes if step == "first" else o
@@ -407,14 +435,18 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             base = p + o_held
             # offload: the device keeps the loop's token ids, and the loss's saved tensors while the loss runs
             a_fwd = x.input_bytes + x.head_loss_bytes if x.offload else a + x.unsaved_input_bytes
-            fwd = base + g_held + a_fwd + fwd_logits + LOSS_BYTES
+            fwd = base + g_held + a_fwd + fwd_logits + x.final_norm_output_bytes + LOSS_BYTES + x.cast_cache_bytes \
+                + (f["forward"] if f else 0)
             if x.full_recompute:
-                fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes + x.block_forward_bytes)
+                fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes + x.block_forward_bytes
+                             + x.cast_cache_bytes + (f["block_forward"] if f else 0))
             # offload: the loss's saved tensors but the head's input copied back at the start of backward
             a_start = (x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload
                        else a + x.unsaved_input_bytes)
-            start = base + g_held + a_start + bwd_logits + LOSS_BYTES
+            start = base + g_held + a_start + bwd_logits + LOSS_BYTES + (f["start"] if f else 0)
             below = g if holds else larger(g - x.layer_grad_bytes, 0)
+            if f:
+                below = below - (0 if holds else f["root_grads_shard"]) + f["root_grads_full"] + f["bottom"]
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
             back = larger(larger(start, bottom), base + end)
             if x.top_layer:  # the top block's backward with (nearly) all activations held: no logits term hides it

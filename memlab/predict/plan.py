@@ -18,6 +18,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from memlab.predict.fsdp import FsdpPlan, plan_of
 from memlab.predict.inference import INT4_GROUP
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
@@ -65,6 +66,8 @@ class Plan:
     config_fields: dict[str, Any] | None
     """The config's fields with ``impl`` as ``impl.to_dict()`` (what ``MemoryBreakdown.config`` copies); None for a
     bare count."""
+    fsdp: FsdpPlan | None = None
+    """The FSDP2 plan when FSDP2 applies (:func:`memlab.predict.fsdp.plan_of`), else None."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -74,21 +77,23 @@ def plan(model: TransformerConfig | int, rest: tuple, ov: Any, device_type: str,
     ``step_on_device``: whether the optimizer's step counters count (resolved). Cached: up to 1024 plans."""
     setup = SetupView(_BASE, batch=None, seq=None, **dict(zip(REST_FIELDS, rest, strict=True)))
     summ = shape_summary(model, setup.tp) if isinstance(model, TransformerConfig) else None  # checks tp
-    states, opt_detail, notes = _states(model, setup, step_on_device, summ)
+    fsdp = plan_of(model, setup) if summ is not None else None  # type: ignore[arg-type]
+    states, opt_detail, notes = _states(model, setup, step_on_device, summ, fsdp)
     per_layer = 0
     if summ is not None and setup.mode == "train" and setup.zero_stage == 3 \
             and setup.world_size > 1:  # FSDP/ZeRO-3 all-gathers a block's full (TP-sharded) parameters
-        per_layer = summ.layer_elements * setup.policy.param_bytes
-    head, tail = _assumptions(model, setup, ov, device_type)
+        per_layer = summ.layer_elements * (fsdp.gather_bytes if fsdp is not None else setup.policy.param_bytes)
+    head, tail = _assumptions(model, setup, ov, device_type, fsdp)
     step: dict[str, Any] = {}
     if setup.mode == "train":
         before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
         if summ is not None:
-            dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
+            dp = zero_divisors(3 if fsdp is not None else setup.zero_stage, setup.world_size)[0]
             step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
-                                  elements=math.ceil(summ.elements / dp), largest=math.ceil(summ.largest_elements / dp),
+                                  elements=fsdp.shard_elements if fsdp is not None else math.ceil(summ.elements / dp),
+                                  largest=math.ceil(summ.largest_elements / dp),
                                   layer_elements=math.ceil(summ.layer_elements / dp), before_step=before,
-                                  loop_peak=math.ceil(summ.loop_peak_elements / dp))
+                                  loop_peak=math.ceil(summ.loop_peak_elements / dp), fsdp=fsdp)
         else:
             n = math.ceil(model / setup.tp)  # type: ignore[operator]
             step = step_constants(None, setup, device_type=device_type, elements=n, largest=n, layer_elements=0,
@@ -96,7 +101,8 @@ def plan(model: TransformerConfig | int, rest: tuple, ov: Any, device_type: str,
     return Plan(summ=summ, states=states, states_total=sum(states.values()), opt_detail=opt_detail,
                 gather_bytes_per_layer=per_layer, assumptions_head=tuple(head), assumptions_tail=(*tail, *notes),
                 param_count=shape_summary(model).param_count if summ is not None else model,  # type: ignore[arg-type]
-                step=step, config_fields=None if summ is None else _config_fields(model))  # type: ignore[arg-type]
+                step=step, config_fields=None if summ is None else _config_fields(model),  # type: ignore[arg-type]
+                fsdp=fsdp)
 
 
 def _config_fields(config: TransformerConfig) -> dict[str, Any]:
@@ -105,9 +111,10 @@ def _config_fields(config: TransformerConfig) -> dict[str, Any]:
 
 
 def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
-            summ: ShapeSummary | None) -> tuple[dict[str, int], dict, list]:
+            summ: ShapeSummary | None, fsdp: FsdpPlan | None = None) -> tuple[dict[str, int], dict, list]:
     """(params, grads, optimizer) per device after TP and ZeRO, the optimizer detail, and notes; ``summ``: the
-    model's :func:`~memlab.predict.sharding.shape_summary` on one tp rank (None for a bare count)."""
+    model's :func:`~memlab.predict.sharding.shape_summary` on one tp rank (None for a bare count); ``fsdp``: the
+    FSDP2 plan, whose padded rank-0 shards replace ``ceil(n / N)`` (and shard parameters under ZeRO-2 too)."""
     pol, tp, notes = setup.policy, setup.tp, []
     if summ is None:
         n, tensors = math.ceil(model / tp), 0
@@ -118,8 +125,12 @@ def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
     if setup.mode == "inference":
         return _inference_weights(n, summ, setup.inference_weights, notes), {}, notes
     dp, dg, do = zero_divisors(setup.zero_stage, setup.world_size)
+    if fsdp is not None:  # FSDP2: every state is rank 0's padded dim-0 shard (exact), at rest under ZeRO-2 too
+        n, dp, dg, do = fsdp.shard_elements, 1, 1, 1
     sb, opt = optimizer_state_dtype_bytes(pol), setup.optimizer
-    if opt in ("adam", "adamw"):
+    if opt == "adafactor" and fsdp is not None:
+        moments = sb * summ.adafactor_elements / setup.world_size  # type: ignore[union-attr]  # not per shard shape
+    elif opt in ("adam", "adamw"):
         moments = adam_moment_bytes(n, sb)
     elif opt in ("sgd", "sgd-momentum"):
         moments = sgd_moment_bytes(n, sb, opt == "sgd-momentum")
@@ -162,7 +173,8 @@ def _inference_weights(n: int, summ: ShapeSummary | None, weights: str, notes: l
     return {"params": math.ceil(q * wb) + scales + 2 * (n - q), "grads": 0, "optimizer": 0}
 
 
-def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_type: str) -> tuple[list, list]:
+def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_type: str,
+                 fsdp: FsdpPlan | None = None) -> tuple[list, list]:
     """The assumptions before and after :func:`rotary_seq_note`'s place (the one that depends on seq)."""
     out = ["bytes per device; GiB = 2**30 B, GB = 1e9 B",
            f"world_size={setup.world_size} counts data-parallel ranks; with tp={setup.tp} the job uses "
@@ -176,8 +188,25 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
             out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
         if setup.zero_stage and setup.world_size == 1:
             out.append("ZeRO/FSDP over 1 rank shards nothing")
-        if setup.zero_stage == 3 and setup.world_size > 1 and not ov.gathered_layers:
-            out.append("ZeRO-3/FSDP gathered-parameter buffers not counted: set Overheads(gathered_layers=1 or 2)")
+        if fsdp is not None:
+            out.append(f"FSDP2 ({fsdp.units_name} plan, {len(fsdp.units)} units, loss {setup.fsdp_loss} the root; "
+                       + ("ZeRO-3: units reshard after forward" if setup.zero_stage == 3 else
+                          "ZeRO-2: parameters sharded at rest and gathered from forward to backward (DeepSpeed's "
+                          "stage 2 keeps full 16-bit parameters at rest: add them)")
+                       + "): gathered parameters, all-gather buffers, prefetch and unsharded gradients are modelled "
+                       "per phase (memlab.predict.fsdp); shards padded to ceil(d0 / N) rows as rank 0 holds them")
+            from memlab.predict.fsdp import unmodelled
+
+            left = "; ".join(f"{k}: up to {math.ceil(v):,} B"
+                             for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
+            out.append(f"FSDP2 moments not modelled (memlab.predict.estimate.unmodelled_terms): {left}")
+            if setup.policy.fsdp_mixed:
+                out.append(f"MixedPrecisionPolicy(param_dtype={setup.policy.fsdp_param_dtype}, reduce_dtype="
+                           f"{setup.policy.fsdp_reduce_dtype}, output_dtype=None): activations as pure "
+                           f"{setup.policy.fsdp_param_dtype} compute")
+        elif setup.zero_stage >= 2 and setup.world_size > 1 and setup.mode == "train":
+            out.append("tensor parallelism with ZeRO-2/3: FSDP2's gathered parameters are not modelled "
+                       "(Overheads(gathered_layers=...) adds blocks)")
         if setup.policy.autocast:
             out.append("autocast's 16-bit weight copies kept for backward are counted in activations")
         if setup.loss != "plain" or setup.logits_to_keep:
@@ -195,6 +224,8 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
         out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
     if isinstance(model, TransformerConfig) and model.is_moe:
+        out.append("mixture of experts: routing activations and unchosen experts are named with their sizes by "
+                   "memlab.predict.estimate.unmodelled_terms")
         out.append(f"mixture of experts: all {model.n_experts} experts' weights (and their grads and states) are "
                    "resident; activations are counted as for one dense MLP per token (the top_k routed copies are "
                    "not modelled yet)")

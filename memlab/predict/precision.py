@@ -41,6 +41,17 @@ class PrecisionPolicy:
     autocast: bool
     grad_scaler: bool
     source: str
+    fsdp_param_dtype: str | None = None
+    """FSDP2 ``MixedPrecisionPolicy.param_dtype``: the dtype parameters are gathered and computed in (None: the
+    stored dtype); see :func:`fsdp_mixed_policy`."""
+    fsdp_reduce_dtype: str | None = None
+    """FSDP2 ``MixedPrecisionPolicy.reduce_dtype``: the dtype gradients are reduce-scattered in (None: the gathered
+    dtype)."""
+
+    @property
+    def fsdp_mixed(self) -> bool:
+        """True for an FSDP2 ``MixedPrecisionPolicy`` (parameters gathered in another dtype than stored)."""
+        return self.fsdp_param_dtype is not None
 
     @property
     def model_state_bytes(self) -> int:
@@ -127,11 +138,34 @@ PRECISION_POLICIES: dict[str, PrecisionPolicy] = {
 }
 
 
+_FSDP_MIXED: dict[str, PrecisionPolicy] = {}
+"""The :func:`fsdp_mixed_policy` policies made so far, by name (:func:`precision_policy` finds them too)."""
+
+
+def fsdp_mixed_policy(param_dtype: str, reduce_dtype: str) -> PrecisionPolicy:
+    """fp32 training under FSDP2's ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` and no autocast: fp32 shards,
+    gradients and optimizer states, parameters gathered and computed in ``param_dtype``, gradients reduce-scattered
+    in ``reduce_dtype`` (PyTorch docs, ``torch.distributed.fsdp.MixedPrecisionPolicy``; torchtitan's default:
+    bf16 / fp32). Named ``fsdp-<param>`` (``-reduce-<reduce>`` unless fp32)."""
+    name = f"fsdp-{param_dtype}" + ("" if reduce_dtype == "fp32" else f"-reduce-{reduce_dtype}")
+    policy = _FSDP_MIXED.get(name)
+    if policy is None:
+        policy = PrecisionPolicy(name, 4, 4, 0, 0, param_dtype, False, False,
+                                 f"FSDP2 MixedPrecisionPolicy(param_dtype={param_dtype}, reduce_dtype={reduce_dtype}) "
+                                 "over fp32 shards, no autocast", fsdp_param_dtype=param_dtype,
+                                 fsdp_reduce_dtype=reduce_dtype)
+        _FSDP_MIXED[name] = policy
+    return policy
+
+
 def precision_policy(name: str) -> PrecisionPolicy:
-    """Look up a precision policy by name; unknown names get the closest known ones."""
+    """Look up a precision policy by name (an FSDP2 one made by :func:`fsdp_mixed_policy` too); unknown names get
+    the closest known ones."""
     policy = PRECISION_POLICIES.get(name) if isinstance(name, str) else None
     if policy is not None:  # the exact name (every Setup's, per estimate): no normalising
         return policy
+    if isinstance(name, str) and name in _FSDP_MIXED:
+        return _FSDP_MIXED[name]
     if not isinstance(name, str):
         raise unknown_name("precision policy", repr(name), list(PRECISION_POLICIES))
     key = name.strip().lower()

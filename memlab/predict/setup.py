@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from memlab.errors import SetupError, unknown_name
-from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, precision_policy
+from memlab.predict.precision import PRECISION_POLICIES, PrecisionPolicy, fsdp_mixed_policy, precision_policy
 from memlab.predict.validate import LIMITS, StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
@@ -23,6 +23,10 @@ InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
 OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
 LossKind = Literal["plain", "chunked", "fused"]
+FsdpUnits = Literal["blocks", "torchtitan"]
+FsdpLoss = Literal["inside", "outside"]
+FsdpParamDtype = Literal["none", "bf16", "fp16"]
+FsdpReduceDtype = Literal["fp32", "bf16", "fp16"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -119,6 +123,17 @@ class Setup(StrictInit):
     """Compute logits and the loss for the last N positions of each sequence only (HF logits_to_keep; 0: all)."""
     offload_activations: bool = field(default=False, metadata={"mode": "train", "flag": "--offload"})
     """torch.autograd.graph.save_on_cpu(pin_memory=True): saved activations live in pinned host memory."""
+    # -- FSDP2 (ZeRO stage 2/3 over world_size > 1; memlab.predict.fsdp, memlab.model.fsdp) ---------------------
+    fsdp_units: FsdpUnits = field(default="blocks", metadata={"mode": "train"})
+    """FSDP2 wrapping plan: blocks (each block a unit; embedding, final norm and head in the root) or torchtitan
+    (embedding, each block, final norm + head as their own units)."""
+    fsdp_loss: FsdpLoss = field(default="inside", metadata={"mode": "train"})
+    """Where the loss is computed under FSDP2: inside the root module's forward, or outside it (torchtitan)."""
+    fsdp_param_dtype: FsdpParamDtype = field(default="none", metadata={"mode": "train"})
+    """FSDP2 MixedPrecisionPolicy.param_dtype: gather and compute in bf16/fp16 over fp32 shards, no autocast (needs
+    precision fp32 and FSDP2); none: no MixedPrecisionPolicy."""
+    fsdp_reduce_dtype: FsdpReduceDtype = field(default="fp32", metadata={"mode": "train"})
+    """FSDP2 MixedPrecisionPolicy.reduce_dtype: the dtype gradients are reduce-scattered in (with fsdp_param_dtype)."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -148,10 +163,26 @@ class Setup(StrictInit):
         if self.mode == "inference" and (self.loss != "plain" or self.logits_to_keep or self.offload_activations):
             raise SetupError("loss, logits_to_keep and offload_activations describe a training step: drop them with "
                              "mode='inference'")
+        if self.fsdp_param_dtype != "none" and self.mode == "train":
+            if not (self.zero_stage >= 2 and self.world_size > 1):
+                raise SetupError("fsdp_param_dtype is FSDP2's MixedPrecisionPolicy: set zero_stage=2 or 3 and "
+                                 "world_size > 1 (or use precision amp-bf16 / mixed-bf16 on one rank)")
+            if self.precision != "fp32":
+                raise SetupError(f"fsdp_param_dtype gathers fp32 shards in {self.fsdp_param_dtype}: set "
+                                 f"precision='fp32' (got {self.precision!r}; autocast or 16-bit storage on top of "
+                                 "MixedPrecisionPolicy is not modelled)")
+        sharded = self.mode == "train" and self.zero_stage >= 2 and self.world_size > 1
+        if sharded and (self.loss != "plain" or self.logits_to_keep or self.offload_activations) and (
+                self.fsdp_units != "blocks" or self.fsdp_loss != "inside"):
+            raise SetupError("a chunked or fused loss, logits_to_keep or offload_activations under FSDP2 is modelled "
+                             "with fsdp_units='blocks' and fsdp_loss='inside' only: set those (or the plain loss)")
 
     @property
     def policy(self) -> PrecisionPolicy:
-        """The :class:`PrecisionPolicy` named by ``precision``."""
+        """The :class:`PrecisionPolicy` named by ``precision``; with ``fsdp_param_dtype`` in training, FSDP2's
+        :func:`~memlab.predict.precision.fsdp_mixed_policy` over it."""
+        if self.fsdp_param_dtype != "none" and self.mode == "train":
+            return fsdp_mixed_policy(self.fsdp_param_dtype, self.fsdp_reduce_dtype)
         return precision_policy(self.precision)
 
     @property

@@ -5,6 +5,7 @@
 - ``gpt``: :func:`memlab.tracing.gpt.trace_gpt`, the reference GPT under a Setup (training or inference).
 - ``hf``: :func:`memlab.tracing.hf.trace_hf`, a Hugging Face causal LM built from its config.
 - ``fake_dist``: a fake process group, so FSDP2 shards on one CPU as on N ranks.
+- ``peer``: torchtitan's memory-estimation protocol (FSDPMemTracker, its FSDP2 plan) on the reference GPT.
 - ``arguments``: the traces' argument checks (functions, what they return, setup and device type): one SetupError.
 
 The room is called ``tracing`` so that ``memlab.trace`` stays the function users call

@@ -3,9 +3,9 @@
 :func:`fake_process_group` initialises ``torch.distributed`` with the ``fake`` backend
 (``torch.testing._internal.distributed.fake_pg.FakeStore``: collectives return at once, nothing is sent) for
 ``world_size`` ranks, this process being rank 0, and yields a 1-D device mesh; it tears the group down after.
-:func:`shard_blocks` applies ``torch.distributed.fsdp.fully_shard`` to each transformer block and to the root, so
+:func:`memlab.model.fsdp.shard_model` (the one FSDP2 plan the gloo ranks run too) shards the model over that mesh, so
 a trace (:mod:`memlab.tracing.tracer`) sees rank 0's bytes: its parameter, gradient and optimizer-state shards, and the
-full parameters of the blocks FSDP holds gathered at each moment. ZeRO-3 is ``reshard_after_forward=True``
+full parameters of the units FSDP holds gathered at each moment. ZeRO-3 is ``reshard_after_forward=True``
 (FULL_SHARD), ZeRO-2 ``False`` (SHARD_GRAD_OP: gathered parameters stay from forward to backward).
 """
 
@@ -38,18 +38,8 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
 
 
 def shard_blocks(model: nn.Module, mesh: Any, zero_stage: int) -> nn.Module:
-    """``fully_shard`` every block in ``model.blocks`` (or ``model.model.layers`` for Hugging Face models) and the
-    root; ``zero_stage`` 3 reshards after forward, 2 does not."""
-    from torch.distributed.fsdp import fully_shard
+    """``fully_shard`` every block and the root over ``mesh`` (:func:`memlab.model.fsdp.shard_model`'s ``blocks``
+    plan); ``zero_stage`` 3 reshards after forward, 2 does not."""
+    from memlab.model.fsdp import shard_model
 
-    if zero_stage not in (2, 3):
-        raise SetupError(f"sharded traces run FSDP2: zero_stage 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {zero_stage}")
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        blocks = getattr(getattr(model, "model", None), "layers", None)
-    if blocks is None:
-        raise SetupError("cannot find the model's blocks to shard (model.blocks or model.model.layers)")
-    for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=zero_stage == 3)
-    fully_shard(model, mesh=mesh, reshard_after_forward=zero_stage == 3)
-    return model
+    return shard_model(model, zero_stage=zero_stage, mesh=mesh)

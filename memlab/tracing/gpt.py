@@ -69,7 +69,9 @@ def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") ->
 def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda",
                    mesh: Any = None) -> dict[str, Any]:
     """Everything :func:`trace_step` needs to run the reference GPT under ``setup`` (see :func:`setup_parts`); with a
-    ``mesh`` (:func:`memlab.tracing.fake_dist.fake_process_group`) the blocks are sharded with FSDP2."""
+    ``mesh`` (:func:`memlab.tracing.fake_dist.fake_process_group`) the model is sharded with FSDP2 by the setup's plan
+    (:func:`memlab.model.fsdp.shard_model`: ``fsdp_units``, ``fsdp_param_dtype``/``fsdp_reduce_dtype``, the loss
+    ``fsdp_loss`` the root)."""
     from memlab.model.gpt import GPT
     from memlab.model.loss import LossOptions
     from memlab.model.step import model_dtype
@@ -80,9 +82,10 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
         model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy),
                     loss=LossOptions.of(setup))
         if mesh is not None:
-            from memlab.tracing.fake_dist import shard_blocks
+            from memlab.model.fsdp import shard_model
 
-            shard_blocks(model, mesh, setup.zero_stage)
+            shard_model(model, zero_stage=setup.zero_stage, units=setup.fsdp_units, param_dtype=setup.fsdp_param_dtype,
+                        reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh)
         return model
 
     def batch_fn() -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +93,9 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
         return data[:, :-1].clone(), data[:, 1:].clone()
 
     def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return model(*batch)
+        from memlab.model.fsdp import step_loss
+
+        return step_loss(model, *batch, setup.fsdp_loss if mesh is not None else "inside")
 
     return {**parts, "model_fn": model_fn, "batch_fn": batch_fn, "loss_fn": loss_fn}
 
@@ -123,8 +128,13 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
                  "tensors the first optimizer step also counts DTensor's first sharding propagation (global-shape "
                  "temporaries no real run holds): marked unreliable and left out of the peak; the steady step is "
                  "exact")
+        unreliable = (("first", "optimizer step"),) if fake else ()
+        if fake and setup.optimizer == "sgd-momentum":  # its steady step runs ops its first step did not (the
+            unreliable += (("steady", "optimizer step"),)  # buffers exist): DTensor propagates them afresh
+            notes += ("SGD with momentum: the steady optimizer step's ops are new to DTensor's sharding propagation "
+                      "too (its first step made the buffers), so that phase is marked unreliable as well",)
         return trace_step(**parts, fake=fake, name=config.name, setup=setup.to_dict(), notes=notes,
-                          unreliable=(("first", "optimizer step"),) if fake else ())
+                          unreliable=unreliable)
 
 
 def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:

@@ -201,7 +201,7 @@ def test_overheads_are_named_terms_never_folded() -> None:
     plain = E.estimate(cfg, Setup(seq=64))
     ov = E.Overheads(cuda_context_bytes=300 * 2**20, workspace_bytes=2**20, fragmentation_fraction=0.1)
     bd = E.estimate(cfg, Setup(seq=64), overheads=ov)
-    assert set(bd.overhead) == {"cuda_context", "workspace", "zero3_gathered_params", "fragmentation"}
+    assert set(bd.overhead) == {"cuda_context", "workspace", "zero3_gathered_params", "model_buffers", "fragmentation"}
     assert bd.overhead["cuda_context"] == 300 * 2**20
     assert bd.overhead["fragmentation"] == math.ceil(0.1 * (plain.total_bytes + 2**20))
     assert bd.total_bytes == plain.total_bytes + sum(bd.overhead.values())
@@ -310,7 +310,13 @@ def test_memory_grows_with_batch_and_seq(cfg: TransformerConfig, setup: Setup, d
 @given(configs(), setups())
 def test_zero_stages_never_increase_memory(cfg: TransformerConfig, setup: Setup) -> None:
     totals = [E.estimate(cfg, setup.with_(zero_stage=z)).total_bytes for z in (0, 1, 2, 3)]
-    assert totals[3] <= totals[2] <= totals[1] <= totals[0]
+    assert totals[3] <= totals[2], totals
+    assert totals[1] <= totals[0], totals
+    # Stage 2 and 3 over > 1 rank run FSDP2: shards at rest, plus (a component of the total) the units gathered at
+    # the loss and an all-gather buffer (memlab.predict.fsdp). Under ZeRO-2 that is the whole model, so stage 2
+    # may hold more than ZeRO-1 on few ranks, as FSDP2's SHARD_GRAD_OP does; over one rank the stages are equal.
+    if setup.mode != "train" or setup.world_size == 1:
+        assert totals[2] <= totals[1], totals
 
 
 @_PROPS

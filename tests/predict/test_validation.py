@@ -96,6 +96,8 @@ def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -
         extra = {"tp": 2} if field == "sp" else {}
         if field == "optimizer_impl" and choice == "fused":
             extra["optimizer"] = "adamw"
+        if field == "fsdp_param_dtype" and choice != "none":
+            extra.update(zero_stage=3, world_size=2)  # FSDP2's MixedPrecisionPolicy needs FSDP2
         assert getattr(Setup(**{field: spell(choice)}, **extra), field) == choice
         assert Setup(**{field: spell(choice)}, **extra) == Setup(**{field: choice}, **extra)
     for field, choice in _string_choices(TransformerConfig):

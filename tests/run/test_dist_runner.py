@@ -39,7 +39,10 @@ def test_ddp_and_fsdp2_move_the_zero_paper_volumes(two_ranks: dict) -> None:
     for rank in (0, 1):
         assert two_ranks[("ddp", rank)]["comm_volume_bytes"] == sum(zero_comm_bytes(PSI, 0).values()) == 2 * PSI
         assert two_ranks[("fsdp2-zero2", rank)]["comm_volume_bytes"] == 2 * PSI
-        assert two_ranks[("fsdp2-zero3", rank)]["comm_volume_bytes"] == sum(zero_comm_bytes(PSI, 3).values())
+        # ZeRO-3's 3 Psi less the root module's own parameters: FSDP2 does not reshard the root after forward
+        # (its default, as torchtitan runs it), so backward does not gather it again
+        root = 4 * sum(_numel(s) for name, s, _ in CFG.param_shapes() if not name.startswith("blocks."))
+        assert two_ranks[("fsdp2-zero3", rank)]["comm_volume_bytes"] == sum(zero_comm_bytes(PSI, 3).values()) - root
 
 
 def test_torch_zero1_adds_a_broadcast_of_the_parameters(two_ranks: dict) -> None:

@@ -63,6 +63,14 @@ class WorkerSpec:
     """Seconds ``init_process_group``'s store waits and each collective may take (see PROCESS_GROUP_TIMEOUT_S)."""
     fail_rank: int | None = None
     """A rank that raises on purpose before its first strategy (to exercise the error path); None for none."""
+    fsdp_units: str = "blocks"
+    """FSDP2 wrapping plan of the fsdp2-* strategies (Setup.fsdp_units; memlab.model.fsdp.shard_model)."""
+    fsdp_loss: str = "inside"
+    """Where the fsdp2-* strategies compute the loss (Setup.fsdp_loss)."""
+    fsdp_param_dtype: str = "none"
+    """MixedPrecisionPolicy.param_dtype of the fsdp2-* strategies (Setup.fsdp_param_dtype; none: no policy)."""
+    fsdp_reduce_dtype: str = "fp32"
+    """MixedPrecisionPolicy.reduce_dtype (Setup.fsdp_reduce_dtype)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -79,6 +87,15 @@ class WorkerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SetupError(f"{name} must be a positive integer, got {value!r}")
+        from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
+
+        if self.fsdp_param_dtype not in ("none", "bf16", "fp16") or self.fsdp_reduce_dtype not in ("fp32", "bf16",
+                                                                                                 "fp16"):
+            raise SetupError(f"fsdp_param_dtype must be none, bf16 or fp16 and fsdp_reduce_dtype fp32, bf16 or fp16, "
+                             f"got {self.fsdp_param_dtype!r}, {self.fsdp_reduce_dtype!r}")
+        if self.fsdp_units not in FSDP_UNITS or self.fsdp_loss not in FSDP_LOSS:
+            raise SetupError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)} and fsdp_loss one of "
+                             f"{', '.join(FSDP_LOSS)}, got {self.fsdp_units!r}, {self.fsdp_loss!r}")
         if self.device not in ("auto", "cpu"):
             raise SetupError(f"device must be 'auto' or 'cpu', got {self.device!r}")
         if self.seq > self.config.max_seq and self.config.positions == "learned":
@@ -87,6 +104,8 @@ class WorkerSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["strategies"] = list(self.strategies)
+        d["fsdp"] = {"units": d.pop("fsdp_units"), "loss": d.pop("fsdp_loss"),  # the worker's spec["fsdp"]
+                     "param_dtype": d.pop("fsdp_param_dtype"), "reduce_dtype": d.pop("fsdp_reduce_dtype")}
         return d
 
 

@@ -6,7 +6,9 @@ start-up is the slow part of a launch, so one launch serves all strategies of on
 
 - ``ddp``: ``DistributedDataParallel``, AdamW (ZeRO stage 0);
 - ``zero1``: DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer`` (AdamW states partitioned: stage 1);
-- ``fsdp2-zero2``: FSDP2 ``fully_shard`` [pytorch-fsdp2] per block and root, ``reshard_after_forward=False``
+- ``fsdp2-zero2``: FSDP2 ``fully_shard`` [pytorch-fsdp2] by :func:`memlab.model.fsdp.shard_model` (the plan the
+  trace and the estimator use; the spec's ``fsdp`` dict may name ``units``, ``param_dtype``, ``reduce_dtype`` and
+  where the ``loss`` is computed), ``reshard_after_forward=False``
   (parameters stay gathered from forward to backward: ZeRO-2-like memory with sharded states and gradients);
 - ``fsdp2-zero3``: the same with ``reshard_after_forward=True`` (ZeRO-3: each block re-gathered in backward);
 - ``fsdp2-offload``: ZeRO-3 plus ``CPUOffloadPolicy`` (sharded parameters, gradients and AdamW states in host
@@ -47,6 +49,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memlab.device import device_type
 from memlab.measure.accounting import model_states, storage_key
 from memlab.measure.cuda import synchronize
+from memlab.model.fsdp import step_loss
 from memlab.model.gpt import GPT
 from memlab.model.step import Meter, TrainingStep, token_batch, train_step
 from memlab.predict.communication import collective_volume_bytes
@@ -168,11 +171,16 @@ class _RankStep(Meter):
                                "host": model_states(self.wrapped, self.optimizer, device=torch.device("cpu"))}
 
 
-def _wrap(strategy: str, model: GPT, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+def _wrap(strategy: str, model: GPT, device: torch.device,
+          fsdp: dict[str, Any] | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The strategy applied to ``model`` and its AdamW; FSDP2 strategies by :func:`memlab.model.fsdp.shard_model`
+    with the spec's ``fsdp`` plan (``units``, ``param_dtype``, ``reduce_dtype``; defaults: blocks, none, fp32)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
+    from memlab.model.fsdp import shard_model
+
+    fsdp = fsdp or {}
     ids = [device.index] if device.type == "cuda" else None
     # An MoE expert that no token of this rank's batch chose has no gradient: DDP's reducer would wait for it
     # forever (and the peers in the all-reduce with it). find_unused_parameters marks such parameters ready after
@@ -184,12 +192,9 @@ def _wrap(strategy: str, model: GPT, device: torch.device) -> tuple[torch.nn.Mod
     if strategy == "zero1":
         ddp = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
         return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, foreach=False)
-    kwargs: dict[str, Any] = {"reshard_after_forward": strategy != "fsdp2-zero2"}
-    if strategy == "fsdp2-offload":
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    shard_model(model, zero_stage=2 if strategy == "fsdp2-zero2" else 3, units=fsdp.get("units", "blocks"),
+                param_dtype=fsdp.get("param_dtype", "none"), reduce_dtype=fsdp.get("reduce_dtype", "fp32"),
+                offload=strategy == "fsdp2-offload")
     return model, torch.optim.AdamW(model.parameters(), foreach=False)
 
 
@@ -205,7 +210,7 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
     torch.manual_seed(seed)
     init_device = "cpu" if strategy == "fsdp2-offload" else device
     model = GPT(cfg, attention=spec.get("attention", "eager"), device=init_device)
-    wrapped, opt = _wrap(strategy, model, device)
+    wrapped, opt = _wrap(strategy, model, device, spec.get("fsdp"))
     idx, tgt = token_batch(cfg.vocab_size, batch, seq, device, seed + 1000 * rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -216,7 +221,8 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
         last = i == n_steps - 1
         probe = StepProbe(lambda w=wrapped: list(w.parameters()), sample=last and strategy.startswith("fsdp2"))
         meter = _RankStep(wrapped, opt, device, probe, last)
-        train_step(step, lambda w=wrapped: w(idx, tgt), meter=meter, label=i)
+        where = spec.get("fsdp", {}).get("loss", "inside") if strategy.startswith("fsdp2") else "inside"
+        train_step(step, lambda w=wrapped, where=where: step_loss(w, idx, tgt, where), meter=meter, label=i)
     assert meter is not None and meter.states is not None
     probe, grads, dev, host = meter.probe, meter.grads, meter.states["device"], meter.states["host"]
     row = base | {

@@ -1,0 +1,77 @@
+"""FSDP2 on the reference GPT, the one way memlab applies it: the trace (over a fake process group) and the gloo /
+NCCL ranks both call :func:`shard_model`, and the estimator models the same plan (:mod:`memlab.predict.fsdp`).
+
+- ``units="blocks"``: ``fully_shard`` on every block, then on the root (which keeps the embedding, the final norm
+  and the head);
+- ``units="torchtitan"``: the embedding, every block, and ``[final norm, head]`` as units of their own, then the
+  root (torchtitan v0.2.2 ``apply_fsdp``); a tied embedding stays in the root with the head (FSDP2 refuses a
+  parameter in two groups);
+- ``reshard_after_forward``: ZeRO-3 (``zero_stage=3``) for the embedding and the blocks, False under ZeRO-2; the
+  final norm + head unit never (torchtitan's default: backward needs it at once); the root is left to FSDP2,
+  which does not reshard it after forward;
+- ``param_dtype`` / ``reduce_dtype``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` [pytorch-fsdp2]
+  (``output_dtype`` left None); ``offload``: ``CPUOffloadPolicy()``.
+
+:func:`step_loss` computes the loss inside the root module's forward (``model(idx, targets)``) or outside it
+(``logits_loss(model(idx), targets)``, as torchtitan's trainer does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.device import torch_dtype
+from memlab.errors import SetupError
+from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
+
+
+def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", param_dtype: str = "none",
+                reduce_dtype: str = "fp32", mesh: Any = None, offload: bool = False) -> nn.Module:
+    """Apply FSDP2's ``fully_shard`` to the reference GPT ``model`` (``model.blocks``; a Hugging Face model's
+    ``model.model.layers`` with ``units="blocks"``) by the plan in the module docstring; returns ``model``."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    if zero_stage not in (2, 3):
+        raise SetupError(f"FSDP2 runs ZeRO stage 2 (reshard_after_forward=False) or 3 (True), got {zero_stage}")
+    if units not in FSDP_UNITS:
+        raise SetupError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)}, got {units!r}")
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        blocks = getattr(getattr(model, "model", None), "layers", None)
+        if blocks is not None and units != "blocks":
+            raise SetupError("the torchtitan wrapping plan is written for memlab's reference GPT: use "
+                             "fsdp_units='blocks' for a Hugging Face model")
+    if blocks is None:
+        raise SetupError("cannot find the model's blocks to shard (model.blocks or model.model.layers)")
+    kw: dict[str, Any] = {"mesh": mesh}
+    if param_dtype != "none":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype),
+                                               reduce_dtype=torch_dtype(reduce_dtype))
+    if offload:
+        kw["offload_policy"] = CPUOffloadPolicy()
+    reshard = zero_stage == 3
+    tied = getattr(model, "head", True) is None
+    if units == "torchtitan" and not tied:
+        embed = [m for m in (model.tok_emb, getattr(model, "pos_emb", None)) if m is not None]
+        fully_shard(embed if len(embed) > 1 else embed[0], reshard_after_forward=reshard, **kw)
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=reshard, **kw)
+    if units == "torchtitan" and not tied:
+        fully_shard([model.norm_f, model.head], reshard_after_forward=False, **kw)
+    fully_shard(model, **kw)  # the root: reshard_after_forward left to FSDP2 (not resharded after forward)
+    return model
+
+
+def step_loss(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, where: str = "inside") -> torch.Tensor:
+    """The training loss of the reference GPT, computed ``inside`` its forward or ``outside`` it
+    (:func:`memlab.model.loss.logits_loss` on the returned logits)."""
+    from memlab.model.loss import logits_loss
+
+    if where not in FSDP_LOSS:
+        raise SetupError(f"fsdp_loss must be one of {', '.join(FSDP_LOSS)}, got {where!r}")
+    if where == "inside":
+        return model(idx, targets)
+    return logits_loss(model(idx), targets)
