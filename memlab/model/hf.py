@@ -171,3 +171,50 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model.to(device).train()
+
+
+LORA_MODULE_NAMES: dict[str, dict[str, str]] = {
+    "gpt2": {"qkv": "c_attn", "o": "attn.c_proj", "up": "c_fc", "down": "mlp.c_proj"},
+    "phi": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "dense", "up": "fc1", "down": "fc2"},
+}
+"""peft ``target_modules`` names (module-name suffixes) of memlab's adapter kinds, where a family's differ from the
+Llama-style ``q_proj ... down_proj`` (Llama, Mistral, Qwen2, Gemma, ...): GPT-2 fuses q, k, v into ``c_attn``."""
+_LLAMA_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+                "down": "down_proj"}
+
+
+def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
+    """peft ``target_modules`` for memlab adapter ``kinds`` on a ``model_type`` model (:data:`LORA_MODULE_NAMES`);
+    on GPT-2 any of q, k, v names the fused ``c_attn``. A kind the family lacks raises :class:`SetupError`."""
+    names = LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES)
+    out: list[str] = []
+    for kind in kinds:
+        key = "qkv" if ("qkv" in names and kind in ("q", "k", "v")) else kind
+        if key not in names:
+            have = sorted((set(names) - {"qkv"}) | ({"q", "k", "v"} if "qkv" in names else set()))
+            raise SetupError(f"lora_targets names {kind!r}, which a {model_type} model does not have: use "
+                             f"{', '.join(have)}")
+        if names[key] not in out:
+            out.append(names[key])
+    return out
+
+
+def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Module:
+    """``peft.get_peft_model(model, LoraConfig(...))`` for ``setup`` (``finetune='lora'``): rank ``setup.lora_r``,
+    dropout ``setup.lora_dropout`` on the modules ``setup.lora_target_kinds`` names, peft's other defaults (alpha
+    8, fp32 adapters over a 16-bit base). The base is frozen by peft; the returned model trains only the adapters.
+    QLoRA's 4-bit base needs bitsandbytes' CUDA kernels and is not built here (SetupError)."""
+    if setup.finetune != "lora":
+        raise SetupError(f"apply_lora builds finetune='lora' models, got finetune={setup.finetune!r}"
+                         + (": QLoRA's 4-bit base needs bitsandbytes' CUDA kernels (predicted, not built, on a CPU)"
+                            if setup.finetune == "qlora" else ""))
+    try:
+        import peft
+    except ImportError as exc:  # pragma: no cover - a course dependency
+        raise SetupError(f"LoRA runs need peft: pip install peft ({exc})") from None
+    kind = model.config.model_type
+    targets = lora_target_modules(kind, setup.lora_target_kinds)
+    torch.manual_seed(seed)
+    cfg = peft.LoraConfig(r=setup.lora_r, lora_dropout=setup.lora_dropout, target_modules=targets,
+                          fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D stores weights transposed
+    return peft.get_peft_model(model, cfg)

@@ -8,7 +8,8 @@
 - ``activations``: saved-for-backward bytes, term by term; ``optimizer_states``, ``sharding``, ``inference``: the
   other terms; ``estimate``: MemoryBreakdown; ``plan``: what an estimate computes once per setup (batch and seq
   aside, cached); ``phases``: bytes held at each phase of a step and the peak;
-  ``fit``: will it fit, the largest batch or sequence.
+  ``fit``: will it fit, the largest batch or sequence; ``finetune``: LoRA adapters on a frozen base and QLoRA's 4-bit
+  NF4 base (states and the activations a frozen base does not save).
 - ``flops``: FLOPs, MFU/HFU, the roofline bound; ``parallelism``: pipeline bubble, scaling efficiency;
   ``communication``: bytes moved per ZeRO stage; ``attention_io``: attention's HBM traffic; ``paging``: KV-cache
   reservation policies.

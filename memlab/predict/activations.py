@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.finetune import finetune_rows
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup, SetupView
@@ -58,6 +59,7 @@ CATEGORIES = (
     "block inputs (recompute)",
     "head & loss",
     "autocast weight copies",
+    "lora",
 )
 """Names shared with :mod:`memlab.model.gpt`'s saved-tensor categories, in display order."""
 
@@ -312,13 +314,15 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
                 ("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
             )
     if not model_level:
-        return terms
+        return terms if setup.finetune == "full" else finetune_rows(config, setup, w, terms, device_type)
     terms += _norm_terms(config, t, 1, w, "final norm")
     terms.append(("LM-head input", "head & loss", t * h, w["compute"], False))
     terms.append(("log-softmax of logits, fp32", "head & loss", t * V, FP32, True))
     terms.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
     if autocast:
         terms.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+    if setup.finetune != "full":  # a frozen base with adapters (memlab.predict.finetune)
+        return finetune_rows(config, setup, w, terms, device_type)
     return terms
 
 

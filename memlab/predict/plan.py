@@ -18,6 +18,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from memlab.errors import SetupError
+from memlab.predict.finetune import finetune_states, largest_adapter_elements, lora_layer_elements
 from memlab.predict.inference import INT4_GROUP
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
@@ -83,7 +85,13 @@ def plan(model: TransformerConfig | int, rest: tuple, ov: Any, device_type: str,
     step: dict[str, Any] = {}
     if setup.mode == "train":
         before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
-        if summ is not None:
+        if summ is not None and setup.finetune != "full":  # only the adapters step (memlab.predict.finetune)
+            layer = lora_layer_elements(model, setup)  # type: ignore[arg-type]
+            largest = largest_adapter_elements(model, setup)  # type: ignore[arg-type]
+            step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
+                                  elements=layer * model.n_layers, largest=largest,  # type: ignore[union-attr]
+                                  layer_elements=layer, before_step=before, loop_peak=3 * largest)
+        elif summ is not None:
             dp = zero_divisors(setup.zero_stage, setup.world_size)[0]
             step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
                                   elements=math.ceil(summ.elements / dp), largest=math.ceil(summ.largest_elements / dp),
@@ -117,6 +125,12 @@ def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
         n, tensors = summ.elements, summ.tensors
     if setup.mode == "inference":
         return _inference_weights(n, summ, setup.inference_weights, notes), {}, notes
+    if setup.finetune != "full":
+        if summ is None:
+            raise SetupError(f"finetune={setup.finetune!r} adapts named modules: give a model config, not a bare "
+                             "parameter count")
+        states, detail, ft_notes = finetune_states(model, setup, n, step_on_device)  # type: ignore[arg-type]
+        return states, detail, notes + ft_notes
     dp, dg, do = zero_divisors(setup.zero_stage, setup.world_size)
     sb, opt = optimizer_state_dtype_bytes(pol), setup.optimizer
     if opt in ("adam", "adamw"):

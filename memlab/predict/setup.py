@@ -22,6 +22,7 @@ Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafac
 InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
 OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
+Finetune = Literal["full", "lora", "qlora"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -30,6 +31,28 @@ OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
 OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
+LORA_KINDS = ("q", "k", "v", "o", "gate", "up", "down")
+"""Module kinds an adapter may target (a fused QKV projection is adapted when any of q, k, v is named)."""
+LORA_DEFAULT_RANK = 8
+"""peft ``LoraConfig.r`` default (peft/tuners/lora/config.py)."""
+LORA_DEFAULT_TARGETS = ("q", "v")
+"""peft's default targets for Llama, Mistral, Qwen2 (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``); for
+GPT-2 its default ``c_attn`` is the fused QKV projection, which q or v names here."""
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """``"q,v"`` -> ``("q", "v")``: comma-separated kinds from :data:`LORA_KINDS`, each once; anything else raises
+    :class:`SetupError` in one line."""
+    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in LORA_KINDS]
+    if bad:
+        raise SetupError(f"lora_targets: unknown module kind {bad[0]!r}: use a comma-separated list of "
+                         f"{', '.join(LORA_KINDS)} (e.g. 'q,v' or 'q,k,v,o,gate,up,down')")
+    if len(set(kinds)) != len(kinds):
+        raise SetupError(f"lora_targets names a module kind twice ({text!r}): name each once")
+    return kinds
+
+
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
 """Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
 FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -106,6 +129,18 @@ class Setup(StrictInit):
     """Micro-batches per optimizer step; gradients persist (and accumulate) across the micro-steps."""
     zero_grad_to_none: bool = field(default=True, metadata={"mode": "train"})
     """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
+    # -- parameter-efficient fine-tuning (memlab.predict.finetune) --------------------------------------------
+    finetune: Finetune = field(default="full", metadata={"mode": "train"})
+    """full (every parameter trains), lora (rank-r adapters on a frozen base, peft) or qlora (adapters on a 4-bit
+    NF4 base with double quantisation, bitsandbytes; needs precision bf16)."""
+    lora_rank: int = field(default=0, metadata={"max": 65536, "why": "a rank above the widest published model's "
+                                                "width adapts nothing low-rank", "mode": "train"})
+    """LoRA rank r (0: peft's default 8 when finetune is lora or qlora)."""
+    lora_dropout: float = field(default=0.0, metadata={"max": 1.0, "max_open": True, "why": "a drop probability, "
+                                                       "below 1", "mode": "train"})
+    """Dropout on each adapter's input (peft lora_dropout): keeps a noise tensor and the dropped input per module."""
+    lora_targets: str = field(default="", metadata={"mode": "train"})
+    """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down ('': peft's default q,v)."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -122,6 +157,46 @@ class Setup(StrictInit):
         if self.sp and self.tp == 1:
             raise SetupError("sequence parallelism (sp) needs tensor parallelism: set tp > 1 or drop sp")
         resolve_optimizer_impl(self.optimizer, self.optimizer_impl)
+        self._check_finetune()
+
+    def _check_finetune(self) -> None:
+        """One SetupError line for a fine-tuning combination memlab does not run or model."""
+        if self.finetune == "full":
+            given = [n for n in ("lora_rank", "lora_dropout", "lora_targets") if getattr(self, n)]
+            if given:
+                raise SetupError(f"{', '.join(given)} set with finetune='full': set finetune='lora' or 'qlora', or "
+                                 "drop them")
+            return
+        parse_targets(self.lora_targets)
+        if self.mode != "train":
+            raise SetupError(f"finetune={self.finetune!r} is a training setup: set mode='train' (inference of a "
+                             "merged adapter is the base model's)")
+        if self.finetune == "qlora" and self.precision != "bf16":
+            raise SetupError(f"finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype): "
+                             f"set precision='bf16', not {self.precision!r}")
+        if self.precision not in ("fp32", "bf16", "amp-bf16"):
+            raise SetupError(f"finetune={self.finetune!r} keeps fp32 adapters on a base in the model's dtype: use "
+                             f"precision fp32, bf16 or amp-bf16, not {self.precision!r} (a master-weight policy "
+                             "would copy the fp32 adapters again)")
+        if self.recompute != "none" or self.zero_stage or self.world_size > 1 or self.tp > 1 \
+                or self.grad_accum_steps > 1:
+            raise SetupError(f"finetune={self.finetune!r} is modelled on one device, one micro-batch, without "
+                             "recompute: set recompute='none', zero_stage=0, world_size=1, tp=1, grad_accum_steps=1")
+        if self.optimizer == "adafactor":
+            raise SetupError(f"finetune={self.finetune!r} with adafactor is not modelled: use adamw, adam, adam-8bit, "
+                             "sgd or sgd-momentum")
+
+    @property
+    def lora_r(self) -> int:
+        """The LoRA rank in force: ``lora_rank``, or peft's default 8 (0 under full fine-tuning)."""
+        if self.finetune == "full":
+            return 0
+        return self.lora_rank or LORA_DEFAULT_RANK
+
+    @property
+    def lora_target_kinds(self) -> tuple[str, ...]:
+        """The adapted module kinds: ``lora_targets`` parsed, or peft's default ``("q", "v")``."""
+        return parse_targets(self.lora_targets) or LORA_DEFAULT_TARGETS
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -181,3 +256,5 @@ class SetupView:
     policy = property(Setup.policy.fget, doc="The :class:`PrecisionPolicy` named by ``precision``.")
     fused_attention = property(Setup.fused_attention.fget, doc="True for kernels that keep no s x s score matrix.")
     tokens = property(Setup.tokens.fget, doc="Tokens per micro-batch on one rank: batch * seq (arrays in a sweep).")
+    lora_r = property(Setup.lora_r.fget, doc="The LoRA rank in force (peft's default 8 when unset).")
+    lora_target_kinds = property(Setup.lora_target_kinds.fget, doc="The adapted module kinds (default q, v).")

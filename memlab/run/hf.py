@@ -23,7 +23,7 @@ import torch
 from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
-from memlab.model.hf import DTYPES, build_hf_model
+from memlab.model.hf import DTYPES, apply_lora, build_hf_model
 from memlab.model.step import Meter, token_ids, train_step, training_step
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
@@ -57,6 +57,11 @@ class HfMeasurement:
     recompute: str = "none"
     autocast: bool = False
     """The forward ran under ``torch.autocast`` to bf16 on an fp32 model (memlab's ``amp-bf16``)."""
+    finetune: str = "full"
+    """``full``, or ``lora`` for a peft model (:func:`memlab.model.hf.apply_lora`) with the fields below."""
+    lora_rank: int = 0
+    lora_dropout: float = 0.0
+    lora_targets: str = ""
 
     @property
     def states_bytes(self) -> int:
@@ -70,7 +75,9 @@ class HfMeasurement:
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
         precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute)
+                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute,
+                     finetune=self.finetune, lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
+                     lora_targets=self.lora_targets)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -97,11 +104,14 @@ class _HfMeter(Meter):
 
 
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
-               keep_saved: bool = False, autocast: bool = False) -> HfMeasurement | tuple[HfMeasurement, Any]:
+               keep_saved: bool = False, autocast: bool = False,
+               lora: Setup | None = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
     bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
     runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
-    does). With ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`."""
+    does). With ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`.
+    ``lora``: the setup ``model`` was wrapped for (:func:`memlab.model.hf.apply_lora`), recorded in the result;
+    the optimizer steps only what requires a gradient (the adapters)."""
     cfg = model.config
     dev = next(model.parameters()).device
     idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
@@ -116,7 +126,9 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
         params_bytes=st.params_bytes, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
         device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
-        autocast=autocast,
+        autocast=autocast, **({} if lora is None else {
+            "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,
+            "lora_targets": lora.lora_targets}),
     )
     return (m, saved) if keep_saved else m
 
@@ -132,16 +144,20 @@ def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
 
 
 def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
-           seed: int = 0, gradient_checkpointing: bool = False,
-           autocast: bool = False) -> tuple[TransformerConfig, HfMeasurement]:
+           seed: int = 0, gradient_checkpointing: bool = False, autocast: bool = False,
+           lora: Setup | None = None) -> tuple[TransformerConfig, HfMeasurement]:
     """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
-    (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``)."""
+    (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``; ``lora``: a setup
+    with ``finetune='lora'``, whose adapters peft adds before the step, :func:`memlab.model.hf.apply_lora`)."""
     if autocast and dtype != "fp32":
         raise SetupError("autocast runs an fp32 model (dtype='fp32') with a bf16 forward; got dtype=" + repr(dtype))
     model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
                            gradient_checkpointing=gradient_checkpointing)
-    m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast)
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
+    if lora is not None:
+        model = apply_lora(model, lora, seed=seed)
+    m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast,
+                   lora=lora)
     del model
     return tc, m  # type: ignore[return-value]
 
