@@ -11,12 +11,13 @@ changes, each term checked against peft 0.21 on CPU (``tests/run/test_finetune.p
   (already counted), not its input; a frozen RMSNorm weight's product ``weight * x_hat`` keeps nothing (LayerNorm's
   kernel keeps input, mean and rstd whatever needs the gradient); a frozen embedding keeps no token ids. Each adapter
   keeps its input for ``A``'s gradient (peft first casts it to the adapter's fp32: a new fp32 copy over a 16-bit base,
-  one per adapted module; the same tensor otherwise) and the ``t x r`` output of ``A`` for ``B``'s; dropout > 0 keeps
+  one per adapted module; under autocast A's matmul casts it to bf16, one copy per module; the same tensor
+  otherwise) and the ``t x r`` output of ``A`` for ``B``'s; dropout > 0 keeps
   its noise tensor and the dropped input per adapted module (CPU; CUDA keeps a 1-byte mask). The bottom block's
   input needs no gradient, so its first norm keeps nothing and its attention core only what the adapted projections
   need (:func:`finetune_rows`);
-- **QLoRA** [dettmers2023] [bitsandbytes]: the base's block matrices in NF4 (4 bits per weight), one absmax per 64 weights
-  quantised again to 8 bits with one fp32 absmax per 256 of them (double quantisation: 8/64 + 32/(64*256) = 0.127
+- **QLoRA** [dettmers2023] [bitsandbytes]: the base's block matrices in NF4 (4 bits per weight), one absmax per 64
+  weights quantised again to 8 bits with one fp32 absmax per 256 of them (double quantisation: 8/64 + 32/(64*256) = 0.127
   bits per parameter, QLoRA Sec. 3), plus per tensor the 16-entry NF4 code, the 256-entry 8-bit code and an fp32
   offset; embeddings, norms and the LM head stay 16-bit. bitsandbytes' ``MatMul4Bit`` saves its input whenever
   the input needs a gradient (``ctx.tensors = (A, B)``), so above the bottom block every quantised projection keeps
