@@ -17,8 +17,8 @@ changes, each term checked against peft 0.21 on CPU (``tests/run/test_finetune.p
   input needs no gradient, so its first norm keeps nothing and its attention core only what the adapted projections
   need (:func:`finetune_rows`);
 - **QLoRA** [dettmers2023] [bitsandbytes]: the base's block matrices in NF4 (4 bits per weight), one absmax per 64
-  weights quantised again to 8 bits with one fp32 absmax per 256 of them (double quantisation: 8/64 + 32/(64*256) = 0.127
-  bits per parameter, QLoRA Sec. 3), plus per tensor the 16-entry NF4 code, the 256-entry 8-bit code and an fp32
+  weights quantised again to 8 bits with one fp32 absmax per 256 of them (double quantisation: 8/64 + 32/(64*256) =
+  0.127 bits per parameter, QLoRA Sec. 3), plus per tensor the 16-entry NF4 code, the 256-entry 8-bit code and an fp32
   offset; embeddings, norms and the LM head stay 16-bit. bitsandbytes' ``MatMul4Bit`` saves its input whenever
   the input needs a gradient (``ctx.tensors = (A, B)``), so above the bottom block every quantised projection keeps
   its input as full fine-tuning does; each forward and backward dequantises one weight at a time to 16 bits (a
