@@ -32,6 +32,7 @@ import numpy as np
 
 from memlab.errors import SetupError
 from memlab.predict.activations import bytes_by_category, term_rows
+from memlab.predict.finetune import largest_matrix_elements
 from memlab.predict.frozen import unchecked
 from memlab.predict.inference import kv_cache_bytes, prefill_transient_bytes
 from memlab.predict.models import TransformerConfig
@@ -212,6 +213,8 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     gathered = ov.gathered_layers * p.gather_bytes_per_layer if p.gather_bytes_per_layer else 0
     terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered,
              "fragmentation": ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered)}
+    if setup.finetune == "qlora" and is_cfg:  # one weight dequantised to bf16 at a time (memlab.predict.finetune)
+        terms["qlora_dequantised_weight"] = 2 * largest_matrix_elements(model)  # type: ignore[arg-type]
     overhead = sum(terms.values())
     states = p.states
     if setup.mode != "train":

@@ -120,7 +120,9 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
         notes = [f"QLoRA base: {quantizable:,} block-matrix weights in NF4 with double quantisation "
                  f"({4 + qlora_bits_per_parameter():.3f} bits each, QLoRA Sec. 3) and {n_base - quantizable:,} "
                  "embedding/norm/head weights in bf16: predicted from the sources (bitsandbytes' 4-bit kernels need "
-                 "CUDA; not measured on CPU)"]
+                 "CUDA; not measured on CPU); one dequantised bf16 weight at a time is the overhead "
+                 "qlora_dequantised_weight; a paged optimizer's states are counted resident on the device (the "
+                 "bound: bitsandbytes pages them to the host only under memory pressure)"]
     else:
         base = n_base * pb
         notes = [f"LoRA: the {n_base:,} base weights are frozen ({pb} B each, no gradients or optimizer state)"]
@@ -212,7 +214,9 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
         group = _PROJECTION_INPUTS.get(name)
         kernel_out = group == "o" and setup.fused_attention and not im.sdpa_output_copy
         if kernel_out:  # a fused SDPA kernel keeps its output, the output projection's input, for its own backward
-            out.append((name + " (= the kernel's output)", category, count - (not attn0) * count / L, width, sharded))
+            # (in the bottom block only if attention needs a gradient, or an o adapter keeps that same tensor)
+            drop0 = not attn0 and not (groups["o"] and _shares(p, autocast, w["compute"]))
+            out.append((name + " (= the kernel's output)", category, count - drop0 * count / L, width, sharded))
             continue
         if group is not None:
             if not qlora:
