@@ -56,13 +56,14 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     ``setup``.
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
-    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant);
-    ``selective`` has no transformers equivalent; ``finetune='lora'`` wraps the model with peft
-    (:func:`memlab.model.hf.apply_lora`; qlora needs CUDA kernels and is refused). ``force_unpacked``: see :func:`unpacked_batches`. One process
-    only (``world_size`` 1: transformers models are not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces
-    FSDP2); ``device_type`` is ``"cpu"`` or ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's
-    ``n_positions``, OPT's ``max_position_embeddings``) raises :class:`SetupError`: on fake tensors the lookup past
-    the table would pass unnoticed. transformers' warnings are silenced while the step is traced.
+    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
+    has no transformers equivalent; ``finetune='lora'`` wraps the model with peft
+    (:func:`memlab.model.hf.apply_lora`; qlora needs CUDA kernels and is refused). ``force_unpacked``: see
+    :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are not sharded here;
+    :func:`~memlab.tracing.gpt.trace_gpt` traces FSDP2); ``device_type`` is ``"cpu"`` or ``"cuda"``. A ``seq``
+    longer than a learned position table (GPT-2's ``n_positions``, OPT's ``max_position_embeddings``) raises
+    :class:`SetupError`: on fake tensors the lookup past the table would pass unnoticed. transformers' warnings are
+    silenced while the step is traced.
     """
     tf = import_transformers()
     from memlab.model.step import model_dtype

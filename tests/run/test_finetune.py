@@ -1,4 +1,4 @@
-"""LoRA fine-tuning predicted, traced and measured with peft on CPU (memlab.predict.finetune, memlab.model.hf.apply_lora).
+"""LoRA fine-tuning predicted, traced and measured with peft on CPU (memlab.predict.finetune, model.hf.apply_lora).
 
 The measured side is a real peft model built from a config (random init, tiny shapes) through the one training step:
 states counted by storage, saved activations through saved_tensors_hooks. The estimate must equal it to the byte on
