@@ -186,7 +186,8 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
         out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
                    f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
-        if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes:
+        if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes \
+                and setup.finetune == "full":  # LoRA's adapters and their states are fp32 (memlab.predict.finetune)
             out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
         if setup.zero_stage and setup.world_size == 1:
             out.append("ZeRO/FSDP over 1 rank shards nothing")

@@ -165,7 +165,9 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
 def measure_run(run: Run, seed: int = 0) -> dict[str, int]:
     """Run a shoot-out :class:`~memlab.compare.calculators.Run` for real on this machine (:func:`run_hf` on
     ``run.device_type``): ``{"states", "activations"}`` in bytes (model states; saved for backward), the measured
-    side :func:`memlab.compare.calculators.shoot_out` compares the calculators with."""
+    side :func:`memlab.compare.calculators.shoot_out` compares the calculators with. A LoRA run gets its adapters
+    from peft (:func:`memlab.model.hf.apply_lora`); a QLoRA run needs CUDA kernels and is refused."""
     _, m = run_hf(run.hf, attn_implementation=run.attn_implementation, dtype=run.dtype, batch=run.batch,
-                  seq=run.seq, device=run.device_type, seed=seed)
+                  seq=run.seq, device=run.device_type, seed=seed,
+                  lora=run.setup() if run.finetune != "full" else None)
     return {"states": m.states_bytes, "activations": m.saved_bytes}
