@@ -22,13 +22,14 @@ is a formula, the formula is written here from its source:
   (MemTracker counts every storage; nothing is allocated, so full-size configs run on a laptop's CPU)
   ``[pytorch-memtracker]``.
 
-Formulas given a parameter count get the model's exact one (their own count formulas assume the GPT-2 layout),
-so the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package
-cannot be imported on this machine returns ``available=False`` with the reason; its rows are skipped, never
-imitated. A fine-tuning run (``Run.finetune`` ``lora`` or ``qlora``) is scored only on what each tool claims for
-it: gpu_poor's LoRA and QLoRA modes; accelerate's loaded-model term for LoRA (it has no LoRA mode, and the frozen
-base is what it loads); the tools that model full training only give no number. Several tools assume mixed precision (fp32 master weights and Adam states) for a 16-bit run: on a pure
-bf16 run (bf16 weights, gradients and Adam states, as ``model.to(torch.bfloat16)`` trains) they over-predict states.
+Formulas given a parameter count get the model's exact one (their own count formulas assume the GPT-2 layout), so
+the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package cannot
+be imported on this machine returns ``available=False`` with the reason; its rows are skipped, never imitated. A
+fine-tuning run (``Run.finetune`` ``lora`` or ``qlora``) is scored only on what each tool claims for it: gpu_poor's
+LoRA and QLoRA modes; accelerate's loaded-model term for LoRA (it has no LoRA mode, and the frozen base is what it
+loads); the tools that model full training only give no number. Several tools assume mixed precision (fp32 master
+weights and Adam states) for a 16-bit run: on a pure bf16 run (bf16 weights, gradients and Adam states, as
+``model.to(torch.bfloat16)`` trains) they over-predict states.
 """
 
 from __future__ import annotations
