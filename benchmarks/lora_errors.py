@@ -43,7 +43,22 @@ def main(n: int = 100, seed: int = 0) -> int:
                   f"{ {k: measured[k] - predicted[k] for k in measured if measured[k] != predicted[k]} }")
     print(f"LoRA on peft: {n - bad}/{n} generated configs exact (states and saved activations), seed {seed}, "
           f"{time.perf_counter() - start:.0f} s")
-    return int(bad > 0)
+    qbad, nq = 0, max(1, n // 5)
+    for _ in range(nq):  # QLoRA: bitsandbytes' NF4 on the CPU, nn.Linear families
+        family = rng.choice(["llama", "qwen2", "mistral"])
+        targets = ",".join(k for k in ("q", "k", "v", "o", "gate", "up", "down") if rng.random() < 0.5) or "q"
+        setup = tests.Setup(finetune="qlora", precision="bf16", lora_rank=rng.choice([2, 4, 8]), lora_targets=targets,
+                            lora_dropout=rng.choice([0.0, 0.1]))
+        attn = rng.choice(["eager", "sdpa"])
+        tc, m = run_hf({"model_type": family, **tests.FAMILIES[family]}, attn_implementation=attn, dtype="bf16",
+                       batch=rng.choice([1, 2]), seq=rng.choice([8, 16]), lora=setup)
+        measured = {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
+                    "optimizer": m.optimizer_bytes}
+        if predict_hf(tc, m) != measured:
+            qbad += 1
+            print(f"MISS qlora {family} targets={targets}: measured {measured}, predicted {predict_hf(tc, m)}")
+    print(f"QLoRA on bitsandbytes + peft: {nq - qbad}/{nq} generated configs exact")
+    return int(bad + qbad > 0)
 
 
 if __name__ == "__main__":

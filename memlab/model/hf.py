@@ -200,21 +200,75 @@ def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
 
 
 def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Module:
-    """``peft.get_peft_model(model, LoraConfig(...))`` for ``setup`` (``finetune='lora'``): rank ``setup.lora_r``,
-    dropout ``setup.lora_dropout`` on the modules ``setup.lora_target_kinds`` names, peft's other defaults (alpha
-    8, fp32 adapters over a 16-bit base). The base is frozen by peft; the returned model trains only the adapters.
-    QLoRA's 4-bit base needs bitsandbytes' CUDA kernels and is not built here (SetupError)."""
-    if setup.finetune != "lora":
-        raise SetupError(f"apply_lora builds finetune='lora' models, got finetune={setup.finetune!r}"
-                         + (": QLoRA's 4-bit base needs bitsandbytes' CUDA kernels (predicted, not built, on a CPU)"
-                            if setup.finetune == "qlora" else ""))
+    """``peft.get_peft_model(model, LoraConfig(...))`` for ``setup`` (``finetune`` lora or qlora): rank
+    ``setup.lora_r``, dropout ``setup.lora_dropout`` on the modules ``setup.lora_target_kinds`` names, peft's other
+    defaults (alpha 8, fp32 adapters over a 16-bit base). The base is frozen by peft; the returned model trains only
+    the adapters. ``qlora`` first quantises the base's block Linears to NF4 (:func:`quantize_nf4`)."""
+    if setup.finetune not in ("lora", "qlora"):
+        raise SetupError(f"apply_lora builds finetune='lora' or 'qlora' models, got finetune={setup.finetune!r}")
     try:
         import peft
     except ImportError as exc:  # pragma: no cover - a course dependency
         raise SetupError(f"LoRA runs need peft: pip install peft ({exc})") from None
     kind = model.config.model_type
     targets = lora_target_modules(kind, setup.lora_target_kinds)
+    if setup.finetune == "qlora":
+        model = quantize_nf4(model)
     torch.manual_seed(seed)
     cfg = peft.LoraConfig(r=setup.lora_r, lora_dropout=setup.lora_dropout, target_modules=targets,
                           fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D stores weights transposed
     return peft.get_peft_model(model, cfg)
+
+
+def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
+    weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'
+    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)`` loads).
+    The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too). Families whose blocks
+    use GPT-2's ``Conv1D`` are refused (SetupError)."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError as exc:
+        raise SetupError(f"QLoRA runs need bitsandbytes: pip install bitsandbytes ({exc})") from None
+    if any(type(m).__name__ == "Conv1D" for m in model.modules()):
+        raise SetupError(f"quantize_nf4 replaces nn.Linear layers; {model.config.model_type}'s blocks use Conv1D: "
+                         "use a Llama-style family (llama, mistral, qwen2, ...)")
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear or name == "lm_head":
+                continue
+            q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                  compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True,
+                                  device="meta")
+            q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                         compress_statistics=True)
+            if child.bias is not None:
+                q.bias = torch.nn.Parameter(child.bias.data, requires_grad=child.bias.requires_grad)
+            setattr(parent, name, q.to(child.weight.device))
+    return model
+
+
+def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The quantisation constants bitsandbytes keeps beside each 4-bit weight (``weight.quant_state``: absmax, the
+    NF4 code, and with double quantisation the nested absmax, its 8-bit code and offset), one per storage. They are
+    no parameters or buffers, so a parameter count (or MemTracker's module tracking) misses them."""
+    seen: set[tuple[str, int]] = set()
+    out: list[torch.Tensor] = []
+    for module in model.modules():
+        qs = getattr(getattr(module, "weight", None), "quant_state", None)
+        if qs is None:
+            continue
+        tensors = [qs.absmax, qs.code]
+        if getattr(qs, "nested", False):
+            tensors += [qs.state2.absmax, qs.state2.code, qs.offset]
+        for t in tensors:
+            key = (str(t.device), t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+            if key is not None and key not in seen:
+                seen.add(key)
+                out.append(t)
+    return out
+
+
+def quant_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of :func:`quant_state_tensors`, by unique storage."""
+    return sum(t.untyped_storage().nbytes() for t in quant_state_tensors(model))

@@ -19,11 +19,11 @@ changes, each term checked against peft 0.21 on CPU (``tests/run/test_finetune.p
 - **QLoRA** [dettmers2023] [bitsandbytes]: the base's block matrices in NF4 (4 bits per weight), one absmax per 64
   weights quantised again to 8 bits with one fp32 absmax per 256 of them (double quantisation: 8/64 + 32/(64*256) =
   0.127 bits per parameter, QLoRA Sec. 3), plus per tensor the 16-entry NF4 code, the 256-entry 8-bit code and an fp32
-  offset; embeddings, norms and the LM head stay 16-bit. bitsandbytes' ``MatMul4Bit`` saves its input whenever
-  the input needs a gradient (``ctx.tensors = (A, B)``), so above the bottom block every quantised projection keeps
-  its input as full fine-tuning does; each forward and backward dequantises one weight at a time to 16 bits (a
-  transient of the largest matrix, counted as the named overhead ``qlora_dequantised_weight``). QLoRA's 4-bit
-  kernels need CUDA: these terms are predicted from the sources, not measured here.
+  offset; embeddings, norms and the LM head stay 16-bit. bitsandbytes 0.50's ``MatMul4Bit`` keeps only the packed
+  weight for backward (``ctx.tensors = (None, B)``; versions before kept the input ``A`` too), so the activations
+  are LoRA's over a bf16 base; its backward dequantises one weight at a time to bf16 (a transient of the largest
+  matrix, the named overhead ``qlora_dequantised_weight``). bitsandbytes 0.45+ quantises and runs NF4 on the CPU,
+  so QLoRA is measured here too (``tests/run/test_finetune.py``); the CUDA kernels are checked by a GPU test.
 
 Pure arithmetic, no torch. Units: bytes and elements.
 """
@@ -187,7 +187,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     recompute) turned into those of ``setup.finetune`` (lora or qlora): rows a frozen base does not save dropped,
     the bottom block's share of rows nothing there needs, and one row per adapter tensor (module docstring).
     ``w``: the policy's widths (:func:`memlab.predict.activations.shared_widths`)."""
-    targets, qlora, p = setup.lora_target_kinds, setup.finetune == "qlora", setup.lora_dropout
+    targets, p = setup.lora_target_kinds, setup.lora_dropout
     L, t, f = config.n_layers, setup.batch * setup.seq, config.ffn
     im = config.impl
     groups = _groups(targets, im.fused_qkv)
@@ -219,13 +219,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             out.append((name + " (= the kernel's output)", category, count - drop0 * count / L, width, sharded))
             continue
         if group is not None:
-            if not qlora:
-                continue  # a frozen Linear keeps its weight, not its input
-            # bitsandbytes' MatMul4Bit keeps its input where the input needs a gradient: not in the bottom block's
-            # attention, nor above it where nothing below needs one.
-            skip0 = group == "qkv" or (group == "o" and not attn0) or (group == "mlp" and not resid0)
-            out.append((name + " (4-bit base keeps it)", category, count - skip0 * count / L, width, sharded))
-            continue
+            continue  # a frozen Linear keeps its weight, not its input (bitsandbytes' MatMul4Bit: the packed weight)
         if name.startswith("block norm"):
             per = count / (L if (im.parallel_block and "input" in name) else n_norm_rows)
             d = 1 if (im.parallel_block and "input" in name) else norms0
@@ -233,7 +227,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             continue
         if category == "mlp" and "d_ff wide" in name:
             adapter_keeps = "down" in targets and _shares(p, autocast, w["compute"])  # whatever needs a gradient
-            keeps_down = qlora or relu or adapter_keeps
+            keeps_down = relu or adapter_keeps
             n_f = im.mlp_saved_tensors(config.mlp)
             before = n_f - (3 if swiglu else 1)  # the activation's own tensors besides its output
             steady = n_f - (not keeps_down)  # the down projection's input only where something keeps it
@@ -241,9 +235,9 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             if not resid0:  # the bottom block's MLP input needs no gradient: only the adapted paths keep tensors
                 gate, up = "gate" in targets, "up" in targets
                 if swiglu:  # silu keeps gate's output, the product keeps silu's output and up's output
-                    bottom = gate * before + up + gate + (adapter_keeps or (keeps_down and (gate or up)))
+                    bottom = gate * before + up + gate + (adapter_keeps or (relu and (gate or up)))
                 else:
-                    bottom = up * before + (adapter_keeps or (keeps_down and up))
+                    bottom = up * before + (adapter_keeps or (relu and up))
             out.append((name, category, (L - 1) * t * f * steady + t * f * bottom, width, sharded))
             continue
         if category in ("attention", "attention scores") and not name.startswith(("rotary", "output projection")):
@@ -262,7 +256,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             out.append((name, category, count - count / L, width, sharded))
             continue
         out.append(row)
-    out += adapter_rows(config, setup, w, groups, mods, qlora, device_type)
+    out += adapter_rows(config, setup, w, groups, mods, device_type)
     return out
 
 
@@ -290,7 +284,7 @@ def _bottom_drop(name: str, gq: bool, gk: bool, gv: bool, pv_reads: str) -> floa
 
 
 def adapter_rows(config: TransformerConfig, setup: Any, w: dict[str, float], groups: dict[str, tuple[str, ...]],
-                 mods: dict[str, tuple[int, int]], qlora: bool, device_type: str) -> list[tuple]:
+                 mods: dict[str, tuple[int, int]], device_type: str) -> list[tuple]:
     """Rows of what the adapters save, all blocks: each A's input (a copy per module where peft or autocast casts
     it, or dropout draws noise; otherwise the module's input once per input group), dropout's noise, each A's ``t x r``
     output, and under autocast the 16-bit copies of A and B."""
@@ -308,8 +302,8 @@ def adapter_rows(config: TransformerConfig, setup: Any, w: dict[str, float], gro
         n_in = mods[kinds[0]][0]
         if _shares(p, autocast, width):
             kernel_out = group == "o" and setup.fused_attention and not config.impl.sdpa_output_copy
-            if not qlora and group != "down" and not kernel_out:  # else a base row counts it (4-bit matmul, MLP,
-                # a fused attention kernel's output)
+            if group != "down" and not kernel_out:  # else a base row counts it (the MLP's, a fused attention
+                # kernel's output)
                 out.append((f"LoRA A input ({'/'.join(kinds)})", "lora", L * t * n_in, width, False))
             continue
         for kind in kinds:

@@ -23,7 +23,7 @@ import torch
 from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
-from memlab.model.hf import DTYPES, apply_lora, build_hf_model
+from memlab.model.hf import DTYPES, apply_lora, build_hf_model, quant_state_bytes
 from memlab.model.step import Meter, token_ids, train_step, training_step
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
@@ -121,10 +121,11 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     meter = _HfMeter(model, step.state_holder(), dev)
     train_step(step, lambda: model(input_ids=idx, labels=idx).loss, meter=meter)
     saved, st = meter.saved, meter.states
+    quant = quant_state_bytes(model) if lora is not None and lora.finetune == "qlora" else 0
     m = HfMeasurement(
         family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
-        params_bytes=st.params_bytes, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
+        params_bytes=st.params_bytes + quant, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
         device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
         autocast=autocast, **({} if lora is None else {
             "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,

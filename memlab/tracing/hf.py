@@ -58,12 +58,12 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
     has no transformers equivalent; ``finetune='lora'`` wraps the model with peft
-    (:func:`memlab.model.hf.apply_lora`; qlora needs CUDA kernels and is refused). ``force_unpacked``: see
-    :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are not sharded here;
-    :func:`~memlab.tracing.gpt.trace_gpt` traces FSDP2); ``device_type`` is ``"cpu"`` or ``"cuda"``. A ``seq``
-    longer than a learned position table (GPT-2's ``n_positions``, OPT's ``max_position_embeddings``) raises
-    :class:`SetupError`: on fake tensors the lookup past the table would pass unnoticed. transformers' warnings are
-    silenced while the step is traced.
+    (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base with bitsandbytes, on real tensors only).
+    ``force_unpacked``: see :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are
+    not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces FSDP2); ``device_type`` is ``"cpu"`` or
+    ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's ``n_positions``, OPT's
+    ``max_position_embeddings``) raises :class:`SetupError`: on fake tensors the lookup past the table would pass
+    unnoticed. transformers' warnings are silenced while the step is traced.
     """
     tf = import_transformers()
     from memlab.model.step import model_dtype
@@ -82,9 +82,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
-    if setup.finetune == "qlora":
-        raise SetupError("finetune='qlora' needs bitsandbytes' 4-bit CUDA kernels, which a CPU trace cannot run: trace "
-                         "finetune='lora' (the same adapters on a 16-bit base) and read QLoRA's base from the estimate")
+    if setup.finetune == "qlora" and fake:
+        raise SetupError("finetune='qlora' traces with fake=False only: bitsandbytes' Params4bit cannot wrap a fake "
+                         "tensor; trace a small config for real (the estimate covers full size)")
     impl, backend = _ATTENTION[setup.attention]
     parts = setup_parts(setup, device_type=device_type)
     notes = list(parts.pop("notes"))
@@ -104,7 +104,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         _check_positions(model, cfg, setup.seq)
-        if setup.finetune == "lora":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_lora)
+        if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_lora)
             model = apply_lora(model, setup)
         model.train()
         return model

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
+from memlab.model.hf import quant_state_tensors
 from memlab.model.step import Meter, Step, train_step
 from memlab.predict.phases import PhaseRow, find_phase
 from memlab.tracing.arguments import (
@@ -357,9 +358,12 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
         optimizer = step.state_holder()
         inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
         tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        for t in quant_state_tensors(model):  # a 4-bit base's constants: no parameters, but part of the weights
+            tracker._update_and_maybe_create_winfos(t, _MemRefType.PARAM)
         extra = getattr(optimizer, "memlab_state_tensors", None)
         if callable(extra):  # a wrapper's master copy and fp32 buffers: optimizer states and gradients
-            from torch.distributed._tools.mem_tracker import _MemRefType
 
             for role, tensors in extra().items():
                 kind = _MemRefType.GRAD if role == "grads" else _MemRefType.OPT

@@ -2,7 +2,8 @@
 
 The measured side is a real peft model built from a config (random init, tiny shapes) through the one training step:
 states counted by storage, saved activations through saved_tensors_hooks. The estimate must equal it to the byte on
-configs drawn by a seeded sampler over families x precision x attention x rank x targets x dropout."""
+configs drawn by a seeded sampler over families x precision x attention x rank x targets x dropout; QLoRA too, with
+bitsandbytes' NF4 on the CPU."""
 
 from __future__ import annotations
 
@@ -121,20 +122,49 @@ def test_a_gate_target_on_a_model_without_a_gated_mlp_is_a_config_error() -> Non
         estimate(gpt2, Setup(seq=16, finetune="lora", lora_targets="gate"))
 
 
-def test_qlora_is_refused_by_the_cpu_trace_with_the_reason() -> None:
-    pytest.importorskip("transformers")
+@pytest.mark.parametrize("seed", range(2))
+def test_qlora_estimate_equals_a_measured_bitsandbytes_nf4_step(seed: int) -> None:
+    """bitsandbytes 0.45+ quantises to NF4 and runs 4-bit matmuls on the CPU: the QLoRA step is measured here."""
+    pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    from memlab.run.hf import predict_hf, run_hf
+
+    rng = random.Random(100 + seed)
+    family = rng.choice(["llama", "qwen2", "mistral"])  # nn.Linear families (GPT-2's Conv1D is not quantised)
+    kinds = ["q", "k", "v", "o", "gate", "up", "down"]
+    targets = ",".join(k for k in kinds if rng.random() < 0.5) or "q"
+    setup = Setup(finetune="qlora", precision="bf16", lora_rank=rng.choice([2, 4]), lora_targets=targets,
+                  lora_dropout=rng.choice([0.0, 0.1]))
+    tc, m = run_hf({"model_type": family, **FAMILIES[family]}, attn_implementation=rng.choice(["eager", "sdpa"]),
+                   dtype="bf16", batch=2, seq=16, lora=setup)
+    assert predict_hf(tc, m) == {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
+                                 "optimizer": m.optimizer_bytes}, (family, targets)
+    base, _ = qlora_base_bytes(tc)
+    assert m.params_bytes == base + 4 * adapter_elements(tc, setup.lora_r, setup.lora_target_kinds)
+
+
+def test_qlora_traces_for_real_and_refuses_fake_tensors_with_the_reason() -> None:
+    pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
     from memlab.model.hf import hf_config
     from memlab.tracing.hf import trace_hf
 
-    with pytest.raises(SetupError, match="CUDA kernels"):
-        trace_hf(hf_config("llama", **FAMILIES["llama"]), Setup(finetune="qlora", precision="bf16"))
+    dims = FAMILIES["llama"]
+    setup = Setup(batch=2, seq=16, finetune="qlora", precision="bf16", lora_rank=4, lora_targets="q,v,down")
+    with pytest.raises(SetupError, match="fake=False"):
+        trace_hf(hf_config("llama", **dims), setup)
+    traced = trace_hf(hf_config("llama", **dims), setup, fake=False, device_type="cpu").components()
+    predicted = estimate(from_hf({"model_type": "llama", **dims}), setup, device_type="cpu").components()
+    assert {k: traced[k] for k in ("params", "grads", "optimizer")} == \
+        {k: predicted[k] for k in ("params", "grads", "optimizer")}  # the NF4 constants counted as weights
+    assert traced["activations"] - predicted["activations"] == 2 * 8 * setup.tokens + 4
 
 
 @pytest.mark.gpu
 def test_bitsandbytes_nf4_weight_bytes_equal_the_prediction_on_a_gpu() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU: bitsandbytes' 4-bit quantisation runs there")
+        pytest.skip("needs a CUDA GPU: this checks bitsandbytes' CUDA storage (the CPU's is measured above)")
     bnb = pytest.importorskip("bitsandbytes")
     layer = bnb.nn.Linear4bit(4096, 11008, bias=False, quant_type="nf4", compress_statistics=True,
                               compute_dtype=torch.bfloat16).cuda()
