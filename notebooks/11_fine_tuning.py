@@ -21,8 +21,8 @@
 # 1. the formula: full fine-tuning, LoRA and QLoRA of Llama-2-7B on a 24 GB card, component by component and
 #    phase by phase (`memlab.predict.finetune`);
 # 2. the trace: the real Hugging Face Llama-2-7B wrapped by peft `[peft]`, at full size, on fake tensors;
-# 3. the measurement: small peft models of three families trained one step on this machine, every saved tensor
-#    counted, beside the prediction;
+# 3. the measurement: small peft models of three families (LoRA, and QLoRA with bitsandbytes' NF4) trained one step
+#    on this machine, every saved tensor counted, beside the prediction;
 # 4. what a frozen base still saves, and the misreading it explains; 5. the public calculators on the same runs.
 
 # %% tags=["parameters"]
@@ -43,11 +43,12 @@ from memlab.run.hf import measure_hf, predict_hf, run_hf
 from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
-# seq: the 7B question's sequence; traced_seq: the full-size trace's; tiny: the families measured with peft, at
-# batch x tiny_seq tokens
-SIZES = {"ci": dict(seq=2048, traced_seq=256, tiny=("llama", "qwen2", "gpt2"), batch=2, tiny_seq=24),
-         "full": dict(seq=2048, traced_seq=2048, tiny=("llama", "qwen2", "mistral", "gpt2", "phi"), batch=2,
-                      tiny_seq=64)}[ch.scale]
+# seq: the 7B question's sequence; traced_seq, traced_layers: the trace's sequence and blocks (ci: the 7B's full
+# width, 8 of its 32 blocks; full: all of it); tiny: the families measured with peft, at batch x tiny_seq tokens
+SIZES = {"ci": dict(seq=2048, traced_seq=256, traced_layers=8, tiny=("llama", "qwen2", "gpt2"), batch=2,
+                    tiny_seq=24),
+         "full": dict(seq=2048, traced_seq=2048, traced_layers=32, tiny=("llama", "qwen2", "mistral", "gpt2", "phi"),
+                      batch=2, tiny_seq=64)}[ch.scale]
 ON_DEVICE = {  # the card asked about, and the device type its prediction and trace are for
     "cpu": dict(card="rtx-4090", device_type="cuda"),
     "cuda": dict(card="rtx-4090", device_type="cuda"),
@@ -123,28 +124,32 @@ for name, e in est.items():
           f"(headroom {v.headroom_bytes / GiB:+.1f} GiB, before the CUDA context and the allocator's margin)")
 
 # %% [markdown]
-# What is predicted only: **every QLoRA number**. bitsandbytes' 4-bit kernels need CUDA, so this machine runs no
-# QLoRA step; the NF4 bytes, the dequantised bf16 copy of one weight at a time (the named overhead
-# `qlora_dequantised_weight`) and `MatMul4Bit`'s saved inputs come from the QLoRA paper and the bitsandbytes code,
-# and a GPU-marked test (`tests/run/test_finetune.py`) checks the stored NF4 bytes on a device. The LoRA numbers
-# are checked below, by a trace and by measurement.
+# What is predicted only: **QLoRA at 7B**. bitsandbytes' `Params4bit` cannot wrap a fake tensor, so the full-size
+# trace covers LoRA only; QLoRA's NF4 bytes, the dequantised bf16 copy of one weight at a time that its backward
+# makes (the named overhead `qlora_dequantised_weight`) and what it saves come from the QLoRA paper and the
+# bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes quantises and runs NF4 on a CPU.
+# A GPU-marked test (`tests/run/test_finetune.py`) checks the stored NF4 bytes on a CUDA device.
 #
 # The levers that make a setup fit (the ranked list of what to switch on, computed from the phase-aware peak) are
 # added to this section by the fit-questions work of issue 18.
 
 # %% [markdown]
-# ## 2. The trace: the real model, wrapped by peft, at full size
+# ## 2. The trace: the real model, wrapped by peft, at full width
 #
-# `trace_hf` builds `AutoModelForCausalLM.from_config` for the Llama-2-7B config inside a fake-tensor mode, wraps it
+# `trace_hf` builds `AutoModelForCausalLM.from_config` for the Llama-2-7B config inside a fake-tensor mode (at ci
+# scale with fewer of its blocks, so the page builds in seconds; the full scale traces all of them), wraps it
 # with `peft.get_peft_model` (`memlab.model.hf.apply_lora`) and traces two training steps: every storage PyTorch
 # would hold, counted by MemTracker, with nothing allocated. (peft moves each adapter onto its base layer's
 # device after creating it; the tracer lets fake parameters be moved, and gives frozen ones no gradient hook.)
 
 # %%
 traced_setup = plans["LoRA r=16 on q,v"].with_(seq=SIZES["traced_seq"])
-tr = trace_hf(load_config("llama-2-7b", "full"), traced_setup, device_type=dt)
+traced_hf = {**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["traced_layers"]}
+tr = trace_hf(traced_hf, traced_setup, device_type=dt)
 # the trace runs on the CPU, where torch keeps Adam's per-tensor step counters on the same device as the states
-pred_tr = estimate(cfg7, traced_setup, device_type=dt, step_on_device=True)
+pred_tr = estimate(from_hf(traced_hf), traced_setup, device_type=dt, step_on_device=True)
+print(f"traced: Llama-2-7B's config with {SIZES['traced_layers']} of its {cfg7.n_layers} blocks, "
+      f"{from_hf(traced_hf).param_count():,} parameters, on fake tensors")
 tc, pc = tr.components(), pred_tr.components()
 residual = tc["activations"] - pc["activations"]
 trace_table = pd.DataFrame([{"component": k, "traced (B)": tc[k], "predicted (B)": pc[k],
@@ -159,7 +164,7 @@ print(f"traced at seq {traced_setup.seq}: states equal to the byte: "
 trace_table
 
 # %% [markdown]
-# ## 3. The measurement: peft on this machine
+# ## 3. The measurement: peft (and bitsandbytes' NF4) on this machine
 #
 # **Exercise 1 (predict before measuring).** Take the tiny Llama of `memlab/course/configs/tiny`, fp32, eager
 # attention. LoRA on q and v freezes everything else. What fraction of full fine-tuning's saved-for-backward bytes
@@ -168,6 +173,7 @@ trace_table
 # %%
 tb, ts = SIZES["batch"], SIZES["tiny_seq"]
 lora_qv = Setup(finetune="lora", lora_rank=8)
+qlora_qv = Setup(finetune="qlora", precision="bf16", lora_rank=8)
 
 
 def measured(family: str, dtype: str = "fp32", lora: Setup | None = None, dropout: float = 0.0):
@@ -191,7 +197,10 @@ ex_share.check(answer)
 rows = []
 for fam in SIZES["tiny"]:
     for mode, dtype, lo, p in (("full", "fp32", None, 0.0), ("LoRA q,v", "fp32", lora_qv, 0.0),
-                               ("LoRA q,v dropout 0.1", "fp32", lora_qv, 0.1), ("LoRA q,v", "bf16", lora_qv, 0.0)):
+                               ("LoRA q,v dropout 0.1", "fp32", lora_qv, 0.1), ("LoRA q,v", "bf16", lora_qv, 0.0),
+                               ("QLoRA q,v (NF4)", "bf16", qlora_qv, 0.0)):
+        if lo is not None and lo.finetune == "qlora" and fam == "gpt2":
+            continue  # bitsandbytes quantises nn.Linear; GPT-2's blocks are Conv1D
         tcfg, m = measured(fam, dtype, lo, p)
         pr = predict_hf(tcfg, m)
         rows.append({"family": fam, "mode": mode, "dtype": dtype, "measured saved (B)": m.saved_bytes,
@@ -216,7 +225,8 @@ for ax, what in zip(axes, ("saved", "states"), strict=True):
     ax.set(ylabel="MiB", title=("saved for backward" if what == "saved" else "parameters + gradients + optimizer")
            + f", b={tb} s={ts}")
     ax.legend(fontsize=7)
-fig.suptitle(f"Tiny models, full fine-tuning vs LoRA with peft, one step on {ch.device}", fontsize=10)
+fig.suptitle(f"Tiny models, full fine-tuning vs LoRA and QLoRA with peft and bitsandbytes, one step on {ch.device}",
+             fontsize=10)
 ch.save_figure(fig, "tiny_peft_measured_vs_predicted")
 
 # %% [markdown]
@@ -297,7 +307,7 @@ calculators.error_table(shoot)
 # - A frozen base still saves most activations: everything its activations' gradients need. Only the inputs kept
 #   for weight gradients disappear, and each adapter adds its own input and a rank-wide output; over a bf16 base
 #   peft's fp32 casts can make LoRA on every linear layer save more than full fine-tuning.
-# - QLoRA shrinks the base to NF4, 4 bits a weight plus the constants of exercise 3 `[dettmers2023]`; its numbers
-#   here are predicted from the sources, not measured.
-# - The trace of the real peft-wrapped 7B model equals the estimate's states to the byte, and its activations up to
+# - QLoRA shrinks the base to NF4, 4 bits a weight plus the constants of exercise 3 `[dettmers2023]`; measured small
+#   on this machine to the byte, predicted (not traced) at 7B.
+# - The trace of the real peft-wrapped 7B-wide model equals the estimate's states to the byte, and its activations up to
 #   the batch's token ids; small peft runs of several families are predicted to the byte.

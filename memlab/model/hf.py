@@ -207,7 +207,8 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     if setup.finetune not in ("lora", "qlora"):
         raise SetupError(f"apply_lora builds finetune='lora' or 'qlora' models, got finetune={setup.finetune!r}")
     try:
-        import peft
+        with quiet_bitsandbytes():  # peft imports bitsandbytes when it is installed
+            import peft
     except ImportError as exc:  # pragma: no cover - a course dependency
         raise SetupError(f"LoRA runs need peft: pip install peft ({exc})") from None
     kind = model.config.model_type
@@ -220,6 +221,22 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     return peft.get_peft_model(model, cfg)
 
 
+@contextlib.contextmanager
+def quiet_bitsandbytes() -> Iterator[None]:
+    """bitsandbytes' CPU backend at error level while it is imported: on an AVX512-BF16 CPU its import tries an
+    optional kernel from the network (the ``kernels`` package) and logs a warning when it cannot; its own CPU
+    kernels run instead, and memlab downloads nothing."""
+    import logging
+
+    cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = cpu_ops.level
+    cpu_ops.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        cpu_ops.setLevel(level)
+
+
 def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
     weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'
@@ -227,7 +244,8 @@ def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
     The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too). Families whose blocks
     use GPT-2's ``Conv1D`` are refused (SetupError)."""
     try:
-        import bitsandbytes as bnb
+        with quiet_bitsandbytes():
+            import bitsandbytes as bnb
     except ImportError as exc:
         raise SetupError(f"QLoRA runs need bitsandbytes: pip install bitsandbytes ({exc})") from None
     if any(type(m).__name__ == "Conv1D" for m in model.modules()):

@@ -103,6 +103,14 @@ class _HfMeter(Meter):
             self.states = model_states(self.model, self.optimizer, device=self.device)
 
 
+def _checkpointing(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or the model a peft wrapper holds) checkpoints its blocks: transformers 5's
+    ``is_activation_checkpointing``, else the older ``is_gradient_checkpointing`` (deprecated in 5.x: reading it
+    warns)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
+
+
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
                keep_saved: bool = False, autocast: bool = False,
                lora: Setup | None = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
@@ -126,7 +134,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
         params_bytes=st.params_bytes + quant, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
-        device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
+        device=str(dev), recompute="full" if _checkpointing(model) else "none",
         autocast=autocast, **({} if lora is None else {
             "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,
             "lora_targets": lora.lora_targets}),
