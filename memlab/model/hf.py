@@ -216,8 +216,10 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     if setup.finetune == "qlora":
         model = quantize_nf4(model)
     torch.manual_seed(seed)
+    names = {"head": "lm_head", "embed": "wte" if kind == "gpt2" else "embed_tokens"}
+    save = [names[k] for k in setup.lora_save_kinds] or None
     cfg = peft.LoraConfig(r=setup.lora_r, lora_dropout=setup.lora_dropout, target_modules=targets,
-                          fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D stores weights transposed
+                          modules_to_save=save, fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D: transposed weights
     return peft.get_peft_model(model, cfg)
 
 

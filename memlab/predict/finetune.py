@@ -138,12 +138,37 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
     else:
         raise SetupError(f"optimizer {opt!r} with finetune={setup.finetune!r} is not modelled: use adamw, adam, "
                          "adam-8bit, sgd or sgd-momentum")
-    steps = 4 * len(tensors) if opt in ("adam", "adamw") else 0
+    saved = saved_module_elements(config, setup)  # peft modules_to_save: a trainable copy in the base's dtype
+    sb = 2 if setup.finetune == "qlora" else pb  # the copy of a 16-bit head/embedding over a 4-bit base
+    if saved:
+        if opt == "adam-8bit":
+            moments += sum(adam8bit_tensor_bytes(n) for n in saved_module_tensors(config, setup))
+        else:
+            moments += {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}[opt] * sb * saved
+        notes.append(f"modules_to_save {', '.join(setup.lora_save_kinds)}: a trainable copy ({saved:,} weights, "
+                     f"{sb} B each) beside the frozen original, with gradients and optimizer states in its dtype")
+    n_tensors = len(tensors) + len(saved_module_tensors(config, setup))
+    steps = 4 * n_tensors if opt in ("adam", "adamw") else 0
     detail = {"moments": moments, "master": 0, "grad_accum": 0, "step_counters": steps if step_on_device else 0}
     notes.append(f"LoRA rank {rank} on {', '.join(k for k, _, _ in mods)} of every block: {n_ad:,} trainable fp32 "
                  "adapter weights (peft autocast_adapter_dtype=True), their gradients and optimizer states")
-    return {"params": base + ADAPTER_BYTES * n_ad, "grads": ADAPTER_BYTES * n_ad,
+    return {"params": base + ADAPTER_BYTES * n_ad + sb * saved, "grads": ADAPTER_BYTES * n_ad + sb * saved,
             "optimizer": sum(detail.values())}, detail, notes
+
+
+def saved_module_tensors(config: TransformerConfig, setup: Any) -> list[int]:
+    """Elements of each module peft trains in full (``setup.lora_save_kinds``): the LM head (V x h) and the token
+    embedding (V x h). Tied embeddings raise :class:`ConfigError` (a trainable copy of one breaks the tie)."""
+    kinds = setup.lora_save_kinds
+    if kinds and config.tied_embeddings:
+        raise ConfigError("lora_modules_to_save with tied embeddings is not modelled (a trainable copy of the head "
+                          "or the embedding unties them): drop lora_modules_to_save for this model")
+    return [config.vocab_size * config.d_model for _ in kinds]
+
+
+def saved_module_elements(config: TransformerConfig, setup: Any) -> int:
+    """Elements of all modules peft trains in full (:func:`saved_module_tensors`)."""
+    return sum(saved_module_tensors(config, setup))
 
 
 def lora_layer_elements(config: TransformerConfig, setup: Any) -> int:
@@ -187,7 +212,8 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     recompute) turned into those of ``setup.finetune`` (lora or qlora): rows a frozen base does not save dropped,
     the bottom block's share of rows nothing there needs, and one row per adapter tensor (module docstring).
     ``w``: the policy's widths (:func:`memlab.predict.activations.shared_widths`)."""
-    targets, p = setup.lora_target_kinds, setup.lora_dropout
+    targets, p, save = setup.lora_target_kinds, setup.lora_dropout, setup.lora_save_kinds
+    embed = "embed" in save  # a trainable embedding: the bottom block's input needs a gradient, as above it
     L, t, f = config.n_layers, setup.batch * setup.seq, config.ffn
     im = config.impl
     groups = _groups(targets, im.fused_qkv)
@@ -197,9 +223,11 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     gq = bool(groups["qkv"]) and (im.fused_qkv or "q" in targets)
     gk = bool(groups["qkv"]) and (im.fused_qkv or "k" in targets)
     gv = bool(groups["qkv"]) and (im.fused_qkv or "v" in targets)
-    attn0 = gq or gk or gv  # the attention's output needs a gradient
+    attn0 = gq or gk or gv or embed  # the attention's output needs a gradient
     resid0 = attn0 or bool(groups["o"])  # the residual after attention does
-    norms0 = 2 - resid0 if not im.shared_norm else 1  # bottom-block norms that keep nothing
+    norms0 = 0 if embed else (2 - resid0 if not im.shared_norm else 1)  # bottom-block norms that keep nothing
+    if embed:
+        gq = gk = gv = True  # for what the bottom block's attention core keeps
     n_norm_rows = L if im.shared_norm else 2 * L
     swiglu = config.mlp == "swiglu"
     relu = not swiglu and im.act(config.mlp) == "relu"  # ReLU keeps its output whatever reads it
@@ -209,7 +237,9 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     out: list[tuple] = []
     for row in rows:
         name, category, count, width, sharded = row[:5]
-        if name in _DROPPED_ROWS or (config.norm == "rmsnorm" and "x*rstd" in name):
+        kept = (name in ("input token ids", "embedding dropout mask") and embed) or \
+            (name == "LM-head input" and "head" in save)  # peft trains these modules in full
+        if (name in _DROPPED_ROWS and not kept) or (config.norm == "rmsnorm" and "x*rstd" in name):
             continue  # frozen embeddings and head; a frozen RMSNorm weight's product keeps nothing
         group = _PROJECTION_INPUTS.get(name)
         kernel_out = group == "o" and setup.fused_attention and not im.sdpa_output_copy
@@ -248,7 +278,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             # v (their input needs none), nor for o / the MLP where nothing below them needs one.
             h, q_dim, kv = config.d_model, config.q_dim, config.kv_dim
             down_in = resid0 or bool(groups["mlp"])  # the down projection's input needs a gradient
-            bottom = h * (q_dim + 2 * kv) + (0 if attn0 else q_dim * h) \
+            bottom = 0 if embed else h * (q_dim + 2 * kv) + (0 if attn0 else q_dim * h) \
                 + (0 if resid0 else (2 if swiglu else 1) * h * f) + (0 if down_in else h * f)
             out.append((name, category, count - bottom, width, sharded))
             continue
@@ -291,8 +321,9 @@ def adapter_rows(config: TransformerConfig, setup: Any, w: dict[str, float], gro
     L, t, r, p = config.n_layers, setup.batch * setup.seq, setup.lora_r, setup.lora_dropout
     autocast = setup.policy.autocast
     a_width = 2 if autocast else 4
-    attn0 = bool(groups["qkv"])  # in the bottom block, whose input needs no gradient: which inputs need one
-    needs0 = {"qkv": False, "o": attn0, "mlp": attn0 or bool(groups["o"]),
+    embed = "embed" in setup.lora_save_kinds  # a trainable embedding: every input needs a gradient
+    attn0 = bool(groups["qkv"]) or embed  # in the bottom block, whose input needs no gradient: which inputs need one
+    needs0 = {"qkv": embed, "o": attn0, "mlp": attn0 or bool(groups["o"]),
               "down": attn0 or bool(groups["o"]) or bool(groups["mlp"])}
     out: list[tuple] = []
     for group, kinds in groups.items():

@@ -53,6 +53,22 @@ def parse_targets(text: str) -> tuple[str, ...]:
     return kinds
 
 
+LORA_SAVE_KINDS = ("head", "embed")
+"""Modules peft can train in full beside the adapters (``LoraConfig.modules_to_save``): the LM head, the token
+embedding."""
+
+
+def parse_modules_to_save(text: str) -> tuple[str, ...]:
+    """``"head,embed"`` -> ``("head", "embed")``: comma-separated kinds from :data:`LORA_SAVE_KINDS`, each once."""
+    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in LORA_SAVE_KINDS]
+    if bad or len(set(kinds)) != len(kinds):
+        raise SetupError(f"lora_modules_to_save: {bad[0]!r} is not a module kind" if bad else
+                         f"lora_modules_to_save names a kind twice ({text!r})"
+                         f": use a comma-separated list of {', '.join(LORA_SAVE_KINDS)}, each once")
+    return kinds
+
+
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
 """Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
 FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -141,6 +157,8 @@ class Setup(StrictInit):
     """Dropout on each adapter's input (peft lora_dropout): keeps a noise tensor and the dropped input per module."""
     lora_targets: str = field(default="", metadata={"mode": "train"})
     """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down ('': peft's default q,v)."""
+    lora_modules_to_save: str = field(default="", metadata={"mode": "train"})
+    """Modules trained in full beside the adapters (peft modules_to_save), comma-separated: head, embed."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -162,12 +180,14 @@ class Setup(StrictInit):
     def _check_finetune(self) -> None:
         """One SetupError line for a fine-tuning combination memlab does not run or model."""
         if self.finetune == "full":
-            given = [n for n in ("lora_rank", "lora_dropout", "lora_targets") if getattr(self, n)]
+            given = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save")
+                     if getattr(self, n)]
             if given:
                 raise SetupError(f"{', '.join(given)} set with finetune='full': set finetune='lora' or 'qlora', or "
                                  "drop them")
             return
         parse_targets(self.lora_targets)
+        parse_modules_to_save(self.lora_modules_to_save)
         if self.mode != "train":
             raise SetupError(f"finetune={self.finetune!r} is a training setup: set mode='train' (inference of a "
                              "merged adapter is the base model's)")
@@ -192,6 +212,11 @@ class Setup(StrictInit):
         if self.finetune == "full":
             return 0
         return self.lora_rank or LORA_DEFAULT_RANK
+
+    @property
+    def lora_save_kinds(self) -> tuple[str, ...]:
+        """The modules trained in full beside the adapters: ``lora_modules_to_save`` parsed."""
+        return parse_modules_to_save(self.lora_modules_to_save)
 
     @property
     def lora_target_kinds(self) -> tuple[str, ...]:
@@ -258,3 +283,4 @@ class SetupView:
     tokens = property(Setup.tokens.fget, doc="Tokens per micro-batch on one rank: batch * seq (arrays in a sweep).")
     lora_r = property(Setup.lora_r.fget, doc="The LoRA rank in force (peft's default 8 when unset).")
     lora_target_kinds = property(Setup.lora_target_kinds.fget, doc="The adapted module kinds (default q, v).")
+    lora_save_kinds = property(Setup.lora_save_kinds.fget, doc="The modules trained in full beside the adapters.")

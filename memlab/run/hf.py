@@ -62,6 +62,7 @@ class HfMeasurement:
     lora_rank: int = 0
     lora_dropout: float = 0.0
     lora_targets: str = ""
+    lora_modules_to_save: str = ""
 
     @property
     def states_bytes(self) -> int:
@@ -77,7 +78,7 @@ class HfMeasurement:
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
                      attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute,
                      finetune=self.finetune, lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
-                     lora_targets=self.lora_targets)
+                     lora_targets=self.lora_targets, lora_modules_to_save=self.lora_modules_to_save)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -137,7 +138,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         device=str(dev), recompute="full" if _checkpointing(model) else "none",
         autocast=autocast, **({} if lora is None else {
             "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,
-            "lora_targets": lora.lora_targets}),
+            "lora_targets": lora.lora_targets, "lora_modules_to_save": lora.lora_modules_to_save}),
     )
     return (m, saved) if keep_saved else m
 

@@ -19,6 +19,7 @@ from memlab.predict.finetune import (
     nf4_tensor_bytes,
     qlora_base_bytes,
     qlora_bits_per_parameter,
+    saved_module_elements,
 )
 from memlab.predict.hf import from_hf
 from memlab.predict.models import preset
@@ -41,8 +42,9 @@ def _draw(rng: random.Random) -> tuple[str, str, bool, str, int, int, Setup]:
     kinds = ["q", "k", "v", "o", "up", "down"] + (["gate"] if family != "gpt2" else [])
     targets = ",".join(k for k in kinds if rng.random() < 0.4) or rng.choice(kinds)
     dtype, autocast = rng.choice([("fp32", False), ("bf16", False), ("fp32", True)])
+    save = rng.choice(["", "", "head", "embed", "head,embed"]) if family != "gpt2" else ""  # GPT-2 ties them
     setup = Setup(finetune="lora", lora_rank=rng.choice([2, 4, 8]), lora_dropout=rng.choice([0.0, 0.1]),
-                  lora_targets=targets)
+                  lora_targets=targets, lora_modules_to_save=save)
     return family, dtype, autocast, rng.choice(["eager", "sdpa"]), rng.choice([1, 2]), rng.choice([8, 16]), setup
 
 
@@ -57,7 +59,9 @@ def test_lora_estimate_equals_a_measured_peft_step_for_states_and_saved_activati
     measured = {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
                 "optimizer": m.optimizer_bytes}
     assert predict_hf(tc, m) == measured, (family, dtype, autocast, attn, batch, seq, setup.lora_targets)
-    assert m.grads_bytes == 4 * adapter_elements(tc, setup.lora_r, setup.lora_target_kinds)  # fp32 adapters only
+    # fp32 adapters, and a copy of each module trained in full in the model's dtype
+    saved = (2 if dtype == "bf16" else 4) * saved_module_elements(tc, setup)
+    assert m.grads_bytes == 4 * adapter_elements(tc, setup.lora_r, setup.lora_target_kinds) + saved
 
 
 def test_lora_trace_of_a_peft_model_matches_the_estimate_states_and_names_the_activation_residual() -> None:
@@ -109,6 +113,8 @@ def test_qlora_base_is_nf4_with_double_quantisation_computed_from_its_block_size
     ({"finetune": "lora", "lora_targets": "q,q"}, "twice"),
     ({"finetune": "lora", "recompute": "full"}, "one device"),
     ({"finetune": "lora", "lora_dropout": 1.0}, "below 1"),
+    ({"lora_modules_to_save": "head"}, "finetune='full'"),
+    ({"finetune": "lora", "lora_modules_to_save": "norm"}, "not a module kind"),
 ])
 def test_bad_fine_tuning_combinations_are_one_setup_error(fields: dict, match: str) -> None:
     with pytest.raises(SetupError, match=match) as info:
@@ -120,6 +126,8 @@ def test_a_gate_target_on_a_model_without_a_gated_mlp_is_a_config_error() -> Non
     gpt2 = from_hf({"model_type": "gpt2", **FAMILIES["gpt2"]})
     with pytest.raises(ConfigError, match="no gate"):
         estimate(gpt2, Setup(seq=16, finetune="lora", lora_targets="gate"))
+    with pytest.raises(ConfigError, match="tied embeddings"):
+        estimate(gpt2, Setup(seq=16, finetune="lora", lora_modules_to_save="head"))
 
 
 @pytest.mark.parametrize("seed", range(2))
