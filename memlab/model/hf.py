@@ -239,6 +239,30 @@ def quiet_bitsandbytes() -> Iterator[None]:
         cpu_ops.setLevel(level)
 
 
+def apply_frozen(model: torch.nn.Module, setup: Any) -> torch.nn.Module:
+    """Freeze the input embeddings and the bottom ``setup.frozen_layers`` blocks of a transformers causal LM
+    (``requires_grad_(False)``; ``finetune='frozen'``): the rest trains in full. Returns ``model``."""
+    if setup.finetune != "frozen":
+        raise SetupError(f"apply_frozen builds finetune='frozen' models, got finetune={setup.finetune!r}")
+    blocks = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
+    if blocks is None or setup.frozen_layers >= len(blocks):
+        raise SetupError(f"frozen_layers={setup.frozen_layers} must leave at least one of the model's blocks to train")
+    model.get_input_embeddings().requires_grad_(False)
+    for block in list(blocks)[: setup.frozen_layers]:
+        block.requires_grad_(False)
+    return model
+
+
+def apply_finetune(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Module:
+    """``model`` made ready for ``setup.finetune``: unchanged for full, :func:`apply_frozen` for frozen,
+    :func:`apply_lora` for lora and qlora (the one entry the trace and the measured runs use)."""
+    if setup.finetune == "full":
+        return model
+    if setup.finetune == "frozen":
+        return apply_frozen(model, setup)
+    return apply_lora(model, setup, seed=seed)
+
+
 def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
     weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'

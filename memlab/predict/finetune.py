@@ -156,6 +156,66 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
             "optimizer": sum(detail.values())}, detail, notes
 
 
+_MODEL_LEVEL_ROWS = ("target token ids", "rotary cos and sin (one pair per forward)", "LM-head input",
+                     "log-softmax of logits, fp32", "loss normaliser (total_weight)", "16-bit copy of LM-head weight")
+"""Rows of :func:`memlab.predict.activations.term_rows` that are not per block (besides the final norm's and the
+embeddings' rows)."""
+
+
+def frozen_trainable(config: TransformerConfig, setup: Any) -> list[int]:
+    """Elements of each trainable tensor under ``finetune='frozen'``: all but the embeddings and the bottom
+    ``setup.frozen_layers`` blocks. Tied embeddings, or no block left to train, raise :class:`ConfigError`."""
+    n = setup.frozen_layers
+    if n >= config.n_layers:
+        raise ConfigError(f"frozen_layers={n} freezes every one of the model's {config.n_layers} blocks: leave at "
+                          "least one to train")
+    if config.tied_embeddings:
+        raise ConfigError("finetune='frozen' with tied embeddings is not modelled (freezing the embedding freezes "
+                          "the head it is tied to): use a model with an untied head")
+    frozen = tuple(f"blocks.{i}." for i in range(n))
+    return [math.prod(shape) for name, shape, comp in config.param_shapes()
+            if comp not in ("embeddings", "positions") and not name.startswith(frozen)]
+
+
+def frozen_states(config: TransformerConfig, setup: Any, n_all: int,
+                  step_on_device: bool) -> tuple[dict[str, int], dict[str, int], list[str]]:
+    """(params, grads, optimizer) bytes under ``finetune='frozen'``, the optimizer detail and notes: every weight
+    in the policy's dtype, gradients and torch.optim states (in the parameter dtype) for the trainable ones."""
+    tensors = frozen_trainable(config, setup)
+    n_tr, pol, opt = sum(tensors), setup.policy, setup.optimizer
+    per = {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}[opt] * pol.param_bytes
+    steps = 4 * len(tensors) if opt in ("adam", "adamw") else 0
+    detail = {"moments": per * n_tr, "master": 0, "grad_accum": 0, "step_counters": steps if step_on_device else 0}
+    notes = [f"frozen: the embeddings and the bottom {setup.frozen_layers} of {config.n_layers} blocks frozen; "
+             f"{n_tr:,} of {n_all:,} weights train (gradients and optimizer states for those only)"]
+    return {"params": n_all * pol.param_bytes, "grads": n_tr * pol.grad_bytes,
+            "optimizer": sum(detail.values())}, detail, notes
+
+
+def frozen_rows(config: TransformerConfig, setup: Any, rows: list[tuple]) -> list[tuple]:
+    """Full fine-tuning's rows under ``finetune='frozen'``: the frozen blocks keep nothing (neither their inputs nor
+    their weights need a gradient), the first trained block's first RMSNorm keeps only ``weight * x_hat``'s
+    ``x_hat`` (its input needs no gradient), the frozen embeddings keep no token ids."""
+    L, N = config.n_layers, setup.frozen_layers
+    frozen_trainable(config, setup)  # checks frozen_layers and the tie
+    im = config.impl
+    n_norm_rows = L if im.shared_norm else 2 * L
+    out: list[tuple] = []
+    for row in rows:
+        name, category, count, width, sharded = row[:5]
+        if name in ("input token ids", "position ids", "embedding dropout mask"):
+            continue
+        if name in _MODEL_LEVEL_ROWS or name.startswith("final norm"):
+            out.append(row)
+            continue
+        count = count * (L - N) / L
+        if name.startswith("block norm") and config.norm == "rmsnorm" and "x*rstd" not in name:
+            per = count / (L - N) / (1 if (im.parallel_block and "input" in name) else n_norm_rows / L)
+            count = count - per
+        out.append((name, category, count, width, sharded))
+    return out
+
+
 def saved_module_tensors(config: TransformerConfig, setup: Any) -> list[int]:
     """Elements of each module peft trains in full (``setup.lora_save_kinds``): the LM head (V x h) and the token
     embedding (V x h). Tied embeddings raise :class:`ConfigError` (a trainable copy of one breaks the tie)."""
@@ -211,7 +271,10 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     """The activation rows of full fine-tuning (``rows``, :func:`memlab.predict.activations.term_rows` without
     recompute) turned into those of ``setup.finetune`` (lora or qlora): rows a frozen base does not save dropped,
     the bottom block's share of rows nothing there needs, and one row per adapter tensor (module docstring).
-    ``w``: the policy's widths (:func:`memlab.predict.activations.shared_widths`)."""
+    ``w``: the policy's widths (:func:`memlab.predict.activations.shared_widths`). ``finetune='frozen'``:
+    :func:`frozen_rows`."""
+    if setup.finetune == "frozen":
+        return frozen_rows(config, setup, rows)
     targets, p, save = setup.lora_target_kinds, setup.lora_dropout, setup.lora_save_kinds
     embed = "embed" in save  # a trainable embedding: the bottom block's input needs a gradient, as above it
     L, t, f = config.n_layers, setup.batch * setup.seq, config.ffn

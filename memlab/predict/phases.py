@@ -277,7 +277,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
     adds the batch/seq terms."""
     pol = setup.policy
     impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
-    adapters = setup.finetune != "full"  # only fp32 adapters train (memlab.predict.finetune)
+    adapters = setup.finetune in ("lora", "qlora")  # only fp32 adapters train (memlab.predict.finetune)
     opt_t = optimizer_temporary_bytes(setup.optimizer, impl, precision_policy("fp32") if adapters else pol,
                                       elements, largest, loop_peak)
     persistent = bool(pol.master_bytes and pol.grad_bytes == 4)

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlab.errors import SetupError
-from memlab.predict.finetune import finetune_states, largest_adapter_elements, lora_layer_elements
+from memlab.predict.finetune import (
+    finetune_states,
+    frozen_states,
+    frozen_trainable,
+    largest_adapter_elements,
+    lora_layer_elements,
+)
 from memlab.predict.inference import INT4_GROUP
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
@@ -85,7 +91,12 @@ def plan(model: TransformerConfig | int, rest: tuple, ov: Any, device_type: str,
     step: dict[str, Any] = {}
     if setup.mode == "train":
         before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
-        if summ is not None and setup.finetune != "full":  # only the adapters step (memlab.predict.finetune)
+        if summ is not None and setup.finetune == "frozen":  # only the blocks above the frozen ones step
+            trainable = frozen_trainable(model, setup)  # type: ignore[arg-type]
+            step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
+                                  elements=sum(trainable), largest=max(trainable),
+                                  layer_elements=summ.layer_elements, before_step=before, loop_peak=3 * max(trainable))
+        elif summ is not None and setup.finetune != "full":  # only the adapters step (memlab.predict.finetune)
             layer = lora_layer_elements(model, setup)  # type: ignore[arg-type]
             largest = largest_adapter_elements(model, setup)  # type: ignore[arg-type]
             step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
@@ -129,7 +140,8 @@ def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
         if summ is None:
             raise SetupError(f"finetune={setup.finetune!r} adapts named modules: give a model config, not a bare "
                              "parameter count")
-        states, detail, ft_notes = finetune_states(model, setup, n, step_on_device)  # type: ignore[arg-type]
+        states_of = frozen_states if setup.finetune == "frozen" else finetune_states
+        states, detail, ft_notes = states_of(model, setup, n, step_on_device)  # type: ignore[arg-type]
         return states, detail, notes + ft_notes
     dp, dg, do = zero_divisors(setup.zero_stage, setup.world_size)
     sb, opt = optimizer_state_dtype_bytes(pol), setup.optimizer
@@ -187,7 +199,7 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
                    f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
         if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes \
-                and setup.finetune == "full":  # LoRA's adapters and their states are fp32 (memlab.predict.finetune)
+                and setup.finetune in ("full", "frozen"):  # LoRA's adapters and states are fp32 (predict.finetune)
             out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
         if setup.zero_stage and setup.world_size == 1:
             out.append("ZeRO/FSDP over 1 rank shards nothing")

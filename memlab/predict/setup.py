@@ -22,7 +22,7 @@ Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafac
 InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
 OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
-Finetune = Literal["full", "lora", "qlora"]
+Finetune = Literal["full", "lora", "qlora", "frozen"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -147,8 +147,9 @@ class Setup(StrictInit):
     """zero_grad(set_to_none=True), torch's default, frees gradients; False keeps them, zero-filled, between steps."""
     # -- parameter-efficient fine-tuning (memlab.predict.finetune) --------------------------------------------
     finetune: Finetune = field(default="full", metadata={"mode": "train"})
-    """full (every parameter trains), lora (rank-r adapters on a frozen base, peft) or qlora (adapters on a 4-bit
-    NF4 base with double quantisation, bitsandbytes; needs precision bf16)."""
+    """full (every parameter trains), lora (rank-r adapters on a frozen base, peft), qlora (adapters on a 4-bit
+    NF4 base with double quantisation, bitsandbytes; needs precision bf16) or frozen (the embeddings and the bottom
+    frozen_layers blocks frozen, the rest trained in full)."""
     lora_rank: int = field(default=0, metadata={"max": 65536, "why": "a rank above the widest published model's "
                                                 "width adapts nothing low-rank", "mode": "train"})
     """LoRA rank r (0: peft's default 8 when finetune is lora or qlora)."""
@@ -159,6 +160,9 @@ class Setup(StrictInit):
     """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down ('': peft's default q,v)."""
     lora_modules_to_save: str = field(default="", metadata={"mode": "train"})
     """Modules trained in full beside the adapters (peft modules_to_save), comma-separated: head, embed."""
+    frozen_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks",
+                                                    "mode": "train"})
+    """With finetune='frozen': the bottom blocks frozen with the embeddings (requires_grad False)."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -179,22 +183,31 @@ class Setup(StrictInit):
 
     def _check_finetune(self) -> None:
         """One SetupError line for a fine-tuning combination memlab does not run or model."""
-        if self.finetune == "full":
-            given = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save")
-                     if getattr(self, n)]
-            if given:
-                raise SetupError(f"{', '.join(given)} set with finetune='full': set finetune='lora' or 'qlora', or "
-                                 "drop them")
-            return
+        lora_fields = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save")
+                       if getattr(self, n)]
+        if self.finetune in ("full", "frozen"):
+            if lora_fields:
+                raise SetupError(f"{', '.join(lora_fields)} set with finetune={self.finetune!r}: set finetune='lora' "
+                                 "or 'qlora', or drop them")
+            if (self.finetune == "frozen") != (self.frozen_layers > 0):
+                raise SetupError("frozen_layers goes with finetune='frozen' (and needs at least 1 block): set both "
+                                 "or neither")
+            if self.finetune == "full":
+                return
+        elif self.frozen_layers:
+            raise SetupError(f"frozen_layers set with finetune={self.finetune!r}: it goes with finetune='frozen'")
         parse_targets(self.lora_targets)
         parse_modules_to_save(self.lora_modules_to_save)
+        if self.finetune == "frozen" and (self.optimizer in ("adam-8bit", "adafactor") or self.policy.master_bytes):
+            raise SetupError("finetune='frozen' is modelled with torch.optim adam/adamw/sgd on fp32, bf16 or amp "
+                             f"policies: not optimizer={self.optimizer!r} with precision={self.precision!r}")
         if self.mode != "train":
             raise SetupError(f"finetune={self.finetune!r} is a training setup: set mode='train' (inference of a "
                              "merged adapter is the base model's)")
         if self.finetune == "qlora" and self.precision != "bf16":
             raise SetupError(f"finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype): "
                              f"set precision='bf16', not {self.precision!r}")
-        if self.precision not in ("fp32", "bf16", "amp-bf16"):
+        if self.precision not in ("fp32", "bf16", "amp-bf16") and self.finetune != "frozen":
             raise SetupError(f"finetune={self.finetune!r} keeps fp32 adapters on a base in the model's dtype: use "
                              f"precision fp32, bf16 or amp-bf16, not {self.precision!r} (a master-weight policy "
                              "would copy the fp32 adapters again)")
@@ -209,7 +222,7 @@ class Setup(StrictInit):
     @property
     def lora_r(self) -> int:
         """The LoRA rank in force: ``lora_rank``, or peft's default 8 (0 under full fine-tuning)."""
-        if self.finetune == "full":
+        if self.finetune in ("full", "frozen"):
             return 0
         return self.lora_rank or LORA_DEFAULT_RANK
 

@@ -23,7 +23,7 @@ import torch
 from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
-from memlab.model.hf import DTYPES, apply_lora, build_hf_model, quant_state_bytes
+from memlab.model.hf import DTYPES, apply_finetune, build_hf_model, quant_state_bytes
 from memlab.model.step import Meter, token_ids, train_step, training_step
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
@@ -63,6 +63,7 @@ class HfMeasurement:
     lora_dropout: float = 0.0
     lora_targets: str = ""
     lora_modules_to_save: str = ""
+    frozen_layers: int = 0
 
     @property
     def states_bytes(self) -> int:
@@ -78,7 +79,8 @@ class HfMeasurement:
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
                      attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute,
                      finetune=self.finetune, lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
-                     lora_targets=self.lora_targets, lora_modules_to_save=self.lora_modules_to_save)
+                     lora_targets=self.lora_targets, lora_modules_to_save=self.lora_modules_to_save,
+                     frozen_layers=self.frozen_layers)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -138,7 +140,8 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         device=str(dev), recompute="full" if _checkpointing(model) else "none",
         autocast=autocast, **({} if lora is None else {
             "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,
-            "lora_targets": lora.lora_targets, "lora_modules_to_save": lora.lora_modules_to_save}),
+            "lora_targets": lora.lora_targets, "lora_modules_to_save": lora.lora_modules_to_save,
+            "frozen_layers": lora.frozen_layers}),
     )
     return (m, saved) if keep_saved else m
 
@@ -165,7 +168,7 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
                            gradient_checkpointing=gradient_checkpointing)
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
     if lora is not None:
-        model = apply_lora(model, lora, seed=seed)
+        model = apply_finetune(model, lora, seed=seed)
     m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast,
                    lora=lora)
     del model

@@ -25,7 +25,7 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.model.gpt import sdpa_backend
-from memlab.model.hf import apply_lora, hf_config, import_transformers, quiet_transformers
+from memlab.model.hf import apply_finetune, hf_config, import_transformers, quiet_transformers
 from memlab.predict.setup import Setup
 from memlab.predict.validate import check_bool
 from memlab.tracing.arguments import check_trace_setup
@@ -104,8 +104,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         _check_positions(model, cfg, setup.seq)
-        if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_lora)
-            model = apply_lora(model, setup)
+        if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_finetune)
+            model = apply_finetune(model, setup)
         model.train()
         return model
 

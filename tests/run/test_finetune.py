@@ -105,6 +105,21 @@ def test_qlora_base_is_nf4_with_double_quantisation_computed_from_its_block_size
     assert any("predicted from the sources" in a for a in q.assumptions)
 
 
+@pytest.mark.parametrize(("family", "dtype", "autocast", "frozen"), [("llama", "fp32", True, 1),
+                                                                      ("mistral", "bf16", False, 2)])
+def test_frozen_bottom_blocks_estimate_equals_a_measured_step(family: str, dtype: str, autocast: bool,
+                                                              frozen: int) -> None:
+    pytest.importorskip("transformers")
+    from memlab.run.hf import predict_hf, run_hf
+
+    setup = Setup(finetune="frozen", frozen_layers=frozen)
+    tc, m = run_hf({"model_type": family, **FAMILIES[family]}, attn_implementation="eager", dtype=dtype, batch=2,
+                   seq=16, autocast=autocast, lora=setup)
+    assert predict_hf(tc, m) == {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
+                                 "optimizer": m.optimizer_bytes}
+    assert m.grads_bytes < m.params_bytes  # the embeddings and the bottom blocks have none
+
+
 @pytest.mark.parametrize(("fields", "match"), [
     ({"lora_rank": 16}, "finetune='full'"),
     ({"finetune": "qlora"}, "precision='bf16'"),
@@ -115,6 +130,10 @@ def test_qlora_base_is_nf4_with_double_quantisation_computed_from_its_block_size
     ({"finetune": "lora", "lora_dropout": 1.0}, "below 1"),
     ({"lora_modules_to_save": "head"}, "finetune='full'"),
     ({"finetune": "lora", "lora_modules_to_save": "norm"}, "not a module kind"),
+    ({"finetune": "frozen"}, "frozen_layers"),
+    ({"frozen_layers": 2}, "frozen_layers"),
+    ({"finetune": "frozen", "frozen_layers": 1, "lora_rank": 8}, "finetune='frozen'"),
+    ({"finetune": "frozen", "frozen_layers": 1, "precision": "mixed-bf16"}, "frozen"),
 ])
 def test_bad_fine_tuning_combinations_are_one_setup_error(fields: dict, match: str) -> None:
     with pytest.raises(SetupError, match=match) as info:
@@ -128,6 +147,11 @@ def test_a_gate_target_on_a_model_without_a_gated_mlp_is_a_config_error() -> Non
         estimate(gpt2, Setup(seq=16, finetune="lora", lora_targets="gate"))
     with pytest.raises(ConfigError, match="tied embeddings"):
         estimate(gpt2, Setup(seq=16, finetune="lora", lora_modules_to_save="head"))
+    with pytest.raises(ConfigError, match="tied embeddings"):
+        estimate(gpt2, Setup(seq=16, finetune="frozen", frozen_layers=1))
+    llama = from_hf({"model_type": "llama", **FAMILIES["llama"]})
+    with pytest.raises(ConfigError, match="at least one"):
+        estimate(llama, Setup(seq=16, finetune="frozen", frozen_layers=2))
 
 
 @pytest.mark.parametrize("seed", range(2))
