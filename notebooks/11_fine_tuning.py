@@ -66,8 +66,9 @@ ch.to_dict()
 # fp32 constant per 256 absmax values (double quantisation) `[dettmers2023]` `[bitsandbytes]`.
 #
 # The setups below are what a user runs: full fine-tuning with bf16 weights and an fp32 master copy (ZeRO's
-# 16 B/param `[zero2019]`), LoRA rank 16 on peft's default targets (q and v), and QLoRA rank 16 on every linear
-# layer, as the QLoRA paper trains it; batch 1, fused attention.
+# 16 B/param `[zero2019]`), the cheap alternative of freezing the embeddings and most blocks (bf16, the top ones
+# trained in full), LoRA rank 16 on peft's default targets (q and v), and QLoRA rank 16 on every linear layer, as
+# the QLoRA paper trains it; batch 1, fused attention.
 
 # %%
 cfg7 = from_hf(load_config("llama-2-7b", "full"))
@@ -76,6 +77,8 @@ dt = ON_DEVICE["device_type"]
 ALL = "q,k,v,o,gate,up,down"
 plans = {
     "full (mixed-bf16)": Setup(seq=SIZES["seq"], precision="mixed-bf16", attention="flash"),
+    "frozen bottom 24 of 32 (bf16)": Setup(seq=SIZES["seq"], precision="bf16", attention="flash", finetune="frozen",
+                                           frozen_layers=24),
     "LoRA r=16 on q,v": Setup(seq=SIZES["seq"], precision="bf16", attention="flash", finetune="lora",
                               lora_rank=16),
     "LoRA r=16 on all": Setup(seq=SIZES["seq"], precision="bf16", attention="flash", finetune="lora",
@@ -100,8 +103,7 @@ for comp in ("params", "grads", "optimizer", "activations", "overhead"):
 ax.scatter(list(est), [e.peak_gib for e in est.values()], marker="D", color="black", zorder=3,
            label="peak over the step's phases")
 ax.axhline(card.memory_bytes / GiB, color="red", ls="--", label=f"{card.name}: {card.memory_bytes / GiB:.0f} GiB")
-ax.set_yscale("log")
-ax.set(ylabel="bytes on the device (GiB, log scale)",
+ax.set(ylabel="bytes on the device (GiB)",
        title=f"Llama-2-7B fine-tuned at batch 1, seq {SIZES['seq']}: components (bars) and peak (diamonds), "
              "predicted by memlab.predict.estimate")
 ax.tick_params(axis="x", labelsize=8)
