@@ -22,11 +22,14 @@ is a formula, the formula is written here from its source:
   (MemTracker counts every storage; nothing is allocated, so full-size configs run on a laptop's CPU)
   ``[pytorch-memtracker]``.
 
-Formulas given a parameter count get the model's exact one (their own count formulas assume the GPT-2 layout),
-so the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package
-cannot be imported on this machine returns ``available=False`` with the reason; its rows are skipped, never
-imitated. Several tools assume mixed precision (fp32 master weights and Adam states) for a 16-bit run: on a pure
-bf16 run (bf16 weights, gradients and Adam states, as ``model.to(torch.bfloat16)`` trains) they over-predict states.
+Formulas given a parameter count get the model's exact one (their own count formulas assume the GPT-2 layout), so
+the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package cannot
+be imported on this machine returns ``available=False`` with the reason; its rows are skipped, never imitated. A
+fine-tuning run (``Run.finetune`` ``lora`` or ``qlora``) is scored only on what each tool claims for it: gpu_poor's
+LoRA and QLoRA modes; accelerate's loaded-model term for LoRA (it has no LoRA mode, and the frozen base is what it
+loads); the tools that model full training only give no number. Several tools assume mixed precision (fp32 master
+weights and Adam states) for a 16-bit run: on a pure bf16 run (bf16 weights, gradients and Adam states, as
+``model.to(torch.bfloat16)`` trains) they over-predict states.
 """
 
 from __future__ import annotations
@@ -63,18 +66,24 @@ class Run:
     attn_implementation: str = "eager"
     device_type: str = "cpu"
     name: str = ""
+    finetune: str = "full"
+    """``full``, ``lora`` or ``qlora`` (:attr:`memlab.predict.setup.Setup.finetune`), with the LoRA fields below."""
+    lora_rank: int = 0
+    lora_targets: str = ""
 
     @property
     def label(self) -> str:
+        ft = "" if self.finetune == "full" else f" {self.finetune} r{self.setup().lora_r}"
         return (f"{self.name or self.hf.get('model_type')} {self.attn_implementation} {self.dtype} "
-                f"b{self.batch}x{self.seq}")
+                f"b{self.batch}x{self.seq}{ft}")
 
     def setup(self) -> Setup:
         """memlab's Setup for the run (pure 16-bit for bf16: weights, gradients and Adam states in bf16)."""
         cfg = from_hf(self.hf)
         p = cfg.impl.attention_dropout_or(cfg.dropout)
         return Setup(batch=self.batch, seq=self.seq, precision=self.dtype, optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, self.device_type, self.dtype, p))
+                     attention=hf_attention(self.attn_implementation, self.device_type, self.dtype, p),
+                     finetune=self.finetune, lora_rank=self.lora_rank, lora_targets=self.lora_targets)
 
 
 @dataclass(frozen=True)
@@ -145,6 +154,12 @@ def accelerate_estimate(run: Run) -> CalculatorResult:
         return _unavailable("accelerate", f"accelerate cannot be imported here: {exc}")
     total_size, _, _ = _empty_model_sizes(_hf_key(run), True)
     usage = estimate_training_usage(total_size, "float32" if run.dtype == "fp32" else "bfloat16")
+    if run.finetune == "lora":  # no LoRA mode: the frozen base it loads is what it claims for a fine-tune
+        return CalculatorResult("accelerate", float(usage["model"]), None,
+                                note="no LoRA mode: its 'model' term (the base weights it loads) scored as the "
+                                     "states; adapters, their gradients and states not modelled; no activations")
+    if run.finetune != "full":
+        return CalculatorResult("accelerate", None, None, note=f"no {run.finetune} mode (no 4-bit weights)")
     return CalculatorResult("accelerate", float(max(usage.values())), None,
                             note="largest of estimate_training_usage's terms; no activation model")
 
@@ -163,6 +178,8 @@ def _quiet_deepspeed_accelerator() -> None:
 
 def _deepspeed(stage: int, run: Run) -> CalculatorResult:
     tool = f"deepspeed-zero{stage}"
+    if run.finetune != "full":
+        return CalculatorResult(tool, None, None, note="full training only (every parameter has states)")
     try:
         _quiet_deepspeed_accelerator()
         if stage == 2:
@@ -206,15 +223,37 @@ def _gpu_poor_config(hf: dict[str, Any]) -> dict[str, int]:
             "layers": key(["num_layers", "num_hidden_layers", "n_layer"], 12)}
 
 
+GPU_POOR_APP = "src/App.js @ ad2fc0e (2024-12-03)"
+"""The gpu_poor source the formulas below are read from (RahulSChand/gpu_poor)."""
+
+
+def _gpu_poor_qlora_extra(c: dict[str, int], seq: int) -> float:
+    """gpu_poor's ``getExtraMemory(config, "qlora", contextLen)`` (App.js lines 340-383): 0.75 x (15 h + 6 i) L
+    x 50 x sqrt(max(1, seq / 50)) bytes per sequence, an empirical 4-bit dequantisation allowance."""
+    common = (10 * c["h"] + 5 * c["h"] + 4 * c["inter"] + 2 * c["inter"]) * c["layers"]
+    return 0.75 * common * 50 * (seq / 50) ** 0.5 if seq > 50 else 0.75 * common * 50
+
+
 def gpu_poor(run: Run) -> CalculatorResult:
-    """gpu_poor's training estimate (``src/App.js``: ``computeModelSize``, ``getGradOptMemory`` for full training
-    with Adam and no quantisation, ``getActivationMemory``; ``convertToBytes`` is 2 for every float type).
-    ``[gpu-poor]``"""
+    """gpu_poor's training estimate (``src/App.js``: ``computeModelSize``, ``getGradOptMemory`` with Adam and no
+    quantisation, ``getActivationMemory``; ``convertToBytes`` is 2 for every float type). ``[gpu-poor]``
+
+    Its LoRA mode (``lora_trn``, App.js lines 297-301): 16-bit weights plus ``L * 8 * h * 2 * 4 * 3 * 2`` bytes of
+    adapter gradients and Adam states, whatever the rank or target modules; QLoRA (``qlora``, lines 239-245 and
+    ``convertToMBModelSize``, lines 770-790): weights ``2N/4 - 2N/64 + 0.06 x 2N`` bytes, states ``L * 8 * h * 0.5 *
+    4 * 3`` plus :func:`_gpu_poor_qlora_extra` per sequence. Activations are its full-training ones in every mode
+    (its LoRA activation term is commented out, lines 454-457)."""
     c = _gpu_poor_config(run.hf)
     h, inter, heads, L, n = c["h"], c["inter"], c["heads"], c["layers"], run.seq
     params = c["vocab"] * h * 2 + L * 4 * h * h + L * 3 * inter * h
     fb = 2.0
-    states = params * fb + params * 3 * fb
+    if run.finetune == "lora":
+        states = params * fb + L * 8 * h * 2 * 4 * 3 * 2
+    elif run.finetune == "qlora":
+        states = params * fb / 4 - params * fb / 64 + 0.06 * params * fb \
+            + L * 8 * h * 0.5 * 4 * 3 + _gpu_poor_qlora_extra(c, n) * run.batch
+    else:
+        states = params * fb + params * 3 * fb
     attn = (n * h * 3 * fb + n * h * 2 * fb + n * n * heads * fb + n * n * heads * 4 + n * n * heads * fb
             + 3 * n * h * fb)
     ffn = 2 * h * n * fb + fb * 5 * n * inter + inter * n * fb
@@ -234,6 +273,8 @@ def transformer_math_101(run: Run) -> CalculatorResult:
     """EleutherAI's Transformer Math 101: model 4 (fp32) or 2 (16-bit) B/param, AdamW 12 B/param, gradients 4 or 2
     B/param; activations without recomputation ``s b h L (10 + 24/t + 5 a s / (h t))`` with t = 1, i.e. L x
     Korthikanti's layer (:func:`memlab.predict.activations.korthikanti_layer_bytes`). ``[anthony2023]``"""
+    if run.finetune != "full":
+        return CalculatorResult("transformer-math-101", None, None, note="full training only")
     n, cfg = _params(run), from_hf(run.hf)
     b16 = _bytes16(run)
     states = n * (b16 + 12 + b16)
@@ -245,6 +286,8 @@ def ultrascale_playbook(run: Run) -> CalculatorResult:
     """The Ultra-Scale Playbook: with Adam, 4N + 4N + 8N (full precision) or 2N + 2N + 4N + 8N (mixed precision)
     = 16 N bytes; activations ``L s b h (34 + 5 a s / h)``, L x Korthikanti's layer
     (:func:`memlab.predict.activations.korthikanti_layer_bytes`). ``[tazi2025]``"""
+    if run.finetune != "full":
+        return CalculatorResult("ultrascale-playbook", None, None, note="full training only")
     n, cfg = _params(run), from_hf(run.hf)
     acts = _korthikanti_model_bytes(run, cfg)
     return CalculatorResult("ultrascale-playbook", float(16 * n), float(acts))
@@ -259,18 +302,21 @@ def memlab_formula(run: Run) -> CalculatorResult:
 
 
 @functools.lru_cache(maxsize=32)
-def _trace(hf_items: tuple, batch: int, seq: int, dtype: str, attn: str, device_type: str) -> Trace:
+def _trace(hf_items: tuple, batch: int, seq: int, dtype: str, attn: str, device_type: str,
+           lora: tuple = ("full", 0, "")) -> Trace:
     from memlab.model.hf import hf_config
     from memlab.tracing.hf import trace_hf
 
-    run = Run(dict(hf_items), batch, seq, dtype, attn, device_type)
+    run = Run(dict(hf_items), batch, seq, dtype, attn, device_type, finetune=lora[0], lora_rank=lora[1],
+              lora_targets=lora[2])
     return trace_hf(hf_config(run.hf), run.setup(), device_type=device_type, name=run.hf.get("model_type"))
 
 
 def trace_run(run: Run) -> Trace:
     """The fake-tensor trace of ``run`` (:func:`memlab.tracing.hf.trace_hf` of its config under ``run.setup()``,
     on CPU, at any size; cached per run). ``[pytorch-memtracker]``"""
-    return _trace(_hf_key(run), run.batch, run.seq, run.dtype, run.attn_implementation, run.device_type)
+    return _trace(_hf_key(run), run.batch, run.seq, run.dtype, run.attn_implementation, run.device_type,
+                  (run.finetune, run.lora_rank, run.lora_targets))
 
 
 def trace_components(trace: Trace) -> dict[str, int]:

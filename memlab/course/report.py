@@ -59,6 +59,7 @@ CHAPTERS: tuple[tuple[str, str, str], ...] = (
     ("08", "nvidia_smi", "nvidia-smi misreadings: utilisation and memory used"),
     ("09", "inference", "Inference: weights, KV cache and MoE"),
     ("10", "your_model", "Your model: the whole budget"),
+    ("11", "fine_tuning", "Fine-tune on your card: full, LoRA and QLoRA"),
 )
 """The course plan: (number, slug, title) of every chapter. A chapter whose ``notebooks/NN_*.py`` exists is run
 (its title then comes from the notebook); the others are listed in the index as planned."""

@@ -171,3 +171,148 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model.to(device).train()
+
+
+LORA_MODULE_NAMES: dict[str, dict[str, str]] = {
+    "gpt2": {"qkv": "c_attn", "o": "attn.c_proj", "up": "c_fc", "down": "mlp.c_proj"},
+    "phi": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "dense", "up": "fc1", "down": "fc2"},
+}
+"""peft ``target_modules`` names (module-name suffixes) of memlab's adapter kinds, where a family's differ from the
+Llama-style ``q_proj ... down_proj`` (Llama, Mistral, Qwen2, Gemma, ...): GPT-2 fuses q, k, v into ``c_attn``."""
+_LLAMA_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+                "down": "down_proj"}
+
+
+def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
+    """peft ``target_modules`` for memlab adapter ``kinds`` on a ``model_type`` model (:data:`LORA_MODULE_NAMES`);
+    on GPT-2 any of q, k, v names the fused ``c_attn``. A kind the family lacks raises :class:`SetupError`."""
+    names = LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES)
+    out: list[str] = []
+    for kind in kinds:
+        key = "qkv" if ("qkv" in names and kind in ("q", "k", "v")) else kind
+        if key not in names:
+            have = sorted((set(names) - {"qkv"}) | ({"q", "k", "v"} if "qkv" in names else set()))
+            raise SetupError(f"lora_targets names {kind!r}, which a {model_type} model does not have: use "
+                             f"{', '.join(have)}")
+        if names[key] not in out:
+            out.append(names[key])
+    return out
+
+
+def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Module:
+    """``peft.get_peft_model(model, LoraConfig(...))`` for ``setup`` (``finetune`` lora or qlora): rank
+    ``setup.lora_r``, dropout ``setup.lora_dropout`` on the modules ``setup.lora_target_kinds`` names, peft's other
+    defaults (alpha 8, fp32 adapters over a 16-bit base). The base is frozen by peft; the returned model trains only
+    the adapters. ``qlora`` first quantises the base's block Linears to NF4 (:func:`quantize_nf4`)."""
+    if setup.finetune not in ("lora", "qlora"):
+        raise SetupError(f"apply_lora builds finetune='lora' or 'qlora' models, got finetune={setup.finetune!r}")
+    try:
+        with quiet_bitsandbytes():  # peft imports bitsandbytes when it is installed
+            import peft
+    except ImportError as exc:  # pragma: no cover - a course dependency
+        raise SetupError(f"LoRA runs need peft: pip install peft ({exc})") from None
+    kind = model.config.model_type
+    targets = lora_target_modules(kind, setup.lora_target_kinds)
+    if setup.finetune == "qlora":
+        model = quantize_nf4(model)
+    torch.manual_seed(seed)
+    names = {"head": "lm_head", "embed": "wte" if kind == "gpt2" else "embed_tokens"}
+    save = [names[k] for k in setup.lora_save_kinds] or None
+    cfg = peft.LoraConfig(r=setup.lora_r, lora_dropout=setup.lora_dropout, target_modules=targets,
+                          modules_to_save=save, fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D: transposed weights
+    return peft.get_peft_model(model, cfg)
+
+
+@contextlib.contextmanager
+def quiet_bitsandbytes() -> Iterator[None]:
+    """bitsandbytes' CPU backend at error level while it is imported: on an AVX512-BF16 CPU its import tries an
+    optional kernel from the network (the ``kernels`` package) and logs a warning when it cannot; its own CPU
+    kernels run instead, and memlab downloads nothing."""
+    import logging
+
+    cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = cpu_ops.level
+    cpu_ops.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        cpu_ops.setLevel(level)
+
+
+def apply_frozen(model: torch.nn.Module, setup: Any) -> torch.nn.Module:
+    """Freeze the input embeddings and the bottom ``setup.frozen_layers`` blocks of a transformers causal LM
+    (``requires_grad_(False)``; ``finetune='frozen'``): the rest trains in full. Returns ``model``."""
+    if setup.finetune != "frozen":
+        raise SetupError(f"apply_frozen builds finetune='frozen' models, got finetune={setup.finetune!r}")
+    blocks = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
+    if blocks is None or setup.frozen_layers >= len(blocks):
+        raise SetupError(f"frozen_layers={setup.frozen_layers} must leave at least one of the model's blocks to train")
+    model.get_input_embeddings().requires_grad_(False)
+    for block in list(blocks)[: setup.frozen_layers]:
+        block.requires_grad_(False)
+    return model
+
+
+def apply_finetune(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Module:
+    """``model`` made ready for ``setup.finetune``: unchanged for full, :func:`apply_frozen` for frozen,
+    :func:`apply_lora` for lora and qlora (the one entry the trace and the measured runs use)."""
+    if setup.finetune == "full":
+        return model
+    if setup.finetune == "frozen":
+        return apply_frozen(model, setup)
+    return apply_lora(model, setup, seed=seed)
+
+
+def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
+    weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'
+    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)`` loads).
+    The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too). Families whose blocks
+    use GPT-2's ``Conv1D`` are refused (SetupError)."""
+    try:
+        with quiet_bitsandbytes():
+            import bitsandbytes as bnb
+    except ImportError as exc:
+        raise SetupError(f"QLoRA runs need bitsandbytes: pip install bitsandbytes ({exc})") from None
+    if any(type(m).__name__ == "Conv1D" for m in model.modules()):
+        raise SetupError(f"quantize_nf4 replaces nn.Linear layers; {model.config.model_type}'s blocks use Conv1D: "
+                         "use a Llama-style family (llama, mistral, qwen2, ...)")
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear or name == "lm_head":
+                continue
+            q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                  compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True,
+                                  device="meta")
+            q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                         compress_statistics=True)
+            if child.bias is not None:
+                q.bias = torch.nn.Parameter(child.bias.data, requires_grad=child.bias.requires_grad)
+            setattr(parent, name, q.to(child.weight.device))
+    return model
+
+
+def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The quantisation constants bitsandbytes keeps beside each 4-bit weight (``weight.quant_state``: absmax, the
+    NF4 code, and with double quantisation the nested absmax, its 8-bit code and offset), one per storage. They are
+    no parameters or buffers, so a parameter count (or MemTracker's module tracking) misses them."""
+    seen: set[tuple[str, int]] = set()
+    out: list[torch.Tensor] = []
+    for module in model.modules():
+        qs = getattr(getattr(module, "weight", None), "quant_state", None)
+        if qs is None:
+            continue
+        tensors = [qs.absmax, qs.code]
+        if getattr(qs, "nested", False):
+            tensors += [qs.state2.absmax, qs.state2.code, qs.offset]
+        for t in tensors:
+            key = (str(t.device), t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+            if key is not None and key not in seen:
+                seen.add(key)
+                out.append(t)
+    return out
+
+
+def quant_state_bytes(model: torch.nn.Module) -> int:
+    """Bytes of :func:`quant_state_tensors`, by unique storage."""
+    return sum(t.untyped_storage().nbytes() for t in quant_state_tensors(model))

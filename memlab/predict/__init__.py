@@ -10,7 +10,8 @@
   MemoryBreakdown; ``plan``: what an estimate computes once per setup (batch and seq aside, cached);
   ``phases``: bytes held at each phase of a step and the peak; ``loss``: the LM head and loss at large
   vocabularies (chunks, kept positions); ``fit``: will it fit, the largest batch or sequence, and the levers that
-  make a step fit (``levers``).
+  make a step fit (``levers``); ``finetune``: LoRA adapters on a frozen base and QLoRA's 4-bit NF4 base (states
+  and the activations a frozen base does not save).
 - ``flops``: FLOPs, MFU/HFU, the roofline bound; ``parallelism``: pipeline bubble, scaling efficiency;
   ``communication``: bytes moved per ZeRO stage; ``attention_io``: attention's HBM traffic; ``paging``: KV-cache
   reservation policies.

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.finetune import finetune_rows
 from memlab.predict.loss import hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
@@ -61,6 +62,7 @@ CATEGORIES = (
     "block inputs (recompute)",
     "head & loss",
     "autocast weight copies",
+    "lora",
 )
 """Names shared with :mod:`memlab.model.gpt`'s saved-tensor categories, in display order."""
 
@@ -315,9 +317,11 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
                 ("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
             )
     if not model_level:
-        return terms
+        return terms if setup.finetune == "full" else finetune_rows(config, setup, w, terms, device_type)
     terms += _norm_terms(config, t, 1, w, "final norm")
     terms += loss_rows(config, setup, w)
+    if setup.finetune != "full":  # a frozen base with adapters (memlab.predict.finetune)
+        return finetune_rows(config, setup, w, terms, device_type)
     return terms
 
 

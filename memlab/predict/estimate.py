@@ -32,6 +32,7 @@ import numpy as np
 
 from memlab.errors import SetupError
 from memlab.predict.activations import bytes_by_category, term_rows
+from memlab.predict.finetune import largest_matrix_elements
 from memlab.predict.frozen import unchecked
 from memlab.predict.inference import kv_cache_bytes, prefill_transient_bytes
 from memlab.predict.models import TransformerConfig
@@ -223,6 +224,8 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered,
              "model_buffers": buffers,
              "fragmentation": ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered + buffers)}
+    if setup.finetune == "qlora" and is_cfg:  # one weight dequantised to bf16 at a time (memlab.predict.finetune)
+        terms["qlora_dequantised_weight"] = 2 * largest_matrix_elements(model)  # type: ignore[arg-type]
     overhead = sum(terms.values())
     # Under FSDP2 the phases carry the gathered bytes themselves (memlab.predict.fsdp.moments): not added twice
     phase_overhead = overhead - gathered if fsdp is not None else overhead

@@ -58,6 +58,7 @@ from memlab.predict.frozen import unchecked
 from memlab.predict.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
+from memlab.predict.precision import precision_policy
 from memlab.predict.setup import resolve_optimizer_impl
 
 PHASES = ("forward", "backward", "optimizer step", "zero_grad")
@@ -310,14 +311,16 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
     adds the batch/seq terms."""
     pol = setup.policy
     impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
-    opt_t = optimizer_temporary_bytes(setup.optimizer, impl, pol, elements, largest, loop_peak)
+    adapters = setup.finetune in ("lora", "qlora")  # only fp32 adapters train (memlab.predict.finetune)
+    opt_t = optimizer_temporary_bytes(setup.optimizer, impl, precision_policy("fp32") if adapters else pol,
+                                      elements, largest, loop_peak)
     persistent = bool(pol.master_bytes and pol.grad_bytes == 4)
     if config is None:
         return {"layer_grad_bytes": 0.0, "tied_head_grad_bytes": 0.0, "optimizer_temporary_bytes": opt_t,
                 "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
                 "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False, "fsdp": None,
                 "cast_cache_bytes": 0.0}
-    gb = pol.grad_bytes
+    gb = 4 if adapters else pol.grad_bytes
     extra = None
     if fsdp is not None:
         from memlab.predict.fsdp import moments
@@ -326,8 +329,8 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         extra["root_grads_shard"] = sum(u.shard_elements for u in fsdp.units if u.kind == "root") * gb
     return {
         "layer_grad_bytes": layer_elements * gb,
-        "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp if config.tied_embeddings
-        else 0.0,
+        "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp
+        if config.tied_embeddings and not adapters else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
         "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,

@@ -18,6 +18,14 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from memlab.errors import SetupError
+from memlab.predict.finetune import (
+    finetune_states,
+    frozen_states,
+    frozen_trainable,
+    largest_adapter_elements,
+    lora_layer_elements,
+)
 from memlab.predict.fsdp import FsdpPlan, plan_of
 from memlab.predict.inference import INT4_GROUP
 from memlab.predict.models import TransformerConfig
@@ -87,7 +95,18 @@ def plan(model: TransformerConfig | int, rest: tuple, ov: Any, device_type: str,
     step: dict[str, Any] = {}
     if setup.mode == "train":
         before = opt_detail.get("master", 0) + opt_detail.get("grad_accum", 0)
-        if summ is not None:
+        if summ is not None and setup.finetune == "frozen":  # only the blocks above the frozen ones step
+            trainable = frozen_trainable(model, setup)  # type: ignore[arg-type]
+            step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
+                                  elements=sum(trainable), largest=max(trainable),
+                                  layer_elements=summ.layer_elements, before_step=before, loop_peak=3 * max(trainable))
+        elif summ is not None and setup.finetune != "full":  # only the adapters step (memlab.predict.finetune)
+            layer = lora_layer_elements(model, setup)  # type: ignore[arg-type]
+            largest = largest_adapter_elements(model, setup)  # type: ignore[arg-type]
+            step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
+                                  elements=layer * model.n_layers, largest=largest,  # type: ignore[union-attr]
+                                  layer_elements=layer, before_step=before, loop_peak=3 * largest)
+        elif summ is not None:
             dp = zero_divisors(3 if fsdp is not None else setup.zero_stage, setup.world_size)[0]
             step = step_constants(model, setup, device_type=device_type,  # type: ignore[arg-type]
                                   elements=fsdp.shard_elements if fsdp is not None else math.ceil(summ.elements / dp),
@@ -124,6 +143,13 @@ def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
         n, tensors = summ.elements, summ.tensors
     if setup.mode == "inference":
         return _inference_weights(n, summ, setup.inference_weights, notes), {}, notes
+    if setup.finetune != "full":
+        if summ is None:
+            raise SetupError(f"finetune={setup.finetune!r} adapts named modules: give a model config, not a bare "
+                             "parameter count")
+        states_of = frozen_states if setup.finetune == "frozen" else finetune_states
+        states, detail, ft_notes = states_of(model, setup, n, step_on_device)  # type: ignore[arg-type]
+        return states, detail, notes + ft_notes
     dp, dg, do = zero_divisors(setup.zero_stage, setup.world_size)
     if fsdp is not None:  # FSDP2: every state is rank 0's padded dim-0 shard (exact), at rest under ZeRO-2 too
         n, dp, dg, do = fsdp.shard_elements, 1, 1, 1
@@ -184,7 +210,8 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
         out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
                    f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
-        if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes:
+        if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes \
+                and setup.finetune in ("full", "frozen"):  # LoRA's adapters and states are fp32 (predict.finetune)
             out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")
         if setup.zero_stage and setup.world_size == 1:
             out.append("ZeRO/FSDP over 1 rank shards nothing")

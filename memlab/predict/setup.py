@@ -27,6 +27,7 @@ FsdpUnits = Literal["blocks", "torchtitan"]
 FsdpLoss = Literal["inside", "outside"]
 FsdpParamDtype = Literal["none", "bf16", "fp16"]
 FsdpReduceDtype = Literal["fp32", "bf16", "fp16"]
+Finetune = Literal["full", "lora", "qlora", "frozen"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -36,6 +37,44 @@ INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
 OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
+LORA_KINDS = ("q", "k", "v", "o", "gate", "up", "down")
+"""Module kinds an adapter may target (a fused QKV projection is adapted when any of q, k, v is named)."""
+LORA_DEFAULT_RANK = 8
+"""peft ``LoraConfig.r`` default (peft/tuners/lora/config.py)."""
+LORA_DEFAULT_TARGETS = ("q", "v")
+"""peft's default targets for Llama, Mistral, Qwen2 (``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``); for
+GPT-2 its default ``c_attn`` is the fused QKV projection, which q or v names here."""
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """``"q,v"`` -> ``("q", "v")``: comma-separated kinds from :data:`LORA_KINDS`, each once; anything else raises
+    :class:`SetupError` in one line."""
+    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in LORA_KINDS]
+    if bad:
+        raise SetupError(f"lora_targets: unknown module kind {bad[0]!r}: use a comma-separated list of "
+                         f"{', '.join(LORA_KINDS)} (e.g. 'q,v' or 'q,k,v,o,gate,up,down')")
+    if len(set(kinds)) != len(kinds):
+        raise SetupError(f"lora_targets names a module kind twice ({text!r}): name each once")
+    return kinds
+
+
+LORA_SAVE_KINDS = ("head", "embed")
+"""Modules peft can train in full beside the adapters (``LoraConfig.modules_to_save``): the LM head, the token
+embedding."""
+
+
+def parse_modules_to_save(text: str) -> tuple[str, ...]:
+    """``"head,embed"`` -> ``("head", "embed")``: comma-separated kinds from :data:`LORA_SAVE_KINDS`, each once."""
+    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in LORA_SAVE_KINDS]
+    if bad or len(set(kinds)) != len(kinds):
+        raise SetupError(f"lora_modules_to_save: {bad[0]!r} is not a module kind" if bad else
+                         f"lora_modules_to_save names a kind twice ({text!r})"
+                         f": use a comma-separated list of {', '.join(LORA_SAVE_KINDS)}, each once")
+    return kinds
+
+
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
 """Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
 FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -134,6 +173,24 @@ class Setup(StrictInit):
     precision fp32 and FSDP2); none: no MixedPrecisionPolicy."""
     fsdp_reduce_dtype: FsdpReduceDtype = field(default="fp32", metadata={"mode": "train"})
     """FSDP2 MixedPrecisionPolicy.reduce_dtype: the dtype gradients are reduce-scattered in (with fsdp_param_dtype)."""
+    # -- parameter-efficient fine-tuning (memlab.predict.finetune) --------------------------------------------
+    finetune: Finetune = field(default="full", metadata={"mode": "train"})
+    """full (every parameter trains), lora (rank-r adapters on a frozen base, peft), qlora (adapters on a 4-bit
+    NF4 base with double quantisation, bitsandbytes; needs precision bf16) or frozen (the embeddings and the bottom
+    frozen_layers blocks frozen, the rest trained in full)."""
+    lora_rank: int = field(default=0, metadata={"max": 65536, "why": "a rank above the widest published model's "
+                                                "width adapts nothing low-rank", "mode": "train"})
+    """LoRA rank r (0: peft's default 8 when finetune is lora or qlora)."""
+    lora_dropout: float = field(default=0.0, metadata={"max": 1.0, "max_open": True, "why": "a drop probability, "
+                                                       "below 1", "mode": "train"})
+    """Dropout on each adapter's input (peft lora_dropout): keeps a noise tensor and the dropped input per module."""
+    lora_targets: str = field(default="", metadata={"mode": "train"})
+    """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down ('': peft's default q,v)."""
+    lora_modules_to_save: str = field(default="", metadata={"mode": "train"})
+    """Modules trained in full beside the adapters (peft modules_to_save), comma-separated: head, embed."""
+    frozen_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks",
+                                                    "mode": "train"})
+    """With finetune='frozen': the bottom blocks frozen with the embeddings (requires_grad False)."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -176,6 +233,65 @@ class Setup(StrictInit):
                 self.fsdp_units != "blocks" or self.fsdp_loss != "inside"):
             raise SetupError("a chunked or fused loss, logits_to_keep or offload_activations under FSDP2 is modelled "
                              "with fsdp_units='blocks' and fsdp_loss='inside' only: set those (or the plain loss)")
+        self._check_finetune()
+
+    def _check_finetune(self) -> None:
+        """One SetupError line for a fine-tuning combination memlab does not run or model."""
+        lora_fields = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save")
+                       if getattr(self, n)]
+        if self.finetune in ("full", "frozen"):
+            if lora_fields:
+                raise SetupError(f"{', '.join(lora_fields)} set with finetune={self.finetune!r}: set finetune='lora' "
+                                 "or 'qlora', or drop them")
+            if (self.finetune == "frozen") != (self.frozen_layers > 0):
+                raise SetupError("frozen_layers goes with finetune='frozen' (and needs at least 1 block): set both "
+                                 "or neither")
+            if self.finetune == "full":
+                return
+        elif self.frozen_layers:
+            raise SetupError(f"frozen_layers set with finetune={self.finetune!r}: it goes with finetune='frozen'")
+        parse_targets(self.lora_targets)
+        parse_modules_to_save(self.lora_modules_to_save)
+        if self.finetune == "frozen" and (self.optimizer in ("adam-8bit", "adafactor") or self.policy.master_bytes):
+            raise SetupError("finetune='frozen' is modelled with torch.optim adam/adamw/sgd on fp32, bf16 or amp "
+                             f"policies: not optimizer={self.optimizer!r} with precision={self.precision!r}")
+        if self.mode != "train":
+            raise SetupError(f"finetune={self.finetune!r} is a training setup: set mode='train' (inference of a "
+                             "merged adapter is the base model's)")
+        if self.finetune == "qlora" and self.precision != "bf16":
+            raise SetupError(f"finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype): "
+                             f"set precision='bf16', not {self.precision!r}")
+        if self.precision not in ("fp32", "bf16", "amp-bf16") and self.finetune != "frozen":
+            raise SetupError(f"finetune={self.finetune!r} keeps fp32 adapters on a base in the model's dtype: use "
+                             f"precision fp32, bf16 or amp-bf16, not {self.precision!r} (a master-weight policy "
+                             "would copy the fp32 adapters again)")
+        if self.recompute != "none" or self.zero_stage or self.world_size > 1 or self.tp > 1 \
+                or self.grad_accum_steps > 1:
+            raise SetupError(f"finetune={self.finetune!r} is modelled on one device, one micro-batch, without "
+                             "recompute: set recompute='none', zero_stage=0, world_size=1, tp=1, grad_accum_steps=1")
+        if self.loss != "plain" or self.logits_to_keep or self.offload_activations:
+            raise SetupError(f"finetune={self.finetune!r} with a chunked or fused loss, logits_to_keep or "
+                             "offload_activations is not modelled: use the plain loss without offload")
+        if self.optimizer == "adafactor":
+            raise SetupError(f"finetune={self.finetune!r} with adafactor is not modelled: use adamw, adam, adam-8bit, "
+                             "sgd or sgd-momentum")
+
+    @property
+    def lora_r(self) -> int:
+        """The LoRA rank in force: ``lora_rank``, or peft's default 8 (0 under full fine-tuning)."""
+        if self.finetune in ("full", "frozen"):
+            return 0
+        return self.lora_rank or LORA_DEFAULT_RANK
+
+    @property
+    def lora_save_kinds(self) -> tuple[str, ...]:
+        """The modules trained in full beside the adapters: ``lora_modules_to_save`` parsed."""
+        return parse_modules_to_save(self.lora_modules_to_save)
+
+    @property
+    def lora_target_kinds(self) -> tuple[str, ...]:
+        """The adapted module kinds: ``lora_targets`` parsed, or peft's default ``("q", "v")``."""
+        return parse_targets(self.lora_targets) or LORA_DEFAULT_TARGETS
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -238,3 +354,6 @@ class SetupView:
     policy = property(Setup.policy.fget, doc="The :class:`PrecisionPolicy` named by ``precision``.")
     fused_attention = property(Setup.fused_attention.fget, doc="True for kernels that keep no s x s score matrix.")
     tokens = property(Setup.tokens.fget, doc="Tokens per micro-batch on one rank: batch * seq (arrays in a sweep).")
+    lora_r = property(Setup.lora_r.fget, doc="The LoRA rank in force (peft's default 8 when unset).")
+    lora_target_kinds = property(Setup.lora_target_kinds.fget, doc="The adapted module kinds (default q, v).")
+    lora_save_kinds = property(Setup.lora_save_kinds.fget, doc="The modules trained in full beside the adapters.")

@@ -23,7 +23,7 @@ import torch
 from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
-from memlab.model.hf import DTYPES, build_hf_model
+from memlab.model.hf import DTYPES, apply_finetune, build_hf_model, quant_state_bytes
 from memlab.model.step import Meter, token_ids, train_step, training_step
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
@@ -61,6 +61,13 @@ class HfMeasurement:
     """How the loss was computed (``Setup.loss``; :func:`memlab.model.loss.hf_causal_lm_loss`)."""
     loss_chunk: int = 0
     logits_to_keep: int = 0
+    finetune: str = "full"
+    """``full``, or ``lora`` for a peft model (:func:`memlab.model.hf.apply_lora`) with the fields below."""
+    lora_rank: int = 0
+    lora_dropout: float = 0.0
+    lora_targets: str = ""
+    lora_modules_to_save: str = ""
+    frozen_layers: int = 0
 
     @property
     def states_bytes(self) -> int:
@@ -75,7 +82,10 @@ class HfMeasurement:
         precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
                      attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute,
-                     loss=self.loss, loss_chunk=self.loss_chunk, logits_to_keep=self.logits_to_keep)
+                     loss=self.loss, loss_chunk=self.loss_chunk, logits_to_keep=self.logits_to_keep,
+                     finetune=self.finetune, lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
+                     lora_targets=self.lora_targets, lora_modules_to_save=self.lora_modules_to_save,
+                     frozen_layers=self.frozen_layers)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -101,14 +111,24 @@ class _HfMeter(Meter):
             self.states = model_states(self.model, self.optimizer, device=self.device)
 
 
+def _checkpointing(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or the model a peft wrapper holds) checkpoints its blocks: transformers 5's
+    ``is_activation_checkpointing``, else the older ``is_gradient_checkpointing`` (deprecated in 5.x: reading it
+    warns)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
+
+
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
                keep_saved: bool = False, autocast: bool = False,
-               loss: Any = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
+               loss: Any = None, lora: Setup | None = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
     bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
     runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
     does). With ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`.
-    ``loss``: a :class:`memlab.model.loss.LossOptions` (chunked, fused, logits_to_keep; None: the model's own)."""
+    ``loss``: a :class:`memlab.model.loss.LossOptions` (chunked, fused, logits_to_keep; None: the model's own).
+    ``lora``: the setup ``model`` was wrapped for (:func:`memlab.model.hf.apply_lora`), recorded in the result;
+    the optimizer steps only what requires a gradient (the adapters)."""
     cfg = model.config
     dev = next(model.parameters()).device
     idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
@@ -121,12 +141,17 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     opts = loss if loss is not None else LossOptions()
     train_step(step, lambda: hf_causal_lm_loss(model, idx, idx, opts), meter=meter)
     saved, st = meter.saved, meter.states
+    quant = quant_state_bytes(model) if lora is not None and lora.finetune == "qlora" else 0
     m = HfMeasurement(
         family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
-        params_bytes=st.params_bytes, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
-        device=str(dev), recompute="full" if getattr(model, "is_gradient_checkpointing", False) else "none",
+        params_bytes=st.params_bytes + quant, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
+        device=str(dev), recompute="full" if _checkpointing(model) else "none",
         autocast=autocast, loss=opts.kind, loss_chunk=opts.chunk, logits_to_keep=opts.keep,
+        **({} if lora is None else {
+            "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,
+            "lora_targets": lora.lora_targets, "lora_modules_to_save": lora.lora_modules_to_save,
+            "frozen_layers": lora.frozen_layers}),
     )
     return (m, saved) if keep_saved else m
 
@@ -142,16 +167,20 @@ def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
 
 
 def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
-           seed: int = 0, gradient_checkpointing: bool = False,
-           autocast: bool = False) -> tuple[TransformerConfig, HfMeasurement]:
+           seed: int = 0, gradient_checkpointing: bool = False, autocast: bool = False,
+           lora: Setup | None = None) -> tuple[TransformerConfig, HfMeasurement]:
     """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
-    (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``)."""
+    (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``; ``lora``: a setup
+    with ``finetune='lora'``, whose adapters peft adds before the step, :func:`memlab.model.hf.apply_lora`)."""
     if autocast and dtype != "fp32":
         raise SetupError("autocast runs an fp32 model (dtype='fp32') with a bf16 forward; got dtype=" + repr(dtype))
     model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
                            gradient_checkpointing=gradient_checkpointing)
-    m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast)
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
+    if lora is not None:
+        model = apply_finetune(model, lora, seed=seed)
+    m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast,
+                   lora=lora)
     del model
     return tc, m  # type: ignore[return-value]
 
@@ -159,7 +188,9 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
 def measure_run(run: Run, seed: int = 0) -> dict[str, int]:
     """Run a shoot-out :class:`~memlab.compare.calculators.Run` for real on this machine (:func:`run_hf` on
     ``run.device_type``): ``{"states", "activations"}`` in bytes (model states; saved for backward), the measured
-    side :func:`memlab.compare.calculators.shoot_out` compares the calculators with."""
+    side :func:`memlab.compare.calculators.shoot_out` compares the calculators with. A LoRA run gets its adapters
+    from peft (:func:`memlab.model.hf.apply_lora`); a QLoRA run needs CUDA kernels and is refused."""
     _, m = run_hf(run.hf, attn_implementation=run.attn_implementation, dtype=run.dtype, batch=run.batch,
-                  seq=run.seq, device=run.device_type, seed=seed)
+                  seq=run.seq, device=run.device_type, seed=seed,
+                  lora=run.setup() if run.finetune != "full" else None)
     return {"states": m.states_bytes, "activations": m.saved_bytes}

@@ -25,7 +25,7 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.model.gpt import sdpa_backend
-from memlab.model.hf import hf_config, import_transformers, quiet_transformers
+from memlab.model.hf import apply_finetune, hf_config, import_transformers, quiet_transformers
 from memlab.predict.setup import Setup
 from memlab.predict.validate import check_bool
 from memlab.tracing.arguments import check_trace_setup
@@ -56,12 +56,14 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     ``setup``.
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
-    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant);
-    ``selective`` has no transformers equivalent. ``force_unpacked``: see :func:`unpacked_batches`. One process
-    only (``world_size`` 1: transformers models are not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces
-    FSDP2); ``device_type`` is ``"cpu"`` or ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's
-    ``n_positions``, OPT's ``max_position_embeddings``) raises :class:`SetupError`: on fake tensors the lookup past
-    the table would pass unnoticed. transformers' warnings are silenced while the step is traced.
+    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
+    has no transformers equivalent; ``finetune='lora'`` wraps the model with peft
+    (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base with bitsandbytes, on real tensors only).
+    ``force_unpacked``: see :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are
+    not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces FSDP2); ``device_type`` is ``"cpu"`` or
+    ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's ``n_positions``, OPT's
+    ``max_position_embeddings``) raises :class:`SetupError`: on fake tensors the lookup past the table would pass
+    unnoticed. transformers' warnings are silenced while the step is traced.
     """
     tf = import_transformers()
     from memlab.model.loss import LossOptions, hf_causal_lm_loss
@@ -81,6 +83,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+    if setup.finetune == "qlora" and fake:
+        raise SetupError("finetune='qlora' traces with fake=False only: bitsandbytes' Params4bit cannot wrap a fake "
+                         "tensor; trace a small config for real (the estimate covers full size)")
     impl, backend = _ATTENTION[setup.attention]
     parts = setup_parts(setup, device_type=device_type)
     notes = list(parts.pop("notes"))
@@ -100,6 +105,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         _check_positions(model, cfg, setup.seq)
+        if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_finetune)
+            model = apply_finetune(model, setup)
         model.train()
         return model
 

@@ -27,10 +27,13 @@ Three ways in:
     print(t.peak_bytes / 2**30, t.peak_phase)   # GiB and where the peak is, on a laptop
     t.to_frame()                                 # bytes by phase and category
 
-Found when this was built (torch 2.13): the model must be built under a device context inside the fake mode
-(``.to()`` on fake parameters fails), MemTracker's module statistics are reset between the steps, and fake ``cuda``
-tensors abort in autograd on a CPU-only torch, so traces run on CPU; what CUDA adds that no trace sees is listed
-as named terms with their sources (:data:`CUDA_TERMS`).
+Found when this was built (torch 2.13): the model must be built under a device context inside the fake mode;
+a library that moves or casts parameters after creating them (peft's adapters, ``module.to(dtype)``) works because
+:func:`movable_fake_parameters` lets ``Module._apply`` swap fake parameters (the fake mode's memo holds weak
+references to them, and ``torch.utils.swap_tensors`` refuses a tensor with one); MemTracker's module statistics
+are reset between the steps, frozen parameters get no gradient hook (:func:`fast_mem_tracker`), and fake ``cuda``
+tensors abort in autograd on a CPU-only torch, so traces run on CPU; what CUDA adds that no trace sees is listed as
+named terms with their sources (:data:`CUDA_TERMS`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
+from memlab.model.hf import quant_state_tensors
 from memlab.model.step import Meter, Step, train_step
 from memlab.predict.phases import PhaseRow, find_phase
 from memlab.tracing.arguments import (
@@ -200,6 +204,16 @@ class PhaseRecorder(Meter):
                                   end_by_category=end_cat))
 
 
+class _NoHook:
+    """A removable handle that removes nothing (a frozen parameter's stand-in for MemTracker's gradient hooks)."""
+
+    def remove(self) -> None:
+        return None
+
+
+_NO_HOOK = _NoHook()
+
+
 def fast_mem_tracker() -> Any:
     """A new ``torch.distributed._tools.mem_tracker.MemTracker`` whose per-op peak update visits only the modules
     running now (the stock one walks every module it has seen on every op: half of a 7B trace's time). Same numbers;
@@ -209,6 +223,18 @@ def fast_mem_tracker() -> Any:
     class FastMemTracker(MemTracker):
         _by_fqn: dict[str, Any]
         _seen = -1
+
+        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
+            # The stock tracker registers a gradient hook on every parameter of a module it enters, and
+            # Tensor.register_hook raises on a frozen one ("cannot register a hook on a tensor that doesn't require
+            # gradient"): a frozen parameter (peft's base weights, a frozen layer) gets a no-op handle pair instead,
+            # so it is counted as a parameter and never waits for a gradient it will not have.
+            if install_grad_hooks:
+                handles = self._param_to_grad_hook_handles
+                for param in module.parameters():
+                    if not param.requires_grad and handles.get(param, None) is None:
+                        handles[param] = (_NO_HOOK, _NO_HOOK)
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             curr = self._curr_mem_snap
@@ -291,20 +317,55 @@ class _UserStep:
         return self.optimizer
 
 
+@contextlib.contextmanager
+def movable_fake_parameters(mode: Any) -> Iterator[None]:
+    """Inside ``mode`` (a FakeTensorMode), let ``nn.Module.to()``/``_apply`` replace fake parameters.
+
+    ``Module._apply`` swaps a fake parameter with its converted copy through ``torch.utils.swap_tensors``, which
+    refuses any tensor with a weak reference, and the fake mode's meta converter keeps one to every fake parameter
+    in its memo (``tensor_memo``, a WeakValueDictionary): so peft's ``_move_adapter_to_device_of_base_layer`` fails
+    with "_apply(): Couldn't swap Linear.weight". This drops the two tensors' memo entries just before each swap
+    (the memo only saves re-converting a tensor; nothing here converts real tensors) and restores the function
+    after. Bytes are untouched: the swap itself is torch's.
+    """
+    import torch.utils as tutils
+
+    original = tutils.swap_tensors
+    memo = getattr(getattr(getattr(mode, "fake_tensor_converter", None), "meta_converter", None), "tensor_memo", None)
+
+    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if memo is not None:
+            for key in [k for k, v in memo.items() if v is t1 or v is t2]:
+                del memo[key]
+        original(t1, t2)
+
+    tutils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        tutils.swap_tensors = original
+
+
 def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Any],
          loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int]:
     """The two traced steps of :func:`trace_step`: (phase rows, module rows, bytes offloaded to the host)."""
+    movable = movable_fake_parameters(mode) if not isinstance(mode, contextlib.nullcontext) \
+        else contextlib.nullcontext()
     with mode, torch.device("cpu"):
-        model = model_fn()
-        step = step_fn(model)
+        with movable:
+            model = model_fn()
+            step = step_fn(model)
         batch = batch_fn()
         tracker = fast_mem_tracker()
         optimizer = step.state_holder()
         inner = getattr(optimizer, "optimizer", optimizer)  # a master-weight wrapper holds the torch optimizer
         tracker.track_external(model, *(o for o in (inner,) if isinstance(o, torch.optim.Optimizer)), batch)
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        for t in quant_state_tensors(model):  # a 4-bit base's constants: no parameters, but part of the weights
+            tracker._update_and_maybe_create_winfos(t, _MemRefType.PARAM)
         extra = getattr(optimizer, "memlab_state_tensors", None)
         if callable(extra):  # a wrapper's master copy and fp32 buffers: optimizer states and gradients
-            from torch.distributed._tools.mem_tracker import _MemRefType
 
             for role, tensors in extra().items():
                 kind = _MemRefType.GRAD if role == "grads" else _MemRefType.OPT

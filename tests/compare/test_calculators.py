@@ -139,3 +139,25 @@ def test_shootout_figure_has_one_panel_per_component() -> None:
                           for c in COMPONENTS])
     fig = shootout_errors(frame, title="t", source="s")
     assert len(fig.axes) == len(COMPONENTS)
+
+
+def test_fine_tuning_runs_are_scored_only_on_what_each_calculator_claims() -> None:
+    h, L = 4096, 32
+    full, lora = gpu_poor(Run(LLAMA7, 1, 100)), gpu_poor(Run(LLAMA7, 1, 100, "bf16", finetune="lora"))
+    assert lora.states == full.states / 4 + L * 8 * h * 2 * 4 * 3 * 2  # App.js lines 297-301: rank-free adapters
+    assert lora.activations == full.activations  # its LoRA activation term is commented out
+    q = gpu_poor(Run(LLAMA7, 2, 200, "bf16", finetune="qlora"))
+    assert q.states < lora.states / 2
+    for tool in ("transformer-math-101", "ultrascale-playbook", "deepspeed-zero2"):
+        r = CALCULATORS[tool](Run(LLAMA7, 1, 100, "bf16", finetune="lora"))
+        assert r.states is None and r.activations is None
+
+
+def test_a_lora_shoot_out_run_is_measured_with_peft_and_memlab_is_exact() -> None:
+    pytest.importorskip("peft")
+    run = Run(config("tiny", "llama"), 2, 24, "fp32", "eager", finetune="lora", lora_rank=4, lora_targets="q,v")
+    m = measure_run(run)
+    r = CALCULATORS["memlab"](run)
+    assert (r.states, r.activations) == (m["states"], m["activations"])
+    acc = CALCULATORS["accelerate"](run)
+    assert acc.activations is None and acc.states is not None and acc.states < m["states"]

@@ -98,6 +98,10 @@ def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -
             extra["optimizer"] = "adamw"
         if field == "fsdp_param_dtype" and choice != "none":
             extra.update(zero_stage=3, world_size=2)  # FSDP2's MixedPrecisionPolicy needs FSDP2
+        if field == "finetune" and choice == "qlora":
+            extra["precision"] = "bf16"  # QLoRA computes in bf16 (any other precision is refused)
+        if field == "finetune" and choice == "frozen":
+            extra["frozen_layers"] = 1  # a frozen fine-tune names how many blocks it freezes
         assert getattr(Setup(**{field: spell(choice)}, **extra), field) == choice
         assert Setup(**{field: spell(choice)}, **extra) == Setup(**{field: choice}, **extra)
     for field, choice in _string_choices(TransformerConfig):

@@ -1,0 +1,315 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 · Fine-tune on your card: full, LoRA and QLoRA
+#
+# **The common belief.** Seed article 004 `[seed-004]`:
+# "今天想要在单卡上微调一个70亿参数的LLaMA模型24GB显存都显得捉襟见肘"
+# (*today, fine-tuning a 7-billion-parameter LLaMA on one card, even 24 GB looks tight*). Most people who ask
+# "will it fit?" are not pre-training: they fine-tune a published model on one card, and what they switch on is
+# LoRA `[hu2021]` (train two small matrices per adapted Linear, freeze the rest) or QLoRA `[dettmers2023]` (the same
+# adapters on a 4-bit base).
+#
+# This chapter answers it with the libraries people use:
+#
+# 1. the formula: full fine-tuning, LoRA and QLoRA of Llama-2-7B on a 24 GB card, component by component and
+#    phase by phase (`memlab.predict.finetune`);
+# 2. the trace: the real Hugging Face Llama-2-7B wrapped by peft `[peft]`, at full size, on fake tensors;
+# 3. the measurement: small peft models of three families (LoRA, and QLoRA with bitsandbytes' NF4) trained one step
+#    on this machine, every saved tensor counted, beside the prediction;
+# 4. what a frozen base still saves, and the misreading it explains; 5. the public calculators on the same runs.
+
+# %% tags=["parameters"]
+scale = "auto"
+device = "auto"
+seed = 0
+out_dir = "../reports/build/11_fine_tuning"
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from memlab import Choice, Numeric, Setup, chapter, estimate, fits, from_hf, gpu, load_config, trace_hf
+from memlab.compare import calculators
+from memlab.model.hf import apply_lora, build_hf_model
+from memlab.predict.finetune import adapter_elements, qlora_base_bytes, qlora_bits_per_parameter
+from memlab.run.hf import measure_hf, predict_hf, run_hf
+from memlab.units import GiB, MiB
+
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
+# seq: the 7B question's sequence; traced_seq, traced_layers: the trace's sequence and blocks (ci: the 7B's full
+# width, 8 of its 32 blocks; full: all of it); tiny: the families measured with peft, at batch x tiny_seq tokens
+SIZES = {"ci": dict(seq=2048, traced_seq=256, traced_layers=8, tiny=("llama", "qwen2", "gpt2"), batch=2,
+                    tiny_seq=24),
+         "full": dict(seq=2048, traced_seq=2048, traced_layers=32, tiny=("llama", "qwen2", "mistral", "gpt2", "phi"),
+                      batch=2, tiny_seq=64)}[ch.scale]
+ON_DEVICE = {  # the card asked about, and the device type its prediction and trace are for
+    "cpu": dict(card="rtx-4090", device_type="cuda"),
+    "cuda": dict(card="rtx-4090", device_type="cuda"),
+}[ch.device_type]
+ch.to_dict()
+
+# %% [markdown]
+# ## 1. The formula: three ways to fine-tune a 7B model
+#
+# A LoRA adapter on a Linear `W` (in → out) adds `A` (r × in) and `B` (out × r) and computes
+# `W x + (α/r) · B A x`; only `A` and `B` train `[hu2021]`. So the base keeps its weights and nothing else: no
+# gradients, no optimizer state. peft keeps the adapters in fp32 even over a bf16 base (its default
+# `autocast_adapter_dtype=True`), so their gradients and Adam moments are fp32 too `[peft]`. QLoRA stores the
+# base's block matrices in NF4: 4 bits a weight, one absmax per 64 weights, itself quantised to 8 bits with one
+# fp32 constant per 256 absmax values (double quantisation) `[dettmers2023]` `[bitsandbytes]`.
+#
+# The setups below are what a user runs: full fine-tuning with bf16 weights and an fp32 master copy (ZeRO's
+# 16 B/param `[zero2019]`), the cheap alternative of freezing the embeddings and most blocks (bf16, the top ones
+# trained in full), LoRA rank 16 on peft's default targets (q and v), and QLoRA rank 16 on every linear layer, as
+# the QLoRA paper trains it; batch 1, fused attention.
+
+# %%
+cfg7 = from_hf(load_config("llama-2-7b", "full"))
+card = gpu(ON_DEVICE["card"])
+dt = ON_DEVICE["device_type"]
+ALL = "q,k,v,o,gate,up,down"
+plans = {
+    "full (mixed-bf16)": Setup(seq=SIZES["seq"], precision="mixed-bf16", attention="flash"),
+    "frozen bottom 24 of 32 (bf16)": Setup(seq=SIZES["seq"], precision="bf16", attention="flash", finetune="frozen",
+                                           frozen_layers=24),
+    "LoRA r=16 on q,v": Setup(seq=SIZES["seq"], precision="bf16", attention="flash", finetune="lora",
+                              lora_rank=16),
+    "LoRA r=16 on all": Setup(seq=SIZES["seq"], precision="bf16", attention="flash", finetune="lora",
+                              lora_rank=16, lora_targets=ALL),
+    "QLoRA r=16 on all": Setup(seq=SIZES["seq"], precision="bf16", attention="flash", finetune="qlora",
+                               lora_rank=16, lora_targets=ALL),
+}
+est = {name: estimate(cfg7, s, device_type=dt) for name, s in plans.items()}
+table = pd.DataFrame([{"setup": name, **{f"{k} (GiB)": v / GiB for k, v in e.components().items()},
+                       "peak (GiB)": e.peak_gib, "peak phase": f"{e.peak_step} {e.peak_phase}",
+                       f"fits {card.name}": fits(e, card).fits} for name, e in est.items()])
+ch.save_table(table, "llama7b_finetune_plans")
+table.round(2)
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+bottom = [0.0] * len(est)
+for comp in ("params", "grads", "optimizer", "activations", "overhead"):
+    vals = [e.components()[comp] / GiB for e in est.values()]
+    ax.bar(list(est), vals, bottom=bottom, label=comp)
+    bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+ax.scatter(list(est), [e.peak_gib for e in est.values()], marker="D", color="black", zorder=3,
+           label="peak over the step's phases")
+ax.axhline(card.memory_bytes / GiB, color="red", ls="--", label=f"{card.name}: {card.memory_bytes / GiB:.0f} GiB")
+ax.set(ylabel="bytes on the device (GiB)",
+       title=f"Llama-2-7B fine-tuned at batch 1, seq {SIZES['seq']}: components (bars) and peak (diamonds), "
+             "predicted by memlab.predict.estimate")
+ax.tick_params(axis="x", labelsize=8)
+ax.legend(fontsize=7, loc="upper right")
+ch.save_figure(fig, "llama7b_finetune_components")
+
+# %%
+full, lora, qlora = est["full (mixed-bf16)"], est["LoRA r=16 on q,v"], est["QLoRA r=16 on all"]
+n_ad = adapter_elements(cfg7, 16, ("q", "v"))
+base_q, quantised = qlora_base_bytes(cfg7)
+print(f"LoRA r=16 on q,v trains {n_ad:,} of {cfg7.param_count():,} weights "
+      f"({n_ad / cfg7.param_count():.2%}); its states: {lora.model_state_bytes() / GiB:.2f} GiB against full "
+      f"fine-tuning's {full.model_state_bytes() / GiB:.1f} GiB.")
+print(f"QLoRA's base: {quantised:,} weights in NF4 at {4 + qlora_bits_per_parameter():.3f} bits, the rest in bf16: "
+      f"{base_q / GiB:.2f} GiB against {lora.params_bytes / GiB:.2f} GiB for the bf16 base.")
+for name, e in est.items():
+    v = fits(e, card)
+    print(f"{name}: peak {e.peak_gib:.1f} GiB in the {e.peak_step} {e.peak_phase}: "
+          f"{'fits' if v.fits else 'does not fit'} the {card.memory_bytes / GiB:.0f} GiB {card.name} "
+          f"(headroom {v.headroom_bytes / GiB:+.1f} GiB, before the CUDA context and the allocator's margin)")
+
+# %% [markdown]
+# What is predicted only: **QLoRA at 7B**. bitsandbytes' `Params4bit` cannot wrap a fake tensor, so the full-size
+# trace covers LoRA only; QLoRA's NF4 bytes, the dequantised bf16 copy of one weight at a time that its backward
+# makes (the named overhead `qlora_dequantised_weight`) and what it saves come from the QLoRA paper and the
+# bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes quantises and runs NF4 on a CPU.
+# A GPU-marked test (`tests/run/test_finetune.py`) checks the stored NF4 bytes on a CUDA device.
+#
+# The levers that make a setup fit (the ranked list of what to switch on, computed from the phase-aware peak) are
+# added to this section by the fit-questions work of issue 18.
+
+# %% [markdown]
+# ## 2. The trace: the real model, wrapped by peft, at full width
+#
+# `trace_hf` builds `AutoModelForCausalLM.from_config` for the Llama-2-7B config inside a fake-tensor mode (at ci
+# scale with fewer of its blocks, so the page builds in seconds; the full scale traces all of them), wraps it
+# with `peft.get_peft_model` (`memlab.model.hf.apply_lora`) and traces two training steps: every storage PyTorch
+# would hold, counted by MemTracker, with nothing allocated. (peft moves each adapter onto its base layer's
+# device after creating it; the tracer lets fake parameters be moved, and gives frozen ones no gradient hook.)
+
+# %%
+traced_setup = plans["LoRA r=16 on q,v"].with_(seq=SIZES["traced_seq"])
+traced_hf = {**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["traced_layers"]}
+tr = trace_hf(traced_hf, traced_setup, device_type=dt)
+# the trace runs on the CPU, where torch keeps Adam's per-tensor step counters on the same device as the states
+pred_tr = estimate(from_hf(traced_hf), traced_setup, device_type=dt, step_on_device=True)
+print(f"traced: Llama-2-7B's config with {SIZES['traced_layers']} of its {cfg7.n_layers} blocks, "
+      f"{from_hf(traced_hf).param_count():,} parameters, on fake tensors")
+tc, pc = tr.components(), pred_tr.components()
+residual = tc["activations"] - pc["activations"]
+trace_table = pd.DataFrame([{"component": k, "traced (B)": tc[k], "predicted (B)": pc[k],
+                             "traced - predicted (B)": tc[k] - pc[k]} for k in ("params", "grads", "optimizer",
+                                                                                   "activations")])
+ch.save_table(trace_table, "llama7b_lora_trace")
+print(f"traced at seq {traced_setup.seq}: states equal to the byte: "
+      f"{all(tc[k] == pc[k] for k in ('params', 'grads', 'optimizer'))}; activations differ by {residual:,} B = "
+      f"2 x 8 B x {traced_setup.tokens} tokens + 4 B: {residual == 16 * traced_setup.tokens + 4} (the batch's input "
+      "ids, held by the loop but saved by no frozen embedding, its labels, of which the loss saves a shifted copy "
+      "the estimate counts, and the loss)")
+trace_table
+
+# %% [markdown]
+# ## 3. The measurement: peft (and bitsandbytes' NF4) on this machine
+#
+# **Exercise 1 (predict before measuring).** Take the tiny Llama of `memlab/course/configs/tiny`, fp32, eager
+# attention. LoRA on q and v freezes everything else. What fraction of full fine-tuning's saved-for-backward bytes
+# does the LoRA step still save? (A fraction, e.g. `0.5`.) Answer before running the next cells.
+
+# %%
+tb, ts = SIZES["batch"], SIZES["tiny_seq"]
+lora_qv = Setup(finetune="lora", lora_rank=8)
+qlora_qv = Setup(finetune="qlora", precision="bf16", lora_rank=8)
+
+
+def measured(family: str, dtype: str = "fp32", lora: Setup | None = None, dropout: float = 0.0):
+    """One real training step of the tiny ``family`` (peft-wrapped when ``lora``): memlab's config, the measurement."""
+    cfg = load_config(family, "tiny")
+    if lora is not None and dropout:
+        lora = lora.with_(lora_dropout=dropout)
+    return run_hf(cfg, attn_implementation="eager", dtype=dtype, batch=tb, seq=ts, seed=seed, lora=lora)
+
+
+ex_share = Numeric(
+    "lora-saved-share", "fraction of full fine-tuning's saved bytes a LoRA step on q, v saves (tiny Llama, fp32)",
+    reference=lambda: measured("llama", lora=lora_qv)[1].saved_bytes / measured("llama")[1].saved_bytes,
+    diagnoses={lambda v: v < 0.1: "a frozen base still saves what its activations' gradients need: norms, the "
+               "attention core, the MLP's inner tensors and the loss; only the inputs kept for weight gradients go"},
+    hint="list what each op saves for its input's gradient and what only for its weight's", unit="", rtol=0.05)
+answer = ...
+ex_share.check(answer)
+
+# %%
+rows = []
+for fam in SIZES["tiny"]:
+    for mode, dtype, lo, p in (("full", "fp32", None, 0.0), ("LoRA q,v", "fp32", lora_qv, 0.0),
+                               ("LoRA q,v dropout 0.1", "fp32", lora_qv, 0.1), ("LoRA q,v", "bf16", lora_qv, 0.0),
+                               ("QLoRA q,v (NF4)", "bf16", qlora_qv, 0.0)):
+        if lo is not None and lo.finetune == "qlora" and fam == "gpt2":
+            continue  # bitsandbytes quantises nn.Linear; GPT-2's blocks are Conv1D
+        tcfg, m = measured(fam, dtype, lo, p)
+        pr = predict_hf(tcfg, m)
+        rows.append({"family": fam, "mode": mode, "dtype": dtype, "measured saved (B)": m.saved_bytes,
+                     "predicted saved (B)": pr["activations"], "measured states (B)": m.states_bytes,
+                     "predicted states (B)": pr["params"] + pr["grads"] + pr["optimizer"]})
+tiny = pd.DataFrame(rows)
+tiny["saved exact"] = tiny["measured saved (B)"] == tiny["predicted saved (B)"]
+tiny["states exact"] = tiny["measured states (B)"] == tiny["predicted states (B)"]
+ch.save_table(tiny, "tiny_peft_measured")
+print(f"{int(tiny['saved exact'].sum())} of {len(tiny)} runs: saved activations predicted to the byte; "
+      f"{int(tiny['states exact'].sum())} of {len(tiny)}: model states to the byte (measured on {ch.device})")
+tiny
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+labels = [f"{r.family}\n{r.mode}\n{r.dtype}" for r in tiny.itertuples()]
+for ax, what in zip(axes, ("saved", "states"), strict=True):
+    ax.bar(range(len(tiny)), tiny[f"measured {what} (B)"] / MiB, color="tab:blue", label="measured (peft, this run)")
+    ax.scatter(range(len(tiny)), tiny[f"predicted {what} (B)"] / MiB, marker="x", color="black", zorder=3,
+               label="predicted (memlab.predict.estimate)")
+    ax.set_xticks(range(len(tiny)), labels, fontsize=5, rotation=90)
+    ax.set(ylabel="MiB", title=("saved for backward" if what == "saved" else "parameters + gradients + optimizer")
+           + f", b={tb} s={ts}")
+    ax.legend(fontsize=7)
+fig.suptitle(f"Tiny models, full fine-tuning vs LoRA and QLoRA with peft and bitsandbytes, one step on {ch.device}",
+             fontsize=10)
+ch.save_figure(fig, "tiny_peft_measured_vs_predicted")
+
+# %% [markdown]
+# ## 4. What a frozen base still saves
+#
+# Autograd saves a tensor only for a gradient it must compute. A frozen Linear needs its input's gradient
+# (`grad_out @ W`), so it keeps its weight, already resident, and not its input, which only the weight's gradient
+# needs. A frozen RMSNorm weight makes `weight * x̂` keep nothing; LayerNorm's kernel keeps its input and statistics
+# whatever asks for a gradient. The bottom block's input needs no gradient at all, so its first norm keeps nothing,
+# and its attention core keeps only what the adapted projections need. Each adapter adds its input (for `A`'s
+# gradient) and `A`'s `t × r` output (for `B`'s).
+#
+# **Exercise 2.** In a block above the first, LoRA on q and v: which tensors of the frozen `k_proj` does the step
+# keep for backward?
+
+# %%
+peft_llama = apply_lora(build_hf_model(load_config("llama", "tiny"), attn_implementation="eager", seed=seed), lora_qv)
+_, saved_rows = measure_hf(peft_llama, batch=tb, seq=ts, attn_implementation="eager", seed=seed, keep_saved=True,
+                           lora=lora_qv)
+k_proj_rows = [t for t in saved_rows.tensors if "layers.1.self_attn.k_proj" in t.scope]  # parameters are excluded
+ex_frozen = Choice(
+    "frozen-linear-saves", "what a frozen Linear keeps for backward",
+    reference=lambda: "input" if k_proj_rows else "weight",
+    options={"input": "its input, as in full fine-tuning", "weight": "only its weight (already resident)",
+             "both": "its input and its weight"},
+    diagnoses={"input": "the input is kept for the weight's gradient, which a frozen weight does not have"},
+    hint="grad_input = grad_output @ W; grad_W = grad_output^T @ x")
+answer = ...
+ex_frozen.check(answer)
+
+# %%
+lora_all = est["LoRA r=16 on all"]
+full_bf16 = estimate(cfg7, Setup(seq=SIZES["seq"], precision="bf16", attention="flash"), device_type=dt)
+print(f"The misreading: LoRA saves memory everywhere. At 7B, seq {SIZES['seq']}, bf16: full fine-tuning saves "
+      f"{full_bf16.activations_bytes / GiB:.2f} GiB for backward, LoRA on q,v {lora.activations_bytes / GiB:.2f} "
+      f"GiB, LoRA on all linear layers {lora_all.activations_bytes / GiB:.2f} GiB: peft casts each adapted module's "
+      f"bf16 input to the fp32 adapter's dtype, and each copy is saved for A's gradient "
+      f"({len(plans['LoRA r=16 on all'].lora_target_kinds)} fp32 copies per block, one of them d_ff wide).")
+lora_all_terms = {k: v / GiB for k, v in lora_all.activation_detail.items()}
+pd.Series(lora_all_terms, name="GiB").round(3)
+
+# %% [markdown]
+# **Exercise 3.** QLoRA's quantisation constants, with double quantisation (one 8-bit absmax per 64 weights, one
+# fp32 constant per 256 absmax values): how many bits do they add per parameter?
+
+# %%
+ex_dq = Numeric(
+    "qlora-dq-bits", "bits per parameter of QLoRA's quantisation constants with double quantisation",
+    reference=qlora_bits_per_parameter,
+    diagnoses={0.5: "that is one fp32 absmax per 64 weights: without double quantisation"},
+    hint="8 bits per block of 64, plus 32 bits per 256 blocks", unit="", rtol=0.01)
+answer = ...
+ex_dq.check(answer)
+
+# %% [markdown]
+# ## 5. The public calculators on the same runs
+#
+# Each calculator is scored only on what it claims for a fine-tune (`memlab.compare.calculators`): gpu_poor has
+# LoRA and QLoRA modes (rank-free adapter states; its full-training activations) `[gpu-poor]`; accelerate has no
+# LoRA mode, and what it loads, the base's weights, is scored as its states `[accelerate-estimate]`; the
+# full-training formulas give no number.
+
+# %%
+runs = [calculators.Run(load_config(f, "tiny"), tb, ts, "fp32", "eager", name=f, finetune="lora", lora_rank=8)
+        for f in SIZES["tiny"]]
+pairs = [(r, {"states": int(t["measured states (B)"]), "activations": int(t["measured saved (B)"])})
+         for r, (_, t) in zip(runs, tiny[(tiny["mode"] == "LoRA q,v") & (tiny["dtype"] == "fp32")].iterrows(),
+                             strict=True)]
+shoot = calculators.shoot_out(pairs, tools=["memlab", "gpu_poor", "accelerate"])
+ch.save_table(shoot, "lora_shoot_out")
+calculators.error_table(shoot)
+
+# %% [markdown]
+# ## Summary
+#
+# - LoRA freezes the base: its weights stay, their gradients and optimizer states go; peft's fp32 adapters and
+#   their states are small next to the base (section 1's printout).
+# - A frozen base still saves most activations: everything its activations' gradients need. Only the inputs kept
+#   for weight gradients disappear, and each adapter adds its own input and a rank-wide output; over a bf16 base
+#   peft's fp32 casts can make LoRA on every linear layer save more than full fine-tuning.
+# - QLoRA shrinks the base to NF4, 4 bits a weight plus the constants of exercise 3 `[dettmers2023]`; measured small
+#   on this machine to the byte, predicted (not traced) at 7B.
+# - The trace of the real peft-wrapped 7B-wide model equals the estimate's states to the byte, and its activations up to
+#   the batch's token ids; small peft runs of several families are predicted to the byte.
