@@ -62,7 +62,7 @@ from memlab.units import GB, GiB, KiB, MiB
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 SIZES = {"ci": dict(model="tiny-gpt", seq=64, batches=list(range(1, 13)), leak_iters=8),
          "full": dict(model="gpt2", seq=1024, batches=[1, 2, 4, 6, 8, 12, 16], leak_iters=20)}[ch.scale]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The message, decoded

@@ -54,7 +54,7 @@ from memlab.units import MiB
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 SIZES = {"ci": dict(model="small-gpt", batch=2, seq=64, scaler_steps=8),
          "full": dict(model="gpt2", batch=8, seq=1024, scaler_steps=50)}[ch.scale]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula

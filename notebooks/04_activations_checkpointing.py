@@ -63,7 +63,7 @@ SIZES = {"ci": dict(model="tiny-gpt", seqs=[32, 64, 128, 256], batches=[1, 2, 4]
                       checkpoint_seq=512,
                       traced=[(p, a) for p in ("mixed-bf16", "amp-bf16") for a in ("eager", "flash")],
                       cross_seq=128, cross_batches=[1, 2, 4, 8, 16, 32])}[ch.scale]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula

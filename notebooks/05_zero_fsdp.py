@@ -69,7 +69,7 @@ RANKS = {"gloo": dict(model="tiny-gpt", batch=2, seq=32, steps=1, device="cpu", 
          "nccl": dict(model="gpt2", batch=4, seq=512, steps=3, device="auto", sizes=(1, 2, 4, 8))}[
     "nccl" if on_gpus else "gloo"]
 trace_gpt3_8_ranks = ch.scale == "full"
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula

@@ -61,7 +61,7 @@ ON_DEVICE = {  # what the device changes: the precision (and the dtype the kerne
     "cpu": dict(precision="fp32", dtype=torch.float32, steps=1),
     "cuda": dict(precision="amp-bf16", dtype=torch.bfloat16, steps=3),
 }[ch.device_type]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula

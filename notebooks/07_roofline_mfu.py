@@ -71,7 +71,8 @@ ON_DEVICE = {  # what the device changes (each scale keeps these; roofline's sha
 }[ch.device_type]
 CFG, SETUP = preset(ON_DEVICE["model"]), ON_DEVICE["setup"]
 DTYPE = ON_DEVICE["dtype"]  # the dtype the step's matmuls run in
-ch.to_dict() | {"model": CFG.name, "setup": f"batch {SETUP.batch}, seq {SETUP.seq}, {SETUP.precision}"}
+(f"Running at scale **{ch.scale}** on **{ch.device}**: {CFG.name}, batch {SETUP.batch}, sequence {SETUP.seq}, "
+ f"{SETUP.precision}.")
 
 # %% [markdown]
 # ## 1. This device's roofline, measured

@@ -51,7 +51,7 @@ ON_DEVICE = {  # what the device changes: the training step of sections 4 and 5
     "cpu": dict(model="tiny-gpt", setup=Setup(batch=4, seq=64)),
     "cuda": dict(model="gpt2", setup=Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")),
 }[ch.device_type]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. Busy is not useful: CPU % for three loops
@@ -110,7 +110,8 @@ ax.tick_params(axis="x", labelsize=8)
 ax.legend(fontsize=8)
 ch.save_figure(fig, "rss_vs_live")
 ch.record_ledger(pd.DataFrame({"experiment": "RSS vs live tensor bytes", "component": rss["stage"], "unit": "bytes",
-                               "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"]}))
+                               "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"],
+                               "kind": "contrast"}))  # on purpose: RSS is not the tensors' bytes
 rss.assign(live_MiB=rss["live_tensor_bytes"] / MiB, rss_delta_MiB=rss["rss_delta_bytes"] / MiB).round(1)
 
 # %% [markdown]

@@ -68,7 +68,7 @@ SIZES = {  # what the scale changes: the GQA and MHA models served in section 2,
     "full": dict(gqa="llama-3-8b", mha="llama-2-7b", contexts=(1024, 4096)),
 }[ch.scale]
 DTYPE = {"cpu": "fp32", "cuda": "bf16"}[ch.device_type]  # served weights and KV cache
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula

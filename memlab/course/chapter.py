@@ -29,6 +29,9 @@ recorded results a page shows."""
 QUIET_WARNINGS = (r"IProgress not found",)
 """Warning messages (regexes) silenced in a chapter's kernel: tqdm.auto's notice that ipywidgets is absent (the
 text bar it falls back to is fine); nothing a reader needs to act on."""
+LEDGER_KINDS = ("prediction", "bound", "contrast")
+"""What a ledger row's two numbers are: a prediction and a measurement, an upper bound and a measurement, or two
+quantities contrasted on purpose (:meth:`Chapter.record_ledger`)."""
 SEED_CLAIMS_COLUMNS = ("claim", "verdict")
 """Columns every seed-claims table has (:meth:`Chapter.seed_claims`), beside the seed and the number."""
 
@@ -179,6 +182,9 @@ class Chapter:
         ``rel_error`` are computed when absent, by :func:`memlab.compare.ledger.with_errors` (the one ledger schema,
         :data:`memlab.compare.ledger.COLUMNS`, and the one relative error). A row recorded again for the same
         (experiment, component, unit) replaces the earlier one, so re-running a cell does not double count.
+        An optional ``kind`` column says what the two numbers are (:data:`LEDGER_KINDS`): ``prediction`` (the
+        default), ``bound`` (``predicted`` is an upper bound, a roofline) or ``contrast`` (two quantities put side
+        by side on purpose); the report words each kind's figure for what it is.
         """
         import pandas as pd
 
@@ -188,6 +194,10 @@ class Chapter:
         missing = [c for c in REQUIRED if c not in rows.columns]
         if missing:
             raise ConfigError(f"ledger rows lack column(s) {', '.join(missing)}; need {', '.join(REQUIRED)}.")
+        kinds = set(rows["kind"].dropna()) if "kind" in rows.columns else set()
+        if kinds - set(LEDGER_KINDS):
+            raise ConfigError(f"ledger kind(s) {', '.join(sorted(map(str, kinds - set(LEDGER_KINDS))))} unknown; "
+                              f"use {', '.join(LEDGER_KINDS)}.")
         rows = with_errors(rows)
         if self.ledger_path.exists():
             rows = pd.concat([pd.read_csv(self.ledger_path), rows], ignore_index=True)

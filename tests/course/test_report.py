@@ -1,6 +1,5 @@
-"""memlab.course.report: cache keys, failure handling, index.json, offline pages; then (slow) the real course at ci
-scale,
-built once, and its rendered index checked in headless Chromium."""
+"""memlab.course.report: cache keys, failure handling, index.json, the book built offline; then (slow) the real
+course at ci scale, built once (the browser test, tests/course/test_book_browser.py, reads the same build)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.course import pages, render, report
+from memlab.course import book, pages, report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "course"
@@ -100,14 +99,30 @@ def test_ledger_summary_says_what_was_compared_and_names_no_worst_when_all_agree
                   "rel_error": [0.0, 0.0, -0.0]}).to_csv(tmp_path / "ledger.csv", index=False)
     summary = report.ledger_summary(tmp_path / "ledger.csv")
     assert summary["max_abs_rel_error"] == 0 and summary["worst_component"] is None
-    assert summary["compared"] == "predicted vs measured params, grads (B) in 2 experiments"
+    assert summary["compared"] == "params, grads (B) in 2 experiments"
+    assert [k["kind"] for k in summary["kinds"]] == ["prediction"] and "exact" in summary["kinds"][0]["figure"]
+
+
+def test_ledger_summary_words_bounds_and_contrasts_as_what_they_are(tmp_path: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame({"experiment": ["roof", "roof", "rss", "fit"], "component": ["a", "b", "s", "params"],
+                  "unit": ["FLOP/s", "FLOP/s", "B", "B"], "predicted": [100.0, 200.0, 10.0, 110.0],
+                  "measured": [50.0, 50.0, 30.0, 100.0], "rel_error": [1.0, 3.0, -2 / 3, 0.1],
+                  "kind": ["bound", "bound", "contrast", None]}).to_csv(tmp_path / "ledger.csv", index=False)
+    summary = report.ledger_summary(tmp_path / "ledger.csv")
+    assert summary["median_abs_rel_error"] == pytest.approx(0.1), "bounds and contrasts are not prediction errors"
+    kinds = {k["kind"]: k for k in summary["kinds"]}
+    assert kinds["bound"]["figure"] == "median 38% of the bound reached (lowest 25%, highest 50%)"
+    assert kinds["contrast"]["figure"].startswith("measured / compared: median 3.00×")
+    assert kinds["prediction"]["figure"].startswith("median |error| 10.0 %")
 
 
 @pytest.mark.parametrize(("fraction", "shown"), [
     (None, "n/a"), (0.0, "0 % (exact)"), (1e-4, "0.01 %"), (1e-9, "< 0.0001 %"), (0.1234, "12.3 %"),
 ])
 def test_percentages_in_the_index_never_round_an_error_to_zero(fraction: float | None, shown: str) -> None:
-    assert render._pct(fraction) == shown
+    assert book.pct(fraction) == shown
 
 
 def test_chapters_table_lists_every_present_chapter_and_plans_the_rest() -> None:
@@ -121,7 +136,7 @@ def test_chapters_table_lists_every_present_chapter_and_plans_the_rest() -> None
     assert report.planned_chapters([], FIXTURES) == [], "a test course has no plan"
 
 
-def test_index_page_shows_planned_chapters_provenance_and_exact_agreement() -> None:
+def test_build_page_shows_planned_chapters_provenance_and_what_each_figure_means() -> None:
     index = {"title": "t", "ok": True, "complete": True, "scale": "ci", "scale_requested": "auto",
              "provenance": {"device": "cpu", "device_kind": "cpu", "os": "Linux 6.1 (x86_64)",
                             "host_memory_bytes": 25276510208, "libraries": {"torch": "2.13.0", "pandas": "2.2"},
@@ -129,16 +144,16 @@ def test_index_page_shows_planned_chapters_provenance_and_exact_agreement() -> N
                             "recorded_gpu_data": {}, "seed": 0},
              "chapters": [
                  {"id": "00", "name": "00_a", "title": "A", "status": "ok", "run_time_s": 1.0, "html": "00_a.html",
-                  "figures": 1, "ledger": {"rows": 2, "median_abs_rel_error": 0.0, "max_abs_rel_error": 0.0,
-                                           "worst_component": None, "compared": "predicted vs measured params (B)"}},
+                  "figures": 1, "ledger": {"kinds": [{"kind": "bound", "meaning": "measurement vs an upper bound",
+                                                      "compared": "matmul (FLOP/s)", "rows": 1234,
+                                                      "figure": "median 50% of the bound reached"}]}},
                  {"id": "01", "name": "01_b", "title": "B", "status": "planned"}]}
-    page = render.render_index(index)
-    for text in ("Linux 6.1", "23.54 GiB", "torch 2.13.0", "abc123def456", "dirty", "none (no page shows",
-                 "0 % (exact)", "every row agrees exactly", "predicted vs measured params (B)",
-                 'data-status="planned"', "1 more planned"):
+    page = book.build_markdown(index)
+    for text in ("Linux 6.1", "23.54 GiB", "torch 2.13.0", "abc123def456", "uncommitted", "none (no page shows",
+                 "measurement vs an upper bound", "median 50% of the bound reached", "1,234",
+                 "planned, not written yet", "{doc}`A <00_a>`"):
         assert text in page, text
-    building = render.render_index({**index, "complete": False, "started": "now", "chapters": []})
-    assert "being built" in building
+    assert "{doc}`B" not in page, "a planned chapter has no page to link"
 
 
 def test_write_atomic_leaves_the_old_file_when_a_write_fails(tmp_path: Path,
@@ -180,18 +195,19 @@ def _disk_full_after(monkeypatch: pytest.MonkeyPatch, matches) -> None:
 
     monkeypatch.setattr(pages, "write_atomic", failing)
     monkeypatch.setattr(report, "write_atomic", failing)
+    monkeypatch.setattr(book, "write_atomic", failing)
     monkeypatch.setattr(report, "memlab_hash", lambda root=ROOT: "fixed")
 
 
 def test_a_full_disk_while_writing_a_page_fails_that_chapter(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    _disk_full_after(monkeypatch, lambda p: p.name == "10_passes.html")
+    _disk_full_after(monkeypatch, lambda p: p.name == "10_passes.ipynb" and p.parent.name == "_book")
     assert _run(tmp_path, "--only", "10") == 1
     index = _index(tmp_path)
     chapter = _by_name(index)["10_passes"]
     assert index["ok"] is False and chapter["status"] == "failed" and chapter["html"] is None
     assert "No space" in chapter["error"]["evalue"]
-    assert not (tmp_path / "10_passes.html").exists(), "no truncated page beside the index"
+    assert not (tmp_path / "10_passes.html").exists(), "no page from a truncated source"
 
 
 def test_a_full_disk_while_writing_the_index_leaves_no_ok_index(tmp_path: Path,
@@ -235,7 +251,7 @@ def fixture_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(report, "memlab_hash", lambda root=ROOT: "fixed")
         runs["first"] = (_run(out), _index(out))
-        runs["first_page"] = (out / "index.html").read_text()
+        runs["first_page"] = (out / "build.html").read_text()
         runs["again"] = (_run(out), _index(out))
         runs["force"] = (_run(out, "--force", "--only", "10"), _index(out))
         runs["solutions"] = (_run(out, "--solutions", "--only", "10"), _index(out / "solutions"))
@@ -254,7 +270,7 @@ def test_a_failing_chapter_does_not_stop_the_others_and_the_run_fails(fixture_ru
     assert failed["error"]["ename"] == "ZeroDivisionError" and "division by zero" in failed["error"]["evalue"]
     assert "1 / 0" in failed["error"]["source_head"]
     page = fixture_runs["first_page"]
-    assert "ZeroDivisionError" in page and 'data-status="failed"' in page
+    assert "11_fails" in page and "failed (the page shows the error)" in page
 
 
 def test_index_json_carries_provenance_and_the_ledger_summary(fixture_runs: dict) -> None:
@@ -291,28 +307,35 @@ def test_solutions_are_rendered_into_their_own_folder(fixture_runs: dict) -> Non
     code, index = fixture_runs["solutions"]
     assert code == 0 and index["solutions"] is True
     page = (fixture_runs["out"] / "solutions" / "10_passes.html").read_text()
-    assert "Solution:" in page
+    assert "Solution:" in page and "instructor build" in (fixture_runs["out"] / "solutions" / "index.html").read_text()
     assert "Solution:" not in (fixture_runs["out"] / "10_passes.html").read_text()
 
 
-def test_pages_need_no_cdn(fixture_runs: dict) -> None:
+def _pages(out: Path) -> list[Path]:
+    return sorted(out.glob("*.html"))
+
+
+def test_the_book_has_its_pages_and_needs_no_network(fixture_runs: dict) -> None:
     out = fixture_runs["out"]
-    for page in [out / "index.html", out / "10_passes.html", out / "11_fails.html"]:
+    names = {p.name for p in _pages(out)}
+    assert {"index.html", "10_passes.html", "11_fails.html", "glossary.html", "references.html", "seeds.html",
+            "seed-claims.html", "build.html", "search.html"} <= names
+    for page in _pages(out):
         html = page.read_text()
         assert not EXTERNAL_RESOURCE.findall(html), f"{page.name} loads something from the network"
-    assert "data:image/png;base64," in (out / "10_passes.html").read_text(), "figures are embedded"
+    figure = re.findall(r'<img[^>]+src="(_images/[^"]+\.png)"', (out / "10_passes.html").read_text())
+    assert figure and (out / figure[0]).stat().st_size > 0, "the figure is a file of the book"
+    assert "ZeroDivisionError" in (out / "11_fails.html").read_text(), "a failed chapter's page shows its error"
 
 
-def test_pages_show_one_parameters_cell_and_no_machine_path(fixture_runs: dict) -> None:
+def test_pages_show_no_parameters_cell_and_no_machine_path(fixture_runs: dict) -> None:
     out = fixture_runs["out"]
-    for page in [out / "index.html", out / "10_passes.html", out / "11_fails.html"]:
+    for page in _pages(out):
         html = page.read_text()
         assert not machine_paths_in(html, out), f"{page.name} shows a path of this machine"
     html = (out / "10_passes.html").read_text()
-    assert len(OUT_DIR_ASSIGNED.findall(html)) == 1, "the parameters cell appears once"
-    assert "[report]/build/10_passes" in html and "injected" not in html.lower()
-    counts = [int(n) for n in re.findall(r"In[\s\xa0]\[(\d+)\]", html)]
-    assert counts and counts == list(range(1, len(counts) + 1)), "In [n] has no gap where a cell was dropped"
+    assert not OUT_DIR_ASSIGNED.findall(html) and "injected" not in html.lower(), "no parameters cell"
+    assert "PosixPath" not in html, "a returned path is plumbing, not content"
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
