@@ -157,9 +157,17 @@ class Chapter:
 
         Inside a notebook the saved PNG is also shown, once (a pyplot figure is closed so the inline backend does
         not show it again): every saved figure appears on the chapter's page, including figures built without
-        pyplot, which the inline backend would not render.
+        pyplot, which the inline backend would not render. Its labels and legends are checked against each other
+        and its data (:func:`memlab.course.figures.figure_overlaps`); what overlaps is written to
+        ``out_dir/figure_checks.json`` (the report's tests fail on any).
         """
+        from memlab.course.figures import FIGURE_CHECKS, figure_overlaps
+
         path = self.out_dir / f"{_safe(name)}.png"
+        checks_path = self.out_dir / FIGURE_CHECKS
+        checks = json.loads(checks_path.read_text()) if checks_path.exists() else {}
+        checks[path.stem] = [str(o) for o in figure_overlaps(fig)]
+        checks_path.write_text(json.dumps(checks, indent=1))
         fig.savefig(path, dpi=150, bbox_inches="tight")
         if _in_notebook():
             import matplotlib.pyplot as plt
@@ -254,29 +262,56 @@ def _safe(name: str) -> str:
     return cleaned
 
 
+NOT_AVAILABLE = "—"
+"""What a table cell shows for a value that is missing (NaN, None): not measured here, or not applicable."""
+
+
 def reader_number(value: float) -> str:
     """A float as a table cell for a reader: thousands grouped and no decimals from 1,000 up (``4,484,096``,
-    ``16,000,000,000``), two decimals from 1 (``23.54``), three significant digits below (``0.222``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if abs(value) >= 1e15:
-        return f"{value:.3e}"
+    ``16,000,000,000``), two decimals from 1 (``23.54``), three significant digits below, never in scientific
+    notation (``0.222``, ``0.0000638``); NaN is :data:`NOT_AVAILABLE`."""
+    if isinstance(value, float) and math.isnan(value):
+        return NOT_AVAILABLE
+    if isinstance(value, float) and math.isinf(value):
+        return "∞" if value > 0 else "−∞"
     if abs(value) >= 1000 or value == round(value):
         return f"{value:,.0f}"
     if abs(value) >= 1:
         return f"{value:,.2f}"
-    return f"{value:.3g}"
+    digits = 2 - math.floor(math.log10(abs(value)))
+    return f"{value:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def reader_html(frame: Any) -> str:
+    """A DataFrame as an HTML table for a reader: floats by :func:`reader_number`, integers with thousands
+    separators, missing values as :data:`NOT_AVAILABLE`, every cell whole (never cut with "…")."""
+    import pandas as pd
+
+    formatters = {col: (lambda v: f"{v:,}" if isinstance(v, int) else reader_number(v))
+                  for col, dtype in frame.dtypes.items() if pd.api.types.is_integer_dtype(dtype)}
+    with pd.option_context("display.max_colwidth", None):
+        return frame.to_html(na_rep=NOT_AVAILABLE, float_format=reader_number, formatters=formatters or None,
+                             max_rows=pd.get_option("display.max_rows"), notebook=True, border=0,
+                             classes="dataframe")
 
 
 def reader_display() -> None:
-    """Set pandas to show rounded numbers (:func:`reader_number`) and silence :data:`QUIET_WARNINGS`, in this
-    process: a chapter's kernel (:func:`chapter` calls it)."""
+    """Set a chapter's kernel to show tables for a reader (:func:`reader_html` for every DataFrame,
+    :func:`reader_number` in pandas' text output) and silence :data:`QUIET_WARNINGS`, in this process
+    (:func:`chapter` calls it)."""
     import pandas as pd
 
     pd.set_option("display.float_format", reader_number)
-    pd.set_option("display.max_colwidth", 120)
+    pd.set_option("display.max_colwidth", None)
     for message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, reader_html)
 
 
 def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: str | Path = "out", *,

@@ -22,7 +22,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CJK_SAMPLE = "視訊記憶體利用率"  # seed 000's title: the glyphs a CJK font must supply
-WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|data-mime-type=\"application/vnd\.jupyter\.stderr\"")
+WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|class=\"output stderr\"")
 """A warning as Python prints it (``file.py:12: FutureWarning: ...``) or any stderr output; a chapter may still
 *discuss* a warning (chapter 03 tabulates the ones ``torch.cuda.amp`` raises)."""
 OUT_DIR_ASSIGNED = re.compile(r'out_dir</span>\s*<span class="o">=</span>')  # `out_dir = ...` in a highlighted cell
@@ -386,7 +386,10 @@ def test_every_real_chapter_executes_at_ci_scale(course_report: tuple[int, Path]
     assert code == 0 and not failures, failures
     assert [ch["name"] for ch in run] == sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
     assert len(index["chapters"]) == len(report.CHAPTERS), "planned chapters are listed too"
-    for page in [out / "index.html"] + [out / ch["html"] for ch in run]:
+    assert index["book"]["status"] == 0 and index["book"]["seconds"] < 60, index["book"]
+    warnings = (out / "build" / "book-warnings.log")
+    assert not warnings.exists() or not warnings.read_text().strip(), warnings.read_text()
+    for page in _pages(out):
         html = page.read_text()
         assert not EXTERNAL_RESOURCE.findall(html), f"{page.name} loads something from the network"
         assert not machine_paths_in(html, out), f"{page.name} shows a path of this machine"
@@ -394,7 +397,19 @@ def test_every_real_chapter_executes_at_ci_scale(course_report: tuple[int, Path]
     for ch in run:
         assert ch["figures"] >= 1, f"{ch['name']} shows no figure"
         html = (out / ch["html"]).read_text()
-        assert html.count("injected-parameters") == 0 and len(OUT_DIR_ASSIGNED.findall(html)) == 1, ch["name"]
+        assert "injected-parameters" not in html and not OUT_DIR_ASSIGNED.findall(html), ch["name"]
+
+
+@pytest.mark.slow
+def test_no_figure_label_or_legend_overlaps_another_or_its_data(course_report: tuple[int, Path]) -> None:
+    """Measured when each figure was saved (memlab.course.figures, from the figure's own text extents)."""
+    from memlab.course.figures import FIGURE_CHECKS
+
+    _, out = course_report
+    checks = {p.parent.name: json.loads(p.read_text()) for p in (out / "build").glob(f"*/{FIGURE_CHECKS}")}
+    assert checks, "save_figure records its checks"
+    overlaps = {f"{chapter}/{fig}": found for chapter, figs in checks.items() for fig, found in figs.items() if found}
+    assert not overlaps, overlaps
 
 
 def _browser_or_skip():
@@ -435,46 +450,160 @@ def test_missing_glyph_check_sees_boxes() -> None:
             browser.close()
 
 
+LEARNER_TEXT = {
+    "a path repr": re.compile(r"(?:Posix|Windows)Path\("),
+    "a traceback": re.compile(r"Traceback \(most recent call last\)"),
+    "a warning": re.compile(r"\b\w*Warning: "),
+    "a config dump": re.compile(r"\{'scale': '"),
+    "a figure repr": re.compile(r"<(?:Figure|Axes)[ :]\w*"),
+    "the parameters cell": re.compile(r"injected-parameters|out_dir = "),
+}
+"""Plumbing that must not appear in a page's visible text."""
+LEARNER_CELLS = {
+    "NaN": re.compile(r"^(?:NaN|nan|NaT|<NA>)$"),
+    "None": re.compile(r"^None$"),
+    "scientific notation": re.compile(r"\d[eE][+-]\d{2}\b"),
+    "a cut cell": re.compile(r"\.\.\.$|…$"),
+}
+"""What a table cell must not be (or end with)."""
+PAGE_FACTS = r"""() => {
+  const article = document.querySelector("article") || document.body;
+  const cells = Array.from(article.querySelectorAll("table td, table th")).map(c => c.innerText.trim());
+  const plain = Array.from(article.querySelectorAll(".cell_output .output.text_plain pre, .cell_output pre"))
+    .map(p => p.innerText.trim()).filter(t => /^'.*'$|^".*"$/s.test(t));
+  const images = Array.from(document.images).map(i => [i.getAttribute("src"), i.complete, i.naturalWidth]);
+  const wide = Array.from(article.querySelectorAll("table")).filter(t => t.getBoundingClientRect().right >
+    article.getBoundingClientRect().right + 2 && getComputedStyle(t).overflowX !== "auto"
+    && getComputedStyle(t.parentElement).overflowX !== "auto").length;
+  return {text: article.innerText, cells, quoted: plain, images, wide,
+          stderr: article.querySelectorAll(".output.stderr").length,
+          solutions: Array.from(article.querySelectorAll("details.memlab-solution")).map(d => d.open),
+          exercises: (article.innerText.match(/Exercise \d/g) || []).length};
+}"""
+
+
+def learner_grade_problems(facts: dict) -> list[str]:
+    """The learner-grade rules a page breaks, from :data:`PAGE_FACTS` (one line each)."""
+    problems = [f"shows {what}: {m.group(0)!r}" for what, rx in LEARNER_TEXT.items()
+                if (m := rx.search(facts["text"]))]
+    for what, rx in LEARNER_CELLS.items():
+        bad = [c for c in facts["cells"] if rx.search(c)]
+        if bad:
+            problems.append(f"{len(bad)} table cell(s) with {what}, e.g. {bad[0]!r}")
+    if facts["quoted"]:
+        problems.append(f"a quoted string as a cell's value: {facts['quoted'][0][:60]!r}")
+    if facts["stderr"]:
+        problems.append(f"{facts['stderr']} stderr block(s)")
+    if facts["wide"]:
+        problems.append(f"{facts['wide']} table(s) wider than the page that do not scroll")
+    broken = [src for src, complete, width in facts["images"] if not complete or not width]
+    if broken:
+        problems.append(f"broken image(s) {broken[:3]}")
+    return problems
+
+
+def test_learner_grade_rules_catch_plumbing() -> None:
+    clean = {"text": "MFU is 42 %.", "cells": ["1,024", "12.5 %"], "quoted": [], "stderr": 0, "wide": 0,
+             "images": [["_images/a.png", True, 640]]}
+    assert learner_grade_problems(clean) == []
+    dirty = {**clean, "text": "PosixPath('x') FutureWarning: old", "cells": ["NaN", "5.42e-05", "None"],
+             "quoted": ["'No GPU run'"], "stderr": 1, "images": [["_images/b.png", True, 0]]}
+    assert len(learner_grade_problems(dirty)) == 8
+
+
+def _offline_browser(pw):
+    """Chromium with every request that is not a file:// URL aborted and recorded (the test fails on any)."""
+    browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    outside: list[str] = []
+
+    def route(r):
+        if r.request.url.startswith(("file://", "data:", "about:")):
+            return r.continue_()
+        outside.append(r.request.url)
+        return r.abort()
+    context.route("**/*", route)
+    return browser, context, outside
+
+
 @pytest.mark.slow
-def test_rendered_report_in_headless_chromium(course_report: tuple[int, Path]) -> None:
+def test_every_page_of_the_book_offline_in_headless_chromium(course_report: tuple[int, Path]) -> None:
     sync_playwright = _browser_or_skip()
     _, out = course_report
     index = _index(out)
     shots = out / "screenshots"
     shots.mkdir(exist_ok=True)
+    problems: dict[str, list[str]] = {}
+    solution_blocks: dict[str, list[bool]] = {}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        browser, context, outside = _offline_browser(pw)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = context.new_page()
             page.set_content(f"<p>{CJK_SAMPLE}</p>")
             assert not page.evaluate(MISSING_GLYPHS, CJK_SAMPLE), (
                 "CJK glyphs render as boxes: install a CJK font (make chromium installs fonts-noto-cjk)")
             page.goto((out / "index.html").as_uri())
-            rows = page.locator("tr.chapter")
-            assert rows.count() == len(index["chapters"])
-            links = page.locator("tr.chapter a")
-            hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
-            assert hrefs == [ch["html"] for ch in index["chapters"] if ch.get("html")]
-            planned = page.locator('tr.chapter[data-status="planned"]')
-            assert planned.count() == sum(ch["status"] == "planned" for ch in index["chapters"])
+            sidebar = page.locator("nav.bd-links a.reference")
+            linked = {sidebar.nth(i).get_attribute("href") for i in range(sidebar.count())}
+            assert {ch["html"] for ch in index["chapters"] if ch.get("html")} <= linked, "every chapter in the sidebar"
+            assert page.locator("text=Start here").count() and page.locator("text=the belief it checks").count()
             page.screenshot(path=str(shots / "index.png"), full_page=True)
-            for ch in [ch for ch in index["chapters"] if ch.get("html")]:
-                page.goto((out / ch["html"]).as_uri())
+            for path in _pages(out):
+                page.goto(path.as_uri())
                 page.wait_for_load_state("load")
-                assert page.title(), f"{ch['name']} has a title"
-                images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
-                assert len(images) >= max(1, ch["figures"]), f"{ch['name']}: figures missing"
-                broken = [i for i, (complete, width) in enumerate(images) if not complete or width == 0]
-                assert not broken, f"{ch['name']}: broken images {broken}"
-                cjk = "".join(sorted(set(re.findall(r"[\u3000-\u9fff\uf900-\ufaff]", page.inner_text("body")))))
+                assert page.title(), f"{path.name} has a title"
+                facts = page.evaluate(PAGE_FACTS)
+                if found := learner_grade_problems(facts):
+                    problems[path.name] = found
+                cjk = "".join(sorted(set(re.findall(r"[\u3000-\u9fff\uf900-\ufaff]", facts["text"]))))
                 missing = page.evaluate(MISSING_GLYPHS, cjk) if cjk else ""
-                assert not missing, f"{ch['name']}: no glyph for {missing!r} (boxes): install a CJK font"
-                page.screenshot(path=str(shots / f"{ch['name']}.png"))
+                assert not missing, f"{path.name}: no glyph for {missing!r} (boxes): install a CJK font"
+                if facts["exercises"]:
+                    solution_blocks[path.name] = facts["solutions"]
+                if path.stem[:2].isdigit():
+                    page.screenshot(path=str(shots / f"{path.stem}.png"))
+                    nav = page.locator("a.right-next, a.left-prev")
+                    assert nav.count() >= 1, f"{path.name} has no previous/next link"
+            page.goto((out / "search.html").as_uri() + "?q=fragmentation")
+            page.wait_for_selector("#search-results li", timeout=15000)
+            assert page.locator("#search-results li").count() >= 1, "full-text search finds a chapter"
         finally:
             browser.close()
-    assert (shots / "index.png").stat().st_size > 0
+    assert not outside, f"pages asked the network for {sorted(set(outside))[:5]}"
+    assert not problems, problems
     if os.environ.get("MEMLAB_SCREENSHOT_DIR"):
         target = Path(os.environ["MEMLAB_SCREENSHOT_DIR"])
         target.mkdir(parents=True, exist_ok=True)
         for shot in shots.glob("*.png"):
             shutil.copy2(shot, target / shot.name)
+    _solution_blocks_are_collapsed(solution_blocks)
+
+
+def _solution_blocks_are_collapsed(blocks: dict[str, list[bool]]) -> None:
+    if not any(blocks.values()):
+        pytest.xfail("no exercise shows a <details class='memlab-solution'> block yet (the exercises branch adds "
+                     "them); this check turns on when it merges")
+    assert all(blocks.values()), f"a chapter with exercises has no solution block: {blocks}"
+    opened = {name: found for name, found in blocks.items() if any(found)}
+    assert not opened, f"solutions shown open in the learner's book: {opened}"
+
+
+@pytest.mark.slow
+def test_the_solutions_book_opens_every_solution_block(fixture_runs: dict) -> None:
+    sync_playwright = _browser_or_skip()
+    with sync_playwright() as pw:
+        browser, context, outside = _offline_browser(pw)
+        try:
+            page = context.new_page()
+            found = {}
+            for build in (fixture_runs["out"], fixture_runs["out"] / "solutions"):
+                page.goto((build / "10_passes.html").as_uri())
+                found[build.name] = page.evaluate(PAGE_FACTS)["solutions"]
+        finally:
+            browser.close()
+    assert not outside
+    if not any(found.values()):
+        pytest.xfail("the fixture's exercise shows no <details class='memlab-solution'> block yet (the exercises "
+                     "branch adds it)")
+    assert found["solutions"] and all(found["solutions"]), found
+    assert not any(v for k, v in found.items() if k != "solutions"), found
