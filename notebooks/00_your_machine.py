@@ -233,7 +233,7 @@ ax.bar(hbm["key"], hbm["bandwidth_bytes_per_s"] / 1e9, color="tab:orange", label
 ax.axhspan(*SEED_004_DDR5_GB_S, color="tab:green", alpha=0.2, label="seed 004's DDR5 claim")
 ax.set(yscale="log", ylabel="bandwidth (GB/s)", title="Memory bandwidth: measured here, DDR5 peaks, per-GPU HBM")
 ax.tick_params(axis="x", rotation=60, labelsize=7)
-ax.legend(fontsize=7)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 bandwidth_png = ch.save_figure(fig, "bandwidth")
 
 # %%

@@ -137,7 +137,7 @@ ax.plot(measured.index, measured["peak (live bytes)"] / MiB, "k_", ms=30, mew=2,
 ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
        title=f"{model.name}, AdamW, b={batch}, s={seq}: measured bytes per component and the step's peak\n"
              f"exact storage bytes (memlab.run.runner) and live tensor bytes, on {ch.device}")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "policies_components")
 over = measured["peak (live bytes)"] - measured[comp].sum(axis=1)
 print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / MiB:+.2f}" for p, v in over.items()))
@@ -220,7 +220,7 @@ ax.set_xscale("log", base=2)
 ax.set(xlabel="scale applied to the gradients (loss scale)", ylabel="% of nonzero fp32 gradient values",
        title=f"Real gradients of {model.name} cast to 16 bits: what a scale saves and what it breaks\n"
              f"{grads.numel():,} gradient values, measured on {ch.device}")
-ax.legend(fontsize=7)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "fp16_underflow")
 
 # %% [markdown]

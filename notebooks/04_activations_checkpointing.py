@@ -129,7 +129,7 @@ axes[0].set(xlabel="sequence length s (tokens), batch 2", ylabel="saved for back
             title="grows faster than s with eager attention (the s² scores)")
 axes[1].set(xlabel=f"batch b, s = {seqs[1]}", ylabel="saved for backward (MiB)", title="linear in b")
 for ax in axes:
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"{model.name}, fp32: activations measured by SavedTensorRecorder vs memlab's terms "
              f"(dotted), on {ch.device}", fontsize=10)
 ch.save_figure(fig, "saved_vs_seq_batch")
@@ -210,16 +210,16 @@ ax.scatter(cp["extra FLOPs (analytic)"] * 100, -cp["activation saving"] * 100, s
            label="bytes kept for backward after the forward")
 ax.scatter(cp["extra FLOPs (analytic)"] * 100, cp["peak change"] * 100, s=40, marker="x",
            label="peak above the weights (gradients included)")
-for _, r in cp.iterrows():
+for i, (_, r) in enumerate(cp.sort_values("extra FLOPs (analytic)").iterrows()):  # neighbours: above, below
     ax.annotate(r["label"], (r["extra FLOPs (analytic)"] * 100, -r["activation saving"] * 100), fontsize=7,
-                xytext=(4, 2), textcoords="offset points")
+                xytext=(4, 4 if i % 2 == 0 else -11), textcoords="offset points")
 ax.axhspan(-70, -60, color="orange", alpha=0.15, label="seed 004: −60…−70 % activations")
 ax.axvspan(20, 30, color="green", alpha=0.1, label="seed 004: +20…30 % time")
 ax.set(xlabel="extra FLOPs per step (%), analytic, memlab.predict.flops",
        ylabel="change against no checkpointing (%)",
        title=f"{deep.name} with 16 blocks, b={cb}, s={cs}: what each strategy buys and costs\n"
              f"measured on {ch.device} (LiveBytes), FLOPs counted analytically")
-ax.legend(fontsize=7, loc="upper right")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "checkpointing_tradeoff")
 
 # %%
@@ -350,7 +350,7 @@ ax.set_xscale("log", base=2)
 ax.set(xlabel="batch", ylabel="peak live tensor bytes in the phase (MiB)",
        title=f"{model.name}, fp32 + AdamW (foreach), s={cross_seq}, step 2: which phase holds the peak\n"
              f"measured on {ch.device} by memlab.measure.live_bytes.LiveBytes")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "peak_phase_crossover")
 
 # %% [markdown]

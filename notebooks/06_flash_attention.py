@@ -172,7 +172,7 @@ ax.set_yscale("log", base=2)
 ax.set_xlabel("sequence length s (tokens)")
 ax.set_ylabel("bytes kept for backward by attention (1 layer)")
 ax.set_title(f"{layer.name}, 1 layer, batch 1, {precision}: attention memory vs s")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "attention_vs_seq")
 
 # %% [markdown]

@@ -107,7 +107,7 @@ ax.bar([i - 0.2 for i in pos], rss["live_tensor_bytes"] / MiB, 0.4, label="live 
 ax.bar([i + 0.2 for i in pos], rss["rss_delta_bytes"] / MiB, 0.4, label="RSS above start (what top shows)")
 ax.set(xticks=list(pos), xticklabels=rss["stage"], ylabel="MiB", title="Freed is not returned: RSS vs live tensors")
 ax.tick_params(axis="x", labelsize=8)
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "rss_vs_live")
 ch.record_ledger(pd.DataFrame({"experiment": "RSS vs live tensor bytes", "component": rss["stage"], "unit": "bytes",
                                "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"],

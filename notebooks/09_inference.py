@@ -149,7 +149,7 @@ for i, cfg in enumerate((mha, small)):
 axes[0].set_xlabel("context (tokens)")
 axes[0].set_ylabel("KV cache (MiB), measured")
 axes[0].set_title("KV cache vs context and batch (grey: predicted)")
-axes[0].legend(fontsize=8)
+axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 phase = rows.groupby("model", sort=False)[["prefill s", "decode s/token"]].mean()
 phase.plot.bar(ax=axes[1], rot=0, logy=True)
 axes[1].set_ylabel("seconds (log)")
@@ -248,14 +248,14 @@ print(f"mean request {reqs['total'].mean():.0f} tokens (prompt {reqs['prompt'].m
 waste.round(3)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
 axes[0].hist(reqs["total"], bins=60, color="C0")
 axes[0].set_xlabel("request length (prompt + output tokens)")
 axes[0].set_ylabel("requests")
 axes[0].set_title("synthetic request mix (seeded)")
 axes[1].bar(waste["policy"], waste["used_share"] * 100)
-axes[1].set_ylabel("% of reserved KV memory holding tokens")
-axes[1].set_title("KV memory used by real tokens, per reservation policy")
+axes[1].set_ylabel("reserved KV memory in use (%)")
+axes[1].set_title("KV memory holding real tokens, per policy")
 ch.save_figure(fig, "paged_attention")
 
 # %% [markdown]
