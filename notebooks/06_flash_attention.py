@@ -50,6 +50,7 @@ from memlab import (
     run_step,
     trace_gpt,
 )
+from memlab.course.chapter import as_percent
 from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir)
@@ -188,7 +189,7 @@ ch.save_figure(fig, "attention_vs_seq")
 # %%
 share = runs.assign(share=runs["attention scores"] / runs["all saved"]).pivot_table(
     index="seq", columns="attention", values="share")
-share.round(3)
+as_percent(share).rename_axis(columns="attention scores' share of all saved bytes, per kernel")
 
 # %% [markdown]
 # ## 4. FLOPs: equal forward, more backward

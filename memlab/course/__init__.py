@@ -3,6 +3,7 @@
 ``chapter`` (parameters, outputs, recorded GPU data), ``exercises`` (checks that explain a wrong answer),
 ``hf_configs`` (the shipped config.json files), ``report`` (papermill runs with a cache), ``book`` (the executed
 chapters as a Sphinx + myst-nb book, offline), ``glossary`` and ``bibliography`` (the book's one glossary and one
-reference list, linked from the chapters), ``pages`` (scrubbed machine paths, atomic writes), ``provenance`` (the one
-builder of where a number was made).
+reference list, linked from the chapters), ``figures`` (labels and legends checked for overlap when a figure is
+saved), ``pages`` (scrubbed machine paths, atomic writes), ``provenance`` (the one builder of where a number was
+made).
 """

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memlab.compare.ledger import error_summary
 from memlab.course.bibliography import REFERENCES_DOC, link_citations, references_markdown
 from memlab.course.glossary import GLOSSARY_DOC, glossary_markdown, link_first_uses
 from memlab.course.pages import scrub, write_atomic
@@ -180,6 +181,84 @@ def pct(value: float | None) -> str:
     if value < 0.0005:
         return f"{100 * value:.1g} %" if value >= 5e-7 else "< 0.0001 %"
     return f"{100 * value:.1f} %"
+
+
+LEDGER_KINDS = {
+    "prediction": "prediction vs measurement",
+    "bound": "measurement vs an upper bound",
+    "contrast": "deliberate contrast",
+}
+"""What a ledger row's ``kind`` (:data:`memlab.course.chapter.LEDGER_KINDS`) says its two numbers are:
+a prediction checked against a measurement (the default), an upper bound a measurement cannot exceed (a roofline),
+or two quantities a chapter puts side by side to show that they differ (RSS against live tensor bytes)."""
+
+
+def _compared(frame: Any) -> str:
+    """What a ledger's rows put side by side: components, units and how many experiments."""
+    def listed(column: str) -> str:
+        if column not in frame.columns:
+            return "?"
+        values = [str(v) for v in frame[column].dropna().unique()]
+        return ", ".join(values[:6]) + (f" and {len(values) - 6} more" if len(values) > 6 else "")
+
+    n = frame["experiment"].nunique() if "experiment" in frame.columns else len(frame)
+    return f"{listed('component')} ({listed('unit')}) in {n} experiment{'s' * (n != 1)}"
+
+
+def _ratio_figure(frame: Any, kind: str) -> str:
+    """The median (and range) of measured / predicted over rows with both sides, worded for ``kind``."""
+    both = frame.dropna(subset=["predicted", "measured"])
+    both = both[both["predicted"] != 0]
+    if both.empty:
+        return "n/a (no row has both numbers)"
+    ratio = (both["measured"] / both["predicted"]).astype(float)
+    if kind == "bound":
+        return (f"median {ratio.median():.0%} of the bound reached (lowest {ratio.min():.0%}, highest "
+                f"{ratio.max():.0%})")
+    return f"measured / compared: median {ratio.median():,.2f}× (from {ratio.min():,.2f}× to {ratio.max():,.2f}×)"
+
+
+def ledger_summary(ledger_csv: Path) -> dict[str, Any] | None:
+    """A chapter's ledger summarised; None when there is no ledger.
+
+    ``median_abs_rel_error``, ``max_abs_rel_error`` and ``worst_component`` are over the *prediction* rows only
+    (None when there are none, or, for the worst, when every error is zero); ``kinds`` has one entry per kind of
+    row present (:data:`LEDGER_KINDS`): what it means, what was compared, how many rows and its figure, worded for
+    what the numbers are (an error, the share of a bound reached, a ratio)."""
+    import pandas as pd
+
+    if not Path(ledger_csv).exists():
+        return None
+    frame = pd.read_csv(ledger_csv)
+    kinds = frame["kind"].fillna("prediction") if "kind" in frame.columns else pd.Series("prediction", frame.index)
+    predictions = frame[kinds == "prediction"]
+    summary: dict[str, Any] = {"rows": len(frame), "median_abs_rel_error": None, "max_abs_rel_error": None,
+                               "worst_component": None, "compared": _compared(frame), "kinds": []}
+    if "rel_error" in frame.columns and not predictions.empty:
+        overall = error_summary(predictions, by=None)  # NaN and the inf of a zero measurement left out
+        if not overall.empty:
+            row = overall.iloc[0]
+            summary.update(median_abs_rel_error=float(row["median_abs_rel_error"]),
+                           max_abs_rel_error=float(row["max_abs_rel_error"]))
+            if row["max_abs_rel_error"] > 0:
+                summary["worst_component"] = f"{row['worst_experiment']}: {row['worst_component']}"
+    for kind, meaning in LEDGER_KINDS.items():
+        rows = frame[kinds == kind]
+        if rows.empty:
+            continue
+        if kind == "prediction":
+            if summary["median_abs_rel_error"] is None:
+                figure = "n/a (no row has both numbers)"
+            elif summary["max_abs_rel_error"] == 0:
+                figure = "0 % (exact): every row agrees"
+            else:
+                figure = (f"median |error| {pct(summary['median_abs_rel_error'])}, largest "
+                          f"{pct(summary['max_abs_rel_error'])} ({summary['worst_component']})")
+        else:
+            figure = _ratio_figure(rows, kind)
+        summary["kinds"].append({"kind": kind, "meaning": meaning, "compared": _compared(rows), "rows": len(rows),
+                                 "figure": figure})
+    return summary
 
 
 def _comparison_rows(chapters: list[dict[str, Any]]) -> list[str]:

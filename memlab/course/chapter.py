@@ -295,6 +295,16 @@ def reader_html(frame: Any) -> str:
                              classes="dataframe")
 
 
+def as_percent(frame: Any, columns: list[str] | None = None, digits: int = 2) -> Any:
+    """A copy of ``frame`` for display with the fraction ``columns`` (all when None) shown as percentages:
+    multiplied by 100, rounded to ``digits`` and renamed ``"NAME (%)"``; where a chapter's text speaks in %."""
+    columns = list(frame.columns) if columns is None else columns
+    shown = frame.copy()
+    for col in columns:
+        shown[col] = (100 * shown[col].astype(float)).round(digits)
+    return shown.rename(columns={col: f"{col} (%)" for col in columns})
+
+
 def reader_display() -> None:
     """Set a chapter's kernel to show tables for a reader (:func:`reader_html` for every DataFrame,
     :func:`reader_number` in pandas' text output) and silence :data:`QUIET_WARNINGS`, in this process

@@ -63,7 +63,9 @@ GLOSSARY: tuple[Term, ...] = (
          "divides it out before the step; the scale shrinks on overflow and grows back."),
     Term("foreach", "A PyTorch optimizer implementation that updates all parameters with one multi-tensor kernel per "
          "operation; fast, but its scratch tensors are sized like all parameters at once (the default on CUDA)."),
-    Term("GiB", "Gibibyte, 2³⁰ = 1,073,741,824 bytes. A GB is 10⁹ bytes: 80 GB is 74.5 GiB.", (r"GiB", r"GB")),
+    Term("GiB", f"Gibibyte, 2³⁰ = {2**30:,} bytes (MiB: 2²⁰, KiB: 2¹⁰); what PyTorch and nvidia-smi print as "
+         f"'GB' or 'MiB'. 80 GB is {80e9 / 2**30:.1f} GiB.", (r"[GMK]iB",)),
+    Term("GB", f"Gigabyte, 10⁹ bytes: the unit of datasheets. 1 GiB is {2**30 / 1e9:.3f} GB.", (r"GB",)),
     Term("HBM", "High-bandwidth memory: DRAM stacked beside the GPU die on a very wide interface (TB/s)."),
     Term("DRAM", "Dynamic RAM: main memory (DDR on a host, HBM or GDDR on a GPU), far slower than on-chip caches."),
     Term("OOM", "Out of memory: an allocation the device cannot satisfy; PyTorch raises "
