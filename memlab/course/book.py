@@ -4,10 +4,10 @@
 executed notebooks into the book's sources and builds it with Sphinx, myst-nb (``nb_execution_mode = "off"``: it
 renders the papermill outputs as they are) and sphinx-book-theme, offline:
 
-- :func:`chapter_page` makes one executed notebook a page: papermill's parameter cells dropped, the build
-  machine's paths scrubbed, plumbing outputs (a returned ``PosixPath``, a quoted string as a cell's last value)
-  dropped or shown as text, citations linked to the references page and each glossary term linked at its first use
-  (so the notebooks a learner opens stay plain);
+- :func:`chapter_page` makes one executed notebook a page: papermill's parameter cells dropped, long code cells
+  folded, the build machine's paths scrubbed, plumbing outputs (a returned ``PosixPath``, a quoted string as a
+  cell's last value) dropped or shown as text, citations linked to the references page and each glossary term
+  linked at its first use (so the notebooks a learner opens stay plain);
 - :func:`write_sources` writes the landing page (course map with each chapter's belief, taken from the chapter),
   the seed articles, the seed-claims table, the glossary, the references (from ``memlab/SOURCES.md``) and the
   build page (status, what each error figure means, provenance), and Sphinx's ``conf.py``;
@@ -20,7 +20,6 @@ launch or repository buttons; the theme's icons and scripts are its own bundled 
 from __future__ import annotations
 
 import ast
-import json
 import re
 import shutil
 import time
@@ -46,6 +45,9 @@ BUILT_NAMES = ("_static", "_images", "_sources", "_sphinx_design_static", "genin
                "searchindex.js", "objects.inv", ".buildinfo")
 """What a book build writes into the report folder besides its pages (removed before the next build's copy)."""
 PARAMETER_TAGS = {"parameters", "injected-parameters"}
+FOLD_CODE_LINES = 15
+"""A code cell longer than this many lines is folded on its page (``hide-input``: a "show code" toggle above its
+outputs); shorter cells, exercise cells among them, are shown as written."""
 QUIET_STDERR = (re.compile(r"^USDT:.*SyncActivityProfilerHandler\.cpp:\d+\] profiler_(?:start|stop)$"),)
 """stderr lines dropped from a page: the trace lines torch's profiler library writes straight to the kernel's
 stderr on every ``torch.profiler`` start and stop (chapter 07), which say nothing to a reader. Any other stderr
@@ -102,9 +104,11 @@ def chapter_page(nb: Any, paths: Mapping[str, str]) -> Any:
     cells = [c for c in nb.cells if not PARAMETER_TAGS & set(_tags(c))]
     for cell in cells:
         if cell.cell_type == "code":
-            kept = [_quiet(o) for o in cell.get("outputs", []) if _plumbing(o) is not None]
-            kept = [_plumbing(o) for o in kept if o is not None]
-            cell.outputs = [_scrub_output(o, paths) for o in kept if o is not None]
+            if cell.source.count("\n") >= FOLD_CODE_LINES and "hide-input" not in _tags(cell):
+                cell.setdefault("metadata", {}).setdefault("tags", []).append("hide-input")
+            shown = (_plumbing(o) for o in cell.get("outputs", []))
+            quiet = (_quiet(o) for o in shown if o is not None)
+            cell.outputs = [_scrub_output(o, paths) for o in quiet if o is not None]
             cell.source = scrub(cell.source, paths)
     markdown = [c for c in cells if c.cell_type == "markdown"]
     for cell, text in zip(markdown, link_first_uses([link_citations(c.source) for c in markdown]), strict=True):
@@ -426,16 +430,3 @@ def placeholder_index(started: str) -> str:
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>memlab: building</title></head>'
             f"<body><h1>memlab</h1><p>The report is being built (started {started}) or its build was interrupted: "
             "run <code>make report</code> again.</p></body></html>\n")
-
-
-def chapter_beliefs(executed: Mapping[str, Path]) -> dict[str, str]:
-    """Chapter name -> its belief (:func:`belief`), read from each executed (or source) notebook."""
-    import jupytext
-
-    found = {}
-    for name, path in executed.items():
-        try:
-            found[name] = belief(jupytext.read(path))
-        except (OSError, ValueError, json.JSONDecodeError):
-            found[name] = ""
-    return found

@@ -123,6 +123,11 @@ def test_chapter_page_drops_parameters_and_plumbing_and_scrubs_paths() -> None:
     assert outputs[2].text == "saved [report]/a.csv\n"
     assert "{ref}`[seed-001] <ref-seed-001>`" in page.cells[0].source and "{term}`MFU <MFU>`" in page.cells[0].source
     assert book.belief(_nb()) == '"MFU is 50 %".'
+    long = _nb()
+    long.cells[-1].source = "\n".join(f"x{i} = {i}" for i in range(book.FOLD_CODE_LINES + 1))
+    folded = book.chapter_page(long, {}).cells[-1]
+    assert "hide-input" in folded.metadata["tags"], "a long code cell is folded"
+    assert "hide-input" not in page.cells[-1].metadata.get("tags", []), "a short one is not"
 
 
 def test_figure_overlap_check_sees_labels_on_labels_and_legends_on_data() -> None:

@@ -607,3 +607,19 @@ def test_the_solutions_book_opens_every_solution_block(fixture_runs: dict) -> No
                      "branch adds it)")
     assert found["solutions"] and all(found["solutions"]), found
     assert not any(v for k, v in found.items() if k != "solutions"), found
+
+
+def test_the_book_builds_with_no_network_at_all(fixture_runs: dict, tmp_path: Path) -> None:
+    """Sphinx over the fixture book's sources in a network namespace of its own (no interface but a down
+    loopback): a theme or extension that fetched anything would fail or warn here."""
+    import subprocess
+
+    unshare = shutil.which("unshare")
+    if not unshare or subprocess.run([unshare, "-rn", "true"], capture_output=True).returncode:
+        pytest.skip("unshare -rn (a user network namespace) is not available here")
+    src = fixture_runs["out"] / book.SOURCE_DIR
+    proc = subprocess.run([unshare, "-rn", sys.executable, "-m", "sphinx", "-b", "html", "-q", "-E",
+                           "-d", str(tmp_path / "doctrees"), str(src), str(tmp_path / "html")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr[-2000:]
+    assert (tmp_path / "html" / "index.html").exists() and (tmp_path / "html" / "10_passes.html").exists()
