@@ -71,7 +71,7 @@ class Recorded:
     def _repr_html_(self) -> str:
         import html
 
-        return f"<p><b>{html.escape(self.name)}</b> ({html.escape(self.label)})</p>" + self.frame.to_html(index=False)
+        return f"<p><b>{html.escape(self.name)}</b> ({html.escape(self.label)})</p>" + reader_html(self.frame, index=False)
 
 
 def load_recorded(name: str, directory: Path | str = RECORDED_DIR) -> Recorded | None:
@@ -102,10 +102,7 @@ class SeedClaims:
     frame: Any  # pandas.DataFrame
 
     def _repr_html_(self) -> str:
-        import pandas as pd
-
-        with pd.option_context("display.max_colwidth", None):
-            return self.frame.to_html(index=False)
+        return reader_html(self.frame, index=False)
 
 
 @dataclass(frozen=True)
@@ -282,7 +279,7 @@ def reader_number(value: float) -> str:
     return f"{value:.{digits}f}".rstrip("0").rstrip(".")
 
 
-def reader_html(frame: Any) -> str:
+def reader_html(frame: Any, *, index: bool = True) -> str:
     """A DataFrame as an HTML table for a reader: floats by :func:`reader_number`, integers with thousands
     separators, missing values as :data:`NOT_AVAILABLE`, every cell whole (never cut with "…")."""
     import pandas as pd
@@ -290,7 +287,8 @@ def reader_html(frame: Any) -> str:
     formatters = {col: (lambda v: f"{v:,}" if isinstance(v, int) else reader_number(v))
                   for col, dtype in frame.dtypes.items() if pd.api.types.is_integer_dtype(dtype)}
     with pd.option_context("display.max_colwidth", None):
-        return frame.to_html(na_rep=NOT_AVAILABLE, float_format=reader_number, formatters=formatters or None,
+        return frame.to_html(index=index, na_rep=NOT_AVAILABLE, float_format=reader_number,
+                             formatters=formatters or None,
                              max_rows=pd.get_option("display.max_rows"), notebook=True, border=0,
                              classes="dataframe")
 
