@@ -127,6 +127,16 @@ def write_chapter_page(executed: Path, source_dir: Path, paths: Mapping[str, str
     return write_atomic(source_dir / executed.name, nbformat.writes(page))
 
 
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text``: up to the first ``.``, ``!`` or ``?`` (a closing quote kept) that is
+    followed by a capital or an opening quote and does not lie inside a quotation."""
+    for m in re.finditer(r"[.!?][\"”)]?(?=\s+[A-Z\"“]|\s*$)", text):
+        head = text[:m.end()]
+        if head.count('"') % 2 == 0 and head.count("“") == head.count("”"):
+            return head
+    return text
+
+
 def belief(nb: Any) -> str:
     """The first sentence of a chapter's "**The common belief.**" paragraph, as plain text (citations and
     markdown emphasis removed); "" when the chapter states none."""
@@ -136,10 +146,17 @@ def belief(nb: Any) -> str:
         m = _BELIEF.search(cell.source)
         if m:
             text = " ".join(line.lstrip("# ").strip() for line in m.group(1).splitlines())
-            text = re.sub(r"\s*\(?`?\[[a-z0-9-]+\]`?\)?,?", "", text)
-            sentence = re.split(r"(?<=[.!?])\s+(?=[A-Z\"“])", text, maxsplit=1)[0]
-            return sentence.replace("*", "").strip()
+            text = re.sub(r",?\s*\(?`?\[[a-z0-9-]+\]`?\)?(?=[\s,.;:)]|$)", _drop_citation, text)
+            text = re.sub(r"\s+([,.;)])", r"\1", re.sub(r"\(\s*\)", "", text)).replace("(, ", "(")
+            return first_sentence(text).replace("*", "").strip()
     return ""
+
+
+def _drop_citation(m: re.Match[str]) -> str:
+    """A citation removed from a sentence; the parenthesis it closed (``(seed 000, [seed-000])``) is kept."""
+    cited = m.group(0)
+    opens, closes = cited.lstrip(", ").startswith("("), cited.endswith(")")
+    return ")" if closes and not opens else " (" if opens and not closes else ""
 
 
 @dataclass(frozen=True)

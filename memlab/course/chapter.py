@@ -71,7 +71,8 @@ class Recorded:
     def _repr_html_(self) -> str:
         import html
 
-        return f"<p><b>{html.escape(self.name)}</b> ({html.escape(self.label)})</p>" + reader_html(self.frame, index=False)
+        head = f"<p><b>{html.escape(self.name)}</b> ({html.escape(self.label)})</p>"
+        return head + reader_html(self.frame, index=False)
 
 
 def load_recorded(name: str, directory: Path | str = RECORDED_DIR) -> Recorded | None:
