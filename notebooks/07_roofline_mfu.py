@@ -282,6 +282,7 @@ split = pd.DataFrame([plain.to_row(), logged.to_row()]).set_index("label")
 phase_cols = [f"{p}_s" for p in plain.phase_s]  # data, forward, ..., checkpoint
 fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
 (split[phase_cols] * 1e3).rename(columns=lambda c: c[:-2]).plot.barh(stacked=True, ax=ax)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ax.set(xlabel="mean time per step (ms)", ylabel="", title=f"Where a step's time goes ({CFG.name}, {ch.device})")
 ch.save_figure(fig, "step_split")
 as_percent(split[["step_s", "model_step_s", "mfu", "mfu_model_time"]], ["mfu", "mfu_model_time"]).round(5)

@@ -137,7 +137,7 @@ ch.cpu_note("KV and weight bytes are exact storage sizes; prefill and decode tim
             "a GPU, where decode is bound by reading the weights and the cache from HBM at every token.")
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
 for i, cfg in enumerate((mha, small)):
     part = rows[rows["model"] == cfg.name]
     for b in sorted(part["batch"].unique()):
@@ -152,6 +152,7 @@ axes[0].set_title("KV cache vs context and batch (grey: predicted)")
 axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 phase = rows.groupby("model", sort=False)[["prefill s", "decode s/token"]].mean()
 phase.plot.bar(ax=axes[1], rot=0, logy=True)
+axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 axes[1].set_ylabel("seconds (log)")
 axes[1].set_title(f"prefill vs one decode step, on {served[0][1].device_name}")
 ch.save_figure(fig, "kv_growth_and_phases")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import random
 import warnings
 from dataclasses import asdict, dataclass
@@ -280,13 +281,38 @@ def reader_number(value: float) -> str:
     return f"{value:.{digits}f}".rstrip("0").rstrip(".")
 
 
+def _reader_cell(value: Any) -> str:
+    """One cell of a mixed (object) or integer column as :func:`reader_html` shows it."""
+    if value is None or (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+                         and math.isnan(value)):
+        return NOT_AVAILABLE
+    if isinstance(value, bool | np_bool()):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        return reader_number(float(value))
+    return str(value)
+
+
+def np_bool() -> type:
+    """NumPy's bool scalar type (a column of flags holds these, not Python bools)."""
+    import numpy as np
+
+    return np.bool_
+
+
 def reader_html(frame: Any, *, index: bool = True) -> str:
     """A DataFrame as an HTML table for a reader: floats by :func:`reader_number`, integers with thousands
     separators, missing values as :data:`NOT_AVAILABLE`, every cell whole (never cut with "…")."""
     import pandas as pd
 
-    formatters = {col: (lambda v: f"{v:,}" if isinstance(v, int) else reader_number(v))
-                  for col, dtype in frame.dtypes.items() if pd.api.types.is_integer_dtype(dtype)}
+    mixed = [col for col, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
+    if mixed:  # pandas prints None in an object column as "None", formatter or not: format the cells first
+        frame = frame.copy()
+        for col in mixed:
+            frame[col] = frame[col].map(_reader_cell)
+    formatters = {col: _reader_cell for col, dtype in frame.dtypes.items() if pd.api.types.is_integer_dtype(dtype)}
     with pd.option_context("display.max_colwidth", None):
         return frame.to_html(index=index, na_rep=NOT_AVAILABLE, float_format=reader_number,
                              formatters=formatters or None,

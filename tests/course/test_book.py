@@ -159,3 +159,13 @@ def test_a_span_behind_the_data_is_not_data_and_a_suptitle_is_one_text() -> None
     ax.bar([1.2], [0.4], width=0.5)
     assert [o.second for o in figure_overlaps(fig)] == ["bar '_nolegend_'"], "a bar under a text is data"
     plt.close(fig)
+
+
+@pytest.mark.parametrize(("text", "first"), [
+    ('He said "a. B" then. Next one.', 'He said "a. B" then.'),
+    ("“Quoted. Still” here! After.", "“Quoted. Still” here!"),
+    ('"All of it."', '"All of it."'),
+    ("no end", "no end"),
+])
+def test_first_sentence_does_not_end_inside_a_quotation(text: str, first: str) -> None:
+    assert book.first_sentence(text) == first

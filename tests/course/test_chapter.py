@@ -183,6 +183,9 @@ def test_reader_tables_show_missing_values_as_a_dash_and_integers_grouped() -> N
     html = reader_html(pd.DataFrame({"bytes": [1216392, 23068672], "x": [float("nan"), 0.5], "who": [None, "a"]}))
     assert "1,216,392" in html and "23,068,672" in html and "NaN" not in html and "None" not in html
     assert html.count("—") == 2
+    mixed = reader_html(pd.Series({"reason": None, "peak": 1.5e12, "n": 4096, "ok": True, "what": "cpu"},
+                                  name="this device").to_frame())
+    assert "None" not in mixed and "1,500,000,000,000" in mixed and "4,096" in mixed and "True" in mixed
 
 
 def test_a_chapter_shows_itself_without_a_machine_path(tmp_path: Path) -> None:
