@@ -377,7 +377,9 @@ html_sidebars = {{"**": ["navbar-logo.html", "sbt-sidebar-nav.html"]}}
 option that would reach the network (analytics, launch and repository buttons, icon links) is off."""
 
 CSS = """
-/* memlab: wide tables scroll inside their column; numbers line up. */
+/* memlab: the article takes the width the sidebars leave; wide tables scroll inside it; numbers line up. */
+.bd-page-width { max-width: 100%; }
+.bd-main .bd-content .bd-article-container { max-width: 100%; }
 .cell_output table, .bd-article table { display: block; overflow-x: auto; max-width: 100%; }
 .cell_output td, .cell_output th { font-variant-numeric: tabular-nums; }
 details.memlab-solution { border: 1px solid #d0d7de; border-radius: 6px; padding: .3em .8em; margin: .5em 0; }

@@ -5,7 +5,9 @@ artists (titles, axis labels, annotations and text placed on the axes, legend bo
 data artists of the same axes (line vertices, bar rectangles, scatter points). :meth:`Chapter.save_figure
 <memlab.course.chapter.Chapter.save_figure>` runs it on every figure a chapter saves and writes what it finds to
 ``out_dir/figure_checks.json``; the report's tests fail on any overlap. Tick labels are left out (matplotlib lays
-them out) as are texts that are empty or invisible.
+them out) as are texts that are empty or invisible. Limits: a line is checked at its vertices, not along its
+segments (a label between two far-apart points of a line passes), and filled areas (``stackplot``,
+``fill_between``) and spans are background, not data.
 """
 
 from __future__ import annotations

@@ -79,6 +79,14 @@ GLOSSARY: tuple[Term, ...] = (
          "transformer layer: attention plus MLP, with their norms.", (r"blocks?",)),
     Term("pool", "(allocator) the caching allocator's sets of free blocks, one for small (≤ 1 MiB) and one for "
          "large requests; a request is served from its pool before new memory is reserved.", (r"pools?",)),
+    Term("reserved", "Bytes the caching allocator holds from the driver (``torch.cuda.memory_reserved``): the "
+         "allocated bytes plus cached free blocks. What nvidia-smi sees of PyTorch, besides the CUDA context.",
+         (r"reserved(?= (?:bytes|memory|but))",)),
+    Term("allocated", "Bytes of live tensors (``torch.cuda.memory_allocated``), rounded up to the allocator's block "
+         "sizes.", (r"allocated(?= (?:bytes|memory))",)),
+    Term("expandable segments", "The caching allocator's option (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``)"
+         " to grow one segment by mapping more pages, so freed holes can be unmapped and fragmentation shrinks.",
+         (r"expandable[_ ]segments(?::True)?",)),
     Term("fragmentation", "Free memory split into holes too small for a request: the sum is enough, no single hole "
          "is. Seen as reserved-but-unallocated bytes."),
     Term("checkpointing", "Activation (gradient) checkpointing: keep only some inputs in forward and recompute the "
@@ -121,6 +129,23 @@ GLOSSARY: tuple[Term, ...] = (
     Term("NCCL", "NVIDIA's collective communication library, the backend for GPU ranks."),
     Term("gloo", "A collective communication backend that runs on CPUs."),
     Term("rank", "One process of a distributed job, numbered 0 to world size − 1.", (r"ranks?",)),
+    Term("phase-aware estimate", "The largest of a step's phase peaks (forward, backward, optimizer step, with what "
+         "each holds at once), as ``estimate(...).peak_bytes``: what decides whether a step fits, unlike the sum of "
+         "components.", (r"phase-aware(?: estimate)?",)),
+    Term("ledger", "A chapter's table of numbers side by side (predicted and measured, or a bound and an achieved "
+         "value), one row per component and experiment; the build page summarises every chapter's."),
+    Term("fake tensors", "Tensors under FakeTensorMode: shapes, dtypes and devices without storage, so a full-size "
+         "step can be traced on a laptop.", (r"fake tensors?",)),
+    Term("tensor core", "The matrix units of NVIDIA GPUs that give the datasheet's 16-bit (and lower) peak FLOP/s; "
+         "they need suitably shaped and aligned matrices.", (r"[Tt]ensor cores?",)),
+    Term("ridge point", "On a roofline, the arithmetic intensity where the bandwidth roof meets the compute roof: "
+         "peak FLOP/s over bandwidth."),
+    Term("micro-batch", "One slice of a batch processed at a time (gradient accumulation, pipeline stages).",
+         (r"micro-batch(?:es)?",)),
+    Term("offload", "Keeping optimizer states or parameters in host memory and moving them to the device when "
+         "needed (ZeRO-Offload, FSDP's CPUOffloadPolicy).", (r"[Oo]ffload(?:ing)?",)),
+    Term("KV heads", "The key/value heads of an attention layer; with GQA fewer than the query heads.",
+         (r"KV heads?",)),
     Term("FLOP/s", "Floating-point operations per second; TFLOP/s is 10¹² of them.", (r"T?FLOP/s",)),
     Term("MFU", "Model FLOPs utilisation: the FLOP/s the model's own arithmetic needs at the achieved step time, over "
          "the device's dense peak FLOP/s [chowdhery2022]."),

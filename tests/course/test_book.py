@@ -7,6 +7,7 @@ its belief. On generated inputs: the plumbing filter, the citation and term link
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 
 
+@functools.cache
 def _markdown(source: Path) -> list[str]:
     return [c.source for c in jupytext.read(source).cells if c.cell_type == "markdown"]
 
