@@ -180,7 +180,8 @@ def landing_markdown(chapters: list[BookChapter], solutions: bool) -> str:
     toctree that gives the book its sidebar and previous/next links."""
     rows = ["| # | chapter | the belief it checks |", "|---|---|---|"]
     for ch in chapters:
-        title = f"{{doc}}`{_md_cell(ch.title)} <{ch.page}>`" if ch.page else f"{_md_cell(ch.title)} (planned)"
+        missing = "(planned)" if ch.status == "planned" else "(not built yet: run its chapter)"
+        title = f"{{doc}}`{_md_cell(ch.title)} <{ch.page}>`" if ch.page else f"{_md_cell(ch.title)} {missing}"
         rows.append(f"| {ch.id} | {title} | {_md_cell(ch.belief) or '(not written yet)'} |")
     first = next((ch.page for ch in chapters if ch.page), None)
     start = f"{{doc}}`the first chapter <{first}>`" if first else "the first chapter"

@@ -171,3 +171,16 @@ def test_a_span_behind_the_data_is_not_data_and_a_suptitle_is_one_text() -> None
 ])
 def test_first_sentence_does_not_end_inside_a_quotation(text: str, first: str) -> None:
     assert book.first_sentence(text) == first
+
+
+def test_the_course_map_links_built_chapters_and_names_the_others() -> None:
+    chapters = [book.BookChapter("00", "00_a", "A", "ok", "belief a", "00_a"),
+                book.BookChapter("01", "01_b", "B", "not run", "belief b"),
+                book.BookChapter("02", "02_c", "C", "planned")]
+    page = book.landing_markdown(chapters, solutions=False)
+    assert "| 00 | {doc}`A <00_a>` | belief a |" in page and "{doc}`the first chapter <00_a>`" in page
+    assert "| 01 | B (not built yet: run its chapter) | belief b |" in page
+    assert "| 02 | C (planned) | (not written yet) |" in page
+    toc = page[page.index("```{toctree}"):]
+    assert "00_a" in toc and "01_b" not in toc and toc.index("seeds") < toc.index("00_a") < toc.index("glossary")
+    assert "instructor build" in book.landing_markdown(chapters, solutions=True)
