@@ -48,6 +48,7 @@ from memlab import (
     run_step,
 )
 from memlab.compare import compare
+from memlab.course.chapter import as_percent
 from memlab.labs import precision
 from memlab.units import MiB
 
@@ -206,7 +207,7 @@ grads = precision.real_gradients(model, batch=batch, seq=seq, seed=seed)
 survival = precision.cast_survival(grads, [2.0**-10, 1.0, 2.0**8, 2.0**16, 2.0**24])
 ch.save_table(survival, "fp16_underflow")
 display(finfo)
-survival.round(4)
+as_percent(survival, ["flushed to zero", "subnormal", "overflow to inf", "normal"], digits=3)
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")

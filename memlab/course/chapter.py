@@ -265,14 +265,21 @@ NOT_AVAILABLE = "—"
 """What a table cell shows for a value that is missing (NaN, None): not measured here, or not applicable."""
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
 def reader_number(value: float) -> str:
     """A float as a table cell for a reader: thousands grouped and no decimals from 1,000 up (``4,484,096``,
-    ``16,000,000,000``), two decimals from 1 (``23.54``), three significant digits below, never in scientific
-    notation (``0.222``, ``0.0000638``); NaN is :data:`NOT_AVAILABLE`."""
+    ``16,000,000,000``), two decimals from 1 (``23.54``), three significant digits below (``0.222``,
+    ``0.0000638``); beyond 10¹⁸ or below 10⁻⁶ in powers of ten as a reader writes them (``1.18 × 10⁻³⁸``), never
+    as ``1.18e-38``. NaN is :data:`NOT_AVAILABLE`."""
     if isinstance(value, float) and math.isnan(value):
         return NOT_AVAILABLE
     if isinstance(value, float) and math.isinf(value):
         return "∞" if value > 0 else "−∞"
+    if value != 0 and (abs(value) >= 1e18 or abs(value) < 1e-6):
+        mantissa, exponent = f"{value:.2e}".split("e")  # Python's own rounding, subnormals included
+        return f"{mantissa} × 10{str(int(exponent)).translate(_SUPERSCRIPT)}"
     if abs(value) >= 1000 or value == round(value):
         return f"{value:,.0f}"
     if abs(value) >= 1:
