@@ -184,3 +184,19 @@ def test_the_course_map_links_built_chapters_and_names_the_others() -> None:
     toc = page[page.index("```{toctree}"):]
     assert "00_a" in toc and "01_b" not in toc and toc.index("seeds") < toc.index("00_a") < toc.index("glossary")
     assert "instructor build" in book.landing_markdown(chapters, solutions=True)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.floats(0.05, 0.6), st.floats(0.05, 0.9), st.text("abcdefgh", min_size=1, max_size=8))
+def test_two_texts_overlap_exactly_when_drawn_on_each_other(x: float, y: float, label: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.set_axis_off()
+    ax.text(x, y, label, transform=ax.transAxes)
+    ax.text(x + 0.3, y, label, transform=ax.transAxes)  # 0.3 of 6 in is wider than 8 letters at 10 pt
+    assert figure_overlaps(fig) == []
+    ax.text(x + 0.005, y, label + "!", transform=ax.transAxes)
+    found = figure_overlaps(fig)
+    assert len(found) == 1 and found[0].first == f"text {label!r}" and found[0].pixels > 0
+    plt.close(fig)
