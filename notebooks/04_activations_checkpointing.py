@@ -69,7 +69,8 @@ ch
 # ## 1. The formula
 #
 # Per transformer layer, with 16-bit activations and dropout, Korthikanti et al. (2022, Section 4, Table 2) count
-# `s·b·h·(34 + 5·a·s/h)` bytes: `34 sbh` for the inputs of the matmuls, norms, GELU and the dropout masks, and
+# `s·b·h·(34 + 5·a·s/h)` bytes, with s the sequence length, b the batch size, h the hidden size and a the number of
+# attention heads: `34 sbh` for the inputs of the matmuls, norms, GELU and the dropout masks, and
 # `5 a s² b` for the attention scores (`2` for the softmax output, `1` for its dropout mask, `2` for the dropped
 # probabilities). `5as/h` is that term divided by `sbh`: it grows with the sequence, and it is the part that
 # *selective* recomputation removes, and that SDPA's fused kernels (flash, memory-efficient) never store: they keep
