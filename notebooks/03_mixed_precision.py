@@ -192,8 +192,8 @@ ch.cpu_note("step times and tokens/s on a CPU say nothing about tensor cores (bf
 # %% [markdown]
 # ## 3. Loss scaling: why fp16 needs a GradScaler and bf16 does not
 #
-# fp16 has 5 exponent bits: the smallest normal number is 2⁻¹⁴ ≈ 6.1e-5, the smallest subnormal 2⁻²⁴ ≈ 6.0e-8, the
-# largest 65504. bf16 keeps fp32's 8 exponent bits (smallest normal ≈ 1.2e-38) with fewer mantissa bits
+# fp16 has 5 exponent bits: the smallest normal number is 2⁻¹⁴ ≈ 6.1 × 10⁻⁵, the smallest subnormal 2⁻²⁴ ≈ 6.0 × 10⁻⁸,
+# the largest 65504. bf16 keeps fp32's 8 exponent bits (smallest normal ≈ 1.2 × 10⁻³⁸) with fewer mantissa bits
 # `[kalamkar2019]`. The cell
 # takes the real fp32 gradients of one step of the model, multiplies them by a scale and casts them: a scale
 # below 1 is what averaging the loss over many accumulation micro-batches does `[micikevicius2018]`.

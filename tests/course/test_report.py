@@ -488,6 +488,8 @@ LEARNER_CELLS = {
     "a cut cell": re.compile(r"\.\.\.$|…$"),
 }
 """What a table cell must not be (or end with)."""
+SCIENTIFIC = re.compile(r"\b\d+(?:\.\d+)?[eE][+-]?\d+\b")
+"""e-notation (``6.1e-5``, ``1e12``) in a page's prose or outputs (code excluded): a reader's page writes 6.1 × 10⁻⁵."""
 PAGE_FACTS = r"""() => {
   const article = document.querySelector("article") || document.body;
   const cells = Array.from(article.querySelectorAll("table td, table th")).map(c => c.innerText.trim());
@@ -497,7 +499,10 @@ PAGE_FACTS = r"""() => {
   const wide = Array.from(article.querySelectorAll("table")).filter(t => t.getBoundingClientRect().right >
     article.getBoundingClientRect().right + 2 && getComputedStyle(t).overflowX !== "auto"
     && getComputedStyle(t.parentElement).overflowX !== "auto").length;
-  return {text: article.innerText, cells, quoted: plain, images, wide,
+  const bare = article.cloneNode(true);
+  // exercise feedback (.memlab-exercise) is the exercises' own text, checked by their tests, not here
+  bare.querySelectorAll("pre, code, .cell_input, script, style, .memlab-exercise").forEach(e => e.remove());
+  return {text: article.innerText, prose: bare.textContent, cells, quoted: plain, images, wide,
           stderr: article.querySelectorAll(".output.stderr").length,
           solutions: Array.from(article.querySelectorAll("details.memlab-solution")).map(d => d.open),
           exercises: (article.innerText.match(/Exercise \d/g) || []).length};
@@ -508,6 +513,8 @@ def learner_grade_problems(facts: dict) -> list[str]:
     """The learner-grade rules a page breaks, from :data:`PAGE_FACTS` (one line each)."""
     problems = [f"shows {what}: {m.group(0)!r}" for what, rx in LEARNER_TEXT.items()
                 if (m := rx.search(facts["text"]))]
+    if m := SCIENTIFIC.search(facts.get("prose", "")):
+        problems.append(f"scientific notation in the text: {m.group(0)!r}")
     for what, rx in LEARNER_CELLS.items():
         bad = [c for c in facts["cells"] if rx.search(c)]
         if bad:
@@ -529,8 +536,9 @@ def test_learner_grade_rules_catch_plumbing() -> None:
              "images": [["_images/a.png", True, 640]]}
     assert learner_grade_problems(clean) == []
     dirty = {**clean, "text": "PosixPath('x') FutureWarning: old", "cells": ["NaN", "5.42e-05", "None"],
-             "quoted": ["'No GPU run'"], "stderr": 1, "images": [["_images/b.png", True, 0]]}
-    assert len(learner_grade_problems(dirty)) == 8
+             "quoted": ["'No GPU run'"], "stderr": 1, "images": [["_images/b.png", True, 0]],
+             "prose": "about 6.1e-5 of them"}
+    assert len(learner_grade_problems(dirty)) == 9
 
 
 def _offline_browser(pw):
