@@ -1,5 +1,5 @@
 # memlab: two commands on a fresh machine, `make report` and `make test`; each creates .venv when it is absent.
-#   make report [SCALE=auto|ci|full] [FORCE=1] [ONLY=NN]   execute the course, render reports/index.html
+#   make report [SCALE=auto|ci|full] [FORCE=1] [ONLY=NN]   execute the course, build the book reports/index.html
 #   make test                                             ruff, then pytest (notebooks at ci scale, headless browser)
 # torch is installed first with an explicit pin (on a CPU-only machine the pinned CPU wheel, in seconds; an unpinned
 # torch would pull gigabytes of CUDA wheels): `make TORCH=torch==2.5.1 report` picks another.
@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml $(TORCH_PIN)
 
 setup: $(STAMP) ## create .venv (when absent) and install torch, memlab and the course tools
 
-report: $(STAMP) ## execute every chapter and render reports/index.html (SCALE=auto|ci|full, FORCE=1, ONLY=NN)
+report: $(STAMP) ## execute every chapter and build the book reports/index.html (SCALE=auto|ci|full, FORCE=1, ONLY=NN)
 	$(PY) -m memlab.course.report --scale $(SCALE)$(if $(filter-out 0 no false,$(FORCE)), --force)$(foreach n,$(ONLY), --only $(n))
 
 chromium: ## install Debian's chromium and a CJK font (fonts-noto-cjk) for the browser test (as root, when missing)
@@ -85,7 +85,8 @@ sync: $(STAMP) ## re-pair notebooks/NN_topic.py with NN_topic.ipynb (jupytext) a
 	@touch $(NOTEBOOKS:.py=.ipynb)  # contents are in sync now; the .ipynb is the newer file of each pair
 
 clean: ## remove the rendered report, caches and build outputs (keeps .venv)
-	rm -rf reports/build reports/*.html reports/index.json reports/.cache.json reports/solutions reports/screenshots
+	rm -rf reports/build reports/*.html reports/index.json reports/.cache.json reports/solutions reports/screenshots \
+		reports/_static reports/_images reports/_sources reports/searchindex.js reports/objects.inv reports/.buildinfo
 	rm -rf .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
 

@@ -16,7 +16,7 @@ predict -> trace -> run -> measure -> compare -> report::
                timelines, OOM, roofline, machine
     compare/   the ledger (formula, trace, measurement), calculators, plots      predict, tracing, run, measure
     labs/      one module per chapter topic (leaks, loss scaling, monitors)      all but course and cli
-    course/    chapters, exercises, the papermill report, pages, provenance      all but cli
+    course/    chapters, exercises, the papermill report, the book, provenance   all but cli
     cli/       the memlab command, one module per subcommand                     all
     device.py  the one device/scale/dtype resolver                               predict
     units.py   GB and GiB, formatting; errors.py: the one exception family       nothing

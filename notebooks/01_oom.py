@@ -61,7 +61,7 @@ from memlab.units import GB, GiB, KiB, MiB
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 SIZES = {"ci": dict(model="tiny-gpt", seq=64, batches=list(range(1, 13)), leak_iters=8),
          "full": dict(model="gpt2", seq=1024, batches=[1, 2, 4, 6, 8, 12, 16], leak_iters=20)}[ch.scale]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The message, decoded
@@ -147,7 +147,7 @@ card = int((step_peaks[1] + step_peaks[2]) // 2)
 markers = live.frame.loc[live.frame["label"].ne(live.frame["label"].shift()), ["op", "label"]]
 fig = plots.live_stacked(stacked_by_label(live.frame),
                          title=f"{model.name}, fp32 + AdamW, b=4, s={seq}: live tensor bytes over two steps",
-                         source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; red: a card between the "
+                         source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; dashed: a card between the "
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
 # beside each measured peak, the phase-aware estimator's (memlab.predict.phases) for the same for-loop AdamW
@@ -216,7 +216,7 @@ ax.axhline(card_spec.memory_bytes / MiB, color="red", ls=":", label=card_spec.na
 ax.set(xlabel="batch", ylabel="bytes (MiB)",
        title=f"{model.name}, fp32 + AdamW, s={seq}: the largest batch, predicted and measured\n"
              f"measured on {ch.device} ({'live tensor bytes' if ch.on_cpu else 'allocator peak'})")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "largest_batch")
 
 # %%
@@ -317,7 +317,7 @@ for ax, case in zip(axes, oom.CASES, strict=True):
         d = loops[(loops["case"] == case) & (loops["fixed"] == fixed)]
         ax.plot(d["iteration"], d["bytes_above_weights"] / KiB, style, ms=3, label="fixed" if fixed else "bug")
     ax.set(title=case, xlabel="iteration", ylabel="live bytes above the weights (KiB)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
              f"{ch.device} (memlab.labs.oom)", fontsize=10)
 ch.save_figure(fig, "leak_loops")

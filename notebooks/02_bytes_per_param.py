@@ -290,10 +290,10 @@ pd.Series(kept, name="gradient bytes held into the next forward").to_frame()
 m_bpp = measured.query("precision == 'mixed-bf16' and optimizer == 'adamw'")["measured bytes/param"].item()
 rule = pd.DataFrame({
     "source": ["seed 000's rule (16 B/param)", "memlab estimate", f"measured on {model.name}, scaled"],
-    "bytes for 1e9 params": [16 * N, table.loc["mixed-bf16", "adamw"] * N, m_bpp * N],
+    "bytes for 10⁹ params": [16 * N, table.loc["mixed-bf16", "adamw"] * N, m_bpp * N],
 })
-rule["GB"] = (rule["bytes for 1e9 params"] / 1e9).round(2)
-rule["GiB"] = (rule["bytes for 1e9 params"] / GiB).round(2)
+rule["GB"] = (rule["bytes for 10⁹ params"] / 1e9).round(2)
+rule["GiB"] = (rule["bytes for 10⁹ params"] / GiB).round(2)
 rule
 
 # %% [markdown]

@@ -47,13 +47,14 @@ from memlab import (
     run_step,
 )
 from memlab.compare import compare
+from memlab.course.chapter import as_percent
 from memlab.labs import precision
 from memlab.units import MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 SIZES = {"ci": dict(model="small-gpt", batch=2, seq=64, scaler_steps=8),
          "full": dict(model="gpt2", batch=8, seq=1024, scaler_steps=50)}[ch.scale]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula
@@ -131,7 +132,7 @@ ax.plot(measured.index, measured["peak (live bytes)"] / MiB, "k_", ms=30, mew=2,
 ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
        title=f"{model.name}, AdamW, b={batch}, s={seq}: measured bytes per component and the step's peak\n"
              f"exact storage bytes (memlab.run.runner) and live tensor bytes, on {ch.device}")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "policies_components")
 over = measured["peak (live bytes)"] - measured[comp].sum(axis=1)
 print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / MiB:+.2f}" for p, v in over.items()))
@@ -185,8 +186,8 @@ ch.cpu_note("step times and tokens/s on a CPU say nothing about tensor cores (bf
 # %% [markdown]
 # ## 3. Loss scaling: why fp16 needs a GradScaler and bf16 does not
 #
-# fp16 has 5 exponent bits: the smallest normal number is 2⁻¹⁴ ≈ 6.1e-5, the smallest subnormal 2⁻²⁴ ≈ 6.0e-8, the
-# largest 65504. bf16 keeps fp32's 8 exponent bits (smallest normal ≈ 1.2e-38) with fewer mantissa bits
+# fp16 has 5 exponent bits: the smallest normal number is 2⁻¹⁴ ≈ 6.1 × 10⁻⁵, the smallest subnormal 2⁻²⁴ ≈ 6.0 × 10⁻⁸,
+# the largest 65504. bf16 keeps fp32's 8 exponent bits (smallest normal ≈ 1.2 × 10⁻³⁸) with fewer mantissa bits
 # `[kalamkar2019]`. The cell
 # takes the real fp32 gradients of one step of the model, multiplies them by a scale and casts them: a scale
 # below 1 is what averaging the loss over many accumulation micro-batches does `[micikevicius2018]`.
@@ -200,7 +201,7 @@ grads = precision.real_gradients(model, batch=batch, seq=seq, seed=seed)
 survival = precision.cast_survival(grads, [2.0**-10, 1.0, 2.0**8, 2.0**16, 2.0**24])
 ch.save_table(survival, "fp16_underflow")
 display(finfo)
-survival.round(4)
+as_percent(survival, ["flushed to zero", "subnormal", "overflow to inf", "normal"], digits=3)
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
@@ -214,7 +215,7 @@ ax.set_xscale("log", base=2)
 ax.set(xlabel="scale applied to the gradients (loss scale)", ylabel="% of nonzero fp32 gradient values",
        title=f"Real gradients of {model.name} cast to 16 bits: what a scale saves and what it breaks\n"
              f"{grads.numel():,} gradient values, measured on {ch.device}")
-ax.legend(fontsize=7)
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "fp16_underflow")
 
 # %% [markdown]
@@ -315,7 +316,7 @@ answer = ...
 check("03.scaler-scale", answer, clean_steps=6000, overflows=1)
 
 # %% [markdown]
-# **Exercise 3.** A gradient value of 2⁻³⁰ (about 9.3e-10) is cast to fp16 after multiplying the loss by a scale
+# **Exercise 3.** A gradient value of 2⁻³⁰ (about 9.3 × 10⁻¹⁰) is cast to fp16 after multiplying the loss by a scale
 # 2ᵏ. What is the smallest whole k that makes it a *normal* fp16 number (not subnormal, not zero)?
 
 # %%

@@ -62,13 +62,14 @@ SIZES = {"ci": dict(model="tiny-gpt", seqs=[32, 64, 128, 256], batches=[1, 2, 4]
                       checkpoint_seq=512,
                       traced=[(p, a) for p in ("mixed-bf16", "amp-bf16") for a in ("eager", "flash")],
                       cross_seq=128, cross_batches=[1, 2, 4, 8, 16, 32])}[ch.scale]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula
 #
 # Per transformer layer, with 16-bit activations and dropout, Korthikanti et al. (2022, Section 4, Table 2) count
-# `s·b·h·(34 + 5·a·s/h)` bytes: `34 sbh` for the inputs of the matmuls, norms, GELU and the dropout masks, and
+# `s·b·h·(34 + 5·a·s/h)` bytes, with s the sequence length, b the batch size, h the hidden size and a the number of
+# attention heads: `34 sbh` for the inputs of the matmuls, norms, GELU and the dropout masks, and
 # `5 a s² b` for the attention scores (`2` for the softmax output, `1` for its dropout mask, `2` for the dropped
 # probabilities). `5as/h` is that term divided by `sbh`: it grows with the sequence, and it is the part that
 # *selective* recomputation removes, and that SDPA's fused kernels (flash, memory-efficient) never store: they keep
@@ -128,7 +129,7 @@ axes[0].set(xlabel="sequence length s (tokens), batch 2", ylabel="saved for back
             title="grows faster than s with eager attention (the s² scores)")
 axes[1].set(xlabel=f"batch b, s = {seqs[1]}", ylabel="saved for backward (MiB)", title="linear in b")
 for ax in axes:
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"{model.name}, fp32: activations measured by SavedTensorRecorder vs memlab's terms "
              f"(dotted), on {ch.device}", fontsize=10)
 ch.save_figure(fig, "saved_vs_seq_batch")
@@ -203,16 +204,16 @@ ax.scatter(cp["extra FLOPs (analytic)"] * 100, -cp["activation saving"] * 100, s
            label="bytes kept for backward after the forward")
 ax.scatter(cp["extra FLOPs (analytic)"] * 100, cp["peak change"] * 100, s=40, marker="x",
            label="peak above the weights (gradients included)")
-for _, r in cp.iterrows():
+for i, (_, r) in enumerate(cp.sort_values("extra FLOPs (analytic)").iterrows()):  # neighbours: above, below
     ax.annotate(r["label"], (r["extra FLOPs (analytic)"] * 100, -r["activation saving"] * 100), fontsize=7,
-                xytext=(4, 2), textcoords="offset points")
+                xytext=(4, 4 if i % 2 == 0 else -11), textcoords="offset points")
 ax.axhspan(-70, -60, color="orange", alpha=0.15, label="seed 004: −60…−70 % activations")
 ax.axvspan(20, 30, color="green", alpha=0.1, label="seed 004: +20…30 % time")
 ax.set(xlabel="extra FLOPs per step (%), analytic, memlab.predict.flops",
        ylabel="change against no checkpointing (%)",
        title=f"{deep.name} with 16 blocks, b={cb}, s={cs}: what each strategy buys and costs\n"
              f"measured on {ch.device} (LiveBytes), FLOPs counted analytically")
-ax.legend(fontsize=7, loc="upper right")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "checkpointing_tradeoff")
 
 # %%
@@ -343,7 +344,7 @@ ax.set_xscale("log", base=2)
 ax.set(xlabel="batch", ylabel="peak live tensor bytes in the phase (MiB)",
        title=f"{model.name}, fp32 + AdamW (foreach), s={cross_seq}, step 2: which phase holds the peak\n"
              f"measured on {ch.device} by memlab.measure.live_bytes.LiveBytes")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "peak_phase_crossover")
 
 # %% [markdown]

@@ -68,7 +68,7 @@ RANKS = {"gloo": dict(model="tiny-gpt", batch=2, seq=32, steps=1, device="cpu", 
          "nccl": dict(model="gpt2", batch=4, seq=512, steps=3, device="auto", sizes=(1, 2, 4, 8))}[
     "nccl" if on_gpus else "gloo"]
 trace_gpt3_8_ranks = ch.scale == "full"
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula
@@ -163,7 +163,7 @@ for ax, n in zip(axes, sizes, strict=True):
     ax.set_title(f"N = {n} ranks")
     ax.tick_params(axis="x", rotation=60)
 axes[0].set_ylabel("MiB per rank (measured)")
-axes[0].legend(fontsize=8)
+axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {measured['backend'].iloc[0]} ranks",
              y=1.03)
 ch.save_figure(fig, "states_per_rank")
@@ -194,7 +194,7 @@ ax.scatter(top["strategy"], top["predicted / Ψ"], color="k", marker="_", s=500,
            label="ZeRO paper [rajbhandari2019]")
 ax.set_ylabel("volume per rank per step / Ψ")
 ax.set_title(f"Bytes moved per step, N = {max(sizes)}, in units of Ψ = one gradient copy")
-ax.legend()
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "communication")
 comm
 
@@ -242,7 +242,7 @@ ax.set_xscale("log", base=2)
 ax.set_xlabel("data-parallel ranks N")
 ax.set_ylabel("GiB per rank (predicted)")
 ax.set_title("GPT-3 175B under ZeRO-3: what 1/N does not divide")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "zero3_floor")
 big_psi = 2 * big.param_count()  # bf16 gradients
 print(f"every ZeRO-3 step moves {sum(zero_comm_bytes(big_psi, 3).values()) / 1e12:.2f} TB per rank, whatever N")

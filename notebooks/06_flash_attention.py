@@ -49,6 +49,7 @@ from memlab import (
     run_step,
     trace_gpt,
 )
+from memlab.course.chapter import as_percent
 from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir)
@@ -60,7 +61,7 @@ ON_DEVICE = {  # what the device changes: the precision (and the dtype the kerne
     "cpu": dict(precision="fp32", dtype=torch.float32, steps=1),
     "cuda": dict(precision="amp-bf16", dtype=torch.bfloat16, steps=3),
 }[ch.device_type]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula
@@ -167,7 +168,7 @@ ax.set_yscale("log", base=2)
 ax.set_xlabel("sequence length s (tokens)")
 ax.set_ylabel("bytes kept for backward by attention (1 layer)")
 ax.set_title(f"{layer.name}, 1 layer, batch 1, {precision}: attention memory vs s")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "attention_vs_seq")
 
 # %% [markdown]
@@ -183,7 +184,7 @@ ch.save_figure(fig, "attention_vs_seq")
 # %%
 share = runs.assign(share=runs["attention scores"] / runs["all saved"]).pivot_table(
     index="seq", columns="attention", values="share")
-share.round(3)
+as_percent(share).rename_axis(columns="attention scores' share of all saved bytes, per kernel")
 
 # %% [markdown]
 # ## 4. FLOPs: equal forward, more backward

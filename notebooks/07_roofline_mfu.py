@@ -55,6 +55,7 @@ from memlab import (
     training_loop,
 )
 from memlab.compare import plots
+from memlab.course.chapter import as_percent
 from memlab.measure import roofline
 from memlab.run import op_profile
 from memlab.units import MiB
@@ -70,7 +71,8 @@ ON_DEVICE = {  # what the device changes (each scale keeps these; roofline's sha
 }[ch.device_type]
 CFG, SETUP = preset(ON_DEVICE["model"]), ON_DEVICE["setup"]
 DTYPE = ON_DEVICE["dtype"]  # the dtype the step's matmuls run in
-ch.to_dict() | {"model": CFG.name, "setup": f"batch {SETUP.batch}, seq {SETUP.seq}, {SETUP.precision}"}
+(f"Running at scale **{ch.scale}** on **{ch.device}**: {CFG.name}, batch {SETUP.batch}, sequence {SETUP.seq}, "
+ f"{SETUP.precision}.")
 
 # %% [markdown]
 # ## 1. This device's roofline, measured
@@ -231,7 +233,7 @@ ch.record_ledger(pd.DataFrame({"experiment": "FLOPs per step: formula vs FlopCou
                                "component": three["formula"].iloc[:2], "unit": "FLOP",
                                "predicted": three["flops_per_step"].iloc[:2],
                                "measured": meas.counted_flops_per_step}))
-three.round(4)
+as_percent(three, ["mfu"]).round(4)
 
 # %%
 recompute = pd.Series({
@@ -260,9 +262,10 @@ split = pd.DataFrame([plain.to_row(), logged.to_row()]).set_index("label")
 phase_cols = [f"{p}_s" for p in plain.phase_s]  # data, forward, ..., checkpoint
 fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
 (split[phase_cols] * 1e3).rename(columns=lambda c: c[:-2]).plot.barh(stacked=True, ax=ax)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ax.set(xlabel="mean time per step (ms)", ylabel="", title=f"Where a step's time goes ({CFG.name}, {ch.device})")
 ch.save_figure(fig, "step_split")
-split[["step_s", "model_step_s", "mfu", "mfu_model_time"]].round(5)
+as_percent(split[["step_s", "model_step_s", "mfu", "mfu_model_time"]], ["mfu", "mfu_model_time"]).round(5)
 
 # %% [markdown]
 # ## 4. The wrong peak
@@ -284,7 +287,7 @@ wrong = pd.DataFrame([
 wrong["mfu"] = achieved / (wrong["peak_tflop_s"] * 1e12)
 unknown = mfu(CFG, meas.tokens_per_s, accelerator=None, seq=SETUP.seq)
 print("memlab on an unknown device:", unknown.mfu, "-", unknown.reason)
-wrong.round(5)
+as_percent(wrong, ["mfu"]).round(3)
 
 # %% [markdown]
 # Seed 001's example placed on the A100's roofline (table peak and bandwidth): 160 of 312 TFLOP/s is 51 % of the
@@ -329,7 +332,8 @@ loops = pd.DataFrame([training_loop(CFG, SETUP, ch.device, label=k, **loop_cfg, 
                       for k, v in variants.items()]).set_index("label")
 loops["mfu lost vs fast loader"] = loops.loc["fast loader", "mfu"] - loops["mfu"]
 ch.save_table(loops.reset_index(), "input_pipeline")
-loops[["data_s", "step_s", "tokens_per_s", "mfu", "mfu lost vs fast loader"]].round(5)
+as_percent(loops[["data_s", "step_s", "tokens_per_s", "mfu", "mfu lost vs fast loader"]],
+           ["mfu", "mfu lost vs fast loader"]).round(5)
 
 # %% [markdown]
 # Workers overlap the loader with compute, as long as the machine has cores to spare; `pin_memory` only changes

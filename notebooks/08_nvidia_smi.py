@@ -35,6 +35,7 @@ import pandas as pd
 from IPython.display import display
 
 from memlab import Setup, chapter, check, detect, gpu, preset, run_step, training_loop
+from memlab.course.chapter import as_percent
 from memlab.labs import monitors
 from memlab.measure import roofline
 from memlab.units import GB, GiB, MiB
@@ -51,7 +52,7 @@ ON_DEVICE = {  # what the device changes: the training step of sections 4 and 5
     "cpu": dict(model="tiny-gpt", setup=Setup(batch=4, seq=64)),
     "cuda": dict(model="gpt2", setup=Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")),
 }[ch.device_type]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. Busy is not useful: CPU % for three loops
@@ -104,10 +105,11 @@ ax.bar([i - 0.2 for i in pos], rss["live_tensor_bytes"] / MiB, 0.4, label="live 
 ax.bar([i + 0.2 for i in pos], rss["rss_delta_bytes"] / MiB, 0.4, label="RSS above start (what top shows)")
 ax.set(xticks=list(pos), xticklabels=rss["stage"], ylabel="MiB", title="Freed is not returned: RSS vs live tensors")
 ax.tick_params(axis="x", labelsize=8)
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "rss_vs_live")
 ch.record_ledger(pd.DataFrame({"experiment": "RSS vs live tensor bytes", "component": rss["stage"], "unit": "bytes",
-                               "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"]}))
+                               "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"],
+                               "kind": "contrast"}))  # on purpose: RSS is not the tensors' bytes
 rss.assign(live_MiB=rss["live_tensor_bytes"] / MiB, rss_delta_MiB=rss["rss_delta_bytes"] / MiB).round(1)
 
 # %% [markdown]
@@ -176,10 +178,10 @@ else:
 u = pd.Series({
     "P+G+O+A, exact (MiB)": states / MiB,
     f"{held_name} (MiB)": held / MiB,
-    "U_cap = held / total": held / total,
-    "U_eff = (P+G+O+A) / held": states / held,
+    "U_cap = held / total (%)": 100 * held / total,
+    "U_eff = (P+G+O+A) / held (%)": 100 * states / held,
     "measured copy bandwidth (GB/s)": float(bw["bytes_per_s"].iloc[0]) / GB,
-    "U_bw = achieved / peak": float(bw["bytes_per_s"].iloc[0]) / peak_bw if peak_bw else float("nan"),
+    "U_bw = achieved / peak (%)": 100 * float(bw["bytes_per_s"].iloc[0]) / peak_bw if peak_bw else float("nan"),
 }, name=f"{cfg.name}, batch {setup.batch}, seq {setup.seq}").round(4)
 u.to_frame()
 
@@ -244,7 +246,7 @@ starved = training_loop(cfg, setup, ch.device, steps=3, label="slow loader",
 busy_fraction = pd.DataFrame([{
     "loop": r.label, "compute time / step time": 1 - r.phase_s["data"] / r.step_s, "mfu": r.mfu,
 } for r in (plain, starved)] + [{"loop": "copy loop (section 1)", "compute time / step time": 1.0, "mfu": 0.0}])
-busy_fraction.round(3)
+as_percent(busy_fraction, ["compute time / step time", "mfu"]).round(2)
 
 # %% [markdown]
 # The starved loop computes for only part of each step (its "utilisation" is low) with no memory bottleneck: the
@@ -272,10 +274,10 @@ check("08.printed-gb", answer, printed=45.0)
 # %%
 ch.seed_claims([
     ("000", "U_cap = allocated / total", "holds with qualification",
-     f"{u['U_cap = held / total']:.2%} here; unit-free only if both sides are bytes "
+     f"{u['U_cap = held / total (%)']:.2f} % here; unit-free only if both sides are bytes "
      f"(GiB vs GB is {GiB / GB - 1:.1%})"),
     ("000", "U_eff = (P+G+O+A) / allocated", "holds, hides the rest",
-     f"{u['U_eff = (P+G+O+A) / held']:.1%} of the {held_name}: interpreter, libraries and caches are the rest"),
+     f"{u['U_eff = (P+G+O+A) / held (%)']:.1f} % of the {held_name}: interpreter, libraries and caches are the rest"),
     ("000", "nvidia-smi ≠ effective use; active vs reserved", "holds",
      f"RSS kept {rss['rss_delta_bytes'].iloc[2] / MiB:.0f} MiB for {rss['live_tensor_bytes'].iloc[2] / MiB:.0f}"
      " MiB of live tensors until malloc_trim"),

@@ -67,7 +67,7 @@ SIZES = {  # what the scale changes: the GQA and MHA models served in section 2,
     "full": dict(gqa="llama-3-8b", mha="llama-2-7b", contexts=(1024, 4096)),
 }[ch.scale]
 DTYPE = {"cpu": "fp32", "cuda": "bf16"}[ch.device_type]  # served weights and KV cache
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula
@@ -135,7 +135,7 @@ ch.cpu_note("KV and weight bytes are exact storage sizes; prefill and decode tim
             "a GPU, where decode is bound by reading the weights and the cache from HBM at every token.")
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
 for i, cfg in enumerate((mha, small)):
     part = rows[rows["model"] == cfg.name]
     for b in sorted(part["batch"].unique()):
@@ -147,9 +147,10 @@ for i, cfg in enumerate((mha, small)):
 axes[0].set_xlabel("context (tokens)")
 axes[0].set_ylabel("KV cache (MiB), measured")
 axes[0].set_title("KV cache vs context and batch (grey: predicted)")
-axes[0].legend(fontsize=8)
+axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 phase = rows.groupby("model", sort=False)[["prefill s", "decode s/token"]].mean()
 phase.plot.bar(ax=axes[1], rot=0, logy=True)
+axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 axes[1].set_ylabel("seconds (log)")
 axes[1].set_title(f"prefill vs one decode step, on {served[0][1].device_name}")
 ch.save_figure(fig, "kv_growth_and_phases")
@@ -246,14 +247,14 @@ print(f"mean request {reqs['total'].mean():.0f} tokens (prompt {reqs['prompt'].m
 waste.round(3)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
 axes[0].hist(reqs["total"], bins=60, color="C0")
 axes[0].set_xlabel("request length (prompt + output tokens)")
 axes[0].set_ylabel("requests")
 axes[0].set_title("synthetic request mix (seeded)")
 axes[1].bar(waste["policy"], waste["used_share"] * 100)
-axes[1].set_ylabel("% of reserved KV memory holding tokens")
-axes[1].set_title("KV memory used by real tokens, per reservation policy")
+axes[1].set_ylabel("reserved KV memory in use (%)")
+axes[1].set_title("KV memory holding real tokens, per policy")
 ch.save_figure(fig, "paged_attention")
 
 # %% [markdown]

@@ -76,7 +76,7 @@ SIZES = {  # what the scale changes: the config traced at full size, the tiny ru
     "full": dict(trace="llama-2-7b", grid=[(a, d, b, s) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
                                            for b, s in ((4, 256), (1, 1024))], tools=None),
 }[ch.scale]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # **Your own model.** Put the path of any `config.json` here (a GPT-2, OPT, GPT-NeoX, Phi, Llama, Mistral, Qwen2 or

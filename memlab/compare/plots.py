@@ -64,7 +64,8 @@ def stacked_breakdown(table: pd.DataFrame, *, title: str, source: str = "", labe
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(f"memory per device ({unit})")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
-    ax.legend(title="left: predicted, right (hatched): measured", fontsize=8, title_fontsize=8)
+    ax.legend(title="left: predicted, right (hatched): measured", fontsize=8, title_fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1))
     return fig
 
 
@@ -85,11 +86,12 @@ def phase_timeline(phases: pd.DataFrame, *, title: str, source: str = "") -> Fig
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     for xi, total in zip(x, bottom, strict=True):
         ax.text(xi, total, f"{total:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(top=1.15 * max(bottom))  # room for the value labels above the tallest bar, below the title
     ax.set_xticks(x, list(phases["phase"]), rotation=15)
     ax.set_xlabel("after this phase of the first training step")
     ax.set_ylabel(f"bytes held ({unit})")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     return fig
 
 
@@ -119,7 +121,7 @@ def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_p
            ylabel="throughput (TFLOP/s)")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 
@@ -151,7 +153,7 @@ def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_p
            ylabel="achieved (GFLOP/s)")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 
@@ -159,22 +161,29 @@ def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers
                  capacity_bytes: float | None = None) -> Figure:
     """Live bytes op by op, stacked by what allocated them (``memlab.measure.live_bytes.stacked_by_label``'s frame).
 
-    ``markers`` (columns op, label) draws a dotted line where each phase starts; ``capacity_bytes`` a red line.
+    ``markers`` (columns op, label) draws a dotted line where each phase starts, labelled (a label closer than
+    4 % of the x range to the previous one is drawn lower, so the two do not overlap); ``capacity_bytes`` a black
+    dashed line (no fill colour is black).
     """
     unit, size = byte_unit(float(stacked.sum(axis=1).max()))
     fig, ax = _figure(9.0, 4.5)
     ax.stackplot(stacked.index, *[stacked[c] / size for c in stacked.columns], labels=list(stacked.columns),
                  alpha=0.85)
     if markers is not None:
+        top = ax.get_ylim()[1]
+        span = max(float(stacked.index.max() - stacked.index.min()), 1.0)
+        last, level = None, 0
         for op, label in zip(markers["op"], markers["label"], strict=True):
             ax.axvline(op, color="grey", lw=0.5, ls=":")
-            ax.text(op, ax.get_ylim()[1], f" {label}", fontsize=6, va="top", rotation=90)
+            level = (level + 1) % 3 if last is not None and op - last < 0.04 * span else 0
+            ax.text(op, top * (1 - 0.32 * level), f" {label}", fontsize=6, va="top", rotation=90)
+            last = op
     if capacity_bytes is not None:
-        ax.axhline(capacity_bytes / size, color="red", lw=1.2, ls="--", label="capacity")
+        ax.axhline(capacity_bytes / size, color="black", lw=1.2, ls="--", label="capacity")
     ax.set_xlabel("op number (every tensor op, forward, backward and optimizer)")
     ax.set_ylabel(f"live tensor bytes ({unit})")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
-    ax.legend(fontsize=6, loc="upper left", ncol=2)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 
@@ -201,7 +210,7 @@ def shootout_errors(frame: pd.DataFrame, *, title: str, source: str = "") -> Fig
             e = part[part["tool"] == tool]["rel_error"].dropna().astype(float) * 100
             if e.empty:
                 why = "unavailable" if not part[part["tool"] == tool]["available"].all() else "not modelled"
-                ax.text(0, i, why, ha="center", va="center", fontsize=8, color="grey")
+                ax.text(1.5, i, why, ha="left", va="center", fontsize=8, color="grey")  # clear of the zero line
                 continue
             ax.scatter(e, [i] * len(e), s=14, alpha=0.6, color="#C44E52" if tool != "memlab" else "#4C72B0")
         ax.axvline(0, color="black", linewidth=0.8)

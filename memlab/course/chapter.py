@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import random
 import warnings
 from dataclasses import asdict, dataclass
@@ -29,6 +30,9 @@ recorded results a page shows."""
 QUIET_WARNINGS = (r"IProgress not found",)
 """Warning messages (regexes) silenced in a chapter's kernel: tqdm.auto's notice that ipywidgets is absent (the
 text bar it falls back to is fine); nothing a reader needs to act on."""
+LEDGER_KINDS = ("prediction", "bound", "contrast")
+"""What a ledger row's two numbers are: a prediction and a measurement, an upper bound and a measurement, or two
+quantities contrasted on purpose (:meth:`Chapter.record_ledger`)."""
 SEED_CLAIMS_COLUMNS = ("claim", "verdict")
 """Columns every seed-claims table has (:meth:`Chapter.seed_claims`), beside the seed and the number."""
 
@@ -68,7 +72,8 @@ class Recorded:
     def _repr_html_(self) -> str:
         import html
 
-        return f"<p><b>{html.escape(self.name)}</b> ({html.escape(self.label)})</p>" + self.frame.to_html(index=False)
+        head = f"<p><b>{html.escape(self.name)}</b> ({html.escape(self.label)})</p>"
+        return head + reader_html(self.frame, index=False)
 
 
 def load_recorded(name: str, directory: Path | str = RECORDED_DIR) -> Recorded | None:
@@ -99,10 +104,7 @@ class SeedClaims:
     frame: Any  # pandas.DataFrame
 
     def _repr_html_(self) -> str:
-        import pandas as pd
-
-        with pd.option_context("display.max_colwidth", None):
-            return self.frame.to_html(index=False)
+        return reader_html(self.frame, index=False)
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,17 @@ class Chapter:
 
         Inside a notebook the saved PNG is also shown, once (a pyplot figure is closed so the inline backend does
         not show it again): every saved figure appears on the chapter's page, including figures built without
-        pyplot, which the inline backend would not render.
+        pyplot, which the inline backend would not render. Its labels and legends are checked against each other
+        and its data (:func:`memlab.course.figures.figure_overlaps`); what overlaps is written to
+        ``out_dir/figure_checks.json`` (the report's tests fail on any).
         """
+        from memlab.course.figures import FIGURE_CHECKS, figure_overlaps
+
         path = self.out_dir / f"{_safe(name)}.png"
+        checks_path = self.out_dir / FIGURE_CHECKS
+        checks = json.loads(checks_path.read_text()) if checks_path.exists() else {}
+        checks[path.stem] = [str(o) for o in figure_overlaps(fig)]
+        checks_path.write_text(json.dumps(checks, indent=1))
         fig.savefig(path, dpi=150, bbox_inches="tight")
         if _in_notebook():
             import matplotlib.pyplot as plt
@@ -179,6 +189,9 @@ class Chapter:
         ``rel_error`` are computed when absent, by :func:`memlab.compare.ledger.with_errors` (the one ledger schema,
         :data:`memlab.compare.ledger.COLUMNS`, and the one relative error). A row recorded again for the same
         (experiment, component, unit) replaces the earlier one, so re-running a cell does not double count.
+        An optional ``kind`` column says what the two numbers are (:data:`LEDGER_KINDS`): ``prediction`` (the
+        default), ``bound`` (``predicted`` is an upper bound, a roofline) or ``contrast`` (two quantities put side
+        by side on purpose); the report words each kind's figure for what it is.
         """
         import pandas as pd
 
@@ -188,6 +201,10 @@ class Chapter:
         missing = [c for c in REQUIRED if c not in rows.columns]
         if missing:
             raise ConfigError(f"ledger rows lack column(s) {', '.join(missing)}; need {', '.join(REQUIRED)}.")
+        kinds = set(rows["kind"].dropna()) if "kind" in rows.columns else set()
+        if kinds - set(LEDGER_KINDS):
+            raise ConfigError(f"ledger kind(s) {', '.join(sorted(map(str, kinds - set(LEDGER_KINDS))))} unknown; "
+                              f"use {', '.join(LEDGER_KINDS)}.")
         rows = with_errors(rows)
         if self.ledger_path.exists():
             rows = pd.concat([pd.read_csv(self.ledger_path), rows], ignore_index=True)
@@ -244,29 +261,99 @@ def _safe(name: str) -> str:
     return cleaned
 
 
+NOT_AVAILABLE = "—"
+"""What a table cell shows for a value that is missing (NaN, None): not measured here, or not applicable."""
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
 def reader_number(value: float) -> str:
     """A float as a table cell for a reader: thousands grouped and no decimals from 1,000 up (``4,484,096``,
-    ``16,000,000,000``), two decimals from 1 (``23.54``), three significant digits below (``0.222``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if abs(value) >= 1e15:
-        return f"{value:.3e}"
+    ``16,000,000,000``), two decimals from 1 (``23.54``), three significant digits below (``0.222``,
+    ``0.0000638``); beyond 10¹⁸ or below 10⁻⁶ in powers of ten as a reader writes them (``1.18 × 10⁻³⁸``), never
+    as ``1.18e-38``. NaN is :data:`NOT_AVAILABLE`."""
+    if isinstance(value, float) and math.isnan(value):
+        return NOT_AVAILABLE
+    if isinstance(value, float) and math.isinf(value):
+        return "∞" if value > 0 else "−∞"
+    if value != 0 and (abs(value) >= 1e18 or abs(value) < 1e-6):
+        mantissa, exponent = f"{value:.2e}".split("e")  # Python's own rounding, subnormals included
+        return f"{mantissa} × 10{str(int(exponent)).translate(_SUPERSCRIPT)}"
     if abs(value) >= 1000 or value == round(value):
         return f"{value:,.0f}"
     if abs(value) >= 1:
         return f"{value:,.2f}"
-    return f"{value:.3g}"
+    digits = 2 - math.floor(math.log10(abs(value)))
+    return f"{value:.{digits}f}".rstrip("0").rstrip(".")
+
+
+def _reader_cell(value: Any) -> str:
+    """One cell of a mixed (object) or integer column as :func:`reader_html` shows it."""
+    if value is None or (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+                         and math.isnan(value)):
+        return NOT_AVAILABLE
+    if isinstance(value, bool | np_bool()):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        return reader_number(float(value))
+    return str(value)
+
+
+def np_bool() -> type:
+    """NumPy's bool scalar type (a column of flags holds these, not Python bools)."""
+    import numpy as np
+
+    return np.bool_
+
+
+def reader_html(frame: Any, *, index: bool = True) -> str:
+    """A DataFrame as an HTML table for a reader: floats by :func:`reader_number`, integers with thousands
+    separators, missing values as :data:`NOT_AVAILABLE`, every cell whole (never cut with "…")."""
+    import pandas as pd
+
+    mixed = [col for col, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
+    if mixed:  # pandas prints None in an object column as "None", formatter or not: format the cells first
+        frame = frame.copy()
+        for col in mixed:
+            frame[col] = frame[col].map(_reader_cell)
+    formatters = {col: _reader_cell for col, dtype in frame.dtypes.items() if pd.api.types.is_integer_dtype(dtype)}
+    with pd.option_context("display.max_colwidth", None):
+        return frame.to_html(index=index, na_rep=NOT_AVAILABLE, float_format=reader_number,
+                             formatters=formatters or None,
+                             max_rows=pd.get_option("display.max_rows"), notebook=True, border=0,
+                             classes="dataframe")
+
+
+def as_percent(frame: Any, columns: list[str] | None = None, digits: int = 2) -> Any:
+    """A copy of ``frame`` for display with the fraction ``columns`` (all when None) shown as percentages:
+    multiplied by 100, rounded to ``digits`` and renamed ``"NAME (%)"``; where a chapter's text speaks in %."""
+    columns = list(frame.columns) if columns is None else columns
+    shown = frame.copy()
+    for col in columns:
+        shown[col] = (100 * shown[col].astype(float)).round(digits)
+    return shown.rename(columns={col: f"{col} (%)" for col in columns})
 
 
 def reader_display() -> None:
-    """Set pandas to show rounded numbers (:func:`reader_number`) and silence :data:`QUIET_WARNINGS`, in this
-    process: a chapter's kernel (:func:`chapter` calls it)."""
+    """Set a chapter's kernel to show tables for a reader (:func:`reader_html` for every DataFrame,
+    :func:`reader_number` in pandas' text output) and silence :data:`QUIET_WARNINGS`, in this process
+    (:func:`chapter` calls it)."""
     import pandas as pd
 
     pd.set_option("display.float_format", reader_number)
-    pd.set_option("display.max_colwidth", 120)
+    pd.set_option("display.max_colwidth", None)
     for message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, reader_html)
 
 
 def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: str | Path = "out", *,

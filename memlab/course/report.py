@@ -1,16 +1,18 @@
-"""``make report``: execute every chapter notebook in a fresh kernel, render HTML pages and an index.
+"""``make report``: execute every chapter notebook in a fresh kernel, then build the course as a book.
 
 ``python -m memlab.course.report [--scale auto|ci|full] [--device auto|cpu|cuda] [--force] [--only NN] [--out reports]
 [--notebooks notebooks] [--solutions]``
 
 Each ``notebooks/NN_topic.py`` (jupytext percent, the source of truth) is read into a notebook in memory and run
 by papermill with ``scale``, ``device``, ``seed`` and ``out_dir = OUT/build/NN_topic`` injected, working directory
-``notebooks/``. The executed notebook is rendered to ``OUT/NN_topic.html`` (images embedded, no CDN scripts), and
-``OUT/index.html`` + ``OUT/index.json`` list the chapters with status, run time, provenance and a summary of each
-chapter's prediction errors (``out_dir/ledger.csv``). A failing chapter does not stop the others; the command exits
-1 when any chapter failed. Chapters whose notebook, ``memlab/`` source, recorded data and parameters are unchanged
-and whose outputs exist are skipped (``OUT/.cache.json``) unless ``--force``. ``--solutions`` writes the pages with
-the exercises' solutions shown into ``OUT/solutions/``.
+``notebooks/``. The executed notebook becomes a page of the book (:mod:`memlab.course.book`: plumbing removed,
+machine paths scrubbed, terms and citations linked) and, once every chapter ran, Sphinx builds the book into
+``OUT`` (``OUT/index.html`` is its landing page; offline, nothing fetched). ``OUT/index.json`` lists the chapters
+with status, run time, provenance and a summary of each chapter's ledger (``out_dir/ledger.csv``). A failing
+chapter does not stop the others; the command exits 1 when any chapter (or the book build) failed. Chapters whose
+notebook, ``memlab/`` source, recorded data and parameters are unchanged and whose page exists are skipped
+(``OUT/.cache.json``) unless ``--force``. ``--solutions`` builds the instructor's book, every exercise's solution
+shown open, into ``OUT/solutions/``.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memlab.compare.ledger import error_summary
+from memlab.course import book
+from memlab.course.book import ledger_summary
 from memlab.course.chapter import RECORDED_SHOWN, REPO_ROOT
 from memlab.course.exercises import SOLUTIONS_ENV
-from memlab.course.pages import machine_paths, one_parameters_cell, render_html, scrub, write_atomic
+from memlab.course.pages import machine_paths, scrub, write_atomic
 from memlab.course.provenance import provenance
-from memlab.course.render import render_index
 from memlab.device import SCALES, device_string, resolve_scale
 from memlab.errors import MemlabError
 from memlab.predict.validate import canonical_choice
@@ -177,41 +179,6 @@ def count_figures(nb: Any) -> int:
     )
 
 
-def _compared(frame: Any) -> str:
-    """What a ledger's rows put side by side: components, units and how many experiments."""
-    def listed(column: str) -> str:
-        if column not in frame.columns:
-            return "?"
-        values = [str(v) for v in frame[column].dropna().unique()]
-        return ", ".join(values[:6]) + (f" and {len(values) - 6} more" if len(values) > 6 else "")
-
-    n = frame["experiment"].nunique() if "experiment" in frame.columns else len(frame)
-    return f"predicted vs measured {listed('component')} ({listed('unit')}) in {n} experiment{'s' * (n != 1)}"
-
-
-def ledger_summary(ledger_csv: Path) -> dict[str, Any] | None:
-    """Rows, median and max ``|rel_error|``, what was compared and the worst component of a chapter's ledger
-    (None when every error is zero: there is no worst); None when there is no ledger."""
-    import pandas as pd
-
-    if not Path(ledger_csv).exists():
-        return None
-    frame = pd.read_csv(ledger_csv)
-    summary: dict[str, Any] = {"rows": len(frame), "median_abs_rel_error": None, "max_abs_rel_error": None,
-                               "worst_component": None, "compared": _compared(frame)}
-    if "rel_error" not in frame.columns:
-        return summary
-    overall = error_summary(frame, by=None)  # NaN and the inf of a zero measurement left out (their rows count)
-    if overall.empty:
-        return summary
-    row = overall.iloc[0]
-    summary.update(median_abs_rel_error=float(row["median_abs_rel_error"]),
-                   max_abs_rel_error=float(row["max_abs_rel_error"]))
-    if row["max_abs_rel_error"] > 0:
-        summary["worst_component"] = f"{row['worst_experiment']}: {row['worst_component']}"
-    return summary
-
-
 @contextmanager
 def _solutions_env(on: bool) -> Iterator[None]:
     old = os.environ.get(SOLUTIONS_ENV)
@@ -246,7 +213,8 @@ def _recorded_shown(build: Path) -> dict[str, str]:
 
 def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bool, timeout_s: int,
                 solutions: bool) -> ChapterResult:
-    """Execute one chapter in a fresh kernel and render its page; failures are caught and described."""
+    """Execute one chapter in a fresh kernel and write its page into the book's sources; failures are caught and
+    described (the page of a failed chapter shows the failing cell's error)."""
     import jupytext
     import nbformat
     import papermill
@@ -256,8 +224,8 @@ def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bo
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
     executed = build / f"{name}.ipynb"
-    html_path = out / f"{name}.html"
-    html_path.unlink(missing_ok=True)  # a failed run must not leave the previous run's page behind
+    page_source = out / book.SOURCE_DIR / f"{name}.ipynb"
+    page_source.unlink(missing_ok=True)  # a failed run must not leave the previous run's page behind
     title, error = name, None
     start = time.perf_counter()
     try:
@@ -274,10 +242,9 @@ def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bo
     paths = machine_paths(out, source.parent)
     if executed.exists():
         try:
-            done = one_parameters_cell(nbformat.read(executed, as_version=4), params, source.parent)
-            figures = count_figures(done)
-            render_html(done, html_path, title, paths)
-            html = html_path.name
+            figures = count_figures(nbformat.read(executed, as_version=4))
+            book.write_chapter_page(executed, out / book.SOURCE_DIR, paths)
+            html = f"{name}.html"
         except Exception as exc:  # a page that cannot be written (a full disk) fails its chapter, not the report
             error = error or _error_of(exc, paths)
     if error:
@@ -289,7 +256,8 @@ def run_chapter(source: Path, out: Path, params: dict[str, Any], *, progress: bo
 
 def _cached(record: dict[str, Any] | None, key: str, out: Path, build: Path) -> bool:
     return bool(record and record.get("cache_key") == key and record.get("status") in ("ok", "cached")
-                and isinstance(record.get("html"), str) and (out / record["html"]).exists() and build.exists())
+                and isinstance(record.get("html"), str) and build.exists()
+                and (out / book.SOURCE_DIR / f"{record['name']}.ipynb").exists())
 
 
 class _Parser(argparse.ArgumentParser):
@@ -324,7 +292,8 @@ def _parse(argv: list[str] | None, prog: str = "python -m memlab.course.report")
                         help="run only chapter NN (repeat or comma-separate); others keep their last result")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "reports", help="report folder (default reports/)")
     parser.add_argument("--notebooks", type=Path, default=REPO_ROOT / "notebooks", help="chapter sources")
-    parser.add_argument("--solutions", action="store_true", help="render pages with solutions into OUT/solutions/")
+    parser.add_argument("--solutions", action="store_true",
+                        help="the instructor's book, every solution shown open, into OUT/solutions/")
     parser.add_argument("--timeout", type=_positive_int, default=1800, help="seconds allowed per cell (default 1800)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide papermill's progress")
     return parser.parse_args(argv)
@@ -352,7 +321,8 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     building = {"title": title, "ok": False, "complete": False, "started": started, "scale": scale,
                 "scale_requested": args.scale, "solutions": args.solutions, "provenance": {}, "chapters": []}
-    _write_index(out, building)  # until the run completes, the index says so (an interrupted run is never "ok")
+    write_atomic(out / "index.json", json.dumps(building, indent=1))  # until the run completes, the index says so
+    write_atomic(out / "index.html", book.placeholder_index(started))  # (an interrupted run is never "ok")
     cache_path = out / ".cache.json"
     cache = load_cache(cache_path)
     code_hash = memlab_hash()
@@ -373,7 +343,9 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
                 title = _title(jupytext.read(source), name)
             except Exception:  # an unreadable source fails when it is run; here it only lacks a title
                 title = name
-            result = ChapterResult(id=name[:2], name=name, title=title, status="not run", cache_key=key)
+            kept = (out / book.SOURCE_DIR / f"{name}.ipynb").exists()  # its page from an earlier build stays
+            result = ChapterResult(id=name[:2], name=name, title=title, status="not run", cache_key=key,
+                                   html=f"{name}.html" if kept else None)
             print(f"{head}: not run (not in --only)", flush=True)
         else:
             print(f"{head}: running at scale {scale} on {device} ...", flush=True)
@@ -401,15 +373,38 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
         "provenance": {**provenance(device), "scale": scale, "seed": args.seed, "recorded_gpu_data": shown},
         "chapters": [r.to_dict() for r in results],
     }
-    _write_index(out, index)
+    write_atomic(out / "index.json", json.dumps(index, indent=1))
+    site = build_book(out, index, notebooks_dir, solutions=args.solutions)
+    index = {**index, "ok": index["ok"] and site.status == 0,
+             "book": {"status": site.status, "seconds": site.seconds, "warnings": len(site.warnings.splitlines())}}
+    write_atomic(out / "index.json", json.dumps(index, indent=1))
     return results, index
 
 
-def _write_index(out: Path, index: dict[str, Any]) -> None:
-    """``index.json`` and ``index.html``, each written atomically (see :func:`memlab.course.pages.write_atomic`);
-    the JSON first, so a reader of the JSON never finds it older than the page."""
-    write_atomic(out / "index.json", json.dumps(index, indent=1))
-    write_atomic(out / "index.html", render_index(index))
+def build_book(out: Path, index: dict[str, Any], notebooks_dir: Path, *, solutions: bool) -> book.SiteBuild:
+    """The book over the chapters' pages (:mod:`memlab.course.book`): landing, course map, glossary, references,
+    seed pages and the build page, then Sphinx into ``out``; one line on stdout says how long it took."""
+    import jupytext
+
+    chapters = []
+    for ch in index["chapters"]:
+        source = notebooks_dir / f"{ch['name']}.py"
+        try:
+            belief = book.belief(jupytext.read(source)) if source.exists() else ""
+        except Exception:  # an unreadable chapter fails when it runs; in the map it only lacks its belief
+            belief = ""
+        chapters.append(book.BookChapter(id=ch["id"], name=ch["name"], title=ch["title"], status=ch["status"],
+                                         belief=belief, page=ch["name"] if ch.get("html") else None))
+    book.write_sources(out, index, chapters, solutions=solutions)
+    site = book.build_site(out)
+    warned = len(site.warnings.splitlines())
+    note = f"; {warned} Sphinx warning line(s) in build/book-warnings.log" if warned else ""
+    if site.status == 0:
+        print(f"book: built in {site.seconds} s{note}", flush=True)
+    else:
+        print(f"report: the book build failed (Sphinx exit status {site.status}){note}", file=sys.stderr,
+              flush=True)
+    return site
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m memlab.course.report") -> int:
@@ -417,7 +412,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m memlab.course.rep
     ``memlab: error: ...`` on stderr, as the ``memlab`` command prints). ``prog`` names the command in messages."""
     try:
         args = _parse(argv, prog)
-        results, _ = build(args)
+        results, index = build(args)
     except MemlabError as err:
         print(f"memlab: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
@@ -426,6 +421,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m memlab.course.rep
               "--out DIR.", file=sys.stderr)
         return 1
     failed = [r.name for r in results if r.status == "failed"]
+    if not index.get("ok") and not failed:  # every chapter ran but the book did not build (its line said why)
+        return 1
     planned = sum(r.status == "planned" for r in results)
     where = (args.out / "solutions" if args.solutions else args.out).resolve() / "index.html"
     print(f"report: {where} ({len(results) - planned - len(failed)} of {len(results) - planned} chapters without "

@@ -11,6 +11,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memlab.course.chapter import Chapter, CpuNote, chapter, load_recorded
 from memlab.device import device_string as resolve_device
@@ -155,12 +157,40 @@ def test_recorded_results_without_provenance_are_refused(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("value", "shown"), [
     (371315844094.552368, "371,315,844,095"), (1.6e10, "16,000,000,000"), (4484096.0, "4,484,096"),
-    (23.540585, "23.54"), (0.222391, "0.222"), (16.0, "16"), (0.0, "0"), (float("nan"), "nan"), (-0.5, "-0.5"),
+    (23.540585, "23.54"), (0.222391, "0.222"), (16.0, "16"), (0.0, "0"), (float("nan"), "—"), (-0.5, "-0.5"),
+    (6.38e-05, "0.0000638"), (-9.1e-08, "-9.10 × 10⁻⁸"), (1e20, "1.00 × 10²⁰"), (1.1754944e-38, "1.18 × 10⁻³⁸"),
+    (9.999e-7, "1.00 × 10⁻⁶"), (float("inf"), "∞"),
 ])
 def test_tables_show_numbers_rounded_for_a_reader(value: float, shown: str) -> None:
     from memlab.course.chapter import reader_number
 
     assert reader_number(value) == shown
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300).filter(lambda v: v != 0))
+def test_a_table_number_is_never_scientific_and_keeps_three_digits(value: float) -> None:
+    from memlab.course.chapter import reader_number
+
+    shown = reader_number(value)
+    assert "e" not in shown.lower() and shown not in ("0", "-0")
+    if " × 10" in shown:
+        mantissa, power = shown.split(" × 10")
+        back = float(mantissa) * 10 ** int(power.translate(str.maketrans("⁻⁰¹²³⁴⁵⁶⁷⁸⁹", "-0123456789")))
+    else:
+        back = float(shown.replace(",", ""))
+    assert abs(back - value) <= max(0.5, abs(value) * 0.006), (value, shown)
+
+
+def test_reader_tables_show_missing_values_as_a_dash_and_integers_grouped() -> None:
+    from memlab.course.chapter import reader_html
+
+    html = reader_html(pd.DataFrame({"bytes": [1216392, 23068672], "x": [float("nan"), 0.5], "who": [None, "a"]}))
+    assert "1,216,392" in html and "23,068,672" in html and "NaN" not in html and "None" not in html
+    assert html.count("—") == 2
+    mixed = reader_html(pd.Series({"reason": None, "peak": 1.5e12, "n": 4096, "ok": True, "what": "cpu"},
+                                  name="this device").to_frame())
+    assert "None" not in mixed and "1,500,000,000,000" in mixed and "4,096" in mixed and "True" in mixed
 
 
 def test_a_chapter_shows_itself_without_a_machine_path(tmp_path: Path) -> None:

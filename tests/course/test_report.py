@@ -1,6 +1,5 @@
-"""memlab.course.report: cache keys, failure handling, index.json, offline pages; then (slow) the real course at ci
-scale,
-built once, and its rendered index checked in headless Chromium."""
+"""memlab.course.report: cache keys, failure handling, index.json, the book built offline; then (slow) the real
+course at ci scale, built once (the browser test, tests/course/test_book_browser.py, reads the same build)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memlab.course import pages, render, report
+from memlab.course import book, pages, report
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "course"
@@ -23,7 +22,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CJK_SAMPLE = "視訊記憶體利用率"  # seed 000's title: the glyphs a CJK font must supply
-WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|data-mime-type=\"application/vnd\.jupyter\.stderr\"")
+WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|class=\"output stderr\"")
 """A warning as Python prints it (``file.py:12: FutureWarning: ...``) or any stderr output; a chapter may still
 *discuss* a warning (chapter 03 tabulates the ones ``torch.cuda.amp`` raises)."""
 OUT_DIR_ASSIGNED = re.compile(r'out_dir</span>\s*<span class="o">=</span>')  # `out_dir = ...` in a highlighted cell
@@ -100,14 +99,30 @@ def test_ledger_summary_says_what_was_compared_and_names_no_worst_when_all_agree
                   "rel_error": [0.0, 0.0, -0.0]}).to_csv(tmp_path / "ledger.csv", index=False)
     summary = report.ledger_summary(tmp_path / "ledger.csv")
     assert summary["max_abs_rel_error"] == 0 and summary["worst_component"] is None
-    assert summary["compared"] == "predicted vs measured params, grads (B) in 2 experiments"
+    assert summary["compared"] == "params, grads (B) in 2 experiments"
+    assert [k["kind"] for k in summary["kinds"]] == ["prediction"] and "exact" in summary["kinds"][0]["figure"]
+
+
+def test_ledger_summary_words_bounds_and_contrasts_as_what_they_are(tmp_path: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame({"experiment": ["roof", "roof", "rss", "fit"], "component": ["a", "b", "s", "params"],
+                  "unit": ["FLOP/s", "FLOP/s", "B", "B"], "predicted": [100.0, 200.0, 10.0, 110.0],
+                  "measured": [50.0, 50.0, 30.0, 100.0], "rel_error": [1.0, 3.0, -2 / 3, 0.1],
+                  "kind": ["bound", "bound", "contrast", None]}).to_csv(tmp_path / "ledger.csv", index=False)
+    summary = report.ledger_summary(tmp_path / "ledger.csv")
+    assert summary["median_abs_rel_error"] == pytest.approx(0.1), "bounds and contrasts are not prediction errors"
+    kinds = {k["kind"]: k for k in summary["kinds"]}
+    assert kinds["bound"]["figure"] == "median 38% of the bound reached (lowest 25%, highest 50%)"
+    assert kinds["contrast"]["figure"].startswith("measured / compared: median 3.00×")
+    assert kinds["prediction"]["figure"].startswith("median |error| 10.0 %")
 
 
 @pytest.mark.parametrize(("fraction", "shown"), [
     (None, "n/a"), (0.0, "0 % (exact)"), (1e-4, "0.01 %"), (1e-9, "< 0.0001 %"), (0.1234, "12.3 %"),
 ])
 def test_percentages_in_the_index_never_round_an_error_to_zero(fraction: float | None, shown: str) -> None:
-    assert render._pct(fraction) == shown
+    assert book.pct(fraction) == shown
 
 
 def test_chapters_table_lists_every_present_chapter_and_plans_the_rest() -> None:
@@ -121,7 +136,7 @@ def test_chapters_table_lists_every_present_chapter_and_plans_the_rest() -> None
     assert report.planned_chapters([], FIXTURES) == [], "a test course has no plan"
 
 
-def test_index_page_shows_planned_chapters_provenance_and_exact_agreement() -> None:
+def test_build_page_shows_planned_chapters_provenance_and_what_each_figure_means() -> None:
     index = {"title": "t", "ok": True, "complete": True, "scale": "ci", "scale_requested": "auto",
              "provenance": {"device": "cpu", "device_kind": "cpu", "os": "Linux 6.1 (x86_64)",
                             "host_memory_bytes": 25276510208, "libraries": {"torch": "2.13.0", "pandas": "2.2"},
@@ -129,16 +144,16 @@ def test_index_page_shows_planned_chapters_provenance_and_exact_agreement() -> N
                             "recorded_gpu_data": {}, "seed": 0},
              "chapters": [
                  {"id": "00", "name": "00_a", "title": "A", "status": "ok", "run_time_s": 1.0, "html": "00_a.html",
-                  "figures": 1, "ledger": {"rows": 2, "median_abs_rel_error": 0.0, "max_abs_rel_error": 0.0,
-                                           "worst_component": None, "compared": "predicted vs measured params (B)"}},
+                  "figures": 1, "ledger": {"kinds": [{"kind": "bound", "meaning": "measurement vs an upper bound",
+                                                      "compared": "matmul (FLOP/s)", "rows": 1234,
+                                                      "figure": "median 50% of the bound reached"}]}},
                  {"id": "01", "name": "01_b", "title": "B", "status": "planned"}]}
-    page = render.render_index(index)
-    for text in ("Linux 6.1", "23.54 GiB", "torch 2.13.0", "abc123def456", "dirty", "none (no page shows",
-                 "0 % (exact)", "every row agrees exactly", "predicted vs measured params (B)",
-                 'data-status="planned"', "1 more planned"):
+    page = book.build_markdown(index)
+    for text in ("Linux 6.1", "23.54 GiB", "torch 2.13.0", "abc123def456", "uncommitted", "none (no page shows",
+                 "measurement vs an upper bound", "median 50% of the bound reached", "1,234",
+                 "planned, not written yet", "{doc}`A <00_a>`"):
         assert text in page, text
-    building = render.render_index({**index, "complete": False, "started": "now", "chapters": []})
-    assert "being built" in building
+    assert "{doc}`B" not in page, "a planned chapter has no page to link"
 
 
 def test_write_atomic_leaves_the_old_file_when_a_write_fails(tmp_path: Path,
@@ -168,6 +183,11 @@ def test_write_atomic_leaves_the_old_file_when_a_write_fails(tmp_path: Path,
     assert [p.name for p in tmp_path.iterdir()] == ["page.html"], "no temporary file is left behind"
 
 
+def _no_book(out: Path, index: dict, notebooks_dir: Path, *, solutions: bool) -> book.SiteBuild:
+    """A stand-in for :func:`report.build_book` where a test is about something else (1-2 s of Sphinx saved)."""
+    return book.SiteBuild(status=0, warnings="", seconds=0.0)
+
+
 def _disk_full_after(monkeypatch: pytest.MonkeyPatch, matches) -> None:
     """Make every atomic write whose target ``matches`` write half its text and fail as a full disk would."""
     real = pages.write_atomic
@@ -180,18 +200,19 @@ def _disk_full_after(monkeypatch: pytest.MonkeyPatch, matches) -> None:
 
     monkeypatch.setattr(pages, "write_atomic", failing)
     monkeypatch.setattr(report, "write_atomic", failing)
+    monkeypatch.setattr(book, "write_atomic", failing)
     monkeypatch.setattr(report, "memlab_hash", lambda root=ROOT: "fixed")
 
 
 def test_a_full_disk_while_writing_a_page_fails_that_chapter(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    _disk_full_after(monkeypatch, lambda p: p.name == "10_passes.html")
+    _disk_full_after(monkeypatch, lambda p: p.name == "10_passes.ipynb" and p.parent.name == "_book")
     assert _run(tmp_path, "--only", "10") == 1
     index = _index(tmp_path)
     chapter = _by_name(index)["10_passes"]
     assert index["ok"] is False and chapter["status"] == "failed" and chapter["html"] is None
     assert "No space" in chapter["error"]["evalue"]
-    assert not (tmp_path / "10_passes.html").exists(), "no truncated page beside the index"
+    assert not (tmp_path / "10_passes.html").exists(), "no page from a truncated source"
 
 
 def test_a_full_disk_while_writing_the_index_leaves_no_ok_index(tmp_path: Path,
@@ -199,6 +220,7 @@ def test_a_full_disk_while_writing_the_index_leaves_no_ok_index(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(report, "memlab_hash", lambda root=ROOT: "fixed")
+        mp.setattr(report, "build_book", _no_book)  # this test is about the index; the book is tested elsewhere
         assert _run(tmp_path, "--only", "10") == 0 or _index(tmp_path)["chapters"]
     calls = []
 
@@ -235,8 +257,10 @@ def fixture_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(report, "memlab_hash", lambda root=ROOT: "fixed")
         runs["first"] = (_run(out), _index(out))
-        runs["first_page"] = (out / "index.html").read_text()
-        runs["again"] = (_run(out), _index(out))
+        runs["first_page"] = (out / "build.html").read_text()
+        with pytest.MonkeyPatch.context() as no_book:  # what "again" tests is the cache; "force" rebuilds the book
+            no_book.setattr(report, "build_book", _no_book)
+            runs["again"] = (_run(out), _index(out))
         runs["force"] = (_run(out, "--force", "--only", "10"), _index(out))
         runs["solutions"] = (_run(out, "--solutions", "--only", "10"), _index(out / "solutions"))
     runs["out"] = out
@@ -254,7 +278,7 @@ def test_a_failing_chapter_does_not_stop_the_others_and_the_run_fails(fixture_ru
     assert failed["error"]["ename"] == "ZeroDivisionError" and "division by zero" in failed["error"]["evalue"]
     assert "1 / 0" in failed["error"]["source_head"]
     page = fixture_runs["first_page"]
-    assert "ZeroDivisionError" in page and 'data-status="failed"' in page
+    assert "11_fails" in page and "failed (the page shows the error)" in page
 
 
 def test_index_json_carries_provenance_and_the_ledger_summary(fixture_runs: dict) -> None:
@@ -295,26 +319,34 @@ def test_solutions_are_rendered_into_their_own_folder(fixture_runs: dict) -> Non
     assert re.search(opened, page), "the instructor's build opens the solutions"
     plain = (fixture_runs["out"] / "10_passes.html").read_text()
     assert '<details class="memlab-solution">' in plain and not re.search(opened, plain), "collapsed for learners"
+    assert "instructor build" in (fixture_runs["out"] / "solutions" / "index.html").read_text()
 
 
-def test_pages_need_no_cdn(fixture_runs: dict) -> None:
+def _pages(out: Path) -> list[Path]:
+    return sorted(out.glob("*.html"))
+
+
+def test_the_book_has_its_pages_and_needs_no_network(fixture_runs: dict) -> None:
     out = fixture_runs["out"]
-    for page in [out / "index.html", out / "10_passes.html", out / "11_fails.html"]:
+    names = {p.name for p in _pages(out)}
+    assert {"index.html", "10_passes.html", "11_fails.html", "glossary.html", "references.html", "seeds.html",
+            "seed-claims.html", "build.html", "search.html"} <= names
+    for page in _pages(out):
         html = page.read_text()
         assert not EXTERNAL_RESOURCE.findall(html), f"{page.name} loads something from the network"
-    assert "data:image/png;base64," in (out / "10_passes.html").read_text(), "figures are embedded"
+    figure = re.findall(r'<img[^>]+src="(_images/[^"]+\.png)"', (out / "10_passes.html").read_text())
+    assert figure and (out / figure[0]).stat().st_size > 0, "the figure is a file of the book"
+    assert "ZeroDivisionError" in (out / "11_fails.html").read_text(), "a failed chapter's page shows its error"
 
 
-def test_pages_show_one_parameters_cell_and_no_machine_path(fixture_runs: dict) -> None:
+def test_pages_show_no_parameters_cell_and_no_machine_path(fixture_runs: dict) -> None:
     out = fixture_runs["out"]
-    for page in [out / "index.html", out / "10_passes.html", out / "11_fails.html"]:
+    for page in _pages(out):
         html = page.read_text()
         assert not machine_paths_in(html, out), f"{page.name} shows a path of this machine"
     html = (out / "10_passes.html").read_text()
-    assert len(OUT_DIR_ASSIGNED.findall(html)) == 1, "the parameters cell appears once"
-    assert "[report]/build/10_passes" in html and "injected" not in html.lower()
-    counts = [int(n) for n in re.findall(r"In[\s\xa0]\[(\d+)\]", html)]
-    assert counts and counts == list(range(1, len(counts) + 1)), "In [n] has no gap where a cell was dropped"
+    assert not OUT_DIR_ASSIGNED.findall(html) and "injected" not in html.lower(), "no parameters cell"
+    assert "PosixPath" not in html, "a returned path is plumbing, not content"
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -336,15 +368,29 @@ def test_bad_flags_are_one_error_line_not_a_usage_dump(argv: list[str], capsys: 
     assert "python -m memlab.course.report --help" in lines[0] and captured.out == ""
 
 
-def test_a_failing_run_shows_no_kernel_start_up_warning(tmp_path: Path) -> None:
+def _no_network_prefix() -> list[str]:
+    """A command prefix running its command in a network namespace of its own with only a loopback (the kernel
+    talks to papermill over it): nothing outside the machine is reachable. [] where that is not available."""
+    import subprocess
+
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    if not unshare or not ip:
+        return []
+    prefix = [unshare, "-rn", "sh", "-c", f'{ip} link set lo up && exec "$@"', "sh"]
+    return prefix if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0 else []
+
+
+def test_a_run_with_no_network_builds_the_book_and_shows_no_kernel_start_up_warning(tmp_path: Path) -> None:
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "memlab.course.report", "--notebooks", str(FIXTURES), "--out",
-                           str(tmp_path), "--no-progress", "--only", "11"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([*_no_network_prefix(), sys.executable, "-m", "memlab.course.report", "--notebooks",
+                           str(FIXTURES), "--out", str(tmp_path), "--no-progress", "--only", "11"], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == ["report: failed chapter(s): 11_fails; their pages show the error"]
+    assert "book: built in" in proc.stdout and (tmp_path / "11_fails.html").exists(), proc.stdout[-2000:]
+    assert "11_fails" in (tmp_path / "index.html").read_text()
 
 
 # --- the real course, built once at ci scale, checked in a real browser ------------------------------------------
@@ -365,7 +411,10 @@ def test_every_real_chapter_executes_at_ci_scale(course_report: tuple[int, Path]
     assert code == 0 and not failures, failures
     assert [ch["name"] for ch in run] == sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
     assert len(index["chapters"]) == len(report.CHAPTERS), "planned chapters are listed too"
-    for page in [out / "index.html"] + [out / ch["html"] for ch in run]:
+    assert index["book"]["status"] == 0 and index["book"]["seconds"] < 60, index["book"]
+    warnings = (out / "build" / "book-warnings.log")
+    assert not warnings.exists() or not warnings.read_text().strip(), warnings.read_text()
+    for page in _pages(out):
         html = page.read_text()
         assert not EXTERNAL_RESOURCE.findall(html), f"{page.name} loads something from the network"
         assert not machine_paths_in(html, out), f"{page.name} shows a path of this machine"
@@ -373,7 +422,19 @@ def test_every_real_chapter_executes_at_ci_scale(course_report: tuple[int, Path]
     for ch in run:
         assert ch["figures"] >= 1, f"{ch['name']} shows no figure"
         html = (out / ch["html"]).read_text()
-        assert html.count("injected-parameters") == 0 and len(OUT_DIR_ASSIGNED.findall(html)) == 1, ch["name"]
+        assert "injected-parameters" not in html and not OUT_DIR_ASSIGNED.findall(html), ch["name"]
+
+
+@pytest.mark.slow
+def test_no_figure_label_or_legend_overlaps_another_or_its_data(course_report: tuple[int, Path]) -> None:
+    """Measured when each figure was saved (memlab.course.figures, from the figure's own text extents)."""
+    from memlab.course.figures import FIGURE_CHECKS
+
+    _, out = course_report
+    checks = {p.parent.name: json.loads(p.read_text()) for p in (out / "build").glob(f"*/{FIGURE_CHECKS}")}
+    assert checks, "save_figure records its checks"
+    overlaps = {f"{chapter}/{fig}": found for chapter, figs in checks.items() for fig, found in figs.items() if found}
+    assert not overlaps, overlaps
 
 
 def _browser_or_skip():
@@ -414,46 +475,170 @@ def test_missing_glyph_check_sees_boxes() -> None:
             browser.close()
 
 
+LEARNER_TEXT = {
+    "a path repr": re.compile(r"(?:Posix|Windows)Path\("),
+    "a traceback": re.compile(r"Traceback \(most recent call last\)"),
+    "a warning": re.compile(r"\b\w*Warning: "),
+    "a config dump": re.compile(r"\{'scale': '"),
+    "a figure repr": re.compile(r"<(?:Figure|Axes)[ :]\w*"),
+    "the parameters cell": re.compile(r"injected-parameters|out_dir = "),
+}
+"""Plumbing that must not appear in a page's visible text."""
+LEARNER_CELLS = {
+    "NaN": re.compile(r"^(?:NaN|nan|NaT|<NA>)$"),
+    "None": re.compile(r"^None$"),
+    "scientific notation": re.compile(r"\d[eE][+-]\d{2}\b"),
+    "a cut cell": re.compile(r"\.\.\.$|…$"),
+}
+"""What a table cell must not be (or end with)."""
+SCIENTIFIC = re.compile(r"\b\d+(?:\.\d+)?[eE][+-]?\d+\b")
+"""e-notation (``6.1e-5``, ``1e12``) in a page's prose or outputs (code excluded): a reader's page writes 6.1 × 10⁻⁵."""
+PAGE_FACTS = r"""() => {
+  const article = document.querySelector("article") || document.body;
+  const cells = Array.from(article.querySelectorAll("table td, table th")).map(c => c.innerText.trim());
+  const plain = Array.from(article.querySelectorAll(".cell_output .output.text_plain pre, .cell_output pre"))
+    .map(p => p.innerText.trim()).filter(t => /^'.*'$|^".*"$/s.test(t));
+  const images = Array.from(document.images).map(i => [i.getAttribute("src"), i.complete, i.naturalWidth]);
+  const wide = Array.from(article.querySelectorAll("table")).filter(t => t.getBoundingClientRect().right >
+    article.getBoundingClientRect().right + 2 && getComputedStyle(t).overflowX !== "auto"
+    && getComputedStyle(t.parentElement).overflowX !== "auto").length;
+  const bare = article.cloneNode(true);
+  // exercise feedback (.memlab-exercise) is the exercises' own text, checked by their tests, not here
+  bare.querySelectorAll("pre, code, .cell_input, script, style, .memlab-exercise").forEach(e => e.remove());
+  return {text: article.innerText, prose: bare.textContent, cells, quoted: plain, images, wide,
+          stderr: article.querySelectorAll(".output.stderr").length,
+          solutions: Array.from(article.querySelectorAll("details.memlab-solution")).map(d => d.open),
+          exercises: (article.innerText.match(/Exercise \d/g) || []).length};
+}"""
+
+
+def learner_grade_problems(facts: dict) -> list[str]:
+    """The learner-grade rules a page breaks, from :data:`PAGE_FACTS` (one line each)."""
+    problems = [f"shows {what}: {m.group(0)!r}" for what, rx in LEARNER_TEXT.items()
+                if (m := rx.search(facts["text"]))]
+    if m := SCIENTIFIC.search(facts.get("prose", "")):
+        problems.append(f"scientific notation in the text: {m.group(0)!r}")
+    for what, rx in LEARNER_CELLS.items():
+        bad = [c for c in facts["cells"] if rx.search(c)]
+        if bad:
+            problems.append(f"{len(bad)} table cell(s) with {what}, e.g. {bad[0]!r}")
+    if facts["quoted"]:
+        problems.append(f"a quoted string as a cell's value: {facts['quoted'][0][:60]!r}")
+    if facts["stderr"]:
+        problems.append(f"{facts['stderr']} stderr block(s)")
+    if facts["wide"]:
+        problems.append(f"{facts['wide']} table(s) wider than the page that do not scroll")
+    broken = [src for src, complete, width in facts["images"] if not complete or not width]
+    if broken:
+        problems.append(f"broken image(s) {broken[:3]}")
+    return problems
+
+
+def test_learner_grade_rules_catch_plumbing() -> None:
+    clean = {"text": "MFU is 42 %.", "cells": ["1,024", "12.5 %"], "quoted": [], "stderr": 0, "wide": 0,
+             "images": [["_images/a.png", True, 640]]}
+    assert learner_grade_problems(clean) == []
+    dirty = {**clean, "text": "PosixPath('x') FutureWarning: old", "cells": ["NaN", "5.42e-05", "None"],
+             "quoted": ["'No GPU run'"], "stderr": 1, "images": [["_images/b.png", True, 0]],
+             "prose": "about 6.1e-5 of them"}
+    assert len(learner_grade_problems(dirty)) == 9
+
+
+def _offline_browser(pw):
+    """Chromium with every request that is not a file:// URL aborted and recorded (the test fails on any)."""
+    browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    outside: list[str] = []
+
+    def route(r):
+        if r.request.url.startswith(("file://", "data:", "about:")):
+            return r.continue_()
+        outside.append(r.request.url)
+        return r.abort()
+    context.route("**/*", route)
+    return browser, context, outside
+
+
 @pytest.mark.slow
-def test_rendered_report_in_headless_chromium(course_report: tuple[int, Path]) -> None:
+def test_every_page_of_the_book_offline_in_headless_chromium(course_report: tuple[int, Path]) -> None:
     sync_playwright = _browser_or_skip()
     _, out = course_report
     index = _index(out)
     shots = out / "screenshots"
     shots.mkdir(exist_ok=True)
+    problems: dict[str, list[str]] = {}
+    solution_blocks: dict[str, list[bool]] = {}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        browser, context, outside = _offline_browser(pw)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page = context.new_page()
             page.set_content(f"<p>{CJK_SAMPLE}</p>")
             assert not page.evaluate(MISSING_GLYPHS, CJK_SAMPLE), (
                 "CJK glyphs render as boxes: install a CJK font (make chromium installs fonts-noto-cjk)")
             page.goto((out / "index.html").as_uri())
-            rows = page.locator("tr.chapter")
-            assert rows.count() == len(index["chapters"])
-            links = page.locator("tr.chapter a")
-            hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
-            assert hrefs == [ch["html"] for ch in index["chapters"] if ch.get("html")]
-            planned = page.locator('tr.chapter[data-status="planned"]')
-            assert planned.count() == sum(ch["status"] == "planned" for ch in index["chapters"])
+            sidebar = page.locator("nav.bd-links a.reference")
+            linked = {sidebar.nth(i).get_attribute("href") for i in range(sidebar.count())}
+            assert {ch["html"] for ch in index["chapters"] if ch.get("html")} <= linked, "every chapter in the sidebar"
+            assert page.locator("text=Start here").count() and page.locator("text=the belief it checks").count()
             page.screenshot(path=str(shots / "index.png"), full_page=True)
-            for ch in [ch for ch in index["chapters"] if ch.get("html")]:
-                page.goto((out / ch["html"]).as_uri())
+            for path in _pages(out):
+                page.goto(path.as_uri())
                 page.wait_for_load_state("load")
-                assert page.title(), f"{ch['name']} has a title"
-                images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth])")
-                assert len(images) >= max(1, ch["figures"]), f"{ch['name']}: figures missing"
-                broken = [i for i, (complete, width) in enumerate(images) if not complete or width == 0]
-                assert not broken, f"{ch['name']}: broken images {broken}"
-                cjk = "".join(sorted(set(re.findall(r"[\u3000-\u9fff\uf900-\ufaff]", page.inner_text("body")))))
+                assert page.title(), f"{path.name} has a title"
+                facts = page.evaluate(PAGE_FACTS)
+                if found := learner_grade_problems(facts):
+                    problems[path.name] = found
+                cjk = "".join(sorted(set(re.findall(r"[\u3000-\u9fff\uf900-\ufaff]", facts["text"]))))
                 missing = page.evaluate(MISSING_GLYPHS, cjk) if cjk else ""
-                assert not missing, f"{ch['name']}: no glyph for {missing!r} (boxes): install a CJK font"
-                page.screenshot(path=str(shots / f"{ch['name']}.png"))
+                assert not missing, f"{path.name}: no glyph for {missing!r} (boxes): install a CJK font"
+                if facts["exercises"]:
+                    solution_blocks[path.name] = facts["solutions"]
+                if path.stem[:2].isdigit():
+                    page.screenshot(path=str(shots / f"{path.stem}.png"))
+                    nav = page.locator("a.right-next, a.left-prev")
+                    assert nav.count() >= 1, f"{path.name} has no previous/next link"
+            page.goto((out / "search.html").as_uri() + "?q=fragmentation")
+            page.wait_for_selector("#search-results li", timeout=15000)
+            assert page.locator("#search-results li").count() >= 1, "full-text search finds a chapter"
         finally:
             browser.close()
-    assert (shots / "index.png").stat().st_size > 0
+    assert not outside, f"pages asked the network for {sorted(set(outside))[:5]}"
+    assert not problems, problems
     if os.environ.get("MEMLAB_SCREENSHOT_DIR"):
         target = Path(os.environ["MEMLAB_SCREENSHOT_DIR"])
         target.mkdir(parents=True, exist_ok=True)
         for shot in shots.glob("*.png"):
             shutil.copy2(shot, target / shot.name)
+    _solution_blocks_are_collapsed(solution_blocks)
+
+
+def _solution_blocks_are_collapsed(blocks: dict[str, list[bool]]) -> None:
+    if not any(blocks.values()):
+        pytest.xfail("no exercise shows a <details class='memlab-solution'> block yet (the exercises branch adds "
+                     "them); this check turns on when it merges")
+    assert all(blocks.values()), f"a chapter with exercises has no solution block: {blocks}"
+    opened = {name: found for name, found in blocks.items() if any(found)}
+    assert not opened, f"solutions shown open in the learner's book: {opened}"
+
+
+@pytest.mark.slow
+def test_the_solutions_book_opens_every_solution_block(fixture_runs: dict) -> None:
+    sync_playwright = _browser_or_skip()
+    with sync_playwright() as pw:
+        browser, context, outside = _offline_browser(pw)
+        try:
+            page = context.new_page()
+            found = {}
+            for build in (fixture_runs["out"], fixture_runs["out"] / "solutions"):
+                page.goto((build / "10_passes.html").as_uri())
+                found[build.name] = page.evaluate(PAGE_FACTS)["solutions"]
+        finally:
+            browser.close()
+    assert not outside
+    if not any(found.values()):
+        pytest.xfail("the fixture's exercise shows no <details class='memlab-solution'> block yet (the exercises "
+                     "branch adds it)")
+    learner = found[fixture_runs["out"].name]
+    assert found["solutions"] and all(found["solutions"]), f"the instructor's book opens every block: {found}"
+    assert learner and not any(learner), f"the learner's book has the blocks, collapsed: {found}"
+
