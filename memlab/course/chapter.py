@@ -13,6 +13,7 @@ import json
 import math
 import numbers
 import random
+import re
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -309,10 +310,69 @@ def np_bool() -> type:
     return np.bool_
 
 
-def reader_html(frame: Any, *, index: bool = True) -> str:
-    """A DataFrame as an HTML table for a reader: floats by :func:`reader_number`, integers with thousands
-    separators, missing values as :data:`NOT_AVAILABLE`, every cell whole (never cut with "…")."""
+_SNAKE = re.compile(r"^([a-z][a-z0-9]*(?:_[a-z0-9]+)+)((?: \(.*\))?)$")
+"""A column named as code (``peak_bytes``, ``last_level (MiB)``): the part a reader's label rewrites."""
+_BINARY_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+_WORDS = {"tflop": "TFLOP", "flop": "FLOP", "flops": "FLOP", "mfu": "MFU", "hfu": "HFU", "kv": "KV", "gpu": "GPU",
+          "cpu": "CPU", "rss": "RSS", "mib": "MiB", "gib": "GiB", "smi": "SMI", "oom": "OOM"}
+"""Words of a column name shown in their usual spelling."""
+
+
+def _label(words: list[str]) -> str:
+    return " ".join(_WORDS.get(w, w) for w in words)
+
+
+def reader_columns(frame: Any) -> Any:
+    """``frame`` with its code-style column names as a reader's headers, units in brackets (display only).
+
+    ``*_bytes`` columns are shown in the largest binary unit (B, KiB, MiB, GiB, TiB) their largest value reaches,
+    values converted; ``*_fraction``, ``*_share``, ``rel_error`` as percentages (x 100), ``*_pct`` as %; ``*_s`` in
+    seconds, ``*_per_s`` as a rate ("tokens/s"), ``*_tflop_s`` in TFLOP/s, ``*_mib`` in MiB; other underscores
+    become spaces (``world_size`` -> "world size"). Names that are not snake_case identifiers (``U_cap = held /
+    total (%)``, ``set_to_none=True``, ``kv_cache (GiB)`` keeps its unit) are otherwise left as they are.
+    """
     import pandas as pd
+
+    renames: dict[Any, str] = {}
+    shown = None
+    for col in frame.columns:
+        match = _SNAKE.match(col) if isinstance(col, str) else None
+        if match is None:
+            continue
+        words, tail = match.group(1).split("_"), match.group(2)
+        numeric = pd.api.types.is_numeric_dtype(frame[col]) and not pd.api.types.is_bool_dtype(frame[col])
+        factor, label = 1.0, _label(words) + tail
+        if numeric and not tail:
+            if words[-1] == "bytes":
+                top = float(frame[col].abs().max()) if len(frame) else 0.0
+                size, unit = next(((size, u) for size, u in _BINARY_UNITS if top >= size), (1, "B"))
+                factor, label = 1 / size, f"{_label(words[:-1])} ({unit})"
+            elif match.group(1) == "rel_error" or words[-1] in ("fraction", "share"):
+                factor, label = 100.0, f"{'relative error' if words == ['rel', 'error'] else _label(words)} (%)"
+            elif words[-1] == "pct":
+                label = f"{_label(words[:-1])} (%)"
+            elif words[-2:] == ["per", "s"]:
+                label = f"{_label(words[:-2])}/s"
+            elif words[-2:] == ["tflop", "s"]:
+                label = f"{_label(words[:-2])} (TFLOP/s)"
+            elif words[-1] in ("s", "mib"):
+                label = f"{_label(words[:-1])} ({'s' if words[-1] == 's' else 'MiB'})"
+        if factor != 1.0:
+            shown = frame.copy() if shown is None else shown
+            shown[col] = shown[col].astype(float) * factor
+        renames[col] = label
+    if not renames:
+        return frame
+    return (frame if shown is None else shown).rename(columns=renames)
+
+
+def reader_html(frame: Any, *, index: bool = True) -> str:
+    """A DataFrame as an HTML table for a reader: column names as headers with units (:func:`reader_columns`),
+    floats by :func:`reader_number`, integers with thousands separators, missing values as
+    :data:`NOT_AVAILABLE`, every cell whole (never cut with "…")."""
+    import pandas as pd
+
+    frame = reader_columns(frame)
 
     mixed = [col for col, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
     if mixed:  # pandas prints None in an object column as "None", formatter or not: format the cells first

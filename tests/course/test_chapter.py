@@ -208,3 +208,21 @@ def test_recorded_gpu_data_shown_is_noted_for_the_report(tmp_path: Path) -> None
     assert ch.recorded("absent", tmp_path / "rec") is None and not (ch.out_dir / "recorded_shown.json").exists()
     ch.recorded("x", tmp_path / "rec")
     assert "H100" in json.loads((ch.out_dir / "recorded_shown.json").read_text())["x"]
+
+
+def test_reader_columns_name_units_and_convert_values() -> None:
+    import pandas as pd
+
+    from memlab.course.chapter import reader_columns
+
+    frame = pd.DataFrame({"peak_bytes": [3 * 2**30, 2**29], "rel_error": [0.01, -0.02], "world_size": [1, 2],
+                          "tokens_per_s": [1.0, 2.0], "step_s": [0.1, 0.2], "U_cap": [1, 2], "name": ["a", "b"],
+                          "small_bytes": [10, 20]})
+    shown = reader_columns(frame)
+    assert list(shown.columns) == ["peak (GiB)", "relative error (%)", "world size", "tokens/s", "step (s)", "U_cap",
+                                   "name", "small (B)"]
+    assert shown["peak (GiB)"].tolist() == [3.0, 0.5] and shown["relative error (%)"].tolist() == [1.0, -2.0]
+    assert frame.columns[0] == "peak_bytes", "the chapter's own frame is not changed"
+    for top in (1, 2**10, 2**20 - 1, 2**20, 2**45):  # the largest unit the largest value reaches
+        label = reader_columns(pd.DataFrame({"x_bytes": [top, 1]})).columns[0]
+        assert label == f"x ({ {1: 'B', 2**10: 'KiB', 2**20 - 1: 'KiB', 2**20: 'MiB', 2**45: 'TiB'}[top] })"

@@ -491,11 +491,15 @@ LEARNER_CELLS = {
     "a cut cell": re.compile(r"\.\.\.$|…$"),
 }
 """What a table cell must not be (or end with)."""
+CODE_NAME = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+"""A table header that is a snake_case identifier (``peak_bytes``): a reader's header says "peak (GiB)"
+(:func:`memlab.course.chapter.reader_columns`)."""
 SCIENTIFIC = re.compile(r"\b\d+(?:\.\d+)?[eE][+-]?\d+\b")
 """e-notation (``6.1e-5``, ``1e12``) in a page's prose or outputs (code excluded): a reader's page writes 6.1 × 10⁻⁵."""
 PAGE_FACTS = r"""() => {
   const article = document.querySelector("article") || document.body;
   const cells = Array.from(article.querySelectorAll("table td, table th")).map(c => c.innerText.trim());
+  const headers = Array.from(article.querySelectorAll("table thead th")).map(c => c.innerText.trim());
   const plain = Array.from(article.querySelectorAll(".cell_output .output.text_plain pre, .cell_output pre"))
     .map(p => p.innerText.trim()).filter(t => /^'.*'$|^".*"$/s.test(t));
   const images = Array.from(document.images).map(i => [i.getAttribute("src"), i.complete, i.naturalWidth]);
@@ -505,7 +509,7 @@ PAGE_FACTS = r"""() => {
   const bare = article.cloneNode(true);
   // exercise feedback (.memlab-exercise) is the exercises' own text, checked by their tests, not here
   bare.querySelectorAll("pre, code, .cell_input, script, style, .memlab-exercise").forEach(e => e.remove());
-  return {text: article.innerText, prose: bare.textContent, cells, quoted: plain, images, wide,
+  return {text: article.innerText, prose: bare.textContent, cells, headers, quoted: plain, images, wide,
           stderr: article.querySelectorAll(".output.stderr").length,
           solutions: Array.from(article.querySelectorAll("details.memlab-solution")).map(d => d.open),
           exercises: (article.innerText.match(/Exercise \d/g) || []).length};
@@ -522,6 +526,10 @@ def learner_grade_problems(facts: dict) -> list[str]:
         bad = [c for c in facts["cells"] if rx.search(c)]
         if bad:
             problems.append(f"{len(bad)} table cell(s) with {what}, e.g. {bad[0]!r}")
+    code_named = [h for h in facts.get("headers", []) if CODE_NAME.match(h)]
+    if code_named:
+        problems.append(f"{len(code_named)} column name(s) written as code, not a header with its unit, e.g. "
+                        f"{code_named[0]!r}")
     if facts["quoted"]:
         problems.append(f"a quoted string as a cell's value: {facts['quoted'][0][:60]!r}")
     if facts["stderr"]:
@@ -540,8 +548,8 @@ def test_learner_grade_rules_catch_plumbing() -> None:
     assert learner_grade_problems(clean) == []
     dirty = {**clean, "text": "PosixPath('x') FutureWarning: old", "cells": ["NaN", "5.42e-05", "None"],
              "quoted": ["'No GPU run'"], "stderr": 1, "images": [["_images/b.png", True, 0]],
-             "prose": "about 6.1e-5 of them"}
-    assert len(learner_grade_problems(dirty)) == 9
+             "prose": "about 6.1e-5 of them", "headers": ["peak_bytes", "peak (GiB)"]}
+    assert len(learner_grade_problems(dirty)) == 10
 
 
 def _offline_browser(pw):
