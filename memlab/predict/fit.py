@@ -160,8 +160,9 @@ class Lever:
 
 
 def _adapter_precision(base: Setup, config: TransformerConfig | None) -> str:
-    """The precision a LoRA lever keeps: the base's when peft's fp32 adapters go with it, else bf16 (a master-weight
-    or fp16 policy would copy the fp32 adapters again: :meth:`Setup._check_finetune`)."""
+    """The precision a fine-tuning lever keeps: the base's when memlab models that fine-tune with it, else bf16 (a
+    master-weight policy would copy peft's fp32 adapters again, and a frozen base under one is not modelled:
+    :meth:`Setup._check_finetune`)."""
     return base.precision if base.precision in ("fp32", "bf16", "amp-bf16") else "bf16"
 
 
@@ -210,7 +211,7 @@ LEVERS: tuple[Lever, ...] = (
           "bitsandbytes' 4-bit kernels need CUDA; trains only the adapters, as LoRA",
           needs=(("finetune", ("full", "lora")), *_FULL_ONLY[1:])),
     Lever("frozen bottom half of the blocks",
-          (("finetune", "frozen"), ("frozen_layers", _half_the_blocks)),
+          (("finetune", "frozen"), ("frozen_layers", _half_the_blocks), ("precision", _adapter_precision)),
           "the embeddings and the bottom half of the blocks do not learn (requires_grad False), the top half and "
           "the head do: no gradients or optimizer states for the frozen half; backward stops at the lowest trained "
           "block",

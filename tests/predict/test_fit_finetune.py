@@ -70,16 +70,17 @@ def test_levers_that_do_not_apply_are_left_out() -> None:
     assert any(n.startswith("8-bit AdamW") for n in on_qlora)  # 8-bit states for the adapters still apply
     on_8bit = {r.name for r in levers(cfg, Setup(seq=512, precision="bf16", optimizer="adam-8bit"), "rtx-4090")}
     assert not any(n.startswith("8-bit AdamW") for n in on_8bit)
-    # a master-weight policy cannot carry peft's fp32 adapters: the LoRA lever computes in bf16
+    # a master-weight policy cannot carry peft's fp32 adapters (nor a frozen base): those levers compute in bf16
     mixed = levers(cfg, Setup(seq=512, precision="mixed-bf16"), "rtx-4090")
-    assert next(r for r in mixed if r.name.startswith("LoRA")).changes["precision"] == "bf16"
+    for start in ("LoRA", "frozen"):
+        assert next(r for r in mixed if r.name.startswith(start)).changes["precision"] == "bf16"
 
 
 def test_frozen_lever_freezes_half_the_blocks_of_the_model() -> None:
     for name in SEVEN_B:
         cfg = _config(name)
         r = next(r for r in levers(cfg, Setup(seq=512, precision="bf16"), "rtx-4090") if r.name.startswith("frozen"))
-        assert r.changes == {"finetune": "frozen", "frozen_layers": cfg.n_layers // 2}
+        assert r.changes == {"finetune": "frozen", "frozen_layers": cfg.n_layers // 2, "precision": "bf16"}
 
 
 def test_plan_to_fit_a_7b_full_fine_tune_on_24_gb_switches_on_a_peft_lever() -> None:
