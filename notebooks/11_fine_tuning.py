@@ -305,12 +305,11 @@ check("11.qlora-dq-bits", answer)
 # full-training formulas give no number.
 
 # %%
-runs = [calculators.Run(load_config(f, "tiny"), tb, ts, "fp32", "eager", name=f, finetune="lora", lora_rank=8)
-        for f in SIZES["tiny"]]
-pairs = [(r, {"states": int(t["measured states (B)"]), "activations": int(t["measured saved (B)"])})
-         for r, (_, t) in zip(runs, tiny[(tiny["mode"] == "LoRA q,v") & (tiny["dtype"] == "fp32")].iterrows(),
-                             strict=True)]
-shoot = calculators.shoot_out(pairs, tools=["memlab", "gpu_poor", "accelerate"])
+runs = calculators.lora_runs({f: load_config(f, "tiny") for f in SIZES["tiny"]}, tb, ts, lora_rank=lora_qv.lora_r)
+lora_fp32 = tiny[(tiny["mode"] == "LoRA q,v") & (tiny["dtype"] == "fp32")]
+measured_lora = {r: {"states": int(t["measured states (B)"]), "activations": int(t["measured saved (B)"])}
+                 for r, (_, t) in zip(runs, lora_fp32.iterrows(), strict=True)}  # section 3's runs, not re-run
+shoot = calculators.finetune_shoot_out(runs, measured_lora)
 ch.save_table(shoot, "lora_shoot_out")
 calculators.error_table(shoot)
 
