@@ -179,7 +179,7 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
                 extra.append(f"+{r['extra_flops'] / 1e12:,.1f} TFLOP/step")
             if r["host_bytes"]:
                 extra.append(f"host {r['host_bytes'] / GiB:,.2f} GiB pinned")
-            print(f"  {r['name']:<46}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}"
+            print(f"  {r['name']:<52}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}"
                   f"{'fits' if r['fits'] else 'does not fit':<13}{', '.join(extra)}")
             print(f"      cost: {r['cost']}")
         fit = found["to_fit"]
