@@ -19,7 +19,8 @@
 # This chapter answers it with the libraries people use:
 #
 # 1. the formula: full fine-tuning, LoRA and QLoRA of Llama-2-7B on a 24 GB card, component by component and
-#    phase by phase (`memlab.predict.finetune`);
+#    phase by phase (`memlab.predict.finetune`), and what to switch on to fit, ranked by the peak
+#    (`memlab.predict.fit`);
 # 2. the trace: the real Hugging Face Llama-2-7B wrapped by peft `[peft]`, at full size, on fake tensors;
 # 3. the measurement: small peft models of three families (LoRA, and QLoRA with bitsandbytes' NF4) trained one step
 #    on this machine, every saved tensor counted, beside the prediction;
