@@ -215,6 +215,33 @@ ch.save_figure(fig, "shootout")
 # fit), so the error changes sign from family to family.
 
 # %% [markdown]
+# **Fine-tuning: the calculators that claim it, on LoRA runs.** Most users fine-tune. The same comparison on LoRA
+# steps (peft's default rank and targets, q and v, fp32, eager), measured here with peft, as chapter 11 section 5
+# does (`calculators.finetune_shoot_out`): each tool is scored only on what it claims for a LoRA run. gpu_poor has a
+# LoRA mode `[gpu-poor]`; accelerate has none, and its loaded-model term is scored as the states
+# `[accelerate-estimate]`; the full-training formulas claim nothing. The first table is that scope, the second the
+# errors on what is claimed ("not modelled" is a scope, not an error).
+
+# %%
+lora_families = ("llama", "qwen2", "gpt2")  # chapter 11's families at ci scale
+ft_runs = calculators.lora_runs({f: tiny[f] for f in lora_families}, 2, 24, lora_rank=Setup(finetune="lora").lora_r,
+                                device_type=ch.device_type)
+ft_scope = calculators.finetune_scope(ft_runs[0], tools=SIZES["tools"])
+ft_frame = calculators.finetune_shoot_out(ft_runs, seed=seed)
+ch.save_table(ft_scope, "lora_calculator_scope")
+ch.save_table(ft_frame, "lora_shootout_runs")
+claims = ft_scope[(ft_scope["states"] == "claimed") | (ft_scope["activations"] == "claimed")]["tool"].tolist()
+mem = ft_frame[(ft_frame["tool"] == "memlab") & (ft_frame["component"] != "states + activations")]
+print(f"{len(claims)} of {len(ft_scope)} calculators claim a number for a LoRA step: {', '.join(claims)}; memlab "
+      f"equals the {len(ft_runs)} peft measurements to the byte in {int((mem['predicted'] == mem['measured']).sum())}"
+      f" of {len(mem)} components")
+ft_scope
+
+# %%
+calculators.error_table(ft_frame[ft_frame["tool"].isin(claims)]).set_index("tool").map(
+    lambda v: f"{v:+.1%}" if isinstance(v, float) else v)
+
+# %% [markdown]
 # ## 4. The residuals, operation by operation
 #
 # Take the reference formula (memlab's own GPT, no traits) and each family's real saved bytes: the residual is what

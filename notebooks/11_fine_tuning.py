@@ -19,7 +19,8 @@
 # This chapter answers it with the libraries people use:
 #
 # 1. the formula: full fine-tuning, LoRA and QLoRA of Llama-2-7B on a 24 GB card, component by component and
-#    phase by phase (`memlab.predict.finetune`);
+#    phase by phase (`memlab.predict.finetune`), and what to switch on to fit, ranked by the peak
+#    (`memlab.predict.fit`);
 # 2. the trace: the real Hugging Face Llama-2-7B wrapped by peft `[peft]`, at full size, on fake tensors;
 # 3. the measurement: small peft models of three families (LoRA, and QLoRA with bitsandbytes' NF4) trained one step
 #    on this machine, every saved tensor counted, beside the prediction;
@@ -35,11 +36,11 @@ out_dir = "../reports/build/11_fine_tuning"
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from memlab import Choice, Numeric, Setup, chapter, estimate, fits, from_hf, gpu, load_config, trace_hf
+from memlab import Setup, chapter, check, estimate, fits, from_hf, gpu, load_config, trace_hf
 from memlab.compare import calculators
-from memlab.model.hf import apply_lora, build_hf_model
-from memlab.predict.finetune import adapter_elements, qlora_base_bytes, qlora_bits_per_parameter
-from memlab.run.hf import measure_hf, predict_hf, run_hf
+from memlab.predict.finetune import adapter_elements, qlora_base_bytes
+from memlab.predict.fit import levers, plan_to_fit
+from memlab.run.hf import predict_hf, run_hf
 from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
@@ -117,8 +118,8 @@ base_q, quantised = qlora_base_bytes(cfg7)
 print(f"LoRA r=16 on q,v trains {n_ad:,} of {cfg7.param_count():,} weights "
       f"({n_ad / cfg7.param_count():.2%}); its states: {lora.model_state_bytes() / GiB:.2f} GiB against full "
       f"fine-tuning's {full.model_state_bytes() / GiB:.1f} GiB.")
-print(f"QLoRA's base: {quantised:,} weights in NF4 at {4 + qlora_bits_per_parameter():.3f} bits, the rest in bf16: "
-      f"{base_q / GiB:.2f} GiB against {lora.params_bytes / GiB:.2f} GiB for the bf16 base.")
+print(f"QLoRA's base: {quantised:,} weights in NF4 (4 bits each plus the quantisation constants of exercise 3), "
+      f"the rest in bf16: {base_q / GiB:.2f} GiB against {lora.params_bytes / GiB:.2f} GiB for the bf16 base.")
 for name, e in est.items():
     v = fits(e, card)
     print(f"{name}: peak {e.peak_gib:.1f} GiB in the {e.peak_step} {e.peak_phase}: "
@@ -131,9 +132,39 @@ for name, e in est.items():
 # makes (the named overhead `qlora_dequantised_weight`) and what it saves come from the QLoRA paper and the
 # bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes quantises and runs NF4 on a CPU.
 # A GPU-marked test (`tests/run/test_finetune.py`) checks the stored NF4 bytes on a CUDA device.
-#
-# The levers that make a setup fit (the ranked list of what to switch on, computed from the phase-aware peak) are
-# added to this section by the fit-questions work of issue 18.
+
+# %% [markdown]
+# **What to switch on, ranked.** Start from full fine-tuning (mixed-bf16) and switch on each lever of
+# `memlab.predict.fit.LEVERS` alone: recompute, kernels, precision, the loss options, offload, sharding, and the
+# fine-tuning ones (LoRA, QLoRA, frozen blocks, 8-bit AdamW). `levers()` ranks them by the **peak** each gives,
+# the most a step holds at once over its phases (never the sum of components), each with its cost; `plan_to_fit()`
+# adds the best one at a time until the step fits the card.
+
+# %%
+ranked = levers(cfg7, plans["full (mixed-bf16)"], card, world_size=8)
+lever_table = pd.DataFrame([{"lever": r.name, "peak (GiB)": r.peak_bytes / GiB, "peak phase": r.peak_phase,
+                             f"fits {card.name}": r.fits, "extra TFLOP/step": r.extra_flops / 1e12,
+                             "host (GiB)": r.host_bytes / GiB, "cost": r.cost} for r in ranked])
+ch.save_table(lever_table, "llama7b_levers")
+chosen, fitted, fitted_peak = plan_to_fit(cfg7, plans["full (mixed-bf16)"], card, world_size=8)
+print(f"full fine-tuning peaks at {full.peak_gib:.1f} GiB; {sum(r.fits for r in ranked)} of {len(ranked)} levers "
+      f"fit the {card.memory_bytes / GiB:.0f} GiB {card.name} alone; to fit, switch on: "
+      f"{' + '.join(chosen) or 'nothing'} -> peak {fitted_peak / GiB:.2f} GiB "
+      f"({'fits' if fitted_peak <= card.memory_bytes else 'still does not fit'})")
+lever_table.round(2)
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+ax.barh(lever_table["lever"], lever_table["peak (GiB)"],
+        color=["tab:green" if f else "tab:gray" for f in lever_table[f"fits {card.name}"]])
+ax.axvline(full.peak_gib, color="black", ls=":", label=f"full fine-tuning (mixed-bf16): {full.peak_gib:.1f} GiB")
+ax.axvline(card.memory_bytes / GiB, color="red", ls="--", label=f"{card.name}: {card.memory_bytes / GiB:.0f} GiB")
+ax.invert_yaxis()
+ax.tick_params(axis="y", labelsize=7)
+ax.set(xlabel="predicted peak (GiB)", title=f"Llama-2-7B, batch 1, seq {SIZES['seq']}: each lever alone, ranked by "
+       "the peak it gives (green: fits)")
+ax.legend(fontsize=7, loc="lower right")
+ch.save_figure(fig, "llama7b_levers")
 
 # %% [markdown]
 # ## 2. The trace: the real model, wrapped by peft, at full width
@@ -168,9 +199,8 @@ trace_table
 # %% [markdown]
 # ## 3. The measurement: peft (and bitsandbytes' NF4) on this machine
 #
-# **Exercise 1 (predict before measuring).** Take the tiny Llama of `memlab/course/configs/tiny`, fp32, eager
-# attention. LoRA on q and v freezes everything else. What fraction of full fine-tuning's saved-for-backward bytes
-# does the LoRA step still save? (A fraction, e.g. `0.5`.) Answer before running the next cells.
+# Each tiny model of `memlab/course/configs/tiny` trains one step, as the full model would, with peft adding the
+# adapters (`memlab.run.hf.run_hf`): every tensor saved for backward is counted, and so are the states.
 
 # %%
 tb, ts = SIZES["batch"], SIZES["tiny_seq"]
@@ -186,14 +216,14 @@ def measured(family: str, dtype: str = "fp32", lora: Setup | None = None, dropou
     return run_hf(cfg, attn_implementation="eager", dtype=dtype, batch=tb, seq=ts, seed=seed, lora=lora)
 
 
-ex_share = Numeric(
-    "lora-saved-share", "fraction of full fine-tuning's saved bytes a LoRA step on q, v saves (tiny Llama, fp32)",
-    reference=lambda: measured("llama", lora=lora_qv)[1].saved_bytes / measured("llama")[1].saved_bytes,
-    diagnoses={lambda v: v < 0.1: "a frozen base still saves what its activations' gradients need: norms, the "
-               "attention core, the MLP's inner tensors and the loss; only the inputs kept for weight gradients go"},
-    hint="list what each op saves for its input's gradient and what only for its weight's", unit="", rtol=0.05)
+# %% [markdown]
+# **Exercise 1 (predict before measuring).** Take the tiny Llama, fp32, eager attention, at the batch and sequence
+# above. LoRA on q and v freezes everything else. What fraction of full fine-tuning's saved-for-backward bytes
+# does the LoRA step still save? (A fraction.) Answer before running the cell: it measures both steps, then checks.
+
+# %%
 answer = ...
-ex_share.check(answer)
+check("11.lora-saved-share", answer, family="llama", batch=tb, seq=ts, seed=seed)
 
 # %%
 rows = []
@@ -242,22 +272,11 @@ ch.save_figure(fig, "tiny_peft_measured_vs_predicted")
 # gradient) and `A`'s `t × r` output (for `B`'s).
 #
 # **Exercise 2.** In a block above the first, LoRA on q and v: which tensors of the frozen `k_proj` does the step
-# keep for backward?
+# keep for backward? (The check measures the tiny Llama's step, every saved tensor with the module that saved it.)
 
 # %%
-peft_llama = apply_lora(build_hf_model(load_config("llama", "tiny"), attn_implementation="eager", seed=seed), lora_qv)
-_, saved_rows = measure_hf(peft_llama, batch=tb, seq=ts, attn_implementation="eager", seed=seed, keep_saved=True,
-                           lora=lora_qv)
-k_proj_rows = [t for t in saved_rows.tensors if "layers.1.self_attn.k_proj" in t.scope]  # parameters are excluded
-ex_frozen = Choice(
-    "frozen-linear-saves", "what a frozen Linear keeps for backward",
-    reference=lambda: "input" if k_proj_rows else "weight",
-    options={"input": "its input, as in full fine-tuning", "weight": "only its weight (already resident)",
-             "both": "its input and its weight"},
-    diagnoses={"input": "the input is kept for the weight's gradient, which a frozen weight does not have"},
-    hint="grad_input = grad_output @ W; grad_W = grad_output^T @ x")
 answer = ...
-ex_frozen.check(answer)
+check("11.frozen-linear-saves", answer, family="llama", batch=tb, seq=ts, seed=seed)
 
 # %%
 lora_all = est["LoRA r=16 on all"]
@@ -275,13 +294,8 @@ pd.Series(lora_all_terms, name="GiB").round(3)
 # fp32 constant per 256 absmax values): how many bits do they add per parameter?
 
 # %%
-ex_dq = Numeric(
-    "qlora-dq-bits", "bits per parameter of QLoRA's quantisation constants with double quantisation",
-    reference=qlora_bits_per_parameter,
-    diagnoses={0.5: "that is one fp32 absmax per 64 weights: without double quantisation"},
-    hint="8 bits per block of 64, plus 32 bits per 256 blocks", unit="", rtol=0.01)
 answer = ...
-ex_dq.check(answer)
+check("11.qlora-dq-bits", answer)
 
 # %% [markdown]
 # ## 5. The public calculators on the same runs
@@ -292,12 +306,11 @@ ex_dq.check(answer)
 # full-training formulas give no number.
 
 # %%
-runs = [calculators.Run(load_config(f, "tiny"), tb, ts, "fp32", "eager", name=f, finetune="lora", lora_rank=8)
-        for f in SIZES["tiny"]]
-pairs = [(r, {"states": int(t["measured states (B)"]), "activations": int(t["measured saved (B)"])})
-         for r, (_, t) in zip(runs, tiny[(tiny["mode"] == "LoRA q,v") & (tiny["dtype"] == "fp32")].iterrows(),
-                             strict=True)]
-shoot = calculators.shoot_out(pairs, tools=["memlab", "gpu_poor", "accelerate"])
+runs = calculators.lora_runs({f: load_config(f, "tiny") for f in SIZES["tiny"]}, tb, ts, lora_rank=lora_qv.lora_r)
+lora_fp32 = tiny[(tiny["mode"] == "LoRA q,v") & (tiny["dtype"] == "fp32")]
+measured_lora = {r: {"states": int(t["measured states (B)"]), "activations": int(t["measured saved (B)"])}
+                 for r, (_, t) in zip(runs, lora_fp32.iterrows(), strict=True)}  # section 3's runs, not re-run
+shoot = calculators.finetune_shoot_out(runs, measured_lora)
 ch.save_table(shoot, "lora_shoot_out")
 calculators.error_table(shoot)
 
@@ -309,6 +322,8 @@ calculators.error_table(shoot)
 # - A frozen base still saves most activations: everything its activations' gradients need. Only the inputs kept
 #   for weight gradients disappear, and each adapter adds its own input and a rank-wide output; over a bf16 base
 #   peft's fp32 casts can make LoRA on every linear layer save more than full fine-tuning.
+# - What to switch on is ranked by the peak each lever gives, never by a sum (`memlab.predict.fit.levers`,
+#   section 1's table), each with its cost; the fine-tuning levers change what is trained, the others how.
 # - QLoRA shrinks the base to NF4, 4 bits a weight plus the constants of exercise 3 `[dettmers2023]`; measured small
 #   on this machine to the byte, predicted (not traced) at 7B.
 # - The trace of the real peft-wrapped 7B-wide model equals the estimate's states to the byte, and its activations up to

@@ -398,6 +398,8 @@ def setup_from_args(args: argparse.Namespace, model: Any, **overrides: Any) -> A
         raise MemlabError(f"{flags}: only for inference, ignored by training (the default --mode train): add "
                           "--mode inference, or drop it; training precision is --precision")
     values = {**given, **overrides}
+    if values.get("finetune") == "qlora" and "precision" not in values:
+        values["precision"] = "bf16"  # QLoRA computes in bf16 over its 4-bit base (bnb_4bit_compute_dtype)
     if "seq" not in values and isinstance(model, TransformerConfig):
         values["seq"] = min(Setup().seq, model.max_seq)
     return Setup(**values)

@@ -44,8 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--longest-seq", action="store_true",
                    help="the longest sequence (up to the model's max_seq) whose predicted peak fits --gpu")
     g.add_argument("--levers", action="store_true", help="rank what to switch on (recompute, attention kernel, "
-                   "precision, fused optimizer, chunked/fused loss, logits_to_keep, offload, ZeRO-3) by the peak each "
-                   "gives on --gpu, with its cost, and the levers that together make the step fit")
+                   "precision, fused optimizer, chunked/fused loss, logits_to_keep, offload, ZeRO-3, LoRA, QLoRA, "
+                   "frozen blocks, 8-bit AdamW) by the peak each gives on --gpu, with its cost, and the levers that "
+                   "together make the step fit")
     g.add_argument("--lever-ranks", type=bounded_int(2, LIMITS["ranks"].max, LIMITS["ranks"].why), default=8,
                    metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -178,7 +179,7 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
                 extra.append(f"+{r['extra_flops'] / 1e12:,.1f} TFLOP/step")
             if r["host_bytes"]:
                 extra.append(f"host {r['host_bytes'] / GiB:,.2f} GiB pinned")
-            print(f"  {r['name']:<46}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}"
+            print(f"  {r['name']:<52}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}"
                   f"{'fits' if r['fits'] else 'does not fit':<13}{', '.join(extra)}")
             print(f"      cost: {r['cost']}")
         fit = found["to_fit"]

@@ -401,3 +401,42 @@ def error_table(frame: pd.DataFrame) -> pd.DataFrame:
             row[f"{comp} worst"] = float(e.loc[e.abs().idxmax()])
         out.append(row)
     return pd.DataFrame(out)
+
+
+# -- fine-tuning: the tools that claim something for a LoRA run, scored on that only ----------------------------
+FINETUNE_TOOLS = ("memlab", "gpu_poor", "accelerate")
+"""The calculators with a number for a LoRA fine-tune: memlab, gpu_poor's LoRA mode, accelerate's loaded-model term
+(the other tools model full training only: :func:`finetune_scope` shows each one's claim)."""
+
+
+def lora_runs(configs: dict[str, dict[str, Any]], batch: int, seq: int, *, lora_rank: int, dtype: str = "fp32",
+              attn_implementation: str = "eager", device_type: str = "cpu") -> list[Run]:
+    """One LoRA :class:`Run` (peft's default targets, ``lora_rank``) per named HF config, at ``batch`` x ``seq``."""
+    return [Run(cfg, batch, seq, dtype, attn_implementation, device_type, name=name, finetune="lora",
+                lora_rank=lora_rank) for name, cfg in configs.items()]
+
+
+def finetune_shoot_out(runs: Iterable[Run], measured: dict[Run, dict[str, int]] | None = None, *, seed: int = 0,
+                       tools: Iterable[str] = FINETUNE_TOOLS) -> pd.DataFrame:
+    """:func:`shoot_out` over fine-tuning runs: each run's measurement from ``measured`` (``{"states",
+    "activations"}`` bytes), or, where absent, measured here with peft (:func:`memlab.run.hf.measure_run`)."""
+    from memlab.run.hf import measure_run
+
+    given = measured or {}
+    return shoot_out([(run, given[run] if run in given else measure_run(run, seed=seed)) for run in runs],
+                     tools=list(tools))
+
+
+def finetune_scope(run: Run, tools: Iterable[str] | None = None) -> pd.DataFrame:
+    """What each calculator claims for the fine-tuning ``run``: per tool, whether it gives a states and an
+    activations number, and its own note. The scope, shown beside the errors; a component a tool does not claim is
+    not scored (not an error)."""
+    import pandas as pd
+
+    rows = []
+    for name in tools or CALCULATORS:
+        r = CALCULATORS[name](run)
+        rows.append({"tool": name, "states": "claimed" if r.states is not None else "not modelled",
+                     "activations": "claimed" if r.activations is not None else "not modelled",
+                     "available": r.available, "note": r.note})
+    return pd.DataFrame(rows)

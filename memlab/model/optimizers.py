@@ -1,12 +1,18 @@
 """Optimizers the runner trains with, by the names :class:`memlab.predict.setup.Setup` uses.
 
-Everything is ``torch.optim`` except ``adam-8bit``: bitsandbytes' 8-bit optimizers need CUDA, so memlab ships
-:class:`Adam8bit`, a small blockwise 8-bit Adam with the *memory layout* of bitsandbytes'
-``Optimizer2State`` (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"): tensors with at
-least :data:`memlab.predict.optimizer_states.ADAM_8BIT_MIN_SIZE` elements keep two uint8 state tensors plus one
-fp32 absmax per :data:`memlab.predict.optimizer_states.ADAM_8BIT_BLOCK` elements per state; smaller tensors keep
-fp32 states. Its quantisation is a per-block power code (bitsandbytes uses a dynamic tree code); the bytes are the
-same, the numerics are a simplification and are not what the course measures.
+Everything is ``torch.optim`` except ``adam-8bit``: :class:`Adam8bit`, a small blockwise 8-bit Adam with the
+*memory layout* of bitsandbytes 0.50's ``AdamW8bit`` (``Optimizer2State``; Dettmers et al. 2022, "8-bit Optimizers
+via Block-wise Quantization"): tensors with at least :data:`memlab.predict.optimizer_states.ADAM_8BIT_MIN_SIZE`
+elements keep two 8-bit state tensors plus one fp32 absmax per
+:data:`memlab.predict.optimizer_states.ADAM_8BIT_BLOCK` (256) elements per state, and reference the optimizer's
+two shared 256-entry fp32 code maps; smaller tensors keep fp32 states. ``tests/run/test_optimizers.py`` checks its
+state bytes equal the real ``bnb.optim.AdamW8bit``'s on CPU, to the byte, on generated shapes.
+
+Why not the real library: bnb 0.50's step runs on CPU but not under FakeTensorMode (its blockwise kernels read
+values: ``aten._local_scalar_dense``), so :mod:`memlab.tracing` could not trace it. Its quantisation is a per-block
+power code (bitsandbytes uses a dynamic tree code; the maps here hold this code's 256 values, and decoding computes
+them arithmetically rather than by an int64-indexed lookup); the bytes are the same, the numerics are a
+simplification and are not what the course measures.
 """
 
 from __future__ import annotations
@@ -58,6 +64,16 @@ class Adam8bit(torch.optim.Optimizer):
         q = torch.round(x.sign() * x.abs() ** (1.0 / power) * scale).reshape(-1)[: codes.numel()]
         codes.copy_(q.clamp(-127, 127) if signed else q.clamp(0, 255))
 
+    def _qmaps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two 256-entry fp32 code maps (signed, unsigned), one pair per device shared by every 8-bit tensor,
+        as bitsandbytes' ``name2qmap`` (``Optimizer8bit.fill_qmap``)."""
+        maps = self.__dict__.setdefault("_qmap_by_device", {})
+        if device not in maps:
+            i = torch.arange(256, dtype=torch.float32, device=device)
+            c = ((i - 128) / 127).clamp(-1, 1)
+            maps[device] = (c.sign() * c.abs() ** 2, (i / 255) ** 4)
+        return maps[device]
+
     @torch.no_grad()
     def step(self, closure: object = None) -> None:
         for group in self.param_groups:
@@ -80,6 +96,7 @@ class Adam8bit(torch.optim.Optimizer):
                         state["exp_avg_sq"] = torch.zeros(n, dtype=torch.uint8, **kw)
                         state["absmax1"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
                         state["absmax2"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
+                        state["qmap1"], state["qmap2"] = self._qmaps(p.device)
                 state["step"] += 1
                 g = p.grad.reshape(-1).float()
                 if small:

@@ -35,7 +35,7 @@ from typing import Any
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.models import TransformerConfig
-from memlab.predict.optimizer_states import adam8bit_tensor_bytes
+from memlab.predict.optimizer_states import adam8bit_bytes
 from memlab.predict.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, LORA_KINDS, parse_targets
 
 __all__ = ["LORA_DEFAULT_RANK", "LORA_DEFAULT_TARGETS", "LORA_KINDS", "parse_targets"]  # re-exported from setup
@@ -48,6 +48,15 @@ NF4_NESTED_BLOCK = 256
 ``quantize_blockwise(absmax, blocksize=256)`` in ``quantize_4bit(compress_statistics=True)``)."""
 NF4_TENSOR_CONSTANT_BYTES = 16 * 4 + 256 * 4 + 4
 """Per quantised tensor: the NF4 code (16 fp32), the nested 8-bit dynamic code (256 fp32), the fp32 offset."""
+
+
+PAGED_OPTIMIZER_NOTE = (
+    "a paged optimizer (bitsandbytes' Paged*) is counted as its non-paged twin, resident on the device (the bound): "
+    "it places the states of tensors of >= 1e5 elements in CUDA unified memory (get_state_buffer, "
+    "bitsandbytes/optim/optimizer.py l. 374-390, F.get_paged), which the driver moves to the host only under "
+    "memory pressure and torch.cuda.memory_allocated does not see; the bytes are the same, only where they live "
+    "changes (on CPU it falls back to the plain optimizer)")
+"""What a paged optimizer changes, the named assumption every QLoRA estimate carries."""
 
 
 def qlora_bits_per_parameter(block: int = NF4_BLOCK, nested: int = NF4_NESTED_BLOCK) -> float:
@@ -121,8 +130,7 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
                  f"({4 + qlora_bits_per_parameter():.3f} bits each, QLoRA Sec. 3) and {n_base - quantizable:,} "
                  "embedding/norm/head weights in bf16: predicted from the sources (bitsandbytes' 4-bit kernels need "
                  "CUDA; not measured on CPU); one dequantised bf16 weight at a time is the overhead "
-                 "qlora_dequantised_weight; a paged optimizer's states are counted resident on the device (the "
-                 "bound: bitsandbytes pages them to the host only under memory pressure)"]
+                 "qlora_dequantised_weight; " + PAGED_OPTIMIZER_NOTE]
     else:
         base = n_base * pb
         notes = [f"LoRA: the {n_base:,} base weights are frozen ({pb} B each, no gradients or optimizer state)"]
@@ -130,7 +138,7 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
     if opt in ("adam", "adamw"):
         moments = 2 * ADAPTER_BYTES * n_ad
     elif opt == "adam-8bit":
-        moments = sum(adam8bit_tensor_bytes(n) for n in tensors)
+        moments = adam8bit_bytes([*tensors, *saved_module_tensors(config, setup)])
     elif opt == "sgd-momentum":
         moments = ADAPTER_BYTES * n_ad
     elif opt == "sgd":
@@ -141,9 +149,7 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
     saved = saved_module_elements(config, setup)  # peft modules_to_save: a trainable copy in the base's dtype
     sb = 2 if setup.finetune == "qlora" else pb  # the copy of a 16-bit head/embedding over a 4-bit base
     if saved:
-        if opt == "adam-8bit":
-            moments += sum(adam8bit_tensor_bytes(n) for n in saved_module_tensors(config, setup))
-        else:
+        if opt != "adam-8bit":  # adam-8bit counted the saved modules' tensors above (the maps shared once)
             moments += {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}[opt] * sb * saved
         notes.append(f"modules_to_save {', '.join(setup.lora_save_kinds)}: a trainable copy ({saved:,} weights, "
                      f"{sb} B each) beside the frozen original, with gradients and optimizer states in its dtype")

@@ -13,7 +13,7 @@ from typing import Any
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
 from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, Setup
 from memlab.predict.validate import LIMITS, check_int, show
 from memlab.units import GiB
 
@@ -136,18 +136,46 @@ def max_seq(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int | N
 # -- what to switch on to fit ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Lever:
-    """One thing a user can switch on: the :class:`Setup` fields it sets and what it costs, in words. ``needs``:
-    a field value the lever only makes sense with (e.g. ZeRO needs ranks): see :data:`LEVERS`."""
+    """One thing a user can switch on: the :class:`Setup` fields it sets and what it costs, in words.
+
+    A value in ``changes`` is either the field's value, ``"N"`` (the ranks :func:`levers` shards over), or a
+    function ``(base setup, model config) -> value`` (e.g. half the model's blocks). ``needs``: (field, values)
+    pairs the base setup must have for the lever to apply (e.g. LoRA only from a full fine-tune): a lever that
+    does not apply is left out, not ranked."""
 
     name: str
     changes: tuple[tuple[str, Any], ...]
     cost: str
+    needs: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
-    def setup(self, base: Setup, world_size: int) -> Setup:
-        """``base`` with this lever on (``world_size`` for the sharding levers); raises SetupError where invalid."""
-        values = {k: (world_size if v == "N" else v) for k, v in self.changes}
+    def applies(self, base: Setup) -> bool:
+        """Whether ``base`` has every field value this lever needs."""
+        return all(getattr(base, k) in values for k, values in self.needs)
+
+    def setup(self, base: Setup, world_size: int, config: TransformerConfig | None = None) -> Setup:
+        """``base`` with this lever on (``world_size`` for the sharding levers; ``config`` for the levers sized by
+        the model); raises SetupError where invalid."""
+        values = {k: (world_size if v == "N" else v(base, config) if callable(v) else v) for k, v in self.changes}
         return base.with_(**values)
 
+
+def _adapter_precision(base: Setup, config: TransformerConfig | None) -> str:
+    """The precision a fine-tuning lever keeps: the base's when memlab models that fine-tune with it, else bf16 (a
+    master-weight policy would copy peft's fp32 adapters again, and a frozen base under one is not modelled:
+    :meth:`Setup._check_finetune`)."""
+    return base.precision if base.precision in ("fp32", "bf16", "amp-bf16") else "bf16"
+
+
+def _half_the_blocks(base: Setup, config: TransformerConfig | None) -> int:
+    """The bottom half of the model's blocks (at least one)."""
+    if config is None:
+        raise SetupError("the frozen-layers lever needs the model config (its number of blocks)")
+    return max(1, config.n_layers // 2)
+
+
+_FULL_ONLY = (("finetune", ("full",)), ("recompute", ("none",)), ("zero_stage", (0,)), ("world_size", (1,)),
+              ("tp", (1,)), ("grad_accum_steps", (1,)))
+"""What memlab's fine-tuning model needs of the base (:meth:`Setup._check_finetune`), for the PEFT levers."""
 
 LEVERS: tuple[Lever, ...] = (
     Lever("selective recompute", (("recompute", "selective"),),
@@ -171,8 +199,30 @@ LEVERS: tuple[Lever, ...] = (
     Lever("ZeRO-3 / FSDP over N ranks", (("zero_stage", 3), ("world_size", "N")),
           "N devices; all-gathers of parameters per step (memlab.predict.communication); the gathered blocks "
           "count only with Overheads(gathered_layers=...) / --gathered-layers"),
+    Lever(f"LoRA r={LORA_DEFAULT_RANK} on {', '.join(LORA_DEFAULT_TARGETS)} (peft's defaults)",
+          (("finetune", "lora"), ("precision", _adapter_precision)),
+          "trains only the adapters (Hu et al. 2021): a rank-r update of the adapted projections, not every weight "
+          "(the result may trail a full fine-tune); backward skips the frozen weights' gradient GEMMs (fewer FLOPs, "
+          "not counted below); the adapters are fp32 (peft's autocast_adapter_dtype)",
+          needs=_FULL_ONLY),
+    Lever("QLoRA (4-bit NF4 base under LoRA adapters)", (("finetune", "qlora"), ("precision", "bf16")),
+          "4-bit base (Dettmers et al. 2023): every forward and backward dequantises each weight to bf16 (extra "
+          "compute, one dequantised copy alive at a time), the base carries NF4's quantisation error, and "
+          "bitsandbytes' 4-bit kernels need CUDA; trains only the adapters, as LoRA",
+          needs=(("finetune", ("full", "lora")), *_FULL_ONLY[1:])),
+    Lever("frozen bottom half of the blocks",
+          (("finetune", "frozen"), ("frozen_layers", _half_the_blocks), ("precision", _adapter_precision)),
+          "the embeddings and the bottom half of the blocks do not learn (requires_grad False), the top half and "
+          "the head do: no gradients or optimizer states for the frozen half; backward stops at the lowest trained "
+          "block",
+          needs=_FULL_ONLY),
+    Lever("8-bit AdamW (bitsandbytes AdamW8bit)", (("optimizer", "adam-8bit"),),
+          "moments quantised blockwise (Dettmers et al. 2022): 2 B/param + 8 B per 256 (tensors under 4,096 "
+          "elements stay fp32) instead of two moments in the state dtype; "
+          "a for-loop step (no foreach/fused); a small numerical difference from fp32 moments",
+          needs=(("optimizer", ("adamw", "adam")),)),
 )
-"""The levers :func:`levers` ranks, as data: adding one (LoRA, QLoRA, an 8-bit optimizer) is one entry."""
+"""The levers :func:`levers` ranks, as data: adding one is one entry."""
 
 
 @dataclass(frozen=True)
@@ -199,8 +249,9 @@ def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int
            overheads: Overheads | None = None, table: tuple[Lever, ...] = LEVERS) -> list[LeverResult]:
     """Each lever of ``table`` applied alone to ``setup``, ranked by the predicted **peak** it gives (lowest
     first; :mod:`memlab.predict.phases`, never the sum), with whether it then fits ``gpu`` and its cost. Levers
-    that change nothing (already on) or that this setup cannot take (a SetupError: e.g. a fused optimizer for
-    Adafactor) are left out. ``world_size``: the ranks the ZeRO lever shards over."""
+    that change nothing (already on), that do not apply (:attr:`Lever.needs`) or that this setup or model cannot
+    take (a SetupError or ConfigError: e.g. a fused optimizer for Adafactor, frozen embeddings tied to the head)
+    are left out. ``world_size``: the ranks the ZeRO lever shards over."""
     from memlab.predict.flops import megatron_iteration_flops
 
     if not isinstance(config, TransformerConfig):
@@ -218,13 +269,15 @@ def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int
     head = 2 * setup.batch * setup.seq * config.vocab_size * config.d_model
     out = []
     for lever in table:
+        if not lever.applies(setup):
+            continue
         try:
-            changed = lever.setup(setup, world_size)
+            changed = lever.setup(setup, world_size, config)
+            if changed == setup:
+                continue
+            bd = estimate(config, changed, overheads=overheads)  # a model the lever cannot take: ConfigError
         except MemlabError:
             continue
-        if changed == setup:
-            continue
-        bd = estimate(config, changed, overheads=overheads)
         extra = flops(changed) - base_flops + (head if changed.loss == "chunked" and setup.loss != "chunked" else 0)
         name = lever.name.replace(" N ", f" {world_size} ")
         out.append(LeverResult(name, {k: getattr(changed, k) for k, _ in lever.changes}, bd.peak_bytes,
@@ -250,5 +303,5 @@ def plan_to_fit(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size
             break
         best = ranked[0]
         chosen.append(best.name)
-        current, peak = current.with_(**best.changes), best.peak_bytes
+        current, peak = current.with_(**best.changes), best.peak_bytes  # the resolved values
     return chosen, current, peak

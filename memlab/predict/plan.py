@@ -31,6 +31,8 @@ from memlab.predict.inference import INT4_GROUP
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
     ADAM_8BIT_BLOCK,
+    ADAM_8BIT_MIN_SIZE,
+    ADAM_8BIT_QMAP_BYTES,
     adam_moment_bytes,
     optimizer_state_dtype_bytes,
     sgd_moment_bytes,
@@ -161,12 +163,14 @@ def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
     elif opt in ("sgd", "sgd-momentum"):
         moments = sgd_moment_bytes(n, sb, opt == "sgd-momentum")
     elif opt == "adam-8bit":
-        moments = summ.adam8bit_bytes if summ else 2 * n + 8 * math.ceil(n / ADAM_8BIT_BLOCK)
+        moments = summ.adam8bit_bytes if summ else (
+            2 * n + 8 * math.ceil(n / ADAM_8BIT_BLOCK) + (ADAM_8BIT_QMAP_BYTES if n >= ADAM_8BIT_MIN_SIZE else 0))
     else:
         moments = sb * summ.adafactor_elements  # type: ignore[union-attr]  # adafactor needs shapes (checked)
     steps = step_counter_bytes(tensors, opt)
     detail = {
-        "moments": math.ceil(moments / do),
+        "moments": math.ceil(moments / do) if opt != "adam-8bit" or do == 1 else (  # the shared maps: whole
+            math.ceil((moments - ADAM_8BIT_QMAP_BYTES) / do) + ADAM_8BIT_QMAP_BYTES),
         "master": math.ceil(n / do) * pol.master_bytes,
         "grad_accum": math.ceil(n / do) * pol.grad_accum_bytes,
         "step_counters": steps if step_on_device else 0,

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from memlab.errors import SetupError
 from memlab.predict.inference import quant_scale_bytes
 from memlab.predict.models import TransformerConfig
-from memlab.predict.optimizer_states import adafactor_tensor_elements, adam8bit_tensor_bytes
+from memlab.predict.optimizer_states import (
+    ADAM_8BIT_MIN_SIZE,
+    ADAM_8BIT_QMAP_BYTES,
+    adafactor_tensor_elements,
+    adam8bit_tensor_bytes,
+)
 
 
 def zero_divisors(stage: int, ranks: int) -> tuple[int, int, int]:
@@ -65,6 +70,8 @@ class ShapeSummary:
     """max over parameters, in model order, of 2 x this tensor + the previous one: a for-loop Adam step keeps the
     previous tensor's ``denom`` alive (a loop variable) while making this one's ``sqrt`` and division."""
     adam8bit_bytes: int = 0
+    """bitsandbytes 8-bit AdamW's state: per tensor plus the two shared quantisation maps once
+    (:func:`memlab.predict.optimizer_states.adam8bit_bytes`)."""
     int8_scale_bytes: int = 0
     int4_scale_bytes: int = 0
 
@@ -103,4 +110,6 @@ def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
             s["quantizable_elements"] += n
             s["int8_scale_bytes"] += quant_scale_bytes(*shard, "int8")
             s["int4_scale_bytes"] += quant_scale_bytes(*shard, "int4")
+    if s["largest_elements"] >= ADAM_8BIT_MIN_SIZE:  # the quantisation maps the 8-bit tensors share
+        s["adam8bit_bytes"] += ADAM_8BIT_QMAP_BYTES
     return ShapeSummary(**s)

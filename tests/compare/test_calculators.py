@@ -161,3 +161,28 @@ def test_a_lora_shoot_out_run_is_measured_with_peft_and_memlab_is_exact() -> Non
     assert (r.states, r.activations) == (m["states"], m["activations"])
     acc = CALCULATORS["accelerate"](run)
     assert acc.activations is None and acc.states is not None and acc.states < m["states"]
+
+
+def test_finetune_scope_shows_what_each_tool_claims_for_a_lora_run() -> None:
+    from memlab.compare.calculators import FINETUNE_TOOLS, finetune_scope
+
+    run = Run(LLAMA7, 1, 100, "bf16", finetune="lora")
+    scope = finetune_scope(run, tools=[t for t in CALCULATORS if t != "memlab-trace"]).set_index("tool")
+    claimed = scope[(scope["states"] == "claimed") | (scope["activations"] == "claimed")].index
+    assert set(claimed) == set(FINETUNE_TOOLS)
+    assert scope.loc["accelerate", "activations"] == "not modelled" and scope.loc["gpu_poor", "states"] == "claimed"
+
+
+def test_finetune_shoot_out_takes_given_measurements_and_measures_the_rest_with_peft() -> None:
+    pytest.importorskip("peft")
+    from memlab.compare.calculators import finetune_shoot_out, lora_runs
+
+    runs = lora_runs({"llama": config("tiny", "llama"), "qwen2": config("tiny", "qwen2")}, 1, 8, lora_rank=4)
+    assert [r.finetune for r in runs] == ["lora", "lora"] and runs[1].name == "qwen2"
+    fake = {"states": 1000, "activations": 2000}
+    frame = finetune_shoot_out(runs, {runs[0]: fake})
+    first = frame[(frame["experiment"] == runs[0].label) & (frame["component"] == "states")]
+    assert (first["measured"] == 1000).all()  # given: not re-measured
+    second = frame[(frame["experiment"] == runs[1].label) & (frame["tool"] == "memlab")]
+    assert (second["predicted"] == second["measured"]).all()  # measured here with peft: memlab exact
+    assert set(frame["tool"]) == {"memlab", "gpu_poor", "accelerate"}

@@ -102,14 +102,16 @@ def test_adafactor_factored_state_on_small_config_closed_form() -> None:
 
 
 def test_adam8bit_blockwise_state_follows_bitsandbytes_rule() -> None:
-    """bitsandbytes Optimizer2State: < 4096 elements fp32 states; else uint8 states + fp32 absmax per 2048."""
+    """bitsandbytes 0.50 Optimizer2State: < 4096 elements fp32 states; else uint8 states + fp32 absmax per 256,
+    and two shared 256-entry fp32 maps once per optimizer."""
     assert optimizer_states.adam8bit_tensor_bytes(4095) == 8 * 4095
-    assert optimizer_states.adam8bit_tensor_bytes(4096) == 2 * 4096 + 2 * 4 * 2
-    assert optimizer_states.adam8bit_tensor_bytes(5000) == 2 * 5000 + 2 * 4 * 3
+    assert optimizer_states.adam8bit_tensor_bytes(4096) == 2 * 4096 + 2 * 4 * 16
+    assert optimizer_states.adam8bit_tensor_bytes(5000) == 2 * 5000 + 2 * 4 * 20
     cfg = preset("gpt2")
     bd = E.estimate(cfg, Setup(precision="fp32", optimizer="adam-8bit", seq=64))
-    per_param = bd.optimizer_bytes / cfg.param_count()
-    assert 2 < per_param < 2.1  # mostly 2 B/param + small-tensor fp32 states + absmax
+    per_tensor = sum(optimizer_states.adam8bit_tensor_bytes(math.prod(s)) for _, s, _ in cfg.param_shapes())
+    assert bd.optimizer_bytes == per_tensor + optimizer_states.ADAM_8BIT_QMAP_BYTES
+    assert 2 < bd.optimizer_bytes / cfg.param_count() < 2.1  # mostly 2 B/param + small-tensor fp32 states + absmax
 
 
 def test_adafactor_with_bare_count_is_refused() -> None:

@@ -176,7 +176,7 @@ def _write() -> None:
         except MemlabError as exc:  # an invalid combination is left out, and said so
             print(f"case {index} left out: {type(exc).__name__}: {exc}")
             continue
-        del d["config"], d["setup"], d["per_device"]  # the inputs' fields and the components again: checked, not stored
+        del d["config"], d["setup"], d["per_device"], d["host_bytes"]  # checked, not stored (host: always 0)
         d["phases"] = [[r["step"], r["phase"], r["peak_bytes"]] for r in d["phases"]]
         idx = []
         for text in d.pop("assumptions"):

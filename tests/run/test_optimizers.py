@@ -14,9 +14,9 @@ from memlab.measure.accounting import model_states
 from memlab.model.optimizers import Adam8bit, build_optimizer
 from memlab.predict.setup import OPTIMIZERS
 
-# bitsandbytes Optimizer2State.init_state (Dettmers et al. 2022): tensors with >= 4096 elements get uint8 states
-# and one fp32 absmax per 2048-element block; smaller tensors keep fp32 states.
-BLOCK, MIN_8BIT = 2048, 4096
+# bitsandbytes 0.50 Optimizer2State.init_state (Dettmers et al. 2022): tensors with >= 4096 elements get uint8 states
+# and one fp32 absmax per 256-element block; smaller tensors keep fp32 states; two shared 256-entry fp32 maps.
+BLOCK, MIN_8BIT, QMAPS = 256, 4096, 2 * 256 * 4
 
 
 def _step_once(opt: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
@@ -24,7 +24,7 @@ def _step_once(opt: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
     opt.step()
 
 
-@pytest.mark.parametrize("numel", [1, 4095, 4096, 4097, 2048 * 3, 10_000])
+@pytest.mark.parametrize("numel", [1, 4095, 4096, 4097, 256 * 3 + 4096, 10_000])
 def test_adam8bit_state_layout(numel: int) -> None:
     p = nn.Parameter(torch.randn(numel))
     opt = Adam8bit([p])
@@ -33,6 +33,7 @@ def test_adam8bit_state_layout(numel: int) -> None:
     assert st["step"] == 1 and isinstance(st["step"], int)  # a Python int: no tensor, no bytes
     if numel < MIN_8BIT:
         assert set(st) == {"step", "exp_avg", "exp_avg_sq"}
+        shared = 0
         assert st["exp_avg"].dtype == st["exp_avg_sq"].dtype == torch.float32
         assert st["exp_avg"].numel() == numel
         expected = 8 * numel
@@ -43,7 +44,8 @@ def test_adam8bit_state_layout(numel: int) -> None:
         assert st["absmax1"].dtype == st["absmax2"].dtype == torch.float32
         assert st["absmax1"].numel() == st["absmax2"].numel() == blocks
         expected = 2 * numel + 2 * 4 * blocks
-    assert model_states(nn.ParameterList([p]), opt).optimizer_bytes == expected
+        shared = QMAPS
+    assert model_states(nn.ParameterList([p]), opt).optimizer_bytes == expected + shared
 
 
 def test_adam8bit_state_of_a_matrix_is_about_a_quarter_of_adamw() -> None:
@@ -54,7 +56,7 @@ def test_adam8bit_state_of_a_matrix_is_about_a_quarter_of_adamw() -> None:
     _step_once(aw, [q])
     b8 = model_states(nn.ParameterList([p]), a8).optimizer_bytes
     bw = model_states(nn.ParameterList([q]), aw).optimizer_bytes
-    assert b8 == 2 * 65536 + 8 * 32
+    assert b8 == 2 * 65536 + 8 * 256 + QMAPS
     assert bw == 8 * 65536 + 4
     assert b8 / bw == pytest.approx(0.25, abs=0.01)
 
@@ -136,3 +138,36 @@ def test_adafactor_keeps_factored_second_moments() -> None:
     _step_once(opt, [w, b])
     # one 0-dim fp32 step per tensor (kept on the CPU by torch.optim.Adafactor) plus the factors
     assert model_states(nn.ParameterList([w, b]), opt).optimizer_bytes == 4 * ((64 + 80) + 80) + 2 * 4
+
+
+def _generated_shapes(seed: int) -> list[tuple[int, ...]]:
+    """Random 1-D and 2-D shapes straddling min_8bit_size and the 256-element blocks."""
+    g = torch.Generator().manual_seed(seed)
+    shapes: list[tuple[int, ...]] = [(4095,), (4096,), (1,)]
+    for _ in range(6):
+        rows, cols = (int(x) for x in torch.randint(1, 160, (2,), generator=g))
+        shapes.append((rows, cols) if rows % 2 else (rows * cols,))
+    return shapes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adam8bit_states_equal_bitsandbytes_adamw8bit_and_the_formula_to_the_byte(seed: int) -> None:
+    """The real ``bnb.optim.AdamW8bit`` (runs on CPU), memlab's stand-in and ``adam8bit_bytes`` agree exactly."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from memlab.predict.optimizer_states import adam8bit_bytes
+
+    shapes = _generated_shapes(seed)
+    counted = []
+    for make in (lambda ps: bnb.optim.AdamW8bit(ps, lr=1e-3), Adam8bit):
+        params = [nn.Parameter(torch.randn(shape)) for shape in shapes]
+        opt = make(params)
+        _step_once(opt, params)
+        counted.append(model_states(nn.ParameterList(params), opt).optimizer_bytes)
+    assert counted[0] == counted[1] == adam8bit_bytes(math.prod(s) for s in shapes)
+
+
+def test_a_4096_element_tensor_holds_what_bitsandbytes_holds() -> None:
+    """The brief's figure: 4,096 uint8 x 2 + 16 absmax x 2 x 4 B + two 1 KiB maps = 10,368 B."""
+    from memlab.predict.optimizer_states import adam8bit_bytes
+
+    assert adam8bit_bytes([4096]) == 10_368 and adam8bit_bytes([4095]) == 8 * 4095

@@ -1,0 +1,118 @@
+"""Chapter 11's exercises (fine-tune on your card: LoRA, QLoRA). Questions are the notebook's markdown cells.
+
+The two measured exercises train one step of the tiny model of a family (``memlab/course/configs/tiny``) with peft
+on this machine, as the chapter's section 3 does (:func:`memlab.run.hf.run_hf`, LoRA rank 8 on q and v, fp32,
+eager attention); the measurements are cached per arguments.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from memlab.course.exercises import Choice, Numeric, When
+
+LORA_RANK = 8
+"""The rank of the chapter's tiny LoRA runs (on peft's default targets, q and v)."""
+
+
+def _lora_setup() -> Any:
+    from memlab.predict.setup import Setup
+
+    return Setup(finetune="lora", lora_rank=LORA_RANK)
+
+
+@cache
+def _saved_bytes(family: str, batch: int, seq: int, seed: int, lora: bool) -> int:
+    """Measured bytes one training step of the tiny ``family`` saves for backward (peft LoRA on q, v when ``lora``)."""
+    from memlab.course.hf_configs import load_config
+    from memlab.run.hf import run_hf
+
+    _, m = run_hf(load_config(family, "tiny"), attn_implementation="eager", dtype="fp32", batch=batch, seq=seq,
+                  seed=seed, lora=_lora_setup() if lora else None)
+    return m.saved_bytes
+
+
+def _saved_share(family: str, batch: int, seq: int, seed: int) -> float:
+    return _saved_bytes(family, batch, seq, seed, True) / _saved_bytes(family, batch, seq, seed, False)
+
+
+@cache
+def _frozen_k_proj_saves(family: str, batch: int, seq: int, seed: int) -> str:
+    """What the frozen k_proj of the second block keeps for backward under LoRA on q, v: measured, every saved
+    storage with the module that saved it (parameters excluded: they are resident anyway)."""
+    from memlab.course.hf_configs import load_config
+    from memlab.model.hf import apply_lora, build_hf_model
+    from memlab.run.hf import measure_hf
+
+    setup = _lora_setup()
+    model = apply_lora(build_hf_model(load_config(family, "tiny"), attn_implementation="eager", seed=seed), setup)
+    _, saved = measure_hf(model, batch=batch, seq=seq, attn_implementation="eager", seed=seed, keep_saved=True,
+                          lora=setup)
+    return "input" if any("layers.1.self_attn.k_proj" in t.scope for t in saved.tensors) else "weight"
+
+
+_SAVES = {"input": "its input", "weight": "no tensor of its own"}
+
+
+def _dq_bits() -> float:
+    from memlab.predict.finetune import qlora_bits_per_parameter
+
+    return qlora_bits_per_parameter()
+
+
+def _no_dq_bits() -> float:
+    """One fp32 absmax per 64-weight block, without double quantisation."""
+    from memlab.predict.finetune import NF4_BLOCK
+
+    return 32 / NF4_BLOCK
+
+
+def _sample_tiny() -> dict[str, Any]:
+    return {"family": "llama", "batch": 1, "seq": 8, "seed": 0}
+
+
+EXERCISES = (
+    Numeric(
+        "11.lora-saved-share", "Fraction of full fine-tuning's saved-for-backward bytes a LoRA step on q, v still "
+                               "saves (tiny model, fp32, measured with peft)",
+        reference=_saved_share, unit="", rtol=0.05,
+        hint="list what each op saves for its input's gradient and what only for its weight's: a frozen base still "
+             "needs every activation gradient",
+        why=lambda family, batch, seq, seed: (
+            f"measured: {_saved_share(family, batch, seq, seed):.3f} of the bytes. A frozen base still saves what "
+            "its activations' gradients need (norms, the attention core, the MLP's inner tensors, the loss); only "
+            "the inputs kept for weight gradients go, and each adapter adds its input and a rank-wide output."),
+        diagnoses={When(lambda v: v < 0.1): "A frozen base still saves what its activations' gradients need: norms, "
+                                            "the attention core, the MLP's inner tensors and the loss; only the "
+                                            "inputs kept for weight gradients go.",
+                   When(lambda v: v > 1): "A fraction of what full fine-tuning saves: LoRA on q, v adds far less "
+                                          "than the frozen weights' inputs it stops saving."},
+        sample=_sample_tiny,
+    ),
+    Choice(
+        "11.frozen-linear-saves", "What a frozen Linear (k_proj, LoRA on q and v) keeps for backward",
+        reference=_frozen_k_proj_saves,
+        options={"input": "its input, as in full fine-tuning", "weight": "only its weight (already resident)",
+                 "both": "its input and its weight"},
+        hint="grad_input = grad_output @ W; grad_W = grad_output^T @ x: which of the two does a frozen W need?",
+        why=lambda family, batch, seq, seed: (
+            "measured: the frozen k_proj saves "
+            f"{_SAVES[_frozen_k_proj_saves(family, batch, seq, seed)]} (its weight is already "
+            "resident). The input is kept only for the weight's gradient, which a frozen weight does not have."),
+        diagnoses={"input": "The input is kept for the weight's gradient, which a frozen weight does not have.",
+                   "both": "The weight is resident anyway; the input is needed only for the weight's gradient."},
+        sample=_sample_tiny,
+    ),
+    Numeric(
+        "11.qlora-dq-bits", "Bits per parameter of QLoRA's quantisation constants with double quantisation",
+        reference=_dq_bits, unit="", rtol=0.01,
+        hint="8 bits per block of 64 weights, plus 32 bits per 256 blocks (and per tensor a few small codes, "
+             "negligible at 7B)",
+        why=lambda: (f"8/64 + 32/(64 x 256) = {_dq_bits():.4f} bits per parameter (QLoRA Sec. 3), against "
+                     f"{_no_dq_bits():.2f} with one fp32 absmax per 64 weights: double quantisation saves "
+                     f"{_no_dq_bits() - _dq_bits():.3f} bits per parameter."),
+        diagnoses={_no_dq_bits: "That is one fp32 absmax per 64 weights: without double quantisation.",
+                   When(lambda v: v > 4): "Only the constants: the 4 bits of each NF4 weight are not part of them."},
+    ),
+)
