@@ -54,7 +54,7 @@ ON_DEVICE = {  # the card asked about, and the device type its prediction and tr
     "cpu": dict(card="rtx-4090", device_type="cuda"),
     "cuda": dict(card="rtx-4090", device_type="cuda"),
 }[ch.device_type]
-ch.to_dict()
+ch
 
 # %% [markdown]
 # ## 1. The formula: three ways to fine-tune a 7B model
@@ -67,7 +67,7 @@ ch.to_dict()
 # fp32 constant per 256 absmax values (double quantisation) `[dettmers2023]` `[bitsandbytes]`.
 #
 # The setups below are what a user runs: full fine-tuning with bf16 weights and an fp32 master copy (ZeRO's
-# 16 B/param `[zero2019]`), the cheap alternative of freezing the embeddings and most blocks (bf16, the top ones
+# 16 B/param `[rajbhandari2019]`), the cheap alternative of freezing the embeddings and most blocks (bf16, the top ones
 # trained in full), LoRA rank 16 on peft's default targets (q and v), and QLoRA rank 16 on every linear layer, as
 # the QLoRA paper trains it; batch 1, fused attention.
 
@@ -163,7 +163,7 @@ ax.invert_yaxis()
 ax.tick_params(axis="y", labelsize=7)
 ax.set(xlabel="predicted peak (GiB)", title=f"Llama-2-7B, batch 1, seq {SIZES['seq']}: each lever alone, ranked by "
        "the peak it gives (green: fits)")
-ax.legend(fontsize=7, loc="lower right")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "llama7b_levers")
 
 # %% [markdown]
@@ -256,7 +256,7 @@ for ax, what in zip(axes, ("saved", "states"), strict=True):
     ax.set_xticks(range(len(tiny)), labels, fontsize=5, rotation=90)
     ax.set(ylabel="MiB", title=("saved for backward" if what == "saved" else "parameters + gradients + optimizer")
            + f", b={tb} s={ts}")
-    ax.legend(fontsize=7)
+fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=7)
 fig.suptitle(f"Tiny models, full fine-tuning vs LoRA and QLoRA with peft and bitsandbytes, one step on {ch.device}",
              fontsize=10)
 ch.save_figure(fig, "tiny_peft_measured_vs_predicted")

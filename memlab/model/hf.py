@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -220,7 +221,9 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     save = [names[k] for k in setup.lora_save_kinds] or None
     cfg = peft.LoraConfig(r=setup.lora_r, lora_dropout=setup.lora_dropout, target_modules=targets,
                           modules_to_save=save, fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D: transposed weights
-    return peft.get_peft_model(model, cfg)
+    with warnings.catch_warnings():  # peft reads the deprecated is_gradient_checkpointing (transformers 5 warns)
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return peft.get_peft_model(model, cfg)
 
 
 @contextlib.contextmanager

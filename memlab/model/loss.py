@@ -146,9 +146,12 @@ def hf_causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: t
     hidden states and :func:`lm_loss` over its output embeddings (the LM head), with the labels shifted as
     ``ForCausalLMLoss`` shifts them (padded with -100, which is ignored)."""
     if options.kind == "plain":
-        if options.keep and options.keep < input_ids.shape[1]:
-            return model(input_ids=input_ids, labels=labels[:, -options.keep:], logits_to_keep=options.keep).loss
-        return model(input_ids=input_ids, labels=labels).loss
+        from memlab.model.hf import quiet_transformers
+
+        with quiet_transformers():  # a class without a known loss_type (GPT-2's) logs that it uses ForCausalLMLoss
+            if options.keep and options.keep < input_ids.shape[1]:
+                return model(input_ids=input_ids, labels=labels[:, -options.keep:], logits_to_keep=options.keep).loss
+            return model(input_ids=input_ids, labels=labels).loss
     out = model.base_model(input_ids=input_ids)
     hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
     head = model.get_output_embeddings()
