@@ -328,8 +328,9 @@ def reader_columns(frame: Any) -> Any:
     ``*_bytes`` columns are shown in the largest binary unit (B, KiB, MiB, GiB, TiB) their largest value reaches,
     values converted; ``*_fraction``, ``*_share``, ``rel_error`` as percentages (x 100), ``*_pct`` as %; ``*_s`` in
     seconds, ``*_per_s`` as a rate ("tokens/s"), ``*_tflop_s`` in TFLOP/s, ``*_mib`` in MiB; other underscores
-    become spaces (``world_size`` -> "world size"). Names that are not snake_case identifiers (``U_cap = held /
-    total (%)``, ``set_to_none=True``, ``kv_cache (GiB)`` keeps its unit) are otherwise left as they are.
+    become spaces (``world_size`` -> "world size"), in the index's names too. Names that are not snake_case
+    identifiers (``U_cap = held / total (%)``, ``set_to_none=True``) are left as they are, and a name that already
+    carries its unit (``kv_cache (GiB)``) keeps it.
     """
     import pandas as pd
 
@@ -361,9 +362,12 @@ def reader_columns(frame: Any) -> Any:
             shown = frame.copy() if shown is None else shown
             shown[col] = shown[col].astype(float) * factor
         renames[col] = label
-    if not renames:
+    names = [_label(n.split("_")) if isinstance(n, str) and _SNAKE.match(n) and "(" not in n else n
+             for n in frame.index.names]
+    if not renames and names == list(frame.index.names):
         return frame
-    return (frame if shown is None else shown).rename(columns=renames)
+    shown = (frame if shown is None else shown).rename(columns=renames)
+    return shown.rename_axis(index=names) if names != list(frame.index.names) else shown
 
 
 def reader_html(frame: Any, *, index: bool = True) -> str:

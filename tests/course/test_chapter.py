@@ -223,6 +223,7 @@ def test_reader_columns_name_units_and_convert_values() -> None:
                                    "name", "small (B)"]
     assert shown["peak (GiB)"].tolist() == [3.0, 0.5] and shown["relative error (%)"].tolist() == [1.0, -2.0]
     assert frame.columns[0] == "peak_bytes", "the chapter's own frame is not changed"
+    assert reader_columns(frame.set_index("world_size")).index.name == "world size"
     for top in (1, 2**10, 2**20 - 1, 2**20, 2**45):  # the largest unit the largest value reaches
         label = reader_columns(pd.DataFrame({"x_bytes": [top, 1]})).columns[0]
         assert label == f"x ({ {1: 'B', 2**10: 'KiB', 2**20 - 1: 'KiB', 2**20: 'MiB', 2**45: 'TiB'}[top] })"

@@ -25,13 +25,14 @@ def _highest_cpu(table: Any) -> str:
     pct = table["cpu_pct"]
     if pct.max() <= SAME_WITHIN * pct.min():
         return "same"
-    return str(table.loc[pct.idxmax(), "loop"])
+    return str(table.loc[pct.idxmax(), "loop"]).split()[0]  # "matmul (fp32)" -> the option "matmul"
 
 
 def _sample_busy() -> dict[str, Any]:
     import pandas as pd
 
-    return {"table": pd.DataFrame({"loop": ["busy", "copy", "matmul"], "cpu_pct": [99.0, 97.0, 98.5]})}
+    return {"table": pd.DataFrame({"loop": ["busy loop (Python)", "copy (memory-bound)", "matmul (fp32)"],
+                                   "cpu_pct": [99.0, 97.0, 60.5]})}
 
 
 def _u_eff_vllm(used_gib: float) -> float:
