@@ -10,8 +10,10 @@ accumulation, sequence and batch. :func:`compare_draw` predicts each draw
 peak into one of three verdicts:
 
 - ``within``: ``|estimate - trace| <= tol * trace`` (0.1 % by default);
-- ``named``: outside that, but the estimate names the term it leaves out and its size
-  (:func:`named_terms`, :func:`memlab.predict.estimate.unmodelled_terms`), and their sizes cover the difference;
+- ``named``: outside that, but within it once the terms the estimate names as left out FOR THAT PHASE are allowed
+  for (:func:`named_terms`, :func:`memlab.predict.estimate.unmodelled_term_list`: each term says its phases, its
+  size and its sign): the trace may hold up to the ``+`` terms more and up to the ``-`` terms less. The peak takes
+  the terms of the phases the estimate's and the trace's peaks sit in;
 - ``off``: neither (a bug to fix).
 
 Traced phases the trace marks unreliable (the first optimizer step under FSDP2 on fake tensors: DTensor's first
@@ -26,7 +28,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.predict.estimate import MemoryBreakdown, estimate, unmodelled_terms
+from memlab.predict.estimate import MemoryBreakdown, NamedTerm, estimate, unmodelled_term_list
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
 
@@ -103,10 +105,10 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci") -> list[Draw]:
     return out
 
 
-def named_terms(draw: Draw, bd: MemoryBreakdown) -> dict[str, int]:
-    """The terms the estimate names as left out, with their sizes
-    (:func:`memlab.predict.estimate.unmodelled_terms`)."""
-    return unmodelled_terms(draw.config, draw.setup, bd)
+def named_terms(draw: Draw, bd: MemoryBreakdown) -> list[NamedTerm]:
+    """The terms the estimate names as left out, with their sizes, phases and signs
+    (:func:`memlab.predict.estimate.unmodelled_term_list`)."""
+    return unmodelled_term_list(draw.config, draw.setup, bd)
 
 
 def compare_draw(draw: Draw, *, tol: float = TOLERANCE) -> list[dict[str, Any]]:
@@ -119,27 +121,34 @@ def compare_draw(draw: Draw, *, tol: float = TOLERANCE) -> list[dict[str, Any]]:
     bd = estimate(draw.config, draw.setup, device_type="cpu")
     named = named_terms(draw, bd)
     rows = []
-    for r in t.phases:
-        if not r.reliable:
-            continue
-        rows.append(_row(draw, r.step, r.phase, r.held_bytes, bd.phase_bytes(r.phase, r.step), tol, named))
-    rows.append(_row(draw, "", "peak", t.peak_bytes, bd.peak_bytes, tol, named))
+    reliable = [r for r in t.phases if r.reliable]
+    for r in reliable:
+        rows.append(_row(draw, r.step, r.phase, r.held_bytes, bd.phase_bytes(r.phase, r.step), tol,
+                         [n for n in named if n.applies(r.phase)]))
+    peak_phases = {r.phase for r in reliable if r.held_bytes == t.peak_bytes}
+    peak_phases |= {r.phase for r in reliable if bd.phase_bytes(r.phase, r.step) == bd.peak_bytes}
+    rows.append(_row(draw, "", "peak", t.peak_bytes, bd.peak_bytes, tol,
+                     [n for n in named if any(n.applies(ph) for ph in peak_phases)]))
     return rows
 
 
 def _row(draw: Draw, step: Any, phase: str, traced: int, predicted: int, tol: float,
-         named: dict[str, int]) -> dict[str, Any]:
+         named: list[NamedTerm]) -> dict[str, Any]:
     diff = predicted - traced
-    if abs(diff) <= tol * traced:
+    slack = tol * traced
+    more = sum(n.bytes for n in named if n.sign > 0)  # the trace may hold this much more than the estimate
+    less = sum(n.bytes for n in named if n.sign < 0)  # ... or this much less
+    if abs(diff) <= slack:
         verdict = "within"
-    elif named and abs(diff) <= sum(named.values()):
+    elif named and -more - slack <= diff <= less + slack:
         verdict = "named"
     else:
         verdict = "off"
+    used = [n for n in named if (n.sign > 0) == (diff < 0)]
     return {"draw": draw.label, "family": draw.family, "step": step, "phase": phase, "trace_bytes": traced,
             "estimate_bytes": predicted, "diff_bytes": diff, "rel_diff": diff / traced if traced else 0.0,
-            "verdict": verdict, "named": "; ".join(f"{k} {v:,} B" for k, v in named.items()) if verdict == "named"
-            else ""}
+            "verdict": verdict, "named": "; ".join(f"{n.name} {'+' if n.sign > 0 else '-'}{n.bytes:,} B"
+                                                   for n in used) if verdict == "named" else ""}
 
 
 def agreement(draws: list[Draw], *, tol: float = TOLERANCE) -> Any:

@@ -242,32 +242,57 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     return p, acts, kv, terms, act_detail, phases
 
 
-def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
+@dataclass(frozen=True)
+class NamedTerm:
+    """A term the estimate leaves out, named with its size: at most ``bytes`` on the phases ``phases`` (their base
+    names: ``forward`` also covers ``forward (accumulating)``), with ``sign`` +1 where the real step may hold up to
+    that much MORE than the estimate and -1 where it may hold up to that much LESS."""
+
+    name: str
+    bytes: int
+    phases: tuple[str, ...]
+    sign: int
+
+    def applies(self, phase: str) -> bool:
+        """True when this term can change ``phase`` (``forward``, ``backward (accumulating)``, ...)."""
+        return phase.split(" (")[0] in self.phases
+
+
+def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> list[NamedTerm]:
     """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
-    the most it can add or take away, in bytes: FSDP2's moments outside the phase model
-    (:func:`memlab.predict.fsdp.unmodelled`), and for a mixture of experts the routing (the estimate counts one dense
-    MLP per token: ``top_k`` routed copies of its saved tensors and the router's, ``top_k`` x the MLP term as
-    without recompute, since the copies exist inside a block's forward under any recompute) and the
-    experts no token chose (no gradient, so no optimizer state, in a real step: up to every expert's gradients and
-    moments). Empty when the estimate claims everything it counts."""
+    the most it can add or take away, in bytes, the phases it applies to and its sign (:class:`NamedTerm`):
+    FSDP2's moments outside the phase model (:func:`memlab.predict.fsdp.unmodelled`: forward or backward, +), and
+    for a mixture of experts the routing (the estimate counts one dense MLP per token: ``top_k`` routed copies of
+    its saved tensors and the router's, ``top_k`` x the MLP term as without recompute, since the copies exist
+    inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
+    gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; backward,
+    optimizer step and zero_grad, -). Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
-    out: dict[str, int] = {}
+    out: list[NamedTerm] = []
     if not isinstance(config, TransformerConfig) or setup.mode != "train":
         return out
     fsdp = plan_of(config, setup)
     if fsdp is not None:
-        out.update({k: math.ceil(v) for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v})
+        out += [NamedTerm(k, math.ceil(v), phases, +1) for k, (v, phases) in unmodelled(fsdp, fsdp.grad_bytes).items()
+                if v]
     if config.is_moe:
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
             mlp = estimate(config, setup.with_(recompute="none"), device_type="cpu").activation_detail.get("mlp", 0)
-        out["MoE routing (top_k routed copies, router)"] = math.ceil(config.top_k * mlp)
+        out.append(NamedTerm("MoE routing (top_k routed copies, router)", math.ceil(config.top_k * mlp),
+                             ("forward", "backward"), +1))
         expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)
         share = expert / max(1, bd.param_count)
-        out["MoE experts no token chose (no gradient, no optimizer state)"] = math.ceil(
-            share * (bd.grads_bytes + bd.optimizer_bytes))
+        out.append(NamedTerm("MoE experts no token chose (no gradient, no optimizer state)",
+                             math.ceil(share * (bd.grads_bytes + bd.optimizer_bytes)),
+                             ("backward", "optimizer step", "zero_grad"), -1))
     return out
+
+
+def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
+    """:func:`unmodelled_term_list` as name -> the most it can add or take away (bytes)."""
+    return {t.name: t.bytes for t in unmodelled_term_list(config, setup, bd)}
 
 
 def model_buffer_bytes(config: TransformerConfig) -> int:

@@ -197,8 +197,8 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                        "per phase (memlab.predict.fsdp); shards padded to ceil(d0 / N) rows as rank 0 holds them")
             from memlab.predict.fsdp import unmodelled
 
-            left = "; ".join(f"{k}: up to {math.ceil(v):,} B"
-                             for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
+            left = "; ".join(f"{k}: up to {math.ceil(v):,} B ({'/'.join(ph)})"
+                             for k, (v, ph) in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
             out.append(f"FSDP2 moments not modelled (memlab.predict.estimate.unmodelled_terms): {left}")
             if setup.policy.fsdp_mixed:
                 out.append(f"MixedPrecisionPolicy(param_dtype={setup.policy.fsdp_param_dtype}, reduce_dtype="

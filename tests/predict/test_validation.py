@@ -98,6 +98,10 @@ def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -
             extra["optimizer"] = "adamw"
         if field == "fsdp_param_dtype" and choice != "none":
             extra.update(zero_stage=3, world_size=2)  # FSDP2's MixedPrecisionPolicy needs FSDP2
+        if field == "fsdp_output_dtype" and choice != "none":  # read, then refused with its reason
+            with pytest.raises(SetupError, match="output_dtype casts every unit's forward output"):
+                Setup(**{field: spell(choice)}, zero_stage=3, world_size=2)
+            continue
         assert getattr(Setup(**{field: spell(choice)}, **extra), field) == choice
         assert Setup(**{field: spell(choice)}, **extra) == Setup(**{field: choice}, **extra)
     for field, choice in _string_choices(TransformerConfig):
