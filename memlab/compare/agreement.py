@@ -4,7 +4,8 @@
 layout, Llama-style grouped-query attention with a large vocabulary, mixture of experts), precision policy (fp32,
 autocast, 16-bit weights with fp32 masters, pure bf16, FSDP2's ``MixedPrecisionPolicy``), recompute, attention kernel,
 optimizer and its implementation, ZeRO stage and world size (FSDP2's plan, where the loss lives), gradient
-accumulation, sequence and batch. :func:`compare_draw` predicts each draw
+accumulation, sequence and batch, the root's reshard choice and the loss options FSDP2 allows (chunked or fused
+loss, activation offload). :func:`compare_draw` predicts each draw
 (:func:`memlab.predict.estimate.estimate`, CPU widths: the trace runs on a CPU) and traces it
 (:func:`memlab.tracing.gpt.trace_gpt`, fake tensors, FSDP2 over a fake process group), and sorts every phase and the
 peak into one of three verdicts:
@@ -69,6 +70,8 @@ class Draw:
         prec = s.policy.name
         shard = f" ZeRO-{s.zero_stage}x{s.world_size} {s.fsdp_units}/{s.fsdp_loss}" if s.world_size > 1 else ""
         accum = f" accum{s.grad_accum_steps}" if s.grad_accum_steps > 1 else ""
+        accum += (" reshard-root" if s.fsdp_reshard_root else "") + (f" loss={s.loss}" if s.loss != "plain" else "") \
+            + (" offload" if s.offload_activations else "")
         return (f"{self.config.name} {prec} {s.recompute} {s.attention} {s.optimizer}/{s.optimizer_impl}{shard}"
                 f"{accum} b{s.batch}x{s.seq}")
 
@@ -78,6 +81,7 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci") -> list[Draw]:
     if scale not in ("ci", "full"):
         raise ValueError(f"scale must be 'ci' or 'full', got {scale!r}")
     rng = random.Random(seed)
+    extra = random.Random(f"{seed}-plan-and-loss")  # the fields added later: the draws before them stay the same
     out = []
     for _ in range(n):
         family = rng.choice(tuple(_CI_MODELS))
@@ -95,6 +99,12 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci") -> list[Draw]:
             fields.update(fsdp_param_dtype="bf16", fsdp_reduce_dtype=rng.choice(("fp32", "bf16")))
         if world > 1:
             fields.update(fsdp_units=rng.choice(("blocks", "torchtitan")), fsdp_loss=rng.choice(("inside", "outside")))
+        if world > 1:
+            fields["fsdp_reshard_root"] = extra.random() < 1 / 3
+        if world == 1 or (fields["fsdp_units"], fields["fsdp_loss"]) == ("blocks", "inside"):
+            loss = extra.choice(("plain", "plain", "plain", "chunked", "fused"))
+            fields["loss"] = loss
+            fields["offload_activations"] = loss != "chunked" and extra.random() < 0.2
         if scale == "ci":
             fields.update(batch=rng.choice((1, 2, 3)), seq=rng.choice((64, 128, 200)))
         else:

@@ -265,8 +265,8 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     for a mixture of experts the routing (the estimate counts one dense MLP per token: ``top_k`` routed copies of
     its saved tensors and the router's, ``top_k`` x the MLP term as without recompute, since the copies exist
     inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
-    gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; backward,
-    optimizer step and zero_grad, -). Empty when the estimate claims everything it counts."""
+    gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
+    since the steady step's forward holds the states too, -). Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
     out: list[NamedTerm] = []
@@ -286,7 +286,7 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         share = expert / max(1, bd.param_count)
         out.append(NamedTerm("MoE experts no token chose (no gradient, no optimizer state)",
                              math.ceil(share * (bd.grads_bytes + bd.optimizer_bytes)),
-                             ("backward", "optimizer step", "zero_grad"), -1))
+                             ("forward", "backward", "optimizer step", "zero_grad"), -1))
     return out
 
 

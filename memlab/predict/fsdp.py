@@ -203,10 +203,15 @@ def unmodelled(p: FsdpPlan, grad_bytes: float) -> dict[str, tuple[float, tuple[s
     unit's buffer is still alive: it is freed at the block's copy-out), ``mid-backward`` (backward: a block between
     the first and the last one holds itself, the next unit's prefetched buffer and its own unsharded gradients while
     the sharded ones of later blocks exist: at most one gathered block and one block of gradients beyond the bottom
-    moment)."""
+    moment), and with a root resharded after forward and the loss outside it, the root's all-gather after the
+    loss's backward (backward: its parameters and all-gather buffer beside the loss's gradients)."""
     blocks = p.of_kind("block")
     b = blocks[0]
-    return {"FSDP2 first all-gathers (first unit's buffer until block 0's copy-out)": (p.buffer(p.units[0]),
+    root = [u for u in p.of_kind("root") if u.reshard_after_forward]
+    regather = sum(p.full(u) + p.buffer(u) for u in root) if not p.loss_inside else 0.0
+    return {"FSDP2 root gathered again after the loss's backward (reshard_root, loss outside)": (regather,
+                                                                                              ("backward",)),
+            "FSDP2 first all-gathers (first unit's buffer until block 0's copy-out)": (p.buffer(p.units[0]),
                                                                                        ("forward",)),
             "FSDP2 mid-backward moment (a gathered block and its unsharded gradients)":
                 (p.full(b) + b.full_elements * grad_bytes if len(blocks) > 1 else 0.0, ("backward",))}

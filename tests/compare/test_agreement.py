@@ -90,3 +90,33 @@ def test_torchtitan_protocol_equals_memlab_trace_and_estimate_at_step_2() -> Non
     assert row["titan_step2"] == row["trace_step2"] == row["estimate_step2"] > 0, row
     assert row["titan_printed_max"] >= row["titan_step2"]
     assert len(residual_names(row)) == 4 and "+0 B" in residual_names(row)[0]
+
+
+def test_a_named_term_names_only_its_own_phases_and_sign() -> None:
+    """A gap is 'named' only by the terms of its phase, on the side they push (generated sizes)."""
+    import random
+
+    from memlab.compare.agreement import _row
+    from memlab.predict.estimate import NamedTerm
+
+    draw = draw_setups(3, 1)[0]
+    rng = random.Random(24)
+    for _ in range(50):
+        traced = rng.randint(10**7, 10**8)
+        size = rng.randint(traced // 500, traced // 5)
+        more = NamedTerm("held beyond the estimate", size, ("backward",), +1)
+        gap = rng.randint(traced // 1000 + 1, size)  # outside 0.1 %, inside the term
+        assert _row(draw, "steady", "backward", traced, traced - gap, 1e-3, [more])["verdict"] == "named"
+        assert _row(draw, "steady", "backward", traced, traced + gap, 1e-3, [more])["verdict"] == "off"  # wrong sign
+        over = traced - size - traced // 1000 - 1
+        assert _row(draw, "steady", "backward", traced, over, 1e-3, [more])["verdict"] == "off"  # beyond its size
+        assert not more.applies("forward") and more.applies("backward (accumulating)")
+
+
+def test_the_root_can_reshard_after_forward_and_output_dtype_is_refused() -> None:
+    setup = Setup(batch=2, seq=128, zero_stage=3, world_size=8, optimizer_impl="foreach", fsdp_reshard_root=True)
+    rows = compare_draw(Draw(GQA, setup, "gqa-128k"))
+    assert all(r["verdict"] == "within" for r in rows), rows
+    assert fsdp_plan(GQA, 8, 3, "blocks", "inside", 4, 4, True).units[0].reshard_after_forward
+    with pytest.raises(SetupError, match="output_dtype casts every unit's forward output"):
+        Setup(zero_stage=3, world_size=8, fsdp_output_dtype="bf16")

@@ -71,6 +71,8 @@ class WorkerSpec:
     """MixedPrecisionPolicy.param_dtype of the fsdp2-* strategies (Setup.fsdp_param_dtype; none: no policy)."""
     fsdp_reduce_dtype: str = "fp32"
     """MixedPrecisionPolicy.reduce_dtype (Setup.fsdp_reduce_dtype)."""
+    fsdp_reshard_root: bool = False
+    """reshard_after_forward=True on the root unit (Setup.fsdp_reshard_root; False leaves it to FSDP2)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -105,7 +107,8 @@ class WorkerSpec:
         d = asdict(self)
         d["strategies"] = list(self.strategies)
         d["fsdp"] = {"units": d.pop("fsdp_units"), "loss": d.pop("fsdp_loss"),  # the worker's spec["fsdp"]
-                     "param_dtype": d.pop("fsdp_param_dtype"), "reduce_dtype": d.pop("fsdp_reduce_dtype")}
+                     "param_dtype": d.pop("fsdp_param_dtype"), "reduce_dtype": d.pop("fsdp_reduce_dtype"),
+                     "reshard_root": d.pop("fsdp_reshard_root")}
         return d
 
 
