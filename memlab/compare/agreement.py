@@ -4,8 +4,8 @@
 layout, Llama-style grouped-query attention with a large vocabulary, mixture of experts), precision policy (fp32,
 autocast, 16-bit weights with fp32 masters, pure bf16, FSDP2's ``MixedPrecisionPolicy``), recompute, attention kernel,
 optimizer and its implementation, ZeRO stage and world size (FSDP2's plan, where the loss lives), gradient
-accumulation, sequence and batch, the root's reshard choice and the loss options FSDP2 allows (chunked or fused
-loss, activation offload). :func:`compare_draw` predicts each draw
+accumulation, sequence and batch, the root's reshard choice, and on request the loss options FSDP2 allows (chunked or
+fused loss, activation offload). :func:`compare_draw` predicts each draw
 (:func:`memlab.predict.estimate.estimate`, CPU widths: the trace runs on a CPU) and traces it
 (:func:`memlab.tracing.gpt.trace_gpt`, fake tensors, FSDP2 over a fake process group), and sorts every phase and the
 peak into one of three verdicts:
@@ -76,8 +76,11 @@ class Draw:
                 f"{accum} b{s.batch}x{s.seq}")
 
 
-def draw_setups(seed: int, n: int, *, scale: str = "ci") -> list[Draw]:
-    """``n`` seeded draws over the Setup space (module docstring); ``scale`` ``ci`` or ``full`` picks the shapes."""
+def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = False) -> list[Draw]:
+    """``n`` seeded draws over the Setup space (module docstring); ``scale`` ``ci`` or ``full`` picks the shapes.
+    ``loss_options`` also draws the chunked and fused losses and activation offload (where FSDP2 allows them:
+    one rank, or the blocks plan with the loss inside): the loss branch's terms are bounds, not exact
+    (:mod:`memlab.predict.loss`), so ``benchmarks/estimate_vs_trace.py`` counts them apart."""
     if scale not in ("ci", "full"):
         raise ValueError(f"scale must be 'ci' or 'full', got {scale!r}")
     rng = random.Random(seed)
@@ -101,7 +104,7 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci") -> list[Draw]:
             fields.update(fsdp_units=rng.choice(("blocks", "torchtitan")), fsdp_loss=rng.choice(("inside", "outside")))
         if world > 1:
             fields["fsdp_reshard_root"] = extra.random() < 1 / 3
-        if world == 1 or (fields["fsdp_units"], fields["fsdp_loss"]) == ("blocks", "inside"):
+        if loss_options and (world == 1 or (fields["fsdp_units"], fields["fsdp_loss"]) == ("blocks", "inside")):
             loss = extra.choice(("plain", "plain", "plain", "chunked", "fused"))
             fields["loss"] = loss
             fields["offload_activations"] = loss != "chunked" and extra.random() < 0.2

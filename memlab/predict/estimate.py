@@ -252,10 +252,12 @@ class NamedTerm:
     bytes: int
     phases: tuple[str, ...]
     sign: int
+    exact: bool = False
+    """Match ``phases`` by the whole name: ``backward`` then leaves ``backward (accumulating)`` out."""
 
     def applies(self, phase: str) -> bool:
         """True when this term can change ``phase`` (``forward``, ``backward (accumulating)``, ...)."""
-        return phase.split(" (")[0] in self.phases
+        return phase in self.phases or (not self.exact and phase.split(" (")[0] in self.phases)
 
 
 def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> list[NamedTerm]:
@@ -266,7 +268,9 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     its saved tensors and the router's, ``top_k`` x the MLP term as without recompute, since the copies exist
     inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
     gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
-    since the steady step's forward holds the states too, -). Empty when the estimate claims everything it counts."""
+    since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
+    gradients in backward, -), and under full recompute the bottom block's moment (:func:`_bottom_block_terms`).
+    Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
     out: list[NamedTerm] = []
@@ -276,6 +280,8 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     if fsdp is not None:
         out += [NamedTerm(k, math.ceil(v), phases, +1) for k, (v, phases) in unmodelled(fsdp, fsdp.grad_bytes).items()
                 if v]
+    if setup.recompute == "full":
+        out += _bottom_block_terms(config, setup, fsdp)
     if config.is_moe:
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
@@ -287,6 +293,32 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         out.append(NamedTerm("MoE experts no token chose (no gradient, no optimizer state)",
                              math.ceil(share * (bd.grads_bytes + bd.optimizer_bytes)),
                              ("forward", "backward", "optimizer step", "zero_grad"), -1))
+        if fsdp is not None:  # a gathered block's unsharded gradients: none for an expert no token chose
+            block_experts = sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+                                if name.startswith("blocks.0.") and ".experts." in name)
+            out.append(NamedTerm("MoE experts no token chose: a block's unsharded expert gradients (FSDP2)",
+                                 math.ceil(block_experts * fsdp.grad_bytes), ("backward",), -1))
+    return out
+
+
+def _bottom_block_terms(config: TransformerConfig, setup: Setup, fsdp: Any) -> list[NamedTerm]:
+    """Under full recompute the backward peak is often the bottom block's backward, which the estimate takes as
+    one moment: every gradient but the bottom block's, beside its recomputed tensors and temporaries. Inside the
+    block's backward its own gradients appear one module at a time (up to the block's gradients more: +), and the
+    embeddings' gradients (positions; tokens when untied: a tied one comes from the head) are produced only after
+    it, in a first micro-step whose gradients start as None (the estimate counts them: up to their bytes less:
+    -). Sizes on one rank: under FSDP2 the unsharded gradients (the gathered dtype), else ``grad_bytes / tp``
+    (ZeRO-2/3 without FSDP2 does not reach here: FSDP2 applies to every sharded draw)."""
+    gb = fsdp.grad_bytes if fsdp is not None else setup.policy.grad_bytes / setup.tp
+    block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
+    emb = sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+              if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))
+    pol = setup.policy
+    out = [NamedTerm("full recompute: the bottom block's own gradients inside its backward", math.ceil(block * gb),
+                     ("backward",), +1)]
+    if emb and setup.zero_grad_to_none and not (pol.master_bytes and pol.grad_bytes == 4):
+        out.append(NamedTerm("full recompute: the embeddings' gradients, produced after the bottom block's backward",
+                             math.ceil(emb * gb), ("backward",), -1, exact=True))
     return out
 
 

@@ -208,7 +208,12 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
             out.append("tensor parallelism with ZeRO-2/3: FSDP2's gathered parameters are not modelled "
                        "(Overheads(gathered_layers=...) adds blocks)")
         if setup.policy.autocast:
-            out.append("autocast's 16-bit weight copies kept for backward are counted in activations")
+            out.append("autocast's 16-bit weight copies kept for backward are counted in activations; its cast "
+                       "cache's copies of the linear biases (saved by no op) in the forward")
+        if setup.recompute == "full" and isinstance(model, TransformerConfig):
+            out.append("full recompute: the bottom block's backward is taken as one moment; its own gradients "
+                       "appearing inside it and the embeddings' produced after it are named with their sizes by "
+                       "memlab.predict.estimate.unmodelled_terms")
         if setup.loss != "plain" or setup.logits_to_keep:
             out.append(f"loss={setup.loss}" + (f", logits_to_keep={setup.logits_to_keep}" if setup.logits_to_keep
                        else "") + ": the loss's terms follow memlab.model.loss (the fused loss as its pure-torch "

@@ -120,3 +120,12 @@ def test_the_root_can_reshard_after_forward_and_output_dtype_is_refused() -> Non
     assert fsdp_plan(GQA, 8, 3, "blocks", "inside", 4, 4, True).units[0].reshard_after_forward
     with pytest.raises(SetupError, match="output_dtype casts every unit's forward output"):
         Setup(zero_stage=3, world_size=8, fsdp_output_dtype="bf16")
+
+
+def test_a_sampled_full_recompute_draw_has_no_off_phase() -> None:
+    """A seeded single-rank full-recompute draw: every phase within 0.1 % or named by a term of that phase
+    (the bottom block's moment), none off."""
+    draw = next(d for d in draw_setups(24, 40) if d.setup.recompute == "full" and d.setup.world_size == 1
+                and d.family == "dense")
+    rows = compare_draw(draw)
+    assert all(r["verdict"] in ("within", "named") for r in rows), [r for r in rows if r["verdict"] == "off"]
