@@ -4,8 +4,9 @@
 layout, Llama-style grouped-query attention with a large vocabulary, mixture of experts), precision policy (fp32,
 autocast, 16-bit weights with fp32 masters, pure bf16, FSDP2's ``MixedPrecisionPolicy``), recompute, attention kernel,
 optimizer and its implementation, ZeRO stage and world size (FSDP2's plan, where the loss lives), gradient
-accumulation, sequence and batch, the root's reshard choice, and on request the loss options FSDP2 allows (chunked or
-fused loss, activation offload). :func:`compare_draw` predicts each draw
+accumulation, sequence and batch, the root's reshard choice and CPU offload (compared as device + host: a CPU
+trace holds both in one memory), and on request the loss options FSDP2 allows (chunked or fused loss, activation
+offload). :func:`compare_draw` predicts each draw
 (:func:`memlab.predict.estimate.estimate`, CPU widths: the trace runs on a CPU) and traces it
 (:func:`memlab.tracing.gpt.trace_gpt`, fake tensors, FSDP2 over a fake process group), and sorts every phase and the
 peak into one of three verdicts:
@@ -70,8 +71,8 @@ class Draw:
         prec = s.policy.name
         shard = f" ZeRO-{s.zero_stage}x{s.world_size} {s.fsdp_units}/{s.fsdp_loss}" if s.world_size > 1 else ""
         accum = f" accum{s.grad_accum_steps}" if s.grad_accum_steps > 1 else ""
-        accum += (" reshard-root" if s.fsdp_reshard_root else "") + (f" loss={s.loss}" if s.loss != "plain" else "") \
-            + (" offload" if s.offload_activations else "")
+        accum += (" reshard-root" if s.fsdp_reshard_root else "") + (" cpu-offload" if s.fsdp_offload else "") \
+            + (f" loss={s.loss}" if s.loss != "plain" else "") + (" offload" if s.offload_activations else "")
         return (f"{self.config.name} {prec} {s.recompute} {s.attention} {s.optimizer}/{s.optimizer_impl}{shard}"
                 f"{accum} b{s.batch}x{s.seq}")
 
@@ -104,6 +105,7 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = Fa
             fields.update(fsdp_units=rng.choice(("blocks", "torchtitan")), fsdp_loss=rng.choice(("inside", "outside")))
         if world > 1:
             fields["fsdp_reshard_root"] = extra.random() < 1 / 3
+            fields["fsdp_offload"] = extra.random() < 1 / 4
         if loss_options and (world == 1 or (fields["fsdp_units"], fields["fsdp_loss"]) == ("blocks", "inside")):
             loss = extra.choice(("plain", "plain", "plain", "chunked", "fused"))
             fields["loss"] = loss
@@ -131,8 +133,11 @@ def compare_draw(draw: Draw, *, tol: float = TOLERANCE) -> list[dict[str, Any]]:
     device = "cuda" if draw.setup.optimizer_impl == "auto" else "cpu"
     # A mixture of experts routes by value (nonzero): fake tensors cannot run it, real CPU-lab ones can
     t = trace_gpt(draw.config, draw.setup, device_type=device, fake=not draw.config.is_moe)
-    bd = estimate(draw.config, draw.setup, device_type="cpu")
-    named = named_terms(draw, bd)
+    # FSDP2's CPU offload: on a CPU trace host and device are one memory (the copies are no-ops), so the trace,
+    # which applies the offload plan, is compared with the estimate's device + host: the same setup without it
+    plain = Draw(draw.config, draw.setup.with_(fsdp_offload=False), draw.family) if draw.setup.fsdp_offload else draw
+    bd = estimate(plain.config, plain.setup, device_type="cpu")
+    named = named_terms(plain, bd)
     rows = []
     reliable = [r for r in t.phases if r.reliable]
     for r in reliable:

@@ -10,7 +10,8 @@ NCCL ranks both call :func:`shard_model`, and the estimator models the same plan
   final norm + head unit never (torchtitan's default: backward needs it at once); the root is left to FSDP2,
   which does not reshard it after forward, unless ``reshard_root`` (``Setup.fsdp_reshard_root``) asks for it;
 - ``param_dtype`` / ``reduce_dtype``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` [pytorch-fsdp2]
-  (``output_dtype`` left None); ``offload``: ``CPUOffloadPolicy()``.
+  (``output_dtype`` left None); ``offload``: ``CPUOffloadPolicy(pin_memory)`` (the trace passes
+  ``pin_memory=False``: fake tensors cannot pin; pinning changes the host allocator, not the bytes).
 
 :func:`step_loss` computes the loss inside the root module's forward (``model(idx, targets)``) or outside it
 (``logits_loss(model(idx), targets)``, as torchtitan's trainer does).
@@ -30,7 +31,7 @@ from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
 
 def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", param_dtype: str = "none",
                 reduce_dtype: str = "fp32", mesh: Any = None, offload: bool = False,
-                reshard_root: bool = False) -> nn.Module:
+                reshard_root: bool = False, pin_memory: bool = True) -> nn.Module:
     """Apply FSDP2's ``fully_shard`` to the reference GPT ``model`` (``model.blocks``; a Hugging Face model's
     ``model.model.layers`` with ``units="blocks"``) by the plan in the module docstring; returns ``model``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -52,7 +53,7 @@ def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", par
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype),
                                                reduce_dtype=torch_dtype(reduce_dtype))
     if offload:
-        kw["offload_policy"] = CPUOffloadPolicy()
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
     reshard = zero_stage == 3
     tied = getattr(model, "head", True) is None
     if units == "torchtitan" and not tied:

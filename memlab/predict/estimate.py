@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -118,7 +118,8 @@ class MemoryBreakdown:
     host_bytes: int = 0
     """Host (pinned) memory activation offload takes (``Setup.offload_activations``; 0 without): at least the saved
     activations, plus the matmul weights and the second reference to the log-softmax that save_on_cpu copies too
-    (:func:`offload_host_bytes`). Not part of the device's total or peak."""
+    (:func:`offload_host_bytes`); with FSDP2's CPU offload (``Setup.fsdp_offload``) also the sharded parameters,
+    gradients and optimizer states (:func:`host_states`). Not part of the device's total or peak."""
 
     @property
     def peak_gib(self) -> float:
@@ -214,7 +215,8 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         acts = sum(act_detail.values()) if act_detail else 0
     else:
         acts = functools.reduce(larger, act_detail.values()) if act_detail else 0
-    managed = p.states_total + acts + kv
+    off = host_states(setup)  # FSDP2 CPU offload: the sharded states live on the host
+    managed = (0 if off else p.states_total) + acts + kv
     gathered = ov.gathered_layers * p.gather_bytes_per_layer if p.gather_bytes_per_layer else 0
     fsdp = p.step.get("fsdp") if p.fsdp is not None else None
     if fsdp is not None and not ov.gathered_layers:  # FSDP2 modelled per phase: the component is what the loss sees
@@ -236,6 +238,10 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         phases = inference_phases(states["params"], kv, acts, decode, overhead)
     else:
         x = step_inputs_with(p.step, model if is_cfg else None, setup, device_type=device_type, terms=act_terms)
+        if off:  # the device holds none of the shards, and the optimizer steps on the host
+            x = replace(x, optimizer_temporary_bytes=0, optimizer_before_step_bytes=0,
+                        fsdp={**x.fsdp, "root_grads_shard": 0})
+            states = {"params": 0, "grads": 0, "optimizer": 0}
         phases = training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
                                  grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
                                  overhead=phase_overhead)
@@ -375,7 +381,8 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     p, acts, kv, terms, act_detail, phases = _evaluate(config_or_params, setup, ov, device_type, step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
     acts_i, kv_i = math.ceil(acts), math.ceil(kv)
-    total = p.states_total + acts_i + kv_i + sum(overhead.values())
+    off = host_states(setup)
+    total = (0 if off else p.states_total) + acts_i + kv_i + sum(overhead.values())
     rows = [predicted_row(st, ph, math.ceil(v)) for st, ph, v in phases]
     # The peak row: the largest; ties go to the first step and, within a step, to the later phase (backward starts
     # with what forward ends with): the last row of the largest (bytes, step == "first").
@@ -384,7 +391,9 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         if row.peak_bytes > top.peak_bytes or (row.peak_bytes == top.peak_bytes
                                                and (row.step == "first" or top.step != "first")):
             top = row
-    states = p.states
+    states = {"params": 0, "grads": 0, "optimizer": 0} if off else p.states
+    host = (offload_host_bytes(config_or_params, setup, acts_i) if setup.offload_activations else 0) \
+        + (math.ceil(p.states_total) if off else 0)
     return unchecked(MemoryBreakdown, {  # every field in order; MemoryBreakdown checks nothing (frozen.unchecked)
         "params_bytes": states["params"], "grads_bytes": states["grads"], "optimizer_bytes": states["optimizer"],
         "activations_bytes": acts_i, "kv_cache_bytes": kv_i, "overhead": overhead, "total_bytes": total,
@@ -393,8 +402,16 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         "assumptions": (*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq), *p.assumptions_tail),
         "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": _fields(setup),
         "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
-        "host_bytes": offload_host_bytes(config_or_params, setup, acts_i) if setup.offload_activations else 0,
+        "host_bytes": host,
     })
+
+
+def host_states(setup: Any) -> bool:
+    """True when FSDP2's CPUOffloadPolicy (``Setup.fsdp_offload``) keeps the sharded parameters, gradients and
+    optimizer states on the host: the estimate's params/grads/optimizer components are then 0 on the device and
+    their bytes are in ``host_bytes``; the gathered units, all-gather buffers and unsharded gradients stay on the
+    device (the FSDP2 moments, :func:`memlab.predict.fsdp.moments`)."""
+    return setup.mode == "train" and bool(getattr(setup, "fsdp_offload", False))
 
 
 def offload_host_bytes(model: TransformerConfig | int, setup: Setup, activations: int) -> int:
@@ -465,4 +482,4 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
                                                step_on_device)
     if peak:
         return peak_of(phases) + np.zeros_like(b)
-    return p.states_total + acts + kv + sum(terms.values()) + np.zeros_like(b)
+    return (0 if host_states(setup) else p.states_total) + acts + kv + sum(terms.values()) + np.zeros_like(b)

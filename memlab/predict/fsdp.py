@@ -79,6 +79,10 @@ class FsdpPlan:
     """Bytes per element of the reduce-scatter input (``reduce_dtype``, else the gathered dtype)."""
     loss_inside: bool
     units_name: str
+    offload: bool = False
+    """CPUOffloadPolicy: the shards live on the host (``Setup.fsdp_offload``)."""
+    storage_bytes: float = 4.0
+    """Bytes per element of a stored shard (what the offload copies to the device before an all-gather)."""
 
     @property
     def shard_elements(self) -> int:
@@ -113,7 +117,8 @@ def _unit_of(name: str, units: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def fsdp_plan(config: TransformerConfig, ranks: int, zero_stage: int, units: str, loss: str, gather_bytes: float,
-              reduce_bytes: float, reshard_root: bool = False) -> FsdpPlan:
+              reduce_bytes: float, reshard_root: bool = False, offload: bool = False,
+              storage_bytes: float = 4.0) -> FsdpPlan:
     """The :class:`FsdpPlan` of ``config`` sharded over ``ranks`` (cached). ZeRO-3 reshards blocks and the
     embedding after forward, ZeRO-2 does not; the root never does (FSDP2's default), nor torchtitan's final
     norm + head unit ("FSDP would prefetch them immediately after the forward pass", torchtitan v0.2.2
@@ -135,7 +140,8 @@ def fsdp_plan(config: TransformerConfig, ranks: int, zero_stage: int, units: str
         reshard = (zero_stage == 3 and kind in ("block", "embed")) or (reshard_root and kind == "root")
         out.append(FsdpUnit(key, sum(math.prod(s) for s in shapes), sum(rank0_shard_elements(s, ranks) for s in shapes),
                             reshard, kind))
-    return FsdpPlan(tuple(out), ranks, gather_bytes, gather_bytes, reduce_bytes, loss == "inside", units)
+    return FsdpPlan(tuple(out), ranks, gather_bytes, gather_bytes, reduce_bytes, loss == "inside", units, offload,
+                    storage_bytes)
 
 
 def plan_of(config: TransformerConfig, setup: Any) -> FsdpPlan | None:
@@ -146,7 +152,7 @@ def plan_of(config: TransformerConfig, setup: Any) -> FsdpPlan | None:
     gather = DTYPE_BYTES[pol.fsdp_param_dtype] if pol.fsdp_param_dtype else pol.param_bytes
     reduce = DTYPE_BYTES[pol.fsdp_reduce_dtype] if pol.fsdp_reduce_dtype else gather
     return fsdp_plan(config, setup.world_size, setup.zero_stage, setup.fsdp_units, setup.fsdp_loss, gather, reduce,
-                     setup.fsdp_reshard_root)
+                     setup.fsdp_reshard_root, setup.fsdp_offload, pol.param_bytes)
 
 
 def moments(p: FsdpPlan) -> dict[str, float]:
@@ -211,6 +217,10 @@ def unmodelled(p: FsdpPlan, grad_bytes: float) -> dict[str, tuple[float, tuple[s
     regather = sum(p.full(u) + p.buffer(u) for u in root) if not p.loss_inside else 0.0
     return {"FSDP2 root gathered again after the loss's backward (reshard_root, loss outside)": (regather,
                                                                                               ("backward",)),
+            "FSDP2 CPU offload: a unit's shard copied to the device for its all-gather, and its reduce-scatter "
+            "output before the copy to the host": (max(u.shard_elements for u in p.units)
+                                                   * (p.storage_bytes + p.reduce_bytes) if p.offload else 0.0,
+                                                   ("forward", "backward")),
             "FSDP2 first all-gathers (first unit's buffer until block 0's copy-out)": (p.buffer(p.units[0]),
                                                                                        ("forward",)),
             "FSDP2 mid-backward moment (a gathered block and its unsharded gradients)":

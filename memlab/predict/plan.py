@@ -200,6 +200,11 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
             left = "; ".join(f"{k}: up to {math.ceil(v):,} B ({'/'.join(ph)})"
                              for k, (v, ph) in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
             out.append(f"FSDP2 moments not modelled (memlab.predict.estimate.unmodelled_terms): {left}")
+            if setup.fsdp_offload:
+                out.append("FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host "
+                           "(host_bytes; the optimizer steps there, its temporaries too); the device holds the "
+                           "gathered units, their buffers and unsharded gradients. A CPU trace cannot tell host "
+                           "from device: memlab.compare.agreement checks device + host against it")
             if setup.policy.fsdp_mixed:
                 out.append(f"MixedPrecisionPolicy(param_dtype={setup.policy.fsdp_param_dtype}, reduce_dtype="
                            f"{setup.policy.fsdp_reduce_dtype}, output_dtype=None): activations as pure "

@@ -138,6 +138,9 @@ class Setup(StrictInit):
     fsdp_output_dtype: FsdpOutputDtype = field(default="none", metadata={"mode": "train"})
     """FSDP2 MixedPrecisionPolicy.output_dtype: only none (no cast of the units' outputs) is modelled; the rest
     are refused."""
+    fsdp_offload: bool = field(default=False, metadata={"mode": "train"})
+    """FSDP2 CPUOffloadPolicy (pinned): sharded parameters, gradients and optimizer states live on the host (the
+    optimizer steps there); the device holds the gathered units, their buffers and unsharded gradients."""
     fsdp_reshard_root: bool = field(default=False, metadata={"mode": "train"})
     """FSDP2 reshard_after_forward of the root unit: False (FSDP2's default: the root stays gathered into backward)
     or True (freed after forward, gathered again at the start of backward). The blocks' (and the torchtitan
@@ -180,6 +183,9 @@ class Setup(StrictInit):
                                  f"precision='fp32' (got {self.precision!r}; autocast or 16-bit storage on top of "
                                  "MixedPrecisionPolicy is not modelled)")
         sharded = self.mode == "train" and self.zero_stage >= 2 and self.world_size > 1
+        if self.fsdp_offload and self.mode == "train" and not (sharded and self.tp == 1):
+            raise SetupError("fsdp_offload is FSDP2's CPUOffloadPolicy: set zero_stage=2 or 3, world_size > 1 and "
+                             "tp=1 (or drop fsdp_offload)")
         if self.fsdp_output_dtype != "none" and self.mode == "train":
             raise SetupError(f"fsdp_output_dtype={self.fsdp_output_dtype!r} is not modelled: MixedPrecisionPolicy."
                              "output_dtype casts every unit's forward output (a copy per block boundary, saved for "

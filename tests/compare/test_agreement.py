@@ -129,3 +129,26 @@ def test_a_sampled_full_recompute_draw_has_no_off_phase() -> None:
                 and d.family == "dense")
     rows = compare_draw(draw)
     assert all(r["verdict"] in ("within", "named") for r in rows), [r for r in rows if r["verdict"] == "off"]
+
+
+def test_cpu_offload_moves_the_shards_to_the_host_and_keeps_the_gathered_units() -> None:
+    """FSDP2's CPUOffloadPolicy on generated setups: the device phases lose exactly the sharded states the host
+    gains (the optimizer step also its temporaries), the host holds all of them, the FSDP2 moments stay."""
+    import random
+
+    rng = random.Random(5)
+    for _ in range(6):
+        setup = Setup(batch=rng.choice((1, 2, 4)), seq=rng.choice((64, 256)), zero_stage=rng.choice((2, 3)),
+                      world_size=rng.choice((2, 4, 8)), optimizer=rng.choice(("adamw", "sgd-momentum")),
+                      optimizer_impl="foreach", fsdp_param_dtype=rng.choice(("none", "bf16")))
+        a = estimate(GQA, setup, device_type="cpu")
+        b = estimate(GQA, setup.with_(fsdp_offload=True), device_type="cpu")
+        states = a.params_bytes + a.grads_bytes + a.optimizer_bytes
+        assert b.host_bytes == states > 0 and b.params_bytes == b.grads_bytes == b.optimizer_bytes == 0
+        assert b.total_bytes == a.total_bytes - states
+        for ra, rb in zip(a.phases, b.phases, strict=True):
+            if ra.phase in ("zero_grad", "forward") and ra.step == "steady":  # gradients set to None: not held
+                assert ra.peak_bytes - rb.peak_bytes == a.params_bytes + a.optimizer_bytes, (ra, rb)
+            assert rb.peak_bytes < ra.peak_bytes
+    with pytest.raises(SetupError, match="CPUOffloadPolicy"):
+        Setup(fsdp_offload=True)
