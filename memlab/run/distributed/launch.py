@@ -95,6 +95,8 @@ class WorkerSpec:
                                                                                                  "fp16"):
             raise SetupError(f"fsdp_param_dtype must be none, bf16 or fp16 and fsdp_reduce_dtype fp32, bf16 or fp16, "
                              f"got {self.fsdp_param_dtype!r}, {self.fsdp_reduce_dtype!r}")
+        if not isinstance(self.fsdp_reshard_root, bool):
+            raise SetupError(f"fsdp_reshard_root must be True or False, got {self.fsdp_reshard_root!r}")
         if self.fsdp_units not in FSDP_UNITS or self.fsdp_loss not in FSDP_LOSS:
             raise SetupError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)} and fsdp_loss one of "
                              f"{', '.join(FSDP_LOSS)}, got {self.fsdp_units!r}, {self.fsdp_loss!r}")
