@@ -15,7 +15,11 @@ What FSDP2 holds, read from torch 2.13's ``torch/distributed/fsdp/_fully_shard/_
   parameters. In forward, the buffer is freed only at the *next* unit's copy-out (overlap of copy-out and the next
   all-gather), and the last unit's buffer at the root's post-forward; in backward, right after copy-out;
 - the root module is never resharded after forward when ``reshard_after_forward`` is left to FSDP
-  (``_lazy_init``: "the parameters would be freed and all-gathered immediately"); other units reshard after
+  (``_lazy_init``: "the parameters would be freed and all-gathered immediately"); ``Setup.fsdp_reshard_root``
+  passes True, and the root is then gathered from its pre-forward to its post-forward and again from its
+  pre-backward;
+- ``CPUOffloadPolicy`` (``Setup.fsdp_offload``): the shards (parameters, gradients, optimizer states) live on the
+  host and the optimizer steps there; what is gathered, buffered and unsharded is as without it, on the device; other units reshard after
   forward when asked (ZeRO-3) and otherwise stay gathered until their backward (ZeRO-2, ``SHARD_GRAD_OP``);
 - in backward each unit prefetches the previous unit in forward order (``_backward_prefetch``): the next unit's
   all-gather buffer exists while a unit's backward runs; a unit's unsharded gradients exist until its
