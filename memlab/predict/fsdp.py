@@ -17,10 +17,10 @@ What FSDP2 holds, read from torch 2.13's ``torch/distributed/fsdp/_fully_shard/_
 - the root module is never resharded after forward when ``reshard_after_forward`` is left to FSDP
   (``_lazy_init``: "the parameters would be freed and all-gathered immediately"); ``Setup.fsdp_reshard_root``
   passes True, and the root is then gathered from its pre-forward to its post-forward and again from its
-  pre-backward;
+  pre-backward; other units reshard after forward when asked (ZeRO-3) and otherwise stay gathered until their
+  backward (ZeRO-2, ``SHARD_GRAD_OP``);
 - ``CPUOffloadPolicy`` (``Setup.fsdp_offload``): the shards (parameters, gradients, optimizer states) live on the
-  host and the optimizer steps there; what is gathered, buffered and unsharded is as without it, on the device; other units reshard after
-  forward when asked (ZeRO-3) and otherwise stay gathered until their backward (ZeRO-2, ``SHARD_GRAD_OP``);
+  host and the optimizer steps there; what is gathered, buffered and unsharded is as without it, on the device;
 - in backward each unit prefetches the previous unit in forward order (``_backward_prefetch``): the next unit's
   all-gather buffer exists while a unit's backward runs; a unit's unsharded gradients exist until its
   post-backward reduce-scatter (the root's at the very end of backward).
