@@ -411,7 +411,7 @@ def host_states(setup: Any) -> bool:
     optimizer states on the host: the estimate's params/grads/optimizer components are then 0 on the device and
     their bytes are in ``host_bytes``; the gathered units, all-gather buffers and unsharded gradients stay on the
     device (the FSDP2 moments, :func:`memlab.predict.fsdp.moments`)."""
-    return setup.mode == "train" and bool(getattr(setup, "fsdp_offload", False))
+    return setup.fsdp_offload and setup.mode == "train"
 
 
 def offload_host_bytes(model: TransformerConfig | int, setup: Setup, activations: int) -> int:
