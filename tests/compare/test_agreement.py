@@ -90,6 +90,7 @@ def test_torchtitan_protocol_equals_memlab_trace_and_estimate_at_step_2() -> Non
     assert row["titan_step2"] == row["trace_step2"] == row["estimate_step2"] > 0, row
     assert row["titan_printed_max"] >= row["titan_step2"]
     assert len(residual_names(row)) == 4 and "+0 B" in residual_names(row)[0]
+    assert row["estimate_named"] == "" and residual_names(row)[0].endswith("%)")  # nothing to name at +0 B
 
 
 def test_a_named_term_names_only_its_own_phases_and_sign() -> None:
