@@ -115,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
         mark = "  <- peak" if (row.step, row.phase) == (bd.peak_step, bd.peak_phase) else ""
         print(f"  {row.step + ' ' + row.phase:<34}{_size(row.peak_bytes)}{mark}")
     print(f"{'peak':<24}{_size(bd.peak_bytes)}")
-    if setup.offload_activations:
-        print(f"{'host (pinned, offload)':<24}{_size(bd.host_bytes)}  (not on the device; at least this)")
+    if setup.offload_activations or getattr(setup, "fsdp_offload", False):
+        what = "; ".join(w for w, on in (("saved activations: at least this", setup.offload_activations),
+                                          ("FSDP2 shards, gradients and optimizer states", setup.fsdp_offload)) if on)
+        print(f"{'host (pinned, offload)':<24}{_size(bd.host_bytes)}  (not on the device; {what})")
     print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
     if verdict:
         word = "FITS" if verdict.fits else "DOES NOT FIT"

@@ -54,8 +54,14 @@ def predicted_rank(config: TransformerConfig, strategy: str, world_size: int, *,
     comm = sum(zero_comm_bytes(psi, comm_stage).values()) if world_size > 1 else 0
     out = {"params": b.params_bytes, "grads": b.grads_bytes, "optimizer": b.optimizer_bytes,
            "gathered": gathered, "comm_volume": comm, "psi_bytes": psi}
-    if strategy == "fsdp2-offload":
-        out.update(host=out["params"] + out["grads"] + out["optimizer"], params=0, grads=0, optimizer=0)
+    if strategy == "fsdp2-offload":  # CPUOffloadPolicy: the estimator's own host line (Setup.fsdp_offload)
+        if world_size > 1:
+            off = estimate(config, setup.with_(fsdp_offload=True), device_type=device_type,
+                           overheads=Overheads(gathered_layers=1))
+            out.update(host=off.host_bytes, params=off.params_bytes, grads=off.grads_bytes,
+                       optimizer=off.optimizer_bytes)
+        else:
+            out.update(host=out["params"] + out["grads"] + out["optimizer"], params=0, grads=0, optimizer=0)
     return out
 
 

@@ -51,7 +51,7 @@ def titan_rows(config: TransformerConfig, setup: Setup) -> dict[str, Any]:
     peer = titan_estimate(config, s)
     steady = t.peak_of("steady")
     est = max(r.held_bytes for r in bd.phases if r.step == "steady")
-    return {
+    return {**_named_estimate_residual(config, s, bd, t, est - steady),
         "model": config.name, "setup": f"b{s.batch}x{s.seq} {s.attention} recompute {s.recompute} {s.optimizer}/"
         f"{s.optimizer_impl} FSDP2 x{s.world_size} torchtitan plan, bf16/fp32", "estimate_step2": est,
         "trace_step2": steady, "titan_step2": peer["step2"], "titan_printed_max": peer["printed_max"],
@@ -60,12 +60,28 @@ def titan_rows(config: TransformerConfig, setup: Setup) -> dict[str, Any]:
     }
 
 
+def _named_estimate_residual(config: TransformerConfig, setup: Setup, bd: Any, trace: Any, diff: int) -> dict[str, str]:
+    """``estimate_named``: the terms the estimate names as left out
+    (:func:`memlab.predict.estimate.unmodelled_term_list`) on the phase of the trace's step-2 peak whose sign matches ``diff`` (estimate - trace),
+    with their sizes; empty when ``diff`` is within 0.1 % of the trace."""
+    from memlab.predict.estimate import unmodelled_term_list
+
+    peak = trace.peak_of("steady")
+    if abs(diff) <= 1e-3 * peak:
+        return {"estimate_named": ""}
+    phase = next(r.phase for r in trace.phases if r.step == "steady" and r.held_bytes == peak)
+    terms = [n for n in unmodelled_term_list(config, setup, bd) if n.applies(phase) and (n.sign > 0) == (diff < 0)]
+    return {"estimate_named": "; ".join(f"{n.name}: up to {n.sign * n.bytes:+,} B" for n in terms)
+            or "not named by the estimate"}
+
+
 def residual_names(row: dict[str, Any]) -> list[str]:
     """Sentences naming each residual of one :func:`titan_rows` row with its size (computed, for the chapters)."""
     from memlab.units import GiB
 
+    named = row.get("estimate_named", "")
     out = [f"estimate - trace (step 2): {row['residual_estimate']:+,} B "
-           f"({100 * row['residual_estimate'] / row['trace_step2']:+.3f} %)",
+           f"({100 * row['residual_estimate'] / row['trace_step2']:+.3f} %)" + (f": {named}" if named else ""),
            f"peer step 2 - trace step 2: {row['residual_clip_grad_norm']:+,} B (torchtitan's clip_grad_norm_, "
            "which memlab's step does not run; 0 when the clip is not at the peak)",
            f"peer printed maximum - peer step 2: {row['residual_first_sharding'] / GiB:+.3f} GiB (DTensor's first "

@@ -8,9 +8,10 @@ NCCL ranks both call :func:`shard_model`, and the estimator models the same plan
   parameter in two groups);
 - ``reshard_after_forward``: ZeRO-3 (``zero_stage=3``) for the embedding and the blocks, False under ZeRO-2; the
   final norm + head unit never (torchtitan's default: backward needs it at once); the root is left to FSDP2,
-  which does not reshard it after forward;
+  which does not reshard it after forward, unless ``reshard_root`` (``Setup.fsdp_reshard_root``) asks for it;
 - ``param_dtype`` / ``reduce_dtype``: ``MixedPrecisionPolicy(param_dtype, reduce_dtype)`` [pytorch-fsdp2]
-  (``output_dtype`` left None); ``offload``: ``CPUOffloadPolicy()``.
+  (``output_dtype`` left None); ``offload``: ``CPUOffloadPolicy(pin_memory)`` (the trace passes
+  ``pin_memory=False``: fake tensors cannot pin; pinning changes the host allocator, not the bytes).
 
 :func:`step_loss` computes the loss inside the root module's forward (``model(idx, targets)``) or outside it
 (``logits_loss(model(idx), targets)``, as torchtitan's trainer does).
@@ -29,7 +30,8 @@ from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
 
 
 def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", param_dtype: str = "none",
-                reduce_dtype: str = "fp32", mesh: Any = None, offload: bool = False) -> nn.Module:
+                reduce_dtype: str = "fp32", mesh: Any = None, offload: bool = False,
+                reshard_root: bool = False, pin_memory: bool = True) -> nn.Module:
     """Apply FSDP2's ``fully_shard`` to the reference GPT ``model`` (``model.blocks``; a Hugging Face model's
     ``model.model.layers`` with ``units="blocks"``) by the plan in the module docstring; returns ``model``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -51,7 +53,7 @@ def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", par
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype),
                                                reduce_dtype=torch_dtype(reduce_dtype))
     if offload:
-        kw["offload_policy"] = CPUOffloadPolicy()
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
     reshard = zero_stage == 3
     tied = getattr(model, "head", True) is None
     if units == "torchtitan" and not tied:
@@ -61,7 +63,8 @@ def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", par
         fully_shard(block, reshard_after_forward=reshard, **kw)
     if units == "torchtitan" and not tied:
         fully_shard([model.norm_f, model.head], reshard_after_forward=False, **kw)
-    fully_shard(model, **kw)  # the root: reshard_after_forward left to FSDP2 (not resharded after forward)
+    # the root: reshard_after_forward left to FSDP2 (not resharded after forward), or True when asked
+    fully_shard(model, **({"reshard_after_forward": True} if reshard_root else {}), **kw)
     return model
 
 

@@ -39,6 +39,7 @@ This module is pure arithmetic on ints or numpy arrays (batch and seq may be arr
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -385,6 +386,16 @@ def autocast_block_copy_bytes(config: TransformerConfig, tp: int = 1) -> float:
     "16-bit copies of block weights" term saves for backward, and what autocast's cast cache holds until the
     autocast region ends (the whole forward) when full recompute saves none of them [pytorch-amp]."""
     return (_matmul_params(config) - config.vocab_size * config.d_model) * 2 / tp
+
+
+@functools.lru_cache(maxsize=256)
+def autocast_bias_copy_bytes(config: TransformerConfig, tp: int = 1) -> float:
+    """Bytes of autocast's 16-bit copies of every block's linear biases on one tp rank (``2 x`` their elements; the
+    norms' biases are not cast): no op saves them for backward (a bias gradient needs no bias), but the cast
+    cache holds them until the autocast region, the forward, ends [pytorch-amp]; as traced (memlab.compare.agreement).
+    Divided by ``tp`` like the weights (an upper bound for row-parallel biases, which are replicated)."""
+    return sum(math.prod(shape) for name, shape, cat in config.param_shapes()
+               if name.startswith("blocks.") and name.endswith(".bias") and cat != "norms") * 2 / tp
 
 
 def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> dict[str, Any]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -119,7 +119,8 @@ class MemoryBreakdown:
     host_bytes: int = 0
     """Host (pinned) memory activation offload takes (``Setup.offload_activations``; 0 without): at least the saved
     activations, plus the matmul weights and the second reference to the log-softmax that save_on_cpu copies too
-    (:func:`offload_host_bytes`). Not part of the device's total or peak."""
+    (:func:`offload_host_bytes`); with FSDP2's CPU offload (``Setup.fsdp_offload``) also the sharded parameters,
+    gradients and optimizer states (:func:`host_states`). Not part of the device's total or peak."""
 
     @property
     def peak_gib(self) -> float:
@@ -215,7 +216,8 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         acts = sum(act_detail.values()) if act_detail else 0
     else:
         acts = functools.reduce(larger, act_detail.values()) if act_detail else 0
-    managed = p.states_total + acts + kv
+    off = host_states(setup)  # FSDP2 CPU offload: the sharded states live on the host
+    managed = (0 if off else p.states_total) + acts + kv
     gathered = ov.gathered_layers * p.gather_bytes_per_layer if p.gather_bytes_per_layer else 0
     fsdp = p.step.get("fsdp") if p.fsdp is not None else None
     if fsdp is not None and not ov.gathered_layers:  # FSDP2 modelled per phase: the component is what the loss sees
@@ -239,38 +241,99 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         phases = inference_phases(states["params"], kv, acts, decode, overhead)
     else:
         x = step_inputs_with(p.step, model if is_cfg else None, setup, device_type=device_type, terms=act_terms)
+        if off:  # the device holds none of the shards, and the optimizer steps on the host
+            x = replace(x, optimizer_temporary_bytes=0, optimizer_before_step_bytes=0,
+                        fsdp={**x.fsdp, "root_grads_shard": 0})
+            states = {"params": 0, "grads": 0, "optimizer": 0}
         phases = training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
                                  grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
                                  overhead=phase_overhead)
     return p, acts, kv, terms, act_detail, phases
 
 
-def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
+@dataclass(frozen=True)
+class NamedTerm:
+    """A term the estimate leaves out, named with its size: at most ``bytes`` on the phases ``phases`` (their base
+    names: ``forward`` also covers ``forward (accumulating)``), with ``sign`` +1 where the real step may hold up to
+    that much MORE than the estimate and -1 where it may hold up to that much LESS."""
+
+    name: str
+    bytes: int
+    phases: tuple[str, ...]
+    sign: int
+    exact: bool = False
+    """Match ``phases`` by the whole name: ``backward`` then leaves ``backward (accumulating)`` out."""
+
+    def applies(self, phase: str) -> bool:
+        """True when this term can change ``phase`` (``forward``, ``backward (accumulating)``, ...)."""
+        return phase in self.phases or (not self.exact and phase.split(" (")[0] in self.phases)
+
+
+def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> list[NamedTerm]:
     """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
-    the most it can add or take away, in bytes: FSDP2's moments outside the phase model
-    (:func:`memlab.predict.fsdp.unmodelled`), and for a mixture of experts the routing (the estimate counts one dense
-    MLP per token: ``top_k`` routed copies of its saved tensors and the router's, ``top_k`` x the MLP term as
-    without recompute, since the copies exist inside a block's forward under any recompute) and the
-    experts no token chose (no gradient, so no optimizer state, in a real step: up to every expert's gradients and
-    moments). Empty when the estimate claims everything it counts."""
+    the most it can add or take away, in bytes, the phases it applies to and its sign (:class:`NamedTerm`):
+    FSDP2's moments outside the phase model (:func:`memlab.predict.fsdp.unmodelled`: forward or backward, +), and
+    for a mixture of experts the routing (the estimate counts one dense MLP per token: ``top_k`` routed copies of
+    its saved tensors and the router's, ``top_k`` x the MLP term as without recompute, since the copies exist
+    inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
+    gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
+    since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
+    gradients in backward, -), and under full recompute the bottom block's moment (:func:`_bottom_block_terms`).
+    Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
-    out: dict[str, int] = {}
+    out: list[NamedTerm] = []
     if not isinstance(config, TransformerConfig) or setup.mode != "train":
         return out
     fsdp = plan_of(config, setup)
     if fsdp is not None:
-        out.update({k: math.ceil(v) for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v})
+        out += [NamedTerm(k, math.ceil(v), phases, +1) for k, (v, phases) in unmodelled(fsdp, fsdp.grad_bytes).items()
+                if v]
+    if setup.recompute == "full":
+        out += _bottom_block_terms(config, setup, fsdp)
     if config.is_moe:
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
             mlp = estimate(config, setup.with_(recompute="none"), device_type="cpu").activation_detail.get("mlp", 0)
-        out["MoE routing (top_k routed copies, router)"] = math.ceil(config.top_k * mlp)
+        out.append(NamedTerm("MoE routing (top_k routed copies, router)", math.ceil(config.top_k * mlp),
+                             ("forward", "backward"), +1))
         expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)
         share = expert / max(1, bd.param_count)
-        out["MoE experts no token chose (no gradient, no optimizer state)"] = math.ceil(
-            share * (bd.grads_bytes + bd.optimizer_bytes))
+        out.append(NamedTerm("MoE experts no token chose (no gradient, no optimizer state)",
+                             math.ceil(share * (bd.grads_bytes + bd.optimizer_bytes)),
+                             ("forward", "backward", "optimizer step", "zero_grad"), -1))
+        if fsdp is not None:  # a gathered block's unsharded gradients: none for an expert no token chose
+            block_experts = sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+                                if name.startswith("blocks.0.") and ".experts." in name)
+            out.append(NamedTerm("MoE experts no token chose: a block's unsharded expert gradients (FSDP2)",
+                                 math.ceil(block_experts * fsdp.grad_bytes), ("backward",), -1))
     return out
+
+
+def _bottom_block_terms(config: TransformerConfig, setup: Setup, fsdp: Any) -> list[NamedTerm]:
+    """Under full recompute the backward peak is often the bottom block's backward, which the estimate takes as
+    one moment: every gradient but the bottom block's, beside its recomputed tensors and temporaries. Inside the
+    block's backward its own gradients appear one module at a time (up to the block's gradients more: +), and the
+    embeddings' gradients (positions; tokens when untied: a tied one comes from the head) are produced only after
+    it, in a first micro-step whose gradients start as None (the estimate counts them: up to their bytes less:
+    -). Sizes on one rank: under FSDP2 the unsharded gradients (the gathered dtype), else ``grad_bytes / tp``
+    (ZeRO-2/3 without FSDP2 does not reach here: FSDP2 applies to every sharded draw)."""
+    gb = fsdp.grad_bytes if fsdp is not None else setup.policy.grad_bytes / setup.tp
+    block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
+    emb = sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+              if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))
+    pol = setup.policy
+    out = [NamedTerm("full recompute: the bottom block's own gradients inside its backward", math.ceil(block * gb),
+                     ("backward",), +1)]
+    if emb and setup.zero_grad_to_none and not (pol.master_bytes and pol.grad_bytes == 4):
+        out.append(NamedTerm("full recompute: the embeddings' gradients, produced after the bottom block's backward",
+                             math.ceil(emb * gb), ("backward",), -1, exact=True))
+    return out
+
+
+def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
+    """:func:`unmodelled_term_list` as name -> the most it can add or take away (bytes)."""
+    return {t.name: t.bytes for t in unmodelled_term_list(config, setup, bd)}
 
 
 def model_buffer_bytes(config: TransformerConfig) -> int:
@@ -321,7 +384,8 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     p, acts, kv, terms, act_detail, phases = _evaluate(config_or_params, setup, ov, device_type, step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
     acts_i, kv_i = math.ceil(acts), math.ceil(kv)
-    total = p.states_total + acts_i + kv_i + sum(overhead.values())
+    off = host_states(setup)
+    total = (0 if off else p.states_total) + acts_i + kv_i + sum(overhead.values())
     rows = [predicted_row(st, ph, math.ceil(v)) for st, ph, v in phases]
     # The peak row: the largest; ties go to the first step and, within a step, to the later phase (backward starts
     # with what forward ends with): the last row of the largest (bytes, step == "first").
@@ -330,7 +394,9 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         if row.peak_bytes > top.peak_bytes or (row.peak_bytes == top.peak_bytes
                                                and (row.step == "first" or top.step != "first")):
             top = row
-    states = p.states
+    states = {"params": 0, "grads": 0, "optimizer": 0} if off else p.states
+    host = (offload_host_bytes(config_or_params, setup, acts_i) if setup.offload_activations else 0) \
+        + (math.ceil(p.states_total) if off else 0)
     return unchecked(MemoryBreakdown, {  # every field in order; MemoryBreakdown checks nothing (frozen.unchecked)
         "params_bytes": states["params"], "grads_bytes": states["grads"], "optimizer_bytes": states["optimizer"],
         "activations_bytes": acts_i, "kv_cache_bytes": kv_i, "overhead": overhead, "total_bytes": total,
@@ -339,8 +405,16 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         "assumptions": (*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq), *p.assumptions_tail),
         "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": _fields(setup),
         "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
-        "host_bytes": offload_host_bytes(config_or_params, setup, acts_i) if setup.offload_activations else 0,
+        "host_bytes": host,
     })
+
+
+def host_states(setup: Any) -> bool:
+    """True when FSDP2's CPUOffloadPolicy (``Setup.fsdp_offload``) keeps the sharded parameters, gradients and
+    optimizer states on the host: the estimate's params/grads/optimizer components are then 0 on the device and
+    their bytes are in ``host_bytes``; the gathered units, all-gather buffers and unsharded gradients stay on the
+    device (the FSDP2 moments, :func:`memlab.predict.fsdp.moments`)."""
+    return setup.fsdp_offload and setup.mode == "train"
 
 
 def offload_host_bytes(model: TransformerConfig | int, setup: Setup, activations: int) -> int:
@@ -411,4 +485,4 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
                                                step_on_device)
     if peak:
         return peak_of(phases) + np.zeros_like(b)
-    return p.states_total + acts + kv + sum(terms.values()) + np.zeros_like(b)
+    return (0 if host_states(setup) else p.states_total) + acts + kv + sum(terms.values()) + np.zeros_like(b)

@@ -15,8 +15,12 @@ What FSDP2 holds, read from torch 2.13's ``torch/distributed/fsdp/_fully_shard/_
   parameters. In forward, the buffer is freed only at the *next* unit's copy-out (overlap of copy-out and the next
   all-gather), and the last unit's buffer at the root's post-forward; in backward, right after copy-out;
 - the root module is never resharded after forward when ``reshard_after_forward`` is left to FSDP
-  (``_lazy_init``: "the parameters would be freed and all-gathered immediately"); other units reshard after
-  forward when asked (ZeRO-3) and otherwise stay gathered until their backward (ZeRO-2, ``SHARD_GRAD_OP``);
+  (``_lazy_init``: "the parameters would be freed and all-gathered immediately"); ``Setup.fsdp_reshard_root``
+  passes True, and the root is then gathered from its pre-forward to its post-forward and again from its
+  pre-backward; other units reshard after forward when asked (ZeRO-3) and otherwise stay gathered until their
+  backward (ZeRO-2, ``SHARD_GRAD_OP``);
+- ``CPUOffloadPolicy`` (``Setup.fsdp_offload``): the shards (parameters, gradients, optimizer states) live on the
+  host and the optimizer steps there; what is gathered, buffered and unsharded is as without it, on the device;
 - in backward each unit prefetches the previous unit in forward order (``_backward_prefetch``): the next unit's
   all-gather buffer exists while a unit's backward runs; a unit's unsharded gradients exist until its
   post-backward reduce-scatter (the root's at the very end of backward).
@@ -79,6 +83,10 @@ class FsdpPlan:
     """Bytes per element of the reduce-scatter input (``reduce_dtype``, else the gathered dtype)."""
     loss_inside: bool
     units_name: str
+    offload: bool = False
+    """CPUOffloadPolicy: the shards live on the host (``Setup.fsdp_offload``)."""
+    storage_bytes: float = 4.0
+    """Bytes per element of a stored shard (what the offload copies to the device before an all-gather)."""
 
     @property
     def shard_elements(self) -> int:
@@ -113,7 +121,8 @@ def _unit_of(name: str, units: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def fsdp_plan(config: TransformerConfig, ranks: int, zero_stage: int, units: str, loss: str, gather_bytes: float,
-              reduce_bytes: float) -> FsdpPlan:
+              reduce_bytes: float, reshard_root: bool = False, offload: bool = False,
+              storage_bytes: float = 4.0) -> FsdpPlan:
     """The :class:`FsdpPlan` of ``config`` sharded over ``ranks`` (cached). ZeRO-3 reshards blocks and the
     embedding after forward, ZeRO-2 does not; the root never does (FSDP2's default), nor torchtitan's final
     norm + head unit ("FSDP would prefetch them immediately after the forward pass", torchtitan v0.2.2
@@ -132,10 +141,11 @@ def fsdp_plan(config: TransformerConfig, ranks: int, zero_stage: int, units: str
         if not shapes and key == "root":
             continue
         kind = "block" if key.startswith("blocks.") else key
-        reshard = zero_stage == 3 and kind in ("block", "embed")
+        reshard = (zero_stage == 3 and kind in ("block", "embed")) or (reshard_root and kind == "root")
         out.append(FsdpUnit(key, sum(math.prod(s) for s in shapes), sum(rank0_shard_elements(s, ranks) for s in shapes),
                             reshard, kind))
-    return FsdpPlan(tuple(out), ranks, gather_bytes, gather_bytes, reduce_bytes, loss == "inside", units)
+    return FsdpPlan(tuple(out), ranks, gather_bytes, gather_bytes, reduce_bytes, loss == "inside", units, offload,
+                    storage_bytes)
 
 
 def plan_of(config: TransformerConfig, setup: Any) -> FsdpPlan | None:
@@ -145,7 +155,8 @@ def plan_of(config: TransformerConfig, setup: Any) -> FsdpPlan | None:
     pol = setup.policy
     gather = DTYPE_BYTES[pol.fsdp_param_dtype] if pol.fsdp_param_dtype else pol.param_bytes
     reduce = DTYPE_BYTES[pol.fsdp_reduce_dtype] if pol.fsdp_reduce_dtype else gather
-    return fsdp_plan(config, setup.world_size, setup.zero_stage, setup.fsdp_units, setup.fsdp_loss, gather, reduce)
+    return fsdp_plan(config, setup.world_size, setup.zero_stage, setup.fsdp_units, setup.fsdp_loss, gather, reduce,
+                     setup.fsdp_reshard_root, setup.fsdp_offload, pol.param_bytes)
 
 
 def moments(p: FsdpPlan) -> dict[str, float]:
@@ -166,24 +177,29 @@ def moments(p: FsdpPlan) -> dict[str, float]:
     """
     units = p.units
     held_after_fwd = sum(p.full(u) for u in units if not u.reshard_after_forward)
+    # a root that reshards after forward (Setup.fsdp_reshard_root) is gathered until its post-forward: through
+    # every block's forward and a loss computed inside it; its pre-backward gathers it again
+    root_resharded = sum(p.full(u) for u in p.of_kind("root") if u.reshard_after_forward)
     last = units[-1]
-    fwd = held_after_fwd + (p.buffer(last) if p.loss_inside else 0)
+    fwd = held_after_fwd + (p.buffer(last) + root_resharded if p.loss_inside else 0)
     blocks = p.of_kind("block")
     lb = blocks[-1]
-    before = sum(p.full(u) for u in units[:units.index(lb)] if not u.reshard_after_forward)
+    before = sum(p.full(u) for u in units[:units.index(lb)] if not u.reshard_after_forward or u.kind == "root")
     block_fwd = before + p.full(lb) + p.buffer(lb)
-    resharded = [u for u in units if u.reshard_after_forward]
+    resharded = [u for u in units if u.reshard_after_forward and u.kind != "root"]
     # The root's pre-backward hook sits on its output: with the loss inside, on the loss, so its prefetch comes
     # first in backward; otherwise (or with a root that holds no parameters) after the loss's backward
     root_first = p.loss_inside and bool(p.of_kind("root"))
-    start = held_after_fwd + (p.buffer(resharded[-1]) if resharded and root_first else 0)
+    start = held_after_fwd + ((p.buffer(resharded[-1]) if resharded else 0) + root_resharded if root_first else 0)
     b0 = blocks[0]
     i0 = units.index(b0)
     prev = units[i0 - 1] if i0 > 0 else None
     root_like = [u for u in units if u.kind in ("root", "head")]
     root_params = sum(p.full(u) for u in root_like if u.kind == "root")
     root_grads = sum(u.full_elements for u in root_like if u.kind == "root") * p.grad_bytes
-    bottom = root_params + p.full(b0) + (p.buffer(prev) if prev is not None and prev.reshard_after_forward else 0)
+    # the root is gathered since its pre-backward: nothing of it is prefetched
+    bottom = root_params + p.full(b0) + (p.buffer(prev) if prev is not None and prev.reshard_after_forward
+                                         and prev.kind != "root" else 0)
     if len(blocks) > 1:
         bottom += p.ranks * blocks[1].shard_elements * p.reduce_bytes
     return {"forward": fwd, "block_forward": block_fwd, "start": start, "bottom": bottom,
@@ -191,14 +207,25 @@ def moments(p: FsdpPlan) -> dict[str, float]:
                                                                    if u.kind == "root") * p.reduce_bytes}
 
 
-def unmodelled(p: FsdpPlan, grad_bytes: float) -> dict[str, float]:
-    """FSDP2 moments :func:`moments` does not model, each with the most it can add (bytes on rank 0), for the
-    estimate to name: ``first all-gathers`` (at the first block's all-gather the first unit's buffer is still alive:
-    it is freed at the block's copy-out), ``mid-backward`` (a block between the first and the last one holds itself,
-    the next unit's prefetched buffer and its own unsharded gradients while the sharded ones of later blocks exist:
-    at most one gathered block and one block of gradients beyond the bottom moment)."""
+def unmodelled(p: FsdpPlan, grad_bytes: float) -> dict[str, tuple[float, tuple[str, ...]]]:
+    """FSDP2 moments :func:`moments` does not model, each with the most it can add (bytes on rank 0) and the phases
+    it falls in, for the estimate to name: ``first all-gathers`` (forward: at the first block's all-gather the first
+    unit's buffer is still alive: it is freed at the block's copy-out), ``mid-backward`` (backward: a block between
+    the first and the last one holds itself, the next unit's prefetched buffer and its own unsharded gradients while
+    the sharded ones of later blocks exist: at most one gathered block and one block of gradients beyond the bottom
+    moment), and with a root resharded after forward and the loss outside it, the root's all-gather after the
+    loss's backward (backward: its parameters and all-gather buffer beside the loss's gradients)."""
     blocks = p.of_kind("block")
     b = blocks[0]
-    return {"FSDP2 first all-gathers (first unit's buffer until block 0's copy-out)": p.buffer(p.units[0]),
+    root = [u for u in p.of_kind("root") if u.reshard_after_forward]
+    regather = sum(p.full(u) + p.buffer(u) for u in root) if not p.loss_inside else 0.0
+    return {"FSDP2 root gathered again after the loss's backward (reshard_root, loss outside)": (regather,
+                                                                                              ("backward",)),
+            "FSDP2 CPU offload: a unit's shard copied to the device for its all-gather, and its reduce-scatter "
+            "output before the copy to the host": (max(u.shard_elements for u in p.units)
+                                                   * (p.storage_bytes + p.reduce_bytes) if p.offload else 0.0,
+                                                   ("forward", "backward")),
+            "FSDP2 first all-gathers (first unit's buffer until block 0's copy-out)": (p.buffer(p.units[0]),
+                                                                                       ("forward",)),
             "FSDP2 mid-backward moment (a gathered block and its unsharded gradients)":
-                p.full(b) + b.full_elements * grad_bytes if len(blocks) > 1 else 0.0}
+                (p.full(b) + b.full_elements * grad_bytes if len(blocks) > 1 else 0.0, ("backward",))}

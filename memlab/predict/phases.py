@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import MemlabError, SetupError
-from memlab.predict.activations import autocast_block_copy_bytes, shared_widths, term_rows
+from memlab.predict.activations import autocast_bias_copy_bytes, autocast_block_copy_bytes, shared_widths, term_rows
 from memlab.predict.frozen import unchecked
 from memlab.predict.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
@@ -199,8 +199,9 @@ class StepInputs:
     """Saved activations live on the host (``Setup.offload_activations``): the device keeps only the token ids the
     loop holds, and takes each saved tensor back when backward reads it (the loss's at the start of backward)."""
     cast_cache_bytes: float = 0.0
-    """Autocast's cast cache under full recompute: 16-bit copies of every block's weights, saved by nothing but
-    held until the autocast region (the forward) ends; 0 otherwise (without full recompute they are in ``A``)."""
+    """Autocast's cast cache beyond what is saved for backward, held until the autocast region (the forward) ends:
+    16-bit copies of every block's linear biases (saved by no op), and under full recompute of every block's weights
+    too (without full recompute those are saved, in ``A``); 0 without autocast."""
     final_norm_output_bytes: Any = 0
     """Under autocast, the fp32 final-norm output the forward still holds (a local variable) while the loss is
     computed inside it: the head saved its 16-bit copy, so it is in no saved term (``4 t h``, as traced); 0 when
@@ -334,8 +335,8 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
         "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,
-        "cast_cache_bytes": autocast_block_copy_bytes(config, setup.tp)
-        if pol.autocast and setup.recompute == "full" else 0.0,
+        "cast_cache_bytes": (autocast_block_copy_bytes(config, setup.tp) if setup.recompute == "full" else 0.0)
+        + autocast_bias_copy_bytes(config, setup.tp) if pol.autocast else 0.0,
     }
 
 

@@ -228,9 +228,14 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                        "per phase (memlab.predict.fsdp); shards padded to ceil(d0 / N) rows as rank 0 holds them")
             from memlab.predict.fsdp import unmodelled
 
-            left = "; ".join(f"{k}: up to {math.ceil(v):,} B"
-                             for k, v in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
+            left = "; ".join(f"{k}: up to {math.ceil(v):,} B ({'/'.join(ph)})"
+                             for k, (v, ph) in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
             out.append(f"FSDP2 moments not modelled (memlab.predict.estimate.unmodelled_terms): {left}")
+            if setup.fsdp_offload:
+                out.append("FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host "
+                           "(host_bytes; the optimizer steps there, its temporaries too); the device holds the "
+                           "gathered units, their buffers and unsharded gradients. A CPU trace cannot tell host "
+                           "from device: memlab.compare.agreement checks device + host against it")
             if setup.policy.fsdp_mixed:
                 out.append(f"MixedPrecisionPolicy(param_dtype={setup.policy.fsdp_param_dtype}, reduce_dtype="
                            f"{setup.policy.fsdp_reduce_dtype}, output_dtype=None): activations as pure "
@@ -239,7 +244,12 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
             out.append("tensor parallelism with ZeRO-2/3: FSDP2's gathered parameters are not modelled "
                        "(Overheads(gathered_layers=...) adds blocks)")
         if setup.policy.autocast:
-            out.append("autocast's 16-bit weight copies kept for backward are counted in activations")
+            out.append("autocast's 16-bit weight copies kept for backward are counted in activations; its cast "
+                       "cache's copies of the linear biases (saved by no op) in the forward")
+        if setup.recompute == "full" and isinstance(model, TransformerConfig):
+            out.append("full recompute: the bottom block's backward is taken as one moment; its own gradients "
+                       "appearing inside it and the embeddings' produced after it are named with their sizes by "
+                       "memlab.predict.estimate.unmodelled_terms")
         if setup.loss != "plain" or setup.logits_to_keep:
             out.append(f"loss={setup.loss}" + (f", logits_to_keep={setup.logits_to_keep}" if setup.logits_to_keep
                        else "") + ": the loss's terms follow memlab.model.loss (the fused loss as its pure-torch "

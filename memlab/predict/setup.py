@@ -28,6 +28,7 @@ FsdpLoss = Literal["inside", "outside"]
 FsdpParamDtype = Literal["none", "bf16", "fp16"]
 FsdpReduceDtype = Literal["fp32", "bf16", "fp16"]
 Finetune = Literal["full", "lora", "qlora", "frozen"]
+FsdpOutputDtype = Literal["none", "fp32", "bf16", "fp16"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -173,6 +174,16 @@ class Setup(StrictInit):
     precision fp32 and FSDP2); none: no MixedPrecisionPolicy."""
     fsdp_reduce_dtype: FsdpReduceDtype = field(default="fp32", metadata={"mode": "train"})
     """FSDP2 MixedPrecisionPolicy.reduce_dtype: the dtype gradients are reduce-scattered in (with fsdp_param_dtype)."""
+    fsdp_output_dtype: FsdpOutputDtype = field(default="none", metadata={"mode": "train"})
+    """FSDP2 MixedPrecisionPolicy.output_dtype: only none (no cast of the units' outputs) is modelled; the rest
+    are refused."""
+    fsdp_offload: bool = field(default=False, metadata={"mode": "train"})
+    """FSDP2 CPUOffloadPolicy (pinned): sharded parameters, gradients and optimizer states live on the host (the
+    optimizer steps there); the device holds the gathered units, their buffers and unsharded gradients."""
+    fsdp_reshard_root: bool = field(default=False, metadata={"mode": "train"})
+    """FSDP2 reshard_after_forward of the root unit: False (FSDP2's default: the root stays gathered into backward)
+    or True (freed after forward, gathered again at the start of backward). The blocks' (and the torchtitan
+    embedding's) choice is the ZeRO stage: 3 reshards them, 2 does not; torchtitan's head unit never reshards."""
     # -- parameter-efficient fine-tuning (memlab.predict.finetune) --------------------------------------------
     finetune: Finetune = field(default="full", metadata={"mode": "train"})
     """full (every parameter trains), lora (rank-r adapters on a frozen base, peft), qlora (adapters on a 4-bit
@@ -229,6 +240,13 @@ class Setup(StrictInit):
                                  f"precision='fp32' (got {self.precision!r}; autocast or 16-bit storage on top of "
                                  "MixedPrecisionPolicy is not modelled)")
         sharded = self.mode == "train" and self.zero_stage >= 2 and self.world_size > 1
+        if self.fsdp_offload and self.mode == "train" and not (sharded and self.tp == 1):
+            raise SetupError("fsdp_offload is FSDP2's CPUOffloadPolicy: set zero_stage=2 or 3, world_size > 1 and "
+                             "tp=1 (or drop fsdp_offload)")
+        if self.fsdp_output_dtype != "none" and self.mode == "train":
+            raise SetupError(f"fsdp_output_dtype={self.fsdp_output_dtype!r} is not modelled: MixedPrecisionPolicy."
+                             "output_dtype casts every unit's forward output (a copy per block boundary, saved for "
+                             "backward in that dtype), which memlab's activation terms do not count: leave it 'none'")
         if sharded and (self.loss != "plain" or self.logits_to_keep or self.offload_activations) and (
                 self.fsdp_units != "blocks" or self.fsdp_loss != "inside"):
             raise SetupError("a chunked or fused loss, logits_to_keep or offload_activations under FSDP2 is modelled "

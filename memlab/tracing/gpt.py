@@ -85,7 +85,8 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
             from memlab.model.fsdp import shard_model
 
             shard_model(model, zero_stage=setup.zero_stage, units=setup.fsdp_units, param_dtype=setup.fsdp_param_dtype,
-                        reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh)
+                        reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh, offload=setup.fsdp_offload,
+                        reshard_root=setup.fsdp_reshard_root, pin_memory=False)
         return model
 
     def batch_fn() -> tuple[torch.Tensor, torch.Tensor]:

@@ -59,7 +59,8 @@ def titan_estimate(config: TransformerConfig, setup: Setup, *, device_type: str 
     with fake_process_group(setup.world_size) as mesh, FakeTensorMode(), torch.device("cpu"):
         model = GPT(config, attention=setup.attention, recompute=setup.recompute).train()
         shard_model(model, zero_stage=setup.zero_stage, units=setup.fsdp_units, param_dtype=setup.fsdp_param_dtype,
-                    reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh)
+                    reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh,
+                    reshard_root=setup.fsdp_reshard_root)
         opt = build_optimizer(setup.optimizer, list(model.parameters()), 1e-4, impl)
         ids = torch.randint(0, config.vocab_size, (setup.batch, setup.seq))
         labels = torch.randint(0, config.vocab_size, (setup.batch, setup.seq))

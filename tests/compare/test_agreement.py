@@ -90,3 +90,66 @@ def test_torchtitan_protocol_equals_memlab_trace_and_estimate_at_step_2() -> Non
     assert row["titan_step2"] == row["trace_step2"] == row["estimate_step2"] > 0, row
     assert row["titan_printed_max"] >= row["titan_step2"]
     assert len(residual_names(row)) == 4 and "+0 B" in residual_names(row)[0]
+    assert row["estimate_named"] == "" and residual_names(row)[0].endswith("%)")  # nothing to name at +0 B
+
+
+def test_a_named_term_names_only_its_own_phases_and_sign() -> None:
+    """A gap is 'named' only by the terms of its phase, on the side they push (generated sizes)."""
+    import random
+
+    from memlab.compare.agreement import _row
+    from memlab.predict.estimate import NamedTerm
+
+    draw = draw_setups(3, 1)[0]
+    rng = random.Random(24)
+    for _ in range(50):
+        traced = rng.randint(10**7, 10**8)
+        size = rng.randint(traced // 500, traced // 5)
+        more = NamedTerm("held beyond the estimate", size, ("backward",), +1)
+        gap = rng.randint(traced // 1000 + 1, size)  # outside 0.1 %, inside the term
+        assert _row(draw, "steady", "backward", traced, traced - gap, 1e-3, [more])["verdict"] == "named"
+        assert _row(draw, "steady", "backward", traced, traced + gap, 1e-3, [more])["verdict"] == "off"  # wrong sign
+        over = traced - size - traced // 1000 - 1
+        assert _row(draw, "steady", "backward", traced, over, 1e-3, [more])["verdict"] == "off"  # beyond its size
+        assert not more.applies("forward") and more.applies("backward (accumulating)")
+
+
+def test_the_root_can_reshard_after_forward_and_output_dtype_is_refused() -> None:
+    setup = Setup(batch=2, seq=128, zero_stage=3, world_size=8, optimizer_impl="foreach", fsdp_reshard_root=True)
+    rows = compare_draw(Draw(GQA, setup, "gqa-128k"))
+    assert all(r["verdict"] == "within" for r in rows), rows
+    assert fsdp_plan(GQA, 8, 3, "blocks", "inside", 4, 4, True).units[0].reshard_after_forward
+    with pytest.raises(SetupError, match="output_dtype casts every unit's forward output"):
+        Setup(zero_stage=3, world_size=8, fsdp_output_dtype="bf16")
+
+
+def test_a_sampled_full_recompute_draw_has_no_off_phase() -> None:
+    """A seeded single-rank full-recompute draw: every phase within 0.1 % or named by a term of that phase
+    (the bottom block's moment), none off."""
+    draw = next(d for d in draw_setups(24, 40) if d.setup.recompute == "full" and d.setup.world_size == 1
+                and d.family == "dense")
+    rows = compare_draw(draw)
+    assert all(r["verdict"] in ("within", "named") for r in rows), [r for r in rows if r["verdict"] == "off"]
+
+
+def test_cpu_offload_moves_the_shards_to_the_host_and_keeps_the_gathered_units() -> None:
+    """FSDP2's CPUOffloadPolicy on generated setups: the device phases lose exactly the sharded states the host
+    gains (the optimizer step also its temporaries), the host holds all of them, the FSDP2 moments stay."""
+    import random
+
+    rng = random.Random(5)
+    for _ in range(6):
+        setup = Setup(batch=rng.choice((1, 2, 4)), seq=rng.choice((64, 256)), zero_stage=rng.choice((2, 3)),
+                      world_size=rng.choice((2, 4, 8)), optimizer=rng.choice(("adamw", "sgd-momentum")),
+                      optimizer_impl="foreach", fsdp_param_dtype=rng.choice(("none", "bf16")))
+        a = estimate(GQA, setup, device_type="cpu")
+        b = estimate(GQA, setup.with_(fsdp_offload=True), device_type="cpu")
+        states = a.params_bytes + a.grads_bytes + a.optimizer_bytes
+        assert b.host_bytes == states > 0 and b.params_bytes == b.grads_bytes == b.optimizer_bytes == 0
+        assert b.total_bytes == a.total_bytes - states
+        for ra, rb in zip(a.phases, b.phases, strict=True):
+            if ra.phase in ("zero_grad", "forward") and ra.step == "steady":  # gradients set to None: not held
+                assert ra.peak_bytes - rb.peak_bytes == a.params_bytes + a.optimizer_bytes, (ra, rb)
+            assert rb.peak_bytes < ra.peak_bytes
+    with pytest.raises(SetupError, match="CPUOffloadPolicy"):
+        Setup(fsdp_offload=True)

@@ -102,6 +102,10 @@ def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -
             extra["precision"] = "bf16"  # QLoRA computes in bf16 (any other precision is refused)
         if field == "finetune" and choice == "frozen":
             extra["frozen_layers"] = 1  # a frozen fine-tune names how many blocks it freezes
+        if field == "fsdp_output_dtype" and choice != "none":  # read, then refused with its reason
+            with pytest.raises(SetupError, match="output_dtype casts every unit's forward output"):
+                Setup(**{field: spell(choice)}, zero_stage=3, world_size=2)
+            continue
         assert getattr(Setup(**{field: spell(choice)}, **extra), field) == choice
         assert Setup(**{field: spell(choice)}, **extra) == Setup(**{field: choice}, **extra)
     for field, choice in _string_choices(TransformerConfig):

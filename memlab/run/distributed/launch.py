@@ -71,6 +71,8 @@ class WorkerSpec:
     """MixedPrecisionPolicy.param_dtype of the fsdp2-* strategies (Setup.fsdp_param_dtype; none: no policy)."""
     fsdp_reduce_dtype: str = "fp32"
     """MixedPrecisionPolicy.reduce_dtype (Setup.fsdp_reduce_dtype)."""
+    fsdp_reshard_root: bool = False
+    """reshard_after_forward=True on the root unit (Setup.fsdp_reshard_root; False leaves it to FSDP2)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -93,6 +95,8 @@ class WorkerSpec:
                                                                                                  "fp16"):
             raise SetupError(f"fsdp_param_dtype must be none, bf16 or fp16 and fsdp_reduce_dtype fp32, bf16 or fp16, "
                              f"got {self.fsdp_param_dtype!r}, {self.fsdp_reduce_dtype!r}")
+        if not isinstance(self.fsdp_reshard_root, bool):
+            raise SetupError(f"fsdp_reshard_root must be True or False, got {self.fsdp_reshard_root!r}")
         if self.fsdp_units not in FSDP_UNITS or self.fsdp_loss not in FSDP_LOSS:
             raise SetupError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)} and fsdp_loss one of "
                              f"{', '.join(FSDP_LOSS)}, got {self.fsdp_units!r}, {self.fsdp_loss!r}")
@@ -105,7 +109,8 @@ class WorkerSpec:
         d = asdict(self)
         d["strategies"] = list(self.strategies)
         d["fsdp"] = {"units": d.pop("fsdp_units"), "loss": d.pop("fsdp_loss"),  # the worker's spec["fsdp"]
-                     "param_dtype": d.pop("fsdp_param_dtype"), "reduce_dtype": d.pop("fsdp_reduce_dtype")}
+                     "param_dtype": d.pop("fsdp_param_dtype"), "reduce_dtype": d.pop("fsdp_reduce_dtype"),
+                     "reshard_root": d.pop("fsdp_reshard_root")}
         return d
 
 

@@ -174,7 +174,8 @@ class _RankStep(Meter):
 def _wrap(strategy: str, model: GPT, device: torch.device,
           fsdp: dict[str, Any] | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The strategy applied to ``model`` and its AdamW; FSDP2 strategies by :func:`memlab.model.fsdp.shard_model`
-    with the spec's ``fsdp`` plan (``units``, ``param_dtype``, ``reduce_dtype``; defaults: blocks, none, fp32)."""
+    with the spec's ``fsdp`` plan (``units``, ``param_dtype``, ``reduce_dtype``, ``reshard_root``; defaults: blocks,
+    none, fp32, False)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel
 
@@ -194,7 +195,7 @@ def _wrap(strategy: str, model: GPT, device: torch.device,
         return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, foreach=False)
     shard_model(model, zero_stage=2 if strategy == "fsdp2-zero2" else 3, units=fsdp.get("units", "blocks"),
                 param_dtype=fsdp.get("param_dtype", "none"), reduce_dtype=fsdp.get("reduce_dtype", "fp32"),
-                offload=strategy == "fsdp2-offload")
+                offload=strategy == "fsdp2-offload", reshard_root=bool(fsdp.get("reshard_root", False)))
     return model, torch.optim.AdamW(model.parameters(), foreach=False)
 
 
