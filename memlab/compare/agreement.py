@@ -79,8 +79,8 @@ class Draw:
 
 def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = False) -> list[Draw]:
     """``n`` seeded draws over the Setup space (module docstring); ``scale`` ``ci`` or ``full`` picks the shapes.
-    ``loss_options`` also draws the chunked and fused losses and activation offload (where FSDP2 allows them:
-    one rank, or the blocks plan with the loss inside): the loss branch's terms are bounds, not exact
+    ``loss_options`` also draws the chunked and fused losses and activation offload (where Setup allows them: not
+    under FSDP2): the loss branch's terms are bounds, not exact
     (:mod:`memlab.predict.loss`), so ``benchmarks/estimate_vs_trace.py`` counts them apart."""
     if scale not in ("ci", "full"):
         raise ValueError(f"scale must be 'ci' or 'full', got {scale!r}")
@@ -106,8 +106,10 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = Fa
         if world > 1:
             fields["fsdp_reshard_root"] = extra.random() < 1 / 3
             fields["fsdp_offload"] = extra.random() < 1 / 4
-        if loss_options and (world == 1 or (fields["fsdp_units"], fields["fsdp_loss"]) == ("blocks", "inside")):
-            loss = extra.choice(("plain", "plain", "plain", "chunked", "fused"))
+        # refused under FSDP2 and with gradient accumulation (memlab.predict.setup)
+        if loss_options and not (zero >= 2 and world > 1) and fields["grad_accum_steps"] == 1:
+            loss = extra.choice(("plain", "plain", "fused") if fields["recompute"] == "full"
+                                else ("plain", "plain", "plain", "chunked", "fused"))
             fields["loss"] = loss
             fields["offload_activations"] = loss != "chunked" and extra.random() < 0.2
         if scale == "ci":

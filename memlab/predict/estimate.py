@@ -278,7 +278,8 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
     gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
     since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
-    gradients in backward, -), and under full recompute the bottom block's moment (:func:`_bottom_block_terms`).
+    gradients in backward, -), under full recompute the bottom block's moment (:func:`_bottom_block_terms`), and
+    under a chunked or fused loss or kept positions the top block's backward moment, an upper bound (backward, -).
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -291,6 +292,13 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
                 if v]
     if setup.recompute == "full":
         out += _bottom_block_terms(config, setup, fsdp)
+    if (setup.loss != "plain" or setup.logits_to_keep) and not setup.offload_activations \
+            and setup.recompute != "full":
+        from memlab.predict.phases import top_block_bound_bytes
+
+        out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
+                             "counted all at once (an upper bound)",
+                             math.ceil(top_block_bound_bytes(config, setup)), ("backward",), -1))
     if config.is_moe:
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs

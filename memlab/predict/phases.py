@@ -46,6 +46,7 @@ Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -288,6 +289,15 @@ def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: 
         core = sb * (2 * largest if loop_peak is None else loop_peak)
     wrapper = 4 * elements if (policy.master_bytes and not policy.grad_accum_bytes and policy.grad_bytes == 2) else 0
     return float(core + wrapper)
+
+
+def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
+    """The most the estimate's top-block backward moment can exceed a real step (``StepInputs.top_layer``: under a
+    chunked or fused loss or kept positions the top block's temporaries and its gradients are counted all at
+    once): one block's backward temporaries plus its gradients on one tp rank, in bytes."""
+    lt = _layer_terms(config, setup, device_type)
+    block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
+    return lt["temp"] + block * setup.policy.grad_bytes / setup.tp
 
 
 def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
