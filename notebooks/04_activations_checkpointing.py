@@ -389,8 +389,8 @@ vocabs = [32000, 50257, 65536, vocab, 2 * vocab]
 spike_rows = []
 for v in vocabs:
     for kind in ("plain", "chunked", "fused"):
-        s6 = Setup(batch=1, seq=spike_seq, precision="mixed-bf16", attention="flash", recompute="full", loss=kind,
-                   zero_stage=3, world_size=8)
+        s6 = Setup(batch=1, seq=spike_seq, precision="mixed-bf16", attention="flash", recompute="selective",
+                   loss=kind)
         bd = estimate(spike_model.with_(vocab_size=v), s6)
         spike_rows.append({"vocabulary": v, "loss": kind, "peak GiB": bd.peak_bytes / GiB, "peak phase": bd.peak_phase,
                            "forward GiB": bd.phase_bytes("forward") / GiB,
@@ -410,7 +410,7 @@ for kind, part in spike_df.groupby("loss", sort=False):
     ax.plot(part["vocabulary"], part["peak GiB"], "-o", label=f"loss={kind}")
 ax.set_xscale("log", base=2)
 ax.set(xlabel="vocabulary size (tokens)", ylabel="predicted peak per device (GiB)",
-       title=f"Llama-2-7B layout, 1 x {spike_seq:,} tokens, mixed-bf16, flash, full recompute, ZeRO-3 over 8:\n"
+       title=f"Llama-2-7B layout, 1 x {spike_seq:,} tokens, mixed-bf16, flash, selective recompute, one device:\n"
              "peak per device vs vocabulary, by how the loss is computed (memlab.predict.estimate)")
 ax.legend(fontsize=8)
 ch.save_figure(fig, "loss_peak_by_vocabulary")

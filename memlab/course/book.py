@@ -30,6 +30,7 @@ from typing import Any
 
 from memlab.compare.ledger import error_summary
 from memlab.course.bibliography import REFERENCES_DOC, link_citations, references_markdown
+from memlab.course.chapter import reader_number
 from memlab.course.glossary import GLOSSARY_DOC, glossary_markdown, link_first_uses
 from memlab.course.pages import scrub, write_atomic
 
@@ -201,7 +202,7 @@ def pct(value: float | None) -> str:
     if value == 0:
         return "0 % (exact)"
     if value < 0.0005:
-        return f"{100 * value:.1g} %" if value >= 5e-7 else "< 0.0001 %"
+        return f"{reader_number(100 * value)} %" if value >= 5e-7 else "< 0.0001 %"
     return f"{100 * value:.1f} %"
 
 
