@@ -412,18 +412,22 @@ def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logi
     c = chunk_tokens(tk, V, h, setup.loss_chunk)
     chunk_logits = c * V / setup.tp
     gb = setup.policy.grad_bytes
+    # under autocast the 16-bit copy of the head weight (and bias) autocast caches until forward ends: no op saves
+    # it (the chunks' checkpoints and the fused loss save none of their intermediates)
+    copy = (V * h + V * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp \
+        if setup.policy.autocast else 0
     if kind == "chunked":
         # backward, the first chunk: the recomputed chunk (logits, log-softmax) beside its fp32 gradients, then
         # its weight gradient (h x V), made contiguous for AccumulateGrad, beside the log-softmax; with the input's
         # gradient buffer (t' h) and the chunk's (c h). The larger of the two moments, each taken at its most (an
         # upper bound: the trace is within a few per cent below it, tests/run/test_loss_offload.py)
         around = (tk + c) * h * cw + 4
-        weight_grad = 3 * V * h * gb / setup.tp
-        return 8 * chunk_logits + 12 + hidden, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
-    # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk; under autocast the
-    # 16-bit copy of the head weight autocast caches until forward ends
+        # under autocast the weight's gradient is the matmul's 16-bit one and its fp32 cast for AccumulateGrad (2 + 4
+        # bytes per weight, as traced), not three copies in the gradient dtype
+        weight_grad = (2 + gb if setup.policy.autocast else 3 * gb) * V * h / setup.tp
+        return 8 * chunk_logits + 12 + hidden + copy, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
+    # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk, and the cast cache
     t = setup.batch * setup.seq
-    copy = 2 * V * h / setup.tp if setup.policy.autocast else 0
     return 8 * chunk_logits + t * h * w["residual"] + copy, 0
 
 
