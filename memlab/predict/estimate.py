@@ -280,7 +280,8 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
     gradients in backward, -), under full recompute, a chunked or fused loss, kept positions or activation
     offload the bottom block's moment (:func:`_bottom_block_terms`), and under a chunked or fused loss or kept
-    positions the top block's backward moment, an upper bound (backward, -).
+    positions the top block's backward moment, an upper bound (backward, -); under activation offload without full
+    recompute the bottom block's saved tensors, counted on the device at once (backward, -).
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -302,6 +303,12 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
                              "counted all at once (an upper bound)",
                              math.ceil(top_block_bound_bytes(config, setup)), ("backward",), -1))
+    if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
+        from memlab.predict.phases import _layer_terms
+
+        out.append(NamedTerm("activation offload: the bottom block's saved tensors, counted on the device at once at "
+                             "its backward (they come back from the host one op at a time: an upper bound)",
+                             math.ceil(_layer_terms(config, setup, "cpu")["layer"]), ("backward",), -1))
     if config.is_moe:
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
