@@ -365,10 +365,12 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
         if config.impl.head_bias and not config.tied_embeddings:
             rows.append(("gradient of the LM-head bias (fused loss)", "head & loss", V, setup.policy.param_bytes, True))
         return rows
-    # a copy of the kept positions is kept instead of the whole hidden state
-    rows = [("LM-head input", "head & loss", (t - copied * t) * h, w["compute"], False)]
+    # a copy of the kept positions is kept instead of the whole hidden state. The chunked loss's checkpoints keep
+    # their input as it is, the hidden state (fp32 under autocast), not the head's 16-bit cast of it
+    hw = w["residual"] if kind == "chunked" else w["compute"]
+    rows = [("LM-head input", "head & loss", (t - copied * t) * h, hw, False)]
     if isinstance(copied, np.ndarray) or copied:
-        rows.append(("contiguous copy of the kept positions", "head & loss", copied * tk * h, w["compute"], False))
+        rows.append(("contiguous copy of the kept positions", "head & loss", copied * tk * h, hw, False))
         not_hf = 1 - hf_kept_labels(setup, config.impl.loss_labels_padded)  # HF's own copy is the target row
         rows.append(("copy of the kept targets", "head & loss", copied * not_hf * tk, INT64, False))
     if kind == "chunked" and config.impl.loss_labels_padded:  # HF labels: the mean divides by a count tensor

@@ -278,8 +278,10 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
     gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
     since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
-    gradients in backward, -), under full recompute the bottom block's moment (:func:`_bottom_block_terms`), and
-    under a chunked or fused loss or kept positions the top block's backward moment, an upper bound (backward, -).
+    gradients in backward, -), under full recompute, a chunked or fused loss, kept positions or activation
+    offload the bottom block's moment (:func:`_bottom_block_terms`), and under a chunked or fused loss or kept
+    positions the top block's backward moment, an upper bound (backward, -); under activation offload without full
+    recompute the bottom block's saved tensors, counted on the device at once (backward, -).
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -290,7 +292,9 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     if fsdp is not None:
         out += [NamedTerm(k, math.ceil(v), phases, +1) for k, (v, phases) in unmodelled(fsdp, fsdp.grad_bytes).items()
                 if v]
-    if setup.recompute == "full":
+    # without full recompute a t x V term at the start of backward hides the bottom block's moment, except under a
+    # chunked or fused loss, kept positions or activation offload
+    if setup.recompute == "full" or setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
         out += _bottom_block_terms(config, setup, fsdp)
     if (setup.loss != "plain" or setup.logits_to_keep) and not setup.offload_activations \
             and setup.recompute != "full":
@@ -299,6 +303,12 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
                              "counted all at once (an upper bound)",
                              math.ceil(top_block_bound_bytes(config, setup)), ("backward",), -1))
+    if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
+        from memlab.predict.phases import _layer_terms
+
+        out.append(NamedTerm("activation offload: the bottom block's saved tensors, counted on the device at once at "
+                             "its backward (they come back from the host one op at a time: an upper bound)",
+                             math.ceil(_layer_terms(config, setup, "cpu")["layer"]), ("backward",), -1))
     if config.is_moe:
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
@@ -319,22 +329,24 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
 
 
 def _bottom_block_terms(config: TransformerConfig, setup: Setup, fsdp: Any) -> list[NamedTerm]:
-    """Under full recompute the backward peak is often the bottom block's backward, which the estimate takes as
-    one moment: every gradient but the bottom block's, beside its recomputed tensors and temporaries. Inside the
-    block's backward its own gradients appear one module at a time (up to the block's gradients more: +), and the
-    embeddings' gradients (positions; tokens when untied: a tied one comes from the head) are produced only after
-    it, in a first micro-step whose gradients start as None (the estimate counts them: up to their bytes less:
-    -). Sizes on one rank: under FSDP2 the unsharded gradients (the gathered dtype), else ``grad_bytes / tp``
-    (ZeRO-2/3 without FSDP2 does not reach here: FSDP2 applies to every sharded draw)."""
+    """Under full recompute (and under a chunked or fused loss, kept positions or activation offload, where no t x V
+    gradient dominates the start of backward) the backward peak is often the bottom block's backward, which the
+    estimate takes as one moment: every gradient but the bottom block's, beside its recomputed tensors and
+    temporaries. Inside the block's backward its own gradients appear one module at a time (up to the block's
+    gradients more: +), and the embeddings' gradients (positions; tokens when untied: a tied one comes from the head)
+    are produced only after it, in a first micro-step whose gradients start as None (the estimate counts them: up to
+    their bytes less: -). Sizes on one rank: under FSDP2 the unsharded gradients (the gathered dtype), else
+    ``grad_bytes / tp`` (ZeRO-2/3 without FSDP2 does not reach here: FSDP2 applies to every sharded draw)."""
     gb = fsdp.grad_bytes if fsdp is not None else setup.policy.grad_bytes / setup.tp
     block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
     emb = sum(math.prod(shape) for name, shape, _ in config.param_shapes()
               if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))
     pol = setup.policy
-    out = [NamedTerm("full recompute: the bottom block's own gradients inside its backward", math.ceil(block * gb),
+    why = "full recompute" if setup.recompute == "full" else "the bottom block's moment"
+    out = [NamedTerm(f"{why}: the bottom block's own gradients inside its backward", math.ceil(block * gb),
                      ("backward",), +1)]
     if emb and setup.zero_grad_to_none and not (pol.master_bytes and pol.grad_bytes == 4):
-        out.append(NamedTerm("full recompute: the embeddings' gradients, produced after the bottom block's backward",
+        out.append(NamedTerm(f"{why}: the embeddings' gradients, produced after the bottom block's backward",
                              math.ceil(emb * gb), ("backward",), -1, exact=True))
     return out
 

@@ -207,6 +207,12 @@ class StepInputs:
     """Under autocast, the fp32 final-norm output the forward still holds (a local variable) while the loss is
     computed inside it: the head saved its 16-bit copy, so it is in no saved term (``4 t h``, as traced); 0 when
     the loss is computed outside the model (the forward has returned)."""
+    offload_forward_bytes: Any = 0
+    """Under activation offload and autocast, what the device still holds at the end of forward beyond the token ids
+    and the loss's saved tensors: autocast's cast cache keeps the 16-bit weight copies that the saved tensors (now
+    on the host) shared, every block's (without full recompute; with it they are in ``cast_cache_bytes``) and, for
+    the plain loss, the head's; and the head's saved input, its 16-bit cast, has gone to the host (the fp32 hidden
+    state it was cast from is ``final_norm_output_bytes``). 0 without offload or autocast."""
     fsdp: dict[str, float] | None = None
     """FSDP2's additions per moment (:func:`memlab.predict.fsdp.moments`, plus ``root_grads_shard``: the root's
     sharded gradient bytes, which appear only at the end of backward); None without FSDP2."""
@@ -359,6 +365,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
                                       **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
                                       "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False,
+                                      "offload_forward_bytes": 0,
                                       "final_norm_output_bytes": 0})
     lt = _layer_terms(config, setup, device_type, terms)
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
@@ -375,7 +382,15 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         # the loop holds the step's ids; HF's padded copy of the kept labels (the target row then) is not the loop's
         b = setup.batch
         lt["inputs"] += unsaved - hf_kept_labels(setup, padded) * (b * kept_positions(setup) + (b == 1)) * 8
+    off_fwd = 0
+    if setup.offload_activations and setup.policy.autocast:
+        plain = setup.loss == "plain"
+        head_copy = (config.vocab_size * config.d_model
+                     + config.vocab_size * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp
+        off_fwd = (0 if setup.recompute == "full" else autocast_block_copy_bytes(config, setup.tp)) \
+            + plain * (head_copy - lt["head_input"])
     return unchecked(StepInputs, {
+        "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
@@ -412,18 +427,22 @@ def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logi
     c = chunk_tokens(tk, V, h, setup.loss_chunk)
     chunk_logits = c * V / setup.tp
     gb = setup.policy.grad_bytes
+    # under autocast the 16-bit copy of the head weight (and bias) autocast caches until forward ends: no op saves
+    # it (the chunks' checkpoints and the fused loss save none of their intermediates)
+    copy = (V * h + V * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp \
+        if setup.policy.autocast else 0
     if kind == "chunked":
         # backward, the first chunk: the recomputed chunk (logits, log-softmax) beside its fp32 gradients, then
         # its weight gradient (h x V), made contiguous for AccumulateGrad, beside the log-softmax; with the input's
         # gradient buffer (t' h) and the chunk's (c h). The larger of the two moments, each taken at its most (an
         # upper bound: the trace is within a few per cent below it, tests/run/test_loss_offload.py)
         around = (tk + c) * h * cw + 4
-        weight_grad = 3 * V * h * gb / setup.tp
-        return 8 * chunk_logits + 12 + hidden, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
-    # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk; under autocast the
-    # 16-bit copy of the head weight autocast caches until forward ends
+        # under autocast the weight's gradient is the matmul's 16-bit one and its fp32 cast for AccumulateGrad (2 + 4
+        # bytes per weight, as traced), not three copies in the gradient dtype
+        weight_grad = (2 + gb if setup.policy.autocast else 3 * gb) * V * h / setup.tp
+        return 8 * chunk_logits + 12 + hidden + copy, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
+    # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk, and the cast cache
     t = setup.batch * setup.seq
-    copy = 2 * V * h / setup.tp if setup.policy.autocast else 0
     return 8 * chunk_logits + t * h * w["residual"] + copy, 0
 
 
@@ -448,11 +467,14 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             tag = "" if first_micro else " (accumulating)"
             base = p + o_held
             # offload: the device keeps the loop's token ids, and the loss's saved tensors while the loss runs
-            a_fwd = x.input_bytes + x.head_loss_bytes if x.offload else a + x.unsaved_input_bytes
+            a_fwd = x.input_bytes + x.head_loss_bytes + x.offload_forward_bytes if x.offload \
+                else a + x.unsaved_input_bytes
             fwd = base + g_held + a_fwd + fwd_logits + x.final_norm_output_bytes + LOSS_BYTES + x.cast_cache_bytes \
                 + (f["forward"] if f else 0)
             if x.full_recompute:
-                fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes + x.block_forward_bytes
+                # (under full recompute offload_forward_bytes is the head's part only, not there yet)
+                fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes
+                             - (x.offload_forward_bytes if x.offload else 0) + x.block_forward_bytes
                              + x.cast_cache_bytes + (f["block_forward"] if f else 0))
             # offload: the loss's saved tensors but the head's input copied back at the start of backward
             a_start = (x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload
