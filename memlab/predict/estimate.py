@@ -296,6 +296,16 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     # chunked or fused loss, kept positions or activation offload
     if setup.recompute == "full" or setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
         out += _bottom_block_terms(config, setup, fsdp)
+    if setup.recompute == "full" and not setup.fused_attention:
+        # the attention core's s x s tensors (scores, softmax, dropout) alive inside a block's recomputed forward
+        # and backward: the block-forward moment counts the MLP, not them (fitted on the trace for dense
+        # attention, fp32 and bf16, eager and math: at most 12 S + 4 b s^2 + 22 t h + 4 t bytes, S = b heads s^2)
+        b, s_, t = setup.batch, setup.seq, setup.batch * setup.seq
+        core = (12 * b * config.n_heads * s_ * s_ + 4 * b * s_ * s_ + 22 * t * config.d_model + 4 * t) / setup.tp
+        name = f"full recompute with {setup.attention} attention: the attention core's s x s tensors inside a " \
+               "recomputed block's "
+        out.append(NamedTerm(name + "forward", math.ceil(core), ("forward",), +1))
+        out.append(NamedTerm(name + "backward, counted with the bottom block", math.ceil(core), ("backward",), -1))
     if (setup.loss != "plain" or setup.logits_to_keep) and not setup.offload_activations \
             and setup.recompute != "full":
         from memlab.predict.phases import top_block_bound_bytes

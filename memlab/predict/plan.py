@@ -261,10 +261,9 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
             out.append("activation offload (save_on_cpu, pinned): the device keeps the token ids and the loss's "
                        "tensors while it runs; host_bytes is a lower bound (tensors saved twice are copied twice)")
         if setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
-            out.append("NOT VALIDATED per phase: with a chunked or fused loss, kept positions or activation offload "
-                       "the estimate and memlab's own trace differ by up to -45 % (forward) and +28 % (backward) "
-                       "on generated setups, most under 16-bit precision policies "
-                       "(python benchmarks/estimate_vs_trace.py --loss-draws 40): read these phases as approximate")
+            out.append("a chunked or fused loss, kept positions or activation offload: the phases not modelled exactly "
+                       "are bounded by the terms memlab.predict.estimate.unmodelled_terms names, with their sizes "
+                       "(checked on generated setups: python benchmarks/estimate_vs_trace.py --loss-draws 40)")
     else:
         out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
         out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
