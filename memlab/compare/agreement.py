@@ -13,7 +13,7 @@ peak into one of three verdicts:
 
 - ``within``: ``|estimate - trace| <= tol * trace`` (0.1 % by default);
 - ``named``: outside that, but within it once the terms the estimate names as left out FOR THAT PHASE are allowed
-  for (:func:`named_terms`, :func:`memlab.predict.estimate.unmodelled_term_list`: each term says its phases, its
+  for (:func:`named_terms`, :func:`memlab.predict.unmodelled.unmodelled_term_list`: each term says its phases, its
   size and its sign): the trace may hold up to the ``+`` terms more and up to the ``-`` terms less. The peak takes
   the terms of the phases the estimate's and the trace's peaks sit in;
 - ``off``: neither (a bug to fix).
@@ -30,9 +30,10 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.predict.estimate import MemoryBreakdown, NamedTerm, estimate, unmodelled_term_list
+from memlab.predict.estimate import MemoryBreakdown, estimate
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
+from memlab.predict.unmodelled import NamedTerm, unmodelled_term_list
 
 TOLERANCE = 1e-3
 """Relative difference under which a phase counts as equal (0.1 %)."""
@@ -124,7 +125,7 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = Fa
 
 def named_terms(draw: Draw, bd: MemoryBreakdown) -> list[NamedTerm]:
     """The terms the estimate names as left out, with their sizes, phases and signs
-    (:func:`memlab.predict.estimate.unmodelled_term_list`)."""
+    (:func:`memlab.predict.unmodelled.unmodelled_term_list`)."""
     return unmodelled_term_list(draw.config, draw.setup, bd)
 
 

@@ -62,9 +62,9 @@ def titan_rows(config: TransformerConfig, setup: Setup) -> dict[str, Any]:
 
 def _named_estimate_residual(config: TransformerConfig, setup: Setup, bd: Any, trace: Any, diff: int) -> dict[str, str]:
     """``estimate_named``: the terms the estimate names as left out
-    (:func:`memlab.predict.estimate.unmodelled_term_list`) on the phase of the trace's step-2 peak whose sign
+    (:func:`memlab.predict.unmodelled.unmodelled_term_list`) on the phase of the trace's step-2 peak whose sign
     matches ``diff`` (estimate - trace), with their sizes; empty when ``diff`` is within 0.1 % of the trace."""
-    from memlab.predict.estimate import unmodelled_term_list
+    from memlab.predict.unmodelled import unmodelled_term_list
 
     peak = trace.peak_of("steady")
     if abs(diff) <= 1e-3 * peak:

@@ -6,7 +6,8 @@
   precision policies as data; ``validate``: type and range checks of every public dataclass; ``frozen``:
   FrozenDict, the read-only mapping rows hold (it pickles and deep-copies).
 - ``activations``: saved-for-backward bytes, term by term; ``optimizer_states``, ``sharding``, ``inference``: the
-  other terms; ``fsdp``: FSDP2's units, padded shards and gathered bytes per phase; ``estimate``:
+  other terms; ``fsdp``: FSDP2's units, padded shards and gathered bytes per phase; ``unmodelled``: what an
+  estimate names as left out, with sizes (NamedTerm); ``estimate``:
   MemoryBreakdown; ``plan``: what an estimate computes once per setup (batch and seq aside, cached);
   ``phases``: bytes held at each phase of a step and the peak; ``loss``: the LM head and loss at large
   vocabularies (chunks, kept positions); ``fit``: will it fit, the largest batch or sequence, and the levers that

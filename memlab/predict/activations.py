@@ -117,7 +117,7 @@ def widths(setup: Setup, device_type: str = "cuda") -> dict[str, float]:
 def shared_widths(precision: str, device_type: str = "cuda") -> dict[str, float]:
     """:func:`widths` of the precision policy named ``precision`` (a Setup's canonical name), cached (a handful of
     policies x two device types): one dict shared by every caller, so read it, never change it (the estimator's
-    :func:`term_rows` and :func:`memlab.predict.phases._layer_terms` read it per estimate)."""
+    :func:`term_rows` and :func:`memlab.predict.phases.layer_terms` read it per estimate)."""
     policy = precision_policy(precision)
     compute = 4 if policy.compute_dtype == "fp32" else 2
     residual = 4 if (policy.compute_dtype == "fp32" or policy.autocast) else 2

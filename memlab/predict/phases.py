@@ -8,8 +8,7 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
 
 - forward: ``P + O + G_held + A + logits`` where the fp32 logits are alive while the loss is computed (``4tV``;
   ``6tV`` when the head computes in 16 bits: the 16-bit logits and their fp32 copy; under autocast also the fp32
-  final-norm output, ``4th``, as traced); under full
-  recompute also inside a block's forward, whose d_ff-wide tensors exist until it returns.
+  final-norm output, ``4th``, as traced); under full recompute also inside a block's forward (d_ff-wide tensors).
 - first step: no optimizer state yet, except what a master-weight wrapper allocates up front (the fp32 copy).
 - backward, the largest of three moments (gradients appear while activations are freed, both linearly in the
   layers, so the largest is at an end or at the bottom layer):
@@ -17,8 +16,7 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
   bottom layer, ``P + O + G - G_layer + A_layer + T_layer (+ block inputs under full recompute)`` (one block's
   saved tensors as without recompute less its MLP's, which its MLP backward has consumed; its backward temporaries
   ``T_layer``: the d_ff-wide gradients or the s x s score gradients of eager/math attention, three h-wide ones);
-  end, ``P + O + G`` plus, for tied embeddings, the head's and the embedding's gradient contributions before they are
-  summed (``2 V h`` gradient bytes).
+  end, ``P + O + G`` plus, for tied embeddings, the head's and the embedding's gradients before they are summed.
 - optimizer step: ``P + G + O + T_opt`` with ``T_opt`` by implementation ([pytorch-optim], torch/optim/adamw.py):
   for-loop Adam keeps two temporaries of the tensor being stepped (``sqrt`` and the division) beside the previous
   tensor's ``denom``, still bound to the loop variable (2 x a tensor + the one before it, at worst); foreach one
@@ -33,8 +31,7 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
   held by the loop through the optimizer step and after it.
 - gradient accumulation (``grad_accum_steps > 1``): from the second micro-batch on, ``G_held = G`` (gradients
   persist across micro-steps): phases ``forward (accumulating)``, ``backward (accumulating)``.
-- inference: ``prefill`` = weights + KV cache + the largest prefill transient; ``decode`` = weights + KV cache +
-  one token's transient.
+- inference: ``prefill`` = weights + KV + the largest prefill transient; ``decode`` = weights + KV + one token's.
 
 Every side of the comparison gives its phases as :class:`PhaseRow` records (the estimate, the trace, the runner's
 in-step peaks, the live counter) and looks one up with :func:`find_phase`.
@@ -46,7 +43,6 @@ Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -218,7 +214,7 @@ class StepInputs:
     sharded gradient bytes, which appear only at the end of backward); None without FSDP2."""
 
 
-def _layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
+def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
     """One block's terms on one tp rank: saved bytes (without recompute, less the MLP's), backward temporaries,
     the transient of its forward, and the model-level head/loss and recompute terms. ``own``: the setup's
     :func:`~memlab.predict.activations.term_rows` when the caller has listed them (listed here otherwise)."""
@@ -297,15 +293,6 @@ def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: 
     return float(core + wrapper)
 
 
-def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
-    """The most the estimate's top-block backward moment can exceed a real step (``StepInputs.top_layer``: under a
-    chunked or fused loss or kept positions the top block's temporaries and its gradients are counted all at
-    once): one block's backward temporaries plus its gradients on one tp rank, in bytes."""
-    lt = _layer_terms(config, setup, device_type)
-    block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
-    return lt["temp"] + block * setup.policy.grad_bytes / setup.tp
-
-
 def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
                 layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None,
                 terms: list | None = None) -> StepInputs:
@@ -367,7 +354,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
                                       "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False,
                                       "offload_forward_bytes": 0,
                                       "final_norm_output_bytes": 0})
-    lt = _layer_terms(config, setup, device_type, terms)
+    lt = layer_terms(config, setup, device_type, terms)
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
         logits = setup.batch * setup.seq * config.vocab_size / setup.tp
         fwd, bwd = const["forward_logits_bytes_per_element"] * logits, 8 * logits

@@ -230,7 +230,7 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
 
             left = "; ".join(f"{k}: up to {math.ceil(v):,} B ({'/'.join(ph)})"
                              for k, (v, ph) in unmodelled(fsdp, fsdp.grad_bytes).items() if v)
-            out.append(f"FSDP2 moments not modelled (memlab.predict.estimate.unmodelled_terms): {left}")
+            out.append(f"FSDP2 moments not modelled (memlab.predict.unmodelled.unmodelled_terms): {left}")
             if setup.fsdp_offload:
                 out.append("FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host "
                            "(host_bytes; the optimizer steps there, its temporaries too); the device holds the "
@@ -249,7 +249,7 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         if setup.recompute == "full" and isinstance(model, TransformerConfig):
             out.append("full recompute: the bottom block's backward is taken as one moment; its own gradients "
                        "appearing inside it and the embeddings' produced after it are named with their sizes by "
-                       "memlab.predict.estimate.unmodelled_terms")
+                       "memlab.predict.unmodelled.unmodelled_terms")
         if setup.loss != "plain" or setup.logits_to_keep:
             out.append(f"loss={setup.loss}" + (f", logits_to_keep={setup.logits_to_keep}" if setup.logits_to_keep
                        else "") + ": the loss's terms follow memlab.model.loss (the fused loss as its pure-torch "
@@ -262,7 +262,7 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                        "tensors while it runs; host_bytes is a lower bound (tensors saved twice are copied twice)")
         if setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
             out.append("a chunked or fused loss, kept positions or activation offload: the phases not modelled exactly "
-                       "are bounded by the terms memlab.predict.estimate.unmodelled_terms names, with their sizes "
+                       "are bounded by the terms memlab.predict.unmodelled.unmodelled_terms names, with their sizes "
                        "(checked on generated setups: python benchmarks/estimate_vs_trace.py --loss-draws 40)")
     else:
         out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
@@ -270,7 +270,7 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
     if isinstance(model, TransformerConfig) and model.is_moe:
         out.append("mixture of experts: routing activations and unchosen experts are named with their sizes by "
-                   "memlab.predict.estimate.unmodelled_terms")
+                   "memlab.predict.unmodelled.unmodelled_terms")
         out.append(f"mixture of experts: all {model.n_experts} experts' weights (and their grads and states) are "
                    "resident; activations are counted as for one dense MLP per token (the top_k routed copies are "
                    "not modelled yet)")

@@ -98,7 +98,7 @@ def test_a_named_term_names_only_its_own_phases_and_sign() -> None:
     import random
 
     from memlab.compare.agreement import _row
-    from memlab.predict.estimate import NamedTerm
+    from memlab.predict.unmodelled import NamedTerm
 
     draw = draw_setups(3, 1)[0]
     rng = random.Random(24)

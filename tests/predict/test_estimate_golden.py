@@ -148,8 +148,8 @@ def test_term_rows_and_layer_terms_match_the_records(key: str, recompute: str, d
             by_cat[t.category] = by_cat.get(t.category, 0) + t.bytes(setup.tp, setup.sp)
         assert _canonical(A.bytes_by_category(rows, setup.tp, setup.sp)) == _canonical(
             {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in by_cat.items()})
-        lt = P._layer_terms(config, setup, device_type, rows)
-        assert lt == P._layer_terms(config, setup, device_type)
+        lt = P.layer_terms(config, setup, device_type, rows)
+        assert lt == P.layer_terms(config, setup, device_type)
         per = sum(t.bytes(setup.tp, setup.sp) for t in none if t.category not in ("token ids", "head & loss", "mlp")
                   and not t.name.startswith("final norm") and t.name != "16-bit copy of LM-head weight")
         assert lt["layer"] == per / config.n_layers

@@ -1,0 +1,141 @@
+"""What the estimate leaves out, named with its size: the terms a phase of :func:`memlab.predict.estimate.estimate`
+may miss (:class:`NamedTerm`: at most how many bytes, on which phases, with which sign), so that a comparison with
+a trace or a measurement can tell a named gap from a silently wrong number (:mod:`memlab.compare.agreement`).
+
+Sizes are bytes on one rank; sources are the terms' own docstrings (FSDP2's moments: :mod:`memlab.predict.fsdp`;
+MoE routing; full recompute's bottom block and attention core; the top block under a non-plain loss).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from memlab.predict.estimate import MemoryBreakdown, estimate
+from memlab.predict.models import TransformerConfig
+from memlab.predict.phases import layer_terms
+from memlab.predict.setup import Setup
+
+
+def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
+    """The most the estimate's top-block backward moment can exceed a real step (``StepInputs.top_layer``: under a
+    chunked or fused loss or kept positions the top block's temporaries and its gradients are counted all at
+    once): one block's backward temporaries plus its gradients on one tp rank, in bytes."""
+    lt = layer_terms(config, setup, device_type)
+    block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
+    return lt["temp"] + block * setup.policy.grad_bytes / setup.tp
+
+
+
+@dataclass(frozen=True)
+class NamedTerm:
+    """A term the estimate leaves out, named with its size: at most ``bytes`` on the phases ``phases`` (their base
+    names: ``forward`` also covers ``forward (accumulating)``), with ``sign`` +1 where the real step may hold up to
+    that much MORE than the estimate and -1 where it may hold up to that much LESS."""
+
+    name: str
+    bytes: int
+    phases: tuple[str, ...]
+    sign: int
+    exact: bool = False
+    """Match ``phases`` by the whole name: ``backward`` then leaves ``backward (accumulating)`` out."""
+
+    def applies(self, phase: str) -> bool:
+        """True when this term can change ``phase`` (``forward``, ``backward (accumulating)``, ...)."""
+        return phase in self.phases or (not self.exact and phase.split(" (")[0] in self.phases)
+
+
+def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> list[NamedTerm]:
+    """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
+    the most it can add or take away, in bytes, the phases it applies to and its sign (:class:`NamedTerm`):
+    FSDP2's moments outside the phase model (:func:`memlab.predict.fsdp.unmodelled`: forward or backward, +), and
+    for a mixture of experts the routing (the estimate counts one dense MLP per token: ``top_k`` routed copies of
+    its saved tensors and the router's, ``top_k`` x the MLP term as without recompute, since the copies exist
+    inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
+    gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
+    since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
+    gradients in backward, -), under full recompute, a chunked or fused loss, kept positions or activation
+    offload the bottom block's moment (:func:`_bottom_block_terms`), and under a chunked or fused loss or kept
+    positions the top block's backward moment, an upper bound (backward, -); under activation offload without full
+    recompute the bottom block's saved tensors, counted on the device at once (backward, -).
+    Empty when the estimate claims everything it counts."""
+    from memlab.predict.fsdp import plan_of, unmodelled
+
+    out: list[NamedTerm] = []
+    if not isinstance(config, TransformerConfig) or setup.mode != "train":
+        return out
+    fsdp = plan_of(config, setup)
+    if fsdp is not None:
+        out += [NamedTerm(k, math.ceil(v), phases, +1) for k, (v, phases) in unmodelled(fsdp, fsdp.grad_bytes).items()
+                if v]
+    # without full recompute a t x V term at the start of backward hides the bottom block's moment, except under a
+    # chunked or fused loss, kept positions or activation offload
+    if setup.recompute == "full" or setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
+        out += _bottom_block_terms(config, setup, fsdp)
+    if setup.recompute == "full" and not setup.fused_attention:
+        # the attention core's s x s tensors (scores, softmax, dropout) alive inside a block's recomputed forward
+        # and backward: the block-forward moment counts the MLP, not them (fitted on the trace for dense
+        # attention, fp32 and bf16, eager and math: at most 12 S + 4 b s^2 + 22 t h + 4 t bytes, S = b heads s^2)
+        b, s_, t = setup.batch, setup.seq, setup.batch * setup.seq
+        core = (12 * b * config.n_heads * s_ * s_ + 4 * b * s_ * s_ + 22 * t * config.d_model + 4 * t) / setup.tp
+        name = f"full recompute with {setup.attention} attention: the attention core's s x s tensors inside a " \
+               "recomputed block's "
+        out.append(NamedTerm(name + "forward", math.ceil(core), ("forward",), +1))
+        out.append(NamedTerm(name + "backward, counted with the bottom block", math.ceil(core), ("backward",), -1))
+    if (setup.loss != "plain" or setup.logits_to_keep) and not setup.offload_activations \
+            and setup.recompute != "full":
+        out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
+                             "counted all at once (an upper bound)",
+                             math.ceil(top_block_bound_bytes(config, setup)), ("backward",), -1))
+    if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
+        from memlab.predict.phases import layer_terms
+
+        out.append(NamedTerm("activation offload: the bottom block's saved tensors, counted on the device at once at "
+                             "its backward (they come back from the host one op at a time: an upper bound)",
+                             math.ceil(layer_terms(config, setup, "cpu")["layer"]), ("backward",), -1))
+    if config.is_moe:
+        mlp = bd.activation_detail.get("mlp", 0)
+        if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
+            mlp = estimate(config, setup.with_(recompute="none"), device_type="cpu").activation_detail.get("mlp", 0)
+        out.append(NamedTerm("MoE routing (top_k routed copies, router)", math.ceil(config.top_k * mlp),
+                             ("forward", "backward"), +1))
+        expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)
+        share = expert / max(1, bd.param_count)
+        out.append(NamedTerm("MoE experts no token chose (no gradient, no optimizer state)",
+                             math.ceil(share * (bd.grads_bytes + bd.optimizer_bytes)),
+                             ("forward", "backward", "optimizer step", "zero_grad"), -1))
+        if fsdp is not None:  # a gathered block's unsharded gradients: none for an expert no token chose
+            block_experts = sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+                                if name.startswith("blocks.0.") and ".experts." in name)
+            out.append(NamedTerm("MoE experts no token chose: a block's unsharded expert gradients (FSDP2)",
+                                 math.ceil(block_experts * fsdp.grad_bytes), ("backward",), -1))
+    return out
+
+
+def _bottom_block_terms(config: TransformerConfig, setup: Setup, fsdp: Any) -> list[NamedTerm]:
+    """Under full recompute (and under a chunked or fused loss, kept positions or activation offload, where no t x V
+    gradient dominates the start of backward) the backward peak is often the bottom block's backward, which the
+    estimate takes as one moment: every gradient but the bottom block's, beside its recomputed tensors and
+    temporaries. Inside the block's backward its own gradients appear one module at a time (up to the block's
+    gradients more: +), and the embeddings' gradients (positions; tokens when untied: a tied one comes from the head)
+    are produced only after it, in a first micro-step whose gradients start as None (the estimate counts them: up to
+    their bytes less: -). Sizes on one rank: under FSDP2 the unsharded gradients (the gathered dtype), else
+    ``grad_bytes / tp`` (ZeRO-2/3 without FSDP2 does not reach here: FSDP2 applies to every sharded draw)."""
+    gb = fsdp.grad_bytes if fsdp is not None else setup.policy.grad_bytes / setup.tp
+    block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
+    emb = sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+              if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))
+    pol = setup.policy
+    why = "full recompute" if setup.recompute == "full" else "the bottom block's moment"
+    out = [NamedTerm(f"{why}: the bottom block's own gradients inside its backward", math.ceil(block * gb),
+                     ("backward",), +1)]
+    if emb and setup.zero_grad_to_none and not (pol.master_bytes and pol.grad_bytes == 4):
+        out.append(NamedTerm(f"{why}: the embeddings' gradients, produced after the bottom block's backward",
+                             math.ceil(emb * gb), ("backward",), -1, exact=True))
+    return out
+
+
+def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
+    """:func:`unmodelled_term_list` as name -> the most it can add or take away (bytes)."""
+    return {t.name: t.bytes for t in unmodelled_term_list(config, setup, bd)}
