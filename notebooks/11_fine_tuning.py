@@ -24,7 +24,8 @@
 # 2. the trace: the real Hugging Face Llama-2-7B wrapped by peft `[peft]`, at full size, on fake tensors;
 # 3. the measurement: small peft models of three families (LoRA, and QLoRA with bitsandbytes' NF4) trained one step
 #    on this machine, every saved tensor counted, beside the prediction;
-# 4. what a frozen base still saves, and the misreading it explains; 5. the public calculators on the same runs.
+# 4. what a frozen base still saves, and the misreading it explains;
+# 5. the public calculators on the same runs.
 
 # %% tags=["parameters"]
 scale = "auto"

@@ -51,10 +51,12 @@ def test_profiled_step_counts_the_models_matmul_flops_exactly() -> None:
     assert matmul == megatron_iteration_flops(cfg, setup.batch, setup.seq)
     assert {"norm", "softmax", "optimizer"} <= set(ops["kind"])
     assert set(ops.loc[ops["kind"] == "optimizer", "phase"]) == {"optimizer step"}
-    # coverage is a share of measured self time: on a loaded 2-core runner (make test's two workers) Python-side
-    # ops take a varying share, so only its range is asserted (a timed share belongs in a benchmark, not a test)
-    assert 0.0 < prof.coverage() <= 1.0
-    assert prof.ops["flops"].isna().any(), "some recorded ops carry no FLOP cost (coverage is below 1 by design)"
+    # coverage is a share of measured self time: on a loaded 2-core runner (make test's two workers) one profile's
+    # Python-side ops can take a larger share, so the best of up to three profiles is held to the same bound
+    coverages = [prof.coverage()]
+    while coverages[-1] <= 0.5 and len(coverages) < 3:
+        coverages.append(profile.profile_step(cfg, setup, "cpu").coverage())
+    assert 0.5 < max(coverages) <= 1.0, coverages
 
 
 def test_flash_attention_is_one_costed_op_per_layer_and_direction() -> None:
