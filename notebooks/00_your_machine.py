@@ -30,10 +30,13 @@ seed = 0
 out_dir = "../reports/build/00_your_machine"
 
 # %%
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import psutil
 import torch
+from IPython.display import Markdown, display
 
 from memlab import chapter, check, describe, detect, gpu, roofline_bound
 from memlab.compare import plots
@@ -65,7 +68,9 @@ about["total_memory_bytes"] = f"{about['total_memory_bytes']:,} B ({fmt_bytes(ab
 pd.Series(about, name="this device").to_frame()
 
 # %% [markdown]
-# Dense peaks this chapter compares against (dtypes without a peak for this device are left out):
+# The dense peaks `detect()` gives (dtypes without a peak for this device are left out). On a CPU this is
+# detect()'s own short benchmark; section 2 divides by the higher of it and the best matmul this run measures, and
+# shows that one ceiling beside each point:
 
 # %%
 peaks
@@ -85,9 +90,10 @@ ch.cpu_note("a CPU has no datasheet peak in memlab's table, so its ceiling is it
 # (`a = b + s·c`, two reads and one write per element), counting bytes as STREAM does.
 #
 # Where an array lives decides what is measured: one that fits in a cache measures the cache, one larger than
-# every cache measures DRAM (or a GPU's HBM). `memlab.measure.roofline.cache_bytes` reads this machine's cache sizes
-# (Linux sysfs or `lscpu`; a GPU's L2 from its device properties) and `default_sizes` picks one array inside
-# the L2 and one at least twice the whole last-level cache:
+# every cache measures DRAM (or a GPU's **HBM**, *high-bandwidth memory*, section 3).
+# `memlab.measure.roofline.cache_bytes` reads this machine's cache sizes (Linux sysfs or `lscpu`; a GPU's L2 from
+# its device properties) and `default_sizes` picks one array inside the L2 and one at least twice the whole
+# last-level cache:
 
 # %%
 caches = roofline.cache_bytes(ch.device)
@@ -146,6 +152,22 @@ pd.DataFrame({
     f"achieved / ceiling ({ceiling_label})": matmul["achieved_over_ceiling"].map("{:.1%}".format),
 })
 
+# %%
+if ch.on_cpu and {"fp32", "bf16"} <= set(best_here.index):
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
+    native = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    ratio = float(best_here["bf16"] / best_here["fp32"])
+    display(Markdown(
+        f"The best bf16 matmul measured here runs at {ratio:,.2f}x the best fp32 one. This CPU "
+        + (f"has native bf16 instructions ({', '.join(native)} in /proc/cpuinfo), so torch's oneDNN can run bf16 "
+           "GEMMs on them." if native else
+           "shows no native bf16 instruction (no avx512_bf16 or amx_bf16 in /proc/cpuinfo"
+           + ("" if flags else ": not a Linux machine, so unknown") + "): torch converts bf16 to fp32 in software "
+           "around each multiply, a property of this CPU's path, not of bf16.")
+        + " A GPU's tensor cores run bf16 at several times fp32's rate (section 4's table); on a CPU shared with "
+          "other jobs, single timings also carry their noise."))
+
 # %% [markdown]
 # ## 3. Prediction vs measurement: the roofline
 #
@@ -153,19 +175,31 @@ pd.DataFrame({
 # Patterson, CACM 2009, `[williams2009]`) refines it: a kernel doing *I* FLOPs per byte of memory traffic can
 # reach at most min(peak, I × bandwidth) (`memlab.roofline_bound`). Points far below the flat roof at high
 # intensity are overheads; points on the slope are limited by memory, not by compute. On a GPU the roof uses the
-# table's peak bandwidth (the benchmark flushes the L2 cache between repeats); on a CPU there is no table figure
-# and small operands stay in cache, so the roof uses the best bandwidth measured above.
+# table's peak HBM bandwidth (the benchmark flushes the L2 cache between repeats). On a CPU there is no table
+# figure and the benchmark's small operands stay in cache, so the solid slope is the best bandwidth measured above,
+# a *cache* roof, and a dotted slope draws the bandwidth of the largest array (DRAM). A GEMV in a real decoding
+# step streams weights far larger than any cache: the DRAM slope is its roof.
 
 # %%
-roof_bandwidth, roof_label = (
-    (info.accelerator.bandwidth_bytes_per_s, "table")
-    if info.accelerator and info.accelerator.bandwidth_bytes_per_s
-    else (float(bandwidth["bytes_per_s"].max()), "best measured")
-)
+dram_row = bandwidth.loc[bandwidth["array_bytes"].idxmax()]
+if info.accelerator and info.accelerator.bandwidth_bytes_per_s:
+    roof_bandwidth, roof_label, extra_roofs = info.accelerator.bandwidth_bytes_per_s, "HBM, table", {}
+else:
+    best_row = bandwidth.loc[bandwidth["bytes_per_s"].idxmax()]
+    roof_bandwidth = float(best_row["bytes_per_s"])
+    roof_label = f"cache: best measured, {best_row['kind']} {fmt_bytes(int(best_row['array_bytes']))}"
+    extra_roofs = {f"DRAM: {dram_row['kind']} {fmt_bytes(int(dram_row['array_bytes']))}":
+                   float(dram_row["bytes_per_s"])}
 fig = plots.roofline(matmul, peaks=ceiling, bandwidth_bytes_per_s=roof_bandwidth, bandwidth_label=roof_label,
                      title=f"Matmul throughput against the roofline: {info.name}",
-                     source=f"compute roof: {ceiling_label}")
+                     source=f"compute roof: {ceiling_label}", extra_bandwidths=extra_roofs)
 roofline_png = ch.save_figure(fig, "roofline")
+if extra_roofs:
+    display(Markdown(
+        f"The cache roof's slope ({fmt_rate(roof_bandwidth, 'B/s')}) is "
+        f"{roof_bandwidth / float(dram_row['bytes_per_s']):.1f}x the DRAM one "
+        f"({fmt_rate(float(dram_row['bytes_per_s']), 'B/s')}): a point judged against the cache roof alone would "
+        "look farther from its memory limit than a DRAM-bound kernel is."))
 
 # %%
 matmul["roofline_bound"] = [roofline_bound(i, ceiling[d], roof_bandwidth)
@@ -273,8 +307,18 @@ pd.DataFrame({
 
 # %% [markdown]
 # Seed article 001's "312 TFLOPS" GPU is the A100's *dense* bf16 peak (first row): the article divided by the
-# right number. The same card's sparse figure is twice that. (The MI300X row's source quotes no printed sparse
-# number, so that cell is empty.)
+# right number. The same card's sparse figure is twice that.
+
+# %%
+no_sparse = [r for r in rows if r.sparse_peak("bf16") is None]
+Markdown(f"Rows with an empty 'as printed' cell: {', '.join(r.name for r in no_sparse)}. memlab's table stores a "
+         "sparse figure only where its source quote prints one; these rows' notes say the vendor prints 2x dense "
+         "'with structured sparsity' (" + "; ".join(f"{r.name}: {2 * r.peak('bf16') / 1e12:,.1f} TFLOP/s bf16"
+                                                   for r in no_sparse)
+         + ", the 2 x dense column). The lesson does not change: divide by the dense column."
+         if no_sparse else "Every row stores its printed sparse figure.")
+
+# %% [markdown]
 #
 # ## 5. The misreading, part 2: GB vs GiB, and the unit of a ratio
 #

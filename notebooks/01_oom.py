@@ -55,7 +55,7 @@ from memlab import (
     stacked_by_label,
 )
 from memlab.compare import plots
-from memlab.labs import oom
+from memlab.labs import allocator, oom
 from memlab.units import GB, GiB, KiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
@@ -97,7 +97,8 @@ if info.process_in_use_bytes is not None and info.reserved_total_bytes is not No
     outside = info.process_in_use_bytes - info.reserved_total_bytes
     print(f"in use by the process {info.process_in_use_bytes / GiB:.2f} GiB = allocator reserve "
           f"{info.reserved_total_bytes / GiB:.2f} GiB + {outside / GiB:.2f} GiB outside PyTorch's allocator "
-          "(CUDA context, cuBLAS/cuDNN workspaces): what nvidia-smi counts and no tensor holds")
+          "(the CUDA context and loaded kernels, NCCL buffers, any library calling cudaMalloc itself): what "
+          "nvidia-smi counts and no PyTorch block holds")
 
 # %%
 share = info.tried_to_allocate_bytes / cap_bytes  # on CUDA: the emulated card, not the whole GPU
@@ -107,7 +108,10 @@ print(f"the failed request is {share:.1%} of the capacity: " + (
 # %% [markdown]
 # A small request next to a full card means the memory was already taken; a request near the capacity means one
 # tensor is too big. "Allocated by PyTorch" is the workload; "in use by this process" minus the allocator's
-# reserve is the CUDA context and other libraries. Every shape of the message, from real
+# reserve is the CUDA context (with its loaded kernel images; `CUDA_MODULE_LOADING=LAZY`, torch's default since
+# 2.0, loads far fewer), NCCL's communicator buffers and any library that calls `cudaMalloc` itself. cuBLAS and
+# cuDNN workspaces are *not* outside: PyTorch hands them blocks from its own allocator, so they sit inside
+# "reserved". Every shape of the message, from real
 # reports, with the fields each one states (seed 004 quotes only "Tried to allocate"):
 
 # %%
@@ -127,8 +131,26 @@ ch.save_table(shapes, "oom_shapes")
 shapes.round(2)
 
 # %% [markdown]
-# The `fragmented-2.5` message is the other kind of OOM: 9.35 GiB reserved but unallocated against a 22.78 GiB
-# request. Freeing tensors would not help there; the allocator's layout would (section 4).
+# **Exercise 1 (before the next cell judges it).** The `fragmented-2.5` message says "reserved but unallocated
+# is large, try expandable_segments". Suppose that setting let the allocator hand out *every* reserved-but-unallocated
+# byte, on top of what the driver still has free. By how many GiB would the request still be short?
+
+# %%
+answer = ...
+check("01.fragmented-short", answer)
+
+# %% [markdown]
+# A large "reserved but unallocated" is a *candidate* for fragmentation, not a diagnosis. Before it raises, the
+# allocator has already returned every wholly free cached segment to the driver and retried
+# `[pytorch-caching-allocator]`, so what stays reserved sits in segments that still hold a live tensor. The test is
+# arithmetic: even a perfect layout can serve at most free + reserved-but-unallocated. `memlab.labs.oom.oom_kind`
+# applies it to each message:
+
+# %%
+kinds = pd.DataFrame([{"message": rec.key, **oom.oom_kind(parse_oom_message(rec.message))}
+                      for rec in RECORDED_OOM_MESSAGES])
+ch.save_table(kinds, "oom_kinds")
+kinds
 
 # %% [markdown]
 # ## 2. Where the bytes were: why step 1 survives and step 2 dies
@@ -166,13 +188,13 @@ u_eff = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_byte
 print(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / MiB:.2f} MiB "
       f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
       f"is new in step 2.\n(P + G + O + A) / peak = {u_eff:.2f}: seed 000's 'effective utilisation'; the rest of "
-      "the peak is temporaries (the logits' gradient, the optimizer's scratch), counted by no component")
+      "the peak is temporaries (the logits' gradient and other backward temporaries), counted by no component")
 phases
 
 # %% [markdown]
 # ## 3. Predict, then find, the largest batch that fits
 #
-# **Exercise 1 (predict first).** The card below has the capacity printed by the cell. With the model and
+# **Exercise 2 (predict first).** The card below has the capacity printed by the cell. With the model and
 # setup of section 2, what is the largest batch that fits? Answer before running section 3's measuring cell;
 # the check compares with memlab's fit search (`max_batch`).
 
@@ -245,12 +267,64 @@ peaks.assign(**{c: peaks[c] / MiB for c in mib}).round(dict.fromkeys(mib, 3))
 # %% [markdown]
 # ## 4. Fragmentation: "reserved but unallocated"
 #
-# The CUDA caching allocator keeps freed blocks for reuse. When live tensors sit between the free blocks of a
-# segment, the segment cannot be returned, and a request larger than every hole fails although the sum of the
-# holes would fit: the message then shows a large "reserved but unallocated". `fragmentation_probe` fills a
+# **The allocator's rules.** The CUDA caching allocator takes memory from the driver (`cudaMalloc`) in
+# **segments** and cuts them into **blocks**, one per tensor; a freed block stays cached for reuse. Requests are
+# rounded up to 512 B; those of at most 1 MiB share 2 MiB segments (the *small pool*), larger ones get 20 MiB
+# segments (under 10 MiB) or their own segment rounded up to 2 MiB (the *large pool*). A request takes the
+# smallest cached block of its pool that fits, **split** when the rest is worth keeping; blocks of at least
+# `max_split_size_mb` are never split. Each CUDA stream has its own pools (a tensor used on a second stream is
+# held until `record_stream`'s stream is done). When `cudaMalloc` fails, the allocator first returns every wholly
+# free cached segment to the driver and retries; only then it raises `[pytorch-caching-allocator]`
+# `[pytorch-cuda-memory]`. `memlab.labs.allocator` applies these rules (the per-stream pools and expandable
+# segments named, not modelled). What a request costs:
+
+# %%
+sizes = [4, 1000, 600 * KiB, int(1.5 * MiB), 6 * MiB, 12 * MiB + 1, 100 * MiB + 1]
+pd.DataFrame({"request": [f"{n:,} B" for n in sizes],
+              "block (B)": [f"{allocator.rounded_size(n):,}" for n in sizes],
+              "pool": [allocator.pool_of(n) for n in sizes],
+              "new segment (MiB)": [allocator.segment_size(n) / MiB for n in sizes]})
+
+# %% [markdown]
+# The same rules on a sequence: a 170 MiB budget filled with 6 MiB tensors (three per 20 MiB segment), every other
+# one freed, then one 30 MiB request. The holes add up to far more than 30 MiB, but no hole is 30 MiB, no segment is
+# wholly free for the retry to return, and the driver has less than 30 MiB left:
+
+# %%
+BUDGET, TENSOR, REQUEST = 170 * MiB, 6 * MiB, 30 * MiB
+frag_sim = allocator.replay(allocator.interleaved_frees(24, TENSOR, REQUEST), BUDGET)
+fig = allocator.draw_segments(frag_sim, title=f"Caching-allocator rules: 24 tensors of {TENSOR / MiB:.0f} MiB, "
+                              f"every other freed, then {REQUEST / MiB:.0f} MiB in a {BUDGET / MiB:.0f} MiB budget",
+                              source="memlab.labs.allocator.replay (the documented rules, not a measurement)")
+ch.save_figure(fig, "allocator_fragmentation")
+retry_sim = allocator.replay([*allocator.interleaved_frees(24, TENSOR, REQUEST)[:24],
+                              ("free", "t0"), ("free", "t1"), ("free", "t2"), ("alloc", "big", REQUEST)], BUDGET)
+sim_rows = pd.DataFrame([
+    {"case": "every other tensor freed", "request served": frag_sim.oom is None,
+     "reserved but unallocated (MiB)": (frag_sim.oom or {}).get("reserved_unallocated_bytes",
+                                                                frag_sim.reserved_unallocated_bytes) / MiB,
+     "largest cached block (MiB)": (frag_sim.oom or {}).get("largest_free_block_bytes", 0) / MiB,
+     "returned to the driver by the retry (MiB)": frag_sim.released_on_retry_bytes / MiB},
+    {"case": "three neighbours freed (one whole segment)", "request served": retry_sim.oom is None,
+     "reserved but unallocated (MiB)": retry_sim.reserved_unallocated_bytes / MiB,
+     "largest cached block (MiB)": 0.0,
+     "returned to the driver by the retry (MiB)": retry_sim.released_on_retry_bytes / MiB}])
+kind_sim = oom.oom_kind(parse_oom_message(
+    f"CUDA out of memory. Tried to allocate {REQUEST / MiB:.2f} MiB. GPU 0 has a total capacity of "
+    f"{BUDGET / MiB:.2f} MiB of which {frag_sim.oom['driver_free_bytes'] / MiB:.2f} MiB is free. Of the allocated "
+    f"memory {frag_sim.oom['allocated_bytes'] / MiB:.2f} MiB is allocated by PyTorch, and "
+    f"{frag_sim.oom['reserved_unallocated_bytes'] / MiB:.2f} MiB is reserved by PyTorch but unallocated."))
+display(sim_rows)
+print(f"the first case as an OOM message, judged by oom_kind: {kind_sim['kind']}. The second request is served "
+      "only because the allocator itself returned the wholly free segment and retried: an empty_cache() call "
+      "before it would have changed nothing.")
+
+# %% [markdown]
+# `fragmentation_probe` fills a
 # capped card with equal blocks, frees every other one and asks for one larger tensor, once with the default
-# allocator and once with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (read at CUDA start-up, so each
-# runs in a fresh process).
+# allocator and once with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, each in a fresh process (a clean
+# choice: the allocator reads the variable when CUDA starts, but `torch.cuda.memory._set_allocator_settings` can
+# switch expandable segments on or off during a run).
 
 # %%
 if not ch.on_cpu:
@@ -263,6 +337,31 @@ else:
                         "below is shown when the repo has one recorded."))
 rec = ch.recorded("01_fragmentation_gpu")
 rec if rec is not None else "No GPU fragmentation run is recorded in data/recorded/ yet."
+
+# %% [markdown]
+# **Got an OOM? Read these, in this order.** The message (section 1), then `torch.cuda.memory_stats()` at the
+# failure (an `except torch.OutOfMemoryError` block), whose keys end in `.all.current` / `.all.peak`:
+#
+# 1. *Tried to allocate* against *free + reserved but unallocated*: above it, the request is too big for any
+#    layout (`oom_kind` "too big"): shrink it or free tensors.
+# 2. `allocated_bytes` (live tensors) against your estimate's peak (`estimate(...).peak_bytes`): a surplus that grows
+#    per iteration is a leak (section 6).
+# 3. `reserved_bytes - allocated_bytes` and `inactive_split_bytes` (cached pieces of split blocks): large while the
+#    request is under them is fragmentation: `expandable_segments:True`, or `max_split_size_mb`.
+# 4. `num_alloc_retries` and `num_ooms`: retries mean the free-and-retry path already ran (each a full
+#    `cudaFree` sweep, slow); `max_memory_reserved()` against the capacity says how close the cache came.
+# 5. *In use by this process* minus reserved: the CUDA context, NCCL buffers, libraries outside the allocator.
+#    `PYTORCH_NO_CUDA_MEMORY_CACHING=1` turns the cache off to debug (slow: every free is a `cudaFree`).
+#
+# Paste your own message between the quotes and run the cell: the decoder and `oom_kind` read it.
+
+# %%
+your_message = ""  # paste "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..." here
+if your_message.strip():
+    yours = parse_oom_message(your_message)
+    display(pd.DataFrame(decode_oom(yours)), pd.Series(oom.oom_kind(yours)).to_frame("your OOM"))
+else:
+    print("No message pasted: the decoder would read any of section 1's shapes.")
 
 # %% [markdown]
 # ## 5. Memory snapshots
@@ -297,7 +396,8 @@ else:
 # - **eval-grad**: evaluation without `torch.no_grad()`, summing the loss tensor;
 # - **cycle**: an exception kept in a local variable, a reference cycle freed only by the garbage collector
 #   (here every 4 iterations);
-# - **empty-cache**: the eval-grad leak with `torch.cuda.empty_cache()` after every iteration.
+# - **empty-cache**: the eval-grad leak with `torch.cuda.empty_cache()` after every iteration (on CUDA only: a CPU
+#   has no cache, so on a CPU this panel *is* the eval-grad loop run again).
 
 # %%
 loops = pd.concat([oom.leak_loop(c, fixed=f, iters=SIZES["leak_iters"], device=ch.device, seed=seed)
@@ -316,20 +416,23 @@ for ax, case in zip(axes, oom.CASES, strict=True):
     for fixed, style in ((False, "-o"), (True, "--s")):
         d = loops[(loops["case"] == case) & (loops["fixed"] == fixed)]
         ax.plot(d["iteration"], d["bytes_above_weights"] / KiB, style, ms=3, label="fixed" if fixed else "bug")
-    ax.set(title=case, xlabel="iteration", ylabel="live bytes above the weights (KiB)")
+    ax.set(title=case + (" (= eval-grad on a CPU)" if case == "empty-cache" and ch.on_cpu else ""),
+           xlabel="iteration", ylabel="live bytes above the weights (KiB)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
              f"{ch.device} (memlab.labs.oom)", fontsize=10)
 ch.save_figure(fig, "leak_loops")
 
 # %% [markdown]
-# What the numbers say, row by row. Keeping `loss` after `backward` leaks only the 4-byte scalar per iteration:
-# `backward` frees the graph's saved tensors (its nodes stay, in host memory). The same habit in an evaluation
-# loop without `no_grad` keeps every batch's whole graph, activations included: the real leak. The reference
-# cycle is a sawtooth that only `gc` resets: its slope over whole periods is about zero, but it holds several
-# iterations' tensors at its top, enough to tip a full card. `empty_cache` changes nothing in the live bytes:
-# it returns *unallocated* cached blocks to the driver, so `nvidia-smi` shows less while the tensors that fill
-# the card stay. Seed 004's row holds; its "treats the symptom" is exact.
+# What the numbers say, row by row. Keeping `loss` after `backward` leaks only the scalar's storage per iteration
+# (the table's bytes; on CUDA each one is a 512 B allocator block, section 4): `backward` frees the graph's saved
+# tensors (its nodes stay, in host memory). The same habit in an evaluation loop without `no_grad` keeps every
+# batch's whole graph, activations included: the real leak. The reference cycle is a sawtooth that only `gc`
+# resets: its slope over whole periods is about zero, but it holds several iterations' tensors at its top, enough
+# to tip a full card. `empty_cache` cannot change the live bytes: it returns *unallocated* cached segments to the
+# driver, so `nvidia-smi` shows less while the tensors that fill the card stay. It does not treat the OOM symptom
+# either: before raising, the allocator returns those segments itself and retries (section 4's second case). It
+# only gives cached memory back to *other* processes, and costs a synchronising `cudaFree` each time.
 
 # %% [markdown]
 # ## 7. Seed 004's 7B budget, checked
@@ -375,9 +478,11 @@ ch.seed_claims([
     {"#": 41, "claim": "torch.profiler profile_memory, Nsight [seed-004]", "verdict": "holds (tools exist)",
      "number": "the allocator snapshot (section 5) is the finer tool; CUDA only"},
     {"#": 44, "claim": "OOM row: batch, leak, no_grad, empty_cache treats symptoms [seed-004]",
-     "verdict": "holds with a qualification",
+     "verdict": "holds for batch, leak and no_grad; empty_cache treats no OOM symptom in-process",
      "number": f"eval without no_grad leaks {eval_leak / KiB:.0f} KiB/iteration; a kept loss after backward "
-               f"{keep_leak:.0f} B; empty_cache frees no live byte"},
+               f"{keep_leak:.0f} B of tensor ({allocator.rounded_size(round(keep_leak)):,} B of CUDA block); "
+               "empty_cache frees no live byte, and the allocator's own retry already frees what it would "
+               "(allocator rules, section 4; not measured on this CPU)"},
     {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
      "verdict": "an opinion, not a measurable claim", "number": "—"},
 ])
@@ -385,28 +490,21 @@ ch.seed_claims([
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 2.** Which field of an OOM message points to fragmentation rather than a too-large workload?
+# (Exercises 1 and 2 are in sections 1 and 3.)
+#
+# **Exercise 3.** Which field of an OOM message points to fragmentation rather than a too-large workload?
 
 # %%
 answer = ...
 check("01.fragmentation-field", answer)
 
 # %% [markdown]
-# **Exercise 3.** Section 6's keep-loss loop (the bug: `losses.append(loss)` after `backward`) runs for 1,000
-# iterations instead. How many bytes do the kept losses hold at the end, on this device?
+# **Exercise 4.** Section 6's keep-loss loop (the bug: `losses.append(loss)` after `backward`) runs for 1,000
+# iterations on a GPU. By how many bytes has `torch.cuda.memory_allocated()` grown from the kept losses at the end?
 
 # %%
 answer = ...
-check("01.kept-losses", answer, table=growth, iterations=1000)
-
-# %% [markdown]
-# **Exercise 4.** The `fragmented-2.5` message of section 1 says "reserved but unallocated is large, try
-# expandable_segments". Suppose that setting let the allocator hand out *every* reserved-but-unallocated byte, on
-# top of what the driver still has free. By how many GiB would the request still be short?
-
-# %%
-answer = ...
-check("01.fragmented-short", answer)
+check("01.kept-losses-cuda", answer, table=growth, iterations=1000)
 
 # %% [markdown]
 # ## Summary
@@ -415,7 +513,11 @@ check("01.fragmented-short", answer)
 #   allocator's unused reserve; each points to a different fix.
 # - Optimizer state appears during the first `optimizer.step()`: step 2's peak is higher than step 1's.
 # - The largest batch that fits is decided by the step's peak moment, not by the sum of components.
-# - A large "reserved but unallocated" is fragmentation; `expandable_segments:True` is the fix to try.
+# - A large "reserved but unallocated" is fragmentation only when the request is at most free + reserved but
+#   unallocated; above that no layout fits it (the `fragmented-2.5` message is such a too-big request).
+#   `expandable_segments:True` is the fix to try for real fragmentation.
+# - The allocator rounds every request up to 512 B, packs small ones into 2 MiB segments, and frees its wholly
+#   unused cache and retries before any OOM: `empty_cache` cannot prevent one.
 # - Leaks are bytes that grow per iteration: eval without `no_grad` keeps whole graphs; a kept `loss` after
-#   backward only a scalar; cycles wait for `gc`; `empty_cache` frees no live tensor.
+#   backward only a scalar (512 B each on CUDA); cycles wait for `gc`; `empty_cache` frees no live tensor.
 # - Seed 004's 7B budget omits the fp32 master: 108 GB, not 84.

@@ -96,11 +96,12 @@ def phase_timeline(phases: pd.DataFrame, *, title: str, source: str = "") -> Fig
 
 
 def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_per_s: float, title: str,
-             bandwidth_label: str = "", source: str = "") -> Figure:
+             bandwidth_label: str = "", source: str = "", extra_bandwidths: dict[str, float] | None = None) -> Figure:
     """Measured points against the roofline :func:`memlab.predict.flops.roofline_bound`, log-log.
 
     ``points`` has ``arithmetic_intensity`` (FLOP/byte), ``flops_per_s`` and a ``dtype`` column; ``peaks`` maps a
-    dtype to its compute roof (FLOP/s). Axes in FLOP/byte and TFLOP/s.
+    dtype to its compute roof (FLOP/s). ``extra_bandwidths`` (label -> bytes/s) draws further memory roofs, dotted,
+    under the highest peak (e.g. a CPU's DRAM roof beside its cache roof). Axes in FLOP/byte and TFLOP/s.
     """
     import numpy as np
 
@@ -117,6 +118,11 @@ def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_p
             roof = roofline_bound(intensity, peak, bandwidth_bytes_per_s)
             label = f"{dtype} roof" + (f" ({bandwidth_label} bandwidth)" if bandwidth_label else "")
             ax.plot(intensity, roof / 1e12, "--", label=label)
+    top = max((p for p in peaks.values() if p), default=None)
+    for label, bandwidth in (extra_bandwidths or {}).items():
+        if top:
+            ax.plot(intensity, roofline_bound(intensity, top, bandwidth) / 1e12, ":", color="0.3",
+                    label=f"memory roof ({label})")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte moved)",
            ylabel="throughput (TFLOP/s)")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)

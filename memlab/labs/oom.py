@@ -8,8 +8,9 @@ is the least-squares slope.
 Cases (``fixed=False`` is the bug, ``fixed=True`` the fix):
 
 - ``keep-loss``: a training loop that keeps ``loss`` (a tensor) for logging instead of ``loss.item()``. After
-  ``backward`` the graph's saved tensors are freed, so this keeps only the 4-byte scalar (and its graph nodes,
-  host memory that no tensor count sees): a slow leak.
+  ``backward`` the graph's saved tensors are freed, so this keeps only the 4-byte scalar (a 512 B block on CUDA,
+  whose allocator rounds every request up to 512 B; and its graph nodes, host memory that no tensor count sees): a
+  slow leak.
 - ``eval-grad``: an evaluation loop run without ``torch.no_grad()`` that sums the loss tensor: every batch's
   whole graph, activations included, stays alive. Fix: ``torch.no_grad()`` (and ``.item()``).
 - ``cycle``: each step keeps an exception in a local variable (``except E as e: err = e``). Frame -> err ->
@@ -17,8 +18,9 @@ Cases (``fixed=False`` is the bug, ``fixed=True`` the fix):
   (``gc.collect(0)`` every ``gc_every`` iterations here; automatic collection is off during the loop): a
   sawtooth. Fix: ``del err`` (or ``traceback.clear_frames``), which breaks the cycle.
 - ``empty-cache``: the ``eval-grad`` leak with ``torch.cuda.empty_cache()`` after every iteration (on CUDA; a CPU
-  has no cache to empty). Live bytes grow exactly as before: the call returns only *unallocated* cached blocks to
-  the driver, "treating the symptom". Fix: the ``no_grad`` fix.
+  has no cache to empty, so there this case *is* ``eval-grad``). Live bytes grow exactly as before: the call returns
+  only *unallocated* cached blocks to the driver. It cannot prevent an OOM either: the allocator frees the same
+  blocks itself and retries before raising one (:mod:`memlab.labs.allocator`). Fix: the ``no_grad`` fix.
 
 Introduced for chapter 01 (anatomy of an OOM).
 """
@@ -167,3 +169,44 @@ def fit_sweep(config: TransformerConfig, setup: Setup, batches: list[int], capac
             rows.append({"batch": b, "status": "ok" if peak <= capacity_bytes else "over budget",
                          "peak_bytes": peak})
     return pd.DataFrame(rows)
+
+
+def oom_kind(info: Any) -> dict[str, Any]:
+    """Which kind of OOM a parsed message (:class:`memlab.measure.oom.OomInfo`) describes, by arithmetic on its
+    fields (GiB in the returned numbers).
+
+    The most any layout of the allocator's cache could serve is what the driver has free plus what is reserved
+    but unallocated (the allocator already returned wholly free segments before raising,
+    ``[pytorch-caching-allocator]``). A request above that is *too big* however the cache is arranged: free live
+    tensors or make the tensor smaller (chunking, a smaller batch). A request at or below it, with a reserve that
+    alone would cover it, is a *fragmentation candidate* (``expandable_segments:True``, ``max_split_size_mb``).
+    Otherwise the card is *full*: what holds it is the live tensors (or another process). A message that lacks
+    the fields gives kind ``"unknown"``.
+    """
+    tried, free, unalloc = info.tried_to_allocate_bytes, info.free_bytes, info.reserved_unallocated_bytes
+    if unalloc is None and info.reserved_by_pytorch_bytes is not None and info.allocated_by_pytorch_bytes is not None:
+        unalloc = info.reserved_by_pytorch_bytes - info.allocated_by_pytorch_bytes
+    if tried is None or free is None or unalloc is None:
+        return {"kind": "unknown", "request (GiB)": None if tried is None else tried / 2**30,
+                "free + reserved-unallocated (GiB)": None,
+                "why": "the message does not state free and reserved-but-unallocated memory"}
+    room = free + unalloc
+    if tried > room:
+        kind, why = "too big", (f"{tried / 2**30:.2f} GiB > {free / 2**30:.2f} free + {unalloc / 2**30:.2f} "
+                                "reserved-unallocated GiB: no layout of the cache fits it; free live tensors or "
+                                "split the tensor")
+    elif tried <= free:
+        kind, why = "under the free memory", (f"{tried / 2**30:.2f} GiB <= {free / 2**30:.2f} GiB free: a "
+                                              "per-process cap (set_per_process_memory_fraction) or another "
+                                              "process's allocation refused it, not this process's layout")
+    elif unalloc >= tried:
+        kind, why = "fragmentation candidate", (f"the {unalloc / 2**30:.2f} GiB reserved but unallocated alone "
+                                                f"exceed the {tried / 2**30:.2f} GiB request, yet no cached block "
+                                                "fits it: try expandable_segments:True")
+    else:
+        kind, why = "full and fragmented", (f"neither the {free / 2**30:.2f} GiB free nor the {unalloc / 2**30:.2f} "
+                                            f"GiB cached alone covers the {tried / 2**30:.2f} GiB request, only "
+                                            "both together: freeing live tensors or expandable_segments:True "
+                                            "may each be enough")
+    return {"kind": kind, "request (GiB)": tried / 2**30, "free + reserved-unallocated (GiB)": room / 2**30,
+            "why": why}

@@ -11,10 +11,10 @@ PyTorch's messages changed shape over the years; :func:`parse_oom_message` reads
   PyTorch)", where R is the allocator's whole reserve and "allowed" appears under
   ``set_per_process_memory_fraction``.
 - ``cuda-sentences`` (torch 2.1 on; 2.1 spelled it "total capacty"): "Tried to allocate X. GPU 0 has a total
-  capacity of T of which F is free. [Including non-PyTorch memory, this process has P memory in use. | Process N
-  has P memory in use. ...] Of the allocated memory A is allocated by PyTorch, and U is reserved by PyTorch but
-  unallocated." Torch names "this process" only when the PID NVML reports equals its own; inside a container the
-  PIDs differ and every process, this one included, appears as "Process N".
+  capacity of T of which F is free. [Including non-PyTorch memory, this process has P memory in use. | Process N has P
+  memory in use. ...] [L allowed;] Of the allocated memory A is allocated by PyTorch, and U is reserved by PyTorch but
+  unallocated." Torch names "this process" only when the PID NVML reports equals its own; inside a container the PIDs
+  differ and every process, this one included, appears as "Process N".
 - ``mps``: "MPS backend out of memory (MPS allocated: A, other allocations: O, max allowed: L). Tried to
   allocate X on private pool."
 - ``other``: another backend's "out of memory" (XPU, ...); only the request is read, if stated.
@@ -152,6 +152,7 @@ def parse_oom_message(msg: str) -> OomInfo:
             message_format="cuda-sentences",
             total_capacity_bytes=_find(rf"has a total capacity of {_SIZE}", text),
             free_bytes=_find(rf"of which {_SIZE} is free", text),
+            allowed_bytes=_find(rf"{_SIZE} allowed;", text),
             process_in_use_bytes=_find(rf"this process has {_SIZE} memory in use", text),
             other_processes=others,
             allocated_by_pytorch_bytes=_find(rf"Of the allocated memory {_SIZE} is allocated by PyTorch", text),

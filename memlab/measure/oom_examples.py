@@ -66,6 +66,8 @@ _MEANING: tuple[tuple[str, str, str], ...] = (
      "that one tensor is too big (smaller batch or sequence, checkpointing, chunking)"),
     ("total_capacity_bytes", "the card's memory as the driver reports it (GiB, not the marketed GB)",
      "compare with the estimator's peak for this card"),
+    ("allowed_bytes", "the cap set by set_per_process_memory_fraction (or MPS's limit)",
+     "the capacity that counts for this process: compare requests and peaks with it, not with the card"),
     ("free_bytes", "free on the device, for every process",
      "near zero with little in use by this process: another process holds the card (nvidia-smi)"),
     ("process_in_use_bytes", "this process in total: PyTorch's reserve plus the CUDA context and other libraries",
@@ -73,7 +75,9 @@ _MEANING: tuple[tuple[str, str, str], ...] = (
     ("allocated_by_pytorch_bytes", "held by live tensors",
      "the real workload: parameters, gradients, optimizer state, activations, leaks; reduce these"),
     ("reserved_unallocated_bytes", "cached by the allocator but not in a tensor",
-     "large: fragmentation; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, not a smaller model"),
+     "fragmentation only if the request is at most free + this (the allocator already returned wholly free "
+     "segments before raising): then try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; above that no layout "
+     "fits the request"),
     ("reserved_by_pytorch_bytes", "the allocator's whole reserve (older messages state it)",
      "reserved minus allocated is the cache and fragmentation"),
 )

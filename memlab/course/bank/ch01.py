@@ -55,6 +55,13 @@ def _leak(table: Any, case: str) -> float:
     return float(table.query(f"case == '{case}' and not fixed")["bytes per iteration"].item())
 
 
+def _cuda_block(table: Any) -> int:
+    """The CUDA allocator block one kept loss occupies (its measured bytes rounded up to 512 B)."""
+    from memlab.labs.allocator import rounded_size
+
+    return rounded_size(round(_leak(table, "keep-loss")))
+
+
 def _sample_growth() -> dict[str, Any]:
     import pandas as pd
 
@@ -96,17 +103,24 @@ EXERCISES = (
                    "free_bytes": "That is what the driver has left, outside this process's allocator."},
     ),
     Numeric(
-        "01.kept-losses", "Bytes the kept-loss list holds after the given number of iterations (section 6's loop)",
-        reference=lambda table, iterations: iterations * _leak(table, "keep-loss"), unit="B", rtol=0.02,
-        hint="backward frees the graph's saved tensors, so each kept loss holds only its own storage: multiply the "
-             "measured bytes per iteration of the keep-loss bug by the iterations",
+        "01.kept-losses-cuda", "Growth of torch.cuda.memory_allocated() from the kept losses after the given number "
+        "of iterations of section 6's keep-loss bug, B",
+        reference=lambda table, iterations: iterations * _cuda_block(table), unit="B", rtol=0.02,
+        hint="backward frees the graph's saved tensors, so each kept loss holds only its own storage (section 6's "
+             "bytes per iteration); on CUDA every storage is one allocator block: round it as section 4's rules do",
         why=lambda table, iterations: (
-            f"{iterations:,} iterations × {_leak(table, 'keep-loss'):,.0f} B measured per kept loss. After backward "
-            "a kept loss holds its scalar (a CUDA allocator block on a GPU), not the graph's activations."),
-        diagnoses={lambda table, iterations: iterations * _leak(table, "eval-grad"):
+            f"{iterations:,} kept losses × {_cuda_block(table):,} B: each holds {_leak(table, 'keep-loss'):,.0f} B "
+            "of tensor data, but the caching allocator rounds every request up to a multiple of 512 B "
+            "(memlab.labs.allocator.rounded_size), and memory_allocated counts blocks."),
+        diagnoses={lambda table, iterations: iterations * _leak(table, "keep-loss"):
+                   "That is the tensor data (what a CPU count sees); on CUDA each kept scalar occupies a whole "
+                   "512 B allocator block.",
+                   lambda table, iterations: iterations * _leak(table, "eval-grad"):
                    "That is the eval-grad leak: without backward the graph and its activations stay; after backward "
                    "they are freed and only the scalar stays.",
-                   When(lambda v: v == 0): "The kept losses are tensors: each one holds its storage until the list "
+                   When(lambda v: v in (2 * 2**20, 4 * 2**20)): "That is memory_reserved (whole 2 MiB small-pool "
+                                                              "segments); the question asks memory_allocated.",
+                   When(lambda v: v == 0): "The kept losses are tensors: each one holds its block until the list "
                                            "is cleared."},
         sample=_sample_growth,
     ),
