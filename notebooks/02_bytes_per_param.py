@@ -90,12 +90,15 @@ table
 # - **16**: the ZeRO paper's mixed precision, 2 + 2 + 4 master + 8 moments `[rajbhandari2019]`, and plain fp32
 #   training (4 + 4 + 8). PyTorch AMP also *stores* 16 (fp32 weights, gradients and moments), but autocast holds
 #   bf16 copies of the matmul weights from the forward pass to the backward: section 4 measures them.
-# - **18**: Hugging Face's Transformers documentation counts mixed precision as 6 bytes of weights (16-bit and
-#   fp32 copies), 4 of fp32 gradients and 8 of AdamW `[hf-transformers-anatomy]`; Megatron-LM's
-#   distributed-optimizer table gives the same for bf16 weights with fp32 gradients `[megatron-docs]`.
-# - **20**: the Ultra-Scale Playbook's default mixed precision keeps bf16 weights and gradients plus fp32 copies
-#   of both, and Adam's 8 `[ultrascale-playbook]`; Megatron-LM's fp16 recipe with fp32 "main" gradients is the
-#   same count `[megatron-docs]`.
+# - **18**: Hugging Face's Transformers documentation counts its fp16/bf16 mode, which *is* `torch.autocast`, as 6
+#   bytes of weights (fp32 and 16-bit), 4 of fp32 gradients and 8 of AdamW `[hf-transformers-anatomy]`: that is
+#   this table's amp-bf16, 16 stored bytes, plus the 2-byte working copy autocast makes during the step (section 4
+#   measures it), counted as a weight. Megatron-LM's distributed-optimizer table reaches the same 18 by another
+#   layout: bf16 parameters, fp32 gradients and the fp32 master `[megatron-docs]`.
+# - **20**: Megatron-LM's recipe with fp32 "main" gradients beside 16-bit ones `[megatron-docs]`. The Ultra-Scale
+#   Playbook's formula counts mixed precision as 2 + 2 + 4 + 8 = **16**, and 20 only when gradients are also
+#   accumulated in fp32 (its "w/ FP32 grad acc" column, as nanotron does) `[tazi2025]`; one sentence of its prose
+#   says 12 bytes of fp32 copies, which its own formula does not.
 #
 # Pure bf16 training halves everything, moments included. The optimizer matters as much as the precision: SGD
 # with momentum drops 4 bytes, plain SGD 8, 8-bit Adam about 6.
@@ -161,10 +164,13 @@ fig = plots.stacked_breakdown(adamw, title=f"Model states of {model.name} with A
 ch.save_figure(fig, "states_adamw")
 
 # %% [markdown]
-# The measured bytes per parameter, next to the prediction for this model. The per-tensor `step` counters of Adam
-# (4 bytes per parameter *tensor*, not per parameter) are left out here: they are why an exact count is a hair
-# above 16. 8-bit Adam comes out above the 1B-parameter column of section 1 because, as in bitsandbytes, tensors
-# under 4,096 elements (biases, norms) keep fp32 states `[dettmers2022]`; a small model has many of them.
+# The measured bytes per parameter, next to the prediction for this model. The per-tensor `step` counters of Adam (4
+# bytes per parameter *tensor*, not per parameter) are left out here: they are why an exact count is a hair above 16.
+# On CUDA they stay on the host unless the optimizer is `fused=True` or `capturable=True` `[pytorch-optim]`. The two
+# columns agree because memlab counts both: that is a bookkeeping check of the formula against the storages, and the
+# learner-facing value is the shape across policies, not the agreement. 8-bit Adam comes out above the 1B-parameter
+# column of section 1 because, as in bitsandbytes, tensors under 4,096 elements (biases, norms) keep fp32 states
+# `[dettmers2022]`; a small model has many of them.
 
 # %%
 rows = []
@@ -297,11 +303,20 @@ rule["GiB"] = (rule["bytes for 10⁹ params"] / GiB).round(2)
 rule
 
 # %% [markdown]
-# The rule holds for mixed-bf16 AdamW, exactly, as long as "GB" means 10⁹ bytes: in the GiB that nvidia-smi
-# and the CUDA allocator print, it is 14.9. It is not a rule for "training": the same model needs 8 B/param with
-# SGD and fp32 master weights, 4 with pure bf16 SGD, and 20 with fp32 copies of weights and gradients (the
-# Ultra-Scale Playbook's count). AMP adds its bf16 weight copies during the step (section 4). Activations come on
-# top (chapter 04); the allocator's cache and the CUDA context too (chapter 01).
+# The rule holds for mixed-bf16 AdamW, exactly, as long as "GB" means 10⁹ bytes: in the GiB the allocator's messages
+# print, it is 14.9 (the last row is the measured bytes per parameter times 10⁹: it equals 16 by construction of the
+# count, a consistency check, not evidence). It is not a rule for "training": the same model needs 8 B/param with SGD
+# and fp32 master weights, 4 with pure bf16 SGD, and 20 with fp32 copies of weights and gradients (the Ultra-Scale
+# Playbook's count). AMP adds its bf16 weight copies during the step (section 4). Activations come on top (chapter
+# 04); the allocator's cache and the CUDA context too (chapter 01).
+#
+# **Three layouts this table does not run.** Fine-tuning with LoRA or QLoRA freezes the base weights: they carry
+# no gradient and no optimizer state, only the small adapters do (chapter 11 counts it, measured). `fused=True`
+# AdamW keeps the same 16 bytes of states but updates every parameter in one kernel, without the foreach
+# implementation's scratch lists (section 5 measures that transient). FSDP2's `MixedPrecisionPolicy(param_dtype=
+# bf16, reduce_dtype=fp32)` keeps the *sharded fp32 parameters as the master*: there is no separate master copy,
+# the bf16 weights exist only while a unit is gathered, and gradients are reduce-scattered into fp32 shards
+# `[pytorch-fsdp2]` (chapter 05).
 
 # %%
 recorded = ch.recorded("02_bytes_per_param_gpu")
@@ -340,9 +355,10 @@ check("02.bf16-sgd-fit", answer, capacity_gib=80)
 # ## Summary
 #
 # - Model states cost (weight + gradient + master + fp32 gradient buffer + optimizer moments) bytes per parameter;
-#   the policy and the optimizer each choose their terms. 16 is ZeRO's mixed precision or fp32 with Adam; 18 is
-#   what Hugging Face's docs and Megatron-LM count with fp32 gradients; 20 the Ultra-Scale Playbook's fp32 copies
-#   of weights and gradients; pure bf16 with SGD is 4.
+#   the policy and the optimizer each choose their terms. 16 is ZeRO's mixed precision, fp32 with Adam, AMP's
+#   stored bytes and the Ultra-Scale Playbook's formula; 18 is Hugging Face's count of AMP (the 16 plus autocast's
+#   working copy) and Megatron-LM's bf16 weights with fp32 gradients; 20 adds fp32 gradient accumulation beside
+#   16-bit gradients; pure bf16 with SGD is 4.
 # - AMP stores 16 but holds bf16 copies of its matmul weights from forward to backward: close to 2 B/param more
 #   through the activation peak.
 # - memlab's prediction and the exact storage count of a real training step agree to the byte here, including

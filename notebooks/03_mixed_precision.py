@@ -22,6 +22,10 @@
 #    pure `bf16` trained for real, predicted beside measured, with the peak and tokens/s;
 # 3. loss scaling: fp16 gradients underflowing on real tensors, the scaler's scale over steps, why bf16 needs none;
 # 4. the deprecated `torch.cuda.amp` spelling and its replacement; 5. tensor-core shapes (CUDA).
+#
+# One thing first: AMP's main benefit is *throughput*, not memory. Tensor cores run 16-bit matmuls at several times
+# fp32's rate (chapter 00's table); the Ultra-Scale Playbook says plainly that mixed precision does not by itself
+# save memory `[tazi2025]`. This chapter measures why.
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -33,7 +37,7 @@ out_dir = "../reports/build/03_mixed_precision"
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from memlab import (
     Setup,
@@ -73,7 +77,8 @@ for p in POLICIES:
     pred[p] = {"params": b.params_bytes, "grads": b.grads_bytes, "optimizer": b.optimizer_bytes,
                "activations (tensors)": b.activations_bytes - copies, "autocast weight copies": copies}
 pred = pd.DataFrame(pred).T
-ratios = (pred.drop(columns="autocast weight copies") / pred.loc["fp32"]).rename(columns=lambda c: f"{c} / fp32")
+ratios = (pred.drop(columns="autocast weight copies") / pred.loc["fp32"].drop("autocast weight copies")).rename(
+    columns=lambda c: f"{c} / fp32")
 ratios["weight copies (B/param)"] = pred["autocast weight copies"] / model.param_count()
 ch.save_table(ratios.reset_index(names="policy"), "policies_predicted_ratios")
 ratios.round(2)
@@ -139,15 +144,34 @@ print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / MiB:
 
 # %% [markdown]
 # A peak below the sum means the components are never all alive at once (the activations are gone before the
-# optimizer touches its state); `mixed-bf16`'s peak lies *above* it: its master-weight step makes fp32 copies of
-# the 16-bit gradients, a transient that no component names.
+# optimizer touches its state). A peak above it is a transient no component names; the next cell says which
+# policies have one here and why.
+
+# %%
+above = [p for p, v in over.items() if v > 0]
+Markdown(("Peaks above the sum of components here: " + ", ".join(f"`{p}` ({over[p] / MiB:+.2f} MiB)" for p in above)
+          + ". For `mixed-bf16` that is **memlab's runner**, not the policy: its master-weight step makes fp32 "
+          "copies of the 16-bit gradients for the update and frees them after. Frameworks avoid or bound that copy: "
+          "Megatron-LM keeps a persistent fp32 `main_grad` instead (the 18 and 20 B/param rows of chapter 02), "
+          "DeepSpeed bounds the copy by `sub_group_size`, and FSDP2's `MixedPrecisionPolicy(reduce_dtype=fp32)` "
+          "reduce-scatters straight into fp32 gradient shards, so \"master weights peak above fp32\" is not a rule.")
+         if above else "No policy's peak lies above the sum of its components in this run.")
 
 # %% [markdown]
 # ### The weight copies, and which activations shrink
 #
 # Measured bytes per parameter of the autocast copies, and each activation category under `amp-bf16` as a
-# fraction of fp32's. On a CPU autocast's op lists differ from CUDA's (softmax and layer norm stay in the input
-# dtype on CPU; on CUDA softmax returns fp32): the estimator models both, see `memlab.predict.activations`.
+# fraction of fp32's. Autocast decides per op by three **op lists** `[pytorch-amp]`: ops that run in 16 bits
+# (matmul, linear, conv, SDPA), ops autocast runs in fp32 (on CUDA softmax, log_softmax, layer_norm and the losses),
+# and "promote" ops that run in the widest input dtype (add, cat). The lists differ by device: on a CPU softmax and
+# layer norm stay in the input dtype. The estimator models both (`memlab.predict.activations`), so the CPU
+# measurement below is checked against the CPU lists, and section 2's verdict gives the CUDA estimate beside it.
+#
+# *Who keeps the copies alive.* Autocast's **cast cache** (`cache_enabled=True`, the default) keeps each weight's
+# 16-bit copy from its first use until the outermost autocast context exits, so a weight used twice is cast once;
+# the matmul's autograd node also *saves* that copy for backward. The cache alone ends with the forward; the saved
+# tensor lasts until the backward has used it. `cache_enabled=False` drops the first (one cast per use), and
+# checkpointing drops the second (chapter 04); FSDP2 with `param_dtype=bf16` has no fp32-to-bf16 copy at all.
 
 # %%
 copies_bpp = measured.loc["amp-bf16", "autocast weight copies"] / model.param_count()
@@ -175,7 +199,17 @@ verdict = pd.DataFrame({
                  (measured.loc["amp-bf16", ["activations (tensors)", "autocast weight copies"]].sum()
                   / measured.loc["fp32", "activations (tensors)"] - 1)],
 })
-verdict["measured"] = verdict["measured"].map(lambda v: f"{v:+.0%}")
+cuda = {p: estimate(model, Setup(batch=batch, seq=seq, precision=p), device_type="cuda") for p in ("fp32", "amp-bf16")}
+cuda_copies = cuda["amp-bf16"].activation_detail.get("autocast weight copies", 0)
+cuda_acts = {p: b.activations_bytes - (cuda_copies if p == "amp-bf16" else 0) for p, b in cuda.items()}
+verdict["CUDA op lists (estimator)"] = [
+    cuda["amp-bf16"].params_bytes / cuda["fp32"].params_bytes - 1,
+    cuda["amp-bf16"].grads_bytes / cuda["fp32"].grads_bytes - 1,
+    cuda_acts["amp-bf16"] / cuda_acts["fp32"] - 1,
+    (cuda_acts["amp-bf16"] + cuda_copies) / cuda_acts["fp32"] - 1]
+verdict = verdict.rename(columns={"measured": f"measured ({ch.device_type} op lists)"})
+for c in verdict.columns[2:]:
+    verdict[c] = verdict[c].map(lambda v: f"{v:+.0%}")
 ch.save_table(verdict, "seed_verdict_amp")
 verdict
 
@@ -188,9 +222,12 @@ ch.cpu_note("step times and tokens/s on a CPU say nothing about tensor cores (bf
 #
 # fp16 has 5 exponent bits: the smallest normal number is 2⁻¹⁴ ≈ 6.1 × 10⁻⁵, the smallest subnormal 2⁻²⁴ ≈ 6.0 × 10⁻⁸,
 # the largest 65504. bf16 keeps fp32's 8 exponent bits (smallest normal ≈ 1.2 × 10⁻³⁸) with fewer mantissa bits
-# `[kalamkar2019]`. The cell
-# takes the real fp32 gradients of one step of the model, multiplies them by a scale and casts them: a scale
-# below 1 is what averaging the loss over many accumulation micro-batches does `[micikevicius2018]`.
+# `[kalamkar2019]`. The cell takes the fp32 parameter gradients of one fp32 step of the model at initialisation,
+# multiplies them by a scale and casts them. That is a **proxy**: under AMP fp16 the `.grad` tensors are fp32 and
+# never cast; what underflows is the fp16 *activation* gradients flowing through backward (Micikevicius et al.'s
+# Fig. 3 is a histogram of those) and the fp16 outputs of the weight-gradient matmuls `[micikevicius2018]`, and
+# gradients shrink as training proceeds, so the share flushed at scale 1 below understates the problem. A scale
+# below 1 is what dividing the loss by k accumulation micro-batches does to every gradient (a factor 1/k).
 
 # %%
 finfo = pd.DataFrame({n: {"exponent bits": {torch.float16: 5, torch.bfloat16: 8, torch.float32: 8}[d],
@@ -219,10 +256,24 @@ ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "fp16_underflow")
 
 # %% [markdown]
-# Unscaled, a share of fp16 gradients is flushed to zero and many more lose precision; at 2¹⁶ almost all are
-# normal numbers; at 2²⁴ about a tenth overflow. bf16 loses nothing at any scale. `GradScaler` looks for that
-# window at run time: it starts high, halves the scale and *skips the step* whenever a gradient is inf/NaN, and
-# doubles it after `growth_interval` clean steps. Here with a deliberately high start and a short interval:
+#
+# %%
+at = survival.set_index(["dtype", "scale"])
+u = {n: torch.finfo(d).eps / 2 for n, d in (("fp16", torch.float16), ("bf16", torch.bfloat16))}
+bf16_rows = survival[survival["dtype"] == "bf16"]
+Markdown(
+    f"Unscaled, fp16 flushes {at.loc[('fp16', 1.0), 'flushed to zero']:.3%} of these gradients to zero and makes "
+    f"{at.loc[('fp16', 1.0), 'subnormal']:.2%} subnormal; at 2¹⁶, {at.loc[('fp16', 2.0**16), 'normal']:.2%} are "
+    f"normal; at 2²⁴, {at.loc[('fp16', 2.0**24), 'overflow to inf']:.2%} overflow. bf16 flushes at most "
+    f"{bf16_rows['flushed to zero'].max():.3%} and overflows at most "
+    f"{bf16_rows['overflow to inf'].max():.3%} at any scale here, but it rounds every "
+    f"value to 8 significant bits: a relative error up to {u['bf16']:.2%} per cast, against fp16's "
+    f"{u['fp16']:.3%} in its normal range (half the gap between 1 and the next number, torch.finfo(...).eps / 2).")
+
+# %% [markdown]
+# `GradScaler` looks for that window at run time: it starts high, halves the scale and *skips the step* whenever a
+# gradient is inf/NaN, and doubles it after `growth_interval` clean steps. Here with a deliberately high start and a
+# short interval:
 
 # %%
 traj = precision.scaler_trajectory(model, steps=SIZES["scaler_steps"], init_scale=2.0**24, growth_interval=3,
@@ -233,10 +284,40 @@ print(f"{int(traj['skipped'].sum())} of {len(traj)} steps skipped; scale {traj['
 traj
 
 # %% [markdown]
-# Skipped steps leave the loss unchanged. Seed 004's AMP-NaN row advises tuning `growth_interval` and
-# `backoff_factor`; they only change how fast this search runs. With bf16 there is nothing to search: use
-# `torch.autocast(device, dtype=torch.bfloat16)` without a scaler. Its "force fp32 for LayerNorm with
-# `custom_fwd`" is what autocast's op lists already do on CUDA (layer_norm is in the fp32 list).
+# Skipped steps leave the *parameters* unchanged (the loss is flat here only because the same batch is replayed). Two
+# rules the scaler does not enforce. Clip gradients only after `scaler.unscale_(optimizer)`: before it, the gradients
+# are still multiplied by the scale, so `clip_grad_norm_(..., 1.0)` clips at 1 × scale, and `scaler.step` knows not to
+# unscale twice. And the scaler scales the *loss*, so it protects the backward only: an fp16 *forward* overflow
+# (attention logits or activations beyond 65504, common in large models) is inf before any scale applies, which is why
+# bf16, with fp32's range, became the default for training. Seed 004's AMP-NaN row advises tuning `growth_interval`
+# and `backoff_factor`; they only change how fast this search runs. With bf16 there is nothing to search: use
+# `torch.autocast(device, dtype=torch.bfloat16)` without a scaler. Its "force fp32 for LayerNorm with `custom_fwd`" is
+# what autocast's op lists already do on CUDA (layer_norm is in the fp32 list).
+
+# %% [markdown]
+# ### Why master weights exist: update precision, not range
+#
+# bf16 has fp32's range, so range is not why `mixed-bf16` keeps an fp32 master copy. Precision is: the update
+# w + η·g is rounded back to 16 bits, and when |η·g| is below half a unit in the last place of w it is lost, every
+# step. `memlab.labs.precision.update_swamping` adds the same small update to a weight of 1.0 a thousand times:
+
+# %%
+SWAMP_UPDATE, SWAMP_STEPS = 2.0**-12, 1000
+swamp = precision.update_swamping(weight=1.0, update=SWAMP_UPDATE, steps=SWAMP_STEPS)
+ch.save_table(swamp, "update_swamping")
+fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
+for col, style in zip([c for c in swamp.columns if c != "step"], ("-", "--", ":"), strict=True):
+    ax.plot(swamp["step"], swamp[col], style, lw=2, label=col)
+ax.set(xlabel="optimizer step", ylabel="weight value",
+       title=f"{SWAMP_STEPS:,} updates of +2⁻¹² to a weight of 1.0: kept in fp32, or rounded to 16 bits each step\n"
+             "memlab.labs.precision.update_swamping (torch's round-to-nearest casts, any device)")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+ch.save_figure(fig, "update_swamping")
+last = swamp.iloc[-1]
+Markdown(f"After {SWAMP_STEPS:,} steps the fp32 master holds {last['fp32 master']:.4f}; the bf16 weight holds "
+         f"{last['bf16 weight']:.4f} and the fp16 weight {last['fp16 weight']:.4f}: every update was below half "
+         "their last place at 1.0 and was rounded away. Pure 16-bit training needs a fix for this: an fp32 master "
+         "copy (4 B/param), Kahan-compensated summation or stochastic rounding.")
 
 # %% [markdown]
 # ## 4. The seed's code, on torch 2.13
@@ -264,8 +345,13 @@ warn
 # %% [markdown]
 # ## 5. Tensor-core shapes (CUDA)
 #
-# Tensor cores run 16-bit matmuls whose dimensions are multiples of 8 (16 bytes) at full rate; other shapes pad or
-# fall back. On a GPU the cell times `n x n` bf16 matmuls for `n` a multiple of 8 and one off it.
+# **Tensor cores** are the GPU units that multiply small 16-bit (and tf32, fp8) tiles per instruction. Since cuBLAS
+# 11 they are used for any shape; dimensions that are multiples of 8 elements (16 bytes) run most efficiently, and
+# on A100/H100 NVIDIA's *Matrix Multiplication Background* guide recommends multiples of 64 (128 B); other shapes
+# still use tensor cores, less efficiently (alignment of vector loads, tile and wave quantisation)
+# `[nvidia-matmul-guide]`. **FP8** (Hopper and later: e4m3/e5m2, with per-tensor scales, as in NVIDIA's Transformer
+# Engine; block-scaled MXFP8 on Blackwell) doubles the tensor-core rate again over bf16 (chapter 00's table). On a
+# GPU the cell times `n x n` bf16 matmuls for `n` a multiple of 8 and one off it.
 
 # %%
 if not ch.on_cpu:
@@ -291,8 +377,9 @@ ch.seed_claims([
      "number": f"amp-bf16 params {amp_params:+.0%}; mixed-bf16 model states {mixed_states:+.0%}"},
     {"#": 37, "claim": "torch.cuda.amp code; AMP −50 % params/grads/activations [seed-004]",
      "verdict": "does not hold; the API is deprecated",
-     "number": "; ".join(f"{c} {m}" for c, m in zip(verdict["component (amp-bf16 vs fp32)"], verdict["measured"],
-                                                   strict=True))
+     "number": "; ".join(f"{c} {m} ({ch.device_type} op lists; CUDA estimate {g})" for c, m, g in zip(
+         verdict["component (amp-bf16 vs fp32)"], verdict[f"measured ({ch.device_type} op lists)"],
+         verdict["CUDA op lists (estimator)"], strict=True))
                + f"; {int((warn['warning'] == 'FutureWarning').sum())} FutureWarnings"},
     {"#": 46, "claim": "AMP NaN: tune GradScaler, force fp32 with custom_fwd [seed-004]",
      "verdict": "holds for fp16; bf16 needs no scaler",
@@ -339,6 +426,8 @@ check("03.bf16-update", answer, update_exponent=-9)
 # - Activations shrink only for ops autocast runs in 16 bits; the residual stream and the loss stay fp32.
 # - Halving weights and gradients needs 16-bit weights; an fp32 master copy and fp32 moments keep the total at 16.
 # - fp16 flushes small gradients to zero: a loss scale (GradScaler) moves them into range and backs off on
-#   overflow; bf16 has fp32's range and needs none.
+#   overflow; bf16 has fp32's range and needs none, but rounds every value to 8 significant bits.
+# - Master weights exist for update precision: an update below half a unit in the last place of a 16-bit weight
+#   is lost every step; an fp32 copy keeps it. Clip only after `scaler.unscale_`.
 # - `torch.cuda.amp.*` is deprecated (FutureWarning); write `torch.amp.autocast("cuda", ...)` and
 #   `torch.amp.GradScaler("cuda")`.

@@ -9,6 +9,8 @@
 - :func:`scaler_trajectory`: ``torch.amp.GradScaler`` over a few real autocast-fp16 steps: the scale halves and
   the step is skipped on each overflow, and doubles after ``growth_interval`` clean steps.
 - :func:`deprecated_amp_calls`: the ``torch.cuda.amp`` calls seed 004 writes, and the warnings torch prints.
+- :func:`update_swamping`: why master weights exist (update precision, not range): small updates added to a
+  16-bit weight are rounded away, an fp32 master copy keeps them.
 
 Introduced for chapter 03 (mixed precision).
 """
@@ -118,4 +120,32 @@ def deprecated_amp_calls() -> pd.DataFrame:
         for w in caught:
             rows.append({"seed 004 writes": call, "warning": w.category.__name__, "message": str(w.message),
                          "torch.amp form": replacement})
+    return pd.DataFrame(rows)
+
+
+def update_swamping(*, weight: float = 1.0, update: float = 2.0**-10, steps: int = 1000,
+                    dtypes: tuple[str, ...] = ("bf16", "fp16")) -> pd.DataFrame:
+    """Why master weights exist: ``steps`` equal updates ``w += update`` kept in fp32 and in each 16-bit dtype.
+
+    Each 16-bit weight is rounded to its format after every update (round to nearest even), so an update smaller
+    than half a unit in the last place of ``weight`` is lost every time: the weight never moves. An fp32 master
+    copy accumulates it. One row per step (``step``; one column per format, the weight after that step).
+    """
+    import pandas as pd
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise SetupError(f"steps must be a positive integer, got {steps!r}")
+    for name, v in (("weight", weight), ("update", update)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) == float("inf"):
+            raise SetupError(f"{name} must be a finite number, got {v!r}")
+    unknown = [d for d in dtypes if d not in _DTYPES]
+    if unknown:
+        raise SetupError(f"dtypes must be among {', '.join(_DTYPES)}, got {unknown}")
+    formats = {"fp32 master": torch.float32, **{f"{d} weight": _DTYPES[d] for d in dtypes}}
+    w = {k: torch.tensor(weight, dtype=t) for k, t in formats.items()}
+    rows = []
+    for step in range(1, steps + 1):
+        for k, t in formats.items():
+            w[k] = (w[k] + torch.tensor(update, dtype=t)).to(t)
+        rows.append({"step": step, **{k: float(v) for k, v in w.items()}})
     return pd.DataFrame(rows)

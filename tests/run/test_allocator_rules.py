@@ -98,3 +98,16 @@ def test_the_sentence_shape_reads_a_per_process_cap() -> None:
     info = parse_oom_message(msg)
     assert info.allowed_bytes == 4 * 2**30 and info.free_bytes == 120 * 2**30
     assert oom_kind(info)["kind"] == "under the free memory"
+
+
+def test_small_updates_are_rounded_away_in_16_bits_and_kept_by_an_fp32_master() -> None:
+    from memlab.labs.precision import update_swamping
+
+    swamp = update_swamping(weight=1.0, update=2.0**-12, steps=64)
+    last = swamp.iloc[-1]
+    assert last["bf16 weight"] == 1.0 and last["fp16 weight"] == 1.0  # below half an ulp of 1.0 in both
+    assert last["fp32 master"] == 1.0 + 64 * 2.0**-12  # exact in fp32
+    big = update_swamping(weight=1.0, update=2.0**-6, steps=4).iloc[-1]
+    assert big["bf16 weight"] == 1.0 + 4 * 2.0**-6  # above the ulp: bf16 moves too
+    with pytest.raises(SetupError):
+        update_swamping(steps=0)

@@ -66,7 +66,8 @@ EXERCISES = (
                    "That is 12 B/param, seed 004's 14 + 14 + 56 GB for 7B: 16-bit weights and gradients and Adam's "
                    "moments without fp32 weights. AMP stores fp32 weights.",
                    lambda model: 18 * model.param_count() / MiB:
-                   "That is 18 B/param: it counts autocast's 16-bit weight copy as stored. The copies are transient "
+                   "That is 18 B/param, Hugging Face's count of AMP: it counts autocast's 16-bit weight copy as "
+                   "stored. The copies are transient "
                    "(made in the forward, freed after the backward), not model states.",
                    lambda model: 20 * model.param_count() / MiB:
                    "That is 20 B/param, 16-bit weights and gradients plus fp32 copies of both; AMP keeps one fp32 "
