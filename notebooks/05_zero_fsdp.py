@@ -32,11 +32,15 @@ seed = 0
 out_dir = "../reports/build/05_zero_fsdp"
 
 # %%
+import importlib.util
 import json
+from pathlib import Path
 
+import hjson
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
+from IPython.display import Markdown, display
 
 from memlab import (
     Overheads,
@@ -89,6 +93,64 @@ formula = pd.DataFrame([{"strategy": s, **{f"N={n}": sum(predicted_rank(model, s
 formula["comm / Ψ"] = [sum(zero_comm_bytes(psi, stage).values()) / psi for stage in (0, 1, 2, 3, 3)]
 print(f"{model.name}: {model.param_count():,} parameters, Ψ = {psi:,} B of fp32 gradients")
 formula
+
+# %% [markdown]
+# **The paper's own table, reproduced.** ZeRO's Table 1 gives the per-device model states of a 7.5 B-parameter
+# model (mixed precision with Adam: K = 12 bytes of optimizer state per parameter, so 16 in all) for each stage and
+# data-parallel degree, in GB `[rajbhandari2019]`. The estimator, asked the same question (`estimate(7_500_000_000,
+# Setup(precision="mixed-bf16", zero_stage=k, world_size=N))`), beside it:
+
+# %%
+# ZeRO Table 1, 7.5 B model, per-device GB, as printed [rajbhandari2019] (stage 0 = the baseline, 120 GB at every N)
+ZERO_TABLE1_GB = {1: (120, 120, 120), 4: (52.5, 41.3, 30), 16: (35.6, 21.6, 7.5), 64: (31.4, 16.6, 1.88),
+                  256: (30.4, 15.4, 0.47), 1024: (30.1, 15.1, 0.12)}
+table1 = []
+for n, printed in ZERO_TABLE1_GB.items():
+    for stage, gb in zip((1, 2, 3), printed, strict=True):
+        est = estimate(7_500_000_000, Setup(precision="mixed-bf16", zero_stage=stage, world_size=n))
+        table1.append({"N": n, "stage": f"ZeRO-{stage}", "paper (GB)": gb,
+                       "memlab estimate (GB)": est.model_state_bytes() / 1e9})
+table1 = pd.DataFrame(table1)
+digits = table1["paper (GB)"].map(lambda v: len(f"{v}".split(".")[1]) if "." in f"{v}" else 0)
+table1["agrees to the printed digits"] = (table1["memlab estimate (GB)"] - table1["paper (GB)"]).abs() <= (
+    0.5 * 10.0 ** (-digits) + 1e-9)
+ch.save_table(table1, "zero_table1")
+display(table1.pivot(index="N", columns="stage", values="memlab estimate (GB)").round(3))
+Markdown(f"{int(table1['agrees to the printed digits'].sum())} of {len(table1)} cells of the paper's table agree "
+         "with the estimator to the digits the paper prints"
+         + ("." if table1["agrees to the printed digits"].all() else "; the others: " + ", ".join(
+             f"N={r.N} {r.stage}" for r in table1[~table1["agrees to the printed digits"]].itertuples()) + "."))
+
+# %% [markdown]
+# **The collectives, once.** A rank is one process (one GPU); c10d is torch.distributed's communication layer, run
+# by NCCL on GPUs and gloo on CPUs. *all-reduce*: every rank ends with the sum of everyone's buffer (DDP's gradient
+# sync). *reduce-scatter*: every rank ends with the sum of one 1/N slice. *all-gather*: every rank ends with every
+# rank's slice (ZeRO-3 rebuilding a layer's parameters). *broadcast*: one rank's buffer to all. A ring all-reduce
+# is a reduce-scatter then an all-gather, each N − 1 steps in which every rank sends one 1/N chunk to its
+# neighbour: each rank sends 2(N − 1)/N of the buffer, which is why the paper counts an all-reduce as 2Ψ:
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+ring_n = 4
+angle = [2 * 3.14159265 * i / ring_n for i in range(ring_n)]
+xy = [(__import__("math").cos(a), __import__("math").sin(a)) for a in angle]
+for i, (x, y) in enumerate(xy):
+    axes[0].add_patch(plt.Circle((x, y), 0.22, color="tab:blue", alpha=0.8))
+    axes[0].text(x, y, f"rank {i}", ha="center", va="center", color="white", fontsize=8)
+    nx, ny = xy[(i + 1) % ring_n]
+    axes[0].annotate("", xy=(nx * 0.78 + x * 0.22, ny * 0.78 + y * 0.22),
+                     xytext=(x * 0.78 + nx * 0.22, y * 0.78 + ny * 0.22),
+                     arrowprops=dict(arrowstyle="->", color="0.3"))
+axes[0].set(xlim=(-1.5, 1.5), ylim=(-1.5, 1.5), aspect="equal",
+            title=f"ring of N = {ring_n}: each step, every rank\nsends one 1/N chunk to its neighbour")
+axes[0].axis("off")
+ns = [2, 4, 8, 16, 64, 256]
+axes[1].plot(ns, [ring_wire_bytes(2.0, n) for n in ns], "-o", label="ring all-reduce: 2(N−1)/N")
+axes[1].axhline(2.0, ls=":", color="k", label="ZeRO's convention: 2")
+axes[1].set(xscale="log", xlabel="ranks N", ylabel="bytes sent per rank / buffer bytes",
+            title="what one rank sends for an all-reduce")
+axes[1].legend(fontsize=8)
+ch.save_figure(fig, "ring_allreduce")
 
 # %% [markdown]
 # **Exercise 1 (predict before you measure).** Under FSDP2 with `reshard_after_forward=True` (ZeRO-3) over N = 4
@@ -169,10 +231,29 @@ fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {
 ch.save_figure(fig, "states_per_rank")
 
 # %% [markdown]
-# Reading it: DDP keeps everything on every rank; ZeRO-1 divides the AdamW moments by N (not exactly: torch's
-# ZeroRedundancyOptimizer hands whole tensors to ranks, so the shares differ by a tensor); FSDP2 divides all three.
-# Between steps the two FSDP2 settings hold the same bytes: `reshard_after_forward=False` differs *inside* the
-# step. The gathered parameters (the transient the sum misses) and the bytes moved:
+# Reading it: DDP keeps every model state on every rank (and more than this count, next cell); ZeRO-1 divides the
+# AdamW moments by N (not exactly: torch's ZeroRedundancyOptimizer hands whole tensors to ranks, so the shares differ
+# by a tensor); FSDP2 divides all three. Between steps the two FSDP2 settings hold the same bytes:
+# `reshard_after_forward=False` differs *inside* the step.
+#
+# **DDP's buckets.** The `ddp` bars count each parameter's `.grad`. DDP's reducer also keeps its own flat gradient
+# **buckets** (25 MiB each by default, `bucket_cap_mb`) to all-reduce, a second gradient-sized copy, unless
+# `gradient_as_bucket_view=True` makes the `.grad` tensors views into them; PyTorch's documentation says that saves
+# "memory equal to the total gradients size" `[pytorch-ddp]`. memlab's ranks run the default, so real DDP (and
+# ZeRO-1 under DDP) holds one more gradient copy than the bars:
+
+# %%
+ddp_rows = measured.query("strategy in ['ddp', 'zero1']").groupby(["strategy", "world_size"], sort=False)
+ddp_rows = ddp_rows[["params_bytes", "grads_bytes", "optimizer_bytes"]].mean().reset_index()
+states = ddp_rows[["params_bytes", "grads_bytes", "optimizer_bytes"]].sum(axis=1)
+ddp_rows["counted (B/param)"] = states / model.param_count()
+ddp_rows["with the reducer's buckets (B/param)"] = ddp_rows["counted (B/param)"] + psi / model.param_count()
+ddp_rows[["strategy", "world_size", "counted (B/param)", "with the reducer's buckets (B/param)"]].round(2)
+
+# %% [markdown]
+# The gathered parameters (the transient the sum misses) and the collective volume, in ZeRO's convention (the
+# buffer sizes each c10d op was called with, an all-reduce counted twice; the ring column is the (N − 1)/N formula
+# applied to it, not a measurement of the wire, and gloo's algorithms are not all rings):
 
 # %%
 comm = measured[measured["world_size"] > 1].groupby(["strategy", "world_size"], sort=False)
@@ -189,7 +270,7 @@ if on_gpus:  # the step-time cost of the traffic and the allocator's peak, measu
 ch.save_table(comm, "communication")
 fig, ax = plt.subplots(figsize=(7, 3.4))
 top = comm[comm["world_size"] == max(sizes)]
-ax.bar(top["strategy"], top["measured / Ψ"], label="measured (c10d ops counted)")
+ax.bar(top["strategy"], top["measured / Ψ"], label="counted at the c10d ops (ZeRO's convention)")
 ax.scatter(top["strategy"], top["predicted / Ψ"], color="k", marker="_", s=500, zorder=3,
            label="ZeRO paper [rajbhandari2019]")
 ax.set_ylabel("volume per rank per step / Ψ")
@@ -202,7 +283,11 @@ comm
 # **The misreading.** Two of the paper's numbers need the implementation next to them. torch's
 # `ZeroRedundancyOptimizer` moves **3Ψ**, not 2Ψ: it runs under DDP's full all-reduce and then broadcasts every
 # rank's updated partition. And FSDP2's ZeRO-3 holds more than "one layer" gathered: the root module's own
-# parameters (here the embeddings) stay gathered from forward to backward, next to the running block. With
+# parameters (here the embeddings, tied to the head) stay gathered from forward to backward, next to the running
+# block. That is FSDP2's default for the root (`reshard_after_forward=None` becomes False there, since backward
+# needs the root at once; memlab's ranks leave it to that default), and it is why ZeRO-3 moves 3Ψ less the root's
+# parameters here. The root's forward spans the whole model (the embedding first, the tied head last), so wrapping
+# the embedding and the head as units of their own, as torchtitan does (section 6), is what shrinks it. With
 # `reshard_after_forward=False` the whole model is gathered by the end of forward: ZeRO-2's memory *inside* the
 # step, ZeRO-3's between steps, and 2Ψ of traffic instead of 3Ψ.
 
@@ -254,9 +339,39 @@ floor.round(2)
 # by one layer fitting gathered, by activations, and by the network.
 #
 # The sum of terms is not the most a rank holds at once. The phase-aware estimate (`peak` columns above) places
-# the floor inside the step: with few ranks the optimizer step's fp32 gradient copies and multi-tensor scratch,
-# sized like the rank's shard, hold the peak; with many, the backward's recomputed block and its gradients do. At
-# full scale `memlab.tracing.tracer` checks it at 8 ranks: the real step of the reference GPT at GPT-3 size, FSDP2
+# the floor inside the step: with few ranks the optimizer step holds the peak, with many the backward's
+# recomputed block and its gradients do. The optimizer-step transient is **implementation-dependent**: it is
+# memlab's runner (fp32 copies of the 16-bit gradients for the master update, and foreach AdamW's scratch). FSDP2
+# with `MixedPrecisionPolicy` keeps the fp32 shards as the master and reduce-scatters into fp32 gradient shards
+# (no copy); `fused=True` AdamW has no scratch; DeepSpeed caps the step's transient with `sub_group_size`. The
+# estimate with the fused step, beside the runner's:
+
+# %%
+impl = []
+for n in (8, 64, 1024):
+    row = {"ranks": n}
+    for name, kw in (("memlab runner (foreach)", {}), ("fused AdamW", {"optimizer_impl": "fused"})):
+        s = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=n, recompute="full", **kw)
+        b = estimate(big, s, overheads=Overheads(gathered_layers=2))
+        row[f"{name}: peak GiB"] = b.peak_bytes / GiB
+        row[f"{name}: peak in"] = f"{b.peak_step} {b.peak_phase}"
+    impl.append(row)
+pd.DataFrame(impl).round(2)
+
+# %% [markdown]
+# **Gradient accumulation under ZeRO-3.** With k micro-batches per optimizer step, DDP (with `no_sync`) and ZeRO-1/2
+# communicate the gradients once per step, but ZeRO-3 re-gathers the parameters in every micro-batch's forward and
+# backward: (2k + 1)Ψ per optimizer step instead of 3Ψ, when the gradients are reduce-scattered once (FSDP2's
+# `set_requires_gradient_sync(False)` on the first k − 1 micro-batches, which keeps unsharded gradients meanwhile;
+# reduce-scattering in every micro-batch makes it 3kΨ). For GPT-3's bf16 Ψ:
+
+# %%
+acc_rows = [{"micro-batches k": k, "DDP / ZeRO-1/2 (TB)": sum(zero_comm_bytes(big_psi, 2).values()) / 1e12,
+             "ZeRO-3 (TB)": ((2 * k + 1) * big_psi) / 1e12} for k in (1, 2, 4, 8)]
+pd.DataFrame(acc_rows).round(2)
+
+# %% [markdown]
+# At full scale `memlab.tracing.tracer` checks it at 8 ranks: the real step of the reference GPT at GPT-3 size, FSDP2
 # over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes, nothing allocated.
 
 # %%
@@ -277,7 +392,10 @@ out
 # ## 5. The seed's DeepSpeed config, and FSDP2
 #
 # Seed 004's `ds_config.json` (quotes restored; they are lost in the stored text) carries `//` comments. JSON has
-# no comments, so `json.load` (and DeepSpeed's loader) rejects it:
+# no comments, so `json.load` rejects it. DeepSpeed's own loader does not use `json`: `DeepSpeedConfig` reads the
+# file with **hjson** (deepspeed/runtime/config.py), which accepts `//` comments. Paths that pre-parse the file
+# with `json` (Hugging Face Accelerate's `HfDeepSpeedConfig`, the Trainer's `--deepspeed`) reject it. Both
+# parsers, run on the seed's text:
 
 # %%
 SEED_CONFIG = """{
@@ -294,25 +412,41 @@ SEED_CONFIG = """{
 }"""
 try:
     json.loads(SEED_CONFIG)
-    verdict = "valid JSON"
+    json_verdict = "accepts it"
 except json.JSONDecodeError as err:
-    verdict = f"invalid JSON: {err}"
-valid = json.loads("\n".join(line.split("//")[0] for line in SEED_CONFIG.splitlines()))
-print(verdict)
-print(json.dumps(valid, indent=1)[:200], "...")
+    json_verdict = f"rejects it ({err})"
+try:
+    parsed = hjson.loads(SEED_CONFIG)
+    hjson_verdict = f"accepts it (zero_optimization.stage = {parsed['zero_optimization']['stage']})"
+except hjson.HjsonDecodeError as err:
+    hjson_verdict = f"rejects it ({err})"
+parsers = pd.DataFrame({"parser": ["json.loads (Accelerate's HfDeepSpeedConfig, plain Python)",
+                                   f"hjson.loads {hjson.__version__} (DeepSpeed's DeepSpeedConfig)"],
+                        "on the seed's config": [json_verdict, hjson_verdict]})
+ch.save_table(parsers, "deepspeed_config_parsers")
+display(parsers)
+# the installed DeepSpeed's own loader, read from its source (not imported: that takes seconds)
+ds_spec = importlib.util.find_spec("deepspeed")
+ds_config = None if ds_spec is None else Path(ds_spec.submodule_search_locations[0], "runtime", "config.py")
+ds_lines = ([] if ds_config is None or not ds_config.exists()
+            else [ln.strip() for ln in ds_config.read_text().splitlines() if "hjson.load" in ln])
+print(f"installed deepspeed/runtime/config.py loads a config with: {ds_lines[0]}" if ds_lines else
+      "DeepSpeed is not installed here (or its loader moved): the hjson row stands for its loader by its docs")
 
 # %%
 fsdp2 = pd.DataFrame([
     ("train_batch_size: 32", "global batch = micro-batch × grad. accumulation × world size (set in the data loader)"),
-    ("stage: 2", "fully_shard(block, reshard_after_forward=False) per block, then on the root"),
+    ("stage: 2", "fully_shard(block, reshard_after_forward=False) per block, then on the root (same 2Ψ; params "
+                 "sharded at rest and gathered every forward, unlike DeepSpeed stage 2's resident 16-bit params)"),
     ("offload_optimizer: cpu", "fully_shard(..., offload_policy=CPUOffloadPolicy()): parameters, gradients AND "
                                "optimizer states on the host (no optimizer-only offload); the step runs on CPU"),
     ("allgather_partitions / allgather_bucket_size", "one all-gather per fully_shard unit: the bucket is the module"),
     ("reduce_scatter / reduce_bucket_size", "gradients are always reduce-scattered, one call per unit"),
     ("overlap_comm: true", "default: all-gathers and reduce-scatters run on their own streams with implicit prefetch;"
                            " module.set_modules_to_forward_prefetch([...]) for explicit prefetch"),
-    ("fp16.enabled", "mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32); fp16 "
-                     "also needs a ShardedGradScaler"),
+    ("fp16.enabled", "equivalent: mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype="
+                     "torch.float32) plus a ShardedGradScaler; recommended instead (a different format): "
+                     "param_dtype=torch.bfloat16, no scaler"),
 ], columns=["DeepSpeed key", "FSDP2 (torch.distributed.fsdp) equivalent"])
 ch.save_table(fsdp2, "deepspeed_to_fsdp2")
 fsdp2
@@ -404,13 +538,17 @@ check("05.zero3-floor", answer)
 # %% [markdown]
 # ## Summary
 #
-# - Measured on real gloo ranks, per-rank parameters, gradients and AdamW states follow the ZeRO divisors to the
-#   byte for DDP and FSDP2, and within one tensor for torch's ZeRO-1 (whole tensors per rank).
+# - The estimator reproduces ZeRO's Table 1 (a published figure). On real ranks (gloo on a CPU), per-rank `.grad`,
+#   parameters and AdamW states follow the ZeRO divisors for DDP and FSDP2, and within one tensor for torch's
+#   ZeRO-1 (whole tensors per rank); real DDP adds its reducer's gradient buckets unless
+#   `gradient_as_bucket_view=True`.
 # - Seed 000's "O(N) → O(N/k)" holds for **model states, per stage**; activations do not shrink with k, and
 #   ZeRO-3 adds gathered parameters inside the step (one block plus FSDP2's root here; all of them with
 #   `reshard_after_forward=False`).
 # - Communication: DDP moves exactly 2Ψ per rank per step, as the paper says; FSDP2's ZeRO-3 moves the paper's 3Ψ
-#   less the root module's own parameters (FSDP2 keeps the root gathered from forward to backward, so it gathers it
-#   once); torch's ZeRO-1 moves 3Ψ (all-reduce + broadcast).
+#   less the root module's own parameters (FSDP2's default keeps the root gathered from forward to backward, so it
+#   gathers it once); torch's ZeRO-1 moves 3Ψ (all-reduce + broadcast), in ZeRO's convention; with k accumulated
+#   micro-batches ZeRO-3 moves (2k + 1)Ψ per optimizer step.
 # - Seed 004's "stage 3 trains arbitrarily large models" overclaims: the floor is activations + gathered blocks,
-#   and 3Ψ of traffic per step; its config is not valid JSON (comments), and each key has an FSDP2 equivalent.
+#   and 3Ψ of traffic per step; its config is not valid JSON (comments) but DeepSpeed's hjson loader accepts it,
+#   and each key has an FSDP2 equivalent.

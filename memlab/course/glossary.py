@@ -171,6 +171,21 @@ GLOSSARY: tuple[Term, ...] = (
     Term("MemTracker", "PyTorch's tool that attributes memory to modules and categories during a step."),
     Term("seed article", "One of the three articles (in Chinese) the course grew from: seed 000, 001 and 004; see "
          "{doc}`seeds`.", (r"[Ss]eed articles?", r"[Ss]eeds? 00[014]")),
+    Term("GEMV", "General matrix-vector product: one vector times a matrix (m = 1), about 2 FLOPs per matrix element "
+         "read, so it is limited by memory bandwidth, not compute."),
+    Term("cast cache", "Autocast's cache of the 16-bit copies it made of fp32 weights (``cache_enabled=True``, the "
+         "default): a weight used twice is cast once, and the copies live until the outermost autocast context "
+         "exits.", (r"cast cache",)),
+    Term("op lists", "Autocast's per-device tables of which ops run in 16 bits (matmul, linear, conv, SDPA), which "
+         "in fp32 (on CUDA softmax, log_softmax, layer_norm, losses), and which in the widest input dtype.",
+         (r"op lists?",)),
+    Term("broadcast", "A collective that copies one rank's tensor to every rank.", (r"broadcasts?",)),
+    Term("bucket", "(DDP) a flat buffer into which DDP's reducer copies gradients to all-reduce them together "
+         "(25 MiB by default); a second gradient copy unless ``gradient_as_bucket_view=True``.",
+         (r"buckets?(?= |,|\.|:)",)),
+    Term("max_split_size_mb", "A caching-allocator option (``PYTORCH_CUDA_ALLOC_CONF``): cached blocks at least this "
+         "large are never split for a smaller request, which limits fragmentation of big blocks.",
+         (r"max_split_size_mb",)),
 )
 """Every term the chapters use, defined once. Order is the glossary page's order."""
 
