@@ -226,7 +226,7 @@ ch.cpu_note("step times and tokens/s on a CPU say nothing about tensor cores (bf
 # multiplies them by a scale and casts them. That is a **proxy**: under AMP fp16 the `.grad` tensors are fp32 and
 # never cast; what underflows is the fp16 *activation* gradients flowing through backward (Micikevicius et al.'s
 # Fig. 3 is a histogram of those) and the fp16 outputs of the weight-gradient matmuls `[micikevicius2018]`, and
-# gradients shrink as training proceeds, so the share flushed at scale 1 below understates the problem. A scale
+# gradients shrink as training proceeds; after the figure the proxy is set beside the real quantity. A scale
 # below 1 is what dividing the loss by k accumulation micro-batches does to every gradient (a factor 1/k).
 
 # %%
@@ -269,6 +269,26 @@ Markdown(
     f"{bf16_rows['overflow to inf'].max():.3%} at any scale here, but it rounds every "
     f"value to 8 significant bits: a relative error up to {u['bf16']:.2%} per cast, against fp16's "
     f"{u['fp16']:.3%} in its normal range (half the gap between 1 and the next number, torch.finfo(...).eps / 2).")
+
+# %% [markdown]
+# The quantity AMP really keeps in fp16, the gradients flowing between ops in backward
+# (`memlab.labs.precision.activation_gradients`: every Attention, MLP and Block output's gradient of the same step),
+# cast the same way at scale 1, beside the proxy:
+
+# %%
+act_grads = precision.activation_gradients(model, batch=batch, seq=seq, seed=seed)
+both = pd.concat([precision.cast_survival(grads, [1.0], ("fp16",)).assign(tensors="parameter .grad (the proxy)"),
+                  precision.cast_survival(act_grads, [1.0], ("fp16",)).assign(tensors="activation gradients")])
+ch.save_table(both, "fp16_underflow_activation_grads")
+lost = both.set_index("tensors")[["flushed to zero", "subnormal"]].sum(axis=1)
+display(as_percent(both[["tensors", "flushed to zero", "subnormal", "normal"]],
+                   ["flushed to zero", "subnormal", "normal"], digits=3))
+Markdown(f"At initialisation the activation gradients lose {lost['activation gradients']:.2%} to zero or subnormal "
+         f"in fp16, the parameter gradients {lost['parameter .grad (the proxy)']:.2%}: "
+         + ("the proxy overstates" if lost["activation gradients"] < lost["parameter .grad (the proxy)"] else
+            "the proxy understates")
+         + " what this untrained model's backward loses. Both shrink as training proceeds (Micikevicius et al.'s "
+           "Fig. 3 is from a trained network), which is why the scaler keeps searching.")
 
 # %% [markdown]
 # `GradScaler` looks for that window at run time: it starts high, halves the scale and *skips the step* whenever a

@@ -86,6 +86,26 @@ pd.DataFrame({"bytes per layer (b=1)": per_layer, "GiB": {k: v / GiB for k, v in
        attention_score_share(gpt3, s3)}).round(3)
 
 # %% [markdown]
+# **Tensor and sequence parallelism.** Data parallelism cannot shrink a sample's activations (chapter 05); tensor
+# parallelism over t GPUs splits the attention and MLP matmuls, so their inputs are divided by t, but the norms,
+# dropouts and residual inputs (the `10 sbh`) stay whole on every GPU; sequence parallelism splits those along the
+# sequence, dividing everything by t (Korthikanti et al., Table 2, `[korthikanti2022]`). The paper's formula (with
+# dropout) and memlab's estimator (this course's GPT-3 preset: no dropout), per layer at s = 2048, b = 1:
+
+# %%
+tp_rows = []
+for t, sp in ((1, False), (8, False), (8, True)):
+    paper = korthikanti_layer_bytes(s3, 1, gpt3.d_model, gpt3.n_heads, t=t, sp=sp)
+    est = estimate(gpt3, Setup(batch=1, seq=s3, precision="bf16", tp=t, sp=sp)).activations_bytes / gpt3.n_layers
+    tp_rows.append({"t (tensor-parallel GPUs)": t, "sequence parallel": sp, "paper (GiB/layer)": paper / GiB,
+                    "estimator (GiB/layer)": est / GiB})
+tp = pd.DataFrame(tp_rows)
+tp["paper: of t = 1"] = tp["paper (GiB/layer)"] / tp.loc[0, "paper (GiB/layer)"]
+tp["estimator: of t = 1"] = tp["estimator (GiB/layer)"] / tp.loc[0, "estimator (GiB/layer)"]
+ch.save_table(tp, "tp_sp_activations")
+tp.round(3)
+
+# %% [markdown]
 # memlab keeps the formula as a sum of named tensors (`memlab.predict.activations.activation_terms`), so it also
 # covers fp32 or autocast, no dropout, SwiGLU, GQA, RMSNorm, and the model-level tensors the paper leaves out
 # (token ids, the final norm, the LM head's fp32 log-softmax). The reference GPT is built to save exactly those.
@@ -225,6 +245,13 @@ ch.cpu_note("CPU step times are too noisy on a shared machine to carry the time 
             "same cell times each strategy with CUDA events and adds the allocator's peak.")
 
 # %% [markdown]
+# Between selective and full recompute sits **op-level selective checkpointing**: torch's
+# `create_selective_checkpoint_contexts` takes a policy that says, op by op, which outputs to save inside a
+# checkpointed block (torchtitan saves the matmuls' outputs and recomputes the cheap element-wise ops)
+# `[pytorch-checkpoint]`; `torch.compile` chooses what to rematerialise itself by a min-cut over the graph, under
+# a budget (`torch._functorch.config.activation_memory_budget`). memlab measures the block- and segment-level
+# policies below.
+#
 # **The √n argument, and why it does not decide here.** With `n` blocks in groups of `k`, backward holds the
 # `n/k` group inputs plus one group's internals while it recomputes it: `(n/k)·x + k·A` bytes for a block input
 # `x` and a block's internals `A` `[chen2016]`. That is smallest at `k = √(n·x/A)`, which is `√n` only when a block

@@ -1,6 +1,7 @@
 """Why fp16 training needs a loss scale and bf16 does not, on real tensors (fp16 and bf16 work on a CPU).
 
 - :func:`real_gradients`: the fp32 gradients of one step of the reference GPT, flattened.
+- :func:`activation_gradients`: the gradients flowing between ops in backward (what AMP fp16 keeps in 16 bits).
 - :func:`cast_survival`: multiply gradients by a scale, cast to a 16-bit dtype, and count what is lost: values
   that become 0 (below the smallest subnormal, 2^-24 ~ 6.0e-8 in fp16), that become subnormal (below 2^-14 ~
   6.1e-5: fewer significant bits) and that overflow to inf (above 65504). bf16 keeps fp32's 8 exponent bits, so
@@ -43,6 +44,38 @@ def real_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, 
     idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
     model(idx, tgt).backward()
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def activation_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, seed: int = 0,
+                         device: torch.device | str = "cpu") -> torch.Tensor:
+    """The gradients flowing *between* ops in backward (w.r.t. every Attention, MLP and Block output of the
+    reference GPT), from one fp32 forward + backward, as one flat fp32 tensor.
+
+    Under AMP fp16 these are the tensors that are fp16 and can underflow (Micikevicius et al. 2018, Fig. 3, is a
+    histogram of them [micikevicius2018]); the parameters' ``.grad`` stay fp32. Casting these values shows what an
+    fp16 backward would flush, to first order (the fp16 backward's own rounding is not replayed).
+    """
+    from memlab.model.gpt import MLP, Attention, Block
+
+    dev = resolve_device(device)
+    torch.manual_seed(seed)
+    model = GPT(config, device=dev).train()
+    grads: list[torch.Tensor] = []
+
+    def keep(_module: Any, _inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda g: grads.append(g.detach().float().flatten()))
+
+    handles = [m.register_forward_hook(keep) for m in model.modules() if isinstance(m, (Attention, MLP, Block))]
+    try:
+        idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
+        model(idx, tgt).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    if not grads:
+        raise SetupError("no activation gradient was recorded: the model has no Attention, MLP or Block module")
+    return torch.cat(grads)
 
 
 def cast_survival(grads: torch.Tensor, scales: list[float], dtypes: tuple[str, ...] = ("fp16", "bf16")) -> pd.DataFrame:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from memlab.errors import SetupError
 from memlab.labs import allocator as A
@@ -111,3 +112,14 @@ def test_small_updates_are_rounded_away_in_16_bits_and_kept_by_an_fp32_master() 
     assert big["bf16 weight"] == 1.0 + 4 * 2.0**-6  # above the ulp: bf16 moves too
     with pytest.raises(SetupError):
         update_swamping(steps=0)
+
+
+def test_activation_gradients_are_the_gradients_between_ops() -> None:
+    from memlab.labs.precision import activation_gradients
+    from memlab.predict.models import preset
+
+    cfg = preset("tiny-gpt")
+    g = activation_gradients(cfg, batch=1, seq=8)
+    # one gradient per Attention, MLP and Block output: 3 per layer, each batch x seq x d_model
+    assert g.dtype == torch.float32 and g.numel() == 3 * cfg.n_layers * 1 * 8 * cfg.d_model
+    assert torch.isfinite(g).all() and (g != 0).any()
