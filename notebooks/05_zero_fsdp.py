@@ -371,6 +371,29 @@ acc_rows = [{"micro-batches k": k, "DDP / ZeRO-1/2 (TB)": sum(zero_comm_bytes(bi
 pd.DataFrame(acc_rows).round(2)
 
 # %% [markdown]
+# **Volume is time.** The bytes a rank sends per step, over the link it sends them on, bound the communication
+# time from below (full link rate, no latency, nothing overlapped with compute). Two published per-GPU rates: an
+# InfiniBand NDR port, 400 Gb/s `[nvidia-connectx7]`, and H100 SXM's NVLink, 900 GB/s counted in both directions
+# `[nvidia-h100-datasheet]`, so half of it each way:
+
+# %%
+LINKS_BYTES_PER_S = {"InfiniBand NDR, 400 Gb/s per GPU": 400e9 / 8,  # [nvidia-connectx7]
+                     "NVLink 4 (H100 SXM), 900 GB/s both ways": 900e9 / 2}  # [nvidia-h100-datasheet]
+steps = pd.DataFrame([{"strategy": name, "bytes sent per rank per step (TB)": v / 1e12,
+                       **{f"{link}: s per step, at least": v / bw for link, bw in LINKS_BYTES_PER_S.items()}}
+                      for name, v in (("DDP / ZeRO-1/2 (2Ψ)", sum(zero_comm_bytes(big_psi, 2).values())),
+                                      ("ZeRO-3 (3Ψ)", sum(zero_comm_bytes(big_psi, 3).values())))])
+steps.round(2)
+
+# %%
+ib = steps.columns[2]
+Markdown(f"Over InfiniBand alone a GPT-3 step spends at least {steps[ib].min():.0f} s (DDP) to {steps[ib].max():.0f} s "
+         "(ZeRO-3) communicating. That is why ZeRO-3 overlaps its all-gathers with compute (FSDP2 prefetches the "
+         "next unit while the current one runs, so about two units are gathered at once, the estimate's "
+         "`gathered_layers=2`), why large micro-batches amortise it, and why ZeRO-3 stays inside a node or a fast "
+         "domain when it can (hybrid sharding, HSDP: shard within a node, replicate across nodes).")
+
+# %% [markdown]
 # At full scale `memlab.tracing.tracer` checks it at 8 ranks: the real step of the reference GPT at GPT-3 size, FSDP2
 # over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes, nothing allocated.
 
