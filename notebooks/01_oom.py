@@ -178,8 +178,10 @@ against = live.against(predicted)
 ch.save_table(against, "two_steps_peaks_predicted")
 print(f"predicted peak {predicted.peak_bytes / MiB:.2f} MiB in the {predicted.peak_step} step's "
       f"{predicted.peak_phase}; measured {live.peak_bytes / MiB:.2f} MiB ({live.peak_label})")
-against.assign(**{"measured MiB": against["measured"] / MiB, "predicted MiB": against["predicted"] / MiB})[
-    ["step", "phase", "measured MiB", "predicted MiB", "rel_error"]].round({"measured MiB": 3, "predicted MiB": 3})
+against.assign(**{"measured MiB": against["measured"] / MiB, "predicted MiB": against["predicted"] / MiB,
+                  "predicted vs measured": against["rel_error"].map("{:+.3%}".format)})[
+    ["step", "phase", "measured MiB", "predicted MiB", "predicted vs measured"]].round(
+    {"measured MiB": 3, "predicted MiB": 3})
 
 # %%
 m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
@@ -189,7 +191,7 @@ print(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / 
       f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
       f"is new in step 2.\n(P + G + O + A) / peak = {u_eff:.2f}: seed 000's 'effective utilisation'; the rest of "
       "the peak is temporaries (the logits' gradient and other backward temporaries), counted by no component")
-phases
+phases.rename(columns={c: f"{c} (B)" for c in ("params", "grads", "optimizer", "activations")})
 
 # %% [markdown]
 # ## 3. Predict, then find, the largest batch that fits
@@ -262,7 +264,9 @@ ch.save_table(peaks, "fit_sweep_peaks")
 over = {c: peaks.loc[peaks[c] > card_spec.memory_bytes, "batch"].min() for c in ("measured peak", "predicted peak")}
 print(f"first batch over {card_spec.name}: measured {over['measured peak']}, predicted peak {over['predicted peak']}")
 mib = ("measured peak", "predicted peak")
-peaks.assign(**{c: peaks[c] / MiB for c in mib}).round(dict.fromkeys(mib, 3))
+peaks.assign(**{c: peaks[c] / MiB for c in mib}, rel_error=peaks["rel_error"].map("{:+.3%}".format)).rename(
+    columns={"measured peak": "measured peak (MiB)", "predicted peak": "predicted peak (MiB)",
+             "rel_error": "predicted vs measured"}).round({"measured peak (MiB)": 3, "predicted peak (MiB)": 3})
 
 # %% [markdown]
 # ## 4. Fragmentation: "reserved but unallocated"
