@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,8 @@ def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
     weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'
     ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)`` loads).
-    The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too). Families whose blocks
+    The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too; fake weights, under a
+    FakeTensorMode, through bitsandbytes' fake kernels: :func:`fake_params4bit`). Families whose blocks
     use GPT-2's ``Conv1D`` are refused (SetupError)."""
     try:
         with quiet_bitsandbytes():
@@ -280,19 +282,64 @@ def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
     if any(type(m).__name__ == "Conv1D" for m in model.modules()):
         raise SetupError(f"quantize_nf4 replaces nn.Linear layers; {model.config.model_type}'s blocks use Conv1D: "
                          "use a Llama-style family (llama, mistral, qwen2, ...)")
+    from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not torch.nn.Linear or name == "lm_head":
                 continue
-            q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                  compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True,
-                                  device="meta")
-            q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
-                                         compress_statistics=True)
+            fake = is_fake(child.weight)
+            with unset_fake_temporarily() if fake else contextlib.nullcontext():  # a meta shell: no fake Params4bit
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True,
+                                      device="meta")
+            if fake:
+                q.weight = fake_params4bit(bnb, child.weight.data, q)
+            else:
+                q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                             compress_statistics=True)
             if child.bias is not None:
                 q.bias = torch.nn.Parameter(child.bias.data, requires_grad=child.bias.requires_grad)
-            setattr(parent, name, q.to(child.weight.device))
+            setattr(parent, name, q if fake else q.to(child.weight.device))  # (.to() re-wraps a fake weight)
     return model
+
+
+_FAKE_QMAPS: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+"""bitsandbytes' code cache (``functional.name2qmap``) per fake mode: :func:`fake_params4bit`."""
+
+
+def fake_params4bit(bnb: Any, weight: torch.Tensor, module: torch.nn.Module) -> torch.nn.Parameter:
+    """The 4-bit weight of ``module`` (a ``Linear4bit``) for a fake 16-bit ``weight`` (FakeTensorMode): bitsandbytes'
+    own ``functional.quantize_4bit`` (NF4, blocksize 64, double quantisation, uint8 storage) runs on its registered
+    fake kernels (``bitsandbytes::quantize_4bit`` and ``quantize_blockwise``), giving the packed weight and a
+    QuantState of fake tensors of the real dtypes and sizes. ``Params4bit`` itself cannot wrap a FakeTensor
+    (``Tensor._make_subclass`` refuses a tensor that is already a Python subclass), so the packed weight is a frozen
+    ``nn.Parameter`` carrying the attributes ``Linear4bit.forward`` and peft read (``quant_state``, ``quant_type``,
+    ``blocksize``, ``compress_statistics``, ``quant_storage``, ``bnb_quantized``, ``module``): the same bytes, and the
+    same ``bnb.matmul_4bit`` path (``MatMul4Bit``: ``gemm_4bit`` forward, ``dequantize_4bit`` in backward)."""
+    fn = bnb.functional
+    # bitsandbytes caches its 8-bit dynamic code (name2qmap) as one real tensor shared by every quantised weight;
+    # under a fake mode one fake code is made and shared the same way
+    # (bitsandbytes builds it from Python floats, .tolist(): it is built for real here and handed to the fake mode)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    mode = weight.fake_mode
+    if mode not in _FAKE_QMAPS:
+        with unset_fake_temporarily():
+            code = fn.create_dynamic_map()
+        _FAKE_QMAPS[mode] = {"dynamic": mode.from_tensor(code)}
+    cached, fn.name2qmap = fn.name2qmap, _FAKE_QMAPS[mode]
+    try:
+        packed, state = fn.quantize_4bit(weight, blocksize=64, compress_statistics=True, quant_type="nf4",
+                                         quant_storage=torch.uint8)
+    finally:
+        fn.name2qmap = cached
+    param = torch.nn.Parameter(packed, requires_grad=False)
+    for key, value in {"quant_state": state, "quant_type": "nf4", "blocksize": 64, "compress_statistics": True,
+                       "quant_storage": torch.uint8, "bnb_quantized": True, "module": module}.items():
+        setattr(param, key, value)
+    module.quant_state = state
+    return param
 
 
 def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -309,7 +356,8 @@ def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
         if getattr(qs, "nested", False):
             tensors += [qs.state2.absmax, qs.state2.code, qs.offset]
         for t in tensors:
-            key = (str(t.device), t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+            # a storage's identity (_cdata, its StorageImpl): a fake tensor has no data pointer
+            key = (str(t.device), t.untyped_storage()._cdata) if isinstance(t, torch.Tensor) else None
             if key is not None and key not in seen:
                 seen.add(key)
                 out.append(t)

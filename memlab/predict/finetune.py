@@ -23,7 +23,8 @@ changes, each term checked against peft 0.21 on CPU (``tests/run/test_finetune.p
   weight for backward (``ctx.tensors = (None, B)``; versions before kept the input ``A`` too), so the activations
   are LoRA's over a bf16 base; its backward dequantises one weight at a time to bf16 (a transient of the largest
   matrix, the named overhead ``qlora_dequantised_weight``). bitsandbytes 0.45+ quantises and runs NF4 on the CPU,
-  so QLoRA is measured here too (``tests/run/test_finetune.py``); the CUDA kernels are checked by a GPU test.
+  so QLoRA is measured here too, and traced on fake tensors through bitsandbytes' registered fake kernels
+  (``tests/run/test_finetune.py``); the CUDA storage is checked by a GPU test; paged optimizers are predicted only.
 
 Pure arithmetic, no torch. Units: bytes and elements.
 """
@@ -128,8 +129,9 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
         base, quantizable = qlora_base_bytes(config)
         notes = [f"QLoRA base: {quantizable:,} block-matrix weights in NF4 with double quantisation "
                  f"({4 + qlora_bits_per_parameter():.3f} bits each, QLoRA Sec. 3) and {n_base - quantizable:,} "
-                 "embedding/norm/head weights in bf16: predicted from the sources (bitsandbytes' 4-bit kernels need "
-                 "CUDA; not measured on CPU); one dequantised bf16 weight at a time is the overhead "
+                 "embedding/norm/head weights in bf16, from the sources; equal to a CPU step with bitsandbytes' CPU "
+                 "kernels and to its fake-tensor trace (tests/run/test_finetune.py; the CUDA storage by a GPU "
+                 "test); one dequantised bf16 weight at a time is the overhead "
                  "qlora_dequantised_weight; " + PAGED_OPTIMIZER_NOTE]
     else:
         base = n_base * pb

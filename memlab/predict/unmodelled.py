@@ -3,7 +3,8 @@ may miss (:class:`NamedTerm`: at most how many bytes, on which phases, with whic
 a trace or a measurement can tell a named gap from a silently wrong number (:mod:`memlab.compare.agreement`).
 
 Sizes are bytes on one rank; sources are the terms' own docstrings (FSDP2's moments: :mod:`memlab.predict.fsdp`;
-MoE routing; full recompute's bottom block and attention core; the top block under a non-plain loss).
+MoE routing; full recompute's bottom block and attention core; selective recompute's attention core in forward;
+the top block under a non-plain loss).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: st
     block = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if name.startswith("blocks.0."))
     return lt["temp"] + block * setup.policy.grad_bytes / setup.tp
 
+
+
+def attention_core_bound_bytes(config: TransformerConfig, setup: Any) -> float:
+    """The most eager or math (unfused) attention's core holds inside one block's forward beyond its inputs, on one
+    tp rank, in bytes: its s x s tensors (scores, mask sum, softmax, dropout) and a few t x h ones, at most
+    ``12 S + 4 b s^2 + 22 t h + 4 t`` with ``S = b heads s^2`` (fitted on memlab's trace of the reference GPT, dense
+    attention, fp32 and bf16, eager and math, under full and selective recompute; checked by
+    ``tests/compare/test_agreement.py`` on generated setups)."""
+    b, s_, t = setup.batch, setup.seq, setup.batch * setup.seq
+    return (12 * b * config.n_heads * s_ * s_ + 4 * b * s_ * s_ + 22 * t * config.d_model + 4 * t) / setup.tp
 
 
 @dataclass(frozen=True)
@@ -56,9 +67,11 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
     since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
     gradients in backward, -), under full recompute, a chunked or fused loss, kept positions or activation
-    offload the bottom block's moment (:func:`_bottom_block_terms`), and under a chunked or fused loss or kept
-    positions the top block's backward moment, an upper bound (backward, -); under activation offload without full
-    recompute the bottom block's saved tensors, counted on the device at once (backward, -).
+    offload the bottom block's moment (:func:`_bottom_block_terms`), under eager or math attention the core's s x s
+    tensors inside a block's forward (full recompute: forward +, backward -; selective recompute with a chunked or
+    fused loss, kept positions or offload: forward +; :func:`attention_core_bound_bytes`), and under a chunked or
+    fused loss or kept positions the top block's backward moment, an upper bound (backward, -); under activation
+    offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -).
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -75,14 +88,20 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         out += _bottom_block_terms(config, setup, fsdp)
     if setup.recompute == "full" and not setup.fused_attention:
         # the attention core's s x s tensors (scores, softmax, dropout) alive inside a block's recomputed forward
-        # and backward: the block-forward moment counts the MLP, not them (fitted on the trace for dense
-        # attention, fp32 and bf16, eager and math: at most 12 S + 4 b s^2 + 22 t h + 4 t bytes, S = b heads s^2)
-        b, s_, t = setup.batch, setup.seq, setup.batch * setup.seq
-        core = (12 * b * config.n_heads * s_ * s_ + 4 * b * s_ * s_ + 22 * t * config.d_model + 4 * t) / setup.tp
+        # and backward: the block-forward moment counts the MLP, not them
         name = f"full recompute with {setup.attention} attention: the attention core's s x s tensors inside a " \
                "recomputed block's "
-        out.append(NamedTerm(name + "forward", math.ceil(core), ("forward",), +1))
-        out.append(NamedTerm(name + "backward, counted with the bottom block", math.ceil(core), ("backward",), -1))
+        core = math.ceil(attention_core_bound_bytes(config, setup))
+        out.append(NamedTerm(name + "forward", core, ("forward",), +1))
+        out.append(NamedTerm(name + "backward, counted with the bottom block", core, ("backward",), -1))
+    if setup.recompute == "selective" and not setup.fused_attention \
+            and (setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations):
+        # selective recompute saves no s x s tensor, but the top block's core still makes them in forward; with no
+        # t x V logits at the end of forward (chunked or fused loss, kept positions, offload) that moment can be
+        # the forward's peak, which the estimate (the end of forward) does not count
+        out.append(NamedTerm(f"selective recompute with {setup.attention} attention: the attention core's s x s "
+                             "tensors inside the top block's forward (not saved, so not in the activations)",
+                             math.ceil(attention_core_bound_bytes(config, setup)), ("forward",), +1))
     if (setup.loss != "plain" or setup.logits_to_keep) and not setup.offload_activations \
             and setup.recompute != "full":
         out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "

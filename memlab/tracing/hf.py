@@ -58,7 +58,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
     has no transformers equivalent; ``finetune='lora'`` wraps the model with peft
-    (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base with bitsandbytes, on real tensors only).
+    (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base to NF4 with bitsandbytes, on fake tensors
+    through its fake kernels: :func:`memlab.model.hf.fake_params4bit`).
     ``force_unpacked``: see :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are
     not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces FSDP2); ``device_type`` is ``"cpu"`` or
     ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's ``n_positions``, OPT's
@@ -83,9 +84,6 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
-    if setup.finetune == "qlora" and fake:
-        raise SetupError("finetune='qlora' traces with fake=False only: bitsandbytes' Params4bit cannot wrap a fake "
-                         "tensor; trace a small config for real (the estimate covers full size)")
     impl, backend = _ATTENTION[setup.attention]
     parts = setup_parts(setup, device_type=device_type)
     notes = list(parts.pop("notes"))

@@ -153,3 +153,32 @@ def test_cpu_offload_moves_the_shards_to_the_host_and_keeps_the_gathered_units()
             assert rb.peak_bytes < ra.peak_bytes
     with pytest.raises(SetupError, match="CPUOffloadPolicy"):
         Setup(fsdp_offload=True)
+
+
+def test_selective_recompute_with_unfused_attention_and_a_chunked_loss_has_its_forward_bounded() -> None:
+    """Selective recompute saves no s x s tensor, but the top block's core makes them inside forward; under a
+    chunked or fused loss that moment can be the forward's peak. A generated draw (dense or GQA, a 16-bit or fp32
+    policy, eager or math, chunked or fused): the forward's gap is on the side the named term pushes and within its
+    size, and no phase is off."""
+    import random
+
+    from memlab.predict.unmodelled import attention_core_bound_bytes, unmodelled_term_list
+    rng = random.Random("selective-core")
+    family = rng.choice(("dense", "gqa-128k"))
+    setup = Setup(batch=rng.choice((1, 2)), seq=rng.choice((64, 128)), recompute="selective",
+                  attention=rng.choice(("eager", "math")), precision=rng.choice(("fp32", "bf16", "amp-bf16",
+                                                                                  "mixed-bf16")),
+                  loss=rng.choice(("chunked", "fused")), optimizer_impl="foreach")
+    cfg = _CI_MODELS[family]
+    rows = compare_draw(Draw(cfg, setup, family))
+    assert all(r["verdict"] != "off" for r in rows), [r for r in rows if r["verdict"] == "off"]
+    bound = attention_core_bound_bytes(cfg, setup)
+    assert any(t.name.startswith("selective recompute") and t.phases == ("forward",) and t.sign == 1
+               for t in unmodelled_term_list(cfg, setup, estimate(cfg, setup, device_type="cpu")))
+    for r in rows:
+        if r["phase"] == "forward":  # the trace holds at most the core's bound more
+            assert -bound <= r["diff_bytes"] <= 1e-3 * r["trace_bytes"], r
+    # without the loss option the t x V logits hide the moment, and the term is not listed
+    plain = setup.with_(loss="plain")
+    assert not any(t.name.startswith("selective recompute")
+                   for t in unmodelled_term_list(cfg, plain, estimate(cfg, plain, device_type="cpu")))
