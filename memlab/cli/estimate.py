@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
     if args.levers and setup.mode != "train":
         raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    if setup.pp > 1 or setup.cp > 1:
+        return _run_parallel(args, model, setup)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
                    workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
@@ -191,3 +193,46 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
         else:
             print(f"no combination of these levers fits (best: {' + '.join(fit['levers']) or 'none'}, peak "
                   f"{fit['peak_bytes'] / GiB:.2f} GiB): a smaller model, a bigger card or more ranks")
+
+
+def _run_parallel(args: argparse.Namespace, model: Any, setup: Any) -> int:
+    """``memlab estimate --pp/--cp``: one row per pipeline rank (memlab.predict.parallel); the worst rank decides the
+    fit with ``--gpu``."""
+    from memlab.predict.hardware import gpu
+    from memlab.predict.parallel import parallel_estimate
+
+    if isinstance(model, int):
+        raise MemlabError("--pp/--cp place layers and tokens on ranks: give a model config (--preset, dimensions or "
+                          "--hf), not --params")
+    flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
+                                                          or args.fragmentation or args.gathered_layers)) if on]
+    if flags:
+        raise MemlabError(f"{', '.join(flags)} are not modelled with --pp/--cp: drop them")
+    rep = parallel_estimate(model, setup)
+    card = gpu(args.gpu) if args.gpu is not None else None
+    fits = None if card is None else rep.peak_bytes <= card.memory_bytes
+    if args.json:
+        print_json({"ranks": [r.to_dict() for r in rep.rows], "worst_rank": rep.worst.rank, "peak": rep.peak_bytes,
+                    "bubble_fraction": rep.bubble_fraction, "fits": fits, "assumptions": list(rep.assumptions),
+                    "units": "bytes", "setup": setup.to_dict()}, indent=2)
+        return 0
+    print(f"memlab estimate: {model.name}, pp {setup.pp} ({setup.pp_schedule}, {setup.pp_chunks} chunk(s)), "
+          f"{setup.micro_batches} micro-batch(es) of {setup.batch} x seq {setup.seq}, cp {setup.cp}, tp {setup.tp}"
+          f"{' + sp' if setup.sp else ''}, ZeRO-{setup.zero_stage} over {setup.world_size} rank(s), "
+          f"{setup.precision}, recompute {setup.recompute}")
+    print(f"\n{'rank':<5}{'holds':<34}{'in flight':>10}{'states GiB':>12}{'acts GiB':>10}{'buffers GiB':>12}"
+          f"{'transient':>10}{'peak GiB':>10}")
+    for r in rep.rows:
+        mark = "  <- worst" if r.rank == rep.worst.rank else ""
+        print(f"{r.rank:<5}{r.holds[:33]:<34}{'+'.join(map(str, r.in_flight)):>10}{r.states_bytes / GiB:>12.3f}"
+              f"{r.activations_bytes / GiB:>10.3f}{r.buffers_bytes / GiB:>12.3f}{r.transient_bytes / GiB:>10.3f}"
+              f"{r.peak_bytes / GiB:>10.3f}{mark}")
+    print(f"\npipeline bubble: {rep.bubble_fraction:.1%} of the step idle [narayanan2021]")
+    if card is not None:
+        print(f"{card.name}: {card.memory_bytes / GiB:.1f} GiB: the worst rank "
+              f"{'fits' if fits else 'does NOT fit'} ({rep.peak_bytes / GiB:.3f} GiB)")
+    print("assumptions:")
+    for a in rep.assumptions:
+        print(f"  - {a}")
+    return 0

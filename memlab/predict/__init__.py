@@ -13,7 +13,8 @@
   vocabularies (chunks, kept positions); ``fit``: will it fit, the largest batch or sequence, and the levers that
   make a step fit (``levers``); ``finetune``: LoRA adapters on a frozen base and QLoRA's 4-bit NF4 base (states
   and the activations a frozen base does not save).
-- ``flops``: FLOPs, MFU/HFU, the roofline bound; ``parallelism``: pipeline bubble, scaling efficiency;
+- ``flops``: FLOPs, MFU/HFU, the roofline bound; ``parallelism``: pipeline bubble, scaling efficiency; ``parallel``:
+  pipeline and context parallelism per rank (stages, in-flight micro-batches, pipeline buffers, ring K/V);
   ``communication``: bytes moved per ZeRO stage; ``attention_io``: attention's HBM traffic; ``paging``: KV-cache
   reservation policies.
 - ``hardware`` + ``hardware_table``: the sourced accelerator table and name resolution.

@@ -196,6 +196,9 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     :class:`~memlab.predict.plan.Plan` (what batch and seq do not change) and the terms that batch and seq do."""
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    if setup.pp > 1 or setup.cp > 1:  # per rank, stage by stage: memlab.predict.parallel
+        raise SetupError(f"pp={setup.pp}, cp={setup.cp}: ranks hold different bytes: use "
+                         "memlab.predict.parallel.parallel_estimate (memlab estimate prints it)")
     _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
     if step_on_device is not None and not isinstance(step_on_device, bool):
         raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")

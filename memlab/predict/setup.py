@@ -29,6 +29,7 @@ FsdpParamDtype = Literal["none", "bf16", "fp16"]
 FsdpReduceDtype = Literal["fp32", "bf16", "fp16"]
 Finetune = Literal["full", "lora", "qlora", "frozen"]
 FsdpOutputDtype = Literal["none", "fp32", "bf16", "fp16"]
+PpSchedule = Literal["1f1b", "gpipe", "interleaved"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -141,6 +142,17 @@ class Setup(StrictInit):
     """Tensor-parallel degree."""
     sp: bool = False
     """Sequence parallelism (needs tp > 1)."""
+    # -- pipeline and context parallelism (memlab.predict.parallel; issue 19) -----------------------------------
+    pp: int = field(default=1, metadata={**LIMITS["pp"].meta(mode="train")})
+    """Pipeline-parallel stages (ranks); ``batch`` is then the micro-batch (memlab.predict.parallel)."""
+    pp_schedule: PpSchedule = field(default="1f1b", metadata={"mode": "train"})
+    """Pipeline schedule: 1f1b (min(p - rank, m) micro-batches in flight), gpipe (all m) or interleaved 1F1B."""
+    pp_chunks: int = field(default=1, metadata={**LIMITS["pp"].meta(mode="train")})
+    """Model chunks (virtual stages) per pipeline rank: > 1 only with the interleaved schedule."""
+    micro_batches: int = field(default=1, metadata={**LIMITS["grad_accum"].meta(mode="train")})
+    """Micro-batches per step through the pipeline (m)."""
+    cp: int = field(default=1, metadata={**LIMITS["cp"].meta(mode="train")})
+    """Context-parallel ranks: each holds seq / cp tokens of every sequence (ring attention; a fused kernel)."""
     inference_weights: InferenceWeights = field(default="bf16", metadata={"flag": "--weights", "mode": "inference"})
     """Weight dtype when mode is inference."""
     kv_cache_dtype: KvDtype = field(default="bf16", metadata={"flag": "--kv-dtype", "mode": "inference"})
@@ -218,6 +230,7 @@ class Setup(StrictInit):
         if self.sp and self.tp == 1:
             raise SetupError("sequence parallelism (sp) needs tensor parallelism: set tp > 1 or drop sp")
         resolve_optimizer_impl(self.optimizer, self.optimizer_impl)
+        self._check_parallel()
         if self.loss == "plain" and self.loss_chunk:
             raise SetupError(f"loss_chunk={self.loss_chunk} applies to loss='chunked' or 'fused', not 'plain': set "
                              "loss='chunked' (or drop loss_chunk)")
@@ -260,6 +273,31 @@ class Setup(StrictInit):
                              ">= 2 over world_size > 1) is not modelled: the estimate and the trace disagree by up to "
                              "43 % there (benchmarks/estimate_vs_trace.py): use the plain loss without offload")
         self._check_finetune()
+
+    def _check_parallel(self) -> None:
+        """One SetupError line for a pipeline/context-parallel combination memlab does not model."""
+        if self.pp_chunks > 1 and self.pp_schedule != "interleaved":
+            raise SetupError(f"pp_chunks={self.pp_chunks} are the interleaved schedule's model chunks: set "
+                             "pp_schedule='interleaved' (or pp_chunks=1)")
+        if self.pp_schedule == "interleaved" and (self.pp == 1 or self.pp_chunks == 1):
+            raise SetupError("the interleaved schedule needs pp > 1 and pp_chunks > 1 (with one chunk it is 1F1B)")
+        if self.micro_batches > 1 and self.pp == 1:
+            raise SetupError("micro_batches are a pipeline's (pp > 1): without a pipeline use grad_accum_steps")
+        if self.pp == 1 and self.cp == 1:
+            return
+        if self.mode != "train":
+            raise SetupError("pp and cp are modelled for training: drop them with mode='inference'")
+        if self.cp > 1 and not self.fused_attention:
+            raise SetupError(f"cp={self.cp} runs ring attention over a fused kernel: set attention to flash, efficient "
+                             f"or cudnn (attention={self.attention!r} keeps s x s scores, not modelled under cp)")
+        unmodelled = [name for name, on in (
+            ("grad_accum_steps > 1", self.grad_accum_steps > 1), ("a chunked or fused loss", self.loss != "plain"),
+            ("logits_to_keep", self.logits_to_keep), ("offload_activations", self.offload_activations),
+            ("fsdp_offload", self.fsdp_offload), ("fsdp_param_dtype", self.fsdp_param_dtype != "none"),
+            (f"finetune={self.finetune!r}", self.finetune != "full"),
+            (f"optimizer={self.optimizer!r}", self.optimizer in ("adam-8bit", "adafactor"))) if on]
+        if unmodelled:
+            raise SetupError(f"pp/cp with {', '.join(unmodelled)} is not modelled (memlab.predict.parallel): drop it")
 
     def _check_finetune(self) -> None:
         """One SetupError line for a fine-tuning combination memlab does not run or model."""

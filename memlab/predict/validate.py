@@ -60,6 +60,8 @@ LIMITS: Mapping[str, Limit] = types.MappingProxyType({
     "steps": Limit(10**4, "ten thousand timed steps (or decoded tokens) per measurement; a median over more adds no "
                           "precision to a memory experiment"),
     "grad_accum": Limit(10**6, "micro-steps per optimizer step"),
+    "pp": Limit(10**4, "ten thousand pipeline stages, 10x the deepest published model's blocks per stage of one"),
+    "cp": Limit(10**6, "a million context-parallel ranks, one token each of a million-token sequence"),
     "params": Limit(10**15, "a quadrillion parameters, about 500x the largest published models (~2 trillion)"),
     "layers": Limit(10**4, "ten thousand blocks, 10x the deepest published transformer (DeepNet, 1,000 layers "
                            "[wang2022]); parameter shapes are listed per layer, so this also keeps every call well "

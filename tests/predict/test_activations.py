@@ -5,6 +5,8 @@ category by category, on CPU), and reduces to Korthikanti et al. 2022 (arXiv:220
 from __future__ import annotations
 
 import itertools
+import random
+from fractions import Fraction
 
 import pytest
 import torch
@@ -16,10 +18,13 @@ from memlab.model.saved import saved_tensor_category
 from memlab.model.step import autocast, model_dtype
 from memlab.predict.activations import (
     CATEGORIES,
+    KORTHIKANTI_TABLE2_ROWS,
+    KORTHIKANTI_TABLE2_SETUPS,
     activation_bytes,
     activation_terms,
     attention_score_share,
     korthikanti_layer_bytes,
+    korthikanti_table2,
     widths,
 )
 from memlab.predict.models import TransformerConfig, preset
@@ -199,3 +204,38 @@ def test_flash_attention_has_no_s_squared_term() -> None:
     assert per[2048] == pytest.approx(2 * per[1024])  # linear in s: no as^2b term
     eager = {s: generalised_per_layer(cfg, Setup(batch=b, seq=s, **PAPER_SETUP)) for s in (1024, 2048)}
     assert eager[2048] > 2 * eager[1024]
+
+
+def _paper_rows(s: int, b: int, h: int, a: int, t: int) -> list[Fraction]:
+    """Korthikanti et al. 2022, Table 2, typed from the paper, in exact rationals (its order)."""
+    sbh, q = Fraction(s * b * h), Fraction(5 * a * s, h)
+    return [sbh * (34 + q), sbh * (10 + Fraction(24, t) + q / t), sbh * (Fraction(34, t) + q / t),
+            sbh * (10 + Fraction(24, t)), sbh * Fraction(34, t), sbh * 2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_korthikanti_table2_every_row_exactly_on_generated_shapes(seed: int) -> None:
+    """Every row of Table 2 on generated (s, b, h, a, t), exactly; and memlab's generalised terms on the paper's
+    assumptions (16-bit, dropout, eager attention, 4h GELU MLP, layernorm) equal each row plus what the paper leaves
+    out: the two layernorms' fp32 mean and rstd, 2 x 2 x sb x 4 bytes (sb/t each under SP), a named residual."""
+    rng = random.Random(seed)
+    t = rng.choice([1, 2, 4, 8])
+    a = t * rng.randint(1, 4)
+    h, s, b = a * 8 * rng.randint(1, 4), 16 * rng.randint(1, 8), rng.randint(1, 3)
+    got = korthikanti_table2(s, b, h, a, t)
+    assert list(got) == list(KORTHIKANTI_TABLE2_ROWS)
+    for value, paper in zip(got.values(), _paper_rows(s, b, h, a, t), strict=True):
+        assert value == pytest.approx(float(paper), rel=1e-12)
+    cfg = TransformerConfig(d_model=h, n_layers=2, n_heads=a, vocab_size=64, max_seq=s, dropout=0.1)
+    for row, (tt, sp, rc) in zip(KORTHIKANTI_TABLE2_ROWS, KORTHIKANTI_TABLE2_SETUPS, strict=True):
+        tp = t if tt is None else tt
+        sp = sp and tp > 1  # at t = 1 the SP rows are the rows without SP (memlab refuses sp without tp)
+        setup = Setup(batch=b, seq=s, tp=tp, sp=sp, recompute=rc, **PAPER_SETUP)
+
+        def per_layer(c: TransformerConfig, st: Setup = setup) -> float:
+            one = {n: sum(x.bytes(st.tp, st.sp) for x in activation_terms(c.with_(n_layers=n), st))
+                   for n in (1, 2)}
+            return one[2] - one[1]
+
+        stats = 0 if rc == "full" else 2 * 2 * s * b * 4 / (tp if sp else 1)
+        assert per_layer(cfg) == pytest.approx(got[row] + stats, rel=1e-12), row
