@@ -71,7 +71,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 """The ``transformers`` defaults of the keys :func:`from_hf` reads, per ``model_type`` (each family's
 ``configuration_*.py``)."""
 
-DEFAULTS.update(FAMILY_DEFAULTS)  # Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, Gemma 2 and 3 (memlab.predict.hf_families)
+DEFAULTS.update(FAMILY_DEFAULTS)  # Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, Gemma 2, 3 (predict.hf_families)
 
 SUPPORTED = tuple(DEFAULTS)
 """The ``model_type`` values :func:`from_hf` maps."""

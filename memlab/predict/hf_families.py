@@ -121,7 +121,8 @@ def _default_kinds(c: dict[str, Any], family: str) -> set[str]:
 def _decoder(c: dict[str, Any], family: str, label: str, *, act_key: str = "hidden_act", mlp: str = "swiglu",
              norm: str = "rmsnorm", rmsnorm: str = "fp32-input", bias: bool = False,
              qkv_bias: bool = False, o_bias: bool = False, mlp_bias: bool = False, dropout: float = 0.0,
-             head_dim: int | None = None, sources: tuple[tuple[str, str], ...] = (), **traits: Any) -> TransformerConfig:
+             head_dim: int | None = None, sources: tuple[tuple[str, str], ...] = (),
+             **traits: Any) -> TransformerConfig:
     """A decoder-only family written like Llama (separate or fused projections, ``repeat_kv``, fp32 softmax,
     rotary tables per forward) with the given differences."""
     from memlab.predict.hf import _activation
@@ -148,8 +149,8 @@ def _decoder(c: dict[str, Any], family: str, label: str, *, act_key: str = "hidd
 
 
 def _qwen3(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    kinds = _layer_kinds(c, family)
-    window = _window(c, family, bool(c["use_sliding_window"]) and "sliding_attention" in (kinds or {"sliding_attention"}))
+    kinds = _layer_kinds(c, family) or {"sliding_attention"}  # without layer_types: assume some layer slides
+    window = _window(c, family, bool(c["use_sliding_window"]) and "sliding_attention" in kinds)
     bias = bool(c["attention_bias"])
     return _decoder(c, family, label, head_dim=c["head_dim"], qkv_bias=bias, o_bias=bias, qk_norm="head",
                     sliding_window=window,
