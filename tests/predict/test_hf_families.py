@@ -54,3 +54,29 @@ def test_full_configs_count_what_transformers_builds(name: str) -> None:
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     n = sum(p.numel() for p in model.parameters())
     assert from_hf(cfg.to_dict()).param_count() == n == from_hf(load_config(name, "full")).param_count()
+
+
+def _flat(d: dict, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k not in ("id2label", "label2id"):
+            out += _flat(v, f"{prefix}{k}.")
+        else:
+            out.append(prefix + k)
+    return out
+
+
+def test_every_key_of_the_new_families_is_accounted_for() -> None:
+    """Each key of AutoConfig.for_model(model_type).to_dict() is in exactly one of modelled, neutral, refused."""
+    pytest.importorskip("transformers")
+    import transformers
+
+    from memlab.predict.family_keys import NEW_FAMILY_KEYS
+    from memlab.predict.hf_families import BUILDERS
+
+    assert set(NEW_FAMILY_KEYS) == set(BUILDERS)
+    for family, account in NEW_FAMILY_KEYS.items():
+        keys = set(_flat(transformers.AutoConfig.for_model(family).to_dict()))
+        lists = [set(account[k]) for k in ("modelled", "neutral", "refused")]
+        assert not (lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]), family
+        assert keys - set.union(*lists) == set(), family
