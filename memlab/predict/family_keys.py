@@ -61,8 +61,9 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          "max_window_layers": "which layers slide, already in layer_types (any sliding layer: the window applies)"}),
     "phi3": _family(
         {"hidden_act": "Implementation.activation", "resid_pdrop": "TransformerConfig.dropout",
-         "embd_pdrop": "Implementation.embedding_dropout", "sliding_window": _WINDOW},
-        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "sliding_window": _WINDOW},
+        {"embd_pdrop": "in Phi3Config, never used by modeling_phi3.py (no embedding dropout is applied)",
+         "rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
          "original_max_position_embeddings": _ROPE},
         {"rope_parameters.partial_rotary_factor": "below 1 (Phi-4-mini) raises ConfigError"}),
     "starcoder2": _family(

@@ -164,13 +164,12 @@ def _phi3(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
                           "full rotary")
     return _decoder(c, family, label, dropout=float(c["resid_pdrop"]), fused_qkv=True, fused_gate_up=True,
                     sdpa_output_copy=True,
-                    embedding_dropout=float(c["embd_pdrop"]), sliding_window=_window(c, family),
+                    sliding_window=_window(c, family),  # embd_pdrop: in the config, unused by modeling_phi3.py
                     sources=(("fused_qkv", f"{_file(family)} Phi3Attention.qkv_proj (q, k, v are slices of one "
                                            "output); Phi3MLP.gate_up_proj then chunk(2)"),
                              ("sdpa_output_copy", f"{_file(family)} Phi3Attention.forward: q sliced from the "
                                                   "fused qkv output is not dense, so the rotation's output and "
-                                                  "SDPA's are contiguous in (b, a, s, d)"),
-                             ("embedding_dropout", f"{_file(family)} Phi3Model: embd_pdrop")))
+                                                  "SDPA's are contiguous in (b, a, s, d)")))
 
 
 def _starcoder2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:

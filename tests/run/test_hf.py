@@ -52,7 +52,9 @@ RUNS = [
 ]
 DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
            "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities
-           "llama": {"attention_dropout": 0.1}}  # on the probabilities only; SDPA on CPU then runs the math backend
+           "llama": {"attention_dropout": 0.1},  # on the probabilities only; SDPA on CPU then runs the math backend
+           "phi3": {"resid_pdrop": 0.1, "embd_pdrop": 0.1},  # embd_pdrop: in the config, unused by the model
+           "starcoder2": {"residual_dropout": 0.1, "embedding_dropout": 0.1, "attention_dropout": 0.1}}
 
 
 @pytest.mark.parametrize(("family", "attn"), [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "eager"),
