@@ -216,11 +216,13 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
         # GPT-2 at batch 1: q is a view of the fused QKV output, and QK^T keeps that whole buffer
         qw = h + (b == 1) * 2 * kv if im.q_view_of_fused_qkv else h
         promoted = im.autocast_mask_promotes_scores and setup.policy.autocast
-        if (im.softmax_fp32 or promoted) and w["compute"] == 2:
+        if (im.softmax_fp32 or promoted or im.eager_qk_fp32) and w["compute"] == 2:
             w = {**w, "probs": FP32, "probs_copy": 2}
+        # GPT-J: query.to(float32), key.to(float32); under autocast the matmul keeps its own 16-bit casts
+        qk = FP32 if im.eager_qk_fp32 and not setup.policy.autocast else w["compute"]
         out = [
-            ("q (contiguous for QK^T)", "attention", L * t * qw, w["compute"], True),
-            ("k^T (contiguous for QK^T)", "attention", L * t * kw, w["compute"], True),
+            ("q (contiguous for QK^T)", "attention", L * t * qw, qk, True),
+            ("k^T (contiguous for QK^T)", "attention", L * t * kw, qk, True),
             ("v (contiguous for PV)", "attention", L * t * kw, w["compute"], True),
             ("softmax probabilities", "attention scores", scores, w["probs"], True),
         ]
@@ -312,6 +314,10 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         rot = int(config.head_dim * im.rotary_fraction)
         terms.append(("rotary cos and sin (one pair per forward and rope kind)", "attention",
                       2 * s * rot * im.rotary_table_pairs, FP32 if im.rotary_tables_fp32 else w["residual"], False))
+    if im.rotary_tables_per_use and recompute != "full" and config.positions == "rotary":
+        rot = int(config.head_dim * im.rotary_fraction)
+        terms.append(("rotary cos and sin (a pair per rotation, q and k, every layer)", "attention",
+                      L * 4 * s * rot, w["residual"], False))  # the table is cast to the hidden state's dtype
     if im.embedding_dropout > 0:
         # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
         terms.append(("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1

@@ -105,6 +105,14 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          **{f"rope_parameters.{kind}.{k}": _ROPE for kind in ("full_attention", "sliding_attention")
             for k in ("rope_theta", "rope_type")}},
         {"use_bidirectional_attention": "True raises ConfigError (an encoder's mask)"}),
+    "gptj": _family(
+        {"n_embd": "TransformerConfig.d_model", "n_layer": "TransformerConfig.n_layers",
+         "n_head": "TransformerConfig.n_heads", "n_inner": "TransformerConfig.d_ff (null: 4 n_embd)",
+         "n_positions": "TransformerConfig.max_seq (rotary: a sinusoid buffer, no parameter)",
+         "rotary_dim": "Implementation.rotary_fraction (rotary_dim / head_dim)",
+         "activation_function": "Implementation.activation", "resid_pdrop": "TransformerConfig.dropout",
+         "embd_pdrop": "Implementation.embedding_dropout", "attn_pdrop": "Implementation.attention_dropout"},
+        {"layer_norm_epsilon": _EPS}),
 }
 """model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},
 "refused": {key: what memlab does with a value it does not model}}."""

@@ -251,7 +251,8 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma, **BUILDERS}.get(
         family, _llama_like)
     tc = build(c, family, label)
-    attn_p = _optional(c, "attn_pdrop" if family == "gpt2" else "attention_dropout", family, check_number, 0.0)
+    attn_p = _optional(c, "attn_pdrop" if family in ("gpt2", "gptj") else "attention_dropout", family, check_number,
+                       0.0)
     embd_key = {"gpt2": "embd_pdrop", "phi": "embd_pdrop", "gpt_neox": "hidden_dropout"}.get(family, "")
     embd_p = _optional(c, embd_key, family, check_number, 0.0) if family not in BUILDERS else tc.impl.embedding_dropout
     loss_src = ("loss_labels_padded", "transformers/loss/loss_utils.py ForCausalLMLoss")

@@ -50,6 +50,10 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 """The ``transformers`` defaults (each family's ``configuration_*.py``, transformers 5.x) of the keys the builders
 below read and :func:`memlab.predict.hf.from_hf` checks by kind."""
 
+FAMILY_DEFAULTS["gptj"] = {"n_embd": 4096, "n_layer": 28, "n_head": 16, "n_inner": None, "vocab_size": 50400,
+                           "n_positions": 2048, "activation_function": "gelu_new", "resid_pdrop": 0.0,
+                           "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": False}
+
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}
 """(attn_logit_softcapping, final_logit_softcapping) defaults: positive numbers or None (not fractions, so not in
 :data:`FAMILY_DEFAULTS`)."""
@@ -242,8 +246,39 @@ def _gemma2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
                              *sources), **traits)
 
 
+def _gptj(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
+    from memlab.predict.hf import _activation
+
+    d, a = c["n_embd"], c["n_head"]
+    if d % a:
+        raise ConfigError(f"gptj: n_head={a} must divide n_embd={d}")
+    rot = c.get("rotary_dim")
+    hd = d // a
+    if rot is not None and (isinstance(rot, bool) or not isinstance(rot, int) or not 0 < rot <= hd or rot % 2):
+        raise ConfigError(f"gptj: rotary_dim must be an even int in (0, head_dim={hd}] or null, got {rot!r:.40}")
+    src = _file(family)
+    impl = Implementation(
+        family=family, activation=_activation(c["activation_function"], "activation_function", family),
+        parallel_block=True, shared_norm=True, rotary_tables_per_use=True, eager_qk_fp32=True,
+        rotary_fraction=(rot or hd) / hd, qkv_bias=False,
+        o_bias=False, mlp_bias=True, head_bias=True, embedding_dropout=float(c["embd_pdrop"]),
+        sources=(("activation", f"{src} GPTJMLP: fc_out(act(fc_in(x))), ACT2FN[activation_function]"),
+                 ("parallel_block", f"{src} GPTJBlock.forward: attn + mlp + residual from ln_1 alone"),
+                 ("rotary_tables_per_use", f"{src} apply_rotary_pos_emb: repeat_interleave(sin/cos) per call"),
+                 ("eager_qk_fp32", f"{src} eager_attention_forward: query.to(float32), key.to(float32)"),
+                 ("rotary_fraction", f"{src} GPTJAttention.forward: rotary_dim of head_dim, torch.cat"),
+                 ("head_bias", f"{src} GPTJForCausalLM.lm_head = nn.Linear(n_embd, vocab_size) (bias)"),
+                 ("embedding_dropout", f"{src} GPTJModel.drop (embd_pdrop)")),
+    )
+    return TransformerConfig(
+        name=label, d_model=d, n_layers=c["n_layer"], n_heads=a, d_ff=c["n_inner"] or 4 * d,
+        vocab_size=c["vocab_size"], max_seq=c["n_positions"], mlp="gelu", positions="rotary", norm="layernorm",
+        bias=True, tied_embeddings=bool(c["tie_word_embeddings"]), dropout=float(c["resid_pdrop"]), impl=impl,
+    )
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any], str, str], TransformerConfig]] = {
     "qwen3": _qwen3, "phi3": _phi3, "starcoder2": _starcoder2, "olmo2": _olmo2, "stablelm": _stablelm,
-    "gemma2": _gemma2, "gemma3_text": _gemma2,
+    "gemma2": _gemma2, "gemma3_text": _gemma2, "gptj": _gptj,
 }
 """The builder of each family in :data:`FAMILY_DEFAULTS`."""

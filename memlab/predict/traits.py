@@ -91,6 +91,14 @@ class Implementation(StrictInit):
     """The per-forward cos and sin stay fp32 whatever the model's dtype (OLMo 2's rotary embedding returns them
     uncast; its ``apply_rotary_pos_emb`` casts the rotated q and k back) [modeling_olmo2.py
     Olmo2RotaryEmbedding.forward]."""
+    rotary_tables_per_use: bool = False
+    """Each rotation builds its own cos and sin (GPT-J: ``repeat_interleave`` of a gathered sinusoid table inside
+    ``apply_rotary_pos_emb``, called for q and for k in every layer): two (s, rotary_dim) tables per call, kept by
+    the rotation's multiplies, in the compute dtype [modeling_gptj.py apply_rotary_pos_emb]."""
+    eager_qk_fp32: bool = False
+    """Eager attention upcasts q and k to fp32 before QK^T (so in 16 bits it keeps fp32 q and k) and runs the softmax
+    on the fp32 scores, keeping fp32 probabilities and their cast to the value dtype (GPT-J) [modeling_gptj.py
+    eager_attention_forward, ``query.to(torch.float32)``]."""
     rotary_table_pairs: int = 1
     """How many (cos, sin) pairs one forward computes with ``rotary_tables_per_forward``: one per rope kind the layers
     use (Gemma 3: local and global rope, ``set(layer_types)``) [modeling_gemma3.py Gemma3TextModel.forward]."""

@@ -18,6 +18,7 @@ PUBLISHED = {
     "stablelm-2-1.6b": [("total", 1.6e9, 1)],  # stablelm2-2024
     "gemma-2-9b": [("non-embedding", 8_324_201_984, None)],  # gemma2-2024 Table 2, exact
     "gemma-3-1b": [("embedding", 302e6, -6), ("non-embedding", 698e6, -6)],  # gemma3-2025 Table 1, millions
+    "gpt-j-6b": [("total", 6e9, 0)],  # wang2021
 }
 
 

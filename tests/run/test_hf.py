@@ -49,12 +49,15 @@ RUNS = [
     ("gemma2", "eager", "fp32", 1, 40),
     ("gemma3_text", "eager", "fp32", 2, 24),  # per-head q/k norm
     ("gemma3_text", "sdpa", "bf16", 1, 40),
+    ("gptj", "eager", "bf16", 2, 24),  # fp32 q and k, per-rotation cos/sin, parallel block, head bias
+    ("gptj", "sdpa", "fp32", 1, 40),
 ]
 DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
            "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities
            "llama": {"attention_dropout": 0.1},  # on the probabilities only; SDPA on CPU then runs the math backend
            "phi3": {"resid_pdrop": 0.1, "embd_pdrop": 0.1},  # embd_pdrop: in the config, unused by the model
-           "starcoder2": {"residual_dropout": 0.1, "embedding_dropout": 0.1, "attention_dropout": 0.1}}
+           "starcoder2": {"residual_dropout": 0.1, "embedding_dropout": 0.1, "attention_dropout": 0.1},
+           "gptj": {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}}
 
 
 @pytest.mark.parametrize(("family", "attn"), [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "eager"),
@@ -102,7 +105,7 @@ def test_new_family_variants_are_exact(family: str, changes: dict, attn: str, dt
     assert config.param_count() == m.params
 
 
-@pytest.mark.parametrize(("family", "attn"), [("phi3", "eager"), ("gemma2", "eager")])
+@pytest.mark.parametrize(("family", "attn"), [("phi3", "eager"), ("gemma2", "eager"), ("gptj", "eager")])
 def test_new_families_under_autocast_and_checkpointing(family: str, attn: str) -> None:
     """Phi-3's fused gate_up casts its input once under autocast; checkpointed layers keep only their input."""
     for kwargs in ({"autocast": True}, {"gradient_checkpointing": True}):
