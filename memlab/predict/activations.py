@@ -170,7 +170,30 @@ def _norm_terms(
         out.append((f"{where} x*rstd cast back", "norms", n * tokens * h, w["residual"], False))
     else:
         out.append((f"{where} x*rstd, fp32", "norms", n * tokens * h, FP32, False))
-        out.append((f"{where} 1 + weight, fp32", "norms", n * h, FP32, False))
+        if kind == "fp32":
+            out.append((f"{where} 1 + weight, fp32", "norms", n * h, FP32, False))
+    return out
+
+
+def _qk_norm_terms(config: TransformerConfig, t: Any, w: dict[str, float]) -> list[TermRow]:
+    """What the RMSNorms on q and k keep (``config.impl.qk_norm``), all layers: the projection's output upcast to
+    fp32 (in an fp32 model the output itself, otherwise a new fp32 tensor), the fp32 rstd per normalised row, and
+    the normalised tensor the weight multiplies (cast back to the projection's dtype, or fp32 with ``1 + weight``
+    for Gemma's kind) [hf-transformers: modeling_qwen3.py Qwen3RMSNorm, modeling_gemma3.py Gemma3RMSNorm]."""
+    im, L = config.impl, config.n_layers
+    width = config.q_dim + config.kv_dim
+    rows = (config.n_heads + config.n_kv_heads) if im.qk_norm == "head" else 2
+    weight = 2 * config.head_dim if im.qk_norm == "head" else width
+    out: list[TermRow] = [
+        ("q/k norm input, fp32", "norms", L * t * width, FP32, True, "x.to(float32)"),
+        ("q/k norm rstd, fp32", "norms", L * t * rows, FP32, True),
+    ]
+    if im.rmsnorm in ("fp32", "fp32-product"):
+        out.append(("q/k norm x*rstd, fp32", "norms", L * t * width, FP32, True))
+        if im.rmsnorm == "fp32":
+            out.append(("q/k norm 1 + weight, fp32", "norms", L * weight, FP32, False))
+    else:
+        out.append(("q/k norm x*rstd cast back", "norms", L * t * width, w["compute"], True))
     return out
 
 
@@ -193,14 +216,18 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
         # GPT-2 at batch 1: q is a view of the fused QKV output, and QK^T keeps that whole buffer
         qw = h + (b == 1) * 2 * kv if im.q_view_of_fused_qkv else h
         promoted = im.autocast_mask_promotes_scores and setup.policy.autocast
-        if (im.softmax_fp32 or promoted) and w["compute"] == 2:
+        if (im.softmax_fp32 or promoted or im.eager_qk_fp32) and w["compute"] == 2:
             w = {**w, "probs": FP32, "probs_copy": 2}
+        # GPT-J: query.to(float32), key.to(float32); under autocast the matmul keeps its own 16-bit casts
+        qk = FP32 if im.eager_qk_fp32 and not setup.policy.autocast else w["compute"]
         out = [
-            ("q (contiguous for QK^T)", "attention", L * t * qw, w["compute"], True),
-            ("k^T (contiguous for QK^T)", "attention", L * t * kw, w["compute"], True),
+            ("q (contiguous for QK^T)", "attention", L * t * qw, qk, True),
+            ("k^T (contiguous for QK^T)", "attention", L * t * kw, qk, True),
             ("v (contiguous for PV)", "attention", L * t * kw, w["compute"], True),
             ("softmax probabilities", "attention scores", scores, w["probs"], True),
         ]
+        if im.attn_softcap:  # tanh(scores / cap) * cap: tanh keeps its output
+            out.append(("tanh of the capped scores", "attention scores", scores, w["compute"], True))
         if drop:
             out.append(("attention dropout mask", "attention scores", scores, w["probs_mask"], True))
             if not w["probs_copy"]:
@@ -210,6 +237,9 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
                 ("16-bit copy of probabilities for PV", "attention scores", scores, w["probs_copy"], True)
             )
         return out
+    if im.attn_softcap and setup.attention in ("math", "efficient"):
+        raise SetupError(f"{im.family}: attention logit soft-capping runs in eager or flash attention only "
+                         "(PyTorch SDPA has no softcap; transformers refuses sdpa for it)")
     if setup.attention == "math":
         out = [
             ("q scaled, fp32", "attention", L * t * h, FP32, True, "math SDPA upcasts 16-bit inputs"),
@@ -251,6 +281,7 @@ def _check(config: object, setup: object) -> None:
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
     if not isinstance(setup, Setup | SetupView):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+    config.impl.check_window(setup.seq)
 
 
 def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda",
@@ -281,8 +312,12 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
             terms.append(("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
     elif im.rotary_tables_per_forward and recompute != "full":  # checkpointed layers get them by keyword
         rot = int(config.head_dim * im.rotary_fraction)
-        terms.append(("rotary cos and sin (one pair per forward)", "attention", 2 * s * rot,
-                      w["residual"], False))
+        terms.append(("rotary cos and sin (one pair per forward and rope kind)", "attention",
+                      2 * s * rot * im.rotary_table_pairs, FP32 if im.rotary_tables_fp32 else w["residual"], False))
+    if im.rotary_tables_per_use and recompute != "full" and config.positions == "rotary":
+        rot = int(config.head_dim * im.rotary_fraction)
+        terms.append(("rotary cos and sin (a pair per rotation, q and k, every layer)", "attention",
+                      L * 4 * s * rot, w["residual"], False))  # the table is cast to the hidden state's dtype
     if im.embedding_dropout > 0:
         # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
         terms.append(("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1
@@ -296,10 +331,13 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
         n_attn_in = 3 if autocast and not im.fused_qkv else 1  # a fused QKV projection casts its input once
-        n_mlp_in = (2 if config.mlp == "swiglu" else 1) if autocast else (0 if im.shared_norm else 1)
-        n_norms = L if im.shared_norm else 2 * L
+        n_mlp_in = (2 if config.mlp == "swiglu" and not im.fused_gate_up else 1) if autocast else \
+            (0 if im.shared_norm else 1)  # a fused gate_up projection (Phi-3) casts its input once
+        n_norms = L if im.shared_norm else (4 if im.norm_placement == "sandwich" else 2) * L
         terms += _norm_terms(config, t, n_norms, w, "block norm", L if im.parallel_block else n_norms)
         terms.append(("q/k/v projection input", "attention", n_attn_in * L * t * h, w["compute"], False))
+        if im.qk_norm != "none" and recompute != "selective":
+            terms += _qk_norm_terms(config, t, w)
         terms += _core_terms(config, setup, b, s, w, recompute)
         terms.append(("output projection input", "attention", L * t * config.q_dim, w["compute"], True))
         if drop:
@@ -348,10 +386,15 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
     b, s = setup.batch, setup.seq
     t, h, V = b * s, config.d_model, config.vocab_size
     kind = setup.loss
+    if config.impl.final_softcap and kind != "plain":
+        raise SetupError(f"{config.impl.family}: final_logit_softcapping caps the model's own logits; the "
+                         f"{kind} loss computes its logits itself, without the cap: use loss='plain'")
     if kind == "plain" and not setup.logits_to_keep:  # the default, listed without the general case's arithmetic
         rows: list[TermRow] = [("LM-head input", "head & loss", t * h, w["compute"], False),
                                ("log-softmax of logits, fp32", "head & loss", t * V, FP32, True),
                                ("loss normaliser (total_weight)", "head & loss", 1, FP32, False)]
+        if config.impl.final_softcap:
+            rows.append(("tanh of the capped logits", "head & loss", t * V, w["compute"], True))
         if setup.policy.autocast:
             rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
         return rows
@@ -377,6 +420,8 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
         rows.append(("count of targets not ignored (the mean's divisor)", "head & loss", 1, INT64, False))
     if kind == "plain":
         rows.append(("log-softmax of logits, fp32", "head & loss", tk * V, FP32, True))
+        if config.impl.final_softcap:
+            rows.append(("tanh of the capped logits", "head & loss", tk * V, w["compute"], True))
         rows.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
         if setup.policy.autocast:
             rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.hf_families import BUILDERS, FAMILY_DEFAULTS
 from memlab.predict.models import TransformerConfig
 from memlab.predict.traits import Implementation
 from memlab.predict.validate import check_bool, check_int, check_number, check_str
@@ -69,6 +70,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 """The ``transformers`` defaults of the keys :func:`from_hf` reads, per ``model_type`` (each family's
 ``configuration_*.py``)."""
+
+DEFAULTS.update(FAMILY_DEFAULTS)  # Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, Gemma 2, 3 (predict.hf_families)
 
 SUPPORTED = tuple(DEFAULTS)
 """The ``model_type`` values :func:`from_hf` maps."""
@@ -227,7 +230,8 @@ def _activation(name: object, field: str, family: str) -> str:
 def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     """The :class:`TransformerConfig` of a Hugging Face causal LM config, with its family's implementation traits.
 
-    Supported ``model_type``: gpt2, opt, gpt_neox, phi, llama, mistral, qwen2, gemma. Anything else raises a
+    Supported ``model_type``: :data:`SUPPORTED` (gpt2, opt, gpt_neox, phi, llama, mistral, qwen2, gemma and the
+    families of :mod:`memlab.predict.hf_families`). Anything else raises a
     :class:`~memlab.errors.ConfigError` naming these. Parameter counts equal the HF model's
     ``sum(p.numel() for p in model.parameters())`` (tied embeddings once). ``dropout`` is the family's residual
     dropout; attention and embedding dropout, where the family has them, are the traits ``attention_dropout`` and
@@ -244,11 +248,13 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
                  family)
     given = next((v for v in (raw.get("_name_or_path"), raw.get("name")) if isinstance(v, str) and v), family)
     label = name or given
-    build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma}.get(family, _llama_like)
+    build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma, **BUILDERS}.get(
+        family, _llama_like)
     tc = build(c, family, label)
-    attn_p = _optional(c, "attn_pdrop" if family == "gpt2" else "attention_dropout", family, check_number, 0.0)
+    attn_p = _optional(c, "attn_pdrop" if family in ("gpt2", "gptj") else "attention_dropout", family, check_number,
+                       0.0)
     embd_key = {"gpt2": "embd_pdrop", "phi": "embd_pdrop", "gpt_neox": "hidden_dropout"}.get(family, "")
-    embd_p = _optional(c, embd_key, family, check_number, 0.0)
+    embd_p = _optional(c, embd_key, family, check_number, 0.0) if family not in BUILDERS else tc.impl.embedding_dropout
     loss_src = ("loss_labels_padded", "transformers/loss/loss_utils.py ForCausalLMLoss")
     im = tc.impl
     # Traits equal to what the reference GPT would do anyway go back to their defaults, so impl.differs() lists

@@ -118,7 +118,9 @@ class TransformerConfig(StrictInit):
 
     def check_seq(self, seq: float) -> None:
         """Raise :class:`SetupError` when ``seq`` tokens do not fit a model with learned positions (its position
-        table has ``max_seq`` rows); rotary models run any length. The estimator and ``mfu`` share this check."""
+        table has ``max_seq`` rows); rotary models run any length. The estimator and ``mfu`` share this check.
+        A ``seq`` longer than the model's sliding window is refused too (``Implementation.check_window``)."""
+        self.impl.check_window(seq)
         if self.positions == "learned" and seq > self.max_seq:
             raise SetupError(
                 f"seq={int(seq)} exceeds max_seq={self.max_seq} of a model with learned positions: lower seq or "
@@ -192,8 +194,12 @@ class TransformerConfig(StrictInit):
             return rows
 
         def mlp(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
-            rows = linear(f"{prefix}.up", h, f, "mlp", mlp_b) if self.mlp == "gelu" else \
-                linear(f"{prefix}.gate", h, f, "mlp", mlp_b) + linear(f"{prefix}.up", h, f, "mlp", mlp_b)
+            if self.mlp == "gelu":
+                rows = linear(f"{prefix}.up", h, f, "mlp", mlp_b)
+            elif im.fused_gate_up:  # Phi-3: one (2 d_ff, h) projection
+                rows = linear(f"{prefix}.gate_up", h, 2 * f, "mlp", mlp_b)
+            else:
+                rows = linear(f"{prefix}.gate", h, f, "mlp", mlp_b) + linear(f"{prefix}.up", h, f, "mlp", mlp_b)
             return rows + linear(f"{prefix}.down", f, h, "mlp", mlp_b)
 
         for i in range(self.n_layers):
@@ -205,9 +211,15 @@ class TransformerConfig(StrictInit):
                 out += linear(f"{p}.attn.q", h, qd, "attention", qkv_b)
                 out += linear(f"{p}.attn.k", h, k, "attention", qkv_b)
                 out += linear(f"{p}.attn.v", h, k, "attention", qkv_b)
+            if im.qk_norm != "none":  # RMSNorm weights on q and k: per head (Qwen3, Gemma 3) or whole (OLMo 2)
+                full = im.qk_norm == "full"
+                out += [(f"{p}.attn.q_norm.weight", (qd if full else self.head_dim,), "norms"),
+                        (f"{p}.attn.k_norm.weight", (k if full else self.head_dim,), "norms")]
             out += linear(f"{p}.attn.o", qd, h, "attention", o_b)
             if not im.shared_norm:
                 out += norm(f"{p}.norm2")
+            if im.norm_placement == "sandwich":  # Gemma 2/3: the sublayers' outputs are normed too
+                out += norm(f"{p}.norm3") + norm(f"{p}.norm4")
             if not self.is_moe:
                 out += mlp(f"{p}.mlp")
                 continue

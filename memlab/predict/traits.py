@@ -17,11 +17,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, get_args
 
-from memlab.errors import ConfigError
+import numpy as np
+
+from memlab.errors import ConfigError, SetupError
 from memlab.predict.validate import StrictInit, check_fields
 
 Activation = Literal["default", "gelu_tanh", "gelu", "gelu_new", "relu", "silu"]
-RmsNormKind = Literal["reference", "fp32-input", "fp32"]
+RmsNormKind = Literal["reference", "fp32-input", "fp32-product", "fp32"]
+QkNormKind = Literal["none", "head", "full"]
+NormPlacement = Literal["pre", "sandwich", "post"]
 
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 RMSNORMS: tuple[str, ...] = get_args(RmsNormKind)
@@ -55,6 +59,10 @@ class Implementation(StrictInit):
     fused_qkv: bool = False
     """Q, K and V come from one projection (GPT-2 ``c_attn``, GPT-NeoX ``query_key_value``). Same parameters and,
     in eager attention, the same saved bytes; recorded for the layout [modeling_gpt2.py GPT2Attention]."""
+    fused_gate_up: bool = False
+    """A gated MLP's gate and up projections are one ``gate_up_proj`` whose output is chunked in two (Phi-3): one
+    parameter tensor (one optimizer step counter) and the same saved bytes (the chunks are views of one buffer,
+    kept once) [hf-transformers: modeling_phi3.py Phi3MLP.forward]."""
     eager_repeat_kv: bool = False
     """Eager attention materialises K and V at full query width for grouped-query attention
     (``repeat_kv``: ``expand`` then ``reshape``, a copy; with one KV head and batch 1 the expanded view stays a view
@@ -72,11 +80,28 @@ class Implementation(StrictInit):
     """How RMSNorm is written: ``reference`` keeps x, rstd and x*rstd in the residual dtype (memlab.model.gpt.Norm);
     ``fp32-input`` upcasts x to fp32 (keeps the fp32 x, fp32 rstd, and the normalised x cast back for the weight:
     LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm); ``fp32`` computes everything in fp32 including ``1 + weight``
-    (GemmaRMSNorm) [hf-transformers: modeling_llama.py LlamaRMSNorm.forward, modeling_gemma.py GemmaRMSNorm]."""
+    (GemmaRMSNorm); ``fp32-product`` multiplies the weight in fp32 and casts the product back, so it keeps the fp32
+    x, rstd and x*rstd, without ``1 + weight`` (Olmo2RMSNorm) [hf-transformers: modeling_llama.py
+    LlamaRMSNorm.forward, modeling_gemma.py GemmaRMSNorm, modeling_olmo2.py Olmo2RMSNorm]."""
     rotary_tables_per_forward: bool = False
     """cos and sin are computed each forward in the activations' dtype (one (s, rotary_dim) pair shared by all
     layers, saved by the rotation's multiplies) instead of being module buffers [hf-transformers:
     modeling_llama.py LlamaRotaryEmbedding.forward, apply_rotary_pos_emb]."""
+    rotary_tables_fp32: bool = False
+    """The per-forward cos and sin stay fp32 whatever the model's dtype (OLMo 2's rotary embedding returns them
+    uncast; its ``apply_rotary_pos_emb`` casts the rotated q and k back) [modeling_olmo2.py
+    Olmo2RotaryEmbedding.forward]."""
+    rotary_tables_per_use: bool = False
+    """Each rotation builds its own cos and sin (GPT-J: ``repeat_interleave`` of a gathered sinusoid table inside
+    ``apply_rotary_pos_emb``, called for q and for k in every layer): two (s, rotary_dim) tables per call, kept by
+    the rotation's multiplies, in the compute dtype [modeling_gptj.py apply_rotary_pos_emb]."""
+    eager_qk_fp32: bool = False
+    """Eager attention upcasts q and k to fp32 before QK^T (so in 16 bits it keeps fp32 q and k) and runs the softmax
+    on the fp32 scores, keeping fp32 probabilities and their cast to the value dtype (GPT-J) [modeling_gptj.py
+    eager_attention_forward, ``query.to(torch.float32)``]."""
+    rotary_table_pairs: int = 1
+    """How many (cos, sin) pairs one forward computes with ``rotary_tables_per_forward``: one per rope kind the layers
+    use (Gemma 3: local and global rope, ``set(layer_types)``) [modeling_gemma3.py Gemma3TextModel.forward]."""
     rotary_fraction: float = field(default=1.0, metadata={"min_open": True, "max": 1.0, "why": "a share of head_dim"})
     """Share of head_dim that is rotated (GPT-NeoX ``rotary_pct``, Phi ``partial_rotary_factor``)."""
     sdpa_output_copy: bool = False
@@ -116,6 +141,32 @@ class Implementation(StrictInit):
     passed positionally in eager attention (GPT-2); other families pass it, and the rotary cos/sin, as keyword
     arguments, which the checkpoint holds by reference instead of saving [hf-transformers: modeling_layers.py
     GradientCheckpointingLayer.__call__]."""
+    qk_norm: QkNormKind = "none"
+    """An RMSNorm (of kind ``rmsnorm``) on the queries and keys before the rotary rotation: ``head`` normalises each
+    head's ``head_dim`` with one shared weight (Qwen3 ``q_norm``/``k_norm``, Gemma 3) [hf-transformers:
+    modeling_qwen3.py Qwen3Attention.forward, modeling_gemma3.py Gemma3Attention.forward]; ``full`` normalises the
+    whole q and k projections (``q_dim`` and ``kv_dim`` wide weights: OLMo 2) [modeling_olmo2.py
+    Olmo2Attention.forward]. Each keeps its fp32 input, fp32 rstd and the normalised tensor, like a block norm."""
+    norm_placement: NormPlacement = "pre"
+    """Where the block norms sit: ``pre`` (norm, sublayer, add); ``sandwich`` norms each sublayer's input and output,
+    four norms a layer (Gemma 2 and 3: ``post_attention_layernorm``, ``pre_feedforward_layernorm``,
+    ``post_feedforward_layernorm``) [modeling_gemma2.py Gemma2DecoderLayer.forward]; ``post`` norms only each
+    sublayer's output before the residual add (OLMo 2) [modeling_olmo2.py Olmo2DecoderLayer.forward]: two norms a
+    layer, whose saved bytes equal a pre-norm block's (one distinct input per norm, and the projections read a
+    distinct residual instead of a norm's output)."""
+    attn_softcap: bool = False
+    """Eager attention caps the scores, ``tanh(scores / cap) * cap``, before the softmax: ``tanh`` keeps its output,
+    one more (b, a, s, s) tensor in the compute dtype (Gemma 2 ``attn_logit_softcapping``) [modeling_gemma2.py
+    eager_attention_forward]."""
+    final_softcap: bool = False
+    """The LM head's logits are capped the same way (``final_logit_softcapping``): ``tanh`` keeps one more (b s, V)
+    tensor in the compute dtype [modeling_gemma2.py Gemma2ForCausalLM.forward]."""
+    sliding_window: int | None = None
+    """The shortest attention window any layer uses (Mistral, Starcoder2, Gemma 2 and 3 ``sliding_window``), tokens;
+    None: every layer attends to the whole causal prefix. memlab models a window only while ``seq`` is shorter (the
+    mask is then the plain causal one, and transformers skips it for SDPA only when ``kv_length < window``:
+    masking_utils.py ``_ignore_causal_mask_sdpa``); a ``seq`` of the window or longer is refused
+    (:meth:`check_window`), never counted as full attention."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()
@@ -127,6 +178,15 @@ class Implementation(StrictInit):
         check_fields(self, ConfigError)
         if self.shared_norm and not self.parallel_block:
             raise ConfigError("Implementation.shared_norm needs parallel_block=True (one norm feeds both branches)")
+
+    def check_window(self, seq: object) -> None:
+        """Raise :class:`~memlab.errors.SetupError` when ``seq`` (an int or an array of them) is not shorter than
+        :attr:`sliding_window`: a windowed mask changes what eager attention and SDPA keep, which memlab does not
+        model."""
+        if self.sliding_window is not None and bool(np.any(np.asarray(seq) >= self.sliding_window)):
+            raise SetupError(f"{self.family}: seq={int(np.max(np.asarray(seq)))} reaches its sliding_window="
+                             f"{self.sliding_window}; memlab models windowed attention only while seq < the window "
+                             "(the mask is then the causal one, which SDPA skips)")
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Implementation:

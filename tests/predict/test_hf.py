@@ -5,6 +5,7 @@ transformers installed, the parameter count equals the HF model's, built from th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,12 @@ TINY = {
               "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": F, "vocab_size": V,
               "max_position_embeddings": P},
 }
+
+
+NEW_FAMILIES = ("qwen3", "phi3", "starcoder2", "olmo2", "stablelm", "gemma2", "gemma3_text", "gptj")
+TINY.update({f: {k: v for k, v in json.loads((Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+                                               / "tiny" / f"{f}.json").read_text()).items() if not k.startswith("_")}
+             for f in NEW_FAMILIES})  # the shipped tiny configs: H, L, A, V as above
 
 
 def test_every_supported_family_is_covered_here() -> None:
@@ -74,6 +81,44 @@ def test_unsupported_family_names_the_supported_ones() -> None:
     with pytest.raises(ConfigError) as info:
         from_hf({"model_type": "bert", "hidden_size": 64})
     assert all(f in str(info.value) for f in SUPPORTED)
+
+
+def test_new_family_traits() -> None:
+    qwen3, phi3, olmo2, gemma2, gemma3 = (from_hf(TINY[f]) for f in ("qwen3", "phi3", "olmo2", "gemma2",
+                                                                      "gemma3_text"))
+    assert qwen3.impl.qk_norm == "head" and qwen3.head_dim == 32 and qwen3.q_dim == 128
+    assert phi3.impl.fused_qkv and phi3.impl.fused_gate_up and phi3.impl.sdpa_output_copy
+    assert olmo2.impl.qk_norm == "full" and olmo2.impl.rmsnorm == "fp32-product" and olmo2.impl.rotary_tables_fp32
+    assert gemma2.impl.attn_softcap and gemma2.impl.final_softcap and gemma2.impl.norm_placement == "sandwich"
+    assert not gemma3.impl.attn_softcap and gemma3.impl.qk_norm == "head" and gemma3.impl.rmsnorm == "fp32"
+    assert from_hf({**TINY["gemma3_text"], "num_hidden_layers": 6}).impl.rotary_table_pairs == 2
+    assert from_hf({**TINY["gemma3_text"], "sliding_window_pattern": 1}).impl.sliding_window is None
+
+
+@pytest.mark.parametrize(("family", "changes", "match"), [
+    ("stablelm", {"qk_layernorm": True}, "qk_layernorm"),
+    ("stablelm", {"hidden_dropout": 0.1}, "hidden_dropout"),
+    ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+    ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
+    ("gemma3_text", {"layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
+    ("starcoder2", {"sliding_window": 0}, "sliding_window"),
+])
+def test_new_family_configs_memlab_does_not_model_are_refused(family: str, changes: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        from_hf({**TINY[family], **changes})
+
+
+def test_softcaps_refuse_what_they_cannot_run() -> None:
+    from memlab.errors import SetupError
+    from memlab.predict.activations import activation_bytes
+    from memlab.predict.setup import Setup
+
+    gemma2 = from_hf(TINY["gemma2"])
+    with pytest.raises(SetupError, match="soft-capping"):
+        activation_bytes(gemma2, Setup(batch=1, seq=8, precision="bf16", attention="math"), device_type="cpu")
+    with pytest.raises(SetupError, match="final_logit_softcapping"):
+        activation_bytes(gemma2, Setup(batch=1, seq=8, precision="bf16", attention="eager", loss="chunked",
+                                       loss_chunk=4), device_type="cpu")
 
 
 def test_opt_350m_post_norm_is_refused() -> None:

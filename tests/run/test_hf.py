@@ -35,10 +35,29 @@ RUNS = [
     ("phi", "eager", "bf16", 1, 40),  # shared norm, gelu_new
     ("qwen2", "sdpa", "fp32", 2, 24),
     ("mistral", "sdpa", "bf16", 1, 40),
+    ("qwen3", "eager", "bf16", 2, 24),  # per-head q/k RMSNorm
+    ("qwen3", "sdpa", "fp32", 1, 40),
+    ("phi3", "eager", "fp32", 1, 40),  # fused qkv and gate_up
+    ("phi3", "sdpa", "bf16", 2, 24),  # q sliced from the fused output: SDPA's output is copied
+    ("starcoder2", "eager", "bf16", 2, 24),  # LayerNorm with bias, gelu MLP
+    ("starcoder2", "sdpa", "fp32", 1, 40),
+    ("olmo2", "eager", "bf16", 2, 24),  # post-sublayer norms, q/k norm over the projection, fp32 rotary tables
+    ("olmo2", "sdpa", "bf16", 1, 40),
+    ("stablelm", "eager", "fp32", 2, 24),  # partial rotary, LayerNorm
+    ("stablelm", "sdpa", "bf16", 1, 40),
+    ("gemma2", "eager", "bf16", 2, 24),  # sandwich norms, attention and final logit soft-capping
+    ("gemma2", "eager", "fp32", 1, 40),
+    ("gemma3_text", "eager", "fp32", 2, 24),  # per-head q/k norm
+    ("gemma3_text", "sdpa", "bf16", 1, 40),
+    ("gptj", "eager", "bf16", 2, 24),  # fp32 q and k, per-rotation cos/sin, parallel block, head bias
+    ("gptj", "sdpa", "fp32", 1, 40),
 ]
 DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
            "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities
-           "llama": {"attention_dropout": 0.1}}  # on the probabilities only; SDPA on CPU then runs the math backend
+           "llama": {"attention_dropout": 0.1},  # on the probabilities only; SDPA on CPU then runs the math backend
+           "phi3": {"resid_pdrop": 0.1, "embd_pdrop": 0.1},  # embd_pdrop: in the config, unused by the model
+           "starcoder2": {"residual_dropout": 0.1, "embedding_dropout": 0.1, "attention_dropout": 0.1},
+           "gptj": {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}}
 
 
 @pytest.mark.parametrize(("family", "attn"), [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "eager"),
@@ -69,6 +88,40 @@ def test_dropout_masks_are_counted_where_each_family_drops(family: str, attn: st
     config, m = run_hf({**tiny(family), **DROPOUT[family]}, attn_implementation=attn, dtype="bf16", batch=2,
                        seq=24)
     assert predict_hf(config, m)["activations"] == m.saved_bytes
+
+
+NEW_FAMILY_VARIANTS = [
+    ("gemma3_text", {"num_hidden_layers": 6, "final_logit_softcapping": 15.0}, "sdpa", "fp32"),  # local + global rope
+    ("stablelm", {"use_parallel_residual": True}, "sdpa", "fp32"),  # one norm feeds attention and MLP
+    ("starcoder2", {"sliding_window": 41}, "sdpa", "bf16"),  # a window longer than seq: SDPA skips the mask
+    ("qwen3", {"num_key_value_heads": 4}, "eager", "bf16"),  # no GQA
+]
+
+
+@pytest.mark.parametrize(("family", "changes", "attn", "dtype"), NEW_FAMILY_VARIANTS)
+def test_new_family_variants_are_exact(family: str, changes: dict, attn: str, dtype: str) -> None:
+    config, m = run_hf({**tiny(family), **changes}, attn_implementation=attn, dtype=dtype, batch=1, seq=40)
+    assert predict_hf(config, m)["activations"] == m.saved_bytes
+    assert config.param_count() == m.params
+
+
+@pytest.mark.parametrize(("family", "attn"), [("phi3", "eager"), ("gemma2", "eager"), ("gptj", "eager")])
+def test_new_families_under_autocast_and_checkpointing(family: str, attn: str) -> None:
+    """Phi-3's fused gate_up casts its input once under autocast; checkpointed layers keep only their input."""
+    for kwargs in ({"autocast": True}, {"gradient_checkpointing": True}):
+        config, m = run_hf(tiny(family), attn_implementation=attn, dtype="fp32", batch=2, seq=24, **kwargs)
+        assert predict_hf(config, m)["activations"] == m.saved_bytes
+
+
+def test_a_sequence_reaching_the_sliding_window_is_refused() -> None:
+    from memlab.errors import SetupError
+    from memlab.predict.activations import activation_bytes
+    from memlab.predict.setup import Setup
+
+    config = from_hf({**tiny("starcoder2"), "sliding_window": 40})
+    with pytest.raises(SetupError, match="sliding_window=40"):
+        activation_bytes(config, Setup(batch=1, seq=40, precision="bf16", attention="flash"), device_type="cpu")
+    assert activation_bytes(config, Setup(batch=1, seq=39, precision="bf16", attention="flash"), device_type="cpu")
 
 
 @pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)

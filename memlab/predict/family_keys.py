@@ -1,0 +1,118 @@
+"""Key accounting for the families of :mod:`memlab.predict.hf_families`: every key of each family's
+``transformers.AutoConfig.for_model(model_type).to_dict()`` (nested dicts as ``parent.child``), as modelled (where
+memlab reads it: the trait or size it sets), neutral (why it cannot change memory or time as memlab counts them), or
+refused (what :func:`memlab.predict.hf.from_hf` does with a value memlab does not model: a one-line ConfigError, or
+the named setup refusal). Plain dicts, for the key-accounting table (:mod:`memlab.predict.config_keys`) to take in.
+This module imports nothing.
+"""
+
+from __future__ import annotations
+
+_BOOKKEEPING = "transformers bookkeeping (outputs, labels, names, serialisation): no tensor of the step"
+_TOKEN = "a special token id: selects a row, sizes nothing"
+_INIT = "initialisation scale: values of the weights, not their sizes"
+_EPS = "a norm's epsilon: a value in the arithmetic, no tensor"
+_ROPE = ("how cos and sin are computed (under no_grad, each forward): their values, not which tensors are saved "
+         "or their sizes [modeling_rope_utils.py]")
+
+_COMMON: dict[str, dict[str, str]] = {
+    "modelled": {
+        "hidden_size": "TransformerConfig.d_model",
+        "num_hidden_layers": "TransformerConfig.n_layers",
+        "num_attention_heads": "TransformerConfig.n_heads",
+        "num_key_value_heads": "TransformerConfig.n_kv_heads",
+        "intermediate_size": "TransformerConfig.d_ff",
+        "vocab_size": "TransformerConfig.vocab_size (the embedding's rows as given)",
+        "max_position_embeddings": "TransformerConfig.max_seq (rotary: not a table, no refusal)",
+        "tie_word_embeddings": "TransformerConfig.tied_embeddings",
+        "attention_dropout": "Implementation.attention_dropout (the probabilities' dropout mask; CPU SDPA: math)",
+    },
+    "neutral": {
+        **{k: _BOOKKEEPING for k in ("_name_or_path", "architectures", "chunk_size_feed_forward", "dtype",
+                                     "id2label", "is_encoder_decoder", "label2id", "model_type",
+                                     "output_attentions", "output_hidden_states", "problem_type", "return_dict",
+                                     "transformers_version")},
+        **{k: _TOKEN for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+        "initializer_range": _INIT,
+        "use_cache": "the KV cache of generation; a training step with labels builds none",
+    },
+    "refused": {},
+}
+
+
+def _family(modelled: dict[str, str], neutral: dict[str, str], refused: dict[str, str] | None = None
+            ) -> dict[str, dict[str, str]]:
+    return {"modelled": {**_COMMON["modelled"], **modelled}, "neutral": {**_COMMON["neutral"], **neutral},
+            "refused": dict(refused or {})}
+
+
+_WINDOW = ("Implementation.sliding_window: a seq of the window or longer raises SetupError (check_window); "
+           "shorter, the mask is the causal one")
+_LAYER_TYPES = ("which layers slide: a sliding one sets Implementation.sliding_window; a kind other than "
+                "full_attention or sliding_attention raises ConfigError")
+
+NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
+    "qwen3": _family(
+        {"head_dim": "TransformerConfig.attn_head_dim", "hidden_act": "Implementation.activation",
+         "attention_bias": "Implementation.qkv_bias and o_bias", "sliding_window": _WINDOW,
+         "use_sliding_window": "whether sliding_window applies (Qwen3Config sets it to None otherwise)",
+         "layer_types": _LAYER_TYPES},
+        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "max_window_layers": "which layers slide, already in layer_types (any sliding layer: the window applies)"}),
+    "phi3": _family(
+        {"hidden_act": "Implementation.activation", "resid_pdrop": "TransformerConfig.dropout",
+         "sliding_window": _WINDOW},
+        {"embd_pdrop": "in Phi3Config, never used by modeling_phi3.py (no embedding dropout is applied)",
+         "rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "original_max_position_embeddings": _ROPE},
+        {"rope_parameters.partial_rotary_factor": "below 1 (Phi-4-mini) raises ConfigError"}),
+    "starcoder2": _family(
+        {"hidden_act": "Implementation.activation", "use_bias": "TransformerConfig.bias (every linear and norm)",
+         "residual_dropout": "TransformerConfig.dropout", "embedding_dropout": "Implementation.embedding_dropout",
+         "sliding_window": _WINDOW},
+        {"norm_epsilon": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE}),
+    "olmo2": _family(
+        {"hidden_act": "Implementation.activation", "attention_bias": "Implementation.qkv_bias and o_bias"},
+        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE}),
+    "stablelm": _family(
+        {"hidden_act": "Implementation.activation", "use_qkv_bias": "Implementation.qkv_bias",
+         "use_parallel_residual": "Implementation.parallel_block and shared_norm",
+         "rope_parameters.partial_rotary_factor": "Implementation.rotary_fraction"},
+        {"layer_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE},
+        {"qk_layernorm": "True raises ConfigError (StableLmLayerNormPerHead is not modelled)",
+         "hidden_dropout": "above 0 raises ConfigError (a dropout on the MLP output only is not modelled)"}),
+    "gemma2": _family(
+        {"head_dim": "TransformerConfig.attn_head_dim", "hidden_activation": "Implementation.activation",
+         "attention_bias": "Implementation.qkv_bias and o_bias", "sliding_window": _WINDOW,
+         "layer_types": _LAYER_TYPES,
+         "attn_logit_softcapping": "Implementation.attn_softcap (eager: tanh output kept; math/efficient SDPA "
+                                   "raise SetupError)",
+         "final_logit_softcapping": "Implementation.final_softcap (tanh of the logits kept; a chunked or fused "
+                                    "loss raises SetupError)"},
+        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "query_pre_attn_scalar": "the attention's scale: a multiply by a Python float, nothing saved"},
+        {"use_bidirectional_attention": "True raises ConfigError (an encoder's mask)"}),
+    "gemma3_text": _family(
+        {"head_dim": "TransformerConfig.attn_head_dim", "hidden_activation": "Implementation.activation",
+         "attention_bias": "Implementation.qkv_bias and o_bias", "sliding_window": _WINDOW,
+         "layer_types": _LAYER_TYPES + "; one (cos, sin) pair per kind: Implementation.rotary_table_pairs",
+         "_sliding_window_pattern": "layer_types when a config.json leaves them out (every N-th layer full)",
+         "final_logit_softcapping": "Implementation.final_softcap (tanh of the logits kept; a chunked or fused "
+                                    "loss raises SetupError)"},
+        {"rms_norm_eps": _EPS, "query_pre_attn_scalar": "the attention's scale: a multiply, nothing saved",
+         "attn_logit_softcapping": "Gemma3Attention keeps it but never passes it to the attention function "
+                                   "(modeling_gemma3.py): no cap is applied",
+         **{f"rope_parameters.{kind}.{k}": _ROPE for kind in ("full_attention", "sliding_attention")
+            for k in ("rope_theta", "rope_type")}},
+        {"use_bidirectional_attention": "True raises ConfigError (an encoder's mask)"}),
+    "gptj": _family(
+        {"n_embd": "TransformerConfig.d_model", "n_layer": "TransformerConfig.n_layers",
+         "n_head": "TransformerConfig.n_heads", "n_inner": "TransformerConfig.d_ff (null: 4 n_embd)",
+         "n_positions": "TransformerConfig.max_seq (rotary: a sinusoid buffer, no parameter)",
+         "rotary_dim": "Implementation.rotary_fraction (rotary_dim / head_dim)",
+         "activation_function": "Implementation.activation", "resid_pdrop": "TransformerConfig.dropout",
+         "embd_pdrop": "Implementation.embedding_dropout", "attn_pdrop": "Implementation.attention_dropout"},
+        {"layer_norm_epsilon": _EPS}),
+}
+"""model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},
+"refused": {key: what memlab does with a value it does not model}}."""
