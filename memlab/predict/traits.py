@@ -116,6 +116,12 @@ class Implementation(StrictInit):
     passed positionally in eager attention (GPT-2); other families pass it, and the rotary cos/sin, as keyword
     arguments, which the checkpoint holds by reference instead of saving [hf-transformers: modeling_layers.py
     GradientCheckpointingLayer.__call__]."""
+    sliding_window: int | None = None
+    """Attention sees at most this many previous tokens (Mistral's and Qwen2's ``sliding_window``). Eager attention
+    builds the same (batch, 1, s, s) mask with or without it, so it changes no byte there; for the SDPA kernels a
+    seq longer than the window makes transformers pass an explicit mask instead of ``is_causal``, which the
+    estimate refuses (:func:`memlab.predict.plan.rotary_seq_note`) [hf-transformers: masking_utils.py
+    sliding_window_causal_mask]. None: no window."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()
