@@ -257,7 +257,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
 
 def given_model_options(args: argparse.Namespace) -> list[str]:
     """The model options (:func:`add_model_arguments`) ``args`` sets, as flags: for commands whose model may come
-    from elsewhere (``trace --hf-config``), where any of them would be silently ignored."""
+    from elsewhere (``--hf``), where any of them would be silently ignored."""
     keys = ("preset", "d_model", "n_layers", "n_heads", *_DIM_ONLY, "max_seq", "params")
     return [f"--{k.replace('_', '-')}" for k in keys if getattr(args, k, None) not in (None, False)]
 

@@ -14,10 +14,12 @@ from memlab.cli.args import (
     gpu_name,
     mebibytes,
     model_from_args,
+    positive_float,
     print_json,
     setup_from_args,
 )
-from memlab.errors import MemlabError
+from memlab.cli.hf_source import hf_path, model_info
+from memlab.errors import ConfigError, MemlabError
 from memlab.predict.validate import LIMITS
 from memlab.units import GB, GiB
 
@@ -38,8 +40,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="blocks ZeRO-3 holds gathered, as the gathered component (default 0: FSDP2 is modelled "
                    "per phase; tensor-parallel ZeRO-3 is not counted)")
     g = p.add_argument_group("answers (with --gpu): what fits, and what to switch on to fit")
-    g.add_argument("--hf", metavar="PATH", help="the model from a Hugging Face config.json (or a folder holding one; "
-                   "read offline), instead of --preset or dimensions")
+    g.add_argument("--hf", type=hf_path, metavar="PATH", help="the model from a Hugging Face config.json, a folder "
+                   "holding one, or a model id in the local Hugging Face cache (read offline), instead of --preset or "
+                   "dimensions; a config the formula does not cover is traced (transformers' modelling code on fake "
+                   "tensors) unless --no-trace")
+    g.add_argument("--no-trace", action="store_true", help="with --hf: refuse a config the formula does not cover "
+                   "instead of tracing it")
+    g.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
+                   help="time bound of a trace (default 300 s); it prints its progress to stderr")
     g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose predicted peak fits --gpu")
     g.add_argument("--longest-seq", action="store_true",
                    help="the longest sequence (up to the model's max_seq) whose predicted peak fits --gpu")
@@ -68,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from memlab.predict.estimate import Overheads, estimate
     from memlab.predict.fit import fits
 
-    model = _model(args)
+    model, raw, refused = _model(args)
+    if refused is not None:
+        return _traced(args, raw, refused)
     setup = setup_of(args, model)
     answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
                                      ("--levers", args.levers)) if on]
@@ -95,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
-               "host_bytes": bd.host_bytes, **found}
+               "host_bytes": bd.host_bytes, **found,
+               **model_info(model, source="formula", config=raw)}
         print_json(out, indent=2)
         return 0
     name = model.name if bd.config is not None else "bare parameter count"
@@ -104,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
           f"{s.precision if s.mode == 'train' else s.inference_weights + ' weights'}, "
           f"{s.optimizer + ', ' if s.mode == 'train' else ''}recompute {s.recompute}, attention {s.attention}, "
           f"ZeRO-{s.zero_stage} over {s.world_size} rank(s), tp {s.tp}{' + sp' if s.sp else ''}")
+    info = model_info(model, source="formula", config=raw)
+    print(f"model: {info['family']}, source of truth: formula (memlab.predict.estimate); step: "
+          f"{info['calling_convention']}")
     print(f"\n{'per device':<24}{'bytes':>17} {'GiB':>10} {'GB':>10}")
     for comp, value in bd.components().items():
         print(f"{comp:<24}{_size(value)}")
@@ -137,10 +151,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model(args: argparse.Namespace) -> Any:
-    """The model of ``--hf PATH`` (read offline with :func:`memlab.predict.hf.from_hf`) or of the MODEL options."""
+def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | None]:
+    """(model, the config dict or None, why the formula refused it or None): the model of ``--hf PATH`` (read
+    offline with :func:`memlab.predict.hf.from_hf`) or of the MODEL options."""
     if args.hf is None:
-        return model_from_args(args)
+        if args.no_trace:
+            raise MemlabError("--no-trace goes with --hf (a preset or dimensions are always the formula's)")
+        return model_from_args(args), None, None
     from memlab.cli.args import given_model_options
     from memlab.predict.hf import from_hf, read_config_json
 
@@ -148,7 +165,33 @@ def _model(args: argparse.Namespace) -> Any:
     if given:
         raise MemlabError(f"the model comes from --hf, so {', '.join(given)} would be ignored: drop them (the sizes "
                           "are the config's) or drop --hf")
-    return from_hf(read_config_json(args.hf))
+    raw = read_config_json(args.hf)
+    try:
+        return from_hf(raw), raw, None
+    except ConfigError as exc:
+        if args.no_trace:
+            raise
+        return None, raw, str(exc)
+
+
+def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
+    """The trace's answer for a config the formula does not cover (point 5 of issue 17): said plainly first."""
+    import sys
+
+    from memlab.cli import trace
+
+    answers = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                               ("--levers", args.levers)) if on]
+    if answers:
+        raise MemlabError(f"the formula does not cover this config ({refused}); {', '.join(answers)} search with the "
+                          "formula: drop them to get the trace's answer")
+    print(f"memlab: the formula does not cover this config: {refused}\nmemlab: tracing transformers' modelling code "
+          f"on fake tensors instead (source of truth: trace; at most {args.timeout:g} s, --timeout; --no-trace "
+          "refuses)", file=sys.stderr)
+    args.top = getattr(args, "top", 8)
+    result, setup = trace.trace_config(args, args.hf)
+    return trace.print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
+                                                                         refused=refused))
 
 
 def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:

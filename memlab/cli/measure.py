@@ -21,6 +21,7 @@ from memlab.cli.args import (
     setup_from_args,
     writing,
 )
+from memlab.cli.hf_source import hf_path, model_info
 from memlab.errors import MemlabError
 from memlab.predict.validate import LIMITS
 
@@ -35,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device_arg, default="auto", help="auto (cuda when available), cpu or cuda[:N]")
     p.add_argument("--steps", type=bounded_int(1, LIMITS["steps"].max, LIMITS["steps"].why), default=2, metavar="N",
                    help="timed steps (training) or decoded tokens (inference; at most seq - 1)")
+    p.add_argument("--hf", type=hf_path, metavar="PATH", help="measure transformers' AutoModelForCausalLM built from "
+                   "this config (a config.json, its folder, or a model id in the local HF cache; never downloads) "
+                   "instead of the reference GPT")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -55,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from memlab.compare.ledger import compare, predict_for
     from memlab.run.runner import run_step
 
+    if args.hf is not None:
+        return _run_hf(args)
     model = model_from_args(args)
     if isinstance(model, int):
         raise MemlabError("memlab measure needs a model to build: give --preset or explicit dimensions, not --params")
@@ -84,6 +90,63 @@ def run(args: argparse.Namespace) -> int:
               f"({m.tokens_per_s:,.0f} tokens/s over the batch)")
     print("(relative error = (predicted - measured) / measured; on a CPU bytes are exact storage counts; traced = "
           "memlab trace of the same step on fake tensors)")
+    return 0
+
+
+_HF_FIELDS = {"batch", "seq", "precision", "attention", "recompute", "optimizer", "mode"}
+"""Setup fields a measured Hugging Face step honours (:func:`memlab.run.hf.run_hf`: AdamW, one training step)."""
+
+
+def _run_hf(args: argparse.Namespace) -> int:
+    """``measure --hf``: one real training step of the Hugging Face model, beside the formula when it covers it."""
+    from memlab.cli.args import given_model_options, given_setup_fields
+    from memlab.device import device_string, device_type
+    from memlab.predict.hf import from_hf, hf_attention, read_config_json
+    from memlab.run.hf import predict_hf, run_hf
+
+    given = given_model_options(args)
+    if given:
+        raise MemlabError(f"the model comes from --hf, so {', '.join(given)} would be ignored: drop them")
+    other = sorted(set(given_setup_fields(args)) - _HF_FIELDS)
+    if other:
+        raise MemlabError(f"measure --hf runs one plain AdamW training step: {', '.join(other)} not supported there")
+    raw = read_config_json(args.hf)
+    try:
+        model, refused = from_hf(raw), None
+    except MemlabError as exc:
+        model, refused = None, str(exc)
+    setup = setup_from_args(args, model if model is not None else 1)
+    dtype = {"fp32": ("fp32", False), "bf16": ("bf16", False), "amp-bf16": ("fp32", True)}.get(setup.precision)
+    if setup.mode != "train" or setup.optimizer != "adamw" or dtype is None or setup.recompute == "selective":
+        raise MemlabError("measure --hf runs a training step with AdamW, precision fp32, bf16 or amp-bf16, recompute "
+                          f"none or full; got mode {setup.mode}, {setup.optimizer}, {setup.precision}, recompute "
+                          f"{setup.recompute}")
+    dev = device_string(args.device)
+    impl = "eager" if setup.attention == "eager" else "sdpa"
+    p = model.impl.attention_dropout_or(model.dropout) if model is not None else 0.0
+    if hf_attention(impl, device_type(dev), dtype[0], p) != setup.attention:
+        raise MemlabError(f"attention {setup.attention}: transformers' sdpa runs as "
+                          f"{hf_attention(impl, device_type(dev), dtype[0], p)} here ({dev}, {setup.precision}): "
+                          "use --attention eager or that kernel")
+    _, m = run_hf(args.hf, attn_implementation=impl, dtype=dtype[0], batch=setup.batch, seq=setup.seq, device=dev,
+                  gradient_checkpointing=setup.recompute == "full", autocast=dtype[1])
+    measured = {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
+                "optimizer": m.optimizer_bytes}
+    predicted = predict_hf(model, m) if model is not None else None
+    info = model_info(model, source="measurement", config=raw, refused=refused)
+    if args.json:
+        print_json({"measurement": m.to_dict(), "measured": measured, "predicted": predicted, **info}, default=str)
+        return 0
+    print(f"memlab measure: {m.family} from {args.hf} on {m.device}, batch {m.batch} x seq {m.seq}, "
+          f"{setup.precision}, attn_implementation {impl}; step: {info['calling_convention']}")
+    print(f"  {'component':<14}{'predicted':>16}{'measured':>16}{'rel_error':>12}")
+    for key, value in measured.items():
+        pred = None if predicted is None else predicted[key]
+        err = "-" if pred is None or not value else f"{100 * (pred - value) / value:+.3f} %"
+        print(f"  {key:<14}{'-' if pred is None else f'{pred:,}':>16}{value:>16,}{err:>12}")
+    if refused is not None:
+        print(f"no formula column: {refused} (memlab trace --hf gives the exact bytes of this code)")
+    print("(activations = bytes saved for backward; on a CPU bytes are exact storage counts)")
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 import warnings
 
 from memlab.cli.args import positive_float, positive_int
+from memlab.errors import MemlabError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
                    help="seconds the ranks may work once all have started; then every rank is killed (default 300; "
                         "start-up has its own bound, START_TIMEOUT_S in memlab.run.distributed.launch)")
+    p.add_argument("--hf", metavar="PATH", help="not supported: the ranks run the reference GPT (a Hugging Face "
+                   "model is not sharded here); memlab estimate --hf PATH --zero N gives its sharded formula")
     p.add_argument("--json", action="store_true", help="print the ranks' rows as JSON")
 
 
@@ -40,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from memlab.predict.models import preset
     from memlab.run.distributed.launch import WorkerSpec, launch
 
+    if args.hf is not None:
+        raise MemlabError("memlab shard runs the reference GPT on each rank; a Hugging Face model is not sharded here "
+                          f"(no FSDP2 wrapping of transformers' modules): use memlab estimate --hf {args.hf} --zero 3 "
+                          "--world-size N for its sharded formula")
     config = preset(args.preset)
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     spec = WorkerSpec(config=config, batch=args.batch, seq=args.seq, strategies=strategies, steps=args.steps,

@@ -1,8 +1,10 @@
 """``memlab trace``: one training step of a model on fake tensors, phase by phase, beside the estimator's phases.
 
-``memlab trace MODEL [setup flags as estimate] [--hf-config F] [--json]``. MODEL is a preset name (or ``--preset``
-/ explicit dimensions, as ``estimate``) for the reference GPT, or a Hugging Face ``config.json`` (``--hf-config``,
-or a path given as MODEL; then no preset or dimension flag, one process). Prints the bytes held at each phase of
+``memlab trace MODEL [setup flags as estimate] [--hf PATH] [--timeout S] [--json]``. MODEL is a preset name (or
+``--preset`` / explicit dimensions, as ``estimate``) for the reference GPT, or a Hugging Face config (``--hf``: a
+``config.json``, its folder or a model id in the local HF cache; or a path given as MODEL; then no preset or
+dimension flag, one process; ``--hf-config`` is the old spelling). A Hugging Face trace prints its progress to
+stderr and stops after ``--timeout`` seconds (default 300) with one line. Prints the bytes held at each phase of
 the first and the steady step (trace and formula side by side), marks the peak, lists the top modules by the
 activation bytes their forward keeps, and with ``--gpu`` says whether the traced peak fits that accelerator. Nothing
 is allocated or downloaded; the step runs on CPU fake tensors (:mod:`memlab.tracing.tracer`). Python warnings raised
@@ -20,16 +22,17 @@ from typing import Any
 from memlab.cli.args import given_model_options, model_from_args, positive_int
 from memlab.cli.estimate import add_arguments as add_estimate_arguments
 from memlab.cli.estimate import setup_of
+from memlab.cli.hf_source import hf_path, model_info
 from memlab.errors import MemlabError
 from memlab.units import byte_unit, fmt_bytes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``memlab trace``: the estimate's MODEL and setup options, ``--hf-config``, ``--top``, ``--json``."""
+    """Options of ``memlab trace``: the estimate's MODEL and setup options (``--hf``, ``--timeout``), ``--top``,
+    ``--json``; ``--hf-config`` is a hidden alias of ``--hf``."""
     p.add_argument("model", nargs="?", metavar="MODEL", help="a preset name or a Hugging Face config.json path")
     add_estimate_arguments(p)
-    p.add_argument("--hf-config", metavar="F", help="trace transformers' AutoModelForCausalLM built from this "
-                   "config.json (never downloads)")
+    p.add_argument("--hf-config", dest="hf", type=hf_path, help=argparse.SUPPRESS)
     p.add_argument("--top", type=positive_int, default=8, metavar="N", help="modules listed (default 8)")
 
 
@@ -42,7 +45,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
     """("hf", config path) or ("gpt", TransformerConfig)."""
     from memlab.predict.models import PRESETS
 
-    hf = args.hf_config
+    hf = args.hf
     if args.model is not None:
         if args.model in PRESETS:
             if args.preset is not None:
@@ -50,7 +53,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
             args.preset = args.model
         elif Path(args.model).suffix == ".json" or _is_dir(args.model):
             if hf is not None:
-                raise MemlabError("give the Hugging Face config once: MODEL or --hf-config")
+                raise MemlabError("give the Hugging Face config once: MODEL or --hf")
             hf = args.model
         else:
             from memlab.errors import unknown_name
@@ -60,7 +63,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
         given = given_model_options(args)
         if given:
             raise MemlabError(f"the model comes from the Hugging Face config, so {', '.join(given)} would be ignored: "
-                              "drop them (the sizes are the config's), or drop --hf-config to trace the reference GPT")
+                              "drop them (the sizes are the config's), or drop --hf to trace the reference GPT")
         return "hf", hf
     model = model_from_args(args)
     if isinstance(model, int):
@@ -115,41 +118,61 @@ def run(args: argparse.Namespace) -> int:
     if ignored:
         raise MemlabError(f"{', '.join(ignored)}: overheads of memlab estimate, which a trace would ignore (it lists "
                           "the CUDA terms it cannot see instead): drop them, or run memlab estimate")
+    if args.no_trace:
+        raise MemlabError("--no-trace is an option of memlab estimate: memlab trace always traces")
     with warnings.catch_warnings(record=True) as caught:
-        result, setup, predicted = _trace(args)
+        result, setup, predicted, extra = _trace(args)
     for w in caught:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    return _print(args, result, setup, predicted)
+    return print_trace(args, result, setup, predicted, extra=extra)
 
 
-def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """(trace, setup, formula or None) of the command's target."""
+def trace_config(args: argparse.Namespace, target: str) -> tuple[Any, Any]:
+    """(trace, setup) of the Hugging Face config at ``target`` under the command's setup options, with progress
+    lines on stderr and the ``--timeout`` bound (:mod:`memlab.tracing.progress`)."""
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
+    from memlab.tracing.progress import Progress
+
+    cfg = hf_config(target)
+    setup = _setup(args, 1)  # a bare count: the estimate's default seq (1024)
+    result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}", progress=Progress(),
+                      timeout=args.timeout)
+    return result, setup
+
+
+def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """(trace, setup, formula or None, what --json says about the model) of the command's target."""
     from memlab.predict.estimate import estimate
 
     kind, target = _target(args)
     if kind == "hf":
-        from memlab.model.hf import hf_config
-        from memlab.tracing.hf import trace_hf
+        from memlab.predict.hf import from_hf, read_config_json
 
-        cfg = hf_config(target)
-        setup = _setup(args, 1)  # a bare count: the estimate's default seq (1024)
-        result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}")
+        raw = read_config_json(target)
+        result, setup = trace_config(args, target)
         predicted = _hf_estimate(target, setup)
-    else:
-        from memlab.tracing.gpt import trace_gpt
+        try:
+            model, refused = from_hf(raw), None
+        except MemlabError as exc:
+            model, refused = None, str(exc)
+        return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused)
+    from memlab.tracing.gpt import trace_gpt
 
-        setup = _setup(args, target)
-        result = trace_gpt(target, setup)
-        predicted = estimate(target, setup)
-    return result, setup, predicted
+    setup = _setup(args, target)
+    result = trace_gpt(target, setup)
+    return result, setup, estimate(target, setup), model_info(target, source="trace")
 
 
-def _print(args: argparse.Namespace, result: Any, setup: Any, predicted: Any) -> int:
-    """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given."""
+def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: Any,
+                extra: dict[str, Any] | None = None) -> int:
+    """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given; ``extra``
+    (:func:`memlab.cli.hf_source.model_info`) goes into the JSON and the header."""
+    extra = extra or {}
     verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase) if args.gpu is not None
                else None)
     if args.json:
-        out = result.to_dict()
+        out = {**result.to_dict(), **extra}
         if predicted is not None:
             out["estimate"] = {"phases": [r.to_dict() for r in predicted.phases], "peak": predicted.peak_bytes,
                                "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
@@ -161,6 +184,10 @@ def _print(args: argparse.Namespace, result: Any, setup: Any, predicted: Any) ->
     unit, size = byte_unit(result.peak_bytes)
     print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
           f"attention {setup.attention}, recompute {setup.recompute} (fake tensors on CPU; GiB = 2**30 bytes)")
+    if extra:
+        print(f"model: {extra['family']}, source of truth: trace (the real modelling code on fake tensors)"
+              + ("" if predicted is not None else "; no formula column: "
+                 + extra.get("formula_refused", "the formula does not cover it")))
     print(f"  {'step':<7} {'phase':<26} {'trace ' + unit:>12} {'formula ' + unit:>12} {'error':>8}")
     for row in result.phases:
         traced = row.held_bytes

@@ -320,7 +320,7 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
         "activations_bytes": acts_i, "kv_cache_bytes": kv_i, "overhead": overhead, "total_bytes": total,
         "param_count": p.param_count, "mode": setup.mode,
         "activation_detail": {k: float(v) for k, v in act_detail.items()}, "optimizer_detail": dict(p.opt_detail),
-        "assumptions": (*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq), *p.assumptions_tail),
+        "assumptions": (*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq, setup), *p.assumptions_tail),
         "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": _fields(setup),
         "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
         "host_bytes": host,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.config_keys import check as check_keys
 from memlab.predict.hf_families import BUILDERS, FAMILY_DEFAULTS
 from memlab.predict.models import TransformerConfig
 from memlab.predict.traits import Implementation
@@ -244,8 +245,11 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
         shown = repr(kind)[:60] if kind else "(missing)"
         raise ConfigError(f"HF model_type {shown} is not supported by from_hf; supported: "
                           f"{', '.join(SUPPORTED)} (or build a TransformerConfig by hand)")
+    check_keys(family, raw)  # every key modelled, neutral, or refused (memlab.predict.config_keys)
     c = _checked({**DEFAULTS[family], **{k: v for k, v in raw.items() if v is not None or k not in DEFAULTS[family]}},
                  family)
+    c["_rotary_fraction"] = _rotary_fraction(raw, {"gpt_neox": "rotary_pct", "phi": "partial_rotary_factor"}
+                                             .get(family), c, family)
     given = next((v for v in (raw.get("_name_or_path"), raw.get("name")) if isinstance(v, str) and v), family)
     label = name or given
     build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma, **BUILDERS}.get(
@@ -263,7 +267,46 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     same.update({k: None for k in ("qkv_bias", "o_bias", "mlp_bias") if getattr(im, k) == tc.bias})
     impl = replace(im, loss_labels_padded=True, sources=(*im.sources, loss_src), embedding_dropout=embd_p,
                    attention_dropout=None if attn_p == tc.dropout else attn_p, **same)
+    if family in ("mistral", "qwen2"):  # the new families' builders set their window (hf_families._window)
+        impl = replace(impl, sliding_window=_sliding_window(raw, family, tc.max_seq))
     return tc.with_(impl=impl)
+
+
+def _rope(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The rotary dict transformers 5.x uses: ``rope_scaling`` (4.x) when given, else ``rope_parameters``
+    (``configuration_gpt_neox.py``: ``rope_scaling or rope_parameters``)."""
+    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    if not isinstance(rope, Mapping):
+        raise ConfigError(f"rope_parameters must be an object {{...}}, got {_json_kind(rope)}")
+    return rope
+
+
+def _rotary_fraction(raw: Mapping[str, Any], legacy: str | None, c: Mapping[str, Any], family: str) -> float:
+    """The share of head_dim that rotates: the rotary dict's ``partial_rotary_factor`` wins over the 4.x top-level
+    key (``rope_parameters.setdefault("partial_rotary_factor", rotary_pct)`` in the 5.x config classes)."""
+    value = _rope(raw).get("partial_rotary_factor")
+    if value is None:
+        return float(c[legacy]) if legacy else 1.0
+    return float(check_number("rope_parameters.partial_rotary_factor", value, lo=0.0, hi=1.0, lo_open=True,
+                              owner=f"HF {family} config", err=ConfigError))
+
+
+def _sliding_window(raw: Mapping[str, Any], family: str, max_seq: int) -> int | None:
+    """The attention window a Mistral or Qwen2 config sets (None: none, or one at least ``max_seq`` long); Qwen2's
+    sliding layers (``use_sliding_window``, ``layer_types``) are refused (memlab.predict.config_keys)."""
+    if family == "qwen2":
+        types = raw.get("layer_types")
+        if types is not None and (not isinstance(types, list) or any(t != "full_attention" for t in types)):
+            raise ConfigError("qwen2 config layer_types with other entries than full_attention (sliding-window "
+                              "layers) are not modelled")
+        return None  # without use_sliding_window (refused when true) every layer is full attention
+    if family != "mistral":
+        return None
+    window = raw.get("sliding_window", 4096)  # MistralConfig's default
+    if window is None:
+        return None
+    check_int("sliding_window", window, owner="HF mistral config", err=ConfigError)
+    return window if window < max_seq else None
 
 
 def _gpt2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
@@ -315,7 +358,7 @@ def _neox(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     parallel = bool(c["use_parallel_residual"])
     impl = Implementation(
         family=family, activation=_activation(c["hidden_act"], "hidden_act", family), parallel_block=parallel,
-        fused_qkv=True, rotary_tables_per_forward=True, rotary_fraction=float(c["rotary_pct"]),
+        fused_qkv=True, rotary_tables_per_forward=True, rotary_fraction=c["_rotary_fraction"],
         sdpa_output_copy=True, qkv_bias=bool(c["attention_bias"]), o_bias=bool(c["attention_bias"]), softmax_fp32=True,
         sources=(("activation", _src("gpt_neox", "modeling_gpt_neox.py GPTNeoXMLP (ACT2FN[hidden_act])")),
                  ("parallel_block", _src("gpt_neox", "modeling_gpt_neox.py GPTNeoXLayer.forward "
@@ -340,7 +383,7 @@ def _phi(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
         raise ConfigError("phi: qk_layernorm=True is not modelled; use a config with qk_layernorm false")
     impl = Implementation(
         family=family, activation=_activation(c["hidden_act"], "hidden_act", family), parallel_block=True,
-        shared_norm=True, rotary_tables_per_forward=True, rotary_fraction=float(c["partial_rotary_factor"]),
+        shared_norm=True, rotary_tables_per_forward=True, rotary_fraction=c["_rotary_fraction"],
         sdpa_output_copy=True, head_bias=True, softmax_fp32=True,
         sources=(("activation", _src("phi", "modeling_phi.py PhiMLP (ACT2FN['gelu_new'])")),
                  ("parallel_block", _src("phi", "modeling_phi.py PhiDecoderLayer.forward: attn + mlp + residual")),
@@ -365,6 +408,8 @@ def _llama_like(c: dict[str, Any], family: str, label: str) -> TransformerConfig
     head_dim = _optional(c, "head_dim", family, check_int, None) or d // a
     if family == "qwen2":
         qkv_bias, o_bias, mlp_bias = True, False, False
+    elif family == "mistral":  # modeling_mistral.py: every projection bias=False, whatever the config says
+        qkv_bias = o_bias = mlp_bias = False
     else:
         qkv_bias = o_bias = _optional(c, "attention_bias", family, check_bool, False)
         mlp_bias = _optional(c, "mlp_bias", family, check_bool, False)

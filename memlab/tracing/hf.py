@@ -30,6 +30,7 @@ from memlab.predict.setup import Setup
 from memlab.predict.validate import check_bool
 from memlab.tracing.arguments import check_trace_setup
 from memlab.tracing.gpt import setup_parts
+from memlab.tracing.progress import Progress, time_bound
 from memlab.tracing.tracer import Trace, default_loss, trace_step
 
 _ATTENTION = {"eager": ("eager", None), "math": ("sdpa", "math"), "flash": ("sdpa", "flash"),
@@ -51,7 +52,8 @@ def unpacked_batches() -> Iterator[None]:
 
 
 def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str = "cuda",
-             force_unpacked: bool = True, name: str | None = None) -> Trace:
+             force_unpacked: bool = True, name: str | None = None, progress: Progress | None = None,
+             timeout: float | None = None) -> Trace:
     """:func:`memlab.tracing.tracer.trace_step` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under
     ``setup``.
 
@@ -64,7 +66,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces FSDP2); ``device_type`` is ``"cpu"`` or
     ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's ``n_positions``, OPT's
     ``max_position_embeddings``) raises :class:`SetupError`: on fake tensors the lookup past the table would pass
-    unnoticed. transformers' warnings are silenced while the step is traced.
+    unnoticed. transformers' warnings are silenced while the step is traced. ``progress`` (a
+    :class:`~memlab.tracing.progress.Progress`) reports the build and each block's forward; ``timeout`` (seconds,
+    None: none) stops the trace with a one-line :class:`~memlab.tracing.progress.TraceTimeout`.
     """
     tf = import_transformers()
     from memlab.model.loss import LossOptions, hf_causal_lm_loss
@@ -95,6 +99,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     vocab = int(cfg.vocab_size)
 
     def model_fn() -> nn.Module:
+        if progress is not None:
+            progress(f"building {cfg.model_type} from its config (fake tensors)")
         model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
         if setup.recompute == "full":
             kwargs = {"use_reentrant": False}
@@ -103,6 +109,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         _check_positions(model, cfg, setup.seq)
+        if progress is not None:
+            progress.watch_blocks(model)
         if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_finetune)
             model = apply_finetune(model, setup)
         model.train()
@@ -128,8 +136,11 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             return one_loss(model, batch)
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
+    where = (lambda: progress.last) if progress is not None else (lambda: "no progress reported")
+    hint = (f"{cfg.model_type}'s modelling code may loop over the tokens in Python on CPU (Mamba's recurrent scan "
+            "does, once per token per block): trace a shorter seq or fewer layers, or allow more time")
     try:
-        with ctx, quiet_transformers():
+        with ctx, quiet_transformers(), time_bound(timeout, where, hint):
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
                               name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:

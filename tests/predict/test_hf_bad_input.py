@@ -116,7 +116,7 @@ def test_a_folder_without_config_and_a_bom_file(tmp_path: Path) -> None:
     ("gpt2", "tie_word_embeddings", "false", "True or False"),
     ("llama", "tie_word_embeddings", 0, "True or False"),
     ("llama", "attention_bias", "no", "True or False"),
-    ("mistral", "mlp_bias", 1, "True or False"),
+    ("llama", "mlp_bias", 1, "True or False"),
     ("gpt2", "resid_pdrop", "0.1", "number"),
     ("gpt2", "attn_pdrop", 2.0, "[0, 1]"),
     ("llama", "attention_dropout", "x", "number"),

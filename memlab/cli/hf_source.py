@@ -1,0 +1,72 @@
+"""``--hf PATH``: a Hugging Face config for ``estimate``, ``trace`` and ``measure``, read offline.
+
+PATH is a ``config.json``, a folder holding one, or a model id (``org/name``) whose ``config.json`` is in the
+local Hugging Face cache (``HF_HUB_CACHE``, else huggingface_hub's default; looked up with
+``huggingface_hub.try_to_load_from_cache``, which never touches the network). Anything else is one clear error:
+memlab never downloads. :func:`model_info` is what ``--json`` says about the model: its family, the traits its
+modelling code implies, how the step calls it, and which source of truth gave the numbers (the formula, or the trace
+of the real modelling code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from memlab.errors import ConfigError
+
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+HF_CALL = ("transformers AutoModelForCausalLM.from_config(config) in the setup's dtype; loss = model(input_ids=ids, "
+           "labels=ids).loss (transformers shifts the labels inside: loss_utils.py ForCausalLMLoss)")
+"""How memlab's step calls a Hugging Face model (memlab.model.loss, memlab.tracing.hf, memlab.run.hf)."""
+REFERENCE_CALL = "memlab.model.gpt.GPT (the reference GPT) through memlab.model.step.train_step"
+"""How memlab's step calls the reference GPT (presets with the ref: prefix, explicit dimensions)."""
+
+
+def resolve(text: str) -> str:
+    """The path of the ``config.json`` that ``text`` names (module docstring); :class:`ConfigError` otherwise."""
+    path = Path(text)
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):  # a name the OS refuses: read_config_json says so
+        return text
+    if exists or path.suffix == ".json" or not _MODEL_ID.match(text):
+        return text  # read_config_json reads it, or says what is wrong with it
+    from huggingface_hub import try_to_load_from_cache
+
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    found = try_to_load_from_cache(text, "config.json", cache_dir=cache)
+    if isinstance(found, str):
+        return found
+    from huggingface_hub import constants
+
+    where = cache or constants.HF_HUB_CACHE
+    raise ConfigError(f"no config file at {text!r}, and no config.json for model id {text!r} in the local Hugging "
+                      f"Face cache ({where}); memlab never downloads: download it once (huggingface-cli download "
+                      "... config.json) or give the path of a config.json")
+
+
+def hf_path(text: str) -> str:
+    """An argument type: :func:`resolve` with its error as the one-line argparse error."""
+    try:
+        return resolve(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def model_info(model: Any, *, source: str, config: dict[str, Any] | None = None,
+               refused: str | None = None) -> dict[str, Any]:
+    """What ``--json`` says about the model: ``family``, ``traits`` (``impl.differs()``; None when the formula
+    does not cover the model), ``calling_convention``, ``source_of_truth`` (``formula`` or ``trace``) and, when the
+    formula refused the config, ``formula_refused`` (its one-line reason)."""
+    impl = getattr(model, "impl", None)
+    hf = config is not None or (impl is not None and impl.family != "reference")
+    family = (config or {}).get("model_type") or (impl.family if impl is not None else None)
+    out = {"family": family if hf else "reference", "traits": impl.differs() if impl is not None else None,
+           "calling_convention": HF_CALL if hf else REFERENCE_CALL, "source_of_truth": source}
+    if refused is not None:
+        out["formula_refused"] = refused
+    return out
