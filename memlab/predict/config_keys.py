@@ -350,10 +350,11 @@ family's builder in :mod:`memlab.predict.hf_families` refuses any other, with th
 
 def _new_family(lists: Mapping[str, Mapping[str, str]]) -> KeyAccount:
     """A :mod:`memlab.predict.family_keys` family's account, with the keys every family shares (the common refused
-    keys and rotary types win over the family's own listing of them)."""
+    keys and rotary types win over the family's own listing of them; ``model_type`` is modelled, as everywhere)."""
     common = {**COMMON_REFUSED, **_ROPE_REFUSED}
     refused = {k: (text, _NEW_FAMILY_ACCEPTED.get(k, ())) for k, text in lists["refused"].items()}
-    keep = {k: v for k, v in lists["neutral"].items() if k not in common and k not in refused}
+    keep = {k: v for k, v in lists["neutral"].items() if k not in common and k not in refused
+            and k not in COMMON_MODELLED}
     return _account({k: v for k, v in lists["modelled"].items() if k not in common}, keep, refused)
 
 
