@@ -479,7 +479,7 @@ pd.Series(worked.to_dict(), name="55 % -> 40 %").round(4).to_frame()
 PUBLISHED_MFU = pd.DataFrame([  # (system, model, devices, MFU, HFU or None, source key): the papers' own figures
     ("PaLM", "540B", "6,144 TPU v4", 0.462, 0.578, "chowdhery2022"),
     ("Megatron-LM (PTD-P)", "1T", "3,072 A100", 0.52, None, "narayanan2021"),
-    ("MegaScale", "175B", "12,288 A100", 0.552, None, "jiang2024megascale"),
+    ("MegaScale", "175B", "12,288 Ampere GPUs", 0.552, None, "jiang2024megascale"),
     ("Llama 3", "405B", "8,192-16,384 H100", 0.43, None, "dubey2024"),
     ("Llama 3, long context (131k tokens)", "405B", "16,384 H100", 0.38, None, "dubey2024"),
 ], columns=["system", "model", "devices", "MFU", "HFU", "source"])
