@@ -55,7 +55,7 @@ from memlab import (
 from memlab.course.chapter import as_percent
 from memlab.units import GB, GiB, MiB
 
-ch = chapter(scale, device, seed, out_dir)
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models on a shared machine: 1 thread
 SIZES = {  # what the scale changes: the one-layer model, the sequence lengths, the kernels traced in section 5
     "ci": dict(model="tiny-gpt", seqs=[128, 256, 512, 1024], traced=("eager",)),
     "full": dict(model="gpt2", seqs=[1024, 2048, 4096, 8192], traced=("eager", "flash")),
@@ -288,15 +288,15 @@ io.round(1)
 fig2_cmp.round(2)
 
 # %%
-fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
+fig, ax = plt.subplots(figsize=(9, 4), layout="constrained")
 seq_axis = np.array([512, 1024, 2048, 4096, 8192, 16384])
 for cfg, colour in ((gpt2m, "C0"), (llama, "C1")):
     for k, style in (("standard", "-"), ("flash", "--")):
         ax.plot(seq_axis, [attention_hbm_bytes(1, cfg.n_heads, int(n), cfg.head_dim, kernel=k) / GB for n in seq_axis],
-                colour + style, marker="o", label=f"{cfg.name} (d_head {cfg.head_dim}), {k}: forward, predicted")
+                colour + style, marker="o", label=f"{cfg.name} (d_head {cfg.head_dim}), {k}: fwd, predicted")
 for k, marker in (("standard", "s"), ("flash", "D")):
     ax.scatter([1024], [fig2[k]["HBM GB"] / FIG2_BATCH], color="k", marker=marker, zorder=3,
-               label=f"paper Fig. 2, {k}: fwd + bwd measured, per sequence")
+               label=f"paper's Fig. 2, {k}: fwd + bwd, measured")
 ax.set(xscale="log", yscale="log", xlabel="sequence length s (tokens)", ylabel="HBM bytes per layer, batch 1 (GB)",
        title="Attention HBM traffic: the IO model's forward vs the paper's measurement")
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))

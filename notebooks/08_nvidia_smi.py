@@ -77,15 +77,15 @@ prediction = ...
 busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=None)
 fig, ax1 = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
 x = range(len(busy))
-ax1.bar([i - 0.2 for i in x], busy["cpu_pct"], 0.4, label="CPU % (psutil)", color="tab:grey")
+ax1.bar([i - 0.27 for i in x], busy["cpu_pct"], 0.27, label="CPU % (psutil, left axis)", color="tab:grey")
 ax1.set(ylabel="process CPU %", xticks=list(x), xticklabels=busy["loop"],
         title="Same CPU %, very different work (one thread each)")
 ax2 = ax1.twinx()
-ax2.bar([i + 0.2 for i in x], busy["flops_per_s"] / 1e9, 0.4, label="GFLOP/s achieved", color="tab:blue")
-ax2.bar([i + 0.2 for i in x], busy["bytes_per_s"] / 1e9, 0.4, bottom=busy["flops_per_s"] / 1e9,
-        label="GB/s moved (read + write)", color="tab:orange")
-ax2.set(ylabel="achieved GFLOP/s, and GB/s moved")
-fig.legend(loc="upper center", bbox_to_anchor=(0.5, 0.9), ncols=3, fontsize=8)
+ax2.bar(list(x), busy["flops_per_s"] / 1e9, 0.27, label="GFLOP/s achieved (right axis)", color="tab:blue")
+ax2.bar([i + 0.27 for i in x], busy["bytes_per_s"] / 1e9, 0.27, label="GB/s moved, read + write (right axis)",
+        color="tab:orange")
+ax2.set(ylabel="GFLOP/s, or GB/s")
+fig.legend(loc="outside lower center", ncols=3, fontsize=8)
 ch.save_figure(fig, "cpu_percent_vs_flops")
 busy[["loop", "cpu_pct", "flops_per_s", "bytes_per_s", "torch_threads"]].round(2)
 

@@ -68,7 +68,7 @@ from memlab.course.chapter import as_percent
 from memlab.labs import inference
 from memlab.units import GB, GiB, MiB
 
-ch = chapter(scale, device, seed, out_dir)
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models on a shared machine: 1 thread
 SIZES = {  # what the scale changes: the GQA and MHA models served in section 2, and their contexts
     "ci": dict(gqa="tiny-llama", mha="tiny-gpt", contexts=(64, 256)),
     "full": dict(gqa="llama-3-8b", mha="llama-2-7b", contexts=(1024, 4096)),
@@ -155,8 +155,8 @@ axes[0].set_xlabel("context (tokens)")
 axes[0].set_ylabel("KV cache (MiB), measured")
 axes[0].set_title("KV cache vs context and batch (grey: predicted)")
 axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-for b in (1, 4):  # the prediction for both batches the GQA model ran (the MHA model ran batch 4 only)
-    axes[0].plot(ctx, kv_cache_bytes(small, b, ctx, DTYPE) / MiB, color="k", alpha=0.3, linewidth=4, zorder=0)
+# the GQA model also ran batch 1: its prediction too (batch 4's is drawn in the loop above, for both models)
+axes[0].plot(ctx, kv_cache_bytes(small, 1, ctx, DTYPE) / MiB, color="k", alpha=0.3, linewidth=4, zorder=0)
 one = rows[(rows["batch"] == 4) & (rows["context"] == max(contexts))].set_index("model")  # one setting, not a mean
 one[["prefill s", "decode s/token"]].plot.bar(ax=axes[1], rot=0, logy=True)
 axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -261,9 +261,10 @@ serve.pivot_table(index="model", columns="card", values="vLLM pool (0.9)", sort=
 # time per step ≥ max(bytes read / HBM bandwidth, FLOPs / peak) [williams2009] [pope2022]. At batch b the
 # weights' arithmetic intensity is about 2b FLOPs per 2 bytes: b FLOP/B in bf16, far below an H100's ridge point
 # (peak / bandwidth). Decode stays bandwidth-bound until the batch nears that ridge, and the cache, read per
-# sequence, never amortises. *Memory-bandwidth utilisation* (MBU [databricks2023]) is bytes read per step / step
-# time / peak bandwidth: the decode analogue of MFU. Predicted for Llama-3-8B on an H100 SXM at 4096 tokens of
-# context (memlab's table's bandwidth and dense bf16 peak; no kernel reaches either):
+# sequence, never amortises. Serving reports two latencies: the time to first token (TTFT, mostly the prefill)
+# and the time per output token (TPOT, one decode step). *Memory-bandwidth utilisation* (MBU [databricks2023]) is
+# bytes read per step / TPOT / peak bandwidth: the decode analogue of MFU. Predicted for Llama-3-8B on an H100 SXM
+# at 4096 tokens of context (memlab's table's bandwidth and dense bf16 peak; no kernel reaches either):
 
 # %%
 def decode_bound(cfg, card: str, batch: int, ctx: int) -> dict[str, float]:
