@@ -19,8 +19,10 @@
 # 1. the formula: the b × a × s² probabilities eager attention keeps, and what a fused kernel keeps instead;
 # 2. the experiment: eager (softmax(QKᵀ) written out) vs the SDPA backends this machine runs, against seq;
 # 3. the log-log slope, from the measurements: 2 for eager, 1 for flash;
-# 4. FLOPs: the same forward, and a backward that recomputes QKᵀ [dao2022];
-# 5. seed 004's 2048² × dtype, for a real model; the longest sequence that fits.
+# 4. FLOPs: the same forward, and a backward that recomputes QKᵀ [dao2022]; the paper's measured GPU figures;
+# 5. HBM traffic: the paper's IO model for the forward, beside its measured forward + backward;
+# 6. which kernel SDPA picks, and how an explicit mask brings the s² term back on a GPU;
+# 7. seed 004's 2048² × dtype, for a real model; the longest sequence that fits.
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -33,6 +35,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+from IPython.display import Markdown
 
 from memlab import (
     Setup,
@@ -50,9 +53,9 @@ from memlab import (
     trace_gpt,
 )
 from memlab.course.chapter import as_percent
-from memlab.units import GiB, MiB
+from memlab.units import GB, GiB, MiB
 
-ch = chapter(scale, device, seed, out_dir)
+ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models on a shared machine: 1 thread
 SIZES = {  # what the scale changes: the one-layer model, the sequence lengths, the kernels traced in section 5
     "ci": dict(model="tiny-gpt", seqs=[128, 256, 512, 1024], traced=("eager",)),
     "full": dict(model="gpt2", seqs=[1024, 2048, 4096, 8192], traced=("eager", "flash")),
@@ -67,9 +70,14 @@ ch
 # ## 1. The formula
 #
 # Eager attention keeps the softmax probabilities for backward: b × a × s² numbers per layer (a = query heads).
-# A fused kernel (FlashAttention, memory-efficient, cuDNN) keeps q, k, v, its output and one fp32 log-sum-exp per
-# row, b × a × s numbers: the s² tensor is never written to memory, and backward rebuilds it block by block
-# [dao2022]. `memlab.predict.activations` counts both, term by term.
+# A fused kernel keeps q, k, v, its output and one fp32 *log-sum-exp* per row, b × a × s numbers: the s² tensor is
+# never written to memory, and backward rebuilds it block by block [dao2022]. One number per row suffices because
+# a softmax row is exp(sᵢⱼ − LSEᵢ) with LSEᵢ = log Σⱼ exp(sᵢⱼ): from q, k and LSEᵢ the backward recomputes every
+# probability exactly, without the row's maximum or sum. `memlab.predict.activations` counts both, term by term.
+# That is what this CPU's kernels keep (measured below, and "fused" here is torch's
+# `_scaled_dot_product_flash_attention_for_cpu`, not Dao's CUDA kernel). CUDA kernels keep a little more: the
+# memory-efficient kernel pads its log-sum-exp to a multiple of 32 rows, the flash kernel also saves a random
+# seed and offset for dropout, cuDNN its own statistics.
 
 # %%
 cuda = ch.device_type == "cuda"
@@ -126,8 +134,9 @@ ch.save_table(runs, "saved_vs_seq")
 runs.pivot_table(index="seq", columns="attention", values="attention total")
 
 # %%
-ch.cpu_note("these are exact saved-tensor bytes; a CPU has no allocator peak, no HBM traffic and no kernel timing "
-            "worth comparing, so the peak, step time and HFU rows come from a CUDA run (recorded data below).")
+ch.cpu_note("these are exact saved-tensor bytes of this CPU's kernels; a CPU has no allocator peak, no HBM traffic "
+            "and no kernel timing worth comparing, and no CUDA run of this chapter is recorded: the GPU evidence "
+            "on this page is the FlashAttention papers' published figures (section 4).")
 
 # %% [markdown]
 # ## 3. Prediction vs measurement, and the slope
@@ -178,8 +187,10 @@ ch.save_figure(fig, "attention_vs_seq")
 #
 # **The misreading.** "O(N²) → O(N)" is right for the score matrix and for what attention keeps, not for the
 # whole model: the MLP, norms and projections' inputs were linear in s already, and the fused kernel still keeps
-# q, k, v and its output. The s² share of everything saved grows with s / h (Korthikanti et al.'s 5as/h term
-# [korthikanti2022]); the table gives it for this layer, per kernel.
+# q, k, v and its output. The s² share of everything saved grows with a·s/h = s / d_head (d_head = h / a, the
+# width of one head): Korthikanti et al. count it as 5as/h bytes per token per h [korthikanti2022], the 2-byte
+# probabilities plus dropout's 1-byte mask and 2-byte output; the reference GPT has no dropout, so its term is
+# 2as/h in 16 bits (4as/h in fp32, as here). The table gives the share for this layer, per kernel.
 
 # %%
 share = runs.assign(share=runs["attention scores"] / runs["all saved"]).pivot_table(
@@ -189,9 +200,10 @@ as_percent(share).rename_axis(columns="attention scores' share of all saved byte
 # %% [markdown]
 # ## 4. FLOPs: equal forward, more backward
 #
-# `torch.utils.flop_counter.FlopCounterMode` counts one step at the second-longest sequence. The model FLOPs (the MFU
-# numerator, `memlab.predict.flops`) are the same for every kernel; the flash backward recomputes QKᵀ, so its
-# hardware FLOPs (HFU) are higher.
+# `torch.utils.flop_counter.FlopCounterMode` counts one step at the second-longest sequence. The *model FLOPs* (the
+# arithmetic the model needs, the numerator of MFU, model FLOPs utilisation, chapter 07; `memlab.predict.flops`)
+# are the same for every kernel. The flash backward recomputes QKᵀ, so its *hardware FLOPs* (what the device
+# executes), and so its HFU (hardware FLOPs utilisation), are higher.
 
 # %%
 s2 = seqs[-2]
@@ -209,35 +221,141 @@ ch.save_table(fl, "flops")
 fl
 
 # %% [markdown]
-# The extra work of the fused kernels' backward is one QKᵀ per layer (`extra / QK^T` = 1): the price of never
-# storing the probabilities. On a GPU it is cheaper than reading them back from HBM; the time and HFU columns of a
-# CUDA run show by how much. Seed 001's "FA-2/3 lift attention utilisation from under 20 % to over 50 %" is a
-# GPU-kernel claim: this chapter measures it only on CUDA.
+#
+# %%
+extra = fl.set_index("attention")["extra / QK^T"]
+Markdown(f"**Reading it (computed).** The fused kernels' backward does {extra.max():.2f} extra QKᵀ per layer "
+         f"(`extra / QK^T`), the unfused ones {extra.min():.2f}: the price of never storing the probabilities. "
+         "Whether that buys time is a GPU question, answered below by the papers' measurements, not by this CPU.")
 
 # %% [markdown]
-# What the recompute buys is HBM traffic. The FlashAttention paper's IO count (`memlab.predict.attention_io`,
-# [dao2022] Theorem 2: Θ(N²d²/M) against Θ(N² + Nd)) for one layer in bf16 at batch 1, with the A100's 192 KB of
-# SRAM per SM as M: GPT-2 medium's heads of 64 (the paper's Fig. 2 model) and Llama-2-7B's heads of 128. The
-# saving shrinks as d² approaches M; the memory saving of section 3 does not depend on it. Predicted only:
-# torch's profiler does not report bytes per kernel (Nsight Compute does).
+# **The GPU evidence: the papers' measurements** (outside memlab; none of it is reproduced on this CPU). Seed 001
+# says FA-2/3 lift attention's utilisation "from under 20 % to over 50 %" [seed-001]; the papers' own figures:
 
 # %%
-llama = preset("llama-2-7b")
-io = pd.DataFrame([{"model": cfg.name, "seq": n, **{
-    f"{k} (MiB)": attention_hbm_bytes(1, cfg.n_heads, n, cfg.head_dim, kernel=k) / MiB
-    for k in ("standard", "flash")}} for cfg in (preset("gpt2-medium"), llama) for n in (1024, 4096)])
-io["standard / flash"] = io["standard (MiB)"] / io["flash (MiB)"]
-ch.save_table(io, "hbm_traffic_predicted")
-io.round(1)
+FA_PAPERS = pd.DataFrame([  # each row as its paper states it
+    ("FlashAttention [dao2022] Fig. 2", "GPT-2 medium attention, s 1024, A100, fwd + bwd",
+     "standard 41.7 ms, 66.6 GFLOP, 40.3 GB HBM R/W; FlashAttention 7.3 ms, 75.2 GFLOP, 4.4 GB"),
+    ("FlashAttention-2 [dao2023]", "forward + backward kernels, A100", "FlashAttention-1 reaches 25-40 % of peak "
+     "FLOP/s; FlashAttention-2 50-73 %"),
+    ("FlashAttention-3 [shah2024]", "FP16 forward, H100 SXM5", "up to 740 TFLOP/s, 75 % of the peak"),
+], columns=["source", "what was measured", "figure"])
+FA_PAPERS
+
+# %%
+fig2 = {"standard": {"GFLOP": 66.6, "HBM GB": 40.3, "ms": 41.7}, "flash": {"GFLOP": 75.2, "HBM GB": 4.4, "ms": 7.3}}
+UTIL = {"FlashAttention-1": (0.25, 0.40), "FlashAttention-2": (0.50, 0.73), "FlashAttention-3": (0.75, 0.75)}  # papers
+later_over_50 = all(lo >= 0.5 for name, (lo, _) in UTIL.items() if name != "FlashAttention-1")
+earlier_under_20 = UTIL["FlashAttention-1"][1] < 0.2
+Markdown(f"In the paper's Fig. 2 the fused kernel executes {fig2['flash']['GFLOP'] / fig2['standard']['GFLOP']:.2f}× "
+         f"the FLOPs of standard attention (the recomputed QKᵀ, as counted above), moves "
+         f"{fig2['standard']['HBM GB'] / fig2['flash']['HBM GB']:.1f}× fewer HBM bytes and runs "
+         f"{fig2['standard']['ms'] / fig2['flash']['ms']:.1f}× faster: more FLOPs, fewer bytes, less time. Seed "
+         f"001's \"over 50 %\" {'holds' if later_over_50 else 'does not hold'} for FlashAttention-2 and -3 by these "
+         f"figures; its \"under 20 %\" for the earlier kernel "
+         + ("holds" if earlier_under_20 else
+            f"does not: FlashAttention-2's paper gives FlashAttention-1 {UTIL['FlashAttention-1'][0]:.0%}-"
+            f"{UTIL['FlashAttention-1'][1]:.0%}")
+         + " (standard attention's utilisation is not given there).")
 
 # %% [markdown]
-# ## 5. Seed 004's 2048² × dtype, for a real model
+# ## 5. HBM traffic: the forward's IO model, and the paper's forward + backward
+#
+# The FlashAttention paper's IO count (`memlab.predict.attention_io`, [dao2022] Theorem 2: Θ(N²d²/M) against
+# Θ(N² + Nd) for the **forward pass**, Algorithms 0 and 1) for one layer in bf16, with M the on-chip memory per
+# SM. M = 192 KB is the A100's combined L1 and shared memory per SM, of which at most 164 KB can be shared memory,
+# and a real kernel uses less: an upper bound. The model also ignores the 40 MB L2 cache, which catches many of
+# the flash kernel's K and V re-reads, so Nsight Compute's `dram__bytes` counters read below it. GPT-2 medium's
+# heads of 64 (the paper's Fig. 2 shape) and Llama-2-7B's heads of 128; the backward (Theorem 5: the same orders)
+# is not modelled, so the paper's *measured* forward + backward sits beside the prediction.
+
+# %%
+llama, gpt2m = preset("llama-2-7b"), preset("gpt2-medium")
+io = pd.DataFrame([{"model": cfg.name, "seq": n, **{
+    f"{k} (MiB)": attention_hbm_bytes(1, cfg.n_heads, n, cfg.head_dim, kernel=k) / MiB
+    for k in ("standard", "flash")}} for cfg in (gpt2m, llama) for n in (1024, 4096)])
+io["standard / flash"] = io["standard (MiB)"] / io["flash (MiB)"]
+ch.save_table(io, "hbm_traffic_predicted")
+FIG2_BATCH = 64  # the paper's Fig. 2: GPT-2 medium, batch 64, 16 heads, s 1024, d 64
+fig2_pred = {k: attention_hbm_bytes(FIG2_BATCH, gpt2m.n_heads, 1024, gpt2m.head_dim, kernel=k) / GB
+             for k in ("standard", "flash")}
+fig2_cmp = pd.DataFrame({"forward, predicted (GB)": fig2_pred,
+                         "forward + backward, measured [dao2022] (GB)": {k: v["HBM GB"] for k, v in fig2.items()}})
+fig2_cmp.loc["standard / flash"] = fig2_cmp.loc["standard"] / fig2_cmp.loc["flash"]
+io.round(1)
+
+# %%
+fig2_cmp.round(2)
+
+# %%
+fig, ax = plt.subplots(figsize=(9, 4), layout="constrained")
+seq_axis = np.array([512, 1024, 2048, 4096, 8192, 16384])
+for cfg, colour in ((gpt2m, "C0"), (llama, "C1")):
+    for k, style in (("standard", "-"), ("flash", "--")):
+        ax.plot(seq_axis, [attention_hbm_bytes(1, cfg.n_heads, int(n), cfg.head_dim, kernel=k) / GB for n in seq_axis],
+                colour + style, marker="o", label=f"{cfg.name} (d_head {cfg.head_dim}), {k}: fwd, predicted")
+for k, marker in (("standard", "s"), ("flash", "D")):
+    ax.scatter([1024], [fig2[k]["HBM GB"] / FIG2_BATCH], color="k", marker=marker, zorder=3,
+               label=f"paper's Fig. 2, {k}: fwd + bwd, measured")
+ax.set(xscale="log", yscale="log", xlabel="sequence length s (tokens)", ylabel="HBM bytes per layer, batch 1 (GB)",
+       title="Attention HBM traffic: the IO model's forward vs the paper's measurement")
+ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+ch.save_figure(fig, "attention_hbm_traffic")
+
+# %%
+Markdown(f"**Reading it (computed).** For the paper's shape the model predicts a forward ratio of "
+         f"{fig2_cmp.loc['standard / flash', 'forward, predicted (GB)']:.1f}×; the paper measured "
+         f"{fig2_cmp.loc['standard / flash', 'forward + backward, measured [dao2022] (GB)']:.1f}× for forward + "
+         "backward, where the standard backward reads the stored s × s probabilities again. With heads of 128 the "
+         f"forward saving falls to {io.loc[io['model'] == llama.name, 'standard / flash'].min():.1f}× (d² nears M); "
+         "the memory saving of section 3 does not depend on it. Two further kernels follow the same idea: "
+         "FlashDecoding splits a decode step's attention over the KV sequence so one query token uses many SMs "
+         "[flash-decoding], and context parallelism splits one long sequence's tokens over devices, exchanging K "
+         "and V (Ring Attention [liu2023], DeepSpeed Ulysses [jacobs2023]).")
+
+# %% [markdown]
+# ## 6. Which kernel SDPA picks, and the mask that brings s² back
+#
+# `torch.nn.functional.scaled_dot_product_attention` (SDPA) chooses a backend per call from its inputs. Measured
+# here with `torch.profiler`: the aten kernel this machine dispatches with no mask, `is_causal=True`, an explicit
+# boolean mask and an explicit additive float mask:
+
+# %%
+def sdpa_kernel(**kwargs) -> str:
+    """The aten attention kernel SDPA dispatches on this device for one call (torch.profiler's op names)."""
+    q = torch.randn(1, 4, 128, 32, device=ch.device, dtype=ON_DEVICE["dtype"])
+    with torch.profiler.profile() as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, **kwargs)
+    names = [e.key for e in prof.key_averages() if e.key.startswith("aten::_") and "attention" in e.key]
+    return names[0].removeprefix("aten::") if names else "math (softmax(QKᵀ)V in separate ops)"
+
+
+causal = torch.ones(128, 128, dtype=torch.bool, device=ch.device).tril()
+additive = torch.zeros(128, 128, device=ch.device, dtype=ON_DEVICE["dtype"]).masked_fill(~causal, float("-inf"))
+picked = pd.DataFrame([{"call": c, "kernel dispatched here": sdpa_kernel(**kw)} for c, kw in (
+    ("no mask", {}), ("is_causal=True", {"is_causal": True}), ("explicit bool mask", {"attn_mask": causal}),
+    ("explicit float mask", {"attn_mask": additive}))])
+picked
+
+# %%
+kernels = set(picked["kernel dispatched here"])
+Markdown(f"**Reading it (computed).** On {ch.device}, "
+         + (f"every call runs `{kernels.pop()}`: this device's fused kernel accepts a mask. " if len(kernels) == 1
+            else f"the calls run {len(kernels)} different kernels: an explicit mask changes the choice. ")
+         + "On CUDA the rule differs [pytorch-sdpa]: the flash backend takes no `attn_mask`, so an explicit mask "
+           "sends the call to the memory-efficient kernel (no s² tensor either, when the shapes allow it) or to "
+           "the math backend, which writes the b × a × s² probabilities again. Passing `is_causal=True` instead of "
+           "a causal mask keeps the flash kernel. Hugging Face models build an explicit mask when a batch is "
+           "padded, the most common way the s² term silently returns.")
+
+# %% [markdown]
+# ## 7. Seed 004's 2048² × dtype, for a real model
 #
 # For Llama-2-7B at batch 1 and 2048 tokens with bf16 weights (mixed-bf16), the seed's figure against what eager
 # attention keeps in all layers:
 
 # %%
-seed_fig = 2048 * 2048 * 2
+seed_fig = 2048 * 2048 * 2  # seed 004's figure: one 2048 x 2048 matrix of 2-byte numbers
 real = estimate(llama, Setup(batch=1, seq=2048, precision="mixed-bf16")).activation_detail["attention scores"]
 pd.DataFrame({"bytes": [seed_fig, real], "MiB": [seed_fig / MiB, real / MiB]},
              index=["seed 004: 2048² × 2 B", f"eager, {llama.n_heads} heads × {llama.n_layers} layers, batch 1"])
@@ -288,14 +406,24 @@ print("the estimator's own caveat: " + next((n for n in estimate(llama, s6).assu
 confirm.round(3)
 
 # %% [markdown]
-# Where the traced peak is above the card, the fit search's answer is optimistic: FSDP2 holds the parameters it
-# gathers (the root module's, the running block's) and its all-gather buffers next to the step's own bytes, which
-# the estimate counts only when told how many blocks are gathered (`Overheads(gathered_layers=...)`, chapter 05).
-# The trace needs no such assumption: search with it when the answer is within a few per cent of the card.
+#
+# %%
+eager_row = confirm.set_index("attention").loc["eager"]
+over = eager_row["traced peak GiB"] - eager_row["card GiB"]
+Markdown(f"**Reading it (computed).** Exercise 3 asks for the *estimator's* answer, {int(eager_row['seq']):,} "
+         f"tokens. The trace of that step peaks at {eager_row['traced peak GiB']:.2f} GiB in the "
+         f"{eager_row['traced peak in']}, "
+         + (f"{over:.2f} GiB above the card: the estimator's answer does not fit by the trace. "
+            if over > 0 else f"{-over:.2f} GiB below the card: it fits by the trace too. ")
+         + "The difference is FSDP2's gathered parameters and buffers (chapter 05 measures them). And the card is "
+           "memlab's nominal capacity: the driver reports slightly less, and the CUDA context and NCCL's buffers "
+           "take their share, so on a real GPU search below the nominal figure.")
 
 # %%
 recorded = ch.recorded("06_flash_attention_gpu")
-recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+recorded if recorded is not None else Markdown(
+    "**GPU evidence.** No GPU run of this chapter is recorded in `data/recorded/` yet: section 4's table of the "
+    "papers' measurements is this page's GPU evidence.")
 
 # %% [markdown]
 # **Exercise 4.** From 1024 to 8192 tokens, by what factor grows *everything* eager attention keeps for this
@@ -310,9 +438,32 @@ check("06.attention-growth", answer, attention=predicted_attention)
 # ## Summary
 #
 # - Measured, eager attention and SDPA's math backend keep the b × a × s² probabilities (slope → 2); the flash
-#   kernel keeps q, k, v, its output and one fp32 number per row (slope 1). The prediction matches byte for byte.
+#   kernel keeps q, k, v, its output and one fp32 log-sum-exp per row (slope 1). The prediction matches byte for
+#   byte for the CPU kernels measured here; CUDA's kernels keep a few more small tensors.
 # - Seed 000's "O(N²) → O(N)" holds for the attention score matrix and for what attention keeps; the rest of the
 #   model's activations were linear in s already.
-# - The fused backward recomputes QKᵀ: equal model FLOPs, one more QKᵀ per layer of hardware FLOPs.
+# - The fused backward recomputes QKᵀ: equal model FLOPs, one more QKᵀ per layer of hardware FLOPs. On a GPU that
+#   buys HBM traffic and time (the FlashAttention paper's Fig. 2, section 4).
+# - An explicit `attn_mask` takes CUDA's SDPA off the flash kernel; `is_causal=True` keeps it.
 # - Seed 004's 2048² × dtype is one head of one layer: Llama-2-7B keeps heads × layers times more at batch 1
 #   (section 5's table), and batch times that; under CUDA autocast the fp32 probabilities triple it again.
+
+# %% [markdown]
+# ## Closing note: the expert review of this chapter, and what was done
+#
+# - **6.1**, the forward-only IO table sold as "what the recompute buys": section 5 names it the forward's IO
+#   model and puts the paper's measured forward + backward (Fig. 2) beside it, in a table and a figure.
+# - **6.2**, GPU evidence promised but absent: the CPU note no longer promises it; section 4 shows the three
+#   FlashAttention papers' measurements as the GPU evidence.
+# - **6.3**, Exercise 3's reference refuted by the trace: the question asks for the estimator's answer, and the
+#   computed reading after the trace says whether it fits by the trace, and why the nominal capacity is optimistic.
+# - **6.4**, 192 KB of SRAM: called an upper bound (at most 164 KB is shared memory), and the L2's effect on a
+#   profiler's DRAM bytes stated.
+# - **6.5**, 5as/h: grows with s / d_head; 2as/h without dropout, 5as/h with.
+# - **6.6**, HFU as a FLOP count: hardware FLOPs, and so HFU, are higher.
+# - **6.7**, "byte for byte": limited to this CPU's kernels, the CPU kernel named, CUDA's extra tensors listed.
+# - **Teaching**: model FLOPs, MFU and HFU defined where section 4 first uses them; log-sum-exp explained in
+#   section 1; section 7's FSDP detail cut to one sentence pointing to chapter 05.
+# - **Missing content**: forward vs forward + backward HBM traffic (section 5, with a second figure), the SDPA
+#   kernel choice measured on this device with the CUDA mask rule (section 6), FlashDecoding and context
+#   parallelism named (section 5).

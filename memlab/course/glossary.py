@@ -186,6 +186,32 @@ GLOSSARY: tuple[Term, ...] = (
     Term("max_split_size_mb", "A caching-allocator option (``PYTORCH_CUDA_ALLOC_CONF``): cached blocks at least this "
          "large are never split for a smaller request, which limits fragmentation of big blocks.",
          (r"max_split_size_mb",)),
+    Term("MAMF", "Maximum achievable matmul FLOP/s: the best FLOP/s a sweep of matmul shapes reaches on a device, "
+         "below the datasheet peak [bekman-mamf]."),
+    Term("TF32", "TensorFloat-32: fp32 matmuls run on tensor cores with fp32's range and 10 bits of mantissa; off by "
+         "default in PyTorch since 1.12 [pytorch-tf32]."),
+    Term("occupancy", "(GPU) warps resident on an SM over the most it can hold, set by a kernel's registers, shared "
+         "memory and block size; read with a kernel profiler.", (r"(?<!time )(?<!KV )(?<!averaged )occupancy",)),
+    Term("wave quantisation", "A GEMM's output tiles run in waves of one tile per SM; a tile count just above a "
+         "multiple of the SM count leaves most SMs idle in the last wave [nvidia-gemm-perf].",
+         (r"[Ww]ave quantisation",)),
+    Term("tile quantisation", "A matrix dimension that is not a multiple of the kernel's tile leaves the last tiles "
+         "partly empty, work done on padding [nvidia-gemm-perf].", (r"[Tt]ile quantisation",)),
+    Term("1F1B", "\"One forward, one backward\": a pipeline schedule in which each stage alternates a micro-batch's "
+         "forward and another's backward once the pipeline is full; same bubble as GPipe, at most p micro-batches "
+         "in flight [narayanan2021]."),
+    Term("MBU", "Memory-bandwidth utilisation: bytes a decode step must read (weights + KV cache) over its time, "
+         "over the peak bandwidth; the decode analogue of MFU [databricks2023]."),
+    Term("continuous batching", "Iteration-level scheduling: a serving engine adds a request to the running batch at "
+         "any decode step, as soon as another finishes [yu2022].", (r"[Cc]ontinuous batching",)),
+    Term("chunked prefill", "Splitting a long prompt's prefill into fixed-size chunks run in the same steps as other "
+         "requests' decodes [agrawal2023].", (r"[Cc]hunked prefill",)),
+    Term("DCGM", "NVIDIA Data Center GPU Manager: samples hardware counters (SM activity, occupancy, tensor-pipe and "
+         "DRAM activity) that nvidia-smi does not show [dcgm-prof]."),
+    Term("FlashDecoding", "Attention for decode split along the KV sequence, so one query token's attention over a "
+         "long cache runs on many SMs, then the partial results are merged [flash-decoding].", (r"Flash-?Decoding",)),
+    Term("context parallelism", "Splitting one sequence's tokens over devices, attention exchanging K and V between "
+         "them (Ring Attention [liu2023], DeepSpeed Ulysses [jacobs2023]).", (r"[Cc]ontext parallelism",)),
 )
 """Every term the chapters use, defined once. Order is the glossary page's order."""
 

@@ -51,11 +51,12 @@ def _busy_python(deadline: float) -> float:
     return 0.0
 
 
-def _loop(op: Callable[[], Any], flops_per_call: float, deadline: float) -> float:
-    done = 0.0
+def _calls(op: Callable[[], Any], deadline: float) -> int:
+    """Call ``op`` until ``deadline``; the number of calls."""
+    done = 0
     while time.perf_counter() < deadline:
         op()
-        done += flops_per_call
+        done += 1
     return done
 
 
@@ -63,7 +64,8 @@ def cpu_busy_vs_work(duration_s: float = 0.5, matmul_n: int = 512, copy_bytes: i
                      peak_flops_per_s: float | None = None, threads: int | None = 1) -> pd.DataFrame:
     """Process CPU % (psutil) and achieved FLOP/s of three loops, each run for ``duration_s`` seconds.
 
-    ``busy loop``: pure Python, 0 FLOPs. ``copy``: ``a.copy_(b)`` on ``copy_bytes`` arrays, 0 FLOPs, memory-bound.
+    ``busy loop``: pure Python, 0 FLOPs. ``copy``: ``a.copy_(b)`` on ``copy_bytes`` arrays, 0 FLOPs, memory-bound
+    (``bytes_per_s`` counts its read and its write: useful work a FLOP count misses).
     ``matmul``: ``matmul_n``³ fp32, 2n³ FLOPs per call. ``cpu_pct`` is psutil's process figure (100 = one core
     fully busy; a multi-threaded matmul reads up to 100 x threads); ``cpu_pct_of_machine`` divides by the
     logical cores. ``fraction_of_peak`` divides FLOP/s by ``peak_flops_per_s`` when given (the fp32 peak of
@@ -89,24 +91,27 @@ def _busy_rows(duration_s: float, matmul_n: int, copy_bytes: int, peak_flops_per
     a, b = torch.randn(n, n), torch.randn(n, n)
     c = torch.empty(n, n)
     src, dst = torch.ones(elements), torch.empty(elements)
-    loops: dict[str, Callable[[float], float]] = {
-        "busy loop (Python)": _busy_python,
-        "copy (memory-bound)": lambda end: _loop(lambda: dst.copy_(src), 0.0, end),
-        "matmul (fp32)": lambda end: _loop(lambda: torch.mm(a, b, out=c), 2.0 * n**3, end),
+    # per loop: a function of the deadline returning the calls made, and each call's FLOPs and bytes moved
+    # (the copy reads and writes every element; the matmul reads a and b and writes c once per call)
+    loops: dict[str, tuple[Callable[[float], float], float, float]] = {
+        "busy loop (Python)": (lambda end: _busy_python(end) or 1, 0.0, 0.0),
+        "copy (memory-bound)": (lambda end: _calls(lambda: dst.copy_(src), end), 0.0, 2.0 * 4 * elements),
+        "matmul (fp32)": (lambda end: _calls(lambda: torch.mm(a, b, out=c), end), 2.0 * n**3, 3.0 * 4 * n * n),
     }
     proc = psutil.Process()
     cores = psutil.cpu_count() or 1
     rows = []
-    for name, run in loops.items():
+    for name, (run, flops_per_call, bytes_per_call) in loops.items():
         run(time.perf_counter() + 0.05)  # warm up
         proc.cpu_percent(None)
         start = time.perf_counter()
-        flops = run(start + duration)
+        calls = run(start + duration)
         wall = time.perf_counter() - start
         pct = proc.cpu_percent(None)
+        flops = flops_per_call * calls
         rate = flops / wall
         rows.append({"loop": name, "cpu_pct": pct, "cpu_pct_of_machine": pct / cores, "wall_s": wall,
-                     "flops": flops, "flops_per_s": rate,
+                     "flops": flops, "flops_per_s": rate, "bytes_per_s": bytes_per_call * calls / wall,
                      "fraction_of_peak": rate / peak_flops_per_s if peak_flops_per_s else None,
                      "torch_threads": torch.get_num_threads(), "logical_cores": cores})
     return pd.DataFrame(rows)

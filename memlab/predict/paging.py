@@ -68,8 +68,10 @@ def reserved_tokens(lengths: Any, policy: str, *, max_len: int = 2048, block_tok
 def kv_waste(lengths: Any, *, max_len: int = 2048, block_tokens: int = 16) -> list[dict[str, Any]]:
     """One row per policy: tokens used, reserved, the wasted fraction of the reservation and the used share.
 
-    ``used_share`` is the fraction of reserved KV memory holding real tokens: the vLLM paper's measure (its
-    Fig. 2 puts it at 20.4 %-38.2 % for the existing systems it profiled, against about 96 % for vLLM).
+    ``used_share`` is the fraction of reserved KV memory holding real tokens once every request has reached its
+    final length: the over-reservation only. The vLLM paper's measure (its Fig. 2: 20.4 %-38.2 % for the existing
+    systems it profiled, about 96 % for vLLM) is the occupancy *during* serving, lower for every contiguous
+    policy (``memlab.labs.inference.serving_occupancy`` computes it).
     """
     n = np.asarray(lengths, dtype=np.int64)
     used = int(n.sum())
@@ -87,8 +89,9 @@ def max_sequences(config: Any, capacity_bytes: int, context: int, *, weights: st
     memory: weights + KV cache, no activations, no allocator margin), on one of ``tp`` tensor-parallel devices.
 
     This is the serving engines' view: they size the KV pool from what the weights leave [kwon2023] and compute
-    prefill logits for the last token only, so the estimator's full-prompt transient (fp32 logits for every
-    prompt token, as a plain Hugging Face forward makes) is left out here.
+    prefill logits for the last token only, so the estimator's full-prompt transient (the largest of the fp32
+    logits of every prompt token, the MLP's inner tensor and, with eager attention, the fp32 score matrix) is left
+    out here.
     """
     from memlab.predict.estimate import estimate
     from memlab.predict.inference import kv_cache_bytes

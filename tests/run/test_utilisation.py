@@ -48,6 +48,9 @@ def test_cpu_percent_does_not_see_flops() -> None:
     assert list(t["flops"] > 0) == [False, False, True]
     assert (t["cpu_pct"] > 0).all()
     assert t.loc[2, "fraction_of_peak"] > 0 and t["torch_threads"].eq(1).all()
+    assert t.loc[0, "bytes_per_s"] == 0 and t.loc[1, "bytes_per_s"] > 0  # the copy moves bytes, with no FLOPs
+    # the matmul's bytes are its three n x n fp32 matrices per call, so bytes/s = FLOP/s x 12 n² / 2n³
+    assert t.loc[2, "bytes_per_s"] == pytest.approx(t.loc[2, "flops_per_s"] * 12 * 128**2 / (2 * 128**3))
 
 
 def test_rss_keeps_freed_small_tensors_until_trimmed() -> None:

@@ -15,10 +15,14 @@ SAME_WITHIN = 1.25
 """Exercise 1's "about the same": the highest CPU % within this factor of the lowest."""
 
 
-def _h200_bytes() -> int:
+def _card_bytes(card: str) -> int:
     from memlab.predict.hardware import gpu
 
-    return gpu("h200-sxm").memory_bytes
+    return gpu(card).memory_bytes
+
+
+def _h200_bytes() -> int:
+    return _card_bytes("h200-sxm")
 
 
 def _highest_cpu(table: Any) -> str:
@@ -72,16 +76,20 @@ EXERCISES = (
         sample=lambda: {"used_gib": 40},
     ),
     Numeric(
-        "08.jax-ucap", "U_cap, %, nvidia-smi shows for a JAX job on an H200 SXM right after its first operation",
-        reference=lambda need_gib: 100 * JAX_PREALLOCATE, unit="%", rtol=0.01,
-        hint="JAX preallocates a fixed share of the card at its first operation, whatever the model needs",
-        why=lambda: (f"JAX reserves {JAX_PREALLOCATE:.0%} of the GPU's memory at its first operation "
-                     "(XLA_PYTHON_CLIENT_PREALLOCATE), so nvidia-smi reads that for any job that fits in it: the "
-                     "number is the framework's policy, not the model's need."),
-        diagnoses={lambda need_gib: 100 * need_gib * GiB / _h200_bytes():
-                   "That is what the job needs; nvidia-smi shows what JAX preallocated.",
-                   lambda: 100 * VLLM_FRACTION: "90 % is vLLM's default, not JAX's."},
-        sample=lambda: {"need_gib": 30},
+        "08.jax-l4-gib", "GiB nvidia-smi shows for a small JAX job on a given card right after its first operation",
+        reference=lambda need_gib, card: JAX_PREALLOCATE * _card_bytes(card) / GiB, unit="GiB", rtol=0.01,
+        hint="JAX preallocates a fixed share of the card at its first operation, whatever the job needs: that share "
+             "of gpu(card).memory_bytes, in GiB",
+        why=lambda need_gib, card: (
+            f"JAX reserves {JAX_PREALLOCATE:.0%} of the card's {_card_bytes(card) / GiB:.0f} GiB at its first "
+            f"operation (XLA_PYTHON_CLIENT_PREALLOCATE): {JAX_PREALLOCATE * _card_bytes(card) / GiB:.1f} GiB for a "
+            f"{need_gib:g}-GiB job. The number is the framework's policy, not the job's need."),
+        diagnoses={lambda need_gib: need_gib: "That is what the job needs; nvidia-smi shows what JAX preallocated.",
+                   lambda card: VLLM_FRACTION * _card_bytes(card) / GiB: "That is vLLM's 0.9, not JAX's default.",
+                   lambda card: JAX_PREALLOCATE * _card_bytes(card) / GB:
+                   "That is in decimal GB; nvidia-smi's MiB are binary: give GiB.",
+                   lambda: 100 * JAX_PREALLOCATE: "That is the share in %; the question asks for GiB."},
+        sample=lambda: {"need_gib": 6, "card": "l4"},
     ),
     Numeric(
         "08.printed-gb", "Decimal GB of a figure that seed 004's script prints as 'GB' (bytes / 1024**3)",
