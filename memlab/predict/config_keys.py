@@ -49,11 +49,31 @@ class KeyAccount:
     """refused key -> the values under which the estimate stays exact (the class default among them)."""
 
     def kind(self, key: str) -> str | None:
-        """``"modelled"``, ``"neutral"``, ``"refused"`` or None (in no list)."""
-        for name in ("modelled", "neutral", "refused"):
-            if key in getattr(self, name):
-                return name
+        """``"modelled"``, ``"neutral"``, ``"refused"`` or None (in no list). A key of one layer kind's rotary dict
+        (``rope_parameters.full_attention.rope_type``) is accounted as the plain one (``rope_parameters.rope_type``)."""
+        for k in dict.fromkeys((key, base_key(key))):
+            for name in ("modelled", "neutral", "refused"):
+                if k in getattr(self, name):
+                    return name
         return None
+
+    def entry(self, key: str, name: str) -> Any:
+        """``key``'s value in the list or table ``name`` (``refused``, ``accepted`` ...), by its :func:`base_key`
+        when the key itself is not there."""
+        table = getattr(self, name)
+        return table[key] if key in table else table.get(base_key(key))
+
+
+LAYER_KINDS = ("full_attention", "sliding_attention")
+"""Layer kinds that carry rotary parameters of their own (Gemma 3: ``rope_parameters.sliding_attention``)."""
+
+
+def base_key(key: str) -> str:
+    """``rope_parameters.<kind>.<k>`` as ``rope_parameters.<k>`` for a :data:`LAYER_KINDS` kind; other keys as given."""
+    parts = key.split(".")
+    if len(parts) == 3 and parts[0] in NESTED and parts[1] in LAYER_KINDS:
+        return f"{parts[0]}.{parts[2]}"
+    return key
 
 
 COMMON_NEUTRAL: dict[str, str] = {
@@ -124,6 +144,8 @@ _ROPE_NEUTRAL = {
     "rope_parameters": "a dict: its keys are accounted one by one",
     "rope_scaling": "the 4.x dict of rope_parameters (null: none): its keys are accounted one by one",
     "rope_parameters.rope_theta": "the rotary base: changes cos/sin values, not their shapes",
+    **{f"rope_parameters.{kind}": "one layer kind's rotary parameters (Gemma 3): a dict whose keys are accounted one "
+                                  "by one as the plain rope_parameters keys" for kind in LAYER_KINDS},
     "rope_scaling.rope_theta": "as rope_parameters.rope_theta",
     **{f"{p}.{k}": "a scaling constant of the rope_type: changes inv_freq values or the scalar attention_scaling "
                    "that multiplies cos/sin for every rope_type, not shapes" + _TRACED
@@ -173,7 +195,7 @@ def _sliding(family: str) -> tuple[str, tuple[Any, ...]]:
     return (f"{family}'s window hides keys further back than it: from_hf records it (Implementation.sliding_window); "
             "eager attention builds the same (batch, 1, seq, seq) mask either way, so the estimate is exact; for the "
             "SDPA kernels a seq longer than the window makes transformers pass an explicit mask instead of is_causal, "
-            "which the estimate refuses (memlab/predict/plan.py rotary_seq_note)", ())
+            "which the estimate refuses (memlab/predict/traits.py Implementation.check_window)", ())
 
 
 _NO_PARTIAL = {f"{p}.partial_rotary_factor": ("ConfigError unless 1: a partial rotary in this family is not "
@@ -281,12 +303,16 @@ def account(model_type: str) -> KeyAccount:
 
 
 def flat_keys(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config``'s keys, with the keys of each :data:`NESTED` dict as ``parent.key`` beside ``parent``."""
+    """``config``'s keys, with the keys of each :data:`NESTED` dict as ``parent.key`` beside ``parent`` (and those
+    of a layer kind's dict inside it as ``parent.kind.key``)."""
     out: dict[str, Any] = {}
     for key, value in config.items():
         out[key] = value
         if key in NESTED and isinstance(value, Mapping):
-            out.update({f"{key}.{k}": v for k, v in value.items()})
+            for k, v in value.items():
+                out[f"{key}.{k}"] = v
+                if k in LAYER_KINDS and isinstance(v, Mapping):  # one layer kind's own rotary dict
+                    out.update({f"{key}.{k}.{kk}": vv for kk, vv in v.items()})
     return out
 
 
@@ -304,7 +330,7 @@ def refused_values(model_type: str, config: Mapping[str, Any]) -> list[str]:
     for key, value in flat_keys(config).items():
         if acc.kind(key) != "refused" or key in CONDITIONAL or value is None:
             continue
-        if not any(_same(value, ok) for ok in acc.accepted.get(key, ())):
+        if not any(_same(value, ok) for ok in acc.entry(key, "accepted") or ()):
             bad.append(key)
     return sorted(bad)
 
@@ -335,7 +361,7 @@ def check(model_type: str, config: Mapping[str, Any]) -> None:
         key = bad[0]
         value = flat_keys(config)[key]
         raise ConfigError(f"{model_type} config {key}={value!r:.60} is not modelled: "
-                          f"{account(model_type).refused[key]}")
+                          f"{account(model_type).entry(key, 'refused')}")
 
 
 _NEW_FAMILY_ACCEPTED: dict[str, tuple[Any, ...]] = {
@@ -353,9 +379,11 @@ def _new_family(lists: Mapping[str, Mapping[str, str]]) -> KeyAccount:
     keys and rotary types win over the family's own listing of them; ``model_type`` is modelled, as everywhere)."""
     common = {**COMMON_REFUSED, **_ROPE_REFUSED}
     refused = {k: (text, _NEW_FAMILY_ACCEPTED.get(k, ())) for k, text in lists["refused"].items()}
-    keep = {k: v for k, v in lists["neutral"].items() if k not in common and k not in refused
+    keep = {k: v for k, v in lists["neutral"].items() if base_key(k) not in common and k not in refused
             and k not in COMMON_MODELLED}
-    return _account({k: v for k, v in lists["modelled"].items() if k not in common}, keep, refused)
+    modelled = {k: v if "memlab/" in v else f"memlab/predict/hf_families.py ({v})"
+                for k, v in lists["modelled"].items() if k not in common}
+    return _account(modelled, keep, refused)
 
 
 ACCOUNTS.update({family: _new_family(lists) for family, lists in NEW_FAMILY_KEYS.items()})

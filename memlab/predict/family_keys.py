@@ -77,7 +77,9 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
     "stablelm": _family(
         {"hidden_act": "Implementation.activation", "use_qkv_bias": "Implementation.qkv_bias",
          "use_parallel_residual": "Implementation.parallel_block and shared_norm",
-         "rope_parameters.partial_rotary_factor": "Implementation.rotary_fraction"},
+         "rope_parameters.partial_rotary_factor": "Implementation.rotary_fraction",
+         "partial_rotary_factor": "Implementation.rotary_fraction (the top-level spelling of older config.json "
+                                  "files; hf_families._rope_value)"},
         {"layer_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE},
         {"qk_layernorm": "True raises ConfigError (StableLmLayerNormPerHead is not modelled)",
          "hidden_dropout": "above 0 raises ConfigError (a dropout on the MLP output only is not modelled)"}),
@@ -97,9 +99,12 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          "attention_bias": "Implementation.qkv_bias and o_bias", "sliding_window": _WINDOW,
          "layer_types": _LAYER_TYPES + "; one (cos, sin) pair per kind: Implementation.rotary_table_pairs",
          "_sliding_window_pattern": "layer_types when a config.json leaves them out (every N-th layer full)",
+         "sliding_window_pattern": "the published config.json's spelling of _sliding_window_pattern "
+                                   "(hf_families._default_kinds)",
          "final_logit_softcapping": "Implementation.final_softcap (tanh of the logits kept; a chunked or fused "
                                     "loss raises SetupError)"},
         {"rms_norm_eps": _EPS, "query_pre_attn_scalar": "the attention's scale: a multiply, nothing saved",
+         "rope_local_base_freq": "the sliding layers' rotary base in older config.json files: " + _ROPE,
          "attn_logit_softcapping": "Gemma3Attention keeps it but never passes it to the attention function "
                                    "(modeling_gemma3.py): no cap is applied",
          **{f"rope_parameters.{kind}.{k}": _ROPE for kind in ("full_attention", "sliding_attention")

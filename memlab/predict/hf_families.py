@@ -222,11 +222,9 @@ def _gemma2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
         raise ConfigError(f"{family}: use_bidirectional_attention=True (an encoder) is not modelled")
     gemma3 = family == "gemma3_text"
     kinds = _layer_kinds(c, family) or _default_kinds(c, family)
-    attn_cap, final_cap = (_positive_or_none(c, key, default, family) for key, default in
-                           zip(("attn_logit_softcapping", "final_logit_softcapping"), SOFTCAP_DEFAULTS[family],
-                               strict=True))
-    if gemma3:  # Gemma3Attention keeps attn_logit_softcapping but never passes it to the attention function
-        attn_cap = None
+    final_cap = _positive_or_none(c, "final_logit_softcapping", SOFTCAP_DEFAULTS[family][1], family)
+    # Gemma3Attention keeps attn_logit_softcapping but never passes it to the attention function: not read
+    attn_cap = None if gemma3 else _positive_or_none(c, "attn_logit_softcapping", SOFTCAP_DEFAULTS[family][0], family)
     bias = bool(c["attention_bias"])
     src = _file(family)
     traits: dict[str, Any] = {"qk_norm": "head", "rotary_table_pairs": max(1, len(kinds))} if gemma3 else {}

@@ -18,7 +18,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.errors import ConfigError, SetupError
+from memlab.errors import SetupError
 from memlab.predict.finetune import (
     finetune_states,
     frozen_states,
@@ -292,17 +292,11 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
 def rotary_seq_note(model: TransformerConfig | int, seq: int, setup: Any = None) -> tuple[str, ...]:
     """The assumption a rotary model run beyond its trained length adds (between the plan's head and tail).
 
-    A sliding-window model (:attr:`~memlab.predict.traits.Implementation.sliding_window`) with ``seq`` beyond the
-    window raises :class:`~memlab.errors.ConfigError` for an SDPA kernel (transformers then passes SDPA an
-    explicit mask) and for inference (the KV cache keeps only the window): neither is modelled."""
-    window = None if isinstance(model, int) else model.impl.sliding_window
-    attention, mode = getattr(setup, "attention", "eager"), getattr(setup, "mode", "train")
-    if window is not None and seq > window and (attention != "eager" or mode != "train"):
-        why = ("the KV cache keeps only the window's tokens" if mode != "train" else
-               f"with attention {attention!r} transformers passes SDPA an explicit (batch, 1, seq, seq) mask")
-        raise ConfigError(f"seq={seq} is longer than {model.name}'s sliding_window={window}: {why}, which the "
-                          f"estimate does not model; use seq <= {window}"
-                          f"{', attention eager' if mode == 'train' else ''}, or trace it")
+    A sliding-window model (:attr:`~memlab.predict.traits.Implementation.sliding_window`) with ``seq`` at or beyond
+    the window raises :class:`~memlab.errors.SetupError` (:meth:`~memlab.predict.traits.Implementation.check_window`):
+    transformers then passes SDPA an explicit mask and the KV cache keeps only the window, neither modelled."""
+    if not isinstance(model, int):
+        model.impl.check_window(seq)
     if isinstance(model, int) or model.positions != "rotary" or seq <= model.max_seq:
         return ()
     return (f"seq={seq} exceeds the model's trained max_seq={model.max_seq} (rotary: runs, quality aside)",)

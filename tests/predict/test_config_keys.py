@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from memlab.errors import ConfigError
+from memlab.errors import ConfigError, SetupError
 from memlab.predict.config_keys import ACCOUNTS, CONDITIONAL, NESTED, account, flat_keys, unaccounted
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import SUPPORTED, from_hf
@@ -122,18 +122,19 @@ def test_the_rotary_dict_wins_over_the_4x_rotary_keys() -> None:
         from_hf({**TINY["llama"], "rope_parameters": {"partial_rotary_factor": 0.5}})
 
 
-def test_a_sliding_window_shorter_than_seq_is_refused_for_sdpa_and_inference_only() -> None:
+def test_a_sliding_window_not_longer_than_seq_is_refused() -> None:
     mistral = from_hf({**TINY["mistral"], "sliding_window": 32})
     assert mistral.impl.sliding_window == 32
     assert from_hf(TINY["mistral"]).impl.sliding_window is None  # null: no window
     assert from_hf({**TINY["mistral"], "sliding_window": 256}).impl.sliding_window is None  # >= max_seq
-    eager = estimate(mistral, Setup(batch=1, seq=64, attention="eager"))
-    assert eager.peak_bytes == estimate(from_hf(TINY["mistral"]), Setup(batch=1, seq=64, attention="eager")).peak_bytes
-    estimate(mistral, Setup(batch=1, seq=32, attention="flash"))
-    with pytest.raises(ConfigError, match="sliding_window=32"):
-        estimate(mistral, Setup(batch=1, seq=33, attention="flash"))
-    with pytest.raises(ConfigError, match="KV cache"):
-        estimate(mistral, Setup(batch=1, seq=64, mode="inference"))
+    for attention in ("eager", "flash"):  # a window shorter than seq: the causal mask, the estimate holds
+        assert estimate(mistral, Setup(batch=1, seq=31, attention=attention)).peak_bytes == \
+            estimate(from_hf(TINY["mistral"]), Setup(batch=1, seq=31, attention=attention)).peak_bytes
+    # transformers passes SDPA an explicit mask once kv_length >= the window (masking_utils._ignore_causal_mask_sdpa)
+    for setup in (Setup(batch=1, seq=32, attention="flash"), Setup(batch=1, seq=64, attention="eager"),
+                  Setup(batch=1, seq=64, mode="inference")):
+        with pytest.raises(SetupError, match="sliding_window=32"):
+            estimate(mistral, setup)
     with pytest.raises(ConfigError, match="layer_types"):
         from_hf({**TINY["qwen2"], "layer_types": ["sliding_attention", "full_attention"]})
 
