@@ -56,6 +56,7 @@ from memlab import (
 )
 from memlab.compare import plots
 from memlab.labs import allocator, oom
+from memlab.model.step import build_training, token_batch, train_step
 from memlab.units import GB, GiB, KiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
@@ -387,8 +388,33 @@ if not ch.on_cpu:
     ch.save_figure(fig, "cuda_snapshot")
     plt.show()
 else:
-    display(ch.cpu_note("a snapshot records the CUDA allocator; there is none here. Section 2 shows the "
-                        "same timeline from memlab.measure.live_bytes."))
+    display(ch.cpu_note("a snapshot records the CUDA allocator; there is none here. The cell below replays this "
+                        "step's own requests through the allocator's rules instead (section 4), a computed picture, "
+                        "not a snapshot."))
+    snap_model, snap_step = build_training(model, setup, ch.device, seed=seed)
+    snap_idx, snap_tgt = token_batch(model.vocab_size, setup.batch, setup.seq, ch.device, seed)
+    params_alloc = [("alloc", f"param {i}", p.untyped_storage().nbytes())
+                    for i, p in enumerate(snap_model.parameters())]
+    requests = params_alloc + allocator.record_allocations(
+        lambda: [train_step(snap_step, lambda: snap_model(snap_idx, snap_tgt), label=i) for i in (1, 2)])
+    replayed = allocator.replay(requests, 2**40)
+    alloc_b, reserved_b = zip(*replayed.timeline, strict=True)
+    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    ax.plot(range(len(alloc_b)), [b / MiB for b in alloc_b], label="allocated (blocks, 512 B rounding)")
+    ax.plot(range(len(reserved_b)), [b / MiB for b in reserved_b], label="reserved (segments)")
+    ax.plot(range(len(alloc_b)), [(r - a) / MiB for a, r in replayed.timeline], ":",
+            label="reserved but unallocated")
+    ax.set(xlabel="allocation or free event (two training steps)", ylabel="MiB",
+           title=f"{model.name}, fp32 + AdamW, b={setup.batch}: this step's requests replayed through the caching "
+                 "allocator's rules\nmemlab.labs.allocator (computed from the rules on a CPU run, not a CUDA "
+                 "snapshot)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ch.save_figure(fig, "allocator_replay_of_the_step")
+    top = max(range(len(alloc_b)), key=alloc_b.__getitem__)
+    print(f"{len(requests):,} requests and frees; at the allocated peak {alloc_b[top] / MiB:.2f} MiB the rules "
+          f"reserve {reserved_b[top] / MiB:.2f} MiB ({(reserved_b[top] - alloc_b[top]) / MiB:.2f} MiB cached, "
+          f"unused); {len(replayed.segments)} segments at the end, "
+          f"{sum(seg['pool'] == 'small' for seg in replayed.segments)} of them in the small pool")
 
 # %% [markdown]
 # ## 6. The troubleshooting row, measured

@@ -234,7 +234,8 @@ finfo = pd.DataFrame({n: {"exponent bits": {torch.float16: 5, torch.bfloat16: 8,
                           "smallest normal": torch.finfo(d).smallest_normal, "smallest subnormal":
                           torch.finfo(d).smallest_normal * torch.finfo(d).eps, "largest": torch.finfo(d).max}
                       for n, d in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32))})
-grads = precision.real_gradients(model, batch=batch, seq=seq, seed=seed)
+both_grads = precision.step_gradients(model, batch=batch, seq=seq, seed=seed)  # one fp32 step, two kinds
+grads = both_grads["parameters"]
 survival = precision.cast_survival(grads, [2.0**-10, 1.0, 2.0**8, 2.0**16, 2.0**24])
 ch.save_table(survival, "fp16_underflow")
 display(finfo)
@@ -276,7 +277,7 @@ Markdown(
 # cast the same way at scale 1, beside the proxy:
 
 # %%
-act_grads = precision.activation_gradients(model, batch=batch, seq=seq, seed=seed)
+act_grads = both_grads["activations"]
 both = pd.concat([precision.cast_survival(grads, [1.0], ("fp16",)).assign(tensors="parameter .grad (the proxy)"),
                   precision.cast_survival(act_grads, [1.0], ("fp16",)).assign(tensors="activation gradients")])
 ch.save_table(both, "fp16_underflow_activation_grads")
@@ -319,10 +320,10 @@ traj
 #
 # bf16 has fp32's range, so range is not why `mixed-bf16` keeps an fp32 master copy. Precision is: the update
 # w + η·g is rounded back to 16 bits, and when |η·g| is below half a unit in the last place of w it is lost, every
-# step. `memlab.labs.precision.update_swamping` adds the same small update to a weight of 1.0 a thousand times:
+# step. `memlab.labs.precision.update_swamping` adds the same small update to a weight of 1.0, step after step:
 
 # %%
-SWAMP_UPDATE, SWAMP_STEPS = 2.0**-12, 1000
+SWAMP_UPDATE, SWAMP_STEPS = 2.0**-12, 500
 swamp = precision.update_swamping(weight=1.0, update=SWAMP_UPDATE, steps=SWAMP_STEPS)
 ch.save_table(swamp, "update_swamping")
 fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlab.errors import SetupError
+
+if TYPE_CHECKING:
+    import torch
 
 KIB, MIB = 2**10, 2**20
 MIN_BLOCK_BYTES = 512
@@ -109,6 +112,8 @@ class AllocatorResult:
     requested_bytes: int
     oom: dict[str, Any] | None
     released_on_retry_bytes: int
+    timeline: tuple[tuple[int, int], ...] = ()
+    """``(allocated_bytes, reserved_bytes)`` after each event, in order."""
 
     @property
     def reserved_unallocated_bytes(self) -> int:
@@ -211,6 +216,7 @@ def replay(events: Iterable[tuple[str, str] | tuple[str, str, int]], capacity_by
             raise SetupError(f"max_split_size_mb must be above 1 (the small pool's limit), got {max_split_size_mb}")
     alloc = _Allocator(capacity_bytes, None if max_split_size_mb is None else max_split_size_mb * MIB)
     oom = None
+    timeline: list[tuple[int, int]] = []
     for event in events:
         kind, name, *rest = event
         if kind == "alloc" and len(rest) == 1:
@@ -226,10 +232,11 @@ def replay(events: Iterable[tuple[str, str] | tuple[str, str, int]], capacity_by
             alloc.free(name)
         else:
             raise SetupError(f"an event is ('alloc', name, nbytes) or ('free', name), got {event!r}")
+        timeline.append((sum(s.allocated for s in alloc.segments), alloc.reserved))
     segments = tuple({"pool": s.pool, "size_bytes": s.size,
                       "blocks": tuple((b.offset, b.size, b.tensor) for b in s.blocks)} for s in alloc.segments)
     return AllocatorResult(capacity_bytes, segments, sum(s.allocated for s in alloc.segments), alloc.reserved,
-                           alloc.requested, oom, alloc.released_on_retry)
+                           alloc.requested, oom, alloc.released_on_retry, tuple(timeline))
 
 
 def interleaved_frees(n: int, block_bytes: int, request_bytes: int) -> list[tuple[str, str] | tuple[str, str, int]]:
@@ -264,3 +271,52 @@ def draw_segments(result: AllocatorResult, *, title: str, source: str = "") -> A
     ax.set_xlabel("offset in the segment (MiB); blue: a live tensor's block, hatched: cached, free")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=9)
     return fig
+
+
+def record_allocations(run: Any) -> list[tuple[str, str] | tuple[str, str, int]]:
+    """The storages ``run()`` creates and frees, in order, as :func:`replay` events (each storage once; views share
+    it; empty storages are skipped, as the allocator serves them without memory).
+
+    A ``TorchDispatchMode`` sees every op's outputs; a weak reference on each new storage records its free. Works
+    on any device, so a CPU run gives the request sequence a CUDA step would send its allocator (sizes as the CPU
+    kernels allocate them; CUDA kernels' workspaces are not in it).
+    """
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    events: list[tuple[str, str] | tuple[str, str, int]] = []
+    live: dict[int, tuple[str, Any]] = {}
+
+    def freed(key: int, name: str, ref: Any) -> None:
+        entry = live.get(key)
+        if entry is not None and entry[1] is ref:
+            live.pop(key)
+            events.append(("free", name))
+
+    class _Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    _add(t)
+            return out
+
+    def _add(t: torch.Tensor) -> None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key, n = id(st), st.nbytes()
+        if key in live or n == 0:
+            return
+        name = f"s{len(events)}"
+        ref = weakref.ref(st, lambda r, key=key, name=name: freed(key, name, r))
+        live[key] = (name, ref)
+        events.append(("alloc", name, n))
+
+    with _Log():
+        run()
+    return events

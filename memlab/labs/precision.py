@@ -1,7 +1,8 @@
 """Why fp16 training needs a loss scale and bf16 does not, on real tensors (fp16 and bf16 work on a CPU).
 
 - :func:`real_gradients`: the fp32 gradients of one step of the reference GPT, flattened.
-- :func:`activation_gradients`: the gradients flowing between ops in backward (what AMP fp16 keeps in 16 bits).
+- :func:`activation_gradients`: the gradients flowing between ops in backward (what AMP fp16 keeps in 16 bits);
+  :func:`step_gradients` returns both kinds from one step.
 - :func:`cast_survival`: multiply gradients by a scale, cast to a 16-bit dtype, and count what is lost: values
   that become 0 (below the smallest subnormal, 2^-24 ~ 6.0e-8 in fp16), that become subnormal (below 2^-14 ~
   6.1e-5: fewer significant bits) and that overflow to inf (above 65504). bf16 keeps fp32's 8 exponent bits, so
@@ -38,12 +39,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def real_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, seed: int = 0,
                    device: torch.device | str = "cpu") -> torch.Tensor:
     """All parameter gradients of one fp32 forward + backward of the reference GPT, as one flat fp32 tensor."""
-    dev = resolve_device(device)
-    torch.manual_seed(seed)
-    model = GPT(config, device=dev).train()
-    idx, tgt = token_batch(config.vocab_size, batch, seq, dev, seed)
-    model(idx, tgt).backward()
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return step_gradients(config, batch=batch, seq=seq, seed=seed, device=device)["parameters"]
 
 
 def activation_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, seed: int = 0,
@@ -55,6 +51,13 @@ def activation_gradients(config: TransformerConfig, *, batch: int = 4, seq: int 
     histogram of them [micikevicius2018]); the parameters' ``.grad`` stay fp32. Casting these values shows what an
     fp16 backward would flush, to first order (the fp16 backward's own rounding is not replayed).
     """
+    return step_gradients(config, batch=batch, seq=seq, seed=seed, device=device)["activations"]
+
+
+def step_gradients(config: TransformerConfig, *, batch: int = 4, seq: int = 64, seed: int = 0,
+                   device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Both kinds of gradient of one fp32 forward + backward of the reference GPT, each one flat fp32 tensor:
+    ``"parameters"`` (every ``.grad``) and ``"activations"`` (see :func:`activation_gradients`)."""
     from memlab.model.gpt import MLP, Attention, Block
 
     dev = resolve_device(device)
@@ -75,7 +78,8 @@ def activation_gradients(config: TransformerConfig, *, batch: int = 4, seq: int 
             h.remove()
     if not grads:
         raise SetupError("no activation gradient was recorded: the model has no Attention, MLP or Block module")
-    return torch.cat(grads)
+    params = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return {"parameters": params, "activations": torch.cat(grads)}
 
 
 def cast_survival(grads: torch.Tensor, scales: list[float], dtypes: tuple[str, ...] = ("fp16", "bf16")) -> pd.DataFrame:

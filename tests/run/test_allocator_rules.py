@@ -123,3 +123,20 @@ def test_activation_gradients_are_the_gradients_between_ops() -> None:
     # one gradient per Attention, MLP and Block output: 3 per layer, each batch x seq x d_model
     assert g.dtype == torch.float32 and g.numel() == 3 * cfg.n_layers * 1 * 8 * cfg.d_model
     assert torch.isfinite(g).all() and (g != 0).any()
+
+
+def test_a_recorded_run_replays_with_a_timeline_that_ends_at_its_totals() -> None:
+    def run() -> None:
+        a = torch.ones(1000)  # 4,000 B
+        b = torch.ones(300_000)  # 1.2 MB: large pool
+        c = (a * 2).sum()
+        del a, b
+        assert c.item() == 2000.0
+
+    events = A.record_allocations(run)
+    sizes = sorted(e[2] for e in events if e[0] == "alloc")
+    assert 4000 in sizes and 1_200_000 in sizes
+    res = A.replay(events, 2**40)
+    assert len(res.timeline) == len(events) and res.timeline[-1] == (res.allocated_bytes, res.reserved_bytes)
+    assert max(a for a, _ in res.timeline) >= A.rounded_size(4000) + A.rounded_size(1_200_000)
+    assert all(a <= r for a, r in res.timeline)
