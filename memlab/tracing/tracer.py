@@ -68,7 +68,8 @@ _FROM_TRACKER = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gr
                  "optimizer states", "Activation": "activations", "Temp": "temporaries", "Other": "inputs"}
 
 CUDA_TERMS: tuple[dict[str, str], ...] = (
-    {"term": "allocation rounding", "size": "every block rounded up to 512 B (requests up to 1 MiB share 2 MiB small-pool segments)",
+    {"term": "allocation rounding",
+     "size": "every block rounded up to 512 B (requests up to 1 MiB share 2 MiB small-pool segments)",
      "source": "PyTorch CUDACachingAllocator.cpp, kMinBlockSize = 512, kSmallSize = 1 MiB, kSmallBuffer = 2 MiB"},
     {"term": "caching allocator reserve and fragmentation", "size": "reserved - allocated, workload-dependent",
      "source": "torch.cuda.memory_stats(): reserved_bytes.all.peak - allocated_bytes.all.peak"},
