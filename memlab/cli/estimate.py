@@ -176,7 +176,7 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
     """The trace's answer for a config the formula does not cover (point 5 of issue 17): said plainly first."""
     import sys
 
-    from memlab.cli import trace
+    from memlab.cli.traced import print_trace, trace_config
 
     answers = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
                                ("--levers", args.levers)) if on]
@@ -187,8 +187,8 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
           f"on fake tensors instead (source of truth: trace; at most {args.timeout:g} s, --timeout; --no-trace "
           "refuses)", file=sys.stderr)
     args.top = getattr(args, "top", 8)
-    result, setup = trace.trace_config(args, args.hf)
-    return trace.print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
+    result, setup = trace_config(args, args.hf, setup_of(args, 1))  # a bare count: the default seq (1024)
+    return print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
                                                                          refused=refused))
 
 
