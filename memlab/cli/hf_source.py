@@ -38,14 +38,19 @@ def resolve(text: str) -> str:
         return str(shipped(text))
     if exists or path.suffix == ".json" or not _MODEL_ID.match(text):
         return text  # read_config_json reads it, or says what is wrong with it
-    from huggingface_hub import try_to_load_from_cache
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        raise ConfigError(f"no config file at {text!r}; reading a model id from the Hugging Face cache needs "
+                          "huggingface_hub (pip install 'memlab[course]')") from None
 
     cache = os.environ.get("HF_HUB_CACHE") or None
-    found = try_to_load_from_cache(text, "config.json", cache_dir=cache)
+    try:
+        found = try_to_load_from_cache(text, "config.json", cache_dir=cache)
+    except (ValueError, OSError):  # huggingface_hub's HFValidationError is a ValueError: an id it refuses
+        found = None
     if isinstance(found, str):
         return found
-    from huggingface_hub import constants
-
     where = cache or constants.HF_HUB_CACHE
     raise ConfigError(f"no config file at {text!r}, and no config.json for model id {text!r} in the local Hugging "
                       f"Face cache ({where}); memlab never downloads: download it once (huggingface-cli download "

@@ -57,13 +57,17 @@ def test_a_family_the_formula_does_not_cover_is_traced_and_says_so(tmp_path: Pat
     assert code == 2 and "no config file" in err
 
 
-def test_a_refused_key_falls_back_to_the_trace_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_key_is_named_and_goes_to_the_trace_like_an_unknown_family(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.cli.estimate import _model
+
     raw = {**json.loads((CONFIGS / "tiny" / "phi.json").read_text()), "qk_layernorm": True}
     (tmp_path / "phi.json").write_text(json.dumps(raw))
-    code, out, err = _run(capsys, "estimate", "--hf", str(tmp_path / "phi.json"), "--seq", "16", "--batch", "1",
-                          "--json")
-    assert code == 0, err
-    assert "qk_layernorm" in json.loads(out)["formula_refused"]
+    code, _, err = _run(capsys, "estimate", "--hf", str(tmp_path / "phi.json"), "--no-trace")
+    assert code == 2 and err.count("\n") == 1 and "qk_layernorm" in err
+    args = cli.build_parser().parse_args(["estimate", "--hf", str(tmp_path / "phi.json")])
+    model, config, refused = _model(args)  # what estimate then traces (the path the gpt_neo test runs)
+    assert model is None and config == raw and "qk_layernorm" in refused
 
 
 def _cache(root: Path, repo: str, config: dict) -> None:
