@@ -6,7 +6,9 @@ stderr and exits with status 2, never a traceback: an unknown flag names the clo
 (:data:`SYNONYMS` for other tools' spellings, then difflib), an invalid choice names the option that takes the value,
 and an OSError while writing (a full disk, stdout to ``/dev/full``, stdout closed) is that one line too. Each
 subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are
-declared once in :mod:`memlab.cli.args`.
+declared once in :mod:`memlab.cli.args`; ``hf_source`` resolves ``--hf PATH`` (a config.json, its folder, a model
+id in the local Hugging Face cache) and says which family, traits and source of truth an answer used; ``traced``
+prints a trace's table for ``trace`` and for ``estimate --hf`` when the formula does not cover a config.
 
 Subcommands are data: :data:`COMMANDS` holds ``Command(name, help, add_arguments, run)`` entries; add one to
 extend the tool. A ``passthrough`` command gets its remaining arguments unparsed (``args.rest``) and parses them

@@ -236,7 +236,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
     def dim(name: str) -> Callable[[str], int]:
         return field_bound(TransformerConfig, name)
 
-    g.add_argument("--preset", metavar="NAME", help=f"a preset: {', '.join(preset_names())}")
+    g.add_argument("--preset", metavar="NAME", help=f"a preset (the reference GPT with these sizes; ref:NAME says so "
+                   f"explicitly; a published model as its code runs it is --hf NAME): {', '.join(preset_names())}")
     g.add_argument("--d-model", type=dim("d_model"), metavar="H")
     g.add_argument("--n-layers", type=dim("n_layers"), metavar="L")
     g.add_argument("--n-heads", type=dim("n_heads"), metavar="A")
@@ -283,7 +284,7 @@ def model_from_args(args: argparse.Namespace) -> Any:
             if args.max_seq is not None:
                 raise MemlabError("--max-seq describes a model config; a bare --params count has no positions")
             return params
-        cfg = preset(args.preset)
+        cfg = preset(args.preset.removeprefix("ref:"))  # ref:NAME: the reference GPT with NAME's sizes, explicitly
         if args.max_seq is not None and cfg.positions == "learned" and args.max_seq != cfg.max_seq:
             # Another table size is another model: its parameter count, and every byte after it, would change
             raise MemlabError(f"--max-seq {args.max_seq}: {cfg.name} has learned positions, a table of "

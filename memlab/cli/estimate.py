@@ -18,7 +18,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.hf_source import hf_path, model_info
+from memlab.cli.hf_source import hf_path, model_info, published_twin
 from memlab.errors import ConfigError, MemlabError
 from memlab.predict.validate import LIMITS
 from memlab.units import GB, GiB
@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
     bd = estimate(model, setup, overheads=ov)
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
+    twin = published_twin(model, setup, ov)
     found = _answers(args, model, setup, ov)
     if args.json:
         out = {"param_count": bd.param_count,
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
                "host_bytes": bd.host_bytes, **found,
-               **model_info(model, source="formula", config=raw)}
+               **model_info(model, source="formula", config=raw), "published_model": twin}
         print_json(out, indent=2)
         return 0
     name = model.name if bd.config is not None else "bare parameter count"
@@ -118,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
     info = model_info(model, source="formula", config=raw)
     print(f"model: {info['family']}, source of truth: formula (memlab.predict.estimate); step: "
           f"{info['calling_convention']}")
+    if twin is not None:
+        print(f"  this is the reference GPT with {name}'s sizes; {name} as its published code runs it (--hf {name}): "
+              f"peak {twin['peak'] / GiB:.2f} GiB, activations {twin['activations'] / GiB:.2f} GiB (here: "
+              f"{bd.peak_bytes / GiB:.2f} and {bd.activations_bytes / GiB:.2f} GiB)")
     print(f"\n{'per device':<24}{'bytes':>17} {'GiB':>10} {'GB':>10}")
     for comp, value in bd.components().items():
         print(f"{comp:<24}{_size(value)}")
@@ -178,7 +183,7 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
     """The trace's answer for a config the formula does not cover (point 5 of issue 17): said plainly first."""
     import sys
 
-    from memlab.cli import trace
+    from memlab.cli.traced import print_trace, trace_config
 
     answers = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
                                ("--levers", args.levers)) if on]
@@ -189,8 +194,8 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
           f"on fake tensors instead (source of truth: trace; at most {args.timeout:g} s, --timeout; --no-trace "
           "refuses)", file=sys.stderr)
     args.top = getattr(args, "top", 8)
-    result, setup = trace.trace_config(args, args.hf)
-    return trace.print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
+    result, setup = trace_config(args, args.hf, setup_of(args, 1))  # a bare count: the default seq (1024)
+    return print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
                                                                          refused=refused))
 
 

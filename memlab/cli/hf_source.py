@@ -1,6 +1,7 @@
 """``--hf PATH``: a Hugging Face config for ``estimate``, ``trace`` and ``measure``, read offline.
 
-PATH is a ``config.json``, a folder holding one, or a model id (``org/name``) whose ``config.json`` is in the
+PATH is a ``config.json``, a folder holding one, the name of a published config memlab ships
+(``memlab/course/configs/full``: ``--hf llama-2-7b``), or a model id (``org/name``) whose ``config.json`` is in the
 local Hugging Face cache (``HF_HUB_CACHE``, else huggingface_hub's default; looked up with
 ``huggingface_hub.try_to_load_from_cache``, which never touches the network). Anything else is one clear error:
 memlab never downloads. :func:`model_info` is what ``--json`` says about the model: its family, the traits its
@@ -33,20 +34,51 @@ def resolve(text: str) -> str:
         exists = path.exists()
     except (OSError, ValueError):  # a name the OS refuses: read_config_json says so
         return text
+    if not exists and shipped(text) is not None:
+        return str(shipped(text))
     if exists or path.suffix == ".json" or not _MODEL_ID.match(text):
         return text  # read_config_json reads it, or says what is wrong with it
-    from huggingface_hub import try_to_load_from_cache
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        raise ConfigError(f"no config file at {text!r}; reading a model id from the Hugging Face cache needs "
+                          "huggingface_hub (pip install 'memlab[course]')") from None
 
     cache = os.environ.get("HF_HUB_CACHE") or None
-    found = try_to_load_from_cache(text, "config.json", cache_dir=cache)
+    try:
+        found = try_to_load_from_cache(text, "config.json", cache_dir=cache)
+    except (ValueError, OSError):  # huggingface_hub's HFValidationError is a ValueError: an id it refuses
+        found = None
     if isinstance(found, str):
         return found
-    from huggingface_hub import constants
-
     where = cache or constants.HF_HUB_CACHE
     raise ConfigError(f"no config file at {text!r}, and no config.json for model id {text!r} in the local Hugging "
                       f"Face cache ({where}); memlab never downloads: download it once (huggingface-cli download "
                       "... config.json) or give the path of a config.json")
+
+
+def shipped(name: str) -> Path | None:
+    """The published config memlab ships under ``name`` (``memlab/course/configs/full/NAME.json``: gpt2,
+    llama-2-7b, llama-2-13b, mistral-7b, ...), or None."""
+    from memlab.course.hf_configs import CONFIG_DIR, config_names
+
+    return CONFIG_DIR / "full" / f"{name}.json" if name in config_names("full") else None
+
+
+def published_twin(model: Any, setup: Any, overheads: Any) -> dict[str, Any] | None:
+    """For a preset named after a published model whose config memlab ships: that model as its published code
+    runs it (:func:`memlab.predict.hf.from_hf` of the shipped config) under the same setup, as ``{"hf": name,
+    "peak": bytes, "activations": bytes, "param_count": n}``; None for any other model."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.hf import from_hf
+
+    name = getattr(model, "name", None)
+    impl = getattr(model, "impl", None)
+    path = shipped(name) if isinstance(name, str) and impl is not None and impl.family == "reference" else None
+    if path is None:
+        return None
+    bd = estimate(from_hf(path), setup, overheads=overheads)
+    return {"hf": name, "peak": bd.peak_bytes, "activations": bd.activations_bytes, "param_count": bd.param_count}
 
 
 def hf_path(text: str) -> str:

@@ -1,7 +1,8 @@
 """predict: the closed-form side, numpy only and no torch.
 
 - ``models``: TransformerConfig, exact parameter counts, presets (MoE included); ``hf``: Hugging Face configs to a
-  TransformerConfig; ``traits``: how a model is written (the implementation traits the activation count follows).
+  TransformerConfig; ``config_keys``: every key of each family's config modelled, memory-neutral or refused;
+  ``traits``: how a model is written (the implementation traits the activation count follows).
 - ``setup``: Setup (shapes, optimizer and its implementation, recompute, attention, sharding); ``precision``:
   precision policies as data; ``validate``: type and range checks of every public dataclass; ``frozen``:
   FrozenDict, the read-only mapping rows hold (it pickles and deep-copies).

@@ -4,6 +4,8 @@
   and the phase meter over MemTracker; ``CUDA_TERMS``, what a CUDA run adds that no trace sees.
 - ``gpt``: :func:`memlab.tracing.gpt.trace_gpt`, the reference GPT under a Setup (training or inference).
 - ``hf``: :func:`memlab.tracing.hf.trace_hf`, a Hugging Face causal LM built from its config.
+- ``progress``: progress lines per block and a time bound for a trace (a per-token Python loop, Mamba's CPU
+  scan, would run for many minutes with no output).
 - ``fake_dist``: a fake process group, so FSDP2 shards on one CPU as on N ranks.
 - ``peer``: torchtitan's memory-estimation protocol (FSDPMemTracker, its FSDP2 plan) on the reference GPT.
 - ``arguments``: the traces' argument checks (functions, what they return, setup and device type): one SetupError.

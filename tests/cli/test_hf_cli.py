@@ -57,13 +57,17 @@ def test_a_family_the_formula_does_not_cover_is_traced_and_says_so(tmp_path: Pat
     assert code == 2 and "no config file" in err
 
 
-def test_a_refused_key_falls_back_to_the_trace_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_key_is_named_and_goes_to_the_trace_like_an_unknown_family(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.cli.estimate import _model
+
     raw = {**json.loads((CONFIGS / "tiny" / "phi.json").read_text()), "qk_layernorm": True}
     (tmp_path / "phi.json").write_text(json.dumps(raw))
-    code, out, err = _run(capsys, "estimate", "--hf", str(tmp_path / "phi.json"), "--seq", "16", "--batch", "1",
-                          "--json")
-    assert code == 0, err
-    assert "qk_layernorm" in json.loads(out)["formula_refused"]
+    code, _, err = _run(capsys, "estimate", "--hf", str(tmp_path / "phi.json"), "--no-trace")
+    assert code == 2 and err.count("\n") == 1 and "qk_layernorm" in err
+    args = cli.build_parser().parse_args(["estimate", "--hf", str(tmp_path / "phi.json")])
+    model, config, refused = _model(args)  # what estimate then traces (the path the gpt_neo test runs)
+    assert model is None and config == raw and "qk_layernorm" in refused
 
 
 def _cache(root: Path, repo: str, config: dict) -> None:
@@ -115,3 +119,23 @@ def test_the_time_bound_stops_with_one_line_saying_where_it_was() -> None:
     assert time.monotonic() - start < 2 and "\n" not in str(err.value)
     with time_bound(None, lambda: "", ""):  # no bound: the body runs
         pass
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-2-7b", "llama-2-13b", "mistral-7b"])
+def test_a_preset_says_it_is_the_reference_gpt_and_gives_the_published_models_answer(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "estimate", "--preset", name, "--seq", "512", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    published = from_hf(CONFIGS / "full" / f"{name}.json")
+    want = estimate(published, Setup(seq=512))
+    assert d["family"] == "reference" and d["published_model"]["hf"] == name
+    assert d["published_model"]["peak"] == want.peak_bytes
+    assert d["published_model"]["param_count"] == d["param_count"]  # same sizes, another implementation
+    code, out2, _ = _run(capsys, "estimate", "--hf", name, "--seq", "512", "--json")
+    assert code == 0 and json.loads(out2)["per_device"]["peak"] == want.peak_bytes
+    assert json.loads(out2)["published_model"] is None
+    code, out3, _ = _run(capsys, "estimate", "--preset", f"ref:{name}", "--seq", "512", "--json")
+    assert code == 0 and json.loads(out3)["per_device"] == d["per_device"]
+    code, text, _ = _run(capsys, "estimate", "--preset", name, "--seq", "512")
+    assert f"reference GPT with {name}'s sizes" in text and f"--hf {name}" in text

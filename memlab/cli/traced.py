@@ -1,0 +1,107 @@
+"""The printing half of ``memlab trace``, shared with ``memlab estimate --hf`` when the formula does not cover a
+config: :func:`trace_config` traces a Hugging Face config (progress on stderr, a time bound) and
+:func:`print_trace` prints a finished trace's phase table or JSON, with the fit verdict for ``--gpu``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from memlab.errors import MemlabError
+from memlab.units import byte_unit, fmt_bytes
+
+
+def _num(v: float | None, size: float) -> str:
+    return "-" if v is None else f"{v / size:,.3f}"
+
+
+def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
+    """Whether the traced peak (bytes) fits ``gpu``'s table memory: the fields of a
+    :class:`~memlab.predict.fit.FitVerdict`, from the trace."""
+    from memlab.predict.hardware import gpu as lookup
+
+    acc = lookup(gpu)
+    cap = int(acc.memory_bytes)
+    return {"fits": peak <= cap, "gpu": acc.key, "gpu_name": acc.name, "capacity_bytes": cap, "peak_bytes": peak,
+            "headroom_bytes": cap - peak, "peak_step": step, "peak_phase": phase, "source": "the traced peak (CPU "
+            "fake tensors), without the CUDA terms a run adds"}
+
+
+def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any, Any]:
+    """(trace, setup) of the Hugging Face config at ``target`` under ``setup``, with progress lines on stderr and
+    the ``--timeout`` bound (:mod:`memlab.tracing.progress`)."""
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
+    from memlab.tracing.progress import Progress
+
+    cfg = hf_config(target)
+    result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}", progress=Progress(),
+                      timeout=args.timeout)
+    return result, setup
+
+
+def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: Any,
+                extra: dict[str, Any] | None = None) -> int:
+    """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given; ``extra``
+    (:func:`memlab.cli.hf_source.model_info`) goes into the JSON and the header."""
+    extra = extra or {}
+    verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase) if args.gpu is not None
+               else None)
+    if args.json:
+        out = {**result.to_dict(), **extra}
+        if predicted is not None:
+            out["estimate"] = {"phases": [r.to_dict() for r in predicted.phases], "peak": predicted.peak_bytes,
+                               "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
+                               "total": predicted.total_bytes}
+        out["top_modules"] = result.modules_by_kind(args.top)
+        out["verdict"] = verdict
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    unit, size = byte_unit(result.peak_bytes)
+    print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
+          f"attention {setup.attention}, recompute {setup.recompute} (fake tensors on CPU; GiB = 2**30 bytes)")
+    if extra:
+        print(f"model: {extra['family']}, source of truth: trace (the real modelling code on fake tensors)"
+              + ("" if predicted is not None else "; no formula column: "
+                 + extra.get("formula_refused", "the formula does not cover it")))
+    print(f"  {'step':<7} {'phase':<26} {'trace ' + unit:>12} {'formula ' + unit:>12} {'error':>8}")
+    for row in result.phases:
+        traced = row.held_bytes
+        pred = None
+        if predicted is not None:
+            try:
+                pred = predicted.phase_bytes(row.phase, row.step)
+            except MemlabError:
+                pred = None
+        err = "-" if pred is None or not traced else f"{100 * (pred - traced) / traced:+.1f} %"
+        mark = "  <- peak" if (row.step, row.phase) == (result.peak_step, result.peak_phase) else ""
+        if not row.reliable:
+            mark = "  (unreliable on fake tensors: see the notes)"
+        label = row.phase + (" (after)" if row.phase == "zero_grad" else "")
+        print(f"  {row.step:<7} {label:<26} {_num(traced, size):>12} {_num(pred, size):>12} {err:>8}{mark}")
+    cats = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in result.peak_by_category.items() if v)
+    print(f"peak: {fmt_bytes(result.peak_bytes, digits=3)} ({result.peak_bytes:,} B) in the {result.peak_step} "
+          f"step's {result.peak_phase}: {cats}")
+    if predicted is not None:
+        print(f"formula: peak {fmt_bytes(predicted.peak_bytes, digits=3)} ({predicted.peak_step} "
+              f"{predicted.peak_phase}); sum of components {fmt_bytes(predicted.total_bytes, digits=3)}")
+    if setup.offload_activations:
+        est_host = f"; the formula's lower bound {fmt_bytes(predicted.host_bytes, digits=3)}" if predicted else ""
+        print(f"host (pinned, offloaded activations): {fmt_bytes(result.host_bytes, digits=3)} "
+              f"({result.host_bytes:,} B) copied per forward{est_host}")
+    print(f"top {args.top} modules by activation bytes kept for backward (summed over layers):")
+    for m in result.modules_by_kind(args.top):
+        name = m["module"] if len(m["module"]) <= 56 else "..." + m["module"][-53:]
+        print(f"  {name:<56} x{m['count']:<4} {fmt_bytes(m['activation_bytes']):>12}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"
+                                                                for t in result.cuda_terms))
+    if verdict is not None:
+        word = "FITS" if verdict["fits"] else "DOES NOT FIT"
+        print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
+              f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
+              f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
+    return 0
