@@ -73,6 +73,26 @@ def _sample_gpt2() -> dict[str, Any]:
     return {"model": from_hf(load_config("gpt2", "full"), name="gpt2")}
 
 
+def _ckpt_bytes(run: Any) -> tuple[float, int]:
+    """(the guides' full-recomputation activations, the trace's saved bytes) of a checkpointed run."""
+    from memlab.compare.calculators import korthikanti_guides, traced_truth
+
+    return korthikanti_guides(run).activations, int(traced_truth(run)["activations"])
+
+
+def _ckpt_sign(run: Any) -> str:
+    formula, traced = _ckpt_bytes(run)
+    return "exact" if formula == traced else ("over" if formula > traced else "under")
+
+
+def _sample_ckpt_run() -> dict[str, Any]:
+    from memlab.compare.calculators import Run
+    from memlab.course.hf_configs import load_config
+
+    return {"run": Run(load_config("llama"), 2, 24, "bf16", "sdpa", device_type="cpu", name="llama",
+                       precision="mixed-bf16", recompute="full")}
+
+
 EXERCISES = (
     Choice(
         "10.family-per-token", "Which family saves more activation bytes per token at the same sizes",
@@ -116,5 +136,22 @@ EXERCISES = (
                                                                        "layer.",
                    lambda model: _gelu_extra(model) * 2: "That uses 4-byte elements; in pure bf16 each is 2 bytes."},
         sample=_sample_gpt2,
+    ),
+    Choice(
+        "10.ckpt-formula-sign", "Does the guides' full-recomputation formula over- or under-predict a checkpointed "
+                                "step's saved bytes",
+        reference=_ckpt_sign,
+        options={"over": "it over-predicts", "under": "it under-predicts", "exact": "it is exact"},
+        hint="2 s b h bytes per layer is one 2-byte tensor per block: each block's input. What else does a "
+             "checkpointed step keep for backward that sits outside the blocks? Think of the final norm, the head "
+             "and the loss over the whole vocabulary.",
+        why=lambda run: ("the formula gives {:,.0f} B, the trace of the real code keeps {:,} B: besides each "
+                         "block's input the step keeps the tensors outside the checkpointed blocks (the final norm, "
+                         "the logits and the loss's fp32 copies over the vocabulary), which a per-layer formula "
+                         "leaves out by definition.").format(*_ckpt_bytes(run)),
+        diagnoses={"over": "A per-layer formula counts the blocks only; with checkpointing the blocks keep little, "
+                           "so what sits outside them (head, logits, loss) is the larger part.",
+                   "exact": "Each block's input is only part of it: the tensors outside the blocks are kept too."},
+        sample=_sample_ckpt_run,
     ),
 )
