@@ -189,7 +189,8 @@ def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers
 
 def shootout_component(frame: pd.DataFrame, component: str, *, title: str, source: str = "") -> Figure:
     """One component of the shoot-out: each tool's signed relative error (%, linear axis, 0 is exact) on every run
-    it is scored on, one row per tool; filled dots for full-size traces, open ones for runs measured here.
+    it is scored on, one row per tool (memlab blue, the others red); filled dots for full-size traces, open ones for
+    runs measured here.
     ``frame`` is :func:`memlab.compare.calculators.shoot_out`'s table; a tool with no scored run is named with its
     scope ("out of scope", "unavailable"), never drawn as an error. Each scored tool's signed median is a bar."""
     import matplotlib
@@ -202,7 +203,7 @@ def shootout_component(frame: pd.DataFrame, component: str, *, title: str, sourc
     scored = part[part["scope"] == "scored"]
     e_all = scored["rel_error"].astype(float) * 100
     lim = max(5.0, 1.15 * float(e_all.abs().max())) if len(e_all) else 5.0
-    fig, ax = plt.subplots(figsize=(8.0, 0.5 * len(tools) + 1.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8.0, 0.5 * len(tools) + 2.2), layout="constrained")
     names = {"traced": "full-size trace of the HF code", "measured": "small run measured here"}
     seen: set[str] = set()
     for i, tool in enumerate(tools):
@@ -212,23 +213,26 @@ def shootout_component(frame: pd.DataFrame, component: str, *, title: str, sourc
             ax.text(0.02 * lim, i, why, ha="left", va="center", fontsize=8, color="grey")
             continue
         color = "#4C72B0" if tool.startswith("memlab") else "#C44E52"
-        for truth, label in names.items():
+        for truth in names:
             e = mine[mine["truth"] == truth]["rel_error"].astype(float) * 100
             if len(e):
                 ax.scatter(e, [i] * len(e), s=22, alpha=0.75, edgecolors=color, linewidths=1.0,
-                           facecolors=color if truth == "traced" else "none",
-                           label=None if truth in seen else label)
+                           facecolors=color if truth == "traced" else "none")
                 seen.add(truth)
         med = float(mine["rel_error"].astype(float).median() * 100)
         ax.plot([med, med], [i - 0.3, i + 0.3], color="black", lw=1.5)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_xlim(-lim, lim)
     ax.set_yticks(range(len(tools)), tools)
-    ax.invert_yaxis()
-    ax.set_xlabel("(predicted - truth) / truth, % (black bar: signed median)")
+    ax.set_ylim(len(tools) - 0.4, -0.6)  # first tool on top, room for the last row's label
+    ax.set_xlabel("(predicted - truth) / truth, %")
     ax.grid(axis="x", alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="", marker="o", color="grey", markerfacecolor="grey" if t == "traced" else "none",
+                      label=names[t]) for t in names if t in seen]
+    handles.append(Line2D([], [], ls="", marker="|", color="black", markersize=12, label="signed median"))
     if handles:
-        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title(f"{component}: {title}" + (f"\n{source}" if source else ""), fontsize=10)
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    fig.suptitle(f"{component}: {title}" + (f"\n{source}" if source else ""), fontsize=10)
     return fig

@@ -171,7 +171,7 @@ def test_shootout_figure_per_component_names_out_of_scope_tools() -> None:
     for comp in COMPONENTS:
         fig = shootout_component(frame, comp, title="t", source="s")
         texts = [t.get_text() for t in fig.axes[0].texts]
-        assert texts == ["out of scope"] and comp in fig.axes[0].get_title()
+        assert texts == ["out of scope"] and comp in fig.get_suptitle()
 
 
 def test_each_tool_is_scored_only_on_its_recipe_and_components() -> None:
