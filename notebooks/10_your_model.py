@@ -232,7 +232,7 @@ ckpt_run = next(r for r in traced_runs if r.recompute == "full")
 
 # %%
 answer = ...
-check("10.ckpt-formula-sign", answer, run=ckpt_run)
+check("10.ckpt-formula-sign", answer, run=ckpt_run, kept=dict(traced)[ckpt_run]["activations"])
 
 # %% [markdown]
 # The sum of the components is not the peak (the cell prints how often the peak is above it, and where): the peak
