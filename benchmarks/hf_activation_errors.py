@@ -11,7 +11,12 @@ attention probabilities, embeddings: GPT-2's defaults), a third turns on gradien
 fourth runs fp32 models under bf16 autocast (PyTorch AMP, ``Trainer(bf16=True)``); these check memlab alone. Exits 1
 when memlab misses the goal.
 
-Usage: ``python benchmarks/hf_activation_errors.py``.
+``--traced`` adds chapter 10's full-scale shoot-out: the shipped full-size configs (7B class and the 1.3-1.4 B
+ones) traced on fake tensors in mixed bf16 at 4,096 tokens (their context where shorter), eager and SDPA, with and
+without checkpointing (:func:`memlab.compare.calculators.full_size_runs`, ``traced_truth``),
+every tool on its own scope: the signed error table (several minutes).
+
+Usage: ``python benchmarks/hf_activation_errors.py [--traced]``.
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from memlab.compare.calculators import Run, error_table, shoot_out
+from memlab.compare.calculators import Run, error_table, full_size_runs, scope_table, shoot_out, traced_truth
 from memlab.run.hf import measure_run
 
 TINY = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
+FULL = TINY.parent / "full"
+TRACED = [(p.stem, a, rc, "mixed-bf16") for p in sorted(FULL.glob("*.json")) if p.stem not in ("gpt2", "phi-2")
+          for a in ("eager", "sdpa") for rc in ("none", "full")]
+"""The full-size grid: every shipped full config but GPT-2 and Phi-2 (their dropout has no CPU flash kernel to trace
+under SDPA), eager and SDPA, without and with checkpointing."""
 SHAPES = [(2, 24), (1, 64)]
 NO_SDPA = {"gemma2"}  # transformers refuses sdpa for Gemma 2 (its soft-capping): eager only
 DROPOUT_KEYS = ("resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout", "attention_dropout", "hidden_dropout")
@@ -45,6 +55,20 @@ def runs(dropout: float = 0.0) -> list[Run]:
             for dtype in ("fp32", "bf16"):
                 out += [Run(hf, b, s, dtype, attn, name=path.stem) for b, s in SHAPES]
     return out
+
+
+def traced_shoot_out(seq: int = 4096) -> None:
+    """Print the full-size shoot-out: every tool on its scope against the traces of :data:`TRACED`."""
+    configs = {p.stem: {k: v for k, v in json.loads(p.read_text()).items() if not k.startswith("_")}
+               for p in FULL.glob("*.json")}
+    start = time.perf_counter()
+    pairs = [(r, traced_truth(r)) for r in full_size_runs(configs, TRACED, seq)]
+    frame = shoot_out(pairs, tools=["memlab", "accelerate", "deepspeed-zero2", "deepspeed-zero3", "gpu_poor",
+                                    "transformer-math-101 / ultrascale-playbook"])
+    print(f"\n{len(pairs)} full-size traces (mixed bf16) in {time.perf_counter() - start:.1f} s")
+    print("signed median and worst error (fractions), each tool on its own scope:")
+    print(error_table(frame).to_string(index=False))
+    print(scope_table(frame).to_string(index=False))
 
 
 def main() -> int:
@@ -97,6 +121,8 @@ def main() -> int:
     a_acts = pd.Series(amp)
     print(f"fp32 models under bf16 autocast ({len(a_acts)} runs): memlab activations median {a_acts.median():.4%}, "
           f"worst {a_acts.max():.4%}")
+    if "--traced" in sys.argv[1:]:
+        traced_shoot_out()
     ok = max(acts.median(), d_acts.median(), c_acts.median(), a_acts.median()) <= 0.03
     ok = ok and max(acts.max(), d_acts.max(), c_acts.max(), a_acts.max()) <= 0.10
     return 0 if ok and states.max() == 0 else 1

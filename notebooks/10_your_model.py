@@ -17,14 +17,16 @@
 # model.
 #
 # The budget is right; "one formula for every model" is not. What a model keeps for backward depends on how its
-# code is written: GPT-2 builds its GELU out of five elementwise operations, Phi and GPT-NeoX run attention and the
-# MLP side by side, Llama's eager attention copies K and V to full width. This chapter takes Hugging Face configs
-# (shipped ones, or yours), and:
+# code is written: GPT-2 composes its GELU from elementwise operations and keeps four d_ff-wide tensors where a
+# fused GELU keeps one, Phi and GPT-NeoX run attention and the MLP side by side, Llama's eager attention copies K
+# and V to full width. This chapter takes Hugging Face configs (shipped ones, or yours), and:
 #
 # 1. predicts them at full size with `memlab.predict.hf.from_hf` (sizes plus the implementation traits of the
 #    family's modelling code);
 # 2. builds the same families small and trains one real step on this machine, counting every saved byte;
-# 3. puts memlab and five public calculators on exactly those runs;
+# 3. traces the real Hugging Face code at full size on fake tensors, in mixed precision, with and without gradient
+#    checkpointing, and scores memlab and the public calculators on those traces and the small runs, each tool
+#    only on what it claims and on the recipe it assumes;
 # 4. lists, operation by operation, what one layer keeps, to explain each family's residual.
 
 # %% tags=["parameters"]
@@ -39,6 +41,8 @@ import warnings
 from memlab import chapter
 
 ch = chapter(scale, device, seed, out_dir)  # first: it sets up the kernel (rounded tables, no tqdm notice)
+
+import dataclasses
 
 import pandas as pd
 import transformers
@@ -68,13 +72,20 @@ from memlab.units import GiB
 
 warnings.filterwarnings("ignore", module="transformers")
 transformers.logging.set_verbosity_error()  # its config checks warn about the tiny vocabularies
-SIZES = {  # what the scale changes: the config traced at full size, the tiny runs' grid, the calculators asked
-    # ci: two runs per family (eager bf16 and SDPA fp32, two shapes), without the fake-tensor trace (16 more traces)
-    "ci": dict(trace="pythia-1.4b", grid=[("eager", "bf16", 2, 24), ("sdpa", "fp32", 1, 64)],
+FULL_TRACED = ("llama-2-7b", "mistral-7b", "qwen2-7b", "gemma-7b", "pythia-1.4b", "opt-1.3b")
+SIZES = {  # what the scale changes: the full-size traces (the shoot-out's ground truth), the small runs, the tools
+    # ci: Pythia-1.4B with SDPA and GPT-2 (dropout 0.1, which the CPU flash kernel lacks) with eager attention, at
+    # 1,024 tokens, mixed bf16 with and without checkpointing, and GPT-2 in pure bf16 (gpu_poor's recipe)
+    "ci": dict(traced=[(n, a, rc, "mixed-bf16") for n, a in (("pythia-1.4b", "sdpa"), ("gpt2", "eager"))
+                       for rc in ("none", "full")] + [("gpt2", "eager", "none", "")], seq=1024,
+               grid=[("eager", "bf16", 2, 24), ("sdpa", "fp32", 1, 64)],
                tools=[t for t in calculators.CALCULATORS if t != "memlab-trace"]),
-    # full: every attention x dtype x shape, and every calculator
-    "full": dict(trace="llama-2-7b", grid=[(a, d, b, s) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
-                                           for b, s in ((4, 256), (1, 1024))], tools=None),
+    # full: the 7B-class families at 4,096 tokens (their context where shorter), eager and SDPA, with and without
+    # checkpointing; every small run; memlab's trace also scored against the small runs
+    "full": dict(traced=[(n, a, rc, "mixed-bf16") for n in FULL_TRACED for a in ("eager", "sdpa")
+                         for rc in ("none", "full")] + [(n, "sdpa", "none", "") for n in FULL_TRACED],
+                 seq=4096, grid=[(a, d, b, s) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
+                                 for b, s in ((4, 256), (1, 1024))], tools=None),
 }[ch.scale]
 ch
 
@@ -104,7 +115,7 @@ traits = pd.DataFrame([{"config": n, "family": c.impl.family, "parameters (B)": 
                         "traits that differ from the reference GPT": ", ".join(
                             f"{k}={v}" for k, v in c.impl.differs().items())} for n, c in configs.items()])
 ch.save_table(traits, "full_size_traits")
-traits
+traits.style.hide(axis="index").format({"parameters (B)": "{:.3f}"})  # the whole trait list, not cut
 
 # %%
 pd.DataFrame(configs["gpt2"].impl.sources, columns=["trait (gpt2)", "where in transformers"])
@@ -129,28 +140,6 @@ for name, cfg in configs.items():
 full_pred = pd.DataFrame(rows)
 ch.save_table(full_pred, "full_size_prediction")
 full_pred.round(3)
-
-# %% [markdown]
-# **The trace at full size.** `calculators.memlab_trace` runs the real HF model's training step on fake tensors
-# (`memlab.tracing.hf`: shapes and dtypes, no data; PyTorch's MemTracker counts every storage
-# `[pytorch-memtracker]`), so a full-size config traces on this CPU without allocating it and gives the exact bytes
-# of *this* implementation, phase by phase, beside the formula's. At full scale it traces Llama-2-7B at 4,096
-# tokens; at ci scale Pythia-1.4B at 2,048 (section 5's model), as the 7B trace alone would take half the chapter's
-# time budget.
-
-# %%
-trace_name = SIZES["trace"]
-trace_run = calculators.Run(full[trace_name], 1, min(configs[trace_name].max_seq, 4096), "bf16", "sdpa",
-                            device_type="cuda", name=trace_name)
-traced, formula = calculators.memlab_trace(trace_run), calculators.memlab_formula(trace_run)
-trace_phases = compare_trace(estimate(configs[trace_name], trace_run.setup(), device_type="cuda"),
-                             calculators.trace_run(trace_run), experiment=trace_run.label)
-print(f"{trace_run.label} on fake tensors ({traced.note}):\nmodel states {traced.states / GiB:.3f} GiB traced, "
-      f"{formula.states / GiB:.3f} GiB by the formula; left for backward {traced.activations / GiB:.3f} GiB traced, "
-      f"{formula.activations / GiB:.3f} GiB by the formula")
-ch.save_table(trace_phases, "full_size_trace")
-trace_phases.assign(**{"predicted GiB": trace_phases["predicted"] / GiB, "traced GiB": trace_phases["measured"] / GiB})[
-    ["component", "predicted GiB", "traced GiB", "rel_error"]].round({"predicted GiB": 3, "traced GiB": 3})
 
 # %% [markdown]
 # ## 2. The experiment: the same families, small, trained for real
@@ -186,33 +175,164 @@ ch.cpu_note("the runs are tiny and counted exactly, but there is no CUDA allocat
             "attention kernels and full-size steps need a GPU; the full-size numbers above are predictions.")
 
 # %% [markdown]
-# ## 3. Prediction vs measurement, and every calculator on the same runs
+# ## 3. The shoot-out: full-size traces of the real code, and the small runs, each tool on its own scope
 #
-# `shoot_out` asks each calculator about each run: accelerate and DeepSpeed by calling their own functions, the
-# others by their published formulas (each function cites where its formula lives). memlab's rows go to the
-# chapter's ledger. Relative error is (predicted − measured) / measured. memlab's fake-tensor trace (section 1)
-# joins at full scale; at ci scale its 16 traces would take a third of the chapter's time budget.
+# **The ground truth.** The small runs above are real steps, but at d_model 64 and a vocabulary of 512 the
+# embeddings, the head and the loss are a large share of every byte, which per-layer formulas leave out by
+# definition; nobody trains such a model. So the main ground truth is the real Hugging Face modelling code at full
+# size: `calculators.traced_truth` builds the published config with `AutoModelForCausalLM.from_config` inside
+# PyTorch's FakeTensorMode and traces one training step (`memlab.tracing.hf`: shapes and dtypes, no data; PyTorch's
+# MemTracker counts every storage `[pytorch-memtracker]`), so a full-size model traces on this CPU without being
+# allocated. The recipe is the one people train with and most calculators assume: **mixed-bf16** (bf16 weights and
+# gradients, fp32 master weights and AdamW states), with and without gradient checkpointing, plus one pure-bf16 run
+# (gpu_poor's recipe). The trace is evidence from outside memlab's formula (the real HF code and PyTorch's kernels
+# decide what is saved), but it runs this CPU's kernels and has no CUDA allocator: it is not a GPU measurement
+# (`memlab.tracing.tracer.CUDA_TERMS` lists what a CUDA run adds), and every tool is asked about the step the trace
+# ran (CPU kernels, the CPU's default AdamW). Its peak is the largest number of bytes held at once inside either of
+# two steps.
 
 # %%
-frame = calculators.shoot_out(pairs, tools=SIZES["tools"])
-ours = frame[frame["tool"] == "memlab"]
-ch.record_ledger(ours[ours["component"] != "states + activations"].assign(unit="bytes"))
-table = calculators.error_table(frame)
-ch.save_table(frame, "shootout_runs")
-ch.save_table(table, "shootout_errors")
-table.set_index("tool").map(lambda v: f"{v:+.1%}" if isinstance(v, float) else v)
+def pct(v):
+    """A signed percentage for the tables (exact to 0.05 % prints 0.0 %); words pass through."""
+    if not isinstance(v, float):
+        return v
+    if v != v:  # NaN: no truth for this component (no peak is measured on a CPU run)
+        return "not measured"
+    return "0.0 %" if abs(v) < 5e-4 else f"{v:+.1%}".replace("%", " %")
 
-# %%
-fig = plots.shootout_errors(frame, title=f"Every calculator on the same {len(pairs)} real training steps",
-                            source=f"measured on {ch.device}: exact saved-for-backward and model-state bytes")
-ch.save_figure(fig, "shootout")
+
+traced_runs = calculators.full_size_runs(full, SIZES["traced"], SIZES["seq"])
+traced = [(r, calculators.traced_truth(r)) for r in traced_runs]
+truth_table = pd.DataFrame([{"run": r.label, "parameters (B)": configs[r.name].param_count() / 1e9,
+                             "states GiB": t["states"] / GiB, "saved for backward GiB": t["activations"] / GiB,
+                             "states + saved GiB": (t["states"] + t["activations"]) / GiB, "peak GiB": t["peak"] / GiB,
+                             "peak in": t["peak_in"]} for r, t in traced])
+ch.save_table(truth_table, "full_size_traces")
+print(f"{len(traced)} full-size training steps of the real Hugging Face code traced on fake tensors, on {ch.device}")
+above = [r.label for r, t in traced if t["peak"] > t["states"] + t["activations"]]
+in_opt = [r.label for r, t in traced if "optimizer" in t["peak_in"]]
+print(f"peak above states + saved bytes in {len(above)} of {len(traced)}; peak in the optimizer step in "
+      f"{len(in_opt)} of {len(traced)}")
+for r, t in traced:  # what CUDA's kernels would change, by memlab's formula (no trace here can check it)
+    gpu = calculators.memlab_formula(dataclasses.replace(r, device_type="cuda")).activations
+    print(f"  {r.label}: memlab's estimate of the saved bytes for CUDA's kernels differs from this CPU trace by "
+          f"{pct((gpu - t['activations']) / t['activations'])}")
+truth_table.round(3)
 
 # %% [markdown]
-# Two things decide the other tools' errors. Their model-state rules assume one recipe: DeepSpeed's estimators
-# 20 B/param (16-bit weights, fp32 master and Adam states), Transformer Math 101 20 B/param for fp32, the
-# Playbook 16; on a pure bf16 run (bf16 weights, gradients and Adam states: 8 B/param) they over-predict by up to
-# 2.5x. And their activation formulas are one layout (Korthikanti et al.'s GPT with dropout, or gpu_poor's own
-# fit), so the error changes sign from family to family.
+# **Exercise 4 (predict first).** With gradient checkpointing, Transformer Math 101's full-recomputation formula
+# keeps `2 s b h` bytes per layer (`s` tokens per sequence, `b` sequences, `h` the model width): one 2-byte tensor
+# per block, its input. For the first checkpointed run in the table above, does the formula over- or under-predict
+# what the real step keeps for backward? Work out `2 s b h L` for it from its config (`full[ckpt_run.name]`: the
+# width and the number of layers) and the run's shape (`ckpt_run.batch`, `ckpt_run.seq`), and decide before the
+# scores below.
+
+# %%
+ckpt_run = next(r for r in traced_runs if r.recompute == "full")
+
+# %%
+answer = ...
+check("10.ckpt-formula-sign", answer, run=ckpt_run, kept=dict(traced)[ckpt_run]["activations"])
+
+# %% [markdown]
+# The sum of the components is not the peak (the cell prints how often the peak is above it, and where): the peak
+# is the most held at once, in the backward pass or in the optimizer step, where the default (foreach) AdamW holds
+# fp32 temporaries on top of the states; checkpointing shrinks what backward holds, not those temporaries. A
+# calculator that answers "will it fit" with a sum answers another question. The last lines are memlab's
+# estimate for CUDA's kernels, whose saved tensors (dropout masks, attention layouts) differ from the CPU's: no
+# trace here can check those, and none of the scores below uses them.
+#
+# **Each tool on its own scope.** A tool is scored only on the components it claims (model states, activations,
+# their sum, the peak) and only on runs whose recipe it assumes: accelerate's one number is the largest of its
+# phase terms, a peak, for fp32 or for its mixed recipe; DeepSpeed's estimators give the mixed recipe's model states;
+# gpu_poor assumes 2-byte weights, gradients and Adam states (pure bf16) and has no checkpointing option;
+# Transformer Math 101 and the Ultra-Scale Playbook print one formula (16 B/param and Korthikanti et al.'s
+# activations with 2-byte values), so they are one row, applied as documented: without the attention scores under a
+# fused SDPA kernel, and in the full-recomputation form under checkpointing. memlab is told more than the others
+# (the kernel path, the device, the dropout: `Run.setup()`); the others get the sizes, as their users give them.
+# The scope table says what each tool was scored on; an "out of scope" cell is not an error.
+
+# %%
+tools_traced = [t for t in (SIZES["tools"] or calculators.CALCULATORS) if t != "memlab-trace"]
+frame = pd.concat([calculators.shoot_out(traced, tools=tools_traced),
+                   calculators.shoot_out(pairs, tools=SIZES["tools"])], ignore_index=True)
+ours = frame[(frame["tool"] == "memlab") & (frame["scope"] == "scored") & (frame["truth"] == "measured")]
+ch.record_ledger(ours[ours["component"] != "states + activations"].assign(unit="bytes"))
+ch.save_table(frame, "shootout_runs")
+scope = calculators.scope_table(frame)
+ch.save_table(scope, "shootout_scope")
+scope.set_index("tool")
+
+# %% [markdown]
+# The errors: (predicted - truth) / truth, signed, so a negative median is an under-prediction. "runs" is how many
+# runs the tool was scored on for that component.
+
+# %%
+def error_view(f):
+    """The error table of a shoot-out frame, percentages formatted, the run counts as integers."""
+    t = calculators.error_table(f).set_index("tool")
+    return t.map(pct)
+
+
+table = calculators.error_table(frame)
+ch.save_table(table, "shootout_errors")
+traced_only = frame[frame["truth"] == "traced"]
+print("against the full-size traces only:")
+error_view(traced_only)
+
+# %%
+print("against the small runs measured on this machine only (in-sample for memlab, see below):")
+error_view(frame[frame["truth"] == "measured"])
+
+# %% [markdown]
+# One figure per component: every scored run as a dot (filled: a full-size trace; open: a small run measured here),
+# the black bar the tool's signed median.
+
+# %%
+for comp in calculators.COMPONENTS:
+    fig = plots.shootout_component(frame, comp, title=f"every tool on the runs it claims ({len(traced)} full-size "
+                                   f"traces, {len(pairs)} small runs)",
+                                   source=f"traces: real HF code on fake tensors; small runs measured on {ch.device}")
+    ch.save_figure(fig, f"shootout_{comp.replace(' + ', '_').replace(' ', '_')}")
+
+# %% [markdown]
+# **What sets each tool's error.** The 16 B/param rules count exactly the mixed recipe's weights, gradients, master
+# weights and Adam moments (what is left is AdamW's step counter, 4 bytes per parameter tensor); DeepSpeed counts
+# more fp32 optimizer state than master weights and two Adam moments; accelerate's peak leaves out the activations
+# and the optimizer step's temporaries; gpu_poor counts parameters with its own formula (a gated MLP for every
+# family) and fits its own activation layout; the per-layer activation formulas leave out the embeddings, the head
+# and the loss, count dropout masks the runs do not have, and their full-recomputation form counts one 2-byte
+# tensor per layer where the checkpointed step also keeps the head's and the loss's tensors.
+#
+# **Held-out honesty.** memlab's implementation traits were written from the modelling code of the families below
+# and are checked in the test suite on the shipped tiny configs: there, memlab's zero error is in-sample, a
+# bookkeeping check of its own formula against runs it was built on. The full-size published configs traced here
+# are not in the tests at these sizes; the table lists memlab's signed worst error on each config, and the sample it
+# belongs to. A family added to `memlab.predict.hf` later and absent from `calculators.TRAITS_WRITTEN_FROM` shows as
+# a held-out family.
+
+# %%
+held = calculators.held_out_table(frame, tested=tiny)
+ch.save_table(held, "memlab_held_out")
+out_sample = frame[(frame["tool"] == "memlab") & (frame["truth"] == "traced") & (frame["scope"] == "scored")]
+for comp in ("states", "activations", "peak"):
+    e = out_sample[out_sample["component"] == comp]["rel_error"].astype(float)
+    print(f"memlab on the {len(e)} full-size traces, {comp}: signed median {pct(float(e.median()))}, worst "
+          f"{pct(float(e.loc[e.abs().idxmax()]))}")
+held.set_index("config").map(pct)
+
+# %% [markdown]
+# Phase by phase, for the first full-size trace: the estimator's bytes held at each phase boundary beside the
+# trace's (`compare_trace`).
+
+# %%
+first = traced_runs[0]
+trace_phases = compare_trace(estimate(configs[first.name], first.setup(), device_type=first.device_type),
+                             calculators.trace_run(first), experiment=first.label)
+ch.save_table(trace_phases, "full_size_trace")
+trace_phases.assign(**{"predicted GiB": trace_phases["predicted"] / GiB, "traced GiB": trace_phases["measured"] / GiB,
+                       "error": trace_phases["rel_error"].map(pct)})[
+    ["component", "predicted GiB", "traced GiB", "error"]].round({"predicted GiB": 3, "traced GiB": 3})
 
 # %% [markdown]
 # **Fine-tuning: the calculators that claim it, on LoRA runs.** Most users fine-tune. The same comparison on LoRA
@@ -338,7 +458,8 @@ check("10.gelu-new-extra", answer, model=gpt2_full)
 #
 # Seed 004 ranks the levers: algorithm (e.g. FlashAttention) first, then system (mixed precision, checkpointing),
 # then distributed (ZeRO), then offload `[seed-004]`. For Llama-2-7B at 4,096 tokens, batch 1, mixed-bf16 AdamW,
-# the predicted bytes per GPU with each lever alone:
+# the predicted **peak** per GPU with each lever alone (the peak decides "will it fit"; the sum of the components
+# is shown beside it), with PyTorch's default foreach AdamW and with the fused one:
 
 # %%
 llama = configs["llama-2-7b"]
@@ -346,21 +467,45 @@ base = Setup(batch=1, seq=4096, precision="mixed-bf16", attention="eager")
 levers = {"none (eager, one GPU)": base, "algorithm: FlashAttention": base.with_(attention="flash"),
           "system: full recompute": base.with_(recompute="full"),
           "distributed: ZeRO-3 over 8 GPUs": base.with_(zero_stage=3, world_size=8)}
-lever_table = pd.DataFrame([{"lever": k, "GiB per GPU": estimate(llama, s).total_bytes / GiB,
-                             "activations GiB": estimate(llama, s).activations_bytes / GiB,
-                             "fits one H100 80GB": fits(llama, "h100-sxm", s).fits} for k, s in levers.items()])
-lever_table["saved GiB"] = lever_table["GiB per GPU"].iloc[0] - lever_table["GiB per GPU"]
+rows = []
+for k, s_ in levers.items():
+    b_, fused = estimate(llama, s_), estimate(llama, s_.with_(optimizer_impl="fused"))
+    rows.append({"lever": k, "peak GiB per GPU": b_.peak_bytes / GiB, "peak in": f"{b_.peak_step} {b_.peak_phase}",
+                 "sum of components GiB": b_.total_bytes / GiB, "activations GiB": b_.activations_bytes / GiB,
+                 "peak with fused AdamW GiB": fused.peak_bytes / GiB,
+                 "fits one H100 80GB": fits(llama, "h100-sxm", s_).fits})
+lever_table = pd.DataFrame(rows)
+lever_table["peak saved GiB"] = lever_table["peak GiB per GPU"].iloc[0] - lever_table["peak GiB per GPU"]
+lever_table["saved, fused AdamW GiB"] = (lever_table["peak with fused AdamW GiB"].iloc[0]
+                                         - lever_table["peak with fused AdamW GiB"])
 ch.save_table(lever_table, "levers_llama7b")
-best = lever_table.iloc[1:].sort_values("saved GiB", ascending=False)["lever"].tolist()
-print("largest saving first: " + " > ".join(best))
+
+
+def ranking(col):
+    """The levers by the peak they save, largest first; '=' joins two within 0.05 GiB."""
+    t = lever_table.iloc[1:].sort_values(col, ascending=False)
+    out, prev = [], None
+    for lever, v in zip(t["lever"], t[col], strict=True):
+        out.append(("= " if prev is not None and abs(prev - v) < 0.05 else "> ") + lever if out else lever)
+        prev = v
+    return " ".join(out)
+
+
+by_sum = lever_table.iloc[1:].assign(saved=lambda t: lever_table["sum of components GiB"].iloc[0]
+                                     - t["sum of components GiB"]).sort_values("saved", ascending=False)
+print("by the peak (foreach AdamW), largest saving first: " + ranking("peak saved GiB"))
+print("by the peak (fused AdamW):                        " + ranking("saved, fused AdamW GiB"))
+print("by the sum of components (not a fit criterion):   " + " > ".join(by_sum["lever"]))
 lever_table.round(1)
 
 # %% [markdown]
-# The ranking of savings is the model's and the shape's (the cell prints it), not a law: at 4,096 tokens eager
-# attention's score matrices make the activations rival the model states, so recompute and FlashAttention save the
-# most, while ZeRO-3 removes most of the states; no single lever fits the step on one 80 GB card. The seed's order
+# Ranked by the peak, the order depends on the optimizer's implementation (the cell prints both rankings; the
+# table says where each peak is). A lever that removes the eager attention scores can move the peak into the
+# optimizer step, where foreach AdamW's fp32 temporaries sit on top of the states; ZeRO-3 shards the states and
+# those temporaries with them; fused AdamW has no such temporaries, so there the activations weigh again. Ranking
+# by the sum of components, which no fit check uses, gives the order the third line prints. The seed's order
 # holds as advice about *cost* (an algorithm change is free, ZeRO needs more GPUs, offload costs time), not as an
-# order of bytes saved: claim 48 holds with that qualification.
+# order of bytes saved: "FlashAttention before checkpointing before ZeRO" holds only with that qualification.
 
 # %%
 recorded = ch.recorded("10_your_model_gpu")
@@ -392,12 +537,26 @@ if rec is not None:
 #
 # - The budget of seed 004 is right; the activation term is not one formula. It is a list of tensors set by how
 #   the model is written. memlab's `from_hf` names the traits (composed `gelu_new`, ReLU, parallel block and shared
-#   norm, `repeat_kv`, fp32 softmax, RMSNorm upcasts, per-forward rotary tables, SDPA layouts) and counts each;
-#   on every real run here it matches the saved bytes and the model states (`make bench` runs the wider grids:
-#   dropout, gradient checkpointing, autocast).
-# - The other calculators, run on the same steps, miss by tens of percent either way: fixed bytes-per-parameter
-#   recipes that do not match the run's precision, and one activation layout for every family.
+#   norm, `repeat_kv`, fp32 softmax, RMSNorm upcasts, per-forward rotary tables, SDPA layouts) and counts each.
+# - The shoot-out's ground truth is the real Hugging Face code traced at full size in mixed precision (CPU kernels,
+#   no CUDA allocator: not GPU evidence), next to small real runs. Each tool is scored only on what it claims and
+#   on its own recipe; the verdict lines below are computed from this page's tables. On the small runs memlab's
+#   zero error is in-sample (its traits were written from those families); on the full-size configs it is held
+#   out by size, and the held-out table shows its error there.
 # - A residual is explained by listing what each autograd op keeps for one layer; the trait that causes it is
 #   named with the modelling function it comes from.
-# - At full size the fake-tensor trace of the real HF code checks the formula phase by phase (section 1) and
-#   the fit search's answer (section 5), without allocating the model.
+# - "Will it fit" is a question about the peak: the sum of components misses the optimizer step's temporaries,
+#   and which lever saves the most peak depends on the optimizer's implementation (section 6).
+
+# %%
+medians = table.set_index("tool")
+for tool in calculators.PEERS:
+    if tool not in medians.index:
+        continue
+    parts = [f"{c} {pct(medians.loc[tool, c + ' median'])} (median, {int(medians.loc[tool, c + ' runs'])} runs)"
+             for c in calculators.COMPONENTS if isinstance(medians.loc[tool, c + " median"], float)]
+    print(f"{tool}: " + ("; ".join(parts) if parts else "nothing in scope on these runs"))
+for kind in ("held-out", "in-sample"):
+    w = held.loc[held["sample"].str.startswith(kind), "activations worst"].astype(float)
+    if len(w):
+        print(f"memlab, {kind} configs ({len(w)}): activations worst {pct(float(w.loc[w.abs().idxmax()]))}")

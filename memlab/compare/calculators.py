@@ -1,9 +1,11 @@
 """The calculator shoot-out: every public memory estimator asked about the same runs, next to what was measured.
 
-One function per estimator takes a :class:`Run` (an HF config, batch, seq, dtype, attention) and returns a
-:class:`CalculatorResult` with its prediction per component: model ``states`` (parameters + gradients + optimizer),
-``activations`` (saved for backward) and their sum. Where an estimator has code, its own code is called; where it
-is a formula, the formula is written here from its source:
+One function per estimator takes a :class:`Run` (an HF config, batch, seq, dtype, recipe, attention, recompute) and
+returns a :class:`~memlab.compare.scoring.CalculatorResult` with its prediction per component it claims: model
+``states`` (parameters + gradients + optimizer), ``activations`` (saved for backward), their sum, the ``peak``; a
+component it does not claim on that run (it models no such term, or the run's recipe is not the one it assumes) is
+out of scope, with the reason. Where an estimator has code, its own code is called; where it is a formula
+(:mod:`memlab.compare.formulas`), the formula is written from its source:
 
 - ``accelerate``: ``accelerate estimate-memory``'s own functions (``accelerate.commands.estimate``:
   ``calculate_maximum_sizes`` on an empty model, ``estimate_training_usage``; the command reports the largest of
@@ -13,10 +15,9 @@ is a formula, the formula is written here from its source:
   ``model_to_params`` does) ``[deepspeed-zero]``;
 - ``gpu_poor``: ``src/App.js`` of RahulSChand/gpu_poor (its own parameter formula, 2-byte floats, Adam as
   3 x the model, ``getActivationMemory``; its fixed 650 MB "cuda + other overhead" is left out) ``[gpu-poor]``;
-- ``transformer-math-101``: EleutherAI's Transformer Math 101 (model 4 or 2 B/param, AdamW 12 B/param, gradients
-  4 or 2 B/param; activations ``sbhL(10 + 24/t + 5as/(ht))``) ``[anthony2023]``;
-- ``ultrascale-playbook``: the Ultra-Scale Playbook's memory formulas (16 N bytes for full or mixed precision with
-  Adam; activations ``L s b h (34 + 5 a s / h)``) ``[tazi2025]``;
+- ``transformer-math-101 / ultrascale-playbook`` (:data:`KORTHIKANTI`): EleutherAI's Transformer Math 101 and the
+  Ultra-Scale Playbook print one formula, so they are one row: 16 B/param with AdamW and Korthikanti et al.'s
+  activations in the form the run's kernel and recompute call for ``[anthony2023]`` ``[tazi2025]``;
 - ``memlab``: :func:`memlab.predict.hf.from_hf` and the term-by-term activation model;
 - ``memlab-trace``: :func:`memlab.tracing.hf.trace_hf`, the real Hugging Face model's step traced on fake tensors
   (MemTracker counts every storage; nothing is allocated, so full-size configs run on a laptop's CPU)
@@ -27,24 +28,42 @@ the comparison is of bytes per parameter and per token, not of parameter countin
 be imported on this machine returns ``available=False`` with the reason; its rows are skipped, never imitated. A
 fine-tuning run (``Run.finetune`` ``lora`` or ``qlora``) is scored only on what each tool claims for it: gpu_poor's
 LoRA and QLoRA modes; accelerate's loaded-model term for LoRA (it has no LoRA mode, and the frozen base is what it
-loads); the tools that model full training only give no number. Several tools assume mixed precision (fp32 master
-weights and Adam states) for a 16-bit run: on a pure bf16 run (bf16 weights, gradients and Adam states, as
-``model.to(torch.bfloat16)`` trains) they over-predict states.
+loads); the tools that model full training only give no number. The ground truth is a real step measured here
+(:func:`memlab.run.hf.measure_run`) or, at full size, the fake-tensor trace of the real HF code
+(:func:`traced_truth`); :mod:`memlab.compare.scoring` turns the long table into signed errors and scopes.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memlab.compare.formulas import (  # noqa: F401 - re-exported: the formula tools
+    GPU_POOR_APP,
+    KORTHIKANTI,
+    gpu_poor,
+    korthikanti_guides,
+    korthikanti_variant,
+    transformer_math_101,
+    ultrascale_playbook,
+)
 from memlab.compare.ledger import rel_error
-from memlab.errors import MemlabError
-from memlab.predict.activations import activation_bytes, korthikanti_layer_bytes
+from memlab.compare.scoring import (  # noqa: F401 - re-exported: the scoring tables
+    COMPONENTS,
+    OUT_OF_SCOPE,
+    TRAITS_WRITTEN_FROM,
+    CalculatorResult,
+    error_table,
+    held_out_table,
+    scope_table,
+    scoped,
+)
+from memlab.errors import MemlabError, SetupError
+from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
-from memlab.predict.models import TransformerConfig
 from memlab.predict.setup import Setup
 
 if TYPE_CHECKING:
@@ -52,7 +71,8 @@ if TYPE_CHECKING:
 
     from memlab.tracing.tracer import Trace
 
-COMPONENTS = ("states", "activations", "states + activations")
+RECIPES = {"": "the pure recipe of the run's dtype", "mixed-bf16": "bf16 model, fp32 master weights and Adam states"}
+"""The recipes a :class:`Run` trains with (``""``: pure fp32 or pure bf16)."""
 
 
 @dataclass(frozen=True)
@@ -70,42 +90,42 @@ class Run:
     """``full``, ``lora`` or ``qlora`` (:attr:`memlab.predict.setup.Setup.finetune`), with the LoRA fields below."""
     lora_rank: int = 0
     lora_targets: str = ""
+    precision: str = ""
+    """The training recipe (a :data:`RECIPES` key): "" is the pure one of ``dtype`` (``fp32``, or ``bf16``: bf16
+    weights, gradients and Adam states, as ``model.to(torch.bfloat16)`` trains); ``mixed-bf16`` is a bf16 model
+    with fp32 master weights and Adam states (``dtype`` must be ``bf16``), the recipe most calculators assume."""
+    recompute: str = "none"
+    """``none`` or ``full`` (gradient checkpointing of every block: transformers' ``gradient_checkpointing_enable``)."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in RECIPES:
+            raise SetupError(f"Run.precision must be one of {', '.join(map(repr, RECIPES))}, got "
+                             f"{self.precision!r:.40}")
+        if self.precision == "mixed-bf16" and self.dtype != "bf16":
+            raise SetupError(f"a mixed-bf16 run trains a bf16 model (dtype='bf16'), got dtype={self.dtype!r:.20}")
+        if self.recompute not in ("none", "full"):
+            raise SetupError(f"Run.recompute must be 'none' or 'full', got {self.recompute!r:.40}")
+
+    @property
+    def recipe(self) -> str:
+        """The memlab precision policy the run trains with: ``precision``, or the pure recipe of ``dtype``."""
+        return self.precision or ("fp32" if self.dtype == "fp32" else "bf16")
 
     @property
     def label(self) -> str:
         ft = "" if self.finetune == "full" else f" {self.finetune} r{self.setup().lora_r}"
-        return (f"{self.name or self.hf.get('model_type')} {self.attn_implementation} {self.dtype} "
-                f"b{self.batch}x{self.seq}{ft}")
+        ck = "" if self.recompute == "none" else " ckpt"
+        return (f"{self.name or self.hf.get('model_type')} {self.attn_implementation} {self.recipe} "
+                f"b{self.batch}x{self.seq}{ck}{ft}")
 
     def setup(self) -> Setup:
-        """memlab's Setup for the run (pure 16-bit for bf16: weights, gradients and Adam states in bf16)."""
+        """memlab's Setup for the run (:attr:`recipe`, ``recompute``, the kernel ``attn_implementation`` runs)."""
         cfg = from_hf(self.hf)
         p = cfg.impl.attention_dropout_or(cfg.dropout)
-        return Setup(batch=self.batch, seq=self.seq, precision=self.dtype, optimizer="adamw",
+        return Setup(batch=self.batch, seq=self.seq, precision=self.recipe, optimizer="adamw",
                      attention=hf_attention(self.attn_implementation, self.device_type, self.dtype, p),
-                     finetune=self.finetune, lora_rank=self.lora_rank, lora_targets=self.lora_targets)
-
-
-@dataclass(frozen=True)
-class CalculatorResult:
-    """A calculator's prediction for one run, in bytes (None: the tool does not model that component)."""
-
-    tool: str
-    states: float | None
-    activations: float | None
-    available: bool = True
-    note: str = ""
-
-    @property
-    def total(self) -> float | None:
-        """states + activations (states alone when the tool has no activation model; None if no states)."""
-        if self.states is None:
-            return None
-        return self.states + (self.activations or 0)
-
-    def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "total": self.total}
-
+                     recompute=self.recompute, finetune=self.finetune, lora_rank=self.lora_rank,
+                     lora_targets=self.lora_targets)
 
 def _unavailable(tool: str, reason: str) -> CalculatorResult:
     return CalculatorResult(tool, None, None, available=False, note=reason)
@@ -113,10 +133,6 @@ def _unavailable(tool: str, reason: str) -> CalculatorResult:
 
 def _params(run: Run) -> int:
     return from_hf(run.hf).param_count()
-
-
-def _bytes16(run: Run) -> int:
-    return 4 if run.dtype == "fp32" else 2
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,8 +162,11 @@ def _hf_key(run: Run) -> tuple:
 
 def accelerate_estimate(run: Run) -> CalculatorResult:
     """``accelerate estimate-memory``: its "Training using Adam" figure, the largest of the terms of
-    ``estimate_training_usage(total_size, dtype)`` for the empty ``AutoModel``'s ``total_size`` (fp32 bytes,
-    buffers included, no LM head: the command builds the base model). No activations. ``[accelerate-estimate]``"""
+    ``estimate_training_usage(total_size, dtype)`` ("how much training memory is needed for a batch size of 1")
+    for the empty ``AutoModel``'s ``total_size`` (fp32 bytes, buffers included, no LM head: the command builds the
+    base model). The largest of its phase terms is a peak, so it is scored on the peak; its recipes are
+    ``float32`` (an fp32 run) and ``float16``/``bfloat16``, which its own comment describes as weights "stored in
+    FP16 and FP32" (mixed precision): a pure bf16 run is out of scope. No activations. ``[accelerate-estimate]``"""
     try:
         from accelerate.commands.estimate import estimate_training_usage
     except ImportError as exc:  # pragma: no cover - accelerate is a course dependency
@@ -160,8 +179,13 @@ def accelerate_estimate(run: Run) -> CalculatorResult:
                                      "states; adapters, their gradients and states not modelled; no activations")
     if run.finetune != "full":
         return CalculatorResult("accelerate", None, None, note=f"no {run.finetune} mode (no 4-bit weights)")
-    return CalculatorResult("accelerate", float(max(usage.values())), None,
-                            note="largest of estimate_training_usage's terms; no activation model")
+    reasons = {"states": "one figure, the largest of its terms (a peak), not the states",
+               "activations": "no activation model"}
+    if run.recipe == "bf16":
+        reasons["peak"] = "assumes fp32 master weights for a 16-bit model (mixed precision), not pure bf16"
+        return scoped("accelerate", {}, reasons)
+    return scoped("accelerate", {"peak": float(max(usage.values()))}, reasons,
+                   note="largest of estimate_training_usage's terms, batch 1; no activation model")
 
 
 def _quiet_deepspeed_accelerator() -> None:
@@ -197,7 +221,14 @@ def _deepspeed(stage: int, run: Run) -> CalculatorResult:
     else:
         _, gpu, _ = est(total, largest, num_gpus_per_node=1, num_nodes=1, cpu_offload=False,
                         cpu_offload_params=False)
-    return CalculatorResult(tool, float(gpu), None, note="GPU bytes, one GPU, no offload; no activation model")
+    reasons = {"activations": "no activation model (model states only)", "peak": "model states only"}
+    if run.recipe != "mixed-bf16":
+        reasons["states"] = ("assumes 16-bit weights and gradients with fp32 master and Adam states (mixed "
+                             f"precision), not {run.recipe}")
+        return scoped(tool, {}, reasons)
+    return scoped(tool, {"states": float(gpu)}, reasons,
+                   note="GPU bytes, one GPU, no offload; its fp32 optimizer state is 16 B/param, 4 more than "
+                        "master weights and two Adam moments")
 
 
 def deepspeed_zero2(run: Run) -> CalculatorResult:
@@ -209,106 +240,24 @@ def deepspeed_zero3(run: Run) -> CalculatorResult:
     """DeepSpeed's ``estimate_zero3_model_states_mem_needs`` (4 x largest layer + 18 B/param). ``[deepspeed-zero]``"""
     return _deepspeed(3, run)
 
-
-def _gpu_poor_config(hf: dict[str, Any]) -> dict[str, int]:
-    """gpu_poor's ``getParseConfig``: the first key present, else its default."""
-
-    def key(names: Iterable[str], default: int) -> int:
-        return next((hf[n] for n in names if hf.get(n) is not None), default)
-
-    h = key(["hidden_size", "d_model", "n_embd"], 768)
-    heads = key(["num_attention_heads", "num_heads", "n_head"], 12)
-    return {"vocab": key(["vocab_size"], 32000), "h": h, "heads": heads,
-            "inter": key(["intermediate_size", "n_inner", "d_ff"], 4 * h),
-            "layers": key(["num_layers", "num_hidden_layers", "n_layer"], 12)}
-
-
-GPU_POOR_APP = "src/App.js @ ad2fc0e (2024-12-03)"
-"""The gpu_poor source the formulas below are read from (RahulSChand/gpu_poor)."""
-
-
-def _gpu_poor_qlora_extra(c: dict[str, int], seq: int) -> float:
-    """gpu_poor's ``getExtraMemory(config, "qlora", contextLen)`` (App.js lines 340-383): 0.75 x (15 h + 6 i) L
-    x 50 x sqrt(max(1, seq / 50)) bytes per sequence, an empirical 4-bit dequantisation allowance."""
-    common = (10 * c["h"] + 5 * c["h"] + 4 * c["inter"] + 2 * c["inter"]) * c["layers"]
-    return 0.75 * common * 50 * (seq / 50) ** 0.5 if seq > 50 else 0.75 * common * 50
-
-
-def gpu_poor(run: Run) -> CalculatorResult:
-    """gpu_poor's training estimate (``src/App.js``: ``computeModelSize``, ``getGradOptMemory`` with Adam and no
-    quantisation, ``getActivationMemory``; ``convertToBytes`` is 2 for every float type). ``[gpu-poor]``
-
-    Its LoRA mode (``lora_trn``, App.js lines 297-301): 16-bit weights plus ``L * 8 * h * 2 * 4 * 3 * 2`` bytes of
-    adapter gradients and Adam states, whatever the rank or target modules; QLoRA (``qlora``, lines 239-245 and
-    ``convertToMBModelSize``, lines 770-790): weights ``2N/4 - 2N/64 + 0.06 x 2N`` bytes, states ``L * 8 * h * 0.5 *
-    4 * 3`` plus :func:`_gpu_poor_qlora_extra` per sequence. Activations are its full-training ones in every mode
-    (its LoRA activation term is commented out, lines 454-457)."""
-    c = _gpu_poor_config(run.hf)
-    h, inter, heads, L, n = c["h"], c["inter"], c["heads"], c["layers"], run.seq
-    params = c["vocab"] * h * 2 + L * 4 * h * h + L * 3 * inter * h
-    fb = 2.0
-    if run.finetune == "lora":
-        states = params * fb + L * 8 * h * 2 * 4 * 3 * 2
-    elif run.finetune == "qlora":
-        states = params * fb / 4 - params * fb / 64 + 0.06 * params * fb \
-            + L * 8 * h * 0.5 * 4 * 3 + _gpu_poor_qlora_extra(c, n) * run.batch
-    else:
-        states = params * fb + params * 3 * fb
-    attn = (n * h * 3 * fb + n * h * 2 * fb + n * n * heads * fb + n * n * heads * 4 + n * n * heads * fb
-            + 3 * n * h * fb)
-    ffn = 2 * h * n * fb + fb * 5 * n * inter + inter * n * fb
-    norm = n * 4 * 2 + n * h * fb * 6
-    acts = (attn + ffn + norm) * L * run.batch
-    return CalculatorResult("gpu_poor", states, acts, note="its own parameter formula; 650 MB overhead left out")
-
-
-def _korthikanti_model_bytes(run: Run, cfg: TransformerConfig) -> float:
-    """L layers of Korthikanti's ``sbh(34 + 5as/h)`` (no recompute, t = 1). The formula is linear in b, so the L
-    layers of batch b are passed as one layer of batch b*L: the integer product s*b*L*h comes first, as both
-    sources write it, and the float result is the same to the last bit."""
-    return korthikanti_layer_bytes(run.seq, run.batch * cfg.n_layers, cfg.d_model, cfg.n_heads)
-
-
-def transformer_math_101(run: Run) -> CalculatorResult:
-    """EleutherAI's Transformer Math 101: model 4 (fp32) or 2 (16-bit) B/param, AdamW 12 B/param, gradients 4 or 2
-    B/param; activations without recomputation ``s b h L (10 + 24/t + 5 a s / (h t))`` with t = 1, i.e. L x
-    Korthikanti's layer (:func:`memlab.predict.activations.korthikanti_layer_bytes`). ``[anthony2023]``"""
-    if run.finetune != "full":
-        return CalculatorResult("transformer-math-101", None, None, note="full training only")
-    n, cfg = _params(run), from_hf(run.hf)
-    b16 = _bytes16(run)
-    states = n * (b16 + 12 + b16)
-    acts = _korthikanti_model_bytes(run, cfg)
-    return CalculatorResult("transformer-math-101", float(states), float(acts))
-
-
-def ultrascale_playbook(run: Run) -> CalculatorResult:
-    """The Ultra-Scale Playbook: with Adam, 4N + 4N + 8N (full precision) or 2N + 2N + 4N + 8N (mixed precision)
-    = 16 N bytes; activations ``L s b h (34 + 5 a s / h)``, L x Korthikanti's layer
-    (:func:`memlab.predict.activations.korthikanti_layer_bytes`). ``[tazi2025]``"""
-    if run.finetune != "full":
-        return CalculatorResult("ultrascale-playbook", None, None, note="full training only")
-    n, cfg = _params(run), from_hf(run.hf)
-    acts = _korthikanti_model_bytes(run, cfg)
-    return CalculatorResult("ultrascale-playbook", float(16 * n), float(acts))
-
-
 def memlab_formula(run: Run) -> CalculatorResult:
     """memlab: :func:`~memlab.predict.hf.from_hf` traits, term-by-term activations, the estimator's model states."""
     cfg, setup = from_hf(run.hf), run.setup()
-    comp = estimate(cfg, setup, device_type=run.device_type).components()
+    bd = estimate(cfg, setup, device_type=run.device_type)
+    comp = bd.components()
     acts = sum(activation_bytes(cfg, setup, device_type=run.device_type).values())
-    return CalculatorResult("memlab", float(comp["params"] + comp["grads"] + comp["optimizer"]), float(acts))
+    return CalculatorResult("memlab", float(comp["params"] + comp["grads"] + comp["optimizer"]), float(acts),
+                            peak=float(bd.peak_bytes), note="told the kernel path, device and dropout (Run.setup)")
 
 
 @functools.lru_cache(maxsize=32)
 def _trace(hf_items: tuple, batch: int, seq: int, dtype: str, attn: str, device_type: str,
-           lora: tuple = ("full", 0, "")) -> Trace:
+           lora: tuple = ("full", 0, ""), recipe: tuple = ("", "none")) -> Trace:
     from memlab.model.hf import hf_config
     from memlab.tracing.hf import trace_hf
 
     run = Run(dict(hf_items), batch, seq, dtype, attn, device_type, finetune=lora[0], lora_rank=lora[1],
-              lora_targets=lora[2])
+              lora_targets=lora[2], precision=recipe[0], recompute=recipe[1])
     return trace_hf(hf_config(run.hf), run.setup(), device_type=device_type, name=run.hf.get("model_type"))
 
 
@@ -316,7 +265,7 @@ def trace_run(run: Run) -> Trace:
     """The fake-tensor trace of ``run`` (:func:`memlab.tracing.hf.trace_hf` of its config under ``run.setup()``,
     on CPU, at any size; cached per run). ``[pytorch-memtracker]``"""
     return _trace(_hf_key(run), run.batch, run.seq, run.dtype, run.attn_implementation, run.device_type,
-                  (run.finetune, run.lora_rank, run.lora_targets))
+                  (run.finetune, run.lora_rank, run.lora_targets), (run.precision, run.recompute))
 
 
 def trace_components(trace: Trace) -> dict[str, int]:
@@ -342,8 +291,18 @@ def memlab_trace(run: Run) -> CalculatorResult:
     except MemlabError as exc:  # e.g. the CPU flash kernel has no dropout: the trace cannot run this setup here
         return _unavailable("memlab-trace", str(exc))
     c = trace_components(t)
-    return CalculatorResult("memlab-trace", float(c["states"]), float(c["activations"]),
-                            note=f"fake tensors, CPU; peak {t.peak_bytes:,} B in the {t.peak_step} {t.peak_phase}")
+    return CalculatorResult("memlab-trace", float(c["states"]), float(c["activations"]), peak=float(t.peak_bytes),
+                            note=f"fake tensors, CPU; peak {t.peak_bytes:,} B in the {t.peak_step} {t.peak_phase}",
+                            out_of_scope=(("peak", "no peak measured on this machine to compare with"),))
+
+
+def traced_truth(run: Run) -> dict[str, int | str]:
+    """The ground truth of a full-size run: the fake-tensor trace of the real Hugging Face modelling code
+    (:func:`trace_run`): ``states``, ``activations`` (:func:`trace_components`), ``peak`` (the largest phase peak
+    of both steps) and ``peak_in`` (its step and phase). Evidence from outside memlab's formula: the real HF code,
+    PyTorch's kernels' saved tensors and MemTracker; CPU kernels, no CUDA allocator. ``[pytorch-memtracker]``"""
+    t = trace_run(run)
+    return {**trace_components(t), "peak": t.peak_bytes, "peak_in": f"{t.peak_step} {t.peak_phase}"}
 
 
 CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {
@@ -353,55 +312,55 @@ CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {
     "deepspeed-zero2": deepspeed_zero2,
     "deepspeed-zero3": deepspeed_zero3,
     "gpu_poor": gpu_poor,
-    "transformer-math-101": transformer_math_101,
-    "ultrascale-playbook": ultrascale_playbook,
+    KORTHIKANTI: korthikanti_guides,
 }
-"""Every calculator, by name, in table order."""
+"""Every calculator, by name, in table order (one row per formula: Transformer Math 101 and the Playbook share
+one, :data:`KORTHIKANTI`)."""
+
+PEERS = ("accelerate", "deepspeed-zero2", "deepspeed-zero3", "gpu_poor", KORTHIKANTI)
+"""The public calculators scored against a ground truth (memlab's own rows are shown beside them)."""
 
 
-def shoot_out(runs: Iterable[tuple[Run, dict[str, int]]], tools: Iterable[str] | None = None) -> pd.DataFrame:
-    """Long table: one row per (tool, run, component) with predicted, measured and relative error.
+def shoot_out(runs: Iterable[tuple[Run, dict[str, Any]]], tools: Iterable[str] | None = None) -> pd.DataFrame:
+    """Long table: one row per (tool, run, component the truth has) with predicted, measured, relative error and
+    ``scope``: ``scored``, ``out of scope`` (the tool claims no number for it on this run: the reason is in
+    ``note``) or ``unavailable``.
 
-    ``runs`` pairs each :class:`Run` with its measurement ``{"states": ..., "activations": ...}`` (bytes), data
-    from wherever it was measured (:func:`memlab.run.hf.measure_run` runs it on this machine).
-    Unavailable tools and components a tool does not model give rows with ``predicted`` NaN and the reason.
+    ``runs`` pairs each :class:`Run` with its truth ``{"states": ..., "activations": ...}`` (bytes; ``"peak"``
+    too where known): a real step (:func:`memlab.run.hf.measure_run`) or the full-size trace
+    (:func:`traced_truth`); ``truth`` names which. An out-of-scope cell has no error: it is never scored.
     """
     import pandas as pd
 
     rows = []
     for run, measured in runs:
         meas = {**measured, "states + activations": measured["states"] + measured["activations"]}
+        truth = measured.get("truth", "measured" if "peak" not in measured else "traced")
+        params = _params(run)
         for name in tools or CALCULATORS:
             r = CALCULATORS[name](run)
-            pred = {"states": r.states, "activations": r.activations, "states + activations": r.total}
             for comp in COMPONENTS:
-                p, m = pred[comp], meas[comp]
-                rows.append({"tool": name, "experiment": run.label, "family": run.hf.get("model_type"),
-                             "dtype": run.dtype, "component": comp, "predicted": p, "measured": m,
-                             "rel_error": rel_error(p, m), "available": r.available,
-                             "note": r.note if (p is None or not r.available) else ""})
+                if comp not in meas:
+                    continue
+                p, m = r.claim(comp), meas[comp]
+                scope = "unavailable" if not r.available else ("scored" if p is not None else OUT_OF_SCOPE)
+                rows.append({"tool": name, "experiment": run.label, "config": run.name or run.hf.get("model_type"),
+                             "family": run.hf.get("model_type"), "parameters": params, "dtype": run.dtype,
+                             "recipe": run.recipe,
+                             "attention": run.attn_implementation, "recompute": run.recompute, "truth": truth,
+                             "component": comp, "predicted": p, "measured": m,
+                             "rel_error": rel_error(p, m) if p is not None else None, "available": r.available,
+                             "scope": scope, "note": r.reason(comp) if p is None else r.note})
     return pd.DataFrame(rows)
 
-
-def error_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per tool and component: median |error| and the signed worst error (largest magnitude), as fractions;
-    'not modelled' / 'unavailable' where a tool has no number."""
-    import pandas as pd
-
-    out = []
-    for tool, g in frame.groupby("tool", sort=False):
-        row: dict[str, Any] = {"tool": tool}
-        for comp in COMPONENTS:
-            e = g[g["component"] == comp]["rel_error"].dropna().astype(float)
-            if e.empty:
-                row[f"{comp} median"] = row[f"{comp} worst"] = (
-                    "unavailable" if not g["available"].all() else "not modelled")
-                continue
-            row[f"{comp} median"] = float(e.abs().median())
-            row[f"{comp} worst"] = float(e.loc[e.abs().idxmax()])
-        out.append(row)
-    return pd.DataFrame(out)
-
+def full_size_runs(configs: dict[str, dict[str, Any]], grid: Iterable[tuple[str, str, str, str]], seq: int, *,
+                   device_type: str = "cpu") -> list[Run]:
+    """The full-size shoot-out grid: one batch-1 :class:`Run` of a bf16 model per ``(config name,
+    attn_implementation, recompute, precision)`` of ``grid`` (precision ``mixed-bf16``, or ``""`` for pure bf16), at
+    ``seq`` tokens or the config's context where shorter. ``device_type`` "cpu" (the default) asks every tool
+    about the kernels the trace runs (:func:`traced_truth` traces on this CPU): like for like."""
+    return [Run(configs[n], 1, min(from_hf(configs[n]).max_seq, seq), "bf16", attn, device_type=device_type, name=n,
+                precision=prec, recompute=rc) for n, attn, rc, prec in grid]
 
 # -- fine-tuning: the tools that claim something for a LoRA run, scored on that only ----------------------------
 FINETUNE_TOOLS = ("memlab", "gpu_poor", "accelerate")
@@ -440,3 +399,4 @@ def finetune_scope(run: Run, tools: Iterable[str] | None = None) -> pd.DataFrame
                      "activations": "claimed" if r.activations is not None else "not modelled",
                      "available": r.available, "note": r.note})
     return pd.DataFrame(rows)
+

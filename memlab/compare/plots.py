@@ -193,40 +193,52 @@ def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers
     return fig
 
 
-def shootout_errors(frame: pd.DataFrame, *, title: str, source: str = "") -> Figure:
-    """One panel per component (states, activations, states + activations): each tool's signed relative error on
-    every run, as dots on a symmetric-log percentage axis (0 is exact). ``frame`` is
-    :func:`memlab.compare.calculators.shoot_out`'s table; tools without a number for a component are named, not
-    drawn."""
+def shootout_component(frame: pd.DataFrame, component: str, *, title: str, source: str = "") -> Figure:
+    """One component of the shoot-out: each tool's signed relative error (%, linear axis, 0 is exact) on every run
+    it is scored on, one row per tool (memlab blue, the others red); filled dots for full-size traces, open ones for
+    runs measured here.
+    ``frame`` is :func:`memlab.compare.calculators.shoot_out`'s table; a tool with no scored run is named with its
+    scope ("out of scope", "unavailable"), never drawn as an error. Each scored tool's signed median is a bar."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    comps = list(dict.fromkeys(frame["component"]))
+    part = frame[frame["component"] == component]
     tools = list(dict.fromkeys(frame["tool"]))
-    errors = frame["rel_error"].dropna().astype(float).abs() * 100
-    lim = max(10.0, 1.3 * float(errors.max())) if len(errors) else 10.0
-    ticks = [t for t in (1, 10, 100, 1000) if t < lim]
-    fig, axes = plt.subplots(1, len(comps), figsize=(4.2 * len(comps), 0.45 * len(tools) + 2.2), sharey=True,
-                             layout="constrained")
-    for ax, comp in zip(list(axes) if len(comps) > 1 else [axes], comps, strict=True):
-        part = frame[frame["component"] == comp]
-        for i, tool in enumerate(tools):
-            e = part[part["tool"] == tool]["rel_error"].dropna().astype(float) * 100
-            if e.empty:
-                why = "unavailable" if not part[part["tool"] == tool]["available"].all() else "not modelled"
-                ax.text(1.5, i, why, ha="left", va="center", fontsize=8, color="grey")  # clear of the zero line
-                continue
-            ax.scatter(e, [i] * len(e), s=14, alpha=0.6, color="#C44E52" if tool != "memlab" else "#4C72B0")
-        ax.axvline(0, color="black", linewidth=0.8)
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_xlim(-lim, lim)
-        ax.set_xticks([-t for t in reversed(ticks)] + [0] + ticks, [f"{-t:g}" for t in reversed(ticks)] + ["0"]
-                      + [f"+{t:g}" for t in ticks])
-        ax.set_title(comp, fontsize=10)
-        ax.set_xlabel("(predicted - measured) / measured, %")
-        ax.set_yticks(range(len(tools)), tools)
-        ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(title + (f"\n{source}" if source else ""), fontsize=11)
+    scored = part[part["scope"] == "scored"]
+    e_all = scored["rel_error"].astype(float) * 100
+    lim = max(5.0, 1.15 * float(e_all.abs().max())) if len(e_all) else 5.0
+    fig, ax = plt.subplots(figsize=(8.0, 0.5 * len(tools) + 2.2), layout="constrained")
+    names = {"traced": "full-size trace of the HF code", "measured": "small run measured here"}
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        mine = scored[scored["tool"] == tool]
+        if mine.empty:
+            why = "unavailable" if not part[part["tool"] == tool]["available"].all() else "out of scope"
+            ax.text(0.02 * lim, i, why, ha="left", va="center", fontsize=8, color="grey")
+            continue
+        color = "#4C72B0" if tool.startswith("memlab") else "#C44E52"
+        for truth in names:
+            e = mine[mine["truth"] == truth]["rel_error"].astype(float) * 100
+            if len(e):
+                ax.scatter(e, [i] * len(e), s=22, alpha=0.75, edgecolors=color, linewidths=1.0,
+                           facecolors=color if truth == "traced" else "none")
+                seen.add(truth)
+        med = float(mine["rel_error"].astype(float).median() * 100)
+        ax.plot([med, med], [i - 0.3, i + 0.3], color="black", lw=1.5)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlim(-lim, lim)
+    ax.set_yticks(range(len(tools)), tools)
+    ax.set_ylim(len(tools) - 0.4, -0.6)  # first tool on top, room for the last row's label
+    ax.set_xlabel("(predicted - truth) / truth, %")
+    ax.grid(axis="x", alpha=0.3)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="", marker="o", color="grey", markerfacecolor="grey" if t == "traced" else "none",
+                      label=names[t]) for t in names if t in seen]
+    handles.append(Line2D([], [], ls="", marker="|", color="black", markersize=12, label="signed median"))
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
+    fig.suptitle(f"{component}: {title}" + (f"\n{source}" if source else ""), fontsize=10)
     return fig

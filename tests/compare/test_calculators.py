@@ -6,16 +6,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from memlab.compare.calculators import (
     CALCULATORS,
     COMPONENTS,
+    KORTHIKANTI,
+    OUT_OF_SCOPE,
     Run,
     error_table,
     gpu_poor,
+    held_out_table,
+    korthikanti_guides,
     memlab_formula,
     memlab_trace,
+    scope_table,
     shoot_out,
     trace_components,
     trace_run,
@@ -58,7 +64,7 @@ def test_ultrascale_playbook_by_hand() -> None:
 
 def test_gpu_poor_by_hand() -> None:
     """src/App.js: params = 2Vh + 4Lh^2 + 3L*inter*h; model 2 B/param, Adam 3 x 2 B/param."""
-    r = gpu_poor(Run(LLAMA7, 1, 100))
+    r = gpu_poor(Run(LLAMA7, 1, 100, "bf16"))
     params = 2 * 32000 * 4096 + 32 * 4 * 4096**2 + 32 * 3 * 11008 * 4096
     assert r.states == 8 * params
     n, h, a, f = 100, 4096, 32, 11008
@@ -69,9 +75,9 @@ def test_gpu_poor_by_hand() -> None:
 
 def test_accelerate_and_deepspeed_call_their_own_functions() -> None:
     pytest.importorskip("accelerate")
-    run = Run(config("tiny", "llama"), 2, 24)
+    run = Run(config("tiny", "llama"), 2, 24, "bf16", precision="mixed-bf16")
     acc = CALCULATORS["accelerate"](run)
-    assert acc.available and acc.activations is None and acc.states > 0
+    assert acc.available and acc.activations is None and acc.states is None and acc.peak > 0
     ds = CALCULATORS["deepspeed-zero2"](run)
     if not ds.available:
         pytest.skip(ds.note)
@@ -121,34 +127,133 @@ def test_shoot_out_on_real_runs_memlab_exact() -> None:
         p = memlab_formula(r)
         assert (p.states, p.activations) == (m["states"], m["activations"])
     frame = shoot_out(pairs)
-    assert len(frame) == len(runs) * len(CALCULATORS) * len(COMPONENTS)
+    measured_components = [c for c in COMPONENTS if c != "peak"]  # no peak is measured on a CPU run
+    assert len(frame) == len(runs) * len(CALCULATORS) * len(measured_components)
     table = error_table(frame).set_index("tool")
     assert table.loc["memlab", "activations worst"] == 0.0
     assert table.loc["memlab-trace", "states worst"] == 0.0
     assert abs(table.loc["memlab-trace", "activations worst"]) < 0.01
-    assert table.loc["transformer-math-101", "states median"] > 0.2
+    # the guides' 16 B/param is fp32's 4 + 4 + 8 (to GPT-2's position table, which the measurement leaves with the
+    # buffers); their 2-byte activations are not scored on fp32 and their states not on pure bf16: one run each
+    assert abs(table.loc[KORTHIKANTI, "states worst"]) < 1e-3 and table.loc[KORTHIKANTI, "states runs"] == 1
+    assert table.loc[KORTHIKANTI, "activations runs"] == 1
+    assert (frame[frame["scope"] == OUT_OF_SCOPE]["rel_error"].isna()).all()
 
 
-def test_shootout_figure_has_one_panel_per_component() -> None:
-    import pandas as pd
+def _fake_frame(errors: dict[str, list[float | None]]) -> pd.DataFrame:
+    """A shoot-out frame with the given signed errors per tool (None: out of scope), for every component."""
+    return pd.DataFrame([{"tool": t, "component": c, "rel_error": e, "available": True, "recipe": "mixed-bf16",
+                          "recompute": "none", "truth": "traced", "config": f"c{i}", "family": "llama",
+                          "parameters": N7 + i,
+                          "experiment": f"run{i}", "scope": "scored" if e is not None else OUT_OF_SCOPE,
+                          "note": "" if e is not None else "assumes another recipe"}
+                         for t, es in errors.items() for i, e in enumerate(es) for c in COMPONENTS])
 
-    from memlab.compare.plots import shootout_errors
 
-    frame = pd.DataFrame([{"tool": t, "component": c, "rel_error": e, "available": a}
-                          for t, e, a in (("memlab", 0.0, True), ("x", 0.5, True), ("y", None, False))
-                          for c in COMPONENTS])
-    fig = shootout_errors(frame, title="t", source="s")
-    assert len(fig.axes) == len(COMPONENTS)
+@pytest.mark.parametrize("seed", range(3))
+def test_error_table_medians_keep_their_sign(seed: int) -> None:
+    """A tool that always under-predicts gets a negative median (the review's +40 % that was really -40 %)."""
+    import random
+
+    rng = random.Random(seed)
+    under = [-rng.uniform(0.05, 0.6) for _ in range(rng.randint(1, 7))]
+    over = [rng.uniform(0.05, 0.6) for _ in range(rng.randint(1, 7))]
+    table = error_table(_fake_frame({"under": under, "over": over, "none": [None, None]})).set_index("tool")
+    assert table.loc["under", "activations median"] < 0 < table.loc["over", "activations median"]
+    assert table.loc["under", "peak worst"] == min(under)
+    assert table.loc["none", "states median"] == OUT_OF_SCOPE and table.loc["none", "states runs"] == 0
+
+
+def test_shootout_figure_per_component_names_out_of_scope_tools() -> None:
+    from memlab.compare.plots import shootout_component
+
+    frame = _fake_frame({"memlab": [0.0, 0.01], "x": [0.5, -0.2], "y": [None, None]})
+    for comp in COMPONENTS:
+        fig = shootout_component(frame, comp, title="t", source="s")
+        texts = [t.get_text() for t in fig.axes[0].texts]
+        assert texts == ["out of scope"] and comp in fig.get_suptitle()
+
+
+def test_each_tool_is_scored_only_on_its_recipe_and_components() -> None:
+    """Pure bf16, mixed bf16 and fp32 runs of full-size Llama-2-7B: gpu_poor's states only on pure bf16, DeepSpeed
+    only on mixed, accelerate only a peak (fp32 or mixed), the guides' 2-byte activations never on fp32; every
+    missing number has a reason and no tool without activations has a total."""
+    pytest.importorskip("accelerate")
+    runs = {r: Run(LLAMA7, 1, 512, d, "sdpa", device_type="cuda", precision=p)
+            for r, d, p in (("bf16", "bf16", ""), ("mixed-bf16", "bf16", "mixed-bf16"), ("fp32", "fp32", ""))}
+    for recipe, run in runs.items():
+        assert run.recipe == recipe
+        gp, guides, acc = gpu_poor(run), korthikanti_guides(run), CALCULATORS["accelerate"](run)
+        assert (gp.states is not None) == (recipe == "bf16")
+        assert (guides.activations is None) == (recipe == "fp32")
+        assert (guides.states is None) == (recipe == "bf16")
+        assert acc.states is None and acc.activations is None and acc.total is None
+        assert (acc.peak is not None) == (recipe != "bf16")
+        for r in (gp, guides, acc):
+            for comp in COMPONENTS:
+                assert r.claim(comp) is not None or r.reason(comp)
+    ds = CALCULATORS["deepspeed-zero2"](runs["fp32"])
+    if ds.available:
+        assert ds.states is None and "mixed" in ds.reason("states")
+    assert korthikanti_guides(runs["mixed-bf16"]).states == 16 * N7
+
+
+def test_one_formula_is_one_tool_applied_as_documented() -> None:
+    """TM101 and the Playbook print the same formula: one CALCULATORS row; eager keeps the 5as/h scores term, a
+    fused SDPA kernel drops it, full checkpointing is 2 sbhL."""
+    assert "transformer-math-101" not in CALCULATORS and "ultrascale-playbook" not in CALCULATORS
+    s, b, h, L, a = 1024, 2, 4096, 32, 32
+    eager = Run(LLAMA7, b, s, "bf16", "eager", precision="mixed-bf16")
+    assert korthikanti_guides(eager).activations == transformer_math_101(eager).activations \
+        == ultrascale_playbook(eager).activations == s * b * h * L * (34 + 5 * a * s / h)
+    sdpa = Run(LLAMA7, b, s, "bf16", "sdpa", precision="mixed-bf16")
+    assert korthikanti_guides(sdpa).activations == s * b * h * L * 34
+    ckpt = Run(LLAMA7, b, s, "bf16", "sdpa", precision="mixed-bf16", recompute="full")
+    assert korthikanti_guides(ckpt).activations == 2 * s * b * h * L
+
+
+@pytest.mark.parametrize("bad", [dict(dtype="fp32", precision="mixed-bf16"), dict(precision="amp"),
+                                 dict(recompute="selective")])
+def test_a_run_refuses_a_recipe_it_cannot_train(bad: dict) -> None:
+    from memlab.errors import SetupError
+
+    with pytest.raises(SetupError, match=r"Run|mixed"):
+        Run(LLAMA7, 1, 16, **bad)
+
+
+def test_held_out_table_labels_each_config_by_its_sample() -> None:
+    frame = _fake_frame({"memlab": [0.0, -0.05, 0.02]})
+    frame.loc[frame["config"] == "c2", "family"] = "mamba"
+    frame.loc[frame["config"] == "c0", "parameters"] = N7
+    held = held_out_table(frame, tested={"c0": LLAMA7, "c1": config("tiny", "llama")}).set_index("config")
+    assert held.loc["c0", "sample"].startswith("in-sample")
+    assert held.loc["c1", "sample"].startswith("held-out config") and held.loc["c1", "activations worst"] == -0.05
+    assert held.loc["c2", "sample"] == "held-out family"
+    assert scope_table(frame).set_index("tool").loc["memlab", "peak"] == "scored on 3: mixed-bf16"
+
+
+def test_traced_truth_of_a_mixed_run_counts_master_weights_and_a_peak_above_the_sum() -> None:
+    """The real HF step in mixed bf16 on fake tensors: the formula's 16 B/param of states (2 + 2 + 12) plus AdamW's
+    4-byte step count per parameter tensor, which the formula leaves out; a peak inside the step above the
+    states."""
+    pytest.importorskip("transformers")
+    from memlab.compare.calculators import traced_truth
+
+    run = Run(config("tiny", "llama"), 2, 24, "bf16", "sdpa", device_type="cuda", precision="mixed-bf16")
+    t = traced_truth(run)
+    n = from_hf(run.hf).param_count()
+    assert memlab_formula(run).states == 16 * n and 0 < t["states"] - 16 * n <= 4 * 64
+    assert t["peak"] > t["states"] and "step" in t["peak_in"]
 
 
 def test_fine_tuning_runs_are_scored_only_on_what_each_calculator_claims() -> None:
     h, L = 4096, 32
-    full, lora = gpu_poor(Run(LLAMA7, 1, 100)), gpu_poor(Run(LLAMA7, 1, 100, "bf16", finetune="lora"))
+    full, lora = gpu_poor(Run(LLAMA7, 1, 100, "bf16")), gpu_poor(Run(LLAMA7, 1, 100, "bf16", finetune="lora"))
     assert lora.states == full.states / 4 + L * 8 * h * 2 * 4 * 3 * 2  # App.js lines 297-301: rank-free adapters
     assert lora.activations == full.activations  # its LoRA activation term is commented out
     q = gpu_poor(Run(LLAMA7, 2, 200, "bf16", finetune="qlora"))
     assert q.states < lora.states / 2
-    for tool in ("transformer-math-101", "ultrascale-playbook", "deepspeed-zero2"):
+    for tool in (KORTHIKANTI, "deepspeed-zero2"):
         r = CALCULATORS[tool](Run(LLAMA7, 1, 100, "bf16", finetune="lora"))
         assert r.states is None and r.activations is None
 
@@ -186,3 +291,14 @@ def test_finetune_shoot_out_takes_given_measurements_and_measures_the_rest_with_
     second = frame[(frame["experiment"] == runs[1].label) & (frame["tool"] == "memlab")]
     assert (second["predicted"] == second["measured"]).all()  # measured here with peft: memlab exact
     assert set(frame["tool"]) == {"memlab", "gpu_poor", "accelerate"}
+
+
+def test_full_size_runs_train_the_mixed_recipe_within_each_context() -> None:
+    from memlab.compare.calculators import full_size_runs
+
+    runs = full_size_runs({"gpt2": config("full", "gpt2"), "llama": LLAMA7},
+                          [("gpt2", "eager", "full", "mixed-bf16"), ("llama", "sdpa", "none", "")], 4096)
+    assert [(r.seq, r.recipe, r.recompute, r.batch) for r in runs] == [(1024, "mixed-bf16", "full", 1),
+                                                                       (4096, "bf16", "none", 1)]
+    assert runs[0].setup().precision == "mixed-bf16" and runs[0].setup().recompute == "full"
+    assert runs[0].label == "gpt2 eager mixed-bf16 b1x1024 ckpt"

@@ -73,6 +73,30 @@ def _sample_gpt2() -> dict[str, Any]:
     return {"model": from_hf(load_config("gpt2", "full"), name="gpt2")}
 
 
+def _ckpt_bytes(run: Any, kept: int) -> tuple[float, int]:
+    """(the guides' full-recomputation activations, the bytes the step keeps for backward) of a checkpointed run;
+    ``kept`` is the chapter's trace of the real code (``traced_truth(run)["activations"]``)."""
+    from memlab.compare.calculators import korthikanti_guides
+
+    return korthikanti_guides(run).activations, int(kept)
+
+
+def _ckpt_sign(run: Any, kept: int) -> str:
+    formula, traced = _ckpt_bytes(run, kept)
+    return "exact" if formula == traced else ("over" if formula > traced else "under")
+
+
+def _sample_ckpt_run() -> dict[str, Any]:
+    """A checkpointed tiny Llama in mixed bf16, its kept bytes from memlab's formula standing in for the trace (the
+    chapter passes the trace's), so checking the exercise needs no trace."""
+    from memlab.compare.calculators import Run, memlab_formula
+    from memlab.course.hf_configs import load_config
+
+    run = Run(load_config("llama"), 2, 24, "bf16", "sdpa", device_type="cpu", name="llama", precision="mixed-bf16",
+              recompute="full")
+    return {"run": run, "kept": int(memlab_formula(run).activations)}
+
+
 EXERCISES = (
     Choice(
         "10.family-per-token", "Which family saves more activation bytes per token at the same sizes",
@@ -116,5 +140,22 @@ EXERCISES = (
                                                                        "layer.",
                    lambda model: _gelu_extra(model) * 2: "That uses 4-byte elements; in pure bf16 each is 2 bytes."},
         sample=_sample_gpt2,
+    ),
+    Choice(
+        "10.ckpt-formula-sign", "Does the guides' full-recomputation formula over- or under-predict a checkpointed "
+                                "step's saved bytes",
+        reference=_ckpt_sign,
+        options={"over": "it over-predicts", "under": "it under-predicts", "exact": "it is exact"},
+        hint="2 s b h bytes per layer is one 2-byte tensor per block: each block's input. What else does a "
+             "checkpointed step keep for backward that sits outside the blocks? Think of the final norm, the head "
+             "and the loss over the whole vocabulary.",
+        why=lambda run, kept: ("the formula gives {:,.0f} B, the trace of the real code keeps {:,} B: besides each "
+                         "block's input the step keeps the tensors outside the checkpointed blocks (the final norm, "
+                         "the logits and the loss's fp32 copies over the vocabulary), which a per-layer formula "
+                         "leaves out by definition.").format(*_ckpt_bytes(run, kept)),
+        diagnoses={"over": "A per-layer formula counts the blocks only; with checkpointing the blocks keep little, "
+                           "so what sits outside them (head, logits, loss) is the larger part.",
+                   "exact": "Each block's input is only part of it: the tensors outside the blocks are kept too."},
+        sample=_sample_ckpt_run,
     ),
 )
