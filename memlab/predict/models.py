@@ -116,10 +116,16 @@ class TransformerConfig(StrictInit):
             raise ConfigError(f"rotary positions need an even head_dim, got {self.head_dim}: change n_heads")
         self._check_moe()
 
+    def modelled_seq(self, seq: int) -> int:
+        """The longest sequence up to ``seq`` tokens that the estimate models for this model: at most its context
+        ``max_seq``, and one token short of its sliding window where it has one (:meth:`check_seq` refuses more)."""
+        window = self.impl.sliding_window
+        return min(seq, self.max_seq, window - 1 if window else seq)
+
     def check_seq(self, seq: float) -> None:
         """Raise :class:`SetupError` when ``seq`` tokens do not fit a model with learned positions (its position
         table has ``max_seq`` rows); rotary models run any length. The estimator and ``mfu`` share this check.
-        A ``seq`` longer than the model's sliding window is refused too (``Implementation.check_window``)."""
+        A ``seq`` at or past the model's sliding window is refused too (``Implementation.check_window``)."""
         self.impl.check_window(seq)
         if self.positions == "learned" and seq > self.max_seq:
             raise SetupError(
