@@ -200,15 +200,27 @@ def _qk_norm_terms(config: TransformerConfig, t: Any, w: dict[str, float]) -> li
 def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict[str, float],
                 recompute: str) -> list[TermRow]:
     """What the attention core (QK^T, softmax, dropout, x V) keeps, for all layers, under ``recompute``."""
-    L, h, kv, a = config.n_layers, config.q_dim, config.kv_dim, config.n_heads
+    L, h, kv = config.n_layers, config.q_dim, config.kv_dim
     t = b * s
-    scores = L * b * a * s * s
-    im = config.impl
-    drop = im.attention_dropout_or(config.dropout) > 0
+    index: list[TermRow] = []
+    if config.impl.kv_broadcast:  # Falcon's new decoder architecture: K and V at full width whatever the kernel
+        kv = h
+        index = [("K/V index tensors (qkv[..., [-2]], [-1])", "attention", L * 2, INT64, False)]
     if recompute == "selective":
         return [
             ("q, k, v kept to recompute the core", "attention", L * t * (h + 2 * kv), w["compute"], True)
         ]
+    return index + _kernel_terms(config, setup, b, s, w, kv)
+
+
+def _kernel_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict[str, float],
+                  kv: int) -> list[TermRow]:
+    """What the attention kernel of ``setup.attention`` keeps, all layers (``kv``: the K/V width it gets)."""
+    L, h, a = config.n_layers, config.q_dim, config.n_heads
+    t = b * s
+    scores = L * b * a * s * s
+    im = config.impl
+    drop = im.attention_dropout_or(config.dropout) > 0
     if setup.attention == "eager":
         # repeat_kv: K and V at full query width, unless one KV head at batch 1 (an expanded view matmul accepts)
         repeat = 0 if (not im.eager_repeat_kv or kv == h) else (1 if kv != config.head_dim else (b != 1))
@@ -263,6 +275,8 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
     if im.sdpa_output_copy:
         out.append(("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
                     w["compute"], True))
+    if im.sdpa_keeps_mask:
+        out.append(("4-D causal mask each layer's SDPA keeps", "attention", L * b * s * s, w["compute"], False))
     return out
 
 

@@ -99,6 +99,15 @@ class Implementation(StrictInit):
     """Eager attention upcasts q and k to fp32 before QK^T (so in 16 bits it keeps fp32 q and k) and runs the softmax
     on the fp32 scores, keeping fp32 probabilities and their cast to the value dtype (GPT-J) [modeling_gptj.py
     eager_attention_forward, ``query.to(torch.float32)``]."""
+    kv_broadcast: bool = False
+    """K and V are picked from the fused QKV output by index (two int64 index tensors kept per layer), broadcast to
+    every query head and copied before attention, in every kernel (Falcon's new decoder architecture:
+    ``qkv[..., [-2]]``, ``torch.broadcast_to`` then ``flatten``): they reach eager attention and SDPA at full query
+    width [modeling_falcon.py FalconAttention._split_heads]."""
+    sdpa_keeps_mask: bool = False
+    """SDPA gets an explicit 4-D causal mask (b, 1, s, s) in the compute dtype instead of ``is_causal``, and each
+    layer's kernel keeps one for backward (Falcon) [modeling_falcon.py FalconAttention.forward,
+    ``attn_mask=attention_mask``]."""
     rotary_table_pairs: int = 1
     """How many (cos, sin) pairs one forward computes with ``rotary_tables_per_forward``: one per rope kind the layers
     use (Gemma 3: local and global rope, ``set(layer_types)``) [modeling_gemma3.py Gemma3TextModel.forward]."""
