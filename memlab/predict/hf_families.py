@@ -65,6 +65,19 @@ SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}
 """(attn_logit_softcapping, final_logit_softcapping) defaults: positive numbers or None (not fractions, so not in
 :data:`FAMILY_DEFAULTS`)."""
 
+HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_fast": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu",
+                  "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+"""HF activation names (``ACT2FN`` keys, transformers activations.py) -> memlab ``Implementation.activation``."""
+
+
+def hf_activation(name: object, field: str, family: str) -> str:
+    """The memlab activation of an HF activation name, or a one-line ConfigError naming the known ones."""
+    if not isinstance(name, str) or name not in HF_ACTIVATIONS:
+        raise ConfigError(f"{family}: {field}={name!r} is not modelled; known activations: "
+                          f"{', '.join(sorted(HF_ACTIVATIONS))}")
+    return HF_ACTIVATIONS[name]
+
+
 _T = "transformers/models"
 _RMS = {"fp32-input": "{F}RMSNorm.forward: hidden_states.to(torch.float32), weight * x.to(input_dtype)",
         "fp32-product": "{F}RMSNorm.forward: (weight * x_fp32).to(input_dtype)",
@@ -136,8 +149,6 @@ def _decoder(c: dict[str, Any], family: str, label: str, *, act_key: str = "hidd
              **traits: Any) -> TransformerConfig:
     """A decoder-only family written like Llama (separate or fused projections, ``repeat_kv``, fp32 softmax,
     rotary tables per forward) with the given differences."""
-    from memlab.predict.hf import _activation
-
     d, a = c["hidden_size"], c["num_attention_heads"]
     hd = head_dim or d // a
     src = _file(family)
@@ -147,7 +158,7 @@ def _decoder(c: dict[str, Any], family: str, label: str, *, act_key: str = "hidd
     if norm == "rmsnorm":
         base += (("rmsnorm", f"{src} " + _RMS[rmsnorm].format(F=_CLS[family])),)
     impl = Implementation(
-        family=family, activation=_activation(c[act_key], act_key, family), eager_repeat_kv=True, softmax_fp32=True,
+        family=family, activation=hf_activation(c[act_key], act_key, family), eager_repeat_kv=True, softmax_fp32=True,
         rmsnorm=rmsnorm if norm == "rmsnorm" else "reference", rotary_tables_per_forward=True,
         qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias, sources=base + sources, **traits,
     )
@@ -254,8 +265,6 @@ def _gemma2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
 
 
 def _gptj(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    from memlab.predict.hf import _activation
-
     d, a = c["n_embd"], c["n_head"]
     if d % a:
         raise ConfigError(f"gptj: n_head={a} must divide n_embd={d}")
@@ -265,7 +274,7 @@ def _gptj(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
         raise ConfigError(f"gptj: rotary_dim must be an even int in (0, head_dim={hd}] or null, got {rot!r:.40}")
     src = _file(family)
     impl = Implementation(
-        family=family, activation=_activation(c["activation_function"], "activation_function", family),
+        family=family, activation=hf_activation(c["activation_function"], "activation_function", family),
         parallel_block=True, shared_norm=True, rotary_tables_per_use=True, eager_qk_fp32=True,
         rotary_fraction=(rot or hd) / hd, qkv_bias=False,
         o_bias=False, mlp_bias=True, head_bias=True, embedding_dropout=float(c["embd_pdrop"]),
@@ -285,8 +294,6 @@ def _gptj(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
 
 
 def _falcon(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    from memlab.predict.hf import _activation
-
     src = _file(family)
     if c["alibi"]:
         raise ConfigError("falcon: alibi=True (ALiBi positions, Falcon-RW) is not modelled; memlab models rotary "
@@ -310,7 +317,7 @@ def _falcon(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
         raise ConfigError(f"falcon: num_ln_in_parallel_attn must be 1 or 2, got {lns!r:.40}")
     bias = bool(c["bias"])
     impl = Implementation(
-        family=family, activation=_activation(c["activation"], "activation", family), parallel_block=True,
+        family=family, activation=hf_activation(c["activation"], "activation", family), parallel_block=True,
         shared_norm=not (new and lns == 2), fused_qkv=True, kv_broadcast=new, sdpa_keeps_mask=True,
         autocast_mask_promotes_scores=True,
         rotary_tables_per_forward=True, qkv_bias=bias, o_bias=bias, mlp_bias=bias,

@@ -118,15 +118,29 @@ def test_new_families_under_autocast_and_checkpointing(family: str, attn: str) -
         assert predict_hf(config, m)["activations"] == m.saved_bytes
 
 
-def test_a_sequence_reaching_the_sliding_window_is_refused() -> None:
+def test_a_sequence_reaching_the_sliding_window_is_refused_for_fused_kernels() -> None:
     from memlab.errors import SetupError
     from memlab.predict.activations import activation_bytes
+    from memlab.predict.estimate import estimate
     from memlab.predict.setup import Setup
 
     config = from_hf({**tiny("starcoder2"), "sliding_window": 40})
-    with pytest.raises(SetupError, match="sliding_window=40"):
-        activation_bytes(config, Setup(batch=1, seq=40, precision="bf16", attention="flash"), device_type="cpu")
+    for attention in ("flash", "math", "efficient"):
+        setup = Setup(batch=1, seq=40, precision="bf16", attention=attention)
+        with pytest.raises(SetupError, match="sliding_window=40"):
+            activation_bytes(config, setup, device_type="cpu")
+        with pytest.raises(SetupError, match="sliding_window=40"):
+            estimate(config, setup)
     assert activation_bytes(config, Setup(batch=1, seq=39, precision="bf16", attention="flash"), device_type="cpu")
+
+
+@pytest.mark.parametrize("family", ["starcoder2", "gemma3_text"])
+def test_eager_attention_past_the_sliding_window_keeps_what_it_keeps_without_one(family: str) -> None:
+    """The windowed mask is added to the full (s, s) scores: the same tensors are saved at seq > window."""
+    config, m = run_hf({**tiny(family), "sliding_window": 16}, attn_implementation="eager", dtype="bf16", batch=1,
+                       seq=40)
+    assert config.impl.sliding_window == 16
+    assert predict_hf(config, m)["activations"] == m.saved_bytes
 
 
 @pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)
