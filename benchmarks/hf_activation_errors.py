@@ -68,7 +68,9 @@ def main() -> int:
     ours["abs"] = ours["rel_error"].abs()
     per_family = ours.pivot_table(index="family", columns="component", values="abs", aggfunc=["median", "max"])
     pd.set_option("display.width", 200)
-    print(f"{len(pairs)} real runs (8 families x eager/sdpa x fp32/bf16 x {len(SHAPES)} shapes) in {took:.1f} s")
+    n_families = len(list(TINY.glob("*.json")))
+    print(f"{len(pairs)} real runs ({n_families} families x eager/sdpa x fp32/bf16 x {len(SHAPES)} shapes; Gemma 2 "
+          f"eager only) in {took:.1f} s")
     print("\nmemlab |relative error| per family (fractions):")
     print(per_family.round(6).to_string())
     acts = ours[ours["component"] == "activations"]["abs"]
