@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.family_terms import check_family_setup, qk_norm_rows
 from memlab.predict.finetune import finetune_rows
 from memlab.predict.loss import hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
@@ -175,35 +176,13 @@ def _norm_terms(
     return out
 
 
-def _qk_norm_terms(config: TransformerConfig, t: Any, w: dict[str, float]) -> list[TermRow]:
-    """What the RMSNorms on q and k keep (``config.impl.qk_norm``), all layers: the projection's output upcast to
-    fp32 (in an fp32 model the output itself, otherwise a new fp32 tensor), the fp32 rstd per normalised row, and
-    the normalised tensor the weight multiplies (cast back to the projection's dtype, or fp32 with ``1 + weight``
-    for Gemma's kind) [hf-transformers: modeling_qwen3.py Qwen3RMSNorm, modeling_gemma3.py Gemma3RMSNorm]."""
-    im, L = config.impl, config.n_layers
-    width = config.q_dim + config.kv_dim
-    rows = (config.n_heads + config.n_kv_heads) if im.qk_norm == "head" else 2
-    weight = 2 * config.head_dim if im.qk_norm == "head" else width
-    out: list[TermRow] = [
-        ("q/k norm input, fp32", "norms", L * t * width, FP32, True, "x.to(float32)"),
-        ("q/k norm rstd, fp32", "norms", L * t * rows, FP32, True),
-    ]
-    if im.rmsnorm in ("fp32", "fp32-product"):
-        out.append(("q/k norm x*rstd, fp32", "norms", L * t * width, FP32, True))
-        if im.rmsnorm == "fp32":
-            out.append(("q/k norm 1 + weight, fp32", "norms", L * weight, FP32, False))
-    else:
-        out.append(("q/k norm x*rstd cast back", "norms", L * t * width, w["compute"], True))
-    return out
-
-
 def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict[str, float],
                 recompute: str) -> list[TermRow]:
     """What the attention core (QK^T, softmax, dropout, x V) keeps, for all layers, under ``recompute``."""
-    L, h, kv, a = config.n_layers, config.q_dim, config.kv_dim, config.n_heads
+    L, h, a, im = config.n_layers, config.q_dim, config.n_heads, config.impl
+    kv = h if im.kv_broadcast else config.kv_dim  # Falcon's new decoder architecture: K, V at full width
     t = b * s
     scores = L * b * a * s * s
-    im = config.impl
     drop = im.attention_dropout_or(config.dropout) > 0
     if recompute == "selective":
         return [
@@ -237,9 +216,6 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
                 ("16-bit copy of probabilities for PV", "attention scores", scores, w["probs_copy"], True)
             )
         return out
-    if im.attn_softcap and setup.attention in ("math", "efficient"):
-        raise SetupError(f"{im.family}: attention logit soft-capping runs in eager or flash attention only "
-                         "(PyTorch SDPA has no softcap; transformers refuses sdpa for it)")
     if setup.attention == "math":
         out = [
             ("q scaled, fp32", "attention", L * t * h, FP32, True, "math SDPA upcasts 16-bit inputs"),
@@ -263,6 +239,8 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
     if im.sdpa_output_copy:
         out.append(("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
                     w["compute"], True))
+    if im.sdpa_keeps_mask:
+        out.append(("4-D causal mask each layer's SDPA keeps", "attention", L * b * s * s, w["compute"], False))
     return out
 
 
@@ -281,7 +259,7 @@ def _check(config: object, setup: object) -> None:
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
     if not isinstance(setup, Setup | SetupView):
         raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
-    config.impl.check_window(setup.seq)
+    check_family_setup(config, setup)
 
 
 def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda",
@@ -337,8 +315,10 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         terms += _norm_terms(config, t, n_norms, w, "block norm", L if im.parallel_block else n_norms)
         terms.append(("q/k/v projection input", "attention", n_attn_in * L * t * h, w["compute"], False))
         if im.qk_norm != "none" and recompute != "selective":
-            terms += _qk_norm_terms(config, t, w)
+            terms += qk_norm_rows(config, t, w["compute"])
         terms += _core_terms(config, setup, b, s, w, recompute)
+        if im.kv_broadcast and recompute != "selective":  # Falcon picks K and V by index: qkv[..., [-2]], [-1]
+            terms.append(("K/V index tensors", "attention", L * 2, INT64, False))
         terms.append(("output projection input", "attention", L * t * config.q_dim, w["compute"], True))
         if drop:
             terms.append(("attention output dropout mask", "attention", L * t * h, w["mask"], False))
@@ -386,9 +366,6 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
     b, s = setup.batch, setup.seq
     t, h, V = b * s, config.d_model, config.vocab_size
     kind = setup.loss
-    if config.impl.final_softcap and kind != "plain":
-        raise SetupError(f"{config.impl.family}: final_logit_softcapping caps the model's own logits; the "
-                         f"{kind} loss computes its logits itself, without the cap: use loss='plain'")
     if kind == "plain" and not setup.logits_to_keep:  # the default, listed without the general case's arithmetic
         rows: list[TermRow] = [("LM-head input", "head & loss", t * h, w["compute"], False),
                                ("log-softmax of logits, fp32", "head & loss", t * V, FP32, True),

@@ -32,6 +32,7 @@ import numpy as np
 
 from memlab.errors import SetupError
 from memlab.predict.activations import bytes_by_category, term_rows
+from memlab.predict.family_terms import check_family_setup
 from memlab.predict.finetune import largest_matrix_elements
 from memlab.predict.frozen import unchecked
 from memlab.predict.inference import kv_cache_bytes, prefill_transient_bytes
@@ -182,6 +183,7 @@ class MemoryBreakdown:
 def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> None:
     if isinstance(model, TransformerConfig):
         model.check_seq(seq_max)
+        check_family_setup(model, setup, seq_max)  # a window a fused kernel sees, soft-capping it cannot run
         return
     if not isinstance(model, int) or isinstance(model, bool) or model <= 0:
         raise SetupError(f"expected a TransformerConfig or a positive parameter count (int), got {show(model)}")

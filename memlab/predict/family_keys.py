@@ -2,7 +2,8 @@
 ``transformers.AutoConfig.for_model(model_type).to_dict()`` (nested dicts as ``parent.child``), as modelled (where
 memlab reads it: the trait or size it sets), neutral (why it cannot change memory or time as memlab counts them), or
 refused (what :func:`memlab.predict.hf.from_hf` does with a value memlab does not model: a one-line ConfigError, or
-the named setup refusal). Plain dicts, for the key-accounting table (:mod:`memlab.predict.config_keys`) to take in.
+the named setup refusal). Plain dicts, for the key-accounting table (``memlab.predict.config_keys``, built
+elsewhere) to take in.
 This module imports nothing.
 """
 
@@ -42,8 +43,9 @@ _COMMON: dict[str, dict[str, str]] = {
 
 def _family(modelled: dict[str, str], neutral: dict[str, str], refused: dict[str, str] | None = None
             ) -> dict[str, dict[str, str]]:
-    return {"modelled": {**_COMMON["modelled"], **modelled}, "neutral": {**_COMMON["neutral"], **neutral},
-            "refused": dict(refused or {})}
+    refused = dict(refused or {})
+    common = {k: v for k, v in _COMMON["modelled"].items() if k not in refused}
+    return {"modelled": {**common, **modelled}, "neutral": {**_COMMON["neutral"], **neutral}, "refused": refused}
 
 
 _WINDOW = ("Implementation.sliding_window: a seq of the window or longer raises SetupError (check_window); "
@@ -118,6 +120,19 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          "activation_function": "Implementation.activation", "resid_pdrop": "TransformerConfig.dropout",
          "embd_pdrop": "Implementation.embedding_dropout", "attn_pdrop": "Implementation.attention_dropout"},
         {"layer_norm_epsilon": _EPS}),
+    "falcon": _family(
+        {"num_kv_heads": "TransformerConfig.n_kv_heads (new decoder architecture; else 1 with multi_query)",
+         "ffn_hidden_size": "TransformerConfig.d_ff (null: 4 hidden_size)",
+         "activation": "Implementation.activation",
+         "bias": "Implementation.qkv_bias, o_bias, mlp_bias (the LayerNorms always have one)",
+         "new_decoder_architecture": "Implementation.kv_broadcast (K, V indexed and broadcast to every head)",
+         "num_ln_in_parallel_attn": "Implementation.shared_norm (1) or two norms on one input (2)"},
+        {"layer_norm_epsilon": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE},
+        {"alibi": "True raises ConfigError (ALiBi positions are not modelled)",
+         "parallel_attn": "False raises ConfigError (only the parallel block is modelled)",
+         "multi_query": "True without new_decoder_architecture (Falcon-7B) raises ConfigError",
+         "hidden_dropout": "above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)",
+         "attention_dropout": "above 0 raises ConfigError (Falcon uses it as a residual dropout)"}),
 }
 """model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},
 "refused": {key: what memlab does with a value it does not model}}."""

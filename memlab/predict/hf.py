@@ -27,7 +27,7 @@ from typing import Any
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.config_keys import check as check_keys
-from memlab.predict.hf_families import BUILDERS, FAMILY_DEFAULTS
+from memlab.predict.hf_families import BUILDERS, FAMILY_DEFAULTS, HF_ACTIVATIONS, hf_activation
 from memlab.predict.models import TransformerConfig
 from memlab.predict.traits import Implementation
 from memlab.predict.validate import check_bool, check_int, check_number, check_str
@@ -77,8 +77,7 @@ DEFAULTS.update(FAMILY_DEFAULTS)  # Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, 
 SUPPORTED = tuple(DEFAULTS)
 """The ``model_type`` values :func:`from_hf` maps."""
 
-_ACT = {"gelu_new": "gelu_new", "gelu_fast": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu",
-        "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+_ACT = HF_ACTIVATIONS  # HF activation name -> memlab Implementation.activation (memlab.predict.hf_families)
 
 
 MAX_CONFIG_BYTES = 4 * 2**20
@@ -222,10 +221,7 @@ def _src(family: str, text: str) -> str:
     return f"{_T}/{family}/{text}"
 
 
-def _activation(name: object, field: str, family: str) -> str:
-    if not isinstance(name, str) or name not in _ACT:
-        raise ConfigError(f"{family}: {field}={name!r} is not modelled; known activations: {', '.join(sorted(_ACT))}")
-    return _ACT[name]
+_activation = hf_activation
 
 
 def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:

@@ -54,9 +54,29 @@ FAMILY_DEFAULTS["gptj"] = {"n_embd": 4096, "n_layer": 28, "n_head": 16, "n_inner
                            "n_positions": 2048, "activation_function": "gelu_new", "resid_pdrop": 0.0,
                            "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": False}
 
+FAMILY_DEFAULTS["falcon"] = {"hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+                             "num_kv_heads": 71, "vocab_size": 65024, "max_position_embeddings": 2048,
+                             "ffn_hidden_size": None, "activation": "gelu", "hidden_dropout": 0.0,
+                             "attention_dropout": 0.0, "new_decoder_architecture": False, "multi_query": True,
+                             "parallel_attn": True, "bias": False, "alibi": False, "num_ln_in_parallel_attn": None,
+                             "tie_word_embeddings": True}
+
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}
 """(attn_logit_softcapping, final_logit_softcapping) defaults: positive numbers or None (not fractions, so not in
 :data:`FAMILY_DEFAULTS`)."""
+
+HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_fast": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu",
+                  "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+"""HF activation names (``ACT2FN`` keys, transformers activations.py) -> memlab ``Implementation.activation``."""
+
+
+def hf_activation(name: object, field: str, family: str) -> str:
+    """The memlab activation of an HF activation name, or a one-line ConfigError naming the known ones."""
+    if not isinstance(name, str) or name not in HF_ACTIVATIONS:
+        raise ConfigError(f"{family}: {field}={name!r} is not modelled; known activations: "
+                          f"{', '.join(sorted(HF_ACTIVATIONS))}")
+    return HF_ACTIVATIONS[name]
+
 
 _T = "transformers/models"
 _RMS = {"fp32-input": "{F}RMSNorm.forward: hidden_states.to(torch.float32), weight * x.to(input_dtype)",
@@ -129,8 +149,6 @@ def _decoder(c: dict[str, Any], family: str, label: str, *, act_key: str = "hidd
              **traits: Any) -> TransformerConfig:
     """A decoder-only family written like Llama (separate or fused projections, ``repeat_kv``, fp32 softmax,
     rotary tables per forward) with the given differences."""
-    from memlab.predict.hf import _activation
-
     d, a = c["hidden_size"], c["num_attention_heads"]
     hd = head_dim or d // a
     src = _file(family)
@@ -140,7 +158,7 @@ def _decoder(c: dict[str, Any], family: str, label: str, *, act_key: str = "hidd
     if norm == "rmsnorm":
         base += (("rmsnorm", f"{src} " + _RMS[rmsnorm].format(F=_CLS[family])),)
     impl = Implementation(
-        family=family, activation=_activation(c[act_key], act_key, family), eager_repeat_kv=True, softmax_fp32=True,
+        family=family, activation=hf_activation(c[act_key], act_key, family), eager_repeat_kv=True, softmax_fp32=True,
         rmsnorm=rmsnorm if norm == "rmsnorm" else "reference", rotary_tables_per_forward=True,
         qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=mlp_bias, sources=base + sources, **traits,
     )
@@ -245,8 +263,6 @@ def _gemma2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
 
 
 def _gptj(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    from memlab.predict.hf import _activation
-
     d, a = c["n_embd"], c["n_head"]
     if d % a:
         raise ConfigError(f"gptj: n_head={a} must divide n_embd={d}")
@@ -256,7 +272,7 @@ def _gptj(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
         raise ConfigError(f"gptj: rotary_dim must be an even int in (0, head_dim={hd}] or null, got {rot!r:.40}")
     src = _file(family)
     impl = Implementation(
-        family=family, activation=_activation(c["activation_function"], "activation_function", family),
+        family=family, activation=hf_activation(c["activation_function"], "activation_function", family),
         parallel_block=True, shared_norm=True, rotary_tables_per_use=True, eager_qk_fp32=True,
         rotary_fraction=(rot or hd) / hd, qkv_bias=False,
         o_bias=False, mlp_bias=True, head_bias=True, embedding_dropout=float(c["embd_pdrop"]),
@@ -275,8 +291,56 @@ def _gptj(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     )
 
 
+def _falcon(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
+    src = _file(family)
+    if c["alibi"]:
+        raise ConfigError("falcon: alibi=True (ALiBi positions, Falcon-RW) is not modelled; memlab models rotary "
+                          "Falcon")
+    if c["hidden_dropout"] > 0 or c["attention_dropout"] > 0:
+        raise ConfigError("falcon: hidden_dropout or attention_dropout > 0 is not modelled (Falcon drops the sum of "
+                          "attention and MLP once, dropout_add); set both to 0.0")
+    new, parallel = bool(c["new_decoder_architecture"]), bool(c["parallel_attn"])
+    if not parallel:
+        raise ConfigError("falcon: parallel_attn=False is not modelled; memlab models Falcon's parallel block")
+    d, a = c["hidden_size"], c["num_attention_heads"]
+    if d % a:
+        raise ConfigError(f"falcon: num_attention_heads={a} must divide hidden_size={d}")
+    kv = c["num_kv_heads"] if new else (1 if c["multi_query"] else a)
+    if not new and c["multi_query"] and a > 1:
+        raise ConfigError("falcon: multi_query without new_decoder_architecture (Falcon-7B: one K/V head that "
+                          "eager attention broadcasts) is not modelled; memlab models the new decoder architecture "
+                          "(Falcon-40B/180B) and full multi-head attention")
+    lns = c["num_ln_in_parallel_attn"] or (2 if new else 1)
+    if lns not in (1, 2):
+        raise ConfigError(f"falcon: num_ln_in_parallel_attn must be 1 or 2, got {lns!r:.40}")
+    bias = bool(c["bias"])
+    impl = Implementation(
+        family=family, activation=hf_activation(c["activation"], "activation", family), parallel_block=True,
+        shared_norm=not (new and lns == 2), fused_qkv=True, kv_broadcast=new, sdpa_keeps_mask=True,
+        autocast_mask_promotes_scores=True,
+        rotary_tables_per_forward=True, qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+        sources=(("activation", f"{src} FalconMLP: dense_4h_to_h(act(dense_h_to_4h(x)))"),
+                 ("parallel_block", f"{src} FalconDecoderLayer.forward: mlp_output += attention_output "
+                                    "(ln_attn and ln_mlp, or one input_layernorm)"),
+                 ("fused_qkv", f"{src} FalconAttention.query_key_value"),
+                 ("kv_broadcast", f"{src} FalconAttention._split_heads: torch.broadcast_to(key, query.shape)"),
+                 ("sdpa_keeps_mask", f"{src} FalconAttention.forward: scaled_dot_product_attention(..., "
+                                     "attn_mask=attention_mask)"),
+                 ("autocast_mask_promotes_scores", f"{src} FalconAttention.forward: softmax(scores + "
+                                                   "attention_mask, dtype=hidden_states.dtype)"),
+                 ("rotary_tables_per_forward", f"{src} FalconRotaryEmbedding.forward, apply_rotary_pos_emb")),
+    )
+    return TransformerConfig(
+        name=label, d_model=d, n_layers=c["num_hidden_layers"], n_heads=a, n_kv_heads=kv,
+        d_ff=c["ffn_hidden_size"] or 4 * d, vocab_size=c["vocab_size"], max_seq=c["max_position_embeddings"],
+        mlp="gelu", positions="rotary", norm="layernorm", bias=True, tied_embeddings=bool(c["tie_word_embeddings"]),
+        impl=impl,
+    )
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any], str, str], TransformerConfig]] = {
     "qwen3": _qwen3, "phi3": _phi3, "starcoder2": _starcoder2, "olmo2": _olmo2, "stablelm": _stablelm,
     "gemma2": _gemma2, "gemma3_text": _gemma2, "gptj": _gptj,
+    "falcon": _falcon,
 }
 """The builder of each family in :data:`FAMILY_DEFAULTS`."""

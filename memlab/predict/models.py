@@ -124,9 +124,7 @@ class TransformerConfig(StrictInit):
 
     def check_seq(self, seq: float) -> None:
         """Raise :class:`SetupError` when ``seq`` tokens do not fit a model with learned positions (its position
-        table has ``max_seq`` rows); rotary models run any length. The estimator and ``mfu`` share this check.
-        A ``seq`` at or past the model's sliding window is refused too (``Implementation.check_window``)."""
-        self.impl.check_window(seq)
+        table has ``max_seq`` rows); rotary models run any length. The estimator and ``mfu`` share this check."""
         if self.positions == "learned" and seq > self.max_seq:
             raise SetupError(
                 f"seq={int(seq)} exceeds max_seq={self.max_seq} of a model with learned positions: lower seq or "

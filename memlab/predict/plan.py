@@ -293,10 +293,15 @@ def rotary_seq_note(model: TransformerConfig | int, seq: int, setup: Any = None)
     """The assumption a rotary model run beyond its trained length adds (between the plan's head and tail).
 
     A sliding-window model (:attr:`~memlab.predict.traits.Implementation.sliding_window`) with ``seq`` at or beyond
-    the window raises :class:`~memlab.errors.SetupError` (:meth:`~memlab.predict.traits.Implementation.check_window`):
-    transformers then passes SDPA an explicit mask and the KV cache keeps only the window, neither modelled."""
-    if not isinstance(model, int):
-        model.impl.check_window(seq)
+    the window raises :class:`~memlab.errors.SetupError` for a fused or math kernel
+    (:meth:`~memlab.predict.traits.Implementation.check_window`: transformers then passes SDPA an explicit mask) and
+    for inference (the KV cache keeps only the window's tokens): neither is modelled."""
+    window = None if isinstance(model, int) else model.impl.sliding_window
+    if window is not None:
+        model.impl.check_window(seq, getattr(setup, "attention", "eager"))
+        if getattr(setup, "mode", "train") != "train" and seq >= window:
+            raise SetupError(f"{model.name}: seq={seq} reaches its sliding_window={window}: the KV cache then keeps "
+                             "only the window's tokens, which the estimate does not model; use a shorter seq")
     if isinstance(model, int) or model.positions != "rotary" or seq <= model.max_seq:
         return ()
     return (f"seq={seq} exceeds the model's trained max_seq={model.max_seq} (rotary: runs, quality aside)",)

@@ -99,6 +99,15 @@ class Implementation(StrictInit):
     """Eager attention upcasts q and k to fp32 before QK^T (so in 16 bits it keeps fp32 q and k) and runs the softmax
     on the fp32 scores, keeping fp32 probabilities and their cast to the value dtype (GPT-J) [modeling_gptj.py
     eager_attention_forward, ``query.to(torch.float32)``]."""
+    kv_broadcast: bool = False
+    """K and V are picked from the fused QKV output by index (two int64 index tensors kept per layer), broadcast to
+    every query head and copied before attention, in every kernel (Falcon's new decoder architecture:
+    ``qkv[..., [-2]]``, ``torch.broadcast_to`` then ``flatten``): they reach eager attention and SDPA at full query
+    width [modeling_falcon.py FalconAttention._split_heads]."""
+    sdpa_keeps_mask: bool = False
+    """SDPA gets an explicit 4-D causal mask (b, 1, s, s) in the compute dtype instead of ``is_causal``, and each
+    layer's kernel keeps one for backward (Falcon) [modeling_falcon.py FalconAttention.forward,
+    ``attn_mask=attention_mask``]."""
     rotary_table_pairs: int = 1
     """How many (cos, sin) pairs one forward computes with ``rotary_tables_per_forward``: one per rope kind the layers
     use (Gemma 3: local and global rope, ``set(layer_types)``) [modeling_gemma3.py Gemma3TextModel.forward]."""
@@ -163,9 +172,9 @@ class Implementation(StrictInit):
     tensor in the compute dtype [modeling_gemma2.py Gemma2ForCausalLM.forward]."""
     sliding_window: int | None = None
     """The shortest attention window any layer uses (Mistral, Starcoder2, Gemma 2 and 3 ``sliding_window``), tokens;
-    None: every layer attends to the whole causal prefix. memlab models a window only while ``seq`` is shorter (the
-    mask is then the plain causal one, and transformers skips it for SDPA only when ``kv_length < window``:
-    masking_utils.py ``_ignore_causal_mask_sdpa``); a ``seq`` of the window or longer is refused
+    None: every layer attends to the whole causal prefix. Eager attention keeps the same tensors with or without a
+    window; a fused or math kernel is modelled only while ``seq`` is shorter than the window (the mask is then the
+    plain causal one, which transformers skips for SDPA), and refused from ``seq >= window`` on
     (:meth:`check_window`), never counted as full attention."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
@@ -179,14 +188,17 @@ class Implementation(StrictInit):
         if self.shared_norm and not self.parallel_block:
             raise ConfigError("Implementation.shared_norm needs parallel_block=True (one norm feeds both branches)")
 
-    def check_window(self, seq: object) -> None:
+    def check_window(self, seq: object, attention: str) -> None:
         """Raise :class:`~memlab.errors.SetupError` when ``seq`` (an int or an array of them) is not shorter than
-        :attr:`sliding_window`: a windowed mask changes what eager attention and SDPA keep, which memlab does not
-        model."""
-        if self.sliding_window is not None and bool(np.any(np.asarray(seq) >= self.sliding_window)):
+        :attr:`sliding_window` and ``attention`` is a fused or math kernel. Eager attention adds the windowed mask to
+        the full (s, s) scores, so it keeps what it keeps without a window (measured exact, tests/run/test_hf.py);
+        SDPA then gets an explicit mask (transformers skips it only while ``seq < window``: masking_utils.py
+        ``_ignore_causal_mask_sdpa``) and keeps other tensors, which memlab does not model."""
+        if (self.sliding_window is not None and attention != "eager"
+                and bool(np.any(np.asarray(seq) >= self.sliding_window))):
             raise SetupError(f"{self.family}: seq={int(np.max(np.asarray(seq)))} reaches its sliding_window="
-                             f"{self.sliding_window}; memlab models windowed attention only while seq < the window "
-                             "(the mask is then the causal one, which SDPA skips)")
+                             f"{self.sliding_window}; with {attention} attention memlab models the window only while "
+                             "seq < window (eager attention: any seq)")
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Implementation:

@@ -122,19 +122,23 @@ def test_the_rotary_dict_wins_over_the_4x_rotary_keys() -> None:
         from_hf({**TINY["llama"], "rope_parameters": {"partial_rotary_factor": 0.5}})
 
 
-def test_a_sliding_window_not_longer_than_seq_is_refused() -> None:
+def test_a_sliding_window_not_longer_than_seq_is_refused_for_sdpa_and_inference() -> None:
     mistral = from_hf({**TINY["mistral"], "sliding_window": 32})
     assert mistral.impl.sliding_window == 32
     assert from_hf(TINY["mistral"]).impl.sliding_window is None  # null: no window
     assert from_hf({**TINY["mistral"], "sliding_window": 256}).impl.sliding_window is None  # >= max_seq
-    for attention in ("eager", "flash"):  # a window shorter than seq: the causal mask, the estimate holds
+    plain = from_hf(TINY["mistral"])
+    for attention in ("eager", "flash"):  # a window longer than seq: the causal mask, the estimate holds
         assert estimate(mistral, Setup(batch=1, seq=31, attention=attention)).peak_bytes == \
-            estimate(from_hf(TINY["mistral"]), Setup(batch=1, seq=31, attention=attention)).peak_bytes
+            estimate(plain, Setup(batch=1, seq=31, attention=attention)).peak_bytes
+    # eager adds the windowed mask to the full scores: the same tensors at any seq (measured, tests/run/test_hf.py)
+    assert estimate(mistral, Setup(batch=1, seq=64, attention="eager")).peak_bytes == \
+        estimate(plain, Setup(batch=1, seq=64, attention="eager")).peak_bytes
     # transformers passes SDPA an explicit mask once kv_length >= the window (masking_utils._ignore_causal_mask_sdpa)
-    for setup in (Setup(batch=1, seq=32, attention="flash"), Setup(batch=1, seq=64, attention="eager"),
-                  Setup(batch=1, seq=64, mode="inference")):
+    for setup in (Setup(batch=1, seq=32, attention="flash"), Setup(batch=1, seq=32, mode="inference")):
         with pytest.raises(SetupError, match="sliding_window=32"):
             estimate(mistral, setup)
+    assert mistral.modelled_seq(4096) == 31 and plain.modelled_seq(100) == 100
     with pytest.raises(ConfigError, match="layer_types"):
         from_hf({**TINY["qwen2"], "layer_types": ["sliding_attention", "full_attention"]})
 

@@ -35,7 +35,8 @@ TINY = {
 }
 
 
-NEW_FAMILIES = ("qwen3", "phi3", "starcoder2", "olmo2", "stablelm", "gemma2", "gemma3_text", "gptj")
+NEW_FAMILIES = ("qwen3", "phi3", "starcoder2", "olmo2", "stablelm", "gemma2", "gemma3_text", "gptj",
+                "falcon")
 TINY.update({f: {k: v for k, v in json.loads((Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
                                                / "tiny" / f"{f}.json").read_text()).items() if not k.startswith("_")}
              for f in NEW_FAMILIES})  # the shipped tiny configs: H, L, A, V as above
@@ -102,6 +103,9 @@ def test_new_family_traits() -> None:
     ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping"),
     ("gemma3_text", {"layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
     ("starcoder2", {"sliding_window": 0}, "sliding_window"),
+    ("falcon", {"alibi": True}, "alibi"),
+    ("falcon", {"new_decoder_architecture": False}, "multi_query"),
+    ("falcon", {"hidden_dropout": 0.1}, "dropout"),
 ])
 def test_new_family_configs_memlab_does_not_model_are_refused(family: str, changes: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):

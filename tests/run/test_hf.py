@@ -51,6 +51,8 @@ RUNS = [
     ("gemma3_text", "sdpa", "bf16", 1, 40),
     ("gptj", "eager", "bf16", 2, 24),  # fp32 q and k, per-rotation cos/sin, parallel block, head bias
     ("gptj", "sdpa", "fp32", 1, 40),
+    ("falcon", "eager", "bf16", 2, 24),  # new decoder architecture: K, V broadcast to every head, two norms
+    ("falcon", "sdpa", "fp32", 1, 40),  # SDPA gets (and keeps) the 4-D mask
 ]
 DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
            "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities
@@ -95,6 +97,8 @@ NEW_FAMILY_VARIANTS = [
     ("stablelm", {"use_parallel_residual": True}, "sdpa", "fp32"),  # one norm feeds attention and MLP
     ("starcoder2", {"sliding_window": 41}, "sdpa", "bf16"),  # a window longer than seq: SDPA skips the mask
     ("qwen3", {"num_key_value_heads": 4}, "eager", "bf16"),  # no GQA
+    ("falcon", {"new_decoder_architecture": False, "multi_query": False, "num_kv_heads": 4}, "sdpa", "bf16"),
+    ("falcon", {"num_ln_in_parallel_attn": 1, "bias": True}, "eager", "fp32"),
 ]
 
 
@@ -105,7 +109,8 @@ def test_new_family_variants_are_exact(family: str, changes: dict, attn: str, dt
     assert config.param_count() == m.params
 
 
-@pytest.mark.parametrize(("family", "attn"), [("phi3", "eager"), ("gemma2", "eager"), ("gptj", "eager")])
+@pytest.mark.parametrize(("family", "attn"), [("phi3", "eager"), ("gemma2", "eager"), ("gptj", "eager"),
+                                             ("falcon", "eager")])
 def test_new_families_under_autocast_and_checkpointing(family: str, attn: str) -> None:
     """Phi-3's fused gate_up casts its input once under autocast; checkpointed layers keep only their input."""
     for kwargs in ({"autocast": True}, {"gradient_checkpointing": True}):
@@ -113,15 +118,29 @@ def test_new_families_under_autocast_and_checkpointing(family: str, attn: str) -
         assert predict_hf(config, m)["activations"] == m.saved_bytes
 
 
-def test_a_sequence_reaching_the_sliding_window_is_refused() -> None:
+def test_a_sequence_reaching_the_sliding_window_is_refused_for_fused_kernels() -> None:
     from memlab.errors import SetupError
     from memlab.predict.activations import activation_bytes
+    from memlab.predict.estimate import estimate
     from memlab.predict.setup import Setup
 
     config = from_hf({**tiny("starcoder2"), "sliding_window": 40})
-    with pytest.raises(SetupError, match="sliding_window=40"):
-        activation_bytes(config, Setup(batch=1, seq=40, precision="bf16", attention="flash"), device_type="cpu")
+    for attention in ("flash", "math", "efficient"):
+        setup = Setup(batch=1, seq=40, precision="bf16", attention=attention)
+        with pytest.raises(SetupError, match="sliding_window=40"):
+            activation_bytes(config, setup, device_type="cpu")
+        with pytest.raises(SetupError, match="sliding_window=40"):
+            estimate(config, setup)
     assert activation_bytes(config, Setup(batch=1, seq=39, precision="bf16", attention="flash"), device_type="cpu")
+
+
+@pytest.mark.parametrize("family", ["starcoder2", "gemma3_text"])
+def test_eager_attention_past_the_sliding_window_keeps_what_it_keeps_without_one(family: str) -> None:
+    """The windowed mask is added to the full (s, s) scores: the same tensors are saved at seq > window."""
+    config, m = run_hf({**tiny(family), "sliding_window": 16}, attn_implementation="eager", dtype="bf16", batch=1,
+                       seq=40)
+    assert config.impl.sliding_window == 16
+    assert predict_hf(config, m)["activations"] == m.saved_bytes
 
 
 @pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq"), RUNS)
