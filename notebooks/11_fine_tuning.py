@@ -128,11 +128,15 @@ for name, e in est.items():
           f"(headroom {v.headroom_bytes / GiB:+.1f} GiB, before the CUDA context and the allocator's margin)")
 
 # %% [markdown]
-# What is predicted only: **QLoRA at 7B**. bitsandbytes' `Params4bit` cannot wrap a fake tensor, so the full-size
-# trace covers LoRA only; QLoRA's NF4 bytes, the dequantised bf16 copy of one weight at a time that its backward
-# makes (the named overhead `qlora_dequantised_weight`) and what it saves come from the QLoRA paper and the
-# bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes quantises and runs NF4 on a CPU.
-# A GPU-marked test (`tests/run/test_finetune.py`) checks the stored NF4 bytes on a CUDA device.
+# What is predicted only: **the CUDA kernel's dequantised copy and paged optimizers**. QLoRA itself is traced:
+# bitsandbytes registers fake kernels for its 4-bit ops, so `trace_hf` quantises a fake base to NF4 with
+# bitsandbytes' own `quantize_4bit` (`memlab.model.hf.fake_params4bit`) and traces the step; a test asserts the fake
+# trace equals the real CPU one phase by phase, and `python benchmarks/qlora_trace.py` traces the full 7B (too slow
+# for this page). The dequantised bf16 copy of one weight that CUDA's `gemm_4bit` makes inside its kernel (the
+# named overhead `qlora_dequantised_weight`) and paged optimizers' unified memory are seen by no CPU trace: they
+# come from the QLoRA paper and the bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes
+# quantises and runs NF4 on a CPU. A GPU-marked test (`tests/run/test_finetune.py`) checks the stored NF4 bytes on
+# a CUDA device.
 
 # %% [markdown]
 # **What to switch on, ranked.** Start from full fine-tuning (mixed-bf16) and switch on each lever of
@@ -326,6 +330,7 @@ calculators.error_table(shoot)
 # - What to switch on is ranked by the peak each lever gives, never by a sum (`memlab.predict.fit.levers`,
 #   section 1's table), each with its cost; the fine-tuning levers change what is trained, the others how.
 # - QLoRA shrinks the base to NF4, 4 bits a weight plus the constants of exercise 3 `[dettmers2023]`; measured small
-#   on this machine to the byte, predicted (not traced) at 7B.
+#   on this machine to the byte, traced on fake tensors at 7B (`benchmarks/qlora_trace.py`); the CUDA kernel's
+#   dequantised copy and paged optimizers are predicted only.
 # - The trace of the real peft-wrapped 7B-wide model equals the estimate's states to the byte, and its activations up to
 #   the batch's token ids; small peft runs of several families are predicted to the byte.

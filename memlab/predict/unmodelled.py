@@ -69,7 +69,8 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     gradients in backward, -), under full recompute, a chunked or fused loss, kept positions or activation
     offload the bottom block's moment (:func:`_bottom_block_terms`), under eager or math attention the core's s x s
     tensors inside a block's forward (full recompute: forward +, backward -; selective recompute with a chunked or
-    fused loss, kept positions or offload: forward +; :func:`attention_core_bound_bytes`), and under a chunked or
+    fused loss or kept positions, and activation offload: forward +; :func:`attention_core_bound_bytes`), under
+    activation offload with the plain loss the LM head's weight copied back at its backward (+), and under a chunked or
     fused loss or kept positions the top block's backward moment, an upper bound (backward, -); under activation
     offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -).
     Empty when the estimate claims everything it counts."""
@@ -94,14 +95,25 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         core = math.ceil(attention_core_bound_bytes(config, setup))
         out.append(NamedTerm(name + "forward", core, ("forward",), +1))
         out.append(NamedTerm(name + "backward, counted with the bottom block", core, ("backward",), -1))
-    if setup.recompute == "selective" and not setup.fused_attention \
-            and (setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations):
-        # selective recompute saves no s x s tensor, but the top block's core still makes them in forward; with no
-        # t x V logits at the end of forward (chunked or fused loss, kept positions, offload) that moment can be
-        # the forward's peak, which the estimate (the end of forward) does not count
-        out.append(NamedTerm(f"selective recompute with {setup.attention} attention: the attention core's s x s "
-                             "tensors inside the top block's forward (not saved, so not in the activations)",
+    if setup.recompute != "full" and not setup.fused_attention and (
+            (setup.recompute == "selective" and (setup.loss != "plain" or setup.logits_to_keep))
+            or setup.offload_activations):
+        # selective recompute saves no s x s tensor and activation offload moves the saved ones to the host, but a
+        # block's core still makes them in forward; with no t x V logits at the end of forward (chunked or fused
+        # loss, kept positions, offload) that moment can be the forward's peak, which the estimate (the end of
+        # forward) does not count
+        why = "selective recompute" if setup.recompute == "selective" else "activation offload"
+        out.append(NamedTerm(f"{why} with {setup.attention} attention: the attention core's s x s tensors inside a "
+                             "block's forward (not held on the device after it)",
                              math.ceil(attention_core_bound_bytes(config, setup)), ("forward",), +1))
+    if setup.offload_activations and setup.loss == "plain":
+        # save_on_cpu copies the weight a matmul saves too: at the LM head's backward its weight comes back to the
+        # device as a new tensor, beside the head's weight gradient and the logits' gradient, a moment the estimate's
+        # start of backward (the two t x V gradients) does not count (traced: fp32 math attention, 1.2 MB of 62 MB)
+        saved = 2 if setup.policy.autocast else setup.policy.param_bytes
+        out.append(NamedTerm("activation offload: the LM head's saved weight copied back to the device at its "
+                             "backward, beside its gradient",
+                             math.ceil(config.vocab_size * config.d_model * saved / setup.tp), ("backward",), +1))
     if (setup.loss != "plain" or setup.logits_to_keep) and not setup.offload_activations \
             and setup.recompute != "full":
         out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
