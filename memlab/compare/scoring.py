@@ -98,7 +98,7 @@ def error_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def scope_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per tool and component, what it is scored on: the recipes of its scored runs, or "out of scope" with the
-    reason(s) it gave (from :func:`shoot_out`'s table)."""
+    reason(s) it gave (from :func:`memlab.compare.calculators.shoot_out`'s table)."""
     import pandas as pd
 
     comps = [c for c in COMPONENTS if c in set(frame["component"])]

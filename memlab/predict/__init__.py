@@ -9,7 +9,8 @@
 - ``setup``: Setup (shapes, optimizer and its implementation, recompute, attention, sharding); ``precision``:
   precision policies as data; ``validate``: type and range checks of every public dataclass; ``frozen``:
   FrozenDict, the read-only mapping rows hold (it pickles and deep-copies).
-- ``activations``: saved-for-backward bytes, term by term; ``optimizer_states``, ``sharding``, ``inference``: the
+- ``activations``: saved-for-backward bytes, term by term; ``korthikanti``: Korthikanti et al. 2022's per-layer
+  formulas (Table 2), beside the count; ``optimizer_states``, ``sharding``, ``inference``: the
   other terms; ``fsdp``: FSDP2's units, padded shards and gathered bytes per phase; ``unmodelled``: what an
   estimate names as left out, with sizes (NamedTerm); ``estimate``:
   MemoryBreakdown; ``plan``: what an estimate computes once per setup (batch and seq aside, cached);

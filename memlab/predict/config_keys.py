@@ -343,8 +343,10 @@ def _same(value: Any, ok: Any) -> bool:
     return (numbers or type(value) is type(ok)) and value == ok
 
 
-CONDITIONAL = ("sliding_window", "max_window_layers", "layer_types", "word_embed_proj_dim")
-"""Refused keys whose accepted values depend on other keys: :func:`memlab.predict.hf.from_hf` checks them."""
+CONDITIONAL = ("sliding_window", "max_window_layers", "layer_types", "word_embed_proj_dim", "multi_query")
+"""Refused keys whose accepted values depend on other keys: :func:`memlab.predict.hf.from_hf` (and the family
+builders of :mod:`memlab.predict.hf_families`: Falcon's ``multi_query`` with ``new_decoder_architecture``) check
+them."""
 
 
 def check(model_type: str, config: Mapping[str, Any]) -> None:
@@ -369,6 +371,10 @@ _NEW_FAMILY_ACCEPTED: dict[str, tuple[Any, ...]] = {
     "qk_layernorm": (False,),
     "hidden_dropout": (0, 0.0),
     "use_bidirectional_attention": (False, None),
+    "alibi": (False,),
+    "parallel_attn": (True,),
+    "multi_query": (False, True),  # True only with new_decoder_architecture: hf_families._falcon checks the pair
+    "attention_dropout": (0, 0.0),
 }
 """The values under which a refused key of a :mod:`memlab.predict.family_keys` family keeps the estimate exact (the
 family's builder in :mod:`memlab.predict.hf_families` refuses any other, with the same reason)."""
@@ -387,3 +393,10 @@ def _new_family(lists: Mapping[str, Mapping[str, str]]) -> KeyAccount:
 
 
 ACCOUNTS.update({family: _new_family(lists) for family, lists in NEW_FAMILY_KEYS.items()})
+
+REFUSED_DEFAULTS: dict[str, str] = {
+    "falcon": "FalconConfig's defaults are Falcon-7B's layout (multi_query without new_decoder_architecture: one K/V "
+              "head that eager attention broadcasts), which from_hf refuses; Falcon-40B/180B's new decoder "
+              "architecture is modelled",
+}
+"""Families whose ``transformers`` config class defaults describe a layout memlab refuses (with why)."""

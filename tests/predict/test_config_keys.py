@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.config_keys import ACCOUNTS, CONDITIONAL, NESTED, account, flat_keys, unaccounted
+from memlab.predict.config_keys import (
+    ACCOUNTS,
+    CONDITIONAL,
+    NESTED,
+    REFUSED_DEFAULTS,
+    account,
+    flat_keys,
+    unaccounted,
+)
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import SUPPORTED, from_hf
 from memlab.predict.setup import Setup
@@ -43,8 +51,12 @@ def test_every_key_of_the_installed_config_class_is_accounted_for(family: str) -
     assert all("memlab/" in src for src in acc.modelled.values())
     assert all(why for why in (*acc.neutral.values(), *acc.refused.values()))
     assert set(acc.accepted) == set(acc.refused)
-    # The class's own defaults are estimated (no default value is refused)
-    assert from_hf(config).param_count() > 0
+    # The class's own defaults are estimated (no default value is refused), unless they are a layout memlab refuses
+    if family in REFUSED_DEFAULTS:
+        with pytest.raises(ConfigError):
+            from_hf(config)
+    else:
+        assert from_hf(config).param_count() > 0
 
 
 @pytest.mark.parametrize("family", sorted(ACCOUNTS))
