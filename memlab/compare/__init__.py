@@ -4,7 +4,8 @@
 (every public estimator run on the same runs), ``sharding`` (data-parallel strategies against the ranks'
 measurements), ``plots`` (the standard figures), ``agreement`` (the estimator against memlab's trace over a seeded
 sample of the Setup space, phase by phase), ``titan`` (torchtitan's memory estimator as a peer on the same FSDP2
-setups, residuals named), ``parallel`` (TP, SP, PP, CP and ZeRO layouts of one model side by side, per rank).
+setups, residuals named), ``parallel`` (TP, SP, PP, CP and ZeRO layouts of one model side by side, per
+rank), ``pipeline`` (pipeline ranks run on a fake group and counted, against their prediction).
 
 ``from memlab.compare import compare`` is the one-pair comparison; the room and the function share the name, so
 the function is imported from here rather than from ``memlab`` itself.

@@ -481,20 +481,14 @@ KORTHIKANTI_TABLE2_SETUPS = (
     (1, False, "none"), (None, False, "none"), (None, True, "none"), (None, False, "selective"),
     (None, True, "selective"), (1, False, "full"),
 )
-"""Each Table 2 row as ``(t, sp, recompute)`` of :func:`korthikanti_layer_bytes` (``None``: the table's t). The
-"full activation recomputation" row is printed without t or SP (``sbh(2)``): it is the row at t = 1; memlab's
-:func:`korthikanti_layer_bytes` extends it to ``2 sbh / t`` under SP, where Megatron-LM keeps each checkpointed
-layer input split along the sequence (memlab's own extension, stated, not a row of the paper)."""
+"""Each row as ``(t, sp, recompute)`` of :func:`korthikanti_layer_bytes` (None: the table's t). The full-recompute
+row is printed without t (``sbh(2)``); memlab's ``2 sbh / t`` under SP is its own extension, not the paper's."""
 
 
 def korthikanti_table2(s: int, b: int, h: int, a: int, t: int) -> dict[str, float]:
     """Korthikanti et al. 2022, Table 2, "activations memory per transformer layer", in bytes, every row at once
-    [korthikanti2022]: sequence ``s``, micro-batch ``b``, hidden ``h``, heads ``a``, tensor-parallel size ``t``;
-    16-bit activations, dropout on, the paper's GPT block (4h MLP). The rows, as printed:
-
-    ``sbh(34 + 5as/h)``; ``sbh(10 + 24/t + 5as/(ht))``; ``sbh(34/t + 5as/(ht))``; ``sbh(10 + 24/t)``;
-    ``sbh(34/t)``; ``sbh(2)``.
-    """
+    [korthikanti2022] for sequence s, micro-batch b, hidden h, heads a, tensor-parallel size t (16-bit, dropout, 4h
+    MLP): sbh(34 + 5as/h), sbh(10 + 24/t + 5as/(ht)), sbh(34/t + 5as/(ht)), sbh(10 + 24/t), sbh(34/t), sbh(2)."""
     return {row: korthikanti_layer_bytes(s, b, h, a, t=t if tt is None else tt, sp=sp, recompute=rc)
             for row, (tt, sp, rc) in zip(KORTHIKANTI_TABLE2_ROWS, KORTHIKANTI_TABLE2_SETUPS, strict=True)}
 

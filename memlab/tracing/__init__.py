@@ -5,6 +5,8 @@
 - ``gpt``: :func:`memlab.tracing.gpt.trace_gpt`, the reference GPT under a Setup (training or inference).
 - ``hf``: :func:`memlab.tracing.hf.trace_hf`, a Hugging Face causal LM built from its config.
 - ``fake_dist``: a fake process group, so FSDP2 shards on one CPU as on N ranks.
+- ``pipeline``: torch.distributed.pipelining's 1F1B and GPipe schedules on that fake group, one stage counted.
+- ``tensor_parallel``: DTensor tensor parallelism (column/row-parallel blocks) on that fake group, rank 0 traced.
 - ``peer``: torchtitan's memory-estimation protocol (FSDPMemTracker, its FSDP2 plan) on the reference GPT.
 - ``arguments``: the traces' argument checks (functions, what they return, setup and device type): one SetupError.
 

@@ -1,0 +1,108 @@
+"""Pipeline parallelism traced on one CPU: torch.distributed.pipelining's own schedules on a fake process group.
+
+:func:`run_stage_step` builds the reference GPT's stage ``rank`` of ``setup.pp`` (its blocks by
+:func:`memlab.predict.parallel.virtual_stage_layers`; the embeddings on the first stage, the final norm, an LM head of
+its own and the loss on the last, as Megatron-LM places them) as a ``PipelineStage`` with static shapes, runs one
+training step of ``Schedule1F1B`` or ``ScheduleGPipe`` over ``setup.micro_batches`` micro-batches on a fake group
+(:func:`memlab.tracing.fake_dist.fake_process_group`: sends and receives return at once, nothing arrives), and counts
+every live storage with the counter it is given (:func:`memlab.compare.pipeline.trace_stage` gives
+:class:`memlab.measure.live_bytes.LiveBytes`; real tensors: keep the shapes small).
+
+Found when this was built (torch 2.13): a schedule runs backward only when it has a ``loss_fn`` (every stage, not
+only the last); the stages' warm-up vote on static shapes travels over the group, and a fake group delivers zeros
+(a "dynamic" vote that then waits for shape metadata no peer sends), so the vote's result is given here: every shape
+is static (the stage is built with ``input_args``, ``output_args`` and ``output_grads``). The interleaved schedule
+needs several stages per rank and is not traced here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from memlab.errors import SetupError
+from memlab.predict.models import TransformerConfig
+from memlab.predict.parallel import virtual_stage_layers
+from memlab.predict.setup import Setup
+
+
+class StageModule(nn.Module):
+    """Blocks ``layers`` of a reference GPT; the first stage embeds token ids, the last returns logits."""
+
+    def __init__(self, gpt: nn.Module, layers: range, first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.tok_emb = gpt.tok_emb if first else None
+        self.pos_emb = gpt.pos_emb if first else None
+        self.rotary = gpt.rotary
+        self.blocks = nn.ModuleList(gpt.blocks[i] for i in layers)
+        self.norm_f = gpt.norm_f if last else None
+        cfg = gpt.config
+        # the last stage's own LM head (a tied model's second copy, as Megatron-LM keeps it)
+        self.head = (gpt.head if gpt.head is not None else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)) \
+            if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            s = x.shape[1]
+            x = self.tok_emb(x)
+            if self.pos_emb is not None:
+                x = x + self.pos_emb(torch.arange(s, device=x.device))
+        for block in self.blocks:
+            x = block(x, self.rotary)
+        if self.last:
+            x = self.head(self.norm_f(x))
+        return x
+
+
+def run_stage_step(config: TransformerConfig, setup: Setup, rank: int,
+                   meter: Callable[[nn.Module], contextlib.AbstractContextManager[Any]]) -> Any:
+    """Run one training step of pipeline rank ``rank`` under ``setup`` (``pp``, ``pp_schedule`` 1f1b or gpipe,
+    ``micro_batches``; ``batch`` is the micro-batch) on a fake process group, inside ``meter(stage_module)`` (a
+    counter such as :class:`memlab.measure.live_bytes.LiveBytes`, entered after the stage is built); returns what
+    the context manager yields. fp32, real tensors (keep the shapes small), no optimizer step."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from memlab.model.gpt import GPT
+    from memlab.model.loss import logits_loss
+    from memlab.tracing.fake_dist import fake_process_group
+
+    p, m = setup.pp, setup.micro_batches
+    if p < 2 or setup.pp_schedule not in ("1f1b", "gpipe") or setup.precision != "fp32" or setup.tp > 1 \
+            or setup.cp > 1 or setup.world_size > 1:
+        raise SetupError("a pipeline stage is run for pp > 1 under 1f1b or gpipe, fp32, without tp, cp or data "
+                         "parallelism")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
+        raise SetupError(f"rank must be an int in [0, {p}), got {rank!r}")
+    if setup.pp_schedule == "1f1b" and m < p:
+        raise SetupError(f"torch's Schedule1F1B needs micro_batches >= pp ({m} < {p})")
+    layers = virtual_stage_layers(config.n_layers, p)
+    b, s, h = setup.batch, setup.seq, config.d_model
+    first, last = rank == 0, rank == p - 1
+    with fake_process_group(p, rank):
+        torch.manual_seed(0)
+        gpt = GPT(config, attention=setup.attention, recompute=setup.recompute)
+        module = StageModule(gpt, layers[rank], first, last)
+        del gpt
+        x_in = torch.zeros(b, s, dtype=torch.long) if first else torch.zeros(b, s, h)
+        out = torch.zeros(b, s, config.vocab_size) if last else torch.zeros(b, s, h)
+        stage = PipelineStage(module, rank, p, torch.device("cpu"), input_args=(x_in,), output_args=(out,),
+                              output_grads=(None if last else torch.zeros(b, s, h),),
+                              input_grads=(None if first else torch.zeros(b, s, h),))
+        # a fake group delivers nothing: the warm-up vote's result (every shape static) is given here
+        stage._warmup_backward_result = lambda received_result=None: torch.ones(1, dtype=torch.int32)
+        stage._warmup_forward_vote = lambda has_backward, received_acc=None: torch.ones(1, dtype=torch.int32)
+        cls: Any = Schedule1F1B if setup.pp_schedule == "1f1b" else ScheduleGPipe
+        sched = cls(stage, m, loss_fn=lambda logits, tgt: logits_loss(logits, tgt) if last else logits.sum())
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, config.vocab_size, (b * m, s), generator=gen)
+        with meter(module) as counted:
+            if first:
+                sched.step(ids, target=ids if last else None)
+            else:
+                sched.step(target=ids if last else None)
+        return counted
