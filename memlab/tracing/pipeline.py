@@ -64,7 +64,8 @@ def run_stage_step(config: TransformerConfig, setup: Setup, rank: int,
     """Run one training step of pipeline rank ``rank`` under ``setup`` (``pp``, ``pp_schedule`` 1f1b or gpipe,
     ``micro_batches``; ``batch`` is the micro-batch) on a fake process group, inside ``meter(stage_module)`` (a
     counter such as :class:`memlab.measure.live_bytes.LiveBytes`, entered after the stage is built); returns what
-    the context manager yields. fp32, real tensors (keep the shapes small), no optimizer step."""
+    the context manager yields. fp32, real tensors (keep the shapes small), no optimizer step. Under torchrun (a
+    process group initialised, ``pp`` ranks) the stage runs over that group instead: real sends and receives."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from memlab.model.gpt import GPT
@@ -83,7 +84,13 @@ def run_stage_step(config: TransformerConfig, setup: Setup, rank: int,
     layers = virtual_stage_layers(config.n_layers, p)
     b, s, h = setup.batch, setup.seq, config.d_model
     first, last = rank == 0, rank == p - 1
-    with fake_process_group(p, rank):
+    import torch.distributed as dist
+
+    real = dist.is_initialized()  # under torchrun: this rank's own group (gloo), else a fake one
+    if real and (dist.get_world_size() != p or dist.get_rank() != rank):
+        raise SetupError(f"the process group has {dist.get_world_size()} ranks and this is rank {dist.get_rank()}: "
+                         f"run pp={p} ranks and pass this rank")
+    with contextlib.nullcontext() if real else fake_process_group(p, rank):
         torch.manual_seed(0)
         gpt = GPT(config, attention=setup.attention, recompute=setup.recompute)
         module = StageModule(gpt, layers[rank], first, last)
@@ -93,9 +100,9 @@ def run_stage_step(config: TransformerConfig, setup: Setup, rank: int,
         stage = PipelineStage(module, rank, p, torch.device("cpu"), input_args=(x_in,), output_args=(out,),
                               output_grads=(None if last else torch.zeros(b, s, h),),
                               input_grads=(None if first else torch.zeros(b, s, h),))
-        # a fake group delivers nothing: the warm-up vote's result (every shape static) is given here
-        stage._warmup_backward_result = lambda received_result=None: torch.ones(1, dtype=torch.int32)
-        stage._warmup_forward_vote = lambda has_backward, received_acc=None: torch.ones(1, dtype=torch.int32)
+        if not real:  # a fake group delivers nothing: the warm-up vote's result (every shape static) is given here
+            stage._warmup_backward_result = lambda received_result=None: torch.ones(1, dtype=torch.int32)
+            stage._warmup_forward_vote = lambda has_backward, received_acc=None: torch.ones(1, dtype=torch.int32)
         cls: Any = Schedule1F1B if setup.pp_schedule == "1f1b" else ScheduleGPipe
         sched = cls(stage, m, loss_fn=lambda logits, tgt: logits_loss(logits, tgt) if last else logits.sum())
         gen = torch.Generator().manual_seed(0)
