@@ -39,6 +39,14 @@ def tensor_parallel(model: nn.Module, mesh: Any, tp: int) -> nn.Module:
     return model
 
 
+def tensor_parallel_gpt(config: TransformerConfig, mesh: Any, tp: int, **gpt_options: Any) -> nn.Module:
+    """The reference GPT (``memlab.model.gpt.GPT(config, **gpt_options)``) with its blocks sharded by
+    :func:`tensor_parallel` over ``mesh``."""
+    from memlab.model.gpt import GPT
+
+    return tensor_parallel(GPT(config, **gpt_options), mesh, tp)
+
+
 def _has(module: nn.Module, name: str) -> bool:
     try:
         module.get_submodule(name)
