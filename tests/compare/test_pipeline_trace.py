@@ -51,3 +51,16 @@ def test_1f1b_last_stage_peak_is_exact() -> None:
 @pytest.mark.parametrize("config", [TINY, LLAMA], ids=["tiny-gpt", "pp-llama"])
 def test_every_rank_schedule_and_shape(config: TransformerConfig, schedule: str, m: int, rank: int) -> None:
     _check(config, _setup(schedule, m), rank)
+
+
+DEEP = TransformerConfig(name="deep", d_model=64, n_layers=8, n_heads=4, vocab_size=128, max_seq=64,
+                         tied_embeddings=False)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("m", [2, 4])
+def test_interleaved_ranks(m: int, rank: int) -> None:
+    """ScheduleInterleaved1F1B, 2 ranks x 2 chunks of 2 blocks: rank 0 holds (v - 1) k + 2 (p - 1) + 1 chunk
+    forwards at once (capped at m v), split over its chunks in torch's order; the end is exact."""
+    setup = Setup(batch=2, seq=64, pp=2, pp_schedule="interleaved", pp_chunks=2, micro_batches=m, optimizer="sgd")
+    _check(DEEP, setup, rank)
