@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "start-up has its own bound, START_TIMEOUT_S in memlab.run.distributed.launch)")
     p.add_argument("--hf", metavar="PATH", help="not supported: the ranks run the reference GPT (a Hugging Face "
                    "model is not sharded here); memlab estimate --hf PATH --zero N gives its sharded formula")
+    p.add_argument("--layouts", action="store_true",
+                   help="run pipeline (1F1B and GPipe over --ranks stages, --ranks + 1 micro-batches) and tensor "
+                   "parallelism (--ranks ways) instead of the data-parallel strategies (memlab.compare.parallel_ranks)")
     p.add_argument("--json", action="store_true", help="print the ranks' rows as JSON")
 
 
@@ -48,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
                           f"(no FSDP2 wrapping of transformers' modules): use memlab estimate --hf {args.hf} --zero 3 "
                           "--world-size N for its sharded formula")
     config = preset(args.preset)
+    if args.layouts:
+        return _run_layouts(args, config)
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     spec = WorkerSpec(config=config, batch=args.batch, seq=args.seq, strategies=strategies, steps=args.steps,
                       device="cpu" if args.cpu else "auto")
@@ -67,4 +72,25 @@ def run(args: argparse.Namespace) -> int:
     for row in result.rows:
         if row.get("status") != "ok" and row.get("rank") == 0:
             print(f"{row['status']} {row['strategy']}: {row.get('reason', '')}")
+    return 0
+
+
+def _run_layouts(args: argparse.Namespace, config: object) -> int:
+    """``memlab shard --layouts``: pipeline and tensor-parallel ranks measured, next to their prediction."""
+    from memlab.compare.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
+    from memlab.errors import MemlabError
+    from memlab.predict.parallel import virtual_stage_layers
+    from memlab.predict.sharding import check_tp
+
+    if args.ranks < 2:
+        raise MemlabError("--layouts needs --ranks 2 or more (pipeline stages and tensor-parallel ranks)")
+    virtual_stage_layers(config.n_layers, args.ranks)  # type: ignore[attr-defined]
+    check_tp(config, args.ranks)  # type: ignore[arg-type]
+    rows = measure_parallel_ranks(args.preset, args.ranks, batch=args.batch, seq=args.seq, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    ledger = parallel_ranks_ledger(rows, batch=args.batch, seq=args.seq)
+    print(f"{args.preset}: {args.ranks} gloo rank(s) (CPU); bytes per rank")
+    print(ledger.to_string(index=False))
     return 0

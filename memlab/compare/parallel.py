@@ -55,3 +55,37 @@ def parallel_layouts(config: TransformerConfig, setup: Setup, layouts: tuple[dic
         rows.append({"layout": label, "ranks": ranks, "states_bytes": states, "activations_bytes": acts,
                      "buffers_bytes": bufs, "peak_bytes": peak, "peak_gib": peak / GiB})
     return pd.DataFrame(rows)
+
+
+LLAMA3_405B = TransformerConfig(name="llama-3-405b", d_model=16384, n_layers=126, n_heads=128, n_kv_heads=8,
+                                d_ff=53248, vocab_size=128256, max_seq=131072, mlp="swiglu", positions="rotary",
+                                norm="rmsnorm", bias=False, tied_embeddings=False)
+"""Llama 3 405B [grattafiori2024, Table 3: 126 layers, model dimension 16,384, FFN dimension 53,248, 128 heads, 8
+KV heads; vocabulary 128,256 as in meta-llama/Llama-3.1-405B config.json]."""
+
+LLAMA3_405B_LAYOUTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("8,192-token pre-training (TP 8, CP 1, PP 16, DP 128)",
+     {"seq": 8192, "tp": 8, "sp": True, "pp": 16, "cp": 1, "world_size": 128, "micro_batches": 16}),
+    ("131,072-token long-context (TP 8, CP 16, PP 16, DP 8)",
+     {"seq": 131072, "tp": 8, "sp": True, "pp": 16, "cp": 16, "world_size": 8, "micro_batches": 16}),
+)
+"""Two of the published 4D layouts [grattafiori2024, Table 4]; micro-batches per step: 16 (each data-parallel rank's
+share of the paper's 16M-token batch at 8,192 tokens is 16 sequences, run as 16 micro-batches of one); the paper's
+interleaved schedule with one layer fewer on the first and last stages is not modelled (126 blocks over 16 stages
+give 8 to the first 14 and 7 to the last 2 here, under 1F1B); bf16 weights with fp32 gradients and master copy and
+ZeRO-1-like sharding of the optimizer (the paper's FSDP does not reshard parameters after forward), flash attention,
+no recompute."""
+
+
+def llama3_405b_ranks(device_type: str = "cuda") -> Any:
+    """Per pipeline rank of each :data:`LLAMA3_405B_LAYOUTS` layout: one DataFrame, a ``layout`` column added."""
+    import pandas as pd
+
+    base = Setup(batch=1, seq=8192, precision="mixed-bf16-fp32-grads", attention="flash", zero_stage=1)
+    frames = []
+    for label, fields in LLAMA3_405B_LAYOUTS:
+        df = parallel_estimate(LLAMA3_405B, base.with_(**fields), device_type=device_type).to_frame()
+        df.insert(0, "layout", label)
+        df["peak_gib"] = df["peak_bytes"] / GiB
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)

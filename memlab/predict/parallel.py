@@ -49,6 +49,8 @@ from memlab.predict.phases import layer_terms
 from memlab.predict.setup import Setup
 from memlab.predict.sharding import check_tp, tp_shard_shape
 
+FP32_LOSS = 4
+"""Bytes of one micro-batch's loss (an fp32 scalar)."""
 PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 """Pipeline schedules modelled: 1F1B (PipeDream-Flush), GPipe (all forwards, then all backwards), interleaved 1F1B."""
 
@@ -132,6 +134,15 @@ class MicroBatchBytes:
     """The last virtual stage: the target ids, final norm, LM head and loss."""
     boundary: float
     """The tensor between two stages, (b, s/cp, h) in the residual dtype (sequence-split by tp under sp)."""
+    ids: float = 0.0
+    """One micro-batch's token ids (int64): the schedule's chunk of the input, what the embedding saves."""
+    targets: float = 0.0
+    """One micro-batch's target ids as the loss saves them: the schedule's chunk of the targets."""
+    logits: float = 0.0
+    """One micro-batch's logits, the last stage's output (compute dtype, vocab-split by tp)."""
+    loss_backward: float = 0.0
+    """The loss's backward on the last stage: the gradients of the fp32 log-probabilities and of the logits
+    (2 x t V 4 bytes, vocab-split by tp) and the input gradient it sends."""
 
 
 def micro_batch_bytes(config: TransformerConfig, setup: Setup, device_type: str = "cuda") -> MicroBatchBytes:
@@ -163,8 +174,11 @@ def micro_batch_bytes(config: TransformerConfig, setup: Setup, device_type: str 
         else:
             head += _bytes(row, tp, sp)
     w = shared_widths(local.policy.name, device_type)
-    boundary = local.batch * local.seq * config.d_model * w["residual"] / (tp if sp else 1)
-    return MicroBatchBytes(per_layer, per_stage, emb, head, boundary)
+    t = local.batch * local.seq
+    boundary = t * config.d_model * w["residual"] / (tp if sp else 1)
+    V = config.vocab_size
+    return MicroBatchBytes(per_layer, per_stage, emb, head, boundary, ids=8 * t, targets=8 * t,
+                           logits=t * V * w["compute"] / tp, loss_backward=2 * t * V * 4 / tp + boundary)
 
 
 def _local(setup: Setup) -> Setup:
@@ -189,10 +203,15 @@ class RankRow:
     activations_bytes: int
     """Saved tensors of the in-flight micro-batches (received inputs excluded: they are buffers)."""
     buffers_bytes: int
-    """Pipeline receive buffers (activations and gradients, one per micro-batch) and the kept stage outputs."""
+    """Pipeline receive buffers (activations and gradients, one per micro-batch), the kept stage outputs, the input
+    and target chunks, the micro-batches' losses, the model's buffers (rotary tables)."""
     transient_bytes: int
-    """One block's backward temporaries, ring attention's K/V chunks under cp, a ZeRO-3 gathered block."""
+    """One block's backward temporaries (the last stage: the loss's backward if larger), ring attention's K/V
+    chunks under cp, a ZeRO-3 gathered block."""
     peak_bytes: int
+    end_bytes: int = 0
+    """Held after the step: the states and the schedule's kept buffers (receive buffers, the input and target
+    chunks, the last stage's outputs)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (a DataFrame row)."""
@@ -278,17 +297,28 @@ def parallel_estimate(config: TransformerConfig, setup: Setup, *, device_type: s
     if setup.cp > 1:
         w = shared_widths(local.policy.name, device_type)
         kv = 2 * 2 * local.batch * local.seq * config.kv_dim * w["compute"] / min(setup.tp, config.n_kv_heads)
+    from memlab.predict.estimate import model_buffer_bytes  # estimate imports this module
+
+    buffers = model_buffer_bytes(config)
     rows = []
     for r in range(p):
         stages = rank_virtual_stages(p, v, r)
         counts = in_flight(setup.pp_schedule, p, m, r, v)
-        acts = bufs = 0.0
+        acts = bufs = kept = 0.0
         for j, n in zip(stages, counts, strict=True):
-            saved = len(layers[j]) * mb.per_layer + mb.per_stage
-            saved += mb.embeddings if j == 0 else -mb.boundary  # a received input is a buffer, counted below
-            saved += mb.head if j == last else 0
+            saved = len(layers[j]) * mb.per_layer + mb.per_stage + (mb.embeddings if j == 0 else 0) + \
+                (mb.head if j == last else 0)
+            if p > 1:  # the schedule's buffers (torch.distributed.pipelining): module docstring
+                # a received input, the first stage's id chunk and the last's target chunk are what the first block,
+                # the embedding and the loss save: counted once, as the schedule's buffers
+                saved -= (mb.ids if j == 0 else mb.boundary) + (mb.targets if j == last else 0)
+                kept += m * ((mb.boundary if j > 0 else mb.ids) + (mb.boundary if j < last else 0))
+                kept += m * (mb.targets + mb.logits) if j == last else 0  # step(return_outputs=True), the default
+                bufs += n * mb.boundary if j < last else 0  # the in-flight stage outputs (fwd_cache)
+                bufs += m * FP32_LOSS if j == last else 0  # each micro-batch's loss, held until the step ends
             acts += n * saved
-            bufs += (m * mb.boundary if j > 0 else 0) + (m * mb.boundary + n * mb.boundary if j < last else 0)
+        kept += buffers  # the model's buffers (the reference GPT's rotary tables), on every stage
+        bufs += kept
         elements = _stage_elements(config, setup, stages, layers)
         gathered = 0.0
         if setup.zero_stage == 3 and setup.world_size * setup.cp > 1:
@@ -296,7 +326,7 @@ def parallel_estimate(config: TransformerConfig, setup: Setup, *, device_type: s
                         if n_.startswith("blocks.0."))
             gathered = block * setup.policy.param_bytes
         states = _states(elements, setup)
-        transient = lt["temp"] + kv + gathered
+        transient = max(lt["temp"], mb.loss_backward if last in stages and p > 1 else 0) + kv + gathered
         held = states + acts + bufs
         names = [f"blocks {layers[j].start}-{layers[j].stop - 1}" if len(layers[j]) > 1 else f"block {layers[j].start}"
                  for j in stages]
@@ -306,14 +336,16 @@ def parallel_estimate(config: TransformerConfig, setup: Setup, *, device_type: s
             names.append("head + loss")
         rows.append(RankRow(rank=r, holds=", ".join(names), params=elements, states_bytes=int(states),
                             in_flight=counts, activations_bytes=math.ceil(acts), buffers_bytes=math.ceil(bufs),
-                            transient_bytes=math.ceil(transient), peak_bytes=math.ceil(held + transient)))
+                            transient_bytes=math.ceil(transient), peak_bytes=math.ceil(held + transient),
+                            end_bytes=math.ceil(states + kept)))
     bubble = pipeline_bubble_fraction(p, m, v) if p > 1 else 0.0
     notes = (
         f"{setup.pp_schedule} schedule over pp={p} ranks ({v} chunk(s) each), m={m} micro-batches of "
         f"{setup.batch} x {local.seq} tokens [narayanan2021]",
         "pipeline buffers: torch.distributed.pipelining's PipelineStage keeps one receive buffer per micro-batch "
-        "(activations and gradients) and each in-flight stage output; Megatron-LM sends without per-micro-batch "
-        "buffers (fewer bytes there)",
+        "(activations and gradients), each in-flight stage output, the input and target chunks and, on the last "
+        "stage, every micro-batch's logits (step(return_outputs=True), its default); Megatron-LM sends without "
+        "per-micro-batch buffers (fewer bytes there)",
         "model states: the estimator's bare-count states (per-tensor optimizer step counters left out)",
         "peak: the end of the last warmup forward plus one block's backward temporaries; the gradients of the "
         "in-flight stage outputs are not added",

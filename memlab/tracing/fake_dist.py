@@ -21,8 +21,9 @@ from memlab.errors import SetupError
 
 
 @contextlib.contextmanager
-def fake_process_group(world_size: int) -> Iterator[Any]:
-    """A fake ``world_size``-rank process group (rank 0) and its 1-D CPU device mesh, for one process."""
+def fake_process_group(world_size: int, rank: int = 0) -> Iterator[Any]:
+    """A fake ``world_size``-rank process group (this process is ``rank``, 0 by default) and its 1-D CPU device mesh,
+    for one process."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -30,7 +31,7 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
     if dist.is_initialized():
         raise SetupError("a torch.distributed process group is already initialised: trace sharded setups in a "
                          "process without one (the fake group would replace it)")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))  # made outside any fake mode: it reads its rank values
     finally:

@@ -31,3 +31,9 @@ def test_pp_table_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["estimate", "--params", "1000000", "--pp", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model config" in err[0]
+
+
+def test_shard_layouts_refuses_one_rank_before_any_launch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["shard", "--layouts", "--ranks", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ranks 2" in err[0]

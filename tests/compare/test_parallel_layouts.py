@@ -20,3 +20,19 @@ def test_rows_are_the_estimators() -> None:
     # ZeRO shrinks the states, not the activations; TP+SP and CP shrink the activations
     assert df["activations_bytes"][1] == df["activations_bytes"][0] > df["activations_bytes"][2]
     assert df["states_bytes"][1] < df["states_bytes"][0] and df["activations_bytes"][4] < df["activations_bytes"][0]
+
+
+def test_llama3_405b_published_layouts_per_rank() -> None:
+    """[grattafiori2024] Table 4's layouts: 16 pipeline ranks each; 126 blocks split 8 x 14 + 7 x 2; the first rank
+    holds 16 micro-batches in flight under 1F1B and is the worst; CP 16 at 131,072 tokens leaves each rank the
+    8,192-token micro-batch the pre-training layout has, plus ring attention's K/V chunks."""
+    from memlab.compare.parallel import LLAMA3_405B, llama3_405b_ranks
+
+    assert LLAMA3_405B.param_count() == 405_853_388_800
+    df = llama3_405b_ranks()
+    short, long = (df[df["layout"] == label].reset_index(drop=True) for label in df["layout"].unique())
+    assert len(short) == len(long) == 16
+    assert short["holds"][0] == "embeddings, blocks 0-7" and short["holds"][15] == "blocks 119-125, head + loss"
+    assert short["in_flight"][0] == (16,) and short["peak_bytes"].idxmax() == 0
+    assert list(long["activations_bytes"]) == list(short["activations_bytes"])
+    assert (long["transient_bytes"] > short["transient_bytes"]).all()

@@ -1,0 +1,128 @@
+"""Pipeline and tensor parallelism measured on real ranks (torchrun: gloo on a CPU), next to their prediction.
+
+:func:`measure_parallel_ranks` launches this file under ``torchrun`` (:func:`memlab.run.distributed.launch.
+run_script`: killed past its clock, one retry after a rendezvous timeout); each rank
+
+- runs its stage of the reference GPT under torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe (real
+  sends and receives), every storage counted (:func:`memlab.compare.pipeline.trace_stage`), next to
+  :func:`memlab.predict.parallel.parallel_estimate`;
+- runs one AdamW step of DTensor column/row-parallel blocks (:func:`memlab.tracing.tensor_parallel.tensor_parallel`)
+  over a gloo mesh: its local parameter and gradient bytes, next to the estimate's tp shards plus the plan's
+  replicated embedding/head (:func:`memlab.tracing.tensor_parallel.replicated_terms`), and the step's peak.
+
+:func:`parallel_ranks_ledger` turns the ranks' rows into one DataFrame (layout, rank, quantity, predicted, measured,
+note). ``memlab shard --layouts pp,tp`` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.setup import Setup
+
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def pp_setup(schedule: str, ranks: int, batch: int = 2, seq: int = 64) -> Setup:
+    """The pipeline setup the ranks run: ``ranks`` stages, ``ranks + 1`` micro-batches, fp32 SGD (no moments)."""
+    return Setup(batch=batch, seq=seq, pp=ranks, micro_batches=ranks + 1, pp_schedule=schedule, optimizer="sgd")
+
+
+def _local_bytes(tensors: Any) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        st = local.untyped_storage()
+        seen[id(st)] = st.nbytes()
+    return sum(seen.values())
+
+
+def _tensor_parallel_step(config: TransformerConfig, batch: int, seq: int, world: int) -> dict[str, int]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from memlab.measure.live_bytes import LiveBytes
+    from memlab.tracing.tensor_parallel import tensor_parallel_gpt
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = tensor_parallel_gpt(config, mesh, world)
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    idx = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
+    params = _local_bytes(model.parameters())
+    with LiveBytes(sample_every=None) as live:
+        model(idx, idx).backward()
+        grads = _local_bytes(p.grad for p in model.parameters())
+        opt.step()
+    return {"params_bytes": params, "grads_bytes": grads, "step_peak_bytes": live.peak_bytes}
+
+
+def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
+    """One rank: both pipeline schedules, then the tensor-parallel step; writes ``out_dir/rank<R>.json``."""
+    import torch.distributed as dist
+
+    from memlab.compare.pipeline import trace_stage
+
+    config = preset(spec["preset"])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows: dict[str, Any] = {"rank": rank, "world_size": world, "preset": spec["preset"]}
+    for schedule in SCHEDULES:
+        rows[f"pp_{schedule}"] = trace_stage(config, pp_setup(schedule, world, spec["batch"], spec["seq"]),
+                                             rank).to_dict()
+        dist.barrier()
+    rows["tp"] = _tensor_parallel_step(config, spec["batch"], spec["seq"], world)
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def measure_parallel_ranks(preset_name: str = "tiny-gpt", ranks: int = 2, *, batch: int = 2, seq: int = 64,
+                           timeout_s: float = 240.0) -> list[dict[str, Any]]:
+    """Launch ``ranks`` gloo ranks running :func:`rank_main`; their rows, rank order."""
+    from memlab.run.distributed.launch import run_script
+
+    spec = json.dumps({"preset": preset_name, "batch": batch, "seq": seq})
+    with tempfile.TemporaryDirectory(prefix="memlab-parallel-") as tmp:
+        run_script(Path(__file__), [spec, tmp], ranks, timeout_s=timeout_s)
+        return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def parallel_ranks_ledger(rows: list[dict[str, Any]], *, batch: int = 2, seq: int = 64) -> Any:
+    """Predicted next to measured, per layout, rank and quantity (bytes); the peak's note names its bound."""
+    import pandas as pd
+
+    from memlab.predict.estimate import estimate
+    from memlab.predict.parallel import parallel_estimate
+    from memlab.tracing.tensor_parallel import replicated_terms
+
+    config = preset(rows[0]["preset"])
+    world = rows[0]["world_size"]
+    out = []
+    for schedule in SCHEDULES:
+        pred = parallel_estimate(config, pp_setup(schedule, world, batch, seq), device_type="cpu").rows
+        for r in rows:
+            got, row = r[f"pp_{schedule}"], pred[r["rank"]]
+            out.append({"layout": f"pp {schedule}", "rank": r["rank"], "quantity": "held after the step",
+                        "predicted": row.end_bytes, "measured": got["end_bytes"], "note": "exact"})
+            out.append({"layout": f"pp {schedule}", "rank": r["rank"], "quantity": "peak",
+                        "predicted": row.peak_bytes, "measured": got["peak_bytes"],
+                        "note": "a bound: gradients not yet allocated at the peak moment and the backward's "
+                        "temporaries as the estimator bounds them"})
+    tp_setup = Setup(batch=batch, seq=seq, tp=world)
+    bd = estimate(config, tp_setup, device_type="cpu")
+    extra = replicated_terms(config, tp_setup)["replicated embedding/head parameters"]
+    for r in rows:
+        for key, value in (("params_bytes", bd.params_bytes), ("grads_bytes", bd.grads_bytes)):
+            out.append({"layout": f"tp {world}", "rank": r["rank"], "quantity": key.removesuffix("_bytes"),
+                        "predicted": value + extra, "measured": r["tp"][key],
+                        "note": "estimate + the plan's replicated embedding/head (named)"})
+    return pd.DataFrame(out)
+
+
+if __name__ == "__main__":  # under torchrun: python -m torch.distributed.run ... parallel_ranks.py SPEC OUT_DIR
+    rank_main(json.loads(sys.argv[1]), Path(sys.argv[2]))
