@@ -67,6 +67,7 @@ from memlab import (
     trait_effects,
 )
 from memlab.compare import calculators, plots
+from memlab.model.hf import attention_implementations
 from memlab.run.hf import measure_run
 from memlab.units import GiB
 
@@ -164,7 +165,7 @@ check("10.family-per-token", answer, configs=same_size)
 # %%
 tiny = {name: load_config(name) for name in config_names("tiny")}
 runs = [calculators.Run(cfg, b, s, dtype, attn, device_type=ch.device_type, name=name) for name, cfg in tiny.items()
-        for attn, dtype, b, s in SIZES["grid"]]
+        for attn, dtype, b, s in SIZES["grid"] if attn in attention_implementations(cfg)]  # Gemma 2: eager only
 pairs = [(r, measure_run(r, seed=seed)) for r in runs]
 per_token = {f: measure_run(calculators.Run(c, 2, 24, name=f), seed=seed)["activations"] / 48
              for f, c in same_size.items()}

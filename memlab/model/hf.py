@@ -157,6 +157,18 @@ def quiet_transformers() -> Iterator[None]:
         logging.set_verbosity(level)
 
 
+def attention_implementations(config: Any) -> tuple[str, ...]:
+    """The ``attn_implementation`` values memlab runs that transformers builds this config's causal LM with:
+    ``eager`` always, ``sdpa`` where the model class sets ``_supports_sdpa`` (Gemma 2 does not in transformers 5.x:
+    modeling_gemma2.py)."""
+    from transformers import AutoModelForCausalLM
+
+    with quiet_transformers():
+        cfg = hf_config(config)
+    cls = AutoModelForCausalLM._model_mapping.get(type(cfg), None)
+    return ("eager", "sdpa") if cls is None or getattr(cls, "_supports_sdpa", False) else ("eager",)
+
+
 def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: str = "fp32",
                    device: str | torch.device = "cpu", seed: int = 0,
                    gradient_checkpointing: bool = False) -> torch.nn.Module:
@@ -169,6 +181,9 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
     torch.manual_seed(seed)
     with quiet_transformers():  # config validation warnings about tiny vocabularies, once per build
         cfg = hf_config(config)
+        if attn_implementation == "sdpa" and "sdpa" not in attention_implementations(cfg):
+            raise SetupError(f"transformers builds {cfg.model_type} without SDPA attention (its model class does not "
+                             "support it): use attn_implementation='eager'")
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
