@@ -447,23 +447,3 @@ check("06.attention-growth", answer, attention=predicted_attention)
 # - An explicit `attn_mask` takes CUDA's SDPA off the flash kernel; `is_causal=True` keeps it.
 # - Seed 004's 2048² × dtype is one head of one layer: Llama-2-7B keeps heads × layers times more at batch 1
 #   (section 5's table), and batch times that; under CUDA autocast the fp32 probabilities triple it again.
-
-# %% [markdown]
-# ## Closing note: the expert review of this chapter, and what was done
-#
-# - **6.1**, the forward-only IO table sold as "what the recompute buys": section 5 names it the forward's IO
-#   model and puts the paper's measured forward + backward (Fig. 2) beside it, in a table and a figure.
-# - **6.2**, GPU evidence promised but absent: the CPU note no longer promises it; section 4 shows the three
-#   FlashAttention papers' measurements as the GPU evidence.
-# - **6.3**, Exercise 3's reference refuted by the trace: the question asks for the estimator's answer, and the
-#   computed reading after the trace says whether it fits by the trace, and why the nominal capacity is optimistic.
-# - **6.4**, 192 KB of SRAM: called an upper bound (at most 164 KB is shared memory), and the L2's effect on a
-#   profiler's DRAM bytes stated.
-# - **6.5**, 5as/h: grows with s / d_head; 2as/h without dropout, 5as/h with.
-# - **6.6**, HFU as a FLOP count: hardware FLOPs, and so HFU, are higher.
-# - **6.7**, "byte for byte": limited to this CPU's kernels, the CPU kernel named, CUDA's extra tensors listed.
-# - **Teaching**: model FLOPs, MFU and HFU defined where section 4 first uses them; log-sum-exp explained in
-#   section 1; section 7's FSDP detail cut to one sentence pointing to chapter 05.
-# - **Missing content**: forward vs forward + backward HBM traffic (section 5, with a second figure), the SDPA
-#   kernel choice measured on this device with the CUDA mask rule (section 6), FlashDecoding and context
-#   parallelism named (section 5).

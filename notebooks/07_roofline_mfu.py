@@ -360,7 +360,7 @@ as_percent(split[["step_s", "model_step_s", "mfu", "mfu_model_time"]], ["mfu", "
 #
 # An MFU is only as right as its denominator. The same measured work divided by a sparse figure (2:4 sparsity,
 # twice the dense peak), by another dtype's column, or by an A100's bf16 peak that a tool assumes for every device
-# (nanoGPT's `estimate_mfu` divides by a constant 312e12 [nanogpt], so an H100 run reads up to 3× too high):
+# (nanoGPT's `estimate_mfu` divides by a constant 312 TFLOP/s [nanogpt], so an H100 run reads up to 3× too high):
 
 # %%
 achieved = meas.flops_per_step / meas.step_time_s
@@ -573,28 +573,3 @@ ch.seed_claims([
 #   one that computes competes for the cores.
 # - Across devices, the bubble (p − 1)/(m + p − 1), the same for GPipe and 1F1B, and exposed communication
 #   multiply into the per-device MFU; 1F1B saves memory, not bubble.
-
-# %% [markdown]
-# ## Closing note: the expert review of this chapter, and what was done
-#
-# - **7.1** (error), a "peak" below a measurement (217 %): on a CPU the ratio is no longer shown (both figures are
-#   short benchmarks) and a computed reading says why; on a GPU it is "fraction of the datasheet peak".
-# - **7.2**, a CPU MFU beside PaLM's: the verdict now rests on published at-scale MFU (PaLM, Megatron-LM,
-#   MegaScale, Llama 3, with sources); the CPU step is reported on its own.
-# - **7.3**, the MFU step-time rule misattributed to PaLM: PaLM's definition quoted; excluding the optimizer step
-#   (the seed's advice) named as inflating MFU.
-# - **7.4**, occupancy conflated with tiles per SM: occupancy defined (resident warps, Nsight Compute); tile and
-#   wave quantisation computed in their own table.
-# - **7.5**, Exercise 1 on a FLOP convention: already fixed on main (the options are matmul, LayerNorm and the
-#   residual add, whose order follows from bytes per element).
-# - **7.6**, the three FLOP counts agree by construction: said so, with a Llama-3-8B table where they part.
-# - **7.7**, the sleeping loader: the text says it uses no core and what a CPU-bound loader would do.
-# - **7.8**, the A100 fallback unsourced: nanoGPT's constant 312e12 cited.
-# - **7.9**, 1F1B's bubble: the same as GPipe's; its gain, memory, stated (and Exercise 4 asks it).
-# - **7.10**, one compute roof for every op: ridge points per unit (bf16 and TF32 tensor, fp32 non-tensor) for the
-#   A100 and H100, and the special-function units named.
-# - **7.11**, HFU in an MFU column: the column is "utilisation".
-# - **Teaching**: MAMF, 1F1B and interleaving defined at first use; the CPU's inverted numbers (bf16 slower than
-#   fp32, a sweep above a benchmark) commented by computed text; verdicts computed.
-# - **Missing content**: MAMF-style achievable peak (section 1), tile and wave quantisation, the TF32 peak,
-#   published at-scale MFU.

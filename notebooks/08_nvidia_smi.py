@@ -185,7 +185,7 @@ pd.DataFrame([
      "seed 001's 'tensor cores > 80 % busy', measured; with FLOP counts, close to MFU's numerator"),
     (1005, "DRAM_ACTIVE", "share of cycles the device memory interface was sending or receiving data",
      "the bandwidth-like number seed 004 wanted from dmon's 'mem'"),
-], columns=["field id", "DCGM_FI_PROF_…", "what it measures", "what it answers here"])
+], columns=["field id", "metric (DCGM_FI_PROF_ + name)", "what it measures", "what it answers here"])
 
 # %% [markdown]
 # **Is the clock the datasheet's?** A peak FLOP/s figure assumes the boost clock. `nvidia-smi -q -d PERFORMANCE`
@@ -376,20 +376,3 @@ ch.seed_claims([
 # - U_cap is a policy (PyTorch grows on demand, JAX takes 75 %, vLLM 90 %); U_eff hides what the rest is; U_bw needs
 #   a peak the device actually has.
 # - `dmon`'s `mem` is controller busy time, `fb` is memory used; neither is bandwidth. Print GiB as GiB.
-
-# %% [markdown]
-# ## Closing note: the expert review of this chapter, and what was done
-#
-# - **8.1**, CPU % "exactly as" GPU-Util: both are time occupancy; the text now says how they differ (threads
-#   summed vs "one or more kernels", 100 % with 1 of 132 SMs) and gives NVML's sample period.
-# - **8.2**, a hard-coded "measured" copy row: the row is section 1's measured CPU % of the copy loop.
-# - **8.3**, JAX/vLLM rows measuring nothing, CPU RSS over an H200: the table is labelled "by policy alone", for
-#   an assumed job size, and no CPU figure is divided by a GPU's capacity; the band check is computed.
-# - **8.4**, the GiB/GB direction: computed both ways (GiB larger by 7.4 %, a value in GiB smaller by 6.9 %).
-# - **8.5**, "section 5" ran no second policy: the text says the comparison is computed from the policies.
-# - **8.6**, a FLOP/s-only plot: the copy's GB/s is plotted and tabled beside the FLOP/s.
-# - **8.7**, U_bw's reason: the socket's datasheet figure is cited and the real reason (an unknown VM slice) given.
-# - **Teaching**: section 3 no longer ends in an empty note on a CPU: DCGM's metrics and the throttle reasons are
-#   shown; verdicts are computed from the tables.
-# - **Missing content**: DCGM SM_ACTIVE / SM_OCCUPANCY / PIPE_TENSOR_ACTIVE / DRAM_ACTIVE, clocks event reasons,
-#   NVML's sample period. Not done: a recorded nvidia-smi / DCGM run (no GPU was available to this revision).

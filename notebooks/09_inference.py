@@ -571,24 +571,3 @@ check("09.llama3-h200-8k", answer, model="llama-3-8b", card="h200-sxm", tokens=8
 #   not (time-averaged occupancy, the paper's measure).
 # - Mixture of experts: every expert is resident; a large batch reads them all, batch-1 decode reads the active
 #   ones only.
-
-# %% [markdown]
-# ## Closing note: the expert review of this chapter, and what was done
-#
-# - **9.1** (error), the naive-server limit named as the fp32 logits: section 3 computes the largest transient
-#   (eager's fp32 score matrix) and prints it, with the SDPA batch beside it.
-# - **9.2**, the serving verdict ignored `gpu_memory_utilization`: vLLM's 0.9 pool (minus the weights and an
-#   assumed profiled activation peak) gives the verdict; 100 % of the card is labelled an upper bound.
-# - **9.3**, the paging metric was not the paper's: the time-averaged occupancy during serving is computed beside
-#   the at-completion share, and the paper's 20.4-38.2 % is quoted as outside evidence.
-# - **9.4**, the int8 "measurement" is an element count: labelled a bookkeeping check; the per-tensor vs per-row
-#   scale difference is stated.
-# - **9.5** (error), "int4 has no CPU kernel": int4 is packed with torch's CPU int4pack kernels, its storage
-#   measured and a bf16 matmul run through them (section 5).
-# - **9.6**, "every expert is read" at small batch: idle experts per step, formula and measured; batch-1 decode
-#   reads the active experts only (section 7).
-# - **9.7**, the prefill/decode bars averaged settings: one setting is plotted; predictions drawn for batch 1 and 4.
-# - **Teaching**: prefill and decode are defined in the introduction; the KV match is labelled a bookkeeping check;
-#   verdicts on the seed's claims are computed from the tables they follow.
-# - **Missing content**: the decode roofline and MBU (section 4), continuous batching and chunked prefill
-#   (section 3), int4 measured on the CPU (section 5), MoE at batch 1 (section 7).

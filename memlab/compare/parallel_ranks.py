@@ -1,7 +1,8 @@
 """Pipeline and tensor parallelism measured on real ranks (torchrun: gloo on a CPU), next to their prediction.
 
-:func:`measure_parallel_ranks` launches this file under ``torchrun`` (:func:`memlab.run.distributed.launch.
-run_script`: killed past its clock, one retry after a rendezvous timeout); each rank
+:func:`measure_parallel_ranks` launches this file under ``torchrun``
+(:func:`memlab.run.distributed.launch.run_script`: killed past its clock, one retry after a rendezvous timeout);
+each rank
 
 - runs its stage of the reference GPT under torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe (real
   sends and receives), every storage counted (:func:`memlab.compare.pipeline.trace_stage`), next to

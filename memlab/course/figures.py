@@ -6,8 +6,9 @@ data artists of the same axes (line vertices, bar rectangles, scatter points). :
 <memlab.course.chapter.Chapter.save_figure>` runs it on every figure a chapter saves and writes what it finds to
 ``out_dir/figure_checks.json``; the report's tests fail on any overlap. Tick labels are left out (matplotlib lays
 them out) as are texts that are empty or invisible. Limits: a line is checked at its vertices, not along its
-segments (a label between two far-apart points of a line passes), and filled areas (``stackplot``,
-``fill_between``) and spans are background, not data.
+segments (a label between two far-apart points of a line passes), filled areas (``stackplot``,
+``fill_between``) and spans are background, not data, and a text drawn wholly inside a bar is that bar's label (a
+segment diagram names its blocks inside them).
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def _shared(a: Any, b: Any) -> float:
     w = min(a.x1, b.x1) - max(a.x0, b.x0)
     h = min(a.y1, b.y1) - max(a.y0, b.y0)
     return w * h if w > MIN_OVERLAP_PX and h > MIN_OVERLAP_PX else 0.0
+
+
+def _inside(inner: Any, outer: Any) -> bool:
+    """Whether box ``inner`` lies within box ``outer`` (to :data:`MIN_OVERLAP_PX`)."""
+    tol = MIN_OVERLAP_PX
+    return (inner.x0 >= outer.x0 - tol and inner.x1 <= outer.x1 + tol and inner.y0 >= outer.y0 - tol
+            and inner.y1 <= outer.y1 + tol)
 
 
 def _texts(fig: Any, renderer: Any) -> list[tuple[str, Any, Any]]:
@@ -114,7 +122,8 @@ def figure_overlaps(fig: Any) -> list[Overlap]:
     for what, box, ax in texts:
         if ax is None or what.startswith(("title", "x label", "y label")):
             continue  # titles and axis labels sit outside the plotting area
-        hits = [(label, _shared(box, d)) for label, d in data[id(ax)]]
+        hits = [(label, _shared(box, d)) for label, d in data[id(ax)]
+                if not (label.startswith("bar ") and _inside(box, d))]  # a bar's own label, drawn inside it
         hits = [(label, px) for label, px in hits if px]
         if hits:
             found.append(Overlap(what, hits[0][0] + (f" and {len(hits) - 1} more" if len(hits) > 1 else ""),

@@ -164,7 +164,7 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
             "optimizer": sum(detail.values())}, detail, notes
 
 
-_MODEL_LEVEL_ROWS = ("target token ids", "rotary cos and sin (one pair per forward)", "LM-head input",
+_MODEL_LEVEL_ROWS = ("target token ids", "rotary cos and sin (one pair per forward and rope kind)", "LM-head input",
                      "log-softmax of logits, fp32", "loss normaliser (total_weight)", "16-bit copy of LM-head weight")
 """Rows of :func:`memlab.predict.activations.term_rows` that are not per block (besides the final norm's and the
 embeddings' rows)."""

@@ -158,8 +158,21 @@ def test_a_span_behind_the_data_is_not_data_and_a_suptitle_is_one_text() -> None
     ax.text(1.0, 0.1, "in the band")
     fig.suptitle("one title")
     assert figure_overlaps(fig) == []
-    ax.bar([1.2], [0.4], width=0.5)
+    ax.bar([1.2], [0.4], width=0.2)  # under part of the text (a text wholly inside a bar is its label)
     assert [o.second for o in figure_overlaps(fig)] == ["bar '_nolegend_'"], "a bar under a text is data"
+    plt.close(fig)
+
+
+def test_a_label_wholly_inside_its_bar_is_the_bars_label() -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.barh([0], [10], left=[0], height=0.8)
+    ax.set_xlim(0, 10)
+    ax.text(5, 0, "t1", ha="center", va="center", fontsize=7)  # a segment diagram names its block inside it
+    assert figure_overlaps(fig) == []
+    ax.text(9.8, 0, "spills over the end", va="center", fontsize=7)
+    assert [o.first for o in figure_overlaps(fig)] == ["text 'spills over the end'"]
     plt.close(fig)
 
 
