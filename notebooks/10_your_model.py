@@ -75,11 +75,11 @@ warnings.filterwarnings("ignore", module="transformers")
 transformers.logging.set_verbosity_error()  # its config checks warn about the tiny vocabularies
 FULL_TRACED = ("llama-2-7b", "mistral-7b", "qwen2-7b", "gemma-7b", "pythia-1.4b", "opt-1.3b")
 SIZES = {  # what the scale changes: the full-size traces (the shoot-out's ground truth), the small runs, the tools
-    # ci: Pythia-1.4B with SDPA and GPT-2 (dropout 0.1, which the CPU flash kernel lacks) with eager attention, at
+    # ci: Llama-2-7B with SDPA and GPT-2 (dropout 0.1, which the CPU flash kernel lacks) with eager attention, at
     # 1,024 tokens, mixed bf16 with and without checkpointing, and GPT-2 in pure bf16 (gpu_poor's recipe)
-    "ci": dict(traced=[(n, a, rc, "mixed-bf16") for n, a in (("pythia-1.4b", "sdpa"), ("gpt2", "eager"))
+    "ci": dict(traced=[(n, a, rc, "mixed-bf16") for n, a in (("llama-2-7b", "sdpa"), ("gpt2", "eager"))
                        for rc in ("none", "full")] + [("gpt2", "eager", "none", "")], seq=1024,
-               grid=[("eager", "bf16", 2, 24), ("sdpa", "fp32", 1, 64)],
+               grid=[("eager", "bf16", 2, 24)],  # SDPA is in the traces; the small SDPA runs are at full scale
                tools=[t for t in calculators.CALCULATORS if t != "memlab-trace"]),
     # full: the 7B-class families at 4,096 tokens (their context where shorter), eager and SDPA, with and without
     # checkpointing; every small run; memlab's trace also scored against the small runs
@@ -369,8 +369,9 @@ calculators.error_table(ft_frame[ft_frame["tool"].isin(claims)]).set_index("tool
 # Take the reference formula (memlab's own GPT, no traits) and each family's real saved bytes: the residual is what
 # the family's code does differently. `trait_effects` names the trait behind each part of it, and the per-op
 # listing (`memlab.measure.by_op`, which walks the autograd graph and reads each node's saved tensors) shows the
-# tensors. Eager attention, bf16, batch 2 x 24 (the first run of each family above at ci scale). The full 64-run
-# grid (eager and SDPA, fp32 and bf16, two shapes) is `make bench` (`benchmarks/hf_activation_errors.py`).
+# tensors. Eager attention, bf16, batch 2 x 24 (the small run of each family above at ci scale). The full grid
+# (eager and SDPA, fp32 and bf16, two shapes, every family) runs at full scale and in `make bench`
+# (`benchmarks/hf_activation_errors.py`).
 
 # %%
 rows = []
