@@ -12,9 +12,10 @@ PyTorch's messages changed shape over the years; :func:`parse_oom_message` reads
   ``set_per_process_memory_fraction``.
 - ``cuda-sentences`` (torch 2.1 on; 2.1 spelled it "total capacty"): "Tried to allocate X. GPU 0 has a total
   capacity of T of which F is free. [Including non-PyTorch memory, this process has P memory in use. | Process N has P
-  memory in use. ...] [L allowed;] Of the allocated memory A is allocated by PyTorch, and U is reserved by PyTorch but
-  unallocated." Torch names "this process" only when the PID NVML reports equals its own; inside a container the PIDs
-  differ and every process, this one included, appears as "Process N".
+  memory in use. ...] [L allowed;] Of the allocated memory A is allocated by PyTorch, [with P allocated in private
+  pools (e.g., CUDA Graphs),] and U is reserved by PyTorch but unallocated." Torch names "this process" only when
+  the PID NVML reports equals its own; inside a container the PIDs differ and every process, this one included,
+  appears as "Process N".
 - ``mps``: "MPS backend out of memory (MPS allocated: A, other allocations: O, max allowed: L). Tried to
   allocate X on private pool."
 - ``other``: another backend's "out of memory" (XPU, ...); only the request is read, if stated.
@@ -71,6 +72,8 @@ class OomInfo:
     - ``other_processes``: ``(pid, bytes)`` for each "Process N has P memory in use" (may include this process
       when torch could not match its PID, e.g. in a container).
     - ``allocated_by_pytorch_bytes``: held by live tensors ("already allocated" / "is allocated by PyTorch").
+    - ``private_pool_bytes``: of those, allocated in private pools (CUDA Graphs, ``torch.cuda.MemPool``): "with P
+      allocated in private pools (e.g., CUDA Graphs)", which torch prints only when P is not zero.
     - ``reserved_by_pytorch_bytes``: the allocator's whole reserve ("reserved in total by PyTorch").
     - ``reserved_unallocated_bytes``: reserved but not allocated ("reserved by PyTorch but unallocated", or the
       oldest shape's "cached"): the allocator cache and fragmentation.
@@ -89,6 +92,7 @@ class OomInfo:
     process_in_use_bytes: int | None = None
     other_processes: tuple[tuple[int, int], ...] = field(default_factory=tuple)
     allocated_by_pytorch_bytes: int | None = None
+    private_pool_bytes: int | None = None
     reserved_by_pytorch_bytes: int | None = None
     reserved_unallocated_bytes: int | None = None
 
@@ -156,6 +160,7 @@ def parse_oom_message(msg: str) -> OomInfo:
             process_in_use_bytes=_find(rf"this process has {_SIZE} memory in use", text),
             other_processes=others,
             allocated_by_pytorch_bytes=_find(rf"Of the allocated memory {_SIZE} is allocated by PyTorch", text),
+            private_pool_bytes=_find(rf"with {_SIZE} allocated in private pools", text),
             reserved_unallocated_bytes=_find(rf"{_SIZE} is reserved by PyTorch but unallocated", text),
             **common,
         )

@@ -74,6 +74,8 @@ _MEANING: tuple[tuple[str, str, str], ...] = (
      "minus the reserve is the context and non-PyTorch memory, a fixed cost to budget for"),
     ("allocated_by_pytorch_bytes", "held by live tensors",
      "the real workload: parameters, gradients, optimizer state, activations, leaks; reduce these"),
+    ("private_pool_bytes", "of the allocated, held in private pools (CUDA Graphs, torch.cuda.MemPool)",
+     "a captured graph's memory: it stays while the graph lives, and other tensors cannot reuse it"),
     ("reserved_unallocated_bytes", "cached by the allocator but not in a tensor",
      "fragmentation only if the request is at most free + this (the allocator already returned wholly free "
      "segments before raising): then try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; above that no layout "

@@ -258,6 +258,19 @@ def test_current_sentences_format(msg: str) -> None:
         assert info.reserved_unallocated_bytes == approx(9.35 * GiB)
 
 
+def test_private_pool_bytes_are_read_and_absent_when_torch_omits_them() -> None:
+    # the sentence shape with its optional clause (c10/cuda/CUDACachingAllocator.cpp prints it when P > 0)
+    msg = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 768.00 MiB. GPU 0 has a total capacity of "
+           "79.19 GiB of which 140.38 MiB is free. Including non-PyTorch memory, this process has 79.04 GiB memory "
+           "in use. Of the allocated memory 72.36 GiB is allocated by PyTorch, with 436.00 MiB allocated in private "
+           "pools (e.g., CUDA Graphs), and 797.79 MiB is reserved by PyTorch but unallocated.")
+    info = parse_oom_message(msg)
+    assert info.private_pool_bytes == 436 * MiB
+    assert info.allocated_by_pytorch_bytes == approx(72.36 * GiB)
+    assert info.reserved_unallocated_bytes == approx(797.79 * MiB)
+    assert parse_oom_message(MSG_SENTENCES).private_pool_bytes is None
+
+
 def test_bare_message_without_exception_class() -> None:
     info = parse_oom_message(MSG_BARE)
     assert info.tried_to_allocate_bytes == 10 * MiB
