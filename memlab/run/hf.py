@@ -23,7 +23,13 @@ import torch
 from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
-from memlab.model.hf import DTYPES, apply_finetune, build_hf_model, quant_state_bytes
+from memlab.model.hf import (  # noqa: F401  attention_implementations: re-exported for the compare room
+    DTYPES,
+    apply_finetune,
+    attention_implementations,
+    build_hf_model,
+    quant_state_bytes,
+)
 from memlab.model.step import Meter, token_ids, train_step, training_step
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
