@@ -102,9 +102,10 @@ def preset_model(text: str) -> Any:
 
     if text.startswith("ref:"):
         return preset(text.removeprefix("ref:"))
+    from memlab.course.hf_configs import published as published_model
+
     cfg = preset(text)  # unknown names: one line with the closest ones
-    path = shipped(cfg.name)
-    return published(path)[0] if path is not None else cfg
+    return published_model(cfg.name) if shipped(cfg.name) is not None else cfg
 
 
 def is_published(model: Any) -> bool:

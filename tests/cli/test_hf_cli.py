@@ -129,6 +129,16 @@ PUBLISHED_PRESETS = sorted(set(preset_names()) & {p.stem for p in (CONFIGS / "fu
 def test_the_published_presets_are_found() -> None:
     assert {"gpt2", "llama-2-7b", "llama-2-13b", "mistral-7b"} <= set(PUBLISHED_PRESETS)
     assert "tiny-gpt" not in PUBLISHED_PRESETS and "gpt-3-175b" not in PUBLISHED_PRESETS
+    import memlab
+    from memlab.cli.hf_source import preset_model, published_presets
+
+    assert sorted(published_presets()) == PUBLISHED_PRESETS
+    for name in PUBLISHED_PRESETS:  # the Python API's published model is the CLI's; preset() stays the reference GPT
+        model = memlab.published(name)
+        assert model == preset_model(name) and model.impl.family != "reference" and model.name == name
+        assert memlab.preset(name).impl.family == "reference" and preset_model(f"ref:{name}") == memlab.preset(name)
+    with pytest.raises(memlab.UnknownNameError, match="llama-2-7b"):
+        memlab.published("llama-2-7x")
 
 
 def _setups(name: str) -> list[list[str]]:
