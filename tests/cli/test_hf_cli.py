@@ -208,3 +208,8 @@ def test_trace_measure_and_shard_follow_the_preset(capsys: pytest.CaptureFixture
     assert code == 2 and "--preset ref:gpt2" in err and err.count("\n") == 1
     code, _, err = _run(capsys, "shard", "--preset", "llama-2-7b")
     assert code == 2 and "--preset ref:llama-2-7b" in err and err.count("\n") == 1
+    for name, label in (("gpt2", "gpt2 (published config, family gpt2)"),
+                        ("ref:gpt2", "reference GPT with gpt2's sizes (ref:gpt2)")):
+        code, out, err = _run(capsys, "mfu", "--preset", name, "--seq", "1024", "--tokens-per-second", "1e4",
+                              "--gpu", "h100-sxm", "--json")
+        assert code == 0 and json.loads(out)["model_label"] == label, err
