@@ -86,7 +86,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.course.chapter": ("chapter",),
     "memlab.course.exercises": ("Choice", "Numeric"),
     "memlab.course.bank": ("check",),
-    "memlab.course.hf_configs": ("config_names", "config_source", "load_config"),
+    "memlab.course.hf_configs": ("config_names", "config_source", "load_config", "published"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

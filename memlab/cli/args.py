@@ -236,8 +236,12 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
     def dim(name: str) -> Callable[[str], int]:
         return field_bound(TransformerConfig, name)
 
-    g.add_argument("--preset", metavar="NAME", help=f"a preset (the reference GPT with these sizes; ref:NAME says so "
-                   f"explicitly; a published model as its code runs it is --hf NAME): {', '.join(preset_names())}")
+    from memlab.cli.hf_source import published_presets
+
+    g.add_argument("--preset", metavar="NAME", help="a preset: a name memlab ships a published config of ("
+                   f"{', '.join(published_presets())}) is that model as its published code runs it (= --hf NAME); "
+                   "ref:NAME is the reference GPT with NAME's sizes; the other presets are the reference GPT: "
+                   f"{', '.join(preset_names())}")
     g.add_argument("--d-model", type=dim("d_model"), metavar="H")
     g.add_argument("--n-layers", type=dim("n_layers"), metavar="L")
     g.add_argument("--n-heads", type=dim("n_heads"), metavar="A")
@@ -265,7 +269,8 @@ def given_model_options(args: argparse.Namespace) -> list[str]:
 
 def model_from_args(args: argparse.Namespace) -> Any:
     """The TransformerConfig (or bare parameter count) the MODEL options describe; MemlabError when ambiguous."""
-    from memlab.predict.models import TransformerConfig, preset
+    from memlab.cli.hf_source import preset_model
+    from memlab.predict.models import TransformerConfig
 
     dims = [args.d_model, args.n_layers, args.n_heads]
     params = getattr(args, "params", None)
@@ -284,7 +289,7 @@ def model_from_args(args: argparse.Namespace) -> Any:
             if args.max_seq is not None:
                 raise MemlabError("--max-seq describes a model config; a bare --params count has no positions")
             return params
-        cfg = preset(args.preset.removeprefix("ref:"))  # ref:NAME: the reference GPT with NAME's sizes, explicitly
+        cfg = preset_model(args.preset)  # a shipped published config, or ref:NAME / another preset: reference GPT
         if args.max_seq is not None and cfg.positions == "learned" and args.max_seq != cfg.max_seq:
             # Another table size is another model: its parameter count, and every byte after it, would change
             raise MemlabError(f"--max-seq {args.max_seq}: {cfg.name} has learned positions, a table of "

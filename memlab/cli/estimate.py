@@ -18,7 +18,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.hf_source import hf_path, model_info, published_twin
+from memlab.cli.hf_source import hf_path, model_info, model_label, published, published_twin
 from memlab.errors import ConfigError, MemlabError
 from memlab.predict.validate import LIMITS
 from memlab.units import GB, GiB
@@ -117,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
           f"{s.optimizer + ', ' if s.mode == 'train' else ''}recompute {s.recompute}, attention {s.attention}, "
           f"ZeRO-{s.zero_stage} over {s.world_size} rank(s), tp {s.tp}{' + sp' if s.sp else ''}")
     info = model_info(model, source="formula", config=raw)
-    print(f"model: {info['family']}, source of truth: formula (memlab.predict.estimate); step: "
+    print(f"model: {info['model_label']}; source of truth: formula (memlab.predict.estimate); step: "
           f"{info['calling_convention']}")
     if twin is not None:
-        print(f"  this is the reference GPT with {name}'s sizes; {name} as its published code runs it (--hf {name}): "
-              f"peak {twin['peak'] / GiB:.2f} GiB, activations {twin['activations'] / GiB:.2f} GiB (here: "
-              f"{bd.peak_bytes / GiB:.2f} and {bd.activations_bytes / GiB:.2f} GiB)")
+        print(f"  {name} as its published code runs it (--preset {name} or --hf {name}): peak "
+              f"{twin['peak']:,} B, activations {twin['activations']:,} B (here: {bd.peak_bytes:,} and "
+              f"{bd.activations_bytes:,} B)")
     print(f"\n{'per device':<24}{'bytes':>17} {'GiB':>10} {'GB':>10}")
     for comp, value in bd.components().items():
         print(f"{comp:<24}{_size(value)}")
@@ -164,7 +164,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | 
             raise MemlabError("--no-trace goes with --hf (a preset or dimensions are always the formula's)")
         return model_from_args(args), None, None
     from memlab.cli.args import given_model_options
-    from memlab.predict.hf import from_hf, read_config_json
+    from memlab.predict.hf import read_config_json
 
     given = given_model_options(args)
     if given:
@@ -172,7 +172,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | 
                           "are the config's) or drop --hf")
     raw = read_config_json(args.hf)
     try:
-        return from_hf(raw), raw, None
+        return published(args.hf)[0], raw, None
     except ConfigError as exc:
         if args.no_trace:
             raise
@@ -263,12 +263,13 @@ def _run_parallel(args: argparse.Namespace, model: Any, setup: Any) -> int:
     if args.json:
         print_json({"ranks": [r.to_dict() for r in rep.rows], "worst_rank": rep.worst.rank, "peak": rep.peak_bytes,
                     "bubble_fraction": rep.bubble_fraction, "fits": fits, "assumptions": list(rep.assumptions),
-                    "units": "bytes", "setup": setup.to_dict()}, indent=2)
+                    "units": "bytes", "setup": setup.to_dict(), "model_label": model_label(model)}, indent=2)
         return 0
     print(f"memlab estimate: {model.name}, pp {setup.pp} ({setup.pp_schedule}, {setup.pp_chunks} chunk(s)), "
           f"{setup.micro_batches} micro-batch(es) of {setup.batch} x seq {setup.seq}, cp {setup.cp}, tp {setup.tp}"
           f"{' + sp' if setup.sp else ''}, ZeRO-{setup.zero_stage} over {setup.world_size} rank(s), "
           f"{setup.precision}, recompute {setup.recompute}")
+    print(f"model: {model_label(model)}")
     print(f"\n{'rank':<5}{'holds':<34}{'in flight':>10}{'states GiB':>12}{'acts GiB':>10}{'buffers GiB':>12}"
           f"{'transient':>10}{'peak GiB':>10}")
     for r in rep.rows:

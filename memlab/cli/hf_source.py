@@ -65,6 +65,75 @@ def shipped(name: str) -> Path | None:
     return CONFIG_DIR / "full" / f"{name}.json" if name in config_names("full") else None
 
 
+def published_presets() -> tuple[str, ...]:
+    """The preset names memlab ships a published config of (``--preset NAME`` is then that published model)."""
+    from memlab.course.hf_configs import config_names
+    from memlab.predict.models import preset_names
+
+    return tuple(n for n in preset_names() if n in config_names("full"))
+
+
+def shipped_name(path: str | os.PathLike[str]) -> str | None:
+    """The name memlab ships the config at ``path`` under (``.../configs/full/llama-2-7b.json``: ``llama-2-7b``),
+    or None for any other file."""
+    stem = Path(path).stem
+    found = shipped(stem)
+    try:
+        return stem if found is not None and Path(path).resolve() == found.resolve() else None
+    except (OSError, ValueError):
+        return None
+
+
+def published(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
+    """(model, config dict) of a Hugging Face config: :func:`memlab.predict.hf.from_hf` of it, named after the
+    shipped config when it is one, so ``--preset llama-2-7b`` and ``--hf llama-2-7b`` build the same object."""
+    from memlab.predict.hf import from_hf, read_config_json
+
+    raw = read_config_json(path)
+    return from_hf(raw, name=shipped_name(path)), raw
+
+
+def preset_model(text: str) -> Any:
+    """The model ``--preset TEXT`` names: a preset with a published config memlab ships (gpt2, llama-2-7b,
+    llama-2-13b, mistral-7b) is that model as its published code runs it (:func:`published` of the shipped
+    config, the object ``--hf NAME`` gives); ``ref:NAME`` is the reference GPT with NAME's sizes; any other preset
+    (tiny-gpt, gpt-3-175b, ...) is the reference GPT (memlab ships no config of that name)."""
+    from memlab.predict.models import preset
+
+    if text.startswith("ref:"):
+        return preset(text.removeprefix("ref:"))
+    from memlab.course.hf_configs import published as published_model
+
+    cfg = preset(text)  # unknown names: one line with the closest ones
+    return published_model(cfg.name) if shipped(cfg.name) is not None else cfg
+
+
+def is_published(model: Any) -> bool:
+    """Whether ``model`` is a Hugging Face family's config (from :func:`memlab.predict.hf.from_hf`), not the
+    reference GPT."""
+    impl = getattr(model, "impl", None)
+    return impl is not None and impl.family != "reference"
+
+
+def model_label(model: Any) -> str:
+    """Which model the numbers are of, in words, for every output: ``NAME (published config, family F)``,
+    ``reference GPT with NAME's sizes (ref:NAME)``, ``NAME (reference GPT; memlab ships no published config of that
+    name)``, or the reference GPT with explicit dimensions."""
+    from memlab.predict.models import PRESETS
+
+    name = getattr(model, "name", None)
+    if not isinstance(name, str):
+        return "a bare parameter count (model states only)"
+    if is_published(model):
+        where = "published config" if shipped(name) is not None else "Hugging Face config"
+        return f"{name} ({where}, family {model.impl.family})"
+    if shipped(name) is not None:
+        return f"reference GPT with {name}'s sizes (ref:{name})"
+    if name in PRESETS:
+        return f"{name} (reference GPT; memlab ships no published config of that name)"
+    return f"reference GPT with explicit dimensions ({name})"
+
+
 def published_twin(model: Any, setup: Any, overheads: Any) -> dict[str, Any] | None:
     """For a preset named after a published model whose config memlab ships: that model as its published code
     runs it (:func:`memlab.predict.hf.from_hf` of the shipped config) under the same setup, as ``{"hf": name,
@@ -93,12 +162,13 @@ def model_info(model: Any, *, source: str, config: dict[str, Any] | None = None,
                refused: str | None = None) -> dict[str, Any]:
     """What ``--json`` says about the model: ``family``, ``traits`` (``impl.differs()``; None when the formula
     does not cover the model), ``calling_convention``, ``source_of_truth`` (``formula`` or ``trace``) and, when the
-    formula refused the config, ``formula_refused`` (its one-line reason)."""
+    formula refused the config, ``formula_refused`` (its one-line reason); ``model_label`` is :func:`model_label`."""
     impl = getattr(model, "impl", None)
     hf = config is not None or (impl is not None and impl.family != "reference")
     family = (config or {}).get("model_type") or (impl.family if impl is not None else None)
     out = {"family": family if hf else "reference", "traits": impl.differs() if impl is not None else None,
-           "calling_convention": HF_CALL if hf else REFERENCE_CALL, "source_of_truth": source}
+           "calling_convention": HF_CALL if hf else REFERENCE_CALL, "source_of_truth": source,
+           "model_label": model_label(model) if model is not None else f"{family} (Hugging Face config)"}
     if refused is not None:
         out["formula_refused"] = refused
     return out

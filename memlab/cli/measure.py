@@ -21,7 +21,7 @@ from memlab.cli.args import (
     setup_from_args,
     writing,
 )
-from memlab.cli.hf_source import hf_path, model_info
+from memlab.cli.hf_source import hf_path, is_published, model_info, model_label, published, shipped
 from memlab.errors import MemlabError
 from memlab.predict.validate import LIMITS
 
@@ -64,6 +64,14 @@ def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     if isinstance(model, int):
         raise MemlabError("memlab measure needs a model to build: give --preset or explicit dimensions, not --params")
+    path = shipped(model.name) if is_published(model) else None
+    if path is not None:  # a preset named after a published model: its shipped config, measured as --hf NAME
+        if args.max_seq is not None and args.max_seq != published(path)[0].max_seq:
+            raise MemlabError(f"--max-seq {args.max_seq}: --preset {args.preset} measures the published config as "
+                              f"shipped; drop --max-seq, or measure the reference GPT with its sizes: --preset "
+                              f"ref:{model.name}")
+        args.hf, args.preset, args.max_seq = str(path), None, None
+        return _run_hf(args, preset=model.name)
     setup = setup_from_args(args, model)
     m = run_step(model, setup, args.device, steps=args.steps)
     traced = None
@@ -74,9 +82,11 @@ def run(args: argparse.Namespace) -> int:
         traced = trace_gpt(model, setup, device_type=device_type(m.device))
     table = compare(predict_for(model, m), m, activations_detail=True, trace=traced)
     if args.json:
-        print_json({"measurement": m.to_dict(), "ledger": table.to_dict(orient="records")}, default=str)
+        print_json({"measurement": m.to_dict(), "ledger": table.to_dict(orient="records"),
+                    "model_label": model_label(model)}, default=str)
         return 0
-    print(f"memlab measure: {model.name} on {m.device} ({m.device_name}), status {m.status}")
+    print(f"memlab measure: {model.name} on {m.device} ({m.device_name}), status {m.status}; model: "
+          f"{model_label(model)}")
     if m.status != "ok":
         print(f"  {m.error}")
         return 1
@@ -97,22 +107,26 @@ _HF_FIELDS = {"batch", "seq", "precision", "attention", "recompute", "optimizer"
 """Setup fields a measured Hugging Face step honours (:func:`memlab.run.hf.run_hf`: AdamW, one training step)."""
 
 
-def _run_hf(args: argparse.Namespace) -> int:
-    """``measure --hf``: one real training step of the Hugging Face model, beside the formula when it covers it."""
+def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
+    """``measure --hf`` (or ``--preset NAME`` of a shipped published config, ``preset``): one real training step of
+    the Hugging Face model, beside the formula when it covers it."""
     from memlab.cli.args import given_model_options, given_setup_fields
     from memlab.device import device_string, device_type
-    from memlab.predict.hf import from_hf, hf_attention, read_config_json
+    from memlab.predict.hf import hf_attention, read_config_json
     from memlab.run.hf import predict_hf, run_hf
 
     given = given_model_options(args)
     if given:
         raise MemlabError(f"the model comes from --hf, so {', '.join(given)} would be ignored: drop them")
     other = sorted(set(given_setup_fields(args)) - _HF_FIELDS)
+    hint = "" if preset is None else (f" (--preset {preset} is the published model; --preset ref:{preset} measures "
+                                      "the reference GPT with its sizes)")
     if other:
-        raise MemlabError(f"measure --hf runs one plain AdamW training step: {', '.join(other)} not supported there")
+        raise MemlabError(f"measure --hf runs one plain AdamW training step: {', '.join(other)} not supported there"
+                          + hint)
     raw = read_config_json(args.hf)
     try:
-        model, refused = from_hf(raw), None
+        model, refused = published(args.hf)[0], None
     except MemlabError as exc:
         model, refused = None, str(exc)
     setup = setup_from_args(args, model if model is not None else 1)
@@ -120,7 +134,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     if setup.mode != "train" or setup.optimizer != "adamw" or dtype is None or setup.recompute == "selective":
         raise MemlabError("measure --hf runs a training step with AdamW, precision fp32, bf16 or amp-bf16, recompute "
                           f"none or full; got mode {setup.mode}, {setup.optimizer}, {setup.precision}, recompute "
-                          f"{setup.recompute}")
+                          f"{setup.recompute}" + hint)
     dev = device_string(args.device)
     impl = "eager" if setup.attention == "eager" else "sdpa"
     p = model.impl.attention_dropout_or(model.dropout) if model is not None else 0.0
@@ -139,6 +153,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         return 0
     print(f"memlab measure: {m.family} from {args.hf} on {m.device}, batch {m.batch} x seq {m.seq}, "
           f"{setup.precision}, attn_implementation {impl}; step: {info['calling_convention']}")
+    print(f"model: {info['model_label']}")
     print(f"  {'component':<14}{'predicted':>16}{'measured':>16}{'rel_error':>12}")
     for key, value in measured.items():
         pred = None if predicted is None else predicted[key]

@@ -20,6 +20,7 @@ from memlab.cli.args import (
     positive_float,
     print_json,
 )
+from memlab.cli.hf_source import model_label
 from memlab.errors import MemlabError
 from memlab.predict.setup import RECOMPUTE
 from memlab.predict.validate import LIMITS
@@ -90,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"mfu": res.mfu, "hfu": res.hfu, "peak_flops": res.peak_flops_per_s,
                     "flops_per_token": res.model_flops_per_token, "tokens_per_second": tps, "gpu": acc.key,
-                    **res.to_dict()}, indent=2)
+                    **res.to_dict(), "model_label": model_label(model)}, indent=2)
         return 0
     print(f"memlab mfu: {getattr(model, 'name', 'bare parameter count')} on {args.num_gpus} x {acc.name} ({acc.key}), "
-          f"{tps:,.1f} tokens/s, {args.dtype} dense peak")
+          f"{tps:,.1f} tokens/s, {args.dtype} dense peak; model: {model_label(model)}")
     print(f"  MFU                    {fmt_pct(res.mfu)}")
     print(f"  HFU                    {fmt_pct(res.hfu)}")
     print(f"  model FLOPs/token      {res.model_flops_per_token:,.4g}")

@@ -21,7 +21,9 @@ from memlab.errors import MemlabError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``memlab shard`` (self-contained: the model is a preset, the rest is the launch)."""
-    p.add_argument("--preset", default="tiny-gpt", metavar="NAME", help="the model (default tiny-gpt)")
+    p.add_argument("--preset", default="tiny-gpt", metavar="NAME",
+                   help="the model, the reference GPT on every rank (default tiny-gpt; a preset memlab ships a "
+                   "published config of needs ref:NAME: the reference GPT with its sizes)")
     p.add_argument("--ranks", type=positive_int, default=2, metavar="N", help="ranks on this node (default 2)")
     p.add_argument("--strategies", default="ddp,zero1,fsdp2-zero2,fsdp2-zero3,fsdp2-offload",
                    help="comma-separated: ddp, zero1, fsdp2-zero2, fsdp2-zero3, fsdp2-offload")
@@ -42,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Launch, then print the ledger (or the rows)."""
+    from memlab.cli.hf_source import shipped
     from memlab.compare.sharding import sharding_ledger
     from memlab.predict.models import preset
     from memlab.run.distributed.launch import WorkerSpec, launch
@@ -50,7 +53,14 @@ def run(args: argparse.Namespace) -> int:
         raise MemlabError("memlab shard runs the reference GPT on each rank; a Hugging Face model is not sharded here "
                           f"(no FSDP2 wrapping of transformers' modules): use memlab estimate --hf {args.hf} --zero 3 "
                           "--world-size N for its sharded formula")
-    config = preset(args.preset)
+    name = args.preset.removeprefix("ref:")
+    config = preset(name)
+    if not args.preset.startswith("ref:") and shipped(config.name) is not None:
+        raise MemlabError(f"memlab shard runs the reference GPT on each rank, and --preset {args.preset} names the "
+                          f"published model (its shipped config): say --preset ref:{config.name} for the reference GPT "
+                          f"with {config.name}'s sizes, or memlab estimate --preset {config.name} --zero 3 "
+                          "--world-size N for the published model's sharded formula")
+    args.preset = name
     if args.layouts:
         return _run_layouts(args, config)
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())

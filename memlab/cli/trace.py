@@ -1,7 +1,8 @@
 """``memlab trace``: one training step of a model on fake tensors, phase by phase, beside the estimator's phases.
 
 ``memlab trace MODEL [setup flags as estimate] [--hf PATH] [--timeout S] [--json]``. MODEL is a preset name (or
-``--preset`` / explicit dimensions, as ``estimate``) for the reference GPT, or a Hugging Face config (``--hf``: a
+``--preset`` / explicit dimensions, as ``estimate``: a preset memlab ships a published config of is that config, traced
+as ``--hf NAME``; ``ref:NAME`` and the other presets are the reference GPT), or a Hugging Face config (``--hf``: a
 ``config.json``, its folder or a model id in the local HF cache; or a path given as MODEL; then no preset or
 dimension flag, one process; ``--hf-config`` is the old spelling). A Hugging Face trace prints its progress to
 stderr and stops after ``--timeout`` seconds (default 300) with one line. Prints the bytes held at each phase of
@@ -21,7 +22,7 @@ from typing import Any
 from memlab.cli.args import given_model_options, model_from_args, positive_int
 from memlab.cli.estimate import add_arguments as add_estimate_arguments
 from memlab.cli.estimate import setup_of
-from memlab.cli.hf_source import hf_path, model_info
+from memlab.cli.hf_source import hf_path, is_published, model_info, published, shipped
 from memlab.cli.traced import print_trace, trace_config
 from memlab.errors import MemlabError
 
@@ -46,7 +47,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
 
     hf = args.hf
     if args.model is not None:
-        if args.model in PRESETS:
+        if args.model.removeprefix("ref:") in PRESETS:
             if args.preset is not None:
                 raise MemlabError(f"give the preset once: MODEL {args.model!r} or --preset {args.preset!r}")
             args.preset = args.model
@@ -67,6 +68,14 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
     model = model_from_args(args)
     if isinstance(model, int):
         raise MemlabError("memlab trace needs a model to build: give a preset or dimensions, not --params")
+    path = shipped(model.name) if is_published(model) else None
+    if path is not None:  # a preset named after a published model: its shipped config, as --hf NAME traces it
+        table = published(path)[0].max_seq
+        if args.max_seq is not None and args.max_seq != table:
+            raise MemlabError(f"--max-seq {args.max_seq}: --preset {args.preset} traces the published config as "
+                              f"shipped (max_seq {table:,}); drop --max-seq, or trace the reference GPT with "
+                              f"its sizes: --preset ref:{model.name}")
+        return "hf", str(path)
     return "gpt", model
 
 
@@ -116,13 +125,13 @@ def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
 
     kind, target = _target(args)
     if kind == "hf":
-        from memlab.predict.hf import from_hf, read_config_json
+        from memlab.predict.hf import read_config_json
 
         raw = read_config_json(target)
         result, setup = trace_config(args, target, _setup(args, 1))  # a bare count: the default seq (1024)
         predicted = _hf_estimate(target, setup)
         try:
-            model, refused = from_hf(raw), None
+            model, refused = published(target)[0], None
         except MemlabError as exc:
             model, refused = None, str(exc)
         return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused)

@@ -63,7 +63,8 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
           f"attention {setup.attention}, recompute {setup.recompute} (fake tensors on CPU; GiB = 2**30 bytes)")
     if extra:
-        print(f"model: {extra['family']}, source of truth: trace (the real modelling code on fake tensors)"
+        label = extra.get("model_label", extra["family"])
+        print(f"model: {label}; source of truth: trace (the real modelling code on fake tensors)"
               + ("" if predicted is not None else "; no formula column: "
                  + extra.get("formula_refused", "the formula does not cover it")))
     print(f"  {'step':<7} {'phase':<26} {'trace ' + unit:>12} {'formula ' + unit:>12} {'error':>8}")

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError, unknown_name
-from memlab.predict.hf import read_config_json
+from memlab.predict.hf import from_hf, read_config_json
+from memlab.predict.models import TransformerConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 SIZES = ("tiny", "full")
@@ -45,3 +46,14 @@ def config_source(name_or_path: str | Path, size: str = "full") -> str:
     """Where a shipped config's sizes come from (its ``_memlab_source`` or ``_memlab_note``)."""
     raw = _read(name_or_path, size)
     return str(raw.get("_memlab_source") or raw.get("_memlab_note") or "the learner's own config.json")
+
+
+def published(name: str) -> TransformerConfig:
+    """The published model ``name`` as its published code runs it: :func:`memlab.predict.hf.from_hf` of the full
+    config memlab ships under that name (``llama-2-7b``, ``gpt2``, ...; :func:`config_names` ``("full")``), named
+    ``name``. This is what ``memlab estimate --preset NAME`` and ``--hf NAME`` give for such a name;
+    :func:`memlab.predict.models.preset` is the reference GPT with the same sizes (``--preset ref:NAME``), whose
+    activations differ where the published code differs (its traits: ``published(name).impl.differs()``)."""
+    if name not in config_names("full"):
+        raise unknown_name("published config", str(name), config_names("full"))
+    return from_hf(read_config_json(CONFIG_DIR / "full" / f"{name}.json"), name=name)

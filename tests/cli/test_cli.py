@@ -10,8 +10,10 @@ import types
 import pytest
 
 from memlab import cli
+from memlab.course.hf_configs import CONFIG_DIR
 from memlab.predict.estimate import estimate
 from memlab.predict.hardware import gpu
+from memlab.predict.hf import from_hf
 from memlab.predict.models import preset
 from memlab.predict.precision import PRECISION_POLICIES
 from memlab.predict.setup import Setup
@@ -32,8 +34,9 @@ def test_done_when_command_prints_breakdown_and_verdict(capsys: pytest.CaptureFi
     for word in ("params", "grads", "optimizer", "activations", "kv_cache", "overhead", "total", "GiB", "GB"):
         assert word in out
     assert "verdict: FITS" in out or "verdict: DOES NOT FIT" in out
-    bd = estimate(preset("llama-2-7b"), Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096))
-    assert f"{bd.total_bytes:,}" in out
+    published = from_hf(CONFIG_DIR / "full" / "llama-2-7b.json")  # the preset is the published model
+    bd = estimate(published, Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096))
+    assert f"{bd.total_bytes:,}" in out and "model: llama-2-7b (published config, family llama)" in out
 
 
 def test_estimate_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ import pytest
 from memlab import cli
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf
+from memlab.predict.models import preset_names
 from memlab.predict.setup import Setup
 from memlab.tracing.progress import Progress, TraceTimeout, time_bound
 
@@ -121,21 +122,94 @@ def test_the_time_bound_stops_with_one_line_saying_where_it_was() -> None:
         pass
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama-2-7b", "llama-2-13b", "mistral-7b"])
-def test_a_preset_says_it_is_the_reference_gpt_and_gives_the_published_models_answer(
-        name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "estimate", "--preset", name, "--seq", "512", "--json")
-    assert code == 0, err
-    d = json.loads(out)
+PUBLISHED_PRESETS = sorted(set(preset_names()) & {p.stem for p in (CONFIGS / "full").glob("*.json")})
+"""Every shipped full config that has a preset of the same name (issue 17 point 6: one model, one answer)."""
+
+
+def test_the_published_presets_are_found() -> None:
+    assert {"gpt2", "llama-2-7b", "llama-2-13b", "mistral-7b"} <= set(PUBLISHED_PRESETS)
+    assert "tiny-gpt" not in PUBLISHED_PRESETS and "gpt-3-175b" not in PUBLISHED_PRESETS
+    import memlab
+    from memlab.cli.hf_source import preset_model, published_presets
+
+    assert sorted(published_presets()) == PUBLISHED_PRESETS
+    for name in PUBLISHED_PRESETS:  # the Python API's published model is the CLI's; preset() stays the reference GPT
+        model = memlab.published(name)
+        assert model == preset_model(name) and model.impl.family != "reference" and model.name == name
+        assert memlab.preset(name).impl.family == "reference" and preset_model(f"ref:{name}") == memlab.preset(name)
+    with pytest.raises(memlab.UnknownNameError, match="llama-2-7b"):
+        memlab.published("llama-2-7x")
+
+
+def _setups(name: str) -> list[list[str]]:
+    """Generated setups (seeded by the name): batch, seq, precision, recompute and mode vary."""
+    import random
+
+    rng = random.Random(name)
+    out = [["--seq", "512"]]
+    for _ in range(2):
+        out.append(["--batch", str(rng.randint(1, 8)), "--seq", str(rng.choice((64, 256, 1000, 1024))),
+                    "--precision", rng.choice(("fp32", "bf16", "mixed-bf16")),
+                    "--recompute", rng.choice(("none", "full", "selective")),
+                    "--optimizer", rng.choice(("adamw", "sgd"))])
+    out.append(["--mode", "inference", "--batch", str(rng.randint(1, 4)), "--seq", str(rng.choice((128, 1024)))])
+    return out
+
+
+@pytest.mark.parametrize("name", PUBLISHED_PRESETS)
+def test_a_preset_named_after_a_published_model_is_that_model(name: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     published = from_hf(CONFIGS / "full" / f"{name}.json")
-    want = estimate(published, Setup(seq=512))
-    assert d["family"] == "reference" and d["published_model"]["hf"] == name
-    assert d["published_model"]["peak"] == want.peak_bytes
-    assert d["published_model"]["param_count"] == d["param_count"]  # same sizes, another implementation
-    code, out2, _ = _run(capsys, "estimate", "--hf", name, "--seq", "512", "--json")
-    assert code == 0 and json.loads(out2)["per_device"]["peak"] == want.peak_bytes
-    assert json.loads(out2)["published_model"] is None
-    code, out3, _ = _run(capsys, "estimate", "--preset", f"ref:{name}", "--seq", "512", "--json")
-    assert code == 0 and json.loads(out3)["per_device"] == d["per_device"]
-    code, text, _ = _run(capsys, "estimate", "--preset", name, "--seq", "512")
-    assert f"reference GPT with {name}'s sizes" in text and f"--hf {name}" in text
+    differ = []
+    for flags in _setups(name):
+        code, out, err = _run(capsys, "estimate", "--preset", name, *flags, "--json")
+        assert code == 0, err
+        d = json.loads(out)
+        code, out2, err = _run(capsys, "estimate", "--hf", name, *flags, "--json")
+        assert code == 0, err
+        assert d == json.loads(out2)  # one model, one answer: every number and every label
+        assert d["family"] == published.impl.family != "reference" and d["published_model"] is None
+        assert d["model_label"] == f"{name} (published config, family {published.impl.family})"
+        assert d["param_count"] == published.param_count()
+        text = [_run(capsys, "estimate", flag, name, *flags)[1] for flag in ("--preset", "--hf")]
+        assert text[0] == text[1] and f"model: {name} (published config" in text[0]
+        code, out3, _ = _run(capsys, "estimate", "--preset", f"ref:{name}", *flags, "--json")
+        ref = json.loads(out3)
+        assert code == 0 and ref["family"] == "reference"
+        assert ref["model_label"] == f"reference GPT with {name}'s sizes (ref:{name})"
+        assert ref["published_model"]["peak"] == d["per_device"]["peak"]  # the published answer beside it
+        assert ref["param_count"] == d["param_count"]  # same sizes, another implementation
+        differ.append(ref["per_device"]["peak"] != d["per_device"]["peak"])
+    code, text, _ = _run(capsys, "estimate", "--preset", f"ref:{name}", "--seq", "512")
+    assert f"reference GPT with {name}'s sizes (ref:{name})" in text and f"--hf {name}" in text
+    if name == "llama-2-13b":  # the issue's example: the two differ, so the flip is visible
+        assert any(differ)
+
+
+def test_other_presets_stay_the_reference_gpt_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("tiny-gpt", "gpt-3-175b", "llama-2-70b"):
+        code, out, err = _run(capsys, "estimate", "--preset", name, "--seq", "128", "--json")
+        d = json.loads(out)
+        assert code == 0 and d["family"] == "reference", err
+        assert d["model_label"] == f"{name} (reference GPT; memlab ships no published config of that name)"
+
+
+def test_trace_measure_and_shard_follow_the_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    from memlab.cli import build_parser
+    from memlab.cli.trace import _target
+
+    kind, target = _target(build_parser().parse_args(["trace", "--preset", "gpt2"]))
+    assert kind == "hf" and Path(target) == CONFIGS / "full" / "gpt2.json"
+    kind, target = _target(build_parser().parse_args(["trace", "ref:gpt2"]))
+    assert kind == "gpt" and target.impl.family == "reference"
+    code, _, err = _run(capsys, "trace", "--preset", "llama-2-7b", "--max-seq", "8192")
+    assert code == 2 and "--preset ref:llama-2-7b" in err and err.count("\n") == 1
+    code, _, err = _run(capsys, "measure", "--preset", "gpt2", "--optimizer", "sgd")
+    assert code == 2 and "--preset ref:gpt2" in err and err.count("\n") == 1
+    code, _, err = _run(capsys, "shard", "--preset", "llama-2-7b")
+    assert code == 2 and "--preset ref:llama-2-7b" in err and err.count("\n") == 1
+    for name, label in (("gpt2", "gpt2 (published config, family gpt2)"),
+                        ("ref:gpt2", "reference GPT with gpt2's sizes (ref:gpt2)")):
+        code, out, err = _run(capsys, "mfu", "--preset", name, "--seq", "1024", "--tokens-per-second", "1e4",
+                              "--gpu", "h100-sxm", "--json")
+        assert code == 0 and json.loads(out)["model_label"] == label, err
