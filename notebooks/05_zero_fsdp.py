@@ -607,6 +607,15 @@ ax.set_title("Llama-2-7B, micro-batch 1 × 4096, mixed-bf16 AdamW, on GPUs: per-
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "parallel_layouts")
 
+# %%
+summed = lay["states_bytes"] + lay["activations_bytes"] + lay["buffers_bytes"]
+below = [f"{k} ({lay.loc[k, 'peak_gib']:.1f} GiB against {summed[k] / GiB:.1f})" for k in lay.index
+         if lay.loc[k, "peak_bytes"] < summed[k]]
+Markdown("The tick is the phase-aware peak (`memlab.predict.phases`), not the bar's sum: the states, the saved "
+         "tensors and the buffers do not all coexist at one moment (the gradients are allocated in backward, while "
+         "the saved tensors are freed), and the step's transients come on top. "
+         + (f"The peak is below the sum for {', '.join(below)}." if below else "Every peak is above its sum here."))
+
 # %% [markdown]
 # **Why PP's first stage keeps (almost) everything.** A rank saves each micro-batch's activations from its forward
 # until that micro-batch's backward. GPipe runs all m forwards, then all m backwards: every rank holds m
