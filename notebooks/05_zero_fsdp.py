@@ -23,7 +23,9 @@
 #    launch per N;
 # 3. prediction vs measurement: states, the gathered parameters inside the step, bytes moved;
 # 4. what does not shrink: activations and the gathered layer, from 8 to 1024 ranks;
-# 5. the seed's DeepSpeed config, and its FSDP2 equivalent; many nodes.
+# 5. the seed's DeepSpeed config, and its FSDP2 equivalent; many nodes;
+# 6. the same FSDP2 step three ways (the estimate, memlab's trace, torchtitan's estimator);
+# 7. when data parallelism cannot shrink activations: TP, SP, PP and CP side by side, memory and traffic.
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -534,9 +536,216 @@ else:
 shown
 
 # %% [markdown]
+# ## 7. When data parallelism cannot shrink activations: TP, SP, PP and CP
+#
+# Section 4's floor is one micro-batch's activations on every rank: data parallelism, ZeRO-3 included, splits the
+# batch, never the sample. Four layouts split the sample itself, here each spending the same 8 ranks on one model
+# (Llama-2-7B, mixed-bf16 AdamW, micro-batch 1 × 4096, flash attention, no recompute):
+#
+# - **TP** (tensor parallelism, Megatron-LM): each block's attention heads and MLP columns split over t ranks
+#   [shoeybi2019]; the tensors inside attention and the MLP shrink by t, the block's LayerNorm and residual
+#   inputs stay whole on every rank [korthikanti2022, Table 2: sbh(10 + 24/t + 5as/(ht)) per layer];
+# - **TP + SP** (sequence parallelism): those remaining tensors split along the sequence, so all of it is ÷ t
+#   [korthikanti2022, Sec. 4.2.2];
+# - **PP** (pipeline parallelism): the blocks split into stages, each rank runs its L/p blocks on a stream of
+#   micro-batches [narayanan2021];
+# - **CP** (context parallelism): every rank keeps every layer and s/cp tokens of each sequence, attention passing
+#   K/V chunks round a ring [liu2023].
+#
+# `memlab.compare.parallel_layouts` runs the estimator over the layouts (`memlab.predict.parallel.parallel_estimate`
+# for PP and CP: their worst rank). First, a prediction.
+
+# %% [markdown]
+# **Exercise 2 (predict before the table).** Under PP over 8 ranks with the 1F1B schedule and 8 micro-batches of
+# the shape above, rank 0 holds 4 of Llama-2-7B's 32 blocks. Its saved activations at its peak, as a fraction of one
+# unsplit rank's activations for one micro-batch (1 = "no smaller")? Answer before running the next cell.
+
+# %%
+answer = ...
+check("05.pp-first-stage-activations", answer)
+
+# %%
+from memlab.compare.parallel import parallel_layouts
+from memlab.predict.communication import cp_sent_bytes, pp_sent_bytes, tp_sent_bytes
+from memlab.predict.parallel import in_flight, micro_batch_bytes, parallel_estimate
+
+llama = preset("llama-2-7b")
+par_setup = Setup(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
+LAYOUT_NAMES = ("1 rank", "ZeRO-3 over 8", "TP 8", "TP 8 + SP", "PP 8, 1F1B", "PP 8, GPipe", "CP 8")
+# predicted for GPUs (CUDA's kernels and widths) on every machine: the layouts are a question about GPU training
+layouts = parallel_layouts(llama, par_setup, device_type="cuda")
+layouts.insert(0, "name", LAYOUT_NAMES)
+ch.save_table(layouts, "parallel_layouts_llama2_7b")
+shown_layouts = layouts.assign(**{f"{c.removesuffix('_bytes')} GiB": layouts[c] / GiB for c in
+                                  ("states_bytes", "activations_bytes", "buffers_bytes", "peak_bytes")})
+shown_layouts[["name", "layout", "ranks", "states GiB", "activations GiB", "buffers GiB", "peak GiB"]].round(2)
+
+# %%
+lay = layouts.set_index("name")
+act_ratio = lay["activations_bytes"] / lay.loc["1 rank", "activations_bytes"]
+smallest = act_ratio.drop("1 rank").idxmin()
+Markdown(f"Per-rank activations against one rank's: ZeRO-3 {act_ratio['ZeRO-3 over 8']:.2f}×, TP "
+         f"{act_ratio['TP 8']:.2f}×, TP + SP {act_ratio['TP 8 + SP']:.2f}×, PP under 1F1B "
+         f"{act_ratio['PP 8, 1F1B']:.2f}× (its worst rank), CP {act_ratio['CP 8']:.2f}×; the smallest is "
+         f"{smallest}. The peak is another matter: CP keeps every parameter and AdamW state on every rank "
+         f"({lay.loc['CP 8', 'states_bytes'] / GiB:.1f} GiB of states, peak {lay.loc['CP 8', 'peak_gib']:.1f} GiB), "
+         f"so it is combined with ZeRO over the same ranks in practice; TP shards the states and the "
+         f"activations at once (peak {lay.loc['TP 8', 'peak_gib']:.1f} GiB, "
+         f"{lay.loc['TP 8 + SP', 'peak_gib']:.1f} GiB with SP).")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
+names = list(lay.index)[::-1]
+left = pd.Series(0.0, index=names)
+for col, label, color in (("states_bytes", "model states", "C0"), ("activations_bytes", "saved activations", "C1"),
+                          ("buffers_bytes", "pipeline buffers", "C2")):
+    ax.barh(names, lay.loc[names, col] / GiB, left=left, color=color, label=label)
+    left = left + lay.loc[names, col] / GiB
+ax.scatter(lay.loc[names, "peak_gib"], names, color="k", marker="|", s=300, zorder=3, label="peak (worst rank)")
+ax.set_xlabel("GiB per rank (predicted)")
+ax.set_title("Llama-2-7B, micro-batch 1 × 4096, mixed-bf16 AdamW, on GPUs: per-rank bytes by layout")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+ch.save_figure(fig, "parallel_layouts")
+
+# %%
+summed = lay["states_bytes"] + lay["activations_bytes"] + lay["buffers_bytes"]
+below = [f"{k} ({lay.loc[k, 'peak_gib']:.1f} GiB against {summed[k] / GiB:.1f})" for k in lay.index
+         if lay.loc[k, "peak_bytes"] < summed[k]]
+Markdown("The tick is the phase-aware peak (`memlab.predict.phases`), not the bar's sum: the states, the saved "
+         "tensors and the buffers do not all coexist at one moment (the gradients are allocated in backward, while "
+         "the saved tensors are freed), and the step's transients come on top. "
+         + (f"The peak is below the sum for {', '.join(below)}." if below else "Every peak is above its sum here."))
+
+# %% [markdown]
+# **Why PP's first stage keeps (almost) everything.** A rank saves each micro-batch's activations from its forward
+# until that micro-batch's backward. GPipe runs all m forwards, then all m backwards: every rank holds m
+# micro-batches at once [huang2019]. 1F1B (PipeDream-Flush) starts backwards as soon as the last stage can: rank r
+# runs p − r warm-up forwards, then alternates one forward and one backward, so it holds min(p − r, m) at once
+# [narayanan2021, Sec. 2.2.1; torch's `Schedule1F1B`]. Rank 0 then holds p micro-batches of L/p blocks: as much
+# as one micro-batch through all L blocks (with m ≥ p). 1F1B bounds the activations by p (not m, as GPipe), but
+# does not divide them by p. In flight and peak, per rank:
+
+# %%
+pp_rows = []
+for sched in ("1f1b", "gpipe"):
+    rep = parallel_estimate(llama, par_setup.with_(pp=8, micro_batches=8, pp_schedule=sched),
+                            device_type="cuda")
+    for r in rep.rows:
+        pp_rows.append({"schedule": sched, "rank": r.rank, "holds": r.holds, "in flight": r.in_flight[0],
+                        "activations GiB": r.activations_bytes / GiB, "peak GiB": r.peak_bytes / GiB})
+pp_rows = pd.DataFrame(pp_rows)
+assert [in_flight("1f1b", 8, 8, r)[0] for r in range(8)] == list(pp_rows.query("schedule == '1f1b'")["in flight"])
+pp_rows.pivot(index="rank", columns="schedule", values=["in flight", "activations GiB", "peak GiB"]).round(2)
+
+# %% [markdown]
+# **A pipeline traced: torch's own schedules, on a fake group.** `memlab.compare.pipeline.trace_stage` runs
+# `torch.distributed.pipelining`'s `Schedule1F1B` and `ScheduleGPipe` for one rank's stage on a fake process group
+# (sends return at once, nothing arrives) and counts every live storage. This is evidence from outside the formula:
+# torch's real schedules decide what is alive when, not memlab's model of them. It runs on the CPU with real fp32
+# tensors (small shapes: the stage's tensors are allocated), so it is no GPU measurement. The prediction's peak is
+# a bound with named slack (the gradients not yet allocated at the peak moment, and one block's or the loss's
+# backward temporaries as the estimator bounds them); the bytes held after the step are predicted exactly:
+
+# %%
+from memlab.compare.parallel_ranks import pp_setup
+from memlab.compare.pipeline import trace_stage
+
+tiny = preset("tiny-gpt")  # real fp32 tensors: small shapes on every machine; at full scale 8 blocks over 4 ranks
+trace_model, trace_pp = (tiny, 2) if ch.scale == "ci" else (tiny.with_(name="tiny-gpt, 8 blocks", n_layers=8), 4)
+traced_pp = []
+for sched in ("1f1b", "gpipe"):
+    s_pp = pp_setup(sched, trace_pp)  # fp32 SGD, trace_pp + 1 micro-batches of 2 x 64
+    rows_pred = parallel_estimate(trace_model, s_pp, device_type="cpu").rows
+    for r in range(trace_pp):
+        tr, row = trace_stage(trace_model, s_pp, r), rows_pred[r]
+        slack = row.states_bytes // 2 + row.transient_bytes  # fp32 SGD: the states are parameters + gradients
+        traced_pp.append({"schedule": sched, "rank": r, "predicted peak (B)": tr.predicted_peak_bytes,
+                          "traced peak (B)": tr.peak_bytes, "named slack bound (B)": slack,
+                          "peak within the bound": 0 <= tr.predicted_peak_bytes - tr.peak_bytes <= slack,
+                          "predicted after step (B)": tr.predicted_end_bytes, "traced after step (B)": tr.end_bytes})
+traced_pp = pd.DataFrame(traced_pp)
+ch.save_table(traced_pp, "pipeline_fake_group_trace")
+print(f"{trace_model.name}, pp = {trace_pp}, {trace_pp + 1} micro-batches: after the step "
+      f"{int((traced_pp['predicted after step (B)'] == traced_pp['traced after step (B)']).sum())} of "
+      f"{len(traced_pp)} ranks exact; peak within its named bound on "
+      f"{int(traced_pp['peak within the bound'].sum())} of {len(traced_pp)}")
+traced_pp
+
+# %%
+if ch.scale == "full":  # real gloo ranks under torchrun: real sends and receives (about 7 s on 2 CPU cores)
+    from memlab.compare.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
+
+    ranks_ledger = parallel_ranks_ledger(measure_parallel_ranks("tiny-gpt", 2))
+    ch.save_table(ranks_ledger, "parallel_ranks_gloo")
+    shown_ranks = ranks_ledger
+else:
+    shown_ranks = ch.cpu_note("at ci scale the pipeline is traced on a fake group only; at full scale "
+                              "memlab.compare.parallel_ranks also runs PP and TP on 2 real gloo ranks under torchrun "
+                              "(about 7 s, over this chapter's ci budget)")
+shown_ranks
+
+# %% [markdown]
+# **The price: bytes on the wire.** Each layout sends something else, so its memory comes with traffic. Per rank
+# and per training step (bytes sent, in the communicated dtype bf16), from `memlab.predict.communication`:
+# ZeRO-3's 3Ψ (section 1) over a ring; TP's four all-reduces of the (b s, h) block output per block, two in forward
+# and two in backward, each sending 2(t − 1)/t of its buffer [shoeybi2019; thakur2005] (SP the same bytes as
+# reduce-scatters and all-gathers [korthikanti2022]); PP's stage output forward and its gradient backward, b s h per
+# micro-batch per boundary [narayanan2021]; CP's K/V chunks round the ring in forward and, with their gradients,
+# in backward [liu2023], plus the weight gradients' all-reduce over the CP ranks (which hold the same weights).
+# The layouts do not run the same work per step: ZeRO-3 runs 8 sequences (one per rank), PP 8 micro-batches, TP
+# and CP one sequence on 8 ranks, so the last column divides by it.
+
+# %%
+n8 = 8
+tokens = par_setup.batch * par_setup.seq
+grad_psi = 2 * llama.param_count()  # one bf16 copy of the parameters (or gradients), bytes
+pp_boundary = micro_batch_bytes(llama, par_setup.with_(pp=n8, micro_batches=n8), "cuda").boundary
+kv_chunk = 2 * par_setup.batch * (par_setup.seq // n8) * llama.kv_dim * 2  # K and V of one rank's tokens, bf16
+sent = {"1 rank": (0.0, 1),
+        "ZeRO-3 over 8": (ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 3).values()), n8), n8),
+        "TP 8": (tp_sent_bytes(tokens, llama.d_model, llama.n_layers, n8), 1),
+        "TP 8 + SP": (tp_sent_bytes(tokens, llama.d_model, llama.n_layers, n8), 1),
+        "PP 8, 1F1B": (max(pp_sent_bytes(pp_boundary, n8, n8, r) for r in range(n8)), n8),
+        "PP 8, GPipe": (max(pp_sent_bytes(pp_boundary, n8, n8, r) for r in range(n8)), n8),
+        "CP 8": (cp_sent_bytes(kv_chunk, llama.n_layers, n8)
+                 + ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 0).values()), n8), 1)}
+wire = pd.DataFrame([{"name": k, "peak GiB per rank": lay.loc[k, "peak_gib"], "sequences per step": q,
+                      "GB sent per rank per step": v / 1e9, "GB sent per rank per sequence": v / q / 1e9}
+                     for k, (v, q) in sent.items()])
+ch.save_table(wire, "parallel_communication")
+wire.round(2)
+
+# %%
+w = wire.set_index("name")
+per_seq = w["GB sent per rank per sequence"].drop("1 rank")
+ib_rate, nvlink_rate = LINKS_BYTES_PER_S.values()
+cp_grads = ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 0).values()), n8)
+cp_kv = cp_sent_bytes(kv_chunk, llama.n_layers, n8)
+tp_s = w.loc["TP 8", "GB sent per rank per step"] * 1e9
+Markdown(f"Per sequence, {per_seq.idxmin()} sends the least ({per_seq.min():.2f} GB per rank"
+         + (", at its stage boundaries only, point to point" if per_seq.idxmin().startswith("PP") else "")
+         + f") and {per_seq.idxmax()} the most ({per_seq.max():.1f} GB). TP's "
+         f"{tp_s / 1e9:.1f} GB per sequence sit in collectives inside every block, on the critical path: at the "
+         f"InfiniBand rate of section 4 ({ib_rate / 1e9:.0f} GB/s per GPU) at least {tp_s / ib_rate:.2f} s per "
+         f"sequence, over NVLink {tp_s / nvlink_rate:.3f} s, which is why TP stays inside a node's NVLink domain "
+         "while PP and data parallelism cross nodes [narayanan2021]. "
+         + ("CP's traffic is mostly the weight gradients' all-reduce, as in data parallelism:" if cp_grads > cp_kv
+            else "CP's traffic is mostly its K/V chunks, not the weight gradients' all-reduce:")
+         + f" {cp_grads / 1e9:.1f} GB of gradients, {cp_kv / 1e9:.1f} GB of K/V chunks (ring attention as "
+         "[liu2023] runs it, an assumption: implementations differ).")
+
+# %% [markdown]
+# **Exercise 3.** Llama-2-7B under TP over 4 ranks (no SP), micro-batch 2 × 2048 in bf16, ring all-reduces: how
+# many GiB does each rank send in the blocks' all-reduces for one micro-batch's forward and backward?
+
+# %%
+answer = ...
+check("05.tp4-allreduce-gib", answer)
+
+# %% [markdown]
 # ## Exercises
 #
-# **Exercise 2.** GPT-3 175B trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16 gradients: how many TB
+# **Exercise 4.** GPT-3 175B trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16 gradients: how many TB
 # does each rank move per step, by what section 3 measured for this implementation?
 
 # %%
@@ -544,14 +753,14 @@ answer = ...
 check("05.gpt3-zero1-tb", answer, table=comm)
 
 # %% [markdown]
-# **Exercise 3.** Llama-2-70B, mixed-bf16 AdamW, ZeRO-3 over 64 ranks: model states per rank, in GiB?
+# **Exercise 5.** Llama-2-70B, mixed-bf16 AdamW, ZeRO-3 over 64 ranks: model states per rank, in GiB?
 
 # %%
 answer = ...
 check("05.llama70b-zero3", answer)
 
 # %% [markdown]
-# **Exercise 4.** Doubling the ranks from 512 to 1024 under ZeRO-3: by what factor does GPT-3's predicted
+# **Exercise 6.** Doubling the ranks from 512 to 1024 under ZeRO-3: by what factor does GPT-3's predicted
 # per-rank total of section 4 shrink? (1 would be "not at all", 2 "halved".)
 
 # %%
@@ -575,3 +784,7 @@ check("05.zero3-floor", answer)
 # - Seed 004's "stage 3 trains arbitrarily large models" overclaims: the floor is activations + gathered blocks,
 #   and 3Ψ of traffic per step; its config is not valid JSON (comments) but DeepSpeed's hjson loader accepts it,
 #   and each key has an FSDP2 equivalent.
+# - When data parallelism cannot shrink activations (section 7): TP divides the tensors inside attention and the
+#   MLP, TP + SP and CP all of them; PP's 1F1B bounds them by the stages but leaves its first stage about one
+#   micro-batch through every block. Each costs traffic of its own: TP's all-reduces in every block, CP's K/V ring
+#   and gradient all-reduce, PP's sends at the stage boundaries.

@@ -52,3 +52,48 @@ def ring_wire_bytes(volume_bytes: int | float, world_size: int) -> float:
     if not isinstance(world_size, int) or world_size < 1:
         raise SetupError(f"world_size must be a positive integer, got {world_size!r}")
     return volume_bytes * (world_size - 1) / world_size
+
+
+def tp_sent_bytes(tokens: int, d_model: int, n_layers: int, tp: int, value_bytes: int = 2) -> float:
+    """Bytes one tensor-parallel rank sends per micro-batch's forward and backward through ``n_layers`` blocks.
+
+    Megatron's column/row split puts two all-reduces of the (tokens, d_model) block output in each block's forward
+    (after attention, after the MLP) and two in its backward (the conjugate ``f`` operators) [shoeybi2019, Sec. 3];
+    a ring all-reduce sends 2(t-1)/t of its buffer on each rank [thakur2005]. Sequence parallelism replaces each
+    all-reduce by a reduce-scatter and an all-gather of the same total (the same bytes) [korthikanti2022, Sec.
+    4.2.2]. Blocks only (a vocab-parallel embedding and loss add their own, not counted); a full recompute repeats
+    the forward's two, not counted. ``value_bytes``: the communicated dtype (2 for bf16)."""
+    for name, v in (("tokens", tokens), ("d_model", d_model), ("n_layers", n_layers), ("tp", tp),
+                    ("value_bytes", value_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SetupError(f"{name} must be a positive integer, got {v!r}")
+    buffer = tokens * d_model * value_bytes
+    return n_layers * 4 * ring_wire_bytes(collective_volume_bytes("all_reduce", buffer), tp)
+
+
+def pp_sent_bytes(boundary_bytes: int | float, micro_batches: int, pp: int, rank: int) -> float:
+    """Bytes pipeline rank ``rank`` of ``pp`` sends per step: each micro-batch's stage output forward (every rank but
+    the last) and its input gradient backward (every rank but the first), ``boundary_bytes`` each (the (b, s, h)
+    tensor between two stages) [narayanan2021, Sec. 2.2]; point to point, so the volume is what goes on the link."""
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 2:
+        raise SetupError(f"pp must be an integer >= 2, got {pp!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < pp:
+        raise SetupError(f"rank must be an int in [0, {pp}), got {rank!r}")
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise SetupError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    directions = (rank < pp - 1) + (rank > 0)
+    return directions * micro_batches * boundary_bytes
+
+
+def cp_sent_bytes(kv_chunk_bytes: int | float, n_layers: int, cp: int) -> float:
+    """Bytes one context-parallel rank sends per micro-batch in ring attention [liu2023]: in each layer's forward
+    the K/V chunks (``kv_chunk_bytes``: K and V of one rank's ``seq / cp`` tokens) go cp - 1 steps round the ring;
+    in its backward the K/V chunks go round again with their gradients (2 (cp - 1) chunk sends). Ring attention's
+    implementations differ (Megatron-LM's all-gathers K/V instead; some keep the forward's chunks): this is the
+    ring of the paper, an assumption to name. The weight gradients' all-reduce over the cp ranks is not in it
+    (:func:`zero_comm_bytes`)."""
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+        raise SetupError(f"cp must be a positive integer, got {cp!r}")
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
+        raise SetupError(f"n_layers must be a positive integer, got {n_layers!r}")
+    return n_layers * 3 * (cp - 1) * kv_chunk_bytes
