@@ -133,6 +133,17 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          "multi_query": "True without new_decoder_architecture (Falcon-7B) raises ConfigError",
          "hidden_dropout": "above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)",
          "attention_dropout": "above 0 raises ConfigError (Falcon uses it as a residual dropout)"}),
+    "mixtral": _family(
+        {"head_dim": "TransformerConfig.attn_head_dim (null: hidden_size / num_attention_heads)",
+         "hidden_act": "Implementation.activation", "sliding_window": _WINDOW,
+         "num_local_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
+         "num_experts_per_tok": "TransformerConfig.top_k (the (token, choice) pairs every MoE tensor is sized by)"},
+        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "router_aux_loss_coef": "the auxiliary loss's weight, read only with output_router_logits (refused when "
+                                 "true): a Python float"},
+        {"output_router_logits": "True raises ConfigError (the load-balancing auxiliary loss is not modelled)",
+         "router_jitter_noise": "above 0 raises ConfigError (the training-time noise on the MoE input is not "
+                                "modelled)"}),
 }
 """model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},
 "refused": {key: what memlab does with a value it does not model}}."""

@@ -1,5 +1,6 @@
 """What the newer families' code adds to the saved tensors and what it cannot run, kept beside
-:mod:`memlab.predict.activations` (which calls these): the q/k norms' rows (Qwen3, OLMo 2, Gemma 3) and the setup
+:mod:`memlab.predict.activations` (which calls these): the q/k norms' rows (Qwen3, OLMo 2, Gemma 3), a grouped
+mixture of experts' router and routed-pair rows (Mixtral), and the setup
 refusals of a sliding window and of soft-capping (:mod:`memlab.predict.hf_families` sets the traits). Pure
 arithmetic on ints or numpy arrays; no torch.
 """
@@ -34,6 +35,39 @@ def qk_norm_rows(config: TransformerConfig, t: Any, compute: float) -> list[tupl
     else:
         out.append(("q/k norm x*rstd cast back", "norms", L * t * width, compute, True))
     return out
+
+
+INT64, INT32 = 8, 4
+
+
+def grouped_expert_rows(config: TransformerConfig, t: Any, width: float, n_f: int,
+                        cuda_autocast: bool = False) -> list[tuple]:
+    """What a transformers 5 sparse MoE block keeps besides its input (``config.impl.grouped_experts``, Mixtral),
+    all layers, as activation term rows. The router keeps its fp32 softmax (t, E), top-k's int64 indices (t, k),
+    and for the renormalisation the fp32 top-k values and their sum; the experts, run by ``grouped_mm`` on the
+    S = t k (token, choice) pairs sorted by expert, keep three int64 index tensors of S (the gather of the inputs,
+    of the routing weights, and the inverse permutation), the int32 offsets (E), the gathered inputs (S, h), the
+    ``n_f`` d_ff-wide tensors of one gated MLP per pair (the gate_up output counted as two), the fp32 routing weights
+    (S, 1) and the down projection's output (S, h). Every size is set by t, k and E alone, whatever the routing
+    (measured with different seeds and inputs, tests/run/test_hf.py) [hf-transformers: modeling_mixtral.py
+    MixtralTopKRouter.forward; integrations/moe.py grouped_mm_experts_forward]. ``t``: tokens in the micro-batch;
+    ``width``: bytes per element of the experts' tensors, the model's dtype (CPU autocast has no rule for
+    ``grouped_mm``: the experts run in the model's dtype, measured); under CUDA autocast (``cuda_autocast``), not
+    measured, a :class:`~memlab.errors.SetupError`."""
+    if cuda_autocast:
+        raise SetupError(f"{config.impl.family}: grouped_mm experts under CUDA autocast are not measured (whether "
+                         "autocast casts them is not modelled); use a bf16 or fp32 model, or CPU")
+    L, E, k, h, f = config.n_layers, config.n_experts, config.top_k, config.d_model, config.ffn
+    pairs = t * k
+    return [("MoE router softmax, fp32", "mlp", L * t * E, FP32, False),
+            ("MoE top-k indices", "mlp", L * pairs, INT64, False),
+            ("MoE top-k weights and their sum, fp32", "mlp", L * (pairs + t), FP32, False),
+            ("MoE sort and gather indices (3 per layer)", "mlp", 3 * L * pairs, INT64, False),
+            ("MoE grouped_mm offsets", "mlp", L * E, INT32, False),
+            ("MoE gathered expert inputs", "mlp", L * pairs * h, width, False),
+            (f"MoE expert MLP tensors (d_ff wide, {n_f} per pair)", "mlp", n_f * L * pairs * f, width, True),
+            ("MoE routing weights per pair, fp32", "mlp", L * pairs, FP32, False),
+            ("MoE expert outputs", "mlp", L * pairs * h, width, False)]
 
 
 def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -> None:

@@ -1,6 +1,7 @@
 """The newer Hugging Face families :func:`memlab.predict.hf.from_hf` maps: Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM,
-Gemma 2 and Gemma 3 (text), each with the :class:`~memlab.predict.traits.Implementation` traits its modelling code
-implies (file and function named in ``sources``, transformers 5.x ``[hf-transformers]``).
+Gemma 2 and Gemma 3 (text), GPT-J, Falcon and Mixtral (a mixture of experts), each with the
+:class:`~memlab.predict.traits.Implementation` traits its modelling code implies (file and function named in
+``sources``, transformers 5.x ``[hf-transformers]``).
 
 :data:`FAMILY_DEFAULTS` holds each family's ``transformers`` defaults of the keys the builders read (checked by kind in
 :func:`memlab.predict.hf.from_hf`); :data:`BUILDERS` the builder per ``model_type``. What a family can be configured to
@@ -61,6 +62,12 @@ FAMILY_DEFAULTS["falcon"] = {"hidden_size": 4544, "num_hidden_layers": 32, "num_
                              "parallel_attn": True, "bias": False, "alibi": False, "num_ln_in_parallel_attn": None,
                              "tie_word_embeddings": True}
 
+FAMILY_DEFAULTS["mixtral"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                              "num_key_value_heads": 8, "head_dim": None, "intermediate_size": 14336,
+                              "vocab_size": 32000, "max_position_embeddings": 131072, "hidden_act": "silu",
+                              "num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
+                              "router_jitter_noise": 0.0, "tie_word_embeddings": False}
+
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}
 """(attn_logit_softcapping, final_logit_softcapping) defaults: positive numbers or None (not fractions, so not in
 :data:`FAMILY_DEFAULTS`)."""
@@ -83,7 +90,7 @@ _RMS = {"fp32-input": "{F}RMSNorm.forward: hidden_states.to(torch.float32), weig
         "fp32-product": "{F}RMSNorm.forward: (weight * x_fp32).to(input_dtype)",
         "fp32": "{F}RMSNorm.forward: x.float(), output * (1.0 + self.weight.float())"}
 _CLS = {"qwen3": "Qwen3", "phi3": "Phi3", "starcoder2": "Starcoder2", "olmo2": "Olmo2", "stablelm": "StableLm",
-        "gemma2": "Gemma2", "gemma3_text": "Gemma3"}
+        "gemma2": "Gemma2", "gemma3_text": "Gemma3", "mixtral": "Mixtral"}
 
 
 def _file(family: str) -> str:
@@ -338,9 +345,34 @@ def _falcon(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     )
 
 
+def _mixtral(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
+    """Mixtral: Mistral's attention and a sparse MoE block (:attr:`Implementation.grouped_experts`) in place of the
+    MLP; its jitter noise and router-logits auxiliary loss are refused, not approximated."""
+    src = _file(family)
+    if c["output_router_logits"]:
+        raise ConfigError("mixtral: output_router_logits=True (the load-balancing auxiliary loss over every layer's "
+                          "router logits) is not modelled; set it false")
+    if c["router_jitter_noise"] != 0:
+        raise ConfigError("mixtral: router_jitter_noise > 0 (a noise tensor multiplied into the MoE input in "
+                          "training) is not modelled; set 0.0")
+    experts, top_k = c["num_local_experts"], c["num_experts_per_tok"]
+    for key, value in (("num_local_experts", experts), ("num_experts_per_tok", top_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"mixtral: {key} must be a positive int, got {value!r:.40}")
+    if experts < 2 or top_k > experts:
+        raise ConfigError(f"mixtral: num_experts_per_tok={top_k} of num_local_experts={experts} is not a mixture "
+                          "of experts memlab models (it needs 2 or more experts and top_k <= experts)")
+    dense = _decoder(c, family, label, head_dim=c["head_dim"], grouped_experts=True,
+                     sliding_window=_window(c, family),
+                     sources=(("grouped_experts", f"{src} MixtralSparseMoeBlock, MixtralTopKRouter (fp32 softmax, "
+                                                  "top-k), MixtralExperts 3-D gate_up_proj/down_proj; "
+                                                  "transformers/integrations/moe.py grouped_mm_experts_forward"),))
+    return dense.with_(n_experts=experts, top_k=top_k)
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any], str, str], TransformerConfig]] = {
     "qwen3": _qwen3, "phi3": _phi3, "starcoder2": _starcoder2, "olmo2": _olmo2, "stablelm": _stablelm,
     "gemma2": _gemma2, "gemma3_text": _gemma2, "gptj": _gptj,
-    "falcon": _falcon,
+    "falcon": _falcon, "mixtral": _mixtral,
 }
 """The builder of each family in :data:`FAMILY_DEFAULTS`."""
