@@ -377,6 +377,8 @@ _NEW_FAMILY_ACCEPTED: dict[str, tuple[Any, ...]] = {
     "attention_dropout": (0, 0.0),
     "output_router_logits": (False,),
     "router_jitter_noise": (0, 0.0),
+    "decoder_sparse_step": (1,),
+    "mlp_only_layers": ([], None),
 }
 """The values under which a refused key of a :mod:`memlab.predict.family_keys` family keeps the estimate exact (the
 family's builder in :mod:`memlab.predict.hf_families` refuses any other, with the same reason)."""

@@ -1,6 +1,6 @@
 """What the newer families' code adds to the saved tensors and what it cannot run, kept beside
 :mod:`memlab.predict.activations` (which calls these): the q/k norms' rows (Qwen3, OLMo 2, Gemma 3), a grouped
-mixture of experts' router and routed-pair rows (Mixtral), and the setup
+mixture of experts' router and routed-pair rows (Mixtral, Qwen3-MoE), and the setup
 refusals of a sliding window and of soft-capping (:mod:`memlab.predict.hf_families` sets the traits). Pure
 arithmetic on ints or numpy arrays; no torch.
 """
@@ -40,7 +40,7 @@ def qk_norm_rows(config: TransformerConfig, t: Any, compute: float) -> list[tupl
 INT64, INT32 = 8, 4
 
 
-def grouped_expert_rows(config: TransformerConfig, t: Any, width: float, n_f: int,
+def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n_f: int,
                         cuda_autocast: bool = False) -> list[tuple]:
     """What a transformers 5 sparse MoE block keeps besides its input (``config.impl.grouped_experts``, Mixtral),
     all layers, as activation term rows. The router keeps its fp32 softmax (t, E), top-k's int64 indices (t, k),
@@ -51,22 +51,24 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, width: float, n_f: in
     (S, 1) and the down projection's output (S, h). Every size is set by t, k and E alone, whatever the routing
     (measured with different seeds and inputs, tests/run/test_hf.py) [hf-transformers: modeling_mixtral.py
     MixtralTopKRouter.forward; integrations/moe.py grouped_mm_experts_forward]. ``t``: tokens in the micro-batch;
-    ``width``: bytes per element of the experts' tensors, the model's dtype (CPU autocast has no rule for
-    ``grouped_mm``: the experts run in the model's dtype, measured); under CUDA autocast (``cuda_autocast``), not
-    measured, a :class:`~memlab.errors.SetupError`."""
+    ``w``: :func:`memlab.predict.activations.widths`; the experts' tensors are in the model's dtype (``residual``:
+    CPU autocast has no rule for ``grouped_mm``, measured), the routing weights fp32 or (``impl.moe_weights_fp32``
+    False, Qwen3-MoE) the router's ``compute`` dtype, the renormalisation's rows only with ``impl.moe_topk_renorm``;
+    under CUDA autocast (``cuda_autocast``), not measured, a :class:`~memlab.errors.SetupError`."""
     if cuda_autocast:
         raise SetupError(f"{config.impl.family}: grouped_mm experts under CUDA autocast are not measured (whether "
                          "autocast casts them is not modelled); use a bf16 or fp32 model, or CPU")
-    L, E, k, h, f = config.n_layers, config.n_experts, config.top_k, config.d_model, config.ffn
-    pairs = t * k
+    L, E, k, h, f, im = config.n_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
+    pairs, width = t * k, w["residual"]
     return [("MoE router softmax, fp32", "mlp", L * t * E, FP32, False),
             ("MoE top-k indices", "mlp", L * pairs, INT64, False),
-            ("MoE top-k weights and their sum, fp32", "mlp", L * (pairs + t), FP32, False),
+            ("MoE top-k weights and their sum, fp32", "mlp", L * (pairs + t) if im.moe_topk_renorm else 0, FP32,
+             False),
             ("MoE sort and gather indices (3 per layer)", "mlp", 3 * L * pairs, INT64, False),
             ("MoE grouped_mm offsets", "mlp", L * E, INT32, False),
             ("MoE gathered expert inputs", "mlp", L * pairs * h, width, False),
             (f"MoE expert MLP tensors (d_ff wide, {n_f} per pair)", "mlp", n_f * L * pairs * f, width, True),
-            ("MoE routing weights per pair, fp32", "mlp", L * pairs, FP32, False),
+            ("MoE routing weights per pair", "mlp", L * pairs, FP32 if im.moe_weights_fp32 else w["compute"], False),
             ("MoE expert outputs", "mlp", L * pairs * h, width, False)]
 
 

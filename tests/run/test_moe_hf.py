@@ -1,7 +1,7 @@
-"""Mixtral (transformers 5: 3-D experts, fp32 router, grouped_mm on the (token, choice) pairs) in one real CPU training
-step: the saved-for-backward bytes equal memlab's term-by-term count whatever the routing (other seeds, other inputs,
-generated expert counts and top-k), model states equal the estimator's, and what memlab does not model is refused in
-one line."""
+"""Mixtral and Qwen3-MoE (transformers 5: 3-D experts, an fp32 router softmax, grouped_mm on the (token, choice)
+pairs) in one real CPU training step: the saved-for-backward bytes equal memlab's term-by-term count whatever the
+routing (other seeds, other inputs, generated expert counts and top-k), model states equal the estimator's, and what
+memlab does not model is refused in one line."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from memlab.predict.setup import Setup
 from memlab.predict.unmodelled import unmodelled_terms
 from memlab.run.hf import predict_hf, run_hf
 
-TINY = {k: v for k, v in json.loads((Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
-                                     / "mixtral.json").read_text()).items() if not k.startswith("_")}
+_DIR = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+TINY, QWEN3_MOE = ({k: v for k, v in json.loads((_DIR / f"{f}.json").read_text()).items() if not k.startswith("_")}
+                   for f in ("mixtral", "qwen3_moe"))
 
 
 def _generated(n: int) -> list[tuple[dict, str, str, int, int]]:
@@ -73,6 +74,18 @@ def test_the_two_seeds_route_tokens_differently() -> None:
     assert counts[0] != counts[1] and sum(counts[0]) == sum(counts[1]) == 2 * 24 * TINY["num_experts_per_tok"]
 
 
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_qwen3_moe_with_and_without_renormalised_weights_is_exact(norm: bool, dtype: str) -> None:
+    """Qwen3-MoE's router renormalises only with norm_topk_prob, and casts the weights to its logits' dtype."""
+    cfg = {**QWEN3_MOE, "norm_topk_prob": norm}
+    config, m = run_hf(cfg, attn_implementation="sdpa", dtype=dtype, batch=2, seq=19, seed=3)
+    assert config.impl.moe_topk_renorm is norm and not config.impl.moe_weights_fp32
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
+
+
 @pytest.mark.parametrize("kwargs", [{"autocast": True}, {"gradient_checkpointing": True}])
 def test_autocast_and_checkpointing_are_exact(kwargs: dict) -> None:
     """CPU autocast casts the router's input, not the grouped_mm experts (they run in fp32): no 16-bit expert copies."""
@@ -99,15 +112,20 @@ def test_no_moe_term_is_named_as_unmodelled() -> None:
     assert not [k for k in unmodelled_terms(config, setup, estimate(config, setup)) if "MoE" in k]
 
 
-@pytest.mark.parametrize(("changes", "key"), [
+@pytest.mark.parametrize(("base", "changes", "key"), [
+    (QWEN3_MOE, {"mlp_only_layers": [1]}, "mlp_only_layers"),
+    (QWEN3_MOE, {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    (QWEN3_MOE, {"output_router_logits": True}, "output_router_logits"),
+    (QWEN3_MOE, {"num_experts": 1, "num_experts_per_tok": 1}, "num_experts"),
+] + [(TINY, *case) for case in [
     ({"output_router_logits": True}, "output_router_logits"),
     ({"router_jitter_noise": 0.05}, "router_jitter_noise"),
     ({"num_experts_per_tok": 5}, "num_experts_per_tok"),
     ({"num_local_experts": 1, "num_experts_per_tok": 1}, "num_local_experts"),
-])
-def test_what_is_not_modelled_is_refused_in_one_line(changes: dict, key: str) -> None:
+]])
+def test_what_is_not_modelled_is_refused_in_one_line(base: dict, changes: dict, key: str) -> None:
     with pytest.raises(ConfigError) as err:
-        from_hf({**TINY, **changes})
+        from_hf({**base, **changes})
     assert key in str(err.value) and "\n" not in str(err.value)
 
 
