@@ -77,9 +77,13 @@ def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -
     memlab counts: a ``seq`` (default ``setup.seq``) reaching the sliding window with a fused or math kernel
     (:meth:`~memlab.predict.traits.Implementation.check_window`); attention soft-capping with SDPA's math or
     memory-efficient kernel (PyTorch SDPA has no softcap; transformers refuses sdpa for Gemma 2); the final logits'
-    soft-capping with memlab's chunked or fused loss (which compute the logits themselves, without the cap)."""
+    soft-capping with memlab's chunked or fused loss (which compute the logits themselves, without the cap); LoRA
+    or QLoRA on a grouped mixture of experts (``impl.grouped_experts``: measured not to match, not modelled)."""
     im = config.impl
     im.check_window(setup.seq if seq is None else seq, setup.attention)
+    if im.grouped_experts and setup.finetune in ("lora", "qlora"):  # measured off by a d_ff-wide tensor per pair
+        raise SetupError(f"{im.family}: LoRA and QLoRA around grouped_mm experts are not modelled (a frozen "
+                         "expert keeps other tensors than a trained one); use full training or frozen layers")
     if im.attn_softcap and setup.attention in ("math", "efficient"):
         raise SetupError(f"{im.family}: attention logit soft-capping runs in eager or flash attention only "
                          "(PyTorch SDPA has no softcap; transformers refuses sdpa for it)")

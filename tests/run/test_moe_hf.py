@@ -134,3 +134,16 @@ def test_cuda_autocast_is_refused_not_guessed() -> None:
     with pytest.raises(SetupError, match="grouped_mm"):
         activation_bytes(config, Setup(batch=1, seq=16, precision="amp-bf16"), device_type="cuda")
     assert activation_bytes(config, Setup(batch=1, seq=16, precision="amp-bf16"), device_type="cpu")
+
+
+@pytest.mark.parametrize("base", [TINY, QWEN3_MOE])
+def test_frozen_layers_are_exact_and_lora_is_refused(base: dict) -> None:
+    """Frozen lower layers keep nothing of theirs (measured exact); LoRA around grouped experts is not modelled."""
+    frozen = Setup(batch=2, seq=24, precision="fp32", finetune="frozen", frozen_layers=1)
+    config, m = run_hf(base, attn_implementation="eager", dtype="fp32", batch=2, seq=24, lora=frozen)
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
+    for finetune in ("lora", "qlora"):
+        with pytest.raises(SetupError, match="LoRA"):
+            estimate(config, Setup(batch=2, seq=24, precision="bf16", finetune=finetune, lora_rank=4))
