@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.family_terms import check_family_setup, qk_norm_rows
+from memlab.predict.family_terms import check_family_setup, grouped_expert_rows, qk_norm_rows
 from memlab.predict.finetune import finetune_rows
 from memlab.predict.korthikanti import (  # noqa: F401  re-exported: the paper's formulas beside the count
     KORTHIKANTI_TABLE2_ROWS,
@@ -316,8 +316,8 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
         n_attn_in = 3 if autocast and not im.fused_qkv else 1  # a fused QKV projection casts its input once
-        n_mlp_in = (2 if config.mlp == "swiglu" and not im.fused_gate_up else 1) if autocast else \
-            (0 if im.shared_norm else 1)  # a fused gate_up projection (Phi-3) casts its input once
+        n_mlp_in = (2 if config.mlp == "swiglu" and not im.fused_gate_up and not im.grouped_experts else 1) \
+            if autocast else (0 if im.shared_norm else 1)  # fused gate_up (Phi-3), MoE router: one cast
         n_norms = L if im.shared_norm else (4 if im.norm_placement == "sandwich" else 2) * L
         terms += _norm_terms(config, t, n_norms, w, "block norm", L if im.parallel_block else n_norms)
         terms.append(("q/k/v projection input", "attention", n_attn_in * L * t * h, w["compute"], False))
@@ -332,13 +332,14 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         terms.append(("MLP input", "mlp", n_mlp_in * L * t * h, w["compute"], False))
         n_f = im.mlp_saved_tensors(config.mlp)  # gelu: its input, down's input; swiglu: gate, silu, up, down input
         act = im.act(config.mlp)
-        terms.append(
-            (f"MLP {config.mlp}/{act} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True)
-        )
+        if im.grouped_experts:  # the router's and the experts' tensors, per (token, choice) pair (Mixtral)
+            terms += grouped_expert_rows(config, t, w, n_f, autocast and device_type == "cuda")
+        else:
+            terms.append((f"MLP {config.mlp}/{act} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True))
         if drop:
             terms.append(("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))
         if autocast:
-            per_layer = (_matmul_params(config) - V * h) // L
+            per_layer = (_matmul_params(config) - V * h - config.grouped_expert_params()) // L
             terms.append(
                 ("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
             )
@@ -415,8 +416,9 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
 def autocast_block_copy_bytes(config: TransformerConfig, tp: int = 1) -> float:
     """Bytes of autocast's 16-bit copies of every block's matmul weights on one tp rank: what the
     "16-bit copies of block weights" term saves for backward, and what autocast's cast cache holds until the
-    autocast region ends (the whole forward) when full recompute saves none of them [pytorch-amp]."""
-    return (_matmul_params(config) - config.vocab_size * config.d_model) * 2 / tp
+    autocast region ends (the whole forward) when full recompute saves none of them [pytorch-amp]. Grouped 3-D
+    experts are not cast: CPU autocast has no rule for ``grouped_mm`` (measured, tests/run/test_hf.py)."""
+    return (_matmul_params(config) - config.vocab_size * config.d_model - config.grouped_expert_params()) * 2 / tp
 
 
 @functools.lru_cache(maxsize=256)

@@ -375,6 +375,10 @@ _NEW_FAMILY_ACCEPTED: dict[str, tuple[Any, ...]] = {
     "parallel_attn": (True,),
     "multi_query": (False, True),  # True only with new_decoder_architecture: hf_families._falcon checks the pair
     "attention_dropout": (0, 0.0),
+    "output_router_logits": (False,),
+    "router_jitter_noise": (0, 0.0),
+    "decoder_sparse_step": (1,),
+    "mlp_only_layers": ([], None),
 }
 """The values under which a refused key of a :mod:`memlab.predict.family_keys` family keeps the estimate exact (the
 family's builder in :mod:`memlab.predict.hf_families` refuses any other, with the same reason)."""

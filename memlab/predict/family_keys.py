@@ -44,7 +44,7 @@ _COMMON: dict[str, dict[str, str]] = {
 def _family(modelled: dict[str, str], neutral: dict[str, str], refused: dict[str, str] | None = None
             ) -> dict[str, dict[str, str]]:
     refused = dict(refused or {})
-    common = {k: v for k, v in _COMMON["modelled"].items() if k not in refused}
+    common = {k: v for k, v in _COMMON["modelled"].items() if k not in refused and k not in neutral}
     return {"modelled": {**common, **modelled}, "neutral": {**_COMMON["neutral"], **neutral}, "refused": refused}
 
 
@@ -133,6 +133,37 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          "multi_query": "True without new_decoder_architecture (Falcon-7B) raises ConfigError",
          "hidden_dropout": "above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)",
          "attention_dropout": "above 0 raises ConfigError (Falcon uses it as a residual dropout)"}),
+    "mixtral": _family(
+        {"head_dim": "TransformerConfig.attn_head_dim (null: hidden_size / num_attention_heads)",
+         "hidden_act": "Implementation.activation", "sliding_window": _WINDOW,
+         "num_local_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
+         "num_experts_per_tok": "TransformerConfig.top_k (the (token, choice) pairs every MoE tensor is sized by)"},
+        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "router_aux_loss_coef": "the auxiliary loss's weight, read only with output_router_logits (refused when "
+                                 "true): a Python float"},
+        {"output_router_logits": "True raises ConfigError (the load-balancing auxiliary loss is not modelled)",
+         "router_jitter_noise": "above 0 raises ConfigError (the training-time noise on the MoE input is not "
+                                "modelled)"}),
+    "qwen3_moe": _family(
+        {"head_dim": "TransformerConfig.attn_head_dim (absent: hidden_size / num_attention_heads)",
+         "hidden_act": "Implementation.activation", "attention_bias": "Implementation.qkv_bias and o_bias",
+         "sliding_window": _WINDOW,
+         "use_sliding_window": "whether sliding_window applies (Qwen3MoeConfig sets it to None otherwise)",
+         "moe_intermediate_size": "TransformerConfig.d_ff (each expert's width)",
+         "num_local_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
+         "num_experts": "TransformerConfig.n_experts (the published config.json's spelling of num_local_experts)",
+         "num_experts_per_tok": "TransformerConfig.top_k (the (token, choice) pairs every MoE tensor is sized by)",
+         "norm_topk_prob": "Implementation.moe_topk_renorm (the fp32 top-k values and their sum kept)"},
+        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "router_aux_loss_coef": "the auxiliary loss's weight, read only with output_router_logits (refused when "
+                                 "true): a Python float",
+         "intermediate_size": "the width of dense MLP layers, which exist only with mlp_only_layers or "
+                              "decoder_sparse_step > 1 (refused): no tensor of a modelled step",
+         "max_window_layers": "in older config.json files; Qwen3MoeConfig keeps no layer types (any window applies "
+                              "to every layer with use_sliding_window)"},
+        {"output_router_logits": "True raises ConfigError (the load-balancing auxiliary loss is not modelled)",
+         "decoder_sparse_step": "other than 1 raises ConfigError (dense layers between MoE ones are not modelled)",
+         "mlp_only_layers": "a non-empty list raises ConfigError (dense layers between MoE ones are not modelled)"}),
 }
 """model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},
 "refused": {key: what memlab does with a value it does not model}}."""

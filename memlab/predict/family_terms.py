@@ -1,5 +1,6 @@
 """What the newer families' code adds to the saved tensors and what it cannot run, kept beside
-:mod:`memlab.predict.activations` (which calls these): the q/k norms' rows (Qwen3, OLMo 2, Gemma 3) and the setup
+:mod:`memlab.predict.activations` (which calls these): the q/k norms' rows (Qwen3, OLMo 2, Gemma 3), a grouped
+mixture of experts' router and routed-pair rows (Mixtral, Qwen3-MoE), and the setup
 refusals of a sliding window and of soft-capping (:mod:`memlab.predict.hf_families` sets the traits). Pure
 arithmetic on ints or numpy arrays; no torch.
 """
@@ -38,14 +39,53 @@ def qk_norm_rows(config: TransformerConfig, t: Any, compute: float) -> list[tupl
     return out
 
 
+INT64, INT32 = 8, 4
+
+
+def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n_f: int,
+                        cuda_autocast: bool = False) -> list[tuple]:
+    """What a transformers 5 sparse MoE block keeps besides its input (``config.impl.grouped_experts``, Mixtral),
+    all layers, as activation term rows. The router keeps its fp32 softmax (t, E), top-k's int64 indices (t, k),
+    and for the renormalisation the fp32 top-k values and their sum; the experts, run by ``grouped_mm`` on the
+    S = t k (token, choice) pairs sorted by expert, keep three int64 index tensors of S (the gather of the inputs,
+    of the routing weights, and the inverse permutation), the int32 offsets (E), the gathered inputs (S, h), the
+    ``n_f`` d_ff-wide tensors of one gated MLP per pair (the gate_up output counted as two), the fp32 routing weights
+    (S, 1) and the down projection's output (S, h). Every size is set by t, k and E alone, whatever the routing
+    (measured with different seeds and inputs, tests/run/test_hf.py) [hf-transformers: modeling_mixtral.py
+    MixtralTopKRouter.forward; integrations/moe.py grouped_mm_experts_forward]. ``t``: tokens in the micro-batch;
+    ``w``: :func:`memlab.predict.activations.widths`; the experts' tensors are in the model's dtype (``residual``:
+    CPU autocast has no rule for ``grouped_mm``, measured), the routing weights fp32 or (``impl.moe_weights_fp32``
+    False, Qwen3-MoE) the router's ``compute`` dtype, the renormalisation's rows only with ``impl.moe_topk_renorm``;
+    under CUDA autocast (``cuda_autocast``), not measured, a :class:`~memlab.errors.SetupError`."""
+    if cuda_autocast:
+        raise SetupError(f"{config.impl.family}: grouped_mm experts under CUDA autocast are not measured (whether "
+                         "autocast casts them is not modelled); use a bf16 or fp32 model, or CPU")
+    L, E, k, h, f, im = config.n_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
+    pairs, width = t * k, w["residual"]
+    return [("MoE router softmax, fp32", "mlp", L * t * E, FP32, False),
+            ("MoE top-k indices", "mlp", L * pairs, INT64, False),
+            ("MoE top-k weights and their sum, fp32", "mlp", L * (pairs + t) if im.moe_topk_renorm else 0, FP32,
+             False),
+            ("MoE sort and gather indices (3 per layer)", "mlp", 3 * L * pairs, INT64, False),
+            ("MoE grouped_mm offsets", "mlp", L * E, INT32, False),
+            ("MoE gathered expert inputs", "mlp", L * pairs * h, width, False),
+            (f"MoE expert MLP tensors (d_ff wide, {n_f} per pair)", "mlp", n_f * L * pairs * f, width, True),
+            ("MoE routing weights per pair", "mlp", L * pairs, FP32 if im.moe_weights_fp32 else w["compute"], False),
+            ("MoE expert outputs", "mlp", L * pairs * h, width, False)]
+
+
 def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -> None:
     """Raise :class:`~memlab.errors.SetupError` (one line) for a setup the family's code runs differently from what
     memlab counts: a ``seq`` (default ``setup.seq``) reaching the sliding window with a fused or math kernel
     (:meth:`~memlab.predict.traits.Implementation.check_window`); attention soft-capping with SDPA's math or
     memory-efficient kernel (PyTorch SDPA has no softcap; transformers refuses sdpa for Gemma 2); the final logits'
-    soft-capping with memlab's chunked or fused loss (which compute the logits themselves, without the cap)."""
+    soft-capping with memlab's chunked or fused loss (which compute the logits themselves, without the cap); LoRA
+    or QLoRA on a grouped mixture of experts (``impl.grouped_experts``: measured not to match, not modelled)."""
     im = config.impl
     im.check_window(setup.seq if seq is None else seq, setup.attention)
+    if im.grouped_experts and setup.finetune in ("lora", "qlora"):  # measured off by a d_ff-wide tensor per pair
+        raise SetupError(f"{im.family}: LoRA and QLoRA around grouped_mm experts are not modelled (a frozen "
+                         "expert keeps other tensors than a trained one); use full training or frozen layers")
     if im.attn_softcap and setup.attention in ("math", "efficient"):
         raise SetupError(f"{im.family}: attention logit soft-capping runs in eager or flash attention only "
                          "(PyTorch SDPA has no softcap; transformers refuses sdpa for it)")

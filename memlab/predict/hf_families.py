@@ -1,6 +1,7 @@
 """The newer Hugging Face families :func:`memlab.predict.hf.from_hf` maps: Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM,
-Gemma 2 and Gemma 3 (text), each with the :class:`~memlab.predict.traits.Implementation` traits its modelling code
-implies (file and function named in ``sources``, transformers 5.x ``[hf-transformers]``).
+Gemma 2 and Gemma 3 (text), GPT-J, Falcon, Mixtral and Qwen3-MoE (mixtures of experts), each with the
+:class:`~memlab.predict.traits.Implementation` traits its modelling code implies (file and function named in
+``sources``, transformers 5.x ``[hf-transformers]``).
 
 :data:`FAMILY_DEFAULTS` holds each family's ``transformers`` defaults of the keys the builders read (checked by kind in
 :func:`memlab.predict.hf.from_hf`); :data:`BUILDERS` the builder per ``model_type``. What a family can be configured to
@@ -61,6 +62,19 @@ FAMILY_DEFAULTS["falcon"] = {"hidden_size": 4544, "num_hidden_layers": 32, "num_
                              "parallel_attn": True, "bias": False, "alibi": False, "num_ln_in_parallel_attn": None,
                              "tie_word_embeddings": True}
 
+FAMILY_DEFAULTS["mixtral"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                              "num_key_value_heads": 8, "head_dim": None, "intermediate_size": 14336,
+                              "vocab_size": 32000, "max_position_embeddings": 131072, "hidden_act": "silu",
+                              "num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
+                              "router_jitter_noise": 0.0, "tie_word_embeddings": False}
+
+FAMILY_DEFAULTS["qwen3_moe"] = {"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
+                                "num_key_value_heads": 4, "head_dim": None,
+                                "moe_intermediate_size": 768, "vocab_size": 151936, "max_position_embeddings": 32768,
+                                "hidden_act": "silu", "num_local_experts": 128, "num_experts_per_tok": 8,
+                                "norm_topk_prob": False, "output_router_logits": False, "decoder_sparse_step": 1,
+                                "attention_bias": False, "use_sliding_window": False, "tie_word_embeddings": False}
+
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}
 """(attn_logit_softcapping, final_logit_softcapping) defaults: positive numbers or None (not fractions, so not in
 :data:`FAMILY_DEFAULTS`)."""
@@ -83,7 +97,8 @@ _RMS = {"fp32-input": "{F}RMSNorm.forward: hidden_states.to(torch.float32), weig
         "fp32-product": "{F}RMSNorm.forward: (weight * x_fp32).to(input_dtype)",
         "fp32": "{F}RMSNorm.forward: x.float(), output * (1.0 + self.weight.float())"}
 _CLS = {"qwen3": "Qwen3", "phi3": "Phi3", "starcoder2": "Starcoder2", "olmo2": "Olmo2", "stablelm": "StableLm",
-        "gemma2": "Gemma2", "gemma3_text": "Gemma3"}
+        "gemma2": "Gemma2", "gemma3_text": "Gemma3", "mixtral": "Mixtral",
+        "qwen3_moe": "Qwen3Moe"}
 
 
 def _file(family: str) -> str:
@@ -338,9 +353,67 @@ def _falcon(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     )
 
 
+def _experts(c: dict[str, Any], family: str) -> tuple[int, int]:
+    """(routed experts, top_k) of an MoE config (``num_experts`` is the published config.json's spelling of
+    ``num_local_experts``, the config class's attribute_map), checked: 2 or more experts, 1 <= top_k <= experts."""
+    key = "num_experts" if "num_experts" in c else "num_local_experts"
+    experts, top_k = c[key], c["num_experts_per_tok"]
+    for name, value in ((key, experts), ("num_experts_per_tok", top_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{family}: {name} must be a positive int, got {value!r:.40}")
+    if experts < 2 or top_k > experts:
+        raise ConfigError(f"{family}: num_experts_per_tok={top_k} of {key}={experts} is not a mixture of experts "
+                          "memlab models (it needs 2 or more experts and top_k <= experts)")
+    return experts, top_k
+
+
+def _qwen3_moe(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
+    """Qwen3-MoE: Qwen3's attention (per-head q/k norm) and a sparse MoE block in every layer, experts of width
+    ``moe_intermediate_size``; dense layers between them (``mlp_only_layers``, ``decoder_sparse_step`` > 1) and the
+    router-logits auxiliary loss are refused."""
+    src = _file(family)
+    if c["output_router_logits"]:
+        raise ConfigError(f"{family}: output_router_logits=True (the load-balancing auxiliary loss over every "
+                          "layer's router logits) is not modelled; set it false")
+    if c["decoder_sparse_step"] != 1 or c.get("mlp_only_layers"):
+        raise ConfigError(f"{family}: decoder_sparse_step != 1 or a non-empty mlp_only_layers (dense MLP layers "
+                          "between the MoE ones) is not modelled; memlab models an MoE block in every layer")
+    experts, top_k = _experts(c, family)
+    bias = bool(c["attention_bias"])
+    dense = _decoder({**c, "intermediate_size": c["moe_intermediate_size"]}, family, label, head_dim=c["head_dim"],
+                     qkv_bias=bias, o_bias=bias, qk_norm="head", grouped_experts=True,
+                     moe_topk_renorm=bool(c["norm_topk_prob"]), moe_weights_fp32=False,
+                     sliding_window=_window(c, family, bool(c["use_sliding_window"])),
+                     sources=(("qk_norm", f"{src} Qwen3MoeAttention.forward: q_norm/k_norm over head_dim"),
+                              ("grouped_experts", f"{src} Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter, "
+                                                  "Qwen3MoeExperts; integrations/moe.py grouped_mm_experts_forward"),
+                              ("moe_weights_fp32", f"{src} Qwen3MoeTopKRouter.forward: "
+                                                   "router_top_value.to(router_logits.dtype)")))
+    return dense.with_(n_experts=experts, top_k=top_k)
+
+
+def _mixtral(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
+    """Mixtral: Mistral's attention and a sparse MoE block (:attr:`Implementation.grouped_experts`) in place of the
+    MLP; its jitter noise and router-logits auxiliary loss are refused, not approximated."""
+    src = _file(family)
+    if c["output_router_logits"]:
+        raise ConfigError("mixtral: output_router_logits=True (the load-balancing auxiliary loss over every layer's "
+                          "router logits) is not modelled; set it false")
+    if c["router_jitter_noise"] != 0:
+        raise ConfigError("mixtral: router_jitter_noise > 0 (a noise tensor multiplied into the MoE input in "
+                          "training) is not modelled; set 0.0")
+    experts, top_k = _experts(c, family)
+    dense = _decoder(c, family, label, head_dim=c["head_dim"], grouped_experts=True,
+                     sliding_window=_window(c, family),
+                     sources=(("grouped_experts", f"{src} MixtralSparseMoeBlock, MixtralTopKRouter (fp32 softmax, "
+                                                  "top-k), MixtralExperts 3-D gate_up_proj/down_proj; "
+                                                  "transformers/integrations/moe.py grouped_mm_experts_forward"),))
+    return dense.with_(n_experts=experts, top_k=top_k)
+
+
 BUILDERS: dict[str, Callable[[dict[str, Any], str, str], TransformerConfig]] = {
     "qwen3": _qwen3, "phi3": _phi3, "starcoder2": _starcoder2, "olmo2": _olmo2, "stablelm": _stablelm,
     "gemma2": _gemma2, "gemma3_text": _gemma2, "gptj": _gptj,
-    "falcon": _falcon,
+    "falcon": _falcon, "mixtral": _mixtral, "qwen3_moe": _qwen3_moe,
 }
 """The builder of each family in :data:`FAMILY_DEFAULTS`."""

@@ -228,6 +228,10 @@ class TransformerConfig(StrictInit):
                 out += mlp(f"{p}.mlp")
                 continue
             out.append((f"{p}.mlp.router.weight", (self.n_experts, h), "mlp"))
+            if im.grouped_experts:  # two 3-D tensors hold every expert (transformers 5 MixtralExperts)
+                out += [(f"{p}.mlp.experts.gate_up", (self.n_experts, 2 * f, h), "mlp"),
+                        (f"{p}.mlp.experts.down", (self.n_experts, h, f), "mlp")]
+                continue
             for e in range(self.n_experts):
                 out += mlp(f"{p}.mlp.experts.{e}")
             for e in range(self.n_shared_experts):
@@ -251,13 +255,19 @@ class TransformerConfig(StrictInit):
         return sum(self.param_breakdown().values())
 
     def matmul_param_count(self) -> int:
-        """Parameters that take part in matrix multiplies: every 2-D weight in the blocks and the LM head.
+        """Parameters that take part in matrix multiplies: every 2-D (or 3-D grouped expert) weight in the blocks
+        and the LM head.
 
         These are the weights autocast copies to 16 bits; the embedding table is looked up, not multiplied,
         unless it is tied to the head.
         """
-        n = sum(math.prod(s) for name, s, comp in self.param_shapes() if len(s) == 2 and comp in ("attention", "mlp"))
+        n = sum(math.prod(s) for name, s, comp in self.param_shapes() if len(s) >= 2 and comp in ("attention", "mlp"))
         return n + self.vocab_size * self.d_model
+
+    def grouped_expert_params(self) -> int:
+        """Parameters in 3-D grouped expert tensors (``impl.grouped_experts``; 0 otherwise): multiplied by
+        ``grouped_mm``, which autocast does not copy to 16 bits."""
+        return sum(math.prod(s) for _, s, _ in self.param_shapes() if len(s) == 3)
 
     def active_param_count(self) -> int:
         """Parameters one token's forward multiplies or looks up: every parameter except the routed experts it
@@ -269,12 +279,14 @@ class TransformerConfig(StrictInit):
 
     def inactive_expert_params(self, *, matmul_only: bool = False) -> int:
         """Parameters of the routed experts one token skips: L x (n_experts - top_k) x one expert's MLP
-        (``matmul_only``: its 2-D weights only, the twin of :meth:`matmul_param_count`)."""
+        (``matmul_only``: its weight matrices only, the twin of :meth:`matmul_param_count`). One expert's MLP is a
+        layer's routed experts' parameters / n_experts, whether they are one tensor per expert or 3-D
+        (``impl.grouped_experts``)."""
         if not self.is_moe:
             return 0
-        one = sum(math.prod(s) for n, s, _ in self.param_shapes()
-                  if n.startswith("blocks.0.mlp.experts.0.") and (len(s) == 2 or not matmul_only))
-        return self.n_layers * (self.n_experts - self.top_k) * one
+        routed = sum(math.prod(s) for n, s, _ in self.param_shapes()
+                     if n.startswith("blocks.0.mlp.experts.") and (len(s) >= 2 or not matmul_only))
+        return self.n_layers * (self.n_experts - self.top_k) * (routed // self.n_experts)
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict of the fields (for JSON and DataFrames)."""

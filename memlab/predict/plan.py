@@ -268,7 +268,11 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         out.append("inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states")
         out.append("KV cache holds setup.seq tokens (prompt + generated) per sequence")
         out.append("activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)")
-    if isinstance(model, TransformerConfig) and model.is_moe:
+    if isinstance(model, TransformerConfig) and model.is_moe and model.impl.grouped_experts:
+        out.append(f"mixture of experts ({model.impl.family}): the router's and the top_k routed (token, expert) "
+                   f"pairs' saved tensors are counted exactly (sized by tokens x top_k, whatever the routing); all "
+                   f"{model.n_experts} experts' weights, grads and states are resident (two 3-D tensors a layer)")
+    elif isinstance(model, TransformerConfig) and model.is_moe:
         out.append("mixture of experts: routing activations and unchosen experts are named with their sizes by "
                    "memlab.predict.unmodelled.unmodelled_terms")
         out.append(f"mixture of experts: all {model.n_experts} experts' weights (and their grads and states) are "

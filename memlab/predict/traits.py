@@ -176,6 +176,20 @@ class Implementation(StrictInit):
     window; a fused or math kernel is modelled only while ``seq`` is shorter than the window (the mask is then the
     plain causal one, which transformers skips for SDPA), and refused from ``seq >= window`` on
     (:meth:`check_window`), never counted as full attention."""
+    grouped_experts: bool = False
+    """A mixture of experts written as transformers 5 writes Mixtral: each layer's experts are two 3-D parameters
+    (``gate_up_proj`` (E, 2 d_ff, h), ``down_proj`` (E, h, d_ff): two tensors, two optimizer step counters, every
+    expert's gradient whatever the routing), a router whose softmax and top-k run in fp32, and the experts run by
+    ``grouped_mm`` on the (token, choice) pairs sorted by expert, so every saved tensor is sized by tokens x top_k
+    or by the expert count, never by how many tokens an expert got [hf-transformers: modeling_mixtral.py
+    MixtralExperts, MixtralTopKRouter; integrations/moe.py grouped_mm_experts_forward]."""
+    moe_topk_renorm: bool = True
+    """With ``grouped_experts``: the router divides the top-k probabilities by their sum (Mixtral always; Qwen3-MoE
+    with ``norm_topk_prob``), which keeps the fp32 top-k values and their sum [modeling_qwen3_moe.py
+    Qwen3MoeTopKRouter.forward]."""
+    moe_weights_fp32: bool = True
+    """With ``grouped_experts``: the routing weights stay fp32 (Mixtral); False: cast to the router logits' dtype
+    (Qwen3-MoE ``router_top_value.to(router_logits.dtype)``), so the per-pair weights are kept in that dtype."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()

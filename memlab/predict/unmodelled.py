@@ -66,10 +66,12 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
     gradient, so no optimizer state, in a real step: up to every expert's gradients and moments; every phase,
     since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
-    gradients in backward, -), under full recompute, a chunked or fused loss, kept positions or activation
-    offload the bottom block's moment (:func:`_bottom_block_terms`), under eager or math attention the core's s x s
-    tensors inside a block's forward (full recompute: forward +, backward -; selective recompute with a chunked or
-    fused loss or kept positions, and activation offload: forward +; :func:`attention_core_bound_bytes`), under
+    gradients in backward, -; neither for grouped 3-D experts, ``impl.grouped_experts``, whose routing is counted
+    exactly and whose two tensors per layer always get a gradient), under full recompute, a chunked or fused loss,
+    kept positions or activation offload the bottom block's moment (:func:`_bottom_block_terms`), under eager or
+    math attention the core's s x s tensors inside a block's forward (full recompute: forward +, backward -;
+    selective recompute with a chunked or fused loss or kept positions, and activation offload: forward +;
+    :func:`attention_core_bound_bytes`), under
     activation offload with the plain loss the LM head's weight copied back at its backward (+), and under a chunked or
     fused loss or kept positions the top block's backward moment, an upper bound (backward, -); under activation
     offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -).
@@ -125,7 +127,7 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         out.append(NamedTerm("activation offload: the bottom block's saved tensors, counted on the device at once at "
                              "its backward (they come back from the host one op at a time: an upper bound)",
                              math.ceil(layer_terms(config, setup, "cpu")["layer"]), ("backward",), -1))
-    if config.is_moe:
+    if config.is_moe and not config.impl.grouped_experts:  # grouped 3-D experts (Mixtral): counted exactly
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
             mlp = estimate(config, setup.with_(recompute="none"), device_type="cpu").activation_detail.get("mlp", 0)

@@ -20,6 +20,8 @@ PUBLISHED = {
     "gemma-3-1b": [("embedding", 302e6, -6), ("non-embedding", 698e6, -6)],  # gemma3-2025 Table 1, millions
     "gpt-j-6b": [("total", 6e9, 0)],  # wang2021
     "falcon-40b": [("total", 40e9, -1)],  # almazrouei2023: "40B", to the nearest 10B
+    "mixtral-8x7b": [("total", 46.7e9, 1), ("active", 12.9e9, 1)],  # mistral-mixtral-2023; jiang2024: 47B, 13B
+    "qwen3-30b-a3b": [("total", 30.5e9, 1), ("non-embedding", 29.9e9, 1)],  # qwen3-2025: Qwen3-30B-A3B card
 }
 
 
@@ -28,7 +30,8 @@ def _counts(name: str) -> dict[str, int]:
     total = config.param_count()
     embedding = config.vocab_size * config.d_model
     head = 0 if config.tied_embeddings else embedding
-    return {"total": total, "embedding": embedding, "non-embedding": total - embedding - head}
+    return {"total": total, "embedding": embedding, "non-embedding": total - embedding - head,
+            "active": config.active_param_count()}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))

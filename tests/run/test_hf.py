@@ -53,6 +53,10 @@ RUNS = [
     ("gptj", "sdpa", "fp32", 1, 40),
     ("falcon", "eager", "bf16", 2, 24),  # new decoder architecture: K, V broadcast to every head, two norms
     ("falcon", "sdpa", "fp32", 1, 40),  # SDPA gets (and keeps) the 4-D mask
+    ("mixtral", "eager", "bf16", 2, 24),  # router in fp32, grouped_mm experts on the (token, choice) pairs
+    ("mixtral", "sdpa", "fp32", 1, 40),
+    ("qwen3_moe", "eager", "bf16", 2, 24),  # routing weights in bf16, q/k norm, experts of moe_intermediate_size
+    ("qwen3_moe", "sdpa", "fp32", 1, 40),
 ]
 DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
            "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities

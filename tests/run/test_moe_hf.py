@@ -1,0 +1,149 @@
+"""Mixtral and Qwen3-MoE (transformers 5: 3-D experts, an fp32 router softmax, grouped_mm on the (token, choice)
+pairs) in one real CPU training step: the saved-for-backward bytes equal memlab's term-by-term count whatever the
+routing (other seeds, other inputs, generated expert counts and top-k), model states equal the estimator's, and what
+memlab does not model is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from memlab.errors import ConfigError, SetupError
+from memlab.predict.activations import activation_bytes
+from memlab.predict.estimate import estimate
+from memlab.predict.hf import from_hf
+from memlab.predict.setup import Setup
+from memlab.predict.unmodelled import unmodelled_terms
+from memlab.run.hf import predict_hf, run_hf
+
+_DIR = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+TINY, QWEN3_MOE = ({k: v for k, v in json.loads((_DIR / f"{f}.json").read_text()).items() if not k.startswith("_")}
+                   for f in ("mixtral", "qwen3_moe"))
+
+
+def _generated(n: int) -> list[tuple[dict, str, str, int, int]]:
+    """Random small Mixtral layouts and runs: experts, top-k, widths, heads, attention, dtype, batch, seq."""
+    rng = random.Random("mixtral")
+    out = []
+    for _ in range(n):
+        experts = rng.randint(2, 6)
+        heads = rng.choice([2, 4])
+        cfg = {**TINY, "num_local_experts": experts, "num_experts_per_tok": rng.randint(1, experts),
+               "hidden_size": heads * rng.choice([8, 16]), "num_attention_heads": heads,
+               "num_key_value_heads": rng.choice([1, heads]), "intermediate_size": rng.choice([24, 48, 80]),
+               "num_hidden_layers": rng.randint(1, 2)}
+        out.append((cfg, rng.choice(["eager", "sdpa"]), rng.choice(["fp32", "bf16"]), rng.randint(1, 3),
+                    rng.randint(5, 33)))
+    return out
+
+
+@pytest.mark.parametrize(("cfg", "attn", "dtype", "batch", "seq"), _generated(8))
+def test_saved_bytes_are_exact_and_do_not_depend_on_the_routing(cfg: dict, attn: str, dtype: str, batch: int,
+                                                                 seq: int) -> None:
+    """Two seeds: other weights and other tokens, so other experts chosen; the bytes are the same and predicted."""
+    runs = [run_hf(cfg, attn_implementation=attn, dtype=dtype, batch=batch, seq=seq, seed=seed) for seed in (0, 7)]
+    config = runs[0][0]
+    assert runs[0][1].saved_bytes == runs[1][1].saved_bytes
+    for _, m in runs:
+        p = predict_hf(config, m)
+        assert p["activations"] == m.saved_bytes
+        assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
+    assert config.param_count() == runs[0][1].params
+
+
+def test_the_two_seeds_route_tokens_differently() -> None:
+    """The seeds above do change tokens per expert (else the routing-independence check would prove nothing)."""
+    import torch
+
+    from memlab.model.hf import build_hf_model
+    from memlab.model.step import token_ids
+
+    counts = []
+    for seed in (0, 7):
+        model = build_hf_model(TINY, seed=seed)
+        seen: list[torch.Tensor] = []
+        model.model.layers[0].mlp.gate.register_forward_hook(lambda _m, _i, out, seen=seen: seen.append(out[2]))
+        with torch.no_grad():
+            model(input_ids=token_ids(TINY["vocab_size"], 2, 24, torch.device("cpu"), seed))
+        counts.append(torch.bincount(seen[0].flatten(), minlength=TINY["num_local_experts"]).tolist())
+    assert counts[0] != counts[1] and sum(counts[0]) == sum(counts[1]) == 2 * 24 * TINY["num_experts_per_tok"]
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_qwen3_moe_with_and_without_renormalised_weights_is_exact(norm: bool, dtype: str) -> None:
+    """Qwen3-MoE's router renormalises only with norm_topk_prob, and casts the weights to its logits' dtype."""
+    cfg = {**QWEN3_MOE, "norm_topk_prob": norm}
+    config, m = run_hf(cfg, attn_implementation="sdpa", dtype=dtype, batch=2, seq=19, seed=3)
+    assert config.impl.moe_topk_renorm is norm and not config.impl.moe_weights_fp32
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
+
+
+@pytest.mark.parametrize("kwargs", [{"autocast": True}, {"gradient_checkpointing": True}])
+def test_autocast_and_checkpointing_are_exact(kwargs: dict) -> None:
+    """CPU autocast casts the router's input, not the grouped_mm experts (they run in fp32): no 16-bit expert copies."""
+    config, m = run_hf(TINY, attn_implementation="eager", dtype="fp32", batch=2, seq=24, **kwargs)
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
+
+
+def test_grouped_experts_count_like_one_tensor_per_expert() -> None:
+    """Two 3-D tensors a layer hold the same parameters, active and multiplied, as E separate MLPs would."""
+    grouped = from_hf(TINY)
+    split = grouped.with_(impl=grouped.impl.__class__(**{**grouped.impl.__dict__, "grouped_experts": False}))
+    names = [n for n, s, _ in grouped.param_shapes() if len(s) == 3]
+    assert names == [f"blocks.{i}.mlp.experts.{w}" for i in range(grouped.n_layers) for w in ("gate_up", "down")]
+    for count in ("param_count", "active_param_count", "matmul_param_count"):
+        assert getattr(grouped, count)() == getattr(split, count)()
+    assert grouped.inactive_expert_params(matmul_only=True) == split.inactive_expert_params(matmul_only=True) > 0
+
+
+def test_no_moe_term_is_named_as_unmodelled() -> None:
+    config = from_hf(TINY)
+    setup = Setup(batch=2, seq=24, precision="bf16")
+    assert not [k for k in unmodelled_terms(config, setup, estimate(config, setup)) if "MoE" in k]
+
+
+@pytest.mark.parametrize(("base", "changes", "key"), [
+    (QWEN3_MOE, {"mlp_only_layers": [1]}, "mlp_only_layers"),
+    (QWEN3_MOE, {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    (QWEN3_MOE, {"output_router_logits": True}, "output_router_logits"),
+    (QWEN3_MOE, {"num_experts": 1, "num_experts_per_tok": 1}, "num_experts"),
+] + [(TINY, *case) for case in [
+    ({"output_router_logits": True}, "output_router_logits"),
+    ({"router_jitter_noise": 0.05}, "router_jitter_noise"),
+    ({"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ({"num_local_experts": 1, "num_experts_per_tok": 1}, "num_local_experts"),
+]])
+def test_what_is_not_modelled_is_refused_in_one_line(base: dict, changes: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_hf({**base, **changes})
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cuda_autocast_is_refused_not_guessed() -> None:
+    config = from_hf(TINY)
+    with pytest.raises(SetupError, match="grouped_mm"):
+        activation_bytes(config, Setup(batch=1, seq=16, precision="amp-bf16"), device_type="cuda")
+    assert activation_bytes(config, Setup(batch=1, seq=16, precision="amp-bf16"), device_type="cpu")
+
+
+@pytest.mark.parametrize("base", [TINY, QWEN3_MOE])
+def test_frozen_layers_are_exact_and_lora_is_refused(base: dict) -> None:
+    """Frozen lower layers keep nothing of theirs (measured exact); LoRA around grouped experts is not modelled."""
+    frozen = Setup(batch=2, seq=24, precision="fp32", finetune="frozen", frozen_layers=1)
+    config, m = run_hf(base, attn_implementation="eager", dtype="fp32", batch=2, seq=24, lora=frozen)
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
+    for finetune in ("lora", "qlora"):
+        with pytest.raises(SetupError, match="LoRA"):
+            estimate(config, Setup(batch=2, seq=24, precision="bf16", finetune=finetune, lora_rank=4))
