@@ -68,6 +68,8 @@ from memlab import (
 )
 from memlab.compare import calculators, plots
 from memlab.model.hf import attention_implementations
+from memlab.predict.hf import SUPPORTED
+from memlab.predict.traits import trait_meanings
 from memlab.run.hf import measure_run
 from memlab.units import GiB
 
@@ -91,12 +93,14 @@ SIZES = {  # what the scale changes: the full-size traces (the shoot-out's groun
 ch
 
 # %% [markdown]
-# **Your own model.** Put the path of any `config.json` here (a GPT-2, OPT, GPT-NeoX, Phi, Llama, Mistral, Qwen2 or
-# Gemma config; another `model_type` gets an error naming these). It is predicted at full size next to the shipped
-# ones. Nothing is downloaded: a config is sizes, not weights.
+# **Your own model.** Put the path of any `config.json` here, of a family the formula maps (printed below); it is
+# predicted at full size next to the shipped ones. Another `model_type` gets a one-line error here; on the command
+# line `memlab estimate --hf config.json` answers it from the trace of its own modelling code. Nothing is
+# downloaded: a config is sizes, not weights.
 
 # %%
 MY_CONFIG = None  # e.g. "/path/to/config.json"
+print("families the formula maps:", ", ".join(SUPPORTED))
 full = {name: load_config(name, "full") for name in config_names("full")}
 if MY_CONFIG is not None:
     full["yours"] = load_config(MY_CONFIG)
@@ -117,6 +121,13 @@ traits = pd.DataFrame([{"config": n, "family": c.impl.family, "parameters (B)": 
                             f"{k}={v}" for k, v in c.impl.differs().items())} for n, c in configs.items()])
 ch.save_table(traits, "full_size_traits")
 traits.style.hide(axis="index").format({"parameters (B)": "{:.3f}"})  # the whole trait list, not cut
+
+# %% [markdown]
+# What each trait in that table means, in one sentence (from `memlab.predict.traits`, where each is counted):
+
+# %%
+shown = sorted({k for c in configs.values() for k in c.impl.differs() if k not in ("family", "sources")})
+pd.DataFrame({"trait": shown, "what it means": [trait_meanings().get(k, "") for k in shown]}).style.hide(axis="index")
 
 # %%
 pd.DataFrame(configs["gpt2"].impl.sources, columns=["trait (gpt2)", "where in transformers"])
@@ -310,8 +321,9 @@ for comp in calculators.COMPONENTS:
 # and are checked in the test suite on the shipped tiny configs: there, memlab's zero error is in-sample, a
 # bookkeeping check of its own formula against runs it was built on. The full-size published configs traced here
 # are not in the tests at these sizes; the table lists memlab's signed worst error on each config, and the sample it
-# belongs to. A family added to `memlab.predict.hf` later and absent from `calculators.TRAITS_WRITTEN_FROM` shows as
-# a held-out family.
+# belongs to. Every family `from_hf` maps had its traits written from its own code and tested
+# (`calculators.TRAITS_WRITTEN_FROM`), so no family here is held out: what is held out is the size. A family the
+# formula does not map is answered by the trace of its own code instead (`memlab estimate --hf`), not scored here.
 
 # %%
 held = calculators.held_out_table(frame, tested=tiny)

@@ -14,6 +14,9 @@ records that source in :attr:`Implementation.sources`. This module imports no to
 
 from __future__ import annotations
 
+import functools
+import itertools
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, get_args
 
@@ -258,3 +261,23 @@ class Implementation(StrictInit):
 
 REFERENCE = Implementation()
 """The reference GPT's traits (every default)."""
+
+
+@functools.cache
+def trait_meanings() -> dict[str, str]:
+    """Each :class:`Implementation` field's meaning in one sentence: the first sentence of the docstring written
+    under the field in this module, without its citations (read from the source, so the table a chapter shows and
+    the code cannot part)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(Implementation))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            text = " ".join(after.value.value.split())
+            text = re.sub(r"\s*\[(?=[A-Za-z])[^\[\]]*\]", "", text)  # citations stay in the source
+            out[node.target.id] = text.split(". ")[0].rstrip(".").replace("``", "") + "."
+    return out

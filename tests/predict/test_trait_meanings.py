@@ -1,0 +1,16 @@
+"""Every implementation trait has a one-sentence meaning a chapter can show (memlab.predict.traits.trait_meanings)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from memlab.predict.traits import Implementation, trait_meanings
+
+
+def test_every_trait_has_a_plain_meaning_without_citations() -> None:
+    meanings = trait_meanings()
+    assert set(meanings) == {f.name for f in fields(Implementation)}
+    for name, text in meanings.items():
+        assert text.endswith(".") and len(text) > 20, name
+        assert "[hf-" not in text and "[modeling_" not in text and "``" not in text, name
+    assert "qkv[..., [-2]]" in meanings["kv_broadcast"]  # code in the sentence is not taken for a citation
