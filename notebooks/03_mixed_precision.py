@@ -44,6 +44,7 @@ from memlab import (
     chapter,
     check,
     estimate,
+    gpu,
     live_training_steps,
     matmul_flops_per_s,
     predict_for,
@@ -383,7 +384,24 @@ if not ch.on_cpu:
     display(tc[["dtype", "m", "multiple of 8", "flops_per_s"]])
 else:
     display(ch.cpu_note("tensor cores are a GPU unit: the multiple-of-8 effect (and fp8's 2x) can only be "
-                        "measured on CUDA, which this cell does when the chapter runs there."))
+                        "measured on CUDA, which this cell does when the chapter runs there. Below instead: the "
+                        "vendors' published dense peaks (memlab's hardware table, each row's source beside it)."))
+    rows = []
+    for key in ("a100-80gb-sxm", "h100-sxm", "mi300x"):
+        g = gpu(key)
+        row = {"card": g.name, "fp32, no tensor cores (TFLOP/s)": g.peak("fp32") / 1e12,
+               "bf16 tensor cores (TFLOP/s)": g.peak("bf16") / 1e12,
+               "bf16 / fp32": g.peak("bf16") / g.peak("fp32"),
+               "fp8 / bf16": round(g.peak("fp8") / g.peak("bf16"), 1) if g.peak("fp8") else "no fp8 units",
+               "source": g.source}
+        rows.append(row)
+    published = pd.DataFrame(rows)
+    ch.save_table(published, "tensor_core_peaks_published")
+    display(published.round(1))
+    fp8 = published["fp8 / bf16"][published["fp8 / bf16"].map(lambda v: isinstance(v, float))]
+    display(Markdown(f"Published, not measured: 16-bit tensor cores run {published['bf16 / fp32'].min():.0f}x to "
+                     f"{published['bf16 / fp32'].max():.0f}x the fp32 rate on these cards, and fp8 "
+                     f"{fp8.min():.1f}x the bf16 rate where the card has it."))
 
 # %% [markdown]
 # ## Seed claims, answered
