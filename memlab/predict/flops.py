@@ -79,8 +79,9 @@ def attention_flops(batch: int, seq: int, d_model: int, n_heads: int | None = No
 def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, causal: bool = False) -> dict[str, int]:
     """Forward FLOPs of every matmul in ``config``'s model, by component (exact, integers).
 
-    - ``attention_proj``: per layer Q and O (h x h), K and V (h x n_kv_heads*head_dim: GQA/MQA narrow them)
-    - ``attention_core``: per layer QK^T and AV (:func:`attention_flops`)
+    - ``attention_proj``: per layer Q and O (h x n_heads*head_dim, which is h x h unless the model sets its own
+      head width: Gemma, Qwen3-MoE), K and V (h x n_kv_heads*head_dim: GQA/MQA narrow them)
+    - ``attention_core``: per layer QK^T and AV (:func:`attention_flops` over the heads' n_heads*head_dim)
     - ``mlp``: per layer up and down (gelu) or gate, up and down (swiglu), all h x d_ff; a mixture of experts
       runs that for each of its ``active_experts`` (top_k routed + shared) plus the h x n_experts router
     - ``head``: the LM head, h x vocab (tied or not: it is multiplied either way)
@@ -90,15 +91,15 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
     if not isinstance(config, TransformerConfig):
         raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
     tokens = _bounded("batch", batch) * _bounded("seq", seq)
-    h, kv, f, n_layers = config.d_model, config.kv_dim, config.ffn, config.n_layers
-    proj = 2 * matmul_flops(tokens, h, h) + 2 * matmul_flops(tokens, kv, h)
+    h, q, kv, f, n_layers = config.d_model, config.q_dim, config.kv_dim, config.ffn, config.n_layers
+    proj = matmul_flops(tokens, q, h) + matmul_flops(tokens, h, q) + 2 * matmul_flops(tokens, kv, h)
     n_in = 1 if config.mlp == "gelu" else 2
     mlp = (n_in * matmul_flops(tokens, f, h) + matmul_flops(tokens, h, f)) * config.active_experts
     if config.is_moe:
         mlp += matmul_flops(tokens, config.n_experts, h)
     return {
         "attention_proj": n_layers * proj,
-        "attention_core": n_layers * attention_flops(batch, seq, h, config.n_heads, causal=causal),
+        "attention_core": n_layers * attention_flops(batch, seq, q, config.n_heads, causal=causal),
         "mlp": n_layers * mlp,
         "head": matmul_flops(tokens, config.vocab_size, h),
     }

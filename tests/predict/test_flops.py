@@ -225,3 +225,15 @@ def test_step_time_to_tokens_per_second():
     assert F.step_time_to_tokens_per_second(0.5, 8, 1024, num_devices=4) == 8 * 1024 * 4 / 0.5
     with pytest.raises(SetupError, match="step_time_s"):
         F.step_time_to_tokens_per_second(0, 8, 1024)
+
+
+def test_every_shipped_full_config_counts_the_same_flops_both_ways() -> None:
+    """6N + attention (PaLM) equals 3 x the counted forward per token for every published config, including the
+    ones whose heads are wider or narrower than d_model (Gemma, Qwen3-MoE: n_heads * head_dim != d_model)."""
+    pytest.importorskip("transformers")
+    from memlab.course.hf_configs import config_names, load_config
+    from memlab.predict.hf import from_hf
+
+    for name in config_names("full"):
+        config = from_hf(load_config(name, "full"))
+        assert F.flops_per_token(config, 512) == 3 * F.forward_flops(config, 1, 512) / 512, name
