@@ -208,7 +208,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("QLoRA (4-bit NF4 base under LoRA adapters)", (("finetune", "qlora"), ("precision", "bf16")),
           "4-bit base (Dettmers et al. 2023): every forward and backward dequantises each weight to bf16 (extra "
           "compute, one dequantised copy alive at a time), the base carries NF4's quantisation error, and "
-          "bitsandbytes' 4-bit kernels need CUDA; trains only the adapters, as LoRA",
+          "bitsandbytes' fast 4-bit kernels are CUDA's (its CPU path runs, slowly); trains only the adapters, as LoRA",
           needs=(("finetune", ("full", "lora")), *_FULL_ONLY[1:])),
     Lever("frozen bottom half of the blocks",
           (("finetune", "frozen"), ("frozen_layers", _half_the_blocks), ("precision", _adapter_precision)),
