@@ -206,11 +206,14 @@ def _inference_weights(n: int, summ: ShapeSummary | None, weights: str, notes: l
 CALLS = {
     "none": "the call: model(input_ids, labels=...) with no attention mask",
     "ones": "the call: model(input_ids, attention_mask=ones(b, s), labels=...): transformers builds no mask for SDPA "
-            "and the same causal mask for eager, so it saves what the call without a mask saves (measured on the "
-            "tiny HF configs: memlab.run.hf.call_inputs)",
+            "and the same causal mask for eager, so it saves what the call without a mask saves (measured on CPU "
+            "on every tiny HF config, benchmarks/call_conventions.py; not yet on CUDA, assumed the same there as "
+            "transformers builds the mask the same way on either)",
     "padded": "the call: a right-padded batch, model(input_ids, attention_mask=..., labels=...) with pad_fraction={f} "
-              "of the tokens padding (mask 0, labels -100): eager's causal mask changes values, not shapes, so it "
-              "saves what the call without a mask saves (measured on the tiny HF configs: memlab.run.hf.call_inputs)",
+              "of the tokens padding (mask 0, labels -100): eager's causal mask changes values, not shapes (it saves "
+              "what the call without a mask saves); CPU SDPA keeps the (b, 1, s, s) mask per layer and a GQA "
+              "model's repeated K, V (memlab.predict.family_terms.padded_sdpa_rows; measured on CPU on every tiny "
+              "HF config, benchmarks/call_conventions.py; SDPA with a padded batch on CUDA is refused)",
 }
 """The assumption line naming the call each ``Setup.attention_mask`` describes."""
 

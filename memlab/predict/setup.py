@@ -290,10 +290,9 @@ class Setup(StrictInit):
                              f"{self.attention_mask!r}: set attention_mask='padded' (or drop pad_fraction)")
         if self.attention_mask == "none":
             return
-        if self.attention_mask == "padded" and self.attention != "eager":
-            raise SetupError(f"attention_mask='padded' with attention={self.attention!r} is not modelled: SDPA then "
-                             "keeps an explicit (batch, 1, seq, seq) mask per layer and GQA models their repeated "
-                             "k/v (measured on the tiny HF configs): use attention='eager' or attention_mask='ones'")
+        if self.attention_mask == "padded" and self.attention not in ("eager", "flash"):
+            raise SetupError(f"attention_mask='padded' with attention={self.attention!r} is not measured (only "
+                             "eager and CPU SDPA's flash kernel are): use attention='eager' or 'flash'")
         unmodelled = [name for name, on in (
             ("mode='inference'", self.mode != "train"), (f"precision={self.precision!r}",
                                                          self.precision not in ("fp32", "bf16")),
