@@ -79,3 +79,13 @@ def test_unmeasured_conventions_are_refused_in_one_line(changes: dict) -> None:
     with pytest.raises(SetupError) as err:
         Setup(**changes)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("conv", ["ones", "padded"])
+def test_the_trace_refuses_a_call_with_a_mask(conv: str) -> None:
+    from memlab.tracing.hf import trace_hf
+
+    setup = Setup(batch=2, seq=8, attention_mask=conv, pad_fraction=0.25 if conv == "padded" else 0.0)
+    with pytest.raises(SetupError, match="without an attention mask") as err:
+        trace_hf(tiny("gpt2"), setup, device_type="cpu")
+    assert "\n" not in str(err.value)
