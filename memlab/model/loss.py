@@ -140,19 +140,22 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def hf_causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
-                      options: LossOptions = LossOptions()) -> torch.Tensor:
+                      options: LossOptions = LossOptions(), attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The loss of a transformers causal LM under ``options``: plain is the model's own (``model(input_ids,
     labels=...)``, and ``logits_to_keep=N`` with the last N labels); chunked and fused run the base model for the
     hidden states and :func:`lm_loss` over its output embeddings (the LM head), with the labels shifted as
-    ``ForCausalLMLoss`` shifts them (padded with -100, which is ignored)."""
+    ``ForCausalLMLoss`` shifts them (padded with -100, which is ignored). ``attention_mask``: the (batch, seq)
+    0/1 mask handed to the model (None: no mask, memlab's default call)."""
+    extra = {} if attention_mask is None else {"attention_mask": attention_mask}
     if options.kind == "plain":
         from memlab.model.hf import quiet_transformers
 
         with quiet_transformers():  # a class without a known loss_type (GPT-2's) logs that it uses ForCausalLMLoss
             if options.keep and options.keep < input_ids.shape[1]:
-                return model(input_ids=input_ids, labels=labels[:, -options.keep:], logits_to_keep=options.keep).loss
-            return model(input_ids=input_ids, labels=labels).loss
-    out = model.base_model(input_ids=input_ids)
+                return model(input_ids=input_ids, labels=labels[:, -options.keep:], logits_to_keep=options.keep,
+                             **extra).loss
+            return model(input_ids=input_ids, labels=labels, **extra).loss
+    out = model.base_model(input_ids=input_ids, **extra)
     hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
     head = model.get_output_embeddings()
     shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]

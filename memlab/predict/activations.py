@@ -46,7 +46,13 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.family_terms import check_family_setup, grouped_expert_rows, qk_norm_rows
+from memlab.predict.family_terms import (
+    check_call,
+    check_family_setup,
+    grouped_expert_rows,
+    padded_sdpa_rows,
+    qk_norm_rows,
+)
 from memlab.predict.finetune import finetune_rows
 from memlab.predict.korthikanti import (  # noqa: F401  re-exported: the paper's formulas beside the count
     KORTHIKANTI_TABLE2_ROWS,
@@ -324,6 +330,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         if im.qk_norm != "none" and recompute != "selective":
             terms += qk_norm_rows(config, t, w["compute"])
         terms += _core_terms(config, setup, b, s, w, recompute)
+        terms += padded_sdpa_rows(config, setup, b, s, w["compute"])
         if im.kv_broadcast and recompute != "selective":  # Falcon picks K and V by index: qkv[..., [-2]], [-1]
             terms.append(("K/V index tensors", "attention", L * 2, INT64, False))
         terms.append(("output projection input", "attention", L * t * config.q_dim, w["compute"], True))
@@ -438,6 +445,7 @@ def activation_bytes(config: TransformerConfig, setup: Setup, *, device_type: st
     inputs and numpy arrays when ``setup`` was built with array-valued batch/seq by a vectorised sweep.
     """
     _check(config, setup)
+    check_call(setup, device_type)
     return bytes_by_category(term_rows(config, setup, device_type=device_type), setup.tp, setup.sp)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from memlab.errors import SetupError
 from memlab.predict.activations import bytes_by_category, term_rows
-from memlab.predict.family_terms import check_family_setup
+from memlab.predict.family_terms import check_call, check_family_setup
 from memlab.predict.finetune import largest_matrix_elements
 from memlab.predict.frozen import unchecked
 from memlab.predict.inference import kv_cache_bytes, prefill_transient_bytes
@@ -202,6 +202,7 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
         raise SetupError(f"pp={setup.pp}, cp={setup.cp}: ranks hold different bytes: use "
                          "memlab.predict.parallel.parallel_estimate (memlab estimate prints it)")
     _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
+    check_call(setup, device_type)
     if step_on_device is not None and not isinstance(step_on_device, bool):
         raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")
     on_device = device_type == "cpu" if step_on_device is None else step_on_device

@@ -116,3 +116,34 @@ def _check_autocast_draws(config: TransformerConfig, setup: Any) -> None:
     if why:
         raise SetupError(f"{im.family} under bf16 autocast: {why} (measured on tiny configs, not modelled yet): "
                          "use a 16-bit or fp32 model without autocast, or trace it (memlab trace --hf)")
+
+
+def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, compute: float) -> list[tuple]:
+    """What a right-padded batch (``Setup.attention_mask='padded'``) adds under CPU SDPA's flash kernel, all layers,
+    as activation term rows: transformers then hands SDPA an explicit (b, 1, s, s) mask, which each layer's kernel
+    keeps in the compute dtype (unless the family already passes one, Falcon: ``impl.sdpa_keeps_mask``), and no
+    longer uses ``enable_gqa``, so a GQA model's K and V are repeated to the query width first (a copy, unless one
+    K/V head: a view) [hf-transformers: integrations/sdpa_attention.py use_gqa_in_sdpa, repeat_kv;
+    masking_utils.py sdpa_mask]. Measured on CPU on every tiny config (benchmarks/call_conventions.py).
+    ``compute``: bytes per element."""
+    if setup.attention_mask != "padded" or setup.attention != "flash":
+        return []
+    im, L, t = config.impl, config.n_layers, b * s
+    out: list[tuple] = []
+    if not im.sdpa_keeps_mask:
+        out.append(("4-D padding mask each layer's SDPA keeps", "attention", L * b * s * s, compute, False))
+    kv = config.q_dim if im.kv_broadcast else config.kv_dim
+    if kv not in (config.q_dim, config.head_dim):  # one K/V head: repeat_kv's reshape stays a view of K, V
+        out.append(("k, v repeated to the query width (no enable_gqa with a mask)", "attention",
+                    L * t * 2 * (config.q_dim - kv), compute, True))
+    return out
+
+
+def check_call(setup: Any, device_type: str) -> None:
+    """Raise :class:`~memlab.errors.SetupError` (one line) for a padded batch under SDPA on CUDA: with an explicit
+    mask PyTorch cannot pick the flash kernel there and which kernel it takes (and keeps) is not measured."""
+    if setup.mode == "train" and setup.attention_mask == "padded" and setup.attention != "eager" \
+            and device_type != "cpu":
+        raise SetupError(f"attention_mask='padded' with attention={setup.attention!r} on {device_type} is not "
+                         "measured (SDPA's flash kernel takes no explicit mask there): use attention='eager', or "
+                         "device cpu")

@@ -203,6 +203,21 @@ def _inference_weights(n: int, summ: ShapeSummary | None, weights: str, notes: l
     return {"params": math.ceil(q * wb) + scales + 2 * (n - q), "grads": 0, "optimizer": 0}
 
 
+CALLS = {
+    "none": "the call: model(input_ids, labels=...) with no attention mask",
+    "ones": "the call: model(input_ids, attention_mask=ones(b, s), labels=...): transformers builds no mask for SDPA "
+            "and the same causal mask for eager, so it saves what the call without a mask saves (measured on CPU "
+            "on every tiny HF config, benchmarks/call_conventions.py; not yet on CUDA, assumed the same there as "
+            "transformers builds the mask the same way on either)",
+    "padded": "the call: a right-padded batch, model(input_ids, attention_mask=..., labels=...) with pad_fraction={f} "
+              "of the tokens padding (mask 0, labels -100): eager's causal mask changes values, not shapes (it saves "
+              "what the call without a mask saves); CPU SDPA keeps the (b, 1, s, s) mask per layer and a GQA "
+              "model's repeated K, V (memlab.predict.family_terms.padded_sdpa_rows; measured on CPU on every tiny "
+              "HF config, benchmarks/call_conventions.py; SDPA with a padded batch on CUDA is refused)",
+}
+"""The assumption line naming the call each ``Setup.attention_mask`` describes."""
+
+
 def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_type: str,
                  fsdp: FsdpPlan | None = None) -> tuple[list, list]:
     """The assumptions before and after :func:`rotary_seq_note`'s place (the one that depends on seq)."""
@@ -257,6 +272,8 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                        "the loss no longer the largest moment the backward peak may sit at the bottom layer, whose "
                        "term is approximate (a few per cent on the reference GPT; for HF families see "
                        "benchmarks/loss_options.py)")
+        if setup.attention_mask != "none":  # the default call (no mask) is every other estimate's: no line
+            out.append(CALLS[setup.attention_mask].format(f=setup.pad_fraction))
         if setup.offload_activations:
             out.append("activation offload (save_on_cpu, pinned): the device keeps the token ids and the loss's "
                        "tensors while it runs; host_bytes is a lower bound (tensors saved twice are copied twice)")

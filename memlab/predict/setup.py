@@ -30,6 +30,7 @@ FsdpReduceDtype = Literal["fp32", "bf16", "fp16"]
 Finetune = Literal["full", "lora", "qlora", "frozen"]
 FsdpOutputDtype = Literal["none", "fp32", "bf16", "fp16"]
 PpSchedule = Literal["1f1b", "gpipe", "interleaved"]
+AttentionMask = Literal["none", "ones", "padded"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -214,6 +215,13 @@ class Setup(StrictInit):
     frozen_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks",
                                                     "mode": "train"})
     """With finetune='frozen': the bottom blocks frozen with the embeddings (requires_grad False)."""
+    # -- calling conventions (issue 17 point 2; memlab.run.hf.call_inputs) ---------------------------------------
+    attention_mask: AttentionMask = field(default="none", metadata={"mode": "train"})
+    """How the model is called: none (model(input_ids, labels=...) with no attention mask, memlab's runs), ones
+    (an all-ones (batch, seq) mask passed) or padded (a right-padded batch: mask 0 and labels -100 on the padding)."""
+    pad_fraction: float = field(default=0.0, metadata={"max": 1.0, "max_open": True, "why": "a share of the "
+                                                       "tokens, below 1", "mode": "train"})
+    """With attention_mask='padded': the share of the batch's tokens that are padding (0 <= f < 1)."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -273,6 +281,29 @@ class Setup(StrictInit):
                              ">= 2 over world_size > 1) is not modelled: the estimate and the trace disagree by up to "
                              "43 % there (benchmarks/estimate_vs_trace.py): use the plain loss without offload")
         self._check_finetune()
+        self._check_call()
+
+    def _check_call(self) -> None:
+        """One SetupError line for a calling convention (``attention_mask``) memlab has not measured."""
+        if self.pad_fraction and self.attention_mask != "padded":
+            raise SetupError(f"pad_fraction={self.pad_fraction} goes with attention_mask='padded', not "
+                             f"{self.attention_mask!r}: set attention_mask='padded' (or drop pad_fraction)")
+        if self.attention_mask == "none":
+            return
+        if self.attention_mask == "padded" and self.attention not in ("eager", "flash"):
+            raise SetupError(f"attention_mask='padded' with attention={self.attention!r} is not measured (only "
+                             "eager and CPU SDPA's flash kernel are): use attention='eager' or 'flash'")
+        unmodelled = [name for name, on in (
+            ("mode='inference'", self.mode != "train"), (f"precision={self.precision!r}",
+                                                         self.precision not in ("fp32", "bf16")),
+            (f"recompute={self.recompute!r}", self.recompute != "none"), ("a chunked or fused loss or "
+             "logits_to_keep", self.loss != "plain" or self.logits_to_keep), ("offload_activations",
+             self.offload_activations), (f"finetune={self.finetune!r}", self.finetune != "full"),
+            ("more than one device", self.world_size * self.tp * self.pp * self.cp > 1),
+            ("grad_accum_steps > 1", self.grad_accum_steps > 1)) if on]
+        if unmodelled:
+            raise SetupError(f"attention_mask={self.attention_mask!r} with {', '.join(unmodelled)} is not measured "
+                             "(memlab.run.hf.call_inputs): use attention_mask='none' there")
 
     def _check_parallel(self) -> None:
         """One SetupError line for a pipeline/context-parallel combination memlab does not model."""

@@ -88,6 +88,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+    if setup.attention_mask != "none":  # transformers reads the mask's values, which fake tensors lack
+        raise SetupError(f"trace_hf traces the call without an attention mask, not attention_mask="
+                         f"{setup.attention_mask!r}: measure it for real (memlab.run.hf.run_hf with "
+                         "attention_mask=...) or set attention_mask='none'")
     impl, backend = _ATTENTION[setup.attention]
     parts = setup_parts(setup, device_type=device_type)
     notes = list(parts.pop("notes"))

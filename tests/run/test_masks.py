@@ -1,0 +1,91 @@
+"""Calling conventions (issue 17 point 2): an all-ones attention mask and a right-padded batch, measured on the tiny
+HF configs against the estimate. ``ones`` saves what no mask saves (every family, eager and SDPA); ``padded`` saves
+the same under eager and more under SDPA, which the Setup refuses in one line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from memlab.errors import SetupError
+from memlab.predict.estimate import estimate
+from memlab.predict.setup import Setup
+from memlab.run.hf import call_inputs, pad_counts, predict_hf, run_hf
+
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+FAMILIES = tuple(sorted(p.stem for p in CONFIGS.glob("*.json") if p.stem != "gemma2"))  # gemma2 has no SDPA
+
+
+def tiny(family: str) -> dict:
+    return {k: v for k, v in json.loads((CONFIGS / f"{family}.json").read_text()).items() if not k.startswith("_")}
+
+
+def _draws(n: int = 5, seed: int = 17) -> list[tuple[str, str, str, int, int, float]]:
+    """Seeded (family, attention, dtype, batch, seq, pad_fraction) draws, eager and SDPA alternating."""
+    rng = random.Random(seed)
+    return [(rng.choice(FAMILIES), ("eager", "sdpa")[i % 2], rng.choice(("fp32", "bf16")), rng.randint(2, 3),
+             rng.randint(6, 20), rng.choice((0.1, 0.25, 0.4))) for i in range(n)]
+
+
+@pytest.mark.parametrize(("family", "attn", "dtype", "batch", "seq", "frac"), _draws())
+def test_conventions_measured_against_the_estimate(family: str, attn: str, dtype: str, batch: int, seq: int,
+                                                   frac: float) -> None:
+    runs = {conv: run_hf(tiny(family), attn_implementation=attn, dtype=dtype, batch=batch, seq=seq,
+                         attention_mask=conv, pad_fraction=frac if conv == "padded" else 0.0)
+            for conv in ("none", "ones", "padded")}
+    saved = {conv: m.saved_bytes for conv, (_, m) in runs.items()}
+    tc, ones = runs["ones"]
+    assert saved["ones"] == saved["none"] == predict_hf(tc, ones)["activations"]
+    _, padded = runs["padded"]
+    assert saved["padded"] == predict_hf(tc, padded)["activations"]
+    if attn == "eager" or family == "falcon":  # eager's mask changes values only; Falcon's SDPA always keeps one
+        assert saved["padded"] == saved["none"]
+    else:  # SDPA keeps an explicit (b, 1, s, s) mask per layer (and GQA repeats k, v)
+        assert saved["padded"] > saved["none"]
+        with pytest.raises(SetupError, match="not measured"):
+            estimate(tc, padded.setup(tc), device_type="cuda")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_padding_is_right_aligned_and_counted(seed: int) -> None:
+    rng = random.Random(seed)
+    b, s, f = rng.randint(1, 5), rng.randint(2, 40), rng.random() * 0.9
+    ids = torch.arange(b * s).view(b, s)
+    try:
+        counts = pad_counts(b, s, f)
+    except SetupError:
+        assert int(f * b * s) // b + (int(f * b * s) % b > 0) >= s
+        return
+    labels, mask = call_inputs(ids, "padded", f)
+    assert mask is not None and int((mask == 0).sum()) == sum(counts) == int(f * b * s)
+    for row, n in enumerate(counts):
+        assert mask[row, : s - n].all() and not mask[row, s - n:].any()  # padding at the end only
+    assert torch.equal(labels == -100, mask == 0)
+    assert call_inputs(ids, "none")[1] is None and bool(call_inputs(ids, "ones")[1].all())
+
+
+@pytest.mark.parametrize("changes", [dict(pad_fraction=0.2), dict(attention_mask="padded", attention="math"),
+                                     dict(attention_mask="ones", recompute="full"),
+                                     dict(attention_mask="ones", loss="fused"), dict(attention_mask="padded",
+                                                                                     pad_fraction=1.0)])
+def test_unmeasured_conventions_are_refused_in_one_line(changes: dict) -> None:
+    with pytest.raises(SetupError) as err:
+        Setup(**changes)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("conv", ["ones", "padded"])
+def test_the_trace_refuses_a_call_with_a_mask(conv: str) -> None:
+    from memlab.tracing.hf import trace_hf
+
+    setup = Setup(batch=2, seq=8, attention_mask=conv, pad_fraction=0.25 if conv == "padded" else 0.0)
+    with pytest.raises(SetupError, match="without an attention mask") as err:
+        trace_hf(tiny("gpt2"), setup, device_type="cpu")
+    assert "\n" not in str(err.value)
