@@ -272,7 +272,8 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                        "the loss no longer the largest moment the backward peak may sit at the bottom layer, whose "
                        "term is approximate (a few per cent on the reference GPT; for HF families see "
                        "benchmarks/loss_options.py)")
-        if setup.attention_mask != "none":  # the default call (no mask) is every other estimate's: no line
+        hf = isinstance(model, TransformerConfig) and model.impl.family != "reference"
+        if setup.attention_mask != "none" or hf:  # memlab's own GPT has no HF call to name
             out.append(CALLS[setup.attention_mask].format(f=setup.pad_fraction))
         if setup.offload_activations:
             out.append("activation offload (save_on_cpu, pinned): the device keeps the token ids and the loss's "
