@@ -366,29 +366,11 @@ def check(model_type: str, config: Mapping[str, Any]) -> None:
                           f"{account(model_type).entry(key, 'refused')}")
 
 
-_NEW_FAMILY_ACCEPTED: dict[str, tuple[Any, ...]] = {
-    "rope_parameters.partial_rotary_factor": (1, 1.0, None),
-    "qk_layernorm": (False,),
-    "hidden_dropout": (0, 0.0),
-    "use_bidirectional_attention": (False, None),
-    "alibi": (False,),
-    "parallel_attn": (True,),
-    "multi_query": (False, True),  # True only with new_decoder_architecture: hf_families._falcon checks the pair
-    "attention_dropout": (0, 0.0),
-    "output_router_logits": (False,),
-    "router_jitter_noise": (0, 0.0),
-    "decoder_sparse_step": (1,),
-    "mlp_only_layers": ([], None),
-}
-"""The values under which a refused key of a :mod:`memlab.predict.family_keys` family keeps the estimate exact (the
-family's builder in :mod:`memlab.predict.hf_families` refuses any other, with the same reason)."""
-
-
-def _new_family(lists: Mapping[str, Mapping[str, str]]) -> KeyAccount:
+def _new_family(lists: Mapping[str, Mapping[str, Any]]) -> KeyAccount:
     """A :mod:`memlab.predict.family_keys` family's account, with the keys every family shares (the common refused
     keys and rotary types win over the family's own listing of them; ``model_type`` is modelled, as everywhere)."""
     common = {**COMMON_REFUSED, **_ROPE_REFUSED}
-    refused = {k: (text, _NEW_FAMILY_ACCEPTED.get(k, ())) for k, text in lists["refused"].items()}
+    refused = dict(lists["refused"])  # key -> (what memlab does, the accepted values)
     keep = {k: v for k, v in lists["neutral"].items() if base_key(k) not in common and k not in refused
             and k not in COMMON_MODELLED}
     modelled = {k: v if "memlab/" in v else f"memlab/predict/hf_families.py ({v})"

@@ -9,6 +9,8 @@ This module imports nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 _BOOKKEEPING = "transformers bookkeeping (outputs, labels, names, serialisation): no tensor of the step"
 _TOKEN = "a special token id: selects a row, sizes nothing"
 _INIT = "initialisation scale: values of the weights, not their sizes"
@@ -41,19 +43,21 @@ _COMMON: dict[str, dict[str, str]] = {
 }
 
 
-def _family(modelled: dict[str, str], neutral: dict[str, str], refused: dict[str, str] | None = None
-            ) -> dict[str, dict[str, str]]:
+def _family(modelled: dict[str, str], neutral: dict[str, str],
+            refused: dict[str, tuple[str, tuple[Any, ...]]] | None = None) -> dict[str, dict[str, Any]]:
     refused = dict(refused or {})
     common = {k: v for k, v in _COMMON["modelled"].items() if k not in refused and k not in neutral}
     return {"modelled": {**common, **modelled}, "neutral": {**_COMMON["neutral"], **neutral}, "refused": refused}
 
 
+_AUX_LOSS = ("True raises ConfigError (the load-balancing auxiliary loss is not modelled)", (False,))
+_DENSE_LAYERS = " (dense layers between MoE ones are not modelled)"
 _WINDOW = ("Implementation.sliding_window: a seq of the window or longer raises SetupError (check_window); "
            "shorter, the mask is the causal one")
 _LAYER_TYPES = ("which layers slide: a sliding one sets Implementation.sliding_window; a kind other than "
                 "full_attention or sliding_attention raises ConfigError")
 
-NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
+NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, Any]]] = {
     "qwen3": _family(
         {"head_dim": "TransformerConfig.attn_head_dim", "hidden_act": "Implementation.activation",
          "attention_bias": "Implementation.qkv_bias and o_bias", "sliding_window": _WINDOW,
@@ -67,7 +71,7 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
         {"embd_pdrop": "in Phi3Config, never used by modeling_phi3.py (no embedding dropout is applied)",
          "rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
          "original_max_position_embeddings": _ROPE},
-        {"rope_parameters.partial_rotary_factor": "below 1 (Phi-4-mini) raises ConfigError"}),
+        {"rope_parameters.partial_rotary_factor": ("below 1 (Phi-4-mini) raises ConfigError", (1, 1.0, None))}),
     "starcoder2": _family(
         {"hidden_act": "Implementation.activation", "use_bias": "TransformerConfig.bias (every linear and norm)",
          "residual_dropout": "TransformerConfig.dropout", "embedding_dropout": "Implementation.embedding_dropout",
@@ -83,8 +87,9 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          "partial_rotary_factor": "Implementation.rotary_fraction (the top-level spelling of older config.json "
                                   "files; hf_families._rope_value)"},
         {"layer_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE},
-        {"qk_layernorm": "True raises ConfigError (StableLmLayerNormPerHead is not modelled)",
-         "hidden_dropout": "above 0 raises ConfigError (a dropout on the MLP output only is not modelled)"}),
+        {"qk_layernorm": ("True raises ConfigError (StableLmLayerNormPerHead is not modelled)", (False,)),
+         "hidden_dropout": ("above 0 raises ConfigError (a dropout on the MLP output only is not modelled)",
+                            (0, 0.0))}),
     "gemma2": _family(
         {"head_dim": "TransformerConfig.attn_head_dim", "hidden_activation": "Implementation.activation",
          "attention_bias": "Implementation.qkv_bias and o_bias", "sliding_window": _WINDOW,
@@ -95,7 +100,7 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
                                     "loss raises SetupError)"},
         {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
          "query_pre_attn_scalar": "the attention's scale: a multiply by a Python float, nothing saved"},
-        {"use_bidirectional_attention": "True raises ConfigError (an encoder's mask)"}),
+        {"use_bidirectional_attention": ("True raises ConfigError (an encoder's mask)", (False, None))}),
     "gemma3_text": _family(
         {"head_dim": "TransformerConfig.attn_head_dim", "hidden_activation": "Implementation.activation",
          "attention_bias": "Implementation.qkv_bias and o_bias", "sliding_window": _WINDOW,
@@ -111,7 +116,7 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
                                    "(modeling_gemma3.py): no cap is applied",
          **{f"rope_parameters.{kind}.{k}": _ROPE for kind in ("full_attention", "sliding_attention")
             for k in ("rope_theta", "rope_type")}},
-        {"use_bidirectional_attention": "True raises ConfigError (an encoder's mask)"}),
+        {"use_bidirectional_attention": ("True raises ConfigError (an encoder's mask)", (False, None))}),
     "gptj": _family(
         {"n_embd": "TransformerConfig.d_model", "n_layer": "TransformerConfig.n_layers",
          "n_head": "TransformerConfig.n_heads", "n_inner": "TransformerConfig.d_ff (null: 4 n_embd)",
@@ -128,11 +133,11 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
          "new_decoder_architecture": "Implementation.kv_broadcast (K, V indexed and broadcast to every head)",
          "num_ln_in_parallel_attn": "Implementation.shared_norm (1) or two norms on one input (2)"},
         {"layer_norm_epsilon": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE},
-        {"alibi": "True raises ConfigError (ALiBi positions are not modelled)",
-         "parallel_attn": "False raises ConfigError (only the parallel block is modelled)",
-         "multi_query": "True without new_decoder_architecture (Falcon-7B) raises ConfigError",
-         "hidden_dropout": "above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)",
-         "attention_dropout": "above 0 raises ConfigError (Falcon uses it as a residual dropout)"}),
+        {"alibi": ("True raises ConfigError (ALiBi positions are not modelled)", (False,)),
+         "parallel_attn": ("False raises ConfigError (only the parallel block is modelled)", (True,)),
+         "multi_query": ("True without new_decoder_architecture (Falcon-7B) raises ConfigError", (False, True)),
+         "hidden_dropout": ("above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)", (0, 0.0)),
+         "attention_dropout": ("above 0 raises ConfigError (Falcon uses it as a residual dropout)", (0, 0.0))}),
     "mixtral": _family(
         {"head_dim": "TransformerConfig.attn_head_dim (null: hidden_size / num_attention_heads)",
          "hidden_act": "Implementation.activation", "sliding_window": _WINDOW,
@@ -141,9 +146,9 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
         {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
          "router_aux_loss_coef": "the auxiliary loss's weight, read only with output_router_logits (refused when "
                                  "true): a Python float"},
-        {"output_router_logits": "True raises ConfigError (the load-balancing auxiliary loss is not modelled)",
-         "router_jitter_noise": "above 0 raises ConfigError (the training-time noise on the MoE input is not "
-                                "modelled)"}),
+        {"output_router_logits": _AUX_LOSS,
+         "router_jitter_noise": ("above 0 raises ConfigError (the training-time noise on the MoE input is not "
+                                 "modelled)", (0, 0.0))}),
     "qwen3_moe": _family(
         {"head_dim": "TransformerConfig.attn_head_dim (absent: hidden_size / num_attention_heads)",
          "hidden_act": "Implementation.activation", "attention_bias": "Implementation.qkv_bias and o_bias",
@@ -161,9 +166,10 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, str]]] = {
                               "decoder_sparse_step > 1 (refused): no tensor of a modelled step",
          "max_window_layers": "in older config.json files; Qwen3MoeConfig keeps no layer types (any window applies "
                               "to every layer with use_sliding_window)"},
-        {"output_router_logits": "True raises ConfigError (the load-balancing auxiliary loss is not modelled)",
-         "decoder_sparse_step": "other than 1 raises ConfigError (dense layers between MoE ones are not modelled)",
-         "mlp_only_layers": "a non-empty list raises ConfigError (dense layers between MoE ones are not modelled)"}),
+        {"output_router_logits": _AUX_LOSS,
+         "decoder_sparse_step": ("other than 1 raises ConfigError" + _DENSE_LAYERS, (1,)),
+         "mlp_only_layers": ("a non-empty list raises ConfigError" + _DENSE_LAYERS, ([], None))}),
 }
 """model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},
-"refused": {key: what memlab does with a value it does not model}}."""
+"refused": {key: (what memlab does with a value it does not model, the values under which the estimate stays
+exact)}}: the family's builder in :mod:`memlab.predict.hf_families` refuses any other value, with the same reason."""
