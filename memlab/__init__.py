@@ -50,7 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.predict.activations": ("activation_bytes", "attention_score_share", "korthikanti_layer_bytes",
                                    "reference_activation_bytes", "trait_effects"),
     "memlab.predict.fit": ("fits", "max_batch", "max_seq"),
-    "memlab.predict.flops": ("forward_flops", "flops_per_token", "matmul_flops", "megatron_closed_form",
+    "memlab.predict.flops": ("decode_flops", "forward_flops", "flops_per_token", "matmul_flops", "megatron_closed_form",
                              "megatron_iteration_flops", "mfu", "roofline_bound"),
     "memlab.predict.attention_io": ("attention_hbm_bytes",),
     "memlab.predict.parallelism": ("cluster_utilisation", "exposed_comm_for", "pipeline_bubble_fraction"),

@@ -48,6 +48,7 @@ from memlab import (
     chapter,
     check,
     count_flops,
+    decode_flops,
     estimate,
     forward_flops,
     gpu,
@@ -256,8 +257,9 @@ serve.pivot_table(index="model", columns="card", values="vLLM pool (0.9)", sort=
 # %% [markdown]
 # ## 4. The decode roofline
 #
-# A decode step reads every weight once and each sequence's whole cache, and does about 2 FLOPs per parameter per
-# sequence (one multiply-add; attention over the cache adds 4 × layers × h × context FLOPs per sequence). So
+# A decode step reads every weight once and each sequence's whole cache, and does 2 FLOPs per multiplied weight per
+# sequence (one multiply-add; the embedding lookup multiplies nothing), plus 4 × layers × h × context FLOPs per
+# sequence for attention over the cache (`decode_flops` [kaplan2020]). So
 # time per step ≥ max(bytes read / HBM bandwidth, FLOPs / peak) [williams2009] [pope2022]. At batch b the
 # weights' arithmetic intensity is about 2b FLOPs per 2 bytes: b FLOP/B in bf16, far below an H100's ridge point
 # (peak / bandwidth). Decode stays bandwidth-bound until the batch nears that ridge, and the cache, read per
@@ -272,7 +274,7 @@ def decode_bound(cfg, card: str, batch: int, ctx: int) -> dict[str, float]:
     g = gpu(card)
     w = estimate(cfg, Setup(mode="inference", batch=1, seq=1)).params_bytes
     kv = kv_cache_bytes(cfg, batch, ctx, "bf16")
-    flops = 2 * cfg.param_count() * batch + 4 * cfg.n_layers * cfg.d_model * ctx * batch
+    flops = decode_flops(cfg, batch, ctx)
     t_mem, t_flop = (w + kv) / g.bandwidth_bytes_per_s, flops / g.peak("bf16")
     return {"batch": batch, "weights + KV read (GB)": (w + kv) / GB, "FLOPs (T)": flops / 1e12,
             "memory time (ms)": 1e3 * t_mem, "compute time (ms)": 1e3 * t_flop,

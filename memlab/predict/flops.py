@@ -114,6 +114,20 @@ def forward_flops(config: TransformerConfig, batch: int, seq: int, causal: bool 
     return sum(forward_flops_breakdown(config, batch, seq, causal).values())
 
 
+def decode_flops(config: TransformerConfig, batch: int, context: int) -> int:
+    """FLOPs of one decode step: each of ``batch`` sequences runs one new token against ``context`` cached ones.
+
+    Every matmul weight once per token (2 x the weights a token multiplies: ``matmul_param_count`` less the
+    routed experts it skips; the embedding lookup is not a matmul) plus, per layer, QK^T and AV of one query over
+    ``context`` keys, 2 x 2 x context x n_heads*head_dim per sequence (Kaplan et al. 2020's 2N + 2 n_layer n_ctx
+    d_attn forward count [kaplan2020], with both attention products). Integers, exact for the matmuls memlab counts."""
+    if not isinstance(config, TransformerConfig):
+        raise ConfigError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    b, ctx = _bounded("batch", batch), _bounded("seq", context)  # a context has the limits of a seq
+    weights = config.matmul_param_count() - config.inactive_expert_params(matmul_only=True)
+    return 2 * weights * b + config.n_layers * 4 * b * ctx * config.q_dim
+
+
 def flops_per_token(config: TransformerConfig, seq: int, *, include_attention: bool = True,
                     exclude_embeddings: bool = True) -> float:
     """Training FLOPs per token by the PaLM formula 6N + 12*L*H*Q*T (Chowdhery et al. 2022, Appendix B).

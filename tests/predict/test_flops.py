@@ -237,3 +237,20 @@ def test_every_shipped_full_config_counts_the_same_flops_both_ways() -> None:
     for name in config_names("full"):
         config = from_hf(load_config(name, "full"))
         assert F.flops_per_token(config, 512) == 3 * F.forward_flops(config, 1, 512) / 512, name
+
+
+def test_decode_flops_is_the_counted_forward_of_one_token_plus_attention_over_the_cache() -> None:
+    """One token against one cached token is the forward of a one-token sequence, matmul for matmul; each further
+    cached token adds QK^T and AV of one query per layer (4 x n_heads*head_dim FLOPs)."""
+    pytest.importorskip("transformers")
+    from memlab.course.hf_configs import config_names, load_config
+    from memlab.predict.hf import from_hf
+
+    configs = [from_hf(load_config(n, "full")) for n in config_names("full")] + [preset("tiny-gpt")]
+    for i, config in enumerate(configs):
+        batch, context = 1 + i % 3, 1 + 97 * i
+        assert F.decode_flops(config, batch, 1) == F.forward_flops(config, batch, 1), config.name
+        assert F.decode_flops(config, batch, context) - F.decode_flops(config, batch, 1) == \
+            config.n_layers * 4 * batch * (context - 1) * config.q_dim
+    with pytest.raises(ConfigError):
+        F.decode_flops("llama", 1, 1)
