@@ -58,6 +58,7 @@ from memlab import (
 from memlab.compare import plots
 from memlab.course.chapter import as_percent
 from memlab.measure import roofline
+from memlab.predict.hardware import tile_waves
 from memlab.run import op_profile
 from memlab.units import MiB
 
@@ -163,20 +164,9 @@ ch.cpu_note("tensor cores, SMs and occupancy exist only on a GPU: on a CUDA run 
 # one wave exactly, against 12 × 12 = 144 tiles:
 
 # %%
-H100_SMS, TILE = 132, 128  # H100 SXM5: 132 SMs (NVIDIA Hopper whitepaper); a typical cuBLAS tile
-
-
-def tile_waves(m: int, n: int, sms: int = H100_SMS, tile: int = TILE) -> dict[str, float]:
-    """Tiles, waves and the useful share of the SM-tile slots for an m × n GEMM output (tile and wave quantisation)."""
-    tiles = -(-m // tile) * -(-n // tile)
-    waves = -(-tiles // sms)
-    return {"m": m, "n": n, "tiles": tiles, "waves": waves, "tile fill (%)": 100 * m * n / (tiles * tile * tile),
-            "last wave's SMs busy (%)": 100 * (tiles - (waves - 1) * sms) / sms,
-            "useful share of SM-tile slots (%)": 100 * m * n / (waves * sms * tile * tile)}
-
-
-waves = pd.DataFrame([tile_waves(8192, n) for n in (50257, 50304, 50432)]  # an LM head: tile quantisation
-                     + [tile_waves(1536, n) for n in (1408, 1420)])  # 132 tiles vs 144: wave quantisation
+H100_SMS = 132  # H100 SXM5: 132 SMs (NVIDIA Hopper whitepaper)
+waves = pd.DataFrame([tile_waves(8192, n, H100_SMS) for n in (50257, 50304, 50432)]  # an LM head: tile quantisation
+                     + [tile_waves(1536, n, H100_SMS) for n in (1408, 1420)])  # 132 tiles vs 144: wave quantisation
 if CUDA:
     sms = torch.cuda.get_device_properties(torch.device(ch.device)).multi_processor_count
     occ = matmul[["dtype", "m", "n", "k", "flops_per_s"]].copy()

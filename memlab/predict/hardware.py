@@ -201,3 +201,21 @@ class DeviceInfo:
         out["peak_flops"] = dict(self.peak_flops)
         out["accelerator"] = self.accelerator.to_dict() if self.accelerator else None
         return out
+
+
+GEMM_TILE = 128
+"""A typical cuBLAS output tile edge, elements (it also picks 128 x 256, 256 x 128 and others) [nvidia-gemm-perf]."""
+
+
+def tile_waves(m: int, n: int, sms: int, tile: int = GEMM_TILE) -> dict[str, float]:
+    """Tile and wave quantisation of an m x n GEMM output on a device with ``sms`` SMs [nvidia-gemm-perf]: the
+    output is cut into ``tile`` x ``tile`` tiles, run one per SM at a time in waves of ``sms`` tiles. Returns the
+    tiles, the waves, the share of the tiles' elements that are output (tile fill, %), the share of SMs busy in the
+    last wave (%), and the useful share of all SM-tile slots of the waves (%)."""
+    m, n = check_int("m", m), check_int("n", n)
+    sms, tile = check_int("sms", sms), check_int("tile", tile)
+    tiles = -(-m // tile) * -(-n // tile)
+    waves = -(-tiles // sms)
+    return {"m": m, "n": n, "tiles": tiles, "waves": waves, "tile fill (%)": 100 * m * n / (tiles * tile * tile),
+            "last wave's SMs busy (%)": 100 * (tiles - (waves - 1) * sms) / sms,
+            "useful share of SM-tile slots (%)": 100 * m * n / (waves * sms * tile * tile)}

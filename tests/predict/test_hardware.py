@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memlab.errors import MemlabError, UnknownNameError
 from memlab.predict import hardware as hw
@@ -319,3 +321,26 @@ def test_bad_printed_sparse_figures_are_refused(sparse: dict) -> None:
 
     with pytest.raises(MemlabError, match="sparse"):
         replace(hw.gpu("l40s"), printed_sparse_flops=sparse)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 70000), st.integers(1, 70000), st.integers(1, 200), st.sampled_from([64, 128, 256]))
+def test_tile_waves_cover_the_output_and_never_exceed_a_whole_slot(m: int, n: int, sms: int, tile: int) -> None:
+    from memlab.predict.hardware import tile_waves
+
+    w = tile_waves(m, n, sms, tile)
+    assert w["tiles"] * tile * tile >= m * n  # the tiles cover the output
+    assert (w["waves"] - 1) * sms < w["tiles"] <= w["waves"] * sms  # the last wave is the only partial one
+    assert 0 < w["useful share of SM-tile slots (%)"] <= w["tile fill (%)"] <= 100
+    assert 0 < w["last wave's SMs busy (%)"] <= 100
+    if m % tile == 0 and n % tile == 0:
+        assert w["tile fill (%)"] == 100
+
+
+def test_tile_waves_on_an_h100_wave_of_132_tiles() -> None:
+    from memlab.predict.hardware import tile_waves
+
+    one = tile_waves(1536, 1408, 132)  # 12 x 11 tiles: one full wave
+    assert (one["tiles"], one["waves"], one["useful share of SM-tile slots (%)"]) == (132, 1, 100)
+    two = tile_waves(1536, 1420, 132)  # 12 x 12 = 144 tiles: a second wave with 12 of 132 SMs busy
+    assert (two["tiles"], two["waves"]) == (144, 2) and two["last wave's SMs busy (%)"] == pytest.approx(1200 / 132)
