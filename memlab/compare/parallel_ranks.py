@@ -11,6 +11,10 @@ each rank
   over a gloo mesh: its local parameter and gradient bytes, next to the estimate's tp shards plus the plan's
   replicated embedding/head (:func:`memlab.tracing.tensor_parallel.replicated_terms`), and the step's peak.
 
+Each rank also counts what it sends (:class:`memlab.measure.comm.CommCounter`, torch's own c10d calls): the
+pipeline's sends next to :func:`memlab.predict.communication.pp_sent_bytes`, the tensor-parallel all-reduces next to
+:func:`memlab.predict.communication.tp_allreduce_buffer_bytes`.
+
 :func:`parallel_ranks_ledger` turns the ranks' rows into one DataFrame (layout, rank, quantity, predicted, measured,
 note). ``memlab shard --layouts pp,tp`` prints it.
 """
@@ -27,6 +31,9 @@ from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup
 
 SCHEDULES = ("1f1b", "gpipe")
+VOTE_BYTES = 4
+"""What a real stage sends before its first micro-batch: torch.distributed.pipelining's warm-up vote, one int32
+(``_PipelineStage`` in torch/distributed/pipelining/stage.py), counted by :class:`memlab.measure.comm.CommCounter`."""
 
 
 def pp_setup(schedule: str, ranks: int, batch: int = 2, seq: int = 64) -> Setup:
@@ -47,6 +54,7 @@ def _tensor_parallel_step(config: TransformerConfig, batch: int, seq: int, world
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
+    from memlab.measure.comm import CommCounter
     from memlab.measure.live_bytes import LiveBytes
     from memlab.tracing.tensor_parallel import tensor_parallel_gpt
 
@@ -56,11 +64,12 @@ def _tensor_parallel_step(config: TransformerConfig, batch: int, seq: int, world
     opt = torch.optim.AdamW(model.parameters(), foreach=False)
     idx = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
     params = _local_bytes(model.parameters())
-    with LiveBytes(sample_every=None) as live:
+    with LiveBytes(sample_every=None) as live, CommCounter() as comm:
         model(idx, idx).backward()
         grads = _local_bytes(p.grad for p in model.parameters())
         opt.step()
-    return {"params_bytes": params, "grads_bytes": grads, "step_peak_bytes": live.peak_bytes}
+    return {"params_bytes": params, "grads_bytes": grads, "step_peak_bytes": live.peak_bytes,
+            "comm": comm.totals().to_dict()}
 
 
 def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
@@ -68,14 +77,16 @@ def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     import torch.distributed as dist
 
     from memlab.compare.pipeline import trace_stage
+    from memlab.measure.comm import CommCounter
 
     config = preset(spec["preset"])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     rows: dict[str, Any] = {"rank": rank, "world_size": world, "preset": spec["preset"]}
     for schedule in SCHEDULES:
-        rows[f"pp_{schedule}"] = trace_stage(config, pp_setup(schedule, world, spec["batch"], spec["seq"]),
-                                             rank).to_dict()
+        with CommCounter() as comm:
+            stage = trace_stage(config, pp_setup(schedule, world, spec["batch"], spec["seq"]), rank)
+        rows[f"pp_{schedule}"] = {**stage.to_dict(), "comm": comm.totals().to_dict()}
         dist.barrier()
     rows["tp"] = _tensor_parallel_step(config, spec["batch"], spec["seq"], world)
     (out_dir / f"rank{rank}.json").write_text(json.dumps(rows))
@@ -97,15 +108,18 @@ def parallel_ranks_ledger(rows: list[dict[str, Any]], *, batch: int = 2, seq: in
     """Predicted next to measured, per layout, rank and quantity (bytes); the peak's note names its bound."""
     import pandas as pd
 
+    from memlab.predict.communication import pp_sent_bytes, tp_allreduce_buffer_bytes
     from memlab.predict.estimate import estimate
-    from memlab.predict.parallel import parallel_estimate
+    from memlab.predict.parallel import micro_batch_bytes, parallel_estimate
     from memlab.tracing.tensor_parallel import replicated_terms
 
     config = preset(rows[0]["preset"])
     world = rows[0]["world_size"]
     out = []
     for schedule in SCHEDULES:
-        pred = parallel_estimate(config, pp_setup(schedule, world, batch, seq), device_type="cpu").rows
+        setup = pp_setup(schedule, world, batch, seq)
+        pred = parallel_estimate(config, setup, device_type="cpu").rows
+        boundary = micro_batch_bytes(config, setup, device_type="cpu").boundary
         for r in rows:
             got, row = r[f"pp_{schedule}"], pred[r["rank"]]
             out.append({"layout": f"pp {schedule}", "rank": r["rank"], "quantity": "held after the step",
@@ -114,6 +128,11 @@ def parallel_ranks_ledger(rows: list[dict[str, Any]], *, batch: int = 2, seq: in
                         "predicted": row.peak_bytes, "measured": got["peak_bytes"],
                         "note": "a bound: gradients not yet allocated at the peak moment and the backward's "
                         "temporaries as the estimator bounds them"})
+            sent = pp_sent_bytes(boundary, setup.micro_batches, world, r["rank"])
+            out.append({"layout": f"pp {schedule}", "rank": r["rank"], "quantity": "bytes sent",
+                        "predicted": int(sent) + VOTE_BYTES, "measured": got["comm"]["bytes"].get("send", 0),
+                        "note": f"the stage boundary per micro-batch, each way [narayanan2021] + torch's "
+                        f"{VOTE_BYTES} B warm-up vote (named)"})
     tp_setup = Setup(batch=batch, seq=seq, tp=world)
     bd = estimate(config, tp_setup, device_type="cpu")
     extra = replicated_terms(config, tp_setup)["replicated embedding/head parameters"]
@@ -122,7 +141,19 @@ def parallel_ranks_ledger(rows: list[dict[str, Any]], *, batch: int = 2, seq: in
             out.append({"layout": f"tp {world}", "rank": r["rank"], "quantity": key.removesuffix("_bytes"),
                         "predicted": value + extra, "measured": r["tp"][key],
                         "note": "estimate + the plan's replicated embedding/head (named)"})
+        reduced = tp_allreduce_buffer_bytes(batch * seq, config.d_model, config.n_layers, 4,
+                                            column_modules=column_modules(config))
+        out.append({"layout": f"tp {world}", "rank": r["rank"], "quantity": "all-reduce buffer bytes",
+                    "predicted": reduced, "measured": r["tp"]["comm"]["bytes"].get("all_reduce", 0),
+                    "note": f"{2 + column_modules(config)} all-reduces a block: torch's plan reduces each "
+                    "column-parallel module's input gradient (Megatron's fused q/k/v and gate/up: 4)"})
     return pd.DataFrame(out)
+
+
+def column_modules(config: TransformerConfig) -> int:
+    """Column-parallel modules in one reference GPT block under :data:`~memlab.tracing.tensor_parallel.TP_PLAN`:
+    q, k, v and up, plus gate in a SwiGLU MLP."""
+    return 3 + (2 if config.mlp == "swiglu" else 1)
 
 
 if __name__ == "__main__":  # under torchrun: python -m torch.distributed.run ... parallel_ranks.py SPEC OUT_DIR

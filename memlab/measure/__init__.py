@@ -7,6 +7,7 @@
   offline, fragmentation.
 - ``nvml``: what nvidia-smi shows; ``host``: RSS and RAM; ``timeline``: a sampled memory timeline.
 - ``oom`` and ``oom_examples``: out-of-memory messages as data.
+- ``comm``: the collectives and sends a rank issues, with their bytes.
 - ``roofline``: matmul FLOP/s and memory-bandwidth microbenchmarks; ``machine``: this machine (``detect``, the CPU
   peak benchmark); ``cpu``: the CPU's model name and caches; ``timing``: the one timer (``time_fn``).
 

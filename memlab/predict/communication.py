@@ -54,6 +54,24 @@ def ring_wire_bytes(volume_bytes: int | float, world_size: int) -> float:
     return volume_bytes * (world_size - 1) / world_size
 
 
+def tp_allreduce_buffer_bytes(tokens: int, d_model: int, n_layers: int, value_bytes: int = 2, *,
+                              column_modules: int = 2) -> int:
+    """Buffer bytes one tensor-parallel rank hands to all-reduces per micro-batch's forward and backward.
+
+    Each row-parallel module (attention's output projection, the MLP's down projection) all-reduces its (tokens,
+    d_model) output in the forward; each column-parallel module all-reduces the gradient of its replicated input
+    in the backward (the conjugate ``f`` operator) [shoeybi2019, Sec. 3]. Megatron fuses q, k and v into one
+    column-parallel linear and the gate and up projections into another (``column_modules=2``: four all-reduces a
+    block); torch's ``parallelize_module`` over separate q, k, v, gate and up modules reduces each input gradient
+    on its own (``column_modules=5``, or 4 for a GELU MLP: six or seven a block). Buffer bytes, not wire bytes
+    (:func:`ring_wire_bytes`)."""
+    for name, v in (("tokens", tokens), ("d_model", d_model), ("n_layers", n_layers), ("value_bytes", value_bytes),
+                    ("column_modules", column_modules)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SetupError(f"{name} must be a positive integer, got {v!r}")
+    return n_layers * (2 + column_modules) * tokens * d_model * value_bytes
+
+
 def tp_sent_bytes(tokens: int, d_model: int, n_layers: int, tp: int, value_bytes: int = 2) -> float:
     """Bytes one tensor-parallel rank sends per micro-batch's forward and backward through ``n_layers`` blocks.
 

@@ -45,3 +45,19 @@ def test_cp_ring_passes_cp_minus_one_chunks_three_times() -> None:
 def test_bad_input_is_one_setup_error(call) -> None:
     with pytest.raises(SetupError):
         call()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tp_all_reduce_buffers_are_the_wire_bytes_before_the_ring(seed: int) -> None:
+    """Megatron's four all-reduces a block (column_modules=2), as buffers, give tp_sent_bytes once each all-reduce's
+    2x volume and the ring's (t-1)/t are applied; every further column-parallel module adds one buffer a block."""
+    from memlab.predict.communication import tp_allreduce_buffer_bytes
+
+    rng = random.Random(seed)
+    t, h, n, tp, vb = rng.randint(1, 9000), rng.randint(1, 8192), rng.randint(1, 96), rng.randint(1, 64), rng.choice(
+        (1, 2, 4))
+    fused = tp_allreduce_buffer_bytes(t, h, n, vb)
+    assert ring_wire_bytes(2 * fused, tp) == pytest.approx(tp_sent_bytes(t, h, n, tp, vb))
+    assert tp_allreduce_buffer_bytes(t, h, n, vb, column_modules=5) - fused == 3 * n * t * h * vb
+    with pytest.raises(SetupError):
+        tp_allreduce_buffer_bytes(t, h, n, vb, column_modules=0)

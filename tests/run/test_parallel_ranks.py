@@ -37,8 +37,24 @@ def test_pipeline_ranks_end_exactly_and_peak_within_the_bound(ranks: list[dict],
 
 
 def test_ledger_is_exact_where_it_says_so(ranks: list[dict]) -> None:
-    """The ledger's exact rows (held after the step; tensor-parallel parameters and gradients) match exactly."""
+    """The ledger's exact rows (held after the step and bytes sent per pipeline rank; tensor-parallel parameters,
+    gradients and all-reduce buffers) match exactly."""
     df = parallel_ranks_ledger(ranks)
     exact = df[df["quantity"] != "peak"]
-    assert len(exact) == WORLD * (len(SCHEDULES) + 2)
+    assert len(exact) == WORLD * (2 * len(SCHEDULES) + 3)
     assert (exact["predicted"] == exact["measured"]).all()
+
+
+def test_ranks_count_what_torch_sends(ranks: list[dict]) -> None:
+    """Every pipeline rank sends one boundary tensor per micro-batch (first rank forward, last rank backward) plus
+    the int32 vote, and receives as much; every tensor-parallel rank all-reduces 2 + 4 (q, k, v, up) buffers of
+    (b s, h) fp32 a block in tiny-gpt's GELU blocks."""
+    config = preset("tiny-gpt")
+    setup = pp_setup("1f1b", WORLD)
+    boundary = setup.batch * setup.seq * config.d_model * 4
+    for got in ranks:
+        for schedule in SCHEDULES:
+            comm = got[f"pp_{schedule}"]["comm"]
+            assert comm["calls"] == {"send": setup.micro_batches + 1, "recv": setup.micro_batches + 1}
+            assert comm["bytes"]["send"] == setup.micro_batches * boundary + 4 == comm["bytes"]["recv"]
+        assert got["tp"]["comm"]["calls"] == {"all_reduce": 6 * config.n_layers}
