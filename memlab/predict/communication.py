@@ -97,3 +97,24 @@ def cp_sent_bytes(kv_chunk_bytes: int | float, n_layers: int, cp: int) -> float:
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
         raise SetupError(f"n_layers must be a positive integer, got {n_layers!r}")
     return n_layers * 3 * (cp - 1) * kv_chunk_bytes
+
+
+def ep_sent_bytes(tokens: int, d_model: int, n_layers: int, top_k: int, ep: int, value_bytes: int = 2,
+                  routing: str = "balanced") -> float:
+    """Bytes one expert-parallel rank sends per micro-batch's forward and backward through ``n_layers`` MoE layers.
+
+    Each layer's forward runs two all-to-alls of the rank's ``tokens x top_k`` (token, expert) pairs of
+    ``d_model`` values (dispatch to the experts' ranks, combine back), its backward two more of their gradients
+    [lepikhin2020, Sec. 3.1; rajbhandari2022, Sec. 5]: 4 per layer. The pairs whose expert is local stay on the rank:
+    ``balanced`` routing (each expert the same share) sends (ep - 1)/ep of them, ``worst`` (every pair to another
+    rank's experts) all; in a combine the rank sends what it received (the same count under ``balanced``; under
+    ``worst``, where the rank's own experts receive nothing from it, the count it dispatched). A full recompute
+    repeats the forward's two, not counted. ``value_bytes``: the communicated dtype (2 for bf16)."""
+    for name, v in (("tokens", tokens), ("d_model", d_model), ("n_layers", n_layers), ("top_k", top_k), ("ep", ep),
+                    ("value_bytes", value_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SetupError(f"{name} must be a positive integer, got {v!r}")
+    if routing not in ("balanced", "worst"):
+        raise SetupError(f"routing must be 'balanced' or 'worst', got {routing!r}")
+    remote = (ep - 1) / ep if routing == "balanced" else (1.0 if ep > 1 else 0.0)
+    return n_layers * 4 * tokens * top_k * d_model * value_bytes * remote
