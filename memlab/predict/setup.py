@@ -147,7 +147,7 @@ class Setup(StrictInit):
     # -- pipeline and context parallelism (memlab.predict.parallel; issue 19) -----------------------------------
     pp: int = field(default=1, metadata={**LIMITS["pp"].meta(mode="train")})
     """Pipeline-parallel stages (ranks); ``batch`` is then the micro-batch (memlab.predict.parallel)."""
-    pp_schedule: PpSchedule = field(default="1f1b", metadata={"mode": "train"})
+    pp_schedule: PpSchedule = field(default="1f1b", metadata={"mode": "train", "aliases": ("--schedule",)})
     """Pipeline schedule: 1f1b (min(p - rank, m) micro-batches in flight), gpipe (all m) or interleaved 1F1B."""
     pp_chunks: int = field(default=1, metadata={**LIMITS["pp"].meta(mode="train")})
     """Model chunks (virtual stages) per pipeline rank: > 1 only with the interleaved schedule."""
