@@ -228,7 +228,7 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
     temp = layer_terms(config, one, device_type)["temp"]
     transient = max(temp, a2a)
     buffers = model_buffer_bytes(config)
-    comm = ep_sent_bytes(t, config.d_model, config.n_layers, k, ep, int(w["compute"]), setup.ep_routing)
+    comm = ep_sent_bytes(t, config.d_model, config.n_layers, k, ep, int(w["compute"]), setup.ep_routing, E)
     notes = (
         f"expert parallel over ep={ep} ranks drawn from world_size={setup.world_size} data-parallel ranks: "
         f"{E // ep} of {E} experts per layer on each [rajbhandari2022; megatron-moe]",

@@ -87,9 +87,17 @@ def test_ep_sent_bytes_counts_four_all_to_alls_of_the_remote_pairs(seed: int) ->
         rng.choice([1, 2, 4, 8, 64]), rng.choice([2, 4])
     pair = h * v
     assert ep_sent_bytes(t, h, L, k, ep, v) == pytest.approx(L * 4 * t * k * pair * (ep - 1) / ep)
-    assert ep_sent_bytes(t, h, L, k, ep, v, "worst") == (L * 4 * t * k * pair if ep > 1 else 0)
+    n_exp = ep * rng.choice([1, 2, 4])
+    if n_exp >= k:  # the hot rank: every token of every rank picks m of its experts; count its sends pair by pair
+        m = min(k, n_exp // ep)
+        dispatch = t * (k - m)  # its own tokens' pairs whose expert is elsewhere
+        combine = (ep - 1) * t * m  # the pairs other ranks sent it, returned
+        assert ep_sent_bytes(t, h, L, k, ep, v, "worst", n_exp) == L * 2 * (dispatch + combine) * pair
+        assert ep_sent_bytes(t, h, L, k, ep, v, "worst", n_exp) >= ep_sent_bytes(t, h, L, k, ep, v) or ep == 1
     with pytest.raises(SetupError, match="routing"):
         ep_sent_bytes(t, h, L, k, ep, v, "skewed")
+    with pytest.raises(SetupError, match="needs n_experts"):
+        ep_sent_bytes(t, h, L, k, ep, v, "worst")
 
 
 def test_refusals_are_one_line() -> None:
