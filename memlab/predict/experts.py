@@ -31,9 +31,11 @@ by a second all-to-all (*combine*), two in each layer's forward and two (their g
   MLPs on every token.
 - all-to-all buffers: at a dispatch a rank holds its send buffer (``t k`` pairs x h) and its receive buffer
   (received pairs x h); at a combine the reverse; counted as a transient of one layer (one moment).
-- peak: as :mod:`memlab.predict.parallel` takes it: states + saved activations + the model's buffers + the largest
-  transient of one layer (its backward temporaries, :func:`memlab.predict.phases.layer_terms`, or the all-to-all
-  buffers).
+- peak: the larger of two moments. The end of forward as :mod:`memlab.predict.parallel` takes it, with every
+  gradient already there (a bound): states + saved activations + the model's buffers + the largest transient of one
+  layer (its backward temporaries, :func:`memlab.predict.phases.layer_terms`, or the all-to-all buffers; under
+  ZeRO-3 one gathered block; under full recompute one block's recomputed tensors). And the optimizer step: the
+  estimator's step peak for the dense and for the expert parameters, each over its ZeRO group, summed (a bound).
 """
 
 from __future__ import annotations
@@ -186,15 +188,16 @@ class ExpertReport:
         return asdict(self)
 
 
-def _states(elements: int, setup: Setup, world_size: int) -> int:
-    """Model-state bytes of ``elements`` parameters under ZeRO over ``world_size`` ranks (the estimator's own, for a
-    bare count)."""
+def _states(elements: int, setup: Setup, world_size: int) -> tuple[int, int]:
+    """(model-state bytes, the optimizer step's peak) of ``elements`` parameters under ZeRO over ``world_size``
+    ranks: the estimator's own for a bare count (the step's peak: the states and the optimizer's temporaries, e.g.
+    the fp32 gradient copies a master-weight policy makes)."""
     from memlab.predict.estimate import estimate  # imported here, as memlab.predict.parallel does
 
     if elements == 0:
-        return 0
-    flat = setup.with_(tp=1, sp=False, ep=1, world_size=world_size)
-    return estimate(elements, flat).model_state_bytes()
+        return 0, 0
+    bd = estimate(elements, setup.with_(tp=1, sp=False, ep=1, world_size=world_size))
+    return bd.model_state_bytes(), max(r.peak_bytes for r in bd.phases if r.phase == "optimizer step")
 
 
 def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> ExpertReport:
@@ -223,11 +226,26 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
     acts = sum(bytes_by_category(rows + routed, setup.tp, setup.sp).values())
     routed_bytes = sum(bytes_by_category(routed, setup.tp, setup.sp).values()) if routed else 0
     dense, expert = expert_param_elements(config, setup)
-    states = _states(dense, setup, setup.world_size) + _states(expert, setup, setup.world_size // ep)
+    (dense_states, dense_step), (expert_states, expert_step) = (_states(dense, setup, setup.world_size),
+                                                                _states(expert, setup, setup.world_size // ep))
+    states = dense_states + expert_states
+    ids = sum(bytes_by_category([r for r in rows if r[1] == "token ids"], setup.tp, setup.sp).values())
     a2a = (sent + got) * config.d_model * w["compute"]
     temp = layer_terms(config, one, device_type)["temp"]
-    transient = max(temp, a2a)
+    gathered = 0.0
+    if setup.zero_stage == 3:  # one block gathered at a time (FSDP2 / ZeRO-3), each part over its own group
+        block = [(n, math.prod(tp_shard_shape(n, sh, config, setup.tp))) for n, sh, _ in config.param_shapes()
+                 if n.startswith("blocks.0.")]
+        gathered = setup.policy.param_bytes * (
+            sum(e for n, e in block if ".experts." not in n) * (setup.world_size > 1)
+            + sum(e for n, e in block if ".experts." in n) // ep * (setup.world_size // ep > 1))
+    if setup.recompute == "full":  # a block's backward recomputes its saved tensors, its routed ones included
+        temp += layer_terms(config, one, device_type)["layer"] + sum(
+            bytes_by_category(ep_layer_rows(config, one, sent, got, w["compute"]), setup.tp, setup.sp).values()
+        ) / config.n_layers
+    transient = max(temp, a2a) + gathered
     buffers = model_buffer_bytes(config)
+    step_moment = dense_step + expert_step + buffers + ids
     comm = ep_sent_bytes(t, config.d_model, config.n_layers, k, ep, int(w["compute"]), setup.ep_routing, E)
     notes = (
         f"expert parallel over ep={ep} ranks drawn from world_size={setup.world_size} data-parallel ranks: "
@@ -241,9 +259,14 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
         "routed MLP as memlab.tracing.experts runs it (dispatch by all_to_all_single, each local expert on its "
         "received pairs, combine by all_to_all_single, gates applied after the combine); the model's own MoE kernel "
         "(a grouped family's) is replaced by it",
-        "peak: states + saved activations + the model's buffers + one layer's largest transient (its backward "
-        "temporaries or an all-to-all's send and receive buffers); the gradients' build-up in backward is not "
-        "added (as memlab.predict.parallel)",
+        "peak: the larger of two moments: states + saved activations + the model's buffers + one layer's largest "
+        "transient (its backward temporaries or an all-to-all's send and receive buffers"
+        + (", a gathered block" if setup.zero_stage == 3 else "")
+        + (", a block's recomputed tensors (its dense-MLP rows counted too: a bound)" if setup.recompute == "full"
+           else "")
+        + "), every gradient counted beside every activation (a bound); and the optimizer step (the estimator's "
+        "states and optimizer temporaries of the dense and the expert parameters, each over its ZeRO group, "
+        "summed: a bound)",
         f"all-to-all: {comm / 2**30:.3f} GiB sent per step (4 per MoE layer: dispatch and combine, forward and "
         "backward)" + (" ; full recompute repeats the forward's two, not counted" if setup.recompute == "full" else ""),
     )
@@ -251,7 +274,8 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
                         expert_params=expert, states_bytes=int(states), sent_pairs=sent, received_pairs=got,
                         activations_bytes=math.ceil(acts), routed_activations_bytes=math.ceil(routed_bytes),
                         all_to_all_bytes=math.ceil(a2a), transient_bytes=math.ceil(transient),
-                        buffers_bytes=buffers, peak_bytes=math.ceil(states + acts + buffers + transient),
+                        buffers_bytes=buffers,
+                        peak_bytes=math.ceil(max(states + acts + buffers + transient, step_moment)),
                         sent_bytes=comm, assumptions=notes)
 
 

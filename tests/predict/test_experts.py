@@ -122,3 +122,25 @@ def test_mixtral_layouts_shrink_states_not_balanced_activations() -> None:
     bal = df[df.routing == "balanced"]
     assert list(bal.ep) == [1, 2, 4, 8] and bal.states_bytes.is_monotonic_decreasing
     assert bal.activations_bytes.nunique() == 1 and (bal.sent_bytes.diff().dropna() > 0).all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tp_recompute_and_zero3_compose_with_ep(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    config = _config(rng).with_(n_heads=4, d_model=64)
+    ep = math.gcd(2, config.n_experts)
+    s = Setup(batch=2, seq=16, world_size=4, ep=ep, attention="flash", precision=rng.choice(["fp32", "mixed-bf16"]))
+    base = expert_estimate(config, s)
+    tp2 = expert_estimate(config, s.with_(tp=2))
+    assert base.expert_params / 2 <= tp2.expert_params < base.expert_params  # d_ff split, row-parallel biases kept
+    assert tp2.routed_activations_bytes < base.routed_activations_bytes
+    full = expert_estimate(config, s.with_(recompute="full"))
+    assert full.routed_activations_bytes == 0 and full.activations_bytes < base.activations_bytes
+    assert full.transient_bytes > base.transient_bytes  # one block's recomputed tensors, routed ones included
+    z3 = expert_estimate(config, s.with_(zero_stage=3))
+    z2 = expert_estimate(config, s.with_(zero_stage=2))
+    block = sum(math.prod(sh) for n, sh, _ in config.param_shapes() if n.startswith("blocks.0."))
+    block_local = block - sum(math.prod(sh) for n, sh, _ in config.param_shapes()
+                              if n.startswith("blocks.0.") and ".experts." in n) * (ep - 1) // ep
+    assert z3.transient_bytes - z2.transient_bytes == block_local * s.policy.param_bytes  # a gathered block
+    assert z3.states_bytes < z2.states_bytes

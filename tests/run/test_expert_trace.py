@@ -15,13 +15,13 @@ from memlab.tracing.experts import trace_gpt_ep
 SHAPES = [
     (preset("tiny-moe").with_(n_layers=1, vocab_size=128), Setup(batch=2, seq=16, world_size=2, ep=2)),
     (TransformerConfig(name="gelu-top1", d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab_size=128, max_seq=64,
-                       n_experts=4, top_k=1), Setup(batch=1, seq=16, world_size=4, ep=4, precision="bf16")),
+                       n_experts=4, top_k=1), Setup(batch=1, seq=16, world_size=4, ep=4, precision="mixed-bf16")),
 ]
-"""Top-2 SwiGLU with a shared expert and rotary positions (fp32, ep=2); top-1 GELU with learned positions (bf16,
+"""Top-2 SwiGLU with a shared expert and rotary positions (fp32, ep=2); top-1 GELU with learned positions (bf16 weights with fp32 master copies,
 ep=4)."""
 
 
-@pytest.mark.parametrize(("config", "setup"), SHAPES, ids=["top2-swiglu-shared", "top1-gelu-bf16"])
+@pytest.mark.parametrize(("config", "setup"), SHAPES, ids=["top2-swiglu-shared", "top1-gelu-mixed-bf16"])
 def test_rank_bytes_match_the_trace(config: TransformerConfig, setup: Setup) -> None:
     trace = trace_gpt_ep(config, setup)
     r = expert_estimate(config, setup, device_type="cpu")
