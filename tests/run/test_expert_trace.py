@@ -17,8 +17,8 @@ SHAPES = [
     (TransformerConfig(name="gelu-top1", d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab_size=128, max_seq=64,
                        n_experts=4, top_k=1), Setup(batch=1, seq=16, world_size=4, ep=4, precision="mixed-bf16")),
 ]
-"""Top-2 SwiGLU with a shared expert and rotary positions (fp32, ep=2); top-1 GELU with learned positions (bf16 weights with fp32 master copies,
-ep=4)."""
+"""Top-2 SwiGLU with a shared expert and rotary positions (fp32, ep=2); top-1 GELU with learned positions
+(mixed-bf16: bf16 weights with fp32 master copies, ep=4)."""
 
 
 @pytest.mark.parametrize(("config", "setup"), SHAPES, ids=["top2-swiglu-shared", "top1-gelu-mixed-bf16"])
