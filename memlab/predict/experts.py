@@ -268,7 +268,11 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
         "states and optimizer temporaries of the dense and the expert parameters, each over its ZeRO group, "
         "summed: a bound)",
         f"all-to-all: {comm / 2**30:.3f} GiB sent per step (4 per MoE layer: dispatch and combine, forward and "
-        "backward)" + (" ; full recompute repeats the forward's two, not counted" if setup.recompute == "full" else ""),
+        "backward)" + ("; full recompute repeats the forward's two, not counted" if setup.recompute == "full" else ""),
+        *((f"tp={setup.tp}: every tp rank routes the same tokens and holds d_ff / tp of each local expert (expert "
+           "tensor parallelism equal to tp [megatron-moe]); the pairs' h-wide tensors and the all-to-alls are "
+           "counted whole on each tp rank" + (", divided by tp under sp as every sequence-split row is"
+                                              if setup.sp else ""),) if setup.tp > 1 else ()),
     )
     return ExpertReport(ep=ep, routing=setup.ep_routing, local_experts=E // ep, dense_params=dense,
                         expert_params=expert, states_bytes=int(states), sent_pairs=sent, received_pairs=got,

@@ -111,7 +111,8 @@ class Setup(StrictInit):
     backend (also O(s^2)), ``flash``/``efficient``/``cudnn`` are fused SDPA kernels that keep no s x s matrix.
     ``zero_stage`` 0-3 shards optimizer states (1), gradients (2) and parameters (3) over ``world_size``
     data-parallel ranks; FSDP FULL_SHARD is stage 3 and SHARD_GRAD_OP stage 2. ``tp`` is the tensor-parallel
-    degree and ``sp`` turns on sequence parallelism (Korthikanti et al. 2022).
+    degree and ``sp`` turns on sequence parallelism (Korthikanti et al. 2022). ``ep`` splits a mixture of experts'
+    experts over that many of the ``world_size`` data-parallel ranks (:mod:`memlab.predict.experts`).
 
     Each field's docstring is its help text in the ``memlab`` command, which generates its options from these
     fields (``metadata`` may name ``choices``, a shorter ``flag``, ``max`` with its reason ``why``, and the

@@ -43,3 +43,17 @@ def test_ep_table_schedule_alias_and_refusals(capsys: pytest.CaptureFixture[str]
         assert cli.main(["estimate", "--seq", "64", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_ep_on_a_hugging_face_config(capsys: pytest.CaptureFixture[str], family: str) -> None:
+    from memlab.course.hf_configs import CONFIG_DIR
+
+    path = CONFIG_DIR / "tiny" / f"{family}.json"
+    argv = ["estimate", "--hf", str(path), "--seq", "32", "--ep", "2", "--world-size", "4", "--json"]
+    assert cli.main(argv) == 0
+    one = json.loads(capsys.readouterr().out)["rank"]
+    assert cli.main([*argv[:-5], "--ep", "4", "--world-size", "4", "--json"]) == 0
+    four = json.loads(capsys.readouterr().out)["rank"]
+    assert one["local_experts"] == 2 and four["local_experts"] == 1
+    assert four["expert_params"] * 2 == one["expert_params"] and four["dense_params"] == one["dense_params"]
