@@ -13,11 +13,11 @@ from memlab.predict.setup import Setup
 from memlab.tracing.experts import trace_gpt_ep
 
 SHAPES = [
-    (preset("tiny-moe").with_(n_layers=1, vocab_size=128), Setup(batch=2, seq=16, world_size=2, ep=2)),
+    (preset("tiny-moe").with_(n_layers=1, vocab_size=128, n_experts=4), Setup(batch=2, seq=16, world_size=2, ep=2)),
     (TransformerConfig(name="gelu-top1", d_model=32, n_layers=2, n_heads=2, d_ff=64, vocab_size=128, max_seq=64,
                        n_experts=4, top_k=1), Setup(batch=1, seq=16, world_size=4, ep=4, precision="mixed-bf16")),
 ]
-"""Top-2 SwiGLU with a shared expert and rotary positions (fp32, ep=2); top-1 GELU with learned positions
+"""Top-2 of 4 SwiGLU experts with a shared expert and rotary positions (fp32, ep=2); top-1 GELU with learned positions
 (mixed-bf16: bf16 weights with fp32 master copies, ep=4)."""
 
 
