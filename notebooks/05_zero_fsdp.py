@@ -788,7 +788,7 @@ Markdown(f"From ep = 1 to 8 a rank's model states fall from {bal.loc[1, 'states_
          f"{worst.loc[8, 'activations_bytes'] / GiB:.1f} GiB of activations at ep = 2, 4, 8. "
          f"The all-to-alls send {bal.loc[2, 'sent_bytes'] / GiB:.1f} GiB per rank per step at ep = 2 and "
          f"{bal.loc[8, 'sent_bytes'] / GiB:.1f} GiB at ep = 8 when balanced: (ep − 1)/ep of the pairs leave the "
-         f"rank, four times per layer; the worst rank sends back all it received, "
+         f"rank, four times per layer; the worst rank sends back every pair the other ranks sent it, "
          f"{worst.loc[8, 'sent_bytes'] / GiB:.1f} GiB at ep = 8.")
 
 # %%
