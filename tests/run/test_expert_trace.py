@@ -41,3 +41,11 @@ def test_trace_refuses_what_it_does_not_run() -> None:
               Setup(seq=16)):
         with pytest.raises(SetupError, match="trace_gpt_ep traces expert parallelism alone"):
             trace_gpt_ep(preset("tiny-moe"), s)
+
+
+def test_other_traces_refuse_ep() -> None:
+    from memlab.tracing.gpt import trace_gpt
+
+    with pytest.raises(SetupError, match="trace_gpt_ep") as info:
+        trace_gpt(preset("tiny-moe"), Setup(ep=2, world_size=2, zero_stage=3, seq=16))
+    assert "\n" not in str(info.value)
