@@ -25,7 +25,8 @@
 # 4. what does not shrink: activations and the gathered layer, from 8 to 1024 ranks;
 # 5. the seed's DeepSpeed config, and its FSDP2 equivalent; many nodes;
 # 6. the same FSDP2 step three ways (the estimate, memlab's trace, torchtitan's estimator);
-# 7. when data parallelism cannot shrink activations: TP, SP, PP and CP side by side, memory and traffic.
+# 7. when data parallelism cannot shrink activations: TP, SP, PP and CP side by side, memory and traffic; and
+#    EP for a mixture of experts.
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -743,9 +744,112 @@ answer = ...
 check("05.tp4-allreduce-gib", answer)
 
 # %% [markdown]
+# ### Expert parallelism: a mixture of experts split over ranks
+#
+# A mixture of experts keeps every expert's weights resident while each token runs through only top_k of them
+# (Mixtral-8x7B: 8 experts a layer, top-2 [jiang2024]), so its states are large and its activations those of a much
+# smaller dense model. Expert parallelism (EP) puts `n_experts / ep` of each layer's experts on each of ep ranks;
+# a token's hidden state goes to the ranks of the experts its router chose by one all-to-all (*dispatch*) and comes
+# back by a second (*combine*), and backward sends their gradients the same way [lepikhin2020, Sec. 3.1;
+# rajbhandari2022, Sec. 5]. The ep ranks are drawn from the data-parallel ranks (Megatron-Core's
+# `--expert-model-parallel-size`, DeepSpeed-MoE's expert-data-parallel groups [megatron-moe; rajbhandari2022]), so
+# here they are 8 data-parallel ranks under ZeRO-1, the dense states sharded over all 8 and the experts' over the
+# 8 / ep ranks that hold the same experts. memlab's reference router is dropless (no capacity factor [fedus2021]),
+# so how many tokens a rank's experts receive depends on the routing: `balanced` (every expert the same share) or
+# `worst` (every rank's tokens choose this rank's experts). `memlab.predict.experts.expert_estimate` gives one
+# rank's bytes under both; `memlab estimate --preset ref:mixtral-8x7b --ep 8 --world-size 8 ...` prints the same.
+
+# %%
+from memlab.predict.experts import ep_layouts, expert_estimate
+from memlab.tracing.experts import trace_gpt_ep
+
+mixtral = preset("mixtral-8x7b")  # the reference GPT with Mixtral-8x7B's sizes
+ep_setup = Setup(batch=1, seq=4096, precision="bf16", attention="flash", zero_stage=1, world_size=8)
+ep_table = ep_layouts(mixtral, ep_setup, (1, 2, 4, 8), device_type="cuda")
+ch.save_table(ep_table, "expert_parallel_mixtral")
+shown_ep = ep_table.assign(**{f"{c.removesuffix('_bytes')} GiB": ep_table[c] / GiB for c in
+                              ("states_bytes", "activations_bytes", "all_to_all_bytes", "peak_bytes", "sent_bytes")})
+shown_ep[["ep", "routing", "local_experts", "states GiB", "activations GiB", "all_to_all GiB", "peak GiB",
+          "sent GiB"]].round(2)
+
+# %%
+bal = ep_table[ep_table.routing == "balanced"].set_index("ep")
+worst = ep_table[ep_table.routing == "worst"].set_index("ep")
+Markdown(f"From ep = 1 to 8 a rank's model states fall from {bal.loc[1, 'states_bytes'] / GiB:.1f} to "
+         f"{bal.loc[8, 'states_bytes'] / GiB:.1f} GiB (the experts' share divides by ep, the attention, embeddings "
+         f"and router do not). Under balanced routing its saved activations stay "
+         f"{bal.loc[8, 'activations_bytes'] / GiB:.1f} GiB at every ep: a rank's experts receive t × top_k pairs "
+         f"whatever ep, as many as its own tokens send. The worst case is the price of a dropless router: at ep = 8 "
+         f"every rank's tokens can pick this rank's expert, {worst.loc[8, 'activations_bytes'] / GiB:.1f} GiB of "
+         f"activations and a peak of {worst.loc[8, 'peak_bytes'] / GiB:.1f} GiB against "
+         f"{bal.loc[8, 'peak_bytes'] / GiB:.1f} GiB balanced (a capacity factor would cap it, dropping tokens); "
+         f"the worst rank receives ep × min(top_k, n_experts / ep) pairs per token, "
+         f"{worst.loc[2, 'activations_bytes'] / GiB:.1f}, {worst.loc[4, 'activations_bytes'] / GiB:.1f} and "
+         f"{worst.loc[8, 'activations_bytes'] / GiB:.1f} GiB of activations at ep = 2, 4, 8. "
+         f"The all-to-alls send {bal.loc[2, 'sent_bytes'] / GiB:.1f} GiB per rank per step at ep = 2 and "
+         f"{bal.loc[8, 'sent_bytes'] / GiB:.1f} GiB at ep = 8 when balanced: (ep − 1)/ep of the pairs leave the "
+         f"rank, four times per layer; the worst rank sends back every pair the other ranks sent it, "
+         f"{worst.loc[8, 'sent_bytes'] / GiB:.1f} GiB at ep = 8.")
+
+# %%
+fig, (ax_m, ax_c) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+for routing, style in (("balanced", "o-"), ("worst", "s--")):
+    part = ep_table[ep_table.routing == routing]
+    ax_m.plot(part.ep, part.peak_bytes / GiB, style, label=f"peak, {routing} routing")
+    ax_c.plot(part.ep, part.sent_bytes / GiB, style, label=f"{routing} routing" + (" (the hot rank)"
+                                                                                    if routing == "worst" else ""))
+ax_m.plot(bal.index, bal.states_bytes / GiB, "^:", label="model states")
+for ax in (ax_m, ax_c):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    ax.set_xlabel("expert-parallel degree ep (of 8 data-parallel ranks)")
+    ax.legend(fontsize=8)
+ax_m.set_ylabel("GiB per rank (predicted)")
+ax_m.set_title("Mixtral-8x7B, 1 × 4096, bf16 AdamW, ZeRO-1: memory", fontsize=9)
+ax_c.set_ylabel("GiB sent per rank per step")
+ax_c.set_title("all-to-all traffic (dispatch + combine, fwd + bwd)", fontsize=9)
+ch.save_figure(fig, "expert_parallel_mixtral")
+
+# %% [markdown]
+# **Traced.** `memlab.tracing.experts.trace_gpt_ep` runs the reference GPT with each MoE layer's experts split over
+# a fake process group's ranks and `all_to_all_single` dispatch and combine, rank 0 counted on fake tensors (so on
+# any machine, no GPU evidence). A fake tensor has no values to route by, so the trace forces balanced routing. The
+# estimate and the trace agree to the byte but for two named residuals: Adam's per-tensor step counters (4 bytes a
+# tensor) and the loss scalar.
+
+# %%
+ep_checks = []
+# one small shape here (about 2 s of CPU); tests/run/test_expert_trace.py checks two, top-1 and top-2
+ep_shapes = ((preset("tiny-moe").with_(n_layers=1, vocab_size=128), Setup(batch=2, seq=16, world_size=2, ep=2)),)
+for cfg_ep, s_ep in ep_shapes:
+    tr_ep, r_ep = trace_gpt_ep(cfg_ep, s_ep), expert_estimate(cfg_ep, s_ep, device_type="cpu")
+    fwd = tr_ep.phase("forward").end_by_category
+    n_tensors = sum(1 for n_, _, _ in cfg_ep.param_shapes() if ".experts." not in n_
+                    or int(n_.split(".experts.")[1].split(".")[0]) < cfg_ep.n_experts // s_ep.ep)
+    ep_checks.append({"shape": f"top-{cfg_ep.top_k}, ep {s_ep.ep}, {s_ep.precision}",
+                      "predicted states (B)": r_ep.states_bytes,
+                      "traced states (B)": tr_ep.phase("optimizer step").end_bytes - r_ep.buffers_bytes
+                      - 2 * s_ep.batch * s_ep.seq * 8 - 4 * n_tensors,
+                      "predicted activations (B)": r_ep.activations_bytes,
+                      "traced activations (B)": fwd["activations"] + fwd["inputs"] - 4})
+ep_checks = pd.DataFrame(ep_checks)
+ch.save_table(ep_checks, "expert_parallel_trace")
+assert (ep_checks["predicted states (B)"] == ep_checks["traced states (B)"]).all()
+assert (ep_checks["predicted activations (B)"] == ep_checks["traced activations (B)"]).all()
+ep_checks
+
+# %% [markdown]
+# **Exercise 4.** Mixtral-8x7B as above (micro-batch 1 × 4096, bf16), EP over 8 ranks, balanced routing: how many
+# GiB does each rank send by all-to-all in one step (every MoE layer's dispatch and combine, forward and backward)?
+
+# %%
+answer = ...
+check("05.ep8-all-to-all-gib", answer)
+
+# %% [markdown]
 # ## Exercises
 #
-# **Exercise 4.** GPT-3 175B trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16 gradients: how many TB
+# **Exercise 5.** GPT-3 175B trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16 gradients: how many TB
 # does each rank move per step, by what section 3 measured for this implementation?
 
 # %%
@@ -753,14 +857,14 @@ answer = ...
 check("05.gpt3-zero1-tb", answer, table=comm)
 
 # %% [markdown]
-# **Exercise 5.** Llama-2-70B, mixed-bf16 AdamW, ZeRO-3 over 64 ranks: model states per rank, in GiB?
+# **Exercise 6.** Llama-2-70B, mixed-bf16 AdamW, ZeRO-3 over 64 ranks: model states per rank, in GiB?
 
 # %%
 answer = ...
 check("05.llama70b-zero3", answer)
 
 # %% [markdown]
-# **Exercise 6.** Doubling the ranks from 512 to 1024 under ZeRO-3: by what factor does GPT-3's predicted
+# **Exercise 7.** Doubling the ranks from 512 to 1024 under ZeRO-3: by what factor does GPT-3's predicted
 # per-rank total of section 4 shrink? (1 would be "not at all", 2 "halved".)
 
 # %%

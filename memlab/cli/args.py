@@ -324,6 +324,8 @@ class SetupOption:
     choices: tuple[Any, ...] | None
     mode: str | None = None
     """``train`` or ``inference`` when the field only applies in that mode (``metadata["mode"]``)."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings of the flag (``metadata["aliases"]``), e.g. ``--schedule`` for ``--pp-schedule``."""
 
 
 @functools.cache
@@ -357,7 +359,8 @@ def setup_options() -> tuple[SetupOption, ...]:
             kind = {bool: "bool", int: "int", float: "float"}.get(hint, "str")
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
         out.append(SetupOption(f.name, flag, docs.get(f.name, ""), f.default, kind,
-                               tuple(choices) if choices is not None else None, f.metadata.get("mode")))
+                               tuple(choices) if choices is not None else None, f.metadata.get("mode"),
+                               tuple(f.metadata.get("aliases", ()))))
     return tuple(out)
 
 
@@ -369,13 +372,14 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] 
             continue
         text = f"{opt.help.replace('``', '')} (default: {opt.default})"
         if opt.kind == "bool":
-            g.add_argument(opt.flag, dest=opt.field, action=argparse.BooleanOptionalAction, default=None, help=text)
+            g.add_argument(opt.flag, *opt.aliases, dest=opt.field, action=argparse.BooleanOptionalAction,
+                           default=None, help=text)
             continue
         from memlab.predict.setup import Setup
 
         conv: Callable[[str], Any] = (field_bound(Setup, opt.field) if opt.kind == "int"
                                       else positive_float if opt.kind == "float" else str)
-        g.add_argument(opt.flag, dest=opt.field, type=conv, choices=opt.choices, default=None,
+        g.add_argument(opt.flag, *opt.aliases, dest=opt.field, type=conv, choices=opt.choices, default=None,
                        metavar=None if opt.choices else {"int": "N", "float": "X"}.get(opt.kind, "VALUE"), help=text)
 
 

@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
     if setup.pp > 1 or setup.cp > 1:
         return _run_parallel(args, model, setup)
+    if setup.ep > 1:
+        return _run_experts(args, model, setup)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
                    workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
@@ -281,6 +283,53 @@ def _run_parallel(args: argparse.Namespace, model: Any, setup: Any) -> int:
     if card is not None:
         print(f"{card.name}: {card.memory_bytes / GiB:.1f} GiB: the worst rank "
               f"{'fits' if fits else 'does NOT fit'} ({rep.peak_bytes / GiB:.3f} GiB)")
+    print("assumptions:")
+    for a in rep.assumptions:
+        print(f"  - {a}")
+    return 0
+
+
+def _run_experts(args: argparse.Namespace, model: Any, setup: Any) -> int:
+    """``memlab estimate --ep N``: one expert-parallel rank's bytes and all-to-all volume (memlab.predict.experts);
+    ``--gpu`` gives the verdict."""
+    from memlab.predict.experts import expert_estimate
+    from memlab.predict.hardware import gpu
+
+    if isinstance(model, int):
+        raise MemlabError("--ep places experts on ranks: give a mixture-of-experts config (--preset, dimensions with "
+                          "--n-experts, or --hf), not --params")
+    flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
+                                                          or args.fragmentation or args.gathered_layers)) if on]
+    if flags:
+        raise MemlabError(f"{', '.join(flags)} are not modelled with --ep: drop them")
+    rep = expert_estimate(model, setup)
+    card = gpu(args.gpu) if args.gpu is not None else None
+    fits = None if card is None else rep.peak_bytes <= card.memory_bytes
+    if args.json:
+        print_json({"rank": rep.to_dict(), "peak": rep.peak_bytes, "fits": fits, "assumptions": list(rep.assumptions),
+                    "units": "bytes", "setup": setup.to_dict(), "model_label": model_label(model)}, indent=2)
+        return 0
+    print(f"memlab estimate: {model.name}, ep {setup.ep} ({rep.local_experts} of {model.n_experts} experts a layer "
+          f"per rank, {setup.ep_routing} routing), batch {setup.batch} x seq {setup.seq}, tp {setup.tp}"
+          f"{' + sp' if setup.sp else ''}, ZeRO-{setup.zero_stage} over {setup.world_size} rank(s), "
+          f"{setup.precision}, recompute {setup.recompute}")
+    print(f"model: {model_label(model)}")
+    print(f"\n{'per rank':<52}{'bytes':>17} {'GiB':>10}")
+    for label, n in (("model states (params, grads, optimizer)", rep.states_bytes),
+                     ("saved activations", rep.activations_bytes),
+                     ("  of which the routed experts' layers", rep.routed_activations_bytes),
+                     ("model buffers", rep.buffers_bytes),
+                     ("largest transient (all-to-all buffers or backward)", rep.transient_bytes),
+                     ("peak", rep.peak_bytes)):
+        print(f"{label:<52}{n:>17,.0f} {n / GiB:>10.3f}")
+    print(f"\n(token, expert) pairs per MoE layer: {rep.sent_pairs:,} sent, {rep.received_pairs:,} received; "
+          f"all-to-all moment {rep.all_to_all_bytes / GiB:.3f} GiB")
+    print(f"communication: {rep.sent_bytes / GiB:.3f} GiB sent per step by all-to-all (memlab.predict.communication."
+          "ep_sent_bytes)")
+    if card is not None:
+        print(f"{card.name}: {card.memory_bytes / GiB:.1f} GiB: a rank {'fits' if fits else 'does NOT fit'} "
+              f"({rep.peak_bytes / GiB:.3f} GiB)")
     print("assumptions:")
     for a in rep.assumptions:
         print(f"  - {a}")

@@ -20,6 +20,7 @@
   and the activations a frozen base does not save).
 - ``flops``: FLOPs, MFU/HFU, the roofline bound; ``parallelism``: pipeline bubble, scaling efficiency; ``parallel``:
   pipeline and context parallelism per rank (stages, in-flight micro-batches, pipeline buffers, ring K/V);
+  ``experts``: expert parallelism per rank (experts per rank, tokens received, all-to-all buffers);
   ``communication``: bytes moved per ZeRO stage; ``attention_io``: attention's HBM traffic; ``paging``: KV-cache
   reservation policies.
 - ``hardware`` + ``hardware_table``: the sourced accelerator table and name resolution.

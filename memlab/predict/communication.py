@@ -115,3 +115,32 @@ def cp_sent_bytes(kv_chunk_bytes: int | float, n_layers: int, cp: int) -> float:
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
         raise SetupError(f"n_layers must be a positive integer, got {n_layers!r}")
     return n_layers * 3 * (cp - 1) * kv_chunk_bytes
+
+
+def ep_sent_bytes(tokens: int, d_model: int, n_layers: int, top_k: int, ep: int, value_bytes: int = 2,
+                  routing: str = "balanced", n_experts: int | None = None) -> float:
+    """Bytes one expert-parallel rank sends per micro-batch's forward and backward through ``n_layers`` MoE layers.
+
+    Each layer's forward runs two all-to-alls (dispatch the rank's ``tokens x top_k`` (token, expert) pairs of
+    ``d_model`` values to their experts' ranks; combine: send the outputs of the pairs its experts received back),
+    its backward two more with their gradients [lepikhin2020, Sec. 3.1; rajbhandari2022, Sec. 5]; a pair whose
+    expert is on the rank itself stays. ``balanced`` routing (each expert the same share): (ep - 1)/ep of the
+    ``t k`` pairs leave in each of the four, ``4 t k (ep - 1)/ep`` pairs a layer. ``worst`` (the rank
+    :func:`memlab.predict.experts.received_pairs` calls worst: every token of every rank picks ``m = min(top_k,
+    n_experts / ep)`` of this rank's experts; needs ``n_experts``): its dispatch sends the ``t (k - m)`` pairs not
+    local, its combine the ``(ep - 1) t m`` received from others, twice (forward, backward). A full recompute
+    repeats the forward's two, not counted. ``value_bytes``: the communicated dtype (2 for bf16)."""
+    for name, v in (("tokens", tokens), ("d_model", d_model), ("n_layers", n_layers), ("top_k", top_k), ("ep", ep),
+                    ("value_bytes", value_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SetupError(f"{name} must be a positive integer, got {v!r}")
+    pair = d_model * value_bytes
+    if routing == "balanced":
+        return n_layers * 4 * tokens * top_k * pair * (ep - 1) / ep
+    if routing != "worst":
+        raise SetupError(f"routing must be 'balanced' or 'worst', got {routing!r}")
+    if isinstance(n_experts, bool) or not isinstance(n_experts, int) or n_experts < top_k or n_experts % ep:
+        raise SetupError(f"worst-case routing needs n_experts (a multiple of ep={ep}, at least top_k={top_k}), got "
+                         f"{n_experts!r}")
+    m = min(top_k, n_experts // ep)
+    return n_layers * 2 * tokens * (top_k - m + (ep - 1) * m) * pair

@@ -201,6 +201,9 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     if setup.pp > 1 or setup.cp > 1:  # per rank, stage by stage: memlab.predict.parallel
         raise SetupError(f"pp={setup.pp}, cp={setup.cp}: ranks hold different bytes: use "
                          "memlab.predict.parallel.parallel_estimate (memlab estimate prints it)")
+    if setup.ep > 1:  # experts split over ranks: memlab.predict.experts
+        raise SetupError(f"ep={setup.ep}: an expert-parallel rank holds n_experts / ep experts and the all-to-all "
+                         "buffers: use memlab.predict.experts.expert_estimate (memlab estimate prints it)")
     _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
     check_call(setup, device_type)
     if step_on_device is not None and not isinstance(step_on_device, bool):

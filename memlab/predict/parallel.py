@@ -111,8 +111,8 @@ def check_parallel(config: TransformerConfig, setup: Setup) -> None:
     if setup.tp > 1:
         check_tp(config, setup.tp)
     if config.is_moe:
-        raise SetupError("pipeline or context parallelism of a mixture of experts is not modelled (expert "
-                         "parallelism is not in memlab's estimator): use a dense model")
+        raise SetupError("pipeline or context parallelism of a mixture of experts is not modelled: use a dense "
+                         "model, or expert parallelism alone (Setup.ep, memlab.predict.experts)")
 
 
 # -- activations per micro-batch, split by where they live --------------------------------------------------

@@ -30,6 +30,7 @@ FsdpReduceDtype = Literal["fp32", "bf16", "fp16"]
 Finetune = Literal["full", "lora", "qlora", "frozen"]
 FsdpOutputDtype = Literal["none", "fp32", "bf16", "fp16"]
 PpSchedule = Literal["1f1b", "gpipe", "interleaved"]
+EpRouting = Literal["balanced", "worst"]
 AttentionMask = Literal["none", "ones", "padded"]
 
 MODES: tuple[str, ...] = get_args(Mode)
@@ -110,7 +111,8 @@ class Setup(StrictInit):
     backend (also O(s^2)), ``flash``/``efficient``/``cudnn`` are fused SDPA kernels that keep no s x s matrix.
     ``zero_stage`` 0-3 shards optimizer states (1), gradients (2) and parameters (3) over ``world_size``
     data-parallel ranks; FSDP FULL_SHARD is stage 3 and SHARD_GRAD_OP stage 2. ``tp`` is the tensor-parallel
-    degree and ``sp`` turns on sequence parallelism (Korthikanti et al. 2022).
+    degree and ``sp`` turns on sequence parallelism (Korthikanti et al. 2022). ``ep`` splits a mixture of experts'
+    experts over that many of the ``world_size`` data-parallel ranks (:mod:`memlab.predict.experts`).
 
     Each field's docstring is its help text in the ``memlab`` command, which generates its options from these
     fields (``metadata`` may name ``choices``, a shorter ``flag``, ``max`` with its reason ``why``, and the
@@ -146,7 +148,7 @@ class Setup(StrictInit):
     # -- pipeline and context parallelism (memlab.predict.parallel; issue 19) -----------------------------------
     pp: int = field(default=1, metadata={**LIMITS["pp"].meta(mode="train")})
     """Pipeline-parallel stages (ranks); ``batch`` is then the micro-batch (memlab.predict.parallel)."""
-    pp_schedule: PpSchedule = field(default="1f1b", metadata={"mode": "train"})
+    pp_schedule: PpSchedule = field(default="1f1b", metadata={"mode": "train", "aliases": ("--schedule",)})
     """Pipeline schedule: 1f1b (min(p - rank, m) micro-batches in flight), gpipe (all m) or interleaved 1F1B."""
     pp_chunks: int = field(default=1, metadata={**LIMITS["pp"].meta(mode="train")})
     """Model chunks (virtual stages) per pipeline rank: > 1 only with the interleaved schedule."""
@@ -154,6 +156,13 @@ class Setup(StrictInit):
     """Micro-batches per step through the pipeline (m)."""
     cp: int = field(default=1, metadata={**LIMITS["cp"].meta(mode="train")})
     """Context-parallel ranks: each holds seq / cp tokens of every sequence (ring attention; a fused kernel)."""
+    # -- expert parallelism (memlab.predict.experts; issue 19) ---------------------------------------------------
+    ep: int = field(default=1, metadata={**LIMITS["ranks"].meta(mode="train")})
+    """Expert-parallel ranks: each holds n_experts / ep of every MoE layer's experts, drawn from the world_size
+    data-parallel ranks (Megatron-Core, DeepSpeed-MoE); tokens reach their experts by all-to-all."""
+    ep_routing: EpRouting = field(default="balanced", metadata={"mode": "train"})
+    """Tokens an expert-parallel rank receives (the router is dropless): balanced (t x top_k) or worst (all its
+    ep peers' tokens choose its experts)."""
     inference_weights: InferenceWeights = field(default="bf16", metadata={"flag": "--weights", "mode": "inference"})
     """Weight dtype when mode is inference."""
     kv_cache_dtype: KvDtype = field(default="bf16", metadata={"flag": "--kv-dtype", "mode": "inference"})
@@ -307,6 +316,8 @@ class Setup(StrictInit):
 
     def _check_parallel(self) -> None:
         """One SetupError line for a pipeline/context-parallel combination memlab does not model."""
+        if self.ep > 1:
+            self._check_ep()
         if self.pp_chunks > 1 and self.pp_schedule != "interleaved":
             raise SetupError(f"pp_chunks={self.pp_chunks} are the interleaved schedule's model chunks: set "
                              "pp_schedule='interleaved' (or pp_chunks=1)")
@@ -329,6 +340,22 @@ class Setup(StrictInit):
             (f"optimizer={self.optimizer!r}", self.optimizer in ("adam-8bit", "adafactor"))) if on]
         if unmodelled:
             raise SetupError(f"pp/cp with {', '.join(unmodelled)} is not modelled (memlab.predict.parallel): drop it")
+
+    def _check_ep(self) -> None:
+        """One SetupError line for an expert-parallel layout memlab does not model (memlab.predict.experts)."""
+        if self.world_size % self.ep:
+            raise SetupError(f"ep={self.ep} must divide world_size={self.world_size}: the expert-parallel ranks are "
+                             "drawn from the data-parallel ranks (set world_size to a multiple of ep)")
+        unmodelled = [name for name, on in (
+            ("mode='inference'", self.mode != "train"), ("pp > 1", self.pp > 1), ("cp > 1", self.cp > 1),
+            ("grad_accum_steps > 1", self.grad_accum_steps > 1), ("a chunked or fused loss", self.loss != "plain"),
+            ("logits_to_keep", self.logits_to_keep), ("offload_activations", self.offload_activations),
+            ("fsdp_offload", self.fsdp_offload), ("fsdp_param_dtype", self.fsdp_param_dtype != "none"),
+            (f"finetune={self.finetune!r}", self.finetune != "full"),
+            (f"optimizer={self.optimizer!r}", self.optimizer in ("adam-8bit", "adafactor"))) if on]
+        if unmodelled:
+            raise SetupError(f"ep={self.ep} with {', '.join(unmodelled)} is not modelled (memlab.predict.experts): "
+                             "drop it")
 
     def _check_finetune(self) -> None:
         """One SetupError line for a fine-tuning combination memlab does not run or model."""

@@ -28,6 +28,9 @@ def check_trace_setup(setup: object, device_type: object, fake: object = True) -
         raise SetupError(f"device_type must be 'cpu' or 'cuda' (the device whose optimizer default a trace "
                          f"imitates; traces always run on CPU), got {device_type!r:.60}")
     check_bool("fake", fake, err=SetupError)
+    if setup.ep > 1:  # every other trace runs all experts on every rank: it would not be an expert-parallel rank
+        raise SetupError(f"ep={setup.ep}: trace expert parallelism with memlab.tracing.experts.trace_gpt_ep (this "
+                         "trace holds every expert on every rank)")
 
 
 def check_trace_arguments(**args: Any) -> None:
