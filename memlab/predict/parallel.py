@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memlab.errors import SetupError
-from memlab.predict.activations import shared_widths, term_rows
+from memlab.predict.activations import row_divisor, shared_widths, term_rows
 from memlab.predict.models import TransformerConfig
 from memlab.predict.parallelism import pipeline_bubble_fraction
 from memlab.predict.phases import layer_terms
@@ -117,7 +117,7 @@ def check_parallel(config: TransformerConfig, setup: Setup) -> None:
 
 # -- activations per micro-batch, split by where they live --------------------------------------------------
 def _bytes(row: tuple, tp: int, sp: bool) -> float:
-    return row[2] * row[3] / (tp if (row[4] or sp) else 1)
+    return row[2] * row[3] / row_divisor(row, tp, sp)
 
 
 @dataclass(frozen=True)
