@@ -112,7 +112,7 @@ SP_WHOLE = ("loss normaliser (total_weight)",)
 tensor-parallel rank holds the whole (batch, seq) ids, positions and targets (the embedding and the vocab-parallel
 loss read them all) and the loss's scalar [korthikanti2022, Sec. 4.2.2: only the norms', dropouts' and the linears'
 inputs of the sequence-parallel regions are split]; checked against DTensor sequence-parallel traces
-(tests/tracing/test_sequence_parallel.py)."""
+(tests/tracing/test_parallel_traces.py)."""
 
 
 def row_divisor(row: tuple, tp: int, sp: bool) -> int:
