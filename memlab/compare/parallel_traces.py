@@ -195,12 +195,14 @@ def cp_rows(config: TransformerConfig, setup: Setup, ranks: tuple[int, ...] = (0
 
 
 def traced_parallel_rows(config: TransformerConfig, *, tp: int = 2, cp: int = 2, ranks: tuple[int, ...] = (0, 1),
-                         batch: int = 2, seq: int = 64) -> Any:
-    """One DataFrame: TP (rank 0), TP + SP and CP (``ranks``) of ``config``, AdamW (TP) and fp32 SGD with flash
-    attention (CP), ``batch`` x ``seq`` tokens; columns of :class:`TracedRow` (``named`` as text, ``named_bytes``)."""
+                         sp_ranks: tuple[int, ...] | None = None, batch: int = 2, seq: int = 64) -> Any:
+    """One DataFrame: TP (rank 0), TP + SP (``sp_ranks``, default ``ranks``) and CP (``ranks``) of ``config``,
+    AdamW (TP) and fp32 SGD with flash attention (CP), ``batch`` x ``seq`` tokens; columns of :class:`TracedRow`
+    (``named`` as text, ``named_bytes``). The TP rows skip the one-rank trace (``one_rank`` None; CP needs it)."""
     import pandas as pd
 
     base = Setup(batch=batch, seq=seq, optimizer="adamw")
-    rows = tp_rows(config, base.with_(tp=tp), (0,)) + tp_rows(config, base.with_(tp=tp, sp=True), ranks)
+    rows = tp_rows(config, base.with_(tp=tp), (0,), one_rank=False) + \
+        tp_rows(config, base.with_(tp=tp, sp=True), ranks if sp_ranks is None else sp_ranks, one_rank=False)
     rows += cp_rows(config, Setup(batch=batch, seq=seq, optimizer="sgd", attention="flash", cp=cp), ranks)
     return pd.DataFrame([r.to_dict() for r in rows])
