@@ -103,25 +103,19 @@ class ActivationTerm:
 
     def bytes(self, tp: int = 1, sp: bool = False) -> Any:
         """Bytes on one tensor-parallel rank."""
-        return self.count * self.width / row_divisor((self.name, self.category, self.count, self.width,
-                                                      self.sharded), tp, sp)
+        return self.count * self.width / row_divisor((self.name, self.category, 0, 0, self.sharded), tp, sp)
 
 
 SP_WHOLE = ("loss normaliser (total_weight)",)
-"""Replicated rows sequence parallelism does not split besides the token ids (category ``token ids``): every
-tensor-parallel rank holds the whole (batch, seq) ids, positions and targets (the embedding and the vocab-parallel
-loss read them all) and the loss's scalar [korthikanti2022, Sec. 4.2.2: only the norms', dropouts' and the linears'
-inputs of the sequence-parallel regions are split]; checked against DTensor sequence-parallel traces
-(tests/tracing/test_parallel_traces.py)."""
+"""Rows sequence parallelism leaves whole besides the token ids (category ``token ids``: the embedding and the loss
+read all of them on every rank): only per-token tensors of the SP regions are split [korthikanti2022, Sec. 4.2.2]
+(checked against DTensor SP traces, tests/tracing/test_parallel_traces.py)."""
 
 
 def row_divisor(row: tuple, tp: int, sp: bool) -> int:
-    """What a :data:`TermRow`'s bytes are divided by on one tensor-parallel rank: ``tp`` when tensor parallelism
-    shards it, or when sequence parallelism splits it (a replicated per-token tensor; not the token ids nor the
-    loss's scalar: :data:`SP_WHOLE`), else 1."""
-    if row[4] or (sp and row[1] != "token ids" and row[0] not in SP_WHOLE):
-        return tp
-    return 1
+    """A :data:`TermRow`'s divisor on one tensor-parallel rank: ``tp`` if sharded, or split by sp (not the token
+    ids nor :data:`SP_WHOLE`), else 1."""
+    return tp if row[4] or (sp and row[1] != "token ids" and row[0] not in SP_WHOLE) else 1
 
 
 TermRow = tuple

@@ -50,13 +50,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import MemlabError, SetupError
-from memlab.predict.activations import (
-    autocast_bias_copy_bytes,
-    autocast_block_copy_bytes,
-    row_divisor,
-    shared_widths,
-    term_rows,
-)
+from memlab.predict.activations import autocast_bias_copy_bytes, autocast_block_copy_bytes, shared_widths, term_rows
 from memlab.predict.frozen import unchecked
 from memlab.predict.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
@@ -224,6 +218,8 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     """One block's terms on one tp rank: saved bytes (without recompute, less the MLP's), backward temporaries,
     the transient of its forward, and the model-level head/loss and recompute terms. ``own``: the setup's
     :func:`~memlab.predict.activations.term_rows` when the caller has listed them (listed here otherwise)."""
+    from memlab.predict.activations import row_divisor  # (an import line of its own would not fit 500 lines)
+
     tp, sp = setup.tp, setup.sp
     if own is None:
         own = term_rows(config, setup, device_type=device_type)

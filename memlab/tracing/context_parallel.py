@@ -18,7 +18,7 @@ mask inside its own). Forward, step ``i`` of ``cp``: the rank starts receiving t
 CPU flash kernel, merging the partial outputs by their log-sum-exp; it saves only its own q, k, v, the merged output
 and log-sum-exp (what a fused kernel saves for its ``seq / cp`` tokens). Backward: K/V travel the ring again with
 their gradients' accumulators (dK, dV of a chunk pass from rank to rank, each adding its share, and arrive home
-after ``cp`` hops). The bytes these buffers add are :func:`memlab.compare.context_parallel.ring_terms`.
+after ``cp`` hops). The bytes these buffers add are :func:`memlab.compare.parallel_traces.ring_terms`.
 :func:`trace_gpt_cp` traces rank ``r`` of the reference GPT's training step (fake tensors): every rank's tokens use
 positions ``0 .. seq/cp - 1`` (a real run offsets them by ``r seq / cp``; bytes do not depend on the values).
 """
