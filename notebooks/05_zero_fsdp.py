@@ -695,7 +695,8 @@ shown_ranks
 # estimator models: each rank attends its s/cp queries to the K/V chunks passed round the ring [liu2023].
 # Each row is one rank and one phase: the estimator's bytes, the trace's, the named terms of the traced code that
 # the estimate does not count, and what is left (for CP's attention rows: the bytes one attention core adds to a
-# one-rank trace at s/cp tokens, against the estimator's K/V-chunk transient):
+# one-rank trace at s/cp tokens, against the estimator's K/V-chunk transient; the backward one is a bound, its
+# peak moment need not be the one-rank kernel's):
 
 # %%
 from memlab.compare.parallel_traces import traced_parallel_rows
@@ -708,7 +709,7 @@ ch.save_table(traced_par, "parallel_fake_group_traces")
 print(f"torch's context_parallel on a CPU: {TORCH_CP_ERRORS['default (flash for CPU)']}")
 print(f"{tiny.name}: {int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the "
       "named terms are added")
-traced_par[["layout", "rank", "phase", "predicted", "traced", "named", "left"]]
+traced_par[["layout", "rank", "phase", "predicted", "traced", "named", "left", "kind"]]
 
 # %%
 from memlab.tracing.tensor_parallel import sequence_parallel_terms

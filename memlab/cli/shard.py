@@ -118,6 +118,7 @@ def _run_layouts(args: argparse.Namespace, config: object) -> int:
     traced = traced_parallel_rows(config, tp=args.ranks, cp=args.ranks, ranks=ranks,  # type: ignore[arg-type]
                                   batch=args.batch, seq=args.seq)
     print(f"\ntraced on a fake {args.ranks}-rank group (fake tensors, CPU): bytes per rank and phase; left = traced "
-          "- predicted - named")
-    print(traced[["layout", "rank", "phase", "predicted", "traced", "named_bytes", "left"]].to_string(index=False))
+          "- predicted - named (0 when exact, <= 0 for a bound)")
+    print(traced[["layout", "rank", "phase", "predicted", "traced", "named_bytes", "left", "kind"]]
+          .to_string(index=False))
     return 0

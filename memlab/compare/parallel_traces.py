@@ -3,8 +3,8 @@
 Each row is one rank and one phase of one layout: the traced peak (fake tensors, :mod:`memlab.tracing.tracer`), the
 estimator's (:func:`memlab.predict.estimate.estimate`), what the trace and the estimator already differ by on one
 rank (``one_rank``: the same setup without the parallelism, for context), the named terms of the traced implementation
-that memlab's estimate does not count (``named``), and ``left``: what no term explains (0 on every row
-tests/tracing/test_parallel_traces.py checks).
+that memlab's estimate does not count (``named``), and ``left``: what no term explains (0 on every ``exact`` row
+tests/tracing/test_parallel_traces.py checks, at most 0 on a ``bound`` row).
 
 - TP (:func:`memlab.tracing.tensor_parallel.trace_gpt_tp`): named, the plan's replicated embedding/head and
   full-vocabulary logits (:func:`memlab.tracing.tensor_parallel.replicated_terms`).
@@ -15,7 +15,7 @@ tests/tracing/test_parallel_traces.py checks).
   one-rank residual named (0 but on trace-llama's backward at 64 tokens), the ring's buffers living
   inside attention below the phase peaks on these shapes; inside one attention core the forward holds the
   estimator's K/V chunks (:func:`memlab.predict.parallel.ring_kv_chunks`) plus the log-sum-exp merge's fp32
-  temporaries, the backward the terms of :func:`ring_terms`.
+  temporaries (exact), the backward at most the terms of :func:`ring_terms` (a bound: ``TracedRow.kind``).
 
 PP (torch's schedules) is :func:`memlab.compare.pipeline.trace_stage`. Units: bytes. CPU traces, fp32 for CP:
 not GPU evidence.
@@ -60,6 +60,10 @@ class TracedRow:
     named: dict[str, int] = field(default_factory=dict)
     left: int = 0
     """traced - predicted - sum(named)."""
+    kind: str = "exact"
+    """``exact`` (``left`` should be 0) or ``bound`` (``left`` should be <= 0: CP's attention backward, whose traced
+    peak moment need not be the one-rank kernel's; exact at ``seq / cp = 32`` on both shapes, 16,384 bytes under
+    the bound on tiny-gpt at ``seq / cp = 16``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (a DataFrame row), the named terms joined into one text column."""
@@ -70,8 +74,9 @@ class TracedRow:
 
 
 def _row(layout: str, rank: int, phase: str, traced: int, predicted: int, one: int | None,
-         named: dict[str, int]) -> TracedRow:
-    return TracedRow(layout, rank, phase, traced, predicted, one, named, traced - predicted - sum(named.values()))
+         named: dict[str, int], kind: str = "exact") -> TracedRow:
+    return TracedRow(layout, rank, phase, traced, predicted, one, named, traced - predicted - sum(named.values()),
+                     kind)
 
 
 def _phases(rows: Any) -> dict[tuple[str, str], int]:
@@ -131,7 +136,8 @@ def ring_terms(config: TransformerConfig, setup: Setup, rank: int) -> dict[str, 
     K/V-pair-sized buffers (the dK/dV accumulator travelling with its chunk, the received and arriving K/V) plus
     the dq accumulator ``O`` and, while chunk ``j <= r``'s backward runs, the output gradient's contiguous copy
     ``O`` (the passing of the accumulators after it holds the arriving accumulator instead of the kernel's
-    gradients: the same count)."""
+    gradients: the same count). The backward count is the ring's moments against the kernel's outputs: a bound
+    (exact at ``seq / cp = 32`` on both shapes of :func:`trace_shapes`, below it at 16 tokens per rank)."""
     from memlab.predict.parallel import ring_kv_chunks
 
     if setup.precision != "fp32":
@@ -190,7 +196,7 @@ def cp_rows(config: TransformerConfig, setup: Setup, ranks: tuple[int, ...] = (0
         out.append(_row(layout, r, "attention forward", f - f1, kv, 0, fwd))
         out.append(_row(layout, r, "attention backward", b - b1, kv, 0,
                         {"ring backward buffers beyond the estimator's K/V chunks":
-                         sum(terms["backward"].values()) - kv}))
+                         sum(terms["backward"].values()) - kv}, kind="bound"))
     return out
 
 

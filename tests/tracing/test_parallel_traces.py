@@ -51,24 +51,28 @@ def test_sp_keeps_token_ids_and_loss_scalar_whole() -> None:
         assert sp["norms"] * tp == tp_only["norms"]  # the norms' inputs are split by the sequence
 
 
-@pytest.mark.parametrize(("config", "cp", "rank"), [(TINY, 2, 1), (TRACE_LLAMA, 4, RNG.choice((1, 2, 3)))],
+@pytest.mark.parametrize(("config", "cp", "rank", "per_rank"), [(TINY, 2, 1, 16),
+                                                                 (TRACE_LLAMA, 4, RNG.choice((1, 2, 3)), 32)],
                          ids=["tiny-gpt", "trace-llama"])
-def test_context_parallel_rank_exact_with_named_terms(config: TransformerConfig, cp: int, rank: int) -> None:
-    setup = Setup(batch=2, seq=32 * cp, optimizer="sgd", attention="flash", cp=cp)
+def test_context_parallel_rank_exact_with_named_terms(config: TransformerConfig, cp: int, rank: int,
+                                                      per_rank: int) -> None:
+    setup = Setup(batch=2, seq=per_rank * cp, optimizer="sgd", attention="flash", cp=cp)
     rows = {r.phase: r for r in cp_rows(config, setup, (rank,))}
     for r in rows.values():
-        assert r.left == 0, r
+        assert r.left == 0 if r.kind == "exact" else r.left <= 0, r
     for phase in ("first forward", "steady forward", "steady backward"):
         # the phase peaks are the one-rank trace's at seq / cp tokens: the estimate there and its one-rank residual
         assert sum(rows[phase].named.values()) == rows[phase].one_rank
-    b, s = setup.batch, setup.seq // cp
+    b, s = setup.batch, per_rank
     chunk, q_sized, lse = b * s * config.kv_dim * 4, b * s * config.q_dim * 4, b * config.n_heads * s * 4
     fwd = rows["attention forward"]
     # the estimator's K/V chunks: what parallel_estimate adds as a transient besides one block's temporaries
     assert fwd.predicted == min(2, cp - 1) * 2 * chunk
     assert sum(fwd.named.values()) == 4 * q_sized + 2 * lse  # rank > 0 merges partial outputs
     bwd = rows["attention backward"]
-    assert bwd.traced == 2 * q_sized + 3 * 2 * chunk if cp > 2 else 2 * q_sized + 2 * 2 * chunk
+    assert bwd.kind == "bound" and bwd.traced <= 2 * q_sized + (3 if cp > 2 else 2) * 2 * chunk
+    if per_rank == 32:  # the bound is met exactly there (benchmarks/parallel_traces.py: every rank, both shapes)
+        assert bwd.left == 0
 
 
 def test_ring_kv_chunks_and_terms_generated() -> None:
