@@ -686,6 +686,56 @@ else:
 shown_ranks
 
 # %% [markdown]
+# **TP, TP + SP and CP traced, rank by rank.** The same fake group carries the other layouts' real code.
+# `memlab.tracing.tensor_parallel` applies DTensor's `parallelize_module` to the reference GPT: q, k, v, gate and
+# up column-parallel, o and down row-parallel [shoeybi2019]; with SP, as torch's TP tutorial and torchtitan's
+# `parallelize_llama` write it, the norms are `SequenceParallel`, attention and MLP all-gather their input and o and
+# down reduce-scatter back to the rank's s/t tokens [korthikanti2022]. Torch's own context parallelism
+# (`torch.distributed.tensor.experimental.context_parallel`) does not run on a CPU (below, its error), so
+# `memlab.tracing.context_parallel` traces a ring attention written here on point-to-point sends, the variant the
+# estimator models: each rank attends its s/cp queries to the K/V chunks passed round the ring [liu2023].
+# Each row is one rank and one phase: the estimator's bytes, the trace's, the named terms of the traced code that
+# the estimate does not count, and what is left (for CP's attention rows: the bytes one attention core adds to a
+# one-rank trace at s/cp tokens, against the estimator's K/V-chunk transient; the backward one is a bound, its
+# peak moment need not be the one-rank kernel's):
+
+# %%
+from memlab.compare.parallel_traces import traced_parallel_rows
+from memlab.tracing.context_parallel import TORCH_CP_ERRORS
+
+# fake tensors (any size runs); each rank is a trace of about a second: at ci scale SP's rank 0 only (TP's ranks
+# hold the same bytes, benchmarks/parallel_traces.py traces every rank), CP's ranks 0 and 1 (they differ)
+traced_par = traced_parallel_rows(tiny, tp=2, cp=2, ranks=(0, 1), sp_ranks=(0,) if ch.scale == "ci" else (0, 1))
+ch.save_table(traced_par, "parallel_fake_group_traces")
+print(f"torch's context_parallel on a CPU: {TORCH_CP_ERRORS['default (flash for CPU)']}")
+print(f"{tiny.name}: {int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the "
+      "named terms are added")
+traced_par[["layout", "rank", "phase", "predicted", "traced", "named", "left", "kind"]]
+
+# %%
+from memlab.tracing.tensor_parallel import sequence_parallel_terms
+
+gathered = sum(sequence_parallel_terms(tiny, Setup(batch=2, seq=64, tp=2, sp=True)).values())
+sp_exact = bool((traced_par.query("layout == 'TP 2 + SP'")["left"] == 0).all())
+cp_fwd = traced_par.query("layout == 'CP 2' and phase == 'attention forward'").set_index("rank")
+cp_phases_exact = bool((traced_par.query("layout == 'CP 2' and not phase.str.startswith('attention')")["left"]
+                        == 0).all())
+r0 = cp_fwd.loc[0]
+Markdown(("Every TP + SP row is exact" if sp_exact else "Some TP + SP rows are not exact")
+         + " once DTensor's own choice is named: its column-parallel linears save their all-gathered input "
+         f"({gathered:,} bytes on each rank here: the q/k/v and MLP inputs of every block and the LM head's, "
+         "(1 − 1/t) of each), where Megatron-LM, which the estimate counts, saves the s/t shard and all-gathers it "
+         "again in backward [korthikanti2022, Sec. 4.2.2]. In CP, rank 0 attends only to its own chunk (causal) and "
+         + ("holds exactly" if r0["traced"] == r0["predicted"] else "does not hold")
+         + f" the received K/V chunk the estimator predicts ({r0['predicted']:,} bytes); rank 1 also merges two "
+         f"partial outputs by their log-sum-exp, {cp_fwd.loc[1, 'traced'] - cp_fwd.loc[1, 'predicted']:,} bytes "
+         "of fp32 temporaries the estimate leaves out. "
+         + ("CP's phase peaks equal the estimate at s/cp tokens" if cp_phases_exact
+            else "CP's phase peaks differ from the estimate at s/cp tokens")
+         + ": the ring's buffers live inside attention, below the peak of these shapes. These are CPU traces on "
+         "fake tensors: evidence about what the code allocates, not a GPU measurement.")
+
+# %% [markdown]
 # **The price: bytes on the wire.** Each layout sends something else, so its memory comes with traffic. Per rank
 # and per training step (bytes sent, in the communicated dtype bf16), from `memlab.predict.communication`:
 # ZeRO-3's 3Ψ (section 1) over a ring; TP's four all-reduces of the (b s, h) block output per block, two in forward

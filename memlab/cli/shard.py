@@ -38,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "model is not sharded here); memlab estimate --hf PATH --zero N gives its sharded formula")
     p.add_argument("--layouts", action="store_true",
                    help="run pipeline (1F1B and GPipe over --ranks stages, --ranks + 1 micro-batches) and tensor "
-                   "parallelism (--ranks ways) instead of the data-parallel strategies (memlab.compare.parallel_ranks)")
+                   "parallelism (--ranks ways) instead of the data-parallel strategies "
+                   "(memlab.compare.parallel_ranks), then trace TP, TP + SP and ring-attention CP over a fake "
+                   "--ranks-rank group, every rank (memlab.compare.parallel_traces)")
     p.add_argument("--json", action="store_true", help="print the ranks' rows as JSON")
 
 
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_layouts(args: argparse.Namespace, config: object) -> int:
-    """``memlab shard --layouts``: pipeline and tensor-parallel ranks measured, next to their prediction."""
+    """``memlab shard --layouts``: pipeline and tensor-parallel ranks measured, next to their prediction; then TP,
+    TP + SP and CP traced over a fake group (memlab.compare.parallel_traces)."""
     from memlab.compare.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
     from memlab.errors import MemlabError
     from memlab.predict.parallel import virtual_stage_layers
@@ -96,6 +99,12 @@ def _run_layouts(args: argparse.Namespace, config: object) -> int:
         raise MemlabError("--layouts needs --ranks 2 or more (pipeline stages and tensor-parallel ranks)")
     virtual_stage_layers(config.n_layers, args.ranks)  # type: ignore[attr-defined]
     check_tp(config, args.ranks)  # type: ignore[arg-type]
+    if args.seq % args.ranks:
+        raise MemlabError(f"--layouts traces context parallelism over --ranks {args.ranks}: --seq {args.seq} must be "
+                          "a multiple of it")
+    if config.dropout > 0 or config.impl.parallel_block:  # type: ignore[attr-defined]
+        raise MemlabError("--layouts traces the sequence-parallel plan, written for sequential blocks without "
+                          "dropout: use a preset without dropout or a parallel block")
     rows = measure_parallel_ranks(args.preset, args.ranks, batch=args.batch, seq=args.seq, timeout_s=args.timeout)
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -103,4 +112,13 @@ def _run_layouts(args: argparse.Namespace, config: object) -> int:
     ledger = parallel_ranks_ledger(rows, batch=args.batch, seq=args.seq)
     print(f"{args.preset}: {args.ranks} gloo rank(s) (CPU); bytes per rank")
     print(ledger.to_string(index=False))
+    from memlab.compare.parallel_traces import traced_parallel_rows
+
+    ranks = tuple(range(args.ranks))
+    traced = traced_parallel_rows(config, tp=args.ranks, cp=args.ranks, ranks=ranks,  # type: ignore[arg-type]
+                                  batch=args.batch, seq=args.seq)
+    print(f"\ntraced on a fake {args.ranks}-rank group (fake tensors, CPU): bytes per rank and phase; left = traced "
+          "- predicted - named (0 when exact, <= 0 for a bound)")
+    print(traced[["layout", "rank", "phase", "predicted", "traced", "named_bytes", "left", "kind"]]
+          .to_string(index=False))
     return 0

@@ -7,7 +7,8 @@ against the ranks' measurements), ``plots`` (the standard figures), ``agreement`
 trace over a seeded sample of the Setup space, phase by phase), ``titan`` (torchtitan's memory estimator as a peer
 on the same FSDP2 setups, residuals named), ``parallel`` (TP, SP, PP, CP and ZeRO layouts of one model side by
 side, per rank), ``pipeline`` (pipeline ranks run on a fake group and counted, against their prediction),
-``parallel_ranks`` (pipeline and tensor-parallel ranks measured on gloo under torchrun), ``hf_draws`` (seeded
+``parallel_ranks`` (pipeline and tensor-parallel ranks measured on gloo under torchrun), ``parallel_traces`` (TP,
+TP + SP and ring-attention CP traced on fake groups rank by rank, residuals named), ``hf_draws`` (seeded
 Hugging Face configs and calls of every family, one real step each, judged exact, refused or off).
 
 ``from memlab.compare import compare`` is the one-pair comparison; the room and the function share the name, so

@@ -14,7 +14,8 @@ generalised honestly and checked tensor by tensor against :class:`memlab.model.g
   fused kernels (flash, efficient, cudnn) keep q, k, v, their output and a fp32 log-sum-exp per row, no s^2 term;
 - recompute ``none``, ``selective`` (the attention core is recomputed: Korthikanti Section 5) or ``full``
   (only each block's input is kept);
-- tensor parallelism ``tp`` and sequence parallelism ``sp`` as in Korthikanti Table 2;
+- tensor parallelism ``tp`` and sequence parallelism ``sp`` as in Korthikanti Table 2 (:func:`row_divisor`: the
+  token ids and the loss's scalar stay whole on every rank under sp);
 - the model-level tensors the paper leaves out: token ids and targets, the final norm, the LM-head input and
   the fp32 log-softmax of the logits (Korthikanti Section 4.3 notes it is large: s*b*V*4 bytes).
 
@@ -102,8 +103,19 @@ class ActivationTerm:
 
     def bytes(self, tp: int = 1, sp: bool = False) -> Any:
         """Bytes on one tensor-parallel rank."""
-        div = tp if (self.sharded or sp) else 1
-        return self.count * self.width / div
+        return self.count * self.width / row_divisor((self.name, self.category, 0, 0, self.sharded), tp, sp)
+
+
+SP_WHOLE = ("loss normaliser (total_weight)",)
+"""Rows sequence parallelism leaves whole besides the token ids (category ``token ids``: the embedding and the loss
+read all of them on every rank): only per-token tensors of the SP regions are split [korthikanti2022, Sec. 4.2.2]
+(checked against DTensor SP traces, tests/tracing/test_parallel_traces.py)."""
+
+
+def row_divisor(row: tuple, tp: int, sp: bool) -> int:
+    """A :data:`TermRow`'s divisor on one tensor-parallel rank: ``tp`` if sharded, or split by sp (not the token
+    ids nor :data:`SP_WHOLE`), else 1."""
+    return tp if row[4] or (sp and row[1] != "token ids" and row[0] not in SP_WHOLE) else 1
 
 
 TermRow = tuple
@@ -454,10 +466,10 @@ def bytes_by_category(rows: list[TermRow], tp: int = 1, sp: bool = False) -> dic
     summed by category, in first-seen order, whole floats as ints: :func:`activation_bytes` of rows already listed
     (the estimator lists them once per estimate)."""
     out: dict[str, Any] = {}
-    get, rep = out.get, tp if sp else 1  # rep: a replicated row's divisor (``tp if (sharded or sp) else 1``)
+    get = out.get
     for row in rows:
         category = row[1]
-        out[category] = get(category, 0) + row[2] * row[3] / (tp if row[4] else rep)
+        out[category] = get(category, 0) + row[2] * row[3] / row_divisor(row, tp, sp)
     return {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in out.items()}
 
 

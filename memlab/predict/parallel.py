@@ -24,10 +24,12 @@ the estimator's own (:func:`memlab.predict.estimate.estimate`); this module comp
   last ``m`` gradient receive buffers of its output; a received input IS the first block's saved input (counted once
   here, as a buffer); the stage keeps each in-flight micro-batch's output for its backward (``fwd_cache``).
 - context parallelism: each of ``cp`` ranks holds ``seq / cp`` tokens of every sequence, so every per-token saved
-  tensor shrinks by ``cp``; ring attention [liu2023] passes K/V chunks around the ring: a rank holds its own and the
-  next chunk's K and V, ``2 x 2 x b (s/cp) kv_dim`` elements, while a layer's attention runs (a transient, not
-  saved). Needs a fused attention kernel (no s x s scores). The CP ranks join the data-parallel ranks in ZeRO's
-  group (torchtitan and Megatron-LM shard and reduce weights over dp x cp).
+  tensor shrinks by ``cp``; ring attention [liu2023] passes K/V chunks around the ring: besides its own chunk (saved
+  for backward, counted as activations) a rank holds the received chunk it attends to and the next one arriving,
+  ``2 x 2 x b (s/cp) kv_dim`` elements (one chunk, ``2 x b (s/cp) kv_dim``, at cp = 2: :func:`ring_kv_chunks`),
+  while a layer's attention runs (a transient, not saved); checked against a traced ring
+  (:mod:`memlab.tracing.context_parallel`). Needs a fused attention kernel (no s x s scores). The CP ranks join
+  the data-parallel ranks in ZeRO's group (torchtitan and Megatron-LM shard and reduce weights over dp x cp).
 
 Model states per rank are the estimator's own for a bare parameter count (every parameter alike: per-tensor step
 counters are left out, a few bytes per tensor). The peak named here is the moment a rank holds the most saved
@@ -42,7 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memlab.errors import SetupError
-from memlab.predict.activations import shared_widths, term_rows
+from memlab.predict.activations import row_divisor, shared_widths, term_rows
 from memlab.predict.models import TransformerConfig
 from memlab.predict.parallelism import pipeline_bubble_fraction
 from memlab.predict.phases import layer_terms
@@ -100,6 +102,13 @@ def interleaving_factor(pp: int, chunks: int) -> float:
     return 1 + (pp - 1) / (pp * chunks)
 
 
+def ring_kv_chunks(cp: int) -> int:
+    """K/V chunks (each a K and a V of ``seq / cp`` tokens) a ring-attention rank holds beyond its own during a
+    layer's forward attention: the received one it attends to and the next one arriving, 2; at ``cp = 2`` the one
+    received chunk (nothing more arrives); 0 without cp. Traced: :mod:`memlab.tracing.context_parallel`."""
+    return min(2, cp - 1) if cp > 1 else 0
+
+
 def check_parallel(config: TransformerConfig, setup: Setup) -> None:
     """One :class:`SetupError` line for a pp/cp layout this module does not model on ``config``."""
     if setup.pp_schedule == "interleaved" and config.n_layers % (setup.pp * setup.pp_chunks):
@@ -117,7 +126,7 @@ def check_parallel(config: TransformerConfig, setup: Setup) -> None:
 
 # -- activations per micro-batch, split by where they live --------------------------------------------------
 def _bytes(row: tuple, tp: int, sp: bool) -> float:
-    return row[2] * row[3] / (tp if (row[4] or sp) else 1)
+    return row[2] * row[3] / row_divisor(row, tp, sp)
 
 
 @dataclass(frozen=True)
@@ -296,7 +305,8 @@ def parallel_estimate(config: TransformerConfig, setup: Setup, *, device_type: s
     kv = 0.0
     if setup.cp > 1:
         w = shared_widths(local.policy.name, device_type)
-        kv = 2 * 2 * local.batch * local.seq * config.kv_dim * w["compute"] / min(setup.tp, config.n_kv_heads)
+        kv = ring_kv_chunks(setup.cp) * 2 * local.batch * local.seq * config.kv_dim * w["compute"] \
+            / min(setup.tp, config.n_kv_heads)
     from memlab.predict.estimate import model_buffer_bytes  # estimate imports this module
 
     buffers = model_buffer_bytes(config)
@@ -354,8 +364,9 @@ def parallel_estimate(config: TransformerConfig, setup: Setup, *, device_type: s
         "it (the embedding's and the head's gradients, allocated at their backward while micro-batches are still "
         "held, are not modelled yet): at a large vocabulary read those two stages' peaks as low by up to "
         "vocab x d_model x the gradient's bytes",
-        *((f"context parallel over cp={setup.cp}: ring attention's K/V chunks (own + next) held during a layer's "
-           "attention [liu2023]; ZeRO shards over world_size x cp",) if setup.cp > 1 else ()),
+        *((f"context parallel over cp={setup.cp}: ring attention's K/V chunks (the received and the next, beyond "
+           "the rank's own) held during a layer's attention [liu2023]; ZeRO shards over world_size x cp",)
+          if setup.cp > 1 else ()),
         *(("ZeRO-3: one gathered block counted as a transient",) if setup.zero_stage == 3 else ()),
     )
     return ParallelReport(tuple(rows), bubble, notes)

@@ -218,12 +218,13 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     """One block's terms on one tp rank: saved bytes (without recompute, less the MLP's), backward temporaries,
     the transient of its forward, and the model-level head/loss and recompute terms. ``own``: the setup's
     :func:`~memlab.predict.activations.term_rows` when the caller has listed them (listed here otherwise)."""
+    from memlab.predict.activations import row_divisor  # (an import line of its own would not fit 500 lines)
+
     tp, sp = setup.tp, setup.sp
-    rep = tp if sp else 1  # the divisor of a replicated row: ``tp if (sharded or sp) else 1`` is ``tp`` or ``rep``
     if own is None:
         own = term_rows(config, setup, device_type=device_type)
     # Each sum adds its rows in list order (as ``sum`` over the ActivationTerms did); a row is (name, category, count,
-    # width, sharded[, note]), its bytes count * width / (tp if sharded or sp else 1) (ActivationTerm.bytes).
+    # width, sharded[, note]), its bytes count * width / row_divisor(row, tp, sp) (ActivationTerm.bytes).
     # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
     # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
     per = recompute_inputs = head = inputs = head_input = 0
@@ -231,10 +232,10 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     if not own_is_block:
         for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
             if row[1] != "mlp":
-                per += row[2] * row[3] / (tp if row[4] else rep)
+                per += row[2] * row[3] / row_divisor(row, tp, sp)
     for row in own:
         name, category = row[0], row[1]
-        size = row[2] * row[3] / (tp if row[4] else rep)
+        size = row[2] * row[3] / row_divisor(row, tp, sp)
         if own_is_block and category not in _NOT_PER_LAYER and not name.startswith("final norm") \
                 and name != _HEAD_COPY:
             per += size

@@ -8,7 +8,8 @@
   scan, would run for many minutes with no output).
 - ``fake_dist``: a fake process group, so FSDP2 shards on one CPU as on N ranks.
 - ``pipeline``: torch.distributed.pipelining's 1F1B and GPipe schedules on that fake group, one stage counted.
-- ``tensor_parallel``: DTensor tensor parallelism (column/row-parallel blocks) on that fake group, rank 0 traced.
+- ``tensor_parallel``: DTensor tensor (and sequence) parallelism on that fake group, any rank traced.
+- ``context_parallel``: ring attention written on point-to-point ops (torch's CP refuses the CPU kernel), any rank.
 - ``experts``: expert parallelism (experts split over ranks, all_to_all_single dispatch and combine) on that fake
   group, rank 0 traced.
 - ``peer``: torchtitan's memory-estimation protocol (FSDPMemTracker, its FSDP2 plan) on the reference GPT.

@@ -5,8 +5,17 @@ blocks from one table (:data:`TP_PLAN`, picotron-style: module, style): q, k, v,
 down row-parallel [shoeybi2019]; each rank's attention then holds ``n_heads / tp`` heads (the modules' head counts
 are set to the local ones, as torchtitan's model reads them from the local shapes). The embeddings and the LM head
 stay replicated here (memlab's estimate counts them vocab-parallel, as Megatron-LM shards them): that difference is
-a named term, :func:`replicated_terms`. Sequence parallelism is not traced (its norms' DTensor layouts are not
-wired into the reference GPT). :func:`trace_gpt_tp` traces rank 0 of ``setup.tp`` ranks.
+a named term, :func:`replicated_terms`. :func:`trace_gpt_tp` traces rank 0 (or any rank) of ``setup.tp`` ranks.
+
+Sequence parallelism (``setup.sp``, :func:`sequence_parallel`) follows torch's TP tutorial and torchtitan's
+``parallelize_llama``: the residual stream between blocks is each rank's ``seq / tp`` tokens (a plain local tensor);
+the norms are ``SequenceParallel`` (they run on the local tokens), attention and MLP all-gather their input
+(``PrepareModuleInput``: Shard(1) to Replicate), and the row-parallel o and down reduce-scatter to Shard(1)
+[korthikanti2022, Sec. 4.2.2]. The embeddings stay replicated (as in the TP plan): block 0 takes its rank's chunk
+of the embedded sequence; the final norm runs sequence-split and its output is all-gathered for the replicated
+head. What that differs by from memlab's estimate (which counts Megatron-LM's SP) is the named term
+:func:`sequence_parallel_terms`: DTensor's column-parallel linears save their all-gathered input, Megatron-LM saves
+the sequence shard and all-gathers it again in backward.
 """
 
 from __future__ import annotations
@@ -32,11 +41,46 @@ def tensor_parallel(model: nn.Module, mesh: Any, tp: int) -> nn.Module:
     for block in model.blocks:  # type: ignore[union-attr]
         plan = {name: styles[style]() for name, style in TP_PLAN if _has(block, name)}
         parallelize_module(block, mesh, plan)
-        attn = block.attn
-        attn.n_heads //= tp
-        attn.n_kv_heads //= tp
-        attn.core.n_kv_heads //= tp
+        _local_heads(block.attn, tp)
     return model
+
+
+def sequence_parallel(model: nn.Module, mesh: Any, tp: int) -> nn.Module:
+    """Shard the reference GPT ``model`` over ``mesh`` (``tp`` ranks) by :data:`TP_PLAN` with sequence parallelism
+    (module docstring): the norms SequenceParallel, attention and MLP inputs all-gathered, o and down reduce-scattered
+    to the sequence shard, block 0's input split, the final norm's output all-gathered."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    styles = {"colwise": ColwiseParallel, "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1))}
+    # a block is called (x, rotary, kv) and attention (x, rotary, kv); the MLP (x)
+    seq, whole = (Shard(1), None, None), (Replicate(), None, None)
+    for block in model.blocks:  # type: ignore[union-attr]
+        plan: dict[str, Any] = {name: styles[style]() for name, style in TP_PLAN if _has(block, name)}
+        plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                     "attn": PrepareModuleInput(input_layouts=seq, desired_input_layouts=whole),
+                     "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
+        parallelize_module(block, mesh, plan)
+        _local_heads(block.attn, tp)
+    parallelize_module(model.blocks[0], mesh, PrepareModuleInput(  # type: ignore[index]
+        input_layouts=whole, desired_input_layouts=seq, use_local_output=True))
+    parallelize_module(model.norm_f, mesh, SequenceParallel())  # type: ignore[arg-type]
+    parallelize_module(model.norm_f, mesh, PrepareModuleOutput(  # type: ignore[arg-type]
+        output_layouts=Shard(1), desired_output_layouts=Replicate()))
+    return model
+
+
+def _local_heads(attn: nn.Module, tp: int) -> None:
+    attn.n_heads //= tp
+    attn.n_kv_heads //= tp
+    attn.core.n_kv_heads //= tp
 
 
 def tensor_parallel_gpt(config: TransformerConfig, mesh: Any, tp: int, **gpt_options: Any) -> nn.Module:
@@ -68,35 +112,66 @@ def replicated_terms(config: TransformerConfig, setup: Setup) -> dict[str, int]:
             "full-vocabulary logits-sized tensor": t * config.vocab_size * 4 - t * config.vocab_size * 4 // tp}
 
 
+SP_GATHERED = ("q/k/v projection input", "MLP input", "LM-head input")
+"""The estimator's rows (:func:`memlab.predict.activations.term_rows`) that DTensor's sequence-parallel plan saves
+all-gathered (whole sequence) where Megatron-LM saves the sequence shard [korthikanti2022, Sec. 4.2.2]."""
+
+
+def sequence_parallel_terms(config: TransformerConfig, setup: Setup, device_type: str = "cpu") -> dict[str, int]:
+    """Bytes rank ``r`` of the traced sequence-parallel plan saves beyond memlab's estimate (Megatron-LM's SP), by
+    :data:`SP_GATHERED` row: each row's whole bytes less its ``1/tp`` share, ``(1 - 1/tp)`` of the row (the
+    q/k/v and MLP inputs of every block, the LM head's input). Empty without ``setup.sp``."""
+    from memlab.predict.activations import term_rows
+
+    if not setup.sp:
+        return {}
+    out: dict[str, int] = {}
+    for row in term_rows(config, setup, device_type=device_type):
+        if row[0] in SP_GATHERED:
+            whole = row[2] * row[3]
+            out[f"all-gathered {row[0]}"] = int(whole - whole / setup.tp)
+    return out
+
+
 def explained(config: TransformerConfig, setup: Setup, step: str, phase: str) -> int | None:
     """The named terms' sum at the peak of ``phase`` (forward: parameters + the logits and log-softmax;
-    backward: + the logits' gradient; the steady step adds Adam's two moments of the replicated parameters);
-    None for the optimizer step and zero_grad, which are not explained term by term (benchmark shows them)."""
+    backward: + the logits' gradient; the steady step adds Adam's two moments of the replicated parameters; under
+    sp both add :func:`sequence_parallel_terms`); None for the optimizer step and zero_grad, which are not
+    explained term by term (benchmark shows them)."""
     terms = replicated_terms(config, setup)
     p, logits = terms["replicated embedding/head parameters"], terms["full-vocabulary logits-sized tensor"]
     moments = 2 * p if step == "steady" and setup.optimizer in ("adam", "adamw") else 0
+    gathered = sum(sequence_parallel_terms(config, setup).values())
     if phase == "forward":
-        return p + moments + 2 * logits
+        return p + moments + 2 * logits + gathered
     if phase == "backward":
-        return p + moments + 3 * logits
+        return p + moments + 3 * logits + gathered
     return None
 
 
-def trace_gpt_tp(config: TransformerConfig, setup: Setup, *, device_type: str = "cpu") -> Any:
-    """Trace rank 0 of the reference GPT under DTensor tensor parallelism over a fake ``setup.tp``-rank group
-    (fake tensors; :func:`memlab.tracing.tracer.trace_step`)."""
+def trace_gpt_tp(config: TransformerConfig, setup: Setup, *, rank: int = 0, device_type: str = "cpu") -> Any:
+    """Trace rank ``rank`` of the reference GPT under DTensor tensor parallelism (with ``setup.sp``: sequence
+    parallelism, :func:`sequence_parallel`) over a fake ``setup.tp``-rank group (fake tensors;
+    :func:`memlab.tracing.tracer.trace_step`)."""
     from memlab.predict.sharding import check_tp
     from memlab.tracing.fake_dist import fake_process_group
     from memlab.tracing.gpt import gpt_step_parts
     from memlab.tracing.tracer import trace_step
 
-    if setup.tp < 2 or setup.sp or setup.world_size > 1 or setup.pp > 1 or setup.cp > 1:
-        raise SetupError("trace_gpt_tp traces tensor parallelism alone: tp > 1, no sp, world_size 1, pp 1, cp 1")
+    if setup.tp < 2 or setup.world_size > 1 or setup.pp > 1 or setup.cp > 1:
+        raise SetupError("trace_gpt_tp traces tensor (and sequence) parallelism alone: tp > 1, world_size 1, pp 1, "
+                         "cp 1")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < setup.tp:
+        raise SetupError(f"rank must be an int in [0, {setup.tp}), got {rank!r}")
+    if setup.sp and (config.impl.parallel_block or config.dropout > 0 or config.is_moe):
+        raise SetupError("the sequence-parallel plan is written for sequential blocks without dropout, dense MLPs")
     check_tp(config, setup.tp)
-    with fake_process_group(setup.tp) as mesh:
-        parts = gpt_step_parts(config, setup.with_(tp=1), device_type=device_type)
+    shard = sequence_parallel if setup.sp else tensor_parallel
+    kind = "tensor and sequence" if setup.sp else "tensor"
+    with fake_process_group(setup.tp, rank) as mesh:
+        parts = gpt_step_parts(config, setup.with_(tp=1, sp=False), device_type=device_type)
         notes = parts.pop("notes")
         build = parts["model_fn"]
-        parts["model_fn"] = lambda: tensor_parallel(build(), mesh, setup.tp)
+        parts["model_fn"] = lambda: shard(build(), mesh, setup.tp)
         return trace_step(**parts, fake=True, name=config.name, setup=setup.to_dict(),
-                          notes=(*notes, f"DTensor tensor parallelism over a fake {setup.tp}-rank group: rank 0"))
+                          notes=(*notes, f"DTensor {kind} parallelism over a fake {setup.tp}-rank group: rank {rank}"))
