@@ -340,7 +340,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         n_f = im.mlp_saved_tensors(config.mlp)  # gelu: its input, down's input; swiglu: gate, silu, up, down input
         act = im.act(config.mlp)
         if im.grouped_experts:  # the router's and the experts' tensors, per (token, choice) pair (Mixtral)
-            terms += grouped_expert_rows(config, t, w, n_f, autocast and device_type == "cuda")
+            terms += grouped_expert_rows(config, t, w, n_f, autocast and device_type == "cuda", autocast)
         else:
             terms.append((f"MLP {config.mlp}/{act} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True))
         if drop:

@@ -83,7 +83,8 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
       head width: Gemma, Qwen3-MoE), K and V (h x n_kv_heads*head_dim: GQA/MQA narrow them)
     - ``attention_core``: per layer QK^T and AV (:func:`attention_flops` over the heads' n_heads*head_dim)
     - ``mlp``: per layer up and down (gelu) or gate, up and down (swiglu), all h x d_ff; a mixture of experts
-      runs that for each of its ``active_experts`` (top_k routed + shared) plus the h x n_experts router
+      runs that for each of its ``active_experts`` (top_k routed + shared) plus the h x n_experts router, and
+      a gated shared expert of its own width (``impl.shared_expert_ff``, Qwen2-MoE) with its h x 1 gate
     - ``head``: the LM head, h x vocab (tied or not: it is multiplied either way)
 
     Embedding lookups, norms, biases, activations and softmax are not matmuls and are not counted.
@@ -97,6 +98,9 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
     mlp = (n_in * matmul_flops(tokens, f, h) + matmul_flops(tokens, h, f)) * config.active_experts
     if config.is_moe:
         mlp += matmul_flops(tokens, config.n_experts, h)
+    sf = config.impl.shared_expert_ff  # Qwen2-MoE's gated shared expert (its own width) and its (1, h) gate
+    if sf:
+        mlp += 2 * matmul_flops(tokens, sf, h) + matmul_flops(tokens, h, sf) + matmul_flops(tokens, 1, h)
     return {
         "attention_proj": n_layers * proj,
         "attention_core": n_layers * attention_flops(batch, seq, q, config.n_heads, causal=causal),

@@ -231,6 +231,11 @@ class TransformerConfig(StrictInit):
             if im.grouped_experts:  # two 3-D tensors hold every expert (transformers 5 MixtralExperts)
                 out += [(f"{p}.mlp.experts.gate_up", (self.n_experts, 2 * f, h), "mlp"),
                         (f"{p}.mlp.experts.down", (self.n_experts, h, f), "mlp")]
+                if im.shared_expert_ff:  # Qwen2-MoE: a gated MLP every token runs through, scaled by a sigmoid
+                    sf = im.shared_expert_ff
+                    out += [(f"{p}.mlp.shared_expert.{n}.weight", shape, "mlp") for n, shape in
+                            (("gate", (sf, h)), ("up", (sf, h)), ("down", (h, sf)))]
+                    out.append((f"{p}.mlp.shared_expert_gate.weight", (1, h), "mlp"))
                 continue
             for e in range(self.n_experts):
                 out += mlp(f"{p}.mlp.experts.{e}")

@@ -193,6 +193,11 @@ class Implementation(StrictInit):
     moe_weights_fp32: bool = True
     """With ``grouped_experts``: the routing weights stay fp32 (Mixtral); False: cast to the router logits' dtype
     (Qwen3-MoE ``router_top_value.to(router_logits.dtype)``), so the per-pair weights are kept in that dtype."""
+    shared_expert_ff: int = 0
+    """With ``grouped_experts``: the width of a gated MLP every token runs through besides its routed experts, 0:
+    none (Qwen2-MoE ``shared_expert``, ``shared_expert_intermediate_size`` wide; its output is scaled by
+    ``sigmoid(shared_expert_gate(x))``, a bias-free (1, h) linear), three 2-D weights and the gate's (1, h) a layer
+    [hf-transformers: modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock.forward]."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()

@@ -22,6 +22,7 @@ PUBLISHED = {
     "falcon-40b": [("total", 40e9, -1)],  # almazrouei2023: "40B", to the nearest 10B
     "mixtral-8x7b": [("total", 46.7e9, 1), ("active", 12.9e9, 1)],  # mistral-mixtral-2023; jiang2024: 47B, 13B
     "qwen3-30b-a3b": [("total", 30.5e9, 1), ("non-embedding", 29.9e9, 1)],  # qwen3-2025: Qwen3-30B-A3B card
+    "qwen1.5-moe-a2.7b": [("total", 14.3e9, 1), ("active", 2.7e9, 1)],  # qwen-moe-2024: model card
 }
 
 
