@@ -52,6 +52,7 @@ from memlab.predict.family_terms import (
     grouped_expert_rows,
     padded_sdpa_rows,
     qk_norm_rows,
+    router_aux_loss_rows,
 )
 from memlab.predict.finetune import finetune_rows
 from memlab.predict.korthikanti import (  # noqa: F401  re-exported: the paper's formulas beside the count
@@ -354,6 +355,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         return terms if setup.finetune == "full" else finetune_rows(config, setup, w, terms, device_type)
     terms += _norm_terms(config, t, 1, w, "final norm")
     terms += loss_rows(config, setup, w)
+    terms += router_aux_loss_rows(config, t, w["compute"])  # output_router_logits (Qwen2-MoE); none otherwise
     if setup.finetune != "full":  # a frozen base with adapters (memlab.predict.finetune)
         return finetune_rows(config, setup, w, terms, device_type)
     return terms

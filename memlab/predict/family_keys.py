@@ -177,16 +177,16 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, Any]]] = {
          "shared_expert_intermediate_size": "Implementation.shared_expert_ff (the gated shared expert's width)",
          "num_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
          "num_experts_per_tok": "TransformerConfig.top_k (the (token, choice) pairs every MoE tensor is sized by)",
-         "norm_topk_prob": "Implementation.moe_topk_renorm (the fp32 top-k values and their sum kept)"},
+         "norm_topk_prob": "Implementation.moe_topk_renorm (the fp32 top-k values and their sum kept)",
+         "output_router_logits": "Implementation.moe_aux_loss (the load-balancing loss's softmax and top-k kept; "
+                                 "with an attention mask or frozen layers SetupError)"},
         {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
-         "router_aux_loss_coef": "the auxiliary loss's weight, read only with output_router_logits (refused when "
-                                 "true): a Python float",
+         "router_aux_loss_coef": "the auxiliary loss's weight: a multiply by a Python float, nothing saved",
          "intermediate_size": "the width of dense MLP layers, which exist only with mlp_only_layers or "
                               "decoder_sparse_step > 1 (refused): no tensor of a modelled step",
          "max_window_layers": "which layers slide with use_sliding_window, already in layer_types (without them "
                               "memlab assumes some layer slides: the window applies)"},
-        {"output_router_logits": _AUX_LOSS,
-         "decoder_sparse_step": ("other than 1 raises ConfigError" + _DENSE_LAYERS, (1,)),
+        {"decoder_sparse_step": ("other than 1 raises ConfigError" + _DENSE_LAYERS, (1,)),
          "mlp_only_layers": ("a non-empty list raises ConfigError" + _DENSE_LAYERS, ([], None))}),
 }
 """model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},

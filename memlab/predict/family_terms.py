@@ -97,15 +97,36 @@ def shared_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n
             ("MoE shared expert gate sigmoid", "mlp", L * t, w["compute"], False)]
 
 
+def router_aux_loss_rows(config: TransformerConfig, t: Any, compute: float) -> list[tuple]:
+    """What the load-balancing auxiliary loss keeps (``config.impl.moe_aux_loss``; none without it), as activation
+    term rows: per layer the softmax of the router logits (t, E), in the logits' dtype (``compute`` bytes: the
+    router's linear runs in it, under CPU autocast too), and top-k's int64 indices (t, k); once, the product's
+    fp32 tokens-per-expert share (E,), which does not need a gradient [hf-transformers: modeling_qwen2_moe.py
+    load_balancing_loss_func: ``softmax(layer_gate)``, ``topk``, ``tokens_per_expert * router_prob_per_expert``].
+    Measured on CPU, eager and SDPA, fp32, bf16 and autocast (tests/run/test_moe_hf.py). ``t``: tokens."""
+    if not config.impl.moe_aux_loss:
+        return []
+    L, E, k = config.n_layers, config.n_experts, config.top_k
+    return [("MoE aux loss: softmax of each layer's router logits", "head & loss", L * t * E, compute, False),
+            ("MoE aux loss: top-k indices per layer", "head & loss", L * t * k, INT64, False),
+            ("MoE aux loss: tokens per expert, fp32", "head & loss", E, FP32, False)]
+
+
 def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -> None:
     """Raise :class:`~memlab.errors.SetupError` (one line) for a setup the family's code runs differently from what
     memlab counts: a ``seq`` (default ``setup.seq``) reaching the sliding window with a fused or math kernel
     (:meth:`~memlab.predict.traits.Implementation.check_window`); attention soft-capping with SDPA's math or
     memory-efficient kernel (PyTorch SDPA has no softcap; transformers refuses sdpa for Gemma 2); the final logits'
     soft-capping with memlab's chunked or fused loss (which compute the logits themselves, without the cap); LoRA
-    or QLoRA on a grouped mixture of experts (``impl.grouped_experts``: measured not to match, not modelled)."""
+    or QLoRA on a grouped mixture of experts (``impl.grouped_experts``: measured not to match, not modelled); the
+    router auxiliary loss (``impl.moe_aux_loss``) with an attention mask or a frozen base (not measured)."""
     im = config.impl
     im.check_window(setup.seq if seq is None else seq, setup.attention)
+    if im.moe_aux_loss and setup.mode != "inference" and (setup.finetune != "full"
+                                                          or setup.attention_mask != "none"):
+        raise SetupError(f"{im.family}: the router auxiliary loss (output_router_logits) is modelled for full "
+                         "training without an attention mask only (a mask or frozen layers change what it keeps); "
+                         "set output_router_logits false, or trace it (memlab trace --hf)")
     if im.grouped_experts and setup.finetune in ("lora", "qlora"):  # measured off by a d_ff-wide tensor per pair
         raise SetupError(f"{im.family}: LoRA and QLoRA around grouped_mm experts are not modelled (a frozen "
                          "expert keeps other tensors than a trained one); use full training or frozen layers")

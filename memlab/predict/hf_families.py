@@ -404,12 +404,10 @@ def _qwen2_moe(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (q/k/v bias with ``qkv_bias``, none on o) and in
     every layer a sparse MoE block of grouped experts ``moe_intermediate_size`` wide plus a shared expert
     (:attr:`~memlab.predict.traits.Implementation.shared_expert_ff`) that every token runs through, scaled by its
-    sigmoid gate; dense layers between the MoE ones (``mlp_only_layers``, ``decoder_sparse_step`` > 1) and the
-    router-logits auxiliary loss are refused."""
+    sigmoid gate, and with ``output_router_logits`` the load-balancing auxiliary loss
+    (:attr:`~memlab.predict.traits.Implementation.moe_aux_loss`); dense layers between the MoE ones
+    (``mlp_only_layers``, ``decoder_sparse_step`` > 1) are refused."""
     src = _file(family)
-    if c["output_router_logits"]:
-        raise ConfigError(f"{family}: output_router_logits=True (the load-balancing auxiliary loss over every "
-                          "layer's router logits) is not modelled; set it false")
     if c["decoder_sparse_step"] != 1 or c.get("mlp_only_layers"):
         raise ConfigError(f"{family}: decoder_sparse_step != 1 or a non-empty mlp_only_layers (dense MLP layers "
                           "between the MoE ones) is not modelled; memlab models an MoE block in every layer")
@@ -420,6 +418,7 @@ def _qwen2_moe(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
                      qkv_bias=bool(c["qkv_bias"]), o_bias=False, grouped_experts=True,
                      moe_topk_renorm=bool(c["norm_topk_prob"]), moe_weights_fp32=False,
                      shared_expert_ff=c["shared_expert_intermediate_size"], sliding_window=window,
+                     moe_aux_loss=bool(c["output_router_logits"]),
                      sources=(("qkv_bias", f"{src} Qwen2MoeAttention: q/k/v_proj bias=config.qkv_bias, o_proj "
                                            "bias=False"),
                               ("grouped_experts", f"{src} Qwen2MoeSparseMoeBlock, Qwen2MoeTopKRouter, "
@@ -427,7 +426,9 @@ def _qwen2_moe(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
                               ("moe_weights_fp32", f"{src} Qwen2MoeTopKRouter.forward: "
                                                    "router_top_value.to(router_logits.dtype)"),
                               ("shared_expert_ff", f"{src} Qwen2MoeSparseMoeBlock.forward: "
-                                                   "sigmoid(shared_expert_gate(x)) * shared_expert(x)")))
+                                                   "sigmoid(shared_expert_gate(x)) * shared_expert(x)"),
+                              ("moe_aux_loss", f"{src} Qwen2MoeForCausalLM.forward: load_balancing_loss_func "
+                                               "(output_router_logits)")))
     return dense.with_(n_experts=experts, top_k=top_k)
 
 

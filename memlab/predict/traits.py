@@ -198,6 +198,11 @@ class Implementation(StrictInit):
     none (Qwen2-MoE ``shared_expert``, ``shared_expert_intermediate_size`` wide; its output is scaled by
     ``sigmoid(shared_expert_gate(x))``, a bias-free (1, h) linear), three 2-D weights and the gate's (1, h) a layer
     [hf-transformers: modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock.forward]."""
+    moe_aux_loss: bool = False
+    """With ``grouped_experts``: the step adds the load-balancing auxiliary loss over every layer's router logits
+    (``output_router_logits``; Switch Transformer's loss [fedus2021]), which keeps per layer a softmax of the
+    logits (t, E) in their dtype and top-k's int64 indices (t, k), and once the (E,) fp32 share of tokens per
+    expert [hf-transformers: modeling_qwen2_moe.py load_balancing_loss_func]."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()

@@ -118,6 +118,28 @@ def test_qwen2_moe_shared_expert_and_routing_are_exact(cfg: dict, attn: str, dty
     assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
 
 
+@pytest.mark.parametrize(("attn", "dtype", "kwargs"), [("eager", "bf16", {}), ("sdpa", "fp32", {"autocast": True}),
+                                                   ("eager", "fp32", {"gradient_checkpointing": True})])
+def test_qwen2_moe_router_aux_loss_is_exact(attn: str, dtype: str, kwargs: dict) -> None:
+    """output_router_logits: the load-balancing loss keeps each layer's softmax and top-k indices (and once the
+    tokens-per-expert share) outside the layers, so a checkpointed step keeps them too."""
+    cfg = {**QWEN2_MOE, "output_router_logits": True, "num_experts": 5, "num_experts_per_tok": 3}
+    config, m = run_hf(cfg, attn_implementation=attn, dtype=dtype, batch=2, seq=21, **kwargs)
+    plain = from_hf({**cfg, "output_router_logits": False})
+    assert config.impl.moe_aux_loss and not plain.impl.moe_aux_loss
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert p["activations"] > predict_hf(plain, m)["activations"]
+
+
+def test_qwen2_moe_router_aux_loss_with_a_mask_or_frozen_layers_is_refused() -> None:
+    config = from_hf({**QWEN2_MOE, "output_router_logits": True})
+    for setup in (Setup(batch=2, seq=16, precision="bf16", attention_mask="padded"),
+                  Setup(batch=2, seq=16, precision="bf16", finetune="frozen", frozen_layers=1)):
+        with pytest.raises(SetupError, match="output_router_logits"):
+            estimate(config, setup)
+
+
 def test_qwen2_moe_shared_expert_is_active_and_multiplied() -> None:
     """Every token runs the shared expert and its gate: they count as active parameters and in the FLOPs."""
     from memlab.predict.flops import forward_flops
@@ -164,7 +186,6 @@ def test_no_moe_term_is_named_as_unmodelled() -> None:
     (QWEN3_MOE, {"num_experts": 1, "num_experts_per_tok": 1}, "num_experts"),
     (QWEN2_MOE, {"mlp_only_layers": [0]}, "mlp_only_layers"),
     (QWEN2_MOE, {"decoder_sparse_step": 2}, "decoder_sparse_step"),
-    (QWEN2_MOE, {"output_router_logits": True}, "output_router_logits"),
     (QWEN2_MOE, {"num_experts_per_tok": 5}, "num_experts_per_tok"),
     (QWEN2_MOE, {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size"),
 ] + [(TINY, *case) for case in [
