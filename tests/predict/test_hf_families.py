@@ -86,3 +86,13 @@ def test_every_key_of_the_new_families_is_accounted_for() -> None:
         lists = [set(account[k]) for k in ("modelled", "neutral", "refused")]
         assert not (lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]), family
         assert keys - set.union(*lists) == set(), family
+
+
+def test_deepseek_v3_is_refused_in_one_line_naming_the_trace() -> None:
+    """Multi-head latent attention (q/kv LoRA ranks, split rope/nope heads) and grouped routing are not modelled:
+    from_hf refuses and names the trace, which runs transformers' own code."""
+    from memlab.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        from_hf({"model_type": "deepseek_v3", "hidden_size": 7168, "kv_lora_rank": 512, "q_lora_rank": 1536})
+    assert "deepseek_v3" in str(err.value) and "memlab trace --hf" in str(err.value) and "\n" not in str(err.value)
