@@ -52,7 +52,6 @@ from memlab.predict.family_terms import (
     grouped_expert_rows,
     padded_sdpa_rows,
     qk_norm_rows,
-    router_aux_loss_rows,
 )
 from memlab.predict.finetune import finetune_rows
 from memlab.predict.korthikanti import (  # noqa: F401  re-exported: the paper's formulas beside the count
@@ -347,15 +346,14 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         if drop:
             terms.append(("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))
         if autocast:
-            per_layer = (_matmul_params(config) - V * h - config.grouped_expert_params()) // L
+            blocks = _matmul_params(config) - V * h - config.grouped_expert_params()  # dense layers: not L equal
             terms.append(
-                ("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
+                ("16-bit copies of block weights", "autocast weight copies", blocks, 2, True)
             )
     if not model_level:
         return terms if setup.finetune == "full" else finetune_rows(config, setup, w, terms, device_type)
     terms += _norm_terms(config, t, 1, w, "final norm")
     terms += loss_rows(config, setup, w)
-    terms += router_aux_loss_rows(config, t, w["compute"])  # output_router_logits (Qwen2-MoE); none otherwise
     if setup.finetune != "full":  # a frozen base with adapters (memlab.predict.finetune)
         return finetune_rows(config, setup, w, terms, device_type)
     return terms

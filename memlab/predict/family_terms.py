@@ -58,13 +58,15 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
     CPU autocast has no rule for ``grouped_mm``, measured), the routing weights fp32 or (``impl.moe_weights_fp32``
     False, Qwen3-MoE) the router's ``compute`` dtype, the renormalisation's rows only with ``impl.moe_topk_renorm``;
     under CUDA autocast (``cuda_autocast``), not measured, a :class:`~memlab.errors.SetupError`; a shared expert's
-    rows (:func:`shared_expert_rows`, ``autocast``: the step runs under autocast) come first."""
+    rows (:func:`shared_expert_rows`, ``autocast``: the step runs under autocast) and those of dense layers among
+    the MoE ones (:func:`dense_layer_rows`) come first; the MoE rows count the MoE layers only
+    (``config.moe_layers``)."""
     if cuda_autocast:
         raise SetupError(f"{config.impl.family}: grouped_mm experts under CUDA autocast are not measured (whether "
                          "autocast casts them is not modelled); use a bf16 or fp32 model, or CPU")
-    L, E, k, h, f, im = config.n_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
+    L, E, k, h, f, im = config.moe_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
     pairs, width = t * k, w["residual"]
-    return [*shared_expert_rows(config, t, w, n_f, autocast),
+    return [*dense_layer_rows(config, t, w, n_f, autocast), *shared_expert_rows(config, t, w, n_f, autocast),
             ("MoE router softmax, fp32", "mlp", L * t * E, FP32, False),
             ("MoE top-k indices", "mlp", L * pairs, INT64, False),
             ("MoE top-k weights and their sum, fp32", "mlp", L * (pairs + t) if im.moe_topk_renorm else 0, FP32,
@@ -77,6 +79,24 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
             ("MoE expert outputs", "mlp", L * pairs * h, width, False)]
 
 
+def dense_layer_rows(config: TransformerConfig, t: Any, w: dict[str, float], n_f: int,
+                     autocast: bool = False) -> list[tuple]:
+    """What the dense layers among a grouped mixture of experts' layers keep in their MLP (``impl.dense_layers``,
+    ``impl.dense_ff`` wide; none without them), as activation term rows: the ``n_f`` d_ff-wide tensors of one gated
+    MLP per token, as a dense model's, and under autocast one more 16-bit copy of the MLP input (the gate and up
+    projections cast it each; the MLP input row counts one) [hf-transformers: modeling_qwen2_moe.py Qwen2MoeMLP].
+    Measured on CPU (tests/run/test_moe_hf.py)."""
+    n = len(config.impl.dense_layers)
+    if not n:
+        return []
+    rows = [(f"dense layers' MLP tensors ({n_f} per token, dense_ff wide)", "mlp",
+             n_f * n * t * config.impl.dense_ff, w["compute"], True)]
+    if autocast:
+        rows.append(("dense layers' second 16-bit copy of the MLP input", "mlp", n * t * config.d_model,
+                     w["compute"], False))
+    return rows
+
+
 def shared_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n_f: int,
                        autocast: bool = False) -> list[tuple]:
     """What a gated shared expert keeps (``config.impl.shared_expert_ff`` wide; none without one), all layers, as
@@ -87,7 +107,7 @@ def shared_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n
     16-bit copies of the block's input that its gate, up and gate-logit projections each cast (the router's is the
     MLP input row). Measured on CPU (tests/run/test_moe_hf.py). ``t``: tokens in the micro-batch; ``w``:
     :func:`memlab.predict.activations.widths`."""
-    sf, L, h = config.impl.shared_expert_ff, config.n_layers, config.d_model
+    sf, L, h = config.impl.shared_expert_ff, config.moe_layers, config.d_model
     if not sf:
         return []
     casts = [("MoE shared expert inputs cast to 16 bits (gate, up, gate logit)", "mlp", 3 * L * t * h,
@@ -97,36 +117,15 @@ def shared_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n
             ("MoE shared expert gate sigmoid", "mlp", L * t, w["compute"], False)]
 
 
-def router_aux_loss_rows(config: TransformerConfig, t: Any, compute: float) -> list[tuple]:
-    """What the load-balancing auxiliary loss keeps (``config.impl.moe_aux_loss``; none without it), as activation
-    term rows: per layer the softmax of the router logits (t, E), in the logits' dtype (``compute`` bytes: the
-    router's linear runs in it, under CPU autocast too), and top-k's int64 indices (t, k); once, the product's
-    fp32 tokens-per-expert share (E,), which does not need a gradient [hf-transformers: modeling_qwen2_moe.py
-    load_balancing_loss_func: ``softmax(layer_gate)``, ``topk``, ``tokens_per_expert * router_prob_per_expert``].
-    Measured on CPU, eager and SDPA, fp32, bf16 and autocast (tests/run/test_moe_hf.py). ``t``: tokens."""
-    if not config.impl.moe_aux_loss:
-        return []
-    L, E, k = config.n_layers, config.n_experts, config.top_k
-    return [("MoE aux loss: softmax of each layer's router logits", "head & loss", L * t * E, compute, False),
-            ("MoE aux loss: top-k indices per layer", "head & loss", L * t * k, INT64, False),
-            ("MoE aux loss: tokens per expert, fp32", "head & loss", E, FP32, False)]
-
-
 def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -> None:
     """Raise :class:`~memlab.errors.SetupError` (one line) for a setup the family's code runs differently from what
     memlab counts: a ``seq`` (default ``setup.seq``) reaching the sliding window with a fused or math kernel
     (:meth:`~memlab.predict.traits.Implementation.check_window`); attention soft-capping with SDPA's math or
     memory-efficient kernel (PyTorch SDPA has no softcap; transformers refuses sdpa for Gemma 2); the final logits'
     soft-capping with memlab's chunked or fused loss (which compute the logits themselves, without the cap); LoRA
-    or QLoRA on a grouped mixture of experts (``impl.grouped_experts``: measured not to match, not modelled); the
-    router auxiliary loss (``impl.moe_aux_loss``) with an attention mask or a frozen base (not measured)."""
+    or QLoRA on a grouped mixture of experts (``impl.grouped_experts``: measured not to match, not modelled)."""
     im = config.impl
     im.check_window(setup.seq if seq is None else seq, setup.attention)
-    if im.moe_aux_loss and setup.mode != "inference" and (setup.finetune != "full"
-                                                          or setup.attention_mask != "none"):
-        raise SetupError(f"{im.family}: the router auxiliary loss (output_router_logits) is modelled for full "
-                         "training without an attention mask only (a mask or frozen layers change what it keeps); "
-                         "set output_router_logits false, or trace it (memlab trace --hf)")
     if im.grouped_experts and setup.finetune in ("lora", "qlora"):  # measured off by a d_ff-wide tensor per pair
         raise SetupError(f"{im.family}: LoRA and QLoRA around grouped_mm experts are not modelled (a frozen "
                          "expert keeps other tensors than a trained one); use full training or frozen layers")

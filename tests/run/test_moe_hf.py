@@ -87,8 +87,9 @@ def test_qwen3_moe_with_and_without_renormalised_weights_is_exact(norm: bool, dt
 
 
 def _qwen2_moe_generated(n: int) -> list[tuple[dict, str, str, bool, int, int]]:
-    """Random small Qwen2-MoE layouts and runs: experts, top-k, renormalisation, the routed and shared widths,
-    q/k/v bias, heads, attention, dtype (and autocast), batch, seq."""
+    """Random small Qwen2-MoE layouts and runs: experts, top-k, renormalisation, the routed, shared and dense
+    widths, dense layers (decoder_sparse_step, mlp_only_layers), q/k/v bias, heads, attention, dtype (and autocast),
+    batch, seq."""
     rng = random.Random("qwen2_moe")
     out = []
     for _ in range(n):
@@ -98,46 +99,27 @@ def _qwen2_moe_generated(n: int) -> list[tuple[dict, str, str, bool, int, int]]:
                "moe_intermediate_size": rng.choice([16, 24, 48]),
                "shared_expert_intermediate_size": rng.choice([8, 40, 96]),
                "hidden_size": heads * rng.choice([8, 16]), "num_attention_heads": heads,
-               "num_key_value_heads": rng.choice([1, heads]), "num_hidden_layers": rng.randint(1, 2)}
+               "num_key_value_heads": rng.choice([1, heads]), "num_hidden_layers": rng.randint(1, 3),
+               "intermediate_size": rng.choice([24, 72])}
+        if cfg["num_hidden_layers"] > 1:  # dense layers among the MoE ones, one way or the other
+            cfg.update(rng.choice([{"decoder_sparse_step": 2}, {"mlp_only_layers": [0]}, {}]))
         dtype = rng.choice(["fp32", "bf16", "amp"])
         out.append((cfg, rng.choice(["eager", "sdpa"]), "fp32" if dtype == "amp" else dtype, dtype == "amp",
                     rng.randint(1, 3), rng.randint(5, 33)))
     return out
 
 
-@pytest.mark.parametrize(("cfg", "attn", "dtype", "autocast", "batch", "seq"), _qwen2_moe_generated(4))
+@pytest.mark.parametrize(("cfg", "attn", "dtype", "autocast", "batch", "seq"), _qwen2_moe_generated(5))
 def test_qwen2_moe_shared_expert_and_routing_are_exact(cfg: dict, attn: str, dtype: str, autocast: bool,
                                                       batch: int, seq: int) -> None:
     """The shared expert's gated MLP, its output and sigmoid gate (and under autocast the three 16-bit casts of
-    its input) beside the routed pairs' tensors, to the byte, on generated layouts."""
+    its input) beside the routed pairs' tensors, and the dense layers' MLPs, to the byte, on generated layouts."""
     config, m = run_hf(cfg, attn_implementation=attn, dtype=dtype, batch=batch, seq=seq, seed=5, autocast=autocast)
     assert config.impl.shared_expert_ff == cfg["shared_expert_intermediate_size"]
     assert config.param_count() == m.params
     p = predict_hf(config, m)
     assert p["activations"] == m.saved_bytes
     assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
-
-
-@pytest.mark.parametrize(("attn", "dtype", "kwargs"), [("eager", "bf16", {}), ("sdpa", "fp32", {"autocast": True}),
-                                                   ("eager", "fp32", {"gradient_checkpointing": True})])
-def test_qwen2_moe_router_aux_loss_is_exact(attn: str, dtype: str, kwargs: dict) -> None:
-    """output_router_logits: the load-balancing loss keeps each layer's softmax and top-k indices (and once the
-    tokens-per-expert share) outside the layers, so a checkpointed step keeps them too."""
-    cfg = {**QWEN2_MOE, "output_router_logits": True, "num_experts": 5, "num_experts_per_tok": 3}
-    config, m = run_hf(cfg, attn_implementation=attn, dtype=dtype, batch=2, seq=21, **kwargs)
-    plain = from_hf({**cfg, "output_router_logits": False})
-    assert config.impl.moe_aux_loss and not plain.impl.moe_aux_loss
-    p = predict_hf(config, m)
-    assert p["activations"] == m.saved_bytes
-    assert p["activations"] > predict_hf(plain, m)["activations"]
-
-
-def test_qwen2_moe_router_aux_loss_with_a_mask_or_frozen_layers_is_refused() -> None:
-    config = from_hf({**QWEN2_MOE, "output_router_logits": True})
-    for setup in (Setup(batch=2, seq=16, precision="bf16", attention_mask="padded"),
-                  Setup(batch=2, seq=16, precision="bf16", finetune="frozen", frozen_layers=1)):
-        with pytest.raises(SetupError, match="output_router_logits"):
-            estimate(config, setup)
 
 
 def test_qwen2_moe_shared_expert_is_active_and_multiplied() -> None:
@@ -151,6 +133,27 @@ def test_qwen2_moe_shared_expert_is_active_and_multiplied() -> None:
     assert config.param_count() - plain.param_count() == shared
     assert config.active_param_count() - plain.active_param_count() == shared
     assert forward_flops(config, 2, 8) - forward_flops(plain, 2, 8) == 2 * shared * 16
+
+
+@pytest.mark.parametrize(("changes", "dense"), [({"decoder_sparse_step": 2}, (0, 2)), ({"mlp_only_layers": [3]}, (3,)),
+                                              ({"decoder_sparse_step": 2, "mlp_only_layers": [1]}, (0, 1, 2))])
+def test_qwen2_moe_dense_layers_count_as_dense_mlps(changes: dict, dense: tuple) -> None:
+    """decoder_sparse_step and mlp_only_layers make some layers dense (intermediate_size wide): their MLP is in the
+    parameters, every token multiplies it, and the routed experts a token skips are those of the MoE layers only."""
+    from memlab.predict.flops import forward_flops
+
+    cfg = {**QWEN2_MOE, "num_hidden_layers": 4, **changes}
+    config, moe = from_hf(cfg), from_hf({**cfg, "decoder_sparse_step": 1, "mlp_only_layers": []})
+    assert config.impl.dense_layers == dense and config.moe_layers == 4 - len(dense)
+    h, f, mf, sf = (cfg[k] for k in ("hidden_size", "intermediate_size", "moe_intermediate_size",
+                                     "shared_expert_intermediate_size"))
+    e, k, n = cfg["num_experts"], cfg["num_experts_per_tok"], len(dense)
+    moe_block = e * h + e * 3 * h * mf + 3 * h * sf + h  # router, experts, shared expert, its gate
+    active_block = e * h + k * 3 * h * mf + 3 * h * sf + h
+    assert config.param_count() == moe.param_count() - n * moe_block + n * 3 * h * f
+    assert config.inactive_expert_params() == config.moe_layers * (e - k) * 3 * h * mf
+    assert config.active_param_count() == moe.active_param_count() - n * active_block + n * 3 * h * f
+    assert forward_flops(config, 2, 8) - forward_flops(moe, 2, 8) == 2 * 16 * n * (3 * h * f - active_block)
 
 
 @pytest.mark.parametrize("kwargs", [{"autocast": True}, {"gradient_checkpointing": True}])
@@ -184,8 +187,9 @@ def test_no_moe_term_is_named_as_unmodelled() -> None:
     (QWEN3_MOE, {"decoder_sparse_step": 2}, "decoder_sparse_step"),
     (QWEN3_MOE, {"output_router_logits": True}, "output_router_logits"),
     (QWEN3_MOE, {"num_experts": 1, "num_experts_per_tok": 1}, "num_experts"),
-    (QWEN2_MOE, {"mlp_only_layers": [0]}, "mlp_only_layers"),
-    (QWEN2_MOE, {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    (QWEN2_MOE, {"mlp_only_layers": [0, 1]}, "mlp_only_layers"),
+    (QWEN2_MOE, {"decoder_sparse_step": 3}, "decoder_sparse_step"),
+    (QWEN2_MOE, {"output_router_logits": True}, "output_router_logits"),
     (QWEN2_MOE, {"num_experts_per_tok": 5}, "num_experts_per_tok"),
     (QWEN2_MOE, {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size"),
 ] + [(TINY, *case) for case in [
