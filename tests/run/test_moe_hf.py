@@ -154,6 +154,9 @@ def test_qwen2_moe_dense_layers_count_as_dense_mlps(changes: dict, dense: tuple)
     assert config.inactive_expert_params() == config.moe_layers * (e - k) * 3 * h * mf
     assert config.active_param_count() == moe.active_param_count() - n * active_block + n * 3 * h * f
     assert forward_flops(config, 2, 8) - forward_flops(moe, 2, 8) == 2 * 16 * n * (3 * h * f - active_block)
+    spread = abs(moe_block - 3 * h * f) * 2  # one block's bf16 gradients: MoE block less dense block
+    notes = estimate(config, Setup(batch=1, seq=8, precision="bf16")).assumptions
+    assert any(f"dense layers {list(dense)}" in a and f"up to {spread:,} B off" in a for a in notes)
 
 
 @pytest.mark.parametrize("kwargs", [{"autocast": True}, {"gradient_checkpointing": True}])
