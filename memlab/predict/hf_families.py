@@ -436,7 +436,8 @@ def _qwen2_moe(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
 
 def _dense_layers(c: dict[str, Any], family: str) -> tuple[int, ...]:
     """The layers whose MLP is dense (Qwen2MoeDecoderLayer: in ``mlp_only_layers``, or ``(i + 1) %
-    decoder_sparse_step != 0``), checked: indices of existing layers, and at least one MoE layer left."""
+    decoder_sparse_step != 0``), checked: a list of ints (an index past the last layer names none, as in
+    transformers), and at least one MoE layer left."""
     n, step, only = c["num_hidden_layers"], c["decoder_sparse_step"], c.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
         raise ConfigError(f"HF {family} config: mlp_only_layers must be a list of layer indices, got {only!r:.60}")
