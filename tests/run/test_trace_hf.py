@@ -46,6 +46,15 @@ def test_qwen2_moe_fake_trace_equals_real_run() -> None:
     assert _rows(fake) == _rows(real) and fake.peak_bytes == real.peak_bytes
 
 
+def test_grouped_experts_under_cuda_autocast_are_one_clear_error() -> None:
+    """Autocast on an fp32 model keeps the 3-D experts fp32, which CUDA grouped_mm refuses: one line, the way out."""
+    from memlab.course.hf_configs import load_config
+
+    with pytest.raises(SetupError) as err:
+        trace_hf(load_config("qwen2_moe"), Setup(batch=1, seq=8, precision="amp-bf16"))
+    assert "precision 'bf16'" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_hf_config_from_json_and_recompute(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", **LLAMA}))
