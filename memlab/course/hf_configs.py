@@ -1,7 +1,8 @@
 """The Hugging Face ``config.json`` files chapter 10 ships, and the learner's own.
 
-``memlab/course/configs/tiny/`` holds scaled-down configs of eight families (written for memlab from each family's
-layout: d_model 64, 2 layers, vocab 512) that build and train on a CPU in milliseconds; ``full/`` the published
+``memlab/course/configs/tiny/`` holds a scaled-down config of every family :func:`memlab.predict.hf.from_hf` maps
+(written for memlab from each family's layout: d_model 64, 2 layers, vocab 512; tests/compare/test_hf_draws.py checks
+that none is missing) that builds and trains on a CPU in milliseconds; ``full/`` the published
 architectures (each file names its source in ``_memlab_source``), for predictions at full size. Nothing here is
 downloaded: these are configs, not weights; a model is built from one with ``AutoModelForCausalLM.from_config``.
 """

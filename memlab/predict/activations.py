@@ -352,15 +352,15 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         n_f = im.mlp_saved_tensors(config.mlp)  # gelu: its input, down's input; swiglu: gate, silu, up, down input
         act = im.act(config.mlp)
         if im.grouped_experts:  # the router's and the experts' tensors, per (token, choice) pair (Mixtral)
-            terms += grouped_expert_rows(config, t, w, n_f, autocast and device_type == "cuda")
+            terms += grouped_expert_rows(config, t, w, n_f, autocast and device_type == "cuda", autocast)
         else:
             terms.append((f"MLP {config.mlp}/{act} tensors (d_ff wide)", "mlp", n_f * L * t * f, w["compute"], True))
         if drop:
             terms.append(("MLP output dropout mask", "mlp", L * t * h, w["mask"], False))
         if autocast:
-            per_layer = (_matmul_params(config) - V * h - config.grouped_expert_params()) // L
+            blocks = _matmul_params(config) - V * h - config.grouped_expert_params()  # dense layers: not L equal
             terms.append(
-                ("16-bit copies of block weights", "autocast weight copies", L * per_layer, 2, True)
+                ("16-bit copies of block weights", "autocast weight copies", blocks, 2, True)
             )
     if not model_level:
         return terms if setup.finetune == "full" else finetune_rows(config, setup, w, terms, device_type)

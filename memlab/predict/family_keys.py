@@ -169,6 +169,24 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, Any]]] = {
         {"output_router_logits": _AUX_LOSS,
          "decoder_sparse_step": ("other than 1 raises ConfigError" + _DENSE_LAYERS, (1,)),
          "mlp_only_layers": ("a non-empty list raises ConfigError" + _DENSE_LAYERS, ([], None))}),
+    "qwen2_moe": _family(
+        {"hidden_act": "Implementation.activation", "qkv_bias": "Implementation.qkv_bias (o_proj has none)",
+         "sliding_window": _WINDOW, "layer_types": _LAYER_TYPES,
+         "use_sliding_window": "whether sliding_window applies (Qwen2MoeConfig sets it to 0 otherwise)",
+         "moe_intermediate_size": "TransformerConfig.d_ff (each routed expert's width)",
+         "shared_expert_intermediate_size": "Implementation.shared_expert_ff (the gated shared expert's width)",
+         "num_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
+         "num_experts_per_tok": "TransformerConfig.top_k (the (token, choice) pairs every MoE tensor is sized by)",
+         "norm_topk_prob": "Implementation.moe_topk_renorm (the fp32 top-k values and their sum kept)",
+         "decoder_sparse_step": "Implementation.dense_layers (each layer i with (i + 1) % step != 0 is dense)",
+         "mlp_only_layers": "Implementation.dense_layers (these layers' MLP is dense)",
+         "intermediate_size": "Implementation.dense_ff (the dense layers' MLP width; no tensor without them)"},
+        {"rms_norm_eps": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE,
+         "router_aux_loss_coef": "the auxiliary loss's weight, read only with output_router_logits (refused when "
+                                 "true): a Python float",
+         "max_window_layers": "which layers slide with use_sliding_window, already in layer_types (without them "
+                              "memlab assumes some layer slides: the window applies)"},
+        {"output_router_logits": _AUX_LOSS}),
 }
 """model_type -> {"modelled": {key: where memlab reads it}, "neutral": {key: why it changes nothing memlab counts},
 "refused": {key: (what memlab does with a value it does not model, the values under which the estimate stays

@@ -1,6 +1,7 @@
 """What the newer families' code adds to the saved tensors and what it cannot run, kept beside
 :mod:`memlab.predict.activations` (which calls these): the q/k norms' rows (Qwen3, OLMo 2, Gemma 3), a grouped
-mixture of experts' router and routed-pair rows (Mixtral, Qwen3-MoE), and the setup
+mixture of experts' router and routed-pair rows (Mixtral, Qwen3-MoE, Qwen2-MoE) and its shared expert's
+(Qwen2-MoE), and the setup
 refusals of a sliding window and of soft-capping (:mod:`memlab.predict.hf_families` sets the traits). Pure
 arithmetic on ints or numpy arrays; no torch.
 """
@@ -43,7 +44,7 @@ INT64, INT32 = 8, 4
 
 
 def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n_f: int,
-                        cuda_autocast: bool = False) -> list[tuple]:
+                        cuda_autocast: bool = False, autocast: bool = False) -> list[tuple]:
     """What a transformers 5 sparse MoE block keeps besides its input (``config.impl.grouped_experts``, Mixtral),
     all layers, as activation term rows. The router keeps its fp32 softmax (t, E), top-k's int64 indices (t, k),
     and for the renormalisation the fp32 top-k values and their sum; the experts, run by ``grouped_mm`` on the
@@ -56,13 +57,17 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
     ``w``: :func:`memlab.predict.activations.widths`; the experts' tensors are in the model's dtype (``residual``:
     CPU autocast has no rule for ``grouped_mm``, measured), the routing weights fp32 or (``impl.moe_weights_fp32``
     False, Qwen3-MoE) the router's ``compute`` dtype, the renormalisation's rows only with ``impl.moe_topk_renorm``;
-    under CUDA autocast (``cuda_autocast``), not measured, a :class:`~memlab.errors.SetupError`."""
+    under CUDA autocast (``cuda_autocast``), not measured, a :class:`~memlab.errors.SetupError`; a shared expert's
+    rows (:func:`shared_expert_rows`, ``autocast``: the step runs under autocast) and those of dense layers among
+    the MoE ones (:func:`dense_layer_rows`) come first; the MoE rows count the MoE layers only
+    (``config.moe_layers``)."""
     if cuda_autocast:
         raise SetupError(f"{config.impl.family}: grouped_mm experts under CUDA autocast are not measured (whether "
                          "autocast casts them is not modelled); use a bf16 or fp32 model, or CPU")
-    L, E, k, h, f, im = config.n_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
+    L, E, k, h, f, im = config.moe_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
     pairs, width = t * k, w["residual"]
-    return [("MoE router softmax, fp32", "mlp", L * t * E, FP32, False),
+    return [*dense_layer_rows(config, t, w, n_f, autocast), *shared_expert_rows(config, t, w, n_f, autocast),
+            ("MoE router softmax, fp32", "mlp", L * t * E, FP32, False),
             ("MoE top-k indices", "mlp", L * pairs, INT64, False),
             ("MoE top-k weights and their sum, fp32", "mlp", L * (pairs + t) if im.moe_topk_renorm else 0, FP32,
              False),
@@ -72,6 +77,44 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
             (f"MoE expert MLP tensors (d_ff wide, {n_f} per pair)", "mlp", n_f * L * pairs * f, width, True),
             ("MoE routing weights per pair", "mlp", L * pairs, FP32 if im.moe_weights_fp32 else w["compute"], False),
             ("MoE expert outputs", "mlp", L * pairs * h, width, False)]
+
+
+def dense_layer_rows(config: TransformerConfig, t: Any, w: dict[str, float], n_f: int,
+                     autocast: bool = False) -> list[tuple]:
+    """What the dense layers among a grouped mixture of experts' layers keep in their MLP (``impl.dense_layers``,
+    ``impl.dense_ff`` wide; none without them), as activation term rows: the ``n_f`` d_ff-wide tensors of one gated
+    MLP per token, as a dense model's, and under autocast one more 16-bit copy of the MLP input (the gate and up
+    projections cast it each; the MLP input row counts one) [hf-transformers: modeling_qwen2_moe.py Qwen2MoeMLP].
+    Measured on CPU (tests/run/test_moe_hf.py)."""
+    n = len(config.impl.dense_layers)
+    if not n:
+        return []
+    rows = [(f"dense layers' MLP tensors ({n_f} per token, dense_ff wide)", "mlp",
+             n_f * n * t * config.impl.dense_ff, w["compute"], True)]
+    if autocast:
+        rows.append(("dense layers' second 16-bit copy of the MLP input", "mlp", n * t * config.d_model,
+                     w["compute"], False))
+    return rows
+
+
+def shared_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], n_f: int,
+                       autocast: bool = False) -> list[tuple]:
+    """What a gated shared expert keeps (``config.impl.shared_expert_ff`` wide; none without one), all layers, as
+    activation term rows: the ``n_f`` d_ff-wide tensors of one gated MLP per token (as a dense layer's), its down
+    projection's output (t, h), which the gate multiplies, and the gate's sigmoid output (t, 1), all in the compute
+    dtype [hf-transformers: modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock.forward:
+    ``F.sigmoid(self.shared_expert_gate(x)) * shared_expert_output``]; under autocast (``autocast``) also the
+    16-bit copies of the block's input that its gate, up and gate-logit projections each cast (the router's is the
+    MLP input row). Measured on CPU (tests/run/test_moe_hf.py). ``t``: tokens in the micro-batch; ``w``:
+    :func:`memlab.predict.activations.widths`."""
+    sf, L, h = config.impl.shared_expert_ff, config.moe_layers, config.d_model
+    if not sf:
+        return []
+    casts = [("MoE shared expert inputs cast to 16 bits (gate, up, gate logit)", "mlp", 3 * L * t * h,
+              w["compute"], False)] if autocast else []
+    return [*casts, (f"MoE shared expert MLP tensors ({n_f} per token)", "mlp", n_f * L * t * sf, w["compute"], True),
+            ("MoE shared expert output (the gate multiplies it)", "mlp", L * t * h, w["compute"], False),
+            ("MoE shared expert gate sigmoid", "mlp", L * t, w["compute"], False)]
 
 
 def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -> None:

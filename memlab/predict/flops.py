@@ -83,7 +83,9 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
       head width: Gemma, Qwen3-MoE), K and V (h x n_kv_heads*head_dim: GQA/MQA narrow them)
     - ``attention_core``: per layer QK^T and AV (:func:`attention_flops` over the heads' n_heads*head_dim)
     - ``mlp``: per layer up and down (gelu) or gate, up and down (swiglu), all h x d_ff; a mixture of experts
-      runs that for each of its ``active_experts`` (top_k routed + shared) plus the h x n_experts router
+      runs that for each of its ``active_experts`` (top_k routed + shared) plus the h x n_experts router, and
+      a gated shared expert of its own width (``impl.shared_expert_ff``, Qwen2-MoE) with its h x 1 gate; dense
+      layers among the MoE ones (``impl.dense_layers``) run one MLP of width ``impl.dense_ff`` instead
     - ``head``: the LM head, h x vocab (tied or not: it is multiplied either way)
 
     Embedding lookups, norms, biases, activations and softmax are not matmuls and are not counted.
@@ -97,10 +99,18 @@ def forward_flops_breakdown(config: TransformerConfig, batch: int, seq: int, cau
     mlp = (n_in * matmul_flops(tokens, f, h) + matmul_flops(tokens, h, f)) * config.active_experts
     if config.is_moe:
         mlp += matmul_flops(tokens, config.n_experts, h)
+    sf = config.impl.shared_expert_ff  # Qwen2-MoE's gated shared expert (its own width) and its (1, h) gate
+    if sf:
+        mlp += 2 * matmul_flops(tokens, sf, h) + matmul_flops(tokens, h, sf) + matmul_flops(tokens, 1, h)
+    mlps = n_layers * mlp
+    if config.impl.dense_layers:  # Qwen2-MoE's dense layers among the MoE ones: one MLP dense_ff wide each
+        df = config.impl.dense_ff
+        dense = n_in * matmul_flops(tokens, df, h) + matmul_flops(tokens, h, df)
+        mlps = config.moe_layers * mlp + len(config.impl.dense_layers) * dense
     return {
         "attention_proj": n_layers * proj,
         "attention_core": n_layers * attention_flops(batch, seq, q, config.n_heads, causal=causal),
-        "mlp": n_layers * mlp,
+        "mlp": mlps,
         "head": matmul_flops(tokens, config.vocab_size, h),
     }
 

@@ -240,7 +240,8 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     if family not in DEFAULTS:
         shown = repr(kind)[:60] if kind else "(missing)"
         raise ConfigError(f"HF model_type {shown} is not supported by from_hf; supported: "
-                          f"{', '.join(SUPPORTED)} (or build a TransformerConfig by hand)")
+                          f"{', '.join(SUPPORTED)}; trace it instead (memlab trace --hf PATH: transformers' own "
+                          "code on fake tensors), or build a TransformerConfig by hand")
     check_keys(family, raw)  # every key modelled, neutral, or refused (memlab.predict.config_keys)
     c = _checked({**DEFAULTS[family], **{k: v for k, v in raw.items() if v is not None or k not in DEFAULTS[family]}},
                  family)

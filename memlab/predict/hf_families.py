@@ -1,5 +1,5 @@
 """The newer Hugging Face families :func:`memlab.predict.hf.from_hf` maps: Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM,
-Gemma 2 and Gemma 3 (text), GPT-J, Falcon, Mixtral and Qwen3-MoE (mixtures of experts), each with the
+Gemma 2 and Gemma 3 (text), GPT-J, Falcon, Mixtral, Qwen3-MoE and Qwen2-MoE (mixtures of experts), each with the
 :class:`~memlab.predict.traits.Implementation` traits its modelling code implies (file and function named in
 ``sources``, transformers 5.x ``[hf-transformers]``).
 
@@ -75,6 +75,14 @@ FAMILY_DEFAULTS["qwen3_moe"] = {"hidden_size": 2048, "num_hidden_layers": 24, "n
                                 "norm_topk_prob": False, "output_router_logits": False, "decoder_sparse_step": 1,
                                 "attention_bias": False, "use_sliding_window": False, "tie_word_embeddings": False}
 
+FAMILY_DEFAULTS["qwen2_moe"] = {"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+                                "num_key_value_heads": 16, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+                                "shared_expert_intermediate_size": 5632, "vocab_size": 151936,
+                                "max_position_embeddings": 32768, "hidden_act": "silu", "num_experts": 60,
+                                "num_experts_per_tok": 4, "norm_topk_prob": False, "output_router_logits": False,
+                                "decoder_sparse_step": 1, "qkv_bias": True, "use_sliding_window": False,
+                                "tie_word_embeddings": False}
+
 SOFTCAP_DEFAULTS = {"gemma2": (50.0, 30.0), "gemma3_text": (None, None)}
 """(attn_logit_softcapping, final_logit_softcapping) defaults: positive numbers or None (not fractions, so not in
 :data:`FAMILY_DEFAULTS`)."""
@@ -98,7 +106,7 @@ _RMS = {"fp32-input": "{F}RMSNorm.forward: hidden_states.to(torch.float32), weig
         "fp32": "{F}RMSNorm.forward: x.float(), output * (1.0 + self.weight.float())"}
 _CLS = {"qwen3": "Qwen3", "phi3": "Phi3", "starcoder2": "Starcoder2", "olmo2": "Olmo2", "stablelm": "StableLm",
         "gemma2": "Gemma2", "gemma3_text": "Gemma3", "mixtral": "Mixtral",
-        "qwen3_moe": "Qwen3Moe"}
+        "qwen3_moe": "Qwen3Moe", "qwen2_moe": "Qwen2Moe"}
 
 
 def _file(family: str) -> str:
@@ -392,6 +400,54 @@ def _qwen3_moe(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     return dense.with_(n_experts=experts, top_k=top_k)
 
 
+def _qwen2_moe(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
+    """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention (q/k/v bias with ``qkv_bias``, none on o) and in
+    every layer a sparse MoE block of grouped experts ``moe_intermediate_size`` wide plus a shared expert
+    (:attr:`~memlab.predict.traits.Implementation.shared_expert_ff`) that every token runs through, scaled by its
+    sigmoid gate; dense layers between the MoE ones (``mlp_only_layers``, ``decoder_sparse_step`` > 1) are
+    :attr:`~memlab.predict.traits.Implementation.dense_layers`, ``intermediate_size`` wide. The router-logits
+    auxiliary loss is refused: its top-k indices are packed for backward and freed in forward (the value output
+    is dropped), which the saved-tensor recorder cannot yet tell from a kept tensor."""
+    src = _file(family)
+    if c["output_router_logits"]:
+        raise ConfigError(f"{family}: output_router_logits=True (the load-balancing auxiliary loss over every "
+                          "layer's router logits) is not modelled; set it false")
+    experts, top_k = _experts(c, family)
+    dense = _dense_layers(c, family)
+    kinds = _layer_kinds(c, family) or {"sliding_attention"}  # without layer_types: assume some layer slides
+    window = _window(c, family, bool(c["use_sliding_window"]) and "sliding_attention" in kinds)
+    model = _decoder({**c, "intermediate_size": c["moe_intermediate_size"]}, family, label,
+                     qkv_bias=bool(c["qkv_bias"]), o_bias=False, grouped_experts=True,
+                     dense_layers=dense, dense_ff=c["intermediate_size"] if dense else 0,
+                     moe_topk_renorm=bool(c["norm_topk_prob"]), moe_weights_fp32=False,
+                     shared_expert_ff=c["shared_expert_intermediate_size"], sliding_window=window,
+                     sources=(("qkv_bias", f"{src} Qwen2MoeAttention: q/k/v_proj bias=config.qkv_bias, o_proj "
+                                           "bias=False"),
+                              ("grouped_experts", f"{src} Qwen2MoeSparseMoeBlock, Qwen2MoeTopKRouter, "
+                                                  "Qwen2MoeExperts; integrations/moe.py grouped_mm_experts_forward"),
+                              ("moe_weights_fp32", f"{src} Qwen2MoeTopKRouter.forward: "
+                                                   "router_top_value.to(router_logits.dtype)"),
+                              ("shared_expert_ff", f"{src} Qwen2MoeSparseMoeBlock.forward: "
+                                                   "sigmoid(shared_expert_gate(x)) * shared_expert(x)"),
+                              ("dense_layers", f"{src} Qwen2MoeDecoderLayer.__init__: Qwen2MoeMLP(intermediate_size) "
+                                               "in mlp_only_layers or where (i + 1) % decoder_sparse_step")))
+    return model.with_(n_experts=experts, top_k=top_k)
+
+
+def _dense_layers(c: dict[str, Any], family: str) -> tuple[int, ...]:
+    """The layers whose MLP is dense (Qwen2MoeDecoderLayer: in ``mlp_only_layers``, or ``(i + 1) %
+    decoder_sparse_step != 0``), checked: a list of ints (an index past the last layer names none, as in
+    transformers), and at least one MoE layer left."""
+    n, step, only = c["num_hidden_layers"], c["decoder_sparse_step"], c.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ConfigError(f"HF {family} config: mlp_only_layers must be a list of layer indices, got {only!r:.60}")
+    dense = tuple(i for i in range(n) if i in only or (i + 1) % step)
+    if len(dense) == n:
+        raise ConfigError(f"{family}: decoder_sparse_step={step} and mlp_only_layers leave no MoE layer of {n}; "
+                          "a model without one is a dense Qwen2 (model_type qwen2)")
+    return dense
+
+
 def _mixtral(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     """Mixtral: Mistral's attention and a sparse MoE block (:attr:`Implementation.grouped_experts`) in place of the
     MLP; its jitter noise and router-logits auxiliary loss are refused, not approximated."""
@@ -414,6 +470,6 @@ def _mixtral(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
 BUILDERS: dict[str, Callable[[dict[str, Any], str, str], TransformerConfig]] = {
     "qwen3": _qwen3, "phi3": _phi3, "starcoder2": _starcoder2, "olmo2": _olmo2, "stablelm": _stablelm,
     "gemma2": _gemma2, "gemma3_text": _gemma2, "gptj": _gptj,
-    "falcon": _falcon, "mixtral": _mixtral, "qwen3_moe": _qwen3_moe,
+    "falcon": _falcon, "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe,
 }
 """The builder of each family in :data:`FAMILY_DEFAULTS`."""

@@ -137,6 +137,15 @@ class TransformerConfig(StrictInit):
             raise ConfigError(f"top_k={self.top_k} cannot exceed n_experts={self.n_experts}: lower top_k")
         if self.n_shared_experts and not self.is_moe:
             raise ConfigError("n_shared_experts needs a mixture of experts: set n_experts > 1 (or use a wider d_ff)")
+        dense = self.impl.dense_layers
+        if dense and (max(dense) >= self.n_layers or len(dense) >= self.n_layers):
+            raise ConfigError(f"impl.dense_layers {list(dense)[:8]} must name some, not all, of the "
+                              f"{self.n_layers} layers")
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with a mixture-of-experts block: every layer but ``impl.dense_layers`` (0 for a dense model)."""
+        return self.n_layers - len(self.impl.dense_layers) if self.is_moe else 0
 
     @property
     def is_moe(self) -> bool:
@@ -197,7 +206,7 @@ class TransformerConfig(StrictInit):
                 rows.append((f"{prefix}.bias", (n_out,), comp))
             return rows
 
-        def mlp(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
+        def mlp(prefix: str, f: int = f) -> list[tuple[str, tuple[int, ...], str]]:
             if self.mlp == "gelu":
                 rows = linear(f"{prefix}.up", h, f, "mlp", mlp_b)
             elif im.fused_gate_up:  # Phi-3: one (2 d_ff, h) projection
@@ -227,10 +236,18 @@ class TransformerConfig(StrictInit):
             if not self.is_moe:
                 out += mlp(f"{p}.mlp")
                 continue
+            if i in im.dense_layers:  # Qwen2-MoE mlp_only_layers / decoder_sparse_step: a dense MLP here
+                out += mlp(f"{p}.mlp", im.dense_ff)
+                continue
             out.append((f"{p}.mlp.router.weight", (self.n_experts, h), "mlp"))
             if im.grouped_experts:  # two 3-D tensors hold every expert (transformers 5 MixtralExperts)
                 out += [(f"{p}.mlp.experts.gate_up", (self.n_experts, 2 * f, h), "mlp"),
                         (f"{p}.mlp.experts.down", (self.n_experts, h, f), "mlp")]
+                if im.shared_expert_ff:  # Qwen2-MoE: a gated MLP every token runs through, scaled by a sigmoid
+                    sf = im.shared_expert_ff
+                    out += [(f"{p}.mlp.shared_expert.{n}.weight", shape, "mlp") for n, shape in
+                            (("gate", (sf, h)), ("up", (sf, h)), ("down", (h, sf)))]
+                    out.append((f"{p}.mlp.shared_expert_gate.weight", (1, h), "mlp"))
                 continue
             for e in range(self.n_experts):
                 out += mlp(f"{p}.mlp.experts.{e}")
@@ -278,15 +295,17 @@ class TransformerConfig(StrictInit):
         return self.param_count() - self.inactive_expert_params()
 
     def inactive_expert_params(self, *, matmul_only: bool = False) -> int:
-        """Parameters of the routed experts one token skips: L x (n_experts - top_k) x one expert's MLP
+        """Parameters of the routed experts one token skips: the MoE layers (:attr:`moe_layers`) x (n_experts -
+        top_k) x one expert's MLP
         (``matmul_only``: its weight matrices only, the twin of :meth:`matmul_param_count`). One expert's MLP is a
         layer's routed experts' parameters / n_experts, whether they are one tensor per expert or 3-D
         (``impl.grouped_experts``)."""
         if not self.is_moe:
             return 0
+        first = next(i for i in range(self.n_layers) if i not in self.impl.dense_layers)
         routed = sum(math.prod(s) for n, s, _ in self.param_shapes()
-                     if n.startswith("blocks.0.mlp.experts.") and (len(s) >= 2 or not matmul_only))
-        return self.n_layers * (self.n_experts - self.top_k) * (routed // self.n_experts)
+                     if n.startswith(f"blocks.{first}.mlp.experts.") and (len(s) >= 2 or not matmul_only))
+        return self.moe_layers * (self.n_experts - self.top_k) * (routed // self.n_experts)
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict of the fields (for JSON and DataFrames)."""

@@ -290,6 +290,16 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         out.append(f"mixture of experts ({model.impl.family}): the router's and the top_k routed (token, expert) "
                    f"pairs' saved tensors are counted exactly (sized by tokens x top_k, whatever the routing); all "
                    f"{model.n_experts} experts' weights, grads and states are resident (two 3-D tensors a layer)")
+        if model.impl.dense_layers:  # Qwen2-MoE decoder_sparse_step / mlp_only_layers: blocks of two sizes
+            sizes = [0] * model.n_layers
+            for name, shape, _ in model.param_shapes():
+                if name.startswith("blocks."):
+                    sizes[int(name.split(".")[1])] += math.prod(shape)
+            spread = (max(sizes) - min(sizes)) * setup.policy.grad_bytes / setup.tp
+            out.append(f"dense layers {list(model.impl.dense_layers)} among the MoE ones: saved tensors, weights and "
+                       f"FLOPs are counted per layer; the peak's one-block moments in backward (a block's gradients) "
+                       f"take block 0's size, up to {spread:,.0f} B off where the top or bottom block is of the "
+                       "other kind")
     elif isinstance(model, TransformerConfig) and model.is_moe:
         out.append("mixture of experts: routing activations and unchosen experts are named with their sizes by "
                    "memlab.predict.unmodelled.unmodelled_terms")

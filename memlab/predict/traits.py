@@ -193,6 +193,17 @@ class Implementation(StrictInit):
     moe_weights_fp32: bool = True
     """With ``grouped_experts``: the routing weights stay fp32 (Mixtral); False: cast to the router logits' dtype
     (Qwen3-MoE ``router_top_value.to(router_logits.dtype)``), so the per-pair weights are kept in that dtype."""
+    shared_expert_ff: int = 0
+    """With ``grouped_experts``: the width of a gated MLP every token runs through besides its routed experts, 0:
+    none (Qwen2-MoE ``shared_expert``, ``shared_expert_intermediate_size`` wide; its output is scaled by
+    ``sigmoid(shared_expert_gate(x))``, a bias-free (1, h) linear), three 2-D weights and the gate's (1, h) a layer
+    [hf-transformers: modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock.forward]."""
+    dense_layers: tuple[int, ...] = ()
+    """With ``grouped_experts``: the layers (0-based) whose MLP is a dense gated MLP ``dense_ff`` wide instead of
+    the sparse MoE block (Qwen2-MoE ``mlp_only_layers``, and each layer ``i`` with ``(i + 1) %
+    decoder_sparse_step != 0``) [hf-transformers: modeling_qwen2_moe.py Qwen2MoeDecoderLayer.__init__]."""
+    dense_ff: int = 0
+    """The width of the ``dense_layers``' MLPs (Qwen2-MoE ``intermediate_size``); 0 without dense layers."""
     family: str = "reference"
     """Which code this describes: ``reference`` (memlab.model.gpt) or an HF ``model_type``."""
     sources: tuple[tuple[str, str], ...] = ()
@@ -204,6 +215,14 @@ class Implementation(StrictInit):
         check_fields(self, ConfigError)
         if self.shared_norm and not self.parallel_block:
             raise ConfigError("Implementation.shared_norm needs parallel_block=True (one norm feeds both branches)")
+        if not isinstance(self.dense_layers, tuple) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.dense_layers) \
+                or len(set(self.dense_layers)) != len(self.dense_layers):
+            raise ConfigError(f"Implementation.dense_layers must be a tuple of distinct layer indices >= 0, got "
+                              f"{self.dense_layers!r:.60}")
+        if bool(self.dense_layers) != bool(self.dense_ff) or (self.dense_layers and not self.grouped_experts):
+            raise ConfigError("Implementation.dense_layers and dense_ff go together, with grouped_experts (dense "
+                              "layers among a grouped mixture of experts' layers)")
 
     def check_window(self, seq: object, attention: str) -> None:
         """Raise :class:`~memlab.errors.SetupError` when ``seq`` (an int or an array of them) is not shorter than
@@ -224,6 +243,8 @@ class Implementation(StrictInit):
         src = d.get("sources", ())
         pairs = src.items() if isinstance(src, dict) else src
         d["sources"] = tuple((str(k), str(v)) for k, v in pairs)  # type: ignore[union-attr]
+        if isinstance(d.get("dense_layers"), list):  # JSON's list
+            d["dense_layers"] = tuple(d["dense_layers"])  # type: ignore[arg-type]
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

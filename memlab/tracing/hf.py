@@ -148,6 +148,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
                               name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:
+        if "Expected inputs of BF16 type" in str(exc):  # torch/_meta_registrations.py _meta_grouped_mm_common
+            raise SetupError(f"{cfg.model_type}: its grouped_mm experts stay fp32 under autocast (no autocast rule "
+                             "casts them) and grouped_mm on CUDA takes bf16 inputs only, so this step does not run "
+                             "on fake CUDA tensors: trace a bf16 model (precision 'bf16')") from None
         if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
             raise
         raise SetupError(f"SDPA backend {backend!r} cannot run this model on CPU, where traces run (the efficient "

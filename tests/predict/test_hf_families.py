@@ -22,6 +22,7 @@ PUBLISHED = {
     "falcon-40b": [("total", 40e9, -1)],  # almazrouei2023: "40B", to the nearest 10B
     "mixtral-8x7b": [("total", 46.7e9, 1), ("active", 12.9e9, 1)],  # mistral-mixtral-2023; jiang2024: 47B, 13B
     "qwen3-30b-a3b": [("total", 30.5e9, 1), ("non-embedding", 29.9e9, 1)],  # qwen3-2025: Qwen3-30B-A3B card
+    "qwen1.5-moe-a2.7b": [("total", 14.3e9, 1), ("active", 2.7e9, 1)],  # qwen-moe-2024: model card
 }
 
 
@@ -85,3 +86,13 @@ def test_every_key_of_the_new_families_is_accounted_for() -> None:
         lists = [set(account[k]) for k in ("modelled", "neutral", "refused")]
         assert not (lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]), family
         assert keys - set.union(*lists) == set(), family
+
+
+def test_deepseek_v3_is_refused_in_one_line_naming_the_trace() -> None:
+    """Multi-head latent attention (q/kv LoRA ranks, split rope/nope heads) and grouped routing are not modelled:
+    from_hf refuses and names the trace, which runs transformers' own code."""
+    from memlab.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        from_hf({"model_type": "deepseek_v3", "hidden_size": 7168, "kv_lora_rank": 512, "q_lora_rank": 1536})
+    assert "deepseek_v3" in str(err.value) and "memlab trace --hf" in str(err.value) and "\n" not in str(err.value)

@@ -57,6 +57,8 @@ RUNS = [
     ("mixtral", "sdpa", "fp32", 1, 40),
     ("qwen3_moe", "eager", "bf16", 2, 24),  # routing weights in bf16, q/k norm, experts of moe_intermediate_size
     ("qwen3_moe", "sdpa", "fp32", 1, 40),
+    ("qwen2_moe", "eager", "bf16", 2, 24),  # q/k/v bias, routed pairs and a gated shared expert
+    ("qwen2_moe", "sdpa", "fp32", 1, 40),
 ]
 DROPOUT = {"gpt2": {"resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1},  # GPT-2's defaults
            "gpt_neox": {"hidden_dropout": 0.1},  # residual and embedding dropout, none on the probabilities

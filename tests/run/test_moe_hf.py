@@ -1,7 +1,7 @@
-"""Mixtral and Qwen3-MoE (transformers 5: 3-D experts, an fp32 router softmax, grouped_mm on the (token, choice)
-pairs) in one real CPU training step: the saved-for-backward bytes equal memlab's term-by-term count whatever the
-routing (other seeds, other inputs, generated expert counts and top-k), model states equal the estimator's, and what
-memlab does not model is refused in one line."""
+"""Mixtral, Qwen3-MoE and Qwen2-MoE (transformers 5: 3-D experts, an fp32 router softmax, grouped_mm on the (token,
+choice) pairs; Qwen2-MoE's gated shared expert) in one real CPU training step: the saved-for-backward bytes equal
+memlab's term-by-term count whatever the routing (other seeds, other inputs, generated expert counts and top-k),
+model states equal the estimator's, and what memlab does not model is refused in one line."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from memlab.predict.unmodelled import unmodelled_terms
 from memlab.run.hf import predict_hf, run_hf
 
 _DIR = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
-TINY, QWEN3_MOE = ({k: v for k, v in json.loads((_DIR / f"{f}.json").read_text()).items() if not k.startswith("_")}
-                   for f in ("mixtral", "qwen3_moe"))
+TINY, QWEN3_MOE, QWEN2_MOE = ({k: v for k, v in json.loads((_DIR / f"{f}.json").read_text()).items()
+                               if not k.startswith("_")} for f in ("mixtral", "qwen3_moe", "qwen2_moe"))
 
 
 def _generated(n: int) -> list[tuple[dict, str, str, int, int]]:
@@ -86,6 +86,79 @@ def test_qwen3_moe_with_and_without_renormalised_weights_is_exact(norm: bool, dt
     assert (p["params"], p["grads"], p["optimizer"]) == (m.params_bytes, m.grads_bytes, m.optimizer_bytes)
 
 
+def _qwen2_moe_generated(n: int) -> list[tuple[dict, str, str, bool, int, int]]:
+    """Random small Qwen2-MoE layouts and runs: experts, top-k, renormalisation, the routed, shared and dense
+    widths, dense layers (decoder_sparse_step, mlp_only_layers), q/k/v bias, heads, attention, dtype (and autocast),
+    batch, seq."""
+    rng = random.Random("qwen2_moe")
+    out = []
+    for _ in range(n):
+        experts, heads = rng.randint(2, 6), rng.choice([2, 4])
+        cfg = {**QWEN2_MOE, "num_experts": experts, "num_experts_per_tok": rng.randint(1, experts),
+               "norm_topk_prob": rng.random() < 0.5, "qkv_bias": rng.random() < 0.5,
+               "moe_intermediate_size": rng.choice([16, 24, 48]),
+               "shared_expert_intermediate_size": rng.choice([8, 40, 96]),
+               "hidden_size": heads * rng.choice([8, 16]), "num_attention_heads": heads,
+               "num_key_value_heads": rng.choice([1, heads]), "num_hidden_layers": rng.randint(1, 3),
+               "intermediate_size": rng.choice([24, 72])}
+        if cfg["num_hidden_layers"] > 1:  # dense layers among the MoE ones, one way or the other
+            cfg.update(rng.choice([{"decoder_sparse_step": 2}, {"mlp_only_layers": [0]}, {}]))
+        dtype = rng.choice(["fp32", "bf16", "amp"])
+        out.append((cfg, rng.choice(["eager", "sdpa"]), "fp32" if dtype == "amp" else dtype, dtype == "amp",
+                    rng.randint(1, 3), rng.randint(5, 33)))
+    return out
+
+
+@pytest.mark.parametrize(("cfg", "attn", "dtype", "autocast", "batch", "seq"), _qwen2_moe_generated(5))
+def test_qwen2_moe_shared_expert_and_routing_are_exact(cfg: dict, attn: str, dtype: str, autocast: bool,
+                                                      batch: int, seq: int) -> None:
+    """The shared expert's gated MLP, its output and sigmoid gate (and under autocast the three 16-bit casts of
+    its input) beside the routed pairs' tensors, and the dense layers' MLPs, to the byte, on generated layouts."""
+    config, m = run_hf(cfg, attn_implementation=attn, dtype=dtype, batch=batch, seq=seq, seed=5, autocast=autocast)
+    assert config.impl.shared_expert_ff == cfg["shared_expert_intermediate_size"]
+    assert config.param_count() == m.params
+    p = predict_hf(config, m)
+    assert p["activations"] == m.saved_bytes
+    assert p["params"] + p["grads"] + p["optimizer"] == m.states_bytes
+
+
+def test_qwen2_moe_shared_expert_is_active_and_multiplied() -> None:
+    """Every token runs the shared expert and its gate: they count as active parameters and in the FLOPs."""
+    from memlab.predict.flops import forward_flops
+
+    config = from_hf(QWEN2_MOE)
+    plain = config.with_(impl=config.impl.__class__(**{**config.impl.__dict__, "shared_expert_ff": 0}))
+    h, sf, L = config.d_model, QWEN2_MOE["shared_expert_intermediate_size"], config.n_layers
+    shared = L * (3 * h * sf + h)
+    assert config.param_count() - plain.param_count() == shared
+    assert config.active_param_count() - plain.active_param_count() == shared
+    assert forward_flops(config, 2, 8) - forward_flops(plain, 2, 8) == 2 * shared * 16
+
+
+@pytest.mark.parametrize(("changes", "dense"), [({"decoder_sparse_step": 2}, (0, 2)), ({"mlp_only_layers": [3]}, (3,)),
+                                              ({"decoder_sparse_step": 2, "mlp_only_layers": [1]}, (0, 1, 2))])
+def test_qwen2_moe_dense_layers_count_as_dense_mlps(changes: dict, dense: tuple) -> None:
+    """decoder_sparse_step and mlp_only_layers make some layers dense (intermediate_size wide): their MLP is in the
+    parameters, every token multiplies it, and the routed experts a token skips are those of the MoE layers only."""
+    from memlab.predict.flops import forward_flops
+
+    cfg = {**QWEN2_MOE, "num_hidden_layers": 4, **changes}
+    config, moe = from_hf(cfg), from_hf({**cfg, "decoder_sparse_step": 1, "mlp_only_layers": []})
+    assert config.impl.dense_layers == dense and config.moe_layers == 4 - len(dense)
+    h, f, mf, sf = (cfg[k] for k in ("hidden_size", "intermediate_size", "moe_intermediate_size",
+                                     "shared_expert_intermediate_size"))
+    e, k, n = cfg["num_experts"], cfg["num_experts_per_tok"], len(dense)
+    moe_block = e * h + e * 3 * h * mf + 3 * h * sf + h  # router, experts, shared expert, its gate
+    active_block = e * h + k * 3 * h * mf + 3 * h * sf + h
+    assert config.param_count() == moe.param_count() - n * moe_block + n * 3 * h * f
+    assert config.inactive_expert_params() == config.moe_layers * (e - k) * 3 * h * mf
+    assert config.active_param_count() == moe.active_param_count() - n * active_block + n * 3 * h * f
+    assert forward_flops(config, 2, 8) - forward_flops(moe, 2, 8) == 2 * 16 * n * (3 * h * f - active_block)
+    spread = abs(moe_block - 3 * h * f) * 2  # one block's bf16 gradients: MoE block less dense block
+    notes = estimate(config, Setup(batch=1, seq=8, precision="bf16")).assumptions
+    assert any(f"dense layers {list(dense)}" in a and f"up to {spread:,} B off" in a for a in notes)
+
+
 @pytest.mark.parametrize("kwargs", [{"autocast": True}, {"gradient_checkpointing": True}])
 def test_autocast_and_checkpointing_are_exact(kwargs: dict) -> None:
     """CPU autocast casts the router's input, not the grouped_mm experts (they run in fp32): no 16-bit expert copies."""
@@ -117,6 +190,11 @@ def test_no_moe_term_is_named_as_unmodelled() -> None:
     (QWEN3_MOE, {"decoder_sparse_step": 2}, "decoder_sparse_step"),
     (QWEN3_MOE, {"output_router_logits": True}, "output_router_logits"),
     (QWEN3_MOE, {"num_experts": 1, "num_experts_per_tok": 1}, "num_experts"),
+    (QWEN2_MOE, {"mlp_only_layers": [0, 1]}, "mlp_only_layers"),
+    (QWEN2_MOE, {"decoder_sparse_step": 3}, "decoder_sparse_step"),
+    (QWEN2_MOE, {"output_router_logits": True}, "output_router_logits"),
+    (QWEN2_MOE, {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    (QWEN2_MOE, {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size"),
 ] + [(TINY, *case) for case in [
     ({"output_router_logits": True}, "output_router_logits"),
     ({"router_jitter_noise": 0.05}, "router_jitter_noise"),
@@ -136,7 +214,7 @@ def test_cuda_autocast_is_refused_not_guessed() -> None:
     assert activation_bytes(config, Setup(batch=1, seq=16, precision="amp-bf16"), device_type="cpu")
 
 
-@pytest.mark.parametrize("base", [TINY, QWEN3_MOE])
+@pytest.mark.parametrize("base", [TINY, QWEN3_MOE, QWEN2_MOE])
 def test_frozen_layers_are_exact_and_lora_is_refused(base: dict) -> None:
     """Frozen lower layers keep nothing of theirs (measured exact); LoRA around grouped experts is not modelled."""
     frozen = Setup(batch=2, seq=24, precision="fp32", finetune="frozen", frozen_layers=1)

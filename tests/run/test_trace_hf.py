@@ -35,6 +35,26 @@ def test_hf_fake_trace_equals_real_run(family: str, dims: dict, attention: str) 
     assert any("unpadded" in n for n in fake.notes)
 
 
+def test_qwen2_moe_fake_trace_equals_real_run() -> None:
+    """Grouped experts, a shared expert and a dense layer among the MoE ones on fake tensors: the same bytes, phase
+    by phase, as the real step."""
+    from memlab.course.hf_configs import load_config
+
+    cfg = {**load_config("qwen2_moe"), "mlp_only_layers": [1]}
+    setup = Setup(batch=2, seq=8, attention="eager", precision="bf16")
+    fake, real = trace_hf(cfg, setup, device_type="cpu"), trace_hf(cfg, setup, fake=False, device_type="cpu")
+    assert _rows(fake) == _rows(real) and fake.peak_bytes == real.peak_bytes
+
+
+def test_grouped_experts_under_cuda_autocast_are_one_clear_error() -> None:
+    """Autocast on an fp32 model keeps the 3-D experts fp32, which CUDA grouped_mm refuses: one line, the way out."""
+    from memlab.course.hf_configs import load_config
+
+    with pytest.raises(SetupError) as err:
+        trace_hf(load_config("qwen2_moe"), Setup(batch=1, seq=8, precision="amp-bf16"))
+    assert "precision 'bf16'" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_hf_config_from_json_and_recompute(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", **LLAMA}))
