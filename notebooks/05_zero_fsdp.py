@@ -767,6 +767,22 @@ ch.save_table(wire, "parallel_communication")
 wire.round(2)
 
 # %%
+from memlab.compare.parallel_ranks import column_modules
+from memlab.predict.communication import tp_allreduce_buffer_bytes
+
+fused_reduces = tp_allreduce_buffer_bytes(tokens, llama.d_model, llama.n_layers)
+torch_reduces = tp_allreduce_buffer_bytes(tokens, llama.d_model, llama.n_layers, column_modules=column_modules(llama))
+one_buffer = llama.n_layers * tokens * llama.d_model * 2  # one (b s, h) bf16 all-reduce in every block, bytes
+Markdown(f"The TP rows count Megatron's plan, whose q/k/v and gate/up projections are one fused linear each: "
+         f"{fused_reduces // one_buffer} all-reduces a block. torch's "
+         f"`parallelize_module` over separate q, k, v, gate and up modules (memlab's trace and gloo ranks) all-reduces "
+         f"each column-parallel module's input gradient on its own: "
+         f"{torch_reduces // one_buffer} a block, {torch_reduces / fused_reduces:.2f}x "
+         f"the bytes. Those are not typed in from the paper: `memlab.measure.comm.CommCounter` counts every c10d call "
+         f"real ranks issue, and at full scale the gloo ledger above sets each rank's all-reduce buffers and pipeline "
+         f"sends next to these formulas (`memlab shard --layouts` prints the same rows).")
+
+# %%
 w = wire.set_index("name")
 per_seq = w["GB sent per rank per sequence"].drop("1 rank")
 ib_rate, nvlink_rate = LINKS_BYTES_PER_S.values()
