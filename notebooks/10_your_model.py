@@ -553,7 +553,7 @@ if rec is not None:
 #
 # A learner's model arrives as a `config.json`. `memlab estimate --hf PATH` reads it offline (a file, a folder
 # holding one, or a model id already in the local Hugging Face cache) and says which source of truth answered.
-# Below, the chapter writes two small configs into a temporary folder, as you would write yours, and runs the
+# Below, the chapter writes two small configs into a folder of its output, as you would write yours, and runs the
 # command line in this kernel (`memlab.cli.main`, the code the shell command runs). The first is a family
 # `from_hf` maps (Qwen2 at a size no shipped config has): the formula answers, and `--json` names the family, the
 # traits and how the step calls the model. The second is Cohere (Command-R's family), a `model_type` the formula
@@ -569,9 +569,7 @@ if rec is not None:
 import contextlib
 import io
 import json
-import tempfile
 import time
-from pathlib import Path
 
 from memlab import cli
 
@@ -584,7 +582,7 @@ def memlab_cli(*argv):
     return code, out.getvalue(), err.getvalue(), time.perf_counter() - start
 
 
-own = Path(tempfile.mkdtemp(prefix="memlab-ch10-"))
+own = ch.out_dir / "your_configs"  # where you would keep yours; any folder does
 NATIVE_FAMILY = {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
                  "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 4096,
                  "max_position_embeddings": 1024, "tie_word_embeddings": True}
@@ -592,7 +590,7 @@ UNKNOWN_FAMILY = {"model_type": "cohere", "hidden_size": 64, "intermediate_size"
                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
                   "max_position_embeddings": 256}
 for folder, cfg in (("my-qwen2", NATIVE_FAMILY), ("my-cohere", UNKNOWN_FAMILY)):
-    (own / folder).mkdir()
+    (own / folder).mkdir(parents=True, exist_ok=True)
     (own / folder / "config.json").write_text(json.dumps(cfg, indent=1))
 shape = ("--batch", 2, "--seq", 64)
 
