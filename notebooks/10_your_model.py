@@ -95,8 +95,8 @@ ch
 # %% [markdown]
 # **Your own model.** Put the path of any `config.json` here, of a family the formula maps (printed below); it is
 # predicted at full size next to the shipped ones. Another `model_type` gets a one-line error here; on the command
-# line `memlab estimate --hf config.json` answers it from the trace of its own modelling code. Nothing is
-# downloaded: a config is sizes, not weights.
+# line `memlab estimate --hf config.json` answers it from the trace of its own modelling code (section 8 runs both
+# paths on configs written to a folder). Nothing is downloaded: a config is sizes, not weights.
 
 # %%
 MY_CONFIG = None  # e.g. "/path/to/config.json"
@@ -323,7 +323,8 @@ for comp in calculators.COMPONENTS:
 # are not in the tests at these sizes; the table lists memlab's signed worst error on each config, and the sample it
 # belongs to. Every family `from_hf` maps had its traits written from its own code and tested
 # (`calculators.TRAITS_WRITTEN_FROM`), so no family here is held out: what is held out is the size. A family the
-# formula does not map is answered by the trace of its own code instead (`memlab estimate --hf`), not scored here.
+# formula does not map is answered by the trace of its own code instead (`memlab estimate --hf`, section 8), not
+# scored here.
 
 # %%
 held = calculators.held_out_table(frame, tested=tiny)
@@ -548,6 +549,97 @@ if rec is not None:
         print(f"recorded ({rec['provenance']['kind']}), {row['model']}: " + residual_names(row)[0])
 
 # %% [markdown]
+# ## 8. Your own `config.json`: a family the formula knows, and one it does not
+#
+# A learner's model arrives as a `config.json`. `memlab estimate --hf PATH` reads it offline (a file, a folder
+# holding one, or a model id already in the local Hugging Face cache) and says which source of truth answered.
+# Below, the chapter writes two small configs into a folder of its output, as you would write yours, and runs the
+# command line in this kernel (`memlab.cli.main`, the code the shell command runs). The first is a family
+# `from_hf` maps (Qwen2 at a size no shipped config has): the formula answers, and `--json` names the family, the
+# traits and how the step calls the model. The second is Cohere (Command-R's family), a `model_type` the formula
+# does not map: the command says so in one line and answers from the **trace** instead: transformers' own
+# `CohereForCausalLM`, built from the config inside FakeTensorMode, runs two training steps (forward, backward,
+# AdamW step, zero_grad) and PyTorch's MemTracker counts every storage `[pytorch-memtracker]`. That answer is exact
+# for that code, at that size, in the recipe given (here fp32 AdamW, eager attention); it has no terms to explain
+# and no traits, it is not a GPU measurement (CPU kernels, no CUDA allocator: the CUDA terms are listed with it),
+# and it costs the time of running the model's Python code twice, which the cell measures. With `--no-trace` the
+# same command refuses instead.
+
+# %%
+import contextlib
+import io
+import json
+import time
+
+from memlab import cli
+
+
+def memlab_cli(*argv):
+    """`memlab ARGV` run in this kernel: (exit status, stdout, stderr, seconds)."""
+    out, err, start = io.StringIO(), io.StringIO(), time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue(), time.perf_counter() - start
+
+
+own = ch.out_dir / "your_configs"  # where you would keep yours; any folder does
+NATIVE_FAMILY = {"model_type": "qwen2", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4,
+                 "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 4096,
+                 "max_position_embeddings": 1024, "tie_word_embeddings": True}
+UNKNOWN_FAMILY = {"model_type": "cohere", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                  "max_position_embeddings": 256}
+for folder, cfg in (("my-qwen2", NATIVE_FAMILY), ("my-cohere", UNKNOWN_FAMILY)):
+    (own / folder).mkdir(parents=True, exist_ok=True)
+    (own / folder / "config.json").write_text(json.dumps(cfg, indent=1))
+shape = ("--batch", 2, "--seq", 64)
+
+code, out, err, native_s = memlab_cli("estimate", "--hf", own / "my-qwen2" / "config.json", *shape, "--json")
+native = json.loads(out)
+print(f"exit {code}; family {native['family']}, source of truth: {native['source_of_truth']} ({native_s:.2f} s); "
+      f"peak {native['per_device']['peak']:,} B in the {native['peak_step']} {native['peak_phase']}")
+print("traits that differ from the reference GPT:", ", ".join(f"{k}={v}" for k, v in native["traits"].items()
+                                                             if k not in ("family", "sources")))
+print("the step:", native["calling_convention"])
+
+# %%
+code, _, refusal, _ = memlab_cli("estimate", "--hf", own / "my-cohere", *shape, "--no-trace")
+print(f"--no-trace: exit {code}: {refusal.strip()}")
+code, out, err, traced_s = memlab_cli("estimate", "--hf", own / "my-cohere", *shape, "--json")
+unknown = json.loads(out)
+print(f"exit {code}; stderr said first: {err.splitlines()[0]}")
+print(f"family {unknown['family']}, traits {unknown['traits']}, source of truth: {unknown['source_of_truth']}; "
+      f"the trace took {traced_s:.2f} s here, the formula {native_s:.2f} s for the native config")
+phase_table = pd.DataFrame([{"step": r["step"], "phase": r["phase"], **r["by_category"],
+                             "held at peak": r["peak_bytes"]} for r in unknown["phases"]])
+ch.save_table(phase_table, "unknown_family_trace")
+print(f"peak {unknown['peak_bytes']:,} B in the {unknown['peak_step']} step's {unknown['peak_phase']}")
+phase_table.style.hide(axis="index").format("{:,}", subset=phase_table.columns[2:])
+
+# %% [markdown]
+# Each row is a phase of the two traced steps; the columns are the bytes held at that phase's high-water mark, by
+# kind (bytes). The first step has no optimizer states until its AdamW step creates them; the steady step starts
+# with them, which is why a fit question reads the steady step too. Nothing here came from a formula of Cohere: a
+# family memlab has never modelled is answered exactly, for its own code, by running that code on fake tensors.
+# What the trace cannot give is the *why* (no trait names the parts), the speed of a formula (a sweep of many
+# sizes pays the trace's time per point), and anything CUDA adds on top.
+#
+# **Exercise 5 (predict first).** From `UNKNOWN_FAMILY` alone (the Cohere `config.json` above), how many bytes do
+# fp32 AdamW's states take? The trace's optimizer-states column above is the answer to compare with once you have
+# one; do not read it first.
+
+# %%
+answer = ...
+check("10.unknown-family-states", answer, config=UNKNOWN_FAMILY)
+
+# %%
+states = max(r["by_category"]["optimizer states"] for r in unknown["phases"])
+weights = unknown["peak_by_category"]["parameters"]
+print(f"the trace's AdamW states: {states:,} B = 2 x its fp32 parameter bytes ({weights:,} B, two moments) + "
+      f"{states - 2 * weights:,} B ({(states - 2 * weights) // 4} step counters of 4 B, one per parameter tensor)")
+
+
+# %% [markdown]
 # ## Summary
 #
 # - The budget of seed 004 is right; the activation term is not one formula. It is a list of tensors set by how
@@ -560,6 +652,9 @@ if rec is not None:
 #   out by size, and the held-out table shows its error there.
 # - A residual is explained by listing what each autograd op keeps for one layer; the trait that causes it is
 #   named with the modelling function it comes from.
+# - A `config.json` of a family the formula does not map is still answered: `memlab estimate --hf` says so in one
+#   line and gives the trace of the family's own code (exact for that code, slower than a formula, no traits to
+#   explain it, not GPU evidence); `--json` names the family, traits, call and source of truth either way.
 # - "Will it fit" is a question about the peak: the sum of components misses the optimizer step's temporaries,
 #   and which lever saves the most peak depends on the optimizer's implementation (section 6).
 

@@ -1,4 +1,4 @@
-"""``--hf PATH``: a Hugging Face config for ``estimate``, ``trace`` and ``measure``, read offline.
+"""``--hf PATH``: a Hugging Face config for ``estimate``, ``trace``, ``measure`` and ``shard``, read offline.
 
 PATH is a ``config.json``, a folder holding one, the name of a published config memlab ships
 (``memlab/course/configs/full``: ``--hf llama-2-7b``), or a model id (``org/name``) whose ``config.json`` is in the

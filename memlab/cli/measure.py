@@ -112,8 +112,9 @@ def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
     the Hugging Face model, beside the formula when it covers it."""
     from memlab.cli.args import given_model_options, given_setup_fields
     from memlab.device import device_string, device_type
+    from memlab.model.hf import build_hf_model
     from memlab.predict.hf import hf_attention, read_config_json
-    from memlab.run.hf import predict_hf, run_hf
+    from memlab.run.hf import measure_hf, predict_hf, run_hf
 
     given = given_model_options(args)
     if given:
@@ -142,8 +143,14 @@ def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
         raise MemlabError(f"attention {setup.attention}: transformers' sdpa runs as "
                           f"{hf_attention(impl, device_type(dev), dtype[0], p)} here ({dev}, {setup.precision}): "
                           "use --attention eager or that kernel")
-    _, m = run_hf(args.hf, attn_implementation=impl, dtype=dtype[0], batch=setup.batch, seq=setup.seq, device=dev,
-                  gradient_checkpointing=setup.recompute == "full", autocast=dtype[1])
+    kw = {"attn_implementation": impl, "batch": setup.batch, "seq": setup.seq}
+    if model is not None:
+        _, m = run_hf(args.hf, dtype=dtype[0], device=dev, gradient_checkpointing=setup.recompute == "full",
+                      autocast=dtype[1], **kw)
+    else:  # no formula to return beside it (run_hf's from_hf would refuse): the same build and step, measured
+        built = build_hf_model(args.hf, attn_implementation=impl, dtype=dtype[0], device=dev,
+                               gradient_checkpointing=setup.recompute == "full")
+        m = measure_hf(built, autocast=dtype[1], **kw)
     measured = {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
                 "optimizer": m.optimizer_bytes}
     predicted = predict_hf(model, m) if model is not None else None

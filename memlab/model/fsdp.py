@@ -32,22 +32,19 @@ from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
 def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", param_dtype: str = "none",
                 reduce_dtype: str = "fp32", mesh: Any = None, offload: bool = False,
                 reshard_root: bool = False, pin_memory: bool = True) -> nn.Module:
-    """Apply FSDP2's ``fully_shard`` to the reference GPT ``model`` (``model.blocks``; a Hugging Face model's
-    ``model.model.layers`` with ``units="blocks"``) by the plan in the module docstring; returns ``model``."""
+    """Apply FSDP2's ``fully_shard`` to ``model`` by the plan in the module docstring, its blocks found by
+    :func:`blocks_of` (the reference GPT's, or a Hugging Face causal LM's decoder layers with ``units="blocks"``);
+    returns ``model``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     if zero_stage not in (2, 3):
         raise SetupError(f"FSDP2 runs ZeRO stage 2 (reshard_after_forward=False) or 3 (True), got {zero_stage}")
     if units not in FSDP_UNITS:
         raise SetupError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)}, got {units!r}")
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        blocks = getattr(getattr(model, "model", None), "layers", None)
-        if blocks is not None and units != "blocks":
-            raise SetupError("the torchtitan wrapping plan is written for memlab's reference GPT: use "
-                             "fsdp_units='blocks' for a Hugging Face model")
-    if blocks is None:
-        raise SetupError("cannot find the model's blocks to shard (model.blocks or model.model.layers)")
+    blocks = blocks_of(model)
+    if is_hf(model) and units != "blocks":
+        raise SetupError("the torchtitan wrapping plan is written for memlab's reference GPT: use "
+                         "fsdp_units='blocks' for a Hugging Face model")
     kw: dict[str, Any] = {"mesh": mesh}
     if param_dtype != "none":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch_dtype(param_dtype),
@@ -68,13 +65,42 @@ def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", par
     return model
 
 
+def is_hf(model: nn.Module) -> bool:
+    """Whether ``model`` is a transformers causal LM (a ``config`` with a ``model_type`` and an output embedding),
+    not memlab's reference GPT; judged without importing transformers."""
+    return hasattr(getattr(model, "config", None), "model_type") and hasattr(model, "get_output_embeddings")
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    """The list of blocks FSDP2 shards one by one: the reference GPT's ``model.blocks``; for a transformers causal
+    LM the longest ``nn.ModuleList`` of its base model (the decoder layers: ``model.layers`` for Llama-like
+    families, ``transformer.h`` for GPT-2, ``gpt_neox.layers``, ...). :class:`SetupError` when there is none."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        return blocks
+    if is_hf(model):
+        base = getattr(model, "base_model", model)
+        lists = [m for m in base.children() if isinstance(m, nn.ModuleList) and len(m)]
+        if lists:
+            return max(lists, key=len)
+    raise SetupError(f"cannot find the blocks of {type(model).__name__} to shard (the reference GPT's model.blocks, "
+                     "or a transformers causal LM's decoder layers: an nn.ModuleList of its base model)")
+
+
 def step_loss(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, where: str = "inside") -> torch.Tensor:
-    """The training loss of the reference GPT, computed ``inside`` its forward or ``outside`` it
-    (:func:`memlab.model.loss.logits_loss` on the returned logits)."""
-    from memlab.model.loss import logits_loss
+    """The training loss, computed ``inside`` the model's forward or ``outside`` it
+    (:func:`memlab.model.loss.logits_loss` on the returned logits). A transformers causal LM (:func:`is_hf`) is
+    called as memlab calls one everywhere, its loss inside (:func:`memlab.model.loss.hf_causal_lm_loss`,
+    ``model(input_ids=idx, labels=idx).loss``: transformers shifts the labels itself, so ``targets`` is unused)."""
+    from memlab.model.loss import hf_causal_lm_loss, logits_loss
 
     if where not in FSDP_LOSS:
         raise SetupError(f"fsdp_loss must be one of {', '.join(FSDP_LOSS)}, got {where!r}")
+    if is_hf(getattr(model, "module", model)):  # DistributedDataParallel keeps the model as .module
+        if where != "inside":
+            raise SetupError("a Hugging Face model computes its loss inside its forward (labels=...): use "
+                             "fsdp_loss='inside'")
+        return hf_causal_lm_loss(model, idx, idx)
     if where == "inside":
         return model(idx, targets)
     return logits_loss(model(idx), targets)

@@ -104,11 +104,6 @@ def test_measure_hf_runs_the_real_model_beside_the_formula(capsys: pytest.Captur
     assert code == 2 and err.count("\n") == 1
 
 
-def test_shard_hf_is_a_clear_refusal(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "shard", "--hf", str(CONFIGS / "tiny" / "llama.json"))
-    assert code == 2 and err.count("\n") == 1 and "reference GPT" in err and "estimate --hf" in err
-
-
 def test_the_time_bound_stops_with_one_line_saying_where_it_was() -> None:
     progress = Progress(quiet=True)
     progress("forward: block 3/24")
@@ -213,3 +208,29 @@ def test_trace_measure_and_shard_follow_the_preset(capsys: pytest.CaptureFixture
         code, out, err = _run(capsys, "mfu", "--preset", name, "--seq", "1024", "--tokens-per-second", "1e4",
                               "--gpu", "h100-sxm", "--json")
         assert code == 0 and json.loads(out)["model_label"] == label, err
+
+
+def test_trace_and_measure_json_name_family_traits_call_and_source(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """trace --hf (a generated config of a family the formula maps) and measure --hf (one it does not): --json says
+    which family, traits, calling convention and source of truth were used (estimate's are tested above)."""
+    import random
+
+    rng = random.Random(17)
+    heads = rng.choice((2, 4))
+    native = {"model_type": "qwen2", "hidden_size": 16 * heads, "intermediate_size": rng.randrange(40, 120, 4),
+              "num_hidden_layers": rng.choice((1, 2)), "num_attention_heads": heads, "num_key_value_heads": 1,
+              "vocab_size": rng.randrange(128, 512), "max_position_embeddings": 64}
+    (tmp_path / "native.json").write_text(json.dumps(native))
+    (tmp_path / "unknown.json").write_text(json.dumps({**native, "model_type": "cohere"}))
+    for command, name, source in (("trace", "native", "trace"), ("measure", "unknown", "measurement")):
+        code, out, err = _run(capsys, command, "--hf", str(tmp_path / f"{name}.json"), "--seq", "16", "--batch", "1",
+                              *(["--device", "cpu"] if command == "measure" else []), "--json")
+        assert code == 0, err
+        d = json.loads(out)
+        assert d["source_of_truth"] == source and "AutoModelForCausalLM" in d["calling_convention"], command
+        if name == "native":
+            assert d["family"] == "qwen2" and d["traits"] == json.loads(json.dumps(from_hf(native).impl.differs()))
+            assert "formula_refused" not in d
+        else:
+            assert d["family"] == "cohere" and d["traits"] is None and "cohere" in d["formula_refused"]

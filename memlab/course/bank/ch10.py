@@ -3,6 +3,8 @@ notebook's markdown cells."""
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 from memlab.course.exercises import Choice, Numeric, When
@@ -97,6 +99,41 @@ def _sample_ckpt_run() -> dict[str, Any]:
     return {"run": run, "kept": int(memlab_formula(run).activations)}
 
 
+COHERE_SAMPLE = {"model_type": "cohere", "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3,
+                 "num_attention_heads": 6, "num_key_value_heads": 3, "vocab_size": 640,
+                 "max_position_embeddings": 128}
+"""A small Cohere ``config.json`` (Command-R's family, which ``from_hf`` does not map) for checking exercise
+10.unknown-family-states without the chapter; the chapter passes its own."""
+
+
+def _adam_states(config: dict[str, Any]) -> int:
+    """Bytes of fp32 AdamW's states for the model ``config`` builds: two fp32 moments per parameter
+    (:func:`memlab.predict.optimizer_states.adam_moment_bytes`) plus one 4-byte ``step`` per parameter tensor
+    (:func:`~memlab.predict.optimizer_states.step_counter_bytes`), the parameters counted once each (a tied head is
+    the embedding's tensor) on the model transformers builds."""
+    return _adam_states_of(json.dumps(config, sort_keys=True))
+
+
+@functools.cache
+def _adam_states_of(config_json: str) -> int:
+    """:func:`_adam_states` of a config given as JSON text (cached: the reference and its diagnoses build the model
+    once)."""
+    from memlab.model.hf import build_hf_model
+    from memlab.predict.optimizer_states import adam_moment_bytes, step_counter_bytes
+
+    params = list(build_hf_model(json.loads(config_json)).parameters())  # parameters() yields a tied tensor once
+    return adam_moment_bytes(sum(p.numel() for p in params), 4) + step_counter_bytes(len(params), "adamw")
+
+
+def _untied(config: dict[str, Any]) -> int:
+    """The states counted with a separate head (vocab x d_model more parameters): the tied-head slip."""
+    return _adam_states(config) + 8 * config["vocab_size"] * config["hidden_size"]
+
+
+def _sample_unknown() -> dict[str, Any]:
+    return {"config": dict(COHERE_SAMPLE)}
+
+
 EXERCISES = (
     Choice(
         "10.family-per-token", "Which family saves more activation bytes per token at the same sizes",
@@ -157,5 +194,24 @@ EXERCISES = (
                            "so what sits outside them (head, logits, loss) is the larger part.",
                    "exact": "Each block's input is only part of it: the tensors outside the blocks are kept too."},
         sample=_sample_ckpt_run,
+    ),
+    Numeric(
+        "10.unknown-family-states", "fp32 AdamW state bytes of a family the formula does not know, from its "
+                                    "config.json",
+        reference=_adam_states, unit="B", rtol=0.01,
+        hint="AdamW keeps two fp32 moments (exp_avg, exp_avg_sq) per parameter: count the parameters of the model "
+             "the config builds (sum(p.numel() for p in build_hf_model(config).parameters())); Cohere ties its head "
+             "to the embedding (tie_word_embeddings defaults to True)",
+        why=lambda config: (f"{_adam_states(config):,} B: 8 B per parameter (two fp32 moments) plus a 4-byte step "
+                            "counter per parameter tensor. No formula of the family is needed: the states follow "
+                            "from the parameter count, whatever the code; what needs the code (the trace) is what "
+                            "the step keeps for backward."),
+        diagnoses={_untied: "That counts a separate head; Cohere ties it to the embedding (one tensor, counted "
+                            "once).",
+                   lambda config: _adam_states(config) // 2: "That is one moment; AdamW keeps two (exp_avg and "
+                                                             "exp_avg_sq).",
+                   lambda config: _adam_states(config) * 2: "That is 16 B per parameter: weights, gradients and "
+                                                            "states; the question asks for the states alone."},
+        sample=_sample_unknown,
     ),
 )

@@ -34,7 +34,9 @@ from memlab.run.distributed.capacity import RankCapacity, rank_capacity
 from memlab.run.distributed.supervise import Outcome, Stage, supervise
 from memlab.run.distributed.worker import ACCELERATOR_ONLY, PROCESS_GROUP_TIMEOUT_S, STRATEGIES
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+"""The folder holding the ``memlab`` package the launcher runs from: the ranks' working directory and first
+``PYTHONPATH`` entry, so they import the same memlab as the launcher (a checkout, not another install)."""
 START_TIMEOUT_S = 300.0
 """Seconds every rank of a launch has to import torch and signal ready. Warm, a rank is ready in about 2 s; on a
 cold package cache, four ranks importing torch at once on two loaded cores left one rank unregistered after 60 s
@@ -73,6 +75,10 @@ class WorkerSpec:
     """MixedPrecisionPolicy.reduce_dtype (Setup.fsdp_reduce_dtype)."""
     fsdp_reshard_root: bool = False
     """reshard_after_forward=True on the root unit (Setup.fsdp_reshard_root; False leaves it to FSDP2)."""
+    hf_config: dict[str, Any] | None = None
+    """A Hugging Face ``config.json``'s dict: every rank then trains ``AutoModelForCausalLM.from_config`` of it
+    (:func:`memlab.model.hf.build_hf_model`, fp32, eager attention) instead of the reference GPT, and ``config`` is
+    :func:`memlab.predict.hf.from_hf` of it (what the estimator predicts). None: the reference GPT of ``config``."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -100,6 +106,11 @@ class WorkerSpec:
         if self.fsdp_units not in FSDP_UNITS or self.fsdp_loss not in FSDP_LOSS:
             raise SetupError(f"fsdp_units must be one of {', '.join(FSDP_UNITS)} and fsdp_loss one of "
                              f"{', '.join(FSDP_LOSS)}, got {self.fsdp_units!r}, {self.fsdp_loss!r}")
+        if self.hf_config is not None and not isinstance(self.hf_config, dict):
+            raise SetupError(f"hf_config must be a config.json's dict, got {type(self.hf_config).__name__}")
+        if self.hf_config is not None and (self.fsdp_units, self.fsdp_loss) != ("blocks", "inside"):
+            raise SetupError("a Hugging Face model is sharded block by block (fsdp_units='blocks') and computes its "
+                             "loss inside its forward (fsdp_loss='inside')")
         if self.device not in ("auto", "cpu"):
             raise SetupError(f"device must be 'auto' or 'cpu', got {self.device!r}")
         if self.seq > self.config.max_seq and self.config.positions == "learned":
@@ -111,6 +122,7 @@ class WorkerSpec:
         d["fsdp"] = {"units": d.pop("fsdp_units"), "loss": d.pop("fsdp_loss"),  # the worker's spec["fsdp"]
                      "param_dtype": d.pop("fsdp_param_dtype"), "reduce_dtype": d.pop("fsdp_reduce_dtype"),
                      "reshard_root": d.pop("fsdp_reshard_root")}
+        d["hf"] = d.pop("hf_config")  # the worker's spec["hf"]: None for the reference GPT
         return d
 
 

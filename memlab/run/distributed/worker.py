@@ -14,6 +14,9 @@ start-up is the slow part of a launch, so one launch serves all strategies of on
 - ``fsdp2-offload``: ZeRO-3 plus ``CPUOffloadPolicy`` (sharded parameters, gradients and AdamW states in host
   memory; needs an accelerator, skipped with the reason on a CPU-only run).
 
+The model is the reference GPT of ``spec["config"]``, or, with ``spec["hf"]`` (a Hugging Face config.json's dict,
+``WorkerSpec.hf_config``), ``AutoModelForCausalLM.from_config`` of it (:func:`memlab.model.hf.build_hf_model`), its
+decoder layers sharded as the reference GPT's blocks are and its loss its own (:func:`memlab.model.fsdp.step_loss`).
 For each it trains ``steps`` steps (:func:`memlab.model.step.train_step`: fp32, AdamW's for-loop, gradients freed by
 ``zero_grad``; synthetic tokens, a different batch per rank) and reports, per rank:
 exact local bytes of parameters, gradients and optimizer state (:func:`memlab.measure.accounting.model_states`,
@@ -51,8 +54,10 @@ from memlab.measure.accounting import model_states, storage_key
 from memlab.measure.cuda import synchronize
 from memlab.model.fsdp import step_loss
 from memlab.model.gpt import GPT
+from memlab.model.hf import build_hf_model
 from memlab.model.step import Meter, TrainingStep, token_batch, train_step
 from memlab.predict.communication import collective_volume_bytes
+from memlab.predict.hf import from_hf
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy
 from memlab.run.distributed.handshake import handshake
@@ -171,9 +176,10 @@ class _RankStep(Meter):
                                "host": model_states(self.wrapped, self.optimizer, device=torch.device("cpu"))}
 
 
-def _wrap(strategy: str, model: GPT, device: torch.device,
+def _wrap(strategy: str, model: torch.nn.Module, device: torch.device, config: TransformerConfig,
           fsdp: dict[str, Any] | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The strategy applied to ``model`` and its AdamW; FSDP2 strategies by :func:`memlab.model.fsdp.shard_model`
+    """The strategy applied to ``model`` (the reference GPT or a transformers causal LM; ``config`` its memlab
+    config) and its AdamW; FSDP2 strategies by :func:`memlab.model.fsdp.shard_model`
     with the spec's ``fsdp`` plan (``units``, ``param_dtype``, ``reduce_dtype``, ``reshard_root``; defaults: blocks,
     none, fp32, False)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -186,7 +192,7 @@ def _wrap(strategy: str, model: GPT, device: torch.device,
     # An MoE expert that no token of this rank's batch chose has no gradient: DDP's reducer would wait for it
     # forever (and the peers in the all-reduce with it). find_unused_parameters marks such parameters ready after
     # each forward (a graph traversal per step), as torch's DDP documentation prescribes for models like this one.
-    unused = model.config.n_experts > 1
+    unused = config.n_experts > 1
     if strategy == "ddp":
         ddp = DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
         return ddp, torch.optim.AdamW(ddp.parameters(), foreach=False)
@@ -201,7 +207,8 @@ def _wrap(strategy: str, model: GPT, device: torch.device,
 
 def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, device: torch.device) -> dict[str, Any]:
     """Train ``spec["steps"]`` steps under ``strategy`` on this rank and measure the last one (see module doc)."""
-    cfg = TransformerConfig(**spec["config"])
+    hf = spec.get("hf")
+    cfg = from_hf(hf, name=spec["config"]["name"]) if hf is not None else TransformerConfig(**spec["config"])
     batch, seq, seed = int(spec["batch"]), int(spec["seq"]), int(spec.get("seed", 0))
     base = {"strategy": strategy, "rank": rank, "world_size": world, "device": str(device),
             "backend": dist.get_backend(), "model": cfg.name, "batch": batch, "seq": seq, "status": "ok"}
@@ -210,8 +217,11 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
                        "host; on a CPU-only run both are the same memory"}
     torch.manual_seed(seed)
     init_device = "cpu" if strategy == "fsdp2-offload" else device
-    model = GPT(cfg, attention=spec.get("attention", "eager"), device=init_device)
-    wrapped, opt = _wrap(strategy, model, device, spec.get("fsdp"))
+    if hf is not None:  # transformers' modelling code, built as memlab builds it everywhere (fp32, eager)
+        model = build_hf_model(hf, attn_implementation=spec.get("attention", "eager"), device=init_device, seed=seed)
+    else:
+        model = GPT(cfg, attention=spec.get("attention", "eager"), device=init_device)
+    wrapped, opt = _wrap(strategy, model, device, cfg, spec.get("fsdp"))
     idx, tgt = token_batch(cfg.vocab_size, batch, seq, device, seed + 1000 * rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -234,6 +244,7 @@ def run_strategy(strategy: str, spec: dict[str, Any], rank: int, world: int, dev
         "gathered_peak_bytes": probe.gathered_peak_bytes, "comm": probe.comm,
         "comm_volume_bytes": sum(c["volume_bytes"] for c in probe.comm.values()),
         "step_time_s": meter.time_s, "param_count": cfg.param_count(),
+        "family": cfg.impl.family,
     }
     if device.type == "cuda":
         row["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
@@ -297,7 +308,14 @@ def sweep_main(spec: dict[str, Any], out_dir: Path, world_sizes: list[int]) -> i
     import torch._dynamo
     import torch.distributed.fsdp
     import torch.distributed.optim
-    import torch.nn.parallel  # noqa: F401 (imported before forking, as the comment above says)
+    import torch.nn.parallel
+    if spec.get("hf") is not None:  # transformers and the family's modelling module, once (a meta build: no bytes)
+        from transformers import AutoModelForCausalLM
+
+        from memlab.model.hf import hf_config, quiet_transformers
+
+        with quiet_transformers(), torch.device("meta"):
+            AutoModelForCausalLM.from_config(hf_config(spec["hf"]))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
