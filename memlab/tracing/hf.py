@@ -144,7 +144,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     hint = (f"{cfg.model_type}'s modelling code may loop over the tokens in Python on CPU (Mamba's recurrent scan "
             "does, once per token per block): trace a shorter seq or fewer layers, or allow more time")
     try:
-        with ctx, quiet_transformers(), time_bound(timeout, where, hint):
+        with ctx, quiet_transformers(), _quiet_fake_tensor_log(), time_bound(timeout, where, hint):
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
                               name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:
@@ -153,10 +153,48 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                              "casts them) and grouped_mm on CUDA takes bf16 inputs only, so this step does not run "
                              "on fake CUDA tensors: trace a bf16 model (precision 'bf16')") from None
         if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
+            _raise_if_the_models_code(exc, cfg.model_type)
             raise
         raise SetupError(f"SDPA backend {backend!r} cannot run this model on CPU, where traces run (the efficient "
                          "kernel has no CPU version; CPU flash has no dropout in training and no mask): set the "
                          "config's dropout to 0 or use attention='math' or 'eager'") from None
+    except (ValueError, TypeError, IndexError) as exc:
+        _raise_if_the_models_code(exc, cfg.model_type)
+        raise
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """torch's fake-tensor logger at CRITICAL while a step is traced: it logs every failing meta kernel with its
+    traceback (``log.exception`` in torch/_subclasses/fake_tensor.py) before re-raising, and the error itself
+    reaches the caller (as one line where it is the model's: :func:`_raise_if_the_models_code`)."""
+    import logging
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _raise_if_the_models_code(exc: BaseException, model_type: str) -> None:
+    """A one-line :class:`SetupError` when ``exc`` was raised inside transformers' modelling code (its deepest
+    frame from transformers is a ``modeling_*.py`` or its shared layers): the config is one that code cannot run
+    (e.g. a ``head_dim`` that does not fit ``hidden_size``), and a real run fails the same way. Anything else
+    (memlab's own code, torch alone) is left to propagate."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/transformers/" in f.filename.replace("\\", "/")]
+    if not frames:
+        return
+    last = frames[-1]
+    where = f"{last.filename.replace(chr(92), '/').split('/transformers/')[-1]}:{last.lineno}"
+    message = " ".join(str(exc).split())[:300]
+    raise SetupError(f"transformers' {model_type} code cannot run this config ({type(exc).__name__} at "
+                     f"transformers/{where}: {message}); a real run fails the same way: check the config's sizes "
+                     "(hidden_size, num_attention_heads, head_dim, intermediate_size)") from None
 
 
 _POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")

@@ -58,6 +58,35 @@ def test_a_family_the_formula_does_not_cover_is_traced_and_says_so(tmp_path: Pat
     assert code == 2 and "no config file" in err
 
 
+@pytest.mark.parametrize("heads", [3, 6])
+def test_a_config_the_models_own_code_cannot_run_is_one_line_naming_where(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], heads: int) -> None:
+    """Helium's head_dim defaults to 128 whatever hidden_size is, and its o_proj is hidden_size wide on both sides,
+    so a small hidden_size with that default cannot run in transformers' own code: the trace fallback says so in one
+    line naming the file, not a traceback, and a real forward of the same config fails as the line says."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "helium", "hidden_size": 16 * heads, "num_attention_heads": heads,
+                                "num_key_value_heads": heads, "head_dim": 16, "num_hidden_layers": 1,
+                                "intermediate_size": 64, "vocab_size": 128}))
+    code, _, _ = _run(capsys, "estimate", "--hf", str(path), "--seq", "8")
+    assert code == 0  # a consistent helium config traces
+    cfg = json.loads(path.read_text())
+    del cfg["head_dim"]
+    path.write_text(json.dumps(cfg))
+    code, _, err = _run(capsys, "estimate", "--hf", str(path), "--seq", "8")
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "Traceback" not in err
+    assert last.startswith("memlab: error: transformers' helium code cannot run this config (RuntimeError at "
+                           "transformers/models/helium/modeling_helium.py:"), last
+    assert not [line for line in err.splitlines() if line.startswith("E") and "fake_tensor" in line], err
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    real = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    with pytest.raises(RuntimeError):
+        real(torch.zeros(1, 8, dtype=torch.long))
+
+
 def test_a_refused_key_is_named_and_goes_to_the_trace_like_an_unknown_family(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from memlab.cli.estimate import _model
