@@ -93,8 +93,11 @@ class HfMeasurement:
         dev = device_type(self.device)
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
         precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
+        # autocast hands SDPA bf16 q, k, v (aten/src/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP): on CUDA
+        # the kernel is then picked as for a bf16 model (flash), not an fp32 one
+        kernel_dtype = "bf16" if self.autocast else self.dtype
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute,
+                     attention=hf_attention(self.attn_implementation, dev, kernel_dtype, p), recompute=self.recompute,
                      loss=self.loss, loss_chunk=self.loss_chunk, logits_to_keep=self.logits_to_keep,
                      finetune=self.finetune, lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
                      lora_targets=self.lora_targets, lora_modules_to_save=self.lora_modules_to_save,

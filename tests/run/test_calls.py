@@ -147,3 +147,21 @@ def test_on_cuda_an_all_ones_mask_saves_what_no_mask_saves_and_a_padded_batch_is
     padded = Setup(batch=2, seq=16, precision="bf16", attention="flash", attention_mask="padded", pad_fraction=0.25)
     with pytest.raises(SetupError, match="not"):
         estimate(tc, padded, device_type="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: this machine's torch sees none")
+@pytest.mark.parametrize("family", ["gpt2", "phi"])
+def test_on_cuda_gelu_new_under_autocast_sits_inside_its_named_bound(family: str) -> None:
+    """On a GPU, fp32 model under bf16 autocast: the measured saved bytes lie between the CPU-measured count the
+    estimate gives and that count plus the named bound (every gelu_new d_ff-wide tensor in fp32); the hand-written
+    loss on a bf16 model is exact there too."""
+    b, s = 2, 16
+    tc, m = run_hf(tiny(family), attn_implementation="sdpa", dtype="fp32", batch=b, seq=s, device="cuda",
+                   autocast=True)
+    predicted = predict_hf(tc, m)["activations"]
+    bound = 2 * tc.impl.mlp_saved_tensors("gelu") * tc.n_layers * tc.ffn * b * s
+    assert predicted <= m.saved_bytes <= predicted + bound
+    tc, manual = run_hf(tiny(family), attn_implementation="sdpa", dtype="bf16", batch=b, seq=s, device="cuda",
+                        loss_call="manual")
+    assert manual.saved_bytes == predict_hf(tc, manual)["activations"]
