@@ -226,6 +226,11 @@ def call_line(setup: Any) -> str:
     if setup.attention_mask == "padded":
         line += ("; left padding saves what right padding saves (measured on CPU on every tiny HF config, "
                  "benchmarks/call_conventions.py: no tensor's shape depends on where the zeros sit)")
+    if setup.recompute == "full" and setup.attention_mask != "none":
+        line += ("; under gradient checkpointing (non-reentrant) a layer keeps its positional arguments only: the mask "
+                 "once where the family hands it positionally (GPT-2: eager's causal mask, or under SDPA a padded "
+                 "batch's bool mask), never the rotary cos/sin or position ids, passed by keyword "
+                 "(memlab.predict.family_terms.checkpoint_mask_rows; measured on CPU on every tiny HF config)")
     if setup.loss_call != "manual":
         return line
     line = line.replace(", labels=...)", ").logits").replace("labels -100", "targets -100")
@@ -236,9 +241,9 @@ def call_line(setup: Any) -> str:
     return (line + "; the loss hand-written on those logits, F.cross_entropy(logits.view(-1, V), targets.view(-1)) on "
             f"the user's own next-token targets (no shifted, padded copy of the labels): {how} (measured on CPU on "
             "every tiny HF config, benchmarks/call_conventions.py); its forward moment is modelled as transformers' "
-            "loss less the fp32 final-norm output under autocast, an upper bound by at most 8 b (s + 1) + 8 t h B "
-            "(transformers' padded labels and, in RMSNorm families, two t x h tensors its forward still holds while "
-            "its loss runs; traced, benchmarks/call_conventions.py --trace)")
+            "loss's, less the fp32 final-norm output under autocast, which traces up to 8 b (s + 1) + 16 t h + 16 B "
+            "higher (its padded labels and up to four fp32 t x h tensors its forward still holds while its loss runs; "
+            "every tiny HF config, benchmarks/call_conventions.py --trace): an upper bound by that much")
 
 
 def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_type: str,
