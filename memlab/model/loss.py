@@ -16,6 +16,12 @@ whose log-softmax is another fp32 ``t x V`` tensor kept for backward. Three ways
   CPU and under FakeTensorMode, so it can be measured and traced) upcasts each chunk to fp32, so its chunk
   transient is larger than Liger's: :mod:`memlab.predict.activations` models this reference.
 
+``call`` (``Setup.loss_call``): ``labels`` hands the labels to a transformers model, whose ``ForCausalLMLoss`` upcasts
+the logits and shifts the labels; ``manual`` is the tutorial form, ``logits = model(input_ids).logits`` then
+``F.cross_entropy(logits.view(-1, V), targets.view(-1))`` on the user's own next-token targets: no upcast (the
+log-softmax is in the logits' dtype, or fp32 under autocast, whose CPU and CUDA lists both run cross_entropy in
+fp32 [pytorch-amp]) and no shifted copy of the labels.
+
 ``keep`` (HF's ``logits_to_keep``): logits and loss for the last ``keep`` positions of each sequence only.
 Chunks follow Liger's rule by default: ``next_pow2(ceil(t / ceil(V / h)))`` tokens, so a chunk's logits are about
 as large as the head's input. Units: tokens, elements.
@@ -33,27 +39,35 @@ from memlab.errors import SetupError
 from memlab.predict.loss import chunk_tokens
 
 LOSS_KINDS = ("plain", "chunked", "fused")
+LOSS_CALLS = ("labels", "manual")
 
 
 @dataclass(frozen=True)
 class LossOptions:
     """How :func:`lm_loss` computes the loss: ``kind`` (plain, chunked, fused), ``chunk`` tokens per chunk (0:
-    :func:`memlab.predict.loss.chunk_tokens`), ``keep`` last positions per sequence (0: all). From a Setup:
-    :meth:`of`."""
+    :func:`memlab.predict.loss.chunk_tokens`), ``keep`` last positions per sequence (0: all), ``call`` how a
+    transformers model's loss is called (module docstring; ``manual`` only with the plain loss on every position).
+    From a Setup: :meth:`of`."""
 
     kind: str = "plain"
     chunk: int = 0
     keep: int = 0
+    call: str = "labels"
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
             raise SetupError(f"loss must be one of {', '.join(LOSS_KINDS)}, got {self.kind!r}")
+        if self.call not in LOSS_CALLS:
+            raise SetupError(f"loss_call must be one of {', '.join(LOSS_CALLS)}, got {self.call!r}")
+        if self.call == "manual" and (self.kind != "plain" or self.keep):
+            raise SetupError("loss_call='manual' is the plain cross-entropy on every position's logits: use "
+                             "loss='plain' without logits_to_keep")
 
     @classmethod
     def of(cls, setup: object) -> LossOptions:
         """The options of a :class:`memlab.predict.setup.Setup` (its ``loss``, ``loss_chunk``, ``logits_to_keep``)."""
         return cls(getattr(setup, "loss", "plain"), getattr(setup, "loss_chunk", 0),
-                   getattr(setup, "logits_to_keep", 0))
+                   getattr(setup, "logits_to_keep", 0), getattr(setup, "loss_call", "labels"))
 
 
 def _chunk_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tgt: torch.Tensor) -> torch.Tensor:
@@ -109,10 +123,12 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None
 
 
-def logits_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def logits_loss(logits: torch.Tensor, targets: torch.Tensor, *, upcast: bool = True) -> torch.Tensor:
     """The plain next-token loss on computed logits: cross-entropy of the fp32 logits, averaged over every token
-    (the reference GPT's default; FSDP2 runs with the loss outside the model call it on the returned logits)."""
-    return F.cross_entropy(logits.float().view(targets.numel(), -1), targets.reshape(-1))
+    (the reference GPT's default; FSDP2 runs with the loss outside the model call it on the returned logits).
+    ``upcast=False``: on the logits as they are (the tutorial's hand-written loss, ``Setup.loss_call='manual'``);
+    targets of -100 are ignored either way (cross_entropy's default ``ignore_index``)."""
+    return F.cross_entropy((logits.float() if upcast else logits).view(targets.numel(), -1), targets.reshape(-1))
 
 
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
@@ -145,8 +161,13 @@ def hf_causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: t
     labels=...)``, and ``logits_to_keep=N`` with the last N labels); chunked and fused run the base model for the
     hidden states and :func:`lm_loss` over its output embeddings (the LM head), with the labels shifted as
     ``ForCausalLMLoss`` shifts them (padded with -100, which is ignored). ``attention_mask``: the (batch, seq)
-    0/1 mask handed to the model (None: no mask, memlab's default call)."""
+    0/1 mask handed to the model (None: no mask, memlab's default call). ``options.call='manual'``: the model is
+    called without labels and :func:`logits_loss` (no upcast) runs on its logits against the next-token targets,
+    a fresh contiguous (batch, seq) tensor (ending in -100) as a user's data loader hands them."""
     extra = {} if attention_mask is None else {"attention_mask": attention_mask}
+    if options.call == "manual":
+        targets = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), -100)], dim=1)
+        return logits_loss(model(input_ids=input_ids, **extra).logits, targets, upcast=False)
     if options.kind == "plain":
         from memlab.model.hf import quiet_transformers
 

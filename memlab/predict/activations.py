@@ -50,7 +50,9 @@ from memlab.errors import ConfigError, SetupError
 from memlab.predict.family_terms import (
     check_call,
     check_family_setup,
+    checkpoint_mask_rows,
     grouped_expert_rows,
+    log_softmax_bytes,
     padded_sdpa_rows,
     qk_norm_rows,
 )
@@ -308,7 +310,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     im = config.impl
     terms: list[TermRow] = [
         ("input token ids", "token ids", t, INT64, False),
-        _target_row(setup, t, b, im.loss_labels_padded),
+        _target_row(setup, t, b, im.loss_labels_padded and setup.loss_call == "labels"),  # manual: its own targets
     ] if model_level else []
     if config.positions == "learned":
         if model_level:
@@ -327,9 +329,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
                       else w["residual"], False))
     if recompute == "full":
         terms.append(("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
-        if im.checkpoint_keeps_mask and setup.attention == "eager":
-            terms.append(("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s,
-                          w["residual"], False))
+        terms += checkpoint_mask_rows(config, setup, b, s, w["residual"])
     else:
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
@@ -394,9 +394,11 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
     t, h, V = b * s, config.d_model, config.vocab_size
     kind = setup.loss
     if kind == "plain" and not setup.logits_to_keep:  # the default, listed without the general case's arithmetic
+        lsm = log_softmax_bytes(setup, w["compute"])  # a hand-written loss on 16-bit logits: not upcast
         rows: list[TermRow] = [("LM-head input", "head & loss", t * h, w["compute"], False),
-                               ("log-softmax of logits, fp32", "head & loss", t * V, FP32, True),
-                               ("loss normaliser (total_weight)", "head & loss", 1, FP32, False)]
+                               ("log-softmax of logits" + (", fp32" if lsm == FP32 else " (not upcast)"),
+                                "head & loss", t * V, lsm, True),
+                               ("loss normaliser (total_weight)", "head & loss", 1, lsm, False)]
         if config.impl.final_softcap:
             rows.append(("tanh of the capped logits", "head & loss", t * V, w["compute"], True))
         if setup.policy.autocast:

@@ -126,6 +126,9 @@ def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -
     or QLoRA on a grouped mixture of experts (``impl.grouped_experts``: measured not to match, not modelled)."""
     im = config.impl
     im.check_window(setup.seq if seq is None else seq, setup.attention)
+    if im.family == "reference" and getattr(setup, "loss_call", "labels") != "labels":
+        raise SetupError("loss_call='manual' describes a transformers model's call; memlab's own GPT computes its "
+                         "loss itself (memlab.model.loss.logits_loss, upcast to fp32): leave loss_call='labels'")
     if im.grouped_experts and setup.finetune in ("lora", "qlora"):  # measured off by a d_ff-wide tensor per pair
         raise SetupError(f"{im.family}: LoRA and QLoRA around grouped_mm experts are not modelled (a frozen "
                          "expert keeps other tensors than a trained one); use full training or frozen layers")
@@ -162,13 +165,14 @@ def _check_autocast_draws(config: TransformerConfig, setup: Any) -> None:
 
 
 def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, compute: float) -> list[tuple]:
-    """What a right-padded batch (``Setup.attention_mask='padded'``) adds under CPU SDPA's flash kernel, all layers,
+    """What a padded batch (``Setup.attention_mask='padded'``) adds under CPU SDPA's flash kernel, all layers,
     as activation term rows: transformers then hands SDPA an explicit (b, 1, s, s) mask, which each layer's kernel
     keeps in the compute dtype (unless the family already passes one, Falcon: ``impl.sdpa_keeps_mask``), and no
     longer uses ``enable_gqa``, so a GQA model's K and V are repeated to the query width first (a copy, unless one
     K/V head: a view) [hf-transformers: integrations/sdpa_attention.py use_gqa_in_sdpa, repeat_kv;
-    masking_utils.py sdpa_mask]. Measured on CPU on every tiny config (benchmarks/call_conventions.py).
-    ``compute``: bytes per element."""
+    masking_utils.py sdpa_mask]; with one K/V head under autocast the rotated fp32 k is cast, repeated, to the
+    query width. Left padding keeps the same. Measured on CPU on every tiny config, fp32, bf16 and fp32 under
+    bf16 autocast (benchmarks/call_conventions.py). ``compute``: bytes per element."""
     if setup.attention_mask != "padded" or setup.attention != "flash":
         return []
     im, L, t = config.impl, config.n_layers, b * s
@@ -179,14 +183,84 @@ def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, comp
     if kv not in (config.q_dim, config.head_dim):  # one K/V head: repeat_kv's reshape stays a view of K, V
         out.append(("k, v repeated to the query width (no enable_gqa with a mask)", "attention",
                     L * t * 2 * (config.q_dim - kv), compute, True))
+    elif kv != config.q_dim and setup.policy.autocast and config.positions == "rotary":
+        # one K/V head under autocast: the rotated k is fp32 (the fp32 cos/sin promote it), and SDPA's cast of its
+        # repeated view is a full query-width 16-bit copy; v, already 16-bit, stays a view (measured: Gemma)
+        out.append(("k repeated to the query width by autocast's cast (one K/V head)", "attention",
+                    L * t * (config.q_dim - kv), compute, True))
     return out
 
 
 def check_call(setup: Any, device_type: str) -> None:
-    """Raise :class:`~memlab.errors.SetupError` (one line) for a padded batch under SDPA on CUDA: with an explicit
-    mask PyTorch cannot pick the flash kernel there and which kernel it takes (and keeps) is not measured."""
+    """Raise :class:`~memlab.errors.SetupError` (one line) for a padded batch under SDPA on CUDA. Without a mask (or
+    with an all-ones one, which transformers drops for SDPA: masking_utils.py sdpa_mask, _ignore_causal_mask_sdpa)
+    SDPA runs ``is_causal`` and PyTorch picks flash for 16-bit inputs and the memory-efficient kernel for fp32
+    (:func:`memlab.predict.hf.hf_attention`); a padded batch hands it an explicit ``attn_mask``, which the CUDA flash
+    kernel does not accept, so PyTorch falls back to the memory-efficient kernel (which takes an additive mask and
+    keeps it for backward) or the math one [pytorch-sdpa: torch.nn.functional.scaled_dot_product_attention,
+    torch.nn.attention.sdpa_kernel: the CUDA flash backend takes no attn_mask]: which kernel and what it keeps are not
+    measured (no GPU run yet; tests/run/test_calls.py, marked gpu), so it is refused rather than guessed."""
     if setup.mode == "train" and setup.attention_mask == "padded" and setup.attention != "eager" \
             and device_type != "cpu":
         raise SetupError(f"attention_mask='padded' with attention={setup.attention!r} on {device_type} is not "
-                         "measured (SDPA's flash kernel takes no explicit mask there): use attention='eager', or "
-                         "device cpu")
+                         "measured (CUDA SDPA's flash kernel takes no explicit mask; the memory-efficient or math "
+                         "kernel it falls back to keeps other tensors): use attention='eager', or device cpu")
+
+
+def manual_loss(setup: Any) -> bool:
+    """Whether the loss is the hand-written one on the returned logits (``Setup.loss_call='manual'``) in a 16-bit
+    model without autocast, the one case where it differs from transformers' loss: no fp32 upcast of the logits
+    (:func:`memlab.model.loss.logits_loss` with ``upcast=False``). In fp32 the upcast is a no-op, and under
+    autocast cross_entropy runs in fp32 on CPU and on CUDA alike (both autocast op lists name it [pytorch-amp]), so
+    both calls keep the same there (measured on CPU, benchmarks/call_conventions.py --loss-call)."""
+    return getattr(setup, "loss_call", "labels") == "manual" and not setup.policy.autocast \
+        and setup.policy.compute_dtype != "fp32"
+
+
+def log_softmax_bytes(setup: Any, compute: float) -> float:
+    """Bytes per element of the plain loss's kept log-softmax (and of its ``total_weight`` scalar): fp32, or the
+    logits' ``compute`` bytes for the hand-written loss in a 16-bit model (:func:`manual_loss`)."""
+    return compute if manual_loss(setup) else FP32
+
+
+def loss_call_transients(setup: Any, fwd: float, bwd: float) -> tuple[float, float]:
+    """Bytes per logit alive at the end of forward and at the start of backward for the plain loss: ``fwd`` and
+    ``bwd`` (transformers' loss: the 16-bit logits and their fp32 copy, then the fp32 gradients of the log-softmax
+    and of the logits), or 2 and 4 for the hand-written loss in a 16-bit model (:func:`manual_loss`: the 16-bit
+    logits alone, then their 16-bit gradients)."""
+    return (2.0, 4.0) if manual_loss(setup) else (fwd, bwd)
+
+
+def checkpoint_mask_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, residual: float) -> list[tuple]:
+    """What full recompute (transformers' gradient checkpointing, non-reentrant) keeps of the attention mask: a
+    checkpointed layer saves its positional arguments and holds its keyword arguments by reference
+    [hf-transformers: modeling_layers.py GradientCheckpointingLayer.__call__, partial(super().__call__, **kwargs)],
+    so only a family that hands the mask positionally (``impl.checkpoint_keeps_mask``: GPT-2's block) keeps it,
+    once (every layer gets the same tensor): eager's (b, 1, s, s) causal mask in the ``residual`` dtype (bytes per
+    element), or under SDPA a padded batch's (b, 1, s, s) bool mask (without padding SDPA gets no mask). The
+    rotary cos/sin and position ids go by keyword in every family: not kept. Measured on CPU on every tiny HF
+    config with no mask, an all-ones mask and a padded batch (benchmarks/call_conventions.py)."""
+    if not config.impl.checkpoint_keeps_mask:
+        return []
+    if setup.attention == "eager":
+        return [("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s, residual, False)]
+    if getattr(setup, "attention_mask", "none") == "padded":
+        return [("4-D bool padding mask, checkpoint input", "block inputs (recompute)", b * s * s, 1, False)]
+    return []
+
+
+def cuda_autocast_gelu_note(config: TransformerConfig, setup: Any, device_type: str) -> str | None:
+    """The assumption for a composed tanh GELU (``gelu_new``: GPT-2, GPT-J, Phi; hf-transformers activations.py
+    NewGELUActivation, ``torch.pow(input, 3.0)``) under CUDA autocast, None elsewhere: CUDA's autocast runs ``pow``
+    in fp32 while CPU's op lists have no rule for it [pytorch-amp: Autocast Op Reference, "CUDA Ops that can
+    autocast to float32" vs the CPU lists], so on CUDA part of the GELU's chain runs in fp32. Its d_ff-wide tensors
+    are counted in 16 bits as measured on CPU; not measured on CUDA, the error is named with its bound: at most all
+    of them twice as wide, ``2 x n_f x L x d_ff`` bytes per token."""
+    im = config.impl
+    if device_type != "cuda" or not setup.policy.autocast or setup.mode != "train" or im.act(config.mlp) != "gelu_new":
+        return None
+    per_token = 2 * im.mlp_saved_tensors(config.mlp) * config.n_layers * config.ffn
+    return (f"{im.family}'s gelu_new under CUDA autocast: its {im.mlp_saved_tensors(config.mlp)} d_ff-wide tensors "
+            "per layer are counted in 16 bits as measured on CPU; CUDA's autocast runs the torch.pow inside it in fp32 "
+            "(CPU's does not; torch Autocast Op Reference), not measured on CUDA: up to "
+            f"{per_token:,} B per token more ({per_token / 2**10:.1f} KiB) if all of them were fp32")

@@ -51,6 +51,7 @@ import numpy as np
 
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.activations import autocast_bias_copy_bytes, autocast_block_copy_bytes, shared_widths, term_rows
+from memlab.predict.family_terms import loss_call_transients
 from memlab.predict.frozen import unchecked
 from memlab.predict.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
@@ -358,7 +359,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     lt = layer_terms(config, setup, device_type, terms)
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
         logits = setup.batch * setup.seq * config.vocab_size / setup.tp
-        fwd, bwd = const["forward_logits_bytes_per_element"] * logits, 8 * logits
+        fwd, bwd = (n * logits for n in loss_call_transients(setup, const["forward_logits_bytes_per_element"], 8))
         unsaved, top = 0, False
     else:
         logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
@@ -385,9 +386,10 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved, "top_layer": top,
-        # the plain loss inside the model under autocast: the fp32 final-norm output is alive while it runs
+        # the plain loss inside the model under autocast: the fp32 final-norm output is alive while it runs (not
+        # for a hand-written loss, which runs after the model's forward has returned)
         "final_norm_output_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
-        if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep
+        if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"
         and not (const["fsdp"] is not None and setup.fsdp_loss == "outside") else 0,
     })
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlab.errors import SetupError
+from memlab.predict.family_terms import cuda_autocast_gelu_note, manual_loss
 from memlab.predict.finetune import (
     finetune_states,
     frozen_states,
@@ -209,13 +210,40 @@ CALLS = {
             "and the same causal mask for eager, so it saves what the call without a mask saves (measured on CPU "
             "on every tiny HF config, benchmarks/call_conventions.py; not yet on CUDA, assumed the same there as "
             "transformers builds the mask the same way on either)",
-    "padded": "the call: a right-padded batch, model(input_ids, attention_mask=..., labels=...) with pad_fraction={f} "
+    "padded": "the call: a {side}-padded batch, model(input_ids, attention_mask=..., labels=...) with pad_fraction={f} "
               "of the tokens padding (mask 0, labels -100): eager's causal mask changes values, not shapes (it saves "
               "what the call without a mask saves); CPU SDPA keeps the (b, 1, s, s) mask per layer and a GQA "
               "model's repeated K, V (memlab.predict.family_terms.padded_sdpa_rows; measured on CPU on every tiny "
               "HF config, benchmarks/call_conventions.py; SDPA with a padded batch on CUDA is refused)",
 }
 """The assumption line naming the call each ``Setup.attention_mask`` describes."""
+
+
+def call_line(setup: Any) -> str:
+    """The assumption naming the call the estimate describes: :data:`CALLS` for ``Setup.attention_mask`` (with
+    ``padding_side``), rewritten for a hand-written loss (``Setup.loss_call='manual'``, no ``labels=``)."""
+    line = CALLS[setup.attention_mask].format(f=setup.pad_fraction, side=setup.padding_side)
+    if setup.attention_mask == "padded":
+        line += ("; left padding saves what right padding saves (measured on CPU on every tiny HF config, "
+                 "benchmarks/call_conventions.py: no tensor's shape depends on where the zeros sit)")
+    if setup.recompute == "full" and setup.attention_mask != "none":
+        line += ("; under gradient checkpointing (non-reentrant) a layer keeps its positional arguments only: the mask "
+                 "once where the family hands it positionally (GPT-2: eager's causal mask, or under SDPA a padded "
+                 "batch's bool mask), never the rotary cos/sin or position ids, passed by keyword "
+                 "(memlab.predict.family_terms.checkpoint_mask_rows; measured on CPU on every tiny HF config)")
+    if setup.loss_call != "manual":
+        return line
+    line = line.replace(", labels=...)", ").logits").replace("labels -100", "targets -100")
+    how = ("no fp32 upcast: the log-softmax and its total_weight kept in the logits' 16-bit dtype, 2 B/element "
+           "instead of transformers' 4" if manual_loss(setup) else
+           "the same log-softmax as labels=... (fp32 logits, or fp32 under autocast, whose CPU and CUDA op lists "
+           "both run cross_entropy in fp32 [pytorch-amp])")
+    return (line + "; the loss hand-written on those logits, F.cross_entropy(logits.view(-1, V), targets.view(-1)) on "
+            f"the user's own next-token targets (no shifted, padded copy of the labels): {how} (measured on CPU on "
+            "every tiny HF config, benchmarks/call_conventions.py); its forward moment is modelled as transformers' "
+            "loss's, less the fp32 final-norm output under autocast, which traces up to 8 b (s + 1) + 16 t h + 16 B "
+            "higher (its padded labels and up to four fp32 t x h tensors its forward still holds while its loss runs; "
+            "every tiny HF config, benchmarks/call_conventions.py --trace): an upper bound by that much")
 
 
 def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_type: str,
@@ -274,7 +302,10 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                        "benchmarks/loss_options.py)")
         hf = isinstance(model, TransformerConfig) and model.impl.family != "reference"
         if setup.attention_mask != "none" or hf:  # memlab's own GPT has no HF call to name
-            out.append(CALLS[setup.attention_mask].format(f=setup.pad_fraction))
+            out.append(call_line(setup))
+        gelu = cuda_autocast_gelu_note(model, setup, device_type) if hf else None
+        if gelu:
+            out.append(gelu)
         if setup.offload_activations:
             out.append("activation offload (save_on_cpu, pinned): the device keeps the token ids and the loss's "
                        "tensors while it runs; host_bytes is a lower bound (tensors saved twice are copied twice)")

@@ -32,6 +32,8 @@ FsdpOutputDtype = Literal["none", "fp32", "bf16", "fp16"]
 PpSchedule = Literal["1f1b", "gpipe", "interleaved"]
 EpRouting = Literal["balanced", "worst"]
 AttentionMask = Literal["none", "ones", "padded"]
+LossCall = Literal["labels", "manual"]
+PadSide = Literal["right", "left"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -231,6 +233,13 @@ class Setup(StrictInit):
     pad_fraction: float = field(default=0.0, metadata={"max": 1.0, "max_open": True, "why": "a share of the "
                                                        "tokens, below 1", "mode": "train"})
     """With attention_mask='padded': the share of the batch's tokens that are padding (0 <= f < 1)."""
+    padding_side: PadSide = field(default="right", metadata={"mode": "train"})
+    """With attention_mask='padded': where each row's padding sits, right (the end, training collators) or left
+    (the start, generation-style batches; a transformers tokenizer's padding_side)."""
+    loss_call: LossCall = field(default="labels", metadata={"mode": "train"})
+    """How the loss is called: labels (model(input_ids, labels=...): transformers' loss upcasts the logits to fp32
+    and shifts the labels) or manual (logits = model(input_ids).logits, then F.cross_entropy(logits.view(-1, V),
+    targets.view(-1)) on the user's next-token targets: the log-softmax in the logits' dtype; training only)."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
@@ -293,10 +302,17 @@ class Setup(StrictInit):
         self._check_call()
 
     def _check_call(self) -> None:
-        """One SetupError line for a calling convention (``attention_mask``) memlab has not measured."""
+        """One SetupError line for a calling convention (``attention_mask``, ``padding_side``, ``loss_call``) memlab has
+        not measured."""
         if self.pad_fraction and self.attention_mask != "padded":
             raise SetupError(f"pad_fraction={self.pad_fraction} goes with attention_mask='padded', not "
                              f"{self.attention_mask!r}: set attention_mask='padded' (or drop pad_fraction)")
+        if self.padding_side != "right" and self.attention_mask != "padded":
+            raise SetupError(f"padding_side={self.padding_side!r} goes with attention_mask='padded', not "
+                             f"{self.attention_mask!r}: set attention_mask='padded' (or drop padding_side)")
+        if self.loss_call == "manual" and (self.loss != "plain" or self.logits_to_keep or self.mode != "train"):
+            raise SetupError("loss_call='manual' is the plain cross-entropy on every position's logits: use "
+                             "loss='plain' without logits_to_keep in mode='train' (or loss_call='labels')")
         if self.attention_mask == "none":
             return
         if self.attention_mask == "padded" and self.attention not in ("eager", "flash"):
@@ -304,8 +320,8 @@ class Setup(StrictInit):
                              "eager and CPU SDPA's flash kernel are): use attention='eager' or 'flash'")
         unmodelled = [name for name, on in (
             ("mode='inference'", self.mode != "train"), (f"precision={self.precision!r}",
-                                                         self.precision not in ("fp32", "bf16")),
-            (f"recompute={self.recompute!r}", self.recompute != "none"), ("a chunked or fused loss or "
+                                                         self.precision not in ("fp32", "bf16", "amp-bf16")),
+            (f"recompute={self.recompute!r}", self.recompute == "selective"), ("a chunked or fused loss or "
              "logits_to_keep", self.loss != "plain" or self.logits_to_keep), ("offload_activations",
              self.offload_activations), (f"finetune={self.finetune!r}", self.finetune != "full"),
             ("more than one device", self.world_size * self.tp * self.pp * self.cp > 1),

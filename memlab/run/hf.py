@@ -77,6 +77,10 @@ class HfMeasurement:
     attention_mask: str = "none"
     """The call convention (``Setup.attention_mask``): none, ones or padded (:func:`call_inputs`)."""
     pad_fraction: float = 0.0
+    padding_side: str = "right"
+    """Where a padded batch's padding sits (``Setup.padding_side``: right or left)."""
+    loss_call: str = "labels"
+    """``labels`` (the model's own loss) or ``manual`` (cross-entropy on the returned logits; ``Setup.loss_call``)."""
 
     @property
     def states_bytes(self) -> int:
@@ -89,13 +93,16 @@ class HfMeasurement:
         dev = device_type(self.device)
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
         precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
+        # autocast hands SDPA bf16 q, k, v (aten/src/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP): on CUDA
+        # the kernel is then picked as for a bf16 model (flash), not an fp32 one
+        kernel_dtype = "bf16" if self.autocast else self.dtype
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, dev, self.dtype, p), recompute=self.recompute,
+                     attention=hf_attention(self.attn_implementation, dev, kernel_dtype, p), recompute=self.recompute,
                      loss=self.loss, loss_chunk=self.loss_chunk, logits_to_keep=self.logits_to_keep,
                      finetune=self.finetune, lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
                      lora_targets=self.lora_targets, lora_modules_to_save=self.lora_modules_to_save,
                      frozen_layers=self.frozen_layers, attention_mask=self.attention_mask,
-                     pad_fraction=self.pad_fraction)
+                     pad_fraction=self.pad_fraction, padding_side=self.padding_side, loss_call=self.loss_call)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -130,7 +137,7 @@ def _checkpointing(model: torch.nn.Module) -> bool:
 
 
 def pad_counts(batch: int, seq: int, pad_fraction: float) -> list[int]:
-    """Padding tokens at the end of each row of a right-padded ``batch`` x ``seq`` batch:
+    """Padding tokens in each row of a padded ``batch`` x ``seq`` batch:
     ``floor(pad_fraction * batch * seq)`` tokens split as evenly as possible, the first rows one more. A row that
     would be all padding is a :class:`SetupError` (a sequence needs a real token)."""
     n = int(pad_fraction * batch * seq)
@@ -140,19 +147,21 @@ def pad_counts(batch: int, seq: int, pad_fraction: float) -> list[int]:
     return counts
 
 
-def call_inputs(input_ids: torch.Tensor, attention_mask: str = "none",
-                pad_fraction: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+def call_inputs(input_ids: torch.Tensor, attention_mask: str = "none", pad_fraction: float = 0.0,
+                padding_side: str = "right") -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(labels, mask)`` for a call convention (``Setup.attention_mask``): ``none`` passes no mask (labels are the
-    ids), ``ones`` an all-ones (batch, seq) int64 mask, ``padded`` a right-padded batch (:func:`pad_counts`): the
-    mask 0 and the labels -100 on each row's last padding positions."""
+    ids), ``ones`` an all-ones (batch, seq) int64 mask, ``padded`` a padded batch (:func:`pad_counts`): the mask 0
+    and the labels -100 on each row's last (``padding_side='right'``) or first (``'left'``) padding positions."""
     if attention_mask == "none":
         return input_ids, None
+    if padding_side not in ("right", "left"):
+        raise SetupError(f"padding_side must be right or left, got {padding_side!r}")
     mask = torch.ones_like(input_ids)
     if attention_mask == "padded":
         b, s = input_ids.shape
         for row, n in enumerate(pad_counts(b, s, pad_fraction)):
             if n:
-                mask[row, s - n:] = 0
+                (mask[row, s - n:] if padding_side == "right" else mask[row, :n]).fill_(0)
     elif attention_mask != "ones":
         raise SetupError(f"attention_mask must be none, ones or padded, got {attention_mask!r}")
     return input_ids.masked_fill(mask == 0, -100), mask
@@ -161,7 +170,8 @@ def call_inputs(input_ids: torch.Tensor, attention_mask: str = "none",
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
                keep_saved: bool = False, autocast: bool = False,
                loss: Any = None, lora: Setup | None = None, attention_mask: str = "none",
-               pad_fraction: float = 0.0) -> HfMeasurement | tuple[HfMeasurement, Any]:
+               pad_fraction: float = 0.0, padding_side: str = "right",
+               loss_call: str = "labels") -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
     bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
     runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
@@ -169,7 +179,8 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     ``loss``: a :class:`memlab.model.loss.LossOptions` (chunked, fused, logits_to_keep; None: the model's own).
     ``lora``: the setup ``model`` was wrapped for (:func:`memlab.model.hf.apply_lora`), recorded in the result;
     the optimizer steps only what requires a gradient (the adapters). ``attention_mask``/``pad_fraction``: the
-    call convention (:func:`call_inputs`; ``Setup.attention_mask``)."""
+    call convention (:func:`call_inputs`; ``Setup.attention_mask``), ``padding_side`` where the padding sits,
+    ``loss_call`` labels or manual (``Setup.loss_call``; ignored when ``loss`` is given: its own ``call``)."""
     cfg = model.config
     dev = next(model.parameters()).device
     idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
@@ -179,8 +190,8 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     meter = _HfMeter(model, step.state_holder(), dev)
     from memlab.model.loss import LossOptions, hf_causal_lm_loss
 
-    opts = loss if loss is not None else LossOptions()
-    labels, mask = call_inputs(idx, attention_mask, pad_fraction)
+    opts = loss if loss is not None else LossOptions(call=loss_call)
+    labels, mask = call_inputs(idx, attention_mask, pad_fraction, padding_side)
     train_step(step, lambda: hf_causal_lm_loss(model, idx, labels, opts, mask), meter=meter)
     saved, st = meter.saved, meter.states
     quant = quant_state_bytes(model) if lora is not None and lora.finetune == "qlora" else 0
@@ -190,7 +201,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         params_bytes=st.params_bytes + quant, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
         device=str(dev), recompute="full" if _checkpointing(model) else "none",
         autocast=autocast, loss=opts.kind, loss_chunk=opts.chunk, logits_to_keep=opts.keep,
-        attention_mask=attention_mask, pad_fraction=pad_fraction,
+        attention_mask=attention_mask, pad_fraction=pad_fraction, padding_side=padding_side, loss_call=opts.call,
         **({} if lora is None else {
             "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,
             "lora_targets": lora.lora_targets, "lora_modules_to_save": lora.lora_modules_to_save,
@@ -211,12 +222,13 @@ def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
 
 def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
            seed: int = 0, gradient_checkpointing: bool = False, autocast: bool = False,
-           lora: Setup | None = None, attention_mask: str = "none",
-           pad_fraction: float = 0.0) -> tuple[TransformerConfig, HfMeasurement]:
+           lora: Setup | None = None, attention_mask: str = "none", pad_fraction: float = 0.0,
+           padding_side: str = "right", loss_call: str = "labels") -> tuple[TransformerConfig, HfMeasurement]:
     """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
     (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``; ``lora``: a setup
     with ``finetune='lora'``, whose adapters peft adds before the step, :func:`memlab.model.hf.apply_lora`;
-    ``attention_mask``/``pad_fraction``: the call convention, :func:`call_inputs`)."""
+    ``attention_mask``/``pad_fraction``/``padding_side``: the call convention, :func:`call_inputs`; ``loss_call``:
+    labels or manual, ``Setup.loss_call``)."""
     if autocast and dtype != "fp32":
         raise SetupError("autocast runs an fp32 model (dtype='fp32') with a bf16 forward; got dtype=" + repr(dtype))
     model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
@@ -225,7 +237,8 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
     if lora is not None:
         model = apply_finetune(model, lora, seed=seed)
     m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast,
-                   lora=lora, attention_mask=attention_mask, pad_fraction=pad_fraction)
+                   lora=lora, attention_mask=attention_mask, pad_fraction=pad_fraction, padding_side=padding_side,
+                   loss_call=loss_call)
     del model
     return tc, m  # type: ignore[return-value]
 

@@ -72,7 +72,7 @@ def test_padding_is_right_aligned_and_counted(seed: int) -> None:
 
 
 @pytest.mark.parametrize("changes", [dict(pad_fraction=0.2), dict(attention_mask="padded", attention="math"),
-                                     dict(attention_mask="ones", recompute="full"),
+                                     dict(attention_mask="ones", recompute="selective"),
                                      dict(attention_mask="ones", loss="fused"), dict(attention_mask="padded",
                                                                                      pad_fraction=1.0)])
 def test_unmeasured_conventions_are_refused_in_one_line(changes: dict) -> None:
