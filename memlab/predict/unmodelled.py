@@ -18,6 +18,10 @@ from memlab.predict.models import TransformerConfig
 from memlab.predict.phases import layer_terms
 from memlab.predict.setup import Setup
 
+HF_TRANSIENTS = ("a Hugging Face family's own transients inside forward and backward (norm upcasts, its activation's "
+                 "backward, the mask's expansion), where no t x V logits term hides them")
+"""The name of the term :func:`unmodelled_term_list` gives an HF family under the plain loss."""
+
 
 def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
     """The most the estimate's top-block backward moment can exceed a real step (``StepInputs.top_layer``: under a
@@ -74,7 +78,9 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     :func:`attention_core_bound_bytes`), under
     activation offload with the plain loss the LM head's weight copied back at its backward (+), and under a chunked or
     fused loss or kept positions the top block's backward moment, an upper bound (backward, -); under activation
-    offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -).
+    offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -);
+    for a Hugging Face family under the plain loss its own in-phase transients (:data:`HF_TRANSIENTS`, at most
+    :func:`top_block_bound_bytes`; forward and backward, +).
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -121,6 +127,15 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
                              "counted all at once (an upper bound)",
                              math.ceil(top_block_bound_bytes(config, setup)), ("backward",), -1))
+    if config.impl.family != "reference" and setup.loss == "plain" and not setup.logits_to_keep \
+            and not setup.offload_activations:
+        # a Hugging Face family's own in-phase ops (its norms' fp32 upcasts, a composed activation's backward, the
+        # attention mask's expansion, the loss's label shift) are counted as the reference GPT's: the phase model's
+        # t x V logits terms hide them only where the vocabulary is large against the widths (measured on real steps
+        # of drawn configs, memlab.compare.hf_draws: within 0.1 % at V = 4096, up to several per cent below it at
+        # V = 96-512); bounded by one block's backward temporaries and gradients (top_block_bound_bytes)
+        out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup)),
+                             ("forward", "backward"), +1))
     if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
         from memlab.predict.phases import layer_terms
 
