@@ -275,6 +275,11 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         hf = isinstance(model, TransformerConfig) and model.impl.family != "reference"
         if setup.attention_mask != "none" or hf:  # memlab's own GPT has no HF call to name
             out.append(CALLS[setup.attention_mask].format(f=setup.pad_fraction))
+        if hf and setup.loss == "plain" and not setup.logits_to_keep and not setup.offload_activations:
+            out.append("peak: the family's own transients inside forward and backward (norm upcasts, its activation's "
+                       "backward, the mask's expansion) are the reference GPT's, hidden by the t x V logits terms at "
+                       "a large vocabulary; where they are not, named with their bound by "
+                       "memlab.predict.unmodelled.unmodelled_terms (real steps: python benchmarks/hf_draws.py)")
         if setup.offload_activations:
             out.append("activation offload (save_on_cpu, pinned): the device keeps the token ids and the loss's "
                        "tensors while it runs; host_bytes is a lower bound (tensors saved twice are copied twice)")

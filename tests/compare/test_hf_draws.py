@@ -104,3 +104,22 @@ def test_a_refused_key_that_the_estimate_accepted_would_be_off() -> None:
     cheat = HfDraw(**{**base.__dict__, "refused_key": "hidden_size", "checkpointing": False, "seq": 8, "batch": 1,
                       "attention_mask": "none", "pad_fraction": 0.0})
     assert judge(cheat).verdict == "off"
+
+
+def test_an_hf_estimate_names_its_own_transients_and_the_reference_gpt_does_not() -> None:
+    from memlab.predict.estimate import estimate
+    from memlab.predict.models import preset
+    from memlab.predict.setup import Setup
+    from memlab.predict.unmodelled import HF_TRANSIENTS, top_block_bound_bytes, unmodelled_term_list
+
+    setup = Setup(batch=2, seq=32, precision="fp32", optimizer="adamw")
+    hf = from_hf(TINY["llama"])
+    bd = estimate(hf, setup, device_type="cpu")
+    terms = {t.name: t for t in unmodelled_term_list(hf, setup, bd)}
+    assert terms[HF_TRANSIENTS].bytes == int(-(-top_block_bound_bytes(hf, setup) // 1)) > 0
+    assert terms[HF_TRANSIENTS].applies("forward") and not terms[HF_TRANSIENTS].applies("optimizer step")
+    assert any(a.startswith("peak: the family's own transients") for a in bd.assumptions)
+    ref = preset("tiny-gpt")
+    ref_bd = estimate(ref, setup, device_type="cpu")
+    assert HF_TRANSIENTS not in {t.name for t in unmodelled_term_list(ref, setup, ref_bd)}
+    assert not any(a.startswith("peak: the family's own transients") for a in ref_bd.assumptions)
