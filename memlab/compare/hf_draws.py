@@ -214,7 +214,7 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     if split:
         return HfVerdict(draw, "off", predicted, measured, "live bytes and MemTracker disagree in "
                          + ", ".join(f"{k} ({phases[k][1] - phases[k][2]:+,} B)" for k in split), phases)
-    named = unmodelled_term_list(config, m.setup(config), est)
+    named = unmodelled_term_list(config, m.setup(config), est, device_type(m.device))
     peaks = {k: gap_verdict(predicted[k], measured[k], _peak_terms(named, est.phases, m.phase_peaks, step),
                             PEAK_TOLERANCE) for k, step in (("peak", "first"), ("steady peak", "steady"))}
     off = [k for k in COMPONENTS if (peaks[k] == "off" if k in peaks else predicted[k] != measured[k])]

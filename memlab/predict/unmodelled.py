@@ -23,6 +23,30 @@ HF_TRANSIENTS = ("a Hugging Face family's own transients inside forward and back
 """The name of the term :func:`unmodelled_term_list` gives an HF family under the plain loss."""
 
 
+HF_LOOP_ORDER = ("a for-loop Adam step's moment (one tensor's sqrt and division beside the previous tensor's denom) in "
+                 "the Hugging Face family's own parameter order, not the reference GPT's")
+"""The name of the term :func:`hf_loop_order_bytes` sizes."""
+
+
+def hf_loop_order_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
+    """The most a for-loop Adam/AdamW step of a Hugging Face family can hold beyond the estimate's loop moment, in
+    bytes on one tp rank: the estimate takes ``2 x a tensor + the previous one`` in the reference GPT's parameter
+    order (:attr:`memlab.predict.sharding.ShapeSummary.loop_peak_elements`), transformers registers a block's
+    modules in its own order (Llama: attention, MLP, then the norms; Phi-3: ``o_proj`` before ``qkv_proj``), so the
+    tensor before the largest can differ; at most ``3 x the largest tensor``. 0 for memlab's GPT, another
+    implementation or optimizer, 16-bit weights with fp32 masters (the wrapper steps its own list), or LoRA."""
+    from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
+    from memlab.predict.setup import resolve_optimizer_impl
+    from memlab.predict.sharding import shape_summary
+
+    if config.impl.family == "reference" or setup.optimizer not in ("adam", "adamw") or setup.policy.master_bytes \
+            or setup.finetune != "full" or setup.mode != "train" \
+            or resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type) != "for-loop":
+        return 0.0
+    ss = shape_summary(config, setup.tp)
+    return float(max(0, 3 * ss.largest_elements - ss.loop_peak_elements) * optimizer_state_dtype_bytes(setup.policy))
+
+
 def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
     """The most the estimate's top-block backward moment can exceed a real step (``StepInputs.top_layer``: under a
     chunked or fused loss or kept positions the top block's temporaries and its gradients are counted all at
@@ -61,7 +85,8 @@ class NamedTerm:
         return phase in self.phases or (not self.exact and phase.split(" (")[0] in self.phases)
 
 
-def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> list[NamedTerm]:
+def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown,
+                         device_type: str = "cpu") -> list[NamedTerm]:
     """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
     the most it can add or take away, in bytes, the phases it applies to and its sign (:class:`NamedTerm`):
     FSDP2's moments outside the phase model (:func:`memlab.predict.fsdp.unmodelled`: forward or backward, +), and
@@ -80,7 +105,9 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     fused loss or kept positions the top block's backward moment, an upper bound (backward, -); under activation
     offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -);
     for a Hugging Face family under the plain loss its own in-phase transients (:data:`HF_TRANSIENTS`, at most
-    :func:`top_block_bound_bytes`; forward and backward, +).
+    :func:`top_block_bound_bytes`; forward and backward, +), and under a for-loop Adam/AdamW step (the
+    implementation ``device_type`` resolves) the loop's moment in the family's own parameter order
+    (:func:`hf_loop_order_bytes`; optimizer step, +).
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -136,6 +163,9 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         # V = 96-512); bounded by one block's backward temporaries and gradients (top_block_bound_bytes)
         out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup)),
                              ("forward", "backward"), +1))
+    loop = hf_loop_order_bytes(config, setup, device_type)
+    if loop:
+        out.append(NamedTerm(HF_LOOP_ORDER, math.ceil(loop), ("optimizer step",), +1))
     if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
         from memlab.predict.phases import layer_terms
 
