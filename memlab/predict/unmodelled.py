@@ -28,13 +28,14 @@ HF_LOOP_ORDER = ("a for-loop Adam step's moment (one tensor's sqrt and division 
 """The name of the term :func:`hf_loop_order_bytes` sizes."""
 
 
-def hf_loop_order_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
-    """The most a for-loop Adam/AdamW step of a Hugging Face family can hold beyond the estimate's loop moment, in
-    bytes on one tp rank: the estimate takes ``2 x a tensor + the previous one`` in the reference GPT's parameter
-    order (:attr:`memlab.predict.sharding.ShapeSummary.loop_peak_elements`), transformers registers a block's
-    modules in its own order (Llama: attention, MLP, then the norms; Phi-3: ``o_proj`` before ``qkv_proj``), so the
-    tensor before the largest can differ; at most ``3 x the largest tensor``. 0 for memlab's GPT, another
-    implementation or optimizer, 16-bit weights with fp32 masters (the wrapper steps its own list), or LoRA."""
+def hf_loop_order_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> tuple[float, float]:
+    """(more, less): the most a for-loop Adam/AdamW step of a Hugging Face family can hold beyond and below the
+    estimate's loop moment, in bytes on one tp rank. The estimate takes ``2 x a tensor + the previous one`` in the
+    reference GPT's parameter order (:attr:`memlab.predict.sharding.ShapeSummary.loop_peak_elements`); transformers
+    registers a block's modules in its own order (Llama: attention, MLP, then the norms; Phi-3: ``o_proj`` before
+    ``qkv_proj``), so the tensor before the largest can differ: the real moment lies between ``2 x the largest``
+    and ``3 x the largest``. (0, 0) for memlab's GPT, another implementation or optimizer, 16-bit weights with fp32
+    masters (the wrapper steps its own list), or LoRA."""
     from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
     from memlab.predict.setup import resolve_optimizer_impl
     from memlab.predict.sharding import shape_summary
@@ -42,9 +43,11 @@ def hf_loop_order_bytes(config: TransformerConfig, setup: Any, device_type: str 
     if config.impl.family == "reference" or setup.optimizer not in ("adam", "adamw") or setup.policy.master_bytes \
             or setup.finetune != "full" or setup.mode != "train" \
             or resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type) != "for-loop":
-        return 0.0
+        return 0.0, 0.0
     ss = shape_summary(config, setup.tp)
-    return float(max(0, 3 * ss.largest_elements - ss.loop_peak_elements) * optimizer_state_dtype_bytes(setup.policy))
+    sb = optimizer_state_dtype_bytes(setup.policy)
+    return (float(max(0, 3 * ss.largest_elements - ss.loop_peak_elements) * sb),
+            float(max(0, ss.loop_peak_elements - 2 * ss.largest_elements) * sb))
 
 
 def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
@@ -163,9 +166,11 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         # V = 96-512); bounded by one block's backward temporaries and gradients (top_block_bound_bytes)
         out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup)),
                              ("forward", "backward"), +1))
-    loop = hf_loop_order_bytes(config, setup, device_type)
-    if loop:
-        out.append(NamedTerm(HF_LOOP_ORDER, math.ceil(loop), ("optimizer step",), +1))
+    more, less = hf_loop_order_bytes(config, setup, device_type)
+    if more:
+        out.append(NamedTerm(HF_LOOP_ORDER, math.ceil(more), ("optimizer step",), +1))
+    if less:
+        out.append(NamedTerm(HF_LOOP_ORDER + " (a smaller neighbour)", math.ceil(less), ("optimizer step",), -1))
     if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
         from memlab.predict.phases import layer_terms
 

@@ -139,6 +139,8 @@ def test_a_for_loop_adam_step_names_the_family_parameter_order_and_foreach_does_
         bd = estimate(phi3, setup, device_type="cpu")  # a CPU resolves AdamW to the for-loop
         terms = {t.name: t for t in unmodelled_term_list(phi3, setup, bd, "cpu")}
         assert terms[HF_LOOP_ORDER].bytes == (3 * ss.largest_elements - ss.loop_peak_elements) * width > 0
-        assert terms[HF_LOOP_ORDER].phases == ("optimizer step",)
+        assert terms[HF_LOOP_ORDER].phases == ("optimizer step",) and terms[HF_LOOP_ORDER].sign == 1
+        less = terms[HF_LOOP_ORDER + " (a smaller neighbour)"]  # at least 2 x the largest: the largest's own step
+        assert less.bytes == (ss.loop_peak_elements - 2 * ss.largest_elements) * width and less.sign == -1
         cuda = estimate(phi3, setup, device_type="cuda")  # foreach: no loop
         assert HF_LOOP_ORDER not in {t.name for t in unmodelled_term_list(phi3, setup, cuda, "cuda")}
