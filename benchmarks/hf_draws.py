@@ -4,8 +4,8 @@ trained two real steps on this machine and judged against the estimate: exact, n
 step's peak, the steady step's states and peak) and per phase, the verdicts by family, and every draw that is off
 or unbuildable; exits 1 when any draw is off.
 
-Usage: ``python benchmarks/hf_draws.py [--draws 1140] [--seed 0]`` (60 draws a family; about a second a draw on two
-free cores).
+Usage: ``python benchmarks/hf_draws.py [--draws 1140] [--seed 0]`` (60 draws a family; under a second a draw on
+two cores, half of them refused before any step runs).
 """
 
 from __future__ import annotations
