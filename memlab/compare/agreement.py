@@ -153,18 +153,24 @@ def compare_draw(draw: Draw, *, tol: float = TOLERANCE) -> list[dict[str, Any]]:
     return rows
 
 
+def gap_verdict(predicted: float, measured: float, named: list[NamedTerm], tol: float = TOLERANCE) -> str:
+    """``within``, ``named`` or ``off`` (module docstring) for one phase or peak: ``predicted`` against
+    ``measured`` (a trace, or a real step's live bytes) in bytes, ``named`` the terms the estimate names for it."""
+    diff = predicted - measured
+    slack = tol * measured
+    more = sum(n.bytes for n in named if n.sign > 0)  # the measurement may hold this much more than the estimate
+    less = sum(n.bytes for n in named if n.sign < 0)  # ... or this much less
+    if abs(diff) <= slack:
+        return "within"
+    if named and -more - slack <= diff <= less + slack:
+        return "named"
+    return "off"
+
+
 def _row(draw: Draw, step: Any, phase: str, traced: int, predicted: int, tol: float,
          named: list[NamedTerm]) -> dict[str, Any]:
     diff = predicted - traced
-    slack = tol * traced
-    more = sum(n.bytes for n in named if n.sign > 0)  # the trace may hold this much more than the estimate
-    less = sum(n.bytes for n in named if n.sign < 0)  # ... or this much less
-    if abs(diff) <= slack:
-        verdict = "within"
-    elif named and -more - slack <= diff <= less + slack:
-        verdict = "named"
-    else:
-        verdict = "off"
+    verdict = gap_verdict(predicted, traced, named, tol)
     used = [n for n in named if (n.sign > 0) == (diff < 0)]
     return {"draw": draw.label, "family": draw.family, "step": step, "phase": phase, "trace_bytes": traced,
             "estimate_bytes": predicted, "diff_bytes": diff, "rel_diff": diff / traced if traced else 0.0,

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from memlab.compare.scoring import CalculatorResult, scoped
-from memlab.predict.activations import korthikanti_layer_bytes
 from memlab.predict.hf import from_hf
+from memlab.predict.korthikanti import korthikanti_layer_bytes
 from memlab.predict.models import TransformerConfig
 
 if TYPE_CHECKING:

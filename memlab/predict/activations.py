@@ -57,13 +57,6 @@ from memlab.predict.family_terms import (
     qk_norm_rows,
 )
 from memlab.predict.finetune import finetune_rows
-from memlab.predict.korthikanti import (  # noqa: F401  re-exported: the paper's formulas beside the count
-    KORTHIKANTI_TABLE2_ROWS,
-    KORTHIKANTI_TABLE2_SETUPS,
-    attention_score_share,
-    korthikanti_layer_bytes,
-    korthikanti_table2,
-)
 from memlab.predict.loss import hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.models import TransformerConfig
 from memlab.predict.precision import precision_policy

@@ -386,8 +386,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved, "top_layer": top,
-        # the plain loss inside the model under autocast: the fp32 final-norm output is alive while it runs (not
-        # for a hand-written loss, which runs after the model's forward has returned)
+        # the plain loss inside the model under autocast (not a hand-written one): the fp32 final-norm output lives
         "final_norm_output_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
         if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"
         and not (const["fsdp"] is not None and setup.fsdp_loss == "outside") else 0,

@@ -306,6 +306,11 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         gelu = cuda_autocast_gelu_note(model, setup, device_type) if hf else None
         if gelu:
             out.append(gelu)
+        if hf and setup.loss == "plain" and not setup.logits_to_keep and not setup.offload_activations:
+            out.append("peak: the family's own transients inside forward and backward (norm upcasts, its activation's "
+                       "backward, the mask's expansion) are the reference GPT's, hidden by the t x V logits terms at "
+                       "a large vocabulary; where they are not, named with their bound by "
+                       "memlab.predict.unmodelled.unmodelled_terms (real steps: python benchmarks/hf_draws.py)")
         if setup.offload_activations:
             out.append("activation offload (save_on_cpu, pinned): the device keeps the token ids and the loss's "
                        "tensors while it runs; host_bytes is a lower bound (tensors saved twice are copied twice)")

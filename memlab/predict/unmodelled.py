@@ -18,6 +18,37 @@ from memlab.predict.models import TransformerConfig
 from memlab.predict.phases import layer_terms
 from memlab.predict.setup import Setup
 
+HF_TRANSIENTS = ("a Hugging Face family's own transients inside forward and backward (norm upcasts, its activation's "
+                 "backward, the mask's expansion), where no t x V logits term hides them")
+"""The name of the term :func:`unmodelled_term_list` gives an HF family under the plain loss."""
+
+
+HF_LOOP_ORDER = ("a for-loop Adam step's moment (one tensor's sqrt and division beside the previous tensor's denom) in "
+                 "the Hugging Face family's own parameter order, not the reference GPT's")
+"""The name of the term :func:`hf_loop_order_bytes` sizes."""
+
+
+def hf_loop_order_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> tuple[float, float]:
+    """(more, less): the most a for-loop Adam/AdamW step of a Hugging Face family can hold beyond and below the
+    estimate's loop moment, in bytes on one tp rank. The estimate takes ``2 x a tensor + the previous one`` in the
+    reference GPT's parameter order (:attr:`memlab.predict.sharding.ShapeSummary.loop_peak_elements`); transformers
+    registers a block's modules in its own order (Llama: attention, MLP, then the norms; Phi-3: ``o_proj`` before
+    ``qkv_proj``), so the tensor before the largest can differ: the real moment lies between ``2 x the largest``
+    and ``3 x the largest``. (0, 0) for memlab's GPT, another implementation or optimizer, 16-bit weights with fp32
+    masters (the wrapper steps its own list), or LoRA."""
+    from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
+    from memlab.predict.setup import resolve_optimizer_impl
+    from memlab.predict.sharding import shape_summary
+
+    if config.impl.family == "reference" or setup.optimizer not in ("adam", "adamw") or setup.policy.master_bytes \
+            or setup.finetune != "full" or setup.mode != "train" \
+            or resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type) != "for-loop":
+        return 0.0, 0.0
+    ss = shape_summary(config, setup.tp)
+    sb = optimizer_state_dtype_bytes(setup.policy)
+    return (float(max(0, 3 * ss.largest_elements - ss.loop_peak_elements) * sb),
+            float(max(0, ss.loop_peak_elements - 2 * ss.largest_elements) * sb))
+
 
 def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
     """The most the estimate's top-block backward moment can exceed a real step (``StepInputs.top_layer``: under a
@@ -57,7 +88,8 @@ class NamedTerm:
         return phase in self.phases or (not self.exact and phase.split(" (")[0] in self.phases)
 
 
-def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> list[NamedTerm]:
+def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown,
+                         device_type: str = "cpu") -> list[NamedTerm]:
     """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
     the most it can add or take away, in bytes, the phases it applies to and its sign (:class:`NamedTerm`):
     FSDP2's moments outside the phase model (:func:`memlab.predict.fsdp.unmodelled`: forward or backward, +), and
@@ -74,7 +106,11 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     :func:`attention_core_bound_bytes`), under
     activation offload with the plain loss the LM head's weight copied back at its backward (+), and under a chunked or
     fused loss or kept positions the top block's backward moment, an upper bound (backward, -); under activation
-    offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -).
+    offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -);
+    for a Hugging Face family under the plain loss its own in-phase transients (:data:`HF_TRANSIENTS`, at most
+    :func:`top_block_bound_bytes`; forward and backward, +), and under a for-loop Adam/AdamW step (the
+    implementation ``device_type`` resolves) the loop's moment in the family's own parameter order
+    (:func:`hf_loop_order_bytes`; optimizer step, +).
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -121,6 +157,20 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
                              "counted all at once (an upper bound)",
                              math.ceil(top_block_bound_bytes(config, setup)), ("backward",), -1))
+    if config.impl.family != "reference" and setup.loss == "plain" and not setup.logits_to_keep \
+            and not setup.offload_activations:
+        # a Hugging Face family's own in-phase ops (its norms' fp32 upcasts, a composed activation's backward, the
+        # attention mask's expansion, the loss's label shift) are counted as the reference GPT's: the phase model's
+        # t x V logits terms hide them only where the vocabulary is large against the widths (measured on real steps
+        # of drawn configs, memlab.compare.hf_draws: within 0.1 % at V = 4096, up to several per cent below it at
+        # V = 96-512); bounded by one block's backward temporaries and gradients (top_block_bound_bytes)
+        out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup)),
+                             ("forward", "backward"), +1))
+    more, less = hf_loop_order_bytes(config, setup, device_type)
+    if more:
+        out.append(NamedTerm(HF_LOOP_ORDER, math.ceil(more), ("optimizer step",), +1))
+    if less:
+        out.append(NamedTerm(HF_LOOP_ORDER + " (a smaller neighbour)", math.ceil(less), ("optimizer step",), -1))
     if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
         from memlab.predict.phases import layer_terms
 

@@ -4,7 +4,10 @@
 :func:`measure_hf` runs one training step (forward with ``labels``, backward, AdamW step, zero_grad:
 :func:`memlab.model.step.train_step`) on synthetic tokens and counts, exactly and by storage, what the forward
 left for backward (:class:`~memlab.measure.accounting.SavedTensorRecorder`) and the model states after the
-optimizer step (:func:`~memlab.measure.accounting.model_states`). On a CPU these counts are the truth; on CUDA
+optimizer step (:func:`~memlab.measure.accounting.model_states`). With ``steps=2`` a second step runs on the same
+model and optimizer (AdamW state now exists: the steady step); with ``phase_peaks`` the live tensor bytes peak
+inside each phase of each step (:class:`~memlab.measure.live_bytes.PhasePeaks`: on a CPU, storages counted once,
+from the parameters, buffers and the call's tensors up). On a CPU these counts are the truth; on CUDA
 they sit beside the allocator's numbers. :func:`predict_hf` is the twin prediction from
 :func:`memlab.predict.hf.from_hf`.
 
@@ -14,7 +17,7 @@ they sit beside the allocator's numbers. :func:`predict_hf` is the twin predicti
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +26,7 @@ import torch
 from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
+from memlab.measure.live_bytes import PhasePeaks
 from memlab.model.hf import (  # noqa: F401  attention_implementations: re-exported for the compare room
     DTYPES,
     apply_finetune,
@@ -30,11 +34,12 @@ from memlab.model.hf import (  # noqa: F401  attention_implementations: re-expor
     build_hf_model,
     quant_state_bytes,
 )
-from memlab.model.step import Meter, token_ids, train_step, training_step
+from memlab.model.step import Meter, Meters, PhaseMeter, token_ids, train_step, training_step
 from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
 from memlab.predict.hf import from_hf, hf_attention
 from memlab.predict.models import TransformerConfig
+from memlab.predict.phases import PhaseRow
 from memlab.predict.precision import precision_policy
 from memlab.predict.setup import Setup
 
@@ -43,6 +48,11 @@ if TYPE_CHECKING:
 
 PRECISION_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16"}
 """memlab precision policy of a model built in that dtype (pure 16-bit: weights, grads and Adam states)."""
+
+Watch = Callable[[torch.nn.Module, Any, list[torch.Tensor]], contextlib.AbstractContextManager[Meter]]
+"""An extra observer of :func:`measure_hf`'s steps: called with the model, the optimizer and the call's tensors
+(token ids, labels, mask) before the first step, it returns a context entered around all the steps that yields
+the :class:`~memlab.model.step.Meter` each phase reports to (the compare room's MemTracker cross-check)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,13 @@ class HfMeasurement:
     """Where a padded batch's padding sits (``Setup.padding_side``: right or left)."""
     loss_call: str = "labels"
     """``labels`` (the model's own loss) or ``manual`` (cross-entropy on the returned logits; ``Setup.loss_call``)."""
+    steps: int = 1
+    """Training steps run on the same model and optimizer (1, or 2: the second is the steady step)."""
+    step_states_bytes: tuple[int, ...] = ()
+    """Model states (parameters + gradients + optimizer state, bytes) after each step's optimizer step."""
+    phase_peaks: tuple[PhaseRow, ...] = ()
+    """With ``phase_peaks``: live tensor bytes per phase of each step (step ``first``, then ``steady``):
+    :class:`~memlab.measure.live_bytes.PhasePeaks` on a CPU, ``max_memory_allocated`` on CUDA."""
 
     @property
     def states_bytes(self) -> int:
@@ -109,23 +126,30 @@ class HfMeasurement:
 
 
 class _HfMeter(Meter):
-    """The forward's saved tensors (autocast exits inside the recorder, so its weight-cast cache is released as in
-    training) and the model states after the optimizer step, gradients still held."""
+    """The first forward's saved tensors (autocast exits inside the recorder, so its weight-cast cache is released
+    as in training) and the model states after each optimizer step, gradients still held (:attr:`states`: the
+    first step's)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any, device: torch.device) -> None:
         self.model, self.optimizer, self.device = model, optimizer, device
         self.recorder = SavedTensorRecorder(model)
         self.saved: Any = None
-        self.states: Any = None
+        self.all_states: list[Any] = []
+
+    @property
+    def states(self) -> Any:
+        """The model states after the first step's optimizer step."""
+        return self.all_states[0]
 
     @contextlib.contextmanager
     def phase(self, step: Any, name: str) -> Iterator[None]:
-        with self.recorder if name == "forward" else contextlib.nullcontext():
+        record = name == "forward" and self.saved is None
+        with self.recorder if record else contextlib.nullcontext():
             yield
-        if name == "forward":
+        if record:
             self.saved = self.recorder.result()
         elif name == "optimizer step":
-            self.states = model_states(self.model, self.optimizer, device=self.device)
+            self.all_states.append(model_states(self.model, self.optimizer, device=self.device))
 
 
 def _checkpointing(model: torch.nn.Module) -> bool:
@@ -170,8 +194,8 @@ def call_inputs(input_ids: torch.Tensor, attention_mask: str = "none", pad_fract
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
                keep_saved: bool = False, autocast: bool = False,
                loss: Any = None, lora: Setup | None = None, attention_mask: str = "none",
-               pad_fraction: float = 0.0, padding_side: str = "right",
-               loss_call: str = "labels") -> HfMeasurement | tuple[HfMeasurement, Any]:
+               pad_fraction: float = 0.0, padding_side: str = "right", loss_call: str = "labels", steps: int = 1,
+               phase_peaks: bool = False, watch: Watch | None = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
     bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
     runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
@@ -180,7 +204,13 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     ``lora``: the setup ``model`` was wrapped for (:func:`memlab.model.hf.apply_lora`), recorded in the result;
     the optimizer steps only what requires a gradient (the adapters). ``attention_mask``/``pad_fraction``: the
     call convention (:func:`call_inputs`; ``Setup.attention_mask``), ``padding_side`` where the padding sits,
-    ``loss_call`` labels or manual (``Setup.loss_call``; ignored when ``loss`` is given: its own ``call``)."""
+    ``loss_call`` labels or manual (``Setup.loss_call``; ignored when ``loss`` is given: its own ``call``).
+    ``steps``: 1, or 2 consecutive steps on the same model and optimizer (the saved bytes are the first forward's;
+    :attr:`HfMeasurement.step_states_bytes` holds each step's states). ``phase_peaks``: record
+    :attr:`HfMeasurement.phase_peaks` (live bytes from the parameters, buffers, token ids, labels and mask up; see
+    :class:`~memlab.measure.live_bytes.PhasePeaks`). ``watch``: an extra observer of the steps (:data:`Watch`)."""
+    if steps not in (1, 2) or isinstance(steps, bool):
+        raise SetupError(f"steps must be 1 or 2 (the first and the steady step), got {steps!r}")
     cfg = model.config
     dev = next(model.parameters()).device
     idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
@@ -192,7 +222,14 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
 
     opts = loss if loss is not None else LossOptions(call=loss_call)
     labels, mask = call_inputs(idx, attention_mask, pad_fraction, padding_side)
-    train_step(step, lambda: hf_causal_lm_loss(model, idx, labels, opts, mask), meter=meter)
+    inputs = [t for t in (idx, labels, mask) if t is not None]
+    peaks = PhasePeaks(dev, track=[*model.parameters(), *model.buffers(), *inputs]) if phase_peaks else None
+    meters: list[Meter] = [meter] + ([PhaseMeter(peaks.phase)] if peaks is not None else [])
+    with watch(model, step.state_holder(), inputs) if watch is not None else contextlib.nullcontext() as seen:
+        for label in ("first", "steady")[:steps]:
+            with peaks if peaks is not None else contextlib.nullcontext():
+                train_step(step, lambda: hf_causal_lm_loss(model, idx, labels, opts, mask),
+                           meter=Meters(*meters, *([seen] if seen is not None else [])), label=label)
     saved, st = meter.saved, meter.states
     quant = quant_state_bytes(model) if lora is not None and lora.finetune == "qlora" else 0
     m = HfMeasurement(
@@ -202,6 +239,9 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         device=str(dev), recompute="full" if _checkpointing(model) else "none",
         autocast=autocast, loss=opts.kind, loss_chunk=opts.chunk, logits_to_keep=opts.keep,
         attention_mask=attention_mask, pad_fraction=pad_fraction, padding_side=padding_side, loss_call=opts.call,
+        steps=steps,
+        step_states_bytes=tuple(s.params_bytes + quant + s.grads_bytes + s.optimizer_bytes for s in meter.all_states),
+        phase_peaks=tuple(peaks.rows) if peaks is not None else (),
         **({} if lora is None else {
             "finetune": lora.finetune, "lora_rank": lora.lora_rank, "lora_dropout": lora.lora_dropout,
             "lora_targets": lora.lora_targets, "lora_modules_to_save": lora.lora_modules_to_save,
@@ -223,12 +263,13 @@ def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
 def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
            seed: int = 0, gradient_checkpointing: bool = False, autocast: bool = False,
            lora: Setup | None = None, attention_mask: str = "none", pad_fraction: float = 0.0,
-           padding_side: str = "right", loss_call: str = "labels") -> tuple[TransformerConfig, HfMeasurement]:
+           padding_side: str = "right", loss_call: str = "labels", steps: int = 1, phase_peaks: bool = False,
+           watch: Watch | None = None) -> tuple[TransformerConfig, HfMeasurement]:
     """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
     (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``; ``lora``: a setup
     with ``finetune='lora'``, whose adapters peft adds before the step, :func:`memlab.model.hf.apply_lora`;
     ``attention_mask``/``pad_fraction``/``padding_side``: the call convention, :func:`call_inputs`; ``loss_call``:
-    labels or manual, ``Setup.loss_call``)."""
+    labels or manual, ``Setup.loss_call``; ``steps``, ``phase_peaks``, ``watch``: as :func:`measure_hf`)."""
     if autocast and dtype != "fp32":
         raise SetupError("autocast runs an fp32 model (dtype='fp32') with a bf16 forward; got dtype=" + repr(dtype))
     model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
@@ -238,7 +279,7 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
         model = apply_finetune(model, lora, seed=seed)
     m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast,
                    lora=lora, attention_mask=attention_mask, pad_fraction=pad_fraction, padding_side=padding_side,
-                   loss_call=loss_call)
+                   loss_call=loss_call, steps=steps, phase_peaks=phase_peaks, watch=watch)
     del model
     return tc, m  # type: ignore[return-value]
 

@@ -16,16 +16,13 @@ from memlab.measure.accounting import SavedTensorRecorder
 from memlab.model.gpt import GPT
 from memlab.model.saved import saved_tensor_category
 from memlab.model.step import autocast, model_dtype
-from memlab.predict.activations import (
-    CATEGORIES,
+from memlab.predict.activations import CATEGORIES, activation_bytes, activation_terms, widths
+from memlab.predict.korthikanti import (
     KORTHIKANTI_TABLE2_ROWS,
     KORTHIKANTI_TABLE2_SETUPS,
-    activation_bytes,
-    activation_terms,
     attention_score_share,
     korthikanti_layer_bytes,
     korthikanti_table2,
-    widths,
 )
 from memlab.predict.models import TransformerConfig, preset
 from memlab.predict.setup import Setup

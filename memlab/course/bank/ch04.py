@@ -31,7 +31,7 @@ def _preset(name: str) -> Any:
 
 
 def _selective_share(model_name: str, seq: int) -> float:
-    from memlab.predict.activations import attention_score_share
+    from memlab.predict.korthikanti import attention_score_share
 
     return attention_score_share(_preset(model_name), seq)
 
