@@ -703,32 +703,37 @@ shown_ranks
 from memlab.compare.parallel_traces import traced_parallel_rows
 from memlab.tracing.context_parallel import TORCH_CP_ERRORS
 
-# fake tensors (any size runs); each rank is a trace of about a second: at ci scale SP's rank 0 only (TP's ranks
-# hold the same bytes, benchmarks/parallel_traces.py traces every rank), CP's ranks 0 and 1 (they differ)
-traced_par = traced_parallel_rows(tiny, tp=2, cp=2, ranks=(0, 1), sp_ranks=(0,) if ch.scale == "ci" else (0, 1))
+# fake tensors, so any size runs: at ci scale tiny-gpt over 2 ranks (a second a rank); at full scale Llama-2-7B over
+# 8 ranks at 4096 tokens, the layouts above (about 35 s of CPU). SP's first rank only (TP's ranks hold the same
+# bytes; benchmarks/parallel_traces.py traces every rank), CP's first and last (they differ)
+par_model, par_t, par_shape = (tiny, 2, dict(batch=2, seq=64)) if ch.scale == "ci" else (
+    llama, int(lay.loc["TP 8", "ranks"]), dict(batch=1, seq=par_setup.seq))
+par_ranks = (0, par_t - 1)
+traced_par = traced_parallel_rows(par_model, tp=par_t, cp=par_t, ranks=par_ranks, sp_ranks=(0,), **par_shape)
 ch.save_table(traced_par, "parallel_fake_group_traces")
 print(f"torch's context_parallel on a CPU: {TORCH_CP_ERRORS['default (flash for CPU)']}")
-print(f"{tiny.name}: {int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the "
-      "named terms are added")
+print(f"{par_model.name}, {par_t} ranks, {par_shape['batch']} x {par_shape['seq']} tokens: "
+      f"{int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the named terms are "
+      "added")
 traced_par[["layout", "rank", "phase", "predicted", "traced", "named", "left", "kind"]]
 
 # %%
 from memlab.tracing.tensor_parallel import sequence_parallel_terms
 
-gathered = sum(sequence_parallel_terms(tiny, Setup(batch=2, seq=64, tp=2, sp=True)).values())
-sp_exact = bool((traced_par.query("layout == 'TP 2 + SP'")["left"] == 0).all())
-cp_fwd = traced_par.query("layout == 'CP 2' and phase == 'attention forward'").set_index("rank")
-cp_phases_exact = bool((traced_par.query("layout == 'CP 2' and not phase.str.startswith('attention')")["left"]
-                        == 0).all())
-r0 = cp_fwd.loc[0]
+gathered = sum(sequence_parallel_terms(par_model, Setup(**par_shape, tp=par_t, sp=True)).values())
+sp_exact = bool((traced_par[traced_par["layout"] == f"TP {par_t} + SP"]["left"] == 0).all())
+cp_rows = traced_par[traced_par["layout"] == f"CP {par_t}"]
+cp_fwd = cp_rows[cp_rows["phase"] == "attention forward"].set_index("rank")
+cp_phases_exact = bool((cp_rows[~cp_rows["phase"].str.startswith("attention")]["left"] == 0).all())
+r0, r_last = cp_fwd.loc[0], cp_fwd.loc[par_ranks[1]]
 Markdown(("Every TP + SP row is exact" if sp_exact else "Some TP + SP rows are not exact")
          + " once DTensor's own choice is named: its column-parallel linears save their all-gathered input "
          f"({gathered:,} bytes on each rank here: the q/k/v and MLP inputs of every block and the LM head's, "
          "(1 − 1/t) of each), where Megatron-LM, which the estimate counts, saves the s/t shard and all-gathers it "
          "again in backward [korthikanti2022, Sec. 4.2.2]. In CP, rank 0 attends only to its own chunk (causal) and "
          + ("holds exactly" if r0["traced"] == r0["predicted"] else "does not hold")
-         + f" the received K/V chunk the estimator predicts ({r0['predicted']:,} bytes); rank 1 also merges two "
-         f"partial outputs by their log-sum-exp, {cp_fwd.loc[1, 'traced'] - cp_fwd.loc[1, 'predicted']:,} bytes "
+         + f" the received K/V chunk the estimator predicts ({r0['predicted']:,} bytes); rank {par_ranks[1]} also "
+         f"merges partial outputs by their log-sum-exp, {r_last['traced'] - r_last['predicted']:,} bytes "
          "of fp32 temporaries the estimate leaves out. "
          + ("CP's phase peaks equal the estimate at s/cp tokens" if cp_phases_exact
             else "CP's phase peaks differ from the estimate at s/cp tokens")
