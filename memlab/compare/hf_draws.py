@@ -7,8 +7,9 @@ in ``memlab/course/configs/tiny``) and changes what its key account
 width; every boolean key the account models, flipped at random; a dropout of 0.1 on the keys that carry one; and,
 one draw in four, one refused key set to a value its account does not accept. The calling side is drawn too:
 eager or SDPA attention (where transformers builds it), fp32, bf16 or an fp32 model under bf16 autocast,
-gradient checkpointing on or off, the call (no attention mask, an all-ones one, or a right-padded batch with 10-50 %
-padding: ``Setup.attention_mask``, :func:`memlab.run.hf.call_inputs`), batch 1-3 and 8-40 tokens.
+gradient checkpointing on or off, the call (no attention mask, an all-ones one, or a batch with 10-50 % padding on
+the right or the left: ``Setup.attention_mask``, ``Setup.padding_side``, :func:`memlab.run.hf.call_inputs`; one draw
+in four with a hand-written loss, ``Setup.loss_call``), batch 1-3 and 8-40 tokens.
 
 Each draw runs two consecutive training steps of :func:`memlab.model.step.train_step` on the same model and
 AdamW optimizer, on this machine (a CPU: the estimate is asked for ``device_type="cpu"``), measured independently
@@ -81,12 +82,18 @@ class HfDraw:
     """The call: ``none``, ``ones`` or ``padded`` (``Setup.attention_mask``)."""
     pad_fraction: float = 0.0
     """With ``padded``: the share of the batch's tokens that are padding."""
+    padding_side: str = "right"
+    """With ``padded``: where each row's padding sits (``Setup.padding_side``)."""
+    loss_call: str = "labels"
+    """``labels`` (the model's own loss) or ``manual`` (cross-entropy on the returned logits; ``Setup.loss_call``)."""
 
     def label(self) -> str:
         """A short description for tables: family, call, shape and what was changed."""
         how = "amp-bf16" if self.autocast else self.dtype
         ck = " ckpt" if self.checkpointing else ""
-        mask = {"none": "", "ones": " mask=ones"}.get(self.attention_mask, f" padded={self.pad_fraction:g}")
+        mask = {"none": "", "ones": " mask=ones"}.get(self.attention_mask,
+                                                       f" padded={self.pad_fraction:g} {self.padding_side}")
+        mask += " manual-loss" if self.loss_call == "manual" else ""
         extra = f" {self.refused_key}=*" if self.refused_key else ""
         return f"{self.family} {self.attention} {how}{ck}{mask} b{self.batch}x{self.seq}{extra}"
 
@@ -146,9 +153,14 @@ def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int
     dtype, autocast = rng.choice((("fp32", False), ("bf16", False), ("fp32", True)))
     checkpointing, batch, seq = rng.random() < 0.3, rng.randint(1, 3), rng.randint(8, 40)
     mask = rng.choice(_MASKS)
+    # the loss call and the padding side come from a generator seeded by what was drawn (str seeds hash with
+    # SHA-512: the same on every run), so adding them left every earlier field of every seed's draws as it was
+    call = random.Random(f"{family} {dtype} {autocast} {checkpointing} {batch} {seq} {mask}")
     return HfDraw(family=family, config=cfg, attention=attention, dtype=dtype, autocast=autocast,
                   checkpointing=checkpointing, batch=batch, seq=seq, refused_key=refused, attention_mask=mask,
-                  pad_fraction=rng.choice(_PAD_FRACTIONS) if mask == "padded" else 0.0)
+                  pad_fraction=rng.choice(_PAD_FRACTIONS) if mask == "padded" else 0.0,
+                  padding_side=call.choice(("right", "left")) if mask == "padded" else "right",
+                  loss_call="manual" if call.random() < 0.25 else "labels")
 
 
 @contextlib.contextmanager
@@ -187,7 +199,8 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     try:
         _, m = run_hf(dict(draw.config), attn_implementation=draw.attention, dtype=draw.dtype, batch=draw.batch,
                       seq=draw.seq, autocast=draw.autocast, gradient_checkpointing=draw.checkpointing, seed=seed,
-                      attention_mask=draw.attention_mask, pad_fraction=draw.pad_fraction, steps=2, phase_peaks=True,
+                      attention_mask=draw.attention_mask, pad_fraction=draw.pad_fraction,
+                      padding_side=draw.padding_side, loss_call=draw.loss_call, steps=2, phase_peaks=True,
                       watch=lambda *a: _mem_tracker(tracked, *a))
     except MemlabError as exc:
         return HfVerdict(draw, "refused", reason=str(exc))

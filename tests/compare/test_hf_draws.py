@@ -68,7 +68,7 @@ def test_where_the_logits_dominate_the_peaks_of_generated_draws_are_exact() -> N
     for name in sorted(bases):  # the first draw of each family whose config memlab accepts; the plain call
         d = next(d for d in (draw_hf(rng, bases[name], vocabularies=(4096,)) for _ in range(50)) if _accepted(d))
         draws.append(HfDraw(**{**d.__dict__, "checkpointing": False, "batch": 1, "seq": min(d.seq, 12),
-                               "attention_mask": "none", "pad_fraction": 0.0}))
+                               "attention_mask": "none", "pad_fraction": 0.0, "padding_side": "right"}))
     verdicts = [judge(d) for d in draws]
     measured = _measured(verdicts)
     assert len(measured) >= 3, [v.reason for v in verdicts]
@@ -103,7 +103,7 @@ def test_a_refused_key_that_the_estimate_accepted_would_be_off() -> None:
     # the judge's own check: a draw that says a refused key was set, yet from_hf accepts the config, is "off"
     base = draw_hf(random.Random(0), TINY["llama"])
     cheat = HfDraw(**{**base.__dict__, "refused_key": "hidden_size", "checkpointing": False, "seq": 8, "batch": 1,
-                      "attention_mask": "none", "pad_fraction": 0.0})
+                      "attention_mask": "none", "pad_fraction": 0.0, "padding_side": "right"})
     assert judge(cheat).verdict == "off"
 
 
