@@ -354,9 +354,9 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
                                       **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
                                       "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False,
-                                      "offload_forward_bytes": 0,
-                                      "final_norm_output_bytes": 0})
+                                      "offload_forward_bytes": 0, "final_norm_output_bytes": 0})
     lt = layer_terms(config, setup, device_type, terms)
+    mask = 8 * setup.batch * setup.seq * (setup.attention_mask != "none")  # an HF call's int64 mask, the loop's
     if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
         logits = setup.batch * setup.seq * config.vocab_size / setup.tp
         fwd, bwd = (n * logits for n in loss_call_transients(setup, const["forward_logits_bytes_per_element"], 8))
@@ -383,9 +383,9 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
-        "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"],
+        "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
-        "unsaved_input_bytes": unsaved, "top_layer": top,
+        "unsaved_input_bytes": unsaved + mask, "top_layer": top,
         # the plain loss inside the model under autocast (not a hand-written one): the fp32 final-norm output lives
         "final_norm_output_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
         if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"

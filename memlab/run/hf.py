@@ -173,11 +173,13 @@ def pad_counts(batch: int, seq: int, pad_fraction: float) -> list[int]:
 
 def call_inputs(input_ids: torch.Tensor, attention_mask: str = "none", pad_fraction: float = 0.0,
                 padding_side: str = "right") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(labels, mask)`` for a call convention (``Setup.attention_mask``): ``none`` passes no mask (labels are the
-    ids), ``ones`` an all-ones (batch, seq) int64 mask, ``padded`` a padded batch (:func:`pad_counts`): the mask 0
-    and the labels -100 on each row's last (``padding_side='right'``) or first (``'left'``) padding positions."""
+    """``(labels, mask)`` for a call convention (``Setup.attention_mask``): ``none`` passes no mask (labels a copy of
+    the ids, as transformers' ``DataCollatorForLanguageModeling(mlm=False)`` makes them and as
+    :func:`memlab.tracing.hf.trace_hf`'s batch holds them: the loop holds both through the step), ``ones`` an
+    all-ones (batch, seq) int64 mask, ``padded`` a padded batch (:func:`pad_counts`): the mask 0 and the labels -100
+    on each row's last (``padding_side='right'``) or first (``'left'``) padding positions."""
     if attention_mask == "none":
-        return input_ids, None
+        return input_ids.clone(), None
     if padding_side not in ("right", "left"):
         raise SetupError(f"padding_side must be right or left, got {padding_side!r}")
     mask = torch.ones_like(input_ids)

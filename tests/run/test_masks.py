@@ -89,3 +89,23 @@ def test_the_trace_refuses_a_call_with_a_mask(conv: str) -> None:
     with pytest.raises(SetupError, match="without an attention mask") as err:
         trace_hf(tiny("gpt2"), setup, device_type="cpu")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("mask", "fraction"), [("none", 0.0), ("ones", 0.0), ("padded", 0.25)])
+def test_what_the_loop_holds_after_the_step_is_the_calls_tensors(mask: str, fraction: float) -> None:
+    """After the optimizer step the loop holds the call's own tensors: the ids, the labels (a copy, as a data
+    collator makes them) and, with a mask, the int64 mask (8 B a token more). Measured live bytes (parameters,
+    buffers and the call's tensors up) minus the estimate's held bytes is then exactly the rotary buffers, which the
+    phases leave to the buffers overhead: inv_freq and original_inv_freq, head_dim / 2 fp32 each. (Batch 2 and 3:
+    at batch 1 the estimate holds HF's padded label copy, b s + 1 ids, after the step, 8 B over the loop's labels.)"""
+    cfg = json.loads((CONFIGS / "llama.json").read_text())
+    rng = random.Random(f"{mask}")
+    cfg.update(num_hidden_layers=1, vocab_size=rng.choice((96, 200)), intermediate_size=128)
+    b, s = rng.randint(2, 3), rng.randint(12, 40)
+    tc, m = run_hf(cfg, attn_implementation="sdpa", dtype="bf16", batch=b, seq=s, steps=2, phase_peaks=True,
+                   attention_mask=mask, pad_fraction=fraction)
+    held = {r.phase: r.held_bytes for r in estimate(tc, m.setup(tc), device_type="cpu").phases if r.step == "steady"}
+    live = {r.phase: r.held_bytes for r in m.phase_peaks if r.step == "steady"}
+    rotary = 2 * 4 * (tc.head_dim // 2)
+    assert live["optimizer step"] - held["optimizer step"] == rotary
+    assert live["zero_grad"] - held["zero_grad"] == rotary
