@@ -81,14 +81,11 @@ def main() -> None:
 
 def trace_effects(batch: int, seq: int, only: set[str]) -> None:
     """Per family and precision: the traced-minus-predicted effect of ``loss_call='manual'`` on each steady phase."""
-    import logging
-
     from memlab.predict.estimate import estimate
     from memlab.predict.hf import from_hf
     from memlab.predict.setup import Setup
     from memlab.tracing.hf import trace_hf
 
-    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # one line per failure, below
     print(f"{'family':12} {'prec':8} effect error by phase (traced - predicted), then the traced effect")
     for path in sorted(CONFIGS.glob("*.json")):
         if only and path.stem not in only:

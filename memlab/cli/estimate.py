@@ -254,11 +254,7 @@ def _run_parallel(args: argparse.Namespace, model: Any, setup: Any) -> int:
     if isinstance(model, int):
         raise MemlabError("--pp/--cp place layers and tokens on ranks: give a model config (--preset, dimensions or "
                           "--hf), not --params")
-    flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
-                                                          or args.fragmentation or args.gathered_layers)) if on]
-    if flags:
-        raise MemlabError(f"{', '.join(flags)} are not modelled with --pp/--cp: drop them")
+    _refuse_per_rank_extras(args, "--pp/--cp")
     rep = parallel_estimate(model, setup)
     card = gpu(args.gpu) if args.gpu is not None else None
     fits = None if card is None else rep.peak_bytes <= card.memory_bytes
@@ -289,6 +285,15 @@ def _run_parallel(args: argparse.Namespace, model: Any, setup: Any) -> int:
     return 0
 
 
+def _refuse_per_rank_extras(args: argparse.Namespace, layout: str) -> None:
+    """One line naming the options a per-rank layout report (``layout``: its flags) does not model."""
+    flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
+                                                          or args.fragmentation or args.gathered_layers)) if on]
+    if flags:
+        raise MemlabError(f"{', '.join(flags)} are not modelled with {layout}: drop them")
+
+
 def _run_experts(args: argparse.Namespace, model: Any, setup: Any) -> int:
     """``memlab estimate --ep N``: one expert-parallel rank's bytes and all-to-all volume (memlab.predict.experts);
     ``--gpu`` gives the verdict."""
@@ -298,11 +303,7 @@ def _run_experts(args: argparse.Namespace, model: Any, setup: Any) -> int:
     if isinstance(model, int):
         raise MemlabError("--ep places experts on ranks: give a mixture-of-experts config (--preset, dimensions with "
                           "--n-experts, or --hf), not --params")
-    flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
-                                                          or args.fragmentation or args.gathered_layers)) if on]
-    if flags:
-        raise MemlabError(f"{', '.join(flags)} are not modelled with --ep: drop them")
+    _refuse_per_rank_extras(args, "--ep")
     rep = expert_estimate(model, setup)
     card = gpu(args.gpu) if args.gpu is not None else None
     fits = None if card is None else rep.peak_bytes <= card.memory_bytes

@@ -243,19 +243,26 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
 
 
 @contextlib.contextmanager
-def quiet_bitsandbytes() -> Iterator[None]:
+def quiet_logger(name: str, level: int) -> Iterator[None]:
+    """The Python logger ``name`` at ``level`` (e.g. ``logging.ERROR``) inside the block, its own level after."""
+    import logging
+
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+def quiet_bitsandbytes() -> contextlib.AbstractContextManager[None]:
     """bitsandbytes' CPU backend at error level while it is imported: on an AVX512-BF16 CPU its import tries an
     optional kernel from the network (the ``kernels`` package) and logs a warning when it cannot; its own CPU
     kernels run instead, and memlab downloads nothing."""
     import logging
 
-    cpu_ops = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    level = cpu_ops.level
-    cpu_ops.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        cpu_ops.setLevel(level)
+    return quiet_logger("bitsandbytes.backends.cpu.ops", logging.ERROR)
 
 
 def apply_frozen(model: torch.nn.Module, setup: Any) -> torch.nn.Module:

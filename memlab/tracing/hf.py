@@ -25,7 +25,7 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.model.gpt import sdpa_backend
-from memlab.model.hf import apply_finetune, hf_config, import_transformers, quiet_transformers
+from memlab.model.hf import apply_finetune, hf_config, import_transformers, quiet_logger, quiet_transformers
 from memlab.predict.setup import Setup
 from memlab.predict.validate import check_bool
 from memlab.tracing.arguments import check_trace_setup
@@ -163,20 +163,13 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         raise
 
 
-@contextlib.contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
+def _quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:
     """torch's fake-tensor logger at CRITICAL while a step is traced: it logs every failing meta kernel with its
     traceback (``log.exception`` in torch/_subclasses/fake_tensor.py) before re-raising, and the error itself
     reaches the caller (as one line where it is the model's: :func:`_raise_if_the_models_code`)."""
     import logging
 
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return quiet_logger("torch._subclasses.fake_tensor", logging.CRITICAL)
 
 
 def _raise_if_the_models_code(exc: BaseException, model_type: str) -> None:
