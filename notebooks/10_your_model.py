@@ -632,12 +632,6 @@ phase_table.style.hide(axis="index").format("{:,}", subset=phase_table.columns[2
 answer = ...
 check("10.unknown-family-states", answer, config=UNKNOWN_FAMILY)
 
-# %%
-states = max(r["by_category"]["optimizer states"] for r in unknown["phases"])
-weights = unknown["peak_by_category"]["parameters"]
-print(f"the trace's AdamW states: {states:,} B = 2 x its fp32 parameter bytes ({weights:,} B, two moments) + "
-      f"{states - 2 * weights:,} B ({(states - 2 * weights) // 4} step counters of 4 B, one per parameter tensor)")
-
 
 # %% [markdown]
 # ## Summary
