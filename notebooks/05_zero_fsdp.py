@@ -910,8 +910,9 @@ assert (ep_checks["predicted activations (B)"] == ep_checks["traced activations 
 ep_checks
 
 # %% [markdown]
-# **Exercise 4.** Mixtral-8x7B as above (micro-batch 1 × 4096, bf16), EP over 8 ranks, balanced routing: how many
-# GiB does each rank send by all-to-all in one step (every MoE layer's dispatch and combine, forward and backward)?
+# **Exercise 4.** Mixtral-8x7B as above (bf16) but with a micro-batch of 3 × 4096, EP over 8 ranks, balanced
+# routing: how many GiB does each rank send by all-to-all in one step (every MoE layer's dispatch and combine,
+# forward and backward)?
 
 # %%
 answer = ...

@@ -426,3 +426,25 @@ def test_no_exercise_cell_holds_its_answer_or_its_hint(source: Path) -> None:
         for form in _shown_forms(expected):
             assert not re.search(rf"(?<![\w.]){re.escape(form)}(?![\d])", cell + "\n" + above), (
                 f"{exercise.name}: its answer {form} is in the exercise's cells")
+
+
+def _no_argument_numerics() -> list[Numeric]:
+    return [ex for ex in bank.exercises().values() if isinstance(ex, Numeric)
+            and not exercises._parameters(ex.reference)]
+
+
+@pytest.mark.parametrize("exercise", _no_argument_numerics(), ids=lambda ex: ex.name)
+def test_every_diagnosis_of_the_bank_evaluates_and_names_a_wrong_answer(exercise: Numeric) -> None:
+    """A diagnosis that raises is skipped when an answer is judged (it must never break a check), so a broken one
+    would be silently dead: each callable one of an exercise needing no data evaluates here, differs from the
+    reference beyond the tolerance, and no two name the same answer."""
+    expected = float(exercise.reference())
+    wrongs = []
+    for key in exercise.diagnoses or {}:
+        if isinstance(key, When) or not callable(key) or exercises._parameters(key):
+            continue
+        wrong = float(key())
+        assert abs(wrong - expected) > exercise.rtol * abs(expected), (exercise.name, wrong)
+        wrongs.append(wrong)
+    for i, a in enumerate(wrongs):
+        assert all(abs(a - b) > exercise.rtol * abs(a) for b in wrongs[i + 1:]), (exercise.name, wrongs)

@@ -77,10 +77,9 @@ EXERCISES = (
                      "one sequence."),
         diagnoses={lambda: _scores(1, 2048) / SEED_004_SCORES_BYTES:
                    "That is the factor at batch 1 and 2048 tokens (the table above); this batch and length differ.",
-                   lambda: _scores(4, 2048) / SEED_004_SCORES_BYTES: "That leaves out the growth with s²: 4096 tokens "
-                                                                     "is twice 2048.",
-                   lambda: _scores(1, 4096) / SEED_004_SCORES_BYTES: "That leaves out the batch: one matrix per "
-                                                                     "sequence."},
+                   lambda: _scores(4, 2048) / SEED_004_SCORES_BYTES:
+                   "That leaves out a factor of 4: either the growth with s² (4096 tokens is twice 2048) or the "
+                   "batch (one matrix per sequence, 4 of them)."},
     ),
     Numeric(
         "06.eager-max-seq", "Longest sequence the estimator's fit search (max_seq) admits, eager attention",

@@ -73,12 +73,12 @@ EXERCISES = (
         why=lambda: (f"2 × {_preset('tiny-llama').n_layers} layers × 4 × 256 tokens × "
                      f"{_preset('tiny-llama').n_kv_heads} KV heads × {_head_dim('tiny-llama')} dims × 4 B: GQA "
                      "stores only the KV heads."),
-        diagnoses={lambda: _kv("tiny-llama", 4, 256, "fp32") / 2: "That counts only K (or only V): the cache keeps "
-                                                                  "both.",
+        diagnoses={lambda: _kv("tiny-llama", 4, 256, "fp32") / 2: "That is half: either only K (or only V), while "
+                                                                  "the cache keeps both, or a 2-byte cache, while "
+                                                                  "this one is fp32 (4 bytes).",
                    lambda: _kv("tiny-llama", 4, 256, "fp32") * _preset("tiny-llama").n_heads
                    / _preset("tiny-llama").n_kv_heads:
-                   "That uses the query heads; grouped-query attention caches only the KV heads.",
-                   lambda: _kv("tiny-llama", 4, 256, "bf16"): "That is a 2-byte cache; this one is fp32 (4 bytes)."},
+                   "That uses the query heads; grouped-query attention caches only the KV heads."},
     ),
     Numeric(
         "09.mixtral-cards", "Fewest cards of the given kind that hold Mixtral-8x7B's bf16 weights (weights only)",
