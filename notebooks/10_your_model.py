@@ -551,19 +551,20 @@ if rec is not None:
 # %% [markdown]
 # ## 8. Your own `config.json`: a family the formula knows, and one it does not
 #
-# A learner's model arrives as a `config.json`. `memlab estimate --hf PATH` reads it offline (a file, a folder
-# holding one, or a model id already in the local Hugging Face cache) and says which source of truth answered.
-# Below, the chapter writes two small configs into a folder of its output, as you would write yours, and runs the
-# command line in this kernel (`memlab.cli.main`, the code the shell command runs). The first is a family
-# `from_hf` maps (Qwen2 at a size no shipped config has): the formula answers, and `--json` names the family, the
-# traits and how the step calls the model. The second is Cohere (Command-R's family), a `model_type` the formula
-# does not map: the command says so in one line and answers from the **trace** instead: transformers' own
-# `CohereForCausalLM`, built from the config inside FakeTensorMode, runs two training steps (forward, backward,
-# AdamW step, zero_grad) and PyTorch's MemTracker counts every storage `[pytorch-memtracker]`. That answer is exact
-# for that code, at that size, in the recipe given (here fp32 AdamW, eager attention); it has no terms to explain
-# and no traits, it is not a GPU measurement (CPU kernels, no CUDA allocator: the CUDA terms are listed with it),
-# and it costs the time of running the model's Python code twice, which the cell measures. With `--no-trace` the
-# same command refuses instead.
+# A learner's model arrives as a `config.json`. `memlab estimate --hf PATH` reads it offline (a file, a folder holding
+# one, or a model id already in the local Hugging Face cache) and says which source of truth answered. Below, the
+# chapter writes two small configs into a folder of its output, as you would write yours, and runs the command line in
+# this kernel (`memlab.cli.main`, the code the shell command runs). The first is a family `from_hf` maps (Qwen2 at a
+# size no shipped config has): the formula answers, and `--json` names the family, the traits and how the step calls the
+# model, and gives the range the real peak lies in: the formula's peak widened by each term it names as left out, with
+# that term's size (`memlab.predict.unmodelled.peak_range`; `make bench` checks measured peaks of drawn configs against
+# that range). The second is Cohere (Command-R's family), a `model_type` the formula does not map: the command says so
+# in one line and answers from the **trace** instead: transformers' own `CohereForCausalLM`, built from the config
+# inside FakeTensorMode, runs two training steps (forward, backward, AdamW step, zero_grad) and PyTorch's MemTracker
+# counts every storage `[pytorch-memtracker]`. That answer is exact for that code, at that size, in the recipe given
+# (here fp32 AdamW, eager attention); it has no terms to explain and no traits, it is not a GPU measurement (CPU
+# kernels, no CUDA allocator: the CUDA terms are listed with it), and it costs the time of running the model's Python
+# code twice, which the cell measures. With `--no-trace` the same command refuses instead.
 
 # %%
 import contextlib
@@ -601,6 +602,11 @@ print(f"exit {code}; family {native['family']}, source of truth: {native['source
 print("traits that differ from the reference GPT:", ", ".join(f"{k}={v}" for k, v in native["traits"].items()
                                                              if k not in ("family", "sources")))
 print("the step:", native["calling_convention"])
+span = native["peak_range"]
+print(f"the real peak lies between {span['low']:,} and {span['high']:,} B, by the {len(span['terms'])} term(s) the "
+      "estimate names as left out:" if span["terms"] else "no term named as left out: the peak is the formula's claim")
+for term in span["terms"]:
+    print(f"  {term['sign']}{term['bytes']:,} B in {', '.join(term['phases'])}: {term['name']}")
 
 # %%
 code, _, refusal, _ = memlab_cli("estimate", "--hf", own / "my-cohere", *shape, "--no-trace")

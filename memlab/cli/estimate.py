@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     """``memlab estimate``: the per-device breakdown, and a fits verdict with ``--gpu``."""
     from memlab.predict.estimate import Overheads, estimate
     from memlab.predict.fit import fits
+    from memlab.predict.unmodelled import peak_range
 
     model, raw, refused = _model(args)
     if refused is not None:
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
     twin = published_twin(model, setup, ov)
     found = _answers(args, model, setup, ov)
+    span = peak_range(model, setup, bd) if setup.mode == "train" and bd.config is not None else None
     if args.json:
         out = {"param_count": bd.param_count,
                "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},
@@ -109,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
                "host_bytes": bd.host_bytes, **found,
-               **model_info(model, source="formula", config=raw), "published_model": twin}
+               **model_info(model, source="formula", config=raw), "published_model": twin,
+               "peak_range": span.to_dict() if span is not None else None}
         print_json(out, indent=2)
         return 0
     name = model.name if bd.config is not None else "bare parameter count"
@@ -138,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         mark = "  <- peak" if (row.step, row.phase) == (bd.peak_step, bd.peak_phase) else ""
         print(f"  {row.step + ' ' + row.phase:<34}{_size(row.peak_bytes)}{mark}")
     print(f"{'peak':<24}{_size(bd.peak_bytes)}")
+    if span is not None and span.terms:
+        _print_range(span)
     if setup.offload_activations or getattr(setup, "fsdp_offload", False):
         what = "; ".join(w for w, on in (("saved activations: at least this", setup.offload_activations),
                                           ("FSDP2 shards, gradients and optimizer states", setup.fsdp_offload)) if on)
@@ -156,6 +161,16 @@ def run(args: argparse.Namespace) -> int:
     for line in bd.assumptions:
         print(f"  - {line}")
     return 0
+
+
+def _print_range(span: Any) -> None:
+    """The real peak's range from the terms the estimate names (:func:`memlab.predict.unmodelled.peak_range`)."""
+    rel = (f"{100 * (span.low - span.peak) / span.peak:+.2f} % / {100 * (span.high - span.peak) / span.peak:+.2f} %"
+           if span.peak else "")
+    print(f"{'peak range':<24}{span.low:>17,} to {span.high:,} B ({rel}): the real peak, given the terms the "
+          "estimate names as left out:")
+    for t in span.terms:
+        print(f"  {'+' if t.sign > 0 else '-'}{t.bytes:>15,} B  {t.name} ({', '.join(t.phases)})")
 
 
 def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | None]:

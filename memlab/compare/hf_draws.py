@@ -25,10 +25,11 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
 - ``exact``: saved-for-backward bytes, and parameters + gradients + AdamW state after each step, equal the estimate
   to the byte; both peaks within :data:`PEAK_TOLERANCE` (0.1 %) of the estimate's peak of that step; and the live
   count equals MemTracker's in every phase;
-- ``named``: as ``exact``, but a peak is outside 0.1 % and inside the terms the estimate names as left out for the
-  phases the peaks sit in (:func:`memlab.predict.unmodelled.unmodelled_term_list`, each with its size and sign;
-  :func:`memlab.compare.agreement.gap_verdict`, the rule the estimate-vs-trace comparison uses): a quantified
-  assumption, not a silent error;
+- ``named``: as ``exact``, but a peak is outside 0.1 % and inside the range the terms the estimate names as left
+  out give it (:func:`memlab.predict.unmodelled.peak_range` over
+  :func:`~memlab.predict.unmodelled.unmodelled_term_list`, each term with its size, sign and phases: the range
+  ``memlab estimate`` prints beside the peak), widened by the same 0.1 %: a quantified assumption, not a silent
+  error;
 - ``refused``: :func:`memlab.predict.hf.from_hf` or the estimate raised a one-line :class:`~memlab.errors.MemlabError`
   (a refused key must end here);
 - ``off``: a number differs, or a refused key was estimated anyway: silently wrong, the case this exists to find
@@ -184,11 +185,10 @@ def _step_peak(rows: Iterable[Any], step: str) -> int:
 
 def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     """Build ``draw``'s model, train two steps, and compare with the estimate (or record the refusal)."""
-    from memlab.compare.agreement import gap_verdict
     from memlab.device import device_type
     from memlab.predict.estimate import estimate
     from memlab.predict.hf import from_hf
-    from memlab.predict.unmodelled import unmodelled_term_list
+    from memlab.predict.unmodelled import peak_range, unmodelled_term_list
     from memlab.run.hf import predict_hf, run_hf
 
     try:
@@ -228,8 +228,9 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
         return HfVerdict(draw, "off", predicted, measured, "live bytes and MemTracker disagree in "
                          + ", ".join(f"{k} ({phases[k][1] - phases[k][2]:+,} B)" for k in split), phases)
     named = unmodelled_term_list(config, m.setup(config), est, device_type(m.device))
-    peaks = {k: gap_verdict(predicted[k], measured[k], _peak_terms(named, est.phases, m.phase_peaks, step),
-                            PEAK_TOLERANCE) for k, step in (("peak", "first"), ("steady peak", "steady"))}
+    ranges = {k: peak_range(config, m.setup(config), est, device_type(m.device), step)
+              for k, step in (("peak", "first"), ("steady peak", "steady"))}
+    peaks = {k: _peak_verdict(predicted[k], measured[k], r) for k, r in ranges.items()}
     off = [k for k in COMPONENTS if (peaks[k] == "off" if k in peaks else predicted[k] != measured[k])]
     loose = [k for k in peaks if peaks[k] == "named"]
     why = ", ".join(f"{k} {predicted[k] - measured[k]:+,} B ({verdict.error(k) or 0:+.3%})" for k in off or loose)
@@ -238,14 +239,16 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
                      phases)
 
 
-def _peak_terms(named: list[Any], predicted: Iterable[Any], measured: Iterable[Any], step: str) -> list[Any]:
-    """The named terms that apply to the phases ``step``'s predicted and measured peaks sit in (as
-    :func:`memlab.compare.agreement.compare_draw` takes them for the trace's peak)."""
-    where = set()
-    for rows in (list(predicted), list(measured)):
-        top = _step_peak(rows, step)
-        where |= {r.phase for r in rows if r.step == step and r.held_bytes == top}
-    return [n for n in named if any(n.applies(ph) for ph in where)]
+def _peak_verdict(predicted: int, measured: int, rng: Any) -> str:
+    """``within`` (|predicted - measured| <= :data:`PEAK_TOLERANCE` x measured), ``named`` (outside it, inside the
+    range :func:`memlab.predict.unmodelled.peak_range` gives from the named terms, the range ``memlab estimate``
+    prints, widened by the same tolerance) or ``off``."""
+    slack = PEAK_TOLERANCE * measured
+    if abs(predicted - measured) <= slack:
+        return "within"
+    if rng.terms and rng.low - slack <= measured <= rng.high + slack:
+        return "named"
+    return "off"
 
 
 def hf_agreement(bases: Mapping[str, Mapping[str, Any]], draws: int, *, seed: int = 0,

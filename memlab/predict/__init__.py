@@ -5,7 +5,8 @@
   ``traits``: how a model is written (the implementation traits the activation count follows);
   ``hf_families``: the newer HF families' builders (Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, Gemma 2 and 3,
   GPT-J, Falcon, Mixtral, Qwen3-MoE, Qwen2-MoE), ``family_keys``: every config key of those families accounted for,
-  ``family_terms``: their q/k norm rows, the grouped MoE rows (router, routed pairs) and setup refusals.
+  ``family_terms``: their q/k norm rows, the grouped MoE rows (router, routed pairs) and setup refusals;
+  ``hf_order``: the order each family registers its parameters in (the order a for-loop optimizer steps them).
 - ``setup``: Setup (shapes, optimizer and its implementation, recompute, attention, sharding); ``precision``:
   precision policies as data; ``validate``: type and range checks of every public dataclass; ``frozen``:
   FrozenDict, the read-only mapping rows hold (it pickles and deep-copies).

@@ -256,7 +256,10 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
         out.append("optimizer = moments + fp32 master copy + fp32 grad-accumulation buffer (ZeRO paper's K)")
         impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
         out.append(f"peak = the most held at once over the phases of the first and steady step (memlab.predict.phases);"
-                   f" optimizer step with the {impl} implementation; fit verdicts use the peak, total is the sum")
+                   f" optimizer step with the {impl} implementation"
+                   + (", over model.parameters() in the order the model registers them (a Hugging Face family's "
+                      "own: memlab.predict.hf_order)" if impl == "for-loop" else "")
+                   + "; fit verdicts use the peak, total is the sum")
         if setup.optimizer in ("adam", "adamw", "sgd-momentum", "adafactor") and not setup.policy.master_bytes \
                 and setup.finetune in ("full", "frozen"):  # LoRA's adapters and states are fp32 (predict.finetune)
             out.append(f"optimizer states in the parameter dtype ({setup.policy.param_bytes} B/element) as torch.optim")

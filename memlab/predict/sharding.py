@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from memlab.errors import SetupError
+from memlab.predict.hf_order import registration_order
 from memlab.predict.inference import quant_scale_bytes
 from memlab.predict.models import TransformerConfig
 from memlab.predict.optimizer_states import (
@@ -67,7 +68,8 @@ class ShapeSummary:
     embedding_elements: int = 0
     """Token and position embeddings (their gradients appear last in backward)."""
     loop_peak_elements: int = 0
-    """max over parameters, in model order, of 2 x this tensor + the previous one: a for-loop Adam step keeps the
+    """max over parameters, in the order the model registers them (:func:`memlab.predict.hf_order.registration_order`:
+    a Hugging Face family's own), of 2 x this tensor + the previous one: a for-loop Adam step keeps the
     previous tensor's ``denom`` alive (a loop variable) while making this one's ``sqrt`` and division."""
     adam8bit_bytes: int = 0
     """bitsandbytes 8-bit AdamW's state: per tensor plus the two shared quantisation maps once
@@ -90,7 +92,6 @@ def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
     """:class:`ShapeSummary` of ``config`` on one of ``tp`` tensor-parallel ranks (cached: configs are frozen)."""
     check_tp(config, tp)
     s = {k: 0 for k in ShapeSummary.__dataclass_fields__}
-    prev = 0
     for name, shape, comp in config.param_shapes():
         shard = tp_shard_shape(name, shape, config, tp)
         n = math.prod(shard)
@@ -100,8 +101,6 @@ def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
         s["adafactor_elements"] += adafactor_tensor_elements(shard)
         s["adam8bit_bytes"] += adam8bit_tensor_bytes(n)
         s["largest_elements"] = max(s["largest_elements"], n)
-        s["loop_peak_elements"] = max(s["loop_peak_elements"], 2 * n + prev)
-        prev = n
         if name in ("tok_emb.weight", "pos_emb.weight"):
             s["embedding_elements"] += n
         if name.startswith("blocks.0."):
@@ -110,6 +109,11 @@ def shape_summary(config: TransformerConfig, tp: int = 1) -> ShapeSummary:
             s["quantizable_elements"] += n
             s["int8_scale_bytes"] += quant_scale_bytes(*shard, "int8")
             s["int4_scale_bytes"] += quant_scale_bytes(*shard, "int4")
+    prev = 0
+    for name, shape, _ in registration_order(config):  # the order model.parameters() yields, so the loop steps
+        n = math.prod(tp_shard_shape(name, shape, config, tp))
+        s["loop_peak_elements"] = max(s["loop_peak_elements"], 2 * n + prev)
+        prev = n
     if s["largest_elements"] >= ADAM_8BIT_MIN_SIZE:  # the quantisation maps the 8-bit tensors share
         s["adam8bit_bytes"] += ADAM_8BIT_QMAP_BYTES
     return ShapeSummary(**s)

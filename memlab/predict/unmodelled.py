@@ -23,31 +23,9 @@ HF_TRANSIENTS = ("a Hugging Face family's own transients inside forward and back
 """The name of the term :func:`unmodelled_term_list` gives an HF family under the plain loss."""
 
 
-HF_LOOP_ORDER = ("a for-loop Adam step's moment (one tensor's sqrt and division beside the previous tensor's denom) in "
-                 "the Hugging Face family's own parameter order, not the reference GPT's")
-"""The name of the term :func:`hf_loop_order_bytes` sizes."""
-
-
-def hf_loop_order_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> tuple[float, float]:
-    """(more, less): the most a for-loop Adam/AdamW step of a Hugging Face family can hold beyond and below the
-    estimate's loop moment, in bytes on one tp rank. The estimate takes ``2 x a tensor + the previous one`` in the
-    reference GPT's parameter order (:attr:`memlab.predict.sharding.ShapeSummary.loop_peak_elements`); transformers
-    registers a block's modules in its own order (Llama: attention, MLP, then the norms; Phi-3: ``o_proj`` before
-    ``qkv_proj``), so the tensor before the largest can differ: the real moment lies between ``2 x the largest``
-    and ``3 x the largest``. (0, 0) for memlab's GPT, another implementation or optimizer, 16-bit weights with fp32
-    masters (the wrapper steps its own list), or LoRA."""
-    from memlab.predict.optimizer_states import optimizer_state_dtype_bytes
-    from memlab.predict.setup import resolve_optimizer_impl
-    from memlab.predict.sharding import shape_summary
-
-    if config.impl.family == "reference" or setup.optimizer not in ("adam", "adamw") or setup.policy.master_bytes \
-            or setup.finetune != "full" or setup.mode != "train" \
-            or resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type) != "for-loop":
-        return 0.0, 0.0
-    ss = shape_summary(config, setup.tp)
-    sb = optimizer_state_dtype_bytes(setup.policy)
-    return (float(max(0, 3 * ss.largest_elements - ss.loop_peak_elements) * sb),
-            float(max(0, ss.loop_peak_elements - 2 * ss.largest_elements) * sb))
+HF_RECOMPUTED_BLOCK = ("full recompute of a Hugging Face family: the bottom block's recomputed tensors, counted all at "
+                       "once (its backward frees them op by op: an upper bound)")
+"""The name of the term :func:`unmodelled_term_list` gives an HF family under full recompute."""
 
 
 def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
@@ -107,10 +85,11 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     activation offload with the plain loss the LM head's weight copied back at its backward (+), and under a chunked or
     fused loss or kept positions the top block's backward moment, an upper bound (backward, -); under activation
     offload without full recompute the bottom block's saved tensors, counted on the device at once (backward, -);
-    for a Hugging Face family under the plain loss its own in-phase transients (:data:`HF_TRANSIENTS`, at most
-    :func:`top_block_bound_bytes`; forward and backward, +), and under a for-loop Adam/AdamW step (the
-    implementation ``device_type`` resolves) the loop's moment in the family's own parameter order
-    (:func:`hf_loop_order_bytes`; optimizer step, +).
+    for a Hugging Face family under full recompute the bottom block's recomputed tensors, counted at once
+    (:data:`HF_RECOMPUTED_BLOCK`, one block's saved bytes as without recompute; backward, -), and under the plain
+    loss its own in-phase transients (:data:`HF_TRANSIENTS`, at most
+    :func:`top_block_bound_bytes`; forward and backward, +). (A for-loop Adam/AdamW step's moment is counted in
+    the family's own parameter order, :mod:`memlab.predict.hf_order`: no term.)
     Empty when the estimate claims everything it counts."""
     from memlab.predict.fsdp import plan_of, unmodelled
 
@@ -125,6 +104,12 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     # chunked or fused loss, kept positions or activation offload
     if setup.recompute == "full" or setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
         out += _bottom_block_terms(config, setup, fsdp)
+    if setup.recompute == "full" and config.impl.family != "reference":
+        # transformers' layers under torch.utils.checkpoint (non-reentrant) free the recomputed block's tensors op by
+        # op as its backward consumes them, while the bottom-block moment counts them all at once: measured up to
+        # 0.8 x this term below the estimate (memlab.compare.hf_draws, seed 0, 1,140 draws: under bf16 autocast)
+        out.append(NamedTerm(HF_RECOMPUTED_BLOCK, math.ceil(layer_terms(config, setup, "cpu")["layer"]),
+                             ("backward",), -1))
     if setup.recompute == "full" and not setup.fused_attention:
         # the attention core's s x s tensors (scores, softmax, dropout) alive inside a block's recomputed forward
         # and backward: the block-forward moment counts the MLP, not them
@@ -166,14 +151,7 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         # V = 96-512); bounded by one block's backward temporaries and gradients (top_block_bound_bytes)
         out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup)),
                              ("forward", "backward"), +1))
-    more, less = hf_loop_order_bytes(config, setup, device_type)
-    if more:
-        out.append(NamedTerm(HF_LOOP_ORDER, math.ceil(more), ("optimizer step",), +1))
-    if less:
-        out.append(NamedTerm(HF_LOOP_ORDER + " (a smaller neighbour)", math.ceil(less), ("optimizer step",), -1))
     if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
-        from memlab.predict.phases import layer_terms
-
         out.append(NamedTerm("activation offload: the bottom block's saved tensors, counted on the device at once at "
                              "its backward (they come back from the host one op at a time: an upper bound)",
                              math.ceil(layer_terms(config, setup, "cpu")["layer"]), ("backward",), -1))
@@ -222,3 +200,41 @@ def _bottom_block_terms(config: TransformerConfig, setup: Setup, fsdp: Any) -> l
 def unmodelled_terms(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown) -> dict[str, int]:
     """:func:`unmodelled_term_list` as name -> the most it can add or take away (bytes)."""
     return {t.name: t.bytes for t in unmodelled_term_list(config, setup, bd)}
+
+
+@dataclass(frozen=True)
+class PeakRange:
+    """Where the real peak of a step lies, given the terms an estimate names (:func:`peak_range`), in bytes: at
+    least ``low`` and at most ``high``; ``peak`` is the estimate's own. ``terms`` are the named terms behind the
+    range (empty: the estimate claims its peak, and ``low == peak == high``)."""
+
+    peak: int
+    low: int
+    high: int
+    terms: tuple[NamedTerm, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--json``: the three bounds and each term's name, bytes, sign and phases."""
+        return {"peak": self.peak, "low": self.low, "high": self.high,
+                "terms": [{"name": t.name, "bytes": t.bytes, "sign": "+" if t.sign > 0 else "-",
+                           "phases": list(t.phases)} for t in self.terms]}
+
+
+def peak_range(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown,
+               device_type: str = "cpu", step: str | None = None) -> PeakRange:
+    """The real peak's range from the estimate's phases and the terms it names (:func:`unmodelled_term_list`):
+    each phase holds at most its estimate plus the terms that may add to it and at least its estimate less those
+    that may take away, so the real peak (the largest phase) is at most the largest of the upper ends and at least
+    the largest of the lower ends. Bytes; exact (``low == high``) where nothing is named. ``step``: ``first`` or
+    ``steady`` for that step's peak only (default: the estimate's peak, over both)."""
+    terms = unmodelled_term_list(config, setup, bd, device_type)
+    rows = [r for r in bd.phases if step is None or r.step == step]
+    peak = max((r.held_bytes for r in rows), default=bd.peak_bytes) if step is not None else bd.peak_bytes
+    if not terms or not rows:
+        return PeakRange(int(peak), int(peak), int(peak), ())
+    high = low = 0
+    for row in rows:
+        more = sum(t.bytes for t in terms if t.sign > 0 and t.applies(row.phase))
+        less = sum(t.bytes for t in terms if t.sign < 0 and t.applies(row.phase))
+        high, low = max(high, row.held_bytes + more), max(low, row.held_bytes - less)
+    return PeakRange(int(peak), int(min(low, peak)), int(max(high, peak)), tuple(terms))

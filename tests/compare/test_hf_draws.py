@@ -9,7 +9,6 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from memlab.compare.agreement import gap_verdict
 from memlab.compare.hf_draws import (
     COMPONENTS,
     PEAK_TOLERANCE,
@@ -78,13 +77,44 @@ def test_where_the_logits_dominate_the_peaks_of_generated_draws_are_exact() -> N
         assert abs(v.error("peak")) <= PEAK_TOLERANCE and abs(v.error("steady peak")) <= PEAK_TOLERANCE
 
 
-def test_a_peak_outside_the_tolerance_and_the_named_terms_is_off() -> None:
+def test_a_peak_outside_the_tolerance_and_the_named_range_is_off() -> None:
+    from memlab.compare.hf_draws import _peak_verdict
+    from memlab.predict.unmodelled import PeakRange
+
     term = NamedTerm("x", 500, ("backward",), +1)
-    assert gap_verdict(100_000, 100_050, []) == "within"  # 0.05 %
-    assert gap_verdict(100_000, 100_300, []) == "off"  # 0.3 %, nothing named
-    assert gap_verdict(100_000, 100_300, [term]) == "named"  # the step may hold up to 500 B more
-    assert gap_verdict(100_000, 101_000, [term]) == "off"  # more than named
-    assert gap_verdict(100_300, 100_000, [term]) == "off"  # wrong sign: the term only allows the step MORE
+    exact, more = PeakRange(100_000, 100_000, 100_000, ()), PeakRange(100_000, 100_000, 100_500, (term,))
+    assert _peak_verdict(100_000, 100_050, exact) == "within"  # 0.05 %
+    assert _peak_verdict(100_000, 100_300, exact) == "off"  # 0.3 %, nothing named
+    assert _peak_verdict(100_000, 100_300, more) == "named"  # the step may hold up to 500 B more
+    assert _peak_verdict(100_000, 101_000, more) == "off"  # more than named
+    assert _peak_verdict(100_300, 100_000, PeakRange(100_300, 100_300, 100_800, (term,))) == "off"  # wrong side
+
+
+def test_the_peak_range_is_each_phase_widened_by_the_terms_that_apply_to_it() -> None:
+    from memlab.predict.estimate import estimate
+    from memlab.predict.models import preset
+    from memlab.predict.setup import Setup
+    from memlab.predict.unmodelled import peak_range, unmodelled_term_list
+
+    rng = random.Random(11)
+    for name in ("llama", "gpt2", "gemma2", "qwen3_moe"):
+        hf = from_hf(TINY[name])
+        setup = Setup(batch=rng.randint(1, 3), seq=rng.randint(8, 40), precision=rng.choice(("fp32", "bf16")),
+                      optimizer="adamw", recompute=rng.choice(("none", "full")))
+        bd = estimate(hf, setup, device_type="cpu")
+        terms = unmodelled_term_list(hf, setup, bd, "cpu")
+        r = peak_range(hf, setup, bd, "cpu")
+        assert r.peak == bd.peak_bytes and r.terms == tuple(terms) and terms
+        assert r.high == max(row.held_bytes + sum(t.bytes for t in terms if t.sign > 0 and t.applies(row.phase))
+                             for row in bd.phases)
+        assert r.low == max(row.held_bytes - sum(t.bytes for t in terms if t.sign < 0 and t.applies(row.phase))
+                            for row in bd.phases)
+        assert r.low <= r.peak <= r.high
+        steady = peak_range(hf, setup, bd, "cpu", step="steady")
+        assert steady.peak == max(row.held_bytes for row in bd.phases if row.step == "steady")
+    ref, plain = preset("tiny-gpt"), Setup(batch=2, seq=32, precision="fp32")  # memlab's GPT: nothing named
+    exact = peak_range(ref, plain, estimate(ref, plain, device_type="cuda"), "cuda")
+    assert exact.low == exact.peak == exact.high and not exact.terms
 
 
 def test_draws_vary_the_config_and_the_call_and_are_reproducible() -> None:
@@ -126,21 +156,24 @@ def test_an_hf_estimate_names_its_own_transients_and_the_reference_gpt_does_not(
     assert not any(a.startswith("peak: the family's own transients") for a in ref_bd.assumptions)
 
 
-def test_a_for_loop_adam_step_names_the_family_parameter_order_and_foreach_does_not() -> None:
+def test_full_recompute_of_an_hf_family_bounds_its_bottom_block_from_above_and_the_reference_gpt_does_not() -> None:
     from memlab.predict.estimate import estimate
+    from memlab.predict.models import preset
+    from memlab.predict.phases import layer_terms
     from memlab.predict.setup import Setup
-    from memlab.predict.sharding import shape_summary
-    from memlab.predict.unmodelled import HF_LOOP_ORDER, unmodelled_term_list
+    from memlab.predict.unmodelled import HF_RECOMPUTED_BLOCK, unmodelled_term_list
 
-    phi3 = from_hf(TINY["phi3"])  # o_proj registered before qkv_proj: the largest tensor's neighbour differs
-    ss = shape_summary(phi3)
-    for precision, width in (("fp32", 4), ("bf16", 2)):
-        setup = Setup(batch=1, seq=16, precision=precision, optimizer="adamw")
-        bd = estimate(phi3, setup, device_type="cpu")  # a CPU resolves AdamW to the for-loop
-        terms = {t.name: t for t in unmodelled_term_list(phi3, setup, bd, "cpu")}
-        assert terms[HF_LOOP_ORDER].bytes == (3 * ss.largest_elements - ss.loop_peak_elements) * width > 0
-        assert terms[HF_LOOP_ORDER].phases == ("optimizer step",) and terms[HF_LOOP_ORDER].sign == 1
-        less = terms[HF_LOOP_ORDER + " (a smaller neighbour)"]  # at least 2 x the largest: the largest's own step
-        assert less.bytes == (ss.loop_peak_elements - 2 * ss.largest_elements) * width and less.sign == -1
-        cuda = estimate(phi3, setup, device_type="cuda")  # foreach: no loop
-        assert HF_LOOP_ORDER not in {t.name for t in unmodelled_term_list(phi3, setup, cuda, "cuda")}
+    rng = random.Random(5)
+    for name in ("mistral", "phi3", "gpt2"):
+        hf = from_hf(TINY[name])
+        setup = Setup(batch=rng.randint(1, 3), seq=rng.randint(8, 40), precision=rng.choice(("fp32", "amp-bf16")),
+                      optimizer="adamw", recompute="full")
+        terms = {t.name: t for t in unmodelled_term_list(hf, setup, estimate(hf, setup, device_type="cpu"))}
+        term = terms[HF_RECOMPUTED_BLOCK]
+        assert term.bytes == -(-layer_terms(hf, setup, "cpu")["layer"] // 1) > 0
+        assert term.sign == -1 and term.applies("backward") and not term.applies("forward")
+        plain = setup.with_(recompute="none")
+        assert HF_RECOMPUTED_BLOCK not in {t.name for t in unmodelled_term_list(hf, plain, estimate(hf, plain))}
+    ref = preset("tiny-gpt")
+    setup = Setup(batch=2, seq=32, precision="amp-bf16", optimizer="adamw", recompute="full")
+    assert HF_RECOMPUTED_BLOCK not in {t.name for t in unmodelled_term_list(ref, setup, estimate(ref, setup))}
