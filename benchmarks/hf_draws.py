@@ -1,8 +1,8 @@
 """Seeded draws of every supported Hugging Face family (configs and calls memlab's tests did not choose), each
-trained two real steps on this machine and judged against the estimate: exact, named, refused, off or unbuildable
-(:mod:`memlab.compare.hf_draws`). Prints the counts, the worst error per component (activations, states, the first
-step's peak, the steady step's states and peak) and per phase, the verdicts by family, and every draw that is off
-or unbuildable; exits 1 when any draw is off.
+trained two real steps on this machine and judged against the estimate: exact, traced, named, refused, off or
+unbuildable (:mod:`memlab.compare.hf_draws`). Prints the counts, the worst error per component (activations,
+states, the first step's peak, the steady step's states and peak) and per phase, the verdicts by family, and every
+draw that is off or unbuildable; exits 1 when any draw is off.
 
 Usage: ``python benchmarks/hf_draws.py [--draws 1140] [--seed 0]`` (60 draws a family; under a second a draw on
 two cores, half of them refused before any step runs).

@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
                "host_bytes": bd.host_bytes, **found,
                **model_info(model, source="formula", config=raw), "published_model": twin,
-               "peak_range": span.to_dict() if span is not None else None}
+               "peak_range": None if span is None else {
+                   **span.to_dict(), "exact_peak": exact_peak_hint(span, _hf_target(args, model), setup)}}
         print_json(out, indent=2)
         return 0
     name = model.name if bd.config is not None else "bare parameter count"
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {row.step + ' ' + row.phase:<34}{_size(row.peak_bytes)}{mark}")
     print(f"{'peak':<24}{_size(bd.peak_bytes)}")
     if span is not None and span.terms:
-        _print_range(span)
+        _print_range(span, _hf_target(args, model), setup)
     if setup.offload_activations or getattr(setup, "fsdp_offload", False):
         what = "; ".join(w for w, on in (("saved activations: at least this", setup.offload_activations),
                                           ("FSDP2 shards, gradients and optimizer states", setup.fsdp_offload)) if on)
@@ -163,14 +164,40 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_range(span: Any) -> None:
-    """The real peak's range from the terms the estimate names (:func:`memlab.predict.unmodelled.peak_range`)."""
+def _hf_target(args: argparse.Namespace, model: Any) -> str | None:
+    """What ``--hf`` names this model by: the path given, or a published preset's name (``--hf NAME`` reads the
+    same shipped config); None for memlab's own GPT or a bare count."""
+    if getattr(getattr(model, "impl", None), "family", "reference") == "reference":
+        return None
+    from memlab.cli.hf_source import shipped_name
+
+    return (shipped_name(args.hf) or args.hf) if args.hf else getattr(args, "preset", None)
+
+
+def exact_peak_hint(span: Any, hf: str | None, setup: Any) -> str | None:
+    """Where this config's exact peak comes from when the named terms leave the formula's peak a range wider than
+    0.1 % (:data:`memlab.compare.hf_draws.PEAK_TOLERANCE`): the trace of transformers' own code (``memlab trace
+    --hf``, the one call the command line describes: no mask, ``labels=``; selective recompute has no transformers
+    equivalent). None where the range is that tight or the model is not a Hugging Face config."""
+    if hf is None or span.high - span.low <= 0.001 * span.peak or setup.recompute == "selective":
+        return None
+    return (f"the range is wider than 0.1 % of the peak: memlab trace --hf {hf} with the same options gives this "
+            "code's exact peak (transformers' modelling code run on fake tensors; measured equal to real CPU steps "
+            "by python benchmarks/hf_draws.py, verdict 'traced')")
+
+
+def _print_range(span: Any, hf: str | None, setup: Any) -> None:
+    """The real peak's range from the terms the estimate names (:func:`memlab.predict.unmodelled.peak_range`), and
+    where the exact peak comes from when that range is wide (:func:`exact_peak_hint`)."""
     rel = (f"{100 * (span.low - span.peak) / span.peak:+.2f} % / {100 * (span.high - span.peak) / span.peak:+.2f} %"
            if span.peak else "")
     print(f"{'peak range':<24}{span.low:>17,} to {span.high:,} B ({rel}): the real peak, given the terms the "
           "estimate names as left out:")
     for t in span.terms:
         print(f"  {'+' if t.sign > 0 else '-'}{t.bytes:>15,} B  {t.name} ({', '.join(t.phases)})")
+    hint = exact_peak_hint(span, hf, setup)
+    if hint:
+        print(f"  {hint}")
 
 
 def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | None]:

@@ -1,5 +1,6 @@
 """Configs memlab's tests did not choose: seeded draws of every supported Hugging Face family, each built small
-and trained two real steps, its saved activations, model states and peaks against the estimate, or a refusal.
+and trained two real steps, its saved activations, model states and peaks against the estimate (and, where the
+estimate's peak is a range, against the trace of transformers' code), or a refusal.
 
 A draw starts from a small config of the family (the caller's: the bench and the tests pass the tiny ones shipped
 in ``memlab/course/configs/tiny``) and changes what its key account
@@ -30,6 +31,9 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
   :func:`~memlab.predict.unmodelled.unmodelled_term_list`, each term with its size, sign and phases: the range
   ``memlab estimate`` prints beside the peak), widened by the same 0.1 %: a quantified assumption, not a silent
   error;
+- ``traced``: as ``named``, and the call is one ``memlab trace --hf`` traces (:func:`traceable`): the trace of
+  transformers' code on fake tensors (:func:`memlab.tracing.hf.trace_hf`, the exact answer the range points to)
+  gives both peaks within 0.1 % of the measured ones (a trace outside it is ``off``);
 - ``refused``: :func:`memlab.predict.hf.from_hf` or the estimate raised a one-line :class:`~memlab.errors.MemlabError`
   (a refused key must end here);
 - ``off``: a number differs, or a refused key was estimated anyway: silently wrong, the case this exists to find
@@ -59,7 +63,7 @@ _PAD_FRACTIONS = (0.1, 0.25, 0.5)
 
 PEAK_TOLERANCE = 0.001
 """Relative error |predicted - measured| / measured a step's peak may have and still be ``exact`` (issue 17: 0.1 %)."""
-VERDICTS = ("exact", "named", "refused", "off", "unbuildable")
+VERDICTS = ("exact", "traced", "named", "refused", "off", "unbuildable")
 """Every verdict a draw can end in (module docstring)."""
 COMPONENTS = ("activations", "states", "peak", "steady states", "steady peak")
 """What each verdict compares: the byte-exact ones and the two peaks (:data:`PEAK_TOLERANCE`)."""
@@ -234,9 +238,35 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     off = [k for k in COMPONENTS if (peaks[k] == "off" if k in peaks else predicted[k] != measured[k])]
     loose = [k for k in peaks if peaks[k] == "named"]
     why = ", ".join(f"{k} {predicted[k] - measured[k]:+,} B ({verdict.error(k) or 0:+.3%})" for k in off or loose)
+    traced = _traced_peaks(draw, m.setup(config)) if loose and not off and traceable(draw) else None
+    if traced is not None:
+        wrong = [k for k in traced if abs(traced[k] - measured[k]) > PEAK_TOLERANCE * measured[k]]
+        if wrong:  # the trace claims the exact bytes of this code: a trace that misses them is silently wrong
+            return HfVerdict(draw, "off", predicted, measured, "the trace's " + ", ".join(
+                f"{k} {traced[k] - measured[k]:+,} B" for k in wrong) + " (the formula's: " + why + ")", phases)
+        return HfVerdict(draw, "traced", predicted, measured, why + "; the trace: "
+                         + ", ".join(f"{k} {traced[k] - measured[k]:+,} B" for k in traced), phases)
     return HfVerdict(draw, "off" if off else "named" if loose else "exact", predicted, measured,
                      why + (" (named: " + "; ".join(n.name for n in named) + ")" if not off and loose else ""),
                      phases)
+
+
+def traceable(draw: HfDraw) -> bool:
+    """Whether ``memlab trace --hf`` (:func:`memlab.tracing.hf.trace_hf`) traces ``draw``'s call: no attention mask
+    (fake tensors carry no mask values) and transformers' own loss (``labels=``)."""
+    return draw.attention_mask == "none" and draw.loss_call == "labels"
+
+
+def _traced_peaks(draw: HfDraw, setup: Any) -> dict[str, int] | None:
+    """Both steps' peaks of the trace of ``draw``'s model under ``setup`` on fake CPU tensors (the answer ``memlab
+    trace --hf`` gives): ``peak`` and ``steady peak``, bytes; None where the trace refuses the setup."""
+    from memlab.tracing.hf import trace_hf
+
+    try:
+        tr = trace_hf(dict(draw.config), setup, device_type="cpu")
+    except MemlabError:  # a setup the trace refuses (CPU flash with dropout): no exact answer to offer
+        return None
+    return {"peak": _step_peak(tr.phases, "first"), "steady peak": _step_peak(tr.phases, "steady")}
 
 
 def _peak_verdict(predicted: int, measured: int, rng: Any) -> str:

@@ -149,9 +149,11 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                               name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:
         if "Expected inputs of BF16 type" in str(exc):  # torch/_meta_registrations.py _meta_grouped_mm_common
-            raise SetupError(f"{cfg.model_type}: its grouped_mm experts stay fp32 under autocast (no autocast rule "
-                             "casts them) and grouped_mm on CUDA takes bf16 inputs only, so this step does not run "
-                             "on fake CUDA tensors: trace a bf16 model (precision 'bf16')") from None
+            raise SetupError(f"{cfg.model_type}: its grouped_mm experts are fp32 here (an fp32 model, or under "
+                             "autocast, where no autocast rule casts them), and torch's fake-tensor kernel for "
+                             "grouped_mm takes bf16 inputs only (torch/_meta_registrations.py _meta_grouped_mm_common;"
+                             " on CUDA grouped_mm itself does), so this step does not trace: trace a bf16 model "
+                             "(precision 'bf16'), or measure it for real on a CPU (memlab measure --hf)") from None
         if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
             _raise_if_the_models_code(exc, cfg.model_type)
             raise

@@ -53,6 +53,10 @@ def test_grouped_experts_under_cuda_autocast_are_one_clear_error() -> None:
     with pytest.raises(SetupError) as err:
         trace_hf(load_config("qwen2_moe"), Setup(batch=1, seq=8, precision="amp-bf16"))
     assert "precision 'bf16'" in str(err.value) and "\n" not in str(err.value)
+    # on fake CPU tensors too: torch's meta kernel takes bf16 only, although the real CPU kernel runs fp32
+    with pytest.raises(SetupError) as err:
+        trace_hf(load_config("qwen2_moe"), Setup(batch=1, seq=8, precision="fp32"), device_type="cpu")
+    assert "_meta_grouped_mm_common" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_hf_config_from_json_and_recompute(tmp_path: Path) -> None:
