@@ -31,7 +31,7 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
   :func:`~memlab.predict.unmodelled.unmodelled_term_list`, each term with its size, sign and phases: the range
   ``memlab estimate`` prints beside the peak), widened by the same 0.1 %: a quantified assumption, not a silent
   error;
-- ``traced``: as ``named``, and the call is one ``memlab trace --hf`` traces (:func:`traceable`): the trace of
+- ``traced``: as ``named``, and the call is one the trace takes (:func:`traceable`): the trace of
   transformers' code on fake tensors (:func:`memlab.tracing.hf.trace_hf`, the exact answer the range points to)
   gives both peaks within 0.1 % of the measured ones (a trace outside it is ``off``);
 - ``refused``: :func:`memlab.predict.hf.from_hf` or the estimate raised a one-line :class:`~memlab.errors.MemlabError`
@@ -252,9 +252,10 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
 
 
 def traceable(draw: HfDraw) -> bool:
-    """Whether ``memlab trace --hf`` (:func:`memlab.tracing.hf.trace_hf`) traces ``draw``'s call: no attention mask
-    (fake tensors carry no mask values) and transformers' own loss (``labels=``)."""
-    return draw.attention_mask == "none" and draw.loss_call == "labels"
+    """Whether :func:`memlab.tracing.hf.trace_hf` traces ``draw``'s call: no attention mask or an all-ones one (not
+    a padded batch: fake tensors carry no mask values), with either loss call (``labels=`` or the hand-written
+    cross-entropy, :class:`memlab.model.loss.LossOptions` ``call``)."""
+    return draw.attention_mask in ("none", "ones")
 
 
 def _traced_peaks(draw: HfDraw, setup: Any) -> dict[str, int] | None:

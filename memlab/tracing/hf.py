@@ -88,10 +88,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
-    if setup.attention_mask != "none":  # transformers reads the mask's values, which fake tensors lack
-        raise SetupError(f"trace_hf traces the call without an attention mask, not attention_mask="
-                         f"{setup.attention_mask!r}: measure it for real (memlab.run.hf.run_hf with "
-                         "attention_mask=...) or set attention_mask='none'")
+    if setup.attention_mask == "padded":  # transformers reads the mask's values, which fake tensors lack
+        raise SetupError("trace_hf traces the call without an attention mask or with an all-ones one, not a padded "
+                         "batch (transformers reads the mask's values, which fake tensors lack): measure it for real "
+                         "(memlab.run.hf.run_hf with attention_mask='padded') or set attention_mask='none' or 'ones'")
     impl, backend = _ATTENTION[setup.attention]
     parts = setup_parts(setup, device_type=device_type)
     notes = list(parts.pop("notes"))
@@ -120,13 +120,22 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         model.train()
         return model
 
+    if setup.attention_mask == "ones":
+        notes.append("attention_mask='ones': traced as the call without a mask, which saves the same (transformers "
+                     "builds no mask for SDPA and the same causal mask for eager; measured on every tiny HF config, "
+                     "benchmarks/call_conventions.py), with the loop's all-ones int64 mask held beside the token ids")
+
     def batch_fn() -> dict[str, torch.Tensor]:
         ids = torch.randint(0, vocab, (setup.batch, setup.seq))
-        return {"input_ids": ids, "labels": ids.clone()}
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        if setup.attention_mask == "ones":  # held by the loop as a real call's mask is; not handed to the model
+            batch["attention_mask"] = torch.ones_like(ids)
+        return batch
 
     options = LossOptions.of(setup)
 
     def one_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = {k: v for k, v in batch.items() if k != "attention_mask"}
         if options == LossOptions():
             return default_loss(model, batch)
         return hf_causal_lm_loss(model, batch["input_ids"], batch["labels"], options)

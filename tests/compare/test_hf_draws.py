@@ -198,8 +198,9 @@ def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> 
     assert v.verdict == "traced", v.reason
     assert abs(v.error("steady peak")) > PEAK_TOLERANCE  # the formula alone is a range here
     assert "the trace: peak +0 B, steady peak +0 B" in v.reason  # to the byte
-    assert not traceable(HfDraw(**{**draw.__dict__, "attention_mask": "ones"}))  # fake tensors carry no mask values
-    assert not traceable(HfDraw(**{**draw.__dict__, "loss_call": "manual"}))
+    assert traceable(HfDraw(**{**draw.__dict__, "attention_mask": "ones"}))  # traced as no mask, its tensor held
+    assert not traceable(HfDraw(**{**draw.__dict__, "attention_mask": "padded"}))  # fake tensors carry no values
+    assert traceable(HfDraw(**{**draw.__dict__, "loss_call": "manual"}))  # the trace runs the same loss call
     config = from_hf(cfg)
     setup = Setup(batch=1, seq=36, precision="fp32", optimizer="adamw", attention="eager")
     span = peak_range(config, setup, estimate(config, setup, device_type="cpu"), "cpu")

@@ -80,3 +80,22 @@ def test_hf_bad_input_is_one_clear_error(tmp_path: Path) -> None:
         hf_config("not-a-model-family")
     with pytest.raises(SetupError, match="selective"):
         trace_hf(hf_config("llama", **LLAMA), Setup(seq=32, recompute="selective"))
+
+
+def test_an_all_ones_mask_is_traced_as_the_call_without_one_with_its_tensor_held() -> None:
+    """An all-ones mask saves what no mask saves (transformers builds none for SDPA, the same causal one for eager):
+    the trace holds the loop's int64 mask beside the ids, 8 b s B more in every phase; a padded batch is refused."""
+    import random
+
+    rng = random.Random(3)
+    for family, dims in (("gpt2", GPT2), ("llama", LLAMA)):
+        b, s = rng.randint(1, 3), rng.randint(8, 40)
+        for attention in ("eager", "flash"):
+            setup = Setup(batch=b, seq=s, attention=attention)
+            none, ones = (trace_hf(hf_config(family, **dims), setup.with_(attention_mask=m), device_type="cpu")
+                          for m in ("none", "ones"))
+            assert [r.held_bytes + 8 * b * s for r in none.phases] == [r.held_bytes for r in ones.phases]
+            assert any("attention_mask='ones'" in n for n in ones.notes)
+    with pytest.raises(SetupError) as err:
+        trace_hf(hf_config("llama", **LLAMA), Setup(batch=2, seq=16, attention_mask="padded", pad_fraction=0.25))
+    assert "padded" in str(err.value) and "\n" not in str(err.value)
