@@ -100,7 +100,9 @@ def test_scales_pick_small_work_on_cpu_and_grow_with_full() -> None:
     ci, full = default_shapes("cpu", "ci"), default_shapes("cpu", "full")
     assert max(m * n * k for m, n, k in ci) < max(m * n * k for m, n, k in full)
     assert any(m == 1 for m, _, _ in ci)  # a GEMV-like, bandwidth-bound point
-    assert max(default_sizes("cpu", "ci")) < max(default_sizes("cpu", "full"))
+    # given caches (a 32 MiB last level): this machine's own can put both scales at the 1/16-of-free-RAM cap
+    caches = {"L2": 2 * 2**20, "last_level": 32 * 2**20, "last_level_total": 32 * 2**20}
+    assert max(default_sizes("cpu", "ci", caches)) < max(default_sizes("cpu", "full", caches))
 
 
 def test_bandwidth_rows_count_stream_bytes_exactly() -> None:
