@@ -179,7 +179,9 @@ def exact_peak_hint(span: Any, hf: str | None, setup: Any) -> str | None:
     0.1 % (:data:`memlab.compare.hf_draws.PEAK_TOLERANCE`): the trace of transformers' own code (``memlab trace
     --hf``, the one call the command line describes: no mask, ``labels=``; selective recompute has no transformers
     equivalent). None where the range is that tight or the model is not a Hugging Face config."""
-    if hf is None or span.high - span.low <= 0.001 * span.peak or setup.recompute == "selective":
+    from memlab.compare.hf_draws import PEAK_TOLERANCE
+
+    if hf is None or span.high - span.low <= PEAK_TOLERANCE * span.peak or setup.recompute == "selective":
         return None
     return (f"the range is wider than 0.1 % of the peak: memlab trace --hf {hf} with the same options gives this "
             "code's exact peak (transformers' modelling code run on fake tensors; measured equal to real CPU steps "
