@@ -56,7 +56,7 @@ from typing import Any
 from memlab.errors import MemlabError
 
 _LAYERS = ("num_hidden_layers", "n_layer")
-_FF = ("intermediate_size", "n_inner", "ffn_dim")
+_FF = ("intermediate_size", "n_inner", "ffn_dim", "moe_intermediate_size", "shared_expert_intermediate_size")
 _DROPOUT_WORDS = ("dropout", "pdrop")
 _MASKS = ("none", "ones", "padded")
 _PAD_FRACTIONS = (0.1, 0.25, 0.5)
@@ -252,10 +252,10 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
 
 
 def traceable(draw: HfDraw) -> bool:
-    """Whether :func:`memlab.tracing.hf.trace_hf` traces ``draw``'s call: no attention mask or an all-ones one (not
-    a padded batch: fake tensors carry no mask values), with either loss call (``labels=`` or the hand-written
-    cross-entropy, :class:`memlab.model.loss.LossOptions` ``call``)."""
-    return draw.attention_mask in ("none", "ones")
+    """Whether :func:`memlab.tracing.hf.trace_hf` traces ``draw``'s call: every call a draw makes (no attention
+    mask, an all-ones one or a padded batch, with either loss call: ``labels=`` or the hand-written cross-entropy,
+    :class:`memlab.model.loss.LossOptions` ``call``), on CPU, where the draws run."""
+    return draw.attention_mask in ("none", "ones", "padded")
 
 
 def _traced_peaks(draw: HfDraw, setup: Any) -> dict[str, int] | None:

@@ -4,7 +4,8 @@
 ``model_type``, a ``PretrainedConfig``, or a model type name with dimensions) into a ``transformers`` config;
 :func:`build_hf_model` is ``AutoModelForCausalLM.from_config`` in a dtype and attention implementation. The trace
 (:mod:`memlab.tracing.hf`) and the measured runs (:mod:`memlab.run.hf`) both build through here.
-:func:`memlab.predict.hf.from_hf` is the torch-free reader the estimator uses.
+:func:`memlab.predict.hf.from_hf` is the torch-free reader the estimator uses. :func:`call_inputs` makes a call
+convention's labels and mask (no mask, all ones, a padded batch: :func:`pad_counts`), for both as well.
 
 ``transformers`` is imported when a function runs, so importing this module is cheap.
 """
@@ -389,3 +390,36 @@ def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 def quant_state_bytes(model: torch.nn.Module) -> int:
     """Bytes of :func:`quant_state_tensors`, by unique storage."""
     return sum(t.untyped_storage().nbytes() for t in quant_state_tensors(model))
+
+
+def pad_counts(batch: int, seq: int, pad_fraction: float) -> list[int]:
+    """Padding tokens in each row of a padded ``batch`` x ``seq`` batch:
+    ``floor(pad_fraction * batch * seq)`` tokens split as evenly as possible, the first rows one more. A row that
+    would be all padding is a :class:`SetupError` (a sequence needs a real token)."""
+    n = int(pad_fraction * batch * seq)
+    counts = [n // batch + (1 if i < n % batch else 0) for i in range(batch)]
+    if max(counts, default=0) >= seq:
+        raise SetupError(f"pad_fraction={pad_fraction} pads a whole row of {seq} tokens at batch={batch}: lower it")
+    return counts
+
+
+def call_inputs(input_ids: torch.Tensor, attention_mask: str = "none", pad_fraction: float = 0.0,
+                padding_side: str = "right") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(labels, mask)`` for a call convention (``Setup.attention_mask``): ``none`` passes no mask (labels a copy of
+    the ids, as transformers' ``DataCollatorForLanguageModeling(mlm=False)`` makes them and as
+    :func:`memlab.tracing.hf.trace_hf`'s batch holds them: the loop holds both through the step), ``ones`` an
+    all-ones (batch, seq) int64 mask, ``padded`` a padded batch (:func:`pad_counts`): the mask 0 and the labels -100
+    on each row's last (``padding_side='right'``) or first (``'left'``) padding positions."""
+    if attention_mask == "none":
+        return input_ids.clone(), None
+    if padding_side not in ("right", "left"):
+        raise SetupError(f"padding_side must be right or left, got {padding_side!r}")
+    mask = torch.ones_like(input_ids)
+    if attention_mask == "padded":
+        b, s = input_ids.shape
+        for row, n in enumerate(pad_counts(b, s, pad_fraction)):
+            if n:
+                (mask[row, s - n:] if padding_side == "right" else mask[row, :n]).fill_(0)
+    elif attention_mask != "ones":
+        raise SetupError(f"attention_mask must be none, ones or padded, got {attention_mask!r}")
+    return input_ids.masked_fill(mask == 0, -100), mask

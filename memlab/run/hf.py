@@ -27,11 +27,13 @@ from memlab.device import device_type
 from memlab.errors import SetupError
 from memlab.measure.accounting import SavedTensorRecorder, model_states
 from memlab.measure.live_bytes import PhasePeaks
-from memlab.model.hf import (  # noqa: F401  attention_implementations: re-exported for the compare room
+from memlab.model.hf import (  # noqa: F401  attention_implementations, call_inputs, pad_counts: re-exported
     DTYPES,
     apply_finetune,
     attention_implementations,
     build_hf_model,
+    call_inputs,
+    pad_counts,
     quant_state_bytes,
 )
 from memlab.model.step import Meter, Meters, PhaseMeter, token_ids, train_step, training_step
@@ -158,39 +160,6 @@ def _checkpointing(model: torch.nn.Module) -> bool:
     warns)."""
     flag = getattr(model, "is_activation_checkpointing", None)
     return bool(getattr(model, "is_gradient_checkpointing", False) if flag is None else flag)
-
-
-def pad_counts(batch: int, seq: int, pad_fraction: float) -> list[int]:
-    """Padding tokens in each row of a padded ``batch`` x ``seq`` batch:
-    ``floor(pad_fraction * batch * seq)`` tokens split as evenly as possible, the first rows one more. A row that
-    would be all padding is a :class:`SetupError` (a sequence needs a real token)."""
-    n = int(pad_fraction * batch * seq)
-    counts = [n // batch + (1 if i < n % batch else 0) for i in range(batch)]
-    if max(counts, default=0) >= seq:
-        raise SetupError(f"pad_fraction={pad_fraction} pads a whole row of {seq} tokens at batch={batch}: lower it")
-    return counts
-
-
-def call_inputs(input_ids: torch.Tensor, attention_mask: str = "none", pad_fraction: float = 0.0,
-                padding_side: str = "right") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(labels, mask)`` for a call convention (``Setup.attention_mask``): ``none`` passes no mask (labels a copy of
-    the ids, as transformers' ``DataCollatorForLanguageModeling(mlm=False)`` makes them and as
-    :func:`memlab.tracing.hf.trace_hf`'s batch holds them: the loop holds both through the step), ``ones`` an
-    all-ones (batch, seq) int64 mask, ``padded`` a padded batch (:func:`pad_counts`): the mask 0 and the labels -100
-    on each row's last (``padding_side='right'``) or first (``'left'``) padding positions."""
-    if attention_mask == "none":
-        return input_ids.clone(), None
-    if padding_side not in ("right", "left"):
-        raise SetupError(f"padding_side must be right or left, got {padding_side!r}")
-    mask = torch.ones_like(input_ids)
-    if attention_mask == "padded":
-        b, s = input_ids.shape
-        for row, n in enumerate(pad_counts(b, s, pad_fraction)):
-            if n:
-                (mask[row, s - n:] if padding_side == "right" else mask[row, :n]).fill_(0)
-    elif attention_mask != "ones":
-        raise SetupError(f"attention_mask must be none, ones or padded, got {attention_mask!r}")
-    return input_ids.masked_fill(mask == 0, -100), mask
 
 
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,

@@ -10,8 +10,12 @@ Found when this was built (transformers 5.x): transformers treats a FakeTensor a
 (``transformers.utils.import_utils.is_tracing``, [transformers-masking]) and then builds an explicit attention
 mask from the position ids (``masking_utils.find_packed_sequence_indices``), so SDPA gets a mask and, for GQA,
 ``repeat_kv`` copies: more saved bytes than the real run. :func:`unpacked_batches` forces the path a real
-unpadded, unpacked batch takes (no mask: ``is_causal`` and native GQA); it is valid only for unpadded batches
-without packed sequences, and every trace says so in its notes.
+unpacked batch takes (without padding no mask: ``is_causal`` and native GQA); it is valid only for batches without
+packed sequences, and every trace says so in its notes. An all-ones mask is traced as the call without one (which
+saves the same), a padded batch with its mask handed to the model: "tracing" there makes transformers build the
+4-D mask, which it builds for real for any batch with padding, and no other mask value is read (both measured equal
+to real CPU steps by ``benchmarks/hf_draws.py``). On CPU an fp32 or fp16 ``grouped_mm`` traces as the CPU kernel
+runs it (:func:`cpu_grouped_mm_dtypes`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ _ATTENTION = {"eager": ("eager", None), "math": ("sdpa", "math"), "flash": ("sdp
 
 @contextlib.contextmanager
 def unpacked_batches() -> Iterator[None]:
-    """Make transformers take the unpadded, unpacked path on fake tensors (module docstring): the packed-sequence
+    """Make transformers take the unpacked path on fake tensors (module docstring): the packed-sequence
     detection returns None, as it does for a real batch of consecutive position ids."""
     from transformers import masking_utils
 
@@ -49,6 +53,42 @@ def unpacked_batches() -> Iterator[None]:
         yield
     finally:
         masking_utils.find_packed_sequence_indices = original
+
+
+@contextlib.contextmanager
+def cpu_grouped_mm_dtypes() -> Iterator[None]:
+    """Let torch's fake-tensor kernel for ``grouped_mm`` take fp32 and fp16 inputs, as its CPU kernel does.
+
+    ``torch._meta_registrations._meta_grouped_mm_common`` copies the CUDA kernel's checks, bf16 inputs only, but
+    the CPU kernel (torch 2.13) multiplies fp32 and fp16 experts too (measured: a transformers MoE model in fp32
+    trains on a CPU), so a CPU trace of such a step would be refused for a check the real kernel does not make.
+    Inside this context an unscaled ``grouped_mm`` of two fp32 or two fp16 inputs is checked as the CPU kernel
+    checks it (2D or 3D, matching contraction, row strides multiples of 16 bytes: it raises "strides should be
+    multiple of 16 bytes" otherwise) and gets torch's own output allocation
+    (``_create_grouped_mm_output_tensor``) in the inputs' dtype; everything else goes to the original."""
+    from torch import _meta_registrations as meta
+
+    original = meta._meta_grouped_mm_common
+
+    def common(mat_a: torch.Tensor, mat_b: torch.Tensor, scale_a: Any, scale_b: Any, offs: Any = None,
+               bias: Any = None, scale_result: Any = None, out_dtype: Any = None, use_fast_accum: bool = False) -> Any:
+        if scale_a is not None or scale_b is not None or bias is not None or mat_a.dtype != mat_b.dtype \
+                or mat_a.dtype not in (torch.float32, torch.float16):
+            return original(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, use_fast_accum)
+        align = 16 // mat_a.element_size()
+        for mat in (mat_a, mat_b):
+            torch._check(mat.dim() in (2, 3), lambda: "grouped_mm multiplicands must be 2D or 3D")
+            rows = mat.stride()[-2:]
+            torch._check(min(rows) == 1 and max(rows) % align == 0, lambda: "strides should be multiple of 16 bytes")
+        if mat_a.dim() == 3 or mat_b.dim() == 3:
+            torch._check(mat_a.size(-1) == mat_b.size(-2), lambda: "contraction dimensions must match")
+        return meta._create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
+
+    meta._meta_grouped_mm_common = common
+    try:
+        yield
+    finally:
+        meta._meta_grouped_mm_common = original
 
 
 def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str = "cuda",
@@ -88,18 +128,19 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
-    if setup.attention_mask == "padded":  # transformers reads the mask's values, which fake tensors lack
-        raise SetupError("trace_hf traces the call without an attention mask or with an all-ones one, not a padded "
-                         "batch (transformers reads the mask's values, which fake tensors lack): measure it for real "
-                         "(memlab.run.hf.run_hf with attention_mask='padded') or set attention_mask='none' or 'ones'")
     impl, backend = _ATTENTION[setup.attention]
+    padded = setup.attention_mask == "padded" and sum(_pad_counts(setup)) > 0
+    if padded and device_type == "cuda" and backend is not None:
+        raise SetupError(f"a padded batch hands SDPA an explicit mask, and which CUDA kernel takes it in place of "
+                         f"{backend!r} is not traced: trace it with attention='eager', or for a CPU "
+                         "(device_type='cpu')")
     parts = setup_parts(setup, device_type=device_type)
     notes = list(parts.pop("notes"))
     notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
                  + (f" (SDPA backend {backend})" if backend else ""))
     if force_unpacked:
-        notes.append("unpadded, unpacked batch forced (no attention mask: SDPA is_causal, native GQA); valid only "
-                     "for batches without padding or packed sequences")
+        notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal, "
+                     "native GQA); valid only for batches without packed sequences")
     vocab = int(cfg.vocab_size)
 
     def model_fn() -> nn.Module:
@@ -120,25 +161,34 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         model.train()
         return model
 
-    if setup.attention_mask == "ones":
+    if padded:
+        notes.append(f"padded batch ({sum(_pad_counts(setup))} padding tokens, {setup.padding_side}): its 0/1 mask "
+                     "handed to the model, where transformers takes a fake mask for tracing and builds the 4-D mask "
+                     "it builds for any batch with padding (masking_utils._ignore_causal_mask_sdpa); no other value "
+                     "is read (measured equal to real CPU steps: benchmarks/hf_draws.py, verdict 'traced')")
+    elif setup.attention_mask != "none":
         notes.append("attention_mask='ones': traced as the call without a mask, which saves the same (transformers "
                      "builds no mask for SDPA and the same causal mask for eager; measured on every tiny HF config, "
                      "benchmarks/call_conventions.py), with the loop's all-ones int64 mask held beside the token ids")
 
     def batch_fn() -> dict[str, torch.Tensor]:
+        from memlab.model.hf import call_inputs
+
         ids = torch.randint(0, vocab, (setup.batch, setup.seq))
-        batch = {"input_ids": ids, "labels": ids.clone()}
-        if setup.attention_mask == "ones":  # held by the loop as a real call's mask is; not handed to the model
-            batch["attention_mask"] = torch.ones_like(ids)
+        labels, mask = call_inputs(ids, setup.attention_mask, setup.pad_fraction, setup.padding_side)
+        batch = {"input_ids": ids, "labels": labels}
+        if mask is not None:
+            batch["attention_mask"] = mask
         return batch
 
     options = LossOptions.of(setup)
 
     def one_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        batch = {k: v for k, v in batch.items() if k != "attention_mask"}
+        if not padded:  # an all-ones mask is held by the loop, not handed to the model (notes)
+            batch = {k: v for k, v in batch.items() if k != "attention_mask"}
         if options == LossOptions():
             return default_loss(model, batch)
-        return hf_causal_lm_loss(model, batch["input_ids"], batch["labels"], options)
+        return hf_causal_lm_loss(model, batch["input_ids"], batch["labels"], options, batch.get("attention_mask"))
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if not backend:
@@ -149,20 +199,21 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             return one_loss(model, batch)
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
+    kernels = cpu_grouped_mm_dtypes() if device_type == "cpu" else contextlib.nullcontext()
     where = (lambda: progress.last) if progress is not None else (lambda: "no progress reported")
     hint = (f"{cfg.model_type}'s modelling code may loop over the tokens in Python on CPU (Mamba's recurrent scan "
             "does, once per token per block): trace a shorter seq or fewer layers, or allow more time")
     try:
-        with ctx, quiet_transformers(), _quiet_fake_tensor_log(), time_bound(timeout, where, hint):
+        with ctx, kernels, quiet_transformers(), _quiet_fake_tensor_log(), time_bound(timeout, where, hint):
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
                               name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:
         if "Expected inputs of BF16 type" in str(exc):  # torch/_meta_registrations.py _meta_grouped_mm_common
-            raise SetupError(f"{cfg.model_type}: its grouped_mm experts are fp32 here (an fp32 model, or under "
-                             "autocast, where no autocast rule casts them), and torch's fake-tensor kernel for "
-                             "grouped_mm takes bf16 inputs only (torch/_meta_registrations.py _meta_grouped_mm_common;"
-                             " on CUDA grouped_mm itself does), so this step does not trace: trace a bf16 model "
-                             "(precision 'bf16'), or measure it for real on a CPU (memlab measure --hf)") from None
+            raise SetupError(f"{cfg.model_type}: its grouped_mm experts are not bf16 here (an fp32 or fp16 model, or "
+                             "under autocast, where no autocast rule casts them), and on CUDA grouped_mm takes bf16 "
+                             "inputs only (its fake-tensor kernel too: torch/_meta_registrations.py "
+                             "_meta_grouped_mm_common): trace a bf16 model (precision 'bf16'), or this step for a "
+                             "CPU (device_type='cpu', whose kernel takes fp32 and fp16)") from None
         if "No available kernel" not in str(exc) and "No viable backend" not in str(exc):
             _raise_if_the_models_code(exc, cfg.model_type)
             raise
@@ -204,6 +255,15 @@ def _raise_if_the_models_code(exc: BaseException, model_type: str) -> None:
 _POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
 """Names transformers gives a learned position table (GPT-2 and GPT-Neo ``wpe``, OPT and BioGPT
 ``embed_positions``, ``position_embeddings`` elsewhere)."""
+
+
+def _pad_counts(setup: Setup) -> list[int]:
+    """Each row's padding tokens in ``setup``'s batch (:func:`memlab.run.hf.pad_counts`; none without padding)."""
+    from memlab.model.hf import pad_counts
+
+    if setup.attention_mask != "padded":
+        return [0] * setup.batch
+    return pad_counts(setup.batch, setup.seq, setup.pad_fraction)
 
 
 def _check_positions(model: nn.Module, cfg: Any, seq: int) -> None:

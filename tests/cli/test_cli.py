@@ -216,4 +216,4 @@ def test_trace_command_builds_a_hugging_face_config(capsys: pytest.CaptureFixtur
     code, out, _ = run(capsys, "trace", "--hf-config", str(path), "--seq", "32", "--batch", "2", "--json")
     d = json.loads(out)
     assert code == 0 and d["model"].startswith("hf:") and d["peak_bytes"] > 0
-    assert any("unpadded" in n for n in d["notes"])
+    assert any("unpacked batch forced" in n for n in d["notes"])

@@ -199,7 +199,7 @@ def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> 
     assert abs(v.error("steady peak")) > PEAK_TOLERANCE  # the formula alone is a range here
     assert "the trace: peak +0 B, steady peak +0 B" in v.reason  # to the byte
     assert traceable(HfDraw(**{**draw.__dict__, "attention_mask": "ones"}))  # traced as no mask, its tensor held
-    assert not traceable(HfDraw(**{**draw.__dict__, "attention_mask": "padded"}))  # fake tensors carry no values
+    assert traceable(HfDraw(**{**draw.__dict__, "attention_mask": "padded"}))  # its fake mask takes the padded path
     assert traceable(HfDraw(**{**draw.__dict__, "loss_call": "manual"}))  # the trace runs the same loss call
     config = from_hf(cfg)
     setup = Setup(batch=1, seq=36, precision="fp32", optimizer="adamw", attention="eager")
@@ -207,3 +207,4 @@ def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> 
     assert span.high - span.low > 0.001 * span.peak
     assert "memlab trace --hf cfg.json" in exact_peak_hint(span, "cfg.json", setup)
     assert exact_peak_hint(span, None, setup) is None  # memlab's own GPT, a preset: no HF code to trace
+

@@ -81,14 +81,33 @@ def test_unmeasured_conventions_are_refused_in_one_line(changes: dict) -> None:
     assert "\n" not in str(err.value)
 
 
-def test_the_trace_refuses_a_padded_batch() -> None:
-    """Fake tensors carry no mask values, so a padded batch is refused (an all-ones mask is traced as the call
-    without one, its tensor held: tests/run/test_trace_hf.py)."""
+@pytest.mark.parametrize("family", ["gpt2", "llama", "opt", "qwen2"])
+def test_a_padded_batch_traces_as_the_real_step_holds_it(family: str) -> None:
+    """A padded batch's fake mask takes transformers' padded path (the 4-D mask built, as "tracing" makes it), so the
+    fake trace equals the same step on real tensors with real padding, phase by phase, on drawn shapes, sides,
+    attention and precision (OPT derives its positions from the mask: no value of it changes a byte)."""
+    import random
+
     from memlab.tracing.hf import trace_hf
 
-    setup = Setup(batch=2, seq=8, attention_mask="padded", pad_fraction=0.25)
-    with pytest.raises(SetupError, match="not a padded batch") as err:
-        trace_hf(tiny("gpt2"), setup, device_type="cpu")
+    rng = random.Random(family)
+    for _ in range(2):
+        b, s = rng.randint(1, 3), rng.randint(8, 32)
+        setup = Setup(batch=b, seq=s, attention_mask="padded", pad_fraction=rng.choice((0.1, 0.25, 0.5)),
+                      padding_side=rng.choice(("right", "left")), attention=rng.choice(("eager", "flash")),
+                      precision=rng.choice(("fp32", "bf16", "amp-bf16")))
+        fake, real = (trace_hf(tiny(family), setup, fake=f, device_type="cpu") for f in (True, False))
+        assert [r.held_bytes for r in fake.phases] == [r.held_bytes for r in real.phases], setup
+        assert fake.peak_bytes == real.peak_bytes and any("padded batch" in n for n in fake.notes)
+
+
+def test_a_padded_batch_on_cuda_sdpa_is_refused_in_one_line() -> None:
+    """Which CUDA SDPA kernel takes an explicit mask is not traced: one line, the ways out."""
+    from memlab.tracing.hf import trace_hf
+
+    setup = Setup(batch=2, seq=8, attention_mask="padded", pad_fraction=0.25, precision="bf16", attention="flash")
+    with pytest.raises(SetupError, match="explicit mask") as err:
+        trace_hf(tiny("gpt2"), setup)
     assert "\n" not in str(err.value)
 
 
