@@ -66,6 +66,12 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
                          "autocast casts them is not modelled); use a bf16 or fp32 model, or CPU")
     L, E, k, h, f, im = config.moe_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
     pairs, width = t * k, w["residual"]
+    unaligned = [f"{name} {n} x {width:g} B" for name, n in (("hidden size", h), ("expert width", f))
+                 if (n * width) % 16]
+    if unaligned:  # torch's grouped_mm kernels (CPU and CUDA) check every row stride: a real step raises
+        raise SetupError(f"{im.family}: grouped_mm needs every row of its experts' inputs a multiple of 16 bytes, and "
+                         f"{', '.join(unaligned)} is not, so the real step fails ('strides should be multiple of 16 "
+                         "bytes', measured on CPU): choose sizes whose rows are whole 16-byte units")
     return [*dense_layer_rows(config, t, w, n_f, autocast), *shared_expert_rows(config, t, w, n_f, autocast),
             ("MoE router softmax, fp32", "mlp", L * t * E, FP32, False),
             ("MoE top-k indices", "mlp", L * pairs, INT64, False),

@@ -225,3 +225,32 @@ def test_frozen_layers_are_exact_and_lora_is_refused(base: dict) -> None:
     for finetune in ("lora", "qlora"):
         with pytest.raises(SetupError, match="LoRA"):
             estimate(config, Setup(batch=2, seq=24, precision="bf16", finetune=finetune, lora_rank=4))
+
+
+def test_grouped_experts_whose_rows_are_not_whole_16_byte_units_are_refused_as_the_real_step_fails() -> None:
+    """torch's grouped_mm checks that every row stride is a multiple of 16 bytes, so an expert width (or hidden
+    size) of, say, 52 bf16 elements makes the real step raise: the estimate refuses exactly those, on generated
+    widths and dtypes, and gives a number for the others (whose real step runs)."""
+    rng = random.Random(16)
+    seen = set()
+    for family, key in (("mixtral", "intermediate_size"), ("qwen2_moe", "moe_intermediate_size"),
+                        ("qwen3_moe", "moe_intermediate_size")) * 2:
+        cfg = {**json.loads((_DIR / f"{family}.json").read_text()), key: rng.choice((40, 50, 52, 56, 60))}
+        dtype = rng.choice(("fp32", "bf16"))
+        aligned = cfg[key] * (4 if dtype == "fp32" else 2) % 16 == 0
+        try:
+            run_hf(cfg, attn_implementation="eager", dtype=dtype, batch=2, seq=8)
+            ran = True
+        except RuntimeError as exc:
+            assert "strides should be multiple of 16 bytes" in str(exc)
+            ran = False
+        assert ran == aligned, (family, cfg[key], dtype)
+        setup = Setup(batch=2, seq=8, precision=dtype, attention="eager")
+        if aligned:
+            assert estimate(from_hf(cfg), setup, device_type="cpu").peak_bytes > 0
+        else:
+            with pytest.raises(SetupError, match="16 bytes") as err:
+                estimate(from_hf(cfg), setup, device_type="cpu")
+            assert "\n" not in str(err.value)
+        seen.add(aligned)
+    assert seen == {True, False}  # the draws hit both sides
