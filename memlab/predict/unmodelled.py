@@ -26,6 +26,10 @@ HF_TRANSIENTS = ("a Hugging Face family's own transients inside forward and back
 HF_RECOMPUTED_BLOCK = ("full recompute of a Hugging Face family: the bottom block's recomputed tensors, counted all at "
                        "once (its backward frees them op by op: an upper bound)")
 """The name of the term :func:`unmodelled_term_list` gives an HF family under full recompute."""
+HF_BOTTOM_TEMPORARIES = ("a Hugging Face family's bottom block: its backward temporaries, counted all at once (its "
+                         "block makes and frees them in its own order: an upper bound)")
+"""The name of the term :func:`unmodelled_term_list` gives every HF family in training: ``layer_terms(...)["temp"]``
+(:func:`memlab.predict.phases.layer_terms`), backward, -."""
 
 
 def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
@@ -78,7 +82,9 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     since the steady step's forward holds the states too, -; under FSDP2 also a gathered block's unsharded expert
     gradients in backward, -; neither for grouped 3-D experts, ``impl.grouped_experts``, whose routing is counted
     exactly and whose two tensors per layer always get a gradient), under full recompute, a chunked or fused loss,
-    kept positions or activation offload the bottom block's moment (:func:`_bottom_block_terms`), under eager or
+    kept positions or activation offload (for a Hugging Face family always) the bottom block's moment
+    (:func:`_bottom_block_terms`; for a Hugging Face family also its backward temporaries,
+    :data:`HF_BOTTOM_TEMPORARIES`, backward, -), under eager or
     math attention the core's s x s tensors inside a block's forward (full recompute: forward +, backward -;
     selective recompute with a chunked or fused loss or kept positions, and activation offload: forward +;
     :func:`attention_core_bound_bytes`), under
@@ -100,10 +106,19 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     if fsdp is not None:
         out += [NamedTerm(k, math.ceil(v), phases, +1) for k, (v, phases) in unmodelled(fsdp, fsdp.grad_bytes).items()
                 if v]
-    # without full recompute a t x V term at the start of backward hides the bottom block's moment, except under a
-    # chunked or fused loss, kept positions or activation offload
-    if setup.recompute == "full" or setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
+    # without full recompute a t x V term at the start of backward hides the reference GPT's bottom block's moment,
+    # except under a chunked or fused loss, kept positions or activation offload; a Hugging Face family's need not
+    # hide (measured: OPT, one layer, V = 96 beside d_ff and s x s scores, the estimate's bottom moment above its
+    # start of backward, the real one below it), so its bottom-block terms are always named
+    hf = config.impl.family != "reference"
+    if hf or setup.recompute == "full" or setup.loss != "plain" or setup.logits_to_keep or setup.offload_activations:
         out += _bottom_block_terms(config, setup, fsdp)
+    if hf:
+        # the bottom-block moment counts the block's backward temporaries (the d_ff-wide or s x s gradients and
+        # three h-wide ones) all at once, beside all its saved tensors but the MLP's; transformers' block makes and
+        # frees them in its own order, and the real moment holds at least its saved tensors and no temporary
+        out.append(NamedTerm(HF_BOTTOM_TEMPORARIES, math.ceil(layer_terms(config, setup, "cpu")["temp"]),
+                             ("backward",), -1))
     if setup.recompute == "full" and config.impl.family != "reference":
         # transformers' layers under torch.utils.checkpoint (non-reentrant) free the recomputed block's tensors op by
         # op as its backward consumes them, while the bottom-block moment counts them all at once: measured up to
