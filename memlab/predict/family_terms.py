@@ -179,12 +179,13 @@ def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, comp
     masking_utils.py sdpa_mask]; with one K/V head under autocast the rotated fp32 k is cast, repeated, to the
     query width. Left padding keeps the same. Measured on CPU on every tiny config, fp32, bf16 and fp32 under
     bf16 autocast (benchmarks/call_conventions.py). ``compute``: bytes per element."""
-    if setup.attention_mask != "padded" or setup.attention != "flash":
+    present = padding_present(setup, b, s)
+    if setup.attention != "flash" or present is False:
         return []
-    im, L, t = config.impl, config.n_layers, b * s
+    im, L, t = config.impl, config.n_layers, b * s * present
     out: list[tuple] = []
     if not im.sdpa_keeps_mask:
-        out.append(("4-D padding mask each layer's SDPA keeps", "attention", L * b * s * s, compute, False))
+        out.append(("4-D padding mask each layer's SDPA keeps", "attention", L * t * s, compute, False))
     kv = config.q_dim if im.kv_broadcast else config.kv_dim
     if kv not in (config.q_dim, config.head_dim):  # one K/V head: repeat_kv's reshape stays a view of K, V
         out.append(("k, v repeated to the query width (no enable_gqa with a mask)", "attention",
@@ -197,6 +198,16 @@ def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, comp
     return out
 
 
+def padding_present(setup: Any, b: Any, s: Any) -> Any:
+    """Whether a ``b`` x ``s`` batch of ``setup``'s call has a padding token: ``attention_mask='padded'`` and
+    ``floor(pad_fraction b s) >= 1`` (:func:`memlab.model.hf.pad_counts`; elementwise on arrays). A padded call
+    that pads no token is the all-ones call, whose mask transformers drops for SDPA (masking_utils.py
+    _ignore_causal_mask_sdpa: no padding, no mask): found by the draws, a 1 x 9 batch at pad_fraction 0.1."""
+    if getattr(setup, "attention_mask", "none") != "padded":
+        return False
+    return setup.pad_fraction * b * s >= 1
+
+
 def check_call(setup: Any, device_type: str) -> None:
     """Raise :class:`~memlab.errors.SetupError` (one line) for a padded batch under SDPA on CUDA. Without a mask (or
     with an all-ones one, which transformers drops for SDPA: masking_utils.py sdpa_mask, _ignore_causal_mask_sdpa)
@@ -206,7 +217,7 @@ def check_call(setup: Any, device_type: str) -> None:
     keeps it for backward) or the math one [pytorch-sdpa: torch.nn.functional.scaled_dot_product_attention,
     torch.nn.attention.sdpa_kernel: the CUDA flash backend takes no attn_mask]: which kernel and what it keeps are not
     measured (no GPU run yet; tests/run/test_calls.py, marked gpu), so it is refused rather than guessed."""
-    if setup.mode == "train" and setup.attention_mask == "padded" and setup.attention != "eager" \
+    if setup.mode == "train" and padding_present(setup, setup.batch, setup.seq) and setup.attention != "eager" \
             and device_type != "cpu":
         raise SetupError(f"attention_mask='padded' with attention={setup.attention!r} on {device_type} is not "
                          "measured (CUDA SDPA's flash kernel takes no explicit mask; the memory-efficient or math "
@@ -250,8 +261,10 @@ def checkpoint_mask_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, 
         return []
     if setup.attention == "eager":
         return [("4-D attention mask, checkpoint input", "block inputs (recompute)", b * s * s, residual, False)]
-    if getattr(setup, "attention_mask", "none") == "padded":
-        return [("4-D bool padding mask, checkpoint input", "block inputs (recompute)", b * s * s, 1, False)]
+    present = padding_present(setup, b, s)
+    if present is not False:
+        return [("4-D bool padding mask, checkpoint input", "block inputs (recompute)", b * s * s * present, 1,
+                 False)]
     return []
 
 

@@ -225,7 +225,9 @@ def call_line(setup: Any) -> str:
     line = CALLS[setup.attention_mask].format(f=setup.pad_fraction, side=setup.padding_side)
     if setup.attention_mask == "padded":
         line += ("; left padding saves what right padding saves (measured on CPU on every tiny HF config, "
-                 "benchmarks/call_conventions.py: no tensor's shape depends on where the zeros sit)")
+                 "benchmarks/call_conventions.py: no tensor's shape depends on where the zeros sit); a batch where "
+                 "floor(pad_fraction b s) is 0 pads no token and is the all-ones call, whose mask transformers "
+                 "drops for SDPA (memlab.predict.family_terms.padding_present)")
     if setup.recompute == "full" and setup.attention_mask != "none":
         line += ("; under gradient checkpointing (non-reentrant) a layer keeps its positional arguments only: the mask "
                  "once where the family hands it positionally (GPT-2: eager's causal mask, or under SDPA a padded "

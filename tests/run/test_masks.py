@@ -53,6 +53,25 @@ def test_conventions_measured_against_the_estimate(family: str, attn: str, dtype
             estimate(tc, padded.setup(tc), device_type="cuda")
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama", "gpt2"])
+def test_a_padded_call_that_pads_no_token_is_the_all_ones_call(family: str) -> None:
+    """floor(pad_fraction b s) = 0 (a 1 x 9 batch at 0.1: a draw of seed 1) pads nothing, so transformers drops the
+    all-ones mask for SDPA: the estimate keeps no 4-D mask or repeated K, V there, as measured, and refuses nothing
+    on CUDA; a batch one token larger in padding gets them."""
+    rng = random.Random(family)
+    b, s = 1, rng.randint(6, 9)
+    frac = 1 / (b * s) - 0.01
+    tc, m = run_hf(tiny(family), attn_implementation="sdpa", dtype="fp32", batch=b, seq=s, attention_mask="padded",
+                   pad_fraction=frac)
+    _, ones = run_hf(tiny(family), attn_implementation="sdpa", dtype="fp32", batch=b, seq=s, attention_mask="ones")
+    assert m.saved_bytes == ones.saved_bytes == predict_hf(tc, m)["activations"]
+    assert estimate(tc, m.setup(tc), device_type="cuda").peak_bytes > 0
+    tc, more = run_hf(tiny(family), attn_implementation="sdpa", dtype="fp32", batch=b, seq=s,
+                      attention_mask="padded", pad_fraction=frac + 0.02)
+    assert more.saved_bytes == predict_hf(tc, more)["activations"]
+    assert more.saved_bytes > m.saved_bytes  # the 4-D mask each layer keeps (and, for GQA, repeated K, V)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_padding_is_right_aligned_and_counted(seed: int) -> None:
     rng = random.Random(seed)
