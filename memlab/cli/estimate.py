@@ -96,11 +96,12 @@ def run(args: argparse.Namespace) -> int:
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
                    workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
-    bd = estimate(model, setup, overheads=ov)
+    device = "cuda"  # the device the command line estimates for (the estimate's and its named terms' widths)
+    bd = estimate(model, setup, overheads=ov, device_type=device)
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
     twin = published_twin(model, setup, ov)
     found = _answers(args, model, setup, ov)
-    span = peak_range(model, setup, bd) if setup.mode == "train" and bd.config is not None else None
+    span = peak_range(model, setup, bd, device) if setup.mode == "train" and bd.config is not None else None
     if args.json:
         out = {"param_count": bd.param_count,
                "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},

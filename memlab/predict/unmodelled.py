@@ -72,7 +72,8 @@ class NamedTerm:
 
 def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: MemoryBreakdown,
                          device_type: str = "cpu") -> list[NamedTerm]:
-    """The terms ``bd`` (the estimate of ``config`` under ``setup``) names in its assumptions as left out, each with
+    """The terms ``bd`` (the estimate of ``config`` under ``setup`` for ``device_type``, whose widths size the terms)
+    names in its assumptions as left out, each with
     the most it can add or take away, in bytes, the phases it applies to and its sign (:class:`NamedTerm`):
     FSDP2's moments outside the phase model (:func:`memlab.predict.fsdp.unmodelled`: forward or backward, +), and
     for a mixture of experts the routing (the estimate counts one dense MLP per token: ``top_k`` routed copies of
@@ -117,13 +118,13 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         # the bottom-block moment counts the block's backward temporaries (the d_ff-wide or s x s gradients and
         # three h-wide ones) all at once, beside all its saved tensors but the MLP's; transformers' block makes and
         # frees them in its own order, and the real moment holds at least its saved tensors and no temporary
-        out.append(NamedTerm(HF_BOTTOM_TEMPORARIES, math.ceil(layer_terms(config, setup, "cpu")["temp"]),
+        out.append(NamedTerm(HF_BOTTOM_TEMPORARIES, math.ceil(layer_terms(config, setup, device_type)["temp"]),
                              ("backward",), -1))
-    if setup.recompute == "full" and config.impl.family != "reference":
+    if setup.recompute == "full" and hf:
         # transformers' layers under torch.utils.checkpoint (non-reentrant) free the recomputed block's tensors op by
         # op as its backward consumes them, while the bottom-block moment counts them all at once: measured up to
         # 0.8 x this term below the estimate (memlab.compare.hf_draws, seed 0, 1,140 draws: under bf16 autocast)
-        out.append(NamedTerm(HF_RECOMPUTED_BLOCK, math.ceil(layer_terms(config, setup, "cpu")["layer"]),
+        out.append(NamedTerm(HF_RECOMPUTED_BLOCK, math.ceil(layer_terms(config, setup, device_type)["layer"]),
                              ("backward",), -1))
     if setup.recompute == "full" and not setup.fused_attention:
         # the attention core's s x s tensors (scores, softmax, dropout) alive inside a block's recomputed forward
@@ -156,7 +157,7 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
             and setup.recompute != "full":
         out.append(NamedTerm("the top block's backward moment under a chunked or fused loss or kept positions, "
                              "counted all at once (an upper bound)",
-                             math.ceil(top_block_bound_bytes(config, setup)), ("backward",), -1))
+                             math.ceil(top_block_bound_bytes(config, setup, device_type)), ("backward",), -1))
     if config.impl.family != "reference" and setup.loss == "plain" and not setup.logits_to_keep \
             and not setup.offload_activations:
         # a Hugging Face family's own in-phase ops (its norms' fp32 upcasts, a composed activation's backward, the
@@ -164,16 +165,17 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         # t x V logits terms hide them only where the vocabulary is large against the widths (measured on real steps
         # of drawn configs, memlab.compare.hf_draws: within 0.1 % at V = 4096, up to several per cent below it at
         # V = 96-512); bounded by one block's backward temporaries and gradients (top_block_bound_bytes)
-        out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup)),
+        out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup, device_type)),
                              ("forward", "backward"), +1))
     if setup.offload_activations and setup.recompute != "full":  # (full recompute's are recomputed on the device)
         out.append(NamedTerm("activation offload: the bottom block's saved tensors, counted on the device at once at "
                              "its backward (they come back from the host one op at a time: an upper bound)",
-                             math.ceil(layer_terms(config, setup, "cpu")["layer"]), ("backward",), -1))
+                             math.ceil(layer_terms(config, setup, device_type)["layer"]), ("backward",), -1))
     if config.is_moe and not config.impl.grouped_experts:  # grouped 3-D experts (Mixtral): counted exactly
         mlp = bd.activation_detail.get("mlp", 0)
         if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
-            mlp = estimate(config, setup.with_(recompute="none"), device_type="cpu").activation_detail.get("mlp", 0)
+            plain = estimate(config, setup.with_(recompute="none"), device_type=device_type)
+            mlp = plain.activation_detail.get("mlp", 0)
         out.append(NamedTerm("MoE routing (top_k routed copies, router)", math.ceil(config.top_k * mlp),
                              ("forward", "backward"), +1))
         expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)

@@ -29,7 +29,16 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.model.gpt import sdpa_backend
-from memlab.model.hf import apply_finetune, hf_config, import_transformers, quiet_logger, quiet_transformers
+from memlab.model.hf import (
+    apply_finetune,
+    call_inputs,
+    hf_config,
+    import_transformers,
+    pad_counts,
+    quiet_logger,
+    quiet_transformers,
+)
+from memlab.predict.family_terms import check_call, padding_present
 from memlab.predict.setup import Setup
 from memlab.predict.validate import check_bool
 from memlab.tracing.arguments import check_trace_setup
@@ -129,11 +138,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
     impl, backend = _ATTENTION[setup.attention]
-    padded = setup.attention_mask == "padded" and sum(_pad_counts(setup)) > 0
-    if padded and device_type == "cuda" and backend is not None:
-        raise SetupError(f"a padded batch hands SDPA an explicit mask, and which CUDA kernel takes it in place of "
-                         f"{backend!r} is not traced: trace it with attention='eager', or for a CPU "
-                         "(device_type='cpu')")
+    padded = bool(padding_present(setup, setup.batch, setup.seq))
+    check_call(setup, device_type)  # a padded batch under CUDA SDPA: which kernel takes its mask is not measured
     parts = setup_parts(setup, device_type=device_type)
     notes = list(parts.pop("notes"))
     notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
@@ -162,7 +168,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         return model
 
     if padded:
-        notes.append(f"padded batch ({sum(_pad_counts(setup))} padding tokens, {setup.padding_side}): its 0/1 mask "
+        n_pad = sum(pad_counts(setup.batch, setup.seq, setup.pad_fraction))
+        notes.append(f"padded batch ({n_pad} padding tokens, {setup.padding_side}): its 0/1 mask "
                      "handed to the model, where transformers takes a fake mask for tracing and builds the 4-D mask "
                      "it builds for any batch with padding (masking_utils._ignore_causal_mask_sdpa); no other value "
                      "is read (measured equal to real CPU steps: benchmarks/hf_draws.py, verdict 'traced')")
@@ -172,8 +179,6 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                      "benchmarks/call_conventions.py), with the loop's all-ones int64 mask held beside the token ids")
 
     def batch_fn() -> dict[str, torch.Tensor]:
-        from memlab.model.hf import call_inputs
-
         ids = torch.randint(0, vocab, (setup.batch, setup.seq))
         labels, mask = call_inputs(ids, setup.attention_mask, setup.pad_fraction, setup.padding_side)
         batch = {"input_ids": ids, "labels": labels}
@@ -255,15 +260,6 @@ def _raise_if_the_models_code(exc: BaseException, model_type: str) -> None:
 _POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
 """Names transformers gives a learned position table (GPT-2 and GPT-Neo ``wpe``, OPT and BioGPT
 ``embed_positions``, ``position_embeddings`` elsewhere)."""
-
-
-def _pad_counts(setup: Setup) -> list[int]:
-    """Each row's padding tokens in ``setup``'s batch (:func:`memlab.run.hf.pad_counts`; none without padding)."""
-    from memlab.model.hf import pad_counts
-
-    if setup.attention_mask != "padded":
-        return [0] * setup.batch
-    return pad_counts(setup.batch, setup.seq, setup.pad_fraction)
 
 
 def _check_positions(model: nn.Module, cfg: Any, seq: int) -> None:

@@ -53,6 +53,26 @@ def test_conventions_measured_against_the_estimate(family: str, attn: str, dtype
             estimate(tc, padded.setup(tc), device_type="cuda")
 
 
+def test_the_estimates_padding_test_counts_the_tokens_the_batch_pads() -> None:
+    """The torch-free test the estimate and the trace use (family_terms.padding_present) agrees with the batch the
+    runs build (pad_counts) on drawn shapes and fractions, scalars and arrays alike."""
+    import numpy as np
+
+    from memlab.predict.family_terms import padding_present
+
+    rng = random.Random(9)
+    for _ in range(200):
+        b, s, f = rng.randint(1, 6), rng.randint(2, 48), rng.choice((rng.random() * 0.3, 1 / rng.randint(2, 300)))
+        try:
+            pads = sum(pad_counts(b, s, f)) > 0
+        except SetupError:
+            continue
+        setup = Setup(batch=b, seq=s, attention_mask="padded", pad_fraction=f)
+        assert padding_present(setup, b, s) == pads, (b, s, f)
+        assert padding_present(setup, np.array([b]), np.array([s]))[0] == pads
+    assert padding_present(Setup(batch=2, seq=8, attention_mask="ones"), 2, 8) is False
+
+
 @pytest.mark.parametrize("family", ["qwen3", "llama", "gpt2"])
 def test_a_padded_call_that_pads_no_token_is_the_all_ones_call(family: str) -> None:
     """floor(pad_fraction b s) = 0 (a 1 x 9 batch at 0.1: a draw of seed 1) pads nothing, so transformers drops the
