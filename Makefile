@@ -1,8 +1,12 @@
 # memlab: two commands on a fresh machine, `make report` and `make test`; each creates .venv when it is absent.
 #   make report [SCALE=auto|ci|full] [FORCE=1] [ONLY=NN]   execute the course, build the book reports/index.html
 #   make test                                             ruff, then pytest (notebooks at ci scale, headless browser)
-# torch is installed first with an explicit pin (on a CPU-only machine the pinned CPU wheel, in seconds; an unpinned
-# torch would pull gigabytes of CUDA wheels): `make TORCH=torch==2.5.1 report` picks another.
+# Every dependency comes from requirements.lock (exact releases with hashes, written by `make lock` from
+# pyproject.toml); torch comes after it by its own pin (on a CPU-only machine the pinned CPU wheel, in seconds; an
+# unpinned torch would pull gigabytes of CUDA wheels): `make TORCH=torch==2.5.1 report` picks another, and memlab
+# then says its family terms were not verified against it (memlab.predict.versions).
+#   make upgrade-check   the newest releases in a scratch venv: is memlab still exact? (a drift table)
+#   make lock            re-resolve the lock (moves only after a green upgrade-check)
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -28,7 +32,7 @@ BENCHMARKS := $(wildcard benchmarks/*.py)
 IS_ROOT := $(filter 0,$(shell id -u))
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: help setup report test lab bench sync clean chromium always
+.PHONY: help setup report test lab bench sync clean chromium lock upgrade-check always
 
 help: ## list the targets
 	@echo "memlab: fresh machine: 'make report' (the course, rendered) and 'make test' (CI)."
@@ -40,11 +44,15 @@ $(TORCH_PIN): always
 	@mkdir -p $(VENV_ABS)
 	@echo '$(TORCH)' | cmp -s - $@ || echo '$(TORCH)' > $@
 
-$(STAMP): pyproject.toml $(TORCH_PIN)
+# The lock first, without resolving (every pin and hash is in it); then torch, whose own dependencies the lock has
+# already installed (a CUDA build adds only its exact-pinned CUDA wheels); then memlab itself; pip check agrees.
+$(STAMP): requirements.lock pyproject.toml $(TORCH_PIN)
 	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV_ABS); }
-	@echo "installing $(TORCH), then memlab[course,dev] into $(VENV)"
+	@echo "installing requirements.lock, then $(TORCH), then memlab into $(VENV)"
+	$(PIP) --require-hashes --no-deps -r requirements.lock
 	$(PIP) "$(TORCH)"
-	$(PIP) -e ".[course,dev]"
+	$(PIP) --no-deps --no-build-isolation -e .
+	$(PY) -m pip check --disable-pip-version-check
 	@touch $@
 
 setup: $(STAMP) ## create .venv (when absent) and install torch, memlab and the course tools
@@ -65,19 +73,21 @@ test: $(STAMP) chromium ## ruff, then the whole pytest suite (executes the noteb
 	$(VENV_ABS)/bin/ruff check .
 	MEMLAB_SCREENSHOT_DIR=$(CURDIR)/reports/screenshots $(VENV_ABS)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-$(VENV_ABS)/.lab-installed: $(STAMP)
-	$(PIP) -e ".[course,dev,lab]"
-	@touch $@
-
 # The learner's copies: lab/NN_topic.ipynb, one plain notebook per chapter, in a git-ignored folder, so opening or
 # running a chapter never touches the committed pair (memlab/course/lab.py says why copies and not a git filter).
-lab: $(VENV_ABS)/.lab-installed ## JupyterLab on plain copies of the chapters in lab/ (git-ignored; FRESH=1 replaces them)
+lab: $(STAMP) ## JupyterLab on plain copies of the chapters in lab/ (git-ignored; FRESH=1 replaces them)
 	$(PY) -m memlab.course.lab$(if $(filter-out 0 no false,$(FRESH)), --fresh)
 	cd lab && $(VENV_ABS)/bin/jupyter lab $(if $(IS_ROOT),--allow-root)
 
 bench: $(STAMP) ## run each benchmark script in benchmarks/
 	@status=0; for script in $(BENCHMARKS); do echo "== $$script"; $(PY) "$$script" || status=1; done; \
 	[ -n "$(BENCHMARKS)" ] || echo "no benchmarks/*.py yet"; exit $$status
+
+lock: $(STAMP) ## re-resolve requirements.lock and environment.yml from pyproject.toml (after a green upgrade-check)
+	$(PY) scripts/lock.py --torch "$(TORCH)"
+
+upgrade-check: $(STAMP) ## the newest releases in a scratch venv (.cache/upgrade-check): a drift table, exact/drifted/broken
+	$(PY) scripts/upgrade_check.py --torch "$(TORCH)"
 
 sync: $(STAMP) ## re-pair notebooks/NN_topic.py with NN_topic.ipynb (jupytext) and strip outputs
 	$(VENV_ABS)/bin/jupytext --sync $(NOTEBOOKS)

@@ -1,4 +1,5 @@
-"""The repository's plumbing: set-up commands, Makefile targets, CI script, conda environment vs pyproject."""
+"""The repository's plumbing: set-up commands, Makefile targets, CI script, the lock vs pyproject and conda's
+environment."""
 
 from __future__ import annotations
 
@@ -46,14 +47,61 @@ def _environment_requirements() -> dict[str, str]:
     return found
 
 
-def test_environment_yml_lists_the_same_dependencies_and_pins_as_pyproject() -> None:
-    in_pyproject, in_environment = _pyproject_requirements(), _environment_requirements()
-    assert set(in_environment) == set(in_pyproject), (
-        f"only in pyproject: {sorted(set(in_pyproject) - set(in_environment))}; "
-        f"only in environment.yml: {sorted(set(in_environment) - set(in_pyproject))}"
-    )
-    differing = {n: (in_pyproject[n], in_environment[n]) for n in in_pyproject if in_pyproject[n] != in_environment[n]}
-    assert not differing, f"pins differ (pyproject, environment.yml): {differing}"
+LOCK = ROOT / "requirements.lock"
+
+
+def _lock_entries() -> dict[str, tuple[str, int]]:
+    """{name: (version, hashes)} of every requirement of requirements.lock (names normalised as PyPI does)."""
+    entries: dict[str, tuple[str, int]] = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", LOCK.read_text()):
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", block)
+        if match:
+            name = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+            entries[name] = (match.group(2), block.count("--hash=sha256:"))
+    return entries
+
+
+def _torch_pin() -> str:
+    return re.search(r"^TORCH \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+
+
+def test_the_lock_pins_every_dependency_of_every_extra_with_hashes_and_leaves_torch_to_its_pin() -> None:
+    from packaging.specifiers import SpecifierSet
+
+    locked = _lock_entries()
+    assert len(locked) > 100, "the whole tree, not only the direct dependencies"
+    assert not [n for n, (_, hashes) in locked.items() if hashes == 0], "every pin has its hashes"
+    assert "torch" not in locked and not [n for n in locked if n.startswith(("triton", "cuda-"))
+                                          or (n.startswith("nvidia-") and n != "nvidia-ml-py")], \
+        "torch (and its CUDA wheels) come by the Makefile's TORCH pin"
+    for name, spec in _pyproject_requirements().items():
+        version = _torch_pin() if name == "torch" else locked[name][0]
+        assert version in SpecifierSet(spec), f"pyproject's {name}{spec} excludes the locked {version}"
+
+
+def test_pyproject_bounds_above_each_library_whose_code_the_exact_terms_count() -> None:
+    from memlab.predict.versions import VERIFIED
+
+    ranges = _pyproject_requirements()
+    assert set(VERIFIED) == {"torch", "transformers", "peft", "bitsandbytes", "accelerate", "deepspeed"}
+    for name in VERIFIED:
+        assert "<" in ranges[name], f"{name} has no upper bound in pyproject.toml"
+
+
+def test_the_verified_versions_are_the_locked_ones() -> None:
+    from memlab.predict.versions import VERIFIED
+
+    locked = {**{n: v for n, (v, _) in _lock_entries().items()}, "torch": _torch_pin()}
+    assert {n: locked[n] for n in VERIFIED} == VERIFIED, "make lock records the lock's releases in VERIFIED"
+
+
+def test_environment_yml_has_exactly_the_locks_pins_and_the_torch_pin() -> None:
+    expected = {**{n: f"=={v}" for n, (v, _) in _lock_entries().items()}, "torch": f"=={_torch_pin()}"}
+    found = _environment_requirements()
+    assert set(found) == set(expected), (f"only in the lock: {sorted(set(expected) - set(found))}; "
+                                         f"only in environment.yml: {sorted(set(found) - set(expected))}")
+    differing = {n: (expected[n], found[n]) for n in expected if expected[n] != found[n]}
+    assert not differing, f"pins differ (lock, environment.yml): {differing}"
 
 
 def test_environment_yml_pins_the_python_that_pyproject_requires() -> None:
@@ -89,12 +137,17 @@ def test_makefile_has_the_targets() -> None:
     assert {"report", "test", "lab", "bench", "sync", "help", "clean", "chromium"} <= _make_targets()
 
 
-def test_makefile_pins_torch_first_and_keeps_it_overridable() -> None:
+def test_makefile_installs_the_lock_then_the_torch_pin_then_memlab() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^TORCH \?= torch==\d+\.\d+\.\d+$", makefile, flags=re.M)
     assert re.search(r"^VENV \?= \.venv$", makefile, flags=re.M)
-    recipe = makefile.split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
-    assert recipe.index('"$(TORCH)"') < recipe.index('-e ".[course,dev]"'), "torch is installed before memlab"
+    head, recipe = makefile.split("$(STAMP):", 1)[1].split("\n", 1)
+    assert "requirements.lock" in head, "a new lock re-installs"
+    recipe = recipe.split("\n\n", 1)[0]
+    lock = recipe.index("--require-hashes --no-deps -r requirements.lock")
+    assert lock < recipe.index('"$(TORCH)"') < recipe.index("--no-deps --no-build-isolation -e ."), recipe
+    assert "pip check" in recipe
+    assert "upgrade-check" in _make_targets() and "lock" in _make_targets()
 
 
 def test_make_help_lists_every_target_with_one_line() -> None:

@@ -22,6 +22,7 @@ import contextlib
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 from memlab.cli import estimate, gpus, measure, mfu, report, shard, trace
 from memlab.errors import MemlabError
 from memlab.predict.validate import canonical_choice
+from memlab.predict.versions import UnverifiedVersionWarning
 
 
 class _UsageError(Exception):
@@ -168,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             names = ", ".join(c.name for c in COMMANDS)
             raise _UsageError(f"give a command: {names} (see 'memlab --help')")
-        code = args._run(args)
+        with warnings.catch_warnings():  # a command that answers from the formula says this in its own line
+            warnings.filterwarnings("ignore", category=UnverifiedVersionWarning)
+            code = args._run(args)
         sys.stdout.flush()  # a full disk or /dev/full fails here, inside the one-line error handling
         return code
     except (MemlabError, _UsageError) as exc:

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
     if args.levers and setup.mode != "train":
         raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    guard = _version_guard(args, model)
     if setup.pp > 1 or setup.cp > 1:
         return _run_parallel(args, model, setup)
     if setup.ep > 1:
@@ -98,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
     device = "cuda"  # the device the command line estimates for (the estimate's and its named terms' widths)
     bd = estimate(model, setup, overheads=ov, device_type=device)
+    if guard is not None and not args.no_trace and not answers:
+        traced = _traced_beside(args, model, raw, setup, bd, guard)
+        if traced is not None:
+            return traced
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
     twin = published_twin(model, setup, ov)
     found = _answers(args, model, setup, ov)
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
-               "host_bytes": bd.host_bytes, **found,
+               "host_bytes": bd.host_bytes, **found, "unverified_versions": guard,
                **model_info(model, source="formula", config=raw), "published_model": twin,
                "peak_range": None if span is None else {
                    **span.to_dict(), "exact_peak": exact_peak_hint(span, _hf_target(args, model), setup)}}
@@ -165,6 +170,43 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version_guard(args: argparse.Namespace, model: Any) -> str | None:
+    """For a Hugging Face family (``--hf``, or a preset read from a published config): the one line (on stderr)
+    that says the installed transformers, torch or peft is not the release the family terms were verified against
+    (:func:`memlab.predict.versions.unverified_line`), or None. memlab's own GPT is not guarded: its count is of
+    memlab's code."""
+    import sys
+
+    from memlab.predict.versions import unverified_line
+
+    line = unverified_line() if _hf_target(args, model) is not None else None
+    if line is not None:
+        print(f"memlab: {line}", file=sys.stderr)
+    return line
+
+
+def _traced_beside(args: argparse.Namespace, model: Any, raw: dict[str, Any] | None, setup: Any, bd: Any,
+                   guard: str) -> int | None:
+    """The answer under an unverified library release: the trace of the installed code (progress on stderr, the
+    ``--timeout`` bound), the formula's phases beside it. None when the trace cannot take this call (its one-line
+    reason on stderr): the formula's number follows, the guard's line above it."""
+    import sys
+
+    from memlab.cli.traced import print_trace, trace_config
+
+    print(f"memlab: tracing the installed code on fake tensors (source of truth: trace; at most {args.timeout:g} s, "
+          "--timeout; --no-trace gives the formula alone)", file=sys.stderr)
+    args.top = getattr(args, "top", 8)
+    try:
+        result, _ = trace_config(args, _hf_target(args, model) or args.hf, setup)
+    except MemlabError as exc:
+        print(f"memlab: the trace cannot answer this call ({exc}); the formula's number follows, unverified",
+              file=sys.stderr)
+        return None
+    extra = {**model_info(model, source="trace", config=raw), "unverified_versions": guard}
+    return print_trace(args, result, setup, bd, extra=extra)
+
+
 def _hf_target(args: argparse.Namespace, model: Any) -> str | None:
     """What ``--hf`` names this model by: the path given, or a published preset's name (``--hf NAME`` reads the
     same shipped config); None for memlab's own GPT or a bare count."""
@@ -207,9 +249,11 @@ def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | 
     """(model, the config dict or None, why the formula refused it or None): the model of ``--hf PATH`` (read
     offline with :func:`memlab.predict.hf.from_hf`) or of the MODEL options."""
     if args.hf is None:
-        if args.no_trace:
-            raise MemlabError("--no-trace goes with --hf (a preset or dimensions are always the formula's)")
-        return model_from_args(args), None, None
+        model = model_from_args(args)
+        if args.no_trace and _hf_target(args, model) is None:
+            raise MemlabError("--no-trace goes with --hf or a published preset (memlab's own GPT, dimensions or a "
+                              "count are always the formula's)")
+        return model, None, None
     from memlab.cli.args import given_model_options
     from memlab.predict.hf import read_config_json
 

@@ -15,6 +15,7 @@ on the way are shown only when the trace succeeds (an error is one line).
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -122,12 +123,17 @@ def run(args: argparse.Namespace) -> int:
 def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     """(trace, setup, formula or None, what --json says about the model) of the command's target."""
     from memlab.predict.estimate import estimate
+    from memlab.predict.versions import unverified_line
 
     kind, target = _target(args)
     if kind == "hf":
         from memlab.predict.hf import read_config_json
 
         raw = read_config_json(target)
+        unverified = unverified_line()
+        if unverified is not None:
+            print(f"memlab: {unverified} (the trace is the answer; the formula column is beside it)",
+                  file=sys.stderr)
         result, setup = trace_config(args, target, _setup(args, 1))  # a bare count: the default seq (1024)
         predicted = _hf_estimate(target, setup)
         try:

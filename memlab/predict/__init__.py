@@ -6,7 +6,9 @@
   ``hf_families``: the newer HF families' builders (Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, Gemma 2 and 3,
   GPT-J, Falcon, Mixtral, Qwen3-MoE, Qwen2-MoE), ``family_keys``: every config key of those families accounted for,
   ``family_terms``: their q/k norm rows, the grouped MoE rows (router, routed pairs) and setup refusals;
-  ``hf_order``: the order each family registers its parameters in (the order a for-loop optimizer steps them).
+  ``hf_order``: the order each family registers its parameters in (the order a for-loop optimizer steps them);
+  ``versions``: the transformers, torch and peft releases those terms were verified against, and the guard that
+  says so when others are installed.
 - ``setup``: Setup (shapes, optimizer and its implementation, recompute, attention, sharding); ``precision``:
   precision policies as data; ``validate``: type and range checks of every public dataclass; ``frozen``:
   FrozenDict, the read-only mapping rows hold (it pickles and deep-copies).

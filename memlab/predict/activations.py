@@ -200,7 +200,9 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
                 recompute: str) -> list[TermRow]:
     """What the attention core (QK^T, softmax, dropout, x V) keeps, for all layers, under ``recompute``."""
     L, h, a, im = config.n_layers, config.q_dim, config.n_heads, config.impl
-    kv = h if im.kv_broadcast else config.kv_dim  # Falcon's new decoder architecture: K, V at full width
+    kv = config.kv_dim
+    if im.kv_broadcast and kv != config.head_dim:  # Falcon: repeat_kv before every kernel (no enable_gqa with a mask)
+        kv = h
     t = b * s
     scores = L * b * a * s * s
     drop = im.attention_dropout_or(config.dropout) > 0
@@ -336,8 +338,6 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
             terms += qk_norm_rows(config, t, w["compute"])
         terms += _core_terms(config, setup, b, s, w, recompute)
         terms += padded_sdpa_rows(config, setup, b, s, w["compute"])
-        if im.kv_broadcast and recompute != "selective":  # Falcon picks K and V by index: qkv[..., [-2]], [-1]
-            terms.append(("K/V index tensors", "attention", L * 2, INT64, False))
         terms.append(("output projection input", "attention", L * t * config.q_dim, w["compute"], True))
         if drop:
             terms.append(("attention output dropout mask", "attention", L * t * h, w["mask"], False))

@@ -130,7 +130,7 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, Any]]] = {
          "ffn_hidden_size": "TransformerConfig.d_ff (null: 4 hidden_size)",
          "activation": "Implementation.activation",
          "bias": "Implementation.qkv_bias, o_bias, mlp_bias (the LayerNorms always have one)",
-         "new_decoder_architecture": "Implementation.kv_broadcast (K, V indexed and broadcast to every head)",
+         "new_decoder_architecture": "TransformerConfig.n_kv_heads (num_kv_heads) and two norms by default",
          "num_ln_in_parallel_attn": "Implementation.shared_norm (1) or two norms on one input (2)"},
         {"layer_norm_epsilon": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE},
         {"alibi": ("True raises ConfigError (ALiBi positions are not modelled)", (False,)),

@@ -173,20 +173,22 @@ def _check_autocast_draws(config: TransformerConfig, setup: Any) -> None:
 def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, compute: float) -> list[tuple]:
     """What a padded batch (``Setup.attention_mask='padded'``) adds under CPU SDPA's flash kernel, all layers,
     as activation term rows: transformers then hands SDPA an explicit (b, 1, s, s) mask, which each layer's kernel
-    keeps in the compute dtype (unless the family already passes one, Falcon: ``impl.sdpa_keeps_mask``), and no
+    keeps in the compute dtype (unless the family passes one on every call, Falcon: ``impl.sdpa_keeps_mask``, whose
+    calls all take the repeats below), and no
     longer uses ``enable_gqa``, so a GQA model's K and V are repeated to the query width first (a copy, unless one
     K/V head: a view) [hf-transformers: integrations/sdpa_attention.py use_gqa_in_sdpa, repeat_kv;
     masking_utils.py sdpa_mask]; with one K/V head under autocast the rotated fp32 k is cast, repeated, to the
     query width. Left padding keeps the same. Measured on CPU on every tiny config, fp32, bf16 and fp32 under
     bf16 autocast (benchmarks/call_conventions.py). ``compute``: bytes per element."""
-    present = padding_present(setup, b, s)
+    im = config.impl
+    present = True if im.sdpa_keeps_mask else padding_present(setup, b, s)  # Falcon: a mask on every call
     if setup.attention != "flash" or present is False:
         return []
-    im, L, t = config.impl, config.n_layers, b * s * present
+    L, t = config.n_layers, b * s * present
     out: list[tuple] = []
     if not im.sdpa_keeps_mask:
         out.append(("4-D padding mask each layer's SDPA keeps", "attention", L * t * s, compute, False))
-    kv = config.q_dim if im.kv_broadcast else config.kv_dim
+    kv = config.q_dim if im.kv_broadcast and config.kv_dim != config.head_dim else config.kv_dim
     if kv not in (config.q_dim, config.head_dim):  # one K/V head: repeat_kv's reshape stays a view of K, V
         out.append(("k, v repeated to the query width (no enable_gqa with a mask)", "attention",
                     L * t * 2 * (config.q_dim - kv), compute, True))

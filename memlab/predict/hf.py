@@ -31,6 +31,7 @@ from memlab.predict.hf_families import BUILDERS, FAMILY_DEFAULTS, HF_ACTIVATIONS
 from memlab.predict.models import TransformerConfig
 from memlab.predict.traits import Implementation
 from memlab.predict.validate import check_bool, check_int, check_number, check_str
+from memlab.predict.versions import warn_if_unverified
 
 _T = "transformers/models"
 _LLAMA_LIKE = {
@@ -228,8 +229,10 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     """The :class:`TransformerConfig` of a Hugging Face causal LM config, with its family's implementation traits.
 
     Supported ``model_type``: :data:`SUPPORTED` (gpt2, opt, gpt_neox, phi, llama, mistral, qwen2, gemma and the
-    families of :mod:`memlab.predict.hf_families`). Anything else raises a
-    :class:`~memlab.errors.ConfigError` naming these. Parameter counts equal the HF model's
+    families of :mod:`memlab.predict.hf_families`). Anything else raises a :class:`~memlab.errors.ConfigError` naming
+    these. Under a transformers, torch or peft release other than :data:`memlab.predict.versions.VERIFIED` it warns
+    in one line (:class:`~memlab.predict.versions.UnverifiedVersionWarning`): the trace of the installed code
+    (:func:`memlab.tracing.hf.trace_hf`) is then the exact answer. Parameter counts equal the HF model's
     ``sum(p.numel() for p in model.parameters())`` (tied embeddings once). ``dropout`` is the family's residual
     dropout; attention and embedding dropout, where the family has them, are the traits ``attention_dropout`` and
     ``embedding_dropout`` (OPT's ``activation_dropout`` is not modelled). Source: ``[hf-transformers]``.
@@ -243,6 +246,7 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
                           f"{', '.join(SUPPORTED)}; trace it instead (memlab trace --hf PATH: transformers' own "
                           "code on fake tensors), or build a TransformerConfig by hand")
     check_keys(family, raw)  # every key modelled, neutral, or refused (memlab.predict.config_keys)
+    warn_if_unverified()  # one line when transformers, torch or peft is not the release the terms were verified on
     c = _checked({**DEFAULTS[family], **{k: v for k, v in raw.items() if v is not None or k not in DEFAULTS[family]}},
                  family)
     c["_rotary_fraction"] = _rotary_fraction(raw, {"gpt_neox": "rotary_pct", "phi": "partial_rotary_factor"}

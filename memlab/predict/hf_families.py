@@ -339,18 +339,19 @@ def _falcon(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     bias = bool(c["bias"])
     impl = Implementation(
         family=family, activation=hf_activation(c["activation"], "activation", family), parallel_block=True,
-        shared_norm=not (new and lns == 2), fused_qkv=True, kv_broadcast=new, sdpa_keeps_mask=True,
-        autocast_mask_promotes_scores=True,
+        shared_norm=not (new and lns == 2), fused_qkv=True, kv_broadcast=True, sdpa_keeps_mask=True,
+        eager_repeat_kv=True, softmax_fp32=True,
         rotary_tables_per_forward=True, qkv_bias=bias, o_bias=bias, mlp_bias=bias,
         sources=(("activation", f"{src} FalconMLP: dense_4h_to_h(act(dense_h_to_4h(x)))"),
                  ("parallel_block", f"{src} FalconDecoderLayer.forward: mlp_output += attention_output "
                                     "(ln_attn and ln_mlp, or one input_layernorm)"),
                  ("fused_qkv", f"{src} FalconAttention.query_key_value"),
-                 ("kv_broadcast", f"{src} FalconAttention._split_heads: torch.broadcast_to(key, query.shape)"),
+                 ("kv_broadcast", f"{src} FalconAttention.forward: K, V views of the fused output; a mask always "
+                                  "(allow_is_causal_skip=False), so sdpa_attention.py repeat_kv (no enable_gqa)"),
+                 ("eager_repeat_kv", f"{src} eager_attention_forward: repeat_kv (transformers 5.25)"),
+                 ("softmax_fp32", f"{src} eager_attention_forward: softmax(..., dtype=torch.float32).to(query.dtype)"),
                  ("sdpa_keeps_mask", f"{src} FalconAttention.forward: scaled_dot_product_attention(..., "
                                      "attn_mask=attention_mask)"),
-                 ("autocast_mask_promotes_scores", f"{src} FalconAttention.forward: softmax(scores + "
-                                                   "attention_mask, dtype=hidden_states.dtype)"),
                  ("rotary_tables_per_forward", f"{src} FalconRotaryEmbedding.forward, apply_rotary_pos_emb")),
     )
     return TransformerConfig(

@@ -103,10 +103,11 @@ class Implementation(StrictInit):
     on the fp32 scores, keeping fp32 probabilities and their cast to the value dtype (GPT-J) [modeling_gptj.py
     eager_attention_forward, ``query.to(torch.float32)``]."""
     kv_broadcast: bool = False
-    """K and V are picked from the fused QKV output by index (two int64 index tensors kept per layer), broadcast to
-    every query head and copied before attention, in every kernel (Falcon's new decoder architecture:
-    ``qkv[..., [-2]]``, ``torch.broadcast_to`` then ``flatten``): they reach eager attention and SDPA at full query
-    width [modeling_falcon.py FalconAttention._split_heads]."""
+    """K and V reach every attention kernel repeated to the query width (``repeat_kv``, a copy; with one K/V head
+    its reshape stays a view): the family always hands SDPA an explicit mask, so transformers never uses SDPA's
+    ``enable_gqa`` (Falcon: transformers 5.25's ``FalconAttention`` takes K and V as views of the fused QKV output,
+    and its causal mask is always materialised) [modeling_falcon.py FalconAttention.forward, FalconModel.forward
+    ``allow_is_causal_skip=False``; integrations/sdpa_attention.py use_gqa_in_sdpa, repeat_kv]."""
     sdpa_keeps_mask: bool = False
     """SDPA gets an explicit 4-D causal mask (b, 1, s, s) in the compute dtype instead of ``is_causal``, and each
     layer's kernel keeps one for backward (Falcon) [modeling_falcon.py FalconAttention.forward,

@@ -51,6 +51,7 @@ def titan_estimate(config: TransformerConfig, setup: Setup, *, device_type: str 
     from memlab.model.gpt import GPT
     from memlab.model.optimizers import build_optimizer
     from memlab.tracing.fake_dist import fake_process_group
+    from memlab.tracing.tracer import quiet_mod_tracker
 
     _check(config)
     if setup.zero_stage < 2 or setup.world_size < 2 or setup.mode != "train":
@@ -67,7 +68,7 @@ def titan_estimate(config: TransformerConfig, setup: Setup, *, device_type: str 
         tracker = FSDPMemTracker(mod=model, optm=opt)
         tracker.track_inputs((ids, labels))
         peaks = []
-        with tracker:
+        with quiet_mod_tracker(), tracker:
             for _ in range(2):
                 current = tracker.get_tracker_snapshot("current")
                 tracker._peak_mem_snap = deepcopy(current)

@@ -215,6 +215,27 @@ class _NoHook:
 _NO_HOOK = _NoHook()
 
 
+MOD_TRACKER_WARNING = "The module hierarchy tracking maybe be messed up"
+"""The start of the UserWarning torch's ModTracker raises when a module's forward starts while it is already open
+(``torch/distributed/_tools/mod_tracker.py``, ``_get_append_fn``): peft's wrappers and re-entered modules do it;
+the byte counts do not depend on the module hierarchy."""
+
+
+@contextlib.contextmanager
+def quiet_mod_tracker() -> Iterator[None]:
+    """Keep ModTracker's hierarchy warning (:data:`MOD_TRACKER_WARNING`) out of what memlab prints, and undo the
+    global ``warnings.formatwarning`` the tracker installs before it warns, so later warnings print as before."""
+    import warnings
+
+    fmt = warnings.formatwarning
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MOD_TRACKER_WARNING, category=UserWarning)
+        try:
+            yield
+        finally:
+            warnings.formatwarning = fmt
+
+
 def fast_mem_tracker() -> Any:
     """A new ``torch.distributed._tools.mem_tracker.MemTracker`` whose per-op peak update visits only the modules
     running now (the stock one walks every module it has seen on every op: half of a 7B trace's time). Same numbers;
@@ -224,6 +245,21 @@ def fast_mem_tracker() -> Any:
     class FastMemTracker(MemTracker):
         _by_fqn: dict[str, Any]
         _seen = -1
+        _quiet: tuple[contextlib.ExitStack, ...] = ()  # one per open ``with`` (the tracker is re-entrant)
+
+        def __enter__(self) -> Any:
+            quiet = contextlib.ExitStack()
+            quiet.enter_context(quiet_mod_tracker())
+            self._quiet = (*self._quiet, quiet)
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> None:
+            try:
+                super().__exit__(*args)
+            finally:
+                *rest, quiet = self._quiet
+                self._quiet = tuple(rest)
+                quiet.close()
 
         def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
             # The stock tracker registers a gradient hook on every parameter of a module it enters, and

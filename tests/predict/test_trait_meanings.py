@@ -13,4 +13,4 @@ def test_every_trait_has_a_plain_meaning_without_citations() -> None:
     for name, text in meanings.items():
         assert text.endswith(".") and len(text) > 20, name
         assert "[hf-" not in text and "[modeling_" not in text and "``" not in text, name
-    assert "qkv[..., [-2]]" in meanings["kv_broadcast"]  # code in the sentence is not taken for a citation
+    assert "(repeat_kv, a copy" in meanings["kv_broadcast"]  # code in the sentence is not taken for a citation

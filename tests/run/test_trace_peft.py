@@ -62,3 +62,24 @@ def test_frozen_parameters_trace_without_a_library() -> None:
               lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1),
               loss_fn=lambda m, x: m(x).square().mean())
     assert t.components()["grads"] == 8 * (64 * 8 + 8)
+
+
+def test_tracing_a_peft_model_prints_no_warning_and_leaves_the_warning_format_alone(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """peft's wrappers re-enter a module's forward, and torch's ModTracker warns ("The module hierarchy tracking
+    maybe be messed up") and replaces ``warnings.formatwarning`` for the whole process; memlab's tracker keeps both
+    out of what it prints (memlab.tracing.tracer.quiet_mod_tracker), whatever torch version is installed."""
+    import warnings
+
+    from memlab.predict.setup import Setup
+    from memlab.tracing.hf import trace_hf
+
+    before = warnings.formatwarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace_hf(hf_config("llama", **LLAMA), Setup(batch=2, seq=16, finetune="lora", lora_rank=4,
+                                                    lora_targets="q,v"), device_type="cpu")
+    assert [str(w.message) for w in caught if "hierarchy" in str(w.message)] == []
+    assert warnings.formatwarning is before
+    out, err = capfd.readouterr()
+    assert "Warning" not in out + err, out + err
