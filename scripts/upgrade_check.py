@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lock import REPORT, ROOT, compile_lock, pins, verified
+from lock import REPORT, ROOT, bootstrap, compile_lock, pins, verified
 
 SCRATCH = REPORT.parent
 TEST_MODULES = ("tests/run/test_hf.py", "tests/run/test_trace_hf.py", "tests/run/test_finetune.py",
@@ -43,14 +43,20 @@ def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 
 def install(venv: Path, lock: Path, torch_pin: str) -> None:
-    """The scratch venv, installed as ``make`` installs .venv: the lock, torch by its pin, memlab, pip check."""
+    """The scratch venv, installed as ``make`` installs .venv: uv (the lock's pin), the lock by uv, torch by its
+    pin, memlab, pip check."""
     shutil.rmtree(venv, ignore_errors=True)
     _run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    for step in (["--require-hashes", "--no-deps", "-r", str(lock)], [torch_pin],
-                 ["--no-deps", "--no-build-isolation", "-e", "."]):
-        _run(pip + step, check=True)
-    _run([str(venv / "bin" / "python"), "-m", "pip", "check"], check=True)
+    py = str(venv / "bin" / "python")
+    uv_lock = lock.with_name("newest-uv.lock")
+    uv_lock.write_text(bootstrap(lock.read_text()))
+    pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    _run([*pip, "--require-hashes", "--no-deps", "-r", str(uv_lock)], check=True)
+    _run([str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--python", py, "--require-hashes", "--no-deps",
+          "-r", str(lock)], check=True)
+    for step in (["--no-compile", torch_pin], ["--no-deps", "--no-build-isolation", "-e", "."]):
+        _run([*pip, *step], check=True)
+    _run([py, "-m", "pip", "check"], check=True)
 
 
 def drift(py: Path) -> dict[str, Any]:

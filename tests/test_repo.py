@@ -144,10 +144,20 @@ def test_makefile_installs_the_lock_then_the_torch_pin_then_memlab() -> None:
     head, recipe = makefile.split("$(STAMP):", 1)[1].split("\n", 1)
     assert "requirements.lock" in head, "a new lock re-installs"
     recipe = recipe.split("\n\n", 1)[0]
-    lock = recipe.index("--require-hashes --no-deps -r requirements.lock")
-    assert lock < recipe.index('"$(TORCH)"') < recipe.index("--no-deps --no-build-isolation -e ."), recipe
+    uv = recipe.index("$(PIP) --require-hashes --no-deps -r requirements-uv.lock")
+    lock = recipe.index("uv pip install --quiet --python $(PY) --require-hashes --no-deps -r requirements.lock")
+    assert uv < lock < recipe.index('"$(TORCH)"') < recipe.index("--no-deps --no-build-isolation -e ."), recipe
     assert "pip check" in recipe
     assert "upgrade-check" in _make_targets() and "lock" in _make_targets()
+
+
+def test_the_uv_that_installs_the_lock_is_the_locks_own_pin() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_memlab_lock_script", ROOT / "scripts" / "lock.py")
+    lock = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(lock)  # type: ignore[union-attr]
+    assert (ROOT / "requirements-uv.lock").read_text() == lock.bootstrap(LOCK.read_text())
 
 
 def test_make_help_lists_every_target_with_one_line() -> None:
