@@ -174,7 +174,8 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
                    device: str | torch.device = "cpu", seed: int = 0,
                    gradient_checkpointing: bool = False) -> torch.nn.Module:
     """``AutoModelForCausalLM.from_config`` in ``dtype`` with ``attn_implementation`` (eager or sdpa), in train mode;
-    ``gradient_checkpointing`` calls the model's ``gradient_checkpointing_enable()`` (memlab's recompute "full")."""
+    ``gradient_checkpointing`` calls the model's ``activation_checkpointing_enable()`` (memlab's recompute "full";
+    ``gradient_checkpointing_enable`` before transformers 5)."""
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
@@ -186,8 +187,9 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
             raise SetupError(f"transformers builds {cfg.model_type} without SDPA attention (its model class does not "
                              "support it): use attn_implementation='eager'")
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if gradient_checkpointing:  # transformers 5's name (its old alias warns); the same default: non-reentrant
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
     return model.to(device).train()
 
 
