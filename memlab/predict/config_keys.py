@@ -343,10 +343,9 @@ def _same(value: Any, ok: Any) -> bool:
     return (numbers or type(value) is type(ok)) and value == ok
 
 
-CONDITIONAL = ("sliding_window", "max_window_layers", "layer_types", "word_embed_proj_dim", "multi_query")
+CONDITIONAL = ("sliding_window", "max_window_layers", "layer_types", "word_embed_proj_dim")
 """Refused keys whose accepted values depend on other keys: :func:`memlab.predict.hf.from_hf` (and the family
-builders of :mod:`memlab.predict.hf_families`: Falcon's ``multi_query`` with ``new_decoder_architecture``) check
-them."""
+builders of :mod:`memlab.predict.hf_families`) check them."""
 
 
 def check(model_type: str, config: Mapping[str, Any]) -> None:
@@ -380,9 +379,5 @@ def _new_family(lists: Mapping[str, Mapping[str, Any]]) -> KeyAccount:
 
 ACCOUNTS.update({family: _new_family(lists) for family, lists in NEW_FAMILY_KEYS.items()})
 
-REFUSED_DEFAULTS: dict[str, str] = {
-    "falcon": "FalconConfig's defaults are Falcon-7B's layout (multi_query without new_decoder_architecture: one K/V "
-              "head that eager attention broadcasts), which from_hf refuses; Falcon-40B/180B's new decoder "
-              "architecture is modelled",
-}
+REFUSED_DEFAULTS: dict[str, str] = {}
 """Families whose ``transformers`` config class defaults describe a layout memlab refuses (with why)."""

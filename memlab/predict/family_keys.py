@@ -127,6 +127,7 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, Any]]] = {
         {"layer_norm_epsilon": _EPS}),
     "falcon": _family(
         {"num_kv_heads": "TransformerConfig.n_kv_heads (new decoder architecture; else 1 with multi_query)",
+         "multi_query": "TransformerConfig.n_kv_heads = 1 without new_decoder_architecture (Falcon-7B)",
          "ffn_hidden_size": "TransformerConfig.d_ff (null: 4 hidden_size)",
          "activation": "Implementation.activation",
          "bias": "Implementation.qkv_bias, o_bias, mlp_bias (the LayerNorms always have one)",
@@ -135,7 +136,6 @@ NEW_FAMILY_KEYS: dict[str, dict[str, dict[str, Any]]] = {
         {"layer_norm_epsilon": _EPS, "rope_parameters.rope_theta": _ROPE, "rope_parameters.rope_type": _ROPE},
         {"alibi": ("True raises ConfigError (ALiBi positions are not modelled)", (False,)),
          "parallel_attn": ("False raises ConfigError (only the parallel block is modelled)", (True,)),
-         "multi_query": ("True without new_decoder_architecture (Falcon-7B) raises ConfigError", (False, True)),
          "hidden_dropout": ("above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)", (0, 0.0)),
          "attention_dropout": ("above 0 raises ConfigError (Falcon uses it as a residual dropout)", (0, 0.0))}),
     "mixtral": _family(

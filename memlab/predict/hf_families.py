@@ -328,11 +328,9 @@ def _falcon(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     d, a = c["hidden_size"], c["num_attention_heads"]
     if d % a:
         raise ConfigError(f"falcon: num_attention_heads={a} must divide hidden_size={d}")
+    # Falcon-7B's multi_query without the new architecture is one K/V head: since transformers 5.25 it is split
+    # from the fused output and repeated like any grouped-query K/V (modeling_falcon.py FalconAttention.forward)
     kv = c["num_kv_heads"] if new else (1 if c["multi_query"] else a)
-    if not new and c["multi_query"] and a > 1:
-        raise ConfigError("falcon: multi_query without new_decoder_architecture (Falcon-7B: one K/V head that "
-                          "eager attention broadcasts) is not modelled; memlab models the new decoder architecture "
-                          "(Falcon-40B/180B) and full multi-head attention")
     lns = c["num_ln_in_parallel_attn"] or (2 if new else 1)
     if lns not in (1, 2):
         raise ConfigError(f"falcon: num_ln_in_parallel_attn must be 1 or 2, got {lns!r:.40}")

@@ -104,7 +104,6 @@ def test_new_family_traits() -> None:
     ("gemma3_text", {"layer_types": ["chunked_attention", "full_attention"]}, "layer_types"),
     ("starcoder2", {"sliding_window": 0}, "sliding_window"),
     ("falcon", {"alibi": True}, "alibi"),
-    ("falcon", {"new_decoder_architecture": False}, "multi_query"),
     ("falcon", {"hidden_dropout": 0.1}, "dropout"),
 ])
 def test_new_family_configs_memlab_does_not_model_are_refused(family: str, changes: dict, match: str) -> None:

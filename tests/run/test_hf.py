@@ -105,6 +105,8 @@ NEW_FAMILY_VARIANTS = [
     ("qwen3", {"num_key_value_heads": 4}, "eager", "bf16"),  # no GQA
     ("falcon", {"new_decoder_architecture": False, "multi_query": False, "num_kv_heads": 4}, "sdpa", "bf16"),
     ("falcon", {"num_ln_in_parallel_attn": 1, "bias": True}, "eager", "fp32"),
+    ("falcon", {"new_decoder_architecture": False, "multi_query": True}, "eager", "bf16"),  # Falcon-7B: one K/V head
+    ("falcon", {"new_decoder_architecture": False, "multi_query": True}, "sdpa", "fp32"),
 ]
 
 
