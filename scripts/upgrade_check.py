@@ -52,9 +52,9 @@ def install(venv: Path, lock: Path, torch_pin: str) -> None:
     uv_lock.write_text(bootstrap(lock.read_text()))
     pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     _run([*pip, "--require-hashes", "--no-deps", "-r", str(uv_lock)], check=True)
-    _run([str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--python", py, "--require-hashes", "--no-deps",
-          "-r", str(lock)], check=True)
-    for step in (["--no-compile", torch_pin], ["--no-deps", "--no-build-isolation", "-e", "."]):
+    _run([str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--compile-bytecode", "--python", py,
+          "--require-hashes", "--no-deps", "-r", str(lock)], check=True)
+    for step in ([torch_pin], ["--no-deps", "--no-build-isolation", "-e", "."]):
         _run([*pip, *step], check=True)
     _run([py, "-m", "pip", "check"], check=True)
 

@@ -10,8 +10,9 @@ machine paths scrubbed, terms and citations linked) and, once every chapter ran,
 ``OUT`` (``OUT/index.html`` is its landing page; offline, nothing fetched). ``OUT/index.json`` lists the chapters
 with status, run time, provenance and a summary of each chapter's ledger (``out_dir/ledger.csv``). A failing
 chapter does not stop the others; the command exits 1 when any chapter (or the book build) failed. Chapters whose
-notebook, ``memlab/`` source, recorded data and parameters are unchanged and whose page exists are skipped
-(``OUT/.cache.json``) unless ``--force``. ``--solutions`` builds the instructor's book, every exercise's solution
+notebook, ``memlab/`` source, recorded data, parameters and installed libraries (:func:`environment`) are unchanged
+and whose page exists are skipped (``OUT/.cache.json``) unless ``--force``; :func:`seed_cache` lets another output
+folder (the tests') reuse them. ``--solutions`` builds the instructor's book, every exercise's solution
 shown open, into ``OUT/solutions/``.
 """
 
@@ -116,15 +117,45 @@ def memlab_hash(root: Path = REPO_ROOT) -> str:
     return tree_hash(files, root)
 
 
+def environment() -> dict[str, str | None]:
+    """What a chapter's numbers also depend on outside memlab: Python's version and the installed release of each
+    library whose code memlab counts (:data:`memlab.predict.versions.VERIFIED`: torch, transformers, peft, ...)."""
+    from memlab.predict.versions import VERIFIED, installed
+
+    return {"python": sys.version.split()[0], **{name: installed(name) for name in VERIFIED}}
+
+
 def cache_key(notebook: Path, code_hash: str, params: dict[str, Any]) -> str:
-    """The chapter's cache key: its notebook source, the memlab hash and the injected parameters."""
+    """The chapter's cache key: its notebook source, the memlab hash, the injected parameters and the
+    :func:`environment` (another torch or transformers release runs the chapter again)."""
     payload = {
         "version": CACHE_VERSION,
         "notebook": hashlib.sha256(Path(notebook).read_bytes()).hexdigest(),
         "memlab": code_hash,
         "params": {k: params[k] for k in sorted(params) if k != "out_dir"},
+        "environment": environment(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def seed_cache(previous: Path, out: Path) -> list[str]:
+    """Copy a previous report's chapter runs (``previous/.cache.json``, each chapter's ``build/NN_topic`` folder and
+    page source) into a new, empty output folder ``out``, so that a run into ``out`` reuses those whose cache key
+    still holds (same notebook, memlab source, parameters and environment) and executes the others. Returns the
+    chapters copied (none when ``previous`` has no cache)."""
+    cache = load_cache(Path(previous) / ".cache.json")
+    copied = []
+    for name, record in cache.items():
+        build, page = Path(previous) / "build" / name, Path(previous) / book.SOURCE_DIR / f"{name}.ipynb"
+        if record.get("status") not in ("ok", "cached") or not build.is_dir() or not page.is_file():
+            continue
+        shutil.copytree(build, out / "build" / name, dirs_exist_ok=True)
+        (out / book.SOURCE_DIR).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(page, out / book.SOURCE_DIR / page.name)
+        copied.append(name)
+    write_atomic(out / ".cache.json", json.dumps({"version": CACHE_VERSION,
+                                                   "chapters": {n: cache[n] for n in copied}}, indent=1))
+    return copied
 
 
 def load_cache(path: Path) -> dict[str, dict[str, Any]]:
