@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -39,7 +40,9 @@ WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|class=\"output stderr\"")
 
 
 def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=ROOT, text=True, **kw)
+    """``cmd`` in the repository, keeping compiled bytecode (as make's recipes do: the Makefile's unexport)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return subprocess.run(cmd, cwd=ROOT, text=True, env=env, **kw)
 
 
 def install(venv: Path, lock: Path, torch_pin: str) -> None:
@@ -52,9 +55,9 @@ def install(venv: Path, lock: Path, torch_pin: str) -> None:
     uv_lock.write_text(bootstrap(lock.read_text()))
     pip = [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     _run([*pip, "--require-hashes", "--no-deps", "-r", str(uv_lock)], check=True)
-    _run([str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--compile-bytecode", "--python", py,
-          "--require-hashes", "--no-deps", "-r", str(lock)], check=True)
-    for step in ([torch_pin], ["--no-deps", "--no-build-isolation", "-e", "."]):
+    _run([str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--python", py, "--require-hashes", "--no-deps",
+          "-r", str(lock)], check=True)
+    for step in (["--no-compile", torch_pin], ["--no-deps", "--no-build-isolation", "-e", "."]):
         _run([*pip, *step], check=True)
     _run([py, "-m", "pip", "check"], check=True)
 

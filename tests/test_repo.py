@@ -145,8 +145,8 @@ def test_makefile_installs_the_lock_then_the_torch_pin_then_memlab() -> None:
     assert "requirements.lock" in head, "a new lock re-installs"
     recipe = recipe.split("\n\n", 1)[0]
     uv = recipe.index("$(PIP) --require-hashes --no-deps -r requirements-uv.lock")
-    lock = recipe.index("uv pip install --quiet --compile-bytecode --python $(PY) --require-hashes --no-deps "
-                        "-r requirements.lock")
+    lock = recipe.index("uv pip install --quiet --python $(PY) --require-hashes --no-deps -r requirements.lock")
+    assert re.search(r"^unexport PYTHONDONTWRITEBYTECODE$", makefile, flags=re.M), "bytecode is kept once compiled"
     assert uv < lock < recipe.index('"$(TORCH)"') < recipe.index("--no-deps --no-build-isolation -e ."), recipe
     assert "pip check" in recipe
     assert "upgrade-check" in _make_targets() and "lock" in _make_targets()
