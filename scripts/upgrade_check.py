@@ -88,7 +88,8 @@ def tests(py: Path) -> list[dict[str, Any]]:
         verdict = "exact" if done.returncode == 0 else ("drifted" if failed else "broken")
         detail = (f"{len(failed)} failed: " + ", ".join(f.split("::", 1)[1] for f in failed[:4])) if failed else \
             ("" if done.returncode == 0 else (tail or ["?"])[-1])
-        rows.append({"library": "tests", "family": Path(module).stem, "case": (tail or [""])[-1][:60],
+        name = module.removeprefix("tests/").removesuffix(".py")  # run/test_hf and predict/test_hf are two
+        rows.append({"library": "tests", "family": name, "case": (tail or [""])[-1][:60],
                      "verdict": verdict, "detail": detail, "worst_bytes": None, "worst_percent": None,
                      "seconds": round(time.perf_counter() - start, 1)})
     return rows
@@ -147,14 +148,14 @@ def summary(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
 
 def print_table(versions: dict[str, dict[str, str | None]], rows: list[dict[str, Any]]) -> bool:
     """The versions (verified vs newest) and the drift table; True when every row is exact."""
-    print("\nrelease       verified     newest")
+    print(f"\n{'release':<16}{'verified':<13}newest")
     for name, pair in versions.items():
         mark = "" if pair["verified"] == pair["newest"] else "  <- moves"
-        print(f"  {name:<12}{pair['verified'] or '-':<13}{pair['newest'] or '-'}{mark}")
-    print(f"\n{'library':<14}{'family':<24}{'verdict':<9}detail")
+        print(f"  {name:<14}{pair['verified'] or '-':<13}{pair['newest'] or '-'}{mark}")
+    print(f"\n{'library':<14}{'family':<30}{'verdict':<9}detail")
     table = summary(rows)
     for library, family, verdict, detail in table:
-        print(f"{library:<14}{family:<24}{verdict:<9}{detail[:150]}")
+        print(f"{library:<14}{family:<30}{verdict:<9}{detail[:150]}")
     counts = {v: sum(t[2] == v for t in table) for v in ("exact", "drifted", "broken")}
     green = counts["drifted"] == 0 and counts["broken"] == 0
     print(f"\n{counts['exact']} exact, {counts['drifted']} drifted, {counts['broken']} broken: "

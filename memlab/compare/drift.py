@@ -5,9 +5,9 @@ autograd, peft's adapters, bitsandbytes' NF4 storage). A new release can change 
 give the old answer without a word. :func:`drift_rows` runs, on this machine's CPU and on the installed releases,
 each check whose truth is that code, and judges each against a real step:
 
-- ``transformers``: every shipped tiny config (one per family), under eager and SDPA attention, in fp32, bf16 and
-  fp32 under bf16 autocast: the formula's saved activations and model states against a real step
-  (:func:`memlab.run.hf.run_hf`), byte for byte;
+- ``transformers``: every shipped tiny config (one per family), under eager and SDPA attention (where transformers
+  builds the family with it: Gemma 2 has eager only), in fp32, bf16 and fp32 under bf16 autocast: the formula's
+  saved activations and model states against a real step (:func:`memlab.run.hf.run_hf`), byte for byte;
 - ``trace``: every family's fake-tensor trace (:func:`memlab.tracing.hf.trace_hf`) against the same step on real
   tensors, phase by phase;
 - ``peft``: LoRA adapters on four families, formula against a real peft step;
@@ -127,16 +127,19 @@ def _precision_name(dtype: str, autocast: bool) -> str:
 def checks(only: tuple[str, ...] = ()) -> Iterator[tuple[str, str, str, Callable[[], dict[str, tuple[int, int]]]]]:
     """(library, family, case, check) for every check :func:`drift_rows` runs; ``only`` keeps those families."""
     from memlab.predict.setup import Setup
+    from memlab.run.hf import attention_implementations
 
     keep = [f for f in families() if not only or f in only]
-    for family in keep:
-        for attn in ATTENTIONS:
+    kinds = {f: [a for a in ATTENTIONS if a in attention_implementations(tiny_config(f))] for f in keep}
+    for family in keep:  # each attention transformers builds the family with (Gemma 2: eager only)
+        for attn in kinds[family]:
             for dtype, autocast in PRECISIONS:
                 yield ("transformers", family, f"{attn} {_precision_name(dtype, autocast)}",
                        partial(_formula_vs_step, tiny_config(family), attn, dtype, autocast))
-    traced = Setup(batch=BATCH, seq=SEQ, precision="bf16", attention="math")
     for family in keep:
-        yield ("trace", family, "sdpa bf16, fake vs real tensors",
+        attn = kinds[family][-1]
+        traced = Setup(batch=BATCH, seq=SEQ, precision="bf16", attention="math" if attn == "sdpa" else "eager")
+        yield ("trace", family, f"{attn} bf16, fake vs real tensors",
                partial(_trace_vs_step, family, tiny_config(family), traced))
     for family in (f for f in LORA_FAMILIES if f in keep):
         targets = "q,v" if family == "gpt2" else "q,k,v,o,gate,up,down"
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", UnverifiedVersionWarning)  # the versions head the output instead
 
     def show(r: DriftRow) -> None:
-        print(f"{r.library:<13}{r.family:<13}{r.case:<40}{r.verdict:<9}{r.detail[:120]}", flush=True)
+        print(f"{r.library:<13}{r.family:<13}{r.case:<42}{r.verdict:<9}{r.detail[:120]}", flush=True)
 
     versions = installed_versions()
     print("installed: " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
