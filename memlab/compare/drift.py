@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", UnverifiedVersionWarning)  # the versions head the output instead
 
     def show(r: DriftRow) -> None:
-        print(f"{r.library:<13}{r.family:<13}{r.case:<42}{r.verdict:<9}{r.detail[:120]}", flush=True)
+        print(f"{r.library:<13}{r.family:<13}{r.case:<46}{r.verdict:<9}{r.detail[:120]}", flush=True)
 
     versions = installed_versions()
     print("installed: " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
