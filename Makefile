@@ -4,7 +4,7 @@
 # Every dependency comes from requirements.lock (exact releases with hashes, written by `make lock` from
 # pyproject.toml); torch comes after it by its own pin (on a CPU-only machine the pinned CPU wheel, in seconds; an
 # unpinned torch would pull gigabytes of CUDA wheels): `make TORCH=torch==2.5.1 report` picks another, and memlab
-# then says its family terms were not verified against it (memlab.predict.versions).
+# then says its family terms were not verified against it (memlab.predict.spec.versions).
 #   make upgrade-check   the newest releases in a scratch venv: is memlab still exact? (a drift table)
 #   make lock            re-resolve the lock (moves only after a green upgrade-check)
 

@@ -82,8 +82,8 @@ def main() -> None:
 def trace_effects(batch: int, seq: int, only: set[str]) -> None:
     """Per family and precision: the traced-minus-predicted effect of ``loss_call='manual'`` on each steady phase."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.hf import from_hf
-    from memlab.predict.setup import Setup
+    from memlab.predict.families.reader import from_hf
+    from memlab.predict.spec.setup import Setup
     from memlab.tracing.hf import trace_hf
 
     print(f"{'family':12} {'prec':8} effect error by phase (traced - predicted), then the traced effect")

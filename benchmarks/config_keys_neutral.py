@@ -1,4 +1,4 @@
-"""The config keys memlab.predict.config_keys calls memory-neutral "traced equal", and the refused ones it sizes,
+"""The config keys memlab.predict.families.keys calls memory-neutral "traced equal", and the refused ones it sizes,
 checked by tracing each family's tiny config with the key changed (issue 17, point 1).
 
 For each (family, key change) the step is traced on fake tensors (:func:`memlab.tracing.hf.trace_hf`, bf16, batch 2,
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from memlab.predict.setup import Setup
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.hf import trace_hf
 
 TINY = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"

@@ -9,7 +9,7 @@ named / off (peaks and phases) and the worst phase.
 Usage: ``python benchmarks/estimate_vs_trace.py [--seed S] [--draws N] [--full K] [--loss-draws L]``: ``N`` CPU-lab
 draws (default 40), ``K`` full-size draws (default 2; Llama-3-8B-class traces take tens of seconds each on a loaded
 CPU), and ``L`` draws with a chunked or fused loss or activation offload (default 8), counted apart: the loss
-branch's terms are bounds (memlab.predict.loss), not exact.
+branch's terms are bounds (memlab.predict.memory.loss), not exact.
 Full-size mixture-of-experts draws cannot be traced (fake tensors cannot route by value; real ones would be
 47B parameters) and are skipped.
 """

@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 from memlab.predict.estimate import estimate, sweep_totals
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 TARGET = 100_000
 """Configs/second the issue requires (fit searches and sweeps evaluate it in loops)."""

@@ -23,8 +23,8 @@ def _phases(trace, est) -> dict[str, tuple[int, int]]:
 def hf_rows(families: list[str]) -> list[dict]:
     from memlab.course.hf_configs import load_config
     from memlab.predict.estimate import estimate
-    from memlab.predict.hf import from_hf
-    from memlab.predict.setup import Setup
+    from memlab.predict.families.reader import from_hf
+    from memlab.predict.spec.setup import Setup
     from memlab.tracing.hf import trace_hf
 
     rows = []
@@ -45,8 +45,8 @@ def hf_rows(families: list[str]) -> list[dict]:
 
 def gpt_rows(n: int, seed: int = 0) -> list[dict]:
     from memlab.predict.estimate import estimate
-    from memlab.predict.models import TransformerConfig
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.model import TransformerConfig
+    from memlab.predict.spec.setup import Setup
     from memlab.tracing.gpt import trace_gpt
 
     rng, rows = random.Random(seed), []

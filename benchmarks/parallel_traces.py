@@ -14,8 +14,8 @@ import time
 import pandas as pd
 
 from memlab.compare.parallel_traces import cp_rows, tp_rows, trace_shapes, traced_parallel_rows
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 
 def main() -> None:

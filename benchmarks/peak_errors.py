@@ -2,7 +2,7 @@
 
 Each point traces one reference-GPT step on fake tensors (:func:`memlab.tracing.gpt.trace_gpt`, CPU, the optimizer
 implementation torch picks on CUDA) and predicts it (:func:`memlab.predict.estimate.estimate`, CUDA widths: the same
-as the CPU trace for fp32, and within the few autocast/norm widths :mod:`memlab.predict.activations` lists
+as the CPU trace for fp32, and within the few autocast/norm widths :mod:`memlab.predict.memory.activations` lists
 otherwise). Issue 9's target: median <= 3 %, worst <= 8 %. Sharded setups (ZeRO-3 over 8 ranks) trace FSDP2 over
 a fake process group in this one process (rank 0's bytes), as torchtitan's memory estimator does.
 

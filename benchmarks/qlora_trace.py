@@ -18,8 +18,8 @@ import time
 
 from memlab.model.hf import hf_config
 from memlab.predict.estimate import estimate
-from memlab.predict.hf import from_hf
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.hf import trace_hf
 
 LLAMA2_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -10,8 +10,8 @@ benchmarks/tensor_parallel_trace.py``.
 from __future__ import annotations
 
 from memlab.predict.estimate import estimate
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.gpt import trace_gpt
 from memlab.tracing.tensor_parallel import explained, replicated_terms, trace_gpt_tp
 

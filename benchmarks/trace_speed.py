@@ -15,8 +15,8 @@ import sys
 import time
 
 from memlab.predict.estimate import estimate
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.gpt import trace_gpt
 from memlab.units import GiB, MiB
 

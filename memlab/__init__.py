@@ -7,7 +7,7 @@ predict -> trace -> run -> measure -> compare -> report::
     room       holds                                                             may import
     predict/   the formulas, no torch: models, setup, precision, activations,    errors, units
                estimate, phases, fit, flops, hardware, sharding, inference
-    model/     the torch twin of predict.models: reference GPT (MoE, KV cache),  predict, device
+    model/     the torch twin of predict.spec.model: reference GPT (MoE, KV cache),  predict, device
                the training step, optimizers, HF models built from configs
     tracing/   twin 2, the step on fake tensors: trace, trace_gpt, trace_hf      model, predict, device
     run/       twin 3, the step here: run_step, live steps, sweeps, HF runs,     model, measure, predict, device
@@ -43,23 +43,23 @@ from memlab.errors import SetupError as SetupError
 from memlab.errors import UnknownNameError as UnknownNameError
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "memlab.predict.models": ("TransformerConfig", "preset", "preset_names"),
-    "memlab.predict.setup": ("Setup",),
-    "memlab.predict.precision": ("PRECISION_POLICIES", "precision_policy"),
+    "memlab.predict.spec.model": ("TransformerConfig", "preset", "preset_names"),
+    "memlab.predict.spec.setup": ("Setup",),
+    "memlab.predict.spec.precision": ("PRECISION_POLICIES", "precision_policy"),
     "memlab.predict.estimate": ("MemoryBreakdown", "Overheads", "estimate", "sweep_totals"),
-    "memlab.predict.activations": ("activation_bytes", "reference_activation_bytes", "trait_effects"),
-    "memlab.predict.korthikanti": ("attention_score_share", "korthikanti_layer_bytes"),
+    "memlab.predict.memory.activations": ("activation_bytes", "reference_activation_bytes", "trait_effects"),
+    "memlab.predict.memory.korthikanti": ("attention_score_share", "korthikanti_layer_bytes"),
     "memlab.predict.fit": ("fits", "max_batch", "max_seq"),
-    "memlab.predict.flops": ("decode_flops", "forward_flops", "flops_per_token", "matmul_flops", "megatron_closed_form",
-                             "megatron_iteration_flops", "mfu", "roofline_bound"),
-    "memlab.predict.attention_io": ("attention_hbm_bytes",),
-    "memlab.predict.parallelism": ("cluster_utilisation", "exposed_comm_for", "pipeline_bubble_fraction"),
-    "memlab.predict.communication": ("ring_wire_bytes", "zero_comm_bytes"),
-    "memlab.predict.inference": ("kv_cache_bytes",),
+    "memlab.predict.compute.flops": ("decode_flops", "forward_flops", "flops_per_token", "matmul_flops",
+                                     "megatron_closed_form", "megatron_iteration_flops", "mfu", "roofline_bound"),
+    "memlab.predict.compute.attention_io": ("attention_hbm_bytes",),
+    "memlab.predict.parallel.efficiency": ("cluster_utilisation", "exposed_comm_for", "pipeline_bubble_fraction"),
+    "memlab.predict.parallel.communication": ("ring_wire_bytes", "zero_comm_bytes"),
+    "memlab.predict.memory.inference": ("kv_cache_bytes",),
     "memlab.predict.paging": ("kv_waste", "max_sequences", "reserved_tokens", "synthetic_request_lengths"),
-    "memlab.predict.sharding": ("shape_summary",),
-    "memlab.predict.hf": ("from_hf",),
-    "memlab.predict.hardware": ("gpu", "list_gpus"),
+    "memlab.predict.memory.sharding": ("shape_summary",),
+    "memlab.predict.families.reader": ("from_hf",),
+    "memlab.predict.hardware.gpus": ("gpu", "list_gpus"),
     "memlab.device": ("resolve_device", "resolve_scale"),
     "memlab.model.gpt": ("GPT", "available_attention"),
     "memlab.model.step": ("token_ids",),

@@ -15,8 +15,8 @@ import re
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from memlab.errors import MemlabError, SetupError, unknown_name
-from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.validate import canonical_choice
+from memlab.predict.spec.precision import DTYPE_BYTES
+from memlab.predict.spec.validate import canonical_choice
 
 if TYPE_CHECKING:
     import torch

@@ -41,7 +41,7 @@ from IPython.display import Markdown, display
 from memlab import chapter, check, describe, detect, gpu, roofline_bound
 from memlab.compare import plots
 from memlab.measure import roofline
-from memlab.predict import hardware
+from memlab.predict.hardware import gpus as hardware
 from memlab.units import GB, GiB, MiB, fmt_bytes, fmt_rate
 
 ch = chapter(scale, device, seed, out_dir)

@@ -173,7 +173,7 @@ fig = plots.live_stacked(stacked_by_label(live.frame),
                          source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; dashed: a card between the "
                                 "two steps' peaks", markers=markers, capacity_bytes=card)
 ch.save_figure(fig, "two_steps_live")
-# beside each measured peak, the phase-aware estimator's (memlab.predict.phases) for the same for-loop AdamW
+# beside each measured peak, the phase-aware estimator's (memlab.predict.memory.phases) for the same for-loop AdamW
 predicted = estimate(model, for_loop, device_type=ch.device_type)
 against = live.against(predicted)
 ch.save_table(against, "two_steps_peaks_predicted")

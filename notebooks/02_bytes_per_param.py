@@ -80,7 +80,8 @@ def bytes_per_param(policy: str, optimizer: str) -> float:
 
 table = pd.DataFrame({opt: [bytes_per_param(p, opt) for p in POLICIES] for opt in OPTIMIZERS}, index=POLICIES)
 table.index.name = "bytes/param"
-table["who uses it (memlab.predict.precision.PRECISION_POLICIES)"] = [PRECISION_POLICIES[p].source for p in POLICIES]
+table["who uses it "
+      "(memlab.predict.spec.precision.PRECISION_POLICIES)"] = [PRECISION_POLICIES[p].source for p in POLICIES]
 ch.save_table(table.reset_index(), "bytes_per_param_predicted")
 table
 

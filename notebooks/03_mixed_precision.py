@@ -165,7 +165,7 @@ Markdown(("Peaks above the sum of components here: " + ", ".join(f"`{p}` ({over[
 # fraction of fp32's. Autocast decides per op by three **op lists** `[pytorch-amp]`: ops that run in 16 bits
 # (matmul, linear, conv, SDPA), ops autocast runs in fp32 (on CUDA softmax, log_softmax, layer_norm and the losses),
 # and "promote" ops that run in the widest input dtype (add, cat). The lists differ by device: on a CPU softmax and
-# layer norm stay in the input dtype. The estimator models both (`memlab.predict.activations`), so the CPU
+# layer norm stay in the input dtype. The estimator models both (`memlab.predict.memory.activations`), so the CPU
 # measurement below is checked against the CPU lists, and section 2's verdict gives the CUDA estimate beside it.
 #
 # *Who keeps the copies alive.* Autocast's **cast cache** (`cache_enabled=True`, the default) keeps each weight's

@@ -51,7 +51,7 @@ from memlab import (
 )
 from memlab.compare import compare
 from memlab.labs import checkpointing
-from memlab.predict.activations import activation_terms
+from memlab.predict.memory.activations import activation_terms
 from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
@@ -88,7 +88,7 @@ pd.DataFrame({"bytes per layer (b=1)": per_layer, "GiB": {k: v / GiB for k, v in
 
 # %% [markdown]
 # What one block saves, tensor by tensor, under each recompute policy: memlab's own terms
-# (`memlab.predict.activations.activation_terms`, per layer, GPT-3 in bf16 at s = 2048, b = 1, no dropout), the
+# (`memlab.predict.memory.activations.activation_terms`, per layer, GPT-3 in bf16 at s = 2048, b = 1, no dropout), the
 # same sum as the formula's without its dropout masks:
 
 # %%
@@ -113,7 +113,7 @@ for row, policy in enumerate(("none", "selective", "full")):
 ax.set_yticks(range(3), ["no recompute", "selective", "full"])
 ax.invert_yaxis()
 ax.set(xlabel="MiB saved for backward per layer", title="GPT-3 175B, bf16, s=2048, b=1: what one block keeps, "
-       "tensor by tensor\nmemlab.predict.activations.activation_terms (the estimator's own terms)")
+       "tensor by tensor\nmemlab.predict.memory.activations.activation_terms (the estimator's own terms)")
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 one_block_png = ch.save_figure(fig, "one_block_saves")
 per_policy = block_terms.groupby("policy", sort=False)["MiB per layer"].sum()
@@ -145,7 +145,7 @@ ch.save_table(tp, "tp_sp_activations")
 tp.round(3)
 
 # %% [markdown]
-# memlab keeps the formula as a sum of named tensors (`memlab.predict.activations.activation_terms`), so it also
+# memlab keeps the formula as a sum of named tensors (`memlab.predict.memory.activations.activation_terms`), so it also
 # covers fp32 or autocast, no dropout, SwiGLU, GQA, RMSNorm, and the model-level tensors the paper leaves out
 # (token ids, the final norm, the LM head's fp32 log-softmax). The reference GPT is built to save exactly those.
 
@@ -233,7 +233,7 @@ check("04.sequential-2", answer, model=deep, batch=cb, seq=cs, device=ch.device)
 # `memlab.labs.checkpointing.measure_checkpointing` runs one forward + backward of the 16-block model under each
 # strategy and measures the bytes kept after the forward (`SavedTensorRecorder`), the peak of live tensor bytes
 # over forward and backward (`memlab.measure.live_bytes.LiveBytes`: this includes the recomputed internals of the
-# group being differentiated), and the FLOPs, analytic (`memlab.predict.flops`) and counted (`FlopCounterMode`).
+# group being differentiated), and the FLOPs, analytic (`memlab.predict.compute.flops`) and counted (`FlopCounterMode`).
 # **MFU** counts the model's FLOPs, **HFU** (*hardware FLOPs utilisation*) the FLOPs the hardware runs, recompute
 # included `[chowdhery2022]`: HFU / MFU = 1 + the "extra FLOPs" column at any step time. Recompute makes the step
 # longer, so in practice MFU *falls* by the time it costs, while HFU, which counts the recomputed FLOPs too, stays
@@ -409,7 +409,7 @@ for foreach in (True, False):
         s5 = Setup(batch=b, seq=cross_seq, precision="fp32", optimizer_impl="foreach" if foreach else "for-loop")
         live = live_training_steps(model, s5, ch.device, steps=2, seed=seed)
         pk = live.peaks().query("step == 2").set_index("phase")["peak_bytes"]
-        # the phase-aware estimate of the same step (memlab.predict.phases), with the implementation that ran
+        # the phase-aware estimate of the same step (memlab.predict.memory.phases), with the implementation that ran
         pred = estimate(model, s5, device_type=ch.device_type)
         ph = ["forward", "backward", "optimizer step"]
         steady = live.against(pred).query("step == 2").set_index("phase").loc[ph]
@@ -460,7 +460,7 @@ acc = {f"one batch of {micro * k_acc}": sum(activation_bytes(model, Setup(batch=
                                                                          seq=cross_seq)).values()),
        f"{k_acc} accumulated micro-batches of {micro}": sum(activation_bytes(model, Setup(batch=micro,
                                                                                          seq=cross_seq)).values())}
-pd.Series(acc, name="activation bytes (memlab.predict.activations)").to_frame()
+pd.Series(acc, name="activation bytes (memlab.predict.memory.activations)").to_frame()
 
 # %% [markdown]
 # ## 6. The loss at modern vocabularies, and activation offload
@@ -575,7 +575,7 @@ ch.seed_claims([
      "less often, indirectly affects memory scheduling) [seed-000]",
      "verdict": "holds as memlab reads it (activations of one micro-batch), by the estimator, not measured",
      "number": f"activations of one micro-batch: {min(acc.values()) / max(acc.values()):.0%} of the full batch's "
-               "(memlab.predict.activations; the runner measures one micro-batch per step)"},
+               "(memlab.predict.memory.activations; the runner measures one micro-batch per step)"},
     {"#": 26, "claim": "recompute ≈ 1.3x FLOPs [seed-001]",
      "verdict": "holds analytically; torch's checkpoint re-runs less",
      "number": f"{full_row['hardware_flops'] / full_row['model_flops']:.2f}x analytic (≈ 4/3 minus the LM head), "
@@ -606,7 +606,7 @@ answer = ...
 check("04.selective-share", answer, model_name="llama-2-7b", seq=4096)
 
 # %% [markdown]
-# **Exercise 3.** Full recomputation runs every block's forward twice. Using `memlab.predict.flops`, how many
+# **Exercise 3.** Full recomputation runs every block's forward twice. Using `memlab.predict.compute.flops`, how many
 # times the no-recompute FLOPs does one training step of GPT-3 at b = 1, s = 2048 execute? (A ratio, e.g. `1.25`.)
 
 # %%

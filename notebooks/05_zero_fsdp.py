@@ -81,9 +81,10 @@ ch
 # ## 1. The formula
 #
 # With Ψ parameters, ZeRO stage 1 divides the optimizer states by N, stage 2 also the gradients, stage 3 also the
-# parameters (`memlab.predict.sharding.zero_divisors`). Communication per step and rank, in the paper's convention
+# parameters (`memlab.predict.memory.sharding.zero_divisors`). Communication per step and rank, in the paper's
+# convention
 # (an all-reduce counts twice its buffer: a reduce-scatter then an all-gather) is 2Ψ for DDP and stages 1-2, and
-# 3Ψ for stage 3, which all-gathers the parameters again in backward (`memlab.predict.communication`).
+# 3Ψ for stage 3, which all-gathers the parameters again in backward (`memlab.predict.parallel.communication`).
 
 # %%
 model = preset(RANKS["model"])
@@ -319,7 +320,7 @@ for n in (8, 16, 64, 256, 1024):
     floor.append({"ranks": n, "model states GiB": b.model_state_bytes() / GiB,
                   "activations GiB": b.activations_bytes / GiB,
                   "gathered blocks GiB": b.overhead["zero3_gathered_params"] / GiB, "total GiB": b.total_gib,
-                  # the phase-aware peak (memlab.predict.phases): the floor placed inside the step
+                  # the phase-aware peak (memlab.predict.memory.phases): the floor placed inside the step
                   "peak GiB": b.peak_bytes / GiB, "peak in": f"{b.peak_step} {b.peak_phase}"})
 floor = pd.DataFrame(floor)
 ch.save_table(floor, "gpt3_per_rank")
@@ -553,7 +554,8 @@ shown
 # - **CP** (context parallelism): every rank keeps every layer and s/cp tokens of each sequence, attention passing
 #   K/V chunks round a ring [liu2023].
 #
-# `memlab.compare.parallel_layouts` runs the estimator over the layouts (`memlab.predict.parallel.parallel_estimate`
+# `memlab.compare.parallel_layouts` runs the estimator over the layouts
+# (`memlab.predict.parallel.pipeline.parallel_estimate`
 # for PP and CP: their worst rank). First, a prediction.
 
 # %% [markdown]
@@ -567,8 +569,8 @@ check("05.pp-first-stage-activations", answer)
 
 # %%
 from memlab.compare.parallel import parallel_layouts
-from memlab.predict.communication import cp_sent_bytes, pp_sent_bytes, tp_sent_bytes
-from memlab.predict.parallel import in_flight, micro_batch_bytes, parallel_estimate
+from memlab.predict.parallel.communication import cp_sent_bytes, pp_sent_bytes, tp_sent_bytes
+from memlab.predict.parallel.pipeline import in_flight, micro_batch_bytes, parallel_estimate
 
 llama = preset("llama-2-7b")
 par_setup = Setup(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
@@ -612,7 +614,7 @@ ch.save_figure(fig, "parallel_layouts")
 summed = lay["states_bytes"] + lay["activations_bytes"] + lay["buffers_bytes"]
 below = [f"{k} ({lay.loc[k, 'peak_gib']:.1f} GiB against {summed[k] / GiB:.1f})" for k in lay.index
          if lay.loc[k, "peak_bytes"] < summed[k]]
-Markdown("The tick is the phase-aware peak (`memlab.predict.phases`), not the bar's sum: the states, the saved "
+Markdown("The tick is the phase-aware peak (`memlab.predict.memory.phases`), not the bar's sum: the states, the saved "
          "tensors and the buffers do not all coexist at one moment (the gradients are allocated in backward, while "
          "the saved tensors are freed), and the step's transients come on top. "
          + (f"The peak is below the sum for {', '.join(below)}." if below else "Every peak is above its sum here."))
@@ -742,7 +744,7 @@ Markdown(("Every TP + SP row is exact" if sp_exact else "Some TP + SP rows are n
 
 # %% [markdown]
 # **The price: bytes on the wire.** Each layout sends something else, so its memory comes with traffic. Per rank
-# and per training step (bytes sent, in the communicated dtype bf16), from `memlab.predict.communication`:
+# and per training step (bytes sent, in the communicated dtype bf16), from `memlab.predict.parallel.communication`:
 # ZeRO-3's 3Ψ (section 1) over a ring; TP's four all-reduces of the (b s, h) block output per block, two in forward
 # and two in backward, each sending 2(t − 1)/t of its buffer [shoeybi2019; thakur2005] (SP the same bytes as
 # reduce-scatters and all-gathers [korthikanti2022]); PP's stage output forward and its gradient backward, b s h per
@@ -773,7 +775,7 @@ wire.round(2)
 
 # %%
 from memlab.compare.parallel_ranks import column_modules
-from memlab.predict.communication import tp_allreduce_buffer_bytes
+from memlab.predict.parallel.communication import tp_allreduce_buffer_bytes
 
 fused_reduces = tp_allreduce_buffer_bytes(tokens, llama.d_model, llama.n_layers)
 torch_reduces = tp_allreduce_buffer_bytes(tokens, llama.d_model, llama.n_layers, column_modules=column_modules(llama))
@@ -827,11 +829,11 @@ check("05.tp4-allreduce-gib", answer)
 # here they are 8 data-parallel ranks under ZeRO-1, the dense states sharded over all 8 and the experts' over the
 # 8 / ep ranks that hold the same experts. memlab's reference router is dropless (no capacity factor [fedus2021]),
 # so how many tokens a rank's experts receive depends on the routing: `balanced` (every expert the same share) or
-# `worst` (every rank's tokens choose this rank's experts). `memlab.predict.experts.expert_estimate` gives one
+# `worst` (every rank's tokens choose this rank's experts). `memlab.predict.parallel.experts.expert_estimate` gives one
 # rank's bytes under both; `memlab estimate --preset ref:mixtral-8x7b --ep 8 --world-size 8 ...` prints the same.
 
 # %%
-from memlab.predict.experts import ep_layouts, expert_estimate
+from memlab.predict.parallel.experts import ep_layouts, expert_estimate
 from memlab.tracing.experts import trace_gpt_ep
 
 mixtral = preset("mixtral-8x7b")  # the reference GPT with Mixtral-8x7B's sizes

@@ -73,7 +73,7 @@ ch
 # A fused kernel keeps q, k, v, its output and one fp32 *log-sum-exp* per row, b × a × s numbers: the s² tensor is
 # never written to memory, and backward rebuilds it block by block [dao2022]. One number per row suffices because
 # a softmax row is exp(sᵢⱼ − LSEᵢ) with LSEᵢ = log Σⱼ exp(sᵢⱼ): from q, k and LSEᵢ the backward recomputes every
-# probability exactly, without the row's maximum or sum. `memlab.predict.activations` counts both, term by term.
+# probability exactly, without the row's maximum or sum. `memlab.predict.memory.activations` counts both, term by term.
 # That is what this CPU's kernels keep (measured below, and "fused" here is torch's
 # `_scaled_dot_product_flash_attention_for_cpu`, not Dao's CUDA kernel). CUDA kernels keep a little more: the
 # memory-efficient kernel pads its log-sum-exp to a multiple of 32 rows, the flash kernel also saves a random
@@ -201,7 +201,7 @@ as_percent(share).rename_axis(columns="attention scores' share of all saved byte
 # ## 4. FLOPs: equal forward, more backward
 #
 # `torch.utils.flop_counter.FlopCounterMode` counts one step at the second-longest sequence. The *model FLOPs* (the
-# arithmetic the model needs, the numerator of MFU, model FLOPs utilisation, chapter 07; `memlab.predict.flops`)
+# arithmetic the model needs, the numerator of MFU, model FLOPs utilisation, chapter 07; `memlab.predict.compute.flops`)
 # are the same for every kernel. The flash backward recomputes QKᵀ, so its *hardware FLOPs* (what the device
 # executes), and so its HFU (hardware FLOPs utilisation), are higher.
 
@@ -261,7 +261,7 @@ Markdown(f"In the paper's Fig. 2 the fused kernel executes {fig2['flash']['GFLOP
 # %% [markdown]
 # ## 5. HBM traffic: the forward's IO model, and the paper's forward + backward
 #
-# The FlashAttention paper's IO count (`memlab.predict.attention_io`, [dao2022] Theorem 2: Θ(N²d²/M) against
+# The FlashAttention paper's IO count (`memlab.predict.compute.attention_io`, [dao2022] Theorem 2: Θ(N²d²/M) against
 # Θ(N² + Nd) for the **forward pass**, Algorithms 0 and 1) for one layer in bf16, with M the on-chip memory per
 # SM. M = 192 KB is the A100's combined L1 and shared memory per SM, of which at most 164 KB can be shared memory,
 # and a real kernel uses less: an upper bound. The model also ignores the 40 MB L2 cache, which catches many of

@@ -58,7 +58,7 @@ from memlab import (
 from memlab.compare import plots
 from memlab.course.chapter import as_percent
 from memlab.measure import roofline
-from memlab.predict.hardware import tile_waves
+from memlab.predict.hardware.gpus import tile_waves
 from memlab.run import op_profile
 from memlab.units import MiB
 

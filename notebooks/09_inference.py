@@ -81,7 +81,8 @@ ch
 # ## 1. The formula
 #
 # Serving holds the weights once and, per sequence, the keys and values of every past token in every layer:
-# 2 × n_layers × n_kv_heads × head_dim × bytes per token (`memlab.predict.inference.kv_cache_bytes`). Grouped-query
+# 2 × n_layers × n_kv_heads × head_dim × bytes per token (`memlab.predict.memory.inference.kv_cache_bytes`).
+# Grouped-query
 # attention (GQA) shares each KV head among several query heads, so it divides that by n_heads / n_kv_heads.
 
 # %%

@@ -21,7 +21,8 @@
 # fused GELU keeps one, Phi and GPT-NeoX run attention and the MLP side by side, Llama's eager attention copies K
 # and V to full width. This chapter takes Hugging Face configs (shipped ones, or yours), and:
 #
-# 1. predicts them at full size with `memlab.predict.hf.from_hf` (sizes plus the implementation traits of the
+# 1. predicts them at full size with `memlab.predict.families.reader.from_hf` (sizes plus the implementation traits of
+# the
 #    family's modelling code);
 # 2. builds the same families small and trains one real step on this machine, counting every saved byte;
 # 3. traces the real Hugging Face code at full size on fake tensors, in mixed precision, with and without gradient
@@ -68,8 +69,8 @@ from memlab import (
 )
 from memlab.compare import calculators, plots
 from memlab.model.hf import attention_implementations
-from memlab.predict.hf import SUPPORTED
-from memlab.predict.traits import trait_meanings
+from memlab.predict.families.reader import SUPPORTED
+from memlab.predict.spec.traits import trait_meanings
 from memlab.run.hf import measure_run
 from memlab.units import GiB
 
@@ -123,7 +124,7 @@ ch.save_table(traits, "full_size_traits")
 traits.style.hide(axis="index").format({"parameters (B)": "{:.3f}"})  # the whole trait list, not cut
 
 # %% [markdown]
-# What each trait in that table means, in one sentence (from `memlab.predict.traits`, where each is counted):
+# What each trait in that table means, in one sentence (from `memlab.predict.spec.traits`, where each is counted):
 
 # %%
 shown = sorted({k for c in configs.values() for k in c.impl.differs() if k not in ("family", "sources")})
@@ -538,7 +539,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 
 # %%
 from memlab.compare.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
-from memlab.predict.setup import Setup as _Setup
+from memlab.predict.spec.setup import Setup as _Setup
 
 peer = titan_rows(TITAN_DEBUG, _Setup(batch=1, seq=128 if ch.scale == "ci" else 2048, attention="flash",
                                       world_size=8, optimizer_impl="fused"))

@@ -19,7 +19,7 @@
 # This chapter answers it with the libraries people use:
 #
 # 1. the formula: full fine-tuning, LoRA and QLoRA of Llama-2-7B on a 24 GB card, component by component and
-#    phase by phase (`memlab.predict.finetune`), and what to switch on to fit, ranked by the peak
+#    phase by phase (`memlab.predict.memory.finetune`), and what to switch on to fit, ranked by the peak
 #    (`memlab.predict.fit`);
 # 2. the trace: the real Hugging Face Llama-2-7B wrapped by peft `[peft]`, at full size, on fake tensors;
 # 3. the measurement: small peft models of three families (LoRA, and QLoRA with bitsandbytes' NF4) trained one step
@@ -39,8 +39,8 @@ import pandas as pd
 
 from memlab import Setup, chapter, check, estimate, fits, from_hf, gpu, load_config, trace_hf
 from memlab.compare import calculators
-from memlab.predict.finetune import adapter_elements, qlora_base_bytes
 from memlab.predict.fit import levers, plan_to_fit
+from memlab.predict.memory.finetune import adapter_elements, qlora_base_bytes
 from memlab.run.hf import predict_hf, run_hf
 from memlab.units import GiB, MiB
 

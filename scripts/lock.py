@@ -7,7 +7,7 @@ after the lock, so torch's own dependencies come from the lock and a CUDA build 
 wheels. torch is resolved from the CPU wheel in ``--find-links`` (default ``/opt/wheels``) when that folder has it;
 a lock that still names CUDA wheels is refused.
 
-The lock moves only when it is green: when a library of :data:`memlab.predict.versions.VERIFIED` would change
+The lock moves only when it is green: when a library of :data:`memlab.predict.spec.versions.VERIFIED` would change
 release, ``make lock`` refuses unless the last ``make upgrade-check`` (``.cache/upgrade-check/report.json``) was
 green with exactly those releases; it then records them in ``VERIFIED``. ``--check`` only says whether the lock,
 ``environment.yml`` and ``VERIFIED`` agree with ``pyproject.toml``'s resolution (no file is written).
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
 BOOTSTRAP = ROOT / "requirements-uv.lock"  # uv's own lines of the lock: pip installs uv, uv installs the lock
 ENVIRONMENT = ROOT / "environment.yml"
-VERSIONS = ROOT / "memlab" / "predict" / "versions.py"
+VERSIONS = ROOT / "memlab" / "predict" / "spec" / "versions.py"
 REPORT = ROOT / ".cache" / "upgrade-check" / "report.json"
 PLATFORM = ("--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28")
 CUDA_ONLY = re.compile(r"^(nvidia-(?!ml-py=)|triton==|cuda-)", re.M)  # torch's CUDA wheels, not NVML
@@ -125,7 +125,7 @@ def environment_yml(locked: dict[str, str], torch_pin: str) -> str:
 
 
 def verified() -> dict[str, str]:
-    """:data:`memlab.predict.versions.VERIFIED` as the source file has it (read, not imported)."""
+    """:data:`memlab.predict.spec.versions.VERIFIED` as the source file has it (read, not imported)."""
     block = VERSIONS.read_text().split("VERIFIED: dict[str, str] = {", 1)[1].split("}", 1)[0]
     return dict(re.findall(r'"([\w-]+)": "([^"]+)"', block))
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                   "releases: run it first (the lock moves only when it is green)")
             return 1
         write_verified(want)
-        print("memlab.predict.versions.VERIFIED: " + ", ".join(f"{k} {v}" for k, v in want.items()))
+        print("memlab.predict.spec.versions.VERIFIED: " + ", ".join(f"{k} {v}" for k, v in want.items()))
     LOCK.write_text(text)
     BOOTSTRAP.write_text(bootstrap(text))
     ENVIRONMENT.write_text(environment_yml(locked, args.torch))

@@ -24,8 +24,8 @@ import pandas as pd
 from memlab.course.provenance import record_gpu_data, write_recorded
 from memlab.labs.checkpointing import measure_checkpointing
 from memlab.measure.snapshot import fragmentation_probe
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.runner import run_step
 
 

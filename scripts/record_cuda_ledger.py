@@ -21,8 +21,8 @@ import pandas as pd
 
 from memlab.compare.ledger import compare, predict_for
 from memlab.course.provenance import record_gpu_data, write_recorded
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.runner import run_step
 
 

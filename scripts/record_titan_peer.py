@@ -20,8 +20,8 @@ import sys
 import torch
 
 from memlab.compare.titan import RECORDED, TITAN_DEBUG, titan_rows
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 SETUPS = (
     (TITAN_DEBUG, Setup(batch=8, seq=2048, attention="flash", world_size=8, optimizer_impl="fused")),

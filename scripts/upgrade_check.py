@@ -10,7 +10,7 @@
 3. Print the table, per library and family: exact, drifted (the largest difference, bytes and percent) or broken
    (the error); write ``.cache/upgrade-check/report.json``. Exit status 0 when everything is exact.
 
-``make lock`` then lets the guarded releases (:data:`memlab.predict.versions.VERIFIED`) move only to the releases
+``make lock`` then lets the guarded releases (:data:`memlab.predict.spec.versions.VERIFIED`) move only to the releases
 of a green report. ``--skip-install`` reuses the scratch venv; ``--skip-book`` and ``--skip-tests`` leave those out.
 """
 
@@ -41,9 +41,9 @@ WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|class=\"output stderr\"")
 
 def scratch_env() -> dict[str, str]:
     """The environment of every command in the scratch venv: compiled bytecode kept (as make's recipes do), and the
-    guard's own line filtered out (:data:`memlab.predict.versions.GUARD_PREFIX`): under the releases being checked
+    guard's own line filtered out (:data:`memlab.predict.spec.versions.GUARD_PREFIX`): under the releases being checked
     it is expected on every page that builds a Hugging Face model, and would hide any other warning's drift."""
-    from memlab.predict.versions import GUARD_PREFIX
+    from memlab.predict.spec.versions import GUARD_PREFIX
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), f"ignore:{GUARD_PREFIX}") if w)

@@ -131,7 +131,7 @@ def test_the_checker_flags_a_moved_name_and_passes_a_real_one() -> None:
     source = (
         '"""Moved: :func:`memlab.run.trace.trace_gpt`; here: :func:`memlab.tracing.gpt.trace_gpt`."""\n'
         "class Trace:\n"
-        '    """Short names: :func:`trace`, :meth:`components`, :class:`~memlab.predict.setup.Setup`,\n'
+        '    """Short names: :func:`trace`, :meth:`components`, :class:`~memlab.predict.spec.setup.Setup`,\n'
         '    :func:`os.replace`, :exc:`ValueError`, :func:`the title <memlab.tracing.tracer.trace>`;\n'
         '    gone: :func:`tracer`."""\n'
     )

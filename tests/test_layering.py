@@ -1,6 +1,6 @@
 """The house rules of the layout (DESIGN.md), enforced: the math imports no torch, each room imports only what its
-"may import" column names (imports inside functions count), no import cycles, no module over 500 lines, and each
-room's docstring names what it holds."""
+"may import" column names (imports inside functions count), no import cycles, no function over 60 lines (but the
+few listed, each with why), and each room's docstring names what it holds."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "memlab"
-MAX_LINES = 500
+MAX_FUNCTION_LINES = 60
 
 
 def _module_name(path: Path) -> str:
@@ -90,7 +90,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "errors": set(),
     "units": set(),
     "predict": {"errors", "units"},
-    "device": {"predict", "errors", "units"},  # DTYPE_BYTES from predict.precision; torch lazily
+    "device": {"predict", "errors", "units"},  # DTYPE_BYTES from predict.spec.precision; torch lazily
     "model": {"predict", "device", "errors", "units"},
     "measure": {"predict", "device", "errors", "units"},
     "tracing": {"model", "predict", "device", "errors", "units"},
@@ -190,9 +190,54 @@ def test_the_import_check_sees_imports_inside_functions_but_not_type_checking_on
     assert _imports(path) == {"memlab.units": [2]}
 
 
-def test_no_module_over_500_lines() -> None:
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"split these by concept: {long}"
+def _function_lengths(path: Path) -> dict[str, int]:
+    """``qualified name -> lines`` of each function in ``path``: its body from the first statement after the
+    docstring to its last line (a docstring is documentation, not length)."""
+    lengths: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = child.body
+                docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str) and len(body) > 1
+                start = body[1].lineno if docstring else body[0].lineno
+                lengths[name] = child.end_lineno - start + 1
+            visit(child, f"{name}." if name != prefix else prefix)
+
+    visit(ast.parse(path.read_text()), "")
+    return lengths
+
+
+LONG_FUNCTIONS: dict[str, str] = {
+    "memlab.tracing.hf.trace_hf": "one Hugging Face trace, set-up to verdict: each step reads the one before",
+    "memlab.predict.memory.finetune.finetune_rows": "LoRA's and QLoRA's rows, each a sourced one-liner",
+    "memlab.course.report.build": "the book build in its order: cache, execute, render, check",
+    "memlab.predict.spec.model.TransformerConfig.param_shapes": "every parameter's shape, in registration order",
+    "memlab.run.runner._train": "the measured loop: allocator, meters and steps in the order they must run",
+    "memlab.predict.memory.activations.term_rows": "a block's saved tensors, in the order autograd saves them",
+    "memlab.predict.memory.activations._core_terms": "attention's rows, one trait each",
+    # being split by the estimator's regroup (issue 33): the coverage table, one estimate, one printer
+    "memlab.cli.estimate.run": "issue 33: one printer",
+    "memlab.predict.estimate._evaluate": "issue 33: one estimate",
+    "memlab.predict.memory.plan._assumptions": "issue 33: a view of the coverage table",
+    "memlab.predict.parallel.experts.expert_estimate": "issue 33: one estimate",
+    "memlab.predict.parallel.pipeline.parallel_estimate": "issue 33: one estimate",
+    "memlab.predict.unmodelled.unmodelled_term_list": "issue 33: a view of the coverage table",
+}
+"""Functions allowed over :data:`MAX_FUNCTION_LINES`, each with why it reads better whole; the list can only shrink
+(an entry that is short now fails the test: delete it)."""
+
+
+def test_no_function_over_the_limit_but_the_listed() -> None:
+    lengths = {f"{name}.{fn}": n for name, path in MODULES.items() for fn, n in _function_lengths(path).items()}
+    long = {fn: n for fn, n in lengths.items() if n > MAX_FUNCTION_LINES and fn not in LONG_FUNCTIONS}
+    assert not long, f"split these (or list them in LONG_FUNCTIONS with why): {long}"
+    short = [fn for fn in LONG_FUNCTIONS if lengths.get(fn, 0) <= MAX_FUNCTION_LINES]
+    assert not short, f"these are short now (or gone): delete their LONG_FUNCTIONS entries {short}"
 
 
 PACKAGES = sorted(p.parent for p in PACKAGE.rglob("__init__.py"))

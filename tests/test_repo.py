@@ -80,7 +80,7 @@ def test_the_lock_pins_every_dependency_of_every_extra_with_hashes_and_leaves_to
 
 
 def test_pyproject_bounds_above_each_library_whose_code_the_exact_terms_count() -> None:
-    from memlab.predict.versions import VERIFIED
+    from memlab.predict.spec.versions import VERIFIED
 
     ranges = _pyproject_requirements()
     assert set(VERIFIED) == {"torch", "transformers", "peft", "bitsandbytes", "accelerate", "deepspeed"}
@@ -89,7 +89,7 @@ def test_pyproject_bounds_above_each_library_whose_code_the_exact_terms_count() 
 
 
 def test_the_verified_versions_are_the_locked_ones() -> None:
-    from memlab.predict.versions import VERIFIED
+    from memlab.predict.spec.versions import VERIFIED
 
     locked = {**{n: v for n, (v, _) in _lock_entries().items()}, "torch": _torch_pin()}
     assert {n: locked[n] for n in VERIFIED} == VERIFIED, "make lock records the lock's releases in VERIFIED"

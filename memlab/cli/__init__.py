@@ -29,8 +29,8 @@ from typing import Any
 
 from memlab.cli import estimate, gpus, measure, mfu, report, shard, trace
 from memlab.errors import MemlabError
-from memlab.predict.validate import canonical_choice
-from memlab.predict.versions import UnverifiedVersionWarning
+from memlab.predict.spec.validate import canonical_choice
+from memlab.predict.spec.versions import UnverifiedVersionWarning
 
 
 class _UsageError(Exception):
@@ -79,7 +79,7 @@ def _choice_hint(parser: argparse.ArgumentParser, message: str) -> str:
 
 class _Parser(argparse.ArgumentParser):
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
-        # A choice is read as the API reads one (memlab.predict.validate.canonical_choice): '--precision BF16' and
+        # A choice is read as the API reads one (memlab.predict.spec.validate.canonical_choice): '--precision BF16' and
         # '--attention " flash"' name bf16 and flash, as Setup(precision="BF16") does; the run prints the canonical
         # name. The subcommand names are not choices of this kind.
         if action.choices is not None and not isinstance(action, argparse._SubParsersAction):

@@ -2,7 +2,7 @@
 
 Argument types turn text into checked values (an ``argparse.ArgumentTypeError`` becomes the one-line error).
 The model options (``--preset`` | explicit dimensions | ``--params``) are declared here for every subcommand.
-The Setup options are **generated** from :class:`memlab.predict.setup.Setup`'s fields: the flag is the field name
+The Setup options are **generated** from :class:`memlab.predict.spec.setup.Setup`'s fields: the flag is the field name
 (or ``metadata["flag"]``), the help is the field's docstring, the choices come from its ``Literal`` type or
 ``metadata["choices"]``, and the default is the field's default, so ``estimate`` and ``measure`` share one set.
 Size options are bounded by the same ``metadata["max"]`` (and its reason) the dataclasses enforce, so a huge value
@@ -73,7 +73,7 @@ def mebibytes(text: str) -> float:
 
 def gpu_name(text: str) -> str:
     """A GPU of memlab's table (key, spelling or torch name); unknown names list the closest ones."""
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
 
     try:
         return gpu(text).key
@@ -231,7 +231,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
     """MODEL := --preset NAME | --d-model H --n-layers L --n-heads A [...] | --params P."""
     what = "--preset, explicit dimensions" + (", --params" if allow_params else "")
     g = p.add_argument_group(f"model (exactly one of: {what})")
-    from memlab.predict.models import MLPS, NORMS, POSITIONS, TransformerConfig, preset_names
+    from memlab.predict.spec.model import MLPS, NORMS, POSITIONS, TransformerConfig, preset_names
 
     def dim(name: str) -> Callable[[str], int]:
         return field_bound(TransformerConfig, name)
@@ -270,7 +270,7 @@ def given_model_options(args: argparse.Namespace) -> list[str]:
 def model_from_args(args: argparse.Namespace) -> Any:
     """The TransformerConfig (or bare parameter count) the MODEL options describe; MemlabError when ambiguous."""
     from memlab.cli.hf_source import preset_model
-    from memlab.predict.models import TransformerConfig
+    from memlab.predict.spec.model import TransformerConfig
 
     dims = [args.d_model, args.n_layers, args.n_heads]
     params = getattr(args, "params", None)
@@ -344,7 +344,7 @@ def _field_docs(cls: type) -> dict[str, str]:
 @functools.cache
 def setup_options() -> tuple[SetupOption, ...]:
     """Every Setup field as a CLI option, in field order."""
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     hints = typing.get_type_hints(Setup)
     docs = _field_docs(Setup)
@@ -375,7 +375,7 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] 
             g.add_argument(opt.flag, *opt.aliases, dest=opt.field, action=argparse.BooleanOptionalAction,
                            default=None, help=text)
             continue
-        from memlab.predict.setup import Setup
+        from memlab.predict.spec.setup import Setup
 
         conv: Callable[[str], Any] = (field_bound(Setup, opt.field) if opt.kind == "int"
                                       else positive_float if opt.kind == "float" else str)
@@ -389,11 +389,11 @@ def given_setup_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def setup_from_args(args: argparse.Namespace, model: Any, **overrides: Any) -> Any:
-    """The :class:`~memlab.predict.setup.Setup` the options describe. An unset ``--seq`` is Setup's default lowered
+    """The :class:`~memlab.predict.spec.setup.Setup` the options describe. An unset ``--seq`` is Setup's default lowered
     to the model's ``max_seq`` when that is shorter; ``overrides`` win over the command line (e.g. ``--fsdp`` on
     estimate)."""
-    from memlab.predict.models import TransformerConfig
-    from memlab.predict.setup import INFERENCE_WEIGHTS, Setup
+    from memlab.predict.spec.model import TransformerConfig
+    from memlab.predict.spec.setup import INFERENCE_WEIGHTS, Setup
 
     given = given_setup_fields(args)
     mode = given.get("mode", Setup().mode)

@@ -20,7 +20,7 @@ from memlab.cli.args import (
 )
 from memlab.cli.hf_source import hf_path, model_info, model_label, published, published_twin
 from memlab.errors import ConfigError, MemlabError
-from memlab.predict.validate import LIMITS
+from memlab.predict.spec.validate import LIMITS
 from memlab.units import GB, GiB
 
 
@@ -173,11 +173,11 @@ def run(args: argparse.Namespace) -> int:
 def _version_guard(args: argparse.Namespace, model: Any) -> str | None:
     """For a Hugging Face family (``--hf``, or a preset read from a published config): the one line (on stderr)
     that says the installed transformers, torch or peft is not the release the family terms were verified against
-    (:func:`memlab.predict.versions.unverified_line`), or None. memlab's own GPT is not guarded: its count is of
+    (:func:`memlab.predict.spec.versions.unverified_line`), or None. memlab's own GPT is not guarded: its count is of
     memlab's code."""
     import sys
 
-    from memlab.predict.versions import unverified_line
+    from memlab.predict.spec.versions import unverified_line
 
     line = unverified_line() if _hf_target(args, model) is not None else None
     if line is not None:
@@ -247,7 +247,7 @@ def _print_range(span: Any, hf: str | None, setup: Any) -> None:
 
 def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | None]:
     """(model, the config dict or None, why the formula refused it or None): the model of ``--hf PATH`` (read
-    offline with :func:`memlab.predict.hf.from_hf`) or of the MODEL options."""
+    offline with :func:`memlab.predict.families.reader.from_hf`) or of the MODEL options."""
     if args.hf is None:
         model = model_from_args(args)
         if args.no_trace and _hf_target(args, model) is None:
@@ -255,7 +255,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | 
                               "count are always the formula's)")
         return model, None, None
     from memlab.cli.args import given_model_options
-    from memlab.predict.hf import read_config_json
+    from memlab.predict.families.reader import read_config_json
 
     given = given_model_options(args)
     if given:
@@ -335,10 +335,11 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
 
 
 def _run_parallel(args: argparse.Namespace, model: Any, setup: Any) -> int:
-    """``memlab estimate --pp/--cp``: one row per pipeline rank (memlab.predict.parallel); the worst rank decides the
+    """``memlab estimate --pp/--cp``: one row per pipeline rank (memlab.predict.parallel.pipeline); the worst rank
+decides the
     fit with ``--gpu``."""
-    from memlab.predict.hardware import gpu
-    from memlab.predict.parallel import parallel_estimate
+    from memlab.predict.hardware.gpus import gpu
+    from memlab.predict.parallel.pipeline import parallel_estimate
 
     if isinstance(model, int):
         raise MemlabError("--pp/--cp place layers and tokens on ranks: give a model config (--preset, dimensions or "
@@ -384,10 +385,11 @@ def _refuse_per_rank_extras(args: argparse.Namespace, layout: str) -> None:
 
 
 def _run_experts(args: argparse.Namespace, model: Any, setup: Any) -> int:
-    """``memlab estimate --ep N``: one expert-parallel rank's bytes and all-to-all volume (memlab.predict.experts);
+    """``memlab estimate --ep N``: one expert-parallel rank's bytes and all-to-all volume
+(memlab.predict.parallel.experts);
     ``--gpu`` gives the verdict."""
-    from memlab.predict.experts import expert_estimate
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
+    from memlab.predict.parallel.experts import expert_estimate
 
     if isinstance(model, int):
         raise MemlabError("--ep places experts on ranks: give a mixture-of-experts config (--preset, dimensions with "
@@ -415,7 +417,8 @@ def _run_experts(args: argparse.Namespace, model: Any, setup: Any) -> int:
         print(f"{label:<52}{n:>17,.0f} {n / GiB:>10.3f}")
     print(f"\n(token, expert) pairs per MoE layer: {rep.sent_pairs:,} sent, {rep.received_pairs:,} received; "
           f"all-to-all moment {rep.all_to_all_bytes / GiB:.3f} GiB")
-    print(f"communication: {rep.sent_bytes / GiB:.3f} GiB sent per step by all-to-all (memlab.predict.communication."
+    print(f"communication: {rep.sent_bytes / GiB:.3f} GiB sent per step by all-to-all "
+          f"(memlab.predict.parallel.communication."
           "ep_sent_bytes)")
     if card is not None:
         print(f"{card.name}: {card.memory_bytes / GiB:.1f} GiB: a rank {'fits' if fits else 'does NOT fit'} "

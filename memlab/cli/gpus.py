@@ -28,7 +28,7 @@ def _plain(obj: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """``memlab gpus``: the accelerator table (dense peaks), with sources."""
-    from memlab.predict import hardware
+    from memlab.predict.hardware import gpus as hardware
     rows = list(hardware.list_gpus())
     if args.json:
         print_json([_plain(a) for a in rows], indent=2, default=str)

@@ -68,7 +68,7 @@ def shipped(name: str) -> Path | None:
 def published_presets() -> tuple[str, ...]:
     """The preset names memlab ships a published config of (``--preset NAME`` is then that published model)."""
     from memlab.course.hf_configs import config_names
-    from memlab.predict.models import preset_names
+    from memlab.predict.spec.model import preset_names
 
     return tuple(n for n in preset_names() if n in config_names("full"))
 
@@ -85,9 +85,10 @@ def shipped_name(path: str | os.PathLike[str]) -> str | None:
 
 
 def published(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
-    """(model, config dict) of a Hugging Face config: :func:`memlab.predict.hf.from_hf` of it, named after the
+    """(model, config dict) of a Hugging Face config: :func:`memlab.predict.families.reader.from_hf` of it, named after
+the
     shipped config when it is one, so ``--preset llama-2-7b`` and ``--hf llama-2-7b`` build the same object."""
-    from memlab.predict.hf import from_hf, read_config_json
+    from memlab.predict.families.reader import from_hf, read_config_json
 
     raw = read_config_json(path)
     return from_hf(raw, name=shipped_name(path)), raw
@@ -98,7 +99,7 @@ def preset_model(text: str) -> Any:
     llama-2-13b, mistral-7b) is that model as its published code runs it (:func:`published` of the shipped
     config, the object ``--hf NAME`` gives); ``ref:NAME`` is the reference GPT with NAME's sizes; any other preset
     (tiny-gpt, gpt-3-175b, ...) is the reference GPT (memlab ships no config of that name)."""
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     if text.startswith("ref:"):
         return preset(text.removeprefix("ref:"))
@@ -109,7 +110,8 @@ def preset_model(text: str) -> Any:
 
 
 def is_published(model: Any) -> bool:
-    """Whether ``model`` is a Hugging Face family's config (from :func:`memlab.predict.hf.from_hf`), not the
+    """Whether ``model`` is a Hugging Face family's config (from :func:`memlab.predict.families.reader.from_hf`), not
+the
     reference GPT."""
     impl = getattr(model, "impl", None)
     return impl is not None and impl.family != "reference"
@@ -119,7 +121,7 @@ def model_label(model: Any) -> str:
     """Which model the numbers are of, in words, for every output: ``NAME (published config, family F)``,
     ``reference GPT with NAME's sizes (ref:NAME)``, ``NAME (reference GPT; memlab ships no published config of that
     name)``, or the reference GPT with explicit dimensions."""
-    from memlab.predict.models import PRESETS
+    from memlab.predict.spec.model import PRESETS
 
     name = getattr(model, "name", None)
     if not isinstance(name, str):
@@ -136,10 +138,11 @@ def model_label(model: Any) -> str:
 
 def published_twin(model: Any, setup: Any, overheads: Any) -> dict[str, Any] | None:
     """For a preset named after a published model whose config memlab ships: that model as its published code
-    runs it (:func:`memlab.predict.hf.from_hf` of the shipped config) under the same setup, as ``{"hf": name,
+    runs it (:func:`memlab.predict.families.reader.from_hf` of the shipped config) under the same setup, as ``{"hf":
+    name,
     "peak": bytes, "activations": bytes, "param_count": n}``; None for any other model."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.hf import from_hf
+    from memlab.predict.families.reader import from_hf
 
     name = getattr(model, "name", None)
     impl = getattr(model, "impl", None)

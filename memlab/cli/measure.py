@@ -23,7 +23,7 @@ from memlab.cli.args import (
 )
 from memlab.cli.hf_source import hf_path, is_published, model_info, model_label, published, shipped
 from memlab.errors import MemlabError
-from memlab.predict.validate import LIMITS
+from memlab.predict.spec.validate import LIMITS
 
 SHARDING_FIELDS = ("zero_stage", "world_size", "tp", "sp")
 """Setup fields ``measure`` leaves out: one process measures one device (sharded runs go through torchrun)."""
@@ -113,7 +113,7 @@ def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
     from memlab.cli.args import given_model_options, given_setup_fields
     from memlab.device import device_string, device_type
     from memlab.model.hf import build_hf_model
-    from memlab.predict.hf import hf_attention, read_config_json
+    from memlab.predict.families.reader import hf_attention, read_config_json
     from memlab.run.hf import measure_hf, predict_hf, run_hf
 
     given = given_model_options(args)

@@ -22,8 +22,8 @@ from memlab.cli.args import (
 )
 from memlab.cli.hf_source import model_label
 from memlab.errors import MemlabError
-from memlab.predict.setup import RECOMPUTE
-from memlab.predict.validate import LIMITS
+from memlab.predict.spec.setup import RECOMPUTE
+from memlab.predict.spec.validate import LIMITS
 from memlab.units import fmt_pct
 
 _GLOBAL_BATCH_WHY = "ten million sequences per step over all GPUs, about 1000x the largest published global batches"
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _tokens_per_second(args: argparse.Namespace) -> float:
-    from memlab.predict import flops
+    from memlab.predict.compute import flops
 
     batch_given = args.batch is not None or args.global_batch is not None
     if (args.tokens_per_second is None) == (args.step_time is None):
@@ -75,7 +75,8 @@ def _tokens_per_second(args: argparse.Namespace) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """``memlab mfu``: model FLOPs utilisation of a measured throughput against the GPU's dense peak."""
-    from memlab.predict import flops, hardware
+    from memlab.predict.compute import flops
+    from memlab.predict.hardware import gpus as hardware
 
     tps = _tokens_per_second(args)
     model = model_from_args(args)

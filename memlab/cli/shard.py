@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     """Launch, then print the ledger (or the rows)."""
     from memlab.cli.hf_source import shipped
     from memlab.compare.sharding import sharding_ledger
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
     from memlab.run.distributed.launch import WorkerSpec
     from memlab.run.distributed.worker import STRATEGIES
 
@@ -98,8 +98,8 @@ def _run_layouts(args: argparse.Namespace, config: object) -> int:
     TP + SP and CP traced over a fake group (memlab.compare.parallel_traces)."""
     from memlab.compare.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
     from memlab.errors import MemlabError
-    from memlab.predict.parallel import virtual_stage_layers
-    from memlab.predict.sharding import check_tp
+    from memlab.predict.memory.sharding import check_tp
+    from memlab.predict.parallel.pipeline import virtual_stage_layers
 
     if args.ranks < 2:
         raise MemlabError("--layouts needs --ranks 2 or more (pipeline stages and tensor-parallel ranks)")
@@ -167,14 +167,15 @@ def named_residuals(config: Any, row: dict[str, Any]) -> dict[str, tuple[int, st
 
     - FSDP2 ZeRO-3, gathered parameters: the estimator counts one gathered block; the rank holds the root unit's
       parameters (embeddings, final norm, untied head: FSDP2 does not reshard the root after forward) and one
-      block, each as its all-gather buffer (``N`` x the padded shard, :meth:`memlab.predict.fsdp.FsdpPlan.buffer`);
+      block, each as its all-gather buffer (``N`` x the padded shard,
+      :meth:`memlab.predict.memory.fsdp.FsdpPlan.buffer`);
     - FSDP2 ZeRO-3, communication: ZeRO's 3 Psi against the padded buffers moved: every unit all-gathered in
       forward, the blocks again in backward (not the root), every unit reduce-scattered;
     - FSDP2, optimizer states: the estimator gives rank 0's padded shard; AdamW's two moments are allocated like
       the rank's own (unpadded) rows, so a rank past the remainder holds fewer (8 B per missing element);
     - DDP, communication: the broadcast of the model's buffers before each forward (``broadcast_buffers=True``; a
       rotary ``inv_freq``, say), which ZeRO's 2 Psi does not count (the row's own broadcast volume)."""
-    from memlab.predict.fsdp import fsdp_plan, rank0_shard_elements
+    from memlab.predict.memory.fsdp import fsdp_plan, rank0_shard_elements
 
     strategy, ranks, rank = row["strategy"], int(row["world_size"]), int(row["rank"])
     out: dict[str, tuple[int, str]] = {}
@@ -231,7 +232,7 @@ def _run_hf(args: argparse.Namespace) -> int:
     the residual named."""
     from memlab.cli.hf_source import model_info, published
     from memlab.compare.sharding import sharding_ledger
-    from memlab.predict.hf import read_config_json
+    from memlab.predict.families.reader import read_config_json
     from memlab.run.distributed.launch import WorkerSpec
 
     if args.layouts:

@@ -44,7 +44,7 @@ def _setup(args: argparse.Namespace, model: Any) -> Any:
 
 def _target(args: argparse.Namespace) -> tuple[str, Any]:
     """("hf", config path) or ("gpt", TransformerConfig)."""
-    from memlab.predict.models import PRESETS
+    from memlab.predict.spec.model import PRESETS
 
     hf = args.hf
     if args.model is not None:
@@ -89,10 +89,11 @@ def _is_dir(text: str) -> bool:
 
 
 def _hf_estimate(path: str, setup: Any) -> Any:
-    """The formula for a Hugging Face config when memlab can read one (:func:`memlab.predict.hf.from_hf`), else
+    """The formula for a Hugging Face config when memlab can read one (:func:`memlab.predict.families.reader.from_hf`),
+else
     None."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.hf import from_hf
+    from memlab.predict.families.reader import from_hf
 
     try:
         return estimate(from_hf(path), setup)
@@ -123,11 +124,11 @@ def run(args: argparse.Namespace) -> int:
 def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
     """(trace, setup, formula or None, what --json says about the model) of the command's target."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.versions import unverified_line
+    from memlab.predict.spec.versions import unverified_line
 
     kind, target = _target(args)
     if kind == "hf":
-        from memlab.predict.hf import read_config_json
+        from memlab.predict.families.reader import read_config_json
 
         raw = read_config_json(target)
         unverified = unverified_line()

@@ -20,7 +20,7 @@ def _num(v: float | None, size: float) -> str:
 def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
     """Whether the traced peak (bytes) fits ``gpu``'s table memory: the fields of a
     :class:`~memlab.predict.fit.FitVerdict`, from the trace."""
-    from memlab.predict.hardware import gpu as lookup
+    from memlab.predict.hardware.gpus import gpu as lookup
 
     acc = lookup(gpu)
     cap = int(acc.memory_bytes)

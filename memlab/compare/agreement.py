@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlab.predict.estimate import MemoryBreakdown, estimate
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 from memlab.predict.unmodelled import NamedTerm, unmodelled_term_list
 
 TOLERANCE = 1e-3
@@ -82,7 +82,7 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = Fa
     """``n`` seeded draws over the Setup space (module docstring); ``scale`` ``ci`` or ``full`` picks the shapes.
     ``loss_options`` also draws the chunked and fused losses and activation offload (where Setup allows them: not
     under FSDP2): the loss branch's terms are bounds, not exact
-    (:mod:`memlab.predict.loss`), so ``benchmarks/estimate_vs_trace.py`` counts them apart."""
+    (:mod:`memlab.predict.memory.loss`), so ``benchmarks/estimate_vs_trace.py`` counts them apart."""
     if scale not in ("ci", "full"):
         raise ValueError(f"scale must be 'ci' or 'full', got {scale!r}")
     rng = random.Random(seed)
@@ -107,7 +107,7 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = Fa
         if world > 1:
             fields["fsdp_reshard_root"] = extra.random() < 1 / 3
             fields["fsdp_offload"] = extra.random() < 1 / 4
-        # refused under FSDP2 and with gradient accumulation (memlab.predict.setup)
+        # refused under FSDP2 and with gradient accumulation (memlab.predict.spec.setup)
         if loss_options and not (zero >= 2 and world > 1) and fields["grad_accum_steps"] == 1:
             loss = extra.choice(("plain", "plain", "fused") if fields["recompute"] == "full"
                                 else ("plain", "plain", "plain", "chunked", "fused"))

@@ -18,7 +18,7 @@ out of scope, with the reason. Where an estimator has code, its own code is call
 - ``transformer-math-101 / ultrascale-playbook`` (:data:`KORTHIKANTI`): EleutherAI's Transformer Math 101 and the
   Ultra-Scale Playbook print one formula, so they are one row: 16 B/param with AdamW and Korthikanti et al.'s
   activations in the form the run's kernel and recompute call for ``[anthony2023]`` ``[tazi2025]``;
-- ``memlab``: :func:`memlab.predict.hf.from_hf` and the term-by-term activation model;
+- ``memlab``: :func:`memlab.predict.families.reader.from_hf` and the term-by-term activation model;
 - ``memlab-trace``: :func:`memlab.tracing.hf.trace_hf`, the real Hugging Face model's step traced on fake tensors
   (MemTracker counts every storage; nothing is allocated, so full-size configs run on a laptop's CPU)
   ``[pytorch-memtracker]``.
@@ -61,10 +61,10 @@ from memlab.compare.scoring import (  # noqa: F401 - re-exported: the scoring ta
     scoped,
 )
 from memlab.errors import MemlabError, SetupError
-from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
-from memlab.predict.hf import from_hf, hf_attention
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf, hf_attention
+from memlab.predict.memory.activations import activation_bytes
+from memlab.predict.spec.setup import Setup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -87,7 +87,8 @@ class Run:
     device_type: str = "cpu"
     name: str = ""
     finetune: str = "full"
-    """``full``, ``lora`` or ``qlora`` (:attr:`memlab.predict.setup.Setup.finetune`), with the LoRA fields below."""
+    """``full``, ``lora`` or ``qlora`` (:attr:`memlab.predict.spec.setup.Setup.finetune`), with the LoRA fields
+    below."""
     lora_rank: int = 0
     lora_targets: str = ""
     precision: str = ""
@@ -241,7 +242,8 @@ def deepspeed_zero3(run: Run) -> CalculatorResult:
     return _deepspeed(3, run)
 
 def memlab_formula(run: Run) -> CalculatorResult:
-    """memlab: :func:`~memlab.predict.hf.from_hf` traits, term-by-term activations, the estimator's model states."""
+    """memlab: :func:`~memlab.predict.families.reader.from_hf` traits, term-by-term activations, the estimator's
+    model states."""
     cfg, setup = from_hf(run.hf), run.setup()
     bd = estimate(cfg, setup, device_type=run.device_type)
     comp = bd.components()
@@ -358,7 +360,7 @@ def full_size_runs(configs: dict[str, dict[str, Any]], grid: Iterable[tuple[str,
     """The full-size shoot-out grid: one batch-1 :class:`Run` of a bf16 model per ``(config name,
     attn_implementation, recompute, precision)`` of ``grid`` (precision ``mixed-bf16``, or ``""`` for pure bf16), at
     ``seq`` tokens, or the config's context (or one below its sliding window) where shorter
-    (:meth:`~memlab.predict.models.TransformerConfig.modelled_seq`). ``device_type`` "cpu" (the default) asks every
+    (:meth:`~memlab.predict.spec.model.TransformerConfig.modelled_seq`). ``device_type`` "cpu" (the default) asks every
     tool about the kernels the trace runs (:func:`traced_truth` traces on this CPU): like for like."""
     return [Run(configs[n], 1, from_hf(configs[n]).modelled_seq(seq), "bf16", attn, device_type=device_type, name=n,
                 precision=prec, recompute=rc) for n, attn, rc, prec in grid]

@@ -15,7 +15,7 @@ each check whose truth is that code, and judges each against a real step:
 
 Each row is ``exact`` (every byte equal), ``drifted`` (how far: the largest difference, in bytes and percent) or
 ``broken`` (the exception, in one line). Under ``requirements.lock`` every row is exact: that is what
-:data:`memlab.predict.versions.VERIFIED` records. ``python -m memlab.compare.drift --json PATH`` writes the rows;
+:data:`memlab.predict.spec.versions.VERIFIED` records. ``python -m memlab.compare.drift --json PATH`` writes the rows;
 ``scripts/upgrade_check.py`` runs it in a scratch environment with the newest releases and prints the table.
 """
 
@@ -126,7 +126,7 @@ def _precision_name(dtype: str, autocast: bool) -> str:
 
 def checks(only: tuple[str, ...] = ()) -> Iterator[tuple[str, str, str, Callable[[], dict[str, tuple[int, int]]]]]:
     """(library, family, case, check) for every check :func:`drift_rows` runs; ``only`` keeps those families."""
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
     from memlab.run.hf import attention_implementations
 
     keep = [f for f in families() if not only or f in only]
@@ -176,8 +176,8 @@ def drift_rows(only: tuple[str, ...] = (), progress: Callable[[DriftRow], None] 
 
 
 def installed_versions() -> dict[str, str | None]:
-    """The installed release of each library :data:`memlab.predict.versions.VERIFIED` records."""
-    from memlab.predict.versions import VERIFIED, installed
+    """The installed release of each library :data:`memlab.predict.spec.versions.VERIFIED` records."""
+    from memlab.predict.spec.versions import VERIFIED, installed
 
     return {name: installed(name) for name in VERIFIED}
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     exit status 0 when every row is exact, 1 otherwise."""
     import warnings
 
-    from memlab.predict.versions import UnverifiedVersionWarning
+    from memlab.predict.spec.versions import UnverifiedVersionWarning
 
     p = argparse.ArgumentParser(prog="python -m memlab.compare.drift", description=__doc__.splitlines()[0])
     p.add_argument("--json", metavar="PATH", help="write the versions and rows as JSON")

@@ -9,9 +9,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from memlab.compare.scoring import CalculatorResult, scoped
-from memlab.predict.hf import from_hf
-from memlab.predict.korthikanti import korthikanti_layer_bytes
-from memlab.predict.models import TransformerConfig
+from memlab.predict.families.reader import from_hf
+from memlab.predict.memory.korthikanti import korthikanti_layer_bytes
+from memlab.predict.spec.model import TransformerConfig
 
 if TYPE_CHECKING:
     from memlab.compare.calculators import Run

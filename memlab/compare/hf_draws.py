@@ -4,7 +4,7 @@ estimate's peak is a range, against the trace of transformers' code), or a refus
 
 A draw starts from a small config of the family (the caller's: the bench and the tests pass the tiny ones shipped
 in ``memlab/course/configs/tiny``) and changes what its key account
-(:mod:`memlab.predict.config_keys`) says memlab reads or refuses: the number of layers, the vocabulary and the MLP
+(:mod:`memlab.predict.families.keys`) says memlab reads or refuses: the number of layers, the vocabulary and the MLP
 width; every boolean key the account models, flipped at random; a dropout of 0.1 on the keys that carry one; and,
 one draw in four, one refused key set to a value its account does not accept. The calling side is drawn too:
 eager or SDPA attention (where transformers builds it), fp32, bf16 or an fp32 model under bf16 autocast,
@@ -34,7 +34,8 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
 - ``traced``: as ``named``, and the call is one the trace takes (:func:`traceable`): the trace of
   transformers' code on fake tensors (:func:`memlab.tracing.hf.trace_hf`, the exact answer the range points to)
   gives both peaks within 0.1 % of the measured ones (a trace outside it is ``off``);
-- ``refused``: :func:`memlab.predict.hf.from_hf` or the estimate raised a one-line :class:`~memlab.errors.MemlabError`
+- ``refused``: :func:`memlab.predict.families.reader.from_hf` or the estimate raised a one-line
+:class:`~memlab.errors.MemlabError`
   (a refused key must end here);
 - ``off``: a number differs, or a refused key was estimated anyway: silently wrong, the case this exists to find
   (or the two measurements disagree: then the draw cannot vouch for anything);
@@ -130,7 +131,7 @@ transients are not hidden by the phase model's t x V logits terms (:data:`memlab
 def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int, ...] = VOCABULARIES) -> HfDraw:
     """One seeded draw from ``base``, a small HF config dict with ``model_type`` (module docstring); the vocabulary
     is one of ``vocabularies``."""
-    from memlab.predict.config_keys import CONDITIONAL, account
+    from memlab.predict.families.keys import CONDITIONAL, account
     from memlab.run.hf import attention_implementations
 
     family = str(base.get("model_type"))
@@ -191,7 +192,7 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     """Build ``draw``'s model, train two steps, and compare with the estimate (or record the refusal)."""
     from memlab.device import device_type
     from memlab.predict.estimate import estimate
-    from memlab.predict.hf import from_hf
+    from memlab.predict.families.reader import from_hf
     from memlab.predict.unmodelled import peak_range, unmodelled_term_list
     from memlab.run.hf import predict_hf, run_hf
 

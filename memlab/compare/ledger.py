@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from memlab.device import device_type
 from memlab.errors import MemlabError
-from memlab.predict.activations import CATEGORIES
 from memlab.predict.estimate import MemoryBreakdown, estimate
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.phases import PhaseRow
-from memlab.predict.setup import Setup
+from memlab.predict.memory.activations import CATEGORIES
+from memlab.predict.memory.phases import PhaseRow
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -183,7 +183,8 @@ def peak_error_grid(*, quick: bool = False) -> list[dict[str, Any]]:
     """The estimator's peak against the trace's over a grid of presets and setups.
 
     Rows: model, setup label, trace_peak, formula_peak, rel_error, and where each peak is. Sharded points (ZeRO-3
-    over 8 ranks) trace FSDP2 over a fake process group; the estimate models FSDP2 per phase (memlab.predict.fsdp).
+    over 8 ranks) trace FSDP2 over a fake process group; the estimate models FSDP2 per phase
+    (memlab.predict.memory.fsdp).
     Imports torch (the tracer) when called.
     """
     from memlab.tracing.gpt import trace_gpt

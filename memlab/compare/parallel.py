@@ -1,7 +1,8 @@
 """TP, SP, PP and CP side by side for one model: the per-rank bytes of each layout, chapter-ready.
 
 :func:`parallel_layouts` runs the estimator (:func:`memlab.predict.estimate.estimate` for tp/sp/ZeRO on one rank,
-:func:`memlab.predict.parallel.parallel_estimate` for pp/cp, its worst rank) over a list of layouts and returns one
+:func:`memlab.predict.parallel.pipeline.parallel_estimate` for pp/cp, its worst rank) over a list of layouts and
+returns one
 DataFrame row each: model states, saved activations, buffers and the peak, so a chapter section ("when DP cannot
 shrink activations") can show that ZeRO shrinks the states but not the activations, while TP+SP, PP and CP do.
 """
@@ -12,9 +13,9 @@ from typing import Any
 
 from memlab.errors import SetupError
 from memlab.predict.estimate import estimate
-from memlab.predict.models import TransformerConfig
-from memlab.predict.parallel import parallel_estimate
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.pipeline import parallel_estimate
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 from memlab.units import GiB
 
 DEFAULT_LAYOUTS: tuple[dict[str, Any], ...] = (
@@ -39,7 +40,7 @@ def parallel_layouts(config: TransformerConfig, setup: Setup, layouts: tuple[dic
     import pandas as pd
 
     if not isinstance(setup, Setup):
-        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+        raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
     rows = []
     for fields in layouts:
         s = setup.with_(**fields)

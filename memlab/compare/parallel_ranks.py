@@ -6,14 +6,15 @@ each rank
 
 - runs its stage of the reference GPT under torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe (real
   sends and receives), every storage counted (:func:`memlab.compare.pipeline.trace_stage`), next to
-  :func:`memlab.predict.parallel.parallel_estimate`;
+  :func:`memlab.predict.parallel.pipeline.parallel_estimate`;
 - runs one AdamW step of DTensor column/row-parallel blocks (:func:`memlab.tracing.tensor_parallel.tensor_parallel`)
   over a gloo mesh: its local parameter and gradient bytes, next to the estimate's tp shards plus the plan's
   replicated embedding/head (:func:`memlab.tracing.tensor_parallel.replicated_terms`), and the step's peak.
 
 Each rank also counts what it sends (:class:`memlab.measure.comm.CommCounter`, torch's own c10d calls): the
-pipeline's sends next to :func:`memlab.predict.communication.pp_sent_bytes`, the tensor-parallel all-reduces next to
-:func:`memlab.predict.communication.tp_allreduce_buffer_bytes`.
+pipeline's sends next to :func:`memlab.predict.parallel.communication.pp_sent_bytes`, the tensor-parallel all-reduces
+next to
+:func:`memlab.predict.parallel.communication.tp_allreduce_buffer_bytes`.
 
 :func:`parallel_ranks_ledger` turns the ranks' rows into one DataFrame (layout, rank, quantity, predicted, measured,
 note). ``memlab shard --layouts pp,tp`` prints it.
@@ -27,8 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 SCHEDULES = ("1f1b", "gpipe")
 VOTE_BYTES = 4
@@ -108,9 +109,9 @@ def parallel_ranks_ledger(rows: list[dict[str, Any]], *, batch: int = 2, seq: in
     """Predicted next to measured, per layout, rank and quantity (bytes); the peak's note names its bound."""
     import pandas as pd
 
-    from memlab.predict.communication import pp_sent_bytes, tp_allreduce_buffer_bytes
     from memlab.predict.estimate import estimate
-    from memlab.predict.parallel import micro_batch_bytes, parallel_estimate
+    from memlab.predict.parallel.communication import pp_sent_bytes, tp_allreduce_buffer_bytes
+    from memlab.predict.parallel.pipeline import micro_batch_bytes, parallel_estimate
     from memlab.tracing.tensor_parallel import replicated_terms
 
     config = preset(rows[0]["preset"])

@@ -14,7 +14,7 @@ tests/tracing/test_parallel_traces.py checks, at most 0 on a ``bound`` row).
   one-rank trace's at ``seq / cp`` tokens, so the estimate there (the estimator's per-token split) with only its
   one-rank residual named (0 but on trace-llama's backward at 64 tokens), the ring's buffers living
   inside attention below the phase peaks on these shapes; inside one attention core the forward holds the
-  estimator's K/V chunks (:func:`memlab.predict.parallel.ring_kv_chunks`) plus the log-sum-exp merge's fp32
+  estimator's K/V chunks (:func:`memlab.predict.parallel.pipeline.ring_kv_chunks`) plus the log-sum-exp merge's fp32
   temporaries (exact), the backward at most the terms of :func:`ring_terms` (a bound: ``TracedRow.kind``).
 
 PP (torch's schedules) is :func:`memlab.compare.pipeline.trace_stage`. Units: bytes. CPU traces, fp32 for CP:
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 TRACE_LLAMA = TransformerConfig(name="trace-llama", d_model=96, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
                                 max_seq=128, mlp="swiglu", positions="rotary", norm="rmsnorm", bias=False,
@@ -129,7 +129,8 @@ def ring_terms(config: TransformerConfig, setup: Setup, rank: int) -> dict[str, 
 
     With ``C`` one K (or V) chunk, ``b (s/cp) kv_dim x 4``, ``O`` a q-sized tensor ``b (s/cp) q_dim x 4`` and ``L`` a
     log-sum-exp ``b a (s/cp) x 4``: forward, the received K/V chunks, ``2 C`` per chunk of
-    :func:`memlab.predict.parallel.ring_kv_chunks` (the estimator's term), and on ranks > 0 (which merge partial
+    :func:`memlab.predict.parallel.pipeline.ring_kv_chunks` (the estimator's term), and on ranks > 0 (which merge
+    partial
     outputs) ``4 O + 2 L``: the partial output and log-sum-exp of the new chunk, the merged log-sum-exp, two
     rescaled outputs and their sum. Backward, the largest over the ring's ``cp`` steps ``i`` (chunk ``j = (r - i)
     mod cp``; ``n = [i < cp - 1]`` a next chunk arriving, ``c = [i > 0]`` a received one held) of ``(1 + n + c)``
@@ -138,7 +139,7 @@ def ring_terms(config: TransformerConfig, setup: Setup, rank: int) -> dict[str, 
     ``O`` (the passing of the accumulators after it holds the arriving accumulator instead of the kernel's
     gradients: the same count). The backward count is the ring's moments against the kernel's outputs: a bound
     (exact at ``seq / cp = 32`` on both shapes of :func:`trace_shapes`, below it at 16 tokens per rank)."""
-    from memlab.predict.parallel import ring_kv_chunks
+    from memlab.predict.parallel.pipeline import ring_kv_chunks
 
     if setup.precision != "fp32":
         raise SetupError("the traced ring's terms are written for fp32 (a 16-bit ring casts its partial outputs)")
@@ -173,7 +174,7 @@ def cp_rows(config: TransformerConfig, setup: Setup, ranks: tuple[int, ...] = (0
     the estimate at ``seq / cp`` tokens, and block 0's attention core against the estimator's K/V chunks plus
     :func:`ring_terms`."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.parallel import ring_kv_chunks
+    from memlab.predict.parallel.pipeline import ring_kv_chunks
     from memlab.tracing.context_parallel import trace_gpt_cp
     from memlab.tracing.gpt import trace_gpt
 

@@ -1,6 +1,7 @@
 """Pipeline ranks counted next to their prediction: torch.distributed.pipelining's schedules run on a fake group
 (:func:`memlab.tracing.pipeline.run_stage_step`), every live storage counted
-(:class:`memlab.measure.live_bytes.LiveBytes`), against :func:`memlab.predict.parallel.parallel_estimate` rank by
+(:class:`memlab.measure.live_bytes.LiveBytes`), against :func:`memlab.predict.parallel.pipeline.parallel_estimate` rank
+by
 rank.
 
 What holds (tests/compare/test_pipeline_trace.py, two shapes, both schedules, both ranks of two): the bytes a rank
@@ -17,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from memlab.predict.models import TransformerConfig
-from memlab.predict.parallel import parallel_estimate
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.pipeline import parallel_estimate
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 
 @dataclass(frozen=True)

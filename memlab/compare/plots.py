@@ -97,7 +97,7 @@ def phase_timeline(phases: pd.DataFrame, *, title: str, source: str = "") -> Fig
 
 def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_per_s: float, title: str,
              bandwidth_label: str = "", source: str = "", extra_bandwidths: dict[str, float] | None = None) -> Figure:
-    """Measured points against the roofline :func:`memlab.predict.flops.roofline_bound`, log-log.
+    """Measured points against the roofline :func:`memlab.predict.compute.flops.roofline_bound`, log-log.
 
     ``points`` has ``arithmetic_intensity`` (FLOP/byte), ``flops_per_s`` and a ``dtype`` column; ``peaks`` maps a
     dtype to its compute roof (FLOP/s). ``extra_bandwidths`` (label -> bytes/s) draws further memory roofs, dotted,
@@ -105,7 +105,7 @@ def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_p
     """
     import numpy as np
 
-    from memlab.predict.flops import roofline_bound
+    from memlab.predict.compute.flops import roofline_bound
 
     fig, ax = _figure(7.5, 4.5)
     lo = max(float(points["arithmetic_intensity"].min()) / 3, 1e-2) if len(points) else 0.1
@@ -141,7 +141,7 @@ def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_p
     """
     import numpy as np
 
-    from memlab.predict.flops import roofline_bound
+    from memlab.predict.compute.flops import roofline_bound
 
     t = ops[(ops["flops"] > 0) & (ops["self_s"] > 0)]
     fig, ax = _figure(7.5, 4.8)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlab.predict.hf import SUPPORTED, from_hf
+from memlab.predict.families.reader import SUPPORTED, from_hf
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -144,7 +144,8 @@ def held_out_table(frame: pd.DataFrame, tested: dict[str, dict[str, Any]],
 
 
 TRAITS_WRITTEN_FROM = SUPPORTED
-"""The families whose Hugging Face modelling code memlab's implementation traits (:func:`memlab.predict.hf.from_hf`)
+"""The families whose Hugging Face modelling code memlab's implementation traits
+(:func:`memlab.predict.families.reader.from_hf`)
 were written from and tested on: every family :func:`from_hf` maps (the first eight before the shoot-out was built,
 the newer eleven since, each with its own tests), so none of them is a held-out family; what stays held out is the
 size (a published full config the tests do not run) and any family the formula does not map."""

@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 from memlab.errors import SetupError
-from memlab.predict.communication import zero_comm_bytes
 from memlab.predict.estimate import Overheads, estimate
-from memlab.predict.models import TransformerConfig
-from memlab.predict.precision import DTYPE_BYTES
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.communication import zero_comm_bytes
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.precision import DTYPE_BYTES
+from memlab.predict.spec.setup import Setup
 
 STAGE = {"ddp": 0, "zero1": 1, "fsdp2-zero2": 3, "fsdp2-zero3": 3, "fsdp2-offload": 3}
 """ZeRO stage of each strategy's resting (between steps) state."""
@@ -41,7 +41,7 @@ NOTES = {
 def predicted_rank(config: TransformerConfig, strategy: str, world_size: int, *, batch: int = 2, seq: int = 32,
                    precision: str = "fp32", device_type: str = "cpu") -> dict[str, float]:
     """Predicted bytes on one rank: params, grads, optimizer, gathered parameters in the step, and the
-    communication volume per step (ZeRO's convention, :mod:`memlab.predict.communication`)."""
+    communication volume per step (ZeRO's convention, :mod:`memlab.predict.parallel.communication`)."""
     setup = Setup(batch=batch, seq=seq, precision=precision, optimizer="adamw", zero_stage=STAGE[strategy],
                   world_size=world_size)
     b = estimate(config, setup, device_type=device_type, overheads=Overheads(gathered_layers=1))

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from memlab.predict.estimate import estimate
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 TITAN_DEBUG = TransformerConfig(name="titan-debugmodel", d_model=256, n_layers=6, n_heads=16, d_ff=768,
                                 vocab_size=2048, max_seq=2048, mlp="swiglu", positions="rotary", norm="rmsnorm",

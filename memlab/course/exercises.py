@@ -42,8 +42,8 @@ One complete example, as a chapter's bank module (``memlab/course/bank/ch11.py``
 
 
     def _sample():
-        from memlab.predict.models import preset
-        from memlab.predict.setup import Setup
+        from memlab.predict.spec.model import preset
+        from memlab.predict.spec.setup import Setup
 
         return {"model": preset("tiny-gpt"), "setup": Setup(seq=64, precision="mixed-bf16")}
 
@@ -83,7 +83,7 @@ from memlab.course.quantities import (
 )
 from memlab.course.quantities import parse_quantity as parse_quantity  # the exercises' parser, public here too
 from memlab.errors import ConfigError, MemlabError
-from memlab.predict.validate import StrictInit
+from memlab.predict.spec.validate import StrictInit
 
 Status = Literal["correct", "incorrect", "unanswered", "invalid", "unavailable"]
 

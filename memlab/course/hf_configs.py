@@ -1,6 +1,7 @@
 """The Hugging Face ``config.json`` files chapter 10 ships, and the learner's own.
 
-``memlab/course/configs/tiny/`` holds a scaled-down config of every family :func:`memlab.predict.hf.from_hf` maps
+``memlab/course/configs/tiny/`` holds a scaled-down config of every family
+:func:`memlab.predict.families.reader.from_hf` maps
 (written for memlab from each family's layout: d_model 64, 2 layers, vocab 512; tests/compare/test_hf_draws.py checks
 that none is missing) that builds and trains on a CPU in milliseconds; ``full/`` the published
 architectures (each file names its source in ``_memlab_source``), for predictions at full size. Nothing here is
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError, unknown_name
-from memlab.predict.hf import from_hf, read_config_json
-from memlab.predict.models import TransformerConfig
+from memlab.predict.families.reader import from_hf, read_config_json
+from memlab.predict.spec.model import TransformerConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 SIZES = ("tiny", "full")
@@ -50,10 +51,11 @@ def config_source(name_or_path: str | Path, size: str = "full") -> str:
 
 
 def published(name: str) -> TransformerConfig:
-    """The published model ``name`` as its published code runs it: :func:`memlab.predict.hf.from_hf` of the full
+    """The published model ``name`` as its published code runs it: :func:`memlab.predict.families.reader.from_hf` of
+the full
     config memlab ships under that name (``llama-2-7b``, ``gpt2``, ...; :func:`config_names` ``("full")``), named
     ``name``. This is what ``memlab estimate --preset NAME`` and ``--hf NAME`` give for such a name;
-    :func:`memlab.predict.models.preset` is the reference GPT with the same sizes (``--preset ref:NAME``), whose
+    :func:`memlab.predict.spec.model.preset` is the reference GPT with the same sizes (``--preset ref:NAME``), whose
     activations differ where the published code differs (its traits: ``published(name).impl.differs()``)."""
     if name not in config_names("full"):
         raise unknown_name("published config", str(name), config_names("full"))

@@ -56,7 +56,7 @@ def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str]:
 
 def hardware_table_revision() -> str:
     """The first 12 hex digits of the SHA-256 of the accelerator table's source: which datasheet figures were used."""
-    from memlab.predict import hardware_table
+    from memlab.predict.hardware import table as hardware_table
 
     return hashlib.sha256(Path(hardware_table.__file__).read_bytes()).hexdigest()[:12]
 

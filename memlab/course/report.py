@@ -39,7 +39,7 @@ from memlab.course.pages import machine_paths, scrub, write_atomic
 from memlab.course.provenance import provenance
 from memlab.device import SCALES, device_string, resolve_scale
 from memlab.errors import MemlabError
-from memlab.predict.validate import canonical_choice
+from memlab.predict.spec.validate import canonical_choice
 
 CACHE_VERSION = 1
 NOTEBOOK_GLOB = "[0-9][0-9]_*.py"
@@ -119,8 +119,8 @@ def memlab_hash(root: Path = REPO_ROOT) -> str:
 
 def environment() -> dict[str, str | None]:
     """What a chapter's numbers also depend on outside memlab: Python's version and the installed release of each
-    library whose code memlab counts (:data:`memlab.predict.versions.VERIFIED`: torch, transformers, peft, ...)."""
-    from memlab.predict.versions import VERIFIED, installed
+    library whose code memlab counts (:data:`memlab.predict.spec.versions.VERIFIED`: torch, transformers, peft, ...)."""
+    from memlab.predict.spec.versions import VERIFIED, installed
 
     return {"python": sys.version.split()[0], **{name: installed(name) for name in VERIFIED}}
 

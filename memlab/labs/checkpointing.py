@@ -37,8 +37,8 @@ from memlab.measure.live_bytes import LiveBytes
 from memlab.model.gpt import GPT
 from memlab.model.saved import saved_tensor_category
 from memlab.model.step import token_batch
-from memlab.predict import flops as flops_mod
-from memlab.predict.models import TransformerConfig
+from memlab.predict.compute import flops as flops_mod
+from memlab.predict.spec.model import TransformerConfig
 
 STRATEGIES = ("none", "selective", "full", "every-k", "sequential")
 
@@ -109,7 +109,7 @@ class CheckpointRun:
     recomputed_fraction: float = 0.0
     """Fraction of the blocks' forward FLOPs run a second time in backward."""
     model_flops: float = 0.0
-    """Analytic forward + backward FLOPs without recompute (memlab.predict.flops): MFU's numerator."""
+    """Analytic forward + backward FLOPs without recompute (memlab.predict.compute.flops): MFU's numerator."""
     hardware_flops: float = 0.0
     """model_flops plus the recomputed forwards: HFU's numerator."""
     counted_flops: int | None = None
@@ -158,7 +158,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
 
     Saved bytes come from :class:`memlab.measure.accounting.SavedTensorRecorder` (checkpointed groups' inputs are
     the category ``block inputs (recompute)``), the peak from :class:`memlab.measure.live_bytes.LiveBytes`,
-    FLOPs analytically (:func:`memlab.predict.flops.megatron_iteration_flops`) and counted, and the time (and on
+    FLOPs analytically (:func:`memlab.predict.compute.flops.megatron_iteration_flops`) and counted, and the time (and on
     CUDA the allocator peak) of ``timing_repeats`` further forward + backward runs without any instrumentation.
     """
     if not isinstance(timing_repeats, int) or timing_repeats < 1:
@@ -199,7 +199,7 @@ def measure_checkpointing(config: TransformerConfig, strategy: str, *, batch: in
     else:
         frac = {"none": 0.0, "selective": None, "full": 1.0}[strategy]
     none = flops_mod.megatron_iteration_flops(config, batch, seq, "none")
-    if frac is None:  # selective: memlab.predict.flops knows the attention core's share
+    if frac is None:  # selective: memlab.predict.compute.flops knows the attention core's share
         hw = flops_mod.megatron_iteration_flops(config, batch, seq, "selective")
         full = flops_mod.megatron_iteration_flops(config, batch, seq, "full")
         frac = (hw - none) / (full - none)

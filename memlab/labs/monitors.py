@@ -35,11 +35,11 @@ import torch
 
 from memlab.device import resolve_device
 from memlab.measure.cuda import cuda_unavailable_reason
-from memlab.predict.validate import check_number
+from memlab.predict.spec.validate import check_number
 
 _pos = functools.partial(check_number, lo=0.0, lo_open=True)
 """A finite number > 0, or the :class:`~memlab.errors.MemlabError` naming it
-(:func:`memlab.predict.validate.check_number`)."""
+(:func:`memlab.predict.spec.validate.check_number`)."""
 
 
 def _busy_python(deadline: float) -> float:

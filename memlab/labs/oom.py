@@ -37,8 +37,8 @@ from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
 from memlab.model.gpt import GPT
 from memlab.model.step import token_batch
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.live_steps import live_training_steps
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.model.gpt import GPT
 from memlab.model.step import token_batch
-from memlab.predict.models import TransformerConfig
+from memlab.predict.spec.model import TransformerConfig
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -28,8 +28,8 @@ from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.measure.cuda import synchronize
 from memlab.model.step import Meter
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 PHASES = ("data", "forward", "backward", "optimizer", "host", "checkpoint")
 """The loop's timed spans; ``optimizer`` is :func:`memlab.model.step.train_step`'s optimizer step and zero_grad."""
@@ -120,12 +120,13 @@ def training_loop(config: TransformerConfig, setup: Setup, device: str | torch.d
     ``num_workers``, ``pin_memory``, ``prefetch_factor``: passed to ``torch.utils.data.DataLoader``
     (``pin_memory`` only matters for CUDA copies). ``item_every``: call ``loss.item()`` every that many steps (a
     host sync). ``log_every``: format a log line with the loss (an ``.item()``) into a buffer. ``checkpoint_every``:
-    ``torch.save`` the model and optimizer state into memory. ``accelerator``: what :func:`memlab.predict.flops.mfu`
+    ``torch.save`` the model and optimizer state into memory. ``accelerator``: what
+    :func:`memlab.predict.compute.flops.mfu`
     divides by (default: :func:`memlab.measure.machine.detect` for the device).
     """
     from memlab.measure.machine import detect
     from memlab.model.step import build_training, train_step
-    from memlab.predict.flops import mfu
+    from memlab.predict.compute.flops import mfu
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise SetupError(f"steps must be an integer >= 1, got {steps!r}")

@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from memlab.errors import MemlabError
-from memlab.predict.phases import PhaseRow
+from memlab.predict.memory.phases import PhaseRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -125,7 +125,8 @@ class LiveBytes(TorchDispatchMode):
 
     @contextlib.contextmanager
     def phase(self, name: str, *, label: str | None = None, step: str | int = "") -> Iterator[None]:
-        """Mark ``label`` (default ``name``) and append a :class:`~memlab.predict.phases.PhaseRow` of ``step`` and
+        """Mark ``label`` (default ``name``) and append a :class:`~memlab.predict.memory.phases.PhaseRow` of ``step``
+and
         ``name`` to :attr:`phases` when the block ends: start, peak (the most live at once inside) and end bytes."""
         start = self.live_bytes
         self.mark(name if label is None else label)

@@ -1,6 +1,6 @@
 """This machine: ``detect()`` (the device this process would use and its peak), caches, the CPU peak benchmark.
 
-A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware`); a CPU's is measured once with the
+A GPU's peak comes from the sourced table (:mod:`memlab.predict.hardware.gpus`); a CPU's is measured once with the
 roofline's matmul benchmark (:func:`memlab.measure.roofline.matmul_flops_per_s`) and cached on disk
 (``~/.cache/memlab``), because no table knows a CPU's achievable FLOP/s. The CPU's name and cache sizes come from
 :mod:`memlab.measure.cpu`. torch is imported lazily, so this module imports without it.
@@ -17,7 +17,7 @@ from typing import Any
 
 from memlab.device import Device, resolve_device
 from memlab.measure.cpu import cpu_identity
-from memlab.predict.hardware import PEAK_DTYPES, Accelerator, DeviceInfo, resolve
+from memlab.predict.hardware.gpus import PEAK_DTYPES, Accelerator, DeviceInfo, resolve
 
 
 def _driver_version() -> str | None:

@@ -6,7 +6,8 @@ synchronising once at the end; on CPU each repeat is timed with ``time.perf_coun
 flushed. The reported time is the median of the repeats (``min_s`` is kept too).
 
 A dtype the device cannot run gives one row with ``status="unsupported"`` and the ``reason`` (the exception's
-message), not an exception. Dtype names are those of :data:`memlab.predict.precision.DTYPE_BYTES`; ``tf32`` means fp32
+message), not an exception. Dtype names are those of :data:`memlab.predict.spec.precision.DTYPE_BYTES`; ``tf32`` means
+fp32
 storage with TF32 tensor-core matmuls (a CUDA mode). Sizes scale with ``scale``: ``"ci"`` is small enough for a
 2-core CI runner, ``"full"`` is for a real machine, ``"auto"`` picks ``full`` on CUDA and ``ci`` on CPU.
 """
@@ -26,7 +27,7 @@ from memlab.device import Device, resolve_device, resolve_scale, torch_dtype
 from memlab.errors import MemlabError, unknown_name
 from memlab.measure.cpu import cpu_cache_bytes, cpu_model
 from memlab.measure.timing import time_fn
-from memlab.predict.precision import DTYPE_BYTES
+from memlab.predict.spec.precision import DTYPE_BYTES
 
 BANDWIDTH_KINDS = ("copy", "triad")
 L2_FLUSH_MIN_BYTES = 256 * 2**20

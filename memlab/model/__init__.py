@@ -1,7 +1,7 @@
-"""model: the torch twin of :mod:`memlab.predict.models`, which the trace and the measured run both stand on.
+"""model: the torch twin of :mod:`memlab.predict.spec.model`, which the trace and the measured run both stand on.
 
 - ``gpt``: the reference GPT (mixture-of-experts MLP included), one readable file whose parameter names and shapes
-  are exactly :meth:`memlab.predict.models.TransformerConfig.param_shapes`; ``kv_cache``: its preallocated KV cache.
+  are exactly :meth:`memlab.predict.spec.model.TransformerConfig.param_shapes`; ``kv_cache``: its preallocated KV cache.
 - ``loss``: the LM head and loss (plain, chunked, a pure-torch fused linear + cross-entropy after Liger-Kernel;
   ``logits_to_keep``) and ``offload``: activation offload to host memory with its bookkeeping.
 - ``saved``: which estimator category each tensor the GPT saves for backward belongs to.

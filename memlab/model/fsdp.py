@@ -1,5 +1,5 @@
 """FSDP2 on the reference GPT, the one way memlab applies it: the trace (over a fake process group) and the gloo /
-NCCL ranks both call :func:`shard_model`, and the estimator models the same plan (:mod:`memlab.predict.fsdp`).
+NCCL ranks both call :func:`shard_model`, and the estimator models the same plan (:mod:`memlab.predict.memory.fsdp`).
 
 - ``units="blocks"``: ``fully_shard`` on every block, then on the root (which keeps the embedding, the final norm
   and the head);
@@ -26,7 +26,7 @@ from torch import nn
 
 from memlab.device import torch_dtype
 from memlab.errors import SetupError
-from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
+from memlab.predict.memory.fsdp import FSDP_LOSS, FSDP_UNITS
 
 
 def shard_model(model: nn.Module, *, zero_stage: int, units: str = "blocks", param_dtype: str = "none",

@@ -1,8 +1,9 @@
-"""The reference GPT: a decoder-only transformer built from a :class:`~memlab.predict.models.TransformerConfig`.
+"""The reference GPT: a decoder-only transformer built from a :class:`~memlab.predict.spec.model.TransformerConfig`.
 
 It exists so that every prediction of :mod:`memlab.predict.estimate` can be checked by a measurement of the *same*
 model: its parameter names and shapes are exactly :meth:`TransformerConfig.param_shapes`, and what it saves for
-backward is what :mod:`memlab.predict.activations` predicts, term by term. The code is written for that accountability,
+backward is what :mod:`memlab.predict.memory.activations` predicts, term by term. The code is written for that
+accountability,
 not for speed: each choice that changes saved memory is stated where it is made.
 
 Attention implementations (``attention=``):
@@ -35,9 +36,9 @@ from torch.utils.checkpoint import checkpoint
 from memlab.errors import SetupError
 from memlab.model.kv_cache import KVCache, LayerCache
 from memlab.model.loss import LossOptions, lm_loss, logits_loss
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import ATTENTION, RECOMPUTE
-from memlab.predict.validate import canonical_choice
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import ATTENTION, RECOMPUTE
+from memlab.predict.spec.validate import canonical_choice
 
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                   "cudnn": "CUDNN_ATTENTION"}
@@ -125,7 +126,7 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
 ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "gelu_new": gelu_new,
                "relu": F.relu, "silu": F.silu}
 REFERENCE_TRAITS = ("activation", "parallel_block", "shared_norm", "qkv_bias", "o_bias", "mlp_bias", "head_bias")
-"""The :class:`~memlab.predict.traits.Implementation` traits this GPT implements; the others describe HF code."""
+"""The :class:`~memlab.predict.spec.traits.Implementation` traits this GPT implements; the others describe HF code."""
 
 
 def _biases(config: TransformerConfig) -> tuple[bool, bool, bool]:

@@ -1,7 +1,8 @@
 """The reference GPT's KV cache for inference: preallocated keys and values per layer, as serving engines hold them.
 
 :class:`KVCache` holds ``2 * n_layers * batch * max_len * n_kv_heads * head_dim`` elements allocated up front
-(the bytes :func:`memlab.predict.inference.kv_cache_bytes` predicts), so decoding never grows it; each layer writes
+(the bytes :func:`memlab.predict.memory.inference.kv_cache_bytes` predicts), so decoding never grows it; each layer
+writes
 into its slice through a :class:`LayerCache`.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from memlab.predict.models import TransformerConfig
+from memlab.predict.spec.model import TransformerConfig
 
 
 class LayerCache:

@@ -14,7 +14,7 @@ whose log-softmax is another fp32 ``t x V`` tensor kept for backward. Three ways
   accumulated at once; those two are what backward keeps (and scales by the incoming gradient). Liger's Triton
   kernel writes the logits' gradient in place over the 16-bit logits; this pure-torch reference (which runs on a
   CPU and under FakeTensorMode, so it can be measured and traced) upcasts each chunk to fp32, so its chunk
-  transient is larger than Liger's: :mod:`memlab.predict.activations` models this reference.
+  transient is larger than Liger's: :mod:`memlab.predict.memory.activations` models this reference.
 
 ``call`` (``Setup.loss_call``): ``labels`` hands the labels to a transformers model, whose ``ForCausalLMLoss`` upcasts
 the logits and shifts the labels; ``manual`` is the tutorial form, ``logits = model(input_ids).logits`` then
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import SetupError
-from memlab.predict.loss import chunk_tokens
+from memlab.predict.memory.loss import chunk_tokens
 
 LOSS_KINDS = ("plain", "chunked", "fused")
 LOSS_CALLS = ("labels", "manual")
@@ -45,7 +45,7 @@ LOSS_CALLS = ("labels", "manual")
 @dataclass(frozen=True)
 class LossOptions:
     """How :func:`lm_loss` computes the loss: ``kind`` (plain, chunked, fused), ``chunk`` tokens per chunk (0:
-    :func:`memlab.predict.loss.chunk_tokens`), ``keep`` last positions per sequence (0: all), ``call`` how a
+    :func:`memlab.predict.memory.loss.chunk_tokens`), ``keep`` last positions per sequence (0: all), ``call`` how a
     transformers model's loss is called (module docstring; ``manual`` only with the plain loss on every position).
     From a Setup: :meth:`of`."""
 
@@ -65,7 +65,8 @@ class LossOptions:
 
     @classmethod
     def of(cls, setup: object) -> LossOptions:
-        """The options of a :class:`memlab.predict.setup.Setup` (its ``loss``, ``loss_chunk``, ``logits_to_keep``)."""
+        """The options of a :class:`memlab.predict.spec.setup.Setup` (its ``loss``, ``loss_chunk``,
+        ``logits_to_keep``)."""
         return cls(getattr(setup, "loss", "plain"), getattr(setup, "loss_chunk", 0),
                    getattr(setup, "logits_to_keep", 0), getattr(setup, "loss_call", "labels"))
 

@@ -1,10 +1,10 @@
-"""Optimizers the runner trains with, by the names :class:`memlab.predict.setup.Setup` uses.
+"""Optimizers the runner trains with, by the names :class:`memlab.predict.spec.setup.Setup` uses.
 
 Everything is ``torch.optim`` except ``adam-8bit``: :class:`Adam8bit`, a small blockwise 8-bit Adam with the
 *memory layout* of bitsandbytes 0.50's ``AdamW8bit`` (``Optimizer2State``; Dettmers et al. 2022, "8-bit Optimizers
-via Block-wise Quantization"): tensors with at least :data:`memlab.predict.optimizer_states.ADAM_8BIT_MIN_SIZE`
+via Block-wise Quantization"): tensors with at least :data:`memlab.predict.memory.states.ADAM_8BIT_MIN_SIZE`
 elements keep two 8-bit state tensors plus one fp32 absmax per
-:data:`memlab.predict.optimizer_states.ADAM_8BIT_BLOCK` (256) elements per state, and reference the optimizer's
+:data:`memlab.predict.memory.states.ADAM_8BIT_BLOCK` (256) elements per state, and reference the optimizer's
 two shared 256-entry fp32 code maps; smaller tensors keep fp32 states. ``tests/run/test_optimizers.py`` checks its
 state bytes equal the real ``bnb.optim.AdamW8bit``'s on CPU, to the byte, on generated shapes.
 
@@ -22,8 +22,8 @@ from collections.abc import Iterable
 import torch
 
 from memlab.errors import SetupError
-from memlab.predict.optimizer_states import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE
-from memlab.predict.setup import OPTIMIZERS, resolve_optimizer_impl
+from memlab.predict.memory.states import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE
+from memlab.predict.spec.setup import OPTIMIZERS, resolve_optimizer_impl
 
 
 class Adam8bit(torch.optim.Optimizer):
@@ -118,7 +118,7 @@ class Adam8bit(torch.optim.Optimizer):
 
 def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 1e-4,
                     impl: str = "for-loop") -> torch.optim.Optimizer:
-    """The optimizer called ``name`` (one of :data:`memlab.predict.setup.OPTIMIZERS`) over ``params``.
+    """The optimizer called ``name`` (one of :data:`memlab.predict.spec.setup.OPTIMIZERS`) over ``params``.
 
     ``impl`` (``for-loop``, ``foreach``, ``fused``, or ``auto``: torch's own choice for the parameters' device) is
     passed to torch.optim explicitly, because it changes the step's transient memory (the states are the same):

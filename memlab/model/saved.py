@@ -1,7 +1,7 @@
 """Naming what the reference GPT saves for backward: :func:`saved_tensor_category`.
 
 :class:`memlab.measure.accounting.SavedTensorRecorder` calls it on every tensor autograd saves, with the stack of
-modules running at that moment; the categories are :data:`memlab.predict.activations.CATEGORIES`, so a measured
+modules running at that moment; the categories are :data:`memlab.predict.memory.activations.CATEGORIES`, so a measured
 step's saved bytes line up with the estimator's terms.
 """
 
@@ -40,7 +40,7 @@ def _origin(node: Node | None, hops: int = 8) -> list[str]:
 
 def saved_tensor_category(t: torch.Tensor, scope: tuple[nn.Module, ...]) -> str:
     """Category of a tensor saved for backward by :class:`memlab.model.gpt.GPT`, in
-    :data:`memlab.predict.activations.CATEGORIES`.
+    :data:`memlab.predict.memory.activations.CATEGORIES`.
 
     ``scope`` is the stack of modules running when it was saved (outermost first), as recorded by
     :class:`memlab.measure.accounting.SavedTensorRecorder`.

@@ -1,6 +1,7 @@
 """Precision policies at run time: what dtype the model is built in, autocast, loss scaling, master weights.
 
-:data:`memlab.predict.precision.PRECISION_POLICIES` says how many bytes each policy keeps per parameter; this module
+:data:`memlab.predict.spec.precision.PRECISION_POLICIES` says how many bytes each policy keeps per parameter; this
+module
 makes a real training step keep exactly those bytes, so the accounting can check the estimator:
 
 - ``fp32`` / ``amp-*``: fp32 model, a plain optimizer; ``amp-*`` runs the forward under ``torch.autocast``
@@ -28,11 +29,11 @@ from torch import nn
 
 from memlab.device import torch_dtype
 from memlab.errors import SetupError
-from memlab.predict.precision import PrecisionPolicy
+from memlab.predict.spec.precision import PrecisionPolicy
 
 if TYPE_CHECKING:
-    from memlab.predict.models import TransformerConfig
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.model import TransformerConfig
+    from memlab.predict.spec.setup import Setup
 
 
 def model_dtype(policy: PrecisionPolicy) -> torch.dtype:

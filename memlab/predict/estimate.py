@@ -3,18 +3,21 @@
 ``estimate(config, setup)`` returns a :class:`MemoryBreakdown`: bytes on ONE device for parameters, gradients,
 optimizer states, activations, KV cache and named overheads. Where each byte comes from:
 
-- model states per parameter: the :class:`memlab.predict.precision.PrecisionPolicy` (weights, gradients, fp32 master
+- model states per parameter: the :class:`memlab.predict.spec.precision.PrecisionPolicy` (weights, gradients, fp32
+master
   copy, fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
   "K = 12" for mixed-precision Adam), the fp32 master copy and the fp32 accumulation buffer are counted as
   **optimizer** state; ``optimizer_detail`` splits them out again.
 - sharding: ZeRO stages 0-3 / FSDP over ``setup.world_size`` data-parallel ranks
-  (:func:`~memlab.predict.sharding.zero_divisors`), after Megatron tensor parallelism over ``setup.tp`` ranks
-  (:func:`~memlab.predict.sharding.tp_shard_shape`).
-- activations: :func:`memlab.predict.activations.activation_bytes` (Korthikanti et al. 2022, generalised), used as-is.
+  (:func:`~memlab.predict.memory.sharding.zero_divisors`), after Megatron tensor parallelism over ``setup.tp`` ranks
+  (:func:`~memlab.predict.memory.sharding.tp_shard_shape`).
+- activations: :func:`memlab.predict.memory.activations.activation_bytes` (Korthikanti et al. 2022, generalised), used
+as-is.
 - inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
   tensor of a full-prompt forward.
 - overheads: named terms (:class:`Overheads`), never folded into other components.
-- phases: the bytes held at each phase of the first and the steady step and their peak (:mod:`memlab.predict.phases`):
+- phases: the bytes held at each phase of the first and the steady step and their peak
+(:mod:`memlab.predict.memory.phases`):
   what must fit. ``total_bytes`` stays the sum of the components.
 
 Units: bytes. GiB = 2**30 bytes, GB = 10**9 bytes. This module imports no torch; the fit search and the CLI reuse
@@ -31,13 +34,11 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import SetupError
-from memlab.predict.activations import bytes_by_category, term_rows
-from memlab.predict.family_terms import check_call, check_family_setup
-from memlab.predict.finetune import largest_matrix_elements
-from memlab.predict.frozen import unchecked
-from memlab.predict.inference import kv_cache_bytes, prefill_transient_bytes
-from memlab.predict.models import TransformerConfig
-from memlab.predict.phases import (
+from memlab.predict.memory.activations import bytes_by_category, term_rows
+from memlab.predict.memory.family_terms import check_call, check_family_setup
+from memlab.predict.memory.finetune import largest_matrix_elements
+from memlab.predict.memory.inference import kv_cache_bytes, prefill_transient_bytes
+from memlab.predict.memory.phases import (
     PhaseRow,
     find_phase,
     inference_phases,
@@ -47,9 +48,11 @@ from memlab.predict.phases import (
     step_inputs_with,
     training_phases,
 )
-from memlab.predict.plan import plan, rest_of, rotary_seq_note
-from memlab.predict.setup import Setup, SetupView
-from memlab.predict.validate import LIMITS, StrictInit, check_fields, check_int, show
+from memlab.predict.memory.plan import plan, rest_of, rotary_seq_note
+from memlab.predict.spec.frozen import unchecked
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup, SetupView
+from memlab.predict.spec.validate import LIMITS, StrictInit, check_fields, check_int, show
 from memlab.units import GB, GiB
 
 
@@ -61,7 +64,8 @@ class Overheads(StrictInit):
     Defaults are 0 because their size depends on the machine, driver and kernels; each estimate says so in its
     assumptions and how to measure the term. ``gathered_layers`` counts the transformer blocks whose full
     parameters ZeRO-3 holds gathered at once, for setups FSDP2's model does not cover (tensor parallelism): under
-    FSDP2 (ZeRO-2/3 over > 1 rank) the phases model the gathered units themselves (:mod:`memlab.predict.fsdp`) and
+    FSDP2 (ZeRO-2/3 over > 1 rank) the phases model the gathered units themselves (:mod:`memlab.predict.memory.fsdp`)
+    and
     0 reports what the loss moment holds gathered; a value > 0 overrides that component (not the phases).
     """
 
@@ -78,7 +82,7 @@ class Overheads(StrictInit):
     """Blocks held gathered under ZeRO-3 / FSDP FULL_SHARD (0 = not counted)."""
 
     def __post_init__(self) -> None:
-        check_fields(self, SetupError)  # types and ranges from the annotations (memlab.predict.validate)
+        check_fields(self, SetupError)  # types and ranges from the annotations (memlab.predict.spec.validate)
 
 
 _NO_OVERHEADS = Overheads()
@@ -90,7 +94,8 @@ class MemoryBreakdown:
     """Predicted bytes on ONE device, by component; ``total_bytes`` is their sum (overhead = sum of its terms).
 
     A step never holds all components at once: ``phases`` are the bytes held at each phase of the first and the
-    steady step (:mod:`memlab.predict.phases`), ``peak_bytes`` the largest of them (at ``peak_step``/``peak_phase``).
+    steady step (:mod:`memlab.predict.memory.phases`), ``peak_bytes`` the largest of them (at
+    ``peak_step``/``peak_phase``).
     "Will it fit?" is a question about ``peak_bytes``; ``total_bytes`` stays the sum of components.
     """
 
@@ -110,7 +115,7 @@ class MemoryBreakdown:
     config: dict[str, Any] | None
     setup: dict[str, Any]
     phases: tuple[PhaseRow, ...] = ()
-    """One :class:`~memlab.predict.phases.PhaseRow` per (step, phase) in step order (steps ``first``, ``steady``;
+    """One :class:`~memlab.predict.memory.phases.PhaseRow` per (step, phase) in step order (steps ``first``, ``steady``;
     inference: ``steady`` prefill, decode): ``peak_bytes`` is the predicted peak inside the phase; for
     ``zero_grad``, what is held after it (``end_bytes`` too)."""
     peak_bytes: int = 0
@@ -129,7 +134,8 @@ class MemoryBreakdown:
         return self.peak_bytes / GiB
 
     def phase_bytes(self, phase: str, step: str = "steady") -> int:
-        """Predicted bytes of one phase of one step: its ``peak_bytes`` (:func:`~memlab.predict.phases.find_phase`;
+        """Predicted bytes of one phase of one step: its ``peak_bytes``
+(:func:`~memlab.predict.memory.phases.find_phase`;
         zero_grad: held after it)."""
         return find_phase(self.phases, phase, step).peak_bytes
 
@@ -195,15 +201,15 @@ def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> No
 def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_type: str,
               step_on_device: bool | None) -> tuple:
     """Shared core of :func:`estimate` (scalars) and :func:`sweep_totals` (numpy batch/seq): the setup's cached
-    :class:`~memlab.predict.plan.Plan` (what batch and seq do not change) and the terms that batch and seq do."""
+    :class:`~memlab.predict.memory.plan.Plan` (what batch and seq do not change) and the terms that batch and seq do."""
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
-    if setup.pp > 1 or setup.cp > 1:  # per rank, stage by stage: memlab.predict.parallel
+    if setup.pp > 1 or setup.cp > 1:  # per rank, stage by stage: memlab.predict.parallel.pipeline
         raise SetupError(f"pp={setup.pp}, cp={setup.cp}: ranks hold different bytes: use "
-                         "memlab.predict.parallel.parallel_estimate (memlab estimate prints it)")
-    if setup.ep > 1:  # experts split over ranks: memlab.predict.experts
+                         "memlab.predict.parallel.pipeline.parallel_estimate (memlab estimate prints it)")
+    if setup.ep > 1:  # experts split over ranks: memlab.predict.parallel.experts
         raise SetupError(f"ep={setup.ep}: an expert-parallel rank holds n_experts / ep experts and the all-to-all "
-                         "buffers: use memlab.predict.experts.expert_estimate (memlab estimate prints it)")
+                         "buffers: use memlab.predict.parallel.experts.expert_estimate (memlab estimate prints it)")
     _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
     check_call(setup, device_type)
     if step_on_device is not None and not isinstance(step_on_device, bool):
@@ -213,7 +219,7 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     kv, act_detail, act_terms = 0, {}, None
     is_cfg = isinstance(model, TransformerConfig)
     if is_cfg:
-        if setup.mode == "train":  # listed once: the phases reuse them (memlab.predict.phases.step_inputs_with)
+        if setup.mode == "train":  # listed once: the phases reuse them (memlab.predict.memory.phases.step_inputs_with)
             act_terms = term_rows(model, setup, device_type=device_type)
             act_detail = bytes_by_category(act_terms, setup.tp, setup.sp)
         else:
@@ -235,10 +241,11 @@ def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_
     terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered,
              "model_buffers": buffers,
              "fragmentation": ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered + buffers)}
-    if setup.finetune == "qlora" and is_cfg:  # one weight dequantised to bf16 at a time (memlab.predict.finetune)
+    if setup.finetune == "qlora" and is_cfg:  # one weight dequantised to bf16 at a time
+    # (memlab.predict.memory.finetune)
         terms["qlora_dequantised_weight"] = 2 * largest_matrix_elements(model)  # type: ignore[arg-type]
     overhead = sum(terms.values())
-    # Under FSDP2 the phases carry the gathered bytes themselves (memlab.predict.fsdp.moments): not added twice
+    # Under FSDP2 the phases carry the gathered bytes themselves (memlab.predict.memory.fsdp.moments): not added twice
     phase_overhead = overhead - gathered if fsdp is not None else overhead
     states = p.states
     if setup.mode != "train":
@@ -288,7 +295,7 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def _config_fields(cached: dict[str, Any]) -> dict[str, Any]:
-    """A fresh copy (and a fresh ``impl`` dict) of a plan's :attr:`~memlab.predict.plan.Plan.config_fields`: the
+    """A fresh copy (and a fresh ``impl`` dict) of a plan's :attr:`~memlab.predict.memory.plan.Plan.config_fields`: the
     config's fields with its ``impl`` as ``impl.to_dict()``, listed once per plan (configs are frozen)."""
     out = dict(cached)
     out["impl"] = dict(out["impl"])
@@ -301,12 +308,13 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
 
     ``config_or_params`` is a :class:`TransformerConfig` or a bare parameter count (model states only).
     ``device_type`` ("cuda" or "cpu") selects the device-dependent activation widths of
-    :func:`memlab.predict.activations.activation_bytes`. ``step_on_device``: whether the optimizer's per-tensor step
+    :func:`memlab.predict.memory.activations.activation_bytes`. ``step_on_device``: whether the optimizer's per-tensor
+    step
     counters live on the device; None means "only on a CPU run" (torch hosts them on the CPU unless the
     optimizer is fused or capturable: pass True for those).
     """
     if not isinstance(setup, Setup):
-        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+        raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
     ov = _overheads_arg(overheads)
     p, acts, kv, terms, act_detail, phases = _evaluate(config_or_params, setup, ov, device_type, step_on_device)
     overhead = {k: math.ceil(v) for k, v in terms.items()}
@@ -340,7 +348,7 @@ def host_states(setup: Any) -> bool:
     """True when FSDP2's CPUOffloadPolicy (``Setup.fsdp_offload``) keeps the sharded parameters, gradients and
     optimizer states on the host: the estimate's params/grads/optimizer components are then 0 on the device and
     their bytes are in ``host_bytes``; the gathered units, all-gather buffers and unsharded gradients stay on the
-    device (the FSDP2 moments, :func:`memlab.predict.fsdp.moments`)."""
+    device (the FSDP2 moments, :func:`memlab.predict.memory.fsdp.moments`)."""
     return setup.fsdp_offload and setup.mode == "train"
 
 
@@ -399,7 +407,7 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
     ``estimate(...).total_bytes`` (``.peak_bytes``) up to the per-component rounding up to whole bytes.
     """
     if not isinstance(setup, Setup):
-        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+        raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
     b = _size_array("batch", setup.batch if batch is None else batch, LIMITS["batch"].max)
     s = _size_array("seq", setup.seq if seq is None else seq, LIMITS["seq"].max)
     try:

@@ -1,6 +1,7 @@
 """Will it fit? A predicted step against a device's memory, and the largest batch or sequence that fits.
 
-The verdict compares the estimator's **peak** (the most a step holds at once, :mod:`memlab.predict.phases`), not the
+The verdict compares the estimator's **peak** (the most a step holds at once, :mod:`memlab.predict.memory.phases`), not
+the
 sum of components, with the capacity torch reports (a detected device) or the datasheet (a table row).
 This module imports no torch.
 """
@@ -12,9 +13,9 @@ from typing import Any
 
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, Setup
-from memlab.predict.validate import LIMITS, check_int, show
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, Setup
+from memlab.predict.spec.validate import LIMITS, check_int, show
 from memlab.units import GiB
 
 
@@ -58,10 +59,10 @@ def _capacity(gpu: Any) -> tuple[str, str, int]:
     """(key, name, memory bytes) of a GPU name, an ``Accelerator`` row, or the DeviceInfo of
     ``memlab.measure.machine.detect()``. A memory that is not a whole number of bytes >= 1 (zero, negative, a
     float) is a :class:`SetupError`: no step fits in it, and a verdict against it would be meaningless."""
-    from memlab.predict.hardware import Accelerator, DeviceInfo
+    from memlab.predict.hardware.gpus import Accelerator, DeviceInfo
 
     if isinstance(gpu, str):
-        from memlab.predict.hardware import gpu as lookup
+        from memlab.predict.hardware.gpus import gpu as lookup
 
         gpu = lookup(gpu)
     if isinstance(gpu, Accelerator):
@@ -80,7 +81,7 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
          overheads: Overheads | None = None) -> FitVerdict:
     """Does ``what`` (a breakdown, or a config/count with ``setup``) fit in ``gpu``'s memory?
 
-    ``gpu``: a name for :func:`memlab.predict.hardware.gpu`, an ``Accelerator`` row (its table memory), or
+    ``gpu``: a name for :func:`memlab.predict.hardware.gpus.gpu`, an ``Accelerator`` row (its table memory), or
     ``memlab.measure.machine.detect()``'s ``DeviceInfo`` (the memory torch reports). The
     CUDA context and fragmentation count only when given in ``overheads`` (see the assumptions). Fits when the
     peak (``MemoryBreakdown.peak_bytes``) <= capacity.
@@ -99,7 +100,7 @@ def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"max_{field} needs a model config: with a bare parameter count {field} changes nothing")
     if not isinstance(setup, Setup):
-        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}")
+        raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
     hi = LIMITS[field].max
     check_int("limit", limit, hi=hi, why=f"Setup's bound on {field}", err=SetupError)
     key, _, cap = _capacity(gpu)
@@ -197,7 +198,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("bf16 weights and optimizer states (no fp32 master)", (("precision", "bf16"),),
           "numerics: bf16 updates lose small steps (no fp32 master copy): 8 B/param with AdamW"),
     Lever("ZeRO-3 / FSDP over N ranks", (("zero_stage", 3), ("world_size", "N")),
-          "N devices; all-gathers of parameters per step (memlab.predict.communication); the gathered blocks "
+          "N devices; all-gathers of parameters per step (memlab.predict.parallel.communication); the gathered blocks "
           "count only with Overheads(gathered_layers=...) / --gathered-layers"),
     Lever(f"LoRA r={LORA_DEFAULT_RANK} on {', '.join(LORA_DEFAULT_TARGETS)} (peft's defaults)",
           (("finetune", "lora"), ("precision", _adapter_precision)),
@@ -248,11 +249,11 @@ class LeverResult:
 def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int = 8,
            overheads: Overheads | None = None, table: tuple[Lever, ...] = LEVERS) -> list[LeverResult]:
     """Each lever of ``table`` applied alone to ``setup``, ranked by the predicted **peak** it gives (lowest
-    first; :mod:`memlab.predict.phases`, never the sum), with whether it then fits ``gpu`` and its cost. Levers
+    first; :mod:`memlab.predict.memory.phases`, never the sum), with whether it then fits ``gpu`` and its cost. Levers
     that change nothing (already on), that do not apply (:attr:`Lever.needs`) or that this setup or model cannot
     take (a SetupError or ConfigError: e.g. a fused optimizer for Adafactor, frozen embeddings tied to the head)
     are left out. ``world_size``: the ranks the ZeRO lever shards over."""
-    from memlab.predict.flops import megatron_iteration_flops
+    from memlab.predict.compute.flops import megatron_iteration_flops
 
     if not isinstance(config, TransformerConfig):
         raise SetupError("levers need a model config: with a bare parameter count most levers change nothing")

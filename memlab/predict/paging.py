@@ -9,7 +9,7 @@ how long the request will grow. The vLLM paper (Kwon et al. 2023, Sec. 3 and Sec
 - ``paged``: blocks of ``block_tokens`` tokens allocated as the sequence grows (PagedAttention): only the last
   block of each request is partly empty, so the waste is under ``block_tokens`` tokens per request.
 
-Everything is in tokens; multiply by :func:`memlab.predict.inference.kv_cache_bytes` of one token for bytes.
+Everything is in tokens; multiply by :func:`memlab.predict.memory.inference.kv_cache_bytes` of one token for bytes.
 No torch.
 """
 
@@ -94,8 +94,8 @@ def max_sequences(config: Any, capacity_bytes: int, context: int, *, weights: st
     out here.
     """
     from memlab.predict.estimate import estimate
-    from memlab.predict.inference import kv_cache_bytes
-    from memlab.predict.setup import Setup
+    from memlab.predict.memory.inference import kv_cache_bytes
+    from memlab.predict.spec.setup import Setup
 
     if not isinstance(context, int) or context <= 0:
         raise SetupError(f"context must be a positive integer, got {context!r}")

@@ -2,7 +2,7 @@
 may miss (:class:`NamedTerm`: at most how many bytes, on which phases, with which sign), so that a comparison with
 a trace or a measurement can tell a named gap from a silently wrong number (:mod:`memlab.compare.agreement`).
 
-Sizes are bytes on one rank; sources are the terms' own docstrings (FSDP2's moments: :mod:`memlab.predict.fsdp`;
+Sizes are bytes on one rank; sources are the terms' own docstrings (FSDP2's moments: :mod:`memlab.predict.memory.fsdp`;
 MoE routing; full recompute's bottom block and attention core; selective recompute's attention core in forward;
 the top block under a non-plain loss).
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlab.predict.estimate import MemoryBreakdown, estimate
-from memlab.predict.models import TransformerConfig
-from memlab.predict.phases import layer_terms
-from memlab.predict.setup import Setup
+from memlab.predict.memory.phases import layer_terms
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 HF_TRANSIENTS = ("a Hugging Face family's own transients inside forward and backward (norm upcasts, its activation's "
                  "backward, the mask's expansion), where no t x V logits term hides them")
@@ -29,7 +29,7 @@ HF_RECOMPUTED_BLOCK = ("full recompute of a Hugging Face family: the bottom bloc
 HF_BOTTOM_TEMPORARIES = ("a Hugging Face family's bottom block: its backward temporaries, counted all at once (its "
                          "block makes and frees them in its own order: an upper bound)")
 """The name of the term :func:`unmodelled_term_list` gives every HF family in training: ``layer_terms(...)["temp"]``
-(:func:`memlab.predict.phases.layer_terms`), backward, -."""
+(:func:`memlab.predict.memory.phases.layer_terms`), backward, -."""
 
 
 def top_block_bound_bytes(config: TransformerConfig, setup: Any, device_type: str = "cpu") -> float:
@@ -75,7 +75,7 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     """The terms ``bd`` (the estimate of ``config`` under ``setup`` for ``device_type``, whose widths size the terms)
     names in its assumptions as left out, each with
     the most it can add or take away, in bytes, the phases it applies to and its sign (:class:`NamedTerm`):
-    FSDP2's moments outside the phase model (:func:`memlab.predict.fsdp.unmodelled`: forward or backward, +), and
+    FSDP2's moments outside the phase model (:func:`memlab.predict.memory.fsdp.unmodelled`: forward or backward, +), and
     for a mixture of experts the routing (the estimate counts one dense MLP per token: ``top_k`` routed copies of
     its saved tensors and the router's, ``top_k`` x the MLP term as without recompute, since the copies exist
     inside a block's forward under any recompute; forward and backward, +) and the experts no token chose (no
@@ -96,9 +96,9 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     (:data:`HF_RECOMPUTED_BLOCK`, one block's saved bytes as without recompute; backward, -), and under the plain
     loss its own in-phase transients (:data:`HF_TRANSIENTS`, at most
     :func:`top_block_bound_bytes`; forward and backward, +). (A for-loop Adam/AdamW step's moment is counted in
-    the family's own parameter order, :mod:`memlab.predict.hf_order`: no term.)
+    the family's own parameter order, :mod:`memlab.predict.families.order`: no term.)
     Empty when the estimate claims everything it counts."""
-    from memlab.predict.fsdp import plan_of, unmodelled
+    from memlab.predict.memory.fsdp import plan_of, unmodelled
 
     out: list[NamedTerm] = []
     if not isinstance(config, TransformerConfig) or setup.mode != "train":

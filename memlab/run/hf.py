@@ -9,7 +9,7 @@ model and optimizer (AdamW state now exists: the steady step); with ``phase_peak
 inside each phase of each step (:class:`~memlab.measure.live_bytes.PhasePeaks`: on a CPU, storages counted once,
 from the parameters, buffers and the call's tensors up). On a CPU these counts are the truth; on CUDA
 they sit beside the allocator's numbers. :func:`predict_hf` is the twin prediction from
-:func:`memlab.predict.hf.from_hf`.
+:func:`memlab.predict.families.reader.from_hf`.
 
 ``transformers`` is imported when a function runs, so importing this module is cheap.
 """
@@ -37,13 +37,13 @@ from memlab.model.hf import (  # noqa: F401  attention_implementations, call_inp
     quant_state_bytes,
 )
 from memlab.model.step import Meter, Meters, PhaseMeter, token_ids, train_step, training_step
-from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
-from memlab.predict.hf import from_hf, hf_attention
-from memlab.predict.models import TransformerConfig
-from memlab.predict.phases import PhaseRow
-from memlab.predict.precision import precision_policy
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf, hf_attention
+from memlab.predict.memory.activations import activation_bytes
+from memlab.predict.memory.phases import PhaseRow
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.precision import precision_policy
+from memlab.predict.spec.setup import Setup
 
 if TYPE_CHECKING:
     from memlab.compare.calculators import Run

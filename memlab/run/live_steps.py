@@ -7,7 +7,7 @@ It shows why a job that survives step 1 can die at step 2: Adam's moments appear
 ``optimizer.step()`` and are there for every later forward and backward. On CUDA the allocator's bytes are what
 count (``run_step`` and ``memlab.measure.cuda``); this is the device-independent twin.
 
-The phase-aware peak estimator (``estimate(...).phases``, :mod:`memlab.predict.phases`) predicts these peaks:
+The phase-aware peak estimator (``estimate(...).phases``, :mod:`memlab.predict.memory.phases`) predicts these peaks:
 :meth:`LiveSteps.against` puts its prediction beside each measured one; :mod:`memlab.tracing.tracer` gives the same
 bytes at full scale on fake tensors. Introduced for chapter 01 (anatomy of an OOM).
 """
@@ -23,9 +23,9 @@ from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.measure.live_bytes import LiveBytes
 from memlab.model.step import PhaseMeter, build_training, token_batch, train_step
-from memlab.predict.models import TransformerConfig
-from memlab.predict.phases import PhaseRow, find_phase
-from memlab.predict.setup import Setup
+from memlab.predict.memory.phases import PhaseRow, find_phase
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,11 +41,11 @@ class LiveSteps:
     peak_bytes: int
     peak_label: str
     phases: tuple[PhaseRow, ...] = ()
-    """One :class:`~memlab.predict.phases.PhaseRow` per (step, phase), the step numbered from 1: start_bytes,
+    """One :class:`~memlab.predict.memory.phases.PhaseRow` per (step, phase), the step numbered from 1: start_bytes,
     peak_bytes, end_bytes (:meth:`LiveBytes.phase`)."""
 
     def phase(self, name: str, step: int) -> PhaseRow:
-        """The row of phase ``name`` in step number ``step`` (:func:`~memlab.predict.phases.find_phase`)."""
+        """The row of phase ``name`` in step number ``step`` (:func:`~memlab.predict.memory.phases.find_phase`)."""
         return find_phase(self.phases, name, step)
 
     def peaks(self) -> pd.DataFrame:

@@ -30,9 +30,9 @@ import torch
 from memlab.device import resolve_device
 from memlab.errors import SetupError
 from memlab.model.step import PhaseMeter, build_training, token_batch, train_step
-from memlab.predict.flops import roofline_bound
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.compute.flops import roofline_bound
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 ELEMENT_BYTES = {
     "float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4, "short int": 2,

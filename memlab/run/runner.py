@@ -1,4 +1,4 @@
-"""Run the reference GPT under a :class:`~memlab.predict.setup.Setup` and measure it: the twin of the estimator.
+"""Run the reference GPT under a :class:`~memlab.predict.spec.setup.Setup` and measure it: the twin of the estimator.
 
 :func:`run_step` builds :class:`memlab.model.gpt.GPT` with the setup's attention and recompute policy, wires the
 precision policy (:mod:`memlab.model.step`) and optimizer (:mod:`memlab.model.optimizers`), feeds synthetic
@@ -45,11 +45,11 @@ from memlab.model.step import (
     token_ids,
     train_step,
 )
-from memlab.predict import flops as flops_mod
-from memlab.predict.models import TransformerConfig
-from memlab.predict.phases import PhaseRow, find_phase
-from memlab.predict.setup import Setup
-from memlab.predict.validate import LIMITS, check_int
+from memlab.predict.compute import flops as flops_mod
+from memlab.predict.memory.phases import PhaseRow, find_phase
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
+from memlab.predict.spec.validate import LIMITS, check_int
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Measurement:
     phases: tuple[dict[str, Any], ...] = ()
     """Exact bytes at each phase boundary of the first step: phase, params, grads, optimizer, activations."""
     phase_peaks: tuple[PhaseRow, ...] = ()
-    """Peak bytes *inside* each phase of the first and one steady step (:class:`~memlab.predict.phases.PhaseRow`:
+    """Peak bytes *inside* each phase of the first and one steady step (:class:`~memlab.predict.memory.phases.PhaseRow`:
     step, phase, peak_bytes, end_bytes, source: live tensor bytes on a CPU, ``max_memory_allocated`` reset per phase
     on CUDA)."""
     peak_bytes: int | None = None
@@ -92,9 +92,9 @@ class Measurement:
     prefill_time_s: float | None = None
     decode_time_per_token_s: float | None = None
     flops_per_step: float | None = None
-    """Analytic model FLOPs of one step, no recompute (memlab.predict.flops): the MFU numerator's count."""
+    """Analytic model FLOPs of one step, no recompute (memlab.predict.compute.flops): the MFU numerator's count."""
     hardware_flops_per_step: float | None = None
-    """Analytic FLOPs including the setup's recompute (memlab.predict.flops): the HFU numerator's count."""
+    """Analytic FLOPs including the setup's recompute (memlab.predict.compute.flops): the HFU numerator's count."""
     counted_flops_per_step: float | None = None
     """FLOPs FlopCounterMode counts over one step (training: forward + backward, with recompute as torch runs
     it: non-reentrant checkpoint stops recomputing once the tensors backward needs exist, and the flash
@@ -109,7 +109,7 @@ class Measurement:
 
     def phase_peak(self, phase: str, step: str = "steady") -> PhaseRow:
         """The :attr:`phase_peaks` row of one phase of one step (``first`` or ``steady``;
-        :func:`~memlab.predict.phases.find_phase`)."""
+        :func:`~memlab.predict.memory.phases.find_phase`)."""
         return find_phase(self.phase_peaks, phase, step)
 
     def model_state_bytes(self, *, step_counters: bool = True) -> int:

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from memlab.device import canonical_device
 from memlab.errors import MemlabError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.phases import PhaseRow
-from memlab.predict.setup import Setup
+from memlab.predict.memory.phases import PhaseRow
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 if TYPE_CHECKING:
     import pandas as pd

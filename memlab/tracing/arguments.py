@@ -14,15 +14,15 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.predict.setup import Setup
-from memlab.predict.validate import check_bool
+from memlab.predict.spec.setup import Setup
+from memlab.predict.spec.validate import check_bool
 
 
 def check_trace_setup(setup: object, device_type: object, fake: object = True) -> None:
     """Raise :class:`SetupError` unless ``setup`` is a :class:`Setup`, ``device_type`` is ``"cpu"`` or ``"cuda"``
     (the device whose defaults a trace imitates: a device *type*, not ``"cuda:7"``) and ``fake`` is a bool."""
     if not isinstance(setup, Setup):
-        raise SetupError(f"setup must be a memlab.predict.setup.Setup, got {type(setup).__name__}: pass e.g. "
+        raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}: pass e.g. "
                          "Setup(batch=1, seq=1024)")
     if not isinstance(device_type, str) or device_type not in ("cpu", "cuda"):
         raise SetupError(f"device_type must be 'cpu' or 'cuda' (the device whose optimizer default a trace "

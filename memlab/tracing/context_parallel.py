@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 TORCH_CP_ERRORS = {
     "default (flash for CPU)": "Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a "
@@ -151,7 +151,7 @@ def trace_gpt_cp(config: TransformerConfig, setup: Setup, *, rank: int = 0, devi
     ``setup.seq / setup.cp`` tokens on the rank, the CPU flash kernel (``attention='flash'``)."""
     import torch.distributed as dist
 
-    from memlab.predict.parallel import check_parallel
+    from memlab.predict.parallel.pipeline import check_parallel
     from memlab.tracing.fake_dist import fake_process_group
     from memlab.tracing.gpt import gpt_step_parts
     from memlab.tracing.tracer import trace_step

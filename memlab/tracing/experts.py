@@ -12,7 +12,7 @@ all-to-all); each local expert on the pairs it received from each rank; the outp
 Routing is FORCED balanced: pair ``p = i * top_k + j`` (token i, choice j) goes to expert ``p % n_experts`` (k
 distinct experts per token, every expert ``t k / E`` pairs), because a fake tensor has no values to route by and
 a data-dependent split has no static shape; the router still runs and its gates carry the gradient. So the trace
-checks :func:`memlab.predict.experts.expert_estimate` under ``ep_routing='balanced'``; the worst case is the
+checks :func:`memlab.predict.parallel.experts.expert_estimate` under ``ep_routing='balanced'``; the worst case is the
 formula's alone. Data parallelism is not run (no gradient all-reduce, ZeRO 0: every data-parallel rank holds the
 same bytes); the fake group makes the all-to-alls return at once.
 """
@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 
 class ExpertParallelMoE(nn.Module):
@@ -86,7 +86,7 @@ def trace_gpt_ep(config: TransformerConfig, setup: Setup, *, device_type: str = 
     the data-parallel ranks the ep ranks come from (ZeRO 0 only: not run, it changes no rank's bytes)."""
     import torch.distributed as dist
 
-    from memlab.predict.experts import check_ep
+    from memlab.predict.parallel.experts import check_ep
     from memlab.tracing.fake_dist import fake_process_group
     from memlab.tracing.gpt import gpt_step_parts
     from memlab.tracing.tracer import trace_step

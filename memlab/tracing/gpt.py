@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup, resolve_optimizer_impl
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup, resolve_optimizer_impl
 from memlab.tracing.arguments import check_trace_setup
 from memlab.tracing.tracer import PhaseRecorder, Trace, fast_mem_tracker, module_rows, trace_step
 
@@ -107,7 +107,7 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     :mod:`memlab.tracing.fake_dist`).
 
     Traces run on CPU; ``device_type`` only picks the optimizer implementation ``auto`` means. CPU autocast and
-    norm kernels differ from CUDA's in a few saved widths (:mod:`memlab.predict.activations` lists them): compare
+    norm kernels differ from CUDA's in a few saved widths (:mod:`memlab.predict.memory.activations` lists them): compare
     with ``estimate(..., device_type='cpu')`` for byte equality.
     """
     if not isinstance(config, TransformerConfig):

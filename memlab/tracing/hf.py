@@ -2,7 +2,7 @@
 
 The model is ``transformers.AutoModelForCausalLM.from_config(config)`` built inside the fake mode under a
 ``torch.device("cpu")`` context, then traced by :func:`memlab.tracing.tracer.trace_step` under a memlab
-:class:`~memlab.predict.setup.Setup` (precision policy, optimizer and its implementation, attention, recompute).
+:class:`~memlab.predict.spec.setup.Setup` (precision policy, optimizer and its implementation, attention, recompute).
 The config comes from a ``config.json`` path, a ``PretrainedConfig``, or a family name with dimensions
 (``hf_config("llama", hidden_size=4096, ...)``, ``transformers.AutoConfig.for_model``).
 
@@ -38,9 +38,9 @@ from memlab.model.hf import (
     quiet_logger,
     quiet_transformers,
 )
-from memlab.predict.family_terms import check_call, padding_present
-from memlab.predict.setup import Setup
-from memlab.predict.validate import check_bool
+from memlab.predict.memory.family_terms import check_call, padding_present
+from memlab.predict.spec.setup import Setup
+from memlab.predict.spec.validate import check_bool
 from memlab.tracing.arguments import check_trace_setup
 from memlab.tracing.gpt import setup_parts
 from memlab.tracing.progress import Progress, time_bound

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup, resolve_optimizer_impl
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup, resolve_optimizer_impl
 
 TITAN_MAX_NORM = 1.0
 """torchtitan's default ``training.max_norm`` (the clip value does not change the bytes)."""

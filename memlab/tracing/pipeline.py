@@ -1,7 +1,8 @@
 """Pipeline parallelism traced on one CPU: torch.distributed.pipelining's own schedules on a fake process group.
 
 :func:`run_stage_step` builds the reference GPT's stage ``rank`` of ``setup.pp`` (its blocks by
-:func:`memlab.predict.parallel.virtual_stage_layers`; the embeddings on the first stage, the final norm, an LM head of
+:func:`memlab.predict.parallel.pipeline.virtual_stage_layers`; the embeddings on the first stage, the final norm, an LM
+head of
 its own and the loss on the last, as Megatron-LM places them) as a ``PipelineStage`` with static shapes, runs one
 training step of ``Schedule1F1B``, ``ScheduleGPipe`` or ``ScheduleInterleaved1F1B`` over ``setup.micro_batches``
 micro-batches on a fake group
@@ -26,9 +27,9 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.parallel import virtual_stage_layers
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.pipeline import virtual_stage_layers
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 
 class StageModule(nn.Module):
@@ -71,7 +72,7 @@ def run_stage_step(config: TransformerConfig, setup: Setup, rank: int,
 
     from memlab.model.gpt import GPT
     from memlab.model.loss import logits_loss
-    from memlab.predict.parallel import check_parallel, rank_virtual_stages
+    from memlab.predict.parallel.pipeline import check_parallel, rank_virtual_stages
     from memlab.tracing.fake_dist import fake_process_group
 
     p, m, v = setup.pp, setup.micro_batches, setup.pp_chunks

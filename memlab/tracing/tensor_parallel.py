@@ -25,8 +25,8 @@ from typing import Any
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 
 TP_PLAN = (("attn.q", "colwise"), ("attn.k", "colwise"), ("attn.v", "colwise"), ("attn.o", "rowwise"),
            ("mlp.gate", "colwise"), ("mlp.up", "colwise"), ("mlp.down", "rowwise"))
@@ -113,7 +113,8 @@ def replicated_terms(config: TransformerConfig, setup: Setup) -> dict[str, int]:
 
 
 SP_GATHERED = ("q/k/v projection input", "MLP input", "LM-head input")
-"""The estimator's rows (:func:`memlab.predict.activations.term_rows`) that DTensor's sequence-parallel plan saves
+"""The estimator's rows (:func:`memlab.predict.memory.activations.term_rows`) that DTensor's sequence-parallel plan
+saves
 all-gathered (whole sequence) where Megatron-LM saves the sequence shard [korthikanti2022, Sec. 4.2.2]."""
 
 
@@ -121,7 +122,7 @@ def sequence_parallel_terms(config: TransformerConfig, setup: Setup, device_type
     """Bytes rank ``r`` of the traced sequence-parallel plan saves beyond memlab's estimate (Megatron-LM's SP), by
     :data:`SP_GATHERED` row: each row's whole bytes less its ``1/tp`` share, ``(1 - 1/tp)`` of the row (the
     q/k/v and MLP inputs of every block, the LM head's input). Empty without ``setup.sp``."""
-    from memlab.predict.activations import term_rows
+    from memlab.predict.memory.activations import term_rows
 
     if not setup.sp:
         return {}
@@ -153,7 +154,7 @@ def trace_gpt_tp(config: TransformerConfig, setup: Setup, *, rank: int = 0, devi
     """Trace rank ``rank`` of the reference GPT under DTensor tensor parallelism (with ``setup.sp``: sequence
     parallelism, :func:`sequence_parallel`) over a fake ``setup.tp``-rank group (fake tensors;
     :func:`memlab.tracing.tracer.trace_step`)."""
-    from memlab.predict.sharding import check_tp
+    from memlab.predict.memory.sharding import check_tp
     from memlab.tracing.fake_dist import fake_process_group
     from memlab.tracing.gpt import gpt_step_parts
     from memlab.tracing.tracer import trace_step

@@ -10,7 +10,7 @@ byte for byte.
 
 Three ways in:
 
-- :func:`memlab.tracing.gpt.trace_gpt` for the reference GPT under a :class:`~memlab.predict.setup.Setup`;
+- :func:`memlab.tracing.gpt.trace_gpt` for the reference GPT under a :class:`~memlab.predict.spec.setup.Setup`;
 - :func:`memlab.tracing.hf.trace_hf` for a Hugging Face causal LM built from its config (never a download);
 - :func:`trace` for your own module::
 
@@ -50,7 +50,7 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.model.hf import quant_state_tensors
 from memlab.model.step import Meter, Step, train_step
-from memlab.predict.phases import PhaseRow, find_phase
+from memlab.predict.memory.phases import PhaseRow, find_phase
 from memlab.tracing.arguments import (
     check_trace_arguments,
     checked_batch_of,
@@ -85,7 +85,8 @@ CUDA_TERMS: tuple[dict[str, str], ...] = (
 class Trace:
     """Bytes one training step holds, from a traced step (fake or real tensors). Bytes throughout.
 
-    ``phases``: one :class:`~memlab.predict.phases.PhaseRow` per (step, phase) with ``peak_bytes`` (the most held at
+    ``phases``: one :class:`~memlab.predict.memory.phases.PhaseRow` per (step, phase) with ``peak_bytes`` (the most
+    held at
     once inside the phase), ``end_bytes``, ``by_category`` (the categories at the phase's peak), ``end_by_category``
     and ``reliable``. ``peak_*`` is the largest reliable phase peak over both steps.
     ``modules``: per module of the steady step, ``activation_bytes`` its forward leaves behind for backward
@@ -108,7 +109,8 @@ class Trace:
     """Bytes activation offload (``Setup.offload_activations``) copied to the host in the last forward; 0 without."""
 
     def phase(self, name: str, step: str = "steady") -> PhaseRow:
-        """The row of one phase of one step (``first`` or ``steady``; :func:`~memlab.predict.phases.find_phase`)."""
+        """The row of one phase of one step (``first`` or ``steady``;
+        :func:`~memlab.predict.memory.phases.find_phase`)."""
         return find_phase(self.phases, name, step)
 
     def peak_of(self, step: str) -> int:
@@ -169,7 +171,8 @@ def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
 
 
 class PhaseRecorder(Meter):
-    """A :class:`~memlab.model.step.Meter` that records one :class:`~memlab.predict.phases.PhaseRow` per phase from
+    """A :class:`~memlab.model.step.Meter` that records one :class:`~memlab.predict.memory.phases.PhaseRow` per phase
+from
     a MemTracker (:func:`fast_mem_tracker`) into :attr:`rows`: peak and end bytes, in total and by
     :data:`CATEGORIES`. The tracker's global peak is re-based at each phase start (private fields of
     torch.distributed._tools.mem_tracker, stable since torch 2.5); its module statistics are reset before each

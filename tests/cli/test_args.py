@@ -12,8 +12,8 @@ from memlab.cli import COMMANDS, build_parser
 from memlab.cli.args import model_from_args, setup_from_args, setup_options
 from memlab.cli.measure import SHARDING_FIELDS
 from memlab.errors import MemlabError
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 
 def _sub(name: str) -> argparse.ArgumentParser:

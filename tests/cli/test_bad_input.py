@@ -165,7 +165,7 @@ def test_a_device_in_any_case_is_resolved_once_and_shown_canonically(device: str
 
 
 def test_choices_on_the_command_line_follow_the_apis_rule(capsys: pytest.CaptureFixture[str]) -> None:
-    # Setup(precision="BF16") is bf16, so is --precision BF16 (memlab.predict.validate.canonical_choice)
+    # Setup(precision="BF16") is bf16, so is --precision BF16 (memlab.predict.spec.validate.canonical_choice)
     assert cli.main(["estimate", *TINY, "--precision", "BF16", "--attention", " Flash", "--json"]) == 0
     setup = json.loads(capsys.readouterr().out)["setup"]
     assert (setup["precision"], setup["attention"]) == ("bf16", "flash")

@@ -12,11 +12,11 @@ import pytest
 from memlab import cli
 from memlab.course.hf_configs import CONFIG_DIR
 from memlab.predict.estimate import estimate
-from memlab.predict.hardware import gpu
-from memlab.predict.hf import from_hf
-from memlab.predict.models import preset
-from memlab.predict.precision import PRECISION_POLICIES
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf
+from memlab.predict.hardware.gpus import gpu
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.precision import PRECISION_POLICIES
+from memlab.predict.spec.setup import Setup
 
 DONE_WHEN = ["estimate", "--preset", "llama-2-7b", "--gpu", "h100-sxm", "--precision", "mixed-bf16", "--zero", "3",
              "--world-size", "8", "--batch", "1", "--seq", "4096"]

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from memlab import cli
-from memlab.predict.experts import expert_estimate
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.experts import expert_estimate
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 
 @pytest.mark.parametrize("routing", ["balanced", "worst"])

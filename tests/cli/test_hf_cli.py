@@ -10,9 +10,9 @@ import pytest
 
 from memlab import cli
 from memlab.predict.estimate import estimate
-from memlab.predict.hf import from_hf
-from memlab.predict.models import preset_names
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf
+from memlab.predict.spec.model import preset_names
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.progress import Progress, TraceTimeout, time_bound
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"

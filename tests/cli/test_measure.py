@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from memlab import cli
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 TINY = preset("tiny-gpt")
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from memlab import cli
-from memlab.predict.models import preset
-from memlab.predict.parallel import parallel_estimate
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.pipeline import parallel_estimate
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 
 def test_pp_json_is_parallel_estimate(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,8 +12,8 @@ import torch
 
 from memlab import cli
 from memlab.cli.shard import _own_rows, named_residuals, residual
-from memlab.predict.fsdp import rank0_shard_elements
-from memlab.predict.hf import from_hf
+from memlab.predict.families.reader import from_hf
+from memlab.predict.memory.fsdp import rank0_shard_elements
 from memlab.run.distributed.launch import DistributedRun, WorkerSpec
 from memlab.run.distributed.worker import run_strategy
 from memlab.tracing.fake_dist import fake_process_group

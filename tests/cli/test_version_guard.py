@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from memlab import cli
-from memlab.predict import versions
-from memlab.predict.hf import from_hf
+from memlab.predict.families.reader import from_hf
+from memlab.predict.spec import versions
 
 TINY = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
 

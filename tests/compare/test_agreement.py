@@ -1,5 +1,5 @@
 """The estimator equals memlab's own trace phase by phase on a seeded sample of the Setup space (issue 24), and FSDP2's
-plan is the same on both sides (memlab.compare.agreement, memlab.predict.fsdp, memlab.model.fsdp)."""
+plan is the same on both sides (memlab.compare.agreement, memlab.predict.memory.fsdp, memlab.model.fsdp)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from memlab.compare.agreement import _CI_MODELS, Draw, compare_draw, draw_setups, summary
 from memlab.errors import SetupError
 from memlab.predict.estimate import estimate
-from memlab.predict.fsdp import fsdp_plan, rank0_shard_elements
-from memlab.predict.setup import Setup
+from memlab.predict.memory.fsdp import fsdp_plan, rank0_shard_elements
+from memlab.predict.spec.setup import Setup
 
 GQA = _CI_MODELS["gqa-128k"]
 
@@ -83,7 +83,7 @@ def test_summary_counts_verdicts() -> None:
 
 def test_torchtitan_protocol_equals_memlab_trace_and_estimate_at_step_2() -> None:
     from memlab.compare.titan import residual_names, titan_rows
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     row = titan_rows(preset("tiny-llama"), Setup(batch=2, seq=64, attention="flash", world_size=4,
                                                  optimizer_impl="fused"))

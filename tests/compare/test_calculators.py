@@ -28,7 +28,7 @@ from memlab.compare.calculators import (
     transformer_math_101,
     ultrascale_playbook,
 )
-from memlab.predict.hf import from_hf
+from memlab.predict.families.reader import from_hf
 from memlab.run.hf import measure_run
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"

@@ -84,7 +84,7 @@ def test_the_newest_releases_are_resolved_with_pyprojects_upper_bounds_lifted() 
         assert "<" not in spec and ">=" in spec, spec
     assert lock.pins("a-b==1.0 \\\n    --hash=sha256:00\nC_d==2.1 ; python_version >= '3'\n") == \
         {"a-b": "1.0", "c-d": "2.1"}
-    assert lock.verified() == __import__("memlab.predict.versions", fromlist=["VERIFIED"]).VERIFIED
+    assert lock.verified() == __import__("memlab.predict.spec.versions", fromlist=["VERIFIED"]).VERIFIED
 
 
 def test_the_upgrade_check_filters_the_guards_own_line_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,7 +92,7 @@ def test_the_upgrade_check_filters_the_guards_own_line_and_nothing_else(monkeypa
     environment ignores exactly that line (by its start), so any other warning still marks a page drifted."""
     import subprocess
 
-    from memlab.predict import versions
+    from memlab.predict.spec import versions
 
     up = _script("upgrade_check")
     monkeypatch.setattr(versions, "installed", lambda name: "9.9.9")
@@ -102,7 +102,7 @@ def test_the_upgrade_check_filters_the_guards_own_line_and_nothing_else(monkeypa
     finally:
         versions.unverified.cache_clear()
     assert line is not None and line.startswith(versions.GUARD_PREFIX)
-    code = ("import warnings; from memlab.predict.versions import UnverifiedVersionWarning as U; "
+    code = ("import warnings; from memlab.predict.spec.versions import UnverifiedVersionWarning as U; "
             f"warnings.warn(U({line!r})); warnings.warn('another warning')")
     done = subprocess.run([sys.executable, "-c", code], env=up.scratch_env(), capture_output=True, text=True)
     assert "not verified" not in done.stderr and "another warning" in done.stderr, done.stderr

@@ -21,7 +21,7 @@ from memlab.compare.hf_draws import (
 )
 from memlab.course.hf_configs import config_names, load_config
 from memlab.errors import MemlabError
-from memlab.predict.hf import SUPPORTED, from_hf
+from memlab.predict.families.reader import SUPPORTED, from_hf
 from memlab.predict.unmodelled import NamedTerm
 
 TINY = {name: load_config(name) for name in config_names("tiny")}
@@ -93,8 +93,8 @@ def test_a_peak_outside_the_tolerance_and_the_named_range_is_off() -> None:
 
 def test_the_peak_range_is_each_phase_widened_by_the_terms_that_apply_to_it() -> None:
     from memlab.predict.estimate import estimate
-    from memlab.predict.models import preset
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
     from memlab.predict.unmodelled import peak_range, unmodelled_term_list
 
     rng = random.Random(11)
@@ -140,8 +140,8 @@ def test_a_refused_key_that_the_estimate_accepted_would_be_off() -> None:
 
 def test_an_hf_estimate_names_its_own_transients_and_the_reference_gpt_does_not() -> None:
     from memlab.predict.estimate import estimate
-    from memlab.predict.models import preset
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
     from memlab.predict.unmodelled import HF_TRANSIENTS, top_block_bound_bytes, unmodelled_term_list
 
     setup = Setup(batch=2, seq=32, precision="fp32", optimizer="adamw")
@@ -159,9 +159,9 @@ def test_an_hf_estimate_names_its_own_transients_and_the_reference_gpt_does_not(
 
 def test_full_recompute_of_an_hf_family_bounds_its_bottom_block_from_above_and_the_reference_gpt_does_not() -> None:
     from memlab.predict.estimate import estimate
-    from memlab.predict.models import preset
-    from memlab.predict.phases import layer_terms
-    from memlab.predict.setup import Setup
+    from memlab.predict.memory.phases import layer_terms
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
     from memlab.predict.unmodelled import HF_RECOMPUTED_BLOCK, unmodelled_term_list
 
     rng = random.Random(5)
@@ -184,7 +184,7 @@ def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> 
     from memlab.cli.estimate import exact_peak_hint
     from memlab.compare.hf_draws import traceable
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
     from memlab.predict.unmodelled import peak_range
 
     # GPT-2 at a vocabulary of 128 beside a width of 64: its own backward transients are 4.3 % above the formula's
@@ -227,7 +227,7 @@ def test_the_named_range_holds_the_traced_peak_on_generated_hf_configs() -> None
     checked against real steps by the draws) on configs drawn here: any family, one or two layers, a small
     vocabulary, eager or SDPA, fp32 or bf16, both steps."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
     from memlab.predict.unmodelled import peak_range
     from memlab.tracing.hf import trace_hf
 

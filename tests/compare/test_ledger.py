@@ -14,8 +14,8 @@ import pytest
 from memlab import cli, units
 from memlab.compare import plots
 from memlab.compare.ledger import COLUMNS, ci_grid, compare, error_summary, experiment_label, ledger, predict_for
-from memlab.predict.activations import CATEGORIES
-from memlab.predict.models import preset
+from memlab.predict.memory.activations import CATEGORIES
+from memlab.predict.spec.model import preset
 from memlab.run.sweep import measurement_of, point_key, read_rows, sweep
 
 STATE_COMPONENTS = ("params", "grads", "optimizer", "activations")
@@ -174,7 +174,7 @@ def test_memlab_ledger_reads_the_finished_sweep_without_rerunning(ci_sweep, caps
 
 
 def test_experiment_label_names_the_setup() -> None:
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
     from memlab.run.runner import Measurement
 
     m = Measurement(model="tiny-gpt", setup=Setup(batch=2, seq=32, precision="amp-bf16").to_dict(), device="cpu",

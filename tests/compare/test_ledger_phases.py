@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from memlab.compare.ledger import compare, compare_trace, predict_for
 from memlab.predict.estimate import estimate
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.runner import run_step
 from memlab.tracing.gpt import trace_gpt
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from memlab.compare.parallel import parallel_layouts
 from memlab.predict.estimate import estimate
-from memlab.predict.models import preset
-from memlab.predict.parallel import parallel_estimate
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.pipeline import parallel_estimate
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 
 def test_rows_are_the_estimators() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memlab.compare.sharding import predicted_rank, sharding_ledger
-from memlab.predict.models import preset
+from memlab.predict.spec.model import preset
 
 
 def test_predicted_rank_divides_by_stage() -> None:

@@ -14,7 +14,7 @@ import pytest
 from memlab.course import bank, exercises
 from memlab.course.exercises import Choice, Numeric, When, parse_quantity, solutions_enabled
 from memlab.errors import ConfigError, UnknownNameError
-from memlab.predict.models import preset
+from memlab.predict.spec.model import preset
 
 GIB = 2**30
 

@@ -9,7 +9,7 @@ import pytest
 
 from memlab.course.hf_configs import config_names, config_source, load_config
 from memlab.errors import ConfigError, UnknownNameError
-from memlab.predict.hf import SUPPORTED, from_hf
+from memlab.predict.families.reader import SUPPORTED, from_hf
 
 
 def test_tiny_configs_cover_every_supported_family() -> None:

@@ -57,7 +57,7 @@ def test_cache_key_changes_with_notebook_code_and_parameters(tmp_path: Path) -> 
 
 
 def test_cache_key_changes_with_the_installed_libraries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from memlab.predict import versions
+    from memlab.predict.spec import versions
 
     nb = tmp_path / "00_x.py"
     nb.write_text("x = 1\n")

@@ -15,8 +15,8 @@ from memlab.measure.accounting import (
 )
 from memlab.model.gpt import GPT
 from memlab.model.step import MasterWeights
-from memlab.predict.models import preset
-from memlab.predict.precision import precision_policy
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.precision import precision_policy
 
 
 def test_views_of_one_storage_count_once() -> None:

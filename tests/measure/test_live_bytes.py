@@ -10,7 +10,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.measure.live_bytes import LiveBytes, stacked_by_label
-from memlab.predict.phases import PhaseRow
+from memlab.predict.memory.phases import PhaseRow
 
 
 def test_counts_new_storages_and_drops_them_when_freed() -> None:

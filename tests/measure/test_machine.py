@@ -11,7 +11,7 @@ import torch
 
 from memlab.errors import MemlabError
 from memlab.measure import machine as device_mod
-from memlab.predict import hardware as hw_
+from memlab.predict.hardware import gpus as hw_
 
 CUDA = torch.cuda.is_available()
 GIB, MIB = 2**30, 2**20

@@ -20,8 +20,8 @@ import torch
 from memlab.errors import SetupError
 from memlab.model import step as step_mod
 from memlab.model.step import MasterWeights, TrainingStep, model_dtype
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 TINY = preset("tiny-gpt")
 CALLER_MODULES = ("memlab.model.step", "memlab.tracing.tracer", "memlab.run.runner", "memlab.run.live_steps",

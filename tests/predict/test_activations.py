@@ -1,4 +1,4 @@
-"""memlab.predict.activations: the term-by-term activation model equals what the reference GPT saves for backward
+"""memlab.predict.memory.activations: the term-by-term activation model equals what the reference GPT saves for backward
 (exactly,
 category by category, on CPU), and reduces to Korthikanti et al. 2022 (arXiv:2205.05198) Section 4 / Table 2."""
 
@@ -16,16 +16,16 @@ from memlab.measure.accounting import SavedTensorRecorder
 from memlab.model.gpt import GPT
 from memlab.model.saved import saved_tensor_category
 from memlab.model.step import autocast, model_dtype
-from memlab.predict.activations import CATEGORIES, activation_bytes, activation_terms, widths
-from memlab.predict.korthikanti import (
+from memlab.predict.memory.activations import CATEGORIES, activation_bytes, activation_terms, widths
+from memlab.predict.memory.korthikanti import (
     KORTHIKANTI_TABLE2_ROWS,
     KORTHIKANTI_TABLE2_SETUPS,
     attention_score_share,
     korthikanti_layer_bytes,
     korthikanti_table2,
 )
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 CPU = torch.device("cpu")
 CUSTOM = TransformerConfig(name="custom-nobias", d_model=48, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=80,

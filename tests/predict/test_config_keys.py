@@ -1,4 +1,4 @@
-"""Every key of every supported family's config is modelled, neutral or refused (memlab.predict.config_keys)."""
+"""Every key of every supported family's config is modelled, neutral or refused (memlab.predict.families.keys)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.config_keys import (
+from memlab.predict.estimate import estimate
+from memlab.predict.families.keys import (
     ACCOUNTS,
     CONDITIONAL,
     NESTED,
@@ -19,9 +20,8 @@ from memlab.predict.config_keys import (
     flat_keys,
     unaccounted,
 )
-from memlab.predict.estimate import estimate
-from memlab.predict.hf import SUPPORTED, from_hf
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import SUPPORTED, from_hf
+from memlab.predict.spec.setup import Setup
 
 transformers = pytest.importorskip("transformers")
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 from memlab.errors import MemlabError, SetupError
 from memlab.predict import estimate as E
 from memlab.predict import fit as FIT
-from memlab.predict import inference, optimizer_states, sharding
-from memlab.predict.hardware import gpu
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.precision import PRECISION_POLICIES
-from memlab.predict.setup import OPTIMIZERS, Setup
+from memlab.predict.hardware.gpus import gpu
+from memlab.predict.memory import inference, sharding
+from memlab.predict.memory import states as optimizer_states
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.precision import PRECISION_POLICIES
+from memlab.predict.spec.setup import OPTIMIZERS, Setup
 from memlab.units import GB
 
 
@@ -315,7 +316,7 @@ def test_zero_stages_never_increase_memory(cfg: TransformerConfig, setup: Setup)
     assert totals[3] <= totals[2], totals
     assert totals[1] <= totals[0], totals
     # Stage 2 and 3 over > 1 rank run FSDP2: shards at rest, plus (a component of the total) the units gathered at
-    # the loss and an all-gather buffer (memlab.predict.fsdp). Under ZeRO-2 that is the whole model, so stage 2
+    # the loss and an all-gather buffer (memlab.predict.memory.fsdp). Under ZeRO-2 that is the whole model, so stage 2
     # may hold more than ZeRO-1 on few ranks, as FSDP2's SHARD_GRAD_OP does; over one rank the stages are equal.
     if setup.mode != "train" or setup.world_size == 1:
         assert totals[2] <= totals[1], totals
@@ -367,7 +368,7 @@ def test_max_seq_and_no_fit_reason() -> None:
 
 
 def test_fits_accepts_detected_device_memory_and_refuses_unknown() -> None:
-    from memlab.predict.hardware import DeviceInfo
+    from memlab.predict.hardware.gpus import DeviceInfo
 
     bd = E.estimate(preset("tiny-gpt"), Setup(seq=64))
     small = DeviceInfo(kind="cpu", name="test host", accelerator=None, total_memory_bytes=bd.peak_bytes - 1,

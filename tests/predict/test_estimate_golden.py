@@ -1,6 +1,6 @@
 """estimate() returns what it returned before it was made fast: a golden file of ``to_dict()`` results, and the
 estimator's shortcuts (activation rows listed once, a block counted without recompute) against the plain
-formulation through :class:`~memlab.predict.activations.ActivationTerm` records.
+formulation through :class:`~memlab.predict.memory.activations.ActivationTerm` records.
 
 ``tests/fixtures/estimate_golden.json`` was written by the estimator before the speed-up (commit 6f597dc) over a
 deterministic spread of models (presets, Hugging Face configs, a bare parameter count) and setups (every precision,
@@ -22,13 +22,13 @@ import pytest
 
 from memlab.course.hf_configs import load_config
 from memlab.errors import MemlabError
-from memlab.predict import activations as A
-from memlab.predict import phases as P
 from memlab.predict.estimate import Overheads, estimate
-from memlab.predict.hf import from_hf
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.precision import PRECISION_POLICIES
-from memlab.predict.setup import ATTENTION, FUSED_OPTIMIZERS, KV_DTYPES, OPTIMIZERS, RECOMPUTE, Setup, SetupView
+from memlab.predict.families.reader import from_hf
+from memlab.predict.memory import activations as A
+from memlab.predict.memory import phases as P
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.precision import PRECISION_POLICIES
+from memlab.predict.spec.setup import ATTENTION, FUSED_OPTIMIZERS, KV_DTYPES, OPTIMIZERS, RECOMPUTE, Setup, SetupView
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "estimate_golden.json"
 MODELS: tuple[str | int, ...] = ("llama-2-7b", "gpt2", "mixtral-8x7b", "tiny-gpt", "tiny-llama", "hf:gpt2", "hf:phi-2",

@@ -1,4 +1,5 @@
-"""Expert parallelism per rank (memlab.predict.experts, ``ep_sent_bytes``): generated MoE configs and setups against
+"""Expert parallelism per rank (memlab.predict.parallel.experts, ``ep_sent_bytes``): generated MoE configs and setups
+against
 counts made independently (parameters by name, routing by enumeration, states by bytes per parameter)."""
 
 from __future__ import annotations
@@ -10,11 +11,17 @@ import random
 import pytest
 
 from memlab.errors import SetupError
-from memlab.predict.communication import ep_sent_bytes
 from memlab.predict.estimate import estimate
-from memlab.predict.experts import capacity_pairs, ep_layouts, expert_estimate, expert_param_elements, received_pairs
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.communication import ep_sent_bytes
+from memlab.predict.parallel.experts import (
+    capacity_pairs,
+    ep_layouts,
+    expert_estimate,
+    expert_param_elements,
+    received_pairs,
+)
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 RNG = random.Random(19)
 

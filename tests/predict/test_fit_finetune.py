@@ -12,9 +12,9 @@ import pytest
 
 from memlab import cli
 from memlab.predict.estimate import estimate
+from memlab.predict.families.reader import from_hf, read_config_json
 from memlab.predict.fit import LEVERS, levers, max_batch, plan_to_fit
-from memlab.predict.hf import from_hf, read_config_json
-from memlab.predict.setup import Setup
+from memlab.predict.spec.setup import Setup
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "full"
 SEVEN_B = ("llama-2-7b", "mistral-7b", "qwen2-7b")

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlab.errors import ConfigError, MemlabError, SetupError, UnknownNameError
-from memlab.predict import flops as F
-from memlab.predict import hardware as hw
-from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.compute import flops as F
+from memlab.predict.hardware import gpus as hw
+from memlab.predict.spec.model import TransformerConfig, preset
 
 
 def gpt(h: int, layers: int, heads: int, vocab: int = 51200, seq: int = 2048) -> TransformerConfig:
@@ -232,7 +232,7 @@ def test_every_shipped_full_config_counts_the_same_flops_both_ways() -> None:
     ones whose heads are wider or narrower than d_model (Gemma, Qwen3-MoE: n_heads * head_dim != d_model)."""
     pytest.importorskip("transformers")
     from memlab.course.hf_configs import config_names, load_config
-    from memlab.predict.hf import from_hf
+    from memlab.predict.families.reader import from_hf
 
     for name in config_names("full"):
         config = from_hf(load_config(name, "full"))
@@ -244,7 +244,7 @@ def test_decode_flops_is_the_counted_forward_of_one_token_plus_attention_over_th
     cached token adds QK^T and AV of one query per layer (4 x n_heads*head_dim FLOPs)."""
     pytest.importorskip("transformers")
     from memlab.course.hf_configs import config_names, load_config
-    from memlab.predict.hf import from_hf
+    from memlab.predict.families.reader import from_hf
 
     configs = [from_hf(load_config(n, "full")) for n in config_names("full")] + [preset("tiny-gpt")]
     for i, config in enumerate(configs):

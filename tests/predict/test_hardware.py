@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlab.errors import MemlabError, UnknownNameError
-from memlab.predict import hardware as hw
+from memlab.predict.hardware import gpus as hw
 
 GIB = 2**30
 MIB = 2**20
@@ -326,7 +326,7 @@ def test_bad_printed_sparse_figures_are_refused(sparse: dict) -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 70000), st.integers(1, 70000), st.integers(1, 200), st.sampled_from([64, 128, 256]))
 def test_tile_waves_cover_the_output_and_never_exceed_a_whole_slot(m: int, n: int, sms: int, tile: int) -> None:
-    from memlab.predict.hardware import tile_waves
+    from memlab.predict.hardware.gpus import tile_waves
 
     w = tile_waves(m, n, sms, tile)
     assert w["tiles"] * tile * tile >= m * n  # the tiles cover the output
@@ -338,7 +338,7 @@ def test_tile_waves_cover_the_output_and_never_exceed_a_whole_slot(m: int, n: in
 
 
 def test_tile_waves_on_an_h100_wave_of_132_tiles() -> None:
-    from memlab.predict.hardware import tile_waves
+    from memlab.predict.hardware.gpus import tile_waves
 
     one = tile_waves(1536, 1408, 132)  # 12 x 11 tiles: one full wave
     assert (one["tiles"], one["waves"], one["useful share of SM-tile slots (%)"]) == (132, 1, 100)

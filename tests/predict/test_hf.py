@@ -1,4 +1,5 @@
-"""memlab.predict.hf.from_hf: HF configs (built here as dicts, nothing downloaded) map to TransformerConfig sizes and
+"""memlab.predict.families.reader.from_hf: HF configs (built here as dicts, nothing downloaded) map to
+TransformerConfig sizes and
 the implementation traits of their family; unsupported families get an error naming the supported ones. With
 transformers installed, the parameter count equals the HF model's, built from the same config."""
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from memlab.errors import ConfigError
-from memlab.predict.activations import reference_activation_bytes, trait_effects
-from memlab.predict.hf import SUPPORTED, from_hf, hf_attention
+from memlab.predict.families.reader import SUPPORTED, from_hf, hf_attention
+from memlab.predict.memory.activations import reference_activation_bytes, trait_effects
 
 H, L, A, KV, F, V, P = 64, 2, 4, 2, 128, 512, 256
 TINY = {
@@ -113,8 +114,8 @@ def test_new_family_configs_memlab_does_not_model_are_refused(family: str, chang
 
 def test_softcaps_refuse_what_they_cannot_run() -> None:
     from memlab.errors import SetupError
-    from memlab.predict.activations import activation_bytes
-    from memlab.predict.setup import Setup
+    from memlab.predict.memory.activations import activation_bytes
+    from memlab.predict.spec.setup import Setup
 
     gemma2 = from_hf(TINY["gemma2"])
     with pytest.raises(SetupError, match="soft-capping"):
@@ -160,9 +161,9 @@ def test_param_count_equals_the_hf_models(family: str) -> None:
 
 
 def test_reference_formula_is_the_sizes_counted_as_the_reference_gpt() -> None:
-    from memlab.predict.activations import activation_bytes
-    from memlab.predict.setup import Setup
-    from memlab.predict.traits import REFERENCE
+    from memlab.predict.memory.activations import activation_bytes
+    from memlab.predict.spec.setup import Setup
+    from memlab.predict.spec.traits import REFERENCE
 
     setup = Setup(batch=2, seq=24, precision="bf16", attention="eager")
     gpt2 = from_hf({**TINY["gpt2"], "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0})
@@ -173,7 +174,7 @@ def test_reference_formula_is_the_sizes_counted_as_the_reference_gpt() -> None:
 
 
 def test_trait_effects_name_what_each_trait_adds() -> None:
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     setup = Setup(batch=2, seq=24, precision="bf16", attention="eager")
     gpt2 = from_hf({**TINY["gpt2"], "resid_pdrop": 0.0, "attn_pdrop": 0.0, "embd_pdrop": 0.0})

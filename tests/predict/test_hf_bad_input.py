@@ -1,4 +1,5 @@
-"""Issue 23, part 3: memlab.predict.hf (from_hf, read_config_json, hf_attention) answers every bad config with one
+"""Issue 23, part 3: memlab.predict.families.reader (from_hf, read_config_json, hf_attention) answers every bad config
+with one
 ConfigError (or SetupError for a device type) naming what is wrong: never a TypeError, JSONDecodeError,
 UnicodeDecodeError, RecursionError or MemoryError, and never a silent wrong answer ("false" read as True, a zero
 size read as "use the default"). A hypothesis fuzz over the keys of every supported family holds it to that."""
@@ -15,8 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memlab.errors import ConfigError, MemlabError, SetupError
-from memlab.predict.hf import DEFAULTS, MAX_CONFIG_BYTES, SUPPORTED, from_hf, hf_attention, read_config_json
-from memlab.predict.models import TransformerConfig
+from memlab.predict.families.reader import (
+    DEFAULTS,
+    MAX_CONFIG_BYTES,
+    SUPPORTED,
+    from_hf,
+    hf_attention,
+    read_config_json,
+)
+from memlab.predict.spec.model import TransformerConfig
 
 from .test_hf import TINY
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memlab.course.hf_configs import config_source, load_config
-from memlab.predict.hf import from_hf
+from memlab.predict.families.reader import from_hf
 
 # name -> (what is compared, the published value, digits it is published to) [SOURCES.md keys in the comments]
 PUBLISHED = {
@@ -77,8 +77,8 @@ def test_every_key_of_the_new_families_is_accounted_for() -> None:
     pytest.importorskip("transformers")
     import transformers
 
-    from memlab.predict.family_keys import NEW_FAMILY_KEYS
-    from memlab.predict.hf_families import BUILDERS
+    from memlab.predict.families.builders import BUILDERS
+    from memlab.predict.families.new_keys import NEW_FAMILY_KEYS
 
     assert set(NEW_FAMILY_KEYS) == set(BUILDERS)
     for family, account in NEW_FAMILY_KEYS.items():

@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 from memlab.compare.hf_draws import draw_hf
 from memlab.course.hf_configs import config_names, load_config
 from memlab.errors import ConfigError, MemlabError
-from memlab.predict.hf import SUPPORTED, from_hf
-from memlab.predict.hf_order import BLOCK_ORDER, registration_order
-from memlab.predict.sharding import shape_summary
+from memlab.predict.families.order import BLOCK_ORDER, registration_order
+from memlab.predict.families.reader import SUPPORTED, from_hf
+from memlab.predict.memory.sharding import shape_summary
 
 TINY = {name: load_config(name) for name in config_names("tiny")}
 
@@ -69,7 +69,7 @@ def test_the_order_differs_from_memlabs_where_the_family_registers_otherwise() -
 
 
 def test_an_unknown_name_is_refused() -> None:
-    from memlab.predict.hf_order import _rank
+    from memlab.predict.families.order import _rank
 
     with pytest.raises(ConfigError, match="no registration order"):
         _rank("blocks.0.adapter.weight", BLOCK_ORDER["gpt2"])

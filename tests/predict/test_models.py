@@ -1,4 +1,4 @@
-"""memlab.predict.models: exact parameter counts pinned to published totals, independent formulas, validation,
+"""memlab.predict.spec.model: exact parameter counts pinned to published totals, independent formulas, validation,
 presets."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memlab.errors import ConfigError, MemlabError, UnknownNameError
-from memlab.predict.models import PRESETS, TransformerConfig, preset, preset_names, swiglu_hidden
+from memlab.predict.spec.model import PRESETS, TransformerConfig, preset, preset_names, swiglu_hidden
 
 # Published totals. gpt2: the 124,439,808 of the openai-community/gpt2 checkpoint (nanoGPT's
 # transformer_sizing.ipynb reproduces it); the others are the parameter counts shown on the Hugging Face

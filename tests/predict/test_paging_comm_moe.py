@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict import flops
-from memlab.predict.communication import collective_volume_bytes, ring_wire_bytes, zero_comm_bytes
+from memlab.predict.compute import flops
 from memlab.predict.estimate import estimate
-from memlab.predict.models import preset
 from memlab.predict.paging import kv_waste, max_sequences, reserved_tokens, synthetic_request_lengths
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.communication import collective_volume_bytes, ring_wire_bytes, zero_comm_bytes
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 
 def test_zero_communication_is_2_psi_then_3_psi_for_stage_3() -> None:
@@ -66,7 +66,7 @@ def test_moe_fields_are_validated() -> None:
 
 
 def test_attention_io_standard_is_quadratic_and_flash_divides_by_the_block() -> None:
-    from memlab.predict.attention_io import attention_hbm_bytes
+    from memlab.predict.compute.attention_io import attention_hbm_bytes
 
     std = [attention_hbm_bytes(1, 1, n, 64, kernel="standard", element_bytes=1) for n in (1024, 2048)]
     assert std == [4 * 1024 * 64 + 4 * 1024**2, 4 * 2048 * 64 + 4 * 2048**2]

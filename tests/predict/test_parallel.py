@@ -1,4 +1,5 @@
-"""memlab.predict.parallel: pipeline and context parallelism per rank. The schedules' in-flight counts against the
+"""memlab.predict.parallel.pipeline: pipeline and context parallelism per rank. The schedules' in-flight counts against
+the
 papers' closed forms (Narayanan et al. 2021, Korthikanti et al. 2022 Sec. 4.2.3, Megatron-LM's 1F1B discount
 min(1, m/p)) on generated (p, v, m); one rank without pp/cp equals the estimator; the refusals."""
 
@@ -10,15 +11,15 @@ import pytest
 
 from memlab.errors import SetupError
 from memlab.predict.estimate import estimate
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.parallel import (
+from memlab.predict.parallel.pipeline import (
     in_flight,
     interleaving_factor,
     micro_batch_bytes,
     parallel_estimate,
     virtual_stage_layers,
 )
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 TINY = preset("tiny-gpt")
 DEEP = TransformerConfig(name="deep", d_model=64, n_layers=8, n_heads=4, vocab_size=128, max_seq=64)

@@ -1,4 +1,4 @@
-"""Tensor-, pipeline- and context-parallel bytes sent per rank (memlab.predict.communication), against the
+"""Tensor-, pipeline- and context-parallel bytes sent per rank (memlab.predict.parallel.communication), against the
 collectives enumerated one by one, on generated shapes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from memlab.errors import SetupError
-from memlab.predict.communication import cp_sent_bytes, pp_sent_bytes, ring_wire_bytes, tp_sent_bytes
+from memlab.predict.parallel.communication import cp_sent_bytes, pp_sent_bytes, ring_wire_bytes, tp_sent_bytes
 
 RNG = random.Random(5)
 SHAPES = [(RNG.randint(1, 9000), RNG.choice([64, 768, 4096, 8192]), RNG.randint(1, 96), RNG.choice([1, 2, 4, 8]),
@@ -51,7 +51,7 @@ def test_bad_input_is_one_setup_error(call) -> None:
 def test_tp_all_reduce_buffers_are_the_wire_bytes_before_the_ring(seed: int) -> None:
     """Megatron's four all-reduces a block (column_modules=2), as buffers, give tp_sent_bytes once each all-reduce's
     2x volume and the ring's (t-1)/t are applied; every further column-parallel module adds one buffer a block."""
-    from memlab.predict.communication import tp_allreduce_buffer_bytes
+    from memlab.predict.parallel.communication import tp_allreduce_buffer_bytes
 
     rng = random.Random(seed)
     t, h, n, tp, vb = rng.randint(1, 9000), rng.randint(1, 8192), rng.randint(1, 96), rng.randint(1, 64), rng.choice(

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from memlab.errors import SetupError
-from memlab.predict.parallelism import (
+from memlab.predict.parallel.efficiency import (
     cluster_utilisation,
     exposed_comm_for,
     pipeline_bubble_fraction,

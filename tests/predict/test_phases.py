@@ -1,4 +1,4 @@
-"""The phase model: the peak of a step, not the sum (memlab.predict.phases through estimate())."""
+"""The phase model: the peak of a step, not the sum (memlab.predict.memory.phases through estimate())."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 
 from memlab.errors import MemlabError, SetupError
 from memlab.predict import estimate as E
-from memlab.predict.models import preset
-from memlab.predict.phases import PHASES, PhaseRow, find_phase, optimizer_temporary_bytes
-from memlab.predict.precision import precision_policy
-from memlab.predict.setup import Setup, resolve_optimizer_impl
-from memlab.predict.sharding import shape_summary
+from memlab.predict.memory.phases import PHASES, PhaseRow, find_phase, optimizer_temporary_bytes
+from memlab.predict.memory.sharding import shape_summary
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.precision import precision_policy
+from memlab.predict.spec.setup import Setup, resolve_optimizer_impl
 from memlab.units import GiB
 
 

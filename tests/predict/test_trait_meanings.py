@@ -1,10 +1,11 @@
-"""Every implementation trait has a one-sentence meaning a chapter can show (memlab.predict.traits.trait_meanings)."""
+"""Every implementation trait has a one-sentence meaning a chapter can show
+(memlab.predict.spec.traits.trait_meanings)."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
-from memlab.predict.traits import Implementation, trait_meanings
+from memlab.predict.spec.traits import Implementation, trait_meanings
 
 
 def test_every_trait_has_a_plain_meaning_without_citations() -> None:

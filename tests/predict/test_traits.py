@@ -1,6 +1,6 @@
 """Implementation traits on the reference GPT: composed gelu_new, ReLU, exact GELU, GeGLU, a parallel block (with
 and without a shared norm), a head_dim that is not d_model / n_heads, per-projection biases. For each, the
-term-by-term prediction of memlab.predict.activations equals what the GPT saves for backward, category by
+term-by-term prediction of memlab.predict.memory.activations equals what the GPT saves for backward, category by
 category, on CPU, exactly as for the default traits (tests/predict/test_activations.py)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from memlab.measure.accounting import SavedTensorRecorder
 from memlab.model.gpt import GPT
 from memlab.model.saved import saved_tensor_category
 from memlab.model.step import autocast, model_dtype
-from memlab.predict.activations import activation_bytes
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
-from memlab.predict.traits import REFERENCE, Implementation
+from memlab.predict.memory.activations import activation_bytes
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
+from memlab.predict.spec.traits import REFERENCE, Implementation
 
 CPU = torch.device("cpu")
 GPT_ = preset("tiny-gpt")
@@ -98,7 +98,7 @@ def test_bad_traits_are_refused_by_name() -> None:
         Implementation(activation="swish")
     with pytest.raises(ConfigError, match="shared_norm"):
         Implementation(shared_norm=True)
-    # every field by its annotation (memlab.predict.validate.check_fields), as TransformerConfig and Setup
+    # every field by its annotation (memlab.predict.spec.validate.check_fields), as TransformerConfig and Setup
     for name, bad in (("parallel_block", "yes"), ("rotary_fraction", 0.0), ("rotary_fraction", 1.5),
                       ("attention_dropout", 1.0), ("embedding_dropout", "0.1"), ("position_offset", -1),
                       ("rmsnorm", "fp16"), ("qkv_bias", 1)):

@@ -14,15 +14,15 @@ import pytest
 
 from memlab.course.exercises import Numeric
 from memlab.errors import MemlabError, SetupError
-from memlab.predict import flops
+from memlab.predict.compute import flops
 from memlab.predict.estimate import Overheads, estimate, sweep_totals
-from memlab.predict.hardware import gpu, resolve
-from memlab.predict.hardware_table import Accelerator
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.precision import precision_policy
-from memlab.predict.setup import Setup, SetupView
-from memlab.predict.traits import Implementation
-from memlab.predict.validate import check_fields, field_rules
+from memlab.predict.hardware.gpus import gpu, resolve
+from memlab.predict.hardware.table import Accelerator
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.precision import precision_policy
+from memlab.predict.spec.setup import Setup, SetupView
+from memlab.predict.spec.traits import Implementation
+from memlab.predict.spec.validate import check_fields, field_rules
 
 TINY = preset("tiny-gpt")
 DIMS = {"d_model": 64, "n_layers": 2, "n_heads": 4}
@@ -119,7 +119,7 @@ def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -
 
 
 def test_choice_arguments_follow_the_same_rule() -> None:
-    from memlab.predict.inference import kv_cache_bytes
+    from memlab.predict.memory.inference import kv_cache_bytes
 
     assert gpu("h100-sxm").peak(" BF16") == gpu("h100-sxm").peak("bf16")
     assert flops.mfu(7e9, 1e3, accelerator="h100-sxm", dtype="FP8") == flops.mfu(7e9, 1e3, accelerator="h100-sxm",
@@ -253,7 +253,7 @@ def test_resolve_still_matches_a_real_device() -> None:
 @pytest.mark.parametrize("memory", [0, -1, 1.5e9, None, "80GB"], ids=repr)
 def test_fits_refuses_a_device_without_a_usable_memory(memory: object) -> None:
     from memlab.predict.fit import fits, max_batch
-    from memlab.predict.hardware import DeviceInfo
+    from memlab.predict.hardware.gpus import DeviceInfo
 
     dev = DeviceInfo(kind="cpu", name="odd host", accelerator=None, total_memory_bytes=memory, peak_flops={},
                      peak_source="unknown", peak_reason="test", torch_version=None, cuda_version=None,
@@ -362,8 +362,8 @@ def test_detect_distrusts_an_implausible_cached_cpu_peak(tmp_path, peak) -> None
 
 # -- the other public functions: every odd value is a MemlabError (or a finite result), never a foreign exception --
 def _public_calls():
-    from memlab.predict import activations, inference
     from memlab.predict.fit import fits, max_batch, max_seq
+    from memlab.predict.memory import activations, inference
 
     s = Setup(seq=8)
     return {

@@ -116,7 +116,7 @@ def test_small_updates_are_rounded_away_in_16_bits_and_kept_by_an_fp32_master() 
 
 def test_activation_gradients_are_the_gradients_between_ops() -> None:
     from memlab.labs.precision import activation_gradients
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     cfg = preset("tiny-gpt")
     g = activation_gradients(cfg, batch=1, seq=8)

@@ -18,9 +18,9 @@ from memlab.errors import SetupError
 from memlab.model.hf import build_hf_model
 from memlab.model.loss import LossOptions, hf_causal_lm_loss
 from memlab.predict.estimate import estimate
-from memlab.predict.hf import from_hf
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.hf import call_inputs, predict_hf, run_hf
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"

@@ -6,7 +6,7 @@ import pytest
 
 from memlab.errors import SetupError
 from memlab.labs.checkpointing import SegmentedGPT, measure_checkpointing, sqrt_n_model
-from memlab.predict.models import preset
+from memlab.predict.spec.model import preset
 
 CFG = preset("tiny-gpt").with_(n_layers=8)
 KW = {"batch": 1, "seq": 16, "with_counted_flops": False}

@@ -20,7 +20,7 @@ import pytest
 import torch.distributed as dist
 
 from memlab.errors import LaunchError, SetupError
-from memlab.predict.models import preset
+from memlab.predict.spec.model import preset
 from memlab.run.distributed.capacity import RANK_BASE_BYTES, RANKS_PER_CORE, rank_capacity
 from memlab.run.distributed.handshake import DELAY_VAR, HANG_VAR, ready_ranks
 from memlab.run.distributed.launch import DistributedRun, WorkerSpec, _retry_reason, launch, launch_sweep

@@ -7,8 +7,8 @@ import pytest
 import torch.distributed as dist
 
 from memlab.errors import LaunchError, SetupError
-from memlab.predict.communication import zero_comm_bytes
-from memlab.predict.models import preset
+from memlab.predict.parallel.communication import zero_comm_bytes
+from memlab.predict.spec.model import preset
 from memlab.run.distributed.handshake import HANG_VAR
 from memlab.run.distributed.launch import WorkerSpec, launch, launch_sweep, torchrun_command
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.run.distributed.launch import run_script
 
 ROOT = Path(__file__).resolve().parents[2]

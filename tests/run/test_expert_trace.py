@@ -1,5 +1,6 @@
 """Expert parallelism traced on a fake process group (memlab.tracing.experts) against the per-rank estimate
-(memlab.predict.experts): exact, with two residuals named: the loss scalar the trace files under activations and
+(memlab.predict.parallel.experts): exact, with two residuals named: the loss scalar the trace files under activations
+and
 the estimator's rows count as none (4 bytes), and Adam's per-tensor step counters (4 bytes a tensor)."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from memlab.errors import SetupError
-from memlab.predict.experts import expert_estimate
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.parallel.experts import expert_estimate
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.experts import trace_gpt_ep
 
 SHAPES = [

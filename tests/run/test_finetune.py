@@ -1,4 +1,5 @@
-"""LoRA fine-tuning predicted, traced and measured with peft on CPU (memlab.predict.finetune, model.hf.apply_lora).
+"""LoRA fine-tuning predicted, traced and measured with peft on CPU (memlab.predict.memory.finetune,
+model.hf.apply_lora).
 
 The measured side is a real peft model built from a config (random init, tiny shapes) through the one training step:
 states counted by storage, saved activations through saved_tensors_hooks. The estimate must equal it to the byte on
@@ -13,7 +14,8 @@ import pytest
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.estimate import estimate
-from memlab.predict.finetune import (
+from memlab.predict.families.reader import from_hf
+from memlab.predict.memory.finetune import (
     NF4_TENSOR_CONSTANT_BYTES,
     adapter_elements,
     nf4_tensor_bytes,
@@ -21,9 +23,8 @@ from memlab.predict.finetune import (
     qlora_bits_per_parameter,
     saved_module_elements,
 )
-from memlab.predict.hf import from_hf
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 FAMILIES = {
     "llama": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,

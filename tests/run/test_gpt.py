@@ -9,7 +9,7 @@ import torch
 from memlab.errors import SetupError
 from memlab.model.gpt import GPT, available_attention
 from memlab.model.kv_cache import KVCache
-from memlab.predict.models import PRESETS, TransformerConfig, preset
+from memlab.predict.spec.model import PRESETS, TransformerConfig, preset
 
 CUSTOM = TransformerConfig(name="custom-nobias", d_model=48, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=80,
                            vocab_size=97, max_seq=64, bias=False, norm="layernorm", tied_embeddings=False)

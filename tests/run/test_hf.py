@@ -15,7 +15,7 @@ import torch
 
 from memlab.measure.by_op import layer_listing, saved_by_op
 from memlab.model.hf import build_hf_model
-from memlab.predict.hf import from_hf
+from memlab.predict.families.reader import from_hf
 from memlab.run.hf import predict_hf, run_hf
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
@@ -128,9 +128,9 @@ def test_new_families_under_autocast_and_checkpointing(family: str, attn: str) -
 
 def test_a_sequence_reaching_the_sliding_window_is_refused_for_fused_kernels() -> None:
     from memlab.errors import SetupError
-    from memlab.predict.activations import activation_bytes
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.memory.activations import activation_bytes
+    from memlab.predict.spec.setup import Setup
 
     config = from_hf({**tiny("starcoder2"), "sliding_window": 40})
     for attention in ("flash", "math", "efficient"):

@@ -9,8 +9,8 @@ import torch
 from memlab.errors import SetupError
 from memlab.labs.oom import fit_sweep, growth_per_iteration, leak_loop
 from memlab.labs.precision import cast_survival, deprecated_amp_calls, scaler_trajectory
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.live_steps import live_training_steps
 
 TINY = preset("tiny-gpt")

@@ -14,10 +14,10 @@ from memlab.errors import SetupError
 from memlab.model.loss import LossOptions, lm_loss
 from memlab.predict.estimate import estimate
 from memlab.predict.fit import LEVERS, levers, plan_to_fit
-from memlab.predict.hardware import gpu
-from memlab.predict.loss import chunk_tokens
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.hardware.gpus import gpu
+from memlab.predict.memory.loss import chunk_tokens
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.gpt import trace_gpt
 
 
@@ -203,7 +203,7 @@ def test_hf_models_save_what_the_estimate_counts_under_each_loss_option() -> Non
 
     from memlab.course.hf_configs import load_config
     from memlab.model.hf import hf_config, import_transformers
-    from memlab.predict.hf import from_hf
+    from memlab.predict.families.reader import from_hf
     from memlab.run.hf import measure_hf, predict_hf
 
     tf, rng = import_transformers(), random.Random(12)

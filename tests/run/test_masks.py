@@ -16,7 +16,7 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.predict.estimate import estimate
-from memlab.predict.setup import Setup
+from memlab.predict.spec.setup import Setup
 from memlab.run.hf import call_inputs, pad_counts, predict_hf, run_hf
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
@@ -58,7 +58,7 @@ def test_the_estimates_padding_test_counts_the_tokens_the_batch_pads() -> None:
     runs build (pad_counts) on drawn shapes and fractions, scalars and arrays alike."""
     import numpy as np
 
-    from memlab.predict.family_terms import padding_present
+    from memlab.predict.memory.family_terms import padding_present
 
     rng = random.Random(9)
     for _ in range(200):

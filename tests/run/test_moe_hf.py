@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("transformers")
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.activations import activation_bytes
 from memlab.predict.estimate import estimate
-from memlab.predict.hf import from_hf
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf
+from memlab.predict.memory.activations import activation_bytes
+from memlab.predict.spec.setup import Setup
 from memlab.predict.unmodelled import unmodelled_terms
 from memlab.run.hf import predict_hf, run_hf
 
@@ -124,7 +124,7 @@ def test_qwen2_moe_shared_expert_and_routing_are_exact(cfg: dict, attn: str, dty
 
 def test_qwen2_moe_shared_expert_is_active_and_multiplied() -> None:
     """Every token runs the shared expert and its gate: they count as active parameters and in the FLOPs."""
-    from memlab.predict.flops import forward_flops
+    from memlab.predict.compute.flops import forward_flops
 
     config = from_hf(QWEN2_MOE)
     plain = config.with_(impl=config.impl.__class__(**{**config.impl.__dict__, "shared_expert_ff": 0}))
@@ -140,7 +140,7 @@ def test_qwen2_moe_shared_expert_is_active_and_multiplied() -> None:
 def test_qwen2_moe_dense_layers_count_as_dense_mlps(changes: dict, dense: tuple) -> None:
     """decoder_sparse_step and mlp_only_layers make some layers dense (intermediate_size wide): their MLP is in the
     parameters, every token multiplies it, and the routed experts a token skips are those of the MoE layers only."""
-    from memlab.predict.flops import forward_flops
+    from memlab.predict.compute.flops import forward_flops
 
     cfg = {**QWEN2_MOE, "num_hidden_layers": 4, **changes}
     config, moe = from_hf(cfg), from_hf({**cfg, "decoder_sparse_step": 1, "mlp_only_layers": []})

@@ -9,9 +9,9 @@ import torch
 from memlab.labs.inference import expert_load, int8_linear_bytes
 from memlab.measure.accounting import model_states
 from memlab.model.gpt import GPT
-from memlab.predict import flops
-from memlab.predict.models import preset
-from memlab.predict.sharding import shape_summary
+from memlab.predict.compute import flops
+from memlab.predict.memory.sharding import shape_summary
+from memlab.predict.spec.model import preset
 from memlab.run.runner import count_flops
 
 

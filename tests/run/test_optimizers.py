@@ -12,7 +12,7 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.measure.accounting import model_states
 from memlab.model.optimizers import Adam8bit, build_optimizer
-from memlab.predict.setup import OPTIMIZERS
+from memlab.predict.spec.setup import OPTIMIZERS
 
 # bitsandbytes 0.50 Optimizer2State.init_state (Dettmers et al. 2022): tensors with >= 4096 elements get uint8 states
 # and one fp32 absmax per 256-element block; smaller tensors keep fp32 states; two shared 256-entry fp32 maps.
@@ -154,7 +154,7 @@ def _generated_shapes(seed: int) -> list[tuple[int, ...]]:
 def test_adam8bit_states_equal_bitsandbytes_adamw8bit_and_the_formula_to_the_byte(seed: int) -> None:
     """The real ``bnb.optim.AdamW8bit`` (runs on CPU), memlab's stand-in and ``adam8bit_bytes`` agree exactly."""
     bnb = pytest.importorskip("bitsandbytes")
-    from memlab.predict.optimizer_states import adam8bit_bytes
+    from memlab.predict.memory.states import adam8bit_bytes
 
     shapes = _generated_shapes(seed)
     counted = []
@@ -168,6 +168,6 @@ def test_adam8bit_states_equal_bitsandbytes_adamw8bit_and_the_formula_to_the_byt
 
 def test_a_4096_element_tensor_holds_what_bitsandbytes_holds() -> None:
     """The brief's figure: 4,096 uint8 x 2 + 16 absmax x 2 x 4 B + two 1 KiB maps = 10,368 B."""
-    from memlab.predict.optimizer_states import adam8bit_bytes
+    from memlab.predict.memory.states import adam8bit_bytes
 
     assert adam8bit_bytes([4096]) == 10_368 and adam8bit_bytes([4095]) == 8 * 4095

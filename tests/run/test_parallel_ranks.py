@@ -1,5 +1,6 @@
 """Pipeline and tensor parallelism on 2 real gloo ranks (torchrun, CPU; memlab.compare.parallel_ranks), against
-memlab.predict.parallel and memlab.predict.estimate: each pipeline rank's bytes after the step are the prediction's
+memlab.predict.parallel.pipeline and memlab.predict.estimate: each pipeline rank's bytes after the step are the
+prediction's
 exactly and its peak lies within the named bound; each tensor-parallel rank's local parameters and gradients are the
 estimate's tp=2 shards plus the traced plan's replicated embedding, exactly."""
 
@@ -9,8 +10,8 @@ import pytest
 import torch.distributed as dist
 
 from memlab.compare.parallel_ranks import SCHEDULES, measure_parallel_ranks, parallel_ranks_ledger, pp_setup
-from memlab.predict.models import preset
-from memlab.predict.parallel import parallel_estimate
+from memlab.predict.parallel.pipeline import parallel_estimate
+from memlab.predict.spec.model import preset
 
 WORLD = 2
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memlab.predict.flops import megatron_iteration_flops
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.compute.flops import megatron_iteration_flops
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run import op_profile as profile
 
 

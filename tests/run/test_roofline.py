@@ -15,7 +15,7 @@ from memlab.measure.roofline import (
     torch_dtype,
 )
 from memlab.measure.timing import time_fn
-from memlab.predict.precision import DTYPE_BYTES
+from memlab.predict.spec.precision import DTYPE_BYTES
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: this machine's torch sees none")

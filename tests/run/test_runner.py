@@ -14,11 +14,11 @@ import torch
 from memlab.errors import SetupError
 from memlab.measure import oom as oom_mod
 from memlab.model.gpt import GPT
-from memlab.predict import flops as F
+from memlab.predict.compute import flops as F
 from memlab.predict.estimate import estimate
-from memlab.predict.models import preset
-from memlab.predict.precision import PRECISION_POLICIES
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.precision import PRECISION_POLICIES
+from memlab.predict.spec.setup import Setup
 from memlab.run.runner import Measurement, count_flops, resolve_device, run_step
 
 TINY = preset("tiny-gpt")

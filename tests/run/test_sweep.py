@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from memlab.model.gpt import GPT
-from memlab.predict.models import preset
-from memlab.predict.phases import PhaseRow
-from memlab.predict.setup import Setup
+from memlab.predict.memory.phases import PhaseRow
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.sweep import DamagedRowsWarning, measurement_of, point_key, read_rows, sweep, to_frame
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,8 +199,8 @@ def test_progress_off_a_terminal_is_one_final_line(tmp_path: Path, monkeypatch, 
 def test_progress_off_a_terminal_in_a_subprocess_writes_one_line_to_a_file(tmp_path: Path) -> None:
     code = """
 import sys, time
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.runner import Measurement
 from memlab.run.sweep import sweep
 

@@ -10,8 +10,8 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.predict.estimate import estimate
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 from memlab.run.runner import run_step
 from memlab.tracing.gpt import trace_gpt
 from memlab.tracing.tracer import CATEGORIES, trace

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from memlab.errors import SetupError
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 from memlab.tracing.gpt import trace_gpt
 from memlab.tracing.tracer import trace
 
@@ -84,7 +84,7 @@ def test_no_optimizer_is_forward_and_backward_only() -> None:
 
 @pytest.mark.parametrize("setup", [None, {"batch": 1}, 3])
 def test_trace_gpt_needs_a_setup(setup: object) -> None:
-    with pytest.raises(SetupError, match=r"setup must be a memlab\.predict\.setup\.Setup"):
+    with pytest.raises(SetupError, match=r"setup must be a memlab\.predict\.spec\.setup\.Setup"):
         trace_gpt(TINY, setup)  # type: ignore[arg-type]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memlab.errors import ConfigError, MemlabError, SetupError
-from memlab.predict.setup import Setup
+from memlab.predict.spec.setup import Setup
 
 pytest.importorskip("transformers")
 

@@ -71,7 +71,7 @@ def test_tracing_a_peft_model_prints_no_warning_and_leaves_the_warning_format_al
     out of what it prints (memlab.tracing.tracer.quiet_mod_tracker), whatever torch version is installed."""
     import warnings
 
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
     from memlab.tracing.hf import trace_hf
 
     before = warnings.formatwarning

@@ -16,8 +16,8 @@ from memlab.labs import monitors as utilisation
 from memlab.labs import step_time
 from memlab.measure import roofline
 from memlab.measure.cpu import cpu_cache_bytes
-from memlab.predict.models import preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import preset
+from memlab.predict.spec.setup import Setup
 
 ROOT = Path(__file__).resolve().parents[2]
 

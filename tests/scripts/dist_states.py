@@ -25,7 +25,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from memlab.measure.accounting import model_states
 from memlab.model.gpt import GPT
-from memlab.predict.models import TransformerConfig, preset
+from memlab.predict.spec.model import TransformerConfig, preset
 
 
 def config() -> TransformerConfig:

@@ -20,10 +20,10 @@ sys.path.insert(0, ".")
 from benchmarks.estimator_speed import _setups
 from memlab.course.hf_configs import config_names, load_config
 from memlab.predict.estimate import Overheads, estimate, sweep_totals
-from memlab.predict.hf import from_hf
-from memlab.predict.models import preset, preset_names
-from memlab.predict.precision import PRECISION_POLICIES
-from memlab.predict.setup import Setup
+from memlab.predict.families.reader import from_hf
+from memlab.predict.spec.model import preset, preset_names
+from memlab.predict.spec.precision import PRECISION_POLICIES
+from memlab.predict.spec.setup import Setup
 
 
 def models():

@@ -10,8 +10,8 @@ import itertools
 import sys
 import time
 
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 DELAY_S = 0.5
 """Extra seconds per point: a real measurement takes time; this keeps the kill from arriving after the end."""

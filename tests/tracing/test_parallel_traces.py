@@ -10,10 +10,10 @@ import random
 import pytest
 
 from memlab.compare.parallel_traces import TRACE_LLAMA, cp_rows, ring_terms, tp_rows
-from memlab.predict.activations import activation_bytes
-from memlab.predict.models import TransformerConfig, preset
-from memlab.predict.parallel import parallel_estimate, ring_kv_chunks
-from memlab.predict.setup import Setup
+from memlab.predict.memory.activations import activation_bytes
+from memlab.predict.parallel.pipeline import parallel_estimate, ring_kv_chunks
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
 
 TINY = preset("tiny-gpt")
 RNG = random.Random(19)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memlab.course.exercises import Numeric, When
-from memlab.predict.hardware import gpu
+from memlab.predict.hardware.gpus import gpu
 from memlab.units import GiB, MiB
 
 SEED_001_USEFUL_FLOP_S = 160e12

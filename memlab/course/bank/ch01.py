@@ -12,9 +12,9 @@ def _sample_fit() -> dict[str, Any]:
     import dataclasses
 
     from memlab.predict.estimate import estimate
-    from memlab.predict.hardware import gpu
-    from memlab.predict.models import preset
-    from memlab.predict.setup import Setup
+    from memlab.predict.hardware.gpus import gpu
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
 
     model, setup = preset("tiny-gpt"), Setup(batch=4, seq=64, precision="fp32", optimizer="adamw")
     budget = estimate(model, setup.with_(batch=6)).total_bytes

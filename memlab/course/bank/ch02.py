@@ -13,7 +13,7 @@ _N = 10**9
 def bytes_per_param(policy: str, optimizer: str = "adamw") -> float:
     """Model-state bytes per parameter that memlab predicts (step counters excluded), as chapter 02's table."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     return estimate(_N, Setup(precision=policy, optimizer=optimizer)).model_state_bytes(step_counters=False) / _N
 
@@ -24,15 +24,15 @@ def _states_mib(model: Any) -> float:
 
 def _llama_gib() -> float:
     from memlab.predict.estimate import estimate
-    from memlab.predict.models import preset
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
 
     parts = estimate(preset("llama-2-7b"), Setup(precision="mixed-bf16", seq=1)).components()
     return sum(parts[c] for c in ("params", "grads", "optimizer")) / GiB
 
 
 def _llama_count() -> int:
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     return preset("llama-2-7b").param_count()
 
@@ -74,7 +74,7 @@ EXERCISES = (
                    "copy of each and no 16-bit one in storage.",
                    lambda model: 16 * model.param_count() / 1e6:
                    "That is in decimal MB; the question asks for MiB (2**20 bytes)."},
-        sample=lambda: {"model": __import__("memlab.predict.models", fromlist=["preset"]).preset("tiny-gpt")},
+        sample=lambda: {"model": __import__("memlab.predict.spec.model", fromlist=["preset"]).preset("tiny-gpt")},
     ),
     Numeric(
         "02.llama7b-states", "Llama-2-7B model states, mixed-bf16 + AdamW, in GiB",

@@ -9,7 +9,7 @@ from memlab.units import GiB
 
 
 def _llama():
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     return preset("llama-2-7b")
 
@@ -17,7 +17,7 @@ def _llama():
 def _copies_gib() -> float:
     """Autocast's bf16 weight copies of Llama-2-7B (amp-bf16, on CUDA), in GiB, as memlab's estimate counts them."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     b = estimate(_llama(), Setup(batch=1, seq=512, precision="amp-bf16"), device_type="cuda")
     return b.activation_detail["autocast weight copies"] / GiB

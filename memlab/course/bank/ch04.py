@@ -25,19 +25,19 @@ def _sequential_2(model: Any, batch: int, seq: int, device: Any) -> float:
 
 
 def _preset(name: str) -> Any:
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     return preset(name)
 
 
 def _selective_share(model_name: str, seq: int) -> float:
-    from memlab.predict.korthikanti import attention_score_share
+    from memlab.predict.memory.korthikanti import attention_score_share
 
     return attention_score_share(_preset(model_name), seq)
 
 
 def _recompute_ratio() -> float:
-    from memlab.predict.flops import megatron_iteration_flops
+    from memlab.predict.compute.flops import megatron_iteration_flops
 
     gpt3 = _preset("gpt-3-175b")
     return megatron_iteration_flops(gpt3, 1, 2048, "full") / megatron_iteration_flops(gpt3, 1, 2048, "none")
@@ -45,7 +45,7 @@ def _recompute_ratio() -> float:
 
 def _phases(batch: int) -> Any:
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     setup = Setup(batch=batch, seq=512, precision="fp32", optimizer="adamw", optimizer_impl="foreach",
                   attention="eager")

@@ -9,20 +9,20 @@ from memlab.units import GiB, MiB
 
 
 def _preset(name: str) -> Any:
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     return preset(name)
 
 
 def _zero3_volume(psi: float) -> float:
-    from memlab.predict.communication import zero_comm_bytes
+    from memlab.predict.parallel.communication import zero_comm_bytes
 
     return sum(zero_comm_bytes(psi, 3).values())
 
 
 def _ring_mib(model: Any, world_size: int) -> float:
     """MiB each rank sends per ZeRO-3 step over a ring, Ψ = the model's fp32 gradient bytes."""
-    from memlab.predict.communication import ring_wire_bytes
+    from memlab.predict.parallel.communication import ring_wire_bytes
 
     return ring_wire_bytes(_zero3_volume(4 * model.param_count()), world_size) / MiB
 
@@ -36,7 +36,7 @@ def _ep_gib(ep: int = 8, routing: str = "balanced", value_bytes: int = 2, passes
             tokens: int = EP_TOKENS) -> float:
     """GiB one rank sends by all-to-all per step, Mixtral-8x7B, ``tokens`` a micro-batch; ``passes`` < 1 counts a
     fraction of the four all-to-alls a layer runs."""
-    from memlab.predict.communication import ep_sent_bytes
+    from memlab.predict.parallel.communication import ep_sent_bytes
 
     m = _preset("mixtral-8x7b")
     return ep_sent_bytes(tokens, m.d_model, m.n_layers, m.top_k, ep, value_bytes, routing,
@@ -55,7 +55,7 @@ def _gpt3_zero1_tb(table: Any) -> float:
 
 def _llama70b_gib() -> float:
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     setup = Setup(precision="mixed-bf16", zero_stage=3, world_size=64, seq=1)
     return estimate(_preset("llama-2-70b"), setup).model_state_bytes() / GiB
@@ -63,7 +63,7 @@ def _llama70b_gib() -> float:
 
 def _gpt3_total(ranks: int) -> float:
     from memlab.predict.estimate import Overheads, estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     setup = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=ranks, recompute="full")
     return estimate(_preset("gpt-3-175b"), setup, overheads=Overheads(gathered_layers=2)).total_bytes
@@ -76,8 +76,8 @@ _PP_SETUP = dict(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
 def _pp_first_stage_ratio() -> float:
     """Rank 0's saved activations under PP 8, 1F1B, 8 micro-batches / one unsplit rank's, Llama-2-7B."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.parallel import parallel_estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.parallel.pipeline import parallel_estimate
+    from memlab.predict.spec.setup import Setup
 
     setup = Setup(**_PP_SETUP)
     staged = parallel_estimate(_preset("llama-2-7b"), setup.with_(pp=8, micro_batches=8, pp_schedule="1f1b"))
@@ -85,14 +85,14 @@ def _pp_first_stage_ratio() -> float:
 
 
 def _pp_in_flight() -> int:
-    from memlab.predict.parallel import in_flight
+    from memlab.predict.parallel.pipeline import in_flight
 
     return in_flight("1f1b", 8, 8, 0)[0]
 
 
 def _tp_gib(tp: int = 4, value_bytes: int = 2) -> float:
     """GiB one rank sends in Llama-2-7B's block all-reduces, micro-batch 2 x 2048, one forward and backward."""
-    from memlab.predict.communication import tp_sent_bytes
+    from memlab.predict.parallel.communication import tp_sent_bytes
 
     m = _preset("llama-2-7b")
     return tp_sent_bytes(2 * 2048, m.d_model, m.n_layers, tp, value_bytes) / GiB
@@ -149,7 +149,8 @@ EXERCISES = (
         "Rank 0's saved activations under PP 8 (1F1B, 8 micro-batches), as a fraction of one unsplit rank's, "
         "Llama-2-7B, micro-batch 1 x 4096",
         reference=_pp_first_stage_ratio, unit="", rtol=0.05,
-        hint="1F1B's rank r runs p - r forwards before its first backward (memlab.predict.parallel.in_flight), and "
+        hint="1F1B's rank r runs p - r forwards before its first backward "
+             "(memlab.predict.parallel.pipeline.in_flight), and "
              "keeps each one's saved tensors until its backward; rank 0 holds 4 of the 32 blocks of each of them",
         why=lambda: (f"{_pp_in_flight()} micro-batches in flight × 4 of 32 blocks = one micro-batch through all 32 "
                      f"blocks: {_pp_first_stage_ratio():.3f} (a little under 1: the final norm, LM head and loss "
@@ -189,7 +190,8 @@ EXERCISES = (
              "pairs have their expert on the rank itself; sizes from preset('mixtral-8x7b')",
         why=lambda: (f"4 all-to-alls × {_preset('mixtral-8x7b').n_layers} layers × {EP_TOKENS} tokens × top-2 × "
                      f"{_preset('mixtral-8x7b').d_model} × 2 B × 7/8 remote = {_ep_gib():.2f} GiB "
-                     "(memlab.predict.communication.ep_sent_bytes): EP's traffic grows with tokens x top_k and "
+                     "(memlab.predict.parallel.communication.ep_sent_bytes): EP's traffic grows with tokens x top_k "
+                     "and "
                      "the depth, not with the experts' size."),
         diagnoses={lambda: _ep_gib(routing="worst"): "That sends every pair; under balanced routing the 1/8 whose "
                                                      "expert is on the rank itself stay there.",

@@ -12,7 +12,7 @@ SEED_004_SCORES_BYTES = 2048 * 2048 * 2
 
 
 def _llama() -> Any:
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     return preset("llama-2-7b")
 
@@ -20,7 +20,7 @@ def _llama() -> Any:
 def _scores(batch: int, seq: int) -> float:
     """Eager attention-score bytes memlab's estimate counts for Llama-2-7B (mixed-bf16) at ``batch`` × ``seq``."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     setup = Setup(batch=batch, seq=seq, precision="mixed-bf16", attention="eager")
     return estimate(_llama(), setup).activation_detail["attention scores"]
@@ -33,15 +33,15 @@ def _eager_max_seq(setup: Any, card: str) -> int:
 
 
 def _capacity_gib(card: str) -> float:
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
 
     return gpu(card).memory_bytes / 2**30
 
 
 def _sample_attention() -> dict[str, Any]:
     from memlab.predict.estimate import estimate
-    from memlab.predict.models import preset
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
 
     layer = preset("tiny-gpt").with_(n_layers=1, max_seq=8192)
 
@@ -95,7 +95,7 @@ EXERCISES = (
                                  "limit here.",
                    When(lambda v: v > 20_000): "Too long for eager attention: the b × a × s² probabilities of every "
                                                "layer grow fast."},
-        sample=lambda: {"setup": __import__("memlab.predict.setup", fromlist=["Setup"]).Setup(
+        sample=lambda: {"setup": __import__("memlab.predict.spec.setup", fromlist=["Setup"]).Setup(
             batch=1, precision="mixed-bf16", attention="eager", zero_stage=3, world_size=8), "card": "h100-sxm"},
     ),
     Numeric(

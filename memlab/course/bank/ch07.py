@@ -27,26 +27,26 @@ def _intensity(model: Any, setup: Any, kind: str) -> float:
 
 
 def _sample_model() -> dict[str, Any]:
-    from memlab.predict.models import preset
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
 
     return {"model": preset("tiny-gpt"), "setup": Setup(batch=2, seq=32, precision="fp32")}
 
 
 def _h100_mfu(useful_flop_s: float) -> float:
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
 
     return 100 * useful_flop_s / gpu("h100-sxm").peak("bf16")
 
 
 def _a100_mfu(useful_flop_s: float) -> float:
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
 
     return 100 * useful_flop_s / gpu("a100-80gb-sxm").peak("bf16")
 
 
 def _bubble(stages: int, micro_batches: int) -> float:
-    from memlab.predict.parallelism import pipeline_bubble_fraction
+    from memlab.predict.parallel.efficiency import pipeline_bubble_fraction
 
     return 100 * pipeline_bubble_fraction(stages, micro_batches)
 

@@ -16,7 +16,7 @@ SAME_WITHIN = 1.25
 
 
 def _card_bytes(card: str) -> int:
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
 
     return gpu(card).memory_bytes
 

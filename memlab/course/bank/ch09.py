@@ -11,13 +11,13 @@ from memlab.units import GiB
 
 
 def _preset(name: str) -> Any:
-    from memlab.predict.models import preset
+    from memlab.predict.spec.model import preset
 
     return preset(name)
 
 
 def _kv(model: str, batch: int, tokens: int, dtype: str) -> float:
-    from memlab.predict.inference import kv_cache_bytes
+    from memlab.predict.memory.inference import kv_cache_bytes
 
     return kv_cache_bytes(_preset(model), batch, tokens, dtype)
 
@@ -29,13 +29,13 @@ def _head_dim(model: str) -> int:
 
 def _resident_bytes(model: str) -> float:
     from memlab.predict.estimate import estimate
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     return estimate(_preset(model), Setup(mode="inference", batch=1, seq=1)).params_bytes
 
 
 def _card_bytes(card: str) -> int:
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
 
     return gpu(card).memory_bytes
 

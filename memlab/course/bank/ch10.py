@@ -14,9 +14,9 @@ SAME_SIZE_SETUP = {"batch": 2, "seq": 24, "attention": "eager"}
 
 
 def _saved(config: Any) -> float:
-    from memlab.predict.activations import activation_bytes
-    from memlab.predict.hf import from_hf
-    from memlab.predict.setup import Setup
+    from memlab.predict.families.reader import from_hf
+    from memlab.predict.memory.activations import activation_bytes
+    from memlab.predict.spec.setup import Setup
 
     return sum(activation_bytes(from_hf(config), Setup(**SAME_SIZE_SETUP), device_type="cpu").values())
 
@@ -46,7 +46,7 @@ def _by_decimal_gb(model: Any, setup: Any, card: str) -> int:
     import dataclasses
 
     from memlab.predict.fit import max_batch
-    from memlab.predict.hardware import gpu
+    from memlab.predict.hardware.gpus import gpu
 
     spec = gpu(card)
     return max_batch(model, setup, dataclasses.replace(spec, memory_bytes=int(spec.memory_gib * 1e9))).value
@@ -54,23 +54,23 @@ def _by_decimal_gb(model: Any, setup: Any, card: str) -> int:
 
 def _sample_pythia() -> dict[str, Any]:
     from memlab.course.hf_configs import load_config
-    from memlab.predict.hf import from_hf
-    from memlab.predict.setup import Setup
+    from memlab.predict.families.reader import from_hf
+    from memlab.predict.spec.setup import Setup
 
     return {"model": from_hf(load_config("pythia-1.4b", "full"), name="pythia-1.4b"),
             "setup": Setup(batch=1, seq=2048, precision="bf16", attention="flash"), "card": "rtx-4090"}
 
 
 def _gelu_extra(model: Any) -> float:
-    from memlab.predict.activations import trait_effects
-    from memlab.predict.setup import Setup
+    from memlab.predict.memory.activations import trait_effects
+    from memlab.predict.spec.setup import Setup
 
     return trait_effects(model, Setup(batch=1, seq=1, precision="bf16"))["activation"] / model.n_layers
 
 
 def _sample_gpt2() -> dict[str, Any]:
     from memlab.course.hf_configs import load_config
-    from memlab.predict.hf import from_hf
+    from memlab.predict.families.reader import from_hf
 
     return {"model": from_hf(load_config("gpt2", "full"), name="gpt2")}
 
@@ -108,8 +108,8 @@ COHERE_SAMPLE = {"model_type": "cohere", "hidden_size": 96, "intermediate_size":
 
 def _adam_states(config: dict[str, Any]) -> int:
     """Bytes of fp32 AdamW's states for the model ``config`` builds: two fp32 moments per parameter
-    (:func:`memlab.predict.optimizer_states.adam_moment_bytes`) plus one 4-byte ``step`` per parameter tensor
-    (:func:`~memlab.predict.optimizer_states.step_counter_bytes`), the parameters counted once each (a tied head is
+    (:func:`memlab.predict.memory.states.adam_moment_bytes`) plus one 4-byte ``step`` per parameter tensor
+    (:func:`~memlab.predict.memory.states.step_counter_bytes`), the parameters counted once each (a tied head is
     the embedding's tensor) on the model transformers builds."""
     return _adam_states_of(json.dumps(config, sort_keys=True))
 
@@ -119,7 +119,7 @@ def _adam_states_of(config_json: str) -> int:
     """:func:`_adam_states` of a config given as JSON text (cached: the reference and its diagnoses build the model
     once)."""
     from memlab.model.hf import build_hf_model
-    from memlab.predict.optimizer_states import adam_moment_bytes, step_counter_bytes
+    from memlab.predict.memory.states import adam_moment_bytes, step_counter_bytes
 
     params = list(build_hf_model(json.loads(config_json)).parameters())  # parameters() yields a tied tensor once
     return adam_moment_bytes(sum(p.numel() for p in params), 4) + step_counter_bytes(len(params), "adamw")

@@ -17,7 +17,7 @@ LORA_RANK = 8
 
 
 def _lora_setup() -> Any:
-    from memlab.predict.setup import Setup
+    from memlab.predict.spec.setup import Setup
 
     return Setup(finetune="lora", lora_rank=LORA_RANK)
 
@@ -56,14 +56,14 @@ _SAVES = {"input": "its input", "weight": "no tensor of its own"}
 
 
 def _dq_bits() -> float:
-    from memlab.predict.finetune import qlora_bits_per_parameter
+    from memlab.predict.memory.finetune import qlora_bits_per_parameter
 
     return qlora_bits_per_parameter()
 
 
 def _no_dq_bits() -> float:
     """One fp32 absmax per 64-weight block, without double quantisation."""
-    from memlab.predict.finetune import NF4_BLOCK
+    from memlab.predict.memory.finetune import NF4_BLOCK
 
     return 32 / NF4_BLOCK
 

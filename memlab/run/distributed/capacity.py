@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from memlab.errors import SetupError
 from memlab.measure.host import host_reading
 from memlab.predict.estimate import estimate
-from memlab.predict.models import TransformerConfig
-from memlab.predict.setup import Setup
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.setup import Setup
 from memlab.units import GiB, MiB
 
 RANKS_PER_CORE = 2

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import LaunchError, SetupError
-from memlab.predict.models import TransformerConfig
+from memlab.predict.spec.model import TransformerConfig
 from memlab.run.distributed.capacity import RankCapacity, rank_capacity
 from memlab.run.distributed.supervise import Outcome, Stage, supervise
 from memlab.run.distributed.worker import ACCELERATOR_ONLY, PROCESS_GROUP_TIMEOUT_S, STRATEGIES
@@ -78,7 +78,8 @@ class WorkerSpec:
     hf_config: dict[str, Any] | None = None
     """A Hugging Face ``config.json``'s dict: every rank then trains ``AutoModelForCausalLM.from_config`` of it
     (:func:`memlab.model.hf.build_hf_model`, fp32, eager attention) instead of the reference GPT, and ``config`` is
-    :func:`memlab.predict.hf.from_hf` of it (what the estimator predicts). None: the reference GPT of ``config``."""
+    :func:`memlab.predict.families.reader.from_hf` of it (what the estimator predicts). None: the reference GPT of
+    ``config``."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.strategies if s not in STRATEGIES]
@@ -95,7 +96,7 @@ class WorkerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SetupError(f"{name} must be a positive integer, got {value!r}")
-        from memlab.predict.fsdp import FSDP_LOSS, FSDP_UNITS
+        from memlab.predict.memory.fsdp import FSDP_LOSS, FSDP_UNITS
 
         if self.fsdp_param_dtype not in ("none", "bf16", "fp16") or self.fsdp_reduce_dtype not in ("fp32", "bf16",
                                                                                                  "fp16"):

@@ -22,7 +22,7 @@ For each it trains ``steps`` steps (:func:`memlab.model.step.train_step`: fp32, 
 exact local bytes of parameters, gradients and optimizer state (:func:`memlab.measure.accounting.model_states`,
 on the device and on the host), the largest bytes of gathered (unsharded) parameters seen during a step, and
 every collective the step issued (counted at the dispatcher, ``c10d::*`` ops, which DDP's C++ reducer and FSDP2's
-Python code both go through), as ZeRO's volume convention (:mod:`memlab.predict.communication`).
+Python code both go through), as ZeRO's volume convention (:mod:`memlab.predict.parallel.communication`).
 
 Under memlab's launcher a rank first signals ready and waits for go (:mod:`memlab.run.distributed.handshake`), so
 ``init_process_group`` starts with every rank present. DDP (and ZeRO-1 under it) over an MoE model sets
@@ -56,10 +56,10 @@ from memlab.model.fsdp import step_loss
 from memlab.model.gpt import GPT
 from memlab.model.hf import build_hf_model
 from memlab.model.step import Meter, TrainingStep, token_batch, train_step
-from memlab.predict.communication import collective_volume_bytes
-from memlab.predict.hf import from_hf
-from memlab.predict.models import TransformerConfig
-from memlab.predict.precision import precision_policy
+from memlab.predict.families.reader import from_hf
+from memlab.predict.parallel.communication import collective_volume_bytes
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.precision import precision_policy
 from memlab.run.distributed.handshake import handshake
 
 STRATEGIES = ("ddp", "zero1", "fsdp2-zero2", "fsdp2-zero3", "fsdp2-offload")

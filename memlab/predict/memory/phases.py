@@ -1,0 +1,505 @@
+"""When the bytes appear: predicted bytes held at each phase of a training step (or inference), and the peak.
+
+A step never holds gradients and all activations at once, and it holds transients that the sum of components
+has no term for. This module predicts the **peak inside** each phase, for the **first** step (optimizer state
+appears inside its optimizer step) and the **steady** state, from the components the estimator already has.
+``P``, ``G``, ``O``, ``A`` are per-device parameters, gradients, optimizer state and saved activations; ``t`` tokens
+per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width.
+
+- forward: ``P + O + G_held + A + logits`` where the fp32 logits are alive while the loss is computed (``4tV``;
+  ``6tV`` when the head computes in 16 bits: the 16-bit logits and their fp32 copy; under autocast also the fp32
+  final-norm output, ``4th``, as traced); under full recompute also inside a block's forward (d_ff-wide tensors).
+- first step: no optimizer state yet, except what a master-weight wrapper allocates up front (the fp32 copy).
+- backward, the largest of three moments (gradients appear while activations are freed, both linearly in the
+  layers, so the largest is at an end or at the bottom layer):
+  start, ``P + O + G_held + A + 8tV`` (the gradients of the log-softmax and of the logits, fp32);
+  bottom layer, ``P + O + G - G_layer + A_layer + T_layer (+ block inputs under full recompute)`` (one block's
+  saved tensors as without recompute less its MLP's, which its MLP backward has consumed; its backward temporaries
+  ``T_layer``: the d_ff-wide gradients or the s x s score gradients of eager/math attention, three h-wide ones);
+  end, ``P + O + G`` plus, for tied embeddings, the head's and the embedding's gradients before they are summed.
+- optimizer step: ``P + G + O + T_opt`` with ``T_opt`` by implementation ([pytorch-optim], torch/optim/adamw.py):
+  for-loop Adam keeps two temporaries of the tensor being stepped (``sqrt`` and the division) beside the previous
+  tensor's ``denom``, still bound to the loop variable (2 x a tensor + the one before it, at worst); foreach one
+  temporary per parameter at once (``_foreach_sqrt``: all parameters, state dtype, 4 B/param in fp32); fused
+  none; SGD none; a master-weight wrapper holds fp32 copies of every 16-bit gradient during the step (4 B/param).
+  In the first step ``O`` is allocated inside this phase.
+- the loss (``Setup.loss``, ``logits_to_keep``; :mod:`memlab.predict.memory.loss`): :func:`loss_transients` gives the
+  end-of-forward and start-of-backward transients in place of the plain ``4tV``-``8tV`` and ``8tV`` terms.
+- activation offload (``Setup.offload_activations``, save_on_cpu): the forward and backward-start moments hold the
+  loop's token ids and the loss's saved tensors (copied back) instead of ``A``; the bottom-layer moment is kept.
+- zero_grad: what is held *after* it, ``P + O`` (+ ``G`` with ``set_to_none=False``); the batch's token ids are
+  held by the loop through the optimizer step and after it.
+- gradient accumulation (``grad_accum_steps > 1``): from the second micro-batch on, ``G_held = G`` (gradients
+  persist across micro-steps): phases ``forward (accumulating)``, ``backward (accumulating)``.
+- inference: ``prefill`` = weights + KV + the largest prefill transient; ``decode`` = weights + KV + one token's.
+
+Every side of the comparison gives its phases as :class:`PhaseRow` records (the estimate, the trace, the runner's
+in-step peaks, the live counter) and looks one up with :func:`find_phase`.
+
+Terms were checked against ``memlab.tracing.tracer`` (MemTracker on fake tensors [pytorch-memtracker], the reference
+GPT): the start-of-backward and optimizer-step terms are exact; the bottom-layer term is within a few per cent.
+Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from memlab.errors import MemlabError, SetupError
+from memlab.predict.memory.activations import (
+    autocast_bias_copy_bytes,
+    autocast_block_copy_bytes,
+    shared_widths,
+    term_rows,
+)
+from memlab.predict.memory.family_terms import loss_call_transients
+from memlab.predict.memory.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
+from memlab.predict.memory.states import optimizer_state_dtype_bytes
+from memlab.predict.spec.frozen import unchecked
+from memlab.predict.spec.model import TransformerConfig
+from memlab.predict.spec.precision import precision_policy
+from memlab.predict.spec.setup import resolve_optimizer_impl
+
+PHASES = ("forward", "backward", "optimizer step", "zero_grad")
+"""Training phases in step order (``zero_grad`` is the bytes held after it; the others the peak inside)."""
+STEPS = ("first", "steady")
+
+_MODEL_LEVEL = ("token ids", "head & loss")
+_NOT_PER_LAYER = (*_MODEL_LEVEL, "mlp")
+"""Categories left out of one block's saved bytes (besides the final norm and the LM head's 16-bit copy)."""
+_HEAD_COPY = "16-bit copy of LM-head weight"
+_TOKEN_IDS = ("input token ids", "target token ids")
+LOSS_BYTES = 4
+"""The fp32 scalar loss, alive from the end of forward into backward."""
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """The bytes one phase of one step holds: the one record of ``MemoryBreakdown.phases`` (predicted),
+    ``Trace.phases`` (traced), ``Measurement.phase_peaks`` (measured in the step) and ``LiveSteps.phases`` (live
+    tensor bytes). Bytes throughout; a field a side does not know is ``None`` or empty.
+
+    The estimate's ``peak_bytes`` is the predicted peak inside the phase (this module's formulas), except for
+    ``zero_grad``, whose formula is what is held *after* it: there ``end_bytes`` is that same number, and
+    ``peak_bytes`` repeats it (the estimator has no formula for the moment inside ``zero_grad``).
+    :attr:`held_bytes` is the number a prediction is compared on, the same rule for every side.
+    """
+
+    step: str | int
+    """``first`` or ``steady`` (estimate, trace, runner); the step number from 1 in ``LiveSteps``."""
+    phase: str
+    """``forward``, ``backward``, ``optimizer step``, ``zero_grad`` (``... (accumulating)``); ``prefill``/``decode``."""
+    peak_bytes: int
+    """The most held at once inside the phase."""
+    end_bytes: int | None = None
+    """Held when the phase ends (``None``: not known, as in a predicted phase other than zero_grad)."""
+    start_bytes: int | None = None
+    """Held when the phase starts (the live counter's rows)."""
+    by_category: dict[str, int] = field(default_factory=dict)
+    """Bytes by trace category at the phase's peak (``memlab.tracing.tracer.CATEGORIES``; traces only)."""
+    end_by_category: dict[str, int] = field(default_factory=dict)
+    """Bytes by trace category when the phase ends (traces only)."""
+    source: str = ""
+    """Where measured numbers come from (live tensor bytes on a CPU, ``max_memory_allocated`` on CUDA)."""
+    reliable: bool = True
+    """False for a traced phase known not to be what a real run holds (left out of the trace's peak)."""
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes compared with a prediction: ``peak_bytes``, for ``zero_grad`` ``end_bytes`` (held after it)."""
+        if self.phase == "zero_grad" and self.end_bytes is not None:
+            return self.end_bytes
+        return self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (the categories copied)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> PhaseRow:
+        """The row :meth:`to_dict` wrote, or an older dict row with fewer keys (a sweep file's ``phase_peaks``:
+        step, phase, peak_bytes, end_bytes, source). Unknown or missing keys raise :class:`MemlabError`."""
+        if not isinstance(row, dict):
+            raise MemlabError(f"a phase row must be a dict, got {type(row).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(row) - known)
+        missing = [k for k in ("step", "phase", "peak_bytes") if k not in row]
+        if unknown or missing:
+            raise MemlabError(f"phase row {row!r}: " + "; ".join(
+                ([f"unknown keys {', '.join(unknown)}"] if unknown else [])
+                + ([f"missing {', '.join(missing)}"] if missing else [])))
+        return cls(**{k: dict(v) if k in ("by_category", "end_by_category") else v for k, v in row.items()})
+
+
+def predicted_row(step: str, phase: str, peak_bytes: int) -> PhaseRow:
+    """The estimator's :class:`PhaseRow` of one phase: ``end_bytes`` repeats ``peak_bytes`` for ``zero_grad`` (what is
+    held after it) and is None otherwise; the measured-side fields are empty. Equal to ``PhaseRow(step, phase,
+    peak_bytes, end_bytes=...)``, built by :func:`~memlab.predict.spec.frozen.unchecked` (eight rows per estimate)."""
+    return unchecked(PhaseRow, {"step": step, "phase": phase, "peak_bytes": peak_bytes,
+                                "end_bytes": peak_bytes if phase == "zero_grad" else None, "start_bytes": None,
+                                "by_category": {}, "end_by_category": {}, "source": "", "reliable": True})
+
+
+def find_phase(rows: Iterable[PhaseRow], phase: str, step: str | int = "steady") -> PhaseRow:
+    """The row of ``phase`` in ``step`` (``first``/``steady``, or a step number); raises :class:`SetupError`
+    naming the phases there are."""
+    seen = tuple(rows)
+    for row in seen:
+        if row.phase == phase and row.step == step:
+            return row
+    where = f"step {step}" if isinstance(step, int) else f"the {step} step"
+    raise SetupError(f"no phase {phase!r} in {where}: phases are {', '.join(sorted({r.phase for r in seen}))}")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the phase model needs beyond P, G, O, A (bytes per device; arrays allowed for the activation terms)."""
+
+    logits_elements: Any
+    """t * V / tp: elements of one fp32 logits tensor on this rank."""
+    layer_activation_bytes: Any
+    """One block's saved bytes as without recompute, less its MLP's (consumed when the block's peak comes)."""
+    layer_temporary_bytes: Any
+    """One block's backward temporaries (d_ff-wide or score gradients, three h-wide ones)."""
+    block_forward_bytes: Any
+    """Inside a block's forward under full recompute: its d_ff-wide tensors and one h-wide one."""
+    recompute_inputs_bytes: Any
+    """Block inputs kept by full recompute (0 otherwise)."""
+    head_loss_bytes: Any
+    """The log-softmax and loss tensors (absent while the blocks run)."""
+    layer_grad_bytes: float
+    tied_head_grad_bytes: float
+    """2 V h gradient bytes for tied embeddings at the end of backward (0 when untied)."""
+    optimizer_temporary_bytes: float
+    optimizer_before_step_bytes: float
+    """Optimizer-side bytes that exist before the first step: fp32 master copy and accumulation buffer."""
+    persistent_grads: bool
+    """Gradients that exist from the start (fp32 gradient buffers of a master-weight wrapper)."""
+    forward_logits_bytes_per_element: float
+    """Transient logits bytes per element at the end of forward: 4 (fp32), 6 (16-bit logits and their fp32 copy;
+    autocast too)."""
+    full_recompute: bool
+    input_bytes: Any = 0
+    """The batch's token ids (counted in A while saved; held by the training loop through the whole step)."""
+    loss_forward_bytes: Any = 0
+    """Transient bytes of the LM head and loss at the end of forward, beyond what they keep
+    (:func:`loss_transients`)."""
+    loss_backward_bytes: Any = 0
+    """Transient bytes of the loss's backward at the start of backward, beyond what it keeps."""
+    head_input_bytes: Any = 0
+    """The LM head's saved input (part of ``head_loss_bytes``)."""
+    unsaved_input_bytes: Any = 0
+    """Token ids the loop holds that no op saves (the fused loss's targets; copied kept positions'): in
+    ``input_bytes``, not in A."""
+    top_layer: bool = False
+    """Count the top block's backward moment (A held, its temporaries and gradients): set for the non-plain losses
+    and kept positions, where no t x V gradient dominates the start of backward (an upper bound)."""
+    offload: bool = False
+    """Saved activations live on the host (``Setup.offload_activations``): the device keeps only the token ids the
+    loop holds, and takes each saved tensor back when backward reads it (the loss's at the start of backward)."""
+    cast_cache_bytes: float = 0.0
+    """Autocast's cast cache beyond what is saved for backward, held until the autocast region (the forward) ends:
+    16-bit copies of every block's linear biases (saved by no op), and under full recompute of every block's weights
+    too (without full recompute those are saved, in ``A``); 0 without autocast."""
+    final_norm_output_bytes: Any = 0
+    """Under autocast, the fp32 final-norm output the forward still holds (a local variable) while the loss is
+    computed inside it: the head saved its 16-bit copy, so it is in no saved term (``4 t h``, as traced); 0 when
+    the loss is computed outside the model (the forward has returned)."""
+    offload_forward_bytes: Any = 0
+    """Under activation offload and autocast, what the device still holds at the end of forward beyond the token ids
+    and the loss's saved tensors: autocast's cast cache keeps the 16-bit weight copies that the saved tensors (now
+    on the host) shared, every block's (without full recompute; with it they are in ``cast_cache_bytes``) and, for
+    the plain loss, the head's; and the head's saved input, its 16-bit cast, has gone to the host (the fp32 hidden
+    state it was cast from is ``final_norm_output_bytes``). 0 without offload or autocast."""
+    fsdp: dict[str, float] | None = None
+    """FSDP2's additions per moment (:func:`memlab.predict.memory.fsdp.moments`, plus ``root_grads_shard``: the root's
+    sharded gradient bytes, which appear only at the end of backward); None without FSDP2."""
+
+
+def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
+    """One block's terms on one tp rank: saved bytes (without recompute, less the MLP's), backward temporaries,
+    the transient of its forward, and the model-level head/loss and recompute terms. ``own``: the setup's
+    :func:`~memlab.predict.memory.activations.term_rows` when the caller has listed them (listed here otherwise)."""
+    from memlab.predict.memory.activations import row_divisor  # (an import line of its own would not fit 500 lines)
+
+    tp, sp = setup.tp, setup.sp
+    if own is None:
+        own = term_rows(config, setup, device_type=device_type)
+    # Each sum adds its rows in list order (as ``sum`` over the ActivationTerms did); a row is (name, category, count,
+    # width, sharded[, note]), its bytes count * width / row_divisor(row, tp, sp) (ActivationTerm.bytes).
+    # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
+    # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
+    per = recompute_inputs = head = inputs = head_input = 0
+    own_is_block = setup.recompute == "none"
+    if not own_is_block:
+        for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
+            if row[1] != "mlp":
+                per += row[2] * row[3] / row_divisor(row, tp, sp)
+    for row in own:
+        name, category = row[0], row[1]
+        size = row[2] * row[3] / row_divisor(row, tp, sp)
+        if own_is_block and category not in _NOT_PER_LAYER and not name.startswith("final norm") \
+                and name != _HEAD_COPY:
+            per += size
+        if category == "block inputs (recompute)":
+            recompute_inputs += size
+        elif category == "head & loss":
+            head += size
+            if name == "LM-head input":
+                head_input += size
+        if name in _TOKEN_IDS:
+            inputs += size
+    w = shared_widths(setup.policy.name, device_type)
+    t = setup.batch * setup.seq
+    n_f = 3 if config.mlp == "swiglu" else 2
+    mlp = n_f * t * config.ffn * w["compute"] / setup.tp
+    attn = 0
+    if setup.attention in ("eager", "math"):
+        probs = w["probs"] if setup.attention == "eager" else 4
+        attn = 2 * setup.batch * config.n_heads * setup.seq * setup.seq * probs / setup.tp
+    return {
+        "layer": per / config.n_layers,
+        "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
+        "block_forward": mlp + t * config.d_model * w["compute"],
+        "recompute_inputs": recompute_inputs,
+        "head": head, "head_input": head_input,
+        "inputs": inputs,
+    }
+
+
+def larger(a: Any, b: Any) -> Any:
+    """``np.maximum(a, b)``; for two Python scalars (a scalar estimate) without numpy's per-call cost (the value is
+    the same; the type stays Python's, where numpy's would be an ``np.float64``/``np.int64``)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return b if b > a else a
+
+
+def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: int, largest: int,
+                              loop_peak: int | None = None) -> float:
+    """Transient bytes inside ``optimizer.step()`` beyond the states (see the module docstring).
+
+    ``largest``: the largest tensor's elements; ``loop_peak``: the for-loop's worst moment in elements (2 x a
+    tensor + the previous one, :attr:`memlab.predict.memory.sharding.ShapeSummary.loop_peak_elements`; default 2 x
+    ``largest``).
+    """
+    sb = optimizer_state_dtype_bytes(policy)
+    if impl == "fused" or optimizer in ("sgd", "sgd-momentum"):
+        core = 0
+    elif impl == "foreach":
+        core = sb * elements
+    elif optimizer == "adam-8bit":
+        core = 5 * 4 * largest  # memlab's Adam8bit: fp32 gradient, decoded m and v, the update, padding
+    else:
+        core = sb * (2 * largest if loop_peak is None else loop_peak)
+    wrapper = 4 * elements if (policy.master_bytes and not policy.grad_accum_bytes and policy.grad_bytes == 2) else 0
+    return float(core + wrapper)
+
+
+def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
+                layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None,
+                terms: list | None = None) -> StepInputs:
+    """:class:`StepInputs` of ``config`` under ``setup`` (``config=None``: a bare count, no activation terms).
+
+    ``elements``/``largest``/``layer_elements``: parameters on this device, its largest tensor, one block's;
+    ``before_step``: optimizer-side bytes allocated before the first step (master copy, accumulation buffer);
+    ``terms``: the setup's :func:`~memlab.predict.memory.activations.term_rows` when the caller has listed them.
+    """
+    const = step_constants(config, setup, device_type=device_type, elements=elements, largest=largest,
+                           layer_elements=layer_elements, before_step=before_step, loop_peak=loop_peak)
+    return step_inputs_with(const, config, setup, device_type=device_type, terms=terms)
+
+
+def step_constants(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,
+                   layer_elements: int, before_step: float = 0.0, loop_peak: int | None = None,
+                   fsdp: Any = None) -> dict[str, Any]:
+    """The :class:`StepInputs` fields that depend on neither batch nor seq (arguments as :func:`step_inputs`), by
+    name: the estimator computes them once per setup (:mod:`memlab.predict.memory.plan`) and :func:`step_inputs_with`
+    adds the batch/seq terms."""
+    pol = setup.policy
+    impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, device_type)
+    adapters = setup.finetune in ("lora", "qlora")  # only fp32 adapters train (memlab.predict.memory.finetune)
+    opt_t = optimizer_temporary_bytes(setup.optimizer, impl, precision_policy("fp32") if adapters else pol,
+                                      elements, largest, loop_peak)
+    persistent = bool(pol.master_bytes and pol.grad_bytes == 4)
+    if config is None:
+        return {"layer_grad_bytes": 0.0, "tied_head_grad_bytes": 0.0, "optimizer_temporary_bytes": opt_t,
+                "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
+                "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False, "fsdp": None,
+                "cast_cache_bytes": 0.0}
+    gb = 4 if adapters else pol.grad_bytes
+    extra = None
+    if fsdp is not None:
+        from memlab.predict.memory.fsdp import moments
+
+        extra = dict(moments(fsdp))
+        extra["root_grads_shard"] = sum(u.shard_elements for u in fsdp.units if u.kind == "root") * gb
+    return {
+        "layer_grad_bytes": layer_elements * gb,
+        "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp
+        if config.tied_embeddings and not adapters else 0.0,
+        "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
+        "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
+        "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,
+        "cast_cache_bytes": (autocast_block_copy_bytes(config, setup.tp) if setup.recompute == "full" else 0.0)
+        + autocast_bias_copy_bytes(config, setup.tp) if pol.autocast else 0.0,
+    }
+
+
+def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, setup: Any, *, device_type: str,
+                     terms: list | None = None) -> StepInputs:
+    """:class:`StepInputs` from :func:`step_constants`' ``const`` and the batch/seq terms of ``setup``: built with
+    :func:`~memlab.predict.spec.frozen.unchecked` (once per estimate; StepInputs has no checks to skip)."""
+    if config is None:
+        return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
+                                      "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
+                                      **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
+                                      "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False,
+                                      "offload_forward_bytes": 0, "final_norm_output_bytes": 0})
+    lt = layer_terms(config, setup, device_type, terms)
+    mask = 8 * setup.batch * setup.seq * (setup.attention_mask != "none")  # an HF call's int64 mask, the loop's
+    if setup.loss == "plain" and not setup.logits_to_keep:  # the default, without a call
+        logits = setup.batch * setup.seq * config.vocab_size / setup.tp
+        fwd, bwd = (n * logits for n in loss_call_transients(setup, const["forward_logits_bytes_per_element"], 8))
+        unsaved, top = 0, False
+    else:
+        logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
+        fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
+        top = not setup.offload_activations and setup.recompute != "full"
+        # targets no op saves are still held by the training loop
+        padded = config.impl.loss_labels_padded
+        unsaved = (1 - targets_saved(setup, padded)) * setup.batch * setup.seq * 8
+        # the loop holds the step's ids; HF's padded copy of the kept labels (the target row then) is not the loop's
+        b = setup.batch
+        lt["inputs"] += unsaved - hf_kept_labels(setup, padded) * (b * kept_positions(setup) + (b == 1)) * 8
+    off_fwd = 0
+    if setup.offload_activations and setup.policy.autocast:
+        plain = setup.loss == "plain"
+        head_copy = (config.vocab_size * config.d_model
+                     + config.vocab_size * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp
+        off_fwd = (0 if setup.recompute == "full" else autocast_block_copy_bytes(config, setup.tp)) \
+            + plain * (head_copy - lt["head_input"])
+    return unchecked(StepInputs, {
+        "offload_forward_bytes": off_fwd,
+        "logits_elements": logits,
+        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
+        "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
+        "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
+        "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
+        "unsaved_input_bytes": unsaved + mask, "top_layer": top,
+        # the plain loss inside the model under autocast (not a hand-written one): the fp32 final-norm output lives
+        "final_norm_output_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
+        if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"
+        and not (const["fsdp"] is not None and setup.fsdp_loss == "outside") else 0,
+    })
+
+
+def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logit: float,
+                    device_type: str) -> tuple[Any, Any]:
+    """(end of forward, start of backward) transient bytes of the LM head and loss beyond what they keep, on one
+    tp rank (:mod:`memlab.predict.memory.loss`). ``logits``: the elements of one logits tensor (``t' V / tp``);
+    ``per_logit``: bytes per logit alive at the end of a plain forward (4, 6 or 8).
+
+    plain: ``per_logit x logits`` and ``8 x logits`` (the fp32 gradients of the log-softmax and the logits).
+    chunked: one chunk's fp32 logits and log-softmax (``8 c V``) and three fp32 scalars (the running sum, the
+    chunk's loss and total_weight) in forward; in backward the recomputed chunk beside its gradients.
+    fused: one chunk's logits, log-softmax and gradient in forward; nothing in backward (the kept gradients are
+    scaled in place and handed on).
+    """
+    kind = setup.loss
+    w = shared_widths(setup.precision, device_type)
+    V, h, cw = config.vocab_size, config.d_model, w["compute"]
+    # with the kept positions copied (activations.loss_rows), the whole hidden state is alive while the loss runs
+    hidden = kept_copy(setup) * setup.batch * setup.seq * h * cw
+    if kind == "plain":
+        return per_logit * logits + hidden, 8 * logits
+    tk = setup.batch * kept_positions(setup)
+    c = chunk_tokens(tk, V, h, setup.loss_chunk)
+    chunk_logits = c * V / setup.tp
+    gb = setup.policy.grad_bytes
+    # under autocast the 16-bit copy of the head weight (and bias) autocast caches until forward ends: no op saves
+    # it (the chunks' checkpoints and the fused loss save none of their intermediates)
+    copy = (V * h + V * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp \
+        if setup.policy.autocast else 0
+    if kind == "chunked":
+        # backward, the first chunk: the recomputed chunk (logits, log-softmax) beside its fp32 gradients, then
+        # its weight gradient (h x V), made contiguous for AccumulateGrad, beside the log-softmax; with the input's
+        # gradient buffer (t' h) and the chunk's (c h). The larger of the two moments, each taken at its most (an
+        # upper bound: the trace is within a few per cent below it, tests/run/test_loss_offload.py)
+        around = (tk + c) * h * cw + 4
+        # under autocast the weight's gradient is the matmul's 16-bit one and its fp32 cast for AccumulateGrad (2 + 4
+        # bytes per weight, as traced), not three copies in the gradient dtype
+        weight_grad = (2 + gb if setup.policy.autocast else 3 * gb) * V * h / setup.tp
+        return 8 * chunk_logits + 12 + hidden + copy, larger(16 * chunk_logits, 4 * chunk_logits + weight_grad) + around
+    # fused: the head's input (the forward's hidden state, t x h) is alive beside the chunk, and the cast cache
+    t = setup.batch * setup.seq
+    return 8 * chunk_logits + t * h * w["residual"] + copy, 0
+
+
+def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum_steps: int = 1,
+                    set_to_none: bool = True, overhead: Any = 0) -> list[tuple[str, str, Any]]:
+    """``(step, phase, bytes)`` for the first and the steady step (module docstring); ``overhead`` is added to all.
+
+    Works elementwise on numpy arrays (a vectorised sweep) as on scalars.
+    """
+    fwd_logits, bwd_logits = x.loss_forward_bytes, x.loss_backward_bytes
+    end = g + x.tied_head_grad_bytes
+    f = x.fsdp
+    if f is not None:  # FSDP2: the root's gradients stay full until its reduce-scatter ends backward
+        end = g - f["root_grads_shard"] + f["end"] + x.tied_head_grad_bytes
+    out = []
+    for step in STEPS:
+        o_held = x.optimizer_before_step_bytes if step == "first" else o
+        for micro in range(min(grad_accum_steps, 2)):
+            first_micro = micro == 0
+            holds = x.persistent_grads or not (first_micro and (step == "first" or set_to_none))
+            g_held = g if holds else 0
+            tag = "" if first_micro else " (accumulating)"
+            base = p + o_held
+            # offload: the device keeps the loop's token ids, and the loss's saved tensors while the loss runs
+            a_fwd = x.input_bytes + x.head_loss_bytes + x.offload_forward_bytes if x.offload \
+                else a + x.unsaved_input_bytes
+            fwd = base + g_held + a_fwd + fwd_logits + x.final_norm_output_bytes + LOSS_BYTES + x.cast_cache_bytes \
+                + (f["forward"] if f else 0)
+            if x.full_recompute:
+                # (under full recompute offload_forward_bytes is the head's part only, not there yet)
+                fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes
+                             - (x.offload_forward_bytes if x.offload else 0) + x.block_forward_bytes
+                             + x.cast_cache_bytes + (f["block_forward"] if f else 0))
+            # offload: the loss's saved tensors but the head's input copied back at the start of backward
+            a_start = (x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload
+                       else a + x.unsaved_input_bytes)
+            start = base + g_held + a_start + bwd_logits + LOSS_BYTES + (f["start"] if f else 0)
+            below = g if holds else larger(g - x.layer_grad_bytes, 0)
+            if f:
+                below = below - (0 if holds else f["root_grads_shard"]) + f["root_grads_full"] + f["bottom"]
+            bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
+            back = larger(larger(start, bottom), base + end)
+            if x.top_layer:  # the top block's backward with (nearly) all activations held: no logits term hides it
+                back = larger(back, base + g_held + a_start - x.head_input_bytes + x.layer_temporary_bytes
+                              + (0 if holds else x.layer_grad_bytes))
+            out.append((step, "forward" + tag, fwd + overhead))
+            out.append((step, "backward" + tag, back + overhead))
+        out.append((step, "optimizer step", p + g + o + x.optimizer_temporary_bytes + x.input_bytes + overhead))
+        out.append((step, "zero_grad", p + o + (0 if set_to_none and not x.persistent_grads else g) + x.input_bytes
+                    + overhead))
+    return out
+
+
+def inference_phases(weights: Any, kv: Any, prefill_transient: Any, decode_transient: Any,
+                     overhead: Any = 0) -> list[tuple[str, str, Any]]:
+    """``(step, phase, bytes)`` for inference: ``prefill`` then ``decode`` (step is ``steady`` for both)."""
+    return [("steady", "prefill", weights + kv + prefill_transient + overhead),
+            ("steady", "decode", weights + kv + decode_transient + overhead)]
+
+
+def peak_of(phases: list[tuple[str, str, Any]]) -> Any:
+    """The largest phase bytes (elementwise for arrays)."""
+    peak = phases[0][2]
+    for _, _, v in phases[1:]:
+        peak = np.maximum(peak, v)
+    return peak
