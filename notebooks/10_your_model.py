@@ -558,7 +558,7 @@ if rec is not None:
 # this kernel (`memlab.cli.main`, the code the shell command runs). The first is a family `from_hf` maps (Qwen2 at a
 # size no shipped config has): the formula answers, and `--json` names the family, the traits and how the step calls the
 # model, and gives the range the real peak lies in: the formula's peak widened by each term it names as left out, with
-# that term's size (`memlab.predict.unmodelled.peak_range`; `make bench` checks measured peaks of drawn configs against
+# that term's size (`memlab.predict.coverage.peak_range`; `make bench` checks measured peaks of drawn configs against
 # that range). The second is Cohere (Command-R's family), a `model_type` the formula does not map: the command says so
 # in one line and answers from the **trace** instead: transformers' own `CohereForCausalLM`, built from the config
 # inside FakeTensorMode, runs two training steps (forward, backward, AdamW step, zero_grad) and PyTorch's MemTracker

@@ -18,7 +18,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.hf_source import hf_path, model_info, model_label, published, published_twin
+from memlab.cli.hf_source import hf_path, model_info, published, published_twin
 from memlab.errors import ConfigError, MemlabError
 from memlab.predict.spec.validate import LIMITS
 from memlab.units import GB, GiB
@@ -72,10 +72,9 @@ def _size(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``memlab estimate``: the per-device breakdown, and a fits verdict with ``--gpu``."""
+    """``memlab estimate``: the breakdown per device (per rank where ranks differ), and a verdict with ``--gpu``."""
     from memlab.predict.estimate import Overheads, estimate
     from memlab.predict.fit import fits
-    from memlab.predict.unmodelled import peak_range
 
     model, raw, refused = _model(args)
     if refused is not None:
@@ -89,24 +88,21 @@ def run(args: argparse.Namespace) -> int:
         raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
     if args.levers and setup.mode != "train":
         raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
-    if setup.pp > 1 or setup.cp > 1:
-        return _run_parallel(args, model, setup)
-    if setup.ep > 1:
-        return _run_experts(args, model, setup)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
                    workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
     device = "cuda"  # the device the command line estimates for (the estimate's and its named terms' widths)
     bd = estimate(model, setup, overheads=ov, device_type=device)
-    if guard is not None and not args.no_trace and not answers:
+    if guard is not None and not args.no_trace and not answers and ranked is None:
         traced = _traced_beside(args, model, raw, setup, bd, guard)
         if traced is not None:
             return traced
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
-    twin = published_twin(model, setup, ov)
+    twin = published_twin(model, setup, ov) if ranked is None else None
     found = _answers(args, model, setup, ov)
-    span = peak_range(model, setup, bd, device) if setup.mode == "train" and bd.config is not None else None
+    span = bd.peak_range if setup.mode == "train" and bd.config is not None else None
     if args.json:
         out = {"param_count": bd.param_count,
                "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},
@@ -119,23 +115,67 @@ def run(args: argparse.Namespace) -> int:
                "host_bytes": bd.host_bytes, **found, "unverified_versions": guard,
                **model_info(model, source="formula", config=raw), "published_model": twin,
                "peak_range": None if span is None else {
-                   **span.to_dict(), "exact_peak": exact_peak_hint(span, _hf_target(args, model), setup)}}
+                   **span.to_dict(), "exact_peak": exact_peak_hint(span, _hf_target(args, model), setup)},
+               "ranks": [r.to_dict() for r in bd.ranks], "layout": bd.layout}
         print_json(out, indent=2)
         return 0
+    _print(args, model, raw, setup, bd, twin, span)
+    _print_verdict(verdict)
+    _print_answers(found, verdict)
+    print("\nassumptions:")
+    for line in bd.assumptions:
+        print(f"  - {line}")
+    return 0
+
+
+def _per_rank_layout(args: argparse.Namespace, model: Any, setup: Any) -> str | None:
+    """The flags of a layout whose ranks differ (``--pp/--cp`` or ``--ep``), refusing what it does not model; None
+    on one device or under pure data and tensor parallelism."""
+    layout = "--pp/--cp" if setup.pp > 1 or setup.cp > 1 else "--ep" if setup.ep > 1 else None
+    if layout is None:
+        return None
+    if isinstance(model, int):
+        raise MemlabError("--pp/--cp place layers and tokens on ranks: give a model config (--preset, dimensions or "
+                          "--hf), not --params" if layout == "--pp/--cp" else
+                          "--ep places experts on ranks: give a mixture-of-experts config (--preset, dimensions with "
+                          "--n-experts, or --hf), not --params")
+    flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
+                                                          or args.fragmentation or args.gathered_layers)) if on]
+    if flags:
+        raise MemlabError(f"{', '.join(flags)} are not modelled with {layout}: drop them")
+    return layout
+
+
+def _header(model: Any, setup: Any, bd: Any) -> str:
+    """The first line: the model, the step and its layout."""
     name = model.name if bd.config is not None else "bare parameter count"
     s = setup
-    print(f"memlab estimate: {name} ({bd.param_count:,} parameters), {s.mode}, batch {s.batch} x seq {s.seq}, "
-          f"{s.precision if s.mode == 'train' else s.inference_weights + ' weights'}, "
-          f"{s.optimizer + ', ' if s.mode == 'train' else ''}recompute {s.recompute}, attention {s.attention}, "
-          f"ZeRO-{s.zero_stage} over {s.world_size} rank(s), tp {s.tp}{' + sp' if s.sp else ''}")
+    line = (f"memlab estimate: {name} ({bd.param_count:,} parameters), {s.mode}, batch {s.batch} x seq {s.seq}, "
+            f"{s.precision if s.mode == 'train' else s.inference_weights + ' weights'}, "
+            f"{s.optimizer + ', ' if s.mode == 'train' else ''}recompute {s.recompute}, attention {s.attention}, "
+            f"ZeRO-{s.zero_stage} over {s.world_size} rank(s), tp {s.tp}{' + sp' if s.sp else ''}")
+    if s.pp > 1 or s.cp > 1:
+        line += (f", pp {s.pp} ({s.pp_schedule}, {s.pp_chunks} chunk(s)), {s.micro_batches} micro-batch(es), "
+                 f"cp {s.cp}")
+    if s.ep > 1:
+        line += f", ep {s.ep} ({s.ep_routing} routing)"
+    return line
+
+
+def _print(args: argparse.Namespace, model: Any, raw: Any, setup: Any, bd: Any, twin: Any, span: Any) -> None:
+    """The breakdown: the worst rank's components (the one device's on one device), the phases, every rank where
+    ranks differ, the peak and its range."""
+    print(_header(model, setup, bd))
     info = model_info(model, source="formula", config=raw)
     print(f"model: {info['model_label']}; source of truth: formula (memlab.predict.estimate); step: "
           f"{info['calling_convention']}")
     if twin is not None:
+        name = model.name
         print(f"  {name} as its published code runs it (--preset {name} or --hf {name}): peak "
               f"{twin['peak']:,} B, activations {twin['activations']:,} B (here: {bd.peak_bytes:,} and "
               f"{bd.activations_bytes:,} B)")
-    print(f"\n{'per device':<24}{'bytes':>17} {'GiB':>10} {'GB':>10}")
+    print(f"\n{'per device' if not bd.layout else 'worst rank':<24}{'bytes':>17} {'GiB':>10} {'GB':>10}")
     for comp, value in bd.components().items():
         print(f"{comp:<24}{_size(value)}")
         detail = {"activations": bd.activation_detail, "optimizer": bd.optimizer_detail,
@@ -143,10 +183,13 @@ def run(args: argparse.Namespace) -> int:
         for key, v in detail.items():
             print(f"  {key:<22}{_size(v)}")
     print(f"{'total (sum)':<24}{_size(bd.total_bytes)}")
-    print("\nwhen the bytes appear (held at once; zero_grad: after it):")
-    for row in bd.phases:
-        mark = "  <- peak" if (row.step, row.phase) == (bd.peak_step, bd.peak_phase) else ""
-        print(f"  {row.step + ' ' + row.phase:<34}{_size(row.peak_bytes)}{mark}")
+    if bd.phases:
+        print("\nwhen the bytes appear (held at once; zero_grad: after it):")
+        for row in bd.phases:
+            mark = "  <- peak" if (row.step, row.phase) == (bd.peak_step, bd.peak_phase) else ""
+            print(f"  {row.step + ' ' + row.phase:<34}{_size(row.peak_bytes)}{mark}")
+    if bd.layout:
+        _print_ranks(bd)
     print(f"{'peak':<24}{_size(bd.peak_bytes)}")
     if span is not None and span.terms:
         _print_range(span, _hf_target(args, model), setup)
@@ -155,6 +198,30 @@ def run(args: argparse.Namespace) -> int:
                                           ("FSDP2 shards, gradients and optimizer states", setup.fsdp_offload)) if on)
         print(f"{'host (pinned, offload)':<24}{_size(bd.host_bytes)}  (not on the device; {what})")
     print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
+
+
+def _print_ranks(bd: Any) -> None:
+    """Every rank of a layout whose ranks differ: pipeline ranks one per row, with the bubble; an expert-parallel
+    rank with its (token, expert) pairs and all-to-all volume."""
+    layout = bd.layout
+    print(f"\n{'rank':<22}{'holds':<34}{'states GiB':>12}{'acts GiB':>10}{'other GiB':>11}{'peak GiB':>10}")
+    for r in bd.ranks:
+        flight = r.detail.get("in_flight")
+        holds = r.holds + (f" ({'+'.join(map(str, flight))} in flight)" if flight else "")
+        mark = "  <- worst" if layout.get("worst_rank") is not None and r.rank == str(layout["worst_rank"]) else ""
+        print(f"{r.rank[:21]:<22}{holds[:33]:<34}{r.states_bytes / GiB:>12.3f}{r.activations_bytes / GiB:>10.3f}"
+              f"{r.other_bytes / GiB:>11.3f}{r.peak_bytes / GiB:>10.3f}{mark}")
+    if layout["kind"] == "pipeline":
+        print(f"pipeline bubble: {layout['bubble_fraction']:.1%} of the step idle [narayanan2021]")
+    else:
+        d = bd.ranks[0].detail
+        print(f"(token, expert) pairs per MoE layer: {d['sent_pairs']:,} sent, {d['received_pairs']:,} received; "
+              f"all-to-all moment {d['all_to_all_bytes'] / GiB:.3f} GiB; {layout['sent_bytes'] / GiB:.3f} GiB sent "
+              "per step by all-to-all (memlab.predict.parallel.communication.ep_sent_bytes)")
+    print()
+
+
+def _print_verdict(verdict: Any) -> None:
     if verdict:
         word = "FITS" if verdict.fits else "DOES NOT FIT"
         print(f"\nverdict: {word} on {verdict.gpu_name} ({verdict.gpu}): peak {verdict.peak_bytes / GiB:.2f} GiB "
@@ -163,11 +230,6 @@ def run(args: argparse.Namespace) -> int:
               f"{verdict.headroom_bytes / GiB:+.2f} GiB")
     else:
         print("\nverdict: none (pass --gpu NAME to check the fit)")
-    _print_answers(found, verdict)
-    print("\nassumptions:")
-    for line in bd.assumptions:
-        print(f"  - {line}")
-    return 0
 
 
 def _version_guard(args: argparse.Namespace, model: Any) -> str | None:
@@ -232,7 +294,7 @@ def exact_peak_hint(span: Any, hf: str | None, setup: Any) -> str | None:
 
 
 def _print_range(span: Any, hf: str | None, setup: Any) -> None:
-    """The real peak's range from the terms the estimate names (:func:`memlab.predict.unmodelled.peak_range`), and
+    """The real peak's range from the terms the estimate names (:func:`memlab.predict.coverage.peak_range`), and
     where the exact peak comes from when that range is wide (:func:`exact_peak_hint`)."""
     rel = (f"{100 * (span.low - span.peak) / span.peak:+.2f} % / {100 * (span.high - span.peak) / span.peak:+.2f} %"
            if span.peak else "")
@@ -332,98 +394,3 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
         else:
             print(f"no combination of these levers fits (best: {' + '.join(fit['levers']) or 'none'}, peak "
                   f"{fit['peak_bytes'] / GiB:.2f} GiB): a smaller model, a bigger card or more ranks")
-
-
-def _run_parallel(args: argparse.Namespace, model: Any, setup: Any) -> int:
-    """``memlab estimate --pp/--cp``: one row per pipeline rank (memlab.predict.parallel.pipeline); the worst rank
-decides the
-    fit with ``--gpu``."""
-    from memlab.predict.hardware.gpus import gpu
-    from memlab.predict.parallel.pipeline import parallel_estimate
-
-    if isinstance(model, int):
-        raise MemlabError("--pp/--cp place layers and tokens on ranks: give a model config (--preset, dimensions or "
-                          "--hf), not --params")
-    _refuse_per_rank_extras(args, "--pp/--cp")
-    rep = parallel_estimate(model, setup)
-    card = gpu(args.gpu) if args.gpu is not None else None
-    fits = None if card is None else rep.peak_bytes <= card.memory_bytes
-    if args.json:
-        print_json({"ranks": [r.to_dict() for r in rep.rows], "worst_rank": rep.worst.rank, "peak": rep.peak_bytes,
-                    "bubble_fraction": rep.bubble_fraction, "fits": fits, "assumptions": list(rep.assumptions),
-                    "units": "bytes", "setup": setup.to_dict(), "model_label": model_label(model)}, indent=2)
-        return 0
-    print(f"memlab estimate: {model.name}, pp {setup.pp} ({setup.pp_schedule}, {setup.pp_chunks} chunk(s)), "
-          f"{setup.micro_batches} micro-batch(es) of {setup.batch} x seq {setup.seq}, cp {setup.cp}, tp {setup.tp}"
-          f"{' + sp' if setup.sp else ''}, ZeRO-{setup.zero_stage} over {setup.world_size} rank(s), "
-          f"{setup.precision}, recompute {setup.recompute}")
-    print(f"model: {model_label(model)}")
-    print(f"\n{'rank':<5}{'holds':<34}{'in flight':>10}{'states GiB':>12}{'acts GiB':>10}{'buffers GiB':>12}"
-          f"{'transient':>10}{'peak GiB':>10}")
-    for r in rep.rows:
-        mark = "  <- worst" if r.rank == rep.worst.rank else ""
-        print(f"{r.rank:<5}{r.holds[:33]:<34}{'+'.join(map(str, r.in_flight)):>10}{r.states_bytes / GiB:>12.3f}"
-              f"{r.activations_bytes / GiB:>10.3f}{r.buffers_bytes / GiB:>12.3f}{r.transient_bytes / GiB:>10.3f}"
-              f"{r.peak_bytes / GiB:>10.3f}{mark}")
-    print(f"\npipeline bubble: {rep.bubble_fraction:.1%} of the step idle [narayanan2021]")
-    if card is not None:
-        print(f"{card.name}: {card.memory_bytes / GiB:.1f} GiB: the worst rank "
-              f"{'fits' if fits else 'does NOT fit'} ({rep.peak_bytes / GiB:.3f} GiB)")
-    print("assumptions:")
-    for a in rep.assumptions:
-        print(f"  - {a}")
-    return 0
-
-
-def _refuse_per_rank_extras(args: argparse.Namespace, layout: str) -> None:
-    """One line naming the options a per-rank layout report (``layout``: its flags) does not model."""
-    flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
-                                                          or args.fragmentation or args.gathered_layers)) if on]
-    if flags:
-        raise MemlabError(f"{', '.join(flags)} are not modelled with {layout}: drop them")
-
-
-def _run_experts(args: argparse.Namespace, model: Any, setup: Any) -> int:
-    """``memlab estimate --ep N``: one expert-parallel rank's bytes and all-to-all volume
-(memlab.predict.parallel.experts);
-    ``--gpu`` gives the verdict."""
-    from memlab.predict.hardware.gpus import gpu
-    from memlab.predict.parallel.experts import expert_estimate
-
-    if isinstance(model, int):
-        raise MemlabError("--ep places experts on ranks: give a mixture-of-experts config (--preset, dimensions with "
-                          "--n-experts, or --hf), not --params")
-    _refuse_per_rank_extras(args, "--ep")
-    rep = expert_estimate(model, setup)
-    card = gpu(args.gpu) if args.gpu is not None else None
-    fits = None if card is None else rep.peak_bytes <= card.memory_bytes
-    if args.json:
-        print_json({"rank": rep.to_dict(), "peak": rep.peak_bytes, "fits": fits, "assumptions": list(rep.assumptions),
-                    "units": "bytes", "setup": setup.to_dict(), "model_label": model_label(model)}, indent=2)
-        return 0
-    print(f"memlab estimate: {model.name}, ep {setup.ep} ({rep.local_experts} of {model.n_experts} experts a layer "
-          f"per rank, {setup.ep_routing} routing), batch {setup.batch} x seq {setup.seq}, tp {setup.tp}"
-          f"{' + sp' if setup.sp else ''}, ZeRO-{setup.zero_stage} over {setup.world_size} rank(s), "
-          f"{setup.precision}, recompute {setup.recompute}")
-    print(f"model: {model_label(model)}")
-    print(f"\n{'per rank':<52}{'bytes':>17} {'GiB':>10}")
-    for label, n in (("model states (params, grads, optimizer)", rep.states_bytes),
-                     ("saved activations", rep.activations_bytes),
-                     ("  of which the routed experts' layers", rep.routed_activations_bytes),
-                     ("model buffers", rep.buffers_bytes),
-                     ("largest transient (all-to-all buffers or backward)", rep.transient_bytes),
-                     ("peak", rep.peak_bytes)):
-        print(f"{label:<52}{n:>17,.0f} {n / GiB:>10.3f}")
-    print(f"\n(token, expert) pairs per MoE layer: {rep.sent_pairs:,} sent, {rep.received_pairs:,} received; "
-          f"all-to-all moment {rep.all_to_all_bytes / GiB:.3f} GiB")
-    print(f"communication: {rep.sent_bytes / GiB:.3f} GiB sent per step by all-to-all "
-          f"(memlab.predict.parallel.communication."
-          "ep_sent_bytes)")
-    if card is not None:
-        print(f"{card.name}: {card.memory_bytes / GiB:.1f} GiB: a rank {'fits' if fits else 'does NOT fit'} "
-              f"({rep.peak_bytes / GiB:.3f} GiB)")
-    print("assumptions:")
-    for a in rep.assumptions:
-        print(f"  - {a}")
-    return 0

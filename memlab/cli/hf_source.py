@@ -86,8 +86,7 @@ def shipped_name(path: str | os.PathLike[str]) -> str | None:
 
 def published(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
     """(model, config dict) of a Hugging Face config: :func:`memlab.predict.families.reader.from_hf` of it, named after
-the
-    shipped config when it is one, so ``--preset llama-2-7b`` and ``--hf llama-2-7b`` build the same object."""
+    the shipped config when it is one, so ``--preset llama-2-7b`` and ``--hf llama-2-7b`` build the same object."""
     from memlab.predict.families.reader import from_hf, read_config_json
 
     raw = read_config_json(path)
@@ -111,8 +110,7 @@ def preset_model(text: str) -> Any:
 
 def is_published(model: Any) -> bool:
     """Whether ``model`` is a Hugging Face family's config (from :func:`memlab.predict.families.reader.from_hf`), not
-the
-    reference GPT."""
+    the reference GPT."""
     impl = getattr(model, "impl", None)
     return impl is not None and impl.family != "reference"
 
@@ -139,8 +137,7 @@ def model_label(model: Any) -> str:
 def published_twin(model: Any, setup: Any, overheads: Any) -> dict[str, Any] | None:
     """For a preset named after a published model whose config memlab ships: that model as its published code
     runs it (:func:`memlab.predict.families.reader.from_hf` of the shipped config) under the same setup, as ``{"hf":
-    name,
-    "peak": bytes, "activations": bytes, "param_count": n}``; None for any other model."""
+    name, "peak": bytes, "activations": bytes, "param_count": n}``; None for any other model."""
     from memlab.predict.estimate import estimate
     from memlab.predict.families.reader import from_hf
 

@@ -90,8 +90,7 @@ def _is_dir(text: str) -> bool:
 
 def _hf_estimate(path: str, setup: Any) -> Any:
     """The formula for a Hugging Face config when memlab can read one (:func:`memlab.predict.families.reader.from_hf`),
-else
-    None."""
+    else None."""
     from memlab.predict.estimate import estimate
     from memlab.predict.families.reader import from_hf
 

@@ -13,7 +13,7 @@ peak into one of three verdicts:
 
 - ``within``: ``|estimate - trace| <= tol * trace`` (0.1 % by default);
 - ``named``: outside that, but within it once the terms the estimate names as left out FOR THAT PHASE are allowed
-  for (:func:`named_terms`, :func:`memlab.predict.unmodelled.unmodelled_term_list`: each term says its phases, its
+  for (:func:`named_terms`, :attr:`MemoryBreakdown.named_terms`: each term says its phases, its
   size and its sign): the trace may hold up to the ``+`` terms more and up to the ``-`` terms less. The peak takes
   the terms of the phases the estimate's and the trace's peaks sit in;
 - ``off``: neither (a bug to fix).
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlab.predict.estimate import MemoryBreakdown, estimate
+from memlab.predict.memory.breakdown import NamedTerm
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.setup import Setup
-from memlab.predict.unmodelled import NamedTerm, unmodelled_term_list
 
 TOLERANCE = 1e-3
 """Relative difference under which a phase counts as equal (0.1 %)."""
@@ -125,8 +125,8 @@ def draw_setups(seed: int, n: int, *, scale: str = "ci", loss_options: bool = Fa
 
 def named_terms(draw: Draw, bd: MemoryBreakdown) -> list[NamedTerm]:
     """The terms the estimate names as left out, with their sizes, phases and signs
-    (:func:`memlab.predict.unmodelled.unmodelled_term_list`)."""
-    return unmodelled_term_list(draw.config, draw.setup, bd)
+    (``bd.named_terms``, :func:`memlab.predict.coverage.named_terms`)."""
+    return list(bd.named_terms)
 
 
 def compare_draw(draw: Draw, *, tol: float = TOLERANCE) -> list[dict[str, Any]]:

@@ -27,10 +27,10 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
   to the byte; both peaks within :data:`PEAK_TOLERANCE` (0.1 %) of the estimate's peak of that step; and the live
   count equals MemTracker's in every phase;
 - ``named``: as ``exact``, but a peak is outside 0.1 % and inside the range the terms the estimate names as left
-  out give it (:func:`memlab.predict.unmodelled.peak_range` over
-  :func:`~memlab.predict.unmodelled.unmodelled_term_list`, each term with its size, sign and phases: the range
-  ``memlab estimate`` prints beside the peak), widened by the same 0.1 %: a quantified assumption, not a silent
-  error;
+  out give it (:func:`memlab.predict.coverage.peak_range` over the estimate's
+  :attr:`~memlab.predict.memory.breakdown.MemoryBreakdown.named_terms`, each term with its size, sign and phases:
+  the range ``memlab estimate`` prints beside the peak), widened by the same 0.1 %: a quantified assumption, not a
+  silent error;
 - ``traced``: as ``named``, and the call is one the trace takes (:func:`traceable`): the trace of
   transformers' code on fake tensors (:func:`memlab.tracing.hf.trace_hf`, the exact answer the range points to)
   gives both peaks within 0.1 % of the measured ones (a trace outside it is ``off``);
@@ -125,7 +125,7 @@ class HfVerdict:
 
 VOCABULARIES = (96, 128, 200, 512)
 """The vocabularies a draw picks from: small against the widths (64-160), where the HF families' own in-phase
-transients are not hidden by the phase model's t x V logits terms (:data:`memlab.predict.unmodelled.HF_TRANSIENTS`)."""
+transients are not hidden by the phase model's t x V logits terms (:data:`memlab.predict.coverage.HF_TRANSIENTS`)."""
 
 
 def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int, ...] = VOCABULARIES) -> HfDraw:
@@ -191,9 +191,9 @@ def _step_peak(rows: Iterable[Any], step: str) -> int:
 def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     """Build ``draw``'s model, train two steps, and compare with the estimate (or record the refusal)."""
     from memlab.device import device_type
+    from memlab.predict.coverage import peak_range
     from memlab.predict.estimate import estimate
     from memlab.predict.families.reader import from_hf
-    from memlab.predict.unmodelled import peak_range, unmodelled_term_list
     from memlab.run.hf import predict_hf, run_hf
 
     try:
@@ -232,8 +232,8 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     if split:
         return HfVerdict(draw, "off", predicted, measured, "live bytes and MemTracker disagree in "
                          + ", ".join(f"{k} ({phases[k][1] - phases[k][2]:+,} B)" for k in split), phases)
-    named = unmodelled_term_list(config, m.setup(config), est, device_type(m.device))
-    ranges = {k: peak_range(config, m.setup(config), est, device_type(m.device), step)
+    named = list(est.named_terms)
+    ranges = {k: peak_range(est, step=step)
               for k, step in (("peak", "first"), ("steady peak", "steady"))}
     peaks = {k: _peak_verdict(predicted[k], measured[k], r) for k, r in ranges.items()}
     off = [k for k in COMPONENTS if (peaks[k] == "off" if k in peaks else predicted[k] != measured[k])]
@@ -273,7 +273,7 @@ def _traced_peaks(draw: HfDraw, setup: Any) -> dict[str, int] | None:
 
 def _peak_verdict(predicted: int, measured: int, rng: Any) -> str:
     """``within`` (|predicted - measured| <= :data:`PEAK_TOLERANCE` x measured), ``named`` (outside it, inside the
-    range :func:`memlab.predict.unmodelled.peak_range` gives from the named terms, the range ``memlab estimate``
+    range :func:`memlab.predict.coverage.peak_range` gives from the named terms, the range ``memlab estimate``
     prints, widened by the same tolerance) or ``off``."""
     slack = PEAK_TOLERANCE * measured
     if abs(predicted - measured) <= slack:

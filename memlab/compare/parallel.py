@@ -2,8 +2,8 @@
 
 :func:`parallel_layouts` runs the estimator (:func:`memlab.predict.estimate.estimate` for tp/sp/ZeRO on one rank,
 :func:`memlab.predict.parallel.pipeline.parallel_estimate` for pp/cp, its worst rank) over a list of layouts and
-returns one
-DataFrame row each: model states, saved activations, buffers and the peak, so a chapter section ("when DP cannot
+returns one DataFrame row each: model states, saved activations, buffers and the peak, so a chapter section ("when DP
+cannot
 shrink activations") can show that ZeRO shrinks the states but not the activations, while TP+SP, PP and CP do.
 """
 

@@ -13,8 +13,7 @@ each rank
 
 Each rank also counts what it sends (:class:`memlab.measure.comm.CommCounter`, torch's own c10d calls): the
 pipeline's sends next to :func:`memlab.predict.parallel.communication.pp_sent_bytes`, the tensor-parallel all-reduces
-next to
-:func:`memlab.predict.parallel.communication.tp_allreduce_buffer_bytes`.
+next to :func:`memlab.predict.parallel.communication.tp_allreduce_buffer_bytes`.
 
 :func:`parallel_ranks_ledger` turns the ranks' rows into one DataFrame (layout, rank, quantity, predicted, measured,
 note). ``memlab shard --layouts pp,tp`` prints it.

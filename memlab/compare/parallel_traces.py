@@ -130,8 +130,7 @@ def ring_terms(config: TransformerConfig, setup: Setup, rank: int) -> dict[str, 
     With ``C`` one K (or V) chunk, ``b (s/cp) kv_dim x 4``, ``O`` a q-sized tensor ``b (s/cp) q_dim x 4`` and ``L`` a
     log-sum-exp ``b a (s/cp) x 4``: forward, the received K/V chunks, ``2 C`` per chunk of
     :func:`memlab.predict.parallel.pipeline.ring_kv_chunks` (the estimator's term), and on ranks > 0 (which merge
-    partial
-    outputs) ``4 O + 2 L``: the partial output and log-sum-exp of the new chunk, the merged log-sum-exp, two
+    partial outputs) ``4 O + 2 L``: the partial output and log-sum-exp of the new chunk, the merged log-sum-exp, two
     rescaled outputs and their sum. Backward, the largest over the ring's ``cp`` steps ``i`` (chunk ``j = (r - i)
     mod cp``; ``n = [i < cp - 1]`` a next chunk arriving, ``c = [i > 0]`` a received one held) of ``(1 + n + c)``
     K/V-pair-sized buffers (the dK/dV accumulator travelling with its chunk, the received and arriving K/V) plus

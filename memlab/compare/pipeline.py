@@ -1,8 +1,7 @@
 """Pipeline ranks counted next to their prediction: torch.distributed.pipelining's schedules run on a fake group
 (:func:`memlab.tracing.pipeline.run_stage_step`), every live storage counted
 (:class:`memlab.measure.live_bytes.LiveBytes`), against :func:`memlab.predict.parallel.pipeline.parallel_estimate` rank
-by
-rank.
+by rank.
 
 What holds (tests/compare/test_pipeline_trace.py, two shapes, both schedules, both ranks of two): the bytes a rank
 holds after the step equal the prediction's ``end_bytes``; under GPipe the peak grows by exactly the predicted

@@ -52,8 +52,8 @@ def config_source(name_or_path: str | Path, size: str = "full") -> str:
 
 def published(name: str) -> TransformerConfig:
     """The published model ``name`` as its published code runs it: :func:`memlab.predict.families.reader.from_hf` of
-the full
-    config memlab ships under that name (``llama-2-7b``, ``gpt2``, ...; :func:`config_names` ``("full")``), named
+    the full config memlab ships under that name (``llama-2-7b``, ``gpt2``, ...; :func:`config_names` ``("full")``),
+    named
     ``name``. This is what ``memlab estimate --preset NAME`` and ``--hf NAME`` give for such a name;
     :func:`memlab.predict.spec.model.preset` is the reference GPT with the same sizes (``--preset ref:NAME``), whose
     activations differ where the published code differs (its traits: ``published(name).impl.differs()``)."""

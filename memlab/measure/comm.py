@@ -15,8 +15,8 @@ What the bytes are, per kind: ``send``/``recv`` the tensor sent or received; ``a
 ``all_gather``, ``all_to_all``, ``broadcast`` the local input buffer (for ``all_gather`` the local shard). They are
 buffer bytes, not bytes on the wire: a ring all-reduce puts 2(t-1)/t of its buffer on each rank's link
 [thakur2005] (:func:`memlab.predict.parallel.communication.ring_wire_bytes`), and gloo picks its own algorithm.
-Process-group
-set-up traffic (a device mesh's ``broadcast``) is counted like any other call, so open the counter around the step
+Process-group set-up traffic (a device mesh's ``broadcast``) is counted like any other call, so open the counter around
+the step
 only.
 """
 

@@ -126,8 +126,7 @@ class LiveBytes(TorchDispatchMode):
     @contextlib.contextmanager
     def phase(self, name: str, *, label: str | None = None, step: str | int = "") -> Iterator[None]:
         """Mark ``label`` (default ``name``) and append a :class:`~memlab.predict.memory.phases.PhaseRow` of ``step``
-and
-        ``name`` to :attr:`phases` when the block ends: start, peak (the most live at once inside) and end bytes."""
+        and ``name`` to :attr:`phases` when the block ends: start, peak (the most live at once inside) and end bytes."""
         start = self.live_bytes
         self.mark(name if label is None else label)
         self._phase_peak = start

@@ -7,8 +7,7 @@ flushed. The reported time is the median of the repeats (``min_s`` is kept too).
 
 A dtype the device cannot run gives one row with ``status="unsupported"`` and the ``reason`` (the exception's
 message), not an exception. Dtype names are those of :data:`memlab.predict.spec.precision.DTYPE_BYTES`; ``tf32`` means
-fp32
-storage with TF32 tensor-core matmuls (a CUDA mode). Sizes scale with ``scale``: ``"ci"`` is small enough for a
+fp32 storage with TF32 tensor-core matmuls (a CUDA mode). Sizes scale with ``scale``: ``"ci"`` is small enough for a
 2-core CI runner, ``"full"`` is for a real machine, ``"auto"`` picks ``full`` on CUDA and ``ci`` on CPU.
 """
 

@@ -3,8 +3,7 @@
 It exists so that every prediction of :mod:`memlab.predict.estimate` can be checked by a measurement of the *same*
 model: its parameter names and shapes are exactly :meth:`TransformerConfig.param_shapes`, and what it saves for
 backward is what :mod:`memlab.predict.memory.activations` predicts, term by term. The code is written for that
-accountability,
-not for speed: each choice that changes saved memory is stated where it is made.
+accountability, not for speed: each choice that changes saved memory is stated where it is made.
 
 Attention implementations (``attention=``):
 

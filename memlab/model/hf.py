@@ -5,8 +5,7 @@
 :func:`build_hf_model` is ``AutoModelForCausalLM.from_config`` in a dtype and attention implementation. The trace
 (:mod:`memlab.tracing.hf`) and the measured runs (:mod:`memlab.run.hf`) both build through here.
 :func:`memlab.predict.families.reader.from_hf` is the torch-free reader the estimator uses. :func:`call_inputs` makes a
-call
-convention's labels and mask (no mask, all ones, a padded batch: :func:`pad_counts`), for both as well.
+call convention's labels and mask (no mask, all ones, a padded batch: :func:`pad_counts`), for both as well.
 
 ``transformers`` is imported when a function runs, so importing this module is cheap.
 """
@@ -43,8 +42,7 @@ def hf_config(source: Any, **dims: Any) -> Any:
     """A ``transformers`` causal-LM config from what a user holds: a config object (returned as is, or copied with
     ``dims``), a dict with its ``model_type`` (a parsed ``config.json``), a ``config.json`` path (or its folder, read
     by :func:`memlab.predict.families.reader.read_config_json`: regular files only, size-capped, strict UTF-8 JSON), or
-    a model
-    type name (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...); ``dims`` override or add keys. Nothing is
+    a model type name (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...); ``dims`` override or add keys. Nothing is
     downloaded. Keys starting with ``_`` (memlab's notes, transformers' bookkeeping), ``architectures`` and
     ``transformers_version`` are dropped. A bad path or file, an unknown type, a type with no causal LM (t5), a
     config transformers refuses, a size that is not a positive int, or heads that do not divide the width raise

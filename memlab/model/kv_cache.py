@@ -2,8 +2,7 @@
 
 :class:`KVCache` holds ``2 * n_layers * batch * max_len * n_kv_heads * head_dim`` elements allocated up front
 (the bytes :func:`memlab.predict.memory.inference.kv_cache_bytes` predicts), so decoding never grows it; each layer
-writes
-into its slice through a :class:`LayerCache`.
+writes into its slice through a :class:`LayerCache`.
 """
 
 from __future__ import annotations

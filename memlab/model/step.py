@@ -1,8 +1,7 @@
 """Precision policies at run time: what dtype the model is built in, autocast, loss scaling, master weights.
 
 :data:`memlab.predict.spec.precision.PRECISION_POLICIES` says how many bytes each policy keeps per parameter; this
-module
-makes a real training step keep exactly those bytes, so the accounting can check the estimator:
+module makes a real training step keep exactly those bytes, so the accounting can check the estimator:
 
 - ``fp32`` / ``amp-*``: fp32 model, a plain optimizer; ``amp-*`` runs the forward under ``torch.autocast``
   and ``amp-fp16`` scales the loss with ``torch.amp.GradScaler``.

@@ -5,9 +5,11 @@
 - ``hardware/``: the accelerator table; ``compute/``: FLOPs, MFU, attention I/O;
 - ``memory/``: the single-rank memory model (activations, states, loss, inference, fine-tuning, phases);
 - ``parallel/``: per-rank bytes of pipeline, context and expert parallelism, communication, efficiency;
-- ``unmodelled``: what an estimate names as left out, with sizes; ``estimate``: the estimate and its result;
-  ``fit``: will it fit, the largest batch or sequence, the levers; ``paging``: KV-cache reservation policies.
+- ``coverage``: what memlab models, in one table: refusals with their way out, assumptions, and the terms an estimate
+  names as left out, with sizes; ``estimate``: one estimate for every setup, one device or per rank;
+- ``fit``: will it fit, the largest batch or sequence, the levers; ``paging``: KV-cache reservation policies.
 
 Where does X go? A new model family: ``families/``. A new saved tensor: ``memory/activations``. A parallelism whose
-ranks differ: ``parallel/``. Something the formula does not model: ``unmodelled``.
+ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). What memlab does or does not
+model, and what it says about it: a row of ``coverage``.
 """

@@ -1,381 +1,169 @@
-"""Predicted memory per device for training and inference, as a named breakdown with its assumptions.
+"""The estimate: one question, one answer. ``estimate(config, setup)`` answers every setup memlab models, on one
+device or per rank, with one result, a :class:`~memlab.predict.memory.breakdown.MemoryBreakdown`:
 
-``estimate(config, setup)`` returns a :class:`MemoryBreakdown`: bytes on ONE device for parameters, gradients,
-optimizer states, activations, KV cache and named overheads. Where each byte comes from:
+1. :mod:`memlab.predict.coverage` is asked whether memlab models the case; if not, one
+   :class:`~memlab.errors.SetupError` line says why and the way out.
+2. The bytes: one rank's (:func:`memlab.predict.memory.breakdown.rank_breakdown`); under pipeline or context
+   parallelism each pipeline rank's (:func:`memlab.predict.parallel.pipeline.parallel_estimate`); under expert
+   parallelism an expert-parallel rank's (:func:`memlab.predict.parallel.experts.expert_estimate`). One device is
+   one rank.
+3. The result carries what the next stage needs, computed once: its assumptions, the terms it names as left out
+   and the real peak's range (:mod:`memlab.predict.coverage`), and its ranks. Its components are the worst rank's.
 
-- model states per parameter: the :class:`memlab.predict.spec.precision.PrecisionPolicy` (weights, gradients, fp32
-master
-  copy, fp32 accumulation buffer) plus the optimizer's moments. Like the ZeRO paper (Rajbhandari et al. 2019, Sec. 3.1,
-  "K = 12" for mixed-precision Adam), the fp32 master copy and the fp32 accumulation buffer are counted as
-  **optimizer** state; ``optimizer_detail`` splits them out again.
-- sharding: ZeRO stages 0-3 / FSDP over ``setup.world_size`` data-parallel ranks
-  (:func:`~memlab.predict.memory.sharding.zero_divisors`), after Megatron tensor parallelism over ``setup.tp`` ranks
-  (:func:`~memlab.predict.memory.sharding.tp_shard_shape`).
-- activations: :func:`memlab.predict.memory.activations.activation_bytes` (Korthikanti et al. 2022, generalised), used
-as-is.
-- inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
-  tensor of a full-prompt forward.
-- overheads: named terms (:class:`Overheads`), never folded into other components.
-- phases: the bytes held at each phase of the first and the steady step and their peak
-(:mod:`memlab.predict.memory.phases`):
-  what must fit. ``total_bytes`` stays the sum of the components.
-
-Units: bytes. GiB = 2**30 bytes, GB = 10**9 bytes. This module imports no torch; the fit search and the CLI reuse
-these functions; :func:`sweep_totals` runs them on numpy arrays of batch/seq for fast sweeps.
+:func:`sweep_totals` runs the same formula on numpy arrays of batch and seq for fast sweeps (one rank). Units:
+bytes. No torch.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from memlab.errors import SetupError
-from memlab.predict.memory.activations import bytes_by_category, term_rows
-from memlab.predict.memory.family_terms import check_call, check_family_setup
-from memlab.predict.memory.finetune import largest_matrix_elements
-from memlab.predict.memory.inference import kv_cache_bytes, prefill_transient_bytes
-from memlab.predict.memory.phases import (
-    PhaseRow,
-    find_phase,
-    inference_phases,
-    larger,
-    peak_of,
-    predicted_row,
-    step_inputs_with,
-    training_phases,
+from memlab.predict import coverage
+from memlab.predict.memory.breakdown import (
+    MemoryBreakdown,
+    Overheads,
+    PeakRange,
+    RankBreakdown,
+    StateParts,
+    evaluate,
+    host_states,
+    model_buffer_bytes,
+    overheads_arg,
+    rank_breakdown,
 )
-from memlab.predict.memory.plan import plan, rest_of, rotary_seq_note
-from memlab.predict.spec.frozen import unchecked
+from memlab.predict.memory.phases import peak_of
+from memlab.predict.memory.sharding import shape_summary
+from memlab.predict.parallel.experts import expert_estimate
+from memlab.predict.parallel.pipeline import parallel_estimate, state_parts
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import Setup, SetupView
-from memlab.predict.spec.validate import LIMITS, StrictInit, check_fields, check_int, show
-from memlab.units import GB, GiB
+from memlab.predict.spec.validate import LIMITS, show
 
+__all__ = ["MemoryBreakdown", "Overheads", "estimate", "model_buffer_bytes", "sweep_totals"]
 
-# -- results ----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Overheads(StrictInit):
-    """Named memory terms outside model states and activations; each appears in ``MemoryBreakdown.overhead``.
-
-    Defaults are 0 because their size depends on the machine, driver and kernels; each estimate says so in its
-    assumptions and how to measure the term. ``gathered_layers`` counts the transformer blocks whose full
-    parameters ZeRO-3 holds gathered at once, for setups FSDP2's model does not cover (tensor parallelism): under
-    FSDP2 (ZeRO-2/3 over > 1 rank) the phases model the gathered units themselves (:mod:`memlab.predict.memory.fsdp`)
-    and
-    0 reports what the loss moment holds gathered; a value > 0 overrides that component (not the phases).
-    """
-
-    _error = SetupError  # what StrictInit raises for an unknown or missing field (a class attribute, not a field)
-
-    cuda_context_bytes: int = field(default=0, metadata=LIMITS["overhead_bytes"].meta())
-    """CUDA context, kernels and library handles (outside the caching allocator)."""
-    workspace_bytes: int = field(default=0, metadata=LIMITS["overhead_bytes"].meta())
-    """cuBLAS / attention workspaces."""
-    fragmentation_fraction: float = field(default=0.0, metadata={"max": 1.0, "max_open": True,
-                                                                  "why": "a fraction of the managed bytes, below 1"})
-    """Allocator margin as a fraction of all allocator-managed bytes (everything but the CUDA context)."""
-    gathered_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks"})
-    """Blocks held gathered under ZeRO-3 / FSDP FULL_SHARD (0 = not counted)."""
-
-    def __post_init__(self) -> None:
-        check_fields(self, SetupError)  # types and ranges from the annotations (memlab.predict.spec.validate)
-
-
-_NO_OVERHEADS = Overheads()
-"""The default (all terms 0): frozen, so one instance serves every call instead of one validated per estimate."""
-
-
-@dataclass(frozen=True)
-class MemoryBreakdown:
-    """Predicted bytes on ONE device, by component; ``total_bytes`` is their sum (overhead = sum of its terms).
-
-    A step never holds all components at once: ``phases`` are the bytes held at each phase of the first and the
-    steady step (:mod:`memlab.predict.memory.phases`), ``peak_bytes`` the largest of them (at
-    ``peak_step``/``peak_phase``).
-    "Will it fit?" is a question about ``peak_bytes``; ``total_bytes`` stays the sum of components.
-    """
-
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    """Moments + fp32 master copy + fp32 accumulation buffer (+ device-resident step counters): ZeRO's K."""
-    activations_bytes: int
-    kv_cache_bytes: int
-    overhead: dict[str, int]
-    total_bytes: int
-    param_count: int
-    mode: str
-    activation_detail: dict[str, float]
-    optimizer_detail: dict[str, int]
-    assumptions: tuple[str, ...]
-    config: dict[str, Any] | None
-    setup: dict[str, Any]
-    phases: tuple[PhaseRow, ...] = ()
-    """One :class:`~memlab.predict.memory.phases.PhaseRow` per (step, phase) in step order (steps ``first``, ``steady``;
-    inference: ``steady`` prefill, decode): ``peak_bytes`` is the predicted peak inside the phase; for
-    ``zero_grad``, what is held after it (``end_bytes`` too)."""
-    peak_bytes: int = 0
-    """The largest phase: what must fit on the device."""
-    peak_phase: str = ""
-    peak_step: str = ""
-    host_bytes: int = 0
-    """Host (pinned) memory activation offload takes (``Setup.offload_activations``; 0 without): at least the saved
-    activations, plus the matmul weights and the second reference to the log-softmax that save_on_cpu copies too
-    (:func:`offload_host_bytes`); with FSDP2's CPU offload (``Setup.fsdp_offload``) also the sharded parameters,
-    gradients and optimizer states (:func:`host_states`). Not part of the device's total or peak."""
-
-    @property
-    def peak_gib(self) -> float:
-        """Peak in GiB (2**30 bytes)."""
-        return self.peak_bytes / GiB
-
-    def phase_bytes(self, phase: str, step: str = "steady") -> int:
-        """Predicted bytes of one phase of one step: its ``peak_bytes``
-(:func:`~memlab.predict.memory.phases.find_phase`;
-        zero_grad: held after it)."""
-        return find_phase(self.phases, phase, step).peak_bytes
-
-    @property
-    def overhead_bytes(self) -> int:
-        """Sum of the named overhead terms."""
-        return sum(self.overhead.values())
-
-    def model_state_bytes(self, *, step_counters: bool = True) -> int:
-        """Parameters + gradients + optimizer state, bytes; ``step_counters=False`` leaves out Adam's per-tensor
-        ``step`` scalars (a few bytes per tensor, not per parameter), as bytes-per-parameter rules do."""
-        counters = 0 if step_counters else self.optimizer_detail.get("step_counters", 0)
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes - counters
-
-    @property
-    def total_gib(self) -> float:
-        """Total in GiB (2**30 bytes)."""
-        return self.total_bytes / GiB
-
-    @property
-    def total_gb(self) -> float:
-        """Total in GB (10**9 bytes)."""
-        return self.total_bytes / GB
-
-    def components(self) -> dict[str, int]:
-        """The main components in display order: params, grads, optimizer, activations, kv_cache, overhead."""
-        return {
-            "params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes,
-            "activations": self.activations_bytes, "kv_cache": self.kv_cache_bytes, "overhead": self.overhead_bytes,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready): every field plus ``per_device`` = components, total (their sum) and peak."""
-        d = asdict(self)
-        d["assumptions"] = list(self.assumptions)
-        d["phases"] = [r.to_dict() for r in self.phases]
-        d["per_device"] = {**self.components(), "total": self.total_bytes, "peak": self.peak_bytes}
-        return d
-
-    def to_frame(self) -> Any:
-        """pandas DataFrame, one row per main component: bytes, GiB, GB and share of the total."""
-        import pandas as pd
-
-        total = self.total_bytes or 1
-        rows = [{"component": k, "bytes": v, "GiB": v / GiB, "GB": v / GB, "share": v / total}
-                for k, v in self.components().items()]
-        return pd.DataFrame(rows)
-
-
-# -- the estimator ----------------------------------------------------------------------------------------------
-def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> None:
-    if isinstance(model, TransformerConfig):
-        model.check_seq(seq_max)
-        check_family_setup(model, setup, seq_max)  # a window a fused kernel sees, soft-capping it cannot run
-        return
-    if not isinstance(model, int) or isinstance(model, bool) or model <= 0:
-        raise SetupError(f"expected a TransformerConfig or a positive parameter count (int), got {show(model)}")
-    check_int("parameter count", model, hi=LIMITS["params"].max, why=LIMITS["params"].why, err=SetupError)
-    if setup.optimizer == "adafactor" and setup.mode == "train":
-        raise SetupError("adafactor state depends on parameter shapes: give a model config, not a bare count")
-
-
-def _evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_type: str,
-              step_on_device: bool | None) -> tuple:
-    """Shared core of :func:`estimate` (scalars) and :func:`sweep_totals` (numpy batch/seq): the setup's cached
-    :class:`~memlab.predict.memory.plan.Plan` (what batch and seq do not change) and the terms that batch and seq do."""
-    if device_type not in ("cuda", "cpu"):
-        raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
-    if setup.pp > 1 or setup.cp > 1:  # per rank, stage by stage: memlab.predict.parallel.pipeline
-        raise SetupError(f"pp={setup.pp}, cp={setup.cp}: ranks hold different bytes: use "
-                         "memlab.predict.parallel.pipeline.parallel_estimate (memlab estimate prints it)")
-    if setup.ep > 1:  # experts split over ranks: memlab.predict.parallel.experts
-        raise SetupError(f"ep={setup.ep}: an expert-parallel rank holds n_experts / ep experts and the all-to-all "
-                         "buffers: use memlab.predict.parallel.experts.expert_estimate (memlab estimate prints it)")
-    _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
-    check_call(setup, device_type)
-    if step_on_device is not None and not isinstance(step_on_device, bool):
-        raise SetupError(f"step_on_device must be True, False or None, got {show(step_on_device)}")
-    on_device = device_type == "cpu" if step_on_device is None else step_on_device
-    p = plan(model, rest_of(setup), ov, device_type, on_device)  # checks tp
-    kv, act_detail, act_terms = 0, {}, None
-    is_cfg = isinstance(model, TransformerConfig)
-    if is_cfg:
-        if setup.mode == "train":  # listed once: the phases reuse them (memlab.predict.memory.phases.step_inputs_with)
-            act_terms = term_rows(model, setup, device_type=device_type)
-            act_detail = bytes_by_category(act_terms, setup.tp, setup.sp)
-        else:
-            compute = 4 if setup.inference_weights == "fp32" else 2
-            act_detail = prefill_transient_bytes(model, setup.batch, setup.seq, compute, setup.tp,
-                                                 setup.fused_attention)
-            kv = kv_cache_bytes(model, setup.batch, setup.seq, setup.kv_cache_dtype, setup.tp)
-    if setup.mode == "train":
-        acts = sum(act_detail.values()) if act_detail else 0
-    else:
-        acts = functools.reduce(larger, act_detail.values()) if act_detail else 0
-    off = host_states(setup)  # FSDP2 CPU offload: the sharded states live on the host
-    managed = (0 if off else p.states_total) + acts + kv
-    gathered = ov.gathered_layers * p.gather_bytes_per_layer if p.gather_bytes_per_layer else 0
-    fsdp = p.step.get("fsdp") if p.fsdp is not None else None
-    if fsdp is not None and not ov.gathered_layers:  # FSDP2 modelled per phase: the component is what the loss sees
-        gathered = fsdp["forward"]
-    buffers = model_buffer_bytes(model) if is_cfg else 0
-    terms = {"cuda_context": ov.cuda_context_bytes, "workspace": ov.workspace_bytes, "zero3_gathered_params": gathered,
-             "model_buffers": buffers,
-             "fragmentation": ov.fragmentation_fraction * (managed + ov.workspace_bytes + gathered + buffers)}
-    if setup.finetune == "qlora" and is_cfg:  # one weight dequantised to bf16 at a time
-    # (memlab.predict.memory.finetune)
-        terms["qlora_dequantised_weight"] = 2 * largest_matrix_elements(model)  # type: ignore[arg-type]
-    overhead = sum(terms.values())
-    # Under FSDP2 the phases carry the gathered bytes themselves (memlab.predict.memory.fsdp.moments): not added twice
-    phase_overhead = overhead - gathered if fsdp is not None else overhead
-    states = p.states
-    if setup.mode != "train":
-        decode = 0
-        if is_cfg:
-            compute = 4 if setup.inference_weights == "fp32" else 2
-            decode = functools.reduce(larger, prefill_transient_bytes(
-                model, setup.batch, 1, compute, setup.tp, setup.fused_attention).values())
-        phases = inference_phases(states["params"], kv, acts, decode, overhead)
-    else:
-        x = step_inputs_with(p.step, model if is_cfg else None, setup, device_type=device_type, terms=act_terms)
-        if off:  # the device holds none of the shards, and the optimizer steps on the host
-            x = replace(x, optimizer_temporary_bytes=0, optimizer_before_step_bytes=0,
-                        fsdp={**x.fsdp, "root_grads_shard": 0})
-            states = {"params": 0, "grads": 0, "optimizer": 0}
-        phases = training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
-                                 grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
-                                 overhead=phase_overhead)
-    return p, acts, kv, terms, act_detail, phases
-
-
-def model_buffer_bytes(config: TransformerConfig) -> int:
-    """Bytes of the model's buffers: the reference GPT's rotary cos and sin tables, fp32 ``max_seq`` x
-    ``head_dim / 2`` each (``memlab.model.gpt.Rotary``), so ``4 * max_seq * head_dim`` bytes; for a partial rotary
-    (``impl.rotary_fraction``: GPT-J's one fp32 ``(n_positions, rotary_dim)`` sin/cos table,
-    [hf-transformers: modeling_gptj.py create_sinusoidal_positions], kept in fp32 whatever the model dtype, as
-    measured by memlab.compare.hf_draws) the rotated dimensions only; 0 for learned or no positions and for
-    implementations that build the tables per forward (``impl.rotary_tables_per_forward``: Hugging Face's rotary
-    keeps only an ``inv_freq`` vector of ``head_dim / 2`` floats, not counted)."""
-    if config.positions != "rotary" or config.impl.rotary_tables_per_forward:
-        return 0
-    return 4 * config.max_seq * round(config.head_dim * config.impl.rotary_fraction)
-
-
-def _overheads_arg(overheads: object) -> Overheads:
-    if overheads is None:
-        return _NO_OVERHEADS
-    if not isinstance(overheads, Overheads):
-        raise SetupError(f"overheads must be a memlab.predict.estimate.Overheads or None, got "
-                         f"{type(overheads).__name__}: pass Overheads(cuda_context_bytes=...)")
-    return overheads
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    """Shallow field dict of a frozen dataclass (faster than dataclasses.asdict)."""
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
-
-
-def _config_fields(cached: dict[str, Any]) -> dict[str, Any]:
-    """A fresh copy (and a fresh ``impl`` dict) of a plan's :attr:`~memlab.predict.memory.plan.Plan.config_fields`: the
-    config's fields with its ``impl`` as ``impl.to_dict()``, listed once per plan (configs are frozen)."""
-    out = dict(cached)
-    out["impl"] = dict(out["impl"])
-    return out
+DEVICE_TYPES = ("cuda", "cpu")
+"""The devices a step is estimated for (their widths differ: autocast's op lists, norm kernels, step counters)."""
 
 
 def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overheads: Overheads | None = None,
              device_type: str = "cuda", step_on_device: bool | None = None) -> MemoryBreakdown:
-    """Predicted per-device memory of ``setup`` (training or inference, by ``setup.mode``).
+    """Predicted memory of ``setup`` (training or inference, by ``setup.mode``) on each rank, the worst rank's as
+    the components.
 
-    ``config_or_params`` is a :class:`TransformerConfig` or a bare parameter count (model states only).
-    ``device_type`` ("cuda" or "cpu") selects the device-dependent activation widths of
-    :func:`memlab.predict.memory.activations.activation_bytes`. ``step_on_device``: whether the optimizer's per-tensor
-    step
-    counters live on the device; None means "only on a CPU run" (torch hosts them on the CPU unless the
-    optimizer is fused or capturable: pass True for those).
+    ``config_or_params`` is a :class:`~memlab.predict.spec.model.TransformerConfig` or a bare parameter count (model
+    states only). ``device_type`` ("cuda" or "cpu") selects the device-dependent widths. ``step_on_device``:
+    whether the optimizer's per-tensor step counters live on the device; None means "only on a CPU run" (torch
+    hosts them on the CPU unless the optimizer is fused or capturable: pass True for those). A case memlab does
+    not model raises :class:`~memlab.errors.SetupError` (:func:`memlab.predict.coverage.refusal`).
     """
+    _check_arguments(setup, device_type)
+    ov = overheads_arg(overheads)
+    coverage.check(config_or_params, setup, device_type)
+    if setup.pp > 1 or setup.cp > 1:
+        return _pipeline(_config(config_or_params, "--pp/--cp place layers and tokens"), setup, ov, device_type)
+    if setup.ep > 1:
+        return _experts(_config(config_or_params, "--ep places experts"), setup, ov, device_type)
+    bd = rank_breakdown(config_or_params, setup, overheads=ov, device_type=device_type,
+                        step_on_device=step_on_device)
+    head, tail = coverage.assumptions(config_or_params, setup, ov, device_type)
+    terms = coverage.named_terms(config_or_params, setup, bd, device_type)
+    one = RankBreakdown(rank=_every_rank(setup), holds=_holds(setup), states_bytes=bd.model_state_bytes(),
+                        activations_bytes=bd.activations_bytes + bd.kv_cache_bytes, other_bytes=bd.overhead_bytes,
+                        peak_bytes=bd.peak_bytes)
+    return replace(bd, assumptions=(*head, *coverage.rotary_seq_note(config_or_params, setup.seq), *tail,
+                                    *bd.assumptions),
+                   named_terms=terms, peak_range=coverage.peak_range(bd, terms), ranks=(one,))
+
+
+def _check_arguments(setup: object, device_type: object) -> None:
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
-    ov = _overheads_arg(overheads)
-    p, acts, kv, terms, act_detail, phases = _evaluate(config_or_params, setup, ov, device_type, step_on_device)
-    overhead = {k: math.ceil(v) for k, v in terms.items()}
-    acts_i, kv_i = math.ceil(acts), math.ceil(kv)
-    off = host_states(setup)
-    total = (0 if off else p.states_total) + acts_i + kv_i + sum(overhead.values())
-    rows = [predicted_row(st, ph, math.ceil(v)) for st, ph, v in phases]
-    # The peak row: the largest; ties go to the first step and, within a step, to the later phase (backward starts
-    # with what forward ends with): the last row of the largest (bytes, step == "first").
-    top = rows[0]
-    for row in rows:
-        if row.peak_bytes > top.peak_bytes or (row.peak_bytes == top.peak_bytes
-                                               and (row.step == "first" or top.step != "first")):
-            top = row
-    states = {"params": 0, "grads": 0, "optimizer": 0} if off else p.states
-    host = (offload_host_bytes(config_or_params, setup, acts_i) if setup.offload_activations else 0) \
-        + (math.ceil(p.states_total) if off else 0)
-    return unchecked(MemoryBreakdown, {  # every field in order; MemoryBreakdown checks nothing (frozen.unchecked)
-        "params_bytes": states["params"], "grads_bytes": states["grads"], "optimizer_bytes": states["optimizer"],
-        "activations_bytes": acts_i, "kv_cache_bytes": kv_i, "overhead": overhead, "total_bytes": total,
-        "param_count": p.param_count, "mode": setup.mode,
-        "activation_detail": {k: float(v) for k, v in act_detail.items()}, "optimizer_detail": dict(p.opt_detail),
-        "assumptions": (*p.assumptions_head, *rotary_seq_note(config_or_params, setup.seq, setup), *p.assumptions_tail),
-        "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": _fields(setup),
-        "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
-        "host_bytes": host,
-    })
+    if device_type not in DEVICE_TYPES:
+        raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
 
 
-def host_states(setup: Any) -> bool:
-    """True when FSDP2's CPUOffloadPolicy (``Setup.fsdp_offload``) keeps the sharded parameters, gradients and
-    optimizer states on the host: the estimate's params/grads/optimizer components are then 0 on the device and
-    their bytes are in ``host_bytes``; the gathered units, all-gather buffers and unsharded gradients stay on the
-    device (the FSDP2 moments, :func:`memlab.predict.memory.fsdp.moments`)."""
-    return setup.fsdp_offload and setup.mode == "train"
-
-
-def offload_host_bytes(model: TransformerConfig | int, setup: Setup, activations: int) -> int:
-    """Host bytes ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` takes for one micro-batch, at least.
-
-    save_on_cpu copies every tensor autograd saves, once per op that saves it [pytorch-autograd]: the activations
-    (each storage once here), the matmul weights (parameters; under autocast their 16-bit copies, already in the
-    activations, are what matmuls save) and, for the plain loss, the fp32 log-softmax twice (log_softmax's backward
-    and nll_loss's both save it). Other tensors saved by two ops (views, a GELU input) are copied twice too and
-    are not counted here, and torch's pinned-memory allocator may round each block up: a lower bound (within
-    15 % of the traced copies on the reference GPT, tests/run/test_loss_offload.py)."""
+def _config(model: TransformerConfig | int, what: str) -> TransformerConfig:
     if not isinstance(model, TransformerConfig):
-        return activations
-    weights = 0
-    if not setup.policy.autocast:
-        head = model.vocab_size * model.d_model
-        # full recompute: the blocks' matmuls save nothing in forward (only the head's weight is saved)
-        matmul = head if setup.recompute == "full" else model.matmul_param_count()
-        matmul -= head if setup.loss == "fused" else 0
-        weights = math.ceil(matmul / setup.tp) * setup.policy.param_bytes
-    twice = 4 * setup.batch * setup.seq * model.vocab_size // setup.tp if setup.loss == "plain" else 0
-    if setup.loss == "plain" and setup.logits_to_keep:
-        twice = 4 * setup.batch * min(setup.logits_to_keep, setup.seq) * model.vocab_size // setup.tp
-    return activations + weights + twice
+        raise SetupError(f"{what} on ranks: give a model config, not a bare parameter count")
+    return model
 
 
+def _every_rank(setup: Setup) -> str:
+    n = setup.world_size * setup.tp
+    return "the one device" if n == 1 else f"each of {n} ranks"
+
+
+def _holds(setup: Setup) -> str:
+    shard = f"1/{setup.tp} of each layer (tp)" if setup.tp > 1 else "every layer"
+    return shard + (f", states sharded over {setup.world_size} (ZeRO-{setup.zero_stage})"
+                    if setup.zero_stage and setup.world_size > 1 and setup.mode == "train" else "")
+
+
+def _multi_rank(config: TransformerConfig, setup: Setup, ov: Overheads, states: StateParts, activations: int,
+                other: dict[str, int], peak: tuple[int, str], ranks: tuple[RankBreakdown, ...],
+                layout: dict[str, Any], notes: tuple[str, ...]) -> MemoryBreakdown:
+    """The result of a layout whose ranks differ: the worst rank's components (``states``: its model states, split),
+    no phases (per-rank phases are not modelled: ``peak`` is the worst rank's bytes and its moment), every rank in
+    ``ranks``; the layout's own assumptions, then the overheads the estimate leaves out."""
+    _, tail = coverage.assumptions(config, setup, ov, "cuda")
+    return MemoryBreakdown(
+        params_bytes=states.params, grads_bytes=states.grads, optimizer_bytes=states.optimizer,
+        activations_bytes=activations, kv_cache_bytes=0, overhead=other,
+        total_bytes=states.total + activations + sum(other.values()),
+        param_count=shape_summary(config).param_count, mode="train", activation_detail={},
+        optimizer_detail=dict(states.optimizer_detail), assumptions=(*notes, *tail),
+        config={**{name: getattr(config, name) for name in config.__dataclass_fields__},
+                "impl": config.impl.to_dict()},
+        setup={name: getattr(setup, name) for name in setup.__dataclass_fields__},
+        peak_bytes=peak[0], peak_phase=peak[1], peak_step="steady", peak_range=PeakRange(peak[0], peak[0], peak[0], ()),
+        ranks=ranks, layout=layout)
+
+
+def _pipeline(config: TransformerConfig, setup: Setup, ov: Overheads, device_type: str) -> MemoryBreakdown:
+    """Pipeline and context parallelism: one row per pipeline rank
+    (:func:`memlab.predict.parallel.pipeline.parallel_estimate`); the worst decides the fit."""
+    if ov != Overheads():
+        raise SetupError("overheads are not modelled per pipeline rank: drop them with pp > 1 or cp > 1")
+    rep = parallel_estimate(config, setup, device_type=device_type)
+    ranks = tuple(RankBreakdown(
+        rank=str(r.rank), holds=r.holds, states_bytes=r.states_bytes, activations_bytes=r.activations_bytes,
+        other_bytes=r.buffers_bytes + r.transient_bytes, peak_bytes=r.peak_bytes,
+        detail={"params": r.params, "in_flight": list(r.in_flight), "buffers_bytes": r.buffers_bytes,
+                "transient_bytes": r.transient_bytes, "end_bytes": r.end_bytes}) for r in rep.rows)
+    w = rep.worst
+    return _multi_rank(config, setup, ov, state_parts(w.params, setup), w.activations_bytes,
+                       {"pipeline_buffers": w.buffers_bytes, "transient": w.transient_bytes}, (w.peak_bytes,
+                       "backward"), ranks, {"kind": "pipeline", "worst_rank": w.rank,
+                                           "bubble_fraction": rep.bubble_fraction}, rep.assumptions)
+
+
+def _experts(config: TransformerConfig, setup: Setup, ov: Overheads, device_type: str) -> MemoryBreakdown:
+    """Expert parallelism: one expert-parallel rank (:func:`memlab.predict.parallel.experts.expert_estimate`;
+    every rank alike under balanced routing, the busiest under worst)."""
+    if ov != Overheads():
+        raise SetupError("overheads are not modelled per expert-parallel rank: drop them with ep > 1")
+    rep = expert_estimate(config, setup, device_type=device_type)
+    held = rep.states_bytes + rep.activations_bytes + rep.buffers_bytes + rep.transient_bytes
+    rank = RankBreakdown(
+        rank=f"each of {setup.ep} ep ranks" if setup.ep_routing == "balanced" else "the busiest ep rank",
+        holds=f"{rep.local_experts} of {config.n_experts} experts a layer", states_bytes=rep.states_bytes,
+        activations_bytes=rep.activations_bytes, other_bytes=rep.buffers_bytes + rep.transient_bytes,
+        peak_bytes=rep.peak_bytes,
+        detail={"local_experts": rep.local_experts, "dense_params": rep.dense_params,
+                "expert_params": rep.expert_params, "sent_pairs": rep.sent_pairs, "received_pairs": rep.received_pairs,
+                "routed_activations_bytes": rep.routed_activations_bytes, "all_to_all_bytes": rep.all_to_all_bytes})
+    return _multi_rank(config, setup, ov, rep.states, rep.activations_bytes,
+                       {"model_buffers": rep.buffers_bytes, "transient": rep.transient_bytes},
+                       (rep.peak_bytes, "backward" if held >= rep.peak_bytes else "optimizer step"), (rank,),
+                       {"kind": "experts", "ep": rep.ep, "routing": rep.routing, "sent_bytes": rep.sent_bytes},
+                       rep.assumptions)
+
+
+# -- vectorised sweeps --------------------------------------------------------------------------------------------
 def _size_array(name: str, values: Any, hi: int) -> np.ndarray:
     """``values`` as a float64 array of whole numbers in [1, hi]; anything else raises SetupError with the fix."""
     try:
@@ -404,10 +192,13 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
 
     Runs the same formula functions as :func:`estimate` with numpy arrays in place of the setup's batch/seq;
     every other field comes from ``setup``. Values are float64 (exact below 2**53 bytes) and equal
-    ``estimate(...).total_bytes`` (``.peak_bytes``) up to the per-component rounding up to whole bytes.
+    ``estimate(...).total_bytes`` (``.peak_bytes``) up to the per-component rounding up to whole bytes. One rank:
+    layouts whose ranks differ (pp, cp, ep) are :func:`estimate`'s.
     """
-    if not isinstance(setup, Setup):
-        raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
+    _check_arguments(setup, device_type)
+    if setup.pp > 1 or setup.cp > 1 or setup.ep > 1:
+        raise SetupError(f"pp={setup.pp}, cp={setup.cp}, ep={setup.ep}: ranks hold different bytes; sweep_totals "
+                         "sweeps one rank: use estimate() per setup")
     b = _size_array("batch", setup.batch if batch is None else batch, LIMITS["batch"].max)
     s = _size_array("seq", setup.seq if seq is None else seq, LIMITS["seq"].max)
     try:
@@ -416,8 +207,9 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
         raise SetupError(f"batch (shape {b.shape}) and seq (shape {s.shape}) do not broadcast together: pass "
                          "arrays of one shape, or one of them as a scalar") from None
     view = SetupView(setup, batch=b, seq=s)
-    p, acts, kv, terms, *_, phases = _evaluate(config_or_params, view, _overheads_arg(overheads), device_type,
-                                               step_on_device)
+    coverage.check(config_or_params, view, device_type)
+    p, acts, kv, terms, *_, phases = evaluate(config_or_params, view, overheads_arg(overheads), device_type,
+                                              step_on_device)
     if peak:
         return peak_of(phases) + np.zeros_like(b)
     return (0 if host_states(setup) else p.states_total) + acts + kv + sum(terms.values()) + np.zeros_like(b)

@@ -1,8 +1,7 @@
 """Will it fit? A predicted step against a device's memory, and the largest batch or sequence that fits.
 
 The verdict compares the estimator's **peak** (the most a step holds at once, :mod:`memlab.predict.memory.phases`), not
-the
-sum of components, with the capacity torch reports (a detected device) or the datasheet (a table row).
+the sum of components, with the capacity torch reports (a detected device) or the datasheet (a table row).
 This module imports no torch.
 """
 

@@ -2,8 +2,8 @@
 
 :func:`run_stage_step` builds the reference GPT's stage ``rank`` of ``setup.pp`` (its blocks by
 :func:`memlab.predict.parallel.pipeline.virtual_stage_layers`; the embeddings on the first stage, the final norm, an LM
-head of
-its own and the loss on the last, as Megatron-LM places them) as a ``PipelineStage`` with static shapes, runs one
+head of its own and the loss on the last, as Megatron-LM places them) as a ``PipelineStage`` with static shapes, runs
+one
 training step of ``Schedule1F1B``, ``ScheduleGPipe`` or ``ScheduleInterleaved1F1B`` over ``setup.micro_batches``
 micro-batches on a fake group
 (:func:`memlab.tracing.fake_dist.fake_process_group`: sends and receives return at once, nothing arrives), and counts

@@ -114,8 +114,7 @@ def replicated_terms(config: TransformerConfig, setup: Setup) -> dict[str, int]:
 
 SP_GATHERED = ("q/k/v projection input", "MLP input", "LM-head input")
 """The estimator's rows (:func:`memlab.predict.memory.activations.term_rows`) that DTensor's sequence-parallel plan
-saves
-all-gathered (whole sequence) where Megatron-LM saves the sequence shard [korthikanti2022, Sec. 4.2.2]."""
+saves all-gathered (whole sequence) where Megatron-LM saves the sequence shard [korthikanti2022, Sec. 4.2.2]."""
 
 
 def sequence_parallel_terms(config: TransformerConfig, setup: Setup, device_type: str = "cpu") -> dict[str, int]:

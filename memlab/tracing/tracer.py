@@ -86,8 +86,8 @@ class Trace:
     """Bytes one training step holds, from a traced step (fake or real tensors). Bytes throughout.
 
     ``phases``: one :class:`~memlab.predict.memory.phases.PhaseRow` per (step, phase) with ``peak_bytes`` (the most
-    held at
-    once inside the phase), ``end_bytes``, ``by_category`` (the categories at the phase's peak), ``end_by_category``
+    held at once inside the phase), ``end_bytes``, ``by_category`` (the categories at the phase's peak),
+    ``end_by_category``
     and ``reliable``. ``peak_*`` is the largest reliable phase peak over both steps.
     ``modules``: per module of the steady step, ``activation_bytes`` its forward leaves behind for backward
     (MemTracker's post-forward minus pre-forward activations; parents include their children).
@@ -172,8 +172,7 @@ def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
 
 class PhaseRecorder(Meter):
     """A :class:`~memlab.model.step.Meter` that records one :class:`~memlab.predict.memory.phases.PhaseRow` per phase
-from
-    a MemTracker (:func:`fast_mem_tracker`) into :attr:`rows`: peak and end bytes, in total and by
+    from a MemTracker (:func:`fast_mem_tracker`) into :attr:`rows`: peak and end bytes, in total and by
     :data:`CATEGORIES`. The tracker's global peak is re-based at each phase start (private fields of
     torch.distributed._tools.mem_tracker, stable since torch 2.5); its module statistics are reset before each
     forward (MemTracker keeps one call per module). Use ``with recorder.phase(step, name):`` around each phase."""

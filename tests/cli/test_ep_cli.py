@@ -21,16 +21,16 @@ def test_ep_json_is_expert_estimate(capsys: pytest.CaptureFixture[str], routing:
     out = json.loads(capsys.readouterr().out)
     rep = expert_estimate(preset("tiny-moe"), Setup(batch=2, seq=64, ep=4, world_size=8, zero_stage=1,
                                                     ep_routing=routing))
-    assert out["peak"] == rep.peak_bytes and out["rank"]["sent_bytes"] == rep.sent_bytes > 0
+    assert out["per_device"]["peak"] == rep.peak_bytes and out["layout"]["sent_bytes"] == rep.sent_bytes > 0
     # 128 tokens x top-2; worst: 4 ranks x 128 tokens x min(2, 8 / 4) of this rank's experts
-    assert out["rank"]["received_pairs"] == (256 if routing == "balanced" else 4 * 128 * 2)
+    assert out["ranks"][0]["detail"]["received_pairs"] == (256 if routing == "balanced" else 4 * 128 * 2)
 
 
 def test_ep_table_schedule_alias_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["estimate", "--preset", "tiny-moe", "--seq", "64", "--ep", "2", "--world-size", "2",
                      "--gpu", "h100-sxm"]) == 0
     text = capsys.readouterr().out
-    assert "all-to-all" in text and "a rank fits" in text and "4 of 8 experts" in text
+    assert "all-to-all" in text and "verdict: FITS" in text and "4 of 8 experts" in text
     base = ["estimate", "--preset", "tiny-gpt", "--seq", "64", "--pp", "2", "--micro-batches", "2", "--json"]
     assert cli.main([*base, "--schedule", "gpipe"]) == 0
     short = json.loads(capsys.readouterr().out)
@@ -52,8 +52,8 @@ def test_ep_on_a_hugging_face_config(capsys: pytest.CaptureFixture[str], family:
     path = CONFIG_DIR / "tiny" / f"{family}.json"
     argv = ["estimate", "--hf", str(path), "--seq", "32", "--ep", "2", "--world-size", "4", "--json"]
     assert cli.main(argv) == 0
-    one = json.loads(capsys.readouterr().out)["rank"]
+    one = json.loads(capsys.readouterr().out)["ranks"][0]["detail"]
     assert cli.main([*argv[:-5], "--ep", "4", "--world-size", "4", "--json"]) == 0
-    four = json.loads(capsys.readouterr().out)["rank"]
+    four = json.loads(capsys.readouterr().out)["ranks"][0]["detail"]
     assert one["local_experts"] == 2 and four["local_experts"] == 1
     assert four["expert_params"] * 2 == one["expert_params"] and four["dense_params"] == one["dense_params"]

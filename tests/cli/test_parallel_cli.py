@@ -18,16 +18,16 @@ def test_pp_json_is_parallel_estimate(capsys: pytest.CaptureFixture[str]) -> Non
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     rep = parallel_estimate(preset("tiny-gpt"), Setup(batch=2, seq=64, pp=2, micro_batches=4, pp_schedule="gpipe"))
-    assert out["peak"] == rep.peak_bytes and [r["peak_bytes"] for r in out["ranks"]] == [r.peak_bytes
-                                                                                       for r in rep.rows]
-    assert out["bubble_fraction"] == pytest.approx(1 / 5)
+    assert out["per_device"]["peak"] == rep.peak_bytes
+    assert [r["peak_bytes"] for r in out["ranks"]] == [r.peak_bytes for r in rep.rows]
+    assert out["layout"]["bubble_fraction"] == pytest.approx(1 / 5)
 
 
 def test_pp_table_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["estimate", "--preset", "tiny-gpt", "--seq", "64", "--pp", "2", "--micro-batches", "2",
                      "--gpu", "h100-sxm"]) == 0
     text = capsys.readouterr().out
-    assert "<- worst" in text and "fits" in text and "head + loss" in text
+    assert "<- worst" in text and "verdict: FITS" in text and "head + loss" in text
     assert cli.main(["estimate", "--params", "1000000", "--pp", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model config" in err[0]

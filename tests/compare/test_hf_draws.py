@@ -21,8 +21,8 @@ from memlab.compare.hf_draws import (
 )
 from memlab.course.hf_configs import config_names, load_config
 from memlab.errors import MemlabError
+from memlab.predict.coverage import NamedTerm
 from memlab.predict.families.reader import SUPPORTED, from_hf
-from memlab.predict.unmodelled import NamedTerm
 
 TINY = {name: load_config(name) for name in config_names("tiny")}
 EXACT = ("activations", "states", "steady states")
@@ -80,7 +80,7 @@ def test_where_the_logits_dominate_the_peaks_of_generated_draws_are_exact() -> N
 
 def test_a_peak_outside_the_tolerance_and_the_named_range_is_off() -> None:
     from memlab.compare.hf_draws import _peak_verdict
-    from memlab.predict.unmodelled import PeakRange
+    from memlab.predict.coverage import PeakRange
 
     term = NamedTerm("x", 500, ("backward",), +1)
     exact, more = PeakRange(100_000, 100_000, 100_000, ()), PeakRange(100_000, 100_000, 100_500, (term,))
@@ -92,10 +92,10 @@ def test_a_peak_outside_the_tolerance_and_the_named_range_is_off() -> None:
 
 
 def test_the_peak_range_is_each_phase_widened_by_the_terms_that_apply_to_it() -> None:
+    from memlab.predict.coverage import peak_range
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.model import preset
     from memlab.predict.spec.setup import Setup
-    from memlab.predict.unmodelled import peak_range, unmodelled_term_list
 
     rng = random.Random(11)
     for name in ("llama", "gpt2", "gemma2", "qwen3_moe"):
@@ -103,18 +103,18 @@ def test_the_peak_range_is_each_phase_widened_by_the_terms_that_apply_to_it() ->
         setup = Setup(batch=rng.randint(1, 3), seq=rng.randint(8, 40), precision=rng.choice(("fp32", "bf16")),
                       optimizer="adamw", recompute=rng.choice(("none", "full")))
         bd = estimate(hf, setup, device_type="cpu")
-        terms = unmodelled_term_list(hf, setup, bd, "cpu")
-        r = peak_range(hf, setup, bd, "cpu")
+        terms = bd.named_terms
+        r = peak_range(bd)
         assert r.peak == bd.peak_bytes and r.terms == tuple(terms) and terms
         assert r.high == max(row.held_bytes + sum(t.bytes for t in terms if t.sign > 0 and t.applies(row.phase))
                              for row in bd.phases)
         assert r.low == max(row.held_bytes - sum(t.bytes for t in terms if t.sign < 0 and t.applies(row.phase))
                             for row in bd.phases)
         assert r.low <= r.peak <= r.high
-        steady = peak_range(hf, setup, bd, "cpu", step="steady")
+        steady = peak_range(bd, step="steady")
         assert steady.peak == max(row.held_bytes for row in bd.phases if row.step == "steady")
     ref, plain = preset("tiny-gpt"), Setup(batch=2, seq=32, precision="fp32")  # memlab's GPT: nothing named
-    exact = peak_range(ref, plain, estimate(ref, plain, device_type="cuda"), "cuda")
+    exact = peak_range(estimate(ref, plain, device_type="cuda"))
     assert exact.low == exact.peak == exact.high and not exact.terms
 
 
@@ -139,53 +139,53 @@ def test_a_refused_key_that_the_estimate_accepted_would_be_off() -> None:
 
 
 def test_an_hf_estimate_names_its_own_transients_and_the_reference_gpt_does_not() -> None:
+    from memlab.predict.coverage import HF_TRANSIENTS, top_block_bound_bytes
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.model import preset
     from memlab.predict.spec.setup import Setup
-    from memlab.predict.unmodelled import HF_TRANSIENTS, top_block_bound_bytes, unmodelled_term_list
 
     setup = Setup(batch=2, seq=32, precision="fp32", optimizer="adamw")
     hf = from_hf(TINY["llama"])
     bd = estimate(hf, setup, device_type="cpu")
-    terms = {t.name: t for t in unmodelled_term_list(hf, setup, bd)}
-    assert terms[HF_TRANSIENTS].bytes == int(-(-top_block_bound_bytes(hf, setup) // 1)) > 0
+    terms = {t.name: t for t in bd.named_terms}
+    assert terms[HF_TRANSIENTS].bytes == int(-(-top_block_bound_bytes(hf, setup, "cpu") // 1)) > 0
     assert terms[HF_TRANSIENTS].applies("forward") and not terms[HF_TRANSIENTS].applies("optimizer step")
     assert any(a.startswith("peak: the family's own transients") for a in bd.assumptions)
     ref = preset("tiny-gpt")
     ref_bd = estimate(ref, setup, device_type="cpu")
-    assert HF_TRANSIENTS not in {t.name for t in unmodelled_term_list(ref, setup, ref_bd)}
+    assert HF_TRANSIENTS not in {t.name for t in ref_bd.named_terms}
     assert not any(a.startswith("peak: the family's own transients") for a in ref_bd.assumptions)
 
 
 def test_full_recompute_of_an_hf_family_bounds_its_bottom_block_from_above_and_the_reference_gpt_does_not() -> None:
+    from memlab.predict.coverage import HF_RECOMPUTED_BLOCK
     from memlab.predict.estimate import estimate
     from memlab.predict.memory.phases import layer_terms
     from memlab.predict.spec.model import preset
     from memlab.predict.spec.setup import Setup
-    from memlab.predict.unmodelled import HF_RECOMPUTED_BLOCK, unmodelled_term_list
 
     rng = random.Random(5)
     for name in ("mistral", "phi3", "gpt2"):
         hf = from_hf(TINY[name])
         setup = Setup(batch=rng.randint(1, 3), seq=rng.randint(8, 40), precision=rng.choice(("fp32", "amp-bf16")),
                       optimizer="adamw", recompute="full")
-        terms = {t.name: t for t in unmodelled_term_list(hf, setup, estimate(hf, setup, device_type="cpu"))}
+        terms = {t.name: t for t in estimate(hf, setup, device_type="cpu").named_terms}
         term = terms[HF_RECOMPUTED_BLOCK]
         assert term.bytes == -(-layer_terms(hf, setup, "cpu")["layer"] // 1) > 0
         assert term.sign == -1 and term.applies("backward") and not term.applies("forward")
         plain = setup.with_(recompute="none")
-        assert HF_RECOMPUTED_BLOCK not in {t.name for t in unmodelled_term_list(hf, plain, estimate(hf, plain))}
+        assert HF_RECOMPUTED_BLOCK not in {t.name for t in estimate(hf, plain).named_terms}
     ref = preset("tiny-gpt")
     setup = Setup(batch=2, seq=32, precision="amp-bf16", optimizer="adamw", recompute="full")
-    assert HF_RECOMPUTED_BLOCK not in {t.name for t in unmodelled_term_list(ref, setup, estimate(ref, setup))}
+    assert HF_RECOMPUTED_BLOCK not in {t.name for t in estimate(ref, setup).named_terms}
 
 
 def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> None:
     from memlab.cli.estimate import exact_peak_hint
     from memlab.compare.hf_draws import traceable
+    from memlab.predict.coverage import peak_range
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.setup import Setup
-    from memlab.predict.unmodelled import peak_range
 
     # GPT-2 at a vocabulary of 128 beside a width of 64: its own backward transients are 4.3 % above the formula's
     # steady peak (inside the range the named terms give); the trace of its code is the measured peak
@@ -203,7 +203,7 @@ def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> 
     assert traceable(HfDraw(**{**draw.__dict__, "loss_call": "manual"}))  # the trace runs the same loss call
     config = from_hf(cfg)
     setup = Setup(batch=1, seq=36, precision="fp32", optimizer="adamw", attention="eager")
-    span = peak_range(config, setup, estimate(config, setup, device_type="cpu"), "cpu")
+    span = peak_range(estimate(config, setup, device_type="cpu"))
     assert span.high - span.low > 0.001 * span.peak
     assert "memlab trace --hf cfg.json" in exact_peak_hint(span, "cfg.json", setup)
     assert exact_peak_hint(span, None, setup) is None  # memlab's own GPT, a preset: no HF code to trace
@@ -226,9 +226,9 @@ def test_the_named_range_holds_the_traced_peak_on_generated_hf_configs() -> None
     """The range memlab estimate prints (peak_range) holds the exact peak of transformers' code (the trace, itself
     checked against real steps by the draws) on configs drawn here: any family, one or two layers, a small
     vocabulary, eager or SDPA, fp32 or bf16, both steps."""
+    from memlab.predict.coverage import peak_range
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.setup import Setup
-    from memlab.predict.unmodelled import peak_range
     from memlab.tracing.hf import trace_hf
 
     rng = random.Random(11)
@@ -247,7 +247,7 @@ def test_the_named_range_holds_the_traced_peak_on_generated_hf_configs() -> None
         except MemlabError:
             continue
         for step in ("first", "steady"):
-            span = peak_range(config, setup, est, "cpu", step)
+            span = peak_range(est, step=step)
             real = max(r.held_bytes for r in tr.phases if r.step == step)
             slack = PEAK_TOLERANCE * real
             assert span.low - slack <= real <= span.high + slack, (family, setup, step, span, real)

@@ -1,7 +1,6 @@
 """torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe run on a fake process group and counted
 (memlab.tracing.pipeline, memlab.compare.pipeline), against memlab.predict.parallel.pipeline rank by rank: what a rank
-holds
-after the step is exact; the peak's growth with the micro-batches is exact under GPipe; the peak is a bound whose
+holds after the step is exact; the peak's growth with the micro-batches is exact under GPipe; the peak is a bound whose
 slack is named (gradients not yet allocated at the peak moment, and one block's or the loss's backward temporaries
 as the estimator bounds them)."""
 

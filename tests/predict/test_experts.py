@@ -1,6 +1,5 @@
 """Expert parallelism per rank (memlab.predict.parallel.experts, ``ep_sent_bytes``): generated MoE configs and setups
-against
-counts made independently (parameters by name, routing by enumeration, states by bytes per parameter)."""
+against counts made independently (parameters by name, routing by enumeration, states by bytes per parameter)."""
 
 from __future__ import annotations
 
@@ -111,16 +110,26 @@ def test_refusals_are_one_line() -> None:
     moe, dense = preset("tiny-moe"), preset("tiny-gpt")
     cases = [
         (lambda: Setup(ep=3, world_size=4), "must divide world_size"),
-        (lambda: Setup(ep=2, world_size=2, pp=2), "pp > 1"),
+        (lambda: estimate(moe, Setup(ep=2, world_size=2, pp=2, micro_batches=2, seq=16)), "pp > 1"),
         (lambda: expert_estimate(moe, Setup(ep=3, world_size=3, seq=16)), "must divide n_experts"),
         (lambda: expert_estimate(dense, Setup(ep=2, world_size=2, seq=16)), "has none"),
         (lambda: expert_estimate(moe, Setup(ep=2, world_size=2, seq=16, precision="amp-bf16")), "autocast"),
-        (lambda: estimate(moe, Setup(ep=2, world_size=2, seq=16)), "expert_estimate"),
+        (lambda: estimate(moe, Setup(ep=2, world_size=2, seq=16, loss="fused")), "not modelled"),
     ]
     for call, match in cases:
         with pytest.raises(SetupError, match=match) as info:
             call()
         assert "\n" not in str(info.value)
+
+
+def test_estimate_answers_ep_as_one_expert_parallel_rank() -> None:
+    """One estimate: ep is answered as an expert-parallel rank, its states split into the components."""
+    moe = preset("tiny-moe")
+    setup = Setup(ep=2, world_size=2, seq=16)
+    bd, rep = estimate(moe, setup), expert_estimate(moe, setup)
+    assert bd.peak_bytes == rep.peak_bytes and bd.model_state_bytes() == rep.states_bytes
+    assert bd.activations_bytes == rep.activations_bytes and len(bd.ranks) == 1
+    assert bd.ranks[0].detail["received_pairs"] == rep.received_pairs and bd.layout["kind"] == "experts"
 
 
 def test_mixtral_layouts_shrink_states_not_balanced_activations() -> None:

@@ -1,6 +1,6 @@
 """memlab.predict.families.reader.from_hf: HF configs (built here as dicts, nothing downloaded) map to
-TransformerConfig sizes and
-the implementation traits of their family; unsupported families get an error naming the supported ones. With
+TransformerConfig sizes and the implementation traits of their family; unsupported families get an error naming the
+supported ones. With
 transformers installed, the parameter count equals the HF model's, built from the same config."""
 
 from __future__ import annotations

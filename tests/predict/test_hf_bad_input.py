@@ -1,6 +1,5 @@
 """Issue 23, part 3: memlab.predict.families.reader (from_hf, read_config_json, hf_attention) answers every bad config
-with one
-ConfigError (or SetupError for a device type) naming what is wrong: never a TypeError, JSONDecodeError,
+with one ConfigError (or SetupError for a device type) naming what is wrong: never a TypeError, JSONDecodeError,
 UnicodeDecodeError, RecursionError or MemoryError, and never a silent wrong answer ("false" read as True, a zero
 size read as "use the default"). A hypothesis fuzz over the keys of every supported family holds it to that."""
 

@@ -108,7 +108,7 @@ def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -
             extra.update(pp=2, pp_chunks=2)  # the interleaved schedule runs several model chunks per rank
         if field == "fsdp_output_dtype" and choice != "none":  # read, then refused with its reason
             with pytest.raises(SetupError, match="output_dtype casts every unit's forward output"):
-                Setup(**{field: spell(choice)}, zero_stage=3, world_size=2)
+                estimate(preset("tiny-gpt"), Setup(**{field: spell(choice)}, zero_stage=3, world_size=2))
             continue
         assert getattr(Setup(**{field: spell(choice)}, **extra), field) == choice
         assert Setup(**{field: spell(choice)}, **extra) == Setup(**{field: choice}, **extra)

@@ -1,7 +1,6 @@
 """Expert parallelism traced on a fake process group (memlab.tracing.experts) against the per-rank estimate
 (memlab.predict.parallel.experts): exact, with two residuals named: the loss scalar the trace files under activations
-and
-the estimator's rows count as none (4 bytes), and Adam's per-tensor step counters (4 bytes a tensor)."""
+and the estimator's rows count as none (4 bytes), and Adam's per-tensor step counters (4 bytes a tensor)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """CUDA-only checks of the runner and the ledger: they run on a real GPU and skip, with the reason, elsewhere.
 
 They pin the device-dependent assumptions of :mod:`memlab.predict.memory.activations` that a CPU cannot check (CUDA
-autocast
-keeps softmax in fp32, CUDA layer_norm keeps fp32 statistics, the fused kernels' output is the output
+autocast keeps softmax in fp32, CUDA layer_norm keeps fp32 statistics, the fused kernels' output is the output
 projection's input, the efficient kernel pads its log-sum-exp) and that the allocator sees at least what the
 accounting counts.
 """

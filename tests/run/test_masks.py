@@ -16,6 +16,7 @@ import torch
 
 from memlab.errors import SetupError
 from memlab.predict.estimate import estimate
+from memlab.predict.families.reader import from_hf
 from memlab.predict.spec.setup import Setup
 from memlab.run.hf import call_inputs, pad_counts, predict_hf, run_hf
 
@@ -115,8 +116,9 @@ def test_padding_is_right_aligned_and_counted(seed: int) -> None:
                                      dict(attention_mask="ones", loss="fused"), dict(attention_mask="padded",
                                                                                      pad_fraction=1.0)])
 def test_unmeasured_conventions_are_refused_in_one_line(changes: dict) -> None:
+    """By Setup where its fields contradict, by the estimate where memlab has not measured the call."""
     with pytest.raises(SetupError) as err:
-        Setup(**changes)
+        estimate(from_hf(tiny("llama")), Setup(**changes))
     assert "\n" not in str(err.value)
 
 

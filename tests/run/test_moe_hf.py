@@ -18,7 +18,6 @@ from memlab.predict.estimate import estimate
 from memlab.predict.families.reader import from_hf
 from memlab.predict.memory.activations import activation_bytes
 from memlab.predict.spec.setup import Setup
-from memlab.predict.unmodelled import unmodelled_terms
 from memlab.run.hf import predict_hf, run_hf
 
 _DIR = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
@@ -182,7 +181,7 @@ def test_grouped_experts_count_like_one_tensor_per_expert() -> None:
 def test_no_moe_term_is_named_as_unmodelled() -> None:
     config = from_hf(TINY)
     setup = Setup(batch=2, seq=24, precision="bf16")
-    assert not [k for k in unmodelled_terms(config, setup, estimate(config, setup)) if "MoE" in k]
+    assert not [t.name for t in estimate(config, setup).named_terms if "MoE" in t.name]
 
 
 @pytest.mark.parametrize(("base", "changes", "key"), [

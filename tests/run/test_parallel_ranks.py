@@ -1,7 +1,7 @@
 """Pipeline and tensor parallelism on 2 real gloo ranks (torchrun, CPU; memlab.compare.parallel_ranks), against
 memlab.predict.parallel.pipeline and memlab.predict.estimate: each pipeline rank's bytes after the step are the
-prediction's
-exactly and its peak lies within the named bound; each tensor-parallel rank's local parameters and gradients are the
+prediction's exactly and its peak lies within the named bound; each tensor-parallel rank's local parameters and
+gradients are the
 estimate's tp=2 shards plus the traced plan's replicated embedding, exactly."""
 
 from __future__ import annotations

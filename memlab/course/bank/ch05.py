@@ -191,8 +191,7 @@ EXERCISES = (
         why=lambda: (f"4 all-to-alls × {_preset('mixtral-8x7b').n_layers} layers × {EP_TOKENS} tokens × top-2 × "
                      f"{_preset('mixtral-8x7b').d_model} × 2 B × 7/8 remote = {_ep_gib():.2f} GiB "
                      "(memlab.predict.parallel.communication.ep_sent_bytes): EP's traffic grows with tokens x top_k "
-                     "and "
-                     "the depth, not with the experts' size."),
+                     "and " "the depth, not with the experts' size."),
         diagnoses={lambda: _ep_gib(routing="worst"): "That sends every pair; under balanced routing the 1/8 whose "
                                                      "expert is on the rank itself stay there.",
                    lambda: _ep_gib(passes=0.5): "That counts the forward's dispatch and combine; backward sends "

@@ -291,8 +291,7 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     parameter count N (FLOPs/token = 6N, attention excluded). ``model_flops_per_token`` overrides both (for
     published models a config cannot express, e.g. PaLM's head_dim != d_model / n_heads). ``accelerator``: a
     table row, a key for :func:`memlab.predict.hardware.gpus.gpu`, a :class:`DeviceInfo` from ``detect()``, or None.
-    When
-    the peak for ``dtype`` is unknown, ``mfu`` and ``hfu`` are None and ``reason`` says why: no other device's
+    When the peak for ``dtype`` is unknown, ``mfu`` and ``hfu`` are None and ``reason`` says why: no other device's
     peak is ever borrowed. ``num_devices`` counts devices as PyTorch sees them (an MI250X package is 2).
     """
     tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=LIMITS["tokens_per_s"].max,

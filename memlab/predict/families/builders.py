@@ -1,13 +1,13 @@
 """The newer Hugging Face families :func:`memlab.predict.families.reader.from_hf` maps: Qwen3, Phi-3, Starcoder2, OLMo
-2, StableLM,
-Gemma 2 and Gemma 3 (text), GPT-J, Falcon, Mixtral, Qwen3-MoE and Qwen2-MoE (mixtures of experts), each with the
+2, StableLM, Gemma 2 and Gemma 3 (text), GPT-J, Falcon, Mixtral, Qwen3-MoE and Qwen2-MoE (mixtures of experts), each
+with the
 :class:`~memlab.predict.spec.traits.Implementation` traits its modelling code implies (file and function named in
 ``sources``, transformers 5.x ``[hf-transformers]``).
 
 :data:`FAMILY_DEFAULTS` holds each family's ``transformers`` defaults of the keys the builders read (checked by kind in
 :func:`memlab.predict.families.reader.from_hf`); :data:`BUILDERS` the builder per ``model_type``. What a family can be
-configured to
-do and memlab does not model (StableLM's per-head qk LayerNorm, a partial rotary Phi-3, Gemma's bidirectional
+configured to do and memlab does not model (StableLM's per-head qk LayerNorm, a partial rotary Phi-3, Gemma's
+bidirectional
 attention, ...) raises :class:`~memlab.errors.ConfigError` in one line; a sliding window is the trait
 ``sliding_window``, and a ``seq`` longer than it is refused where the setup is known
 (:meth:`~memlab.predict.spec.traits.Implementation.check_window`). This module imports no torch.

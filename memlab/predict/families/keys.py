@@ -1,8 +1,7 @@
 """Every key of a supported family's Hugging Face config, accounted for: modelled, memory-neutral, or refused.
 
 :func:`memlab.predict.families.reader.from_hf` estimates a model from its ``config.json``; a key it did not read could
-change
-what the real modelling code allocates, and the estimate would be silently wrong. So each family has a
+change what the real modelling code allocates, and the estimate would be silently wrong. So each family has a
 :class:`KeyAccount` that puts every key its ``transformers`` config class knows (transformers 5.x, nested
 ``rope_parameters`` / ``rope_scaling`` keys as ``rope_parameters.rope_type``) into one of three lists:
 
@@ -346,8 +345,7 @@ def _same(value: Any, ok: Any) -> bool:
 
 CONDITIONAL = ("sliding_window", "max_window_layers", "layer_types", "word_embed_proj_dim")
 """Refused keys whose accepted values depend on other keys: :func:`memlab.predict.families.reader.from_hf` (and the
-family
-builders of :mod:`memlab.predict.families.builders`) check them."""
+family builders of :mod:`memlab.predict.families.builders`) check them."""
 
 
 def check(model_type: str, config: Mapping[str, Any]) -> None:

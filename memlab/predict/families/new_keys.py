@@ -2,8 +2,8 @@
 ``transformers.AutoConfig.for_model(model_type).to_dict()`` (nested dicts as ``parent.child``), as modelled (where
 memlab reads it: the trait or size it sets), neutral (why it cannot change memory or time as memlab counts them), or
 refused (what :func:`memlab.predict.families.reader.from_hf` does with a value memlab does not model: a one-line
-ConfigError, or
-the named setup refusal). Plain dicts, for the key-accounting table (``memlab.predict.families.keys``, built
+ConfigError, or the named setup refusal). Plain dicts, for the key-accounting table (``memlab.predict.families.keys``,
+built
 elsewhere) to take in.
 This module imports nothing.
 """

@@ -230,8 +230,8 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
 
     Supported ``model_type``: :data:`SUPPORTED` (gpt2, opt, gpt_neox, phi, llama, mistral, qwen2, gemma and the
     families of :mod:`memlab.predict.families.builders`). Anything else raises a :class:`~memlab.errors.ConfigError`
-    naming
-    these. Under a transformers, torch or peft release other than :data:`memlab.predict.spec.versions.VERIFIED` it warns
+    naming these. Under a transformers, torch or peft release other than :data:`memlab.predict.spec.versions.VERIFIED`
+    it warns
     in one line (:class:`~memlab.predict.spec.versions.UnverifiedVersionWarning`): the trace of the installed code
     (:func:`memlab.tracing.hf.trace_hf`) is then the exact answer. Parameter counts equal the HF model's
     ``sum(p.numel() for p in model.parameters())`` (tied embeddings once). ``dropout`` is the family's residual

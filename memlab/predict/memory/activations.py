@@ -24,8 +24,7 @@ names each such choice (composed ``gelu_new``, ReLU, a parallel block and shared
 softmax, RMSNorm upcasts, per-forward rotary tables, SDPA output copies, a q that is a view of a fused QKV buffer)
 and the terms below count each one; the defaults are the reference GPT's. With the traits
 :func:`memlab.predict.families.reader.from_hf` sets, the count equals what Hugging Face models save, byte for byte, on
-the
-families and runs of ``tests/run/test_hf.py`` and ``benchmarks/hf_activation_errors.py``.
+the families and runs of ``tests/run/test_hf.py`` and ``benchmarks/hf_activation_errors.py``.
 
 Two facts depend on the device, because PyTorch's autocast op lists differ (torch/include/ATen/autocast_mode.h,
 ``AT_FORALL_FP32_SET_OPT_DTYPE`` applies to CUDA; the CPU lists in aten/src/ATen/autocast_mode.cpp do not list

@@ -55,8 +55,8 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
     (measured with different seeds and inputs, tests/run/test_hf.py) [hf-transformers: modeling_mixtral.py
     MixtralTopKRouter.forward; integrations/moe.py grouped_mm_experts_forward]. ``t``: tokens in the micro-batch;
     ``w``: :func:`memlab.predict.memory.activations.widths`; the experts' tensors are in the model's dtype
-    (``residual``:
-    CPU autocast has no rule for ``grouped_mm``, measured), the routing weights fp32 or (``impl.moe_weights_fp32``
+    (``residual``: CPU autocast has no rule for ``grouped_mm``, measured), the routing weights fp32 or
+    (``impl.moe_weights_fp32``
     False, Qwen3-MoE) the router's ``compute`` dtype, the renormalisation's rows only with ``impl.moe_topk_renorm``;
     under CUDA autocast (``cuda_autocast``), not measured, a :class:`~memlab.errors.SetupError`; a shared expert's
     rows (:func:`shared_expert_rows`, ``autocast``: the step runs under autocast) and those of dense layers among
@@ -216,8 +216,8 @@ def check_call(setup: Any, device_type: str) -> None:
     with an all-ones one, which transformers drops for SDPA: masking_utils.py sdpa_mask, _ignore_causal_mask_sdpa)
     SDPA runs ``is_causal`` and PyTorch picks flash for 16-bit inputs and the memory-efficient kernel for fp32
     (:func:`memlab.predict.families.reader.hf_attention`); a padded batch hands it an explicit ``attn_mask``, which the
-    CUDA flash
-    kernel does not accept, so PyTorch falls back to the memory-efficient kernel (which takes an additive mask and
+    CUDA flash kernel does not accept, so PyTorch falls back to the memory-efficient kernel (which takes an additive
+    mask and
     keeps it for backward) or the math one [pytorch-sdpa: torch.nn.functional.scaled_dot_product_attention,
     torch.nn.attention.sdpa_kernel: the CUDA flash backend takes no attn_mask]: which kernel and what it keeps are not
     measured (no GPU run yet; tests/run/test_calls.py, marked gpu), so it is refused rather than guessed."""

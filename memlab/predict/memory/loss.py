@@ -8,8 +8,8 @@ the vocabulary on this rank, ``h`` the width, ``c`` tokens per chunk. Three ways
   the reference GPT does the same): keeps the head's input and the fp32 log-softmax (``4 t' V`` bytes, Korthikanti
   et al. 2022 Sec. 4.3 [korthikanti2022]); at the end of forward the fp32 logits are alive (4, 6 or 8 bytes per
   logit: :func:`memlab.predict.memory.phases.step_constants`), at the start of backward two fp32 gradients (8 per
-  logit).
-- ``chunked``: the head and the loss of ``c`` tokens at a time under non-reentrant checkpointing: keeps the head's
+  logit). - ``chunked``: the head and the loss of ``c`` tokens at a time under non-reentrant checkpointing: keeps the
+  head's
   input only; one chunk's fp32 logits and log-softmax exist at a time in forward (8 bytes per chunk logit) and,
   recomputed, beside their gradients in backward.
 - ``fused`` (Liger-Kernel's fused linear + cross-entropy [liger2024]): the gradients of the head's input (``t' h``,

@@ -41,11 +41,12 @@ by a second all-to-all (*combine*), two in each layer's forward and two (their g
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memlab.errors import SetupError
 from memlab.predict.memory.activations import FP32, INT64, TermRow, bytes_by_category, shared_widths, term_rows
+from memlab.predict.memory.breakdown import StateParts, model_buffer_bytes, rank_breakdown
 from memlab.predict.memory.phases import layer_terms
 from memlab.predict.memory.sharding import check_tp, tp_shard_shape
 from memlab.predict.spec.model import TransformerConfig
@@ -183,29 +184,28 @@ class ExpertReport:
     sent_bytes: float
     """All-to-all bytes the rank sends per step (:func:`memlab.predict.parallel.communication.ep_sent_bytes`)."""
     assumptions: tuple[str, ...] = ()
+    states: StateParts = field(default_factory=lambda: StateParts(0, 0, 0))
+    """``states_bytes`` split into parameters, gradients and optimizer states."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (a DataFrame row)."""
         return asdict(self)
 
 
-def _states(elements: int, setup: Setup, world_size: int) -> tuple[int, int]:
+def _states(elements: int, setup: Setup, world_size: int) -> tuple[StateParts, int]:
     """(model-state bytes, the optimizer step's peak) of ``elements`` parameters under ZeRO over ``world_size``
     ranks: the estimator's own for a bare count (the step's peak: the states and the optimizer's temporaries, e.g.
     the fp32 gradient copies a master-weight policy makes)."""
-    from memlab.predict.estimate import estimate  # imported here, as memlab.predict.parallel.pipeline does
-
     if elements == 0:
-        return 0, 0
-    bd = estimate(elements, setup.with_(tp=1, sp=False, ep=1, world_size=world_size))
-    return bd.model_state_bytes(), max(r.peak_bytes for r in bd.phases if r.phase == "optimizer step")
+        return StateParts(0, 0, 0), 0
+    bd = rank_breakdown(elements, setup.with_(tp=1, sp=False, ep=1, world_size=world_size))
+    return StateParts.of(bd), max(r.peak_bytes for r in bd.phases if r.phase == "optimizer step")
 
 
 def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> ExpertReport:
     """Per-rank bytes of the mixture of experts ``config`` trained under ``setup``'s expert parallelism (``ep``,
     ``ep_routing``), composed with its tp/sp, ZeRO over ``world_size``, precision and recompute (module docstring:
     every term and its source). ``ep=1`` gives the same terms on one rank (all experts local)."""
-    from memlab.predict.estimate import model_buffer_bytes
     from memlab.predict.parallel.communication import ep_sent_bytes
 
     if not isinstance(setup, Setup):
@@ -229,7 +229,8 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
     dense, expert = expert_param_elements(config, setup)
     (dense_states, dense_step), (expert_states, expert_step) = (_states(dense, setup, setup.world_size),
                                                                 _states(expert, setup, setup.world_size // ep))
-    states = dense_states + expert_states
+    parts = dense_states + expert_states
+    states = parts.total
     ids = sum(bytes_by_category([r for r in rows if r[1] == "token ids"], setup.tp, setup.sp).values())
     a2a = (sent + got) * config.d_model * w["compute"]
     temp = layer_terms(config, one, device_type)["temp"]
@@ -281,7 +282,7 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
                         all_to_all_bytes=math.ceil(a2a), transient_bytes=math.ceil(transient),
                         buffers_bytes=buffers,
                         peak_bytes=math.ceil(max(states + acts + buffers + transient, step_moment)),
-                        sent_bytes=comm, assumptions=notes)
+                        sent_bytes=comm, assumptions=notes, states=parts)
 
 
 def ep_layouts(config: TransformerConfig, setup: Setup, eps: tuple[int, ...] = (1, 2, 4, 8), *,

@@ -45,6 +45,7 @@ from typing import Any
 
 from memlab.errors import SetupError
 from memlab.predict.memory.activations import row_divisor, shared_widths, term_rows
+from memlab.predict.memory.breakdown import StateParts, model_buffer_bytes, rank_breakdown
 from memlab.predict.memory.phases import layer_terms
 from memlab.predict.memory.sharding import check_tp, tp_shard_shape
 from memlab.predict.parallel.efficiency import pipeline_bubble_fraction
@@ -156,8 +157,7 @@ class MicroBatchBytes:
 
 def micro_batch_bytes(config: TransformerConfig, setup: Setup, device_type: str = "cuda") -> MicroBatchBytes:
     """:class:`MicroBatchBytes` from the estimator's own rows (:func:`memlab.predict.memory.activations.term_rows`) for
-a
-    micro-batch of ``setup.batch`` sequences of ``seq / cp`` tokens: a block row is per layer when it doubles from
+    a micro-batch of ``setup.batch`` sequences of ``seq / cp`` tokens: a block row is per layer when it doubles from
     one to two blocks, per stage otherwise (embedding rows excepted, which live on the first stage)."""
     local = _local(setup)
     tp, sp = local.tp, local.sp
@@ -275,13 +275,16 @@ def _stage_elements(config: TransformerConfig, setup: Setup, stages: tuple[int, 
     return n
 
 
-def _states(elements: int, setup: Setup) -> int:
-    """Model-state bytes of ``elements`` parameters on one rank: the estimator's bare-count states under ZeRO over
-    ``world_size x cp`` data-parallel ranks."""
-    from memlab.predict.estimate import estimate  # estimate imports this module (its refusal names it)
-
+def state_parts(elements: int, setup: Setup) -> StateParts:
+    """Model-state bytes of ``elements`` parameters on one rank, split: the estimator's bare-count states
+    (:func:`~memlab.predict.memory.breakdown.rank_breakdown`) under ZeRO over ``world_size x cp`` data-parallel
+    ranks."""
     flat = _local(setup).with_(tp=1, sp=False, world_size=setup.world_size * setup.cp)
-    return estimate(elements, flat).model_state_bytes()
+    return StateParts.of(rank_breakdown(elements, flat))
+
+
+def _states(elements: int, setup: Setup) -> int:
+    return state_parts(elements, setup).total
 
 
 def parallel_estimate(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda") -> ParallelReport:
@@ -309,8 +312,6 @@ def parallel_estimate(config: TransformerConfig, setup: Setup, *, device_type: s
         w = shared_widths(local.policy.name, device_type)
         kv = ring_kv_chunks(setup.cp) * 2 * local.batch * local.seq * config.kv_dim * w["compute"] \
             / min(setup.tp, config.n_kv_heads)
-    from memlab.predict.estimate import model_buffer_bytes  # estimate imports this module
-
     buffers = model_buffer_bytes(config)
     rows = []
     for r in range(p):

@@ -266,47 +266,23 @@ class Setup(StrictInit):
         if self.logits_to_keep > self.seq:
             raise SetupError(f"logits_to_keep={self.logits_to_keep} exceeds seq={self.seq}: keep at most seq positions "
                              "(0 keeps all)")
-        if self.offload_activations and self.loss == "chunked":
-            raise SetupError("offload_activations with loss='chunked': each chunk's checkpoint saves the LM-head "
-                             "weight and save_on_cpu copies it to the host once per chunk: use loss='fused' (or "
-                             "'plain') with offload")
         if self.mode == "inference" and (self.loss != "plain" or self.logits_to_keep or self.offload_activations):
             raise SetupError("loss, logits_to_keep and offload_activations describe a training step: drop them with "
                              "mode='inference'")
-        if self.fsdp_param_dtype != "none" and self.mode == "train":
-            if not (self.zero_stage >= 2 and self.world_size > 1):
-                raise SetupError("fsdp_param_dtype is FSDP2's MixedPrecisionPolicy: set zero_stage=2 or 3 and "
-                                 "world_size > 1 (or use precision amp-bf16 / mixed-bf16 on one rank)")
-            if self.precision != "fp32":
-                raise SetupError(f"fsdp_param_dtype gathers fp32 shards in {self.fsdp_param_dtype}: set "
-                                 f"precision='fp32' (got {self.precision!r}; autocast or 16-bit storage on top of "
-                                 "MixedPrecisionPolicy is not modelled)")
-        if self.grad_accum_steps > 1 and (self.loss != "plain" or self.logits_to_keep or self.offload_activations):
-            raise SetupError("a chunked or fused loss, logits_to_keep or offload_activations with grad_accum_steps > 1 "
-                             "is not modelled (the estimate misses up to 45 % of the forward there, "
-                             "benchmarks/estimate_vs_trace.py): use grad_accum_steps=1 or the plain loss")
-        if self.loss == "chunked" and self.recompute == "full":
-            raise SetupError("loss='chunked' with recompute='full' is not modelled (the estimate misses up to 15 % of "
-                             "the forward there, benchmarks/estimate_vs_trace.py): use loss='fused' or another "
-                             "recompute")
+        if self.fsdp_param_dtype != "none" and self.mode == "train" and not (self.zero_stage >= 2
+                                                                            and self.world_size > 1):
+            raise SetupError("fsdp_param_dtype is FSDP2's MixedPrecisionPolicy: set zero_stage=2 or 3 and "
+                             "world_size > 1 (or use precision amp-bf16 / mixed-bf16 on one rank)")
         sharded = self.mode == "train" and self.zero_stage >= 2 and self.world_size > 1
         if self.fsdp_offload and self.mode == "train" and not (sharded and self.tp == 1):
             raise SetupError("fsdp_offload is FSDP2's CPUOffloadPolicy: set zero_stage=2 or 3, world_size > 1 and "
                              "tp=1 (or drop fsdp_offload)")
-        if self.fsdp_output_dtype != "none" and self.mode == "train":
-            raise SetupError(f"fsdp_output_dtype={self.fsdp_output_dtype!r} is not modelled: MixedPrecisionPolicy."
-                             "output_dtype casts every unit's forward output (a copy per block boundary, saved for "
-                             "backward in that dtype), which memlab's activation terms do not count: leave it 'none'")
-        if sharded and (self.loss != "plain" or self.logits_to_keep or self.offload_activations):
-            raise SetupError("a chunked or fused loss, logits_to_keep or offload_activations under FSDP2 (zero_stage "
-                             ">= 2 over world_size > 1) is not modelled: the estimate and the trace disagree by up to "
-                             "43 % there (benchmarks/estimate_vs_trace.py): use the plain loss without offload")
         self._check_finetune()
         self._check_call()
 
     def _check_call(self) -> None:
-        """One SetupError line for a calling convention (``attention_mask``, ``padding_side``, ``loss_call``) memlab has
-        not measured."""
+        """One SetupError line for a calling convention (``attention_mask``, ``padding_side``, ``loss_call``) whose
+        fields contradict each other (what memlab has measured is :mod:`memlab.predict.coverage`'s)."""
         if self.pad_fraction and self.attention_mask != "padded":
             raise SetupError(f"pad_fraction={self.pad_fraction} goes with attention_mask='padded', not "
                              f"{self.attention_mask!r}: set attention_mask='padded' (or drop pad_fraction)")
@@ -316,25 +292,10 @@ class Setup(StrictInit):
         if self.loss_call == "manual" and (self.loss != "plain" or self.logits_to_keep or self.mode != "train"):
             raise SetupError("loss_call='manual' is the plain cross-entropy on every position's logits: use "
                              "loss='plain' without logits_to_keep in mode='train' (or loss_call='labels')")
-        if self.attention_mask == "none":
-            return
-        if self.attention_mask == "padded" and self.attention not in ("eager", "flash"):
-            raise SetupError(f"attention_mask='padded' with attention={self.attention!r} is not measured (only "
-                             "eager and CPU SDPA's flash kernel are): use attention='eager' or 'flash'")
-        unmodelled = [name for name, on in (
-            ("mode='inference'", self.mode != "train"), (f"precision={self.precision!r}",
-                                                         self.precision not in ("fp32", "bf16", "amp-bf16")),
-            (f"recompute={self.recompute!r}", self.recompute == "selective"), ("a chunked or fused loss or "
-             "logits_to_keep", self.loss != "plain" or self.logits_to_keep), ("offload_activations",
-             self.offload_activations), (f"finetune={self.finetune!r}", self.finetune != "full"),
-            ("more than one device", self.world_size * self.tp * self.pp * self.cp > 1),
-            ("grad_accum_steps > 1", self.grad_accum_steps > 1)) if on]
-        if unmodelled:
-            raise SetupError(f"attention_mask={self.attention_mask!r} with {', '.join(unmodelled)} is not measured "
-                             "(memlab.run.hf.call_inputs): use attention_mask='none' there")
 
     def _check_parallel(self) -> None:
-        """One SetupError line for a pipeline/context-parallel combination memlab does not model."""
+        """One SetupError line for pipeline fields that contradict each other (what memlab models of a layout is
+        :mod:`memlab.predict.coverage`'s)."""
         if self.ep > 1:
             self._check_ep()
         if self.pp_chunks > 1 and self.pp_schedule != "interleaved":
@@ -344,42 +305,16 @@ class Setup(StrictInit):
             raise SetupError("the interleaved schedule needs pp > 1 and pp_chunks > 1 (with one chunk it is 1F1B)")
         if self.micro_batches > 1 and self.pp == 1:
             raise SetupError("micro_batches are a pipeline's (pp > 1): without a pipeline use grad_accum_steps")
-        if self.pp == 1 and self.cp == 1:
-            return
-        if self.mode != "train":
-            raise SetupError("pp and cp are modelled for training: drop them with mode='inference'")
-        if self.cp > 1 and not self.fused_attention:
-            raise SetupError(f"cp={self.cp} runs ring attention over a fused kernel: set attention to flash, efficient "
-                             f"or cudnn (attention={self.attention!r} keeps s x s scores, not modelled under cp)")
-        unmodelled = [name for name, on in (
-            ("grad_accum_steps > 1", self.grad_accum_steps > 1), ("a chunked or fused loss", self.loss != "plain"),
-            ("logits_to_keep", self.logits_to_keep), ("offload_activations", self.offload_activations),
-            ("fsdp_offload", self.fsdp_offload), ("fsdp_param_dtype", self.fsdp_param_dtype != "none"),
-            (f"finetune={self.finetune!r}", self.finetune != "full"),
-            (f"optimizer={self.optimizer!r}", self.optimizer in ("adam-8bit", "adafactor"))) if on]
-        if unmodelled:
-            raise SetupError(f"pp/cp with {', '.join(unmodelled)} is not modelled (memlab.predict.parallel.pipeline): "
-                             f"drop it")
 
     def _check_ep(self) -> None:
-        """One SetupError line for an expert-parallel layout memlab does not model (memlab.predict.parallel.experts)."""
+        """One SetupError line for an expert-parallel layout that cannot exist: ep must divide world_size."""
         if self.world_size % self.ep:
             raise SetupError(f"ep={self.ep} must divide world_size={self.world_size}: the expert-parallel ranks are "
                              "drawn from the data-parallel ranks (set world_size to a multiple of ep)")
-        unmodelled = [name for name, on in (
-            ("mode='inference'", self.mode != "train"), ("pp > 1", self.pp > 1), ("cp > 1", self.cp > 1),
-            ("grad_accum_steps > 1", self.grad_accum_steps > 1), ("a chunked or fused loss", self.loss != "plain"),
-            ("logits_to_keep", self.logits_to_keep), ("offload_activations", self.offload_activations),
-            ("fsdp_offload", self.fsdp_offload), ("fsdp_param_dtype", self.fsdp_param_dtype != "none"),
-            (f"finetune={self.finetune!r}", self.finetune != "full"),
-            (f"optimizer={self.optimizer!r}", self.optimizer in ("adam-8bit", "adafactor"))) if on]
-        if unmodelled:
-            raise SetupError(f"ep={self.ep} with {', '.join(unmodelled)} is not modelled "
-                             f"(memlab.predict.parallel.experts): "
-                             "drop it")
 
     def _check_finetune(self) -> None:
-        """One SetupError line for a fine-tuning combination memlab does not run or model."""
+        """One SetupError line for fine-tuning fields that contradict each other (what memlab models of them is
+        :mod:`memlab.predict.coverage`'s)."""
         lora_fields = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save")
                        if getattr(self, n)]
         if self.finetune in ("full", "frozen"):
@@ -395,29 +330,9 @@ class Setup(StrictInit):
             raise SetupError(f"frozen_layers set with finetune={self.finetune!r}: it goes with finetune='frozen'")
         parse_targets(self.lora_targets)
         parse_modules_to_save(self.lora_modules_to_save)
-        if self.finetune == "frozen" and (self.optimizer in ("adam-8bit", "adafactor") or self.policy.master_bytes):
-            raise SetupError("finetune='frozen' is modelled with torch.optim adam/adamw/sgd on fp32, bf16 or amp "
-                             f"policies: not optimizer={self.optimizer!r} with precision={self.precision!r}")
         if self.mode != "train":
             raise SetupError(f"finetune={self.finetune!r} is a training setup: set mode='train' (inference of a "
                              "merged adapter is the base model's)")
-        if self.finetune == "qlora" and self.precision != "bf16":
-            raise SetupError(f"finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype): "
-                             f"set precision='bf16', not {self.precision!r}")
-        if self.precision not in ("fp32", "bf16", "amp-bf16") and self.finetune != "frozen":
-            raise SetupError(f"finetune={self.finetune!r} keeps fp32 adapters on a base in the model's dtype: use "
-                             f"precision fp32, bf16 or amp-bf16, not {self.precision!r} (a master-weight policy "
-                             "would copy the fp32 adapters again)")
-        if self.recompute != "none" or self.zero_stage or self.world_size > 1 or self.tp > 1 \
-                or self.grad_accum_steps > 1:
-            raise SetupError(f"finetune={self.finetune!r} is modelled on one device, one micro-batch, without "
-                             "recompute: set recompute='none', zero_stage=0, world_size=1, tp=1, grad_accum_steps=1")
-        if self.loss != "plain" or self.logits_to_keep or self.offload_activations:
-            raise SetupError(f"finetune={self.finetune!r} with a chunked or fused loss, logits_to_keep or "
-                             "offload_activations is not modelled: use the plain loss without offload")
-        if self.optimizer == "adafactor":
-            raise SetupError(f"finetune={self.finetune!r} with adafactor is not modelled: use adamw, adam, adam-8bit, "
-                             "sgd or sgd-momentum")
 
     @property
     def lora_r(self) -> int:

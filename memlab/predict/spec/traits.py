@@ -9,8 +9,7 @@ memlab's reference GPT (:mod:`memlab.model.gpt`), so a :class:`~memlab.predict.s
 
 Every field's docstring names the code that causes it (the Hugging Face ``transformers`` modelling file and the
 function, as of transformers 5.x, ``[hf-transformers]``); :func:`memlab.predict.families.reader.from_hf` sets them per
-family and
-records that source in :attr:`Implementation.sources`. This module imports no torch.
+family and records that source in :attr:`Implementation.sources`. This module imports no torch.
 """
 
 from __future__ import annotations
