@@ -11,7 +11,8 @@ side, per rank), ``pipeline`` (pipeline ranks run on a fake group and counted, a
 TP + SP and ring-attention CP traced on fake groups rank by rank, residuals named), ``hf_draws`` (seeded
 Hugging Face configs and calls of every family, one real step each, judged exact, refused or off), ``drift`` (the
 canary of ``make upgrade-check``: every family, precision and attention, the traces, peft and bitsandbytes against
-real steps under the installed releases, judged exact, drifted or broken).
+real steps under the installed releases, judged exact, drifted or broken), ``tolerances`` (the one 0.1 % every
+verdict uses).
 
 ``from memlab.compare import compare`` is the one-pair comparison; the room and the function share the name, so
 the function is imported from here rather than from ``memlab`` itself.

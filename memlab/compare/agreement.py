@@ -30,13 +30,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from memlab.compare.tolerances import TOLERANCE
 from memlab.predict.estimate import MemoryBreakdown, estimate
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.setup import Setup
 from memlab.predict.unmodelled import NamedTerm, unmodelled_term_list
-
-TOLERANCE = 1e-3
-"""Relative difference under which a phase counts as equal (0.1 %)."""
 
 _CI_MODELS = {
     "dense": TransformerConfig(name="ci-dense", d_model=96, n_layers=3, n_heads=4, vocab_size=1000, max_seq=512),

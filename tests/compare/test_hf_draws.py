@@ -12,13 +12,13 @@ pytest.importorskip("transformers")
 
 from memlab.compare.hf_draws import (
     COMPONENTS,
-    PEAK_TOLERANCE,
     HfDraw,
     draw_hf,
     hf_agreement,
     judge,
     verdict_counts,
 )
+from memlab.compare.tolerances import TOLERANCE
 from memlab.course.hf_configs import config_names, load_config
 from memlab.errors import MemlabError
 from memlab.predict.families.reader import SUPPORTED, from_hf
@@ -75,7 +75,7 @@ def test_where_the_logits_dominate_the_peaks_of_generated_draws_are_exact() -> N
     assert "gptj" in {v.draw.family for v in measured}
     for v in measured:
         assert v.verdict == "exact", f"{v.draw.label()}: {v.reason}"
-        assert abs(v.error("peak")) <= PEAK_TOLERANCE and abs(v.error("steady peak")) <= PEAK_TOLERANCE
+        assert abs(v.error("peak")) <= TOLERANCE and abs(v.error("steady peak")) <= TOLERANCE
 
 
 def test_a_peak_outside_the_tolerance_and_the_named_range_is_off() -> None:
@@ -196,7 +196,7 @@ def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> 
     assert traceable(draw)
     v = judge(draw)
     assert v.verdict == "traced", v.reason
-    assert abs(v.error("steady peak")) > PEAK_TOLERANCE  # the formula alone is a range here
+    assert abs(v.error("steady peak")) > TOLERANCE  # the formula alone is a range here
     assert "the trace: peak +0 B, steady peak +0 B" in v.reason  # to the byte
     assert traceable(HfDraw(**{**draw.__dict__, "attention_mask": "ones"}))  # traced as no mask, its tensor held
     assert traceable(HfDraw(**{**draw.__dict__, "attention_mask": "padded"}))  # its fake mask takes the padded path
@@ -249,7 +249,7 @@ def test_the_named_range_holds_the_traced_peak_on_generated_hf_configs() -> None
         for step in ("first", "steady"):
             span = peak_range(config, setup, est, "cpu", step)
             real = max(r.held_bytes for r in tr.phases if r.step == step)
-            slack = PEAK_TOLERANCE * real
+            slack = TOLERANCE * real
             assert span.low - slack <= real <= span.high + slack, (family, setup, step, span, real)
         checked += 1
     assert checked >= 4
