@@ -14,7 +14,7 @@ from memlab.predict.memory.korthikanti import korthikanti_layer_bytes
 from memlab.predict.spec.model import TransformerConfig
 
 if TYPE_CHECKING:
-    from memlab.compare.calculators import Run
+    from memlab.run.spec import Run
 
 
 def _params(run: Run) -> int:
