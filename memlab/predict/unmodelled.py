@@ -47,7 +47,7 @@ def attention_core_bound_bytes(config: TransformerConfig, setup: Any) -> float:
     tp rank, in bytes: its s x s tensors (scores, mask sum, softmax, dropout) and a few t x h ones, at most
     ``12 S + 4 b s^2 + 22 t h + 4 t`` with ``S = b heads s^2`` (fitted on memlab's trace of the reference GPT, dense
     attention, fp32 and bf16, eager and math, under full and selective recompute; checked by
-    ``tests/compare/test_agreement.py`` on generated setups)."""
+    ``tests/studies/test_setup_draws.py`` on generated setups)."""
     b, s_, t = setup.batch, setup.seq, setup.batch * setup.seq
     return (12 * b * config.n_heads * s_ * s_ + 4 * b * s_ * s_ + 22 * t * config.d_model + 4 * t) / setup.tp
 
@@ -123,7 +123,7 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
     if setup.recompute == "full" and hf:
         # transformers' layers under torch.utils.checkpoint (non-reentrant) free the recomputed block's tensors op by
         # op as its backward consumes them, while the bottom-block moment counts them all at once: measured up to
-        # 0.8 x this term below the estimate (memlab.compare.hf_draws, seed 0, 1,140 draws: under bf16 autocast)
+        # 0.8 x this term below the estimate (memlab.studies.hf_draws, seed 0, 1,140 draws: under bf16 autocast)
         out.append(NamedTerm(HF_RECOMPUTED_BLOCK, math.ceil(layer_terms(config, setup, device_type)["layer"]),
                              ("backward",), -1))
     if setup.recompute == "full" and not setup.fused_attention:
@@ -163,7 +163,7 @@ def unmodelled_term_list(config: TransformerConfig | int, setup: Setup, bd: Memo
         # a Hugging Face family's own in-phase ops (its norms' fp32 upcasts, a composed activation's backward, the
         # attention mask's expansion, the loss's label shift) are counted as the reference GPT's: the phase model's
         # t x V logits terms hide them only where the vocabulary is large against the widths (measured on real steps
-        # of drawn configs, memlab.compare.hf_draws: within 0.1 % at V = 4096, up to several per cent below it at
+        # of drawn configs, memlab.studies.hf_draws: within 0.1 % at V = 4096, up to several per cent below it at
         # V = 96-512); bounded by one block's backward temporaries and gradients (top_block_bound_bytes)
         out.append(NamedTerm(HF_TRANSIENTS, math.ceil(top_block_bound_bytes(config, setup, device_type)),
                              ("forward", "backward"), +1))

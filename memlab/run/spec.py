@@ -3,7 +3,7 @@
 A :class:`Run` is an HF config (a dict with ``model_type``), batch and sequence, the model's dtype, the attention
 implementation transformers runs, the recipe (:data:`RECIPES`), recompute and the fine-tuning method. It is a
 description, not a measurement: :func:`memlab.run.hf.measure_run` runs it for real on this machine, the
-calculators of the shoot-out study (:mod:`memlab.compare.calculators`) each predict it, and :meth:`Run.setup` is
+calculators of the shoot-out study (:mod:`memlab.studies.calculators`) each predict it, and :meth:`Run.setup` is
 memlab's own :class:`~memlab.predict.spec.setup.Setup` for it.
 """
 

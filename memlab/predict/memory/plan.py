@@ -287,7 +287,7 @@ def _assumptions(model: TransformerConfig | int, setup: Any, ov: Any, device_typ
                 out.append("FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host "
                            "(host_bytes; the optimizer steps there, its temporaries too); the device holds the "
                            "gathered units, their buffers and unsharded gradients. A CPU trace cannot tell host "
-                           "from device: memlab.compare.agreement checks device + host against it")
+                           "from device: memlab.studies.setup_draws checks device + host against it")
             if setup.policy.fsdp_mixed:
                 out.append(f"MixedPrecisionPolicy(param_dtype={setup.policy.fsdp_param_dtype}, reduce_dtype="
                            f"{setup.policy.fsdp_reduce_dtype}, output_dtype=None): activations as pure "

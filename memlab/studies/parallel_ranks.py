@@ -5,7 +5,7 @@
 each rank
 
 - runs its stage of the reference GPT under torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe (real
-  sends and receives), every storage counted (:func:`memlab.compare.pipeline.trace_stage`), next to
+  sends and receives), every storage counted (:func:`memlab.studies.pipeline.trace_stage`), next to
   :func:`memlab.predict.parallel.pipeline.parallel_estimate`;
 - runs one AdamW step of DTensor column/row-parallel blocks (:func:`memlab.tracing.tensor_parallel.tensor_parallel`)
   over a gloo mesh: its local parameter and gradient bytes, next to the estimate's tp shards plus the plan's
@@ -77,8 +77,8 @@ def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     """One rank: both pipeline schedules, then the tensor-parallel step; writes ``out_dir/rank<R>.json``."""
     import torch.distributed as dist
 
-    from memlab.compare.pipeline import trace_stage
     from memlab.measure.comm import CommCounter
+    from memlab.studies.pipeline import trace_stage
 
     config = preset(spec["preset"])
     dist.init_process_group("gloo")

@@ -5,7 +5,7 @@ returns a :class:`~memlab.compare.scoring.CalculatorResult` with its prediction 
 ``states`` (parameters + gradients + optimizer), ``activations`` (saved for backward), their sum, the ``peak``; a
 component it does not claim on that run (it models no such term, or the run's recipe is not the one it assumes) is
 out of scope, with the reason. Where an estimator has code, its own code is called; where it is a formula
-(:mod:`memlab.compare.formulas`), the formula is written from its source:
+(:mod:`memlab.studies.formulas`), the formula is written from its source:
 
 - ``accelerate``: ``accelerate estimate-memory``'s own functions (``accelerate.commands.estimate``:
   ``calculate_maximum_sizes`` on an empty model, ``estimate_training_usage``; the command reports the largest of
@@ -39,15 +39,6 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from memlab.compare.formulas import (  # noqa: F401 - re-exported: the formula tools
-    GPU_POOR_APP,
-    KORTHIKANTI,
-    gpu_poor,
-    korthikanti_guides,
-    korthikanti_variant,
-    transformer_math_101,
-    ultrascale_playbook,
-)
 from memlab.compare.ledger import rel_error
 from memlab.compare.scoring import (  # noqa: F401 - re-exported: the scoring tables
     COMPONENTS,
@@ -64,6 +55,15 @@ from memlab.predict.estimate import estimate
 from memlab.predict.families.reader import from_hf
 from memlab.predict.memory.activations import activation_bytes
 from memlab.run.spec import Run
+from memlab.studies.formulas import (  # noqa: F401 - re-exported: the formula tools
+    GPU_POOR_APP,
+    KORTHIKANTI,
+    gpu_poor,
+    korthikanti_guides,
+    korthikanti_variant,
+    transformer_math_101,
+    ultrascale_playbook,
+)
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,4 +1,4 @@
-"""Generated Hugging Face configs and calls (memlab.compare.hf_draws): two real steps each, every draw exact,
+"""Generated Hugging Face configs and calls (memlab.studies.hf_draws): two real steps each, every draw exact,
 traced, named or refused, never off; the two independent measurements of the peak (live bytes, MemTracker) agree
 to the byte."""
 
@@ -10,7 +10,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from memlab.compare.hf_draws import (
+from memlab.compare.tolerances import TOLERANCE
+from memlab.course.hf_configs import config_names, load_config
+from memlab.errors import MemlabError
+from memlab.predict.families.reader import SUPPORTED, from_hf
+from memlab.predict.unmodelled import NamedTerm
+from memlab.studies.hf_draws import (
     COMPONENTS,
     HfDraw,
     draw_hf,
@@ -18,11 +23,6 @@ from memlab.compare.hf_draws import (
     judge,
     verdict_counts,
 )
-from memlab.compare.tolerances import TOLERANCE
-from memlab.course.hf_configs import config_names, load_config
-from memlab.errors import MemlabError
-from memlab.predict.families.reader import SUPPORTED, from_hf
-from memlab.predict.unmodelled import NamedTerm
 
 TINY = {name: load_config(name) for name in config_names("tiny")}
 EXACT = ("activations", "states", "steady states")
@@ -79,8 +79,8 @@ def test_where_the_logits_dominate_the_peaks_of_generated_draws_are_exact() -> N
 
 
 def test_a_peak_outside_the_tolerance_and_the_named_range_is_off() -> None:
-    from memlab.compare.hf_draws import _peak_verdict
     from memlab.predict.unmodelled import PeakRange
+    from memlab.studies.hf_draws import _peak_verdict
 
     term = NamedTerm("x", 500, ("backward",), +1)
     exact, more = PeakRange(100_000, 100_000, 100_000, ()), PeakRange(100_000, 100_000, 100_500, (term,))
@@ -182,10 +182,10 @@ def test_full_recompute_of_an_hf_family_bounds_its_bottom_block_from_above_and_t
 
 def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> None:
     from memlab.cli.estimate import exact_peak_hint
-    from memlab.compare.hf_draws import traceable
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.setup import Setup
     from memlab.predict.unmodelled import peak_range
+    from memlab.studies.hf_draws import traceable
 
     # GPT-2 at a vocabulary of 128 beside a width of 64: its own backward transients are 4.3 % above the formula's
     # steady peak (inside the range the named terms give); the trace of its code is the measured peak
