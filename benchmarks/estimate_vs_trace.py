@@ -1,6 +1,6 @@
 """The estimator against memlab's own trace over a seeded sample of the Setup space (issue 24): per phase and peak.
 
-Each draw (:func:`memlab.compare.agreement.draw_setups`: dense GPT, Llama-style GQA with a large vocabulary, MoE;
+Each draw (:func:`memlab.studies.setup_draws.draw_setups`: dense GPT, Llama-style GQA with a large vocabulary, MoE;
 every precision policy incl. FSDP2's MixedPrecisionPolicy; recompute; attention kernel; optimizer and
 implementation; ZeRO stage, world size, FSDP2 plan and loss placement; accumulation; batch and seq) is traced on
 fake tensors and estimated with CPU widths. Prints each draw that is not within 0.1 %, then the counts within /
@@ -20,7 +20,8 @@ import argparse
 import sys
 import time
 
-from memlab.compare.agreement import agreement, draw_setups, summary
+from memlab.compare.agreement import summary
+from memlab.studies.setup_draws import agreement, draw_setups
 
 
 def main(argv: list[str] | None = None) -> int:

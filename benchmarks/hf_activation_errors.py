@@ -7,14 +7,14 @@ downloaded) with
 eager only), fp32 and bf16, two shapes (132 runs) on this machine, and counts exactly what the forward
 saves for backward and what the model states hold. Prints memlab's activation and model-state errors per family
 (the goal: activations within 3 % median and 10 % worst, model states exact), then the shoot-out table
-(:mod:`memlab.compare.calculators`). A second grid turns on dropout 0.1 wherever each family has it (residual,
+(:mod:`memlab.studies.calculators`). A second grid turns on dropout 0.1 wherever each family has it (residual,
 attention probabilities, embeddings: GPT-2's defaults), a third turns on gradient checkpointing (recompute "full"), a
 fourth runs fp32 models under bf16 autocast (PyTorch AMP, ``Trainer(bf16=True)``); these check memlab alone. Exits 1
 when memlab misses the goal.
 
 ``--traced`` adds chapter 10's full-scale shoot-out: the shipped full-size configs (7B class and the 1.3-1.4 B
 ones) traced on fake tensors in mixed bf16 at 4,096 tokens (their context where shorter), eager and SDPA, with and
-without checkpointing (:func:`memlab.compare.calculators.full_size_runs`, ``traced_truth``),
+without checkpointing (:func:`memlab.studies.calculators.full_size_runs`, ``traced_truth``),
 every tool on its own scope: the signed error table (several minutes).
 
 Usage: ``python benchmarks/hf_activation_errors.py [--traced]``.
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from memlab.compare.calculators import Run, error_table, full_size_runs, scope_table, shoot_out, traced_truth
 from memlab.run.hf import measure_run
+from memlab.studies.calculators import Run, error_table, full_size_runs, scope_table, shoot_out, traced_truth
 
 TINY = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
 FULL = TINY.parent / "full"

@@ -1,6 +1,6 @@
 """Seeded draws of every supported Hugging Face family (configs and calls memlab's tests did not choose), each
 trained two real steps on this machine and judged against the estimate: exact, traced, named, refused, off or
-unbuildable (:mod:`memlab.compare.hf_draws`). Prints the counts, the worst error per component (activations,
+unbuildable (:mod:`memlab.studies.hf_draws`). Prints the counts, the worst error per component (activations,
 states, the first step's peak, the steady step's states and peak) and per phase, the verdicts by family, and every
 draw that is off or unbuildable; exits 1 when any draw is off.
 
@@ -16,8 +16,8 @@ import time
 import warnings
 from collections import Counter
 
-from memlab.compare.hf_draws import COMPONENTS, VERDICTS, hf_agreement, verdict_counts
 from memlab.course.hf_configs import config_names, load_config
+from memlab.studies.hf_draws import COMPONENTS, VERDICTS, hf_agreement, verdict_counts
 
 
 def main(argv: list[str] | None = None) -> int:

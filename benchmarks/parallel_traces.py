@@ -1,6 +1,6 @@
 """TP, TP + SP and CP traced on fake process groups, every rank, both shapes, against the estimator (issue 19).
 
-:mod:`memlab.compare.parallel_traces` rows for tiny-gpt and trace-llama: TP and TP + SP over 2 ranks (and 4 for
+:mod:`memlab.studies.parallel_traces` rows for tiny-gpt and trace-llama: TP and TP + SP over 2 ranks (and 4 for
 tiny-gpt, whose 4 heads allow it), ring-attention CP over 2 and 4 ranks; every rank. Prints each layout's rows and
 the count of rows whose ``left`` (trace - estimate - named terms) is 0; then Llama-2-7B at full size (TP 8, TP 8 +
 SP, CP 8 at 4096 tokens, first and last rank: fake tensors, about 35 s). Run: ``PYTHONPATH=. python
@@ -13,9 +13,9 @@ import time
 
 import pandas as pd
 
-from memlab.compare.parallel_traces import cp_rows, tp_rows, trace_shapes, traced_parallel_rows
 from memlab.predict.spec.model import preset
 from memlab.predict.spec.setup import Setup
+from memlab.studies.parallel_traces import cp_rows, tp_rows, trace_shapes, traced_parallel_rows
 
 
 def main() -> None:

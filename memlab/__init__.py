@@ -2,7 +2,7 @@
 
 One training step has three twins: the formula (``predict``), the step on fake tensors (``tracing``) and the step
 on this machine (``run``); the last two stand on the torch model in ``model``. The rooms follow the flow
-predict -> trace -> run -> measure -> compare -> report::
+predict -> trace -> run -> measure -> compare -> studies -> report::
 
     room       holds                                                             may import
     predict/   the formulas, no torch: models, setup, precision, activations,    errors, units
@@ -14,7 +14,10 @@ predict -> trace -> run -> measure -> compare -> report::
                op profile, distributed/ (torchrun ranks)
     measure/   meters: accounting, live bytes, CUDA allocator, NVML, host,       predict, device
                timelines, OOM, roofline, machine
-    compare/   the ledger (formula, trace, measurement), calculators, plots      predict, tracing, run, measure
+    compare/   the ledger (formula, trace, measurement), scoring, verdicts,      predict, tracing, run, measure
+               the one tolerance, plots
+    studies/   campaigns judged by compare: calculator shoot-out, seeded draws,  compare, model, predict,
+               the upgrade canary, parallel ranks and traces, torchtitan peer    tracing, run, measure
     labs/      one module per chapter topic (leaks, loss scaling, monitors)      all but course and cli
     course/    chapters, exercises, the papermill report, the book, provenance   all but cli
     cli/       the memlab command, one module per subcommand                     all

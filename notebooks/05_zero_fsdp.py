@@ -513,7 +513,7 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # triton). Each residual is named with its size below.
 
 # %%
-from memlab.compare.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
+from memlab.studies.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
 
 titan_shape = dict(batch=1, seq=128) if ch.scale == "ci" else dict(batch=8, seq=2048)
 titan = titan_rows(TITAN_DEBUG, Setup(**titan_shape, attention="flash", world_size=8, optimizer_impl="fused"))
@@ -554,7 +554,7 @@ shown
 # - **CP** (context parallelism): every rank keeps every layer and s/cp tokens of each sequence, attention passing
 #   K/V chunks round a ring [liu2023].
 #
-# `memlab.compare.parallel_layouts` runs the estimator over the layouts
+# `memlab.studies.parallel.parallel_layouts` runs the estimator over the layouts
 # (`memlab.predict.parallel.pipeline.parallel_estimate`
 # for PP and CP: their worst rank). First, a prediction.
 
@@ -568,9 +568,9 @@ answer = ...
 check("05.pp-first-stage-activations", answer)
 
 # %%
-from memlab.compare.parallel import parallel_layouts
 from memlab.predict.parallel.communication import cp_sent_bytes, pp_sent_bytes, tp_sent_bytes
 from memlab.predict.parallel.pipeline import in_flight, micro_batch_bytes, parallel_estimate
+from memlab.studies.parallel import parallel_layouts
 
 llama = preset("llama-2-7b")
 par_setup = Setup(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
@@ -641,7 +641,7 @@ assert [in_flight("1f1b", 8, 8, r)[0] for r in range(8)] == list(pp_rows.query("
 pp_rows.pivot(index="rank", columns="schedule", values=["in flight", "activations GiB", "peak GiB"]).round(2)
 
 # %% [markdown]
-# **A pipeline traced: torch's own schedules, on a fake group.** `memlab.compare.pipeline.trace_stage` runs
+# **A pipeline traced: torch's own schedules, on a fake group.** `memlab.studies.pipeline.trace_stage` runs
 # `torch.distributed.pipelining`'s `Schedule1F1B` and `ScheduleGPipe` for one rank's stage on a fake process group
 # (sends return at once, nothing arrives) and counts every live storage. This is evidence from outside the formula:
 # torch's real schedules decide what is alive when, not memlab's model of them. It runs on the CPU with real fp32
@@ -650,8 +650,8 @@ pp_rows.pivot(index="rank", columns="schedule", values=["in flight", "activation
 # backward temporaries as the estimator bounds them); the bytes held after the step are predicted exactly:
 
 # %%
-from memlab.compare.parallel_ranks import pp_setup
-from memlab.compare.pipeline import trace_stage
+from memlab.studies.parallel_ranks import pp_setup
+from memlab.studies.pipeline import trace_stage
 
 tiny = preset("tiny-gpt")  # real fp32 tensors: small shapes on every machine; at full scale 8 blocks over 4 ranks
 trace_model, trace_pp = (tiny, 2) if ch.scale == "ci" else (tiny.with_(name="tiny-gpt, 8 blocks", n_layers=8), 4)
@@ -676,14 +676,14 @@ traced_pp
 
 # %%
 if ch.scale == "full":  # real gloo ranks under torchrun: real sends and receives (about 7 s on 2 CPU cores)
-    from memlab.compare.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
+    from memlab.studies.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
 
     ranks_ledger = parallel_ranks_ledger(measure_parallel_ranks("tiny-gpt", 2))
     ch.save_table(ranks_ledger, "parallel_ranks_gloo")
     shown_ranks = ranks_ledger
 else:
     shown_ranks = ch.cpu_note("at ci scale the pipeline is traced on a fake group only; at full scale "
-                              "memlab.compare.parallel_ranks also runs PP and TP on 2 real gloo ranks under torchrun "
+                              "memlab.studies.parallel_ranks also runs PP and TP on 2 real gloo ranks under torchrun "
                               "(about 7 s, over this chapter's ci budget)")
 shown_ranks
 
@@ -702,7 +702,7 @@ shown_ranks
 # peak moment need not be the one-rank kernel's):
 
 # %%
-from memlab.compare.parallel_traces import traced_parallel_rows
+from memlab.studies.parallel_traces import traced_parallel_rows
 from memlab.tracing.context_parallel import TORCH_CP_ERRORS
 
 # fake tensors, so any size runs: at ci scale tiny-gpt over 2 ranks (a second a rank); at full scale Llama-2-7B over
@@ -774,8 +774,8 @@ ch.save_table(wire, "parallel_communication")
 wire.round(2)
 
 # %%
-from memlab.compare.parallel_ranks import column_modules
 from memlab.predict.parallel.communication import tp_allreduce_buffer_bytes
+from memlab.studies.parallel_ranks import column_modules
 
 fused_reduces = tp_allreduce_buffer_bytes(tokens, llama.d_model, llama.n_layers)
 torch_reduces = tp_allreduce_buffer_bytes(tokens, llama.d_model, llama.n_layers, column_modules=column_modules(llama))

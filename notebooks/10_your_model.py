@@ -67,11 +67,12 @@ from memlab import (
     token_ids,
     trait_effects,
 )
-from memlab.compare import calculators, plots
+from memlab.compare import plots
 from memlab.model.hf import attention_implementations
 from memlab.predict.families.reader import SUPPORTED
 from memlab.predict.spec.traits import trait_meanings
 from memlab.run.hf import measure_run
+from memlab.studies import calculators
 from memlab.units import GiB
 
 warnings.filterwarnings("ignore", module="transformers")
@@ -532,14 +533,14 @@ recorded if recorded is not None else "No GPU measurements for this chapter are 
 # ## 7. Your model sharded: the estimate, the trace and torchtitan's estimator
 #
 # The estimator and memlab's trace agree phase by phase over a seeded sample of the Setup space
-# (`memlab.compare.agreement`; `make bench` runs the larger sample, counting within 0.1 % / named / off). The same
+# (`memlab.studies.setup_draws`; `make bench` runs the larger sample, counting within 0.1 % / named / off). The same
 # holds against a peer: torchtitan's memory-estimation protocol (`memlab.tracing.peer`, its `apply_fsdp` plan,
 # loss outside the model, `MixedPrecisionPolicy(bf16, fp32)`, `FSDPMemTracker`) on a Llama-shaped model. Here
 # torchtitan's debug model, small; the full-size Llama-3-8B result is the recorded one of chapter 05.
 
 # %%
-from memlab.compare.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
 from memlab.predict.spec.setup import Setup as _Setup
+from memlab.studies.titan import TITAN_DEBUG, recorded_titan, residual_names, titan_rows
 
 peer = titan_rows(TITAN_DEBUG, _Setup(batch=1, seq=128 if ch.scale == "ci" else 2048, attention="flash",
                                       world_size=8, optimizer_impl="fused"))

@@ -38,10 +38,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from memlab import Setup, chapter, check, estimate, fits, from_hf, gpu, load_config, trace_hf
-from memlab.compare import calculators
 from memlab.predict.fit import levers, plan_to_fit
 from memlab.predict.memory.finetune import adapter_elements, qlora_base_bytes
 from memlab.run.hf import predict_hf, run_hf
+from memlab.studies import calculators
 from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
@@ -305,7 +305,7 @@ check("11.qlora-dq-bits", answer)
 # %% [markdown]
 # ## 5. The public calculators on the same runs
 #
-# Each calculator is scored only on what it claims for a fine-tune (`memlab.compare.calculators`): gpu_poor has
+# Each calculator is scored only on what it claims for a fine-tune (`memlab.studies.calculators`): gpu_poor has
 # LoRA and QLoRA modes (rank-free adapter states; its full-training activations) `[gpu-poor]`; accelerate has no
 # LoRA mode, and what it loads, the base's weights, is scored as its states `[accelerate-estimate]`; the
 # full-training formulas give no number.

@@ -1,6 +1,6 @@
-"""Record the torchtitan-peer comparison at full size (memlab.compare.titan) into data/recorded/ with provenance.
+"""Record the torchtitan-peer comparison at full size (memlab.studies.titan) into data/recorded/ with provenance.
 
-Runs :func:`memlab.compare.titan.titan_rows` on torchtitan's debug model and on Llama-3-8B (torchtitan's ``8B``:
+Runs :func:`memlab.studies.titan.titan_rows` on torchtitan's debug model and on Llama-3-8B (torchtitan's ``8B``:
 ``preset("llama-3-8b")``) with torchtitan's Llama-3-8B training setup (batch 1, seq 8192, full activation
 checkpointing, fused AdamW, FSDP2 over 8 ranks, bf16/fp32 MixedPrecisionPolicy), each on fake tensors on this CPU
 (a few minutes in all), and writes ``data/recorded/titan_peer_cpu_trace.json``: the rows plus torch version, memlab
@@ -19,9 +19,9 @@ import sys
 
 import torch
 
-from memlab.compare.titan import RECORDED, TITAN_DEBUG, titan_rows
 from memlab.predict.spec.model import preset
 from memlab.predict.spec.setup import Setup
+from memlab.studies.titan import RECORDED, TITAN_DEBUG, titan_rows
 
 SETUPS = (
     (TITAN_DEBUG, Setup(batch=8, seq=2048, attention="flash", world_size=8, optimizer_impl="fused")),

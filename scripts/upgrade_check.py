@@ -4,7 +4,7 @@
    :func:`compile_lock` with ``newest=True``; torch stays at ``--torch``: a newer torch is a separate, larger
    download, ``make upgrade-check TORCH=torch==X``), and install them into a scratch venv
    (``.cache/upgrade-check/venv``) as ``make`` installs the lock.
-2. Run there what other people's code decides: :mod:`memlab.compare.drift` (every family at every precision and
+2. Run there what other people's code decides: :mod:`memlab.studies.drift` (every family at every precision and
    attention against a real step, each family's trace, peft's LoRA, bitsandbytes' QLoRA), the test modules that
    check those byte for byte, and the chapter build at ci scale (its pages scanned for a printed warning).
 3. Print the table, per library and family: exact, drifted (the largest difference, bytes and percent) or broken
@@ -72,13 +72,13 @@ def install(venv: Path, lock: Path, torch_pin: str) -> None:
 
 
 def drift(py: Path) -> dict[str, Any]:
-    """memlab.compare.drift in the scratch venv, its rows echoed as they finish."""
+    """memlab.studies.drift in the scratch venv, its rows echoed as they finish."""
     out = SCRATCH / "drift.json"
     out.unlink(missing_ok=True)
-    done = _run([str(py), "-m", "memlab.compare.drift", "--json", str(out)], stderr=subprocess.PIPE)
+    done = _run([str(py), "-m", "memlab.studies.drift", "--json", str(out)], stderr=subprocess.PIPE)
     if not out.exists():  # memlab itself did not run: one broken row with the last line it printed
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
-        return {"rows": [{"library": "memlab", "family": "import", "case": "python -m memlab.compare.drift",
+        return {"rows": [{"library": "memlab", "family": "import", "case": "python -m memlab.studies.drift",
                           "verdict": "broken", "detail": last, "worst_bytes": None, "worst_percent": None,
                           "seconds": 0.0}]}
     return json.loads(out.read_text())

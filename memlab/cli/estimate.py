@@ -281,12 +281,12 @@ def _hf_target(args: argparse.Namespace, model: Any) -> str | None:
 
 def exact_peak_hint(span: Any, hf: str | None, setup: Any) -> str | None:
     """Where this config's exact peak comes from when the named terms leave the formula's peak a range wider than
-    0.1 % (:data:`memlab.compare.hf_draws.PEAK_TOLERANCE`): the trace of transformers' own code (``memlab trace
+    0.1 % (:data:`memlab.compare.tolerances.TOLERANCE`): the trace of transformers' own code (``memlab trace
     --hf``, the one call the command line describes: no mask, ``labels=``; selective recompute has no transformers
     equivalent). None where the range is that tight or the model is not a Hugging Face config."""
-    from memlab.compare.hf_draws import PEAK_TOLERANCE
+    from memlab.compare.tolerances import TOLERANCE
 
-    if hf is None or span.high - span.low <= PEAK_TOLERANCE * span.peak or setup.recompute == "selective":
+    if hf is None or span.high - span.low <= TOLERANCE * span.peak or setup.recompute == "selective":
         return None
     return (f"the range is wider than 0.1 % of the peak: memlab trace --hf {hf} with the same options gives this "
             "code's exact peak (transformers' modelling code run on fake tensors; measured equal to real CPU steps "

@@ -53,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layouts", action="store_true",
                    help="run pipeline (1F1B and GPipe over --ranks stages, --ranks + 1 micro-batches) and tensor "
                    "parallelism (--ranks ways) instead of the data-parallel strategies "
-                   "(memlab.compare.parallel_ranks), then trace TP, TP + SP and ring-attention CP over a fake "
-                   "--ranks-rank group, every rank (memlab.compare.parallel_traces)")
+                   "(memlab.studies.parallel_ranks), then trace TP, TP + SP and ring-attention CP over a fake "
+                   "--ranks-rank group, every rank (memlab.studies.parallel_traces)")
     p.add_argument("--json", action="store_true", help="print the ranks' rows as JSON")
 
 
@@ -95,11 +95,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_layouts(args: argparse.Namespace, config: object) -> int:
     """``memlab shard --layouts``: pipeline and tensor-parallel ranks measured, next to their prediction; then TP,
-    TP + SP and CP traced over a fake group (memlab.compare.parallel_traces)."""
-    from memlab.compare.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
+    TP + SP and CP traced over a fake group (memlab.studies.parallel_traces)."""
     from memlab.errors import MemlabError
     from memlab.predict.memory.sharding import check_tp
     from memlab.predict.parallel.pipeline import virtual_stage_layers
+    from memlab.studies.parallel_ranks import measure_parallel_ranks, parallel_ranks_ledger
 
     if args.ranks < 2:
         raise MemlabError("--layouts needs --ranks 2 or more (pipeline stages and tensor-parallel ranks)")
@@ -118,7 +118,7 @@ def _run_layouts(args: argparse.Namespace, config: object) -> int:
     ledger = parallel_ranks_ledger(rows, batch=args.batch, seq=args.seq)
     print(f"{args.preset}: {args.ranks} gloo rank(s) (CPU); bytes per rank")
     print(ledger.to_string(index=False))
-    from memlab.compare.parallel_traces import traced_parallel_rows
+    from memlab.studies.parallel_traces import traced_parallel_rows
 
     ranks = tuple(range(args.ranks))
     traced = traced_parallel_rows(config, tp=args.ranks, cp=args.ranks, ranks=ranks,  # type: ignore[arg-type]

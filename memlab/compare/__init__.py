@@ -1,17 +1,14 @@
-"""compare: prediction next to measurement.
+"""compare: prediction next to measurement, and the verdicts on the difference.
 
-``ledger`` (formula, trace and measurement per component and phase; :func:`compare` for one pair), ``calculators``
-(every public estimator run on the same runs; ``formulas``, the ones that are formulas; ``scoring``, each tool
-scored only on what it claims: signed errors, scopes, held-out configs), ``sharding`` (data-parallel strategies
-against the ranks' measurements), ``plots`` (the standard figures), ``agreement`` (the estimator against memlab's
-trace over a seeded sample of the Setup space, phase by phase), ``titan`` (torchtitan's memory estimator as a peer
-on the same FSDP2 setups, residuals named), ``parallel`` (TP, SP, PP, CP and ZeRO layouts of one model side by
-side, per rank), ``pipeline`` (pipeline ranks run on a fake group and counted, against their prediction),
-``parallel_ranks`` (pipeline and tensor-parallel ranks measured on gloo under torchrun), ``parallel_traces`` (TP,
-TP + SP and ring-attention CP traced on fake groups rank by rank, residuals named), ``hf_draws`` (seeded
-Hugging Face configs and calls of every family, one real step each, judged exact, refused or off), ``drift`` (the
-canary of ``make upgrade-check``: every family, precision and attention, the traces, peft and bitsandbytes against
-real steps under the installed releases, judged exact, drifted or broken).
+``ledger`` (formula, trace and measurement per component and phase; :func:`compare` for one pair), ``scoring``
+(each tool scored only on what it claims: signed errors, scopes, held-out configs), ``sharding`` (data-parallel
+strategies against the ranks' measurements), ``plots`` (the standard figures), ``agreement`` (the verdicts: within
+the tolerance, named by the estimate's left-out terms, or off; their counts) and ``tolerances`` (the one 0.1 %
+every verdict uses).
+
+The campaigns that run models, traces and steps to produce what is compared here (the calculator shoot-out, the
+seeded draws, the upgrade canary, the parallel ranks and traces, the torchtitan peer) are :mod:`memlab.studies`,
+the room above this one.
 
 ``from memlab.compare import compare`` is the one-pair comparison; the room and the function share the name, so
 the function is imported from here rather than from ``memlab`` itself.

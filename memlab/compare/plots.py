@@ -197,7 +197,7 @@ def shootout_component(frame: pd.DataFrame, component: str, *, title: str, sourc
     """One component of the shoot-out: each tool's signed relative error (%, linear axis, 0 is exact) on every run
     it is scored on, one row per tool (memlab blue, the others red); filled dots for full-size traces, open ones for
     runs measured here.
-    ``frame`` is :func:`memlab.compare.calculators.shoot_out`'s table; a tool with no scored run is named with its
+    ``frame`` is :func:`memlab.studies.calculators.shoot_out`'s table; a tool with no scored run is named with its
     scope ("out of scope", "unavailable"), never drawn as an error. Each scored tool's signed median is a bar."""
     import matplotlib
 

@@ -1,5 +1,5 @@
 """Scoring the shoot-out: what a calculator claims (:class:`CalculatorResult`, component by component, with the
-reason for each component it does not claim), and the tables built from :func:`memlab.compare.calculators.shoot_out`'s
+reason for each component it does not claim), and the tables built from :func:`memlab.studies.calculators.shoot_out`'s
 long table: signed errors (:func:`error_table`), what each tool was scored on (:func:`scope_table`) and memlab's
 in-sample / held-out split (:func:`held_out_table`). A component a tool does not claim on a run is "out of scope",
 never an error."""
@@ -98,7 +98,7 @@ def error_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def scope_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per tool and component, what it is scored on: the recipes of its scored runs, or "out of scope" with the
-    reason(s) it gave (from :func:`memlab.compare.calculators.shoot_out`'s table)."""
+    reason(s) it gave (from :func:`memlab.studies.calculators.shoot_out`'s table)."""
     import pandas as pd
 
     comps = [c for c in COMPONENTS if c in set(frame["component"])]

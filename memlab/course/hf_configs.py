@@ -2,7 +2,7 @@
 
 ``memlab/course/configs/tiny/`` holds a scaled-down config of every family
 :func:`memlab.predict.families.reader.from_hf` maps
-(written for memlab from each family's layout: d_model 64, 2 layers, vocab 512; tests/compare/test_hf_draws.py checks
+(written for memlab from each family's layout: d_model 64, 2 layers, vocab 512; tests/studies/test_hf_draws.py checks
 that none is missing) that builds and trains on a CPU in milliseconds; ``full/`` the published
 architectures (each file names its source in ``_memlab_source``), for predictions at full size. Nothing here is
 downloaded: these are configs, not weights; a model is built from one with ``AutoModelForCausalLM.from_config``.

@@ -12,8 +12,9 @@ module makes a real training step keep exactly those bytes, so the accounting ca
   produces it and frees the 16-bit one (Megatron-LM's main grads); ``mixed-fp16-fp32-accum`` keeps both.
 
 :func:`train_step` is the one phased loop every caller runs (the tracer, the runner, live steps, the profiler,
-the step-time lab, the Hugging Face run, the torchrun worker): forward -> backward per micro-batch, then the
-optimizer step and ``zero_grad``, each phase inside a :class:`Meter`'s context, which is where the callers differ.
+the step-time lab, the Hugging Face run, the torchrun worker, the tensor-parallel ranks): forward -> backward per
+micro-batch, then the optimizer step and ``zero_grad``, each phase inside a :class:`Meter`'s context, which is where
+the callers differ.
 """
 
 from __future__ import annotations

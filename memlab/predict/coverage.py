@@ -378,7 +378,7 @@ def attention_core_bound_bytes(config: TransformerConfig, setup: Any) -> float:
     tp rank, in bytes: its s x s tensors (scores, mask sum, softmax, dropout) and a few t x h ones, at most
     ``12 S + 4 b s^2 + 22 t h + 4 t`` with ``S = b heads s^2`` (fitted on memlab's trace of the reference GPT, dense
     attention, fp32 and bf16, eager and math, under full and selective recompute; used only as a bound, checked by
-    ``tests/compare/test_agreement.py`` on generated setups)."""
+    ``tests/studies/test_setup_draws.py`` on generated setups)."""
     b, s_, t = setup.batch, setup.seq, setup.batch * setup.seq
     return (12 * b * config.n_heads * s_ * s_ + 4 * b * s_ * s_ + 22 * t * config.d_model + 4 * t) / setup.tp
 
@@ -418,11 +418,11 @@ HF_TRANSIENTS = ("a Hugging Face family's own transients inside forward and back
 """The name of the term an HF family gets under the plain loss: bounded by :func:`top_block_bound_bytes` (its
 norms' fp32 upcasts, a composed activation's backward, the mask's expansion and the loss's label shift are counted
 as the reference GPT's; the t x V logits terms hide them only where the vocabulary is large against the widths:
-within 0.1 % at V = 4096, up to several per cent below it at V = 96-512, memlab.compare.hf_draws)."""
+within 0.1 % at V = 4096, up to several per cent below it at V = 96-512, memlab.studies.hf_draws)."""
 HF_RECOMPUTED_BLOCK = ("full recompute of a Hugging Face family: the bottom block's recomputed tensors, counted all at "
                        "once (its backward frees them op by op: an upper bound)")
 """The name of the term an HF family gets under full recompute: one block's saved bytes as without recompute
-(measured up to 0.8 x this term below the estimate: memlab.compare.hf_draws, seed 0, 1,140 draws)."""
+(measured up to 0.8 x this term below the estimate: memlab.studies.hf_draws, seed 0, 1,140 draws)."""
 HF_BOTTOM_TEMPORARIES = ("a Hugging Face family's bottom block: its backward temporaries, counted all at once (its "
                          "block makes and frees them in its own order: an upper bound)")
 """The name of the term every HF family gets in training: ``layer_terms(...)["temp"]``
@@ -504,7 +504,7 @@ TABLE: tuple[Entry, ...] = (
     Entry("FSDP2 CPU offload", lambda c: c.train and c.fsdp is not None and c.setup.fsdp_offload,
           says="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states on the host (host_bytes; "
                "the optimizer steps there, its temporaries too); the device holds the gathered units, their buffers "
-               "and unsharded gradients. A CPU trace cannot tell host from device: memlab.compare.agreement checks "
+               "and unsharded gradients. A CPU trace cannot tell host from device: memlab.studies.setup_draws checks "
                "device + host against it"),
     Entry("FSDP2 mixed precision", lambda c: c.train and c.fsdp is not None and c.setup.policy.fsdp_mixed,
           says=lambda c: f"MixedPrecisionPolicy(param_dtype={c.setup.policy.fsdp_param_dtype}, reduce_dtype="

@@ -6,6 +6,8 @@
 - ``live_steps``: live tensor bytes op by op through several steps, beside the phase-aware prediction.
 - ``sweep``: resumable JSON-lines sweeps of ``run_step``.
 - ``hf``: a Hugging Face model built from its config, one step measured (``measure_hf``, ``run_hf``).
+- ``spec``: :class:`memlab.run.spec.Run`, one calculator run described (HF config, shape, dtype, recipe), which
+  ``measure_run`` runs here and the calculator shoot-out asks every estimator about.
 - ``op_profile``: one step op by op under ``torch.profiler``, placed on the roofline.
 - ``distributed``: real data-parallel ranks under torchrun: ``launch`` starts them, ``worker`` is each rank (DDP,
   ZeRO-1, FSDP2).

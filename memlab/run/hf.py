@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -44,9 +44,7 @@ from memlab.predict.memory.phases import PhaseRow
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
 from memlab.predict.spec.setup import Setup
-
-if TYPE_CHECKING:
-    from memlab.compare.calculators import Run
+from memlab.run.spec import Run
 
 PRECISION_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16"}
 """memlab precision policy of a model built in that dtype (pure 16-bit: weights, grads and Adam states)."""
@@ -54,7 +52,7 @@ PRECISION_OF = {"fp32": "fp32", "bf16": "bf16", "fp16": "bf16"}
 Watch = Callable[[torch.nn.Module, Any, list[torch.Tensor]], contextlib.AbstractContextManager[Meter]]
 """An extra observer of :func:`measure_hf`'s steps: called with the model, the optimizer and the call's tensors
 (token ids, labels, mask) before the first step, it returns a context entered around all the steps that yields
-the :class:`~memlab.model.step.Meter` each phase reports to (the compare room's MemTracker cross-check)."""
+the :class:`~memlab.model.step.Meter` each phase reports to (the hf_draws study's MemTracker cross-check)."""
 
 
 @dataclass(frozen=True)
@@ -256,9 +254,9 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
 
 
 def measure_run(run: Run, seed: int = 0) -> dict[str, int]:
-    """Run a shoot-out :class:`~memlab.compare.calculators.Run` for real on this machine (:func:`run_hf` on
+    """Run a shoot-out :class:`~memlab.run.spec.Run` for real on this machine (:func:`run_hf` on
     ``run.device_type``): ``{"states", "activations"}`` in bytes (model states; saved for backward), the measured
-    side :func:`memlab.compare.calculators.shoot_out` compares the calculators with. A LoRA run gets its adapters
+    side :func:`memlab.studies.calculators.shoot_out` compares the calculators with. A LoRA run gets its adapters
     from peft (:func:`memlab.model.hf.apply_lora`); a QLoRA run needs CUDA kernels and is refused."""
     _, m = run_hf(run.hf, attn_implementation=run.attn_implementation, dtype=run.dtype, batch=run.batch,
                   seq=run.seq, device=run.device_type, seed=seed,

@@ -9,7 +9,7 @@ strategy registered.`` (real and fake tensors alike); the math backend fails on 
 got mixed torch.Tensor and DTensor``), and the efficient kernel has no CPU backend (``No viable backend for
 scaled_dot_product_attention was found``). Fake CUDA tensors abort in autograd on a CPU-only torch
 (:mod:`memlab.tracing.tracer`), so torch's CP cannot be traced here (:data:`TORCH_CP_ERRORS`, re-checked by
-tests/tracing/test_parallel_traces.py).
+tests/studies/test_parallel_traces.py).
 
 What is traced instead (:class:`RingAttentionCore`, the variant memlab's estimator models [liu2023]): each of ``cp``
 ranks holds ``seq / cp`` consecutive tokens (no load balancing: rank ``r`` attends to chunks ``0..r``, the causal
@@ -18,7 +18,7 @@ mask inside its own). Forward, step ``i`` of ``cp``: the rank starts receiving t
 CPU flash kernel, merging the partial outputs by their log-sum-exp; it saves only its own q, k, v, the merged output
 and log-sum-exp (what a fused kernel saves for its ``seq / cp`` tokens). Backward: K/V travel the ring again with
 their gradients' accumulators (dK, dV of a chunk pass from rank to rank, each adding its share, and arrive home
-after ``cp`` hops). The bytes these buffers add are :func:`memlab.compare.parallel_traces.ring_terms`.
+after ``cp`` hops). The bytes these buffers add are :func:`memlab.studies.parallel_traces.ring_terms`.
 :func:`trace_gpt_cp` traces rank ``r`` of the reference GPT's training step (fake tensors): every rank's tokens use
 positions ``0 .. seq/cp - 1`` (a real run offsets them by ``r seq / cp``; bytes do not depend on the values).
 """
@@ -42,7 +42,7 @@ TORCH_CP_ERRORS = {
     "EFFICIENT_ATTENTION": "No viable backend for scaled_dot_product_attention was found.",
 }
 """The errors torch 2.13's ``context_parallel`` raises on CPU, by SDPA backend (real and fake tensors alike),
-re-checked by tests/tracing/test_parallel_traces.py."""
+re-checked by tests/studies/test_parallel_traces.py."""
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:

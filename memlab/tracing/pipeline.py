@@ -7,7 +7,7 @@ one
 training step of ``Schedule1F1B``, ``ScheduleGPipe`` or ``ScheduleInterleaved1F1B`` over ``setup.micro_batches``
 micro-batches on a fake group
 (:func:`memlab.tracing.fake_dist.fake_process_group`: sends and receives return at once, nothing arrives), and counts
-every live storage with the counter it is given (:func:`memlab.compare.pipeline.trace_stage` gives
+every live storage with the counter it is given (:func:`memlab.studies.pipeline.trace_stage` gives
 :class:`memlab.measure.live_bytes.LiveBytes`; real tensors: keep the shapes small).
 
 Found when this was built (torch 2.13): a schedule runs backward only when it has a ``loss_fn`` (every stage, not

@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from memlab.compare.hf_draws import draw_hf
 from memlab.course.hf_configs import config_names, load_config
 from memlab.errors import ConfigError, MemlabError
 from memlab.predict.families.order import BLOCK_ORDER, registration_order
 from memlab.predict.families.reader import SUPPORTED, from_hf
 from memlab.predict.memory.sharding import shape_summary
+from memlab.studies.hf_draws import draw_hf
 
 TINY = {name: load_config(name) for name in config_names("tiny")}
 

@@ -78,7 +78,7 @@ def _sample_gpt2() -> dict[str, Any]:
 def _ckpt_bytes(run: Any, kept: int) -> tuple[float, int]:
     """(the guides' full-recomputation activations, the bytes the step keeps for backward) of a checkpointed run;
     ``kept`` is the chapter's trace of the real code (``traced_truth(run)["activations"]``)."""
-    from memlab.compare.calculators import korthikanti_guides
+    from memlab.studies.calculators import korthikanti_guides
 
     return korthikanti_guides(run).activations, int(kept)
 
@@ -91,8 +91,8 @@ def _ckpt_sign(run: Any, kept: int) -> str:
 def _sample_ckpt_run() -> dict[str, Any]:
     """A checkpointed tiny Llama in mixed bf16, its kept bytes from memlab's formula standing in for the trace (the
     chapter passes the trace's), so checking the exercise needs no trace."""
-    from memlab.compare.calculators import Run, memlab_formula
     from memlab.course.hf_configs import load_config
+    from memlab.studies.calculators import Run, memlab_formula
 
     run = Run(load_config("llama"), 2, 24, "bf16", "sdpa", device_type="cpu", name="llama", precision="mixed-bf16",
               recompute="full")

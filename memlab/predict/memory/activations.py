@@ -104,7 +104,7 @@ class ActivationTerm:
 SP_WHOLE = ("loss normaliser (total_weight)",)
 """Rows sequence parallelism leaves whole besides the token ids (category ``token ids``: the embedding and the loss
 read all of them on every rank): only per-token tensors of the SP regions are split [korthikanti2022, Sec. 4.2.2]
-(checked against DTensor SP traces, tests/tracing/test_parallel_traces.py)."""
+(checked against DTensor SP traces, tests/studies/test_parallel_traces.py)."""
 
 
 def row_divisor(row: tuple, tp: int, sp: bool) -> int:
@@ -440,7 +440,7 @@ def autocast_block_copy_bytes(config: TransformerConfig, tp: int = 1) -> float:
 def autocast_bias_copy_bytes(config: TransformerConfig, tp: int = 1) -> float:
     """Bytes of autocast's 16-bit copies of every block's linear biases on one tp rank (``2 x`` their elements; the
     norms' biases are not cast): no op saves them for backward (a bias gradient needs no bias), but the cast
-    cache holds them until the autocast region, the forward, ends [pytorch-amp]; as traced (memlab.compare.agreement).
+    cache holds them until the autocast region, the forward, ends [pytorch-amp]; as traced (memlab.studies.setup_draws).
     Divided by ``tp`` like the weights (an upper bound for row-parallel biases, which are replicated)."""
     return sum(math.prod(shape) for name, shape, cat in config.param_shapes()
                if name.startswith("blocks.") and name.endswith(".bias") and cat != "norms") * 2 / tp

@@ -363,7 +363,7 @@ def model_buffer_bytes(config: TransformerConfig) -> int:
     ``head_dim / 2`` each (``memlab.model.gpt.Rotary``), so ``4 * max_seq * head_dim`` bytes; for a partial rotary
     (``impl.rotary_fraction``: GPT-J's one fp32 ``(n_positions, rotary_dim)`` sin/cos table,
     [hf-transformers: modeling_gptj.py create_sinusoidal_positions], kept in fp32 whatever the model dtype, as
-    measured by memlab.compare.hf_draws) the rotated dimensions only; 0 for learned or no positions and for
+    measured by memlab.studies.hf_draws) the rotated dimensions only; 0 for learned or no positions and for
     implementations that build the tables per forward (``impl.rotary_tables_per_forward``: Hugging Face's rotary
     keeps only an ``inv_freq`` vector of ``head_dim / 2`` floats, not counted)."""
     if config.positions != "rotary" or config.impl.rotary_tables_per_forward:

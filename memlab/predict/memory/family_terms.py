@@ -149,7 +149,7 @@ def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -
 
 
 def _check_autocast_draws(config: TransformerConfig, setup: Any) -> None:
-    """Refuse the three HF setups under bf16 autocast that generated draws (:mod:`memlab.compare.hf_draws`) found
+    """Refuse the three HF setups under bf16 autocast that generated draws (:mod:`memlab.studies.hf_draws`) found
     memlab's count to miss, each measured on tiny configs and not yet modelled: eager attention with dropout on the
     probabilities in a family that softmaxes in fp32 (one more 16-bit (b, a, s, s) tensor per layer: Llama, Qwen2,
     Phi, Starcoder2); eager attention with one K/V head at batch 1, where ``repeat_kv`` stays a view (Gemma:

@@ -7,7 +7,7 @@ whether the loss is computed inside the root module. The torch side that applies
 
 What FSDP2 holds, read from torch 2.13's ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py`` and
 ``_fsdp_state.py`` [pytorch-fsdp2-internals] and checked against memlab's own trace
-(:func:`memlab.tracing.gpt.trace_gpt` over a fake process group; :mod:`memlab.compare.agreement`):
+(:func:`memlab.tracing.gpt.trace_gpt` over a fake process group; :mod:`memlab.studies.setup_draws`):
 
 - at rest every parameter, gradient and optimizer state is a dim-0 shard, padded to ``ceil(d0 / N)`` rows (rank 0
   always holds a full chunk): :func:`rank0_shard_elements`;

@@ -1,4 +1,4 @@
-"""Generated Hugging Face configs and calls (memlab.compare.hf_draws): two real steps each, every draw exact,
+"""Generated Hugging Face configs and calls (memlab.studies.hf_draws): two real steps each, every draw exact,
 traced, named or refused, never off; the two independent measurements of the peak (live bytes, MemTracker) agree
 to the byte."""
 
@@ -10,19 +10,19 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from memlab.compare.hf_draws import (
+from memlab.compare.tolerances import TOLERANCE
+from memlab.course.hf_configs import config_names, load_config
+from memlab.errors import MemlabError
+from memlab.predict.coverage import NamedTerm
+from memlab.predict.families.reader import SUPPORTED, from_hf
+from memlab.studies.hf_draws import (
     COMPONENTS,
-    PEAK_TOLERANCE,
     HfDraw,
     draw_hf,
     hf_agreement,
     judge,
     verdict_counts,
 )
-from memlab.course.hf_configs import config_names, load_config
-from memlab.errors import MemlabError
-from memlab.predict.coverage import NamedTerm
-from memlab.predict.families.reader import SUPPORTED, from_hf
 
 TINY = {name: load_config(name) for name in config_names("tiny")}
 EXACT = ("activations", "states", "steady states")
@@ -75,12 +75,12 @@ def test_where_the_logits_dominate_the_peaks_of_generated_draws_are_exact() -> N
     assert "gptj" in {v.draw.family for v in measured}
     for v in measured:
         assert v.verdict == "exact", f"{v.draw.label()}: {v.reason}"
-        assert abs(v.error("peak")) <= PEAK_TOLERANCE and abs(v.error("steady peak")) <= PEAK_TOLERANCE
+        assert abs(v.error("peak")) <= TOLERANCE and abs(v.error("steady peak")) <= TOLERANCE
 
 
 def test_a_peak_outside_the_tolerance_and_the_named_range_is_off() -> None:
-    from memlab.compare.hf_draws import _peak_verdict
     from memlab.predict.coverage import PeakRange
+    from memlab.studies.hf_draws import _peak_verdict
 
     term = NamedTerm("x", 500, ("backward",), +1)
     exact, more = PeakRange(100_000, 100_000, 100_000, ()), PeakRange(100_000, 100_000, 100_500, (term,))
@@ -182,10 +182,10 @@ def test_full_recompute_of_an_hf_family_bounds_its_bottom_block_from_above_and_t
 
 def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> None:
     from memlab.cli.estimate import exact_peak_hint
-    from memlab.compare.hf_draws import traceable
     from memlab.predict.coverage import peak_range
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.setup import Setup
+    from memlab.studies.hf_draws import traceable
 
     # GPT-2 at a vocabulary of 128 beside a width of 64: its own backward transients are 4.3 % above the formula's
     # steady peak (inside the range the named terms give); the trace of its code is the measured peak
@@ -196,7 +196,7 @@ def test_where_the_formula_gives_a_range_the_trace_gives_the_measured_peak() -> 
     assert traceable(draw)
     v = judge(draw)
     assert v.verdict == "traced", v.reason
-    assert abs(v.error("steady peak")) > PEAK_TOLERANCE  # the formula alone is a range here
+    assert abs(v.error("steady peak")) > TOLERANCE  # the formula alone is a range here
     assert "the trace: peak +0 B, steady peak +0 B" in v.reason  # to the byte
     assert traceable(HfDraw(**{**draw.__dict__, "attention_mask": "ones"}))  # traced as no mask, its tensor held
     assert traceable(HfDraw(**{**draw.__dict__, "attention_mask": "padded"}))  # its fake mask takes the padded path
@@ -249,7 +249,7 @@ def test_the_named_range_holds_the_traced_peak_on_generated_hf_configs() -> None
         for step in ("first", "steady"):
             span = peak_range(est, step=step)
             real = max(r.held_bytes for r in tr.phases if r.step == step)
-            slack = PEAK_TOLERANCE * real
+            slack = TOLERANCE * real
             assert span.low - slack <= real <= span.high + slack, (family, setup, step, span, real)
         checked += 1
     assert checked >= 4

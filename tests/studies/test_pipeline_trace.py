@@ -1,5 +1,5 @@
 """torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe run on a fake process group and counted
-(memlab.tracing.pipeline, memlab.compare.pipeline), against memlab.predict.parallel.pipeline rank by rank: what a rank
+(memlab.tracing.pipeline, memlab.studies.pipeline), against memlab.predict.parallel.pipeline rank by rank: what a rank
 holds after the step is exact; the peak's growth with the micro-batches is exact under GPipe; the peak is a bound whose
 slack is named (gradients not yet allocated at the peak moment, and one block's or the loss's backward temporaries
 as the estimator bounds them)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from memlab.compare.pipeline import trace_stage
 from memlab.predict.parallel.pipeline import parallel_estimate
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.setup import Setup
+from memlab.studies.pipeline import trace_stage
 
 TINY = preset("tiny-gpt")
 LLAMA = TransformerConfig(name="pp-llama", d_model=96, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=256,

@@ -5,11 +5,12 @@
 each rank
 
 - runs its stage of the reference GPT under torch.distributed.pipelining's Schedule1F1B and ScheduleGPipe (real
-  sends and receives), every storage counted (:func:`memlab.compare.pipeline.trace_stage`), next to
+  sends and receives), every storage counted (:func:`memlab.studies.pipeline.trace_stage`), next to
   :func:`memlab.predict.parallel.pipeline.parallel_estimate`;
 - runs one AdamW step of DTensor column/row-parallel blocks (:func:`memlab.tracing.tensor_parallel.tensor_parallel`)
-  over a gloo mesh: its local parameter and gradient bytes, next to the estimate's tp shards plus the plan's
-  replicated embedding/head (:func:`memlab.tracing.tensor_parallel.replicated_terms`), and the step's peak.
+  over a gloo mesh, through the one training step (:func:`memlab.model.step.train_step`): its local parameter and
+  gradient bytes, next to the estimate's tp shards plus the plan's replicated embedding/head
+  (:func:`memlab.tracing.tensor_parallel.replicated_terms`), and the step's peak.
 
 Each rank also counts what it sends (:class:`memlab.measure.comm.CommCounter`, torch's own c10d calls): the
 pipeline's sends next to :func:`memlab.predict.parallel.communication.pp_sent_bytes`, the tensor-parallel all-reduces
@@ -21,9 +22,11 @@ note). ``memlab shard --layouts pp,tp`` prints it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,24 +54,42 @@ def _local_bytes(tensors: Any) -> int:
 
 
 def _tensor_parallel_step(config: TransformerConfig, batch: int, seq: int, world: int) -> dict[str, int]:
+    """One fp32 AdamW step (for-loop) of the tensor-parallel GPT on this rank, run by
+    :func:`memlab.model.step.train_step` (forward, backward, optimizer step; gradients left in place): the local
+    parameter bytes before it, the local gradient bytes as backward leaves them, the step's peak and what it
+    all-reduced."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from memlab.measure.comm import CommCounter
     from memlab.measure.live_bytes import LiveBytes
+    from memlab.model.step import Meter, train_step, training_step
+    from memlab.predict.spec.precision import precision_policy
     from memlab.tracing.tensor_parallel import tensor_parallel_gpt
+
+    class GradBytes(Meter):
+        """Reads the model's local gradient bytes when the backward phase ends (before the optimizer step)."""
+
+        def __init__(self, model: torch.nn.Module) -> None:
+            self.model, self.bytes = model, 0
+
+        @contextlib.contextmanager
+        def phase(self, step: Any, name: str) -> Iterator[None]:
+            yield
+            if name == "backward":
+                self.bytes = _local_bytes(p.grad for p in self.model.parameters())
 
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
     model = tensor_parallel_gpt(config, mesh, world)
-    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    step = training_step(model, precision_policy("fp32"), torch.device("cpu"),
+                         lambda ps: torch.optim.AdamW(ps, foreach=False))
     idx = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0))
     params = _local_bytes(model.parameters())
+    grads = GradBytes(model)
     with LiveBytes(sample_every=None) as live, CommCounter() as comm:
-        model(idx, idx).backward()
-        grads = _local_bytes(p.grad for p in model.parameters())
-        opt.step()
-    return {"params_bytes": params, "grads_bytes": grads, "step_peak_bytes": live.peak_bytes,
+        train_step(step, lambda: model(idx, idx), meter=grads, zero_grad=False)
+    return {"params_bytes": params, "grads_bytes": grads.bytes, "step_peak_bytes": live.peak_bytes,
             "comm": comm.totals().to_dict()}
 
 
@@ -76,8 +97,8 @@ def rank_main(spec: dict[str, Any], out_dir: Path) -> None:
     """One rank: both pipeline schedules, then the tensor-parallel step; writes ``out_dir/rank<R>.json``."""
     import torch.distributed as dist
 
-    from memlab.compare.pipeline import trace_stage
     from memlab.measure.comm import CommCounter
+    from memlab.studies.pipeline import trace_stage
 
     config = preset(spec["preset"])
     dist.init_process_group("gloo")

@@ -3,7 +3,7 @@
 (:class:`memlab.measure.live_bytes.LiveBytes`), against :func:`memlab.predict.parallel.pipeline.parallel_estimate` rank
 by rank.
 
-What holds (tests/compare/test_pipeline_trace.py, two shapes, both schedules, both ranks of two): the bytes a rank
+What holds (tests/studies/test_pipeline_trace.py, two shapes, both schedules, both ranks of two): the bytes a rank
 holds after the step equal the prediction's ``end_bytes``; under GPipe the peak grows by exactly the predicted
 bytes per micro-batch; the predicted peak is a bound whose slack is named: the gradients not yet allocated at the
 peak moment (the end of the forwards, or early in the first backward) and one block's or the loss's backward

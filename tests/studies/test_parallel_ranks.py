@@ -1,4 +1,4 @@
-"""Pipeline and tensor parallelism on 2 real gloo ranks (torchrun, CPU; memlab.compare.parallel_ranks), against
+"""Pipeline and tensor parallelism on 2 real gloo ranks (torchrun, CPU; memlab.studies.parallel_ranks), against
 memlab.predict.parallel.pipeline and memlab.predict.estimate: each pipeline rank's bytes after the step are the
 prediction's exactly and its peak lies within the named bound; each tensor-parallel rank's local parameters and
 gradients are the
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from memlab.compare.parallel_ranks import SCHEDULES, measure_parallel_ranks, parallel_ranks_ledger, pp_setup
 from memlab.predict.parallel.pipeline import parallel_estimate
 from memlab.predict.spec.model import preset
+from memlab.studies.parallel_ranks import SCHEDULES, measure_parallel_ranks, parallel_ranks_ledger, pp_setup
 
 WORLD = 2
 

@@ -5,7 +5,7 @@ returns a :class:`~memlab.compare.scoring.CalculatorResult` with its prediction 
 ``states`` (parameters + gradients + optimizer), ``activations`` (saved for backward), their sum, the ``peak``; a
 component it does not claim on that run (it models no such term, or the run's recipe is not the one it assumes) is
 out of scope, with the reason. Where an estimator has code, its own code is called; where it is a formula
-(:mod:`memlab.compare.formulas`), the formula is written from its source:
+(:mod:`memlab.studies.formulas`), the formula is written from its source:
 
 - ``accelerate``: ``accelerate estimate-memory``'s own functions (``accelerate.commands.estimate``:
   ``calculate_maximum_sizes`` on an empty model, ``estimate_training_usage``; the command reports the largest of
@@ -37,18 +37,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memlab.compare.formulas import (  # noqa: F401 - re-exported: the formula tools
-    GPU_POOR_APP,
-    KORTHIKANTI,
-    gpu_poor,
-    korthikanti_guides,
-    korthikanti_variant,
-    transformer_math_101,
-    ultrascale_playbook,
-)
 from memlab.compare.ledger import rel_error
 from memlab.compare.scoring import (  # noqa: F401 - re-exported: the scoring tables
     COMPONENTS,
@@ -60,73 +50,25 @@ from memlab.compare.scoring import (  # noqa: F401 - re-exported: the scoring ta
     scope_table,
     scoped,
 )
-from memlab.errors import MemlabError, SetupError
+from memlab.errors import MemlabError
 from memlab.predict.estimate import estimate
-from memlab.predict.families.reader import from_hf, hf_attention
+from memlab.predict.families.reader import from_hf
 from memlab.predict.memory.activations import activation_bytes
-from memlab.predict.spec.setup import Setup
+from memlab.run.spec import Run
+from memlab.studies.formulas import (  # noqa: F401 - re-exported: the formula tools
+    GPU_POOR_APP,
+    KORTHIKANTI,
+    gpu_poor,
+    korthikanti_guides,
+    korthikanti_variant,
+    transformer_math_101,
+    ultrascale_playbook,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from memlab.tracing.tracer import Trace
-
-RECIPES = {"": "the pure recipe of the run's dtype", "mixed-bf16": "bf16 model, fp32 master weights and Adam states"}
-"""The recipes a :class:`Run` trains with (``""``: pure fp32 or pure bf16)."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """One training step every calculator is asked about: an HF config (dict with ``model_type``) and the shape."""
-
-    hf: dict[str, Any] = field(hash=False)
-    batch: int
-    seq: int
-    dtype: str = "fp32"
-    attn_implementation: str = "eager"
-    device_type: str = "cpu"
-    name: str = ""
-    finetune: str = "full"
-    """``full``, ``lora`` or ``qlora`` (:attr:`memlab.predict.spec.setup.Setup.finetune`), with the LoRA fields
-    below."""
-    lora_rank: int = 0
-    lora_targets: str = ""
-    precision: str = ""
-    """The training recipe (a :data:`RECIPES` key): "" is the pure one of ``dtype`` (``fp32``, or ``bf16``: bf16
-    weights, gradients and Adam states, as ``model.to(torch.bfloat16)`` trains); ``mixed-bf16`` is a bf16 model
-    with fp32 master weights and Adam states (``dtype`` must be ``bf16``), the recipe most calculators assume."""
-    recompute: str = "none"
-    """``none`` or ``full`` (gradient checkpointing of every block: transformers' ``gradient_checkpointing_enable``)."""
-
-    def __post_init__(self) -> None:
-        if self.precision not in RECIPES:
-            raise SetupError(f"Run.precision must be one of {', '.join(map(repr, RECIPES))}, got "
-                             f"{self.precision!r:.40}")
-        if self.precision == "mixed-bf16" and self.dtype != "bf16":
-            raise SetupError(f"a mixed-bf16 run trains a bf16 model (dtype='bf16'), got dtype={self.dtype!r:.20}")
-        if self.recompute not in ("none", "full"):
-            raise SetupError(f"Run.recompute must be 'none' or 'full', got {self.recompute!r:.40}")
-
-    @property
-    def recipe(self) -> str:
-        """The memlab precision policy the run trains with: ``precision``, or the pure recipe of ``dtype``."""
-        return self.precision or ("fp32" if self.dtype == "fp32" else "bf16")
-
-    @property
-    def label(self) -> str:
-        ft = "" if self.finetune == "full" else f" {self.finetune} r{self.setup().lora_r}"
-        ck = "" if self.recompute == "none" else " ckpt"
-        return (f"{self.name or self.hf.get('model_type')} {self.attn_implementation} {self.recipe} "
-                f"b{self.batch}x{self.seq}{ck}{ft}")
-
-    def setup(self) -> Setup:
-        """memlab's Setup for the run (:attr:`recipe`, ``recompute``, the kernel ``attn_implementation`` runs)."""
-        cfg = from_hf(self.hf)
-        p = cfg.impl.attention_dropout_or(cfg.dropout)
-        return Setup(batch=self.batch, seq=self.seq, precision=self.recipe, optimizer="adamw",
-                     attention=hf_attention(self.attn_implementation, self.device_type, self.dtype, p),
-                     recompute=self.recompute, finetune=self.finetune, lora_rank=self.lora_rank,
-                     lora_targets=self.lora_targets)
 
 def _unavailable(tool: str, reason: str) -> CalculatorResult:
     return CalculatorResult(tool, None, None, available=False, note=reason)

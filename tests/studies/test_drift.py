@@ -1,4 +1,4 @@
-"""The canary of ``make upgrade-check`` (issue 32, point 2): memlab.compare.drift's checks, its verdicts, and the
+"""The canary of ``make upgrade-check`` (issue 32, point 2): memlab.studies.drift's checks, its verdicts, and the
 table scripts/upgrade_check.py prints from them; scripts/lock.py's bounds lifted for the newest releases."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from memlab.compare import drift
+from memlab.studies import drift
 
 ROOT = Path(__file__).resolve().parents[2]
 

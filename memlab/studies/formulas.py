@@ -1,7 +1,7 @@
 """The calculators that are formulas (no package to call): gpu_poor's ``src/App.js`` ``[gpu-poor]``, and the one
 formula Transformer Math 101 ``[anthony2023]`` and the Ultra-Scale Playbook ``[tazi2025]`` share (Korthikanti et
 al.'s activations ``[korthikanti2022]``), each read from its source and scored only on its scope
-(:mod:`memlab.compare.scoring`). Part of :mod:`memlab.compare.calculators`, which re-exports them."""
+(:mod:`memlab.compare.scoring`). Part of :mod:`memlab.studies.calculators`, which re-exports them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from memlab.predict.memory.korthikanti import korthikanti_layer_bytes
 from memlab.predict.spec.model import TransformerConfig
 
 if TYPE_CHECKING:
-    from memlab.compare.calculators import Run
+    from memlab.run.spec import Run
 
 
 def _params(run: Run) -> int:

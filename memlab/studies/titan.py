@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memlab.compare.tolerances import TOLERANCE
 from memlab.predict.estimate import estimate
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import Setup
@@ -62,10 +63,11 @@ def titan_rows(config: TransformerConfig, setup: Setup) -> dict[str, Any]:
 
 def _named_estimate_residual(config: TransformerConfig, setup: Setup, bd: Any, trace: Any, diff: int) -> dict[str, str]:
     """``estimate_named``: the terms the estimate names as left out
-    (``bd.named_terms``: :func:`memlab.predict.coverage.named_terms`) on the phase of the trace's step-2 peak whose sign
-    matches ``diff`` (estimate - trace), with their sizes; empty when ``diff`` is within 0.1 % of the trace."""
+    (``bd.named_terms``: :func:`memlab.predict.coverage.named_terms`) on the phase of the trace's step-2 peak whose
+    sign matches ``diff`` (estimate - trace), with their sizes; empty when ``diff`` is within :data:`TOLERANCE`
+    (0.1 %) of the trace."""
     peak = trace.peak_of("steady")
-    if abs(diff) <= 1e-3 * peak:
+    if abs(diff) <= TOLERANCE * peak:
         return {"estimate_named": ""}
     phase = next(r.phase for r in trace.phases if r.step == "steady" and r.held_bytes == peak)
     terms = [n for n in bd.named_terms if n.applies(phase) and (n.sign > 0) == (diff < 0)]

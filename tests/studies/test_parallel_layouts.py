@@ -1,12 +1,13 @@
-"""memlab.compare.parallel_layouts: each layout's row is the estimator's (one rank) or its worst pipeline rank's."""
+"""memlab.studies.parallel.parallel_layouts: each layout's row is the estimator's (one rank) or its worst pipeline
+rank's."""
 
 from __future__ import annotations
 
-from memlab.compare.parallel import parallel_layouts
 from memlab.predict.estimate import estimate
 from memlab.predict.parallel.pipeline import parallel_estimate
 from memlab.predict.spec.model import preset
 from memlab.predict.spec.setup import Setup
+from memlab.studies.parallel import parallel_layouts
 
 
 def test_rows_are_the_estimators() -> None:
@@ -26,7 +27,7 @@ def test_llama3_405b_published_layouts_per_rank() -> None:
     """[grattafiori2024] Table 4's layouts: 16 pipeline ranks each; 126 blocks split 8 x 14 + 7 x 2; the first rank
     holds 16 micro-batches in flight under 1F1B and is the worst; CP 16 at 131,072 tokens leaves each rank the
     8,192-token micro-batch the pre-training layout has, plus ring attention's K/V chunks."""
-    from memlab.compare.parallel import LLAMA3_405B, llama3_405b_ranks
+    from memlab.studies.parallel import LLAMA3_405B, llama3_405b_ranks
 
     assert LLAMA3_405B.param_count() == 405_853_388_800
     df = llama3_405b_ranks()

@@ -1,4 +1,4 @@
-"""TP + SP and CP traced on fake process groups, rank by rank, against the estimator (memlab.compare.parallel_traces):
+"""TP + SP and CP traced on fake process groups, rank by rank, against the estimator (memlab.studies.parallel_traces):
 on two shapes every phase row is exact once the traced implementation's named terms are added, and each named term's
 bytes equal a formula written here from the shapes alone. The estimator's sp rule (token ids and the loss's scalar
 stay whole) and its ring K/V-chunk count are checked on generated setups."""
@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from memlab.compare.parallel_traces import TRACE_LLAMA, cp_rows, ring_terms, tp_rows
 from memlab.predict.memory.activations import activation_bytes
 from memlab.predict.parallel.pipeline import parallel_estimate, ring_kv_chunks
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.setup import Setup
+from memlab.studies.parallel_traces import TRACE_LLAMA, cp_rows, ring_terms, tp_rows
 
 TINY = preset("tiny-gpt")
 RNG = random.Random(19)

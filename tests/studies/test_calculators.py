@@ -1,4 +1,4 @@
-"""memlab.compare.calculators: each public estimator's formula, checked by hand on a full-size config (no model is
+"""memlab.studies.calculators: each public estimator's formula, checked by hand on a full-size config (no model is
 built for the formula tools), the packaged tools called for real, and the shoot-out table on two real tiny runs."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from memlab.compare.calculators import (
+from memlab.predict.families.reader import from_hf
+from memlab.run.hf import measure_run
+from memlab.studies.calculators import (
     CALCULATORS,
     COMPONENTS,
     KORTHIKANTI,
@@ -28,8 +30,6 @@ from memlab.compare.calculators import (
     transformer_math_101,
     ultrascale_playbook,
 )
-from memlab.predict.families.reader import from_hf
-from memlab.run.hf import measure_run
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
 
@@ -237,7 +237,7 @@ def test_traced_truth_of_a_mixed_run_counts_master_weights_and_a_peak_above_the_
     4-byte step count per parameter tensor, which the formula leaves out; a peak inside the step above the
     states."""
     pytest.importorskip("transformers")
-    from memlab.compare.calculators import traced_truth
+    from memlab.studies.calculators import traced_truth
 
     run = Run(config("tiny", "llama"), 2, 24, "bf16", "sdpa", device_type="cuda", precision="mixed-bf16")
     t = traced_truth(run)
@@ -269,7 +269,7 @@ def test_a_lora_shoot_out_run_is_measured_with_peft_and_memlab_is_exact() -> Non
 
 
 def test_finetune_scope_shows_what_each_tool_claims_for_a_lora_run() -> None:
-    from memlab.compare.calculators import FINETUNE_TOOLS, finetune_scope
+    from memlab.studies.calculators import FINETUNE_TOOLS, finetune_scope
 
     run = Run(LLAMA7, 1, 100, "bf16", finetune="lora")
     scope = finetune_scope(run, tools=[t for t in CALCULATORS if t != "memlab-trace"]).set_index("tool")
@@ -280,7 +280,7 @@ def test_finetune_scope_shows_what_each_tool_claims_for_a_lora_run() -> None:
 
 def test_finetune_shoot_out_takes_given_measurements_and_measures_the_rest_with_peft() -> None:
     pytest.importorskip("peft")
-    from memlab.compare.calculators import finetune_shoot_out, lora_runs
+    from memlab.studies.calculators import finetune_shoot_out, lora_runs
 
     runs = lora_runs({"llama": config("tiny", "llama"), "qwen2": config("tiny", "qwen2")}, 1, 8, lora_rank=4)
     assert [r.finetune for r in runs] == ["lora", "lora"] and runs[1].name == "qwen2"
@@ -294,7 +294,7 @@ def test_finetune_shoot_out_takes_given_measurements_and_measures_the_rest_with_
 
 
 def test_full_size_runs_train_the_mixed_recipe_within_each_context() -> None:
-    from memlab.compare.calculators import full_size_runs
+    from memlab.studies.calculators import full_size_runs
 
     runs = full_size_runs({"gpt2": config("full", "gpt2"), "llama": LLAMA7},
                           [("gpt2", "eager", "full", "mixed-bf16"), ("llama", "sdpa", "none", "")], 4096)

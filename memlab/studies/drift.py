@@ -15,7 +15,7 @@ each check whose truth is that code, and judges each against a real step:
 
 Each row is ``exact`` (every byte equal), ``drifted`` (how far: the largest difference, in bytes and percent) or
 ``broken`` (the exception, in one line). Under ``requirements.lock`` every row is exact: that is what
-:data:`memlab.predict.spec.versions.VERIFIED` records. ``python -m memlab.compare.drift --json PATH`` writes the rows;
+:data:`memlab.predict.spec.versions.VERIFIED` records. ``python -m memlab.studies.drift --json PATH`` writes the rows;
 ``scripts/upgrade_check.py`` runs it in a scratch environment with the newest releases and prints the table.
 """
 
@@ -183,13 +183,13 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m memlab.compare.drift [--json PATH] [--family F ...]``: every row, one line each as it finishes;
+    """``python -m memlab.studies.drift [--json PATH] [--family F ...]``: every row, one line each as it finishes;
     exit status 0 when every row is exact, 1 otherwise."""
     import warnings
 
     from memlab.predict.spec.versions import UnverifiedVersionWarning
 
-    p = argparse.ArgumentParser(prog="python -m memlab.compare.drift", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m memlab.studies.drift", description=__doc__.splitlines()[0])
     p.add_argument("--json", metavar="PATH", help="write the versions and rows as JSON")
     p.add_argument("--family", action="append", default=[], help="only this family (repeatable)")
     args = p.parse_args(argv)

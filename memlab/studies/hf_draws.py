@@ -24,7 +24,7 @@ backward, optimizer step; zero_grad counts what it leaves); the first step's (Ad
 optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each draw ends in one verdict:
 
 - ``exact``: saved-for-backward bytes, and parameters + gradients + AdamW state after each step, equal the estimate
-  to the byte; both peaks within :data:`PEAK_TOLERANCE` (0.1 %) of the estimate's peak of that step; and the live
+  to the byte; both peaks within :data:`TOLERANCE` (0.1 %) of the estimate's peak of that step; and the live
   count equals MemTracker's in every phase;
 - ``named``: as ``exact``, but a peak is outside 0.1 % and inside the range the terms the estimate names as left
   out give it (:func:`memlab.predict.coverage.peak_range` over the estimate's
@@ -43,7 +43,7 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
 
 The per-phase bytes (predicted and measured) are kept in each verdict (:attr:`HfVerdict.phases`) and the bench
 prints their worst error, but only the peaks enter the verdict: a phase's own peak is not a number the estimator
-promises to 0.1 %. ``benchmarks/hf_draws.py`` runs a large sample; ``tests/compare/test_hf_draws.py`` a seeded one.
+promises to 0.1 %. ``benchmarks/hf_draws.py`` runs a large sample; ``tests/studies/test_hf_draws.py`` a seeded one.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memlab.compare.tolerances import TOLERANCE
 from memlab.errors import MemlabError
 
 _LAYERS = ("num_hidden_layers", "n_layer")
@@ -62,12 +63,10 @@ _DROPOUT_WORDS = ("dropout", "pdrop")
 _MASKS = ("none", "ones", "padded")
 _PAD_FRACTIONS = (0.1, 0.25, 0.5)
 
-PEAK_TOLERANCE = 0.001
-"""Relative error |predicted - measured| / measured a step's peak may have and still be ``exact`` (issue 17: 0.1 %)."""
 VERDICTS = ("exact", "traced", "named", "refused", "off", "unbuildable")
 """Every verdict a draw can end in (module docstring)."""
 COMPONENTS = ("activations", "states", "peak", "steady states", "steady peak")
-"""What each verdict compares: the byte-exact ones and the two peaks (:data:`PEAK_TOLERANCE`)."""
+"""What each verdict compares: the byte-exact ones and the two peaks (:data:`TOLERANCE`)."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +240,7 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     why = ", ".join(f"{k} {predicted[k] - measured[k]:+,} B ({verdict.error(k) or 0:+.3%})" for k in off or loose)
     traced = _traced_peaks(draw, m.setup(config)) if loose and not off and traceable(draw) else None
     if traced is not None:
-        wrong = [k for k in traced if abs(traced[k] - measured[k]) > PEAK_TOLERANCE * measured[k]]
+        wrong = [k for k in traced if abs(traced[k] - measured[k]) > TOLERANCE * measured[k]]
         if wrong:  # the trace claims the exact bytes of this code: a trace that misses them is silently wrong
             return HfVerdict(draw, "off", predicted, measured, "the trace's " + ", ".join(
                 f"{k} {traced[k] - measured[k]:+,} B" for k in wrong) + " (the formula's: " + why + ")", phases)
@@ -272,10 +271,10 @@ def _traced_peaks(draw: HfDraw, setup: Any) -> dict[str, int] | None:
 
 
 def _peak_verdict(predicted: int, measured: int, rng: Any) -> str:
-    """``within`` (|predicted - measured| <= :data:`PEAK_TOLERANCE` x measured), ``named`` (outside it, inside the
+    """``within`` (|predicted - measured| <= :data:`TOLERANCE` x measured), ``named`` (outside it, inside the
     range :func:`memlab.predict.coverage.peak_range` gives from the named terms, the range ``memlab estimate``
     prints, widened by the same tolerance) or ``off``."""
-    slack = PEAK_TOLERANCE * measured
+    slack = TOLERANCE * measured
     if abs(predicted - measured) <= slack:
         return "within"
     if rng.terms and rng.low - slack <= measured <= rng.high + slack:

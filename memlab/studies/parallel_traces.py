@@ -4,7 +4,7 @@ Each row is one rank and one phase of one layout: the traced peak (fake tensors,
 estimator's (:func:`memlab.predict.estimate.estimate`), what the trace and the estimator already differ by on one
 rank (``one_rank``: the same setup without the parallelism, for context), the named terms of the traced implementation
 that memlab's estimate does not count (``named``), and ``left``: what no term explains (0 on every ``exact`` row
-tests/tracing/test_parallel_traces.py checks, at most 0 on a ``bound`` row).
+tests/studies/test_parallel_traces.py checks, at most 0 on a ``bound`` row).
 
 - TP (:func:`memlab.tracing.tensor_parallel.trace_gpt_tp`): named, the plan's replicated embedding/head and
   full-vocabulary logits (:func:`memlab.tracing.tensor_parallel.replicated_terms`).
@@ -17,7 +17,7 @@ tests/tracing/test_parallel_traces.py checks, at most 0 on a ``bound`` row).
   estimator's K/V chunks (:func:`memlab.predict.parallel.pipeline.ring_kv_chunks`) plus the log-sum-exp merge's fp32
   temporaries (exact), the backward at most the terms of :func:`ring_terms` (a bound: ``TracedRow.kind``).
 
-PP (torch's schedules) is :func:`memlab.compare.pipeline.trace_stage`. Units: bytes. CPU traces, fp32 for CP:
+PP (torch's schedules) is :func:`memlab.studies.pipeline.trace_stage`. Units: bytes. CPU traces, fp32 for CP:
 not GPU evidence.
 """
 
