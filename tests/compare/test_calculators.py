@@ -31,7 +31,7 @@ from memlab.compare.calculators import (
 from memlab.predict.families.reader import from_hf
 from memlab.run.hf import measure_run
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs"
 
 
 def config(size: str, name: str) -> dict:
