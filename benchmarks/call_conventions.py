@@ -1,6 +1,6 @@
 """Calling conventions (issue 17 point 2), measured: bytes saved for backward by one training step of each shipped tiny
-Hugging Face config (memlab/course/configs/tiny) on this machine's CPU, eager and SDPA, fp32, bf16 and fp32 under
-bf16 autocast, called with no attention mask, an all-ones mask, a right- and a left-padded batch
+Hugging Face config (memlab/predict/families/configs/tiny) on this machine's CPU, eager and SDPA, fp32, bf16 and fp32
+under bf16 autocast, called with no attention mask, an all-ones mask, a right- and a left-padded batch
 (:func:`memlab.run.hf.call_inputs`), a hand-written loss on the returned logits (``loss_call='manual'``, no mask and
 left-padded) and, under gradient checkpointing (transformers', non-reentrant), with each mask convention. Prints the
 saved bytes without a mask and what each other call adds to them (0: the same call for memory), and the largest
@@ -25,7 +25,7 @@ from pathlib import Path
 from memlab.errors import ConfigError, SetupError
 from memlab.run.hf import predict_hf, run_hf
 
-CONFIGS = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
+CONFIGS = Path(__file__).resolve().parents[1] / "memlab" / "predict" / "families" / "configs" / "tiny"
 CALLS = {  # column: (attention_mask, padding_side, loss_call, gradient checkpointing)
     "none": ("none", "right", "labels", False), "ones": ("ones", "right", "labels", False),
     "padded": ("padded", "right", "labels", False), "left": ("padded", "left", "labels", False),

@@ -21,7 +21,7 @@ from typing import Any
 from memlab.predict.spec.setup import Setup
 from memlab.tracing.hf import trace_hf
 
-TINY = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
+TINY = Path(__file__).resolve().parents[1] / "memlab" / "predict" / "families" / "configs" / "tiny"
 COMMON_NEUTRAL: list[dict[str, Any]] = [
     {"use_cache": False}, {"use_cache": True}, {"chunk_size_feed_forward": 16}, {"is_encoder_decoder": True},
     {"dtype": "float16"}, {"pad_token_id": 0}, {"bos_token_id": 3}, {"initializer_range": 0.5},

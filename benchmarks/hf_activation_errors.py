@@ -1,6 +1,6 @@
 """memlab's achieved errors on real Hugging Face models, and every public calculator on the same runs.
 
-Builds the tiny configs shipped in ``memlab/course/configs/tiny`` (GPT-2, OPT, GPT-NeoX, Phi, Llama, Mistral,
+Builds the tiny configs shipped in ``memlab/predict/families/configs/tiny`` (GPT-2, OPT, GPT-NeoX, Phi, Llama, Mistral,
 Qwen2, Gemma, Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, Gemma 2, Gemma 3, GPT-J, Falcon; nothing
 downloaded) with
 ``AutoModelForCausalLM.from_config``, runs one real training step for each of eager and SDPA attention (Gemma 2:
@@ -33,7 +33,7 @@ import pandas as pd
 from memlab.run.hf import measure_run
 from memlab.studies.calculators import Run, error_table, full_size_runs, scope_table, shoot_out, traced_truth
 
-TINY = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
+TINY = Path(__file__).resolve().parents[1] / "memlab" / "predict" / "families" / "configs" / "tiny"
 FULL = TINY.parent / "full"
 TRACED = [(p.stem, a, rc, "mixed-bf16") for p in sorted(FULL.glob("*.json")) if p.stem not in ("gpt2", "phi-2")
           for a in ("eager", "sdpa") for rc in ("none", "full")]

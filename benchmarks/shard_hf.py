@@ -22,7 +22,7 @@ from pathlib import Path
 
 from memlab import cli
 
-CONFIGS = Path(__file__).resolve().parents[1] / "memlab" / "course" / "configs" / "tiny"
+CONFIGS = Path(__file__).resolve().parents[1] / "memlab" / "predict" / "families" / "configs" / "tiny"
 FAMILIES = ("llama", "qwen2", "gpt2", "gpt_neox")
 
 

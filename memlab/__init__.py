@@ -28,11 +28,16 @@ Every room may import ``errors`` and ``units``; imports inside functions count, 
 enforces the table (and no import cycles). Each room's ``__init__`` docstring lists its modules. The names a
 notebook needs are re-exported here and imported lazily, so ``import memlab`` stays light::
 
-    from memlab import Setup, estimate, preset, run_step
+    from memlab import Setup, estimate, preset, resolve, run_step
     from memlab.compare import compare      # the room and its main function share a name
 
     setup = Setup(batch=2, seq=64)
     compare(estimate(preset("tiny-gpt"), setup), run_step(preset("tiny-gpt"), setup, device="cpu"))
+
+A model has one name, the same here and on the command line (``memlab estimate --model SPEC``):
+``resolve("ref:llama-2-7b")`` is the reference GPT with Llama-2-7B's sizes (``preset("llama-2-7b")``),
+``resolve("llama-2-7b")`` (or ``"hf:llama-2-7b"``) the published model from the config memlab ships, and a path or
+a cached Hugging Face model id its ``config.json`` (:mod:`memlab.predict.families.resolver`).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.predict.paging": ("kv_waste", "max_sequences", "reserved_tokens", "synthetic_request_lengths"),
     "memlab.predict.memory.sharding": ("shape_summary",),
     "memlab.predict.families.reader": ("from_hf",),
+    "memlab.predict.families.resolver": ("published", "resolve"),
     "memlab.predict.hardware.gpus": ("gpu", "list_gpus"),
     "memlab.device": ("resolve_device", "resolve_scale"),
     "memlab.model.gpt": ("GPT", "available_attention"),
@@ -89,7 +95,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "memlab.course.chapter": ("chapter",),
     "memlab.course.exercises": ("Choice", "Numeric"),
     "memlab.course.bank": ("check",),
-    "memlab.course.hf_configs": ("config_names", "config_source", "load_config", "published"),
+    "memlab.course.hf_configs": ("config_names", "config_source", "load_config"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

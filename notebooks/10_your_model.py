@@ -159,7 +159,7 @@ full_pred.round(3)
 # %% [markdown]
 # ## 2. The experiment: the same families, small, trained for real
 #
-# The shipped tiny configs (`memlab/course/configs/tiny`: d_model 64, two layers, vocabulary 512) keep each
+# The shipped tiny configs (`memlab/predict/families/configs/tiny`: d_model 64, two layers, vocabulary 512) keep each
 # family's code path. `measure_run` builds each with `AutoModelForCausalLM.from_config`, trains one step on random
 # tokens and counts, by storage, every tensor the forward saved for backward
 # (`torch.autograd.graph.saved_tensors_hooks`) and the parameters, gradients and AdamW state after the step.

@@ -204,8 +204,8 @@ trace_table
 # %% [markdown]
 # ## 3. The measurement: peft (and bitsandbytes' NF4) on this machine
 #
-# Each tiny model of `memlab/course/configs/tiny` trains one step, as the full model would, with peft adding the
-# adapters (`memlab.run.hf.run_hf`): every tensor saved for backward is counted, and so are the states.
+# Each tiny model of `memlab/predict/families/configs/tiny` trains one step, as the full model would, with peft adding
+# the adapters (`memlab.run.hf.run_hf`): every tensor saved for backward is counted, and so are the states.
 
 # %%
 tb, ts = SIZES["batch"], SIZES["tiny_seq"]

@@ -6,8 +6,9 @@ stderr and exits with status 2, never a traceback: an unknown flag names the clo
 (:data:`SYNONYMS` for other tools' spellings, then difflib), an invalid choice names the option that takes the value,
 and an OSError while writing (a full disk, stdout to ``/dev/full``, stdout closed) is that one line too. Each
 subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args)``; the shared options are
-declared once in :mod:`memlab.cli.args`; ``hf_source`` resolves ``--hf PATH`` (a config.json, its folder, a model
-id in the local Hugging Face cache) and says which family, traits and source of truth an answer used; ``traced``
+declared once in :mod:`memlab.cli.args` (``--model SPEC`` names a model as :func:`memlab.predict.families.resolve`
+does); ``hf_source`` reads ``--hf PATH`` (a config.json, its folder, a shipped name, a model id in the local Hugging
+Face cache) and says which family, traits and source of truth an answer used; ``traced``
 prints a trace's table for ``trace`` and for ``estimate --hf`` when the formula does not cover a config.
 
 Subcommands are data: :data:`COMMANDS` holds ``Command(name, help, add_arguments, run)`` entries; add one to
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlab.cli import estimate, gpus, measure, mfu, report, shard, trace
+from memlab.cli.args import check_model_spec
 from memlab.errors import MemlabError
 from memlab.predict.spec.validate import canonical_choice
 from memlab.predict.spec.versions import UnverifiedVersionWarning
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in passthrough:  # its own parser handles everything after the name, --help included
             return passthrough[argv[0]].run(argparse.Namespace(rest=argv[1:]))
         args = parser.parse_args(argv)
+        check_model_spec(args)
         if args.command is None:
             names = ", ".join(c.name for c in COMMANDS)
             raise _UsageError(f"give a command: {names} (see 'memlab --help')")

@@ -1,7 +1,11 @@
 """The ``memlab`` command's arguments, declared once.
 
 Argument types turn text into checked values (an ``argparse.ArgumentTypeError`` becomes the one-line error).
-The model options (``--preset`` | explicit dimensions | ``--params``) are declared here for every subcommand.
+The model options (``--model`` | ``--preset`` | explicit dimensions | ``--params``) are declared here for every
+subcommand. ``--model SPEC`` takes every spelling of :func:`memlab.predict.families.resolve` (``ref:NAME`` the
+reference GPT, ``NAME`` or ``hf:NAME`` a published config memlab ships, a config.json path or folder, a cached model
+id ``org/name``) and is routed at parse time to what the older flags do (:class:`ModelSpec`): ``--model ref:NAME``
+is ``--preset ref:NAME``, any other spelling ``--hf`` (the config.json it names), so each answers the same.
 The Setup options are **generated** from :class:`memlab.predict.spec.setup.Setup`'s fields: the flag is the field name
 (or ``metadata["flag"]``), the help is the field's docstring, the choices come from its ``Literal`` type or
 ``metadata["choices"]``, and the default is the field's default, so ``estimate`` and ``measure`` share one set.
@@ -224,12 +228,66 @@ def param_count(text: str) -> int:
 
 
 # -- the model --------------------------------------------------------------------------------------------------
+class ModelSpec(argparse.Action):
+    """``--model SPEC``, checked and routed when parsed: ``ref:NAME`` (checked against the presets) sets ``preset``;
+    any other spelling sets ``hf`` to the config.json it names where the command has ``--hf``, else
+    ``model_config`` (read by :func:`model_from_args`). A bad spec is the one-line usage error."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from memlab.predict.families.resolver import locate, resolve
+
+        spec = str(values)
+        try:
+            if spec.startswith("ref:"):
+                resolve(spec)  # an unknown preset: one line with the closest names
+                dest, value = "preset", spec
+            else:
+                dest, value = ("hf" if hasattr(namespace, "hf") else "model_config"), locate(spec)
+        except MemlabError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        if getattr(namespace, dest, None) is not None:
+            raise argparse.ArgumentError(self, f"give the model once: --model or --{dest.replace('_', '-')}")
+        setattr(namespace, dest, value)
+        namespace._model_routed = dest, value
+        setattr(namespace, self.dest, spec)
+
+
+def check_model_spec(args: argparse.Namespace) -> None:
+    """After parsing: ``--model`` and the flag it was routed to (``--preset``, ``--hf``) given both, in that order,
+    is one error (the later flag would silently win)."""
+    routed = getattr(args, "_model_routed", None)
+    if routed is not None and getattr(args, routed[0], None) != routed[1]:
+        raise MemlabError(f"give the model once: --model or --{routed[0].replace('_', '-')}")
+
+
+def _resolve(spec: str) -> Any:
+    """:func:`memlab.predict.families.resolve` of ``spec``."""
+    from memlab.predict.families.resolver import resolve
+
+    return resolve(spec)
+
+
+def _preset_model(text: str) -> Any:
+    """The model ``--preset TEXT`` names: a preset with a published config memlab ships (gpt2, llama-2-7b,
+    llama-2-13b, mistral-7b) is that model as its published code runs it (``resolve(NAME)``, the object ``--hf
+    NAME`` and ``--model NAME`` give); ``ref:NAME`` is the reference GPT with NAME's sizes; any other preset
+    (tiny-gpt, gpt-3-175b, ...) is the reference GPT (memlab ships no config of that name)."""
+    from memlab.predict.families.resolver import shipped
+    from memlab.predict.spec.model import preset
+
+    if text.startswith("ref:"):
+        return _resolve(text)
+    cfg = preset(text)  # unknown names: one line with the closest ones
+    return _resolve(f"hf:{cfg.name}") if shipped(cfg.name) is not None else cfg
+
+
 _DIM_ONLY = ("n_kv_heads", "d_ff", "vocab", "mlp", "untied", "positions", "norm", "no_bias")
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True) -> None:
-    """MODEL := --preset NAME | --d-model H --n-layers L --n-heads A [...] | --params P."""
-    what = "--preset, explicit dimensions" + (", --params" if allow_params else "")
+    """MODEL := --model SPEC | --preset NAME | --d-model H --n-layers L --n-heads A [...] | --params P."""
+    what = "--model, --preset, explicit dimensions" + (", --params" if allow_params else "")
     g = p.add_argument_group(f"model (exactly one of: {what})")
     from memlab.predict.spec.model import MLPS, NORMS, POSITIONS, TransformerConfig, preset_names
 
@@ -238,10 +296,17 @@ def add_model_arguments(p: argparse.ArgumentParser, *, allow_params: bool = True
 
     from memlab.cli.hf_source import published_presets
 
+    g.add_argument("--model", dest="model_spec", action=ModelSpec, metavar="SPEC", help=(
+        "the model, named once for Python and the command line (memlab.resolve(SPEC)): ref:NAME is the reference "
+        "GPT with NAME's sizes (memlab.preset(NAME) in Python); NAME or hf:NAME a published config memlab ships ("
+        "full-size: see memlab.predict.families.resolver.config_names); or the path of a config.json or its "
+        "folder, or a Hugging Face model id org/name in the local cache (never downloaded)"))
     g.add_argument("--preset", metavar="NAME", help="a preset: a name memlab ships a published config of ("
                    f"{', '.join(published_presets())}) is that model as its published code runs it (= --hf NAME); "
                    "ref:NAME is the reference GPT with NAME's sizes; the other presets are the reference GPT: "
-                   f"{', '.join(preset_names())}")
+                   f"{', '.join(preset_names())}. Note the two meanings of 'preset': here a published name is the "
+                   "published model, while memlab.preset(NAME) in Python is always the reference GPT; --model "
+                   "NAME / --model ref:NAME say which")
     g.add_argument("--d-model", type=dim("d_model"), metavar="H")
     g.add_argument("--n-layers", type=dim("n_layers"), metavar="L")
     g.add_argument("--n-heads", type=dim("n_heads"), metavar="A")
@@ -269,27 +334,29 @@ def given_model_options(args: argparse.Namespace) -> list[str]:
 
 def model_from_args(args: argparse.Namespace) -> Any:
     """The TransformerConfig (or bare parameter count) the MODEL options describe; MemlabError when ambiguous."""
-    from memlab.cli.hf_source import preset_model
     from memlab.predict.spec.model import TransformerConfig
 
+    config = getattr(args, "model_config", None)  # --model SPEC on a command without --hf: its config.json
     dims = [args.d_model, args.n_layers, args.n_heads]
     params = getattr(args, "params", None)
-    chosen = [name for name, given in (("--preset", args.preset is not None), ("explicit dimensions", any(dims)),
+    chosen = [name for name, given in (("--model", config is not None), ("--preset", args.preset is not None),
+                                       ("explicit dimensions", any(dims)),
                                        ("--params", params is not None)) if given]
     if len(chosen) != 1:
         what = " and ".join(chosen) if chosen else "none"
-        forms = "--preset NAME, or --d-model/--n-layers/--n-heads" + (", or --params P" if hasattr(args, "params")
-                                                                        else "")
+        forms = "--model SPEC, --preset NAME, or --d-model/--n-layers/--n-heads" + (
+            ", or --params P" if hasattr(args, "params") else "")
         raise MemlabError(f"give exactly one model: {forms} (got {what})")
     extra = [f"--{k.replace('_', '-')}" for k in _DIM_ONLY if getattr(args, k) not in (None, False)]
     if chosen[0] != "explicit dimensions":
         if extra:
             raise MemlabError(f"{', '.join(extra)} only apply to explicit dimensions, not to {chosen[0]}")
-        if args.preset is None:
+        if args.preset is None and config is None:
             if args.max_seq is not None:
                 raise MemlabError("--max-seq describes a model config; a bare --params count has no positions")
             return params
-        cfg = preset_model(args.preset)  # a shipped published config, or ref:NAME / another preset: reference GPT
+        # a shipped published config, or ref:NAME / another preset: reference GPT; or the config --model names
+        cfg = _preset_model(args.preset) if config is None else _resolve(config)
         if args.max_seq is not None and cfg.positions == "learned" and args.max_seq != cfg.max_seq:
             # Another table size is another model: its parameter count, and every byte after it, would change
             raise MemlabError(f"--max-seq {args.max_seq}: {cfg.name} has learned positions, a table of "

@@ -18,8 +18,9 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.hf_source import hf_path, model_info, published, published_twin
+from memlab.cli.hf_source import hf_path, model_info, published_twin
 from memlab.errors import ConfigError, MemlabError
+from memlab.predict.families.resolver import resolve_with_raw
 from memlab.predict.spec.validate import LIMITS
 from memlab.units import GB, GiB
 
@@ -274,7 +275,7 @@ def _hf_target(args: argparse.Namespace, model: Any) -> str | None:
     same shipped config); None for memlab's own GPT or a bare count."""
     if getattr(getattr(model, "impl", None), "family", "reference") == "reference":
         return None
-    from memlab.cli.hf_source import shipped_name
+    from memlab.predict.families.resolver import shipped_name
 
     return (shipped_name(args.hf) or args.hf) if args.hf else getattr(args, "preset", None)
 
@@ -325,7 +326,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, str | 
                           "are the config's) or drop --hf")
     raw = read_config_json(args.hf)
     try:
-        return published(args.hf)[0], raw, None
+        return resolve_with_raw(args.hf)[0], raw, None
     except ConfigError as exc:
         if args.no_trace:
             raise

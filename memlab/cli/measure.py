@@ -21,8 +21,9 @@ from memlab.cli.args import (
     setup_from_args,
     writing,
 )
-from memlab.cli.hf_source import hf_path, is_published, model_info, model_label, published, shipped
+from memlab.cli.hf_source import hf_path, is_published, model_info, model_label
 from memlab.errors import MemlabError
+from memlab.predict.families.resolver import resolve_with_raw, shipped
 from memlab.predict.spec.validate import LIMITS
 
 SHARDING_FIELDS = ("zero_stage", "world_size", "tp", "sp")
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise MemlabError("memlab measure needs a model to build: give --preset or explicit dimensions, not --params")
     path = shipped(model.name) if is_published(model) else None
     if path is not None:  # a preset named after a published model: its shipped config, measured as --hf NAME
-        if args.max_seq is not None and args.max_seq != published(path)[0].max_seq:
+        if args.max_seq is not None and args.max_seq != resolve_with_raw(path)[0].max_seq:
             raise MemlabError(f"--max-seq {args.max_seq}: --preset {args.preset} measures the published config as "
                               f"shipped; drop --max-seq, or measure the reference GPT with its sizes: --preset "
                               f"ref:{model.name}")
@@ -127,7 +128,7 @@ def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
                           + hint)
     raw = read_config_json(args.hf)
     try:
-        model, refused = published(args.hf)[0], None
+        model, refused = resolve_with_raw(args.hf)[0], None
     except MemlabError as exc:
         model, refused = None, str(exc)
     setup = setup_from_args(args, model if model is not None else 1)

@@ -60,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Launch, then print the ledger (or the rows)."""
-    from memlab.cli.hf_source import shipped
     from memlab.compare.sharding import sharding_ledger
+    from memlab.predict.families.resolver import shipped
     from memlab.predict.spec.model import preset
     from memlab.run.distributed.launch import WorkerSpec
     from memlab.run.distributed.worker import STRATEGIES
@@ -230,9 +230,10 @@ def _run_hf(args: argparse.Namespace) -> int:
     (:class:`memlab.run.distributed.launch.WorkerSpec` ``hf_config``), each rank's measured bytes next to the
     estimator's for that rank (:func:`memlab.compare.sharding.sharding_ledger` of the rank's own rows), exact or
     the residual named."""
-    from memlab.cli.hf_source import model_info, published
+    from memlab.cli.hf_source import model_info
     from memlab.compare.sharding import sharding_ledger
     from memlab.predict.families.reader import read_config_json
+    from memlab.predict.families.resolver import resolve_with_raw
     from memlab.run.distributed.launch import WorkerSpec
 
     if args.layouts:
@@ -242,7 +243,7 @@ def _run_hf(args: argparse.Namespace) -> int:
         raise MemlabError("the model comes from --hf, so --preset would be ignored: drop one of them")
     raw = read_config_json(args.hf)
     try:
-        config = published(args.hf)[0]
+        config = resolve_with_raw(args.hf)[0]
     except ConfigError as exc:  # no formula: nothing to print the ranks next to
         raise MemlabError(f"memlab shard --hf prints each rank next to the formula's sharded estimate, and the formula "
                           f"does not cover this config ({exc}); memlab estimate --hf {args.hf} traces it on one "

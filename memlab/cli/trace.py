@@ -23,9 +23,10 @@ from typing import Any
 from memlab.cli.args import given_model_options, model_from_args, positive_int
 from memlab.cli.estimate import add_arguments as add_estimate_arguments
 from memlab.cli.estimate import setup_of
-from memlab.cli.hf_source import hf_path, is_published, model_info, published, shipped
+from memlab.cli.hf_source import hf_path, is_published, model_info
 from memlab.cli.traced import print_trace, trace_config
 from memlab.errors import MemlabError
+from memlab.predict.families.resolver import resolve_with_raw, shipped
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,7 +72,7 @@ def _target(args: argparse.Namespace) -> tuple[str, Any]:
         raise MemlabError("memlab trace needs a model to build: give a preset or dimensions, not --params")
     path = shipped(model.name) if is_published(model) else None
     if path is not None:  # a preset named after a published model: its shipped config, as --hf NAME traces it
-        table = published(path)[0].max_seq
+        table = resolve_with_raw(path)[0].max_seq
         if args.max_seq is not None and args.max_seq != table:
             raise MemlabError(f"--max-seq {args.max_seq}: --preset {args.preset} traces the published config as "
                               f"shipped (max_seq {table:,}); drop --max-seq, or trace the reference GPT with "
@@ -137,7 +138,7 @@ def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
         result, setup = trace_config(args, target, _setup(args, 1))  # a bare count: the default seq (1024)
         predicted = _hf_estimate(target, setup)
         try:
-            model, refused = published(target)[0], None
+            model, refused = resolve_with_raw(target)[0], None
         except MemlabError as exc:
             model, refused = None, str(exc)
         return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused)

@@ -33,8 +33,8 @@ from typing import Any
 
 
 def _tiny_folder() -> Any:
-    """``memlab/course/configs/tiny``, the shipped tiny configs (package data, read as data: nothing is imported)."""
-    return resources.files("memlab").joinpath("course").joinpath("configs").joinpath("tiny")
+    """``memlab/predict/families/configs/tiny``, the shipped tiny configs (package data, read as data)."""
+    return resources.files("memlab").joinpath("predict/families/configs/tiny")
 
 
 ATTENTIONS = ("eager", "sdpa")
@@ -66,7 +66,7 @@ class DriftRow:
 
 
 def tiny_config(family: str) -> dict[str, Any]:
-    """The shipped tiny config of ``family`` (``memlab/course/configs/tiny/FAMILY.json``), comment keys dropped."""
+    """The shipped tiny config of ``family`` (``predict/families/configs/tiny/FAMILY.json``), comment keys dropped."""
     text = _tiny_folder().joinpath(f"{family}.json").read_text()
     return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
 

@@ -3,7 +3,7 @@ and trained two real steps, its saved activations, model states and peaks agains
 estimate's peak is a range, against the trace of transformers' code), or a refusal.
 
 A draw starts from a small config of the family (the caller's: the bench and the tests pass the tiny ones shipped
-in ``memlab/course/configs/tiny``) and changes what its key account
+in ``memlab/predict/families/configs/tiny``) and changes what its key account
 (:mod:`memlab.predict.families.keys`) says memlab reads or refuses: the number of layers, the vocabulary and the MLP
 width; every boolean key the account models, flipped at random; a dropout of 0.1 on the keys that carry one; and,
 one draw in four, one refused key set to a value its account does not accept. The calling side is drawn too:
@@ -130,7 +130,8 @@ transients are not hidden by the phase model's t x V logits terms (:data:`memlab
 def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int, ...] = VOCABULARIES) -> HfDraw:
     """One seeded draw from ``base``, a small HF config dict with ``model_type`` (module docstring); the vocabulary
     is one of ``vocabularies``."""
-    from memlab.predict.families.keys import CONDITIONAL, account
+    from memlab.predict.families.keys import CONDITIONAL
+    from memlab.predict.families.registry import account
     from memlab.run.hf import attention_implementations
 
     family = str(base.get("model_type"))

@@ -37,7 +37,7 @@ BAD: dict[str, list[list[str]]] = {
         ["estimate", "--preset", "gpt2", "--mode", "inference", "--precision", "bf16"],
         ["estimate", "--preset", "gpt2", "--batch-size", "4"],
         ["estimate", "--preset", "gpt2", "--seq-len", "512"],
-        ["estimate", "--model", "gpt2"],
+        ["estimate", "--model", "gpt-2"],
         ["estimate", "--preset", "gpt2", "--dtype", "bf16"],
         ["estimate", "--preset", None],  # type: ignore[list-item]  # replaced below by a missing value
         ["estimate", "--preset", "gpt2", "--zero", "True"],
@@ -120,7 +120,8 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 @pytest.mark.parametrize(("argv", "hint"), [
     (["estimate", *TINY, "--batch-size", "4"], "did you mean --batch?"),
     (["estimate", *TINY, "--seq-len", "4"], "did you mean --seq?"),
-    (["estimate", "--model", "gpt2"], "did you mean --preset?"),
+    (["estimate", "--model-name", "gpt2"], "did you mean --preset?"),
+    (["estimate", "--model", "tiny-gpt"], "say ref:tiny-gpt"),
     (["estimate", *TINY, "--dtype", "bf16"], "did you mean --precision"),
     (["estimate", *TINY, "--sequence=8"], "did you mean --seq"),
     (["estimate", *TINY, "--optimiser", "sgd"], "did you mean --optimizer?"),

@@ -15,7 +15,7 @@ from memlab.predict.spec.model import preset_names
 from memlab.predict.spec.setup import Setup
 from memlab.tracing.progress import Progress, TraceTimeout, time_bound
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs"
 SHIPPED = sorted((CONFIGS / "tiny").glob("*.json")) + sorted((CONFIGS / "full").glob("*.json"))
 GPT_NEO = {"model_type": "gpt_neo", "hidden_size": 32, "num_layers": 2, "num_heads": 4, "vocab_size": 128,
            "max_position_embeddings": 64, "attention_types": [[["global", "local"], 1]], "window_size": 8}
@@ -154,13 +154,16 @@ def test_the_published_presets_are_found() -> None:
     assert {"gpt2", "llama-2-7b", "llama-2-13b", "mistral-7b"} <= set(PUBLISHED_PRESETS)
     assert "tiny-gpt" not in PUBLISHED_PRESETS and "gpt-3-175b" not in PUBLISHED_PRESETS
     import memlab
-    from memlab.cli.hf_source import preset_model, published_presets
+    from memlab.cli.args import _preset_model as preset_model
+    from memlab.cli.hf_source import published_presets
 
     assert sorted(published_presets()) == PUBLISHED_PRESETS
     for name in PUBLISHED_PRESETS:  # the Python API's published model is the CLI's; preset() stays the reference GPT
         model = memlab.published(name)
         assert model == preset_model(name) and model.impl.family != "reference" and model.name == name
+        assert model == memlab.resolve(name) == memlab.resolve(f"hf:{name}")
         assert memlab.preset(name).impl.family == "reference" and preset_model(f"ref:{name}") == memlab.preset(name)
+        assert memlab.resolve(f"ref:{name}") == memlab.preset(name)
     with pytest.raises(memlab.UnknownNameError, match="llama-2-7b"):
         memlab.published("llama-2-7x")
 

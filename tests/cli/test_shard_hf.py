@@ -18,7 +18,7 @@ from memlab.run.distributed.launch import DistributedRun, WorkerSpec
 from memlab.run.distributed.worker import run_strategy
 from memlab.tracing.fake_dist import fake_process_group
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs"
 TINY_LLAMA = json.loads((CONFIGS / "tiny" / "llama.json").read_text())
 
 

@@ -15,7 +15,7 @@ from memlab import cli
 from memlab.predict.families.reader import from_hf
 from memlab.predict.spec import versions
 
-TINY = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+TINY = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "tiny"
 
 
 @pytest.fixture

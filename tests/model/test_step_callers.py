@@ -198,7 +198,7 @@ def test_the_hf_run_is_one_train_step_with_its_autocast(spy: Spy, autocast: bool
     pytest.importorskip("transformers")
     from memlab.run.hf import run_hf
 
-    path = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny" / "gpt2.json"
+    path = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "tiny" / "gpt2.json"
     config = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     run_hf(config, attn_implementation="eager", dtype="fp32", batch=2, seq=16, autocast=autocast)
     assert spy.train_steps == 1

@@ -1,4 +1,4 @@
-"""Every key of every supported family's config is modelled, neutral or refused (memlab.predict.families.keys)."""
+"""Every key of every supported family's config is modelled, neutral or refused (each family module's KEYS)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,13 @@ import pytest
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.estimate import estimate
-from memlab.predict.families.keys import (
-    ACCOUNTS,
-    CONDITIONAL,
-    NESTED,
-    REFUSED_DEFAULTS,
-    account,
-    flat_keys,
-    unaccounted,
-)
+from memlab.predict.families.keys import CONDITIONAL, NESTED, REFUSED_DEFAULTS, flat_keys
 from memlab.predict.families.reader import SUPPORTED, from_hf
+from memlab.predict.families.registry import ACCOUNTS, account, unaccounted
 from memlab.predict.spec.setup import Setup
 
 transformers = pytest.importorskip("transformers")
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs"
 TINY = {p.stem: json.loads(p.read_text()) for p in (CONFIGS / "tiny").glob("*.json")}
 
 

@@ -16,7 +16,7 @@ from memlab.predict.families.reader import from_hf, read_config_json
 from memlab.predict.fit import LEVERS, levers, max_batch, plan_to_fit
 from memlab.predict.spec.setup import Setup
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "full"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "full"
 SEVEN_B = ("llama-2-7b", "mistral-7b", "qwen2-7b")
 PEFT = ("LoRA", "QLoRA", "frozen", "8-bit AdamW")
 

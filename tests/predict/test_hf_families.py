@@ -1,5 +1,5 @@
-"""The newer families' published configs (memlab/course/configs/full) have the parameter counts their papers and
-model cards publish, at the precision they publish them; each names its source. With transformers installed, the
+"""The newer families' published configs (memlab/predict/families/configs/full) have the parameter counts their papers
+and model cards publish, at the precision they publish them; each names its source. With transformers installed, the
 count equals the HF model's, built on the meta device (no memory, nothing downloaded)."""
 
 from __future__ import annotations
@@ -77,15 +77,14 @@ def test_every_key_of_the_new_families_is_accounted_for() -> None:
     pytest.importorskip("transformers")
     import transformers
 
-    from memlab.predict.families.builders import BUILDERS
-    from memlab.predict.families.new_keys import NEW_FAMILY_KEYS
+    from memlab.predict.families.registry import ACCOUNTS, FAMILIES
 
-    assert set(NEW_FAMILY_KEYS) == set(BUILDERS)
-    for family, account in NEW_FAMILY_KEYS.items():
+    assert set(ACCOUNTS) == set(FAMILIES)
+    for family, account in ACCOUNTS.items():
         keys = set(_flat(transformers.AutoConfig.for_model(family).to_dict()))
-        lists = [set(account[k]) for k in ("modelled", "neutral", "refused")]
+        lists = [set(account.modelled), set(account.neutral), set(account.refused)]
         assert not (lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]), family
-        assert keys - set.union(*lists) == set(), family
+        assert {k for k in keys if account.kind(k) is None} == set(), family
 
 
 def test_deepseek_v3_is_refused_in_one_line_naming_the_trace() -> None:

@@ -23,7 +23,7 @@ from memlab.predict.spec.model import preset
 from memlab.predict.spec.setup import Setup
 from memlab.run.hf import call_inputs, predict_hf, run_hf
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "tiny"
 FAMILIES = tuple(sorted(p.stem for p in CONFIGS.glob("*.json")))
 PRECISIONS = (("fp32", False), ("bf16", False), ("fp32", True))  # (model dtype, bf16 autocast)
 

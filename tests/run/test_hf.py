@@ -1,6 +1,7 @@
-"""Real HF models built from the shipped tiny configs (memlab/course/configs/tiny, nothing downloaded), one training
-step on CPU: memlab's term-by-term activations equal the bytes saved for backward exactly, and model states equal
-the estimator's, for every family in a handful of (attention, dtype, shape) runs; the per-op listing explains them."""
+"""Real HF models built from the shipped tiny configs (memlab/predict/families/configs/tiny, nothing downloaded), one
+training step on CPU: memlab's term-by-term activations equal the bytes saved for backward exactly, and model states
+equal the estimator's, for every family in a handful of (attention, dtype, shape) runs; the per-op listing explains
+them."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from memlab.model.hf import build_hf_model
 from memlab.predict.families.reader import from_hf
 from memlab.run.hf import predict_hf, run_hf
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "tiny"
 
 
 def tiny(family: str) -> dict:

@@ -20,7 +20,7 @@ from memlab.predict.families.reader import from_hf
 from memlab.predict.spec.setup import Setup
 from memlab.run.hf import call_inputs, pad_counts, predict_hf, run_hf
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "tiny"
 FAMILIES = tuple(sorted(p.stem for p in CONFIGS.glob("*.json") if p.stem != "gemma2"))  # gemma2 has no SDPA
 
 

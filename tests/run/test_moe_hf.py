@@ -20,7 +20,7 @@ from memlab.predict.memory.activations import activation_bytes
 from memlab.predict.spec.setup import Setup
 from memlab.run.hf import predict_hf, run_hf
 
-_DIR = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs" / "tiny"
+_DIR = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "tiny"
 TINY, QWEN3_MOE, QWEN2_MOE = ({k: v for k, v in json.loads((_DIR / f"{f}.json").read_text()).items()
                                if not k.startswith("_")} for f in ("mixtral", "qwen3_moe", "qwen2_moe"))
 

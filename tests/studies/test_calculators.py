@@ -31,7 +31,7 @@ from memlab.studies.calculators import (
     ultrascale_playbook,
 )
 
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs"
 
 
 def config(size: str, name: str) -> dict:

@@ -1,7 +1,7 @@
 """Chapter 11's exercises (fine-tune on your card: LoRA, QLoRA). Questions are the notebook's markdown cells.
 
-The two measured exercises train one step of the tiny model of a family (``memlab/course/configs/tiny``) with peft
-on this machine, as the chapter's section 3 does (:func:`memlab.run.hf.run_hf`, LoRA rank 8 on q and v, fp32,
+The two measured exercises train one step of the tiny model of a family (``memlab/predict/families/configs/tiny``)
+with peft on this machine, as the chapter's section 3 does (:func:`memlab.run.hf.run_hf`, LoRA rank 8 on q and v, fp32,
 eager attention); the measurements are cached per arguments.
 """
 

@@ -26,60 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from memlab.errors import ConfigError, SetupError
-from memlab.predict.families.builders import BUILDERS, FAMILY_DEFAULTS, HF_ACTIVATIONS, hf_activation
-from memlab.predict.families.keys import check as check_keys
+from memlab.predict.families.common import optional
+from memlab.predict.families.registry import DEFAULTS, FAMILIES, SUPPORTED
+from memlab.predict.families.registry import check as check_keys
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.traits import Implementation
 from memlab.predict.spec.validate import check_bool, check_int, check_number, check_str
 from memlab.predict.spec.versions import warn_if_unverified
-
-_T = "transformers/models"
-_LLAMA_LIKE = {
-    "eager_repeat_kv": "modeling_{f}.py repeat_kv (eager_attention_forward)",
-    "softmax_fp32": "modeling_{f}.py eager_attention_forward: softmax(..., dtype=torch.float32).to(query.dtype)",
-    "rmsnorm": "modeling_{f}.py {F}RMSNorm.forward: hidden_states.to(torch.float32)",
-    "rotary_tables_per_forward": "modeling_{f}.py {F}RotaryEmbedding.forward, apply_rotary_pos_emb",
-}
-
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpt2": {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None, "vocab_size": 50257, "n_positions": 1024,
-             "activation_function": "gelu_new", "resid_pdrop": 0.1, "attn_pdrop": 0.1, "embd_pdrop": 0.1,
-             "tie_word_embeddings": True,
-             "scale_attn_weights": True},
-    "opt": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072,
-            "vocab_size": 50272, "max_position_embeddings": 2048, "activation_function": "relu", "dropout": 0.1,
-            "enable_bias": True, "do_layer_norm_before": True, "word_embed_proj_dim": None,
-            "tie_word_embeddings": True},
-    "gpt_neox": {"hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64, "intermediate_size": 24576,
-                 "vocab_size": 50432, "max_position_embeddings": 2048, "hidden_act": "gelu", "rotary_pct": 0.25,
-                 "use_parallel_residual": True, "hidden_dropout": 0.0, "attention_bias": True,
-                 "tie_word_embeddings": False},
-    "phi": {"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": None,
-            "intermediate_size": 8192, "vocab_size": 51200, "max_position_embeddings": 2048, "hidden_act": "gelu_new",
-            "partial_rotary_factor": 0.5, "resid_pdrop": 0.0, "qk_layernorm": False, "tie_word_embeddings": False},
-    "llama": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
-              "intermediate_size": 11008, "vocab_size": 32000, "max_position_embeddings": 2048, "hidden_act": "silu",
-              "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "head_dim": None},
-    "mistral": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 131072,
-                "hidden_act": "silu", "tie_word_embeddings": False, "head_dim": None},
-    "qwen2": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
-              "intermediate_size": 22016, "vocab_size": 151936, "max_position_embeddings": 32768,
-              "hidden_act": "silu", "tie_word_embeddings": False},
-    "gemma": {"hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
-              "head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000, "max_position_embeddings": 8192,
-              "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False, "tie_word_embeddings": True},
-}
-"""The ``transformers`` defaults of the keys :func:`from_hf` reads, per ``model_type`` (each family's
-``configuration_*.py``)."""
-
-DEFAULTS.update(FAMILY_DEFAULTS)  # Qwen3, Phi-3, Starcoder2, OLMo 2, StableLM, Gemma 2, 3 (predict.families.builders)
-
-SUPPORTED = tuple(DEFAULTS)
-"""The ``model_type`` values :func:`from_hf` maps."""
-
-_ACT = HF_ACTIVATIONS  # HF activation name -> memlab Implementation.activation (memlab.predict.families.builders)
-
 
 MAX_CONFIG_BYTES = 4 * 2**20
 """The largest ``config.json`` :func:`read_config_json` reads, bytes (4 MiB; a real one is a few KiB, a
@@ -207,32 +160,13 @@ def _checked(c: dict[str, Any], family: str) -> dict[str, Any]:
     return c
 
 
-def _optional(c: dict[str, Any], key: str, family: str, check: Any, default: Any) -> Any:
-    """``c[key]`` checked by ``check`` (a :mod:`memlab.predict.spec.validate` checker; numbers in [0, 1]), or
-    ``default`` when the config leaves it out or gives null: for keys some families have and :data:`DEFAULTS`
-    does not list."""
-    value = c.get(key)
-    if value is None:
-        return default
-    bounds = {"lo": 0.0, "hi": 1.0} if check is check_number else {}
-    return check(key, value, **bounds, owner=f"HF {family} config", err=ConfigError)
-
-
-def _src(family: str, text: str) -> str:
-    return f"{_T}/{family}/{text}"
-
-
-_activation = hf_activation
-
-
 def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     """The :class:`TransformerConfig` of a Hugging Face causal LM config, with its family's implementation traits.
 
-    Supported ``model_type``: :data:`SUPPORTED` (gpt2, opt, gpt_neox, phi, llama, mistral, qwen2, gemma and the
-    families of :mod:`memlab.predict.families.builders`). Anything else raises a :class:`~memlab.errors.ConfigError`
-    naming these. Under a transformers, torch or peft release other than :data:`memlab.predict.spec.versions.VERIFIED`
-    it warns
-    in one line (:class:`~memlab.predict.spec.versions.UnverifiedVersionWarning`): the trace of the installed code
+    Supported ``model_type``: :data:`SUPPORTED` (one module each in :mod:`memlab.predict.families`). Anything else
+    raises a :class:`~memlab.errors.ConfigError` naming these. Under a transformers, torch or peft release other
+    than :data:`memlab.predict.spec.versions.VERIFIED` it warns in one line
+    (:class:`~memlab.predict.spec.versions.UnverifiedVersionWarning`): the trace of the installed code
     (:func:`memlab.tracing.hf.trace_hf`) is then the exact answer. Parameter counts equal the HF model's
     ``sum(p.numel() for p in model.parameters())`` (tied embeddings once). ``dropout`` is the family's residual
     dropout; attention and embedding dropout, where the family has them, are the traits ``attention_dropout`` and
@@ -241,36 +175,28 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
     raw = _as_dict(config)
     kind = raw.get("model_type", "")
     family = kind.lower() if isinstance(kind, str) else ""
-    if family not in DEFAULTS:
+    if family not in FAMILIES:
         shown = repr(kind)[:60] if kind else "(missing)"
         raise ConfigError(f"HF model_type {shown} is not supported by from_hf; supported: "
                           f"{', '.join(SUPPORTED)}; trace it instead (memlab trace --hf PATH: transformers' own "
                           "code on fake tensors), or build a TransformerConfig by hand")
-    check_keys(family, raw)  # every key modelled, neutral, or refused (memlab.predict.families.keys)
+    fam = FAMILIES[family]
+    check_keys(family, raw)  # every key modelled, neutral, or refused (the family module's KEYS)
     warn_if_unverified()  # one line when transformers, torch or peft is not the release the terms were verified on
     c = _checked({**DEFAULTS[family], **{k: v for k, v in raw.items() if v is not None or k not in DEFAULTS[family]}},
                  family)
-    c["_rotary_fraction"] = _rotary_fraction(raw, {"gpt_neox": "rotary_pct", "phi": "partial_rotary_factor"}
-                                             .get(family), c, family)
+    c["_rotary_fraction"] = _rotary_fraction(raw, fam.rotary_key, c, family)
     given = next((v for v in (raw.get("_name_or_path"), raw.get("name")) if isinstance(v, str) and v), family)
-    label = name or given
-    build = {"gpt2": _gpt2, "opt": _opt, "gpt_neox": _neox, "phi": _phi, "gemma": _gemma, **BUILDERS}.get(
-        family, _llama_like)
-    tc = build(c, family, label)
-    attn_p = _optional(c, "attn_pdrop" if family in ("gpt2", "gptj") else "attention_dropout", family, check_number,
-                       0.0)
-    embd_key = {"gpt2": "embd_pdrop", "phi": "embd_pdrop", "gpt_neox": "hidden_dropout"}.get(family, "")
-    embd_p = _optional(c, embd_key, family, check_number, 0.0) if family not in BUILDERS else tc.impl.embedding_dropout
+    tc = fam.build(c, family, name or given)
+    attn_p = optional(c, fam.attention_dropout_key, family, check_number, 0.0)
     loss_src = ("loss_labels_padded", "transformers/loss/loss_utils.py ForCausalLMLoss")
     im = tc.impl
     # Traits equal to what the reference GPT would do anyway go back to their defaults, so impl.differs() lists
     # only real differences (Llama's SiLU is the reference swiglu's; a bias equal to config.bias is no trait).
     same = {"activation": "default"} if im.activation == Implementation().act(tc.mlp) else {}
     same.update({k: None for k in ("qkv_bias", "o_bias", "mlp_bias") if getattr(im, k) == tc.bias})
-    impl = replace(im, loss_labels_padded=True, sources=(*im.sources, loss_src), embedding_dropout=embd_p,
+    impl = replace(im, loss_labels_padded=True, sources=(*im.sources, loss_src),
                    attention_dropout=None if attn_p == tc.dropout else attn_p, **same)
-    if family in ("mistral", "qwen2"):  # the new families' builders set their window (hf_families._window)
-        impl = replace(impl, sliding_window=_sliding_window(raw, family, tc.max_seq))
     return tc.with_(impl=impl)
 
 
@@ -291,168 +217,6 @@ def _rotary_fraction(raw: Mapping[str, Any], legacy: str | None, c: Mapping[str,
         return float(c[legacy]) if legacy else 1.0
     return float(check_number("rope_parameters.partial_rotary_factor", value, lo=0.0, hi=1.0, lo_open=True,
                               owner=f"HF {family} config", err=ConfigError))
-
-
-def _sliding_window(raw: Mapping[str, Any], family: str, max_seq: int) -> int | None:
-    """The attention window a Mistral or Qwen2 config sets (None: none, or one at least ``max_seq`` long); Qwen2's
-    sliding layers (``use_sliding_window``, ``layer_types``) are refused (memlab.predict.families.keys)."""
-    if family == "qwen2":
-        types = raw.get("layer_types")
-        if types is not None and (not isinstance(types, list) or any(t != "full_attention" for t in types)):
-            raise ConfigError("qwen2 config layer_types with other entries than full_attention (sliding-window "
-                              "layers) are not modelled")
-        return None  # without use_sliding_window (refused when true) every layer is full attention
-    if family != "mistral":
-        return None
-    window = raw.get("sliding_window", 4096)  # MistralConfig's default
-    if window is None:
-        return None
-    check_int("sliding_window", window, owner="HF mistral config", err=ConfigError)
-    return window if window < max_seq else None
-
-
-def _gpt2(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    d = c["n_embd"]
-    impl = Implementation(
-        family=family, activation=_activation(c["activation_function"], "activation_function", family),
-        fused_qkv=True, q_view_of_fused_qkv=True, checkpoint_keeps_mask=True, autocast_mask_promotes_scores=True,
-        sources=(("activation", _src("gpt2", "modeling_gpt2.py GPT2MLP (ACT2FN[activation_function]); "
-                                             "activations.py NewGELUActivation")),
-                 ("fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.c_attn (Conv1D)")),
-                 ("q_view_of_fused_qkv", _src("gpt2", "modeling_gpt2.py GPT2Attention.forward: "
-                                                      "c_attn(hidden_states).split(split_size, dim=2)")),
-                 ("embedding_dropout", _src("gpt2", "modeling_gpt2.py GPT2Model.drop (embd_pdrop)")),
-                 ("autocast_mask_promotes_scores", _src("gpt2", "modeling_gpt2.py eager_attention_forward: "
-                                                                "attn_weights + causal_mask (fp32)")),
-                 ("checkpoint_keeps_mask", _src("gpt2", "modeling_gpt2.py GPT2Block called with the causal mask "
-                                                        "as a positional argument"))),
-    )
-    return TransformerConfig(
-        name=label, d_model=d, n_layers=c["n_layer"], n_heads=c["n_head"], d_ff=c["n_inner"] or 4 * d,
-        vocab_size=c["vocab_size"], max_seq=c["n_positions"], mlp="gelu", positions="learned", norm="layernorm",
-        bias=True, tied_embeddings=bool(c["tie_word_embeddings"]), dropout=float(c["resid_pdrop"]), impl=impl,
-    )
-
-
-def _opt(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    d = c["hidden_size"]
-    if not c["do_layer_norm_before"] or (c["word_embed_proj_dim"] or d) != d:
-        raise ConfigError("opt: only pre-norm OPT with word_embed_proj_dim == hidden_size is modelled (not opt-350m's "
-                          "post-norm with project_in/project_out)")
-    impl = Implementation(
-        family=family, activation=_activation(c["activation_function"], "activation_function", family),
-        position_offset=2, position_ids_per_token=True, softmax_fp32=True,
-        sources=(("activation", _src("opt", "modeling_opt.py OPTDecoderLayer.fc1 -> ACT2FN['relu']")),
-                 ("softmax_fp32", _src("opt", "modeling_opt.py eager_attention_forward: softmax(dtype=float32)")),
-                 ("position_offset", _src("opt", "modeling_opt.py OPTLearnedPositionalEmbedding (offset 2)")),
-                 ("position_ids_per_token", _src("opt", "modeling_opt.py OPTDecoder.forward: position_ids from "
-                                                        "torch.cumsum(attention_mask)"))),
-    )
-    return TransformerConfig(
-        name=label, d_model=d, n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"], d_ff=c["ffn_dim"],
-        vocab_size=c["vocab_size"], max_seq=c["max_position_embeddings"], mlp="gelu", positions="learned",
-        norm="layernorm", bias=bool(c["enable_bias"]), tied_embeddings=bool(c["tie_word_embeddings"]),
-        dropout=float(c["dropout"]), impl=impl,
-    )
-
-
-def _neox(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    parallel = bool(c["use_parallel_residual"])
-    impl = Implementation(
-        family=family, activation=_activation(c["hidden_act"], "hidden_act", family), parallel_block=parallel,
-        fused_qkv=True, rotary_tables_per_forward=True, rotary_fraction=c["_rotary_fraction"],
-        sdpa_output_copy=True, qkv_bias=bool(c["attention_bias"]), o_bias=bool(c["attention_bias"]), softmax_fp32=True,
-        sources=(("activation", _src("gpt_neox", "modeling_gpt_neox.py GPTNeoXMLP (ACT2FN[hidden_act])")),
-                 ("parallel_block", _src("gpt_neox", "modeling_gpt_neox.py GPTNeoXLayer.forward "
-                                                     "(use_parallel_residual)")),
-                 ("fused_qkv", _src("gpt_neox", "modeling_gpt_neox.py GPTNeoXAttention.query_key_value")),
-                 ("softmax_fp32", _src("gpt_neox", "modeling_gpt_neox.py eager_attention_forward: "
-                                                   "softmax(dtype=float32)")),
-                 ("rotary_fraction", _src("gpt_neox", "modeling_gpt_neox.py apply_rotary_pos_emb (rotary_pct)")),
-                 ("sdpa_output_copy", _src("gpt_neox", "modeling_gpt_neox.py apply_rotary_pos_emb: torch.cat "
-                                                       "makes q, k contiguous in (b, a, s, d)"))),
-    )
-    return TransformerConfig(
-        name=label, d_model=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
-        d_ff=c["intermediate_size"], vocab_size=c["vocab_size"], max_seq=c["max_position_embeddings"], mlp="gelu",
-        positions="rotary", norm="layernorm", bias=True, tied_embeddings=bool(c["tie_word_embeddings"]),
-        dropout=float(c["hidden_dropout"]), impl=impl,
-    )
-
-
-def _phi(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    if c["qk_layernorm"]:
-        raise ConfigError("phi: qk_layernorm=True is not modelled; use a config with qk_layernorm false")
-    impl = Implementation(
-        family=family, activation=_activation(c["hidden_act"], "hidden_act", family), parallel_block=True,
-        shared_norm=True, rotary_tables_per_forward=True, rotary_fraction=c["_rotary_fraction"],
-        sdpa_output_copy=True, head_bias=True, softmax_fp32=True,
-        sources=(("activation", _src("phi", "modeling_phi.py PhiMLP (ACT2FN['gelu_new'])")),
-                 ("parallel_block", _src("phi", "modeling_phi.py PhiDecoderLayer.forward: attn + mlp + residual")),
-                 ("shared_norm", _src("phi", "modeling_phi.py PhiDecoderLayer.input_layernorm (the only norm)")),
-                 ("rotary_fraction", _src("phi", "modeling_phi.py PhiAttention (partial_rotary_factor)")),
-                 ("sdpa_output_copy", _src("phi", "modeling_phi.py PhiAttention.forward: torch.cat of the rotated "
-                                                  "and pass-through halves")),
-                 ("head_bias", _src("phi", "modeling_phi.py PhiForCausalLM.lm_head (bias=True)")),
-                 ("softmax_fp32", _src("phi", "modeling_phi.py eager_attention_forward: softmax(dtype=float32)"))),
-    )
-    return TransformerConfig(
-        name=label, d_model=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
-        n_kv_heads=c["num_key_value_heads"], d_ff=c["intermediate_size"], vocab_size=c["vocab_size"],
-        max_seq=c["max_position_embeddings"], mlp="gelu", positions="rotary", norm="layernorm", bias=True,
-        tied_embeddings=bool(c["tie_word_embeddings"]), dropout=float(c["resid_pdrop"]), impl=impl,
-    )
-
-
-def _llama_like(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    cls = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]
-    d, a = c["hidden_size"], c["num_attention_heads"]
-    head_dim = _optional(c, "head_dim", family, check_int, None) or d // a
-    if family == "qwen2":
-        qkv_bias, o_bias, mlp_bias = True, False, False
-    elif family == "mistral":  # modeling_mistral.py: every projection bias=False, whatever the config says
-        qkv_bias = o_bias = mlp_bias = False
-    else:
-        qkv_bias = o_bias = _optional(c, "attention_bias", family, check_bool, False)
-        mlp_bias = _optional(c, "mlp_bias", family, check_bool, False)
-    sources = tuple((k, _src(family, v.format(f=family, F=cls))) for k, v in _LLAMA_LIKE.items())
-    if family == "qwen2":
-        sources += (("qkv_bias", _src(family, "modeling_qwen2.py Qwen2Attention: q/k/v_proj bias=True, o_proj "
-                                              "bias=False")),)
-    impl = Implementation(
-        family=family, activation=_activation(c["hidden_act"], "hidden_act", family), eager_repeat_kv=True,
-        softmax_fp32=True, rmsnorm="fp32-input", rotary_tables_per_forward=True, qkv_bias=qkv_bias, o_bias=o_bias,
-        mlp_bias=mlp_bias, sources=sources,
-    )
-    return TransformerConfig(
-        name=label, d_model=d, n_layers=c["num_hidden_layers"], n_heads=a, n_kv_heads=c["num_key_value_heads"],
-        d_ff=c["intermediate_size"], vocab_size=c["vocab_size"], max_seq=c["max_position_embeddings"], mlp="swiglu",
-        positions="rotary", norm="rmsnorm", bias=False, tied_embeddings=bool(c["tie_word_embeddings"]),
-        attn_head_dim=None if head_dim * a == d else head_dim, impl=impl,
-    )
-
-
-def _gemma(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    d, a, head_dim = c["hidden_size"], c["num_attention_heads"], c["head_dim"]
-    act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
-    impl = Implementation(
-        family=family, activation=_activation(act, "hidden_activation", family), eager_repeat_kv=True,
-        softmax_fp32=True, rmsnorm="fp32", rotary_tables_per_forward=True,
-        qkv_bias=bool(c["attention_bias"]), o_bias=bool(c["attention_bias"]),
-        sources=(("activation", _src("gemma", "modeling_gemma.py GemmaMLP: down(act(gate) * up), GELUTanh")),
-                 ("eager_repeat_kv", _src("gemma", "modeling_gemma.py repeat_kv (eager_attention_forward)")),
-                 ("softmax_fp32", _src("gemma", "modeling_gemma.py eager_attention_forward: softmax(..., "
-                                                "dtype=torch.float32)")),
-                 ("rmsnorm", _src("gemma", "modeling_gemma.py GemmaRMSNorm.forward: x.float(), "
-                                           "output * (1.0 + self.weight.float())")),
-                 ("rotary_tables_per_forward", _src("gemma", "modeling_gemma.py GemmaRotaryEmbedding.forward"))),
-    )
-    return TransformerConfig(
-        name=label, d_model=d, n_layers=c["num_hidden_layers"], n_heads=a, n_kv_heads=c["num_key_value_heads"],
-        d_ff=c["intermediate_size"], vocab_size=c["vocab_size"], max_seq=c["max_position_embeddings"], mlp="swiglu",
-        positions="rotary", norm="rmsnorm", bias=False, tied_embeddings=bool(c["tie_word_embeddings"]),
-        attn_head_dim=None if head_dim * a == d else head_dim, impl=impl,
-    )
 
 
 def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str = "fp32",

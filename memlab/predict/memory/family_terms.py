@@ -2,7 +2,7 @@
 :mod:`memlab.predict.memory.activations` (which calls these): the q/k norms' rows (Qwen3, OLMo 2, Gemma 3), a grouped
 mixture of experts' router and routed-pair rows (Mixtral, Qwen3-MoE, Qwen2-MoE) and its shared expert's
 (Qwen2-MoE), and the setup
-refusals of a sliding window and of soft-capping (:mod:`memlab.predict.families.builders` sets the traits). Pure
+refusals of a sliding window and of soft-capping (:mod:`memlab.predict.families` sets the traits). Pure
 arithmetic on ints or numpy arrays; no torch.
 """
 

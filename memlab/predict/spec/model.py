@@ -408,8 +408,8 @@ def preset_names() -> list[str]:
 def preset(name: str) -> TransformerConfig:
     """The :class:`TransformerConfig` of a named preset (case-insensitive; a few aliases accepted): always the
     **reference GPT** (:mod:`memlab.model.gpt`) with these sizes, also for a name of a published model. The published
-    model as its code runs it is :func:`memlab.course.hf_configs.published` (``memlab.published("llama-2-7b")``,
-    what ``memlab estimate --preset llama-2-7b`` gives; ``--preset ref:llama-2-7b`` is this config).
+    model as its code runs it is :func:`memlab.predict.families.resolve` of its name (``memlab.resolve("llama-2-7b")``,
+    what ``memlab estimate --preset llama-2-7b`` or ``--model llama-2-7b`` gives; ``ref:llama-2-7b`` is this config).
 
     Raises :class:`memlab.errors.UnknownNameError` listing the closest names when ``name`` is unknown.
     """

@@ -1,9 +1,9 @@
 """The library versions memlab's family terms were verified against, and the guard that says so when others run.
 
-The formula of a Hugging Face family (:mod:`memlab.predict.families.reader`, :mod:`memlab.predict.families.builders`)
-counts what transformers' modelling code, torch's kernels and autograd, and peft's adapters save: it is exact for the
-code it
-was checked against and may be silently off for another release (transformers 5.25 rewrote Falcon's attention).
+The formula of a Hugging Face family (:mod:`memlab.predict.families.reader`, one module per family in
+:mod:`memlab.predict.families`) counts what transformers' modelling code, torch's kernels and autograd, and peft's
+adapters save: it is exact for the code it was checked against and may be silently off for another release
+(transformers 5.25 rewrote Falcon's attention).
 :data:`VERIFIED` is that record, in one place: the versions ``requirements.lock`` installs, which ``make test``
 checks byte for byte and ``make upgrade-check`` re-checks against the newest releases
 (``scripts/upgrade_check.py``). A test keeps it equal to the lock.
