@@ -21,8 +21,8 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
-MODULE_GROUPS = ("tests/course/test_report.py", "tests/run/test_distributed.py", "tests/run/test_dist_runner.py",
-                 "tests/run/test_parallel_ranks.py",
+MODULE_GROUPS = ("tests/course/test_report.py", "tests/run/distributed/test_distributed.py",
+                 "tests/run/distributed/test_dist_runner.py", "tests/run/test_parallel_ranks.py",
                  "tests/compare/test_ledger.py")
 """Modules whose tests share a session- or module-scoped fixture (the course built once, torchrun ranks launched
 once): under ``pytest -n 2 --dist loadgroup`` (``make test``) each runs on one worker, so the fixture runs once."""

@@ -24,7 +24,7 @@ from memlab.predict.families.reader import SUPPORTED, from_hf
 from memlab.predict.spec.setup import Setup
 
 transformers = pytest.importorskip("transformers")
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "course" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "memlab" / "course" / "configs"
 TINY = {p.stem: json.loads(p.read_text()) for p in (CONFIGS / "tiny").glob("*.json")}
 
 
