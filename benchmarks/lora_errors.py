@@ -18,7 +18,7 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "run"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "predict" / "memory"))
 
 
 def main(n: int = 100, seed: int = 0) -> int:

@@ -892,7 +892,7 @@ ch.save_figure(fig, "expert_parallel_mixtral")
 
 # %%
 ep_checks = []
-# one small shape here (about 2 s of CPU); tests/run/test_expert_trace.py checks two, top-1 and top-2
+# one small shape here (about 2 s of CPU); tests/tracing/test_expert_trace.py checks two, top-1 and top-2
 ep_shapes = ((preset("tiny-moe").with_(n_layers=1, vocab_size=128), Setup(batch=2, seq=16, world_size=2, ep=2)),)
 for cfg_ep, s_ep in ep_shapes:
     tr_ep, r_ep = trace_gpt_ep(cfg_ep, s_ep), expert_estimate(cfg_ep, s_ep, device_type="cpu")

@@ -113,8 +113,8 @@ pd.DataFrame({"config": list(full), "source": [config_source(n) if n != "yours" 
 #
 # `from_hf` reads the sizes and sets the traits the family's modelling code implies, each with the file and
 # function it comes from (`impl.sources`). The parameter count is exact: it equals
-# `sum(p.numel() for p in model.parameters())` of the HF model built from the same config (`tests/predict/test_hf.py`
-# checks every family).
+# `sum(p.numel() for p in model.parameters())` of the HF model built from the same config
+# (`tests/predict/families/test_hf.py` checks every family).
 
 # %%
 configs = {name: from_hf(cfg, name=name) for name, cfg in full.items()}

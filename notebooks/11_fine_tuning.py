@@ -135,8 +135,8 @@ for name, e in est.items():
 # for this page). The dequantised bf16 copy of one weight that CUDA's `gemm_4bit` makes inside its kernel (the
 # named overhead `qlora_dequantised_weight`) and paged optimizers' unified memory are seen by no CPU trace: they
 # come from the QLoRA paper and the bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes
-# quantises and runs NF4 on a CPU. A GPU-marked test (`tests/run/test_finetune.py`) checks the stored NF4 bytes on
-# a CUDA device.
+# quantises and runs NF4 on a CPU. A GPU-marked test (`tests/predict/memory/test_finetune.py`) checks the stored NF4
+# bytes on a CUDA device.
 
 # %% [markdown]
 # **What to switch on, ranked.** Start from full fine-tuning (mixed-bf16) and switch on each lever of

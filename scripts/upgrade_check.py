@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lock import REPORT, ROOT, bootstrap, compile_lock, pins, verified
 
 SCRATCH = REPORT.parent
-TEST_MODULES = ("tests/run/test_hf.py", "tests/run/test_trace_hf.py", "tests/run/test_finetune.py",
-                "tests/run/test_trace_peft.py", "tests/run/test_masks.py", "tests/predict/test_hf.py",
-                "tests/predict/test_hf_families.py", "tests/predict/test_config_keys.py")
+TEST_MODULES = ("tests/run/test_hf.py", "tests/tracing/test_trace_hf.py", "tests/predict/memory/test_finetune.py",
+                "tests/tracing/test_trace_peft.py", "tests/run/test_masks.py", "tests/predict/families/test_hf.py",
+                "tests/predict/families/test_hf_families.py", "tests/predict/families/test_config_keys.py")
 """The suites whose truth is other people's code: transformers' modelling files, peft, bitsandbytes."""
 WARNING_TEXT = re.compile(r"\.py:\d+: [A-Z]\w*Warning:|class=\"output stderr\"")
 
@@ -97,7 +97,7 @@ def tests(py: Path) -> list[dict[str, Any]]:
         verdict = "exact" if done.returncode == 0 else ("drifted" if failed else "broken")
         detail = (f"{len(failed)} failed: " + ", ".join(f.split("::", 1)[1] for f in failed[:4])) if failed else \
             ("" if done.returncode == 0 else (tail or ["?"])[-1])
-        name = module.removeprefix("tests/").removesuffix(".py")  # run/test_hf and predict/test_hf are two
+        name = module.removeprefix("tests/").removesuffix(".py")  # run/test_hf and predict/families/test_hf are two
         rows.append({"library": "tests", "family": name, "case": (tail or [""])[-1][:60],
                      "verdict": verdict, "detail": detail, "worst_bytes": None, "worst_percent": None,
                      "seconds": round(time.perf_counter() - start, 1)})

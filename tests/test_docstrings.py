@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.torch  # imports every memlab module by name, the torch ones too
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "memlab"
 ROLE = re.compile(r":(func|class|meth|data|mod|attr|exc|obj|const):`([^`]+)`")

@@ -248,6 +248,7 @@ def test_every_room_has_a_docstring_that_names_what_it_holds(package: Path) -> N
     assert not unnamed, f"{package.relative_to(ROOT)}/__init__.py's docstring does not name {unnamed}"
 
 
+@pytest.mark.torch  # resolves every lazily exported name, the torch ones too
 def test_every_public_name_of_memlab_resolves() -> None:
     import memlab
 

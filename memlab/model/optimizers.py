@@ -5,7 +5,7 @@ Everything is ``torch.optim`` except ``adam-8bit``: :class:`Adam8bit`, a small b
 via Block-wise Quantization"): tensors with at least :data:`memlab.predict.memory.states.ADAM_8BIT_MIN_SIZE`
 elements keep two 8-bit state tensors plus one fp32 absmax per
 :data:`memlab.predict.memory.states.ADAM_8BIT_BLOCK` (256) elements per state, and reference the optimizer's
-two shared 256-entry fp32 code maps; smaller tensors keep fp32 states. ``tests/run/test_optimizers.py`` checks its
+two shared 256-entry fp32 code maps; smaller tensors keep fp32 states. ``tests/model/test_optimizers.py`` checks its
 state bytes equal the real ``bnb.optim.AdamW8bit``'s on CPU, to the byte, on generated shapes.
 
 Why not the real library: bnb 0.50's step runs on CPU but not under FakeTensorMode (its blockwise kernels read

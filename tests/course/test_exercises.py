@@ -327,6 +327,7 @@ def test_the_bank_has_every_chapters_exercises_named_by_chapter() -> None:
     assert len(set(questions)) == len(questions), "two exercises ask the same question"
 
 
+@pytest.mark.torch  # evaluates the bank's references, some of which import torch
 @pytest.mark.parametrize("name", list(BANK))
 def test_every_exercise_grades_its_reference_right_and_a_wrong_answer_with_help(name: str) -> None:
     exercise, data = BANK[name], _data(BANK[name])
@@ -409,6 +410,7 @@ def _shown_forms(value) -> set[str]:
     return {f for f in forms if len(re.sub(r"\D", "", f)) >= 2}
 
 
+@pytest.mark.torch  # evaluates the bank's references, some of which import torch
 @pytest.mark.parametrize("source", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_no_exercise_cell_holds_its_answer_or_its_hint(source: Path) -> None:
     for i, call, cells in _check_calls(source):
@@ -433,6 +435,7 @@ def _no_argument_numerics() -> list[Numeric]:
             and not exercises._parameters(ex.reference)]
 
 
+@pytest.mark.torch  # evaluates the bank's references, some of which import torch
 @pytest.mark.parametrize("exercise", _no_argument_numerics(), ids=lambda ex: ex.name)
 def test_every_diagnosis_of_the_bank_evaluates_and_names_a_wrong_answer(exercise: Numeric) -> None:
     """A diagnosis that raises is skipped when an answer is judged (it must never break a check), so a broken one

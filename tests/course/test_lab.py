@@ -58,6 +58,7 @@ def test_a_learners_copy_is_kept_and_fresh_replaces_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # runs a chapter in a kernel
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
 def test_running_a_chapter_in_the_lab_leaves_git_status_as_it_was() -> None:
     from nbclient import NotebookClient

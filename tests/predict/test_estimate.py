@@ -69,6 +69,7 @@ def test_step_counters_are_four_bytes_per_tensor_when_on_device() -> None:
     assert cpu.optimizer_detail["step_counters"] == 4 * len(cfg.param_shapes())
 
 
+@pytest.mark.torch  # imports torch inside (pytest.importorskip), which the module-level check does not read
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "sgd", "sgd-momentum", "adafactor"])
 def test_optimizer_bytes_match_real_torch_optimizer_state(optimizer: str, dtype_name: str) -> None:

@@ -1,13 +1,19 @@
-"""estimate() returns what it returned before it was made fast: a golden file of ``to_dict()`` results, and the
-estimator's shortcuts (activation rows listed once, a block counted without recompute) against the plain
-formulation through :class:`~memlab.predict.memory.activations.ActivationTerm` records.
+"""A snapshot of the current estimator, and its shortcuts against the plain formulation.
 
-``tests/fixtures/estimate_golden.json`` was written by the estimator before the speed-up (commit 6f597dc) over a
-deterministic spread of models (presets, Hugging Face configs, a bare parameter count) and setups (every precision,
-optimizer and implementation, recompute, attention kernel, ZeRO stage, tp/sp, gradient accumulation, inference
-weights and KV dtypes, overheads, device types). Every number, type and text must match: a change to what the
-estimator predicts rewrites the file on purpose (``python tests/predict/test_estimate_golden.py --write``) and says
-why in its commit.
+``tests/fixtures/estimate_golden.json`` holds ``estimate().to_dict()`` as the estimator returns it today, over a
+deterministic spread of cases: models (presets, Hugging Face configs, a bare parameter count) and setups (every
+precision, optimizer and implementation, recompute, attention kernel, ZeRO stage, tp/sp, gradient accumulation,
+inference weights and KV dtypes, overheads, device types). Every number, type and text must match. When the
+estimator changes on purpose, the file is regenerated deliberately (``python tests/predict/test_estimate_golden.py
+--write``) and the commit says why; it has been, many times. The estimator's shortcuts (activation rows listed once,
+a block counted without recompute) are also checked against the plain formulation through
+:class:`~memlab.predict.memory.activations.ActivationTerm` records.
+
+The snapshot guards refactors (a change that should predict nothing new predicts nothing new); it says nothing about
+correctness. Correctness is checked where formula = trace = real step is compared: tests/run/test_runner.py and
+tests/predict/memory/test_activations.py (the estimate against a real step of the reference GPT), tests/run/test_hf.py
+and tests/run/test_moe_hf.py (against real Hugging Face steps), tests/tracing/test_trace.py and
+tests/tracing/test_trace_hf.py (fake-tensor traces against real steps and the estimate).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ How to add a family (say ``model_type`` ``foo``):
    ``configs/full/PUBLISHED-NAME.json`` (a published model, with its ``_memlab_source``).
 
 The tests then pick it up: ``tests/predict/test_families.py`` (its configs exist and resolve),
-``tests/predict/test_config_keys.py`` (every key of the installed config class accounted), ``tests/predict/
+``tests/predict/families/test_config_keys.py`` (every key of the installed config class accounted), ``tests/predict/
 test_hf_order.py`` (parameter order against the real model), ``tests/run/test_hf.py`` (saved bytes against a real
 step) and ``tests/cli/test_hf_cli.py`` (``memlab estimate --hf``) run over every shipped config.
 """

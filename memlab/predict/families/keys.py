@@ -15,7 +15,8 @@ its ``transformers`` config class knows (transformers 5.x, nested ``rope_paramet
   default, or a value whose effect is nil).
 
 A key in no list is refused too, so a config from a newer transformers, or a hand-edited one, cannot add a silent
-key; ``tests/predict/test_config_keys.py`` reads the installed config classes and fails on a key the accounts miss.
+key; ``tests/predict/families/test_config_keys.py`` reads the installed config classes and fails on a key the
+accounts miss.
 This module holds the account type and the key groups every family shares; the accounts themselves are in the family
 modules, looked up by ``model_type`` in :mod:`memlab.predict.families.registry`. Pure data and functions: no torch,
 no transformers.

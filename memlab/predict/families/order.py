@@ -10,7 +10,7 @@ block yields attention, MLP, then its two norms, and the first attention weight 
 (``LlamaModel.__init__``: ``embed_tokens``, ``layers``, ``norm``). Each family's order is read from its
 ``modeling_<family>.py`` (transformers 5.x), declared in its family module (``param_order``), and checked
 against ``named_parameters()`` of the real model, on the shipped tiny configs and on drawn ones, by
-``tests/predict/test_hf_order.py``. Pure: no torch.
+``tests/predict/families/test_hf_order.py``. Pure: no torch.
 """
 
 from __future__ import annotations

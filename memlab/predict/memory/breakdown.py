@@ -453,7 +453,7 @@ def offload_host_bytes(model: TransformerConfig | int, setup: Setup, activations
     activations, are what matmuls save) and, for the plain loss, the fp32 log-softmax twice (log_softmax's backward
     and nll_loss's both save it). Other tensors saved by two ops (views, a GELU input) are copied twice too and
     are not counted here, and torch's pinned-memory allocator may round each block up: a lower bound (within
-    15 % of the traced copies on the reference GPT, tests/run/test_loss_offload.py)."""
+    15 % of the traced copies on the reference GPT, tests/predict/memory/test_loss_offload.py)."""
     if not isinstance(model, TransformerConfig):
         return activations
     weights = 0

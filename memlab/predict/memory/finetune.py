@@ -2,7 +2,7 @@
 
 A LoRA adapter on a Linear ``W`` (``in -> out``) adds ``A`` (``r x in``) and ``B`` (``out x r``) and computes
 ``W x + (alpha / r) * B A dropout(x)`` (Hu et al. 2021, "LoRA", Sec. 4.1) [hu2021]; only A and B train. What that
-changes, each term checked against peft 0.21 on CPU (``tests/run/test_finetune.py``):
+changes, each term checked against peft 0.21 on CPU (``tests/predict/memory/test_finetune.py``):
 
 - **states** [peft]: the base keeps its weights (no gradient, no optimizer state); adapters are fp32 even over a
   16-bit base (``LoraConfig(autocast_adapter_dtype=True)``, peft ``tuners_utils.cast_adapter_dtype``), so their
@@ -24,7 +24,8 @@ changes, each term checked against peft 0.21 on CPU (``tests/run/test_finetune.p
   are LoRA's over a bf16 base; its backward dequantises one weight at a time to bf16 (a transient of the largest
   matrix, the named overhead ``qlora_dequantised_weight``). bitsandbytes 0.45+ quantises and runs NF4 on the CPU,
   so QLoRA is measured here too, and traced on fake tensors through bitsandbytes' registered fake kernels
-  (``tests/run/test_finetune.py``); the CUDA storage is checked by a GPU test; paged optimizers are predicted only.
+  (``tests/predict/memory/test_finetune.py``); the CUDA storage is checked by a GPU test; paged optimizers are
+  predicted only.
 
 Pure arithmetic, no torch. Units: bytes and elements.
 """
@@ -130,8 +131,8 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
         notes = [f"QLoRA base: {quantizable:,} block-matrix weights in NF4 with double quantisation "
                  f"({4 + qlora_bits_per_parameter():.3f} bits each, QLoRA Sec. 3) and {n_base - quantizable:,} "
                  "embedding/norm/head weights in bf16, from the sources; equal to a CPU step with bitsandbytes' CPU "
-                 "kernels and to its fake-tensor trace (tests/run/test_finetune.py; the CUDA storage by a GPU "
-                 "test); one dequantised bf16 weight at a time is the overhead "
+                 "kernels and to its fake-tensor trace (tests/predict/memory/test_finetune.py; the CUDA storage by a "
+                 "GPU test); one dequantised bf16 weight at a time is the overhead "
                  "qlora_dequantised_weight; " + PAGED_OPTIMIZER_NOTE]
     else:
         base = n_base * pb

@@ -429,7 +429,7 @@ def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logi
         # backward, the first chunk: the recomputed chunk (logits, log-softmax) beside its fp32 gradients, then
         # its weight gradient (h x V), made contiguous for AccumulateGrad, beside the log-softmax; with the input's
         # gradient buffer (t' h) and the chunk's (c h). The larger of the two moments, each taken at its most (an
-        # upper bound: the trace is within a few per cent below it, tests/run/test_loss_offload.py)
+        # upper bound: the trace is within a few per cent below it, tests/predict/memory/test_loss_offload.py)
         around = (tk + c) * h * cw + 4
         # under autocast the weight's gradient is the matmul's 16-bit one and its fp32 cast for AccumulateGrad (2 + 4
         # bytes per weight, as traced), not three copies in the gradient dtype

@@ -62,7 +62,7 @@ def adam8bit_bytes(numels: Iterable[int]) -> int:
 
     :func:`adam8bit_tensor_bytes` per tensor, plus :data:`ADAM_8BIT_QMAP_BYTES` once when any tensor is large
     enough to be kept in 8 bits. Measured to the byte against ``bnb.optim.AdamW8bit`` on CPU
-    (``tests/run/test_optimizers.py``).
+    (``tests/model/test_optimizers.py``).
     """
     sizes = list(numels)
     shared = ADAM_8BIT_QMAP_BYTES if any(n >= ADAM_8BIT_MIN_SIZE for n in sizes) else 0

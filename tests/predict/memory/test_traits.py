@@ -1,7 +1,7 @@
 """Implementation traits on the reference GPT: composed gelu_new, ReLU, exact GELU, GeGLU, a parallel block (with
 and without a shared norm), a head_dim that is not d_model / n_heads, per-projection biases. For each, the
 term-by-term prediction of memlab.predict.memory.activations equals what the GPT saves for backward, category by
-category, on CPU, exactly as for the default traits (tests/predict/test_activations.py)."""
+category, on CPU, exactly as for the default traits (tests/predict/memory/test_activations.py)."""
 
 from __future__ import annotations
 

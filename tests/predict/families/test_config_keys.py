@@ -17,7 +17,7 @@ from memlab.predict.families.registry import ACCOUNTS, account, unaccounted
 from memlab.predict.spec.setup import Setup
 
 transformers = pytest.importorskip("transformers")
-CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "memlab" / "predict" / "families" / "configs"
 TINY = {p.stem: json.loads(p.read_text()) for p in (CONFIGS / "tiny").glob("*.json")}
 
 

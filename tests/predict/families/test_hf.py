@@ -38,7 +38,7 @@ TINY = {
 
 NEW_FAMILIES = ("qwen3", "phi3", "starcoder2", "olmo2", "stablelm", "gemma2", "gemma3_text", "gptj",
                 "falcon", "mixtral", "qwen3_moe", "qwen2_moe")
-TINY.update({f: {k: v for k, v in json.loads((Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families"
+TINY.update({f: {k: v for k, v in json.loads((Path(__file__).resolve().parents[3] / "memlab" / "predict" / "families"
                                                / "configs" / "tiny" / f"{f}.json").read_text()).items()
                   if not k.startswith("_")}
              for f in NEW_FAMILIES})  # the shipped tiny configs: H, L, A, V as above

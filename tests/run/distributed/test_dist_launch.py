@@ -27,7 +27,7 @@ from memlab.run.distributed.launch import DistributedRun, WorkerSpec, _retry_rea
 from memlab.run.distributed.supervise import Outcome, Stage, supervise
 
 CFG = preset("tiny-gpt")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                           reason="this torch build has no torch.distributed gloo backend")
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.run.distributed.launch import run_script
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "scripts" / "dist_states.py"
 WORLD = 2
 
