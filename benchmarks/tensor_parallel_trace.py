@@ -30,7 +30,7 @@ def main() -> None:
         t1, e1 = phases(trace_gpt(cfg, base, device_type="cpu")), {(r.step, r.phase): r.peak_bytes for r in
                                                                    estimate(cfg, base, device_type="cpu").phases}
         setup = base.with_(tp=2)
-        t2 = phases(trace_gpt_tp(cfg, setup))
+        t2 = phases(trace_gpt_tp(cfg, setup, device_type="cpu"))
         e2 = {(r.step, r.phase): r.peak_bytes for r in estimate(cfg, setup, device_type="cpu").phases}
         named = replicated_terms(cfg, setup)
         print(f"\n{cfg.name}, tp=2 (rank 0), named: {named}")
@@ -38,7 +38,7 @@ def main() -> None:
               f"{'named':>10}{'left':>8}")
         for key in t2:
             r2, r1 = t2[key] - e2[key], t1[key] - e1[key]
-            named = explained(cfg, setup, *key)
+            named = explained(cfg, setup, *key, device_type="cpu")
             left = "" if named is None else f"{r2 - r1 - named:,}"
             print(f"{' '.join(key):<24}{t2[key]:>12,}{e2[key]:>12,}{r2:>12,}{r1:>12,}{r2 - r1:>10,}"
                   f"{'' if named is None else f'{named:,}':>10}{left:>8}")

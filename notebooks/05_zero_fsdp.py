@@ -722,7 +722,7 @@ traced_par[["layout", "rank", "phase", "predicted", "traced", "named", "left", "
 # %%
 from memlab.tracing.tensor_parallel import sequence_parallel_terms
 
-gathered = sum(sequence_parallel_terms(par_model, Setup(**par_shape, tp=par_t, sp=True)).values())
+gathered = sum(sequence_parallel_terms(par_model, Setup(**par_shape, tp=par_t, sp=True), device_type="cpu").values())
 sp_exact = bool((traced_par[traced_par["layout"] == f"TP {par_t} + SP"]["left"] == 0).all())
 cp_rows = traced_par[traced_par["layout"] == f"CP {par_t}"]
 cp_fwd = cp_rows[cp_rows["phase"] == "attention forward"].set_index("rank")

@@ -75,3 +75,52 @@ def test_torch_dtype_maps_memlab_names_and_refuses_others():
         torch_dtype("fp7")
     with pytest.raises(MemlabError, match="no dense torch tensor type"):
         torch_dtype("int4")
+
+
+RUN_DEVICE_DEFAULTS: dict[str, str] = {
+    "memlab.compare.sharding.predicted_rank": "compared with the gloo ranks run on this machine's CPU",
+    "memlab.studies.calculators.full_size_runs": "the runs of a campaign execute on this machine's CPU",
+    "memlab.studies.calculators.lora_runs": "the runs of a campaign execute on this machine's CPU",
+    "memlab.run.spec.Run": "a run's own device: where it executes, this machine's CPU unless told",
+    "memlab.measure.oom.OomInfo": "the device an OOM message names, parsed: None when it names none",
+}
+"""``device_type`` defaults that say where a run EXECUTES (or what a message named), not what a prediction is for;
+each with why."""
+
+
+def _device_type_defaults() -> dict[str, object]:
+    """``qualified name -> default`` of every ``device_type`` argument (and dataclass field) in memlab; a required
+    one has no entry."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out: dict[str, object] = {}
+    for path in sorted((root / "memlab").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                positional = args.posonlyargs + args.args
+                pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True))
+                pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
+                out.update({f"{module}.{node.name}": ast.literal_eval(d) for a, d in pairs
+                            if a.arg == "device_type" and isinstance(d, ast.Constant)})
+            if isinstance(node, ast.ClassDef):
+                out.update({f"{module}.{node.name}": ast.literal_eval(item.value) for item in node.body
+                            if isinstance(item, ast.AnnAssign) and getattr(item.target, "id", "") == "device_type"
+                            and isinstance(item.value, ast.Constant)})
+    return out
+
+
+def test_one_default_device_type_everywhere() -> None:
+    """Every device a prediction or a trace is made for defaults to DEFAULT_DEVICE_TYPE (a CUDA GPU: what users run),
+    or must be given; only the listed run campaigns default to where they execute."""
+    from memlab.predict.spec.setup import DEFAULT_DEVICE_TYPE
+
+    defaults = _device_type_defaults()
+    other = {name: d for name, d in defaults.items() if d != DEFAULT_DEVICE_TYPE and name not in RUN_DEVICE_DEFAULTS}
+    assert not other, f"device_type defaults other than {DEFAULT_DEVICE_TYPE!r}: {other}"
+    stale = [name for name in RUN_DEVICE_DEFAULTS if name not in defaults or defaults[name] == DEFAULT_DEVICE_TYPE]
+    assert not stale, f"these no longer default elsewhere: delete their RUN_DEVICE_DEFAULTS entries {stale}"
+    assert len(defaults) > 20  # the scan sees the estimator's, the tracer's and the CLI's signatures

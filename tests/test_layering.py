@@ -135,6 +135,31 @@ def test_every_room_allowance_is_still_needed() -> None:
     assert not stale, f"these imports are gone: delete their ROOM_ALLOWANCES entries {stale}"
 
 
+PREDICT_FLOORS: tuple[tuple[str, ...], ...] = (
+    ("spec",), ("families",), ("hardware",), ("compute",), ("memory",), ("parallel",), ("coverage",), ("estimate",),
+    ("fit", "paging"),
+)
+"""predict's sub-rooms, bottom-up: what a run is, the families, hardware, compute, the single-rank memory model, the
+parallelisms whose ranks differ, the coverage table, the estimate, and what answers questions with it. A sub-room
+imports only its own floor's and those below."""
+
+
+def _predict_floor(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "predict":
+        return None
+    return next(i for i, floor in enumerate(PREDICT_FLOORS) if parts[2] in floor)
+
+
+def test_predict_sub_rooms_import_only_their_floor_and_below() -> None:
+    named = {name for floor in PREDICT_FLOORS for name in floor}
+    unplaced = sorted({m.split(".")[2] for m in MODULES if m.startswith("memlab.predict.")} - named)
+    assert not unplaced, f"predict sub-rooms without a floor in PREDICT_FLOORS: {unplaced}"
+    upward = [f"{name} imports {imported}" for name in MODULES if (floor := _predict_floor(name)) is not None
+              for imported in sorted(GRAPH[name]) if (other := _predict_floor(imported)) is not None and other > floor]
+    assert not upward, "predict sub-rooms import upwards:\n" + "\n".join(upward)
+
+
 KNOWN_CYCLES: set[frozenset[str]] = set()
 """Import cycles that exist today and are being removed (none: keep it that way); the test fails on a new one."""
 

@@ -40,13 +40,10 @@ from memlab.predict.memory.sharding import shape_summary
 from memlab.predict.parallel.experts import expert_estimate
 from memlab.predict.parallel.pipeline import parallel_estimate, state_parts
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import Setup, SetupView
+from memlab.predict.spec.setup import DEVICE_TYPES, Setup, SetupView
 from memlab.predict.spec.validate import LIMITS, show
 
 __all__ = ["MemoryBreakdown", "Overheads", "estimate", "model_buffer_bytes", "sweep_totals"]
-
-DEVICE_TYPES = ("cuda", "cpu")
-"""The devices a step is estimated for (their widths differ: autocast's op lists, norm kernels, step counters)."""
 
 
 def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overheads: Overheads | None = None,

@@ -106,16 +106,16 @@ def tp_rows(config: TransformerConfig, setup: Setup, ranks: tuple[int, ...] = (0
     layout = f"TP {setup.tp}" + (" + SP" if setup.sp else "")
     out = []
     for r in ranks:
-        tr = _phases(trace_gpt_tp(config, setup, rank=r).phases)
+        tr = _phases(trace_gpt_tp(config, setup, rank=r, device_type="cpu").phases)
         for key in TRACED_PHASES:
-            total = explained(config, setup, *key)
+            total = explained(config, setup, *key, device_type="cpu")
             assert total is not None  # forward and backward are explained
             p, logits = rep["replicated embedding/head parameters"], rep["full-vocabulary logits-sized tensor"]
             named = {"replicated embedding/head parameters": p,
                      "replicated parameters' Adam moments": 2 * p if key[0] == "steady" and moments else 0,
                      "full-vocabulary logits + log-softmax (+ gradient in backward)":
                          (2 if key[1] == "forward" else 3) * logits,
-                     **sequence_parallel_terms(config, setup)}
+                     **sequence_parallel_terms(config, setup, device_type="cpu")}
             named = {k: v for k, v in named.items() if v}
             assert sum(named.values()) == total  # the same terms explained() sums
             out.append(_row(layout, r, " ".join(key), tr[key], est[key], None if t1 is None else t1[key] - e1[key],
@@ -184,7 +184,7 @@ def cp_rows(config: TransformerConfig, setup: Setup, ranks: tuple[int, ...] = (0
     kv = ring_kv_chunks(setup.cp) * 2 * setup.batch * local.seq * config.kv_dim * 4
     layout, out = f"CP {setup.cp}", []
     for r in ranks:
-        tr = trace_gpt_cp(config, setup, rank=r)
+        tr = trace_gpt_cp(config, setup, rank=r, device_type="cpu")
         tp_ = _phases(tr.phases)
         for key in TRACED_PHASES:
             one = t1[key] - e1[key]

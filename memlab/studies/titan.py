@@ -49,7 +49,7 @@ def titan_rows(config: TransformerConfig, setup: Setup) -> dict[str, Any]:
     s = titan_setup(setup)
     bd = estimate(config, s, device_type="cpu")
     t = trace_gpt(config, s, device_type="cpu")
-    peer = titan_estimate(config, s)
+    peer = titan_estimate(config, s, device_type="cpu")
     steady = t.peak_of("steady")
     est = max(r.held_bytes for r in bd.phases if r.step == "steady")
     return {**_named_estimate_residual(config, s, bd, t, est - steady),

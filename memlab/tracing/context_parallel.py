@@ -145,7 +145,7 @@ def context_parallel(model: nn.Module, group: Any, rank: int, cp: int) -> nn.Mod
     return model
 
 
-def trace_gpt_cp(config: TransformerConfig, setup: Setup, *, rank: int = 0, device_type: str = "cpu") -> Any:
+def trace_gpt_cp(config: TransformerConfig, setup: Setup, *, rank: int = 0, device_type: str) -> Any:
     """Trace rank ``rank`` of the reference GPT's training step under ring-attention context parallelism over a fake
     ``setup.cp``-rank group (fake tensors; :func:`memlab.tracing.tracer.trace_step`): ``setup.batch`` sequences of
     ``setup.seq / setup.cp`` tokens on the rank, the CPU flash kernel (``attention='flash'``)."""

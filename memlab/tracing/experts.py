@@ -80,7 +80,7 @@ def expert_parallel(model: nn.Module, config: TransformerConfig, ep: int, group:
     return model
 
 
-def trace_gpt_ep(config: TransformerConfig, setup: Setup, *, device_type: str = "cpu") -> Any:
+def trace_gpt_ep(config: TransformerConfig, setup: Setup, *, device_type: str) -> Any:
     """Trace rank 0 of the reference GPT under expert parallelism over a fake ``setup.ep``-rank group (fake tensors,
     :func:`memlab.tracing.tracer.trace_step`), routing forced balanced (module docstring). ``setup.world_size`` is
     the data-parallel ranks the ep ranks come from (ZeRO 0 only: not run, it changes no rank's bytes)."""

@@ -41,7 +41,7 @@ def titan_setup(setup: Setup) -> Setup:
                        fsdp_loss="outside", fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32")
 
 
-def titan_estimate(config: TransformerConfig, setup: Setup, *, device_type: str = "cpu") -> dict[str, int]:
+def titan_estimate(config: TransformerConfig, setup: Setup, *, device_type: str) -> dict[str, int]:
     """torchtitan's estimation protocol on the reference GPT under ``setup`` (use :func:`titan_setup`): the peak of
     each of its two iterations (``step1``, ``step2``) and ``printed_max`` (both), bytes on rank 0."""
     from torch._subclasses.fake_tensor import FakeTensorMode

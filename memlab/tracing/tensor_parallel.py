@@ -117,7 +117,7 @@ SP_GATHERED = ("q/k/v projection input", "MLP input", "LM-head input")
 saves all-gathered (whole sequence) where Megatron-LM saves the sequence shard [korthikanti2022, Sec. 4.2.2]."""
 
 
-def sequence_parallel_terms(config: TransformerConfig, setup: Setup, device_type: str = "cpu") -> dict[str, int]:
+def sequence_parallel_terms(config: TransformerConfig, setup: Setup, *, device_type: str) -> dict[str, int]:
     """Bytes rank ``r`` of the traced sequence-parallel plan saves beyond memlab's estimate (Megatron-LM's SP), by
     :data:`SP_GATHERED` row: each row's whole bytes less its ``1/tp`` share, ``(1 - 1/tp)`` of the row (the
     q/k/v and MLP inputs of every block, the LM head's input). Empty without ``setup.sp``."""
@@ -133,7 +133,7 @@ def sequence_parallel_terms(config: TransformerConfig, setup: Setup, device_type
     return out
 
 
-def explained(config: TransformerConfig, setup: Setup, step: str, phase: str) -> int | None:
+def explained(config: TransformerConfig, setup: Setup, step: str, phase: str, *, device_type: str) -> int | None:
     """The named terms' sum at the peak of ``phase`` (forward: parameters + the logits and log-softmax;
     backward: + the logits' gradient; the steady step adds Adam's two moments of the replicated parameters; under
     sp both add :func:`sequence_parallel_terms`); None for the optimizer step and zero_grad, which are not
@@ -141,7 +141,7 @@ def explained(config: TransformerConfig, setup: Setup, step: str, phase: str) ->
     terms = replicated_terms(config, setup)
     p, logits = terms["replicated embedding/head parameters"], terms["full-vocabulary logits-sized tensor"]
     moments = 2 * p if step == "steady" and setup.optimizer in ("adam", "adamw") else 0
-    gathered = sum(sequence_parallel_terms(config, setup).values())
+    gathered = sum(sequence_parallel_terms(config, setup, device_type=device_type).values())
     if phase == "forward":
         return p + moments + 2 * logits + gathered
     if phase == "backward":
@@ -149,7 +149,7 @@ def explained(config: TransformerConfig, setup: Setup, step: str, phase: str) ->
     return None
 
 
-def trace_gpt_tp(config: TransformerConfig, setup: Setup, *, rank: int = 0, device_type: str = "cpu") -> Any:
+def trace_gpt_tp(config: TransformerConfig, setup: Setup, *, rank: int = 0, device_type: str) -> Any:
     """Trace rank ``rank`` of the reference GPT under DTensor tensor parallelism (with ``setup.sp``: sequence
     parallelism, :func:`sequence_parallel`) over a fake ``setup.tp``-rank group (fake tensors;
     :func:`memlab.tracing.tracer.trace_step`)."""

@@ -23,7 +23,7 @@ SHAPES = [
 
 @pytest.mark.parametrize(("config", "setup"), SHAPES, ids=["top2-swiglu-shared", "top1-gelu-mixed-bf16"])
 def test_rank_bytes_match_the_trace(config: TransformerConfig, setup: Setup) -> None:
-    trace = trace_gpt_ep(config, setup)
+    trace = trace_gpt_ep(config, setup, device_type="cpu")
     r = expert_estimate(config, setup, device_type="cpu")
     tensors = sum(1 for n, _, _ in config.param_shapes() if ".experts." not in n or
                   int(n.split(".experts.")[1].split(".")[0]) < config.n_experts // setup.ep)
@@ -40,7 +40,7 @@ def test_trace_refuses_what_it_does_not_run() -> None:
     for s in (Setup(ep=2, world_size=2, zero_stage=1, seq=16), Setup(ep=2, world_size=2, seq=16, ep_routing="worst"),
               Setup(seq=16)):
         with pytest.raises(SetupError, match="trace_gpt_ep traces expert parallelism alone"):
-            trace_gpt_ep(preset("tiny-moe"), s)
+            trace_gpt_ep(preset("tiny-moe"), s, device_type="cpu")
 
 
 def test_other_traces_refuse_ep() -> None:

@@ -219,7 +219,7 @@ def _rotary_fraction(raw: Mapping[str, Any], legacy: str | None, c: Mapping[str,
                               owner=f"HF {family} config", err=ConfigError))
 
 
-def hf_attention(attn_implementation: str, device_type: str = "cpu", dtype: str = "fp32",
+def hf_attention(attn_implementation: str, device_type: str = "cuda", dtype: str = "fp32",
                  attention_dropout: float = 0.0) -> str:
     """The memlab ``Setup.attention`` an HF ``attn_implementation`` runs as: ``eager`` is eager; ``sdpa`` picks
     PyTorch's fused kernel (on CPU the flash kernel, or the math backend when attention dropout is on, which the

@@ -38,6 +38,12 @@ PadSide = Literal["right", "left"]
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 ATTENTION: tuple[str, ...] = get_args(Attention)
+DEVICE_TYPES = ("cuda", "cpu")
+"""The devices a step is predicted for (their widths differ: autocast's op lists, norm kernels, step counters)."""
+DEFAULT_DEVICE_TYPE = "cuda"
+"""The one default for the device a prediction or a trace is made for: every function of memlab with a
+``device_type`` argument defaults to it (tests/test_device.py), but those that say where a run executes."""
+
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
