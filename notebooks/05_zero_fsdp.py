@@ -895,7 +895,7 @@ ep_checks = []
 # one small shape here (about 2 s of CPU); tests/tracing/test_expert_trace.py checks two, top-1 and top-2
 ep_shapes = ((preset("tiny-moe").with_(n_layers=1, vocab_size=128), Setup(batch=2, seq=16, world_size=2, ep=2)),)
 for cfg_ep, s_ep in ep_shapes:
-    tr_ep, r_ep = trace_gpt_ep(cfg_ep, s_ep), expert_estimate(cfg_ep, s_ep, device_type="cpu")
+    tr_ep, r_ep = trace_gpt_ep(cfg_ep, s_ep, device_type="cpu"), expert_estimate(cfg_ep, s_ep, device_type="cpu")
     fwd = tr_ep.phase("forward").end_by_category
     n_tensors = sum(1 for n_, _, _ in cfg_ep.param_shapes() if ".experts." not in n_
                     or int(n_.split(".experts.")[1].split(".")[0]) < cfg_ep.n_experts // s_ep.ep)
