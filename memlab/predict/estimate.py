@@ -205,8 +205,8 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
                          "arrays of one shape, or one of them as a scalar") from None
     view = SetupView(setup, batch=b, seq=s)
     coverage.check(config_or_params, view, device_type)
-    p, acts, kv, terms, *_, phases = evaluate(config_or_params, view, overheads_arg(overheads), device_type,
-                                              step_on_device)
+    e = evaluate(config_or_params, view, overheads_arg(overheads), device_type, step_on_device)
     if peak:
-        return peak_of(phases) + np.zeros_like(b)
-    return (0 if host_states(setup) else p.states_total) + acts + kv + sum(terms.values()) + np.zeros_like(b)
+        return peak_of(e.phases) + np.zeros_like(b)
+    states = 0 if host_states(setup) else e.plan.states_total
+    return states + e.activations + e.kv + sum(e.overheads.values()) + np.zeros_like(b)

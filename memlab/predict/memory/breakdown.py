@@ -45,7 +45,7 @@ from memlab.predict.memory.phases import (
     step_inputs_with,
     training_phases,
 )
-from memlab.predict.memory.plan import plan, rest_of
+from memlab.predict.memory.plan import Plan, plan, rest_of
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import Setup
 from memlab.predict.spec.validate import LIMITS, StrictInit, check_fields, check_int, show
@@ -295,11 +295,28 @@ def _check_model(model: TransformerConfig | int, setup: Any, seq_max: Any) -> No
     check_int("parameter count", model, hi=LIMITS["params"].max, why=LIMITS["params"].why, err=SetupError)
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluate` computes for one setup (batch and seq scalars, or numpy arrays in a sweep), in bytes."""
+
+    plan: Plan
+    """The setup's cached :class:`~memlab.predict.memory.plan.Plan`: what batch and seq do not change."""
+    activations: Any
+    """Saved activations (training) or the largest transient of a forward (inference)."""
+    kv: Any
+    """KV cache (inference; 0 in training)."""
+    overheads: dict[str, Any]
+    """The named overhead terms."""
+    activation_detail: dict[str, Any]
+    """The activations by category (training) or the transients (inference)."""
+    phases: list
+    """``(step, phase, bytes)`` per phase of the step, in step order."""
+
+
 def evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_type: str,
-             step_on_device: bool | None) -> tuple:
+             step_on_device: bool | None) -> Evaluation:
     """Shared core of :func:`rank_breakdown` (scalars) and :func:`memlab.predict.estimate.sweep_totals` (numpy
-    batch/seq): the setup's cached :class:`~memlab.predict.memory.plan.Plan` (what batch and seq do not change) and
-    the terms that batch and seq do, as ``(plan, activations, kv, overhead terms, activation detail, phases)``."""
+    batch/seq): the setup's cached plan and the terms that batch and seq change."""
     if device_type not in ("cuda", "cpu"):
         raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
     _check_model(model, setup, setup.seq if isinstance(setup.seq, int) else np.max(setup.seq))
@@ -355,7 +372,7 @@ def evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_t
         phases = training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
                                  grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
                                  overhead=phase_overhead)
-    return p, acts, kv, terms, act_detail, phases
+    return Evaluation(p, acts, kv, terms, act_detail, phases)
 
 
 def model_buffer_bytes(config: TransformerConfig) -> int:
@@ -409,7 +426,8 @@ def rank_breakdown(config_or_params: TransformerConfig | int, setup: Setup, *, o
     if not isinstance(setup, Setup):
         raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
     ov = overheads_arg(overheads)
-    p, acts, kv, terms, act_detail, phases = evaluate(config_or_params, setup, ov, device_type, step_on_device)
+    e = evaluate(config_or_params, setup, ov, device_type, step_on_device)
+    p, acts, kv, terms, act_detail, phases = e.plan, e.activations, e.kv, e.overheads, e.activation_detail, e.phases
     overhead = {k: math.ceil(v) for k, v in terms.items()}
     acts_i, kv_i = math.ceil(acts), math.ceil(kv)
     off = host_states(setup)

@@ -59,7 +59,6 @@ from memlab.predict.memory.activations import (
 from memlab.predict.memory.family_terms import loss_call_transients
 from memlab.predict.memory.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.memory.states import optimizer_state_dtype_bytes
-from memlab.predict.spec.frozen import unchecked
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
 from memlab.predict.spec.setup import resolve_optimizer_impl
@@ -137,11 +136,8 @@ class PhaseRow:
 
 def predicted_row(step: str, phase: str, peak_bytes: int) -> PhaseRow:
     """The estimator's :class:`PhaseRow` of one phase: ``end_bytes`` repeats ``peak_bytes`` for ``zero_grad`` (what is
-    held after it) and is None otherwise; the measured-side fields are empty. Equal to ``PhaseRow(step, phase,
-    peak_bytes, end_bytes=...)``, built by :func:`~memlab.predict.spec.frozen.unchecked` (eight rows per estimate)."""
-    return unchecked(PhaseRow, {"step": step, "phase": phase, "peak_bytes": peak_bytes,
-                                "end_bytes": peak_bytes if phase == "zero_grad" else None, "start_bytes": None,
-                                "by_category": {}, "end_by_category": {}, "source": "", "reliable": True})
+    held after it) and is None otherwise; the measured-side fields are empty."""
+    return PhaseRow(step, phase, peak_bytes, end_bytes=peak_bytes if phase == "zero_grad" else None)
 
 
 def find_phase(rows: Iterable[PhaseRow], phase: str, step: str | int = "steady") -> PhaseRow:
@@ -352,10 +348,9 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
 
 def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, setup: Any, *, device_type: str,
                      terms: list | None = None) -> StepInputs:
-    """:class:`StepInputs` from :func:`step_constants`' ``const`` and the batch/seq terms of ``setup``: built with
-    :func:`~memlab.predict.spec.frozen.unchecked` (once per estimate; StepInputs has no checks to skip)."""
+    """:class:`StepInputs` from :func:`step_constants`' ``const`` and the batch/seq terms of ``setup``."""
     if config is None:
-        return unchecked(StepInputs, {"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
+        return StepInputs(**{"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
                                       "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
                                       **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
                                       "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False,
@@ -383,7 +378,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
                      + config.vocab_size * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp
         off_fwd = (0 if setup.recompute == "full" else autocast_block_copy_bytes(config, setup.tp)) \
             + plain * (head_copy - lt["head_input"])
-    return unchecked(StepInputs, {
+    return StepInputs(**{
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],

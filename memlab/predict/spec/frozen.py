@@ -1,5 +1,4 @@
-"""A read-only mapping that pickles and deep-copies (the per-dtype tables of frozen dataclasses), and a frozen record
-built without its ``__init__`` (:func:`unchecked`, for the estimator's inner loop).
+"""A read-only mapping that pickles and deep-copies (the per-dtype tables of frozen dataclasses).
 
 ``types.MappingProxyType`` is read-only but cannot be pickled (so neither can a dataclass holding one, nor can
 ``copy.deepcopy`` copy it, nor can a row cross to a ``multiprocessing`` worker). :class:`FrozenDict` holds a
@@ -47,17 +46,3 @@ class FrozenDict(Mapping[K, V], Generic[K, V]):
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy.deepcopy rebuild it from its items
         return (type(self), (dict(self._data),))
-
-
-T = TypeVar("T")
-
-
-def unchecked(cls: type[T], values: dict[str, Any]) -> T:
-    """An instance of the frozen dataclass ``cls`` whose ``__dict__`` is ``values`` (every field by name; pass a fresh
-    dict), built without the generated ``__init__``, which sets each field through ``object.__setattr__`` (about a
-    microsecond for a ten-field record): for records the estimator builds in its inner loop from values it computed
-    itself. Only for classes without ``__slots__`` and without a ``__post_init__`` (nothing is checked, converted or
-    defaulted here); the result equals, pickles and prints as ``cls(**values)``."""
-    obj = object.__new__(cls)
-    object.__setattr__(obj, "__dict__", values)
-    return obj
