@@ -433,10 +433,14 @@ def setup_options() -> tuple[SetupOption, ...]:
 
 def add_setup_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
     """Add one option per Setup field (less ``exclude``); every default is Setup's own (shown in ``--help``)."""
-    g = p.add_argument_group("setup (defaults are memlab.Setup's)")
+    from memlab.predict.spec.setup import SETUP_GROUPS
+
+    titled = {name: p.add_argument_group(f"setup: {name} (defaults are memlab.Setup's)") for name in SETUP_GROUPS}
+    groups = {field: titled[name] for name, fields in SETUP_GROUPS.items() for field in fields}
     for opt in setup_options():
         if opt.field in exclude:
             continue
+        g = groups[opt.field]
         text = f"{opt.help.replace('``', '')} (default: {opt.default})"
         if opt.kind == "bool":
             g.add_argument(opt.flag, *opt.aliases, dest=opt.field, action=argparse.BooleanOptionalAction,

@@ -110,6 +110,22 @@ def resolve_optimizer_impl(optimizer: str, impl: str, device_type: str = "cuda")
     return impl
 
 
+SETUP_GROUPS: dict[str, tuple[str, ...]] = {
+    "shape": ("batch", "seq", "mode"),
+    "precision": ("precision", "inference_weights", "kv_cache_dtype"),
+    "optimizer": ("optimizer", "optimizer_impl", "grad_accum_steps", "zero_grad_to_none"),
+    "memory levers": ("recompute", "attention", "loss", "loss_chunk", "logits_to_keep", "offload_activations"),
+    "parallelism": ("zero_stage", "world_size", "tp", "sp", "pp", "pp_schedule", "pp_chunks", "micro_batches", "cp",
+                    "ep", "ep_routing"),
+    "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
+              "fsdp_reshard_root"),
+    "fine-tuning": ("finetune", "lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save", "frozen_layers"),
+    "call": ("attention_mask", "pad_fraction", "padding_side", "loss_call"),
+}
+"""Setup's fields by concern, each field in one group: :meth:`Setup.group` reads one, ``memlab estimate --help``
+lists the options under them. A Setup is built from its fields by keyword (``Setup(batch=8, zero_stage=3)``)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Setup(StrictInit):
     """Everything about a run that is not the model: shapes, precision, optimizer, memory policies, sharding.
@@ -378,6 +394,12 @@ class Setup(StrictInit):
     def to_dict(self) -> dict[str, object]:
         """Plain dict of the fields (for JSON lines and DataFrames)."""
         return asdict(self)
+
+    def group(self, name: str) -> dict[str, object]:
+        """The fields of one :data:`SETUP_GROUPS` group and their values (``setup.group("parallelism")``)."""
+        if name not in SETUP_GROUPS:
+            raise SetupError(f"no Setup group {name!r}: the groups are {', '.join(SETUP_GROUPS)}")
+        return {field: getattr(self, field) for field in SETUP_GROUPS[name]}
 
     def with_(self, **changes: object) -> Setup:
         """A copy with some fields changed (validated again)."""

@@ -182,3 +182,16 @@ def test_every_preset_has_a_source_and_its_own_name() -> None:
 def test_to_dict_round_trips() -> None:
     c = preset("tiny-llama")
     assert TransformerConfig(**c.to_dict()) == c
+
+
+def test_every_setup_field_sits_in_one_group() -> None:
+    """Setup's fields by concern (SETUP_GROUPS): each in exactly one group, read back by Setup.group."""
+    from memlab.errors import SetupError
+    from memlab.predict.spec.setup import SETUP_GROUPS, Setup
+
+    grouped = [f for fields in SETUP_GROUPS.values() for f in fields]
+    assert sorted(grouped) == sorted(Setup.__dataclass_fields__) and len(grouped) == len(set(grouped))
+    setup = Setup(batch=2, zero_stage=3, world_size=8)
+    assert setup.group("parallelism")["zero_stage"] == 3 and setup.group("shape")["batch"] == 2
+    with pytest.raises(SetupError, match="the groups are shape"):
+        setup.group("shapes")
