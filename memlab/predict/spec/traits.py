@@ -41,6 +41,25 @@ its output (``threshold_backward`` needs the result, not the input); ``gelu_new`
 ``1 + tanh(...)`` (the last multiply keeps both operands) [hf-transformers: activations.py, NewGELUActivation]."""
 
 
+TRAIT_GROUPS: dict[str, tuple[str, ...]] = {
+    "block": ("activation", "parallel_block", "shared_norm", "norm_placement", "fused_qkv", "fused_gate_up"),
+    "attention": ("eager_repeat_kv", "softmax_fp32", "autocast_mask_promotes_scores", "eager_qk_fp32", "kv_broadcast",
+                  "sdpa_keeps_mask", "sdpa_output_copy", "q_view_of_fused_qkv", "qk_norm", "attn_softcap",
+                  "sliding_window", "checkpoint_keeps_mask"),
+    "norms": ("rmsnorm",),
+    "rotary": ("rotary_tables_per_forward", "rotary_tables_fp32", "rotary_tables_per_use", "rotary_table_pairs",
+               "rotary_fraction", "position_offset", "position_ids_per_token"),
+    "bias": ("qkv_bias", "o_bias", "mlp_bias", "head_bias"),
+    "dropout": ("attention_dropout", "embedding_dropout"),
+    "head and loss": ("loss_labels_padded", "final_softcap"),
+    "experts": ("grouped_experts", "moe_topk_renorm", "moe_weights_fp32", "shared_expert_ff", "dense_layers",
+                "dense_ff"),
+    "provenance": ("family", "sources"),
+}
+"""The implementation traits by concern, each in one group (:meth:`Implementation.group` reads one): a new trait
+joins the group whose rows it changes."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Implementation(StrictInit):
     """How a transformer is written, as far as memory cares. Defaults: memlab's reference GPT."""
@@ -273,6 +292,12 @@ class Implementation(StrictInit):
         ref = Implementation()
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("family", "sources") and getattr(self, f.name) != getattr(ref, f.name)}
+
+    def group(self, name: str) -> dict[str, object]:
+        """The traits of one :data:`TRAIT_GROUPS` group and their values (``impl.group("rotary")``)."""
+        if name not in TRAIT_GROUPS:
+            raise ConfigError(f"no trait group {name!r}: the groups are {', '.join(TRAIT_GROUPS)}")
+        return {trait: getattr(self, trait) for trait in TRAIT_GROUPS[name]}
 
     def to_dict(self) -> dict[str, object]:
         """Plain dict of the fields (``sources`` as a dict)."""
