@@ -58,6 +58,7 @@ from memlab.predict.memory.family_terms import (
 )
 from memlab.predict.memory.finetune import finetune_rows
 from memlab.predict.memory.loss import hf_kept_labels, kept_copy, kept_positions, targets_saved
+from memlab.predict.memory.rows import RowName
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
 from memlab.predict.spec.setup import Setup, SetupView
@@ -101,7 +102,7 @@ class ActivationTerm:
         return self.count * self.width / row_divisor((self.name, self.category, 0, 0, self.sharded), tp, sp)
 
 
-SP_WHOLE = ("loss normaliser (total_weight)",)
+SP_WHOLE = (RowName.LOSS_NORMALISER,)
 """Rows sequence parallelism leaves whole besides the token ids (category ``token ids``: the embedding and the loss
 read all of them on every rank): only per-token tensors of the SP regions are split [korthikanti2022, Sec. 4.2.2]
 (checked against DTensor SP traces, tests/studies/test_parallel_traces.py)."""
@@ -304,15 +305,15 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     drop = config.dropout > 0
     im = config.impl
     terms: list[TermRow] = [
-        ("input token ids", "token ids", t, INT64, False),
+        (RowName.INPUT_IDS, "token ids", t, INT64, False),
         _target_row(setup, t, b, im.loss_labels_padded and setup.loss_call == "labels"),  # manual: its own targets
     ] if model_level else []
     if config.positions == "learned":
         if model_level:
-            terms.append(("position ids", "token ids", t if im.position_ids_per_token else s, INT64, False))
+            terms.append((RowName.POSITION_IDS, "token ids", t if im.position_ids_per_token else s, INT64, False))
     elif im.rotary_tables_per_forward and recompute != "full":  # checkpointed layers get them by keyword
         rot = int(config.head_dim * im.rotary_fraction)
-        terms.append(("rotary cos and sin (one pair per forward and rope kind)", "attention",
+        terms.append((RowName.ROTARY, "attention",
                       2 * s * rot * im.rotary_table_pairs, FP32 if im.rotary_tables_fp32 else w["residual"], False))
     if im.rotary_tables_per_use and recompute != "full" and config.positions == "rotary":
         rot = int(config.head_dim * im.rotary_fraction)
@@ -320,7 +321,7 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
                       L * 4 * s * rot, w["residual"], False))  # the table is cast to the hidden state's dtype
     if im.embedding_dropout > 0:
         # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
-        terms.append(("embedding dropout mask", "embeddings", t * h, w["mask"] if w["mask"] == 1
+        terms.append((RowName.EMBEDDING_DROPOUT, "embeddings", t * h, w["mask"] if w["mask"] == 1
                       else w["residual"], False))
     if recompute == "full":
         terms.append(("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
@@ -370,13 +371,13 @@ def _target_row(setup: Setup, t: Any, b: Any, padded: bool) -> TermRow:
     (:func:`memlab.predict.memory.loss.hf_kept_labels`);
     none where no op saves them (:func:`memlab.predict.memory.loss.targets_saved`)."""
     if setup.loss == "plain" and not setup.logits_to_keep:
-        return ("target token ids", "token ids", t + (b == 1) * padded, INT64, False)
+        return (RowName.TARGET_IDS, "token ids", t + (b == 1) * padded, INT64, False)
     hf, k = hf_kept_labels(setup, padded), kept_positions(setup)
     count = (t + (b == 1) * padded) * targets_saved(setup, padded) + hf * (b * k + (b == 1))
     # memlab's chunked loss over HF's shifted labels at k = 1 < seq, batch > 1: its checkpoints keep views of the
     # whole padded labels, b (s + 1) ids
     count = count + padded * (setup.loss == "chunked") * (k == 1) * (k != setup.seq) * (b != 1) * b
-    return ("target token ids", "token ids", count, INT64, False)
+    return (RowName.TARGET_IDS, "token ids", count, INT64, False)
 
 
 def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> list[TermRow]:
@@ -389,14 +390,14 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
     kind = setup.loss
     if kind == "plain" and not setup.logits_to_keep:  # the default, listed without the general case's arithmetic
         lsm = log_softmax_bytes(setup, w["compute"])  # a hand-written loss on 16-bit logits: not upcast
-        rows: list[TermRow] = [("LM-head input", "head & loss", t * h, w["compute"], False),
+        rows: list[TermRow] = [(RowName.HEAD_INPUT, "head & loss", t * h, w["compute"], False),
                                ("log-softmax of logits" + (", fp32" if lsm == FP32 else " (not upcast)"),
                                 "head & loss", t * V, lsm, True),
-                               ("loss normaliser (total_weight)", "head & loss", 1, lsm, False)]
+                               (RowName.LOSS_NORMALISER, "head & loss", 1, lsm, False)]
         if config.impl.final_softcap:
             rows.append(("tanh of the capped logits", "head & loss", t * V, w["compute"], True))
         if setup.policy.autocast:
-            rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+            rows.append((RowName.HEAD_COPY, "autocast weight copies", V * h, 2, True))
         return rows
     tk = b * kept_positions(setup)
     copied = kept_copy(setup)  # a batch > 1 slice of the last 1 < k < s positions: reshape copies it
@@ -411,7 +412,7 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
     # a copy of the kept positions is kept instead of the whole hidden state. The chunked loss's checkpoints keep
     # their input as it is, the hidden state (fp32 under autocast), not the head's 16-bit cast of it
     hw = w["residual"] if kind == "chunked" else w["compute"]
-    rows = [("LM-head input", "head & loss", (t - copied * t) * h, hw, False)]
+    rows = [(RowName.HEAD_INPUT, "head & loss", (t - copied * t) * h, hw, False)]
     if isinstance(copied, np.ndarray) or copied:
         rows.append(("contiguous copy of the kept positions", "head & loss", copied * tk * h, hw, False))
         not_hf = 1 - hf_kept_labels(setup, config.impl.loss_labels_padded)  # HF's own copy is the target row
@@ -419,12 +420,12 @@ def loss_rows(config: TransformerConfig, setup: Setup, w: dict[str, float]) -> l
     if kind == "chunked" and config.impl.loss_labels_padded:  # HF labels: the mean divides by a count tensor
         rows.append(("count of targets not ignored (the mean's divisor)", "head & loss", 1, INT64, False))
     if kind == "plain":
-        rows.append(("log-softmax of logits, fp32", "head & loss", tk * V, FP32, True))
+        rows.append((RowName.LOG_SOFTMAX, "head & loss", tk * V, FP32, True))
         if config.impl.final_softcap:
             rows.append(("tanh of the capped logits", "head & loss", tk * V, w["compute"], True))
-        rows.append(("loss normaliser (total_weight)", "head & loss", 1, FP32, False))
+        rows.append((RowName.LOSS_NORMALISER, "head & loss", 1, FP32, False))
         if setup.policy.autocast:
-            rows.append(("16-bit copy of LM-head weight", "autocast weight copies", V * h, 2, True))
+            rows.append((RowName.HEAD_COPY, "autocast weight copies", V * h, 2, True))
     return rows
 
 

@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.memory.rows import RowName
 from memlab.predict.memory.states import adam8bit_bytes
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, LORA_KINDS, parse_targets
@@ -165,8 +166,8 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
             "optimizer": sum(detail.values())}, detail, notes
 
 
-_MODEL_LEVEL_ROWS = ("target token ids", "rotary cos and sin (one pair per forward and rope kind)", "LM-head input",
-                     "log-softmax of logits, fp32", "loss normaliser (total_weight)", "16-bit copy of LM-head weight")
+_MODEL_LEVEL_ROWS = (RowName.TARGET_IDS, RowName.ROTARY, RowName.HEAD_INPUT,
+                     RowName.LOG_SOFTMAX, RowName.LOSS_NORMALISER, RowName.HEAD_COPY)
 """Rows of :func:`memlab.predict.memory.activations.term_rows` that are not per block (besides the final norm's and the
 embeddings' rows)."""
 
@@ -212,7 +213,7 @@ def frozen_rows(config: TransformerConfig, setup: Any, rows: list[tuple]) -> lis
     out: list[tuple] = []
     for row in rows:
         name, category, count, width, sharded = row[:5]
-        if name in ("input token ids", "position ids", "embedding dropout mask"):
+        if name in (RowName.INPUT_IDS, RowName.POSITION_IDS, RowName.EMBEDDING_DROPOUT):
             continue
         if name in _MODEL_LEVEL_ROWS or name.startswith("final norm"):
             out.append(row)
@@ -258,7 +259,7 @@ def largest_matrix_elements(config: TransformerConfig) -> int:
     return max(h * f, qkv, q * h)
 
 
-_DROPPED_ROWS = ("input token ids", "position ids", "embedding dropout mask", "LM-head input")
+_DROPPED_ROWS = (RowName.INPUT_IDS, RowName.POSITION_IDS, RowName.EMBEDDING_DROPOUT, RowName.HEAD_INPUT)
 """Rows a frozen base does not save: the embeddings' token and position ids (their weights need no gradient), the
 embedding dropout's noise (nothing below it needs a gradient) and the frozen head's input."""
 _PROJECTION_INPUTS = {"q/k/v projection input": "qkv", "output projection input": "o", "MLP input": "mlp"}
@@ -309,8 +310,8 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     out: list[tuple] = []
     for row in rows:
         name, category, count, width, sharded = row[:5]
-        kept = (name in ("input token ids", "embedding dropout mask") and embed) or \
-            (name == "LM-head input" and "head" in save)  # peft trains these modules in full
+        kept = (name in (RowName.INPUT_IDS, RowName.EMBEDDING_DROPOUT) and embed) or \
+            (name == RowName.HEAD_INPUT and "head" in save)  # peft trains these modules in full
         if (name in _DROPPED_ROWS and not kept) or (config.norm == "rmsnorm" and "x*rstd" in name):
             continue  # frozen embeddings and head; a frozen RMSNorm weight's product keeps nothing
         group = _PROJECTION_INPUTS.get(name)

@@ -58,6 +58,7 @@ from memlab.predict.memory.activations import (
 )
 from memlab.predict.memory.family_terms import loss_call_transients
 from memlab.predict.memory.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
+from memlab.predict.memory.rows import RowName
 from memlab.predict.memory.states import optimizer_state_dtype_bytes
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
@@ -70,8 +71,8 @@ STEPS = ("first", "steady")
 _MODEL_LEVEL = ("token ids", "head & loss")
 _NOT_PER_LAYER = (*_MODEL_LEVEL, "mlp")
 """Categories left out of one block's saved bytes (besides the final norm and the LM head's 16-bit copy)."""
-_HEAD_COPY = "16-bit copy of LM-head weight"
-_TOKEN_IDS = ("input token ids", "target token ids")
+_HEAD_COPY = RowName.HEAD_COPY
+_TOKEN_IDS = (RowName.INPUT_IDS, RowName.TARGET_IDS)
 LOSS_BYTES = 4
 """The fp32 scalar loss, alive from the end of forward into backward."""
 
@@ -245,7 +246,7 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
             recompute_inputs += size
         elif category == "head & loss":
             head += size
-            if name == "LM-head input":
+            if name == RowName.HEAD_INPUT:
                 head_input += size
         if name in _TOKEN_IDS:
             inputs += size

@@ -47,6 +47,7 @@ from memlab.errors import SetupError
 from memlab.predict.memory.activations import row_divisor, shared_widths, term_rows
 from memlab.predict.memory.breakdown import StateParts, model_buffer_bytes, rank_breakdown
 from memlab.predict.memory.phases import layer_terms
+from memlab.predict.memory.rows import RowName
 from memlab.predict.memory.sharding import check_tp, tp_shard_shape
 from memlab.predict.parallel.efficiency import pipeline_bubble_fraction
 from memlab.predict.spec.model import TransformerConfig
@@ -179,7 +180,7 @@ def micro_batch_bytes(config: TransformerConfig, setup: Setup, device_type: str 
     for row in term_rows(one, local, device_type=device_type):
         if row[0] in block_names:
             continue
-        if row[0] in ("input token ids", "position ids"):
+        if row[0] in (RowName.INPUT_IDS, RowName.POSITION_IDS):
             emb += _bytes(row, tp, sp)
         else:
             head += _bytes(row, tp, sp)
