@@ -1,41 +1,46 @@
 """The families by ``model_type``: :data:`FAMILIES`, built from each family module's ``FAMILY`` record, and what is
 looked up in it (the defaults, the key accounts and their checks).
 
-:data:`MODULES` lists the family modules; adding one there is the one registration a new family needs (the
-``families/__init__.py`` guide). Pure: no torch.
+:data:`MODULES` are the family modules, found in this package (each exports ``FAMILY``): writing one is the one
+registration a new family needs (the ``families/__init__.py`` guide). Pure: no torch.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import memlab.predict.families.falcon as falcon
-import memlab.predict.families.gemma as gemma
-import memlab.predict.families.gemma2 as gemma2
-import memlab.predict.families.gemma3 as gemma3
-import memlab.predict.families.gpt2 as gpt2
-import memlab.predict.families.gpt_neox as gpt_neox
-import memlab.predict.families.gptj as gptj
-import memlab.predict.families.llama as llama
-import memlab.predict.families.mistral as mistral
-import memlab.predict.families.mixtral as mixtral
-import memlab.predict.families.olmo2 as olmo2
-import memlab.predict.families.opt as opt
-import memlab.predict.families.phi as phi
-import memlab.predict.families.phi3 as phi3
-import memlab.predict.families.qwen2 as qwen2
-import memlab.predict.families.qwen3 as qwen3
-import memlab.predict.families.qwen_moe as qwen_moe
-import memlab.predict.families.stablelm as stablelm
-import memlab.predict.families.starcoder2 as starcoder2
 from memlab.errors import ConfigError
 from memlab.predict.families.family import Family
 from memlab.predict.families.keys import CONDITIONAL, KeyAccount, flat_keys, same_value
 
-MODULES = (gpt2, opt, gpt_neox, phi, llama, mistral, qwen2, gemma, qwen3, phi3, starcoder2, olmo2, stablelm,
-           gemma2, gemma3, gptj, falcon, mixtral, qwen_moe)
-"""Every family module, each exporting ``FAMILY`` (:class:`~memlab.predict.families.family.Family`)."""
+SHARED = ("family", "common", "keys", "registry", "order", "reader", "resolver")
+"""The package's shared modules (the family modules build on them; none is a family)."""
+
+
+def _family_modules() -> tuple[ModuleType, ...]:
+    """Every other module of this package, each exporting ``FAMILY``, by module name: writing the module is its
+    registration."""
+    found = []
+    package = __name__.rpartition(".")[0]
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+        if info.ispkg or info.name in SHARED:
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        if not isinstance(getattr(module, "FAMILY", None), Family):
+            raise ConfigError(f"{module.__name__} is in memlab.predict.families but exports no FAMILY record: a family "
+                              "module exports one (the package's guide), a shared module is listed in SHARED")
+        found.append(module)
+    return tuple(found)
+
+
+MODULES = _family_modules()
+"""Every family module, each exporting ``FAMILY`` (:class:`~memlab.predict.families.family.Family`), by name:
+found, not listed, so a new family's module is its one registration."""
 
 FAMILIES: dict[str, Family] = {t: m.FAMILY for m in MODULES for t in m.FAMILY.model_types}
 """model_type -> its family's record."""
