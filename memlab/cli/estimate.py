@@ -19,7 +19,7 @@ from memlab.cli.args import (
     setup_from_args,
 )
 from memlab.cli.hf_source import hf_path, model_info, published_twin
-from memlab.errors import ConfigError, MemlabError
+from memlab.errors import ConfigError, MemlabError, SetupError
 from memlab.predict.families.resolver import resolve_with_raw
 from memlab.predict.spec.validate import LIMITS
 from memlab.units import GB, GiB
@@ -43,10 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("answers (with --gpu): what fits, and what to switch on to fit")
     g.add_argument("--hf", type=hf_path, metavar="PATH", help="the model from a Hugging Face config.json, a folder "
                    "holding one, or a model id in the local Hugging Face cache (read offline), instead of --preset or "
-                   "dimensions; a config the formula does not cover is traced (transformers' modelling code on fake "
-                   "tensors) unless --no-trace")
-    g.add_argument("--no-trace", action="store_true", help="with --hf: refuse a config the formula does not cover "
-                   "instead of tracing it")
+                   "dimensions; a config or setup the formula does not cover is traced (transformers' modelling code "
+                   "on fake tensors) unless --no-trace")
+    g.add_argument("--no-trace", action="store_true", help="with --hf: refuse a config or setup the formula does not "
+                   "cover instead of tracing it")
     g.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
                    help="time bound of a trace (default 300 s); it prints its progress to stderr")
     g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose predicted peak fits --gpu")
@@ -74,6 +74,7 @@ def _size(n: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``memlab estimate``: the breakdown per device (per rank where ranks differ), and a verdict with ``--gpu``."""
+    from memlab.predict import coverage
     from memlab.predict.estimate import Overheads, estimate
     from memlab.predict.fit import fits
 
@@ -95,7 +96,13 @@ def run(args: argparse.Namespace) -> int:
                    workspace_bytes=round(args.workspace_mib * MIB),
                    fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
     device = "cuda"  # the device the command line estimates for (the estimate's and its named terms' widths)
-    bd = estimate(model, setup, overheads=ov, device_type=device)
+    try:
+        bd = estimate(model, setup, overheads=ov, device_type=device)
+    except SetupError as exc:
+        if _hf_target(args, model) is None or args.no_trace or answers or ranked is not None \
+                or coverage.refusal(model, setup, device) != str(exc):
+            raise
+        return _traced_setup(args, model, raw, setup, str(exc))
     if guard is not None and not args.no_trace and not answers and ranked is None:
         traced = _traced_beside(args, model, raw, setup, bd, guard)
         if traced is not None:
@@ -351,6 +358,26 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
     result, setup = trace_config(args, args.hf, setup_of(args, 1))  # a bare count: the default seq (1024)
     return print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
                                                                          refused=refused))
+
+
+def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | None, setup: Any, refused: str) -> int:
+    """The trace's answer for a setup the formula does not model (a row of :mod:`memlab.predict.coverage`) on a
+    Hugging Face config: transformers' code on fake tensors, the formula's reason said first. Where the trace cannot
+    take the setup either, the refusal stands, with the trace's reason."""
+    import sys
+
+    from memlab.cli.traced import print_trace, trace_config
+
+    print(f"memlab: the formula does not model this setup: {refused}\nmemlab: tracing transformers' modelling code "
+          f"on fake tensors instead (source of truth: trace; at most {args.timeout:g} s, --timeout; --no-trace "
+          "refuses)", file=sys.stderr)
+    args.top = getattr(args, "top", 8)
+    try:
+        result, _ = trace_config(args, _hf_target(args, model), setup)
+    except MemlabError as exc:
+        raise MemlabError(f"{refused} (the trace cannot take it either: {exc})") from None
+    return print_trace(args, result, setup, None, extra=model_info(model, source="trace", config=raw,
+                                                                   refused=refused))
 
 
 def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:
