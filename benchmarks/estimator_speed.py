@@ -73,7 +73,7 @@ def scalar_rate(config_name: str, seconds: float) -> tuple[int, float]:
     n, spent = 0, 0.0
     while spent < seconds:
         plan.cache_clear()
-        coverage._said.cache_clear()
+        coverage.clear_cache()
         start = time.perf_counter()
         for setup in cases:
             estimate(config, setup)

@@ -33,8 +33,7 @@ def published_presets() -> tuple[str, ...]:
 
 def is_published(model: Any) -> bool:
     """Whether ``model`` is a Hugging Face family's config (from :func:`memlab.predict.families.reader.from_hf`), not
-the
-    reference GPT."""
+    the reference GPT."""
     impl = getattr(model, "impl", None)
     return impl is not None and impl.family != "reference"
 

@@ -652,6 +652,11 @@ def _said(config: TransformerConfig | int, rest: tuple, overheads: Any, device_t
     return tuple(head), tuple(tail)
 
 
+def clear_cache() -> None:
+    """Forget the cached assumption lists (the speed benchmark times them from cold)."""
+    _said.cache_clear()
+
+
 def assumptions(config: TransformerConfig | int, setup: Any, overheads: Any, device_type: str = "cuda"
                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The assumption sentences of :data:`TABLE` for the case, in table order: those before the seq-dependent note

@@ -30,12 +30,14 @@ from memlab.predict.memory.breakdown import (
     RankBreakdown,
     StateParts,
     evaluate,
+    fields_of,
     host_states,
     model_buffer_bytes,
     overheads_arg,
     rank_breakdown,
 )
 from memlab.predict.memory.phases import peak_of
+from memlab.predict.memory.plan import config_fields
 from memlab.predict.memory.sharding import shape_summary
 from memlab.predict.parallel.experts import expert_estimate
 from memlab.predict.parallel.pipeline import parallel_estimate, state_parts
@@ -100,22 +102,21 @@ def _holds(setup: Setup) -> str:
                     if setup.zero_stage and setup.world_size > 1 and setup.mode == "train" else "")
 
 
-def _multi_rank(config: TransformerConfig, setup: Setup, ov: Overheads, states: StateParts, activations: int,
+def _multi_rank(config: TransformerConfig, setup: Setup, ov: Overheads, device_type: str, states: StateParts,
+                activations: int,
                 other: dict[str, int], peak: tuple[int, str], ranks: tuple[RankBreakdown, ...],
                 layout: dict[str, Any], notes: tuple[str, ...]) -> MemoryBreakdown:
     """The result of a layout whose ranks differ: the worst rank's components (``states``: its model states, split),
     no phases (per-rank phases are not modelled: ``peak`` is the worst rank's bytes and its moment), every rank in
     ``ranks``; the layout's own assumptions, then the overheads the estimate leaves out."""
-    _, tail = coverage.assumptions(config, setup, ov, "cuda")
+    _, tail = coverage.assumptions(config, setup, ov, device_type)
     return MemoryBreakdown(
         params_bytes=states.params, grads_bytes=states.grads, optimizer_bytes=states.optimizer,
         activations_bytes=activations, kv_cache_bytes=0, overhead=other,
         total_bytes=states.total + activations + sum(other.values()),
         param_count=shape_summary(config).param_count, mode="train", activation_detail={},
         optimizer_detail=dict(states.optimizer_detail), assumptions=(*notes, *tail),
-        config={**{name: getattr(config, name) for name in config.__dataclass_fields__},
-                "impl": config.impl.to_dict()},
-        setup={name: getattr(setup, name) for name in setup.__dataclass_fields__},
+        config=config_fields(config), setup=fields_of(setup),
         peak_bytes=peak[0], peak_phase=peak[1], peak_step="steady", peak_range=PeakRange(peak[0], peak[0], peak[0], ()),
         ranks=ranks, layout=layout)
 
@@ -132,7 +133,7 @@ def _pipeline(config: TransformerConfig, setup: Setup, ov: Overheads, device_typ
         detail={"params": r.params, "in_flight": list(r.in_flight), "buffers_bytes": r.buffers_bytes,
                 "transient_bytes": r.transient_bytes, "end_bytes": r.end_bytes}) for r in rep.rows)
     w = rep.worst
-    return _multi_rank(config, setup, ov, state_parts(w.params, setup), w.activations_bytes,
+    return _multi_rank(config, setup, ov, device_type, state_parts(w.params, setup), w.activations_bytes,
                        {"pipeline_buffers": w.buffers_bytes, "transient": w.transient_bytes}, (w.peak_bytes,
                        "backward"), ranks, {"kind": "pipeline", "worst_rank": w.rank,
                                            "bubble_fraction": rep.bubble_fraction}, rep.assumptions)
@@ -144,7 +145,6 @@ def _experts(config: TransformerConfig, setup: Setup, ov: Overheads, device_type
     if ov != Overheads():
         raise SetupError("overheads are not modelled per expert-parallel rank: drop them with ep > 1")
     rep = expert_estimate(config, setup, device_type=device_type)
-    held = rep.states_bytes + rep.activations_bytes + rep.buffers_bytes + rep.transient_bytes
     rank = RankBreakdown(
         rank=f"each of {setup.ep} ep ranks" if setup.ep_routing == "balanced" else "the busiest ep rank",
         holds=f"{rep.local_experts} of {config.n_experts} experts a layer", states_bytes=rep.states_bytes,
@@ -153,9 +153,9 @@ def _experts(config: TransformerConfig, setup: Setup, ov: Overheads, device_type
         detail={"local_experts": rep.local_experts, "dense_params": rep.dense_params,
                 "expert_params": rep.expert_params, "sent_pairs": rep.sent_pairs, "received_pairs": rep.received_pairs,
                 "routed_activations_bytes": rep.routed_activations_bytes, "all_to_all_bytes": rep.all_to_all_bytes})
-    return _multi_rank(config, setup, ov, rep.states, rep.activations_bytes,
+    return _multi_rank(config, setup, ov, device_type, rep.states, rep.activations_bytes,
                        {"model_buffers": rep.buffers_bytes, "transient": rep.transient_bytes},
-                       (rep.peak_bytes, "backward" if held >= rep.peak_bytes else "optimizer step"), (rank,),
+                       (rep.peak_bytes, rep.peak_phase), (rank,),
                        {"kind": "experts", "ep": rep.ep, "routing": rep.routing, "sent_bytes": rep.sent_bytes},
                        rep.assumptions)
 

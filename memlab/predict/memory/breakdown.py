@@ -232,8 +232,7 @@ class MemoryBreakdown:
 
     def phase_bytes(self, phase: str, step: str = "steady") -> int:
         """Predicted bytes of one phase of one step: its ``peak_bytes``
-(:func:`~memlab.predict.memory.phases.find_phase`;
-        zero_grad: held after it)."""
+        (:func:`~memlab.predict.memory.phases.find_phase`; zero_grad: held after it)."""
         return find_phase(self.phases, phase, step).peak_bytes
 
     @property
@@ -397,7 +396,7 @@ def overheads_arg(overheads: object) -> Overheads:
     return overheads
 
 
-def _fields(obj: Any) -> dict[str, Any]:
+def fields_of(obj: Any) -> dict[str, Any]:
     """Shallow field dict of a frozen dataclass (faster than dataclasses.asdict)."""
     return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
@@ -449,7 +448,7 @@ def rank_breakdown(config_or_params: TransformerConfig | int, setup: Setup, *, o
         "param_count": p.param_count, "mode": setup.mode,
         "activation_detail": {k: float(v) for k, v in act_detail.items()}, "optimizer_detail": dict(p.opt_detail),
         "assumptions": p.notes,
-        "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": _fields(setup),
+        "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": fields_of(setup),
         "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
         "host_bytes": host,
     })

@@ -120,11 +120,11 @@ def plan(model: TransformerConfig | int, rest: tuple, device_type: str, step_on_
     return Plan(summ=summ, states=states, states_total=sum(states.values()), opt_detail=opt_detail,
                 gather_bytes_per_layer=per_layer, notes=tuple(notes),
                 param_count=shape_summary(model).param_count if summ is not None else model,  # type: ignore[arg-type]
-                step=step, config_fields=None if summ is None else _config_fields(model),  # type: ignore[arg-type]
+                step=step, config_fields=None if summ is None else config_fields(model),  # type: ignore[arg-type]
                 fsdp=fsdp)
 
 
-def _config_fields(config: TransformerConfig) -> dict[str, Any]:
+def config_fields(config: TransformerConfig) -> dict[str, Any]:
     """Shallow field dict of ``config`` (faster than dataclasses.asdict), its ``impl`` as ``impl.to_dict()``."""
     return {**{name: getattr(config, name) for name in config.__dataclass_fields__}, "impl": config.impl.to_dict()}
 

@@ -69,9 +69,9 @@ class ShapeSummary:
     """Token and position embeddings (their gradients appear last in backward)."""
     loop_peak_elements: int = 0
     """max over parameters, in the order the model registers them
-(:func:`memlab.predict.families.order.registration_order`:
-    a Hugging Face family's own), of 2 x this tensor + the previous one: a for-loop Adam step keeps the
-    previous tensor's ``denom`` alive (a loop variable) while making this one's ``sqrt`` and division."""
+    (:func:`memlab.predict.families.order.registration_order`: a Hugging Face family's own), of 2 x this tensor
+    + the previous one: a for-loop Adam step keeps the previous tensor's ``denom`` alive (a loop variable) while
+    making this one's ``sqrt`` and division."""
     adam8bit_bytes: int = 0
     """bitsandbytes 8-bit AdamW's state: per tensor plus the two shared quantisation maps once
     (:func:`memlab.predict.memory.states.adam8bit_bytes`)."""

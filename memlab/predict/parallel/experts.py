@@ -186,6 +186,8 @@ class ExpertReport:
     assumptions: tuple[str, ...] = ()
     states: StateParts = field(default_factory=lambda: StateParts(0, 0, 0))
     """``states_bytes`` split into parameters, gradients and optimizer states."""
+    peak_phase: str = "backward"
+    """The moment of the peak: ``backward`` (states, activations, a layer's transient) or ``optimizer step``."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (a DataFrame row)."""
@@ -282,6 +284,8 @@ def expert_estimate(config: TransformerConfig, setup: Setup, *, device_type: str
                         all_to_all_bytes=math.ceil(a2a), transient_bytes=math.ceil(transient),
                         buffers_bytes=buffers,
                         peak_bytes=math.ceil(max(states + acts + buffers + transient, step_moment)),
+                        peak_phase="backward" if states + acts + buffers + transient >= step_moment
+                        else "optimizer step",
                         sent_bytes=comm, assumptions=notes, states=parts)
 
 
