@@ -30,13 +30,15 @@ def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
 
 
 def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any, Any]:
-    """(trace, setup) of the Hugging Face config at ``target`` under ``setup``, with progress lines on stderr and
+    """(trace, setup) of the Hugging Face config ``target`` names (any spelling of
+    :func:`memlab.predict.families.resolver.locate`) under ``setup``, with progress lines on stderr and
     the ``--timeout`` bound (:mod:`memlab.tracing.progress`)."""
     from memlab.model.hf import hf_config
+    from memlab.predict.families.resolver import locate
     from memlab.tracing.hf import trace_hf
     from memlab.tracing.progress import Progress
 
-    cfg = hf_config(target)
+    cfg = hf_config(locate(target))  # a published name (llama-2-7b) is its shipped config, not a model type
     result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}", progress=Progress(),
                       timeout=args.timeout)
     return result, setup

@@ -282,3 +282,18 @@ def test_a_setup_the_formula_does_not_model_is_traced_and_says_why(capsys: pytes
     assert cli.main([*argv, "--no-trace"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "set recompute='none'" in err[0]
+
+
+def test_the_trace_of_a_published_name_reads_its_shipped_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--hf llama-2-7b`` names memlab's shipped config: when the trace answers, it traces that config, not the
+    Hugging Face model type the name resembles (it once failed with 'unknown Hugging Face model type')."""
+    import argparse
+
+    import memlab.tracing.hf as tracing_hf
+    from memlab.cli.traced import trace_config
+    from memlab.predict.spec.setup import Setup
+
+    seen = {}
+    monkeypatch.setattr(tracing_hf, "trace_hf", lambda cfg, setup, **kw: seen.setdefault("cfg", cfg))
+    trace_config(argparse.Namespace(timeout=1.0), "llama-2-7b", Setup())
+    assert seen["cfg"].model_type == "llama" and seen["cfg"].hidden_size == 4096 and seen["cfg"].num_hidden_layers == 32
