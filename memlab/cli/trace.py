@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _setup(args: argparse.Namespace, model: Any) -> Any:
     """The estimate's Setup: every Setup field is an option (generated in :mod:`memlab.cli.args`)."""
-    return setup_of(args, model)
+    return setup_of(args, model, library_defaults=False)
 
 
 def _target(args: argparse.Namespace) -> tuple[str, Any]:

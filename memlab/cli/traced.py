@@ -63,7 +63,8 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
         return 0
     unit, size = byte_unit(result.peak_bytes)
     print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
-          f"attention {setup.attention}, recompute {setup.recompute} (fake tensors on CPU; GiB = 2**30 bytes)")
+          f"attention {result.setup.get('attention', setup.attention)}, recompute {setup.recompute} (fake tensors on "
+          "CPU; GiB = 2**30 bytes)")
     if extra:
         label = extra.get("model_label", extra["family"])
         print(f"model: {label}; source of truth: trace (the real modelling code on fake tensors)"

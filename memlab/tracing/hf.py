@@ -137,11 +137,14 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+    auto = None
+    if setup.attention == "auto":  # the library's choice: transformers' implementation, torch's kernel
+        setup, auto = hf_library_attention(tf, cfg, setup, device_type)
     impl, backend = _ATTENTION[setup.attention]
     padded = bool(padding_present(setup, setup.batch, setup.seq))
     check_call(setup, device_type)  # a padded batch under CUDA SDPA: which kernel takes its mask is not measured
     parts = setup_parts(setup, device_type=device_type)
-    notes = list(parts.pop("notes"))
+    notes = list(parts.pop("notes")) + ([auto] if auto else [])
     notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
                  + (f" (SDPA backend {backend})" if backend else ""))
     if force_unpacked:
@@ -200,7 +203,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             return one_loss(model, batch)
         from torch.nn.attention import sdpa_kernel
 
-        with sdpa_kernel(sdpa_backend(backend)):  # inside the step's autocast, as the forward runs it
+        kernel = cuda_efficient_on_fake() if backend == "efficient" and fake and device_type == "cuda" \
+            else sdpa_kernel(sdpa_backend(backend))
+        with kernel:  # inside the step's autocast, as the forward runs it
             return one_loss(model, batch)
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
@@ -228,6 +233,57 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     except (ValueError, TypeError, IndexError) as exc:
         _raise_if_the_models_code(exc, cfg.model_type)
         raise
+
+
+@contextlib.contextmanager
+def cuda_efficient_on_fake() -> Iterator[None]:
+    """SDPA as CUDA runs its memory-efficient backend, on fake tensors: torch's CPU dispatch never picks that kernel
+    (it has no CPU version), but its op has a fake (meta) kernel, so the call torch makes on CUDA is made directly:
+    ``aten._scaled_dot_product_efficient_attention(q, k, v, mask, compute_log_sumexp, dropout_p, is_causal, scale)``
+    with the log-sum-exp when an input needs a gradient (aten/src/ATen/native/transformers/attention.cpp
+    ``scaled_dot_product_attention``, case efficient_attention). An explicit mask is refused (CUDA pads and expands
+    it first, ``preprocess_mask``, not imitated here), and so are grouped K/V heads (the op's fake backward returns
+    gradients with the query's heads)."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                  enable_gqa: bool = False) -> torch.Tensor:
+        if attn_mask is not None or key.shape[-3] != query.shape[-3]:
+            raise SetupError("the memory-efficient kernel with an explicit mask or grouped K/V heads is not traced "
+                             "(CUDA pads and expands a mask first; its GQA backward has no faithful fake kernel): "
+                             "use attention='eager' or 'math' for this call (the formula answers 'efficient')")
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, grad, dropout_p, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = efficient
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str) -> tuple[Setup, str]:
+    """``setup`` with ``attention='auto'`` replaced by what the libraries run for ``cfg`` (a transformers config):
+    eager where its model class does not support SDPA (``_supports_sdpa``), else the kernel torch dispatches
+    (:mod:`memlab.predict.spec.kernels`) for its head dim, attention dropout and a padded batch's mask; and why."""
+    from memlab.predict.spec.kernels import capability_of, cpu_sdpa_kernel, cuda_sdpa_kernel
+
+    cls = tf.AutoModelForCausalLM._model_mapping.get(type(cfg), None)
+    if cls is not None and not getattr(cls, "_supports_sdpa", False):
+        return setup.with_(attention="eager"), f"attention eager: transformers builds {cfg.model_type} eager (its " \
+                                               "class does not support SDPA)"
+    heads = int(getattr(cfg, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(cfg, "head_dim", None) or int(getattr(cfg, "hidden_size", heads)) // heads)
+    dropout = float(getattr(cfg, "attention_dropout", None) or getattr(cfg, "attn_pdrop", None) or 0.0)
+    mask = setup.attention_mask == "padded"
+    kernel, why = (cpu_sdpa_kernel(dropout=dropout) if device_type == "cpu" else
+                   cuda_sdpa_kernel(cc=capability_of(None), dtype=setup.policy.compute_dtype, head_dim=head_dim,
+                                    mask=mask, dropout=dropout))
+    return setup.with_(attention=kernel), f"attention {kernel}: transformers' default sdpa -> {why}"
 
 
 def _quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:

@@ -16,7 +16,7 @@ from memlab.predict.spec.validate import LIMITS, StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
-Attention = Literal["eager", "math", "flash", "efficient", "cudnn"]
+Attention = Literal["eager", "math", "flash", "efficient", "cudnn", "auto"]
 ZeroStage = Literal[0, 1, 2, 3]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor"]
 InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
@@ -160,8 +160,10 @@ class Setup(StrictInit):
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
-    attention: Attention = "eager"
-    """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
+    attention: Attention = field(default="eager", metadata={"cli_default": "auto"})
+    """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none; auto is
+    what the libraries run (transformers' default implementation, then the kernel torch dispatches on the device:
+    memlab.predict.spec.kernels), the command line's default."""
     zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})
     """ZeRO stage over the data-parallel ranks: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     world_size: int = field(default=1, metadata=LIMITS["ranks"].meta())
