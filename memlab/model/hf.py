@@ -24,6 +24,7 @@ import torch
 
 from memlab.errors import ConfigError, MemlabError, SetupError, unknown_name
 from memlab.predict.families.reader import read_config_json
+from memlab.predict.spec.setup import LORA_KINDS
 from memlab.predict.spec.validate import check_int
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -209,6 +210,8 @@ def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
     names = LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES)
     out: list[str] = []
     for kind in kinds:
+        if kind == "gate" and set(kinds) == set(LORA_KINDS) and "gate" not in names:
+            continue  # all-linear: the Linears the model has
         key = "qkv" if ("qkv" in names and kind in ("q", "k", "v")) else kind
         if key not in names:
             have = sorted((set(names) - {"qkv"}) | ({"q", "k", "v"} if "qkv" in names else set()))

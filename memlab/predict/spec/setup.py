@@ -58,14 +58,24 @@ LORA_DEFAULT_TARGETS = ("q", "v")
 GPT-2 its default ``c_attn`` is the fused QKV projection, which q or v names here."""
 
 
+PEFT_TARGET_NAMES = {f"{kind}_proj": kind for kind in LORA_KINDS}
+"""peft ``target_modules`` spellings of the kinds as Llama-style families name their Linears (Llama, Mistral, Qwen2/3,
+Gemma, Phi-3 after its split, ...): ``q_proj`` ... ``down_proj``; ``all-linear`` (peft's
+``INCLUDE_LINEAR_LAYERS_SHORTHAND``: every Linear of the blocks, not the output head) names every kind."""
+
+
 def parse_targets(text: str) -> tuple[str, ...]:
-    """``"q,v"`` -> ``("q", "v")``: comma-separated kinds from :data:`LORA_KINDS`, each once; anything else raises
-    :class:`SetupError` in one line."""
-    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in LORA_KINDS]
+    """``"q,v"`` or peft's ``"q_proj,v_proj"`` -> ``("q", "v")``; ``"all-linear"`` -> every kind of
+    :data:`LORA_KINDS`. Comma-separated, each once; anything else raises :class:`SetupError` in one line."""
+    names = [k.strip().lower() for k in text.split(",") if k.strip()]
+    if names == ["all-linear"]:
+        return LORA_KINDS
+    kinds = tuple(PEFT_TARGET_NAMES.get(k, k) for k in names)
+    bad = [n for n, k in zip(names, kinds, strict=True) if k not in LORA_KINDS]
     if bad:
         raise SetupError(f"lora_targets: unknown module kind {bad[0]!r}: use a comma-separated list of "
-                         f"{', '.join(LORA_KINDS)} (e.g. 'q,v' or 'q,k,v,o,gate,up,down')")
+                         f"{', '.join(LORA_KINDS)} or peft's q_proj ... down_proj (e.g. 'q,v', 'q_proj,v_proj'), "
+                         "or all-linear")
     if len(set(kinds)) != len(kinds):
         raise SetupError(f"lora_targets names a module kind twice ({text!r}): name each once")
     return kinds
@@ -247,7 +257,8 @@ class Setup(StrictInit):
                                                        "below 1", "mode": "train"})
     """Dropout on each adapter's input (peft lora_dropout): keeps a noise tensor and the dropped input per module."""
     lora_targets: str = field(default="", metadata={"mode": "train"})
-    """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down ('': peft's default q,v)."""
+    """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down, or as peft's LoraConfig names them
+    (q_proj ... down_proj, all-linear) ('': peft's default q,v)."""
     lora_modules_to_save: str = field(default="", metadata={"mode": "train"})
     """Modules trained in full beside the adapters (peft modules_to_save), comma-separated: head, embed."""
     frozen_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks",
