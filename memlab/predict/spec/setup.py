@@ -38,6 +38,8 @@ PadSide = Literal["right", "left"]
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 ATTENTION: tuple[str, ...] = get_args(Attention)
+KERNELS: tuple[str, ...] = tuple(a for a in ATTENTION if a != "auto")
+"""The attention kernels a step runs (``auto`` resolves to one of them: memlab.predict.spec.kernels)."""
 DEVICE_TYPES = ("cuda", "cpu")
 """The devices a step is predicted for (their widths differ: autocast's op lists, norm kernels, step counters)."""
 DEFAULT_DEVICE_TYPE = "cuda"
