@@ -36,8 +36,9 @@ def _counted(setup: Setup) -> int:
     """FlopCounterMode's total of one forward + backward of the tiny Llama under ``setup`` as memlab's runs build it
     (memlab.model.hf: peft LoRA or frozen blocks, transformers' gradient checkpointing), less the rotary table's
     (inv_freq @ positions: no weight matmul). CPU SDPA (``_scaled_dot_product_flash_attention_for_cpu``) has no
-    formula in torch's registry: its forward is torch's sdpa_flop_count and its backward twice that (dQ, dK, dV and the scores' gradient; torch's
-    sdpa_backward_flop_count adds the flash kernel's own recompute of QK^T, which is the kernel's business)."""
+    formula in torch's registry: its forward is torch's sdpa_flop_count and its backward twice that (dQ, dK, dV and
+    the scores' gradient; torch's sdpa_backward_flop_count adds the flash kernel's own recompute of QK^T, which is
+    the kernel's business)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
