@@ -30,7 +30,7 @@ from typing import Any
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware.gpus import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import RECOMPUTE, Recompute
+from memlab.predict.spec.setup import RECOMPUTE, Recompute, Setup
 from memlab.predict.spec.validate import LIMITS, canonical_choice, check_int, check_number
 
 _pos_int = functools.partial(check_int, err=SetupError)
@@ -409,9 +409,35 @@ class MFUResult:
         return {**asdict(self), "known": self.known}
 
 
+def _finetune_per_token(model: TransformerConfig | float | None, seq: int | None, recompute: str,
+                        finetune: Setup) -> tuple[float, float, str]:
+    """:func:`_per_token` of a fine-tuning step (``finetune.finetune`` lora, qlora or frozen): :func:`step_flops`
+    of one sequence over its tokens, attention counted non-causal as PaLM counts it."""
+    if not isinstance(model, TransformerConfig):
+        raise SetupError(f"finetune={finetune.finetune!r} FLOPs need the model's shapes (which weights train, the "
+                         "adapters' sizes): give a model config (--hf, --model, --preset or dimensions), not a bare "
+                         "parameter count")
+    if seq is None:
+        raise SetupError("seq is required with a model config: the attention term depends on the training sequence "
+                         "length")
+    s = check_int("seq", seq, hi=LIMITS["seq"].max, why=LIMITS["seq"].why, err=SetupError)
+    model.check_seq(s)
+    step = step_flops(model, finetune.with_(batch=1, seq=s, recompute=recompute))
+    what = (f"LoRA r={finetune.lora_r} on {','.join(finetune.lora_target_kinds)}" if finetune.finetune != "frozen"
+            else f"bottom {finetune.frozen_layers} blocks frozen")
+    formula = (f"{finetune.finetune} ({what}): the step's matmuls per token, T = {s} (forward, input-gradient GEMMs "
+               "of the blocks the gradient passes, weight-gradient GEMMs of trainable weights only; model FLOPs "
+               "without recompute, PaLM Appendix B)")
+    return step.model / s, step.hardware / s, formula
+
+
 def _per_token(model: TransformerConfig | float | None, seq: int | None, recompute: str,
-               override: float | None) -> tuple[float, float | None, str]:
+               override: float | None, finetune: Setup | None = None) -> tuple[float, float | None, str]:
     """(model FLOPs/token, hardware FLOPs/token or None, formula description)."""
+    if finetune is not None and finetune.finetune != "full":
+        if override is not None:
+            raise SetupError("model_flops_per_token overrides the count: leave finetune out with it")
+        return _finetune_per_token(model, seq, recompute, finetune)
     if override is not None:
         value = check_number("model_flops_per_token", override, lo=0.0, lo_open=True, hi=6 * LIMITS["params"].max,
                              why="6 x the largest parameter count memlab accepts", err=ConfigError)
@@ -435,7 +461,7 @@ def _per_token(model: TransformerConfig | float | None, seq: int | None, recompu
 def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
         accelerator: Accelerator | DeviceInfo | str | None, num_devices: int = 1, dtype: str = "bf16",
         seq: int | None = None, recompute: Recompute = "none",
-        model_flops_per_token: float | None = None) -> MFUResult:
+        model_flops_per_token: float | None = None, finetune: Setup | None = None) -> MFUResult:
     """MFU (and HFU) of a measured throughput: tokens/s * model FLOPs per token / (num_devices * dense peak).
 
     ``model``: a :class:`TransformerConfig` (FLOPs/token by :func:`flops_per_token`, needs ``seq``) or a bare
@@ -444,6 +470,11 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     table row, a key for :func:`memlab.predict.hardware.gpus.gpu`, a :class:`DeviceInfo` from ``detect()``, or None.
     When the peak for ``dtype`` is unknown, ``mfu`` and ``hfu`` are None and ``reason`` says why: no other device's
     peak is ever borrowed. ``num_devices`` counts devices as PyTorch sees them (an MI250X package is 2).
+    ``finetune``: a :class:`~memlab.predict.spec.setup.Setup` whose fine-tuning fields (``finetune``, ``lora_rank``,
+    ``lora_targets``, ``lora_modules_to_save``, ``frozen_layers``) describe the step; its batch, seq and recompute
+    are replaced by this call's. Under lora, qlora or frozen the FLOPs per token are :func:`step_flops` of the step
+    over its tokens: model FLOPs are the work the step needs (no weight-gradient GEMMs of frozen weights, no
+    recompute: PaLM Appendix B's MFU [chowdhery2022]), hardware FLOPs add the recompute.
     """
     tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=LIMITS["tokens_per_s"].max,
                        why=LIMITS["tokens_per_s"].why, err=SetupError)
@@ -452,7 +483,10 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     if dtype not in PEAK_DTYPES:
         raise unknown_name("dtype", str(dtype), PEAK_DTYPES)
     recompute = _check_recompute(recompute)
-    model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token)
+    if finetune is not None and not isinstance(finetune, Setup):
+        raise SetupError(f"finetune must be a memlab Setup (Setup(finetune='lora', lora_rank=16)) or None, got "
+                         f"{type(finetune).__name__}")
+    model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token, finetune)
 
     label: str | None = None
     if isinstance(accelerator, str):
