@@ -18,7 +18,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.hf_source import hf_path, model_info, published_twin
+from memlab.cli.hf_source import hf_path, model_info, published_twin, with_task
 from memlab.errors import ConfigError, MemlabError, SetupError
 from memlab.predict.families.resolver import resolve_with_raw
 from memlab.predict.spec.validate import LIMITS
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     model, raw, refused = _model(args)
     if refused is not None:
         return _traced(args, raw, refused)
-    setup = setup_of(args, model)
+    setup = with_task(setup_of(args, model), raw)
     answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
                                      ("--levers", args.levers)) if on]
     if answers and args.gpu is None:

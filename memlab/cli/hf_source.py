@@ -101,3 +101,16 @@ def model_info(model: Any, *, source: str, config: dict[str, Any] | None = None,
     if refused is not None:
         out["formula_refused"] = refused
     return out
+
+
+def with_task(setup: Any, raw: dict[str, Any] | None) -> Any:
+    """``setup`` with ``task='auto'`` resolved for a Hugging Face config whose ``architectures`` name a head other
+    than the causal LM's (``BertForSequenceClassification``): the formula then refuses it by name and the trace
+    answers it (:func:`memlab.model.tasks.resolve_task`); any other setup as it is."""
+    if raw is None or setup.task != "auto" or not raw.get("architectures"):
+        return setup
+    from memlab.model.hf import hf_config
+    from memlab.model.tasks import resolve_task
+
+    task = resolve_task(hf_config(raw, task="auto"), "auto")
+    return setup if task == "causal-lm" else setup.with_(task=task)
