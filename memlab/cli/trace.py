@@ -146,7 +146,8 @@ def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
             from memlab.predict import coverage
 
             refused = coverage.refusal(model, setup)
-        return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused)
+        return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused,
+                                                    task=setup.task)
     from memlab.tracing.gpt import trace_gpt
 
     setup = _setup(args, target)

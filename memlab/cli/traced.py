@@ -32,7 +32,8 @@ def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
 def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any, Any]:
     """(trace, setup) of the Hugging Face config ``target`` names (any spelling of
     :func:`memlab.predict.families.resolver.locate`) under ``setup``, with progress lines on stderr and
-    the ``--timeout`` bound (:mod:`memlab.tracing.progress`)."""
+    the ``--timeout`` bound (:mod:`memlab.tracing.progress`); the setup returned has its ``task`` resolved (``auto``
+    is the head the trace built: :func:`memlab.model.tasks.resolve_task`)."""
     from memlab.model.hf import hf_config
     from memlab.model.tasks import resolve_task
     from memlab.predict.families.resolver import locate
@@ -44,7 +45,7 @@ def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any
     head = "" if task == "causal-lm" else f":{task}"
     result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}{head}", progress=Progress(),
                       timeout=args.timeout)
-    return result, setup
+    return result, setup.with_(task=task)
 
 
 def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: Any,

@@ -154,8 +154,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                  + (f" (SDPA backend {backend})" if backend else ""))
     head = _task_head(tf, task, setup, notes)
     if force_unpacked:
-        notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal, "
-                     "native GQA); valid only for batches without packed sequences")
+        notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal in a "
+                     "causal LM, native GQA); valid only for batches without packed sequences")
     vocab = int(cfg.vocab_size)
 
     def model_fn() -> nn.Module:
