@@ -114,10 +114,14 @@ def with_task(setup: Any, raw: dict[str, Any] | None) -> Any:
     """``setup`` with ``task='auto'`` resolved for a Hugging Face config whose ``architectures`` name a head other
     than the causal LM's (``BertForSequenceClassification``): the formula then refuses it by name and the trace
     answers it (:func:`memlab.model.tasks.resolve_task`); any other setup as it is."""
-    if raw is None or setup.task != "auto" or not raw.get("architectures"):
+    if raw is None or setup.task != "auto" or not isinstance(raw.get("architectures"), list):
         return setup
-    from memlab.model.hf import hf_config
+    from types import SimpleNamespace
+
     from memlab.model.tasks import resolve_task
 
-    task = resolve_task(hf_config(raw, task="auto"), "auto")
+    try:  # the type and its architectures are all it reads: no config is built
+        task = resolve_task(SimpleNamespace(model_type=raw.get("model_type"), architectures=raw["architectures"]))
+    except ConfigError:  # a type with no causal LM and no head named: the trace says so, with the tasks it has
+        return setup
     return setup if task == "causal-lm" else setup.with_(task=task)
