@@ -138,7 +138,7 @@ def test_estimate_follows_architectures_to_the_trace(tmp_path: Path, capsys: pyt
     path = tmp_path / "llama.json"
     path.write_text(json.dumps({**LLAMA, "architectures": ["LlamaForSequenceClassification"]}))
     code, out, err = _estimate(capsys, path)
-    assert code == 0 and out["source_of_truth"] == "trace"
+    assert code == 0 and out["source_of_truth"] == "trace" and "the formula does not model this setup" in err
     assert "task='sequence-classification': the formula models a causal LM's head" in out["formula_refused"]
     code, out, _ = _estimate(capsys, path, "--task", "causal-lm")  # the causal LM: the formula's
     assert code == 0 and out["source_of_truth"] == "formula"
