@@ -18,7 +18,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.hf_source import hf_path, model_info, published_twin
+from memlab.cli.hf_source import hf_path, model_info, published_twin, with_task
 from memlab.errors import ConfigError, MemlabError, SetupError
 from memlab.predict.families.resolver import resolve_with_raw
 from memlab.predict.spec.validate import LIMITS
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     model, raw, refused = _model(args)
     if refused is not None:
         return _traced(args, raw, refused)
-    setup = setup_of(args, model)
+    setup = with_task(setup_of(args, model), raw)
     answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
                                      ("--levers", args.levers)) if on]
     if answers and args.gpu is None:
@@ -397,7 +397,7 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
     args.top = getattr(args, "top", 8)
     result, setup = trace_config(args, args.hf, setup_of(args, 1))  # a bare count: the default seq (1024)
     return print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
-                                                                         refused=refused))
+                                                                         refused=refused, task=setup.task))
 
 
 def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | None, setup: Any, refused: str) -> int:
@@ -413,11 +413,11 @@ def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | No
           "refuses)", file=sys.stderr)
     args.top = getattr(args, "top", 8)
     try:
-        result, _ = trace_config(args, _hf_target(args, model), setup)
+        result, setup = trace_config(args, _hf_target(args, model), setup)
     except MemlabError as exc:
         raise MemlabError(f"{refused} (the trace cannot take it either: {exc})") from None
     return print_trace(args, result, setup, None, extra=model_info(model, source="trace", config=raw,
-                                                                   refused=refused))
+                                                                   refused=refused, task=setup.task))
 
 
 def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:

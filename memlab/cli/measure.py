@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         args.hf, args.preset, args.max_seq = str(path), None, None
         return _run_hf(args, preset=model.name)
     setup = setup_from_args(args, model)
+    if setup.task not in ("auto", "causal-lm"):
+        raise MemlabError(f"--task {setup.task}: memlab measure runs the reference GPT, a causal LM; a task head is "
+                          f"traced: memlab trace --hf CONFIG --task {setup.task}")
     m = run_step(model, setup, args.device, steps=args.steps)
     traced = None
     if setup.mode == "train" and m.status == "ok":  # the third column: the same step on fake tensors

@@ -32,16 +32,20 @@ def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
 def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any, Any]:
     """(trace, setup) of the Hugging Face config ``target`` names (any spelling of
     :func:`memlab.predict.families.resolver.locate`) under ``setup``, with progress lines on stderr and
-    the ``--timeout`` bound (:mod:`memlab.tracing.progress`)."""
+    the ``--timeout`` bound (:mod:`memlab.tracing.progress`); the setup returned has its ``task`` resolved (``auto``
+    is the head the trace built: :func:`memlab.model.tasks.resolve_task`)."""
     from memlab.model.hf import hf_config
+    from memlab.model.tasks import resolve_task
     from memlab.predict.families.resolver import locate
     from memlab.tracing.hf import trace_hf
     from memlab.tracing.progress import Progress
 
-    cfg = hf_config(locate(target))  # a published name (llama-2-7b) is its shipped config, not a model type
-    result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}", progress=Progress(),
+    cfg = hf_config(locate(target), task=setup.task)  # a published name is its shipped config, not a model type
+    task = resolve_task(cfg, setup.task)
+    head = "" if task == "causal-lm" else f":{task}"
+    result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}{head}", progress=Progress(),
                       timeout=args.timeout)
-    return result, setup
+    return result, setup.with_(task=task)
 
 
 def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: Any,

@@ -10,6 +10,8 @@
 - ``fit``: will it fit, the largest batch or sequence, the levers; ``paging``: KV-cache reservation policies.
 
 Where does X go? A new model family: ``families/``. A new saved tensor: ``memory/activations``. A parallelism whose
-ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). What memlab does or does not
-model, and what it says about it: a row of ``coverage``.
+ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). The FLOPs of a kind of step
+(full training, LoRA, frozen layers, a recompute policy): ``compute/flops`` (``step_flops``). What memlab does or does
+not model, and what it says about it: a row of ``coverage`` (a task head other than the causal LM's is one: the trace
+answers it).
 """

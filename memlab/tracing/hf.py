@@ -1,10 +1,11 @@
-"""Trace a Hugging Face Transformers causal LM built from its config (never a download): :func:`trace_hf`.
+"""Trace a Hugging Face Transformers model built from its config (never a download): :func:`trace_hf`.
 
-The model is ``transformers.AutoModelForCausalLM.from_config(config)`` built inside the fake mode under a
-``torch.device("cpu")`` context, then traced by :func:`memlab.tracing.tracer.trace_step` under a memlab
-:class:`~memlab.predict.spec.setup.Setup` (precision policy, optimizer and its implementation, attention, recompute).
-The config comes from a ``config.json`` path, a ``PretrainedConfig``, or a family name with dimensions
-(``hf_config("llama", hidden_size=4096, ...)``, ``transformers.AutoConfig.for_model``).
+The model is ``transformers.AutoModelForCausalLM.from_config(config)`` (or the auto class of ``Setup.task``'s head:
+:mod:`memlab.model.tasks`) built inside the fake mode under a ``torch.device("cpu")`` context, then traced by
+:func:`memlab.tracing.tracer.trace_step` under a memlab :class:`~memlab.predict.spec.setup.Setup` (precision
+policy, optimizer and its implementation, attention, recompute). The config comes from a ``config.json`` path, a
+``PretrainedConfig``, or a family name with dimensions (``hf_config("llama", hidden_size=4096, ...)``,
+``transformers.AutoConfig.for_model``).
 
 Found when this was built (transformers 5.x): transformers treats a FakeTensor as "tracing"
 (``transformers.utils.import_utils.is_tracing``, [transformers-masking]) and then builds an explicit attention
@@ -38,6 +39,7 @@ from memlab.model.hf import (
     quiet_logger,
     quiet_transformers,
 )
+from memlab.model.tasks import TASKS, resolve_task, task_labels
 from memlab.predict.memory.family_terms import check_call, padding_present
 from memlab.predict.spec.setup import Setup
 from memlab.predict.spec.validate import check_bool
@@ -104,7 +106,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
              force_unpacked: bool = True, name: str | None = None, progress: Progress | None = None,
              timeout: float | None = None) -> Trace:
     """:func:`memlab.tracing.tracer.trace_step` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under
-    ``setup``.
+    ``setup``; ``setup.task`` picks another head (``auto``: the one the config's ``architectures`` names, else the
+    causal LM; :func:`memlab.model.tasks.resolve_task`), called with its labels and its own loss
+    (:func:`memlab.model.tasks.task_labels`; a chunked or fused loss and LoRA are the causal LM's only).
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
@@ -127,7 +131,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     check_bool("force_unpacked", force_unpacked, err=SetupError)
     if name is not None and not isinstance(name, str):
         raise SetupError(f"name must be a string or None, got {type(name).__name__}")
-    cfg = hf_config(config)
+    cfg = hf_config(config, task=setup.task)
+    task = resolve_task(cfg, setup.task)
     if setup.mode != "train":
         raise SetupError("trace_hf traces a training step: set mode='train' (traced inference runs for the reference "
                          "GPT: trace_gpt)")
@@ -147,15 +152,16 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     notes = list(parts.pop("notes")) + ([auto] if auto else [])
     notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
                  + (f" (SDPA backend {backend})" if backend else ""))
+    head = _task_head(tf, task, setup, notes)
     if force_unpacked:
-        notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal, "
-                     "native GQA); valid only for batches without packed sequences")
+        notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal in a "
+                     "causal LM, native GQA); valid only for batches without packed sequences")
     vocab = int(cfg.vocab_size)
 
     def model_fn() -> nn.Module:
         if progress is not None:
             progress(f"building {cfg.model_type} from its config (fake tensors)")
-        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
+        model = head.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
         if setup.recompute == "full":
             kwargs = {"use_reentrant": False}
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
@@ -184,7 +190,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     def batch_fn() -> dict[str, torch.Tensor]:
         ids = torch.randint(0, vocab, (setup.batch, setup.seq))
         labels, mask = call_inputs(ids, setup.attention_mask, setup.pad_fraction, setup.padding_side)
-        batch = {"input_ids": ids, "labels": labels}
+        batch = {"input_ids": ids, "labels": labels} if task == "causal-lm" else {
+            "input_ids": ids, **task_labels(cfg, task, ids)}
         if mask is not None:
             batch["attention_mask"] = mask
         return batch
@@ -216,7 +223,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     try:
         with ctx, kernels, quiet_transformers(), _quiet_fake_tensor_log(), time_bound(timeout, where, hint):
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
-                              name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
+                              name=name or f"hf:{cfg.model_type}" + ("" if task == "causal-lm" else f":{task}"),
+                              setup=setup.to_dict(), notes=tuple(notes))
     except RuntimeError as exc:
         if "Expected inputs of BF16 type" in str(exc):  # torch/_meta_registrations.py _meta_grouped_mm_common
             raise SetupError(f"{cfg.model_type}: its grouped_mm experts are not bf16 here (an fp32 or fp16 model, or "
@@ -284,6 +292,22 @@ def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str) -> t
                    cuda_sdpa_kernel(cc=capability_of(None), dtype=setup.policy.compute_dtype, head_dim=head_dim,
                                     mask=mask, dropout=dropout))
     return setup.with_(attention=kernel), f"attention {kernel}: transformers' default sdpa -> {why}"
+
+
+def _task_head(tf: Any, task: str, setup: Setup, notes: list[str]) -> Any:
+    """The auto class of ``task`` (:data:`memlab.model.tasks.TASKS`), with a note of its labels and loss; a chunked
+    or fused loss, kept positions or LoRA under another head than the causal LM's raise :class:`SetupError`."""
+    if task == "causal-lm":
+        return tf.AutoModelForCausalLM
+    if setup.loss != "plain" or setup.logits_to_keep or setup.loss_call != "labels":
+        raise SetupError(f"task={task!r} computes transformers' own {task} loss from labels: a chunked or fused loss, "
+                         "logits_to_keep and loss_call='manual' are the causal LM's; leave them at their defaults")
+    if setup.finetune in ("lora", "qlora"):
+        raise SetupError(f"finetune={setup.finetune!r} with task={task!r} is not traced (peft adapts the causal LM's "
+                         "modules here; a head would be a module to save): use finetune='full' or 'frozen'")
+    row = TASKS[task]
+    notes.append(f"task {task}: transformers.{row.auto}; {row.labels}; loss: {row.loss}")
+    return getattr(tf, row.auto)
 
 
 def _quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:

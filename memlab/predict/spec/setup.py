@@ -34,6 +34,8 @@ EpRouting = Literal["balanced", "worst"]
 AttentionMask = Literal["none", "ones", "padded"]
 LossCall = Literal["labels", "manual"]
 PadSide = Literal["right", "left"]
+Task = Literal["auto", "causal-lm", "masked-lm", "sequence-classification", "token-classification",
+               "question-answering"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -132,7 +134,7 @@ SETUP_GROUPS: dict[str, tuple[str, ...]] = {
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
               "fsdp_reshard_root"),
     "fine-tuning": ("finetune", "lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save", "frozen_layers"),
-    "call": ("attention_mask", "pad_fraction", "padding_side", "loss_call"),
+    "call": ("attention_mask", "pad_fraction", "padding_side", "loss_call", "task"),
 }
 """Setup's fields by concern, each field in one group: :meth:`Setup.group` reads one, ``memlab estimate --help``
 lists the options under them. A Setup is built from its fields by keyword (``Setup(batch=8, zero_stage=3)``)."""
@@ -280,6 +282,10 @@ class Setup(StrictInit):
     """How the loss is called: labels (model(input_ids, labels=...): transformers' loss upcasts the logits to fp32
     and shifts the labels) or manual (logits = model(input_ids).logits, then F.cross_entropy(logits.view(-1, V),
     targets.view(-1)) on the user's next-token targets: the log-softmax in the logits' dtype; training only)."""
+    task: Task = field(default="auto", metadata={"mode": "train"})
+    """The head a Hugging Face config is built with (memlab.model.tasks): auto (the head the config's
+    architectures names, else the causal LM), causal-lm, masked-lm, sequence-classification, token-classification or
+    question-answering; the formula models the causal LM, the trace every head."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata
