@@ -86,14 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return _traced(args, raw, refused)
     setup = with_task(setup_of(args, model), raw)
-    answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                                     ("--levers", args.levers)) if on]
-    if answers and args.gpu is None:
-        raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
-    if answers and isinstance(model, int):
-        raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
-    if args.levers and setup.mode != "train":
-        raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    answers = _asked_answers(args, model, setup)
     ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
@@ -139,13 +132,32 @@ def run(args: argparse.Namespace) -> int:
     _print_verdict(verdict)
     _print(args, model, raw, setup, bd, twin, span)
     _print_answers(found, verdict)
+    _print_assumptions(args, bd)
+    return 0
+
+
+def _asked_answers(args: argparse.Namespace, model: Any, setup: Any) -> list[str]:
+    """The answer flags given (``--max-batch``, ``--longest-seq``, ``--levers``), refusing those the call cannot
+    answer: without ``--gpu``, for a bare count, or levers of an inference step."""
+    answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                                     ("--levers", args.levers)) if on]
+    if answers and args.gpu is None:
+        raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
+    if answers and isinstance(model, int):
+        raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
+    if args.levers and setup.mode != "train":
+        raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    return answers
+
+
+def _print_assumptions(args: argparse.Namespace, bd: Any) -> None:
+    """Every assumption with ``--explain``; otherwise how many there are and how to see them."""
     if args.explain:
         print("\nassumptions (all):")
         for line in bd.assumptions:
             print(f"  - {line}")
     else:
         print(f"\n({len(bd.assumptions)} assumptions in all: --explain lists them)")
-    return 0
 
 
 def assumed_lines(args: argparse.Namespace, setup: Any, bd: Any) -> list[str]:

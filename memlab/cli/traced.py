@@ -48,6 +48,20 @@ def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any
     return result, setup.with_(task=task)
 
 
+def _print_json(args: argparse.Namespace, result: Any, predicted: Any, extra: dict[str, Any],
+                verdict: dict[str, Any] | None) -> int:
+    """The trace as JSON, with the formula's phases beside it where it answers, the top modules and the verdict."""
+    out = {**result.to_dict(), **extra}
+    if predicted is not None:
+        out["estimate"] = {"phases": [r.to_dict() for r in predicted.phases], "peak": predicted.peak_bytes,
+                           "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
+                           "total": predicted.total_bytes}
+    out["top_modules"] = result.modules_by_kind(args.top)
+    out["verdict"] = verdict
+    print(json.dumps(out, indent=2, default=str))
+    return 0
+
+
 def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: Any,
                 extra: dict[str, Any] | None = None) -> int:
     """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given; ``extra``
@@ -56,15 +70,7 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase) if args.gpu is not None
                else None)
     if args.json:
-        out = {**result.to_dict(), **extra}
-        if predicted is not None:
-            out["estimate"] = {"phases": [r.to_dict() for r in predicted.phases], "peak": predicted.peak_bytes,
-                               "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
-                               "total": predicted.total_bytes}
-        out["top_modules"] = result.modules_by_kind(args.top)
-        out["verdict"] = verdict
-        print(json.dumps(out, indent=2, default=str))
-        return 0
+        return _print_json(args, result, predicted, extra, verdict)
     unit, size = byte_unit(result.peak_bytes)
     print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
           f"attention {result.setup.get('attention', setup.attention)}, recompute {setup.recompute} (fake tensors on "

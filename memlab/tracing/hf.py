@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.errors import SetupError
+from memlab.errors import MemlabError, SetupError
 from memlab.model.gpt import sdpa_backend
 from memlab.model.hf import (
     apply_finetune,
@@ -142,9 +142,11 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+    head_notes: list[str] = []
+    head = _task_head(tf, task, setup, head_notes)
     auto = None
     if setup.attention == "auto":  # the library's choice: transformers' implementation, torch's kernel
-        setup, auto = hf_library_attention(tf, cfg, setup, device_type)
+        setup, auto = hf_library_attention(tf, cfg, setup, device_type, head)
     impl, backend = _ATTENTION[setup.attention]
     padded = bool(padding_present(setup, setup.batch, setup.seq))
     check_call(setup, device_type)  # a padded batch under CUDA SDPA: which kernel takes its mask is not measured
@@ -152,7 +154,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     notes = list(parts.pop("notes")) + ([auto] if auto else [])
     notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
                  + (f" (SDPA backend {backend})" if backend else ""))
-    head = _task_head(tf, task, setup, notes)
+    notes += head_notes
     if force_unpacked:
         notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal in a "
                      "causal LM, native GQA); valid only for batches without packed sequences")
@@ -238,6 +240,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         raise SetupError(f"SDPA backend {backend!r} cannot run this model on CPU, where traces run (the efficient "
                          "kernel has no CPU version; CPU flash has no dropout in training and no mask): set the "
                          "config's dropout to 0 or use attention='math' or 'eager'") from None
+    except MemlabError:
+        raise  # memlab's own refusal (a kernel it does not imitate, a bad setup), not the model's code
     except (ValueError, TypeError, IndexError) as exc:
         _raise_if_the_models_code(exc, cfg.model_type)
         raise
@@ -274,13 +278,15 @@ def cuda_efficient_on_fake() -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
-def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str) -> tuple[Setup, str]:
+def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str,
+                         auto_class: Any = None) -> tuple[Setup, str]:
     """``setup`` with ``attention='auto'`` replaced by what the libraries run for ``cfg`` (a transformers config):
     eager where its model class does not support SDPA (``_supports_sdpa``), else the kernel torch dispatches
-    (:mod:`memlab.predict.spec.kernels`) for its head dim, attention dropout and a padded batch's mask; and why."""
+    (:mod:`memlab.predict.spec.kernels`) for its head dim, attention dropout and a padded batch's mask; and why.
+    ``auto_class``: the task's auto class (its model class is the one asked; default the causal LM's)."""
     from memlab.predict.spec.kernels import capability_of, cpu_sdpa_kernel, cuda_sdpa_kernel
 
-    cls = tf.AutoModelForCausalLM._model_mapping.get(type(cfg), None)
+    cls = (auto_class or tf.AutoModelForCausalLM)._model_mapping.get(type(cfg), None)  # the head's class
     if cls is not None and not getattr(cls, "_supports_sdpa", False):
         return setup.with_(attention="eager"), f"attention eager: transformers builds {cfg.model_type} eager (its " \
                                                "class does not support SDPA)"
