@@ -136,10 +136,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     if setup.mode != "train":
         raise SetupError("trace_hf traces a training step: set mode='train' (traced inference runs for the reference "
                          "GPT: trace_gpt)")
-    if setup.world_size > 1:
-        raise SetupError(f"trace_hf traces one process, but world_size={setup.world_size} (ZeRO-{setup.zero_stage}): "
-                         "a transformers model is not sharded here, so its trace would sit beside a sharded formula; "
-                         "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
+    if setup.world_size > 1 and setup.finetune == "qlora":
+        raise SetupError("QLoRA under FSDP2 (bitsandbytes' 4-bit weights sharded, quant_storage) is not traced: trace "
+                         "world_size=1, or LoRA over a 16-bit base under FSDP2")
+    mesh: list[Any] = []  # FSDP2's fake device mesh, once the fake process group exists (world_size > 1)
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
     head_notes: list[str] = []
@@ -175,6 +175,12 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             progress.watch_blocks(model)
         if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_finetune)
             model = apply_finetune(model, setup)
+        if mesh:  # FSDP2: every decoder layer a unit, then the root (memlab.model.fsdp.shard_model's blocks plan)
+            from memlab.model.fsdp import shard_model
+
+            shard_model(model, zero_stage=setup.zero_stage, param_dtype=setup.fsdp_param_dtype,
+                        reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh[0], offload=setup.fsdp_offload,
+                        reshard_root=setup.fsdp_reshard_root, pin_memory=False)
         model.train()
         return model
 
@@ -222,11 +228,14 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     where = (lambda: progress.last) if progress is not None else (lambda: "no progress reported")
     hint = (f"{cfg.model_type}'s modelling code may loop over the tokens in Python on CPU (Mamba's recurrent scan "
             "does, once per token per block): trace a shorter seq or fewer layers, or allow more time")
+    sharded, unreliable = _fsdp2(setup, notes, fake)
     try:
-        with ctx, kernels, quiet_transformers(), _quiet_fake_tensor_log(), time_bound(timeout, where, hint):
+        with sharded as group, ctx, kernels, quiet_transformers(), _quiet_fake_tensor_log(), \
+                time_bound(timeout, where, hint):
+            mesh.extend([group] if group is not None else [])
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
                               name=name or f"hf:{cfg.model_type}" + ("" if task == "causal-lm" else f":{task}"),
-                              setup=setup.to_dict(), notes=tuple(notes))
+                              setup=setup.to_dict(), notes=tuple(notes), unreliable=unreliable)
     except RuntimeError as exc:
         if "Expected inputs of BF16 type" in str(exc):  # torch/_meta_registrations.py _meta_grouped_mm_common
             raise SetupError(f"{cfg.model_type}: its grouped_mm experts are not bf16 here (an fp32 or fp16 model, or "
@@ -298,6 +307,21 @@ def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str,
                    cuda_sdpa_kernel(cc=capability_of(None), dtype=setup.policy.compute_dtype, head_dim=head_dim,
                                     mask=mask, dropout=dropout))
     return setup.with_(attention=kernel), f"attention {kernel}: transformers' default sdpa -> {why}"
+
+
+def _fsdp2(setup: Setup, notes: list[str], fake: bool) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """(the fake process group's context, the phases a fake trace cannot count) of ``setup``: FSDP2 over
+    ``world_size`` > 1 ranks (:mod:`memlab.tracing.fake_dist`, as :func:`~memlab.tracing.gpt.trace_gpt` runs the
+    reference GPT), its note added; a null context and none for one process."""
+    if setup.world_size == 1:
+        return contextlib.nullcontext(), ()
+    from memlab.tracing.fake_dist import fake_process_group
+
+    notes.append(f"FSDP2 over a fake {setup.world_size}-rank process group (ZeRO-{setup.zero_stage}: every decoder "
+                 "layer a unit, then the root): rank 0's bytes, gathered layers included, no communication; on fake "
+                 "tensors the first optimizer step also counts DTensor's first sharding propagation: marked "
+                 "unreliable, the steady step is exact")
+    return fake_process_group(setup.world_size), ((("first", "optimizer step"),) if fake else ())
 
 
 def _task_head(tf: Any, task: str, setup: Setup, notes: list[str]) -> Any:
