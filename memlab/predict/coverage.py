@@ -243,10 +243,14 @@ REFUSALS: tuple[Entry, ...] = (
                            f"precision fp32, bf16 or amp-bf16, not {c.setup.precision!r} (a master-weight policy "
                            "would copy the fp32 adapters again)"),
     Entry("adapters on one device", lambda c: c.setup.finetune in _ADAPTED and (
-        c.setup.recompute != "none" or bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1
-        or c.setup.grad_accum_steps > 1),
-          refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device, one micro-batch, without "
-                           "recompute: set recompute='none', zero_stage=0, world_size=1, tp=1, grad_accum_steps=1"),
+        bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1),
+          refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device: set zero_stage=0, "
+                           "world_size=1, tp=1"),
+    Entry("adapters under selective recompute", lambda c: c.setup.finetune in _ADAPTED
+          and c.setup.recompute == "selective",
+          refuse=lambda c: f"finetune={c.setup.finetune!r} with recompute='selective' is not modelled (no library "
+                           "checkpoints the attention core of a peft model): use recompute='full' (transformers' "
+                           "checkpointing) or 'none'"),
     Entry("adapters with loss options", lambda c: c.setup.finetune in _ADAPTED and c.reshaped_end,
           refuse=lambda c: f"finetune={c.setup.finetune!r} with a chunked or fused loss, logits_to_keep or "
                            "offload_activations is not modelled: use the plain loss without offload"),

@@ -21,6 +21,7 @@ runs it (:func:`cpu_grouped_mm_dtypes`).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -164,6 +165,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             progress.watch_blocks(model)
         if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_finetune)
             model = apply_finetune(model, setup)
+        if setup.recompute == "full":
+            release_leaf_inputs(model.get_input_embeddings())
         model.train()
         return model
 
@@ -228,6 +231,36 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     except (ValueError, TypeError, IndexError) as exc:
         _raise_if_the_models_code(exc, cfg.model_type)
         raise
+
+
+def release_leaf_inputs(embedding: nn.Module | None) -> None:
+    """Free a leaf embedding output when its backward ends, as a step without a tracker frees it.
+
+    Under checkpointing transformers makes the input embeddings' output require a gradient
+    (``enable_input_require_grads``, which ``activation_checkpointing_enable`` calls): over a frozen embedding
+    (LoRA, QLoRA, frozen layers) that output is a leaf, and its gradient is accumulated into its ``.grad``. torch's
+    ``ModTracker`` (inside the tracer's ``MemTracker``) hooks every module's inputs with
+    ``register_multi_grad_hook(mode='all')``, whose closure holds the input's autograd node while the hook sits on
+    that node: cycles through C++ that garbage collection cannot break, and they reach the leaf's gradient
+    accumulator, so the trace kept the leaf and its gradient (2 x t x h) for every step, which a real step frees
+    with its graph (measured: :func:`memlab.run.hf.run_hf` frees them; the same step under ``ModTracker`` did not).
+    Here a callback the autograd engine runs when the backward ends drops the leaf's gradient and storage (what
+    the real step frees when the loss goes, later in the same phase); no other byte changes."""
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if not (isinstance(output, torch.Tensor) and output.is_leaf and output.requires_grad):
+            return
+        ref = weakref.ref(output)
+
+        def release() -> None:
+            leaf = ref()
+            if leaf is not None:
+                leaf.grad = None
+                leaf.data = leaf.data.new_empty(0)
+
+        output.register_hook(lambda grad: torch.autograd.Variable._execution_engine.queue_callback(release))
+
+    if embedding is not None:
+        embedding.register_forward_hook(hook)
 
 
 def _quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:
