@@ -208,6 +208,12 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
     kernels = cpu_grouped_mm_dtypes() if device_type == "cpu" else contextlib.nullcontext()
+    if backend and setup.recompute == "full":  # the checkpoint recomputes each block in backward, outside the
+        # forward's context: pinned there too, or SDPA dispatches another kernel and the recomputed tensors differ
+        # (torch.utils.checkpoint.CheckpointError)
+        from torch.nn.attention import sdpa_kernel
+
+        kernels = _both(kernels, sdpa_kernel(sdpa_backend(backend)))
     where = (lambda: progress.last) if progress is not None else (lambda: "no progress reported")
     hint = (f"{cfg.model_type}'s modelling code may loop over the tokens in Python on CPU (Mamba's recurrent scan "
             "does, once per token per block): trace a shorter seq or fewer layers, or allow more time")
@@ -231,6 +237,14 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     except (ValueError, TypeError, IndexError) as exc:
         _raise_if_the_models_code(exc, cfg.model_type)
         raise
+
+
+@contextlib.contextmanager
+def _both(first: contextlib.AbstractContextManager[Any], second: contextlib.AbstractContextManager[Any]
+          ) -> Iterator[None]:
+    """Two contexts entered in order, as one."""
+    with first, second:
+        yield
 
 
 def release_leaf_inputs(embedding: nn.Module | None) -> None:

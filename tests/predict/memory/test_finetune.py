@@ -121,13 +121,63 @@ def test_frozen_bottom_blocks_estimate_equals_a_measured_step(family: str, dtype
     assert m.grads_bytes < m.params_bytes  # the embeddings and the bottom blocks have none
 
 
+@pytest.mark.parametrize(("family", "kind", "dtype", "autocast", "targets", "dropout"), [
+    ("llama", "lora", "bf16", False, "q,v,down", 0.0),
+    ("qwen2", "lora", "fp32", True, "q,k,v,o,gate,up,down", 0.1),
+    ("gpt2", "lora", "fp32", False, "q,o,up", 0.1),
+    ("mistral", "frozen", "bf16", False, "", 0.0),
+])
+def test_adapters_under_checkpointing_estimate_equal_a_measured_peft_step(family: str, kind: str, dtype: str,
+                                                                          autocast: bool, targets: str,
+                                                                          dropout: float) -> None:
+    """Under transformers' checkpointing (non-reentrant, which makes the frozen embeddings' output require a
+    gradient) the saved activations and the states equal a real peft step's, and the trace of the same step holds
+    what the real step holds in every phase of both steps (the leaf embedding output freed with its graph)."""
+    pytest.importorskip("peft")
+    from memlab.model.hf import hf_config
+    from memlab.run.hf import predict_hf, run_hf
+    from memlab.tracing.hf import trace_hf
+
+    fields = {"frozen_layers": 1} if kind == "frozen" else {"lora_rank": 4, "lora_targets": targets,
+                                                             "lora_dropout": dropout}
+    setup = Setup(finetune=kind, recompute="full", **fields)
+    tc, m = run_hf({"model_type": family, **FAMILIES[family]}, attn_implementation="eager", dtype=dtype, batch=2,
+                   seq=16, autocast=autocast, gradient_checkpointing=True, lora=setup, steps=2, phase_peaks=True)
+    assert m.setup(tc).recompute == "full"
+    assert predict_hf(tc, m) == {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
+                                 "optimizer": m.optimizer_bytes}
+    traced = trace_hf(hf_config(family, **FAMILIES[family]), m.setup(tc), device_type="cpu")
+    assert [(r.step, r.phase, r.held_bytes) for r in traced.phases] == \
+        [(r.step, r.phase, r.held_bytes) for r in m.phase_peaks]
+
+
+def test_lora_accumulating_micro_steps_hold_the_fp32_adapter_gradients_as_traced() -> None:
+    """From the second micro-batch on the adapters' fp32 gradients are held: the accumulating forward holds them
+    more than the first micro-batch's, in the estimate as in the trace (under checkpointing here; without it
+    benchmarks/finetune_recompute.py)."""
+    pytest.importorskip("peft")
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
+
+    dims = FAMILIES["llama"]
+    setup = Setup(batch=2, seq=16, finetune="lora", lora_rank=4, lora_targets="q,v,down", precision="bf16",
+                  recompute="full", grad_accum_steps=2)
+    traced = trace_hf(hf_config("llama", **dims), setup, device_type="cpu")
+    bd = estimate(from_hf({"model_type": "llama", **dims}), setup, device_type="cpu")
+    for phases in (traced.phases, bd.phases):
+        held = {(r.step, r.phase): r.held_bytes for r in phases}
+        assert held["first", "forward (accumulating)"] - held["first", "forward"] == bd.grads_bytes
+    assert any("grad_accum_steps=2" in a for a in bd.assumptions)
+
+
 @pytest.mark.parametrize(("fields", "match"), [
     ({"lora_rank": 16}, "finetune='full'"),
     ({"finetune": "qlora"}, "precision='bf16'"),
     ({"finetune": "lora", "precision": "mixed-bf16"}, "master-weight"),
     ({"finetune": "lora", "lora_targets": "q,x"}, "unknown module kind 'x'"),
     ({"finetune": "lora", "lora_targets": "q,q"}, "twice"),
-    ({"finetune": "lora", "recompute": "full"}, "one device"),
+    ({"finetune": "lora", "recompute": "selective"}, "recompute=.full."),
+    ({"finetune": "qlora", "precision": "bf16", "zero_stage": 2, "world_size": 2}, "one device"),
     ({"finetune": "lora", "lora_dropout": 1.0}, "below 1"),
     ({"lora_modules_to_save": "head"}, "finetune='full'"),
     ({"finetune": "lora", "lora_modules_to_save": "norm"}, "not a module kind"),
