@@ -16,6 +16,14 @@ changes, each term checked against peft 0.21 on CPU (``tests/predict/memory/test
   its noise tensor and the dropped input per adapted module (CPU; CUDA keeps a 1-byte mask). The bottom block's
   input needs no gradient, so its first norm keeps nothing and its attention core only what the adapted projections
   need (:func:`finetune_rows`);
+- **under checkpointing** (``recompute='full'``: transformers' per-layer checkpointing, non-reentrant): every block
+  keeps only its input; ``activation_checkpointing_enable`` (transformers 5) and peft's ``PeftModel`` make the
+  frozen embeddings' output require a gradient (``enable_input_require_grads``), so the bottom block saves what the
+  blocks above it save when it is recomputed, and the frozen blocks of ``finetune='frozen'`` keep their inputs too
+  (:func:`checkpointed_input_grad`); autocast caches the 16-bit cast of trainable weights only
+  (:func:`autocast_cache_bytes`). Gradient accumulation holds the trainable (fp32 adapter) gradients between
+  micro-steps, as the phase model holds any gradients. Both exact against a real peft step on CPU and its trace
+  (``tests/predict/memory/test_finetune.py``, ``benchmarks/finetune_recompute.py``);
 - **QLoRA** [dettmers2023] [bitsandbytes]: the base's block matrices in NF4 (4 bits per weight), one absmax per 64
   weights quantised again to 8 bits with one fp32 absmax per 256 of them (double quantisation: 8/64 + 32/(64*256) =
   0.127 bits per parameter, QLoRA Sec. 3), plus per tensor the 16-entry NF4 code, the 256-entry 8-bit code and an fp32
