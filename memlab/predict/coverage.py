@@ -247,6 +247,10 @@ REFUSALS: tuple[Entry, ...] = (
         bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1),
           refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device: set zero_stage=0, "
                            "world_size=1, tp=1"),
+    Entry("peft's k-bit preparation", lambda c: c.setup.kbit_prepare,
+          refuse="kbit_prepare (peft's prepare_model_for_kbit_training: fp32 embeddings, norms and LM head, whose "
+                 "upcasts change every block's saved widths) is not modelled by the formula: trace it (memlab "
+                 "estimate --hf answers from the trace; memlab.tracing.hf.trace_hf), or drop kbit_prepare"),
     Entry("adapters under selective recompute", lambda c: c.setup.finetune in _ADAPTED
           and c.setup.recompute == "selective",
           refuse=lambda c: f"finetune={c.setup.finetune!r} with recompute='selective' is not modelled (no library "
@@ -530,6 +534,11 @@ TABLE: tuple[Entry, ...] = (
     Entry("full recompute's bottom block", lambda c: _train_config(c) and c.setup.recompute == "full",
           says="full recompute: the bottom block's backward is taken as one moment; its own gradients appearing "
                "inside it and the embeddings' produced after it are named with their sizes (memlab.predict.coverage)"),
+    Entry("a base as loaded", lambda c: c.train and c.setup.finetune in _LORA and not c.setup.kbit_prepare,
+          says=lambda c: f"finetune={c.setup.finetune!r}: the base as loaded, adapters by peft's get_peft_model "
+                         "alone; peft's prepare_model_for_kbit_training (fp32 embeddings, norms and head), which "
+                         "TRL's SFTTrainer and the QLoRA recipes call for a 4-bit base, is kbit_prepare=True, "
+                         "answered by the trace"),
     Entry("adapters under checkpointing", lambda c: c.train and c.setup.finetune in _ADAPTED
           and c.setup.recompute == "full",
           says=lambda c: f"finetune={c.setup.finetune!r} under recompute='full' is transformers' per-layer "

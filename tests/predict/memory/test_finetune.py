@@ -170,6 +170,27 @@ def test_lora_accumulating_micro_steps_hold_the_fp32_adapter_gradients_as_traced
     assert any("grad_accum_steps=2" in a for a in bd.assumptions)
 
 
+@pytest.mark.slow
+def test_kbit_prepare_is_traced_with_fp32_embeddings_norms_and_head_and_refused_by_the_formula() -> None:
+    """peft's prepare_model_for_kbit_training (Setup.kbit_prepare) casts the 16-bit parameters that are not 4-bit to
+    fp32: the traced QLoRA base grows by 2 bytes for each (the embeddings, norms, head); the formula refuses it with
+    the way out (the trace), in one line."""
+    pytest.importorskip("bitsandbytes")
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
+
+    dims, tc = FAMILIES["llama"], from_hf({"model_type": "llama", **FAMILIES["llama"]})
+    setup = Setup(batch=1, seq=8, finetune="qlora", precision="bf16", lora_targets="q,v")
+    plain = trace_hf(hf_config("llama", **dims), setup, device_type="cpu").components()
+    prepared = trace_hf(hf_config("llama", **dims), setup.with_(kbit_prepare=True), device_type="cpu").components()
+    _, quantized = qlora_base_bytes(tc)
+    assert prepared["params"] - plain["params"] == 2 * (tc.param_count() - quantized)
+    with pytest.raises(SetupError, match="trace it") as info:
+        estimate(tc, setup.with_(kbit_prepare=True))
+    assert "\n" not in str(info.value)
+    assert any("kbit_prepare=True" in a for a in estimate(tc, setup).assumptions)
+
+
 @pytest.mark.parametrize(("fields", "match"), [
     ({"lora_rank": 16}, "finetune='full'"),
     ({"finetune": "qlora"}, "precision='bf16'"),
@@ -185,6 +206,7 @@ def test_lora_accumulating_micro_steps_hold_the_fp32_adapter_gradients_as_traced
     ({"frozen_layers": 2}, "frozen_layers"),
     ({"finetune": "frozen", "frozen_layers": 1, "lora_rank": 8}, "finetune='frozen'"),
     ({"finetune": "frozen", "frozen_layers": 1, "precision": "mixed-bf16"}, "frozen"),
+    ({"kbit_prepare": True}, "kbit_prepare set with finetune='full'"),
 ])
 def test_bad_fine_tuning_combinations_are_one_setup_error(fields: dict, match: str) -> None:
     """Contradictory fields are refused by Setup, combinations memlab does not model by the estimate
