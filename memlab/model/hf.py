@@ -225,7 +225,7 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     defaults (alpha 8, fp32 adapters over a 16-bit base). The base is frozen by peft; the returned model trains only
     the adapters. ``qlora`` first quantises the base's block Linears to NF4 (:func:`quantize_nf4`);
     ``setup.kbit_prepare`` then passes the base through peft's ``prepare_model_for_kbit_training`` (every 16-bit
-    parameter but the 4-bit weights cast to fp32), as TRL's SFTTrainer does for a 4-bit model."""
+    parameter but the 4-bit weights cast to fp32), as QLoRA scripts do for a 4-bit model."""
     if setup.finetune not in ("lora", "qlora"):
         raise SetupError(f"apply_lora builds finetune='lora' or 'qlora' models, got finetune={setup.finetune!r}")
     try:

@@ -536,9 +536,11 @@ TABLE: tuple[Entry, ...] = (
                "inside it and the embeddings' produced after it are named with their sizes (memlab.predict.coverage)"),
     Entry("a base as loaded", lambda c: c.train and c.setup.finetune in _LORA and not c.setup.kbit_prepare,
           says=lambda c: f"finetune={c.setup.finetune!r}: the base as loaded, adapters by peft's get_peft_model "
-                         "alone; peft's prepare_model_for_kbit_training (fp32 embeddings, norms and head), which "
-                         "TRL's SFTTrainer and the QLoRA recipes call for a 4-bit base, is kbit_prepare=True, "
-                         "answered by the trace"),
+                         "alone, as TRL's SFTTrainer does since its model-preparation clean-up (huggingface/trl "
+                         "2af35fb0d; at f2cd57710 trl/trainer/sft_trainer.py l. 1118-1130 only enables input "
+                         "gradients under checkpointing); peft's prepare_model_for_kbit_training (fp32 embeddings, "
+                         "norms and head), which SFTTrainer called before it and QLoRA scripts still call, is "
+                         "kbit_prepare=True, answered by the trace"),
     Entry("adapters under checkpointing", lambda c: c.train and c.setup.finetune in _ADAPTED
           and c.setup.recompute == "full",
           says=lambda c: f"finetune={c.setup.finetune!r} under recompute='full' is transformers' per-layer "

@@ -255,8 +255,9 @@ class Setup(StrictInit):
     kbit_prepare: bool = field(default=False, metadata={"mode": "train"})
     """With finetune lora or qlora: peft's ``prepare_model_for_kbit_training`` applied to the base before its adapters
     (peft/utils/other.py: every fp16/bf16 parameter that is not a Params4bit, the embeddings, norms and LM head,
-    cast to fp32), as TRL's SFTTrainer and the QLoRA recipes do for a 4-bit model. Off by default: the base as
-    loaded (peft's get_peft_model alone), which the formula models; on, the trace answers."""
+    cast to fp32), as QLoRA scripts and TRL's SFTTrainer before huggingface/trl 2af35fb0d (Dec 2025) do for a 4-bit
+    model. Off by default, as SFTTrainer now runs (the base as loaded, peft's get_peft_model alone), which the
+    formula models; on, the trace answers."""
     # -- calling conventions (issue 17 point 2; memlab.run.hf.call_inputs) ---------------------------------------
     attention_mask: AttentionMask = field(default="none", metadata={"mode": "train"})
     """How the model is called: none (model(input_ids, labels=...) with no attention mask, memlab's runs), ones
