@@ -12,8 +12,8 @@ accept (states and saved activations against a real peft step); a phase that is 
 weight, counted in every phase for CUDA's kernel; a family the LoRA tests do not measure) is counted apart as
 ``inherited`` in the other combinations, and only a new ``off`` fails the run.
 
-Usage: ``python benchmarks/finetune_recompute.py [--draws 12] [--seed 0]`` (about 2 s a draw here). Prints one line
-per combination (verdict counts) and every new ``off`` phase; exits 1 when there is one.
+Usage: ``python benchmarks/finetune_recompute.py [--draws 4] [--seed 0]`` (four traces a draw, 5-15 s a draw on two
+cores). Prints one line per combination (verdict counts) and every new ``off`` phase; exits 1 when there is one.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def judge(config: dict, kw: dict[str, Any]) -> dict[tuple[str, int], dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draws", type=int, default=12)
+    parser.add_argument("--draws", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
