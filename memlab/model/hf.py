@@ -236,7 +236,9 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     """``peft.get_peft_model(model, LoraConfig(...))`` for ``setup`` (``finetune`` lora or qlora): rank
     ``setup.lora_r``, dropout ``setup.lora_dropout`` on the modules ``setup.lora_target_kinds`` names, peft's other
     defaults (alpha 8, fp32 adapters over a 16-bit base). The base is frozen by peft; the returned model trains only
-    the adapters. ``qlora`` first quantises the base's block Linears to NF4 (:func:`quantize_nf4`)."""
+    the adapters. ``qlora`` first quantises the base's block Linears to NF4 (:func:`quantize_nf4`);
+    ``setup.kbit_prepare`` then passes the base through peft's ``prepare_model_for_kbit_training`` (every 16-bit
+    parameter but the 4-bit weights cast to fp32), as QLoRA scripts do for a 4-bit model."""
     if setup.finetune not in ("lora", "qlora"):
         raise SetupError(f"apply_lora builds finetune='lora' or 'qlora' models, got finetune={setup.finetune!r}")
     try:
@@ -248,6 +250,8 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     targets = lora_target_modules(kind, setup.lora_target_kinds)
     if setup.finetune == "qlora":
         model = quantize_nf4(model)
+    if setup.kbit_prepare:  # the fp32 casts only: checkpointing is the setup's recompute, enabled by the caller
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     torch.manual_seed(seed)
     names = {"head": "lm_head", "embed": "wte" if kind == "gpt2" else "embed_tokens"}
     save = [names[k] for k in setup.lora_save_kinds] or None

@@ -38,6 +38,7 @@ from memlab.predict.memory.family_terms import (
     manual_loss,
     padding_present,
 )
+from memlab.predict.memory.finetune import lora_layer_elements
 from memlab.predict.memory.fsdp import FsdpPlan, plan_of
 from memlab.predict.memory.fsdp import unmodelled as fsdp_unmodelled
 from memlab.predict.memory.phases import layer_terms
@@ -252,10 +253,18 @@ REFUSALS: tuple[Entry, ...] = (
                            f"precision fp32, bf16 or amp-bf16, not {c.setup.precision!r} (a master-weight policy "
                            "would copy the fp32 adapters again)"),
     Entry("adapters on one device", lambda c: c.setup.finetune in _ADAPTED and (
-        c.setup.recompute != "none" or bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1
-        or c.setup.grad_accum_steps > 1),
-          refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device, one micro-batch, without "
-                           "recompute: set recompute='none', zero_stage=0, world_size=1, tp=1, grad_accum_steps=1"),
+        bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1),
+          refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device: set zero_stage=0, "
+                           "world_size=1, tp=1"),
+    Entry("peft's k-bit preparation", lambda c: c.setup.kbit_prepare,
+          refuse="kbit_prepare (peft's prepare_model_for_kbit_training: fp32 embeddings, norms and LM head, whose "
+                 "upcasts change every block's saved widths) is not modelled by the formula: trace it (memlab "
+                 "estimate --hf answers from the trace; memlab.tracing.hf.trace_hf), or drop kbit_prepare"),
+    Entry("adapters under selective recompute", lambda c: c.setup.finetune in _ADAPTED
+          and c.setup.recompute == "selective",
+          refuse=lambda c: f"finetune={c.setup.finetune!r} with recompute='selective' is not modelled (no library "
+                           "checkpoints the attention core of a peft model): use recompute='full' (transformers' "
+                           "checkpointing) or 'none'"),
     Entry("adapters with loss options", lambda c: c.setup.finetune in _ADAPTED and c.reshaped_end,
           refuse=lambda c: f"finetune={c.setup.finetune!r} with a chunked or fused loss, logits_to_keep or "
                            "offload_activations is not modelled: use the plain loss without offload"),
@@ -414,8 +423,14 @@ def _bottom_block_terms(c: Case) -> list[NamedTerm]:
               if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))  # type: ignore[union-attr]
     pol = setup.policy
     why = "full recompute" if setup.recompute == "full" else "the bottom block's moment"
-    out = [NamedTerm(f"{why}: the bottom block's own gradients inside its backward",
-                     math.ceil(_blocks0(config) * gb), ("backward",), +1)]  # type: ignore[arg-type]
+    own = _blocks0(config) * gb  # type: ignore[arg-type]
+    if setup.finetune in _LORA:  # only the fp32 adapters get gradients; the frozen embeddings none
+        own = 4 * lora_layer_elements(config, setup)  # type: ignore[arg-type]
+        emb = emb if "embed" in setup.lora_save_kinds else 0  # (modules_to_save's trainable copy: its gradient)
+    elif setup.finetune == "frozen":  # a trained block's gradients; the frozen embeddings none
+        emb = 0
+    out = [NamedTerm(f"{why}: the bottom block's own gradients inside its backward", math.ceil(own), ("backward",),
+                     +1)]
     if emb and setup.zero_grad_to_none and not (pol.master_bytes and pol.grad_bytes == 4):
         out.append(NamedTerm(f"{why}: the embeddings' gradients, produced after the bottom block's backward",
                              math.ceil(emb * gb), ("backward",), -1, exact=True))
@@ -528,6 +543,25 @@ TABLE: tuple[Entry, ...] = (
     Entry("full recompute's bottom block", lambda c: _train_config(c) and c.setup.recompute == "full",
           says="full recompute: the bottom block's backward is taken as one moment; its own gradients appearing "
                "inside it and the embeddings' produced after it are named with their sizes (memlab.predict.coverage)"),
+    Entry("a base as loaded", lambda c: c.train and c.setup.finetune in _LORA and not c.setup.kbit_prepare,
+          says=lambda c: f"finetune={c.setup.finetune!r}: the base as loaded, adapters by peft's get_peft_model "
+                         "alone, as TRL's SFTTrainer does since its model-preparation clean-up (huggingface/trl "
+                         "2af35fb0d; at f2cd57710 trl/trainer/sft_trainer.py l. 1118-1130 only enables input "
+                         "gradients under checkpointing); peft's prepare_model_for_kbit_training (fp32 embeddings, "
+                         "norms and head), which SFTTrainer called before it and QLoRA scripts still call, is "
+                         "kbit_prepare=True, answered by the trace"),
+    Entry("adapters under checkpointing", lambda c: c.train and c.setup.finetune in _ADAPTED
+          and c.setup.recompute == "full",
+          says=lambda c: f"finetune={c.setup.finetune!r} under recompute='full' is transformers' per-layer "
+                         "checkpointing, non-reentrant (activation_checkpointing_enable's default in transformers 5), "
+                         "which makes the frozen embeddings' output require a gradient (enable_input_require_grads): "
+                         "every block keeps its input and, recomputed in backward, saves what the blocks above the "
+                         "bottom one save; frozen weights are cast anew by autocast, not cached"),
+    Entry("adapters accumulating", lambda c: c.train and c.setup.finetune in _ADAPTED
+          and c.setup.grad_accum_steps > 1,
+          says=lambda c: f"finetune={c.setup.finetune!r} with grad_accum_steps={c.setup.grad_accum_steps}: the "
+                         "trainable gradients (fp32 adapters' under LoRA) are held from the second micro-batch on; "
+                         "each micro-batch saves what one step saves"),
     Entry("loss options", lambda c: c.train and c.loss_options, says=_loss_line),
     Entry("the call", lambda c: c.train and (c.setup.attention_mask != "none" or c.hf),
           says=lambda c: call_line(c.setup)),

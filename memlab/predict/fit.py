@@ -173,9 +173,10 @@ def _half_the_blocks(base: Setup, config: TransformerConfig | None) -> int:
     return max(1, config.n_layers // 2)
 
 
-_FULL_ONLY = (("finetune", ("full",)), ("recompute", ("none",)), ("zero_stage", (0,)), ("world_size", (1,)),
-              ("tp", (1,)), ("grad_accum_steps", (1,)))
-"""What memlab's fine-tuning model needs of the base (:meth:`Setup._check_finetune`), for the PEFT levers."""
+_FULL_ONLY = (("finetune", ("full",)), ("recompute", ("none", "full")), ("zero_stage", (0,)), ("world_size", (1,)),
+              ("tp", (1,)))
+"""What memlab's fine-tuning model needs of the base (one device; checkpointing as transformers does it, or none;
+any accumulation: :mod:`memlab.predict.coverage`), for the PEFT levers."""
 
 LEVERS: tuple[Lever, ...] = (
     Lever("selective recompute", (("recompute", "selective"),),

@@ -22,6 +22,7 @@ runs it (:func:`cpu_grouped_mm_dtypes`).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -181,6 +182,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             shard_model(model, zero_stage=setup.zero_stage, param_dtype=setup.fsdp_param_dtype,
                         reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh[0], offload=setup.fsdp_offload,
                         reshard_root=setup.fsdp_reshard_root, pin_memory=False)
+        if setup.recompute == "full":
+            release_leaf_inputs(model.get_input_embeddings())
         model.train()
         return model
 
@@ -225,6 +228,13 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
     kernels = cpu_grouped_mm_dtypes() if device_type == "cpu" else contextlib.nullcontext()
+    if backend and setup.recompute == "full":  # the checkpoint recomputes each block in backward, outside the
+        # forward's context: pinned there too, or SDPA dispatches another kernel and the recomputed tensors differ
+        # (torch.utils.checkpoint.CheckpointError)
+        from torch.nn.attention import sdpa_kernel
+
+        kernels = _both(kernels, cuda_efficient_on_fake() if backend == "efficient" and fake and device_type == "cuda"
+                        else sdpa_kernel(sdpa_backend(backend)))
     where = (lambda: progress.last) if progress is not None else (lambda: "no progress reported")
     hint = (f"{cfg.model_type}'s modelling code may loop over the tokens in Python on CPU (Mamba's recurrent scan "
             "does, once per token per block): trace a shorter seq or fewer layers, or allow more time")
@@ -338,6 +348,41 @@ def _task_head(tf: Any, task: str, setup: Setup, notes: list[str]) -> Any:
     row = TASKS[task]
     notes.append(f"task {task}: transformers.{row.auto}; {row.labels}; loss: {row.loss}")
     return getattr(tf, row.auto)
+def _both(first: contextlib.AbstractContextManager[Any], second: contextlib.AbstractContextManager[Any]
+          ) -> Iterator[None]:
+    """Two contexts entered in order, as one."""
+    with first, second:
+        yield
+
+
+def release_leaf_inputs(embedding: nn.Module | None) -> None:
+    """Free a leaf embedding output when its backward ends, as a step without a tracker frees it.
+
+    Under checkpointing transformers makes the input embeddings' output require a gradient
+    (``enable_input_require_grads``, which ``activation_checkpointing_enable`` calls): over a frozen embedding
+    (LoRA, QLoRA, frozen layers) that output is a leaf, and its gradient is accumulated into its ``.grad``. torch's
+    ``ModTracker`` (inside the tracer's ``MemTracker``) hooks every module's inputs with
+    ``register_multi_grad_hook(mode='all')``, whose closure holds the input's autograd node while the hook sits on
+    that node: cycles through C++ that garbage collection cannot break, and they reach the leaf's gradient
+    accumulator, so the trace kept the leaf and its gradient (2 x t x h) for every step, which a real step frees
+    with its graph (measured: :func:`memlab.run.hf.run_hf` frees them; the same step under ``ModTracker`` did not).
+    Here a callback the autograd engine runs when the backward ends drops the leaf's gradient and storage (what
+    the real step frees when the loss goes, later in the same phase); no other byte changes."""
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if not (isinstance(output, torch.Tensor) and output.is_leaf and output.requires_grad):
+            return
+        ref = weakref.ref(output)
+
+        def release() -> None:
+            leaf = ref()
+            if leaf is not None:
+                leaf.grad = None
+                leaf.data = leaf.data.new_empty(0)
+
+        output.register_hook(lambda grad: torch.autograd.Variable._execution_engine.queue_callback(release))
+
+    if embedding is not None:
+        embedding.register_forward_hook(hook)
 
 
 def _quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:

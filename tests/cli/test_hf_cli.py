@@ -269,19 +269,19 @@ def test_trace_and_measure_json_name_family_traits_call_and_source(tmp_path: Pat
 
 
 def test_a_setup_the_formula_does_not_model_is_traced_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
-    """LoRA under gradient checkpointing is a valid setup the formula refuses (a row of memlab.predict.coverage): on
-    a Hugging Face config memlab estimate answers from the trace of transformers' code, the formula's reason said
+    """Frozen layers under 8-bit AdamW are a valid setup the formula refuses (a row of memlab.predict.coverage): on a
+    Hugging Face config memlab estimate answers from the trace of transformers' code, the formula's reason said
     first; --no-trace keeps the one-line refusal."""
-    argv = ["estimate", "--hf", str(CONFIGS / "tiny" / "llama.json"), "--finetune", "lora", "--recompute", "full",
-            "--seq", "32", "--precision", "bf16"]
+    argv = ["estimate", "--hf", str(CONFIGS / "tiny" / "llama.json"), "--finetune", "frozen", "--frozen-layers", "1",
+            "--optimizer", "adam-8bit", "--seq", "32", "--precision", "bf16"]
     assert cli.main([*argv, "--json"]) == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
-    assert out["source_of_truth"] == "trace" and "set recompute='none'" in out["formula_refused"]
+    assert out["source_of_truth"] == "trace" and "finetune='frozen' is modelled with" in out["formula_refused"]
     assert out["peak_bytes"] > 0 and "the formula does not model this setup" in captured.err
     assert cli.main([*argv, "--no-trace"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "set recompute='none'" in err[0]
+    assert len(err) == 1 and "finetune='frozen' is modelled with" in err[0]
 
 
 def test_the_trace_of_a_published_name_reads_its_shipped_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,7 @@ FIELDS = {
                                                                                                    "padded"),
     "fsdp_param_dtype": ("none", "bf16"), "fsdp_output_dtype": ("none", "bf16"), "fsdp_offload": (False, True),
     "pp": (1, 2), "cp": (1, 2), "ep": (1, 2), "seq": (16, 64), "task": ("auto",) * 6 + ("causal-lm", "masked-lm"),
+    "kbit_prepare": (False, False, True),
 }
 
 
@@ -106,10 +107,10 @@ def test_the_estimate_is_a_view_of_the_table(seed: int) -> None:
 
 
 def test_a_valid_setup_memlab_does_not_model_is_refused_by_the_estimate_not_by_setup() -> None:
-    """LoRA under checkpointing is a valid Setup (a trace or a real run takes it); the formula refuses it with the way
+    """LoRA under ZeRO over two ranks is a valid Setup (a real run takes it); the formula refuses it with the way
     out, in one line."""
-    setup = Setup(finetune="lora", recompute="full", seq=32)
-    with pytest.raises(SetupError, match="set recompute='none'") as info:
+    setup = Setup(finetune="lora", zero_stage=2, world_size=2, seq=32)
+    with pytest.raises(SetupError, match="set zero_stage=0") as info:
         estimate(MODELS["llama"], setup)
     assert "\n" not in str(info.value)
     assert coverage.refusal(MODELS["llama"], setup) == str(info.value)

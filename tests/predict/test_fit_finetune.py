@@ -113,7 +113,7 @@ def test_cli_answers_qlora_max_batch_and_levers_for_a_7b_on_a_4090(capsys: pytes
 @pytest.mark.parametrize(("argv", "says"), [
     (["--finetune", "qlora", "--precision", "fp32"], "precision='bf16'"),
     (["--lora-rank", "16"], "finetune='lora'"),
-    (["--finetune", "lora", "--recompute", "full"], "one device"),
+    (["--finetune", "lora", "--recompute", "selective"], "selective"),
     (["--finetune", "frozen"], "frozen_layers"),
     (["--finetune", "lora", "--optimizer", "adafactor"], "adafactor"),
     (["--finetune", "qlora", "--loss", "chunked"], "chunked"),

@@ -79,6 +79,15 @@ def test_hf_config_from_json_and_recompute(tmp_path: Path) -> None:
     assert acts[0] < acts[1]
 
 
+def test_a_pinned_sdpa_kernel_holds_through_the_recompute_in_backward() -> None:
+    """Under checkpointing the blocks are recomputed in backward, outside the forward's context: the chosen SDPA
+    backend stays pinned there (else SDPA dispatches another kernel on CPU and the checkpoint finds other tensors,
+    torch.utils.checkpoint.CheckpointError); the trace equals the real step."""
+    cfg = hf_config("llama", **LLAMA)
+    setup = Setup(batch=2, seq=32, recompute="full", precision="bf16", attention="math")
+    assert _rows(trace_hf(cfg, setup)) == _rows(trace_hf(cfg, setup, fake=False))
+
+
 def test_hf_bad_input_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no config file"):
         hf_config(tmp_path / "missing.json")

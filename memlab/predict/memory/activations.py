@@ -357,11 +357,11 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
                 ("16-bit copies of block weights", "autocast weight copies", blocks, 2, True)
             )
     if not model_level:
-        return terms if setup.finetune == "full" else finetune_rows(config, setup, w, terms, device_type)
+        return terms if setup.finetune == "full" else finetune_rows(config, setup, w, terms, device_type, recompute)
     terms += _norm_terms(config, t, 1, w, "final norm")
     terms += loss_rows(config, setup, w)
     if setup.finetune != "full":  # a frozen base with adapters (memlab.predict.memory.finetune)
-        return finetune_rows(config, setup, w, terms, device_type)
+        return finetune_rows(config, setup, w, terms, device_type, recompute)
     return terms
 
 

@@ -16,6 +16,14 @@ changes, each term checked against peft 0.21 on CPU (``tests/predict/memory/test
   its noise tensor and the dropped input per adapted module (CPU; CUDA keeps a 1-byte mask). The bottom block's
   input needs no gradient, so its first norm keeps nothing and its attention core only what the adapted projections
   need (:func:`finetune_rows`);
+- **under checkpointing** (``recompute='full'``: transformers' per-layer checkpointing, non-reentrant): every block
+  keeps only its input; ``activation_checkpointing_enable`` (transformers 5) and peft's ``PeftModel`` make the
+  frozen embeddings' output require a gradient (``enable_input_require_grads``), so the bottom block saves what the
+  blocks above it save when it is recomputed, and the frozen blocks of ``finetune='frozen'`` keep their inputs too
+  (:func:`checkpointed_input_grad`); autocast caches the 16-bit cast of trainable weights only
+  (:func:`autocast_cache_bytes`). Gradient accumulation holds the trainable (fp32 adapter) gradients between
+  micro-steps, as the phase model holds any gradients. Both exact against a real peft step on CPU and its trace
+  (``tests/predict/memory/test_finetune.py``, ``benchmarks/finetune_recompute.py``);
 - **QLoRA** [dettmers2023] [bitsandbytes]: the base's block matrices in NF4 (4 bits per weight), one absmax per 64
   weights quantised again to 8 bits with one fp32 absmax per 256 of them (double quantisation: 8/64 + 32/(64*256) =
   0.127 bits per parameter, QLoRA Sec. 3), plus per tensor the 16-entry NF4 code, the 256-entry 8-bit code and an fp32
@@ -207,17 +215,20 @@ def frozen_states(config: TransformerConfig, setup: Any, n_all: int,
 def frozen_rows(config: TransformerConfig, setup: Any, rows: list[tuple]) -> list[tuple]:
     """Full fine-tuning's rows under ``finetune='frozen'``: the frozen blocks keep nothing (neither their inputs nor
     their weights need a gradient), the first trained block's first RMSNorm keeps only ``weight * x_hat``'s
-    ``x_hat`` (its input needs no gradient), the frozen embeddings keep no token ids."""
+    ``x_hat`` (its input needs no gradient), the frozen embeddings keep no token ids. Under transformers'
+    checkpointing (:func:`checkpointed_input_grad`) every block's input needs a gradient: every block keeps its
+    input, and the block recomputed in backward (the largest, a trained one) saves as in full fine-tuning."""
     L, N = config.n_layers, setup.frozen_layers
     frozen_trainable(config, setup)  # checks frozen_layers and the tie
     im = config.impl
     n_norm_rows = L if im.shared_norm else 2 * L
+    grad_in = checkpointed_input_grad(setup)
     out: list[tuple] = []
     for row in rows:
         name, category, count, width, sharded = row[:5]
-        if name in (RowName.INPUT_IDS, RowName.POSITION_IDS, RowName.EMBEDDING_DROPOUT):
+        if name in (RowName.INPUT_IDS, RowName.POSITION_IDS) or (name == RowName.EMBEDDING_DROPOUT and not grad_in):
             continue
-        if name in _MODEL_LEVEL_ROWS or name.startswith("final norm"):
+        if name in _MODEL_LEVEL_ROWS or name.startswith("final norm") or grad_in:
             out.append(row)
             continue
         count = count * (L - N) / L
@@ -279,7 +290,7 @@ def _groups(targets: tuple[str, ...], fused: bool) -> dict[str, tuple[str, ...]]
 
 
 def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], rows: list[tuple],
-                  device_type: str) -> list[tuple]:
+                  device_type: str, recompute: str = "none") -> list[tuple]:
     """The activation rows of full fine-tuning (``rows``, :func:`memlab.predict.memory.activations.term_rows` without
     recompute) turned into those of ``setup.finetune`` (lora or qlora): rows a frozen base does not save dropped,
     the bottom block's share of rows nothing there needs, and one row per adapter tensor (module docstring).
@@ -289,6 +300,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
         return frozen_rows(config, setup, rows)
     targets, p, save = setup.lora_target_kinds, setup.lora_dropout, setup.lora_save_kinds
     embed = "embed" in save  # a trainable embedding: the bottom block's input needs a gradient, as above it
+    grad_in = embed or checkpointed_input_grad(setup)  # ... as it does under transformers' checkpointing
     L, t, f = config.n_layers, setup.batch * setup.seq, config.ffn
     im = config.impl
     groups = _groups(targets, im.fused_qkv)
@@ -298,10 +310,10 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     gq = bool(groups["qkv"]) and (im.fused_qkv or "q" in targets)
     gk = bool(groups["qkv"]) and (im.fused_qkv or "k" in targets)
     gv = bool(groups["qkv"]) and (im.fused_qkv or "v" in targets)
-    attn0 = gq or gk or gv or embed  # the attention's output needs a gradient
+    attn0 = gq or gk or gv or grad_in  # the attention's output needs a gradient
     resid0 = attn0 or bool(groups["o"])  # the residual after attention does
-    norms0 = 0 if embed else (2 - resid0 if not im.shared_norm else 1)  # bottom-block norms that keep nothing
-    if embed:
+    norms0 = 0 if grad_in else (2 - resid0 if not im.shared_norm else 1)  # bottom-block norms that keep nothing
+    if grad_in:
         gq = gk = gv = True  # for what the bottom block's attention core keeps
     n_norm_rows = L if im.shared_norm else 2 * L
     swiglu = config.mlp == "swiglu"
@@ -312,7 +324,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     out: list[tuple] = []
     for row in rows:
         name, category, count, width, sharded = row[:5]
-        kept = (name in (RowName.INPUT_IDS, RowName.EMBEDDING_DROPOUT) and embed) or \
+        kept = (name == RowName.INPUT_IDS and embed) or (name == RowName.EMBEDDING_DROPOUT and grad_in) or \
             (name == RowName.HEAD_INPUT and "head" in save)  # peft trains these modules in full
         if (name in _DROPPED_ROWS and not kept) or (config.norm == "rmsnorm" and "x*rstd" in name):
             continue  # frozen embeddings and head; a frozen RMSNorm weight's product keeps nothing
@@ -353,7 +365,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             # v (their input needs none), nor for o / the MLP where nothing below them needs one.
             h, q_dim, kv = config.d_model, config.q_dim, config.kv_dim
             down_in = resid0 or bool(groups["mlp"])  # the down projection's input needs a gradient
-            bottom = 0 if embed else h * (q_dim + 2 * kv) + (0 if attn0 else q_dim * h) \
+            bottom = 0 if grad_in else h * (q_dim + 2 * kv) + (0 if attn0 else q_dim * h) \
                 + (0 if resid0 else (2 if swiglu else 1) * h * f) + (0 if down_in else h * f)
             out.append((name, category, count - bottom, width, sharded))
             continue
@@ -361,8 +373,32 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             out.append((name, category, count - count / L, width, sharded))
             continue
         out.append(row)
-    out += adapter_rows(config, setup, w, groups, mods, device_type)
+    if recompute != "full":  # under full recompute the adapters' tensors are a recomputed block's, saved then
+        out += adapter_rows(config, setup, w, groups, mods, device_type)
     return out
+
+
+def checkpointed_input_grad(setup: Any) -> bool:
+    """Whether the embeddings' output needs a gradient over a frozen embedding: under ``recompute='full'``, as
+    transformers checkpoints (``activation_checkpointing_enable`` calls ``enable_input_require_grads`` for every
+    model whose main input is ``input_ids``, transformers 5 modeling_utils.py ``_activation_checkpointing_enable``;
+    peft's ``PeftModel`` does the same for a checkpointed model, peft_model.py
+    ``_prepare_model_for_gradient_checkpointing``), so the bottom block saves what the blocks above it save, and
+    the embedding output, a leaf, gets a gradient at the end of backward."""
+    return setup.recompute == "full"
+
+
+def autocast_cache_bytes(config: TransformerConfig, setup: Any, blocks: float, biases: float) -> float:
+    """Autocast's cast cache held until the forward ends, on a frozen base: autocast caches the 16-bit cast of a
+    weight only when it is a leaf that requires a gradient (``cached_cast``, aten/src/ATen/autocast_mode.cpp:
+    ``arg.is_leaf() && arg.requires_grad()``), so frozen weights and biases are cast anew at each use and nothing
+    caches them. ``blocks`` and ``biases``: the full model's cached block-weight and block-bias copies (bytes,
+    :func:`memlab.predict.memory.activations.autocast_block_copy_bytes` under full recompute, else 0, and
+    ``autocast_bias_copy_bytes``). LoRA: the adapters' 16-bit copies under full recompute (without it they are
+    saved, in the activations); frozen: the trained blocks' share."""
+    if setup.finetune == "frozen":
+        return (blocks + biases) * (config.n_layers - setup.frozen_layers) / config.n_layers
+    return 2 * adapter_elements(config, setup.lora_r, setup.lora_target_kinds) if blocks else 0.0
 
 
 def _shares(p: float, autocast: bool, in_width: float) -> bool:
@@ -396,7 +432,7 @@ def adapter_rows(config: TransformerConfig, setup: Any, w: dict[str, float], gro
     L, t, r, p = config.n_layers, setup.batch * setup.seq, setup.lora_r, setup.lora_dropout
     autocast = setup.policy.autocast
     a_width = 2 if autocast else 4
-    embed = "embed" in setup.lora_save_kinds  # a trainable embedding: every input needs a gradient
+    embed = "embed" in setup.lora_save_kinds or checkpointed_input_grad(setup)  # every input needs a gradient
     attn0 = bool(groups["qkv"]) or embed  # in the bottom block, whose input needs no gradient: which inputs need one
     needs0 = {"qkv": embed, "o": attn0, "mlp": attn0 or bool(groups["o"]),
               "down": attn0 or bool(groups["o"]) or bool(groups["mlp"])}

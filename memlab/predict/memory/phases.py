@@ -342,9 +342,20 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
         "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,
-        "cast_cache_bytes": (autocast_block_copy_bytes(config, setup.tp) if setup.recompute == "full" else 0.0)
-        + autocast_bias_copy_bytes(config, setup.tp) if pol.autocast else 0.0,
+        "cast_cache_bytes": _cast_cache(config, setup) if pol.autocast else 0.0,
     }
+
+
+def _cast_cache(config: TransformerConfig, setup: Any) -> float:
+    """:attr:`StepInputs.cast_cache_bytes` under autocast (a frozen base: only what trains is cached,
+    :func:`memlab.predict.memory.finetune.autocast_cache_bytes`)."""
+    blocks = autocast_block_copy_bytes(config, setup.tp) if setup.recompute == "full" else 0.0
+    biases = autocast_bias_copy_bytes(config, setup.tp)
+    if setup.finetune == "full":
+        return blocks + biases
+    from memlab.predict.memory.finetune import autocast_cache_bytes
+
+    return autocast_cache_bytes(config, setup, blocks, biases)
 
 
 def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, setup: Any, *, device_type: str,

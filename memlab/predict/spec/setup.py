@@ -133,7 +133,8 @@ SETUP_GROUPS: dict[str, tuple[str, ...]] = {
                     "ep", "ep_routing"),
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
               "fsdp_reshard_root"),
-    "fine-tuning": ("finetune", "lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save", "frozen_layers"),
+    "fine-tuning": ("finetune", "lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save", "frozen_layers",
+                    "kbit_prepare"),
     "call": ("attention_mask", "pad_fraction", "padding_side", "loss_call", "task"),
 }
 """Setup's fields by concern, each field in one group: :meth:`Setup.group` reads one, ``memlab estimate --help``
@@ -268,6 +269,12 @@ class Setup(StrictInit):
     frozen_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks",
                                                     "mode": "train"})
     """With finetune='frozen': the bottom blocks frozen with the embeddings (requires_grad False)."""
+    kbit_prepare: bool = field(default=False, metadata={"mode": "train"})
+    """With finetune lora or qlora: peft's ``prepare_model_for_kbit_training`` applied to the base before its adapters
+    (peft/utils/other.py: every fp16/bf16 parameter that is not a Params4bit, the embeddings, norms and LM head,
+    cast to fp32), as QLoRA scripts and TRL's SFTTrainer before huggingface/trl 2af35fb0d (Dec 2025) do for a 4-bit
+    model. Off by default, as SFTTrainer now runs (the base as loaded, peft's get_peft_model alone), which the
+    formula models; on, the trace answers."""
     # -- calling conventions (issue 17 point 2; memlab.run.hf.call_inputs) ---------------------------------------
     attention_mask: AttentionMask = field(default="none", metadata={"mode": "train"})
     """How the model is called: none (model(input_ids, labels=...) with no attention mask, memlab's runs), ones
@@ -358,8 +365,8 @@ class Setup(StrictInit):
     def _check_finetune(self) -> None:
         """One SetupError line for fine-tuning fields that contradict each other (what memlab models of them is
         :mod:`memlab.predict.coverage`'s)."""
-        lora_fields = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save")
-                       if getattr(self, n)]
+        lora_fields = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save",
+                                   "kbit_prepare") if getattr(self, n)]
         if self.finetune in ("full", "frozen"):
             if lora_fields:
                 raise SetupError(f"{', '.join(lora_fields)} set with finetune={self.finetune!r}: set finetune='lora' "

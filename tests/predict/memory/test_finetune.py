@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from memlab.compare.agreement import gap_verdict
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.estimate import estimate
 from memlab.predict.families.reader import from_hf
@@ -121,13 +122,90 @@ def test_frozen_bottom_blocks_estimate_equals_a_measured_step(family: str, dtype
     assert m.grads_bytes < m.params_bytes  # the embeddings and the bottom blocks have none
 
 
+@pytest.mark.parametrize(("family", "kind", "dtype", "autocast", "targets", "dropout"), [
+    ("llama", "lora", "bf16", False, "q,v,down", 0.0),
+    ("qwen2", "lora", "fp32", True, "q,k,v,o,gate,up,down", 0.1),
+    ("gpt2", "lora", "fp32", False, "q,o,up", 0.1),
+    ("mistral", "frozen", "bf16", False, "", 0.0),
+])
+def test_adapters_under_checkpointing_estimate_equal_a_measured_peft_step(family: str, kind: str, dtype: str,
+                                                                          autocast: bool, targets: str,
+                                                                          dropout: float) -> None:
+    """Under transformers' checkpointing (non-reentrant, which makes the frozen embeddings' output require a
+    gradient) the saved activations and the states equal a real peft step's, and the trace of the same step holds
+    what the real step holds in every phase of both steps (the leaf embedding output freed with its graph)."""
+    pytest.importorskip("peft")
+    from memlab.model.hf import hf_config
+    from memlab.run.hf import predict_hf, run_hf
+    from memlab.tracing.hf import trace_hf
+
+    fields = {"frozen_layers": 1} if kind == "frozen" else {"lora_rank": 4, "lora_targets": targets,
+                                                             "lora_dropout": dropout}
+    setup = Setup(finetune=kind, recompute="full", **fields)
+    tc, m = run_hf({"model_type": family, **FAMILIES[family]}, attn_implementation="eager", dtype=dtype, batch=2,
+                   seq=16, autocast=autocast, gradient_checkpointing=True, lora=setup, steps=2, phase_peaks=True)
+    assert m.setup(tc).recompute == "full"
+    assert predict_hf(tc, m) == {"activations": m.saved_bytes, "params": m.params_bytes, "grads": m.grads_bytes,
+                                 "optimizer": m.optimizer_bytes}
+    traced = trace_hf(hf_config(family, **FAMILIES[family]), m.setup(tc), device_type="cpu")
+    assert [(r.step, r.phase, r.held_bytes) for r in traced.phases] == \
+        [(r.step, r.phase, r.held_bytes) for r in m.phase_peaks]
+    # forward and backward, where checkpointing changes what is held: within 0.1 % or the terms the estimate names
+    bd = estimate(tc, m.setup(tc), device_type="cpu")
+    for r in m.phase_peaks:
+        if r.phase in ("forward", "backward"):
+            named = [n for n in bd.named_terms if n.applies(r.phase)]
+            assert gap_verdict(bd.phase_bytes(r.phase, r.step), r.held_bytes, named) != "off", (r.step, r.phase)
+
+
+def test_lora_accumulating_micro_steps_hold_the_fp32_adapter_gradients_as_traced() -> None:
+    """From the second micro-batch on the adapters' fp32 gradients are held: the accumulating forward holds them
+    more than the first micro-batch's, in the estimate as in the trace (under checkpointing here; without it
+    benchmarks/finetune_recompute.py)."""
+    pytest.importorskip("peft")
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
+
+    dims = FAMILIES["llama"]
+    setup = Setup(batch=2, seq=16, finetune="lora", lora_rank=4, lora_targets="q,v,down", precision="bf16",
+                  recompute="full", grad_accum_steps=2)
+    traced = trace_hf(hf_config("llama", **dims), setup, device_type="cpu")
+    bd = estimate(from_hf({"model_type": "llama", **dims}), setup, device_type="cpu")
+    for phases in (traced.phases, bd.phases):
+        held = {(r.step, r.phase): r.held_bytes for r in phases}
+        assert held["first", "forward (accumulating)"] - held["first", "forward"] == bd.grads_bytes
+    assert any("grad_accum_steps=2" in a for a in bd.assumptions)
+
+
+@pytest.mark.slow
+def test_kbit_prepare_is_traced_with_fp32_embeddings_norms_and_head_and_refused_by_the_formula() -> None:
+    """peft's prepare_model_for_kbit_training (Setup.kbit_prepare) casts the 16-bit parameters that are not 4-bit to
+    fp32: the traced QLoRA base grows by 2 bytes for each (the embeddings, norms, head); the formula refuses it with
+    the way out (the trace), in one line."""
+    pytest.importorskip("bitsandbytes")
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
+
+    dims, tc = FAMILIES["llama"], from_hf({"model_type": "llama", **FAMILIES["llama"]})
+    setup = Setup(batch=1, seq=8, finetune="qlora", precision="bf16", lora_targets="q,v")
+    plain = trace_hf(hf_config("llama", **dims), setup, device_type="cpu").components()
+    prepared = trace_hf(hf_config("llama", **dims), setup.with_(kbit_prepare=True), device_type="cpu").components()
+    _, quantized = qlora_base_bytes(tc)
+    assert prepared["params"] - plain["params"] == 2 * (tc.param_count() - quantized)
+    with pytest.raises(SetupError, match="trace it") as info:
+        estimate(tc, setup.with_(kbit_prepare=True))
+    assert "\n" not in str(info.value)
+    assert any("kbit_prepare=True" in a for a in estimate(tc, setup).assumptions)
+
+
 @pytest.mark.parametrize(("fields", "match"), [
     ({"lora_rank": 16}, "finetune='full'"),
     ({"finetune": "qlora"}, "precision='bf16'"),
     ({"finetune": "lora", "precision": "mixed-bf16"}, "master-weight"),
     ({"finetune": "lora", "lora_targets": "q,x"}, "unknown module kind 'x'"),
     ({"finetune": "lora", "lora_targets": "q,q"}, "twice"),
-    ({"finetune": "lora", "recompute": "full"}, "one device"),
+    ({"finetune": "lora", "recompute": "selective"}, "recompute=.full."),
+    ({"finetune": "qlora", "precision": "bf16", "zero_stage": 2, "world_size": 2}, "one device"),
     ({"finetune": "lora", "lora_dropout": 1.0}, "below 1"),
     ({"lora_modules_to_save": "head"}, "finetune='full'"),
     ({"finetune": "lora", "lora_modules_to_save": "norm"}, "not a module kind"),
@@ -135,6 +213,7 @@ def test_frozen_bottom_blocks_estimate_equals_a_measured_step(family: str, dtype
     ({"frozen_layers": 2}, "frozen_layers"),
     ({"finetune": "frozen", "frozen_layers": 1, "lora_rank": 8}, "finetune='frozen'"),
     ({"finetune": "frozen", "frozen_layers": 1, "precision": "mixed-bf16"}, "frozen"),
+    ({"kbit_prepare": True}, "kbit_prepare set with finetune='full'"),
 ])
 def test_bad_fine_tuning_combinations_are_one_setup_error(fields: dict, match: str) -> None:
     """Contradictory fields are refused by Setup, combinations memlab does not model by the estimate
