@@ -43,7 +43,7 @@ from memlab.predict.memory.fsdp import unmodelled as fsdp_unmodelled
 from memlab.predict.memory.phases import layer_terms
 from memlab.predict.memory.plan import REST_FIELDS
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import Setup, SetupView, resolve_optimizer_impl
+from memlab.predict.spec.setup import Setup, SetupView, checkpointed_blocks, resolve_optimizer_impl
 
 
 # -- the records --------------------------------------------------------------------------------------------------
@@ -167,6 +167,44 @@ def _mask_unmodelled(c: Case) -> list[str]:
         ("grad_accum_steps > 1", s.grad_accum_steps > 1)))
 
 
+CACHE_VIEW_FAMILIES = ("gpt2", "gpt_neox", "phi3")
+"""Hugging Face families whose layers, once the model has gradient checkpointing on, get no KV cache (GPT2Model
+hands ``cache if not (self.gradient_checkpointing and self.training) else None`` to every block; transformers
+5.x), so under SDPA an un-checkpointed layer keeps views of its fused q/k/v buffer where without recompute it keeps
+the cache's copies: measured with ``recompute_every`` 2 and 3 on the tiny configs (CPU, every family of
+memlab.course.hf_configs; the others save exactly what the formula counts), GPT-2 +16 KiB per such layer, GPT-NeoX
+-16 KiB, Phi-3 -12 KiB against the rows without recompute. Not modelled: refused, with the trace as the way out."""
+
+
+def _every_unmodelled(c: Case) -> list[str]:
+    s = c.setup
+    family = c.config.impl.family if c.is_config else ""  # type: ignore[union-attr]
+    return _listed((
+        ("pp > 1", s.pp > 1), ("cp > 1", s.cp > 1), ("ep > 1", s.ep > 1),
+        (f"finetune={s.finetune!r}", s.finetune != "full"),
+        (f"attention_mask={s.attention_mask!r}", s.attention_mask != "none"),
+        ("a model whose layers differ (impl.dense_layers)", c.is_config and bool(c.config.impl.dense_layers)),  # type: ignore[union-attr]
+        (f"{family}'s fused q/k/v views under SDPA", family in CACHE_VIEW_FAMILIES and s.attention != "eager")))
+
+
+def _every_line(c: Case) -> str:
+    """The assumption of full recompute over every k-th block: which blocks, and where the rule comes from."""
+    k = c.setup.recompute_every
+    which = ""
+    if c.is_config:
+        n = c.config.n_layers  # type: ignore[union-attr]
+        blocks = checkpointed_blocks(n, k)
+        listed = ", ".join(map(str, blocks[:8])) + (", ..." if len(blocks) > 8 else "")
+        which = f": blocks {listed} of {n} (from 0)" if blocks else f": none of the {n} blocks"
+    how = ("transformers' activation_checkpointing_enable, then the other layers' GradientCheckpointingLayer flag "
+           "off (memlab.model.hf.checkpoint_every)" if c.hf else "the reference GPT checkpoints those blocks "
+           "(memlab.model.gpt.GPT, recompute_every)")
+    return (f"recompute='full' with recompute_every={k}, torchtitan's layer policy (activation_checkpoint.mode="
+            f"'selective', selective_ac_option='{k}'): the blocks with (i + 1) % {k} == 0 are checkpointed{which}; "
+            "each keeps its input and runs again in backward, the others keep what they keep without recompute "
+            "[pytorch/torchtitan@9a8cb98 torchtitan/models/llama3/infra/parallelize.py lines 320-326]; " + how)
+
+
 def _raised(check: Callable[[], None]) -> str | None:
     """The message of the SetupError ``check`` raises, or None: a family's own refusals, asked as a table row."""
     try:
@@ -219,6 +257,10 @@ REFUSALS: tuple[Entry, ...] = (
           refuse="a chunked or fused loss, logits_to_keep or offload_activations with grad_accum_steps > 1 is not "
                  "modelled (the estimate misses up to 45 % of the forward there, benchmarks/estimate_vs_trace.py): "
                  "use grad_accum_steps=1 or the plain loss"),
+    Entry("every k-th block with", lambda c: c.setup.recompute_every > 1 and bool(_every_unmodelled(c)),
+          refuse=lambda c: f"recompute_every={c.setup.recompute_every} with {', '.join(_every_unmodelled(c))} is not "
+                           "modelled: use recompute_every=1 (every block) or trace the setup (memlab trace; memlab "
+                           "estimate --hf answers from the trace)"),
     Entry("chunked loss under full recompute", lambda c: c.setup.loss == "chunked" and c.setup.recompute == "full",
           refuse="loss='chunked' with recompute='full' is not modelled (the estimate misses up to 15 % of the "
                  "forward there, benchmarks/estimate_vs_trace.py): use loss='fused' or another recompute"),
@@ -516,6 +558,8 @@ TABLE: tuple[Entry, ...] = (
     Entry("autocast's copies", lambda c: c.train and c.setup.policy.autocast,
           says="autocast's 16-bit weight copies kept for backward are counted in activations; its cast cache's "
                "copies of the linear biases (saved by no op) in the forward"),
+    Entry("every k-th block", lambda c: c.train and c.setup.recompute == "full" and c.setup.recompute_every > 1,
+          says=_every_line),
     Entry("full recompute's bottom block", lambda c: _train_config(c) and c.setup.recompute == "full",
           says="full recompute: the bottom block's backward is taken as one moment; its own gradients appearing "
                "inside it and the embeddings' produced after it are named with their sizes (memlab.predict.coverage)"),
@@ -555,7 +599,7 @@ TABLE: tuple[Entry, ...] = (
                       * (2 if c.setup.policy.autocast else c.setup.policy.param_bytes) / c.setup.tp,
                       ("backward",), +1)),
     Entry("top block", lambda c: _train_config(c) and c.loss_options and not c.setup.offload_activations
-          and c.setup.recompute != "full",
+          and (c.setup.recompute != "full" or c.config.n_layers % c.setup.recompute_every != 0),  # type: ignore[union-attr]
           terms=_term("top block", "the top block's backward moment under a chunked or fused loss or kept positions, "
                       "counted all at once (an upper bound)",
                       lambda c: c.top_block(), ("backward",), -1)),
@@ -567,7 +611,7 @@ TABLE: tuple[Entry, ...] = (
           terms=_term("HF transients", HF_TRANSIENTS,
                       lambda c: c.top_block(), ("forward", "backward"), +1)),
     Entry("offloaded bottom block", lambda c: _train_config(c) and c.setup.offload_activations
-          and c.setup.recompute != "full",
+          and (c.setup.recompute != "full" or c.setup.recompute_every > 1),  # block 0 is checkpointed at k = 1 only
           terms=_term("offloaded bottom block", "activation offload: the bottom block's saved tensors, counted on the "
                       "device at once at its backward (they come back from the host one op at a time: an upper "
                       "bound)", lambda c: c.layer("layer"), ("backward",), -1)),

@@ -32,6 +32,7 @@ from memlab.model.gpt import sdpa_backend
 from memlab.model.hf import (
     apply_finetune,
     call_inputs,
+    checkpoint_every,
     hf_config,
     import_transformers,
     pad_counts,
@@ -107,8 +108,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     ``setup``.
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
-    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
-    has no transformers equivalent; ``finetune='lora'`` wraps the model with peft
+    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant), on every
+    ``recompute_every``-th layer only (:func:`memlab.model.hf.checkpoint_every`); ``selective`` has no transformers
+    equivalent; ``finetune='lora'`` wraps the model with peft
     (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base to NF4 with bitsandbytes, on fake tensors
     through its fake kernels: :func:`memlab.model.hf.fake_params4bit`).
     ``force_unpacked``: see :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are
@@ -159,6 +161,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            if setup.recompute_every > 1:  # torchtitan's layer policy: every k-th layer keeps its flag
+                checkpoint_every(model, setup.recompute_every)
         _check_positions(model, cfg, setup.seq)
         if progress is not None:
             progress.watch_blocks(model)

@@ -13,7 +13,9 @@ generalised honestly and checked tensor by tensor against :class:`memlab.model.g
   16-bit inputs to fp32 (``allow_fp16_bf16_reduction_math_sdp`` is False by default) and repeats K/V for GQA;
   fused kernels (flash, efficient, cudnn) keep q, k, v, their output and a fp32 log-sum-exp per row, no s^2 term;
 - recompute ``none``, ``selective`` (the attention core is recomputed: Korthikanti Section 5) or ``full``
-  (only each block's input is kept);
+  (only each block's input is kept); ``full`` with ``recompute_every=k`` checkpoints every k-th block only
+  (torchtitan's layer policy, :func:`memlab.predict.spec.setup.checkpointed_blocks`): those keep their input, the
+  others what they keep without recompute (:func:`every_k_rows`);
 - tensor parallelism ``tp`` and sequence parallelism ``sp`` as in Korthikanti Table 2 (:func:`row_divisor`: the
   token ids and the loss's scalar stay whole on every rank under sp);
 - the model-level tensors the paper leaves out: token ids and targets, the final norm, the LM-head input and
@@ -61,7 +63,7 @@ from memlab.predict.memory.loss import hf_kept_labels, kept_copy, kept_positions
 from memlab.predict.memory.rows import RowName
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
-from memlab.predict.spec.setup import Setup, SetupView
+from memlab.predict.spec.setup import Setup, SetupView, checkpointed_blocks
 from memlab.predict.spec.traits import REFERENCE, Implementation
 
 CATEGORIES = (
@@ -297,6 +299,8 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     recompute = setup.recompute if recompute is None else recompute
     if setup.mode == "inference":
         return []
+    if recompute == "full" and setup.recompute_every > 1:
+        return every_k_rows(config, setup, device_type=device_type, model_level=model_level)
     b, s = setup.batch, setup.seq
     t = b * s
     L, h, f, V = config.n_layers, config.d_model, config.ffn, config.vocab_size
@@ -363,6 +367,38 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     if setup.finetune != "full":  # a frozen base with adapters (memlab.predict.memory.finetune)
         return finetune_rows(config, setup, w, terms, device_type)
     return terms
+
+
+def split_by_checkpoint(config: TransformerConfig, setup: Setup) -> tuple[TransformerConfig | None,
+                                                                          TransformerConfig | None]:
+    """``(plain, checkpointed)``: ``config`` with as many blocks as ``setup``'s recompute runs without and with a
+    checkpoint (None for none of them): full recompute over every ``recompute_every``-th block
+    (:func:`memlab.predict.spec.setup.checkpointed_blocks`). The blocks must be alike (no ``impl.dense_layers``:
+    :mod:`memlab.predict.coverage` refuses those)."""
+    L = config.n_layers
+    if setup.recompute != "full":
+        return config, None
+    n_ck = len(checkpointed_blocks(L, setup.recompute_every))
+    if n_ck in (0, L):
+        return (config, None) if n_ck == 0 else (None, config)
+    return config.with_(n_layers=L - n_ck), config.with_(n_layers=n_ck)
+
+
+def every_k_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda",
+                 model_level: bool = True) -> list[TermRow]:
+    """:func:`term_rows` under full recompute of every ``setup.recompute_every``-th block: the other blocks' rows as
+    without recompute (with the model-level rows and what a forward keeps once: rotary tables, embedding dropout)
+    and the checkpointed blocks' inputs (with a family's checkpointed mask). A checkpointed block's ops save
+    nothing in forward (non-reentrant ``torch.utils.checkpoint`` keeps its inputs only)."""
+    plain, ck = split_by_checkpoint(config, setup)
+    every_one = SetupView(setup, recompute_every=1)  # each part is a plain or a fully checkpointed model
+    if plain is None:
+        return term_rows(config, every_one, device_type=device_type, recompute="full", model_level=model_level)
+    rows = term_rows(plain, every_one, device_type=device_type, recompute="none", model_level=model_level)
+    if ck is not None:
+        rows += [r for r in term_rows(ck, every_one, device_type=device_type, recompute="full", model_level=False)
+                 if r[1] == "block inputs (recompute)"]
+    return rows
 
 
 def _target_row(setup: Setup, t: Any, b: Any, padded: bool) -> TermRow:

@@ -54,6 +54,7 @@ from memlab.predict.memory.activations import (
     autocast_bias_copy_bytes,
     autocast_block_copy_bytes,
     shared_widths,
+    split_by_checkpoint,
     term_rows,
 )
 from memlab.predict.memory.family_terms import loss_call_transients
@@ -342,8 +343,9 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
         "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,
-        "cast_cache_bytes": (autocast_block_copy_bytes(config, setup.tp) if setup.recompute == "full" else 0.0)
-        + autocast_bias_copy_bytes(config, setup.tp) if pol.autocast else 0.0,
+        # the checkpointed blocks' weight copies (saved by no op; recompute_every: every k-th block's)
+        "cast_cache_bytes": _block_copies(config, setup, 1) + autocast_bias_copy_bytes(config, setup.tp)
+        if pol.autocast else 0.0,
     }
 
 
@@ -365,7 +367,9 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     else:
         logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
         fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
-        top = not setup.offload_activations and setup.recompute != "full"
+        # the top block's moment, unless a checkpoint recomputes it (recompute_every k: when k divides the layers)
+        top = not setup.offload_activations and (setup.recompute != "full"
+                                                 or config.n_layers % setup.recompute_every != 0)
         # targets no op saves are still held by the training loop
         padded = config.impl.loss_labels_padded
         unsaved = (1 - targets_saved(setup, padded)) * setup.batch * setup.seq * 8
@@ -377,8 +381,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         plain = setup.loss == "plain"
         head_copy = (config.vocab_size * config.d_model
                      + config.vocab_size * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp
-        off_fwd = (0 if setup.recompute == "full" else autocast_block_copy_bytes(config, setup.tp)) \
-            + plain * (head_copy - lt["head_input"])
+        off_fwd = _block_copies(config, setup, 0) + plain * (head_copy - lt["head_input"])
     return StepInputs(**{
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
@@ -392,6 +395,13 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"
         and not (const["fsdp"] is not None and setup.fsdp_loss == "outside") else 0,
     })
+
+
+def _block_copies(config: TransformerConfig, setup: Any, checkpointed: int) -> float:
+    """Autocast's 16-bit copies of the blocks' weights (bytes on one tp rank) of the blocks that run with a checkpoint
+    (``checkpointed=1``: their ops save none, the cast cache holds them) or without one (0: saved for backward)."""
+    part = split_by_checkpoint(config, setup)[checkpointed]
+    return autocast_block_copy_bytes(part, setup.tp) if part is not None else 0.0
 
 
 def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logit: float,
