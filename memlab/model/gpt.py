@@ -23,6 +23,8 @@ Large Transformer Models", Sections 4-5):
   inputs are kept. With ``recompute_every=k`` only blocks ``i`` (from 0) with ``(i + 1) % k == 0`` are checkpointed
   and the others keep everything, torchtitan's layer policy (``selective_ac_option="k"``;
   :func:`memlab.predict.spec.setup.checkpointed_blocks` cites its line).
+- ``op``: every block checkpointed under torchtitan's per-op policy (:mod:`memlab.model.policies`): the block's
+  input and the outputs of its odd-numbered ``aten.mm`` calls (and of CUDA's fused attention) are kept.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from memlab.errors import SetupError
 from memlab.model.kv_cache import KVCache, LayerCache
 from memlab.model.loss import LossOptions, lm_loss, logits_loss
+from memlab.model.policies import torchtitan_op_context
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import ATTENTION, RECOMPUTE, checkpointed_blocks
 from memlab.predict.spec.validate import canonical_choice
@@ -284,7 +287,8 @@ class Block(nn.Module):
         self.attn = Attention(config, attention, recompute, device, dtype)
         self.norm2 = None if config.impl.shared_norm else Norm(config, device, dtype)
         self.mlp: nn.Module = MoEMLP(config, device, dtype) if config.is_moe else MLP(config, device, dtype)
-        self.recompute_full = recompute == "full"
+        self.recompute_full = recompute in ("full", "op")
+        self.op_policy = recompute == "op"  # torchtitan's per-op policy inside the checkpoint
         self.parallel = config.impl.parallel_block
 
     def _forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
@@ -296,7 +300,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
-            # Only x is kept; the rotary module is passed through, its fp32 tables are module buffers.
+            # Only x is kept (op: and what the policy saves); the rotary module is passed through, its fp32 tables
+            # are module buffers.
+            if self.op_policy:
+                return checkpoint(self._forward, x, rotary, use_reentrant=False, context_fn=torchtitan_op_context)
             return checkpoint(self._forward, x, rotary, use_reentrant=False)
         return self._forward(x, rotary, kv)
 

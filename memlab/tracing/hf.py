@@ -39,6 +39,7 @@ from memlab.model.hf import (
     quiet_logger,
     quiet_transformers,
 )
+from memlab.model.policies import torchtitan_op_context
 from memlab.predict.memory.family_terms import check_call, padding_present
 from memlab.predict.spec.setup import Setup
 from memlab.predict.spec.validate import check_bool
@@ -109,8 +110,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant), on every
-    ``recompute_every``-th layer only (:func:`memlab.model.hf.checkpoint_every`); ``selective`` has no transformers
-    equivalent; ``finetune='lora'`` wraps the model with peft
+    ``recompute_every``-th layer only (:func:`memlab.model.hf.checkpoint_every`); ``op`` passes torchtitan's per-op
+    policy to each layer's checkpoint (:func:`memlab.model.policies.torchtitan_op_context`); ``selective`` has no
+    transformers equivalent; ``finetune='lora'`` wraps the model with peft
     (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base to NF4 with bitsandbytes, on fake tensors
     through its fake kernels: :func:`memlab.model.hf.fake_params4bit`).
     ``force_unpacked``: see :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are
@@ -138,7 +140,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "a transformers model is not sharded here, so its trace would sit beside a sharded formula; "
                          "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
     if setup.recompute == "selective":
-        raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+        raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none', 'full' or "
+                         "'op'")
     impl, backend = _ATTENTION[setup.attention]
     padded = bool(padding_present(setup, setup.batch, setup.seq))
     check_call(setup, device_type)  # a padded batch under CUDA SDPA: which kernel takes its mask is not measured
@@ -155,8 +158,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         if progress is not None:
             progress(f"building {cfg.model_type} from its config (fake tensors)")
         model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
-        if setup.recompute == "full":
-            kwargs = {"use_reentrant": False}
+        if setup.recompute in ("full", "op"):
+            kwargs: dict[str, Any] = {"use_reentrant": False}
+            if setup.recompute == "op":  # torchtitan's per-op policy inside each layer's checkpoint
+                kwargs["context_fn"] = torchtitan_op_context
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:

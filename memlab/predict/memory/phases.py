@@ -63,7 +63,7 @@ from memlab.predict.memory.rows import RowName
 from memlab.predict.memory.states import optimizer_state_dtype_bytes
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
-from memlab.predict.spec.setup import resolve_optimizer_impl
+from memlab.predict.spec.setup import CHECKPOINTED, resolve_optimizer_impl
 
 PHASES = ("forward", "backward", "optimizer step", "zero_grad")
 """Training phases in step order (``zero_grad`` is the bytes held after it; the others the peak inside)."""
@@ -166,7 +166,7 @@ class StepInputs:
     block_forward_bytes: Any
     """Inside a block's forward under full recompute: its d_ff-wide tensors and one h-wide one."""
     recompute_inputs_bytes: Any
-    """Block inputs kept by full recompute (0 otherwise)."""
+    """What the checkpoints keep at the bottom block's backward (:func:`_held_at_bottom`; 0 without recompute)."""
     head_loss_bytes: Any
     """The log-softmax and loss tensors (absent while the blocks run)."""
     layer_grad_bytes: float
@@ -269,6 +269,18 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     }
 
 
+def _held_at_bottom(config: TransformerConfig, setup: Any, kept: Any) -> Any:
+    """Of ``kept``, the bytes every checkpoint keeps (block inputs; under ``op`` also the policy's outputs), what the
+    bottom block's backward moment counts: all of them under full recompute of every block (as calibrated on the
+    reference GPT's trace, tests/studies/test_setup_draws.py), none under ``recompute_every`` > 1 (block 0 runs
+    without a checkpoint, and the others' have been freed by their backward), block 0's share under ``op`` (the
+    policy's outputs are many per block: the others' are freed by then, measured on fake-tensor traces,
+    tests/predict/memory/test_recompute_policies.py)."""
+    if setup.recompute == "op":
+        return kept / config.n_layers
+    return 0 if setup.recompute_every > 1 else kept
+
+
 def larger(a: Any, b: Any) -> Any:
     """``np.maximum(a, b)``; for two Python scalars (a scalar estimate) without numpy's per-call cost (the value is
     the same; the type stays Python's, where numpy's would be an ``np.float64``/``np.int64``)."""
@@ -342,7 +354,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         if config.tied_embeddings and not adapters else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
-        "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,
+        "full_recompute": setup.recompute in CHECKPOINTED, "offload": setup.offload_activations, "fsdp": extra,
         # the checkpointed blocks' weight copies (saved by no op; recompute_every: every k-th block's)
         "cast_cache_bytes": _block_copies(config, setup, 1) + autocast_bias_copy_bytes(config, setup.tp)
         if pol.autocast else 0.0,
@@ -368,7 +380,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
         fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
         # the top block's moment, unless a checkpoint recomputes it (recompute_every k: when k divides the layers)
-        top = not setup.offload_activations and (setup.recompute != "full"
+        top = not setup.offload_activations and (setup.recompute not in CHECKPOINTED
                                                  or config.n_layers % setup.recompute_every != 0)
         # targets no op saves are still held by the training loop
         padded = config.impl.loss_labels_padded
@@ -386,7 +398,8 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
-        "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
+        "block_forward_bytes": lt["block_forward"],
+        "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved + mask, "top_layer": top,

@@ -15,7 +15,7 @@ from memlab.predict.spec.precision import PRECISION_POLICIES, PrecisionPolicy, f
 from memlab.predict.spec.validate import LIMITS, StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
 Attention = Literal["eager", "math", "flash", "efficient", "cudnn"]
 ZeroStage = Literal[0, 1, 2, 3]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor"]
@@ -37,6 +37,9 @@ PadSide = Literal["right", "left"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+CHECKPOINTED = ("full", "op")
+"""Recompute policies that run every block (``full``: with ``recompute_every`` 1) under ``torch.utils.checkpoint``:
+a block keeps its input (and, under ``op``, what its policy saves) and runs again in backward."""
 ATTENTION: tuple[str, ...] = get_args(Attention)
 DEVICE_TYPES = ("cuda", "cpu")
 """The devices a step is predicted for (their widths differ: autocast's op lists, norm kernels, step counters)."""
@@ -168,8 +171,9 @@ class Setup(StrictInit):
     optimizer: Optimizer = field(default="adamw", metadata={"mode": "train"})
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
-    """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block;
-    with recompute_every k, every k-th block)."""
+    """Activation recomputation: none, selective (the attention core, Korthikanti et al.), full (every block;
+    with recompute_every k, every k-th block) or op (torchtitan's per-op policy: every block checkpointed, the
+    outputs of its 1st, 3rd, ... aten.mm and of CUDA's fused attention kept, the rest recomputed)."""
     recompute_every: int = field(default=1, metadata=LIMITS["layers"].meta(mode="train"))
     """With recompute='full': checkpoint every k-th block only (blocks k-1, 2k-1, ... from 0; the others keep what
     they keep without recompute): torchtitan's layer policy, selective_ac_option='k'. 1: every block (transformers'
