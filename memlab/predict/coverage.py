@@ -293,6 +293,13 @@ REFUSALS: tuple[Entry, ...] = (
           refuse=lambda c: f"recompute_every={c.setup.recompute_every} with {', '.join(_every_unmodelled(c))} is not "
                            "modelled: use recompute_every=1 (every block) or trace the setup (memlab trace; memlab "
                            "estimate --hf answers from the trace)"),
+    Entry("compile's memory budget", lambda c: c.train and c.setup.activation_memory_budget < 1,
+          refuse=lambda c: f"activation_memory_budget={c.setup.activation_memory_budget} is torch.compile's: its "
+                           "partitioner chooses what to save from the compiled graph (a knapsack over recompute "
+                           "cost; torch._functorch.config, torchtitan's memory_budget mode needs compile), and memlab "
+                           "traces eager code: leave it 1 and use a policy memlab models and traces, recompute='op' "
+                           "(torchtitan's per-op policy), 'full' (with recompute_every k: every k-th block) or "
+                           "'selective'"),
     Entry("torchtitan's op policy with", lambda c: c.setup.recompute == "op" and c.train and bool(_op_unmodelled(c)),
           refuse=lambda c: f"recompute='op' with {', '.join(_op_unmodelled(c))} is not modelled: trace the setup "
                            "(memlab trace; memlab estimate --hf answers from the trace) or use recompute='full'"),

@@ -125,8 +125,8 @@ SETUP_GROUPS: dict[str, tuple[str, ...]] = {
     "shape": ("batch", "seq", "mode"),
     "precision": ("precision", "inference_weights", "kv_cache_dtype"),
     "optimizer": ("optimizer", "optimizer_impl", "grad_accum_steps", "zero_grad_to_none"),
-    "memory levers": ("recompute", "recompute_every", "attention", "loss", "loss_chunk", "logits_to_keep",
-                      "offload_activations"),
+    "memory levers": ("recompute", "recompute_every", "activation_memory_budget", "attention", "loss", "loss_chunk",
+                      "logits_to_keep", "offload_activations"),
     "parallelism": ("zero_stage", "world_size", "tp", "sp", "pp", "pp_schedule", "pp_chunks", "micro_batches", "cp",
                     "ep", "ep_routing"),
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
@@ -178,6 +178,11 @@ class Setup(StrictInit):
     """With recompute='full': checkpoint every k-th block only (blocks k-1, 2k-1, ... from 0; the others keep what
     they keep without recompute): torchtitan's layer policy, selective_ac_option='k'. 1: every block (transformers'
     gradient checkpointing, Megatron's full)."""
+    activation_memory_budget: float = field(default=1.0, metadata={"max": 1.0, "why": "a fraction of the activations "
+                                                                   "saved without recompute", "mode": "train"})
+    """torch.compile's activation memory budget (torch._functorch.config.activation_memory_budget; torchtitan's
+    memory_budget mode): 1 is torch's default; below 1 the compiled graph's partitioner picks what to recompute, which
+    memlab cannot trace (refused: use recompute op, full or recompute_every instead)."""
     attention: Attention = "eager"
     """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
     zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})

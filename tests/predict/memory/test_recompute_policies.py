@@ -138,3 +138,15 @@ def test_recomputed_flops_per_policy() -> None:
     op = recomputed_flops(cfg, 2, 64, "op")
     assert 0 < op < recomputed_flops(cfg, 2, 64, "op", attention_kept=False) < full
     assert megatron_iteration_flops(cfg, 2, 64, "op") == megatron_iteration_flops(cfg, 2, 64) + op
+
+
+def test_compiles_memory_budget_is_refused_with_the_traced_policies_named() -> None:
+    """torch._functorch.config.activation_memory_budget acts on a compiled graph: the estimate, the trace and the
+    run refuse it in one line that names recompute op, full and selective."""
+    from memlab.tracing.gpt import trace_gpt
+
+    setup = Setup(seq=32, activation_memory_budget=0.5)
+    with pytest.raises(SetupError, match="recompute='op'"):
+        estimate(preset("tiny-gpt"), setup)
+    with pytest.raises(SetupError, match="recompute='op'"):
+        trace_gpt(preset("tiny-gpt"), setup)
