@@ -10,6 +10,8 @@
 - ``fit``: will it fit, the largest batch or sequence, the levers; ``paging``: KV-cache reservation policies.
 
 Where does X go? A new model family: ``families/``. A new saved tensor: ``memory/activations``. A parallelism whose
-ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). What memlab does or does not
-model, and what it says about it: a row of ``coverage``.
+ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). A recompute policy: a
+``spec/setup`` choice, its kept tensors in ``memory/activations`` (``every_k_rows``, ``op_policy_rows``), its
+re-run FLOPs in ``compute/flops.recomputed_flops``, the torch side in ``memlab.model.policies``. What memlab does or
+does not model, and what it says about it: a row of ``coverage``.
 """

@@ -208,7 +208,9 @@ def _every_line(c: Case) -> str:
     return (f"recompute='full' with recompute_every={k}, torchtitan's layer policy (activation_checkpoint.mode="
             f"'selective', selective_ac_option='{k}'): the blocks with (i + 1) % {k} == 0 are checkpointed{which}; "
             "each keeps its input and runs again in backward, the others keep what they keep without recompute "
-            "[pytorch/torchtitan@9a8cb98 torchtitan/models/llama3/infra/parallelize.py lines 320-326]; " + how)
+            "[pytorch/torchtitan@9a8cb98 torchtitan/models/llama3/infra/parallelize.py lines 320-326]; " + how
+            + f"; the backward of the lowest checkpointed block (block {k - 1}, the {k - 1} below it holding all they "
+            "keep) is taken as one moment, as full recompute's bottom block")
 
 
 def _op_unmodelled(c: Case) -> list[str]:

@@ -193,6 +193,12 @@ class StepInputs:
     unsaved_input_bytes: Any = 0
     """Token ids the loop holds that no op saves (the fused loss's targets; copied kept positions'): in
     ``input_bytes``, not in A."""
+    lowest_checkpoint_bytes: Any = None
+    """Under ``recompute_every`` k > 1, held beyond the gradients at the backward of the lowest checkpointed block
+    (block k - 1): the k - 1 blocks below it with everything they keep, its input, and its recomputed tensors and
+    temporaries as the bottom block's (0 otherwise)."""
+    blocks_below_checkpoint: int = 0
+    """k - 1 under ``recompute_every`` k: the blocks below the lowest checkpointed one."""
     top_layer: bool = False
     """Count the top block's backward moment (A held, its temporaries and gradients): set for the non-plain losses
     and kept positions, where no t x V gradient dominates the start of backward (an upper bound)."""
@@ -233,10 +239,13 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
     per = recompute_inputs = head = inputs = head_input = 0
     own_is_block = setup.recompute == "none"
+    whole = 0  # one block's saved bytes as without recompute, its MLP's included (recompute_every's moment)
     if not own_is_block:
         for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
+            size = row[2] * row[3] / row_divisor(row, tp, sp)
+            whole += size
             if row[1] != "mlp":
-                per += row[2] * row[3] / row_divisor(row, tp, sp)
+                per += size
     for row in own:
         name, category = row[0], row[1]
         size = row[2] * row[3] / row_divisor(row, tp, sp)
@@ -264,6 +273,7 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
         "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
         "block_forward": mlp + t * config.d_model * w["compute"],
         "recompute_inputs": recompute_inputs,
+        "block": whole / config.n_layers,
         "head": head, "head_input": head_input,
         "inputs": inputs,
     }
@@ -279,6 +289,16 @@ def _held_at_bottom(config: TransformerConfig, setup: Any, kept: Any) -> Any:
     if setup.recompute == "op":
         return kept / config.n_layers
     return 0 if setup.recompute_every > 1 else kept
+
+
+def _lowest_checkpoint(config: TransformerConfig, setup: Any, lt: dict[str, Any]) -> Any:
+    """:attr:`StepInputs.lowest_checkpoint_bytes` from :func:`layer_terms`' ``lt``: None unless full recompute of
+    every k-th block (k > 1) checkpoints one at least; the k - 1 blocks below the lowest keep everything
+    (``lt["block"]`` each), it keeps its input and recomputes (one block's ``layer`` and ``temp``)."""
+    k, n = setup.recompute_every, config.n_layers
+    if setup.recompute != "full" or k == 1 or k > n:
+        return None
+    return (k - 1) * lt["block"] + lt["layer"] + lt["temp"] + lt["recompute_inputs"] / (n // k)
 
 
 def larger(a: Any, b: Any) -> Any:
@@ -400,6 +420,8 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"],
         "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
+        "lowest_checkpoint_bytes": _lowest_checkpoint(config, setup, lt),
+        "blocks_below_checkpoint": setup.recompute_every - 1 if setup.recompute == "full" else 0,
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved + mask, "top_layer": top,
@@ -498,6 +520,10 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
                 below = below - (0 if holds else f["root_grads_shard"]) + f["root_grads_full"] + f["bottom"]
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
             back = larger(larger(start, bottom), base + end)
+            if x.lowest_checkpoint_bytes is not None:  # recompute_every: the lowest checkpointed block's moment,
+                # before the k - 1 blocks below it have gradients (unless gradients are held from the start)
+                below_k = below if holds else below - (x.blocks_below_checkpoint * x.layer_grad_bytes)
+                back = larger(back, base + below_k + x.lowest_checkpoint_bytes)
             if x.top_layer:  # the top block's backward with (nearly) all activations held: no logits term hides it
                 back = larger(back, base + g_held + a_start - x.head_input_bytes + x.layer_temporary_bytes
                               + (0 if holds else x.layer_grad_bytes))
