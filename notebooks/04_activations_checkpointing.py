@@ -22,7 +22,8 @@
 # 2. the experiment: saved bytes by category over sequence length and batch, predicted beside measured;
 # 3. none / selective / full / every-k blocks / `checkpoint_sequential(segments)`: bytes kept, peak, extra FLOPs;
 # 4. the 7B guess, checked; 5. where the peak sits as the batch shrinks; 6. the loss at modern
-# vocabularies (plain, chunked, fused; logits_to_keep) and activation offload.
+# vocabularies (plain, chunked, fused; logits_to_keep) and activation offload; 7. checkpointing as frameworks do
+# it (torchtitan's layer and per-op policies, transformers' per-layer checkpointing, torch.compile's budget).
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -51,6 +52,7 @@ from memlab import (
 )
 from memlab.compare import compare
 from memlab.labs import checkpointing
+from memlab.predict.compute import flops as flops_mod
 from memlab.predict.memory.activations import activation_terms
 from memlab.units import GiB, MiB
 
@@ -289,8 +291,8 @@ ch.cpu_note("CPU step times are too noisy on a shared machine to carry the time 
 # `create_selective_checkpoint_contexts` takes a policy that says, op by op, which outputs to save inside a
 # checkpointed block (torchtitan saves the matmuls' outputs and recomputes the cheap element-wise ops)
 # `[pytorch-checkpoint]`; `torch.compile` chooses what to rematerialise itself by a min-cut over the graph, under
-# a budget (`torch._functorch.config.activation_memory_budget`). memlab measures the block- and segment-level
-# policies below.
+# a budget (`torch._functorch.config.activation_memory_budget`). This section measures the block- and
+# segment-level policies; section 7 the frameworks' (torchtitan's per-op and layer policies) as Setup choices.
 #
 # **The √n argument, and why it does not decide here.** With `n` blocks in groups of `k`, backward holds the
 # `n/k` group inputs plus one group's internals while it recomputes it: `(n/k)·x + k·A` bytes for a block input
@@ -560,6 +562,109 @@ print(f"Llama-2-7B, 1 x 4096, mixed-bf16: forward {off7[False].phase_bytes('forw
 pd.DataFrame(off_rows)
 
 # %% [markdown]
+# ## 7. Checkpointing as frameworks do it
+#
+# "Selective" means different things in different codebases. Each policy below is a `Setup` choice, with the formula
+# (`memlab.predict.memory.activations`), the reference GPT (`memlab.model.gpt`) and the trace agreeing phase by phase
+# (`tests/predict/memory/test_recompute_policies.py`, `benchmarks/recompute_policies.py`):
+#
+# - Megatron-LM `--recompute-granularity selective`: everything but the attention core (QK^T, softmax, AV) is
+#   kept; memlab `recompute="selective"`.
+# - Hugging Face `gradient_checkpointing_enable()` (per layer) and Megatron's `full`: each block's input;
+#   `recompute="full"`.
+# - torchtitan `mode="selective"`, `selective_ac_option="k"`: every k-th block's input, the other blocks everything;
+#   `recompute="full", recompute_every=k`.
+# - torchtitan `selective_ac_option="op"`: each block's input and the outputs of its 1st, 3rd, ... `aten.mm` and of
+#   CUDA's fused attention kernel; `recompute="op"`.
+# - torchtitan `mode="memory_budget"`: what `torch.compile`'s partitioner picks under
+#   `activation_memory_budget`; refused (memlab traces eager code), the message names the policies above.
+#
+# torchtitan's layer policy counts blocks from 1 and checkpoints those whose count divides by k, so with k = 2 the
+# 2nd, 4th, ... blocks (indices 1, 3, ...) run twice `[torchtitan-ac]`. Its per-op policy is written with PyTorch's
+# policy-based selective checkpointing, `create_selective_checkpoint_contexts`: a function that says, op by op,
+# *save* or *recompute* `[pytorch-checkpoint]`. It sees the ops after dispatch, so an `nn.Linear` without a bias
+# is `aten.mm` and one with a bias `aten.addmm`, which its list does not name: on a GPT-2-style block (biases) the
+# policy keeps nothing beyond the block's input. The table predicts Llama-3-8B `[grattafiori2024]` as torchtitan
+# trains it on one 8-GPU node: FSDP2 (ZeRO-3) over 8 ranks with bf16 parameters for compute (MixedPrecisionPolicy),
+# flash attention, a local batch of 1 sequence of 8,192 tokens `[torchtitan-fsdp]`, per GPU; "extra FLOPs" is the
+# recompute over the step's 3F (`memlab.predict.compute.flops.recomputed_flops`).
+
+# %%
+llama3 = preset("llama-3-8b")
+s8 = Setup(batch=1, seq=8192, precision="fp32", fsdp_param_dtype="bf16", zero_stage=3, world_size=8,
+           attention="flash")
+policies = {"none": {}, "selective (Megatron)": {"recompute": "selective"}, "op (torchtitan)": {"recompute": "op"},
+            "every 4th block (torchtitan '4')": {"recompute": "full", "recompute_every": 4},
+            "every 2nd block (torchtitan '2')": {"recompute": "full", "recompute_every": 2},
+            "full (HF, Megatron)": {"recompute": "full"}}
+none_flops = flops_mod.megatron_iteration_flops(llama3, 1, s8.seq)
+pol_rows = []
+for label, kw in policies.items():
+    bd = estimate(llama3, s8.with_(**kw))
+    extra = flops_mod.recomputed_flops(llama3, 1, s8.seq, kw.get("recompute", "none"),
+                                       recompute_every=kw.get("recompute_every", 1))
+    pol_rows.append({"policy": label, "activations (GiB)": bd.activations_bytes / GiB,
+                     "peak (GiB)": bd.peak_gib, "peak phase": bd.peak_phase, "extra FLOPs": extra / none_flops})
+pol = pd.DataFrame(pol_rows)
+try:
+    estimate(llama3, s8.with_(activation_memory_budget=0.5))
+except Exception as exc:  # the one refusal of the table, as the estimate prints it
+    print(f"activation_memory_budget=0.5: {exc}")
+ch.save_table(pol, "framework_policies")
+pol.round(3)
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+ax.scatter(pol["extra FLOPs"] * 100, pol["activations (GiB)"], s=40, label="activations kept for backward")
+ax.scatter(pol["extra FLOPs"] * 100, pol["peak (GiB)"], s=40, marker="x", label="peak of the step (all phases)")
+for i, (_, r) in enumerate(pol.iterrows()):
+    ax.annotate(r["policy"], (r["extra FLOPs"] * 100, r["activations (GiB)"]), fontsize=7,
+                xytext=(4, 6) if i % 2 == 0 else (4, -11), textcoords="offset points")
+ax.set(xlabel="extra FLOPs per training step (% of the step without recompute)", ylabel="GiB per GPU",
+       xlim=(-2, pol["extra FLOPs"].max() * 100 + 9),
+       title="Llama-3-8B per GPU, FSDP2 over 8 ranks (bf16 compute), b=1, s=8192, flash attention (CUDA):\n"
+             "what each framework's checkpointing policy keeps and what it re-runs (memlab's estimate)")
+ax.legend(fontsize=7, loc="center right")
+ch.save_figure(fig, "framework_policies")
+
+# %% [markdown]
+# The same policies on a small Llama-style model, estimated and traced (the reference GPT on fake tensors, CPU widths:
+# CPU's flash kernel is not on torchtitan's list, so the op policy recomputes attention there). The largest gap
+# over the phases of both steps is printed per policy: 0 where the formula is exact; under full recompute and the
+# layer policy a checkpointed block's backward is taken as one moment, and the gap stays inside the terms the
+# estimate names for it (its own gradients appearing, the embeddings' after it).
+
+# %%
+small = preset("tiny-llama").with_(n_layers=8)
+trace_rows = []
+for label, kw in policies.items():
+    s_small = Setup(batch=2, seq=SIZES["checkpoint_seq"] * 2, attention="flash", optimizer_impl="for-loop", **kw)
+    tr, bd = trace_gpt(small, s_small, device_type="cpu"), estimate(small, s_small, device_type="cpu")
+    gaps = [bd.phase_bytes(r.phase, r.step) / r.held_bytes - 1 for r in tr.phases if r.reliable]
+    trace_rows.append({"policy": label, "activations, predicted (B)": bd.activations_bytes,
+                       "peak, traced (B)": tr.peak_bytes, "peak, predicted (B)": bd.peak_bytes,
+                       "largest phase gap": max(gaps, key=abs)})
+ch.save_table(pd.DataFrame(trace_rows), "framework_policies_traced")
+pd.DataFrame(trace_rows)
+
+# %% [markdown]
+# Reading the table: the op policy keeps each block's input, four projection outputs (q, v, gate, down) and the
+# attention kernel's output; the matmuls it re-runs (k, o, up) are the cheaper half, and the kernel is not re-run.
+# The layer policy interpolates between none and full: every k-th block costs its full forward again, the others
+# keep everything. Here the peak sits in the backward pass, so each policy lowers it by what it stops keeping; on
+# one GPU without sharding the optimizer step holds the peak of an 8B model whatever the policy (section 5), and
+# then no policy lowers it.
+
+# %%
+by = pol.set_index("policy")
+op_row, full_row8, none_row = by.loc["op (torchtitan)"], by.loc["full (HF, Megatron)"], by.loc["none"]
+Markdown(f"The op policy keeps {op_row['activations (GiB)'] / none_row['activations (GiB)']:.0%} of what no "
+         f"recompute keeps ({op_row['activations (GiB)']:.1f} of {none_row['activations (GiB)']:.1f} GiB) for "
+         f"+{op_row['extra FLOPs']:.1%} FLOPs, {op_row['extra FLOPs'] / full_row8['extra FLOPs']:.0%} of full "
+         f"recompute's +{full_row8['extra FLOPs']:.1%}; Megatron's selective recompute saves almost nothing here "
+         "(the flash kernel keeps no s x s scores for it to drop).")
+
+# %% [markdown]
 # ## Seed claims, answered
 #
 # The rows of `SEED-CLAIMS.md` this chapter takes, each with the number measured or computed above.
@@ -623,6 +728,15 @@ answer = ...
 check("04.crossover-batch", answer)
 
 # %% [markdown]
+# **Exercise 5.** Section 7's torchtitan per-op policy keeps every other matmul's output and the flash kernel's.
+# For Llama-3-8B at b = 1, s = 4096, how many times the no-recompute FLOPs does one training step execute under it?
+# (A ratio, e.g. `1.25`.)
+
+# %%
+answer = ...
+check("04.op-policy-flops", answer)
+
+# %% [markdown]
 # ## Summary
 #
 # - Activation bytes are a sum of named tensors: `sbh(34 + 5as/h)` per layer in the paper's setting; memlab's
@@ -636,3 +750,6 @@ check("04.crossover-batch", answer)
 #   adds about 2 bytes per matmul parameter of weight copies, kept by the cast cache and by saved tensors.
 # - With torch's foreach AdamW the peak sits in the optimizer step for small batches and in the backward pass
 #   for large ones: checkpointing helps only past the crossover.
+# - Frameworks' policies are Setup choices: torchtitan's every-k-th block (`recompute_every`) sits between none and
+#   full; its per-op policy (`recompute="op"`) keeps every other matmul's output for about a third of full
+#   recompute's extra FLOPs; torch.compile's memory budget is refused (memlab traces eager code).

@@ -214,7 +214,8 @@ def _header(model: Any, setup: Any, bd: Any) -> str:
     s = setup
     line = (f"memlab estimate: {name} ({bd.param_count:,} parameters), {s.mode}, batch {s.batch} x seq {s.seq}, "
             f"{s.precision if s.mode == 'train' else s.inference_weights + ' weights'}, "
-            f"{s.optimizer + ', ' if s.mode == 'train' else ''}recompute {s.recompute}, attention {s.attention}, "
+            f"{s.optimizer + ', ' if s.mode == 'train' else ''}recompute {s.recompute}"
+            f"{f' every {s.recompute_every}' if s.recompute_every > 1 else ''}, attention {s.attention}, "
             f"ZeRO-{s.zero_stage} over {s.world_size} rank(s), tp {s.tp}{' + sp' if s.sp else ''}")
     if s.pp > 1 or s.cp > 1:
         line += (f", pp {s.pp} ({s.pp_schedule}, {s.pp_chunks} chunk(s)), {s.micro_batches} micro-batch(es), "

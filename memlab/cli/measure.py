@@ -138,10 +138,10 @@ def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
     setup = setup_from_args(args, model if model is not None else 1,
                             device_type=device_type(device_string(args.device)))  # --attention auto: this device's
     dtype = {"fp32": ("fp32", False), "bf16": ("bf16", False), "amp-bf16": ("fp32", True)}.get(setup.precision)
-    if setup.mode != "train" or setup.optimizer != "adamw" or dtype is None or setup.recompute == "selective":
-        raise MemlabError("measure --hf runs a training step with AdamW, precision fp32, bf16 or amp-bf16, recompute "
-                          f"none or full; got mode {setup.mode}, {setup.optimizer}, {setup.precision}, recompute "
-                          f"{setup.recompute}" + hint)
+    rc = setup.recompute + (f" every {setup.recompute_every}" if setup.recompute_every > 1 else "")
+    if setup.mode != "train" or setup.optimizer != "adamw" or dtype is None or rc not in ("none", "full"):
+        raise MemlabError(f"measure --hf runs a training step with AdamW, precision fp32, bf16 or amp-bf16, recompute "
+                          f"none or full; got {setup.mode}, {setup.optimizer}, {setup.precision}, recompute {rc}{hint}")
     dev = device_string(args.device)
     impl = "eager" if setup.attention == "eager" else "sdpa"
     p = model.impl.attention_dropout_or(model.dropout) if model is not None else 0.0

@@ -62,6 +62,11 @@ def _print_json(args: argparse.Namespace, result: Any, predicted: Any, extra: di
     return 0
 
 
+def _recompute(setup: Any) -> str:
+    """``recompute full every k`` for full recompute of every k-th block (k > 1), else ``recompute <policy>``."""
+    return f"recompute {setup.recompute}" + (f" every {setup.recompute_every}" if setup.recompute_every > 1 else "")
+
+
 def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: Any,
                 extra: dict[str, Any] | None = None) -> int:
     """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given; ``extra``
@@ -73,8 +78,8 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
         return _print_json(args, result, predicted, extra, verdict)
     unit, size = byte_unit(result.peak_bytes)
     print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
-          f"attention {result.setup.get('attention', setup.attention)}, recompute {setup.recompute} (fake tensors on "
-          "CPU; GiB = 2**30 bytes)")
+          f"attention {result.setup.get('attention', setup.attention)}, {_recompute(setup)} (fake tensors on CPU; "
+          "GiB = 2**30 bytes)")
     if extra:
         label = extra.get("model_label", extra["family"])
         print(f"model: {label}; source of truth: trace (the real modelling code on fake tensors)"

@@ -4,6 +4,8 @@
   are exactly :meth:`memlab.predict.spec.model.TransformerConfig.param_shapes`; ``kv_cache``: its preallocated KV cache.
 - ``loss``: the LM head and loss (plain, chunked, a pure-torch fused linear + cross-entropy after Liger-Kernel;
   ``logits_to_keep``) and ``offload``: activation offload to host memory with its bookkeeping.
+- ``policies``: checkpointing policies as frameworks write them (torchtitan's per-op policy, through PyTorch's
+  ``create_selective_checkpoint_contexts``).
 - ``saved``: which estimator category each tensor the GPT saves for backward belongs to.
 - ``step``: the one training step every caller runs: :func:`memlab.model.step.train_step` (forward -> backward ->
   optimizer step -> zero_grad, phase by phase) with a :class:`memlab.model.step.Meter` for what a caller records;

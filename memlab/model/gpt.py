@@ -20,7 +20,11 @@ Large Transformer Models", Sections 4-5):
   projection matmuls' inputs and outputs are kept. This removes the O(s^2) term, which is the paper's selective
   recomputation.
 - ``full``: each block is recomputed from its input (``torch.utils.checkpoint``, non-reentrant); only block
-  inputs are kept.
+  inputs are kept. With ``recompute_every=k`` only blocks ``i`` (from 0) with ``(i + 1) % k == 0`` are checkpointed
+  and the others keep everything, torchtitan's layer policy (``selective_ac_option="k"``;
+  :func:`memlab.predict.spec.setup.checkpointed_blocks` cites its line).
+- ``op``: every block checkpointed under torchtitan's per-op policy (:mod:`memlab.model.policies`): the block's
+  input and the outputs of its odd-numbered ``aten.mm`` calls (and of CUDA's fused attention) are kept.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from torch.utils.checkpoint import checkpoint
 from memlab.errors import SetupError
 from memlab.model.kv_cache import KVCache, LayerCache
 from memlab.model.loss import LossOptions, lm_loss, logits_loss
+from memlab.model.policies import torchtitan_op_context
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import KERNELS, RECOMPUTE
+from memlab.predict.spec.setup import KERNELS, RECOMPUTE, checkpointed_blocks
 from memlab.predict.spec.validate import canonical_choice
 
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -282,7 +287,8 @@ class Block(nn.Module):
         self.attn = Attention(config, attention, recompute, device, dtype)
         self.norm2 = None if config.impl.shared_norm else Norm(config, device, dtype)
         self.mlp: nn.Module = MoEMLP(config, device, dtype) if config.is_moe else MLP(config, device, dtype)
-        self.recompute_full = recompute == "full"
+        self.recompute_full = recompute in ("full", "op")
+        self.op_policy = recompute == "op"  # torchtitan's per-op policy inside the checkpoint
         self.parallel = config.impl.parallel_block
 
     def _forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
@@ -294,7 +300,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None, kv: LayerCache | None = None) -> torch.Tensor:
         if self.recompute_full and torch.is_grad_enabled():
-            # Only x is kept; the rotary module is passed through, its fp32 tables are module buffers.
+            # Only x is kept (op: and what the policy saves); the rotary module is passed through, its fp32 tables
+            # are module buffers.
+            if self.op_policy:
+                return checkpoint(self._forward, x, rotary, use_reentrant=False, context_fn=torchtitan_op_context)
             return checkpoint(self._forward, x, rotary, use_reentrant=False)
         return self._forward(x, rotary, kv)
 
@@ -317,6 +326,7 @@ class GPT(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         loss: LossOptions | None = None,
+        recompute_every: int = 1,
     ) -> None:
         super().__init__()
         self.loss = loss if loss is not None else LossOptions()
@@ -326,6 +336,9 @@ class GPT(nn.Module):
                              "first: memlab.predict.spec.kernels.resolved)")
         if recompute not in RECOMPUTE:
             raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+        if type(recompute_every) is not int or recompute_every < 1 or (recompute_every > 1 and recompute != "full"):
+            raise SetupError(f"recompute_every must be an int >= 1, above 1 only with recompute='full'; got "
+                             f"{recompute_every!r} with recompute={recompute!r}")
         other = sorted(set(config.impl.differs()) - set(REFERENCE_TRAITS))
         if other or (config.impl.head_bias and config.tied_embeddings):
             raise SetupError(f"the reference GPT implements the traits {', '.join(REFERENCE_TRAITS)} (head_bias only "
@@ -339,7 +352,11 @@ class GPT(nn.Module):
             nn.Embedding(config.max_seq, h, device=dev, dtype=dtype) if config.positions == "learned" else None
         )
         self.rotary = Rotary(config, dev) if config.positions == "rotary" else None
-        self.blocks = nn.ModuleList(Block(config, attention, recompute, dev, dtype) for _ in range(config.n_layers))
+        kept = set(checkpointed_blocks(config.n_layers, recompute_every)) if recompute == "full" else set()
+        self.blocks = nn.ModuleList(Block(config, attention, "full" if i in kept else
+                                          ("none" if recompute == "full" else recompute), dev, dtype)
+                                    for i in range(config.n_layers))
+        self.recompute_every = recompute_every
         self.norm_f = Norm(config, dev, dtype)
         self.head = (
             None if config.tied_embeddings

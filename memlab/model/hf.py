@@ -204,6 +204,23 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
     return model.to(device).train()
 
 
+def checkpoint_every(model: torch.nn.Module, every: int) -> int:
+    """Keep transformers' gradient checkpointing (already enabled on ``model``) on every ``every``-th layer only:
+    each ``GradientCheckpointingLayer`` carries its own ``gradient_checkpointing`` flag, which
+    ``set_gradient_checkpointing`` sets on all of them [hf-transformers: modeling_layers.py]; this turns it off on the
+    layers ``i`` (from 0, in module order) where ``(i + 1) % every != 0``, torchtitan's layer policy
+    (:func:`memlab.predict.spec.setup.checkpointed_blocks`). Returns how many layers stay checkpointed."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from memlab.predict.spec.setup import checkpointed_blocks
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    kept = set(checkpointed_blocks(len(layers), every))
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = layer.gradient_checkpointing and i in kept
+    return sum(layer.gradient_checkpointing for layer in layers)
+
+
 LORA_MODULE_NAMES: dict[str, dict[str, str]] = {
     "gpt2": {"qkv": "c_attn", "o": "attn.c_proj", "up": "c_fc", "down": "mlp.c_proj"},
     "phi": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "dense", "up": "fc1", "down": "fc2"},

@@ -254,9 +254,12 @@ def build_training(config: TransformerConfig, setup: Setup, device: torch.device
     if setup.offload_activations and device.type != "cuda":
         raise SetupError("activation offload is measured on a CUDA device (on a CPU the host and the device are one "
                          "memory): trace it instead (memlab trace --offload counts the device bytes and what moves)")
+    if setup.activation_memory_budget < 1:
+        raise SetupError("activation_memory_budget below 1 is torch.compile's; memlab runs the eager step: use "
+                         "recompute='op', 'full' (with recompute_every) or 'selective'")
     torch.manual_seed(seed)
-    model = GPT(config, attention=setup.attention, recompute=setup.recompute, device=device,
-                dtype=model_dtype(setup.policy), loss=LossOptions.of(setup)).train()
+    model = GPT(config, attention=setup.attention, recompute=setup.recompute, recompute_every=setup.recompute_every,
+                device=device, dtype=model_dtype(setup.policy), loss=LossOptions.of(setup)).train()
     offload = None
     if setup.offload_activations:
         from memlab.model.offload import OffloadActivations

@@ -11,7 +11,9 @@
 
 Where does X go? A new model family: ``families/``. A new saved tensor: ``memory/activations``. A parallelism whose
 ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). The FLOPs of a kind of step
-(full training, LoRA, frozen layers, a recompute policy): ``compute/flops`` (``step_flops``). What memlab does or does
-not model, and what it says about it: a row of ``coverage`` (a task head other than the causal LM's is one: the trace
+(full training, LoRA, frozen layers, a recompute policy): ``compute/flops`` (``step_flops``). A recompute policy: a
+``spec/setup`` choice, its kept tensors in ``memory/activations`` (``every_k_rows``, ``op_policy_rows``), its re-run
+FLOPs in ``compute/flops.recomputed_flops``, the torch side in ``memlab.model.policies``. What memlab does or does not
+model, and what it says about it: a row of ``coverage`` (a task head other than the causal LM's is one: the trace
 answers it).
 """

@@ -44,7 +44,13 @@ from memlab.predict.memory.fsdp import unmodelled as fsdp_unmodelled
 from memlab.predict.memory.phases import layer_terms
 from memlab.predict.memory.plan import REST_FIELDS
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import Setup, SetupView, resolve_optimizer_impl
+from memlab.predict.spec.setup import (
+    CHECKPOINTED,
+    Setup,
+    SetupView,
+    checkpointed_blocks,
+    resolve_optimizer_impl,
+)
 
 
 # -- the records --------------------------------------------------------------------------------------------------
@@ -168,6 +174,72 @@ def _mask_unmodelled(c: Case) -> list[str]:
         ("grad_accum_steps > 1", s.grad_accum_steps > 1)))
 
 
+CACHE_VIEW_FAMILIES = ("gpt2", "gpt_neox", "phi3")
+"""Hugging Face families whose layers, once the model has gradient checkpointing on, get no KV cache (GPT2Model
+hands ``cache if not (self.gradient_checkpointing and self.training) else None`` to every block; transformers
+5.x), so under SDPA an un-checkpointed layer keeps views of its fused q/k/v buffer where without recompute it keeps
+the cache's copies: measured with ``recompute_every`` 2 and 3 on the tiny configs (CPU, every family of
+memlab.course.hf_configs; the others save exactly what the formula counts), GPT-2 +16 KiB per such layer, GPT-NeoX
+-16 KiB, Phi-3 -12 KiB against the rows without recompute. Not modelled: refused, with the trace as the way out."""
+
+
+def _every_unmodelled(c: Case) -> list[str]:
+    s = c.setup
+    family = c.config.impl.family if c.is_config else ""  # type: ignore[union-attr]
+    return _listed((
+        ("pp > 1", s.pp > 1), ("cp > 1", s.cp > 1), ("ep > 1", s.ep > 1),
+        (f"finetune={s.finetune!r}", s.finetune != "full"),
+        (f"attention_mask={s.attention_mask!r}", s.attention_mask != "none"),
+        ("a model whose layers differ (impl.dense_layers)", c.is_config and bool(c.config.impl.dense_layers)),  # type: ignore[union-attr]
+        (f"{family}'s fused q/k/v views under SDPA", family in CACHE_VIEW_FAMILIES and s.attention != "eager")))
+
+
+def _every_line(c: Case) -> str:
+    """The assumption of full recompute over every k-th block: which blocks, and where the rule comes from."""
+    k = c.setup.recompute_every
+    which = ""
+    if c.is_config:
+        n = c.config.n_layers  # type: ignore[union-attr]
+        blocks = checkpointed_blocks(n, k)
+        listed = ", ".join(map(str, blocks[:8])) + (", ..." if len(blocks) > 8 else "")
+        which = f": blocks {listed} of {n} (from 0)" if blocks else f": none of the {n} blocks"
+    how = ("transformers' activation_checkpointing_enable, then the other layers' GradientCheckpointingLayer flag "
+           "off (memlab.model.hf.checkpoint_every)" if c.hf else "the reference GPT checkpoints those blocks "
+           "(memlab.model.gpt.GPT, recompute_every)")
+    return (f"recompute='full' with recompute_every={k}, torchtitan's layer policy (activation_checkpoint.mode="
+            f"'selective', selective_ac_option='{k}'): the blocks with (i + 1) % {k} == 0 are checkpointed{which}; "
+            "each keeps its input and runs again in backward, the others keep what they keep without recompute "
+            "[pytorch/torchtitan@9a8cb98 torchtitan/models/llama3/infra/parallelize.py lines 320-326]; " + how
+            + f"; the backward of the lowest checkpointed block (block {k - 1}, the {k - 1} below it holding all they "
+            "keep) is taken as one moment, as full recompute's bottom block")
+
+
+def _op_unmodelled(c: Case) -> list[str]:
+    s = c.setup
+    return _listed((
+        ("a Hugging Face family (the formula counts the reference GPT's projections; the trace runs the family's "
+         "own)", c.hf), ("a mixture of experts", c.is_config and c.config.is_moe),  # type: ignore[union-attr]
+        ("tp > 1", s.tp > 1), ("pp > 1", s.pp > 1), ("cp > 1", s.cp > 1), ("ep > 1", s.ep > 1),
+        ("offload_activations (save_on_cpu does not move what the policy keeps)", s.offload_activations),
+        (f"finetune={s.finetune!r}", s.finetune != "full")))
+
+
+def _op_line(c: Case) -> str:
+    """The assumption of torchtitan's per-op policy: what each block keeps, and the source."""
+    from memlab.predict.compute.flops import op_policy_kept
+
+    kept = ", ".join(op_policy_kept(c.config)) or "none" if c.is_config else "the 1st, 3rd, ... aten.mm"  # type: ignore[arg-type]
+    attention = ("its output and log-sum-exp kept" if c.device_type == "cuda" and c.setup.attention in
+                 ("flash", "efficient") else "recomputed")
+    return ("recompute='op', torchtitan's per-op policy (activation_checkpoint.mode='selective', "
+            "selective_ac_option='op'): every block checkpointed with create_selective_checkpoint_contexts; kept "
+            f"beside each block's input: the outputs of the 1st, 3rd, ... aten.mm (here {kept}; a biased projection "
+            f"is aten.addmm, not on its list), the fused attention kernel {attention} "
+            "[pytorch/torchtitan@9a8cb98 torchtitan/models/llama3/infra/parallelize.py lines 230-240, 291-313; "
+            "memlab.model.policies]" + ("; the fused kernel's RNG state tensors (a few bytes a layer) are not "
+                                       "counted, not measured on CUDA" if attention.startswith("its") else ""))
+
+
 def _raised(check: Callable[[], None]) -> str | None:
     """The message of the SetupError ``check`` raises, or None: a family's own refusals, asked as a table row."""
     try:
@@ -229,7 +301,22 @@ REFUSALS: tuple[Entry, ...] = (
           refuse="a chunked or fused loss, logits_to_keep or offload_activations with grad_accum_steps > 1 is not "
                  "modelled (the estimate misses up to 45 % of the forward there, benchmarks/estimate_vs_trace.py): "
                  "use grad_accum_steps=1 or the plain loss"),
-    Entry("chunked loss under full recompute", lambda c: c.setup.loss == "chunked" and c.setup.recompute == "full",
+    Entry("every k-th block with", lambda c: c.setup.recompute_every > 1 and bool(_every_unmodelled(c)),
+          refuse=lambda c: f"recompute_every={c.setup.recompute_every} with {', '.join(_every_unmodelled(c))} is not "
+                           "modelled: use recompute_every=1 (every block) or trace the setup (memlab trace; memlab "
+                           "estimate --hf answers from the trace)"),
+    Entry("compile's memory budget", lambda c: c.train and c.setup.activation_memory_budget < 1,
+          refuse=lambda c: f"activation_memory_budget={c.setup.activation_memory_budget} is torch.compile's: its "
+                           "partitioner chooses what to save from the compiled graph (a knapsack over recompute "
+                           "cost; torch._functorch.config, torchtitan's memory_budget mode needs compile), and memlab "
+                           "traces eager code: leave it 1 and use a policy memlab models and traces, recompute='op' "
+                           "(torchtitan's per-op policy), 'full' (with recompute_every k: every k-th block) or "
+                           "'selective'"),
+    Entry("torchtitan's op policy with", lambda c: c.setup.recompute == "op" and c.train and bool(_op_unmodelled(c)),
+          refuse=lambda c: f"recompute='op' with {', '.join(_op_unmodelled(c))} is not modelled: trace the setup "
+                           "(memlab trace; memlab estimate --hf answers from the trace) or use recompute='full'"),
+    Entry("chunked loss under full recompute",
+          lambda c: c.setup.loss == "chunked" and c.setup.recompute in CHECKPOINTED,
           refuse="loss='chunked' with recompute='full' is not modelled (the estimate misses up to 15 % of the "
                  "forward there, benchmarks/estimate_vs_trace.py): use loss='fused' or another recompute"),
     Entry("FSDP2 output dtype", lambda c: c.setup.fsdp_output_dtype != "none" and c.train,
@@ -422,7 +509,7 @@ def _bottom_block_terms(c: Case) -> list[NamedTerm]:
     emb = sum(math.prod(shape) for name, shape, _ in config.param_shapes()  # type: ignore[union-attr]
               if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))  # type: ignore[union-attr]
     pol = setup.policy
-    why = "full recompute" if setup.recompute == "full" else "the bottom block's moment"
+    why = "full recompute" if setup.recompute in CHECKPOINTED else "the bottom block's moment"
     own = _blocks0(config) * gb  # type: ignore[arg-type]
     if setup.finetune in _LORA:  # only the fp32 adapters get gradients; the frozen embeddings none
         own = 4 * lora_layer_elements(config, setup)  # type: ignore[arg-type]
@@ -540,7 +627,10 @@ TABLE: tuple[Entry, ...] = (
     Entry("autocast's copies", lambda c: c.train and c.setup.policy.autocast,
           says="autocast's 16-bit weight copies kept for backward are counted in activations; its cast cache's "
                "copies of the linear biases (saved by no op) in the forward"),
-    Entry("full recompute's bottom block", lambda c: _train_config(c) and c.setup.recompute == "full",
+    Entry("every k-th block", lambda c: c.train and c.setup.recompute == "full" and c.setup.recompute_every > 1,
+          says=_every_line),
+    Entry("torchtitan's op policy", lambda c: c.train and c.setup.recompute == "op", says=_op_line),
+    Entry("full recompute's bottom block", lambda c: _train_config(c) and c.setup.recompute in CHECKPOINTED,
           says="full recompute: the bottom block's backward is taken as one moment; its own gradients appearing "
                "inside it and the embeddings' produced after it are named with their sizes (memlab.predict.coverage)"),
     Entry("a base as loaded", lambda c: c.train and c.setup.finetune in _LORA and not c.setup.kbit_prepare,
@@ -568,21 +658,22 @@ TABLE: tuple[Entry, ...] = (
     Entry("gelu_new under CUDA autocast", lambda c: c.train and c.hf,
           says=lambda c: cuda_autocast_gelu_note(c.config, c.setup, c.device_type)),  # type: ignore[arg-type]
     # what the phase model takes as one moment: named with its size (the bottom block, the attention core, the top)
-    Entry("bottom block", lambda c: _train_config(c) and (c.hf or c.setup.recompute == "full" or c.reshaped_end),
+    Entry("bottom block", lambda c: _train_config(c) and (c.hf or c.setup.recompute in CHECKPOINTED
+                                                          or c.reshaped_end),
           terms=lambda c: [NamedTerm(t.name, t.bytes, t.phases, t.sign, t.exact, key="bottom block")
                            for t in _bottom_block_terms(c)]),
     Entry("HF bottom temporaries", lambda c: c.train and c.hf,
           terms=_term("HF bottom temporaries", HF_BOTTOM_TEMPORARIES, lambda c: c.layer("temp"), ("backward",), -1)),
     Entry("HF recomputed block", lambda c: c.train and c.hf and c.setup.recompute == "full",
           terms=_term("HF recomputed block", HF_RECOMPUTED_BLOCK, lambda c: c.layer("layer"), ("backward",), -1)),
-    Entry("recomputed attention core", lambda c: _train_config(c) and c.setup.recompute == "full"
+    Entry("recomputed attention core", lambda c: _train_config(c) and c.setup.recompute in CHECKPOINTED
           and not c.setup.fused_attention,
           terms=lambda c: [*_term("recomputed attention core", lambda c: _core_name(c) + "forward",
                                   lambda c: attention_core_bound_bytes(c.config, c.setup), ("forward",), +1)(c),
                            *_term("recomputed attention core", lambda c: _core_name(c) + "backward, counted with the "
                                   "bottom block", lambda c: attention_core_bound_bytes(c.config, c.setup),
                                   ("backward",), -1)(c)]),
-    Entry("attention core in forward", lambda c: _train_config(c) and c.setup.recompute != "full"
+    Entry("attention core in forward", lambda c: _train_config(c) and c.setup.recompute not in CHECKPOINTED
           and not c.setup.fused_attention and ((c.setup.recompute == "selective" and c.loss_options)
                                                or c.setup.offload_activations),
           terms=_term("attention core in forward",
@@ -598,7 +689,7 @@ TABLE: tuple[Entry, ...] = (
                       * (2 if c.setup.policy.autocast else c.setup.policy.param_bytes) / c.setup.tp,
                       ("backward",), +1)),
     Entry("top block", lambda c: _train_config(c) and c.loss_options and not c.setup.offload_activations
-          and c.setup.recompute != "full",
+          and (c.setup.recompute not in CHECKPOINTED or c.config.n_layers % c.setup.recompute_every != 0),  # type: ignore[union-attr]
           terms=_term("top block", "the top block's backward moment under a chunked or fused loss or kept positions, "
                       "counted all at once (an upper bound)",
                       lambda c: c.top_block(), ("backward",), -1)),
@@ -610,7 +701,7 @@ TABLE: tuple[Entry, ...] = (
           terms=_term("HF transients", HF_TRANSIENTS,
                       lambda c: c.top_block(), ("forward", "backward"), +1)),
     Entry("offloaded bottom block", lambda c: _train_config(c) and c.setup.offload_activations
-          and c.setup.recompute != "full",
+          and (c.setup.recompute not in CHECKPOINTED or c.setup.recompute_every > 1),  # block 0 checkpointed at k = 1
           terms=_term("offloaded bottom block", "activation offload: the bottom block's saved tensors, counted on the "
                       "device at once at its backward (they come back from the host one op at a time: an upper "
                       "bound)", lambda c: c.layer("layer"), ("backward",), -1)),

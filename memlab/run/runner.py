@@ -297,7 +297,8 @@ def _train(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     out["tokens_per_s"] = setup.tokens / out["step_time_s"]
     out["flops_per_step"] = float(flops_mod.megatron_iteration_flops(config, setup.batch, setup.seq, "none"))
     out["hardware_flops_per_step"] = float(
-        flops_mod.megatron_iteration_flops(config, setup.batch, setup.seq, setup.recompute)
+        flops_mod.megatron_iteration_flops(config, setup.batch, setup.seq, setup.recompute,
+                                           recompute_every=setup.recompute_every)
     )
     if with_counted_flops:  # forward + backward (+ zero_grad), no update
         out["counted_flops_per_step"] = count_flops(lambda: train_step(step, loss_fn, optimizer_step=False))

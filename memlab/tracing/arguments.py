@@ -31,6 +31,10 @@ def check_trace_setup(setup: object, device_type: object, fake: object = True) -
         raise SetupError(f"device_type must be 'cpu' or 'cuda' (the device whose optimizer default a trace "
                          f"imitates; traces always run on CPU), got {device_type!r:.60}")
     check_bool("fake", fake, err=SetupError)
+    if setup.activation_memory_budget < 1:  # the partitioner of a compiled graph: nothing eager code would run
+        raise SetupError(f"activation_memory_budget={setup.activation_memory_budget} needs torch.compile (its "
+                         "partitioner picks what to save in the compiled graph), which a trace of eager code does not "
+                         "run: use recompute='op', 'full' (with recompute_every) or 'selective'")
     if setup.ep > 1:  # every other trace runs all experts on every rank: it would not be an expert-parallel rank
         raise SetupError(f"ep={setup.ep}: trace expert parallelism with memlab.tracing.experts.trace_gpt_ep (this "
                          "trace holds every expert on every rank)")

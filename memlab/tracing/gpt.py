@@ -80,7 +80,7 @@ def gpt_step_parts(config: TransformerConfig, setup: Setup, *, lr: float = 1e-4,
 
     def model_fn() -> nn.Module:
         model = GPT(config, attention=setup.attention, recompute=setup.recompute, dtype=model_dtype(setup.policy),
-                    loss=LossOptions.of(setup))
+                    loss=LossOptions.of(setup), recompute_every=setup.recompute_every)
         if mesh is not None:
             from memlab.model.fsdp import shard_model
 

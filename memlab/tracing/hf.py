@@ -34,12 +34,14 @@ from memlab.model.gpt import sdpa_backend
 from memlab.model.hf import (
     apply_finetune,
     call_inputs,
+    checkpoint_every,
     hf_config,
     import_transformers,
     pad_counts,
     quiet_logger,
     quiet_transformers,
 )
+from memlab.model.policies import torchtitan_op_context
 from memlab.model.tasks import TASKS, resolve_task, task_labels
 from memlab.predict.memory.family_terms import check_call, padding_present
 from memlab.predict.spec.setup import Setup
@@ -112,8 +114,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     (:func:`memlab.model.tasks.task_labels`; a chunked or fused loss and LoRA are the causal LM's only).
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
-    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
-    has no transformers equivalent; ``finetune='lora'`` wraps the model with peft
+    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant), on every
+    ``recompute_every``-th layer only (:func:`memlab.model.hf.checkpoint_every`); ``op`` passes torchtitan's per-op
+    policy to each layer's checkpoint (:func:`memlab.model.policies.torchtitan_op_context`); ``selective`` has no
+    transformers equivalent; ``finetune='lora'`` wraps the model with peft
     (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base to NF4 with bitsandbytes, on fake tensors
     through its fake kernels: :func:`memlab.model.hf.fake_params4bit`).
     ``force_unpacked``: see :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are
@@ -142,7 +146,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                          "world_size=1, or LoRA over a 16-bit base under FSDP2")
     mesh: list[Any] = []  # FSDP2's fake device mesh, once the fake process group exists (world_size > 1)
     if setup.recompute == "selective":
-        raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+        raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none', 'full' or "
+                         "'op'")
     head_notes: list[str] = []
     head = _task_head(tf, task, setup, head_notes)
     auto = None
@@ -165,12 +170,16 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         if progress is not None:
             progress(f"building {cfg.model_type} from its config (fake tensors)")
         model = head.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
-        if setup.recompute == "full":
-            kwargs = {"use_reentrant": False}
+        if setup.recompute in ("full", "op"):
+            kwargs: dict[str, Any] = {"use_reentrant": False}
+            if setup.recompute == "op":  # torchtitan's per-op policy inside each layer's checkpoint
+                kwargs["context_fn"] = torchtitan_op_context
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            if setup.recompute_every > 1:  # torchtitan's layer policy: every k-th layer keeps its flag
+                checkpoint_every(model, setup.recompute_every)
         _check_positions(model, cfg, setup.seq)
         if progress is not None:
             progress.watch_blocks(model)
@@ -182,7 +191,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             shard_model(model, zero_stage=setup.zero_stage, param_dtype=setup.fsdp_param_dtype,
                         reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh[0], offload=setup.fsdp_offload,
                         reshard_root=setup.fsdp_reshard_root, pin_memory=False)
-        if setup.recompute == "full":
+        if setup.recompute in ("full", "op"):
             release_leaf_inputs(model.get_input_embeddings())
         model.train()
         return model
@@ -228,7 +237,7 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
     kernels = cpu_grouped_mm_dtypes() if device_type == "cpu" else contextlib.nullcontext()
-    if backend and setup.recompute == "full":  # the checkpoint recomputes each block in backward, outside the
+    if backend and setup.recompute in ("full", "op"):  # the checkpoint recomputes each block in backward, outside the
         # forward's context: pinned there too, or SDPA dispatches another kernel and the recomputed tensors differ
         # (torch.utils.checkpoint.CheckpointError)
         from torch.nn.attention import sdpa_kernel

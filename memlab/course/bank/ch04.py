@@ -66,6 +66,15 @@ def _crossover_batch() -> int:
     return batch
 
 
+def _policy_ratio(recompute: str) -> float:
+    """FLOPs of one training step of Llama-3-8B at b=1, s=4096 under ``recompute`` over none's (the fused attention
+    kernel's output kept under ``op``, as torchtitan runs it on CUDA)."""
+    from memlab.predict.compute.flops import megatron_iteration_flops
+
+    llama = _preset("llama-3-8b")
+    return megatron_iteration_flops(llama, 1, 4096, recompute) / megatron_iteration_flops(llama, 1, 4096, "none")
+
+
 def _sample_deep() -> dict[str, Any]:
     return {"model": _preset("tiny-gpt").with_(n_layers=2), "batch": 1, "seq": 8, "device": "cpu"}
 
@@ -112,6 +121,19 @@ EXERCISES = (
                      "forward is not recomputed."),
         diagnoses={2: "The forward runs twice, but the backward (2F) once: the step is 3F + F_blocks, not 2 × 3F.",
                    1.5: "That counts the step as forward + backward = 2F; the backward costs 2F, so a step is 3F."},
+    ),
+    Numeric(
+        "04.op-policy-flops", "FLOPs ratio, torchtitan's per-op policy / none, Llama-3-8B at b=1, s=4096",
+        reference=lambda: _policy_ratio("op"), unit="x", rtol=0.01,
+        hint="the policy keeps the outputs of the 1st, 3rd, 5th and 7th aten.mm of each block (q, v, gate, down) and "
+             "the flash kernel's; backward re-runs the others (k, o, up), a 2·t·n_in·n_out FLOPs forward each: add "
+             "them over the 32 layers to 3F (memlab.predict.compute.flops.recomputed_flops)",
+        why=lambda: (f"(3F + F_k,o,up) / 3F = {_policy_ratio('op'):.4f} against full recompute's "
+                     f"{_policy_ratio('full'):.4f}: the recomputed matmuls are the cheap half of the block's "
+                     "(k is GQA-narrow), and the attention kernel is not re-run."),
+        diagnoses={When(lambda v: abs(v - _policy_ratio("full")) < 0.005):
+                   "That is full recompute: every block's forward again. The op policy keeps every other matmul.",
+                   When(lambda v: v <= 1): "Recompute adds FLOPs: the ratio is above 1."},
     ),
     Numeric(
         "04.crossover-batch", "Smallest batch at which Llama-2-7B's backward pass holds the peak (fp32, foreach "

@@ -30,7 +30,7 @@ from typing import Any
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware.gpus import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import RECOMPUTE, Recompute, Setup
+from memlab.predict.spec.setup import RECOMPUTE, Recompute, Setup, checkpointed_blocks
 from memlab.predict.spec.validate import LIMITS, canonical_choice, check_int, check_number
 
 _pos_int = functools.partial(check_int, err=SetupError)
@@ -158,8 +158,58 @@ def flops_per_token(config: TransformerConfig, seq: int, *, include_attention: b
     return float(6 * n + (attention if include_attention else 0))
 
 
+def block_projections(config: TransformerConfig) -> list[tuple[str, int, int, bool]]:
+    """``(name, inputs, outputs, biased)`` of one block's projections in the order the reference GPT calls them
+    (q, k, v, o, then gate, up, down or up, down; memlab.model.gpt): a biased one runs as ``aten.addmm`` on a 3-D
+    input, an unbiased one as ``aten.mm`` (aten/src/ATen/native/Linear.cpp), which torchtitan's per-op policy
+    counts (memlab.model.policies). Dense blocks only (a mixture of experts' are the router's and each expert's)."""
+    im, h, f, q, kv = config.impl, config.d_model, config.ffn, config.q_dim, config.kv_dim
+    qkv_b, o_b, mlp_b = (config.bias if x is None else x for x in (im.qkv_bias, im.o_bias, im.mlp_bias))
+    mlp = [("gate", h, f, mlp_b), ("up", h, f, mlp_b)] if config.mlp == "swiglu" else [("up", h, f, mlp_b)]
+    return [("q", h, q, qkv_b), ("k", h, kv, qkv_b), ("v", h, kv, qkv_b), ("o", q, h, o_b), *mlp,
+            ("down", f, h, mlp_b)]
+
+
+def op_policy_kept(config: TransformerConfig) -> list[str]:
+    """The projections whose outputs torchtitan's per-op policy keeps in each block: the 1st, 3rd, ... ``aten.mm``
+    (unbiased projections counted in call order) [pytorch/torchtitan@9a8cb98
+    torchtitan/models/llama3/infra/parallelize.py lines 291-302]."""
+    kept, n = [], 0
+    for name, _, _, biased in block_projections(config):
+        n += not biased
+        if not biased and n % 2 == 1:
+            kept.append(name)
+    return kept
+
+
+def recomputed_flops(config: TransformerConfig, batch: int, seq: int, recompute: Recompute = "none", *,
+                     recompute_every: int = 1, causal: bool = False, attention_kept: bool = True) -> int:
+    """FLOPs run a second time in backward by a recompute policy (what HFU counts beyond MFU):
+
+    - ``none`` 0; ``selective`` the attention core (QK^T and AV; Korthikanti et al. 2022, Section 5);
+    - ``full`` every checkpointed block's forward: all of them, or with ``recompute_every`` k the blocks with
+      (i + 1) divisible by k (their share of the blocks' forward; the layers alike);
+    - ``op`` (torchtitan's per-op policy) every block's projections but the kept ones (:func:`op_policy_kept`),
+      and the attention core unless its kernel's output is kept (``attention_kept``: CUDA's flash or
+      memory-efficient SDPA, on the policy's list; eager's matmuls and CPU's flash kernel are not).
+    """
+    parts = forward_flops_breakdown(config, batch, seq, causal)
+    recompute = _check_recompute(recompute)
+    blocks = sum(parts.values()) - parts["head"]
+    if recompute == "full":
+        n = config.n_layers
+        return blocks * len(checkpointed_blocks(n, recompute_every)) // n
+    if recompute == "op":
+        tokens = batch * seq
+        kept = set(op_policy_kept(config))
+        again = sum(matmul_flops(tokens, n_out, n_in) for name, n_in, n_out, _ in block_projections(config)
+                    if name not in kept)
+        return config.n_layers * again + (0 if attention_kept else parts["attention_core"])
+    return {"none": 0, "selective": parts["attention_core"]}[recompute]
+
+
 def megatron_iteration_flops(config: TransformerConfig, batch: int, seq: int, recompute: Recompute = "none",
-                             causal: bool = False) -> int:
+                             causal: bool = False, recompute_every: int = 1) -> int:
     """FLOPs one training iteration executes, by explicit matmul counting (generalises Narayanan / Korthikanti).
 
     From the forward count F (:func:`forward_flops_breakdown`, GQA, gelu/swiglu and any d_ff):
@@ -170,14 +220,15 @@ def megatron_iteration_flops(config: TransformerConfig, batch: int, seq: int, re
     - ``selective``: 3F + F_attention_core: only QK^T, softmax and AV are recomputed (Korthikanti et al. 2022,
       Section 5). This is what the GPU executes; Korthikanti's printed equation counts more (see
       :func:`megatron_closed_form`).
+    - ``full`` with ``recompute_every`` k, and ``op``: 3F + :func:`recomputed_flops` (``op`` with the fused
+      attention kernel's output kept, as torchtitan runs it on CUDA).
 
     For a GPT layout (d_ff = 4h, multi-head, 2-matrix MLP, non-causal) this equals the published closed forms
     for ``none`` and ``full`` exactly; both leave out the same non-matmul work.
     """
-    parts = forward_flops_breakdown(config, batch, seq, causal)
-    forward = sum(parts.values())
-    extra = {"none": 0, "full": forward - parts["head"], "selective": parts["attention_core"]}
-    return 3 * forward + extra[_check_recompute(recompute)]
+    forward = forward_flops(config, batch, seq, causal)
+    return 3 * forward + recomputed_flops(config, batch, seq, recompute, recompute_every=recompute_every,
+                                          causal=causal)
 
 
 def megatron_closed_form(batch: int, seq: int, n_layers: int, d_model: int, vocab_size: int,
@@ -202,7 +253,11 @@ def megatron_closed_form(batch: int, seq: int, n_layers: int, d_model: int, voca
         "full": 96 * base * (1 + s / (6 * h) + v / (16 * n_l * h)),
         "selective": 72 * base * (1 + s / (3 * h) + v / (12 * n_l * h)),
     }
-    return forms[_check_recompute(recompute)]
+    recompute = _check_recompute(recompute)
+    if recompute not in forms:
+        raise SetupError(f"the published closed forms are for recompute none, selective and full, not {recompute!r}: "
+                         "use megatron_iteration_flops")
+    return forms[recompute]
 
 
 # -- a fine-tuning step ---------------------------------------------------------------------------------------
@@ -453,8 +508,8 @@ def _per_token(model: TransformerConfig | float | None, seq: int | None, recompu
     if isinstance(model, int | float) and not isinstance(model, bool):
         n = check_number("parameter count", model, lo=0.0, lo_open=True, hi=LIMITS["params"].max,
                          why=LIMITS["params"].why, err=ConfigError)
-        hw = {"none": 6 * n, "full": 8 * n, "selective": None}[recompute]
-        return 6 * n, hw, "6N from a bare parameter count (attention FLOPs excluded; HFU unknown for selective)"
+        hw = {"none": 6 * n, "full": 8 * n}.get(recompute)
+        return 6 * n, hw, "6N from a bare parameter count (attention FLOPs excluded; HFU unknown for selective, op)"
     raise ConfigError(f"model must be a TransformerConfig or a parameter count, got {type(model).__name__}")
 
 

@@ -13,7 +13,9 @@ generalised honestly and checked tensor by tensor against :class:`memlab.model.g
   16-bit inputs to fp32 (``allow_fp16_bf16_reduction_math_sdp`` is False by default) and repeats K/V for GQA;
   fused kernels (flash, efficient, cudnn) keep q, k, v, their output and a fp32 log-sum-exp per row, no s^2 term;
 - recompute ``none``, ``selective`` (the attention core is recomputed: Korthikanti Section 5) or ``full``
-  (only each block's input is kept);
+  (only each block's input is kept); ``full`` with ``recompute_every=k`` checkpoints every k-th block only
+  (torchtitan's layer policy, :func:`memlab.predict.spec.setup.checkpointed_blocks`): those keep their input, the
+  others what they keep without recompute (:func:`every_k_rows`);
 - tensor parallelism ``tp`` and sequence parallelism ``sp`` as in Korthikanti Table 2 (:func:`row_divisor`: the
   token ids and the loss's scalar stay whole on every rank under sp);
 - the model-level tensors the paper leaves out: token ids and targets, the final norm, the LM-head input and
@@ -47,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import ConfigError, SetupError
+from memlab.predict.compute.flops import block_projections, op_policy_kept
 from memlab.predict.memory.family_terms import (
     check_call,
     check_family_setup,
@@ -61,7 +64,7 @@ from memlab.predict.memory.loss import hf_kept_labels, kept_copy, kept_positions
 from memlab.predict.memory.rows import RowName
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
-from memlab.predict.spec.setup import Setup, SetupView
+from memlab.predict.spec.setup import CHECKPOINTED, Setup, SetupView, checkpointed_blocks
 from memlab.predict.spec.traits import REFERENCE, Implementation
 
 CATEGORIES = (
@@ -297,6 +300,8 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     recompute = setup.recompute if recompute is None else recompute
     if setup.mode == "inference":
         return []
+    if recompute == "full" and setup.recompute_every > 1:
+        return every_k_rows(config, setup, device_type=device_type, model_level=model_level)
     b, s = setup.batch, setup.seq
     t = b * s
     L, h, f, V = config.n_layers, config.d_model, config.ffn, config.vocab_size
@@ -311,11 +316,11 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     if config.positions == "learned":
         if model_level:
             terms.append((RowName.POSITION_IDS, "token ids", t if im.position_ids_per_token else s, INT64, False))
-    elif im.rotary_tables_per_forward and recompute != "full":  # checkpointed layers get them by keyword
+    elif im.rotary_tables_per_forward and recompute not in CHECKPOINTED:  # checkpointed layers get them by keyword
         rot = int(config.head_dim * im.rotary_fraction)
         terms.append((RowName.ROTARY, "attention",
                       2 * s * rot * im.rotary_table_pairs, FP32 if im.rotary_tables_fp32 else w["residual"], False))
-    if im.rotary_tables_per_use and recompute != "full" and config.positions == "rotary":
+    if im.rotary_tables_per_use and recompute not in CHECKPOINTED and config.positions == "rotary":
         rot = int(config.head_dim * im.rotary_fraction)
         terms.append(("rotary cos and sin (a pair per rotation, q and k, every layer)", "attention",
                       L * 4 * s * rot, w["residual"], False))  # the table is cast to the hidden state's dtype
@@ -323,9 +328,11 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
         # the embeddings are in the model's dtype (fp32 under autocast); off CUDA the mask is a noise tensor of it
         terms.append((RowName.EMBEDDING_DROPOUT, "embeddings", t * h, w["mask"] if w["mask"] == 1
                       else w["residual"], False))
-    if recompute == "full":
+    if recompute in CHECKPOINTED:
         terms.append(("block input", "block inputs (recompute)", L * t * h, w["residual"], False))
         terms += checkpoint_mask_rows(config, setup, b, s, w["residual"])
+        if recompute == "op":
+            terms += op_policy_rows(config, setup, w, device_type)
     else:
         # Under autocast each projection casts its (fp32) input itself: q, k and v make three 16-bit copies.
         # A parallel block's two norms read one input; a shared norm (Phi) feeds the MLP the attention's input.
@@ -363,6 +370,59 @@ def term_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cu
     if setup.finetune != "full":  # a frozen base with adapters (memlab.predict.memory.finetune)
         return finetune_rows(config, setup, w, terms, device_type, recompute)
     return terms
+
+
+def split_by_checkpoint(config: TransformerConfig, setup: Setup) -> tuple[TransformerConfig | None,
+                                                                          TransformerConfig | None]:
+    """``(plain, checkpointed)``: ``config`` with as many blocks as ``setup``'s recompute runs without and with a
+    checkpoint (None for none of them): full recompute over every ``recompute_every``-th block
+    (:func:`memlab.predict.spec.setup.checkpointed_blocks`). The blocks must be alike (no ``impl.dense_layers``:
+    :mod:`memlab.predict.coverage` refuses those)."""
+    L = config.n_layers
+    if setup.recompute not in CHECKPOINTED:
+        return config, None
+    n_ck = len(checkpointed_blocks(L, setup.recompute_every))
+    if n_ck in (0, L):
+        return (config, None) if n_ck == 0 else (None, config)
+    return config.with_(n_layers=L - n_ck), config.with_(n_layers=n_ck)
+
+
+def op_policy_rows(config: TransformerConfig, setup: Setup, w: dict[str, float], device_type: str) -> list[TermRow]:
+    """What torchtitan's per-op policy keeps inside each checkpointed block beside its input
+    (:mod:`memlab.model.policies`): the outputs of the 1st, 3rd, ... ``aten.mm`` (the unbiased projections, counted
+    in call order; a biased one is ``aten.addmm``, not on the list, and not counted), in the compute dtype, and on
+    CUDA the fused attention kernel's outputs (flash or memory-efficient: the output and its fp32 log-sum-exp; CPU's
+    flash kernel, cuDNN's and eager's matmuls are not on the list). [pytorch/torchtitan@9a8cb98
+    torchtitan/models/llama3/infra/parallelize.py lines 230-240, 291-313]"""
+    L, b, s = config.n_layers, setup.batch, setup.seq
+    t, kept = b * s, op_policy_kept(config)
+    rows: list[TermRow] = [(f"{name} projection output (op policy: aten.mm kept)", "block inputs (recompute)",
+                            L * t * width, w["compute"], False)
+                           for name, _, width, _ in block_projections(config) if name in kept]
+    if device_type == "cuda" and setup.attention in ("flash", "efficient"):
+        lse = s if setup.attention == "flash" else 32 * ((s + 31) // 32)
+        rows += [("fused attention output (op policy: kept)", "block inputs (recompute)", L * t * config.q_dim,
+                  w["compute"], False),
+                 ("fused attention log-sum-exp, fp32 (op policy: kept)", "block inputs (recompute)",
+                  L * b * config.n_heads * lse, FP32, False)]
+    return rows
+
+
+def every_k_rows(config: TransformerConfig, setup: Setup, *, device_type: str = "cuda",
+                 model_level: bool = True) -> list[TermRow]:
+    """:func:`term_rows` under full recompute of every ``setup.recompute_every``-th block: the other blocks' rows as
+    without recompute (with the model-level rows and what a forward keeps once: rotary tables, embedding dropout)
+    and the checkpointed blocks' inputs (with a family's checkpointed mask). A checkpointed block's ops save
+    nothing in forward (non-reentrant ``torch.utils.checkpoint`` keeps its inputs only)."""
+    plain, ck = split_by_checkpoint(config, setup)
+    every_one = SetupView(setup, recompute_every=1)  # each part is a plain or a fully checkpointed model
+    if plain is None:
+        return term_rows(config, every_one, device_type=device_type, recompute="full", model_level=model_level)
+    rows = term_rows(plain, every_one, device_type=device_type, recompute="none", model_level=model_level)
+    if ck is not None:
+        rows += [r for r in term_rows(ck, every_one, device_type=device_type, recompute="full", model_level=False)
+                 if r[1] == "block inputs (recompute)"]
+    return rows
 
 
 def _target_row(setup: Setup, t: Any, b: Any, padded: bool) -> TermRow:

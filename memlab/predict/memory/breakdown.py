@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from memlab.errors import SetupError
-from memlab.predict.memory.activations import bytes_by_category, term_rows
+from memlab.predict.memory.activations import bytes_by_category, split_by_checkpoint, term_rows
 from memlab.predict.memory.finetune import largest_matrix_elements
 from memlab.predict.memory.inference import kv_cache_bytes, prefill_transient_bytes
 from memlab.predict.memory.phases import (
@@ -476,8 +476,9 @@ def offload_host_bytes(model: TransformerConfig | int, setup: Setup, activations
     weights = 0
     if not setup.policy.autocast:
         head = model.vocab_size * model.d_model
-        # full recompute: the blocks' matmuls save nothing in forward (only the head's weight is saved)
-        matmul = head if setup.recompute == "full" else model.matmul_param_count()
+        # full recompute: the checkpointed blocks' matmuls save nothing in forward (the head's weight is saved)
+        plain = split_by_checkpoint(model, setup)[0]
+        matmul = head if plain is None else plain.matmul_param_count()
         matmul -= head if setup.loss == "fused" else 0
         weights = math.ceil(matmul / setup.tp) * setup.policy.param_bytes
     twice = 4 * setup.batch * setup.seq * model.vocab_size // setup.tp if setup.loss == "plain" else 0

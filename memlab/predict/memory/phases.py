@@ -54,6 +54,7 @@ from memlab.predict.memory.activations import (
     autocast_bias_copy_bytes,
     autocast_block_copy_bytes,
     shared_widths,
+    split_by_checkpoint,
     term_rows,
 )
 from memlab.predict.memory.family_terms import loss_call_transients
@@ -62,7 +63,7 @@ from memlab.predict.memory.rows import RowName
 from memlab.predict.memory.states import optimizer_state_dtype_bytes
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
-from memlab.predict.spec.setup import resolve_optimizer_impl
+from memlab.predict.spec.setup import CHECKPOINTED, resolve_optimizer_impl
 
 PHASES = ("forward", "backward", "optimizer step", "zero_grad")
 """Training phases in step order (``zero_grad`` is the bytes held after it; the others the peak inside)."""
@@ -165,7 +166,7 @@ class StepInputs:
     block_forward_bytes: Any
     """Inside a block's forward under full recompute: its d_ff-wide tensors and one h-wide one."""
     recompute_inputs_bytes: Any
-    """Block inputs kept by full recompute (0 otherwise)."""
+    """What the checkpoints keep at the bottom block's backward (:func:`_held_at_bottom`; 0 without recompute)."""
     head_loss_bytes: Any
     """The log-softmax and loss tensors (absent while the blocks run)."""
     layer_grad_bytes: float
@@ -192,6 +193,12 @@ class StepInputs:
     unsaved_input_bytes: Any = 0
     """Token ids the loop holds that no op saves (the fused loss's targets; copied kept positions'): in
     ``input_bytes``, not in A."""
+    lowest_checkpoint_bytes: Any = None
+    """Under ``recompute_every`` k > 1, held beyond the gradients at the backward of the lowest checkpointed block
+    (block k - 1): the k - 1 blocks below it with everything they keep, its input, and its recomputed tensors and
+    temporaries as the bottom block's (0 otherwise)."""
+    blocks_below_checkpoint: int = 0
+    """k - 1 under ``recompute_every`` k: the blocks below the lowest checkpointed one."""
     top_layer: bool = False
     """Count the top block's backward moment (A held, its temporaries and gradients): set for the non-plain losses
     and kept positions, where no t x V gradient dominates the start of backward (an upper bound)."""
@@ -232,10 +239,13 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
     per = recompute_inputs = head = inputs = head_input = 0
     own_is_block = setup.recompute == "none"
+    whole = 0  # one block's saved bytes as without recompute, its MLP's included (recompute_every's moment)
     if not own_is_block:
         for row in term_rows(config, setup, device_type=device_type, recompute="none", model_level=False):
+            size = row[2] * row[3] / row_divisor(row, tp, sp)
+            whole += size
             if row[1] != "mlp":
-                per += row[2] * row[3] / row_divisor(row, tp, sp)
+                per += size
     for row in own:
         name, category = row[0], row[1]
         size = row[2] * row[3] / row_divisor(row, tp, sp)
@@ -263,9 +273,32 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
         "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
         "block_forward": mlp + t * config.d_model * w["compute"],
         "recompute_inputs": recompute_inputs,
+        "block": whole / config.n_layers,
         "head": head, "head_input": head_input,
         "inputs": inputs,
     }
+
+
+def _held_at_bottom(config: TransformerConfig, setup: Any, kept: Any) -> Any:
+    """Of ``kept``, the bytes every checkpoint keeps (block inputs; under ``op`` also the policy's outputs), what the
+    bottom block's backward moment counts: all of them under full recompute of every block (as calibrated on the
+    reference GPT's trace, tests/studies/test_setup_draws.py), none under ``recompute_every`` > 1 (block 0 runs
+    without a checkpoint, and the others' have been freed by their backward), block 0's share under ``op`` (the
+    policy's outputs are many per block: the others' are freed by then, measured on fake-tensor traces,
+    tests/predict/memory/test_recompute_policies.py)."""
+    if setup.recompute == "op":
+        return kept / config.n_layers
+    return 0 if setup.recompute_every > 1 else kept
+
+
+def _lowest_checkpoint(config: TransformerConfig, setup: Any, lt: dict[str, Any]) -> Any:
+    """:attr:`StepInputs.lowest_checkpoint_bytes` from :func:`layer_terms`' ``lt``: None unless full recompute of
+    every k-th block (k > 1) checkpoints one at least; the k - 1 blocks below the lowest keep everything
+    (``lt["block"]`` each), it keeps its input and recomputes (one block's ``layer`` and ``temp``)."""
+    k, n = setup.recompute_every, config.n_layers
+    if setup.recompute != "full" or k == 1 or k > n:
+        return None
+    return (k - 1) * lt["block"] + lt["layer"] + lt["temp"] + lt["recompute_inputs"] / (n // k)
 
 
 def larger(a: Any, b: Any) -> Any:
@@ -341,7 +374,9 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         if config.tied_embeddings and not adapters else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
         "forward_logits_bytes_per_element": 4 if pol.compute_dtype == "fp32" else 6,
-        "full_recompute": setup.recompute == "full", "offload": setup.offload_activations, "fsdp": extra,
+        "full_recompute": setup.recompute in CHECKPOINTED, "offload": setup.offload_activations, "fsdp": extra,
+        # the checkpointed blocks' weight copies (saved by no op; recompute_every: every k-th block's); a frozen base:
+        # only what trains is cached
         "cast_cache_bytes": _cast_cache(config, setup) if pol.autocast else 0.0,
     }
 
@@ -349,7 +384,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
 def _cast_cache(config: TransformerConfig, setup: Any) -> float:
     """:attr:`StepInputs.cast_cache_bytes` under autocast (a frozen base: only what trains is cached,
     :func:`memlab.predict.memory.finetune.autocast_cache_bytes`)."""
-    blocks = autocast_block_copy_bytes(config, setup.tp) if setup.recompute == "full" else 0.0
+    blocks = _block_copies(config, setup, 1)  # the checkpointed blocks' (recompute_every: every k-th block's)
     biases = autocast_bias_copy_bytes(config, setup.tp)
     if setup.finetune == "full":
         return blocks + biases
@@ -376,7 +411,9 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     else:
         logits = setup.batch * kept_positions(setup) * config.vocab_size / setup.tp
         fwd, bwd = loss_transients(config, setup, logits, const["forward_logits_bytes_per_element"], device_type)
-        top = not setup.offload_activations and setup.recompute != "full"
+        # the top block's moment, unless a checkpoint recomputes it (recompute_every k: when k divides the layers)
+        top = not setup.offload_activations and (setup.recompute not in CHECKPOINTED
+                                                 or config.n_layers % setup.recompute_every != 0)
         # targets no op saves are still held by the training loop
         padded = config.impl.loss_labels_padded
         unsaved = (1 - targets_saved(setup, padded)) * setup.batch * setup.seq * 8
@@ -388,13 +425,15 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         plain = setup.loss == "plain"
         head_copy = (config.vocab_size * config.d_model
                      + config.vocab_size * (config.impl.head_bias and not config.tied_embeddings)) * 2 / setup.tp
-        off_fwd = (0 if setup.recompute == "full" else autocast_block_copy_bytes(config, setup.tp)) \
-            + plain * (head_copy - lt["head_input"])
+        off_fwd = _block_copies(config, setup, 0) + plain * (head_copy - lt["head_input"])
     return StepInputs(**{
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
-        "block_forward_bytes": lt["block_forward"], "recompute_inputs_bytes": lt["recompute_inputs"],
+        "block_forward_bytes": lt["block_forward"],
+        "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
+        "lowest_checkpoint_bytes": _lowest_checkpoint(config, setup, lt),
+        "blocks_below_checkpoint": setup.recompute_every - 1 if setup.recompute == "full" else 0,
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved + mask, "top_layer": top,
@@ -403,6 +442,13 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"
         and not (const["fsdp"] is not None and setup.fsdp_loss == "outside") else 0,
     })
+
+
+def _block_copies(config: TransformerConfig, setup: Any, checkpointed: int) -> float:
+    """Autocast's 16-bit copies of the blocks' weights (bytes on one tp rank) of the blocks that run with a checkpoint
+    (``checkpointed=1``: their ops save none, the cast cache holds them) or without one (0: saved for backward)."""
+    part = split_by_checkpoint(config, setup)[checkpointed]
+    return autocast_block_copy_bytes(part, setup.tp) if part is not None else 0.0
 
 
 def loss_transients(config: TransformerConfig, setup: Any, logits: Any, per_logit: float,
@@ -486,6 +532,10 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
                 below = below - (0 if holds else f["root_grads_shard"]) + f["root_grads_full"] + f["bottom"]
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
             back = larger(larger(start, bottom), base + end)
+            if x.lowest_checkpoint_bytes is not None:  # recompute_every: the lowest checkpointed block's moment,
+                # before the k - 1 blocks below it have gradients (unless gradients are held from the start)
+                below_k = below if holds else below - (x.blocks_below_checkpoint * x.layer_grad_bytes)
+                back = larger(back, base + below_k + x.lowest_checkpoint_bytes)
             if x.top_layer:  # the top block's backward with (nearly) all activations held: no logits term hides it
                 back = larger(back, base + g_held + a_start - x.head_input_bytes + x.layer_temporary_bytes
                               + (0 if holds else x.layer_grad_bytes))

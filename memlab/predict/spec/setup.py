@@ -15,7 +15,7 @@ from memlab.predict.spec.precision import PRECISION_POLICIES, PrecisionPolicy, f
 from memlab.predict.spec.validate import LIMITS, StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
 Attention = Literal["eager", "math", "flash", "efficient", "cudnn", "auto"]
 ZeroStage = Literal[0, 1, 2, 3]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor"]
@@ -39,6 +39,9 @@ Task = Literal["auto", "causal-lm", "masked-lm", "sequence-classification", "tok
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+CHECKPOINTED = ("full", "op")
+"""Recompute policies that run every block (``full``: with ``recompute_every`` 1) under ``torch.utils.checkpoint``:
+a block keeps its input (and, under ``op``, what its policy saves) and runs again in backward."""
 ATTENTION: tuple[str, ...] = get_args(Attention)
 KERNELS: tuple[str, ...] = tuple(a for a in ATTENTION if a != "auto")
 """The attention kernels a step runs (``auto`` resolves to one of them: memlab.predict.spec.kernels)."""
@@ -124,11 +127,20 @@ def resolve_optimizer_impl(optimizer: str, impl: str, device_type: str = "cuda")
     return impl
 
 
+def checkpointed_blocks(n_layers: int, every: int = 1) -> tuple[int, ...]:
+    """The blocks (from 0) a full recompute over every ``every``-th block checkpoints: those with ``(i + 1) % every
+    == 0``, as torchtitan's layer policy counts them (a counter incremented before the test, so block ``every - 1`` is
+    the first; pytorch/torchtitan@9a8cb98 torchtitan/models/llama3/infra/parallelize.py lines 320-326,
+    ``ptd_checkpoint_wrapper._count % ac_freq == 0``). ``every=1`` is every block."""
+    return tuple(i for i in range(n_layers) if (i + 1) % every == 0)
+
+
 SETUP_GROUPS: dict[str, tuple[str, ...]] = {
     "shape": ("batch", "seq", "mode"),
     "precision": ("precision", "inference_weights", "kv_cache_dtype"),
     "optimizer": ("optimizer", "optimizer_impl", "grad_accum_steps", "zero_grad_to_none"),
-    "memory levers": ("recompute", "attention", "loss", "loss_chunk", "logits_to_keep", "offload_activations"),
+    "memory levers": ("recompute", "recompute_every", "activation_memory_budget", "attention", "loss", "loss_chunk",
+                      "logits_to_keep", "offload_activations"),
     "parallelism": ("zero_stage", "world_size", "tp", "sp", "pp", "pp_schedule", "pp_chunks", "micro_batches", "cp",
                     "ep", "ep_routing"),
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
@@ -174,7 +186,18 @@ class Setup(StrictInit):
     optimizer: Optimizer = field(default="adamw", metadata={"mode": "train"})
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
-    """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
+    """Activation recomputation: none, selective (the attention core, Korthikanti et al.), full (every block;
+    with recompute_every k, every k-th block) or op (torchtitan's per-op policy: every block checkpointed, the
+    outputs of its 1st, 3rd, ... aten.mm and of CUDA's fused attention kept, the rest recomputed)."""
+    recompute_every: int = field(default=1, metadata=LIMITS["layers"].meta(mode="train"))
+    """With recompute='full': checkpoint every k-th block only (blocks k-1, 2k-1, ... from 0; the others keep what
+    they keep without recompute): torchtitan's layer policy, selective_ac_option='k'. 1: every block (transformers'
+    gradient checkpointing, Megatron's full)."""
+    activation_memory_budget: float = field(default=1.0, metadata={"max": 1.0, "why": "a fraction of the activations "
+                                                                   "saved without recompute", "mode": "train"})
+    """torch.compile's activation memory budget (torch._functorch.config.activation_memory_budget; torchtitan's
+    memory_budget mode): 1 is torch's default; below 1 the compiled graph's partitioner picks what to recompute, which
+    memlab cannot trace (refused: use recompute op, full or recompute_every instead)."""
     attention: Attention = field(default="eager", metadata={"cli_default": "auto"})
     """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none; auto is
     what the libraries run (transformers' default implementation, then the kernel torch dispatches on the device:
@@ -329,6 +352,10 @@ class Setup(StrictInit):
                              "tp=1 (or drop fsdp_offload)")
         self._check_finetune()
         self._check_call()
+        if self.recompute_every > 1 and self.recompute != "full":
+            raise SetupError(f"recompute_every={self.recompute_every} checkpoints every k-th block: it goes with "
+                             f"recompute='full', not {self.recompute!r} (set recompute='full', or drop "
+                             "recompute_every)")
 
     def _check_call(self) -> None:
         """One SetupError line for a calling convention (``attention_mask``, ``padding_side``, ``loss_call``) whose
