@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
                "host_bytes": bd.host_bytes, **found, "unverified_versions": guard,
-               **model_info(model, source="formula", config=raw), "published_model": twin,
+               **model_info(model, source="formula", config=raw, mode=setup.mode), "published_model": twin,
                "peak_range": None if span is None else {
                    **span.to_dict(), "exact_peak": exact_peak_hint(span, _hf_target(args, model), setup)},
                "ranks": [r.to_dict() for r in bd.ranks], "layout": bd.layout}
@@ -175,7 +175,7 @@ def _print(args: argparse.Namespace, model: Any, raw: Any, setup: Any, bd: Any, 
     """The breakdown: the worst rank's components (the one device's on one device), the phases, every rank where
     ranks differ, the peak and its range."""
     print(_header(model, setup, bd))
-    info = model_info(model, source="formula", config=raw)
+    info = model_info(model, source="formula", config=raw, mode=setup.mode)
     print(f"model: {info['model_label']}; source of truth: formula (memlab.predict.estimate); step: "
           f"{info['calling_convention']}")
     if twin is not None:
