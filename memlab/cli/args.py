@@ -444,8 +444,7 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] 
         if opt.field in exclude:
             continue
         g = groups[opt.field]
-        default = "by mode" if opt.default is None else opt.default
-        text = f"{opt.help.replace('``', '')} (default: {default})"
+        text = f"{opt.help.replace('``', '')} (default: {opt.default})"
         if opt.kind == "bool":
             g.add_argument(opt.flag, *opt.aliases, dest=opt.field, action=argparse.BooleanOptionalAction,
                            default=None, help=text)

@@ -19,7 +19,7 @@ from memlab.errors import ConfigError
 HF_CALL = ("transformers AutoModelForCausalLM.from_config(config) in the setup's dtype; loss = model(input_ids=ids, "
            "labels=ids).loss (transformers shifts the labels inside: loss_utils.py ForCausalLMLoss)")
 """How memlab's step calls a Hugging Face model (memlab.model.loss, memlab.tracing.hf, memlab.run.hf)."""
-HF_GENERATE = ("transformers AutoModelForCausalLM.from_config(config) in the weights' dtype; model.generate(input_ids): "
+HF_GENERATE = ("transformers AutoModelForCausalLM.from_config(config) in the weights' dtype; model.generate(ids): "
                "a prefill (logits of Setup.logits_to_keep positions), then decode steps with the Setup.kv_cache cache")
 """How an inference estimate takes a Hugging Face model to be served (memlab.predict.memory.inference)."""
 REFERENCE_CALL = "memlab.model.gpt.GPT (the reference GPT) through memlab.model.step.train_step"

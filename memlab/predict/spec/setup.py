@@ -285,12 +285,12 @@ class Setup(StrictInit):
     targets.view(-1)) on the user's next-token targets: the log-softmax in the logits' dtype; training only)."""
 
     def __post_init__(self) -> None:
-        if self.logits_to_keep is None:  # the library's default for the mode (frozen: during __post_init__ only)
-            object.__setattr__(self, "logits_to_keep", default_logits_to_keep(self.mode))
         # Types, ranges and Literal choices of every field from its annotation and metadata
         # (memlab.predict.spec.validate): a bool is no count, a float no ZeRO stage, 'training' no mode. precision and
         # optimizer are names with a closest-match message (UnknownNameError), checked after.
         check_fields(self, SetupError, skip=("precision", "optimizer"))
+        if self.logits_to_keep is None:  # the library's default for the (canonical) mode; frozen: __post_init__ only
+            object.__setattr__(self, "logits_to_keep", default_logits_to_keep(self.mode))
         for name in ("precision", "optimizer"):
             if not isinstance(getattr(self, name), str):
                 raise SetupError(f"Setup.{name} must be a string, got {getattr(self, name)!r}: pass e.g. "
