@@ -8,8 +8,6 @@ not counted): checked as one.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from memlab.errors import SetupError
@@ -20,41 +18,24 @@ from memlab.predict.memory.inference import kv_cache_bytes, prefill_transient_by
 from memlab.predict.paging import VLLM_BLOCK_SIZE, VLLM_GPU_MEMORY_UTILIZATION, vllm_kv_blocks
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.setup import GENERATE_LOGITS_TO_KEEP, Setup
-from memlab.tracing.gpt import trace_gpt
-
-
-def _draw(seed: int, attention: str) -> tuple[TransformerConfig, Setup]:
-    """A generated reference GPT (gelu or swiglu, learned or rotary positions, MHA or GQA, 1-3 blocks, any d_ff
-    and vocabulary) and a generated inference setup (batch, seq, weights, cache, kept positions)."""
-    rng = random.Random(seed)
-    base = preset(rng.choice(["tiny-gpt", "tiny-llama"]))
-    heads, hd = rng.choice([2, 4]), rng.choice([8, 16])
-    kv = rng.choice([h for h in (1, 2, 4) if heads % h == 0])
-    cfg = base.with_(n_layers=rng.choice([1, 2, 3]), n_heads=heads, n_kv_heads=kv if base.n_kv_heads else None,
-                     d_model=heads * hd, d_ff=rng.choice([8, 16, 48, 96, 200]), vocab_size=rng.choice([64, 512, 3000]))
-    seq = rng.choice([2, 5, 17, 40])
-    weights = rng.choice(["fp32", "bf16"])
-    setup = Setup(mode="inference", batch=rng.choice([1, 2, 3]), seq=seq, attention=attention,
-                  inference_weights=weights, kv_cache_dtype=weights, kv_cache=rng.choice(["dynamic", "static"]),
-                  logits_to_keep=rng.choice([0, 1, min(3, seq)]))
-    return cfg, setup
+from memlab.studies.inference_draws import compare_inference, draw_inference
 
 
 def _phases(cfg: TransformerConfig, setup: Setup) -> tuple[dict[str, int], dict[str, int]]:
-    bd = estimate(cfg, setup, device_type="cpu")
-    return {r.phase: r.peak_bytes for r in bd.phases}, {r.phase: r.peak_bytes for r in trace_gpt(cfg, setup).phases}
+    out = compare_inference(cfg, setup)
+    return out["predicted"], out["traced"]
 
 
 @pytest.mark.parametrize("seed", range(16))
 def test_prefill_and_decode_equal_the_trace_under_a_fused_kernel(seed: int) -> None:
-    cfg, setup = _draw(seed, "flash")
+    cfg, setup = draw_inference(seed, "flash")
     predicted, traced = _phases(cfg, setup)
     assert predicted == traced, (cfg, setup)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_eager_prefill_and_decode_are_a_lower_bound_of_the_trace(seed: int) -> None:
-    cfg, setup = _draw(100 + seed, "eager")
+    cfg, setup = draw_inference(100 + seed, "eager")
     predicted, traced = _phases(cfg, setup)
     assert all(predicted[p] <= traced[p] for p in traced), (cfg, setup, predicted, traced)
 
