@@ -7,9 +7,11 @@
 - ``parallel/``: per-rank bytes of pipeline, context and expert parallelism, communication, efficiency;
 - ``coverage``: what memlab models, in one table: refusals with their way out, assumptions, and the terms an estimate
   names as left out, with sizes; ``estimate``: one estimate for every setup, one device or per rank;
-- ``fit``: will it fit, the largest batch or sequence, the levers; ``paging``: KV-cache reservation policies.
+- ``fit``: will it fit, the largest batch or sequence (``serving_table``: the largest batch per context), the
+  levers; ``paging``: KV-cache reservation policies and a serving engine's budget (vLLM's KV blocks).
 
 Where does X go? A new model family: ``families/``. A new saved tensor: ``memory/activations``. A parallelism whose
 ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). What memlab does or does not
-model, and what it says about it: a row of ``coverage``.
+model, and what it says about it: a row of ``coverage``. A moment of generate()'s prefill or decode (a cache kind,
+a transient): ``memory/inference``, checked against the reference GPT's trace (``memlab.studies.inference_draws``).
 """

@@ -90,10 +90,9 @@ def max_sequences(config: Any, capacity_bytes: int, context: int, *, weights: st
     """Sequences of ``context`` tokens whose KV cache fits next to the weights in ``capacity_bytes`` (decode-time
     memory: weights + KV cache, no activations, no allocator margin), on one of ``tp`` tensor-parallel devices.
 
-    This is the serving engines' view: they size the KV pool from what the weights leave [kwon2023] and compute
-    prefill logits for the last token only, so the estimator's full-prompt transient (the largest of the fp32
-    logits of every prompt token, the MLP's inner tensor and, with eager attention, the fp32 score matrix) is left
-    out here.
+    This is the serving engines' view, an upper bound: they size the KV pool from what the weights leave [kwon2023],
+    so the prefill's largest moment (what :func:`memlab.predict.fit.max_batch` adds to weights + KV) is left out
+    here; :func:`vllm_kv_blocks` takes out the profiled peak and vLLM's margin as vLLM does.
     """
     from memlab.predict.estimate import estimate
     from memlab.predict.memory.inference import kv_cache_bytes

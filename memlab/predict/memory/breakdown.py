@@ -12,8 +12,8 @@ byte comes from:
   (:func:`~memlab.predict.memory.sharding.zero_divisors`), after Megatron tensor parallelism over ``setup.tp`` ranks
   (:func:`~memlab.predict.memory.sharding.tp_shard_shape`).
 - activations: :func:`memlab.predict.memory.activations.activation_bytes` (Korthikanti et al. 2022, generalised).
-- inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
-  tensor of a full-prompt forward.
+- inference: weights at ``setup.inference_weights`` (with quantisation scales), the KV cache of ``setup.kv_cache``,
+  the token ids and the largest moment of generate()'s prefill and decode (:func:`inference_terms`).
 - overheads: named terms (:class:`Overheads`), never folded into other components.
 - phases: the bytes held at each phase of the first and the steady step and their peak
   (:mod:`memlab.predict.memory.phases`): what must fit. ``total_bytes`` stays the sum of the components.
