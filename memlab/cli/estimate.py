@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose predicted peak fits --gpu")
     g.add_argument("--longest-seq", action="store_true",
                    help="the longest sequence (up to the model's max_seq) whose predicted peak fits --gpu")
+    g.add_argument("--serving", type=context_list, metavar="C1,C2,...",
+                   help="with --mode inference: the largest batch at each context length (tokens per sequence, "
+                   "prompt + generated) whose predicted peak fits --gpu (memlab.predict.fit.serving_table)")
     g.add_argument("--levers", action="store_true", help="rank what to switch on (recompute, attention kernel, "
                    "precision, fused optimizer, chunked/fused loss, logits_to_keep, offload, ZeRO-3, LoRA, QLoRA, "
                    "frozen blocks, 8-bit AdamW) by the peak each gives on --gpu, with its cost, and the levers that "
@@ -59,6 +62,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lever-ranks", type=bounded_int(2, LIMITS["ranks"].max, LIMITS["ranks"].why), default=8,
                    metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def context_list(text: str) -> tuple[int, ...]:
+    """``"1024,8192"`` -> ``(1024, 8192)``: comma-separated context lengths, each a whole number of tokens in
+    1..LIMITS['seq']."""
+    one = bounded_int(1, int(LIMITS["seq"].max), LIMITS["seq"].why)
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated context lengths (e.g. 1024,8192), got {text!r}")
+    return tuple(one(t) for t in parts)
 
 
 def setup_of(args: argparse.Namespace, model: Any) -> Any:
@@ -83,13 +96,15 @@ def run(args: argparse.Namespace) -> int:
         return _traced(args, raw, refused)
     setup = setup_of(args, model)
     answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                                     ("--levers", args.levers)) if on]
+                                     ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
     if answers and args.gpu is None:
         raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
     if answers and isinstance(model, int):
         raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
     if args.levers and setup.mode != "train":
         raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    if args.serving and setup.mode != "inference":
+        raise MemlabError("--serving searches the batch of a served model: add --mode inference")
     ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
@@ -347,7 +362,7 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
     from memlab.cli.traced import print_trace, trace_config
 
     answers = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                               ("--levers", args.levers)) if on]
+                               ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
     if answers:
         raise MemlabError(f"the formula does not cover this config ({refused}); {', '.join(answers)} search with the "
                           "formula: drop them to get the trace's answer")
@@ -383,13 +398,16 @@ def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | No
 def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:
     """``--max-batch``, ``--max-seq`` and ``--levers`` answered from the phase-aware peak (memlab.predict.fit)."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.fit import fits, levers, max_batch, max_seq, plan_to_fit
+    from memlab.predict.fit import fits, levers, max_batch, max_seq, plan_to_fit, serving_table
 
     out: dict[str, Any] = {}
     if args.max_batch:
         out["max_batch"] = max_batch(model, setup, args.gpu, overheads=ov).to_dict()
     if args.longest_seq:
         out["max_seq"] = max_seq(model, setup, args.gpu, overheads=ov).to_dict()
+    if args.serving:
+        out["serving"] = serving_table(model, setup, args.gpu, args.serving, overheads=ov)
+        out["serving_gpu"] = args.gpu
     if args.levers:
         out["levers"] = [r.to_dict() for r in levers(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)]
         names, fitted, peak = plan_to_fit(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)
@@ -403,6 +421,13 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
         if key in found:
             r = found[key]
             print(f"\n{key.replace('_', ' ')} on {r['gpu']}: {r['value']:,} ({r['reason']}; peak, never the sum)")
+    if "serving" in found:
+        print(f"\nserving on {found['serving_gpu']}: the largest batch per context (generate()'s prefill and decode; "
+              "peak, never the sum)")
+        print(f"  {'context':>9} {'max batch':>9} {'peak GiB':>9} {'at':8} {'KV cache GiB':>12}")
+        for r in found["serving"]:
+            print(f"  {r['context']:>9,} {r['max_batch']:>9,} {r['peak_bytes'] / GiB:>9.2f} {r['peak_phase']:8} "
+                  f"{r['kv_cache_bytes'] / GiB:>12.2f}")
     if "levers" in found:
         print(f"\nlevers, ranked by the predicted peak each gives alone (capacity "
               f"{verdict.capacity_bytes / GiB:.2f} GiB):")
