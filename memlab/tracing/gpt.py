@@ -179,7 +179,7 @@ def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> 
                 del out
             modules = module_rows(tracker)
     best = max(rec.rows, key=lambda r: r.peak_bytes)
-    kept = f"the last {keep} position{'s' if keep > 1 else ''}'" if keep else "every position's"
+    kept = "every position's" if not keep else "the last position's" if keep == 1 else f"the last {keep} positions'"
     return Trace(model=config.name, setup=setup.to_dict(), fake=fake, phases=tuple(rec.rows),
                  peak_bytes=best.peak_bytes, peak_phase=best.phase, peak_step=best.step,
                  peak_by_category=dict(best.by_category), modules=modules,
