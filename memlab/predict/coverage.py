@@ -492,8 +492,9 @@ def _kv_line(c: Case) -> str:
 
 def _inference_line(c: Case) -> str:
     s = c.setup
-    keep = (f"logits of the last {s.logits_to_keep} position(s)" if s.logits_to_keep else
-            "logits of every prompt position (logits_to_keep=0: a plain forward)")
+    keep = ("logits of every prompt position (logits_to_keep=0: a plain forward)" if not s.logits_to_keep else
+            "logits of the last position" if s.logits_to_keep == 1 else
+            f"logits of the last {s.logits_to_keep} positions")
     default = (" (generate()'s default: it passes logits_to_keep=1 to a model that takes it, transformers "
                "generation/utils.py line 2958 of 5.25.0)" if s.logits_to_keep == 1 else "")
     exact = ("exact against the reference GPT's trace under a fused kernel (python benchmarks/inference_vs_trace.py; "
