@@ -497,7 +497,10 @@ def _inference_line(c: Case) -> str:
             f"logits of the last {s.logits_to_keep} positions")
     default = (" (generate()'s default: it passes logits_to_keep=1 to a model that takes it, transformers "
                "generation/utils.py line 2958 of 5.25.0)" if s.logits_to_keep == 1 else "")
-    exact = ("exact against the reference GPT's trace under a fused kernel (python benchmarks/inference_vs_trace.py; "
+    moe = c.is_config and c.config.is_moe  # type: ignore[union-attr]
+    exact = ("a mixture of experts' routing tensors (router logits, token indices, the routed copies) are not "
+             "counted: below the trace (memlab.tracing.gpt.trace_gpt with fake=False)" if moe else
+             "exact against the reference GPT's trace under a fused kernel (python benchmarks/inference_vs_trace.py; "
              "a Hugging Face family's own activation and norm upcasts are not traced in inference)"
              if s.fused_attention else
              f"attention={s.attention} keeps s x s scores: the prefill and decode moments are a lower bound (eager's "

@@ -146,6 +146,20 @@ def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> 
     Phases ``prefill`` and ``decode`` (step ``steady``); the token ids (and a static cache) are in ``inputs``, a
     dynamic cache in ``activations`` (it is made during the phases).
     """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if config.is_moe and fake:
+        raise SetupError("traced inference of a mixture of experts routes tokens by value (the router's nonzero), "
+                         "which a fake tensor does not have: trace it with fake=False at a small shape")
+    try:
+        return _inference_phases(config, setup, fake=fake)
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        raise SetupError(f"traced inference reads a tensor's value ({exc.func}), which a fake tensor does not have: "
+                         "trace it with fake=False at a small shape") from None
+
+
+def _inference_phases(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:
+    """:func:`_trace_inference`'s run: the model, the cache, the two phases recorded."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memlab.device import torch_dtype
