@@ -74,6 +74,22 @@ def context_list(text: str) -> tuple[int, ...]:
     return tuple(one(t) for t in parts)
 
 
+def _check_answers(args: argparse.Namespace, model: Any, setup: Any) -> list[str]:
+    """The answer flags given (``--max-batch``, ``--longest-seq``, ``--levers``, ``--serving``); one MemlabError
+    line for one that cannot be answered: no card, a bare count, or the wrong mode."""
+    answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                                     ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
+    if answers and args.gpu is None:
+        raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
+    if answers and isinstance(model, int):
+        raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
+    if args.levers and setup.mode != "train":
+        raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    if args.serving and setup.mode != "inference":
+        raise MemlabError("--serving searches the batch of a served model: add --mode inference")
+    return answers
+
+
 def setup_of(args: argparse.Namespace, model: Any) -> Any:
     if args.zero_stage is not None and args.fsdp is not None:
         raise MemlabError("give --zero or --fsdp, not both (FULL_SHARD = ZeRO 3, SHARD_GRAD_OP = ZeRO 2)")
@@ -95,16 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if refused is not None:
         return _traced(args, raw, refused)
     setup = setup_of(args, model)
-    answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                                     ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
-    if answers and args.gpu is None:
-        raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
-    if answers and isinstance(model, int):
-        raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
-    if args.levers and setup.mode != "train":
-        raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
-    if args.serving and setup.mode != "inference":
-        raise MemlabError("--serving searches the batch of a served model: add --mode inference")
+    answers = _check_answers(args, model, setup)
     ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
