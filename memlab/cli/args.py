@@ -387,6 +387,7 @@ class SetupOption:
     flag: str
     help: str
     default: Any
+    """The command line's default: the field's, or its ``metadata["cli_default"]`` (attention: auto)."""
     kind: str
     """``bool``, ``int``, ``float`` or ``str``."""
     choices: tuple[Any, ...] | None
@@ -428,7 +429,7 @@ def setup_options() -> tuple[SetupOption, ...]:
         else:
             kind = {bool: "bool", int: "int", float: "float"}.get(hint, "str")
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-        out.append(SetupOption(f.name, flag, docs.get(f.name, ""), f.default, kind,
+        out.append(SetupOption(f.name, flag, docs.get(f.name, ""), f.metadata.get("cli_default", f.default), kind,
                                tuple(choices) if choices is not None else None, f.metadata.get("mode"),
                                tuple(f.metadata.get("aliases", ()))))
     return tuple(out)
@@ -436,21 +437,22 @@ def setup_options() -> tuple[SetupOption, ...]:
 
 def add_setup_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
     """Add one option per Setup field (less ``exclude``); every default is Setup's own (shown in ``--help``)."""
-    from memlab.predict.spec.setup import SETUP_GROUPS
+    from memlab.predict.spec.setup import SETUP_GROUPS, Setup
 
-    titled = {name: p.add_argument_group(f"setup: {name} (defaults are memlab.Setup's)") for name in SETUP_GROUPS}
+    titled = {name: p.add_argument_group(f"setup: {name} (defaults are memlab.Setup's, but estimate's --attention)")
+              for name in SETUP_GROUPS}
     groups = {field: titled[name] for name, fields in SETUP_GROUPS.items() for field in fields}
     for opt in setup_options():
         if opt.field in exclude:
             continue
         g = groups[opt.field]
-        text = f"{opt.help.replace('``', '')} (default: {opt.default})"
+        text = f"{opt.help.replace('``', '')} (default: {opt.default}" + (
+            f"; memlab trace and measure: {Setup.__dataclass_fields__[opt.field].default})"
+            if opt.default != Setup.__dataclass_fields__[opt.field].default else ")")
         if opt.kind == "bool":
             g.add_argument(opt.flag, *opt.aliases, dest=opt.field, action=argparse.BooleanOptionalAction,
                            default=None, help=text)
             continue
-        from memlab.predict.spec.setup import Setup
-
         conv: Callable[[str], Any] = (field_bound(Setup, opt.field) if opt.kind == "int"
                                       else positive_float if opt.kind == "float" else str)
         g.add_argument(opt.flag, *opt.aliases, dest=opt.field, type=conv, choices=opt.choices, default=None,
@@ -462,10 +464,14 @@ def given_setup_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {o.field: getattr(args, o.field) for o in setup_options() if getattr(args, o.field, None) is not None}
 
 
-def setup_from_args(args: argparse.Namespace, model: Any, **overrides: Any) -> Any:
+def setup_from_args(args: argparse.Namespace, model: Any, *, device_type: str = "cuda", library_defaults: bool = False,
+                    **overrides: Any) -> Any:
     """The :class:`~memlab.predict.spec.setup.Setup` the options describe. An unset ``--seq`` is Setup's default lowered
     to the model's ``max_seq`` when that is shorter; ``overrides`` win over the command line (e.g. ``--fsdp`` on
-    estimate)."""
+    estimate). With ``library_defaults`` (``memlab estimate``) an unset option takes its ``cli_default`` (attention:
+    ``auto``); ``auto`` is the kernel the libraries run for this model on ``device_type`` (and ``--gpu``'s compute
+    capability): :func:`memlab.predict.spec.kernels.resolved`, its reason left in ``args.assumed_attention``; for a
+    bare count or a config the formula does not read it stays ``auto`` (the trace resolves it)."""
     from memlab.predict.spec.model import TransformerConfig
     from memlab.predict.spec.setup import INFERENCE_WEIGHTS, Setup
 
@@ -481,9 +487,18 @@ def setup_from_args(args: argparse.Namespace, model: Any, **overrides: Any) -> A
                               f"--weights ({', '.join(INFERENCE_WEIGHTS)}) and the KV cache --kv-dtype")
         raise MemlabError(f"{flags}: only for inference, ignored by training (the default --mode train): add "
                           "--mode inference, or drop it; training precision is --precision")
-    values = {**given, **overrides}
+    cli_defaults = {o.field: o.default for o in setup_options()
+                    if library_defaults and o.default != Setup.__dataclass_fields__[o.field].default}
+    values = {**cli_defaults, **given, **overrides}  # e.g. attention: unnamed, the kernel the libraries run
     if values.get("finetune") == "qlora" and "precision" not in values:
         values["precision"] = "bf16"  # QLoRA computes in bf16 over its 4-bit base (bnb_4bit_compute_dtype)
     if "seq" not in values and isinstance(model, TransformerConfig):
         values["seq"] = min(Setup().seq, model.max_seq)
-    return Setup(**values)
+    setup = Setup(**values)
+    if not isinstance(model, TransformerConfig):
+        return setup  # a bare count (attention moves no state) or a config the trace resolves itself
+    from memlab.predict.spec.kernels import resolved
+
+    setup, why = resolved(model, setup, device_type=device_type, gpu=getattr(args, "gpu", None))
+    args.assumed_attention = why  # printed first by the command (None: the user named the kernel)
+    return setup

@@ -18,7 +18,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.hf_source import hf_path, model_info, published_twin
+from memlab.cli.hf_source import hf_path, model_info, published_twin, with_task
 from memlab.errors import ConfigError, MemlabError, SetupError
 from memlab.predict.families.resolver import resolve_with_raw
 from memlab.predict.spec.validate import LIMITS
@@ -62,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lever-ranks", type=bounded_int(2, LIMITS["ranks"].max, LIMITS["ranks"].why), default=8,
                    metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--explain", action="store_true", help="list every assumption (the short form comes first)")
 
 
 def context_list(text: str) -> tuple[int, ...]:
@@ -74,27 +75,14 @@ def context_list(text: str) -> tuple[int, ...]:
     return tuple(one(t) for t in parts)
 
 
-def _check_answers(args: argparse.Namespace, model: Any, setup: Any) -> list[str]:
-    """The answer flags given (``--max-batch``, ``--longest-seq``, ``--levers``, ``--serving``); one MemlabError
-    line for one that cannot be answered: no card, a bare count, or the wrong mode."""
-    answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                                     ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
-    if answers and args.gpu is None:
-        raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
-    if answers and isinstance(model, int):
-        raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
-    if args.levers and setup.mode != "train":
-        raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
-    if args.serving and setup.mode != "inference":
-        raise MemlabError("--serving searches the batch of a served model: add --mode inference")
-    return answers
-
-
-def setup_of(args: argparse.Namespace, model: Any) -> Any:
+def setup_of(args: argparse.Namespace, model: Any, *, library_defaults: bool = True) -> Any:
+    """The Setup of ``memlab estimate``'s options (``--fsdp`` as its ZeRO stage); ``library_defaults``: unnamed
+    options take the libraries' defaults (attention: the kernel transformers and torch run; ``memlab trace`` passes
+    False: a CPU trace runs its kernel on this CPU)."""
     if args.zero_stage is not None and args.fsdp is not None:
         raise MemlabError("give --zero or --fsdp, not both (FULL_SHARD = ZeRO 3, SHARD_GRAD_OP = ZeRO 2)")
     overrides = {"zero_stage": {"full-shard": 3, "shard-grad-op": 2, "no-shard": 0}[args.fsdp]} if args.fsdp else {}
-    return setup_from_args(args, model, **overrides)
+    return setup_from_args(args, model, library_defaults=library_defaults, **overrides)
 
 
 def _size(n: float) -> str:
@@ -110,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     model, raw, refused = _model(args)
     if refused is not None:
         return _traced(args, raw, refused)
-    setup = setup_of(args, model)
-    answers = _check_answers(args, model, setup)
+    setup = with_task(setup_of(args, model), raw)
+    answers = _asked_answers(args, model, setup)
     ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
     ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
@@ -130,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
         if traced is not None:
             return traced
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
-    twin = published_twin(model, setup, ov) if ranked is None else None
+    # the published twin runs its own library default where the user named no kernel
+    auto = getattr(args, "assumed_attention", None) is not None
+    twin = published_twin(model, setup.with_(attention="auto") if auto else setup, ov) if ranked is None else None
     found = _answers(args, model, setup, ov)
     span = bd.peak_range if setup.mode == "train" and bd.config is not None else None
     if args.json:
@@ -141,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
                "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
+               "assumed": assumed_lines(args, setup, bd),
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
                "host_bytes": bd.host_bytes, **found, "unverified_versions": guard,
                **model_info(model, source="formula", config=raw, mode=setup.mode), "published_model": twin,
@@ -149,13 +140,75 @@ def run(args: argparse.Namespace) -> int:
                "ranks": [r.to_dict() for r in bd.ranks], "layout": bd.layout}
         print_json(out, indent=2)
         return 0
-    _print(args, model, raw, setup, bd, twin, span)
+    print(_header(model, setup, bd))
+    _print_assumed(args, setup, bd)
     _print_verdict(verdict)
+    _print(args, model, raw, setup, bd, twin, span)
     _print_answers(found, verdict)
-    print("\nassumptions:")
-    for line in bd.assumptions:
-        print(f"  - {line}")
+    _print_assumptions(args, bd)
     return 0
+
+
+def _asked_answers(args: argparse.Namespace, model: Any, setup: Any) -> list[str]:
+    """The answer flags given (``--max-batch``, ``--longest-seq``, ``--levers``, ``--serving``), refusing those the
+    call cannot answer: without ``--gpu``, for a bare count, levers of an inference step, or serving a training
+    one."""
+    answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
+                                     ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
+    if answers and args.gpu is None:
+        raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
+    if answers and isinstance(model, int):
+        raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
+    if args.levers and setup.mode != "train":
+        raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    if args.serving and setup.mode != "inference":
+        raise MemlabError("--serving searches the batch of a served model: add --mode inference")
+    return answers
+
+
+def _print_assumptions(args: argparse.Namespace, bd: Any) -> None:
+    """Every assumption with ``--explain``; otherwise how many there are and how to see them."""
+    if args.explain:
+        print("\nassumptions (all):")
+        for line in bd.assumptions:
+            print(f"  - {line}")
+    else:
+        print(f"\n({len(bd.assumptions)} assumptions in all: --explain lists them)")
+
+
+def assumed_lines(args: argparse.Namespace, setup: Any, bd: Any) -> list[str]:
+    """The few assumptions a reader needs before the verdict: the attention kernel and why, the optimizer's
+    implementation, the call and its loss, and what the device adds that the peak leaves out."""
+    from memlab.predict.spec.setup import resolve_optimizer_impl
+
+    why = getattr(args, "assumed_attention", None)
+    lines = [why or f"attention {setup.attention} (as named)"]
+    if setup.mode == "train":
+        impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, "cuda")
+        named = "" if setup.optimizer_impl != "auto" else " (what torch.optim picks on CUDA)"
+        lines.append(f"optimizer {setup.optimizer}, {impl} implementation{named}; precision {setup.precision}")
+        call = "model(input_ids, labels=...): transformers' loss on fp32 logits" if setup.loss_call == "labels" \
+            else "logits = model(input_ids).logits, then F.cross_entropy by hand"
+        lines.append(f"the call: {call}; loss {setup.loss}"
+                     + (f", the last {setup.logits_to_keep} positions" if setup.logits_to_keep else ""))
+    else:
+        keep = ("every position's logits (a plain forward)" if not setup.logits_to_keep else "the last position's "
+                "logits (generate()'s)" if setup.logits_to_keep == 1 else f"the last {setup.logits_to_keep} "
+                "positions' logits")
+        cache = "dynamic KV cache (generate()'s default)" if setup.kv_cache == "dynamic" else "static KV cache"
+        lines.append(f"the call: generate(): a prefill of seq - 1 tokens with {keep}, then decoding with a {cache}")
+    left = [k for k, v in bd.overhead.items() if k in ("cuda_context", "workspace", "fragmentation") and not v]
+    if left:
+        lines.append(f"live tensors only: {', '.join(left)} not added (--cuda-context-mib, --workspace-mib, "
+                     "--fragmentation)")
+    return lines
+
+
+def _print_assumed(args: argparse.Namespace, setup: Any, bd: Any) -> None:
+    """The short "what memlab assumed" block, first after the header."""
+    print("assumed:")
+    for line in assumed_lines(args, setup, bd):
+        print(f"  - {line}")
 
 
 def _per_rank_layout(args: argparse.Namespace, model: Any, setup: Any) -> str | None:
@@ -196,7 +249,6 @@ def _header(model: Any, setup: Any, bd: Any) -> str:
 def _print(args: argparse.Namespace, model: Any, raw: Any, setup: Any, bd: Any, twin: Any, span: Any) -> None:
     """The breakdown: the worst rank's components (the one device's on one device), the phases, every rank where
     ranks differ, the peak and its range."""
-    print(_header(model, setup, bd))
     info = model_info(model, source="formula", config=raw, mode=setup.mode)
     print(f"model: {info['model_label']}; source of truth: formula (memlab.predict.estimate); step: "
           f"{info['calling_convention']}")
@@ -254,12 +306,12 @@ def _print_ranks(bd: Any) -> None:
 def _print_verdict(verdict: Any) -> None:
     if verdict:
         word = "FITS" if verdict.fits else "DOES NOT FIT"
-        print(f"\nverdict: {word} on {verdict.gpu_name} ({verdict.gpu}): peak {verdict.peak_bytes / GiB:.2f} GiB "
+        print(f"verdict: {word} on {verdict.gpu_name} ({verdict.gpu}): peak {verdict.peak_bytes / GiB:.2f} GiB "
               f"({verdict.peak_phase}) of {verdict.capacity_bytes / GiB:.2f} GiB "
               f"({verdict.capacity_bytes / GB:.1f} GB); headroom "
               f"{verdict.headroom_bytes / GiB:+.2f} GiB")
     else:
-        print("\nverdict: none (pass --gpu NAME to check the fit)")
+        print("verdict: none (pass --gpu NAME to check the fit)")
 
 
 def _version_guard(args: argparse.Namespace, model: Any) -> str | None:
@@ -379,7 +431,7 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
     args.top = getattr(args, "top", 8)
     result, setup = trace_config(args, args.hf, setup_of(args, 1))  # a bare count: the default seq (1024)
     return print_trace(args, result, setup, None, extra=model_info(None, source="trace", config=raw,
-                                                                         refused=refused))
+                                                                         refused=refused, task=setup.task))
 
 
 def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | None, setup: Any, refused: str) -> int:
@@ -395,11 +447,11 @@ def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | No
           "refuses)", file=sys.stderr)
     args.top = getattr(args, "top", 8)
     try:
-        result, _ = trace_config(args, _hf_target(args, model), setup)
+        result, setup = trace_config(args, _hf_target(args, model), setup)
     except MemlabError as exc:
         raise MemlabError(f"{refused} (the trace cannot take it either: {exc})") from None
     return print_trace(args, result, setup, None, extra=model_info(model, source="trace", config=raw,
-                                                                   refused=refused))
+                                                                   refused=refused, task=setup.task))
 
 
 def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:

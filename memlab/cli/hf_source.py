@@ -91,18 +91,41 @@ def hf_path(text: str) -> str:
 
 
 def model_info(model: Any, *, source: str, config: dict[str, Any] | None = None,
-               refused: str | None = None, mode: str = "train") -> dict[str, Any]:
+               refused: str | None = None, task: str = "causal-lm", mode: str = "train") -> dict[str, Any]:
     """What ``--json`` says about the model: ``family``, ``traits`` (``impl.differs()``; None when the formula
-    does not cover the model), ``calling_convention``, ``source_of_truth`` (``formula`` or ``trace``) and, when the
-    formula refused the config, ``formula_refused`` (its one-line reason); ``model_label`` is :func:`model_label`.
-    ``mode``: the setup's (an inference estimate calls a Hugging Face model through ``generate()``)."""
+    does not cover the model), ``calling_convention`` (a ``task`` head's auto class, labels and loss:
+    :data:`memlab.model.tasks.TASKS`; ``mode`` inference: ``generate()``), ``source_of_truth`` (``formula`` or
+    ``trace``) and, when the formula refused the config, ``formula_refused`` (its one-line reason); ``model_label``
+    is :func:`model_label`."""
     impl = getattr(model, "impl", None)
     hf = config is not None or (impl is not None and impl.family != "reference")
     family = (config or {}).get("model_type") or (impl.family if impl is not None else None)
+    call = (HF_GENERATE if mode == "inference" else HF_CALL) if hf else REFERENCE_CALL
+    if task not in ("auto", "causal-lm"):
+        from memlab.model.tasks import TASKS
+
+        row = TASKS[task]
+        call = f"transformers {row.auto}.from_config(config) in the setup's dtype; {row.labels}; loss: {row.loss}"
     out = {"family": family if hf else "reference", "traits": impl.differs() if impl is not None else None,
-           "calling_convention": (HF_GENERATE if mode == "inference" else HF_CALL) if hf else REFERENCE_CALL,
-           "source_of_truth": source,
+           "calling_convention": call, "source_of_truth": source,
            "model_label": model_label(model) if model is not None else f"{family} (Hugging Face config)"}
     if refused is not None:
         out["formula_refused"] = refused
     return out
+
+
+def with_task(setup: Any, raw: dict[str, Any] | None) -> Any:
+    """``setup`` with ``task='auto'`` resolved for a Hugging Face config whose ``architectures`` name a head other
+    than the causal LM's (``BertForSequenceClassification``): the formula then refuses it by name and the trace
+    answers it (:func:`memlab.model.tasks.resolve_task`); any other setup as it is."""
+    if raw is None or setup.task != "auto" or not isinstance(raw.get("architectures"), list):
+        return setup
+    from types import SimpleNamespace
+
+    from memlab.model.tasks import resolve_task
+
+    try:  # the type and its architectures are all it reads: no config is built
+        task = resolve_task(SimpleNamespace(model_type=raw.get("model_type"), architectures=raw["architectures"]))
+    except ConfigError:  # a type with no causal LM and no head named: the trace says so, with the tasks it has
+        return setup
+    return setup if task == "causal-lm" else setup.with_(task=task)

@@ -73,11 +73,15 @@ def run(args: argparse.Namespace) -> int:
                               f"ref:{model.name}")
         args.hf, args.preset, args.max_seq = str(path), None, None
         return _run_hf(args, preset=model.name)
-    setup = setup_from_args(args, model)
+    from memlab.device import device_string, device_type
+
+    setup = setup_from_args(args, model, device_type=device_type(device_string(args.device)))  # auto: this device's
+    if setup.task not in ("auto", "causal-lm"):
+        raise MemlabError(f"--task {setup.task}: memlab measure runs the reference GPT, a causal LM; a task head is "
+                          f"traced: memlab trace --hf CONFIG --task {setup.task}")
     m = run_step(model, setup, args.device, steps=args.steps)
     traced = None
     if setup.mode == "train" and m.status == "ok":  # the third column: the same step on fake tensors
-        from memlab.device import device_type
         from memlab.tracing.gpt import trace_gpt
 
         traced = trace_gpt(model, setup, device_type=device_type(m.device))
@@ -131,7 +135,8 @@ def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
         model, refused = resolve_with_raw(args.hf)[0], None
     except MemlabError as exc:
         model, refused = None, str(exc)
-    setup = setup_from_args(args, model if model is not None else 1)
+    setup = setup_from_args(args, model if model is not None else 1,
+                            device_type=device_type(device_string(args.device)))  # --attention auto: this device's
     dtype = {"fp32": ("fp32", False), "bf16": ("bf16", False), "amp-bf16": ("fp32", True)}.get(setup.precision)
     if setup.mode != "train" or setup.optimizer != "adamw" or dtype is None or setup.recompute == "selective":
         raise MemlabError("measure --hf runs a training step with AdamW, precision fp32, bf16 or amp-bf16, recompute "

@@ -23,7 +23,7 @@ from typing import Any
 from memlab.cli.args import given_model_options, model_from_args, positive_int
 from memlab.cli.estimate import add_arguments as add_estimate_arguments
 from memlab.cli.estimate import setup_of
-from memlab.cli.hf_source import hf_path, is_published, model_info
+from memlab.cli.hf_source import hf_path, is_published, model_info, with_task
 from memlab.cli.traced import print_trace, trace_config
 from memlab.errors import MemlabError
 from memlab.predict.families.resolver import resolve_with_raw, shipped
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _setup(args: argparse.Namespace, model: Any) -> Any:
     """The estimate's Setup: every Setup field is an option (generated in :mod:`memlab.cli.args`)."""
-    return setup_of(args, model)
+    return setup_of(args, model, library_defaults=False)
 
 
 def _target(args: argparse.Namespace) -> tuple[str, Any]:
@@ -135,13 +135,19 @@ def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
         if unverified is not None:
             print(f"memlab: {unverified} (the trace is the answer; the formula column is beside it)",
                   file=sys.stderr)
-        result, setup = trace_config(args, target, _setup(args, 1))  # a bare count: the default seq (1024)
+        setup = with_task(_setup(args, 1), raw)  # a bare count: the default seq (1024); the head architectures names
+        result, setup = trace_config(args, target, setup)
         predicted = _hf_estimate(target, setup)
         try:
             model, refused = resolve_with_raw(target)[0], None
         except MemlabError as exc:
             model, refused = None, str(exc)
-        return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused)
+        if predicted is None and model is not None:  # a setup the formula does not model: its reason, by name
+            from memlab.predict import coverage
+
+            refused = coverage.refusal(model, setup)
+        return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused,
+                                                    task=setup.task)
     from memlab.tracing.gpt import trace_gpt
 
     setup = _setup(args, target)

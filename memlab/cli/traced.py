@@ -32,16 +32,34 @@ def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
 def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any, Any]:
     """(trace, setup) of the Hugging Face config ``target`` names (any spelling of
     :func:`memlab.predict.families.resolver.locate`) under ``setup``, with progress lines on stderr and
-    the ``--timeout`` bound (:mod:`memlab.tracing.progress`)."""
+    the ``--timeout`` bound (:mod:`memlab.tracing.progress`); the setup returned has its ``task`` resolved (``auto``
+    is the head the trace built: :func:`memlab.model.tasks.resolve_task`)."""
     from memlab.model.hf import hf_config
+    from memlab.model.tasks import resolve_task
     from memlab.predict.families.resolver import locate
     from memlab.tracing.hf import trace_hf
     from memlab.tracing.progress import Progress
 
-    cfg = hf_config(locate(target))  # a published name (llama-2-7b) is its shipped config, not a model type
-    result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}", progress=Progress(),
+    cfg = hf_config(locate(target), task=setup.task)  # a published name is its shipped config, not a model type
+    task = resolve_task(cfg, setup.task)
+    head = "" if task == "causal-lm" else f":{task}"
+    result = trace_hf(cfg, setup, name=f"hf:{Path(target).stem}:{cfg.model_type}{head}", progress=Progress(),
                       timeout=args.timeout)
-    return result, setup
+    return result, setup.with_(task=task)
+
+
+def _print_json(args: argparse.Namespace, result: Any, predicted: Any, extra: dict[str, Any],
+                verdict: dict[str, Any] | None) -> int:
+    """The trace as JSON, with the formula's phases beside it where it answers, the top modules and the verdict."""
+    out = {**result.to_dict(), **extra}
+    if predicted is not None:
+        out["estimate"] = {"phases": [r.to_dict() for r in predicted.phases], "peak": predicted.peak_bytes,
+                           "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
+                           "total": predicted.total_bytes}
+    out["top_modules"] = result.modules_by_kind(args.top)
+    out["verdict"] = verdict
+    print(json.dumps(out, indent=2, default=str))
+    return 0
 
 
 def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: Any,
@@ -52,18 +70,11 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase) if args.gpu is not None
                else None)
     if args.json:
-        out = {**result.to_dict(), **extra}
-        if predicted is not None:
-            out["estimate"] = {"phases": [r.to_dict() for r in predicted.phases], "peak": predicted.peak_bytes,
-                               "peak_phase": predicted.peak_phase, "peak_step": predicted.peak_step,
-                               "total": predicted.total_bytes}
-        out["top_modules"] = result.modules_by_kind(args.top)
-        out["verdict"] = verdict
-        print(json.dumps(out, indent=2, default=str))
-        return 0
+        return _print_json(args, result, predicted, extra, verdict)
     unit, size = byte_unit(result.peak_bytes)
     print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
-          f"attention {setup.attention}, recompute {setup.recompute} (fake tensors on CPU; GiB = 2**30 bytes)")
+          f"attention {result.setup.get('attention', setup.attention)}, recompute {setup.recompute} (fake tensors on "
+          "CPU; GiB = 2**30 bytes)")
     if extra:
         label = extra.get("model_label", extra["family"])
         print(f"model: {label}; source of truth: trace (the real modelling code on fake tensors)"

@@ -10,7 +10,8 @@
   the precision wiring (autocast, GradScaler, fp32 master weights) in :class:`memlab.model.step.TrainingStep`, built
   by :func:`memlab.model.step.build_training`; seeded token batches.
 - ``optimizers``: the optimizer table (torch's, plus memlab's 8-bit Adam) and its implementations.
-- ``hf``: Hugging Face configs read and models built from them (never downloaded).
+- ``hf``: Hugging Face configs read and models built from them (never downloaded); ``tasks``: the task heads
+  (causal LM, masked LM, sequence and token classification, question answering) with their labels and losses.
 - ``fsdp``: the one FSDP2 wrapping plan (units, reshard, MixedPrecisionPolicy, offload) and where the loss is
   computed, shared by the trace and the torchrun ranks.
 """

@@ -74,12 +74,14 @@ def is_hf(model: nn.Module) -> bool:
 def blocks_of(model: nn.Module) -> nn.ModuleList:
     """The list of blocks FSDP2 shards one by one: the reference GPT's ``model.blocks``; for a transformers causal
     LM the longest ``nn.ModuleList`` of its base model (the decoder layers: ``model.layers`` for Llama-like
-    families, ``transformer.h`` for GPT-2, ``gpt_neox.layers``, ...). :class:`SetupError` when there is none."""
+    families, ``transformer.h`` for GPT-2, ``gpt_neox.layers``, ...), also inside peft's wrapper. :class:`SetupError`
+    when there is none."""
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, nn.ModuleList):
         return blocks
     if is_hf(model):
-        base = getattr(model, "base_model", model)
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: its model
+        base = getattr(inner, "base_model", inner)
         lists = [m for m in base.children() if isinstance(m, nn.ModuleList) and len(m)]
         if lists:
             return max(lists, key=len)

@@ -36,7 +36,7 @@ from memlab.errors import SetupError
 from memlab.model.kv_cache import DynamicKVCache, KVCache, LayerCache
 from memlab.model.loss import LossOptions, lm_loss, logits_loss
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import ATTENTION, RECOMPUTE
+from memlab.predict.spec.setup import KERNELS, RECOMPUTE
 from memlab.predict.spec.validate import canonical_choice
 
 _SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -320,9 +320,10 @@ class GPT(nn.Module):
     ) -> None:
         super().__init__()
         self.loss = loss if loss is not None else LossOptions()
-        attention, recompute = canonical_choice(attention, ATTENTION), canonical_choice(recompute, RECOMPUTE)
-        if attention not in ATTENTION:
-            raise SetupError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        attention, recompute = canonical_choice(attention, KERNELS), canonical_choice(recompute, RECOMPUTE)
+        if attention not in KERNELS:
+            raise SetupError(f"attention must be one of {', '.join(KERNELS)}, got {attention!r} (resolve 'auto' "
+                             "first: memlab.predict.spec.kernels.resolved)")
         if recompute not in RECOMPUTE:
             raise SetupError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
         other = sorted(set(config.impl.differs()) - set(REFERENCE_TRAITS))

@@ -24,6 +24,7 @@ import torch
 
 from memlab.errors import ConfigError, MemlabError, SetupError, unknown_name
 from memlab.predict.families.reader import read_config_json
+from memlab.predict.spec.setup import LORA_KINDS
 from memlab.predict.spec.validate import check_int
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,16 +39,18 @@ def import_transformers() -> Any:
     return transformers
 
 
-def hf_config(source: Any, **dims: Any) -> Any:
-    """A ``transformers`` causal-LM config from what a user holds: a config object (returned as is, or copied with
-    ``dims``), a dict with its ``model_type`` (a parsed ``config.json``), a ``config.json`` path (or its folder, read
-    by :func:`memlab.predict.families.reader.read_config_json`: regular files only, size-capped, strict UTF-8 JSON), or
-    a model type name (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...); ``dims`` override or add keys. Nothing is
-    downloaded. Keys starting with ``_`` (memlab's notes, transformers' bookkeeping), ``architectures`` and
-    ``transformers_version`` are dropped. A bad path or file, an unknown type, a type with no causal LM (t5), a
-    config transformers refuses, a size that is not a positive int, or heads that do not divide the width raise
-    :class:`~memlab.errors.ConfigError` (an unknown type :class:`~memlab.errors.UnknownNameError`) in one line;
-    transformers' config warnings are silenced."""
+def hf_config(source: Any, *, task: str = "causal-lm", **dims: Any) -> Any:
+    """A ``transformers`` config, of a type with the head ``task`` (:mod:`memlab.model.tasks`; ``auto``: the head
+    its ``architectures`` name, else the causal LM), from what a user holds: a config object (returned as is, or
+    copied with ``dims``), a dict with its ``model_type`` (a parsed ``config.json``), a ``config.json`` path (or its
+    folder, read by :func:`memlab.predict.families.reader.read_config_json`: regular files only, size-capped, strict
+    UTF-8 JSON), or a model type name (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ...); ``dims`` override or add
+    keys. Nothing is downloaded. Keys starting with ``_`` (memlab's notes, transformers' bookkeeping) and
+    ``transformers_version`` are dropped (``architectures`` is kept: it names the head ``task='auto'`` builds). A bad
+    path or file, an unknown type, a type without the head (t5 has no causal LM), a config transformers refuses, a
+    size that is not a positive int, or heads that do not divide the width raise :class:`~memlab.errors.ConfigError`
+    (an unknown type :class:`~memlab.errors.UnknownNameError`) in one line; transformers' config warnings are
+    silenced."""
     tf = import_transformers()
     if not isinstance(source, str | os.PathLike | dict) and not (hasattr(source, "to_dict")
                                                                    and hasattr(source, "model_type")):
@@ -63,7 +66,7 @@ def hf_config(source: Any, **dims: Any) -> Any:
             cfg = _from_dict(tf, read_config_json(source), dims, str(source))
         else:
             cfg = _for_type(tf, str(source), dims)
-    return _checked(cfg)
+    return _checked(cfg, task)
 
 
 def _is_config_path(path: Path) -> bool:
@@ -92,7 +95,7 @@ def _from_dict(tf: Any, data: dict[str, Any], dims: dict[str, Any], where: str) 
     if bad:
         raise ConfigError(f"{where}: config keys must be strings, got {bad[0]!r:.60}")
     keys = {k: v for k, v in {**data, **dims}.items()
-            if not k.startswith("_") and k not in ("architectures", "transformers_version")}
+            if not k.startswith("_") and k != "transformers_version"}
     return _for_type(tf, kind, keys, where)
 
 
@@ -111,22 +114,30 @@ def _built(make: Callable[[], Any], what: str) -> Any:
         raise ConfigError(f"transformers refuses {what}: {type(cause).__name__}: {text}") from None
 
 
+def _tasks(kind: Any) -> tuple[str, ...]:
+    from memlab.model.tasks import tasks_of
+
+    return tasks_of(str(kind))
+
+
 _SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
           "head_dim", "vocab_size", "max_position_embeddings")
 """Config attributes that, when a config has them and sets them, must be positive ints (``attribute_map`` reads
 GPT-2's ``n_embd`` as ``hidden_size``)."""
 
 
-def _checked(cfg: Any) -> Any:
-    """``cfg`` when it describes a causal LM memlab can build: its type has an ``AutoModelForCausalLM`` class, its
-    sizes (:data:`_SIZES`) are positive ints and its heads divide the width (unless it gives ``head_dim``)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+def _checked(cfg: Any, task: str = "causal-lm") -> Any:
+    """``cfg`` when it describes a model memlab can build: its type has the ``task`` head
+    (:func:`memlab.model.tasks.resolve_task`; a causal LM by default), its sizes (:data:`_SIZES`) are positive ints
+    and its heads divide the width (unless it gives ``head_dim``)."""
+    from memlab.model.tasks import resolve_task
 
     kind = getattr(cfg, "model_type", None)
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if task == "causal-lm" and "causal-lm" not in _tasks(kind):
         raise ConfigError(f"model_type {kind!r:.60} has no causal LM in transformers (AutoModelForCausalLM): memlab "
-                          "builds decoder-only language models (gpt2, llama, mistral, qwen2, ...), not encoder-decoder "
-                          "or encoder models")
+                          "builds decoder-only language models (gpt2, llama, mistral, qwen2, ...) and traces other "
+                          f"heads with a task (its tasks: {', '.join(_tasks(kind)) or 'none'})")
+    resolve_task(cfg, task)
     sizes = {}
     for key in _SIZES:
         try:
@@ -209,6 +220,8 @@ def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
     names = LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES)
     out: list[str] = []
     for kind in kinds:
+        if kind == "gate" and set(kinds) == set(LORA_KINDS) and "gate" not in names:
+            continue  # all-linear: the Linears the model has
         key = "qkv" if ("qkv" in names and kind in ("q", "k", "v")) else kind
         if key not in names:
             have = sorted((set(names) - {"qkv"}) | ({"q", "k", "v"} if "qkv" in names else set()))

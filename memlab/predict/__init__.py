@@ -11,7 +11,9 @@
   levers; ``paging``: KV-cache reservation policies and a serving engine's budget (vLLM's KV blocks).
 
 Where does X go? A new model family: ``families/``. A new saved tensor: ``memory/activations``. A parallelism whose
-ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). What memlab does or does not
-model, and what it says about it: a row of ``coverage``. A moment of generate()'s prefill or decode (a cache kind,
-a transient): ``memory/inference``, checked against the reference GPT's trace (``memlab.studies.inference_draws``).
+ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate``). The FLOPs of a kind of step
+(full training, LoRA, frozen layers, a recompute policy): ``compute/flops`` (``step_flops``). What memlab does or does
+not model, and what it says about it: a row of ``coverage`` (a task head other than the causal LM's is one: the trace
+answers it). A moment of generate()'s prefill or decode (a cache kind, a transient): ``memory/inference``, checked
+against the reference GPT's trace (``memlab.studies.inference_draws``).
 """

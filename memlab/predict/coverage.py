@@ -194,7 +194,16 @@ def _window_reached(c: Case) -> bool:
 _LORA = ("lora", "qlora")
 _ADAPTED = (*_LORA, "frozen")
 
+def _task_refusal(c: Case) -> str:
+    task = c.setup.task
+    where = ("memlab estimate --hf CONFIG --task {0} answers from the trace of transformers' {0} model (memlab trace "
+             "--hf CONFIG --task {0}; memlab.tracing.hf.trace_hf in Python)" if c.hf or not c.is_config else
+             "trace a Hugging Face config with that head: memlab trace --hf CONFIG --task {0}").format(task)
+    return f"task={task!r}: the formula models a causal LM's head and loss, not a {task} head: {where}"
+
+
 REFUSALS: tuple[Entry, ...] = (
+    Entry("a task head", lambda c: c.setup.task not in ("auto", "causal-lm"), refuse=_task_refusal),
     Entry("expert parallelism with", lambda c: c.setup.ep > 1 and bool(_ep_unmodelled(c)),
           refuse=lambda c: f"ep={c.setup.ep} with {', '.join(_ep_unmodelled(c))} is not modelled "
                            "(memlab.predict.parallel.experts): drop it"),

@@ -41,6 +41,7 @@ from memlab.predict.memory.plan import config_fields
 from memlab.predict.memory.sharding import shape_summary
 from memlab.predict.parallel.experts import expert_estimate
 from memlab.predict.parallel.pipeline import parallel_estimate, state_parts
+from memlab.predict.spec.kernels import resolved
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import DEVICE_TYPES, Setup, SetupView
 from memlab.predict.spec.validate import LIMITS, show
@@ -57,10 +58,18 @@ def estimate(config_or_params: TransformerConfig | int, setup: Setup, *, overhea
     states only). ``device_type`` ("cuda" or "cpu") selects the device-dependent widths. ``step_on_device``:
     whether the optimizer's per-tensor step counters live on the device; None means "only on a CPU run" (torch
     hosts them on the CPU unless the optimizer is fused or capturable: pass True for those). A case memlab does
-    not model raises :class:`~memlab.errors.SetupError` (:func:`memlab.predict.coverage.refusal`).
+    not model raises :class:`~memlab.errors.SetupError` (:func:`memlab.predict.coverage.refusal`). ``attention='auto'``
+    is the kernel the libraries run (:func:`memlab.predict.spec.kernels.resolved`), said first in the assumptions.
     """
     _check_arguments(setup, device_type)
-    ov = overheads_arg(overheads)
+    setup, kernel = resolved(config_or_params, setup, device_type=device_type)  # attention='auto': the library's
+    bd = _estimate(config_or_params, setup, overheads_arg(overheads), device_type, step_on_device)
+    return bd if kernel is None else replace(bd, assumptions=(kernel, *bd.assumptions))
+
+
+def _estimate(config_or_params: TransformerConfig | int, setup: Setup, ov: Overheads, device_type: str,
+              step_on_device: bool | None) -> MemoryBreakdown:
+    """:func:`estimate` of a setup that names its attention kernel."""
     coverage.check(config_or_params, setup, device_type)
     if setup.pp > 1 or setup.cp > 1:
         return _pipeline(_config(config_or_params, "--pp/--cp place layers and tokens"), setup, ov, device_type)
@@ -193,6 +202,7 @@ def sweep_totals(config_or_params: TransformerConfig | int, setup: Setup, *, bat
     layouts whose ranks differ (pp, cp, ep) are :func:`estimate`'s.
     """
     _check_arguments(setup, device_type)
+    setup = resolved(config_or_params, setup, device_type=device_type)[0]
     if setup.pp > 1 or setup.cp > 1 or setup.ep > 1:
         raise SetupError(f"pp={setup.pp}, cp={setup.cp}, ep={setup.ep}: ranks hold different bytes; sweep_totals "
                          "sweeps one rank: use estimate() per setup")

@@ -3,6 +3,9 @@ functions and flags, the ``checked_*_of`` checks of what those functions return,
 the ``setup``/``device_type``/``fake`` that :func:`~memlab.tracing.gpt.trace_gpt` and
 :func:`~memlab.tracing.hf.trace_hf` share. Each raises one :class:`~memlab.errors.SetupError` naming the argument,
 before torch would raise a ``TypeError`` deep inside the step (or trace a step with no optimizer without a word).
+:func:`user_call` runs one of the user's functions and turns what it raises (a batch whose shape the model does not
+take, a real tensor reaching the fake mode, any bug of the function) into one :class:`~memlab.errors.SetupError`
+naming the function and the way out (issue 34, point 5).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.errors import SetupError
+from memlab.errors import MemlabError, SetupError
 from memlab.predict.spec.setup import Setup
 from memlab.predict.spec.validate import check_bool
 
@@ -66,11 +69,77 @@ def check_trace_arguments(**args: Any) -> None:
                          f"got {pairs!r:.60}")
 
 
-def checked_model_of(model: Any) -> nn.Module:
-    """``model`` (what ``model_fn()`` returned) if it is an ``nn.Module``."""
+_REAL_IN_FAKE = "Please convert all Tensors to FakeTensors"
+"""The start of the AssertionError torch's FakeTensorMode raises when a real tensor reaches an op inside it
+(torch/_subclasses/fake_tensor.py, ``validate``)."""
+
+_OUTSIDE = ("build every tensor inside model_fn, batch_fn and loss_fn, which run in the fake mode (lambda: "
+            "torch.randn(...), not a tensor made before the call), or pass fake=False to trace real tensors")
+"""The way out of a real tensor inside a fake trace."""
+
+
+def _is_real(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not isinstance(t, FakeTensor)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` on one line, at most 200 characters of the message (torch's messages can hold a
+    tensor's repr over many lines)."""
+    text = " ".join(str(exc).split()).rstrip(".")
+    return f"{type(exc).__name__}: {text[:200]}{'...' if len(text) > 200 else ''}"
+
+
+def _shapes(batch: Any) -> str:
+    """The shapes and dtypes of ``batch``'s tensors, e.g. ``(4, 5) float32``, for a message (at most four)."""
+    from torch.utils._pytree import tree_leaves
+
+    leaves = [x for x in tree_leaves(batch) if isinstance(x, torch.Tensor)]
+    text = ", ".join(f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}" for x in leaves[:4])
+    return text + (", ..." if len(leaves) > 4 else "")
+
+
+def user_call(what: str, fn: Any, *args: Any, batch: Any = None, fix: str = "") -> Any:
+    """``fn(*args)``, one of the user's functions (``what`` names it in messages: ``"batch_fn()"``), with what it
+    raises turned into one :class:`SetupError` line naming the function and the way out (``fix``, default "fix"
+    and the function's name):
+
+    - torch's AssertionError for a real tensor inside the fake mode: build the tensors inside the functions;
+    - a RuntimeError of the forward (``batch`` given: the model's call on it), almost always a batch whose shapes or
+      dtypes the model does not take (a matmul's "a and b must have same reduction dim"): the batch's shapes said;
+    - anything else: the function's own error, to fix there.
+
+    memlab's own errors pass through, and so does torch's ``DataDependentOutputException``, which
+    :func:`~memlab.tracing.tracer.trace_step` answers with its own line (a fake tensor has no values).
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        return fn(*args)
+    except (MemlabError, DataDependentOutputException):
+        raise
+    except Exception as exc:  # the boundary with the user's code: one line, never a traceback into torch
+        if isinstance(exc, AssertionError) and _REAL_IN_FAKE in str(exc):
+            raise SetupError(f"{what} used a real tensor, made outside the trace: {_OUTSIDE}") from None
+        if batch is not None and isinstance(exc, RuntimeError):
+            raise SetupError(f"{what} failed on the batch ({_shapes(batch)}): {_one_line(exc)}: the batch's shapes "
+                             "or dtypes do not fit the model; make batch_fn return what the model takes") from None
+        fix = fix or f"fix {what.split('(')[0].strip()}"
+        raise SetupError(f"{what} raised {_one_line(exc)}: {fix}; it runs inside the fake mode, on tensors with "
+                         "shapes and dtypes but no values") from None
+
+
+def checked_model_of(model: Any, fake: bool = False) -> nn.Module:
+    """``model`` (what ``model_fn()`` returned) if it is an ``nn.Module``; with ``fake``, one whose parameters and
+    buffers are fake tensors (a module built before the call holds real ones)."""
     if not isinstance(model, nn.Module):
         raise SetupError(f"model_fn() returned {type(model).__name__}, not a torch.nn.Module built inside the "
                          "function")
+    real = next((n for n, t in (*model.named_parameters(), *model.named_buffers()) if fake and _is_real(t)), None)
+    if real is not None:
+        raise SetupError(f"model_fn() returned a module whose {real!r} is a real tensor, made outside the trace: "
+                         "build the module inside model_fn (lambda: MyModel()), not before it, or pass fake=False")
     return model
 
 
@@ -94,8 +163,9 @@ def checked_context_of(ctx: Any) -> contextlib.AbstractContextManager[Any]:
     return ctx
 
 
-def checked_batch_of(batch: Any) -> Any:
-    """``batch`` if it is a tensor or a (nested) tuple, list or dict of tensors: what the tracker can count."""
+def checked_batch_of(batch: Any, fake: bool = False) -> Any:
+    """``batch`` if it is a tensor or a (nested) tuple, list or dict of tensors: what the tracker can count; with
+    ``fake``, fake tensors (a tensor made before the call and returned by ``batch_fn`` is real)."""
     from torch.utils._pytree import tree_leaves
 
     leaves = tree_leaves(batch)
@@ -104,7 +174,20 @@ def checked_batch_of(batch: Any) -> Any:
         got = type(batch).__name__ if odd is None else f"{type(odd).__name__} {odd!r:.40} inside it"
         raise SetupError(f"batch_fn() must return a tensor or a tuple, list or dict of tensors (the inputs the trace "
                          f"counts), got {got}")
+    if fake and any(_is_real(x) for x in leaves):
+        raise SetupError("batch_fn() returned a real tensor, made outside the trace: make the batch inside batch_fn "
+                         "(lambda: torch.randn(4, 8)), which runs in the fake mode, or pass fake=False")
     return batch
+
+
+def checked_phases_of(rows: list[Any], unreliable: tuple[tuple[str, str], ...]) -> list[Any]:
+    """``rows`` (a trace's :class:`~memlab.predict.memory.phases.PhaseRow` list) if at least one is reliable: the
+    peak is taken over those, and ``unreliable`` that names every phase leaves none."""
+    if rows and not any(r.reliable for r in rows):
+        ran = ", ".join(f"({r.step!r}, {r.phase!r})" for r in rows)
+        raise SetupError(f"unreliable names every phase the step ran ({ran}), so the trace has no peak: leave at "
+                         "least one (step, phase) pair out of unreliable")
+    return rows
 
 
 def checked_loss_of(loss: Any, where: str) -> torch.Tensor:

@@ -113,6 +113,9 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
     check_trace_setup(setup, device_type, fake)
+    if setup.task not in ("auto", "causal-lm"):
+        raise SetupError(f"task={setup.task!r}: the reference GPT is a causal LM; trace a Hugging Face config with "
+                         "that head (memlab.tracing.hf.trace_hf)")
     if setup.mode == "inference":
         return _trace_inference(config, setup, fake=fake)
     if setup.world_size == 1:

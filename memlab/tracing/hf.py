@@ -1,10 +1,11 @@
-"""Trace a Hugging Face Transformers causal LM built from its config (never a download): :func:`trace_hf`.
+"""Trace a Hugging Face Transformers model built from its config (never a download): :func:`trace_hf`.
 
-The model is ``transformers.AutoModelForCausalLM.from_config(config)`` built inside the fake mode under a
-``torch.device("cpu")`` context, then traced by :func:`memlab.tracing.tracer.trace_step` under a memlab
-:class:`~memlab.predict.spec.setup.Setup` (precision policy, optimizer and its implementation, attention, recompute).
-The config comes from a ``config.json`` path, a ``PretrainedConfig``, or a family name with dimensions
-(``hf_config("llama", hidden_size=4096, ...)``, ``transformers.AutoConfig.for_model``).
+The model is ``transformers.AutoModelForCausalLM.from_config(config)`` (or the auto class of ``Setup.task``'s head:
+:mod:`memlab.model.tasks`) built inside the fake mode under a ``torch.device("cpu")`` context, then traced by
+:func:`memlab.tracing.tracer.trace_step` under a memlab :class:`~memlab.predict.spec.setup.Setup` (precision
+policy, optimizer and its implementation, attention, recompute). The config comes from a ``config.json`` path, a
+``PretrainedConfig``, or a family name with dimensions (``hf_config("llama", hidden_size=4096, ...)``,
+``transformers.AutoConfig.for_model``).
 
 Found when this was built (transformers 5.x): transformers treats a FakeTensor as "tracing"
 (``transformers.utils.import_utils.is_tracing``, [transformers-masking]) and then builds an explicit attention
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlab.errors import SetupError
+from memlab.errors import MemlabError, SetupError
 from memlab.model.gpt import sdpa_backend
 from memlab.model.hf import (
     apply_finetune,
@@ -38,6 +39,7 @@ from memlab.model.hf import (
     quiet_logger,
     quiet_transformers,
 )
+from memlab.model.tasks import TASKS, resolve_task, task_labels
 from memlab.predict.memory.family_terms import check_call, padding_present
 from memlab.predict.spec.setup import Setup
 from memlab.predict.spec.validate import check_bool
@@ -104,7 +106,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
              force_unpacked: bool = True, name: str | None = None, progress: Progress | None = None,
              timeout: float | None = None) -> Trace:
     """:func:`memlab.tracing.tracer.trace_step` of ``AutoModelForCausalLM.from_config(hf_config(config))`` under
-    ``setup``.
+    ``setup``; ``setup.task`` picks another head (``auto``: the one the config's ``architectures`` names, else the
+    causal LM; :func:`memlab.model.tasks.resolve_task`), called with its labels and its own loss
+    (:func:`memlab.model.tasks.task_labels`; a chunked or fused loss and LoRA are the causal LM's only).
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
     to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant); ``selective``
@@ -127,32 +131,39 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     check_bool("force_unpacked", force_unpacked, err=SetupError)
     if name is not None and not isinstance(name, str):
         raise SetupError(f"name must be a string or None, got {type(name).__name__}")
-    cfg = hf_config(config)
+    cfg = hf_config(config, task=setup.task)
+    task = resolve_task(cfg, setup.task)
     if setup.mode != "train":
         raise SetupError("trace_hf traces a training step: set mode='train' (traced inference runs for the reference "
                          "GPT: trace_gpt)")
-    if setup.world_size > 1:
-        raise SetupError(f"trace_hf traces one process, but world_size={setup.world_size} (ZeRO-{setup.zero_stage}): "
-                         "a transformers model is not sharded here, so its trace would sit beside a sharded formula; "
-                         "set world_size=1 (FSDP2 traces run for the reference GPT: trace_gpt, memlab trace --preset)")
+    if setup.world_size > 1 and setup.finetune == "qlora":
+        raise SetupError("QLoRA under FSDP2 (bitsandbytes' 4-bit weights sharded, quant_storage) is not traced: trace "
+                         "world_size=1, or LoRA over a 16-bit base under FSDP2")
+    mesh: list[Any] = []  # FSDP2's fake device mesh, once the fake process group exists (world_size > 1)
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none' or 'full'")
+    head_notes: list[str] = []
+    head = _task_head(tf, task, setup, head_notes)
+    auto = None
+    if setup.attention == "auto":  # the library's choice: transformers' implementation, torch's kernel
+        setup, auto = hf_library_attention(tf, cfg, setup, device_type, head)
     impl, backend = _ATTENTION[setup.attention]
     padded = bool(padding_present(setup, setup.batch, setup.seq))
     check_call(setup, device_type)  # a padded batch under CUDA SDPA: which kernel takes its mask is not measured
     parts = setup_parts(setup, device_type=device_type)
-    notes = list(parts.pop("notes"))
+    notes = list(parts.pop("notes")) + ([auto] if auto else [])
     notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
                  + (f" (SDPA backend {backend})" if backend else ""))
+    notes += head_notes
     if force_unpacked:
-        notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal, "
-                     "native GQA); valid only for batches without packed sequences")
+        notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal in a "
+                     "causal LM, native GQA); valid only for batches without packed sequences")
     vocab = int(cfg.vocab_size)
 
     def model_fn() -> nn.Module:
         if progress is not None:
             progress(f"building {cfg.model_type} from its config (fake tensors)")
-        model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
+        model = head.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
         if setup.recompute == "full":
             kwargs = {"use_reentrant": False}
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
@@ -164,6 +175,12 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             progress.watch_blocks(model)
         if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_finetune)
             model = apply_finetune(model, setup)
+        if mesh:  # FSDP2: every decoder layer a unit, then the root (memlab.model.fsdp.shard_model's blocks plan)
+            from memlab.model.fsdp import shard_model
+
+            shard_model(model, zero_stage=setup.zero_stage, param_dtype=setup.fsdp_param_dtype,
+                        reduce_dtype=setup.fsdp_reduce_dtype, mesh=mesh[0], offload=setup.fsdp_offload,
+                        reshard_root=setup.fsdp_reshard_root, pin_memory=False)
         model.train()
         return model
 
@@ -181,7 +198,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     def batch_fn() -> dict[str, torch.Tensor]:
         ids = torch.randint(0, vocab, (setup.batch, setup.seq))
         labels, mask = call_inputs(ids, setup.attention_mask, setup.pad_fraction, setup.padding_side)
-        batch = {"input_ids": ids, "labels": labels}
+        batch = {"input_ids": ids, "labels": labels} if task == "causal-lm" else {
+            "input_ids": ids, **task_labels(cfg, task, ids)}
         if mask is not None:
             batch["attention_mask"] = mask
         return batch
@@ -200,7 +218,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             return one_loss(model, batch)
         from torch.nn.attention import sdpa_kernel
 
-        with sdpa_kernel(sdpa_backend(backend)):  # inside the step's autocast, as the forward runs it
+        kernel = cuda_efficient_on_fake() if backend == "efficient" and fake and device_type == "cuda" \
+            else sdpa_kernel(sdpa_backend(backend))
+        with kernel:  # inside the step's autocast, as the forward runs it
             return one_loss(model, batch)
 
     ctx = unpacked_batches() if force_unpacked else contextlib.nullcontext()
@@ -208,10 +228,14 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     where = (lambda: progress.last) if progress is not None else (lambda: "no progress reported")
     hint = (f"{cfg.model_type}'s modelling code may loop over the tokens in Python on CPU (Mamba's recurrent scan "
             "does, once per token per block): trace a shorter seq or fewer layers, or allow more time")
+    sharded, unreliable = _fsdp2(setup, notes, fake)
     try:
-        with ctx, kernels, quiet_transformers(), _quiet_fake_tensor_log(), time_bound(timeout, where, hint):
+        with sharded as group, ctx, kernels, quiet_transformers(), _quiet_fake_tensor_log(), \
+                time_bound(timeout, where, hint):
+            mesh.extend([group] if group is not None else [])
             return trace_step(model_fn, batch_fn, parts["step_fn"], loss_fn=loss_fn, fake=fake,
-                              name=name or f"hf:{cfg.model_type}", setup=setup.to_dict(), notes=tuple(notes))
+                              name=name or f"hf:{cfg.model_type}" + ("" if task == "causal-lm" else f":{task}"),
+                              setup=setup.to_dict(), notes=tuple(notes), unreliable=unreliable)
     except RuntimeError as exc:
         if "Expected inputs of BF16 type" in str(exc):  # torch/_meta_registrations.py _meta_grouped_mm_common
             raise SetupError(f"{cfg.model_type}: its grouped_mm experts are not bf16 here (an fp32 or fp16 model, or "
@@ -225,9 +249,95 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         raise SetupError(f"SDPA backend {backend!r} cannot run this model on CPU, where traces run (the efficient "
                          "kernel has no CPU version; CPU flash has no dropout in training and no mask): set the "
                          "config's dropout to 0 or use attention='math' or 'eager'") from None
+    except MemlabError:
+        raise  # memlab's own refusal (a kernel it does not imitate, a bad setup), not the model's code
     except (ValueError, TypeError, IndexError) as exc:
         _raise_if_the_models_code(exc, cfg.model_type)
         raise
+
+
+@contextlib.contextmanager
+def cuda_efficient_on_fake() -> Iterator[None]:
+    """SDPA as CUDA runs its memory-efficient backend, on fake tensors: torch's CPU dispatch never picks that kernel
+    (it has no CPU version), but its op has a fake (meta) kernel, so the call torch makes on CUDA is made directly:
+    ``aten._scaled_dot_product_efficient_attention(q, k, v, mask, compute_log_sumexp, dropout_p, is_causal, scale)``
+    with the log-sum-exp when an input needs a gradient (aten/src/ATen/native/transformers/attention.cpp
+    ``scaled_dot_product_attention``, case efficient_attention). An explicit mask is refused (CUDA pads and expands
+    it first, ``preprocess_mask``, not imitated here), and so are grouped K/V heads (the op's fake backward returns
+    gradients with the query's heads)."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                  enable_gqa: bool = False) -> torch.Tensor:
+        if attn_mask is not None or key.shape[-3] != query.shape[-3]:
+            raise SetupError("the memory-efficient kernel with an explicit mask or grouped K/V heads is not traced "
+                             "(CUDA pads and expands a mask first; its GQA backward has no faithful fake kernel): "
+                             "use attention='eager' or 'math' for this call (the formula answers 'efficient')")
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, grad, dropout_p, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = efficient
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str,
+                         auto_class: Any = None) -> tuple[Setup, str]:
+    """``setup`` with ``attention='auto'`` replaced by what the libraries run for ``cfg`` (a transformers config):
+    eager where its model class does not support SDPA (``_supports_sdpa``), else the kernel torch dispatches
+    (:mod:`memlab.predict.spec.kernels`) for its head dim, attention dropout and a padded batch's mask; and why.
+    ``auto_class``: the task's auto class (its model class is the one asked; default the causal LM's)."""
+    from memlab.predict.spec.kernels import capability_of, cpu_sdpa_kernel, cuda_sdpa_kernel
+
+    cls = (auto_class or tf.AutoModelForCausalLM)._model_mapping.get(type(cfg), None)  # the head's class
+    if cls is not None and not getattr(cls, "_supports_sdpa", False):
+        return setup.with_(attention="eager"), f"attention eager: transformers builds {cfg.model_type} eager (its " \
+                                               "class does not support SDPA)"
+    heads = int(getattr(cfg, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(cfg, "head_dim", None) or int(getattr(cfg, "hidden_size", heads)) // heads)
+    dropout = float(getattr(cfg, "attention_dropout", None) or getattr(cfg, "attn_pdrop", None) or 0.0)
+    mask = setup.attention_mask == "padded"
+    kernel, why = (cpu_sdpa_kernel(dropout=dropout) if device_type == "cpu" else
+                   cuda_sdpa_kernel(cc=capability_of(None), dtype=setup.policy.compute_dtype, head_dim=head_dim,
+                                    mask=mask, dropout=dropout))
+    return setup.with_(attention=kernel), f"attention {kernel}: transformers' default sdpa -> {why}"
+
+
+def _fsdp2(setup: Setup, notes: list[str], fake: bool) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    """(the fake process group's context, the phases a fake trace cannot count) of ``setup``: FSDP2 over
+    ``world_size`` > 1 ranks (:mod:`memlab.tracing.fake_dist`, as :func:`~memlab.tracing.gpt.trace_gpt` runs the
+    reference GPT), its note added; a null context and none for one process."""
+    if setup.world_size == 1:
+        return contextlib.nullcontext(), ()
+    from memlab.tracing.fake_dist import fake_process_group
+
+    notes.append(f"FSDP2 over a fake {setup.world_size}-rank process group (ZeRO-{setup.zero_stage}: every decoder "
+                 "layer a unit, then the root): rank 0's bytes, gathered layers included, no communication; on fake "
+                 "tensors the first optimizer step also counts DTensor's first sharding propagation: marked "
+                 "unreliable, the steady step is exact")
+    return fake_process_group(setup.world_size), ((("first", "optimizer step"),) if fake else ())
+
+
+def _task_head(tf: Any, task: str, setup: Setup, notes: list[str]) -> Any:
+    """The auto class of ``task`` (:data:`memlab.model.tasks.TASKS`), with a note of its labels and loss; a chunked
+    or fused loss, kept positions or LoRA under another head than the causal LM's raise :class:`SetupError`."""
+    if task == "causal-lm":
+        return tf.AutoModelForCausalLM
+    if setup.loss != "plain" or setup.logits_to_keep or setup.loss_call != "labels":
+        raise SetupError(f"task={task!r} computes transformers' own {task} loss from labels: a chunked or fused loss, "
+                         "logits_to_keep and loss_call='manual' are the causal LM's; leave them at their defaults")
+    if setup.finetune in ("lora", "qlora"):
+        raise SetupError(f"finetune={setup.finetune!r} with task={task!r} is not traced (peft adapts the causal LM's "
+                         "modules here; a head would be a module to save): use finetune='full' or 'frozen'")
+    row = TASKS[task]
+    notes.append(f"task {task}: transformers.{row.auto}; {row.labels}; loss: {row.loss}")
+    return getattr(tf, row.auto)
 
 
 def _quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:

@@ -39,6 +39,7 @@ named terms with their sources (:data:`CUDA_TERMS`).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from copy import deepcopy
 from dataclasses import asdict, dataclass, field, replace
@@ -48,7 +49,7 @@ import torch
 from torch import nn
 
 from memlab.errors import SetupError
-from memlab.model.hf import quant_state_tensors
+from memlab.model.hf import quant_state_tensors, quiet_logger
 from memlab.model.step import Meter, Step, train_step
 from memlab.predict.memory.phases import PhaseRow, find_phase
 from memlab.tracing.arguments import (
@@ -58,6 +59,8 @@ from memlab.tracing.arguments import (
     checked_loss_of,
     checked_model_of,
     checked_optimizer_of,
+    checked_phases_of,
+    user_call,
 )
 
 CATEGORIES = ("parameters", "buffers", "gradients", "optimizer states", "activations", "temporaries", "inputs")
@@ -347,13 +350,14 @@ class _UserStep:
         return self.context()
 
     def backward(self, loss: torch.Tensor) -> None:
-        (self.backward_fn or torch.Tensor.backward)(loss)
+        user_call("backward_fn(loss)" if self.backward_fn else "the backward (loss.backward())",
+                  self.backward_fn or torch.Tensor.backward, loss)
 
     def step(self) -> None:
-        self.optimizer.step()
+        user_call("optimizer.step()", self.optimizer.step)
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=self.set_to_none)
+        user_call("optimizer.zero_grad()", lambda: self.optimizer.zero_grad(set_to_none=self.set_to_none))
 
     def state_holder(self) -> Any:
         return self.optimizer
@@ -442,7 +446,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
         raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
                          "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
                          "a small shape, or use an implementation without data-dependent control flow") from None
-    rows = [replace(r, reliable=(r.step, r.phase) not in unreliable) for r in rows]
+    rows = checked_phases_of([replace(r, reliable=(r.step, r.phase) not in unreliable) for r in rows], unreliable)
     best = max((r for r in rows if r.reliable), key=lambda r: r.peak_bytes)
     return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best.peak_bytes,
                  peak_phase=best.phase, peak_step=best.step, peak_by_category=dict(best.by_category),
@@ -469,7 +473,9 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
     ``optimizer_fn=None`` traces forward and backward only; an ``optimizer_fn`` that returns None is refused. An
     argument of the wrong kind, or a function returning the wrong kind (a model that is no ``nn.Module``, a batch
     that is no tensor or tuple/list/dict of tensors, a loss that is no scalar tensor with a gradient, a context that
-    is no context manager), raises one :class:`SetupError` naming the argument.
+    is no context manager), raises one :class:`SetupError` naming the argument; so does anything one of the
+    functions raises (:func:`~memlab.tracing.arguments.user_call`: a batch whose shapes the model does not take, a
+    real tensor made outside the trace, the function's own bug) and an ``unreliable`` naming every phase.
     """
     check_trace_arguments(model_fn=model_fn, batch_fn=batch_fn, optimizer_fn=optimizer_fn, loss_fn=loss_fn,
                           forward_context=forward_context, backward_fn=backward_fn, fake=fake,
@@ -477,26 +483,29 @@ def trace(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any],
                           notes=notes, unreliable=unreliable)
     user_loss = loss_fn or default_loss
     context = forward_context or contextlib.nullcontext
+    forward = "loss_fn(model, batch)" if loss_fn is not None else "the model's forward (the default loss_fn)"
+    fix = "" if loss_fn is not None else "pass loss_fn=lambda model, batch: <a scalar loss>, calling the model right"
 
     def checked_model() -> nn.Module:
-        return checked_model_of(model_fn())
+        return checked_model_of(user_call("model_fn()", model_fn), fake)
 
     def checked_batch() -> Any:
-        return checked_batch_of(batch_fn())
+        return checked_batch_of(user_call("batch_fn()", batch_fn), fake)
 
     def checked_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-        return checked_loss_of(user_loss(model, batch), "loss_fn" if loss_fn is not None else "the model's output")
+        return checked_loss_of(user_call(forward, user_loss, model, batch, batch=batch, fix=fix),
+                               "loss_fn" if loss_fn is not None else "the model's output")
 
     def checked_context() -> contextlib.AbstractContextManager[Any]:
-        return checked_context_of(context())
+        return checked_context_of(user_call("forward_context()", context))
 
     def step_fn(model: nn.Module) -> _UserStep:
         optimizer = None
         if optimizer_fn is not None:
-            optimizer = optimizer_fn(model)
-            checked_optimizer_of(optimizer)
+            optimizer = checked_optimizer_of(user_call("optimizer_fn(model)", optimizer_fn, model))
         return _UserStep(optimizer, checked_context, backward_fn, set_to_none, grad_accum_steps)
 
-    return trace_step(checked_model, checked_batch, step_fn, loss_fn=checked_loss, fake=fake, name=name, setup=setup,
-                      notes=tuple(notes), unreliable=tuple(tuple(u) for u in unreliable))
+    with quiet_logger("torch._subclasses.fake_tensor", logging.CRITICAL):  # torch logs a failing kernel's traceback
+        return trace_step(checked_model, checked_batch, step_fn, loss_fn=checked_loss, fake=fake, name=name,
+                          setup=setup, notes=tuple(notes), unreliable=tuple(tuple(u) for u in unreliable))
 

@@ -30,7 +30,7 @@ def test_every_setup_field_is_an_option_of_estimate_with_its_docstring_and_defau
     opts = _options("estimate")
     for f in dataclasses.fields(Setup):
         assert f.name in opts, f"Setup.{f.name} has no estimate option"
-        assert f"(default: {f.default})" in opts[f.name].help
+        assert f"(default: {f.metadata.get('cli_default', f.default)}" in opts[f.name].help
     assert all(o.help for o in setup_options()), "every Setup field needs a docstring: it is the --help text"
 
 

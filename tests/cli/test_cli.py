@@ -36,7 +36,7 @@ def test_done_when_command_prints_breakdown_and_verdict(capsys: pytest.CaptureFi
         assert word in out
     assert "verdict: FITS" in out or "verdict: DOES NOT FIT" in out
     published = from_hf(CONFIG_DIR / "full" / "llama-2-7b.json")  # the preset is the published model
-    bd = estimate(published, Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096))
+    bd = estimate(published, Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096, attention="auto"))
     assert f"{bd.total_bytes:,}" in out and "model: llama-2-7b (published config, family llama)" in out
 
 

@@ -70,7 +70,7 @@ CASES: list[tuple[list[str], str]] = [
     (["--hf-config", "{d}/ok.json", "--params", "7e9", *SMALL], "--params"),
     (["--hf-config", "{d}/ok.json", "--max-seq", "64", *SMALL], "--max-seq"),
     (["{d}/ok.json", "--hf-config", "{d}/ok.json", *SMALL], "once"),
-    (["--hf-config", "{d}/ok.json", "--zero", "3", "--world-size", "2", *SMALL], "world_size=2"),
+    (["--hf-config", "{d}/ok.json", "--zero", "1", "--world-size", "2", *SMALL], "zero_stage=2 or 3"),
     (["--hf-config", "{d}/ok.json", "--mode", "inference", *SMALL], "training step"),
     (["--hf-config", "{d}/ok.json", "--recompute", "selective", *SMALL], "selective"),
     (["--hf-config", "{d}/gpt2_64.json"], "max_position_embeddings=64"),  # the default seq 1024

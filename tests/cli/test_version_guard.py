@@ -57,12 +57,12 @@ def test_a_local_build_tag_is_the_same_release(monkeypatch: pytest.MonkeyPatch) 
 def test_estimate_hf_under_an_unverified_release_answers_from_the_trace_with_the_formula_beside_it(
         newer_transformers: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = str(TINY / "llama.json")
-    code = cli.main(["estimate", "--hf", path, "--seq", "16", "--batch", "1"])
+    code = cli.main(["estimate", "--hf", path, "--seq", "16", "--batch", "1", "--precision", "bf16"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert err.count(newer_transformers) == 1 and "Warning" not in err, err
     assert "source of truth: trace" in out and "formula" in out and "<- peak" in out
-    code = cli.main(["estimate", "--hf", path, "--seq", "16", "--batch", "1", "--json"])
+    code = cli.main(["estimate", "--hf", path, "--seq", "16", "--batch", "1", "--precision", "bf16", "--json"])
     out, err = capsys.readouterr()
     d = json.loads(out)
     assert code == 0 and d["source_of_truth"] == "trace" and newer_transformers in d["unverified_versions"]

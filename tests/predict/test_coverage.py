@@ -32,7 +32,7 @@ FIELDS = {
     "grad_accum_steps": (1, 2), "finetune": ("full", "lora", "qlora", "frozen"), "attention_mask": ("none", "ones",
                                                                                                    "padded"),
     "fsdp_param_dtype": ("none", "bf16"), "fsdp_output_dtype": ("none", "bf16"), "fsdp_offload": (False, True),
-    "pp": (1, 2), "cp": (1, 2), "ep": (1, 2), "seq": (16, 64),
+    "pp": (1, 2), "cp": (1, 2), "ep": (1, 2), "seq": (16, 64), "task": ("auto",) * 6 + ("causal-lm", "masked-lm"),
 }
 
 

@@ -34,7 +34,7 @@ from memlab.predict.memory import activations as A
 from memlab.predict.memory import phases as P
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.precision import PRECISION_POLICIES
-from memlab.predict.spec.setup import ATTENTION, FUSED_OPTIMIZERS, KV_DTYPES, OPTIMIZERS, RECOMPUTE, Setup, SetupView
+from memlab.predict.spec.setup import FUSED_OPTIMIZERS, KERNELS, KV_DTYPES, OPTIMIZERS, RECOMPUTE, Setup, SetupView
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "estimate_golden.json"
 MODELS: tuple[str | int, ...] = ("llama-2-7b", "gpt2", "mixtral-8x7b", "tiny-gpt", "tiny-llama", "hf:gpt2", "hf:phi-2",
@@ -61,7 +61,7 @@ def _cases() -> list[dict[str, Any]]:
         max_seq = model.max_seq if isinstance(model, TransformerConfig) else 4096
         fields: dict[str, Any] = {"batch": (1, 2, 3, 8)[(i // 3) % 4],
                                   "seq": min((128, 512, 256)[(i // 2) % 3], max_seq),
-                                  "attention": ATTENTION[(i // 4) % len(ATTENTION)], "tp": (1, 1, 2)[(i // 5) % 3]}
+                                  "attention": KERNELS[(i // 4) % len(KERNELS)], "tp": (1, 1, 2)[(i // 5) % 3]}
         if i % 6 == 5:
             fields.update(mode="inference", inference_weights=weights[(i // 6) % 5],
                           kv_cache_dtype=KV_DTYPES[(i // 7) % len(KV_DTYPES)])
@@ -102,7 +102,7 @@ def test_golden_file_covers_the_spread() -> None:
     setups = [c["input"]["setup"] for c in cases]
     assert {s.get("precision") for s in setups} >= set(PRECISION_POLICIES)
     assert {s.get("optimizer") for s in setups} >= set(OPTIMIZERS)
-    assert {s["attention"] for s in setups} == set(ATTENTION)
+    assert {s["attention"] for s in setups} == set(KERNELS)
     assert {s.get("recompute") for s in setups} >= set(RECOMPUTE)
     assert {s.get("mode", "train") for s in setups} == {"train", "inference"}
     assert any(s["tp"] > 1 and s["sp"] for s in setups)

@@ -30,7 +30,7 @@ from typing import Any
 from memlab.errors import ConfigError, SetupError, unknown_name
 from memlab.predict.hardware.gpus import PEAK_DTYPES, Accelerator, DeviceInfo, gpu
 from memlab.predict.spec.model import TransformerConfig
-from memlab.predict.spec.setup import RECOMPUTE, Recompute
+from memlab.predict.spec.setup import RECOMPUTE, Recompute, Setup
 from memlab.predict.spec.validate import LIMITS, canonical_choice, check_int, check_number
 
 _pos_int = functools.partial(check_int, err=SetupError)
@@ -205,6 +205,157 @@ def megatron_closed_form(batch: int, seq: int, n_layers: int, d_model: int, voca
     return forms[_check_recompute(recompute)]
 
 
+# -- a fine-tuning step ---------------------------------------------------------------------------------------
+_STAGES = ("qkv", "core", "o", "mlp_in", "down")
+"""A block's matmuls bottom-up, in the order its forward runs them (the gradient meets them top-down)."""
+_STAGE_OF = {"q": 0, "k": 0, "v": 0, "qkv": 0, "o": 2, "gate": 3, "up": 3, "down": 4}
+"""The stage (:data:`_STAGES` index) of each adapted module kind (memlab.predict.spec.setup.LORA_KINDS)."""
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one training step's matmuls, by where they run (integers; the counting convention of this module).
+
+    ``forward``: every matmul once (adapters included). ``backward_input``: the input-gradient GEMMs (and the
+    attention core's backward, whose operands are all activations) of the layers the gradient passes through.
+    ``backward_weight``: the weight-gradient GEMMs of trainable weights only. ``recompute``: the forward run again
+    under the setup's recompute (hardware FLOPs only). ``model`` is the work the step needs (MFU's numerator, PaLM
+    Appendix B [chowdhery2022]: no recomputation); ``hardware`` adds the recompute (HFU, Korthikanti et al. 2022).
+    """
+
+    forward: int
+    backward_input: int
+    backward_weight: int
+    recompute: int
+    tokens: int
+
+    @property
+    def model(self) -> int:
+        """The step's work: forward + both backward GEMM sets (FLOPs)."""
+        return self.forward + self.backward_input + self.backward_weight
+
+    @property
+    def hardware(self) -> int:
+        """What the GPU executes: :attr:`model` + :attr:`recompute` (FLOPs)."""
+        return self.model + self.recompute
+
+
+def adapter_shapes(config: TransformerConfig, targets: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """``(kind, in_features, out_features)`` of each Linear of one block that LoRA adapts (``targets`` from
+    :data:`~memlab.predict.spec.setup.LORA_KINDS`; a fused QKV projection once, as ``qkv``), read from block 0's
+    weight shapes (``config.param_shapes()``: (out, in)). A kind the model has no weight of (``gate`` on a GELU MLP)
+    raises :class:`ConfigError`. Equals :func:`memlab.predict.memory.finetune.lora_modules` (tested)."""
+    weights = {name.split(".")[-2]: shape for name, shape, _ in config.param_shapes()
+               if name.startswith("blocks.0.") and name.endswith(".weight") and len(shape) == 2}
+    out: list[tuple[str, int, int]] = []
+    if "qkv" in weights and any(k in targets for k in ("q", "k", "v")):
+        out.append(("qkv", weights["qkv"][1], weights["qkv"][0]))
+    for kind in ("q", "k", "v", "o", "gate", "up", "down"):
+        if kind not in targets or (kind in ("q", "k", "v") and "qkv" in weights):
+            continue
+        if kind not in weights:
+            raise ConfigError(f"lora_targets names {kind!r}, but this model's blocks have no {kind} projection "
+                              f"(its MLP is {config.mlp}): use up and down")
+        out.append((kind, weights[kind][1], weights[kind][0]))
+    return out
+
+
+def _block_stages(config: TransformerConfig, batch: int, seq: int, causal: bool) -> dict[str, int]:
+    """Forward FLOPs of one dense block's matmuls by stage (:data:`_STAGES`), as :func:`forward_flops_breakdown`
+    counts them."""
+    t = batch * seq
+    h, q, kv, f = config.d_model, config.q_dim, config.kv_dim, config.ffn
+    return {"qkv": matmul_flops(t, q, h) + 2 * matmul_flops(t, kv, h),
+            "core": attention_flops(batch, seq, q, config.n_heads, causal=causal), "o": matmul_flops(t, h, q),
+            "mlp_in": (1 if config.mlp == "gelu" else 2) * matmul_flops(t, f, h), "down": matmul_flops(t, h, f)}
+
+
+def _input_grads(stages: dict[str, int], adapters: list[tuple[str, int, int]], rank: int, t: int,
+                 lowest: int) -> int:
+    """Input-gradient FLOPs of one block whose stages from ``lowest`` up are passed by the gradient: each base
+    matmul above ``lowest`` once (dX = dY W^T, the forward's size), the attention core twice (dQ, dK, dV and the
+    scores' gradient: four products of the forward's two sizes, as SDPA's backward computes them), and per adapter
+    above ``lowest`` 2*t*r*(in + out) (through B, then A); an adapter at ``lowest`` only through B (2*t*r*out: its
+    A needs it for its weight gradient), as its input, like its base matmul's, carries no gradient."""
+    base = sum(v * (2 if name == "core" else 1) for i, (name, v) in enumerate(stages.items()) if i > lowest)
+    lora = sum(2 * t * rank * ((i if _STAGE_OF[k] > lowest else 0) + o) for k, i, o in adapters
+               if _STAGE_OF[k] >= lowest)
+    return base + lora
+
+
+def step_flops(config: TransformerConfig, setup: Any, causal: bool = False) -> StepFlops:
+    """FLOPs of one training step of ``setup.batch`` x ``setup.seq`` tokens under ``setup.finetune`` and
+    ``setup.recompute`` (a :class:`~memlab.predict.spec.setup.Setup`), every matmul counted exactly.
+
+    - ``full``: forward F, backward 2F (an input- and a weight-gradient GEMM per matmul), recompute as
+      :func:`megatron_iteration_flops` counts it (Megatron's whole-layer recompute, the papers' MFU convention).
+    - ``lora``/``qlora`` (adapters of rank r on ``setup.lora_target_kinds`` in every block, Hu et al. 2021
+      [hu2021]: W x + B A x with A r x in and B out x r; QLoRA's NF4 base is dequantised and multiplied as LoRA's):
+      forward F plus 2*t*r*(in + out) per adapter; backward: the input-gradient GEMMs of every block (the adapters
+      sit in all of them), in block 0 only above its lowest adapted stage (the embedding and the norms are frozen,
+      so nothing below it needs a gradient; ``lora_modules_to_save`` 'embed' makes block 0 whole), and of the head;
+      weight-gradient GEMMs of the adapters (2*t*r*(in + out) each) and of the head when it is saved.
+    - ``frozen``: nothing below block ``frozen_layers``; from there up input- and weight-gradient GEMMs of every
+      matmul (its norms train, so its first projections pass the gradient to them), and the head's (a head tied
+      to the frozen embedding is frozen with it: no weight gradient).
+
+    For the fine-tuning methods ``recompute='full'`` is transformers' gradient checkpointing, as the recipes run it:
+    ``gradient_checkpointing_enable`` also calls ``enable_input_require_grads`` (transformers modeling_utils.py; peft's
+    ``prepare_model_for_kbit_training`` does the same), so the gradient passes through every block whole, frozen ones
+    included (input-gradient GEMMs, no weight gradients), and every block runs its forward again, less the block's
+    last matmul when nothing after it saves a tensor (no residual dropout): torch's non-reentrant checkpoint stops
+    recomputing at the last saved tensor (``early_stop=True``, torch/utils/checkpoint.py), and a matmul saves its
+    inputs before it runs. ``selective`` recomputes the attention cores of the blocks whose backward runs.
+    ``causal`` counts the useful half of the scores (:func:`attention_flops`). A mixture of experts under a
+    fine-tuning method is refused (:class:`SetupError`): its routed experts' backward is not modelled here.
+    """
+    b, s = _bounded("batch", setup.batch), _bounded("seq", setup.seq)
+    recompute = _check_recompute(setup.recompute)
+    parts = forward_flops_breakdown(config, b, s, causal)
+    if setup.finetune == "full":
+        forward, core = sum(parts.values()), parts["attention_core"]
+        extra = {"none": 0, "full": forward - parts["head"], "selective": core}[recompute]
+        return StepFlops(forward, forward + core, forward - core, extra, b * s)
+    if config.is_moe:
+        raise SetupError(f"finetune={setup.finetune!r} FLOPs of a mixture of experts are not modelled (which "
+                         "experts' backward runs depends on the routing): use finetune='full' or a dense model")
+    stages = _block_stages(config, b, s, causal)
+    if setup.finetune == "frozen":
+        adapters, rank, trained = [], 0, config.n_layers - setup.frozen_layers
+        if trained < 1:
+            raise ConfigError(f"frozen_layers={setup.frozen_layers} freezes every one of the model's "
+                              f"{config.n_layers} blocks: leave at least one to train")
+        lowest, weights = -1, trained * (sum(stages.values()) - stages["core"])
+        weights += 0 if config.tied_embeddings else parts["head"]
+    else:
+        adapters, rank, trained = adapter_shapes(config, setup.lora_target_kinds), setup.lora_r, config.n_layers
+        lowest = -1 if "embed" in setup.lora_save_kinds else min(_STAGE_OF[k] for k, _, _ in adapters)
+        weights = trained * sum(2 * b * s * rank * (i + o) for _, i, o in adapters)
+        weights += parts["head"] if "head" in setup.lora_save_kinds else 0
+    return _finetune_step(config, b * s, stages, adapters, rank, parts["head"], weights, trained, lowest, recompute)
+
+
+def _finetune_step(config: TransformerConfig, t: int, stages: dict[str, int], adapters: list[tuple[str, int, int]],
+                   rank: int, head: int, weights: int, trained: int, lowest: int, recompute: str) -> StepFlops:
+    """:func:`step_flops` of a fine-tuning method over ``t`` tokens, from one block's ``stages``, its ``adapters``,
+    the ``head``'s forward, the ``weights``' gradient GEMMs, the ``trained`` top blocks the gradient passes through
+    (in the lowest of them from stage ``lowest`` up) and ``recompute``."""
+    n_l = config.n_layers
+    adapters_fwd = sum(2 * t * rank * (i + o) for _, i, o in adapters)
+    block = sum(stages.values()) + adapters_fwd
+    if recompute == "full":  # transformers' checkpointing makes the embedding's output require grad: all blocks
+        passed, backward = n_l, n_l * _input_grads(stages, adapters, rank, t, -1)
+        down = [o for k, _, o in adapters if k == "down"]  # the block's last matmul: down's B, else down itself
+        last = 0 if config.dropout else (2 * t * rank * down[0] if down else stages["down"])
+        again = n_l * (block - last)
+    else:
+        passed = trained
+        backward = (trained - 1) * _input_grads(stages, adapters, rank, t, -1) + _input_grads(
+            stages, adapters, rank, t, lowest)
+        again = passed * stages["core"] if recompute == "selective" else 0
+    return StepFlops(n_l * block + head, backward + head, weights, again, t)
+
+
 def step_time_to_tokens_per_second(step_time_s: float, batch: int, seq: int, num_devices: int = 1) -> float:
     """Tokens per second of a run: batch * seq * num_devices / step_time_s.
 
@@ -258,9 +409,35 @@ class MFUResult:
         return {**asdict(self), "known": self.known}
 
 
+def _finetune_per_token(model: TransformerConfig | float | None, seq: int | None, recompute: str,
+                        finetune: Setup) -> tuple[float, float, str]:
+    """:func:`_per_token` of a fine-tuning step (``finetune.finetune`` lora, qlora or frozen): :func:`step_flops`
+    of one sequence over its tokens, attention counted non-causal as PaLM counts it."""
+    if not isinstance(model, TransformerConfig):
+        raise SetupError(f"finetune={finetune.finetune!r} FLOPs need the model's shapes (which weights train, the "
+                         "adapters' sizes): give a model config (--hf, --model, --preset or dimensions), not a bare "
+                         "parameter count")
+    if seq is None:
+        raise SetupError("seq is required with a model config: the attention term depends on the training sequence "
+                         "length")
+    s = check_int("seq", seq, hi=LIMITS["seq"].max, why=LIMITS["seq"].why, err=SetupError)
+    model.check_seq(s)
+    step = step_flops(model, finetune.with_(batch=1, seq=s, recompute=recompute))
+    what = (f"LoRA r={finetune.lora_r} on {','.join(finetune.lora_target_kinds)}" if finetune.finetune != "frozen"
+            else f"bottom {finetune.frozen_layers} blocks frozen")
+    formula = (f"{finetune.finetune} ({what}): the step's matmuls per token, T = {s} (forward, input-gradient GEMMs "
+               "of the blocks the gradient passes, weight-gradient GEMMs of trainable weights only; model FLOPs "
+               "without recompute, PaLM Appendix B)")
+    return step.model / s, step.hardware / s, formula
+
+
 def _per_token(model: TransformerConfig | float | None, seq: int | None, recompute: str,
-               override: float | None) -> tuple[float, float | None, str]:
+               override: float | None, finetune: Setup | None = None) -> tuple[float, float | None, str]:
     """(model FLOPs/token, hardware FLOPs/token or None, formula description)."""
+    if finetune is not None and finetune.finetune != "full":
+        if override is not None:
+            raise SetupError("model_flops_per_token overrides the count: leave finetune out with it")
+        return _finetune_per_token(model, seq, recompute, finetune)
     if override is not None:
         value = check_number("model_flops_per_token", override, lo=0.0, lo_open=True, hi=6 * LIMITS["params"].max,
                              why="6 x the largest parameter count memlab accepts", err=ConfigError)
@@ -284,7 +461,7 @@ def _per_token(model: TransformerConfig | float | None, seq: int | None, recompu
 def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
         accelerator: Accelerator | DeviceInfo | str | None, num_devices: int = 1, dtype: str = "bf16",
         seq: int | None = None, recompute: Recompute = "none",
-        model_flops_per_token: float | None = None) -> MFUResult:
+        model_flops_per_token: float | None = None, finetune: Setup | None = None) -> MFUResult:
     """MFU (and HFU) of a measured throughput: tokens/s * model FLOPs per token / (num_devices * dense peak).
 
     ``model``: a :class:`TransformerConfig` (FLOPs/token by :func:`flops_per_token`, needs ``seq``) or a bare
@@ -293,6 +470,11 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     table row, a key for :func:`memlab.predict.hardware.gpus.gpu`, a :class:`DeviceInfo` from ``detect()``, or None.
     When the peak for ``dtype`` is unknown, ``mfu`` and ``hfu`` are None and ``reason`` says why: no other device's
     peak is ever borrowed. ``num_devices`` counts devices as PyTorch sees them (an MI250X package is 2).
+    ``finetune``: a :class:`~memlab.predict.spec.setup.Setup` whose fine-tuning fields (``finetune``, ``lora_rank``,
+    ``lora_targets``, ``lora_modules_to_save``, ``frozen_layers``) describe the step; its batch, seq and recompute
+    are replaced by this call's. Under lora, qlora or frozen the FLOPs per token are :func:`step_flops` of the step
+    over its tokens: model FLOPs are the work the step needs (no weight-gradient GEMMs of frozen weights, no
+    recompute: PaLM Appendix B's MFU [chowdhery2022]), hardware FLOPs add the recompute.
     """
     tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=LIMITS["tokens_per_s"].max,
                        why=LIMITS["tokens_per_s"].why, err=SetupError)
@@ -301,7 +483,10 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     if dtype not in PEAK_DTYPES:
         raise unknown_name("dtype", str(dtype), PEAK_DTYPES)
     recompute = _check_recompute(recompute)
-    model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token)
+    if finetune is not None and not isinstance(finetune, Setup):
+        raise SetupError(f"finetune must be a memlab Setup (Setup(finetune='lora', lora_rank=16)) or None, got "
+                         f"{type(finetune).__name__}")
+    model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token, finetune)
 
     label: str | None = None
     if isinstance(accelerator, str):

@@ -61,16 +61,19 @@ def sandwich(c: dict[str, Any], family: str, label: str, *, cls: str, file: str,
     attn_cap = None if gemma3 else positive_or_none(c, "attn_logit_softcapping", softcaps[0], family)
     bias = bool(c["attention_bias"])
     traits: dict[str, Any] = {"qk_norm": "head", "rotary_table_pairs": max(1, len(kinds))} if gemma3 else {}
+    sdpa = {} if gemma3 else {"supports_sdpa": False}  # Gemma2PreTrainedModel._supports_sdpa = False
     sources = ((("qk_norm", f"{file} Gemma3Attention.forward: q_norm/k_norm (Gemma3RMSNorm over head_dim)"),
                 ("rotary_table_pairs", f"{file} Gemma3TextModel.forward: one rotary_emb call per set(layer_types)"))
                if gemma3 else ())
+    if not gemma3:
+        sources += (("supports_sdpa", f"{file} Gemma2PreTrainedModel: _supports_sdpa = False (softcapping)"),)
     if attn_cap is not None:
         sources += (("attn_softcap", f"{file} eager_attention_forward: tanh(attn_weights / softcap) * softcap"),)
     if final_cap is not None:
         sources += (("final_softcap", f"{file} {cls}ForCausalLM.forward: tanh(logits / cap) * cap"),)
     return decoder(c, family, label, cls=cls, file=file, act_key="hidden_activation", rmsnorm="fp32",
                    head_dim=c["head_dim"], qkv_bias=bias, o_bias=bias, norm_placement="sandwich",
-                   attn_softcap=attn_cap is not None, final_softcap=final_cap is not None,
+                   attn_softcap=attn_cap is not None, final_softcap=final_cap is not None, **sdpa,
                    sliding_window=window(c, family, "sliding_attention" in kinds),
                    sources=(("norm_placement", f"{file} {cls}DecoderLayer.forward: input, "
                                                "post_attention, pre_feedforward and post_feedforward norms"),

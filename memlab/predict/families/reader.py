@@ -29,6 +29,7 @@ from memlab.errors import ConfigError, SetupError
 from memlab.predict.families.common import optional
 from memlab.predict.families.registry import DEFAULTS, FAMILIES, SUPPORTED
 from memlab.predict.families.registry import check as check_keys
+from memlab.predict.spec.kernels import cpu_sdpa_kernel, cuda_sdpa_kernel
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.traits import Implementation
 from memlab.predict.spec.validate import check_bool, check_int, check_number, check_str
@@ -220,10 +221,10 @@ def _rotary_fraction(raw: Mapping[str, Any], legacy: str | None, c: Mapping[str,
 
 
 def hf_attention(attn_implementation: str, device_type: str = "cuda", dtype: str = "fp32",
-                 attention_dropout: float = 0.0) -> str:
-    """The memlab ``Setup.attention`` an HF ``attn_implementation`` runs as: ``eager`` is eager; ``sdpa`` picks
-    PyTorch's fused kernel (on CPU the flash kernel, or the math backend when attention dropout is on, which the
-    CPU flash kernel does not support; on CUDA flash for 16-bit and memory-efficient for fp32);
+                 attention_dropout: float = 0.0, head_dim: int = 128) -> str:
+    """The memlab ``Setup.attention`` an HF ``attn_implementation`` runs as: ``eager`` is eager; ``sdpa`` is the
+    kernel torch dispatches for a call without a mask (:mod:`memlab.predict.spec.kernels`: on CPU flash, or math
+    with attention dropout; on an sm90 CUDA card flash in 16 bits and memory-efficient in fp32);
     ``flash_attention_2`` is flash. ``device_type`` is ``"cpu"`` or ``"cuda"`` (the kernels memlab models),
     ``dtype`` the model's (fp32, bf16 or fp16); anything else raises :class:`~memlab.errors.SetupError`."""
     if device_type not in ("cpu", "cuda") or not isinstance(device_type, str):
@@ -238,7 +239,7 @@ def hf_attention(attn_implementation: str, device_type: str = "cuda", dtype: str
         return "flash"
     if attn_implementation == "sdpa":
         if device_type == "cpu":
-            return "math" if attention_dropout > 0 else "flash"
-        return "flash" if dtype != "fp32" else "efficient"
+            return cpu_sdpa_kernel(dropout=attention_dropout)[0]
+        return cuda_sdpa_kernel(cc=None, dtype=dtype, head_dim=head_dim, mask=False, dropout=attention_dropout)[0]
     raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got "
                       f"{attn_implementation!r:.60}")

@@ -88,6 +88,8 @@ def lora_modules(config: TransformerConfig, targets: tuple[str, ...]) -> list[tu
         if kind not in targets or (config.impl.fused_qkv and kind in ("q", "k", "v")):
             continue
         if kind == "gate" and config.mlp != "swiglu":
+            if set(targets) == set(LORA_KINDS):
+                continue  # all-linear: every Linear the block has
             raise ConfigError(f"lora_targets names 'gate', but this model's MLP ({config.mlp}) has no gate "
                               "projection: use up and down")
         out.append((kind, *shapes[kind]))

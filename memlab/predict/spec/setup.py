@@ -16,7 +16,7 @@ from memlab.predict.spec.validate import LIMITS, StrictInit, check_fields
 
 Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full"]
-Attention = Literal["eager", "math", "flash", "efficient", "cudnn"]
+Attention = Literal["eager", "math", "flash", "efficient", "cudnn", "auto"]
 ZeroStage = Literal[0, 1, 2, 3]
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor"]
 InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
@@ -34,11 +34,15 @@ EpRouting = Literal["balanced", "worst"]
 AttentionMask = Literal["none", "ones", "padded"]
 LossCall = Literal["labels", "manual"]
 PadSide = Literal["right", "left"]
+Task = Literal["auto", "causal-lm", "masked-lm", "sequence-classification", "token-classification",
+               "question-answering"]
 KvCacheKind = Literal["dynamic", "static"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
 ATTENTION: tuple[str, ...] = get_args(Attention)
+KERNELS: tuple[str, ...] = tuple(a for a in ATTENTION if a != "auto")
+"""The attention kernels a step runs (``auto`` resolves to one of them: memlab.predict.spec.kernels)."""
 DEVICE_TYPES = ("cuda", "cpu")
 """The devices a step is predicted for (their widths differ: autocast's op lists, norm kernels, step counters)."""
 DEFAULT_DEVICE_TYPE = "cuda"
@@ -65,14 +69,24 @@ LORA_DEFAULT_TARGETS = ("q", "v")
 GPT-2 its default ``c_attn`` is the fused QKV projection, which q or v names here."""
 
 
+PEFT_TARGET_NAMES = {f"{kind}_proj": kind for kind in LORA_KINDS}
+"""peft ``target_modules`` spellings of the kinds as Llama-style families name their Linears (Llama, Mistral, Qwen2/3,
+Gemma, Phi-3 after its split, ...): ``q_proj`` ... ``down_proj``; ``all-linear`` (peft's
+``INCLUDE_LINEAR_LAYERS_SHORTHAND``: every Linear of the blocks, not the output head) names every kind."""
+
+
 def parse_targets(text: str) -> tuple[str, ...]:
-    """``"q,v"`` -> ``("q", "v")``: comma-separated kinds from :data:`LORA_KINDS`, each once; anything else raises
-    :class:`SetupError` in one line."""
-    kinds = tuple(k.strip().lower() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in LORA_KINDS]
+    """``"q,v"`` or peft's ``"q_proj,v_proj"`` -> ``("q", "v")``; ``"all-linear"`` -> every kind of
+    :data:`LORA_KINDS`. Comma-separated, each once; anything else raises :class:`SetupError` in one line."""
+    names = [k.strip().lower() for k in text.split(",") if k.strip()]
+    if names == ["all-linear"]:
+        return LORA_KINDS
+    kinds = tuple(PEFT_TARGET_NAMES.get(k, k) for k in names)
+    bad = [n for n, k in zip(names, kinds, strict=True) if k not in LORA_KINDS]
     if bad:
         raise SetupError(f"lora_targets: unknown module kind {bad[0]!r}: use a comma-separated list of "
-                         f"{', '.join(LORA_KINDS)} (e.g. 'q,v' or 'q,k,v,o,gate,up,down')")
+                         f"{', '.join(LORA_KINDS)} or peft's q_proj ... down_proj (e.g. 'q,v', 'q_proj,v_proj'), "
+                         "or all-linear")
     if len(set(kinds)) != len(kinds):
         raise SetupError(f"lora_targets names a module kind twice ({text!r}): name each once")
     return kinds
@@ -134,7 +148,7 @@ SETUP_GROUPS: dict[str, tuple[str, ...]] = {
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
               "fsdp_reshard_root"),
     "fine-tuning": ("finetune", "lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save", "frozen_layers"),
-    "call": ("attention_mask", "pad_fraction", "padding_side", "loss_call"),
+    "call": ("attention_mask", "pad_fraction", "padding_side", "loss_call", "task"),
 }
 """Setup's fields by concern, each field in one group: :meth:`Setup.group` reads one, ``memlab estimate --help``
 lists the options under them. A Setup is built from its fields by keyword (``Setup(batch=8, zero_stage=3)``)."""
@@ -174,8 +188,10 @@ class Setup(StrictInit):
     """Optimizer whose state is counted (and run)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (the attention core, Korthikanti et al.) or full (every block)."""
-    attention: Attention = "eager"
-    """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none."""
+    attention: Attention = field(default="eager", metadata={"cli_default": "auto"})
+    """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none; auto is
+    what the libraries run (transformers' default implementation, then the kernel torch dispatches on the device:
+    memlab.predict.spec.kernels), the command line's default."""
     zero_stage: ZeroStage = field(default=0, metadata={"flag": "--zero"})
     """ZeRO stage over the data-parallel ranks: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     world_size: int = field(default=1, metadata=LIMITS["ranks"].meta())
@@ -260,7 +276,8 @@ class Setup(StrictInit):
                                                        "below 1", "mode": "train"})
     """Dropout on each adapter's input (peft lora_dropout): keeps a noise tensor and the dropped input per module."""
     lora_targets: str = field(default="", metadata={"mode": "train"})
-    """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down ('': peft's default q,v)."""
+    """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down, or as peft's LoraConfig names them
+    (q_proj ... down_proj, all-linear) ('': peft's default q,v)."""
     lora_modules_to_save: str = field(default="", metadata={"mode": "train"})
     """Modules trained in full beside the adapters (peft modules_to_save), comma-separated: head, embed."""
     frozen_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks",
@@ -283,6 +300,10 @@ class Setup(StrictInit):
     """How the loss is called: labels (model(input_ids, labels=...): transformers' loss upcasts the logits to fp32
     and shifts the labels) or manual (logits = model(input_ids).logits, then F.cross_entropy(logits.view(-1, V),
     targets.view(-1)) on the user's next-token targets: the log-softmax in the logits' dtype; training only)."""
+    task: Task = field(default="auto", metadata={"mode": "train"})
+    """The head a Hugging Face config is built with (memlab.model.tasks): auto (the head the config's
+    architectures names, else the causal LM), causal-lm, masked-lm, sequence-classification, token-classification or
+    question-answering; the formula models the causal LM, the trace every head."""
 
     def __post_init__(self) -> None:
         # Types, ranges and Literal choices of every field from its annotation and metadata

@@ -45,7 +45,7 @@ TRAIT_GROUPS: dict[str, tuple[str, ...]] = {
     "block": ("activation", "parallel_block", "shared_norm", "norm_placement", "fused_qkv", "fused_gate_up"),
     "attention": ("eager_repeat_kv", "softmax_fp32", "autocast_mask_promotes_scores", "eager_qk_fp32", "kv_broadcast",
                   "sdpa_keeps_mask", "sdpa_output_copy", "q_view_of_fused_qkv", "qk_norm", "attn_softcap",
-                  "sliding_window", "checkpoint_keeps_mask"),
+                  "sliding_window", "checkpoint_keeps_mask", "supports_sdpa"),
     "norms": ("rmsnorm",),
     "rotary": ("rotary_tables_per_forward", "rotary_tables_fp32", "rotary_tables_per_use", "rotary_table_pairs",
                "rotary_fraction", "position_offset", "position_ids_per_token"),
@@ -127,6 +127,10 @@ class Implementation(StrictInit):
     ``enable_gqa`` (Falcon: transformers 5.25's ``FalconAttention`` takes K and V as views of the fused QKV output,
     and its causal mask is always materialised) [modeling_falcon.py FalconAttention.forward, FalconModel.forward
     ``allow_is_causal_skip=False``; integrations/sdpa_attention.py use_gqa_in_sdpa, repeat_kv]."""
+    supports_sdpa: bool = True
+    """transformers builds the family with SDPA attention when the caller names none (``_supports_sdpa``); False:
+    eager (Gemma 2: ``_supports_sdpa = False``, soft-capped scores) [modeling_utils.py
+    _check_and_adjust_attn_implementation]. What ``attention='auto'`` starts from (memlab.predict.spec.kernels)."""
     sdpa_keeps_mask: bool = False
     """SDPA gets an explicit 4-D causal mask (b, 1, s, s) in the compute dtype instead of ``is_causal``, and each
     layer's kernel keeps one for backward (Falcon) [modeling_falcon.py FalconAttention.forward,

@@ -218,3 +218,17 @@ def test_bitsandbytes_nf4_weight_bytes_equal_the_prediction_on_a_gpu() -> None:
         + qs.state2.absmax.untyped_storage().nbytes() + qs.code.untyped_storage().nbytes() \
         + qs.state2.code.untyped_storage().nbytes() + qs.offset.untyped_storage().nbytes()
     assert stored == nf4_tensor_bytes(4096 * 11008)
+
+
+def test_targets_in_peft_spelling_are_memlabs_kinds() -> None:
+    """What users write in peft's LoraConfig: q_proj, v_proj and all-linear (every Linear of the blocks; a
+    non-gated MLP has no gate)."""
+    from memlab.predict.memory.finetune import lora_modules
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import LORA_KINDS, Setup
+
+    assert Setup(finetune="lora", lora_targets="q_proj,v_proj").lora_target_kinds == ("q", "v")
+    assert Setup(finetune="lora", lora_targets="all-linear").lora_target_kinds == LORA_KINDS
+    gpt = preset("gpt2-small")
+    kinds = [k for k, _, _ in lora_modules(gpt, LORA_KINDS)]
+    assert kinds == (["qkv", "o", "up", "down"] if gpt.impl.fused_qkv else ["q", "k", "v", "o", "up", "down"])
