@@ -22,7 +22,8 @@
 #
 # 1. the formula: weights + KV cache (GQA vs MHA) + the prefill's transient;
 # 2. the experiment: prefill and decode on the reference GPT, KV bytes against context and batch, tokens/s;
-# 3. "will model M serve N users at context C on GPU G?", for real presets and cards, and vLLM's 0.9;
+# 3. "will model M serve N users at context C on GPU G?", as `generate()` runs it, the largest batch per context,
+#    and vLLM's KV pool (`gpu_memory_utilization`, block size);
 # 4. the decode roofline: time per token ≥ bytes read / bandwidth, and the batch at which decode turns
 #    compute-bound;
 # 5. int8 and int4 weights, both measured on the CPU with torch's own kernels;
@@ -61,9 +62,11 @@ from memlab import (
     preset,
     reserved_tokens,
     run_step,
+    serving_table,
     shape_summary,
     synthetic_request_lengths,
     token_ids,
+    vllm_kv_blocks,
 )
 from memlab.course.chapter import as_percent
 from memlab.labs import inference
@@ -169,53 +172,56 @@ ch.save_figure(fig, "kv_growth_and_phases")
 # %% [markdown]
 # ## 3. Will model M serve N users at context C on GPU G?
 #
-# bf16 weights and cache, 32 users at 4096 tokens each, four answers from the least to the most careful:
+# `Setup(mode="inference")` describes transformers' `generate()`: a prefill of the prompt that keeps the logits of
+# the last position only (`logits_to_keep=1`, what `generate()` passes to the model [hf-transformers]), then decode
+# steps with a dynamic cache that grows by `torch.cat` (its default cache). The estimate of a step is weights + KV
+# cache + the prefill's largest moment: a block's MLP, its attention or the head
+# (`memlab.predict.memory.inference`; exact against the reference GPT's trace under a fused kernel,
+# `benchmarks/inference_vs_trace.py`). bf16 weights and cache, 32 users at 4096 tokens each, five answers:
 #
-# - **naive, eager**: a plain forward over all prompts at once with eager attention (the estimator's `max_batch`
-#   with `Setup`'s default `attention="eager"`): the largest transient of that forward is added to weights + KV;
-# - **naive, SDPA**: the same forward with a fused attention kernel (`attention="flash"`), so no s × s tensor;
-# - **weights + KV, 100 % of the card**: what the weights leave, divided by one sequence's cache
-#   (`memlab.predict.paging.max_sequences`); an upper bound, since nothing else may use the card;
-# - **vLLM's pool**: vLLM sizes its KV pool as `gpu_memory_utilization` (default 0.9 [vllm-engine-args]) × the
-#   card's memory − the weights − the activation peak of a profiling forward it runs at start-up [kwon2023]. The
-#   profiled peak is vLLM's own measurement; here it is *assumed* to be the estimator's transient of one
-#   4096-token SDPA prefill, with the logits of the last token only.
+# - **plain forward, eager** and **plain forward, SDPA**: `logits_to_keep=0` (the logits of every prompt position),
+#   with eager attention or a fused kernel (`attention="flash"`);
+# - **generate(), eager** and **generate(), SDPA**: `max_batch` of the default setup;
+# - **weights + KV, 100 % of the card**: what the weights leave, over one sequence's cache (`max_sequences`);
+# - **vLLM's pool**: `vllm_kv_blocks`: (`gpu_memory_utilization` × the card − the weights − the activation peak of
+#   the forward vLLM profiles at start-up) // (`block_size` tokens × KV bytes per token), defaults 0.9 and 16
+#   [vllm-engine-args] [vllm-worker]. The profiled peak is vLLM's own measurement; here it is *assumed* to be the
+#   estimate's largest moment of one 4096-token SDPA prefill.
 #
-# The capacity is memlab's table's nominal figure (80 GiB for an H100 SXM); the driver reports slightly less, and
-# the CUDA context takes a few hundred MiB more, which vLLM's 10 % margin covers.
+# The capacity is memlab's table's nominal figure (80 GiB for an H100 SXM); the CUDA context takes a few hundred
+# MiB more, which vLLM's 10 % margin covers.
 
 # %%
 cards = ["l4", "a100-80gb-sxm", "h100-sxm", "h200-sxm"]
 users, context = 32, 4096
-VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default [vllm-engine-args]
 serve_models = ["llama-2-7b", "llama-3-8b", "mistral-7b", "mixtral-8x7b", "llama-2-70b"]
-eager_s = Setup(mode="inference", batch=1, seq=context)  # attention="eager" is Setup's default
-sdpa_s = eager_s.with_(attention="flash")
+gen_eager = Setup(mode="inference", batch=1, seq=context, attention="eager")  # generate(): logits_to_keep=1
+gen_sdpa = gen_eager.with_(attention="flash")
+plain_eager = gen_eager.with_(logits_to_keep=0)  # a plain forward: every prompt position's logits
+plain_sdpa = plain_eager.with_(attention="flash")
 
 
-def vllm_reserve(cfg) -> float:
-    """Assumed profiled activation peak: the largest transient of one SDPA prefill of ``context`` tokens other than
-    the full-prompt logits, or one token's fp32 logits if larger (an engine computes the last token's only)."""
-    detail = estimate(cfg, sdpa_s).activation_detail
-    return max([v for k, v in detail.items() if k != "logits"] + [4 * cfg.vocab_size])
-
-
-def vllm_sequences(cfg, card: str) -> int:
-    """Sequences of ``context`` tokens vLLM's pool holds (0.9 × capacity − weights − the assumed activation peak)."""
-    return max_sequences(cfg, int(VLLM_GPU_MEMORY_UTILIZATION * gpu(card).memory_bytes - vllm_reserve(cfg)), context)
+def vllm_budget(cfg, card: str):
+    """vLLM's KV pool on ``card`` (memlab.predict.paging.vllm_kv_blocks), the profiled peak assumed to be one SDPA
+    prefill of ``context`` tokens (the estimate's largest moment)."""
+    profiled = estimate(cfg, gen_sdpa)
+    return vllm_kv_blocks(gpu(card).memory_bytes, profiled.params_bytes, profiled.activations_bytes,
+                          kv_cache_bytes(cfg, 1, 1, "bf16"))
 
 
 serve = []
 for name in serve_models:
     cfg = preset(name)
-    detail = estimate(cfg, eager_s).activation_detail
+    detail = estimate(cfg, plain_eager).activation_detail
     for card in cards:
-        serve.append({"model": name, "card": card, "weights GiB": estimate(cfg, eager_s).params_bytes / GiB,
-                      "naive, eager": max_batch(cfg, eager_s, card).value,
-                      "naive, SDPA": max_batch(cfg, sdpa_s, card).value,
+        serve.append({"model": name, "card": card, "weights GiB": estimate(cfg, gen_sdpa).params_bytes / GiB,
+                      "plain forward, eager": max_batch(cfg, plain_eager, card).value,
+                      "plain forward, SDPA": max_batch(cfg, plain_sdpa, card).value,
+                      "generate(), eager": max_batch(cfg, gen_eager, card).value,
+                      "generate(), SDPA": max_batch(cfg, gen_sdpa, card).value,
                       "weights + KV, 100 % of the card": max_sequences(cfg, gpu(card).memory_bytes, context),
-                      "vLLM pool (0.9)": vllm_sequences(cfg, card),
-                      "largest eager transient": max(detail, key=detail.get),
+                      "vLLM pool (0.9)": vllm_budget(cfg, card).sequences(context),
+                      "largest plain-forward moment": max(detail, key=detail.get),
                       "its GiB / sequence": max(detail.values()) / GiB})
 serve = pd.DataFrame(serve)
 serve[f"serves {users}? (vLLM pool)"] = serve["vLLM pool (0.9)"].ge(users).map({True: "yes", False: "no"})
@@ -224,36 +230,80 @@ h100_rows = serve[serve["card"] == "h100-sxm"].drop(columns="card").set_index("m
 h100_rows.round(2)
 
 # %%
-l27 = serve.set_index(["model", "card"]).loc[("llama-2-7b", "h100-sxm")]
-l27_detail = estimate(preset("llama-2-7b"), eager_s).activation_detail
+l38 = serve.set_index(["model", "card"]).loc[("llama-3-8b", "h100-sxm")]
+l38_plain = estimate(preset("llama-3-8b"), plain_sdpa).activation_detail
+l38_gen = estimate(preset("llama-3-8b"), gen_sdpa).activation_detail
+l38_pool = vllm_budget(preset("llama-3-8b"), "h100-sxm")
 Markdown(
-    f"**Reading it (computed).** For Llama-2-7B on an H100 the naive eager server is limited by its largest "
-    f"transient, `{l27['largest eager transient']}`: {l27_detail['attention_scores'] / GiB:.2f} GiB per "
-    f"{context:,}-token sequence (an fp32 a × s × s score matrix), against {l27_detail['logits'] / GiB:.2f} GiB of "
-    f"logits. With SDPA that tensor is never written, and the naive batch grows from {l27['naive, eager']} to "
-    f"{l27['naive, SDPA']}. Hugging Face's `generate()` (transformers 5.x, pinned here) runs SDPA by default and "
-    f"keeps the logits of the last token only, so it is limited by weights + KV, like an engine. The engine's "
-    f"bound on 100 % of the card is {l27['weights + KV, 100 % of the card']} sequences; vLLM's 0.9 pool holds "
-    f"{l27['vLLM pool (0.9)']}, so the answer to \"32 users?\" is **{l27[f'serves {users}? (vLLM pool)']}**.")
+    f"**Reading it (computed).** For Llama-3-8B on an H100 an eager forward is limited by its score matrix "
+    f"({estimate(preset('llama-3-8b'), plain_eager).activation_detail['attention_scores'] / GiB:.1f} GiB per "
+    f"{context:,}-token sequence), whatever logits it keeps: {l38['plain forward, eager']} sequences. With SDPA a "
+    f"plain forward is limited by the logits of every position ({l38_plain['logits'] / GiB:.1f} GiB per sequence, "
+    f"a 128k vocabulary): {l38['plain forward, SDPA']} sequences. `generate()` keeps one row of logits, so its "
+    f"largest moment is a block's MLP ({l38_gen['mlp'] / GiB:.2f} GiB): {l38['generate(), SDPA']}. vLLM's pool is "
+    f"{l38_pool.pool_bytes / GiB:.0f} GiB in {l38_pool.blocks:,} blocks of {l38_pool.block_size} tokens "
+    f"({l38_pool.block_bytes / MiB:.0f} MiB each): {l38['vLLM pool (0.9)']} sequences, against "
+    f"{l38['weights + KV, 100 % of the card']} on 100 % of the card, so \"32 users?\" is "
+    f"**{l38[f'serves {users}? (vLLM pool)']}** (Llama-2-7B, four times the cache per token: "
+    f"**{serve.set_index(['model', 'card']).loc[('llama-2-7b', 'h100-sxm'), f'serves {users}? (vLLM pool)']}**).")
 
 # %% [markdown]
-# The same question on every card, with vLLM's pool (0.9 of the card, the weights and the assumed activation peak
-# taken out): how many 4096-token sequences fit.
+# The same question on every card, with vLLM's pool: how many 4096-token sequences fit.
 
 # %%
 serve.pivot_table(index="model", columns="card", values="vLLM pool (0.9)", sort=False)[cards]
 
 # %% [markdown]
 # GQA is the difference between rows: Llama-2-7B (32 KV heads) needs four times the cache of Llama-3-8B or
-# Mistral-7B (8 KV heads) per token, so it serves far fewer users on the same card. Mixtral and Llama-2-70B do
-# not fit most single cards at all; they need tensor parallelism (`Setup(tp=...)`).
+# Mistral-7B (8 KV heads) per token. Mixtral and Llama-2-70B do not fit most single cards at all; they need tensor
+# parallelism (`Setup(tp=...)`).
 #
+# **The serving search.** `serving_table` runs `max_batch` at each context length: the most sequences
+# `generate()` can prefill together and then decode, on a 24 GB and an 80 GB card (SDPA, bf16).
+
+# %%
+search_ctx = [1024, 2048, 4096, 8192, 16384, 32768]
+search = pd.DataFrame([{**row, "model": name, "card": card}
+                       for name in ("llama-2-7b", "llama-3-8b") for card in ("rtx-4090", "h100-sxm")
+                       for row in serving_table(preset(name), Setup(mode="inference", attention="flash"), card,
+                                                search_ctx)])
+ch.save_table(search, "serving_search")
+search.pivot_table(index=["model", "card"], columns="context", values="max_batch", sort=False)
+
+# %%
+fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
+for i, ((name, card), part) in enumerate(search.groupby(["model", "card"], sort=False)):
+    fits = part[part["max_batch"] > 0]  # a context where not even one sequence fits is left off the log axis
+    ax.plot(fits["context"], fits["max_batch"], marker="o", color=f"C{i}",
+            label=f"{name} on {gpu(card).name}")
+ax.set(xscale="log", yscale="log", xlabel="context per sequence (tokens)",
+       ylabel="sequences served at once", title="generate()'s largest batch per context (predicted, bf16, SDPA)")
+ax.set_xticks(search_ctx, [f"{c // 1024}k" for c in search_ctx])
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+ch.save_figure(fig, "serving_search")
+
+# %% [markdown]
+# **The cache kind.** `generate()`'s dynamic cache concatenates each layer's keys and values at every step, so for
+# a moment a layer's old values sit beside the new ones; a static cache (`kv_cache="static"`, transformers'
+# `StaticCache`) is preallocated to the full length and written in place, but is held whole from the prefill on.
+
+# %%
+cache_cfg = preset("llama-3-8b")
+cache_rows = pd.DataFrame([
+    {"cache": kind, "kept logits": keep or "all",
+     **{f"{r.phase} GiB": r.peak_bytes / GiB for r in estimate(cache_cfg, Setup(
+         mode="inference", batch=8, seq=8192, attention="flash", kv_cache=kind, logits_to_keep=keep)).phases}}
+    for kind in ("dynamic", "static") for keep in (1, 0)])
+ch.save_table(cache_rows, "cache_kinds")
+cache_rows.round(2)
+
+# %% [markdown]
 # **How an engine keeps that pool full.** *Continuous batching* (iteration-level scheduling, Orca [yu2022])
 # admits a new request into the running batch at any decode step, as soon as a finished one frees its KV slots,
 # instead of waiting for the whole batch to end. *Chunked prefill* [agrawal2023] cuts a long prompt's prefill into
 # chunks of a fixed number of tokens and runs them in the same steps as other requests' decodes, so a long prompt
 # neither stalls the decodes nor needs a transient sized for the whole prompt. Both are why an engine's limit is
-# weights + KV + a bounded per-step transient, not the naive forward's.
+# weights + KV + a bounded per-step transient, not the whole batch's prefill.
 
 # %% [markdown]
 # ## 4. The decode roofline
@@ -563,9 +613,10 @@ check("09.llama3-h200-8k", answer, model="llama-3-8b", card="h200-sxm", tokens=8
 #   bytes per token and grows linearly with context × users. On the reference GPT the preallocated cache matches
 #   the formula's bytes: a bookkeeping check (the model allocates the shape the formula describes), not an
 #   independent measurement. GQA divides it by n_heads / n_kv_heads.
-# - A naive full-prompt forward with eager attention is limited by its fp32 score matrix; SDPA with last-token
-#   logits (HF's `generate`) and serving engines are limited by weights + KV. vLLM's pool is 0.9 of the card
-#   minus the weights and a profiled activation peak: section 3 answers "32 users?" with it.
+# - A plain forward with eager attention is limited by its score matrix and the logits of every position;
+#   `generate()` keeps the last position's logits, and with SDPA it is limited by weights + KV + a block's MLP.
+#   vLLM's pool is 0.9 of the card minus the weights and a profiled activation peak, in blocks of 16 tokens:
+#   section 3 answers "32 users?" with it, and `serving_table` gives the largest batch per context.
 # - Decode reads every weight and the whole cache per step: time per token ≥ bytes / bandwidth until the batch
 #   approaches the ridge point; long contexts keep it memory-bound (section 4, predicted).
 # - int8 (element count) and int4 (packed storage, torch's CPU kernels) were run on the CPU; against bf16 the

@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import types
 import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,7 +61,7 @@ def _short(text: str, limit: int = 40) -> str:
 def field_bound(cls: type, name: str) -> Callable[[str], int]:
     """The argument type of an int field of ``cls``, bounded by its ``metadata`` (max and the reason)."""
     f = {f.name: f for f in dataclasses.fields(cls)}[name]
-    lo = 0 if f.default == 0 else 1
+    lo = f.metadata.get("min", 0 if f.default == 0 else 1)
     hi = f.metadata.get("max")
     return bounded_int(lo, hi, f.metadata.get("why", "")) if hi is not None else (
         non_negative_int if lo == 0 else positive_int)
@@ -419,6 +420,8 @@ def setup_options() -> tuple[SetupOption, ...]:
     out = []
     for f in dataclasses.fields(Setup):
         hint = hints[f.name]
+        if typing.get_origin(hint) is types.UnionType:  # ``int | None``: an int whose default depends on the mode
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
         choices = f.metadata.get("choices")
         if typing.get_origin(hint) is typing.Literal:
             choices = typing.get_args(hint)

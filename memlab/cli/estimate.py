@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose predicted peak fits --gpu")
     g.add_argument("--longest-seq", action="store_true",
                    help="the longest sequence (up to the model's max_seq) whose predicted peak fits --gpu")
+    g.add_argument("--serving", type=context_list, metavar="C1,C2,...",
+                   help="with --mode inference: the largest batch at each context length (tokens per sequence, "
+                   "prompt + generated) whose predicted peak fits --gpu (memlab.predict.fit.serving_table)")
     g.add_argument("--levers", action="store_true", help="rank what to switch on (recompute, attention kernel, "
                    "precision, fused optimizer, chunked/fused loss, logits_to_keep, offload, ZeRO-3, LoRA, QLoRA, "
                    "frozen blocks, 8-bit AdamW) by the peak each gives on --gpu, with its cost, and the levers that "
@@ -60,6 +63,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--explain", action="store_true", help="list every assumption (the short form comes first)")
+
+
+def context_list(text: str) -> tuple[int, ...]:
+    """``"1024,8192"`` -> ``(1024, 8192)``: comma-separated context lengths, each a whole number of tokens in
+    1..LIMITS['seq']."""
+    one = bounded_int(1, int(LIMITS["seq"].max), LIMITS["seq"].why)
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated context lengths (e.g. 1024,8192), got {text!r}")
+    return tuple(one(t) for t in parts)
 
 
 def setup_of(args: argparse.Namespace, model: Any, *, library_defaults: bool = True) -> Any:
@@ -121,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                "assumed": assumed_lines(args, setup, bd),
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
                "host_bytes": bd.host_bytes, **found, "unverified_versions": guard,
-               **model_info(model, source="formula", config=raw), "published_model": twin,
+               **model_info(model, source="formula", config=raw, mode=setup.mode), "published_model": twin,
                "peak_range": None if span is None else {
                    **span.to_dict(), "exact_peak": exact_peak_hint(span, _hf_target(args, model), setup)},
                "ranks": [r.to_dict() for r in bd.ranks], "layout": bd.layout}
@@ -137,16 +150,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _asked_answers(args: argparse.Namespace, model: Any, setup: Any) -> list[str]:
-    """The answer flags given (``--max-batch``, ``--longest-seq``, ``--levers``), refusing those the call cannot
-    answer: without ``--gpu``, for a bare count, or levers of an inference step."""
+    """The answer flags given (``--max-batch``, ``--longest-seq``, ``--levers``, ``--serving``), refusing those the
+    call cannot answer: without ``--gpu``, for a bare count, levers of an inference step, or serving a training
+    one."""
     answers = [flag for flag, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                                     ("--levers", args.levers)) if on]
+                                     ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
     if answers and args.gpu is None:
         raise MemlabError(f"{', '.join(answers)} answer(s) for a card: add --gpu NAME (see 'memlab gpus')")
     if answers and isinstance(model, int):
         raise MemlabError(f"{', '.join(answers)} need a model config (--preset, dimensions or --hf), not --params")
     if args.levers and setup.mode != "train":
         raise MemlabError("--levers ranks ways to fit a training step: drop --mode inference")
+    if args.serving and setup.mode != "inference":
+        raise MemlabError("--serving searches the batch of a served model: add --mode inference")
     return answers
 
 
@@ -175,6 +191,12 @@ def assumed_lines(args: argparse.Namespace, setup: Any, bd: Any) -> list[str]:
             else "logits = model(input_ids).logits, then F.cross_entropy by hand"
         lines.append(f"the call: {call}; loss {setup.loss}"
                      + (f", the last {setup.logits_to_keep} positions" if setup.logits_to_keep else ""))
+    else:
+        keep = ("every position's logits (a plain forward)" if not setup.logits_to_keep else "the last position's "
+                "logits (generate()'s)" if setup.logits_to_keep == 1 else f"the last {setup.logits_to_keep} "
+                "positions' logits")
+        cache = "dynamic KV cache (generate()'s default)" if setup.kv_cache == "dynamic" else "static KV cache"
+        lines.append(f"the call: generate(): a prefill of seq - 1 tokens with {keep}, then decoding with a {cache}")
     left = [k for k, v in bd.overhead.items() if k in ("cuda_context", "workspace", "fragmentation") and not v]
     if left:
         lines.append(f"live tensors only: {', '.join(left)} not added (--cuda-context-mib, --workspace-mib, "
@@ -228,7 +250,7 @@ def _header(model: Any, setup: Any, bd: Any) -> str:
 def _print(args: argparse.Namespace, model: Any, raw: Any, setup: Any, bd: Any, twin: Any, span: Any) -> None:
     """The breakdown: the worst rank's components (the one device's on one device), the phases, every rank where
     ranks differ, the peak and its range."""
-    info = model_info(model, source="formula", config=raw)
+    info = model_info(model, source="formula", config=raw, mode=setup.mode)
     print(f"model: {info['model_label']}; source of truth: formula (memlab.predict.estimate); step: "
           f"{info['calling_convention']}")
     if twin is not None:
@@ -400,7 +422,7 @@ def _traced(args: argparse.Namespace, raw: dict[str, Any], refused: str) -> int:
     from memlab.cli.traced import print_trace, trace_config
 
     answers = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                               ("--levers", args.levers)) if on]
+                               ("--levers", args.levers), ("--serving", bool(args.serving))) if on]
     if answers:
         raise MemlabError(f"the formula does not cover this config ({refused}); {', '.join(answers)} search with the "
                           "formula: drop them to get the trace's answer")
@@ -436,13 +458,16 @@ def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | No
 def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:
     """``--max-batch``, ``--max-seq`` and ``--levers`` answered from the phase-aware peak (memlab.predict.fit)."""
     from memlab.predict.estimate import estimate
-    from memlab.predict.fit import fits, levers, max_batch, max_seq, plan_to_fit
+    from memlab.predict.fit import fits, levers, max_batch, max_seq, plan_to_fit, serving_table
 
     out: dict[str, Any] = {}
     if args.max_batch:
         out["max_batch"] = max_batch(model, setup, args.gpu, overheads=ov).to_dict()
     if args.longest_seq:
         out["max_seq"] = max_seq(model, setup, args.gpu, overheads=ov).to_dict()
+    if args.serving:
+        out["serving"] = serving_table(model, setup, args.gpu, args.serving, overheads=ov)
+        out["serving_gpu"] = args.gpu
     if args.levers:
         out["levers"] = [r.to_dict() for r in levers(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)]
         names, fitted, peak = plan_to_fit(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)
@@ -456,6 +481,13 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
         if key in found:
             r = found[key]
             print(f"\n{key.replace('_', ' ')} on {r['gpu']}: {r['value']:,} ({r['reason']}; peak, never the sum)")
+    if "serving" in found:
+        print(f"\nserving on {found['serving_gpu']}: the largest batch per context (generate()'s prefill and decode; "
+              "peak, never the sum)")
+        print(f"  {'context':>9} {'max batch':>9} {'peak GiB':>9} {'at':8} {'KV cache GiB':>12}")
+        for r in found["serving"]:
+            print(f"  {r['context']:>9,} {r['max_batch']:>9,} {r['peak_bytes'] / GiB:>9.2f} {r['peak_phase']:8} "
+                  f"{r['kv_cache_bytes'] / GiB:>12.2f}")
     if "levers" in found:
         print(f"\nlevers, ranked by the predicted peak each gives alone (capacity "
               f"{verdict.capacity_bytes / GiB:.2f} GiB):")

@@ -19,6 +19,9 @@ from memlab.errors import ConfigError
 HF_CALL = ("transformers AutoModelForCausalLM.from_config(config) in the setup's dtype; loss = model(input_ids=ids, "
            "labels=ids).loss (transformers shifts the labels inside: loss_utils.py ForCausalLMLoss)")
 """How memlab's step calls a Hugging Face model (memlab.model.loss, memlab.tracing.hf, memlab.run.hf)."""
+HF_GENERATE = ("transformers AutoModelForCausalLM.from_config(config) in the weights' dtype; model.generate(ids): "
+               "a prefill (logits of Setup.logits_to_keep positions), then decode steps with the Setup.kv_cache cache")
+"""How an inference estimate takes a Hugging Face model to be served (memlab.predict.memory.inference)."""
 REFERENCE_CALL = "memlab.model.gpt.GPT (the reference GPT) through memlab.model.step.train_step"
 """How memlab's step calls the reference GPT (presets with the ref: prefix, explicit dimensions)."""
 
@@ -88,15 +91,16 @@ def hf_path(text: str) -> str:
 
 
 def model_info(model: Any, *, source: str, config: dict[str, Any] | None = None,
-               refused: str | None = None, task: str = "causal-lm") -> dict[str, Any]:
+               refused: str | None = None, task: str = "causal-lm", mode: str = "train") -> dict[str, Any]:
     """What ``--json`` says about the model: ``family``, ``traits`` (``impl.differs()``; None when the formula
     does not cover the model), ``calling_convention`` (a ``task`` head's auto class, labels and loss:
-    :data:`memlab.model.tasks.TASKS`), ``source_of_truth`` (``formula`` or ``trace``) and, when the formula refused
-    the config, ``formula_refused`` (its one-line reason); ``model_label`` is :func:`model_label`."""
+    :data:`memlab.model.tasks.TASKS`; ``mode`` inference: ``generate()``), ``source_of_truth`` (``formula`` or
+    ``trace``) and, when the formula refused the config, ``formula_refused`` (its one-line reason); ``model_label``
+    is :func:`model_label`."""
     impl = getattr(model, "impl", None)
     hf = config is not None or (impl is not None and impl.family != "reference")
     family = (config or {}).get("model_type") or (impl.family if impl is not None else None)
-    call = HF_CALL if hf else REFERENCE_CALL
+    call = (HF_GENERATE if mode == "inference" else HF_CALL) if hf else REFERENCE_CALL
     if task not in ("auto", "causal-lm"):
         from memlab.model.tasks import TASKS
 

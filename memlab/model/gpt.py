@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memlab.errors import SetupError
-from memlab.model.kv_cache import KVCache, LayerCache
+from memlab.model.kv_cache import DynamicKVCache, KVCache, LayerCache
 from memlab.model.loss import LossOptions, lm_loss, logits_loss
 from memlab.model.policies import torchtitan_op_context
 from memlab.predict.spec.model import TransformerConfig
@@ -379,18 +379,22 @@ class GPT(nn.Module):
                 n += p.numel()
         return n
 
-    def run_blocks(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def run_blocks(self, x: torch.Tensor, cache: KVCache | DynamicKVCache | None = None) -> torch.Tensor:
         """The residual stream through every block (memlab.labs.checkpointing overrides it to checkpoint groups)."""
         for i, block in enumerate(self.blocks):
             x = block(x, self.rotary, cache.layer(i) if cache is not None else None)
         return x
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache: KVCache | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, cache: KVCache | DynamicKVCache | None = None,
+        logits_to_keep: int = 0,
     ) -> torch.Tensor:
         """Loss (with ``targets``) or logits for token ids ``idx`` (batch, seq).
 
-        With a :class:`KVCache` the tokens continue the cached sequence (inference: prefill, then decode).
+        With a :class:`KVCache` (or a ``DynamicKVCache``) the tokens continue the cached sequence (inference:
+        prefill, then decode). ``logits_to_keep`` > 0 (without targets): logits of the last that many positions
+        only, the final norm's output sliced before the head, as transformers' causal LMs do
+        (``slice_logits_to_keep``) and ``generate()`` asks with 1.
         """
         s = idx.shape[1]
         start = cache.length if cache is not None else 0
@@ -405,6 +409,8 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += s
         x = self.norm_f(x)
+        if targets is None and logits_to_keep:
+            x = x[:, -logits_to_keep:]
         if targets is None or (self.loss.kind == "plain" and not self.loss.keep):
             # The head runs as a module when untied (FSDP2 hooks a wrapped head's forward); tied, it is the embedding
             logits = F.linear(x, self.tok_emb.weight) if self.head is None else self.head(x)

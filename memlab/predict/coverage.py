@@ -590,6 +590,36 @@ def _term(key: str, name: str | Callable[[Case], str], size: Callable[[Case], fl
     return lambda c: [NamedTerm(name(c) if callable(name) else name, math.ceil(size(c)), phases, sign, key=key)]
 
 
+def _kv_line(c: Case) -> str:
+    s = c.setup
+    kind = ("a dynamic cache (generate()'s default: transformers' DynamicCache when no cache_implementation is set, "
+            "generation/utils.py line 2324 of 5.25.0): each layer's keys and values grow by torch.cat every step "
+            "(cache_utils.py DynamicLayer.update, lines 136-137), so the prefill holds the prompt's tokens and the "
+            "decode step one layer's old values beside the new ones" if s.kv_cache == "dynamic" else
+            "a static cache (transformers' StaticCache: preallocated to seq tokens, written in place with index_copy_, "
+            "cache_utils.py StaticLayer.update, lines 487-488): the whole cache is held from the prefill on")
+    return f"KV cache: seq tokens per sequence (prompt + generated; the prefill runs a prompt of seq - 1), {kind}"
+
+
+def _inference_line(c: Case) -> str:
+    s = c.setup
+    keep = ("logits of every prompt position (logits_to_keep=0: a plain forward)" if not s.logits_to_keep else
+            "logits of the last position" if s.logits_to_keep == 1 else
+            f"logits of the last {s.logits_to_keep} positions")
+    default = (" (generate()'s default: it passes logits_to_keep=1 to a model that takes it, transformers "
+               "generation/utils.py line 2958 of 5.25.0)" if s.logits_to_keep == 1 else "")
+    moe = c.is_config and c.config.is_moe  # type: ignore[union-attr]
+    exact = ("a mixture of experts' routing tensors (router logits, token indices, the routed copies) are not "
+             "counted: below the trace (memlab.tracing.gpt.trace_gpt with fake=False)" if moe else
+             "exact against the reference GPT's trace under a fused kernel (python benchmarks/inference_vs_trace.py; "
+             "a Hugging Face family's own activation and norm upcasts are not traced in inference)"
+             if s.fused_attention else
+             f"attention={s.attention} keeps s x s scores: the prefill and decode moments are a lower bound (eager's "
+             "softmax, mask and copies not counted; the fused kernels are exact)")
+    return (f"inference: prefill with the {keep}{default}, in the weights' dtype; activations = the prefill's largest "
+            f"moment (a block's MLP, its attention, or the head; memlab.predict.memory.inference), {exact}")
+
+
 def _train_config(c: Case) -> bool:
     return c.train and c.is_config
 
@@ -714,9 +744,14 @@ TABLE: tuple[Entry, ...] = (
                "python benchmarks/estimate_vs_trace.py --loss-draws 40)"),
     Entry("inference weights", lambda c: not c.train,
           says="inference: weights replicated over data-parallel ranks (ZeRO does not apply); no grads/states"),
-    Entry("KV cache", lambda c: not c.train, says="KV cache holds setup.seq tokens (prompt + generated) per sequence"),
-    Entry("inference activations", lambda c: not c.train,
-          says="activations = largest transient of a full-prompt forward (fp32 logits, MLP inner, or scores)"),
+    Entry("KV cache", lambda c: not c.train, says=_kv_line),
+    Entry("inference activations", lambda c: not c.train, says=_inference_line),
+    Entry("generate()'s fp32 logits", lambda c: not c.train and c.is_config,
+          terms=_term("generate()'s fp32 logits", "generate()'s fp32 copy of the next token's logits "
+                      "(outputs.logits[:, -1].to(copy=True, dtype=torch.float32), transformers generation/utils.py, "
+                      "line 3251 of 5.25.0): b x vocab x 4 bytes beside the model's logits",
+                      lambda c: 4 * c.setup.batch * c.config.vocab_size / c.setup.tp,  # type: ignore[union-attr]
+                      ("prefill", "decode"), +1)),
     Entry("grouped experts", lambda c: _moe(c, grouped=True),
           says=lambda c: f"mixture of experts ({c.config.impl.family}): the router's and the top_k routed (token, "  # type: ignore[union-attr]
                          "expert) pairs' saved tensors are counted exactly (sized by tokens x top_k, whatever the "

@@ -133,6 +133,27 @@ def max_seq(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int | N
     return _search(config, setup, gpu, "seq", config.max_seq if limit is None else limit, overheads)
 
 
+def serving_table(config: TransformerConfig, setup: Setup, gpu: Any, contexts: tuple[int, ...] | list[int], *,
+                  limit: int = 1 << 12, overheads: Overheads | None = None) -> list[dict[str, Any]]:
+    """The serving search: for each context length in ``contexts`` (tokens per sequence, prompt + generated), the
+    largest batch of sequences whose predicted inference peak fits ``gpu`` (:func:`max_batch` at ``seq`` =
+    context), with the peak and the phase it falls in at that batch. ``setup`` must be an inference setup (its
+    weights, KV dtype, cache kind, kept logits and attention kernel); ``limit`` caps the search (a batch of 4096
+    sequences is beyond what any engine schedules at once). Rows: ``context``, ``max_batch``, ``peak_bytes``,
+    ``peak_phase``, ``kv_cache_bytes`` at that batch, ``reason``."""
+    if not isinstance(setup, Setup) or setup.mode != "inference":
+        raise SetupError("serving_table searches inference setups: pass a Setup with mode='inference'")
+    rows = []
+    for context in contexts:
+        at = setup.with_(seq=context)  # a bad context is one SetupError line here
+        found = max_batch(config, at, gpu, limit=limit, overheads=overheads)
+        bd = estimate(config, at.with_(batch=max(found.value, 1)), overheads=overheads)
+        rows.append({"context": context, "max_batch": found.value, "peak_bytes": bd.peak_bytes,
+                     "peak_phase": bd.peak_phase, "kv_cache_bytes": bd.kv_cache_bytes if found.value else 0,
+                     "reason": found.reason})
+    return rows
+
+
 # -- what to switch on to fit ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Lever:

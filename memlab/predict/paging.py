@@ -10,11 +10,13 @@ how long the request will grow. The vLLM paper (Kwon et al. 2023, Sec. 3 and Sec
   block of each request is partly empty, so the waste is under ``block_tokens`` tokens per request.
 
 Everything is in tokens; multiply by :func:`memlab.predict.memory.inference.kv_cache_bytes` of one token for bytes.
-No torch.
+:func:`vllm_kv_blocks` is a serving engine's budget: the KV blocks vLLM allocates from ``gpu_memory_utilization``
+and ``block_size``. No torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -88,10 +90,9 @@ def max_sequences(config: Any, capacity_bytes: int, context: int, *, weights: st
     """Sequences of ``context`` tokens whose KV cache fits next to the weights in ``capacity_bytes`` (decode-time
     memory: weights + KV cache, no activations, no allocator margin), on one of ``tp`` tensor-parallel devices.
 
-    This is the serving engines' view: they size the KV pool from what the weights leave [kwon2023] and compute
-    prefill logits for the last token only, so the estimator's full-prompt transient (the largest of the fp32
-    logits of every prompt token, the MLP's inner tensor and, with eager attention, the fp32 score matrix) is left
-    out here.
+    This is the serving engines' view, an upper bound: they size the KV pool from what the weights leave [kwon2023],
+    so the prefill's largest moment (what :func:`memlab.predict.fit.max_batch` adds to weights + KV) is left out
+    here; :func:`vllm_kv_blocks` takes out the profiled peak and vLLM's margin as vLLM does.
     """
     from memlab.predict.estimate import estimate
     from memlab.predict.memory.inference import kv_cache_bytes
@@ -103,3 +104,70 @@ def max_sequences(config: Any, capacity_bytes: int, context: int, *, weights: st
                                tp=tp)).params_bytes
     per_seq = kv_cache_bytes(config, 1, context, kv_dtype, tp)
     return max(0, int((capacity_bytes - w) // per_seq))
+
+
+# -- a serving engine's budget: vLLM's KV pool ----------------------------------------------------------------------
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's default ``gpu_memory_utilization``: the share of the device's memory the engine may use [vllm-engine-args]."""
+VLLM_BLOCK_SIZE = 16
+"""vLLM's default ``block_size`` on CUDA: tokens per KV block [vllm-engine-args] (PagedAttention's blocks,
+[kwon2023])."""
+
+
+@dataclass(frozen=True)
+class VllmBudget:
+    """vLLM's KV pool on one device, in bytes and blocks (:func:`vllm_kv_blocks`)."""
+
+    capacity_bytes: int
+    utilization: float
+    weights_bytes: int
+    activation_peak_bytes: int
+    block_size: int
+    block_bytes: int
+    """One block: ``block_size`` tokens of every layer's K and V."""
+    pool_bytes: int
+    """``utilization x capacity - weights - activation peak`` (0 when that is negative)."""
+    blocks: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the pool holds: blocks x block_size."""
+        return self.blocks * self.block_size
+
+    def sequences(self, context: int) -> int:
+        """Sequences of ``context`` tokens the pool holds at once, each in whole blocks (its last one partly
+        empty)."""
+        if not isinstance(context, int) or isinstance(context, bool) or context <= 0:
+            raise SetupError(f"context must be a positive integer, got {context!r}")
+        return self.blocks // -(-context // self.block_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of the fields and the tokens."""
+        return {**asdict(self), "tokens": self.tokens}
+
+
+def vllm_kv_blocks(capacity_bytes: int, weights_bytes: int, activation_peak_bytes: int, kv_bytes_per_token: int, *,
+                   utilization: float = VLLM_GPU_MEMORY_UTILIZATION, block_size: int = VLLM_BLOCK_SIZE) -> VllmBudget:
+    """The KV blocks vLLM allocates on one device: ``(utilization x capacity - weights - the profiled activation
+    peak) // (block_size x per-token KV bytes)``, at least 0.
+
+    vLLM runs a profiling forward at start-up, takes the device memory it then holds (the weights and that
+    forward's activation peak) and gives what ``utilization`` of the device's memory leaves to KV blocks
+    [vllm-worker: ``Worker.determine_num_available_blocks``, ``num_gpu_blocks = int((total_gpu_memory *
+    gpu_memory_utilization - peak_memory) // cache_block_size)``], a block being ``block_size`` tokens of every
+    layer's keys and values [vllm-worker: ``CacheEngine.get_cache_block_size``: layers x block_size x 2 x KV heads
+    x head_size x dtype bytes]. ``kv_bytes_per_token`` is that per token
+    (:func:`memlab.predict.memory.inference.kv_cache_bytes` of one token). Bytes; a pure function of its inputs
+    (the profiled peak is vLLM's own measurement: pass the estimate of the forward it profiles)."""
+    for name, v in (("capacity_bytes", capacity_bytes), ("weights_bytes", weights_bytes),
+                    ("activation_peak_bytes", activation_peak_bytes), ("kv_bytes_per_token", kv_bytes_per_token),
+                    ("block_size", block_size)):
+        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < (1 if name in (
+                "capacity_bytes", "kv_bytes_per_token", "block_size") else 0):
+            raise SetupError(f"{name} must be a whole number of bytes (tokens for block_size), got {v!r}")
+    if isinstance(utilization, bool) or not isinstance(utilization, int | float) or not 0 < utilization <= 1:
+        raise SetupError(f"utilization must be a share of the device's memory in (0, 1], got {utilization!r}")
+    pool = max(0, int(utilization * capacity_bytes) - weights_bytes - activation_peak_bytes)
+    block = block_size * int(kv_bytes_per_token)
+    return VllmBudget(int(capacity_bytes), float(utilization), int(weights_bytes), int(activation_peak_bytes),
+                      int(block_size), block, pool, pool // block)

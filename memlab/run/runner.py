@@ -31,7 +31,7 @@ from memlab.measure.cuda import synchronize
 from memlab.measure.live_bytes import PhasePeaks
 from memlab.measure.timing import time_fn
 from memlab.model.gpt import GPT
-from memlab.model.kv_cache import KVCache
+from memlab.model.kv_cache import DynamicKVCache, KVCache
 from memlab.model.saved import saved_tensor_category
 from memlab.model.step import (
     Meter,
@@ -331,10 +331,14 @@ def _infer(config: TransformerConfig, setup: Setup, device: torch.device, *, ste
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with torch.no_grad():
-        cache = KVCache(config, setup.batch, setup.seq, device=device, dtype=dtype)
-        prefill = time_fn(lambda: model(data[:, :prompt], cache=cache), device=device, repeats=1, warmup=0)[0]
-        decode = [time_fn(lambda i=i: model(data[:, i : i + 1], cache=cache), device=device, repeats=1, warmup=0)[0]
-                  for i in range(prompt, setup.seq)]
+        # the setup's cache (generate()'s dynamic one by default, or preallocated) and kept logits (generate(): 1)
+        cache = KVCache(config, setup.batch, setup.seq, device=device, dtype=dtype) if setup.kv_cache == "static" \
+            else DynamicKVCache(config, setup.batch, device=device, dtype=dtype)
+        keep = setup.logits_to_keep
+        prefill = time_fn(lambda: model(data[:, :prompt], cache=cache, logits_to_keep=keep), device=device,
+                          repeats=1, warmup=0)[0]
+        decode = [time_fn(lambda i=i: model(data[:, i : i + 1], cache=cache, logits_to_keep=keep), device=device,
+                          repeats=1, warmup=0)[0] for i in range(prompt, setup.seq)]
         counted = None
         if with_counted_flops:
             counted = count_flops(lambda: model(data[:, :prompt], cache=KVCache(config, setup.batch, prompt,

@@ -9,6 +9,8 @@ other way round.
   next to a real step or the full-size trace; ``formulas``, the calculators that are formulas (gpu_poor, the
   Korthikanti row of Transformer Math 101 and the Ultra-Scale Playbook).
 - ``setup_draws``: the estimator against memlab's trace over a seeded sample of the Setup space, phase by phase.
+- ``inference_draws``: generated inference setups (both KV caches, kept logits), the formula's prefill and decode
+  against the reference GPT's trace.
 - ``hf_draws``: seeded Hugging Face configs and calls of every family, two real steps each, judged exact, named,
   traced, refused or off.
 - ``drift``: the canary of ``make upgrade-check``: every family, precision and attention, the traces, peft and

@@ -142,15 +142,32 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
 
 
 def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:
-    """Prefill of ``seq - 1`` tokens into a KV cache of ``seq`` and one decode step, as the runner serves them.
+    """Prefill of ``seq - 1`` tokens and one decode step to a context of ``seq``, as ``generate()`` runs them: the
+    logits of the last ``setup.logits_to_keep`` positions (0: all) and the KV cache ``setup.kv_cache`` names
+    (``static``: preallocated to ``seq`` tokens before the prefill; ``dynamic``: grown by ``torch.cat``).
 
-    Phases ``prefill`` and ``decode`` (step ``steady``); the KV cache and the token ids are in ``inputs``.
+    Phases ``prefill`` and ``decode`` (step ``steady``); the token ids (and a static cache) are in ``inputs``, a
+    dynamic cache in ``activations`` (it is made during the phases).
     """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if config.is_moe and fake:
+        raise SetupError("traced inference of a mixture of experts routes tokens by value (the router's nonzero), "
+                         "which a fake tensor does not have: trace it with fake=False at a small shape")
+    try:
+        return _inference_phases(config, setup, fake=fake)
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        raise SetupError(f"traced inference reads a tensor's value ({exc.func}), which a fake tensor does not have: "
+                         "trace it with fake=False at a small shape") from None
+
+
+def _inference_phases(config: TransformerConfig, setup: Setup, *, fake: bool) -> Trace:
+    """:func:`_trace_inference`'s run: the model, the cache, the two phases recorded."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memlab.device import torch_dtype
     from memlab.model.gpt import GPT
-    from memlab.model.kv_cache import KVCache
+    from memlab.model.kv_cache import DynamicKVCache, KVCache
 
     if setup.inference_weights not in ("fp32", "bf16", "fp16") or setup.kv_cache_dtype != setup.inference_weights:
         raise SetupError("traced inference runs fp32/bf16/fp16 weights with the KV cache in the weight dtype: set "
@@ -158,27 +175,33 @@ def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> 
     if setup.seq < 2:
         raise SetupError("traced inference needs seq >= 2 (a prompt and one decoded token)")
     dtype = torch_dtype(setup.inference_weights)
+    keep = setup.logits_to_keep
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     with mode, torch.device("cpu"), torch.no_grad():
         model = GPT(config, attention=setup.attention, dtype=dtype).eval()
-        cache = KVCache(config, setup.batch, setup.seq, dtype=dtype)
+        static = setup.kv_cache == "static"
+        cache = KVCache(config, setup.batch, setup.seq, dtype=dtype) if static else DynamicKVCache(
+            config, setup.batch, dtype=dtype)
         ids = torch.randint(0, config.vocab_size, (setup.batch, setup.seq))
         tracker = fast_mem_tracker()
-        tracker.track_external(model, ids, *cache.k, *cache.v)
+        tracker.track_external(model, ids, *(cache.k + cache.v if static else ()))
         rec = PhaseRecorder(tracker)
         with tracker:
             with rec.phase("steady", "prefill"):
-                out = model(ids[:, :-1], cache=cache)
+                out = model(ids[:, :-1], cache=cache, logits_to_keep=keep)
                 del out
             tracker.reset_mod_stats()
             with rec.phase("steady", "decode"):
-                out = model(ids[:, -1:], cache=cache)
+                out = model(ids[:, -1:], cache=cache, logits_to_keep=keep)
                 del out
             modules = module_rows(tracker)
     best = max(rec.rows, key=lambda r: r.peak_bytes)
+    kept = "every position's" if not keep else "the last position's" if keep == 1 else f"the last {keep} positions'"
     return Trace(model=config.name, setup=setup.to_dict(), fake=fake, phases=tuple(rec.rows),
                  peak_bytes=best.peak_bytes, peak_phase=best.phase, peak_step=best.step,
                  peak_by_category=dict(best.by_category), modules=modules,
-                 notes=("inference: prefill of seq-1 tokens into a preallocated KV cache, then one decoded token; "
-                        "'inputs' holds the KV cache and the token ids; the reference GPT returns logits in the "
-                        "weight dtype (Hugging Face heads upcast them to fp32)",))
+                 notes=(f"inference: prefill of seq-1 tokens ({kept} logits), then one decoded token, with a "
+                        f"{setup.kv_cache} KV cache; 'inputs' holds the token ids"
+                        + (" and the preallocated cache" if static else "; the cache grows inside the phases")
+                        + "; the reference GPT returns logits in the weight dtype, as transformers' causal LMs "
+                        "do without labels",))

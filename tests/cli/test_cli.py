@@ -13,6 +13,7 @@ from memlab import cli
 from memlab.course.hf_configs import CONFIG_DIR
 from memlab.predict.estimate import estimate
 from memlab.predict.families.reader import from_hf
+from memlab.predict.fit import serving_table
 from memlab.predict.hardware.gpus import gpu
 from memlab.predict.spec.model import preset
 from memlab.predict.spec.precision import PRECISION_POLICIES
@@ -74,6 +75,20 @@ def test_estimate_explicit_dimensions_and_inference(capsys: pytest.CaptureFixtur
     assert code == 0 and d["param_count"] == preset("llama-3-8b").param_count()
     ref = estimate(preset("llama-3-8b"), Setup(mode="inference", seq=8192, attention="flash"))
     assert d["per_device"]["kv_cache"] == ref.kv_cache_bytes > 0
+
+
+def test_serving_flag_prints_the_largest_batch_per_context(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("estimate", "--preset", "llama-3-8b", "--mode", "inference", "--attention", "flash", "--gpu", "rtx-4090",
+            "--serving", "1024,8192")
+    code, out, _ = run(capsys, *argv, "--json")
+    d = json.loads(out)
+    setup = Setup(mode="inference", attention="flash")
+    assert code == 0 and d["serving"] == serving_table(preset("llama-3-8b"), setup, "rtx-4090", [1024, 8192])
+    assert d["setup"]["logits_to_keep"] == 1 and d["setup"]["kv_cache"] == "dynamic"  # generate()'s defaults
+    code, human, _ = run(capsys, *argv)
+    assert code == 0 and "serving on rtx-4090" in human and f"{d['serving'][1]['max_batch']:>9,}" in human
+    code, _, err = run(capsys, "estimate", "--preset", "llama-3-8b", "--gpu", "rtx-4090", "--serving", "1024")
+    assert code == 2 and "--mode inference" in err
 
 
 def test_overhead_flags_become_named_terms(capsys: pytest.CaptureFixture[str]) -> None:

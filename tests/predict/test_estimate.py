@@ -194,7 +194,10 @@ def test_inference_has_no_grads_or_optimizer_and_counts_largest_transient() -> N
     bd = E.estimate(cfg, Setup(mode="inference", batch=2, seq=1024, attention="eager"))
     assert bd.grads_bytes == 0 and bd.optimizer_bytes == 0
     assert bd.activations_bytes == max(bd.activation_detail.values())
-    assert bd.activation_detail["logits"] == 2 * 1024 * cfg.vocab_size * 4
+    # generate()'s prefill: a prompt of seq - 1 tokens, the final norm's output and the last position's bf16 logits
+    assert bd.activation_detail["logits"] == (2 * 1023 * cfg.d_model + 2 * cfg.vocab_size) * 2
+    every = E.estimate(cfg, Setup(mode="inference", batch=2, seq=1024, attention="eager", logits_to_keep=0))
+    assert every.activation_detail["logits"] == (2 * 1023 * cfg.d_model + 2 * 1023 * cfg.vocab_size) * 2
     fused = E.estimate(cfg, Setup(mode="inference", batch=2, seq=1024, attention="flash"))
     assert fused.activation_detail["attention_scores"] == 0
 

@@ -132,9 +132,13 @@ def test_sharded_trace_runs_fsdp2_over_a_fake_process_group() -> None:
 
 
 def test_inference_trace_prefill_and_decode() -> None:
-    setup = Setup(mode="inference", seq=48, batch=2, inference_weights="fp32", kv_cache_dtype="fp32")
+    setup = Setup(mode="inference", seq=48, batch=2, inference_weights="fp32", kv_cache_dtype="fp32",
+                  kv_cache="static")
     fake, real = trace_gpt(TINY, setup), trace_gpt(TINY, setup, fake=False)
     _same(fake, real)
     assert [r.phase for r in fake.phases] == ["prefill", "decode"] and fake.peak_phase == "prefill"
     kv = 2 * TINY.n_layers * 2 * 48 * TINY.d_model * 4
-    assert fake.phase("decode").end_by_category["inputs"] >= kv
+    assert fake.phase("decode").end_by_category["inputs"] >= kv  # preallocated before the prefill
+    grown = trace_gpt(TINY, setup.with_(kv_cache="dynamic"))  # generate()'s default: made inside the phases
+    assert grown.phase("decode").end_by_category["inputs"] == 8 * 2 * 48  # the token ids only
+    assert grown.phase("decode").end_by_category["activations"] >= kv

@@ -5,7 +5,7 @@
   Korthikanti et al. 2022's per-layer formulas, beside the count;
 - ``states``: optimizer states; ``sharding``: ZeRO and tensor-parallel divisors; ``fsdp``: FSDP2's units, padded
   shards and gathered bytes per phase;
-- ``loss``: the LM head and loss at large vocabularies; ``inference``: weights, KV cache, prefill transients;
+- ``loss``: the LM head and loss at large vocabularies; ``inference``: KV cache, generate()'s prefill and decode;
   ``finetune``: LoRA adapters and QLoRA's 4-bit base;
 - ``plan``: what an estimate computes once per setup; ``phases``: bytes held at each phase of a step, and the peak;
 - ``breakdown``: one rank's breakdown (:func:`~memlab.predict.memory.breakdown.rank_breakdown`) and the result

@@ -12,8 +12,8 @@ byte comes from:
   (:func:`~memlab.predict.memory.sharding.zero_divisors`), after Megatron tensor parallelism over ``setup.tp`` ranks
   (:func:`~memlab.predict.memory.sharding.tp_shard_shape`).
 - activations: :func:`memlab.predict.memory.activations.activation_bytes` (Korthikanti et al. 2022, generalised).
-- inference: weights at ``setup.inference_weights`` (with quantisation scales), KV cache, and the largest transient
-  tensor of a full-prompt forward.
+- inference: weights at ``setup.inference_weights`` (with quantisation scales), the KV cache of ``setup.kv_cache``,
+  the token ids and the largest moment of generate()'s prefill and decode (:func:`inference_terms`).
 - overheads: named terms (:class:`Overheads`), never folded into other components.
 - phases: the bytes held at each phase of the first and the steady step and their peak
   (:mod:`memlab.predict.memory.phases`): what must fit. ``total_bytes`` stays the sum of the components.
@@ -35,7 +35,12 @@ import numpy as np
 from memlab.errors import SetupError
 from memlab.predict.memory.activations import bytes_by_category, split_by_checkpoint, term_rows
 from memlab.predict.memory.finetune import largest_matrix_elements
-from memlab.predict.memory.inference import kv_cache_bytes, prefill_transient_bytes
+from memlab.predict.memory.inference import (
+    decode_transient_bytes,
+    kv_cache_bytes,
+    prefill_transient_bytes,
+    prompt_tokens,
+)
 from memlab.predict.memory.phases import (
     PhaseRow,
     find_phase,
@@ -330,10 +335,8 @@ def evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_t
             act_terms = term_rows(model, setup, device_type=device_type)
             act_detail = bytes_by_category(act_terms, setup.tp, setup.sp)
         else:
-            compute = 4 if setup.inference_weights == "fp32" else 2
-            act_detail = prefill_transient_bytes(model, setup.batch, setup.seq, compute, setup.tp,
-                                                 setup.fused_attention)
-            kv = kv_cache_bytes(model, setup.batch, setup.seq, setup.kv_cache_dtype, setup.tp)
+            inf = inference_terms(model, setup)
+            act_detail, kv = inf.prefill, inf.kv
     if setup.mode == "train":
         acts = sum(act_detail.values()) if act_detail else 0
     else:
@@ -356,12 +359,11 @@ def evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_t
     phase_overhead = overhead - gathered if fsdp is not None else overhead
     states = p.states
     if setup.mode != "train":
-        decode = 0
         if is_cfg:
-            compute = 4 if setup.inference_weights == "fp32" else 2
-            decode = functools.reduce(larger, prefill_transient_bytes(
-                model, setup.batch, 1, compute, setup.tp, setup.fused_attention).values())
-        phases = inference_phases(states["params"], kv, acts, decode, overhead)
+            phases = inference_phases(states["params"], acts + inf.prefill_held, inf.decode_held + kv,
+                                      overhead)
+        else:
+            phases = inference_phases(states["params"], 0, 0, overhead)
     else:
         x = step_inputs_with(p.step, model if is_cfg else None, setup, device_type=device_type, terms=act_terms)
         if off:  # the device holds none of the shards, and the optimizer steps on the host
@@ -372,6 +374,42 @@ def evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_t
                                  grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,
                                  overhead=phase_overhead)
     return Evaluation(p, acts, kv, terms, act_detail, phases)
+
+
+@dataclass(frozen=True)
+class InferenceTerms:
+    """What a generate()-style prefill and decode hold beyond the weights, bytes per device (arrays in a sweep)."""
+
+    kv: Any
+    """The KV cache at its largest: ``seq`` tokens (the decode step's context)."""
+    prefill: dict[str, Any]
+    """The prefill's moments (:func:`~memlab.predict.memory.inference.prefill_transient_bytes`)."""
+    prefill_held: Any
+    """Held through the prefill besides its largest moment: the token ids and the cache the prefill holds (a static
+    cache's ``seq`` tokens, or the prompt's in a dynamic cache)."""
+    decode_held: Any
+    """Held through the decode step besides the cache: the token ids and its largest moment
+    (:func:`~memlab.predict.memory.inference.decode_transient_bytes`)."""
+
+
+def inference_terms(model: TransformerConfig, setup: Any) -> InferenceTerms:
+    """The inference terms of ``setup``: a prefill of ``seq - 1`` tokens and the decode step to ``seq``
+    (:func:`~memlab.predict.memory.inference.prompt_tokens`), the logits of ``setup.logits_to_keep`` positions and
+    the ``setup.kv_cache`` cache; the token ids are int64 (b x seq x 8 bytes, as the runner's and generate()'s)."""
+    compute = 4 if setup.inference_weights == "fp32" else 2
+    b, s, tp = setup.batch, setup.seq, setup.tp
+    prompt = prompt_tokens(s)
+    kv = kv_cache_bytes(model, b, s, setup.kv_cache_dtype, tp)
+    unwritten = kv_cache_bytes(model, 1, 1, setup.kv_cache_dtype, tp) / model.n_layers if setup.kv_cache == "dynamic" \
+        else 0
+    prefill = prefill_transient_bytes(model, b, prompt, compute, tp, setup.fused_attention, setup.logits_to_keep,
+                                      unwritten)
+    decode = decode_transient_bytes(model, b, s, compute, tp, setup.fused_attention, setup.kv_cache_dtype,
+                                    setup.kv_cache)
+    ids = 8 * b * s
+    cache_in_prefill = kv if setup.kv_cache == "static" else kv_cache_bytes(model, b, prompt, setup.kv_cache_dtype,
+                                                                            tp)
+    return InferenceTerms(kv, prefill, ids + cache_in_prefill, ids + functools.reduce(larger, decode.values()))
 
 
 def model_buffer_bytes(config: TransformerConfig) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import DTYPE_BYTES
@@ -42,25 +44,107 @@ def kv_cache_bytes(config: TransformerConfig, batch: Any, seq: Any, dtype: str, 
     return 2 * config.n_layers * batch * seq * heads_per_rank * config.head_dim * DTYPE_BYTES[dtype]
 
 
-def prefill_transient_bytes(config: TransformerConfig, batch: Any, seq: Any, compute_bytes: float, tp: int,
-                            fused_attention: bool) -> dict[str, Any]:
-    """Candidates for the largest transient tensors of one full-prompt forward (inference), bytes per device.
+def prompt_tokens(seq: Any) -> Any:
+    """The prompt a prefill runs: ``seq - 1`` tokens (the longest that leaves one token to generate, so the decode
+    step reaches a context of ``seq``), at least 1. Works on numpy arrays."""
+    return np.maximum(seq - 1, 1) if hasattr(seq, "shape") else max(seq - 1, 1)
 
-    - ``logits``: batch x seq x vocab in fp32 (Hugging Face causal-LM heads upcast logits with ``.float()``);
-      vocab-parallel over tp.
-    - ``mlp``: the MLP's inner tensors alive together: up and activation output (gelu, 2 x b·s·f) or gate, up
-      and their product (swiglu, 3 x b·s·f) in the compute dtype, split over tp.
-    - ``attention_scores``: eager/math attention materialises scores and softmax (2 x b·a·s² in the compute
-      dtype, heads split over tp); fused kernels (FlashAttention, Dao et al. 2022) keep none.
-    The estimate counts the largest of these; weights and KV cache are counted separately.
+
+def _streams(config: TransformerConfig) -> int:
+    """Hidden-size tensors per token alive at a block's MLP, in the reference GPT's forward (memlab.model.gpt): the
+    embedding (held by the model's forward), the block's input (held by the loop over blocks; the embedding itself
+    in a one-block model), the block's stream after attention and the norm's output; a parallel block with its own
+    second norm (GPT-NeoX) adds that norm's output."""
+    blocks = 4 if config.n_layers > 1 else 3
+    return blocks + (1 if config.impl.parallel_block and not config.impl.shared_norm else 0)
+
+
+def _attention_moment(config: TransformerConfig, h: int, q_dim: int, kv_dim: int, cb: float,
+                      unwritten: float = 0) -> float:
+    """Bytes per token of the attention's largest moment in the reference GPT's forward (memlab.model.gpt), the
+    streams but one (the embedding, the block's input, the norm's output) beside:
+
+    - q, k and v when the cache takes the new keys and values;
+    - with rotary positions, the rotation of q (then of k, q's rotated copy alive): the input upcast to fp32 (no
+      copy in fp32), each half's two products and their combination, 8 bytes per rotated element at most;
+    - at the output projection: q, the kernel's output (its (b, s, a x d) view: fused kernels write that layout)
+      and the projection's output (k and v are the cache's from the append on).
+
+    ``unwritten``: bytes per token of the layer's keys and values a growing cache has not taken yet when q and k
+    rotate (a dynamic cache's last layer; the prefill counts the whole cache beside its moments). The fused
+    kernel's own workspace is not counted (none on the CPU kernels traced)."""
+    streams = (_streams(config) - 1) * h * cb
+    moments = [streams + (q_dim + 2 * kv_dim) * cb, streams + (2 * q_dim + h) * cb]
+    if config.positions == "rotary":
+        up = 0 if cb == 4 else 4  # x.float() copies a 16-bit input
+        moments += [streams + (q_dim + 2 * kv_dim) * cb + (up + 8) * q_dim - unwritten,
+                    streams + (2 * q_dim + 2 * kv_dim) * cb + (up + 8) * kv_dim - unwritten]
+    return max(moments)
+
+
+def prefill_transient_bytes(config: TransformerConfig, batch: Any, seq: Any, compute_bytes: float, tp: int,
+                            fused_attention: bool, keep: int = 0, unwritten: float = 0) -> dict[str, Any]:
+    """The moments of one forward over a ``seq``-token prompt (no cache growth; the cache is counted apart), bytes
+    per device, each the tensors alive together beyond the weights and the KV cache (memlab.model.gpt's forward,
+    whose liveness mirrors transformers' decoder layers):
+
+    - ``mlp``: the hidden-size streams alive at a block's MLP (:func:`_streams`) and the MLP's inner tensors: up and
+      its activation (gelu, 2 x f) or the activated gate, up and their product (swiglu, 3 x f), f split over tp;
+    - ``attention``: the largest of the attention's moments (:func:`_attention_moment`);
+    - ``logits``: the final norm's output and the logits of the last ``keep`` positions (0: every position) in the
+      compute dtype, with the kept positions' contiguous copy where the slice is no view (batch > 1, 1 < keep <
+      seq, as :func:`memlab.predict.memory.loss.kept_copy`): transformers' causal LMs slice the final hidden
+      states before the head (``slice_logits_to_keep``) and upcast to fp32 only in the loss [hf-transformers:
+      loss/loss_utils.py]; vocab-parallel over tp;
+    - ``attention_scores``: eager/math attention's scores and softmax (2 x b·a·s² in the compute dtype, heads split
+      over tp; a lower bound of what eager keeps: memlab.predict.coverage); fused kernels (Dao et al. 2022) keep none.
+
+    The estimate counts the largest. ``unwritten``: see :func:`_attention_moment`. Works on numpy arrays for batch
+    and seq.
     """
+    t = batch * seq
+    h, ffn, cb = config.d_model, math.ceil(config.ffn / tp), compute_bytes
+    q_dim = math.ceil(config.n_heads / tp) * config.head_dim
+    kv_dim = math.ceil(int(config.n_kv_heads or config.n_heads) / tp) * config.head_dim
     mlp_factor = 3 if config.mlp == "swiglu" else 2
-    scores = 0 if fused_attention else 2 * batch * math.ceil(config.n_heads / tp) * seq * seq * compute_bytes
+    kept = seq if not keep else np.minimum(keep, seq) if hasattr(seq, "shape") else min(keep, seq)
+    copied = (kept != seq) * (batch != 1) * (kept != 1)
+    scores = 0 if fused_attention else 2 * batch * math.ceil(config.n_heads / tp) * seq * seq * cb
     return {
-        "logits": batch * seq * math.ceil(config.vocab_size / tp) * 4,
-        "mlp": mlp_factor * batch * seq * math.ceil(config.ffn / tp) * compute_bytes,
+        "mlp": (_streams(config) * h + mlp_factor * ffn) * t * cb,
+        "attention": _attention_moment(config, h, q_dim, kv_dim, cb, unwritten) * t,
+        "logits": (t * h + copied * batch * kept * h + batch * kept * math.ceil(config.vocab_size / tp)) * cb,
         "attention_scores": scores,
     }
+
+
+def decode_transient_bytes(config: TransformerConfig, batch: Any, seq: Any, compute_bytes: float, tp: int,
+                           fused_attention: bool, kv_dtype: str, cache: str) -> dict[str, Any]:
+    """The moments of one decode step to a context of ``seq`` tokens beyond the weights and the whole cache of
+    ``seq`` tokens, bytes per device: :func:`prefill_transient_bytes` over one token per sequence, plus
+
+    - ``cache_growth`` (``cache='dynamic'``): transformers' ``DynamicLayer.update`` concatenates each layer's new
+      keys, then its new values, onto the old ones with ``torch.cat`` [hf-transformers: cache_utils.py
+      ``DynamicLayer.update``, lines 136-137 of transformers 5.25.0], so at the last layer's values the old values
+      (``seq - 1`` tokens) coexist with the new: one layer's V of ``seq - 1`` tokens, beside the token's streams,
+      q, k and v. ``static`` (``StaticLayer.update``: ``index_copy_`` into tensors preallocated to the maximum
+      length, lines 487-488) writes in place: no such moment;
+    - ``attention_scores`` (eager/math): one query row's scores over ``seq`` keys and the contiguous copy of one
+      layer's K the score matmul reads (a lower bound, as in prefill: the softmax, the mask and V's copy are not
+      counted).
+    """
+    h, cb = config.d_model, compute_bytes
+    kv_heads = math.ceil(int(config.n_kv_heads or config.n_heads) / min(tp, int(config.n_kv_heads or config.n_heads)))
+    layer_token = 2 * kv_heads * config.head_dim * DTYPE_BYTES[kv_dtype]  # one token's K and V in one layer
+    one = prefill_transient_bytes(config, batch, 1, compute_bytes, tp, fused_attention, keep=1,
+                                  unwritten=layer_token if cache == "dynamic" else 0)
+    q_dim = math.ceil(config.n_heads / tp) * config.head_dim
+    layer_v = batch * (seq - 1) * kv_heads * config.head_dim * DTYPE_BYTES[kv_dtype]
+    growth = layer_v + ((_streams(config) - 1) * h + q_dim + 2 * kv_heads * config.head_dim) * batch * cb
+    a = math.ceil(config.n_heads / tp)
+    eager = batch * (a * seq + seq * kv_heads * config.head_dim) * cb
+    return {**one, "cache_growth": growth if cache == "dynamic" else 0,
+            "attention_scores": 0 if fused_attention else eager}
 
 
 def quant_scale_bytes(rows: int, cols: int, weights: str) -> int:

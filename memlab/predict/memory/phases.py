@@ -547,11 +547,11 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
     return out
 
 
-def inference_phases(weights: Any, kv: Any, prefill_transient: Any, decode_transient: Any,
-                     overhead: Any = 0) -> list[tuple[str, str, Any]]:
-    """``(step, phase, bytes)`` for inference: ``prefill`` then ``decode`` (step is ``steady`` for both)."""
-    return [("steady", "prefill", weights + kv + prefill_transient + overhead),
-            ("steady", "decode", weights + kv + decode_transient + overhead)]
+def inference_phases(weights: Any, prefill: Any, decode: Any, overhead: Any = 0) -> list[tuple[str, str, Any]]:
+    """``(step, phase, bytes)`` for inference: ``prefill`` then ``decode`` (step is ``steady`` for both), each the
+    weights, the overheads and what the phase holds at its largest moment (KV cache, token ids, transient:
+    :func:`memlab.predict.memory.breakdown.inference_terms`)."""
+    return [("steady", "prefill", weights + prefill + overhead), ("steady", "decode", weights + decode + overhead)]
 
 
 def peak_of(phases: list[tuple[str, str, Any]]) -> Any:

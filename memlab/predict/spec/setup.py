@@ -36,6 +36,7 @@ LossCall = Literal["labels", "manual"]
 PadSide = Literal["right", "left"]
 Task = Literal["auto", "causal-lm", "masked-lm", "sequence-classification", "token-classification",
                "question-answering"]
+KvCacheKind = Literal["dynamic", "static"]
 
 MODES: tuple[str, ...] = get_args(Mode)
 RECOMPUTE: tuple[str, ...] = get_args(Recompute)
@@ -54,6 +55,12 @@ DEFAULT_DEVICE_TYPE = "cuda"
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
+KV_CACHE_KINDS: tuple[str, ...] = get_args(KvCacheKind)
+GENERATE_LOGITS_TO_KEEP = 1
+"""The positions whose logits transformers' ``generate()`` computes in prefill: it passes ``logits_to_keep=1`` to a
+model whose forward takes it [hf-transformers: generation/utils.py, ``generate``: "If the model supports
+`logits_to_keep` in forward(), set it to 1 to avoid computing the whole logit matrix"] (line 2958 of transformers
+5.25.0); a plain forward's default is 0, every position (e.g. ``LlamaForCausalLM.forward(logits_to_keep=0)``)."""
 OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 LORA_KINDS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -104,6 +111,12 @@ def parse_modules_to_save(text: str) -> tuple[str, ...]:
     return kinds
 
 
+def default_logits_to_keep(mode: str) -> int:
+    """``Setup.logits_to_keep`` when unset: 1 in inference (:data:`GENERATE_LOGITS_TO_KEEP`), 0 (every position)
+    in training."""
+    return GENERATE_LOGITS_TO_KEEP if mode == "inference" else 0
+
+
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
 """Optimizers torch.optim implements fused (one kernel, no step-sized temporaries)."""
 FOREACH_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adafactor")
@@ -140,7 +153,7 @@ SETUP_GROUPS: dict[str, tuple[str, ...]] = {
     "precision": ("precision", "inference_weights", "kv_cache_dtype"),
     "optimizer": ("optimizer", "optimizer_impl", "grad_accum_steps", "zero_grad_to_none"),
     "memory levers": ("recompute", "recompute_every", "activation_memory_budget", "attention", "loss", "loss_chunk",
-                      "logits_to_keep", "offload_activations"),
+                      "logits_to_keep", "offload_activations", "kv_cache"),
     "parallelism": ("zero_stage", "world_size", "tp", "sp", "pp", "pp_schedule", "pp_chunks", "micro_batches", "cp",
                     "ep", "ep_routing"),
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
@@ -248,8 +261,9 @@ class Setup(StrictInit):
     cross-entropy: gradients computed chunk by chunk in forward, logits never held in full)."""
     loss_chunk: int = field(default=0, metadata={**LIMITS["seq"].meta(mode="train"), "min": 0})
     """Tokens per loss chunk for chunked/fused (0: Liger's rule, next_pow2(ceil(t / ceil(V / h))) tokens)."""
-    logits_to_keep: int = field(default=0, metadata={**LIMITS["seq"].meta(mode="train"), "min": 0})
-    """Compute logits and the loss for the last N positions of each sequence only (HF logits_to_keep; 0: all)."""
+    logits_to_keep: int | None = field(default=None, metadata={**LIMITS["seq"].meta(), "min": 0})
+    """Compute logits (and the loss) for the last N positions of each sequence only (HF logits_to_keep; 0: all).
+    Unset: the library's default, 0 in training (a forward's) and 1 in inference (generate()'s prefill)."""
     offload_activations: bool = field(default=False, metadata={"mode": "train", "flag": "--offload"})
     """torch.autograd.graph.save_on_cpu(pin_memory=True): saved activations live in pinned host memory."""
     # -- FSDP2 (ZeRO stage 2/3 over world_size > 1; memlab.predict.memory.fsdp, memlab.model.fsdp) ---------------------
@@ -308,6 +322,9 @@ class Setup(StrictInit):
     padding_side: PadSide = field(default="right", metadata={"mode": "train"})
     """With attention_mask='padded': where each row's padding sits, right (the end, training collators) or left
     (the start, generation-style batches; a transformers tokenizer's padding_side)."""
+    kv_cache: KvCacheKind = field(default="dynamic", metadata={"mode": "inference"})
+    """The KV cache of generation: dynamic (transformers' DynamicCache, generate()'s default: each layer's keys and
+    values grow by torch.cat every step) or static (StaticCache: preallocated to seq tokens, written in place)."""
     loss_call: LossCall = field(default="labels", metadata={"mode": "train"})
     """How the loss is called: labels (model(input_ids, labels=...): transformers' loss upcasts the logits to fp32
     and shifts the labels) or manual (logits = model(input_ids).logits, then F.cross_entropy(logits.view(-1, V),
@@ -322,6 +339,8 @@ class Setup(StrictInit):
         # (memlab.predict.spec.validate): a bool is no count, a float no ZeRO stage, 'training' no mode. precision and
         # optimizer are names with a closest-match message (UnknownNameError), checked after.
         check_fields(self, SetupError, skip=("precision", "optimizer"))
+        if self.logits_to_keep is None:  # the library's default for the (canonical) mode; frozen: __post_init__ only
+            object.__setattr__(self, "logits_to_keep", default_logits_to_keep(self.mode))
         for name in ("precision", "optimizer"):
             if not isinstance(getattr(self, name), str):
                 raise SetupError(f"Setup.{name} must be a string, got {getattr(self, name)!r}: pass e.g. "
@@ -339,9 +358,8 @@ class Setup(StrictInit):
         if self.logits_to_keep > self.seq:
             raise SetupError(f"logits_to_keep={self.logits_to_keep} exceeds seq={self.seq}: keep at most seq positions "
                              "(0 keeps all)")
-        if self.mode == "inference" and (self.loss != "plain" or self.logits_to_keep or self.offload_activations):
-            raise SetupError("loss, logits_to_keep and offload_activations describe a training step: drop them with "
-                             "mode='inference'")
+        if self.mode == "inference" and (self.loss != "plain" or self.offload_activations):
+            raise SetupError("loss and offload_activations describe a training step: drop them with mode='inference'")
         if self.fsdp_param_dtype != "none" and self.mode == "train" and not (self.zero_stage >= 2
                                                                             and self.world_size > 1):
             raise SetupError("fsdp_param_dtype is FSDP2's MixedPrecisionPolicy: set zero_stage=2 or 3 and "
@@ -457,7 +475,12 @@ class Setup(StrictInit):
         return {field: getattr(self, field) for field in SETUP_GROUPS[name]}
 
     def with_(self, **changes: object) -> Setup:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again). A new ``mode`` takes that mode's default
+        ``logits_to_keep`` unless this setup's was set to another value or ``changes`` names it."""
+        mode = changes.get("mode", self.mode)
+        if (mode != self.mode and "logits_to_keep" not in changes
+                and self.logits_to_keep == default_logits_to_keep(self.mode)):
+            changes = {**changes, "logits_to_keep": None}
         return replace(self, **changes)
 
 
