@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from memlab.cli.args import (
     add_model_arguments,
@@ -112,13 +113,28 @@ _HF_FIELDS = {"batch", "seq", "precision", "attention", "recompute", "optimizer"
 """Setup fields a measured Hugging Face step honours (:func:`memlab.run.hf.run_hf`: AdamW, one training step)."""
 
 
+def _hf_implementation(model: Any, setup: Any, dev: str, dtype: str) -> str:
+    """transformers' ``attn_implementation`` for the setup's kernel on ``dev``: eager, or sdpa where torch dispatches
+    SDPA to that kernel here (:func:`memlab.predict.families.reader.hf_attention`); another kernel is one error line."""
+    from memlab.device import device_type
+    from memlab.predict.families.reader import hf_attention
+
+    impl = "eager" if setup.attention == "eager" else "sdpa"
+    p = model.impl.attention_dropout_or(model.dropout) if model is not None else 0.0
+    runs = hf_attention(impl, device_type(dev), dtype, p)
+    if runs != setup.attention:
+        raise MemlabError(f"attention {setup.attention}: transformers' sdpa runs as {runs} here ({dev}, "
+                          f"{setup.precision}): use --attention eager or that kernel")
+    return impl
+
+
 def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
     """``measure --hf`` (or ``--preset NAME`` of a shipped published config, ``preset``): one real training step of
     the Hugging Face model, beside the formula when it covers it."""
     from memlab.cli.args import given_model_options, given_setup_fields
     from memlab.device import device_string, device_type
     from memlab.model.hf import build_hf_model
-    from memlab.predict.families.reader import hf_attention, read_config_json
+    from memlab.predict.families.reader import read_config_json
     from memlab.run.hf import measure_hf, predict_hf, run_hf
 
     given = given_model_options(args)
@@ -143,12 +159,7 @@ def _run_hf(args: argparse.Namespace, preset: str | None = None) -> int:
         raise MemlabError(f"measure --hf runs a training step with AdamW, precision fp32, bf16 or amp-bf16, recompute "
                           f"none or full; got {setup.mode}, {setup.optimizer}, {setup.precision}, recompute {rc}{hint}")
     dev = device_string(args.device)
-    impl = "eager" if setup.attention == "eager" else "sdpa"
-    p = model.impl.attention_dropout_or(model.dropout) if model is not None else 0.0
-    if hf_attention(impl, device_type(dev), dtype[0], p) != setup.attention:
-        raise MemlabError(f"attention {setup.attention}: transformers' sdpa runs as "
-                          f"{hf_attention(impl, device_type(dev), dtype[0], p)} here ({dev}, {setup.precision}): "
-                          "use --attention eager or that kernel")
+    impl = _hf_implementation(model, setup, dev, dtype[0])
     kw = {"attn_implementation": impl, "batch": setup.batch, "seq": setup.seq}
     if model is not None:
         _, m = run_hf(args.hf, dtype=dtype[0], device=dev, gradient_checkpointing=setup.recompute == "full",

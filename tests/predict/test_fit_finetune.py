@@ -102,7 +102,8 @@ def test_cli_answers_qlora_max_batch_and_levers_for_a_7b_on_a_4090(capsys: pytes
     out = _main_json(capsys, "--hf", path, "--finetune", "qlora", "--lora-rank", "16", "--max-batch", "--levers",
                      "--gpu", "rtx-4090")
     assert out["setup"]["precision"] == "bf16"  # QLoRA's compute dtype when --precision is not given
-    setup = Setup(seq=out["setup"]["seq"], finetune="qlora", lora_rank=16, precision="bf16")
+    setup = Setup(seq=out["setup"]["seq"], finetune="qlora", lora_rank=16, precision="bf16",
+                  attention=out["setup"]["attention"])  # the kernel the CLI resolved (the library's, on a 4090)
     assert out["max_batch"]["value"] == max_batch(_config("llama-2-7b"), setup, "rtx-4090").value >= 1
     assert out["to_fit"]["fits"] and out["to_fit"]["levers"] == []
     full = _main_json(capsys, "--hf", path, "--precision", "bf16", "--seq", "512", "--levers", "--gpu", "rtx-4090")
