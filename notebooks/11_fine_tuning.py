@@ -172,6 +172,76 @@ ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "llama7b_levers")
 
 # %% [markdown]
+# ## 1b. The recipe people run
+#
+# The setups above are the formula's clean cases. What users launch is a recipe: peft's `LoraConfig(r=16,
+# target_modules="all-linear")` on a 4-bit base, **gradient checkpointing** switched on (the HF Trainer's
+# `gradient_checkpointing=True`, TRL's SFT scripts, Axolotl, torchtune and LitGPT all do), **gradient accumulation**
+# to reach the batch they want, bf16, and whatever attention transformers picks. memlab takes the recipe as written:
+# `lora_targets` in peft's spelling, `recompute="full"` as transformers checkpoints (every decoder layer,
+# non-reentrant), `grad_accum_steps`, and `attention="auto"`, the kernel the libraries run:
+# transformers' default `sdpa`, dispatched by torch to flash on the 4090 (sm89) for bf16 without a mask
+# (`memlab.predict.spec.kernels`, checked against torch's own dispatch). The first line of each answer says which.
+
+# %%
+from memlab.predict.fit import max_batch
+from memlab.predict.spec.kernels import resolved
+
+recipe = Setup(seq=SIZES["seq"], precision="bf16", finetune="qlora", lora_rank=16, lora_targets="all-linear",
+               recompute="full", grad_accum_steps=4, attention="auto")
+recipes = {"QLoRA r=16 all-linear, checkpointing, accumulation 4": recipe,
+           "the same without checkpointing": recipe.with_(recompute="none"),
+           "the same under eager attention": recipe.with_(attention="eager"),
+           "LoRA r=16 q_proj,v_proj, checkpointing, accumulation 4": recipe.with_(finetune="lora",
+                                                                                  lora_targets="q_proj,v_proj")}
+rows = []
+for name, setup in recipes.items():
+    setup, why = resolved(cfg7, setup, device_type=dt, gpu=card.key)
+    e = estimate(cfg7, setup, device_type=dt)
+    rows.append({"recipe": name, "attention": setup.attention, "peak at batch 1 (GiB)": e.peak_gib,
+                 "peak phase": f"{e.peak_step} {e.peak_phase}",
+                 f"largest batch on the {card.name}": max_batch(cfg7, setup, card.key).value})
+recipe_table = pd.DataFrame(rows)
+ch.save_table(recipe_table, "llama7b_recipes")
+print(resolved(cfg7, recipe, device_type=dt, gpu=card.key)[1])
+recipe_table.round(2)
+
+# %% [markdown]
+# Checkpointing is what makes the recipe roomy: each block keeps only its input, and one block at a time is
+# recomputed in backward, so the batch can grow several-fold. Without it the adapters' fp32 input copies and the
+# frozen base's activations of every block stay until backward. These are live-tensor peaks: the CUDA context and
+# the caching allocator's reserve come on top on a real card.
+#
+# **LoRA under FSDP.** Sharding a LoRA model over 8 GPUs is the other recipe people run (the base sharded, the small
+# adapters trained on every rank). The formula refuses adapters under ZeRO/FSDP; the trace answers: transformers'
+# code wrapped by peft, every decoder layer an FSDP2 unit, over a fake 8-rank process group (here at the traced
+# width and depth of section 2).
+
+# %%
+fsdp_cfg = {**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["traced_layers"]}
+fsdp_setup = Setup(seq=SIZES["traced_seq"], precision="bf16", attention="flash", finetune="lora", lora_rank=16,
+                   recompute="full")
+one_rank = trace_hf(fsdp_cfg, fsdp_setup, device_type=dt)
+eight = trace_hf(fsdp_cfg, fsdp_setup.with_(zero_stage=3, world_size=8), device_type=dt)
+fsdp_table = pd.DataFrame([{"layout": layout, "peak (GiB)": t.peak_bytes / GiB,
+                            "peak phase": f"{t.peak_step} {t.peak_phase}"}
+                           for layout, t in (("one GPU", one_rank), ("FSDP2 (ZeRO-3) over 8, rank 0", eight))])
+ch.save_table(fsdp_table, "lora_fsdp_trace")
+print(f"Llama-2-7B's width, {SIZES['traced_layers']} blocks, seq {SIZES['traced_seq']}: LoRA traced on one GPU "
+      f"{one_rank.peak_bytes / GiB:.2f} GiB, under FSDP2 over 8 ranks {eight.peak_bytes / GiB:.2f} GiB per rank "
+      "(the frozen base sharded, one layer gathered at a time)")
+fsdp_table.round(3)
+
+# %% [markdown]
+# **Exercise 4 (predict first).** The QLoRA recipe above (r=16 on every linear layer, checkpointing, bf16, the
+# attention transformers picks, seq 2048): what is the largest micro-batch whose predicted peak fits the 24 GB
+# RTX 4090? Work it out from the table's batch-1 peak and what one more sequence adds, then check.
+
+# %%
+answer = ...
+check("11.recipe-max-batch", answer)
+
+# %% [markdown]
 # ## 2. The trace: the real model, wrapped by peft, at full width
 #
 # `trace_hf` builds `AutoModelForCausalLM.from_config` for the Llama-2-7B config inside a fake-tensor mode (at ci

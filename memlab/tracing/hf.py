@@ -357,6 +357,9 @@ def _task_head(tf: Any, task: str, setup: Setup, notes: list[str]) -> Any:
     row = TASKS[task]
     notes.append(f"task {task}: transformers.{row.auto}; {row.labels}; loss: {row.loss}")
     return getattr(tf, row.auto)
+
+
+@contextlib.contextmanager
 def _both(first: contextlib.AbstractContextManager[Any], second: contextlib.AbstractContextManager[Any]
           ) -> Iterator[None]:
     """Two contexts entered in order, as one."""

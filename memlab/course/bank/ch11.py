@@ -68,6 +68,22 @@ def _no_dq_bits() -> float:
     return 32 / NF4_BLOCK
 
 
+def _recipe_max_batch(recompute: str = "full", attention: str = "auto") -> float:
+    """The largest micro-batch of chapter 11's QLoRA recipe (Llama-2-7B, r=16 on every linear layer, bf16, seq 2048,
+    the library's attention on the card) whose predicted peak fits a 24 GB RTX 4090
+    (:func:`memlab.predict.fit.max_batch`)."""
+    from memlab.course.hf_configs import load_config
+    from memlab.predict.families.reader import from_hf
+    from memlab.predict.fit import max_batch
+    from memlab.predict.spec.kernels import resolved
+    from memlab.predict.spec.setup import Setup
+
+    cfg = from_hf(load_config("llama-2-7b", "full"))
+    setup = Setup(seq=2048, precision="bf16", finetune="qlora", lora_rank=16, lora_targets="all-linear",
+                  recompute=recompute, grad_accum_steps=4, attention=attention)
+    return float(max_batch(cfg, resolved(cfg, setup, device_type="cuda", gpu="rtx-4090")[0], "rtx-4090").value)
+
+
 def _sample_tiny() -> dict[str, Any]:
     return {"family": "llama", "batch": 1, "seq": 8, "seed": 0}
 
@@ -114,5 +130,21 @@ EXERCISES = (
                      f"{_no_dq_bits() - _dq_bits():.3f} bits per parameter."),
         diagnoses={_no_dq_bits: "That is one fp32 absmax per 64 weights: without double quantisation.",
                    When(lambda v: v > 4): "Only the constants: the 4 bits of each NF4 weight are not part of them."},
+    ),
+    Numeric(
+        "11.recipe-max-batch", "Largest micro-batch of the QLoRA recipe (r=16 all-linear, checkpointing, bf16, seq "
+                               "2048, the library's attention) that fits a 24 GB RTX 4090",
+        reference=_recipe_max_batch, unit="", rtol=0.01,  # an integer: 1 % takes only the answer
+        hint="under checkpointing each block keeps only its input (b x s x h in bf16); one block is recomputed at a "
+             "time; the base is 4-bit and only the fp32 adapters have gradients and Adam moments",
+        why=lambda: (f"memlab.predict.fit.max_batch: {_recipe_max_batch():.0f} sequences of 2048 tokens (live "
+                     "tensors; the CUDA context and the allocator's reserve come on top). Without checkpointing "
+                     f"{_recipe_max_batch('none'):.0f}; under eager attention "
+                     f"{_recipe_max_batch(attention='eager'):.0f}."),
+        diagnoses={lambda: _recipe_max_batch("none"): "That is without gradient checkpointing: every block's "
+                                                      "activations kept until backward.",
+                   lambda: _recipe_max_batch(attention="eager"): "That is under eager attention (the s x s scores "
+                                                                 "of the recomputed block); transformers runs SDPA, "
+                                                                 "flash on a 4090 in bf16."},
     ),
 )
