@@ -177,8 +177,9 @@ def hf_causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, labels: t
                 return model(input_ids=input_ids, labels=labels[:, -options.keep:], logits_to_keep=options.keep,
                              **extra).loss
             return model(input_ids=input_ids, labels=labels, **extra).loss
-    out = model.base_model(input_ids=input_ids, **extra)
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper: the causal LM it
+    out = lm.base_model(input_ids=input_ids, **extra)  # adapts in place, whose base model is the decoder
     hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
-    head = model.get_output_embeddings()
+    head = lm.get_output_embeddings()
     shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
     return lm_loss(hidden, head.weight, head.bias, shifted, options, ignore_index=-100)

@@ -131,3 +131,13 @@ def test_fsdp2_of_a_transformers_model_and_of_its_peft_wrapper_is_traced() -> No
         <= 1e-3 * bd.phase_bytes("backward", "steady")
     lora = full.with_(finetune="lora")
     assert trace_hf(path, lora).peak_bytes < trace_hf(path, lora.with_(zero_stage=0, world_size=1)).peak_bytes
+
+
+def test_a_chunked_or_fused_loss_traces_under_peft() -> None:
+    """The chunked and fused losses run the decoder for the hidden states and the LM head chunk by chunk; under peft's
+    wrapper the decoder is the wrapped causal LM's (it once read ``last_hidden_state`` off the LM's output and
+    failed): the trace answers LoRA with them, holding no full logits."""
+    path = str(Path(__file__).resolve().parents[2] / "memlab/predict/families/configs/tiny/llama.json")
+    plain = Setup(seq=32, precision="bf16", attention="flash", finetune="lora")
+    peaks = {kind: trace_hf(path, plain.with_(loss=kind)).peak_bytes for kind in ("plain", "chunked", "fused")}
+    assert all(v > 0 for v in peaks.values()) and peaks["fused"] <= peaks["plain"]
