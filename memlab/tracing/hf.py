@@ -161,6 +161,11 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     notes.append(f"transformers {tf.__version__}, {cfg.model_type}, attn_implementation={impl}"
                  + (f" (SDPA backend {backend})" if backend else ""))
     notes += head_notes
+    heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+    if backend == "efficient" and fake and device_type == "cuda" and kv_heads and heads and kv_heads < heads:
+        notes.append("memory-efficient kernel with grouped K/V heads: its op's fake backward takes the query's heads, "
+                     "so K/V are repeated to them inside the attention's backward (a transient a CUDA run may not "
+                     "make: an upper bound there); what the kernel saves is CUDA's")
     if force_unpacked:
         notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal in a "
                      "causal LM, native GQA); valid only for batches without packed sequences")
@@ -282,8 +287,8 @@ def cuda_efficient_on_fake() -> Iterator[None]:
     ``aten._scaled_dot_product_efficient_attention(q, k, v, mask, compute_log_sumexp, dropout_p, is_causal, scale)``
     with the log-sum-exp when an input needs a gradient (aten/src/ATen/native/transformers/attention.cpp
     ``scaled_dot_product_attention``, case efficient_attention). An explicit mask is refused (CUDA pads and expands
-    it first, ``preprocess_mask``, not imitated here), and so are grouped K/V heads (the op's fake backward returns
-    gradients with the query's heads)."""
+    it first, ``preprocess_mask``, not imitated here). Grouped K/V heads go in as they are (sdp_utils.cpp lets the
+    CUDA kernel take them); their backward runs through :class:`_EfficientGqa`."""
     import torch.nn.functional as F
 
     original = F.scaled_dot_product_attention
@@ -291,11 +296,13 @@ def cuda_efficient_on_fake() -> Iterator[None]:
     def efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False) -> torch.Tensor:
-        if attn_mask is not None or key.shape[-3] != query.shape[-3]:
-            raise SetupError("the memory-efficient kernel with an explicit mask or grouped K/V heads is not traced "
-                             "(CUDA pads and expands a mask first; its GQA backward has no faithful fake kernel): "
-                             "use attention='eager' or 'math' for this call (the formula answers 'efficient')")
+        if attn_mask is not None:
+            raise SetupError("the memory-efficient kernel with an explicit mask is not traced (CUDA pads and expands "
+                             "the mask first): use attention='eager' or 'math' for this call (the formula answers "
+                             "'efficient')")
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        if key.shape[-3] != query.shape[-3] and grad:
+            return _EfficientGqa.apply(query, key, value, dropout_p, is_causal, scale)
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, None, grad, dropout_p, is_causal, scale=scale)[0]
 
@@ -304,6 +311,35 @@ def cuda_efficient_on_fake() -> Iterator[None]:
         yield
     finally:
         F.scaled_dot_product_attention = original
+
+
+class _EfficientGqa(torch.autograd.Function):
+    """The memory-efficient kernel with grouped K/V heads on fake tensors. Forward: the op CUDA runs, K and V as they
+    are, saving what it saves (q, k, v, the output, the log-sum-exp, the RNG seed and offset). Backward: the op's fake
+    kernel returns K/V gradients with the query's heads, so K and V are repeated to the query's heads for it and the
+    gradients summed back per group: transients (2 x the repeated K/V and their gradients) a CUDA backward may not
+    make, an upper bound inside the attention's backward, said in the trace's notes."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float,
+                is_causal: bool, scale: float | None) -> torch.Tensor:
+        out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, True, dropout_p, is_causal, scale=scale)
+        ctx.save_for_backward(query, key, value, out, lse, seed, offset)
+        ctx.args = (dropout_p, is_causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        query, key, value, out, lse, seed, offset = ctx.saved_tensors
+        dropout_p, is_causal, scale = ctx.args
+        b, hk, s, d = key.shape
+        rep = query.shape[-3] // hk
+        gq, gk, gv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            grad, query, key.repeat_interleave(rep, -3), value.repeat_interleave(rep, -3), None, out, lse, seed,
+            offset, dropout_p, [True, True, True, False], is_causal, scale=scale)
+        return (gq, gk.view(b, hk, rep, s, d).sum(2), gv.view(b, hk, rep, s, value.shape[-1]).sum(2), None, None,
+                None)
 
 
 def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str,

@@ -141,3 +141,19 @@ def test_a_chunked_or_fused_loss_traces_under_peft() -> None:
     plain = Setup(seq=32, precision="bf16", attention="flash", finetune="lora")
     peaks = {kind: trace_hf(path, plain.with_(loss=kind)).peak_bytes for kind in ("plain", "chunked", "fused")}
     assert all(v > 0 for v in peaks.values()) and peaks["fused"] <= peaks["plain"]
+
+
+def test_cudas_memory_efficient_kernel_traces_with_grouped_kv_heads() -> None:
+    """CUDA's fp32 default under SDPA is the memory-efficient kernel, which has no CPU version: the trace makes its
+    op call on fake tensors, grouped K/V heads included (their backward through memlab's wrapper), and equals the
+    formula's 'efficient' phase by phase on the tiny (GQA) Llama."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.families.reader import from_hf
+
+    path = str(Path(__file__).resolve().parents[2] / "memlab/predict/families/configs/tiny/llama.json")
+    setup = Setup(seq=64, attention="efficient")
+    traced, bd = trace_hf(path, setup), estimate(from_hf(path), setup)
+    assert from_hf(path).n_kv_heads < from_hf(path).n_heads
+    for row in traced.phases:
+        assert abs(row.held_bytes - bd.phase_bytes(row.phase, row.step)) <= 1e-3 * row.held_bytes, row
+    assert any("grouped K/V heads" in note for note in traced.notes)
