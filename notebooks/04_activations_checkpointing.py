@@ -60,10 +60,10 @@ ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more th
 # seqs/batches: section 2's grid; checkpoint_batch/seq: section 3's 16-block model; traced: the Llama-2-7B
 # (precision, attention) rows of section 4 traced on fake tensors; cross_seq/cross_batches: section 5
 SIZES = {"ci": dict(model="tiny-gpt", seqs=[32, 64, 128, 256], batches=[1, 2, 4], checkpoint_batch=2,
-                    checkpoint_seq=32, traced=[("mixed-bf16", "eager")],
+                    checkpoint_seq=32, traced=[("mixed-bf16", "eager")], policy_layers=4,
                     cross_seq=16, cross_batches=[1, 2, 4, 8, 16]),
          "full": dict(model="gpt2", seqs=[128, 256, 512, 1024], batches=[1, 4, 8], checkpoint_batch=2,
-                      checkpoint_seq=512,
+                      checkpoint_seq=512, policy_layers=8,
                       traced=[(p, a) for p in ("mixed-bf16", "amp-bf16") for a in ("eager", "flash")],
                       cross_seq=128, cross_batches=[1, 2, 4, 8, 16, 32])}[ch.scale]
 ch
@@ -635,7 +635,7 @@ ch.save_figure(fig, "framework_policies")
 # estimate names for it (its own gradients appearing, the embeddings' after it).
 
 # %%
-small = preset("tiny-llama").with_(n_layers=8)
+small = preset("tiny-llama").with_(n_layers=SIZES["policy_layers"])
 trace_rows = []
 for label, kw in policies.items():
     s_small = Setup(batch=2, seq=SIZES["checkpoint_seq"] * 2, attention="flash", optimizer_impl="for-loop", **kw)

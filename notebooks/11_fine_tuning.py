@@ -46,11 +46,12 @@ from memlab.units import GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
 # seq: the 7B question's sequence; traced_seq, traced_layers: the trace's sequence and blocks (ci: the 7B's full
-# width, 8 of its 32 blocks; full: all of it); tiny: the families measured with peft, at batch x tiny_seq tokens
+# width, 8 of its 32 blocks; full: all of it); tiny: the families measured with peft, at batch x tiny_seq tokens;
+# fsdp_seq, fsdp_layers: the LoRA-under-FSDP traces (ci: 2 blocks at the 7B's width)
 SIZES = {"ci": dict(seq=2048, traced_seq=256, traced_layers=8, tiny=("llama", "qwen2", "gpt2"), batch=2,
-                    tiny_seq=24),
+                    tiny_seq=24, fsdp_seq=128, fsdp_layers=2),
          "full": dict(seq=2048, traced_seq=2048, traced_layers=32, tiny=("llama", "qwen2", "mistral", "gpt2", "phi"),
-                      batch=2, tiny_seq=64)}[ch.scale]
+                      batch=2, tiny_seq=64, fsdp_seq=2048, fsdp_layers=32)}[ch.scale]
 ON_DEVICE = {  # the card asked about, and the device type its prediction and trace are for
     "cpu": dict(card="rtx-4090", device_type="cuda"),
     "cuda": dict(card="rtx-4090", device_type="cuda"),
@@ -214,12 +215,12 @@ recipe_table.round(2)
 #
 # **LoRA under FSDP.** Sharding a LoRA model over 8 GPUs is the other recipe people run (the base sharded, the small
 # adapters trained on every rank). The formula refuses adapters under ZeRO/FSDP; the trace answers: transformers'
-# code wrapped by peft, every decoder layer an FSDP2 unit, over a fake 8-rank process group (here at the traced
-# width and depth of section 2).
+# code wrapped by peft, every decoder layer an FSDP2 unit, over a fake 8-rank process group (at ci scale two of the
+# 7B's blocks at its full width; the full scale traces all 32).
 
 # %%
-fsdp_cfg = {**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["traced_layers"]}
-fsdp_setup = Setup(seq=SIZES["traced_seq"], precision="bf16", attention="flash", finetune="lora", lora_rank=16,
+fsdp_cfg = {**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["fsdp_layers"]}
+fsdp_setup = Setup(seq=SIZES["fsdp_seq"], precision="bf16", attention="flash", finetune="lora", lora_rank=16,
                    recompute="full")
 one_rank = trace_hf(fsdp_cfg, fsdp_setup, device_type=dt)
 eight = trace_hf(fsdp_cfg, fsdp_setup.with_(zero_stage=3, world_size=8), device_type=dt)
@@ -227,7 +228,7 @@ fsdp_table = pd.DataFrame([{"layout": layout, "peak (GiB)": t.peak_bytes / GiB,
                             "peak phase": f"{t.peak_step} {t.peak_phase}"}
                            for layout, t in (("one GPU", one_rank), ("FSDP2 (ZeRO-3) over 8, rank 0", eight))])
 ch.save_table(fsdp_table, "lora_fsdp_trace")
-print(f"Llama-2-7B's width, {SIZES['traced_layers']} blocks, seq {SIZES['traced_seq']}: LoRA traced on one GPU "
+print(f"Llama-2-7B's width, {SIZES['fsdp_layers']} blocks, seq {SIZES['fsdp_seq']}: LoRA traced on one GPU "
       f"{one_rank.peak_bytes / GiB:.2f} GiB, under FSDP2 over 8 ranks {eight.peak_bytes / GiB:.2f} GiB per rank "
       "(the frozen base sharded, one layer gathered at a time)")
 fsdp_table.round(3)
