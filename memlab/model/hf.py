@@ -234,14 +234,15 @@ _LLAMA_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gat
 def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
     """peft ``target_modules`` for memlab adapter ``kinds`` on a ``model_type`` model (:data:`LORA_MODULE_NAMES`);
     on GPT-2 any of q, k, v names the fused ``c_attn``. A kind the family lacks raises :class:`SetupError`."""
-    names = LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES)
+    names = {**LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES),
+             "embed": "wte" if model_type == "gpt2" else "embed_tokens", "head": "lm_head"}  # peft's Embedding LoRA
     out: list[str] = []
     for kind in kinds:
         if kind == "gate" and set(kinds) == set(LORA_KINDS) and "gate" not in names:
             continue  # all-linear: the Linears the model has
         key = "qkv" if ("qkv" in names and kind in ("q", "k", "v")) else kind
         if key not in names:
-            have = sorted((set(names) - {"qkv"}) | ({"q", "k", "v"} if "qkv" in names else set()))
+            have = sorted((set(names) - {"qkv", "embed", "head"}) | ({"q", "k", "v"} if "qkv" in names else set()))
             raise SetupError(f"lora_targets names {kind!r}, which a {model_type} model does not have: use "
                              f"{', '.join(have)}")
         if names[key] not in out:
@@ -255,7 +256,8 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     defaults (alpha 8, fp32 adapters over a 16-bit base). The base is frozen by peft; the returned model trains only
     the adapters. ``qlora`` first quantises the base's block Linears to NF4 (:func:`quantize_nf4`);
     ``setup.kbit_prepare`` then passes the base through peft's ``prepare_model_for_kbit_training`` (every 16-bit
-    parameter but the 4-bit weights cast to fp32), as QLoRA scripts do for a 4-bit model."""
+    parameter but the 4-bit weights cast to fp32), as QLoRA scripts do for a 4-bit model. ``setup.lora_dtype='bf16'``
+    casts the trainable parameters to bf16 after, as TRL's SFTTrainer does for a k-bit model."""
     if setup.finetune not in ("lora", "qlora"):
         raise SetupError(f"apply_lora builds finetune='lora' or 'qlora' models, got finetune={setup.finetune!r}")
     try:
@@ -276,7 +278,12 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
                           modules_to_save=save, fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D: transposed weights
     with warnings.catch_warnings():  # peft reads the deprecated is_gradient_checkpointing (transformers 5 warns)
         warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        return peft.get_peft_model(model, cfg)
+        model = peft.get_peft_model(model, cfg)
+    if setup.lora_dtype == "bf16":  # as TRL's SFTTrainer casts a k-bit model's trainable parameters
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
+    return model
 
 
 @contextlib.contextmanager

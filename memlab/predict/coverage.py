@@ -342,7 +342,17 @@ REFUSALS: tuple[Entry, ...] = (
     Entry("adapters on one device", lambda c: c.setup.finetune in _ADAPTED and (
         bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1),
           refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device: set zero_stage=0, "
-                           "world_size=1, tp=1"),
+                           "world_size=1, tp=1, or trace it (FSDP2 of a peft model: memlab estimate --hf answers "
+                           "from the trace; memlab.tracing.hf.trace_hf)"),
+    Entry("adapters on the embedding or the head", lambda c: c.setup.finetune in _LORA
+          and any(k in ("embed", "head") for k in c.setup.lora_target_kinds),
+          refuse="LoRA on the token embedding or the LM head (lora_targets embed_tokens / lm_head) is not modelled by "
+                 "the formula: trace it (memlab estimate --hf answers from the trace; memlab.tracing.hf.trace_hf), "
+                 "or train them in full with lora_modules_to_save"),
+    Entry("bf16 adapters", lambda c: c.setup.finetune in _LORA and c.setup.lora_dtype != "fp32",
+          refuse="lora_dtype='bf16' (adapters, their gradients and Adam moments in bf16, as TRL's SFTTrainer casts a "
+                 "k-bit model's) is not modelled by the formula: trace it (memlab estimate --hf answers from the "
+                 "trace; memlab.tracing.hf.trace_hf), or keep peft's fp32 adapters"),
     Entry("peft's k-bit preparation", lambda c: c.setup.kbit_prepare,
           refuse="kbit_prepare (peft's prepare_model_for_kbit_training: fp32 embeddings, norms and LM head, whose "
                  "upcasts change every block's saved widths) is not modelled by the formula: trace it (memlab "

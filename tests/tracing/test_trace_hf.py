@@ -157,3 +157,35 @@ def test_cudas_memory_efficient_kernel_traces_with_grouped_kv_heads() -> None:
     for row in traced.phases:
         assert abs(row.held_bytes - bd.phase_bytes(row.phase, row.step)) <= 1e-3 * row.held_bytes, row
     assert any("grouped K/V heads" in note for note in traced.notes)
+
+
+def test_bf16_adapters_as_trl_casts_them_are_traced_where_the_formula_refuses() -> None:
+    """lora_dtype='bf16' (TRL's SFTTrainer casts a k-bit model's trainable parameters to bf16): the formula refuses
+    it with the trace as the way out; the trace holds half of peft's fp32 adapter states."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.families.reader import from_hf
+
+    path = str(Path(__file__).resolve().parents[2] / "memlab/predict/families/configs/tiny/llama.json")
+    fp32 = Setup(seq=32, precision="bf16", attention="flash", finetune="qlora", lora_rank=16)
+    bf16 = fp32.with_(lora_dtype="bf16")
+    with pytest.raises(SetupError, match=r"lora_dtype='bf16'.*trace it"):
+        estimate(from_hf(path), bf16)
+    states = {s.lora_dtype: trace_hf(path, s).phase("optimizer step", "steady").by_category["optimizer states"]
+              for s in (fp32, bf16)}
+    assert states["bf16"] < states["fp32"]
+
+
+def test_lora_on_the_embedding_and_the_head_in_peft_spelling_is_traced_where_the_formula_refuses() -> None:
+    """lora_targets='q_proj,v_proj,embed_tokens,lm_head': peft's Embedding LoRA and a LoRA head, as a LoraConfig
+    names them; the formula refuses (way out: the trace, or modules_to_save), the trace answers."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.families.reader import from_hf
+
+    path = str(Path(__file__).resolve().parents[2] / "memlab/predict/families/configs/tiny/llama.json")
+    setup = Setup(seq=32, precision="bf16", attention="flash", finetune="lora",
+                  lora_targets="q_proj,v_proj,embed_tokens,lm_head")
+    assert setup.lora_target_kinds == ("q", "v", "embed", "head")
+    with pytest.raises(SetupError, match="token embedding or the LM head"):
+        estimate(from_hf(path), setup)
+    plain = trace_hf(path, setup.with_(lora_targets="q_proj,v_proj"))
+    assert trace_hf(path, setup).peak_bytes > plain.peak_bytes

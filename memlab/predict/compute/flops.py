@@ -383,6 +383,10 @@ def step_flops(config: TransformerConfig, setup: Any, causal: bool = False) -> S
         lowest, weights = -1, trained * (sum(stages.values()) - stages["core"])
         weights += 0 if config.tied_embeddings else parts["head"]
     else:
+        outer = [k for k in setup.lora_target_kinds if k in ("embed", "head")]
+        if outer:
+            raise SetupError(f"the FLOPs of LoRA on {' and '.join(outer)} (outside the blocks) are not counted: "
+                             "adapt the blocks' Linears, or train the head/embedding with lora_modules_to_save")
         adapters, rank, trained = adapter_shapes(config, setup.lora_target_kinds), setup.lora_r, config.n_layers
         lowest = -1 if "embed" in setup.lora_save_kinds else min(_STAGE_OF[k] for k, _, _ in adapters)
         weights = trained * sum(2 * b * s * rank * (i + o) for _, i, o in adapters)

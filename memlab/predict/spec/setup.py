@@ -34,6 +34,7 @@ EpRouting = Literal["balanced", "worst"]
 AttentionMask = Literal["none", "ones", "padded"]
 LossCall = Literal["labels", "manual"]
 PadSide = Literal["right", "left"]
+LoraDtype = Literal["fp32", "bf16"]
 Task = Literal["auto", "causal-lm", "masked-lm", "sequence-classification", "token-classification",
                "question-answering"]
 KvCacheKind = Literal["dynamic", "static"]
@@ -72,7 +73,10 @@ LORA_DEFAULT_TARGETS = ("q", "v")
 GPT-2 its default ``c_attn`` is the fused QKV projection, which q or v names here."""
 
 
-PEFT_TARGET_NAMES = {f"{kind}_proj": kind for kind in LORA_KINDS}
+LORA_OUTER_KINDS = ("embed", "head")
+"""Modules outside the blocks an adapter may target (peft's Embedding LoRA on the token embedding, a Linear LoRA on
+the LM head): traced, not in the formula (memlab.predict.coverage)."""
+PEFT_TARGET_NAMES = {**{f"{kind}_proj": kind for kind in LORA_KINDS}, "embed_tokens": "embed", "lm_head": "head"}
 """peft ``target_modules`` spellings of the kinds as Llama-style families name their Linears (Llama, Mistral, Qwen2/3,
 Gemma, Phi-3 after its split, ...): ``q_proj`` ... ``down_proj``; ``all-linear`` (peft's
 ``INCLUDE_LINEAR_LAYERS_SHORTHAND``: every Linear of the blocks, not the output head) names every kind."""
@@ -80,16 +84,17 @@ Gemma, Phi-3 after its split, ...): ``q_proj`` ... ``down_proj``; ``all-linear``
 
 def parse_targets(text: str) -> tuple[str, ...]:
     """``"q,v"`` or peft's ``"q_proj,v_proj"`` -> ``("q", "v")``; ``"all-linear"`` -> every kind of
-    :data:`LORA_KINDS`. Comma-separated, each once; anything else raises :class:`SetupError` in one line."""
+    :data:`LORA_KINDS`; ``embed``/``embed_tokens`` and ``head``/``lm_head`` (:data:`LORA_OUTER_KINDS`) too.
+    Comma-separated, each once; anything else raises :class:`SetupError` in one line."""
     names = [k.strip().lower() for k in text.split(",") if k.strip()]
     if names == ["all-linear"]:
         return LORA_KINDS
     kinds = tuple(PEFT_TARGET_NAMES.get(k, k) for k in names)
-    bad = [n for n, k in zip(names, kinds, strict=True) if k not in LORA_KINDS]
+    bad = [n for n, k in zip(names, kinds, strict=True) if k not in LORA_KINDS + LORA_OUTER_KINDS]
     if bad:
         raise SetupError(f"lora_targets: unknown module kind {bad[0]!r}: use a comma-separated list of "
-                         f"{', '.join(LORA_KINDS)} or peft's q_proj ... down_proj (e.g. 'q,v', 'q_proj,v_proj'), "
-                         "or all-linear")
+                         f"{', '.join(LORA_KINDS + LORA_OUTER_KINDS)} or peft's q_proj ... down_proj, embed_tokens, "
+                         "lm_head (e.g. 'q,v', 'q_proj,v_proj'), or all-linear")
     if len(set(kinds)) != len(kinds):
         raise SetupError(f"lora_targets names a module kind twice ({text!r}): name each once")
     return kinds
@@ -159,7 +164,7 @@ SETUP_GROUPS: dict[str, tuple[str, ...]] = {
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
               "fsdp_reshard_root"),
     "fine-tuning": ("finetune", "lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save", "frozen_layers",
-                    "kbit_prepare"),
+                    "kbit_prepare", "lora_dtype"),
     "call": ("attention_mask", "pad_fraction", "padding_side", "loss_call", "task"),
 }
 """Setup's fields by concern, each field in one group: :meth:`Setup.group` reads one, ``memlab estimate --help``
@@ -312,6 +317,10 @@ class Setup(StrictInit):
     cast to fp32), as QLoRA scripts and TRL's SFTTrainer before huggingface/trl 2af35fb0d (Dec 2025) do for a 4-bit
     model. Off by default, as SFTTrainer now runs (the base as loaded, peft's get_peft_model alone), which the
     formula models; on, the trace answers."""
+    lora_dtype: LoraDtype = field(default="fp32", metadata={"mode": "train"})
+    """With finetune lora or qlora: the adapters' dtype. fp32 is peft's default (LoraConfig
+    autocast_adapter_dtype=True casts 16-bit adapters to fp32), which the formula models; bf16 is what TRL's
+    SFTTrainer does to a k-bit model's adapters (it casts every trainable parameter to bf16), the trace answers it."""
     # -- calling conventions (issue 17 point 2; memlab.run.hf.call_inputs) ---------------------------------------
     attention_mask: AttentionMask = field(default="none", metadata={"mode": "train"})
     """How the model is called: none (model(input_ids, labels=...) with no attention mask, memlab's runs), ones
@@ -411,7 +420,8 @@ class Setup(StrictInit):
         """One SetupError line for fine-tuning fields that contradict each other (what memlab models of them is
         :mod:`memlab.predict.coverage`'s)."""
         lora_fields = [n for n in ("lora_rank", "lora_dropout", "lora_targets", "lora_modules_to_save",
-                                   "kbit_prepare") if getattr(self, n)]
+                                   "kbit_prepare") if getattr(self, n)] + (["lora_dtype"] if self.lora_dtype != "fp32"
+                                                                            else [])
         if self.finetune in ("full", "frozen"):
             if lora_fields:
                 raise SetupError(f"{', '.join(lora_fields)} set with finetune={self.finetune!r}: set finetune='lora' "
