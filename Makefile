@@ -48,7 +48,8 @@ $(TORCH_PIN): always
 # requirements-uv.lock: uv downloads in parallel, 13 s here where pip takes two minutes); then torch by pip (which
 # finds a local CPU wheel where pip is configured to), its own dependencies already installed from the lock (a CUDA
 # build adds only its exact-pinned CUDA wheels; where pip is configured with find-links holding that torch, as on this
-# machine, uv installs it from there without an index, 8 s where pip takes 17); then memlab itself; pip check agrees. Bytecode is compiled when a
+# machine, uv installs it from there without an index, 8 s where pip takes 17); then memlab itself and uv's check that
+# every requirement holds (uv: 1 s where pip takes 11). Bytecode is compiled when a
 # module is first imported and kept (45 s less than compiling every installed file up front): make's recipes run
 # without PYTHONDONTWRITEBYTECODE, which would have every kernel and rank compile every import again (chapters ran
 # 1.6-2x slower).
@@ -62,8 +63,8 @@ $(STAMP): requirements.lock requirements-uv.lock pyproject.toml $(TORCH_PIN)
 	if [ -n "$$links" ] && $(VENV_ABS)/bin/uv pip install --quiet --python $(PY) --no-deps --no-index \
 		--find-links "$$links" "$(TORCH)" 2>/dev/null; then echo "$(TORCH) from $$links (uv)"; \
 	else echo "$(PIP) --no-compile $(TORCH)"; $(PIP) --no-compile "$(TORCH)"; fi
-	$(PIP) --no-deps --no-build-isolation -e .
-	$(PY) -m pip check --disable-pip-version-check
+	$(VENV_ABS)/bin/uv pip install --quiet --python $(PY) --no-deps --no-build-isolation -e .
+	$(VENV_ABS)/bin/uv pip check --python $(PY)
 	@touch $@
 
 setup: $(STAMP) ## create .venv (when absent) and install torch, memlab and the course tools
