@@ -102,6 +102,8 @@ def test_every_string_choice_is_read_in_any_case_and_stored_canonically(spell) -
             extra["precision"] = "bf16"  # QLoRA computes in bf16 (any other precision is refused)
         if field == "finetune" and choice == "frozen":
             extra["frozen_layers"] = 1  # a frozen fine-tune names how many blocks it freezes
+        if field == "lora_dtype" and choice != "fp32":
+            extra["finetune"] = "lora"  # the adapters' dtype, of a LoRA fine-tune
         if field == "padding_side" and choice == "left":
             extra.update(attention_mask="padded", pad_fraction=0.25)  # a side only of a padded batch
         if field == "pp_schedule" and choice == "interleaved":
