@@ -388,7 +388,7 @@ fit[["attention", "value", "reason"]]
 # %% [markdown]
 # The fit search adds the estimator's terms. `memlab.tracing` runs the reference GPT's real step at the answer, at
 # full size, on fake tensors: FSDP2 over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes,
-# nothing allocated. At ci scale it traces the eager answer (about 5 s); at full scale both.
+# nothing allocated. At ci scale it traces the eager answer; at full scale both.
 
 # %%
 confirm = []
