@@ -108,3 +108,27 @@ def test_the_reference_gpt_and_gemma2_default_to_eager() -> None:
     assert library_attention(preset("gpt2-small"), Setup(), device_type="cuda").kernel == "eager"
     gemma2 = from_hf(TINY / "gemma2.json")
     assert library_attention(gemma2, Setup(precision="bf16", seq=8), device_type="cuda").implementation == "eager"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 200, 256])
+def test_cuda_dispatch_is_torchs_on_this_gpu(dtype: str, mask: bool, head_dim: int) -> None:
+    """On a lent GPU (scripts/gpu_session.sh runs the gpu-marked tests first): torch's own CUDA choice for these
+    inputs is memlab's prediction for this card's compute capability, but where torch prefers cuDNN (sm90/sm100
+    with a runtime cuDNN newer than 9.15: sdp_utils.cpp check_prefer_cudnn_attention), which memlab names as flash
+    with the same bytes."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: this checks torch's SDPA dispatch on the device")
+    cc = torch.cuda.get_device_capability()
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    if dtype == "bf16" and cc < (8, 0):
+        pytest.skip("bf16 below sm80")
+    q = torch.randn(2, 8, 128, head_dim, dtype=dt, device="cuda", requires_grad=True)
+    k, v = (torch.randn(2, 8, 128, head_dim, dtype=dt, device="cuda") for _ in range(2))
+    m = torch.ones(128, 128, dtype=torch.bool, device="cuda").tril() if mask else None
+    chosen = _TORCH_NAMES[torch._fused_sdp_choice(q, k, v, m, 0.0, not mask, scale=None, enable_gqa=False)]
+    predicted = cuda_sdpa_kernel(cc=cc, dtype=dtype, head_dim=head_dim, mask=mask, dropout=0.0)[0]
+    assert chosen == predicted or (chosen == "cudnn" and predicted == "flash"), (cc, chosen, predicted)
