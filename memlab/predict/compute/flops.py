@@ -369,8 +369,13 @@ def step_flops(config: TransformerConfig, setup: Any, causal: bool = False) -> S
     parts = forward_flops_breakdown(config, b, s, causal)
     if setup.finetune == "full":
         forward, core = sum(parts.values()), parts["attention_core"]
-        extra = {"none": 0, "full": forward - parts["head"], "selective": core}[recompute]
+        extra = recomputed_flops(config, b, s, recompute, recompute_every=setup.recompute_every, causal=causal) \
+            if recompute == "op" or setup.recompute_every > 1 else \
+            {"none": 0, "full": forward - parts["head"], "selective": core}[recompute]
         return StepFlops(forward, forward + core, forward - core, extra, b * s)
+    if recompute == "op" or setup.recompute_every > 1:
+        raise SetupError(f"the FLOPs of finetune={setup.finetune!r} under torchtitan's recompute policies (op, "
+                         "recompute_every) are not counted: use recompute none or full (transformers' checkpointing)")
     if config.is_moe:
         raise SetupError(f"finetune={setup.finetune!r} FLOPs of a mixture of experts are not modelled (which "
                          "experts' backward runs depends on the routing): use finetune='full' or a dense model")

@@ -106,3 +106,20 @@ def test_refusals() -> None:
     with pytest.raises(ConfigError, match="leave at least one"):
         F.step_flops(from_hf(_config()), setup)
     assert F.step_flops(preset("tiny-gpt"), replace(setup, frozen_layers=1)).backward_weight > 0
+
+
+def test_torchtitans_policies_count_their_recompute_and_fine_tuning_refuses_them() -> None:
+    """Full training under recompute='op' or recompute_every=k recomputes what recomputed_flops says (it raised a
+    KeyError); a fine-tuning step under them is one SetupError line (its FLOPs are counted for none and full)."""
+    from memlab.errors import SetupError
+    from memlab.predict.compute.flops import recomputed_flops, step_flops
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
+
+    cfg = preset("tiny-llama")
+    for kw in ({"recompute": "op"}, {"recompute": "full", "recompute_every": 2}):
+        setup = Setup(seq=64, **kw)
+        assert step_flops(cfg, setup).recompute == recomputed_flops(cfg, 1, 64, setup.recompute,
+                                                                    recompute_every=setup.recompute_every) > 0
+        with pytest.raises(SetupError, match="not counted"):
+            step_flops(cfg, setup.with_(finetune="lora"))
