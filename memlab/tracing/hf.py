@@ -348,7 +348,7 @@ def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str,
     eager where its model class does not support SDPA (``_supports_sdpa``), else the kernel torch dispatches
     (:mod:`memlab.predict.spec.kernels`) for its head dim, attention dropout and a padded batch's mask; and why.
     ``auto_class``: the task's auto class (its model class is the one asked; default the causal LM's)."""
-    from memlab.predict.spec.kernels import capability_of, cpu_sdpa_kernel, cuda_sdpa_kernel
+    from memlab.predict.spec.kernels import sdpa_kernel
 
     cls = (auto_class or tf.AutoModelForCausalLM)._model_mapping.get(type(cfg), None)  # the head's class
     if cls is not None and not getattr(cls, "_supports_sdpa", False):
@@ -358,9 +358,8 @@ def hf_library_attention(tf: Any, cfg: Any, setup: Setup, device_type: str,
     head_dim = int(getattr(cfg, "head_dim", None) or int(getattr(cfg, "hidden_size", heads)) // heads)
     dropout = float(getattr(cfg, "attention_dropout", None) or getattr(cfg, "attn_pdrop", None) or 0.0)
     mask = setup.attention_mask == "padded"
-    kernel, why = (cpu_sdpa_kernel(dropout=dropout) if device_type == "cpu" else
-                   cuda_sdpa_kernel(cc=capability_of(None), dtype=setup.policy.compute_dtype, head_dim=head_dim,
-                                    mask=mask, dropout=dropout))
+    kernel, why = sdpa_kernel(device_type=device_type, dtype=setup.policy.compute_dtype, head_dim=head_dim,
+                              mask=mask, dropout=dropout)
     return setup.with_(attention=kernel), f"attention {kernel}: transformers' default sdpa -> {why}"
 
 

@@ -29,7 +29,7 @@ from memlab.errors import ConfigError, SetupError
 from memlab.predict.families.common import optional
 from memlab.predict.families.registry import DEFAULTS, FAMILIES, SUPPORTED
 from memlab.predict.families.registry import check as check_keys
-from memlab.predict.spec.kernels import cpu_sdpa_kernel, cuda_sdpa_kernel
+from memlab.predict.spec.kernels import sdpa_kernel
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.traits import Implementation
 from memlab.predict.spec.validate import check_bool, check_int, check_number, check_str
@@ -238,8 +238,7 @@ def hf_attention(attn_implementation: str, device_type: str = "cuda", dtype: str
     if attn_implementation in ("flash_attention_2", "flash_attention_3"):
         return "flash"
     if attn_implementation == "sdpa":
-        if device_type == "cpu":
-            return cpu_sdpa_kernel(dropout=attention_dropout)[0]
-        return cuda_sdpa_kernel(cc=None, dtype=dtype, head_dim=head_dim, mask=False, dropout=attention_dropout)[0]
+        return sdpa_kernel(device_type=device_type, dtype=dtype, head_dim=head_dim, mask=False,
+                           dropout=attention_dropout)[0]
     raise ConfigError(f"attn_implementation must be eager, sdpa or flash_attention_2, got "
                       f"{attn_implementation!r:.60}")

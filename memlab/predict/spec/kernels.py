@@ -113,6 +113,19 @@ def cuda_sdpa_kernel(*, cc: tuple[int, int] | None, dtype: str, head_dim: int, m
     return "math", f"math: flash cannot take {why_not}, memory-efficient not {why_eff}"
 
 
+def sdpa_kernel(*, device_type: str, dtype: str, head_dim: int, mask: bool, dropout: float, train: bool = True,
+                gpu: str | None = None) -> tuple[str, str]:
+    """(kernel, why) of torch's SDPA dispatch on ``device_type`` (:func:`cpu_sdpa_kernel` or
+    :func:`cuda_sdpa_kernel` for ``gpu``'s compute capability, an sm90 card when None): the one branch every caller
+    (the estimate's ``auto``, the trace's, :func:`memlab.predict.families.reader.hf_attention`) goes through."""
+    if device_type == "cpu":
+        return cpu_sdpa_kernel(dropout=dropout)
+    if device_type == "cuda":
+        return cuda_sdpa_kernel(cc=capability_of(gpu), dtype=dtype, head_dim=head_dim, mask=mask, dropout=dropout,
+                                train=train)
+    raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+
+
 def library_attention(config: Any, setup: Any, *, device_type: str, gpu: str | None = None) -> KernelChoice:
     """What transformers and torch run for ``config`` (a TransformerConfig, or the reference GPT's) under ``setup``
     on ``device_type`` (``gpu``: a table key, for its compute capability). memlab's reference GPT computes attention
@@ -128,13 +141,8 @@ def library_attention(config: Any, setup: Any, *, device_type: str, gpu: str | N
     dropout = impl.attention_dropout_or(config.dropout) if train else 0.0
     window = impl.sliding_window is not None and setup.seq >= impl.sliding_window
     mask = setup.attention_mask == "padded" or impl.sdpa_keeps_mask or window
-    if device_type == "cpu":
-        kernel, why = cpu_sdpa_kernel(dropout=dropout)
-    elif device_type == "cuda":
-        kernel, why = cuda_sdpa_kernel(cc=capability_of(gpu), dtype=dtype, head_dim=config.head_dim, mask=mask,
-                                       dropout=dropout, train=train)
-    else:
-        raise SetupError(f"device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    kernel, why = sdpa_kernel(device_type=device_type, dtype=dtype, head_dim=config.head_dim, mask=mask,
+                              dropout=dropout, train=train, gpu=gpu)
     inputs = f"{dtype}, head dim {config.head_dim}, " + ("an explicit mask" if mask else "is_causal, no mask") \
         + (f", dropout {dropout:g}" if dropout else "")
     return KernelChoice("sdpa", kernel, f"transformers' default sdpa ({inputs}) -> {why}")
