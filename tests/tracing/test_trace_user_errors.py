@@ -11,21 +11,11 @@ import torch
 from memlab.errors import SetupError
 from memlab.tracing.tracer import trace
 
+from .test_trace_arguments import _batch, _loss, _model  # the same tiny Linear step
+
 REAL_BATCH = torch.randn(4, 8)
 REAL_MODEL = torch.nn.Linear(8, 8)
 ALL_PHASES = tuple((step, phase) for step in ("first", "steady") for phase in ("forward", "backward"))
-
-
-def _model() -> torch.nn.Module:
-    return torch.nn.Linear(8, 8)
-
-
-def _batch() -> torch.Tensor:
-    return torch.randn(4, 8)
-
-
-def _loss(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return m(x).square().mean()
 
 
 def _raise(*_: object) -> None:
