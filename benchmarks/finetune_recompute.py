@@ -41,7 +41,7 @@ def draw(rng: random.Random, configs: dict[str, dict]) -> tuple[str, dict[str, A
 )}.get(kind, FAMILIES)
     family = rng.choice(sorted(names))
     kw: dict[str, Any] = {"batch": rng.choice([1, 2]), "seq": rng.choice([16, 32]), "finetune": kind,
-                          "attention": rng.choice(["eager", "math"])}
+                          "attention": rng.choice(["eager", "math", "flash"])}  # flash: the library default
     if kind == "frozen":
         return family, {**kw, "frozen_layers": 1, "precision": rng.choice(["fp32", "bf16", "amp-bf16"])}
     kinds = ["q", "k", "v", "o", "gate", "up", "down"] if family in _LINEAR else ["q", "o", "up", "down"]
