@@ -225,12 +225,17 @@ fsdp_setup = Setup(seq=SIZES["fsdp_seq"], precision="bf16", attention="flash", f
 one_rank = trace_hf(fsdp_cfg, fsdp_setup, device_type=dt)
 eight = trace_hf(fsdp_cfg, fsdp_setup.with_(zero_stage=3, world_size=8), device_type=dt)
 fsdp_table = pd.DataFrame([{"layout": layout, "peak (GiB)": t.peak_bytes / GiB,
+                            "parameters at the peak (GiB)": t.peak_by_category.get("parameters", 0) / GiB,
                             "peak phase": f"{t.peak_step} {t.peak_phase}"}
                            for layout, t in (("one GPU", one_rank), ("FSDP2 (ZeRO-3) over 8, rank 0", eight))])
 ch.save_table(fsdp_table, "lora_fsdp_trace")
+root_gib = 2 * fsdp_cfg["vocab_size"] * fsdp_cfg["hidden_size"] * 2 / GiB  # embedding + untied head, bf16
 print(f"Llama-2-7B's width, {SIZES['fsdp_layers']} blocks, seq {SIZES['fsdp_seq']}: LoRA traced on one GPU "
-      f"{one_rank.peak_bytes / GiB:.2f} GiB, under FSDP2 over 8 ranks {eight.peak_bytes / GiB:.2f} GiB per rank "
-      "(the frozen base sharded, one layer gathered at a time)")
+      f"{one_rank.peak_bytes / GiB:.2f} GiB, under FSDP2 over 8 ranks {eight.peak_bytes / GiB:.2f} GiB on rank 0: "
+      + ("sharding the frozen base saves memory here" if eight.peak_bytes < one_rank.peak_bytes else
+         f"more than one GPU at this depth: the root unit (embedding and head, {root_gib:.2f} GiB) stays gathered "
+         "from forward into backward and each layer is gathered beside its shard, which only more blocks "
+         "outweigh"))
 fsdp_table.round(3)
 
 # %% [markdown]
