@@ -1,11 +1,12 @@
 """``make report``: execute every chapter notebook in a fresh kernel, then build the course as a book.
 
 ``python -m memlab.course.report [--scale auto|ci|full] [--device auto|cpu|cuda] [--force] [--only NN] [--out reports]
-[--notebooks notebooks] [--solutions]``
+[--notebooks notebooks] [--solutions] [--jobs N]``
 
 Each ``notebooks/NN_topic.py`` (jupytext percent, the source of truth) is read into a notebook in memory and run
 by papermill with ``scale``, ``device``, ``seed`` and ``out_dir = OUT/build/NN_topic`` injected, working directory
-``notebooks/``. The executed notebook becomes a page of the book (:mod:`memlab.course.book`: plumbing removed,
+``notebooks/``; on a CPU as many chapters run at once as there are cores (:func:`default_jobs`, ``--jobs``), on a GPU
+one at a time. The executed notebook becomes a page of the book (:mod:`memlab.course.book`: plumbing removed,
 machine paths scrubbed, terms and citations linked) and, once every chapter ran, Sphinx builds the book into
 ``OUT`` (``OUT/index.html`` is its landing page; offline, nothing fetched). ``OUT/index.json`` lists the chapters
 with status, run time, provenance and a summary of each chapter's ledger (``out_dir/ledger.csv``). A failing
@@ -45,6 +46,8 @@ CACHE_VERSION = 1
 NOTEBOOK_GLOB = "[0-9][0-9]_*.py"
 SOURCE_HEAD_LINES = 4
 KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
+MAX_JOBS = 4
+"""At most this many chapter kernels at once (each holds a few hundred MB and its own torch)."""
 """Passed to each chapter's kernel: its own log stays off the report's stderr: the start-up warning every ipykernel
 prints ("Kernel is running over TCP without encryption") and the "KeyboardInterrupt caught in kernel" it logs when
 shut down after a failing cell. A chapter's errors are its cells' outputs (the page and ``index.json``), and a kernel
@@ -291,6 +294,66 @@ def _cached(record: dict[str, Any] | None, key: str, out: Path, build: Path) -> 
                 and (out / book.SOURCE_DIR / f"{record['name']}.ipynb").exists())
 
 
+@dataclass(frozen=True)
+class _Run:
+    """A chapter to execute: its progress line's head, source, papermill parameters, cache key and the seconds its
+    last run took (None when unknown: the longest known run starts first)."""
+
+    head: str
+    source: Path
+    params: dict[str, Any]
+    key: str
+    last_s: float | None
+
+
+def _not_run(source: Path, out: Path, key: str) -> ChapterResult:
+    """A chapter left out by ``--only``: its title, and its page from an earlier build where one exists."""
+    import jupytext
+
+    name = source.stem
+    try:
+        title = _title(jupytext.read(source), name)
+    except Exception:  # an unreadable source fails when it is run; here it only lacks a title
+        title = name
+    kept = (out / book.SOURCE_DIR / f"{name}.ipynb").exists()
+    return ChapterResult(id=name[:2], name=name, title=title, status="not run", cache_key=key,
+                         html=f"{name}.html" if kept else None)
+
+
+def default_jobs() -> int:
+    """Chapters executed at once: one per CPU core this process may use (each chapter is its own kernel process,
+    mostly one busy thread: tracing on fake tensors is Python), at most :data:`MAX_JOBS`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, MAX_JOBS))
+
+
+def _run_one(run: _Run, out: Path, args: argparse.Namespace, jobs: int, where: str) -> ChapterResult:
+    print(f"{run.head}: running {where} ...", flush=True)
+    result = replace(run_chapter(run.source, out, run.params, progress=args.progress and jobs == 1,
+                                 timeout_s=args.timeout, solutions=args.solutions), cache_key=run.key)
+    line = f"{run.head}: {result.status} in {result.run_time_s} s"
+    if result.error:
+        line += f" -- {result.error['ename']}: {result.error['evalue']}"
+    print(line, flush=True)
+    return result
+
+
+def run_chapters(runs: list[_Run], out: Path, args: argparse.Namespace, *, scale: str,
+                 device: str) -> list[ChapterResult]:
+    """Execute ``runs``, ``args.jobs`` chapters at a time (each in its own kernel; the longest last run first, so
+    the slowest chapter does not start last); papermill's progress bars only when one runs at a time. On a GPU
+    (``device`` cuda) chapters run one at a time: two kernels on one card would share, and misreport, its memory."""
+    jobs = 1 if device.startswith("cuda") else min(args.jobs or default_jobs(), max(1, len(runs)))
+    where = f"at scale {scale} on {device}"
+    order = sorted(runs, key=lambda r: -(r.last_s or 0.0))
+    if jobs == 1:
+        return [_run_one(run, out, args, jobs, where) for run in order]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait: each chapter runs in a kernel process
+        return list(pool.map(lambda run: _run_one(run, out, args, jobs, where), order))
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is a :class:`MemlabError` (one line from :func:`main`), not a usage dump."""
 
@@ -303,14 +366,20 @@ class _Parser(argparse.ArgumentParser):
         return super()._get_value(action, arg_string)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, got {text[:40]!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1 second, got {value}")
-    return value
+def _at_least_one(unit: str) -> Any:
+    """An argparse type: a whole number of ``unit`` (plural form), at least 1."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {unit}, got {text[:40]!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+        return value
+    return parse
+
+
+_positive_int = _at_least_one("seconds")
 
 
 def _parse(argv: list[str] | None, prog: str = "python -m memlab.course.report") -> argparse.Namespace:
@@ -327,12 +396,14 @@ def _parse(argv: list[str] | None, prog: str = "python -m memlab.course.report")
                         help="the instructor's book, every solution shown open, into OUT/solutions/")
     parser.add_argument("--timeout", type=_positive_int, default=1800, help="seconds allowed per cell (default 1800)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide papermill's progress")
+    parser.add_argument("--jobs", type=_at_least_one("chapters"), default=None, metavar="N",
+                        help="chapters executed at once (default: one per CPU core, at most "
+                             f"{MAX_JOBS}; one on a GPU)")
     return parser.parse_args(argv)
 
 
 def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]]:
     """Run (or reuse) every chapter and write the index; returns the chapter results and the index data."""
-    import jupytext
 
     device = device_string(args.device)
     scale = resolve_scale(args.scale, device)
@@ -357,6 +428,7 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
     cache_path = out / ".cache.json"
     cache = load_cache(cache_path)
     code_hash = memlab_hash()
+    runs: list[_Run] = []
     results: list[ChapterResult] = []
     for i, source in enumerate(sources, 1):
         name = source.stem
@@ -370,25 +442,17 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
             result = replace(ChapterResult(**record), status="cached", ledger=ledger_summary(build_dir / "ledger.csv"))
             print(f"{head}: cached (ran in {result.run_time_s} s before; --force re-runs)", flush=True)
         elif not selected:
-            try:
-                title = _title(jupytext.read(source), name)
-            except Exception:  # an unreadable source fails when it is run; here it only lacks a title
-                title = name
-            kept = (out / book.SOURCE_DIR / f"{name}.ipynb").exists()  # its page from an earlier build stays
-            result = ChapterResult(id=name[:2], name=name, title=title, status="not run", cache_key=key,
-                                   html=f"{name}.html" if kept else None)
+            result = _not_run(source, out, key)
             print(f"{head}: not run (not in --only)", flush=True)
         else:
-            print(f"{head}: running at scale {scale} on {device} ...", flush=True)
-            result = replace(run_chapter(source, out, params, progress=args.progress, timeout_s=args.timeout,
-                                         solutions=args.solutions), cache_key=key)
-            line = f"{head}: {result.status} in {result.run_time_s} s"
-            if result.error:
-                line += f" -- {result.error['ename']}: {result.error['evalue']}"
-            print(line, flush=True)
+            runs.append(_Run(head, source, params, key, (record or {}).get("run_time_s")))
+            continue
         results.append(result)
+    with _solutions_env(args.solutions):
+        results += run_chapters(runs, out, args, scale=scale, device=device)
+    for result in results:
         if result.status != "not run":
-            cache[name] = result.to_dict()
+            cache[result.name] = result.to_dict()
     results += planned_chapters([r.id for r in results], notebooks_dir)
     results.sort(key=lambda r: r.id)
     write_atomic(cache_path, json.dumps({"version": CACHE_VERSION, "chapters": cache}, indent=1))

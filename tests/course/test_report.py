@@ -116,6 +116,46 @@ def test_a_missing_or_older_cache_is_absent_without_a_note(tmp_path: Path, capsy
     assert capsys.readouterr().out == ""
 
 
+
+def _concurrency(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device: str, jobs: int | None,
+                 last_s: list[float | None]) -> tuple[int, list[str]]:
+    """Most chapters running at once, and the order they started, when ``run_chapters`` executes stand-ins."""
+    import threading
+    import time as clock
+
+    lock, state, started = threading.Lock(), {"now": 0, "most": 0}, []
+
+    def fake_run_chapter(source: Path, out: Path, params: dict, **_: object) -> report.ChapterResult:
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+            started.append(source.stem)
+        clock.sleep(0.2)
+        with lock:
+            state["now"] -= 1
+        return report.ChapterResult(id=source.stem[:2], name=source.stem, title="t", status="ok")
+
+    monkeypatch.setattr(report, "run_chapter", fake_run_chapter)
+    runs = [report._Run(f"[{i}]", tmp_path / f"{i:02d}_c.py", {}, "k", s) for i, s in enumerate(last_s)]
+    args = report._parse(["--no-progress", *(["--jobs", str(jobs)] if jobs else [])])
+    results = report.run_chapters(runs, tmp_path, args, scale="ci", device=device)
+    assert sorted(r.name for r in results) == sorted(r.source.stem for r in runs)
+    return state["most"], started
+
+
+def test_chapters_run_side_by_side_on_a_cpu_longest_first_and_one_at_a_time_on_a_gpu(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    most, started = _concurrency(monkeypatch, tmp_path, "cpu", 2, [5.0, None, 60.0, 20.0])
+    assert most == 2 and started[:2] == ["02_c", "03_c"], "the two longest last runs start first"
+    most, _ = _concurrency(monkeypatch, tmp_path, "cpu", 1, [1.0, 2.0, 3.0])
+    assert most == 1
+    most, _ = _concurrency(monkeypatch, tmp_path, "cuda:0", 4, [1.0, 2.0, 3.0])
+    assert most == 1, "two kernels on one card would share, and misreport, its memory"
+    monkeypatch.setattr(report, "default_jobs", lambda: 3)
+    most, _ = _concurrency(monkeypatch, tmp_path, "cpu", None, [1.0] * 6)
+    assert most == 3, "by default one chapter per core"
+
+
 def machine_paths_in(text: str, *extra: Path) -> list[str]:
     """Absolute paths of the build machine found in ``text``: the repository, the report, Python, tmp, home."""
     candidates = {str(ROOT), sys.prefix, sys.base_prefix, tempfile.gettempdir() + "/", str(Path.home()) + "/",
@@ -389,8 +429,9 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Captu
     assert "no chapter notebooks" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--bogus"], ["--scale", "huge"], ["--seed", "x"], ["--timeout", "0"], ["--only"]],
-                         ids=["unknown-flag", "bad-scale", "bad-seed", "zero-timeout", "missing-value"])
+@pytest.mark.parametrize("argv", [["--bogus"], ["--scale", "huge"], ["--seed", "x"], ["--timeout", "0"],
+                                  ["--jobs", "0"], ["--only"]],
+                         ids=["unknown-flag", "bad-scale", "bad-seed", "zero-timeout", "zero-jobs", "missing-value"])
 def test_bad_flags_are_one_error_line_not_a_usage_dump(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main(argv) == 2
     captured = capsys.readouterr()
