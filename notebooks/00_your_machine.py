@@ -4,6 +4,8 @@
 #     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
+#   memlab:
+#     runs_alone: it measures this machine's matmul peak and memory bandwidth
 # ---
 
 # %% [markdown]

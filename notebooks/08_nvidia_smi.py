@@ -4,6 +4,8 @@
 #     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
+#   memlab:
+#     runs_alone: it measures CPU occupancy and achieved FLOP/s
 # ---
 
 # %% [markdown]

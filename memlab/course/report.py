@@ -304,6 +304,7 @@ class _Run:
     params: dict[str, Any]
     key: str
     last_s: float | None
+    alone: bool = False
 
 
 def _not_run(source: Path, out: Path, key: str) -> ChapterResult:
@@ -318,6 +319,18 @@ def _not_run(source: Path, out: Path, key: str) -> ChapterResult:
     kept = (out / book.SOURCE_DIR / f"{name}.ipynb").exists()
     return ChapterResult(id=name[:2], name=name, title=title, status="not run", cache_key=key,
                          html=f"{name}.html" if kept else None)
+
+
+def runs_alone(source: Path) -> bool:
+    """Whether the chapter times this machine (its peaks, a step's speed, CPU occupancy), so it runs with no other
+    chapter beside it: its notebook's metadata ``memlab: {runs_alone: why}`` (the jupytext header)."""
+    import jupytext
+
+    try:
+        meta = jupytext.read(source).metadata.get("memlab", {})
+    except Exception:  # an unreadable source fails when it is run
+        return False
+    return bool(isinstance(meta, dict) and meta.get("runs_alone"))
 
 
 def default_jobs() -> int:
@@ -341,17 +354,21 @@ def _run_one(run: _Run, out: Path, args: argparse.Namespace, jobs: int, where: s
 def run_chapters(runs: list[_Run], out: Path, args: argparse.Namespace, *, scale: str,
                  device: str) -> list[ChapterResult]:
     """Execute ``runs``, ``args.jobs`` chapters at a time (each in its own kernel; the longest last run first, so
-    the slowest chapter does not start last); papermill's progress bars only when one runs at a time. On a GPU
-    (``device`` cuda) chapters run one at a time: two kernels on one card would share, and misreport, its memory."""
+    the slowest chapter does not start last); papermill's progress bars only when one runs at a time. Chapters that
+    time the machine (:func:`runs_alone`) run first, one at a time. On a GPU (``device`` cuda) every chapter runs
+    alone: two kernels on one card would share, and misreport, its memory."""
     jobs = 1 if device.startswith("cuda") else min(args.jobs or default_jobs(), max(1, len(runs)))
     where = f"at scale {scale} on {device}"
     order = sorted(runs, key=lambda r: -(r.last_s or 0.0))
-    if jobs == 1:
-        return [_run_one(run, out, args, jobs, where) for run in order]
-    from concurrent.futures import ThreadPoolExecutor
+    alone = [run for run in order if run.alone or jobs == 1]
+    results = [_run_one(run, out, args, 1, where) for run in alone]  # first, while nothing else runs
+    shared = [run for run in order if run not in alone]
+    if shared:
+        from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait: each chapter runs in a kernel process
-        return list(pool.map(lambda run: _run_one(run, out, args, jobs, where), order))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait: each chapter runs in a kernel
+            results += pool.map(lambda run: _run_one(run, out, args, jobs, where), shared)
+    return results
 
 
 class _Parser(argparse.ArgumentParser):
@@ -445,7 +462,7 @@ def build(args: argparse.Namespace) -> tuple[list[ChapterResult], dict[str, Any]
             result = _not_run(source, out, key)
             print(f"{head}: not run (not in --only)", flush=True)
         else:
-            runs.append(_Run(head, source, params, key, (record or {}).get("run_time_s")))
+            runs.append(_Run(head, source, params, key, (record or {}).get("run_time_s"), runs_alone(source)))
             continue
         results.append(result)
     with _solutions_env(args.solutions):

@@ -118,7 +118,7 @@ def test_a_missing_or_older_cache_is_absent_without_a_note(tmp_path: Path, capsy
 
 
 def _concurrency(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device: str, jobs: int | None,
-                 last_s: list[float | None]) -> tuple[int, list[str]]:
+                 last_s: list[float | None], alone: tuple[int, ...] = ()) -> tuple[int, list[str]]:
     """Most chapters running at once, and the order they started, when ``run_chapters`` executes stand-ins."""
     import threading
     import time as clock
@@ -130,13 +130,15 @@ def _concurrency(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, device: str, j
             state["now"] += 1
             state["most"] = max(state["most"], state["now"])
             started.append(source.stem)
+            assert not (source.stem in alone_names and state["now"] > 1), f"{source.stem} ran beside another"
         clock.sleep(0.2)
         with lock:
             state["now"] -= 1
         return report.ChapterResult(id=source.stem[:2], name=source.stem, title="t", status="ok")
 
     monkeypatch.setattr(report, "run_chapter", fake_run_chapter)
-    runs = [report._Run(f"[{i}]", tmp_path / f"{i:02d}_c.py", {}, "k", s) for i, s in enumerate(last_s)]
+    runs = [report._Run(f"[{i}]", tmp_path / f"{i:02d}_c.py", {}, "k", s, i in alone) for i, s in enumerate(last_s)]
+    alone_names = {f"{i:02d}_c" for i in alone}
     args = report._parse(["--no-progress", *(["--jobs", str(jobs)] if jobs else [])])
     results = report.run_chapters(runs, tmp_path, args, scale="ci", device=device)
     assert sorted(r.name for r in results) == sorted(r.source.stem for r in runs)
@@ -154,6 +156,14 @@ def test_chapters_run_side_by_side_on_a_cpu_longest_first_and_one_at_a_time_on_a
     monkeypatch.setattr(report, "default_jobs", lambda: 3)
     most, _ = _concurrency(monkeypatch, tmp_path, "cpu", None, [1.0] * 6)
     assert most == 3, "by default one chapter per core"
+    most, started = _concurrency(monkeypatch, tmp_path, "cpu", 2, [1.0, 9.0, 2.0, 3.0], alone=(0, 2))
+    assert most == 2 and started[:2] == ["02_c", "00_c"], "a chapter that times the machine runs first, alone"
+
+
+def test_the_chapters_that_time_this_machine_say_so_in_their_header() -> None:
+    timed = {p.stem for p in report.find_notebooks(ROOT / "notebooks") if report.runs_alone(p)}
+    assert {"00_your_machine", "07_roofline_mfu", "08_nvidia_smi"} <= timed
+    assert not report.runs_alone(FIXTURES / "10_passes.py")
 
 
 def machine_paths_in(text: str, *extra: Path) -> list[str]:
