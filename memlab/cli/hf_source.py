@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memlab.errors import ConfigError
+from memlab.errors import ConfigError, MemlabError
 
 HF_CALL = ("transformers AutoModelForCausalLM.from_config(config) in the setup's dtype; loss = model(input_ids=ids, "
            "labels=ids).loss (transformers shifts the labels inside: loss_utils.py ForCausalLMLoss)")
@@ -86,7 +86,7 @@ def hf_path(text: str) -> str:
 
     try:
         return locate(text)
-    except ConfigError as exc:
+    except MemlabError as exc:  # a bad config (ConfigError) or an unknown name (UnknownNameError)
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

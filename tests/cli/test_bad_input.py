@@ -145,6 +145,8 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     (["shard", *TINY, "--cpu", "--ranks", "100000"], "100000 ranks exceed what this machine can run at once"),
     (["shard", *TINY, "--cpu", "--strategies", "ddp,ddp"], "list each strategy once"),
     (["shard", *TINY, "--cpu", "--strategies", "fsdp2-offload"], "need(s) an accelerator"),
+    (["estimate", "--hf", "llama-3-70b-nope", "--seq", "64"], "unknown model 'llama-3-70b-nope'. Closest"),
+    ([*MFU, "--hf", "no-such-model", "--seq", "64", "--tokens-per-second", "1e3"], "unknown model 'no-such-model'"),
 ])
 def test_errors_point_to_the_fix(capsys: pytest.CaptureFixture[str], argv: list[str], hint: str) -> None:
     if "cuda" in argv and __import__("torch").cuda.is_available():
