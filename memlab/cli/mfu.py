@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpus", type=bounded_int(1, 10**7, "ten million devices, 100x the largest clusters"),
                    default=1, metavar="N", help="devices the throughput was measured over (default 1)")
     p.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    p.add_argument("--recompute-every", type=bounded_int(1, LIMITS["layers"].max, LIMITS["layers"].why), default=1,
+                   metavar="K", help="with --recompute full: every K-th block recomputed (torchtitan's layer policy)")
     p.add_argument("--dtype", choices=("fp32", "tf32", "bf16", "fp16", "fp8", "int8"), default="bf16",
                    help="peak FLOP/s column to compare against")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                           "or give --params P to use 6N")
     acc = hardware.gpu(args.gpu)
     res = flops.mfu(model, tps, accelerator=acc, num_devices=args.num_gpus, dtype=args.dtype, seq=args.seq,
-                    recompute=args.recompute, finetune=finetune)
+                    recompute=args.recompute, finetune=finetune, recompute_every=args.recompute_every)
     if res.verdict == "implausible":
         raise MemlabError(f"{res.reason} (tokens/s {tps:,.4g} x FLOPs/token {res.model_flops_per_token:,.4g} = "
                           f"{res.achieved_flops_per_s:,.4g} FLOP/s against a peak of {res.peak_flops_per_s:,.4g})")

@@ -61,3 +61,18 @@ def test_bad_finetune_input_is_one_line(capsys: pytest.CaptureFixture[str], argv
     assert cli.main(["mfu", "--gpu", "h100-sxm", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_recompute_every_k_counts_torchtitans_layer_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    """HFU under ``--recompute full --recompute-every k`` adds the forward of the blocks (i + 1) % k == 0 only:
+    between no recompute and every block; ``k = 1`` is ``full``; without ``full`` it is one error line."""
+    from memlab.predict.compute.flops import megatron_iteration_flops
+
+    config = from_hf(LLAMA)
+    none, full = _json(capsys), _json(capsys, "--recompute", "full")
+    every = {k: _json(capsys, "--recompute", "full", "--recompute-every", str(k)) for k in (1, 2)}
+    assert every[1]["hfu"] == full["hfu"] and none["hfu"] < every[2]["hfu"] < full["hfu"]
+    per_token = megatron_iteration_flops(config, 1, 64, "full", recompute_every=2) / 64
+    assert every[2]["hfu"] == pytest.approx(none["hfu"] * per_token / none["flops_per_token"], rel=1e-12)
+    assert cli.main([*BASE, "--recompute-every", "2"]) == 2
+    assert "goes with recompute='full'" in capsys.readouterr().err

@@ -496,12 +496,20 @@ def _finetune_per_token(model: TransformerConfig | float | None, seq: int | None
 
 
 def _per_token(model: TransformerConfig | float | None, seq: int | None, recompute: str,
-               override: float | None, finetune: Setup | None = None) -> tuple[float, float | None, str]:
+               override: float | None, finetune: Setup | None = None,
+               recompute_every: int = 1) -> tuple[float, float | None, str]:
     """(model FLOPs/token, hardware FLOPs/token or None, formula description)."""
     if finetune is not None and finetune.finetune != "full":
         if override is not None:
             raise SetupError("model_flops_per_token overrides the count: leave finetune out with it")
+        if recompute_every > 1:
+            raise SetupError(f"the FLOPs of finetune={finetune.finetune!r} under torchtitan's recompute policies (op, "
+                             "recompute_every) are not counted: use recompute none or full (transformers' "
+                             "checkpointing)")
         return _finetune_per_token(model, seq, recompute, finetune)
+    if recompute_every > 1 and recompute != "full":
+        raise SetupError(f"recompute_every={recompute_every} checkpoints every k-th block: it goes with "
+                         "recompute='full'")
     if override is not None:
         value = check_number("model_flops_per_token", override, lo=0.0, lo_open=True, hi=6 * LIMITS["params"].max,
                              why="6 x the largest parameter count memlab accepts", err=ConfigError)
@@ -512,12 +520,12 @@ def _per_token(model: TransformerConfig | float | None, seq: int | None, recompu
                              "training sequence length (pass the length actually trained on, not max_seq)")
         s = check_int("seq", seq, hi=LIMITS["seq"].max, why=LIMITS["seq"].why, err=SetupError)
         model.check_seq(s)
-        hw = megatron_iteration_flops(model, 1, s, recompute) / s
+        hw = megatron_iteration_flops(model, 1, s, recompute, recompute_every=recompute_every) / s
         return flops_per_token(model, s), hw, f"PaLM 6N + 12*L*H*Q*T, N = matmul weights, T = {s}"
     if isinstance(model, int | float) and not isinstance(model, bool):
         n = check_number("parameter count", model, lo=0.0, lo_open=True, hi=LIMITS["params"].max,
                          why=LIMITS["params"].why, err=ConfigError)
-        hw = {"none": 6 * n, "full": 8 * n}.get(recompute)
+        hw = {"none": 6 * n, "full": 8 * n}.get(recompute) if recompute_every == 1 else None
         return 6 * n, hw, "6N from a bare parameter count (attention FLOPs excluded; HFU unknown for selective, op)"
     raise ConfigError(f"model must be a TransformerConfig or a parameter count, got {type(model).__name__}")
 
@@ -525,7 +533,8 @@ def _per_token(model: TransformerConfig | float | None, seq: int | None, recompu
 def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
         accelerator: Accelerator | DeviceInfo | str | None, num_devices: int = 1, dtype: str = "bf16",
         seq: int | None = None, recompute: Recompute = "none",
-        model_flops_per_token: float | None = None, finetune: Setup | None = None) -> MFUResult:
+        model_flops_per_token: float | None = None, finetune: Setup | None = None,
+        recompute_every: int = 1) -> MFUResult:
     """MFU (and HFU) of a measured throughput: tokens/s * model FLOPs per token / (num_devices * dense peak).
 
     ``model``: a :class:`TransformerConfig` (FLOPs/token by :func:`flops_per_token`, needs ``seq``) or a bare
@@ -538,7 +547,8 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     ``lora_targets``, ``lora_modules_to_save``, ``frozen_layers``) describe the step; its batch, seq and recompute
     are replaced by this call's. Under lora, qlora or frozen the FLOPs per token are :func:`step_flops` of the step
     over its tokens: model FLOPs are the work the step needs (no weight-gradient GEMMs of frozen weights, no
-    recompute: PaLM Appendix B's MFU [chowdhery2022]), hardware FLOPs add the recompute.
+    recompute: PaLM Appendix B's MFU [chowdhery2022]), hardware FLOPs add the recompute. ``recompute_every`` k
+    (with ``recompute='full'``): torchtitan's layer policy, every k-th block recomputed (:func:`recomputed_flops`).
     """
     tps = check_number("tokens_per_second", tokens_per_second, lo=0.0, lo_open=True, hi=LIMITS["tokens_per_s"].max,
                        why=LIMITS["tokens_per_s"].why, err=SetupError)
@@ -550,7 +560,9 @@ def mfu(model: TransformerConfig | float | None, tokens_per_second: float, *,
     if finetune is not None and not isinstance(finetune, Setup):
         raise SetupError(f"finetune must be a memlab Setup (Setup(finetune='lora', lora_rank=16)) or None, got "
                          f"{type(finetune).__name__}")
-    model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token, finetune)
+    every = check_int("recompute_every", recompute_every, hi=LIMITS["layers"].max, why=LIMITS["layers"].why,
+                      err=SetupError)
+    model_fpt, hw_fpt, formula = _per_token(model, seq, recompute, model_flops_per_token, finetune, every)
 
     label: str | None = None
     if isinstance(accelerator, str):
