@@ -71,7 +71,7 @@ ch
 # The setups below are what a user runs: full fine-tuning with bf16 weights and an fp32 master copy (ZeRO's
 # 16 B/param `[rajbhandari2019]`), the cheap alternative of freezing the embeddings and most blocks (bf16, the top ones
 # trained in full), LoRA rank 16 on peft's default targets (q and v), and QLoRA rank 16 on every linear layer, as
-# the QLoRA paper trains it; batch 1, fused attention.
+# the QLoRA paper places its adapters (it uses rank 64 `[dettmers2023]`); batch 1, fused attention.
 
 # %%
 cfg7 = from_hf(load_config("llama-2-7b", "full"))
@@ -345,19 +345,24 @@ ch.save_figure(fig, "tiny_peft_measured_vs_predicted")
 # %% [markdown]
 # ## 4. What a frozen base still saves
 #
-# Autograd saves a tensor only for a gradient it must compute. A frozen Linear needs its input's gradient
-# (`grad_out @ W`), so it keeps its weight, already resident, and not its input, which only the weight's gradient
-# needs. A frozen RMSNorm weight makes `weight * x̂` keep nothing; LayerNorm's kernel keeps its input and statistics
-# whatever asks for a gradient. The bottom block's input needs no gradient at all, so its first norm keeps nothing,
-# and its attention core keeps only what the adapted projections need. Each adapter adds its input (for `A`'s
-# gradient) and `A`'s `t × r` output (for `B`'s).
+# Autograd saves a tensor only for a gradient it must compute. A Linear `y = x Wᵀ` has two gradients it might
+# compute: its input's (`grad_y @ W`) and its weight's (`grad_yᵀ @ x`).
 #
-# **Exercise 2.** In a block above the first, LoRA on q and v: which tensors of the frozen `k_proj` does the step
-# keep for backward? (The check measures the tiny Llama's step, every saved tensor with the module that saved it.)
+# **Exercise 2 (predict first).** In a block above the first, LoRA on q and v: which tensors of the frozen `k_proj`
+# does the step keep for backward? (The check measures the tiny Llama's step, every saved tensor with the module
+# that saved it.)
 
 # %%
 answer = ...
 check("11.frozen-linear-saves", answer, family="llama", batch=tb, seq=ts, seed=seed)
+
+# %% [markdown]
+# A frozen Linear above the first block still needs its input's gradient, for the blocks below, so it keeps its
+# weight, already resident, and not its input, which only the weight's gradient needs. A frozen RMSNorm weight
+# makes `weight * x̂` keep nothing; LayerNorm's kernel keeps its input and statistics whatever asks for a gradient.
+# The bottom block's input needs no gradient at all, so its first norm keeps nothing, and its attention core keeps
+# only what the adapted projections need. Each adapter adds its input (for `A`'s gradient) and `A`'s `t × r` output
+# (for `B`'s).
 
 # %%
 lora_all = est["LoRA r=16 on all"]
@@ -409,4 +414,5 @@ calculators.error_table(shoot)
 #   on this machine to the byte, traced on fake tensors at 7B (`benchmarks/qlora_trace.py`); the CUDA kernel's
 #   dequantised copy and paged optimizers are predicted only.
 # - The trace of the real peft-wrapped 7B-wide model equals the estimate's states to the byte, and its activations up to
-#   the batch's token ids; small peft runs of several families are predicted to the byte.
+#   the batch's token ids; small peft runs of several families are predicted to the byte (in-sample: memlab's
+#   family traits were written from these families, so this checks the bookkeeping, not a new family).
