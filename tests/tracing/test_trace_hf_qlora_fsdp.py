@@ -4,6 +4,9 @@ fake trace equal to the same step with real tensors, where bitsandbytes' own fix
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from memlab.predict.spec.setup import Setup
@@ -23,14 +26,14 @@ SETUP = Setup(batch=1, seq=16, precision="bf16", attention="flash", finetune="ql
               zero_stage=3)
 
 
-def _hand_count(world_size: int) -> dict[str, int]:
+def _hand_count(world_size: int, config: object = None, setup: Setup = SETUP) -> dict[str, int]:
     """Rank 0's bytes at rest from the model's own parameters (real tensors, built as the trace builds it): every
     parameter a dim-0 shard of ``ceil(d0 / N)`` rows (FSDP2's padding, rank 0 always full), the packed 4-bit
     weights among them in bf16 storage; the quantisation state whole; the adapters' fp32 gradients and AdamW's two
     fp32 moments sharded like them, and one fp32 step count per adapter (torch.optim.AdamW's ``state['step']``);
     ``root``: the root unit's parameters gathered (embedding, final norm, head; N x rank 0's padded shard)."""
-    setup = SETUP.with_(world_size=world_size)
-    model = apply_finetune(build_hf_model(hf_config("llama", **LLAMA), dtype="bf16"), setup)
+    setup = setup.with_(world_size=world_size)
+    model = apply_finetune(build_hf_model(config or hf_config("llama", **LLAMA), dtype="bf16"), setup)
     packed = [p for p in model.parameters() if getattr(p, "quant_state", None) is not None]
     assert packed and all(p.dtype.itemsize == 2 for p in packed)  # quant_storage=bf16
 
@@ -72,3 +75,20 @@ def test_qlora_under_fsdp2_fake_trace_equals_the_step_with_real_tensors() -> Non
     rows = [[(r.step, r.phase, r.peak_bytes, r.end_bytes, r.by_category) for r in t.phases
              if (r.step, r.phase) != ("first", "optimizer step")] for t in (fake, real)]
     assert rows[0] == rows[1]
+
+
+def test_memlab_estimate_answers_qlora_under_fsdp_from_the_trace_and_says_why_the_formula_does_not(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``memlab estimate --hf CONFIG --finetune qlora --zero 3 --world-size 2``: the formula refuses (its FSDP2 terms
+    count one dtype and a gradient per parameter), the trace answers, rank 0's states the hand-count's."""
+    from memlab import cli
+
+    path = str(Path(__file__).resolve().parents[2] / "memlab/predict/families/configs/tiny/llama.json")
+    assert cli.main(["estimate", "--hf", path, "--finetune", "qlora", "--zero", "3", "--world-size", "2", "--seq", "16",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["source_of_truth"] == "trace" and "in one dtype" in out["formula_refused"]
+    rest = next(r for r in out["phases"] if (r["step"], r["phase"]) == ("steady", "optimizer step"))["end_by_category"]
+    hand = _hand_count(2, path, Setup(finetune="qlora", precision="bf16"))
+    assert [rest[k] for k in ("parameters", "gradients", "optimizer states")] == \
+        [hand[k] for k in ("parameters", "gradients", "optimizer states")]
