@@ -4,6 +4,7 @@ fake trace equal to the same step with real tensors, where bitsandbytes' own fix
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -42,10 +43,18 @@ def _hand_count(world_size: int, config: object = None, setup: Setup = SETUP) ->
 
     adapters = [p for p in model.parameters() if p.requires_grad]
     root = [p for name, p in model.named_parameters() if ".layers." not in name]
+    last = [p for name, p in model.named_parameters() if f".layers.{LLAMA['num_hidden_layers'] - 1}." in name]
     grads = sum(shard(p) for p in adapters)
     return {"parameters": sum(shard(p) for p in model.parameters()) + quant_state_bytes(model),
             "quant_state": quant_state_bytes(model), "gradients": grads,
-            "optimizer states": 2 * grads + 4 * len(adapters), "root": world_size * sum(shard(p) for p in root)}
+            "optimizer states": 2 * grads + 4 * len(adapters), "root": world_size * sum(shard(p) for p in root),
+            "layer": world_size * sum(shard(p) for p in last)}
+
+
+@functools.cache
+def _one_process() -> object:
+    """The same step on one process (no FSDP), its 4-bit weights in bitsandbytes' default uint8 storage."""
+    return trace_hf(hf_config("llama", **LLAMA), SETUP.with_(zero_stage=0), device_type="cpu")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -53,7 +62,10 @@ def test_qlora_under_fsdp2_shards_the_packed_weights_and_adapters_and_keeps_the_
         world_size: int) -> None:
     """At rest rank 0 holds a shard of every parameter (the bf16-stored 4-bit weights, norms, embedding, head,
     adapters), of the adapters' gradients and AdamW states, and the whole quantisation state (no parameter: FSDP
-    leaves it on every rank); in the forward the root unit stays gathered (FSDP2 does not reshard the root)."""
+    leaves it on every rank); in the forward the root unit stays gathered (FSDP2 does not reshard the root). Beside
+    the one-process step, a decoder layer's all-gather buffer (N x its padded shard, packed weights as bytes) is
+    live at both peaks: the last layer's until the root's post-forward at the loss, the prefetched one in the
+    backward of the head."""
     hand = _hand_count(world_size)
     traced = trace_hf(hf_config("llama", **LLAMA), SETUP.with_(world_size=world_size), device_type="cpu")
     rest = traced.phase("optimizer step", "steady").end_by_category
@@ -61,6 +73,10 @@ def test_qlora_under_fsdp2_shards_the_packed_weights_and_adapters_and_keeps_the_
         {k: hand[k] for k in ("parameters", "gradients", "optimizer states")}
     forward = traced.phase("forward", "steady").by_category
     assert forward["parameters"] == hand["parameters"] + hand["root"]
+    one = _one_process()
+    assert forward["activations"] - one.phase("forward", "steady").by_category["activations"] == hand["layer"]
+    backward = traced.phase("backward", "steady").by_category
+    assert backward["temporaries"] - one.phase("backward", "steady").by_category["temporaries"] == hand["layer"]
     assert any("FSDP-QLoRA recipe" in note for note in traced.notes)
 
 
