@@ -144,6 +144,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     if setup.mode != "train":
         raise SetupError("trace_hf traces a training step: set mode='train' (traced inference runs for the reference "
                          "GPT: trace_gpt)")
+    if setup.world_size > 1 and setup.finetune == "qlora" and setup.fsdp_param_dtype not in ("none", "bf16"):
+        raise SetupError(f"QLoRA under FSDP2 with fsdp_param_dtype={setup.fsdp_param_dtype!r}: MixedPrecisionPolicy "
+                         "would cast the bf16-stored 4-bit weights as numbers for the all-gather (their bits are "
+                         "packed NF4, not bf16 values): use fsdp_param_dtype 'none' or 'bf16'")
     mesh: list[Any] = []  # FSDP2's fake device mesh, once the fake process group exists (world_size > 1)
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none', 'full' or "

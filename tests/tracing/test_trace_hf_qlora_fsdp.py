@@ -108,3 +108,13 @@ def test_memlab_estimate_answers_qlora_under_fsdp_from_the_trace_and_says_why_th
     hand = _hand_count(2, path, Setup(finetune="qlora", precision="bf16"))
     assert [rest[k] for k in ("parameters", "gradients", "optimizer states")] == \
         [hand[k] for k in ("parameters", "gradients", "optimizer states")]
+
+
+def test_a_mixed_precision_gather_that_would_cast_the_packed_weights_is_one_clear_error() -> None:
+    """MixedPrecisionPolicy(param_dtype=fp16) casts every floating parameter for the all-gather, the bf16-stored
+    4-bit weights too, whose bits are packed NF4: refused in one line, with the way out."""
+    from memlab.errors import SetupError
+
+    with pytest.raises(SetupError, match="fsdp_param_dtype 'none' or 'bf16'") as err:
+        trace_hf(hf_config("llama", **LLAMA), SETUP.with_(world_size=2, fsdp_param_dtype="fp16"), device_type="cpu")
+    assert "\n" not in str(err.value)
