@@ -388,9 +388,10 @@ def _fsdp2(setup: Setup, notes: list[str], fake: bool) -> tuple[Any, tuple[tuple
                      "stored as bf16 (bnb_4bit_quant_storage) and sharded with each unit's norms and adapters (FSDP2 "
                      "all-gathers a unit of mixed dtypes as bytes); bitsandbytes' quantisation state (absmax, nested "
                      "absmax, codes, offsets) is no parameter: every rank holds all of it; a gathered weight is "
-                     "dequantised to bf16 in backward (traced) and, on CUDA past 1536 tokens, by the forward's "
-                     "gemm_4bit too (bitsandbytes 0.50 backends/cuda/ops.py; one weight at a time, the formula's "
-                     "qlora_dequantised_weight; the fake kernel makes only the output); the recipe's "
+                     "dequantised to bf16 in backward (traced) and on CUDA by the forward's gemm_4bit too wherever "
+                     "bitsandbytes picks dequantise-then-linear (always past 1536 tokens: 0.50 backends/cuda/ops.py; "
+                     "one weight at a time, the formula's qlora_dequantised_weight; the fake kernel makes only the "
+                     "output); the recipe's "
                      "FSDP1 flat parameters (one padded buffer per unit) are not traced, FSDP2's per-parameter "
                      "shards are")
     return fake_process_group(setup.world_size), ((("first", "optimizer step"),) if fake else ())
