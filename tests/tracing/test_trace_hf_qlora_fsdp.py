@@ -80,7 +80,6 @@ def test_qlora_under_fsdp2_shards_the_packed_weights_and_adapters_and_keeps_the_
     assert any("FSDP-QLoRA recipe" in note for note in traced.notes)
 
 
-@pytest.mark.slow
 def test_qlora_under_fsdp2_fake_trace_equals_the_step_with_real_tensors() -> None:
     """The real step (real tensors over the same fake process group) runs bitsandbytes' own fix-up, which wraps the
     gathered weight in a Params4bit; the fake trace sets the same attributes by a hook (restore_quant_state): the
