@@ -267,10 +267,15 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
         raise SetupError(f"LoRA runs need peft: pip install peft ({exc})") from None
     kind = model.config.model_type
     targets = lora_target_modules(kind, setup.lora_target_kinds)
-    if setup.finetune == "qlora":
-        model = quantize_nf4(model)
+    if setup.finetune == "qlora":  # FSDP recipes store the packed weight as bf16 (quant_storage_of)
+        model = quantize_nf4(model, quant_storage=quant_storage_of(setup))
     if setup.kbit_prepare:  # the fp32 casts only: checkpointing is the setup's recompute, enabled by the caller
+        # peft skips a 4-bit weight by its class name (Params4bit); memlab's fake one is a plain Parameter, which a
+        # bf16 quant_storage would expose to the cast: its packed data is put back (model_fn runs before tracking)
+        packed = {p: p.data for p in model.parameters() if getattr(p, "quant_state", None) is not None}
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        for param, data in packed.items():
+            param.data = data
     torch.manual_seed(seed)
     names = {"head": "lm_head", "embed": "wte" if kind == "gpt2" else "embed_tokens"}
     save = [names[k] for k in setup.lora_save_kinds] or None
@@ -333,13 +338,25 @@ def apply_finetune(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.n
     return apply_lora(model, setup, seed=seed)
 
 
-def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
+def quant_storage_of(setup: Any) -> torch.dtype:
+    """The dtype bitsandbytes stores a packed 4-bit weight in under ``setup``: ``torch.uint8`` (its default) on one
+    process, ``torch.bfloat16`` when FSDP shards it (``world_size`` > 1), as the FSDP-QLoRA recipe sets
+    ``BitsAndBytesConfig(bnb_4bit_quant_storage=torch.bfloat16)`` so that FSDP flattens and shards the packed weight
+    with the bf16 parameters [answerai2024]. The bytes are the same (two 4-bit values per byte: ``numel / 4`` bf16
+    elements of shape ``(numel / 4, 1)``); only the dtype FSDP sees changes."""
+    return torch.bfloat16 if setup.world_size > 1 else torch.uint8
+
+
+def quantize_nf4(model: torch.nn.Module, quant_storage: torch.dtype = torch.uint8) -> torch.nn.Module:
     """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
     weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'
     ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)`` loads).
     The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too; fake weights, under a
     FakeTensorMode, through bitsandbytes' fake kernels: :func:`fake_params4bit`). Families whose blocks
-    use GPT-2's ``Conv1D`` are refused (SetupError)."""
+    use GPT-2's ``Conv1D`` are refused (SetupError). ``quant_storage``: the packed weight's dtype
+    (:func:`quant_storage_of`). The real weights are made with ``module=`` their ``Linear4bit``, as bitsandbytes'
+    own constructor makes them, so the module keeps the ``quant_state`` its forward restores when FSDP has replaced
+    the weight (``fix_4bit_weight_quant_state_from_module``)."""
     try:
         with quiet_bitsandbytes():
             import bitsandbytes as bnb
@@ -358,12 +375,12 @@ def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
             with unset_fake_temporarily() if fake else contextlib.nullcontext():  # a meta shell: no fake Params4bit
                 q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
                                       compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True,
-                                      device="meta")
+                                      quant_storage=quant_storage, device="meta")
             if fake:
-                q.weight = fake_params4bit(bnb, child.weight.data, q)
+                q.weight = fake_params4bit(bnb, child.weight.data, q, quant_storage)
             else:
                 q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
-                                             compress_statistics=True)
+                                             compress_statistics=True, quant_storage=quant_storage, module=q)
             if child.bias is not None:
                 q.bias = torch.nn.Parameter(child.bias.data, requires_grad=child.bias.requires_grad)
             setattr(parent, name, q if fake else q.to(child.weight.device))  # (.to() re-wraps a fake weight)
@@ -374,9 +391,10 @@ _FAKE_QMAPS: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.W
 """bitsandbytes' code cache (``functional.name2qmap``) per fake mode: :func:`fake_params4bit`."""
 
 
-def fake_params4bit(bnb: Any, weight: torch.Tensor, module: torch.nn.Module) -> torch.nn.Parameter:
+def fake_params4bit(bnb: Any, weight: torch.Tensor, module: torch.nn.Module,
+                    quant_storage: torch.dtype = torch.uint8) -> torch.nn.Parameter:
     """The 4-bit weight of ``module`` (a ``Linear4bit``) for a fake 16-bit ``weight`` (FakeTensorMode): bitsandbytes'
-    own ``functional.quantize_4bit`` (NF4, blocksize 64, double quantisation, uint8 storage) runs on its registered
+    own ``functional.quantize_4bit`` (NF4, blocksize 64, double quantisation, ``quant_storage``) runs on its registered
     fake kernels (``bitsandbytes::quantize_4bit`` and ``quantize_blockwise``), giving the packed weight and a
     QuantState of fake tensors of the real dtypes and sizes. ``Params4bit`` itself cannot wrap a FakeTensor
     (``Tensor._make_subclass`` refuses a tensor that is already a Python subclass), so the packed weight is a frozen
@@ -397,25 +415,53 @@ def fake_params4bit(bnb: Any, weight: torch.Tensor, module: torch.nn.Module) -> 
     cached, fn.name2qmap = fn.name2qmap, _FAKE_QMAPS[mode]
     try:
         packed, state = fn.quantize_4bit(weight, blocksize=64, compress_statistics=True, quant_type="nf4",
-                                         quant_storage=torch.uint8)
+                                         quant_storage=quant_storage)
     finally:
         fn.name2qmap = cached
     param = torch.nn.Parameter(packed, requires_grad=False)
     for key, value in {"quant_state": state, "quant_type": "nf4", "blocksize": 64, "compress_statistics": True,
-                       "quant_storage": torch.uint8, "bnb_quantized": True, "module": module}.items():
+                       "quant_storage": quant_storage, "bnb_quantized": True, "module": module}.items():
         setattr(param, key, value)
     module.quant_state = state
     return param
 
 
+def restore_quant_state(model: torch.nn.Module) -> None:
+    """Give a fake 4-bit weight its bitsandbytes attributes back when FSDP has swapped it, as bitsandbytes does for
+    a real one.
+
+    FSDP2 replaces every parameter with a new ``nn.Parameter``, a sharded DTensor at rest and the all-gathered tensor
+    in forward and backward (``FSDPParam._init_sharded_param``, ``init_unsharded_param`` [pytorch-fsdp2-internals]),
+    so the ``quant_state`` and the other attributes on the weight are lost; ``Linear4bit.forward`` then calls
+    ``fix_4bit_weight_quant_state_from_module``, which wraps the gathered tensor in a ``Params4bit`` (a new Python
+    object over the same storage: no bytes) and sets its ``quant_state`` from the module [bitsandbytes]. A fake tensor
+    cannot be wrapped in ``Params4bit`` (:func:`fake_params4bit`), so here a forward pre-hook on each 4-bit module sets
+    the same attributes on the gathered weight itself before that fix-up runs, and the fix-up finds them: the same
+    call, the same bytes (the fake trace equals the step with real tensors over the same fake process group, phase by
+    phase: ``tests/tracing/test_trace_hf_qlora_fsdp.py``)."""
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        weight = module.weight
+        if getattr(weight, "quant_state", None) is None:
+            for key, value in attrs[module].items():
+                setattr(weight, key, value)
+
+    keys = ("quant_state", "quant_type", "blocksize", "compress_statistics", "quant_storage", "bnb_quantized", "module")
+    attrs = {m: {k: getattr(m.weight, k) for k in keys} for m in model.modules()
+             if getattr(m, "quant_state", None) is not None and hasattr(m, "weight")}
+    for module in attrs:
+        module.register_forward_pre_hook(hook)
+
+
 def quant_state_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """The quantisation constants bitsandbytes keeps beside each 4-bit weight (``weight.quant_state``: absmax, the
     NF4 code, and with double quantisation the nested absmax, its 8-bit code and offset), one per storage. They are
-    no parameters or buffers, so a parameter count (or MemTracker's module tracking) misses them."""
+    no parameters or buffers, so a parameter count (or MemTracker's module tracking) misses them. Under FSDP the
+    weight is FSDP's own parameter and carries none: the module's ``quant_state`` (which bitsandbytes sets beside
+    it) is read then, and every rank holds all of them (FSDP shards parameters only)."""
     seen: set[tuple[str, int]] = set()
     out: list[torch.Tensor] = []
     for module in model.modules():
-        qs = getattr(getattr(module, "weight", None), "quant_state", None)
+        qs = getattr(getattr(module, "weight", None), "quant_state", None) or getattr(module, "quant_state", None)
         if qs is None:
             continue
         tensors = [qs.absmax, qs.code]

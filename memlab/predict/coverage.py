@@ -267,6 +267,19 @@ def _window_reached(c: Case) -> bool:
 _LORA = ("lora", "qlora")
 _ADAPTED = (*_LORA, "frozen")
 
+def _adapters_sharded(c: Case) -> str:
+    """The refusal of a fine-tune (LoRA, QLoRA, frozen layers) over more than one device, and why: the formula's
+    FSDP2 moments (:func:`memlab.predict.memory.fsdp.moments`) count every unit in one dtype with a gradient and a
+    reduce-scatter for each parameter, which a peft unit is not."""
+    why = (" (its FSDP2 terms count a unit's parameters in one dtype, each with a gradient and a reduce-scatter, "
+           "while a fine-tuned unit mixes frozen parameters, QLoRA's 4-bit weights stored as bf16 with their "
+           "quantisation state on every rank, and trainable ones, LoRA's fp32 adapters, the only ones with "
+           "gradients)" if c.sharded and c.setup.tp == 1 else "")
+    return (f"finetune={c.setup.finetune!r} is modelled on one device{why}: set zero_stage=0, "
+            "world_size=1, tp=1, or trace it (FSDP2 of a peft model, QLoRA as the FSDP-QLoRA recipe runs it: memlab "
+            "estimate --hf answers from the trace; memlab.tracing.hf.trace_hf)")
+
+
 def _task_refusal(c: Case) -> str:
     task = c.setup.task
     where = ("memlab estimate --hf CONFIG --task {0} answers from the trace of transformers' {0} model (memlab trace "
@@ -340,10 +353,7 @@ REFUSALS: tuple[Entry, ...] = (
                            f"precision fp32, bf16 or amp-bf16, not {c.setup.precision!r} (a master-weight policy "
                            "would copy the fp32 adapters again)"),
     Entry("adapters on one device", lambda c: c.setup.finetune in _ADAPTED and (
-        bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1),
-          refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device: set zero_stage=0, "
-                           "world_size=1, tp=1, or trace it (FSDP2 of a peft model: memlab estimate --hf answers "
-                           "from the trace; memlab.tracing.hf.trace_hf)"),
+        bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1), refuse=_adapters_sharded),
     Entry("adapters on the embedding or the head", lambda c: c.setup.finetune in _LORA
           and any(k in ("embed", "head") for k in c.setup.lora_target_kinds),
           refuse="LoRA on the token embedding or the LM head (lora_targets embed_tokens / lm_head) is not modelled by "

@@ -120,8 +120,11 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     transformers equivalent; ``finetune='lora'`` wraps the model with peft
     (:func:`memlab.model.hf.apply_lora`; qlora also quantises the base to NF4 with bitsandbytes, on fake tensors
     through its fake kernels: :func:`memlab.model.hf.fake_params4bit`).
-    ``force_unpacked``: see :func:`unpacked_batches`. One process only (``world_size`` 1: transformers models are
-    not sharded here; :func:`~memlab.tracing.gpt.trace_gpt` traces FSDP2); ``device_type`` is ``"cpu"`` or
+    ``world_size`` > 1 with ``zero_stage`` 2 or 3: FSDP2 over a fake process group, every decoder layer a unit,
+    then the root (:func:`_fsdp2`), rank 0's bytes; QLoRA there as the FSDP-QLoRA recipe runs it [answerai2024]:
+    the packed weights in bf16 storage (:func:`memlab.model.hf.quant_storage_of`), sharded with the unit's other
+    parameters, bitsandbytes' quantisation state on every rank (:func:`memlab.model.hf.restore_quant_state`).
+    ``force_unpacked``: see :func:`unpacked_batches`. ``device_type`` is ``"cpu"`` or
     ``"cuda"``. A ``seq`` longer than a learned position table (GPT-2's ``n_positions``, OPT's
     ``max_position_embeddings``) raises :class:`SetupError`: on fake tensors the lookup past the table would pass
     unnoticed. transformers' warnings are silenced while the step is traced. ``progress`` (a
@@ -141,9 +144,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     if setup.mode != "train":
         raise SetupError("trace_hf traces a training step: set mode='train' (traced inference runs for the reference "
                          "GPT: trace_gpt)")
-    if setup.world_size > 1 and setup.finetune == "qlora":
-        raise SetupError("QLoRA under FSDP2 (bitsandbytes' 4-bit weights sharded, quant_storage) is not traced: trace "
-                         "world_size=1, or LoRA over a 16-bit base under FSDP2")
+    if setup.world_size > 1 and setup.finetune == "qlora" and setup.fsdp_param_dtype not in ("none", "bf16"):
+        raise SetupError(f"QLoRA under FSDP2 with fsdp_param_dtype={setup.fsdp_param_dtype!r}: MixedPrecisionPolicy "
+                         "would cast the bf16-stored 4-bit weights as numbers for the all-gather (their bits are "
+                         "packed NF4, not bf16 values): use fsdp_param_dtype 'none' or 'bf16'")
     mesh: list[Any] = []  # FSDP2's fake device mesh, once the fake process group exists (world_size > 1)
     if setup.recompute == "selective":
         raise SetupError("transformers has no selective (attention-core) recompute: use recompute='none', 'full' or "
@@ -190,6 +194,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
             progress.watch_blocks(model)
         if setup.finetune != "full":  # peft wraps the model and moves its adapters (memlab.model.hf.apply_finetune)
             model = apply_finetune(model, setup)
+        if mesh and fake and setup.finetune == "qlora":  # bitsandbytes' fix-up after FSDP swaps the weight
+            from memlab.model.hf import restore_quant_state
+
+            restore_quant_state(model)
         if mesh:  # FSDP2: every decoder layer a unit, then the root (memlab.model.fsdp.shard_model's blocks plan)
             from memlab.model.fsdp import shard_model
 
@@ -375,6 +383,17 @@ def _fsdp2(setup: Setup, notes: list[str], fake: bool) -> tuple[Any, tuple[tuple
                  "layer a unit, then the root): rank 0's bytes, gathered layers included, no communication; on fake "
                  "tensors the first optimizer step also counts DTensor's first sharding propagation: marked "
                  "unreliable, the steady step is exact")
+    if setup.finetune == "qlora":
+        notes.append("QLoRA under FSDP2 as the FSDP-QLoRA recipe runs it [answerai2024]: the packed 4-bit weights "
+                     "stored as bf16 (bnb_4bit_quant_storage) and sharded with each unit's norms and adapters (FSDP2 "
+                     "all-gathers a unit of mixed dtypes as bytes); bitsandbytes' quantisation state (absmax, nested "
+                     "absmax, codes, offsets) is no parameter: every rank holds all of it; a gathered weight is "
+                     "dequantised to bf16 in backward (traced) and on CUDA by the forward's gemm_4bit too wherever "
+                     "bitsandbytes picks dequantise-then-linear (always past 1536 tokens: 0.50 backends/cuda/ops.py; "
+                     "one weight at a time, the formula's qlora_dequantised_weight; the fake kernel makes only the "
+                     "output); the recipe's "
+                     "FSDP1 flat parameters (one padded buffer per unit) are not traced, FSDP2's per-parameter "
+                     "shards are")
     return fake_process_group(setup.world_size), ((("first", "optimizer step"),) if fake else ())
 
 

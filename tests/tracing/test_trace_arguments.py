@@ -124,9 +124,6 @@ class TestTraceHf:
             trace_hf(self._cfg(), None)  # type: ignore[arg-type]
         with pytest.raises(SetupError, match="runs FSDP2: set zero_stage=2 or 3"):
             trace_hf(self._cfg(), Setup(batch=1, seq=16, zero_stage=1, world_size=2))
-        with pytest.raises(SetupError, match="QLoRA under FSDP2"):
-            trace_hf(self._cfg(), Setup(batch=1, seq=16, zero_stage=3, world_size=2, finetune="qlora",
-                                        precision="bf16"))
         with pytest.raises(SetupError, match="training step"):
             trace_hf(self._cfg(), Setup(batch=1, seq=16, mode="inference"))
         with pytest.raises(SetupError, match="force_unpacked"):
