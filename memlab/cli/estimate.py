@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from memlab.cli.args import (
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     model, raw, refused = _model(args)
     if refused is not None:
         return _traced(args, raw, refused)
-    setup = with_task(setup_of(args, model), raw)
+    setup = _read_regex(args, model, raw, with_task(setup_of(args, model), raw))
     answers = _asked_answers(args, model, setup)
     ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
@@ -147,6 +148,23 @@ def run(args: argparse.Namespace) -> int:
     _print_answers(found, verdict)
     _print_assumptions(args, bd)
     return 0
+
+
+def _read_regex(args: argparse.Namespace, model: Any, raw: dict[str, Any] | None, setup: Any) -> Any:
+    """``setup`` with a ``--lora-targets`` regex read against the Hugging Face model's module names
+    (:func:`memlab.model.hf.read_lora_regex`), the reading said on stderr: whole kinds in every block become their
+    comma list (the formula answers); otherwise the regex stays and the formula's refusal sends the call to the
+    trace, which passes it to peft."""
+    from memlab.predict.spec.setup import is_target_regex
+
+    hf = _hf_target(args, model)
+    if setup.finetune not in ("lora", "qlora") or not is_target_regex(setup.lora_targets) or hf is None:
+        return setup
+    from memlab.model.hf import read_lora_regex
+
+    reading = read_lora_regex(raw if raw is not None else hf, setup.lora_targets)
+    print(f"memlab: {reading.why}", file=sys.stderr)
+    return setup.with_(lora_targets=reading.kinds) if reading.kinds else setup
 
 
 def _asked_answers(args: argparse.Namespace, model: Any, setup: Any) -> list[str]:

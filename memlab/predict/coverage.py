@@ -49,6 +49,7 @@ from memlab.predict.spec.setup import (
     Setup,
     SetupView,
     checkpointed_blocks,
+    is_target_regex,
     resolve_optimizer_impl,
 )
 
@@ -275,7 +276,17 @@ def _task_refusal(c: Case) -> str:
     return f"task={task!r}: the formula models a causal LM's head and loss, not a {task} head: {where}"
 
 
+def _regex_refusal(c: Case) -> str:
+    return (f"lora_targets {c.setup.lora_targets!r} is a regex (peft's re.fullmatch on each module's full name) that "
+            "the formula has not read as whole kinds in every block: it models adapters on q, k, v, o, gate, up, down "
+            "of every block; memlab estimate --hf resolves a regex against the model's module names and answers from "
+            "the trace where it selects some blocks only or modules without a kind (the trace passes it to peft as "
+            "is; memlab.model.hf.read_lora_regex in Python gives the kinds)")
+
+
 REFUSALS: tuple[Entry, ...] = (
+    Entry("regex targets", lambda c: c.setup.finetune in _LORA and is_target_regex(c.setup.lora_targets),
+          refuse=_regex_refusal),
     Entry("a task head", lambda c: c.setup.task not in ("auto", "causal-lm"), refuse=_task_refusal),
     Entry("expert parallelism with", lambda c: c.setup.ep > 1 and bool(_ep_unmodelled(c)),
           refuse=lambda c: f"ep={c.setup.ep} with {', '.join(_ep_unmodelled(c))} is not modelled "

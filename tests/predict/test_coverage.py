@@ -35,7 +35,7 @@ FIELDS = {
     "fsdp_param_dtype": ("none", "bf16"), "fsdp_output_dtype": ("none", "bf16"), "fsdp_offload": (False, True),
     "pp": (1, 2), "cp": (1, 2), "ep": (1, 2), "seq": (16, 64), "task": ("auto",) * 6 + ("causal-lm", "masked-lm"),
     "kbit_prepare": (False, False, True), "lora_dtype": ("fp32", "fp32", "bf16"),
-    "lora_targets": ("",) * 4 + ("q_proj,v_proj", "all-linear", "q,lm_head"),
+    "lora_targets": ("",) * 4 + ("q_proj,v_proj", "all-linear", "q,lm_head", r".*\.(q|v)_proj"),
 }
 
 
