@@ -350,8 +350,8 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     # a regex is peft's string target_modules (re.fullmatch on full names), passed as is
     targets = setup.lora_targets if is_target_regex(setup.lora_targets) else \
         lora_target_modules(kind, setup.lora_target_kinds)
-    if setup.finetune == "qlora":
-        model = quantize_nf4(model)
+    if setup.finetune == "qlora":  # bnb_4bit_compute_dtype: the policy's (bf16; fp16 under amp-fp16, for T4s)
+        model = quantize_nf4(model, compute_dtype=DTYPES[setup.policy.compute_dtype])
     if setup.kbit_prepare:  # the fp32 casts only: checkpointing is the setup's recompute, enabled by the caller
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     torch.manual_seed(seed)
@@ -421,10 +421,11 @@ def apply_finetune(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.n
     return apply_lora(model, setup, seed=seed)
 
 
-def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
-    weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'
-    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)`` loads).
+def quantize_nf4(model: torch.nn.Module, compute_dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """``model`` with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
+    weights with double quantisation, ``compute_dtype`` compute (bf16: QLoRA's setting [dettmers2023]; fp16 on cards
+    without bf16, a T4; what transformers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=...)`` loads).
     The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too; fake weights, under a
     FakeTensorMode, through bitsandbytes' fake kernels: :func:`fake_params4bit`). Families whose blocks
     use GPT-2's ``Conv1D`` are refused (SetupError)."""
@@ -445,7 +446,7 @@ def quantize_nf4(model: torch.nn.Module) -> torch.nn.Module:
             fake = is_fake(child.weight)
             with unset_fake_temporarily() if fake else contextlib.nullcontext():  # a meta shell: no fake Params4bit
                 q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                      compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True,
+                                      compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=True,
                                       device="meta")
             if fake:
                 q.weight = fake_params4bit(bnb, child.weight.data, q)

@@ -266,6 +266,11 @@ def _window_reached(c: Case) -> bool:
 
 
 _LORA = ("lora", "qlora")
+QLORA_PRECISIONS = ("bf16", "amp-fp16")
+"""The policies QLoRA is modelled under: ``bf16`` (a bf16 model, bnb_4bit_compute_dtype=bfloat16, QLoRA's own
+setting [dettmers2023]) and ``amp-fp16`` (the recipe of cards without bf16, a T4: an fp32 model whose block
+Linears are NF4 with bnb_4bit_compute_dtype=float16, the forward under fp16 autocast and the loss under
+torch.amp.GradScaler, as ``Trainer(fp16=True)`` runs it; fp32 adapters, which GradScaler can unscale)."""
 _ADAPTED = (*_LORA, "frozen")
 
 def _task_refusal(c: Case) -> str:
@@ -342,14 +347,17 @@ REFUSALS: tuple[Entry, ...] = (
         c.setup.optimizer in ("adam-8bit", "adafactor") or bool(c.setup.policy.master_bytes)),
           refuse=lambda c: "finetune='frozen' is modelled with torch.optim adam/adamw/sgd on fp32, bf16 or amp "
                            f"policies: not optimizer={c.setup.optimizer!r} with precision={c.setup.precision!r}"),
-    Entry("QLoRA's compute dtype", lambda c: c.setup.finetune == "qlora" and c.setup.precision != "bf16",
-          refuse=lambda c: "finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype): "
-                           f"set precision='bf16', not {c.setup.precision!r}"),
+    Entry("QLoRA's compute dtype", lambda c: c.setup.finetune == "qlora"
+          and c.setup.precision not in QLORA_PRECISIONS,
+          refuse=lambda c: "finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype: "
+                           "precision='bf16', a bf16 model) or, on cards without bf16 (T4, V100), in fp16 under "
+                           "autocast with a GradScaler (precision='amp-fp16': bnb_4bit_compute_dtype=float16, "
+                           f"Trainer(fp16=True)): not {c.setup.precision!r}"),
     Entry("LoRA's precision", lambda c: c.setup.finetune in _LORA
-          and c.setup.precision not in ("fp32", "bf16", "amp-bf16"),
+          and c.setup.precision not in ("fp32", "bf16", "amp-bf16", "amp-fp16"),
           refuse=lambda c: f"finetune={c.setup.finetune!r} keeps fp32 adapters on a base in the model's dtype: use "
-                           f"precision fp32, bf16 or amp-bf16, not {c.setup.precision!r} (a master-weight policy "
-                           "would copy the fp32 adapters again)"),
+                           f"precision fp32, bf16, amp-bf16 or amp-fp16, not {c.setup.precision!r} (a master-weight "
+                           "policy would copy the fp32 adapters again)"),
     Entry("adapters on one device", lambda c: c.setup.finetune in _ADAPTED and (
         bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1),
           refuse=lambda c: f"finetune={c.setup.finetune!r} is modelled on one device: set zero_stage=0, "

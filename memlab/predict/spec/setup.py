@@ -329,7 +329,8 @@ class Setup(StrictInit):
     # -- parameter-efficient fine-tuning (memlab.predict.memory.finetune) --------------------------------------------
     finetune: Finetune = field(default="full", metadata={"mode": "train"})
     """full (every parameter trains), lora (rank-r adapters on a frozen base, peft), qlora (adapters on a 4-bit
-    NF4 base with double quantisation, bitsandbytes; needs precision bf16) or frozen (the embeddings and the bottom
+    NF4 base with double quantisation, bitsandbytes; precision bf16, or amp-fp16 on cards without bf16 such as the
+    T4: fp16 compute under autocast and a GradScaler) or frozen (the embeddings and the bottom
     frozen_layers blocks frozen, the rest trained in full)."""
     lora_rank: int = field(default=0, metadata={"max": 65536, "why": "a rank above the widest published model's "
                                                 "width adapts nothing low-rank", "mode": "train"})
