@@ -12,6 +12,7 @@ from memlab.cli.args import (
     add_setup_arguments,
     bounded_int,
     fraction,
+    given_setup_fields,
     gpu_name,
     mebibytes,
     model_from_args,
@@ -204,7 +205,11 @@ def assumed_lines(args: argparse.Namespace, setup: Any, bd: Any) -> list[str]:
     if setup.mode == "train":
         impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, "cuda")
         named = "" if setup.optimizer_impl != "auto" else " (what torch.optim picks on CUDA)"
-        lines.append(f"optimizer {setup.optimizer}, {impl} implementation{named}; precision {setup.precision}")
+        qlora = "" if setup.finetune != "qlora" or "precision" in given_setup_fields(args) else (
+            " (QLoRA's bnb_4bit_compute_dtype bf16; --precision amp-fp16 for a card without bf16)"
+            if setup.precision == "bf16" else " (a card without bf16: QLoRA's fp16 recipe, bnb_4bit_compute_dtype="
+            "float16 under fp16 autocast and a GradScaler)")
+        lines.append(f"optimizer {setup.optimizer}, {impl} implementation{named}; precision {setup.precision}{qlora}")
         call = "model(input_ids, labels=...): transformers' loss on fp32 logits" if setup.loss_call == "labels" \
             else "logits = model(input_ids).logits, then F.cross_entropy by hand"
         lines.append(f"the call: {call}; loss {setup.loss}"
