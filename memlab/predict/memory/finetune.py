@@ -33,7 +33,14 @@ changes, each term checked against peft 0.21 on CPU (``tests/predict/memory/test
   matrix, the named overhead ``qlora_dequantised_weight``). bitsandbytes 0.45+ quantises and runs NF4 on the CPU,
   so QLoRA is measured here too, and traced on fake tensors through bitsandbytes' registered fake kernels
   (``tests/predict/memory/test_finetune.py``); the CUDA storage is checked by a GPU test; paged optimizers are
-  predicted only.
+  predicted only;
+- **QLoRA in fp16** (``precision='amp-fp16'``, the recipe of cards without bf16, a T4: ``bnb_4bit_compute_dtype=
+  float16``, ``Trainer(fp16=True)``'s autocast and GradScaler, fp32 adapters): the model is fp32 (amp-fp16's weights),
+  so the embeddings, norms and head are 4 B; ``Linear4bit.forward`` casts its input to fp16 and its output back to
+  the input's dtype (bitsandbytes 0.50 nn/modules.py ``.to(inp_dtype)``), and its bias to fp16 in place: the MLP's
+  d_ff tensors are fp32, no autocast copy of an NF4 weight exists, the biases are 2 B. Measured equal on a CPU step
+  with a real GradScaler and on its trace (``tests/predict/memory/test_qlora_fp16.py``); the GradScaler's scale and
+  found-inf scalars (a few bytes) are not counted, as for ``amp-fp16`` training.
 
 Pure arithmetic, no torch. Units: bytes and elements.
 """
