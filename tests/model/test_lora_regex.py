@@ -4,6 +4,8 @@ formula are the modules peft really wraps."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from memlab.errors import SetupError
@@ -44,7 +46,10 @@ def _peft_wrapped(family: str, regex: str) -> list[str]:
 
     cfg = hf_config(family, **DIMS[family])
     base = transformers.AutoModelForCausalLM.from_config(cfg)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=regex, fan_in_fan_out=family == "gpt2"))
+    with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
+        warnings.simplefilter("ignore", FutureWarning)
+        model = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=regex,
+                                                          fan_in_fan_out=family == "gpt2"))
     prefix = "base_model.model."
     return sorted(n.removeprefix(prefix) for n, m in model.named_modules() if hasattr(m, "lora_A")
                   and n.startswith(prefix))
@@ -112,3 +117,13 @@ def test_a_regex_over_some_blocks_is_traced_as_peft_adapts_it() -> None:
     h, kv = 64, 32  # q_proj 64 -> 64, v_proj 64 -> 32 (two KV heads of 16)
     per = {"q_proj": 2 * (h + h), "v_proj": 2 * (h + kv)}
     assert traced["grads"] == 4 * sum(per[n.rsplit(".", 1)[1]] for n in reading.names)
+
+
+def test_the_trace_passes_a_regex_to_peft_and_says_its_no_match_error_in_one_line() -> None:
+    from memlab.model.hf import hf_config
+    from memlab.tracing.hf import trace_hf
+
+    setup = Setup(batch=1, seq=8, finetune="lora", lora_rank=2, lora_targets=r".*\.c_attn")
+    with pytest.raises(SetupError, match="not found in the base model") as info:
+        trace_hf(hf_config("llama", **DIMS["llama"]), setup, device_type="cpu")
+    assert "\n" not in str(info.value)
