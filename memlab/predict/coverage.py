@@ -699,6 +699,14 @@ TABLE: tuple[Entry, ...] = (
                          "gradients under checkpointing); peft's prepare_model_for_kbit_training (fp32 embeddings, "
                          "norms and head), which SFTTrainer called before it and QLoRA scripts still call, is "
                          "kbit_prepare=True, answered by the trace"),
+    Entry("QLoRA in fp16", lambda c: c.train and c.setup.finetune == "qlora" and c.setup.precision == "amp-fp16",
+          says="finetune='qlora' under amp-fp16 (cards without bf16, a T4): the model loaded in fp32 (amp-fp16's "
+               "weights: embeddings, norms and head 4 B each), its block Linears NF4 computing in fp16 "
+               "(bnb_4bit_compute_dtype=float16: each returns its input's fp32 dtype), the forward under fp16 "
+               "autocast and the loss under torch.amp.GradScaler (its scale and found-inf scalars, a few bytes, not "
+               "counted), fp32 adapters; a model loaded in fp16 instead (torch_dtype=float16, which transformers 4 "
+               "set on a 4-bit load given none: quantizers/quantizer_bnb_4bit.py update_torch_dtype) keeps those 2 B "
+               "and its MLP tensors in fp16, which neither the formula nor the trace models"),
     Entry("adapters under checkpointing", lambda c: c.train and c.setup.finetune in _ADAPTED
           and c.setup.recompute == "full",
           says=lambda c: f"finetune={c.setup.finetune!r} under recompute='full' is transformers' per-layer "
