@@ -324,11 +324,12 @@ def read_lora_regex(config: Any, regex: str) -> RegexReading:
         sorted(idx, key=lambda i: int(i or -1)) == ([""] if k in ("embed", "head") else every)
         for k, idx in found.items())
     kinds = ",".join(("q,k,v" if k == "qkv" else k) for k in names if k in found) if whole else ""
-    reading = (f"selects whole kinds, each block's module of each once (the embedding, the head: once), which the "
-               f"formula reads as {kinds!r}" if whole else f"selects {len(matched)} module(s) ({matched[0]}, ...) "
+    outer = " (the embedding or the head: itself)" if {"embed", "head"} & set(found) else ""
+    reading = (f"selects whole kinds, one module of each in every block{outer}: the formula reads it as "
+               f"lora_targets='{kinds}'" if whole else f"selects {len(matched)} module(s) ({matched[0]}, ...) "
                "that are not whole kinds in every block: the formula does not model it, the trace passes it to peft")
     return RegexReading(regex, matched, kinds,
-                        f"lora_targets {regex!r} is a regex (peft's re.fullmatch on each module's name): it {reading}")
+                        f"lora_targets '{regex}' is a regex (peft's re.fullmatch on each module's name): it {reading}")
 
 
 def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Module:

@@ -282,7 +282,7 @@ def _task_refusal(c: Case) -> str:
 
 
 def _regex_refusal(c: Case) -> str:
-    return (f"lora_targets {c.setup.lora_targets!r} is a regex (peft's re.fullmatch on each module's full name) that "
+    return (f"lora_targets '{c.setup.lora_targets}' is a regex (peft's re.fullmatch on each module's full name) that "
             "the formula has not read as whole kinds in every block: it models adapters on q, k, v, o, gate, up, down "
             "of every block; memlab estimate --hf resolves a regex against the model's module names and answers from "
             "the trace where it selects some blocks only or modules without a kind (the trace passes it to peft as "
