@@ -358,9 +358,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             out.append((name, category, count - d * per, width, sharded))
             continue
         if category == "mlp" and "d_ff wide" in name and q4:  # Linear4bit hands back its input's (fp32) dtype
-            row = (name + f" ({w['residual']:g} B: bitsandbytes' Linear4bit output in its input's dtype)", category,
-                   count, w["residual"], sharded)
-            name, width = row[0], row[3]
+            name, width = name + f" ({w['residual']:g} B: Linear4bit's output in its input's dtype)", w["residual"]
         if category == "mlp" and "d_ff wide" in name:
             adapter_keeps = "down" in targets and _shares(p, autocast, w["compute"])  # whatever needs a gradient
             keeps_down = relu or adapter_keeps
