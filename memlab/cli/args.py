@@ -491,7 +491,12 @@ def setup_from_args(args: argparse.Namespace, model: Any, *, device_type: str = 
                     if library_defaults and o.default != Setup.__dataclass_fields__[o.field].default}
     values = {**cli_defaults, **given, **overrides}  # e.g. attention: unnamed, the kernel the libraries run
     if values.get("finetune") == "qlora" and "precision" not in values:
-        values["precision"] = "bf16"  # QLoRA computes in bf16 over its 4-bit base (bnb_4bit_compute_dtype)
+        # QLoRA computes in bf16 over its 4-bit base (bnb_4bit_compute_dtype); a card without bf16 (below sm80: a T4,
+        # a V100) runs its fp16 recipe, amp-fp16 (bnb_4bit_compute_dtype=float16 under Trainer(fp16=True))
+        from memlab.predict.spec.kernels import capability_of
+
+        cc = capability_of(getattr(args, "gpu", None))
+        values["precision"] = "amp-fp16" if cc is not None and cc < (8, 0) else "bf16"
     if "seq" not in values and isinstance(model, TransformerConfig):
         values["seq"] = min(Setup().seq, model.max_seq)
     setup = Setup(**values)

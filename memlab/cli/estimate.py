@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from memlab.cli.args import (
@@ -11,6 +12,7 @@ from memlab.cli.args import (
     add_setup_arguments,
     bounded_int,
     fraction,
+    given_setup_fields,
     gpu_name,
     mebibytes,
     model_from_args,
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     model, raw, refused = _model(args)
     if refused is not None:
         return _traced(args, raw, refused)
-    setup = with_task(setup_of(args, model), raw)
+    setup = _read_regex(args, model, raw, with_task(setup_of(args, model), raw))
     answers = _asked_answers(args, model, setup)
     ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
@@ -149,6 +151,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_regex(args: argparse.Namespace, model: Any, raw: dict[str, Any] | None, setup: Any) -> Any:
+    """``setup`` with a ``--lora-targets`` regex read against the Hugging Face model's module names
+    (:func:`memlab.model.hf.read_lora_regex`), the reading said on stderr: whole kinds in every block become their
+    comma list (the formula answers); otherwise the regex stays and the formula's refusal sends the call to the
+    trace, which passes it to peft."""
+    from memlab.predict.spec.setup import is_target_regex
+
+    hf = _hf_target(args, model)
+    if setup.finetune not in ("lora", "qlora") or not is_target_regex(setup.lora_targets) or hf is None:
+        return setup
+    from memlab.model.hf import read_lora_regex
+
+    reading = read_lora_regex(raw if raw is not None else hf, setup.lora_targets)
+    print(f"memlab: {reading.why}", file=sys.stderr)
+    return setup.with_(lora_targets=reading.kinds) if reading.kinds else setup
+
+
 def _asked_answers(args: argparse.Namespace, model: Any, setup: Any) -> list[str]:
     """The answer flags given (``--max-batch``, ``--longest-seq``, ``--levers``, ``--serving``), refusing those the
     call cannot answer: without ``--gpu``, for a bare count, levers of an inference step, or serving a training
@@ -186,7 +205,11 @@ def assumed_lines(args: argparse.Namespace, setup: Any, bd: Any) -> list[str]:
     if setup.mode == "train":
         impl = resolve_optimizer_impl(setup.optimizer, setup.optimizer_impl, "cuda")
         named = "" if setup.optimizer_impl != "auto" else " (what torch.optim picks on CUDA)"
-        lines.append(f"optimizer {setup.optimizer}, {impl} implementation{named}; precision {setup.precision}")
+        qlora = "" if setup.finetune != "qlora" or "precision" in given_setup_fields(args) else (
+            " (QLoRA's bnb_4bit_compute_dtype bf16; --precision amp-fp16 for a card without bf16)"
+            if setup.precision == "bf16" else " (a card without bf16: QLoRA's fp16 recipe, bnb_4bit_compute_dtype="
+            "float16 under fp16 autocast and a GradScaler)")
+        lines.append(f"optimizer {setup.optimizer}, {impl} implementation{named}; precision {setup.precision}{qlora}")
         call = "model(input_ids, labels=...): transformers' loss on fp32 logits" if setup.loss_call == "labels" \
             else "logits = model(input_ids).logits, then F.cross_entropy by hand"
         lines.append(f"the call: {call}; loss {setup.loss}"

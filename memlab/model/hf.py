@@ -17,6 +17,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 
 from memlab.errors import ConfigError, MemlabError, SetupError, unknown_name
 from memlab.predict.families.reader import read_config_json
-from memlab.predict.spec.setup import LORA_KINDS
+from memlab.predict.spec.setup import LORA_KINDS, is_target_regex
 from memlab.predict.spec.validate import check_int
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -234,8 +235,7 @@ _LLAMA_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gat
 def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
     """peft ``target_modules`` for memlab adapter ``kinds`` on a ``model_type`` model (:data:`LORA_MODULE_NAMES`);
     on GPT-2 any of q, k, v names the fused ``c_attn``. A kind the family lacks raises :class:`SetupError`."""
-    names = {**LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES),
-             "embed": "wte" if model_type == "gpt2" else "embed_tokens", "head": "lm_head"}  # peft's Embedding LoRA
+    names = _target_names(model_type)  # the embedding: peft's Embedding LoRA
     out: list[str] = []
     for kind in kinds:
         if kind == "gate" and set(kinds) == set(LORA_KINDS) and "gate" not in names:
@@ -248,6 +248,88 @@ def lora_target_modules(model_type: str, kinds: tuple[str, ...]) -> list[str]:
         if names[key] not in out:
             out.append(names[key])
     return out
+
+
+def _target_names(model_type: str) -> dict[str, str]:
+    """The peft name (a module-name suffix) of each kind memlab models on a ``model_type`` model
+    (:data:`LORA_MODULE_NAMES`, the Llama-style names otherwise), the embedding and the head included."""
+    return {**LORA_MODULE_NAMES.get(model_type, _LLAMA_NAMES),
+            "embed": "wte" if model_type == "gpt2" else "embed_tokens", "head": "lm_head"}
+
+
+@dataclass(frozen=True)
+class RegexReading:
+    """What a ``lora_targets`` regex selects on one model, as peft matches it (:func:`read_lora_regex`): the module
+    ``names`` (peft's keys, e.g. ``model.layers.0.self_attn.q_proj``), and ``kinds``, the comma list of memlab kinds
+    the formula reads when the regex selects whole kinds in every block ('' when it does not: some blocks only, or
+    modules memlab has no kind for), and ``why``, the reading in one line."""
+
+    regex: str
+    names: tuple[str, ...]
+    kinds: str
+    why: str
+
+
+def _kind_of(name: str, names: dict[str, str]) -> str | None:
+    """The memlab kind of a module name by peft's list rule (the name or a ``.suffix``), ``qkv`` for GPT-2's fused
+    projection, None for a module memlab has no kind for."""
+    return next((k for k, suffix in names.items() if name == suffix or name.endswith("." + suffix)), None)
+
+
+def _peft_adaptable() -> tuple[type, ...]:
+    """The module types peft's LoRA adapts (peft 0.21.2 tuners/lora/model.py ``_create_new_module``'s error lists
+    them)."""
+    from transformers.pytorch_utils import Conv1D
+
+    nn = torch.nn
+    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, Conv1D, nn.MultiheadAttention)
+
+
+def read_lora_regex(config: Any, regex: str) -> RegexReading:
+    """The modules of ``config``'s causal LM (built on the meta device: names only, no bytes) that peft adapts for
+    the string ``LoraConfig(target_modules=regex)``: every non-root module whose full name ``re.fullmatch``-es it
+    (peft 0.21.2 tuners_utils.py ``inject_adapter`` skips the root's empty key; ``check_target_module_exists`` ->
+    ``match_target_against_key``). Where they are whole kinds of :data:`LORA_KINDS` in every block (or the
+    embedding, the head), ``kinds`` is their comma list, which the formula models; otherwise ''. A regex that
+    matches nothing is peft's own error, one :class:`SetupError` line."""
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    with quiet_transformers():
+        cfg = hf_config(config)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    matched = tuple(n for n, _ in model.named_modules() if n and re.fullmatch(regex, n))
+    if not matched:
+        example = next((n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)), "")
+        raise SetupError(f"lora_targets: Target modules {regex} not found in the base model. Please check the target "
+                         "modules and try again. (peft's NoMatchingPeftModuleError: peft matches a string with "
+                         f"re.fullmatch against full names such as {example})")
+    modules = dict(model.named_modules())
+    odd = next((n for n in matched if not isinstance(modules[n], _peft_adaptable())), None)
+    if odd is not None:  # peft's LoraModel._create_new_module refuses it, after matching
+        raise SetupError(f"lora_targets {regex!r} matches {odd}: peft: Target module {modules[odd]} is not "
+                         "supported. Currently, only the following modules are supported: `torch.nn.Linear`, "
+                         "`torch.nn.Embedding`, `torch.nn.Conv1d`, `torch.nn.Conv2d`, `torch.nn.Conv3d`, "
+                         "`transformers.pytorch_utils.Conv1D`, `torch.nn.MultiheadAttention.`: narrow the regex to "
+                         "Linear layers")
+    names = _target_names(cfg.model_type)
+    found: dict[str, list[str]] = {}  # kind -> the block index of each module of that kind ('' outside the blocks)
+    for name in matched:
+        index = next((p for p in name.split(".") if p.isdigit()), "")
+        found.setdefault(_kind_of(name, names) or "?", []).append(index)
+    every = [str(i) for i in range(int(cfg.num_hidden_layers))]
+    whole = "?" not in found and all(  # each block's module of a kind once (not an expert's, not some blocks')
+        sorted(idx, key=lambda i: int(i or -1)) == ([""] if k in ("embed", "head") else every)
+        for k, idx in found.items())
+    kinds = ",".join(("q,k,v" if k == "qkv" else k) for k in names if k in found) if whole else ""
+    outer = " (the embedding or the head: itself)" if {"embed", "head"} & set(found) else ""
+    reading = (f"selects whole kinds, one module of each in every block{outer}: the formula reads it as "
+               f"lora_targets='{kinds}'" if whole else f"selects {len(matched)} module(s) ({matched[0]}, ...) "
+               "that are not whole kinds in every block: the formula does not model it, the trace passes it to peft")
+    return RegexReading(regex, matched, kinds,
+                        f"lora_targets '{regex}' is a regex (peft's re.fullmatch on each module's name): it {reading}")
 
 
 def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Module:
@@ -266,9 +348,13 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     except ImportError as exc:  # pragma: no cover - a course dependency
         raise SetupError(f"LoRA runs need peft: pip install peft ({exc})") from None
     kind = model.config.model_type
-    targets = lora_target_modules(kind, setup.lora_target_kinds)
-    if setup.finetune == "qlora":  # FSDP recipes store the packed weight as bf16 (quant_storage_of)
-        model = quantize_nf4(model, quant_storage=quant_storage_of(setup))
+    # a regex is peft's string target_modules (re.fullmatch on full names), passed as is
+    targets = setup.lora_targets if is_target_regex(setup.lora_targets) else \
+        lora_target_modules(kind, setup.lora_target_kinds)
+    if setup.finetune == "qlora":  # bnb_4bit_compute_dtype: the policy's (bf16; fp16 under amp-fp16, for T4s);
+        # FSDP recipes store the packed weight as bf16 (quant_storage_of)
+        model = quantize_nf4(model, compute_dtype=DTYPES[setup.policy.compute_dtype],
+                             quant_storage=quant_storage_of(setup))
     if setup.kbit_prepare:  # the fp32 casts only: checkpointing is the setup's recompute, enabled by the caller
         # peft skips a 4-bit weight by its class name (Params4bit); memlab's fake one is a plain Parameter, which a
         # bf16 quant_storage would expose to the cast: its packed data is put back (model_fn runs before tracking)
@@ -283,7 +369,12 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
                           modules_to_save=save, fan_in_fan_out=kind == "gpt2")  # GPT-2's Conv1D: transposed weights
     with warnings.catch_warnings():  # peft reads the deprecated is_gradient_checkpointing (transformers 5 warns)
         warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        model = peft.get_peft_model(model, cfg)
+        try:
+            model = peft.get_peft_model(model, cfg)
+        except ValueError as exc:  # a regex peft finds nothing for, or a module it cannot adapt: its words, one line
+            if not isinstance(targets, str):
+                raise
+            raise SetupError(f"lora_targets {targets!r}: peft: {' '.join(str(exc).split())[:300]}") from None
     if setup.lora_dtype == "bf16":  # as TRL's SFTTrainer casts a k-bit model's trainable parameters
         for param in model.parameters():
             if param.requires_grad:
@@ -347,10 +438,12 @@ def quant_storage_of(setup: Any) -> torch.dtype:
     return torch.bfloat16 if setup.world_size > 1 else torch.uint8
 
 
-def quantize_nf4(model: torch.nn.Module, quant_storage: torch.dtype = torch.uint8) -> torch.nn.Module:
-    """``model`` (16-bit) with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
-    weights with double quantisation, bf16 compute (QLoRA's setting [dettmers2023]; what transformers'
-    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)`` loads).
+def quantize_nf4(model: torch.nn.Module, compute_dtype: torch.dtype = torch.bfloat16,
+                 quant_storage: torch.dtype = torch.uint8) -> torch.nn.Module:
+    """``model`` with every ``nn.Linear`` but the LM head replaced by bitsandbytes' ``Linear4bit``: NF4
+    weights with double quantisation, ``compute_dtype`` compute (bf16: QLoRA's setting [dettmers2023]; fp16 on cards
+    without bf16, a T4; what transformers' ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=...)`` loads).
     The weights are quantised where they are (bitsandbytes 0.45+ quantises on the CPU too; fake weights, under a
     FakeTensorMode, through bitsandbytes' fake kernels: :func:`fake_params4bit`). Families whose blocks
     use GPT-2's ``Conv1D`` are refused (SetupError). ``quant_storage``: the packed weight's dtype
@@ -374,7 +467,7 @@ def quantize_nf4(model: torch.nn.Module, quant_storage: torch.dtype = torch.uint
             fake = is_fake(child.weight)
             with unset_fake_temporarily() if fake else contextlib.nullcontext():  # a meta shell: no fake Params4bit
                 q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                      compute_dtype=torch.bfloat16, quant_type="nf4", compress_statistics=True,
+                                      compute_dtype=compute_dtype, quant_type="nf4", compress_statistics=True,
                                       quant_storage=quant_storage, device="meta")
             if fake:
                 q.weight = fake_params4bit(bnb, child.weight.data, q, quant_storage)

@@ -49,6 +49,7 @@ from memlab.predict.spec.setup import (
     Setup,
     SetupView,
     checkpointed_blocks,
+    is_target_regex,
     resolve_optimizer_impl,
 )
 
@@ -265,6 +266,11 @@ def _window_reached(c: Case) -> bool:
 
 
 _LORA = ("lora", "qlora")
+QLORA_PRECISIONS = ("bf16", "amp-fp16")
+"""The policies QLoRA is modelled under: ``bf16`` (a bf16 model, bnb_4bit_compute_dtype=bfloat16, QLoRA's own
+setting [dettmers2023]) and ``amp-fp16`` (the recipe of cards without bf16, a T4: an fp32 model whose block
+Linears are NF4 with bnb_4bit_compute_dtype=float16, the forward under fp16 autocast and the loss under
+torch.amp.GradScaler, as ``Trainer(fp16=True)`` runs it; fp32 adapters, which GradScaler can unscale)."""
 _ADAPTED = (*_LORA, "frozen")
 
 def _adapters_sharded(c: Case) -> str:
@@ -288,7 +294,17 @@ def _task_refusal(c: Case) -> str:
     return f"task={task!r}: the formula models a causal LM's head and loss, not a {task} head: {where}"
 
 
+def _regex_refusal(c: Case) -> str:
+    return (f"lora_targets '{c.setup.lora_targets}' is a regex (peft's re.fullmatch on each module's full name) that "
+            "the formula has not read as whole kinds in every block: it models adapters on q, k, v, o, gate, up, down "
+            "of every block; memlab estimate --hf resolves a regex against the model's module names and answers from "
+            "the trace where it selects some blocks only or modules without a kind (the trace passes it to peft as "
+            "is; memlab.model.hf.read_lora_regex in Python gives the kinds)")
+
+
 REFUSALS: tuple[Entry, ...] = (
+    Entry("regex targets", lambda c: c.setup.finetune in _LORA and is_target_regex(c.setup.lora_targets),
+          refuse=_regex_refusal),
     Entry("a task head", lambda c: c.setup.task not in ("auto", "causal-lm"), refuse=_task_refusal),
     Entry("expert parallelism with", lambda c: c.setup.ep > 1 and bool(_ep_unmodelled(c)),
           refuse=lambda c: f"ep={c.setup.ep} with {', '.join(_ep_unmodelled(c))} is not modelled "
@@ -344,14 +360,17 @@ REFUSALS: tuple[Entry, ...] = (
         c.setup.optimizer in ("adam-8bit", "adafactor") or bool(c.setup.policy.master_bytes)),
           refuse=lambda c: "finetune='frozen' is modelled with torch.optim adam/adamw/sgd on fp32, bf16 or amp "
                            f"policies: not optimizer={c.setup.optimizer!r} with precision={c.setup.precision!r}"),
-    Entry("QLoRA's compute dtype", lambda c: c.setup.finetune == "qlora" and c.setup.precision != "bf16",
-          refuse=lambda c: "finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype): "
-                           f"set precision='bf16', not {c.setup.precision!r}"),
+    Entry("QLoRA's compute dtype", lambda c: c.setup.finetune == "qlora"
+          and c.setup.precision not in QLORA_PRECISIONS,
+          refuse=lambda c: "finetune='qlora' computes in bf16 over a 4-bit base (QLoRA's bnb_4bit_compute_dtype: "
+                           "precision='bf16', a bf16 model) or, on cards without bf16 (T4, V100), in fp16 under "
+                           "autocast with a GradScaler (precision='amp-fp16': bnb_4bit_compute_dtype=float16, "
+                           f"Trainer(fp16=True)): not {c.setup.precision!r}"),
     Entry("LoRA's precision", lambda c: c.setup.finetune in _LORA
-          and c.setup.precision not in ("fp32", "bf16", "amp-bf16"),
+          and c.setup.precision not in ("fp32", "bf16", "amp-bf16", "amp-fp16"),
           refuse=lambda c: f"finetune={c.setup.finetune!r} keeps fp32 adapters on a base in the model's dtype: use "
-                           f"precision fp32, bf16 or amp-bf16, not {c.setup.precision!r} (a master-weight policy "
-                           "would copy the fp32 adapters again)"),
+                           f"precision fp32, bf16, amp-bf16 or amp-fp16, not {c.setup.precision!r} (a master-weight "
+                           "policy would copy the fp32 adapters again)"),
     Entry("adapters on one device", lambda c: c.setup.finetune in _ADAPTED and (
         bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1), refuse=_adapters_sharded),
     Entry("adapters on the embedding or the head", lambda c: c.setup.finetune in _LORA
@@ -690,6 +709,14 @@ TABLE: tuple[Entry, ...] = (
                          "gradients under checkpointing); peft's prepare_model_for_kbit_training (fp32 embeddings, "
                          "norms and head), which SFTTrainer called before it and QLoRA scripts still call, is "
                          "kbit_prepare=True, answered by the trace"),
+    Entry("QLoRA in fp16", lambda c: c.train and c.setup.finetune == "qlora" and c.setup.precision == "amp-fp16",
+          says="finetune='qlora' under amp-fp16 (cards without bf16, a T4): the model loaded in fp32 (amp-fp16's "
+               "weights: embeddings, norms and head 4 B each), its block Linears NF4 computing in fp16 "
+               "(bnb_4bit_compute_dtype=float16: each returns its input's fp32 dtype), the forward under fp16 "
+               "autocast and the loss under torch.amp.GradScaler (its scale and found-inf scalars, a few bytes, not "
+               "counted), fp32 adapters; a model loaded in fp16 instead (torch_dtype=float16, which transformers 4 "
+               "set on a 4-bit load given none: quantizers/quantizer_bnb_4bit.py update_torch_dtype) keeps those 2 B "
+               "and its MLP tensors in fp16, which neither the formula nor the trace models"),
     Entry("adapters under checkpointing", lambda c: c.train and c.setup.finetune in _ADAPTED
           and c.setup.recompute == "full",
           says=lambda c: f"finetune={c.setup.finetune!r} under recompute='full' is transformers' per-layer "

@@ -73,6 +73,9 @@ class HfMeasurement:
     recompute: str = "none"
     autocast: bool = False
     """The forward ran under ``torch.autocast`` to bf16 on an fp32 model (memlab's ``amp-bf16``)."""
+    autocast_dtype: str = "bf16"
+    """With ``autocast``: its dtype, bf16 (``amp-bf16``) or fp16 (``amp-fp16``: the loss under
+    ``torch.amp.GradScaler``)."""
     loss: str = "plain"
     """How the loss was computed (``Setup.loss``; :func:`memlab.model.loss.hf_causal_lm_loss`)."""
     loss_chunk: int = 0
@@ -109,10 +112,10 @@ class HfMeasurement:
         CPU SDPA to the math backend)."""
         dev = device_type(self.device)
         p = config.impl.attention_dropout_or(config.dropout) if config is not None else 0.0
-        precision = "amp-bf16" if self.autocast else PRECISION_OF[self.dtype]
-        # autocast hands SDPA bf16 q, k, v (aten/src/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP): on CUDA
-        # the kernel is then picked as for a bf16 model (flash), not an fp32 one
-        kernel_dtype = "bf16" if self.autocast else self.dtype
+        precision = f"amp-{self.autocast_dtype}" if self.autocast else PRECISION_OF[self.dtype]
+        # autocast hands SDPA 16-bit q, k, v (aten/src/ATen/autocast_mode.h AT_FORALL_LOWER_PRECISION_FP): on CUDA
+        # the kernel is then picked as for a 16-bit model (flash), not an fp32 one
+        kernel_dtype = self.autocast_dtype if self.autocast else self.dtype
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
                      attention=hf_attention(self.attn_implementation, dev, kernel_dtype, p), recompute=self.recompute,
                      loss=self.loss, loss_chunk=self.loss_chunk, logits_to_keep=self.logits_to_keep,
@@ -161,14 +164,15 @@ def _checkpointing(model: torch.nn.Module) -> bool:
 
 
 def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementation: str, seed: int = 0,
-               keep_saved: bool = False, autocast: bool = False,
+               keep_saved: bool = False, autocast: bool = False, autocast_dtype: str = "bf16",
                loss: Any = None, lora: Setup | None = None, attention_mask: str = "none",
                pad_fraction: float = 0.0, padding_side: str = "right", loss_call: str = "labels", steps: int = 1,
                phase_peaks: bool = False, watch: Watch | None = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
     bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
     runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
-    does). With ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`.
+    does; ``autocast_dtype='fp16'``: to fp16 with ``torch.amp.GradScaler``, ``Trainer(fp16=True)``). With
+    ``keep_saved`` also returns the recorder's :class:`~memlab.measure.accounting.SavedActivations`.
     ``loss``: a :class:`memlab.model.loss.LossOptions` (chunked, fused, logits_to_keep; None: the model's own).
     ``lora``: the setup ``model`` was wrapped for (:func:`memlab.model.hf.apply_lora`), recorded in the result;
     the optimizer steps only what requires a gradient (the adapters). ``attention_mask``/``pad_fraction``: the
@@ -184,7 +188,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     dev = next(model.parameters()).device
     idx = token_ids(cfg.vocab_size, batch, seq, dev, seed)
     dtype = next(k for k, v in DTYPES.items() if v == next(model.parameters()).dtype)
-    policy = precision_policy("amp-bf16" if autocast else PRECISION_OF[dtype])
+    policy = precision_policy(f"amp-{autocast_dtype}" if autocast else PRECISION_OF[dtype])
     step = training_step(model, policy, dev, lambda ps: torch.optim.AdamW(ps, lr=1e-4))
     meter = _HfMeter(model, step.state_holder(), dev)
     from memlab.model.loss import LossOptions, hf_causal_lm_loss
@@ -206,7 +210,8 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
         params_bytes=st.params_bytes + quant, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
         device=str(dev), recompute="full" if _checkpointing(model) else "none",
-        autocast=autocast, loss=opts.kind, loss_chunk=opts.chunk, logits_to_keep=opts.keep,
+        autocast=autocast, autocast_dtype=autocast_dtype, loss=opts.kind, loss_chunk=opts.chunk,
+        logits_to_keep=opts.keep,
         attention_mask=attention_mask, pad_fraction=pad_fraction, padding_side=padding_side, loss_call=opts.call,
         steps=steps,
         step_states_bytes=tuple(s.params_bytes + quant + s.grads_bytes + s.optimizer_bytes for s in meter.all_states),
@@ -231,24 +236,27 @@ def predict_hf(config: TransformerConfig, m: HfMeasurement) -> dict[str, int]:
 
 def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq: int, device: str = "cpu",
            seed: int = 0, gradient_checkpointing: bool = False, autocast: bool = False,
-           lora: Setup | None = None, attention_mask: str = "none", pad_fraction: float = 0.0,
-           padding_side: str = "right", loss_call: str = "labels", steps: int = 1, phase_peaks: bool = False,
-           watch: Watch | None = None) -> tuple[TransformerConfig, HfMeasurement]:
+           autocast_dtype: str = "bf16", lora: Setup | None = None, attention_mask: str = "none",
+           pad_fraction: float = 0.0, padding_side: str = "right", loss_call: str = "labels", steps: int = 1,
+           phase_peaks: bool = False, watch: Watch | None = None) -> tuple[TransformerConfig, HfMeasurement]:
     """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
-    (``autocast``: an fp32 model with its forward under bf16 autocast; give ``dtype="fp32"``; ``lora``: a setup
+    (``autocast``: an fp32 model with its forward under ``autocast_dtype`` (bf16, or fp16 with a GradScaler)
+    autocast; give ``dtype="fp32"``; ``lora``: a setup
     with ``finetune='lora'``, whose adapters peft adds before the step, :func:`memlab.model.hf.apply_lora`;
     ``attention_mask``/``pad_fraction``/``padding_side``: the call convention, :func:`call_inputs`; ``loss_call``:
     labels or manual, ``Setup.loss_call``; ``steps``, ``phase_peaks``, ``watch``: as :func:`measure_hf`)."""
     if autocast and dtype != "fp32":
-        raise SetupError("autocast runs an fp32 model (dtype='fp32') with a bf16 forward; got dtype=" + repr(dtype))
+        raise SetupError("autocast runs an fp32 model (dtype='fp32') with a 16-bit forward; got dtype=" + repr(dtype))
+    if autocast_dtype not in ("bf16", "fp16"):
+        raise SetupError(f"autocast_dtype must be bf16 or fp16, got {autocast_dtype!r}")
     model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
                            gradient_checkpointing=gradient_checkpointing)
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
     if lora is not None:
         model = apply_finetune(model, lora, seed=seed)
     m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast,
-                   lora=lora, attention_mask=attention_mask, pad_fraction=pad_fraction, padding_side=padding_side,
-                   loss_call=loss_call, steps=steps, phase_peaks=phase_peaks, watch=watch)
+                   autocast_dtype=autocast_dtype, lora=lora, attention_mask=attention_mask, pad_fraction=pad_fraction,
+                   padding_side=padding_side, loss_call=loss_call, steps=steps, phase_peaks=phase_peaks, watch=watch)
     del model
     return tc, m  # type: ignore[return-value]
 

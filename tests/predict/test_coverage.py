@@ -25,7 +25,7 @@ MODELS = {"tiny-gpt": preset("tiny-gpt"), "tiny-moe": preset("tiny-moe"), "count
           "qwen2_moe, a dense layer 0": from_hf({**load_config("qwen2_moe"), "mlp_only_layers": [0]})}
 
 FIELDS = {
-    "mode": ("train", "inference"), "precision": ("fp32", "bf16", "amp-bf16", "mixed-bf16", "fp16"),
+    "mode": ("train", "inference"), "precision": ("fp32", "bf16", "amp-bf16", "mixed-bf16", "fp16", "amp-fp16"),
     "optimizer": ("adamw", "sgd", "adafactor", "adam-8bit"), "recompute": ("none", "selective", "full", "op"),
     "recompute_every": (1, 1, 2), "activation_memory_budget": (1.0, 1.0, 1.0, 0.5),
     "attention": ("eager", "flash", "math", "efficient"), "zero_stage": (0, 2, 3), "world_size": (1, 2),
@@ -35,7 +35,7 @@ FIELDS = {
     "fsdp_param_dtype": ("none", "bf16"), "fsdp_output_dtype": ("none", "bf16"), "fsdp_offload": (False, True),
     "pp": (1, 2), "cp": (1, 2), "ep": (1, 2), "seq": (16, 64), "task": ("auto",) * 6 + ("causal-lm", "masked-lm"),
     "kbit_prepare": (False, False, True), "lora_dtype": ("fp32", "fp32", "bf16"),
-    "lora_targets": ("",) * 4 + ("q_proj,v_proj", "all-linear", "q,lm_head"),
+    "lora_targets": ("",) * 4 + ("q_proj,v_proj", "all-linear", "q,lm_head", r".*\.(q|v)_proj"),
 }
 
 

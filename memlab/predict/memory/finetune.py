@@ -33,7 +33,14 @@ changes, each term checked against peft 0.21 on CPU (``tests/predict/memory/test
   matrix, the named overhead ``qlora_dequantised_weight``). bitsandbytes 0.45+ quantises and runs NF4 on the CPU,
   so QLoRA is measured here too, and traced on fake tensors through bitsandbytes' registered fake kernels
   (``tests/predict/memory/test_finetune.py``); the CUDA storage is checked by a GPU test; paged optimizers are
-  predicted only.
+  predicted only;
+- **QLoRA in fp16** (``precision='amp-fp16'``, the recipe of cards without bf16, a T4: ``bnb_4bit_compute_dtype=
+  float16``, ``Trainer(fp16=True)``'s autocast and GradScaler, fp32 adapters): the model is fp32 (amp-fp16's weights),
+  so the embeddings, norms and head are 4 B; ``Linear4bit.forward`` casts its input to fp16 and its output back to
+  the input's dtype (bitsandbytes 0.50 nn/modules.py ``.to(inp_dtype)``), and its bias to fp16 in place: the MLP's
+  d_ff tensors are fp32, no autocast copy of an NF4 weight exists, the biases are 2 B. Measured equal on a CPU step
+  with a real GradScaler and on its trace (``tests/predict/memory/test_qlora_fp16.py``); the GradScaler's scale and
+  found-inf scalars (a few bytes) are not counted, as for ``amp-fp16`` training.
 
 Pure arithmetic, no torch. Units: bytes and elements.
 """
@@ -109,17 +116,22 @@ def adapter_elements(config: TransformerConfig, rank: int, targets: tuple[str, .
     return config.n_layers * sum(rank * (i + o) for _, i, o in lora_modules(config, targets))
 
 
-def qlora_base_bytes(config: TransformerConfig) -> tuple[int, int]:
+def qlora_base_bytes(config: TransformerConfig, rest_bytes: int = 2) -> tuple[int, int]:
     """(bytes, quantised elements) of QLoRA's base: every 2-D attention/MLP matrix in NF4 (:func:`nf4_tensor_bytes`,
-    tensor by tensor), every other parameter (embeddings, norms, the LM head, biases) in bf16."""
+    tensor by tensor), the biases of those Linears in the 16-bit compute dtype (``Linear4bit.forward`` casts its bias
+    to it in place at the first forward: bitsandbytes 0.50 nn/modules.py, ``bias.data = bias.data.to(x.dtype)``),
+    every other parameter (embeddings, norms, the LM head) at ``rest_bytes`` each: the dtype the model was loaded
+    in (2: bf16, precision='bf16'; 4: fp32 under precision='amp-fp16')."""
     total = quantized = 0
     for _, shape, comp in config.param_shapes():
         n = math.prod(shape)
         if len(shape) == 2 and comp in ("attention", "mlp"):
             total += nf4_tensor_bytes(n)
             quantized += n
-        else:
+        elif comp in ("attention", "mlp"):
             total += 2 * n
+        else:
+            total += rest_bytes * n
     return total, quantized
 
 
@@ -138,13 +150,13 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
     tensors = tensors * config.n_layers
     pb = setup.policy.param_bytes
     if setup.finetune == "qlora":
-        base, quantizable = qlora_base_bytes(config)
+        base, quantizable = qlora_base_bytes(config, pb)
         notes = [f"QLoRA base: {quantizable:,} block-matrix weights in NF4 with double quantisation "
                  f"({4 + qlora_bits_per_parameter():.3f} bits each, QLoRA Sec. 3) and {n_base - quantizable:,} "
-                 "embedding/norm/head weights in bf16, from the sources; equal to a CPU step with bitsandbytes' CPU "
-                 "kernels and to its fake-tensor trace (tests/predict/memory/test_finetune.py; the CUDA storage by a "
-                 "GPU test); one dequantised bf16 weight at a time is the overhead "
-                 "qlora_dequantised_weight; " + PAGED_OPTIMIZER_NOTE]
+                 f"embedding/norm/head weights at {pb} B (the model's dtype), from the sources; equal to a CPU step "
+                 "with bitsandbytes' CPU kernels and to its fake-tensor trace (tests/predict/memory/test_finetune.py; "
+                 "the CUDA storage by a GPU test); one dequantised 16-bit weight (the compute dtype) at a time is the "
+                 "overhead qlora_dequantised_weight; " + PAGED_OPTIMIZER_NOTE]
     else:
         base = n_base * pb
         notes = [f"LoRA: the {n_base:,} base weights are frozen ({pb} B each, no gradients or optimizer state)"]
@@ -161,7 +173,7 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
         raise SetupError(f"optimizer {opt!r} with finetune={setup.finetune!r} is not modelled: use adamw, adam, "
                          "adam-8bit, sgd or sgd-momentum")
     saved = saved_module_elements(config, setup)  # peft modules_to_save: a trainable copy in the base's dtype
-    sb = 2 if setup.finetune == "qlora" else pb  # the copy of a 16-bit head/embedding over a 4-bit base
+    sb = pb  # the copy of the head/embedding, in the base's dtype (16-bit over a bf16 QLoRA base)
     if saved:
         if opt != "adam-8bit":  # adam-8bit counted the saved modules' tensors above (the maps shared once)
             moments += {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}[opt] * sb * saved
@@ -306,6 +318,9 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     groups = _groups(targets, im.fused_qkv)
     mods = {k: (i, o) for k, i, o in lora_modules(config, targets)}
     autocast = setup.policy.autocast
+    # QLoRA under autocast (amp-fp16, T4s): bitsandbytes' Linear4bit.forward casts x to its compute dtype and the
+    # product back to x's dtype (bitsandbytes 0.50 nn/modules.py, ``.to(inp_dtype)``), over an fp32 residual stream
+    q4 = setup.finetune == "qlora" and autocast
     # The bottom block's input needs no gradient: what its modules need follows from which ones are adapted.
     gq = bool(groups["qkv"]) and (im.fused_qkv or "q" in targets)
     gk = bool(groups["qkv"]) and (im.fused_qkv or "k" in targets)
@@ -342,6 +357,8 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
             d = 1 if (im.parallel_block and "input" in name) else norms0
             out.append((name, category, count - d * per, width, sharded))
             continue
+        if category == "mlp" and "d_ff wide" in name and q4:  # Linear4bit hands back its input's (fp32) dtype
+            name, width = name + f" ({w['residual']:g} B: Linear4bit's output in its input's dtype)", w["residual"]
         if category == "mlp" and "d_ff wide" in name:
             adapter_keeps = "down" in targets and _shares(p, autocast, w["compute"])  # whatever needs a gradient
             keeps_down = relu or adapter_keeps
@@ -360,6 +377,8 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
         if category in ("attention", "attention scores") and not name.startswith(("rotary", "output projection")):
             out.append((name, category, count - count / L * _bottom_drop(name, gq, gk, gv, pv_reads), width, sharded))
             continue
+        if name == "16-bit copies of block weights" and q4:
+            continue  # Linear4bit is no autocast op: it dequantises its NF4 weight itself (qlora_dequantised_weight)
         if name == "16-bit copies of block weights":
             # autocast's copy of a frozen weight is kept for its input's gradient: in the bottom block not for q, k,
             # v (their input needs none), nor for o / the MLP where nothing below them needs one.

@@ -7,6 +7,7 @@ has a measured twin. Precision policies live in :mod:`memlab.predict.spec.precis
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
@@ -82,10 +83,43 @@ Gemma, Phi-3 after its split, ...): ``q_proj`` ... ``down_proj``; ``all-linear``
 ``INCLUDE_LINEAR_LAYERS_SHORTHAND``: every Linear of the blocks, not the output head) names every kind."""
 
 
+TARGET_REGEX_CHARS = frozenset("\\.^$*+?{}[]|()")
+"""Characters that make ``lora_targets`` a regular expression (:func:`is_target_regex`): Python's ``re``
+metacharacters, which no module name, kind or ``all-linear`` contains."""
+
+
+def is_target_regex(text: str) -> bool:
+    """True when ``lora_targets`` is a regular expression in peft's sense, not a name list: it holds one of
+    :data:`TARGET_REGEX_CHARS` (``.*\\.(q_proj|v_proj)``, ``model\\.layers\\.[0-3]\\..*_proj``). peft matches a *string*
+    ``LoraConfig.target_modules`` with ``re.fullmatch(target_modules, key)`` against each module's full name
+    (peft/utils/other.py ``match_target_against_key``, called by tuners_utils.py ``check_target_module_exists``,
+    peft 0.21.2) and a *list* by name or ``.name`` suffix; memlab's comma lists (``q_proj,v_proj``, ``q,v``) are the
+    list form."""
+    return any(ch in TARGET_REGEX_CHARS for ch in text)
+
+
+def check_target_regex(text: str) -> None:
+    """A :class:`SetupError` line for a ``lora_targets`` regex Python's ``re`` cannot compile (peft would raise
+    ``re.error`` at its first module)."""
+    try:
+        re.compile(text)
+    except re.error as exc:
+        chars = "".join(sorted(TARGET_REGEX_CHARS))
+        raise SetupError(f"lora_targets {text!r} reads as a regex (it holds one of {chars}) but re cannot compile "
+                         f"it: {exc}; fix the pattern, or give a comma list of names") from None
+
+
 def parse_targets(text: str) -> tuple[str, ...]:
     """``"q,v"`` or peft's ``"q_proj,v_proj"`` -> ``("q", "v")``; ``"all-linear"`` -> every kind of
     :data:`LORA_KINDS`; ``embed``/``embed_tokens`` and ``head``/``lm_head`` (:data:`LORA_OUTER_KINDS`) too.
-    Comma-separated, each once; anything else raises :class:`SetupError` in one line."""
+    Comma-separated, each once; anything else raises :class:`SetupError` in one line. A regex
+    (:func:`is_target_regex`) names modules, not kinds: resolved against a model's module names
+    (:func:`memlab.model.hf.read_lora_regex`), here a :class:`SetupError` saying so."""
+    if is_target_regex(text):
+        raise SetupError(f"lora_targets {text!r} is a regex (peft's re.fullmatch on each module's full name): the "
+                         "kinds it selects depend on the model's module names: resolve it against the model "
+                         "(memlab.model.hf.read_lora_regex; memlab estimate --hf does, and the trace passes it to "
+                         "peft as is)")
     names = [k.strip().lower() for k in text.split(",") if k.strip()]
     if names == ["all-linear"]:
         return LORA_KINDS
@@ -295,7 +329,8 @@ class Setup(StrictInit):
     # -- parameter-efficient fine-tuning (memlab.predict.memory.finetune) --------------------------------------------
     finetune: Finetune = field(default="full", metadata={"mode": "train"})
     """full (every parameter trains), lora (rank-r adapters on a frozen base, peft), qlora (adapters on a 4-bit
-    NF4 base with double quantisation, bitsandbytes; needs precision bf16) or frozen (the embeddings and the bottom
+    NF4 base with double quantisation, bitsandbytes; precision bf16, or amp-fp16 on cards without bf16 such as the
+    T4: fp16 compute under autocast and a GradScaler) or frozen (the embeddings and the bottom
     frozen_layers blocks frozen, the rest trained in full)."""
     lora_rank: int = field(default=0, metadata={"max": 65536, "why": "a rank above the widest published model's "
                                                 "width adapts nothing low-rank", "mode": "train"})
@@ -305,7 +340,8 @@ class Setup(StrictInit):
     """Dropout on each adapter's input (peft lora_dropout): keeps a noise tensor and the dropped input per module."""
     lora_targets: str = field(default="", metadata={"mode": "train"})
     """Adapted module kinds, comma-separated, from q,k,v,o,gate,up,down, or as peft's LoraConfig names them
-    (q_proj ... down_proj, all-linear) ('': peft's default q,v)."""
+    (q_proj ... down_proj, all-linear) ('': peft's default q,v); or a regex (any of \\.^$*+?{}[]|()), passed to peft
+    as a string target_modules: re.fullmatch on each module's full name, e.g. '.*\\.(q_proj|v_proj)'."""
     lora_modules_to_save: str = field(default="", metadata={"mode": "train"})
     """Modules trained in full beside the adapters (peft modules_to_save), comma-separated: head, embed."""
     frozen_layers: int = field(default=0, metadata={"max": LIMITS["layers"].max, "why": "at most the model's blocks",
@@ -433,7 +469,10 @@ class Setup(StrictInit):
                 return
         elif self.frozen_layers:
             raise SetupError(f"frozen_layers set with finetune={self.finetune!r}: it goes with finetune='frozen'")
-        parse_targets(self.lora_targets)
+        if is_target_regex(self.lora_targets):
+            check_target_regex(self.lora_targets)
+        else:
+            parse_targets(self.lora_targets)
         parse_modules_to_save(self.lora_modules_to_save)
         if self.mode != "train":
             raise SetupError(f"finetune={self.finetune!r} is a training setup: set mode='train' (inference of a "
