@@ -36,7 +36,7 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
 - ``traced``: as ``named``, and the call is one the trace takes (:func:`traceable`): the trace of
   transformers' code on fake tensors (:func:`memlab.tracing.hf.trace_hf`, the exact answer the range points to)
   gives both peaks within 0.1 % of the measured ones (a trace outside it is ``off``);
-  a draw whose setup the formula refuses but the trace takes (reentrant checkpointing) is ``traced`` when the
+  a draw with reentrant checkpointing (which the formula refuses: the trace answers it) is ``traced`` when the
   trace's peaks of both steps are within 0.1 % of the measured ones, and its phases hold the trace's bytes as the
   predicted side;
 - ``refused``: :func:`memlab.predict.families.reader.from_hf` or the estimate raised a one-line
@@ -271,7 +271,7 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
 
 def _refused_or_traced(draw: HfDraw, setup: Any, live: list[Any], tracked: list[Any], refusal: str) -> HfVerdict:
     """The verdict of a draw the estimate refuses (``refusal``): ``refused``, unless the draw checkpoints reentrant
-    (a setup the formula refuses and the trace answers: module docstring), where the trace of the same step is
+    (refused for that or another reason; the trace answers it: module docstring), where the trace of the same step is
     compared with the measured peaks: ``traced`` within :data:`TOLERANCE`, else ``off`` (as where the live bytes
     and MemTracker disagree). ``live`` and ``tracked``: the measured rows of each phase."""
     rows = _trace_rows(draw, setup) if draw.reentrant and traceable(draw) else None
