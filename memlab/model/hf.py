@@ -290,6 +290,7 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
     if setup.finetune == "qlora":
         model = quantize_nf4(model)
     if setup.kbit_prepare:  # the fp32 casts only: checkpointing is the setup's recompute, enabled by the caller
+        # (reentrant, as prepare_model_for_kbit_training enables it, with Setup.checkpoint_reentrant)
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     torch.manual_seed(seed)
     names = {"head": "lm_head", "embed": "wte" if kind == "gpt2" else "embed_tokens"}

@@ -324,7 +324,8 @@ class Setup(StrictInit):
     (peft/utils/other.py: every fp16/bf16 parameter that is not a Params4bit, the embeddings, norms and LM head,
     cast to fp32), as QLoRA scripts and TRL's SFTTrainer before huggingface/trl 2af35fb0d (Dec 2025) do for a 4-bit
     model. Off by default, as SFTTrainer now runs (the base as loaded, peft's get_peft_model alone), which the
-    formula models; on, the trace answers."""
+    formula models; on, the trace answers. The checkpointing it enables by default is torch's reentrant one:
+    recompute='full' with checkpoint_reentrant."""
     lora_dtype: LoraDtype = field(default="fp32", metadata={"mode": "train"})
     """With finetune lora or qlora: the adapters' dtype. fp32 is peft's default (LoraConfig
     autocast_adapter_dtype=True casts 16-bit adapters to fp32), which the formula models; bf16 is what TRL's
