@@ -168,6 +168,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         notes.append("memory-efficient kernel with grouped K/V heads: its op's fake backward takes the query's heads, "
                      "so K/V are repeated to them inside the attention's backward (a transient a CUDA run may not "
                      "make: an upper bound there); what the kernel saves is CUDA's")
+    if setup.checkpoint_reentrant:
+        notes.append("checkpointing: torch's reentrant CheckpointFunction (use_reentrant=True), as peft's "
+                     "prepare_model_for_kbit_training alone leaves it; each checkpoint's function dropped when "
+                     "backward ends, as the real step frees it with its graph (release_reentrant_calls)")
     if force_unpacked:
         notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal in a "
                      "causal LM, native GQA); valid only for batches without packed sequences")
