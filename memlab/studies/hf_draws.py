@@ -220,10 +220,9 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     try:
         _, m = run_hf(dict(draw.config), attn_implementation=draw.attention, dtype=draw.dtype, batch=draw.batch,
                       seq=draw.seq, autocast=draw.autocast, gradient_checkpointing=draw.checkpointing, seed=seed,
-                      attention_mask=draw.attention_mask, pad_fraction=draw.pad_fraction,
+                      attention_mask=draw.attention_mask, pad_fraction=draw.pad_fraction, reentrant=draw.reentrant,
                       padding_side=draw.padding_side, loss_call=draw.loss_call, steps=2, phase_peaks=True,
-                      watch=lambda *a: _mem_tracker(tracked, *a, reentrant=draw.reentrant),
-                      reentrant=draw.reentrant)
+                      watch=lambda *a: _mem_tracker(tracked, *a, reentrant=draw.reentrant))
     except MemlabError as exc:
         return HfVerdict(draw, "refused", reason=str(exc))
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # transformers rejects the drawn config
