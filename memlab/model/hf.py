@@ -184,10 +184,12 @@ def attention_implementations(config: Any) -> tuple[str, ...]:
 
 def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: str = "fp32",
                    device: str | torch.device = "cpu", seed: int = 0,
-                   gradient_checkpointing: bool = False) -> torch.nn.Module:
+                   gradient_checkpointing: bool = False, reentrant: bool = False) -> torch.nn.Module:
     """``AutoModelForCausalLM.from_config`` in ``dtype`` with ``attn_implementation`` (eager or sdpa), in train mode;
     ``gradient_checkpointing`` calls the model's ``activation_checkpointing_enable()`` (memlab's recompute "full";
-    ``gradient_checkpointing_enable`` before transformers 5)."""
+    ``gradient_checkpointing_enable`` before transformers 5), non-reentrant as transformers defaults, or with
+    ``reentrant`` torch's reentrant checkpoint, what peft's ``prepare_model_for_kbit_training`` leaves
+    (``Setup.checkpoint_reentrant``)."""
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
@@ -199,10 +201,28 @@ def build_hf_model(config: Any, *, attn_implementation: str = "eager", dtype: st
             raise SetupError(f"transformers builds {cfg.model_type} without SDPA attention (its model class does not "
                              "support it): use attn_implementation='eager'")
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=DTYPES[dtype])
-    if gradient_checkpointing:  # transformers 5's name (its old alias warns); the same default: non-reentrant
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()
+    if reentrant and not gradient_checkpointing:
+        raise SetupError("reentrant chooses torch's reentrant checkpoint: it goes with gradient_checkpointing=True")
+    if gradient_checkpointing:
+        enable_checkpointing(model, reentrant=reentrant)
     return model.to(device).train()
+
+
+def enable_checkpointing(model: torch.nn.Module, *, reentrant: bool = False, context_fn: Any = None) -> None:
+    """transformers' per-layer gradient checkpointing on ``model`` (``activation_checkpointing_enable``, transformers
+    5's name; ``gradient_checkpointing_enable`` before it), with ``use_reentrant`` given explicitly: False is the
+    library's own default (modeling_utils.py, kwargs None), True torch's default when no ``use_reentrant`` reaches
+    it, which peft's ``prepare_model_for_kbit_training`` leaves (its ``{}`` kwargs; ``Setup.checkpoint_reentrant``).
+    ``context_fn`` (non-reentrant only): a selective policy's contexts (torchtitan's per-op policy)."""
+    kwargs: dict[str, Any] = {"use_reentrant": bool(reentrant)}
+    if context_fn is not None:
+        if reentrant:
+            raise SetupError("a selective checkpoint policy (context_fn) runs under the non-reentrant checkpoint only")
+        kwargs["context_fn"] = context_fn
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def checkpoint_every(model: torch.nn.Module, every: int) -> int:
@@ -356,6 +376,7 @@ def apply_lora(model: torch.nn.Module, setup: Any, seed: int = 0) -> torch.nn.Mo
         model = quantize_nf4(model, compute_dtype=DTYPES[setup.policy.compute_dtype],
                              quant_storage=quant_storage_of(setup))
     if setup.kbit_prepare:  # the fp32 casts only: checkpointing is the setup's recompute, enabled by the caller
+        # (reentrant, as prepare_model_for_kbit_training enables it, with Setup.checkpoint_reentrant)
         # peft skips a 4-bit weight by its class name (Params4bit); memlab's fake one is a plain Parameter, which a
         # bf16 quant_storage would expose to the cast: its packed data is put back (model_fn runs before tracking)
         packed = {p: p.data for p in model.parameters() if getattr(p, "quant_state", None) is not None}

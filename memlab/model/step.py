@@ -257,6 +257,10 @@ def build_training(config: TransformerConfig, setup: Setup, device: torch.device
     if setup.activation_memory_budget < 1:
         raise SetupError("activation_memory_budget below 1 is torch.compile's; memlab runs the eager step: use "
                          "recompute='op', 'full' (with recompute_every) or 'selective'")
+    if setup.checkpoint_reentrant:
+        raise SetupError("checkpoint_reentrant is transformers' checkpointing as peft's kbit preparation leaves "
+                         "it; the reference GPT checkpoints non-reentrant: run a Hugging Face config (memlab measure "
+                         "--hf), or drop checkpoint_reentrant")
     torch.manual_seed(seed)
     model = GPT(config, attention=setup.attention, recompute=setup.recompute, recompute_every=setup.recompute_every,
                 device=device, dtype=model_dtype(setup.policy), loss=LossOptions.of(setup)).train()

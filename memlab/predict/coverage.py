@@ -302,6 +302,21 @@ def _regex_refusal(c: Case) -> str:
             "is; memlab.model.hf.read_lora_regex in Python gives the kinds)")
 
 
+def _reentrant_refusal(c: Case) -> str:
+    """Why the formula refuses torch's reentrant checkpoint (``Setup.checkpoint_reentrant``), and the way out."""
+    if not c.hf:
+        return ("checkpoint_reentrant is transformers' checkpointing as peft's prepare_model_for_kbit_training leaves "
+                "it; the reference GPT checkpoints non-reentrant (memlab.model.gpt): give a Hugging Face config "
+                "(memlab estimate --hf answers reentrant from the trace) or drop checkpoint_reentrant")
+    return ("checkpoint_reentrant (torch's reentrant CheckpointFunction) is not modelled by the formula: each block "
+            "runs again whole in backward, its output included, and backpropagates inside, so a block's backward "
+            "holds what the non-reentrant checkpoint the formula models does not (traced on eight families' tiny "
+            "configs: backward peaks 512 B to 1.5 block outputs (t x h) higher under full fine-tuning, 0 to one under "
+            "LoRA, the same under QLoRA; forward, optimizer step and zero_grad unchanged): trace it (memlab estimate "
+            "--hf answers from the trace; memlab.tracing.hf.trace_hf), or drop checkpoint_reentrant for "
+            "transformers' default")
+
+
 REFUSALS: tuple[Entry, ...] = (
     Entry("regex targets", lambda c: c.setup.finetune in _LORA and is_target_regex(c.setup.lora_targets),
           refuse=_regex_refusal),
@@ -386,6 +401,7 @@ REFUSALS: tuple[Entry, ...] = (
           refuse="kbit_prepare (peft's prepare_model_for_kbit_training: fp32 embeddings, norms and LM head, whose "
                  "upcasts change every block's saved widths) is not modelled by the formula: trace it (memlab "
                  "estimate --hf answers from the trace; memlab.tracing.hf.trace_hf), or drop kbit_prepare"),
+    Entry("reentrant checkpointing", lambda c: c.setup.checkpoint_reentrant, refuse=lambda c: _reentrant_refusal(c)),
     Entry("adapters under selective recompute", lambda c: c.setup.finetune in _ADAPTED
           and c.setup.recompute == "selective",
           refuse=lambda c: f"finetune={c.setup.finetune!r} with recompute='selective' is not modelled (no library "
@@ -659,6 +675,17 @@ def _inference_line(c: Case) -> str:
             f"moment (a block's MLP, its attention, or the head; memlab.predict.memory.inference), {exact}")
 
 
+CHECKPOINT_VARIANT = (
+    "recompute='full' is transformers' per-layer checkpointing, non-reentrant: activation_checkpointing_enable's "
+    "default when no kwargs are given, as Trainer(gradient_checkpointing=True) calls it (transformers 5.25 "
+    "modeling_utils.py l. 3159-3160); peft's prepare_model_for_kbit_training(model) alone leaves torch's reentrant "
+    "checkpoint instead (its kwargs None become {}, peft 0.21 utils/other.py l. 190-191, 253-258, so no use_reentrant "
+    "reaches torch 2.13's checkpoint, which then takes use_reentrant=True, torch/utils/checkpoint.py l. 486-496; a "
+    "later Trainer(gradient_checkpointing=True) enables it again non-reentrant): that is --reentrant "
+    "(checkpoint_reentrant=True), answered by the trace")
+"""The assumption naming the checkpoint a Hugging Face model's full recompute runs, and where the other comes from."""
+
+
 def _train_config(c: Case) -> bool:
     return c.train and c.is_config
 
@@ -717,11 +744,13 @@ TABLE: tuple[Entry, ...] = (
                "counted), fp32 adapters; a model loaded in fp16 instead (torch_dtype=float16, which transformers 4 "
                "set on a 4-bit load given none: quantizers/quantizer_bnb_4bit.py update_torch_dtype) keeps those 2 B "
                "and its MLP tensors in fp16, which neither the formula nor the trace models"),
+    Entry("the checkpoint variant", lambda c: c.train and c.setup.recompute == "full" and c.hf,
+          says=CHECKPOINT_VARIANT),
     Entry("adapters under checkpointing", lambda c: c.train and c.setup.finetune in _ADAPTED
           and c.setup.recompute == "full",
           says=lambda c: f"finetune={c.setup.finetune!r} under recompute='full' is transformers' per-layer "
-                         "checkpointing, non-reentrant (activation_checkpointing_enable's default in transformers 5), "
-                         "which makes the frozen embeddings' output require a gradient (enable_input_require_grads): "
+                         "checkpointing, non-reentrant (the checkpoint variant above), which makes the frozen "
+                         "embeddings' output require a gradient (enable_input_require_grads): "
                          "every block keeps its input and, recomputed in backward, saves what the blocks above the "
                          "bottom one save; frozen weights are cast anew by autocast, not cached"),
     Entry("adapters accumulating", lambda c: c.train and c.setup.finetune in _ADAPTED

@@ -71,6 +71,8 @@ class HfMeasurement:
     optimizer_bytes: int
     device: str
     recompute: str = "none"
+    checkpoint_reentrant: bool = False
+    """Under recompute 'full': torch's reentrant checkpoint (``Setup.checkpoint_reentrant``)."""
     autocast: bool = False
     """The forward ran under ``torch.autocast`` to bf16 on an fp32 model (memlab's ``amp-bf16``)."""
     autocast_dtype: str = "bf16"
@@ -118,7 +120,8 @@ class HfMeasurement:
         kernel_dtype = self.autocast_dtype if self.autocast else self.dtype
         return Setup(batch=self.batch, seq=self.seq, precision=precision, optimizer="adamw",
                      attention=hf_attention(self.attn_implementation, dev, kernel_dtype, p), recompute=self.recompute,
-                     loss=self.loss, loss_chunk=self.loss_chunk, logits_to_keep=self.logits_to_keep,
+                     checkpoint_reentrant=self.checkpoint_reentrant, loss=self.loss, loss_chunk=self.loss_chunk,
+                     logits_to_keep=self.logits_to_keep,
                      finetune=self.finetune, lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
                      lora_targets=self.lora_targets, lora_modules_to_save=self.lora_modules_to_save,
                      frozen_layers=self.frozen_layers, attention_mask=self.attention_mask,
@@ -167,7 +170,8 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
                keep_saved: bool = False, autocast: bool = False, autocast_dtype: str = "bf16",
                loss: Any = None, lora: Setup | None = None, attention_mask: str = "none",
                pad_fraction: float = 0.0, padding_side: str = "right", loss_call: str = "labels", steps: int = 1,
-               phase_peaks: bool = False, watch: Watch | None = None) -> HfMeasurement | tuple[HfMeasurement, Any]:
+               phase_peaks: bool = False, watch: Watch | None = None,
+               reentrant: bool = False) -> HfMeasurement | tuple[HfMeasurement, Any]:
     """One training step of ``model`` on random tokens (:func:`memlab.model.step.train_step`): saved-for-backward
     bytes of the forward, then backward and an AdamW step, then the model states (before zero_grad). ``autocast``
     runs the forward under ``torch.autocast`` to bf16 (an fp32 model: PyTorch AMP, what ``Trainer(bf16=True)``
@@ -181,7 +185,8 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
     ``steps``: 1, or 2 consecutive steps on the same model and optimizer (the saved bytes are the first forward's;
     :attr:`HfMeasurement.step_states_bytes` holds each step's states). ``phase_peaks``: record
     :attr:`HfMeasurement.phase_peaks` (live bytes from the parameters, buffers, token ids, labels and mask up; see
-    :class:`~memlab.measure.live_bytes.PhasePeaks`). ``watch``: an extra observer of the steps (:data:`Watch`)."""
+    :class:`~memlab.measure.live_bytes.PhasePeaks`). ``watch``: an extra observer of the steps (:data:`Watch`).
+    ``reentrant``: the model checkpoints with torch's reentrant checkpoint (recorded; :func:`run_hf` builds it)."""
     if steps not in (1, 2) or isinstance(steps, bool):
         raise SetupError(f"steps must be 1 or 2 (the first and the steady step), got {steps!r}")
     cfg = model.config
@@ -209,7 +214,7 @@ def measure_hf(model: torch.nn.Module, *, batch: int, seq: int, attn_implementat
         family=cfg.model_type, attn_implementation=attn_implementation, dtype=dtype, batch=batch, seq=seq,
         params=sum(p.numel() for p in model.parameters()), saved_bytes=saved.total_bytes,
         params_bytes=st.params_bytes + quant, grads_bytes=st.grads_bytes, optimizer_bytes=st.optimizer_bytes,
-        device=str(dev), recompute="full" if _checkpointing(model) else "none",
+        device=str(dev), recompute="full" if _checkpointing(model) else "none", checkpoint_reentrant=reentrant,
         autocast=autocast, autocast_dtype=autocast_dtype, loss=opts.kind, loss_chunk=opts.chunk,
         logits_to_keep=opts.keep,
         attention_mask=attention_mask, pad_fraction=pad_fraction, padding_side=padding_side, loss_call=opts.call,
@@ -238,25 +243,28 @@ def run_hf(config: Any, *, attn_implementation: str, dtype: str, batch: int, seq
            seed: int = 0, gradient_checkpointing: bool = False, autocast: bool = False,
            autocast_dtype: str = "bf16", lora: Setup | None = None, attention_mask: str = "none",
            pad_fraction: float = 0.0, padding_side: str = "right", loss_call: str = "labels", steps: int = 1,
-           phase_peaks: bool = False, watch: Watch | None = None) -> tuple[TransformerConfig, HfMeasurement]:
+           phase_peaks: bool = False, watch: Watch | None = None,
+           reentrant: bool = False) -> tuple[TransformerConfig, HfMeasurement]:
     """Build the model from ``config``, measure one step, and return memlab's config for it with the measurement
     (``autocast``: an fp32 model with its forward under ``autocast_dtype`` (bf16, or fp16 with a GradScaler)
     autocast; give ``dtype="fp32"``; ``lora``: a setup
     with ``finetune='lora'``, whose adapters peft adds before the step, :func:`memlab.model.hf.apply_lora`;
     ``attention_mask``/``pad_fraction``/``padding_side``: the call convention, :func:`call_inputs`; ``loss_call``:
-    labels or manual, ``Setup.loss_call``; ``steps``, ``phase_peaks``, ``watch``: as :func:`measure_hf`)."""
+    labels or manual, ``Setup.loss_call``; ``steps``, ``phase_peaks``, ``watch``: as :func:`measure_hf`;
+    ``reentrant``: with ``gradient_checkpointing``, torch's reentrant checkpoint, ``Setup.checkpoint_reentrant``)."""
     if autocast and dtype != "fp32":
         raise SetupError("autocast runs an fp32 model (dtype='fp32') with a 16-bit forward; got dtype=" + repr(dtype))
     if autocast_dtype not in ("bf16", "fp16"):
         raise SetupError(f"autocast_dtype must be bf16 or fp16, got {autocast_dtype!r}")
     model = build_hf_model(config, attn_implementation=attn_implementation, dtype=dtype, device=device, seed=seed,
-                           gradient_checkpointing=gradient_checkpointing)
+                           gradient_checkpointing=gradient_checkpointing, reentrant=reentrant)
     tc = from_hf(model.config.to_dict() if not isinstance(config, dict) else config)
     if lora is not None:
         model = apply_finetune(model, lora, seed=seed)
     m = measure_hf(model, batch=batch, seq=seq, attn_implementation=attn_implementation, seed=seed, autocast=autocast,
                    autocast_dtype=autocast_dtype, lora=lora, attention_mask=attention_mask, pad_fraction=pad_fraction,
-                   padding_side=padding_side, loss_call=loss_call, steps=steps, phase_peaks=phase_peaks, watch=watch)
+                   padding_side=padding_side, loss_call=loss_call, steps=steps, phase_peaks=phase_peaks, watch=watch,
+                   reentrant=reentrant)
     del model
     return tc, m  # type: ignore[return-value]
 

@@ -8,9 +8,11 @@ in ``memlab/predict/families/configs/tiny``) and changes what its key account
 width; every boolean key the account models, flipped at random; a dropout of 0.1 on the keys that carry one; and,
 one draw in four, one refused key set to a value its account does not accept. The calling side is drawn too:
 eager or SDPA attention (where transformers builds it), fp32, bf16 or an fp32 model under bf16 autocast,
-gradient checkpointing on or off, the call (no attention mask, an all-ones one, or a batch with 10-50 % padding on
-the right or the left: ``Setup.attention_mask``, ``Setup.padding_side``, :func:`memlab.run.hf.call_inputs`; one draw
-in four with a hand-written loss, ``Setup.loss_call``), batch 1-3 and 8-40 tokens.
+gradient checkpointing on or off (on: half of the draws with torch's reentrant checkpoint, as peft's
+``prepare_model_for_kbit_training`` alone leaves it, ``Setup.checkpoint_reentrant``), the call (no attention mask,
+an all-ones one, or a batch with 10-50 % padding on the right or the left: ``Setup.attention_mask``,
+``Setup.padding_side``, :func:`memlab.run.hf.call_inputs`; one draw in four with a hand-written loss,
+``Setup.loss_call``), batch 1-3 and 8-40 tokens.
 
 Each draw runs two consecutive training steps of :func:`memlab.model.step.train_step` on the same model and
 AdamW optimizer, on this machine (a CPU: the estimate is asked for ``device_type="cpu"``), measured independently
@@ -34,6 +36,9 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
 - ``traced``: as ``named``, and the call is one the trace takes (:func:`traceable`): the trace of
   transformers' code on fake tensors (:func:`memlab.tracing.hf.trace_hf`, the exact answer the range points to)
   gives both peaks within 0.1 % of the measured ones (a trace outside it is ``off``);
+  a draw with reentrant checkpointing (which the formula refuses: the trace answers it) is ``traced`` when the
+  trace's peaks of both steps are within 0.1 % of the measured ones, and its phases hold the trace's bytes as the
+  predicted side;
 - ``refused``: :func:`memlab.predict.families.reader.from_hf` or the estimate raised a one-line
 :class:`~memlab.errors.MemlabError`
   (a refused key must end here);
@@ -91,11 +96,13 @@ class HfDraw:
     """With ``padded``: where each row's padding sits (``Setup.padding_side``)."""
     loss_call: str = "labels"
     """``labels`` (the model's own loss) or ``manual`` (cross-entropy on the returned logits; ``Setup.loss_call``)."""
+    reentrant: bool = False
+    """With ``checkpointing``: torch's reentrant checkpoint (``Setup.checkpoint_reentrant``)."""
 
     def label(self) -> str:
         """A short description for tables: family, call, shape and what was changed."""
         how = "amp-bf16" if self.autocast else self.dtype
-        ck = " ckpt" if self.checkpointing else ""
+        ck = (" ckpt reentrant" if self.reentrant else " ckpt") if self.checkpointing else ""
         mask = {"none": "", "ones": " mask=ones"}.get(self.attention_mask,
                                                        f" padded={self.pad_fraction:g} {self.padding_side}")
         mask += " manual-loss" if self.loss_call == "manual" else ""
@@ -166,14 +173,23 @@ def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int
                   checkpointing=checkpointing, batch=batch, seq=seq, refused_key=refused, attention_mask=mask,
                   pad_fraction=rng.choice(_PAD_FRACTIONS) if mask == "padded" else 0.0,
                   padding_side=call.choice(("right", "left")) if mask == "padded" else "right",
-                  loss_call="manual" if call.random() < 0.25 else "labels")
+                  loss_call="manual" if call.random() < 0.25 else "labels",
+                  reentrant=checkpointing and call.random() < 0.5)
 
 
 @contextlib.contextmanager
-def _mem_tracker(rows: list[Any], model: Any, optimizer: Any, inputs: list[Any]) -> Iterator[Any]:
+def _mem_tracker(rows: list[Any], model: Any, optimizer: Any, inputs: list[Any], *,
+                 reentrant: bool = False) -> Iterator[Any]:
     """torch's MemTracker over the steps (:data:`memlab.run.hf.Watch`): the model, the optimizer and the call's
-    tensors tracked up front, one row per phase appended to ``rows``."""
+    tensors tracked up front, one row per phase appended to ``rows``. Under the reentrant checkpoint its module
+    hooks would keep each checkpoint's function (and the layers' keyword tensors) past the step, as in a trace: they
+    are released when backward ends, as the real step without a tracker releases them
+    (:func:`memlab.tracing.hf.release_reentrant_calls`)."""
+    from memlab.tracing.hf import release_reentrant_calls
     from memlab.tracing.tracer import PhaseRecorder, fast_mem_tracker
+
+    if reentrant:
+        release_reentrant_calls(model)
 
     tracker = fast_mem_tracker()
     tracker.track_external(model, optimizer, *inputs)
@@ -204,9 +220,9 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     try:
         _, m = run_hf(dict(draw.config), attn_implementation=draw.attention, dtype=draw.dtype, batch=draw.batch,
                       seq=draw.seq, autocast=draw.autocast, gradient_checkpointing=draw.checkpointing, seed=seed,
-                      attention_mask=draw.attention_mask, pad_fraction=draw.pad_fraction,
+                      attention_mask=draw.attention_mask, pad_fraction=draw.pad_fraction, reentrant=draw.reentrant,
                       padding_side=draw.padding_side, loss_call=draw.loss_call, steps=2, phase_peaks=True,
-                      watch=lambda *a: _mem_tracker(tracked, *a))
+                      watch=lambda *a: _mem_tracker(tracked, *a, reentrant=draw.reentrant))
     except MemlabError as exc:
         return HfVerdict(draw, "refused", reason=str(exc))
     except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # transformers rejects the drawn config
@@ -215,7 +231,7 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
         p = predict_hf(config, m)
         est = estimate(config, m.setup(config), device_type=device_type(m.device))
     except MemlabError as exc:
-        return HfVerdict(draw, "refused", reason=str(exc))
+        return _refused_or_traced(draw, m.setup(config), m.phase_peaks, tracked, str(exc))
     states = p["params"] + p["grads"] + p["optimizer"]
     predicted = {"activations": p["activations"], "states": states, "peak": _step_peak(est.phases, "first"),
                  "steady states": states, "steady peak": _step_peak(est.phases, "steady")}
@@ -252,6 +268,29 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
                      phases)
 
 
+def _refused_or_traced(draw: HfDraw, setup: Any, live: list[Any], tracked: list[Any], refusal: str) -> HfVerdict:
+    """The verdict of a draw the estimate refuses (``refusal``): ``refused``, unless the draw checkpoints reentrant
+    (refused for that or another reason; the trace answers it: module docstring), where the trace of the same step is
+    compared with the measured peaks: ``traced`` within :data:`TOLERANCE`, else ``off`` (as where the live bytes
+    and MemTracker disagree). ``live`` and ``tracked``: the measured rows of each phase."""
+    rows = _trace_rows(draw, setup) if draw.reentrant and traceable(draw) else None
+    if rows is None:
+        return HfVerdict(draw, "refused", reason=refusal)
+    traced = {f"{r.step} {r.phase}": r.held_bytes for r in rows}
+    phases = {f"{r.step} {r.phase}": (traced.get(f"{r.step} {r.phase}", -1), r.held_bytes, t.held_bytes)
+              for r, t in zip(live, tracked, strict=True)}
+    predicted = {"peak": _step_peak(rows, "first"), "steady peak": _step_peak(rows, "steady")}
+    measured = {"peak": _step_peak(live, "first"), "steady peak": _step_peak(live, "steady")}
+    split = [k for k, (_, held, tracker) in phases.items() if held != tracker]
+    wrong = [k for k in predicted if abs(predicted[k] - measured[k]) > TOLERANCE * measured[k]]
+    said = ", ".join(f"{k} {predicted[k] - measured[k]:+,} B" for k in predicted)
+    if split or wrong:
+        return HfVerdict(draw, "off", predicted, measured, f"the trace: {said}" + (
+            f"; live bytes and MemTracker disagree in {', '.join(split)}" if split else ""), phases)
+    return HfVerdict(draw, "traced", predicted, measured, f"the formula refuses it ({refusal}); the trace: {said}",
+                     phases)
+
+
 def traceable(draw: HfDraw) -> bool:
     """Whether :func:`memlab.tracing.hf.trace_hf` traces ``draw``'s call: every call a draw makes (no attention
     mask, an all-ones one or a padded batch, with either loss call: ``labels=`` or the hand-written cross-entropy,
@@ -262,13 +301,19 @@ def traceable(draw: HfDraw) -> bool:
 def _traced_peaks(draw: HfDraw, setup: Any) -> dict[str, int] | None:
     """Both steps' peaks of the trace of ``draw``'s model under ``setup`` on fake CPU tensors (the answer ``memlab
     trace --hf`` gives): ``peak`` and ``steady peak``, bytes; None where the trace refuses the setup."""
+    rows = _trace_rows(draw, setup)
+    return None if rows is None else {"peak": _step_peak(rows, "first"), "steady peak": _step_peak(rows, "steady")}
+
+
+def _trace_rows(draw: HfDraw, setup: Any) -> list[Any] | None:
+    """The phase rows of the trace of ``draw``'s model under ``setup`` on fake CPU tensors; None where the trace
+    refuses the setup (CPU flash with dropout: no exact answer to offer)."""
     from memlab.tracing.hf import trace_hf
 
     try:
-        tr = trace_hf(dict(draw.config), setup, device_type="cpu")
-    except MemlabError:  # a setup the trace refuses (CPU flash with dropout): no exact answer to offer
+        return list(trace_hf(dict(draw.config), setup, device_type="cpu").phases)
+    except MemlabError:
         return None
-    return {"peak": _step_peak(tr.phases, "first"), "steady peak": _step_peak(tr.phases, "steady")}
 
 
 def _peak_verdict(predicted: int, measured: int, rng: Any) -> str:

@@ -116,6 +116,10 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     if setup.task not in ("auto", "causal-lm"):
         raise SetupError(f"task={setup.task!r}: the reference GPT is a causal LM; trace a Hugging Face config with "
                          "that head (memlab.tracing.hf.trace_hf)")
+    if setup.checkpoint_reentrant:
+        raise SetupError("checkpoint_reentrant is transformers' checkpointing as peft's kbit preparation leaves it; "
+                         "the reference GPT checkpoints non-reentrant: trace a Hugging Face config "
+                         "(memlab.tracing.hf.trace_hf), or drop checkpoint_reentrant")
     if setup.mode == "inference":
         return _trace_inference(config, setup, fake=fake)
     if setup.world_size == 1:

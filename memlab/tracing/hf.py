@@ -35,6 +35,7 @@ from memlab.model.hf import (
     apply_finetune,
     call_inputs,
     checkpoint_every,
+    enable_checkpointing,
     hf_config,
     import_transformers,
     pad_counts,
@@ -114,7 +115,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
     (:func:`memlab.model.tasks.task_labels`; a chunked or fused loss and LoRA are the causal LM's only).
 
     ``setup.attention``: ``eager`` is transformers' eager attention, the others its ``sdpa`` implementation pinned
-    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant), on every
+    to that SDPA backend; ``recompute='full'`` is ``activation_checkpointing_enable`` (non-reentrant; with
+    ``setup.checkpoint_reentrant`` torch's reentrant checkpoint, as peft's kbit preparation leaves it), on every
     ``recompute_every``-th layer only (:func:`memlab.model.hf.checkpoint_every`); ``op`` passes torchtitan's per-op
     policy to each layer's checkpoint (:func:`memlab.model.policies.torchtitan_op_context`); ``selective`` has no
     transformers equivalent; ``finetune='lora'`` wraps the model with peft
@@ -170,6 +172,10 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         notes.append("memory-efficient kernel with grouped K/V heads: its op's fake backward takes the query's heads, "
                      "so K/V are repeated to them inside the attention's backward (a transient a CUDA run may not "
                      "make: an upper bound there); what the kernel saves is CUDA's")
+    if setup.checkpoint_reentrant:
+        notes.append("checkpointing: torch's reentrant CheckpointFunction (use_reentrant=True), as peft's "
+                     "prepare_model_for_kbit_training alone leaves it; each checkpoint's function dropped when "
+                     "backward ends, as the real step frees it with its graph (release_reentrant_calls)")
     if force_unpacked:
         notes.append("unpacked batch forced (no packed-sequence mask; without padding no mask: SDPA is_causal in a "
                      "causal LM, native GQA); valid only for batches without packed sequences")
@@ -179,14 +185,9 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
         if progress is not None:
             progress(f"building {cfg.model_type} from its config (fake tensors)")
         model = head.from_config(cfg, attn_implementation=impl, dtype=model_dtype(setup.policy))
-        if setup.recompute in ("full", "op"):
-            kwargs: dict[str, Any] = {"use_reentrant": False}
-            if setup.recompute == "op":  # torchtitan's per-op policy inside each layer's checkpoint
-                kwargs["context_fn"] = torchtitan_op_context
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        if setup.recompute in ("full", "op"):  # op: torchtitan's per-op policy inside each layer's checkpoint
+            enable_checkpointing(model, reentrant=setup.checkpoint_reentrant,
+                                 context_fn=torchtitan_op_context if setup.recompute == "op" else None)
             if setup.recompute_every > 1:  # torchtitan's layer policy: every k-th layer keeps its flag
                 checkpoint_every(model, setup.recompute_every)
         _check_positions(model, cfg, setup.seq)
@@ -206,6 +207,8 @@ def trace_hf(config: Any, setup: Setup, *, fake: bool = True, device_type: str =
                         reshard_root=setup.fsdp_reshard_root, pin_memory=False)
         if setup.recompute in ("full", "op"):
             release_leaf_inputs(model.get_input_embeddings())
+        if setup.checkpoint_reentrant:
+            release_reentrant_calls(model)
         model.train()
         return model
 
@@ -449,6 +452,42 @@ def release_leaf_inputs(embedding: nn.Module | None) -> None:
 
     if embedding is not None:
         embedding.register_forward_hook(hook)
+
+
+def release_reentrant_calls(model: nn.Module) -> None:
+    """Free what each reentrant checkpoint's function holds when the backward ends, as a step without a tracker
+    frees it.
+
+    transformers checkpoints ``partial(forward, layer, **kwargs)`` with the layer's positional inputs
+    (modeling_layers.py ``GradientCheckpointingLayer``), and torch's reentrant ``CheckpointFunction`` keeps that
+    function on its autograd context (``ctx.run_function``) for the recompute: the keyword tensors (rotary cos/sin,
+    the causal mask, the position ids) live as long as the node does. A real step frees the node with its graph,
+    when the loss goes (measured: :func:`memlab.run.hf.run_hf` ends its backward with the bytes of the
+    non-reentrant step); under the tracer's ``ModTracker`` the node sits in the reference cycles
+    :func:`release_leaf_inputs` describes, so the trace kept them for every step (12,544 B a step on the tiny
+    Llama). Here each layer's checkpoint function is wrapped so that its recompute (the call under grad, inside
+    backward) queues a callback the autograd engine runs when the backward ends, which drops the function; no other
+    byte changes."""
+    for module in model.modules():
+        func = getattr(module, "_gradient_checkpointing_func", None)
+        if func is not None:
+            module._gradient_checkpointing_func = _released(func)
+
+
+def _released(checkpoint_func: Any) -> Any:
+    """``checkpoint_func`` with its function dropped when the backward that recomputed it ends."""
+    def released(function: Any, *args: Any, **kwargs: Any) -> Any:
+        holder = [function]
+
+        def run(*inner: Any) -> Any:
+            call = holder[0]
+            if torch.is_grad_enabled():  # the recompute inside backward (the forward runs under no_grad)
+                torch.autograd.Variable._execution_engine.queue_callback(holder.clear)
+            return call(*inner)
+
+        return checkpoint_func(run, *args, **kwargs)
+
+    return released
 
 
 def _quiet_fake_tensor_log() -> contextlib.AbstractContextManager[None]:

@@ -297,3 +297,20 @@ def test_the_trace_of_a_published_name_reads_its_shipped_config(monkeypatch: pyt
     monkeypatch.setattr(tracing_hf, "trace_hf", lambda cfg, setup, **kw: seen.setdefault("cfg", cfg))
     trace_config(argparse.Namespace(timeout=1.0), "llama-2-7b", Setup())
     assert seen["cfg"].model_type == "llama" and seen["cfg"].hidden_size == 4096 and seen["cfg"].num_hidden_layers == 32
+
+
+def test_reentrant_checkpointing_is_answered_by_the_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    """--reentrant (torch's reentrant checkpoint, as peft's prepare_model_for_kbit_training alone leaves it): the
+    formula refuses it, memlab estimate --hf answers from the trace of transformers' code running it; --no-trace
+    keeps the one-line refusal; the reference GPT refuses it in one line."""
+    argv = ["estimate", "--hf", str(CONFIGS / "tiny" / "llama.json"), "--seq", "16", "--recompute", "full",
+            "--reentrant", "--attention", "eager"]
+    assert cli.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["source_of_truth"] == "trace" and "checkpoint_reentrant" in out["formula_refused"]
+    assert out["setup"]["checkpoint_reentrant"] is True and out["peak_bytes"] > 0
+    assert cli.main([*argv, "--no-trace"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trace it (memlab estimate --hf answers from the trace" in err[0]
+    code, _, err = _run(capsys, "estimate", "--preset", "tiny-gpt", "--recompute", "full", "--reentrant")
+    assert code == 2 and err.count("\n") == 1 and "the reference GPT checkpoints non-reentrant" in err

@@ -35,6 +35,7 @@ FIELDS = {
     "fsdp_param_dtype": ("none", "bf16"), "fsdp_output_dtype": ("none", "bf16"), "fsdp_offload": (False, True),
     "pp": (1, 2), "cp": (1, 2), "ep": (1, 2), "seq": (16, 64), "task": ("auto",) * 6 + ("causal-lm", "masked-lm"),
     "kbit_prepare": (False, False, True), "lora_dtype": ("fp32", "fp32", "bf16"),
+    "checkpoint_reentrant": (False, False, True),
     "lora_targets": ("",) * 4 + ("q_proj,v_proj", "all-linear", "q,lm_head", r".*\.(q|v)_proj"),
 }
 
@@ -116,3 +117,21 @@ def test_a_valid_setup_memlab_does_not_model_is_refused_by_the_estimate_not_by_s
         estimate(MODELS["llama"], setup)
     assert "\n" not in str(info.value)
     assert coverage.refusal(MODELS["llama"], setup) == str(info.value)
+
+
+def test_reentrant_checkpointing_is_refused_with_the_trace_as_way_out_and_the_variant_assumed_is_said() -> None:
+    """torch's reentrant checkpoint (peft's prepare_model_for_kbit_training alone) holds other bytes in backward than
+    the non-reentrant one the formula models (tests/tracing/test_trace_reentrant.py): refused in one line, the trace
+    as the way out on a Hugging Face config, transformers' default named on the reference GPT; an estimate under
+    full recompute of a Hugging Face config says which checkpoint it assumes and where the other comes from."""
+    setup = Setup(seq=32, recompute="full", checkpoint_reentrant=True)
+    for name, way_out in (("llama", "memlab estimate --hf answers from the trace"),
+                          ("tiny-gpt", "the reference GPT checkpoints non-reentrant")):
+        with pytest.raises(SetupError, match=way_out) as info:
+            estimate(MODELS[name], setup)
+        assert "\n" not in str(info.value) and coverage.refusal(MODELS[name], setup) == str(info.value)
+    said = estimate(MODELS["llama"], setup.with_(checkpoint_reentrant=False)).assumptions
+    assert coverage.CHECKPOINT_VARIANT in said and "prepare_model_for_kbit_training(model) alone" in \
+        coverage.CHECKPOINT_VARIANT and "--reentrant" in coverage.CHECKPOINT_VARIANT
+    assert coverage.CHECKPOINT_VARIANT not in estimate(MODELS["tiny-gpt"], setup.with_(
+        checkpoint_reentrant=False)).assumptions  # the reference GPT's checkpoint is memlab's own

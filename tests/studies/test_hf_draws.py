@@ -26,6 +26,7 @@ from memlab.studies.hf_draws import (
 
 TINY = {name: load_config(name) for name in config_names("tiny")}
 EXACT = ("activations", "states", "steady states")
+PEAKS = ("peak", "steady peak")
 
 
 def _measured(verdicts):
@@ -50,12 +51,28 @@ def test_a_seeded_sample_of_every_family_is_exact_named_or_refused() -> None:
         if v.draw.refused_key is not None:
             assert v.verdict == "refused" and v.draw.refused_key in v.reason
     for v in _measured(verdicts):
-        assert set(v.predicted) == set(v.measured) == set(COMPONENTS)
-        assert all(v.predicted[k] == v.measured[k] for k in EXACT), v.reason  # states after BOTH steps, to the byte
+        if v.draw.reentrant:  # refused by the formula, answered by the trace: its peaks against the measured ones
+            assert v.verdict == "traced" and set(v.predicted) == set(v.measured) == set(PEAKS), v.reason
+        else:
+            assert set(v.predicted) == set(v.measured) == set(COMPONENTS)
+            assert all(v.predicted[k] == v.measured[k] for k in EXACT), v.reason  # states after BOTH steps, exact
         assert [k.split(" ", 1)[0] for k in v.phases] == ["first"] * 4 + ["steady"] * 4
         assert all(live == tracker for _, live, tracker in v.phases.values()), v.phases  # live bytes == MemTracker
         # the steady step holds AdamW's state from the start: its forward holds more than the first one's
         assert v.phases["steady forward"][1] > v.phases["first forward"][1]
+
+
+def test_a_reentrant_draw_is_refused_by_the_formula_and_its_trace_equals_the_real_steps() -> None:
+    """Reentrant checkpointing (peft's kbit preparation alone) in a draw: the formula refuses it, and the trace of
+    the same step holds what two real CPU steps hold at both peaks, to the byte, each phase's live bytes equal to
+    MemTracker's (its hooks' cycles released as the trace releases them)."""
+    draw = HfDraw(family="llama", config=TINY["llama"], attention="eager", dtype="fp32", autocast=False,
+                  checkpointing=True, batch=2, seq=16, reentrant=True)
+    v = judge(draw)
+    assert v.verdict == "traced" and "checkpoint_reentrant" in v.reason, v.reason
+    assert v.predicted == v.measured and set(v.measured) == set(PEAKS)
+    assert all(pred == live == tracker for pred, live, tracker in v.phases.values()), v.phases
+    assert "ckpt reentrant" in draw.label()
 
 
 def test_where_the_logits_dominate_the_peaks_of_generated_draws_are_exact() -> None:

@@ -360,7 +360,9 @@ def step_flops(config: TransformerConfig, setup: Any, causal: bool = False) -> S
     included (input-gradient GEMMs, no weight gradients), and every block runs its forward again, less the block's
     last matmul when nothing after it saves a tensor (no residual dropout): torch's non-reentrant checkpoint stops
     recomputing at the last saved tensor (``early_stop=True``, torch/utils/checkpoint.py), and a matmul saves its
-    inputs before it runs. ``selective`` recomputes the attention cores of the blocks whose backward runs.
+    inputs before it runs; torch's reentrant checkpoint (``setup.checkpoint_reentrant``: peft's
+    ``prepare_model_for_kbit_training`` alone) runs the whole block again, its last matmul included
+    (``CheckpointFunction.backward``). ``selective`` recomputes the attention cores of the blocks whose backward runs.
     ``causal`` counts the useful half of the scores (:func:`attention_flops`). A mixture of experts under a
     fine-tuning method is refused (:class:`SetupError`): its routed experts' backward is not modelled here.
     """
@@ -396,21 +398,23 @@ def step_flops(config: TransformerConfig, setup: Any, causal: bool = False) -> S
         lowest = -1 if "embed" in setup.lora_save_kinds else min(_STAGE_OF[k] for k, _, _ in adapters)
         weights = trained * sum(2 * b * s * rank * (i + o) for _, i, o in adapters)
         weights += parts["head"] if "head" in setup.lora_save_kinds else 0
-    return _finetune_step(config, b * s, stages, adapters, rank, parts["head"], weights, trained, lowest, recompute)
+    return _finetune_step(config, b * s, stages, adapters, rank, parts["head"], weights, trained, lowest, recompute,
+                          reentrant=bool(getattr(setup, "checkpoint_reentrant", False)))
 
 
 def _finetune_step(config: TransformerConfig, t: int, stages: dict[str, int], adapters: list[tuple[str, int, int]],
-                   rank: int, head: int, weights: int, trained: int, lowest: int, recompute: str) -> StepFlops:
+                   rank: int, head: int, weights: int, trained: int, lowest: int, recompute: str, *,
+                   reentrant: bool = False) -> StepFlops:
     """:func:`step_flops` of a fine-tuning method over ``t`` tokens, from one block's ``stages``, its ``adapters``,
     the ``head``'s forward, the ``weights``' gradient GEMMs, the ``trained`` top blocks the gradient passes through
-    (in the lowest of them from stage ``lowest`` up) and ``recompute``."""
+    (in the lowest of them from stage ``lowest`` up) and ``recompute`` (``reentrant``: no early stop)."""
     n_l = config.n_layers
     adapters_fwd = sum(2 * t * rank * (i + o) for _, i, o in adapters)
     block = sum(stages.values()) + adapters_fwd
     if recompute == "full":  # transformers' checkpointing makes the embedding's output require grad: all blocks
         passed, backward = n_l, n_l * _input_grads(stages, adapters, rank, t, -1)
         down = [o for k, _, o in adapters if k == "down"]  # the block's last matmul: down's B, else down itself
-        last = 0 if config.dropout else (2 * t * rank * down[0] if down else stages["down"])
+        last = 0 if config.dropout or reentrant else (2 * t * rank * down[0] if down else stages["down"])
         again = n_l * (block - last)
     else:
         passed = trained

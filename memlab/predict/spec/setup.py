@@ -192,7 +192,7 @@ SETUP_GROUPS: dict[str, tuple[str, ...]] = {
     "precision": ("precision", "inference_weights", "kv_cache_dtype"),
     "optimizer": ("optimizer", "optimizer_impl", "grad_accum_steps", "zero_grad_to_none"),
     "memory levers": ("recompute", "recompute_every", "activation_memory_budget", "attention", "loss", "loss_chunk",
-                      "logits_to_keep", "offload_activations", "kv_cache"),
+                      "logits_to_keep", "offload_activations", "kv_cache", "checkpoint_reentrant"),
     "parallelism": ("zero_stage", "world_size", "tp", "sp", "pp", "pp_schedule", "pp_chunks", "micro_batches", "cp",
                     "ep", "ep_routing"),
     "fsdp2": ("fsdp_units", "fsdp_loss", "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_output_dtype", "fsdp_offload",
@@ -250,6 +250,14 @@ class Setup(StrictInit):
     """torch.compile's activation memory budget (torch._functorch.config.activation_memory_budget; torchtitan's
     memory_budget mode): 1 is torch's default; below 1 the compiled graph's partitioner picks what to recompute, which
     memlab cannot trace (refused: use recompute op, full or recompute_every instead)."""
+    checkpoint_reentrant: bool = field(default=False, metadata={"mode": "train", "flag": "--reentrant"})
+    """With recompute='full' on a Hugging Face model: torch's reentrant checkpoint (CheckpointFunction: each block
+    runs under no_grad, keeps its positional inputs, and in backward runs again and backpropagates inside) instead of
+    the non-reentrant one. False is transformers' default (transformers 5.25 modeling_utils.py l. 3159-3160:
+    use_reentrant=False when no kwargs are given, as Trainer(gradient_checkpointing=True) calls it); True is what
+    peft's prepare_model_for_kbit_training(model) alone leaves: its gradient_checkpointing_kwargs=None becomes {}
+    (peft 0.21 utils/other.py l. 190-191, 253-258), so transformers passes no use_reentrant and torch 2.13's
+    checkpoint warns and takes use_reentrant=True (torch/utils/checkpoint.py l. 486-496)."""
     attention: Attention = field(default="eager", metadata={"cli_default": "auto"})
     """Attention kernel: eager/math keep the s x s scores; flash/efficient/cudnn are fused and keep none; auto is
     what the libraries run (transformers' default implementation, then the kernel torch dispatches on the device:
@@ -352,7 +360,8 @@ class Setup(StrictInit):
     (peft/utils/other.py: every fp16/bf16 parameter that is not a Params4bit, the embeddings, norms and LM head,
     cast to fp32), as QLoRA scripts and TRL's SFTTrainer before huggingface/trl 2af35fb0d (Dec 2025) do for a 4-bit
     model. Off by default, as SFTTrainer now runs (the base as loaded, peft's get_peft_model alone), which the
-    formula models; on, the trace answers."""
+    formula models; on, the trace answers. The checkpointing it enables by default is torch's reentrant one:
+    recompute='full' with checkpoint_reentrant."""
     lora_dtype: LoraDtype = field(default="fp32", metadata={"mode": "train"})
     """With finetune lora or qlora: the adapters' dtype. fp32 is peft's default (LoraConfig
     autocast_adapter_dtype=True casts 16-bit adapters to fp32), which the formula models; bf16 is what TRL's
@@ -415,6 +424,10 @@ class Setup(StrictInit):
                              "tp=1 (or drop fsdp_offload)")
         self._check_finetune()
         self._check_call()
+        if self.checkpoint_reentrant and (self.recompute != "full" or self.mode != "train"):
+            raise SetupError(f"checkpoint_reentrant chooses torch's reentrant checkpoint for recompute='full' in "
+                             f"training, not recompute={self.recompute!r} in mode={self.mode!r}: set recompute='full' "
+                             "(or drop checkpoint_reentrant)")
         if self.recompute_every > 1 and self.recompute != "full":
             raise SetupError(f"recompute_every={self.recompute_every} checkpoints every k-th block: it goes with "
                              f"recompute='full', not {self.recompute!r} (set recompute='full', or drop "

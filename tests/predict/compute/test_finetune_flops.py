@@ -51,7 +51,8 @@ def _counted(setup: Setup) -> int:
             lambda g, q, k, v, *a, out_shape=None, **kw: 2 * sdpa_flop_count(q, k, v)}
     cfg = _config()
     checkpointed = setup.recompute == "full"  # memlab's runs: peft LoRA on memlab's targets, or bottom blocks frozen
-    model = apply_finetune(build_hf_model(cfg, attn_implementation="sdpa", gradient_checkpointing=checkpointed), setup)
+    model = apply_finetune(build_hf_model(cfg, attn_implementation="sdpa", gradient_checkpointing=checkpointed,
+                                          reentrant=setup.checkpoint_reentrant), setup)
     model.train()
     ids = torch.randint(0, cfg["vocab_size"], (setup.batch, setup.seq))
     with FlopCounterMode(display=False, custom_mapping=sdpa) as counter:
@@ -61,15 +62,21 @@ def _counted(setup: Setup) -> int:
     return counter.get_total_flops() - rotary
 
 
-@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("recompute", ["none", "full", "reentrant"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_the_closed_form_is_torchs_count_of_the_real_step(case: dict, recompute: str) -> None:
+    """'reentrant': torch's reentrant checkpoint (peft's kbit preparation alone) runs every block again whole, its
+    last matmul included, where the non-reentrant one stops at the last saved tensor."""
     pytest.importorskip("peft")
-    setup = Setup(batch=2, seq=16, recompute=recompute, **case)
+    setup = Setup(batch=2, seq=16, recompute="none" if recompute == "none" else "full",
+                  checkpoint_reentrant=recompute == "reentrant", **case)
     step = F.step_flops(from_hf(_config()), setup)
     assert _counted(setup) == step.hardware
     assert step.model == step.forward + step.backward_input + step.backward_weight
-    assert (step.recompute > 0) == (recompute == "full")
+    assert (step.recompute > 0) == (recompute != "none")
+    if recompute == "reentrant":
+        plain = F.step_flops(from_hf(_config()), setup.with_(checkpoint_reentrant=False))
+        assert step.recompute > plain.recompute and step.model == plain.model
 
 
 def test_full_training_is_megatrons_count() -> None:
