@@ -213,10 +213,64 @@ recipe_table.round(2)
 # frozen base's activations of every block stay until backward. These are live-tensor peaks: the CUDA context and
 # the caching allocator's reserve come on top on a real card.
 #
-# **LoRA under FSDP.** Sharding a LoRA model over 8 GPUs is the other recipe people run (the base sharded, the small
-# adapters trained on every rank). The formula refuses adapters under ZeRO/FSDP; the trace answers: transformers'
-# code wrapped by peft, every decoder layer an FSDP2 unit, over a fake 8-rank process group (at ci scale two of the
-# 7B's blocks at its full width; the full scale traces all 32).
+# **The recipe as QLoRA scripts write it.** Many scripts call peft's `prepare_model_for_kbit_training(model)` before
+# `get_peft_model` `[peft]`. It does two things the table above leaves out:
+#
+# - it casts every 16-bit parameter that is not a 4-bit weight (embeddings, norms, LM head) to fp32;
+# - it switches checkpointing on with empty arguments, which transformers passes on as they are, and torch 2.13's
+#   `checkpoint` reads a missing `use_reentrant` as **reentrant** (with a warning). A later
+#   `Trainer(gradient_checkpointing=True)` switches it back to non-reentrant: the last call wins.
+#
+# memlab names the two effects `kbit_prepare=True` and `checkpoint_reentrant=True`. The formula refuses both and the
+# trace answers: transformers' code, quantised by bitsandbytes' own `quantize_4bit` on fake tensors, wrapped by peft
+# (two of the 7B's blocks at its full width at ci scale, all 32 at full scale).
+
+# %%
+prep_cfg = {**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["fsdp_layers"]}
+prep_base = Setup(seq=SIZES["fsdp_seq"], precision="bf16", attention="flash", finetune="qlora", lora_rank=16,
+                  lora_targets="all-linear", recompute="full")
+prep_setups = {"Trainer(gradient_checkpointing=True)": prep_base,
+               "prepare_model_for_kbit_training, then the Trainer's checkpointing": prep_base.with_(kbit_prepare=True),
+               "prepare_model_for_kbit_training alone (reentrant)": prep_base.with_(kbit_prepare=True,
+                                                                                   checkpoint_reentrant=True)}
+prep = {name: trace_hf(prep_cfg, s, device_type=dt) for name, s in prep_setups.items()}
+prep_table = pd.DataFrame([{"QLoRA r=16 all-linear, checkpointed by": name, "peak (GiB)": t.peak_bytes / GiB,
+                            "parameters (GiB)": t.components()["params"] / GiB,
+                            "peak phase": f"{t.peak_step} {t.peak_phase}"} for name, t in prep.items()])
+ch.save_table(prep_table, "qlora_kbit_prepare_trace")
+plain_t, cast_t, reentrant_t = prep.values()
+print(f"{SIZES['fsdp_layers']} blocks at the 7B's width, seq {SIZES['fsdp_seq']}: the fp32 casts add "
+      f"{(cast_t.components()['params'] - plain_t.components()['params']) / GiB:.2f} GiB of parameters "
+      "(embedding and head, 32,000 x 4,096 each, from 2 to 4 bytes, whatever the depth); reentrant checkpointing "
+      f"adds {(reentrant_t.peak_bytes - cast_t.peak_bytes) / MiB:.1f} MiB at the backward peak (each block's output, "
+      "recomputed whole and held through the block's inner backward)")
+prep_table.round(3)
+
+# %% [markdown]
+# **On a card without bf16.** A T4 (sm75) has no bf16 units, so the recipe there computes the 4-bit layers in fp16
+# (`bnb_4bit_compute_dtype=torch.float16`) under fp16 autocast and a `GradScaler` (`Trainer(fp16=True)`):
+# memlab's `precision="amp-fp16"`. Flash attention needs sm80, so torch dispatches SDPA to the memory-efficient
+# kernel. memlab's `amp-fp16` loads the model in fp32, so the embedding, norms and head take 4 bytes a parameter; a
+# script that loads it with `torch_dtype=torch.float16` keeps them at 2 bytes, a setup neither the formula nor the
+# trace models yet (the estimate says so).
+
+# %%
+t4 = gpu("t4")
+t4_recipe, t4_why = resolved(cfg7, recipe.with_(precision="amp-fp16"), device_type=dt, gpu=t4.key)
+t4_est = estimate(cfg7, t4_recipe, device_type=dt)
+print(t4_why)
+print(f"QLoRA recipe on the {t4.memory_bytes / GiB:.0f} GiB {t4.name}: peak {t4_est.peak_gib:.2f} GiB at batch 1 "
+      f"({t4_est.peak_step} {t4_est.peak_phase}); largest micro-batch that fits: "
+      f"{max_batch(cfg7, t4_recipe, t4.key).value}")
+
+# %% [markdown]
+# **LoRA and QLoRA under FSDP.** Sharding the model over 8 GPUs is the other recipe people run: the base sharded,
+# the small adapters trained on every rank. For QLoRA the published FSDP-QLoRA recipe stores the packed 4-bit weights
+# as bf16 (`bnb_4bit_quant_storage=torch.bfloat16`) so that FSDP can shard them with the other bf16 parameters
+# `[answerai2024]`; bitsandbytes' quantisation constants are attributes, not parameters, and stay whole on every rank.
+# The formula refuses adapters under ZeRO/FSDP; the trace answers: transformers' code wrapped by peft, every decoder
+# layer an FSDP2 unit, over a fake 8-rank process group (at ci scale two of the 7B's blocks at its full width; the
+# full scale traces all 32).
 
 # %%
 fsdp_cfg = {**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["fsdp_layers"]}
@@ -224,10 +278,13 @@ fsdp_setup = Setup(seq=SIZES["fsdp_seq"], precision="bf16", attention="flash", f
                    recompute="full")
 one_rank = trace_hf(fsdp_cfg, fsdp_setup, device_type=dt)
 eight = trace_hf(fsdp_cfg, fsdp_setup.with_(zero_stage=3, world_size=8), device_type=dt)
+qlora_eight = trace_hf(fsdp_cfg, prep_base.with_(zero_stage=3, world_size=8), device_type=dt)
 fsdp_table = pd.DataFrame([{"layout": layout, "peak (GiB)": t.peak_bytes / GiB,
                             "parameters at the peak (GiB)": t.peak_by_category.get("parameters", 0) / GiB,
                             "peak phase": f"{t.peak_step} {t.peak_phase}"}
-                           for layout, t in (("one GPU", one_rank), ("FSDP2 (ZeRO-3) over 8, rank 0", eight))])
+                           for layout, t in (("LoRA, one GPU", one_rank), ("LoRA, FSDP2 over 8, rank 0", eight),
+                                             ("QLoRA, one GPU", plain_t),
+                                             ("QLoRA (bf16 storage), FSDP2 over 8, rank 0", qlora_eight))])
 ch.save_table(fsdp_table, "lora_fsdp_trace")
 root_gib = 2 * fsdp_cfg["vocab_size"] * fsdp_cfg["hidden_size"] * 2 / GiB  # embedding + untied head, bf16
 print(f"Llama-2-7B's width, {SIZES['fsdp_layers']} blocks, seq {SIZES['fsdp_seq']}: LoRA traced on one GPU "
@@ -236,6 +293,10 @@ print(f"Llama-2-7B's width, {SIZES['fsdp_layers']} blocks, seq {SIZES['fsdp_seq'
          f"more than one GPU at this depth: the root unit (embedding and head, {root_gib:.2f} GiB) stays gathered "
          "from forward into backward and each layer is gathered beside its shard, which only more blocks "
          "outweigh"))
+print(f"QLoRA at the same size: one GPU {plain_t.peak_bytes / GiB:.2f} GiB, FSDP-QLoRA over 8 ranks "
+      f"{qlora_eight.peak_bytes / GiB:.2f} GiB on rank 0, of which {qlora_eight.components()['params'] / GiB:.3f} GiB "
+      f"of parameters at rest against {plain_t.components()['params'] / GiB:.3f} GiB on one GPU: the NF4 base shards, "
+      "its quantisation constants stay whole on every rank")
 fsdp_table.round(3)
 
 # %% [markdown]
