@@ -8,6 +8,14 @@ elements keep two 8-bit state tensors plus one fp32 absmax per
 two shared 256-entry fp32 code maps; smaller tensors keep fp32 states. ``tests/model/test_optimizers.py`` checks its
 state bytes equal the real ``bnb.optim.AdamW8bit``'s on CPU, to the byte, on generated shapes.
 
+``paged-adamw`` and ``paged-adam-8bit`` stand in for bitsandbytes' ``PagedAdamW32bit`` and ``PagedAdamW8bit``
+(:class:`PagedAdamW`, and :class:`Adam8bit` with ``paged=True``): the same state layout, and the states that
+bitsandbytes pages (``state1``/``state2`` of a tensor of at least
+:data:`memlab.predict.memory.states.PAGED_MIN_ELEMENTS` elements, ``get_state_buffer``) are allocated under
+:func:`paged_allocation`, which a trace books apart from torch's allocator (:mod:`memlab.tracing.tracer`), as a CUDA
+run's managed memory is. They are plain tensors here: on a CPU bitsandbytes does not page either (it warns and falls
+back, ``get_state_buffer`` l. 375-382), so a real CPU run holds them beside everything else.
+
 Why not the real library: bnb 0.50's step runs on CPU but not under FakeTensorMode (its blockwise kernels read
 values: ``aten._local_scalar_dense``), so :mod:`memlab.tracing` could not trace it. Its quantisation is a per-block
 power code (bitsandbytes uses a dynamic tree code; the maps here hold this code's 256 values, and decoding computes
@@ -17,13 +25,45 @@ simplification and are not what the course measures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from memlab.errors import SetupError
-from memlab.predict.memory.states import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE
+from memlab.predict.memory.states import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE, PAGED_MIN_ELEMENTS
 from memlab.predict.spec.setup import OPTIMIZERS, resolve_optimizer_impl
+
+_PAGING: list[bool] = []
+"""Non-empty while :func:`paged_allocation` is open (a stack: one entry per open ``with``)."""
+
+
+@contextlib.contextmanager
+def paged_allocation() -> Iterator[None]:
+    """Tensors made inside are a paged optimizer's managed memory: :func:`paging` is True meanwhile, which the trace's
+    tracker reads to book them apart from the allocator (bitsandbytes' ``F.get_paged``: ``cudaMallocManaged``)."""
+    _PAGING.append(True)
+    try:
+        yield
+    finally:
+        _PAGING.pop()
+
+
+def paging() -> bool:
+    """True inside :func:`paged_allocation`."""
+    return bool(_PAGING)
+
+
+def state_buffer(p: torch.Tensor, dtype: torch.dtype, paged: bool, numel: int | None = None) -> torch.Tensor:
+    """A zero state of ``p``'s elements (flat, ``numel`` of them by default) in ``dtype``, under
+    :func:`paged_allocation` when ``paged`` and ``p`` has at least ``PAGED_MIN_ELEMENTS`` elements
+    (bitsandbytes ``get_state_buffer``, optim/optimizer.py l. 383)."""
+    n = p.numel() if numel is None else numel
+    if paged and p.numel() >= PAGED_MIN_ELEMENTS:
+        with paged_allocation():
+            return torch.zeros(n, dtype=dtype, device=p.device)
+    return torch.zeros(n, dtype=dtype, device=p.device)
 
 
 class Adam8bit(torch.optim.Optimizer):
@@ -36,8 +76,12 @@ class Adam8bit(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        paged: bool = False,
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self.paged = paged
+        """The two 8-bit states of a tensor of >= 1e5 elements made under :func:`paged_allocation`
+        (bitsandbytes' ``PagedAdamW8bit``); the absmax and the maps never are."""
 
     @staticmethod
     def _blocks(flat: torch.Tensor) -> torch.Tensor:
@@ -92,8 +136,8 @@ class Adam8bit(torch.optim.Optimizer):
                         state["exp_avg_sq"] = torch.zeros(n, dtype=torch.float32, **kw)
                     else:
                         nblocks = (n + ADAM_8BIT_BLOCK - 1) // ADAM_8BIT_BLOCK
-                        state["exp_avg"] = torch.zeros(n, dtype=torch.int8, **kw)
-                        state["exp_avg_sq"] = torch.zeros(n, dtype=torch.uint8, **kw)
+                        state["exp_avg"] = state_buffer(p, torch.int8, self.paged)
+                        state["exp_avg_sq"] = state_buffer(p, torch.uint8, self.paged)
                         state["absmax1"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
                         state["absmax2"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
                         state["qmap1"], state["qmap2"] = self._qmaps(p.device)
@@ -114,6 +158,51 @@ class Adam8bit(torch.optim.Optimizer):
                 if not small:
                     self._encode(m, state["exp_avg"], state["absmax1"], True)
                     self._encode(v, state["exp_avg_sq"], state["absmax2"], False)
+
+
+class PagedAdamW(torch.optim.Optimizer):
+    """bitsandbytes' ``PagedAdamW32bit`` as memlab runs it: two fp32 states per tensor (``get_state_buffer(p,
+    dtype=torch.float32)``), paged for tensors of >= 1e5 elements (:func:`state_buffer`), a Python int step, and
+    bitsandbytes' defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2). The update is torch.optim.AdamW's
+    for-loop (``_single_tensor_adam``: the same ops in the same order, so the same temporaries: ``sqrt`` and the
+    division of the tensor being stepped beside the previous tensor's ``denom``), on fp32 parameters only (a
+    16-bit one raises SetupError: memlab.predict.coverage refuses it), every state made before the loop as torch's
+    ``_init_group`` makes them (bitsandbytes makes each in its loop, and its CUDA kernel updates in place: no
+    temporaries)."""
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            stepped = [p for p in group["params"] if p.grad is not None]
+            for param in stepped:  # every state first, as torch.optim's _init_group makes them
+                self._init_state(param)
+            for param in stepped:
+                state = self.state[param]
+                state["step"] += 1
+                grad, exp_avg, exp_avg_sq, t = param.grad, state["exp_avg"], state["exp_avg_sq"], state["step"]
+                param.mul_(1 - lr * wd)
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step_size = lr / (1 - beta1**t)
+                denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
+                param.addcdiv_(exp_avg, denom, value=-step_size)
+
+    def _init_state(self, param: torch.Tensor) -> None:
+        """The two fp32 states of ``param`` (paged from 1e5 elements) and its step, once."""
+        if param.dtype != torch.float32:
+            raise SetupError(f"paged-adamw's stand-in steps fp32 parameters, got {param.dtype}: use an amp-* or "
+                             "mixed-* precision (fp32 parameters), or paged-adam-8bit")
+        state = self.state[param]
+        if not state:
+            state["step"] = 0  # a Python int, as bitsandbytes keeps it
+            state["exp_avg"] = state_buffer(param, torch.float32, True).view_as(param)
+            state["exp_avg_sq"] = state_buffer(param, torch.float32, True).view_as(param)
 
 
 def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 1e-4,
@@ -138,6 +227,8 @@ def build_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 1e-4,
         return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=lr, foreach=impl == "foreach")
-    if name == "adam-8bit":
-        return Adam8bit(params, lr=lr)
+    if name in ("adam-8bit", "paged-adam-8bit"):
+        return Adam8bit(params, lr=lr, paged=name == "paged-adam-8bit")
+    if name == "paged-adamw":
+        return PagedAdamW(params, lr=lr)
     raise SetupError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")

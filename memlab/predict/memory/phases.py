@@ -322,7 +322,7 @@ def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: 
         core = 0
     elif impl == "foreach":
         core = sb * elements
-    elif optimizer == "adam-8bit":
+    elif optimizer in ("adam-8bit", "paged-adam-8bit"):
         core = 5 * 4 * largest  # memlab's Adam8bit: fp32 gradient, decoded m and v, the update, padding
     else:
         core = sb * (2 * largest if loop_peak is None else loop_peak)
