@@ -14,7 +14,9 @@ bitsandbytes pages (``state1``/``state2`` of a tensor of at least
 :data:`memlab.predict.memory.states.PAGED_MIN_ELEMENTS` elements, ``get_state_buffer``) are allocated under
 :func:`paged_allocation`, which a trace books apart from torch's allocator (:mod:`memlab.tracing.tracer`), as a CUDA
 run's managed memory is. They are plain tensors here: on a CPU bitsandbytes does not page either (it warns and falls
-back, ``get_state_buffer`` l. 375-382), so a real CPU run holds them beside everything else.
+back, ``get_state_buffer`` l. 375-382), so a real CPU run holds them beside everything else; a CUDA run of the
+runner with these names runs the stand-ins too, whose paged states are then ordinary CUDA tensors in torch's
+allocator (its measured peak is the estimate's ``peak_bytes + paged_bytes``, not bitsandbytes' managed memory).
 
 Why not the real library: bnb 0.50's step runs on CPU but not under FakeTensorMode (its blockwise kernels read
 values: ``aten._local_scalar_dense``), so :mod:`memlab.tracing` could not trace it. Its quantisation is a per-block

@@ -432,9 +432,9 @@ def _paged_line(c: Case) -> str:
     cls, states = ("PagedAdamW32bit", "the two fp32 states") if bits32 else ("PagedAdamW8bit",
                                                                           "the two uint8 states (absmax not)")
     return (f"optimizer={c.setup.optimizer} (bitsandbytes' {cls}): {states} of every tensor of >= 1e5 elements live "
-            "in CUDA managed "
-            "memory (cudaMallocManaged(..., cudaMemAttachHost): bitsandbytes optim/optimizer.py get_state_buffer "
-            "l. 374-390, functional.py get_paged l. 91-99, csrc/pythonInterface.cpp cget_managed_ptr), outside "
+            "in CUDA managed memory (cudaMallocManaged(..., cudaMemAttachHost): [bitsandbytes] 0.50.2 "
+            "optim/optimizer.py get_state_buffer l. 374-390, functional.py get_paged l. 91-99, "
+            "csrc/pythonInterface.cpp cget_managed_ptr), outside "
             "torch's caching allocator: not in memory_allocated/reserved nor the peak that decides torch's "
             "out-of-memory error, reported apart as paged optimizer states (paged_bytes); prefetched to the device "
             "for each tensor's update (cprefetch, cudaMemPrefetchAsync) and counted by nvidia-smi while resident, "

@@ -138,3 +138,28 @@ def test_cli_takes_the_trainers_spelling_and_prints_the_paged_term(capsys: pytes
     assert "paged-adam-8bit" in out and "paged optimizer states" in out and "fit beside the peak" in out
     assert "CUDA managed memory" in out and "cudaMallocManaged" in out  # the --explain line
     assert main(["estimate", "--preset", "tiny-gpt", "--optimizer", "paged_lion_8bit"]) != 0  # not modelled
+
+
+@pytest.mark.slow
+def test_lora_paged_adamw_traced_through_peft_agrees_with_the_formula() -> None:
+    """peft LoRA (r=256 on every linear of a generated Llama: all adapters but k's and v's B >= 1e5 elements) under
+    paged-adamw: the trace of transformers' and peft's code books the paged states apart exactly as the formula, and
+    every phase
+    differs from the formula by what it differs under plain adamw (the family's own terms), no more."""
+    from memlab.course.hf_configs import load_config
+    from memlab.predict.families.reader import from_hf
+    from memlab.tracing.hf import trace_hf
+
+    raw = {**load_config("llama"), "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
+           "num_key_value_heads": 4, "num_hidden_layers": 1}
+    cfg = from_hf(raw)
+    setup = Setup(batch=1, seq=16, finetune="lora", lora_rank=256, lora_targets="all-linear", attention="eager",
+                  optimizer="paged-adamw")
+    twin = setup.with_(optimizer="adamw", optimizer_impl="for-loop")
+    t, bd = trace_hf(raw, setup, device_type="cpu"), estimate(cfg, setup, device_type="cpu")
+    tt, bt = trace_hf(raw, twin, device_type="cpu"), estimate(cfg, twin, device_type="cpu")
+    assert t.paged_bytes == bd.paged_bytes > 0  # the k/v adapters' B (256 x 256) stay in the allocator
+    assert bd.paged_bytes + bd.optimizer_detail["moments"] == bt.optimizer_detail["moments"]
+    for row, plain in zip(t.phases, tt.phases, strict=True):
+        assert row.held_bytes - bd.phase_bytes(row.phase, row.step) == \
+            plain.held_bytes - bt.phase_bytes(row.phase, row.step), (row.step, row.phase)
