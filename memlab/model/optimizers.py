@@ -69,7 +69,14 @@ def state_buffer(p: torch.Tensor, dtype: torch.dtype, paged: bool, numel: int | 
 
 
 class Adam8bit(torch.optim.Optimizer):
-    """AdamW with blockwise 8-bit moments (memory layout of bitsandbytes' 8-bit Adam; see module docstring)."""
+    """AdamW with blockwise 8-bit moments (memory layout of bitsandbytes' 8-bit Adam; see module docstring).
+
+    Its step's temporaries are few and fixed, so the estimate counts them exactly
+    (:func:`memlab.predict.memory.phases.optimizer_temporary_bytes`): every state is made before the loop (as
+    torch.optim's ``_init_group`` makes them), and each tensor is stepped in a function of its own (nothing outlives
+    it) with in-place ops: at most the two decoded moments padded to whole blocks, ``8 * ceil(n / 256) * 256`` bytes,
+    beside the bias-corrected moment and ``denom``, ``8 n``, and a 16-bit gradient's fp32 copy, ``4 n``; a tensor
+    kept in fp32 (under 4096 elements) only the last two."""
 
     def __init__(
         self,
@@ -85,30 +92,35 @@ class Adam8bit(torch.optim.Optimizer):
         """The two 8-bit states of a tensor of >= 1e5 elements made under :func:`paged_allocation`
         (bitsandbytes' ``PagedAdamW8bit``); the absmax and the maps never are."""
 
-    @staticmethod
-    def _blocks(flat: torch.Tensor) -> torch.Tensor:
-        """``flat`` (n,) as float blocks of ADAM_8BIT_BLOCK, zero-padded at the end (a transient)."""
-        pad = (-flat.numel()) % ADAM_8BIT_BLOCK
-        flat = flat.float()
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad)])
-        return flat.view(-1, ADAM_8BIT_BLOCK)
-
     # Codes are a power of the block-normalised value (square root for the signed first moment, fourth root
     # for the second), so small values keep resolution, a coarse stand-in for bitsandbytes' dynamic code.
-    def _decode(self, codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> torch.Tensor:
+    @staticmethod
+    def _decode(codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> torch.Tensor:
+        """The fp32 values of ``codes``, padded with zeros to whole blocks of ADAM_8BIT_BLOCK (one buffer of that
+        size, and one more while it is made)."""
         scale, power = (127.0, 2) if signed else (255.0, 4)
-        c = self._blocks(codes) / scale
-        vals = c.sign() * c.abs() ** power * absmax[:, None]
-        return vals.reshape(-1)[: codes.numel()]
+        c = codes.new_zeros(absmax.numel() * ADAM_8BIT_BLOCK, dtype=torch.float32)
+        c[: codes.numel()].copy_(codes)
+        c.div_(scale)
+        vals = c.abs().pow_(power)
+        if signed:
+            vals.copysign_(c)
+        del c
+        return vals.view(-1, ADAM_8BIT_BLOCK).mul_(absmax[:, None]).view(-1)
 
-    def _encode(self, value: torch.Tensor, codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> None:
-        blocks = self._blocks(value)
-        absmax.copy_(blocks.abs().amax(dim=1).clamp_min(1e-30))
+    @staticmethod
+    def _encode(full: torch.Tensor, codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> None:
+        """Quantise the padded fp32 ``full`` (changed in place) into ``codes`` and ``absmax`` (one temporary of its
+        size)."""
         scale, power = (127.0, 2) if signed else (255.0, 4)
-        x = blocks / absmax[:, None]
-        q = torch.round(x.sign() * x.abs() ** (1.0 / power) * scale).reshape(-1)[: codes.numel()]
-        codes.copy_(q.clamp(-127, 127) if signed else q.clamp(0, 255))
+        blocks = full.view(-1, ADAM_8BIT_BLOCK)
+        absmax.copy_(blocks.abs().amax(dim=1).clamp_min_(1e-30))
+        blocks.div_(absmax[:, None])
+        q = blocks.abs().pow_(1.0 / power).mul_(scale)
+        if signed:
+            q.copysign_(blocks)
+        q = q.round_().view(-1)[: codes.numel()]
+        codes.copy_(q.clamp_(-127, 127) if signed else q.clamp_(0, 255))
 
     def _qmaps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The two 256-entry fp32 code maps (signed, unsigned), one pair per device shared by every 8-bit tensor,
@@ -120,46 +132,62 @@ class Adam8bit(torch.optim.Optimizer):
             maps[device] = (c.sign() * c.abs() ** 2, (i / 255) ** 4)
         return maps[device]
 
+    def _init_state(self, p: torch.Tensor) -> None:
+        """``p``'s state, once: fp32 moments under ADAM_8BIT_MIN_SIZE elements, else 8-bit codes (paged from 1e5
+        elements when ``paged``), an fp32 absmax per block per moment and the shared maps; a Python int step."""
+        state = self.state[p]
+        if state:
+            return
+        n = p.numel()
+        state["step"] = 0  # a Python int, as bitsandbytes keeps it
+        if n < ADAM_8BIT_MIN_SIZE:
+            state["exp_avg"] = torch.zeros(n, dtype=torch.float32, device=p.device)
+            state["exp_avg_sq"] = torch.zeros(n, dtype=torch.float32, device=p.device)
+            return
+        nblocks = (n + ADAM_8BIT_BLOCK - 1) // ADAM_8BIT_BLOCK
+        state["exp_avg"] = state_buffer(p, torch.int8, self.paged)
+        state["exp_avg_sq"] = state_buffer(p, torch.uint8, self.paged)
+        state["absmax1"] = torch.zeros(nblocks, dtype=torch.float32, device=p.device)
+        state["absmax2"] = torch.zeros(nblocks, dtype=torch.float32, device=p.device)
+        state["qmap1"], state["qmap2"] = self._qmaps(p.device)
+
+    def _update(self, p: torch.Tensor, group: dict) -> None:
+        """One tensor's AdamW update (its temporaries die with this call)."""
+        beta1, beta2 = group["betas"]
+        state = self.state[p]
+        n = p.numel()
+        state["step"] += 1
+        t = state["step"]
+        g = p.grad.reshape(-1).float()  # a copy only of a 16-bit gradient
+        small = "absmax1" not in state
+        m_full = v_full = None
+        if small:
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+        else:
+            m_full = self._decode(state["exp_avg"], state["absmax1"], True)
+            v_full = self._decode(state["exp_avg_sq"], state["absmax2"], False)
+            m, v = m_full[:n], v_full[:n]
+        m.mul_(beta1).add_(g, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v / (1 - beta2**t)).sqrt_().add_(group["eps"])
+        update = (m / (1 - beta1**t)).div_(denom)
+        del denom
+        if group["weight_decay"]:
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
+        del update, g
+        if m_full is not None and v_full is not None:
+            self._encode(m_full, state["exp_avg"], state["absmax1"], True)
+            self._encode(v_full, state["exp_avg_sq"], state["absmax2"], False)
+
     @torch.no_grad()
     def step(self, closure: object = None) -> None:
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                n = p.numel()
-                small = n < ADAM_8BIT_MIN_SIZE
-                if not state:
-                    state["step"] = 0  # a Python int, as bitsandbytes keeps it
-                    kw = {"device": p.device}
-                    if small:
-                        state["exp_avg"] = torch.zeros(n, dtype=torch.float32, **kw)
-                        state["exp_avg_sq"] = torch.zeros(n, dtype=torch.float32, **kw)
-                    else:
-                        nblocks = (n + ADAM_8BIT_BLOCK - 1) // ADAM_8BIT_BLOCK
-                        state["exp_avg"] = state_buffer(p, torch.int8, self.paged)
-                        state["exp_avg_sq"] = state_buffer(p, torch.uint8, self.paged)
-                        state["absmax1"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
-                        state["absmax2"] = torch.zeros(nblocks, dtype=torch.float32, **kw)
-                        state["qmap1"], state["qmap2"] = self._qmaps(p.device)
-                state["step"] += 1
-                g = p.grad.reshape(-1).float()
-                if small:
-                    m, v = state["exp_avg"], state["exp_avg_sq"]
-                else:
-                    m = self._decode(state["exp_avg"], state["absmax1"], True)
-                    v = self._decode(state["exp_avg_sq"], state["absmax2"], False)
-                m.mul_(beta1).add_(g, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                t = state["step"]
-                update = (m / (1 - beta1**t)) / (v / (1 - beta2**t)).sqrt_().add_(group["eps"])
-                if group["weight_decay"]:
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update.view_as(p).to(p.dtype), alpha=-group["lr"])
-                if not small:
-                    self._encode(m, state["exp_avg"], state["absmax1"], True)
-                    self._encode(v, state["exp_avg_sq"], state["absmax2"], False)
+            stepped = [p for p in group["params"] if p.grad is not None]
+            for p in stepped:  # every state first, as torch.optim's _init_group makes them
+                self._init_state(p)
+            for p in stepped:
+                self._update(p, group)
 
 
 class PagedAdamW(torch.optim.Optimizer):

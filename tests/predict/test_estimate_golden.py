@@ -191,8 +191,8 @@ def _write() -> None:
         except MemlabError as exc:  # an invalid combination is left out, and said so
             print(f"case {index} left out: {type(exc).__name__}: {exc}")
             continue
-        # the inputs' fields, the components again and the host bytes (0 here): checked, not stored
-        del d["config"], d["setup"], d["per_device"], d["host_bytes"]
+        # the inputs' fields, the components again and the host and paged bytes (0 here): checked, not stored
+        del d["config"], d["setup"], d["per_device"], d["host_bytes"], d["paged_bytes"]
         d["phases"] = [[r["step"], r["phase"], r["peak_bytes"]] for r in d["phases"]]
         idx = []
         for text in d.pop("assumptions"):
