@@ -443,6 +443,24 @@ def _paged_line(c: Case) -> str:
             "(memlab.model.optimizers); on a CPU bitsandbytes does not page and the states are plain tensors")
 
 
+def _stand_in_step_bytes(c: Case) -> float:
+    """The temporaries of memlab's stand-in step for a bitsandbytes optimizer (counted in the optimizer step), bytes:
+    :func:`memlab.predict.memory.phases.optimizer_temporary_bytes` of its for-loop at the largest tensor (LoRA: the
+    largest adapter, fp32), without a master-weight wrapper's gradient copies (those a real step holds too)."""
+    from memlab.predict.memory.finetune import largest_adapter_elements
+    from memlab.predict.memory.phases import optimizer_temporary_bytes
+    from memlab.predict.memory.sharding import shape_summary
+    from memlab.predict.spec.precision import precision_policy
+
+    s = c.setup
+    if s.finetune in _LORA:
+        largest = largest_adapter_elements(c.config, s)  # type: ignore[arg-type]
+        return optimizer_temporary_bytes(s.optimizer, "for-loop", precision_policy("fp32"), 0, largest, 3 * largest)
+    summ = shape_summary(c.config, s.tp)  # type: ignore[arg-type]
+    return optimizer_temporary_bytes(s.optimizer, "for-loop", s.policy, 0, summ.largest_elements,
+                                     summ.loop_peak_elements)
+
+
 def _fsdp_line(c: Case) -> str:
     s, f = c.setup, c.fsdp
     return (f"FSDP2 ({f.units_name} plan, {len(f.units)} units, loss {s.fsdp_loss} the root; "  # type: ignore[union-attr]
@@ -687,6 +705,11 @@ TABLE: tuple[Entry, ...] = (
           says=lambda c: f"optimizer states in the parameter dtype ({c.setup.policy.param_bytes} B/element) as "
                          "torch.optim"),
     Entry("paged optimizer", lambda c: c.train and c.setup.optimizer in PAGED_OPTIMIZERS, says=_paged_line),
+    Entry("bitsandbytes' CUDA step", lambda c: _train_config(c) and c.device_type == "cuda"
+          and c.setup.optimizer in PAGED_OPTIMIZERS and c.setup.finetune != "frozen",
+          terms=_term("bitsandbytes' CUDA step", "bitsandbytes' CUDA kernels update the states in place: the "
+                      "stand-in's step temporaries (memlab.model.optimizers), counted in the optimizer step, are not "
+                      "held", _stand_in_step_bytes, ("optimizer step",), -1)),
     Entry("ZeRO over one rank", lambda c: c.train and bool(c.setup.zero_stage) and c.setup.world_size == 1,
           says="ZeRO/FSDP over 1 rank shards nothing"),
     Entry("FSDP2", lambda c: c.train and c.fsdp is not None, says=_fsdp_line),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from memlab.errors import SetupError
 from memlab.predict.spec.precision import PrecisionPolicy
 
 ADAM_8BIT_BLOCK = 256
@@ -110,7 +111,7 @@ def paged_tensor_bytes(numel: int, optimizer: str) -> tuple[int, int]:
     least :data:`PAGED_MIN_ELEMENTS` elements; absmax never is. The step counter is a Python int (no bytes).
     """
     if optimizer not in PAGED_OPTIMIZERS:
-        raise ValueError(f"not a paged optimizer: {optimizer!r}")
+        raise SetupError(f"{optimizer!r} is not a paged optimizer: use one of {', '.join(PAGED_OPTIMIZERS)}")
     total = 8 * numel if optimizer == "paged-adamw" else adam8bit_tensor_bytes(numel)
     if numel < PAGED_MIN_ELEMENTS:
         return total, 0
