@@ -129,6 +129,8 @@ def test_paged_optimizer_refusals_name_the_way_out() -> None:
     with pytest.raises(SetupError, match="bare parameter count"):
         estimate(10**9, Setup(optimizer="paged-adam-8bit"))
     assert estimate(cfg, Setup(seq=32, optimizer="paged-adam-8bit", precision="bf16")).paged_bytes >= 0
+    with pytest.raises(SetupError, match="stand-in for bitsandbytes steps plain tensors"):  # and the trace
+        trace_gpt(cfg, Setup(seq=16, optimizer="paged-adam-8bit", zero_stage=3, world_size=2), device_type="cpu")
 
 
 def test_cli_takes_the_trainers_spelling_and_prints_the_paged_term(capsys: pytest.CaptureFixture[str]) -> None:
