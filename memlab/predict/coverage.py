@@ -296,8 +296,8 @@ REFUSALS: tuple[Entry, ...] = (
     Entry("paged optimizer with", lambda c: c.train and c.setup.optimizer in PAGED_OPTIMIZERS
           and bool(_paged_unmodelled(c)),
           refuse=lambda c: f"optimizer={c.setup.optimizer!r} with {', '.join(_paged_unmodelled(c))} is not "
-                           "modelled: use one device and a model config, or the unpaged twin (adam-8bit; adamw "
-                           "keeps torch's states)"),
+                           "modelled (bitsandbytes pages each tensor's states on one device): drop that, or use an "
+                           "unpaged optimizer (adam-8bit, adamw)"),
     Entry("expert parallelism with", lambda c: c.setup.ep > 1 and bool(_ep_unmodelled(c)),
           refuse=lambda c: f"ep={c.setup.ep} with {', '.join(_ep_unmodelled(c))} is not modelled "
                            "(memlab.predict.parallel.experts): drop it"),

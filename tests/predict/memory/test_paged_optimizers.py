@@ -122,7 +122,7 @@ def test_verdict_when_the_paged_states_do_not_fit_beside_the_peak() -> None:
 
 def test_paged_optimizer_refusals_name_the_way_out() -> None:
     cfg = preset("tiny-gpt")
-    with pytest.raises(SetupError, match=r"ZeRO/FSDP sharding over ranks.*one device"):
+    with pytest.raises(SetupError, match=r"ZeRO/FSDP sharding over ranks is not modelled.*unpaged optimizer"):
         estimate(cfg, Setup(seq=32, optimizer="paged-adamw", zero_stage=2, world_size=2))
     with pytest.raises(SetupError, match=r"16-bit parameters stepped directly \(bitsandbytes"):
         estimate(cfg, Setup(seq=32, optimizer="paged-adamw", precision="bf16"))
