@@ -173,6 +173,11 @@ phase's bytes; :attr:`Trace.paged_bytes` reads it. (bitsandbytes' paged states a
 a managed pointer, ``F.get_paged``: a real run's tracker would book them under another device too.)"""
 
 
+def _allocator_total(snap: dict[Any, dict[Any, int]]) -> int:
+    """The bytes of a tracker snapshot on every device but :data:`PAGED_DEVICE` (what an allocator holds)."""
+    return sum(int(d.get("Total", 0)) for dev, d in snap.items() if dev != PAGED_DEVICE)
+
+
 def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
     out = dict.fromkeys(CATEGORIES, 0)
     for dev, dev_snap in snap.items():
@@ -197,7 +202,7 @@ class PhaseRecorder(Meter):
         self.rows: list[PhaseRow] = []
 
     def _total(self, snap: dict[Any, dict[Any, int]]) -> int:
-        return sum(int(d.get("Total", 0)) for dev, d in snap.items() if dev != PAGED_DEVICE)
+        return _allocator_total(snap)
 
     @contextlib.contextmanager
     def phase(self, step: str, name: str) -> Iterator[None]:
@@ -353,8 +358,8 @@ def module_rows(tracker: Any) -> tuple[dict[str, Any], ...]:
         if not pre or not post:
             continue
         act = _categories(post[-1])["activations"] - _categories(pre[-1])["activations"]
-        peak_fw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_FW, [{}])[-1].values())
-        peak_bw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_BW, [{}])[-1].values())
+        peak_fw = _allocator_total(snaps.get(_ModState.PEAK_FW, [{}])[-1])
+        peak_bw = _allocator_total(snaps.get(_ModState.PEAK_BW, [{}])[-1])
         out.append({"module": stats.mod_fqn, "activation_bytes": act, "peak_forward_bytes": peak_fw,
                     "peak_backward_bytes": peak_bw})
     return tuple(out)
