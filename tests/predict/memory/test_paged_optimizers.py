@@ -181,3 +181,20 @@ def test_adam8bit_step_temporaries_equal_the_trace_on_an_odd_shape(precision: st
     t, bd = trace_gpt(cfg, setup, device_type="cpu"), estimate(cfg, setup, device_type="cpu")
     for step in ("first", "steady"):
         assert t.phase("optimizer step", step).held_bytes == bd.phase_bytes("optimizer step", step)
+
+
+def test_a_real_cpu_run_holds_the_paged_states_as_plain_tensors() -> None:
+    """On a CPU nothing is paged (bitsandbytes falls back to plain tensors, and so do memlab's stand-ins): a real CPU
+    step (memlab.run.runner, live tensor bytes) holds the estimate's allocator bytes plus paged_bytes in every phase
+    from the first optimizer step on, and exactly the estimate before the states exist."""
+    from memlab.run.runner import run_step
+
+    setup = Setup(batch=2, seq=16, optimizer="paged-adam-8bit")
+    m = run_step(CFG, setup, "cpu", steps=1, with_counted_flops=False, with_mfu=False)
+    bd = estimate(CFG, setup, device_type="cpu")
+    assert bd.paged_bytes > 0
+    for row in m.phase_peaks:
+        if row.phase == "backward":
+            continue  # the estimate's bottom-block moment, paged or not (tests/tracing/test_trace.py)
+        held = bd.paged_bytes if (row.step, row.phase) != ("first", "forward") else 0
+        assert row.held_bytes == bd.phase_bytes(row.phase, row.step) + held, (row.step, row.phase)
