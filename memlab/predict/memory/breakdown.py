@@ -15,6 +15,9 @@ byte comes from:
 - inference: weights at ``setup.inference_weights`` (with quantisation scales), the KV cache of ``setup.kv_cache``,
   the token ids and the largest moment of generate()'s prefill and decode (:func:`inference_terms`).
 - overheads: named terms (:class:`Overheads`), never folded into other components.
+- bytes outside torch's allocator, in no component or phase: ``host_bytes`` (offloaded to the host) and
+  ``paged_bytes`` (a paged optimizer's states in CUDA managed memory,
+  :func:`memlab.predict.memory.plan.paged_bytes_of`).
 - phases: the bytes held at each phase of the first and the steady step and their peak
   (:mod:`memlab.predict.memory.phases`): what must fit. ``total_bytes`` stays the sum of the components.
 
