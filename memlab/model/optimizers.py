@@ -57,15 +57,13 @@ def paging() -> bool:
     return bool(_PAGING)
 
 
-def state_buffer(p: torch.Tensor, dtype: torch.dtype, paged: bool, numel: int | None = None) -> torch.Tensor:
-    """A zero state of ``p``'s elements (flat, ``numel`` of them by default) in ``dtype``, under
-    :func:`paged_allocation` when ``paged`` and ``p`` has at least ``PAGED_MIN_ELEMENTS`` elements
-    (bitsandbytes ``get_state_buffer``, optim/optimizer.py l. 383)."""
-    n = p.numel() if numel is None else numel
+def state_buffer(p: torch.Tensor, dtype: torch.dtype, paged: bool) -> torch.Tensor:
+    """A flat zero state of ``p``'s elements in ``dtype``, under :func:`paged_allocation` when ``paged`` and ``p``
+    has at least ``PAGED_MIN_ELEMENTS`` elements (bitsandbytes ``get_state_buffer``, optim/optimizer.py l. 383)."""
     if paged and p.numel() >= PAGED_MIN_ELEMENTS:
         with paged_allocation():
-            return torch.zeros(n, dtype=dtype, device=p.device)
-    return torch.zeros(n, dtype=dtype, device=p.device)
+            return torch.zeros(p.numel(), dtype=dtype, device=p.device)
+    return torch.zeros(p.numel(), dtype=dtype, device=p.device)
 
 
 class Adam8bit(torch.optim.Optimizer):
