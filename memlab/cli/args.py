@@ -455,8 +455,17 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, exclude: tuple[str, ...] 
             continue
         conv: Callable[[str], Any] = (field_bound(Setup, opt.field) if opt.kind == "int"
                                       else positive_float if opt.kind == "float" else str)
+        spellings = Setup.__dataclass_fields__[opt.field].metadata.get("spellings")
+        if spellings:  # another library's names for the same choices (--optimizer paged_adamw_8bit)
+            conv = functools.partial(_spelled, dict(spellings))
+            text = text[:-1] + f"; also {', '.join(spellings)})"
         g.add_argument(opt.flag, *opt.aliases, dest=opt.field, type=conv, choices=opt.choices, default=None,
                        metavar=None if opt.choices else {"int": "N", "float": "X"}.get(opt.kind, "VALUE"), help=text)
+
+
+def _spelled(spellings: dict[str, str], text: str) -> str:
+    """``text`` in memlab's spelling: another library's name (a Setup field's ``metadata["spellings"]``) mapped."""
+    return spellings.get(text.strip().lower(), text)
 
 
 def given_setup_fields(args: argparse.Namespace) -> dict[str, Any]:

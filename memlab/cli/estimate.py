@@ -135,7 +135,10 @@ def run(args: argparse.Namespace) -> int:
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "assumed": assumed_lines(args, setup, bd),
                "model": bd.config if bd.config is not None else {"param_count": bd.param_count}, "setup": bd.setup,
-               "host_bytes": bd.host_bytes, **found, "unverified_versions": guard,
+               "host_bytes": bd.host_bytes, "paged_bytes": bd.paged_bytes,
+               "paged_is": "paged optimizer states (CUDA managed memory, outside torch's allocator): in no component, "
+                           "phase or peak; the device holds peak + paged_bytes while they are resident", **found,
+               "unverified_versions": guard,
                **model_info(model, source="formula", config=raw, mode=setup.mode), "published_model": twin,
                "peak_range": None if span is None else {
                    **span.to_dict(), "exact_peak": exact_peak_hint(span, _hf_target(args, model), setup)},
@@ -209,7 +212,10 @@ def assumed_lines(args: argparse.Namespace, setup: Any, bd: Any) -> list[str]:
             " (QLoRA's bnb_4bit_compute_dtype bf16; --precision amp-fp16 for a card without bf16)"
             if setup.precision == "bf16" else " (a card without bf16: QLoRA's fp16 recipe, bnb_4bit_compute_dtype="
             "float16 under fp16 autocast and a GradScaler)")
-        lines.append(f"optimizer {setup.optimizer}, {impl} implementation{named}; precision {setup.precision}{qlora}")
+        paged = ("; its states of tensors >= 1e5 elements paged (CUDA managed memory, outside torch's allocator)"
+                 if bd.paged_bytes else "")
+        lines.append(f"optimizer {setup.optimizer}, {impl} implementation{named}{paged}; precision {setup.precision}"
+                     f"{qlora}")
         call = "model(input_ids, labels=...): transformers' loss on fp32 logits" if setup.loss_call == "labels" \
             else "logits = model(input_ids).logits, then F.cross_entropy by hand"
         lines.append(f"the call: {call}; loss {setup.loss}"
@@ -303,6 +309,11 @@ def _print(args: argparse.Namespace, model: Any, raw: Any, setup: Any, bd: Any, 
         what = "; ".join(w for w, on in (("saved activations: at least this", setup.offload_activations),
                                           ("FSDP2 shards, gradients and optimizer states", setup.fsdp_offload)) if on)
         print(f"{'host (pinned, offload)':<24}{_size(bd.host_bytes)}  (not on the device; {what})")
+    if bd.paged_bytes:
+        print(f"{'paged optimizer states':<24}{_size(bd.paged_bytes)}  (CUDA managed memory, outside torch's "
+              "allocator: not in the peak)")
+        print(f"{'device, paged resident':<24}{_size(bd.device_peak_bytes)}  (peak + paged: what nvidia-smi shows "
+              "when both fit)")
     print("(GiB = 2**30 bytes, GB = 10**9 bytes)")
 
 
@@ -334,6 +345,8 @@ def _print_verdict(verdict: Any) -> None:
               f"({verdict.peak_phase}) of {verdict.capacity_bytes / GiB:.2f} GiB "
               f"({verdict.capacity_bytes / GB:.1f} GB); headroom "
               f"{verdict.headroom_bytes / GiB:+.2f} GiB")
+        if verdict.paged_bytes:
+            print(f"  {verdict.paged_note()}")
     else:
         print("verdict: none (pass --gpu NAME to check the fit)")
 

@@ -17,16 +17,19 @@ def _num(v: float | None, size: float) -> str:
     return "-" if v is None else f"{v / size:,.3f}"
 
 
-def _verdict(peak: int, gpu: str, step: str, phase: str) -> dict[str, Any]:
+def _verdict(peak: int, gpu: str, step: str, phase: str, paged: int = 0) -> dict[str, Any]:
     """Whether the traced peak (bytes) fits ``gpu``'s table memory: the fields of a
-    :class:`~memlab.predict.fit.FitVerdict`, from the trace."""
+    :class:`~memlab.predict.fit.FitVerdict`, from the trace; ``paged``: a paged optimizer's states (the trace's
+    ``paged_bytes``), outside the peak, and what they mean (:meth:`~memlab.predict.fit.FitVerdict.paged_note`)."""
+    from memlab.predict.fit import FitVerdict
     from memlab.predict.hardware.gpus import gpu as lookup
 
     acc = lookup(gpu)
     cap = int(acc.memory_bytes)
+    note = FitVerdict(peak <= cap, peak, cap, cap - peak, acc.key, acc.name, peak, phase, paged).paged_note()
     return {"fits": peak <= cap, "gpu": acc.key, "gpu_name": acc.name, "capacity_bytes": cap, "peak_bytes": peak,
-            "headroom_bytes": cap - peak, "peak_step": step, "peak_phase": phase, "source": "the traced peak (CPU "
-            "fake tensors), without the CUDA terms a run adds"}
+            "headroom_bytes": cap - peak, "peak_step": step, "peak_phase": phase, "paged_bytes": paged,
+            "paged_note": note, "source": "the traced peak (CPU fake tensors), without the CUDA terms a run adds"}
 
 
 def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any, Any]:
@@ -72,7 +75,8 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given; ``extra``
     (:func:`memlab.cli.hf_source.model_info`) goes into the JSON and the header."""
     extra = extra or {}
-    verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase) if args.gpu is not None
+    verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase, result.paged_bytes)
+               if args.gpu is not None
                else None)
     if args.json:
         return _print_json(args, result, predicted, extra, verdict)
@@ -110,6 +114,9 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
         est_host = f"; the formula's lower bound {fmt_bytes(predicted.host_bytes, digits=3)}" if predicted else ""
         print(f"host (pinned, offloaded activations): {fmt_bytes(result.host_bytes, digits=3)} "
               f"({result.host_bytes:,} B) copied per forward{est_host}")
+    if result.paged_bytes:
+        print(f"paged optimizer states: {fmt_bytes(result.paged_bytes, digits=3)} ({result.paged_bytes:,} B; CUDA "
+              "managed memory on a GPU, outside torch's allocator: in no phase above)")
     print(f"top {args.top} modules by activation bytes kept for backward (summed over layers):")
     for m in result.modules_by_kind(args.top):
         name = m["module"] if len(m["module"]) <= 56 else "..." + m["module"][-53:]
@@ -123,4 +130,6 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
         print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
               f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
               f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
+        if verdict["paged_note"]:
+            print(f"  {verdict['paged_note']}")
     return 0

@@ -16,6 +16,9 @@ ranks differ: ``parallel/`` (a module returning its ranks, called by ``estimate`
 ``spec/setup`` choice, its kept tensors in ``memory/activations`` (``every_k_rows``, ``op_policy_rows``), its re-run
 FLOPs in ``compute/flops.recomputed_flops``, the torch side in ``memlab.model.policies``. A moment of generate()'s
 prefill or decode (a cache kind, a transient): ``memory/inference``, checked against the reference GPT's trace
-(``memlab.studies.inference_draws``). What memlab does or does not model, and what it says about it: a row of
+(``memlab.studies.inference_draws``). Bytes that live outside torch's allocator: a field of their own on
+``MemoryBreakdown``, in no phase (``host_bytes``: offloaded to the host; ``paged_bytes``: a paged optimizer's states in
+CUDA managed memory, ``memory/states.paged_tensor_bytes``), and the fit verdict says what they mean. What memlab does
+or does not model, and what it says about it: a row of
 ``coverage`` (a task head other than the causal LM's is one: the trace answers it).
 """

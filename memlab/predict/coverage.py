@@ -43,6 +43,7 @@ from memlab.predict.memory.fsdp import FsdpPlan, plan_of
 from memlab.predict.memory.fsdp import unmodelled as fsdp_unmodelled
 from memlab.predict.memory.phases import layer_terms
 from memlab.predict.memory.plan import REST_FIELDS
+from memlab.predict.memory.states import PAGED_OPTIMIZERS
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import (
     CHECKPOINTED,
@@ -317,10 +318,30 @@ def _reentrant_refusal(c: Case) -> str:
             "transformers' default")
 
 
+def _paged_unmodelled(c: Case) -> list[str]:
+    """What a paged optimizer is not modelled with: it pages per tensor on one device (memlab.predict.memory.plan)."""
+    s = c.setup
+    pure16 = s.policy.param_bytes == 2 and not s.policy.master_bytes
+    saved16 = s.finetune in _LORA and bool(s.lora_modules_to_save) and (s.finetune == "qlora" or pure16)
+    return _listed((
+        ("a bare parameter count (it pages per tensor: give a model config)", not c.is_config),
+        ("ZeRO/FSDP sharding over ranks", bool(s.zero_stage) and s.world_size > 1),
+        ("pp > 1", s.pp > 1), ("cp > 1", s.cp > 1), ("ep > 1", s.ep > 1),
+        ("finetune='frozen'", s.finetune == "frozen"),
+        ("16-bit parameters stepped directly (bitsandbytes keeps fp32 states beside them; memlab's stand-in steps "
+         "fp32 parameters: use amp-bf16 or a mixed-* policy, or paged-adam-8bit)",
+         s.optimizer == "paged-adamw" and ((s.finetune == "full" and pure16) or saved16))))
+
+
 REFUSALS: tuple[Entry, ...] = (
     Entry("regex targets", lambda c: c.setup.finetune in _LORA and is_target_regex(c.setup.lora_targets),
           refuse=_regex_refusal),
     Entry("a task head", lambda c: c.setup.task not in ("auto", "causal-lm"), refuse=_task_refusal),
+    Entry("paged optimizer with", lambda c: c.train and c.setup.optimizer in PAGED_OPTIMIZERS
+          and bool(_paged_unmodelled(c)),
+          refuse=lambda c: f"optimizer={c.setup.optimizer!r} with {', '.join(_paged_unmodelled(c))} is not "
+                           "modelled (bitsandbytes pages each tensor's states on one device): drop that, or use an "
+                           "unpaged optimizer (adam-8bit, adamw)"),
     Entry("expert parallelism with", lambda c: c.setup.ep > 1 and bool(_ep_unmodelled(c)),
           refuse=lambda c: f"ep={c.setup.ep} with {', '.join(_ep_unmodelled(c))} is not modelled "
                            "(memlab.predict.parallel.experts): drop it"),
@@ -448,6 +469,41 @@ def _peak_line(c: Case) -> str:
             + (", over model.parameters() in the order the model registers them (a Hugging Face family's "
                "own: memlab.predict.families.order)" if impl == "for-loop" else "")
             + "; fit verdicts use the peak, total is the sum")
+
+
+def _paged_line(c: Case) -> str:
+    """The assumption of a paged optimizer: which states are paged, where they live, and what that means for a fit."""
+    bits32 = c.setup.optimizer == "paged-adamw"
+    cls, states = ("PagedAdamW32bit", "the two fp32 states") if bits32 else ("PagedAdamW8bit",
+                                                                          "the two uint8 states (absmax not)")
+    return (f"optimizer={c.setup.optimizer} (bitsandbytes' {cls}): {states} of every tensor of >= 1e5 elements live "
+            "in CUDA managed memory (cudaMallocManaged(..., cudaMemAttachHost): [bitsandbytes] 0.50.2 "
+            "optim/optimizer.py get_state_buffer l. 374-390, functional.py get_paged l. 91-99, "
+            "csrc/pythonInterface.cpp cget_managed_ptr), outside "
+            "torch's caching allocator: not in memory_allocated/reserved nor the peak that decides torch's "
+            "out-of-memory error, reported apart as paged optimizer states (paged_bytes); prefetched to the device "
+            "for each tensor's update (cprefetch, cudaMemPrefetchAsync) and counted by nvidia-smi while resident, "
+            "evicted to host RAM by the driver when the allocator needs the room (QLoRA [dettmers2023] Sec. 2): "
+            "slower steps, not an error; the step's temporaries are memlab's stand-in's "
+            "(memlab.model.optimizers); on a CPU bitsandbytes does not page and the states are plain tensors")
+
+
+def _stand_in_step_bytes(c: Case) -> float:
+    """The temporaries of memlab's stand-in step for a bitsandbytes optimizer (counted in the optimizer step), bytes:
+    :func:`memlab.predict.memory.phases.optimizer_temporary_bytes` of its for-loop at the largest tensor (LoRA: the
+    largest adapter, fp32), without a master-weight wrapper's gradient copies (those a real step holds too)."""
+    from memlab.predict.memory.finetune import largest_adapter_elements
+    from memlab.predict.memory.phases import optimizer_temporary_bytes
+    from memlab.predict.memory.sharding import shape_summary
+    from memlab.predict.spec.precision import precision_policy
+
+    s = c.setup
+    if s.finetune in _LORA:
+        largest = largest_adapter_elements(c.config, s)  # type: ignore[arg-type]
+        return optimizer_temporary_bytes(s.optimizer, "for-loop", precision_policy("fp32"), 0, largest, 3 * largest)
+    summ = shape_summary(c.config, s.tp)  # type: ignore[arg-type]
+    return optimizer_temporary_bytes(s.optimizer, "for-loop", s.policy, 0, summ.largest_elements,
+                                     summ.loop_peak_elements)
 
 
 def _fsdp_line(c: Case) -> str:
@@ -704,6 +760,12 @@ TABLE: tuple[Entry, ...] = (
           and c.setup.finetune in ("full", "frozen"),  # LoRA: fp32 adapters and states (memlab.predict.memory.finetune)
           says=lambda c: f"optimizer states in the parameter dtype ({c.setup.policy.param_bytes} B/element) as "
                          "torch.optim"),
+    Entry("paged optimizer", lambda c: c.train and c.setup.optimizer in PAGED_OPTIMIZERS, says=_paged_line),
+    Entry("bitsandbytes' CUDA step", lambda c: _train_config(c) and c.device_type == "cuda"
+          and c.setup.optimizer in PAGED_OPTIMIZERS and c.setup.finetune != "frozen",
+          terms=_term("bitsandbytes' CUDA step", "bitsandbytes' CUDA kernels update the states in place: the "
+                      "stand-in's step temporaries (memlab.model.optimizers), counted in the optimizer step, are not "
+                      "held", _stand_in_step_bytes, ("optimizer step",), -1)),
     Entry("ZeRO over one rank", lambda c: c.train and bool(c.setup.zero_stage) and c.setup.world_size == 1,
           says="ZeRO/FSDP over 1 rank shards nothing"),
     Entry("FSDP2", lambda c: c.train and c.fsdp is not None, says=_fsdp_line),

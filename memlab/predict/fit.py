@@ -31,10 +31,32 @@ class FitVerdict:
     gpu_name: str
     peak_bytes: int = 0
     peak_phase: str = ""
+    paged_bytes: int = 0
+    """Paged optimizer states in CUDA managed memory (``MemoryBreakdown.paged_bytes``): not in the peak that fits."""
+
+    @property
+    def paged_resident(self) -> bool:
+        """Whether the paged optimizer states fit beside the allocator's peak (they stay on the device)."""
+        return self.peak_bytes + self.paged_bytes <= self.capacity_bytes
+
+    def paged_note(self) -> str:
+        """What the paged optimizer states mean for this fit, in one sentence ('' without them)."""
+        if not self.paged_bytes:
+            return ""
+        paged = (f"paged optimizer states {self.paged_bytes / GiB:.2f} GiB (CUDA managed memory, outside torch's "
+                 "allocator)")
+        if not self.fits:
+            return f"{paged} come on top: the allocator's peak alone does not fit"
+        if self.paged_resident:
+            both = (self.peak_bytes + self.paged_bytes) / GiB
+            return f"{paged} fit beside the peak: the device shows up to {both:.2f} GiB while they are resident"
+        return (f"{paged} do not fit in the {self.headroom_bytes / GiB:.2f} GiB left beside the peak: the step still "
+                "fits (torch's allocator never sees them), and the driver pages them to host RAM and back for each "
+                "optimizer step: no out-of-memory error, slower steps")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of the fields."""
-        return asdict(self)
+        """Plain dict of the fields, and :meth:`paged_note`."""
+        return {**asdict(self), "paged_note": self.paged_note()}
 
 
 @dataclass(frozen=True)
@@ -83,7 +105,9 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
     ``gpu``: a name for :func:`memlab.predict.hardware.gpus.gpu`, an ``Accelerator`` row (its table memory), or
     ``memlab.measure.machine.detect()``'s ``DeviceInfo`` (the memory torch reports). The
     CUDA context and fragmentation count only when given in ``overheads`` (see the assumptions). Fits when the
-    peak (``MemoryBreakdown.peak_bytes``) <= capacity.
+    peak (``MemoryBreakdown.peak_bytes``) <= capacity. A paged optimizer's states (``paged_bytes``) are not in the
+    peak: torch's allocator never sees them, and where they do not fit beside it the driver pages them to host RAM
+    (:meth:`FitVerdict.paged_note` says which).
     """
     key, name, cap = _capacity(gpu)
     if not isinstance(what, MemoryBreakdown):
@@ -91,7 +115,8 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
             raise SetupError("fits() needs a setup when given a model config or parameter count")
         what = estimate(what, setup, overheads=overheads)
     peak = what.peak_bytes
-    return FitVerdict(peak <= cap, what.total_bytes, cap, cap - peak, key, name, peak, what.peak_phase)
+    return FitVerdict(peak <= cap, what.total_bytes, cap, cap - peak, key, name, peak, what.peak_phase,
+                      what.paged_bytes)
 
 
 def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit: int,

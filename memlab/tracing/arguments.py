@@ -20,6 +20,9 @@ from memlab.errors import MemlabError, SetupError
 from memlab.predict.spec.setup import Setup
 from memlab.predict.spec.validate import check_bool
 
+BNB_STAND_INS = ("adam-8bit", "paged-adamw", "paged-adam-8bit")
+"""Optimizers a trace runs as memlab's stand-ins for bitsandbytes' (memlab.model.optimizers): plain tensors only."""
+
 
 def check_trace_setup(setup: object, device_type: object, fake: object = True) -> None:
     """Raise :class:`SetupError` unless ``setup`` is a :class:`Setup`, ``device_type`` is ``"cpu"`` or ``"cuda"``
@@ -35,6 +38,10 @@ def check_trace_setup(setup: object, device_type: object, fake: object = True) -
         raise SetupError(f"activation_memory_budget={setup.activation_memory_budget} needs torch.compile (its "
                          "partitioner picks what to save in the compiled graph), which a trace of eager code does not "
                          "run: use recompute='op', 'full' (with recompute_every) or 'selective'")
+    if setup.mode == "train" and setup.optimizer in BNB_STAND_INS and setup.zero_stage >= 2 and setup.world_size > 1:
+        raise SetupError(f"optimizer={setup.optimizer!r} under FSDP2 (zero_stage {setup.zero_stage} over "
+                         f"{setup.world_size} ranks): memlab's stand-in for bitsandbytes steps plain tensors, not "
+                         "FSDP2's sharded DTensors: trace it on one rank (world_size=1), or trace adamw")
     if setup.ep > 1:  # every other trace runs all experts on every rank: it would not be an expert-parallel rank
         raise SetupError(f"ep={setup.ep}: trace expert parallelism with memlab.tracing.experts.trace_gpt_ep (this "
                          "trace holds every expert on every rank)")

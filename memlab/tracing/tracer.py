@@ -110,6 +110,9 @@ class Trace:
     torch_version: str = field(default=torch.__version__)
     host_bytes: int = 0
     """Bytes activation offload (``Setup.offload_activations``) copied to the host in the last forward; 0 without."""
+    paged_bytes: int = 0
+    """A paged optimizer's states (paged-adamw, paged-adam-8bit) held at the end: CUDA managed memory on a GPU,
+    outside torch's allocator, so in no phase's bytes (:data:`PAGED_DEVICE`); the estimate's ``paged_bytes``."""
 
     def phase(self, name: str, step: str = "steady") -> PhaseRow:
         """The row of one phase of one step (``first`` or ``steady``;
@@ -163,9 +166,23 @@ class Trace:
 
 
 # -- the phase recorder over MemTracker ------------------------------------------------------------------------
+PAGED_DEVICE = torch.device("cpu", 1)
+"""The device key under which the tracker books a paged optimizer's states (made under
+:func:`memlab.model.optimizers.paged_allocation`): CUDA managed memory, outside torch's allocator, so outside every
+phase's bytes; :attr:`Trace.paged_bytes` reads it. (bitsandbytes' paged states are themselves CPU-device tensors over
+a managed pointer, ``F.get_paged``: a real run's tracker would book them under another device too.)"""
+
+
+def _allocator_total(snap: dict[Any, dict[Any, int]]) -> int:
+    """The bytes of a tracker snapshot on every device but :data:`PAGED_DEVICE` (what an allocator holds)."""
+    return sum(int(d.get("Total", 0)) for dev, d in snap.items() if dev != PAGED_DEVICE)
+
+
 def _categories(snap: dict[Any, dict[Any, int]]) -> dict[str, int]:
     out = dict.fromkeys(CATEGORIES, 0)
-    for dev_snap in snap.values():
+    for dev, dev_snap in snap.items():
+        if dev == PAGED_DEVICE:
+            continue
         for key, value in dev_snap.items():
             name = _FROM_TRACKER.get(getattr(key, "value", str(key)))
             if name is not None:
@@ -185,7 +202,7 @@ class PhaseRecorder(Meter):
         self.rows: list[PhaseRow] = []
 
     def _total(self, snap: dict[Any, dict[Any, int]]) -> int:
-        return sum(int(d.get("Total", 0)) for d in snap.values())
+        return _allocator_total(snap)
 
     @contextlib.contextmanager
     def phase(self, step: str, name: str) -> Iterator[None]:
@@ -240,6 +257,27 @@ def quiet_mod_tracker() -> Iterator[None]:
             warnings.formatwarning = fmt
 
 
+def _track_paged(tracker: Any, reftype: Any, t: torch.Tensor) -> bool:
+    """Inside :func:`memlab.model.optimizers.paged_allocation`, book ``t``'s new storages under :data:`PAGED_DEVICE`
+    in ``tracker`` (a paged optimizer's state: managed memory, which no phase of the allocator holds) and return True;
+    outside it, False (the tracker books ``t`` as usual). Relies on MemTracker's private ``_WINFO`` and
+    ``_update_snap`` (torch 2.5+), as :func:`fast_mem_tracker` does."""
+    from memlab.model.optimizers import paging
+
+    if not paging():
+        return False
+    from torch.distributed._tools.common_utils import get_untyped_storages
+    from torch.distributed._tools.mem_tracker import _UpdateType, _WeakRefInfo
+
+    for st in get_untyped_storages(t):
+        if tracker._WINFO.get(st, None) is None:
+            winfo, w_st = _WeakRefInfo.create_winfo(st, PAGED_DEVICE, reftype, tracker._delete_callback)
+            tracker._WINFO[st] = (winfo, w_st)
+            if winfo.mem_consumed > 0:
+                tracker._update_snap(_UpdateType.ADD, winfo)
+    return True
+
+
 def fast_mem_tracker() -> Any:
     """A new ``torch.distributed._tools.mem_tracker.MemTracker`` whose per-op peak update visits only the modules
     running now (the stock one walks every module it has seen on every op: half of a 7B trace's time) and copies a
@@ -277,6 +315,10 @@ def fast_mem_tracker() -> Any:
                     if not param.requires_grad and handles.get(param, None) is None:
                         handles[param] = (_NO_HOOK, _NO_HOOK)
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _track(self, reftype: Any, t: torch.Tensor) -> None:
+            if not _track_paged(self, reftype, t):
+                super()._track(reftype, t)
 
         def _update_peak_stats(self, peak_state: Any) -> None:  # dict(snap): a category -> int map, as deepcopy
             curr = self._curr_mem_snap
@@ -316,8 +358,8 @@ def module_rows(tracker: Any) -> tuple[dict[str, Any], ...]:
         if not pre or not post:
             continue
         act = _categories(post[-1])["activations"] - _categories(pre[-1])["activations"]
-        peak_fw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_FW, [{}])[-1].values())
-        peak_bw = sum(int(d.get("Total", 0)) for d in snaps.get(_ModState.PEAK_BW, [{}])[-1].values())
+        peak_fw = _allocator_total(snaps.get(_ModState.PEAK_FW, [{}])[-1])
+        peak_bw = _allocator_total(snaps.get(_ModState.PEAK_BW, [{}])[-1])
         out.append({"module": stats.mod_fqn, "activation_bytes": act, "peak_forward_bytes": peak_fw,
                     "peak_backward_bytes": peak_bw})
     return tuple(out)
@@ -393,8 +435,9 @@ def movable_fake_parameters(mode: Any) -> Iterator[None]:
 
 
 def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Any],
-         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int]:
-    """The two traced steps of :func:`trace_step`: (phase rows, module rows, bytes offloaded to the host)."""
+         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int, int]:
+    """The two traced steps of :func:`trace_step`: (phase rows, module rows, bytes offloaded to the host, a paged
+    optimizer's managed bytes)."""
     movable = movable_fake_parameters(mode) if not isinstance(mode, contextlib.nullcontext) \
         else contextlib.nullcontext()
     with mode, torch.device("cpu"):
@@ -424,8 +467,9 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
                 train_step(step, lambda: loss_fn(model, batch), meter=rec, label=label, optimizer_step=update,
                            zero_grad=update)
             modules = module_rows(tracker)  # the steady step's (last) micro-batch
+            paged = int(tracker.get_tracker_snapshot("current").get(PAGED_DEVICE, {}).get("Total", 0))
     offload = getattr(step, "offload", None)  # activation offload's books: what the last forward copied to the host
-    return rec.rows, modules, (offload.host_bytes if offload is not None else 0)
+    return rec.rows, modules, (offload.host_bytes if offload is not None else 0), paged
 
 
 def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Step],
@@ -441,7 +485,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     loss_fn = loss_fn or default_loss
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     try:
-        rows, modules, host = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
+        rows, modules, host, paged = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
     except DataDependentOutputException as exc:
         raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
                          "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
@@ -450,7 +494,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     best = max((r for r in rows if r.reliable), key=lambda r: r.peak_bytes)
     return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best.peak_bytes,
                  peak_phase=best.phase, peak_step=best.step, peak_by_category=dict(best.by_category),
-                 modules=modules, notes=tuple(notes), host_bytes=host)
+                 modules=modules, notes=tuple(notes), host_bytes=host, paged_bytes=paged)
 
 
 # -- the generic tracer ----------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from torch import nn
 
 from memlab.errors import SetupError
 from memlab.measure.accounting import model_states
-from memlab.model.optimizers import Adam8bit, build_optimizer
+from memlab.model.optimizers import Adam8bit, PagedAdamW, build_optimizer
 from memlab.predict.spec.setup import OPTIMIZERS
 
 # bitsandbytes 0.50 Optimizer2State.init_state (Dettmers et al. 2022): tensors with >= 4096 elements get uint8 states
@@ -112,6 +112,8 @@ def test_adam8bit_skips_parameters_without_gradients() -> None:
     ("sgd-momentum", torch.optim.SGD, {"momentum": 0.9}),
     ("adafactor", torch.optim.Adafactor, {}),
     ("adam-8bit", Adam8bit, {}),
+    ("paged-adam-8bit", Adam8bit, {}),
+    ("paged-adamw", PagedAdamW, {"weight_decay": 1e-2}),  # bitsandbytes' default
 ])
 def test_build_optimizer_names(name: str, cls: type, extra: dict) -> None:
     opt = build_optimizer(name, [nn.Parameter(torch.zeros(2))], lr=0.5)

@@ -26,7 +26,8 @@ MODELS = {"tiny-gpt": preset("tiny-gpt"), "tiny-moe": preset("tiny-moe"), "count
 
 FIELDS = {
     "mode": ("train", "inference"), "precision": ("fp32", "bf16", "amp-bf16", "mixed-bf16", "fp16", "amp-fp16"),
-    "optimizer": ("adamw", "sgd", "adafactor", "adam-8bit"), "recompute": ("none", "selective", "full", "op"),
+    "optimizer": ("adamw", "sgd", "adafactor", "adam-8bit", "paged-adamw", "paged-adam-8bit"),
+    "recompute": ("none", "selective", "full", "op"),
     "recompute_every": (1, 1, 2), "activation_memory_budget": (1.0, 1.0, 1.0, 0.5),
     "attention": ("eager", "flash", "math", "efficient"), "zero_stage": (0, 2, 3), "world_size": (1, 2),
     "tp": (1, 2), "loss": ("plain", "chunked", "fused"), "logits_to_keep": (0, 1), "offload_activations": (False, True),

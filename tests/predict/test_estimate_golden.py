@@ -32,6 +32,7 @@ from memlab.predict.estimate import Overheads, estimate
 from memlab.predict.families.reader import from_hf
 from memlab.predict.memory import activations as A
 from memlab.predict.memory import phases as P
+from memlab.predict.memory.states import PAGED_OPTIMIZERS
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.precision import PRECISION_POLICIES
 from memlab.predict.spec.setup import FUSED_OPTIMIZERS, KERNELS, KV_DTYPES, OPTIMIZERS, RECOMPUTE, Setup, SetupView
@@ -50,6 +51,11 @@ def _model(key: str | int) -> TransformerConfig | int:
     return preset(key)
 
 
+SPREAD_OPTIMIZERS = tuple(o for o in OPTIMIZERS if o not in PAGED_OPTIMIZERS)
+"""The optimizers the spread cycles through: the paged ones came after it was drawn and are modelled on one device
+only (tests/predict/memory/test_paged_optimizers.py checks them against the trace)."""
+
+
 def _cases() -> list[dict[str, Any]]:
     """The inputs of the golden cases: a deterministic spread (each field cycles with its own period)."""
     impls = ("auto", "for-loop", "foreach", "fused")
@@ -66,7 +72,7 @@ def _cases() -> list[dict[str, Any]]:
             fields.update(mode="inference", inference_weights=weights[(i // 6) % 5],
                           kv_cache_dtype=KV_DTYPES[(i // 7) % len(KV_DTYPES)])
         else:
-            optimizer, impl = OPTIMIZERS[(i // 2) % len(OPTIMIZERS)], impls[(i // 3) % 4]
+            optimizer, impl = SPREAD_OPTIMIZERS[(i // 2) % len(SPREAD_OPTIMIZERS)], impls[(i // 3) % 4]
             fields.update(precision=tuple(PRECISION_POLICIES)[i % len(PRECISION_POLICIES)], optimizer=optimizer,
                           optimizer_impl="for-loop" if impl == "fused" and optimizer not in FUSED_OPTIMIZERS else impl,
                           recompute=RECOMPUTE[(i // 7) % 3], zero_stage=i % 4, world_size=(1, 8)[(i // 5) % 2],
@@ -101,7 +107,7 @@ def test_golden_file_covers_the_spread() -> None:
     assert len(cases) >= N_CASES - 4  # a few combinations are invalid (tp=2 with 25 heads, adafactor on a count)
     setups = [c["input"]["setup"] for c in cases]
     assert {s.get("precision") for s in setups} >= set(PRECISION_POLICIES)
-    assert {s.get("optimizer") for s in setups} >= set(OPTIMIZERS)
+    assert {s.get("optimizer") for s in setups} >= set(SPREAD_OPTIMIZERS)
     assert {s["attention"] for s in setups} == set(KERNELS)
     # op (torchtitan's per-op policy) came after the spread was drawn: its own tests check it against the trace
     # (tests/predict/memory/test_recompute_policies.py); here its rows are checked against the records
@@ -126,6 +132,7 @@ def test_estimate_matches_the_golden_file(index: int) -> None:
     assert got.pop("assumptions") == [gold["texts"][k] for k in expected.pop("assumptions")]
     assert got.pop("setup") == Setup(**case["input"]["setup"]).to_dict()
     assert got.pop("host_bytes") == 0  # no golden setup offloads its activations
+    assert got.pop("paged_bytes") == 0  # nor pages its optimizer states
     assert got.pop("per_device") == {**{k: got[f"{k}_bytes"] for k in ("params", "grads", "optimizer", "activations")},
                                      "kv_cache": got["kv_cache_bytes"], "overhead": sum(got["overhead"].values()),
                                      "total": got["total_bytes"], "peak": got["peak_bytes"]}
@@ -184,8 +191,8 @@ def _write() -> None:
         except MemlabError as exc:  # an invalid combination is left out, and said so
             print(f"case {index} left out: {type(exc).__name__}: {exc}")
             continue
-        # the inputs' fields, the components again and the host bytes (0 here): checked, not stored
-        del d["config"], d["setup"], d["per_device"], d["host_bytes"]
+        # the inputs' fields, the components again and the host and paged bytes (0 here): checked, not stored
+        del d["config"], d["setup"], d["per_device"], d["host_bytes"], d["paged_bytes"]
         d["phases"] = [[r["step"], r["phase"], r["peak_bytes"]] for r in d["phases"]]
         idx = []
         for text in d.pop("assumptions"):

@@ -15,6 +15,9 @@ byte comes from:
 - inference: weights at ``setup.inference_weights`` (with quantisation scales), the KV cache of ``setup.kv_cache``,
   the token ids and the largest moment of generate()'s prefill and decode (:func:`inference_terms`).
 - overheads: named terms (:class:`Overheads`), never folded into other components.
+- bytes outside torch's allocator, in no component or phase: ``host_bytes`` (offloaded to the host) and
+  ``paged_bytes`` (a paged optimizer's states in CUDA managed memory,
+  :func:`memlab.predict.memory.plan.paged_bytes_of`).
 - phases: the bytes held at each phase of the first and the steady step and their peak
   (:mod:`memlab.predict.memory.phases`): what must fit. ``total_bytes`` stays the sum of the components.
 
@@ -217,6 +220,14 @@ class MemoryBreakdown:
     activations, plus the matmul weights and the second reference to the log-softmax that save_on_cpu copies too
     (:func:`offload_host_bytes`); with FSDP2's CPU offload (``Setup.fsdp_offload``) also the sharded parameters,
     gradients and optimizer states (:func:`host_states`). Not part of the device's total or peak."""
+    paged_bytes: int = 0
+    """Paged optimizer states (CUDA managed memory, outside torch's allocator): the states bitsandbytes' paged
+    optimizers (``Setup.optimizer`` paged-adamw, paged-adam-8bit) allocate with ``cudaMallocManaged`` for tensors of
+    at least 1e5 elements (:func:`memlab.predict.memory.states.paged_tensor_bytes`). Not in any component, phase or
+    ``peak_bytes``: torch.cuda.memory_allocated/reserved and the caching allocator's out-of-memory check do not see
+    them. They occupy the device while resident (prefetched for the optimizer step; nvidia-smi counts them) and the
+    driver evicts them to host RAM when the allocator needs the room: :attr:`device_peak_bytes`. On a CPU, where
+    bitsandbytes does not page, they are plain memory beside the rest."""
     named_terms: tuple[NamedTerm, ...] = ()
     """What the estimate leaves out, each with its size, phases and sign (:func:`memlab.predict.coverage.named_terms`):
     listed once, when the estimate is made."""
@@ -239,6 +250,12 @@ class MemoryBreakdown:
         """Predicted bytes of one phase of one step: its ``peak_bytes``
         (:func:`~memlab.predict.memory.phases.find_phase`; zero_grad: held after it)."""
         return find_phase(self.phases, phase, step).peak_bytes
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """What the device holds at the peak with the paged optimizer states resident: ``peak_bytes + paged_bytes``
+        (what nvidia-smi shows when both fit; the allocator alone decides an out-of-memory error: ``peak_bytes``)."""
+        return self.peak_bytes + self.paged_bytes
 
     @property
     def overhead_bytes(self) -> int:
@@ -488,7 +505,7 @@ def rank_breakdown(config_or_params: TransformerConfig | int, setup: Setup, *, o
         "assumptions": p.notes,
         "config": _config_fields(p.config_fields) if p.config_fields is not None else None, "setup": fields_of(setup),
         "phases": tuple(rows), "peak_bytes": top.peak_bytes, "peak_phase": top.phase, "peak_step": top.step,
-        "host_bytes": host,
+        "host_bytes": host, "paged_bytes": p.paged_bytes,
     })
 
 

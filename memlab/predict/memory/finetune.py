@@ -52,7 +52,7 @@ from typing import Any
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.memory.rows import RowName
-from memlab.predict.memory.states import adam8bit_bytes
+from memlab.predict.memory.states import PAGED_OPTIMIZERS, adam8bit_bytes, paged_optimizer_bytes
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, LORA_KINDS, parse_targets
 
@@ -69,11 +69,10 @@ NF4_TENSOR_CONSTANT_BYTES = 16 * 4 + 256 * 4 + 4
 
 
 PAGED_OPTIMIZER_NOTE = (
-    "a paged optimizer (bitsandbytes' Paged*) is counted as its non-paged twin, resident on the device (the bound): "
-    "it places the states of tensors of >= 1e5 elements in CUDA unified memory (get_state_buffer, "
-    "bitsandbytes/optim/optimizer.py l. 374-390, F.get_paged), which the driver moves to the host only under "
-    "memory pressure and torch.cuda.memory_allocated does not see; the bytes are the same, only where they live "
-    "changes (on CPU it falls back to the plain optimizer)")
+    "a paged optimizer (bitsandbytes' Paged*, optimizer paged-adamw or paged-adam-8bit) keeps the states of tensors of "
+    ">= 1e5 elements in CUDA managed memory, outside torch's allocator: reported apart as paged_bytes, not in the "
+    "peak (memlab.predict.memory.states.paged_tensor_bytes); LoRA adapters under 1e5 elements (r x d below it) are "
+    "not paged")
 """What a paged optimizer changes, the named assumption every QLoRA estimate carries."""
 
 
@@ -146,8 +145,7 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
     rank, targets = setup.lora_r, setup.lora_target_kinds
     mods = lora_modules(config, targets)
     n_ad = adapter_elements(config, rank, targets)
-    tensors = [rank * i for _, i, _ in mods] + [o * rank for _, _, o in mods]
-    tensors = tensors * config.n_layers
+    tensors = adapter_tensors(config, setup)
     pb = setup.policy.param_bytes
     if setup.finetune == "qlora":
         base, quantizable = qlora_base_bytes(config, pb)
@@ -165,17 +163,19 @@ def finetune_states(config: TransformerConfig, setup: Any, n_base: int,
         moments = 2 * ADAPTER_BYTES * n_ad
     elif opt == "adam-8bit":
         moments = adam8bit_bytes([*tensors, *saved_module_tensors(config, setup)])
+    elif opt in PAGED_OPTIMIZERS:  # the allocator's part; the managed part is memlab.predict.memory.plan's paged_bytes
+        moments = paged_optimizer_bytes([*tensors, *saved_module_tensors(config, setup)], opt)[0]
     elif opt == "sgd-momentum":
         moments = ADAPTER_BYTES * n_ad
     elif opt == "sgd":
         moments = 0
     else:
         raise SetupError(f"optimizer {opt!r} with finetune={setup.finetune!r} is not modelled: use adamw, adam, "
-                         "adam-8bit, sgd or sgd-momentum")
+                         "adam-8bit, paged-adamw, paged-adam-8bit, sgd or sgd-momentum")
     saved = saved_module_elements(config, setup)  # peft modules_to_save: a trainable copy in the base's dtype
     sb = pb  # the copy of the head/embedding, in the base's dtype (16-bit over a bf16 QLoRA base)
     if saved:
-        if opt != "adam-8bit":  # adam-8bit counted the saved modules' tensors above (the maps shared once)
+        if opt not in ("adam-8bit", *PAGED_OPTIMIZERS):  # counted per tensor above (the maps shared once)
             moments += {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}[opt] * sb * saved
         notes.append(f"modules_to_save {', '.join(setup.lora_save_kinds)}: a trainable copy ({saved:,} weights, "
                      f"{sb} B each) beside the frozen original, with gradients and optimizer states in its dtype")
@@ -259,6 +259,13 @@ def saved_module_tensors(config: TransformerConfig, setup: Any) -> list[int]:
         raise ConfigError("lora_modules_to_save with tied embeddings is not modelled (a trainable copy of the head "
                           "or the embedding unties them): drop lora_modules_to_save for this model")
     return [config.vocab_size * config.d_model for _ in kinds]
+
+
+def adapter_tensors(config: TransformerConfig, setup: Any) -> list[int]:
+    """Elements of each adapter tensor (every block's A, ``r x in``, and B, ``out x r``, per adapted module)."""
+    mods = lora_modules(config, setup.lora_target_kinds)
+    rank = setup.lora_r
+    return ([rank * i for _, i, _ in mods] + [o * rank for _, _, o in mods]) * config.n_layers
 
 
 def saved_module_elements(config: TransformerConfig, setup: Any) -> int:

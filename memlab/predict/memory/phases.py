@@ -43,6 +43,7 @@ Pure numpy arithmetic (works on arrays of batch/seq); no torch. Units: bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -60,7 +61,7 @@ from memlab.predict.memory.activations import (
 from memlab.predict.memory.family_terms import loss_call_transients
 from memlab.predict.memory.loss import chunk_tokens, hf_kept_labels, kept_copy, kept_positions, targets_saved
 from memlab.predict.memory.rows import RowName
-from memlab.predict.memory.states import optimizer_state_dtype_bytes
+from memlab.predict.memory.states import ADAM_8BIT_BLOCK, ADAM_8BIT_MIN_SIZE, optimizer_state_dtype_bytes
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.precision import precision_policy
 from memlab.predict.spec.setup import CHECKPOINTED, resolve_optimizer_impl
@@ -322,12 +323,25 @@ def optimizer_temporary_bytes(optimizer: str, impl: str, policy: Any, elements: 
         core = 0
     elif impl == "foreach":
         core = sb * elements
-    elif optimizer == "adam-8bit":
-        core = 5 * 4 * largest  # memlab's Adam8bit: fp32 gradient, decoded m and v, the update, padding
+    elif optimizer in ("adam-8bit", "paged-adam-8bit"):
+        core = adam8bit_step_bytes(largest, sixteen_bit_grads=sb == 2)
     else:
         core = sb * (2 * largest if loop_peak is None else loop_peak)
     wrapper = 4 * elements if (policy.master_bytes and not policy.grad_accum_bytes and policy.grad_bytes == 2) else 0
     return float(core + wrapper)
+
+
+def adam8bit_step_bytes(largest: int, *, sixteen_bit_grads: bool) -> int:
+    """Temporaries of memlab's 8-bit Adam step (:class:`memlab.model.optimizers.Adam8bit`, the stand-in for
+    bitsandbytes' AdamW8bit and PagedAdamW8bit) at its worst, the largest tensor's ``n`` elements, bytes: its two
+    moments decoded to fp32 and padded to whole blocks of 256 (``8 * ceil(n / 256) * 256``) beside the
+    bias-corrected first moment and ``denom`` (``8 n``), and a 16-bit gradient's fp32 copy (``4 n``); a tensor under
+    4096 elements keeps fp32 moments and has only the last two (the moment each update holds, step by step, in the
+    stand-in's docstring; checked against its trace, tests/predict/memory/test_paged_optimizers.py)."""
+    grad = 4 * largest if sixteen_bit_grads else 0
+    if largest < ADAM_8BIT_MIN_SIZE:
+        return 8 * largest + grad
+    return 8 * ADAM_8BIT_BLOCK * math.ceil(largest / ADAM_8BIT_BLOCK) + 8 * largest + grad
 
 
 def step_inputs(config: TransformerConfig | None, setup: Any, *, device_type: str, elements: int, largest: int,

@@ -20,22 +20,26 @@ from typing import Any
 
 from memlab.errors import SetupError
 from memlab.predict.memory.finetune import (
+    adapter_tensors,
     finetune_states,
     frozen_states,
     frozen_trainable,
     largest_adapter_elements,
     lora_layer_elements,
+    saved_module_tensors,
 )
 from memlab.predict.memory.fsdp import FsdpPlan, plan_of
 from memlab.predict.memory.inference import INT4_GROUP
 from memlab.predict.memory.phases import step_constants
-from memlab.predict.memory.sharding import ShapeSummary, shape_summary, zero_divisors
+from memlab.predict.memory.sharding import ShapeSummary, shape_summary, tp_shard_shape, zero_divisors
 from memlab.predict.memory.states import (
     ADAM_8BIT_BLOCK,
     ADAM_8BIT_MIN_SIZE,
     ADAM_8BIT_QMAP_BYTES,
+    PAGED_OPTIMIZERS,
     adam_moment_bytes,
     optimizer_state_dtype_bytes,
+    paged_optimizer_bytes,
     sgd_moment_bytes,
     step_counter_bytes,
 )
@@ -77,6 +81,8 @@ class Plan:
     bare count."""
     fsdp: FsdpPlan | None = None
     """The FSDP2 plan when FSDP2 applies (:func:`memlab.predict.memory.fsdp.plan_of`), else None."""
+    paged_bytes: int = 0
+    """A paged optimizer's states in CUDA managed memory (:func:`paged_bytes_of`): in no state above, no phase."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -121,7 +127,25 @@ def plan(model: TransformerConfig | int, rest: tuple, device_type: str, step_on_
                 gather_bytes_per_layer=per_layer, notes=tuple(notes),
                 param_count=shape_summary(model).param_count if summ is not None else model,  # type: ignore[arg-type]
                 step=step, config_fields=None if summ is None else config_fields(model),  # type: ignore[arg-type]
-                fsdp=fsdp)
+                fsdp=fsdp, paged_bytes=paged_bytes_of(model, setup))
+
+
+def paged_bytes_of(model: TransformerConfig | int, setup: Any) -> int:
+    """Bytes a paged optimizer (:data:`~memlab.predict.memory.states.PAGED_OPTIMIZERS`) keeps in CUDA managed
+    memory on one device: the paged part of :func:`~memlab.predict.memory.states.paged_optimizer_bytes` over the
+    trainable tensors (every parameter's shard on one tp rank; under LoRA the adapters and modules_to_save). 0 for
+    other optimizers, inference, or a bare count (refused with a paged optimizer: memlab.predict.coverage)."""
+    if setup.optimizer not in PAGED_OPTIMIZERS or setup.mode != "train" or not isinstance(model, TransformerConfig):
+        return 0
+    return paged_optimizer_bytes(trainable_tensors(model, setup), setup.optimizer)[1]
+
+
+def trainable_tensors(config: TransformerConfig, setup: Any) -> list[int]:
+    """Elements of each tensor the optimizer steps on one device: the adapters and the modules peft trains in full
+    (``finetune`` lora/qlora), or every parameter's shard on one of ``setup.tp`` ranks."""
+    if setup.finetune in ("lora", "qlora"):
+        return [*adapter_tensors(config, setup), *saved_module_tensors(config, setup)]
+    return [math.prod(tp_shard_shape(name, shape, config, setup.tp)) for name, shape, _ in config.param_shapes()]
 
 
 def config_fields(config: TransformerConfig) -> dict[str, Any]:
@@ -160,6 +184,8 @@ def _states(model: TransformerConfig | int, setup: Any, step_on_device: bool,
         moments = adam_moment_bytes(n, sb)
     elif opt in ("sgd", "sgd-momentum"):
         moments = sgd_moment_bytes(n, sb, opt == "sgd-momentum")
+    elif opt in PAGED_OPTIMIZERS:  # the allocator's part (one device: coverage refuses ZeRO); the rest is paged
+        moments = paged_optimizer_bytes(trainable_tensors(model, setup), opt)[0]  # type: ignore[arg-type]
     elif opt == "adam-8bit":
         moments = summ.adam8bit_bytes if summ else (
             2 * n + 8 * math.ceil(n / ADAM_8BIT_BLOCK) + (ADAM_8BIT_QMAP_BYTES if n >= ADAM_8BIT_MIN_SIZE else 0))

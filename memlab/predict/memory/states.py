@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from memlab.errors import SetupError
 from memlab.predict.spec.precision import PrecisionPolicy
 
 ADAM_8BIT_BLOCK = 256
@@ -88,3 +89,47 @@ def step_counter_bytes(n_tensors: int, optimizer: str) -> int:
     SGD keeps none; bitsandbytes keeps a Python int.
     """
     return 4 * n_tensors if optimizer in ("adam", "adamw", "adafactor") else 0
+
+
+PAGED_OPTIMIZERS = ("paged-adamw", "paged-adam-8bit")
+"""bitsandbytes' paged optimizers by memlab's names: ``PagedAdamW32bit`` (``PagedAdamW``; transformers'
+``optim="paged_adamw_32bit"``) and ``PagedAdamW8bit`` (``"paged_adamw_8bit"``), each ``Optimizer2State`` with
+``is_paged=True`` (bitsandbytes 0.50.2 ``optim/adamw.py``, l. 179-350)."""
+PAGED_MIN_ELEMENTS = 100_000
+"""A state buffer is paged only for a parameter of at least 1e5 elements: ``Optimizer8bit.get_state_buffer``
+(bitsandbytes 0.50.2 ``optim/optimizer.py`` l. 383, ``if not self.is_paged or p.numel() < 1e5``: a plain
+``torch.zeros_like``; else ``F.get_paged``). Only ``state1``/``state2`` go through it (``init_state`` l. 509-521);
+the 8-bit ``absmax1``/``absmax2`` and the shared maps are plain ``torch.zeros`` on the device (l. 511-529)."""
+
+
+def paged_tensor_bytes(numel: int, optimizer: str) -> tuple[int, int]:
+    """(bytes in torch's allocator, bytes in CUDA managed memory) of one tensor's state under a paged optimizer.
+
+    ``paged-adamw``: two fp32 states whatever the parameter's dtype (``get_state_buffer(p, dtype=torch.float32)``,
+    ``init_state`` l. 509-510), 8 B/element. ``paged-adam-8bit``: :func:`adam8bit_tensor_bytes` (fp32 states below
+    4096 elements, else two uint8 states and fp32 absmax per 256). The two states are paged when the tensor has at
+    least :data:`PAGED_MIN_ELEMENTS` elements; absmax never is. The step counter is a Python int (no bytes).
+    """
+    if optimizer not in PAGED_OPTIMIZERS:
+        raise SetupError(f"{optimizer!r} is not a paged optimizer: use one of {', '.join(PAGED_OPTIMIZERS)}")
+    total = 8 * numel if optimizer == "paged-adamw" else adam8bit_tensor_bytes(numel)
+    if numel < PAGED_MIN_ELEMENTS:
+        return total, 0
+    states = 8 * numel if optimizer == "paged-adamw" else 2 * numel
+    return total - states, states
+
+
+def paged_optimizer_bytes(numels: Iterable[int], optimizer: str) -> tuple[int, int]:
+    """(allocator bytes, managed bytes) of a paged optimizer's state over tensors of ``numels`` elements on one
+    device: :func:`paged_tensor_bytes` per tensor, plus for ``paged-adam-8bit`` the shared quantisation maps
+    (:data:`ADAM_8BIT_QMAP_BYTES`, in the allocator) once when any tensor is kept in 8 bits. Their sum is the
+    unpaged twin's state (bitsandbytes' ``AdamW32bit`` / ``AdamW8bit``; on a CPU, where bitsandbytes does not page,
+    ``get_state_buffer`` l. 375-382, all of it is plain memory)."""
+    sizes = list(numels)
+    device = paged = 0
+    for n in sizes:
+        d, p = paged_tensor_bytes(n, optimizer)
+        device, paged = device + d, paged + p
+    if optimizer == "paged-adam-8bit" and any(n >= ADAM_8BIT_MIN_SIZE for n in sizes):
+        device += ADAM_8BIT_QMAP_BYTES
+    return device, paged

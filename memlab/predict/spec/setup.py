@@ -19,7 +19,7 @@ Mode = Literal["train", "inference"]
 Recompute = Literal["none", "selective", "full", "op"]
 Attention = Literal["eager", "math", "flash", "efficient", "cudnn", "auto"]
 ZeroStage = Literal[0, 1, 2, 3]
-Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor"]
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adam-8bit", "adafactor", "paged-adamw", "paged-adam-8bit"]
 InferenceWeights = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 KvDtype = Literal["fp32", "fp16", "bf16", "fp8", "int8"]
 OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
@@ -55,6 +55,13 @@ DEFAULT_DEVICE_TYPE = "cuda"
 ``device_type`` argument defaults to it (tests/test_device.py), but those that say where a run executes."""
 
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+TRAINER_OPTIMIZERS = {"adamw_bnb_8bit": "adam-8bit", "adamw_8bit": "adam-8bit", "paged_adamw_32bit": "paged-adamw",
+                      "paged_adamw_8bit": "paged-adam-8bit"}
+"""transformers ``TrainingArguments.optim`` spellings (``OptimizerNames``, training_args.py l. 130-135 of 5.25.0) of
+the bitsandbytes optimizers memlab names otherwise: ``trainer_optimizer._get_bitsandbytes_optimizer`` builds
+``bnb.optim.AdamW(optim_bits=8 if "8bit" in name else 32, is_paged="paged" in name)`` for each (l. 246-291), the
+state layouts of ``AdamW8bit``, ``PagedAdamW32bit`` and ``PagedAdamW8bit``. ``--optimizer`` takes them (as
+``--lora-targets`` takes peft's names: the field's ``metadata["spellings"]``)."""
 INFERENCE_WEIGHTS: tuple[str, ...] = get_args(InferenceWeights)
 KV_DTYPES: tuple[str, ...] = get_args(KvDtype)
 KV_CACHE_KINDS: tuple[str, ...] = get_args(KvCacheKind)
@@ -235,8 +242,10 @@ class Setup(StrictInit):
     precision: str = field(default="fp32", metadata={"choices": tuple(PRECISION_POLICIES), "mode": "train"})
     """Training precision policy (memlab.predict.spec.precision): how weights, gradients and master copies are
     stored."""
-    optimizer: Optimizer = field(default="adamw", metadata={"mode": "train"})
-    """Optimizer whose state is counted (and run)."""
+    optimizer: Optimizer = field(default="adamw", metadata={"mode": "train", "spellings": TRAINER_OPTIMIZERS})
+    """Optimizer whose state is counted (and run). paged-adamw and paged-adam-8bit are bitsandbytes' paged optimizers
+    (transformers' paged_adamw_32bit and paged_adamw_8bit, also accepted): the states of tensors of at least 1e5
+    elements live in CUDA managed memory, outside torch's allocator, reported apart (paged_bytes)."""
     recompute: Recompute = "none"
     """Activation recomputation: none, selective (the attention core, Korthikanti et al.), full (every block;
     with recompute_every k, every k-th block) or op (torchtitan's per-op policy: every block checkpointed, the
