@@ -78,7 +78,7 @@ def test_estimate_explicit_dimensions_and_inference(capsys: pytest.CaptureFixtur
 
 
 def test_serving_flag_prints_the_largest_batch_per_context(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ("estimate", "--preset", "llama-3-8b", "--mode", "inference", "--attention", "flash", "--gpu", "rtx-4090",
+    argv = ("estimate", "--preset", "ref:llama-3-8b", "--mode", "inference", "--attention", "flash", "--gpu", "rtx-4090",
             "--serving", "1024,8192")
     code, out, _ = run(capsys, *argv, "--json")
     d = json.loads(out)
