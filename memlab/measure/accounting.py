@@ -196,6 +196,16 @@ class SavedActivations:
 Categorize = Callable[[torch.Tensor, tuple[nn.Module, ...]], str]
 
 
+def _owners(tensors: Iterable[torch.Tensor]) -> dict[tuple[str, int], torch.Tensor]:
+    """Each storage key of ``tensors`` with a tensor that holds it (the last one, for tied weights)."""
+    return {k: t for t in tensors if (k := storage_key(_local(t))) is not None}
+
+
+def _own_state(module: nn.Module) -> list[torch.Tensor]:
+    """The module's own parameters and buffers (not its children's)."""
+    return [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+
+
 def _default_category(t: torch.Tensor, scope: tuple[nn.Module, ...]) -> str:
     return type(scope[-1]).__name__ if scope else "other"
 
@@ -204,7 +214,8 @@ class SavedTensorRecorder:
     """Record every tensor autograd saves for backward while the ``with`` block runs.
 
     ``model`` (optional) gives a module scope to each saved tensor through forward pre/post hooks, and its
-    parameters and buffers are excluded. ``categorize(tensor, scope)`` names a category; by default the class
+    parameters and buffers are excluded (the storages they hold when the tensor is saved: a module may swap one
+    during its forward, see :meth:`_is_state`). ``categorize(tensor, scope)`` names a category; by default the class
     name of the innermost module. The hooks leave the saved tensors untouched, so memory and results are those
     of an unobserved run. Use: ``with SavedTensorRecorder(model) as rec: loss = model(x, y)`` then
     ``rec.result()``. Exit autocast *inside* the block so its weight-cast cache is already released.
@@ -219,10 +230,10 @@ class SavedTensorRecorder:
     ) -> None:
         self._model = model
         self._categorize = categorize or _default_category
-        tensors = list(exclude)
+        self._state = list(exclude)
         if model is not None:
-            tensors += list(model.parameters()) + list(model.buffers())
-        self._excluded = {k for t in tensors if (k := storage_key(_local(t))) is not None}
+            self._state += list(model.parameters()) + list(model.buffers())
+        self._owners = _owners(self._state)
         self._seen: dict[tuple[str, int], SavedTensor] = {}
         self._scope: list[nn.Module] = []
         self._names: dict[int, str] = {}
@@ -234,14 +245,33 @@ class SavedTensorRecorder:
         self._scope.append(module)
 
     def _pop(self, module: nn.Module, *_: Any) -> None:
+        self._owners.update(_owners(_own_state(module)))  # a storage it swapped in during its forward
         # Pop back to (and including) this module, which also repairs the stack after an exception.
         while self._scope:
             if self._scope.pop() is module:
                 break
 
+    def _is_state(self, key: tuple[str, int]) -> bool:
+        """Whether ``key`` is the storage a parameter, buffer or excluded tensor holds *now*.
+
+        A module may swap a parameter's storage during its forward: bitsandbytes' ``Linear4bit`` casts its bias
+        in place on its first call (``bias.data = bias.data.to(x.dtype)``, bitsandbytes/nn/modules.py), freeing
+        the old storage, whose address the allocator may then hand to an activation. A key remembered from before
+        the swap would drop that activation from the count (a measured step 128 or 256 B short, in some runs
+        only); so every key is checked against its owner's current storage, and the running module's own
+        parameters and buffers are looked at again before each save.
+        """
+        if self._scope:
+            self._owners.update(_owners(_own_state(self._scope[-1])))
+        owner = self._owners.get(key)
+        if owner is not None and storage_key(_local(owner)) != key:  # swapped since: look them all up again
+            self._owners = _owners(self._state)
+            owner = self._owners.get(key)
+        return owner is not None
+
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = storage_key(_local(t))
-        if key is None or key in self._excluded or key in self._seen:
+        if key is None or key in self._seen or self._is_state(key):
             return t
         scope = tuple(self._scope)
         self._seen[key] = SavedTensor(

@@ -198,3 +198,32 @@ def test_recorder_removes_its_hooks_and_repairs_scope_after_an_error() -> None:
     with SavedTensorRecorder() as after:
         (x * x).sum()
     assert after.result().total_bytes == 12
+
+
+def test_recorder_excludes_the_storage_a_parameter_holds_when_a_tensor_is_saved() -> None:
+    """A module that swaps its bias's storage during its forward (bitsandbytes' Linear4bit casts it in place on its
+    first call): the old storage, now an ordinary tensor, is an activation when saved; the new one is the
+    parameter. A recorder keyed on the storages of before the swap would count them the other way round (on a
+    real run the old address is freed and may be reused by any activation: a count short by the bias's bytes)."""
+
+    class Swaps(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bias = nn.Parameter(torch.randn(6))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            old = self.bias.data
+            self.bias.data = old.to(torch.float64)  # a new storage; ``old`` is no longer a parameter
+            return (x * old).sum() + (x * self.bias.float()).sum() + (x.double() * self.bias).sum()
+
+    x = torch.randn(4, 6, requires_grad=True)
+    # x * old saves old (x only if old needed a gradient); x * bias.float() saves x and the fp32 copy;
+    # x.double() * bias saves the fp64 x and the fp64 bias
+    saved = {"old": 6 * 4, "x": 4 * 6 * 4, "fp32 copy": 6 * 4, "fp64 x": 4 * 6 * 8, "fp64 bias": 6 * 8}
+    with SavedTensorRecorder() as bare:
+        Swaps()(x).backward()
+    assert bare.result().total_bytes == sum(saved.values())
+    m = Swaps()
+    with SavedTensorRecorder(m) as rec:
+        m(x).backward()
+    assert rec.result().total_bytes == sum(saved.values()) - saved["fp64 bias"]
