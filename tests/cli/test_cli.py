@@ -78,8 +78,8 @@ def test_estimate_explicit_dimensions_and_inference(capsys: pytest.CaptureFixtur
 
 
 def test_serving_flag_prints_the_largest_batch_per_context(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ("estimate", "--preset", "ref:llama-3-8b", "--mode", "inference", "--attention", "flash", "--gpu", "rtx-4090",
-            "--serving", "1024,8192")
+    argv = ("estimate", "--preset", "ref:llama-3-8b", "--mode", "inference", "--attention", "flash",
+            "--gpu", "rtx-4090", "--serving", "1024,8192")
     code, out, _ = run(capsys, *argv, "--json")
     d = json.loads(out)
     setup = Setup(mode="inference", attention="flash")
