@@ -129,13 +129,15 @@ for name, e in est.items():
           f"(headroom {v.headroom_bytes / GiB:+.1f} GiB, before the CUDA context and the allocator's margin)")
 
 # %% [markdown]
-# What is predicted only: **the CUDA kernel's dequantised copy and paged optimizers**. QLoRA itself is traced:
+# What is predicted only: **the CUDA kernel's dequantised copy and where paged optimizers' states live**. QLoRA
+# itself is traced:
 # bitsandbytes registers fake kernels for its 4-bit ops, so `trace_hf` quantises a fake base to NF4 with
 # bitsandbytes' own `quantize_4bit` (`memlab.model.hf.fake_params4bit`) and traces the step; a test asserts the fake
 # trace equals the real CPU one phase by phase, and `python benchmarks/qlora_trace.py` traces the full 7B (too slow
 # for this page). The dequantised bf16 copy of one weight that CUDA's `gemm_4bit` makes inside its kernel (the
-# named overhead `qlora_dequantised_weight`) and paged optimizers' unified memory are seen by no CPU trace: they
-# come from the QLoRA paper and the bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes
+# named overhead `qlora_dequantised_weight`) and paged optimizers' managed memory (section 1b) are seen by no CPU
+# trace, which books a paged optimizer's states apart as the estimate does: they come from the QLoRA paper and the
+# bitsandbytes code. At small sizes QLoRA is measured (section 3): bitsandbytes
 # quantises and runs NF4 on a CPU. A GPU-marked test (`tests/predict/memory/test_finetune.py`) checks the stored NF4
 # bytes on a CUDA device.
 
@@ -262,6 +264,26 @@ print(t4_why)
 print(f"QLoRA recipe on the {t4.memory_bytes / GiB:.0f} GiB {t4.name}: peak {t4_est.peak_gib:.2f} GiB at batch 1 "
       f"({t4_est.peak_step} {t4_est.peak_phase}); largest micro-batch that fits: "
       f"{max_batch(cfg7, t4_recipe, t4.key).value}")
+
+# %% [markdown]
+# **Paged optimizers.** The QLoRA paper's script trains with `paged_adamw_32bit` `[dettmers2023]`: bitsandbytes
+# keeps the Adam states of every tensor of at least 100,000 elements in CUDA managed memory (`cudaMallocManaged`),
+# which torch's caching allocator never sees `[bitsandbytes]`. They are on the device while there is room and move to
+# host RAM under pressure, so they count on nvidia-smi but not in `torch.cuda.memory_allocated()`, and they never
+# cause torch's out-of-memory error. memlab reports them apart (`paged_bytes`), outside every phase and the peak.
+
+# %%
+paged_rows = []
+for rank in (16, 64):
+    e = estimate(cfg7, recipe.with_(attention="flash", lora_rank=rank, optimizer="paged-adamw"), device_type=dt)
+    paged_rows.append({"QLoRA all-linear, paged_adamw_32bit": f"rank {rank}", "peak (GiB)": e.peak_gib,
+                       "paged states (GiB)": e.paged_bytes / GiB, "on the device, paged resident (GiB)":
+                       e.device_peak_bytes / GiB,
+                       f"states fit beside the peak on the {card.name}": e.device_peak_bytes <= card.memory_bytes})
+paged_table = pd.DataFrame(paged_rows)
+ch.save_table(paged_table, "qlora_paged_optimizer")
+print(f"rank 64 on the {card.name}: {fits(e, card).paged_note()}")
+paged_table.round(2)
 
 # %% [markdown]
 # **LoRA and QLoRA under FSDP.** Sharding the model over 8 GPUs is the other recipe people run: the base sharded,
@@ -474,6 +496,9 @@ calculators.error_table(shoot)
 # - QLoRA shrinks the base to NF4, 4 bits a weight plus the constants of exercise 3 `[dettmers2023]`; measured small
 #   on this machine to the byte, traced on fake tensors at 7B (`benchmarks/qlora_trace.py`); the CUDA kernel's
 #   dequantised copy and paged optimizers are predicted only.
+# - The recipe as scripts write it is answered: gradient checkpointing and accumulation by the formula;
+#   `prepare_model_for_kbit_training`'s fp32 casts and reentrant checkpointing, and FSDP-QLoRA's sharded bf16-stored
+#   base, by the trace; fp16 compute on a T4; paged optimizers' states reported apart from the allocator's peak.
 # - The trace of the real peft-wrapped 7B-wide model equals the estimate's states to the byte, and its activations up to
 #   the batch's token ids; small peft runs of several families are predicted to the byte (in-sample: memlab's
 #   family traits were written from these families, so this checks the bookkeeping, not a new family).
