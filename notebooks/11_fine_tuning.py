@@ -50,8 +50,9 @@ ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more th
 # fsdp_seq, fsdp_layers: the LoRA-under-FSDP traces (ci: 2 blocks at the 7B's width)
 SIZES = {"ci": dict(seq=2048, traced_seq=256, traced_layers=8, tiny=("llama", "qwen2", "gpt2"), batch=2,
                     tiny_seq=24, fsdp_seq=128, fsdp_layers=2),
-         "full": dict(seq=2048, traced_seq=2048, traced_layers=32, tiny=("llama", "qwen2", "mistral", "gpt2", "phi"),
-                      batch=2, tiny_seq=64, fsdp_seq=2048, fsdp_layers=32)}[ch.scale]
+         "full": dict(seq=2048, traced_seq=2048, traced_layers=32,
+                      tiny=("llama", "qwen2", "mistral", "gpt2", "stablelm"), batch=2, tiny_seq=64, fsdp_seq=2048,
+                      fsdp_layers=32)}[ch.scale]
 ON_DEVICE = {  # the card asked about, and the device type its prediction and trace are for
     "cpu": dict(card="rtx-4090", device_type="cuda"),
     "cuda": dict(card="rtx-4090", device_type="cuda"),

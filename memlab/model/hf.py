@@ -245,6 +245,15 @@ def checkpoint_every(model: torch.nn.Module, every: int) -> int:
 LORA_MODULE_NAMES: dict[str, dict[str, str]] = {
     "gpt2": {"qkv": "c_attn", "o": "attn.c_proj", "up": "c_fc", "down": "mlp.c_proj"},
     "phi": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "dense", "up": "fc1", "down": "fc2"},
+    "opt": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "up": "fc1", "down": "fc2"},
+    "gptj": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "up": "fc_in", "down": "fc_out"},
+    "starcoder2": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "up": "c_fc", "down": "c_proj"},
+    # fused q, k, v: any of them names the one projection, as peft's default targets do (peft/utils/constants.py
+    # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: gpt_neox and falcon ["query_key_value"])
+    "phi3": {"qkv": "qkv_proj", "o": "o_proj", "gate": "gate_up_proj", "up": "gate_up_proj", "down": "down_proj"},
+    "gpt_neox": {"qkv": "query_key_value", "o": "attention.dense", "up": "dense_h_to_4h", "down": "dense_4h_to_h"},
+    "falcon": {"qkv": "query_key_value", "o": "self_attention.dense", "up": "dense_h_to_4h",
+               "down": "dense_4h_to_h"},
 }
 """peft ``target_modules`` names (module-name suffixes) of memlab's adapter kinds, where a family's differ from the
 Llama-style ``q_proj ... down_proj`` (Llama, Mistral, Qwen2, Gemma, ...): GPT-2 fuses q, k, v into ``c_attn``."""

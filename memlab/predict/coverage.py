@@ -303,6 +303,21 @@ def _regex_refusal(c: Case) -> str:
             "is; memlab.model.hf.read_lora_regex in Python gives the kinds)")
 
 
+def _adapter_block_unmodelled(c: Case) -> list[str]:
+    """What of a model's block the LoRA rows (memlab.predict.memory.finetune) do not follow, measured against
+    trace_hf on every family's tiny config (tests/predict/memory/test_lora_families.py): a parallel attention and
+    MLP (falcon, gpt_neox, gptj, phi), norms after the sublayers (gemma2, gemma3, olmo2), norms on q and k (qwen3,
+    gemma3, olmo2), and adapters on a fused gate-and-up projection (phi3)."""
+    if not c.is_config:
+        return []
+    im, kinds = c.config.impl, c.setup.lora_target_kinds  # type: ignore[union-attr]
+    return _listed((("a parallel attention and MLP", im.parallel_block),
+                    (f"norm placement {im.norm_placement}", im.norm_placement != "pre"),
+                    ("norms on q and k", im.qk_norm != "none"),
+                    ("adapters on the fused gate_up projection", im.fused_gate_up
+                     and any(k in ("gate", "up") for k in kinds))))
+
+
 def _reentrant_refusal(c: Case) -> str:
     """Why the formula refuses torch's reentrant checkpoint (``Setup.checkpoint_reentrant``), and the way out."""
     if not c.hf:
@@ -409,6 +424,13 @@ REFUSALS: tuple[Entry, ...] = (
                            "policy would copy the fp32 adapters again)"),
     Entry("adapters on one device", lambda c: c.setup.finetune in _ADAPTED and (
         bool(c.setup.zero_stage) or c.setup.world_size > 1 or c.setup.tp > 1), refuse=_adapters_sharded),
+    Entry("adapters in a block the formula's rows do not follow", lambda c: c.setup.finetune in _LORA
+          and bool(_adapter_block_unmodelled(c)),
+          refuse=lambda c: f"LoRA on the {c.config.impl.family} block ({', '.join(_adapter_block_unmodelled(c))}) is "
+                           "not modelled by the formula: its adapter rows follow a sequential pre-norm block with "
+                           "separate gate and up projections (traced on every family's tiny config: these blocks save "
+                           "other inputs); trace it (memlab estimate --hf answers from the trace; "
+                           "memlab.tracing.hf.trace_hf)"),  # type: ignore[union-attr]
     Entry("adapters on the embedding or the head", lambda c: c.setup.finetune in _LORA
           and any(k in ("embed", "head") for k in c.setup.lora_target_kinds),
           refuse="LoRA on the token embedding or the LM head (lora_targets embed_tokens / lm_head) is not modelled by "

@@ -322,8 +322,9 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
     grad_in = embed or checkpointed_input_grad(setup)  # ... as it does under transformers' checkpointing
     L, t, f = config.n_layers, setup.batch * setup.seq, config.ffn
     im = config.impl
-    groups = _groups(targets, im.fused_qkv)
     mods = {k: (i, o) for k, i, o in lora_modules(config, targets)}
+    # all-linear on a non-gated MLP: the gate the model lacks is no target (lora_modules leaves it out)
+    groups = _groups(tuple(k for k in targets if k in mods or (im.fused_qkv and k in ("q", "k", "v"))), im.fused_qkv)
     autocast = setup.policy.autocast
     # QLoRA under autocast (amp-fp16, T4s): bitsandbytes' Linear4bit.forward casts x to its compute dtype and the
     # product back to x's dtype (bitsandbytes 0.50 nn/modules.py, ``.to(inp_dtype)``), over an fp32 residual stream
