@@ -29,7 +29,9 @@ KEYS = listed_account(
      "activation_function": "Implementation.activation", "resid_pdrop": "TransformerConfig.dropout",
      "embd_pdrop": "Implementation.embedding_dropout", "attn_pdrop": "Implementation.attention_dropout",
      **alias_notes(GPT_ALIASES, "gptj")},
-    {"layer_norm_epsilon": EPSILON})
+    {"layer_norm_epsilon": EPSILON,
+     **{k: "not a GPTJConfig field and modeling_gptj.py does not read it (n_inner, n_head and attn_pdrop are "
+           "GPT-J's)" for k in ("intermediate_size", "num_key_value_heads", "attention_dropout")}})
 
 FILE = modeling_file("gptj")
 
