@@ -34,8 +34,8 @@ KEYS = listed_account(
     {"layer_norm_epsilon": EPSILON, **ROPE_NEUTRAL,
      "intermediate_size": "not a FalconConfig field and modeling_falcon.py does not read it (ffn_hidden_size is "
                           "Falcon's)",
-     "num_key_value_heads": "FalconConfig.__post_init__ overwrites it from num_kv_heads and multi_query; "
-                            "modeling_falcon.py reads num_kv_heads"},
+     "num_key_value_heads": "FalconConfig.__post_init__ derives it from num_kv_heads and multi_query (a given "
+                            "value is kept as an attribute); modeling_falcon.py reads num_kv_heads, not it"},
     {"alibi": ("True raises ConfigError (ALiBi positions are not modelled)", (False,)),
      "parallel_attn": ("False raises ConfigError (only the parallel block is modelled)", (True,)),
      "hidden_dropout": ("above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)", (0, 0.0)),
