@@ -45,7 +45,7 @@ NEUTRAL: dict[str, list[dict[str, Any]]] = {
     "llama": [{"pretraining_tp": 2}, {"rms_norm_eps": 0.1}, *ROPE_NEUTRAL],
     "mistral": [{"sliding_window": 16}, {"rms_norm_eps": 0.1}],  # eager: the same (b, 1, s, s) mask
     "qwen2": [{"max_window_layers": 1}, {"rms_norm_eps": 0.1}],
-    "gemma": [{"rms_norm_eps": 0.1}, ROPE_NEUTRAL[1]],
+    "gemma": [{"rms_norm_eps": 0.1}, ROPE_NEUTRAL[1], {"hidden_activation": "relu"}],
 }
 REFUSED: dict[str, list[dict[str, Any]]] = {
     "gpt2": [{"add_cross_attention": True}, {"reorder_and_upcast_attn": True}],

@@ -7,7 +7,7 @@ from typing import Any
 
 from memlab.predict.families.common import hf_activation, src
 from memlab.predict.families.family import Family
-from memlab.predict.families.keys import EPS, NO_PARTIAL, builder_note, key_account
+from memlab.predict.families.keys import EPS, NO_PARTIAL, TRACED, builder_note, key_account
 from memlab.predict.families.llama import LLAMA_MODELLED, ORDER
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.traits import Implementation
@@ -20,7 +20,7 @@ DEFAULTS: dict[str, Any] = {
 """``GemmaConfig``'s defaults of the keys the builder reads."""
 
 NOT_HIDDEN_ACTIVATION = ("GemmaConfig (5.x) has no such field and modeling_gemma.py does not read it: GemmaMLP is "
-                         "ACT2FN[config.hidden_act] (Gemma 2 and 3 read hidden_activation)")
+                         "ACT2FN[config.hidden_act] (Gemma 2 and 3 read hidden_activation)" + TRACED)
 
 KEYS = key_account(
     {k: builder_note("gemma", v) for k, v in {**LLAMA_MODELLED, "hidden_act": "Implementation.activation ('gelu' "
