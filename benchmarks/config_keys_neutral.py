@@ -6,6 +6,9 @@ seq 64, eager attention) and the peak is compared with the unchanged config's. A
 same peak to the byte; a "refused" one is printed with its difference (the sizes the accounts quote). A trace that
 cannot run on fake tensors (data-dependent code, e.g. rope_type dynamic, OPT's layerdrop) is printed as such.
 
+The parameter counts under every key (flipped alone and drawn jointly) are checked against the real model by
+``benchmarks/config_key_counts.py``.
+
 Usage: ``python benchmarks/config_keys_neutral.py [--family F ...]`` (about 2 s a trace; all families: a few
 minutes on a loaded 2-core machine). Exit status 1 when a neutral change moved the peak.
 """
@@ -42,7 +45,7 @@ NEUTRAL: dict[str, list[dict[str, Any]]] = {
     "llama": [{"pretraining_tp": 2}, {"rms_norm_eps": 0.1}, *ROPE_NEUTRAL],
     "mistral": [{"sliding_window": 16}, {"rms_norm_eps": 0.1}],  # eager: the same (b, 1, s, s) mask
     "qwen2": [{"max_window_layers": 1}, {"rms_norm_eps": 0.1}],
-    "gemma": [{"rms_norm_eps": 0.1}, ROPE_NEUTRAL[1]],
+    "gemma": [{"rms_norm_eps": 0.1}, ROPE_NEUTRAL[1], {"hidden_activation": "relu"}],
 }
 REFUSED: dict[str, list[dict[str, Any]]] = {
     "gpt2": [{"add_cross_attention": True}, {"reorder_and_upcast_attn": True}],

@@ -13,6 +13,8 @@ other way round.
   against the reference GPT's trace.
 - ``hf_draws``: seeded Hugging Face configs and calls of every family, two real steps each, judged exact, named,
   traced, refused or off.
+- ``key_draws``: every config key of every family flipped alone and drawn jointly, the parameter count and the
+  estimate's states against the real model built on the meta device, judged exact, refused, unbuildable or off.
 - ``drift``: the canary of ``make upgrade-check``: every family, precision and attention, the traces, peft and
   bitsandbytes against real steps under the installed releases, judged exact, drifted or broken
   (``python -m memlab.studies.drift``).

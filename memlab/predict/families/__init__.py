@@ -25,13 +25,15 @@ How to add a family (say ``model_type`` ``foo``):
 1. write ``foo.py`` here: ``DEFAULTS`` (the transformers defaults of the keys you read), ``KEYS`` (every key of
    ``AutoConfig.for_model("foo").to_dict()`` as modelled, neutral or refused: ``keys.listed_account``), ``build``
    (config dict -> TransformerConfig with its Implementation traits, each named in ``sources``) and
-   ``FAMILY = Family.single("foo", ..., param_order=...)``; the registry finds the module by its ``FAMILY``;
+   ``FAMILY = Family.single("foo", ..., param_order=...)`` (with ``aliases`` when the config class has an
+   ``attribute_map``); the registry finds the module by its ``FAMILY``;
 2. ship two configs: ``configs/tiny/foo.json`` (d_model 64, 2 layers, vocab 512, a ``_memlab_note``) and
    ``configs/full/PUBLISHED-NAME.json`` (a published model, with its ``_memlab_source``).
 
 The tests then pick it up: ``tests/predict/families/test_families.py`` (its configs exist and resolve),
 ``tests/predict/families/test_config_keys.py`` (every key of the installed config class accounted),
-``tests/predict/families/test_hf_order.py`` (parameter order against the real model), ``tests/run/test_hf.py``
+``tests/predict/families/test_hf_order.py`` (parameter order against the real model),
+``tests/studies/test_key_draws.py`` (every key's parameter count against the real model), ``tests/run/test_hf.py``
 (saved bytes against a real step) and ``tests/cli/test_hf_cli.py`` (``memlab estimate --hf``) run over every
 shipped config.
 """

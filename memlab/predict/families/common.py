@@ -136,9 +136,21 @@ def decoder(c: dict[str, Any], family: str, label: str, *, cls: str, file: str, 
     )
 
 
+GPT_ALIASES: dict[str, str] = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+                               "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
+"""GPT2Config's and GPTJConfig's ``attribute_map``: the usual size names onto their fields (``Family.aliases``)."""
+
+
+def alias_notes(aliases: dict[str, str], module: str) -> dict[str, str]:
+    """The key-account notes of a family's aliases: each is read as the field it sets, and wins over it."""
+    return {a: f"memlab/predict/families/{module}.py FAMILY.aliases ({a} is the config class's attribute_map "
+               f"spelling of {f}; given, it replaces {f}, as in transformers)" for a, f in aliases.items()}
+
+
 def experts(c: dict[str, Any], family: str) -> tuple[int, int]:
-    """(routed experts, top_k) of an MoE config (``num_experts`` is the published config.json's spelling of
-    ``num_local_experts``, the config class's attribute_map), checked: 2 or more experts, 1 <= top_k <= experts."""
+    """(routed experts, top_k) of an MoE config, checked: 2 or more experts, 1 <= top_k <= experts. The count is
+    the config class's field, ``num_experts`` (Qwen3-MoE, Qwen2-MoE) or ``num_local_experts`` (Mixtral); the
+    other spelling (``attribute_map``) was moved onto it by the reader (``Family.aliases``)."""
     key = "num_experts" if "num_experts" in c else "num_local_experts"
     n, top_k = c[key], c["num_experts_per_tok"]
     for name, value in ((key, n), ("num_experts_per_tok", top_k)):

@@ -31,7 +31,11 @@ KEYS = listed_account(
      "bias": "Implementation.qkv_bias, o_bias, mlp_bias (the LayerNorms always have one)",
      "new_decoder_architecture": "TransformerConfig.n_kv_heads (num_kv_heads) and two norms by default",
      "num_ln_in_parallel_attn": "Implementation.shared_norm (1) or two norms on one input (2)"},
-    {"layer_norm_epsilon": EPSILON, **ROPE_NEUTRAL},
+    {"layer_norm_epsilon": EPSILON, **ROPE_NEUTRAL,
+     "intermediate_size": "not a FalconConfig field and modeling_falcon.py does not read it (ffn_hidden_size is "
+                          "Falcon's)",
+     "num_key_value_heads": "FalconConfig.__post_init__ derives it from num_kv_heads and multi_query (a given "
+                            "value is kept as an attribute); modeling_falcon.py reads num_kv_heads, not it"},
     {"alibi": ("True raises ConfigError (ALiBi positions are not modelled)", (False,)),
      "parallel_attn": ("False raises ConfigError (only the parallel block is modelled)", (True,)),
      "hidden_dropout": ("above 0 raises ConfigError (Falcon drops attention + MLP once, dropout_add)", (0, 0.0)),
@@ -78,6 +82,11 @@ def build(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     lns = c["num_ln_in_parallel_attn"] or (2 if new else 1)
     if lns not in (1, 2):
         raise ConfigError(f"falcon: num_ln_in_parallel_attn must be 1 or 2, got {lns!r:.40}")
+    if lns == 2 and not new:  # FalconDecoderLayer builds ln_attn, ln_mlp; its forward calls input_layernorm
+        raise ConfigError("falcon: num_ln_in_parallel_attn=2 without new_decoder_architecture builds ln_attn and "
+                          "ln_mlp but transformers' forward calls input_layernorm (AttributeError, modeling_falcon.py "
+                          "FalconDecoderLayer); set num_ln_in_parallel_attn to 1 or null, or new_decoder_architecture "
+                          "true")
     bias = bool(c["bias"])
     impl = Implementation(
         family=family, activation=hf_activation(c["activation"], "activation", family), parallel_block=True,

@@ -4,7 +4,7 @@ to map one family's ``config.json`` (its defaults, its key account, its builder,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memlab.predict.families.keys import KeyAccount
@@ -40,6 +40,12 @@ class Family:
     when the rotary dict does not give ``partial_rotary_factor``; None: the whole head rotates unless it does."""
     attention_dropout_key: str = "attention_dropout"
     """The key of the attention probabilities' dropout (GPT-2, GPT-J: ``attn_pdrop``)."""
+    aliases: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """model_type -> {a key of the config class's ``attribute_map``: the dataclass field it sets}: the other
+    spelling of a size (GPT-2's ``hidden_size`` for ``n_embd``). Given, it wins over the field whatever the order:
+    the field is assigned in ``__init__`` and the extra key afterwards, by ``PreTrainedConfig.__post_init__``,
+    through ``__setattr__``'s ``attribute_map`` (transformers 5.x ``configuration_utils.py``); the reader applies
+    it so (:func:`alias_given`)."""
 
     @classmethod
     def single(cls, model_type: str, *, defaults: Mapping[str, Any], keys: KeyAccount, build: Builder,
@@ -47,3 +53,13 @@ class Family:
         """The record of a family of one ``model_type``."""
         return cls((model_type,), {model_type: defaults}, {model_type: keys}, build, {model_type: param_order},
                    **more)
+
+
+def alias_given(raw: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """``raw`` with each given ``aliases`` key moved onto its field (its value replaces the field's, as the config
+    class does: :attr:`Family.aliases`)."""
+    out = dict(raw)
+    for alias, name in aliases.items():
+        if alias in out:
+            out[name] = out.pop(alias)
+    return out

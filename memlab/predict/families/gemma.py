@@ -7,7 +7,7 @@ from typing import Any
 
 from memlab.predict.families.common import hf_activation, src
 from memlab.predict.families.family import Family
-from memlab.predict.families.keys import EPS, NO_PARTIAL, builder_note, key_account
+from memlab.predict.families.keys import EPS, NO_PARTIAL, TRACED, builder_note, key_account
 from memlab.predict.families.llama import LLAMA_MODELLED, ORDER
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.traits import Implementation
@@ -15,24 +15,29 @@ from memlab.predict.spec.traits import Implementation
 DEFAULTS: dict[str, Any] = {
     "hidden_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
     "head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000, "max_position_embeddings": 8192,
-    "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False, "tie_word_embeddings": True,
+    "hidden_act": "gelu_pytorch_tanh", "attention_bias": False, "tie_word_embeddings": True,
 }
 """``GemmaConfig``'s defaults of the keys the builder reads."""
 
+NOT_HIDDEN_ACTIVATION = ("GemmaConfig (5.x) has no such field and modeling_gemma.py does not read it: GemmaMLP is "
+                         "ACT2FN[config.hidden_act] (Gemma 2 and 3 read hidden_activation)" + TRACED)
+
 KEYS = key_account(
-    {k: builder_note("gemma", v) for k, v in {**LLAMA_MODELLED, "hidden_activation": "Implementation.activation",
+    {k: builder_note("gemma", v) for k, v in {**LLAMA_MODELLED, "hidden_act": "Implementation.activation ('gelu' "
+                                                                             "read as gelu_pytorch_tanh)",
                                                "attention_bias": "Implementation.qkv_bias, o_bias"}.items()},
-    {"rms_norm_eps": EPS},
+    {"rms_norm_eps": EPS, "hidden_activation": NOT_HIDDEN_ACTIVATION},
     {**NO_PARTIAL, "use_bidirectional_attention": ("ConfigError unless false: bidirectional attention "
                                                    "changes the mask", (False, None))})
 
 
 def build(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    """Gemma's TransformerConfig and traits."""
+    """Gemma's TransformerConfig and traits. The activation is ``hidden_act``, a legacy ``gelu`` read as
+    ``gelu_pytorch_tanh`` (``GemmaConfig.__post_init__``, transformers 5.x ``configuration_gemma.py``)."""
     d, a, head_dim = c["hidden_size"], c["num_attention_heads"], c["head_dim"]
-    act = c.get("hidden_activation") or c.get("hidden_act") or "gelu_pytorch_tanh"
+    act = "gelu_pytorch_tanh" if c["hidden_act"] == "gelu" else c["hidden_act"]
     impl = Implementation(
-        family=family, activation=hf_activation(act, "hidden_activation", family), eager_repeat_kv=True,
+        family=family, activation=hf_activation(act, "hidden_act", family), eager_repeat_kv=True,
         softmax_fp32=True, rmsnorm="fp32", rotary_tables_per_forward=True,
         qkv_bias=bool(c["attention_bias"]), o_bias=bool(c["attention_bias"]),
         sources=(("activation", src("gemma", "modeling_gemma.py GemmaMLP: down(act(gate) * up), GELUTanh")),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memlab.predict.families.common import hf_activation, optional, src
+from memlab.predict.families.common import GPT_ALIASES, alias_notes, hf_activation, optional, src
 from memlab.predict.families.family import Family
 from memlab.predict.families.keys import EPS, TRACED, builder_note, key_account
 from memlab.predict.spec.model import TransformerConfig
@@ -30,7 +30,7 @@ KEYS = key_account(
      "activation_function": _b("Implementation.activation"),
      "resid_pdrop": _b("dropout"), "attn_pdrop": "memlab/predict/families/reader.py from_hf "
                                                  "(Implementation.attention_dropout)",
-     "embd_pdrop": _b("Implementation.embedding_dropout")},
+     "embd_pdrop": _b("Implementation.embedding_dropout"), **alias_notes(GPT_ALIASES, "gpt2")},
     {"layer_norm_epsilon": EPS,
      **{k: "the sequence-summary head of GPT2DoubleHeadsModel, not the causal LM" + TRACED for k in (
          "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
@@ -73,5 +73,5 @@ FAMILY = Family.single(
     "gpt2", defaults=DEFAULTS, keys=KEYS, build=build,
     # GPT2Block: ln_1, attn (c_attn, c_proj), ln_2, mlp: memlab's own order
     param_order=("norm1", "attn.", "norm2", "mlp."),
-    attention_dropout_key="attn_pdrop",
+    attention_dropout_key="attn_pdrop", aliases={"gpt2": GPT_ALIASES},
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from memlab.errors import ConfigError
-from memlab.predict.families.common import hf_activation, modeling_file
+from memlab.predict.families.common import GPT_ALIASES, alias_notes, hf_activation, modeling_file
 from memlab.predict.families.family import Family
 from memlab.predict.families.keys import EPSILON, listed_account
 from memlab.predict.spec.model import TransformerConfig
@@ -27,8 +27,11 @@ KEYS = listed_account(
      "n_positions": "TransformerConfig.max_seq (rotary: a sinusoid buffer, no parameter)",
      "rotary_dim": "Implementation.rotary_fraction (rotary_dim / head_dim)",
      "activation_function": "Implementation.activation", "resid_pdrop": "TransformerConfig.dropout",
-     "embd_pdrop": "Implementation.embedding_dropout", "attn_pdrop": "Implementation.attention_dropout"},
-    {"layer_norm_epsilon": EPSILON})
+     "embd_pdrop": "Implementation.embedding_dropout", "attn_pdrop": "Implementation.attention_dropout",
+     **alias_notes(GPT_ALIASES, "gptj")},
+    {"layer_norm_epsilon": EPSILON,
+     **{k: "not a GPTJConfig field and modeling_gptj.py does not read it (n_inner, n_head and attn_pdrop are "
+           "GPT-J's)" for k in ("intermediate_size", "num_key_value_heads", "attention_dropout")}})
 
 FILE = modeling_file("gptj")
 
@@ -66,5 +69,5 @@ FAMILY = Family.single(
     "gptj", defaults=DEFAULTS, keys=KEYS, build=build,
     # GPTJBlock: ln_1, attn (k_proj, v_proj, q_proj, out_proj), mlp
     param_order=("norm", "attn.k.", "attn.v.", "attn.q.", "attn.o.", "mlp."),
-    attention_dropout_key="attn_pdrop",
+    attention_dropout_key="attn_pdrop", aliases={"gptj": GPT_ALIASES},
 )

@@ -17,6 +17,12 @@ its ``transformers`` config class knows (transformers 5.x, nested ``rope_paramet
 A key in no list is refused too, so a config from a newer transformers, or a hand-edited one, cannot add a silent
 key; ``tests/predict/families/test_config_keys.py`` reads the installed config classes and fails on a key the
 accounts miss.
+What the lists claim is checked against the real model: every boolean key flipped, and two to six keys drawn
+jointly, give memlab's parameter count and the estimate's states equal to ``AutoModelForCausalLM.from_config``'s
+(on the meta device), or a refusal; and every modelled key changes what ``from_hf`` gives for some value
+(:mod:`memlab.studies.key_draws`, ``tests/studies/test_key_draws.py``, ``benchmarks/config_key_counts.py``).
+A config class's ``attribute_map`` spelling (GPT-2's ``hidden_size`` for ``n_embd``) is read as the field it sets
+and wins over it, as in transformers (:attr:`memlab.predict.families.family.Family.aliases`).
 This module holds the account type and the key groups every family shares; the accounts themselves are in the family
 modules, looked up by ``model_type`` in :mod:`memlab.predict.families.registry`. Pure data and functions: no torch,
 no transformers.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from memlab.errors import ConfigError
-from memlab.predict.families.common import decoder, experts, modeling_file, refuse_router_logits, window
+from memlab.predict.families.common import alias_notes, decoder, experts, modeling_file, refuse_router_logits, window
 from memlab.predict.families.family import Family
 from memlab.predict.families.keys import AUX_LOSS, EPSILON, ROPE_NEUTRAL, WINDOW, listed_account
 from memlab.predict.families.llama import ORDER
@@ -21,12 +21,16 @@ DEFAULTS: dict[str, Any] = {
 }
 """``MixtralConfig``'s defaults of the keys the builder reads."""
 
+ALIASES = {"num_experts": "num_local_experts"}
+"""``MixtralConfig.attribute_map`` (:attr:`~memlab.predict.families.family.Family.aliases`)."""
+
 KEYS = listed_account(
     "mixtral",
     {"head_dim": "TransformerConfig.attn_head_dim (null: hidden_size / num_attention_heads)",
      "hidden_act": "Implementation.activation", "sliding_window": WINDOW,
      "num_local_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
-     "num_experts_per_tok": "TransformerConfig.top_k (the (token, choice) pairs every MoE tensor is sized by)"},
+     "num_experts_per_tok": "TransformerConfig.top_k (the (token, choice) pairs every MoE tensor is sized by)",
+     **alias_notes(ALIASES, "mixtral")},
     {"rms_norm_eps": EPSILON, **ROPE_NEUTRAL,
      "router_aux_loss_coef": "the auxiliary loss's weight, read only with output_router_logits (refused when "
                              "true): a Python float"},
@@ -52,4 +56,5 @@ def build(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     return dense.with_(n_experts=n, top_k=top_k)
 
 
-FAMILY = Family.single("mixtral", defaults=DEFAULTS, keys=KEYS, build=build, param_order=ORDER)
+FAMILY = Family.single("mixtral", defaults=DEFAULTS, keys=KEYS, build=build, param_order=ORDER,
+                       aliases={"mixtral": ALIASES})

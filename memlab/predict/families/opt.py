@@ -29,7 +29,8 @@ KEYS = key_account(
      "num_attention_heads": _b("n_heads"), "ffn_dim": _b("d_ff"),
      "max_position_embeddings": _b("max_seq, the learned table"),
      "activation_function": _b("Implementation.activation"), "dropout": _b("dropout"),
-     "enable_bias": _b("bias"),
+     "enable_bias": _b("Implementation.qkv_bias, o_bias, mlp_bias: the linears' biases; the LayerNorms keep "
+                       "theirs"),
      "attention_dropout": "memlab/predict/families/reader.py from_hf (Implementation.attention_dropout)"},
     {"init_std": "initial values, not sizes" + TRACED,
      "activation_dropout": NOT_READ + " (modeling_opt.py has no activation dropout)" + TRACED},
@@ -45,15 +46,22 @@ KEYS = key_account(
 
 
 def build(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    """OPT's TransformerConfig and traits (pre-norm, ``word_embed_proj_dim`` == ``hidden_size`` only)."""
+    """OPT's TransformerConfig and traits (pre-norm, ``word_embed_proj_dim`` == ``hidden_size`` only).
+    ``enable_bias`` sets the linears' biases only: ``OPTDecoderLayer`` builds ``nn.LayerNorm(embed_dim,
+    elementwise_affine=...)``, which has a bias whatever ``enable_bias`` says (``TransformerConfig.bias`` stays
+    True for the norms)."""
     d = c["hidden_size"]
+    linear_bias = bool(c["enable_bias"])
     if not c["do_layer_norm_before"] or (c["word_embed_proj_dim"] or d) != d:
         raise ConfigError("opt: only pre-norm OPT with word_embed_proj_dim == hidden_size is modelled (not opt-350m's "
                           "post-norm with project_in/project_out)")
     impl = Implementation(
         family=family, activation=hf_activation(c["activation_function"], "activation_function", family),
         position_offset=2, position_ids_per_token=True, softmax_fp32=True,
-        sources=(("activation", src("opt", "modeling_opt.py OPTDecoderLayer.fc1 -> ACT2FN['relu']")),
+        qkv_bias=linear_bias, o_bias=linear_bias, mlp_bias=linear_bias,
+        sources=(("qkv_bias", src("opt", "modeling_opt.py OPTAttention/OPTDecoderLayer: q/k/v/out_proj, fc1, fc2 "
+                                         "bias=config.enable_bias; the LayerNorms always have a bias")),
+                 ("activation", src("opt", "modeling_opt.py OPTDecoderLayer.fc1 -> ACT2FN['relu']")),
                  ("softmax_fp32", src("opt", "modeling_opt.py eager_attention_forward: softmax(dtype=float32)")),
                  ("position_offset", src("opt", "modeling_opt.py OPTLearnedPositionalEmbedding (offset 2)")),
                  ("position_ids_per_token", src("opt", "modeling_opt.py OPTDecoder.forward: position_ids from "
@@ -62,7 +70,7 @@ def build(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
     return TransformerConfig(
         name=label, d_model=d, n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"], d_ff=c["ffn_dim"],
         vocab_size=c["vocab_size"], max_seq=c["max_position_embeddings"], mlp="gelu", positions="learned",
-        norm="layernorm", bias=bool(c["enable_bias"]), tied_embeddings=bool(c["tie_word_embeddings"]),
+        norm="layernorm", bias=True, tied_embeddings=bool(c["tie_word_embeddings"]),
         dropout=float(c["dropout"]), impl=impl,
     )
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from memlab.errors import ConfigError
 from memlab.predict.families.common import (
+    alias_notes,
     decoder,
     experts,
     layer_kinds,
@@ -32,7 +33,7 @@ from memlab.predict.spec.model import TransformerConfig
 DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3_moe": {"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
                   "head_dim": None, "moe_intermediate_size": 768, "vocab_size": 151936,
-                  "max_position_embeddings": 32768, "hidden_act": "silu", "num_local_experts": 128,
+                  "max_position_embeddings": 32768, "hidden_act": "silu", "num_experts": 128,
                   "num_experts_per_tok": 8, "norm_topk_prob": False, "output_router_logits": False,
                   "decoder_sparse_step": 1, "attention_bias": False, "use_sliding_window": False,
                   "tie_word_embeddings": False},
@@ -43,8 +44,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                   "decoder_sparse_step": 1, "qkv_bias": True, "use_sliding_window": False,
                   "tie_word_embeddings": False},
 }
-"""``Qwen3MoeConfig``'s and ``Qwen2MoeConfig``'s defaults of the keys the builders read."""
+"""``Qwen3MoeConfig``'s and ``Qwen2MoeConfig``'s defaults of the keys the builders read (Qwen3-MoE's expert count
+under its dataclass field's name, ``num_experts``: a ``num_local_experts`` the config gives wins over it,
+:func:`memlab.predict.families.common.experts`)."""
 
+QWEN3_ALIASES = {"num_local_experts": "num_experts"}
+"""``Qwen3MoeConfig.attribute_map`` maps ``num_experts`` onto ``num_local_experts``, but its dataclass field is
+``num_experts``: a given ``num_local_experts`` is the keyword set last, and wins
+(:attr:`~memlab.predict.families.family.Family.aliases`)."""
 _DENSE = " (dense layers between MoE ones are not modelled)"
 _AUX_WEIGHT = ("the auxiliary loss's weight, read only with output_router_logits (refused when true): a Python "
                "float")
@@ -61,8 +68,8 @@ KEYS = {
          "sliding_window": WINDOW,
          "use_sliding_window": "whether sliding_window applies (Qwen3MoeConfig sets it to None otherwise)",
          "moe_intermediate_size": "TransformerConfig.d_ff (each expert's width)",
-         "num_local_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
-         "num_experts": "TransformerConfig.n_experts (the published config.json's spelling of num_local_experts)",
+         "num_experts": "TransformerConfig.n_experts (3-D expert tensors: Implementation.grouped_experts)",
+         **alias_notes(QWEN3_ALIASES, "qwen_moe"),
          **_ROUTED},
         {"rms_norm_eps": EPSILON, **ROPE_NEUTRAL, "router_aux_loss_coef": _AUX_WEIGHT,
          "intermediate_size": "the width of dense MLP layers, which exist only with mlp_only_layers or "
@@ -172,4 +179,5 @@ FAMILY = Family(
                       "mlp.router", "mlp.", "norm"),
         "qwen2_moe": ORDER,
     },
+    aliases={"qwen3_moe": QWEN3_ALIASES},
 )

@@ -27,6 +27,7 @@ from typing import Any
 
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.families.common import optional
+from memlab.predict.families.family import alias_given
 from memlab.predict.families.registry import DEFAULTS, FAMILIES, SUPPORTED
 from memlab.predict.families.registry import check as check_keys
 from memlab.predict.spec.kernels import sdpa_kernel
@@ -183,6 +184,7 @@ def from_hf(config: object, *, name: str | None = None) -> TransformerConfig:
                           "code on fake tensors), or build a TransformerConfig by hand")
     fam = FAMILIES[family]
     check_keys(family, raw)  # every key modelled, neutral, or refused (the family module's KEYS)
+    raw = alias_given(raw, fam.aliases.get(family, {}))  # hidden_size -> n_embd (GPT-2): the spelling that wins
     warn_if_unverified()  # one line when transformers, torch or peft is not the release the terms were verified on
     c = _checked({**DEFAULTS[family], **{k: v for k, v in raw.items() if v is not None or k not in DEFAULTS[family]}},
                  family)

@@ -21,7 +21,8 @@ DEFAULTS: dict[str, Any] = {
 
 KEYS = listed_account(
     "starcoder2",
-    {"hidden_act": "Implementation.activation", "use_bias": "TransformerConfig.bias (every linear and norm)",
+    {"hidden_act": "Implementation.activation",
+     "use_bias": "Implementation.qkv_bias, o_bias, mlp_bias (every linear; the LayerNorms always have a bias)",
      "residual_dropout": "TransformerConfig.dropout", "embedding_dropout": "Implementation.embedding_dropout",
      "sliding_window": WINDOW},
     {"norm_epsilon": EPSILON, **ROPE_NEUTRAL})
@@ -30,9 +31,10 @@ FILE = modeling_file("starcoder2")
 
 
 def build(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
-    """Starcoder2's TransformerConfig and traits."""
+    """Starcoder2's TransformerConfig and traits. ``use_bias`` sets the linears' biases only: the LayerNorms are
+    ``nn.LayerNorm(hidden_size, eps=...)``, with a bias whatever ``use_bias`` says."""
     bias = bool(c["use_bias"])
-    return decoder(c, family, label, cls="Starcoder2", file=FILE, mlp="gelu", norm="layernorm", bias=bias,
+    return decoder(c, family, label, cls="Starcoder2", file=FILE, mlp="gelu", norm="layernorm", bias=True,
                    qkv_bias=bias, o_bias=bias, mlp_bias=bias, dropout=float(c["residual_dropout"]),
                    embedding_dropout=float(c["embedding_dropout"]), sliding_window=window(c, family),
                    sources=(("activation", f"{FILE} Starcoder2MLP: c_proj(act(c_fc(x))), dropout"),

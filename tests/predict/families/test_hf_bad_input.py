@@ -129,7 +129,7 @@ def test_a_folder_without_config_and_a_bom_file(tmp_path: Path) -> None:
     ("llama", "attention_dropout", "x", "number"),
     ("gpt_neox", "rotary_pct", 0, "positive"),
     ("gpt2", "activation_function", ["gelu"], "string"),
-    ("gemma", "hidden_activation", 3, "string"),
+    ("gemma", "hidden_act", 3, "string"),
     ("llama", "vocab_size", 2.5, "whole number"),
     ("llama", "num_hidden_layers", True, "a bool"),
 ])
