@@ -237,11 +237,14 @@ def _mid_backward(p: FsdpPlan, blocks: tuple[FsdpUnit, ...], prev: FsdpUnit | No
 
 def unmodelled(p: FsdpPlan, grad_bytes: float) -> dict[str, tuple[float, tuple[str, ...]]]:
     """FSDP2 moments :func:`moments` does not model, each with the most it can add (bytes on rank 0) and the phases
-    it falls in, for the estimate to name: ``first all-gathers`` (forward: at the first block's all-gather the first
-    unit's buffer is still alive: it is freed at the block's copy-out), ``mid-backward`` (backward: a block between
-    the first and the last one holds itself, the next unit's prefetched buffer and its own unsharded gradients while
-    the sharded ones of later blocks exist: at most one gathered block and one block of gradients beyond the bottom
-    moment), and with a root resharded after forward and the loss outside it, the root's all-gather after the
+    it falls in, for the estimate to name: ``first all-gathers`` (forward: at a unit's copy-out the previous unit's
+    buffer is still alive; modelled at the last block's copy-out under full recompute of every block, ``copy_out``,
+    not at the first units' nor the torchtitan head unit's), ``mid-backward`` (backward: a block between the first
+    and the last one holds itself, the next unit's prefetched buffer and its own unsharded gradients while the
+    sharded ones of later blocks exist: at most one gathered block and one block of gradients beyond the bottom
+    moment; the prefetch and the blocks below are modelled for the torchtitan plan under ZeRO-3, ``mid``, and what
+    is left there is the block's own backward tensors, which the bottom-block term counts short), and with a root
+    resharded after forward and the loss outside it, the root's all-gather after the
     loss's backward (backward: its parameters and all-gather buffer beside the loss's gradients)."""
     blocks = p.of_kind("block")
     b = blocks[0]
