@@ -385,7 +385,7 @@ def evaluate(model: TransformerConfig | int, setup: Any, ov: Overheads, device_t
         x = step_inputs_with(p.step, model if is_cfg else None, setup, device_type=device_type, terms=act_terms)
         if off:  # the device holds none of the shards, and the optimizer steps on the host
             x = replace(x, optimizer_temporary_bytes=0, optimizer_before_step_bytes=0,
-                        fsdp={**x.fsdp, "root_grads_shard": 0})
+                        fsdp={**x.fsdp, "root_grads_shard": 0, "embed_grads_shard": 0})
             states = {"params": 0, "grads": 0, "optimizer": 0}
         phases = training_phases(states["params"], states["grads"], states["optimizer"], acts, x,
                                  grad_accum_steps=setup.grad_accum_steps, set_to_none=setup.zero_grad_to_none,

@@ -166,13 +166,19 @@ def moments(p: FsdpPlan) -> dict[str, float]:
       inside the root, the last unit's all-gather buffer (freed at the root's post-forward);
     - ``block_forward``: inside the last block's forward (full recompute's moment): the units still gathered before
       it, the block and its own all-gather buffer;
+    - ``copy_out``: at the last block's copy-out, before its forward runs: as ``block_forward`` plus the all-gather
+      buffer of the unit before it, freed only at this copy-out (the trace's forward peak under full recompute at
+      small widths: the torchtitan peer's debug model at 8 ranks, 918,272 B above the block's own moment);
     - ``start`` of backward: what forward left gathered plus, when the loss is inside a root that holds
       parameters, the prefetched all-gather buffer of the last unit that was resharded (the root's pre-backward
       runs on the loss; otherwise the prefetch comes after the loss's backward);
     - ``bottom`` (the first block's backward): the root and head units' parameters and unsharded gradients (the
       root reduces at the end of backward), the block, the prefetched buffer of the unit before it, and the
       reduce-scatter input FSDP2 keeps of the block after it (``reduce_scatter_max_input_buffers = 1``);
-    - ``end``: the root's post-backward: its unsharded gradients and their reduce-scatter input.
+    - ``end``: the root's post-backward: its unsharded gradients and their reduce-scatter input;
+    - ``mid``, ``mid_blocks``: block ``k``'s backward (:func:`_mid_backward`) at ``k = 1`` or ``k = mid_blocks``
+      (``L - 2``; 0 where not modelled), whichever the per-block slope favours: each block below ``k`` still holds
+      its saved tensors and has no gradient shard yet (:func:`memlab.predict.memory.phases.training_phases`).
     ``grads_unsharded_root``: the root's gradient bytes that are *full* rather than sharded at the bottom and end.
     """
     units = p.units
@@ -186,6 +192,9 @@ def moments(p: FsdpPlan) -> dict[str, float]:
     lb = blocks[-1]
     before = sum(p.full(u) for u in units[:units.index(lb)] if not u.reshard_after_forward or u.kind == "root")
     block_fwd = before + p.full(lb) + p.buffer(lb)
+    # at the last block's copy-out the unit before it still holds its all-gather buffer (freed at this copy-out)
+    copy_out = before + p.full(lb) + p.buffer(lb) + p.buffer(units[units.index(lb) - 1]) \
+        if units.index(lb) > 0 else block_fwd
     resharded = [u for u in units if u.reshard_after_forward and u.kind != "root"]
     # The root's pre-backward hook sits on its output: with the loss inside, on the loss, so its prefetch comes
     # first in backward; otherwise (or with a root that holds no parameters) after the loss's backward
@@ -202,18 +211,40 @@ def moments(p: FsdpPlan) -> dict[str, float]:
                                          and prev.kind != "root" else 0)
     if len(blocks) > 1:
         bottom += p.ranks * blocks[1].shard_elements * p.reduce_bytes
-    return {"forward": fwd, "block_forward": block_fwd, "start": start, "bottom": bottom,
+    # modelled where it was read: the torchtitan plan under ZeRO-3 (block 0 prefetches the embedding unit)
+    prefetched = prev is not None and prev.reshard_after_forward and prev.kind != "root"
+    mid_blocks = len(blocks) - 2 if len(blocks) >= 3 and blocks[1].reshard_after_forward and prefetched else 0
+    return {"forward": fwd, "block_forward": block_fwd, "copy_out": copy_out, "start": start, "bottom": bottom,
+            "mid": _mid_backward(p, blocks, prev) if mid_blocks else 0.0, "mid_blocks": mid_blocks,
             "root_grads_full": root_grads, "end": root_grads + sum(p.ranks * u.shard_elements for u in root_like
                                                                    if u.kind == "root") * p.reduce_bytes}
 
 
+def _mid_backward(p: FsdpPlan, blocks: tuple[FsdpUnit, ...], prev: FsdpUnit | None) -> float:
+    """FSDP2's bytes at block ``k``'s backward (``1 <= k <= L - 2``) beyond the bottom moment's FSDP2 bytes: with
+    the blocks resharded after forward (ZeRO-3), block ``k - 1``'s all-gather buffer is prefetched where the bottom
+    block prefetches the unit before it (the embedding under the torchtitan plan, nothing for the root): the
+    difference. Every block below ``k`` is sharded, and block ``k + 1``'s reduce-scatter input is the size of
+    block 1's that the bottom counts. Read from the trace of the torchtitan peer (``FSDPMemTracker``'s all-gather
+    and reduce-scatter categories, block by block). Modelled (:func:`moments`' ``mid_blocks``) with 3 blocks or more
+    where block 0 prefetches a unit resharded after forward (the torchtitan plan's embedding) under ZeRO-3. Elsewhere
+    the moment stays named (:func:`unmodelled`): under ZeRO-2 the blocks below ``k`` are still gathered since forward,
+    and with the root before block 0 (the ``blocks`` plan) the same form overshoots the trace, because the bottom
+    moment it starts from is itself above it there (it counts every block's checkpointed input): a setup_draws draw
+    under ZeRO-2 3 % above, ci-gqa under the ``blocks`` plan 0.3 MB more above than the bottom moment."""
+    return p.buffer(blocks[0]) - (p.buffer(prev) if prev is not None else 0)
+
+
 def unmodelled(p: FsdpPlan, grad_bytes: float) -> dict[str, tuple[float, tuple[str, ...]]]:
     """FSDP2 moments :func:`moments` does not model, each with the most it can add (bytes on rank 0) and the phases
-    it falls in, for the estimate to name: ``first all-gathers`` (forward: at the first block's all-gather the first
-    unit's buffer is still alive: it is freed at the block's copy-out), ``mid-backward`` (backward: a block between
-    the first and the last one holds itself, the next unit's prefetched buffer and its own unsharded gradients while
-    the sharded ones of later blocks exist: at most one gathered block and one block of gradients beyond the bottom
-    moment), and with a root resharded after forward and the loss outside it, the root's all-gather after the
+    it falls in, for the estimate to name: ``first all-gathers`` (forward: at a unit's copy-out the previous unit's
+    buffer is still alive; modelled at the last block's copy-out under full recompute of every block, ``copy_out``,
+    not at the first units' nor the torchtitan head unit's), ``mid-backward`` (backward: a block between the first
+    and the last one holds itself, the next unit's prefetched buffer and its own unsharded gradients while the
+    sharded ones of later blocks exist: at most one gathered block and one block of gradients beyond the bottom
+    moment; the prefetch and the blocks below are modelled for the torchtitan plan under ZeRO-3, ``mid``, and what
+    is left there is the block's own backward tensors, which the bottom-block term counts short), and with a root
+    resharded after forward and the loss outside it, the root's all-gather after the
     loss's backward (backward: its parameters and all-gather buffer beside the loss's gradients)."""
     blocks = p.of_kind("block")
     b = blocks[0]

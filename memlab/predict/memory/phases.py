@@ -220,9 +220,14 @@ class StepInputs:
     on the host) shared, every block's (without full recompute; with it they are in ``cast_cache_bytes``) and, for
     the plain loss, the head's; and the head's saved input, its 16-bit cast, has gone to the host (the fp32 hidden
     state it was cast from is ``final_norm_output_bytes``). 0 without offload or autocast."""
+    block_saved_bytes: Any = 0
+    """Without recompute, one block's saved bytes, its MLP's included (what each block below the one in backward
+    still holds: :func:`memlab.predict.memory.fsdp.moments`' mid-backward moment); 0 otherwise."""
     fsdp: dict[str, float] | None = None
     """FSDP2's additions per moment (:func:`memlab.predict.memory.fsdp.moments`, plus ``root_grads_shard``: the root's
-    sharded gradient bytes, which appear only at the end of backward); None without FSDP2."""
+    sharded gradient bytes, which appear only at the end of backward; ``embed_grads_shard``: the embedding unit's,
+    reduce-scattered only after block 0's backward; ``inputs_only``: 1.0 when every block keeps exactly its input,
+    so that the last block's copy-out moment is modelled); None without FSDP2."""
 
 
 def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
@@ -250,9 +255,11 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     for row in own:
         name, category = row[0], row[1]
         size = row[2] * row[3] / row_divisor(row, tp, sp)
-        if own_is_block and category not in _NOT_PER_LAYER and not name.startswith("final norm") \
-                and name != _HEAD_COPY:
-            per += size
+        in_block = category not in _MODEL_LEVEL and not name.startswith("final norm") and name != _HEAD_COPY
+        if own_is_block and in_block:
+            whole += size
+            if category != "mlp":
+                per += size
         if category == "block inputs (recompute)":
             recompute_inputs += size
         elif category == "head & loss":
@@ -382,6 +389,11 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
 
         extra = dict(moments(fsdp))
         extra["root_grads_shard"] = sum(u.shard_elements for u in fsdp.units if u.kind == "root") * gb
+        # a unit of its own (the torchtitan plan), the embedding reduce-scatters after block 0's backward
+        extra["embed_grads_shard"] = sum(u.shard_elements for u in fsdp.units if u.kind == "embed") * gb
+        # every block keeps exactly its input (the copy-out moment's activations are the token ids and the inputs)
+        extra["inputs_only"] = float(setup.recompute == "full" and setup.recompute_every == 1
+                                     and not setup.offload_activations)
     return {
         "layer_grad_bytes": layer_elements * gb,
         "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp
@@ -446,6 +458,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
         "block_forward_bytes": lt["block_forward"],
         "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
+        "block_saved_bytes": lt["block"] if setup.recompute == "none" else 0,
         "lowest_checkpoint_bytes": _lowest_checkpoint(config, setup, lt),
         "blocks_below_checkpoint": setup.recompute_every - 1 if setup.recompute == "full" else 0,
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
@@ -537,15 +550,22 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
                 fwd = larger(fwd, base + g_held + a_fwd - x.head_loss_bytes
                              - (x.offload_forward_bytes if x.offload else 0) + x.block_forward_bytes
                              + x.cast_cache_bytes + (f["block_forward"] if f else 0))
+                if f and f["inputs_only"]:  # FSDP2: the last block's copy-out, the unit before it still gathered
+                    fwd = larger(fwd, base + g_held + x.input_bytes + x.unsaved_input_bytes
+                                 + x.recompute_inputs_bytes + x.cast_cache_bytes + f["copy_out"])
             # offload: the loss's saved tensors but the head's input copied back at the start of backward
             a_start = (x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload
                        else a + x.unsaved_input_bytes)
             start = base + g_held + a_start + bwd_logits + LOSS_BYTES + (f["start"] if f else 0)
             below = g if holds else larger(g - x.layer_grad_bytes, 0)
             if f:
-                below = below - (0 if holds else f["root_grads_shard"]) + f["root_grads_full"] + f["bottom"]
+                below = below - (0 if holds else f["root_grads_shard"] + f["embed_grads_shard"]) \
+                    + f["root_grads_full"] + f["bottom"]
             bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
             back = larger(larger(start, bottom), base + end)
+            if f and f["mid_blocks"]:  # FSDP2 ZeRO-3: block k's backward, k = 1 or L - 2 (linear in k)
+                slope = x.block_saved_bytes - (0 if holds else x.layer_grad_bytes)
+                back = larger(back, bottom + f["mid"] + larger(slope, slope * f["mid_blocks"]))
             if x.lowest_checkpoint_bytes is not None:  # recompute_every: the lowest checkpointed block's moment,
                 # before the k - 1 blocks below it have gradients (unless gradients are held from the start)
                 below_k = below if holds else below - (x.blocks_below_checkpoint * x.layer_grad_bytes)
