@@ -266,7 +266,7 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
     if im.q_view_of_fused_qkv:
         out.append(("rest of the fused QKV buffer q is a view of", "attention", L * t * 2 * kv,
                     w["compute"], True))
-    if im.sdpa_output_copy:
+    if im.copies_sdpa_output(setup.attention):
         out.append(("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
                     w["compute"], True))
     if im.sdpa_keeps_mask:
