@@ -299,7 +299,11 @@ def cuda_efficient_on_fake() -> Iterator[None]:
     with the log-sum-exp when an input needs a gradient (aten/src/ATen/native/transformers/attention.cpp
     ``scaled_dot_product_attention``, case efficient_attention). An explicit mask is refused (CUDA pads and expands
     it first, ``preprocess_mask``, not imitated here). Grouped K/V heads go in as they are (sdp_utils.cpp lets the
-    CUDA kernel take them); their backward runs through :class:`_EfficientGqa`."""
+    CUDA kernel take them); their backward runs through :class:`_EfficientGqa`. Under autocast q, k and v are cast to
+    its dtype first, as autocast casts ``scaled_dot_product_attention``'s inputs (a ``lower_precision_fp`` op:
+    aten/src/ATen/autocast_mode.cpp) before the kernel is chosen; the op called directly is in no autocast list, so
+    without the cast an fp32 rotated q and k (the fp32 cos and sin promote them) would reach it, and its output,
+    uncast."""
     import torch.nn.functional as F
 
     original = F.scaled_dot_product_attention
@@ -311,6 +315,9 @@ def cuda_efficient_on_fake() -> Iterator[None]:
             raise SetupError("the memory-efficient kernel with an explicit mask is not traced (CUDA pads and expands "
                              "the mask first): use attention='eager' or 'math' for this call (the formula answers "
                              "'efficient')")
+        if torch.is_autocast_enabled(query.device.type):
+            low = torch.get_autocast_dtype(query.device.type)
+            query, key, value = (t.to(low) if t.is_floating_point() else t for t in (query, key, value))
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         if key.shape[-3] != query.shape[-3] and grad:
             return _EfficientGqa.apply(query, key, value, dropout_p, is_causal, scale)

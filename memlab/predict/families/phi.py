@@ -44,12 +44,13 @@ def build(c: dict[str, Any], family: str, label: str) -> TransformerConfig:
         raise ConfigError("phi: qk_layernorm=True is not modelled; use a config with qk_layernorm false")
     impl = Implementation(
         family=family, activation=hf_activation(c["hidden_act"], "hidden_act", family), parallel_block=True,
-        shared_norm=True, rotary_tables_per_forward=True, rotary_fraction=c["_rotary_fraction"],
+        shared_norm=True, eager_repeat_kv=True, rotary_tables_per_forward=True, rotary_fraction=c["_rotary_fraction"],
         sdpa_output_copy=True, head_bias=True, softmax_fp32=True,
         embedding_dropout=optional(c, "embd_pdrop", family, check_number, 0.0),
         sources=(("activation", src("phi", "modeling_phi.py PhiMLP (ACT2FN['gelu_new'])")),
                  ("parallel_block", src("phi", "modeling_phi.py PhiDecoderLayer.forward: attn + mlp + residual")),
                  ("shared_norm", src("phi", "modeling_phi.py PhiDecoderLayer.input_layernorm (the only norm)")),
+                 ("eager_repeat_kv", src("phi", "modeling_phi.py repeat_kv (eager_attention_forward)")),
                  ("rotary_fraction", src("phi", "modeling_phi.py PhiAttention (partial_rotary_factor)")),
                  ("sdpa_output_copy", src("phi", "modeling_phi.py PhiAttention.forward: torch.cat of the rotated "
                                                  "and pass-through halves")),

@@ -58,6 +58,7 @@ from memlab.predict.memory.family_terms import (
     log_softmax_bytes,
     padded_sdpa_rows,
     qk_norm_rows,
+    rotated_k_is_fp32,
 )
 from memlab.predict.memory.finetune import finetune_rows
 from memlab.predict.memory.loss import hf_kept_labels, kept_copy, kept_positions, targets_saved
@@ -216,8 +217,11 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
         ]
     if setup.attention == "eager":
         # repeat_kv: K and V at full query width, unless one KV head at batch 1 (an expanded view matmul accepts)
-        repeat = 0 if (not im.eager_repeat_kv or kv == h) else (1 if kv != config.head_dim else (b != 1))
+        grouped = im.eager_repeat_kv and kv != h
+        repeat = 0 if not grouped else (1 if kv != config.head_dim else (b != 1))
         kw = kv + repeat * (h - kv)
+        # ... but under autocast QK^T's cast of a rotated fp32 k copies it at query width
+        k_w = kv + (1 if grouped and rotated_k_is_fp32(config, setup) else repeat) * (h - kv)
         # GPT-2 at batch 1: q is a view of the fused QKV output, and QK^T keeps that whole buffer
         qw = h + (b == 1) * 2 * kv if im.q_view_of_fused_qkv else h
         promoted = im.autocast_mask_promotes_scores and setup.policy.autocast
@@ -227,7 +231,7 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
         qk = FP32 if im.eager_qk_fp32 and not setup.policy.autocast else w["compute"]
         out = [
             ("q (contiguous for QK^T)", "attention", L * t * qw, qk, True),
-            ("k^T (contiguous for QK^T)", "attention", L * t * kw, qk, True),
+            ("k^T (contiguous for QK^T)", "attention", L * t * k_w, qk, True),
             ("v (contiguous for PV)", "attention", L * t * kw, w["compute"], True),
             ("softmax probabilities", "attention scores", scores, w["probs"], True),
         ]
@@ -262,7 +266,7 @@ def _core_terms(config: TransformerConfig, setup: Setup, b: Any, s: Any, w: dict
     if im.q_view_of_fused_qkv:
         out.append(("rest of the fused QKV buffer q is a view of", "attention", L * t * 2 * kv,
                     w["compute"], True))
-    if im.sdpa_output_copy:
+    if im.copies_sdpa_output(setup.attention):
         out.append(("kernel output (b, a, s, d) before the copy", "attention", L * t * h,
                     w["compute"], True))
     if im.sdpa_keeps_mask:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from memlab.errors import SetupError
 from memlab.predict.spec.model import TransformerConfig
 
@@ -149,26 +147,37 @@ def check_family_setup(config: TransformerConfig, setup: Any, seq: Any = None) -
 
 
 def _check_autocast_draws(config: TransformerConfig, setup: Any) -> None:
-    """Refuse the three HF setups under bf16 autocast that generated draws (:mod:`memlab.studies.hf_draws`) found
+    """Refuse the two HF setups under bf16 autocast that generated draws (:mod:`memlab.studies.hf_draws`) found
     memlab's count to miss, each measured on tiny configs and not yet modelled: eager attention with dropout on the
     probabilities in a family that softmaxes in fp32 (one more 16-bit (b, a, s, s) tensor per layer: Llama, Qwen2,
-    Phi, Starcoder2); eager attention with one K/V head at batch 1, where ``repeat_kv`` stays a view (Gemma:
-    -5,376 B at b1 x 14); Falcon with ``bias`` (-512 B per token and layer at d_model 64)."""
+    Phi, Starcoder2); Falcon with ``bias`` (-512 B per token and layer at d_model 64). (Eager attention with one K/V
+    head at batch 1 is modelled: :func:`rotated_k_is_fp32`.)"""
     im = config.impl
     if im.family == "reference" or not setup.policy.autocast or setup.mode == "inference":
         return
     why = ""
     if setup.attention == "eager" and im.softmax_fp32 and im.attention_dropout_or(config.dropout) > 0:
         why = "eager attention with attention dropout keeps one more 16-bit score tensor per layer than memlab counts"
-    elif (setup.attention == "eager" and im.eager_repeat_kv and config.n_kv_heads == 1
-          and bool(np.any(np.asarray(setup.batch) == 1))):
-        why = ("eager attention with one K/V head at batch 1 (repeat_kv stays a view) keeps tensors memlab does "
-               "not count")
     elif im.family == "falcon" and im.mlp_bias is not False:  # None: as config.bias (True: the norms' bias)
         why = "Falcon with bias keeps per-token tensors memlab does not count"
     if why:
         raise SetupError(f"{im.family} under bf16 autocast: {why} (measured on tiny configs, not modelled yet): "
                          "use a 16-bit or fp32 model without autocast, or trace it (memlab trace --hf)")
+
+
+def rotated_k_is_fp32(config: TransformerConfig, setup: Any) -> bool:
+    """Whether the rotated k is fp32 in a 16-bit attention, so that the kernel's autocast cast of a K repeated by
+    ``repeat_kv`` is a query-width 16-bit copy, kept for backward, even where ``repeat_kv`` left a view (one K/V head
+    at batch 1 in eager attention, one K/V head under a padded batch's SDPA): under autocast the per-forward cos and
+    sin are in the fp32 model's dtype, so the rotation promotes k to fp32 (a partial rotary's ``torch.cat`` of the
+    fp32 rotated part and the 16-bit rest too); v, 16-bit from its projection, is not cast and stays a view. OLMo 2's
+    rotation casts q and k back (``rotary_tables_fp32``), so its k stays 16-bit [hf-transformers: modeling_llama.py
+    apply_rotary_pos_emb, repeat_kv; modeling_phi.py PhiAttention.forward; modeling_olmo2.py apply_rotary_pos_emb].
+    Measured on CPU on every tiny config with one K/V head (``L t (q_dim - head_dim)`` 16-bit elements more than a
+    view; tests/predict/memory/test_attention_variants.py, tests/run/test_calls.py)."""
+    im = config.impl
+    return bool(setup.policy.autocast and config.positions == "rotary" and im.rotary_tables_per_forward
+                and not im.rotary_tables_fp32)
 
 
 def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, compute: float) -> list[tuple]:
@@ -179,8 +188,8 @@ def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, comp
     longer uses ``enable_gqa``, so a GQA model's K and V are repeated to the query width first (a copy, unless one
     K/V head: a view) [hf-transformers: integrations/sdpa_attention.py use_gqa_in_sdpa, repeat_kv;
     masking_utils.py sdpa_mask]; with one K/V head under autocast the rotated fp32 k is cast, repeated, to the
-    query width. Left padding keeps the same. Measured on CPU on every tiny config, fp32, bf16 and fp32 under
-    bf16 autocast (benchmarks/call_conventions.py). ``compute``: bytes per element."""
+    query width (:func:`rotated_k_is_fp32`). Left padding keeps the same. Measured on CPU on every tiny config,
+    fp32, bf16 and fp32 under bf16 autocast (benchmarks/call_conventions.py). ``compute``: bytes per element."""
     im = config.impl
     present = True if im.sdpa_keeps_mask else padding_present(setup, b, s)  # Falcon: a mask on every call
     if setup.attention != "flash" or present is False:
@@ -193,9 +202,10 @@ def padded_sdpa_rows(config: TransformerConfig, setup: Any, b: Any, s: Any, comp
     if kv not in (config.q_dim, config.head_dim):  # one K/V head: repeat_kv's reshape stays a view of K, V
         out.append(("k, v repeated to the query width (no enable_gqa with a mask)", "attention",
                     L * t * 2 * (config.q_dim - kv), compute, True))
-    elif kv != config.q_dim and setup.policy.autocast and config.positions == "rotary":
+    elif kv != config.q_dim and rotated_k_is_fp32(config, setup):
         # one K/V head under autocast: the rotated k is fp32 (the fp32 cos/sin promote it), and SDPA's cast of its
-        # repeated view is a full query-width 16-bit copy; v, already 16-bit, stays a view (measured: Gemma)
+        # repeated view is a full query-width 16-bit copy; v, already 16-bit, stays a view (measured: Gemma; not
+        # OLMo 2, whose rotation casts k back)
         out.append(("k repeated to the query width by autocast's cast (one K/V head)", "attention",
                     L * t * (config.q_dim - kv), compute, True))
     return out

@@ -352,7 +352,7 @@ def finetune_rows(config: TransformerConfig, setup: Any, w: dict[str, float], ro
         if (name in _DROPPED_ROWS and not kept) or (config.norm == "rmsnorm" and "x*rstd" in name):
             continue  # frozen embeddings and head; a frozen RMSNorm weight's product keeps nothing
         group = _PROJECTION_INPUTS.get(name)
-        kernel_out = group == "o" and setup.fused_attention and not im.sdpa_output_copy
+        kernel_out = group == "o" and setup.fused_attention and not im.copies_sdpa_output(setup.attention)
         if kernel_out:  # a fused SDPA kernel keeps its output, the output projection's input, for its own backward
             # (in the bottom block only if attention needs a gradient, or an o adapter keeps that same tensor)
             drop0 = not attn0 and not (groups["o"] and _shares(p, autocast, w["compute"]))
@@ -470,7 +470,7 @@ def adapter_rows(config: TransformerConfig, setup: Any, w: dict[str, float], gro
         width = w["residual"] if group in ("qkv", "mlp") else w["compute"]
         n_in = mods[kinds[0]][0]
         if _shares(p, autocast, width):
-            kernel_out = group == "o" and setup.fused_attention and not config.impl.sdpa_output_copy
+            kernel_out = group == "o" and setup.fused_attention and not config.impl.copies_sdpa_output(setup.attention)
             if group != "down" and not kernel_out:  # else a base row counts it (the MLP's, a fused attention
                 # kernel's output)
                 out.append((f"LoRA A input ({'/'.join(kinds)})", "lora", L * t * n_in, width, False))

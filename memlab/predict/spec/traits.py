@@ -143,7 +143,9 @@ class Implementation(StrictInit):
     sdpa_output_copy: bool = False
     """Under SDPA the attention output is laid out (b, a, s, d), so ``transpose(1, 2).reshape`` copies it and the
     output projection keeps the copy too. Happens when partial rotary rebuilds q with ``torch.cat`` (contiguous in
-    (b, a, s, d)) [hf-transformers: modeling_gpt_neox.py apply_rotary_pos_emb, modeling_phi.py PhiAttention]."""
+    (b, a, s, d)), under the kernels that lay their output out as q (flash, cuDNN; not the memory-efficient one:
+    :meth:`copies_sdpa_output`) [hf-transformers: modeling_gpt_neox.py apply_rotary_pos_emb, modeling_phi.py
+    PhiAttention]."""
     qkv_bias: bool | None = None
     """Biases on the Q, K, V projections; None follows ``TransformerConfig.bias`` (Qwen2: True with bias False)."""
     o_bias: bool | None = None
@@ -278,6 +280,17 @@ class Implementation(StrictInit):
     def attention_dropout_or(self, dropout: float) -> float:
         """The dropout on attention probabilities, given the config's (residual) ``dropout``."""
         return dropout if self.attention_dropout is None else float(self.attention_dropout)
+
+    def copies_sdpa_output(self, attention: str) -> bool:
+        """Whether the output projection reads a copy of the fused kernel's output (``sdpa_output_copy``), so that
+        both are kept: the flash and cuDNN kernels allocate their output in q's layout, (b, a, s, d) once partial
+        rotary's ``torch.cat`` rebuilt q, and transformers' ``transpose(1, 2).reshape`` copies it; the
+        memory-efficient kernel always allocates (b, s, a, d), so the transpose back is contiguous and the reshape
+        a view [torch/_meta_registrations.py meta__scaled_dot_product_flash_attention (``empty_like(query)``),
+        meta__scaled_dot_product_cudnn_attention (``alloc_with_matching_layout``),
+        meta__scaled_dot_product_efficient_attention (``empty(B, M, num_heads, Kv)``); aten/src/ATen/native/
+        transformers/cuda/attention.cu _efficient_attention_forward]."""
+        return self.sdpa_output_copy and attention in ("flash", "cudnn")
 
     def act(self, mlp: str) -> str:
         """The activation actually used by an MLP of kind ``mlp`` ('gelu' or 'swiglu')."""
