@@ -223,6 +223,15 @@ class StepInputs:
     fsdp: dict[str, float] | None = None
     """FSDP2's additions per moment (:func:`memlab.predict.memory.fsdp.moments`, plus ``root_grads_shard``: the root's
     sharded gradient bytes, which appear only at the end of backward); None without FSDP2."""
+    mlp_moment_bytes: Any = 0
+    """Beyond ``layer_activation_bytes``, inside the bottom block's MLP backward: its MLP's saved tensors but the
+    down projection's input (freed when that projection's backward ends), the MLP's backward temporaries (the
+    d_ff-wide gradients of ``layer_temporary_bytes``) and the block output's gradient (h wide)."""
+    down_grad_bytes: float = 0.0
+    """The bottom block's down projection's gradients (weight and bias), made before its MLP's moment."""
+    embedding_grad_bytes: float = 0.0
+    """The embeddings' gradients (positions; tokens when untied: a tied one is the head's, made at the top), made
+    after the bottom block's backward: not yet there at its moments unless gradients are held from the start."""
 
 
 def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
@@ -238,7 +247,8 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     # width, sharded[, note]), its bytes count * width / row_divisor(row, tp, sp) (ActivationTerm.bytes).
     # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
     # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
-    per = recompute_inputs = head = inputs = head_input = 0
+    per = recompute_inputs = head = inputs = head_input = mlp_saved = 0
+    copies = False  # the block saves autocast's 16-bit weight copies (the down projection's among them)
     own_is_block = setup.recompute == "none"
     whole = 0  # one block's saved bytes as without recompute, its MLP's included (recompute_every's moment)
     if not own_is_block:
@@ -247,12 +257,18 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
             whole += size
             if row[1] != "mlp":
                 per += size
+            elif row[1] == "mlp":
+                mlp_saved += size
+            copies = copies or row[1] == "autocast weight copies"
     for row in own:
         name, category = row[0], row[1]
         size = row[2] * row[3] / row_divisor(row, tp, sp)
         if own_is_block and category not in _NOT_PER_LAYER and not name.startswith("final norm") \
                 and name != _HEAD_COPY:
             per += size
+        if own_is_block and category == "mlp":
+            mlp_saved += size
+        copies = copies or (own_is_block and category == "autocast weight copies")
         if category == "block inputs (recompute)":
             recompute_inputs += size
         elif category == "head & loss":
@@ -269,9 +285,14 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     if setup.attention in ("eager", "math"):
         probs = w["probs"] if setup.attention == "eager" else 4
         attn = 2 * setup.batch * config.n_heads * setup.seq * setup.seq * probs / setup.tp
+    # inside the bottom block's MLP backward: its MLP's saved tensors but the down projection's input (consumed
+    # first), beside the MLP's backward temporaries and the block output's gradient (h wide)
+    # (and, under autocast, the down projection's 16-bit weight copy, which only its backward read)
+    down_in = t * config.ffn * w["compute"] / setup.tp + copies * config.ffn * config.d_model * 2 / setup.tp
     return {
         "layer": per / config.n_layers,
         "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
+        "mlp_moment": 0 if config.is_moe else mlp_saved / config.n_layers - down_in + mlp + t * config.d_model * w["residual"],
         "block_forward": mlp + t * config.d_model * w["compute"],
         "recompute_inputs": recompute_inputs,
         "block": whole / config.n_layers,
@@ -289,7 +310,7 @@ def _held_at_bottom(config: TransformerConfig, setup: Any, kept: Any) -> Any:
     tests/predict/memory/test_recompute_policies.py)."""
     if setup.recompute == "op":
         return kept / config.n_layers
-    return 0 if setup.recompute_every > 1 else kept
+    return 0
 
 
 def _lowest_checkpoint(config: TransformerConfig, setup: Any, lt: dict[str, Any]) -> Any:
@@ -384,6 +405,9 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         extra["root_grads_shard"] = sum(u.shard_elements for u in fsdp.units if u.kind == "root") * gb
     return {
         "layer_grad_bytes": layer_elements * gb,
+        "embedding_grad_bytes": 0.0 if adapters or setup.finetune == "frozen" else _embedding_elements(config) * gb
+        / setup.tp,
+        "down_grad_bytes": 0.0 if adapters or setup.finetune == "frozen" else _down_grad_elements(config, setup.tp) * gb,
         "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp
         if config.tied_embeddings and not adapters else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
@@ -393,6 +417,22 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         # only what trains is cached
         "cast_cache_bytes": _cast_cache(config, setup) if pol.autocast else 0.0,
     }
+
+
+def _embedding_elements(config: TransformerConfig) -> int:
+    """Elements of the embeddings whose gradients come after the blocks' backward: positions, and tokens when untied
+    (a tied table's gradient is the head's, made at the top of backward)."""
+    return sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+               if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))
+
+
+def _down_grad_elements(config: TransformerConfig, tp: int) -> float:
+    """Elements of block 0's down projection's gradients on one tp rank (row-parallel: the weight split, the bias
+    whole); 0 for a mixture of experts (its bottom block is taken as one moment, named)."""
+    if config.is_moe:
+        return 0.0
+    return sum(math.prod(shape) / (tp if name.endswith("weight") else 1) for name, shape, _ in config.param_shapes()
+               if name.startswith("blocks.0.mlp.down."))
 
 
 def _cast_cache(config: TransformerConfig, setup: Any) -> float:
@@ -443,7 +483,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     return StepInputs(**{
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
-        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
+        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"], "mlp_moment_bytes": lt["mlp_moment"],
         "block_forward_bytes": lt["block_forward"],
         "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
         "lowest_checkpoint_bytes": _lowest_checkpoint(config, setup, lt),
@@ -544,7 +584,11 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             below = g if holds else larger(g - x.layer_grad_bytes, 0)
             if f:
                 below = below - (0 if holds else f["root_grads_shard"]) + f["root_grads_full"] + f["bottom"]
-            bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
+            # the bottom block's backward: its attention's moment or, before it, its MLP's (the down projection's
+            # gradients made)
+            bottom = base + below - (0 if holds else x.embedding_grad_bytes) + x.input_bytes \
+                + x.layer_activation_bytes + x.recompute_inputs_bytes + larger(
+                x.layer_temporary_bytes, x.mlp_moment_bytes + (0 if holds else x.down_grad_bytes))
             back = larger(larger(start, bottom), base + end)
             if x.lowest_checkpoint_bytes is not None:  # recompute_every: the lowest checkpointed block's moment,
                 # before the k - 1 blocks below it have gradients (unless gradients are held from the start)
