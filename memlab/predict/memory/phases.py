@@ -229,6 +229,13 @@ class StepInputs:
     d_ff-wide gradients of ``layer_temporary_bytes``) and the block output's gradient (h wide)."""
     down_grad_bytes: float = 0.0
     """The bottom block's down projection's gradients (weight and bias), made before its MLP's moment."""
+    bottom_input_bytes: Any = 0
+    """The loop's token ids (``input_bytes``) at the bottom block's moments (0 under torchtitan's ``op`` policy,
+    whose bottom-block moment is the one measured before these terms: tests/predict/memory/test_recompute_policies.py)."""
+    embedding_input_grad_bytes: Any = 0
+    """At the end of backward, the gradient of the embeddings' output (``t h``, the residual width) while the
+    embeddings' backward makes their gradients (0 where they do not train, under FSDP2, under ``op`` and under
+    activation offload, where the traced end of backward holds no such tensor beside the gradients)."""
     embedding_grad_bytes: float = 0.0
     """The embeddings' gradients (positions; tokens when untied: a tied one is the head's, made at the top), made
     after the bottom block's backward: not yet there at its moments unless gradients are held from the start."""
@@ -397,6 +404,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
                 "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False, "fsdp": None,
                 "cast_cache_bytes": 0.0}
     gb = 4 if adapters else pol.grad_bytes
+    op = setup.recompute == "op"  # its bottom-block moment as measured (StepInputs.bottom_input_bytes)
     extra = None
     if fsdp is not None:
         from memlab.predict.memory.fsdp import moments
@@ -405,9 +413,10 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         extra["root_grads_shard"] = sum(u.shard_elements for u in fsdp.units if u.kind == "root") * gb
     return {
         "layer_grad_bytes": layer_elements * gb,
-        "embedding_grad_bytes": 0.0 if adapters or setup.finetune == "frozen" else _embedding_elements(config) * gb
-        / setup.tp,
-        "down_grad_bytes": 0.0 if adapters or setup.finetune == "frozen" else _down_grad_elements(config, setup.tp) * gb,
+        # (under FSDP2 the root's gradients are its moments', and named: memlab.predict.coverage)
+        "embedding_grad_bytes": 0.0 if adapters or setup.finetune == "frozen" or fsdp is not None or op
+        else _embedding_elements(config) * gb / setup.tp,
+        "down_grad_bytes": 0.0 if op or adapters or setup.finetune == "frozen" else _down_grad_elements(config, setup.tp) * gb,
         "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp
         if config.tied_embeddings and not adapters else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
@@ -483,7 +492,7 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     return StepInputs(**{
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
-        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"], "mlp_moment_bytes": lt["mlp_moment"],
+        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"], "mlp_moment_bytes": lt["mlp_moment"] * (setup.recompute != "op"),
         "block_forward_bytes": lt["block_forward"],
         "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
         "lowest_checkpoint_bytes": _lowest_checkpoint(config, setup, lt),
@@ -491,6 +500,11 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved + mask, "top_layer": top,
+        "bottom_input_bytes": (lt["inputs"] + mask) * (setup.recompute != "op"),
+        "embedding_input_grad_bytes": setup.batch * setup.seq * config.d_model
+        * shared_widths(setup.policy.name, device_type)["residual"] / (setup.tp if setup.sp else 1)
+        * (setup.recompute != "op" and const["fsdp"] is None and setup.finetune == "full"
+           and not setup.offload_activations),
         # the plain loss inside the model under autocast (not a hand-written one): the fp32 final-norm output lives
         "final_norm_output_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
         if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"
@@ -554,7 +568,8 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
     Works elementwise on numpy arrays (a vectorised sweep) as on scalars.
     """
     fwd_logits, bwd_logits = x.loss_forward_bytes, x.loss_backward_bytes
-    end = g + x.tied_head_grad_bytes
+    # the embeddings' backward: every gradient, the gradient of their output, and the loop's token ids
+    end = g + x.tied_head_grad_bytes + x.bottom_input_bytes + x.embedding_input_grad_bytes
     f = x.fsdp
     if f is not None:  # FSDP2: the root's gradients stay full until its reduce-scatter ends backward
         end = g - f["root_grads_shard"] + f["end"] + x.tied_head_grad_bytes
@@ -586,7 +601,7 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
                 below = below - (0 if holds else f["root_grads_shard"]) + f["root_grads_full"] + f["bottom"]
             # the bottom block's backward: its attention's moment or, before it, its MLP's (the down projection's
             # gradients made)
-            bottom = base + below - (0 if holds else x.embedding_grad_bytes) + x.input_bytes \
+            bottom = base + below - (0 if holds else x.embedding_grad_bytes) + x.bottom_input_bytes \
                 + x.layer_activation_bytes + x.recompute_inputs_bytes + larger(
                 x.layer_temporary_bytes, x.mlp_moment_bytes + (0 if holds else x.down_grad_bytes))
             back = larger(larger(start, bottom), base + end)
