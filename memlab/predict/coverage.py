@@ -612,8 +612,10 @@ def _bottom_block_terms(c: Case) -> list[NamedTerm]:
     temporaries. Inside the block's backward its own gradients appear one module at a time (up to the block's
     gradients more: +), and the embeddings' gradients (positions; tokens when untied: a tied one comes from the head)
     are produced only after it, in a first micro-step whose gradients start as None: the phase model leaves them out
-    (:attr:`memlab.predict.memory.phases.StepInputs.embedding_grad_bytes`) but under FSDP2 and for an adapter's
-    trainable embedding copy, where the estimate counts them (up to their bytes less: -). Sizes on one rank: under FSDP2 the unsharded gradients (the gathered dtype), else
+    (:attr:`memlab.predict.memory.phases.StepInputs.embedding_grad_bytes`) but under FSDP2, under torchtitan's
+    op policy and for an adapter's
+    trainable embedding copy, where the estimate counts them (up to their bytes less: -). Sizes on one rank: under
+    FSDP2 the unsharded gradients (the gathered dtype), else
     ``grad_bytes / tp``. A Hugging Face family's bottom-block moment need not hide behind a t x V term (measured:
     OPT, one layer, V = 96 beside d_ff and s x s scores), so its terms are always named."""
     config, setup = c.config, c.setup

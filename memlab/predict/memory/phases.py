@@ -231,7 +231,8 @@ class StepInputs:
     """The bottom block's down projection's gradients (weight and bias), made before its MLP's moment."""
     bottom_input_bytes: Any = 0
     """The loop's token ids (``input_bytes``) at the bottom block's moments (0 under torchtitan's ``op`` policy,
-    whose bottom-block moment is the one measured before these terms: tests/predict/memory/test_recompute_policies.py)."""
+    whose bottom-block moment is the one measured before these terms:
+    tests/predict/memory/test_recompute_policies.py)."""
     embedding_input_grad_bytes: Any = 0
     """At the end of backward, the gradient of the embeddings' output (``t h``, the residual width) while the
     embeddings' backward makes their gradients (0 where they do not train, under FSDP2, under ``op`` and under
@@ -264,7 +265,7 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
             whole += size
             if row[1] != "mlp":
                 per += size
-            elif row[1] == "mlp":
+            else:
                 mlp_saved += size
             copies = copies or row[1] == "autocast weight copies"
     for row in own:
@@ -292,20 +293,30 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     if setup.attention in ("eager", "math"):
         probs = w["probs"] if setup.attention == "eager" else 4
         attn = 2 * setup.batch * config.n_heads * setup.seq * setup.seq * probs / setup.tp
-    # inside the bottom block's MLP backward: its MLP's saved tensors but the down projection's input (consumed
-    # first), beside the MLP's backward temporaries and the block output's gradient (h wide)
-    # (and, under autocast, the down projection's 16-bit weight copy, which only its backward read)
-    down_in = t * config.ffn * w["compute"] / setup.tp + copies * config.ffn * config.d_model * 2 / setup.tp
     return {
         "layer": per / config.n_layers,
         "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
-        "mlp_moment": 0 if config.is_moe else mlp_saved / config.n_layers - down_in + mlp + t * config.d_model * w["residual"],
+        "mlp_moment": _mlp_moment(config, setup, w, mlp_saved / config.n_layers, copies, mlp),
         "block_forward": mlp + t * config.d_model * w["compute"],
         "recompute_inputs": recompute_inputs,
         "block": whole / config.n_layers,
         "head": head, "head_input": head_input,
         "inputs": inputs,
     }
+
+
+def _mlp_moment(config: TransformerConfig, setup: Any, w: dict[str, int], saved: Any, copies: bool, temps: Any) -> Any:
+    """Held beyond the rest of the bottom block's saved tensors inside its MLP's backward, at the MLP's d_ff-wide
+    gradients (``temps``): the MLP's ``saved`` tensors but the down projection's input and (``copies``: under
+    autocast) its 16-bit weight copy, which only that projection's backward read and which are freed when it ends,
+    and the block output's gradient (h wide). Traced on the reference GPT (SwiGLU: the gate's and up projection's
+    outputs and the SiLU's beside three d_ff-wide gradients; 2-32 layers, fp32, bf16 and bf16 autocast: to 8 B,
+    tests/predict/memory/test_bottom_block.py). 0 for a mixture of experts (its bottom block is named)."""
+    if config.is_moe:
+        return 0
+    t = setup.batch * setup.seq
+    down = t * config.ffn * w["compute"] / setup.tp + copies * config.ffn * config.d_model * 2 / setup.tp
+    return saved - down + temps + t * config.d_model * w["residual"]
 
 
 def _held_at_bottom(config: TransformerConfig, setup: Any, kept: Any) -> Any:
@@ -416,7 +427,8 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         # (under FSDP2 the root's gradients are its moments', and named: memlab.predict.coverage)
         "embedding_grad_bytes": 0.0 if adapters or setup.finetune == "frozen" or fsdp is not None or op
         else _embedding_elements(config) * gb / setup.tp,
-        "down_grad_bytes": 0.0 if op or adapters or setup.finetune == "frozen" else _down_grad_elements(config, setup.tp) * gb,
+        "down_grad_bytes": 0.0 if op or adapters or setup.finetune == "frozen"
+        else _down_grad_elements(config, setup.tp) * gb,
         "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp
         if config.tied_embeddings and not adapters else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
@@ -492,7 +504,8 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     return StepInputs(**{
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
-        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"], "mlp_moment_bytes": lt["mlp_moment"] * (setup.recompute != "op"),
+        "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
+        "mlp_moment_bytes": lt["mlp_moment"] * (setup.recompute != "op"),
         "block_forward_bytes": lt["block_forward"],
         "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
         "lowest_checkpoint_bytes": _lowest_checkpoint(config, setup, lt),
