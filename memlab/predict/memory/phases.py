@@ -13,10 +13,14 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
 - backward, the largest of three moments (gradients appear while activations are freed, both linearly in the
   layers, so the largest is at an end or at the bottom layer):
   start, ``P + O + G_held + A + 8tV`` (the gradients of the log-softmax and of the logits, fp32);
-  bottom layer, ``P + O + G - G_layer + A_layer + T_layer (+ block inputs under full recompute)`` (one block's
-  saved tensors as without recompute less its MLP's, which its MLP backward has consumed; its backward temporaries
-  ``T_layer``: the d_ff-wide gradients or the s x s score gradients of eager/math attention, three h-wide ones);
-  end, ``P + O + G`` plus, for tied embeddings, the head's and the embedding's gradients before they are summed.
+  bottom layer, ``P + O + G - G_layer - G_emb + ids + A_layer + max(T_layer, M_mlp)`` (one block's saved tensors
+  as without recompute less its MLP's; its backward temporaries ``T_layer``: the d_ff-wide gradients or the s x s
+  score gradients of eager/math attention, three h-wide ones; or the moment inside its MLP's backward ``M_mlp``: the
+  MLP's saved tensors but the down projection's input, its d_ff-wide gradients, the output's gradient and the down
+  projection's gradients, :func:`_mlp_moment`; the embeddings' gradients ``G_emb`` come after it; under full
+  recompute no other checkpoint's input is alive by then, and block 0's is its first norm's input);
+  end, ``P + O + G + ids`` plus the gradient of the embeddings' output while their backward runs or, for tied
+  embeddings, the head's and the embedding's gradients before they are summed.
 - optimizer step: ``P + G + O + T_opt`` with ``T_opt`` by implementation ([pytorch-optim], torch/optim/adamw.py):
   for-loop Adam keeps two temporaries of the tensor being stepped (``sqrt`` and the division) beside the previous
   tensor's ``denom``, still bound to the loop variable (2 x a tensor + the one before it, at worst); foreach one
@@ -228,7 +232,8 @@ class StepInputs:
     down projection's input (freed when that projection's backward ends), the MLP's backward temporaries (the
     d_ff-wide gradients of ``layer_temporary_bytes``) and the block output's gradient (h wide)."""
     down_grad_bytes: float = 0.0
-    """The bottom block's down projection's gradients (weight and bias), made before its MLP's moment."""
+    """The bottom block's down projection's gradients (weight and bias), made before its MLP's moment (0 for a
+    mixture of experts: its experts' are named with the block's own gradients)."""
     bottom_input_bytes: Any = 0
     """The loop's token ids (``input_bytes``) at the bottom block's moments (0 under torchtitan's ``op`` policy,
     whose bottom-block moment is the one measured before these terms:
@@ -309,13 +314,18 @@ def _mlp_moment(config: TransformerConfig, setup: Any, w: dict[str, int], saved:
     """Held beyond the rest of the bottom block's saved tensors inside its MLP's backward, at the MLP's d_ff-wide
     gradients (``temps``): the MLP's ``saved`` tensors but the down projection's input and (``copies``: under
     autocast) its 16-bit weight copy, which only that projection's backward read and which are freed when it ends,
-    and the block output's gradient (h wide). Traced on the reference GPT (SwiGLU: the gate's and up projection's
-    outputs and the SiLU's beside three d_ff-wide gradients; 2-32 layers, fp32, bf16 and bf16 autocast: to 8 B,
-    tests/predict/memory/test_bottom_block.py). 0 for a mixture of experts (its bottom block is named)."""
-    if config.is_moe:
-        return 0
+    and the block output's gradient (h wide); under autocast, before the activation's gradients, the down
+    projection's 16-bit weight gradient beside its fp32 cast and its input's gradient, if larger. Traced on the
+    reference GPT (SwiGLU: the gate's and up projection's outputs and the SiLU's beside three d_ff-wide gradients;
+    GELU: its input beside two; 1-32 layers, fp32, bf16 and bf16 autocast: to tens of bytes,
+    tests/predict/memory/test_bottom_block.py). A mixture of experts' MLP rows are one dense MLP per token: its
+    routed copies and the experts' own order are named (memlab.predict.coverage, MoE routing)."""
     t = setup.batch * setup.seq
-    down = t * config.ffn * w["compute"] / setup.tp + copies * config.ffn * config.d_model * 2 / setup.tp
+    weight16 = copies * config.ffn * config.d_model * 2 / setup.tp
+    down = t * config.ffn * w["compute"] / setup.tp + weight16
+    # under autocast the down projection's 16-bit weight gradient is cast to fp32 for AccumulateGrad beside its
+    # input's gradient, before the activation's backward makes the other d_ff-wide ones: the larger moment
+    temps = larger(temps, t * config.ffn * w["compute"] / setup.tp + weight16)  # (its input's gradient beside)
     return saved - down + temps + t * config.d_model * w["residual"]
 
 
@@ -581,8 +591,10 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
     Works elementwise on numpy arrays (a vectorised sweep) as on scalars.
     """
     fwd_logits, bwd_logits = x.loss_forward_bytes, x.loss_backward_bytes
-    # the embeddings' backward: every gradient, the gradient of their output, and the loop's token ids
-    end = g + x.tied_head_grad_bytes + x.bottom_input_bytes + x.embedding_input_grad_bytes
+    # the embeddings' backward: every gradient, the gradient of their output, and the loop's token ids; tied, the
+    # head's gradient waits beside the embedding's for their sum (then the output's gradient is gone)
+    end = g + x.bottom_input_bytes + larger(x.tied_head_grad_bytes,
+                                            x.tied_head_grad_bytes / 2 + x.embedding_input_grad_bytes)
     f = x.fsdp
     if f is not None:  # FSDP2: the root's gradients stay full until its reduce-scatter ends backward
         end = g - f["root_grads_shard"] + f["end"] + x.tied_head_grad_bytes
