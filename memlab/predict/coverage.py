@@ -633,8 +633,11 @@ def _bottom_block_terms(c: Case) -> list[NamedTerm]:
     estimate takes as one moment: every gradient but the bottom block's, beside its recomputed tensors and
     temporaries. Inside the block's backward its own gradients appear one module at a time (up to the block's
     gradients more: +), and the embeddings' gradients (positions; tokens when untied: a tied one comes from the head)
-    are produced only after it, in a first micro-step whose gradients start as None (the estimate counts them: up to
-    their bytes less: -). Sizes on one rank: under FSDP2 the unsharded gradients (the gathered dtype), else
+    are produced only after it, in a first micro-step whose gradients start as None: the phase model leaves them out
+    (:attr:`memlab.predict.memory.phases.StepInputs.embedding_grad_bytes`) but under FSDP2, under torchtitan's
+    op policy and for an adapter's
+    trainable embedding copy, where the estimate counts them (up to their bytes less: -). Sizes on one rank: under
+    FSDP2 the unsharded gradients (the gathered dtype), else
     ``grad_bytes / tp``. A Hugging Face family's bottom-block moment need not hide behind a t x V term (measured:
     OPT, one layer, V = 96 beside d_ff and s x s scores), so its terms are always named."""
     config, setup = c.config, c.setup
@@ -651,7 +654,10 @@ def _bottom_block_terms(c: Case) -> list[NamedTerm]:
         emb = 0
     out = [NamedTerm(f"{why}: the bottom block's own gradients inside its backward", math.ceil(own), ("backward",),
                      +1)]
-    if emb and setup.zero_grad_to_none and not (pol.master_bytes and pol.grad_bytes == 4):
+    # the phase model leaves them out of the bottom block's moments (StepInputs.embedding_grad_bytes) but under FSDP2
+    # , for an adapter's trainable embedding copy and under torchtitan's op policy
+    modelled = c.fsdp is None and setup.finetune not in _LORA and setup.recompute != "op"
+    if emb and not modelled and setup.zero_grad_to_none and not (pol.master_bytes and pol.grad_bytes == 4):
         out.append(NamedTerm(f"{why}: the embeddings' gradients, produced after the bottom block's backward",
                              math.ceil(emb * gb), ("backward",), -1, exact=True))
     return out
@@ -853,7 +859,8 @@ TABLE: tuple[Entry, ...] = (
           terms=lambda c: [NamedTerm(t.name, t.bytes, t.phases, t.sign, t.exact, key="bottom block")
                            for t in _bottom_block_terms(c)]),
     Entry("HF bottom temporaries", lambda c: c.train and c.hf,
-          terms=_term("HF bottom temporaries", HF_BOTTOM_TEMPORARIES, lambda c: c.layer("temp"), ("backward",), -1)),
+          terms=_term("HF bottom temporaries", HF_BOTTOM_TEMPORARIES,
+                      lambda c: max(c.layer("temp"), c.layer("mlp_moment")), ("backward",), -1)),
     Entry("HF recomputed block", lambda c: c.train and c.hf and c.setup.recompute == "full",
           terms=_term("HF recomputed block", HF_RECOMPUTED_BLOCK, lambda c: c.layer("layer"), ("backward",), -1)),
     Entry("recomputed attention core", lambda c: _train_config(c) and c.setup.recompute in CHECKPOINTED

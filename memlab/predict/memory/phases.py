@@ -13,10 +13,14 @@ per micro-batch, ``V`` the vocabulary (divided by ``tp``), ``h`` the model width
 - backward, the largest of three moments (gradients appear while activations are freed, both linearly in the
   layers, so the largest is at an end or at the bottom layer):
   start, ``P + O + G_held + A + 8tV`` (the gradients of the log-softmax and of the logits, fp32);
-  bottom layer, ``P + O + G - G_layer + A_layer + T_layer (+ block inputs under full recompute)`` (one block's
-  saved tensors as without recompute less its MLP's, which its MLP backward has consumed; its backward temporaries
-  ``T_layer``: the d_ff-wide gradients or the s x s score gradients of eager/math attention, three h-wide ones);
-  end, ``P + O + G`` plus, for tied embeddings, the head's and the embedding's gradients before they are summed.
+  bottom layer, ``P + O + G - G_layer - G_emb + ids + A_layer + max(T_layer, M_mlp)`` (one block's saved tensors
+  as without recompute less its MLP's; its backward temporaries ``T_layer``: the d_ff-wide gradients or the s x s
+  score gradients of eager/math attention, three h-wide ones; or the moment inside its MLP's backward ``M_mlp``: the
+  MLP's saved tensors but the down projection's input, its d_ff-wide gradients, the output's gradient and the down
+  projection's gradients, :func:`_mlp_moment`; the embeddings' gradients ``G_emb`` come after it; under full
+  recompute no other checkpoint's input is alive by then, and block 0's is its first norm's input);
+  end, ``P + O + G + ids`` plus the gradient of the embeddings' output while their backward runs or, for tied
+  embeddings, the head's and the embedding's gradients before they are summed.
 - optimizer step: ``P + G + O + T_opt`` with ``T_opt`` by implementation ([pytorch-optim], torch/optim/adamw.py):
   for-loop Adam keeps two temporaries of the tensor being stepped (``sqrt`` and the division) beside the previous
   tensor's ``denom``, still bound to the loop variable (2 x a tensor + the one before it, at worst); foreach one
@@ -168,6 +172,10 @@ class StepInputs:
     """Inside a block's forward under full recompute: its d_ff-wide tensors and one h-wide one."""
     recompute_inputs_bytes: Any
     """What the checkpoints keep at the bottom block's backward (:func:`_held_at_bottom`; 0 without recompute)."""
+    checkpoint_inputs_bytes: Any
+    """Under full recompute, every checkpoint's input (the blocks' inputs), all held at the end of the forward
+    (FSDP2's copy-out moment of the last block); ``recompute_inputs_bytes`` is what the bottom block's backward
+    still holds of them."""
     head_loss_bytes: Any
     """The log-softmax and loss tensors (absent while the blocks run)."""
     layer_grad_bytes: float
@@ -228,6 +236,24 @@ class StepInputs:
     sharded gradient bytes, which appear only at the end of backward; ``embed_grads_shard``: the embedding unit's,
     reduce-scattered only after block 0's backward; ``inputs_only``: 1.0 when every block keeps exactly its input,
     so that the last block's copy-out moment is modelled); None without FSDP2."""
+    mlp_moment_bytes: Any = 0
+    """Beyond ``layer_activation_bytes``, inside the bottom block's MLP backward: its MLP's saved tensors but the
+    down projection's input (freed when that projection's backward ends), the MLP's backward temporaries (the
+    d_ff-wide gradients of ``layer_temporary_bytes``) and the block output's gradient (h wide)."""
+    down_grad_bytes: float = 0.0
+    """The bottom block's down projection's gradients (weight and bias), made before its MLP's moment (0 for a
+    mixture of experts: its experts' are named with the block's own gradients)."""
+    bottom_input_bytes: Any = 0
+    """The loop's token ids (``input_bytes``) at the bottom block's moments (0 under torchtitan's ``op`` policy,
+    whose bottom-block moment is the one measured before these terms:
+    tests/predict/memory/test_recompute_policies.py)."""
+    embedding_input_grad_bytes: Any = 0
+    """At the end of backward, the gradient of the embeddings' output (``t h``, the residual width) while the
+    embeddings' backward makes their gradients (0 where they do not train, under FSDP2, under ``op`` and under
+    activation offload, where the traced end of backward holds no such tensor beside the gradients)."""
+    embedding_grad_bytes: float = 0.0
+    """The embeddings' gradients (positions; tokens when untied: a tied one is the head's, made at the top), made
+    after the bottom block's backward: not yet there at its moments unless gradients are held from the start."""
 
 
 def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: list | None = None) -> dict[str, Any]:
@@ -243,7 +269,8 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     # width, sharded[, note]), its bytes count * width / row_divisor(row, tp, sp) (ActivationTerm.bytes).
     # Without recompute the block's terms are the setup's own, picked out of them; otherwise listed as without
     # recompute, block rows only (model_level=False: the rows the filter below leaves out are not listed).
-    per = recompute_inputs = head = inputs = head_input = 0
+    per = recompute_inputs = head = inputs = head_input = mlp_saved = 0
+    copies = False  # the block saves autocast's 16-bit weight copies (the down projection's among them)
     own_is_block = setup.recompute == "none"
     whole = 0  # one block's saved bytes as without recompute, its MLP's included (recompute_every's moment)
     if not own_is_block:
@@ -252,6 +279,9 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
             whole += size
             if row[1] != "mlp":
                 per += size
+            else:
+                mlp_saved += size
+            copies = copies or row[1] == "autocast weight copies"
     for row in own:
         name, category = row[0], row[1]
         size = row[2] * row[3] / row_divisor(row, tp, sp)
@@ -260,6 +290,9 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
             whole += size
             if category != "mlp":
                 per += size
+            else:
+                mlp_saved += size
+        copies = copies or (own_is_block and category == "autocast weight copies")
         if category == "block inputs (recompute)":
             recompute_inputs += size
         elif category == "head & loss":
@@ -279,12 +312,32 @@ def layer_terms(config: TransformerConfig, setup: Any, device_type: str, own: li
     return {
         "layer": per / config.n_layers,
         "temp": larger(mlp, attn) + 3 * t * config.d_model * w["residual"],
+        "mlp_moment": _mlp_moment(config, setup, w, mlp_saved / config.n_layers, copies, mlp),
         "block_forward": mlp + t * config.d_model * w["compute"],
         "recompute_inputs": recompute_inputs,
         "block": whole / config.n_layers,
         "head": head, "head_input": head_input,
         "inputs": inputs,
     }
+
+
+def _mlp_moment(config: TransformerConfig, setup: Any, w: dict[str, int], saved: Any, copies: bool, temps: Any) -> Any:
+    """Held beyond the rest of the bottom block's saved tensors inside its MLP's backward, at the MLP's d_ff-wide
+    gradients (``temps``): the MLP's ``saved`` tensors but the down projection's input and (``copies``: under
+    autocast) its 16-bit weight copy, which only that projection's backward read and which are freed when it ends,
+    and the block output's gradient (h wide); under autocast, before the activation's gradients, the down
+    projection's 16-bit weight gradient beside its fp32 cast and its input's gradient, if larger. Traced on the
+    reference GPT (SwiGLU: the gate's and up projection's outputs and the SiLU's beside three d_ff-wide gradients;
+    GELU: its input beside two; 1-32 layers, fp32, bf16 and bf16 autocast: to tens of bytes,
+    tests/predict/memory/test_bottom_block.py). A mixture of experts' MLP rows are one dense MLP per token: its
+    routed copies and the experts' own order are named (memlab.predict.coverage, MoE routing)."""
+    t = setup.batch * setup.seq
+    weight16 = copies * config.ffn * config.d_model * 2 / setup.tp
+    down = t * config.ffn * w["compute"] / setup.tp + weight16
+    # under autocast the down projection's 16-bit weight gradient is cast to fp32 for AccumulateGrad beside its
+    # input's gradient, before the activation's backward makes the other d_ff-wide ones: the larger moment
+    temps = larger(temps, t * config.ffn * w["compute"] / setup.tp + weight16)  # (its input's gradient beside)
+    return saved - down + temps + t * config.d_model * w["residual"]
 
 
 def _held_at_bottom(config: TransformerConfig, setup: Any, kept: Any) -> Any:
@@ -296,7 +349,7 @@ def _held_at_bottom(config: TransformerConfig, setup: Any, kept: Any) -> Any:
     tests/predict/memory/test_recompute_policies.py)."""
     if setup.recompute == "op":
         return kept / config.n_layers
-    return 0 if setup.recompute_every > 1 else kept
+    return 0
 
 
 def _lowest_checkpoint(config: TransformerConfig, setup: Any, lt: dict[str, Any]) -> Any:
@@ -383,6 +436,7 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
                 "forward_logits_bytes_per_element": 4, "full_recompute": False, "offload": False, "fsdp": None,
                 "cast_cache_bytes": 0.0}
     gb = 4 if adapters else pol.grad_bytes
+    op = setup.recompute == "op"  # its bottom-block moment as measured (StepInputs.bottom_input_bytes)
     extra = None
     if fsdp is not None:
         from memlab.predict.memory.fsdp import moments
@@ -396,6 +450,11 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
                                      and not setup.offload_activations)
     return {
         "layer_grad_bytes": layer_elements * gb,
+        # (under FSDP2 the root's gradients are its moments', and named: memlab.predict.coverage)
+        "embedding_grad_bytes": 0.0 if adapters or setup.finetune == "frozen" or fsdp is not None or op
+        else _embedding_elements(config) * gb / setup.tp,
+        "down_grad_bytes": 0.0 if op or adapters or setup.finetune == "frozen"
+        else _down_grad_elements(config, setup.tp) * gb,
         "tied_head_grad_bytes": 2 * config.vocab_size * config.d_model * gb / setup.tp
         if config.tied_embeddings and not adapters else 0.0,
         "optimizer_temporary_bytes": opt_t, "optimizer_before_step_bytes": before_step, "persistent_grads": persistent,
@@ -405,6 +464,22 @@ def step_constants(config: TransformerConfig | None, setup: Any, *, device_type:
         # only what trains is cached
         "cast_cache_bytes": _cast_cache(config, setup) if pol.autocast else 0.0,
     }
+
+
+def _embedding_elements(config: TransformerConfig) -> int:
+    """Elements of the embeddings whose gradients come after the blocks' backward: positions, and tokens when untied
+    (a tied table's gradient is the head's, made at the top of backward)."""
+    return sum(math.prod(shape) for name, shape, _ in config.param_shapes()
+               if name.startswith("pos_emb.") or (name.startswith("tok_emb.") and not config.tied_embeddings))
+
+
+def _down_grad_elements(config: TransformerConfig, tp: int) -> float:
+    """Elements of block 0's down projection's gradients on one tp rank (row-parallel: the weight split, the bias
+    whole); 0 for a mixture of experts (its bottom block is taken as one moment, named)."""
+    if config.is_moe:
+        return 0.0
+    return sum(math.prod(shape) / (tp if name.endswith("weight") else 1) for name, shape, _ in config.param_shapes()
+               if name.startswith("blocks.0.mlp.down."))
 
 
 def _cast_cache(config: TransformerConfig, setup: Any) -> float:
@@ -424,7 +499,8 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
     """:class:`StepInputs` from :func:`step_constants`' ``const`` and the batch/seq terms of ``setup``."""
     if config is None:
         return StepInputs(**{"logits_elements": 0, "layer_activation_bytes": 0, "layer_temporary_bytes": 0,
-                                      "block_forward_bytes": 0, "recompute_inputs_bytes": 0, "head_loss_bytes": 0,
+                                      "block_forward_bytes": 0, "recompute_inputs_bytes": 0,
+                                      "checkpoint_inputs_bytes": 0, "head_loss_bytes": 0,
                                       **const, "input_bytes": 0, "loss_forward_bytes": 0, "loss_backward_bytes": 0,
                                       "head_input_bytes": 0, "unsaved_input_bytes": 0, "top_layer": False,
                                       "offload_forward_bytes": 0, "final_norm_output_bytes": 0})
@@ -456,14 +532,21 @@ def step_inputs_with(const: dict[str, Any], config: TransformerConfig | None, se
         "offload_forward_bytes": off_fwd,
         "logits_elements": logits,
         "layer_activation_bytes": lt["layer"], "layer_temporary_bytes": lt["temp"],
+        "mlp_moment_bytes": lt["mlp_moment"] * (setup.recompute != "op"),
         "block_forward_bytes": lt["block_forward"],
         "recompute_inputs_bytes": _held_at_bottom(config, setup, lt["recompute_inputs"]),
+        "checkpoint_inputs_bytes": lt["recompute_inputs"],
         "block_saved_bytes": lt["block"] if setup.recompute == "none" else 0,
         "lowest_checkpoint_bytes": _lowest_checkpoint(config, setup, lt),
         "blocks_below_checkpoint": setup.recompute_every - 1 if setup.recompute == "full" else 0,
         "head_loss_bytes": lt["head"], **const, "input_bytes": lt["inputs"] + mask,
         "loss_forward_bytes": fwd, "loss_backward_bytes": bwd, "head_input_bytes": lt["head_input"],
         "unsaved_input_bytes": unsaved + mask, "top_layer": top,
+        "bottom_input_bytes": (lt["inputs"] + mask) * (setup.recompute != "op"),
+        "embedding_input_grad_bytes": setup.batch * setup.seq * config.d_model
+        * shared_widths(setup.policy.name, device_type)["residual"] / (setup.tp if setup.sp else 1)
+        * (setup.recompute != "op" and const["fsdp"] is None and setup.finetune == "full"
+           and not setup.offload_activations),
         # the plain loss inside the model under autocast (not a hand-written one): the fp32 final-norm output lives
         "final_norm_output_bytes": 4 * setup.batch * setup.seq * config.d_model / (setup.tp if setup.sp else 1)
         if setup.policy.autocast and setup.loss == "plain" and not setup.logits_to_keep and setup.loss_call == "labels"
@@ -527,7 +610,10 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
     Works elementwise on numpy arrays (a vectorised sweep) as on scalars.
     """
     fwd_logits, bwd_logits = x.loss_forward_bytes, x.loss_backward_bytes
-    end = g + x.tied_head_grad_bytes
+    # the embeddings' backward: every gradient, the gradient of their output, and the loop's token ids; tied, the
+    # head's gradient waits beside the embedding's for their sum (then the output's gradient is gone)
+    end = g + x.bottom_input_bytes + larger(x.tied_head_grad_bytes,
+                                            x.tied_head_grad_bytes / 2 + x.embedding_input_grad_bytes)
     f = x.fsdp
     if f is not None:  # FSDP2: the root's gradients stay full until its reduce-scatter ends backward
         end = g - f["root_grads_shard"] + f["end"] + x.tied_head_grad_bytes
@@ -552,7 +638,7 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
                              + x.cast_cache_bytes + (f["block_forward"] if f else 0))
                 if f and f["inputs_only"]:  # FSDP2: the last block's copy-out, the unit before it still gathered
                     fwd = larger(fwd, base + g_held + x.input_bytes + x.unsaved_input_bytes
-                                 + x.recompute_inputs_bytes + x.cast_cache_bytes + f["copy_out"])
+                                 + x.checkpoint_inputs_bytes + x.cast_cache_bytes + f["copy_out"])
             # offload: the loss's saved tensors but the head's input copied back at the start of backward
             a_start = (x.input_bytes + x.head_loss_bytes - x.head_input_bytes if x.offload
                        else a + x.unsaved_input_bytes)
@@ -561,11 +647,19 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
             if f:
                 below = below - (0 if holds else f["root_grads_shard"] + f["embed_grads_shard"]) \
                     + f["root_grads_full"] + f["bottom"]
-            bottom = base + below + x.layer_activation_bytes + x.layer_temporary_bytes + x.recompute_inputs_bytes
+            # the bottom block's backward: its attention's moment or, before it, its MLP's (the down projection's
+            # gradients made)
+            bottom = base + below - (0 if holds else x.embedding_grad_bytes) + x.bottom_input_bytes \
+                + x.layer_activation_bytes + x.recompute_inputs_bytes + larger(
+                x.layer_temporary_bytes, x.mlp_moment_bytes + (0 if holds else x.down_grad_bytes))
             back = larger(larger(start, bottom), base + end)
             if f and f["mid_blocks"]:  # FSDP2 ZeRO-3: block k's backward, k = 1 or L - 2 (linear in k)
                 slope = x.block_saved_bytes - (0 if holds else x.layer_grad_bytes)
-                back = larger(back, bottom + f["mid"] + larger(slope, slope * f["mid_blocks"]))
+                # (block k's down projection's unsharded gradients are f["mid"]'s: not the bottom block's again)
+                mid_base = bottom - larger(x.layer_temporary_bytes, x.mlp_moment_bytes
+                                           + (0 if holds else x.down_grad_bytes)) \
+                    + larger(x.layer_temporary_bytes, x.mlp_moment_bytes)
+                back = larger(back, mid_base + f["mid"] + larger(slope, slope * f["mid_blocks"]))
             if x.lowest_checkpoint_bytes is not None:  # recompute_every: the lowest checkpointed block's moment,
                 # before the k - 1 blocks below it have gradients (unless gradients are held from the start)
                 below_k = below if holds else below - (x.blocks_below_checkpoint * x.layer_grad_bytes)
