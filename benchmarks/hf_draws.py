@@ -11,8 +11,10 @@ against the measured one (issue 36: the peak ``memlab estimate`` prints, not onl
 met which variant, the verdicts by family, and every draw that is off (its index, the seed, the component and its
 size) or unbuildable; exits 1 when any draw is off.
 
-Usage: ``python benchmarks/hf_draws.py [--draws 200] [--seed 0] [--plain]`` (a few seconds a joint draw on two
-loaded cores; a quarter of them refused before any step runs).
+``--explain`` names, for each off joint draw, the drawn keys that set back to the plain draw's value clear it.
+
+Usage: ``python benchmarks/hf_draws.py [--draws 200] [--seed 0] [--plain] [--explain]`` (a few seconds a joint
+draw on two loaded cores; a third of them refused before any step runs).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plain", action="store_true", help="the earlier draws: a few keys around the tiny configs")
+    parser.add_argument("--explain", action="store_true", help="for each off joint draw, the keys whose plain value "
+                        "clears it")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     start = time.perf_counter()
@@ -50,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, v in enumerate(verdicts):
         if v.verdict in ("off", "unbuildable"):
             print(f"{v.verdict}: draw {i} of seed {args.seed}: {v.draw.label()}: {v.reason}")
+            if args.explain and v.verdict == "off" and not args.plain:
+                print("  " + _explain(tiny, args.seed, i, v))
     return 1 if counts["off"] else 0
 
 
@@ -97,6 +103,22 @@ def _coverage(verdicts: list[HfVerdict]) -> None:
     widths = Counter((v.draw.checkpointing, _width(v) <= 64, _width(v) >= 256) for v in verdicts)
     print(f"  checkpointing at width <= 64: {widths[True, True, False]}, at >= 256: {widths[True, False, True]}, "
           f"in between: {widths[True, False, False]}")
+
+
+def _explain(tiny: dict, seed: int, index: int, v: HfVerdict) -> str:
+    """The joint keys of draw ``index`` that, set back one at a time to the same seed's plain draw's value (or
+    removed), make the draw not off: where the miss sits (a class for the issue), one judged draw per key."""
+    from memlab.studies.hf_draws import HfDraw, hf_draws, judge
+
+    plain = hf_draws(tiny, index + 1, seed=seed)[index].config
+    config = v.draw.config
+    found = []
+    for key in [k for k in config if plain.get(k, "<absent>") != config[k]]:
+        cfg = {k: x for k, x in config.items() if k != key} | ({key: plain[key]} if key in plain else {})
+        w = judge(HfDraw(**{**v.draw.__dict__, "config": cfg}), seed=seed)
+        if w.verdict != "off":
+            found.append(f"{key}={config[key]!r} (back to {plain.get(key, 'absent')!r}: {w.verdict})")
+    return "the miss goes with " + ("; ".join(found) if found else "no one key (several at once)")
 
 
 def _width(v: HfVerdict) -> int:
