@@ -92,6 +92,10 @@ def _printed_peaks(verdicts: list[HfVerdict]) -> None:
         low, high = min(errors, key=lambda x: x[0]), max(errors, key=lambda x: x[0])
         print(f"  printed peak lowest {low[0]:+.4%} ({low[1].verdict}: {low[1].draw.label()}), highest "
               f"{high[0]:+.4%} ({high[1].verdict}: {high[1].draw.label()})")
+    for v in sorted((v for v in answered if id(v) in outside), key=lambda v: min(
+            v.error(k) or 0 for k in ("peak", "steady peak")))[:20]:  # the 20 lowest printed peaks
+        print(f"  printed peak {v.error('peak'):+.3%} / steady {v.error('steady peak'):+.3%}, {v.verdict}: "
+              f"{v.draw.label()}")
 
 
 def _coverage(verdicts: list[HfVerdict]) -> None:

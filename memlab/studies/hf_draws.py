@@ -52,7 +52,8 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
 
 The per-phase bytes (predicted and measured) are kept in each verdict (:attr:`HfVerdict.phases`) and the bench
 prints their worst error, but only the peaks enter the verdict: a phase's own peak is not a number the estimator
-promises to 0.1 %. ``benchmarks/hf_draws.py`` runs a large sample; ``tests/studies/test_hf_draws.py`` a seeded one.
+promises to 0.1 %. ``benchmarks/hf_draws.py`` runs a large sample (joint by default); ``tests/studies/test_hf_draws.py``
+and ``tests/studies/test_joint_keys.py`` seeded ones.
 """
 
 from __future__ import annotations
