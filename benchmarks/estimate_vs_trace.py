@@ -11,7 +11,8 @@ draws (default 40), ``K`` full-size draws (default 2; Llama-3-8B-class traces ta
 CPU), and ``L`` draws with a chunked or fused loss or activation offload (default 8), counted apart: the loss
 branch's terms are bounds (memlab.predict.memory.loss), not exact.
 ``A`` (``--autocast-full``, default 2) full-size draws of one-device bf16 autocast join the CPU-lab ones under every
-recompute policy (:func:`memlab.studies.setup_draws.autocast_recompute_draws`, issue 36), counted apart. A peak is
+recompute policy (:func:`memlab.studies.setup_draws.autocast_recompute_draws`, issue 36; the checkpointed policies
+first), counted apart. A peak is
 ``off`` also where the trace's is outside the range the estimate prints.
 Full-size mixture-of-experts draws cannot be traced (fake tensors cannot route by value; real ones would be
 47B parameters) and are skipped.
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     _report(agreement(draws + full), f"{len(draws) + len(full)} draws ({len(full)} full-size), seed {args.seed}",
             start)
     start = time.perf_counter()
-    ac = autocast_recompute_draws(args.seed) + autocast_recompute_draws(args.seed, scale="full")[:args.autocast_full]
+    full_ac = sorted(autocast_recompute_draws(args.seed, scale="full"),  # checkpointed first: issue 36's 8B miss
+                     key=lambda d: d.setup.recompute not in ("full", "op"))[:args.autocast_full]
+    ac = autocast_recompute_draws(args.seed) + full_ac
     _report(agreement(ac), f"one-device autocast x every recompute policy: {len(ac)} draws "
             f"({min(args.autocast_full, len(RECOMPUTE_POLICIES))} full-size), seed {args.seed}", start)
     if args.loss_draws:
