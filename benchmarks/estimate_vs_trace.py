@@ -10,6 +10,10 @@ Usage: ``python benchmarks/estimate_vs_trace.py [--seed S] [--draws N] [--full K
 draws (default 40), ``K`` full-size draws (default 2; Llama-3-8B-class traces take tens of seconds each on a loaded
 CPU), and ``L`` draws with a chunked or fused loss or activation offload (default 8), counted apart: the loss
 branch's terms are bounds (memlab.predict.memory.loss), not exact.
+``A`` (``--autocast-full``, default 2) full-size draws of one-device bf16 autocast join the CPU-lab ones under every
+recompute policy (:func:`memlab.studies.setup_draws.autocast_recompute_draws`, issue 36; the checkpointed policies
+first), counted apart. A peak is
+``off`` also where the trace's is outside the range the estimate prints.
 Full-size mixture-of-experts draws cannot be traced (fake tensors cannot route by value; real ones would be
 47B parameters) and are skipped.
 """
@@ -21,7 +25,7 @@ import sys
 import time
 
 from memlab.compare.agreement import summary
-from memlab.studies.setup_draws import agreement, draw_setups
+from memlab.studies.setup_draws import RECOMPUTE_POLICIES, agreement, autocast_recompute_draws, draw_setups
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=40)
     parser.add_argument("--full", type=int, default=2)
     parser.add_argument("--loss-draws", type=int, default=8)
+    parser.add_argument("--autocast-full", type=int, default=2, help="8B-class autocast x recompute draws")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     draws = draw_setups(args.seed, args.draws)
     full = [d for d in draw_setups(args.seed, 4 * args.full, scale="full") if d.family != "moe"][:args.full]
     _report(agreement(draws + full), f"{len(draws) + len(full)} draws ({len(full)} full-size), seed {args.seed}",
             start)
+    start = time.perf_counter()
+    full_ac = sorted(autocast_recompute_draws(args.seed, scale="full"),  # checkpointed first: issue 36's 8B miss
+                     key=lambda d: d.setup.recompute not in ("full", "op"))[:args.autocast_full]
+    ac = autocast_recompute_draws(args.seed) + full_ac
+    _report(agreement(ac), f"one-device autocast x every recompute policy: {len(ac)} draws "
+            f"({min(args.autocast_full, len(RECOMPUTE_POLICIES))} full-size), seed {args.seed}", start)
     if args.loss_draws:
         start = time.perf_counter()
         # a mixture of experts is traced on real tensors, and simulated activation offload hands backward

@@ -692,7 +692,7 @@ def _moe_terms(c: Case) -> list[NamedTerm]:
     config, setup, bd = c.config, c.setup, c.bd
     mlp = bd.activation_detail.get("mlp", 0)  # type: ignore[union-attr]
     if setup.recompute != "none":  # the routed copies still exist while a block's forward runs
-        plain = rank_breakdown(config, setup.with_(recompute="none"), device_type=c.device_type)
+        plain = rank_breakdown(config, setup.with_(recompute="none", recompute_every=1), device_type=c.device_type)
         mlp = plain.activation_detail.get("mlp", 0)
     expert = sum(math.prod(shape) for name, shape, _ in config.param_shapes() if ".experts." in name)  # type: ignore[union-attr]
     share = expert / max(1, bd.param_count)  # type: ignore[union-attr]

@@ -12,7 +12,8 @@ other way round.
 - ``inference_draws``: generated inference setups (both KV caches, kept logits), the formula's prefill and decode
   against the reference GPT's trace.
 - ``hf_draws``: seeded Hugging Face configs and calls of every family, two real steps each, judged exact, named,
-  traced, refused or off.
+  traced, refused or off; ``joint_keys``, the widened configs they draw: every key a family's account models, at
+  once.
 - ``key_draws``: every config key of every family flipped alone and drawn jointly, the parameter count and the
   estimate's states against the real model built on the meta device, judged exact, refused, unbuildable or off.
 - ``drift``: the canary of ``make upgrade-check``: every family, precision and attention, the traces, peft and

@@ -6,7 +6,10 @@ A draw starts from a small config of the family (the caller's: the bench and the
 in ``memlab/predict/families/configs/tiny``) and changes what its key account
 (:mod:`memlab.predict.families.keys`) says memlab reads or refuses: the number of layers, the vocabulary and the MLP
 width; every boolean key the account models, flipped at random; a dropout of 0.1 on the keys that carry one; and,
-one draw in four, one refused key set to a value its account does not accept. The calling side is drawn too:
+one draw in four, one refused key set to a value its account does not accept. Widened (``joint=True``, issue 36),
+every key the account models is then drawn jointly, from a generator of its own
+(:func:`memlab.studies.joint_keys.draw_joint`: width 32-512, heads, KV heads, rotary, windows, experts, every
+boolean, dropout and activation key, whether the base config spells it out or not). The calling side is drawn too:
 eager or SDPA attention (where transformers builds it), fp32, bf16 or an fp32 model under bf16 autocast,
 gradient checkpointing on or off (on: half of the draws with torch's reentrant checkpoint, as peft's
 ``prepare_model_for_kbit_training`` alone leaves it, ``Setup.checkpoint_reentrant``), the call (no attention mask,
@@ -35,7 +38,8 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
   silent error;
 - ``traced``: as ``named``, and the call is one the trace takes (:func:`traceable`): the trace of
   transformers' code on fake tensors (:func:`memlab.tracing.hf.trace_hf`, the exact answer the range points to)
-  gives both peaks within 0.1 % of the measured ones (a trace outside it is ``off``);
+  gives both peaks within 0.1 % of the measured ones and inside the printed range (a trace outside either is
+  ``off``);
   a draw with reentrant checkpointing (which the formula refuses: the trace answers it) is ``traced`` when the
   trace's peaks of both steps are within 0.1 % of the measured ones, and its phases hold the trace's bytes as the
   predicted side;
@@ -48,7 +52,8 @@ optimizer step) is ``peak``, the second's (the steady one) ``steady peak``. Each
 
 The per-phase bytes (predicted and measured) are kept in each verdict (:attr:`HfVerdict.phases`) and the bench
 prints their worst error, but only the peaks enter the verdict: a phase's own peak is not a number the estimator
-promises to 0.1 %. ``benchmarks/hf_draws.py`` runs a large sample; ``tests/studies/test_hf_draws.py`` a seeded one.
+promises to 0.1 %. ``benchmarks/hf_draws.py`` runs a large sample (joint by default); ``tests/studies/test_hf_draws.py``
+and ``tests/studies/test_joint_keys.py`` seeded ones.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from typing import Any
 
 from memlab.compare.tolerances import TOLERANCE
 from memlab.errors import MemlabError
+from memlab.studies.joint_keys import draw_joint, variant
 
 _LAYERS = ("num_hidden_layers", "n_layer")
 _FF = ("intermediate_size", "n_inner", "ffn_dim", "moe_intermediate_size", "shared_expert_intermediate_size")
@@ -107,7 +113,9 @@ class HfDraw:
                                                        f" padded={self.pad_fraction:g} {self.padding_side}")
         mask += " manual-loss" if self.loss_call == "manual" else ""
         extra = f" {self.refused_key}=*" if self.refused_key else ""
-        return f"{self.family} {self.attention} {how}{ck}{mask} b{self.batch}x{self.seq}{extra}"
+        width = next((self.config[k] for k in ("hidden_size", "n_embd") if self.config.get(k)), "?")
+        return (f"{self.family} w{width} {variant(self.config)} {self.attention} {how}{ck}{mask} "
+                f"b{self.batch}x{self.seq}{extra}")
 
 
 @dataclass(frozen=True)
@@ -134,9 +142,13 @@ VOCABULARIES = (96, 128, 200, 512)
 transients are not hidden by the phase model's t x V logits terms (:data:`memlab.predict.coverage.HF_TRANSIENTS`)."""
 
 
-def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int, ...] = VOCABULARIES) -> HfDraw:
+def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int, ...] = VOCABULARIES,
+            joint: random.Random | None = None) -> HfDraw:
     """One seeded draw from ``base``, a small HF config dict with ``model_type`` (module docstring); the vocabulary
-    is one of ``vocabularies``."""
+    is one of ``vocabularies``. ``joint``: a second generator that then draws every modelled key of the family at
+    once (:func:`memlab.studies.joint_keys.draw_joint`: width, heads, KV heads, rotary, windows, experts, every
+    boolean, dropout and activation key); ``rng`` draws what it drew without it, so each seed's earlier draws stay
+    as they were."""
     from memlab.predict.families.keys import CONDITIONAL
     from memlab.predict.families.registry import account
     from memlab.run.hf import attention_implementations
@@ -169,6 +181,8 @@ def draw_hf(rng: random.Random, base: Mapping[str, Any], vocabularies: tuple[int
     # the loss call and the padding side come from a generator seeded by what was drawn (str seeds hash with
     # SHA-512: the same on every run), so adding them left every earlier field of every seed's draws as it was
     call = random.Random(f"{family} {dtype} {autocast} {checkpointing} {batch} {seq} {mask}")
+    if joint is not None:
+        cfg = draw_joint(joint, cfg)
     return HfDraw(family=family, config=cfg, attention=attention, dtype=dtype, autocast=autocast,
                   checkpointing=checkpointing, batch=batch, seq=seq, refused_key=refused, attention_mask=mask,
                   pad_fraction=rng.choice(_PAD_FRACTIONS) if mask == "padded" else 0.0,
@@ -225,7 +239,7 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
                       watch=lambda *a: _mem_tracker(tracked, *a, reentrant=draw.reentrant))
     except MemlabError as exc:
         return HfVerdict(draw, "refused", reason=str(exc))
-    except (ValueError, TypeError, RuntimeError, IndexError) as exc:  # transformers rejects the drawn config
+    except (ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:  # transformers rejects it
         return HfVerdict(draw, "unbuildable", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
     try:
         p = predict_hf(config, m)
@@ -255,17 +269,34 @@ def judge(draw: HfDraw, *, seed: int = 0) -> HfVerdict:
     off = [k for k in COMPONENTS if (peaks[k] == "off" if k in peaks else predicted[k] != measured[k])]
     loose = [k for k in peaks if peaks[k] == "named"]
     why = ", ".join(f"{k} {predicted[k] - measured[k]:+,} B ({verdict.error(k) or 0:+.3%})" for k in off or loose)
-    traced = _traced_peaks(draw, m.setup(config)) if loose and not off and traceable(draw) else None
-    if traced is not None:
-        wrong = [k for k in traced if abs(traced[k] - measured[k]) > TOLERANCE * measured[k]]
-        if wrong:  # the trace claims the exact bytes of this code: a trace that misses them is silently wrong
-            return HfVerdict(draw, "off", predicted, measured, "the trace's " + ", ".join(
-                f"{k} {traced[k] - measured[k]:+,} B" for k in wrong) + " (the formula's: " + why + ")", phases)
-        return HfVerdict(draw, "traced", predicted, measured, why + "; the trace: "
-                         + ", ".join(f"{k} {traced[k] - measured[k]:+,} B" for k in traced), phases)
+    if loose and not off and traceable(draw):
+        traced = _traced_verdict(draw, m.setup(config), HfVerdict(draw, "traced", predicted, measured, why, phases),
+                                 ranges)
+        if traced is not None:
+            return traced
     return HfVerdict(draw, "off" if off else "named" if loose else "exact", predicted, measured,
                      why + (" (named: " + "; ".join(n.name for n in named) + ")" if not off and loose else ""),
                      phases)
+
+
+def _traced_verdict(draw: HfDraw, setup: Any, formula: HfVerdict, ranges: Mapping[str, Any]) -> HfVerdict | None:
+    """The verdict of a draw whose printed peak is outside :data:`TOLERANCE` but inside the printed range
+    (``formula``: its bytes and why), where the trace answers: ``traced`` when the trace's peaks of both steps are
+    within :data:`TOLERANCE` of the measured ones and inside the printed range (``ranges``), else ``off``; None
+    where the trace refuses the setup."""
+    traced = _traced_peaks(draw, setup)
+    if traced is None:
+        return None
+    measured, why = formula.measured, formula.reason
+    wrong = [k for k in traced if abs(traced[k] - measured[k]) > TOLERANCE * measured[k]]
+    wrong += [f"{k} outside the printed range {ranges[k].low:,}-{ranges[k].high:,} B" for k in traced
+              if not _in_range(traced[k], ranges[k])]
+    if wrong:  # the trace claims the exact bytes of this code: a trace that misses them is silently wrong
+        return HfVerdict(draw, "off", formula.predicted, measured, "the trace's " + ", ".join(
+            f"{k} {traced[k] - measured[k]:+,} B" if k in traced else k for k in wrong)
+            + " (the formula's: " + why + ")", formula.phases)
+    return HfVerdict(draw, "traced", formula.predicted, measured, why + "; the trace: "
+                     + ", ".join(f"{k} {traced[k] - measured[k]:+,} B" for k in traced), formula.phases)
 
 
 def _refused_or_traced(draw: HfDraw, setup: Any, live: list[Any], tracked: list[Any], refusal: str) -> HfVerdict:
@@ -316,6 +347,12 @@ def _trace_rows(draw: HfDraw, setup: Any) -> list[Any] | None:
         return None
 
 
+def _in_range(peak: int, rng: Any) -> bool:
+    """Whether ``peak`` (bytes: a trace's) is inside the printed range ``rng``
+    (:func:`memlab.predict.coverage.peak_range`) widened by :data:`TOLERANCE` of it."""
+    return rng.low - TOLERANCE * peak <= peak <= rng.high + TOLERANCE * peak
+
+
 def _peak_verdict(predicted: int, measured: int, rng: Any) -> str:
     """``within`` (|predicted - measured| <= :data:`TOLERANCE` x measured), ``named`` (outside it, inside the
     range :func:`memlab.predict.coverage.peak_range` gives from the named terms, the range ``memlab estimate``
@@ -329,12 +366,20 @@ def _peak_verdict(predicted: int, measured: int, rng: Any) -> str:
 
 
 def hf_agreement(bases: Mapping[str, Mapping[str, Any]], draws: int, *, seed: int = 0,
-                 vocabularies: tuple[int, ...] = VOCABULARIES) -> list[HfVerdict]:
+                 vocabularies: tuple[int, ...] = VOCABULARIES, joint: bool = False) -> list[HfVerdict]:
     """``draws`` seeded draws spread in turn over ``bases`` (name -> small HF config), each judged
-    (:func:`judge`); ``vocabularies`` as :func:`draw_hf`."""
+    (:func:`judge`); ``vocabularies`` as :func:`draw_hf`. ``joint``: every modelled key drawn jointly too, from a
+    generator of its own (``"{seed}-joint"``), so the fields drawn without it are those of the same seed's earlier
+    draws."""
+    return [judge(d, seed=seed) for d in hf_draws(bases, draws, seed=seed, vocabularies=vocabularies, joint=joint)]
+
+
+def hf_draws(bases: Mapping[str, Mapping[str, Any]], draws: int, *, seed: int = 0,
+             vocabularies: tuple[int, ...] = VOCABULARIES, joint: bool = False) -> list[HfDraw]:
+    """The draws :func:`hf_agreement` judges, unjudged (the i-th from ``bases``' ``i mod len``-th name, sorted)."""
     names = sorted(bases)
-    rng = random.Random(seed)
-    return [judge(draw_hf(rng, bases[names[i % len(names)]], vocabularies), seed=seed) for i in range(draws)]
+    rng, extra = random.Random(seed), random.Random(f"{seed}-joint") if joint else None
+    return [draw_hf(rng, bases[names[i % len(names)]], vocabularies, extra) for i in range(draws)]
 
 
 def verdict_counts(verdicts: Iterable[HfVerdict]) -> dict[str, int]:

@@ -203,3 +203,36 @@ def test_activation_offload_with_unfused_attention_and_the_plain_loss_is_within_
     flash = setup.with_(attention="flash")  # no s x s tensors: no core term
     assert not any("attention core" in t.name
                    for t in estimate(cfg, flash, device_type="cpu").named_terms)
+
+
+def test_autocast_draws_run_every_recompute_policy_on_one_device_at_both_scales() -> None:
+    """Issue 36: one-device bf16 autocast under every recompute policy, at CPU-lab shapes (every model) and at the
+    8B class (a long sequence), seeded."""
+    from memlab.studies.setup_draws import RECOMPUTE_POLICIES, autocast_recompute_draws
+
+    ci, full = autocast_recompute_draws(36), autocast_recompute_draws(36, scale="full")
+    assert [d.label for d in ci] == [d.label for d in autocast_recompute_draws(36)]
+    for draws, families in ((ci, {"dense", "gqa-128k", "moe"}), (full, {"gqa-128k"})):
+        assert {(d.setup.recompute, d.setup.recompute_every) for d in draws} == set(RECOMPUTE_POLICIES)
+        assert {d.family for d in draws} == families
+        assert all(d.setup.policy.name == "amp-bf16" and d.setup.world_size == 1 for d in draws)
+    assert all(d.setup.seq >= 2048 and d.config.n_layers >= 32 for d in full)
+
+
+def test_a_peak_outside_the_printed_range_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seeded one-device autocast draw (full recompute over every second block): every phase equals its trace and
+    the printed range holds the trace's peak; judged against a printed range that misses it, its peak is off,
+    whatever its phases' terms say (one trace)."""
+    import memlab.studies.setup_draws as sd
+    from memlab.predict.coverage import PeakRange, peak_range
+
+    seeded = next(d for d in sd.autocast_recompute_draws(36) if d.family == "dense" and d.setup.recompute_every == 2)
+    draw = Draw(seeded.config, seeded.setup.with_(batch=1, seq=64), seeded.family)  # a few seconds a trace
+    printed: list[PeakRange] = []
+    monkeypatch.setattr(sd, "peak_range", lambda bd: printed.append(peak_range(bd)) or PeakRange(
+        bd.peak_bytes, bd.peak_bytes // 2, bd.peak_bytes // 2, ()))
+    rows = compare_draw(draw)
+    assert all(r["verdict"] == "within" for r in rows[:-1]), [r for r in rows if r["verdict"] != "within"]
+    peak = rows[-1]
+    assert printed[0].low <= peak["trace_bytes"] <= printed[0].high and abs(peak["rel_diff"]) <= 1e-3
+    assert peak["phase"] == "peak" and peak["verdict"] == "off" and "printed range" in peak["named"]
