@@ -127,8 +127,15 @@ def gelu_new(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def gelu_fast(x: torch.Tensor) -> torch.Tensor:
+    """The tanh GELU as HF's FastGELUActivation writes it: ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 *
+    x * x)))``; its products of two tensors keep seven d_ff-wide tensors for backward (0.044715 x and x, x *
+    0.797... and 1 + 0.044715 x^2, tanh(.), 0.5 x and 1 + tanh(.))."""
+    return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+
 ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "gelu_new": gelu_new,
-               "relu": F.relu, "silu": F.silu}
+               "gelu_fast": gelu_fast, "relu": F.relu, "silu": F.silu}
 REFERENCE_TRAITS = ("activation", "parallel_block", "shared_norm", "qkv_bias", "o_bias", "mlp_bias", "head_bias")
 """The :class:`~memlab.predict.spec.traits.Implementation` traits this GPT implements; the others describe HF code."""
 

@@ -16,7 +16,7 @@ from memlab.predict.spec.validate import check_int, check_number
 
 TRANSFORMERS = "transformers/models"
 
-HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_fast": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu",
+HF_ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_fast": "gelu_fast", "gelu": "gelu", "relu": "relu", "silu": "silu",
                   "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 """HF activation names (``ACT2FN`` keys, transformers activations.py) -> memlab ``Implementation.activation``."""
 

@@ -362,6 +362,16 @@ def _lowest_checkpoint(config: TransformerConfig, setup: Any, lt: dict[str, Any]
     return (k - 1) * lt["block"] + lt["layer"] + lt["temp"] + lt["recompute_inputs"] / (n // k)
 
 
+def _mid_backward(x: StepInputs, f: dict[str, float], bottom: Any, holds: bool) -> Any:
+    """FSDP2 ZeRO-3's moment in block k's backward (k = 1 or L - 2, linear in k): the bottom block's moment with
+    block k's prefetch (``f["mid"]``) and the saved tensors of the blocks below it, less their gradients; block k's
+    down projection's unsharded gradients are FSDP2's gathered block's, not the bottom block's counted again."""
+    slope = x.block_saved_bytes - (0 if holds else x.layer_grad_bytes)
+    base = bottom - larger(x.layer_temporary_bytes, x.mlp_moment_bytes + (0 if holds else x.down_grad_bytes)) \
+        + larger(x.layer_temporary_bytes, x.mlp_moment_bytes)
+    return base + f["mid"] + larger(slope, slope * f["mid_blocks"])
+
+
 def larger(a: Any, b: Any) -> Any:
     """``np.maximum(a, b)``; for two Python scalars (a scalar estimate) without numpy's per-call cost (the value is
     the same; the type stays Python's, where numpy's would be an ``np.float64``/``np.int64``)."""
@@ -654,12 +664,7 @@ def training_phases(p: Any, g: Any, o: Any, a: Any, x: StepInputs, *, grad_accum
                 x.layer_temporary_bytes, x.mlp_moment_bytes + (0 if holds else x.down_grad_bytes))
             back = larger(larger(start, bottom), base + end)
             if f and f["mid_blocks"]:  # FSDP2 ZeRO-3: block k's backward, k = 1 or L - 2 (linear in k)
-                slope = x.block_saved_bytes - (0 if holds else x.layer_grad_bytes)
-                # (block k's down projection's unsharded gradients are f["mid"]'s: not the bottom block's again)
-                mid_base = bottom - larger(x.layer_temporary_bytes, x.mlp_moment_bytes
-                                           + (0 if holds else x.down_grad_bytes)) \
-                    + larger(x.layer_temporary_bytes, x.mlp_moment_bytes)
-                back = larger(back, mid_base + f["mid"] + larger(slope, slope * f["mid_blocks"]))
+                back = larger(back, _mid_backward(x, f, bottom, holds))
             if x.lowest_checkpoint_bytes is not None:  # recompute_every: the lowest checkpointed block's moment,
                 # before the k - 1 blocks below it have gradients (unless gradients are held from the start)
                 below_k = below if holds else below - (x.blocks_below_checkpoint * x.layer_grad_bytes)

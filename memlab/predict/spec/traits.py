@@ -25,7 +25,7 @@ import numpy as np
 from memlab.errors import ConfigError, SetupError
 from memlab.predict.spec.validate import StrictInit, check_fields
 
-Activation = Literal["default", "gelu_tanh", "gelu", "gelu_new", "relu", "silu"]
+Activation = Literal["default", "gelu_tanh", "gelu", "gelu_new", "gelu_fast", "relu", "silu"]
 RmsNormKind = Literal["reference", "fp32-input", "fp32-product", "fp32"]
 QkNormKind = Literal["none", "head", "full"]
 NormPlacement = Literal["pre", "sandwich", "post"]
@@ -34,11 +34,14 @@ ACTIVATIONS: tuple[str, ...] = get_args(Activation)
 RMSNORMS: tuple[str, ...] = get_args(RmsNormKind)
 _PROBABILITY = {"max": 1.0, "max_open": True, "why": "a dropout probability below 1"}
 
-ACT_SAVED_BEFORE_OUTPUT = {"gelu_tanh": 1, "gelu": 1, "silu": 1, "relu": 0, "gelu_new": 4}
+ACT_SAVED_BEFORE_OUTPUT = {"gelu_tanh": 1, "gelu": 1, "silu": 1, "relu": 0, "gelu_new": 4, "gelu_fast": 7}
 """d_ff-wide tensors an activation keeps besides its output: a fused GELU or SiLU keeps its input; ReLU keeps only
 its output (``threshold_backward`` needs the result, not the input); ``gelu_new`` written as
 ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` keeps x (for ``pow``), tanh's output, ``0.5 * x`` and
-``1 + tanh(...)`` (the last multiply keeps both operands) [hf-transformers: activations.py, NewGELUActivation]."""
+``1 + tanh(...)`` (the last multiply keeps both operands) [hf-transformers: activations.py, NewGELUActivation];
+``gelu_fast``, ``0.5 * x * (1 + tanh(x * 0.7978845608 * (1 + 0.044715 * x * x)))``, keeps seven: ``0.044715 * x``
+and x (their product), ``x * 0.797...`` and ``1 + 0.044715 x^2`` (theirs), tanh's output, ``0.5 * x`` and
+``1 + tanh(...)`` [hf-transformers: activations.py, FastGELUActivation]."""
 
 
 TRAIT_GROUPS: dict[str, tuple[str, ...]] = {
