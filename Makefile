@@ -83,7 +83,7 @@ chromium: ## install Debian's chromium and a CJK font (fonts-noto-cjk) for the b
 
 test: $(STAMP) chromium ## ruff, then the whole pytest suite (executes the notebooks at ci scale, browser check)
 	$(VENV_ABS)/bin/ruff check .
-	MEMLAB_SCREENSHOT_DIR=$(CURDIR)/reports/screenshots $(VENV_ABS)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	MEMLAB_SCREENSHOT_DIR=$(CURDIR)/reports/screenshots $(VENV_ABS)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not wide"
 
 # The learner's copies: lab/NN_topic.ipynb, one plain notebook per chapter, in a git-ignored folder, so opening or
 # running a chapter never touches the committed pair (memlab/course/lab.py says why copies and not a git filter).
@@ -91,8 +91,9 @@ lab: $(STAMP) ## JupyterLab on plain copies of the chapters in lab/ (git-ignored
 	$(PY) -m memlab.course.lab$(if $(filter-out 0 no false,$(FRESH)), --fresh)
 	cd lab && $(VENV_ABS)/bin/jupyter lab $(if $(IS_ROOT),--allow-root)
 
-bench: $(STAMP) ## run each benchmark script in benchmarks/
+bench: $(STAMP) ## run each benchmark script in benchmarks/, then the widened sweeps (pytest -m wide)
 	@status=0; for script in $(BENCHMARKS); do echo "== $$script"; $(PY) "$$script" || status=1; done; \
+	echo "== pytest -m wide"; $(VENV_ABS)/bin/pytest -q -n $(TEST_WORKERS) -m wide || status=1; \
 	[ -n "$(BENCHMARKS)" ] || echo "no benchmarks/*.py yet"; exit $$status
 
 lock: $(STAMP) ## re-resolve requirements.lock and environment.yml from pyproject.toml (after a green upgrade-check)

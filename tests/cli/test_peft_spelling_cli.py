@@ -41,7 +41,7 @@ def test_a_regex_matching_nothing_is_one_line(capsys: pytest.CaptureFixture[str]
     assert code != 0 and "not found in the base model" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.wide
 def test_a_regex_over_some_blocks_is_answered_by_the_trace(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("peft")
     code, out, err = _run(capsys, "estimate", "--hf", str(TINY_LLAMA), "--finetune", "lora", "--lora-targets",

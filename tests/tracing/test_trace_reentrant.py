@@ -99,7 +99,7 @@ CASES = [(family, finetune) for family in ("llama", "gpt2", "qwen3", "mistral") 
     ("llama", "qlora"), ("qwen3", "qlora")]
 
 
-@pytest.mark.slow
+@pytest.mark.wide
 @pytest.mark.parametrize(("family", "finetune"), CASES)
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_reentrant_changes_only_the_backward_phases(family: str, finetune: str, accumulate: int) -> None:

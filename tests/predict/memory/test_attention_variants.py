@@ -8,8 +8,8 @@ tensors), to the byte; the estimate's peak is the trace's within the estimate's 
 The variants are generated from the product below, not chosen: a grouped-query Phi under eager attention, which no
 shipped tiny config has, was 2.5 % low in the issue's draw (4.5 % at two K/V heads, b2 x 16, fp32) before Phi
 said ``repeat_kv`` (issue 36). A seeded sample runs by default;
-the whole product is ``slow``: the default sample takes one calling side per variant for the real steps and one
-grouped-query or multi-query variant per attention kind for the traces."""
+the whole product is ``wide`` (make bench): the default sample takes one calling side per variant for the real
+steps and one grouped-query or multi-query variant per attention kind for the traces."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _sample(cases: list[tuple], by: slice, grouped_kv: bool = False) -> list[tup
 
 
 def _marked(cases: list[tuple], fast: list[tuple]) -> list[Any]:
-    return [c if c in fast else pytest.param(*c, marks=pytest.mark.slow) for c in cases]
+    return [c if c in fast else pytest.param(*c, marks=pytest.mark.wide) for c in cases]
 
 
 def check_run(family: str, kv: int | None, rotary: str, attn: str, precision: str, batch: int) -> None:

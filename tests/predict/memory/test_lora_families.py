@@ -36,7 +36,7 @@ def test_lora_on_every_linear_is_exact_or_refused_for_every_family(family: str) 
     _compare(family, "all-linear")
 
 
-@pytest.mark.slow
+@pytest.mark.wide
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("targets", ["", "q,v,o", "up,down"])
 def test_lora_on_each_target_group_is_exact_or_refused_for_every_family(family: str, targets: str) -> None:

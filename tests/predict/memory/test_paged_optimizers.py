@@ -145,7 +145,7 @@ def test_cli_takes_the_trainers_spelling_and_prints_the_paged_term(capsys: pytes
     assert main(["estimate", "--preset", "tiny-gpt", "--optimizer", "paged_lion_8bit"]) != 0  # not modelled
 
 
-@pytest.mark.slow
+@pytest.mark.wide
 def test_lora_paged_adamw_traced_through_peft_agrees_with_the_formula() -> None:
     """peft LoRA (r=256 on every linear of a generated Llama: all adapters but k's and v's B >= 1e5 elements) under
     paged-adamw: the trace of transformers' and peft's code books the paged states apart exactly as the formula, and
