@@ -16,14 +16,9 @@ from memlab.predict.memory.finetune import adapter_elements, qlora_base_bytes
 from memlab.predict.spec.kernels import library_attention
 from memlab.predict.spec.setup import Setup
 
-FAMILIES = {
-    "llama": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64},
-    "qwen2": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64},
-    "mistral": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 64},
-}
+from .test_finetune import FAMILIES as SHARED_FAMILIES  # the same tiny configs
+
+FAMILIES = {name: keys for name, keys in SHARED_FAMILIES.items() if name != "gpt2"}  # nn.Linear families only
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
