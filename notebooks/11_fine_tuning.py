@@ -244,7 +244,8 @@ ch.save_table(prep_table, "qlora_kbit_prepare_trace")
 plain_t, cast_t, reentrant_t = prep.values()
 print(f"{SIZES['fsdp_layers']} blocks at the 7B's width, seq {SIZES['fsdp_seq']}: the fp32 casts add "
       f"{(cast_t.components()['params'] - plain_t.components()['params']) / GiB:.2f} GiB of parameters "
-      "(embedding and head, 32,000 x 4,096 each, from 2 to 4 bytes, whatever the depth); reentrant checkpointing "
+      f"(embedding and head, {prep_cfg['vocab_size']:,} x {prep_cfg['hidden_size']:,} each, from 2 to 4 bytes, "
+      "whatever the depth); reentrant checkpointing "
       f"adds {(reentrant_t.peak_bytes - cast_t.peak_bytes) / MiB:.1f} MiB at the backward peak (each block's output, "
       "recomputed whole and held through the block's inner backward)")
 prep_table.round(3)
