@@ -48,7 +48,8 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
     and for the renormalisation the fp32 top-k values and their sum; the experts, run by ``grouped_mm`` on the
     S = t k (token, choice) pairs sorted by expert, keep three int64 index tensors of S (the gather of the inputs,
     of the routing weights, and the inverse permutation), the int32 offsets (E), the gathered inputs (S, h), the
-    ``n_f`` d_ff-wide tensors of one gated MLP per pair (the gate_up output counted as two), the fp32 routing weights
+    d_ff-wide tensors of one gated MLP per pair (``impl.mlp_saved_tensors`` of one gate_up tensor, chunked; ``n_f``: a
+    dense or shared MLP's, separate gate and up), the fp32 routing weights
     (S, 1) and the down projection's output (S, h). Every size is set by t, k and E alone, whatever the routing
     (measured with different seeds and inputs, tests/run/test_hf.py) [hf-transformers: modeling_mixtral.py
     MixtralTopKRouter.forward; integrations/moe.py grouped_mm_experts_forward]. ``t``: tokens in the micro-batch;
@@ -65,6 +66,7 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
                          "autocast casts them is not modelled); use a bf16 or fp32 model, or CPU")
     L, E, k, h, f, im = config.moe_layers, config.n_experts, config.top_k, config.d_model, config.ffn, config.impl
     pairs, width = t * k, w["residual"]
+    n_e = im.mlp_saved_tensors(config.mlp, gate_up_one_tensor=True)  # the experts' gate_up is one tensor, chunked
     unaligned = [f"{name} {n} x {width:g} B" for name, n in (("hidden size", h), ("expert width", f))
                  if (n * width) % 16]
     if unaligned:  # torch's grouped_mm kernels (CPU and CUDA) check every row stride: a real step raises
@@ -79,7 +81,7 @@ def grouped_expert_rows(config: TransformerConfig, t: Any, w: dict[str, float], 
             ("MoE sort and gather indices (3 per layer)", "mlp", 3 * L * pairs, INT64, False),
             ("MoE grouped_mm offsets", "mlp", L * E, INT32, False),
             ("MoE gathered expert inputs", "mlp", L * pairs * h, width, False),
-            (f"MoE expert MLP tensors (d_ff wide, {n_f} per pair)", "mlp", n_f * L * pairs * f, width, True),
+            (f"MoE expert MLP tensors (d_ff wide, {n_e} per pair)", "mlp", n_e * L * pairs * f, width, True),
             ("MoE routing weights per pair", "mlp", L * pairs, FP32 if im.moe_weights_fp32 else w["compute"], False),
             ("MoE expert outputs", "mlp", L * pairs * h, width, False)]
 

@@ -301,10 +301,16 @@ class Implementation(StrictInit):
             return self.activation
         return "gelu_tanh" if mlp == "gelu" else "silu"
 
-    def mlp_saved_tensors(self, mlp: str) -> int:
+    def mlp_saved_tensors(self, mlp: str, *, gate_up_one_tensor: bool | None = None) -> int:
         """d_ff-wide tensors one MLP keeps: the activation's, then its output (the down projection's input), and
-        for a gated MLP also the up projection's output and the product (Shazeer 2020, GLU variants)."""
+        for a gated MLP also the up projection's output and the product (Shazeer 2020, GLU variants). Where gate and
+        up are the two halves of one tensor (``gate_up_one_tensor``; by default ``fused_gate_up``, Phi-3; a grouped
+        MoE's experts, transformers' ``_default_apply_gate``), the product keeps the up half and with it the whole
+        storage, so the gate half stays whatever the activation keeps: ReLU then keeps one more than with separate
+        projections [hf-transformers: integrations/moe.py _default_apply_gate; modeling_phi3.py Phi3MLP]."""
         before = ACT_SAVED_BEFORE_OUTPUT[self.act(mlp)]
+        if mlp == "swiglu" and (self.fused_gate_up if gate_up_one_tensor is None else gate_up_one_tensor):
+            before = max(before, 1)
         return before + (3 if mlp == "swiglu" else 1)
 
     def differs(self) -> dict[str, object]:
