@@ -25,13 +25,16 @@ def _steady(rows: tuple, phase: str) -> int:
 @pytest.mark.parametrize(("ranks", "recompute"), [(2, "full"), (8, "full"), (2, "none"), (8, "none")])
 def test_titan_plan_phases_hold_the_trace(ranks: int, recompute: str) -> None:
     """The forward is exact under full recompute (the last block's copy-out beside the previous unit's all-gather
-    buffer); the trace's peak lies inside the range the estimate prints. (The backward is not exact yet: with the
-    bottom block's MLP moment, from -2.0 % at 8 ranks without recompute to +0.95 % at 2 ranks with it; issue 36.)"""
+    buffer); the backward's peak within 0.5 % of the trace (issue 36 asks 1 %: it was -2.0 % at 8 ranks without
+    recompute, before the bottom block's down projection gradient was FSDP2's unsharded one, in the gathered dtype,
+    and kept at block k's moment too), and inside the printed range."""
     s = titan_setup(Setup(batch=1, seq=32, attention="flash", recompute=recompute, world_size=ranks,
                           optimizer_impl="fused"))
     bd, t = estimate(SMALL, s, device_type="cpu"), trace_gpt(SMALL, s, device_type="cpu")
     if recompute == "full":
         assert _steady(bd.phases, "forward") == _steady(t.phases, "forward")
+    assert abs(_steady(bd.phases, "backward") - _steady(t.phases, "backward")) <= 0.005 * t.peak_bytes
+    assert abs(bd.peak_bytes - t.peak_bytes) <= 0.005 * t.peak_bytes
     assert bd.peak_range.low <= t.peak_bytes <= bd.peak_range.high, (bd.peak_range, t.peak_bytes)
 
 
