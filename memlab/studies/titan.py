@@ -36,6 +36,12 @@ TITAN_DEBUG = TransformerConfig(name="titan-debugmodel", d_model=256, n_layers=6
 """torchtitan v0.2.2 ``llama3_args["debugmodel"]``: dim 256, 6 layers, 16 heads, vocabulary 2048, SwiGLU hidden
 ``256 * ceil(int(2 * 4 * 256 / 3) / 256)`` = 768 (``FeedForward``), ``max_seq_len`` = its debug ``seq_len`` 2048."""
 
+TITAN_SMALL = TransformerConfig(name="titan-small", d_model=64, n_layers=4, n_heads=4, d_ff=192, vocab_size=512,
+                                max_seq=64, mlp="swiglu", positions="rotary", norm="rmsnorm", bias=False,
+                                tied_embeddings=False)
+"""The debug model's kind (SwiGLU, RMSNorm, rotary, untied head) at width 64, 4 layers: small enough that the
+FSDP2 moments are a large share of the peak (tests/predict/memory/test_fsdp.py, benchmarks/titan_peer.py)."""
+
 RECORDED = Path(__file__).resolve().parents[2] / "data" / "recorded" / "titan_peer_cpu_trace.json"
 """Where ``scripts/record_titan_peer.py`` writes the full-size rows with their provenance."""
 

@@ -7,15 +7,12 @@ import pytest
 
 from memlab.predict.estimate import estimate
 from memlab.predict.memory.fsdp import fsdp_plan, moments
-from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import Setup
+from memlab.studies.titan import TITAN_SMALL
 from memlab.tracing.gpt import trace_gpt
 from memlab.tracing.peer import titan_setup
 
-SMALL = TransformerConfig(name="titan-small", d_model=64, n_layers=4, n_heads=4, d_ff=192, vocab_size=512,
-                          max_seq=64, mlp="swiglu", positions="rotary", norm="rmsnorm", bias=False,
-                          tied_embeddings=False)
-"""torchtitan's debug model shape (SwiGLU, RMSNorm, rotary, untied head) at a width a test traces in a second."""
+SMALL = TITAN_SMALL
 
 
 def _steady(rows: tuple, phase: str) -> int:
