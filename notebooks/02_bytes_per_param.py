@@ -149,7 +149,7 @@ ch.cpu_note("prediction and measurement both count the stored bytes of the same 
 # `memlab.compare.ledger.compare` puts each prediction next to its measurement; relative error is
 # (predicted − measured) / measured.
 
-# %%
+# %% tags=["reveals-02.amp-run-mib"]
 ledger = pd.concat([compare(predict_for(cfg, m), m) for cfg, m in pairs], ignore_index=True)
 states = ledger[ledger["component"].isin(["params", "grads", "optimizer"])].copy()
 ch.record_ledger(states)

@@ -401,10 +401,18 @@ def reader_html(frame: Any, *, index: bool | None = None) -> str:
             frame[col] = frame[col].map(_reader_cell)
     formatters = {col: _reader_cell for col, dtype in frame.dtypes.items() if pd.api.types.is_integer_dtype(dtype)}
     with pd.option_context("display.max_colwidth", None):
-        return frame.to_html(index=index, na_rep=NOT_AVAILABLE, float_format=reader_number,
+        html = frame.to_html(index=index, na_rep=NOT_AVAILABLE, float_format=reader_number,
                              formatters=formatters or None,
                              max_rows=pd.get_option("display.max_rows"), notebook=True, border=0,
                              classes="dataframe")
+    return _TEXT_CELL.sub(f'<td class="{TEXT_CELL_CLASS}">', html)
+
+
+TEXT_CELL_CLASS = "memlab-text"
+"""The class :func:`reader_html` gives a cell holding words (any letter), not only a number: the book lets such a
+cell break a long word (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) so that its table fits the page,
+while a number (``23,068,672``) is never split across lines (:data:`memlab.course.book.CSS`)."""
+_TEXT_CELL = re.compile(r"<td>(?=[^<]*[^\W\d])")
 
 
 def as_percent(frame: Any, columns: list[str] | None = None, digits: int = 2) -> Any:

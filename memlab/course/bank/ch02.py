@@ -56,6 +56,7 @@ def _billions_fit(capacity_gib: float) -> float:
 EXERCISES = (
     Numeric(
         "02.amp-run-mib", "Model states (no step counters) of the amp-bf16 + AdamW run, MiB",
+        predict_first=True,
         reference=_states_mib, unit="MiB", rtol=0.01,
         hint="autocast changes the dtype of the matmuls' inputs, not of the stored weights, gradients or moments: "
              "count the bytes per parameter that stay in storage, times model.param_count()",
