@@ -385,9 +385,8 @@ CSS = """
 .bd-page-width { max-width: 100%; }
 .bd-main .bd-content .bd-article-container { max-width: 100%; }
 .cell_output table, .bd-article table { display: block; overflow-x: auto; max-width: 100%; }
-/* a table fits the page: a cell of words may break a long word, a number never splits; what still does not fit
-   (many columns) scrolls inside the table's own box */
-td.memlab-text { overflow-wrap: anywhere; min-width: 5em; }
+/* a table fits the page: a cell of words wraps between words and after _ = : / in a long token (its <wbr>), a
+   number never wraps; what still does not fit (many columns) scrolls inside the table's own box */
 .cell_output td:not(.memlab-text) { white-space: nowrap; }
 /* printed lines (a chapter's conclusions) and code wrap inside their box instead of running off its edge */
 .cell_output pre, .cell_input pre, div.highlight pre { white-space: pre-wrap; overflow-wrap: anywhere; }

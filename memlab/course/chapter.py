@@ -405,14 +405,21 @@ def reader_html(frame: Any, *, index: bool | None = None) -> str:
                              formatters=formatters or None,
                              max_rows=pd.get_option("display.max_rows"), notebook=True, border=0,
                              classes="dataframe")
-    return _TEXT_CELL.sub(f'<td class="{TEXT_CELL_CLASS}">', html)
+    return _TEXT_CELL.sub(_text_cell, html)
 
 
 TEXT_CELL_CLASS = "memlab-text"
-"""The class :func:`reader_html` gives a cell holding words (any letter), not only a number: the book lets such a
-cell break a long word (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) so that its table fits the page,
-while a number (``23,068,672``) is never split across lines (:data:`memlab.course.book.CSS`)."""
-_TEXT_CELL = re.compile(r"<td>(?=[^<]*[^\W\d])")
+"""The class :func:`reader_html` gives a cell holding words (any letter), not only a number. In such a cell a long
+token (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) may break after ``_ = : /`` (a ``<wbr>``, invisible
+when copied), so that its table fits the page; a word is never cut inside, and a number (``23,068,672``) never
+wraps (:data:`memlab.course.book.CSS`)."""
+_TEXT_CELL = re.compile(r"<td>([^<]*[^\W\d][^<]*)</td>")
+_LONG_TOKEN = re.compile(r"\S{16,}")
+
+
+def _text_cell(m: re.Match[str]) -> str:
+    breakable = _LONG_TOKEN.sub(lambda t: re.sub(r"([_=:/])(?=\S)", r"\1<wbr>", t.group(0)), m.group(1))
+    return f'<td class="{TEXT_CELL_CLASS}">{breakable}</td>'
 
 
 def as_percent(frame: Any, columns: list[str] | None = None, digits: int = 2) -> Any:

@@ -199,6 +199,16 @@ def test_a_chapter_shows_itself_without_a_machine_path(tmp_path: Path) -> None:
     assert "ci" in text and "cpu" in text and "build" not in text and str(tmp_path) not in text
 
 
+def test_reader_tables_let_long_tokens_break_in_words_and_never_in_numbers() -> None:
+    from memlab.course.chapter import reader_html
+
+    html = reader_html(pd.DataFrame({"n": [23068672], "fix": ["try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"],
+                                     "kind": ["fragmentation candidate"]}))
+    assert "<td>23,068,672</td>" in html, "a number cell is left alone"
+    assert "PYTORCH_<wbr>CUDA_<wbr>ALLOC_<wbr>CONF=<wbr>expandable_<wbr>segments:<wbr>True" in html
+    assert '<td class="memlab-text">fragmentation candidate</td>' in html, "short words are not broken"
+
+
 def test_reader_tables_hide_an_index_that_only_numbers_the_rows() -> None:
     from memlab.course.chapter import reader_html
 
