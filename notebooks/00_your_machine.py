@@ -128,7 +128,7 @@ check("00.gemv-intensity", answer, shape=gemv)
 # and that a "312 TFLOPS" GPU delivers about 160 TFLOPS of useful work `[seed-001]`. Achieved/peak for single
 # matmuls below is the ceiling any MFU inherits: no training step beats its own matmuls.
 
-# %%
+# %% tags=["reveals-00.gemv-intensity"]
 matmul = roofline.matmul_flops_per_s(device=ch.device, scale=ch.scale)
 matmul = matmul[matmul["status"] == "ok"].copy()
 bandwidth = roofline.bandwidth_bytes_per_s(sizes, device=ch.device, scale=ch.scale)
@@ -290,7 +290,7 @@ pd.Series({
 
 # %%
 recorded = ch.recorded("00_your_machine_gpu")
-recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+recorded if recorded is not None else "No GPU run of this chapter is recorded yet."
 
 # %% [markdown]
 # ## 4. The misreading, part 1: dense vs sparse peaks

@@ -147,7 +147,7 @@ check("01.fragmented-short", answer)
 # arithmetic: even a perfect layout can serve at most free + reserved-but-unallocated. `memlab.labs.oom.oom_kind`
 # applies it to each message:
 
-# %%
+# %% tags=["reveals-01.fragmented-short"]
 kinds = pd.DataFrame([{"message": rec.key, **oom.oom_kind(parse_oom_message(rec.message))}
                       for rec in RECORDED_OOM_MESSAGES])
 ch.save_table(kinds, "oom_kinds")
@@ -219,7 +219,7 @@ check("01.largest-batch", answer, model=model, setup=setup, card=card_spec)
 # (`emulate_smaller_gpu`); on a CPU, which has no allocator to refuse, each batch's measured peak of live
 # tensor bytes is compared with the budget.
 
-# %%
+# %% tags=["reveals-01.largest-batch"]
 batches = SIZES["batches"]
 found = oom.fit_sweep(model, setup, batches, card_spec.memory_bytes, ch.device, steps=2, seed=seed)
 predicted_total = [estimate(model, setup.with_(batch=b)).total_bytes for b in batches]
@@ -341,7 +341,7 @@ else:
                         "to it when freed, so there is no 'reserved but unallocated' to measure. The GPU run "
                         "below is shown when the repo has one recorded."))
 rec = ch.recorded("01_fragmentation_gpu")
-rec if rec is not None else "No GPU fragmentation run is recorded in data/recorded/ yet."
+rec if rec is not None else "No GPU fragmentation run is recorded yet."
 
 # %% [markdown]
 # **Got an OOM? Read these, in this order.** The message (section 1), then `torch.cuda.memory_stats()` at the

@@ -149,7 +149,7 @@ ch.cpu_note("prediction and measurement both count the stored bytes of the same 
 # `memlab.compare.ledger.compare` puts each prediction next to its measurement; relative error is
 # (predicted − measured) / measured.
 
-# %%
+# %% tags=["reveals-02.amp-run-mib"]
 ledger = pd.concat([compare(predict_for(cfg, m), m) for cfg, m in pairs], ignore_index=True)
 states = ledger[ledger["component"].isin(["params", "grads", "optimizer"])].copy()
 ch.record_ledger(states)
@@ -328,7 +328,7 @@ rule
 
 # %%
 recorded = ch.recorded("02_bytes_per_param_gpu")
-recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+recorded if recorded is not None else "No GPU run of this chapter is recorded yet."
 
 # %% [markdown]
 # ## Exercises

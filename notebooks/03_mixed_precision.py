@@ -431,7 +431,7 @@ ch.seed_claims([
 
 # %%
 recorded = ch.recorded("03_mixed_precision_gpu")
-recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+recorded if recorded is not None else "No GPU run of this chapter is recorded yet."
 
 # %% [markdown]
 # ## Exercises

@@ -699,7 +699,7 @@ ch.seed_claims([
 
 # %%
 recorded = ch.recorded("04_activations_checkpointing_gpu")
-recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+recorded if recorded is not None else "No GPU run of this chapter is recorded yet."
 
 # %% [markdown]
 # ## Exercises

@@ -75,7 +75,7 @@ ch
 # %%
 prediction = ...
 
-# %%
+# %% tags=["reveals-08.cpu-percent"]
 busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=None)
 fig, ax1 = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
 x = range(len(busy))

@@ -1,4 +1,5 @@
-"""The ``memlab`` command: ``estimate``, ``trace``, ``mfu``, ``gpus``, ``report``, ``measure``, ``ledger``, ``shard``.
+"""The ``memlab`` command: ``estimate``, ``trace``, ``mfu``, ``gpus``, ``oom``, ``report``, ``measure``, ``ledger``,
+``shard``.
 
 Human tables by default (GiB = 2**30 bytes and GB = 10**9 bytes, both labelled), ``--json`` for machines. Bad
 input of any kind (unknown names, bad numbers, conflicting options) prints ONE line ``memlab: error: ...`` on
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memlab.cli import estimate, gpus, measure, mfu, report, shard, trace
+from memlab.cli import estimate, gpus, measure, mfu, oom, report, shard, trace
 from memlab.cli.args import check_model_spec
 from memlab.errors import MemlabError
 from memlab.predict.spec.validate import canonical_choice
@@ -132,6 +133,8 @@ COMMANDS: tuple[Command, ...] = (
             trace.add_arguments, trace.run),
     Command("mfu", "model FLOPs utilisation of a measured throughput", mfu.add_arguments, mfu.run),
     Command("gpus", "list the accelerator table", gpus.add_arguments, gpus.run),
+    Command("oom", "decode an out-of-memory message (argument, --file LOG or stdin): its kind, what to try, "
+                   "its fields", oom.add_arguments, oom.run),
     Command("report", "build the course report (arguments go to memlab.course.report)", report.add_arguments,
             report.run, passthrough=True),
     Command("measure", "run the reference model and print predicted vs measured bytes", measure.add_arguments,

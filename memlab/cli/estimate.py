@@ -407,9 +407,9 @@ def exact_peak_hint(span: Any, hf: str | None, setup: Any) -> str | None:
 
     if hf is None or span.high - span.low <= TOLERANCE * span.peak or setup.recompute == "selective":
         return None
+    # the trace equals real CPU steps (benchmarks/hf_draws.py, verdict 'traced'): cited here, not on every answer
     return (f"the range is wider than 0.1 % of the peak: memlab trace --hf {hf} with the same options gives this "
-            "code's exact peak (transformers' modelling code run on fake tensors; measured equal to real CPU steps "
-            "by python benchmarks/hf_draws.py, verdict 'traced')")
+            "code's exact peak (transformers' own code, run on fake tensors)")
 
 
 def _print_range(span: Any, hf: str | None, setup: Any) -> None:

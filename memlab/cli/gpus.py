@@ -33,10 +33,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json([_plain(a) for a in rows], indent=2, default=str)
         return 0
-    print(f"{'key':<14} {'name':<34} {'GiB':>7} {'GB':>7} {'TB/s':>6} {'bf16 TF':>8} {'fp8 TF':>7}  source")
+    width = max(len(a.name) for a in rows)  # a card's name is never cut; the source is, and --json has it whole
+    print(f"{'key':<14} {'name':<{width}} {'GiB':>7} {'GB':>7} {'TB/s':>6} {'bf16 TF':>8} {'fp8 TF':>7}  source")
     for a in rows:
         flag = " (unofficial)" if getattr(a, "unofficial", False) else ""
-        print(f"{a.key:<14} {a.name[:34]:<34} {a.memory_bytes / GiB:>7.1f} {a.memory_bytes / GB:>7.1f} "
+        print(f"{a.key:<14} {a.name:<{width}} {a.memory_bytes / GiB:>7.1f} {a.memory_bytes / GB:>7.1f} "
               f"{a.bandwidth_bytes_per_s / 1e12:>6.2f} {_tera(a.peak_flops.get('bf16')):>8} "
               f"{_tera(a.peak_flops.get('fp8')):>7}  {_clip(a.source, 56)}{flag}")
     print("(dense peaks, TF = 10**12 FLOP/s; GiB = 2**30 bytes, GB = 10**9 bytes; full sources with --json)")

@@ -178,7 +178,9 @@ def _md_cell(text: str) -> str:
 
 def landing_markdown(chapters: list[BookChapter], solutions: bool) -> str:
     """The landing page: the hand-written introduction with the course map (each chapter's belief) and the
-    toctree that gives the book its sidebar and previous/next links."""
+    toctree that gives the book its sidebar and previous/next links: the chapters first, so that the landing's
+    "Next" is the chapter "Start here" names, then the seed articles, their claims, the glossary, the references
+    and the build page."""
     rows = ["| # | chapter | the belief it checks |", "|---|---|---|"]
     for ch in chapters:
         missing = "(planned)" if ch.status == "planned" else "(not built yet: run its chapter)"
@@ -190,7 +192,7 @@ def landing_markdown(chapters: list[BookChapter], solutions: bool) -> str:
     intro = intro.replace("{course_map}", "\n".join(rows)).replace("{start_here}", start)
     if solutions:
         intro += "\n```{note}\nThis is the instructor build: every exercise's solution is shown open.\n```\n"
-    pages = ["seeds", *[ch.page for ch in chapters if ch.page], "seed-claims", GLOSSARY_DOC, REFERENCES_DOC, "build"]
+    pages = [*[ch.page for ch in chapters if ch.page], "seeds", "seed-claims", GLOSSARY_DOC, REFERENCES_DOC, "build"]
     toc = ["```{toctree}", ":hidden:", ":maxdepth: 1", "", *pages, "```", ""]
     return intro + "\n" + "\n".join(toc)
 
@@ -346,7 +348,7 @@ CONF = """\
 project = {project!r}
 author = "memlab"
 copyright = "memlab authors"
-extensions = ["myst_nb", "sphinx_design", "sphinx_togglebutton"]
+extensions = ["myst_nb", "sphinx_design", "sphinx_togglebutton", "memlab.course.booksearch"]
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 nb_execution_mode = "off"
 nb_merge_streams = True
@@ -383,6 +385,11 @@ CSS = """
 .bd-page-width { max-width: 100%; }
 .bd-main .bd-content .bd-article-container { max-width: 100%; }
 .cell_output table, .bd-article table { display: block; overflow-x: auto; max-width: 100%; }
+/* a table fits the page: a cell of words wraps between words and after _ = : / in a long token (its <wbr>), a
+   number never wraps; what still does not fit (many columns) scrolls inside the table's own box */
+.cell_output td:not(.memlab-text) { white-space: nowrap; }
+/* printed lines (a chapter's conclusions) and code wrap inside their box instead of running off its edge */
+.cell_output pre, .cell_input pre, div.highlight pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 .cell_output td, .cell_output th { font-variant-numeric: tabular-nums; }
 details.memlab-solution { border: 1px solid #d0d7de; border-radius: 6px; padding: .3em .8em; margin: .5em 0; }
 """

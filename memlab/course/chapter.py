@@ -10,6 +10,7 @@ what a CPU cannot show, and loads results recorded on a real GPU from ``data/rec
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
 import random
@@ -148,9 +149,9 @@ class Chapter:
         return {**asdict(self), "out_dir": str(self.out_dir)}
 
     def _repr_markdown_(self) -> str:
-        where = "/".join(self.out_dir.parts[-2:])
-        return (f"Running at scale **{self.scale}** on **{self.device}**, seed {self.seed}; figures and tables go to "
-                f"`…/{where}`.")
+        """What the chapter runs at, for the page; where its files go is logged (:func:`chapter`), not shown: a
+        build folder says nothing to a reader of the book."""
+        return f"Running at scale **{self.scale}** on **{self.device}**, seed {self.seed}."
 
     def save_figure(self, fig: Any, name: str) -> Path:
         """Save a matplotlib figure as ``out_dir/NAME.png`` (150 dpi) and return the path.
@@ -370,12 +371,27 @@ def reader_columns(frame: Any) -> Any:
     return shown.rename_axis(index=names) if names != list(frame.index.names) else shown
 
 
-def reader_html(frame: Any, *, index: bool = True) -> str:
-    """A DataFrame as an HTML table for a reader: column names as headers with units (:func:`reader_columns`),
-    floats by :func:`reader_number`, integers with thousands separators, missing values as
-    :data:`NOT_AVAILABLE`, every cell whole (never cut with "…")."""
+def positional_index(frame: Any) -> bool:
+    """True when ``frame``'s index only numbers its rows: one unnamed level of integers (a RangeIndex, or what is
+    left of one after filtering or concatenating: 0, 2, 5 or 0, 0), under an unnamed column axis. Such an index is
+    pandas' bookkeeping, not a column a reader needs. A named index (``vocabulary``), or a pivot whose column axis
+    is named (the index then stands under that name: ``stage``), is data and stays."""
     import pandas as pd
 
+    index = frame.index
+    return (index.nlevels == 1 and index.name is None and frame.columns.nlevels == 1 and frame.columns.name is None
+            and (isinstance(index, pd.RangeIndex) or pd.api.types.is_integer_dtype(index.dtype)))
+
+
+def reader_html(frame: Any, *, index: bool | None = None) -> str:
+    """A DataFrame as an HTML table for a reader: column names as headers with units (:func:`reader_columns`),
+    floats by :func:`reader_number`, integers with thousands separators, missing values as
+    :data:`NOT_AVAILABLE`, every cell whole (never cut with "…"). ``index``: None (the default) shows the index
+    unless it only numbers the rows (:func:`positional_index`)."""
+    import pandas as pd
+
+    if index is None:
+        index = not positional_index(frame)
     frame = reader_columns(frame)
 
     mixed = [col for col, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
@@ -385,10 +401,25 @@ def reader_html(frame: Any, *, index: bool = True) -> str:
             frame[col] = frame[col].map(_reader_cell)
     formatters = {col: _reader_cell for col, dtype in frame.dtypes.items() if pd.api.types.is_integer_dtype(dtype)}
     with pd.option_context("display.max_colwidth", None):
-        return frame.to_html(index=index, na_rep=NOT_AVAILABLE, float_format=reader_number,
+        html = frame.to_html(index=index, na_rep=NOT_AVAILABLE, float_format=reader_number,
                              formatters=formatters or None,
                              max_rows=pd.get_option("display.max_rows"), notebook=True, border=0,
                              classes="dataframe")
+    return _TEXT_CELL.sub(_text_cell, html)
+
+
+TEXT_CELL_CLASS = "memlab-text"
+"""The class :func:`reader_html` gives a cell holding words (any letter), not only a number. In such a cell a long
+token (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) may break after ``_ = : /`` (a ``<wbr>``, invisible
+when copied), so that its table fits the page; a word is never cut inside, and a number (``23,068,672``) never
+wraps (:data:`memlab.course.book.CSS`)."""
+_TEXT_CELL = re.compile(r"<td>([^<]*[^\W\d][^<]*)</td>")
+_LONG_TOKEN = re.compile(r"\S{16,}")
+
+
+def _text_cell(m: re.Match[str]) -> str:
+    breakable = _LONG_TOKEN.sub(lambda t: re.sub(r"([_=:/])(?=\S)", r"\1<wbr>", t.group(0)), m.group(1))
+    return f'<td class="{TEXT_CELL_CLASS}">{breakable}</td>'
 
 
 def as_percent(frame: Any, columns: list[str] | None = None, digits: int = 2) -> Any:
@@ -445,4 +476,5 @@ def chapter(scale: str = "auto", device: str = "auto", seed: int = 0, out_dir: s
         torch.set_num_threads(ci_threads)
     if _in_notebook():  # a kernel's display; a test or script calling chapter() keeps pandas as it was
         reader_display()
+    logging.getLogger(__name__).info("figures and tables of this chapter go to %s", path)
     return Chapter(scale=resolved_scale, device=resolved_device, seed=seed, out_dir=path)

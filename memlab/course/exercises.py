@@ -98,6 +98,11 @@ def solutions_enabled(solutions: bool | None = None) -> bool:
     return os.environ.get(SOLUTIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+REVEALS_TAG = "reveals-{name}"
+"""The notebook tag of the cell that measures a predict-first exercise's answer (``reveals-00.gemv-intensity``);
+myst-nb renders it as the cell's class ``tag_reveals-00.gemv-intensity``."""
+
+
 def _unanswered(answer: Any) -> bool:
     return answer is None or answer is Ellipsis or (isinstance(answer, str) and answer.strip() in {"", "..."})
 
@@ -119,6 +124,8 @@ class Result:
     unit: str = ""
     solution: str = ""
     solutions_open: bool = False
+    predict_first: bool = False
+    """The exercise asks for a prediction that a later cell measures (:attr:`_Exercise.predict_first`)."""
 
     @property
     def correct(self) -> bool:
@@ -142,7 +149,8 @@ class Result:
             opened = " open" if self.solutions_open else ""
             details = (f'<details class="memlab-solution"{opened}><summary>Solution</summary>'
                        f"<p>{html.escape(self.solution)}</p></details>")
-        return (f'<div class="memlab-exercise" data-status="{self.status}" style="border-left:4px solid '
+        marks = f' data-exercise="{html.escape(self.exercise)}"' + (' data-predict-first="true"' * self.predict_first)
+        return (f'<div class="memlab-exercise" data-status="{self.status}"{marks} style="border-left:4px solid '
                 f'{colour[self.status]};padding:4px 10px">{mark} <b>{html.escape(self.exercise)}:</b> '
                 f"{html.escape(self.message)}{details}</div>")
 
@@ -192,6 +200,10 @@ class _Exercise(StrictInit):
     arguments (for a sentence whose numbers are computed)."""
     sample: Callable[[], Mapping[str, Any]] | None = None
     """Example arguments for the reference (built without running the chapter), for the tests."""
+    predict_first: bool = False
+    """The question asks for a prediction that a cell of the chapter then measures. Its check renders with
+    ``data-predict-first``, and the measuring cell carries the notebook tag ``reveals-NAME``
+    (:data:`REVEALS_TAG`): the book's browser test checks that no such cell comes above the check."""
 
     def __post_init__(self) -> None:
         for text in ("name", "question", "hint"):
@@ -251,13 +263,14 @@ class _Exercise(StrictInit):
 
     def _unavailable(self, answer: Any, reason: str) -> Result:
         return Result(self.name, "unavailable", f"This exercise cannot be checked here: the data it reads is "
-                      f"missing ({reason}); it needs the chapter's measurement above.", answer)
+                      f"missing ({reason}); it needs the chapter's measurement above.", answer,
+                      predict_first=self.predict_first)
 
     def _result(self, status: Status, message: str, answer: Any, solutions: bool | None, data: Mapping[str, Any],
                 expected: Any, unit: str = "") -> Result:
         shown = solutions_enabled(solutions)
         return Result(self.name, status, message, answer, expected if shown else None, unit,
-                      self._solution(expected, data), shown)
+                      self._solution(expected, data), shown, self.predict_first)
 
     def _format(self, value: Any) -> str:
         return str(value)

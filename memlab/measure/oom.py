@@ -182,6 +182,48 @@ def parse_oom_message(msg: str) -> OomInfo:
 _OOM_WORDS = ("out of memory", "DefaultCPUAllocator", "can't allocate memory", "not enough memory")
 
 
+_MEANING: tuple[tuple[str, str, str], ...] = (
+    ("tried_to_allocate_bytes", "the one request that failed",
+     "small next to capacity: the card was already full (look at what holds it); close to or above capacity: "
+     "that one tensor is too big (smaller batch or sequence, checkpointing, chunking)"),
+    ("total_capacity_bytes", "the card's memory as the driver reports it (GiB, not the marketed GB)",
+     "compare with the estimator's peak for this card"),
+    ("allowed_bytes", "the cap set by set_per_process_memory_fraction (or MPS's limit)",
+     "the capacity that counts for this process: compare requests and peaks with it, not with the card"),
+    ("free_bytes", "free on the device, for every process",
+     "near zero with little in use by this process: another process holds the card (nvidia-smi)"),
+    ("process_in_use_bytes", "this process in total: PyTorch's reserve plus the CUDA context and other libraries",
+     "minus the reserve is the context and non-PyTorch memory, a fixed cost to budget for"),
+    ("allocated_by_pytorch_bytes", "held by live tensors",
+     "the real workload: parameters, gradients, optimizer state, activations, leaks; reduce these"),
+    ("private_pool_bytes", "of the allocated, held in private pools (CUDA Graphs, torch.cuda.MemPool)",
+     "a captured graph's memory: it stays while the graph lives, and other tensors cannot reuse it"),
+    ("reserved_unallocated_bytes", "cached by the allocator but not in a tensor",
+     "fragmentation only if the request is at most free + this (the allocator already returned wholly free "
+     "segments before raising): then try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; above that no layout "
+     "fits the request"),
+    ("reserved_by_pytorch_bytes", "the allocator's whole reserve (older messages state it)",
+     "reserved minus allocated is the cache and fragmentation"),
+)
+
+
+def decode_oom(info: OomInfo) -> list[dict[str, Any]]:
+    """One row per field the message states: field, bytes, GiB, what it is, and what it means for the fix.
+
+    Processes other than this one are one row each ("process N"); fields the message's shape lacks are left out.
+    """
+    rows: list[dict[str, Any]] = []
+    for name, meaning, fix in _MEANING:
+        value = getattr(info, name)
+        if value is not None:
+            rows.append({"field": name, "bytes": value, "GiB": value / 2**30, "meaning": meaning, "for the fix": fix})
+    for pid, n in info.other_processes:
+        rows.append({"field": f"process {pid}", "bytes": n, "GiB": n / 2**30,
+                     "meaning": "memory in use by a process NVML lists (this one too, when torch cannot match its PID)",
+                     "for the fix": "in a container this is usually this process; otherwise a neighbour to stop"})
+    return rows
+
+
 def is_oom_error(exc: BaseException) -> bool:
     """True for ``torch.OutOfMemoryError`` and for a RuntimeError whose message is an out-of-memory message
     (older torch raised plain RuntimeError; the CPU allocator still does)."""

@@ -179,6 +179,7 @@ def test_gpus_lists_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and {r["key"] for r in rows} >= {"h100-sxm", "a100-80gb-sxm", "t4"}
     code, human, _ = run(capsys, "gpus")
     assert code == 0 and "h100-sxm" in human and "GiB" in human and "GB" in human
+    assert all(r["name"] in human for r in rows), "no card's name is cut"
 
 
 def test_report_passes_its_arguments_through(capsys: pytest.CaptureFixture[str],

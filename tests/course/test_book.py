@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlab.course import bibliography, book, glossary
+from memlab.course import bibliography, book, booksearch, glossary
 from memlab.course.figures import figure_overlaps
 
 matplotlib.use("Agg")
@@ -195,7 +195,9 @@ def test_the_course_map_links_built_chapters_and_names_the_others() -> None:
     assert "| 01 | B (not built yet: run its chapter) | belief b |" in page
     assert "| 02 | C (planned) | (not written yet) |" in page
     toc = page[page.index("```{toctree}"):]
-    assert "00_a" in toc and "01_b" not in toc and toc.index("seeds") < toc.index("00_a") < toc.index("glossary")
+    assert "00_a" in toc and "01_b" not in toc and toc.index("00_a") < toc.index("seeds") < toc.index("glossary")
+    first = toc.splitlines()[4]
+    assert first == "00_a", "the landing's Next is the chapter 'Start here' names, not the seed articles"
     assert "instructor build" in book.landing_markdown(chapters, solutions=True)
 
 
@@ -213,3 +215,18 @@ def test_two_texts_overlap_exactly_when_drawn_on_each_other(x: float, y: float, 
     found = figure_overlaps(fig)
     assert len(found) == 1 and found[0].first == f"text {label!r}" and found[0].pixels > 0
     plt.close(fig)
+
+
+def test_the_readme_course_map_lists_every_chapter() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Course map"):]
+    listed = set(re.findall(r"^\| (\d\d) \|", section, re.M))
+    assert listed == {p.name[:2] for p in SOURCES}, f"README's course map lists {sorted(listed)}"
+
+
+def test_search_text_is_what_a_reader_sees_and_cannot_end_its_script() -> None:
+    body = ('<section id="s"><h1>Title<a class="headerlink" href="#s">¶</a></h1><p>Gradient <em>checkpointing</em>'
+            '&amp; more<br>next</p><script>var x = "no";</script><style>p {}</style><img src="a.png"></section>')
+    assert booksearch.page_text(body) == "Title Gradient checkpointing & more next"
+    script = booksearch.search_script({"01_x": "a </script> b"}, {"glossary.html#term-x": {"term": "x", "text": "x d"}})
+    assert "</script>" not in script and "MEMLAB_PAGE_TEXT" in script and '"term": "x"' in script

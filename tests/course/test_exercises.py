@@ -451,3 +451,33 @@ def test_every_diagnosis_of_the_bank_evaluates_and_names_a_wrong_answer(exercise
         wrongs.append(wrong)
     for i, a in enumerate(wrongs):
         assert all(abs(a - b) > exercise.rtol * abs(a) for b in wrongs[i + 1:]), (exercise.name, wrongs)
+
+
+PREDICT_FIRST_ORDER_PENDING = {"08": "the CPU % table is printed before its check cell (the check reads it)"}
+"""Chapters whose predict-first answer is still printed above its check: the chapter's fix is pending."""
+
+
+@pytest.mark.parametrize("source", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_a_predict_first_exercise_is_measured_only_below_its_check(source: Path) -> None:
+    """The notebook twin of the browser test's order check: each predict-first exercise of the chapter has one
+    cell tagged ``reveals-NAME`` (the cell that measures its answer), and that cell comes after the check."""
+    checks = {ast.literal_eval(call.args[0]): i for i, call, _ in _check_calls(source)}
+    cells = jupytext.read(source).cells
+    late = []
+    for name, at in checks.items():
+        if not BANK[name].predict_first:
+            continue
+        tag = exercises.REVEALS_TAG.format(name=name)
+        reveals = [i for i, cell in enumerate(cells) if tag in cell.metadata.get("tags", [])]
+        assert len(reveals) == 1, f"{name} is predict-first: tag the one cell that measures its answer {tag!r}"
+        if reveals[0] < at:
+            late.append(name)
+    if late and source.name[:2] in PREDICT_FIRST_ORDER_PENDING:
+        pytest.xfail(f"chapter {source.name[:2]}: {PREDICT_FIRST_ORDER_PENDING[source.name[:2]]} ({late})")
+    assert not late, f"the answer of {late} is measured above its check: move the check up or the measurement down"
+
+
+def test_a_predict_first_check_is_marked_on_the_page() -> None:
+    marked = Numeric("p", "Predict it", reference=lambda: 2.0, hint="h", predict_first=True)
+    assert 'data-exercise="p" data-predict-first="true"' in marked.check(...)._repr_html_()
+    assert "data-predict-first" not in gpt2_params().check(...)._repr_html_()

@@ -595,11 +595,94 @@ PAGE_FACTS = r"""() => {
   const bare = article.cloneNode(true);
   // exercise feedback (.memlab-exercise) is the exercises' own text, checked by their tests, not here
   bare.querySelectorAll("pre, code, .cell_input, script, style, .memlab-exercise").forEach(e => e.remove());
+  // at the test's width (1024 px): a printed output must fit its box (outputs wrap); a table fits or scrolls in
+  // its own box (overflow-x auto), never cut by the page
+  const owns = (e) => ["auto", "scroll"].includes(getComputedStyle(e).overflowX);
+  const cut = Array.from(article.querySelectorAll(".cell_output pre, table"))
+    .filter(e => e.scrollWidth > e.clientWidth + 1 && !(e.tagName === "TABLE" && owns(e)))
+    .map(e => e.innerText.trim().split("\n")[0].slice(0, 80));
+  // predict-first: the cell tagged reveals-NAME (its measurement) must not come above the check of NAME
+  const cellsOf = (name) => Array.from(article.querySelectorAll(".cell"))
+    .filter(c => c.classList.contains("tag_reveals-" + name));
+  const predictFirst = Array.from(article.querySelectorAll(".memlab-exercise[data-predict-first]")).map(ex => {
+    const reveals = cellsOf(ex.dataset.exercise);
+    return {name: ex.dataset.exercise, marked: reveals.length,
+            above: reveals.filter(c => c.compareDocumentPosition(ex) & Node.DOCUMENT_POSITION_FOLLOWING).length};
+  });
+  const tables = Array.from(article.querySelectorAll("table")).map(t => ({
+    headers: Array.from(t.querySelectorAll("thead tr:first-child th")).map(h => h.innerText.trim()),
+    rows: Array.from(t.querySelectorAll("tbody tr")).slice(0, 20)
+      .map(r => Array.from(r.children).map(c => c.innerText.trim()))}));
   return {text: article.innerText, prose: bare.textContent, cells, headers, quoted: plain, images, wide,
+          cut, predict_first: predictFirst, tables,
           stderr: article.querySelectorAll(".output.stderr").length,
           solutions: Array.from(article.querySelectorAll("details.memlab-solution")).map(d => d.open),
           exercises: (article.innerText.match(/Exercise \d/g) || []).length};
 }"""
+
+
+UNIT = re.compile(r"(?<![\w/])(TiB|GiB|MiB|KiB|TB|GB|MB|kB|B|bytes|%|ms|µs|s|[TGM]?FLOP/s|FLOPs?|tokens/s)"
+                  r"(?![\w/])")
+"""A unit named in a table header: "peak (MiB)", "peak GiB", "time (s)"."""
+NUMBER = re.compile(r"^[-−+]?[\d,.]+(?:\s*[×x]\s*10[⁰¹²³⁴⁵⁶⁷⁸⁹⁻]+)?$")
+
+
+RATIO = re.compile(r" / | vs |ratio|error|×", re.I)
+"""A header naming a ratio of two quantities ("measured / predicted", "relative error (%)"): no compared quantity."""
+
+
+def _unit(header: str) -> str:
+    found = UNIT.findall(header)
+    return {"bytes": "B"}.get(found[-1], found[-1]) if found else "no unit"
+
+
+def _numeric_column(rows: list[list[str]], i: int) -> bool:
+    cells = [r[i] for r in rows if len(r) > i and r[i] not in ("", "—")]
+    return bool(cells) and all(NUMBER.match(c) for c in cells)
+
+
+def mixed_unit_tables(tables: list[dict]) -> list[str]:
+    """The predicted-vs-measured tables whose compared columns are not in one unit, one line each.
+
+    A table qualifies when one numeric column's header says "predicted" and another's says "measured" or "peak"
+    (what the learner met: "peak (MiB)" beside "predicted" in raw bytes); those columns must all name the same unit
+    (or all none: counts, such as a batch). A ratio's column (:data:`RATIO`) is not one of them."""
+    bad = []
+    for table in tables:
+        headers, rows = table["headers"], table["rows"]
+        offset = max(len(r) for r in rows) - len(headers) if rows else 0  # an index header row may be shorter
+        compared = [(h, _unit(h)) for i, h in enumerate(headers)
+                    if re.search(r"predicted|measured|peak", h, re.I) and not RATIO.search(h)
+                    and _numeric_column(rows, i + offset)]
+        if not any(re.search("predicted", h, re.I) for h, _ in compared) or len(compared) < 2:
+            continue
+        if len({u for _, u in compared}) > 1:
+            bad.append(", ".join(f"{h!r}: {u}" for h, u in compared))
+    return bad
+
+
+NEW_CHECKS_PENDING: dict[str, dict[str, str]] = {
+    "a predicted-vs-measured table in two units": {
+        "01_oom": "the fit sweep's 'peak (MiB)' beside 'predicted (sum of components)' in bytes",
+        "02_bytes_per_param": "the in-step peaks' 'peak (MiB)' beside 'predicted' in bytes"},
+    "a predict-first answer above its check": {
+        "08_nvidia_smi": "the CPU % table of 08.cpu-percent is printed above its check cell"},
+}
+"""Chapters that still fail one of the learner's checks of issue 37 (cut output, a predict-first answer above its
+check, a predicted-vs-measured table in two units), by check and page: the chapter's fix is pending, so the
+browser test xfails naming them; any other page failing these checks fails the test."""
+
+
+def learner_layout_problems(facts: dict) -> dict[str, list[str]]:
+    """The learner's layout and exercise-order checks a page fails, by check (from :data:`PAGE_FACTS`)."""
+    found = {
+        "cut at 1024 px": facts.get("cut", []),
+        "a predict-first answer above its check": [e["name"] for e in facts.get("predict_first", []) if e["above"]],
+        "a predict-first exercise without its measuring cell (tag reveals-NAME)":
+            [e["name"] for e in facts.get("predict_first", []) if not e["marked"]],
+        "a predicted-vs-measured table in two units": mixed_unit_tables(facts.get("tables", [])),
+    }
+    return {check: items for check, items in found.items() if items}
 
 
 def learner_grade_problems(facts: dict) -> list[str]:
@@ -638,10 +721,27 @@ def test_learner_grade_rules_catch_plumbing() -> None:
     assert len(learner_grade_problems(dirty)) == 10
 
 
+def test_learner_layout_rules_catch_cut_outputs_late_questions_and_mixed_units() -> None:
+    assert learner_layout_problems({"cut": [], "predict_first": [{"name": "00.x", "marked": 1, "above": 0}],
+                                    "tables": []}) == {}
+    one_unit = {"headers": ["", "predicted (MiB)", "measured (MiB)"], "rows": [["a", "2.74", "2.74"]]}
+    two_units = {"headers": ["batch", "peak (MiB)", "predicted (sum of components)"],
+                 "rows": [["1", "2.74", "3,211,268"]]}
+    counts = {"headers": ["fit search predicted batch", "measured batch", "peak phase"], "rows": [["5", "5", "fwd"]]}
+    ratio = {"headers": ["predicted (s)", "measured / predicted"], "rows": [["1.5", "0.9"]]}
+    assert mixed_unit_tables([one_unit, counts, ratio]) == []
+    assert mixed_unit_tables([two_units]) == ["'peak (MiB)': MiB, 'predicted (sum of components)': no unit"]
+    found = learner_layout_problems({"cut": ["the first case as an OOM message"],
+                                     "predict_first": [{"name": "01.y", "marked": 1, "above": 1},
+                                                       {"name": "01.z", "marked": 0, "above": 0}],
+                                     "tables": [two_units]})
+    assert len(found) == 4 and found["a predict-first answer above its check"] == ["01.y"]
+
+
 def _offline_browser(pw):
     """Chromium with every request that is not a file:// URL aborted and recorded (the test fails on any)."""
     browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    context = browser.new_context(viewport={"width": 1024, "height": 900}, service_workers="block")
     outside: list[str] = []
 
     def route(r):
@@ -661,6 +761,7 @@ def test_every_page_of_the_book_offline_in_headless_chromium(course_report: tupl
     shots = out / "screenshots"
     shots.mkdir(exist_ok=True)
     problems: dict[str, list[str]] = {}
+    layout: dict[str, dict[str, list[str]]] = {}
     solution_blocks: dict[str, list[bool]] = {}
     with sync_playwright() as pw:
         browser, context, outside = _offline_browser(pw)
@@ -682,6 +783,8 @@ def test_every_page_of_the_book_offline_in_headless_chromium(course_report: tupl
                 facts = page.evaluate(PAGE_FACTS)
                 if found := learner_grade_problems(facts):
                     problems[path.name] = found
+                for check, items in learner_layout_problems(facts).items():
+                    layout.setdefault(check, {})[path.stem] = items
                 cjk = "".join(sorted(set(re.findall(r"[\u3000-\u9fff\uf900-\ufaff]", facts["text"]))))
                 missing = page.evaluate(MISSING_GLYPHS, cjk) if cjk else ""
                 assert not missing, f"{path.name}: no glyph for {missing!r} (boxes): install a CJK font"
@@ -691,9 +794,10 @@ def test_every_page_of_the_book_offline_in_headless_chromium(course_report: tupl
                     page.screenshot(path=str(shots / f"{path.stem}.png"))
                     nav = page.locator("a.right-next, a.left-prev")
                     assert nav.count() >= 1, f"{path.name} has no previous/next link"
-            page.goto((out / "search.html").as_uri() + "?q=fragmentation")
-            page.wait_for_selector("#search-results li", timeout=15000)
-            assert page.locator("#search-results li").count() >= 1, "full-text search finds a chapter"
+            page.goto((out / "index.html").as_uri())
+            assert page.locator("a.right-next").get_attribute("href") == _pages_in_order(index)[0], (
+                "the landing's Next is the chapter 'Start here' names")
+            _search_shows_excerpts_from_disk(page, out, "fragmentation")
         finally:
             browser.close()
     assert not outside, f"pages asked the network for {sorted(set(outside))[:5]}"
@@ -704,6 +808,37 @@ def test_every_page_of_the_book_offline_in_headless_chromium(course_report: tupl
         for shot in shots.glob("*.png"):
             shutil.copy2(shot, target / shot.name)
     _solution_blocks_are_collapsed(solution_blocks)
+    _layout_checks_pass_or_are_pending(layout)
+
+
+def _pages_in_order(index: dict) -> list[str]:
+    return [ch["html"] for ch in index["chapters"] if ch.get("html")]
+
+
+def _search_shows_excerpts_from_disk(page, out: Path, query: str) -> None:
+    """Sphinx's search from file://: results, each with an excerpt (the page texts ship inline: the browser refuses
+    the fetch Sphinx makes for an excerpt under file://), and a glossary hit named by its term."""
+    page.goto((out / "search.html").as_uri() + f"?q={query}")
+    page.wait_for_selector("#search-results li p.context", timeout=15000)
+    items = page.locator("#search-results li")
+    assert items.count() >= 1, "full-text search finds a chapter"
+    page.wait_for_timeout(300)
+    texts = [items.nth(i).inner_text() for i in range(items.count())]
+    assert all("\n" in t.strip() for t in texts), f"every result has an excerpt: {texts[:3]}"
+    titles = [t.split("\n")[0] for t in texts]
+    assert len(titles) == len(set(titles)), f"a page listed twice under one title: {titles}"
+
+
+def _layout_checks_pass_or_are_pending(layout: dict[str, dict[str, list[str]]]) -> None:
+    unexpected = {check: {page: items for page, items in pages.items()
+                          if page not in NEW_CHECKS_PENDING.get(check, {})}
+                  for check, pages in layout.items()}
+    unexpected = {check: pages for check, pages in unexpected.items() if pages}
+    assert not unexpected, unexpected
+    if layout:
+        pytest.xfail("pending in the chapters: " + "; ".join(
+            f"{check}: {', '.join(f'{page} ({NEW_CHECKS_PENDING[check][page]})' for page in pages)}"
+            for check, pages in layout.items()))
 
 
 def _solution_blocks_are_collapsed(blocks: dict[str, list[bool]]) -> None:

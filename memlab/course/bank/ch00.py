@@ -38,6 +38,7 @@ def _read_all_ms(card: str) -> float:
 EXERCISES = (
     Numeric(
         "00.gemv-intensity", "Arithmetic intensity of the fp32 GEMV-like matmul, FLOP/byte",
+        predict_first=True,
         reference=_fp32_intensity, unit="", rtol=0.02,
         hint="bytes = 4 × (m·k + k·n + m·n) for fp32 (each operand read once, the result written once); with m = 1 "
              "the k × n matrix dominates",

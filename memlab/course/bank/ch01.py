@@ -74,6 +74,7 @@ def _sample_growth() -> dict[str, Any]:
 EXERCISES = (
     Numeric(
         "01.largest-batch", "Largest batch that fits the card (memlab's fit search, max_batch)",
+        predict_first=True,
         reference=_largest_batch, unit="", rtol=0.01,
         hint="model states are fixed and activations grow with the batch, but a batch fits only if the peak of every "
              "phase fits: compare estimate(model, setup.with_(batch=b)).peak_bytes, not .total_bytes (the sum of "
@@ -126,6 +127,7 @@ EXERCISES = (
     ),
     Numeric(
         "01.fragmented-short", "GiB by which the fragmented-2.5 request exceeds free plus reserved-but-unallocated",
+        predict_first=True,
         reference=_short_gib, unit="GiB", rtol=0.02,
         hint="the most the request could get is what the driver has free plus every reserved-but-unallocated byte "
              "the allocator could hand out with expandable_segments; subtract that from the request",

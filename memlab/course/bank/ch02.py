@@ -56,6 +56,7 @@ def _billions_fit(capacity_gib: float) -> float:
 EXERCISES = (
     Numeric(
         "02.amp-run-mib", "Model states (no step counters) of the amp-bf16 + AdamW run, MiB",
+        predict_first=True,
         reference=_states_mib, unit="MiB", rtol=0.01,
         hint="autocast changes the dtype of the matmuls' inputs, not of the stored weights, gradients or moments: "
              "count the bytes per parameter that stay in storage, times model.param_count()",
@@ -87,6 +88,9 @@ EXERCISES = (
                                            "count.",
                    lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 master "
                                        "weights.",
+                   # seed 004's 84 typed bare: a bare number is read in the question's unit, GiB
+                   lambda: 84e9 / 1e9: "84 is seed 004's budget (14 + 14 + 56, in GB, read here as GiB): 12 B/param, "
+                                       "without the fp32 master weights, and chapter 01 showed it is short.",
                    lambda: 12 * _llama_count() / GiB: "12 B/param leaves out the fp32 master weights.",
                    lambda: 16 * _llama_count() / 1e9: "That is in decimal GB; the question asks for GiB."},
     ),

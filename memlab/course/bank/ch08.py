@@ -46,6 +46,7 @@ def _u_eff_vllm(used_gib: float) -> float:
 EXERCISES = (
     Choice(
         "08.cpu-percent", "Which loop reads the highest CPU %",
+        predict_first=True,
         reference=_highest_cpu,
         options={"busy": "the Python busy loop", "copy": "the copy", "matmul": "the matmul",
                  "same": f"about the same, within {SAME_WITHIN - 1:.0%} of each other"},
