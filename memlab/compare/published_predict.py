@@ -15,6 +15,7 @@ the MFU that throughput implies. The residual is ``(predicted - published) / pub
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
@@ -183,9 +184,14 @@ def predict_row(row: PublishedRow) -> PublishedPrediction:
     return _throughput(row)
 
 
+@lru_cache(maxsize=8)
+def _predicted(rows: tuple[PublishedRow, ...]) -> tuple[PublishedPrediction, ...]:
+    return tuple(predict_row(r) for r in rows)
+
+
 def predict_published(rows: tuple[PublishedRow, ...] | None = None) -> tuple[PublishedPrediction, ...]:
-    """:func:`predict_row` of every row (the shipped ledger by default)."""
-    return tuple(predict_row(r) for r in (published_rows() if rows is None else rows))
+    """:func:`predict_row` of every row (the shipped ledger by default; cached: rows and predictions are frozen)."""
+    return _predicted(published_rows() if rows is None else tuple(rows))
 
 
 def published_frame(rows: tuple[PublishedRow, ...] | None = None) -> pd.DataFrame:
