@@ -498,7 +498,11 @@ print(" ".join([*cluster, "-m", "memlab.run.distributed.worker", "'<spec json>'"
 
 # %%
 recorded = ch.recorded("05_zero_fsdp_gpu")
-recorded if recorded is not None else "No GPU measurements for this chapter are recorded in data/recorded/ yet."
+recorded if recorded is not None else ("No GPU run of this chapter is recorded in data/recorded/: the GPU evidence "
+                                       "is the published measurements below.")
+
+# %%
+ch.published("05")
 
 # %% [markdown]
 # ## 6. The same FSDP2 step, three ways: the estimate, memlab's trace, torchtitan's estimator

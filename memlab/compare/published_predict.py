@@ -216,3 +216,42 @@ def residual_summary(frame: pd.DataFrame) -> pd.DataFrame:
                     "worst_residual": None if worst is None else worst["residual"],
                     "worst_row": None if worst is None else worst["row_id"]})
     return pd.DataFrame(out)
+
+
+def _setup_text(row: PublishedRow) -> str:
+    """The row's setup in one line, leaving out what the source does not state."""
+    shape = f"batch {row.batch} x seq {row.seq}" if row.batch and row.seq else (f"batch {row.batch}" if row.batch
+                                                                                 else "")
+    parts = (row.model, row.precision, row.optimizer, shape, f"checkpointing: {row.checkpointing}"
+             if row.checkpointing else "", row.attention, row.parallel, row.finetune, row.other_setup)
+    return "; ".join(p for p in parts if p and "not stated" not in p)
+
+
+def _figure_text(value: float | None, unit: str) -> str:
+    """A figure with its unit, to three significant figures (``-`` when absent)."""
+    if value is None or value != value:
+        return "-"
+    return f"{value:,.3g} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+
+
+def chapter_frame(chapter: str) -> pd.DataFrame:
+    """The published rows that bear on chapter ``chapter`` ("07") as a reader's table: the source and where in it,
+    the hardware, what the number measures, the setup, the published figure, memlab's figure for that setup, the
+    residual and what explains it."""
+    import pandas as pd
+
+    rows = published_rows(chapter=chapter)
+    if not rows:
+        raise MemlabError(f"no published row bears on chapter {chapter}: tag rows in data/published/ledger.csv")
+    preds = {p.row_id: p for p in predict_published(rows)}
+    out = []
+    for r in rows:
+        p = preds[r.row_id]
+        memlab = p.memlab_figure or _figure_text(p.predicted, r.unit) if p.predicted is not None or p.memlab_figure \
+            else p.status
+        out.append({"row": r.row_id, "source (published)": r.source, "where": f"{r.locator}; {r.url}",
+                    "hardware": f"{r.devices} x {r.gpu}" if r.devices else r.gpu,
+                    "what the number is": f"{r.kind} ({r.unit})", "setup": _setup_text(r),
+                    "published": _figure_text(r.figure, r.unit), "memlab": memlab,
+                    "residual": "-" if p.residual is None else f"{100 * p.residual:+.1f} %", "why": p.note})
+    return pd.DataFrame(out)
