@@ -4,8 +4,8 @@ For a memory row (its unit is bytes) the prediction is :func:`memlab.predict.est
 setup (``memlab_model`` + ``memlab_setup``): the predicted peak allocated bytes of one device, in the row's unit.
 A setup memlab refuses is predicted with the row's ``memlab_approx`` changes when it has some (said in the note),
 and stays refused otherwise. ``predicted_default`` is memlab's answer on its own defaults for the same model and
-shape (``Setup(batch, seq, attention='auto')``: fp32, AdamW, no recompute, one device), what a user who gave
-nothing else would read. An MFU row gets :func:`memlab.predict.compute.flops.mfu` of the row's published
+shape (``Setup(mode, batch, seq, attention='auto')``: fp32, AdamW, no recompute, one device), what a user who
+gave nothing else would read. An MFU row gets :func:`memlab.predict.compute.flops.mfu` of the row's published
 throughput (memlab's FLOPs per token over the device's dense bf16 peak). A throughput or time row is not
 predicted (memlab counts FLOPs and bytes, not kernel time); where memlab knows the model and the GPU it shows
 the MFU that throughput implies. The residual is ``(predicted - published) / published``. The notes come from
@@ -110,7 +110,8 @@ def _default(config: TransformerConfig, row: PublishedRow) -> float | None:
     """memlab's peak on its own defaults for the row's model and shape, in the row's unit (None if refused)."""
     f = row.setup_fields
     try:
-        bd = estimate(config, Setup(batch=f.get("batch", 1), seq=f.get("seq", 1024), attention="auto"))
+        bd = estimate(config, Setup(mode=f.get("mode", "train"), batch=f.get("batch", 1), seq=f.get("seq", 1024),
+                                    attention="auto"))
     except MemlabError:
         return None
     return bd.peak_bytes / MEMORY_UNITS[row.unit]
@@ -129,13 +130,14 @@ def _memory(row: PublishedRow) -> PublishedPrediction:
         return PublishedPrediction(**base, predicted=None, predicted_default=_default(config, row), residual=None,
                                    status="refused", note=str(exc))
     predicted = bd.peak_bytes / MEMORY_UNITS[row.unit]
-    extra = [how] if how else []
+    extra = [e for e in (row.memlab_gap, how) if e]  # memlab_gap beside a model: the closest config and its gaps
     if bd.paged_bytes:
         extra.append(f"paged optimizer states ({bd.paged_bytes / 2**30:.2f} GiB) live in CUDA managed memory, "
                      "outside torch's allocator and memlab's peak")
     return PublishedPrediction(**base, predicted=predicted, predicted_default=_default(config, row),
                                residual=(predicted - row.figure) / row.figure,
-                               status="approximated" if how else "predicted", note=_notes(row, extra))
+                               status="approximated" if how or row.memlab_gap else "predicted",
+                               note=_notes(row, extra))
 
 
 def _source_mfu(row: PublishedRow, config: TransformerConfig, tps: float, peak: float | None) -> str:
