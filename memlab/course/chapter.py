@@ -4,7 +4,9 @@ A chapter starts with ``ch = chapter(scale, device, seed, out_dir)`` using its t
 injects values when ``make report`` runs it). ``scale="auto"`` means ``ci`` (small, seconds) on a CPU and ``full``
 (real size) on CUDA; the same notebook code runs both. The :class:`Chapter` it returns saves figures and tables,
 appends prediction-vs-measurement rows to the chapter's ledger (which the report summarises), says in one sentence
-what a CPU cannot show, and loads results recorded on a real GPU from ``data/recorded/`` with their label.
+what a CPU cannot show, loads results recorded on a real GPU from ``data/recorded/`` with their label, and shows the
+published GPU measurements that bear on the chapter (``ch.published("07")``, from ``data/published/ledger.csv``) next to
+memlab's prediction for each setup.
 """
 
 from __future__ import annotations
