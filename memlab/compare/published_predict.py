@@ -236,6 +236,15 @@ def _figure_text(value: float | None, unit: str) -> str:
     return f"{value:,.3g} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
 
 
+def _short_url(url: str) -> str:
+    """``https://github.com/OWNER/REPO/blob/COMMIT/PATH`` as ``OWNER/REPO@COMMIT7: PATH`` (it wraps in a table)."""
+    head, sep, tail = url.partition("/blob/")
+    if not sep or "/" not in tail:
+        return url
+    commit, _, path = tail.partition("/")
+    return f"{head.removeprefix('https://github.com/')}@{commit[:7]}: {path}"
+
+
 def chapter_frame(chapter: str) -> pd.DataFrame:
     """The published rows that bear on chapter ``chapter`` ("07") as a reader's table: the source and where in it,
     the hardware, what the number measures, the setup, the published figure, memlab's figure for that setup, the
@@ -251,7 +260,7 @@ def chapter_frame(chapter: str) -> pd.DataFrame:
         p = preds[r.row_id]
         memlab = p.memlab_figure or _figure_text(p.predicted, r.unit) if p.predicted is not None or p.memlab_figure \
             else p.status
-        out.append({"row": r.row_id, "source (published)": r.source, "where": f"{r.locator}; {r.url}",
+        out.append({"row": r.row_id, "source (published)": r.source, "where": f"{r.locator}; {_short_url(r.url)}",
                     "hardware": f"{r.devices} x {r.gpu}" if r.devices else r.gpu,
                     "what the number is": f"{r.kind} ({r.unit})", "setup": _setup_text(r),
                     "published": _figure_text(r.figure, r.unit), "memlab": memlab,
