@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memlab.errors import MemlabError
+from memlab.predict.spec.model import preset_names
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -162,6 +163,9 @@ def _row(raw: dict[str, str], where: str) -> PublishedRow:
             from None
     if raw["kind"] in ("max_allocated", "reserved", "active", "nvidia_smi_used") and raw["unit"] not in MEMORY_UNITS:
         raise MemlabError(f"{where}: kind {raw['kind']} is a memory figure but its unit is {raw['unit']!r}")
+    if raw.get("memlab_model") and raw["memlab_model"] not in preset_names():
+        raise MemlabError(f"{where}: memlab_model {raw['memlab_model']!r} is not a memlab preset "
+                          "(memlab.predict.spec.model.preset_names)")
     if raw.get("memlab_setup") and not raw.get("memlab_model"):
         raise MemlabError(f"{where}: memlab_setup without memlab_model: name the preset the setup applies to")
     if not raw.get("memlab_model") and raw["unit"] in MEMORY_UNITS and not raw.get("memlab_gap"):

@@ -60,7 +60,8 @@ SETUP_NOTES = (
 class PublishedPrediction:
     """memlab's figure for one published row. ``predicted`` and ``predicted_default`` are in the row's ``unit``;
     ``residual = (predicted - published) / published``; ``status`` is predicted, approximated (predicted with the
-    row's memlab_approx changes), refused, not expressible or not predicted; ``memlab_figure`` is a figure memlab
+    row's memlab_approx changes, or on the closest config its memlab_gap names), refused, not expressible or not
+    predicted; ``memlab_figure`` is a figure memlab
     gives that is not the published quantity (the MFU a throughput implies)."""
 
     row_id: str
@@ -160,9 +161,13 @@ def _throughput(row: PublishedRow) -> PublishedPrediction:
                                    note=f"memlab predicts FLOPs and bytes, not kernel time; {why}")
     config, tps = preset(row.memlab_model), float(row.tokens_per_s_per_device)
     fields = row.setup_fields
-    tuned = Setup(**fields) if fields.get("finetune", "full") not in ("full",) else None  # LoRA: its step's FLOPs
-    r = mfu(config, tps, accelerator=row.memlab_gpu, seq=_seq(row), recompute=fields.get("recompute", "none"),
-            dtype="bf16", finetune=tuned)
+    try:
+        tuned = Setup(**fields) if fields.get("finetune", "full") != "full" else None  # LoRA: its step's FLOPs
+        r = mfu(config, tps, accelerator=row.memlab_gpu, seq=_seq(row), recompute=fields.get("recompute", "none"),
+                dtype="bf16", finetune=tuned)
+    except MemlabError as exc:
+        return PublishedPrediction(**base, predicted=None, residual=None, status="refused", memlab_figure="",
+                                   note=str(exc))
     if r.mfu is None:
         return PublishedPrediction(**base, predicted=None, residual=None, status="not predicted", memlab_figure="",
                                    note=str(r.reason))

@@ -75,6 +75,7 @@ def _write(tmp_path: Path, change: dict[str, str]) -> Path:
     ({"unit": "gigs"}, "unit 'gigs'"),
     ({"figure": "82,4"}, "not a number"),
     ({"memlab_setup": "batch"}, "not key=value"),
+    ({"memlab_model": "llama-9b"}, "not a memlab preset"),
 ])
 def test_malformed_row_is_one_memlab_error_line(tmp_path: Path, change: dict[str, str], says: str) -> None:
     with pytest.raises(MemlabError, match=re.escape(says)) as info:
