@@ -17,6 +17,7 @@ line naming the line and the field.
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +42,11 @@ MEMORY_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "MB": 10**6, "
 
 OTHER_UNITS = ("s", "tokens/s", "tokens/s/GPU", "samples/s", "%")
 """Units of the time, throughput and utilisation figures."""
+
+SOURCE_FLOPS = ("6*all_params+12*l*h*q*t", "6*N+12*l*d*T")
+"""The sources' own FLOPs-per-token formulas a row may name in ``source_flops`` (its MFU's definition): torchtitan's
+6 x all parameters + 12 * layers * heads * head_dim * seq on memlab's config, and llm-foundry's 6 x NumParams +
+12 * layers * d_model * seq with ``;l=..;d=..`` from the source's model yaml."""
 
 REQUIRED = ("row_id", "source_id", "source", "url", "version", "locator", "quote", "figure", "unit", "kind", "gpu")
 """Fields every row must fill."""
@@ -147,6 +153,19 @@ def parse_setup(text: str) -> dict[str, Any]:
     return out
 
 
+def _check_memlab_model(raw: dict[str, str], where: str) -> None:
+    """``memlab_model`` is a preset name, or ``params:N`` (a bare parameter count, for an MFU row only)."""
+    name = raw.get("memlab_model") or ""
+    if name.startswith("params:"):
+        setup = raw.get("memlab_setup") or ""
+        if not name[7:].isdigit() or raw["unit"] in MEMORY_UNITS or not re.fullmatch(r"seq=\d+", setup):
+            raise MemlabError(f"{where}: memlab_model {name!r}: params:N takes a whole parameter count, on a "
+                              "throughput or MFU row whose memlab_setup is only seq=T")
+    elif name and name not in preset_names():
+        raise MemlabError(f"{where}: memlab_model {name!r} is not a memlab preset "
+                          "(memlab.predict.spec.model.preset_names)")
+
+
 def _row(raw: dict[str, str], where: str) -> PublishedRow:
     """One checked row: required fields filled, a known kind and unit, a number, a parsable setup."""
     empty = [k for k in REQUIRED if not (raw.get(k) or "").strip()]
@@ -163,9 +182,9 @@ def _row(raw: dict[str, str], where: str) -> PublishedRow:
             from None
     if raw["kind"] in ("max_allocated", "reserved", "active", "nvidia_smi_used") and raw["unit"] not in MEMORY_UNITS:
         raise MemlabError(f"{where}: kind {raw['kind']} is a memory figure but its unit is {raw['unit']!r}")
-    if raw.get("memlab_model") and raw["memlab_model"] not in preset_names():
-        raise MemlabError(f"{where}: memlab_model {raw['memlab_model']!r} is not a memlab preset "
-                          "(memlab.predict.spec.model.preset_names)")
+    _check_memlab_model(raw, where)
+    if raw.get("source_flops") and raw["source_flops"].split(";")[0] not in SOURCE_FLOPS:
+        raise MemlabError(f"{where}: source_flops {raw['source_flops']!r} is not one of {', '.join(SOURCE_FLOPS)}")
     if raw.get("memlab_setup") and not raw.get("memlab_model"):
         raise MemlabError(f"{where}: memlab_setup without memlab_model: name the preset the setup applies to")
     if not raw.get("memlab_model") and raw["unit"] in MEMORY_UNITS and not raw.get("memlab_gap"):

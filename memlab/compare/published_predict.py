@@ -141,14 +141,25 @@ def _memory(row: PublishedRow) -> PublishedPrediction:
                                note=_notes(row, extra))
 
 
-def _source_mfu(row: PublishedRow, config: TransformerConfig, tps: float, peak: float | None) -> str:
-    """The MFU the source's own FLOPs formula gives on memlab's config (``source_flops``), as a note."""
-    if row.source_flops != "6*all_params+12*l*h*q*t" or peak is None:
-        return ""
+def _source_mfu(row: PublishedRow, model: TransformerConfig | float, tps: float, peak: float | None) -> str:
+    """The MFU the source's own FLOPs formula (``source_flops``) gives with memlab's peak, as a note: on memlab's
+    config (torchtitan's 6 x all parameters + 12*l*h*q*t) or on the row's parameter count and the source's dims
+    (llm-foundry's 6N + 12*l*d*T)."""
+    formula, *dims = row.source_flops.split(";") if row.source_flops else ("",)
     seq = _seq(row) or 0
-    per_token = 6 * config.param_count() + 12 * config.n_layers * config.n_heads * config.head_dim * seq
-    return (f"the source's formula (6 x all parameters, embeddings included, + 12*l*h*q*t) on memlab's config "
-            f"gives {100 * tps * per_token / peak:.1f} %")
+    if peak is None or not formula:
+        return ""
+    if formula == "6*all_params+12*l*h*q*t" and isinstance(model, TransformerConfig):
+        per_token = 6 * model.param_count() + 12 * model.n_layers * model.n_heads * model.head_dim * seq
+        said = "6 x all parameters, embeddings included, + 12*l*h*q*t, on memlab's config"
+    elif formula == "6*N+12*l*d*T" and not isinstance(model, TransformerConfig):
+        d = dict(pair.split("=") for pair in dims)
+        attention = 12 * int(d["l"]) * int(d["d"]) * seq
+        per_token = 6 * model + attention
+        said = f"6N + 12*l*d*T with l = {d['l']}, d = {d['d']}: attention adds {attention / (6 * model):.1%} to 6N"
+    else:
+        return ""
+    return f"the source's formula ({said}) with memlab's peak gives {100 * tps * per_token / peak:.1f} %"
 
 
 def _throughput(row: PublishedRow) -> PublishedPrediction:
@@ -159,7 +170,9 @@ def _throughput(row: PublishedRow) -> PublishedPrediction:
         why = row.memlab_gap or ("no memlab GPU entry for " + row.gpu if row.memlab_model else "no memlab model")
         return PublishedPrediction(**base, predicted=None, residual=None, status="not predicted", memlab_figure="",
                                    note=f"memlab predicts FLOPs and bytes, not kernel time; {why}")
-    config, tps = preset(row.memlab_model), float(row.tokens_per_s_per_device)
+    params = row.memlab_model.startswith("params:")
+    config = float(row.memlab_model[7:]) if params else preset(row.memlab_model)  # params:N: 6N, no attention
+    tps = float(row.tokens_per_s_per_device)
     fields = row.setup_fields
     try:
         tuned = Setup(**fields) if fields.get("finetune", "full") != "full" else None  # LoRA: its step's FLOPs

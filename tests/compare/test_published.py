@@ -76,6 +76,8 @@ def _write(tmp_path: Path, change: dict[str, str]) -> Path:
     ({"figure": "82,4"}, "not a number"),
     ({"memlab_setup": "batch"}, "not key=value"),
     ({"memlab_model": "llama-9b"}, "not a memlab preset"),
+    ({"memlab_model": "params:7e9"}, "params:N takes a whole parameter count"),
+    ({"source_flops": "6N"}, "source_flops '6N' is not one of"),
 ])
 def test_malformed_row_is_one_memlab_error_line(tmp_path: Path, change: dict[str, str], says: str) -> None:
     with pytest.raises(MemlabError, match=re.escape(says)) as info:
@@ -107,6 +109,15 @@ def test_mfu_row_gets_memlab_mfu_and_the_source_formula() -> None:
     p = predict_row(row)
     assert p.status == "predicted" and p.residual is not None and abs(p.residual) < 0.1
     assert "61.1 %" in p.note  # torchtitan's own formula on memlab's Llama 2 13B reproduces the published 61.1 %
+
+
+def test_params_row_gets_6n_and_the_sources_formula_reproduces_the_figure() -> None:
+    """llm-foundry's MPT-7B row: memlab from the bare parameter count counts 6N; the source's 6N + 12*l*d*T with
+    memlab's H100 peak gives the published 46.4 %."""
+    row = next(r for r in published_rows() if r.row_id == "lf-h100-05")
+    p = predict_row(row)
+    assert p.status == "predicted" and p.predicted is not None and p.predicted < row.figure
+    assert "gives 46.4 %" in p.note
 
 
 def test_unexpressible_row_says_why_without_raising() -> None:
