@@ -341,7 +341,11 @@ else:
                         "to it when freed, so there is no 'reserved but unallocated' to measure. The GPU run "
                         "below is shown when the repo has one recorded."))
 rec = ch.recorded("01_fragmentation_gpu")
-rec if rec is not None else "No GPU fragmentation run is recorded yet."
+rec if rec is not None else ("No GPU fragmentation run is recorded yet: the GPU evidence is the "
+                             "published measurements below.")
+
+# %%
+ch.published("01")
 
 # %% [markdown]
 # **Got an OOM? Read these, in this order.** The message (section 1), then `torch.cuda.memory_stats()` at the

@@ -498,7 +498,11 @@ print(" ".join([*cluster, "-m", "memlab.run.distributed.worker", "'<spec json>'"
 
 # %%
 recorded = ch.recorded("05_zero_fsdp_gpu")
-recorded if recorded is not None else "No GPU run of this chapter is recorded yet."
+recorded if recorded is not None else ("No GPU run of this chapter is recorded yet: the GPU evidence "
+                                       "is the published measurements below.")
+
+# %%
+ch.published("05")
 
 # %% [markdown]
 # ## 6. The same FSDP2 step, three ways: the estimate, memlab's trace, torchtitan's estimator

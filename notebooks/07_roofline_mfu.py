@@ -546,6 +546,9 @@ ch.seed_claims([
      "pin_memory are GPU effects"),
 ], columns=["seed", "claim", "verdict", "number (this run)"])
 
+# %%
+ch.published("07")
+
 # %% [markdown]
 # ## Summary
 #

@@ -150,8 +150,12 @@ if CUDA:
     display(gpu_util)
     display(ledger)
 recorded = [r for r in (ch.recorded(f"utilisation_{n}") for n in ("gpu_util", "nvml_ledger")) if r is not None]
-recorded if recorded else Markdown("No GPU-Util or NVML ledger recording is in `data/recorded/` yet: on this page "
-                                   "the GPU's side is the definitions (NVML, DCGM) and the tables below.")
+recorded if recorded else Markdown("No GPU-Util or NVML ledger recording is in `data/recorded/`: on this page the "
+                                   "GPU's side is the definitions (NVML, DCGM), the tables below and the published "
+                                   "measurements after them.")
+
+# %%
+ch.published("08")
 
 # %%
 ch.cpu_note("GPU-Util, NVML's memory ledger and the CUDA context exist only with a GPU and its driver; the two "

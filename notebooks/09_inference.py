@@ -576,9 +576,12 @@ Markdown(
 # %%
 recorded = ch.recorded("09_inference_gpu")
 recorded if recorded is not None else Markdown(
-    "**GPU evidence.** No GPU run of this chapter is recorded in `data/recorded/` yet. The GPU figures on this page "
-    "are section 4's roofline bound (predicted from the datasheet) and the vLLM paper's measured KV occupancy "
-    "(section 6); the CPU times of section 2 are not GPU evidence.")
+    "**GPU evidence.** No GPU run of this chapter is recorded in `data/recorded/`. The GPU figures on this page "
+    "are section 4's roofline bound (predicted from the datasheet), the vLLM paper's measured KV occupancy "
+    "(section 6) and the published measurements below; the CPU times of section 2 are not GPU evidence.")
+
+# %%
+ch.published("09")
 
 # %% [markdown]
 # ## Exercises

@@ -485,6 +485,9 @@ shoot = calculators.finetune_shoot_out(runs, measured_lora)
 ch.save_table(shoot, "lora_shoot_out")
 calculators.error_table(shoot)
 
+# %%
+ch.published("11")
+
 # %% [markdown]
 # ## Summary
 #

@@ -200,10 +200,20 @@ def add_ledger_arguments(p: argparse.ArgumentParser) -> None:
                    help="resumable sweep file (default build/ledger/ci-<device>.jsonl)")
     p.add_argument("--fresh", action="store_true", help="start the sweep file over")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--published", action="store_true",
+                   help="instead of measuring: the published GPU measurements (data/published/ledger.csv) with "
+                        "memlab's prediction of each, the residual and what explains it")
+    p.add_argument("--chapter", type=bounded_int(0, 99, "the course's chapters are numbered 00 to 99"), default=None,
+                   metavar="NN", help="with --published: only the rows bearing on this chapter")
 
 
 def run_ledger(args: argparse.Namespace) -> int:
-    """Measure the validation grid and print the achieved error per component."""
+    """Measure the validation grid and print the achieved error per component (``--published``: the published
+    GPU figures beside memlab's predictions)."""
+    if args.published:
+        return _run_published(args)
+    if args.chapter is not None:
+        raise MemlabError("--chapter filters the published rows: use it with --published")
     from memlab.compare.ledger import ci_grid, error_summary, ledger
     from memlab.device import device_string
     from memlab.run.sweep import measurement_of, read_rows, sweep
@@ -228,3 +238,53 @@ def run_ledger(args: argparse.Namespace) -> int:
         s[col] = s[col].map(lambda v: f"{100 * v:.4f} %")
     print(s.to_string(index=False))
     return 0 if not failed else 1
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    """A figure in its unit (``-`` when absent)."""
+    if value is None or value != value:
+        return "-"
+    return f"{value:,.3g} {unit}" if abs(value) < 100 else f"{value:,.0f} {unit}"
+
+
+def _published_lines(frame: Any) -> list[str]:
+    """Three lines per published row: figure against prediction, the setup and source, what explains it."""
+    lines = []
+    for r in frame.itertuples(index=False):
+        res = "-" if r.residual is None or r.residual != r.residual else f"{100 * r.residual:+.1f} %"
+        default = "" if r.predicted_default is None or r.predicted_default != r.predicted_default else \
+            f" (memlab defaults: {_fmt(r.predicted_default, r.unit)})"
+        lines.append(f"{r.row_id:<11} {r.kind:<15} published {_fmt(r.figure, r.unit):>16}   memlab "
+                     f"{_fmt(r.predicted, r.unit):>16}{default}   residual {res}   [{r.status}]")
+        lines.append(f"    {r.model}; {r.gpu}; {r.source_id}: {r.locator}")
+        lines.append(f"    {r.memlab_figure + '; ' if r.memlab_figure else ''}{r.note}")
+    return lines
+
+
+def _run_published(args: argparse.Namespace) -> int:
+    """``memlab ledger --published``: every published row with memlab's figure, residual and note; a summary."""
+    from memlab.compare.published import PUBLISHED_CSV, published_rows
+    from memlab.compare.published_predict import published_frame, residual_summary
+
+    if args.out is not None or args.fresh:
+        raise MemlabError("--out and --fresh belong to the measured sweep; --published reads the published ledger")
+    rows = published_rows(chapter=None if args.chapter is None else f"{args.chapter:02d}")
+    if not rows:
+        raise MemlabError(f"no published row bears on chapter {args.chapter:02d}")
+    frame = published_frame(rows)
+    summary = residual_summary(frame)
+    if args.json:
+        print_json({"rows": frame.to_dict(orient="records"), "summary": summary.to_dict(orient="records")},
+                   default=str)
+        return 0
+    print(f"memlab ledger --published: {len(rows)} published GPU figures from {frame['source_id'].nunique()} "
+          f"sources ({PUBLISHED_CSV.relative_to(PUBLISHED_CSV.parents[2])}). memlab predicts one device's peak "
+          "allocated bytes (memlab.predict.estimate) and MFU from FLOPs; residual = (predicted - published) / "
+          "published; nothing is tuned to these rows.\n")
+    print("\n".join(_published_lines(frame)))
+    s = summary.copy()
+    for col, spec in (("median_abs_residual", ".1f"), ("worst_residual", "+.1f")):
+        s[col] = s[col].map(lambda v, spec=spec: "-" if v is None or v != v else f"{100 * v:{spec}} %")
+    print("\nresidual by kind of figure (rows memlab predicts; 'other' = the source does not say which peak):")
+    print(s.fillna("-").to_string(index=False))
+    return 0

@@ -4,7 +4,9 @@ A chapter starts with ``ch = chapter(scale, device, seed, out_dir)`` using its t
 injects values when ``make report`` runs it). ``scale="auto"`` means ``ci`` (small, seconds) on a CPU and ``full``
 (real size) on CUDA; the same notebook code runs both. The :class:`Chapter` it returns saves figures and tables,
 appends prediction-vs-measurement rows to the chapter's ledger (which the report summarises), says in one sentence
-what a CPU cannot show, and loads results recorded on a real GPU from ``data/recorded/`` with their label.
+what a CPU cannot show, loads results recorded on a real GPU from ``data/recorded/`` with their label, and shows the
+published GPU measurements that bear on the chapter (``ch.published("07")``, from ``data/published/ledger.csv``) next to
+memlab's prediction for each setup.
 """
 
 from __future__ import annotations
@@ -107,6 +109,30 @@ class SeedClaims:
 
     def _repr_html_(self) -> str:
         return reader_html(self.frame, index=False)
+
+
+@dataclass(frozen=True)
+class PublishedEvidence:
+    """Published GPU measurements that bear on a chapter, next to memlab's prediction for each setup
+    (:func:`memlab.compare.published_predict.chapter_frame`). Shown labelled as published: read at their sources,
+    never measured by this project."""
+
+    chapter: str
+    frame: Any  # pandas.DataFrame
+
+    @property
+    def label(self) -> str:
+        """The heading a page shows above the table."""
+        return (f"Published GPU measurements bearing on chapter {self.chapter} ({len(self.frame)} figures from "
+                f"{self.frame['source (published)'].nunique()} sources, read at the "
+                "sources cited in data/published/ledger.csv; not measured by this project). memlab: its prediction "
+                "for the row's setup (one device's peak allocated bytes, or the MFU of the published throughput); "
+                "residual = (memlab - published) / published.")
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<p><b>{html.escape(self.label)}</b></p>" + reader_html(self.frame, index=False)
 
 
 @dataclass(frozen=True)
@@ -246,6 +272,16 @@ class Chapter:
             shown[name] = found.label
             path.write_text(json.dumps(shown, indent=1))
         return found
+
+    def published(self, chapter: str) -> PublishedEvidence:
+        """The published GPU measurements that bear on chapter ``chapter`` ("07"): each row's source, hardware and
+        what the number measures, labelled published, beside memlab's prediction for that setup, the residual and
+        what explains it. Saved as ``out_dir/published.csv``."""
+        from memlab.compare.published_predict import chapter_frame
+
+        frame = chapter_frame(chapter)
+        self.save_table(frame, "published")
+        return PublishedEvidence(f"{int(chapter):02d}", frame)
 
 
 def _in_notebook() -> bool:

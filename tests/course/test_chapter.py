@@ -248,3 +248,21 @@ def test_reader_columns_name_units_and_convert_values() -> None:
     for top in (1, 2**10, 2**20 - 1, 2**20, 2**45):  # the largest unit the largest value reaches
         label = reader_columns(pd.DataFrame({"x_bytes": [top, 1]})).columns[0]
         assert label == f"x ({ {1: 'B', 2**10: 'KiB', 2**20 - 1: 'KiB', 2**20: 'MiB', 2**45: 'TiB'}[top] })"
+
+
+def test_published_evidence_is_labelled_and_saved(tmp_path: Path) -> None:
+    """``ch.published("07")``: the published GPU rows of the chapter, labelled published, with memlab's figure."""
+    ch = chapter("ci", "cpu", 0, tmp_path)
+    shown = ch.published("07")
+    assert shown.chapter == "07" and len(shown.frame) > 0
+    assert "not measured by this project" in shown.label and "published" in shown.label.lower()
+    assert {"source (published)", "hardware", "what the number is", "published", "memlab", "residual",
+            "why"} <= set(shown.frame.columns)
+    assert (tmp_path / "published.csv").exists() and "<table" in shown._repr_html_()
+
+
+def test_every_chapter_has_published_rows() -> None:
+    from memlab.compare.published import published_rows
+
+    for number in range(12):
+        assert published_rows(chapter=f"{number:02d}"), f"no published row bears on chapter {number:02d}"

@@ -1,0 +1,286 @@
+"""memlab's prediction next to each published GPU figure, the residual, and what explains it.
+
+For a memory row (its unit is bytes) the prediction is :func:`memlab.predict.estimate.estimate` of the row's
+setup (``memlab_model`` + ``memlab_setup``): the predicted peak allocated bytes of one device, in the row's unit.
+A setup memlab refuses is predicted with the row's ``memlab_approx`` changes when it has some (said in the note),
+and stays refused otherwise. ``predicted_default`` is memlab's answer on its own defaults for the same model and
+shape (``Setup(mode, batch, seq, attention='auto')``: fp32, AdamW, no recompute, one device), what a user who
+gave nothing else would read. An MFU row gets :func:`memlab.predict.compute.flops.mfu` of the row's published
+throughput (memlab's FLOPs per token over the device's dense bf16 peak). A throughput or time row is not
+predicted (memlab counts FLOPs and bytes, not kernel time); where memlab knows the model and the GPU it shows
+the MFU that throughput implies. The residual is ``(predicted - published) / published``. The notes come from
+:data:`KIND_NOTES` and :data:`SETUP_NOTES`; nothing is tuned to a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from statistics import median
+from typing import TYPE_CHECKING, Any
+
+from memlab.compare.published import MEMORY_UNITS, PublishedRow, parse_setup, published_rows
+from memlab.errors import MemlabError
+from memlab.predict.compute.flops import mfu
+from memlab.predict.estimate import MemoryBreakdown, estimate
+from memlab.predict.spec.model import TransformerConfig, preset
+from memlab.predict.spec.setup import Setup
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+KIND_NOTES = {
+    "reserved": "published is the caching allocator's peak reserved; memlab predicts the peak allocated (reserved "
+                "adds the allocator's block rounding, cached free blocks and fragmentation)",
+    "nvidia_smi_used": "published is nvidia-smi's used memory: the CUDA context and everything the allocator holds "
+                       "reserved on top of the allocated peak memlab predicts",
+    "active": "published is the peak active bytes; memlab predicts the peak allocated",
+    "max_allocated": "published is torch.cuda.max_memory_allocated, the quantity memlab predicts",
+    "other": "the source does not say which peak it reports (allocated, active or reserved)",
+}
+"""What the published figure measures against memlab's prediction, by :data:`memlab.compare.published.KINDS`."""
+
+SETUP_NOTES = (
+    (lambda r: "torch.compile" in r.other_setup, "torch.compile is not modelled: memlab's figure is the eager step"),
+    (lambda r: "Float8" in r.other_setup or "float8" in r.other_setup,
+     "Float8 linears (torchao) are not modelled: memlab's figure is the bf16 step"),
+    (lambda r: "optimizer in backward" in r.optimizer,
+     "the optimizer runs in backward and frees each gradient there; memlab holds every gradient until the step"),
+    (lambda r: "CPU offload" in r.parallel, "states offloaded to the CPU: memlab counts them as host bytes"),
+    (lambda r: "not stated" in (r.batch + r.seq), "the source does not state the batch or the sequence length"),
+    (lambda r: r.source_id == "torchtune-readme-2024-10" and r.gpu in ("RTX 4090", "RTX A6000"),
+     "the README gives one recipe and setup on a 4090 and an A6000 with different peaks (full 18.9 vs 37.4 GiB, "
+     "LoRA 16.2 vs 30.3 GiB): the runs differ in something the README does not state, and memlab predicts one "
+     "figure for both"),
+)
+"""(condition on the row, note) pairs: setup differences between the published run and memlab's figure."""
+
+
+@dataclass(frozen=True)
+class PublishedPrediction:
+    """memlab's figure for one published row. ``predicted`` and ``predicted_default`` are in the row's ``unit``;
+    ``residual = (predicted - published) / published``; ``status`` is predicted, approximated (predicted with the
+    row's memlab_approx changes, or on the closest config its memlab_gap names), refused, not expressible or not
+    predicted; ``memlab_figure`` is a figure memlab
+    gives that is not the published quantity (the MFU a throughput implies)."""
+
+    row_id: str
+    kind: str
+    unit: str
+    published: float
+    predicted: float | None
+    predicted_default: float | None
+    residual: float | None
+    status: str
+    memlab_figure: str
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready)."""
+        return asdict(self)
+
+
+def _seq(row: PublishedRow) -> int | None:
+    """The setup's sequence length (None when the row has no memlab setup)."""
+    value = row.setup_fields.get("seq")
+    return value if isinstance(value, int) else None
+
+
+def _notes(row: PublishedRow, extra: list[str]) -> str:
+    """The kind's note, the row's setup notes and ``extra``, joined."""
+    parts = ([KIND_NOTES[row.kind]] if row.is_memory and row.kind in KIND_NOTES else []) + extra
+    parts += [note for test, note in SETUP_NOTES if test(row)]
+    return "; ".join(parts)
+
+
+def _estimate(config: TransformerConfig, row: PublishedRow) -> tuple[MemoryBreakdown, str]:
+    """The estimate of the row's setup, or of its memlab_approx version when memlab refuses it as given (the
+    second element says which: '' or the refusal and the changes)."""
+    fields = row.setup_fields
+    try:
+        return estimate(config, Setup(**fields)), ""
+    except MemlabError as exc:
+        if not row.memlab_approx:
+            raise
+        changed = {**fields, **parse_setup(row.memlab_approx)}
+        how = f"memlab refuses the setup as given ({exc}); predicted with {row.memlab_approx} instead"
+        return estimate(config, Setup(**changed)), how
+
+
+def _default(config: TransformerConfig, row: PublishedRow) -> float | None:
+    """memlab's peak on its own defaults for the row's model and shape, in the row's unit (None if refused)."""
+    f = row.setup_fields
+    try:
+        bd = estimate(config, Setup(mode=f.get("mode", "train"), batch=f.get("batch", 1), seq=f.get("seq", 1024),
+                                    attention="auto"))
+    except MemlabError:
+        return None
+    return bd.peak_bytes / MEMORY_UNITS[row.unit]
+
+
+def _memory(row: PublishedRow) -> PublishedPrediction:
+    """A memory row: the estimate's peak against the published bytes."""
+    base = {"row_id": row.row_id, "kind": row.kind, "unit": row.unit, "published": row.figure, "memlab_figure": ""}
+    if not row.memlab_model:
+        return PublishedPrediction(**base, predicted=None, predicted_default=None, residual=None,
+                                   status="not expressible", note=row.memlab_gap)
+    config = preset(row.memlab_model)
+    try:
+        bd, how = _estimate(config, row)
+    except MemlabError as exc:
+        return PublishedPrediction(**base, predicted=None, predicted_default=_default(config, row), residual=None,
+                                   status="refused", note=str(exc))
+    predicted = bd.peak_bytes / MEMORY_UNITS[row.unit]
+    extra = [e for e in (row.memlab_gap, how) if e]  # memlab_gap beside a model: the closest config and its gaps
+    if bd.paged_bytes:
+        extra.append(f"paged optimizer states ({bd.paged_bytes / 2**30:.2f} GiB) live in CUDA managed memory, "
+                     "outside torch's allocator and memlab's peak")
+    return PublishedPrediction(**base, predicted=predicted, predicted_default=_default(config, row),
+                               residual=(predicted - row.figure) / row.figure,
+                               status="approximated" if how or row.memlab_gap else "predicted",
+                               note=_notes(row, extra))
+
+
+def _source_mfu(row: PublishedRow, model: TransformerConfig | float, tps: float, peak: float | None) -> str:
+    """The MFU the source's own FLOPs formula (``source_flops``) gives with memlab's peak, as a note: on memlab's
+    config (torchtitan's 6 x all parameters + 12*l*h*q*t) or on the row's parameter count and the source's dims
+    (llm-foundry's 6N + 12*l*d*T)."""
+    formula, *dims = row.source_flops.split(";") if row.source_flops else ("",)
+    seq = _seq(row) or 0
+    if peak is None or not formula:
+        return ""
+    if formula == "6*all_params+12*l*h*q*t" and isinstance(model, TransformerConfig):
+        per_token = 6 * model.param_count() + 12 * model.n_layers * model.n_heads * model.head_dim * seq
+        said = "6 x all parameters, embeddings included, + 12*l*h*q*t, on memlab's config"
+    elif formula == "6*N+12*l*d*T" and not isinstance(model, TransformerConfig):
+        d = dict(pair.split("=") for pair in dims)
+        attention = 12 * int(d["l"]) * int(d["d"]) * seq
+        per_token = 6 * model + attention
+        said = f"6N + 12*l*d*T with l = {d['l']}, d = {d['d']}: attention adds {attention / (6 * model):.1%} to 6N"
+    else:
+        return ""
+    return f"the source's formula ({said}) with memlab's peak gives {100 * tps * per_token / peak:.1f} %"
+
+
+def _throughput(row: PublishedRow) -> PublishedPrediction:
+    """An MFU row (predicted from its throughput) or a throughput / time row (not predicted; the implied MFU)."""
+    base = {"row_id": row.row_id, "kind": row.kind, "unit": row.unit, "published": row.figure,
+            "predicted_default": None}
+    if not (row.memlab_model and row.memlab_gpu and row.tokens_per_s_per_device):
+        why = row.memlab_gap or ("no memlab GPU entry for " + row.gpu if row.memlab_model else "no memlab model")
+        return PublishedPrediction(**base, predicted=None, residual=None, status="not predicted", memlab_figure="",
+                                   note=f"memlab predicts FLOPs and bytes, not kernel time; {why}")
+    params = row.memlab_model.startswith("params:")
+    config = float(row.memlab_model[7:]) if params else preset(row.memlab_model)  # params:N: 6N, no attention
+    tps = float(row.tokens_per_s_per_device)
+    fields = row.setup_fields
+    try:
+        tuned = Setup(**fields) if fields.get("finetune", "full") != "full" else None  # LoRA: its step's FLOPs
+        r = mfu(config, tps, accelerator=row.memlab_gpu, seq=_seq(row), recompute=fields.get("recompute", "none"),
+                dtype="bf16", finetune=tuned)
+    except MemlabError as exc:
+        return PublishedPrediction(**base, predicted=None, residual=None, status="refused", memlab_figure="",
+                                   note=str(exc))
+    if r.mfu is None:
+        return PublishedPrediction(**base, predicted=None, residual=None, status="not predicted", memlab_figure="",
+                                   note=str(r.reason))
+    formula = f"memlab: {r.formula}, {r.peak_flops_per_s / 1e12:,.0f} TFLOP/s dense bf16 peak of {r.accelerator}"
+    if row.kind == "mfu":
+        predicted = 100 * r.mfu
+        extra = [e for e in (formula, _source_mfu(row, config, tps, r.peak_flops_per_s)) if e]
+        return PublishedPrediction(**base, predicted=predicted, residual=(predicted - row.figure) / row.figure,
+                                   status="predicted", memlab_figure="", note="; ".join(extra))
+    return PublishedPrediction(**base, predicted=None, residual=None, status="not predicted",
+                               memlab_figure=f"implied MFU {100 * r.mfu:.1f} %",
+                               note=f"memlab predicts FLOPs, not kernel time: this throughput is "
+                                    f"{100 * r.mfu:.1f} % of the dense peak ({formula})")
+
+
+def predict_row(row: PublishedRow) -> PublishedPrediction:
+    """memlab's figure for one published row (never raises for a setup memlab cannot express: the status and the
+    note say why)."""
+    if row.is_memory:
+        return _memory(row)
+    return _throughput(row)
+
+
+@lru_cache(maxsize=8)
+def _predicted(rows: tuple[PublishedRow, ...]) -> tuple[PublishedPrediction, ...]:
+    return tuple(predict_row(r) for r in rows)
+
+
+def predict_published(rows: tuple[PublishedRow, ...] | None = None) -> tuple[PublishedPrediction, ...]:
+    """:func:`predict_row` of every row (the shipped ledger by default; cached: rows and predictions are frozen)."""
+    return _predicted(published_rows() if rows is None else tuple(rows))
+
+
+def published_frame(rows: tuple[PublishedRow, ...] | None = None) -> pd.DataFrame:
+    """One row per published figure: its provenance and setup columns, then memlab's prediction columns."""
+    import pandas as pd
+
+    rows = published_rows() if rows is None else rows
+    preds = {p.row_id: p.to_dict() for p in predict_published(rows)}
+    return pd.DataFrame([{**r.to_dict(), **preds[r.row_id]} for r in rows])
+
+
+def residual_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per kind of figure: rows, rows predicted, median |residual| and the worst residual (signed) with its row."""
+    import pandas as pd
+
+    out = []
+    for kind, group in frame.groupby("kind", sort=False):
+        done = group[group["residual"].notna()]
+        worst = done.loc[done["residual"].abs().idxmax()] if len(done) else None
+        out.append({"kind": kind, "rows": len(group), "predicted": len(done),
+                    "median_abs_residual": median(done["residual"].abs()) if len(done) else None,
+                    "worst_residual": None if worst is None else worst["residual"],
+                    "worst_row": None if worst is None else worst["row_id"]})
+    return pd.DataFrame(out)
+
+
+def _setup_text(row: PublishedRow) -> str:
+    """The row's setup in one line, leaving out what the source does not state."""
+    shape = f"batch {row.batch} x seq {row.seq}" if row.batch and row.seq else (f"batch {row.batch}" if row.batch
+                                                                                 else "")
+    parts = (row.model, row.precision, row.optimizer, shape, f"checkpointing: {row.checkpointing}"
+             if row.checkpointing else "", row.attention, row.parallel, row.finetune, row.other_setup)
+    return "; ".join(p for p in parts if p and "not stated" not in p)
+
+
+def _figure_text(value: float | None, unit: str) -> str:
+    """A figure with its unit, to three significant figures (``-`` when absent)."""
+    if value is None or value != value:
+        return "-"
+    return f"{value:,.3g} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+
+
+def _short_url(url: str) -> str:
+    """``https://github.com/OWNER/REPO/blob/COMMIT/PATH`` as ``OWNER/REPO@COMMIT7: PATH`` (it wraps in a table)."""
+    head, sep, tail = url.partition("/blob/")
+    if not sep or "/" not in tail:
+        return url
+    commit, _, path = tail.partition("/")
+    return f"{head.removeprefix('https://github.com/')}@{commit[:7]}: {path}"
+
+
+def chapter_frame(chapter: str) -> pd.DataFrame:
+    """The published rows that bear on chapter ``chapter`` ("07") as a reader's table: the source and where in it,
+    the hardware, what the number measures, the setup, the published figure, memlab's figure for that setup, the
+    residual and what explains it."""
+    import pandas as pd
+
+    rows = published_rows(chapter=chapter)
+    if not rows:
+        raise MemlabError(f"no published row bears on chapter {chapter}: tag rows in data/published/ledger.csv")
+    preds = {p.row_id: p for p in predict_published(rows)}
+    out = []
+    for r in rows:
+        p = preds[r.row_id]
+        memlab = p.memlab_figure or _figure_text(p.predicted, r.unit) if p.predicted is not None or p.memlab_figure \
+            else p.status
+        out.append({"row": r.row_id, "source (published)": r.source, "where": f"{r.locator}; {_short_url(r.url)}",
+                    "hardware": f"{r.devices} x {r.gpu}" if r.devices else r.gpu,
+                    "what the number is": f"{r.kind} ({r.unit})", "setup": _setup_text(r),
+                    "published": _figure_text(r.figure, r.unit), "memlab": memlab,
+                    "residual": "-" if p.residual is None else f"{100 * p.residual:+.1f} %", "why": p.note})
+    return pd.DataFrame(out)
