@@ -51,6 +51,9 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.model.hf import quant_state_tensors, quiet_logger
 from memlab.model.step import Meter, Step, train_step
+from memlab.predict.gpu.alloc_conf import AllocatorConfig, parse_alloc_conf
+from memlab.predict.gpu.allocator import AllocationLog
+from memlab.predict.gpu.replay import Replay, replay
 from memlab.predict.memory.phases import PhaseRow, find_phase
 from memlab.tracing.arguments import (
     check_trace_arguments,
@@ -113,6 +116,10 @@ class Trace:
     paged_bytes: int = 0
     """A paged optimizer's states (paged-adamw, paged-adam-8bit) held at the end: CUDA managed memory on a GPU,
     outside torch's allocator, so in no phase's bytes (:data:`PAGED_DEVICE`); the estimate's ``paged_bytes``."""
+    allocations: AllocationLog = field(default=AllocationLog(), repr=False, compare=False)
+    """Every storage the tracker saw made and freed, in order, with the phases' spans (:func:`allocation_log`): what
+    the CUDA caching allocator would be asked; :meth:`replay` runs it through the allocator model. Not in
+    :meth:`to_dict`."""
 
     def phase(self, name: str, step: str = "steady") -> PhaseRow:
         """The row of one phase of one step (``first`` or ``steady``;
@@ -153,8 +160,20 @@ class Trace:
         return sorted(groups.values(), key=lambda g: -g["activation_bytes"])[:n]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict of every field."""
-        return asdict(self)
+        """JSON-safe dict of every field but :attr:`allocations` (the event log; :meth:`replay` reads it)."""
+        return asdict(replace(self, allocations=AllocationLog()), dict_factory=_without_allocations)
+
+    def replay(self, config: AllocatorConfig | str | None = None, *, capacity_bytes: int | None = None) -> Replay:
+        """This step's allocations replayed through the CUDA caching allocator model
+        (:func:`memlab.predict.gpu.replay.replay`): peak reserved, active and requested bytes, whole and per phase.
+        ``config``: an :class:`~memlab.predict.gpu.alloc_conf.AllocatorConfig` or a ``PYTORCH_CUDA_ALLOC_CONF``
+        string (torch's defaults when None). A model of the allocator run on the traced sizes, not a GPU
+        measurement; on a trace with no log (a trace made before logs existed) it refuses in one line."""
+        if not self.allocations.events:
+            raise SetupError("this trace has no allocation log to replay (trace it again with this memlab)")
+        if not isinstance(config, AllocatorConfig):
+            config = parse_alloc_conf(config)
+        return replay(self.allocations, config, capacity_bytes=capacity_bytes)
 
     def to_frame(self) -> Any:
         """pandas DataFrame, one row per (step, phase): peak and end bytes and each category at the peak."""
@@ -163,6 +182,10 @@ class Trace:
         rows = [{"step": r.step, "phase": r.phase, "peak_bytes": r.peak_bytes, "end_bytes": r.end_bytes,
                  **{c: r.by_category.get(c, 0) for c in CATEGORIES}} for r in self.phases]
         return pd.DataFrame(rows)
+
+
+def _without_allocations(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {k: v for k, v in items if k != "allocations"}
 
 
 # -- the phase recorder over MemTracker ------------------------------------------------------------------------
@@ -200,6 +223,8 @@ class PhaseRecorder(Meter):
     def __init__(self, tracker: Any) -> None:
         self.tracker = tracker
         self.rows: list[PhaseRow] = []
+        self.marks: list[tuple[str, str, int, int]] = []
+        """(step, phase, first event, end event) of each phase in the tracker's ``events`` (:func:`allocation_log`)."""
 
     def _total(self, snap: dict[Any, dict[Any, int]]) -> int:
         return _allocator_total(snap)
@@ -213,7 +238,10 @@ class PhaseRecorder(Meter):
         current = mt.get_tracker_snapshot("current")
         mt._peak_mem_snap = deepcopy(current)
         mt._peak_mem = {dev: int(d.get("Total", 0)) for dev, d in current.items()}
+        events = getattr(mt, "events", ())
+        first = len(events)
         yield
+        self.marks.append((step, name, first, len(events)))
         end, peak = mt.get_tracker_snapshot("current"), mt.get_tracker_snapshot("peak")
         peak_total, end_total = self._total(peak), self._total(end)
         if end_total > peak_total:  # nothing dispatched after the last allocation (a peak is read per op)
@@ -283,12 +311,34 @@ def fast_mem_tracker() -> Any:
     running now (the stock one walks every module it has seen on every op: half of a 7B trace's time) and copies a
     new peak's snapshot shallowly (its deepcopy of a category -> int map took a tenth of the rest). Same numbers;
     relies on its private fields (torch 2.5+). Enter it (``with tracker:``) around the traced work."""
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+
+    add, delete, resize = _UpdateType.ADD, _UpdateType.DEL, _UpdateType.SIZE
 
     class FastMemTracker(MemTracker):
         _by_fqn: dict[str, Any]
         _seen = -1
         _quiet: tuple[contextlib.ExitStack, ...] = ()  # one per open ``with`` (the tracker is re-entrant)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: list[tuple[int, int] | tuple[int]] = []
+            """Every storage booked (``(key, bytes)``) and dropped (``(key,)``), in order: :func:`allocation_log`."""
+
+        def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: int | None = None,
+                         old_reftype: Any = None) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            if u_type is add:
+                if winfo.device != PAGED_DEVICE:
+                    self.events.append((id(winfo), winfo.mem_consumed))
+            elif u_type is delete:
+                if winfo.device != PAGED_DEVICE:
+                    self.events.append((id(winfo),))
+            elif u_type is resize and winfo.device != PAGED_DEVICE:  # resize_: a new storage replaces the old
+                if old_mem_consumed:
+                    self.events.append((id(winfo),))
+                if winfo.mem_consumed:
+                    self.events.append((id(winfo), winfo.mem_consumed))
 
         def __enter__(self) -> Any:
             quiet = contextlib.ExitStack()
@@ -342,6 +392,15 @@ def fast_mem_tracker() -> Any:
                     self._peak_mem_snap[dev] = dict(dev_snap)
 
     return FastMemTracker()
+
+
+def allocation_log(tracker: Any, recorder: PhaseRecorder, source: str = "") -> AllocationLog:
+    """The :class:`~memlab.predict.gpu.allocator.AllocationLog` of a traced run: the storages ``tracker`` (a
+    :func:`fast_mem_tracker`) booked and dropped, in order (a storage's key is its tracker record's ``id``, unique
+    while it lives), and each phase ``recorder`` timed as its span of events. Storages that existed before the
+    tracker (the model's parameters, the optimizer, the batch) come first, as allocations in the order
+    ``track_external`` books them; their creation order and anything freed before it is not seen."""
+    return AllocationLog(tuple(getattr(tracker, "events", ())), tuple(recorder.marks), source)
 
 
 def module_rows(tracker: Any) -> tuple[dict[str, Any], ...]:
@@ -435,9 +494,9 @@ def movable_fake_parameters(mode: Any) -> Iterator[None]:
 
 
 def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Any],
-         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int, int]:
+         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int, int, AllocationLog]:
     """The two traced steps of :func:`trace_step`: (phase rows, module rows, bytes offloaded to the host, a paged
-    optimizer's managed bytes)."""
+    optimizer's managed bytes, the allocation log)."""
     movable = movable_fake_parameters(mode) if not isinstance(mode, contextlib.nullcontext) \
         else contextlib.nullcontext()
     with mode, torch.device("cpu"):
@@ -469,7 +528,9 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
             modules = module_rows(tracker)  # the steady step's (last) micro-batch
             paged = int(tracker.get_tracker_snapshot("current").get(PAGED_DEVICE, {}).get("Total", 0))
     offload = getattr(step, "offload", None)  # activation offload's books: what the last forward copied to the host
-    return rec.rows, modules, (offload.host_bytes if offload is not None else 0), paged
+    log = allocation_log(tracker, rec, "fake-tensor trace" if not isinstance(mode, contextlib.nullcontext)
+                         else "real-tensor trace (CPU)")
+    return rec.rows, modules, (offload.host_bytes if offload is not None else 0), paged, log
 
 
 def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Step],
@@ -485,7 +546,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     loss_fn = loss_fn or default_loss
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     try:
-        rows, modules, host, paged = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
+        rows, modules, host, paged, log = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
     except DataDependentOutputException as exc:
         raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
                          "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
@@ -494,7 +555,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     best = max((r for r in rows if r.reliable), key=lambda r: r.peak_bytes)
     return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best.peak_bytes,
                  peak_phase=best.phase, peak_step=best.step, peak_by_category=dict(best.by_category),
-                 modules=modules, notes=tuple(notes), host_bytes=host, paged_bytes=paged)
+                 modules=modules, notes=tuple(notes), host_bytes=host, paged_bytes=paged, allocations=log)
 
 
 # -- the generic tracer ----------------------------------------------------------------------------------------
