@@ -306,39 +306,39 @@ def _track_paged(tracker: Any, reftype: Any, t: torch.Tensor) -> bool:
     return True
 
 
+class _AllocationEvents:
+    """A MemTracker mixin that logs, in :attr:`events`, every storage the tracker books (``(key, bytes)``) and drops
+    (``(key,)``; a resize is both), but a paged optimizer's (:data:`PAGED_DEVICE`): :func:`allocation_log`. Hooks
+    ``MemTracker._update_snap`` (private, torch 2.5+), through which every booking goes; the key is the tracker's
+    record of the storage (``id`` of its ``_WeakRefInfo``, unique while the storage lives)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: list[tuple[int, int] | tuple[int]] = []
+
+    def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: int | None = None,
+                     old_reftype: Any = None) -> None:
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)  # type: ignore[misc]
+        kind = u_type.name
+        if kind == "REF" or winfo.device == PAGED_DEVICE:
+            return
+        if kind == "DEL" or (kind == "SIZE" and old_mem_consumed):
+            self.events.append((id(winfo),))
+        if kind == "ADD" or (kind == "SIZE" and winfo.mem_consumed):
+            self.events.append((id(winfo), winfo.mem_consumed))
+
+
 def fast_mem_tracker() -> Any:
     """A new ``torch.distributed._tools.mem_tracker.MemTracker`` whose per-op peak update visits only the modules
     running now (the stock one walks every module it has seen on every op: half of a 7B trace's time) and copies a
     new peak's snapshot shallowly (its deepcopy of a category -> int map took a tenth of the rest). Same numbers;
     relies on its private fields (torch 2.5+). Enter it (``with tracker:``) around the traced work."""
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _UpdateType
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
-    add, delete, resize = _UpdateType.ADD, _UpdateType.DEL, _UpdateType.SIZE
-
-    class FastMemTracker(MemTracker):
+    class FastMemTracker(_AllocationEvents, MemTracker):
         _by_fqn: dict[str, Any]
         _seen = -1
         _quiet: tuple[contextlib.ExitStack, ...] = ()  # one per open ``with`` (the tracker is re-entrant)
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.events: list[tuple[int, int] | tuple[int]] = []
-            """Every storage booked (``(key, bytes)``) and dropped (``(key,)``), in order: :func:`allocation_log`."""
-
-        def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: int | None = None,
-                         old_reftype: Any = None) -> None:
-            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-            if u_type is add:
-                if winfo.device != PAGED_DEVICE:
-                    self.events.append((id(winfo), winfo.mem_consumed))
-            elif u_type is delete:
-                if winfo.device != PAGED_DEVICE:
-                    self.events.append((id(winfo),))
-            elif u_type is resize and winfo.device != PAGED_DEVICE:  # resize_: a new storage replaces the old
-                if old_mem_consumed:
-                    self.events.append((id(winfo),))
-                if winfo.mem_consumed:
-                    self.events.append((id(winfo), winfo.mem_consumed))
 
         def __enter__(self) -> Any:
             quiet = contextlib.ExitStack()
