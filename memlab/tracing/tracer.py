@@ -313,19 +313,27 @@ class _AllocationEvents:
     record of the storage (``id`` of its ``_WeakRefInfo``, unique while the storage lives)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from torch.distributed._tools.mem_tracker import _UpdateType
+
         super().__init__(*args, **kwargs)
         self.events: list[tuple[int, int] | tuple[int]] = []
+        self._kinds = (_UpdateType.ADD, _UpdateType.DEL, _UpdateType.SIZE)
 
     def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: int | None = None,
                      old_reftype: Any = None) -> None:
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)  # type: ignore[misc]
-        kind = u_type.name
-        if kind == "REF" or winfo.device == PAGED_DEVICE:
-            return
-        if kind == "DEL" or (kind == "SIZE" and old_mem_consumed):
-            self.events.append((id(winfo),))
-        if kind == "ADD" or (kind == "SIZE" and winfo.mem_consumed):
-            self.events.append((id(winfo), winfo.mem_consumed))
+        add, delete, resize = self._kinds
+        if u_type is add:
+            if winfo.device != PAGED_DEVICE:
+                self.events.append((id(winfo), winfo.mem_consumed))
+        elif u_type is delete:
+            if winfo.device != PAGED_DEVICE:
+                self.events.append((id(winfo),))
+        elif u_type is resize and winfo.device != PAGED_DEVICE:
+            if old_mem_consumed:
+                self.events.append((id(winfo),))
+            if winfo.mem_consumed:
+                self.events.append((id(winfo), winfo.mem_consumed))
 
 
 def fast_mem_tracker() -> Any:
