@@ -75,9 +75,12 @@ _FROM_TRACKER = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gr
 
 CUDA_TERMS: tuple[dict[str, str], ...] = (
     {"term": "allocation rounding",
-     "size": "every block rounded up to 512 B (requests up to 1 MiB share 2 MiB small-pool segments)",
+     "size": "every block rounded up to 512 B (requests up to 1 MiB share 2 MiB small-pool segments); modelled by "
+             "Trace.replay() / memlab trace --gpu",
      "source": "PyTorch CUDACachingAllocator.cpp, kMinBlockSize = 512, kSmallSize = 1 MiB, kSmallBuffer = 2 MiB"},
-    {"term": "caching allocator reserve and fragmentation", "size": "reserved - allocated, workload-dependent",
+    {"term": "caching allocator reserve and fragmentation",
+     "size": "reserved - allocated, workload-dependent; modelled by Trace.replay() / memlab trace --gpu "
+             "(memlab.predict.gpu: the allocator's rules replayed on the traced allocations)",
      "source": "torch.cuda.memory_stats(): reserved_bytes.all.peak - allocated_bytes.all.peak"},
     {"term": "CUDA context", "size": "a few hundred MB outside the allocator",
      "source": "pytorch/pytorch#107667, #109888 (about 300-400 MB with lazy module loading)"},
