@@ -167,6 +167,8 @@ class CachingAllocatorModel:
         self.reserved = self.active = self.requested = 0
         self.num_alloc_retries = self.num_ooms = self.num_device_alloc = self.num_device_free = 0
         self.segment_log: list[tuple[str, int]] = []
+        self.active_blocks: set[Block] = set()
+        """The blocks in use (``active_blocks``)."""
         self._va = 0
 
     # -- finding a block ---------------------------------------------------------------------------------------
@@ -248,13 +250,13 @@ class CachingAllocatorModel:
             return False
         key = max(size, int(split_max))
         i = bisect_left(pool.keys, (key, -1))
-        if i < len(pool.keys) and not pool.at(i).expandable:
+        if i < len(pool.keys) and not pool.at(i).expandable and not pool.at(i).is_split():
             self._release_block(pool.at(i), pool)
             return True
         released, i = 0, i - 1
         while released < key and i >= 0 and pool.at(i).size >= split_max:
             b = pool.at(i)
-            if not b.expandable:
+            if not b.expandable and not b.is_split():  # an oversize block is a whole segment (never split)
                 released += b.size
                 self._release_block(b, pool)
             i -= 1
@@ -411,6 +413,7 @@ class CachingAllocatorModel:
             rest.size -= size
             pool.insert(rest)
         b.allocated, b.requested = True, nbytes
+        self.active_blocks.add(b)
         self.active += b.size
         self.requested += nbytes
         return b
@@ -418,6 +421,7 @@ class CachingAllocatorModel:
     def free(self, b: Block) -> None:
         """``free`` / ``free_block``: the block goes back to its pool, merged with free neighbours."""
         b.allocated = False
+        self.active_blocks.discard(b)
         self.active -= b.size
         self.requested -= b.requested
         pool = self.pools[b.small]
@@ -440,8 +444,10 @@ def _segments(model: CachingAllocatorModel) -> list[list[tuple[int, bool]]]:
     for pool in model.pools.values():
         for b in list(pool.blocks.values()) + list(pool.unmapped.values()):
             heads.setdefault(b.base, b)
+    for b in model.active_blocks:
+        heads.setdefault(b.base, b)
     out = []
-    for b in (b for b in heads.values()):
+    for b in sorted(heads.values(), key=lambda b: b.base):
         while b.prev is not None:
             b = b.prev
         run: list[tuple[int, bool]] = []

@@ -300,3 +300,17 @@ def test_constants_match_the_installed_torch_headers() -> None:
     assert re.search(r"large_segment_size_\{(\d+)\}", text).group(1) == str(K_LARGE_BUFFER)
     tracker = (root / "distributed" / "_tools" / "mem_tracker.py").read_text()
     assert re.search(r"_PYTORCH_MIN_ALLOCATE = \(\s*2\*\*9 if", tracker) and K_MIN_BLOCK_SIZE == 2**9
+
+
+def test_segments_list_their_blocks_as_a_snapshot_does() -> None:
+    """torch/cuda/memory.py ``_snapshot``: each segment (cudaMalloc, or a mapped range of an expandable segment)
+    lists its blocks in address order; a 30 MiB request gets a segment of its own, a 3 MiB one shares a 20 MiB one."""
+    m = CachingAllocatorModel()
+    big, small = m.malloc(30 * MB), m.malloc(3 * MB)
+    assert sorted(m.segments()) == [[(3 * MB, True), (17 * MB, False)], [(30 * MB, True)]]
+    m.free(big)
+    m.free(small)
+    assert sorted(m.segments()) == [[(20 * MB, False)], [(30 * MB, False)]]
+    e = CachingAllocatorModel(parse_alloc_conf("expandable_segments:True"))
+    e.malloc(3 * MB)
+    assert e.segments() == [[(3 * MB, True), (17 * MB, False)]]
