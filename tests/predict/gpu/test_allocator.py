@@ -9,6 +9,7 @@ never a measurement.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -314,3 +315,81 @@ def test_segments_list_their_blocks_as_a_snapshot_does() -> None:
     e = CachingAllocatorModel(parse_alloc_conf("expandable_segments:True"))
     e.malloc(3 * MB)
     assert e.segments() == [[(3 * MB, True), (17 * MB, False)]]
+
+
+def test_constants_match_test_cuda_module_constants() -> None:
+    """test/test_cuda.py's module constants (used by TestBlockStateAbsorption): MIN_BLOCK_SIZE = 512,
+    SMALL_SIZE = 1048576, SMALL_BUFFER = 2097152, LARGE_BUFFER = 20971520."""
+    assert (K_MIN_BLOCK_SIZE, K_SMALL_SIZE, K_SMALL_BUFFER, K_LARGE_BUFFER) == (512, 1048576, 2097152, 20971520)
+
+
+def _blocks(m: CachingAllocatorModel) -> list:
+    """Every block of every segment (mapped or not), each segment's chain in address order."""
+    seen, out = set(), []
+    pools = m.pools.values()
+    starts = [b for p in pools for b in (*p.blocks.values(), *p.unmapped.values())] + list(m.active_blocks)
+    for b in starts:
+        while b.prev is not None:
+            b = b.prev
+        if id(b) in seen:
+            continue
+        seen.add(id(b))
+        chain = []
+        while b is not None:
+            chain.append(b)
+            b = b.next
+        out.append(chain)
+    return out
+
+
+def _check(m: CachingAllocatorModel) -> None:
+    """The allocator's invariants: a segment's blocks tile it (each ends where the next starts), free neighbours of
+    the same mapped state are merged, reserved is the mapped bytes, active the allocated blocks' bytes, and every
+    free mapped block is in its pool under its (size, address)."""
+    mapped = active = 0
+    for chain in _blocks(m):
+        for a, b in itertools.pairwise(chain):
+            assert a.addr + a.size == b.addr and b.prev is a
+            assert a.allocated or b.allocated or a.mapped != b.mapped
+        for b in chain:
+            mapped += b.size if b.mapped else 0
+            active += b.size if b.allocated else 0
+            if b.mapped and not b.allocated:
+                assert m.pools[b.small].blocks[(b.size, b.addr)] is b
+    assert (mapped, active) == (m.reserved, m.active)
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True", "max_split_size_mb:40",
+                                  "roundup_power2_divisions:4,garbage_collection_threshold:0.6"])
+def test_allocator_fuzz(conf: str) -> None:
+    """test/test_cuda.py::TestCudaMallocAsync::test_allocator_fuzz, on the model: seed 123, int32 tensors of
+    2-20 MiB, allocations, frees and empty_cache calls weighted 1 : 1 : 0.1, live bytes kept under 1 GB / 10 (here
+    2000 steps, every third request 64 times smaller, on a 128 MiB capacity so that the release-and-retry path and
+    out-of-memory refusals happen, and the allocator's invariants checked throughout)."""
+    import random
+
+    rng = random.Random(123)
+    m = CachingAllocatorModel(parse_alloc_conf(conf), capacity_bytes=128 * MB)
+    mem, total = [], 0
+    for step in range(2000):
+        while total >= 1024 * 1024 * 1024 / 10:
+            b, n = mem.pop(rng.randrange(0, len(mem)))
+            total -= n
+            m.free(b)
+        (action,) = rng.choices(["alloc", "free", "empty"], weights=[1, 1 if mem else 0, 0.1])
+        if action == "alloc":
+            n = 4 * rng.randrange(2 * 1024 * 1024 // 4, 20 * 1024 * 1024 // 4) // (1 if step % 3 else 64)
+            b = m.malloc(n)
+            if b is not None:
+                mem.append((b, n))
+                total += n
+        elif action == "free":
+            b, n = mem.pop(rng.randrange(0, len(mem)))
+            total -= n
+            m.free(b)
+        else:
+            m.empty_cache()
+        if step % 50 == 0:
+            _check(m)
+    _check(m)
+    assert m.num_alloc_retries > 0 and m.num_ooms > 0 and m.reserved <= 128 * MB
