@@ -1,6 +1,6 @@
 """``PYTORCH_CUDA_ALLOC_CONF`` as a frozen dataclass, its parser, and the size rules of PyTorch's caching allocator.
 
-Everything here is read from the source of torch 2.13 (the locked version), in three places:
+Everything here is read from the source of torch 2.13 (the locked version) [pytorch-caching-allocator], in three places:
 
 - the constants and the config's fields and defaults: the installed headers ``torch/include/c10/core/
   AllocatorConfig.h`` (``kSmallBuffer``, ``kMinBlockSize``, ``kSmallSize``, ``kMinLargeAlloc``, ``kRoundLarge``,

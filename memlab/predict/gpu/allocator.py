@@ -1,10 +1,10 @@
 """PyTorch's CUDA caching allocator, replayed: what a step's allocations and frees reserve on a GPU.
 
-A model of ``DeviceCachingAllocator`` in ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.13; the same functions
-live in ``c10/core/CachingDeviceAllocator.h`` in newer trees), function by function, for one device and **one
-stream** (the allocator keeps per-stream pools, ``BlockComparatorSize`` orders by stream first; a training step's
-tensors are made on the default stream, and cross-stream ``record_stream`` events are not modelled). No CUDA graph
-private pools, no free-memory callbacks. The rules (sources per method below):
+A model of ``DeviceCachingAllocator`` in ``c10/cuda/CUDACachingAllocator.cpp`` [pytorch-caching-allocator] (torch
+2.13; the same functions live in ``c10/core/CachingDeviceAllocator.h`` in newer trees), function by function, for one
+device and **one stream** (the allocator keeps per-stream pools, ``BlockComparatorSize`` orders by stream first; a
+training step's tensors are made on the default stream, and cross-stream ``record_stream`` events are not modelled).
+No CUDA graph private pools, no free-memory callbacks. The rules (sources per method below):
 
 - every request is rounded (``round_size``: 512 B, ``roundup_power2_divisions``) and goes to the small pool
   (<= 1 MiB) or the large pool (``get_pool``);
