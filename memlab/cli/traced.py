@@ -182,13 +182,17 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"
                                                                 for t in result.cuda_terms))
     if verdict is not None:
-        word = "FITS" if verdict["fits"] else "DOES NOT FIT"
-        print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
-              f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
-              f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
-        if verdict["paged_note"]:
-            print(f"  {verdict['paged_note']}")
-        rep = _replay(args, result)
-        if rep is not None:
-            _print_replay(rep)
+        _print_verdict(verdict, _replay(args, result))
     return 0
+
+
+def _print_verdict(verdict: dict[str, Any], rep: dict[str, Any] | None) -> None:
+    """The ``--gpu`` verdict on the traced peak, then the caching allocator replayed on that card."""
+    word = "FITS" if verdict["fits"] else "DOES NOT FIT"
+    print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
+          f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
+          f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
+    if verdict["paged_note"]:
+        print(f"  {verdict['paged_note']}")
+    if rep is not None:
+        _print_replay(rep)
