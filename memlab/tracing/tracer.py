@@ -34,6 +34,11 @@ references to them, and ``torch.utils.swap_tensors`` refuses a tensor with one);
 are reset between the steps, frozen parameters get no gradient hook (:func:`fast_mem_tracker`), and fake ``cuda``
 tensors abort in autograd on a CPU-only torch, so traces run on CPU; what CUDA adds that no trace sees is listed as
 named terms with their sources (:data:`CUDA_TERMS`).
+
+The tracker also logs every storage it books and drops, in order (:func:`allocation_log`, :attr:`Trace.allocations`):
+what the CUDA caching allocator would be asked. :meth:`Trace.replay` runs that log through memlab's model of the
+allocator (:mod:`memlab.predict.gpu`) for the reserved and active bytes a GPU would show, phase by phase; on CPU fake
+tensors the replay's requested bytes are the trace's bytes exactly (tests/tracing/test_trace_allocations.py).
 """
 
 from __future__ import annotations
