@@ -68,18 +68,21 @@ def _replay(args: argparse.Namespace, result: Any) -> dict[str, Any] | None:
 
 
 def _print_replay(rep: dict[str, Any]) -> None:
-    """The replay's peaks per phase: allocated (requested) bytes beside the modelled active and reserved ones."""
-    conf = rep["alloc_conf"] or "torch's defaults"
+    """The replay's peaks per phase: requested bytes (the trace's) beside the modelled allocated (torch's
+    ``memory_allocated``: the rounded blocks in use, active_bytes on one stream) and reserved bytes."""
+    conf, t = rep["alloc_conf"] or "torch's defaults", rep["total"]
+    unit, size = byte_unit(t["reserved_bytes"])
     print(f"caching allocator, modelled (PyTorch's rules replayed on the {rep['events']:,} traced allocations and "
           f"frees; not a GPU measurement; PYTORCH_CUDA_ALLOC_CONF: {conf}):")
-    print(f"  {'phase':<34} {'allocated GiB':>14} {'active GiB':>11} {'reserved GiB':>13} {'frag. GiB':>10}")
+    print(f"  {'phase':<34} {'requested ' + unit:>14} {'allocated ' + unit:>14} {'reserved ' + unit:>14} "
+          f"{'frag. ' + unit:>10}")
     for p in rep["phases"]:
-        print(f"  {p['label']:<34} {p['requested_bytes'] / 2**30:>14,.3f} {p['active_bytes'] / 2**30:>11,.3f} "
-              f"{p['reserved_bytes'] / 2**30:>13,.3f} {p['fragmentation_bytes'] / 2**30:>10,.3f}")
-    t = rep["total"]
-    print(f"  peak reserved {fmt_bytes(t['reserved_bytes'], digits=3)} ({t['reserved_bytes']:,} B), active "
-          f"{fmt_bytes(t['active_bytes'], digits=3)}, allocated {fmt_bytes(t['requested_bytes'], digits=3)}; largest "
-          f"cached free block at the allocated peak {fmt_bytes(t['largest_free_bytes'], digits=3)}; with "
+        print(f"  {p['label']:<34} {_num(p['requested_bytes'], size):>14} {_num(p['active_bytes'], size):>14} "
+              f"{_num(p['reserved_bytes'], size):>14} {_num(p['fragmentation_bytes'], size):>10}")
+    print(f"  peak reserved {fmt_bytes(t['reserved_bytes'], digits=3)} ({t['reserved_bytes']:,} B; "
+          f"max_memory_reserved), allocated {fmt_bytes(t['active_bytes'], digits=3)} (max_memory_allocated: rounded "
+          f"blocks), requested {fmt_bytes(t['requested_bytes'], digits=3)} (the trace's peak); largest cached free "
+          f"block at the requested peak {fmt_bytes(t['largest_free_bytes'], digits=3)}; with "
           f"expandable_segments:True reserved {fmt_bytes(rep['expandable_reserved_peak_bytes'], digits=3)}")
     if not rep["fits"]:
         print(f"  the replay runs out of the card's {fmt_bytes(rep['capacity_bytes'], digits=3)} at allocation event "
