@@ -61,7 +61,8 @@ def _replay(args: argparse.Namespace, result: Any) -> dict[str, Any] | None:
     e = result.replay(replace(conf, expandable_segments=True), capacity_bytes=cap)
     return {"alloc_conf": text, "capacity_bytes": cap, "fits": r.fits, "oom_event": r.oom_event,
             "oom_request_bytes": r.oom_request_bytes, "total": asdict(r.total),
-            "phases": [asdict(p) for p in r.phases], "expandable_reserved_peak_bytes": e.total.reserved_bytes,
+            "phases": [{**asdict(p), "reliable": row.reliable} for p, row in zip(r.phases, result.phases, strict=True)],
+            "expandable_reserved_peak_bytes": e.total.reserved_bytes,
             "expandable_fits": e.fits, "events": len(result.allocations),
             "source": "a model of PyTorch's CUDA caching allocator (torch 2.13 rules, memlab.predict.gpu) replayed on "
                       "the traced allocations: not a GPU measurement; before the CUDA context and workspaces"}
@@ -78,7 +79,8 @@ def _print_replay(rep: dict[str, Any]) -> None:
           f"{'frag. ' + unit:>10}")
     for p in rep["phases"]:
         print(f"  {p['label']:<34} {_num(p['requested_bytes'], size):>14} {_num(p['active_bytes'], size):>14} "
-              f"{_num(p['reserved_bytes'], size):>14} {_num(p['fragmentation_bytes'], size):>10}")
+              f"{_num(p['reserved_bytes'], size):>14} {_num(p['fragmentation_bytes'], size):>10}"
+              + ("" if p["reliable"] else "  (unreliable on fake tensors)"))
     print(f"  peak reserved {fmt_bytes(t['reserved_bytes'], digits=3)} ({t['reserved_bytes']:,} B; "
           f"max_memory_reserved), allocated {fmt_bytes(t['active_bytes'], digits=3)} (max_memory_allocated: rounded "
           f"blocks), requested {fmt_bytes(t['requested_bytes'], digits=3)} (the trace's peak); largest cached free "

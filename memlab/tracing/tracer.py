@@ -176,7 +176,10 @@ class Trace:
         (:func:`memlab.predict.gpu.replay.replay`): peak reserved, active and requested bytes, whole and per phase.
         ``config``: an :class:`~memlab.predict.gpu.alloc_conf.AllocatorConfig` or a ``PYTORCH_CUDA_ALLOC_CONF``
         string (torch's defaults when None). A model of the allocator run on the traced sizes, not a GPU
-        measurement; on a trace with no log (a trace made before logs existed) it refuses in one line."""
+        measurement; on a trace with no log (a trace made before logs existed) it refuses in one line. Every event
+        is replayed, those of phases the trace marks unreliable too (the allocator state runs through them), so
+        the replay's whole-log peaks count them where :attr:`peak_bytes` leaves them out: read those phases' rows
+        with their ``reliable`` flag."""
         if not self.allocations.events:
             raise SetupError("this trace has no allocation log to replay (trace it again with this memlab)")
         if not isinstance(config, AllocatorConfig):

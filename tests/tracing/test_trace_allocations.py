@@ -19,12 +19,15 @@ TINY = preset("tiny-gpt")
 
 
 def _check(t: Trace) -> None:
+    """Requested == traced, phase by phase (the reliable phases; the whole log's peak equals the trace's when every
+    phase is reliable, else it may count an unreliable one's), and the allocator only adds."""
     r = t.replay()
-    assert r.fits and r.total.requested_bytes == t.peak_bytes
+    assert r.fits and r.total.requested_bytes >= t.peak_bytes
+    assert r.total.requested_bytes == t.peak_bytes or not all(row.reliable for row in t.phases)
     assert r.total.reserved_bytes >= r.total.active_bytes >= r.total.requested_bytes
     assert [p.label for p in r.phases] == [f"{row.step} {row.phase}" for row in t.phases]
     for p, row in zip(r.phases, t.phases, strict=True):
-        assert p.requested_bytes == row.peak_bytes, p.label
+        assert p.requested_bytes == row.peak_bytes or not row.reliable, p.label
         assert p.reserved_bytes >= p.active_bytes >= p.requested_bytes
 
 
@@ -46,6 +49,14 @@ def test_hf_trace_replay() -> None:
     cfg = hf_config("llama", hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
     _check(trace_hf(cfg, Setup(batch=2, seq=32)))
+
+
+def test_fsdp2_trace_replay_follows_resized_storages() -> None:
+    """FSDP2 (zero_stage 3 over a fake process group) frees and re-gathers parameters by resizing their storages:
+    each resize is a free and an allocation in the log, and the phases still match."""
+    t = trace_gpt(TINY, Setup(batch=2, seq=16, world_size=2, zero_stage=3))
+    assert not all(row.reliable for row in t.phases)  # the first optimizer step, on fake tensors
+    _check(t)
 
 
 def test_inference_trace_has_a_log() -> None:
