@@ -136,12 +136,12 @@ def test_every_room_allowance_is_still_needed() -> None:
 
 
 PREDICT_FLOORS: tuple[tuple[str, ...], ...] = (
-    ("spec",), ("families",), ("hardware",), ("compute",), ("memory",), ("parallel",), ("coverage",), ("estimate",),
-    ("fit", "paging"),
+    ("spec",), ("families",), ("hardware",), ("compute",), ("memory",), ("gpu",), ("parallel",), ("coverage",),
+    ("estimate",), ("fit", "paging"),
 )
-"""predict's sub-rooms, bottom-up: what a run is, the families, hardware, compute, the single-rank memory model, the
-parallelisms whose ranks differ, the coverage table, the estimate, and what answers questions with it. A sub-room
-imports only its own floor's and those below."""
+"""predict's sub-rooms, bottom-up: what a run is, the families, hardware, compute, the single-rank memory model, what
+the device adds (the caching allocator replayed), the parallelisms whose ranks differ, the coverage table, the
+estimate, and what answers questions with it. A sub-room imports only its own floor's and those below."""
 
 
 def _predict_floor(module: str) -> int | None:

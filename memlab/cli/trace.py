@@ -7,7 +7,9 @@ as ``--hf NAME``; ``ref:NAME`` and the other presets are the reference GPT), or 
 dimension flag, one process; ``--hf-config`` is the old spelling). A Hugging Face trace prints its progress to
 stderr and stops after ``--timeout`` seconds (default 300) with one line. Prints the bytes held at each phase of
 the first and the steady step (trace and formula side by side), marks the peak, lists the top modules by the
-activation bytes their forward keeps, and with ``--gpu`` says whether the traced peak fits that accelerator. Nothing
+activation bytes their forward keeps, and with ``--gpu`` says whether the traced peak fits that accelerator and
+replays the traced allocations through a model of PyTorch's CUDA caching allocator on that card (allocated, active
+and reserved peaks per phase, ``--alloc-conf`` or the environment's ``PYTORCH_CUDA_ALLOC_CONF``). Nothing
 is allocated or downloaded; the step runs on CPU fake tensors (:mod:`memlab.tracing.tracer`). Python warnings raised
 on the way are shown only when the trace succeeds (an error is one line).
 """
@@ -24,7 +26,7 @@ from memlab.cli.args import given_model_options, model_from_args, positive_int
 from memlab.cli.estimate import add_arguments as add_estimate_arguments
 from memlab.cli.estimate import setup_of
 from memlab.cli.hf_source import hf_path, is_published, model_info, with_task
-from memlab.cli.traced import print_trace, trace_config
+from memlab.cli.traced import alloc_conf_text, print_trace, trace_config
 from memlab.errors import MemlabError
 from memlab.predict.families.resolver import resolve_with_raw, shipped
 
@@ -36,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_estimate_arguments(p)
     p.add_argument("--hf-config", dest="hf", type=hf_path, help=argparse.SUPPRESS)
     p.add_argument("--top", type=positive_int, default=8, metavar="N", help="modules listed (default 8)")
+    p.add_argument("--alloc-conf", metavar="CONF", default=None,
+                   help="PYTORCH_CUDA_ALLOC_CONF for the caching allocator replayed with --gpu (default: the "
+                        "environment's, else torch's defaults)")
 
 
 def _setup(args: argparse.Namespace, model: Any) -> Any:
@@ -114,6 +119,12 @@ def run(args: argparse.Namespace) -> int:
                           "the CUDA terms it cannot see instead): drop them, or run memlab estimate")
     if args.no_trace:
         raise MemlabError("--no-trace is an option of memlab estimate: memlab trace always traces")
+    if args.alloc_conf is not None and args.gpu is None:
+        raise MemlabError("--alloc-conf sets the caching allocator replayed on --gpu's card: give --gpu NAME too")
+    if args.gpu is not None:
+        from memlab.predict.gpu.alloc_conf import parse_alloc_conf
+
+        parse_alloc_conf(alloc_conf_text(args))  # a bad setting is one line before the trace, not after
     with warnings.catch_warnings(record=True) as caught:
         result, setup, predicted, extra = _trace(args)
     for w in caught:

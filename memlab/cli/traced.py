@@ -32,6 +32,66 @@ def _verdict(peak: int, gpu: str, step: str, phase: str, paged: int = 0) -> dict
             "paged_note": note, "source": "the traced peak (CPU fake tensors), without the CUDA terms a run adds"}
 
 
+def alloc_conf_text(args: argparse.Namespace) -> str:
+    """The allocator settings a replay uses: ``--alloc-conf``, else the environment's ``PYTORCH_ALLOC_CONF`` or
+    ``PYTORCH_CUDA_ALLOC_CONF`` (torch reads the first before the second, c10/core/AllocatorConfig.h), else ""
+    (torch's defaults)."""
+    import os
+
+    given = getattr(args, "alloc_conf", None)
+    if given is not None:
+        return given
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+
+
+def _replay(args: argparse.Namespace, result: Any) -> dict[str, Any] | None:
+    """With ``--gpu``: the trace's allocations replayed through the caching allocator model on that card's memory
+    (:meth:`memlab.tracing.tracer.Trace.replay`), with the settings of :func:`alloc_conf_text` and with
+    ``expandable_segments:True`` added; None without ``--gpu`` or without a log."""
+    if args.gpu is None or not result.allocations.events:
+        return None
+    from dataclasses import asdict, replace
+
+    from memlab.predict.gpu.alloc_conf import parse_alloc_conf
+    from memlab.predict.hardware.gpus import gpu as lookup
+
+    cap, text = int(lookup(args.gpu).memory_bytes), alloc_conf_text(args)
+    conf = parse_alloc_conf(text)
+    r = result.replay(conf, capacity_bytes=cap)
+    e = result.replay(replace(conf, expandable_segments=True), capacity_bytes=cap)
+    return {"alloc_conf": text, "capacity_bytes": cap, "fits": r.fits, "oom_event": r.oom_event,
+            "oom_request_bytes": r.oom_request_bytes, "total": asdict(r.total),
+            "phases": [{**asdict(p), "reliable": row.reliable} for p, row in zip(r.phases, result.phases, strict=True)],
+            "expandable_reserved_peak_bytes": e.total.reserved_bytes,
+            "expandable_fits": e.fits, "events": len(result.allocations),
+            "source": "a model of PyTorch's CUDA caching allocator (torch 2.13 rules, memlab.predict.gpu) replayed on "
+                      "the traced allocations: not a GPU measurement; before the CUDA context and workspaces"}
+
+
+def _print_replay(rep: dict[str, Any]) -> None:
+    """The replay's peaks per phase: requested bytes (the trace's) beside the modelled allocated (torch's
+    ``memory_allocated``: the rounded blocks in use, active_bytes on one stream) and reserved bytes."""
+    conf, t = rep["alloc_conf"] or "torch's defaults", rep["total"]
+    unit, size = byte_unit(t["reserved_bytes"])
+    print(f"caching allocator, modelled (PyTorch's rules replayed on the {rep['events']:,} traced allocations and "
+          f"frees; not a GPU measurement; PYTORCH_CUDA_ALLOC_CONF: {conf}):")
+    print(f"  {'phase':<34} {'requested ' + unit:>14} {'allocated ' + unit:>14} {'reserved ' + unit:>14} "
+          f"{'frag. ' + unit:>10}")
+    for p in rep["phases"]:
+        print(f"  {p['label']:<34} {_num(p['requested_bytes'], size):>14} {_num(p['active_bytes'], size):>14} "
+              f"{_num(p['reserved_bytes'], size):>14} {_num(p['fragmentation_bytes'], size):>10}"
+              + ("" if p["reliable"] else "  (unreliable on fake tensors)"))
+    print(f"  peak reserved {fmt_bytes(t['reserved_bytes'], digits=3)} ({t['reserved_bytes']:,} B; "
+          f"max_memory_reserved), allocated {fmt_bytes(t['active_bytes'], digits=3)} (max_memory_allocated: rounded "
+          f"blocks), requested {fmt_bytes(t['requested_bytes'], digits=3)} (the trace's peak); largest cached free "
+          f"block at the requested peak {fmt_bytes(t['largest_free_bytes'], digits=3)}; with "
+          f"expandable_segments:True reserved {fmt_bytes(rep['expandable_reserved_peak_bytes'], digits=3)}")
+    if not rep["fits"]:
+        print(f"  the replay runs out of the card's {fmt_bytes(rep['capacity_bytes'], digits=3)} at allocation event "
+              f"{rep['oom_event']:,} ({fmt_bytes(rep['oom_request_bytes'], digits=3)} requested), after releasing "
+              "its cached blocks" + ("; with expandable_segments:True it fits" if rep["expandable_fits"] else ""))
+
+
 def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any, Any]:
     """(trace, setup) of the Hugging Face config ``target`` names (any spelling of
     :func:`memlab.predict.families.resolver.locate`) under ``setup``, with progress lines on stderr and
@@ -61,6 +121,7 @@ def _print_json(args: argparse.Namespace, result: Any, predicted: Any, extra: di
                            "total": predicted.total_bytes}
     out["top_modules"] = result.modules_by_kind(args.top)
     out["verdict"] = verdict
+    out["allocator_replay"] = _replay(args, result)
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -126,10 +187,17 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"
                                                                 for t in result.cuda_terms))
     if verdict is not None:
-        word = "FITS" if verdict["fits"] else "DOES NOT FIT"
-        print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
-              f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
-              f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
-        if verdict["paged_note"]:
-            print(f"  {verdict['paged_note']}")
+        _print_verdict(verdict, _replay(args, result))
     return 0
+
+
+def _print_verdict(verdict: dict[str, Any], rep: dict[str, Any] | None) -> None:
+    """The ``--gpu`` verdict on the traced peak, then the caching allocator replayed on that card."""
+    word = "FITS" if verdict["fits"] else "DOES NOT FIT"
+    print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
+          f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
+          f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
+    if verdict["paged_note"]:
+        print(f"  {verdict['paged_note']}")
+    if rep is not None:
+        _print_replay(rep)

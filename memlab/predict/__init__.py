@@ -4,6 +4,8 @@
 - ``families/``: Hugging Face configs to a TransformerConfig, family by family;
 - ``hardware/``: the accelerator table; ``compute/``: FLOPs, MFU, attention I/O;
 - ``memory/``: the single-rank memory model (activations, states, loss, inference, fine-tuning, phases);
+- ``gpu/``: what the device adds: PyTorch's CUDA caching allocator replayed on a step's allocation log (reserved,
+  active and requested peaks, fragmentation), its ``PYTORCH_CUDA_ALLOC_CONF``;
 - ``parallel/``: per-rank bytes of pipeline, context and expert parallelism, communication, efficiency;
 - ``coverage``: what memlab models, in one table: refusals with their way out, assumptions, and the terms an estimate
   names as left out, with sizes; ``estimate``: one estimate for every setup, one device or per rank;

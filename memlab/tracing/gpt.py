@@ -18,7 +18,7 @@ from memlab.errors import SetupError
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import Setup, resolve_optimizer_impl
 from memlab.tracing.arguments import check_trace_setup
-from memlab.tracing.tracer import PhaseRecorder, Trace, fast_mem_tracker, module_rows, trace_step
+from memlab.tracing.tracer import PhaseRecorder, Trace, allocation_log, fast_mem_tracker, module_rows, trace_step
 
 
 def setup_parts(setup: Setup, *, lr: float = 1e-4, device_type: str = "cuda") -> dict[str, Any]:
@@ -199,6 +199,7 @@ def _inference_phases(config: TransformerConfig, setup: Setup, *, fake: bool) ->
                 out = model(ids[:, -1:], cache=cache, logits_to_keep=keep)
                 del out
             modules = module_rows(tracker)
+    log = allocation_log(tracker, rec, "fake-tensor trace" if fake else "real-tensor trace (CPU)")
     best = max(rec.rows, key=lambda r: r.peak_bytes)
     kept = "every position's" if not keep else "the last position's" if keep == 1 else f"the last {keep} positions'"
     return Trace(model=config.name, setup=setup.to_dict(), fake=fake, phases=tuple(rec.rows),
@@ -208,4 +209,4 @@ def _inference_phases(config: TransformerConfig, setup: Setup, *, fake: bool) ->
                         f"{setup.kv_cache} KV cache; 'inputs' holds the token ids"
                         + (" and the preallocated cache" if static else "; the cache grows inside the phases")
                         + "; the reference GPT returns logits in the weight dtype, as transformers' causal LMs "
-                        "do without labels",))
+                        "do without labels",), allocations=log)

@@ -34,6 +34,11 @@ references to them, and ``torch.utils.swap_tensors`` refuses a tensor with one);
 are reset between the steps, frozen parameters get no gradient hook (:func:`fast_mem_tracker`), and fake ``cuda``
 tensors abort in autograd on a CPU-only torch, so traces run on CPU; what CUDA adds that no trace sees is listed as
 named terms with their sources (:data:`CUDA_TERMS`).
+
+The tracker also logs every storage it books and drops, in order (:func:`allocation_log`, :attr:`Trace.allocations`):
+what the CUDA caching allocator would be asked. :meth:`Trace.replay` runs that log through memlab's model of the
+allocator (:mod:`memlab.predict.gpu`) for the reserved and active bytes a GPU would show, phase by phase; on CPU fake
+tensors the replay's requested bytes are the trace's bytes exactly (tests/tracing/test_trace_allocations.py).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ from torch import nn
 from memlab.errors import SetupError
 from memlab.model.hf import quant_state_tensors, quiet_logger
 from memlab.model.step import Meter, Step, train_step
+from memlab.predict.gpu.alloc_conf import AllocatorConfig, parse_alloc_conf
+from memlab.predict.gpu.allocator import AllocationLog
+from memlab.predict.gpu.replay import Replay, replay
 from memlab.predict.memory.phases import PhaseRow, find_phase
 from memlab.tracing.arguments import (
     check_trace_arguments,
@@ -72,9 +80,12 @@ _FROM_TRACKER = {"Parameter": "parameters", "Buffer": "buffers", "Gradient": "gr
 
 CUDA_TERMS: tuple[dict[str, str], ...] = (
     {"term": "allocation rounding",
-     "size": "every block rounded up to 512 B (requests up to 1 MiB share 2 MiB small-pool segments)",
+     "size": "every block rounded up to 512 B (requests up to 1 MiB share 2 MiB small-pool segments); modelled by "
+             "Trace.replay() / memlab trace --gpu",
      "source": "PyTorch CUDACachingAllocator.cpp, kMinBlockSize = 512, kSmallSize = 1 MiB, kSmallBuffer = 2 MiB"},
-    {"term": "caching allocator reserve and fragmentation", "size": "reserved - allocated, workload-dependent",
+    {"term": "caching allocator reserve and fragmentation",
+     "size": "reserved - allocated, workload-dependent; modelled by Trace.replay() / memlab trace --gpu "
+             "(memlab.predict.gpu: the allocator's rules replayed on the traced allocations)",
      "source": "torch.cuda.memory_stats(): reserved_bytes.all.peak - allocated_bytes.all.peak"},
     {"term": "CUDA context", "size": "a few hundred MB outside the allocator",
      "source": "pytorch/pytorch#107667, #109888 (about 300-400 MB with lazy module loading)"},
@@ -113,6 +124,10 @@ class Trace:
     paged_bytes: int = 0
     """A paged optimizer's states (paged-adamw, paged-adam-8bit) held at the end: CUDA managed memory on a GPU,
     outside torch's allocator, so in no phase's bytes (:data:`PAGED_DEVICE`); the estimate's ``paged_bytes``."""
+    allocations: AllocationLog = field(default=AllocationLog(), repr=False, compare=False)
+    """Every storage the tracker saw made and freed, in order, with the phases' spans (:func:`allocation_log`): what
+    the CUDA caching allocator would be asked; :meth:`replay` runs it through the allocator model. Not in
+    :meth:`to_dict`."""
 
     def phase(self, name: str, step: str = "steady") -> PhaseRow:
         """The row of one phase of one step (``first`` or ``steady``;
@@ -153,8 +168,23 @@ class Trace:
         return sorted(groups.values(), key=lambda g: -g["activation_bytes"])[:n]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict of every field."""
-        return asdict(self)
+        """JSON-safe dict of every field but :attr:`allocations` (the event log; :meth:`replay` reads it)."""
+        return asdict(replace(self, allocations=AllocationLog()), dict_factory=_without_allocations)
+
+    def replay(self, config: AllocatorConfig | str | None = None, *, capacity_bytes: int | None = None) -> Replay:
+        """This step's allocations replayed through the CUDA caching allocator model
+        (:func:`memlab.predict.gpu.replay.replay`): peak reserved, active and requested bytes, whole and per phase.
+        ``config``: an :class:`~memlab.predict.gpu.alloc_conf.AllocatorConfig` or a ``PYTORCH_CUDA_ALLOC_CONF``
+        string (torch's defaults when None). A model of the allocator run on the traced sizes, not a GPU
+        measurement; on a trace with no log (a trace made before logs existed) it refuses in one line. Every event
+        is replayed, those of phases the trace marks unreliable too (the allocator state runs through them), so
+        the replay's whole-log peaks count them where :attr:`peak_bytes` leaves them out: read those phases' rows
+        with their ``reliable`` flag."""
+        if not self.allocations.events:
+            raise SetupError("this trace has no allocation log to replay (trace it again with this memlab)")
+        if not isinstance(config, AllocatorConfig):
+            config = parse_alloc_conf(config)
+        return replay(self.allocations, config, capacity_bytes=capacity_bytes)
 
     def to_frame(self) -> Any:
         """pandas DataFrame, one row per (step, phase): peak and end bytes and each category at the peak."""
@@ -163,6 +193,10 @@ class Trace:
         rows = [{"step": r.step, "phase": r.phase, "peak_bytes": r.peak_bytes, "end_bytes": r.end_bytes,
                  **{c: r.by_category.get(c, 0) for c in CATEGORIES}} for r in self.phases]
         return pd.DataFrame(rows)
+
+
+def _without_allocations(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    return {k: v for k, v in items if k != "allocations"}
 
 
 # -- the phase recorder over MemTracker ------------------------------------------------------------------------
@@ -200,6 +234,8 @@ class PhaseRecorder(Meter):
     def __init__(self, tracker: Any) -> None:
         self.tracker = tracker
         self.rows: list[PhaseRow] = []
+        self.marks: list[tuple[str, str, int, int]] = []
+        """(step, phase, first event, end event) of each phase in the tracker's ``events`` (:func:`allocation_log`)."""
 
     def _total(self, snap: dict[Any, dict[Any, int]]) -> int:
         return _allocator_total(snap)
@@ -213,7 +249,10 @@ class PhaseRecorder(Meter):
         current = mt.get_tracker_snapshot("current")
         mt._peak_mem_snap = deepcopy(current)
         mt._peak_mem = {dev: int(d.get("Total", 0)) for dev, d in current.items()}
+        events = getattr(mt, "events", ())
+        first = len(events)
         yield
+        self.marks.append((step, name, first, len(events)))
         end, peak = mt.get_tracker_snapshot("current"), mt.get_tracker_snapshot("peak")
         peak_total, end_total = self._total(peak), self._total(end)
         if end_total > peak_total:  # nothing dispatched after the last allocation (a peak is read per op)
@@ -278,6 +317,36 @@ def _track_paged(tracker: Any, reftype: Any, t: torch.Tensor) -> bool:
     return True
 
 
+class _AllocationEvents:
+    """A MemTracker mixin that logs, in :attr:`events`, every storage the tracker books (``(key, bytes)``) and drops
+    (``(key,)``; a resize is both), but a paged optimizer's (:data:`PAGED_DEVICE`): :func:`allocation_log`. Hooks
+    ``MemTracker._update_snap`` (private, torch 2.5+), through which every booking goes; the key is the tracker's
+    record of the storage (``id`` of its ``_WeakRefInfo``, unique while the storage lives)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from torch.distributed._tools.mem_tracker import _UpdateType
+
+        super().__init__(*args, **kwargs)
+        self.events: list[tuple[int, int] | tuple[int]] = []
+        self._kinds = (_UpdateType.ADD, _UpdateType.DEL, _UpdateType.SIZE)
+
+    def _update_snap(self, u_type: Any, winfo: Any, old_mem_consumed: int | None = None,
+                     old_reftype: Any = None) -> None:
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)  # type: ignore[misc]
+        add, delete, resize = self._kinds
+        if u_type is add:
+            if winfo.device != PAGED_DEVICE:
+                self.events.append((id(winfo), winfo.mem_consumed))
+        elif u_type is delete:
+            if winfo.device != PAGED_DEVICE:
+                self.events.append((id(winfo),))
+        elif u_type is resize and winfo.device != PAGED_DEVICE:
+            if old_mem_consumed:
+                self.events.append((id(winfo),))
+            if winfo.mem_consumed:
+                self.events.append((id(winfo), winfo.mem_consumed))
+
+
 def fast_mem_tracker() -> Any:
     """A new ``torch.distributed._tools.mem_tracker.MemTracker`` whose per-op peak update visits only the modules
     running now (the stock one walks every module it has seen on every op: half of a 7B trace's time) and copies a
@@ -285,7 +354,7 @@ def fast_mem_tracker() -> Any:
     relies on its private fields (torch 2.5+). Enter it (``with tracker:``) around the traced work."""
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 
-    class FastMemTracker(MemTracker):
+    class FastMemTracker(_AllocationEvents, MemTracker):
         _by_fqn: dict[str, Any]
         _seen = -1
         _quiet: tuple[contextlib.ExitStack, ...] = ()  # one per open ``with`` (the tracker is re-entrant)
@@ -342,6 +411,15 @@ def fast_mem_tracker() -> Any:
                     self._peak_mem_snap[dev] = dict(dev_snap)
 
     return FastMemTracker()
+
+
+def allocation_log(tracker: Any, recorder: PhaseRecorder, source: str = "") -> AllocationLog:
+    """The :class:`~memlab.predict.gpu.allocator.AllocationLog` of a traced run: the storages ``tracker`` (a
+    :func:`fast_mem_tracker`) booked and dropped, in order (a storage's key is its tracker record's ``id``, unique
+    while it lives), and each phase ``recorder`` timed as its span of events. Storages that existed before the
+    tracker (the model's parameters, the optimizer, the batch) come first, as allocations in the order
+    ``track_external`` books them; their creation order and anything freed before it is not seen."""
+    return AllocationLog(tuple(getattr(tracker, "events", ())), tuple(recorder.marks), source)
 
 
 def module_rows(tracker: Any) -> tuple[dict[str, Any], ...]:
@@ -435,9 +513,9 @@ def movable_fake_parameters(mode: Any) -> Iterator[None]:
 
 
 def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Any],
-         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int, int]:
+         loss_fn: Any) -> tuple[list[PhaseRow], tuple[dict[str, Any], ...], int, int, AllocationLog]:
     """The two traced steps of :func:`trace_step`: (phase rows, module rows, bytes offloaded to the host, a paged
-    optimizer's managed bytes)."""
+    optimizer's managed bytes, the allocation log)."""
     movable = movable_fake_parameters(mode) if not isinstance(mode, contextlib.nullcontext) \
         else contextlib.nullcontext()
     with mode, torch.device("cpu"):
@@ -469,7 +547,9 @@ def _run(mode: Any, model_fn: Callable[[], nn.Module], batch_fn: Callable[[], An
             modules = module_rows(tracker)  # the steady step's (last) micro-batch
             paged = int(tracker.get_tracker_snapshot("current").get(PAGED_DEVICE, {}).get("Total", 0))
     offload = getattr(step, "offload", None)  # activation offload's books: what the last forward copied to the host
-    return rec.rows, modules, (offload.host_bytes if offload is not None else 0), paged
+    log = allocation_log(tracker, rec, "fake-tensor trace" if not isinstance(mode, contextlib.nullcontext)
+                         else "real-tensor trace (CPU)")
+    return rec.rows, modules, (offload.host_bytes if offload is not None else 0), paged, log
 
 
 def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], step_fn: Callable[[nn.Module], Step],
@@ -485,7 +565,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     loss_fn = loss_fn or default_loss
     mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else contextlib.nullcontext()
     try:
-        rows, modules, host, paged = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
+        rows, modules, host, paged, log = _run(mode, model_fn, batch_fn, step_fn, loss_fn)
     except DataDependentOutputException as exc:
         raise SetupError(f"the step reads a tensor's value ({exc.func}), which a fake tensor does not have (e.g. "
                          "torch.optim.Adafactor's for-loop, a loss scaler's finite check): trace with fake=False at "
@@ -494,7 +574,7 @@ def trace_step(model_fn: Callable[[], nn.Module], batch_fn: Callable[[], Any], s
     best = max((r for r in rows if r.reliable), key=lambda r: r.peak_bytes)
     return Trace(model=name, setup=dict(setup or {}), fake=fake, phases=tuple(rows), peak_bytes=best.peak_bytes,
                  peak_phase=best.phase, peak_step=best.step, peak_by_category=dict(best.by_category),
-                 modules=modules, notes=tuple(notes), host_bytes=host, paged_bytes=paged)
+                 modules=modules, notes=tuple(notes), host_bytes=host, paged_bytes=paged, allocations=log)
 
 
 # -- the generic tracer ----------------------------------------------------------------------------------------

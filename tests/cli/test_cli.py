@@ -233,3 +233,23 @@ def test_trace_command_builds_a_hugging_face_config(capsys: pytest.CaptureFixtur
     d = json.loads(out)
     assert code == 0 and d["model"].startswith("hf:") and d["peak_bytes"] > 0
     assert any("unpacked batch forced" in n for n in d["notes"])
+
+
+def test_trace_gpu_replays_the_caching_allocator(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``memlab trace --gpu``: the traced allocations replayed through the allocator model, labelled as a model,
+    allocated == the trace's bytes, active and reserved above; ``--alloc-conf`` (or the environment's) is honoured,
+    a bad one or one without ``--gpu`` is one line before any trace."""
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    code, out, _ = run(capsys, "trace", "tiny-gpt", "--seq", "32", "--batch", "2", "--gpu", "t4", "--json")
+    d = json.loads(out)["allocator_replay"]
+    assert code == 0 and d["alloc_conf"] == "expandable_segments:True" and "not a GPU measurement" in d["source"]
+    assert d["total"]["requested_bytes"] == json.loads(out)["peak_bytes"]
+    assert d["total"]["reserved_bytes"] >= d["total"]["active_bytes"] >= d["total"]["requested_bytes"]
+    code, out, _ = run(capsys, "trace", "tiny-gpt", "--seq", "32", "--gpu", "t4", "--alloc-conf",
+                       "max_split_size_mb:64")
+    assert code == 0 and "caching allocator, modelled" in out and "max_split_size_mb:64" in out
+    for argv in (["--gpu", "t4", "--alloc-conf", "max_split_size_mb:2"], ["--alloc-conf", "expandable_segments:True"]):
+        code, _, err = run(capsys, "trace", "tiny-gpt", "--seq", "32", *argv)
+        assert code == 2 and err.count("\n") == 1
