@@ -14,7 +14,8 @@
 # **The common belief.** Seed article 001 ("利用率", *utilization*) [seed-001] says that top large-model training
 # reaches only about 50 % MFU, that a "312 TFLOPS" GPU gives about 160 TFLOP/s of useful work, that the rest is
 # eaten by memory traffic, communication and scheduling, and that MFU's step time must exclude the optimizer
-# step, gradient clipping and logging (section 3: not PaLM's definition). Seed 004 [seed-004] lists the fixes for low utilisation: more
+# step, gradient clipping and logging (section 3: not PaLM's definition). Seed 004 [seed-004] lists the fixes for low
+# utilisation: more
 # `num_workers`, `pin_memory`, fewer `.item()` syncs.
 #
 # This chapter measures each of those on the machine it runs on:
@@ -160,7 +161,8 @@ ch.cpu_note("tensor cores, SMs and occupancy exist only on a GPU: on a CUDA run 
 # quantisation*: a dimension that is not a multiple of the tile leaves the last tiles partly empty. (GPT-2's
 # vocabulary of 50,257 is padded to 50,304 by nanoGPT, "up to nearest multiple of 64 for efficiency" [nanogpt]:
 # that is alignment, which lets cuBLAS pick vectorised, tensor-core-friendly kernels for the leading dimension,
-# not tile count; the first two rows of the table below show the tile count does not move.) *Wave quantisation*: a tile count
+# not tile count; the first two rows of the table below show the tile count does not move.) *Wave quantisation*: a
+# tile count
 # just above a multiple of the SM count leaves most SMs idle in the last wave. Neither is *occupancy*, which is
 # the number of warps resident on an SM over the most it can hold, set by each kernel's registers, shared memory
 # and block size, and read only with a kernel profiler (Nsight Compute's `sm__warps_active`). Computed for an
@@ -453,7 +455,8 @@ ch.cpu_note("the .item() stall and pin_memory's faster copies are GPU effects (a
 #
 # With p pipeline stages and m micro-batches, each device idles for (p − 1)/(m + p − 1) of the iteration, under
 # GPipe (all forwards, then all backwards) and under 1F1B ("one forward, one backward": each stage alternates
-# them once the pipeline is full) alike; 1F1B's gain is elsewhere (Exercise 4). Splitting each stage's layers into v interleaved chunks
+# them once the pipeline is full) alike; 1F1B's gain is elsewhere (Exercise 4). Splitting each stage's layers into v
+# interleaved chunks
 # divides the bubble by v, at the price of more communication [narayanan2021]. Seed 001 says scheduling brings
 # bubbles from 30-50 % to under 5 % [seed-001]:
 
