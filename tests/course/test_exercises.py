@@ -451,3 +451,9 @@ def test_every_diagnosis_of_the_bank_evaluates_and_names_a_wrong_answer(exercise
         wrongs.append(wrong)
     for i, a in enumerate(wrongs):
         assert all(abs(a - b) > exercise.rtol * abs(a) for b in wrongs[i + 1:]), (exercise.name, wrongs)
+
+
+def test_an_unanswered_numeric_check_shows_the_same_example_whatever_the_answer() -> None:
+    """The example in "Not answered yet" must not hint at the answer's magnitude (expert review, exercise engine)."""
+    ex = Numeric("x.form", "a quantity", reference=lambda: 1.0, unit="GiB", hint="h", why=lambda: "w")
+    assert ex.form(2.5) == ex.form(4.0) == ex.form(8.0) == ex.form(None)
