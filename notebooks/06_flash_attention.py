@@ -389,7 +389,7 @@ Markdown(f"**Reading it (computed).** On {ch.device}, "
 # %%
 seed_fig = 2048 * 2048 * 2  # seed 004's figure: one 2048 x 2048 matrix of 2-byte numbers
 real = estimate(llama, Setup(batch=1, seq=2048, precision="mixed-bf16")).activation_detail["attention scores"]
-pd.DataFrame({"bytes": [seed_fig, real], "MiB": [seed_fig / MiB, real / MiB]},
+pd.DataFrame({"kept for backward (MiB)": [seed_fig / MiB, real / MiB]},
              index=["seed 004: 2048² × 2 B", f"eager, {llama.n_heads} heads × {llama.n_layers} layers, batch 1"])
 
 # %% [markdown]
