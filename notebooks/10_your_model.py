@@ -78,16 +78,19 @@ transformers.logging.set_verbosity_error()  # its config checks warn about the t
 FULL_TRACED = ("llama-2-7b", "mistral-7b", "qwen2-7b", "gemma-7b", "pythia-1.4b", "opt-1.3b")
 SIZES = {  # what the scale changes: the full-size traces (the shoot-out's ground truth), the small runs, the tools
     # ci: Llama-2-7B with SDPA, and GPT-2 (dropout 0.1, which the CPU flash kernel lacks) with eager attention with
-    # and without checkpointing, at 1,024 tokens in mixed bf16, and GPT-2 in pure bf16 (gpu_poor's recipe)
+    # and without checkpointing, at 1,024 tokens in mixed bf16, GPT-2 in pure bf16 (gpu_poor's recipe) and under
+    # autocast (HF Trainer's bf16=True)
     "ci": dict(traced=[("llama-2-7b", "sdpa", "none", "mixed-bf16")]
-               + [("gpt2", "eager", rc, "mixed-bf16") for rc in ("none", "full")] + [("gpt2", "eager", "none", "")],
+               + [("gpt2", "eager", rc, "mixed-bf16") for rc in ("none", "full")] + [("gpt2", "eager", "none", "")]
+               + [("gpt2", "eager", "none", "amp-bf16")],
                seq=1024,
                grid=[("eager", "bf16", 2, 24)],  # SDPA is in the traces; the small SDPA runs are at full scale
                tools=[t for t in calculators.CALCULATORS if t != "memlab-trace"]),
     # full: the 7B-class families at 4,096 tokens (their context where shorter), eager and SDPA, with and without
     # checkpointing; every small run; memlab's trace also scored against the small runs
     "full": dict(traced=[(n, a, rc, "mixed-bf16") for n in FULL_TRACED for a in ("eager", "sdpa")
-                         for rc in ("none", "full")] + [(n, "sdpa", "none", "") for n in FULL_TRACED],
+                         for rc in ("none", "full")] + [(n, "sdpa", "none", "") for n in FULL_TRACED]
+                 + [("llama-2-7b", "sdpa", "none", "amp-bf16")],
                  seq=4096, grid=[(a, d, b, s) for a in ("eager", "sdpa") for d in ("fp32", "bf16")
                                  for b, s in ((4, 256), (1, 1024))], tools=None),
 }[ch.scale]
@@ -206,8 +209,9 @@ ch.cpu_note("the runs are tiny and counted exactly, but there is no CUDA allocat
 # allocated. The recipe is the one most calculators assume: **mixed-bf16**, the Megatron/DeepSpeed-style
 # master-weights recipe (bf16 weights and gradients, fp32 master weights and AdamW states), with and without
 # gradient checkpointing, plus one pure-bf16 run (gpu_poor's recipe). Hugging Face Trainer's `bf16=True` is another
-# recipe: `torch.autocast` over fp32 weights and fp32 gradients, with bf16 weight copies saved for backward
-# (chapter 03 measures it); its states boundary and optimizer-step peak differ, and it is not scored here. The trace
+# recipe, **amp-bf16**: `torch.autocast` over fp32 weights and fp32 gradients, with bf16 weight copies saved for
+# backward (chapter 03 measures it); its states are 16 B/param without a master copy, its optimizer step holds no
+# gradient copy, and one run of it is traced and scored too (the last row). The trace
 # is evidence from outside memlab's formula (the real HF code and PyTorch's kernels
 # decide what is saved), but it runs this CPU's kernels and has no CUDA allocator: it is not a GPU measurement
 # (`memlab.tracing.tracer.CUDA_TERMS` lists what a CUDA run adds), and every tool is asked about the step the trace

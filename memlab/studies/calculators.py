@@ -332,13 +332,14 @@ def shoot_out(runs: Iterable[tuple[Run, dict[str, Any]]], tools: Iterable[str] |
 
 def full_size_runs(configs: dict[str, dict[str, Any]], grid: Iterable[tuple[str, str, str, str]], seq: int, *,
                    device_type: str = "cpu") -> list[Run]:
-    """The full-size shoot-out grid: one batch-1 :class:`Run` of a bf16 model per ``(config name,
-    attn_implementation, recompute, precision)`` of ``grid`` (precision ``mixed-bf16``, or ``""`` for pure bf16), at
+    """The full-size shoot-out grid: one batch-1 :class:`Run` per ``(config name, attn_implementation, recompute,
+    precision)`` of ``grid`` (precision ``mixed-bf16`` or ``""`` for pure bf16, on a bf16 model; ``amp-bf16``, HF
+    Trainer's autocast, on an fp32 model), at
     ``seq`` tokens, or the config's context (or one below its sliding window) where shorter
     (:meth:`~memlab.predict.spec.model.TransformerConfig.modelled_seq`). ``device_type`` "cpu" (the default) asks every
     tool about the kernels the trace runs (:func:`traced_truth` traces on this CPU): like for like."""
-    return [Run(configs[n], 1, from_hf(configs[n]).modelled_seq(seq), "bf16", attn, device_type=device_type, name=n,
-                precision=prec, recompute=rc) for n, attn, rc, prec in grid]
+    return [Run(configs[n], 1, from_hf(configs[n]).modelled_seq(seq), "fp32" if prec == "amp-bf16" else "bf16", attn,
+                device_type=device_type, name=n, precision=prec, recompute=rc) for n, attn, rc, prec in grid]
 
 # -- fine-tuning: the tools that claim something for a LoRA run, scored on that only ----------------------------
 FINETUNE_TOOLS = ("memlab", "gpu_poor", "accelerate")

@@ -229,11 +229,12 @@ def test_one_formula_is_one_tool_applied_as_documented() -> None:
 
 
 @pytest.mark.parametrize("bad", [dict(dtype="fp32", precision="mixed-bf16"), dict(precision="amp"),
+                                 dict(dtype="bf16", precision="amp-bf16"),
                                  dict(recompute="selective")])
 def test_a_run_refuses_a_recipe_it_cannot_train(bad: dict) -> None:
     from memlab.errors import SetupError
 
-    with pytest.raises(SetupError, match=r"Run|mixed"):
+    with pytest.raises(SetupError, match=r"Run|mixed|autocasts"):
         Run(LLAMA7, 1, 16, **bad)
 
 
@@ -319,3 +320,17 @@ def test_full_size_runs_train_the_mixed_recipe_within_each_context() -> None:
                                                                        (4096, "bf16", "none", 1)]
     assert runs[0].setup().precision == "mixed-bf16" and runs[0].setup().recompute == "full"
     assert runs[0].label == "gpt2 eager mixed-bf16 b1x1024 ckpt"
+
+
+def test_an_autocast_run_is_traced_and_scored_only_by_the_tools_that_assume_it() -> None:
+    """HF Trainer's bf16=True (an fp32 model under autocast, review 10.8): memlab's formula equals the trace's states;
+    DeepSpeed (master-weights recipe) and gpu_poor's states (pure 16-bit) are out of scope."""
+    pytest.importorskip("transformers")
+    from memlab.studies.calculators import traced_truth
+
+    run = Run(config("tiny", "gpt2"), 2, 24, "fp32", "eager", precision="amp-bf16")
+    t = traced_truth(run)
+    assert memlab_formula(run).states == t["states"]
+    assert gpu_poor(run).states is None and korthikanti_guides(run).states is not None
+    ds = CALCULATORS["deepspeed-zero2"](run)
+    assert ds.states is None
