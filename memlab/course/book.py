@@ -384,6 +384,7 @@ CSS = """
 .bd-main .bd-content .bd-article-container { max-width: 100%; }
 .cell_output table, .bd-article table { display: block; overflow-x: auto; max-width: 100%; }
 .cell_output td, .cell_output th { font-variant-numeric: tabular-nums; }
+.cell_output .output.stream pre { white-space: pre-wrap; overflow-wrap: anywhere; }  /* a printed line wraps */
 details.memlab-solution { border: 1px solid #d0d7de; border-radius: 6px; padding: .3em .8em; margin: .5em 0; }
 """
 
