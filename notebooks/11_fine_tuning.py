@@ -518,6 +518,23 @@ print("on the small peft runs only (in-sample for memlab):")
 errors_in_percent(shoot[shoot["truth"] == "measured"])
 
 # %% [markdown]
+# ## The seed's claim, answered
+
+# %%
+full_e, qv_fit = est["full (mixed-bf16)"], fits(est["LoRA r=16 on q,v"], card)
+recipe_batch = int(recipe_table.iloc[0][f"largest batch on the {card.name}"])
+tight = full_e.peak_bytes > card.memory_bytes
+ch.seed_claims([
+    ("004", "fine-tuning a 7B LLaMA on one card: even 24 GB looks tight",
+     ("holds for full fine-tuning, not for the recipe people run" if tight and recipe_batch >= 2 else
+      "holds" if tight else "does not hold"),
+     f"full fine-tuning peaks at {full_e.peak_gib:.0f} GiB, {full_e.peak_bytes / card.memory_bytes:.1f}x the "
+     f"{card.memory_bytes / GiB:.0f} GiB card; LoRA r=16 on q,v without checkpointing is {qv_fit.margin()} "
+     f"({qv_fit.headroom_bytes / GiB:+.1f} GiB); QLoRA r=16 all-linear with checkpointing fits up to batch "
+     f"{recipe_batch} at {SIZES['seq']:,} tokens (predicted for CUDA)"),
+], columns=["seed", "claim", "verdict", "number (this run)"])
+
+# %% [markdown]
 # ## Summary
 #
 # - LoRA freezes the base: its weights stay, their gradients and optimizer states go; peft's fp32 adapters and
