@@ -568,9 +568,10 @@ lever_table.round(1)
 
 # %% [markdown]
 # Ranked by the peak, the order depends on the optimizer's implementation (the cell prints both rankings; the
-# table says where each peak is). A lever that removes the eager attention scores can move the peak into the
-# optimizer step, where foreach AdamW's fp32 temporaries sit on top of the states; ZeRO-3 shards the states and
-# those temporaries with them; fused AdamW has no such temporaries, so there the activations weigh again. Ranking
+# table says where each peak is; these are predictions for CUDA, where PyTorch's default AdamW is foreach). A lever
+# that removes the eager attention scores can move the peak into the optimizer step, where the mixed step's fp32
+# gradient copies and foreach AdamW's fp32 temporaries sit on top of the states; ZeRO-3 shards the states and those
+# with them; fused AdamW has no such temporaries, so there the activations weigh again. Ranking
 # by the sum of components, which no fit check uses, gives the order the third line prints. The seed's order
 # holds as advice about *cost* (an algorithm change is free, ZeRO needs more GPUs, offload costs time), not as an
 # order of bytes saved: "FlashAttention before checkpointing before ZeRO" holds only with that qualification.
