@@ -716,7 +716,8 @@ print(f"against the {len(traced)} full-size traces:")
 for tool in calculators.PEERS:
     if tool not in medians.index:
         continue
-    parts = [f"{c} {pct(medians.loc[tool, c + ' median'])} (median, {int(medians.loc[tool, c + ' runs'])} runs)"
+    parts = [f"{c} {pct(medians.loc[tool, c + ' median'])} (median, {int(medians.loc[tool, c + ' runs'])} run"
+             f"{'' if int(medians.loc[tool, c + ' runs']) == 1 else 's'})"
              for c in calculators.COMPONENTS if isinstance(medians.loc[tool, c + " median"], float)]
     why = {"deepspeed-zero2": " (the fp32 gradient partition its engine holds, which the trace's states leave out: a "
                               "definition difference, section 3)",
