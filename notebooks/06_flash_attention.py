@@ -44,6 +44,7 @@ from memlab import (
     chapter,
     check,
     estimate,
+    gpu,
     ledger,
     matmul_flops,
     max_seq,
@@ -200,7 +201,11 @@ as_percent(share).rename_axis(columns="attention scores' share of all saved byte
 # %% [markdown]
 # ## 4. FLOPs: equal forward, more backward
 #
-# `torch.utils.flop_counter.FlopCounterMode` counts one step at the second-longest sequence. The *model FLOPs* (the
+# `torch.utils.flop_counter.FlopCounterMode` counts one step at the second-longest sequence. Plain FlopCounterMode
+# has no formula for the CPU's fused attention kernels and counts them as 0 (the cell prints it); memlab gives the
+# counter torch's own SDPA formulas for them (`sdpa_flop_count`, and `sdpa_backward_flop_count`, whose first step
+# recomputes the scores; `memlab.run.runner`), so for the fused kernels the count below is that formula applied to
+# the shapes that ran, not an observation of the kernel. The *model FLOPs* (the
 # arithmetic the model needs, the numerator of MFU, model FLOPs utilisation, chapter 07; `memlab.predict.compute.flops`)
 # are the same for every kernel. The flash backward recomputes QKᵀ, so its *hardware FLOPs* (what the device
 # executes), and so its HFU (hardware FLOPs utilisation), are higher.
@@ -218,15 +223,19 @@ if cuda:
     fl["step s"] = [measurements[(a, s2)].step_time_s for a in backends]
     fl["HFU"] = [measurements[(a, s2)].hfu for a in backends]
 ch.save_table(fl, "flops")
+q_ = torch.randn(1, 4, 64, 16, requires_grad=True)
+with torch.utils.flop_counter.FlopCounterMode(display=False) as plain_counter:
+    torch.nn.functional.scaled_dot_product_attention(q_, q_, q_, is_causal=True).sum().backward()
+print(f"plain FlopCounterMode on one CPU SDPA call, forward + backward: {plain_counter.get_total_flops():,} FLOPs")
 fl
 
-# %% [markdown]
-#
 # %%
 extra = fl.set_index("attention")["extra / QK^T"]
-Markdown(f"**Reading it (computed).** The fused kernels' backward does {extra.max():.2f} extra QKᵀ per layer "
-         f"(`extra / QK^T`), the unfused ones {extra.min():.2f}: the price of never storing the probabilities. "
-         "Whether that buys time is a GPU question, answered below by the papers' measurements, not by this CPU.")
+Markdown(f"**Reading it (computed).** By torch's SDPA backward formula, which memlab assigns to the CPU kernel, the "
+         f"fused kernels' backward does {extra.max():.2f} extra QKᵀ per layer (`extra / QK^T`), the unfused ones "
+         f"{extra.min():.2f}: the price of never storing the probabilities. The CPU kernel's source does recompute "
+         "the scores in its backward, but this count is a formula, not an observation. Whether that buys time is a "
+         "GPU question, answered below by the papers' measurements, not by this CPU.")
 
 # %% [markdown]
 # **The GPU evidence: the papers' measurements** (outside memlab; none of it is reproduced on this CPU). Seed 001
@@ -246,17 +255,25 @@ FA_PAPERS
 fig2 = {"standard": {"GFLOP": 66.6, "HBM GB": 40.3, "ms": 41.7}, "flash": {"GFLOP": 75.2, "HBM GB": 4.4, "ms": 7.3}}
 UTIL = {"FlashAttention-1": (0.25, 0.40), "FlashAttention-2": (0.50, 0.73), "FlashAttention-3": (0.75, 0.75)}  # papers
 later_over_50 = all(lo >= 0.5 for name, (lo, _) in UTIL.items() if name != "FlashAttention-1")
-earlier_under_20 = UTIL["FlashAttention-1"][1] < 0.2
+# standard attention's utilisation from Fig. 2's own runtime at its stated shape (batch 64, 16 heads, s 1024, d 64):
+# forward QK^T and PV, 2 x 2·b·h·s²·d FLOPs, backward twice that (model FLOPs, no recompute), over the A100's peak
+FIG2_SHAPE = dict(b=64, h=16, s=1024, d=64)
+fig2_flops = 3 * 2 * 2 * FIG2_SHAPE["b"] * FIG2_SHAPE["h"] * FIG2_SHAPE["s"] ** 2 * FIG2_SHAPE["d"]
+a100_peak = gpu("a100-80gb-sxm").peak("bf16")
+util_fig2 = {k: fig2_flops / (v["ms"] / 1e3) / a100_peak for k, v in fig2.items()}
+earlier_under_20 = util_fig2["standard"] < 0.2
 Markdown(f"In the paper's Fig. 2 the fused kernel executes {fig2['flash']['GFLOP'] / fig2['standard']['GFLOP']:.2f}× "
          f"the FLOPs of standard attention (the recomputed QKᵀ, as counted above), moves "
          f"{fig2['standard']['HBM GB'] / fig2['flash']['HBM GB']:.1f}× fewer HBM bytes and runs "
          f"{fig2['standard']['ms'] / fig2['flash']['ms']:.1f}× faster: more FLOPs, fewer bytes, less time. Seed "
          f"001's \"over 50 %\" {'holds' if later_over_50 else 'does not hold'} for FlashAttention-2 and -3 by these "
-         f"figures; its \"under 20 %\" for the earlier kernel "
-         + ("holds" if earlier_under_20 else
-            f"does not: FlashAttention-2's paper gives FlashAttention-1 {UTIL['FlashAttention-1'][0]:.0%}-"
-            f"{UTIL['FlashAttention-1'][1]:.0%}")
-         + " (standard attention's utilisation is not given there).")
+         f"figures. Its \"previously under 20 %\" {'holds' if earlier_under_20 else 'does not hold'} against "
+         f"standard attention: at Fig. 2's stated shape the fwd + bwd is {fig2_flops / 1e9:,.0f} GFLOP, which in "
+         f"{fig2['standard']['ms']} ms is {util_fig2['standard']:.0%} of the A100's "
+         f"{a100_peak / 1e12:.0f} TFLOP/s. The same arithmetic gives FlashAttention-1 {util_fig2['flash']:.0%} in "
+         f"{fig2['flash']['ms']} ms, inside FlashAttention-2's paper's {UTIL['FlashAttention-1'][0]:.0%}-"
+         f"{UTIL['FlashAttention-1'][1]:.0%} for it: a cross-check of the arithmetic. (Fig. 2's GFLOP column, used "
+         "above only as a ratio, is not this count.)")
 
 # %% [markdown]
 # ## 5. HBM traffic: the forward's IO model, and the paper's forward + backward
@@ -303,15 +320,28 @@ ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "attention_hbm_traffic")
 
 # %%
+SRAM_ELEMS = 192 * 1024 // 2  # M: the 192 KB per SM the IO model assumes, in 2-byte elements
+
+
+def block_cols(d: int) -> int:
+    """The IO model's column-block size B_c = ceil(M / 4d) [dao2022] (memlab.predict.compute.attention_io)."""
+    return -(-SRAM_ELEMS // (4 * d))
+
+
 Markdown(f"**Reading it (computed).** For the paper's shape the model predicts a forward ratio of "
          f"{fig2_cmp.loc['standard / flash', 'forward, predicted (GB)']:.1f}×; the paper measured "
          f"{fig2_cmp.loc['standard / flash', 'forward + backward, measured [dao2022] (GB)']:.1f}× for forward + "
          "backward, where the standard backward reads the stored s × s probabilities again. With heads of 128 the "
-         f"forward saving falls to {io.loc[io['model'] == llama.name, 'standard / flash'].min():.1f}× (d² nears M); "
+         f"forward saving falls to {io.loc[io['model'] == llama.name, 'standard / flash'].min():.1f}× because the "
+         f"paper's block rule B_c = ⌈M / 4d⌉ (M = {SRAM_ELEMS:,} bf16 elements) gives {block_cols(gpt2m.head_dim)} "
+         f"columns at d = {gpt2m.head_dim} and {block_cols(llama.head_dim)} at d = {llama.head_dim}, doubling the "
+         "re-reads of Q and O (the model is FlashAttention-1's loop order, outer loop over K and V; PyTorch's flash "
+         "backend is FlashAttention-2, outer loop over Q, and the L2 cache changes the constant too); "
          "the memory saving of section 3 does not depend on it. Two further kernels follow the same idea: "
          "FlashDecoding splits a decode step's attention over the KV sequence so one query token uses many SMs "
-         "[flash-decoding], and context parallelism splits one long sequence's tokens over devices, exchanging K "
-         "and V (Ring Attention [liu2023], DeepSpeed Ulysses [jacobs2023]).")
+         "[flash-decoding], and context parallelism splits one long sequence's tokens over devices: Ring Attention "
+         "passes K/V blocks around a ring of devices [liu2023]; DeepSpeed Ulysses re-shards Q, K, V (and the output "
+         "back) between sequence and heads with all-to-all [jacobs2023].")
 
 # %% [markdown]
 # ## 6. Which kernel SDPA picks, and the mask that brings s² back
@@ -343,10 +373,12 @@ Markdown(f"**Reading it (computed).** On {ch.device}, "
          + (f"every call runs `{kernels.pop()}`: this device's fused kernel accepts a mask. " if len(kernels) == 1
             else f"the calls run {len(kernels)} different kernels: an explicit mask changes the choice. ")
          + "On CUDA the rule differs [pytorch-sdpa]: the flash backend takes no `attn_mask`, so an explicit mask "
-           "sends the call to the memory-efficient kernel (no s² tensor either, when the shapes allow it) or to "
-           "the math backend, which writes the b × a × s² probabilities again. Passing `is_causal=True` instead of "
-           "a causal mask keeps the flash kernel. Hugging Face models build an explicit mask when a batch is "
-           "padded, the most common way the s² term silently returns.")
+           "sends the call to the memory-efficient kernel, which keeps the mask itself for backward: a "
+           "(b, 1, s, s) tensor per layer, an s² term a-fold smaller than eager's b × a × s² probabilities "
+           "(memlab counts it for such calls). Only the math fallback stores the probabilities again. Passing "
+           "`is_causal=True` instead of a causal mask keeps the flash kernel. Hugging Face models build an explicit "
+           "4-D mask when a batch is padded, the most common way an s² term silently returns; packing sequences "
+           "without padding (varlen kernels) avoids it.")
 
 # %% [markdown]
 # ## 7. Seed 004's 2048² × dtype, for a real model
@@ -357,7 +389,7 @@ Markdown(f"**Reading it (computed).** On {ch.device}, "
 # %%
 seed_fig = 2048 * 2048 * 2  # seed 004's figure: one 2048 x 2048 matrix of 2-byte numbers
 real = estimate(llama, Setup(batch=1, seq=2048, precision="mixed-bf16")).activation_detail["attention scores"]
-pd.DataFrame({"bytes": [seed_fig, real], "MiB": [seed_fig / MiB, real / MiB]},
+pd.DataFrame({"kept for backward (MiB)": [seed_fig / MiB, real / MiB]},
              index=["seed 004: 2048² × 2 B", f"eager, {llama.n_heads} heads × {llama.n_layers} layers, batch 1"])
 
 # %% [markdown]
@@ -402,20 +434,28 @@ for a in SIZES["traced"]:
 confirm = pd.DataFrame(confirm)
 confirm["traced vs predicted"] = confirm["traced peak GiB"] / confirm["predicted peak GiB"] - 1
 ch.save_table(confirm, "fit_search_traced")
-print("the estimator's own caveat: " + next((n for n in estimate(llama, s6).assumptions if "gathered" in n), "none"))
+named = estimate(llama, fit_setup.with_(attention="eager", seq=int(fit.set_index("attention").loc["eager", "value"]))
+                 ).named_terms
+for term in named:
+    print(f"the estimate names as left out: {'+' if term.sign > 0 else '-'}{term.bytes / GiB:.2f} GiB at most in "
+          f"{', '.join(term.phases)}: {term.name}")
 confirm.round(3)
 
-# %% [markdown]
-#
 # %%
 eager_row = confirm.set_index("attention").loc["eager"]
 over = eager_row["traced peak GiB"] - eager_row["card GiB"]
+gap = eager_row["traced peak GiB"] - eager_row["predicted peak GiB"]
+peak_phase = eager_row["traced peak in"].split(" ", 1)[1]  # "steady backward" -> "backward"
+named_gib = sum(t.bytes for t in named if t.sign > 0 and t.applies(peak_phase)) / GiB
 Markdown(f"**Reading it (computed).** Exercise 3 asks for the *estimator's* answer, {int(eager_row['seq']):,} "
          f"tokens. The trace of that step peaks at {eager_row['traced peak GiB']:.2f} GiB in the "
          f"{eager_row['traced peak in']}, "
          + (f"{over:.2f} GiB above the card: the estimator's answer does not fit by the trace. "
             if over > 0 else f"{-over:.2f} GiB below the card: it fits by the trace too. ")
-         + "The difference is FSDP2's gathered parameters and buffers (chapter 05 measures them). And the card is "
+         + f"The trace is {gap:+.2f} GiB from the estimate; the terms the estimate names as left out (printed "
+           f"above) that apply to the {peak_phase} may add up to {named_gib:.2f} GiB, and only what they name is "
+           "attributed: "
+           f"{max(0.0, gap - named_gib):.2f} GiB of the difference is left unexplained here. And the card is "
            "memlab's nominal capacity: the driver reports slightly less, and the CUDA context and NCCL's buffers "
            "take their share, so on a real GPU search below the nominal figure.")
 
@@ -449,4 +489,4 @@ check("06.attention-growth", answer, attention=predicted_attention)
 #   buys HBM traffic and time (the FlashAttention paper's Fig. 2, section 4).
 # - An explicit `attn_mask` takes CUDA's SDPA off the flash kernel; `is_causal=True` keeps it.
 # - Seed 004's 2048² × dtype is one head of one layer: Llama-2-7B keeps heads × layers times more at batch 1
-#   (section 5's table), and batch times that; under CUDA autocast the fp32 probabilities triple it again.
+#   (section 7's table), and batch times that; under CUDA autocast the fp32 probabilities triple it again.

@@ -19,7 +19,7 @@
 # Each monitor number is a *time fraction* or a *policy*, not a measure of useful work. This chapter shows it with
 # measurements:
 #
-# 1. CPU % at the same level for a loop doing no arithmetic and for a matmul (the twin of GPU-Util);
+# 1. CPU % for a loop doing no arithmetic, a copy and a matmul (the twin of GPU-Util);
 # 2. process RSS against live tensor bytes (the twin of "memory used" against allocated);
 # 3. on a GPU: GPU-Util and NVML's memory ledger, measured (recorded data shown when present), and the DCGM
 #    metrics and throttle reasons to read instead;
@@ -65,18 +65,22 @@ ch
 # during which *one or more* kernels ran (NVML API, `nvmlUtilization_t` [nvml-api]). They differ in what they
 # count: a process's CPU % sums its threads, so it exceeds 100 % on several cores [psutil], while GPU-Util
 # saturates at 100 % whether a kernel uses one of an H100's 132 SMs or all of them. Each loop below runs for the
-# same time on one thread, so here the two read alike: a pure-Python counter (no floating-point work), a
-# memory-bound copy, and a matmul.
+# same time on one thread: a pure-Python counter (no floating-point work), a memory-bound copy, and a matmul.
 #
 # **Exercise 1 (predict first).** Which loop will show the highest CPU %: `"busy"`, `"copy"`, `"matmul"`, or
-# `"same"` (all within 25 % of each other)? Write your prediction before running the measurement; the cell after
-# it checks.
+# `"same"` (all within 25 % of each other)? Write your prediction; the next cell measures the three loops
+# without showing them, the check compares, and the table and figure come after it.
 
 # %%
 prediction = ...
 
+# %%
+busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=None)  # measured, shown below
+
+# %%
+check("08.cpu-percent", prediction, table=busy)
+
 # %% tags=["reveals-08.cpu-percent"]
-busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=None)
 fig, ax1 = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
 x = range(len(busy))
 ax1.bar([i - 0.27 for i in x], busy["cpu_pct"], 0.27, label="CPU % (psutil, left axis)", color="tab:grey")
@@ -89,13 +93,10 @@ ax2.bar([i + 0.27 for i in x], busy["bytes_per_s"] / 1e9, 0.27, label="GB/s move
 ax2.set(ylabel="GFLOP/s, or GB/s")
 fig.legend(loc="outside lower center", ncols=3, fontsize=8)
 ch.save_figure(fig, "cpu_percent_vs_flops")
-busy[["loop", "cpu_pct", "flops_per_s", "bytes_per_s", "torch_threads"]].round(2)
+busy[["loop", "cpu_pct", "flops_per_s", "bytes_per_s", "torch_threads"]].rename(columns={
+    "cpu_pct": "CPU (%)", "flops_per_s": "FLOP/s", "bytes_per_s": "bytes/s moved", "torch_threads": "torch threads",
+}).round(2)
 
-# %%
-check("08.cpu-percent", prediction, table=busy)
-
-# %% [markdown]
-#
 # %%
 copy_row = busy.set_index("loop").loc["copy (memory-bound)"]
 mm_row = busy.set_index("loop").loc["matmul (fp32)"]
@@ -126,7 +127,8 @@ ch.save_figure(fig, "rss_vs_live")
 ch.record_ledger(pd.DataFrame({"experiment": "RSS vs live tensor bytes", "component": rss["stage"], "unit": "bytes",
                                "predicted": rss["live_tensor_bytes"], "measured": rss["rss_delta_bytes"],
                                "kind": "contrast"}))  # on purpose: RSS is not the tensors' bytes
-rss.assign(live_MiB=rss["live_tensor_bytes"] / MiB, rss_delta_MiB=rss["rss_delta_bytes"] / MiB).round(1)
+pd.DataFrame({"stage": rss["stage"], "live tensors (MiB)": rss["live_tensor_bytes"] / MiB,
+              "RSS above start (MiB)": rss["rss_delta_bytes"] / MiB}).style.hide(axis="index").format(precision=1)
 
 # %% [markdown]
 # ## 3. On a GPU: GPU-Util and the NVML ledger
@@ -183,13 +185,14 @@ pd.DataFrame([
 
 # %%
 pd.DataFrame([
-    (1002, "SM_ACTIVE", "share of time, averaged over all SMs, that an SM had at least one warp resident",
+    ("1002", "SM_ACTIVE", "share of time, averaged over all SMs, that an SM had at least one warp resident",
      "GPU-Util at 100 % with 1 of 132 SMs busy reads about 0.8 % here"),
-    (1003, "SM_OCCUPANCY", "resident warps over the SMs' maximum, averaged over time and SMs",
+    ("1003", "SM_OCCUPANCY", "resident warps over the SMs' maximum, averaged over time and SMs",
      "occupancy as chapter 07 defines it; high is not required for a fast GEMM"),
-    (1004, "PIPE_TENSOR_ACTIVE", "share of cycles the tensor pipes were busy",
-     "seed 001's 'tensor cores > 80 % busy', measured; with FLOP counts, close to MFU's numerator"),
-    (1005, "DRAM_ACTIVE", "share of cycles the device memory interface was sending or receiving data",
+    ("1004", "PIPE_TENSOR_ACTIVE", "share of cycles the tensor pipes were busy",
+     "seed 001's 'tensor cores > 80 % busy', measured; it counts all executed tensor work (recomputation, padding, "
+     "tile waste), so it tracks the hardware-FLOP rate (HFU-like), not MFU's model FLOPs"),
+    ("1005", "DRAM_ACTIVE", "share of cycles the device memory interface was sending or receiving data",
      "the bandwidth-like number seed 004 wanted from dmon's 'mem'"),
 ], columns=["field id", "metric (DCGM_FI_PROF_ + name)", "what it measures", "what it answers here"])
 
@@ -243,9 +246,10 @@ u.to_frame()
 # different framework policies (computed from the policies in section 5; no second policy runs here). U_eff is
 # low on a CPU because the process also holds the interpreter and torch's libraries (hundreds of MiB), and on a
 # GPU because of the allocator's cache and fragmentation; it does not say whether the cache is needed at the next
-# step's peak. U_bw needs the peak of the memory this process can use. A datasheet gives the socket's (an AMD
-# EPYC 9004 has 12 channels of DDR5-4800, 460.8 GB/s [amd-epyc9004]), but this process runs in a virtual
-# machine's slice of it, of unknown size, so U_bw is left blank rather than divided by the whole socket.
+# step's peak. U_bw needs the peak of the memory this process can use. A datasheet gives the socket's (for
+# example, an AMD EPYC 9004 has 12 channels of DDR5-4800, 460.8 GB/s [amd-epyc9004]; this page's CPU is named in
+# the parameters cell's output), but this process runs in a virtual machine's slice of it, of unknown size, so U_bw
+# is left blank rather than divided by the whole socket.
 #
 # **Exercise 2.** A vLLM server on an H200 SXM (memlab's table) runs with its default `gpu_memory_utilization`;
 # its weights and the KV cache its requests actually use take 40 GiB. What is its U_eff, in %?
@@ -268,14 +272,15 @@ if no_gpu.any():
     display(Markdown(f"{why} on this machine, so the script's GPU lines print nothing; its host lines:"))
 mon[~no_gpu].drop(columns=[c for c in ("reason",) if c in mon.columns]).round(3)
 
-# %% [markdown]
-#
 # %%
 Markdown(f"The seed's \"GB\" is GiB, and a GiB is {GiB / GB - 1:.1%} larger than a GB: the same bytes read "
          f"{1 - GB / GiB:.1%} smaller in GiB than in GB. It is the gap between a card's \"80 GB\" (80 GiB) and its "
          f"{80 * GiB / 1e9:.1f} × 10⁹ bytes.")
-#
-# **The 85-95 % rule.** "Memory used" is the sum of policies, not of the workload. JAX preallocates 75 % of the
+
+# %% [markdown]
+# **The 85-95 % rule.** Seed 000 gives 85-95 % as a healthy range of *training* memory utilisation, "empirical, not
+# a hard standard" [seed-000]. Read two ways. As an nvidia-smi reading, "memory used" is the sum of policies, not
+# of the workload. JAX preallocates 75 % of the
 # GPU's memory at its first operation [jax-gpu-memory]; vLLM reserves `gpu_memory_utilization = 0.9` of it for
 # weights, activations and KV cache [vllm-engine-args]; PyTorch's caching allocator grows on demand and holds what
 # it has reserved, plus the CUDA context. By policy alone, nothing run, for a job that needs 2 GiB on an H200
@@ -296,18 +301,26 @@ policies.round(2)
 
 # %%
 in_band = policies.loc[policies["in the 85-95 % band"], "framework default"].tolist()
+room_lo, room_hi = 0.05 * h200.memory_bytes / GiB, 0.15 * h200.memory_bytes / GiB
 Markdown(f"**Reading it (computed).** For the same {JOB_GIB:g}-GiB job, the reading is "
          + ", ".join(f"{name.split(' (')[0]} {pct:.1f} %" for name, pct in
                      zip(policies["framework default"], policies["'memory utilisation' (%)"], strict=True))
          + f". Only {', '.join(n.split(' (')[0] for n in in_band) or 'none'} falls in the \"healthy\" band; "
-         + f"JAX's {JAX_PREALLOCATE:.0%} is below it and PyTorch's reading is the job's own size. The band "
-           "measures the framework's policy, not the workload.")
+         + f"JAX's {JAX_PREALLOCATE:.0%} is below it and PyTorch's reading is the job's own size: as a reading of "
+           "nvidia-smi the band measures the framework's policy, not the workload. As a *target* for a PyTorch "
+           "training job's peak reserved bytes (size the batch so the peak sits just under the card), it is a "
+           f"heuristic: on an H200 it leaves {room_lo:.0f}-{room_hi:.0f} GiB for the CUDA context, the allocator's "
+           "fragmentation and the step-to-step variation of the peak, which chapter 01 measures.")
 
 # %% [markdown]
-# **The 70 % rule.** GPU-Util below 70 % is said to mean a memory bottleneck [seed-004]. Its CPU twin, measured:
-# the fraction of a step's time spent computing, for a data-starved loop (no memory bottleneck at all), and, from
-# section 1's measurement, the copy loop's CPU % over the pure-Python busy loop's (both got the same share of a
-# shared machine, so the ratio says how busy the copy kept its core; it is limited by memory all the while):
+# **The 70 % rule.** Seed 004 says GPU-Util that stays below 70 % very likely means a memory bottleneck, and names
+# the causes in the same sentence: slow data loading or kernel-launch overhead [seed-004]. The causes are the right
+# ones; the label is not. By NVML's definition GPU-Util counts the time a kernel runs, so a bandwidth-bound kernel
+# that keeps the GPU busy reads 100 % [nvml-api]: a memory bottleneck does not lower it. Its CPU twin, measured
+# (CPU time fractions, not GPU-Util): the fraction of a step's time spent computing, for a data-starved loop (the
+# seed's first cause), and, from section 1's measurement, the copy loop's CPU % over the pure-Python busy loop's
+# (both got the same share of a shared machine, so the ratio says how busy the copy kept its core; it is limited by
+# memory all the while):
 
 # %%
 plain = training_loop(cfg, setup, ch.device, steps=3, label="fast loader", seed=seed)
@@ -321,11 +334,12 @@ busy_fraction = pd.DataFrame([{
 as_percent(busy_fraction, ["compute time / step time", "mfu"]).round(2)
 
 # %% [markdown]
-# The starved loop computes for only part of each step (its "utilisation" is low) with no memory bottleneck: the
-# cure is the loader. The copy loop is as busy as the busy loop while memory is all that limits it. Utilisation is
-# time occupancy in both directions.
+# The starved loop computes for only part of each step (its "utilisation" is low) and the cure is the loader, as
+# the seed says. The copy loop is as busy as the busy loop while memory is all that limits it: a memory bottleneck
+# shows as full occupancy, not as low. Utilisation is time occupancy in both directions.
 #
-# **Exercise 3.** A JAX job that needs 6 GiB runs on an NVIDIA L4 (memlab's table) with JAX's defaults. How many
+# **Exercise 3.** A JAX job that needs 6 GiB runs on an NVIDIA L4 (memlab's table: its nominal capacity) with JAX's
+# defaults. How many
 # GiB does nvidia-smi's memory column show for it right after its first operation (the CUDA context left out)?
 
 # %%
@@ -353,10 +367,11 @@ ch.seed_claims([
     ("000", "nvidia-smi ≠ effective use; active vs reserved", "holds",
      f"RSS kept {rss['rss_delta_bytes'].iloc[2] / MiB:.0f} MiB for {rss['live_tensor_bytes'].iloc[2] / MiB:.0f}"
      " MiB of live tensors until malloc_trim"),
-    ("000", "85-95 % is healthy memory utilisation",
-     "does not hold" if 0 < len(in_band) < len(policies) else "holds",
+    ("000", "85-95 % is healthy (training) memory utilisation",
+     "as an nvidia-smi reading, does not hold; as a training target, a heuristic" if 0 < len(in_band) < len(policies)
+     else "holds",
      f"by policy, a {JOB_GIB:g}-GiB job reads {policies.iloc[0, 2]:.1f} % (PyTorch), {JAX_PREALLOCATE:.0%} (JAX), "
-     f"{VLLM_FRACTION:.0%} (vLLM)"),
+     f"{VLLM_FRACTION:.0%} (vLLM); as a peak target it leaves {room_lo:.0f}-{room_hi:.0f} GiB of an H200"),
     ("000", "targets: cap 80-95 %, BW 60-90 %, MFU 30-60 %", "unsourced",
      "cap is a policy (above); MFU depends on its peak (chapter 07)"),
     ("001", "GPU-Util = fraction of time a kernel runs", "holds", "NVML's definition; CPU % twin: "
@@ -364,16 +379,19 @@ ch.seed_claims([
      f"{busy['flops_per_s'].max() / 1e9:.1f} GFLOP/s"),
     ("004", "monitor script, /1024**3 labelled GB", "does not hold", "the figure is GiB: 80 GiB = "
      f"{80 * GiB / GB:.1f} GB"),
-    ("004", "GPU-Util < 70 % means a memory bottleneck",
-     "does not hold" if busy_fraction.iloc[1, 1] < 0.7 else "not refuted by this run",
-     f"a starved loop computes {busy_fraction.iloc[1, 1]:.0%} of its time with no memory limit"),
+    ("004", "GPU-Util < 70 % means a memory bottleneck (slow loading, launch overhead)",
+     "the causes hold; the label 'memory bottleneck' does not"
+     if busy_fraction.iloc[1, 1] < 0.7 and busy_fraction.iloc[2, 1] > 0.7 else "not settled by this run",
+     "NVML counts time a kernel runs, so a bandwidth-bound kernel reads 100 %; CPU twin (not GPU-Util): a starved "
+     f"loop computes {busy_fraction.iloc[1, 1]:.0%} of its time, the memory-bound copy keeps its core "
+     f"{busy_fraction.iloc[2, 1]:.0%} as busy as the busy loop"),
     ("004", "nvidia-smi dmon shows bandwidth use", "does not hold", "'mem' is controller busy time, not bytes/s"),
 ], columns=["seed", "claim", "verdict", "number (this run)"])
 
 # %% [markdown]
 # ## Summary
 #
-# - GPU-Util and CPU % are time occupancy: a loop doing nothing useful reads the same as a matmul. Divide FLOPs by
+# - GPU-Util and CPU % are time occupancy: a loop doing nothing useful reads like a matmul. Divide FLOPs by
 #   the peak (MFU, chapter 07) to know how much work was done.
 # - "Memory used" (nvidia-smi, RSS) counts what the process holds: live tensors, plus the allocator's cache, plus
 #   the CUDA context or the interpreter. Freed memory stays until `empty_cache` / `malloc_trim`.

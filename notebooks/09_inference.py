@@ -240,7 +240,9 @@ Markdown(
     f"{context:,}-token sequence), whatever logits it keeps: {l38['plain forward, eager']} sequences. With SDPA a "
     f"plain forward is limited by the logits of every position ({l38_plain['logits'] / GiB:.1f} GiB per sequence, "
     f"a 128k vocabulary): {l38['plain forward, SDPA']} sequences. `generate()` keeps one row of logits, so its "
-    f"largest moment is a block's MLP ({l38_gen['mlp'] / GiB:.2f} GiB): {l38['generate(), SDPA']}. vLLM's pool is "
+    f"largest moment is a block's MLP ({l38_gen['mlp'] / GiB:.2f} GiB): {l38['generate(), SDPA']}, a lower bound "
+    "for it (its cache grows by `torch.cat`, with transient copies and fragmentation; a batch is padded to its "
+    "longest prompt; nothing is paged or reused as in an engine). vLLM's pool is "
     f"{l38_pool.pool_bytes / GiB:.0f} GiB in {l38_pool.blocks:,} blocks of {l38_pool.block_size} tokens "
     f"({l38_pool.block_bytes / MiB:.0f} MiB each): {l38['vLLM pool (0.9)']} sequences, against "
     f"{l38['weights + KV, 100 % of the card']} on 100 % of the card, so \"32 users?\" is "
@@ -310,7 +312,8 @@ cache_rows.round(2)
 #
 # A decode step reads every weight once and each sequence's whole cache, and does 2 FLOPs per multiplied weight per
 # sequence (one multiply-add; the embedding lookup multiplies nothing), plus 4 × layers × h × context FLOPs per
-# sequence for attention over the cache (`decode_flops` [kaplan2020]). So
+# sequence for attention over the cache (`decode_flops`: Kaplan's count [kaplan2020], which has QKᵀ only, with
+# both QKᵀ and AV). So
 # time per step ≥ max(bytes read / HBM bandwidth, FLOPs / peak) [williams2009] [pope2022]. At batch b the
 # weights' arithmetic intensity is about 2b FLOPs per 2 bytes: b FLOP/B in bf16, far below an H100's ridge point
 # (peak / bandwidth). Decode stays bandwidth-bound until the batch nears that ridge, and the cache, read per
@@ -327,7 +330,8 @@ def decode_bound(cfg, card: str, batch: int, ctx: int) -> dict[str, float]:
     kv = kv_cache_bytes(cfg, batch, ctx, "bf16")
     flops = decode_flops(cfg, batch, ctx)
     t_mem, t_flop = (w + kv) / g.bandwidth_bytes_per_s, flops / g.peak("bf16")
-    return {"batch": batch, "weights + KV read (GB)": (w + kv) / GB, "FLOPs (T)": flops / 1e12,
+    return {"batch": batch, "weights + KV read (GB)": (w + kv) / GB, "fits the card": w + kv <= g.memory_bytes,
+            "FLOPs (T)": flops / 1e12,
             "memory time (ms)": 1e3 * t_mem, "compute time (ms)": 1e3 * t_flop,
             "bound": "memory" if t_mem >= t_flop else "compute",
             "tokens/s at the bound": batch / max(t_mem, t_flop), "ms per token per sequence": 1e3 * max(t_mem, t_flop)}
@@ -335,15 +339,22 @@ def decode_bound(cfg, card: str, batch: int, ctx: int) -> dict[str, float]:
 
 dec_cfg, dec_card = preset("llama-3-8b"), "h100-sxm"
 batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-roof = pd.DataFrame([decode_bound(dec_cfg, dec_card, b, context) for b in batches])
+roof_all = pd.DataFrame([decode_bound(dec_cfg, dec_card, b, context) for b in batches])
 roof_short = pd.DataFrame([decode_bound(dec_cfg, dec_card, b, 128) for b in batches])
-ch.save_table(roof, "decode_roofline")
+ch.save_table(roof_all, "decode_roofline")
+beyond = roof_all[~roof_all["fits the card"]]
+roof = roof_all[roof_all["fits the card"]].drop(columns="fits the card")  # a batch whose cache does not fit: no row
+print(f"at {context:,} tokens, batches " + ", ".join(f"{b:,}" for b in beyond["batch"])
+      + f" need {', '.join(f'{v:.0f}' for v in beyond['weights + KV read (GB)'])} GB of weights + KV, beyond the "
+      f"{gpu(dec_card).memory_bytes / GB:.1f} GB of one {gpu(dec_card).name}: left out of the table and the figure"
+      if len(beyond) else f"every batch shown fits one {gpu(dec_card).name} at {context:,} tokens")
 ridge = gpu(dec_card).peak("bf16") / gpu(dec_card).bandwidth_bytes_per_s
 roof.round(2)
 
 # %%
 fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
-for frame, ctx_label, style in ((roof, f"context {context}", "-"), (roof_short, "context 128", "--")):
+for frame, ctx_label, style in ((roof, f"context {context} (batches that fit)", "-"),
+                                (roof_short[roof_short["fits the card"]], "context 128", "--")):
     ax.plot(frame["batch"], frame["memory time (ms)"], "C0" + style, marker="o",
             label=f"bytes / bandwidth, {ctx_label}")
     ax.plot(frame["batch"], frame["compute time (ms)"], "C3" + style, marker="s", label=f"FLOPs / peak, {ctx_label}")
@@ -363,7 +374,9 @@ Markdown(
     f"{int(first_compute.iloc[0]) if len(first_compute) else 'beyond ' + str(batches[-1])} (the ridge point is "
     f"{ridge:.0f} FLOP/B); at {context:,} tokens every sequence adds its own "
     f"{kv_cache_bytes(dec_cfg, 1, context, 'bf16') / GB:.2f} GB of cache, so decode stays memory-bound "
-    f"{'at every batch shown' if (roof['bound'] == 'memory').all() else 'far longer'}. This is why int8/int4 "
+    f"{'at every batch that fits' if (roof['bound'] == 'memory').all() else 'far longer'}, and the card's "
+    f"*capacity* ends the sweep (batch {int(roof['batch'].max()):,} is the last power of two that fits) before "
+    "the compute roof is reached. This is why int8/int4 "
     f"weights and GQA speed up decode: they cut the bytes read, not the FLOPs. A CPU run says nothing about these "
     f"GPU times: the reference GPT's weights here fit in the CPU's caches.")
 
@@ -594,7 +607,7 @@ answer = ...
 check("09.mixtral-cards", answer, model="mixtral-8x7b", card="l4")
 
 # %% [markdown]
-# **Exercise 3.** Under the power-of-two reservation policy of section 5, what share of one 1,100-token
+# **Exercise 3.** Under the power-of-two reservation policy of section 6, what share of one 1,100-token
 # request's reservation, in %, holds no token?
 
 # %%
@@ -617,7 +630,9 @@ check("09.llama3-h200-8k", answer, model="llama-3-8b", card="h200-sxm", tokens=8
 #   the formula's bytes: a bookkeeping check (the model allocates the shape the formula describes), not an
 #   independent measurement. GQA divides it by n_heads / n_kv_heads.
 # - A plain forward with eager attention is limited by its score matrix and the logits of every position;
-#   `generate()` keeps the last position's logits, and with SDPA it is limited by weights + KV + a block's MLP.
+#   `generate()` keeps the last position's logits, and with SDPA weights + KV + a block's MLP is its lower bound:
+#   its dynamic cache grows by `torch.cat` (transient copies, allocator fragmentation), a batch is padded to its
+#   longest prompt with a 4-D mask, and unlike an engine nothing is paged or reused.
 #   vLLM's pool is 0.9 of the card minus the weights and a profiled activation peak, in blocks of 16 tokens:
 #   section 3 answers "32 users?" with it, and `serving_table` gives the largest batch per context.
 # - Decode reads every weight and the whole cache per step: time per token ≥ bytes / bandwidth until the batch

@@ -36,9 +36,10 @@ out_dir = "../reports/build/11_fine_tuning"
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
+from IPython.display import Markdown, display
 
 from memlab import Setup, chapter, check, estimate, fits, from_hf, gpu, load_config, trace_hf
-from memlab.predict.fit import levers, plan_to_fit
+from memlab.predict.fit import BORDERLINE_SHARE, CUDA_CONTEXT_BYTES, levers, plan_to_fit
 from memlab.predict.memory.finetune import adapter_elements, qlora_base_bytes
 from memlab.run.hf import predict_hf, run_hf
 from memlab.studies import calculators
@@ -93,7 +94,7 @@ plans = {
 est = {name: estimate(cfg7, s, device_type=dt) for name, s in plans.items()}
 table = pd.DataFrame([{"setup": name, **{f"{k} (GiB)": v / GiB for k, v in e.components().items()},
                        "peak (GiB)": e.peak_gib, "peak phase": f"{e.peak_step} {e.peak_phase}",
-                       f"fits {card.name}": fits(e, card).fits} for name, e in est.items()])
+                       f"on the {card.name}": fits(e, card).margin()} for name, e in est.items()])
 ch.save_table(table, "llama7b_finetune_plans")
 table.round(2)
 
@@ -102,14 +103,15 @@ fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
 bottom = [0.0] * len(est)
 for comp in ("params", "grads", "optimizer", "activations", "overhead"):
     vals = [e.components()[comp] / GiB for e in est.values()]
-    ax.bar(list(est), vals, bottom=bottom, label=comp)
+    words = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer states"}
+    ax.bar(list(est), vals, bottom=bottom, label=words.get(comp, comp))
     bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
 ax.scatter(list(est), [e.peak_gib for e in est.values()], marker="D", color="black", zorder=3,
            label="peak over the step's phases")
 ax.axhline(card.memory_bytes / GiB, color="red", ls="--", label=f"{card.name}: {card.memory_bytes / GiB:.0f} GiB")
 ax.set(ylabel="bytes on the device (GiB)",
        title=f"Llama-2-7B fine-tuned at batch 1, seq {SIZES['seq']}: components (bars) and peak (diamonds), "
-             "predicted by memlab.predict.estimate")
+             "predicted by memlab's estimator")
 ax.tick_params(axis="x", labelsize=8)
 ax.legend(fontsize=7, loc="upper right")
 ch.save_figure(fig, "llama7b_finetune_components")
@@ -126,8 +128,11 @@ print(f"QLoRA's base: {quantised:,} weights in NF4 (4 bits each plus the quantis
 for name, e in est.items():
     v = fits(e, card)
     print(f"{name}: peak {e.peak_gib:.1f} GiB in the {e.peak_step} {e.peak_phase}: "
-          f"{'fits' if v.fits else 'does not fit'} the {card.memory_bytes / GiB:.0f} GiB {card.name} "
-          f"(headroom {v.headroom_bytes / GiB:+.1f} GiB, before the CUDA context and the allocator's margin)")
+          f"{v.margin()} on the {card.memory_bytes / GiB:.0f} GiB {card.name} (headroom {v.headroom_bytes / GiB:+.1f} "
+          f"GiB before the CUDA context)")
+print(f"borderline: the peak fits, but the peak plus the CUDA context ({CUDA_CONTEXT_BYTES / 1e6:.0f} MB, the upper "
+      f"figure PyTorch's maintainers cite) is above {BORDERLINE_SHARE:.0%} of the card (seed 000's empirical line "
+      "for training memory): the allocator's fragmentation and workspaces, which no CPU run measures, decide it")
 
 # %% [markdown]
 # What is predicted only: **the CUDA kernel's dequantised copy and where paged optimizers' states live**. QLoRA
@@ -355,12 +360,15 @@ trace_table = pd.DataFrame([{"component": k, "traced (B)": tc[k], "predicted (B)
                              "traced - predicted (B)": tc[k] - pc[k]} for k in ("params", "grads", "optimizer",
                                                                                    "activations")])
 ch.save_table(trace_table, "llama7b_lora_trace")
-print(f"traced at seq {traced_setup.seq}: states equal to the byte: "
-      f"{all(tc[k] == pc[k] for k in ('params', 'grads', 'optimizer'))}; activations differ by {residual:,} B = "
-      f"2 x 8 B x {traced_setup.tokens} tokens + 4 B: {residual == 16 * traced_setup.tokens + 4} (the batch's input "
-      "ids, held by the loop but saved by no frozen embedding, its labels, of which the loss saves a shifted copy "
-      "the estimate counts, and the loss)")
-trace_table
+display(trace_table)
+states_equal = all(tc[k] == pc[k] for k in ("params", "grads", "optimizer"))
+ids_only = residual == 16 * traced_setup.tokens + 4
+Markdown(f"**Reading it (computed).** Traced at {traced_setup.seq:,} tokens, the states "
+         f"{'equal the estimate to the byte' if states_equal else 'differ from the estimate'}; the activations "
+         f"differ by {residual:,} B, which "
+         + (f"is 2 × 8 B × {traced_setup.tokens:,} tokens + 4 B: the batch's input ids (held by the loop but saved "
+            "by no frozen embedding), its labels (of which the loss saves a shifted copy the estimate counts) and "
+            "the loss." if ids_only else f"is not 2 × 8 B × {traced_setup.tokens:,} tokens + 4 B."))
 
 # %% [markdown]
 # ## 3. The measurement: peft (and bitsandbytes' NF4) on this machine
@@ -472,18 +480,59 @@ check("11.qlora-dq-bits", answer)
 # ## 5. The public calculators on the same runs
 #
 # Each calculator is scored only on what it claims for a fine-tune (`memlab.studies.calculators`): gpu_poor has
-# LoRA and QLoRA modes (rank-free adapter states; its full-training activations) `[gpu-poor]`; accelerate has no
-# LoRA mode, and what it loads, the base's weights, is scored as its states `[accelerate-estimate]`; the
-# full-training formulas give no number.
+# LoRA and QLoRA modes (rank-free adapter states; its full-training activations, eager attention's) that assume
+# 16-bit weights, so it is scored on bf16 runs only `[gpu-poor]`; accelerate has no LoRA mode and is given no claim
+# `[accelerate-estimate]`; the full-training formulas give no number. The runs are section 3's small peft runs
+# (fp32 and bf16) and one full-width one: the real peft-wrapped Llama-2-7B traced on fake tensors (bf16, SDPA; at
+# ci scale 8 of its 32 blocks at 256 tokens, at full scale all of it at 2,048).
 
 # %%
-runs = calculators.lora_runs({f: load_config(f, "tiny") for f in SIZES["tiny"]}, tb, ts, lora_rank=lora_qv.lora_r)
-lora_fp32 = tiny[(tiny["mode"] == "LoRA q,v") & (tiny["dtype"] == "fp32")]
-measured_lora = {r: {"states": int(t["measured states (B)"]), "activations": int(t["measured saved (B)"])}
-                 for r, (_, t) in zip(runs, lora_fp32.iterrows(), strict=True)}  # section 3's runs, not re-run
-shoot = calculators.finetune_shoot_out(runs, measured_lora)
+measured_lora = {}
+for dtype in ("fp32", "bf16"):  # section 3's runs, not re-run
+    runs = calculators.lora_runs({f: load_config(f, "tiny") for f in SIZES["tiny"]}, tb, ts, lora_rank=lora_qv.lora_r,
+                                 dtype=dtype)
+    done = tiny[(tiny["mode"] == "LoRA q,v") & (tiny["dtype"] == dtype)]
+    measured_lora |= {r: {"states": int(t["measured states (B)"]), "activations": int(t["measured saved (B)"])}
+                      for r, (_, t) in zip(runs, done.iterrows(), strict=True)}
+wide_lora = calculators.Run({**load_config("llama-2-7b", "full"), "num_hidden_layers": SIZES["traced_layers"]}, 1,
+                            SIZES["traced_seq"], "bf16", "sdpa", name="llama-2-7b", finetune="lora",
+                            lora_rank=lora_qv.lora_r)
+shoot = pd.concat([calculators.finetune_shoot_out(list(measured_lora), measured_lora),
+                   calculators.shoot_out([(wide_lora, calculators.traced_truth(wide_lora))],
+                                         tools=calculators.FINETUNE_TOOLS)], ignore_index=True)
 ch.save_table(shoot, "lora_shoot_out")
-calculators.error_table(shoot)
+
+
+def errors_in_percent(frame):
+    """The error table of a shoot-out frame, signed errors in % (exact to 0.05 % prints 0.0 %; run counts and
+    scopes as they are)."""
+    return calculators.error_table(frame).set_index("tool").map(
+        lambda v: v if not isinstance(v, float) else "0.0 %" if abs(v) < 5e-4 else f"{v:+.1%}".replace("%", " %"))
+
+
+print("on the full-width trace only:")
+errors_in_percent(shoot[shoot["truth"] == "traced"])
+
+# %%
+print("on the small peft runs only (in-sample for memlab):")
+errors_in_percent(shoot[shoot["truth"] == "measured"])
+
+# %% [markdown]
+# ## The seed's claim, answered
+
+# %%
+full_e, qv_fit = est["full (mixed-bf16)"], fits(est["LoRA r=16 on q,v"], card)
+recipe_batch = int(recipe_table.iloc[0][f"largest batch on the {card.name}"])
+tight = full_e.peak_bytes > card.memory_bytes
+ch.seed_claims([
+    ("004", "fine-tuning a 7B LLaMA on one card: even 24 GB looks tight",
+     ("holds for full fine-tuning, not for the recipe people run" if tight and recipe_batch >= 2 else
+      "holds" if tight else "does not hold"),
+     f"full fine-tuning peaks at {full_e.peak_gib:.0f} GiB, {full_e.peak_bytes / card.memory_bytes:.1f}x the "
+     f"{card.memory_bytes / GiB:.0f} GiB card; LoRA r=16 on q,v without checkpointing is {qv_fit.margin()} "
+     f"({qv_fit.headroom_bytes / GiB:+.1f} GiB); QLoRA r=16 all-linear with checkpointing fits up to batch "
+     f"{recipe_batch} at {SIZES['seq']:,} tokens (predicted for CUDA)"),
+], columns=["seed", "claim", "verdict", "number (this run)"])
 
 # %%
 ch.published("11")

@@ -89,6 +89,9 @@ Status = Literal["correct", "incorrect", "unanswered", "invalid", "unavailable"]
 
 SOLUTIONS_ENV = "MEMLAB_SOLUTIONS"
 """Set to 1 (``python -m memlab.course.report --solutions`` does) to open every exercise's solution block."""
+FORM_EXAMPLE = 2.5
+"""The example number an unanswered numeric check shows, the same for every exercise (review: an example
+chosen away from the answer told the learner its magnitude)."""
 
 
 def solutions_enabled(solutions: bool | None = None) -> bool:
@@ -363,8 +366,10 @@ class Numeric(_Exercise):
         return {"%": f"{text} %", "x": f"{text}×"}.get(self.unit, f"{text} {self.unit}".strip())
 
     def form(self, expected: float | None = None) -> str:
-        """What form the answer takes, for an unanswered check; its example is never near ``expected``."""
-        example = next(v for v in (2.5, 40, 1200) if expected is None or not 0.25 < abs(expected) / v < 4)
+        """What form the answer takes, for an unanswered check. The example is the same for every exercise
+        (:data:`FORM_EXAMPLE`), so it says nothing about ``expected`` (an example chosen away from the answer would
+        tell its magnitude); ``expected`` is accepted for callers and ignored."""
+        example = FORM_EXAMPLE
         if self.unit in {"", "x"}:
             return f"a plain number (e.g. {example:g})"
         return f"a number in {self.unit} (e.g. {example:g} or '{example:g} {self.unit}')"

@@ -17,6 +17,13 @@ from memlab.predict.spec.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, S
 from memlab.predict.spec.validate import LIMITS, check_int, show
 from memlab.units import GiB
 
+CUDA_CONTEXT_BYTES = 400 * 10**6
+"""The CUDA context's upper figure, outside the caching allocator: PyTorch maintainers cite about 300-400 MB with
+lazy module loading (pytorch/pytorch#107667, #109888; :data:`memlab.tracing.tracer.CUDA_TERMS`). Bytes."""
+BORDERLINE_SHARE = 0.95
+"""Seed 000's rule of thumb for training memory, "empirical, not a hard standard" [seed-000]: above 95 % of the card
+the risk of an out-of-memory error rises sharply (fragmentation, workspaces, the peak's step-to-step variation)."""
+
 
 @dataclass(frozen=True)
 class FitVerdict:
@@ -53,6 +60,15 @@ class FitVerdict:
         return (f"{paged} do not fit in the {self.headroom_bytes / GiB:.2f} GiB left beside the peak: the step still "
                 "fits (torch's allocator never sees them), and the driver pages them to host RAM and back for each "
                 "optimizer step: no out-of-memory error, slower steps")
+
+    def margin(self) -> str:
+        """``fits``, ``borderline`` or ``does not fit``: borderline when the peak fits the card but the peak plus the
+        CUDA context (:data:`CUDA_CONTEXT_BYTES`) is above :data:`BORDERLINE_SHARE` of it, so what the allocator
+        reserves beyond the peak (fragmentation, workspaces) decides. An unmeasured margin, stated, not a fit."""
+        if not self.fits:
+            return "does not fit"
+        return "borderline" if self.peak_bytes + CUDA_CONTEXT_BYTES > BORDERLINE_SHARE * self.capacity_bytes \
+            else "fits"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields, and :meth:`paged_note`."""

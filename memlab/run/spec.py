@@ -16,7 +16,8 @@ from memlab.errors import SetupError
 from memlab.predict.families.reader import from_hf, hf_attention
 from memlab.predict.spec.setup import Setup
 
-RECIPES = {"": "the pure recipe of the run's dtype", "mixed-bf16": "bf16 model, fp32 master weights and Adam states"}
+RECIPES = {"": "the pure recipe of the run's dtype", "mixed-bf16": "bf16 model, fp32 master weights and Adam states",
+           "amp-bf16": "fp32 model under torch.autocast(bf16): Hugging Face Trainer's bf16=True"}
 """The recipes a :class:`Run` trains with (``""``: pure fp32 or pure bf16)."""
 
 
@@ -39,7 +40,9 @@ class Run:
     precision: str = ""
     """The training recipe (a :data:`RECIPES` key): "" is the pure one of ``dtype`` (``fp32``, or ``bf16``: bf16
     weights, gradients and Adam states, as ``model.to(torch.bfloat16)`` trains); ``mixed-bf16`` is a bf16 model
-    with fp32 master weights and Adam states (``dtype`` must be ``bf16``), the recipe most calculators assume."""
+    with fp32 master weights and Adam states (``dtype`` must be ``bf16``), the recipe most calculators assume;
+    ``amp-bf16`` is an fp32 model under ``torch.autocast`` in bf16 (``dtype`` must be ``fp32``), what Hugging Face
+    Trainer's ``bf16=True`` runs."""
     recompute: str = "none"
     """``none`` or ``full`` (gradient checkpointing of every block: transformers' ``gradient_checkpointing_enable``)."""
 
@@ -49,6 +52,8 @@ class Run:
                              f"{self.precision!r:.40}")
         if self.precision == "mixed-bf16" and self.dtype != "bf16":
             raise SetupError(f"a mixed-bf16 run trains a bf16 model (dtype='bf16'), got dtype={self.dtype!r:.20}")
+        if self.precision == "amp-bf16" and self.dtype != "fp32":
+            raise SetupError(f"an amp-bf16 run autocasts an fp32 model (dtype='fp32'), got dtype={self.dtype!r:.20}")
         if self.recompute not in ("none", "full"):
             raise SetupError(f"Run.recompute must be 'none' or 'full', got {self.recompute!r:.40}")
 

@@ -27,8 +27,9 @@ Formulas given a parameter count get the model's exact one (their own count form
 the comparison is of bytes per parameter and per token, not of parameter counting. An estimator whose package cannot
 be imported on this machine returns ``available=False`` with the reason; its rows are skipped, never imitated. A
 fine-tuning run (``Run.finetune`` ``lora`` or ``qlora``) is scored only on what each tool claims for it: gpu_poor's
-LoRA and QLoRA modes; accelerate's loaded-model term for LoRA (it has no LoRA mode, and the frozen base is what it
-loads); the tools that model full training only give no number. The ground truth is a real step measured here
+LoRA and QLoRA modes on 16-bit runs; accelerate has no LoRA mode and is given no claim; the tools that model full
+training only give no number. A per-layer activation formula (:data:`PER_LAYER_TOOLS`) is scored on the blocks'
+bytes only (:func:`block_activation_bytes`). The ground truth is a real step measured here
 (:func:`memlab.run.hf.measure_run`) or, at full size, the fake-tensor trace of the real HF code
 (:func:`traced_truth`); :mod:`memlab.compare.scoring` turns the long table into signed errors and scopes.
 """
@@ -36,6 +37,7 @@ loads); the tools that model full training only give no number. The ground truth
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -116,12 +118,9 @@ def accelerate_estimate(run: Run) -> CalculatorResult:
         return _unavailable("accelerate", f"accelerate cannot be imported here: {exc}")
     total_size, _, _ = _empty_model_sizes(_hf_key(run), True)
     usage = estimate_training_usage(total_size, "float32" if run.dtype == "fp32" else "bfloat16")
-    if run.finetune == "lora":  # no LoRA mode: the frozen base it loads is what it claims for a fine-tune
-        return CalculatorResult("accelerate", float(usage["model"]), None,
-                                note="no LoRA mode: its 'model' term (the base weights it loads) scored as the "
-                                     "states; adapters, their gradients and states not modelled; no activations")
-    if run.finetune != "full":
-        return CalculatorResult("accelerate", None, None, note=f"no {run.finetune} mode (no 4-bit weights)")
+    if run.finetune != "full":  # it has no LoRA or QLoRA mode: no claim is put in its mouth
+        return CalculatorResult("accelerate", None, None,
+            note=f"no {run.finetune} mode: it estimates loading and full training only")
     reasons = {"states": "one figure, the largest of its terms (a peak), not the states",
                "activations": "no activation model"}
     if run.recipe == "bf16":
@@ -170,8 +169,9 @@ def _deepspeed(stage: int, run: Run) -> CalculatorResult:
                              f"precision), not {run.recipe}")
         return scoped(tool, {}, reasons)
     return scoped(tool, {"states": float(gpu)}, reasons,
-                   note="GPU bytes, one GPU, no offload; its fp32 optimizer state is 16 B/param, 4 more than "
-                        "master weights and two Adam moments")
+                   note="GPU bytes, one GPU, no offload; its 18 B/param are 2_grads_16bit + 4_grads_32bit + "
+                        "4_params_32bit + 8_optimizer_states_32bit (stage_1_and_2.py): the fp32 gradient partition "
+                        "is a term memlab's states leave out, not more optimizer state")
 
 
 def deepspeed_zero2(run: Run) -> CalculatorResult:
@@ -240,13 +240,29 @@ def memlab_trace(run: Run) -> CalculatorResult:
                             out_of_scope=(("peak", "no peak measured on this machine to compare with"),))
 
 
+BLOCK = re.compile(r"\.(?:h|layers|layer|blocks)\.\d+$")
+"""A transformer block's module name in a Hugging Face model (``transformer.h.0``, ``model.layers.3``)."""
+
+
+def block_activation_bytes(trace: Trace) -> int:
+    """What the transformer blocks' forwards leave for backward, summed over the blocks (:attr:`Trace.modules`,
+    MemTracker's post- minus pre-forward activations of each ``BLOCK`` module): the truth a per-layer activation
+    formula is scored on, without the embeddings, the final norm, the head and the loss, which such a formula
+    leaves out by definition. Each block's output is counted once, as a per-layer formula counts a layer's input,
+    even where the next block keeps an fp32 copy of it instead (Llama's RMSNorm upcast), so the sum can exceed what
+    the whole forward leaves alive. Bytes."""
+    return sum(m["activation_bytes"] for m in trace.modules if BLOCK.search(m["module"]))
+
+
 def traced_truth(run: Run) -> dict[str, int | str]:
     """The ground truth of a full-size run: the fake-tensor trace of the real Hugging Face modelling code
-    (:func:`trace_run`): ``states``, ``activations`` (:func:`trace_components`), ``peak`` (the largest phase peak
-    of both steps) and ``peak_in`` (its step and phase). Evidence from outside memlab's formula: the real HF code,
+    (:func:`trace_run`): ``states``, ``activations`` (:func:`trace_components`), ``per_layer`` (the blocks' share
+    of the activations, :func:`block_activation_bytes`), ``peak`` (the largest phase peak of both steps) and
+    ``peak_in`` (its step and phase). Evidence from outside memlab's formula: the real HF code,
     PyTorch's kernels' saved tensors and MemTracker; CPU kernels, no CUDA allocator. ``[pytorch-memtracker]``"""
     t = trace_run(run)
-    return {**trace_components(t), "peak": t.peak_bytes, "peak_in": f"{t.peak_step} {t.peak_phase}"}
+    return {**trace_components(t), "per_layer": block_activation_bytes(t), "peak": t.peak_bytes,
+            "peak_in": f"{t.peak_step} {t.peak_phase}"}
 
 
 CALCULATORS: dict[str, Callable[[Run], CalculatorResult]] = {
@@ -264,6 +280,21 @@ one, :data:`KORTHIKANTI`)."""
 PEERS = ("accelerate", "deepspeed-zero2", "deepspeed-zero3", "gpu_poor", KORTHIKANTI)
 """The public calculators scored against a ground truth (memlab's own rows are shown beside them)."""
 
+PER_LAYER_TOOLS = (KORTHIKANTI,)
+"""Tools whose activation formula is per transformer layer: scored on the truth's ``per_layer`` bytes (the blocks),
+never charged for the embeddings, head and loss; out of scope on a truth without them."""
+
+
+def _truth_for(name: str, measured: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The truth ``name`` is scored on, and the reason when a per-layer tool has none (else "")."""
+    meas = {**measured, "states + activations": measured["states"] + measured["activations"]}
+    if name not in PER_LAYER_TOOLS:
+        return meas, ""
+    if "per_layer" not in measured:
+        return meas, "a per-layer formula; this run's truth has no per-layer bytes"
+    return {**meas, "activations": measured["per_layer"],
+            "states + activations": measured["states"] + measured["per_layer"]}, ""
+
 
 def shoot_out(runs: Iterable[tuple[Run, dict[str, Any]]], tools: Iterable[str] | None = None) -> pd.DataFrame:
     """Long table: one row per (tool, run, component the truth has) with predicted, measured, relative error and
@@ -278,15 +309,17 @@ def shoot_out(runs: Iterable[tuple[Run, dict[str, Any]]], tools: Iterable[str] |
 
     rows = []
     for run, measured in runs:
-        meas = {**measured, "states + activations": measured["states"] + measured["activations"]}
         truth = measured.get("truth", "measured" if "peak" not in measured else "traced")
         params = _params(run)
         for name in tools or CALCULATORS:
             r = CALCULATORS[name](run)
+            meas, no_layer = _truth_for(name, measured)
             for comp in COMPONENTS:
                 if comp not in meas:
                     continue
                 p, m = r.claim(comp), meas[comp]
+                if no_layer and comp in ("activations", "states + activations"):
+                    p = None
                 scope = "unavailable" if not r.available else ("scored" if p is not None else OUT_OF_SCOPE)
                 rows.append({"tool": name, "experiment": run.label, "config": run.name or run.hf.get("model_type"),
                              "family": run.hf.get("model_type"), "parameters": params, "dtype": run.dtype,
@@ -294,23 +327,24 @@ def shoot_out(runs: Iterable[tuple[Run, dict[str, Any]]], tools: Iterable[str] |
                              "attention": run.attn_implementation, "recompute": run.recompute, "truth": truth,
                              "component": comp, "predicted": p, "measured": m,
                              "rel_error": rel_error(p, m) if p is not None else None, "available": r.available,
-                             "scope": scope, "note": r.reason(comp) if p is None else r.note})
+                             "scope": scope, "note": (no_layer or r.reason(comp)) if p is None else r.note})
     return pd.DataFrame(rows)
 
 def full_size_runs(configs: dict[str, dict[str, Any]], grid: Iterable[tuple[str, str, str, str]], seq: int, *,
                    device_type: str = "cpu") -> list[Run]:
-    """The full-size shoot-out grid: one batch-1 :class:`Run` of a bf16 model per ``(config name,
-    attn_implementation, recompute, precision)`` of ``grid`` (precision ``mixed-bf16``, or ``""`` for pure bf16), at
+    """The full-size shoot-out grid: one batch-1 :class:`Run` per ``(config name, attn_implementation, recompute,
+    precision)`` of ``grid`` (precision ``mixed-bf16`` or ``""`` for pure bf16, on a bf16 model; ``amp-bf16``, HF
+    Trainer's autocast, on an fp32 model), at
     ``seq`` tokens, or the config's context (or one below its sliding window) where shorter
     (:meth:`~memlab.predict.spec.model.TransformerConfig.modelled_seq`). ``device_type`` "cpu" (the default) asks every
     tool about the kernels the trace runs (:func:`traced_truth` traces on this CPU): like for like."""
-    return [Run(configs[n], 1, from_hf(configs[n]).modelled_seq(seq), "bf16", attn, device_type=device_type, name=n,
-                precision=prec, recompute=rc) for n, attn, rc, prec in grid]
+    return [Run(configs[n], 1, from_hf(configs[n]).modelled_seq(seq), "fp32" if prec == "amp-bf16" else "bf16", attn,
+                device_type=device_type, name=n, precision=prec, recompute=rc) for n, attn, rc, prec in grid]
 
 # -- fine-tuning: the tools that claim something for a LoRA run, scored on that only ----------------------------
 FINETUNE_TOOLS = ("memlab", "gpu_poor", "accelerate")
-"""The calculators with a number for a LoRA fine-tune: memlab, gpu_poor's LoRA mode, accelerate's loaded-model term
-(the other tools model full training only: :func:`finetune_scope` shows each one's claim)."""
+"""The calculators shown for a LoRA fine-tune: memlab, gpu_poor's LoRA mode (16-bit runs only) and accelerate, which
+has no LoRA mode and so claims nothing (:func:`finetune_scope` shows each one's claim)."""
 
 
 def lora_runs(configs: dict[str, dict[str, Any]], batch: int, seq: int, *, lora_rank: int, dtype: str = "fp32",

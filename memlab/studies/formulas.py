@@ -57,7 +57,8 @@ def gpu_poor(run: Run) -> CalculatorResult:
     adapter gradients and Adam states, whatever the rank or target modules; QLoRA (``qlora``, lines 239-245 and
     ``convertToMBModelSize``, lines 770-790): weights ``2N/4 - 2N/64 + 0.06 x 2N`` bytes, states ``L * 8 * h * 0.5 *
     4 * 3`` plus :func:`_gpu_poor_qlora_extra` per sequence. Activations are its full-training ones in every mode
-    (its LoRA activation term is commented out, lines 454-457)."""
+    (its LoRA activation term is commented out, lines 454-457). Scored only where it applies: activations on eager
+    attention (its s x s terms), a fine-tune on 16-bit weights."""
     c = _gpu_poor_config(run.hf)
     h, inter, heads, L, n = c["h"], c["inter"], c["heads"], c["layers"], run.seq
     params = c["vocab"] * h * 2 + L * 4 * h * h + L * 3 * inter * h
@@ -75,10 +76,17 @@ def gpu_poor(run: Run) -> CalculatorResult:
     norm = n * 4 * 2 + n * h * fb * 6
     acts = (attn + ffn + norm) * L * run.batch
     note = "its own parameter formula; 650 MB overhead left out"
-    if run.finetune != "full":
-        return CalculatorResult("gpu_poor", states, acts, note=note)
     reasons = {"peak": "a sum of terms, no peak"}
     claims: dict[str, float | None] = {"states": states, "activations": acts}
+    if run.attn_implementation not in ("eager", "math"):
+        reasons["activations"] = (f"models eager attention's s x s scores (getActivationMemory), not "
+                                  f"{run.attn_implementation}")
+        claims["activations"] = None
+    if run.finetune != "full":
+        if run.dtype == "fp32":
+            reasons["states"] = reasons["activations"] = "assumes 16-bit weights (convertToBytes is 2), not fp32"
+            claims = {}
+        return scoped("gpu_poor", claims, reasons, note=note)
     if run.recipe != "bf16":
         reasons["states"] = f"assumes 2-byte weights, gradients and Adam states (pure 16-bit), not {run.recipe}"
         claims["states"] = None

@@ -665,8 +665,6 @@ NEW_CHECKS_PENDING: dict[str, dict[str, str]] = {
     "a predicted-vs-measured table in two units": {
         "01_oom": "the fit sweep's 'peak (MiB)' beside 'predicted (sum of components)' in bytes",
         "02_bytes_per_param": "the in-step peaks' 'peak (MiB)' beside 'predicted' in bytes"},
-    "a predict-first answer above its check": {
-        "08_nvidia_smi": "the CPU % table of 08.cpu-percent is printed above its check cell"},
 }
 """Chapters that still fail one of the learner's checks of issue 37 (cut output, a predict-first answer above its
 check, a predicted-vs-measured table in two units), by check and page: the chapter's fix is pending, so the

@@ -127,3 +127,20 @@ def test_bad_fine_tuning_combinations_are_one_error_line(argv: list[str], says: 
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("memlab: error: ") and says in lines[0], err
     assert "Traceback" not in err + out
+
+
+def test_fit_margin_is_borderline_when_the_context_takes_the_card_past_95_percent() -> None:
+    """A peak that fits with less than the CUDA context (400 MB) + 5 % of the card left reads borderline, not fits
+    (review 11.3: LoRA on a 24 GiB card with +0.6 GiB of headroom)."""
+    from memlab.predict.fit import BORDERLINE_SHARE, CUDA_CONTEXT_BYTES, FitVerdict
+    from memlab.units import GiB
+
+    cap = 24 * GiB
+
+    def verdict(peak: int) -> str:
+        return FitVerdict(peak <= cap, peak, cap, cap - peak, "rtx-4090", "RTX 4090", peak).margin()
+
+    edge = int(BORDERLINE_SHARE * cap) - CUDA_CONTEXT_BYTES
+    assert verdict(edge) == "fits" and verdict(edge + 1) == "borderline"
+    assert verdict(int(23.4 * GiB)) == verdict(cap) == "borderline"
+    assert verdict(cap + 1) == "does not fit"

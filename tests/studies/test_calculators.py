@@ -138,8 +138,22 @@ def test_shoot_out_on_real_runs_memlab_exact() -> None:
     # the guides' 16 B/param is fp32's 4 + 4 + 8 (to GPT-2's position table, which the measurement leaves with the
     # buffers); their 2-byte activations are not scored on fp32 and their states not on pure bf16: one run each
     assert abs(table.loc[KORTHIKANTI, "states worst"]) < 1e-3 and table.loc[KORTHIKANTI, "states runs"] == 1
-    assert table.loc[KORTHIKANTI, "activations runs"] == 1
+    assert table.loc[KORTHIKANTI, "activations runs"] == 0  # per-layer formula: a measured run has no per-layer truth
     assert (frame[frame["scope"] == OUT_OF_SCOPE]["rel_error"].isna()).all()
+
+
+def test_per_layer_formula_is_scored_on_the_blocks_not_the_head_and_loss() -> None:
+    """Korthikanti's full-recomputation 2 sbhL is the blocks' bytes exactly (each block keeps its 2-byte input); the
+    whole-model truth adds the embeddings, the head and the loss, which the formula leaves out by definition."""
+    pytest.importorskip("transformers")
+    from memlab.studies.calculators import traced_truth
+
+    run = Run(config("tiny", "gpt2"), 2, 24, "bf16", "eager", precision="mixed-bf16", recompute="full")
+    t = traced_truth(run)
+    h, L = run.hf["n_embd"], run.hf["n_layer"]
+    assert t["per_layer"] == 2 * 48 * h * L < t["activations"]
+    row = shoot_out([(run, t)], tools=[KORTHIKANTI]).set_index("component").loc["activations"]
+    assert row["scope"] == "scored" and row["measured"] == t["per_layer"] and row["rel_error"] == 0.0
 
 
 def _fake_frame(errors: dict[str, list[float | None]]) -> pd.DataFrame:
@@ -215,11 +229,12 @@ def test_one_formula_is_one_tool_applied_as_documented() -> None:
 
 
 @pytest.mark.parametrize("bad", [dict(dtype="fp32", precision="mixed-bf16"), dict(precision="amp"),
+                                 dict(dtype="bf16", precision="amp-bf16"),
                                  dict(recompute="selective")])
 def test_a_run_refuses_a_recipe_it_cannot_train(bad: dict) -> None:
     from memlab.errors import SetupError
 
-    with pytest.raises(SetupError, match=r"Run|mixed"):
+    with pytest.raises(SetupError, match=r"Run|mixed|autocasts"):
         Run(LLAMA7, 1, 16, **bad)
 
 
@@ -266,8 +281,9 @@ def test_a_lora_shoot_out_run_is_measured_with_peft_and_memlab_is_exact() -> Non
     m = measure_run(run)
     r = CALCULATORS["memlab"](run)
     assert (r.states, r.activations) == (m["states"], m["activations"])
-    acc = CALCULATORS["accelerate"](run)
-    assert acc.activations is None and acc.states is not None and acc.states < m["states"]
+    acc, gp = CALCULATORS["accelerate"](run), gpu_poor(run)
+    assert acc.activations is None and acc.states is None and "no lora mode" in acc.note  # no claim in its mouth
+    assert gp.states is None and gp.activations is None and "16-bit" in gp.reason("states")  # fp32: not its recipe
 
 
 def test_finetune_scope_shows_what_each_tool_claims_for_a_lora_run() -> None:
@@ -276,8 +292,8 @@ def test_finetune_scope_shows_what_each_tool_claims_for_a_lora_run() -> None:
     run = Run(LLAMA7, 1, 100, "bf16", finetune="lora")
     scope = finetune_scope(run, tools=[t for t in CALCULATORS if t != "memlab-trace"]).set_index("tool")
     claimed = scope[(scope["states"] == "claimed") | (scope["activations"] == "claimed")].index
-    assert set(claimed) == set(FINETUNE_TOOLS)
-    assert scope.loc["accelerate", "activations"] == "not modelled" and scope.loc["gpu_poor", "states"] == "claimed"
+    assert set(claimed) == set(FINETUNE_TOOLS) - {"accelerate"}  # accelerate has no LoRA mode
+    assert scope.loc["accelerate", "states"] == "not modelled" and scope.loc["gpu_poor", "states"] == "claimed"
 
 
 def test_finetune_shoot_out_takes_given_measurements_and_measures_the_rest_with_peft() -> None:
@@ -304,3 +320,17 @@ def test_full_size_runs_train_the_mixed_recipe_within_each_context() -> None:
                                                                        (4096, "bf16", "none", 1)]
     assert runs[0].setup().precision == "mixed-bf16" and runs[0].setup().recompute == "full"
     assert runs[0].label == "gpt2 eager mixed-bf16 b1x1024 ckpt"
+
+
+def test_an_autocast_run_is_traced_and_scored_only_by_the_tools_that_assume_it() -> None:
+    """HF Trainer's bf16=True (an fp32 model under autocast, review 10.8): memlab's formula equals the trace's states;
+    DeepSpeed (master-weights recipe) and gpu_poor's states (pure 16-bit) are out of scope."""
+    pytest.importorskip("transformers")
+    from memlab.studies.calculators import traced_truth
+
+    run = Run(config("tiny", "gpt2"), 2, 24, "fp32", "eager", precision="amp-bf16")
+    t = traced_truth(run)
+    assert memlab_formula(run).states == t["states"]
+    assert gpu_poor(run).states is None and korthikanti_guides(run).states is not None
+    ds = CALCULATORS["deepspeed-zero2"](run)
+    assert ds.states is None

@@ -84,7 +84,10 @@ EXERCISES = (
         why=lambda need_gib, card: (
             f"JAX reserves {JAX_PREALLOCATE:.0%} of the card's {_card_bytes(card) / GiB:.0f} GiB at its first "
             f"operation (XLA_PYTHON_CLIENT_PREALLOCATE): {JAX_PREALLOCATE * _card_bytes(card) / GiB:.1f} GiB for a "
-            f"{need_gib:g}-GiB job. The number is the framework's policy, not the job's need."),
+            f"{need_gib:g}-GiB job. The number is the framework's policy, not the job's need. memlab's table holds "
+            "the card's nominal capacity; JAX takes its share of the total the driver reports, which nvidia-smi "
+            "shows and which is a little lower on a real card (ECC and the driver reserve part of it), so a real "
+            "reading is a little lower too."),
         diagnoses={lambda need_gib: need_gib: "That is what the job needs; nvidia-smi shows what JAX preallocated.",
                    lambda card: VLLM_FRACTION * _card_bytes(card) / GiB: "That is vLLM's 0.9, not JAX's default.",
                    lambda card: JAX_PREALLOCATE * _card_bytes(card) / GB:
