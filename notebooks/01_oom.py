@@ -91,7 +91,7 @@ if ch.on_cpu:
 print(f"{where}:\n{message}\n")
 decoded = pd.DataFrame(decode_oom(info))
 ch.save_table(decoded, "oom_decoded")
-decoded.round({"GiB": 3})
+decoded[["in the message", "GiB", "meaning", "for the fix"]].round({"GiB": 3})
 
 # %%
 if info.process_in_use_bytes is not None and info.reserved_total_bytes is not None:
@@ -122,6 +122,7 @@ for rec in RECORDED_OOM_MESSAGES:
     shapes.append({"message": rec.key, "torch": rec.torch, "reported in": rec.source,
                    "shape": i.message_format, "fields stated": len(decode_oom(i)),
                    "tried (GiB)": i.tried_to_allocate_bytes / GiB,
+                   "free (GiB)": i.free_bytes / GiB if i.free_bytes is not None else float("nan"),
                    "allocated by PyTorch (GiB)": (i.allocated_by_pytorch_bytes or 0) / GiB,
                    "reserved, unallocated (GiB)": (i.reserved_unallocated_bytes
                                                    if i.reserved_unallocated_bytes is not None
@@ -170,8 +171,9 @@ card = int((step_peaks[1] + step_peaks[2]) // 2)
 markers = live.frame.loc[live.frame["label"].ne(live.frame["label"].shift()), ["op", "label"]]
 fig = plots.live_stacked(stacked_by_label(live.frame),
                          title=f"{model.name}, fp32 + AdamW, b=4, s={seq}: live tensor bytes over two steps",
-                         source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; dashed: a card between the "
-                                "two steps' peaks", markers=markers, capacity_bytes=card)
+                         source=f"every tensor op counted on the {ch.device_type.upper()}; dashed: a card between "
+                                "the two steps' peaks; red: the step-2 peak", markers=markers, capacity_bytes=card,
+                         mark_peak=True)
 ch.save_figure(fig, "two_steps_live")
 # beside each measured peak, the phase-aware estimator's (memlab.predict.memory.phases) for the same for-loop AdamW
 predicted = estimate(model, for_loop, device_type=ch.device_type)
@@ -187,11 +189,33 @@ against.assign(**{"measured MiB": against["measured"] / MiB, "predicted MiB": ag
 # %%
 m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
 phases = pd.DataFrame(m.phases)
-u_eff = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes) / live.peak_bytes
+u_sum = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes) / live.peak_bytes
+at_peak = live.frame.loc[live.frame["live_bytes"].idxmax()]  # the op where step 2 peaks: who holds its bytes
+held = {"parameters (P)": at_peak.get("from params", 0),
+        "Adam's state (O)": at_peak.get("from step 1: optimizer step", 0),
+        "forward's saved tensors (A)": at_peak.get("from step 1: forward", 0) + at_peak.get("from step 2: forward", 0),
+        "made by backward so far": at_peak.get("from step 2: backward", 0)}
+logits_bytes = setup.batch * seq * model.vocab_size * 4  # one fp32 tensor of the logits' shape, b·s·V·4 B
+smallest_param_bytes = min(p.untyped_storage().nbytes() for p in build_training(model, setup, ch.device,
+                                                                               seed=seed)[0].parameters())
+backward_made = int(held["made by backward so far"])
+n_logits = round(backward_made / logits_bytes)
+leftover = backward_made - n_logits * logits_bytes
+no_grad_yet = 0 <= leftover < smallest_param_bytes  # too few bytes left for even the smallest weight gradient
+u_peak = (held["parameters (P)"] + held["Adam's state (O)"] + held["forward's saved tensors (A)"]) / live.peak_bytes
 print(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / MiB:.2f} MiB "
       f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
-      f"is new in step 2.\n(P + G + O + A) / peak = {u_eff:.2f}: seed 000's 'effective utilisation'; the rest of "
-      "the peak is temporaries (the logits' gradient and other backward temporaries), counted by no component")
+      "is new in step 2.")
+print(f"Seed 000's 'effective utilisation' adds each component at its own largest: (P + G + O + A) / peak = "
+      f"{u_sum:.2f}. But the components are never all there at once. At the step-2 peak P + O + A = {u_peak:.2f} of "
+      f"it; the other {1 - u_peak:.2f} ({backward_made:,} B) was made by backward so far: {n_logits} fp32 "
+      f"tensor(s) of the logits' shape (b·s·V·4 = {logits_bytes:,} B each) plus {leftover:,} B, "
+      + ("less than the smallest weight gradient: no gradient exists yet (G = 0)." if no_grad_yet
+         else "which includes weight gradients."))
+pd.DataFrame({"at the step-2 peak (MiB)": {k: v / MiB for k, v in held.items()}}).assign(
+    **{"share of the peak (%)": lambda d: 100 * d["at the step-2 peak (MiB)"] * MiB / live.peak_bytes}).round(3)
+
+# %%
 phases.rename(columns={c: f"{c} (B)" for c in ("params", "grads", "optimizer", "activations")})
 
 # %% [markdown]
@@ -226,12 +250,16 @@ predicted_total = [estimate(model, setup.with_(batch=b)).total_bytes for b in ba
 found["predicted (sum of components)"] = predicted_total
 fit = max_batch(model, setup, card_spec)
 measured_max = int(found.loc[found["status"] == "ok", "batch"].max()) if (found["status"] == "ok").any() else 0
-print(f"fit search (estimator): batch {fit.value}; measured: batch {measured_max} ({fit.reason})")
-ch.record_ledger(pd.DataFrame([{"experiment": f"{model.name} fp32 adamw s={seq} on {card_spec.key}",
-                                "component": "largest batch", "unit": "batch", "predicted": fit.value,
-                                "measured": measured_max}]))
+checked = "CPU live-bytes check" if ch.on_cpu else "measured"  # a CPU refuses nothing: peaks against a budget
+print(f"fit search (estimator): batch {fit.value}; {checked}: batch {measured_max} ({fit.reason})")
+ch.record_ledger(pd.DataFrame([{"experiment": f"{model.name} fp32 AdamW s={seq} on {card_spec.name}",
+                                "component": "largest batch" + (f" ({checked})" if ch.on_cpu else ""),
+                                "unit": "batch", "predicted": fit.value, "measured": measured_max,
+                                "note": checked}]))
 ch.save_table(found.drop(columns="oom_message", errors="ignore"), "fit_sweep")
-found.drop(columns="oom_message", errors="ignore")
+found[["batch", "status"]].assign(**{"measured peak (MiB)": found["peak_bytes"] / MiB,
+                                     "predicted, sum of components (MiB)": found["predicted (sum of components)"] / MiB,
+                                     }).round(3)
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
@@ -300,7 +328,7 @@ BUDGET, TENSOR, REQUEST = 170 * MiB, 6 * MiB, 30 * MiB
 frag_sim = allocator.replay(allocator.interleaved_frees(24, TENSOR, REQUEST), BUDGET)
 fig = allocator.draw_segments(frag_sim, title=f"Caching-allocator rules: 24 tensors of {TENSOR / MiB:.0f} MiB, "
                               f"every other freed, then {REQUEST / MiB:.0f} MiB in a {BUDGET / MiB:.0f} MiB budget",
-                              source="memlab.labs.allocator.replay (the documented rules, not a measurement)")
+                              source="the caching allocator's documented rules, replayed (not a measurement)")
 ch.save_figure(fig, "allocator_fragmentation")
 retry_sim = allocator.replay([*allocator.interleaved_frees(24, TENSOR, REQUEST)[:24],
                               ("free", "t0"), ("free", "t1"), ("free", "t2"), ("alloc", "big", REQUEST)], BUDGET)
@@ -406,8 +434,7 @@ else:
             label="reserved but unallocated")
     ax.set(xlabel="allocation or free event (two training steps)", ylabel="MiB",
            title=f"{model.name}, fp32 + AdamW, b={setup.batch}: this step's requests replayed through the caching "
-                 "allocator's rules\nmemlab.labs.allocator (computed from the rules on a CPU run, not a CUDA "
-                 "snapshot)")
+                 "allocator's rules\n(computed from the rules on a CPU run, not a CUDA snapshot)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ch.save_figure(fig, "allocator_replay_of_the_step")
     top = max(range(len(alloc_b)), key=alloc_b.__getitem__)
@@ -441,28 +468,31 @@ ch.save_table(growth, "leak_growth")
 growth.round(1)
 
 # %%
-fig, axes = plt.subplots(1, len(oom.CASES), figsize=(13, 3.6), layout="constrained", sharey=False)
-for ax, case in zip(axes, oom.CASES, strict=True):
+fig, axes = plt.subplots(2, (len(oom.CASES) + 1) // 2, figsize=(9, 6.4), layout="constrained", sharey=False)
+for ax, case in zip(axes.flat, oom.CASES, strict=True):
     for fixed, style in ((False, "-o"), (True, "--s")):
         d = loops[(loops["case"] == case) & (loops["fixed"] == fixed)]
         ax.plot(d["iteration"], d["bytes_above_weights"] / KiB, style, ms=3, label="fixed" if fixed else "bug")
     ax.set(title=case + (" (= eval-grad on a CPU)" if case == "empty-cache" and ch.on_cpu else ""),
-           xlabel="iteration", ylabel="live bytes above the weights (KiB)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+           xlabel="iteration", ylabel="live bytes above\nthe weights (KiB)")
+    ax.legend(fontsize=9, loc="upper left")
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
-             f"{ch.device} (memlab.labs.oom)", fontsize=10)
+             f"the {ch.device_type.upper()}", fontsize=11)
 ch.save_figure(fig, "leak_loops")
 
 # %% [markdown]
 # What the numbers say, row by row. Keeping `loss` after `backward` leaks only the scalar's storage per iteration
-# (the table's bytes; on CUDA each one is a 512 B allocator block, section 4): `backward` frees the graph's saved
+# (the table's bytes): `backward` frees the graph's saved
 # tensors (its nodes stay, in host memory). The same habit in an evaluation loop without `no_grad` keeps every
 # batch's whole graph, activations included: the real leak. The reference cycle is a sawtooth that only `gc`
 # resets: its slope over whole periods is about zero, but it holds several iterations' tensors at its top, enough
 # to tip a full card. `empty_cache` cannot change the live bytes: it returns *unallocated* cached segments to the
 # driver, so `nvidia-smi` shows less while the tensors that fill the card stay. It does not treat the OOM symptom
-# either: before raising, the allocator returns those segments itself and retries (section 4's second case). It
-# only gives cached memory back to *other* processes, and costs a synchronising `cudaFree` each time.
+# either: before raising on a PyTorch request, the allocator returns those segments itself and retries (section 4's
+# second case). What it does do is give cached memory back to everything *outside* the allocator: other processes,
+# and allocations in this process that bypass it (section 1: NCCL's communicator buffers, created at the first
+# collective, and any library calling `cudaMalloc` itself), which fail while PyTorch's cache holds the memory. Each
+# call costs a synchronising `cudaFree`.
 
 # %% [markdown]
 # ## 7. Seed 004's 7B budget, checked
@@ -496,7 +526,9 @@ eval_leak = growth.query("case == 'eval-grad' and not fixed")["bytes per iterati
 keep_leak = growth.query("case == 'keep-loss' and not fixed")["bytes per iteration"].item()
 ch.seed_claims([
     {"#": 3, "claim": "U_eff = (P + G + O + A) / allocated [seed-000]", "verdict": "holds with a qualification",
-     "number": f"{u_eff:.2f} at the peak of step 2: the rest is temporaries no component names"},
+     "number": f"{u_sum:.2f} with each component at its own largest; at the step-2 peak P + O + A = {u_peak:.2f}"
+               + (", no gradient yet" if no_grad_yet else "")
+               + f"; the other {1 - u_peak:.2f} is backward's {n_logits} logits-sized fp32 tensor(s)"},
     {"#": 13, "claim": "nvidia-smi ≠ effective use; active vs reserved [seed-000]", "verdict": "holds",
      "number": f"decoded message: {(info.process_in_use_bytes - info.allocated_by_pytorch_bytes) / GiB:.2f} GiB "
                "in use by the process but in no tensor"},
@@ -508,11 +540,12 @@ ch.seed_claims([
     {"#": 41, "claim": "torch.profiler profile_memory, Nsight [seed-004]", "verdict": "holds (tools exist)",
      "number": "the allocator snapshot (section 5) is the finer tool; CUDA only"},
     {"#": 44, "claim": "OOM row: batch, leak, no_grad, empty_cache treats symptoms [seed-004]",
-     "verdict": "holds for batch, leak and no_grad; empty_cache treats no OOM symptom in-process",
+     "verdict": "holds for batch, leak and no_grad; empty_cache cannot prevent an OOM on a PyTorch request",
      "number": f"eval without no_grad leaks {eval_leak / KiB:.0f} KiB/iteration; a kept loss after backward "
-               f"{keep_leak:.0f} B of tensor ({allocator.rounded_size(round(keep_leak)):,} B of CUDA block); "
-               "empty_cache frees no live byte, and the allocator's own retry already frees what it would "
-               "(allocator rules, section 4; not measured on this CPU)"},
+               f"{keep_leak:.0f} B of tensor per iteration; empty_cache frees no live byte, and the allocator's own "
+               "retry already frees what it would for a PyTorch request; it helps only allocations outside the "
+               "allocator (other processes, NCCL, cudaMalloc callers) (allocator rules, section 4; not measured on "
+               "this CPU)"},
     {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
      "verdict": "an opinion, not a measurable claim", "number": "—"},
 ])

@@ -96,8 +96,11 @@ EXERCISES = (
                  "allocated_by_pytorch_bytes": "allocated by PyTorch",
                  "reserved_unallocated_bytes": "reserved by PyTorch but unallocated"},
         hint="the bytes the caching allocator holds that no tensor uses",
-        why="the allocator keeps freed blocks cached for reuse; when that cache is large but no cached block fits "
-            "the request, the memory is fragmented, not used up.",
+        why=lambda: ("the allocator keeps freed blocks cached for reuse, and this field is that cache. A large "
+                     "value is a candidate for fragmentation, not a diagnosis: it is fragmentation only when the "
+                     "request is at most free + reserved but unallocated (section 1's test). Above that sum no "
+                     "layout of the cache fits the request, as in the fragmented-2.5 message, whose "
+                     f"{_fragmented().reserved_unallocated_bytes / GiB:.2f} GiB cache still leaves it too big."),
         diagnoses={"tried_to_allocate_bytes": "That is the request: it says how big, not why it failed.",
                    "allocated_by_pytorch_bytes": "That is what live tensors hold: the workload, not the cache.",
                    "free_bytes": "That is what the driver has left, outside this process's allocator."},
