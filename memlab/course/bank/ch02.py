@@ -22,19 +22,23 @@ def _states_mib(model: Any) -> float:
     return bytes_per_param("amp-bf16") * model.param_count() / MiB
 
 
-def _llama_gib() -> float:
+EX2_MODEL = "mistral-7b"
+"""Exercise 2's model: not chapter 01's Llama-2-7B, whose mixed-bf16 states chapter 01 section 7 prints."""
+
+
+def _states_gib(key: str = EX2_MODEL) -> float:
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.model import preset
     from memlab.predict.spec.setup import Setup
 
-    parts = estimate(preset("llama-2-7b"), Setup(precision="mixed-bf16", seq=1)).components()
+    parts = estimate(preset(key), Setup(precision="mixed-bf16", seq=1)).components()
     return sum(parts[c] for c in ("params", "grads", "optimizer")) / GiB
 
 
-def _llama_count() -> int:
+def _count(key: str = EX2_MODEL) -> int:
     from memlab.predict.spec.model import preset
 
-    return preset("llama-2-7b").param_count()
+    return preset(key).param_count()
 
 
 SWITCHES = {"a": ("fp32 + AdamW → mixed-bf16 + AdamW", "mixed-bf16", "adamw"),
@@ -77,18 +81,24 @@ EXERCISES = (
         sample=lambda: {"model": __import__("memlab.predict.spec.model", fromlist=["preset"]).preset("tiny-gpt")},
     ),
     Numeric(
-        "02.llama7b-states", "Llama-2-7B model states, mixed-bf16 + AdamW, in GiB",
-        reference=_llama_gib, unit="GiB", rtol=0.01,
-        hint="multiply the parameter count (preset('llama-2-7b').param_count()) by mixed-bf16 + AdamW's bytes per "
-             "parameter from section 1, then divide by 2**30",
-        why=lambda: (f"{bytes_per_param('mixed-bf16'):.0f} B/param × {_llama_count():,} parameters: bf16 weights "
+        "02.mistral7b-states", "Mistral-7B model states, mixed-bf16 + AdamW, in GiB",
+        reference=_states_gib, unit="GiB", rtol=0.01,
+        hint="multiply the parameter count (preset('mistral-7b').param_count()) by mixed-bf16 + AdamW's bytes per "
+             "parameter from section 1, then divide by 2**30 (answer in GiB: a bare number is read as GiB)",
+        why=lambda: (f"{bytes_per_param('mixed-bf16'):.0f} B/param × {_count():,} parameters: bf16 weights "
                      "and gradients (2 + 2), an fp32 master copy (4) and two fp32 moments (8)."),
-        diagnoses={lambda: 16 * 7e9 / GiB: "That uses the nominal 7B; preset('llama-2-7b').param_count() is the exact "
+        diagnoses={lambda: 16 * 7e9 / GiB: "That uses the nominal 7B; preset('mistral-7b').param_count() is the exact "
                                            "count.",
-                   lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 master "
-                                       "weights.",
-                   lambda: 12 * _llama_count() / GiB: "12 B/param leaves out the fp32 master weights.",
-                   lambda: 16 * _llama_count() / 1e9: "That is in decimal GB; the question asks for GiB."},
+                   lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56) for a 7B model: 12 B/param, without "
+                                       "the fp32 master weights, and for 7 billion parameters rather than this "
+                                       "model's count.",
+                   lambda: 84.0: "84 is seed 004's 7B budget in GB (14 + 14 + 56): 12 B/param, without the fp32 "
+                                 "master weights (chapter 01 section 7), and in GB, where the question asks GiB.",
+                   lambda: _states_gib("llama-2-7b"): "That is Llama-2-7B's figure (chapter 01 section 7); Mistral-7B "
+                                                       "has a wider MLP and fewer key/value heads, so another count: "
+                                                       "use preset('mistral-7b').param_count().",
+                   lambda: 12 * _count() / GiB: "12 B/param leaves out the fp32 master weights.",
+                   lambda: 16 * _count() / 1e9: "That is in decimal GB; the question asks for GiB."},
     ),
     Choice(
         "02.biggest-saving", "Which one change from fp32 + AdamW saves the most model-state bytes per parameter",
