@@ -127,7 +127,7 @@ def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_p
            ylabel="throughput (TFLOP/s)")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 
@@ -177,6 +177,7 @@ def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers
     fig, ax = _figure(9.0, 4.8)
     ax.stackplot(stacked.index, *[stacked[c] / size for c in stacked.columns], labels=list(stacked.columns),
                  alpha=0.85)
+    peak_at = totals.idxmax() if mark_peak else None
     if markers is not None:
         top = ax.get_ylim()[1]
         span = max(float(stacked.index.max() - stacked.index.min()), 1.0)
@@ -184,13 +185,15 @@ def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers
         for op, label in zip(markers["op"], markers["label"], strict=True):
             ax.axvline(op, color="grey", lw=0.5, ls=":")
             level = (level + 1) % 3 if last is not None and op - last < 0.04 * span else 0
+            if peak_at is not None and abs(op - peak_at) < 0.04 * span:
+                level = max(level, 1)  # below the peak's dot, not on it
             ax.text(op, top * (1 - 0.32 * level), f" {label}", fontsize=8, va="top", rotation=90)
             last = op
     if capacity_bytes is not None:
         ax.axhline(capacity_bytes / size, color="black", lw=1.2, ls="--", label="capacity")
-    if mark_peak:
-        at = totals.idxmax()
-        ax.plot([at], [totals[at] / size], "o", color="red", ms=6, label=f"peak {totals[at] / size:.2f} {unit}")
+    if peak_at is not None:
+        ax.plot([peak_at], [totals[peak_at] / size], "o", color="red", ms=6,
+                label=f"peak {totals[peak_at] / size:.2f} {unit}")
     ax.set_xlabel("op number (every tensor op, forward, backward and optimizer)")
     ax.set_ylabel(f"live tensor bytes ({unit})")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
