@@ -370,11 +370,13 @@ answer = ...
 check("02.mistral7b-states", answer)
 
 # %% [markdown]
-# **Exercise 3.** Starting from fp32 + AdamW, which *one* change saves the most model-state bytes per parameter?
+# **Exercise 3.** Lion `[chen2023]` keeps a single momentum buffer per parameter where AdamW keeps two moments.
+# Trained with mixed-bf16 (bf16 weights and gradients, an fp32 master copy, the optimizer's state in fp32), how
+# many bytes per parameter do the model states of a Lion run cost?
 
 # %%
 answer = ...
-check("02.biggest-saving", answer)
+check("02.lion-bytes", answer)
 
 # %% [markdown]
 # **Exercise 4.** A card has 80 GiB for model states alone. With pure bf16 weights and gradients and plain SGD (no
