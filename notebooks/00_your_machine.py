@@ -337,12 +337,17 @@ pd.DataFrame({
                                                 for r in rows],
     "2 x dense (TFLOP/s)": [2 * r.peak("bf16") / 1e12 for r in rows],
     "memory (GiB, as memlab stores it)": [r.memory_gib for r in rows],
+    "ridge point, dense bf16 (FLOP/byte)": [r.peak("bf16") / r.bandwidth_bytes_per_s for r in rows],
     "table notes": [r.notes for r in rows],
 })
 
 # %% [markdown]
 # Seed article 001's "312 TFLOPS" GPU is the A100's *dense* bf16 peak (first row): the article divided by the
-# right number. The same card's sparse figure is twice that.
+# right number. The same card's sparse figure is twice that. The *ridge point* column is dense peak over memory
+# bandwidth: a kernel doing fewer FLOPs per byte than that cannot reach the peak on that card however well it is
+# written (section 3's roofline), and a decoding step's GEMV, at about 1 FLOP per byte in bf16, sits hundreds of
+# times below it.
+
 
 # %%
 no_sparse = [r for r in rows if r.sparse_peak("bf16") is None]
@@ -352,6 +357,22 @@ Markdown(f"Rows with an empty 'as printed' cell: {', '.join(r.name for r in no_s
                                                    for r in no_sparse)
          + ", the 2 x dense column). The lesson does not change: divide by the dense column."
          if no_sparse else "Every row stores its printed sparse figure.")
+
+# %% [markdown]
+# One more default decides which fp32 column a GPU runs at. TF32 (10-bit mantissa, fp32's range) runs fp32 matmuls
+# on the tensor cores, and torch switches it per library (the cell reads this torch's defaults):
+
+# %%
+h100_row = gpu("h100-sxm")
+Markdown(f"In this torch ({torch.__version__}): `torch.backends.cuda.matmul.allow_tf32` = "
+         f"{torch.backends.cuda.matmul.allow_tf32}, `torch.backends.cudnn.allow_tf32` = "
+         f"{torch.backends.cudnn.allow_tf32}. "
+         + (f"So an fp32 matmul on an H100 SXM runs at the table's fp32 peak, {h100_row.peak('fp32') / 1e12:,.1f} "
+            "TFLOP/s, unless `torch.set_float32_matmul_precision(\"high\")` turns TF32 on "
+            f"({h100_row.peak('tf32') / 1e12:,.1f} TFLOP/s dense)" if not torch.backends.cuda.matmul.allow_tf32 else
+            f"So an fp32 matmul on an H100 SXM runs on TF32 ({h100_row.peak('tf32') / 1e12:,.1f} TFLOP/s dense), not "
+            f"at the fp32 peak ({h100_row.peak('fp32') / 1e12:,.1f} TFLOP/s)")
+         + ": an MFU must divide by the peak of the path the matmuls actually take.")
 
 # %% [markdown]
 #
