@@ -33,7 +33,7 @@ import dataclasses
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from memlab import (
     RECORDED_OOM_MESSAGES,
@@ -96,10 +96,10 @@ decoded[["in the message", "GiB", "meaning", "for the fix"]].round({"GiB": 3})
 # %%
 if info.process_in_use_bytes is not None and info.reserved_total_bytes is not None:
     outside = info.process_in_use_bytes - info.reserved_total_bytes
-    print(f"in use by the process {info.process_in_use_bytes / GiB:.2f} GiB = allocator reserve "
-          f"{info.reserved_total_bytes / GiB:.2f} GiB + {outside / GiB:.2f} GiB outside PyTorch's allocator "
-          "(the CUDA context and loaded kernels, NCCL buffers, any library calling cudaMalloc itself): what "
-          "nvidia-smi counts and no PyTorch block holds")
+    display(Markdown(f"in use by the process {info.process_in_use_bytes / GiB:.2f} GiB = allocator reserve "
+                     f"{info.reserved_total_bytes / GiB:.2f} GiB + {outside / GiB:.2f} GiB outside PyTorch's allocator "
+                     "(the CUDA context and loaded kernels, NCCL buffers, any library calling cudaMalloc itself): what "
+                     "nvidia-smi counts and no PyTorch block holds"))
 
 # %%
 share = info.tried_to_allocate_bytes / cap_bytes  # on CUDA: the emulated card, not the whole GPU
@@ -203,15 +203,16 @@ n_logits = round(backward_made / logits_bytes)
 leftover = backward_made - n_logits * logits_bytes
 no_grad_yet = 0 <= leftover < smallest_param_bytes  # too few bytes left for even the smallest weight gradient
 u_peak = (held["parameters (P)"] + held["Adam's state (O)"] + held["forward's saved tensors (A)"]) / live.peak_bytes
-print(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / MiB:.2f} MiB "
-      f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
-      "is new in step 2.")
-print(f"Seed 000's 'effective utilisation' adds each component at its own largest: (P + G + O + A) / peak = "
-      f"{u_sum:.2f}. But the components are never all there at once. At the step-2 peak P + O + A = {u_peak:.2f} of "
-      f"it; the other {1 - u_peak:.2f} ({backward_made:,} B) was made by backward so far: {n_logits} fp32 "
-      f"tensor(s) of the logits' shape (b·s·V·4 = {logits_bytes:,} B each) plus {leftover:,} B, "
-      + ("less than the smallest weight gradient: no gradient exists yet (G = 0)." if no_grad_yet
-         else "which includes weight gradients."))
+display(Markdown(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / MiB:.2f} MiB "
+                 f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
+                 "is new in step 2."))
+display(Markdown(f"Seed 000's 'effective utilisation' adds each component at its own largest: (P + G + O + A) / peak = "
+                 f"{u_sum:.2f}. But the components are never all there at once. At the step-2 peak P + O + A = "
+                 f"{u_peak:.2f} of "
+                 f"it; the other {1 - u_peak:.2f} ({backward_made:,} B) was made by backward so far: {n_logits} fp32 "
+                 f"tensor(s) of the logits' shape (b·s·V·4 = {logits_bytes:,} B each) plus {leftover:,} B, "
+                 + ("less than the smallest weight gradient: no gradient exists yet (G = 0)." if no_grad_yet
+                    else "which includes weight gradients.")))
 pd.DataFrame({"at the step-2 peak (MiB)": {k: v / MiB for k, v in held.items()}}).assign(
     **{"share of the peak (%)": lambda d: 100 * d["at the step-2 peak (MiB)"] * MiB / live.peak_bytes}).round(3)
 
@@ -348,9 +349,11 @@ kind_sim = oom.oom_kind(parse_oom_message(
     f"memory {frag_sim.oom['allocated_bytes'] / MiB:.2f} MiB is allocated by PyTorch, and "
     f"{frag_sim.oom['reserved_unallocated_bytes'] / MiB:.2f} MiB is reserved by PyTorch but unallocated."))
 display(sim_rows)
-print(f"the first case as an OOM message, judged by oom_kind: {kind_sim['kind']}. The second request is served "
-      "only because the allocator itself returned the wholly free segment and retried: an empty_cache() call "
-      "before it would have changed nothing.")
+display(Markdown(f"the first case as an OOM message, judged by oom_kind: {kind_sim['kind']}. The second request "
+                 f"is served "
+                 "only because the allocator itself returned the wholly free segment and retried: an "
+                 "empty_cache() call "
+                 "before it would have changed nothing."))
 
 # %% [markdown]
 # `fragmentation_probe` fills a
@@ -385,6 +388,17 @@ rec if rec is not None else "No GPU fragmentation run is recorded in data/record
 #    `cudaFree` sweep, slow); `max_memory_reserved()` against the capacity says how close the cache came.
 # 5. *In use by this process* minus reserved: the CUDA context, NCCL buffers, libraries outside the allocator.
 #    `PYTORCH_NO_CUDA_MEMORY_CACHING=1` turns the cache off to debug (slow: every free is a `cudaFree`).
+#
+# **Catch the next one.** Turn on the allocator's history before the step
+# (`torch.cuda.memory._record_memory_history(max_entries=100_000)`) and, in the `except torch.OutOfMemoryError`
+# block, write it out with `torch.cuda.memory._dump_snapshot("oom.pickle")`: the file opens at
+# https://pytorch.org/memory_viz, whose *Active Memory Timeline* shows which tensors filled the card and whose
+# *Allocator State History* shows the segments and their holes (section 5). `torch.cuda.memory_summary()` prints the
+# same statistics as a text table. Two more `PYTORCH_CUDA_ALLOC_CONF` settings act on the cache
+# `[pytorch-cuda-memory]`: `garbage_collection_threshold:0.6` starts returning unused cached blocks once usage
+# passes that fraction of the memory allowed, instead of only at a failed `cudaMalloc`, and
+# `roundup_power2_divisions:4` rounds requests to a few sizes between powers of two, so a freed block fits a later
+# request more often.
 #
 # Paste your own message between the quotes and run the cell: the decoder and `oom_kind` read it.
 
@@ -438,10 +452,12 @@ else:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ch.save_figure(fig, "allocator_replay_of_the_step")
     top = max(range(len(alloc_b)), key=alloc_b.__getitem__)
-    print(f"{len(requests):,} requests and frees; at the allocated peak {alloc_b[top] / MiB:.2f} MiB the rules "
-          f"reserve {reserved_b[top] / MiB:.2f} MiB ({(reserved_b[top] - alloc_b[top]) / MiB:.2f} MiB cached, "
-          f"unused); {len(replayed.segments)} segments at the end, "
-          f"{sum(seg['pool'] == 'small' for seg in replayed.segments)} of them in the small pool")
+    display(Markdown(f"{len(requests):,} requests and frees; at the allocated peak {alloc_b[top] / MiB:.2f} MiB "
+                     f"the rules "
+                     f"reserve {reserved_b[top] / MiB:.2f} MiB ({(reserved_b[top] - alloc_b[top]) / MiB:.2f} "
+                     f"MiB cached, "
+                     f"unused); {len(replayed.segments)} segments at the end, "
+                     f"{sum(seg['pool'] == 'small' for seg in replayed.segments)} of them in the small pool"))
 
 # %% [markdown]
 # ## 6. The troubleshooting row, measured
@@ -555,7 +571,8 @@ ch.seed_claims([
 #
 # (Exercises 1 and 2 are in sections 1 and 3.)
 #
-# **Exercise 3.** Which field of an OOM message points to fragmentation rather than a too-large workload?
+# **Exercise 3.** Which field of an OOM message measures the allocator's cache, the candidate for fragmentation (as
+# opposed to a too-large workload)? Answer with the option's letter.
 
 # %%
 answer = ...
