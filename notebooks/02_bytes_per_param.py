@@ -33,6 +33,7 @@ out_dir = "../reports/build/02_bytes_per_param"
 
 # %%
 import pandas as pd
+from IPython.display import Markdown, display
 
 from memlab import (
     PRECISION_POLICIES,
@@ -232,17 +233,20 @@ amp.round(3)
 
 # %%
 amp_copies = amp.set_index("precision").loc["amp-bf16", "autocast weight copies, measured (B/param)"]
-print(f"amp-bf16 holds {amp_copies:.2f} B/param of bf16 weight copies from forward to backward, on top of "
-      f"{amp.set_index('precision').loc['amp-bf16', 'model states (B/param)']:.2f} B/param of "
-      f"model states; 2 bytes for each of the {model.matmul_param_count():,} matmul weights of the "
-      f"{model.param_count():,} parameters ({2 * model.matmul_param_count() / model.param_count():.2f} B/param)")
+display(Markdown(f"amp-bf16 holds {amp_copies:.2f} B/param of bf16 weight copies from forward to backward, on top of "
+                 f"{amp.set_index('precision').loc['amp-bf16', 'model states (B/param)']:.2f} B/param of "
+                 f"model states; 2 bytes for each of the {model.matmul_param_count():,} matmul weights of the "
+                 f"{model.param_count():,} parameters "
+                 f"({2 * model.matmul_param_count() / model.param_count():.2f} B/param)"))
 HF_AMP_BYTES_PER_PARAM = 6 + 4 + 8  # [hf-transformers-anatomy]: weights fp32 + 16-bit, fp32 grads, AdamW
 amp_states = amp.set_index("precision").loc["amp-bf16", "model states (B/param)"]
-print(f"Hugging Face's documentation counts AMP with AdamW as 6 + 4 + 8 = {HF_AMP_BYTES_PER_PARAM} B/param; "
-      f"measured here: {amp_states:.2f} stored + {amp_copies:.2f} of autocast copies = {amp_states + amp_copies:.2f} "
-      f"B/param ({amp_states + amp_copies - HF_AMP_BYTES_PER_PARAM:+.2f}: HF counts a 16-bit copy of every "
-      f"parameter, autocast copies only the {model.matmul_param_count() / model.param_count():.1%} that feed a "
-      "matmul)")
+display(Markdown(f"Hugging Face's documentation counts AMP with AdamW as 6 + 4 + 8 = {HF_AMP_BYTES_PER_PARAM} B/param; "
+                 f"measured here: {amp_states:.2f} stored + {amp_copies:.2f} of autocast copies = "
+                 f"{amp_states + amp_copies:.2f} "
+                 f"B/param ({amp_states + amp_copies - HF_AMP_BYTES_PER_PARAM:+.2f}: HF counts a 16-bit copy of every "
+                 f"parameter, autocast copies only the {model.matmul_param_count() / model.param_count():.1%} "
+                 f"that feed a "
+                 "matmul)"))
 
 # %% [markdown]
 # ## 5. When the bytes appear

@@ -188,8 +188,8 @@ Markdown(("Peaks above the sum of components here: " + ", ".join(f"`{p}` ({over[
 
 # %%
 copies_bpp = measured.loc["amp-bf16", "autocast weight copies"] / model.param_count()
-print(f"autocast weight copies: {copies_bpp:.3f} bytes per parameter "
-      f"(2 x {model.matmul_param_count() / model.param_count():.3f} of the parameters feed a matmul)")
+display(Markdown(f"autocast weight copies: {copies_bpp:.3f} bytes per parameter "
+                 f"(2 x {model.matmul_param_count() / model.param_count():.3f} of the parameters feed a matmul)"))
 cats = pd.DataFrame({p: runs[p].activations_by_category for p in ("fp32", "amp-bf16", "bf16")}).fillna(0)
 cats["amp-bf16 / fp32"] = cats["amp-bf16"] / cats["fp32"].where(cats["fp32"] > 0)
 ch.save_table(cats.reset_index(names="category"), "activations_by_category")

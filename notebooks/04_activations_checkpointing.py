@@ -350,7 +350,8 @@ seq_verdict = ("holds for the seed's example" if SEED_004_SAVING[0] <= saving_2 
 verdict["measured"] = verdict["measured"].map(lambda v: f"{v:.0%}")
 ch.save_table(verdict, "seed_verdicts_checkpointing")
 display(verdict)
-print(f"verdict on seed 004's line: {seq_verdict}; the time it claims was not measured here (FLOPs stand in)")
+display(Markdown(f"verdict on seed 004's line: {seq_verdict}; the time it claims was not measured here (FLOPs "
+                 f"stand in)"))
 counted_full, analytic_full = (cp.loc[cp["strategy"] == "full", "extra FLOPs (counted)"].iloc[0],
                                             cp.loc[cp["strategy"] == "full", "extra FLOPs (analytic)"].iloc[0])
 Markdown(f"Full recompute costs +{analytic_full:.1%} FLOPs by the analytic count (one more forward of every "
@@ -493,8 +494,9 @@ acc = {f"one batch of {micro * k_acc}": sum(activation_bytes(model, Setup(batch=
 spike_seq, vocab_k = 8192, 128
 vocab = vocab_k * 1024
 spike = 4 * spike_seq * vocab  # one fp32 logits tensor of one sequence, bytes
-print(f"a {vocab_k}k vocabulary ({vocab:,} tokens) at {spike_seq:,} tokens: one fp32 logits tensor is "
-      f"{spike:,} B = {spike / GiB:.2f} GiB per sequence; plain keeps the log-softmax of the same size for backward")
+display(Markdown(f"a {vocab_k}k vocabulary ({vocab:,} tokens) at {spike_seq:,} tokens: one fp32 logits tensor is "
+                 f"{spike:,} B = {spike / GiB:.2f} GiB per sequence; plain keeps the log-softmax of the same "
+                 f"size for backward"))
 spike_model = preset("llama-2-7b").with_(max_seq=spike_seq)
 vocabs = [32000, 50257, 65536, vocab, 2 * vocab]
 spike_rows = []
@@ -511,17 +513,21 @@ spike_df["forward/backward peak GiB"] = spike_df[["forward GiB", "backward GiB"]
 ch.save_table(spike_df, "loss_peak_by_vocabulary")
 at_vocab = spike_df[spike_df["vocabulary"] == vocab].set_index("loss")
 same_peak = spike_df.groupby("vocabulary")["peak GiB"].nunique().eq(1).all()
-print(f"at {vocab:,} tokens of vocabulary the step's peak is in the {at_vocab.loc['plain', 'peak phase']} for plain "
-      f"({at_vocab.loc['plain', 'peak GiB']:.1f} GiB), {at_vocab.loc['chunked', 'peak phase']} for chunked "
-      f"({at_vocab.loc['chunked', 'peak GiB']:.1f} GiB) and {at_vocab.loc['fused', 'peak phase']} for fused "
-      f"({at_vocab.loc['fused', 'peak GiB']:.1f} GiB). "
-      + ("The optimizer step (the states and the foreach step's scratch) holds it for all three at every vocabulary, "
-         "so the loss cannot change it on one device; what the loss changes is the forward and backward peak, "
-         f"{at_vocab.loc['plain', 'forward/backward peak GiB']:.1f} GiB plain, "
-         f"{at_vocab.loc['chunked', 'forward/backward peak GiB']:.1f} chunked, "
-         f"{at_vocab.loc['fused', 'forward/backward peak GiB']:.1f} fused, which decides the fit once the states "
-         "are sharded (FSDP, chapter 05) or frozen (LoRA, chapter 11). The figure plots that one."
-         if same_peak else "The loss moves the peak itself."))
+display(Markdown(f"at {vocab:,} tokens of vocabulary the step's peak is in the "
+                 f"{at_vocab.loc['plain', 'peak phase']} for plain "
+                 f"({at_vocab.loc['plain', 'peak GiB']:.1f} GiB), {at_vocab.loc['chunked', 'peak phase']} for chunked "
+                 f"({at_vocab.loc['chunked', 'peak GiB']:.1f} GiB) and {at_vocab.loc['fused', 'peak phase']} for fused "
+                 f"({at_vocab.loc['fused', 'peak GiB']:.1f} GiB). "
+                 + ("The optimizer step (the states and the foreach step's scratch) holds it for all three at "
+                    "every vocabulary, "
+                    "so the loss cannot change it on one device; what the loss changes is the forward and "
+                    "backward peak, "
+                    f"{at_vocab.loc['plain', 'forward/backward peak GiB']:.1f} GiB plain, "
+                    f"{at_vocab.loc['chunked', 'forward/backward peak GiB']:.1f} chunked, "
+                    f"{at_vocab.loc['fused', 'forward/backward peak GiB']:.1f} fused, which decides the fit "
+                    f"once the states "
+                    "are sharded (FSDP, chapter 05) or frozen (LoRA, chapter 11). The figure plots that one."
+                    if same_peak else "The loss moves the peak itself.")))
 spike_df.pivot(index="vocabulary", columns="loss", values=["forward/backward peak GiB", "peak GiB", "peak phase"])
 
 # %%
@@ -579,9 +585,10 @@ off_rows = [{"offload": False, "traced forward B": plain_fwd["traced B"],
              "predicted host B (at least)": bd.host_bytes}]
 s7 = Setup(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
 off7 = {off: estimate(preset("llama-2-7b"), s7.with_(offload_activations=off)) for off in (False, True)}
-print(f"Llama-2-7B, 1 x 4096, mixed-bf16: forward {off7[False].phase_bytes('forward') / GiB:.1f} GiB -> "
-      f"{off7[True].phase_bytes('forward') / GiB:.1f} GiB with offload, for {off7[True].host_bytes / GiB:.1f} GiB "
-      f"of pinned host memory; the peak ({off7[True].peak_phase}) is then {off7[True].peak_gib:.1f} GiB")
+display(Markdown(f"Llama-2-7B, 1 x 4096, mixed-bf16: forward {off7[False].phase_bytes('forward') / GiB:.1f} GiB -> "
+                 f"{off7[True].phase_bytes('forward') / GiB:.1f} GiB with offload, for "
+                 f"{off7[True].host_bytes / GiB:.1f} GiB "
+                 f"of pinned host memory; the peak ({off7[True].peak_phase}) is then {off7[True].peak_gib:.1f} GiB"))
 pd.DataFrame(off_rows)
 
 # %% [markdown]

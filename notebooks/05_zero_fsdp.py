@@ -309,8 +309,9 @@ comm
 # %%
 one = run_step(model, Setup(batch=batch, seq=seq), ch.device, steps=1, with_counted_flops=False, with_mfu=False)
 act = estimate(model, Setup(batch=batch, seq=seq), device_type=ch.device_type).activations_bytes
-print(f"activations per rank for micro-batch {batch} x {seq}: measured {one.activations_bytes:,} B, predicted "
-      f"{act:,} B, for every N")
+display(Markdown(f"activations per rank for micro-batch {batch} x {seq}: measured {one.activations_bytes:,} B, "
+                 f"predicted "
+                 f"{act:,} B, for every N"))
 
 # %% [markdown]
 # The estimator at real size: GPT-3 175B, mixed-bf16 AdamW, ZeRO-3, micro-batch 1 × 2048 with full recompute,
@@ -342,12 +343,14 @@ big_psi = 2 * big.param_count()  # bf16 gradients
 print(f"every ZeRO-3 step moves {sum(zero_comm_bytes(big_psi, 3).values()) / 1e12:.2f} TB per rank, whatever N")
 smallest = floor[(floor["model states GiB"] < floor["activations GiB"])
                  & (floor["model states GiB"] < floor["gathered blocks GiB"])]
-print(f"the model states are the smallest term from {smallest['ranks'].min():,} ranks on" if len(smallest) else
-      f"the model states stay above another term at every N up to {floor['ranks'].max():,}")
+display(Markdown(f"the model states are the smallest term from {smallest['ranks'].min():,} ranks "
+                 f"on" if len(smallest) else
+                 f"the model states stay above another term at every N up to {floor['ranks'].max():,}"))
 root_bytes = big.vocab_size * big.d_model * 2 * (1 if big.tied_embeddings else 2)  # embedding (and head), bf16
-print(f"not in the table: FSDP2's default keeps the root module gathered after the forward (section 3 measured it on "
-      f"the small model); for GPT-3 that is its {'tied ' if big.tied_embeddings else ''}embedding and head, "
-      f"{root_bytes / GiB:.2f} GiB in bf16 on every rank, on top of the gathered blocks")
+display(Markdown(f"not in the table: FSDP2's default keeps the root module gathered after the forward (section "
+                 f"3 measured it on "
+                 f"the small model); for GPT-3 that is its {'tied ' if big.tied_embeddings else ''}embedding and head, "
+                 f"{root_bytes / GiB:.2f} GiB in bf16 on every rank, on top of the gathered blocks"))
 floor.round(2)
 
 # %% [markdown]
@@ -409,11 +412,13 @@ NCCL_TESTS_A3MEGA = {"buffer_bytes": 8 * 2**30, "nodes": 2, "gpus_per_node": 8, 
 check_run = comm_time_floor_s(2 * NCCL_TESTS_A3MEGA["buffer_bytes"], gpus_per_node=8, nodes=2,
                               nic_bytes_per_s=NCCL_TESTS_A3MEGA["nic_bytes_per_s"])
 per_gpu_claim = 2 * NCCL_TESTS_A3MEGA["buffer_bytes"] / NCCL_TESTS_A3MEGA["nic_bytes_per_s"]
-print(f"published check: the floor for nccl-tests' 8 GiB all-reduce on 2 x 8 H100 is {check_run['floor'] * 1e3:.1f} "
-      f"ms, measured {NCCL_TESTS_A3MEGA['measured_s'] * 1e3:.1f} ms "
-      + ("(above the floor, as a floor requires)" if NCCL_TESTS_A3MEGA["measured_s"] >= check_run["floor"] else
-         "(BELOW the floor: the model is wrong)")
-      + f"; all the volume over one GPU's NIC would claim at least {per_gpu_claim * 1e3:.0f} ms")
+display(Markdown(f"published check: the floor for nccl-tests' 8 GiB all-reduce on 2 x 8 H100 is "
+                 f"{check_run['floor'] * 1e3:.1f} "
+                 f"ms, measured {NCCL_TESTS_A3MEGA['measured_s'] * 1e3:.1f} ms "
+                 + ("(above the floor, as a floor "
+                    "requires)" if NCCL_TESTS_A3MEGA["measured_s"] >= check_run["floor"] else
+                    "(BELOW the floor: the model is wrong)")
+                 + f"; all the volume over one GPU's NIC would claim at least {per_gpu_claim * 1e3:.0f} ms"))
 RANKS_BIG = 1024  # GPT-3's data-parallel ranks for the floor (it changes with (M - 1)/M only)
 topologies = {"one GPU per node, IB NDR": dict(gpus_per_node=1, nodes=RANKS_BIG),
               "8-GPU nodes, one IB NDR NIC per GPU, NVLink inside": dict(gpus_per_node=8, nodes=RANKS_BIG // 8,
@@ -832,7 +837,7 @@ Markdown(f"The TP rows count Megatron's plan, whose q/k/v and gate/up projection
          f"`parallelize_module` over separate q, k, v, gate and up modules (memlab's trace and gloo ranks) all-reduces "
          f"each column-parallel module's input gradient on its own: "
          f"{torch_reduces // one_buffer} a block, {torch_reduces / fused_reduces:.2f}x "
-         f"the bytes. Those are not typed in from the paper: `memlab.measure.comm.CommCounter` counts every c10d call "
+         f"the bytes. Those are not typed in from the paper: memlab's collective counter counts every c10d call "
          f"real ranks issue, and at full scale the gloo ledger above sets each rank's all-reduce buffers and pipeline "
          f"sends next to these formulas (`memlab shard --layouts` prints the same rows).")
 
@@ -906,7 +911,7 @@ Markdown(f"From ep = 1 to 8 a rank's model states fall from {bal.loc[1, 'states_
          f"every rank's tokens can pick this rank's expert, {worst.loc[8, 'activations_bytes'] / GiB:.1f} GiB of "
          f"activations and a peak of {worst.loc[8, 'peak_bytes'] / GiB:.1f} GiB against "
          f"{bal.loc[8, 'peak_bytes'] / GiB:.1f} GiB balanced (a capacity factor would cap it, dropping tokens); "
-         f"the worst rank receives ep × min(top_k, n_experts / ep) pairs per token, "
+         f"the worst rank receives ep × min(k, E / ep) pairs per token (k experts per token, E experts), "
          f"{worst.loc[2, 'activations_bytes'] / GiB:.1f}, {worst.loc[4, 'activations_bytes'] / GiB:.1f} and "
          f"{worst.loc[8, 'activations_bytes'] / GiB:.1f} GiB of activations at ep = 2, 4, 8. "
          f"The all-to-alls send {bal.loc[2, 'sent_bytes'] / GiB:.1f} GiB per rank per step at ep = 2 and "

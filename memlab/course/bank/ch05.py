@@ -201,7 +201,7 @@ EXERCISES = (
              "pairs have their expert on the rank itself; sizes from preset('mixtral-8x7b')",
         why=lambda: (f"4 all-to-alls × {_preset('mixtral-8x7b').n_layers} layers × {EP_TOKENS} tokens × top-2 × "
                      f"{_preset('mixtral-8x7b').d_model} × 2 B × 7/8 remote = {_ep_gib():.2f} GiB "
-                     "(memlab.predict.parallel.communication.ep_sent_bytes): EP's traffic grows with tokens x top_k "
+                     "(memlab's all-to-all formula): EP's traffic grows with tokens x experts per token "
                      "and " "the depth, not with the experts' size."),
         diagnoses={lambda: _ep_gib(routing="worst"): "That sends every pair; under balanced routing the 1/8 whose "
                                                      "expert is on the rank itself stay there.",
