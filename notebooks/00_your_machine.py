@@ -333,11 +333,10 @@ rows = [gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "l40s", "b200"
 pd.DataFrame({
     "gpu": [r.name for r in rows],
     "dense bf16 (TFLOP/s)": [r.peak("bf16") / 1e12 for r in rows],
-    "with 2:4 sparsity, as printed (TFLOP/s)": [None if r.sparse_peak("bf16") is None else r.sparse_peak("bf16") / 1e12
-                                                for r in rows],
+    "2:4 sparse, as printed (TFLOP/s)": [None if r.sparse_peak("bf16") is None else r.sparse_peak("bf16") / 1e12
+                                         for r in rows],
     "2 x dense (TFLOP/s)": [2 * r.peak("bf16") / 1e12 for r in rows],
-    "memory (GiB, as memlab stores it)": [r.memory_gib for r in rows],
-    "ridge point, dense bf16 (FLOP/byte)": [r.peak("bf16") / r.bandwidth_bytes_per_s for r in rows],
+    "ridge point (FLOP/byte)": [r.peak("bf16") / r.bandwidth_bytes_per_s for r in rows],
     "table notes": [r.notes for r in rows],
 })
 

@@ -158,8 +158,9 @@ ledger = pd.concat([compare(predict_for(cfg, m), m) for cfg, m in pairs], ignore
 states = ledger[ledger["component"].isin(["params", "grads", "optimizer"])].copy()
 ch.record_ledger(states)
 worst = states["rel_error"].abs().max()
-print(f"predicted vs measured bytes of params, grads and optimizer state in {len(pairs)} runs ({len(states)} rows): "
-      + ("every row agrees exactly" if worst == 0 else f"largest |relative error| {worst:.2%}"))
+display(Markdown(f"predicted vs measured bytes of params, grads and optimizer state in {len(pairs)} runs "
+                 f"({len(states)} rows): "
+                 + ("every row agrees exactly" if worst == 0 else f"largest |relative error| {worst:.2%}")))
 def reader_run(experiment: str) -> str:
     """'tiny-gpt mixed-bf16 adamw eager none b1x32' -> 'mixed-bf16 + adamw'."""
     words = experiment.split()
@@ -333,8 +334,8 @@ rule = pd.DataFrame({
     "source": ["seed 000's rule (16 B/param)", "memlab estimate"],
     "bytes for 10⁹ params": [16 * N, table.loc["mixed-bf16", "adamw"] * N],
 })
-print(f"measured on {model.name}: {m_bpp:.3f} B/param for mixed-bf16 + AdamW (section 3), the estimate's "
-      f"{table.loc['mixed-bf16', 'adamw']:.3f}")
+display(Markdown(f"measured on {model.name}: {m_bpp:.3f} B/param for mixed-bf16 + AdamW (section 3), the estimate's "
+                 f"{table.loc['mixed-bf16', 'adamw']:.3f}"))
 rule["GB"] = (rule["bytes for 10⁹ params"] / 1e9).round(2)
 rule["GiB"] = (rule["bytes for 10⁹ params"] / GiB).round(2)
 rule

@@ -129,8 +129,11 @@ for p, m in runs.items():
                  "step time (s)": m.step_time_s, "tokens/s": m.tokens_per_s})
 measured = pd.DataFrame(rows).set_index("policy")
 ch.save_table(measured.reset_index(), "policies_measured")
-byte_cols = [c for c in measured.columns if c not in ("step time (s)", "tokens/s")]
-(measured[byte_cols] / MiB).rename(columns=lambda c: f"{c} (MiB)").assign(
+byte_cols = [c for c in measured.columns if c not in ("step time (s)", "tokens/s")
+             and measured[c].notna().any()]  # the allocator's peak exists on CUDA only
+SHORT = {"activations (tensors)": "activations", "autocast weight copies": "weight copies",
+         "peak of live bytes": "peak", "cuda peak allocated": "CUDA allocator peak"}
+(measured[byte_cols] / MiB).rename(columns=lambda c: f"{SHORT.get(c, c)} (MiB)").assign(
     **{"step time (s)": measured["step time (s)"], "tokens/s": measured["tokens/s"]}).round(3)
 
 # %%
@@ -147,7 +150,8 @@ ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "policies_components")
 over = measured["peak of live bytes"] - measured[comp].sum(axis=1)
-print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / MiB:+.2f}" for p, v in over.items()))
+display(Markdown("peak minus the sum of the components (MiB): "
+                 + ", ".join(f"{p} {v / MiB:+.2f}" for p, v in over.items())))
 
 # %% [markdown]
 # A peak below the sum means the components are never all alive at once (the activations are gone before the
@@ -404,7 +408,7 @@ Markdown(f"After {SWAMP_STEPS:,} steps the fp32 master holds {last['fp32 master'
 # %%
 warn = precision.deprecated_amp_calls()
 ch.save_table(warn, "deprecated_amp_warnings")
-warn
+warn.drop(columns="torch.amp form")  # the replacement is spelled out below
 
 # %% [markdown]
 # The seed's loop in the `torch.amp` form (device-generic; drop the scaler for bf16):
@@ -451,7 +455,9 @@ else:
         rows.append(row)
     published = pd.DataFrame(rows)
     ch.save_table(published, "tensor_core_peaks_published")
-    display(published.round(1))
+    display(published.drop(columns="source").round(1))
+    display(Markdown("Sources: " + "; ".join(f"{c}: {src}" for c, src in zip(published["card"], published["source"],
+                                                                           strict=True)) + "."))
     fp8 = published["fp8 / bf16"][published["fp8 / bf16"].map(lambda v: isinstance(v, float))]
     display(Markdown(f"Published, not measured: 16-bit tensor cores run {published['bf16 / fp32'].min():.0f}x to "
                      f"{published['bf16 / fp32'].max():.0f}x the fp32 rate on these cards, and fp8 "

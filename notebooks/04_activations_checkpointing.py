@@ -32,6 +32,8 @@ seed = 0
 out_dir = "../reports/build/04_activations_checkpointing"
 
 # %%
+import textwrap
+
 import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
@@ -263,7 +265,10 @@ cols = ["label", "saved_bytes", "kept (of none)", "activation saving", "peak abo
 if not ch.on_cpu:
     cols.append("cuda_peak_allocated_bytes")
 ch.save_table(cp[cols], "checkpointing_strategies")
-cp[cols].round(3)
+memory_cols = ["label", "saved_bytes", "kept (of none)", "activation saving", "peak above weights", "peak change"]
+display(cp[memory_cols].assign(**{"peak above weights": cp["peak above weights"] / MiB}).rename(
+    columns={"peak above weights": "peak above weights (MiB)"}).round(3))  # memory; the cost below
+cp[[c for c in cols if c not in memory_cols[1:]]].round(3)
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
@@ -311,8 +316,9 @@ ratio = block_internal / x_in
 model_rows = pd.DataFrame({"k (blocks per group)": [1, 2, 4, 8, 16]})
 model_rows["held in backward, model (bytes)"] = [checkpointing.sqrt_n_model(16, x_in, block_internal, k)
                                                  for k in model_rows["k (blocks per group)"]]
-print(f"a block keeps {ratio:.1f}x its input, so the optimum k = sqrt(16 / {ratio:.1f}) = {(16 / ratio) ** 0.5:.2f} "
-      f"(√n would be 4)")
+display(Markdown(f"a block keeps {ratio:.1f}x its input, so the optimum k = sqrt(16 / {ratio:.1f}) = "
+                 f"{(16 / ratio) ** 0.5:.2f} "
+                 f"(√n would be 4)"))
 model_rows
 
 # %% [markdown]
@@ -385,9 +391,9 @@ for policy in ("mixed-bf16", "amp-bf16"):
                       "traced: all the forward leaves (GiB)": None if kept is None else kept / GiB,
                       "traced vs formula": None if kept is None else kept / sum(a.values()) - 1})
 seven = pd.DataFrame(seven)
-print(f"traced on fake tensors at full size: {len(traced_runs)} of 4 rows"
-      + (" (ci scale: the estimator alone, the report's time budget; all four traced at full scale, and the "
-         "small model of section 7 traced here)" if len(traced_runs) < 4 else ""))
+display(Markdown(f"traced on fake tensors at full size: {len(traced_runs)} of 4 rows"
+                 + (" (ci scale: the estimator alone, the report's time budget; all four traced at full scale, and the "
+                    "small model of section 7 traced here)" if len(traced_runs) < 4 else "")))
 ch.save_table(seven, "llama7b_activations")
 seven.round(3)
 
@@ -441,7 +447,10 @@ print(f"predicted peak phase = measured in {len(cross) - len(miss)} of {len(cros
       + (f" (the others are ties: backward and optimizer step within {gap:,} B)" if len(miss) else "")
       + f"; worst error of a phase peak {cross['worst error'].max():.2%}")
 ch.save_table(cross, "peak_phase_by_batch")
-cross
+cross[["foreach", "batch"]].assign(**{f"{p} (KiB)": cross[p] / 1024 for p in ("forward", "backward", "optimizer step")},
+                                   **{"measured peak phase": cross["peak phase"],
+                                      "predicted peak phase": cross["predicted peak phase"],
+                                      "worst phase error (%)": 100 * cross["worst error"]}).round(2)
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
@@ -469,9 +478,10 @@ ch.save_figure(fig, "peak_phase_crossover")
 
 # %%
 over = cross.loc[cross["foreach"] & (cross["peak phase"] != "optimizer step"), "batch"]
-print("with foreach, the optimizer step holds the peak at every batch measured" if over.empty else
-      f"with foreach, the optimizer step holds the peak below batch {over.min()}; from batch {over.min()} on, the "
-      f"{cross.loc[cross['foreach'] & (cross['batch'] == over.min()), 'peak phase'].item()} does")
+display(Markdown("with foreach, the optimizer step holds the peak at every batch measured" if over.empty else
+                 f"with foreach, the optimizer step holds the peak below batch {over.min()}; from batch "
+                 f"{over.min()} on, the "
+                 f"{cross.loc[cross['foreach'] & (cross['batch'] == over.min()), 'peak phase'].item()} does"))
 micro, k_acc = 2, 4
 acc = {f"one batch of {micro * k_acc}": sum(activation_bytes(model, Setup(batch=micro * k_acc,
                                                                          seq=cross_seq)).values()),
@@ -561,8 +571,8 @@ for kind in ("plain", "chunked", "fused"):
 loss_trace = pd.DataFrame(trace_rows)
 ch.save_table(loss_trace, "loss_traced_vs_predicted")
 worst = loss_trace.assign(off=loss_trace["traced - predicted B"].abs()).sort_values("off").groupby("loss").last()
-print("largest |traced - predicted| per loss: " + "; ".join(
-    f"{k} {r['off']:,} B ({r['phase']}, {r['off'] / r['traced B']:.2%})" for k, r in worst.iterrows()))
+display(Markdown("largest |traced - predicted| per loss: " + "; ".join(
+               f"{k} {r['off']:,} B ({r['phase']}, {r['off'] / r['traced B']:.2%})" for k, r in worst.iterrows())))
 loss_trace
 
 # %% [markdown]
@@ -639,7 +649,7 @@ pol = pd.DataFrame(pol_rows)
 try:
     estimate(llama3, s8.with_(activation_memory_budget=0.5))
 except Exception as exc:  # the one refusal of the table, as the estimate prints it
-    print(f"activation_memory_budget=0.5: {exc}")
+    print(textwrap.fill(f"activation_memory_budget=0.5: {exc}", 80))  # wrapped to the page
 ch.save_table(pol, "framework_policies")
 pol.round(3)
 

@@ -37,6 +37,7 @@ out_dir = "../reports/build/05_zero_fsdp"
 # %%
 import importlib.util
 import json
+import textwrap
 from pathlib import Path
 
 import hjson
@@ -185,7 +186,7 @@ spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIE
                   device=RANKS["device"])
 capacity = machine_capacity(spec)
 sizes = capacity.largest(RANKS["sizes"])
-print(capacity.sentence(RANKS["sizes"]))
+display(Markdown(capacity.sentence(RANKS["sizes"])))
 runs = launch_sweep(spec, sizes, timeout_s=180)
 rows = [r for run in runs.values() for r in run.rows]
 measured = pd.DataFrame([r for r in rows if r["status"] == "ok"])
@@ -450,8 +451,8 @@ Markdown(f"On 8-GPU nodes with one 400 Gb/s NIC per GPU, a GPT-3 step ({RANKS_BI
 # over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes, nothing allocated.
 
 # %%
-print("peak inside the step: " + ", ".join(f"N={r}: {p}" for r, p in zip(floor["ranks"], floor["peak in"],
-                                                                         strict=True)))
+display(Markdown("peak inside the step: " + ", ".join(f"N={r}: {p}" for r, p in zip(floor["ranks"], floor["peak in"],
+                                                                         strict=True))))
 if trace_gpt3_8_ranks:
     s8 = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=8, recompute="full")
     traced8 = compare_trace(estimate(big, s8, overheads=Overheads(gathered_layers=2)), trace_gpt(big, s8))
@@ -505,8 +506,9 @@ ds_spec = importlib.util.find_spec("deepspeed")
 ds_config = None if ds_spec is None else Path(ds_spec.submodule_search_locations[0], "runtime", "config.py")
 ds_lines = ([] if ds_config is None or not ds_config.exists()
             else [ln.strip() for ln in ds_config.read_text().splitlines() if "hjson.load" in ln])
-print(f"installed deepspeed/runtime/config.py loads a config with: {ds_lines[0]}" if ds_lines else
-      "DeepSpeed is not installed here (or its loader moved): the hjson row stands for its loader by its docs")
+print(textwrap.fill(f"installed deepspeed/runtime/config.py loads a config with: {ds_lines[0]}" if ds_lines else
+                    "DeepSpeed is not installed here (or its loader moved): the hjson row stands for its loader by "
+                    "its docs", 80))
 
 # %%
 fsdp2 = pd.DataFrame([
@@ -566,7 +568,7 @@ from memlab.studies.titan import TITAN_DEBUG, recorded_titan, residual_names, ti
 titan_shape = dict(batch=1, seq=128) if ch.scale == "ci" else dict(batch=8, seq=2048)
 titan = titan_rows(TITAN_DEBUG, Setup(**titan_shape, attention="flash", world_size=8, optimizer_impl="fused"))
 ch.save_table(pd.DataFrame([titan]), "titan_peer_debugmodel")
-print("\n".join(residual_names(titan)))
+print("\n".join(textwrap.fill(line, 80) for line in residual_names(titan)))  # wrapped to the page
 pd.Series({k: v for k, v in titan.items() if k.endswith(("step2", "max"))}).to_frame(titan["setup"])
 
 # %% [markdown]
@@ -578,11 +580,14 @@ rec = recorded_titan()
 if rec is None:
     shown = "no recorded full-size peer run yet: python scripts/record_titan_peer.py writes it"
 else:
-    print(rec["provenance"]["kind"], "·", "torch", rec["provenance"]["torch"], "·", rec["provenance"]["date"])
+    print(textwrap.fill(f"{rec['provenance']['kind']} · torch {rec['provenance']['torch']} · "
+                        f"{rec['provenance']['date']}", 80))
     for row in rec["rows"]:
-        print(f"{row['model']}: " + "; ".join(residual_names(row)[:3]))
-    shown = pd.DataFrame(rec["rows"]).set_index("model")[["estimate_step2", "trace_step2", "titan_step2",
-                                                            "titan_printed_max"]].map(lambda b: f"{b / GiB:.3f} GiB")
+        print(textwrap.fill(f"{row['model']}: " + "; ".join(residual_names(row)[:3]), 80))
+    shown = (pd.DataFrame(rec["rows"]).set_index("model")[["estimate_step2", "trace_step2", "titan_step2",
+                                                             "titan_printed_max"]] / GiB).round(3).rename(
+        columns={"estimate_step2": "estimate, step 2 (GiB)", "trace_step2": "trace, step 2 (GiB)",
+                 "titan_step2": "torchtitan, step 2 (GiB)", "titan_printed_max": "torchtitan's printed max (GiB)"})
 shown
 
 # %% [markdown]
@@ -662,7 +667,7 @@ ch.save_figure(fig, "parallel_layouts")
 summed = lay["states_bytes"] + lay["activations_bytes"] + lay["buffers_bytes"]
 below = [f"{k} ({lay.loc[k, 'peak_gib']:.1f} GiB against {summed[k] / GiB:.1f})" for k in lay.index
          if lay.loc[k, "peak_bytes"] < summed[k]]
-Markdown("The tick is the phase-aware peak (`memlab.predict.memory.phases`), not the bar's sum: the states, the saved "
+Markdown("The tick is the phase-aware peak (the estimate phase by phase), not the bar's sum: the states, the saved "
          "tensors and the buffers do not all coexist at one moment (the gradients are allocated in backward, while "
          "the saved tensors are freed), and the step's transients come on top. "
          + (f"The peak is below the sum for {', '.join(below)}." if below else "Every peak is above its sum here."))
@@ -716,10 +721,10 @@ for sched in ("1f1b", "gpipe"):
                           "predicted after step (B)": tr.predicted_end_bytes, "traced after step (B)": tr.end_bytes})
 traced_pp = pd.DataFrame(traced_pp)
 ch.save_table(traced_pp, "pipeline_fake_group_trace")
-print(f"{trace_model.name}, pp = {trace_pp}, {trace_pp + 1} micro-batches: after the step "
-      f"{int((traced_pp['predicted after step (B)'] == traced_pp['traced after step (B)']).sum())} of "
-      f"{len(traced_pp)} ranks exact; peak within its named bound on "
-      f"{int(traced_pp['peak within the bound'].sum())} of {len(traced_pp)}")
+display(Markdown(f"{trace_model.name}, pp = {trace_pp}, {trace_pp + 1} micro-batches: after the step "
+                 f"{int((traced_pp['predicted after step (B)'] == traced_pp['traced after step (B)']).sum())} of "
+                 f"{len(traced_pp)} ranks exact; peak within its named bound on "
+                 f"{int(traced_pp['peak within the bound'].sum())} of {len(traced_pp)}"))
 traced_pp
 
 # %%
@@ -731,7 +736,7 @@ if ch.scale == "full":  # real gloo ranks under torchrun: real sends and receive
     shown_ranks = ranks_ledger
 else:
     shown_ranks = ch.cpu_note("at ci scale the pipeline is traced on a fake group only; at full scale "
-                              "memlab.studies.parallel_ranks also runs PP and TP on 2 real gloo ranks under torchrun "
+                              "the chapter also runs PP and TP on 2 real gloo ranks under torchrun "
                               "(about 7 s, over this chapter's ci budget)")
 shown_ranks
 
@@ -761,10 +766,11 @@ par_model, par_t, par_shape = (tiny, 2, dict(batch=2, seq=64)) if ch.scale == "c
 par_ranks = (0, par_t - 1)
 traced_par = traced_parallel_rows(par_model, tp=par_t, cp=par_t, ranks=par_ranks, sp_ranks=(0,), **par_shape)
 ch.save_table(traced_par, "parallel_fake_group_traces")
-print(f"torch's context_parallel on a CPU: {TORCH_CP_ERRORS['default (flash for CPU)']}")
-print(f"{par_model.name}, {par_t} ranks, {par_shape['batch']} x {par_shape['seq']} tokens: "
-      f"{int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the named terms are "
-      "added")
+print(textwrap.fill(f"torch's context_parallel on a CPU: {TORCH_CP_ERRORS['default (flash for CPU)']}", 80))
+display(Markdown(f"{par_model.name}, {par_t} ranks, {par_shape['batch']} x {par_shape['seq']} tokens: "
+                 f"{int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the "
+                 f"named terms are "
+                 "added"))
 traced_par[["layout", "rank", "phase", "predicted", "traced", "named", "left", "kind"]]
 
 # %%
@@ -895,10 +901,10 @@ mixtral = preset("mixtral-8x7b")  # the reference GPT with Mixtral-8x7B's sizes
 ep_setup = Setup(batch=1, seq=4096, precision="bf16", attention="flash", zero_stage=1, world_size=8)
 ep_table = ep_layouts(mixtral, ep_setup, (1, 2, 4, 8), device_type="cuda")
 ch.save_table(ep_table, "expert_parallel_mixtral")
-shown_ep = ep_table.assign(**{f"{c.removesuffix('_bytes')} GiB": ep_table[c] / GiB for c in
+shown_ep = ep_table.assign(**{f"{c.removesuffix('_bytes').replace('_', '-')} GiB": ep_table[c] / GiB for c in
                               ("states_bytes", "activations_bytes", "all_to_all_bytes", "peak_bytes", "sent_bytes")})
-shown_ep[["ep", "routing", "local_experts", "states GiB", "activations GiB", "all_to_all GiB", "peak GiB",
-          "sent GiB"]].round(2)
+shown_ep[["ep", "routing", "local_experts", "states GiB", "activations GiB", "all-to-all GiB", "peak GiB",
+          "sent GiB"]].rename(columns={"local_experts": "local experts"}).round(2)
 
 # %%
 bal = ep_table[ep_table.routing == "balanced"].set_index("ep")
