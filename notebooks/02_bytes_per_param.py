@@ -185,10 +185,11 @@ ch.save_figure(fig, "states_adamw")
 # columns agree because memlab counts both: that is a bookkeeping check of the formula against the storages, and the
 # learner-facing value is the shape across policies, not the agreement. The 8-bit Adam rows run memlab's own
 # stand-in (`memlab.model.optimizers.Adam8bit`), not bitsandbytes: it reproduces the *state layout* of bitsandbytes'
-# `AdamW8bit` (one int8 per moment element, one fp32 scale per 256-element block; a test checks its bytes against
-# the real `bnb.optim.AdamW8bit` on a CPU), with a simpler quantisation code, so its bytes are bitsandbytes' and its
-# numerics are not. It comes out above the 1B-parameter column of section 1 because, as in bitsandbytes, tensors
-# under 4,096 elements (biases, norms) keep fp32 states `[dettmers2022]`; a small model has many of them.
+# `AdamW8bit` (one byte per moment element, one fp32 absmax per 256-element block; a test checks its bytes against
+# the real `bnb.optim.AdamW8bit` on a CPU), with a per-block power code where bitsandbytes uses a dynamic tree
+# code: its bytes are bitsandbytes', its numerics are not. It comes out above the 1B-parameter column of section 1
+# because, as in bitsandbytes, tensors under 4,096 elements (biases, norms) keep fp32 states `[dettmers2022]`; a small
+# model has many of them.
 
 # %%
 rows = []
