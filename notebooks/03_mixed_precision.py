@@ -253,10 +253,11 @@ def amp_change(model_key: str, batch: int, seq: int, attention: str = "eager") -
             "with the weight copies (%)": 100 * ((acts["amp-bf16"] + w) / acts["fp32"] - 1)}
 
 
-scaling = pd.DataFrame([amp_change(SIZES["model"], batch, seq), amp_change("gpt2", 1, 128),
-                        amp_change(**FULL), amp_change(**FULL, attention="flash")]).set_index("setup")
+scaling_rows = [amp_change(SIZES["model"], batch, seq), amp_change("gpt2", 1, 128), amp_change(**FULL),
+                amp_change(**FULL, attention="flash")]
+scaling = pd.DataFrame(scaling_rows).drop_duplicates("setup").set_index("setup")  # at full scale row 1 = row 3
 ch.save_table(scaling.reset_index(), "amp_change_by_size_cuda_estimate")
-full_eager = scaling.iloc[2]
+full_eager, full_flash = scaling.loc[scaling_rows[2]["setup"]], scaling.loc[scaling_rows[3]["setup"]]
 display(scaling.round(1))
 Markdown(
     f"At the chapter's full-scale setup ({full_eager.name}), memlab's CUDA estimate puts the attention scores at "
@@ -265,7 +266,7 @@ Markdown(
     + ("*raises*" if full_eager["activations, amp vs fp32 (%)"] > 0 else "lowers")
     + f" the activations by {full_eager['activations, amp vs fp32 (%)']:+.1f} % "
     f"({full_eager['with the weight copies (%)']:+.1f} % with the weight copies). With a fused attention kernel "
-    f"(last row) no s×s term is stored and AMP changes them by {scaling.iloc[3]['activations, amp vs fp32 (%)']:+.1f} "
+    f"(last row) no s×s term is stored and AMP changes them by {full_flash['activations, amp vs fp32 (%)']:+.1f} "
     "%. So seed 004's \"−50 % for parameters, gradients and activations\" does not hold for `torch.autocast`: "
     "parameters and gradients change by 0 %, and activations shrink only where the ops run in 16 bits and no fp32 "
     "output is saved beside a 16-bit copy. Halving needs 16-bit weights (`mixed-*`, `bf16`), and then an fp32 "
@@ -481,7 +482,7 @@ ch.seed_claims([
                f"{batch * seq}-token run ({ch.device_type} op lists), "
                f"{full_eager['with the weight copies (%)']:+.1f} % at {full_eager.name} (CUDA estimate: fp32 "
                "softmax output + bf16 copy), "
-               f"{scaling.iloc[3]['with the weight copies (%)']:+.1f} % there with flash attention"
+               f"{full_flash['with the weight copies (%)']:+.1f} % there with flash attention"
                f"; {int((warn['warning'] == 'FutureWarning').sum())} FutureWarnings"},
     {"#": 46, "claim": "AMP NaN: tune GradScaler, force fp32 with custom_fwd [seed-004]",
      "verdict": "holds for fp16; bf16 needs no scaler",
