@@ -191,11 +191,10 @@ against.assign(**{"measured MiB": against["measured"] / MiB, "predicted MiB": ag
 m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
 phases = pd.DataFrame(m.phases)
 u_sum = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes) / live.peak_bytes
-at_peak = live.frame.loc[live.frame["live_bytes"].idxmax()]  # the op where step 2 peaks: who holds its bytes
-held = {"parameters (P)": at_peak.get("from params", 0),
-        "Adam's state (O)": at_peak.get("from step 1: optimizer step", 0),
-        "forward's saved tensors (A)": at_peak.get("from step 1: forward", 0) + at_peak.get("from step 2: forward", 0),
-        "made by backward so far": at_peak.get("from step 2: backward", 0)}
+at_peak = live.held_at_peak()  # the op where step 2 peaks: who holds its bytes, by where they were allocated
+held = {"parameters (P)": at_peak.get("params", 0), "Adam's state (O)": at_peak.get("step 1: optimizer step", 0),
+        "forward's saved tensors (A)": at_peak.get("step 1: forward", 0) + at_peak.get("step 2: forward", 0),
+        "made by backward so far": at_peak.get("step 2: backward", 0)}
 logits_bytes = setup.batch * seq * model.vocab_size * 4  # one fp32 tensor of the logits' shape, b·s·V·4 B
 smallest_param_bytes = min(p.untyped_storage().nbytes() for p in build_training(model, setup, ch.device,
                                                                                seed=seed)[0].parameters())
