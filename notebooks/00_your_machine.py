@@ -67,7 +67,12 @@ ch.save_table(peaks, "device_peaks")
 about = describe(ch.device)
 about.update({k: fmt_rate(v) for k, v in about.items() if k.startswith("peak_") and isinstance(v, float)})
 about["total_memory_bytes"] = f"{about['total_memory_bytes']:,} B ({fmt_bytes(about['total_memory_bytes'])})"
-pd.Series(about, name="this device").to_frame()
+ABOUT_WORDS = {"device": "device", "device_kind": "kind", "accelerator": "memlab table row",
+               "peak_source": "where the peaks come from", "peak_reason": "why no peak",
+               "peak_fp32_flops": "fp32 peak", "peak_bf16_flops": "bf16 peak", "total_memory_bytes": "memory",
+               "torch_version": "torch", "cuda_version": "CUDA", "driver_version": "driver", "cpu_count": "CPU cores"}
+pd.Series({ABOUT_WORDS.get(k, k.replace("_", " ")): v for k, v in about.items() if v is not None},
+          name="this device").to_frame()
 
 # %% [markdown]
 # The dense peaks `detect()` gives (dtypes without a peak for this device are left out). On a CPU this is
@@ -101,8 +106,10 @@ ch.cpu_note("a CPU has no datasheet peak in memlab's table, so its ceiling is it
 caches = roofline.cache_bytes(ch.device)
 sizes = roofline.default_sizes(ch.device, ch.scale, caches=caches)
 llc_total = caches.get("last_level_total")
+CACHE_WORDS = {"last_level": "last-level cache", "last_level_total": "last-level cache, all instances"}
 pd.DataFrame({
-    "what": [*caches.keys(), *(f"array {i + 1} of the benchmark" for i in range(len(sizes)))],
+    "what": [*(CACHE_WORDS.get(k, f"{k} cache") for k in caches),
+             *(f"array {i + 1} of the benchmark" for i in range(len(sizes)))],
     "size": [fmt_bytes(v) for v in [*caches.values(), *sizes]],
     "note": [{"last_level": "one instance of the last level", "last_level_total": "all instances on this machine"}
              .get(k, "per instance") for k in caches]
@@ -125,8 +132,12 @@ check("00.gemv-intensity", answer, shape=gemv)
 
 # %% [markdown]
 # Seed article 001 ("利用率", *utilization*) claims that top large-model training reaches only about 50 % MFU,
-# and that a "312 TFLOPS" GPU delivers about 160 TFLOPS of useful work `[seed-001]`. Achieved/peak for single
-# matmuls below is the ceiling any MFU inherits: no training step beats its own matmuls.
+# and that a "312 TFLOPS" GPU delivers about 160 TFLOPS of useful work `[seed-001]`. A step's MFU cannot exceed the
+# achieved/peak of the matmuls *it* runs, at their shapes and dtype. The shapes below are this page's small ones
+# (on a CPU their ceiling is, by construction, the best of them): they show the method, not a training step's
+# ceiling. For that, time the step's own GEMM shapes (e.g. 4096 × 11008 for a 7B MLP); the best rate a GPU reaches
+# over a sweep of large shapes is its *maximum achievable matmul FLOPs* (MAMF, `[bekman-mamf]`), the number an MFU
+# is read against (chapter 07).
 
 # %% tags=["reveals-00.gemv-intensity"]
 matmul = roofline.matmul_flops_per_s(device=ch.device, scale=ch.scale)
@@ -155,6 +166,7 @@ pd.DataFrame({
 })
 
 # %%
+tc_ratio = {gpu(k).name: gpu(k).peak("bf16") / gpu(k).peak("fp32") for k in ("a100-80gb-sxm", "h100-sxm")}
 if ch.on_cpu and {"fp32", "bf16"} <= set(best_here.index):
     cpuinfo = Path("/proc/cpuinfo")
     flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
@@ -167,8 +179,10 @@ if ch.on_cpu and {"fp32", "bf16"} <= set(best_here.index):
            "shows no native bf16 instruction (no avx512_bf16 or amx_bf16 in /proc/cpuinfo"
            + ("" if flags else ": not a Linux machine, so unknown") + "): torch converts bf16 to fp32 in software "
            "around each multiply, a property of this CPU's path, not of bf16.")
-        + " A GPU's tensor cores run bf16 at several times fp32's rate (section 4's table); on a CPU shared with "
-          "other jobs, single timings also carry their noise."))
+        + f" A GPU's tensor cores run bf16 at {min(tc_ratio.values()):.0f}-{max(tc_ratio.values()):.0f}x the "
+          "non-tensor-core fp32 rate (dense datasheet peaks in memlab's table: "
+          + ", ".join(f"{k} {v:.1f}x" for k, v in tc_ratio.items())
+          + "; chapter 03 section 5); on a CPU shared with other jobs, single timings also carry their noise."))
 
 # %% [markdown]
 # ## 3. Prediction vs measurement: the roofline
@@ -184,8 +198,10 @@ if ch.on_cpu and {"fp32", "bf16"} <= set(best_here.index):
 # is its roof.
 
 # %%
-dram_row = bandwidth.loc[bandwidth["array_bytes"].idxmax()]
 best_row = bandwidth.loc[bandwidth["bytes_per_s"].idxmax()]
+largest = bandwidth[bandwidth["array_bytes"] == bandwidth["array_bytes"].max()]
+same_kernel = largest[largest["kind"] == best_row["kind"]]  # compare one kernel in cache and in DRAM
+dram_row = (same_kernel if len(same_kernel) else largest).iloc[0]
 best_in_cache = not (llc_total and best_row["array_bytes"] >= 2 * llc_total)
 if info.accelerator and info.accelerator.bandwidth_bytes_per_s:
     roof_bandwidth, roof_label, extra_roofs = info.accelerator.bandwidth_bytes_per_s, "HBM, table", {}
@@ -201,9 +217,9 @@ fig = plots.roofline(matmul, peaks=ceiling, bandwidth_bytes_per_s=roof_bandwidth
 roofline_png = ch.save_figure(fig, "roofline")
 if ch.on_cpu:
     display(Markdown(
-        f"The cache roof's slope ({fmt_rate(roof_bandwidth, 'B/s')}) is "
-        f"{roof_bandwidth / float(dram_row['bytes_per_s']):.1f}x the DRAM one "
-        f"({fmt_rate(float(dram_row['bytes_per_s']), 'B/s')}): a point judged against the cache roof alone would "
+        f"The cache roof's slope ({best_row['kind']}, {fmt_rate(roof_bandwidth, 'B/s')}) is "
+        f"{roof_bandwidth / float(dram_row['bytes_per_s']):.1f}x the DRAM one (the same kernel, "
+        f"{fmt_rate(float(dram_row['bytes_per_s']), 'B/s')}): a point judged against the cache roof alone would "
         "look farther from its memory limit than a DRAM-bound kernel is." if extra_roofs else
         "In this run the largest array (DRAM) measured the best bandwidth, "
         f"{fmt_rate(roof_bandwidth, 'B/s')}: the cache-sized array came out slower (timings on a shared machine "
@@ -264,29 +280,40 @@ fig, ax = plt.subplots(figsize=(7.5, 4.5))
 ax.bar(measured["label"], measured["bytes_per_s"] / 1e9, color="tab:blue", label=f"measured on {info.name}")
 ax.bar(ddr["system"].str.replace(" socket", "").str.replace(", ", "\n"), ddr["peak (GB/s)"], color="tab:green",
        label="DDR5 peak: channels x 8 B x rate")
-ax.bar(hbm["key"], hbm["bandwidth_bytes_per_s"] / 1e9, color="tab:orange", label="memlab table (datasheets), per GPU")
+hbm_names = hbm["name"].str.replace("NVIDIA ", "").str.replace("AMD Instinct ", "")
+ax.bar(hbm_names, hbm["bandwidth_bytes_per_s"] / 1e9, color="tab:orange", label="memlab table (datasheets), per GPU")
 ax.axhspan(*SEED_004_DDR5_GB_S, color="tab:green", alpha=0.2, label="seed 004's DDR5 claim")
 ax.set(yscale="log", ylabel="bandwidth (GB/s)", title="Memory bandwidth: measured here, DDR5 peaks, per-GPU HBM")
-ax.tick_params(axis="x", rotation=60, labelsize=7)
-ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+ax.tick_params(axis="x", rotation=60, labelsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 bandwidth_png = ch.save_figure(fig, "bandwidth")
 
 # %%
-dram = bandwidth.loc[bandwidth["array_bytes"].idxmax()]
+dram = dram_row  # the largest array, with the kernel of the best roof (section 3)
 h100 = gpu("h100-sxm")
 pd.Series({
     "largest array (beyond the last-level cache)": fmt_bytes(int(dram["array_bytes"])),
-    "measured on it": fmt_rate(dram["bytes_per_s"], "B/s"),
+    f"measured on it ({dram['kind']})": fmt_rate(dram["bytes_per_s"], "B/s"),
     "H100 SXM HBM3, table": fmt_rate(h100.bandwidth_bytes_per_s, "B/s"),
     "ratio HBM / measured": f"{h100.bandwidth_bytes_per_s / dram['bytes_per_s']:.0f}x",
     "ratio HBM / 2-channel DDR5-6400 desktop": f"{h100.bandwidth_bytes_per_s / ddr_peak(2, 6400):.0f}x",
     "ratio HBM / 12-channel DDR5-4800 server socket": f"{h100.bandwidth_bytes_per_s / ddr_peak(12, 4800):.1f}x",
 }, name="bandwidth").to_frame()
 
-# %% [markdown]
-# **Reading it.** The seed's "dozens of times" holds against a two-channel desktop but shrinks several-fold
-# against a 12-channel server socket (last row). A process with a few cores sees a slice of either, and small
-# arrays that fit in cache show cache bandwidth, well above DRAM's.
+# %%
+in_cache = bandwidth[bandwidth["array_bytes"] < bandwidth["array_bytes"].max()]
+cache_best = float(in_cache["bytes_per_s"].max()) if len(in_cache) else float("nan")
+dram_best = float(largest["bytes_per_s"].max())
+Markdown(
+    "**Reading it.** The seed's \"dozens of times\" holds against a two-channel desktop "
+    f"({h100.bandwidth_bytes_per_s / ddr_peak(2, 6400):.0f}x) but shrinks to "
+    f"{h100.bandwidth_bytes_per_s / ddr_peak(12, 4800):.1f}x against a 12-channel server socket. A process with a "
+    "few cores sees a slice of either. "
+    + (f"Here the cache-sized arrays measured up to {fmt_rate(cache_best, 'B/s')}, "
+       f"{cache_best / dram_best:.1f}x the largest array's {fmt_rate(dram_best, 'B/s')}: a bandwidth measured on "
+       "arrays that fit in a cache is the cache's, not DRAM's." if cache_best > dram_best else
+       f"In this run the cache-sized arrays ({fmt_rate(cache_best, 'B/s')} at best) came out no faster than the "
+       f"largest one ({fmt_rate(dram_best, 'B/s')}): timings on a shared machine carry its noise."))
 
 # %%
 recorded = ch.recorded("00_your_machine_gpu")
@@ -310,16 +337,20 @@ rows = [gpu(k) for k in ("a100-80gb-sxm", "h100-sxm", "h200-sxm", "l40s", "b200"
 pd.DataFrame({
     "gpu": [r.name for r in rows],
     "dense bf16 (TFLOP/s)": [r.peak("bf16") / 1e12 for r in rows],
-    "with 2:4 sparsity, as printed (TFLOP/s)": [None if r.sparse_peak("bf16") is None else r.sparse_peak("bf16") / 1e12
-                                                for r in rows],
+    "2:4 sparse, as printed (TFLOP/s)": [None if r.sparse_peak("bf16") is None else r.sparse_peak("bf16") / 1e12
+                                         for r in rows],
     "2 x dense (TFLOP/s)": [2 * r.peak("bf16") / 1e12 for r in rows],
-    "memory (GiB, as memlab stores it)": [r.memory_gib for r in rows],
+    "ridge point (FLOP/byte)": [r.peak("bf16") / r.bandwidth_bytes_per_s for r in rows],
     "table notes": [r.notes for r in rows],
 })
 
 # %% [markdown]
 # Seed article 001's "312 TFLOPS" GPU is the A100's *dense* bf16 peak (first row): the article divided by the
-# right number. The same card's sparse figure is twice that.
+# right number. The same card's sparse figure is twice that. The *ridge point* column is dense peak over memory
+# bandwidth: a kernel doing fewer FLOPs per byte than that cannot reach the peak on that card however well it is
+# written (section 3's roofline), and a decoding step's GEMV, at about 1 FLOP per byte in bf16, sits hundreds of
+# times below it.
+
 
 # %%
 no_sparse = [r for r in rows if r.sparse_peak("bf16") is None]
@@ -329,6 +360,22 @@ Markdown(f"Rows with an empty 'as printed' cell: {', '.join(r.name for r in no_s
                                                    for r in no_sparse)
          + ", the 2 x dense column). The lesson does not change: divide by the dense column."
          if no_sparse else "Every row stores its printed sparse figure.")
+
+# %% [markdown]
+# One more default decides which fp32 column a GPU runs at. TF32 (10-bit mantissa, fp32's range) runs fp32 matmuls
+# on the tensor cores, and torch switches it per library (the cell reads this torch's defaults):
+
+# %%
+h100_row = gpu("h100-sxm")
+Markdown(f"In this torch ({torch.__version__}): `torch.backends.cuda.matmul.allow_tf32` = "
+         f"{torch.backends.cuda.matmul.allow_tf32}, `torch.backends.cudnn.allow_tf32` = "
+         f"{torch.backends.cudnn.allow_tf32}. "
+         + (f"So an fp32 matmul on an H100 SXM runs at the table's fp32 peak, {h100_row.peak('fp32') / 1e12:,.1f} "
+            "TFLOP/s, unless `torch.set_float32_matmul_precision(\"high\")` turns TF32 on "
+            f"({h100_row.peak('tf32') / 1e12:,.1f} TFLOP/s dense)" if not torch.backends.cuda.matmul.allow_tf32 else
+            f"So an fp32 matmul on an H100 SXM runs on TF32 ({h100_row.peak('tf32') / 1e12:,.1f} TFLOP/s dense), not "
+            f"at the fp32 peak ({h100_row.peak('fp32') / 1e12:,.1f} TFLOP/s)")
+         + ": an MFU must divide by the peak of the path the matmuls actually take.")
 
 # %% [markdown]
 #
@@ -381,11 +428,12 @@ units
 # and why), or how far off, with a hint. Answers may carry units, e.g. `"74.5 GiB"`. Each check ends with a
 # collapsed solution. (Exercise 1 is above, before the measurement.)
 #
-# **Exercise 2.** `nvidia-smi` shows 61,440 MiB in use on an H100 SXM (memlab's table row). What is U_cap, in %?
+# **Exercise 2.** `nvidia-smi` on an H100 80GB HBM3 prints `61440MiB / 81559MiB` (the total it reports for this
+# card, less than the marketed 80 GB read as 81,920 MiB). What is U_cap, in %?
 
 # %%
 answer = ...
-check("00.ucap-units", answer, used_mib=61_440, card="h100-sxm")
+check("00.ucap-units", answer, used_mib=61_440, total_mib=81_559, card="h100-sxm")
 
 # %% [markdown]
 # **Exercise 3.** Take seed article 001's example: an A100 doing about 160 TFLOP/s of useful bf16 work. Someone
@@ -411,7 +459,7 @@ check("00.h200-read-all", answer)
 #   gets no peak rather than a borrowed one. Every MFU in this course divides by the **dense** peak of the dtype
 #   the matmuls run in; the datasheet's sparse figure is printed beside it, not derived.
 # - Single matmuls reach their ceiling only when large: small and skinny shapes (a GEMV) sit under the memory
-#   roof. No training step exceeds its matmuls' achieved/peak.
+#   roof. A step's MFU cannot exceed the achieved/peak of the matmuls it runs, at their own shapes and dtype.
 # - Bandwidth depends on where the data lives: arrays sized from this machine's caches measure cache or DRAM.
 #   The seed's 50-100 GB/s is a two-channel desktop; a server socket peaks at 300-460 GB/s; HBM figures are per
 #   GPU, several to dozens of times those.

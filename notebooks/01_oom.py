@@ -30,10 +30,11 @@ out_dir = "../reports/build/01_oom"
 
 # %%
 import dataclasses
+import textwrap
 
 import matplotlib.pyplot as plt
 import pandas as pd
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from memlab import (
     RECORDED_OOM_MESSAGES,
@@ -88,23 +89,23 @@ else:
 info = parse_oom_message(message)
 if ch.on_cpu:
     cap_bytes = info.total_capacity_bytes
-print(f"{where}:\n{message}\n")
+print(textwrap.fill(f"{where}:", 80) + "\n" + textwrap.fill(message, 80) + "\n")  # wrapped to the page
 decoded = pd.DataFrame(decode_oom(info))
 ch.save_table(decoded, "oom_decoded")
-decoded.round({"GiB": 3})
+decoded[["in the message", "GiB", "meaning", "for the fix"]].round({"GiB": 3})
 
 # %%
 if info.process_in_use_bytes is not None and info.reserved_total_bytes is not None:
     outside = info.process_in_use_bytes - info.reserved_total_bytes
-    print(f"in use by the process {info.process_in_use_bytes / GiB:.2f} GiB = allocator reserve "
-          f"{info.reserved_total_bytes / GiB:.2f} GiB + {outside / GiB:.2f} GiB outside PyTorch's allocator "
-          "(the CUDA context and loaded kernels, NCCL buffers, any library calling cudaMalloc itself): what "
-          "nvidia-smi counts and no PyTorch block holds")
+    display(Markdown(f"in use by the process {info.process_in_use_bytes / GiB:.2f} GiB = allocator reserve "
+                     f"{info.reserved_total_bytes / GiB:.2f} GiB + {outside / GiB:.2f} GiB outside PyTorch's allocator "
+                     "(the CUDA context and loaded kernels, NCCL buffers, any library calling cudaMalloc itself): what "
+                     "nvidia-smi counts and no PyTorch block holds"))
 
 # %%
 share = info.tried_to_allocate_bytes / cap_bytes  # on CUDA: the emulated card, not the whole GPU
-print(f"the failed request is {share:.1%} of the capacity: " + (
-    "the card was already full; look at what holds it" if share < 0.1 else "that one tensor is too big"))
+display(Markdown(f"the failed request is {share:.1%} of the capacity: " + (
+               "the card was already full; look at what holds it" if share < 0.1 else "that one tensor is too big")))
 
 # %% [markdown]
 # A small request next to a full card means the memory was already taken; a request near the capacity means one
@@ -119,17 +120,18 @@ print(f"the failed request is {share:.1%} of the capacity: " + (
 shapes = []
 for rec in RECORDED_OOM_MESSAGES:
     i = parse_oom_message(rec.message)
-    shapes.append({"message": rec.key, "torch": rec.torch, "reported in": rec.source,
-                   "shape": i.message_format, "fields stated": len(decode_oom(i)),
+    shapes.append({"message": rec.key, "reported in": f"{rec.source}, torch {rec.torch}",
+                   "fields stated": len(decode_oom(i)),
                    "tried (GiB)": i.tried_to_allocate_bytes / GiB,
-                   "allocated by PyTorch (GiB)": (i.allocated_by_pytorch_bytes or 0) / GiB,
+                   "free (GiB)": i.free_bytes / GiB if i.free_bytes is not None else float("nan"),
+                   "allocated (GiB)": (i.allocated_by_pytorch_bytes or 0) / GiB,
                    "reserved, unallocated (GiB)": (i.reserved_unallocated_bytes
                                                    if i.reserved_unallocated_bytes is not None
                                                    else (i.reserved_total_bytes or 0)
                                                    - (i.allocated_by_pytorch_bytes or 0)) / GiB})
 shapes = pd.DataFrame(shapes)
 ch.save_table(shapes, "oom_shapes")
-shapes.round(2)
+shapes.drop(columns="fields stated").round(2)  # the count feeds seed claim #30 below
 
 # %% [markdown]
 # **Exercise 1 (before the next cell judges it).** The `fragmented-2.5` message says "reserved but unallocated
@@ -170,15 +172,16 @@ card = int((step_peaks[1] + step_peaks[2]) // 2)
 markers = live.frame.loc[live.frame["label"].ne(live.frame["label"].shift()), ["op", "label"]]
 fig = plots.live_stacked(stacked_by_label(live.frame),
                          title=f"{model.name}, fp32 + AdamW, b=4, s={seq}: live tensor bytes over two steps",
-                         source=f"memlab.measure.live_bytes.LiveBytes on {ch.device}; dashed: a card between the "
-                                "two steps' peaks", markers=markers, capacity_bytes=card)
+                         source=f"every tensor op counted on the {ch.device_type.upper()}; dashed: a card between "
+                                "the two steps' peaks; red: the step-2 peak", markers=markers, capacity_bytes=card,
+                         mark_peak=True)
 ch.save_figure(fig, "two_steps_live")
 # beside each measured peak, the phase-aware estimator's (memlab.predict.memory.phases) for the same for-loop AdamW
 predicted = estimate(model, for_loop, device_type=ch.device_type)
 against = live.against(predicted)
 ch.save_table(against, "two_steps_peaks_predicted")
-print(f"predicted peak {predicted.peak_bytes / MiB:.2f} MiB in the {predicted.peak_step} step's "
-      f"{predicted.peak_phase}; measured {live.peak_bytes / MiB:.2f} MiB ({live.peak_label})")
+display(Markdown(f"predicted peak {predicted.peak_bytes / MiB:.2f} MiB in the {predicted.peak_step} step's "
+                 f"{predicted.peak_phase}; measured {live.peak_bytes / MiB:.2f} MiB ({live.peak_label})"))
 against.assign(**{"measured MiB": against["measured"] / MiB, "predicted MiB": against["predicted"] / MiB,
                   "predicted vs measured": against["rel_error"].map("{:+.3%}".format)})[
     ["step", "phase", "measured MiB", "predicted MiB", "predicted vs measured"]].round(
@@ -187,11 +190,33 @@ against.assign(**{"measured MiB": against["measured"] / MiB, "predicted MiB": ag
 # %%
 m = run_step(model, setup, ch.device, steps=1, seed=seed, with_counted_flops=False, with_mfu=False)
 phases = pd.DataFrame(m.phases)
-u_eff = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes) / live.peak_bytes
-print(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / MiB:.2f} MiB "
-      f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
-      f"is new in step 2.\n(P + G + O + A) / peak = {u_eff:.2f}: seed 000's 'effective utilisation'; the rest of "
-      "the peak is temporaries (the logits' gradient and other backward temporaries), counted by no component")
+u_sum = (m.params_bytes + m.grads_bytes + m.optimizer_bytes + m.activations_bytes) / live.peak_bytes
+at_peak = live.held_at_peak()  # the op where step 2 peaks: who holds its bytes, by where they were allocated
+held = {"parameters (P)": at_peak.get("params", 0), "Adam's state (O)": at_peak.get("step 1: optimizer step", 0),
+        "forward's saved tensors (A)": at_peak.get("step 1: forward", 0) + at_peak.get("step 2: forward", 0),
+        "made by backward so far": at_peak.get("step 2: backward", 0)}
+logits_bytes = setup.batch * seq * model.vocab_size * 4  # one fp32 tensor of the logits' shape, b·s·V·4 B
+smallest_param_bytes = min(p.untyped_storage().nbytes() for p in build_training(model, setup, ch.device,
+                                                                               seed=seed)[0].parameters())
+backward_made = int(held["made by backward so far"])
+n_logits = round(backward_made / logits_bytes)
+leftover = backward_made - n_logits * logits_bytes
+no_grad_yet = 0 <= leftover < smallest_param_bytes  # too few bytes left for even the smallest weight gradient
+u_peak = (held["parameters (P)"] + held["Adam's state (O)"] + held["forward's saved tensors (A)"]) / live.peak_bytes
+display(Markdown(f"step 1 peak {step_peaks[1] / MiB:.2f} MiB, step 2 peak {step_peaks[2] / MiB:.2f} MiB "
+                 f"(+{step_peaks[2] / step_peaks[1] - 1:.0%}): the optimizer state, {m.optimizer_bytes / MiB:.2f} MiB, "
+                 "is new in step 2."))
+display(Markdown(f"Seed 000's 'effective utilisation' adds each component at its own largest: (P + G + O + A) / peak = "
+                 f"{u_sum:.2f}. But the components are never all there at once. At the step-2 peak P + O + A = "
+                 f"{u_peak:.2f} of "
+                 f"it; the other {1 - u_peak:.2f} ({backward_made:,} B) was made by backward so far: {n_logits} fp32 "
+                 f"tensor(s) of the logits' shape (b·s·V·4 = {logits_bytes:,} B each) plus {leftover:,} B, "
+                 + ("less than the smallest weight gradient: no gradient exists yet (G = 0)." if no_grad_yet
+                    else "which includes weight gradients.")))
+pd.DataFrame({"at the step-2 peak (MiB)": {k: v / MiB for k, v in held.items()}}).assign(
+    **{"share of the peak (%)": lambda d: 100 * d["at the step-2 peak (MiB)"] * MiB / live.peak_bytes}).round(3)
+
+# %%
 phases.rename(columns={c: f"{c} (B)" for c in ("params", "grads", "optimizer", "activations")})
 
 # %% [markdown]
@@ -226,12 +251,16 @@ predicted_total = [estimate(model, setup.with_(batch=b)).total_bytes for b in ba
 found["predicted (sum of components)"] = predicted_total
 fit = max_batch(model, setup, card_spec)
 measured_max = int(found.loc[found["status"] == "ok", "batch"].max()) if (found["status"] == "ok").any() else 0
-print(f"fit search (estimator): batch {fit.value}; measured: batch {measured_max} ({fit.reason})")
-ch.record_ledger(pd.DataFrame([{"experiment": f"{model.name} fp32 adamw s={seq} on {card_spec.key}",
-                                "component": "largest batch", "unit": "batch", "predicted": fit.value,
-                                "measured": measured_max}]))
+checked = "CPU live-bytes check" if ch.on_cpu else "measured"  # a CPU refuses nothing: peaks against a budget
+display(Markdown(f"fit search (estimator): batch {fit.value}; {checked}: batch {measured_max} ({fit.reason})"))
+ch.record_ledger(pd.DataFrame([{"experiment": f"{model.name} fp32 AdamW s={seq} on {card_spec.name}",
+                                "component": "largest batch" + (f" ({checked})" if ch.on_cpu else ""),
+                                "unit": "batch", "predicted": fit.value, "measured": measured_max,
+                                "note": checked}]))
 ch.save_table(found.drop(columns="oom_message", errors="ignore"), "fit_sweep")
-found.drop(columns="oom_message", errors="ignore")
+found[["batch", "status"]].assign(**{"measured peak (MiB)": found["peak_bytes"] / MiB,
+                                     "predicted, sum of components (MiB)": found["predicted (sum of components)"] / MiB,
+                                     }).round(3)
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
@@ -300,7 +329,7 @@ BUDGET, TENSOR, REQUEST = 170 * MiB, 6 * MiB, 30 * MiB
 frag_sim = allocator.replay(allocator.interleaved_frees(24, TENSOR, REQUEST), BUDGET)
 fig = allocator.draw_segments(frag_sim, title=f"Caching-allocator rules: 24 tensors of {TENSOR / MiB:.0f} MiB, "
                               f"every other freed, then {REQUEST / MiB:.0f} MiB in a {BUDGET / MiB:.0f} MiB budget",
-                              source="memlab.labs.allocator.replay (the documented rules, not a measurement)")
+                              source="the caching allocator's documented rules, replayed (not a measurement)")
 ch.save_figure(fig, "allocator_fragmentation")
 retry_sim = allocator.replay([*allocator.interleaved_frees(24, TENSOR, REQUEST)[:24],
                               ("free", "t0"), ("free", "t1"), ("free", "t2"), ("alloc", "big", REQUEST)], BUDGET)
@@ -320,9 +349,11 @@ kind_sim = oom.oom_kind(parse_oom_message(
     f"memory {frag_sim.oom['allocated_bytes'] / MiB:.2f} MiB is allocated by PyTorch, and "
     f"{frag_sim.oom['reserved_unallocated_bytes'] / MiB:.2f} MiB is reserved by PyTorch but unallocated."))
 display(sim_rows)
-print(f"the first case as an OOM message, judged by oom_kind: {kind_sim['kind']}. The second request is served "
-      "only because the allocator itself returned the wholly free segment and retried: an empty_cache() call "
-      "before it would have changed nothing.")
+display(Markdown(f"the first case as an OOM message, judged by oom_kind: {kind_sim['kind']}. The second request "
+                 f"is served "
+                 "only because the allocator itself returned the wholly free segment and retried: an "
+                 "empty_cache() call "
+                 "before it would have changed nothing."))
 
 # %% [markdown]
 # `fragmentation_probe` fills a
@@ -361,6 +392,17 @@ ch.published("01")
 #    `cudaFree` sweep, slow); `max_memory_reserved()` against the capacity says how close the cache came.
 # 5. *In use by this process* minus reserved: the CUDA context, NCCL buffers, libraries outside the allocator.
 #    `PYTORCH_NO_CUDA_MEMORY_CACHING=1` turns the cache off to debug (slow: every free is a `cudaFree`).
+#
+# **Catch the next one.** Turn on the allocator's history before the step
+# (`torch.cuda.memory._record_memory_history(max_entries=100_000)`) and, in the `except torch.OutOfMemoryError`
+# block, write it out with `torch.cuda.memory._dump_snapshot("oom.pickle")`: the file opens at
+# https://pytorch.org/memory_viz, whose *Active Memory Timeline* shows which tensors filled the card and whose
+# *Allocator State History* shows the segments and their holes (section 5). `torch.cuda.memory_summary()` prints the
+# same statistics as a text table. Two more `PYTORCH_CUDA_ALLOC_CONF` settings act on the cache
+# `[pytorch-cuda-memory]`: `garbage_collection_threshold:0.6` starts returning unused cached blocks once usage
+# passes that fraction of the memory allowed, instead of only at a failed `cudaMalloc`, and
+# `roundup_power2_divisions:4` rounds requests to a few sizes between powers of two, so a freed block fits a later
+# request more often.
 #
 # Paste your own message between the quotes and run the cell: the decoder and `oom_kind` read it.
 
@@ -410,15 +452,16 @@ else:
             label="reserved but unallocated")
     ax.set(xlabel="allocation or free event (two training steps)", ylabel="MiB",
            title=f"{model.name}, fp32 + AdamW, b={setup.batch}: this step's requests replayed through the caching "
-                 "allocator's rules\nmemlab.labs.allocator (computed from the rules on a CPU run, not a CUDA "
-                 "snapshot)")
+                 "allocator's rules\n(computed from the rules on a CPU run, not a CUDA snapshot)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     ch.save_figure(fig, "allocator_replay_of_the_step")
     top = max(range(len(alloc_b)), key=alloc_b.__getitem__)
-    print(f"{len(requests):,} requests and frees; at the allocated peak {alloc_b[top] / MiB:.2f} MiB the rules "
-          f"reserve {reserved_b[top] / MiB:.2f} MiB ({(reserved_b[top] - alloc_b[top]) / MiB:.2f} MiB cached, "
-          f"unused); {len(replayed.segments)} segments at the end, "
-          f"{sum(seg['pool'] == 'small' for seg in replayed.segments)} of them in the small pool")
+    display(Markdown(f"{len(requests):,} requests and frees; at the allocated peak {alloc_b[top] / MiB:.2f} MiB "
+                     f"the rules "
+                     f"reserve {reserved_b[top] / MiB:.2f} MiB ({(reserved_b[top] - alloc_b[top]) / MiB:.2f} "
+                     f"MiB cached, "
+                     f"unused); {len(replayed.segments)} segments at the end, "
+                     f"{sum(seg['pool'] == 'small' for seg in replayed.segments)} of them in the small pool"))
 
 # %% [markdown]
 # ## 6. The troubleshooting row, measured
@@ -445,28 +488,31 @@ ch.save_table(growth, "leak_growth")
 growth.round(1)
 
 # %%
-fig, axes = plt.subplots(1, len(oom.CASES), figsize=(13, 3.6), layout="constrained", sharey=False)
-for ax, case in zip(axes, oom.CASES, strict=True):
+fig, axes = plt.subplots(2, (len(oom.CASES) + 1) // 2, figsize=(9, 6.4), layout="constrained", sharey=False)
+for ax, case in zip(axes.flat, oom.CASES, strict=True):
     for fixed, style in ((False, "-o"), (True, "--s")):
         d = loops[(loops["case"] == case) & (loops["fixed"] == fixed)]
         ax.plot(d["iteration"], d["bytes_above_weights"] / KiB, style, ms=3, label="fixed" if fixed else "bug")
     ax.set(title=case + (" (= eval-grad on a CPU)" if case == "empty-cache" and ch.on_cpu else ""),
-           xlabel="iteration", ylabel="live bytes above the weights (KiB)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+           xlabel="iteration", ylabel="live bytes above\nthe weights (KiB)")
+    ax.legend(fontsize=9, loc="upper left")
 fig.suptitle(f"Seed 004's OOM row as loops over {model.name}: live tensor bytes per iteration, measured on "
-             f"{ch.device} (memlab.labs.oom)", fontsize=10)
+             f"the {ch.device_type.upper()}", fontsize=11)
 ch.save_figure(fig, "leak_loops")
 
 # %% [markdown]
 # What the numbers say, row by row. Keeping `loss` after `backward` leaks only the scalar's storage per iteration
-# (the table's bytes; on CUDA each one is a 512 B allocator block, section 4): `backward` frees the graph's saved
+# (the table's bytes): `backward` frees the graph's saved
 # tensors (its nodes stay, in host memory). The same habit in an evaluation loop without `no_grad` keeps every
 # batch's whole graph, activations included: the real leak. The reference cycle is a sawtooth that only `gc`
 # resets: its slope over whole periods is about zero, but it holds several iterations' tensors at its top, enough
 # to tip a full card. `empty_cache` cannot change the live bytes: it returns *unallocated* cached segments to the
 # driver, so `nvidia-smi` shows less while the tensors that fill the card stay. It does not treat the OOM symptom
-# either: before raising, the allocator returns those segments itself and retries (section 4's second case). It
-# only gives cached memory back to *other* processes, and costs a synchronising `cudaFree` each time.
+# either: before raising on a PyTorch request, the allocator returns those segments itself and retries (section 4's
+# second case). What it does do is give cached memory back to everything *outside* the allocator: other processes,
+# and allocations in this process that bypass it (section 1: NCCL's communicator buffers, created at the first
+# collective, and any library calling `cudaMalloc` itself), which fail while PyTorch's cache holds the memory. Each
+# call costs a synchronising `cudaFree`.
 
 # %% [markdown]
 # ## 7. Seed 004's 7B budget, checked
@@ -500,7 +546,9 @@ eval_leak = growth.query("case == 'eval-grad' and not fixed")["bytes per iterati
 keep_leak = growth.query("case == 'keep-loss' and not fixed")["bytes per iteration"].item()
 ch.seed_claims([
     {"#": 3, "claim": "U_eff = (P + G + O + A) / allocated [seed-000]", "verdict": "holds with a qualification",
-     "number": f"{u_eff:.2f} at the peak of step 2: the rest is temporaries no component names"},
+     "number": f"{u_sum:.2f} with each component at its own largest; at the step-2 peak P + O + A = {u_peak:.2f}"
+               + (", no gradient yet" if no_grad_yet else "")
+               + f"; the other {1 - u_peak:.2f} is backward's {n_logits} logits-sized fp32 tensor(s)"},
     {"#": 13, "claim": "nvidia-smi ≠ effective use; active vs reserved [seed-000]", "verdict": "holds",
      "number": f"decoded message: {(info.process_in_use_bytes - info.allocated_by_pytorch_bytes) / GiB:.2f} GiB "
                "in use by the process but in no tensor"},
@@ -512,11 +560,12 @@ ch.seed_claims([
     {"#": 41, "claim": "torch.profiler profile_memory, Nsight [seed-004]", "verdict": "holds (tools exist)",
      "number": "the allocator snapshot (section 5) is the finer tool; CUDA only"},
     {"#": 44, "claim": "OOM row: batch, leak, no_grad, empty_cache treats symptoms [seed-004]",
-     "verdict": "holds for batch, leak and no_grad; empty_cache treats no OOM symptom in-process",
+     "verdict": "holds for batch, leak and no_grad; empty_cache cannot prevent an OOM on a PyTorch request",
      "number": f"eval without no_grad leaks {eval_leak / KiB:.0f} KiB/iteration; a kept loss after backward "
-               f"{keep_leak:.0f} B of tensor ({allocator.rounded_size(round(keep_leak)):,} B of CUDA block); "
-               "empty_cache frees no live byte, and the allocator's own retry already frees what it would "
-               "(allocator rules, section 4; not measured on this CPU)"},
+               f"{keep_leak:.0f} B of tensor per iteration; empty_cache frees no live byte, and the allocator's own "
+               "retry already frees what it would for a PyTorch request; it helps only allocations outside the "
+               "allocator (other processes, NCCL, cudaMalloc callers) (allocator rules, section 4; not measured on "
+               "this CPU)"},
     {"#": 48, "claim": "priority: algorithm > system > distributed > offload [seed-004]",
      "verdict": "an opinion, not a measurable claim", "number": "—"},
 ])
@@ -526,7 +575,8 @@ ch.seed_claims([
 #
 # (Exercises 1 and 2 are in sections 1 and 3.)
 #
-# **Exercise 3.** Which field of an OOM message points to fragmentation rather than a too-large workload?
+# **Exercise 3.** Which field of an OOM message measures the allocator's cache, the candidate for fragmentation (as
+# opposed to a too-large workload)? Answer with the option's letter.
 
 # %%
 answer = ...

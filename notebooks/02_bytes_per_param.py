@@ -33,6 +33,7 @@ out_dir = "../reports/build/02_bytes_per_param"
 
 # %%
 import pandas as pd
+from IPython.display import Markdown, display
 
 from memlab import (
     PRECISION_POLICIES,
@@ -48,7 +49,7 @@ from memlab import (
     sweep,
 )
 from memlab.compare import compare, plots
-from memlab.units import GiB, fmt_bytes
+from memlab.units import GiB, MiB, fmt_bytes
 
 ch = chapter(scale, device, seed, out_dir)
 # ci: AdamW under every policy, SGD under two, 8-bit Adam under one, a fresh sweep; full: every policy with every
@@ -80,8 +81,7 @@ def bytes_per_param(policy: str, optimizer: str) -> float:
 
 table = pd.DataFrame({opt: [bytes_per_param(p, opt) for p in POLICIES] for opt in OPTIMIZERS}, index=POLICIES)
 table.index.name = "bytes/param"
-table["who uses it "
-      "(memlab.predict.spec.precision.PRECISION_POLICIES)"] = [PRECISION_POLICIES[p].source for p in POLICIES]
+table["who uses it"] = [PRECISION_POLICIES[p].source for p in POLICIES]
 ch.save_table(table.reset_index(), "bytes_per_param_predicted")
 table
 
@@ -101,12 +101,15 @@ table
 #   accumulated in fp32 (its "w/ FP32 grad acc" column, as nanotron does) `[tazi2025]`; one sentence of its prose
 #   says 12 bytes of fp32 copies, which its own formula does not.
 #
-# Pure bf16 training halves everything, moments included. The optimizer matters as much as the precision: SGD
-# with momentum drops 4 bytes, plain SGD 8, 8-bit Adam about 6.
+# Pure bf16 training halves everything, moments included. The optimizer matters as much as the precision (the
+# other columns).
 #
-# **Exercise 1 (predict before the next cells measure).** The sweep below trains the GPT preset `SIZES["model"]`
-# (`preset(SIZES["model"]).param_count()` parameters) under each policy. How many MiB of model states (parameters
-# + gradients + optimizer state, step counters left out) will the **amp-bf16 + AdamW** run hold?
+# **Exercise 1 (predict before the next cells measure).** The sweep below trains the GPT model printed under this
+# question, with the parameter count printed beside it, under each policy. How many MiB of model states
+# (parameters, gradients and optimizer state; step counters left out) will the **amp-bf16 + AdamW** run hold?
+
+# %%
+print(f"the model: {preset(SIZES['model']).name}, {preset(SIZES['model']).param_count():,} parameters")
 
 # %%
 answer = ...
@@ -120,7 +123,8 @@ check("02.amp-run-mib", answer, model=preset(SIZES["model"]))
 # by storage, and every tensor saved for backward by category. `memlab.run.sweep.sweep` writes each result as one
 # JSON line the moment it is measured. At `full` scale an interrupted sweep resumes where it stopped and runs
 # every policy with every optimizer; at `ci` scale it starts over and runs AdamW under every policy, SGD under two
-# and 8-bit Adam under one (it takes seconds: 16-bit matmuls are slow on most CPUs).
+# and 8-bit Adam under one (it takes seconds: 16-bit matmuls are slow on CPUs without native bf16 instructions,
+# `avx512_bf16` or AMX, chapter 00 section 2).
 
 # %%
 model = preset(SIZES["model"])
@@ -154,12 +158,22 @@ ledger = pd.concat([compare(predict_for(cfg, m), m) for cfg, m in pairs], ignore
 states = ledger[ledger["component"].isin(["params", "grads", "optimizer"])].copy()
 ch.record_ledger(states)
 worst = states["rel_error"].abs().max()
-print(f"predicted vs measured bytes of params, grads and optimizer state in {len(pairs)} runs ({len(states)} rows): "
-      + ("every row agrees exactly" if worst == 0 else f"largest |relative error| {worst:.2%}"))
-states.pivot_table(index="experiment", columns="component", values="measured", sort=False)
+display(Markdown(f"predicted vs measured bytes of params, grads and optimizer state in {len(pairs)} runs "
+                 f"({len(states)} rows): "
+                 + ("every row agrees exactly" if worst == 0 else f"largest |relative error| {worst:.2%}")))
+def reader_run(experiment: str) -> str:
+    """'tiny-gpt mixed-bf16 adamw eager none b1x32' -> 'mixed-bf16 + adamw'."""
+    words = experiment.split()
+    return f"{words[1]} + {words[2]}" if len(words) > 2 else experiment
+
+
+(states.assign(run=states["experiment"].map(reader_run))
+ .pivot_table(index="run", columns="component", values="measured", sort=False) / 1024).round(2).rename(
+    columns=lambda c: f"{c} (KiB), measured").rename_axis(index="precision + optimizer", columns=None)
 
 # %%
-adamw = states[states["experiment"].str.contains(" adamw ")]
+adamw = states[states["experiment"].str.contains(" adamw ")].assign(
+    experiment=lambda d: d["experiment"].map(reader_run).str.removesuffix(" + adamw"))
 fig = plots.stacked_breakdown(adamw, title=f"Model states of {model.name} with AdamW: predicted vs measured",
                               source=f"measured on {pairs[0][1].device_name}, exact storage bytes")
 ch.save_figure(fig, "states_adamw")
@@ -169,9 +183,13 @@ ch.save_figure(fig, "states_adamw")
 # bytes per parameter *tensor*, not per parameter) are left out here: they are why an exact count is a hair above 16.
 # On CUDA they stay on the host unless the optimizer is `fused=True` or `capturable=True` `[pytorch-optim]`. The two
 # columns agree because memlab counts both: that is a bookkeeping check of the formula against the storages, and the
-# learner-facing value is the shape across policies, not the agreement. 8-bit Adam comes out above the 1B-parameter
-# column of section 1 because, as in bitsandbytes, tensors under 4,096 elements (biases, norms) keep fp32 states
-# `[dettmers2022]`; a small model has many of them.
+# learner-facing value is the shape across policies, not the agreement. The 8-bit Adam rows run memlab's own
+# stand-in (`memlab.model.optimizers.Adam8bit`), not bitsandbytes: it reproduces the *state layout* of bitsandbytes'
+# `AdamW8bit` (one byte per moment element, one fp32 absmax per 256-element block; a test checks its bytes against
+# the real `bnb.optim.AdamW8bit` on a CPU), with a per-block power code where bitsandbytes uses a dynamic tree
+# code: its bytes are bitsandbytes', its numerics are not. It comes out above the 1B-parameter column of section 1
+# because, as in bitsandbytes, tensors under 4,096 elements (biases, norms) keep fp32 states `[dettmers2022]`; a small
+# model has many of them.
 
 # %%
 rows = []
@@ -217,17 +235,20 @@ amp.round(3)
 
 # %%
 amp_copies = amp.set_index("precision").loc["amp-bf16", "autocast weight copies, measured (B/param)"]
-print(f"amp-bf16 holds {amp_copies:.2f} B/param of bf16 weight copies from forward to backward, on top of "
-      f"{amp.set_index('precision').loc['amp-bf16', 'model states (B/param)']:.2f} B/param of "
-      f"model states; 2 bytes for each of the {model.matmul_param_count():,} matmul weights of the "
-      f"{model.param_count():,} parameters ({2 * model.matmul_param_count() / model.param_count():.2f} B/param)")
+display(Markdown(f"amp-bf16 holds {amp_copies:.2f} B/param of bf16 weight copies from forward to backward, on top of "
+                 f"{amp.set_index('precision').loc['amp-bf16', 'model states (B/param)']:.2f} B/param of "
+                 f"model states; 2 bytes for each of the {model.matmul_param_count():,} matmul weights of the "
+                 f"{model.param_count():,} parameters "
+                 f"({2 * model.matmul_param_count() / model.param_count():.2f} B/param)"))
 HF_AMP_BYTES_PER_PARAM = 6 + 4 + 8  # [hf-transformers-anatomy]: weights fp32 + 16-bit, fp32 grads, AdamW
 amp_states = amp.set_index("precision").loc["amp-bf16", "model states (B/param)"]
-print(f"Hugging Face's documentation counts AMP with AdamW as 6 + 4 + 8 = {HF_AMP_BYTES_PER_PARAM} B/param; "
-      f"measured here: {amp_states:.2f} stored + {amp_copies:.2f} of autocast copies = {amp_states + amp_copies:.2f} "
-      f"B/param ({amp_states + amp_copies - HF_AMP_BYTES_PER_PARAM:+.2f}: HF counts a 16-bit copy of every "
-      f"parameter, autocast copies only the {model.matmul_param_count() / model.param_count():.1%} that feed a "
-      "matmul)")
+display(Markdown(f"Hugging Face's documentation counts AMP with AdamW as 6 + 4 + 8 = {HF_AMP_BYTES_PER_PARAM} B/param; "
+                 f"measured here: {amp_states:.2f} stored + {amp_copies:.2f} of autocast copies = "
+                 f"{amp_states + amp_copies:.2f} "
+                 f"B/param ({amp_states + amp_copies - HF_AMP_BYTES_PER_PARAM:+.2f}: HF counts a 16-bit copy of every "
+                 f"parameter, autocast copies only the {model.matmul_param_count() / model.param_count():.1%} "
+                 f"that feed a "
+                 "matmul)"))
 
 # %% [markdown]
 # ## 5. When the bytes appear
@@ -242,7 +263,7 @@ print(f"Hugging Face's documentation counts AMP with AdamW as 6 + 4 + 8 = {HF_AM
 first = next(m for _, m in pairs if m.setup["precision"] == "mixed-bf16" and m.setup["optimizer"] == "adamw")
 phases = pd.DataFrame(first.phases)
 fig = plots.phase_timeline(phases, title=f"{model.name}, mixed-bf16 + AdamW: bytes held through the first step",
-                           source="exact storage bytes at each phase boundary (memlab.run.runner)")
+                           source="exact storage bytes at each phase boundary of the run")
 ch.save_figure(fig, "first_step_timeline")
 phases.assign(**{c: phases[c].map(fmt_bytes) for c in ("params", "grads", "optimizer", "activations")})
 
@@ -267,8 +288,9 @@ pd.Series({
 # %% [markdown]
 # The boundaries hide what happens *inside* a phase. The runner also counts live tensor bytes through the step
 # (`memlab.measure.live_bytes` on a CPU; `max_memory_allocated`, reset per phase, on CUDA): inside backward the
-# loss's fp32 gradients sit next to every activation, inside the optimizer step its temporaries sit next to all
-# states. "Will it fit?" is a question about that peak, which `estimate(...).phases` predicts phase by phase.
+# logits' fp32 gradient sits next to every activation, inside the optimizer step its temporaries sit next to all
+# states. "Will it fit?" is a question about that peak, which `estimate(...).phases` predicts phase by phase (for
+# `zero_grad`, the bytes it leaves: the table compares those).
 
 # %%
 spiked = run_step(model, Setup(**first.setup), ch.device, steps=1, seed=seed, with_counted_flops=False,
@@ -276,9 +298,16 @@ spiked = run_step(model, Setup(**first.setup), ch.device, steps=1, seed=seed, wi
 pred = predict_for(model, spiked)
 inside = pd.DataFrame([r.to_dict() for r in spiked.phase_peaks])[["step", "phase", "peak_bytes", "end_bytes"]]
 inside["predicted"] = [pred.phase_bytes(ph, st) for st, ph in zip(inside["step"], inside["phase"], strict=True)]
-inside["spike above the phase's end"] = inside["peak_bytes"] - inside["end_bytes"]
+starts = [0, *inside["end_bytes"].iloc[:-1]]  # each phase starts where the one before it ended
+# a spike is what the phase holds above both its start and its end (zero_grad's peak is its start: no spike)
+inside["spike above the phase's start and end"] = [p - max(s0, e) for p, s0, e in
+                                                    zip(inside["peak_bytes"], starts, inside["end_bytes"], strict=True)]
 ch.save_table(inside, "in_step_peaks")
-inside
+# the estimator predicts each phase's peak, and for zero_grad the bytes held after it: compare like with like
+compared = inside["peak_bytes"].where(inside["phase"] != "zero_grad", inside["end_bytes"])
+inside[["step", "phase"]].assign(**{
+    "measured (MiB)": compared / MiB, "predicted (MiB)": inside["predicted"] / MiB,
+    "spike above the phase's start and end (MiB)": inside["spike above the phase's start and end"] / MiB}).round(3)
 
 # %% [markdown]
 # What `zero_grad(set_to_none=False)` (`Setup(zero_grad_to_none=False)`) would keep: the gradients stay
@@ -303,25 +332,27 @@ pd.Series(kept, name="gradient bytes held into the next forward").to_frame()
 # %%
 m_bpp = measured.query("precision == 'mixed-bf16' and optimizer == 'adamw'")["measured bytes/param"].item()
 rule = pd.DataFrame({
-    "source": ["seed 000's rule (16 B/param)", "memlab estimate", f"measured on {model.name}, scaled"],
-    "bytes for 10⁹ params": [16 * N, table.loc["mixed-bf16", "adamw"] * N, m_bpp * N],
+    "source": ["seed 000's rule (16 B/param)", "memlab estimate"],
+    "bytes for 10⁹ params": [16 * N, table.loc["mixed-bf16", "adamw"] * N],
 })
+display(Markdown(f"measured on {model.name}: {m_bpp:.3f} B/param for mixed-bf16 + AdamW (section 3), the estimate's "
+                 f"{table.loc['mixed-bf16', 'adamw']:.3f}"))
 rule["GB"] = (rule["bytes for 10⁹ params"] / 1e9).round(2)
 rule["GiB"] = (rule["bytes for 10⁹ params"] / GiB).round(2)
 rule
 
 # %% [markdown]
 # The rule holds for mixed-bf16 AdamW, exactly, as long as "GB" means 10⁹ bytes: in the GiB the allocator's messages
-# print, it is 14.9 (the last row is the measured bytes per parameter times 10⁹: it equals 16 by construction of the
-# count, a consistency check, not evidence). It is not a rule for "training": the same model needs 8 B/param with SGD
+# print, it is 14.9. It is not a rule for "training": the same model needs 8 B/param with SGD
 # and fp32 master weights, 4 with pure bf16 SGD, and 20 with fp32 copies of weights and gradients (the Ultra-Scale
 # Playbook's count). AMP adds its bf16 weight copies during the step (section 4). Activations come on top (chapter
 # 04); the allocator's cache and the CUDA context too (chapter 01).
 #
 # **Three layouts this table does not run.** Fine-tuning with LoRA or QLoRA freezes the base weights: they carry
 # no gradient and no optimizer state, only the small adapters do (chapter 11 counts it, measured). `fused=True`
-# AdamW keeps the same 16 bytes of states but updates every parameter in one kernel, without the foreach
-# implementation's scratch lists (section 5 measures that transient). FSDP2's `MixedPrecisionPolicy(param_dtype=
+# AdamW keeps the same 16 bytes of states but updates the parameters in a few fused multi-tensor kernels (over
+# chunks of tensors per device and dtype), with no parameter-sized scratch, unlike the foreach implementation's
+# lists (section 5 measures that transient). FSDP2's `MixedPrecisionPolicy(param_dtype=
 # bf16, reduce_dtype=fp32)` keeps the *sharded fp32 parameters as the master*: there is no separate master copy,
 # the bf16 weights exist only while a unit is gathered, and gradients are reduce-scattered into fp32 shards
 # `[pytorch-fsdp2]` (chapter 05).
@@ -341,19 +372,21 @@ ch.published("02")
 # why, and each check ends with a collapsed solution. Answers may carry units, e.g. `"112 GiB"`. (Exercise 1 is in
 # section 1, before the measurement.)
 #
-# **Exercise 2.** Llama-2-7B (preset `llama-2-7b`) trained with mixed-bf16 and AdamW on one GPU: how many GiB of
-# model states (parameters + gradients + optimizer state), before any activation?
+# **Exercise 2.** Mistral-7B (preset `mistral-7b`) trained with mixed-bf16 and AdamW on one GPU: how many GiB of
+# model states (parameters, gradients and optimizer state), before any activation?
 
 # %%
 answer = ...
-check("02.llama7b-states", answer)
+check("02.mistral7b-states", answer)
 
 # %% [markdown]
-# **Exercise 3.** Starting from fp32 + AdamW, which *one* change saves the most model-state bytes per parameter?
+# **Exercise 3.** Lion `[chen2023]` keeps a single momentum buffer per parameter where AdamW keeps two moments.
+# Trained with mixed-bf16 (bf16 weights and gradients, an fp32 master copy, the optimizer's state in fp32), how
+# many bytes per parameter do the model states of a Lion run cost?
 
 # %%
 answer = ...
-check("02.biggest-saving", answer)
+check("02.lion-bytes", answer)
 
 # %% [markdown]
 # **Exercise 4.** A card has 80 GiB for model states alone. With pure bf16 weights and gradients and plain SGD (no

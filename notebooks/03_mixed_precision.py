@@ -25,9 +25,11 @@
 # 3. loss scaling: fp16 gradients underflowing on real tensors, the scaler's scale over steps, why bf16 needs none;
 # 4. the deprecated `torch.cuda.amp` spelling and its replacement; 5. tensor-core shapes (CUDA).
 #
-# One thing first: AMP's main benefit is *throughput*, not memory. Tensor cores run 16-bit matmuls at several times
-# fp32's rate (chapter 00's table); the Ultra-Scale Playbook says plainly that mixed precision does not by itself
-# save memory `[tazi2025]`. This chapter measures why.
+# One thing first: AMP's main benefit is *throughput*, not memory. Tensor cores run 16-bit matmuls at many times
+# fp32's rate (section 5's table of published peaks; not measured on this page). The Ultra-Scale Playbook makes the
+# memory point in two halves `[tazi2025]`: for the model states, mixed precision "doesn't save overall memory as it
+# just distributes the memory differently across the three components", while it "reduces the activation memory
+# requirements". This chapter measures both halves, and shows where the second one fails on CUDA.
 
 # %% tags=["parameters"]
 scale = "auto"
@@ -123,11 +125,16 @@ for p, m in runs.items():
     copies = m.activations_by_category.get("autocast weight copies", 0)
     rows.append({"policy": p, "params": m.params_bytes, "grads": m.grads_bytes, "optimizer": m.optimizer_bytes,
                  "activations (tensors)": m.activations_bytes - copies, "autocast weight copies": copies,
-                 "peak (live bytes)": peaks[p], "cuda peak allocated": m.cuda_peak_allocated_bytes,
+                 "peak of live bytes": peaks[p], "cuda peak allocated": m.cuda_peak_allocated_bytes,
                  "step time (s)": m.step_time_s, "tokens/s": m.tokens_per_s})
 measured = pd.DataFrame(rows).set_index("policy")
 ch.save_table(measured.reset_index(), "policies_measured")
-measured.round(4)
+byte_cols = [c for c in measured.columns if c not in ("step time (s)", "tokens/s")
+             and measured[c].notna().any()]  # the allocator's peak exists on CUDA only
+SHORT = {"activations (tensors)": "activations", "autocast weight copies": "weight copies",
+         "peak of live bytes": "peak", "cuda peak allocated": "CUDA allocator peak"}
+(measured[byte_cols] / MiB).rename(columns=lambda c: f"{SHORT.get(c, c)} (MiB)").assign(
+    **{"step time (s)": measured["step time (s)"], "tokens/s": measured["tokens/s"]}).round(3)
 
 # %%
 comp = ["params", "grads", "optimizer", "activations (tensors)", "autocast weight copies"]
@@ -136,14 +143,15 @@ bottom = pd.Series(0.0, index=measured.index)
 for c in comp:
     ax.bar(measured.index, measured[c] / MiB, bottom=bottom / MiB, label=c, edgecolor="white")
     bottom += measured[c]
-ax.plot(measured.index, measured["peak (live bytes)"] / MiB, "k_", ms=30, mew=2, label="peak of two steps")
+ax.plot(measured.index, measured["peak of live bytes"] / MiB, "k_", ms=30, mew=2, label="peak of two steps")
 ax.set(ylabel="bytes (MiB)", xlabel="precision policy",
        title=f"{model.name}, AdamW, b={batch}, s={seq}: measured bytes per component and the step's peak\n"
-             f"exact storage bytes (memlab.run.runner) and live tensor bytes, on {ch.device}")
+             f"exact storage bytes and live tensor bytes, measured on the {ch.device_type.upper()}")
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "policies_components")
-over = measured["peak (live bytes)"] - measured[comp].sum(axis=1)
-print("peak minus the sum of the components (MiB): " + ", ".join(f"{p} {v / MiB:+.2f}" for p, v in over.items()))
+over = measured["peak of live bytes"] - measured[comp].sum(axis=1)
+display(Markdown("peak minus the sum of the components (MiB): "
+                 + ", ".join(f"{p} {v / MiB:+.2f}" for p, v in over.items())))
 
 # %% [markdown]
 # A peak below the sum means the components are never all alive at once (the activations are gone before the
@@ -156,7 +164,8 @@ Markdown(("Peaks above the sum of components here: " + ", ".join(f"`{p}` ({over[
           + ". For `mixed-bf16` that is **memlab's runner**, not the policy: its master-weight step makes fp32 "
           "copies of the 16-bit gradients for the update and frees them after. Frameworks avoid or bound that copy: "
           "Megatron-LM keeps a persistent fp32 `main_grad` instead (the 18 and 20 B/param rows of chapter 02), "
-          "DeepSpeed bounds the copy by `sub_group_size`, and FSDP2's `MixedPrecisionPolicy(reduce_dtype=fp32)` "
+          "DeepSpeed's bf16 and ZeRO-1/2 optimizers keep persistent fp32 gradient partitions (under ZeRO-3 it bounds "
+          "the step's fp32 working set by `sub_group_size`), and FSDP2's `MixedPrecisionPolicy(reduce_dtype=fp32)` "
           "reduce-scatters straight into fp32 gradient shards, so \"master weights peak above fp32\" is not a rule.")
          if above else "No policy's peak lies above the sum of its components in this run.")
 
@@ -166,31 +175,37 @@ Markdown(("Peaks above the sum of components here: " + ", ".join(f"`{p}` ({over[
 # Measured bytes per parameter of the autocast copies, and each activation category under `amp-bf16` as a
 # fraction of fp32's. Autocast decides per op by three **op lists** `[pytorch-amp]`: ops that run in 16 bits
 # (matmul, linear, conv, SDPA), ops autocast runs in fp32 (on CUDA softmax, log_softmax, layer_norm and the losses),
-# and "promote" ops that run in the widest input dtype (add, cat). The lists differ by device: on a CPU softmax and
-# layer norm stay in the input dtype. The estimator models both (`memlab.predict.memory.activations`), so the CPU
+# and "promote" ops that cast their inputs to the widest dtype among them (on CUDA addcmul, addcdiv, dot,
+# index_put, scatter_add and a few more; on a CPU also cat and stack). Ops on no list, such as add and mul, are left
+# alone and follow ordinary type promotion. The lists differ by device: on a CPU softmax and layer norm stay in the
+# input dtype. The estimator models both (`memlab.predict.memory.activations`), so the CPU
 # measurement below is checked against the CPU lists, and section 2's verdict gives the CUDA estimate beside it.
 #
 # *Who keeps the copies alive.* Autocast's **cast cache** (`cache_enabled=True`, the default) keeps each weight's
 # 16-bit copy from its first use until the outermost autocast context exits, so a weight used twice is cast once;
 # the matmul's autograd node also *saves* that copy for backward. The cache alone ends with the forward; the saved
 # tensor lasts until the backward has used it. `cache_enabled=False` drops the first (one cast per use), and
-# checkpointing drops the second (chapter 04); FSDP2 with `param_dtype=bf16` has no fp32-to-bf16 copy at all.
+# checkpointing drops the second (chapter 04). FSDP2 with `param_dtype=bf16` casts each fp32 shard to bf16 for
+# the all-gather, and that gathered bf16 parameter *is* the working copy: autocast does not cache another, and with
+# `reshard_after_forward=True` it is freed after the forward and gathered again for the backward, so no copy is held
+# from forward to backward.
 
 # %%
 copies_bpp = measured.loc["amp-bf16", "autocast weight copies"] / model.param_count()
-print(f"autocast weight copies: {copies_bpp:.3f} bytes per parameter "
-      f"(2 x {model.matmul_param_count() / model.param_count():.3f} of the parameters feed a matmul)")
+display(Markdown(f"autocast weight copies: {copies_bpp:.3f} bytes per parameter "
+                 f"(2 x {model.matmul_param_count() / model.param_count():.3f} of the parameters feed a matmul)"))
 cats = pd.DataFrame({p: runs[p].activations_by_category for p in ("fp32", "amp-bf16", "bf16")}).fillna(0)
 cats["amp-bf16 / fp32"] = cats["amp-bf16"] / cats["fp32"].where(cats["fp32"] > 0)
 ch.save_table(cats.reset_index(names="category"), "activations_by_category")
 cats.round(3)
 
 # %% [markdown]
-# The matmul inputs and outputs (attention, MLP) halve; the residual stream, the fp32 loss and (on CUDA) the
-# softmax do not. So AMP cuts *activations* by less than half, and the weight copies come on top. Seed 004's
-# "−50 % for parameters, gradients and activations" does not hold for `torch.autocast`: parameters and gradients
-# change by 0 %, and the total activation-time memory can grow. Halving needs 16-bit weights (`mixed-*`, `bf16`),
-# and then an fp32 master copy takes the saving back unless the optimizer state is in bf16 too.
+# The matmul inputs and outputs (attention, MLP) halve; the residual stream and the fp32 loss do not. On CUDA the
+# attention scores go the other way: autocast runs softmax in fp32 and saves its fp32 output, and the P·V matmul
+# then saves a bf16 *copy* of it, 6 bytes per score instead of fp32's 4. The weight copies come on top. Which term
+# wins depends on the size: the copies grow with the matmul parameters, the activations with the tokens (b·s), the
+# scores with b·s². The verdict table below is this page's small run; the cell after it sets the chapter's
+# full-scale setup beside it.
 
 # %%
 verdict = pd.DataFrame({
@@ -217,8 +232,50 @@ ch.save_table(verdict, "seed_verdict_amp")
 verdict
 
 # %%
-ch.cpu_note("step times and tokens/s on a CPU say nothing about tensor cores (bf16 matmuls are often slower than "
-            "fp32 on a CPU); the allocator peak column is empty without CUDA. The byte counts are exact.")
+FULL = dict(model_key="gpt2", batch=8, seq=1024)  # the chapter's full scale (SIZES["full"]), estimated for CUDA
+
+
+def amp_change(model_key: str, batch: int, seq: int, attention: str = "eager") -> dict:
+    """CUDA estimate of amp-bf16 against fp32 for one setup: activations, scores, copies (MiB) and the change."""
+    fp32_attention = "efficient" if attention == "flash" else attention  # flash runs 16-bit inputs only
+    b = {p: estimate(preset(model_key), Setup(batch=batch, seq=seq, precision=p,
+                                              attention=fp32_attention if p == "fp32" else attention),
+                     device_type="cuda") for p in ("fp32", "amp-bf16")}
+    w = b["amp-bf16"].activation_detail.get("autocast weight copies", 0)
+    acts = {p: x.activations_bytes - (w if p == "amp-bf16" else 0) for p, x in b.items()}
+    return {"setup": f"{model_key}, b={batch}, s={seq}, {attention} attention"
+                     + (f" (fp32: {fp32_attention})" if fp32_attention != attention else ""),
+            "fp32 activations (MiB)": acts["fp32"] / MiB, "amp-bf16 activations (MiB)": acts["amp-bf16"] / MiB,
+            "fp32 attention scores (MiB)": b["fp32"].activation_detail.get("attention scores", 0) / MiB,
+            "amp-bf16 attention scores (MiB)": b["amp-bf16"].activation_detail.get("attention scores", 0) / MiB,
+            "weight copies (MiB)": w / MiB,
+            "activations, amp vs fp32 (%)": 100 * (acts["amp-bf16"] / acts["fp32"] - 1),
+            "with the weight copies (%)": 100 * ((acts["amp-bf16"] + w) / acts["fp32"] - 1)}
+
+
+scaling_rows = [amp_change(SIZES["model"], batch, seq), amp_change("gpt2", 1, 128), amp_change(**FULL),
+                amp_change(**FULL, attention="flash")]
+scaling = pd.DataFrame(scaling_rows).drop_duplicates("setup").set_index("setup")  # at full scale row 1 = row 3
+ch.save_table(scaling.reset_index(), "amp_change_by_size_cuda_estimate")
+full_eager, full_flash = scaling.loc[scaling_rows[2]["setup"]], scaling.loc[scaling_rows[3]["setup"]]
+display(scaling.round(1))
+Markdown(
+    f"At the chapter's full-scale setup ({full_eager.name}), memlab's CUDA estimate puts the attention scores at "
+    f"{full_eager['fp32 attention scores (MiB)']:,.0f} MiB in fp32 and "
+    f"{full_eager['amp-bf16 attention scores (MiB)']:,.0f} MiB under autocast, so AMP "
+    + ("*raises*" if full_eager["activations, amp vs fp32 (%)"] > 0 else "lowers")
+    + f" the activations by {full_eager['activations, amp vs fp32 (%)']:+.1f} % "
+    f"({full_eager['with the weight copies (%)']:+.1f} % with the weight copies). With a fused attention kernel "
+    f"(last row) no s×s term is stored and AMP changes them by {full_flash['activations, amp vs fp32 (%)']:+.1f} "
+    "%. So seed 004's \"−50 % for parameters, gradients and activations\" does not hold for `torch.autocast`: "
+    "parameters and gradients change by 0 %, and activations shrink only where the ops run in 16 bits and no fp32 "
+    "output is saved beside a 16-bit copy. Halving needs 16-bit weights (`mixed-*`, `bf16`), and then an fp32 "
+    "master copy takes the saving back unless the optimizer state is in bf16 too.")
+
+# %%
+ch.cpu_note("step times and tokens/s on a CPU say nothing about tensor cores: whether bf16 beats fp32 here depends "
+            "on the CPU's native bf16 instructions (avx512_bf16, AMX; chapter 00 section 2 reads them), not on "
+            "bf16; the allocator peak column is empty without CUDA. The byte counts are exact.")
 
 # %% [markdown]
 # ## 3. Loss scaling: why fp16 needs a GradScaler and bf16 does not
@@ -334,7 +391,7 @@ for col, style in zip([c for c in swamp.columns if c != "step"], ("-", "--", ":"
     ax.plot(swamp["step"], swamp[col], style, lw=2, label=col)
 ax.set(xlabel="optimizer step", ylabel="weight value",
        title=f"{SWAMP_STEPS:,} updates of +2⁻¹² to a weight of 1.0: kept in fp32, or rounded to 16 bits each step\n"
-             "memlab.labs.precision.update_swamping (torch's round-to-nearest casts, any device)")
+             "(torch's round-to-nearest casts, the same on any device)")
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "update_swamping")
 last = swamp.iloc[-1]
@@ -352,7 +409,7 @@ Markdown(f"After {SWAMP_STEPS:,} steps the fp32 master holds {last['fp32 master'
 # %%
 warn = precision.deprecated_amp_calls()
 ch.save_table(warn, "deprecated_amp_warnings")
-warn
+warn.drop(columns="torch.amp form")  # the replacement is spelled out below
 
 # %% [markdown]
 # The seed's loop in the `torch.amp` form (device-generic; drop the scaler for bf16):
@@ -373,9 +430,9 @@ warn
 # 11 they are used for any shape; dimensions that are multiples of 8 elements (16 bytes) run most efficiently, and
 # on A100/H100 NVIDIA's *Matrix Multiplication Background* guide recommends multiples of 64 (128 B); other shapes
 # still use tensor cores, less efficiently (alignment of vector loads, tile and wave quantisation)
-# `[nvidia-matmul-guide]`. **FP8** (Hopper and later: e4m3/e5m2, with per-tensor scales, as in NVIDIA's Transformer
-# Engine; block-scaled MXFP8 on Blackwell) doubles the tensor-core rate again over bf16 (chapter 00's table). On a
-# GPU the cell times `n x n` bf16 matmuls for `n` a multiple of 8 and one off it.
+# `[nvidia-matmul-guide]`. **FP8** (Ada, such as the L40S and L4, Hopper and later: e4m3/e5m2, with per-tensor
+# scales, as in NVIDIA's Transformer Engine; block-scaled MXFP8 on Blackwell) doubles the tensor-core rate again
+# over bf16 (the table below). On a GPU the cell times `n x n` bf16 matmuls for `n` a multiple of 8 and one off it.
 
 # %%
 if not ch.on_cpu:
@@ -399,7 +456,9 @@ else:
         rows.append(row)
     published = pd.DataFrame(rows)
     ch.save_table(published, "tensor_core_peaks_published")
-    display(published.round(1))
+    display(published.drop(columns="source").round(1))
+    display(Markdown("Sources: " + "; ".join(f"{c}: {src}" for c, src in zip(published["card"], published["source"],
+                                                                           strict=True)) + "."))
     fp8 = published["fp8 / bf16"][published["fp8 / bf16"].map(lambda v: isinstance(v, float))]
     display(Markdown(f"Published, not measured: 16-bit tensor cores run {published['bf16 / fp32'].min():.0f}x to "
                      f"{published['bf16 / fp32'].max():.0f}x the fp32 rate on these cards, and fp8 "
@@ -418,10 +477,13 @@ ch.seed_claims([
      "number": f"amp-bf16 params {amp_params:+.0%}; mixed-bf16 model states {mixed_states:+.0%}"},
     {"#": 37, "claim": "torch.cuda.amp code; AMP −50 % params/grads/activations [seed-004]",
      "verdict": "does not hold; the API is deprecated",
-     "number": "; ".join(f"{c} {m} ({ch.device_type} op lists; CUDA estimate {g})" for c, m, g in zip(
-         verdict["component (amp-bf16 vs fp32)"], verdict[f"measured ({ch.device_type} op lists)"],
-         verdict["CUDA op lists (estimator)"], strict=True))
-               + f"; {int((warn['warning'] == 'FutureWarning').sum())} FutureWarnings"},
+     "number": f"params and grads {verdict.loc[0, verdict.columns[2]]} / {verdict.loc[1, verdict.columns[2]]}; "
+               f"activations + weight copies: {verdict.loc[3, verdict.columns[2]]} on this page's "
+               f"{batch * seq}-token run ({ch.device_type} op lists), "
+               f"{full_eager['with the weight copies (%)']:+.1f} % at {full_eager.name} (CUDA estimate: fp32 "
+               "softmax output + bf16 copy), "
+               f"{full_flash['with the weight copies (%)']:+.1f} % there with flash attention"
+               f"; {int((warn['warning'] == 'FutureWarning').sum())} FutureWarnings"},
     {"#": 46, "claim": "AMP NaN: tune GradScaler, force fp32 with custom_fwd [seed-004]",
      "verdict": "holds for fp16; bf16 needs no scaler",
      "number": f"at scale 1 fp16 flushes {flush['fp16']:.2%} of gradients to zero, bf16 {flush['bf16']:.2%}"},

@@ -37,6 +37,7 @@ out_dir = "../reports/build/05_zero_fsdp"
 # %%
 import importlib.util
 import json
+import textwrap
 from pathlib import Path
 
 import hjson
@@ -157,9 +158,10 @@ axes[1].legend(fontsize=8)
 ch.save_figure(fig, "ring_allreduce")
 
 # %% [markdown]
-# **Exercise 1 (predict before you measure).** Under FSDP2 with `reshard_after_forward=True` (ZeRO-3) over N = 4
-# ranks, with ring collectives, how many MiB does one rank of this chapter's model send per training step
-# (Ψ = its fp32 gradient bytes, printed above)? Answer before running the launch below.
+# **Exercise 1 (predict before you measure).** Under ZeRO stage 3 as the ZeRO paper counts it (every parameter
+# all-gathered in the forward and again in the backward, the gradients reduce-scattered) over N = 4 ranks, with ring
+# collectives, how many MiB does one rank of this chapter's model send per training step (Ψ = its fp32 gradient
+# bytes, printed above)? Answer before running the launch below; section 3 then shows what FSDP2 moves.
 
 # %%
 answer = ...
@@ -176,22 +178,26 @@ check("05.zero3-ring-mib", answer, model=model, world_size=4)
 # traceback. Every rank signals ready once torch is imported, and the rendezvous starts only then (a slow start is
 # retried once); a launch past its timeout is killed with every rank. The world sizes this machine cannot run at
 # once (one GPU per NCCL rank; CPU cores and memory for gloo ranks: `machine_capacity`) are left out, and the cell
-# says why.
+# says why. At N = 1 the volume cell is empty: the step still calls each collective on its one rank, a call that
+# moves no byte.
 
 # %%
 spec = WorkerSpec(config=model, batch=batch, seq=seq, strategies=tuple(STRATEGIES), steps=RANKS["steps"],
                   device=RANKS["device"])
 capacity = machine_capacity(spec)
 sizes = capacity.largest(RANKS["sizes"])
-print(capacity.sentence(RANKS["sizes"]))
+display(Markdown(capacity.sentence(RANKS["sizes"])))
 runs = launch_sweep(spec, sizes, timeout_s=180)
 rows = [r for run in runs.values() for r in run.rows]
 measured = pd.DataFrame([r for r in rows if r["status"] == "ok"])
 ch.save_table(pd.concat([run.frame() for run in runs.values()]), "ranks")
 print(f"{len(rows)} rows from {sum(sizes)} ranks in {next(iter(runs.values())).wall_s:.1f} s; "
       f"backend {measured['backend'].iloc[0]}")
-measured.groupby(["strategy", "world_size"], sort=False)[["params_bytes", "grads_bytes", "optimizer_bytes",
-                                                          "gathered_peak_bytes", "comm_volume_bytes"]].mean()
+launched = measured.groupby(["strategy", "world_size"], sort=False)[
+    ["params_bytes", "grads_bytes", "optimizer_bytes", "gathered_peak_bytes", "comm_volume_bytes"]].mean()
+# one rank moves no byte: torch still calls each collective (a no-op), which the counter would count as volume
+launched.loc[launched.index.get_level_values("world_size") == 1, "comm_volume_bytes"] = float("nan")
+launched
 
 # %%
 if not on_gpus and not ch.on_cpu:
@@ -214,7 +220,8 @@ print(f"model states: {len(exact)} rows, largest |relative error| {worst:.2%}")
 ledger[~ledger["component"].isin(["params", "grads", "optimizer"])]
 
 # %%
-fig, axes = plt.subplots(1, len(sizes), figsize=(4 * len(sizes), 3.6), sharey=True, squeeze=False)
+fig, axes = plt.subplots(1, len(sizes), figsize=(3.4 * len(sizes) + 1.6, 3.8), sharey=True, squeeze=False,
+                         layout="constrained")
 axes = axes[0]
 ok = [s for s in STRATEGIES if s in set(measured["strategy"])]
 for ax, n in zip(axes, sizes, strict=True):
@@ -229,9 +236,8 @@ for ax, n in zip(axes, sizes, strict=True):
     ax.set_title(f"N = {n} ranks")
     ax.tick_params(axis="x", rotation=60)
 axes[0].set_ylabel("MiB per rank (measured)")
-axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {measured['backend'].iloc[0]} ranks",
-             y=1.03)
+fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside right upper")
+fig.suptitle(f"{model.name}, AdamW fp32: model states on one rank, measured on {measured['backend'].iloc[0]} ranks")
 ch.save_figure(fig, "states_per_rank")
 
 # %% [markdown]
@@ -304,8 +310,9 @@ comm
 # %%
 one = run_step(model, Setup(batch=batch, seq=seq), ch.device, steps=1, with_counted_flops=False, with_mfu=False)
 act = estimate(model, Setup(batch=batch, seq=seq), device_type=ch.device_type).activations_bytes
-print(f"activations per rank for micro-batch {batch} x {seq}: measured {one.activations_bytes:,} B, predicted "
-      f"{act:,} B, for every N")
+display(Markdown(f"activations per rank for micro-batch {batch} x {seq}: measured {one.activations_bytes:,} B, "
+                 f"predicted "
+                 f"{act:,} B, for every N"))
 
 # %% [markdown]
 # The estimator at real size: GPT-3 175B, mixed-bf16 AdamW, ZeRO-3, micro-batch 1 × 2048 with full recompute,
@@ -335,12 +342,22 @@ ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "zero3_floor")
 big_psi = 2 * big.param_count()  # bf16 gradients
 print(f"every ZeRO-3 step moves {sum(zero_comm_bytes(big_psi, 3).values()) / 1e12:.2f} TB per rank, whatever N")
+smallest = floor[(floor["model states GiB"] < floor["activations GiB"])
+                 & (floor["model states GiB"] < floor["gathered blocks GiB"])]
+display(Markdown(f"the model states are the smallest term from {smallest['ranks'].min():,} ranks "
+                 f"on" if len(smallest) else
+                 f"the model states stay above another term at every N up to {floor['ranks'].max():,}"))
+root_bytes = big.vocab_size * big.d_model * 2 * (1 if big.tied_embeddings else 2)  # embedding (and head), bf16
+display(Markdown(f"not in the table: FSDP2's default keeps the root module gathered after the forward (section "
+                 f"3 measured it on "
+                 f"the small model); for GPT-3 that is its {'tied ' if big.tied_embeddings else ''}embedding and head, "
+                 f"{root_bytes / GiB:.2f} GiB in bf16 on every rank, on top of the gathered blocks"))
 floor.round(2)
 
 # %% [markdown]
-# Past a few hundred ranks the model states are the smallest term: the per-rank floor is the activations of one
-# micro-batch and the gathered blocks, and every step still moves 3Ψ per rank. "Arbitrarily large" is bounded
-# by one layer fitting gathered, by activations, and by the network.
+# From some number of ranks on (the cell above prints where) the model states are the smallest term: the
+# per-rank floor is the activations of one micro-batch and the gathered blocks, and every step still moves 3Ψ per
+# rank. "Arbitrarily large" is bounded by one layer fitting gathered, by activations, and by the network.
 #
 # The sum of terms is not the most a rank holds at once. The phase-aware estimate (`peak` columns above) places
 # the floor inside the step: with few ranks the optimizer step holds the peak, with many the backward's
@@ -375,35 +392,67 @@ acc_rows = [{"micro-batches k": k, "DDP / ZeRO-1/2 (TB)": sum(zero_comm_bytes(bi
 pd.DataFrame(acc_rows).round(2)
 
 # %% [markdown]
-# **Volume is time.** The bytes a rank sends per step, over the link it sends them on, bound the communication
-# time from below (full link rate, no latency, nothing overlapped with compute). Two published per-GPU rates: an
-# InfiniBand NDR port, 400 Gb/s `[nvidia-connectx7]`, and H100 SXM's NVLink, 900 GB/s counted in both directions
-# `[nvidia-h100-datasheet]`, so half of it each way:
+# **Volume is time, on a topology.** The bytes a collective moves bound its time from below (full link rates, no
+# latency, nothing overlapped with compute), but only once we know which link each byte crosses. On 8-GPU nodes NCCL
+# runs the collective hierarchically, one ring or tree per NIC: inside a node each GPU moves (G − 1)/G of the volume
+# over NVLink, and across nodes each GPU's NIC carries the cross-node part of a 1/G slice, so the node's G NICs
+# share the inter-node bytes `[thakur2005]` (`memlab.predict.parallel.communication.comm_time_floor_s`). Only with
+# one GPU per node does every byte of the ring cross that GPU's own NIC. Two published per-GPU rates: an InfiniBand
+# NDR port, 400 Gb/s `[nvidia-connectx7]`, and H100 SXM's NVLink, 900 GB/s counted in both directions
+# `[nvidia-h100-datasheet]`, so half of it each way. The floor is checked against a published run: nccl-tests on
+# 2 nodes × 8 H100 with 200 Gb/s per GPU all-reduced 8 GiB in 47.5 ms `[nccl-tests-a3mega]`:
 
 # %%
+from memlab.predict.parallel.communication import comm_time_floor_s
+
 LINKS_BYTES_PER_S = {"InfiniBand NDR, 400 Gb/s per GPU": 400e9 / 8,  # [nvidia-connectx7]
                      "NVLink 4 (H100 SXM), 900 GB/s both ways": 900e9 / 2}  # [nvidia-h100-datasheet]
-steps = pd.DataFrame([{"strategy": name, "bytes sent per rank per step (TB)": v / 1e12,
-                       **{f"{link}: s per step, at least": v / bw for link, bw in LINKS_BYTES_PER_S.items()}}
+ib_rate, nvlink_rate = LINKS_BYTES_PER_S.values()
+NCCL_TESTS_A3MEGA = {"buffer_bytes": 8 * 2**30, "nodes": 2, "gpus_per_node": 8, "nic_bytes_per_s": 200e9 / 8,
+                     "measured_s": 47.535e-3}  # [nccl-tests-a3mega]: all_reduce_perf, 8 GiB, out of place
+check_run = comm_time_floor_s(2 * NCCL_TESTS_A3MEGA["buffer_bytes"], gpus_per_node=8, nodes=2,
+                              nic_bytes_per_s=NCCL_TESTS_A3MEGA["nic_bytes_per_s"])
+per_gpu_claim = 2 * NCCL_TESTS_A3MEGA["buffer_bytes"] / NCCL_TESTS_A3MEGA["nic_bytes_per_s"]
+display(Markdown(f"published check: the floor for nccl-tests' 8 GiB all-reduce on 2 x 8 H100 is "
+                 f"{check_run['floor'] * 1e3:.1f} "
+                 f"ms, measured {NCCL_TESTS_A3MEGA['measured_s'] * 1e3:.1f} ms "
+                 + ("(above the floor, as a floor "
+                    "requires)" if NCCL_TESTS_A3MEGA["measured_s"] >= check_run["floor"] else
+                    "(BELOW the floor: the model is wrong)")
+                 + f"; all the volume over one GPU's NIC would claim at least {per_gpu_claim * 1e3:.0f} ms"))
+RANKS_BIG = 1024  # GPT-3's data-parallel ranks for the floor (it changes with (M - 1)/M only)
+topologies = {"one GPU per node, IB NDR": dict(gpus_per_node=1, nodes=RANKS_BIG),
+              "8-GPU nodes, one IB NDR NIC per GPU, NVLink inside": dict(gpus_per_node=8, nodes=RANKS_BIG // 8,
+                                                                       nvlink_bytes_per_s=nvlink_rate),
+              "one 8-GPU node, NVLink only": dict(gpus_per_node=8, nodes=1, nvlink_bytes_per_s=nvlink_rate)}
+steps = pd.DataFrame([{"strategy": name, "bytes per rank per step (TB)": v / 1e12,
+                       **{f"{topo}: s per step, at least": comm_time_floor_s(v, nic_bytes_per_s=ib_rate,
+                                                                             **kw)["floor"]
+                          for topo, kw in topologies.items()}}
                       for name, v in (("DDP / ZeRO-1/2 (2Ψ)", sum(zero_comm_bytes(big_psi, 2).values())),
                                       ("ZeRO-3 (3Ψ)", sum(zero_comm_bytes(big_psi, 3).values())))])
 steps.round(2)
 
 # %%
-ib = steps.columns[2]
-Markdown(f"Over InfiniBand alone a GPT-3 step spends at least {steps[ib].min():.0f} s (DDP) to {steps[ib].max():.0f} s "
-         "(ZeRO-3) communicating. That is why ZeRO-3 overlaps its all-gathers with compute (FSDP2 prefetches the "
-         "next unit while the current one runs, so about two units are gathered at once, the estimate's "
-         "`gathered_layers=2`), why large micro-batches amortise it, and why ZeRO-3 stays inside a node or a fast "
-         "domain when it can (hybrid sharding, HSDP: shard within a node, replicate across nodes).")
+one_gpu, eight_gpu = steps.columns[2], steps.columns[3]
+Markdown(f"On 8-GPU nodes with one 400 Gb/s NIC per GPU, a GPT-3 step ({RANKS_BIG:,} ranks) spends at least "
+         f"{steps[eight_gpu].min():.2f} s (DDP) to {steps[eight_gpu].max():.2f} s (ZeRO-3) communicating; the "
+         f"{steps[one_gpu].min():.0f} to {steps[one_gpu].max():.0f} s of the first column hold only with one GPU per "
+         "node, where every byte of the ring crosses that GPU's NIC. Either way it is seconds per step, which is why "
+         "ZeRO-3 overlaps its all-gathers with compute (FSDP2 prefetches the next unit while the current one runs, "
+         "so about two units are gathered at once, the estimate's `gathered_layers=2`), why large micro-batches "
+         "amortise it, and why ZeRO-3 stays inside a node or a fast domain when it can (hybrid sharding, HSDP: shard "
+         "within a node, replicate across nodes). The floors are bounds, not predictions: latency, protocol overhead "
+         "and what is not overlapped come on top (the published run reached "
+         f"{check_run['floor'] / NCCL_TESTS_A3MEGA['measured_s']:.0%} of its floor's rate).")
 
 # %% [markdown]
 # At full scale `memlab.tracing.tracer` checks it at 8 ranks: the real step of the reference GPT at GPT-3 size, FSDP2
 # over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes, nothing allocated.
 
 # %%
-print("peak inside the step: " + ", ".join(f"N={r}: {p}" for r, p in zip(floor["ranks"], floor["peak in"],
-                                                                         strict=True)))
+display(Markdown("peak inside the step: " + ", ".join(f"N={r}: {p}" for r, p in zip(floor["ranks"], floor["peak in"],
+                                                                         strict=True))))
 if trace_gpt3_8_ranks:
     s8 = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=8, recompute="full")
     traced8 = compare_trace(estimate(big, s8, overheads=Overheads(gathered_layers=2)), trace_gpt(big, s8))
@@ -457,8 +506,9 @@ ds_spec = importlib.util.find_spec("deepspeed")
 ds_config = None if ds_spec is None else Path(ds_spec.submodule_search_locations[0], "runtime", "config.py")
 ds_lines = ([] if ds_config is None or not ds_config.exists()
             else [ln.strip() for ln in ds_config.read_text().splitlines() if "hjson.load" in ln])
-print(f"installed deepspeed/runtime/config.py loads a config with: {ds_lines[0]}" if ds_lines else
-      "DeepSpeed is not installed here (or its loader moved): the hjson row stands for its loader by its docs")
+print(textwrap.fill(f"installed deepspeed/runtime/config.py loads a config with: {ds_lines[0]}" if ds_lines else
+                    "DeepSpeed is not installed here (or its loader moved): the hjson row stands for its loader by "
+                    "its docs", 80))
 
 # %%
 fsdp2 = pd.DataFrame([
@@ -522,7 +572,7 @@ from memlab.studies.titan import TITAN_DEBUG, recorded_titan, residual_names, ti
 titan_shape = dict(batch=1, seq=128) if ch.scale == "ci" else dict(batch=8, seq=2048)
 titan = titan_rows(TITAN_DEBUG, Setup(**titan_shape, attention="flash", world_size=8, optimizer_impl="fused"))
 ch.save_table(pd.DataFrame([titan]), "titan_peer_debugmodel")
-print("\n".join(residual_names(titan)))
+print("\n".join(textwrap.fill(line, 80) for line in residual_names(titan)))  # wrapped to the page
 pd.Series({k: v for k, v in titan.items() if k.endswith(("step2", "max"))}).to_frame(titan["setup"])
 
 # %% [markdown]
@@ -534,11 +584,14 @@ rec = recorded_titan()
 if rec is None:
     shown = "no recorded full-size peer run yet: python scripts/record_titan_peer.py writes it"
 else:
-    print(rec["provenance"]["kind"], "·", "torch", rec["provenance"]["torch"], "·", rec["provenance"]["date"])
+    print(textwrap.fill(f"{rec['provenance']['kind']} · torch {rec['provenance']['torch']} · "
+                        f"{rec['provenance']['date']}", 80))
     for row in rec["rows"]:
-        print(f"{row['model']}: " + "; ".join(residual_names(row)[:3]))
-    shown = pd.DataFrame(rec["rows"]).set_index("model")[["estimate_step2", "trace_step2", "titan_step2",
-                                                            "titan_printed_max"]].map(lambda b: f"{b / GiB:.3f} GiB")
+        print(textwrap.fill(f"{row['model']}: " + "; ".join(residual_names(row)[:3]), 80))
+    shown = (pd.DataFrame(rec["rows"]).set_index("model")[["estimate_step2", "trace_step2", "titan_step2",
+                                                             "titan_printed_max"]] / GiB).round(3).rename(
+        columns={"estimate_step2": "estimate, step 2 (GiB)", "trace_step2": "trace, step 2 (GiB)",
+                 "titan_step2": "torchtitan, step 2 (GiB)", "titan_printed_max": "torchtitan's printed max (GiB)"})
 shown
 
 # %% [markdown]
@@ -618,7 +671,7 @@ ch.save_figure(fig, "parallel_layouts")
 summed = lay["states_bytes"] + lay["activations_bytes"] + lay["buffers_bytes"]
 below = [f"{k} ({lay.loc[k, 'peak_gib']:.1f} GiB against {summed[k] / GiB:.1f})" for k in lay.index
          if lay.loc[k, "peak_bytes"] < summed[k]]
-Markdown("The tick is the phase-aware peak (`memlab.predict.memory.phases`), not the bar's sum: the states, the saved "
+Markdown("The tick is the phase-aware peak (the estimate phase by phase), not the bar's sum: the states, the saved "
          "tensors and the buffers do not all coexist at one moment (the gradients are allocated in backward, while "
          "the saved tensors are freed), and the step's transients come on top. "
          + (f"The peak is below the sum for {', '.join(below)}." if below else "Every peak is above its sum here."))
@@ -672,10 +725,10 @@ for sched in ("1f1b", "gpipe"):
                           "predicted after step (B)": tr.predicted_end_bytes, "traced after step (B)": tr.end_bytes})
 traced_pp = pd.DataFrame(traced_pp)
 ch.save_table(traced_pp, "pipeline_fake_group_trace")
-print(f"{trace_model.name}, pp = {trace_pp}, {trace_pp + 1} micro-batches: after the step "
-      f"{int((traced_pp['predicted after step (B)'] == traced_pp['traced after step (B)']).sum())} of "
-      f"{len(traced_pp)} ranks exact; peak within its named bound on "
-      f"{int(traced_pp['peak within the bound'].sum())} of {len(traced_pp)}")
+display(Markdown(f"{trace_model.name}, pp = {trace_pp}, {trace_pp + 1} micro-batches: after the step "
+                 f"{int((traced_pp['predicted after step (B)'] == traced_pp['traced after step (B)']).sum())} of "
+                 f"{len(traced_pp)} ranks exact; peak within its named bound on "
+                 f"{int(traced_pp['peak within the bound'].sum())} of {len(traced_pp)}"))
 traced_pp
 
 # %%
@@ -687,7 +740,7 @@ if ch.scale == "full":  # real gloo ranks under torchrun: real sends and receive
     shown_ranks = ranks_ledger
 else:
     shown_ranks = ch.cpu_note("at ci scale the pipeline is traced on a fake group only; at full scale "
-                              "memlab.studies.parallel_ranks also runs PP and TP on 2 real gloo ranks under torchrun "
+                              "the chapter also runs PP and TP on 2 real gloo ranks under torchrun "
                               "(about 7 s, over this chapter's ci budget)")
 shown_ranks
 
@@ -717,10 +770,11 @@ par_model, par_t, par_shape = (tiny, 2, dict(batch=2, seq=64)) if ch.scale == "c
 par_ranks = (0, par_t - 1)
 traced_par = traced_parallel_rows(par_model, tp=par_t, cp=par_t, ranks=par_ranks, sp_ranks=(0,), **par_shape)
 ch.save_table(traced_par, "parallel_fake_group_traces")
-print(f"torch's context_parallel on a CPU: {TORCH_CP_ERRORS['default (flash for CPU)']}")
-print(f"{par_model.name}, {par_t} ranks, {par_shape['batch']} x {par_shape['seq']} tokens: "
-      f"{int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the named terms are "
-      "added")
+print(textwrap.fill(f"torch's context_parallel on a CPU: {TORCH_CP_ERRORS['default (flash for CPU)']}", 80))
+display(Markdown(f"{par_model.name}, {par_t} ranks, {par_shape['batch']} x {par_shape['seq']} tokens: "
+                 f"{int((traced_par['left'] == 0).sum())} of {len(traced_par)} rank/phase rows exact once the "
+                 f"named terms are "
+                 "added"))
 traced_par[["layout", "rank", "phase", "predicted", "traced", "named", "left", "kind"]]
 
 # %%
@@ -755,7 +809,10 @@ Markdown(("Every TP + SP row is exact" if sp_exact else "Some TP + SP rows are n
 # micro-batch per boundary [narayanan2021]; CP's K/V chunks round the ring in forward and, with their gradients,
 # in backward [liu2023], plus the weight gradients' all-reduce over the CP ranks (which hold the same weights).
 # The layouts do not run the same work per step: ZeRO-3 runs 8 sequences (one per rank), PP 8 micro-batches, TP
-# and CP one sequence on 8 ranks, so the last column divides by it.
+# and CP one sequence on 8 ranks. Two kinds of traffic are kept apart: the weights' synchronisation (ZeRO-3's 3Ψ,
+# CP's gradient all-reduce), paid once per optimizer step, which a real job amortises over its whole global batch
+# (CP ranks fold into the data-parallel group), and the activation traffic (TP's all-reduces, PP's sends, CP's K/V
+# ring), paid for every sequence.
 
 # %%
 n8 = 8
@@ -763,17 +820,18 @@ tokens = par_setup.batch * par_setup.seq
 grad_psi = 2 * llama.param_count()  # one bf16 copy of the parameters (or gradients), bytes
 pp_boundary = micro_batch_bytes(llama, par_setup.with_(pp=n8, micro_batches=n8), "cuda").boundary
 kv_chunk = 2 * par_setup.batch * (par_setup.seq // n8) * llama.kv_dim * 2  # K and V of one rank's tokens, bf16
-sent = {"1 rank": (0.0, 1),
-        "ZeRO-3 over 8": (ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 3).values()), n8), n8),
-        "TP 8": (tp_sent_bytes(tokens, llama.d_model, llama.n_layers, n8), 1),
-        "TP 8 + SP": (tp_sent_bytes(tokens, llama.d_model, llama.n_layers, n8), 1),
-        "PP 8, 1F1B": (max(pp_sent_bytes(pp_boundary, n8, n8, r) for r in range(n8)), n8),
-        "PP 8, GPipe": (max(pp_sent_bytes(pp_boundary, n8, n8, r) for r in range(n8)), n8),
-        "CP 8": (cp_sent_bytes(kv_chunk, llama.n_layers, n8)
-                 + ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 0).values()), n8), 1)}
+tp_bytes = tp_sent_bytes(tokens, llama.d_model, llama.n_layers, n8)
+pp_bytes = max(pp_sent_bytes(pp_boundary, n8, n8, r) for r in range(n8))
+sent = {"1 rank": (0.0, 0.0, 1),  # (weights' sync per step, activation traffic per step, sequences per step)
+        "ZeRO-3 over 8": (ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 3).values()), n8), 0.0, n8),
+        "TP 8": (0.0, tp_bytes, 1), "TP 8 + SP": (0.0, tp_bytes, 1),
+        "PP 8, 1F1B": (0.0, pp_bytes, n8), "PP 8, GPipe": (0.0, pp_bytes, n8),
+        "CP 8": (ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 0).values()), n8),
+                 cp_sent_bytes(kv_chunk, llama.n_layers, n8), 1)}
 wire = pd.DataFrame([{"name": k, "peak GiB per rank": lay.loc[k, "peak_gib"], "sequences per step": q,
-                      "GB sent per rank per step": v / 1e9, "GB sent per rank per sequence": v / q / 1e9}
-                     for k, (v, q) in sent.items()])
+                      "weight sync per step (GB)": g / 1e9, "activation traffic per sequence (GB)": a / q / 1e9,
+                      "GB sent per rank per step": (g + a) / 1e9}
+                     for k, (g, a, q) in sent.items()])
 ch.save_table(wire, "parallel_communication")
 wire.round(2)
 
@@ -789,20 +847,23 @@ Markdown(f"The TP rows count Megatron's plan, whose q/k/v and gate/up projection
          f"`parallelize_module` over separate q, k, v, gate and up modules (memlab's trace and gloo ranks) all-reduces "
          f"each column-parallel module's input gradient on its own: "
          f"{torch_reduces // one_buffer} a block, {torch_reduces / fused_reduces:.2f}x "
-         f"the bytes. Those are not typed in from the paper: `memlab.measure.comm.CommCounter` counts every c10d call "
+         f"the bytes. Those are not typed in from the paper: memlab's collective counter counts every c10d call "
          f"real ranks issue, and at full scale the gloo ledger above sets each rank's all-reduce buffers and pipeline "
          f"sends next to these formulas (`memlab shard --layouts` prints the same rows).")
 
 # %%
 w = wire.set_index("name")
-per_seq = w["GB sent per rank per sequence"].drop("1 rank")
-ib_rate, nvlink_rate = LINKS_BYTES_PER_S.values()
+per_seq = w["activation traffic per sequence (GB)"].drop("1 rank")
+per_seq = per_seq[per_seq > 0]  # layouts that move activations (ZeRO-3 moves only weights)
 cp_grads = ring_wire_bytes(sum(zero_comm_bytes(grad_psi, 0).values()), n8)
 cp_kv = cp_sent_bytes(kv_chunk, llama.n_layers, n8)
 tp_s = w.loc["TP 8", "GB sent per rank per step"] * 1e9
-Markdown(f"Per sequence, {per_seq.idxmin()} sends the least ({per_seq.min():.2f} GB per rank"
-         + (", at its stage boundaries only, point to point" if per_seq.idxmin().startswith("PP") else "")
-         + f") and {per_seq.idxmax()} the most ({per_seq.max():.1f} GB). TP's "
+Markdown(f"Per sequence, of the activation traffic, {per_seq.idxmin()} sends the least ({per_seq.min():.2f} GB per "
+         "rank" + (", at its stage boundaries only, point to point" if per_seq.idxmin().startswith("PP") else "")
+         + f") and {per_seq.idxmax()} the most ({per_seq.max():.1f} GB); the weights' synchronisation "
+         f"(ZeRO-3 {w.loc['ZeRO-3 over 8', 'weight sync per step (GB)']:.1f} GB, CP's gradient all-reduce "
+         f"{w.loc['CP 8', 'weight sync per step (GB)']:.1f} GB) is paid once per optimizer step, whatever the "
+         "global batch, so it is not ranked per sequence. TP's "
          f"{tp_s / 1e9:.1f} GB per sequence sit in collectives inside every block, on the critical path: at the "
          f"InfiniBand rate of section 4 ({ib_rate / 1e9:.0f} GB/s per GPU) at least {tp_s / ib_rate:.2f} s per "
          f"sequence, over NVLink {tp_s / nvlink_rate:.3f} s, which is why TP stays inside a node's NVLink domain "
@@ -844,10 +905,10 @@ mixtral = preset("mixtral-8x7b")  # the reference GPT with Mixtral-8x7B's sizes
 ep_setup = Setup(batch=1, seq=4096, precision="bf16", attention="flash", zero_stage=1, world_size=8)
 ep_table = ep_layouts(mixtral, ep_setup, (1, 2, 4, 8), device_type="cuda")
 ch.save_table(ep_table, "expert_parallel_mixtral")
-shown_ep = ep_table.assign(**{f"{c.removesuffix('_bytes')} GiB": ep_table[c] / GiB for c in
+shown_ep = ep_table.assign(**{f"{c.removesuffix('_bytes').replace('_', '-')} GiB": ep_table[c] / GiB for c in
                               ("states_bytes", "activations_bytes", "all_to_all_bytes", "peak_bytes", "sent_bytes")})
-shown_ep[["ep", "routing", "local_experts", "states GiB", "activations GiB", "all_to_all GiB", "peak GiB",
-          "sent GiB"]].round(2)
+shown_ep[["ep", "routing", "local_experts", "states GiB", "activations GiB", "all-to-all GiB", "peak GiB",
+          "sent GiB"]].rename(columns={"local_experts": "local experts"}).round(2)
 
 # %%
 bal = ep_table[ep_table.routing == "balanced"].set_index("ep")
@@ -860,7 +921,7 @@ Markdown(f"From ep = 1 to 8 a rank's model states fall from {bal.loc[1, 'states_
          f"every rank's tokens can pick this rank's expert, {worst.loc[8, 'activations_bytes'] / GiB:.1f} GiB of "
          f"activations and a peak of {worst.loc[8, 'peak_bytes'] / GiB:.1f} GiB against "
          f"{bal.loc[8, 'peak_bytes'] / GiB:.1f} GiB balanced (a capacity factor would cap it, dropping tokens); "
-         f"the worst rank receives ep × min(top_k, n_experts / ep) pairs per token, "
+         f"the worst rank receives ep × min(k, E / ep) pairs per token (k experts per token, E experts), "
          f"{worst.loc[2, 'activations_bytes'] / GiB:.1f}, {worst.loc[4, 'activations_bytes'] / GiB:.1f} and "
          f"{worst.loc[8, 'activations_bytes'] / GiB:.1f} GiB of activations at ep = 2, 4, 8. "
          f"The all-to-alls send {bal.loc[2, 'sent_bytes'] / GiB:.1f} GiB per rank per step at ep = 2 and "
@@ -927,12 +988,12 @@ check("05.ep8-all-to-all-gib", answer)
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 5.** GPT-3 175B trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16 gradients: how many TB
-# does each rank move per step, by what section 3 measured for this implementation?
+# **Exercise 5.** Llama-2-70B (preset `llama-2-70b`) trained with DDP + torch's `ZeroRedundancyOptimizer`, bf16
+# gradients: how many TB does each rank move per step, by what section 3 measured for this implementation?
 
 # %%
 answer = ...
-check("05.gpt3-zero1-tb", answer, table=comm)
+check("05.llama70b-zero1-tb", answer, table=comm)
 
 # %% [markdown]
 # **Exercise 6.** Llama-2-70B, mixed-bf16 AdamW, ZeRO-3 over 64 ranks: model states per rank, in GiB?

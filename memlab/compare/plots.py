@@ -127,7 +127,7 @@ def roofline(points: pd.DataFrame, *, peaks: dict[str, float], bandwidth_bytes_p
            ylabel="throughput (TFLOP/s)")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 
@@ -164,17 +164,20 @@ def op_roofline(ops: pd.DataFrame, *, peak_flops_per_s: float, bandwidth_bytes_p
 
 
 def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers: pd.DataFrame | None = None,
-                 capacity_bytes: float | None = None) -> Figure:
+                 capacity_bytes: float | None = None, mark_peak: bool = False) -> Figure:
     """Live bytes op by op, stacked by what allocated them (``memlab.measure.live_bytes.stacked_by_label``'s frame).
 
     ``markers`` (columns op, label) draws a dotted line where each phase starts, labelled (a label closer than
     4 % of the x range to the previous one is drawn lower, so the two do not overlap); ``capacity_bytes`` a black
-    dashed line (no fill colour is black).
+    dashed line (no fill colour is black); ``mark_peak`` a red dot and its value at the largest total, which a spike
+    a few ops wide among thousands would otherwise hide.
     """
-    unit, size = byte_unit(float(stacked.sum(axis=1).max()))
-    fig, ax = _figure(9.0, 4.5)
+    totals = stacked.sum(axis=1)
+    unit, size = byte_unit(float(totals.max()))
+    fig, ax = _figure(9.0, 4.8)
     ax.stackplot(stacked.index, *[stacked[c] / size for c in stacked.columns], labels=list(stacked.columns),
                  alpha=0.85)
+    peak_at = totals.idxmax() if mark_peak else None
     if markers is not None:
         top = ax.get_ylim()[1]
         span = max(float(stacked.index.max() - stacked.index.min()), 1.0)
@@ -182,14 +185,19 @@ def live_stacked(stacked: pd.DataFrame, *, title: str, source: str = "", markers
         for op, label in zip(markers["op"], markers["label"], strict=True):
             ax.axvline(op, color="grey", lw=0.5, ls=":")
             level = (level + 1) % 3 if last is not None and op - last < 0.04 * span else 0
-            ax.text(op, top * (1 - 0.32 * level), f" {label}", fontsize=6, va="top", rotation=90)
+            if peak_at is not None and abs(op - peak_at) < 0.04 * span:
+                level = max(level, 1)  # below the peak's dot, not on it
+            ax.text(op, top * (1 - 0.32 * level), f" {label}", fontsize=8, va="top", rotation=90)
             last = op
     if capacity_bytes is not None:
         ax.axhline(capacity_bytes / size, color="black", lw=1.2, ls="--", label="capacity")
+    if peak_at is not None:
+        ax.plot([peak_at], [totals[peak_at] / size], "o", color="red", ms=6,
+                label=f"peak {totals[peak_at] / size:.2f} {unit}")
     ax.set_xlabel("op number (every tensor op, forward, backward and optimizer)")
     ax.set_ylabel(f"live tensor bytes ({unit})")
     ax.set_title(title + (f"\n{source}" if source else ""), fontsize=10)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 

@@ -7,7 +7,7 @@ the answer with memlab when the check runs, never a typed-in value), a **hint** 
 :class:`Choice`, the options and the key. The notebook cell holds only the answer slot and one check call::
 
     answer = ...
-    check("02.llama7b-states", answer)
+    check("02.mistral7b-states", answer)
 
 A reference that needs the chapter's knobs or measured data takes them as keyword arguments, and the check call
 passes them (``check("04.saved-bytes", answer, table=df)``); the reference never reads a notebook global. A

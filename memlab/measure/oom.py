@@ -207,8 +207,18 @@ _MEANING: tuple[tuple[str, str, str], ...] = (
 )
 
 
+_STATED = {"tried_to_allocate_bytes": "Tried to allocate", "total_capacity_bytes": "total capacity",
+           "allowed_bytes": "allowed", "free_bytes": "of which … is free",
+           "process_in_use_bytes": "this process has … memory in use",
+           "allocated_by_pytorch_bytes": "allocated by PyTorch", "private_pool_bytes": "allocated in private pools",
+           "reserved_unallocated_bytes": "reserved by PyTorch but unallocated",
+           "reserved_by_pytorch_bytes": "reserved in total by PyTorch"}
+"""Each field as the message words it (torch's ``c10/cuda/CUDACachingAllocator.cpp`` OOM text), for a reader."""
+
+
 def decode_oom(info: OomInfo) -> list[dict[str, Any]]:
-    """One row per field the message states: field, bytes, GiB, what it is, and what it means for the fix.
+    """One row per field the message states: field (the parser's name), in the message (its words there), bytes,
+    GiB, what it is, and what it means for the fix.
 
     Processes other than this one are one row each ("process N"); fields the message's shape lacks are left out.
     """
@@ -216,9 +226,11 @@ def decode_oom(info: OomInfo) -> list[dict[str, Any]]:
     for name, meaning, fix in _MEANING:
         value = getattr(info, name)
         if value is not None:
-            rows.append({"field": name, "bytes": value, "GiB": value / 2**30, "meaning": meaning, "for the fix": fix})
+            rows.append({"field": name, "in the message": _STATED[name], "bytes": value, "GiB": value / 2**30,
+                         "meaning": meaning, "for the fix": fix})
     for pid, n in info.other_processes:
-        rows.append({"field": f"process {pid}", "bytes": n, "GiB": n / 2**30,
+        rows.append({"field": f"process {pid}", "in the message": f"process {pid} has … memory in use",
+                     "bytes": n, "GiB": n / 2**30,
                      "meaning": "memory in use by a process NVML lists (this one too, when torch cannot match its PID)",
                      "for the fix": "in a container this is usually this process; otherwise a neighbour to stop"})
     return rows

@@ -71,6 +71,14 @@ class LiveSteps:
                          "rel_error": (p - measured) / measured})
         return pd.DataFrame(rows)
 
+    def held_at_peak(self) -> dict[str, int]:
+        """Live bytes at the op where the run peaks, by the label they were allocated under (``params``,
+        ``step N: phase``): which components exist at that moment. Summing each component at its own largest (as
+        seed 000's "effective utilisation" does) counts tensors that are never alive together, such as the gradients,
+        which do not exist yet when step 2 peaks early in backward."""
+        at = self.frame.loc[self.frame["live_bytes"].idxmax()]
+        return {c.removeprefix("from "): int(at[c]) for c in self.frame.columns if c.startswith("from ") and at[c]}
+
     def step_peaks(self) -> pd.Series:
         """Largest live bytes of each step (index: step number)."""
         return self.peaks().groupby("step")["peak_bytes"].max()

@@ -359,8 +359,8 @@ def test_solutions_open_when_the_instructor_asks(monkeypatch: pytest.MonkeyPatch
 
 
 def test_an_unknown_exercise_name_lists_the_closest() -> None:
-    with pytest.raises(UnknownNameError, match=r"02\.llama7b-states"):
-        bank.check("02.llama7b-state", 1)
+    with pytest.raises(UnknownNameError, match=r"02\.mistral7b-states"):
+        bank.check("02.mistral7b-state", 1)
 
 
 @cache

@@ -86,3 +86,16 @@ def test_the_seed_amp_calls_warn_with_futurewarning() -> None:
     warn = deprecated_amp_calls()
     assert set(warn["seed 004 writes"]) == {"torch.cuda.amp.autocast()", "torch.cuda.amp.GradScaler()"}
     assert (warn["warning"] == "FutureWarning").sum() == 2
+
+
+def test_at_chapter_01s_step_two_peak_no_weight_gradient_exists_yet() -> None:
+    """Chapter 01's model (tiny-gpt; the chapter runs b=4, s=64, this b=1): step 2 peaks early in backward, where
+    backward has made two fp32 tensors of the logits' shape and the loss's 4-byte gradient, and no weight gradient
+    (the smallest is 256 B)."""
+    setup = Setup(batch=1, seq=64, precision="fp32", optimizer_impl="for-loop")
+    live = live_training_steps(TINY, setup, steps=2)
+    held = live.held_at_peak()
+    assert sum(held.values()) == live.peak_bytes
+    logits = setup.batch * setup.seq * TINY.vocab_size * 4
+    assert held["step 2: backward"] == 2 * logits + 4
+    assert held["step 1: optimizer step"] > 0 and held["step 2: forward"] > 0

@@ -8,7 +8,7 @@ A chapter module defines ``EXERCISES``, a tuple of :class:`~memlab.course.exerci
 :class:`~memlab.course.exercises.Choice`, each named ``"NN.short-name"`` (NN: the chapter). The notebook's cell is::
 
     answer = ...
-    check("02.llama7b-states", answer)
+    check("02.mistral7b-states", answer)
 
 with the chapter's knobs or measured data passed as keyword arguments when the reference needs them
 (``check("04.sequential-2", answer, measured=strategies)``). See :mod:`memlab.course.exercises` for the fields and

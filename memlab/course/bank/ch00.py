@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memlab.course.exercises import Numeric, When
 from memlab.predict.hardware.gpus import gpu
-from memlab.units import GiB, MiB
+from memlab.units import MiB
 
 SEED_001_USEFUL_FLOP_S = 160e12
 """Seed article 001's "about 160 TFLOPS" of useful bf16 work on an A100 (its 312 TFLOPS GPU) [seed-001]."""
@@ -21,11 +21,23 @@ def _elements_intensity(shape: tuple[int, int, int]) -> float:
     return 2 * m * n * k / (m * k + k * n + m * n)
 
 
-def _ucap(used_mib: float, card: str) -> float:
+NVIDIA_SMI_H100_TOTAL_MIB = 81_559
+"""The total nvidia-smi prints for an H100 80GB HBM3 (``61440MiB / 81559MiB``; ``nvidia-smi -q``: "FB Memory Usage
+Total : 81559 MiB, Reserved : 454 MiB"), driver 565.57.01, in the captured output of thamada/nvidia-smi,
+``nvsim/H100SXMx8_smi.py`` (commit 03fbe6e); many public logs of the card print the same total."""
+
+
+def _ucap(used_mib: float, total_mib: float, card: str) -> float:
+    """U_cap in %: memory in use over the total nvidia-smi reports, both in MiB."""
+    return 100 * used_mib / total_mib
+
+
+def _ucap_table(used_mib: float, total_mib: float, card: str) -> float:
+    """Over memlab's table row (the marketed 80 GB read as 80 GiB), not the total the tool reports."""
     return 100 * used_mib * MiB / gpu(card).memory_bytes
 
 
-def _ucap_mixed(used_mib: float, card: str) -> float:
+def _ucap_mixed(used_mib: float, total_mib: float, card: str) -> float:
     """The seed's trap: MiB in use over the marketed GB times 1000."""
     return 100 * used_mib / (gpu(card).memory_gib * 1000)
 
@@ -51,16 +63,20 @@ EXERCISES = (
         sample=lambda: {"shape": (1, 256, 256)},
     ),
     Numeric(
-        "00.ucap-units", "U_cap in % for memory in use (as nvidia-smi prints it, MiB) on a card of memlab's table",
-        reference=_ucap, unit="%", rtol=0.01,
-        hint="put numerator and denominator in one unit: MiB in use × 2**20 bytes over the card's memory_bytes",
-        why=lambda used_mib, card: (f"{used_mib:,.0f} MiB = {used_mib * MiB / GiB:,.2f} GiB over the card's "
-                                    f"{gpu(card).memory_gib:,.0f} GiB: a ratio is unit-free once both sides share "
-                                    "a unit."),
-        diagnoses={_ucap_mixed: "That divides MiB by the marketed GB × 1000: each of the card's GiB is 1,024 MiB, "
-                                "not 1,000, so the ratio comes out too high.",
+        "00.ucap-units", "U_cap in % for memory in use over the total, both as nvidia-smi prints them (MiB)",
+        reference=_ucap, unit="%", rtol=0.002,
+        hint="the used and total figures nvidia-smi prints are in one unit already (MiB): divide them",
+        why=lambda used_mib, total_mib, card: (
+            f"{used_mib:,.0f} MiB over the {total_mib:,.0f} MiB nvidia-smi reports as the total: a ratio is "
+            "unit-free once both sides share a unit, and the total to divide by is the one the tool reports, not "
+            f"the marketed {gpu(card).memory_gib:,.0f} GB (= {gpu(card).memory_bytes / MiB:,.0f} MiB read as GiB)."),
+        diagnoses={_ucap_mixed: "That divides MiB by the marketed GB × 1000: each GiB is 1,024 MiB, not 1,000, and "
+                                "the reported total is not the marketed figure, so the ratio comes out too high.",
+                   _ucap_table: "That divides by memlab's table row (the marketed 80 GB read as 80 GiB = "
+                                f"{gpu('h100-sxm').memory_bytes / MiB:,.0f} MiB); nvidia-smi's own total, the one "
+                                "beside the used figure, is smaller.",
                    When(lambda v: v < 1): "That looks like a fraction: the question asks for a percentage."},
-        sample=lambda: {"used_mib": 61_440, "card": "h100-sxm"},
+        sample=lambda: {"used_mib": 61_440, "total_mib": NVIDIA_SMI_H100_TOTAL_MIB, "card": "h100-sxm"},
     ),
     Numeric(
         "00.a100-sparse-mfu", "MFU of seed 001's 160 TFLOP/s against the A100's bf16 figure with sparsity, %",

@@ -92,16 +92,18 @@ EXERCISES = (
     ),
     Choice(
         "01.fragmentation-field", "The OOM message field that measures the allocator's cache and fragmentation",
-        reference=lambda: "reserved_unallocated_bytes",
-        options={"tried_to_allocate_bytes": "Tried to allocate", "free_bytes": "of which ... is free",
-                 "allocated_by_pytorch_bytes": "allocated by PyTorch",
-                 "reserved_unallocated_bytes": "reserved by PyTorch but unallocated"},
+        reference=lambda: "d",
+        options={"a": "Tried to allocate", "b": "of which ... is free", "c": "allocated by PyTorch",
+                 "d": "reserved by PyTorch but unallocated"},
         hint="the bytes the caching allocator holds that no tensor uses",
-        why="the allocator keeps freed blocks cached for reuse; when that cache is large but no cached block fits "
-            "the request, the memory is fragmented, not used up.",
-        diagnoses={"tried_to_allocate_bytes": "That is the request: it says how big, not why it failed.",
-                   "allocated_by_pytorch_bytes": "That is what live tensors hold: the workload, not the cache.",
-                   "free_bytes": "That is what the driver has left, outside this process's allocator."},
+        why=lambda: ("the allocator keeps freed blocks cached for reuse, and this field is that cache. A large "
+                     "value is a candidate for fragmentation, not a diagnosis: it is fragmentation only when the "
+                     "request is at most free + reserved but unallocated (section 1's test). Above that sum no "
+                     "layout of the cache fits the request, as in the fragmented-2.5 message, whose "
+                     f"{_fragmented().reserved_unallocated_bytes / GiB:.2f} GiB cache still leaves it too big."),
+        diagnoses={"a": "That is the request: it says how big, not why it failed.",
+                   "c": "That is what live tensors hold: the workload, not the cache.",
+                   "b": "That is what the driver has left, outside this process's allocator."},
     ),
     Numeric(
         "01.kept-losses-cuda", "Growth of torch.cuda.memory_allocated() from the kept losses after the given number "
@@ -112,7 +114,7 @@ EXERCISES = (
         why=lambda table, iterations: (
             f"{iterations:,} kept losses × {_cuda_block(table):,} B: each holds {_leak(table, 'keep-loss'):,.0f} B "
             "of tensor data, but the caching allocator rounds every request up to a multiple of 512 B "
-            "(memlab.labs.allocator.rounded_size), and memory_allocated counts blocks."),
+            "(section 4's rules), and memory_allocated counts blocks."),
         diagnoses={lambda table, iterations: iterations * _leak(table, "keep-loss"):
                    "That is the tensor data (what a CPU count sees); on CUDA each kept scalar occupies a whole "
                    "512 B allocator block.",

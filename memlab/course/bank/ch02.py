@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memlab.course.exercises import Choice, Numeric, When
+from memlab.course.exercises import Numeric, When
 from memlab.units import GiB, MiB
 
 _N = 10**9
@@ -22,31 +22,23 @@ def _states_mib(model: Any) -> float:
     return bytes_per_param("amp-bf16") * model.param_count() / MiB
 
 
-def _llama_gib() -> float:
+EX2_MODEL = "mistral-7b"
+"""Exercise 2's model: not chapter 01's Llama-2-7B, whose mixed-bf16 states chapter 01 section 7 prints."""
+
+
+def _states_gib(key: str = EX2_MODEL) -> float:
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.model import preset
     from memlab.predict.spec.setup import Setup
 
-    parts = estimate(preset("llama-2-7b"), Setup(precision="mixed-bf16", seq=1)).components()
+    parts = estimate(preset(key), Setup(precision="mixed-bf16", seq=1)).components()
     return sum(parts[c] for c in ("params", "grads", "optimizer")) / GiB
 
 
-def _llama_count() -> int:
+def _count(key: str = EX2_MODEL) -> int:
     from memlab.predict.spec.model import preset
 
-    return preset("llama-2-7b").param_count()
-
-
-SWITCHES = {"a": ("fp32 + AdamW → mixed-bf16 + AdamW", "mixed-bf16", "adamw"),
-            "b": ("fp32 + AdamW → fp32 + plain SGD", "fp32", "sgd"),
-            "c": ("fp32 + AdamW → fp32 + 8-bit Adam", "fp32", "adam-8bit"),
-            "d": ("fp32 + AdamW → fp32 + SGD with momentum", "fp32", "sgd-momentum")}
-"""Exercise 3's options: one change each from fp32 + AdamW, as (text, policy, optimizer)."""
-
-
-def _saving(key: str) -> float:
-    _, policy, optimizer = SWITCHES[key]
-    return bytes_per_param("fp32") - bytes_per_param(policy, optimizer)
+    return preset(key).param_count()
 
 
 def _billions_fit(capacity_gib: float) -> float:
@@ -78,34 +70,39 @@ EXERCISES = (
         sample=lambda: {"model": __import__("memlab.predict.spec.model", fromlist=["preset"]).preset("tiny-gpt")},
     ),
     Numeric(
-        "02.llama7b-states", "Llama-2-7B model states, mixed-bf16 + AdamW, in GiB",
-        reference=_llama_gib, unit="GiB", rtol=0.01,
-        hint="multiply the parameter count (preset('llama-2-7b').param_count()) by mixed-bf16 + AdamW's bytes per "
-             "parameter from section 1, then divide by 2**30",
-        why=lambda: (f"{bytes_per_param('mixed-bf16'):.0f} B/param × {_llama_count():,} parameters: bf16 weights "
+        "02.mistral7b-states", "Mistral-7B model states, mixed-bf16 + AdamW, in GiB",
+        reference=_states_gib, unit="GiB", rtol=0.01,
+        hint="multiply the parameter count (preset('mistral-7b').param_count()) by mixed-bf16 + AdamW's bytes per "
+             "parameter from section 1, then divide by 2**30 (answer in GiB: a bare number is read as GiB)",
+        why=lambda: (f"{bytes_per_param('mixed-bf16'):.0f} B/param × {_count():,} parameters: bf16 weights "
                      "and gradients (2 + 2), an fp32 master copy (4) and two fp32 moments (8)."),
-        diagnoses={lambda: 16 * 7e9 / GiB: "That uses the nominal 7B; preset('llama-2-7b').param_count() is the exact "
+        diagnoses={lambda: 16 * 7e9 / GiB: "That uses the nominal 7B; preset('mistral-7b').param_count() is the exact "
                                            "count.",
-                   lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56): 12 B/param, without the fp32 master "
-                                       "weights.",
-                   # seed 004's 84 typed bare: a bare number is read in the question's unit, GiB
-                   lambda: 84e9 / 1e9: "84 is seed 004's budget (14 + 14 + 56, in GB, read here as GiB): 12 B/param, "
-                                       "without the fp32 master weights, and chapter 01 showed it is short.",
-                   lambda: 12 * _llama_count() / GiB: "12 B/param leaves out the fp32 master weights.",
-                   lambda: 16 * _llama_count() / 1e9: "That is in decimal GB; the question asks for GiB."},
+                   lambda: 84e9 / GiB: "That is seed 004's 84 GB (14 + 14 + 56) for a 7B model: 12 B/param, without "
+                                       "the fp32 master weights, and for 7 billion parameters rather than this "
+                                       "model's count.",
+                   lambda: 84.0: "84 is seed 004's 7B budget in GB (14 + 14 + 56): 12 B/param, without the fp32 "
+                                 "master weights (chapter 01 section 7), and in GB, where the question asks GiB.",
+                   lambda: _states_gib("llama-2-7b"): "That is Llama-2-7B's figure (chapter 01 section 7); Mistral-7B "
+                                                       "has a wider MLP and fewer key/value heads, so another count: "
+                                                       "use preset('mistral-7b').param_count().",
+                   lambda: 12 * _count() / GiB: "12 B/param leaves out the fp32 master weights.",
+                   lambda: 16 * _count() / 1e9: "That is in decimal GB; the question asks for GiB."},
     ),
-    Choice(
-        "02.biggest-saving", "Which one change from fp32 + AdamW saves the most model-state bytes per parameter",
-        reference=lambda: max(SWITCHES, key=_saving),
-        options={key: text for key, (text, _, _) in SWITCHES.items()},
-        hint="for each change, subtract its bytes per parameter (the table of section 1) from fp32 + AdamW's",
-        why=lambda: ("the savings in B/param are " + ", ".join(f"{k}: {_saving(k):.3g}" for k in SWITCHES)
-                     + ". Adam's two fp32 moments are half of fp32 + AdamW's bytes; mixed precision moves bytes "
-                       "between copies without saving any."),
-        diagnoses={"a": "Mixed-bf16 saves nothing: bf16 weights and gradients (2 + 2) plus an fp32 master (4) "
-                        "cost what fp32 weights and gradients (4 + 4) did.",
-                   "c": "8-bit Adam shrinks the moments from 8 B to about 2, but plain SGD drops them altogether.",
-                   "d": "Momentum is one fp32 buffer (4 B); plain SGD keeps none."},
+    Numeric(
+        "02.lion-bytes", "Model-state bytes per parameter of mixed-bf16 with Lion (one fp32 momentum buffer)",
+        reference=lambda: bytes_per_param("mixed-bf16", "sgd-momentum"), unit="", rtol=0.01,
+        hint="split mixed-bf16 + AdamW's 16 B/param into its terms (weights, gradients, master copy, moments) and "
+             "replace Adam's two moments by Lion's one; the optimizer's state lives beside the fp32 master, in fp32",
+        why=lambda: (f"{bytes_per_param('mixed-bf16', 'sgd-momentum'):g} B/param: bf16 weights 2 + bf16 gradients 2 + "
+                     "fp32 master 4 + one fp32 momentum 4, the layout of SGD with momentum in section 1's table. "
+                     "Lion saves Adam's second moment, 4 B/param, not half the states."),
+        diagnoses={lambda: bytes_per_param("mixed-bf16"): "That is AdamW's two moments; Lion keeps one.",
+                   lambda: bytes_per_param("mixed-bf16", "sgd"): "That leaves out one 4-byte fp32 term: "
+                                                                 "mixed-bf16 keeps an fp32 master copy, and Lion "
+                                                                 "an fp32 momentum buffer, both.",
+                   lambda: bytes_per_param("mixed-bf16", "sgd-momentum") - 2: "That keeps the momentum in bf16 (2 B); "
+                                                                              "beside an fp32 master it is fp32."},
     ),
     Numeric(
         "02.bf16-sgd-fit", "Largest parameter count, in billions, whose bf16 + plain-SGD model states fit the capacity",

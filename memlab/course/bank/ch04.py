@@ -30,7 +30,26 @@ def _preset(name: str) -> Any:
     return preset(name)
 
 
+def _block_bytes(model_name: str, seq: int, recompute: str) -> float:
+    """Bytes one block saves for backward (bf16, b = 1), by memlab's own terms as chapter 04 section 1 sums them:
+    every term but the token ids, the head and loss, and the final norm."""
+    from memlab.predict.memory.activations import activation_terms
+    from memlab.predict.spec.setup import Setup
+
+    model = _preset(model_name)
+    terms = activation_terms(model, Setup(batch=1, seq=seq, precision="bf16", recompute=recompute))
+    return sum(t.bytes() for t in terms if t.category not in ("token ids", "head & loss")
+               and "final norm" not in t.name) / model.n_layers
+
+
 def _selective_share(model_name: str, seq: int) -> float:
+    """Share of a block's saved bytes that selective recomputation removes, by memlab's terms (the model's own
+    layout: no dropout, its MLP), not the paper's formula, which assumes dropout and a GELU MLP."""
+    return 1 - _block_bytes(model_name, seq, "selective") / _block_bytes(model_name, seq, "none")
+
+
+def _paper_share(model_name: str, seq: int) -> float:
+    """Korthikanti et al.'s 5as/h / (34 + 5as/h): dropout and a GELU MLP assumed."""
     from memlab.predict.memory.korthikanti import attention_score_share
 
     return attention_score_share(_preset(model_name), seq)
@@ -43,11 +62,16 @@ def _recompute_ratio() -> float:
     return megatron_iteration_flops(gpt3, 1, 2048, "full") / megatron_iteration_flops(gpt3, 1, 2048, "none")
 
 
+EX4_SEQ = 1024
+"""Exercise 4's sequence length: at s = 512 Llama-2-7B's crossover is batch 8, the number section 5 prints for its
+small model, so a copied answer would pass; at 1024 the two differ."""
+
+
 def _phases(batch: int) -> Any:
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.setup import Setup
 
-    setup = Setup(batch=batch, seq=512, precision="fp32", optimizer="adamw", optimizer_impl="foreach",
+    setup = Setup(batch=batch, seq=EX4_SEQ, precision="fp32", optimizer="adamw", optimizer_impl="foreach",
                   attention="eager")
     return estimate(_preset("llama-2-7b"), setup)
 
@@ -97,18 +121,28 @@ EXERCISES = (
         sample=_sample_deep,
     ),
     Numeric(
-        "04.selective-share", "Share of a layer's activation bytes that selective recomputation removes",
+        "04.selective-share", "Share of a layer's activation bytes that selective recomputation removes (memlab's "
+                              "per-layer terms, bf16, b = 1)",
         reference=_selective_share, unit="", rtol=0.02,
-        hint="Korthikanti et al.'s per-layer bytes are s·b·h·(34 + 5·a·s/h): selective recomputation drops the "
-             "5·a·s/h term (the attention scores, softmax and dropout); its share is 5as/h / (34 + 5as/h)",
+        hint="as section 1 does for GPT-3: sum one block's terms of memlab.predict.memory.activations."
+             "activation_terms(model, Setup(batch=1, seq=s, precision='bf16', recompute=r)) for r = 'none' and "
+             "'selective' (leave out the token ids, the head and loss, and the final norm; divide by n_layers); "
+             "the share removed is 1 - selective / none",
         why=lambda model_name, seq: (
-            f"5·a·s/h = {5 * _preset(model_name).n_heads * seq / _preset(model_name).d_model:.1f} with "
-            f"a = {_preset(model_name).n_heads}, h = {_preset(model_name).d_model}, s = {seq:,}; the share grows "
-            "with s/d_head, so long sequences make selective recomputation worth more."),
-        diagnoses={lambda model_name: _selective_share("gpt-3-175b", 2048):
-                   "That is GPT-3's share at s = 2048 (section 1); recompute 5as/h for this model and sequence.",
+            f"per layer {_block_bytes(model_name, seq, 'none') / 2**20:,.0f} MiB without recompute, "
+            f"{_block_bytes(model_name, seq, 'selective') / 2**20:,.0f} MiB with selective: "
+            f"{_selective_share(model_name, seq):.3f} removed (the s × s softmax probabilities). The paper's "
+            f"5as/h / (34 + 5as/h) gives {_paper_share(model_name, seq):.3f} here, because it also counts dropout's "
+            "mask and dropped probabilities and a GELU MLP's tensors; this model has no dropout and a SwiGLU MLP, "
+            "so its own terms give another share."),
+        diagnoses={_paper_share:
+                   "That is Korthikanti et al.'s formula, 5as/h / (34 + 5as/h): it assumes dropout (a mask and the "
+                   "dropped probabilities beside each score) and a GELU MLP. This model has neither: sum its own "
+                   "terms, as section 1 does.",
+                   lambda model_name: _selective_share("gpt-3-175b", 2048):
+                   "That is GPT-3's share at s = 2048 (section 1); compute it for this model and sequence.",
                    lambda model_name, seq: 1 - _selective_share(model_name, seq):
-                   "That is the share that stays (34 / (34 + 5as/h)), not the share removed.",
+                   "That is the share that stays (selective / none), not the share removed.",
                    When(lambda v: v > 1): "A share of the layer's bytes: between 0 and 1."},
         sample=lambda: {"model_name": "llama-2-7b", "seq": 4096},
     ),
@@ -137,10 +171,11 @@ EXERCISES = (
     ),
     Numeric(
         "04.crossover-batch", "Smallest batch at which Llama-2-7B's backward pass holds the peak (fp32, foreach "
-                              "AdamW, s=512, memlab's estimate)",
+                              f"AdamW, s={EX4_SEQ}, memlab's estimate)",
         reference=_crossover_batch, unit="", rtol=0.001,
         hint="the foreach step's scratch does not grow with the batch, the activations do: find the first b at which "
-             "estimate(preset('llama-2-7b'), Setup(batch=b, seq=512, precision='fp32', optimizer_impl='foreach'))"
+             f"estimate(preset('llama-2-7b'), Setup(batch=b, seq={EX4_SEQ}, precision='fp32', "
+             "optimizer_impl='foreach'))"
              ".peak_phase is 'backward'",
         why=lambda: (f"below batch {_crossover_batch()} the foreach step's scratch (sized like all parameters, "
                      f"{(_phase_peak(1, 'optimizer step') - _phase_peak(1, 'backward')) / 2**30:,.1f} GiB above the "

@@ -49,8 +49,12 @@ def _zero1_measured_psi(table: Any) -> float:
     return float(rows.loc[rows["world_size"].idxmax(), "measured / Ψ"])
 
 
-def _gpt3_zero1_tb(table: Any) -> float:
-    return _zero1_measured_psi(table) * 2 * _preset("gpt-3-175b").param_count() / 1e12
+EX5_MODEL = "llama-2-70b"
+"""Exercise 5's model: not GPT-3, whose 3Ψ in bf16 section 4 prints (every ZeRO-3 step moves 1.05 TB)."""
+
+
+def _zero1_tb(table: Any, key: str = EX5_MODEL) -> float:
+    return _zero1_measured_psi(table) * 2 * _preset(key).param_count() / 1e12
 
 
 def _llama70b_gib() -> float:
@@ -113,13 +117,17 @@ def _sample_comm() -> dict[str, Any]:
 
 EXERCISES = (
     Numeric(
-        "05.zero3-ring-mib", "MiB each rank sends per ZeRO-3 step over a ring of N ranks (Ψ = fp32 gradients)",
+        "05.zero3-ring-mib", "MiB each rank sends per step under the ZeRO paper's stage 3 over a ring of N ranks "
+                             "(Ψ = fp32 gradients)",
         reference=_ring_mib, unit="MiB", rtol=0.01,
         hint="the paper's volume per rank is 3Ψ for ZeRO-3 (two all-gathers of the parameters, one reduce-scatter of "
              "the gradients); a ring collective sends (N − 1)/N of its volume on each rank's link",
         why=lambda model, world_size: (
             f"3Ψ = {_zero3_volume(4 * model.param_count()) / MiB:,.2f} MiB of volume, × ({world_size} − 1)/"
-            f"{world_size} on the wire: a ring passes every chunk but the rank's own."),
+            f"{world_size} on the wire: a ring passes every chunk but the rank's own. FSDP2 moves less by default: "
+            "it keeps the root module (here the tied embedding and head) gathered after the forward, so that part "
+            "is not gathered again in backward, which is what the launch below measures (section 3's "
+            "'measured / Ψ' for fsdp2-zero3)."),
         diagnoses={lambda model: _zero3_volume(4 * model.param_count()) / MiB:
                    "That is the paper's volume, 3Ψ; on a ring each rank sends (N − 1)/N of it.",
                    lambda model, world_size: (2 * 4 * model.param_count() * (world_size - 1) / world_size) / MiB:
@@ -129,18 +137,21 @@ EXERCISES = (
         sample=lambda: {"model": _preset("tiny-gpt"), "world_size": 4},
     ),
     Numeric(
-        "05.gpt3-zero1-tb", "TB each rank moves per step: GPT-3 175B, bf16 gradients, DDP + ZeroRedundancyOptimizer",
-        reference=_gpt3_zero1_tb, unit="TB", rtol=0.02,
+        "05.llama70b-zero1-tb", "TB each rank moves per step: Llama-2-70B, bf16 gradients, DDP + "
+                                "ZeroRedundancyOptimizer",
+        reference=_zero1_tb, unit="TB", rtol=0.02,
         hint="take the Ψ-multiple that section 3 measured for DDP + ZeroRedundancyOptimizer (not the paper's), and "
-             "Ψ = 2 bytes × preset('gpt-3-175b').param_count()",
+             f"Ψ = 2 bytes × preset('{EX5_MODEL}').param_count()",
         why=lambda table: (
-            f"{_zero1_measured_psi(table):.2f}Ψ measured × Ψ = {2 * _preset('gpt-3-175b').param_count() / 1e12:.3f} "
+            f"{_zero1_measured_psi(table):.2f}Ψ measured × Ψ = {2 * _preset(EX5_MODEL).param_count() / 1e12:.3f} "
             "TB: torch's ZeroRedundancyOptimizer runs under DDP's full all-reduce (2Ψ) and then broadcasts every "
             "rank's updated partition (1Ψ); the volume per rank does not depend on N."),
-        diagnoses={lambda: 2 * 2 * _preset("gpt-3-175b").param_count() / 1e12:
+        diagnoses={lambda: 2 * 2 * _preset(EX5_MODEL).param_count() / 1e12:
                    "That is the paper's 2Ψ for stage 1; section 3 measured what torch's implementation moves.",
-                   lambda table: _zero1_measured_psi(table) * 4 * _preset("gpt-3-175b").param_count() / 1e12:
+                   lambda table: _zero1_measured_psi(table) * 4 * _preset(EX5_MODEL).param_count() / 1e12:
                    "That takes Ψ in fp32 bytes; the question says bf16 gradients (2 B each).",
+                   lambda table: _zero1_tb(table, "gpt-3-175b"):
+                   "That is GPT-3 175B's figure (section 4); this question is about Llama-2-70B's Ψ.",
                    When(lambda v: v > 1e6): "Far too large: is that in bytes? Write e.g. '1.2 TB'."},
         sample=_sample_comm,
     ),
@@ -190,7 +201,7 @@ EXERCISES = (
              "pairs have their expert on the rank itself; sizes from preset('mixtral-8x7b')",
         why=lambda: (f"4 all-to-alls × {_preset('mixtral-8x7b').n_layers} layers × {EP_TOKENS} tokens × top-2 × "
                      f"{_preset('mixtral-8x7b').d_model} × 2 B × 7/8 remote = {_ep_gib():.2f} GiB "
-                     "(memlab.predict.parallel.communication.ep_sent_bytes): EP's traffic grows with tokens x top_k "
+                     "(memlab's all-to-all formula): EP's traffic grows with tokens x experts per token "
                      "and " "the depth, not with the experts' size."),
         diagnoses={lambda: _ep_gib(routing="worst"): "That sends every pair; under balanced routing the 1/8 whose "
                                                      "expert is on the rank itself stay there.",

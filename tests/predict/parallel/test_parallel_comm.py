@@ -61,3 +61,17 @@ def test_tp_all_reduce_buffers_are_the_wire_bytes_before_the_ring(seed: int) -> 
     assert tp_allreduce_buffer_bytes(t, h, n, vb, column_modules=5) - fused == 3 * n * t * h * vb
     with pytest.raises(SetupError):
         tp_allreduce_buffer_bytes(t, h, n, vb, column_modules=0)
+
+
+def test_comm_floor_sends_one_gpus_slice_across_nodes_and_matches_nccl_tests() -> None:
+    from memlab.predict.parallel.communication import comm_time_floor_s
+
+    size = 8 * 2**30  # nccl-tests all_reduce_perf, 2 nodes x 8 H100, 25 GB/s NIC per GPU: 47.5 ms measured
+    floor = comm_time_floor_s(2 * size, gpus_per_node=8, nodes=2, nic_bytes_per_s=25e9)
+    assert floor["across nodes"] == pytest.approx(2 * size * 0.5 / 8 / 25e9)
+    assert floor["floor"] < 47.5e-3 < comm_time_floor_s(2 * size, gpus_per_node=1, nodes=16,
+                                                         nic_bytes_per_s=25e9)["floor"]
+    inside = comm_time_floor_s(100.0, gpus_per_node=8, nodes=1, nic_bytes_per_s=1.0, nvlink_bytes_per_s=7.0)
+    assert inside == {"inside the node": 100 * 7 / 8 / 7.0, "across nodes": 0.0, "floor": 100 * 7 / 8 / 7.0}
+    with pytest.raises(SetupError):
+        comm_time_floor_s(1.0, gpus_per_node=0, nodes=1, nic_bytes_per_s=1.0)
