@@ -429,6 +429,29 @@ calculators.error_table(ft_frame[ft_frame["tool"].isin(claims)]).set_index("tool
     lambda v: f"{v:+.1%}" if isinstance(v, float) else v)
 
 # %% [markdown]
+# **The same tools on published GPU runs.** The traces above are exact but are not GPU measurements; the published
+# record is (the ledger of `memlab ledger --published`, figures measured by others, labelled as published).
+# `shootout.published_shootout` asks every tool about each memory and MFU row of that ledger, and only what it
+# claims. A tool whose claim is the figure's quantity is scored (signed residual). A tool that claims a part
+# (DeepSpeed's model states; the guides' states plus per-layer activations, the head and loss not charged;
+# accelerate's training figure, which has no activations) is a bound: the part is not published alone, so the table
+# gives its share of the figure, and a share above 100 % is the tool's error. A run outside the tool's recipe,
+# optimizer, layout or fine-tuning method is "n/e", with the reason. An nvidia-smi figure is compared less the CUDA
+# context its source measured alone. torchtitan's MFU formula is the sources' own definition, so its residual near
+# zero checks the arithmetic and is not a prediction. `benchmarks/published_shootout.py` prints every row.
+
+# %%
+from memlab.studies import shootout
+
+published_cells = shootout.published_shootout()
+ch.save_table(published_cells, "published_shootout_rows")
+ch.save_table(shootout.shootout_table(published_cells), "published_shootout_table")
+published_summary = shootout.shootout_summary(published_cells)
+ch.save_table(published_summary, "published_shootout_summary")
+published_summary.set_index(["tool", "kind"]).style.format(
+    {"median_abs_residual": "{:.1%}", "worst_residual": "{:+.1%}"}, na_rep="-")
+
+# %% [markdown]
 # ## 4. The residuals, operation by operation
 #
 # Take the reference formula (memlab's own GPT, no traits) and each family's real saved bytes: the residual is what

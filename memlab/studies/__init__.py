@@ -7,7 +7,8 @@ other way round.
 
 - ``calculators``: the calculator shoot-out, every public estimator run on the same :class:`memlab.run.spec.Run`
   next to a real step or the full-size trace; ``formulas``, the calculators that are formulas (gpu_poor, the
-  Korthikanti row of Transformer Math 101 and the Ultra-Scale Playbook).
+  Korthikanti row of Transformer Math 101 and the Ultra-Scale Playbook); ``shootout``, the same tools and memlab on
+  the published GPU measurements' rows, each asked only what it claims (scored, a bound, or not expressible).
 - ``setup_draws``: the estimator against memlab's trace over a seeded sample of the Setup space, phase by phase.
 - ``inference_draws``: generated inference setups (both KV caches, kept logits), the formula's prefill and decode
   against the reference GPT's trace.
