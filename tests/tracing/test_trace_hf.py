@@ -116,6 +116,9 @@ def test_an_all_ones_mask_is_traced_as_the_call_without_one_with_its_tensor_held
             assert any("attention_mask='ones'" in n for n in ones.notes)
 
 
+# FSDP2 of a peft-wrapped HF model stays in make test through test_trace_hf_qlora_fsdp
+# wide (make bench): make test keeps the seeded samples beside it; a fresh clone's make test was over 5 minutes
+@pytest.mark.wide
 def test_fsdp2_of_a_transformers_model_and_of_its_peft_wrapper_is_traced() -> None:
     """ZeRO-2/3 over world_size > 1 traces a transformers model under FSDP2 over a fake process group (every decoder
     layer a unit, then the root), peft's LoRA wrapper included: the formula's FSDP2 phases for the full model agree
@@ -133,6 +136,8 @@ def test_fsdp2_of_a_transformers_model_and_of_its_peft_wrapper_is_traced() -> No
     assert trace_hf(path, lora).peak_bytes < trace_hf(path, lora.with_(zero_stage=0, world_size=1)).peak_bytes
 
 
+# wide (make bench): make test keeps the seeded samples beside it; a fresh clone's make test was over 5 minutes
+@pytest.mark.wide
 def test_a_chunked_or_fused_loss_traces_under_peft() -> None:
     """The chunked and fused losses run the decoder for the hidden states and the LM head chunk by chunk; under peft's
     wrapper the decoder is the wrapped causal LM's (it once read ``last_hidden_state`` off the LM's output and

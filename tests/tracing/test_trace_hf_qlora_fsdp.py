@@ -57,7 +57,7 @@ def _one_process() -> object:
     return trace_hf(hf_config("llama", **LLAMA), SETUP.with_(zero_stage=0), device_type="cpu")
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [pytest.param(2, marks=pytest.mark.wide), 4])  # 2 ranks: make bench
 def test_qlora_under_fsdp2_shards_the_packed_weights_and_adapters_and_keeps_the_quant_state_whole(
         world_size: int) -> None:
     """At rest rank 0 holds a shard of every parameter (the bf16-stored 4-bit weights, norms, embedding, head,

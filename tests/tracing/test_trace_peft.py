@@ -36,7 +36,7 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.wide)])
 def test_trace_of_a_peft_model_built_in_model_fn_equals_the_real_step(dtype: torch.dtype) -> None:
     fake = trace(_model_fn(dtype), _batch, _optimizer)
     real = trace(_model_fn(dtype), _batch, _optimizer, fake=False)
