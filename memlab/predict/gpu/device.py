@@ -37,8 +37,9 @@ CUDA_CONTEXT_HIGH_BYTES = 426 * MIB
 """The highest documented CUDA context with lazy loading: 426 MiB in nvidia-smi after ``torch.cuda.mem_get_info``
 alone (context only, no tensor, no cuBLAS), torch 2.10.0+cu130 on an RTX 6000 Ada (unslothai/unsloth-zoo#1053). A
 PyTorch maintainer's figures lie inside the range: "~300MB" (pytorch/pytorch#107667) and "around 400MB"
-(pytorch/pytorch#109888) with CUDA >= 11.7 and lazy loading. No source gives it per architecture: a range.
-[pytorch-cuda-context]"""
+(pytorch/pytorch#109888) with CUDA >= 11.7 and lazy loading. No source gives it per architecture: a range. With
+eager loading (CUDA before 11.7, or ``CUDA_MODULE_LOADING=EAGER``) it is larger (666,632,192 B in #86509; 1343 MiB
+on the V100 of the published ledger's row hf-v100-01): pass ``--cuda-context-mib`` there. [pytorch-cuda-context]"""
 CUBLAS_WORKSPACE_DEFAULT_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
 """``parseChosenWorkspaceSize`` without ``CUBLAS_WORKSPACE_CONFIG``: ``:4096:2:16:8`` = 8,519,680 B per (handle,
 stream), on every CUDA architecture but sm90. [pytorch-cublas-workspace]"""
