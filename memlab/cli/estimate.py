@@ -549,6 +549,35 @@ def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[
     return out
 
 
+def lever_answers(args: argparse.Namespace) -> dict[str, Any]:
+    """``--levers`` for the model and setup options of ``args`` on ``args.gpu`` (``memlab oom`` calls it): the
+    levers ranked and the plan that fits (:func:`_answers`), with the card's capacity. A model the formula does not
+    cover is one error line (the levers search with the formula)."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.fit import fits
+
+    for flag in ("no_trace", "max_batch", "longest_seq", "serving", "fsdp", "zero_stage", "cuda_context_mib",
+                 "workspace_mib", "fragmentation"):
+        if not hasattr(args, flag):
+            setattr(args, flag, None if flag != "no_trace" else False)
+    args.levers, args.gathered_layers = True, 0
+    model, _, refused = _model(args)
+    if refused is not None:
+        raise MemlabError(f"the formula does not cover this config ({refused}); the levers search with the formula")
+    setup = setup_of(args, model)
+    _asked_answers(args, model, setup)
+    found = _answers(args, model, setup, None)
+    found["capacity_bytes"] = fits(estimate(model, setup), args.gpu).capacity_bytes
+    return found
+
+
+def print_lever_answers(found: dict[str, Any]) -> None:
+    """The levers of :func:`lever_answers`, as ``memlab estimate --levers`` prints them."""
+    from types import SimpleNamespace
+
+    _print_answers(found, SimpleNamespace(capacity_bytes=found["capacity_bytes"]))
+
+
 def _print_answers(found: dict[str, Any], verdict: Any) -> None:
     for key in ("max_batch", "max_seq"):
         if key in found:
