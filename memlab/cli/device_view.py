@@ -52,8 +52,7 @@ def peaks(args: argparse.Namespace, setup: Any, tensors_bytes: int, grads_bytes:
     ``reserve``: the replayed or bounded reserve, replaced by ``--fragmentation`` x allocated when given."""
     from memlab.predict.gpu.device import device_peaks, terms
 
-    ov = overheads_of(args)
-    extra = terms(args.gpu, setup, ov, grads_bytes)
+    extra = terms(args.gpu, setup, overheads_of(args), grads_bytes)
     frac = given_overheads(args).get("fragmentation")
     if frac is not None:
         allocated = tensors_bytes + sum(t.high for t in extra if t.layer == "allocated")
@@ -63,16 +62,14 @@ def peaks(args: argparse.Namespace, setup: Any, tensors_bytes: int, grads_bytes:
 
 
 def estimate_peaks(args: argparse.Namespace, setup: Any, bd: Any) -> Any:
-    """The device peaks of a formula estimate: its peak less the overhead terms the options put in it (they come
-    back in their own layer), the reserve from :func:`memlab.predict.gpu.device.reserve_bound`."""
-    from memlab.predict.gpu.device import reserve_bound
+    """The device peaks of a formula estimate (:func:`memlab.predict.gpu.device.for_estimate`), ``--fragmentation``
+    as :func:`peaks` takes it."""
+    from memlab.predict.gpu.device import for_estimate
 
-    given = sum(int(bd.overhead.get(k, 0)) for k in ("cuda_context", "workspace", "fragmentation"))
-    tensors = bd.peak_bytes - given
-    long_lived = bd.params_bytes + bd.optimizer_bytes
-    return peaks(args, setup, tensors, bd.grads_bytes, (0, reserve_bound(tensors, long_lived)),
-                 "0 up to the bound (peak - params - optimizer states) + 20 MiB + 2 MiB, from the allocator's rules "
-                 "(memlab.predict.gpu.device.reserve_bound); memlab trace --gpu replays it")
+    p = for_estimate(bd, setup, args.gpu, capacity_bytes(args), overheads_of(args))
+    if "fragmentation" not in given_overheads(args):
+        return p
+    return peaks(args, setup, p.tensors_bytes, bd.grads_bytes, (0, 0), "")
 
 
 def print_peaks(p: Any, gpu_name: str) -> None:

@@ -220,3 +220,35 @@ def device_peaks(tensors_bytes: int, reserve: tuple[int, int], capacity_bytes: i
     terms_ = (*extra, Term("allocator_reserve", reserve[0], reserve[1], "reserved", reserve_source))
     return DevicePeaks(tensors_bytes, allocated, allocated + reserve[0], allocated + reserve[1], low, high,
                        capacity_bytes, terms_, reserve_source)
+
+
+def for_estimate(bd: Any, setup: Any, gpu_key: str, capacity_bytes: int,
+                 overheads: DeviceOverheads | None = None) -> DevicePeaks:
+    """The device peaks of a formula estimate (a :class:`~memlab.predict.estimate.MemoryBreakdown` of ``setup``):
+    its peak less the overhead terms it was given (each then comes back in its own layer, as ``overheads`` says),
+    the reserve from 0 to :func:`reserve_bound`. What chapter 08 calls for a formula's device-used range."""
+    ov = overheads or DeviceOverheads()
+    given = sum(int(bd.overhead.get(k, 0)) for k in ("cuda_context", "workspace", "fragmentation"))
+    tensors = bd.peak_bytes - given
+    extra = terms(gpu_key, setup, ov, bd.grads_bytes)
+    if ov.reserve_bytes is not None:
+        reserve, src = (ov.reserve_bytes, ov.reserve_bytes), "given"
+    else:
+        reserve = (0, reserve_bound(tensors, bd.params_bytes + bd.optimizer_bytes))
+        src = ("0 up to the bound (peak - params - optimizer states) + 20 MiB + 2 MiB, from the allocator's rules "
+               "(memlab.predict.gpu.device.reserve_bound); memlab trace --gpu replays it")
+    return device_peaks(tensors, reserve, capacity_bytes, extra, src)
+
+
+def for_replay(tensors_bytes: int, replay: Any, setup: Any, gpu_key: str, capacity_bytes: int, *,
+               grads_bytes: int = 0, overheads: DeviceOverheads | None = None) -> DevicePeaks:
+    """The device peaks of a traced step: its peak ``tensors_bytes``, the reserve of ``replay`` (a
+    :class:`~memlab.predict.gpu.replay.Replay` of its allocation log, ``Trace.replay()``: reserved - requested at
+    the whole log's peaks), the terms outside the allocator. What chapter 01 calls beside its replay."""
+    ov = overheads or DeviceOverheads()
+    reserve = (replay.total.reserved_bytes - replay.total.requested_bytes if ov.reserve_bytes is None
+               else ov.reserve_bytes)
+    src = ("replayed: the caching allocator model on the traced allocations (reserved - requested at the whole "
+           "step's peaks)" if ov.reserve_bytes is None else "given")
+    return device_peaks(tensors_bytes, (reserve, reserve), capacity_bytes, terms(gpu_key, setup, ov, grads_bytes),
+                        src)

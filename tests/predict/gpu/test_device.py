@@ -98,3 +98,20 @@ def test_reserve_bound_holds_the_replay_on_one_small_setup() -> None:
 def test_reserve_bound_holds_the_replay_on_generated_setups(seed: int) -> None:
     for cfg, setup in _generated(seed, 6):
         _check_bound(cfg, setup)
+
+
+def test_chapter_calls_for_an_estimate_and_a_replay() -> None:
+    from types import SimpleNamespace
+
+    from memlab.predict.estimate import Overheads, estimate
+    from memlab.predict.spec.model import preset
+
+    setup = Setup(batch=2, seq=64)
+    bd = estimate(preset("tiny-gpt"), setup, overheads=Overheads(cuda_context_bytes=7))
+    p = D.for_estimate(bd, setup, "a100-80gb-sxm", 2**34)
+    assert p.tensors_bytes == bd.peak_bytes - 7 and p.reserved_low_bytes == p.allocated_bytes < p.reserved_bytes
+    replay = SimpleNamespace(total=SimpleNamespace(reserved_bytes=30, requested_bytes=10))
+    r = D.for_replay(10, replay, setup, "a100-80gb-sxm", 2**34)
+    assert r.reserved_bytes - r.allocated_bytes == 20 == r.reserved_bytes - r.reserved_low_bytes + 20
+    given = D.for_replay(10, replay, setup, "a100-80gb-sxm", 2**34, overheads=D.DeviceOverheads(reserve_bytes=3))
+    assert given.reserved_bytes - given.allocated_bytes == 3
