@@ -47,12 +47,13 @@ def overheads_of(args: argparse.Namespace) -> Any:
 
 
 def peaks(args: argparse.Namespace, setup: Any, tensors_bytes: int, grads_bytes: int, reserve: tuple[int, int],
-          reserve_source: str) -> Any:
+          reserve_source: str, rounding: int = 0) -> Any:
     """The :class:`~memlab.predict.gpu.device.DevicePeaks` of a step whose tensors peak at ``tensors_bytes``;
-    ``reserve``: the replayed or bounded reserve, replaced by ``--fragmentation`` x allocated when given."""
-    from memlab.predict.gpu.device import device_peaks, terms
+    ``reserve``: the replayed or bounded reserve, replaced by ``--fragmentation`` x allocated when given;
+    ``rounding``: the replayed blocks' rounding (allocated - requested), an allocated term."""
+    from memlab.predict.gpu.device import device_peaks, rounding_term, terms
 
-    extra = terms(args.gpu, setup, overheads_of(args), grads_bytes)
+    extra = ([rounding_term(rounding)] if rounding else []) + terms(args.gpu, setup, overheads_of(args), grads_bytes)
     frac = given_overheads(args).get("fragmentation")
     if frac is not None:
         allocated = tensors_bytes + sum(t.high for t in extra if t.layer == "allocated")

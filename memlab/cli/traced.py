@@ -211,11 +211,12 @@ def _device(args: argparse.Namespace, result: Any, setup: Any, predicted: Any, r
     the terms outside the allocator; DDP's buckets from the formula's gradients where it answers."""
     if rep is None:
         return None
-    reserve = rep["uncapped_reserve_bytes"]
+    rounding = rep["total"]["active_bytes"] - rep["total"]["requested_bytes"]
+    reserve = rep["uncapped_reserve_bytes"] - rounding
     grads = predicted.grads_bytes if predicted is not None else 0
     return peaks(args, setup, result.peak_bytes, grads, (reserve, reserve),
-                 "replayed: the caching allocator model on the traced allocations (reserved - requested at the "
-                 "reserved peak's span)")
+                 "replayed: the caching allocator model on the traced allocations (peak reserved - peak allocated "
+                 "over the step)", rounding)
 
 
 def _print_verdict(verdict: dict[str, Any], rep: dict[str, Any] | None, device: Any = None) -> None:

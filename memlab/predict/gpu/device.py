@@ -209,6 +209,13 @@ def terms(gpu_key: str, setup: Any, ov: DeviceOverheads, grads_bytes: int) -> li
     return out
 
 
+def rounding_term(nbytes: int) -> Term:
+    """The replayed blocks' rounding (peak active - peak requested), an allocated term: torch's
+    ``max_memory_allocated`` counts the rounded blocks (``alloc_found_block`` adds ``block->size``)."""
+    return Term("block_rounding", nbytes, nbytes, "allocated", "replayed: every block rounded up to 512 B (or a "
+                "roundup_power2_divisions step); max_memory_allocated counts them")
+
+
 def device_peaks(tensors_bytes: int, reserve: tuple[int, int], capacity_bytes: int, extra: list[Term],
                  reserve_source: str) -> DevicePeaks:
     """Stack ``extra`` terms on the tensor peak: allocated, reserved (+ ``reserve``: its low and high end),
@@ -246,9 +253,10 @@ def for_replay(tensors_bytes: int, replay: Any, setup: Any, gpu_key: str, capaci
     :class:`~memlab.predict.gpu.replay.Replay` of its allocation log, ``Trace.replay()``: reserved - requested at
     the whole log's peaks), the terms outside the allocator. What chapter 01 calls beside its replay."""
     ov = overheads or DeviceOverheads()
-    reserve = (replay.total.reserved_bytes - replay.total.requested_bytes if ov.reserve_bytes is None
-               else ov.reserve_bytes)
-    src = ("replayed: the caching allocator model on the traced allocations (reserved - requested at the whole "
-           "step's peaks)" if ov.reserve_bytes is None else "given")
-    return device_peaks(tensors_bytes, (reserve, reserve), capacity_bytes, terms(gpu_key, setup, ov, grads_bytes),
-                        src)
+    t = replay.total
+    rounding = t.active_bytes - t.requested_bytes
+    reserve = t.reserved_bytes - t.active_bytes if ov.reserve_bytes is None else ov.reserve_bytes
+    src = ("replayed: the caching allocator model on the traced allocations (peak reserved - peak allocated over "
+           "the step)" if ov.reserve_bytes is None else "given")
+    extra = ([rounding_term(rounding)] if rounding else []) + terms(gpu_key, setup, ov, grads_bytes)
+    return device_peaks(tensors_bytes, (reserve, reserve), capacity_bytes, extra, src)

@@ -110,8 +110,10 @@ def test_chapter_calls_for_an_estimate_and_a_replay() -> None:
     bd = estimate(preset("tiny-gpt"), setup, overheads=Overheads(cuda_context_bytes=7))
     p = D.for_estimate(bd, setup, "a100-80gb-sxm", 2**34)
     assert p.tensors_bytes == bd.peak_bytes - 7 and p.reserved_low_bytes == p.allocated_bytes < p.reserved_bytes
-    replay = SimpleNamespace(total=SimpleNamespace(reserved_bytes=30, requested_bytes=10))
+    replay = SimpleNamespace(total=SimpleNamespace(reserved_bytes=30, active_bytes=12, requested_bytes=10))
     r = D.for_replay(10, replay, setup, "a100-80gb-sxm", 2**34)
-    assert r.reserved_bytes - r.allocated_bytes == 20 == r.reserved_bytes - r.reserved_low_bytes + 20
+    assert r.allocated_bytes == 12 + D.workspace_bytes("a100-80gb-sxm", 2)
+    assert r.reserved_bytes - r.allocated_bytes == 18
+    assert r.reserved_low_bytes == r.reserved_bytes
     given = D.for_replay(10, replay, setup, "a100-80gb-sxm", 2**34, overheads=D.DeviceOverheads(reserve_bytes=3))
     assert given.reserved_bytes - given.allocated_bytes == 3
