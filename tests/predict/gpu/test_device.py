@@ -63,7 +63,8 @@ def test_bad_overrides_are_one_error() -> None:
 
 
 def _generated(seed: int, n: int) -> list[tuple[object, Setup]]:
-    """Small reference-GPT setups drawn with ``seed``: width, depth, batch, sequence, optimizer, recompute."""
+    """Small reference-GPT setups drawn with ``seed``: width, depth, batch, sequence, optimizer, recompute,
+    precision, gradient accumulation."""
     from memlab.predict.spec.model import preset
 
     rng, tiny = random.Random(seed), preset("tiny-gpt")
@@ -72,7 +73,9 @@ def _generated(seed: int, n: int) -> list[tuple[object, Setup]]:
         d, s = rng.choice([64, 128, 256, 384]), rng.choice([16, 64, 128, 256])
         cfg = replace(tiny, d_model=d, n_layers=rng.choice([1, 2, 3]), d_ff=4 * d, max_seq=max(s, tiny.max_seq))
         out.append((cfg, Setup(batch=rng.choice([1, 2, 4, 8]), seq=s, optimizer=rng.choice(["adamw", "sgd"]),
-                               recompute=rng.choice(["none", "full"]), precision="fp32", attention="math")))
+                               recompute=rng.choice(["none", "full"]), attention="math",
+                               precision=rng.choice(["fp32", "amp-bf16", "bf16"]),
+                               grad_accum_steps=rng.choice([1, 2]))))
     return out
 
 
