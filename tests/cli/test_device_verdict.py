@@ -94,5 +94,5 @@ def test_trace_refuses_the_options_without_gpu(capsys: pytest.CaptureFixture[str
 def test_gpus_knows_the_96_gb_hopper_variants_and_v100_16gb() -> None:
     from memlab.predict.hardware.gpus import gpu
 
-    assert gpu("NVIDIA GH200 480GB").memory_gib == 96 and gpu("H100 NVL").memory_gib == 94
+    assert gpu("gh200").memory_gib == 96 and gpu("H100 NVL").memory_gib == 94
     assert gpu("Tesla V100-SXM2-16GB").memory_gib == 16 and gpu("v100-sxm2-32gb").memory_gib == 32
