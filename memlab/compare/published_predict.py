@@ -302,6 +302,18 @@ def _figure_text(value: float | None, unit: str) -> str:
     return f"{value:,.3g} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
 
 
+def _device_text(p: PublishedPrediction, unit: str) -> str:
+    """memlab's three device figures of a memory row (ranges where a term is one); '-' for other rows."""
+    if p.allocated is None:
+        return "-"
+
+    def span(lo: float | None, hi: float | None) -> str:
+        return _figure_text(lo, unit) if lo == hi else f"{_figure_text(lo, unit)} .. {_figure_text(hi, unit)}"
+
+    return (f"{_figure_text(p.allocated, unit)} / {span(p.reserved_low, p.reserved_high)} / "
+            f"{span(p.device_low, p.device_high)}")
+
+
 def _short_url(url: str) -> str:
     """``https://github.com/OWNER/REPO/blob/COMMIT/PATH`` as ``OWNER/REPO@COMMIT7: PATH`` (it wraps in a table)."""
     head, sep, tail = url.partition("/blob/")
@@ -330,5 +342,6 @@ def chapter_frame(chapter: str) -> pd.DataFrame:
                     "hardware": f"{r.devices} x {r.gpu}" if r.devices else r.gpu,
                     "what the number is": f"{r.kind} ({r.unit})", "setup": _setup_text(r),
                     "published": _figure_text(r.figure, r.unit), "memlab": memlab,
+                    "memlab allocated / reserved / device-used": _device_text(p, r.unit),
                     "residual": "-" if p.residual is None else f"{100 * p.residual:+.1f} %", "why": p.note})
     return pd.DataFrame(out)
