@@ -10,7 +10,8 @@ subcommand is a module of this package with ``add_arguments(parser)`` and ``run(
 declared once in :mod:`memlab.cli.args` (``--model SPEC`` names a model as :func:`memlab.predict.families.resolve`
 does); ``hf_source`` reads ``--hf PATH`` (a config.json, its folder, a shipped name, a model id in the local Hugging
 Face cache) and says which family, traits and source of truth an answer used; ``traced``
-prints a trace's table for ``trace`` and for ``estimate --hf`` when the formula does not cover a config.
+prints a trace's table for ``trace`` and for ``estimate --hf`` when the formula does not cover a config;
+``device_view`` prints the ``--gpu`` verdict on device-used (allocated, reserved, nvidia-smi) for both.
 
 Subcommands are data: :data:`COMMANDS` holds ``Command(name, help, add_arguments, run)`` entries; add one to
 extend the tool. A ``passthrough`` command gets its remaining arguments unparsed (``args.rest``) and parses them

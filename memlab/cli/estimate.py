@@ -20,6 +20,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
+from memlab.cli.device_view import estimate_peaks, print_peaks, refuse_capacity_without_gpu
 from memlab.cli.hf_source import hf_path, model_info, published_twin, with_task
 from memlab.errors import ConfigError, MemlabError, SetupError
 from memlab.predict.families.resolver import resolve_with_raw
@@ -33,11 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_setup_arguments(p)
     p.add_argument("--fsdp", choices=("full-shard", "shard-grad-op", "no-shard"), help="= --zero 3 / 2 / 0")
     p.add_argument("--gpu", type=gpu_name, metavar="NAME", help="check the fit on this accelerator (see 'memlab gpus')")
-    p.add_argument("--cuda-context-mib", type=mebibytes, default=0.0, metavar="MIB",
-                   help="CUDA context, MiB (default 0: not counted)")
-    p.add_argument("--workspace-mib", type=mebibytes, default=0.0, metavar="MIB",
-                   help="cuBLAS/attention workspaces, MiB (default 0: not counted)")
-    p.add_argument("--fragmentation", type=fraction, default=0.0, metavar="F", help="allocator margin fraction")
+    add_device_arguments(p)
     p.add_argument("--gathered-layers", type=bounded_int(0, LIMITS["layers"].max, "at most the model's blocks"),
                    default=0, metavar="N",
                    help="blocks ZeRO-3 holds gathered, as the gathered component (default 0: FSDP2 is modelled "
@@ -65,6 +62,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--explain", action="store_true", help="list every assumption (the short form comes first)")
+
+
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """The device terms of a ``--gpu`` verdict (memlab.predict.gpu.device), shared with ``memlab trace``: each
+    replaces its default term; without ``--gpu`` an estimate adds a given one to its overhead component."""
+    p.add_argument("--cuda-context-mib", type=mebibytes, default=None, metavar="MIB",
+                   help="CUDA context, MiB (default with --gpu: the documented range, about 254-426 MiB; without "
+                   "--gpu: not counted)")
+    p.add_argument("--workspace-mib", type=mebibytes, default=None, metavar="MIB",
+                   help="cuBLAS/cuBLASLt workspaces, MiB (default with --gpu: PyTorch's per handle and architecture; "
+                   "without --gpu: not counted)")
+    p.add_argument("--fragmentation", type=fraction, default=None, metavar="F",
+                   help="the allocator's reserve as a fraction of allocated bytes (default with --gpu: the trace's "
+                   "replay, or the formula's bound; without --gpu: not counted)")
+    p.add_argument("--gpu-memory-gib", type=positive_float, default=None, metavar="GIB",
+                   help="with --gpu: this capacity instead of the card's table memory (a 96 GB variant, a MIG slice, "
+                   "what torch.cuda.mem_get_info reports)")
 
 
 def context_list(text: str) -> tuple[int, ...]:
@@ -97,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from memlab.predict.estimate import Overheads, estimate
     from memlab.predict.fit import fits
 
+    refuse_capacity_without_gpu(args)
     model, raw, refused = _model(args)
     if refused is not None:
         return _traced(args, raw, refused)
@@ -104,9 +119,7 @@ def run(args: argparse.Namespace) -> int:
     answers = _asked_answers(args, model, setup)
     ranked = _per_rank_layout(args, model, setup)
     guard = _version_guard(args, model)
-    ov = Overheads(cuda_context_bytes=round(args.cuda_context_mib * MIB),
-                   workspace_bytes=round(args.workspace_mib * MIB),
-                   fragmentation_fraction=args.fragmentation, gathered_layers=args.gathered_layers)
+    ov = _overheads(args, ranked, Overheads)
     device = "cuda"  # the device the command line estimates for (the estimate's and its named terms' widths)
     try:
         bd = estimate(model, setup, overheads=ov, device_type=device)
@@ -120,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         if traced is not None:
             return traced
     verdict = fits(bd, args.gpu) if args.gpu is not None else None
+    device = estimate_peaks(args, setup, bd) if args.gpu is not None else None
     # the published twin runs its own library default where the user named no kernel
     auto = getattr(args, "assumed_attention", None) is not None
     twin = published_twin(model, setup.with_(attention="auto") if auto else setup, ov) if ranked is None else None
@@ -130,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
                "per_device": {**bd.components(), "total": bd.total_bytes, "peak": bd.peak_bytes},
                "peak_phase": bd.peak_phase, "peak_step": bd.peak_step, "phases": [r.to_dict() for r in bd.phases],
                "total_is": "the sum of components; 'peak' is the most a step holds at once (fit verdicts use it)",
-               "fits": verdict.fits if verdict else None, "assumptions": list(bd.assumptions),
+               "fits": device.fits if device else None, "device": device.to_dict() if device else None,
+               "assumptions": list(bd.assumptions),
                "units": "bytes", "overhead_terms": bd.overhead, "activation_detail": bd.activation_detail,
                "optimizer_detail": bd.optimizer_detail, "verdict": verdict.to_dict() if verdict else None,
                "assumed": assumed_lines(args, setup, bd),
@@ -147,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(_header(model, setup, bd))
     _print_assumed(args, setup, bd)
-    _print_verdict(verdict)
+    _print_verdict(verdict, device)
     _print(args, model, raw, setup, bd, twin, span)
     _print_answers(found, verdict)
     _print_assumptions(args, bd)
@@ -227,7 +242,11 @@ def assumed_lines(args: argparse.Namespace, setup: Any, bd: Any) -> list[str]:
         cache = "dynamic KV cache (generate()'s default)" if setup.kv_cache == "dynamic" else "static KV cache"
         lines.append(f"the call: generate(): a prefill of seq - 1 tokens with {keep}, then decoding with a {cache}")
     left = [k for k, v in bd.overhead.items() if k in ("cuda_context", "workspace", "fragmentation") and not v]
-    if left:
+    if left and args.gpu is not None:
+        lines.append("the verdict is on device-used (nvidia-smi): the peak's tensors + cuBLAS workspaces (+ DDP "
+                     "buckets) + the allocator's reserve + the CUDA context (+ NCCL buffers), each its library's "
+                     "default or documented range (--cuda-context-mib, --workspace-mib, --fragmentation override)")
+    elif left:
         lines.append(f"live tensors only: {', '.join(left)} not added (--cuda-context-mib, --workspace-mib, "
                      "--fragmentation)")
     return lines
@@ -252,11 +271,28 @@ def _per_rank_layout(args: argparse.Namespace, model: Any, setup: Any) -> str | 
                           "--ep places experts on ranks: give a mixture-of-experts config (--preset, dimensions with "
                           "--n-experts, or --hf), not --params")
     flags = [f for f, on in (("--max-batch", args.max_batch), ("--longest-seq", args.longest_seq),
-                             ("--levers", args.levers), ("overheads", args.cuda_context_mib or args.workspace_mib
-                                                          or args.fragmentation or args.gathered_layers)) if on]
+                             ("--levers", args.levers), ("--gathered-layers", args.gathered_layers)) if on]
     if flags:
         raise MemlabError(f"{', '.join(flags)} are not modelled with {layout}: drop them")
     return layout
+
+
+def _overheads(args: argparse.Namespace, ranked: str | None, overheads: Any) -> Any:
+    """The estimate's :class:`~memlab.predict.estimate.Overheads` of the options. A layout whose ranks differ
+    (``ranked``) takes the overhead options in its ``--gpu`` verdict only (the per-rank estimate has no overhead
+    component): there they need ``--gpu``, refused in one line without it, never ignored."""
+    from memlab.cli.device_view import given_overheads
+
+    given = given_overheads(args)
+    if ranked is not None:
+        if given and args.gpu is None:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            raise MemlabError(f"{flags}: with {ranked} they go into the --gpu verdict (the worst rank's device-used "
+                              "peak): give --gpu NAME too, or drop them")
+        return overheads(gathered_layers=args.gathered_layers)
+    return overheads(cuda_context_bytes=round(given.get("cuda_context_mib", 0) * MIB),
+                     workspace_bytes=round(given.get("workspace_mib", 0) * MIB),
+                     fragmentation_fraction=given.get("fragmentation", 0.0), gathered_layers=args.gathered_layers)
 
 
 def _header(model: Any, setup: Any, bd: Any) -> str:
@@ -338,13 +374,14 @@ def _print_ranks(bd: Any) -> None:
     print()
 
 
-def _print_verdict(verdict: Any) -> None:
+def _print_verdict(verdict: Any, device: Any = None) -> None:
+    """The verdict on device-used (nvidia-smi) with its three peaks, then the tensor peak against the card."""
     if verdict:
-        word = "FITS" if verdict.fits else "DOES NOT FIT"
-        print(f"verdict: {word} on {verdict.gpu_name} ({verdict.gpu}): peak {verdict.peak_bytes / GiB:.2f} GiB "
-              f"({verdict.peak_phase}) of {verdict.capacity_bytes / GiB:.2f} GiB "
-              f"({verdict.capacity_bytes / GB:.1f} GB); headroom "
-              f"{verdict.headroom_bytes / GiB:+.2f} GiB")
+        if device is not None:
+            print_peaks(device, f"{verdict.gpu_name} ({verdict.gpu})")
+        print(f"tensors alone: peak {verdict.peak_bytes / GiB:.2f} GiB ({verdict.peak_phase}) of "
+              f"{verdict.capacity_bytes / GiB:.2f} GiB ({verdict.capacity_bytes / GB:.1f} GB, the table's); headroom "
+              f"{verdict.headroom_bytes / GiB:+.2f} GiB before the device terms above")
         if verdict.paged_bytes:
             print(f"  {verdict.paged_note()}")
     else:
@@ -510,6 +547,35 @@ def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[
         out["to_fit"] = {"levers": names, "peak_bytes": peak, "setup": fitted.to_dict(),
                          "fits": fits(estimate(model, fitted, overheads=ov), args.gpu).fits}
     return out
+
+
+def lever_answers(args: argparse.Namespace) -> dict[str, Any]:
+    """``--levers`` for the model and setup options of ``args`` on ``args.gpu`` (``memlab oom`` calls it): the
+    levers ranked and the plan that fits (:func:`_answers`), with the card's capacity. A model the formula does not
+    cover is one error line (the levers search with the formula)."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.fit import fits
+
+    for flag in ("no_trace", "max_batch", "longest_seq", "serving", "fsdp", "zero_stage", "cuda_context_mib",
+                 "workspace_mib", "fragmentation"):
+        if not hasattr(args, flag):
+            setattr(args, flag, None if flag != "no_trace" else False)
+    args.levers, args.gathered_layers = True, 0
+    model, _, refused = _model(args)
+    if refused is not None:
+        raise MemlabError(f"the formula does not cover this config ({refused}); the levers search with the formula")
+    setup = setup_of(args, model)
+    _asked_answers(args, model, setup)
+    found = _answers(args, model, setup, None)
+    found["capacity_bytes"] = fits(estimate(model, setup), args.gpu).capacity_bytes
+    return found
+
+
+def print_lever_answers(found: dict[str, Any]) -> None:
+    """The levers of :func:`lever_answers`, as ``memlab estimate --levers`` prints them."""
+    from types import SimpleNamespace
+
+    _print_answers(found, SimpleNamespace(capacity_bytes=found["capacity_bytes"]))
 
 
 def _print_answers(found: dict[str, Any], verdict: Any) -> None:

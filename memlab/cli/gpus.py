@@ -41,4 +41,6 @@ def run(args: argparse.Namespace) -> int:
               f"{a.bandwidth_bytes_per_s / 1e12:>6.2f} {_tera(a.peak_flops.get('bf16')):>8} "
               f"{_tera(a.peak_flops.get('fp8')):>7}  {_clip(a.source, 56)}{flag}")
     print("(dense peaks, TF = 10**12 FLOP/s; GiB = 2**30 bytes, GB = 10**9 bytes; full sources with --json)")
+    print("(a card or capacity not listed: --gpu NEAREST --gpu-memory-gib N with memlab estimate / trace; the "
+          "architecture of NEAREST sets the cuBLAS workspaces)")
     return 0

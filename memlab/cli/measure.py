@@ -257,8 +257,25 @@ def _published_lines(frame: Any) -> list[str]:
         lines.append(f"{r.row_id:<11} {r.kind:<15} published {_fmt(r.figure, r.unit):>16}   memlab "
                      f"{_fmt(r.predicted, r.unit):>16}{default}   residual {res}   [{r.status}]")
         lines.append(f"    {r.model}; {r.gpu}; {r.source_id}: {r.locator}")
+        if _present(getattr(r, "allocated", None)):
+            lines.append(f"    {_device_line(r)}")
         lines.append(f"    {r.memlab_figure + '; ' if r.memlab_figure else ''}{r.note}")
     return lines
+
+
+def _present(v: Any) -> bool:
+    return v is not None and v == v
+
+
+def _device_line(r: Any) -> str:
+    """memlab's allocated, reserved and device-used figures of a memory row, the residual against the matching
+    kind's range named."""
+    u = r.unit
+    high = "" if not _present(r.residual_high) or r.residual_high == r.residual else \
+        f"; residual at the range's high end {100 * r.residual_high:+.1f} %"
+    return (f"memlab allocated {_fmt(r.allocated, u)}, reserved {_fmt(r.reserved_low, u)}..{_fmt(r.reserved_high, u)}"
+            f", device-used {_fmt(r.device_low, u)}..{_fmt(r.device_high, u)} (residual against the {r.kind} "
+            f"figure's match{high})")
 
 
 def _run_published(args: argparse.Namespace) -> int:
@@ -279,12 +296,17 @@ def _run_published(args: argparse.Namespace) -> int:
         return 0
     print(f"memlab ledger --published: {len(rows)} published GPU figures from {frame['source_id'].nunique()} "
           f"sources ({PUBLISHED_CSV.relative_to(PUBLISHED_CSV.parents[2])}). memlab predicts one device's peak "
-          "allocated bytes (memlab.predict.estimate) and MFU from FLOPs; residual = (predicted - published) / "
-          "published; nothing is tuned to these rows.\n")
+          "allocated bytes (memlab.predict.estimate), the reserved and device-used (nvidia-smi) ranges on top "
+          "(memlab.predict.gpu.device), and MFU from FLOPs; residual = (predicted - published) / published against "
+          "the figure of the row's kind (a range's low end; median_abs_residual_high: its high end; within_range: "
+          "rows inside the range); nothing is tuned to these rows.\n")
     print("\n".join(_published_lines(frame)))
     s = summary.copy()
-    for col, spec in (("median_abs_residual", ".1f"), ("worst_residual", "+.1f")):
-        s[col] = s[col].map(lambda v, spec=spec: "-" if v is None or v != v else f"{100 * v:{spec}} %")
+    for col, spec in (("median_abs_residual", ".1f"), ("worst_residual", "+.1f"), ("median_abs_residual_high", ".1f")):
+        if col in s:
+            s[col] = s[col].map(lambda v, spec=spec: "-" if v is None or v != v else f"{100 * v:{spec}} %")
+    if "within_range" in s:
+        s["within_range"] = s["within_range"].map(lambda v: "-" if v is None or v != v else f"{int(v)}")
     print("\nresidual by kind of figure (rows memlab predicts; 'other' = the source does not say which peak):")
     print(s.fillna("-").to_string(index=False))
     return 0

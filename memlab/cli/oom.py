@@ -1,5 +1,7 @@
 """``memlab oom``: decode an out-of-memory message: its kind, what to try, and each field it states.
 
+With a model (``--preset``, dimensions or ``--hf``), its setup options and ``--gpu``, the levers of ``memlab
+estimate --levers`` that make the step fit follow the decoding (:func:`memlab.cli.estimate.lever_answers`).
 The message comes as an argument (quote it), from a log file (``--file``: the last OOM message in it) or from
 stdin (``-``). It is read by :func:`memlab.measure.oom.parse_oom_message` (every shape torch has printed), judged by
 :func:`memlab.labs.oom.oom_kind` (too big, full, fragmentation candidate: arithmetic on the message's own fields)
@@ -25,11 +27,24 @@ MESSAGE_LINES = 12
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The message (or ``--file``), and optionally the model and setup that ran out of memory with ``--gpu``: then
+    the levers of ``memlab estimate --levers`` that make it fit are printed after the decoding."""
+    from memlab.cli.args import add_model_arguments, add_setup_arguments, bounded_int, gpu_name
+    from memlab.cli.hf_source import hf_path
+    from memlab.predict.spec.validate import LIMITS
+
     p.add_argument("message", nargs="?", default=None,
                    help="the OOM message (quoted), or - to read it from stdin")
     p.add_argument("--file", type=Path, default=None, metavar="LOG",
                    help="a log file: its last out-of-memory message is decoded")
     p.add_argument("--json", action="store_true", help="print JSON")
+    g = p.add_argument_group("the step that ran out of memory (optional): the levers that make it fit")
+    g.add_argument("--hf", type=hf_path, metavar="PATH", help="the model from a Hugging Face config (as estimate)")
+    g.add_argument("--gpu", type=gpu_name, metavar="NAME", help="the card it ran on (see 'memlab gpus')")
+    g.add_argument("--lever-ranks", type=bounded_int(2, LIMITS["ranks"].max, LIMITS["ranks"].why), default=8,
+                   metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
+    add_model_arguments(p)
+    add_setup_arguments(p)
 
 
 def last_message(text: str) -> str:
@@ -78,9 +93,27 @@ def decoded(text: str) -> dict[str, Any]:
             "fields": fields}
 
 
+def _levers(args: argparse.Namespace) -> dict[str, Any] | None:
+    """With a model (``--hf``, ``--preset``, dimensions): ``memlab estimate --levers``'s answer for it on ``--gpu``
+    (:func:`memlab.cli.estimate.lever_answers`, the same code), or None without one."""
+    from memlab.cli.args import given_model_options
+
+    if args.hf is None and not given_model_options(args) and getattr(args, "model_spec", None) is None:
+        return None
+    if args.gpu is None:
+        raise ConfigError("the levers need the card: add --gpu NAME (see 'memlab gpus')")
+    from memlab.cli.estimate import lever_answers
+
+    return lever_answers(args)
+
+
 def run(args: argparse.Namespace) -> int:
-    """``memlab oom``: print the message's kind and what to try, then each field it states."""
+    """``memlab oom``: print the message's kind and what to try, then each field it states; with a model and
+    ``--gpu``, the levers that make the step fit."""
     result = decoded(_source(args))
+    found = _levers(args)
+    if found is not None:
+        result["levers"] = found
     if args.json:
         print_json(result, indent=2)
         return 0
@@ -94,4 +127,8 @@ def run(args: argparse.Namespace) -> int:
     for f in result["fields"]:
         print(f"{f['field']:<{width}} {f['GiB']:>9.3f}  {f['meaning']}; {f['for the fix']}")
     print("(GiB = 2**30 bytes; the message prints two decimals, so each value is exact to half its last digit)")
+    if found is not None:
+        from memlab.cli.estimate import print_lever_answers
+
+        print_lever_answers(found)
     return 0

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from memlab.cli.args import given_model_options, model_from_args, positive_int
+from memlab.cli.device_view import refuse_capacity_without_gpu
 from memlab.cli.estimate import add_arguments as add_estimate_arguments
 from memlab.cli.estimate import setup_of
 from memlab.cli.hf_source import hf_path, is_published, model_info, with_task
-from memlab.cli.traced import alloc_conf_text, print_trace, trace_config
+from memlab.cli.traced import alloc_conf_text, print_trace, refuse_overheads_without_gpu, trace_config
 from memlab.errors import MemlabError
 from memlab.predict.families.resolver import resolve_with_raw, shipped
 
@@ -106,17 +107,19 @@ def _hf_estimate(path: str, setup: Any) -> Any:
         return None
 
 
-_ESTIMATE_ONLY = {"cuda_context_mib": "--cuda-context-mib", "workspace_mib": "--workspace-mib",
-                  "fragmentation": "--fragmentation", "gathered_layers": "--gathered-layers"}
-"""Estimate options a trace has no use for (its CUDA terms are listed after the table instead)."""
+_ESTIMATE_ONLY = {"gathered_layers": "--gathered-layers"}
+"""Estimate options a trace has no use for (it traces FSDP's gathered parameters itself); the overhead options
+(``--cuda-context-mib``, ``--workspace-mib``, ``--fragmentation``) go into its ``--gpu`` verdict."""
 
 
 def run(args: argparse.Namespace) -> int:
     """Trace the step and print the phase table (or JSON); Python warnings are shown only if it succeeds."""
     ignored = [flag for key, flag in _ESTIMATE_ONLY.items() if getattr(args, key, 0)]
     if ignored:
-        raise MemlabError(f"{', '.join(ignored)}: overheads of memlab estimate, which a trace would ignore (it lists "
-                          "the CUDA terms it cannot see instead): drop them, or run memlab estimate")
+        raise MemlabError(f"{', '.join(ignored)}: an option of memlab estimate, which a trace would ignore (it "
+                          "traces FSDP's gathered parameters itself): drop it, or run memlab estimate")
+    refuse_overheads_without_gpu(args)
+    refuse_capacity_without_gpu(args)
     if args.no_trace:
         raise MemlabError("--no-trace is an option of memlab estimate: memlab trace always traces")
     if args.alloc_conf is not None and args.gpu is None:

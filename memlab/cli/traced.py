@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from memlab.cli.device_view import capacity_bytes, given_overheads, peaks, print_peaks
 from memlab.errors import MemlabError
 from memlab.units import byte_unit, fmt_bytes
 
@@ -17,7 +18,7 @@ def _num(v: float | None, size: float) -> str:
     return "-" if v is None else f"{v / size:,.3f}"
 
 
-def _verdict(peak: int, gpu: str, step: str, phase: str, paged: int = 0) -> dict[str, Any]:
+def _verdict(peak: int, gpu: str, step: str, phase: str, paged: int = 0, capacity: int | None = None) -> dict[str, Any]:
     """Whether the traced peak (bytes) fits ``gpu``'s table memory: the fields of a
     :class:`~memlab.predict.fit.FitVerdict`, from the trace; ``paged``: a paged optimizer's states (the trace's
     ``paged_bytes``), outside the peak, and what they mean (:meth:`~memlab.predict.fit.FitVerdict.paged_note`)."""
@@ -25,7 +26,7 @@ def _verdict(peak: int, gpu: str, step: str, phase: str, paged: int = 0) -> dict
     from memlab.predict.hardware.gpus import gpu as lookup
 
     acc = lookup(gpu)
-    cap = int(acc.memory_bytes)
+    cap = int(acc.memory_bytes) if capacity is None else capacity
     note = FitVerdict(peak <= cap, peak, cap, cap - peak, acc.key, acc.name, peak, phase, paged).paged_note()
     return {"fits": peak <= cap, "gpu": acc.key, "gpu_name": acc.name, "capacity_bytes": cap, "peak_bytes": peak,
             "headroom_bytes": cap - peak, "peak_step": step, "peak_phase": phase, "paged_bytes": paged,
@@ -53,13 +54,13 @@ def _replay(args: argparse.Namespace, result: Any) -> dict[str, Any] | None:
     from dataclasses import asdict, replace
 
     from memlab.predict.gpu.alloc_conf import parse_alloc_conf
-    from memlab.predict.hardware.gpus import gpu as lookup
-
-    cap, text = int(lookup(args.gpu).memory_bytes), alloc_conf_text(args)
+    cap, text = capacity_bytes(args), alloc_conf_text(args)
     conf = parse_alloc_conf(text)
     r = result.replay(conf, capacity_bytes=cap)
     e = result.replay(replace(conf, expandable_segments=True), capacity_bytes=cap)
+    whole = r if r.fits else result.replay(conf)  # where the card runs out: the reserve the whole step would ask
     return {"alloc_conf": text, "capacity_bytes": cap, "fits": r.fits, "oom_event": r.oom_event,
+            "uncapped_reserve_bytes": whole.total.reserved_bytes - whole.total.requested_bytes,
             "oom_request_bytes": r.oom_request_bytes, "total": asdict(r.total),
             "phases": [{**asdict(p), "reliable": row.reliable} for p, row in zip(r.phases, result.phases, strict=True)],
             "expandable_reserved_peak_bytes": e.total.reserved_bytes,
@@ -112,7 +113,7 @@ def trace_config(args: argparse.Namespace, target: str, setup: Any) -> tuple[Any
 
 
 def _print_json(args: argparse.Namespace, result: Any, predicted: Any, extra: dict[str, Any],
-                verdict: dict[str, Any] | None) -> int:
+                verdict: dict[str, Any] | None, rep: dict[str, Any] | None = None, device: Any = None) -> int:
     """The trace as JSON, with the formula's phases beside it where it answers, the top modules and the verdict."""
     out = {**result.to_dict(), **extra}
     if predicted is not None:
@@ -121,7 +122,8 @@ def _print_json(args: argparse.Namespace, result: Any, predicted: Any, extra: di
                            "total": predicted.total_bytes}
     out["top_modules"] = result.modules_by_kind(args.top)
     out["verdict"] = verdict
-    out["allocator_replay"] = _replay(args, result)
+    out["allocator_replay"] = rep
+    out["device"] = device.to_dict() if device is not None else None
     print(json.dumps(out, indent=2, default=str))
     return 0
 
@@ -136,11 +138,15 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     """The phase table (or JSON) of a finished trace, with the fit verdict when ``--gpu`` is given; ``extra``
     (:func:`memlab.cli.hf_source.model_info`) goes into the JSON and the header."""
     extra = extra or {}
-    verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase, result.paged_bytes)
+    refuse_overheads_without_gpu(args)
+    verdict = (_verdict(result.peak_bytes, args.gpu, result.peak_step, result.peak_phase, result.paged_bytes,
+                        capacity_bytes(args))
                if args.gpu is not None
                else None)
+    rep = _replay(args, result) if verdict is not None else None
+    device = _device(args, result, setup, predicted, rep) if verdict is not None else None
     if args.json:
-        return _print_json(args, result, predicted, extra, verdict)
+        return _print_json(args, result, predicted, extra, verdict, rep, device)
     unit, size = byte_unit(result.peak_bytes)
     print(f"memlab trace: {result.model}, batch {setup.batch} x seq {setup.seq}, {setup.precision}, {setup.optimizer}, "
           f"attention {result.setup.get('attention', setup.attention)}, {_recompute(setup)} (fake tensors on CPU; "
@@ -187,14 +193,40 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
     print("not seen by a CPU trace (add on CUDA): " + "; ".join(f"{t['term']} ({t['source']})"
                                                                 for t in result.cuda_terms))
     if verdict is not None:
-        _print_verdict(verdict, _replay(args, result))
+        _print_verdict(verdict, rep, device)
     return 0
 
 
-def _print_verdict(verdict: dict[str, Any], rep: dict[str, Any] | None) -> None:
-    """The ``--gpu`` verdict on the traced peak, then the caching allocator replayed on that card."""
+def refuse_overheads_without_gpu(args: argparse.Namespace) -> None:
+    """A trace uses ``--cuda-context-mib``, ``--workspace-mib`` and ``--fragmentation`` only in its ``--gpu``
+    verdict: without ``--gpu`` they are refused in one line, never ignored."""
+    given = [f"--{k.replace('_', '-')}" for k in given_overheads(args)]
+    if given and args.gpu is None:
+        raise MemlabError(f"{', '.join(given)}: a trace uses them in the --gpu verdict (device-used peak): give "
+                          "--gpu NAME too, or drop them")
+
+
+def _device(args: argparse.Namespace, result: Any, setup: Any, predicted: Any, rep: dict[str, Any] | None) -> Any:
+    """The device peaks of a trace: its peak, the replayed reserve (the whole step's where the card runs out),
+    the terms outside the allocator; DDP's buckets from the formula's gradients where it answers."""
+    if rep is None:
+        return None
+    rounding = rep["total"]["active_bytes"] - rep["total"]["requested_bytes"]
+    reserve = rep["uncapped_reserve_bytes"] - rounding
+    grads = predicted.grads_bytes if predicted is not None else 0
+    return peaks(args, setup, result.peak_bytes, grads, (reserve, reserve),
+                 "replayed: the caching allocator model on the traced allocations (peak reserved - peak allocated "
+                 "over the step)", rounding)
+
+
+def _print_verdict(verdict: dict[str, Any], rep: dict[str, Any] | None, device: Any = None) -> None:
+    """The ``--gpu`` verdict on device-used (when the trace has an allocation log), the traced peak against the
+    card, then the caching allocator replayed on that card."""
     word = "FITS" if verdict["fits"] else "DOES NOT FIT"
-    print(f"verdict: {word} on {verdict['gpu_name']} ({verdict['gpu']}): traced peak "
+    if device is not None:
+        print_peaks(device, f"{verdict['gpu_name']} ({verdict['gpu']})")
+    print(f"{'tensors alone' if device is not None else 'verdict'}: {word} on {verdict['gpu_name']} "
+          f"({verdict['gpu']}): traced peak "
           f"{fmt_bytes(verdict['peak_bytes'], digits=3)} of {fmt_bytes(verdict['capacity_bytes'], digits=3)}, "
           f"headroom {verdict['headroom_bytes'] / 2**30:+.2f} GiB, before the CUDA terms above")
     if verdict["paged_note"]:

@@ -1,7 +1,11 @@
 """memlab's prediction next to each published GPU figure, the residual, and what explains it.
 
-For a memory row (its unit is bytes) the prediction is :func:`memlab.predict.estimate.estimate` of the row's
-setup (``memlab_model`` + ``memlab_setup``): the predicted peak allocated bytes of one device, in the row's unit.
+For a memory row (its unit is bytes) the prediction starts from :func:`memlab.predict.estimate.estimate` of the
+row's setup (``memlab_model`` + ``memlab_setup``), one device's tensor peak, and stacks what the device adds
+(:mod:`memlab.predict.gpu.device`, every term at its library default or documented range): ``allocated``,
+``reserved_low..reserved_high`` and ``device_low..device_high`` (nvidia-smi). ``predicted`` is the matching kind's
+figure (its low end for a range: everything but the reserve bound and the range terms' spread) and ``residual``
+its residual; ``residual_high`` is the residual of the range's high end.
 A setup memlab refuses is predicted with the row's ``memlab_approx`` changes when it has some (said in the note),
 and stays refused otherwise. ``predicted_default`` is memlab's answer on its own defaults for the same model and
 shape (``Setup(mode, batch, seq, attention='auto')``: fp32, AdamW, no recompute, one device), what a user who
@@ -30,12 +34,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
 KIND_NOTES = {
-    "reserved": "published is the caching allocator's peak reserved; memlab predicts the peak allocated (reserved "
-                "adds the allocator's block rounding, cached free blocks and fragmentation)",
-    "nvidia_smi_used": "published is nvidia-smi's used memory: the CUDA context and everything the allocator holds "
-                       "reserved on top of the allocated peak memlab predicts",
+    "reserved": "published is the caching allocator's peak reserved; memlab's range runs from its allocated peak "
+                "(tensors + cuBLAS workspaces) to that plus the formula's reserve bound (memlab.predict.gpu.device)",
+    "nvidia_smi_used": "published is nvidia-smi's used memory; memlab's range is reserved (as for a reserved row) + "
+                       "the CUDA context's documented range (+ NCCL buffers)",
     "active": "published is the peak active bytes; memlab predicts the peak allocated",
-    "max_allocated": "published is torch.cuda.max_memory_allocated, the quantity memlab predicts",
+    "max_allocated": "published is torch.cuda.max_memory_allocated: memlab's tensor peak + cuBLAS workspaces",
     "other": "the source does not say which peak it reports (allocated, active or reserved)",
 }
 """What the published figure measures against memlab's prediction, by :data:`memlab.compare.published.KINDS`."""
@@ -74,6 +78,16 @@ class PublishedPrediction:
     status: str
     memlab_figure: str
     note: str
+    allocated: float | None = None
+    """memlab's max_memory_allocated: the tensor peak + cuBLAS workspaces (+ DDP buckets), the row's unit."""
+    reserved_low: float | None = None
+    reserved_high: float | None = None
+    """max_memory_reserved: allocated up to allocated + the formula's reserve bound."""
+    device_low: float | None = None
+    device_high: float | None = None
+    """Device-used (nvidia-smi): reserved + the CUDA context (+ NCCL buffers), their documented ranges."""
+    residual_high: float | None = None
+    """The residual against the high end of the matching kind's range (equal to ``residual`` for a point)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready)."""
@@ -93,18 +107,46 @@ def _notes(row: PublishedRow, extra: list[str]) -> str:
     return "; ".join(parts)
 
 
-def _estimate(config: TransformerConfig, row: PublishedRow) -> tuple[MemoryBreakdown, str]:
+def _estimate(config: TransformerConfig, row: PublishedRow) -> tuple[MemoryBreakdown, str, Setup]:
     """The estimate of the row's setup, or of its memlab_approx version when memlab refuses it as given (the
-    second element says which: '' or the refusal and the changes)."""
+    second element says which: '' or the refusal and the changes; the third is the setup estimated)."""
     fields = row.setup_fields
     try:
-        return estimate(config, Setup(**fields)), ""
+        setup = Setup(**fields)
+        return estimate(config, setup), "", setup
     except MemlabError as exc:
         if not row.memlab_approx:
             raise
         changed = {**fields, **parse_setup(row.memlab_approx)}
         how = f"memlab refuses the setup as given ({exc}); predicted with {row.memlab_approx} instead"
-        return estimate(config, Setup(**changed)), how
+        setup = Setup(**changed)
+        return estimate(config, setup), how, setup
+
+
+DEVICE_KINDS = {"reserved": ("reserved_low", "reserved_high"), "nvidia_smi_used": ("device_low", "device_high")}
+"""The kinds whose matching prediction is a range (the others are matched with ``allocated``, a point)."""
+
+
+def _arch_key(row: PublishedRow) -> str:
+    """A memlab GPU key standing for the row's architecture where it sets a default (cuBLAS's workspace on sm90):
+    the row's ``memlab_gpu``, a Hopper key when the row's GPU text names one, else '' (the default size)."""
+    if row.memlab_gpu:
+        return row.memlab_gpu
+    return "h100-sxm" if any(w in row.gpu for w in ("H100", "H200", "GH200")) else ""
+
+
+def device_figures(bd: MemoryBreakdown, setup: Setup, row: PublishedRow) -> dict[str, float]:
+    """Allocated, reserved (range) and device-used (range) of the row's estimate, in the row's unit: the terms of
+    :mod:`memlab.predict.gpu.device` at their library defaults and documented ranges, nothing fitted to the row."""
+    from memlab.predict.gpu.device import DeviceOverheads, device_peaks, reserve_bound, terms
+
+    extra = terms(_arch_key(row), setup, DeviceOverheads(), bd.grads_bytes)
+    bound = reserve_bound(bd.peak_bytes, bd.params_bytes + bd.optimizer_bytes)
+    p = device_peaks(bd.peak_bytes, (0, bound), 1, extra, "bound")
+    unit = MEMORY_UNITS[row.unit]
+    return {"allocated": p.allocated_bytes / unit, "reserved_low": p.reserved_low_bytes / unit,
+            "reserved_high": p.reserved_bytes / unit, "device_low": p.device_low_bytes / unit,
+            "device_high": p.device_high_bytes / unit}
 
 
 def _default(config: TransformerConfig, row: PublishedRow) -> float | None:
@@ -126,19 +168,20 @@ def _memory(row: PublishedRow) -> PublishedPrediction:
                                    status="not expressible", note=row.memlab_gap)
     config = preset(row.memlab_model)
     try:
-        bd, how = _estimate(config, row)
+        bd, how, setup = _estimate(config, row)
     except MemlabError as exc:
         return PublishedPrediction(**base, predicted=None, predicted_default=_default(config, row), residual=None,
                                    status="refused", note=str(exc))
-    predicted = bd.peak_bytes / MEMORY_UNITS[row.unit]
+    dev = device_figures(bd, setup, row)
+    low, high = DEVICE_KINDS.get(row.kind, ("allocated", "allocated"))
     extra = [e for e in (row.memlab_gap, how) if e]  # memlab_gap beside a model: the closest config and its gaps
     if bd.paged_bytes:
         extra.append(f"paged optimizer states ({bd.paged_bytes / 2**30:.2f} GiB) live in CUDA managed memory, "
                      "outside torch's allocator and memlab's peak")
-    return PublishedPrediction(**base, predicted=predicted, predicted_default=_default(config, row),
-                               residual=(predicted - row.figure) / row.figure,
+    return PublishedPrediction(**base, predicted=dev[low], predicted_default=_default(config, row),
+                               residual=(dev[low] - row.figure) / row.figure,
                                status="approximated" if how or row.memlab_gap else "predicted",
-                               note=_notes(row, extra))
+                               note=_notes(row, extra), **dev, residual_high=(dev[high] - row.figure) / row.figure)
 
 
 def _source_mfu(row: PublishedRow, model: TransformerConfig | float, tps: float, peak: float | None) -> str:
@@ -231,10 +274,15 @@ def residual_summary(frame: pd.DataFrame) -> pd.DataFrame:
     for kind, group in frame.groupby("kind", sort=False):
         done = group[group["residual"].notna()]
         worst = done.loc[done["residual"].abs().idxmax()] if len(done) else None
-        out.append({"kind": kind, "rows": len(group), "predicted": len(done),
-                    "median_abs_residual": median(done["residual"].abs()) if len(done) else None,
-                    "worst_residual": None if worst is None else worst["residual"],
-                    "worst_row": None if worst is None else worst["row_id"]})
+        row = {"kind": kind, "rows": len(group), "predicted": len(done),
+               "median_abs_residual": median(done["residual"].abs()) if len(done) else None,
+               "worst_residual": None if worst is None else worst["residual"],
+               "worst_row": None if worst is None else worst["row_id"]}
+        if "residual_high" in group and kind in DEVICE_KINDS and len(done):
+            high = done["residual_high"]
+            row |= {"median_abs_residual_high": median(high.abs()),
+                    "within_range": int(((done["residual"] <= 0) & (high >= 0)).sum())}
+        out.append(row)
     return pd.DataFrame(out)
 
 
@@ -252,6 +300,18 @@ def _figure_text(value: float | None, unit: str) -> str:
     if value is None or value != value:
         return "-"
     return f"{value:,.3g} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+
+
+def _device_text(p: PublishedPrediction, unit: str) -> str:
+    """memlab's three device figures of a memory row (ranges where a term is one); '-' for other rows."""
+    if p.allocated is None:
+        return "-"
+
+    def span(lo: float | None, hi: float | None) -> str:
+        return _figure_text(lo, unit) if lo == hi else f"{_figure_text(lo, unit)} .. {_figure_text(hi, unit)}"
+
+    return (f"{_figure_text(p.allocated, unit)} / {span(p.reserved_low, p.reserved_high)} / "
+            f"{span(p.device_low, p.device_high)}")
 
 
 def _short_url(url: str) -> str:
@@ -282,5 +342,6 @@ def chapter_frame(chapter: str) -> pd.DataFrame:
                     "hardware": f"{r.devices} x {r.gpu}" if r.devices else r.gpu,
                     "what the number is": f"{r.kind} ({r.unit})", "setup": _setup_text(r),
                     "published": _figure_text(r.figure, r.unit), "memlab": memlab,
+                    "memlab allocated / reserved / device-used": _device_text(p, r.unit),
                     "residual": "-" if p.residual is None else f"{100 * p.residual:+.1f} %", "why": p.note})
     return pd.DataFrame(out)

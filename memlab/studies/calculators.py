@@ -245,8 +245,9 @@ BLOCK = re.compile(r"\.(?:h|layers|layer|blocks)\.\d+$")
 
 
 def block_activation_bytes(trace: Trace) -> int:
-    """What the transformer blocks' forwards leave for backward, summed over the blocks (:attr:`Trace.modules`,
-    MemTracker's post- minus pre-forward activations of each ``BLOCK`` module): the truth a per-layer activation
+    """What the transformer blocks' forwards leave for backward, summed over the blocks
+    (:attr:`memlab.tracing.tracer.Trace.modules`, MemTracker's post- minus pre-forward activations of each ``BLOCK``
+    module): the truth a per-layer activation
     formula is scored on, without the embeddings, the final norm, the head and the loss, which such a formula
     leaves out by definition. Each block's output is counted once, as a per-layer formula counts a layer's input,
     even where the next block keeps an fp32 copy of it instead (Llama's RMSNorm upcast), so the sum can exceed what

@@ -87,12 +87,14 @@ CUDA_TERMS: tuple[dict[str, str], ...] = (
      "size": "reserved - allocated, workload-dependent; modelled by Trace.replay() / memlab trace --gpu "
              "(memlab.predict.gpu: the allocator's rules replayed on the traced allocations)",
      "source": "torch.cuda.memory_stats(): reserved_bytes.all.peak - allocated_bytes.all.peak"},
-    {"term": "CUDA context", "size": "a few hundred MB outside the allocator",
-     "source": "pytorch/pytorch#107667, #109888 (about 300-400 MB with lazy module loading)"},
-    {"term": "cuBLAS / attention workspaces", "size": "cuBLAS: up to 4 MiB x streams (CUBLAS_WORKSPACE_CONFIG); "
-     "flash/efficient attention allocate their own scratch", "source": "NVIDIA cuBLAS docs, cublasSetWorkspace"},
+    {"term": "CUDA context", "size": "254-426 MiB outside the allocator with lazy module loading (counted in the "
+     "--gpu verdict, memlab.predict.gpu.device)",
+     "source": "pytorch/pytorch#86509, #107667, #109888; unslothai/unsloth-zoo#1053"},
+    {"term": "cuBLAS / cuBLASLt workspaces", "size": "8,519,680 B (32 MiB on sm90) + 1 MiB per (handle, stream), "
+     "two handles in training (counted in the --gpu verdict); flash/efficient attention allocate their own scratch",
+     "source": "PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp"},
 )
-"""What a CUDA run holds that a CPU trace cannot see; add them (memlab.predict.estimate.Overheads) when they matter."""
+"""What a CUDA run holds that a CPU trace cannot see: a ``--gpu`` verdict adds them (memlab.predict.gpu.device)."""
 
 
 @dataclass(frozen=True)

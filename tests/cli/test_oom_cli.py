@@ -48,3 +48,19 @@ def test_input_that_is_not_an_oom_message_is_one_error_line(capsys: pytest.Captu
                                                            argv: list[str]) -> None:
     code, out, err = run(capsys, *argv)
     assert code == 2 and not out and err.count("\n") == 1 and err.startswith("memlab: error: ")
+
+
+def test_with_a_model_and_a_card_it_prints_the_levers_estimate_gives(capsys: pytest.CaptureFixture[str]) -> None:
+    setup = ["--preset", "gpt2", "--batch", "16", "--seq", "1024", "--gpu", "t4"]
+    code, out, _ = run(capsys, "oom", FRAGMENTED, *setup, "--json")
+    got = json.loads(out)
+    code2, est, _ = run(capsys, "estimate", *setup, "--levers", "--json")
+    assert code == code2 == 0 and got["kind"] == "fragmentation candidate"
+    assert got["levers"]["levers"] == json.loads(est)["levers"] and got["levers"]["to_fit"]["levers"]
+    code, out, _ = run(capsys, "oom", FRAGMENTED, *setup)
+    assert code == 0 and "levers, ranked by the predicted peak" in out and "to fit, switch on:" in out
+
+
+def test_a_model_without_a_card_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "oom", FRAGMENTED, "--preset", "gpt2")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--gpu" in err

@@ -143,3 +143,20 @@ def test_residual_summary_has_a_line_per_kind() -> None:
 def test_row_label_says_published() -> None:
     row: PublishedRow = published_rows()[0]
     assert row.label.startswith("published: ") and row.gpu in row.label
+
+
+def test_memory_rows_carry_allocated_reserved_and_device_used_and_match_their_kind() -> None:
+    from memlab.compare.published import MEMORY_UNITS
+    from memlab.predict.gpu.device import CUDA_CONTEXT_HIGH_BYTES, CUDA_CONTEXT_LOW_BYTES
+
+    rows = {r.row_id: r for r in published_rows()}
+    for row_id in ("tt-h100-01", "hf-v100-08", "td-01"):
+        p, r = predict_row(rows[row_id]), rows[row_id]
+        unit = MEMORY_UNITS[r.unit]
+        assert p.allocated <= p.reserved_low <= p.reserved_high <= p.device_high and p.reserved_low <= p.device_low
+        assert p.device_low - p.reserved_low >= CUDA_CONTEXT_LOW_BYTES / unit * 0.999
+        assert p.device_high - p.reserved_high >= CUDA_CONTEXT_HIGH_BYTES / unit * 0.999
+        match = {"reserved": p.reserved_low, "nvidia_smi_used": p.device_low}.get(r.kind, p.allocated)
+        assert p.predicted == match and p.residual == pytest.approx((match - r.figure) / r.figure)
+    summary = residual_summary(published_frame()).set_index("kind")
+    assert summary.loc["reserved", "within_range"] <= summary.loc["reserved", "predicted"]

@@ -97,6 +97,7 @@ def to_frame(rows: Iterable[Accelerator] | None = None) -> pd.DataFrame:
 # suffixes therefore resolve to None rather than to a near neighbour.
 _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"v100 sxm2 32gb", "v100-sxm2-32gb"),
+    (r"v100 sxm2 16gb", "v100-sxm2-16gb"),
     (r"a100 sxm4 40gb", "a100-40gb-sxm"),
     (r"a100 sxm4? 80gb", "a100-80gb-sxm"),
     (r"a100 (pcie 40gb|40gb pcie)", "a100-40gb-pcie"),

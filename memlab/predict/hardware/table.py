@@ -154,6 +154,12 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
          "32/16 GB HBM2, 900 GB/sec",
          "Volta: no sparsity (printed = dense); no bf16, tf32 or fp8; fp16 is the FP16-input tensor (mixed "
          "precision) figure; the datasheet prints no int8 tensor figure"),
+    _row("v100-sxm2-16gb", "NVIDIA V100 SXM2 16GB", "NVIDIA", "SXM", 16, 900e9,
+         (15.7 * T, None, None, 125 * T, None, None),
+         "NVIDIA Tesla V100 GPU datasheet (images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-"
+         "update-us-1165301-r5.pdf): V100 SXM2 single precision 15.7 TFLOPS, tensor performance 125 TFLOPS, "
+         "32/16 GB HBM2, 900 GB/sec",
+         "the 16 GB variant of the same datasheet row; Volta: no sparsity (printed = dense); no bf16, tf32 or fp8"),
     _row("a100-40gb-sxm", "NVIDIA A100 40GB SXM4", "NVIDIA", "SXM", 40, 1555e9,
          (19.5 * T, 156 * T, 312 * T, 312 * T, None, 624 * T), _A100_SRC + "; 40GB HBM2 1,555 GB/s", _A100_NOTE),
     _row("a100-80gb-sxm", "NVIDIA A100 80GB SXM4", "NVIDIA", "SXM", 80, 2039e9,
@@ -202,6 +208,14 @@ GPUS: Mapping[str, Accelerator] = MappingProxyType({r.key: r for r in (
     _row("h100-nvl", "NVIDIA H100 NVL 94GB", "NVIDIA", "NVL", 94, 3.9e12,
          (60 * T, 417.5 * T, 835.5 * T, 835.5 * T, 1670.5 * T, 1670.5 * T), _H100_SRC + "; NVL 94 GB HBM3, 3.9 TB/s",
          _SPARSE + "; per GPU (the 2023 datasheet printed a bridged pair: 188 GB, 7.8 TB/s)"),
+    _row("gh200-96gb", "NVIDIA GH200 96GB HBM3", "NVIDIA", "Superchip", 96, 4.0e12,
+         (67 * T, 494.5 * T, 989.5 * T, 989.5 * T, 1979 * T, 1979 * T),
+         "third party: spheron.network/blog/nvidia-gh200-guide and the Hopper (microarchitecture) encyclopedia "
+         "page (GH200: an H100 GPU with 96 GB HBM3, or 144 GB HBM3e, beside a 72-core Grace CPU with 480 GB "
+         "LPDDR5X); NVIDIA's GH200 datasheet was not read for this row",
+         "unconfirmed: the dense peaks are the H100 SXM row's and the 4 TB/s bandwidth is the superchip's "
+         "marketing figure, not read from NVIDIA's datasheet; the memory (96 GB HBM3, the GPU side only: the "
+         "LPDDR5X is host memory) is what a --gpu verdict uses", unofficial=True),
     _row("h200-sxm", "NVIDIA H200 SXM 141GB", "NVIDIA", "SXM", 141, 4.8e12,
          (67 * T, 494.5 * T, 989.5 * T, 989.5 * T, 1979 * T, 1979 * T), _H200_SRC, _SPARSE,
          sparse=_printed(989, 1979, 3958, 3958)),
@@ -293,7 +307,8 @@ ALIASES: Mapping[str, str | tuple[str, ...]] = MappingProxyType({
     "tpuv4": "tpu-v4", "v4": "tpu-v4", "tpuv5e": "tpu-v5e", "v5e": "tpu-v5e", "tpu-v5-lite": "tpu-v5e",
     "tpuv5p": "tpu-v5p", "v5p": "tpu-v5p",
     # names that cover several rows with different peaks: the caller must pick
-    "v100": ("v100-sxm2-32gb",),
+    "v100": ("v100-sxm2-32gb", "v100-sxm2-16gb"), "v100-16gb": "v100-sxm2-16gb", "v100-sxm2-16": "v100-sxm2-16gb",
+    "gh200": "gh200-96gb", "gh200-96": "gh200-96gb",
     "a100": ("a100-40gb-sxm", "a100-80gb-sxm", "a100-40gb-pcie", "a100-80gb-pcie"),
     "a100-sxm": ("a100-40gb-sxm", "a100-80gb-sxm"), "a100-sxm4": ("a100-40gb-sxm", "a100-80gb-sxm"),
     "a100-pcie": ("a100-40gb-pcie", "a100-80gb-pcie"),
