@@ -470,10 +470,10 @@ display(Markdown(
     "Published beside the model: torchtitan's reserved peaks (GPU measurements, labelled published) are "
     + ", ".join(f"{r.published} against memlab's allocated {r.memlab} ({r.residual})"
                 for r in pub_reserved.itertuples())
-    + f". Part of each residual is the allocator's reserve: on this chapter's step the model reserves "
-      f"{steady.reserved_bytes / steady.requested_bytes - 1:.0%} above the requested peak. The rest is named, "
-      "not fitted: those runs are FSDP2 over 8 GPUs (communication buffers, reduce-scatter outputs) and some use "
-      "torch.compile or Float8, none of which this single-GPU eager trace replays."))
+    + ". Part of each residual is the allocator's reserve: on this chapter's step the model reserves "
+      f"{100 * (steady.reserved_bytes / steady.requested_bytes - 1):.0f} % above the requested peak. The rest is "
+      "named, not fitted: those runs are FSDP2 over 8 GPUs (communication buffers, reduce-scatter outputs) and "
+      "some use torch.compile or Float8, none of which this single-GPU eager trace replays."))
 
 # %% [markdown]
 # **Got an OOM? Read these, in this order.** The message (section 1), then `torch.cuda.memory_stats()` at the
