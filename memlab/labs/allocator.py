@@ -335,8 +335,8 @@ MODEL_LABEL = "a model of CUDACachingAllocator (torch 2.13 rules) replayed on th
 sizes and lifetimes the fake-tensor trace saw."""
 SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:20")
 """The ``PYTORCH_CUDA_ALLOC_CONF`` values chapter 01 compares: torch's defaults (""), expandable segments, and the
-smallest ``max_split_size_mb`` torch 2.13 accepts (20: "max_split_size_mb too small, must be >= 20", the parser's
-limit, :mod:`memlab.predict.gpu.alloc_conf`)."""
+smallest ``max_split_size_mb`` torch 2.13 accepts: ``large_segment_size_mb``, 20 by default (the parser refuses less
+with "max_split_size_mb too small, must be >= ", :mod:`memlab.predict.gpu.alloc_conf`)."""
 
 
 def setting_name(conf: str) -> str:
