@@ -54,6 +54,7 @@ from memlab import (
     run_step,
     snapshot_timeline,
     stacked_by_label,
+    trace_gpt,
 )
 from memlab.compare import plots
 from memlab.labs import allocator, oom
@@ -375,8 +376,104 @@ rec = ch.recorded("01_fragmentation_gpu")
 rec if rec is not None else ("No GPU fragmentation run is recorded yet: the GPU evidence is the "
                              "published measurements below.")
 
+# %% [markdown]
+# **The full model, on this chapter's step.** `memlab.predict.gpu` models the allocator with everything the small
+# picture above leaves out (expandable segments, `max_split_size_mb`, `roundup_power2_divisions`, the garbage
+# collection threshold), read from torch 2.13's `CUDACachingAllocator.cpp`. `Trace.replay()` feeds it every
+# allocation and free of section 2's step, in order, as the fake-tensor trace saw them. The step is traced at the
+# full scale (gpt2, sequence 1024) on any machine: fake tensors hold no memory. Every number below is this model's
+# output, not a GPU measurement.
+
 # %%
-ch.published("01")
+step_trace = trace_gpt(preset("gpt2"), setup.with_(seq=1024))
+by_phase = allocator.phase_table(step_trace.replay())
+ch.save_table(by_phase, "allocator_model_phases")
+MIB_COLUMNS = {"requested_bytes": "requested (MiB)", "allocated_bytes": "allocated (MiB)",
+               "reserved_bytes": "reserved (MiB)", "unused_at_peak_bytes": "unused at peak (MiB)",
+               "largest_free_bytes": "largest free (MiB)"}
+by_phase.set_index("phase").div(MiB).rename(columns=MIB_COLUMNS).round(0)
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+pos = range(len(by_phase))
+for k, (col, label) in enumerate([("requested_bytes", "requested: the tensors' bytes"),
+                                  ("allocated_bytes", "allocated: their 512 B-rounded blocks"),
+                                  ("reserved_bytes", "reserved: segments taken from the driver")]):
+    ax.bar([i + (k - 1) * 0.27 for i in pos], by_phase[col] / GiB, 0.27, label=label)
+ax.set_xticks(list(pos), by_phase["phase"], rotation=30, ha="right", fontsize=8)
+ax.set(ylabel="peak in the phase (GiB)",
+       title="gpt2, fp32 + AdamW, batch 4, sequence 1024: requested, allocated and reserved peaks per phase (GiB)\n"
+             "a model of the caching allocator (torch 2.13 rules) replayed on the traced step, not a GPU measurement")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+ch.save_figure(fig, "allocator_model_phases")
+
+# %%
+at_peak = step_trace.replay().total
+display(Markdown(
+    f"At the step's peak the tensors request {at_peak.requested_bytes / GiB:.2f} GiB; rounding to 512 B blocks "
+    f"adds {(at_peak.active_bytes - at_peak.requested_bytes) / MiB:.0f} MiB, the segments "
+    f"{(at_peak.reserved_at_peak_bytes - at_peak.active_bytes) / MiB:,.0f} MiB more: cached free blocks, the "
+    f"largest {at_peak.largest_free_bytes / MiB:.0f} MiB, left by tensors the earlier phases freed. Reserved never "
+    "falls, because nothing calls `empty_cache`."))
+
+# %% [markdown]
+# **Exercise 3 (predict first).** Run the same step with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`. What
+# is its peak reserved, in GiB? The check replays it; the table after it shows all three settings.
+
+# %%
+answer = ...
+check("01.expandable-reserved", answer, trace=step_trace)
+
+# %% tags=["reveals-01.expandable-reserved"]
+settings = allocator.settings_table(step_trace)
+ch.save_table(settings, "allocator_model_settings")
+settings.set_index("setting").drop(columns="segments").div(MiB).rename(columns=MIB_COLUMNS).round(0).assign(
+    **{"segments or pages mapped": settings["segments"].to_numpy()})
+
+# %%
+peak_of = settings.set_index("setting")["reserved_bytes"]
+base = peak_of["torch's defaults"]
+display(Markdown(
+    f"Expandable segments change the reserved peak by {(peak_of['expandable_segments:True'] - base) / MiB:+,.0f} "
+    f"MiB: one segment per pool grows page by page, so a freed page serves any later request. "
+    f"`max_split_size_mb:20` changes it by {(peak_of['max_split_size_mb:20'] - base) / MiB:+,.0f} MiB: blocks of "
+    "20 MiB and more are no longer split, so a large cached block cannot serve a smaller request and a new segment "
+    "is taken instead. PyTorch documents it as a way to limit fragmentation for runs near the card's capacity "
+    "`[pytorch-cuda-memory]`; on this step, which fits, it costs memory."))
+
+# %% [markdown]
+# The 24-tensor picture above, through the full model with each setting, on the same 170 MiB budget:
+
+# %%
+demo = allocator.demo_on_model(allocator.interleaved_frees(24, TENSOR, REQUEST), BUDGET)
+display(demo.assign(**{"reserved (MiB)": demo["reserved_bytes"] / MiB}).drop(columns="reserved_bytes").round(0))
+served = demo.loc[demo["served"], "setting"].tolist()
+display(Markdown(
+    (f"Served only with {', '.join(served)}." if served else f"No setting serves the {REQUEST / MiB:.0f} MiB "
+     "request. With expandable segments the large pool maps 20 MiB pages (`large_segment_size_mb`); the freed "
+     f"{TENSOR / MiB:.0f} MiB holes leave no page wholly free to unmap, and the driver has too little left for new "
+     "pages.")
+    + (" The small picture and the full model agree on this pattern" if demo.iloc[0]["served"] == demo.iloc[1]["served"]
+       and demo.iloc[0]["reserved_bytes"] == demo.iloc[1]["reserved_bytes"] else
+       " The small picture and the full model differ on this pattern")
+    + "; the full model adds what each setting does on a real step's sizes."))
+
+# %%
+published_01 = ch.published("01")
+published_01
+
+# %%
+pub = published_01.frame
+pub_reserved = pub[pub["what the number is"].str.startswith("reserved")]
+steady = step_trace.replay().total
+display(Markdown(
+    "Published beside the model: torchtitan's reserved peaks (GPU measurements, labelled published) are "
+    + ", ".join(f"{r.published} against memlab's allocated {r.memlab} ({r.residual})"
+                for r in pub_reserved.itertuples())
+    + ". Part of each residual is the allocator's reserve: on this chapter's step the model reserves "
+      f"{100 * (steady.reserved_bytes / steady.requested_bytes - 1):.0f} % above the requested peak. The rest is "
+      "named, not fitted: those runs are FSDP2 over 8 GPUs (communication buffers, reduce-scatter outputs) and "
+      "some use torch.compile or Float8, none of which this single-GPU eager trace replays."))
 
 # %% [markdown]
 # **Got an OOM? Read these, in this order.** The message (section 1), then `torch.cuda.memory_stats()` at the
@@ -573,9 +670,9 @@ ch.seed_claims([
 # %% [markdown]
 # ## Exercises
 #
-# (Exercises 1 and 2 are in sections 1 and 3.)
+# (Exercises 1, 2 and 3 are in sections 1, 3 and 4.)
 #
-# **Exercise 3.** Which field of an OOM message measures the allocator's cache, the candidate for fragmentation (as
+# **Exercise 4.** Which field of an OOM message measures the allocator's cache, the candidate for fragmentation (as
 # opposed to a too-large workload)? Answer with the option's letter.
 
 # %%
@@ -583,7 +680,7 @@ answer = ...
 check("01.fragmentation-field", answer)
 
 # %% [markdown]
-# **Exercise 4.** Section 6's keep-loss loop (the bug: `losses.append(loss)` after `backward`) runs for 1,000
+# **Exercise 5.** Section 6's keep-loss loop (the bug: `losses.append(loss)` after `backward`) runs for 1,000
 # iterations on a GPU. By how many bytes has `torch.cuda.memory_allocated()` grown from the kept losses at the end?
 
 # %%
@@ -600,6 +697,10 @@ check("01.kept-losses-cuda", answer, table=growth, iterations=1000)
 # - A large "reserved but unallocated" is fragmentation only when the request is at most free + reserved but
 #   unallocated; above that no layout fits it (the `fragmented-2.5` message is such a too-big request).
 #   `expandable_segments:True` is the fix to try for real fragmentation.
+# - Replayed on the chapter's own step, the allocator model (torch 2.13 rules; a model, not a GPU measurement) splits
+#   the gap between the tensors and nvidia-smi into rounding (small), cached free blocks (most of it) and what each
+#   `PYTORCH_CUDA_ALLOC_CONF` setting changes: expandable segments shrink the reserve, a small `max_split_size_mb`
+#   grows it on a step that fits.
 # - The allocator rounds every request up to 512 B, packs small ones into 2 MiB segments, and frees its wholly
 #   unused cache and retries before any OOM: `empty_cache` cannot prevent one.
 # - Leaks are bytes that grow per iteration: eval without `no_grad` keeps whole graphs; a kept `loss` after

@@ -37,9 +37,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from memlab import Setup, chapter, check, detect, gpu, preset, run_step, training_loop
+from memlab import Setup, chapter, check, detect, gpu, preset, run_step, trace_gpt, training_loop
+from memlab.compare.published import published_rows
 from memlab.course.chapter import as_percent
-from memlab.labs import monitors
+from memlab.labs import allocator, monitors
 from memlab.measure import roofline
 from memlab.units import GB, GiB, MiB
 
@@ -51,10 +52,11 @@ SIZES = {  # what the scale changes: how long each CPU-% loop runs, how many byt
     "ci": dict(busy_s=0.4, rss_bytes=64 * MiB),
     "full": dict(busy_s=2.0, rss_bytes=512 * MiB),
 }[ch.scale]
-ON_DEVICE = {  # what the device changes: the training step of sections 4 and 5
+STEPS = {  # what the device changes: the training step of sections 4 and 5
     "cpu": dict(model="tiny-gpt", setup=Setup(batch=4, seq=64)),
     "cuda": dict(model="gpt2", setup=Setup(batch=8, seq=1024, precision="amp-bf16", attention="flash")),
-}[ch.device_type]
+}
+ON_DEVICE = STEPS[ch.device_type]
 ch
 
 # %% [markdown]
@@ -158,6 +160,42 @@ recorded if recorded else Markdown("No GPU-Util or NVML ledger recording is in `
 
 # %%
 ch.published("08")
+
+# %% [markdown]
+# **What nvidia-smi would show for section 4's GPU step.** The same step traced on fake tensors (no GPU needed) and
+# its allocations replayed through memlab's model of the CUDA caching allocator (torch 2.13 rules; a model, not a
+# GPU measurement), with the CUDA context on top. No context figure is measured here: the one used is the published
+# one above (a 1×1 tensor on a V100, nvidia-smi's reading). Its stack is older than torch 2.13, whose lazy module
+# loading makes the context smaller, so read that layer as an indication.
+
+# %%
+gpu_cfg, gpu_setup = preset(STEPS["cuda"]["model"]), STEPS["cuda"]["setup"]
+gpu_step = trace_gpt(gpu_cfg, gpu_setup).replay()
+context_row = next(r for r in published_rows(kind="nvidia_smi_used") if r.row_id == "hf-v100-01")
+smi = allocator.nvidia_smi_view(gpu_step, context_row.figure_bytes,
+                                f"published: {context_row.gpu} ({context_row.row_id})")
+ch.save_table(smi, "nvidia_smi_view")
+smi_total = int(smi["bytes"].sum())
+fig, ax = plt.subplots(figsize=(8, 2.6), layout="constrained")
+left = 0.0
+for (layer, nbytes), color in zip(smi[["layer", "bytes"]].itertuples(index=False),
+                                  ("tab:blue", "tab:cyan", "tab:orange", "tab:grey"), strict=True):
+    ax.barh(0, nbytes / GiB, left=left, color=color, label=layer.lstrip("+ "))
+    left += nbytes / GiB
+ax.set(yticks=[], xlabel="GiB", title=f"{gpu_cfg.name}, batch {gpu_setup.batch}, sequence {gpu_setup.seq}, bf16 "
+       "autocast: what nvidia-smi would show, layer by layer (GiB)\nallocator layers: a model (torch 2.13 rules), "
+       "not a measurement; context: published")
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+ch.save_figure(fig, "nvidia_smi_layers")
+smi.assign(GiB=smi["bytes"] / GiB).drop(columns="bytes").round(2)
+
+# %%
+tensors, cache = int(smi["bytes"].iloc[0]), gpu_step.total.reserved_bytes - int(smi["bytes"].iloc[0])
+Markdown(f"**The misreading, with numbers.** \"nvidia-smi used = my tensors\": nvidia-smi would show about "
+         f"{smi_total / GiB:.1f} GiB for this step, of which the tensors at their peak are {tensors / GiB:.1f} GiB "
+         f"({tensors / smi_total:.0%}). The allocator's cache adds {cache / GiB:.1f} GiB and the context "
+         f"{context_row.figure_bytes / GiB:.1f} GiB; neither is a tensor, and `empty_cache` can return only the "
+         "cache's wholly free segments, never the context.")
 
 # %%
 ch.cpu_note("GPU-Util, NVML's memory ledger and the CUDA context exist only with a GPU and its driver; the two "
@@ -395,6 +433,8 @@ ch.seed_claims([
 #   the peak (MFU, chapter 07) to know how much work was done.
 # - "Memory used" (nvidia-smi, RSS) counts what the process holds: live tensors, plus the allocator's cache, plus
 #   the CUDA context or the interpreter. Freed memory stays until `empty_cache` / `malloc_trim`.
+# - For a GPU step, nvidia-smi's "used" is the allocator's reserved peak plus the CUDA context: section 3 replays the
+#   step through a model of the caching allocator and puts a published context on top; the tensors are only part of it.
 # - To see how busy the GPU really is, read DCGM's SM_ACTIVE, SM_OCCUPANCY, PIPE_TENSOR_ACTIVE and DRAM_ACTIVE,
 #   and the clocks' event reasons before trusting a datasheet peak.
 # - U_cap is a policy (PyTorch grows on demand, JAX takes 75 %, vLLM 90 %); U_eff hides what the rest is; U_bw needs

@@ -17,9 +17,11 @@ semantics notes, ``[pytorch-cuda-memory]``) to a sequence of requests and frees,
 - when ``cudaMalloc`` fails, the allocator first releases every wholly free cached segment and retries; only then
   it raises the OOM. So ``empty_cache`` cannot prevent an OOM in the same process.
 
-Not modelled (named, not guessed): one pool per CUDA stream (``record_stream`` keeps a block until the other
-stream is done), ``expandable_segments`` (segments that grow by mapping 2 MiB pages, so freed pages inside them
-can be unmapped), ``roundup_power2_divisions`` and ``garbage_collection_threshold``, CUDA graphs' private pools.
+Not modelled by this small picture (named, not guessed): one pool per CUDA stream (``record_stream`` keeps a block
+until the other stream is done), ``expandable_segments`` (segments that grow by mapping 2 MiB pages, so freed pages
+inside them can be unmapped), ``roundup_power2_divisions`` and ``garbage_collection_threshold``, CUDA graphs' private
+pools. The full model of the allocator, which has them, is :mod:`memlab.predict.gpu` (``Trace.replay()``);
+:func:`settings_table` and :func:`demo_on_model` put the two side by side for chapters 01 and 08.
 
 Introduced for chapter 01 (anatomy of an OOM).
 """
@@ -33,7 +35,11 @@ from typing import TYPE_CHECKING, Any
 from memlab.errors import SetupError
 
 if TYPE_CHECKING:
+    import pandas as pd
     import torch
+
+    from memlab.predict.gpu.replay import Replay
+    from memlab.tracing.tracer import Trace
 
 KIB, MIB = 2**10, 2**20
 MIN_BLOCK_BYTES = 512
@@ -320,3 +326,107 @@ def record_allocations(run: Any) -> list[tuple[str, str] | tuple[str, str, int]]
     with _Log():
         run()
     return events
+
+
+# -- the full allocator model on a chapter's own step (chapters 01 and 08) ------------------------------------------
+MODEL_LABEL = "a model of CUDACachingAllocator (torch 2.13 rules) replayed on the traced step, not a GPU measurement"
+"""How every number of :func:`settings_table` and :func:`demo_on_model` is labelled: the allocator's rules
+(:mod:`memlab.predict.gpu.allocator`, read from ``c10/cuda/CUDACachingAllocator.cpp`` of torch 2.13) applied to the
+sizes and lifetimes the fake-tensor trace saw."""
+SETTINGS = ("", "expandable_segments:True", "max_split_size_mb:20")
+"""The ``PYTORCH_CUDA_ALLOC_CONF`` values chapter 01 compares: torch's defaults (""), expandable segments, and the
+smallest ``max_split_size_mb`` torch 2.13 accepts: ``large_segment_size_mb``, 20 by default (the parser refuses less
+with "max_split_size_mb too small, must be >= ", :mod:`memlab.predict.gpu.alloc_conf`)."""
+
+
+def setting_name(conf: str) -> str:
+    """A reader's name for a ``PYTORCH_CUDA_ALLOC_CONF`` value ("" is torch's defaults)."""
+    return conf or "torch's defaults"
+
+
+def phase_table(result: Replay) -> pd.DataFrame:
+    """One row per phase of a :class:`~memlab.predict.gpu.replay.Replay` (bytes): the peaks of the bytes requested
+    (the live tensors), allocated (their 512 B-rounded blocks) and reserved (segments), each from the phase's start;
+    reserved minus requested when the requested bytes peak (rounding, cached free blocks, unsplit tails), and the
+    largest cached free block then."""
+    import pandas as pd
+
+    return pd.DataFrame([{"phase": p.label, "requested_bytes": p.requested_bytes, "allocated_bytes": p.active_bytes,
+                          "reserved_bytes": p.reserved_bytes, "unused_at_peak_bytes": p.fragmentation_bytes,
+                          "largest_free_bytes": p.largest_free_bytes} for p in result.phases])
+
+
+def settings_table(trace: Trace, settings: tuple[str, ...] = SETTINGS) -> pd.DataFrame:
+    """The whole step replayed once per ``PYTORCH_CUDA_ALLOC_CONF`` value (parsed by
+    :func:`memlab.predict.gpu.alloc_conf.parse_alloc_conf`; "" is torch's defaults), one row each, bytes: the peaks
+    requested, allocated and reserved, the unused reserve and largest free block when the requested bytes peak, and
+    the segments taken from the driver (cudaMalloc calls, or page mappings with expandable segments).
+    A bad setting raises the parser's one-line :class:`~memlab.errors.MemlabError`."""
+    import pandas as pd
+
+    rows = []
+    for conf in settings:
+        r = trace.replay(conf)
+        rows.append({"setting": setting_name(conf), "requested_bytes": r.total.requested_bytes,
+                     "allocated_bytes": r.total.active_bytes, "reserved_bytes": r.total.reserved_bytes,
+                     "unused_at_peak_bytes": r.total.fragmentation_bytes,
+                     "largest_free_bytes": r.total.largest_free_bytes, "segments": r.segments_allocated})
+    return pd.DataFrame(rows)
+
+
+def as_model_events(events: Iterable[tuple[str, str] | tuple[str, str, int]]) -> list[tuple[int, ...]]:
+    """This module's ``("alloc", name, nbytes)`` / ``("free", name)`` events as the full model's ``(key, nbytes)`` /
+    ``(key,)`` (:data:`memlab.predict.gpu.allocator.Event`), one integer key per name."""
+    keys: dict[str, int] = {}
+    out: list[tuple[int, ...]] = []
+    for event in events:
+        kind, name, *rest = event
+        if kind == "alloc" and len(rest) == 1:
+            keys[name] = len(keys)
+            out.append((keys[name], rest[0]))
+        elif kind == "free" and not rest and name in keys:
+            out.append((keys[name],))
+        else:
+            raise SetupError(f"an event is ('alloc', name, nbytes) or ('free', name) of an allocated name, "
+                             f"got {event!r}")
+    return out
+
+
+def demo_on_model(events: list[tuple[str, str] | tuple[str, str, int]], capacity_bytes: int,
+                  settings: tuple[str, ...] = SETTINGS) -> pd.DataFrame:
+    """``events`` (this module's form) on a device of ``capacity_bytes``, through this module's small rules
+    (:func:`replay`, no settings) and through the full model once per setting: whether every request was served,
+    and the peak reserved bytes. The full model stops at its first failed request; so does :func:`replay`."""
+    import pandas as pd
+
+    from memlab.predict.gpu.alloc_conf import parse_alloc_conf
+    from memlab.predict.gpu.replay import replay as model_replay
+
+    small = replay(events, capacity_bytes)
+    rows = [{"rules": "chapter's small picture (this section)", "setting": setting_name(""),
+             "served": small.oom is None, "reserved_bytes": max(r for _, r in small.timeline)}]
+    log = as_model_events(events)
+    for conf in settings:
+        r = model_replay(log, parse_alloc_conf(conf), capacity_bytes=capacity_bytes)
+        rows.append({"rules": "full model (torch 2.13)", "setting": setting_name(conf), "served": r.fits,
+                     "reserved_bytes": r.total.reserved_bytes})
+    return pd.DataFrame(rows)
+
+
+def nvidia_smi_view(result: Replay, context_bytes: int, context_source: str) -> pd.DataFrame:
+    """What nvidia-smi would show for a replayed step, built up from the tensors, one row per layer (bytes): the
+    requested peak (the live tensors), the rounding of their blocks (allocated peak minus requested peak), the
+    cached free blocks the segments add (reserved peak minus allocated peak), and the CUDA context outside the
+    allocator (``context_bytes``, cited by ``context_source``). The rows add up to reserved + context, what
+    nvidia-smi counts for the process [pytorch-cuda-memory]. cuBLAS workspaces come from the allocator but no
+    fake-tensor trace sees them: they are not in these rows."""
+    import pandas as pd
+
+    _check_bytes("context_bytes", context_bytes, allow_zero=True)
+    t = result.total
+    model = "allocator model (torch 2.13 rules), not measured"
+    rows = [("the tensors (requested peak)", t.requested_bytes, "fake-tensor trace"),
+            ("+ rounding to 512 B blocks", t.active_bytes - t.requested_bytes, model),
+            ("+ cached free blocks in the segments", t.reserved_bytes - t.active_bytes, model),
+            ("+ CUDA context and kernels", context_bytes, context_source)]
+    return pd.DataFrame([{"layer": name, "bytes": b, "source": src} for name, b, src in rows])

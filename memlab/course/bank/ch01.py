@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from memlab.course.exercises import Choice, Numeric, When
@@ -69,6 +70,28 @@ def _sample_growth() -> dict[str, Any]:
                                    "fixed": [False, True, False, True],
                                    "bytes per iteration": [4.0, 0.0, 756_736.0, 0.0]}),
             "iterations": 1000}
+
+
+def _reserved_gib(trace: Any, conf: str = "") -> float:
+    """The step's peak reserved bytes replayed through the allocator model under ``conf``
+    (``PYTORCH_CUDA_ALLOC_CONF``; "" is torch's defaults), GiB."""
+    return trace.replay(conf).total.reserved_bytes / GiB
+
+
+def _requested_gib(trace: Any) -> float:
+    return trace.replay().total.requested_bytes / GiB
+
+
+@cache
+def _sample_trace() -> dict[str, Any]:
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
+    from memlab.tracing.gpt import trace_gpt
+
+    return {"trace": trace_gpt(preset("tiny-gpt"), Setup(batch=4, seq=64, precision="fp32", optimizer="adamw"))}
+
+
+EXPANDABLE = "expandable_segments:True"
 
 
 EXERCISES = (
@@ -143,5 +166,29 @@ EXERCISES = (
                    "That leaves out the memory the driver still has free.",
                    When(lambda v: v <= 0): "Add free and reserved-but-unallocated and compare with the request: "
                                            "it does not fit even then."},
+    ),
+    Numeric(
+        "01.expandable-reserved", "Peak reserved bytes of the chapter's step with expandable_segments:True, "
+        "replayed through the caching allocator model, GiB",
+        predict_first=True,
+        reference=lambda trace: _reserved_gib(trace, EXPANDABLE), unit="GiB", rtol=0.02,
+        hint="with expandable segments each pool is one segment that grows by pages (2 MiB in the small pool, "
+             "20 MiB in the large one) and a freed page can be reused by any later request, so the reserve is "
+             "the requested peak plus at most the holes between live blocks and part of a page per pool; start "
+             "from the requested peak in the table above, not from the defaults' reserved",
+        why=lambda trace: (
+            f"the replay reserves {_reserved_gib(trace, EXPANDABLE):.3f} GiB with expandable segments against "
+            f"{_reserved_gib(trace):.3f} GiB with torch's defaults, for a requested peak of "
+            f"{_requested_gib(trace):.3f} GiB. With the defaults the reserve above that peak is holes in "
+            "fixed-size segments that only a request of the right size can fill; with expandable segments it is "
+            "the unfilled part of the last mapped page of each pool and the holes between live blocks, which any "
+            "later request can reuse. Which is smaller depends on the step's sizes. A model of "
+            "CUDACachingAllocator's rules (torch 2.13), not a GPU measurement."),
+        diagnoses={lambda trace: _reserved_gib(trace): "That is the reserved peak with torch's defaults: the "
+                                                       "question asks what expandable segments change.",
+                   lambda trace: _requested_gib(trace): "That is the requested peak (the live tensors): the "
+                                                        "allocator always reserves at least whole pages above it.",
+                   When(lambda v: v <= 0): "Reserved bytes are positive: the step's tensors live in them."},
+        sample=_sample_trace,
     ),
 )
