@@ -5,6 +5,7 @@ line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,27 @@ def test_gpus_knows_the_96_gb_hopper_variants_and_v100_16gb() -> None:
 
     assert gpu("gh200").memory_gib == 96 and gpu("H100 NVL").memory_gib == 94
     assert gpu("Tesla V100-SXM2-16GB").memory_gib == 16 and gpu("v100-sxm2-32gb").memory_gib == 32
+
+
+TINY_DIR = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "tiny"
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt", "llama", *(pytest.param(m, marks=pytest.mark.wide)
+                                                          for m in ("qwen2", "gpt2"))])
+def test_reference_gpt_and_three_hf_families_report_replayed_peaks_per_phase_and_device_used(
+        capsys: pytest.CaptureFixture[str], model: str) -> None:
+    """Issue 38's done-when: for the reference GPT and three HF families (tiny configs), ``memlab trace --gpu``
+    reports the replayed reserved and active peaks per phase of both steps, each at least the traced bytes, and
+    ``memlab estimate --gpu`` its allocated, reserved and device-used peaks, fits decided on device-used."""
+    what = [model] if model == "tiny-gpt" else ["--hf", str(TINY_DIR / f"{model}.json")]
+    traced = _json(capsys, "trace", *what, *SMALL, "--gpu", "rtx-4090")
+    phases = traced["allocator_replay"]["phases"]
+    assert [p["label"] for p in phases] == [f"{s} {p}" for s in ("first", "steady")
+                                           for p in ("forward", "backward", "optimizer step", "zero_grad")]
+    assert all(p["reserved_bytes"] >= p["active_bytes"] >= p["requested_bytes"] > 0 for p in phases)
+    assert max(p["requested_bytes"] for p in phases) == traced["peak_bytes"]
+    est = _json(capsys, "estimate", *(["--preset", model] if model == "tiny-gpt" else what), *SMALL, "--gpu",
+                "rtx-4090")
+    dev = est["device"]
+    assert dev["device_high_bytes"] > dev["reserved_bytes"] >= dev["allocated_bytes"] > dev["tensors_bytes"] > 0
+    assert est["fits"] is dev["fits"] is (dev["device_high_bytes"] <= dev["capacity_bytes"])
