@@ -218,7 +218,7 @@ ch.save_figure(fig, "saved_by_category")
 # the shape. With eager attention, doubling `s` more than doubles the bytes (the `a·s²·b` scores); with SDPA's
 # fused kernel (flash on a CPU; memory-efficient on CUDA, whose flash kernel takes no fp32) the curve is a
 # straight line: "where `5as/h` goes with flash" is *nowhere*: it is recomputed from the log-sum-exp in
-# backward, tile by tile (chapter 06). Batch is always linear.
+# backward, tile by tile (chapter 07). Batch is always linear.
 
 # %% [markdown]
 # ## 3. Checkpointing strategies, measured
@@ -536,7 +536,7 @@ display(Markdown(f"at {vocab:,} tokens of vocabulary the step's peak is in the "
                     f"{at_vocab.loc['chunked', 'forward/backward peak GiB']:.1f} chunked, "
                     f"{at_vocab.loc['fused', 'forward/backward peak GiB']:.1f} fused, which decides the fit "
                     f"once the states "
-                    "are sharded (FSDP, chapter 05) or frozen (LoRA, chapter 11). The figure plots that one."
+                    "are sharded (FSDP, chapter 05) or frozen (LoRA, chapter 12). The figure plots that one."
                     if same_peak else "The loss moves the peak itself.")))
 spike_df.pivot(index="vocabulary", columns="loss", values=["forward/backward peak GiB", "peak GiB", "peak phase"])
 

@@ -27,7 +27,7 @@
 # 6. the same FSDP2 step three ways (the estimate, memlab's trace, torchtitan's estimator).
 #
 # Data parallelism splits the batch, never the sample: what it cannot shrink (one micro-batch's activations, the
-# gathered layer) is where chapter 05b picks up, with the layouts that split the model and the sequence (TP, SP,
+# gathered layer) is where chapter 06 picks up, with the layouts that split the model and the sequence (TP, SP,
 # PP, CP) and the experts (EP).
 
 # %% tags=["parameters"]
@@ -639,5 +639,5 @@ check("05.zero3-floor", answer)
 #   and 3Ψ of traffic per step; its config is not valid JSON (comments) but DeepSpeed's hjson loader accepts it,
 #   and each key has an FSDP2 equivalent.
 # - What data parallelism does not divide is one micro-batch's activations on every rank, however many ranks:
-#   chapter 05b splits the sample itself (TP, SP, PP, CP) and the experts (EP), each at a traffic price of its
+#   chapter 06 splits the sample itself (TP, SP, PP, CP) and the experts (EP), each at a traffic price of its
 #   own.

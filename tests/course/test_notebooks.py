@@ -94,7 +94,7 @@ def test_chapter_starts_with_a_title_and_ends_with_exercises_and_a_summary(sourc
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
 def test_no_markdown_is_lost_inside_a_code_cell(source: Path) -> None:
     """A missing ``# %% [markdown]`` marker turns a paragraph into comments of a code cell (the learner found
-    chapter 08's "The 85-95 % rule" shown as Python comments): no code cell holds a bold markdown line."""
+    chapter 09's "The 85-95 % rule" shown as Python comments): no code cell holds a bold markdown line."""
     lost = [i for i, c in enumerate(jupytext.read(source).cells) if c.cell_type == "code"
             and any(re.match(r"# \*\*\S", line) for line in c.source.splitlines())]
     assert not lost, f"{source.name}: cells {lost} hold markdown as comments (a lost '# %% [markdown]' marker)"

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # 05b · Model parallelism (TP, SP, PP, CP, EP): what each layout splits, and what it sends
+# # 06 · Model parallelism (TP, SP, PP, CP, EP): what each layout splits, and what it sends
 #
 # **The common belief.** Seed 004 ranks the fixes for memory and puts the distributed ones third, as one family:
 # "when a single card or a single machine cannot meet the need, use distributed techniques such as ZeRO, model
@@ -34,7 +34,7 @@
 scale = "auto"
 device = "auto"
 seed = 0
-out_dir = "../reports/build/05b_model_parallel"
+out_dir = "../reports/build/06_model_parallel"
 
 # %%
 import textwrap
@@ -77,7 +77,7 @@ ch
 
 # %%
 answer = ...
-check("05.pp-first-stage-activations", answer)
+check("06.pp-first-stage-activations", answer)
 
 # %%
 from memlab.predict.parallel.communication import cp_sent_bytes, pp_sent_bytes, tp_sent_bytes
@@ -156,7 +156,7 @@ pp_rows.pivot(index="rank", columns="schedule", values=["in flight", "activation
 
 # %% [markdown]
 # What 1F1B costs in time is its bubble, (p − 1)/(m + p − 1) of the step idle on every rank [narayanan2021]:
-# chapter 07 computes it beside MFU. Here the question is memory.
+# chapter 08 computes it beside MFU. Here the question is memory.
 #
 # ## 3. The experiment: torch's own code, traced rank by rank
 #
@@ -347,7 +347,7 @@ Markdown(f"Per sequence, of the activation traffic, {per_seq.idxmin()} sends the
 
 # %%
 answer = ...
-check("05.tp4-allreduce-gib", answer)
+check("06.tp4-allreduce-gib", answer)
 
 # %% [markdown]
 # ## 5. Expert parallelism: a mixture of experts split over ranks
@@ -451,7 +451,7 @@ ep_checks
 
 # %%
 answer = ...
-check("05.ep8-all-to-all-gib", answer)
+check("06.ep8-all-to-all-gib", answer)
 
 # %% [markdown]
 # ## 6. Published GPU evidence
@@ -461,7 +461,7 @@ check("05.ep8-all-to-all-gib", answer)
 # source, beside memlab's prediction for that setup and what explains the residual.
 
 # %%
-recorded = ch.recorded("05b_model_parallel_gpu")
+recorded = ch.recorded("06_model_parallel_gpu")
 recorded if recorded is not None else ("No GPU run of this chapter is recorded yet: the GPU evidence "
                                        "is the published measurements below.")
 
