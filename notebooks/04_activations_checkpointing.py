@@ -130,13 +130,13 @@ Markdown(f"Per layer: {per_policy['none']:,.0f} MiB without recompute, {per_poli
 
 # %% [markdown]
 # **Tensor and sequence parallelism.** Data parallelism cannot shrink a sample's activations (chapter 05); tensor
-# parallelism over t GPUs splits the attention and MLP matmuls. What divides by t is the tensors *inside* them: Q,
-# K, V, the scores, the MLP's activation input and output, and the inputs of the row-parallel matmuls (the output
-# projection, the second MLP matmul). The inputs of the column-parallel matmuls (QKV, the first MLP matmul) are
-# replicated, and with the norms, dropouts and residual inputs they form the `10 sbh` that stays whole on every
-# GPU; sequence parallelism splits those along the sequence, dividing everything by t (Korthikanti et al.,
-# Table 2, `[korthikanti2022]`). The paper's formula (with
-# dropout) and memlab's estimator (this course's GPT-3 preset: no dropout), per layer at s = 2048, b = 1:
+# parallelism (chapter 06 sets it beside the other layouts) over t GPUs splits the attention and MLP matmuls. What
+# divides by t is the tensors *inside* them: Q, K, V, the scores, the MLP's activation input and output, and the
+# inputs of the row-parallel matmuls (the output projection, the second MLP matmul). The inputs of the column-parallel
+# matmuls (QKV, the first MLP matmul) are replicated, and with the norms, dropouts and residual inputs they form the
+# `10 sbh` that stays whole on every GPU; sequence parallelism splits those along the sequence, dividing everything by
+# t (Korthikanti et al., Table 2, `[korthikanti2022]`). The paper's formula (with dropout) and memlab's estimator
+# (this course's GPT-3 preset: no dropout), per layer at s = 2048, b = 1:
 
 # %%
 tp_rows = []

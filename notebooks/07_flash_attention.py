@@ -340,8 +340,9 @@ Markdown(f"**Reading it (computed).** For the paper's shape the model predicts a
          "the memory saving of section 3 does not depend on it. Two further kernels follow the same idea: "
          "FlashDecoding splits a decode step's attention over the KV sequence so one query token uses many SMs "
          "[flash-decoding], and context parallelism splits one long sequence's tokens over devices: Ring Attention "
-         "passes K/V blocks around a ring of devices [liu2023]; DeepSpeed Ulysses re-shards Q, K, V (and the output "
-         "back) between sequence and heads with all-to-all [jacobs2023].")
+         "passes K/V blocks around a ring of devices [liu2023] (chapter 06 counts its bytes per rank); "
+         "DeepSpeed Ulysses re-shards Q, K, V (and the output back) between sequence and heads with all-to-all "
+         "[jacobs2023].")
 
 # %% [markdown]
 # ## 6. Which kernel SDPA picks, and the mask that brings s² back

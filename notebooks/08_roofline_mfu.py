@@ -516,7 +516,7 @@ check("08.in-flight-1f1b", answer, stages=8, micro_batches=64)
 # %% [markdown]
 # 1F1B's gain is memory: once the pipeline is full each stage alternates one forward with one backward, so the
 # first stage holds the activations of at most p micro-batches in flight instead of all m under GPipe
-# [narayanan2021].
+# [narayanan2021]; chapter 06 counts those bytes rank by rank and traces torch's own schedules.
 
 # %% [markdown]
 # ## The seed's claims, answered

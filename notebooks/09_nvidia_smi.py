@@ -80,7 +80,7 @@ busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=No
 # %%
 check("09.cpu-percent", prediction, table=busy)
 
-# %% tags=["reveals-08.cpu-percent"]
+# %% tags=["reveals-09.cpu-percent"]
 fig, ax1 = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
 x = range(len(busy))
 ax1.bar([i - 0.27 for i in x], busy["cpu_pct"], 0.27, label="CPU % (psutil, left axis)", color="tab:grey")

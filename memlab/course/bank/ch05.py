@@ -1,4 +1,4 @@
-"""Chapter 05's exercises (ZeRO and FSDP). Questions are the notebook's markdown cells."""
+"""Chapter 05's exercises (data parallelism: DDP, ZeRO, FSDP). Questions are the notebook's markdown cells."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def _zero1_measured_psi(table: Any) -> float:
 
 
 EX5_MODEL = "llama-2-70b"
-"""Exercise 5's model: not GPT-3, whose 3Ψ in bf16 section 4 prints (every ZeRO-3 step moves 1.05 TB)."""
+"""Exercise 2's model (05.llama70b-zero1-tb): not GPT-3, whose 3Ψ in bf16 section 4 prints (every ZeRO-3 step
+moves 1.05 TB)."""
 
 
 def _zero1_tb(table: Any, key: str = EX5_MODEL) -> float:
@@ -49,12 +50,20 @@ def _llama70b_gib() -> float:
     return estimate(_preset("llama-2-70b"), setup).model_state_bytes() / GiB
 
 
-def _gpt3_total(ranks: int) -> float:
+def _gpt3_breakdown(ranks: int) -> Any:
     from memlab.predict.estimate import Overheads, estimate
     from memlab.predict.spec.setup import Setup
 
     setup = Setup(batch=1, seq=2048, precision="mixed-bf16", zero_stage=3, world_size=ranks, recompute="full")
-    return estimate(_preset("gpt-3-175b"), setup, overheads=Overheads(gathered_layers=2)).total_bytes
+    return estimate(_preset("gpt-3-175b"), setup, overheads=Overheads(gathered_layers=2))
+
+
+def _gpt3_total(ranks: int) -> float:
+    return _gpt3_breakdown(ranks).total_bytes
+
+
+def _gpt3_states_gib(ranks: int) -> float:
+    return _gpt3_breakdown(ranks).model_state_bytes() / GiB
 
 
 def _sample_comm() -> dict[str, Any]:
@@ -122,8 +131,9 @@ EXERCISES = (
         reference=lambda: _gpt3_total(512) / _gpt3_total(1024), unit="", rtol=0.02,
         hint="model states halve from 512 to 1024 ranks; the activations of one micro-batch and the gathered blocks "
              "do not: add them up at both N",
-        why=lambda: (f"{_gpt3_total(512) / GiB:.2f} GiB / {_gpt3_total(1024) / GiB:.2f} GiB: past a few hundred "
-                     "ranks the model states are the smallest term, so doubling N barely helps."),
+        why=lambda: (f"{_gpt3_total(512) / GiB:.2f} GiB / {_gpt3_total(1024) / GiB:.2f} GiB: only the model states "
+                     f"halve ({_gpt3_states_gib(512):.2f} → {_gpt3_states_gib(1024):.2f} GiB); the activations of one "
+                     "micro-batch and the gathered blocks stay, so doubling N gains far less than half."),
         diagnoses={2: "Only the model states halve; activations and the gathered blocks stay per rank.",
                    When(lambda v: v < 1): "The total shrinks with more ranks: the ratio 512 / 1024 is at least 1."},
     ),

@@ -31,7 +31,7 @@ def _ep_gib(ep: int = 8, routing: str = "balanced", value_bytes: int = 2, passes
 
 
 _PP_SETUP = dict(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
-"""Section 7's Llama-2-7B micro-batch."""
+"""Section 1's Llama-2-7B micro-batch (the layouts' table)."""
 
 
 def _pp_first_stage_ratio() -> float:
