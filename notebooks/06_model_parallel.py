@@ -466,7 +466,7 @@ recorded if recorded is not None else ("No GPU run of this chapter is recorded y
                                        "is the published measurements below.")
 
 # %%
-ch.published("05")
+ch.published("06")
 
 # %% [markdown]
 # **The misreading.** "ZeRO, model parallelism, pipeline parallelism" are not three settings of one knob. Each

@@ -461,7 +461,7 @@ Markdown(f"**Reading it (computed).** Exercise 3 asks for the *estimator's* answ
            "take their share, so on a real GPU search below the nominal figure.")
 
 # %%
-recorded = ch.recorded("06_flash_attention_gpu")
+recorded = ch.recorded("07_flash_attention_gpu")
 recorded if recorded is not None else Markdown(
     "**GPU evidence.** No GPU run of this chapter is recorded in `data/recorded/`: section 4's table of the "
     "papers' measurements and the published measurements below are this page's GPU evidence.")

@@ -587,7 +587,7 @@ Markdown(
     f"idle.")
 
 # %%
-recorded = ch.recorded("09_inference_gpu")
+recorded = ch.recorded("10_inference_gpu")
 recorded if recorded is not None else Markdown(
     "**GPU evidence.** No GPU run of this chapter is recorded in `data/recorded/`. The GPU figures on this page "
     "are section 4's roofline bound (predicted from the datasheet), the vLLM paper's measured KV occupancy "

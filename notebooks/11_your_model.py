@@ -577,7 +577,7 @@ lever_table.round(1)
 # order of bytes saved: "FlashAttention before checkpointing before ZeRO" holds only with that qualification.
 
 # %%
-recorded = ch.recorded("10_your_model_gpu")
+recorded = ch.recorded("11_your_model_gpu")
 recorded if recorded is not None else ("No GPU run of this chapter is recorded yet: the GPU evidence "
                                        "is the published measurements below.")
 
