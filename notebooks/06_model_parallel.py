@@ -37,6 +37,7 @@ seed = 0
 out_dir = "../reports/build/06_model_parallel"
 
 # %%
+import re
 import textwrap
 
 import matplotlib.pyplot as plt
@@ -466,7 +467,24 @@ recorded if recorded is not None else ("No GPU run of this chapter is recorded y
                                        "is the published measurements below.")
 
 # %%
-ch.published("06")
+evidence = ch.published("06")
+evidence
+
+# %%
+from memlab.compare.published import published_rows
+
+cp_rows = sorted(((int(re.search(r"context parallel (\d+)", r.parallel).group(1)), r) for r in published_rows(
+    chapter="06") if "context parallel" in r.parallel), key=lambda pair: pair[0])
+refused = evidence.frame[evidence.frame["memlab"].astype(str).str.startswith("refused")]["row"].tolist()
+(cp_lo, first), (cp_hi, last) = cp_rows[0], cp_rows[-1]
+seq_lo, seq_hi = int(first.seq), int(last.seq)
+held = [float(r.figure) for _, r in cp_rows]
+Markdown(f"torchtitan's CP rows measure CP's promise: from cp = {cp_lo} to {cp_hi} the sequence grows "
+         f"{seq_hi // seq_lo}× ({seq_lo:,} → {seq_hi:,} tokens, one sequence per group of cp GPUs) while each "
+         f"GPU's peak reserved stays between {min(held)} and {max(held)} {first.unit}: a rank holds the activations "
+         "of s/cp tokens, as section 1 predicts. "
+         + (f"memlab refuses {len(refused)} of these rows ({', '.join(refused)}: see the table's last column), so "
+            "there the published figure stands alone." if refused else ""))
 
 # %% [markdown]
 # **The misreading.** "ZeRO, model parallelism, pipeline parallelism" are not three settings of one knob. Each
