@@ -267,7 +267,7 @@ ddp_rows[["strategy", "world_size", "counted (B/param)", "with the reducer's buc
 # buffer sizes each c10d op was called with, an all-reduce counted twice; the ring column is the (N − 1)/N formula
 # applied to it, not a measurement of the wire, and gloo's algorithms are not all rings):
 
-# %%
+# %% tags=["reveals-05.zero3-ring-mib"]
 comm = measured[measured["world_size"] > 1].groupby(["strategy", "world_size"], sort=False)
 comm = comm[["comm_volume_bytes", "gathered_peak_bytes"]].mean().reset_index()
 comm["measured / Ψ"] = comm["comm_volume_bytes"] / psi

@@ -80,7 +80,7 @@ ch
 answer = ...
 check("06.pp-first-stage-activations", answer)
 
-# %%
+# %% tags=["reveals-06.pp-first-stage-activations"]
 from memlab.predict.parallel.communication import cp_sent_bytes, pp_sent_bytes, tp_sent_bytes
 from memlab.predict.parallel.pipeline import in_flight, micro_batch_bytes, parallel_estimate
 from memlab.studies.parallel import parallel_layouts

@@ -77,6 +77,7 @@ EXERCISES = (
     Numeric(
         "05.zero3-ring-mib", "MiB each rank sends per step under the ZeRO paper's stage 3 over a ring of N ranks "
                              "(Ψ = fp32 gradients)",
+        predict_first=True,
         reference=_ring_mib, unit="MiB", rtol=0.01,
         hint="the paper's volume per rank is 3Ψ for ZeRO-3 (two all-gathers of the parameters, one reduce-scatter of "
              "the gradients); a ring collective sends (N − 1)/N of its volume on each rank's link",

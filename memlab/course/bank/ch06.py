@@ -70,6 +70,7 @@ EXERCISES = (
         "06.pp-first-stage-activations",
         "Rank 0's saved activations under PP 8 (1F1B, 8 micro-batches), as a fraction of one unsplit rank's, "
         "Llama-2-7B, micro-batch 1 x 4096",
+        predict_first=True,
         reference=_pp_first_stage_ratio, unit="", rtol=0.05,
         hint="1F1B's rank r runs p - r forwards before its first backward "
              "(memlab.predict.parallel.pipeline.in_flight), and "
