@@ -12,7 +12,7 @@ attention probabilities, embeddings: GPT-2's defaults), a third turns on gradien
 fourth runs fp32 models under bf16 autocast (PyTorch AMP, ``Trainer(bf16=True)``); these check memlab alone. Exits 1
 when memlab misses the goal.
 
-``--traced`` adds chapter 10's full-scale shoot-out: the shipped full-size configs (7B class and the 1.3-1.4 B
+``--traced`` adds chapter 11's full-scale shoot-out: the shipped full-size configs (7B class and the 1.3-1.4 B
 ones) traced on fake tensors in mixed bf16 at 4,096 tokens (their context where shorter), eager and SDPA, with and
 without checkpointing (:func:`memlab.studies.calculators.full_size_runs`, ``traced_truth``),
 every tool on its own scope: the signed error table (several minutes).

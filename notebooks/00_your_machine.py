@@ -137,7 +137,7 @@ check("00.gemv-intensity", answer, shape=gemv)
 # (on a CPU their ceiling is, by construction, the best of them): they show the method, not a training step's
 # ceiling. For that, time the step's own GEMM shapes (e.g. 4096 × 11008 for a 7B MLP); the best rate a GPU reaches
 # over a sweep of large shapes is its *maximum achievable matmul FLOPs* (MAMF, `[bekman-mamf]`), the number an MFU
-# is read against (chapter 07).
+# is read against (chapter 08).
 
 # %% tags=["reveals-00.gemv-intensity"]
 matmul = roofline.matmul_flops_per_s(device=ch.device, scale=ch.scale)

@@ -349,7 +349,7 @@ rule
 # 04); the allocator's cache and the CUDA context too (chapter 01).
 #
 # **Three layouts this table does not run.** Fine-tuning with LoRA or QLoRA freezes the base weights: they carry
-# no gradient and no optimizer state, only the small adapters do (chapter 11 counts it, measured). `fused=True`
+# no gradient and no optimizer state, only the small adapters do (chapter 12 counts it, measured). `fused=True`
 # AdamW keeps the same 16 bytes of states but updates the parameters in a few fused multi-tensor kernels (over
 # chunks of tensors per device and dtype), with no parameter-sized scratch, unlike the foreach implementation's
 # lists (section 5 measures that transient). FSDP2's `MixedPrecisionPolicy(param_dtype=

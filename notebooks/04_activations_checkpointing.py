@@ -130,13 +130,13 @@ Markdown(f"Per layer: {per_policy['none']:,.0f} MiB without recompute, {per_poli
 
 # %% [markdown]
 # **Tensor and sequence parallelism.** Data parallelism cannot shrink a sample's activations (chapter 05); tensor
-# parallelism over t GPUs splits the attention and MLP matmuls. What divides by t is the tensors *inside* them: Q,
-# K, V, the scores, the MLP's activation input and output, and the inputs of the row-parallel matmuls (the output
-# projection, the second MLP matmul). The inputs of the column-parallel matmuls (QKV, the first MLP matmul) are
-# replicated, and with the norms, dropouts and residual inputs they form the `10 sbh` that stays whole on every
-# GPU; sequence parallelism splits those along the sequence, dividing everything by t (Korthikanti et al.,
-# Table 2, `[korthikanti2022]`). The paper's formula (with
-# dropout) and memlab's estimator (this course's GPT-3 preset: no dropout), per layer at s = 2048, b = 1:
+# parallelism (chapter 06 sets it beside the other layouts) over t GPUs splits the attention and MLP matmuls. What
+# divides by t is the tensors *inside* them: Q, K, V, the scores, the MLP's activation input and output, and the
+# inputs of the row-parallel matmuls (the output projection, the second MLP matmul). The inputs of the column-parallel
+# matmuls (QKV, the first MLP matmul) are replicated, and with the norms, dropouts and residual inputs they form the
+# `10 sbh` that stays whole on every GPU; sequence parallelism splits those along the sequence, dividing everything by
+# t (Korthikanti et al., Table 2, `[korthikanti2022]`). The paper's formula (with dropout) and memlab's estimator
+# (this course's GPT-3 preset: no dropout), per layer at s = 2048, b = 1:
 
 # %%
 tp_rows = []
@@ -218,7 +218,7 @@ ch.save_figure(fig, "saved_by_category")
 # the shape. With eager attention, doubling `s` more than doubles the bytes (the `a·s²·b` scores); with SDPA's
 # fused kernel (flash on a CPU; memory-efficient on CUDA, whose flash kernel takes no fp32) the curve is a
 # straight line: "where `5as/h` goes with flash" is *nowhere*: it is recomputed from the log-sum-exp in
-# backward, tile by tile (chapter 06). Batch is always linear.
+# backward, tile by tile (chapter 07). Batch is always linear.
 
 # %% [markdown]
 # ## 3. Checkpointing strategies, measured
@@ -536,7 +536,7 @@ display(Markdown(f"at {vocab:,} tokens of vocabulary the step's peak is in the "
                     f"{at_vocab.loc['chunked', 'forward/backward peak GiB']:.1f} chunked, "
                     f"{at_vocab.loc['fused', 'forward/backward peak GiB']:.1f} fused, which decides the fit "
                     f"once the states "
-                    "are sharded (FSDP, chapter 05) or frozen (LoRA, chapter 11). The figure plots that one."
+                    "are sharded (FSDP, chapter 05) or frozen (LoRA, chapter 12). The figure plots that one."
                     if same_peak else "The loss moves the peak itself.")))
 spike_df.pivot(index="vocabulary", columns="loss", values=["forward/backward peak GiB", "peak GiB", "peak phase"])
 

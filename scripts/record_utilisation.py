@@ -3,7 +3,7 @@
 Writes into ``--out`` ``utilisation_NAME.csv`` plus ``utilisation_NAME.json`` (provenance: GPU, driver, CUDA,
 torch, memlab commit, date) for NAME in nvml_ledger, gpu_util (both CUDA; a ``skipped`` row with the reason
 elsewhere), cpu_busy, rss and monitor. Usage: ``python scripts/record_utilisation.py --out DIR [--device auto]
-[--duration 2]``; ``scripts/gpu_session.sh`` runs it on a GPU, for chapter 08.
+[--duration 2]``; ``scripts/gpu_session.sh`` runs it on a GPU, for chapter 09.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ FOLD_CODE_LINES = 15
 outputs); shorter cells, exercise cells among them, are shown as written."""
 QUIET_STDERR = (re.compile(r"^USDT:.*SyncActivityProfilerHandler\.cpp:\d+\] profiler_(?:start|stop)$"),)
 """stderr lines dropped from a page: the trace lines torch's profiler library writes straight to the kernel's
-stderr on every ``torch.profiler`` start and stop (chapter 07), which say nothing to a reader. Any other stderr
+stderr on every ``torch.profiler`` start and stop (chapter 08), which say nothing to a reader. Any other stderr
 stays on the page (and fails the book's tests)."""
 _BELIEF = re.compile(r"\*\*The common beliefs?\.\*\*\s*(.+?)(?:\n\n|$)", re.S)
 

@@ -4,7 +4,7 @@ Sphinx's search page (``searchtools.js``) finds the pages from ``searchindex.js`
 excerpt, ``fetch``es the page itself and reads its ``[role="main"]`` text. A browser refuses that ``fetch`` under
 ``file://`` (Chromium: "Cross origin requests are only supported for protocol schemes: ... http, https"), so a book
 opened from disk lists page titles only. This extension writes every page's main text into one script,
-``_static/memlab-search-text.js``, loaded by the search page alone (about 0.6 MB for the twelve chapters), which
+``_static/memlab-search-text.js``, loaded by the search page alone (about 0.6 MB for the thirteen chapters), which
 answers those ``fetch`` calls from memory when the page is read from disk and leaves them to the browser otherwise.
 
 It also names what an index hit points to: a glossary term's hit is listed as "Glossary: checkpointing" beside the

@@ -5,7 +5,7 @@ injects values when ``make report`` runs it). ``scale="auto"`` means ``ci`` (sma
 (real size) on CUDA; the same notebook code runs both. The :class:`Chapter` it returns saves figures and tables,
 appends prediction-vs-measurement rows to the chapter's ledger (which the report summarises), says in one sentence
 what a CPU cannot show, loads results recorded on a real GPU from ``data/recorded/`` with their label, and shows the
-published GPU measurements that bear on the chapter (``ch.published("07")``, from ``data/published/ledger.csv``) next to
+published GPU measurements that bear on the chapter (``ch.published("08")``, from ``data/published/ledger.csv``) next to
 memlab's prediction for each setup.
 """
 

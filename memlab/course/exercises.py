@@ -28,7 +28,7 @@ exact value and why (``<details class="memlab-solution" open>`` when ``MEMLAB_SO
 ``python -m memlab.course.report --solutions`` sets). Its plain text (a terminal, ``text/plain``) never holds the
 solution of an exercise not yet answered correctly.
 
-One complete example, as a chapter's bank module (``memlab/course/bank/ch11.py``, listed in
+One complete example, as a chapter's bank module (``memlab/course/bank/ch12.py``, listed in
 ``bank.CHAPTER_MODULES``) defines it; the question's text is the notebook's markdown cell above the check::
 
     from memlab.course.exercises import Numeric, When
@@ -50,7 +50,7 @@ One complete example, as a chapter's bank module (``memlab/course/bank/ch11.py``
 
     EXERCISES = (
         Numeric(
-            "11.states-gib", "Model states of this run, GiB",
+            "12.states-gib", "Model states of this run, GiB",
             reference=_states_gib, unit="GiB", rtol=0.02,
             hint="16 B/param for mixed-bf16 + AdamW: weights, gradients, master copy, two moments",
             why=lambda model, setup: f"16 B × {model.param_count():,} parameters",
@@ -60,7 +60,7 @@ One complete example, as a chapter's bank module (``memlab/course/bank/ch11.py``
         ),
     )
 
-and in the notebook: ``answer = ...`` then ``check("11.states-gib", answer, model=model, setup=setup)``.
+and in the notebook: ``answer = ...`` then ``check("12.states-gib", answer, model=model, setup=setup)``.
 """
 
 from __future__ import annotations

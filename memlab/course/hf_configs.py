@@ -1,4 +1,4 @@
-"""The Hugging Face ``config.json`` files chapter 10 reads, and the learner's own.
+"""The Hugging Face ``config.json`` files chapter 11 reads, and the learner's own.
 
 The configs are shipped beside the families that read them (:data:`memlab.predict.families.resolver.CONFIGS`):
 ``tiny/`` holds a scaled-down config of every family :func:`memlab.predict.families.reader.from_hf` maps (written

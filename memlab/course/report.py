@@ -59,13 +59,14 @@ CHAPTERS: tuple[tuple[str, str, str], ...] = (
     ("02", "bytes_per_param", "Sixteen bytes per parameter, and when it is 8, 18 or 20"),
     ("03", "mixed_precision", "Mixed precision (AMP): does bf16 halve memory?"),
     ("04", "activations_checkpointing", "Activations and checkpointing"),
-    ("05", "zero_fsdp", "ZeRO and FSDP: what each stage shards, per rank"),
-    ("06", "flash_attention", "FlashAttention: the s² term that disappears"),
-    ("07", "roofline_mfu", "Roofline and MFU: achieved FLOP/s against the right peak"),
-    ("08", "nvidia_smi", "nvidia-smi misreadings: utilisation and memory used"),
-    ("09", "inference", "Inference: weights, KV cache and MoE"),
-    ("10", "your_model", "Your model: the whole budget"),
-    ("11", "fine_tuning", "Fine-tune on your card: full, LoRA and QLoRA"),
+    ("05", "zero_fsdp", "Data parallelism (DDP, ZeRO, FSDP): what each stage shards, per rank"),
+    ("06", "model_parallel", "Model parallelism (TP, SP, PP, CP, EP): what each layout splits, and what it sends"),
+    ("07", "flash_attention", "FlashAttention: the s² term that disappears"),
+    ("08", "roofline_mfu", "Roofline and MFU: achieved FLOP/s against the right peak"),
+    ("09", "nvidia_smi", "nvidia-smi misreadings: utilisation and memory used"),
+    ("10", "inference", "Inference: weights, KV cache and MoE"),
+    ("11", "your_model", "Your model: the whole budget"),
+    ("12", "fine_tuning", "Fine-tune on your card: full, LoRA and QLoRA"),
 )
 """The course plan: (number, slug, title) of every chapter. A chapter whose ``notebooks/NN_*.py`` exists is run
 (its title then comes from the notebook); the others are listed in the index as planned."""

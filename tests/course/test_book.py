@@ -234,7 +234,7 @@ def test_search_text_is_what_a_reader_sees_and_cannot_end_its_script() -> None:
 
 def test_printed_lines_wrap_instead_of_running_off_the_page() -> None:
     """A print()ed conclusion wraps inside the article (the learner found lines cut at 1024 px on chapters 01 and
-    11); a browser check at 1024 px found 22 cut blocks on chapters 06, 10 and 11 without it and none with it."""
+    12); a browser check at 1024 px found 22 cut blocks on chapters 07, 11 and 12 without it and none with it."""
     from memlab.course.book import CSS
 
     assert ".cell_output pre, .cell_input pre, div.highlight pre { white-space: pre-wrap;" in CSS

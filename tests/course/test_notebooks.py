@@ -94,7 +94,19 @@ def test_chapter_starts_with_a_title_and_ends_with_exercises_and_a_summary(sourc
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
 def test_no_markdown_is_lost_inside_a_code_cell(source: Path) -> None:
     """A missing ``# %% [markdown]`` marker turns a paragraph into comments of a code cell (the learner found
-    chapter 08's "The 85-95 % rule" shown as Python comments): no code cell holds a bold markdown line."""
+    chapter 09's "The 85-95 % rule" shown as Python comments): no code cell holds a bold markdown line."""
     lost = [i for i, c in enumerate(jupytext.read(source).cells) if c.cell_type == "code"
             and any(re.match(r"# \*\*\S", line) for line in c.source.splitlines())]
     assert not lost, f"{source.name}: cells {lost} hold markdown as comments (a lost '# %% [markdown]' marker)"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
+def test_a_chapter_names_its_own_number(source: Path) -> None:
+    """After a renumbering (05 split in two, 06-11 became 07-12) every number a chapter gives itself is the one in its
+    file name: its title, ``ch.published("NN")``, ``ch.recorded("NN_...")`` and its exercises' ids."""
+    number, text = source.name[:2], source.read_text()
+    title = next(c for c in jupytext.read(source).cells if c.cell_type == "markdown").source
+    assert title.startswith(f"# {number} · "), f"{source.name}: the title must start '# {number} · '"
+    wrong = [m.group(0) for m in re.finditer(r'published\("(\d\d)"\)|recorded\("(\d\d)_|check\("(\d\d)\.', text)
+             if next(g for g in m.groups() if g) != number]
+    assert not wrong, f"{source.name} names another chapter's number: {wrong}"

@@ -171,7 +171,7 @@ def test_chapters_run_side_by_side_on_a_cpu_longest_first_and_one_at_a_time_on_a
 
 def test_the_chapters_that_time_this_machine_say_so_in_their_header() -> None:
     timed = {p.stem for p in report.find_notebooks(ROOT / "notebooks") if report.runs_alone(p)}
-    assert {"00_your_machine", "07_roofline_mfu", "08_nvidia_smi"} <= timed
+    assert {"00_your_machine", "08_roofline_mfu", "09_nvidia_smi"} <= timed
     assert not report.runs_alone(FIXTURES / "10_passes.py")
 
 

@@ -1,8 +1,9 @@
 """The course's exercises, one module per chapter, and the one call a notebook makes.
 
 ``ch00`` (your machine), ``ch01`` (an OOM), ``ch02`` (bytes per parameter), ``ch03`` (mixed precision), ``ch04``
-(activations and checkpointing), ``ch05`` (ZeRO and FSDP), ``ch06`` (FlashAttention), ``ch07`` (roofline and MFU),
-``ch08`` (nvidia-smi), ``ch09`` (inference), ``ch10`` (your model), ``ch11`` (fine-tune on your card).
+(activations and checkpointing), ``ch05`` (data parallelism: DDP, ZeRO, FSDP), ``ch06`` (model parallelism:
+TP, SP, PP, CP, EP), ``ch07`` (FlashAttention), ``ch08`` (roofline and MFU), ``ch09`` (nvidia-smi), ``ch10``
+(inference), ``ch11`` (your model), ``ch12`` (fine-tune on your card).
 
 A chapter module defines ``EXERCISES``, a tuple of :class:`~memlab.course.exercises.Numeric` and
 :class:`~memlab.course.exercises.Choice`, each named ``"NN.short-name"`` (NN: the chapter). The notebook's cell is::
@@ -24,7 +25,7 @@ from typing import Any
 from memlab.course.exercises import Exercise, Result
 from memlab.errors import UnknownNameError, closest_names
 
-CHAPTER_MODULES = tuple(f"ch{n:02d}" for n in range(12))
+CHAPTER_MODULES = tuple(f"ch{n:02d}" for n in range(13))
 """The bank modules, in course order; a new chapter adds its module here."""
 
 

@@ -1,113 +1,128 @@
-"""Chapter 06's exercises (FlashAttention and what attention keeps). Questions are the notebook's markdown cells."""
+"""Chapter 06's exercises (model parallelism: TP, SP, PP, CP, EP). Questions are the notebook's markdown cells."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from memlab.course.exercises import Numeric, When
-
-SEED_004_SCORES_BYTES = 2048 * 2048 * 2
-"""Seed article 004's attention-matrix figure: 2048² entries × 2 bytes [seed-004]."""
+from memlab.units import GiB
 
 
-def _llama() -> Any:
+def _preset(name: str) -> Any:
     from memlab.predict.spec.model import preset
 
-    return preset("llama-2-7b")
+    return preset(name)
 
 
-def _scores(batch: int, seq: int) -> float:
-    """Eager attention-score bytes memlab's estimate counts for Llama-2-7B (mixed-bf16) at ``batch`` × ``seq``."""
+EP_TOKENS = 3 * 4096
+"""Exercise 06.ep8-all-to-all-gib's micro-batch, 3 x 4096 tokens: three times the chapter's, so its table does not
+show the answer."""
+
+
+def _ep_gib(ep: int = 8, routing: str = "balanced", value_bytes: int = 2, passes: float = 1,
+            tokens: int = EP_TOKENS) -> float:
+    """GiB one rank sends by all-to-all per step, Mixtral-8x7B, ``tokens`` a micro-batch; ``passes`` < 1 counts a
+    fraction of the four all-to-alls a layer runs."""
+    from memlab.predict.parallel.communication import ep_sent_bytes
+
+    m = _preset("mixtral-8x7b")
+    return ep_sent_bytes(tokens, m.d_model, m.n_layers, m.top_k, ep, value_bytes, routing,
+                         n_experts=m.n_experts) * passes / GiB
+
+
+_PP_SETUP = dict(batch=1, seq=4096, precision="mixed-bf16", attention="flash")
+"""Section 1's Llama-2-7B micro-batch (the layouts' table)."""
+
+
+def _pp_first_stage_ratio() -> float:
+    """Rank 0's saved activations under PP 8, 1F1B, 8 micro-batches / one unsplit rank's, Llama-2-7B."""
     from memlab.predict.estimate import estimate
+    from memlab.predict.parallel.pipeline import parallel_estimate
     from memlab.predict.spec.setup import Setup
 
-    setup = Setup(batch=batch, seq=seq, precision="mixed-bf16", attention="eager")
-    return estimate(_llama(), setup).activation_detail["attention scores"]
+    setup = Setup(**_PP_SETUP)
+    staged = parallel_estimate(_preset("llama-2-7b"), setup.with_(pp=8, micro_batches=8, pp_schedule="1f1b"))
+    return staged.rows[0].activations_bytes / estimate(_preset("llama-2-7b"), setup).activations_bytes
 
 
-def _eager_max_seq(setup: Any, card: str) -> int:
-    from memlab.predict.fit import max_seq
+def _pp_in_flight() -> int:
+    from memlab.predict.parallel.pipeline import in_flight
 
-    return max_seq(_llama(), setup, card, limit=1 << 17).value
-
-
-def _capacity_gib(card: str) -> float:
-    from memlab.predict.hardware.gpus import gpu
-
-    return gpu(card).memory_bytes / 2**30
+    return in_flight("1f1b", 8, 8, 0)[0]
 
 
-def _sample_attention() -> dict[str, Any]:
-    from memlab.predict.estimate import estimate
-    from memlab.predict.spec.model import preset
-    from memlab.predict.spec.setup import Setup
+def _tp_gib(tp: int = 4, value_bytes: int = 2) -> float:
+    """GiB one rank sends in Llama-2-7B's block all-reduces, micro-batch 2 x 2048, one forward and backward."""
+    from memlab.predict.parallel.communication import tp_sent_bytes
 
-    layer = preset("tiny-gpt").with_(n_layers=1, max_seq=8192)
-
-    def predicted(attention: str, s: int) -> dict[str, float]:
-        b = estimate(layer, Setup(batch=1, seq=s, precision="fp32", attention=attention), device_type="cpu")
-        return {k: v for k, v in b.activation_detail.items() if k.startswith("attention")}
-
-    return {"attention": predicted, "scores": lambda s: predicted("eager", s)["attention scores"]}
+    m = _preset("llama-2-7b")
+    return tp_sent_bytes(2 * 2048, m.d_model, m.n_layers, tp, value_bytes) / GiB
 
 
-def _attention_growth(attention: Callable[[str, int], dict[str, float]]) -> float:
-    return sum(attention("eager", 8192).values()) / sum(attention("eager", 1024).values())
+def _tp_buffer_gib() -> float:
+    """One all-reduce buffer per call, 4 per block, no ring factor, in GiB."""
+    m = _preset("llama-2-7b")
+    return 4 * m.n_layers * 2 * 2048 * m.d_model * 2 / GiB
 
 
 EXERCISES = (
     Numeric(
-        "06.eager-growth", "Eager attention-score bytes at 1024 tokens / at 512",
-        reference=lambda scores: scores(1024) / scores(512), unit="", rtol=0.02,
-        hint="the probabilities are b × a × s × s numbers: what does doubling s do to s²?",
-        why=lambda scores: (f"{scores(1024):,.0f} B / {scores(512):,.0f} B: the score matrix is s × s per head, so "
-                            "doubling s quadruples it."),
-        diagnoses={2: "That is linear growth: q, k, v and the output grow with s, but the probabilities are s × s.",
-                   When(lambda v: v > 4.5): "Doubling s multiplies s² by 2², no more."},
-        sample=_sample_attention,
+        "06.pp-first-stage-activations",
+        "Rank 0's saved activations under PP 8 (1F1B, 8 micro-batches), as a fraction of one unsplit rank's, "
+        "Llama-2-7B, micro-batch 1 x 4096",
+        predict_first=True,
+        reference=_pp_first_stage_ratio, unit="", rtol=0.05,
+        hint="1F1B's rank r runs p - r forwards before its first backward "
+             "(memlab.predict.parallel.pipeline.in_flight), and "
+             "keeps each one's saved tensors until its backward; rank 0 holds 4 of the 32 blocks of each of them",
+        why=lambda: (f"{_pp_in_flight()} micro-batches in flight × 4 of 32 blocks = one micro-batch through all 32 "
+                     f"blocks: {_pp_first_stage_ratio():.3f} (a little under 1: the final norm, LM head and loss "
+                     "live on the last stage). 1F1B bounds a rank's activations by p micro-batches, not by m as "
+                     "GPipe does, but does not divide them by p."),
+        diagnoses={0.125: "That is one micro-batch through rank 0's 4 blocks; 1F1B starts rank 0's first backward "
+                          "only after its p - r = 8 warm-up forwards, so 8 are in flight.",
+                   1 / 64: "That divides by the 8 stages twice; rank 0 holds 8 micro-batches of 4 blocks.",
+                   When(lambda v: v > 1.5): "More than one rank's: rank 0 holds at most p = 8 micro-batches of "
+                                            "its 4 blocks, and 8 × 4 = 32 blocks."},
     ),
     Numeric(
-        "06.seed-undercount-b4", "Eager attention-score bytes of Llama-2-7B at batch 4, 4096 tokens / (2048² × 2 B)",
-        reference=lambda: _scores(4, 4096) / SEED_004_SCORES_BYTES, unit="x", rtol=0.01,
-        hint="the seed's figure is one 2048 × 2048 matrix: eager attention keeps one per head, per layer and per "
-             "sequence of the batch, and the matrix grows with s²",
-        why=lambda: (f"{_llama().n_heads} heads × {_llama().n_layers} layers × batch 4 × (4096 / 2048)² = "
-                     f"{_scores(4, 4096) / SEED_004_SCORES_BYTES:,.0f}: the seed counted one head of one layer of "
-                     "one sequence."),
-        diagnoses={lambda: _scores(1, 2048) / SEED_004_SCORES_BYTES:
-                   "That is the factor at batch 1 and 2048 tokens (the table above); this batch and length differ.",
-                   lambda: _scores(4, 2048) / SEED_004_SCORES_BYTES:
-                   "That leaves out a factor of 4: either the growth with s² (4096 tokens is twice 2048) or the "
-                   "batch (one matrix per sequence, 4 of them)."},
+        "06.tp4-allreduce-gib",
+        "GiB each rank sends in Llama-2-7B's block all-reduces, TP 4, micro-batch 2 x 2048, bf16, forward + backward",
+        reference=_tp_gib, unit="GiB", rtol=0.02,
+        hint="Megatron's block has two all-reduces of the (b s, h) output in forward (after attention, after the "
+             "MLP) and two in backward; a ring all-reduce sends 2(t - 1)/t of its buffer on each rank; "
+             "h and the block count are preset('llama-2-7b').d_model and .n_layers",
+        why=lambda: (f"4 × {_preset('llama-2-7b').n_layers} all-reduces × 2(4 − 1)/4 × (2 · 2048 · "
+                     f"{_preset('llama-2-7b').d_model} · 2 B) = {_tp_gib():.2f} GiB: TP's traffic grows with the "
+                     "tokens and the depth, not with the parameters."),
+        diagnoses={lambda: _tp_gib() * 4 / 3: "That is the all-reduces' volume in ZeRO's convention (twice the "
+                                                "buffer); on a ring each rank sends (t − 1)/t of it.",
+                   lambda: _tp_gib() / 2: "That counts two all-reduces per block; there are two in forward and "
+                                          "two more in backward.",
+                   lambda: _tp_gib(value_bytes=4): "That takes 4-byte values; the all-reduces run in bf16 (2 B).",
+                   lambda: _tp_gib(tp=8): "That is t = 8, the table's degree; the question has t = 4.",
+                   _tp_buffer_gib: "That sends each buffer once; a ring all-reduce is a reduce-scatter then an "
+                                   "all-gather, 2(t − 1)/t of the buffer per rank."},
     ),
     Numeric(
-        "06.eager-max-seq", "Longest sequence the estimator's fit search (max_seq) admits, eager attention",
-        reference=_eager_max_seq, unit="", rtol=0.1,
-        hint="model states are 16 B/param / 8 ranks; activations grow with s (linear terms) and s² (the "
-             "probabilities): the card holds what is left after the states",
-        why=lambda setup, card: (
-            f"max_seq answers {_eager_max_seq(setup, card):,} tokens against the {_capacity_gib(card):.0f} GiB of "
-            f"memlab's {card} row. It is "
-            "the estimator's answer: the trace below runs the real step there, and FSDP2's gathered parameters and "
-            "buffers, which the estimate counts only with Overheads(gathered_layers=...), can put it over the card."),
-        diagnoses={lambda: 4096: "4096 is Llama-2's trained context, not what fits: memory, not the model, sets the "
-                                 "limit here.",
-                   When(lambda v: v > 20_000): "Too long for eager attention: the b × a × s² probabilities of every "
-                                               "layer grow fast."},
-        sample=lambda: {"setup": __import__("memlab.predict.spec.setup", fromlist=["Setup"]).Setup(
-            batch=1, precision="mixed-bf16", attention="eager", zero_stage=3, world_size=8), "card": "h100-sxm"},
-    ),
-    Numeric(
-        "06.attention-growth", "Growth of everything eager attention keeps (all attention categories), 1024 → 8192",
-        reference=_attention_growth, unit="x", rtol=0.02,
-        hint="the s² probabilities grow 64-fold, q, k, v and the output 8-fold: weigh each by its share at 1024 "
-             "tokens (predicted_attention('eager', 1024))",
-        why=lambda attention: (
-            f"{sum(attention('eager', 8192).values()):,.0f} B / {sum(attention('eager', 1024).values()):,.0f} B: "
-            "between 8 and 64, closer to 64 the more the s² scores dominate."),
-        diagnoses={64: "Only the probabilities grow with s²; q, k, v and the output grow with s.",
-                   8: "The probabilities grow with s², 64-fold over 8× the sequence."},
-        sample=_sample_attention,
+        "06.ep8-all-to-all-gib",
+        "GiB each rank sends by all-to-all per step, Mixtral-8x7B, EP 8, micro-batch 3 x 4096, bf16, balanced routing",
+        reference=_ep_gib, unit="GiB", rtol=0.02,
+        hint="each MoE layer dispatches the rank's t x top_k (token, expert) pairs of d_model values and combines "
+             "them back, in forward and again (their gradients) in backward; under balanced routing 1/ep of the "
+             "pairs have their expert on the rank itself; sizes from preset('mixtral-8x7b')",
+        why=lambda: (f"4 all-to-alls × {_preset('mixtral-8x7b').n_layers} layers × {EP_TOKENS} tokens × top-2 × "
+                     f"{_preset('mixtral-8x7b').d_model} × 2 B × 7/8 remote = {_ep_gib():.2f} GiB "
+                     "(memlab's all-to-all formula): EP's traffic grows with tokens x experts per token "
+                     "and " "the depth, not with the experts' size."),
+        diagnoses={lambda: _ep_gib(routing="worst"): "That sends every pair; under balanced routing the 1/8 whose "
+                                                     "expert is on the rank itself stay there.",
+                   lambda: _ep_gib(passes=0.5): "That counts the forward's dispatch and combine; backward sends "
+                                               "their gradients by two more all-to-alls.",
+                   lambda: _ep_gib(passes=0.25): "That counts one all-to-all a layer; there are four (dispatch and "
+                                                "combine, forward and backward).",
+                   lambda: _ep_gib(value_bytes=4): "That takes 4-byte values; the hidden states are bf16 (2 B).",
+                   lambda: _ep_gib(tokens=4096): "That is the table's micro-batch of 1 x 4096; the question has "
+                                                 "3 x 4096 tokens, and the traffic grows with them."},
     ),
 )

@@ -1,117 +1,113 @@
-"""Chapter 07's exercises (roofline and MFU). Questions are the notebook's markdown cells."""
+"""Chapter 07's exercises (FlashAttention and what attention keeps). Questions are the notebook's markdown cells."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from memlab.course.exercises import Choice, Numeric, When
+from memlab.course.exercises import Numeric, When
 
-OPS = {"matmul": "a matmul (the MLP's up-projection)", "norm": "LayerNorm", "add": "the residual add"}
-"""Exercise 1's options."""
-
-
-def _shapes(model: Any, setup: Any) -> dict[str, tuple[str, list[Any], list[str]]]:
-    """One op of each kind at the chapter's shapes, as torch.profiler records them: (op, input shapes, dtypes)."""
-    t, h = setup.batch * setup.seq, model.d_model
-    return {"matmul": ("aten::mm", [[t, h], [h, 4 * h]], ["float", "float"]),
-            "norm": ("aten::native_layer_norm", [[t, h], [], [h], [h], []], ["float", "", "float", "float", ""]),
-            "add": ("aten::add", [[t, h], [t, h], []], ["float", "float", ""])}
+SEED_004_SCORES_BYTES = 2048 * 2048 * 2
+"""Seed article 004's attention-matrix figure: 2048² entries × 2 bytes [seed-004]."""
 
 
-def _intensity(model: Any, setup: Any, kind: str) -> float:
-    """FLOP per byte of one op of ``kind`` by memlab's counting (op_profile.op_cost), from its shapes."""
-    from memlab.run import op_profile
+def _llama() -> Any:
+    from memlab.predict.spec.model import preset
 
-    _, flops, nbytes = op_profile.op_cost(*_shapes(model, setup)[kind])
-    return flops / nbytes
+    return preset("llama-2-7b")
 
 
-def _sample_model() -> dict[str, Any]:
+def _scores(batch: int, seq: int) -> float:
+    """Eager attention-score bytes memlab's estimate counts for Llama-2-7B (mixed-bf16) at ``batch`` × ``seq``."""
+    from memlab.predict.estimate import estimate
+    from memlab.predict.spec.setup import Setup
+
+    setup = Setup(batch=batch, seq=seq, precision="mixed-bf16", attention="eager")
+    return estimate(_llama(), setup).activation_detail["attention scores"]
+
+
+def _eager_max_seq(setup: Any, card: str) -> int:
+    from memlab.predict.fit import max_seq
+
+    return max_seq(_llama(), setup, card, limit=1 << 17).value
+
+
+def _capacity_gib(card: str) -> float:
+    from memlab.predict.hardware.gpus import gpu
+
+    return gpu(card).memory_bytes / 2**30
+
+
+def _sample_attention() -> dict[str, Any]:
+    from memlab.predict.estimate import estimate
     from memlab.predict.spec.model import preset
     from memlab.predict.spec.setup import Setup
 
-    return {"model": preset("tiny-gpt"), "setup": Setup(batch=2, seq=32, precision="fp32")}
+    layer = preset("tiny-gpt").with_(n_layers=1, max_seq=8192)
+
+    def predicted(attention: str, s: int) -> dict[str, float]:
+        b = estimate(layer, Setup(batch=1, seq=s, precision="fp32", attention=attention), device_type="cpu")
+        return {k: v for k, v in b.activation_detail.items() if k.startswith("attention")}
+
+    return {"attention": predicted, "scores": lambda s: predicted("eager", s)["attention scores"]}
 
 
-def _h100_mfu(useful_flop_s: float) -> float:
-    from memlab.predict.hardware.gpus import gpu
-
-    return 100 * useful_flop_s / gpu("h100-sxm").peak("bf16")
-
-
-def _a100_mfu(useful_flop_s: float) -> float:
-    from memlab.predict.hardware.gpus import gpu
-
-    return 100 * useful_flop_s / gpu("a100-80gb-sxm").peak("bf16")
-
-
-def _bubble(stages: int, micro_batches: int) -> float:
-    from memlab.predict.parallel.efficiency import pipeline_bubble_fraction
-
-    return 100 * pipeline_bubble_fraction(stages, micro_batches)
-
-
-def _in_flight_1f1b(stages: int, micro_batches: int) -> int:
-    """Micro-batches whose activations the first stage holds at once under 1F1B: min(p, m) [narayanan2021]."""
-    return min(stages, micro_batches)
+def _attention_growth(attention: Callable[[str, int], dict[str, float]]) -> float:
+    return sum(attention("eager", 8192).values()) / sum(attention("eager", 1024).values())
 
 
 EXERCISES = (
-    Choice(
-        "07.most-memory-bound", "The op with the lowest arithmetic intensity (FLOP per byte) at this model's shapes",
-        reference=lambda model, setup: min(OPS, key=lambda kind: _intensity(model, setup, kind)),
-        options=OPS,
-        hint="a matmul reuses each operand many times; an element-wise op reads and writes each element once, so "
-             "compare FLOPs per element against bytes per element: how many inputs does each read?",
-        why=lambda model, setup: (
-            "FLOP per byte: " + ", ".join(f"{kind} {_intensity(model, setup, kind):.3g}" for kind in OPS)
-            + ". The add does one FLOP per element while moving two inputs and an output; LayerNorm does a few "
-              "more FLOPs on one input; the matmul reuses each operand across a whole row or column."),
-        diagnoses={"matmul": "A matmul does 2·k FLOPs per output element on operands it reuses: the highest "
-                             "intensity of the three.",
-                   "norm": "LayerNorm reads one input and does several FLOPs per element (mean, variance, scale); "
-                           "the add reads two inputs for one FLOP."},
-        sample=_sample_model,
+    Numeric(
+        "07.eager-growth", "Eager attention-score bytes at 1024 tokens / at 512",
+        reference=lambda scores: scores(1024) / scores(512), unit="", rtol=0.02,
+        hint="the probabilities are b × a × s × s numbers: what does doubling s do to s²?",
+        why=lambda scores: (f"{scores(1024):,.0f} B / {scores(512):,.0f} B: the score matrix is s × s per head, so "
+                            "doubling s quadruples it."),
+        diagnoses={2: "That is linear growth: q, k, v and the output grow with s, but the probabilities are s × s.",
+                   When(lambda v: v > 4.5): "Doubling s multiplies s² by 2², no more."},
+        sample=_sample_attention,
     ),
     Numeric(
-        "07.h100-mfu", "MFU of seed 001's useful FLOP/s on an H100 SXM, dense bf16 peak, %",
-        reference=_h100_mfu, unit="%", rtol=0.02,
-        hint="divide by the H100's dense bf16 peak: gpu('h100-sxm').peak('bf16')",
-        why=lambda useful_flop_s: (f"{useful_flop_s / 1e12:.0f} TFLOP/s over the H100's dense bf16 "
-                                   f"{useful_flop_s / _h100_mfu(useful_flop_s) * 100 / 1e12:,.0f} TFLOP/s: the same "
-                                   "work is a smaller share of a faster card."),
-        diagnoses={_a100_mfu:
-                   "That divides by the A100's peak, the fallback that makes a faster GPU's MFU look high.",
-                   lambda useful_flop_s: _h100_mfu(useful_flop_s) / 2:
-                   "That divides by the sparse figure (twice the dense peak)."},
-        sample=lambda: {"useful_flop_s": 160e12},
+        "07.seed-undercount-b4", "Eager attention-score bytes of Llama-2-7B at batch 4, 4096 tokens / (2048² × 2 B)",
+        reference=lambda: _scores(4, 4096) / SEED_004_SCORES_BYTES, unit="x", rtol=0.01,
+        hint="the seed's figure is one 2048 × 2048 matrix: eager attention keeps one per head, per layer and per "
+             "sequence of the batch, and the matrix grows with s²",
+        why=lambda: (f"{_llama().n_heads} heads × {_llama().n_layers} layers × batch 4 × (4096 / 2048)² = "
+                     f"{_scores(4, 4096) / SEED_004_SCORES_BYTES:,.0f}: the seed counted one head of one layer of "
+                     "one sequence."),
+        diagnoses={lambda: _scores(1, 2048) / SEED_004_SCORES_BYTES:
+                   "That is the factor at batch 1 and 2048 tokens (the table above); this batch and length differ.",
+                   lambda: _scores(4, 2048) / SEED_004_SCORES_BYTES:
+                   "That leaves out a factor of 4: either the growth with s² (4096 tokens is twice 2048) or the "
+                   "batch (one matrix per sequence, 4 of them)."},
     ),
     Numeric(
-        "07.bubble", "Pipeline bubble, %, for p stages and m micro-batches, no interleaving",
-        reference=_bubble, unit="%", rtol=0.02,
-        hint="the bubble is (p − 1) / (m + p − 1) of the iteration",
-        why=lambda stages, micro_batches: (f"({stages} − 1) / ({micro_batches} + {stages} − 1): the first and last "
-                                           "stages wait p − 1 slots while the pipeline fills and drains."),
-        diagnoses={lambda stages, micro_batches: 100 * (stages - 1) / micro_batches:
-                   "(p − 1)/m is the bubble's ratio to the useful time; as a share of the iteration it is "
-                   "(p − 1)/(m + p − 1).",
-                   When(lambda v: v < 1): "That looks like a fraction: the question asks for a percentage."},
-        sample=lambda: {"stages": 16, "micro_batches": 48},
+        "07.eager-max-seq", "Longest sequence the estimator's fit search (max_seq) admits, eager attention",
+        reference=_eager_max_seq, unit="", rtol=0.1,
+        hint="model states are 16 B/param / 8 ranks; activations grow with s (linear terms) and s² (the "
+             "probabilities): the card holds what is left after the states",
+        why=lambda setup, card: (
+            f"max_seq answers {_eager_max_seq(setup, card):,} tokens against the {_capacity_gib(card):.0f} GiB of "
+            f"memlab's {card} row. It is "
+            "the estimator's answer: the trace below runs the real step there, and FSDP2's gathered parameters and "
+            "buffers, which the estimate counts only with Overheads(gathered_layers=...), can put it over the card."),
+        diagnoses={lambda: 4096: "4096 is Llama-2's trained context, not what fits: memory, not the model, sets the "
+                                 "limit here.",
+                   When(lambda v: v > 20_000): "Too long for eager attention: the b × a × s² probabilities of every "
+                                               "layer grow fast."},
+        sample=lambda: {"setup": __import__("memlab.predict.spec.setup", fromlist=["Setup"]).Setup(
+            batch=1, precision="mixed-bf16", attention="eager", zero_stage=3, world_size=8), "card": "h100-sxm"},
     ),
     Numeric(
-        "07.in-flight-1f1b", "Micro-batches whose activations the first stage holds at once under 1F1B",
-        reference=_in_flight_1f1b, unit="", rtol=0.001,
-        hint="1F1B starts each micro-batch's backward as soon as the pipeline is full: the first stage runs p "
-             "forwards, then alternates one forward and one backward",
-        why=lambda stages, micro_batches: (
-            f"min(p, m) = {_in_flight_1f1b(stages, micro_batches)}: the first stage keeps at most p micro-batches "
-            f"in flight, where GPipe (all forwards, then all backwards) keeps all m = {micro_batches}. The bubble is "
-            "the same; 1F1B's gain is memory."),
-        diagnoses={lambda stages, micro_batches: micro_batches:
-                   "That is GPipe's schedule, all m forwards before any backward; 1F1B caps the micro-batches in "
-                   "flight at the number of stages.",
-                   1: "One is the last stage, which runs each backward right after its forward; the first stage "
-                      "waits for the pipeline to fill."},
-        sample=lambda: {"stages": 8, "micro_batches": 64},
+        "07.attention-growth", "Growth of everything eager attention keeps (all attention categories), 1024 → 8192",
+        reference=_attention_growth, unit="x", rtol=0.02,
+        hint="the s² probabilities grow 64-fold, q, k, v and the output 8-fold: weigh each by its share at 1024 "
+             "tokens (predicted_attention('eager', 1024))",
+        why=lambda attention: (
+            f"{sum(attention('eager', 8192).values()):,.0f} B / {sum(attention('eager', 1024).values()):,.0f} B: "
+            "between 8 and 64, closer to 64 the more the s² scores dominate."),
+        diagnoses={64: "Only the probabilities grow with s²; q, k, v and the output grow with s.",
+                   8: "The probabilities grow with s², 64-fold over 8× the sequence."},
+        sample=_sample_attention,
     ),
 )

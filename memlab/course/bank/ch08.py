@@ -1,111 +1,117 @@
-"""Chapter 08's exercises (what nvidia-smi's numbers mean). Questions are the notebook's markdown cells."""
+"""Chapter 08's exercises (roofline and MFU). Questions are the notebook's markdown cells."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from memlab.course.exercises import Choice, Numeric, When
-from memlab.units import GB, GiB
 
-JAX_PREALLOCATE = 0.75
-"""JAX's default preallocated fraction of GPU memory at the first operation [jax-gpu-memory]."""
-VLLM_FRACTION = 0.90
-"""vLLM's default ``gpu_memory_utilization`` [vllm-engine-args]."""
-SAME_WITHIN = 1.25
-"""Exercise 1's "about the same": the highest CPU % within this factor of the lowest."""
+OPS = {"matmul": "a matmul (the MLP's up-projection)", "norm": "LayerNorm", "add": "the residual add"}
+"""Exercise 1's options."""
 
 
-def _card_bytes(card: str) -> int:
+def _shapes(model: Any, setup: Any) -> dict[str, tuple[str, list[Any], list[str]]]:
+    """One op of each kind at the chapter's shapes, as torch.profiler records them: (op, input shapes, dtypes)."""
+    t, h = setup.batch * setup.seq, model.d_model
+    return {"matmul": ("aten::mm", [[t, h], [h, 4 * h]], ["float", "float"]),
+            "norm": ("aten::native_layer_norm", [[t, h], [], [h], [h], []], ["float", "", "float", "float", ""]),
+            "add": ("aten::add", [[t, h], [t, h], []], ["float", "float", ""])}
+
+
+def _intensity(model: Any, setup: Any, kind: str) -> float:
+    """FLOP per byte of one op of ``kind`` by memlab's counting (op_profile.op_cost), from its shapes."""
+    from memlab.run import op_profile
+
+    _, flops, nbytes = op_profile.op_cost(*_shapes(model, setup)[kind])
+    return flops / nbytes
+
+
+def _sample_model() -> dict[str, Any]:
+    from memlab.predict.spec.model import preset
+    from memlab.predict.spec.setup import Setup
+
+    return {"model": preset("tiny-gpt"), "setup": Setup(batch=2, seq=32, precision="fp32")}
+
+
+def _h100_mfu(useful_flop_s: float) -> float:
     from memlab.predict.hardware.gpus import gpu
 
-    return gpu(card).memory_bytes
+    return 100 * useful_flop_s / gpu("h100-sxm").peak("bf16")
 
 
-def _h200_bytes() -> int:
-    return _card_bytes("h200-sxm")
+def _a100_mfu(useful_flop_s: float) -> float:
+    from memlab.predict.hardware.gpus import gpu
+
+    return 100 * useful_flop_s / gpu("a100-80gb-sxm").peak("bf16")
 
 
-def _highest_cpu(table: Any) -> str:
-    pct = table["cpu_pct"]
-    if pct.max() <= SAME_WITHIN * pct.min():
-        return "same"
-    return str(table.loc[pct.idxmax(), "loop"]).split()[0]  # "matmul (fp32)" -> the option "matmul"
+def _bubble(stages: int, micro_batches: int) -> float:
+    from memlab.predict.parallel.efficiency import pipeline_bubble_fraction
+
+    return 100 * pipeline_bubble_fraction(stages, micro_batches)
 
 
-def _sample_busy() -> dict[str, Any]:
-    import pandas as pd
-
-    return {"table": pd.DataFrame({"loop": ["busy loop (Python)", "copy (memory-bound)", "matmul (fp32)"],
-                                   "cpu_pct": [99.0, 97.0, 60.5]})}
-
-
-def _u_eff_vllm(used_gib: float) -> float:
-    return 100 * used_gib * GiB / (VLLM_FRACTION * _h200_bytes())
+def _in_flight_1f1b(stages: int, micro_batches: int) -> int:
+    """Micro-batches whose activations the first stage holds at once under 1F1B: min(p, m) [narayanan2021]."""
+    return min(stages, micro_batches)
 
 
 EXERCISES = (
     Choice(
-        "08.cpu-percent", "Which loop reads the highest CPU %",
-        predict_first=True,
-        reference=_highest_cpu,
-        options={"busy": "the Python busy loop", "copy": "the copy", "matmul": "the matmul",
-                 "same": f"about the same, within {SAME_WITHIN - 1:.0%} of each other"},
-        hint="CPU % counts time on a core, not what the core computed",
-        why=lambda table: ("CPU % per loop: " + ", ".join(f"{r.loop} {r.cpu_pct:.0f} %" for r in table.itertuples())
-                           + ". Each loop keeps its thread on a core the whole time, whatever it computes: busy "
-                             "is not useful, just as GPU-Util counts time with a kernel running."),
-        diagnoses={"matmul": "The matmul does by far the most useful work, but CPU % counts time on a core, not "
-                             "FLOPs.",
-                   "busy": "The busy loop does no floating-point work at all; its CPU % is still full."},
-        sample=_sample_busy,
+        "08.most-memory-bound", "The op with the lowest arithmetic intensity (FLOP per byte) at this model's shapes",
+        reference=lambda model, setup: min(OPS, key=lambda kind: _intensity(model, setup, kind)),
+        options=OPS,
+        hint="a matmul reuses each operand many times; an element-wise op reads and writes each element once, so "
+             "compare FLOPs per element against bytes per element: how many inputs does each read?",
+        why=lambda model, setup: (
+            "FLOP per byte: " + ", ".join(f"{kind} {_intensity(model, setup, kind):.3g}" for kind in OPS)
+            + ". The add does one FLOP per element while moving two inputs and an output; LayerNorm does a few "
+              "more FLOPs on one input; the matmul reuses each operand across a whole row or column."),
+        diagnoses={"matmul": "A matmul does 2·k FLOPs per output element on operands it reuses: the highest "
+                             "intensity of the three.",
+                   "norm": "LayerNorm reads one input and does several FLOPs per element (mean, variance, scale); "
+                           "the add reads two inputs for one FLOP."},
+        sample=_sample_model,
     ),
     Numeric(
-        "08.u-eff-vllm", "U_eff, %, of a vLLM server on an H200 SXM whose weights + KV in use are given in GiB",
-        reference=_u_eff_vllm, unit="%", rtol=0.02,
-        hint="U_eff divides what the workload uses by what the process holds: vLLM holds "
-             "gpu_memory_utilization (0.9 by default) of the card's memory_bytes",
-        why=lambda used_gib: (f"{used_gib:g} GiB over 0.9 × {_h200_bytes() / GiB:.0f} GiB = "
-                              f"{VLLM_FRACTION * _h200_bytes() / GiB:.1f} GiB held: nvidia-smi shows the "
-                              "reservation, and the workload's share of it is U_eff."),
-        diagnoses={lambda used_gib: 100 * used_gib * GiB / _h200_bytes():
-                   "That divides by the whole card (U_cap's denominator); U_eff divides by what the process "
-                   "holds, vLLM's reservation.",
-                   lambda: 100 * VLLM_FRACTION: "That is U_cap, what nvidia-smi shows: the reservation, not the "
-                                                "workload.",
-                   lambda used_gib: 100 * used_gib * 1e9 / (VLLM_FRACTION * _h200_bytes()):
-                   "That reads the workload's GiB as decimal GB."},
-        sample=lambda: {"used_gib": 40},
+        "08.h100-mfu", "MFU of seed 001's useful FLOP/s on an H100 SXM, dense bf16 peak, %",
+        reference=_h100_mfu, unit="%", rtol=0.02,
+        hint="divide by the H100's dense bf16 peak: gpu('h100-sxm').peak('bf16')",
+        why=lambda useful_flop_s: (f"{useful_flop_s / 1e12:.0f} TFLOP/s over the H100's dense bf16 "
+                                   f"{useful_flop_s / _h100_mfu(useful_flop_s) * 100 / 1e12:,.0f} TFLOP/s: the same "
+                                   "work is a smaller share of a faster card."),
+        diagnoses={_a100_mfu:
+                   "That divides by the A100's peak, the fallback that makes a faster GPU's MFU look high.",
+                   lambda useful_flop_s: _h100_mfu(useful_flop_s) / 2:
+                   "That divides by the sparse figure (twice the dense peak)."},
+        sample=lambda: {"useful_flop_s": 160e12},
     ),
     Numeric(
-        "08.jax-l4-gib", "GiB nvidia-smi shows for a small JAX job on a given card right after its first operation",
-        reference=lambda need_gib, card: JAX_PREALLOCATE * _card_bytes(card) / GiB, unit="GiB", rtol=0.01,
-        hint="JAX preallocates a fixed share of the card at its first operation, whatever the job needs: that share "
-             "of gpu(card).memory_bytes, in GiB",
-        why=lambda need_gib, card: (
-            f"JAX reserves {JAX_PREALLOCATE:.0%} of the card's {_card_bytes(card) / GiB:.0f} GiB at its first "
-            f"operation (XLA_PYTHON_CLIENT_PREALLOCATE): {JAX_PREALLOCATE * _card_bytes(card) / GiB:.1f} GiB for a "
-            f"{need_gib:g}-GiB job. The number is the framework's policy, not the job's need. memlab's table holds "
-            "the card's nominal capacity; JAX takes its share of the total the driver reports, which nvidia-smi "
-            "shows and which is a little lower on a real card (ECC and the driver reserve part of it), so a real "
-            "reading is a little lower too."),
-        diagnoses={lambda need_gib: need_gib: "That is what the job needs; nvidia-smi shows what JAX preallocated.",
-                   lambda card: VLLM_FRACTION * _card_bytes(card) / GiB: "That is vLLM's 0.9, not JAX's default.",
-                   lambda card: JAX_PREALLOCATE * _card_bytes(card) / GB:
-                   "That is in decimal GB; nvidia-smi's MiB are binary: give GiB.",
-                   lambda: 100 * JAX_PREALLOCATE: "That is the share in %; the question asks for GiB."},
-        sample=lambda: {"need_gib": 6, "card": "l4"},
+        "08.bubble", "Pipeline bubble, %, for p stages and m micro-batches, no interleaving",
+        reference=_bubble, unit="%", rtol=0.02,
+        hint="the bubble is (p − 1) / (m + p − 1) of the iteration",
+        why=lambda stages, micro_batches: (f"({stages} − 1) / ({micro_batches} + {stages} − 1): the first and last "
+                                           "stages wait p − 1 slots while the pipeline fills and drains."),
+        diagnoses={lambda stages, micro_batches: 100 * (stages - 1) / micro_batches:
+                   "(p − 1)/m is the bubble's ratio to the useful time; as a share of the iteration it is "
+                   "(p − 1)/(m + p − 1).",
+                   When(lambda v: v < 1): "That looks like a fraction: the question asks for a percentage."},
+        sample=lambda: {"stages": 16, "micro_batches": 48},
     ),
     Numeric(
-        "08.printed-gb", "Decimal GB of a figure that seed 004's script prints as 'GB' (bytes / 1024**3)",
-        reference=lambda printed: printed * GiB / GB, unit="GB", rtol=0.005,
-        hint="the script divides bytes by 1024**3, so its 'GB' are GiB; decimal GB are bytes / 10**9",
-        why=lambda printed: (f"{printed:g} × 2**30 B = {printed * GiB:,.0f} B = {printed * GiB / GB:.2f} × 10**9 B: "
-                             f"GiB are {GiB / GB - 1:.1%} larger than GB."),
-        diagnoses={lambda printed: printed * GB / GiB: "That converts the other way: the printed figure is in GiB, "
-                                                       "which are larger than GB.",
-                   lambda printed: printed: "The label says GB, but the script divided by 1024**3: the figure is "
-                                            "GiB.",
-                   When(lambda v: v > 1e6): "Give the answer in GB (10^9 bytes), not bytes."},
-        sample=lambda: {"printed": 45.0},
+        "08.in-flight-1f1b", "Micro-batches whose activations the first stage holds at once under 1F1B",
+        reference=_in_flight_1f1b, unit="", rtol=0.001,
+        hint="1F1B starts each micro-batch's backward as soon as the pipeline is full: the first stage runs p "
+             "forwards, then alternates one forward and one backward",
+        why=lambda stages, micro_batches: (
+            f"min(p, m) = {_in_flight_1f1b(stages, micro_batches)}: the first stage keeps at most p micro-batches "
+            f"in flight, where GPipe (all forwards, then all backwards) keeps all m = {micro_batches}. The bubble is "
+            "the same; 1F1B's gain is memory."),
+        diagnoses={lambda stages, micro_batches: micro_batches:
+                   "That is GPipe's schedule, all m forwards before any backward; 1F1B caps the micro-batches in "
+                   "flight at the number of stages.",
+                   1: "One is the last stage, which runs each backward right after its forward; the first stage "
+                      "waits for the pipeline to fill."},
+        sample=lambda: {"stages": 8, "micro_batches": 64},
     ),
 )

@@ -1,37 +1,18 @@
-"""Chapter 09's exercises (inference: KV cache, paging, mixtures of experts). Questions are the notebook's markdown
-cells."""
+"""Chapter 09's exercises (what nvidia-smi's numbers mean). Questions are the notebook's markdown cells."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from memlab.course.exercises import Numeric, When
-from memlab.units import GiB
+from memlab.course.exercises import Choice, Numeric, When
+from memlab.units import GB, GiB
 
-
-def _preset(name: str) -> Any:
-    from memlab.predict.spec.model import preset
-
-    return preset(name)
-
-
-def _kv(model: str, batch: int, tokens: int, dtype: str) -> float:
-    from memlab.predict.memory.inference import kv_cache_bytes
-
-    return kv_cache_bytes(_preset(model), batch, tokens, dtype)
-
-
-def _head_dim(model: str) -> int:
-    cfg = _preset(model)
-    return round(_kv(model, 1, 1, "fp32") / (2 * cfg.n_layers * cfg.n_kv_heads * 4))
-
-
-def _resident_bytes(model: str) -> float:
-    from memlab.predict.estimate import estimate
-    from memlab.predict.spec.setup import Setup
-
-    return estimate(_preset(model), Setup(mode="inference", batch=1, seq=1)).params_bytes
+JAX_PREALLOCATE = 0.75
+"""JAX's default preallocated fraction of GPU memory at the first operation [jax-gpu-memory]."""
+VLLM_FRACTION = 0.90
+"""vLLM's default ``gpu_memory_utilization`` [vllm-engine-args]."""
+SAME_WITHIN = 1.25
+"""Exercise 1's "about the same": the highest CPU % within this factor of the lowest."""
 
 
 def _card_bytes(card: str) -> int:
@@ -40,89 +21,91 @@ def _card_bytes(card: str) -> int:
     return gpu(card).memory_bytes
 
 
-def _cards_needed(model: str, card: str) -> int:
-    return math.ceil(_resident_bytes(model) / _card_bytes(card))
+def _h200_bytes() -> int:
+    return _card_bytes("h200-sxm")
 
 
-def _reserved(tokens: int, policy: str) -> float:
-    """Tokens one request reserves under ``policy`` (section 5's max_len of 2048)."""
-    import numpy as np
-
-    from memlab.predict.paging import reserved_tokens
-
-    return float(reserved_tokens(np.array([tokens]), policy, max_len=2048)[0])
+def _highest_cpu(table: Any) -> str:
+    pct = table["cpu_pct"]
+    if pct.max() <= SAME_WITHIN * pct.min():
+        return "same"
+    return str(table.loc[pct.idxmax(), "loop"]).split()[0]  # "matmul (fp32)" -> the option "matmul"
 
 
-def _empty_share(tokens: int, policy: str) -> float:
-    """Percent of one request's contiguous KV reservation that holds no token, under ``policy``."""
-    return 100 * (_reserved(tokens, policy) - tokens) / _reserved(tokens, policy)
+def _sample_busy() -> dict[str, Any]:
+    import pandas as pd
+
+    return {"table": pd.DataFrame({"loop": ["busy loop (Python)", "copy (memory-bound)", "matmul (fp32)"],
+                                   "cpu_pct": [99.0, 97.0, 60.5]})}
 
 
-def _sequences(model: str, card: str, tokens: int) -> int:
-    from memlab.predict.paging import max_sequences
-
-    return max_sequences(_preset(model), _card_bytes(card), tokens)
+def _u_eff_vllm(used_gib: float) -> float:
+    return 100 * used_gib * GiB / (VLLM_FRACTION * _h200_bytes())
 
 
 EXERCISES = (
-    Numeric(
-        "09.tiny-kv", "KV cache bytes of tiny-llama, 4 sequences × 256 tokens, fp32",
-        reference=lambda: _kv("tiny-llama", 4, 256, "fp32"), unit="B", rtol=0.01,
-        hint="2 (K and V) × layers × sequences × tokens × KV heads × head_dim × 4 bytes; the KV heads, not the "
-             "query heads",
-        why=lambda: (f"2 × {_preset('tiny-llama').n_layers} layers × 4 × 256 tokens × "
-                     f"{_preset('tiny-llama').n_kv_heads} KV heads × {_head_dim('tiny-llama')} dims × 4 B: GQA "
-                     "stores only the KV heads."),
-        diagnoses={lambda: _kv("tiny-llama", 4, 256, "fp32") / 2: "That is half: either only K (or only V), while "
-                                                                  "the cache keeps both, or a 2-byte cache, while "
-                                                                  "this one is fp32 (4 bytes).",
-                   lambda: _kv("tiny-llama", 4, 256, "fp32") * _preset("tiny-llama").n_heads
-                   / _preset("tiny-llama").n_kv_heads:
-                   "That uses the query heads; grouped-query attention caches only the KV heads."},
+    Choice(
+        "09.cpu-percent", "Which loop reads the highest CPU %",
+        predict_first=True,
+        reference=_highest_cpu,
+        options={"busy": "the Python busy loop", "copy": "the copy", "matmul": "the matmul",
+                 "same": f"about the same, within {SAME_WITHIN - 1:.0%} of each other"},
+        hint="CPU % counts time on a core, not what the core computed",
+        why=lambda table: ("CPU % per loop: " + ", ".join(f"{r.loop} {r.cpu_pct:.0f} %" for r in table.itertuples())
+                           + ". Each loop keeps its thread on a core the whole time, whatever it computes: busy "
+                             "is not useful, just as GPU-Util counts time with a kernel running."),
+        diagnoses={"matmul": "The matmul does by far the most useful work, but CPU % counts time on a core, not "
+                             "FLOPs.",
+                   "busy": "The busy loop does no floating-point work at all; its CPU % is still full."},
+        sample=_sample_busy,
     ),
     Numeric(
-        "09.mixtral-cards", "Fewest cards of the given kind that hold Mixtral-8x7B's bf16 weights (weights only)",
-        reference=_cards_needed, unit="", rtol=0.001,
-        hint="every expert is resident: 2 bytes × param_count() (not active_param_count()), divided by the card's "
-             "memory_bytes, rounded up",
-        why=lambda model, card: (f"{_resident_bytes(model) / GiB:.1f} GiB of weights (all experts) over "
-                                 f"{_card_bytes(card) / GiB:.0f} GiB per card, rounded up; the top-2 experts a token "
-                                 "uses are not what must be resident."),
-        diagnoses={lambda model, card: math.ceil(2 * _preset(model).active_param_count() / _card_bytes(card)):
-                   "That holds only the active (top-2) experts; every expert must be resident, since a batch routes "
-                   "tokens to all of them.",
-                   When(lambda v: v != round(v)): "A whole number of cards: round up."},
-        sample=lambda: {"model": "mixtral-8x7b", "card": "l4"},
+        "09.u-eff-vllm", "U_eff, %, of a vLLM server on an H200 SXM whose weights + KV in use are given in GiB",
+        reference=_u_eff_vllm, unit="%", rtol=0.02,
+        hint="U_eff divides what the workload uses by what the process holds: vLLM holds "
+             "gpu_memory_utilization (0.9 by default) of the card's memory_bytes",
+        why=lambda used_gib: (f"{used_gib:g} GiB over 0.9 × {_h200_bytes() / GiB:.0f} GiB = "
+                              f"{VLLM_FRACTION * _h200_bytes() / GiB:.1f} GiB held: nvidia-smi shows the "
+                              "reservation, and the workload's share of it is U_eff."),
+        diagnoses={lambda used_gib: 100 * used_gib * GiB / _h200_bytes():
+                   "That divides by the whole card (U_cap's denominator); U_eff divides by what the process "
+                   "holds, vLLM's reservation.",
+                   lambda: 100 * VLLM_FRACTION: "That is U_cap, what nvidia-smi shows: the reservation, not the "
+                                                "workload.",
+                   lambda used_gib: 100 * used_gib * 1e9 / (VLLM_FRACTION * _h200_bytes()):
+                   "That reads the workload's GiB as decimal GB."},
+        sample=lambda: {"used_gib": 40},
     ),
     Numeric(
-        "09.pow2-empty", "Share (%) of one request's power-of-two KV reservation that holds no token",
-        reference=_empty_share, unit="%", rtol=0.01,
-        hint="the pow2 policy reserves the request's length rounded up to a power of two: the empty share is "
-             "(reserved − tokens) / reserved",
-        why=lambda tokens, policy: (f"{tokens:,} tokens reserve {_reserved(tokens, policy):,.0f}; "
-                                    f"{_empty_share(tokens, policy):.1f} % of that holds nothing until the request "
-                                    "grows, memory no other request can use."),
-        diagnoses={lambda tokens, policy: 100 * (_reserved(tokens, policy) - tokens) / tokens:
-                   "That divides by the request's length; the share of the reservation divides by what is reserved.",
-                   When(lambda v: v < 0): "The reservation rounds *up*: it is at least the request's length.",
-                   When(lambda v: 0 < v < 1): "That looks like a fraction: the question asks for a percentage."},
-        sample=lambda: {"tokens": 1100, "policy": "pow2"},
+        "09.jax-l4-gib", "GiB nvidia-smi shows for a small JAX job on a given card right after its first operation",
+        reference=lambda need_gib, card: JAX_PREALLOCATE * _card_bytes(card) / GiB, unit="GiB", rtol=0.01,
+        hint="JAX preallocates a fixed share of the card at its first operation, whatever the job needs: that share "
+             "of gpu(card).memory_bytes, in GiB",
+        why=lambda need_gib, card: (
+            f"JAX reserves {JAX_PREALLOCATE:.0%} of the card's {_card_bytes(card) / GiB:.0f} GiB at its first "
+            f"operation (XLA_PYTHON_CLIENT_PREALLOCATE): {JAX_PREALLOCATE * _card_bytes(card) / GiB:.1f} GiB for a "
+            f"{need_gib:g}-GiB job. The number is the framework's policy, not the job's need. memlab's table holds "
+            "the card's nominal capacity; JAX takes its share of the total the driver reports, which nvidia-smi "
+            "shows and which is a little lower on a real card (ECC and the driver reserve part of it), so a real "
+            "reading is a little lower too."),
+        diagnoses={lambda need_gib: need_gib: "That is what the job needs; nvidia-smi shows what JAX preallocated.",
+                   lambda card: VLLM_FRACTION * _card_bytes(card) / GiB: "That is vLLM's 0.9, not JAX's default.",
+                   lambda card: JAX_PREALLOCATE * _card_bytes(card) / GB:
+                   "That is in decimal GB; nvidia-smi's MiB are binary: give GiB.",
+                   lambda: 100 * JAX_PREALLOCATE: "That is the share in %; the question asks for GiB."},
+        sample=lambda: {"need_gib": 6, "card": "l4"},
     ),
     Numeric(
-        "09.llama3-h200-8k", "Sequences of the given length a serving engine holds for Llama-3-8B (bf16) on one card",
-        reference=_sequences, unit="", rtol=0.02,
-        hint="(card memory_bytes − bf16 weights) / KV bytes of one sequence (kv_cache_bytes(model, 1, tokens, "
-             "'bf16')), rounded down",
-        why=lambda model, card, tokens: (
-            f"({_card_bytes(card) / GiB:.0f} GiB − {_resident_bytes(model) / GiB:.1f} GiB of weights) / "
-            f"{_kv(model, 1, tokens, 'bf16') / GiB:.2f} GiB per {tokens:,}-token sequence: weights + KV decide "
-            "(max_sequences)."),
-        diagnoses={lambda model, card, tokens: _card_bytes(card) // _kv(model, 1, tokens, "bf16"):
-                   "That forgets the weights: they take their share of the card first.",
-                   lambda model, card, tokens: (_card_bytes(card) - _resident_bytes(model))
-                   // (_kv(model, 1, tokens, "bf16") * _preset(model).n_heads / _preset(model).n_kv_heads):
-                   "That sizes the cache with the query heads; Llama-3 caches only its KV heads (GQA).",
-                   When(lambda v: v != round(v)): "A whole number of sequences: round down."},
-        sample=lambda: {"model": "llama-3-8b", "card": "h200-sxm", "tokens": 8192},
+        "09.printed-gb", "Decimal GB of a figure that seed 004's script prints as 'GB' (bytes / 1024**3)",
+        reference=lambda printed: printed * GiB / GB, unit="GB", rtol=0.005,
+        hint="the script divides bytes by 1024**3, so its 'GB' are GiB; decimal GB are bytes / 10**9",
+        why=lambda printed: (f"{printed:g} × 2**30 B = {printed * GiB:,.0f} B = {printed * GiB / GB:.2f} × 10**9 B: "
+                             f"GiB are {GiB / GB - 1:.1%} larger than GB."),
+        diagnoses={lambda printed: printed * GB / GiB: "That converts the other way: the printed figure is in GiB, "
+                                                       "which are larger than GB.",
+                   lambda printed: printed: "The label says GB, but the script divided by 1024**3: the figure is "
+                                            "GiB.",
+                   When(lambda v: v > 1e6): "Give the answer in GB (10^9 bytes), not bytes."},
+        sample=lambda: {"printed": 45.0},
     ),
 )

@@ -1,217 +1,128 @@
-"""Chapter 10's exercises (your model: Hugging Face families, their traits, will it fit). Questions are the
-notebook's markdown cells."""
+"""Chapter 10's exercises (inference: KV cache, paging, mixtures of experts). Questions are the notebook's markdown
+cells."""
 
 from __future__ import annotations
 
-import functools
-import json
+import math
 from typing import Any
 
-from memlab.course.exercises import Choice, Numeric, When
-
-SAME_SIZE_SETUP = {"batch": 2, "seq": 24, "attention": "eager"}
-"""Exercise 1's run: batch 2 × 24 tokens, eager attention, fp32 (the Setup default)."""
+from memlab.course.exercises import Numeric, When
+from memlab.units import GiB
 
 
-def _saved(config: Any) -> float:
-    from memlab.predict.families.reader import from_hf
-    from memlab.predict.memory.activations import activation_bytes
+def _preset(name: str) -> Any:
+    from memlab.predict.spec.model import preset
+
+    return preset(name)
+
+
+def _kv(model: str, batch: int, tokens: int, dtype: str) -> float:
+    from memlab.predict.memory.inference import kv_cache_bytes
+
+    return kv_cache_bytes(_preset(model), batch, tokens, dtype)
+
+
+def _head_dim(model: str) -> int:
+    cfg = _preset(model)
+    return round(_kv(model, 1, 1, "fp32") / (2 * cfg.n_layers * cfg.n_kv_heads * 4))
+
+
+def _resident_bytes(model: str) -> float:
+    from memlab.predict.estimate import estimate
     from memlab.predict.spec.setup import Setup
 
-    return sum(activation_bytes(from_hf(config), Setup(**SAME_SIZE_SETUP), device_type="cpu").values())
+    return estimate(_preset(model), Setup(mode="inference", batch=1, seq=1)).params_bytes
 
 
-def _more_per_token(configs: dict[str, Any]) -> str:
-    saved = {family: _saved(cfg) for family, cfg in configs.items()}
-    if max(saved.values()) == min(saved.values()):
-        return "same"
-    return max(saved, key=saved.get)
-
-
-def _sample_families() -> dict[str, Any]:
-    from memlab.course.hf_configs import load_config
-
-    return {"configs": {"gpt2": load_config("gpt2"),
-                        "gpt_neox": {**load_config("gpt_neox"), "intermediate_size": 256}}}
-
-
-def _largest_batch(model: Any, setup: Any, card: str) -> int:
-    from memlab.predict.fit import max_batch
-
-    return max_batch(model, setup, card).value
-
-
-def _by_decimal_gb(model: Any, setup: Any, card: str) -> int:
-    """The largest batch whose peak fits the card read as decimal GB: the unit slip chapter 08 warns about."""
-    import dataclasses
-
-    from memlab.predict.fit import max_batch
+def _card_bytes(card: str) -> int:
     from memlab.predict.hardware.gpus import gpu
 
-    spec = gpu(card)
-    return max_batch(model, setup, dataclasses.replace(spec, memory_bytes=int(spec.memory_gib * 1e9))).value
+    return gpu(card).memory_bytes
 
 
-def _sample_pythia() -> dict[str, Any]:
-    from memlab.course.hf_configs import load_config
-    from memlab.predict.families.reader import from_hf
-    from memlab.predict.spec.setup import Setup
-
-    return {"model": from_hf(load_config("pythia-1.4b", "full"), name="pythia-1.4b"),
-            "setup": Setup(batch=1, seq=2048, precision="bf16", attention="flash"), "card": "rtx-4090"}
+def _cards_needed(model: str, card: str) -> int:
+    return math.ceil(_resident_bytes(model) / _card_bytes(card))
 
 
-def _gelu_extra(model: Any) -> float:
-    from memlab.predict.memory.activations import trait_effects
-    from memlab.predict.spec.setup import Setup
+def _reserved(tokens: int, policy: str) -> float:
+    """Tokens one request reserves under ``policy`` (section 5's max_len of 2048)."""
+    import numpy as np
 
-    return trait_effects(model, Setup(batch=1, seq=1, precision="bf16"))["activation"] / model.n_layers
+    from memlab.predict.paging import reserved_tokens
 
-
-def _sample_gpt2() -> dict[str, Any]:
-    from memlab.course.hf_configs import load_config
-    from memlab.predict.families.reader import from_hf
-
-    return {"model": from_hf(load_config("gpt2", "full"), name="gpt2")}
+    return float(reserved_tokens(np.array([tokens]), policy, max_len=2048)[0])
 
 
-def _ckpt_bytes(run: Any, kept: int) -> tuple[float, int]:
-    """(the guides' full-recomputation activations, the bytes the step keeps for backward) of a checkpointed run;
-    ``kept`` is the chapter's trace of the real code (``traced_truth(run)["activations"]``)."""
-    from memlab.studies.calculators import korthikanti_guides
-
-    return korthikanti_guides(run).activations, int(kept)
+def _empty_share(tokens: int, policy: str) -> float:
+    """Percent of one request's contiguous KV reservation that holds no token, under ``policy``."""
+    return 100 * (_reserved(tokens, policy) - tokens) / _reserved(tokens, policy)
 
 
-def _ckpt_sign(run: Any, kept: int) -> str:
-    formula, traced = _ckpt_bytes(run, kept)
-    return "exact" if formula == traced else ("over" if formula > traced else "under")
+def _sequences(model: str, card: str, tokens: int) -> int:
+    from memlab.predict.paging import max_sequences
 
-
-def _sample_ckpt_run() -> dict[str, Any]:
-    """A checkpointed tiny Llama in mixed bf16, its kept bytes from memlab's formula standing in for the trace (the
-    chapter passes the trace's), so checking the exercise needs no trace."""
-    from memlab.course.hf_configs import load_config
-    from memlab.studies.calculators import Run, memlab_formula
-
-    run = Run(load_config("llama"), 2, 24, "bf16", "sdpa", device_type="cpu", name="llama", precision="mixed-bf16",
-              recompute="full")
-    return {"run": run, "kept": int(memlab_formula(run).activations)}
-
-
-COHERE_SAMPLE = {"model_type": "cohere", "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 3,
-                 "num_attention_heads": 6, "num_key_value_heads": 3, "vocab_size": 640,
-                 "max_position_embeddings": 128}
-"""A small Cohere ``config.json`` (Command-R's family, which ``from_hf`` does not map) for checking exercise
-10.unknown-family-states without the chapter; the chapter passes its own."""
-
-
-def _adam_states(config: dict[str, Any]) -> int:
-    """Bytes of fp32 AdamW's states for the model ``config`` builds: two fp32 moments per parameter
-    (:func:`memlab.predict.memory.states.adam_moment_bytes`) plus one 4-byte ``step`` per parameter tensor
-    (:func:`~memlab.predict.memory.states.step_counter_bytes`), the parameters counted once each (a tied head is
-    the embedding's tensor) on the model transformers builds."""
-    return _adam_states_of(json.dumps(config, sort_keys=True))
-
-
-@functools.cache
-def _adam_states_of(config_json: str) -> int:
-    """:func:`_adam_states` of a config given as JSON text (cached: the reference and its diagnoses build the model
-    once)."""
-    from memlab.model.hf import build_hf_model
-    from memlab.predict.memory.states import adam_moment_bytes, step_counter_bytes
-
-    params = list(build_hf_model(json.loads(config_json)).parameters())  # parameters() yields a tied tensor once
-    return adam_moment_bytes(sum(p.numel() for p in params), 4) + step_counter_bytes(len(params), "adamw")
-
-
-def _untied(config: dict[str, Any]) -> int:
-    """The states counted with a separate head (vocab x d_model more parameters): the tied-head slip."""
-    return _adam_states(config) + 8 * config["vocab_size"] * config["hidden_size"]
-
-
-def _sample_unknown() -> dict[str, Any]:
-    return {"config": dict(COHERE_SAMPLE)}
+    return max_sequences(_preset(model), _card_bytes(card), tokens)
 
 
 EXERCISES = (
-    Choice(
-        "10.family-per-token", "Which family saves more activation bytes per token at the same sizes",
-        reference=_more_per_token,
-        options={"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "same": "the same: the sizes are equal"},
-        hint="count the d_ff-wide tensors each MLP keeps (composed gelu_new vs a fused GELU) and how many norm "
-             "inputs a parallel block keeps",
-        why=lambda configs: ("bytes saved for backward: " + ", ".join(f"{f} {_saved(c):,.0f}" for f, c in
-                                                                      configs.items())
-                             + ". Equal sizes, different code: GPT-2's gelu_new is built from element-wise ops, "
-                               "each keeping a d_ff-wide tensor, where GPT-NeoX calls one fused GELU."),
-        diagnoses={"same": "The sizes are equal, but what a layer keeps depends on how its code is written: "
-                           "a composed activation keeps its intermediates."},
-        sample=_sample_families,
+    Numeric(
+        "10.tiny-kv", "KV cache bytes of tiny-llama, 4 sequences × 256 tokens, fp32",
+        reference=lambda: _kv("tiny-llama", 4, 256, "fp32"), unit="B", rtol=0.01,
+        hint="2 (K and V) × layers × sequences × tokens × KV heads × head_dim × 4 bytes; the KV heads, not the "
+             "query heads",
+        why=lambda: (f"2 × {_preset('tiny-llama').n_layers} layers × 4 × 256 tokens × "
+                     f"{_preset('tiny-llama').n_kv_heads} KV heads × {_head_dim('tiny-llama')} dims × 4 B: GQA "
+                     "stores only the KV heads."),
+        diagnoses={lambda: _kv("tiny-llama", 4, 256, "fp32") / 2: "That is half: either only K (or only V), while "
+                                                                  "the cache keeps both, or a 2-byte cache, while "
+                                                                  "this one is fp32 (4 bytes).",
+                   lambda: _kv("tiny-llama", 4, 256, "fp32") * _preset("tiny-llama").n_heads
+                   / _preset("tiny-llama").n_kv_heads:
+                   "That uses the query heads; grouped-query attention caches only the KV heads."},
     ),
     Numeric(
-        "10.pythia-4090-batch", "Largest micro-batch of Pythia-1.4B (pure bf16, SDPA, 2,048 tokens) on an RTX 4090",
-        reference=_largest_batch, unit="", rtol=0.01,
-        hint="model states are 8 B/param in pure bf16 with Adam; divide what is left of the card's "
-             "gpu('rtx-4090').memory_bytes (memlab's table reads its '24 GB' as 24 GiB) by the peak bytes one more "
-             "sequence adds, or call max_batch(config, setup, 'rtx-4090')",
-        why=lambda model, setup, card: (
-            f"batch {_largest_batch(model, setup, card)} is the largest whose phase-aware peak fits the card's "
-            "memory_bytes; the trace below checks it and the next batch."),
-        diagnoses={_by_decimal_gb: "That reads the card as 24 × 10^9 bytes; memlab's table stores 24 GiB "
-                                   "(24 × 2^30), as the card reports.",
-                   When(lambda v: v != round(v)): "A batch is a whole number of sequences."},
-        sample=_sample_pythia,
+        "10.mixtral-cards", "Fewest cards of the given kind that hold Mixtral-8x7B's bf16 weights (weights only)",
+        reference=_cards_needed, unit="", rtol=0.001,
+        hint="every expert is resident: 2 bytes × param_count() (not active_param_count()), divided by the card's "
+             "memory_bytes, rounded up",
+        why=lambda model, card: (f"{_resident_bytes(model) / GiB:.1f} GiB of weights (all experts) over "
+                                 f"{_card_bytes(card) / GiB:.0f} GiB per card, rounded up; the top-2 experts a token "
+                                 "uses are not what must be resident."),
+        diagnoses={lambda model, card: math.ceil(2 * _preset(model).active_param_count() / _card_bytes(card)):
+                   "That holds only the active (top-2) experts; every expert must be resident, since a batch routes "
+                   "tokens to all of them.",
+                   When(lambda v: v != round(v)): "A whole number of cards: round up."},
+        sample=lambda: {"model": "mixtral-8x7b", "card": "l4"},
     ),
     Numeric(
-        "10.gelu-new-extra", "Extra bytes per token per layer that composed gelu_new keeps (bf16)",
-        reference=_gelu_extra, unit="B", rtol=0.01,
-        hint="gelu_new keeps 4 d_ff-wide tensors besides its output where a fused GELU keeps 1; 2 bytes each in "
-             "bf16, per token",
-        why=lambda model: (f"{_gelu_extra(model):,.0f} B = {_gelu_extra(model) / (2 * model.d_ff):g} extra "
-                           f"d_ff-wide tensors × d_ff = {model.d_ff:,} × 2 B: the intermediates of the composed tanh "
-                           "approximation, which a fused GELU does not keep."),
-        diagnoses={lambda model: 4 * model.d_ff * 2: "That counts all four tensors; a fused GELU keeps one of them "
-                                                     "too, so the extra is three.",
-                   lambda model: _gelu_extra(model) * model.n_layers: "That is all layers; the question asks per "
-                                                                       "layer.",
-                   lambda model: _gelu_extra(model) * 2: "That uses 4-byte elements; in pure bf16 each is 2 bytes."},
-        sample=_sample_gpt2,
-    ),
-    Choice(
-        "10.ckpt-formula-sign", "Does the guides' full-recomputation formula over- or under-predict a checkpointed "
-                                "step's saved bytes",
-        reference=_ckpt_sign,
-        options={"over": "it over-predicts", "under": "it under-predicts", "exact": "it is exact"},
-        hint="2 s b h bytes per layer is one 2-byte tensor per block: each block's input. What else does a "
-             "checkpointed step keep for backward that sits outside the blocks? Think of the final norm, the head "
-             "and the loss over the whole vocabulary.",
-        why=lambda run, kept: ("the formula gives {:,.0f} B, the trace of the real code keeps {:,} B: besides each "
-                         "block's input the step keeps the tensors outside the checkpointed blocks (the final norm, "
-                         "the logits and the loss's fp32 copies over the vocabulary), which a per-layer formula "
-                         "leaves out by definition.").format(*_ckpt_bytes(run, kept)),
-        diagnoses={"over": "A per-layer formula counts the blocks only; with checkpointing the blocks keep little, "
-                           "so what sits outside them (head, logits, loss) is the larger part.",
-                   "exact": "Each block's input is only part of it: the tensors outside the blocks are kept too."},
-        sample=_sample_ckpt_run,
+        "10.pow2-empty", "Share (%) of one request's power-of-two KV reservation that holds no token",
+        reference=_empty_share, unit="%", rtol=0.01,
+        hint="the pow2 policy reserves the request's length rounded up to a power of two: the empty share is "
+             "(reserved − tokens) / reserved",
+        why=lambda tokens, policy: (f"{tokens:,} tokens reserve {_reserved(tokens, policy):,.0f}; "
+                                    f"{_empty_share(tokens, policy):.1f} % of that holds nothing until the request "
+                                    "grows, memory no other request can use."),
+        diagnoses={lambda tokens, policy: 100 * (_reserved(tokens, policy) - tokens) / tokens:
+                   "That divides by the request's length; the share of the reservation divides by what is reserved.",
+                   When(lambda v: v < 0): "The reservation rounds *up*: it is at least the request's length.",
+                   When(lambda v: 0 < v < 1): "That looks like a fraction: the question asks for a percentage."},
+        sample=lambda: {"tokens": 1100, "policy": "pow2"},
     ),
     Numeric(
-        "10.unknown-family-states", "fp32 AdamW state bytes of a family the formula does not know, from its "
-                                    "config.json",
-        reference=_adam_states, unit="B", rtol=0.01,
-        hint="AdamW keeps two fp32 moments (exp_avg, exp_avg_sq) per parameter: count the parameters of the model "
-             "the config builds (sum(p.numel() for p in build_hf_model(config).parameters())); Cohere ties its head "
-             "to the embedding (tie_word_embeddings defaults to True)",
-        why=lambda config: (f"{_adam_states(config):,} B: 8 B per parameter (two fp32 moments) plus a 4-byte step "
-                            "counter per parameter tensor. No formula of the family is needed: the states follow "
-                            "from the parameter count, whatever the code; what needs the code (the trace) is what "
-                            "the step keeps for backward."),
-        diagnoses={_untied: "That counts a separate head; Cohere ties it to the embedding (one tensor, counted "
-                            "once).",
-                   lambda config: _adam_states(config) // 2: "That is one moment; AdamW keeps two (exp_avg and "
-                                                             "exp_avg_sq).",
-                   lambda config: _adam_states(config) * 2: "That is 16 B per parameter: weights, gradients and "
-                                                            "states; the question asks for the states alone."},
-        sample=_sample_unknown,
+        "10.llama3-h200-8k", "Sequences of the given length a serving engine holds for Llama-3-8B (bf16) on one card",
+        reference=_sequences, unit="", rtol=0.02,
+        hint="(card memory_bytes − bf16 weights) / KV bytes of one sequence (kv_cache_bytes(model, 1, tokens, "
+             "'bf16')), rounded down",
+        why=lambda model, card, tokens: (
+            f"({_card_bytes(card) / GiB:.0f} GiB − {_resident_bytes(model) / GiB:.1f} GiB of weights) / "
+            f"{_kv(model, 1, tokens, 'bf16') / GiB:.2f} GiB per {tokens:,}-token sequence: weights + KV decide "
+            "(max_sequences)."),
+        diagnoses={lambda model, card, tokens: _card_bytes(card) // _kv(model, 1, tokens, "bf16"):
+                   "That forgets the weights: they take their share of the card first.",
+                   lambda model, card, tokens: (_card_bytes(card) - _resident_bytes(model))
+                   // (_kv(model, 1, tokens, "bf16") * _preset(model).n_heads / _preset(model).n_kv_heads):
+                   "That sizes the cache with the query heads; Llama-3 caches only its KV heads (GQA).",
+                   When(lambda v: v != round(v)): "A whole number of sequences: round down."},
+        sample=lambda: {"model": "llama-3-8b", "card": "h200-sxm", "tokens": 8192},
     ),
 )

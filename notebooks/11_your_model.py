@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # 10 · Your model: predict it, measure it, and put every calculator on the same runs
+# # 11 · Your model: predict it, measure it, and put every calculator on the same runs
 #
 # **The common belief.** "Add up parameters, gradients, optimizer states and activations, and you know what your
 # model needs; the activations are the hard part, so guess them." Seed article 004 ("AI 时代的内存需求") gives the
@@ -32,7 +32,7 @@
 scale = "auto"
 device = "auto"
 seed = 0
-out_dir = "../reports/build/10_your_model"
+out_dir = "../reports/build/11_your_model"
 
 # %%
 import warnings
@@ -175,7 +175,7 @@ same_size = {"gpt2": load_config("gpt2"), "gpt_neox": {**load_config("gpt_neox")
 
 # %%
 answer = ...
-check("10.family-per-token", answer, configs=same_size)
+check("11.family-per-token", answer, configs=same_size)
 
 # %%
 tiny = {name: load_config(name) for name in config_names("tiny")}
@@ -264,7 +264,7 @@ ckpt_run = next(r for r in traced_runs if r.recompute == "full")
 
 # %%
 answer = ...
-check("10.ckpt-formula-sign", answer, run=ckpt_run, kept=dict(traced)[ckpt_run]["activations"])
+check("11.ckpt-formula-sign", answer, run=ckpt_run, kept=dict(traced)[ckpt_run]["activations"])
 
 # %% [markdown]
 # The sum of the components is not the peak (the cell prints how often the peak is above it, and where): the peak
@@ -400,16 +400,16 @@ trace_phases.assign(**{"predicted GiB": trace_phases["predicted"] / GiB, "traced
 
 # %% [markdown]
 # **Fine-tuning: the calculators that claim it, on LoRA runs.** Most users fine-tune. The same comparison on LoRA
-# steps (peft's default rank and targets, q and v, fp32, eager), measured here with peft, as chapter 11 section 5
+# steps (peft's default rank and targets, q and v, fp32, eager), measured here with peft, as chapter 12 section 5
 # does (`calculators.finetune_shoot_out`): each tool is scored only on what it claims for a LoRA run. gpu_poor has a
 # LoRA mode `[gpu-poor]` that assumes 16-bit weights, so it is scored on the bf16 runs only; accelerate has no LoRA
 # mode and is given no claim `[accelerate-estimate]`; the full-training formulas claim nothing. These runs are tiny
-# (d_model 64): no full-size LoRA comparison of the calculators is made here (chapter 11 traces full-size LoRA with
+# (d_model 64): no full-size LoRA comparison of the calculators is made here (chapter 12 traces full-size LoRA with
 # memlab alone). The first table is that scope, the second the errors on what is claimed ("not modelled" is a
 # scope, not an error).
 
 # %%
-lora_families = ("llama", "qwen2", "gpt2")  # chapter 11's families at ci scale
+lora_families = ("llama", "qwen2", "gpt2")  # chapter 12's families at ci scale
 ft_runs = [r for dtype in ("fp32", "bf16") for r in calculators.lora_runs(
     {f: tiny[f] for f in lora_families}, 2, 24, lora_rank=Setup(finetune="lora").lora_r, dtype=dtype,
     device_type=ch.device_type)]
@@ -508,7 +508,7 @@ fit_setup = Setup(batch=1, seq=2048, precision="bf16", attention="flash")
 
 # %%
 answer = ...
-check("10.pythia-4090-batch", answer, model=pythia, setup=fit_setup, card="rtx-4090")
+check("11.pythia-4090-batch", answer, model=pythia, setup=fit_setup, card="rtx-4090")
 
 # %%
 fit = max_batch(pythia, fit_setup, "rtx-4090")
@@ -542,7 +542,7 @@ gpt2_full = configs["gpt2"]
 
 # %%
 answer = ...
-check("10.gelu-new-extra", answer, model=gpt2_full)
+check("11.gelu-new-extra", answer, model=gpt2_full)
 
 # %% [markdown]
 # ## 6. Seed 004's order of optimisations, computed for one model
@@ -600,12 +600,12 @@ lever_table.round(1)
 # order of bytes saved: "FlashAttention before checkpointing before ZeRO" holds only with that qualification.
 
 # %%
-recorded = ch.recorded("10_your_model_gpu")
+recorded = ch.recorded("11_your_model_gpu")
 recorded if recorded is not None else ("No GPU run of this chapter is recorded yet: the GPU evidence "
                                        "is the published measurements below.")
 
 # %%
-ch.published("10")
+ch.published("11")
 
 # %% [markdown]
 # ## 7. Your model sharded: the estimate, the trace and torchtitan's estimator
@@ -694,7 +694,7 @@ for term in span["terms"]:
 
 # %%
 answer = ...
-check("10.unknown-family-states", answer, config=UNKNOWN_FAMILY)
+check("11.unknown-family-states", answer, config=UNKNOWN_FAMILY)
 
 # %%
 code, _, refusal, _ = memlab_cli("estimate", "--hf", own / "my-cohere", *shape, "--no-trace")

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · FlashAttention: the s² term that disappears, and the work that does not
+# # 07 · FlashAttention: the s² term that disappears, and the work that does not
 #
 # **The common belief.** "Flash Attention avoids storing the full attention matrix: activation memory goes from
 # O(N²) to O(N)" (seed 000, `[seed-000]`), and "for a 2048-token sequence the attention matrix needs about
@@ -28,7 +28,7 @@
 scale = "auto"
 device = "auto"
 seed = 0
-out_dir = "../reports/build/06_flash_attention"
+out_dir = "../reports/build/07_flash_attention"
 
 # %%
 import matplotlib.pyplot as plt
@@ -110,7 +110,7 @@ def predicted_scores(s: int) -> float:
 
 # %%
 answer = ...
-check("06.eager-growth", answer, scores=predicted_scores)
+check("07.eager-growth", answer, scores=predicted_scores)
 
 # %% [markdown]
 # ## 2. The experiment
@@ -206,7 +206,7 @@ as_percent(share).rename_axis(columns="attention scores' share of all saved byte
 # counter torch's own SDPA formulas for them (`sdpa_flop_count`, and `sdpa_backward_flop_count`, whose first step
 # recomputes the scores; `memlab.run.runner`), so for the fused kernels the count below is that formula applied to
 # the shapes that ran, not an observation of the kernel. The *model FLOPs* (the
-# arithmetic the model needs, the numerator of MFU, model FLOPs utilisation, chapter 07; `memlab.predict.compute.flops`)
+# arithmetic the model needs, the numerator of MFU, model FLOPs utilisation, chapter 08; `memlab.predict.compute.flops`)
 # are the same for every kernel. The flash backward recomputes QKᵀ, so its *hardware FLOPs* (what the device
 # executes), and so its HFU (hardware FLOPs utilisation), are higher.
 
@@ -340,8 +340,9 @@ Markdown(f"**Reading it (computed).** For the paper's shape the model predicts a
          "the memory saving of section 3 does not depend on it. Two further kernels follow the same idea: "
          "FlashDecoding splits a decode step's attention over the KV sequence so one query token uses many SMs "
          "[flash-decoding], and context parallelism splits one long sequence's tokens over devices: Ring Attention "
-         "passes K/V blocks around a ring of devices [liu2023]; DeepSpeed Ulysses re-shards Q, K, V (and the output "
-         "back) between sequence and heads with all-to-all [jacobs2023].")
+         "passes K/V blocks around a ring of devices [liu2023] (chapter 06 counts its bytes per rank); "
+         "DeepSpeed Ulysses re-shards Q, K, V (and the output back) between sequence and heads with all-to-all "
+         "[jacobs2023].")
 
 # %% [markdown]
 # ## 6. Which kernel SDPA picks, and the mask that brings s² back
@@ -398,7 +399,7 @@ pd.DataFrame({"kept for backward (MiB)": [seed_fig / MiB, real / MiB]},
 
 # %%
 answer = ...
-check("06.seed-undercount-b4", answer)
+check("07.seed-undercount-b4", answer)
 
 # %% [markdown]
 # **Exercise 3 (predict, then search).** Llama-2-7B, mixed-bf16 AdamW, ZeRO-3 over 8 H100-SXM (memlab's table
@@ -410,7 +411,7 @@ fit_setup = Setup(batch=1, precision="mixed-bf16", attention="eager", zero_stage
 
 # %%
 answer = ...
-check("06.eager-max-seq", answer, setup=fit_setup, card="h100-sxm")
+check("07.eager-max-seq", answer, setup=fit_setup, card="h100-sxm")
 
 # %%
 fit = pd.DataFrame([{"attention": a, **max_seq(llama, fit_setup.with_(attention=a), "h100-sxm",
@@ -460,13 +461,13 @@ Markdown(f"**Reading it (computed).** Exercise 3 asks for the *estimator's* answ
            "take their share, so on a real GPU search below the nominal figure.")
 
 # %%
-recorded = ch.recorded("06_flash_attention_gpu")
+recorded = ch.recorded("07_flash_attention_gpu")
 recorded if recorded is not None else Markdown(
     "**GPU evidence.** No GPU run of this chapter is recorded in `data/recorded/`: section 4's table of the "
     "papers' measurements and the published measurements below are this page's GPU evidence.")
 
 # %%
-ch.published("06")
+ch.published("07")
 
 # %% [markdown]
 # **Exercise 4.** From 1024 to 8192 tokens, by what factor grows *everything* eager attention keeps for this
@@ -475,7 +476,7 @@ ch.published("06")
 
 # %%
 answer = ...
-check("06.attention-growth", answer, attention=predicted_attention)
+check("07.attention-growth", answer, attention=predicted_attention)
 
 # %% [markdown]
 # ## Summary

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # 11 · Fine-tune on your card: full, LoRA and QLoRA
+# # 12 · Fine-tune on your card: full, LoRA and QLoRA
 #
 # **The common belief.** Seed article 004 `[seed-004]`:
 # "今天想要在单卡上微调一个70亿参数的LLaMA模型24GB显存都显得捉襟见肘"
@@ -31,7 +31,7 @@
 scale = "auto"
 device = "auto"
 seed = 0
-out_dir = "../reports/build/11_fine_tuning"
+out_dir = "../reports/build/12_fine_tuning"
 
 # %%
 import matplotlib.pyplot as plt
@@ -335,7 +335,7 @@ fsdp_table.round(3)
 
 # %%
 answer = ...
-check("11.recipe-max-batch", answer)
+check("12.recipe-max-batch", answer)
 
 # %% [markdown]
 # ## 2. The trace: the real model, wrapped by peft, at full width
@@ -397,7 +397,7 @@ def measured(family: str, dtype: str = "fp32", lora: Setup | None = None, dropou
 
 # %%
 answer = ...
-check("11.lora-saved-share", answer, family="llama", batch=tb, seq=ts, seed=seed)
+check("12.lora-saved-share", answer, family="llama", batch=tb, seq=ts, seed=seed)
 
 # %%
 rows = []
@@ -447,7 +447,7 @@ ch.save_figure(fig, "tiny_peft_measured_vs_predicted")
 
 # %%
 answer = ...
-check("11.frozen-linear-saves", answer, family="llama", batch=tb, seq=ts, seed=seed)
+check("12.frozen-linear-saves", answer, family="llama", batch=tb, seq=ts, seed=seed)
 
 # %% [markdown]
 # A frozen Linear above the first block still needs its input's gradient, for the blocks below, so it keeps its
@@ -474,7 +474,7 @@ pd.Series(lora_all_terms, name="GiB").round(3)
 
 # %%
 answer = ...
-check("11.qlora-dq-bits", answer)
+check("12.qlora-dq-bits", answer)
 
 # %% [markdown]
 # ## 5. The public calculators on the same runs
@@ -535,7 +535,7 @@ ch.seed_claims([
 ], columns=["seed", "claim", "verdict", "number (this run)"])
 
 # %%
-ch.published("11")
+ch.published("12")
 
 # %% [markdown]
 # ## Summary

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · What nvidia-smi's numbers count, and their CPU twins
+# # 09 · What nvidia-smi's numbers count, and their CPU twins
 #
 # **The common belief.** "GPU-Util is 100 %, so the GPU is fully used"; "memory at 85-95 % is healthy"; "GPU-Util
 # below 70 % means a memory bottleneck"; "`nvidia-smi dmon` shows bandwidth use". Seed 001 [seed-001] already
@@ -30,7 +30,7 @@
 scale = "auto"
 device = "auto"
 seed = 0
-out_dir = "../reports/build/08_nvidia_smi"
+out_dir = "../reports/build/09_nvidia_smi"
 
 # %%
 import matplotlib.pyplot as plt
@@ -80,9 +80,9 @@ prediction = ...
 busy = monitors.cpu_busy_vs_work(duration_s=SIZES["busy_s"], peak_flops_per_s=None)  # measured, shown below
 
 # %%
-check("08.cpu-percent", prediction, table=busy)
+check("09.cpu-percent", prediction, table=busy)
 
-# %% tags=["reveals-08.cpu-percent"]
+# %% tags=["reveals-09.cpu-percent"]
 fig, ax1 = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
 x = range(len(busy))
 ax1.bar([i - 0.27 for i in x], busy["cpu_pct"], 0.27, label="CPU % (psutil, left axis)", color="tab:grey")
@@ -159,7 +159,7 @@ recorded if recorded else Markdown("No GPU-Util or NVML ledger recording is in `
                                    "measurements after them.")
 
 # %%
-ch.published("08")
+ch.published("09")
 
 # %% [markdown]
 # **What nvidia-smi would show for section 4's GPU step.** The same step traced on fake tensors (no GPU needed) and
@@ -226,7 +226,7 @@ pd.DataFrame([
     ("1002", "SM_ACTIVE", "share of time, averaged over all SMs, that an SM had at least one warp resident",
      "GPU-Util at 100 % with 1 of 132 SMs busy reads about 0.8 % here"),
     ("1003", "SM_OCCUPANCY", "resident warps over the SMs' maximum, averaged over time and SMs",
-     "occupancy as chapter 07 defines it; high is not required for a fast GEMM"),
+     "occupancy as chapter 08 defines it; high is not required for a fast GEMM"),
     ("1004", "PIPE_TENSOR_ACTIVE", "share of cycles the tensor pipes were busy",
      "seed 001's 'tensor cores > 80 % busy', measured; it counts all executed tensor work (recomputation, padding, "
      "tile waste), so it tracks the hardware-FLOP rate (HFU-like), not MFU's model FLOPs"),
@@ -294,7 +294,7 @@ u.to_frame()
 
 # %%
 answer = ...
-check("08.u-eff-vllm", answer, used_gib=40)
+check("09.u-eff-vllm", answer, used_gib=40)
 
 # %% [markdown]
 # ## 5. Seed 004's monitor, and the 85-95 % and 70 % rules
@@ -382,7 +382,7 @@ as_percent(busy_fraction, ["compute time / step time", "mfu"]).round(2)
 
 # %%
 answer = ...
-check("08.jax-l4-gib", answer, need_gib=6, card="l4")
+check("09.jax-l4-gib", answer, need_gib=6, card="l4")
 
 # %% [markdown]
 # **Exercise 4.** Seed 004's script prints `45.0GB` of memory in use (it divides the bytes by `1024**3`). How
@@ -390,7 +390,7 @@ check("08.jax-l4-gib", answer, need_gib=6, card="l4")
 
 # %%
 answer = ...
-check("08.printed-gb", answer, printed=45.0)
+check("09.printed-gb", answer, printed=45.0)
 
 # %% [markdown]
 # ## The seed's claims, answered
@@ -411,7 +411,7 @@ ch.seed_claims([
      f"by policy, a {JOB_GIB:g}-GiB job reads {policies.iloc[0, 2]:.1f} % (PyTorch), {JAX_PREALLOCATE:.0%} (JAX), "
      f"{VLLM_FRACTION:.0%} (vLLM); as a peak target it leaves {room_lo:.0f}-{room_hi:.0f} GiB of an H200"),
     ("000", "targets: cap 80-95 %, BW 60-90 %, MFU 30-60 %", "unsourced",
-     "cap is a policy (above); MFU depends on its peak (chapter 07)"),
+     "cap is a policy (above); MFU depends on its peak (chapter 08)"),
     ("001", "GPU-Util = fraction of time a kernel runs", "holds", "NVML's definition; CPU % twin: "
      f"{busy['cpu_pct'].min():.0f}-{busy['cpu_pct'].max():.0f} % for 0 to "
      f"{busy['flops_per_s'].max() / 1e9:.1f} GFLOP/s"),
@@ -430,7 +430,7 @@ ch.seed_claims([
 # ## Summary
 #
 # - GPU-Util and CPU % are time occupancy: a loop doing nothing useful reads like a matmul. Divide FLOPs by
-#   the peak (MFU, chapter 07) to know how much work was done.
+#   the peak (MFU, chapter 08) to know how much work was done.
 # - "Memory used" (nvidia-smi, RSS) counts what the process holds: live tensors, plus the allocator's cache, plus
 #   the CUDA context or the interpreter. Freed memory stays until `empty_cache` / `malloc_trim`.
 # - For a GPU step, nvidia-smi's "used" is the allocator's reserved peak plus the CUDA context: section 3 replays the

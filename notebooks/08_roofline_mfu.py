@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · The roofline and MFU: which peak, which ops, which step time
+# # 08 · The roofline and MFU: which peak, which ops, which step time
 #
 # **The common belief.** Seed article 001 ("利用率", *utilization*) [seed-001] says that top large-model training
 # reaches only about 50 % MFU, that a "312 TFLOPS" GPU gives about 160 TFLOP/s of useful work, that the rest is
@@ -32,7 +32,7 @@
 scale = "auto"
 device = "auto"
 seed = 0
-out_dir = "../reports/build/07_roofline_mfu"
+out_dir = "../reports/build/08_roofline_mfu"
 
 # %%
 import matplotlib.pyplot as plt
@@ -146,7 +146,7 @@ ch.save_figure(fig, "matmul_roofline")
 
 # %% [markdown]
 # Seed 001 claims that cuBLAS keeps tensor cores more than 80 % busy [seed-001]. That is a statement about
-# tensor-pipe busy cycles, which only a GPU profiler reads (DCGM's `PIPE_TENSOR_ACTIVE`, chapter 08). The nearest
+# tensor-pipe busy cycles, which only a GPU profiler reads (DCGM's `PIPE_TENSOR_ACTIVE`, chapter 09). The nearest
 # measurable figure is the best matmul's fraction of the datasheet peak, on a GPU only.
 
 # %%
@@ -221,7 +221,7 @@ tf32.round(2)
 
 # %%
 answer = ...
-check("07.most-memory-bound", answer, model=CFG, setup=SETUP)
+check("08.most-memory-bound", answer, model=CFG, setup=SETUP)
 
 # %%
 prof = {att: op_profile.profile_step(CFG, Setup(**{**SETUP.to_dict(), "attention": att}), ch.device, seed=seed)
@@ -413,7 +413,7 @@ ridges.round(0)
 
 # %%
 answer = ...
-check("07.h100-mfu", answer, useful_flop_s=SEED_001_USEFUL)
+check("08.h100-mfu", answer, useful_flop_s=SEED_001_USEFUL)
 
 # %% [markdown]
 # ## 5. A starved input pipeline and host syncs, as MFU lost
@@ -503,7 +503,7 @@ as_percent(PUBLISHED_MFU, ["MFU", "HFU"], 1)
 
 # %%
 answer = ...
-check("07.bubble", answer, stages=16, micro_batches=48)
+check("08.bubble", answer, stages=16, micro_batches=48)
 
 # %% [markdown]
 # **Exercise 4.** 1F1B has the same bubble as GPipe; what it changes is memory. With p = 8 stages and m = 64
@@ -511,12 +511,12 @@ check("07.bubble", answer, stages=16, micro_batches=48)
 
 # %%
 answer = ...
-check("07.in-flight-1f1b", answer, stages=8, micro_batches=64)
+check("08.in-flight-1f1b", answer, stages=8, micro_batches=64)
 
 # %% [markdown]
 # 1F1B's gain is memory: once the pipeline is full each stage alternates one forward with one backward, so the
 # first stage holds the activations of at most p micro-batches in flight instead of all m under GPipe
-# [narayanan2021].
+# [narayanan2021]; chapter 06 counts those bytes rank by rank and traces torch's own schedules.
 
 # %% [markdown]
 # ## The seed's claims, answered
@@ -572,7 +572,7 @@ ch.seed_claims([
 ], columns=["seed", "claim", "verdict", "number (this run)"])
 
 # %%
-ch.published("07")
+ch.published("08")
 
 # %% [markdown]
 # ## Summary

@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # 09 · Inference: weights, the KV cache, quantised weights and experts
+# # 10 · Inference: weights, the KV cache, quantised weights and experts
 #
 # **The common beliefs.** Seed 000 (`[seed-000]`) lists INT8/INT4 weights ("parameter memory 2-4× smaller") and
 # PagedAttention ("paging, like virtual memory, reduces KV-cache fragmentation") among the fixes, says the KV
@@ -34,7 +34,7 @@
 scale = "auto"
 device = "auto"
 seed = 0
-out_dir = "../reports/build/09_inference"
+out_dir = "../reports/build/10_inference"
 
 # %%
 import matplotlib.pyplot as plt
@@ -108,7 +108,7 @@ tiny_llama = preset("tiny-llama")
 
 # %%
 answer = ...
-check("09.tiny-kv", answer)
+check("10.tiny-kv", answer)
 
 # %% [markdown]
 # ## 2. The experiment: prefill and decode with a KV cache
@@ -587,14 +587,14 @@ Markdown(
     f"idle.")
 
 # %%
-recorded = ch.recorded("09_inference_gpu")
+recorded = ch.recorded("10_inference_gpu")
 recorded if recorded is not None else Markdown(
     "**GPU evidence.** No GPU run of this chapter is recorded in `data/recorded/`. The GPU figures on this page "
     "are section 4's roofline bound (predicted from the datasheet), the vLLM paper's measured KV occupancy "
     "(section 6) and the published measurements below; the CPU times of section 2 are not GPU evidence.")
 
 # %%
-ch.published("09")
+ch.published("10")
 
 # %% [markdown]
 # ## Exercises
@@ -604,7 +604,7 @@ ch.published("09")
 
 # %%
 answer = ...
-check("09.mixtral-cards", answer, model="mixtral-8x7b", card="l4")
+check("10.mixtral-cards", answer, model="mixtral-8x7b", card="l4")
 
 # %% [markdown]
 # **Exercise 3.** Under the power-of-two reservation policy of section 6, what share of one 1,100-token
@@ -612,7 +612,7 @@ check("09.mixtral-cards", answer, model="mixtral-8x7b", card="l4")
 
 # %%
 answer = ...
-check("09.pow2-empty", answer, tokens=1100, policy="pow2")
+check("10.pow2-empty", answer, tokens=1100, policy="pow2")
 
 # %% [markdown]
 # **Exercise 4.** On one H200 SXM (memlab's table), how many sequences of 8,192 tokens can a serving engine hold
@@ -620,7 +620,7 @@ check("09.pow2-empty", answer, tokens=1100, policy="pow2")
 
 # %%
 answer = ...
-check("09.llama3-h200-8k", answer, model="llama-3-8b", card="h200-sxm", tokens=8192)
+check("10.llama3-h200-8k", answer, model="llama-3-8b", card="h200-sxm", tokens=8192)
 
 # %% [markdown]
 # ## Summary
