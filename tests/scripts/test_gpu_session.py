@@ -1,0 +1,43 @@
+"""The GPU session's plumbing, dry-run on a CPU (the brief: scripts/gpu_session.sh ready to run in a lent GPU's
+minutes, the most valuable recordings first): the script's order, every script it calls present, the allocator
+recording's ``--dry-run`` writing its JSON through the same per-step processes, and its refusal without a GPU."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SESSION = ROOT / "scripts" / "gpu_session.sh"
+
+
+def _calls() -> list[str]:
+    return re.findall(r"^python3 (?:-m )?(\S+)", SESSION.read_text(), re.M)
+
+
+def test_the_session_script_parses_records_the_allocator_first_and_calls_only_what_exists() -> None:
+    assert subprocess.run(["bash", "-n", str(SESSION)], capture_output=True).returncode == 0
+    calls = _calls()
+    assert calls[0] == "scripts/record_allocator_snapshot.py", calls
+    for call in calls:
+        assert call in ("pytest", "memlab.course.report") or (ROOT / call).is_file(), call
+
+
+def test_the_allocator_recording_dry_runs_on_a_cpu_and_refuses_without_a_gpu(tmp_path: Path) -> None:
+    script = str(ROOT / "scripts" / "record_allocator_snapshot.py")
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, script, "--dry-run", "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "allocator_replay.json").read_text())
+    assert "dry run" in data["provenance"]["kind"] and len(data["rows"]) == 2
+    for row in data["rows"]:
+        assert "error" not in row, row
+        m = row["model_of_the_trace"]
+        assert m["reserved_peak_bytes"] >= m["allocated_peak_bytes"] >= m["requested_peak_bytes"] > 0
+    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "gpu")], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "never recorded on a CPU" in proc.stderr
