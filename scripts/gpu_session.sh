@@ -13,6 +13,11 @@ set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the wheels the image lacks (scripts/fetch_device_wheels.sh, carried as .whl): installed beside, not over, the image
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 scripts/record_allocator_snapshot.py --out "$OUT" 2>&1 | tee "$OUT/allocator.txt"
 python3 -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"

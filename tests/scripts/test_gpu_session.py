@@ -41,3 +41,13 @@ def test_the_allocator_recording_dry_runs_on_a_cpu_and_refuses_without_a_gpu(tmp
     proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "gpu")], capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "never recorded on a CPU" in proc.stderr
+
+
+def test_every_wheel_the_session_carries_is_pinned_in_the_lock() -> None:
+    """scripts/fetch_device_wheels.sh fetches requirements.lock's pin of each name: a name the lock lacks would stop
+    it before a session, not on the device."""
+    text = (ROOT / "scripts" / "fetch_device_wheels.sh").read_text()
+    names = re.search(r'NAMES="([^"]+)"', text).group(1).split()
+    lock = (ROOT / "requirements.lock").read_text().lower()
+    assert names and all(re.search(rf"^{re.escape(n)}==", lock, re.M) for n in names), names
+    assert "carry" in text and ".whl" in (ROOT / ".gitignore").read_text()
