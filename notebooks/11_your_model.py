@@ -601,8 +601,7 @@ lever_table.round(1)
 
 # %%
 recorded = ch.recorded("11_your_model_gpu")
-recorded if recorded is not None else ("No GPU run of this chapter is recorded yet: the GPU evidence "
-                                       "is the published measurements below.")
+recorded  # the GPU run recorded by scripts/gpu_session.sh, where the repo has one (nothing shows otherwise)
 
 # %%
 ch.published("11")
