@@ -413,20 +413,24 @@ def demo_on_model(events: list[tuple[str, str] | tuple[str, str, int]], capacity
     return pd.DataFrame(rows)
 
 
-def nvidia_smi_view(result: Replay, context_bytes: int, context_source: str) -> pd.DataFrame:
+def nvidia_smi_view(result: Replay, context_bytes: int, context_source: str, *, workspace_bytes: int = 0,
+                    workspace_source: str = "") -> pd.DataFrame:
     """What nvidia-smi would show for a replayed step, built up from the tensors, one row per layer (bytes): the
     requested peak (the live tensors), the rounding of their blocks (allocated peak minus requested peak), the
-    cached free blocks the segments add (reserved peak minus allocated peak), and the CUDA context outside the
-    allocator (``context_bytes``, cited by ``context_source``). The rows add up to reserved + context, what
-    nvidia-smi counts for the process [pytorch-cuda-memory]. cuBLAS workspaces come from the allocator but no
-    fake-tensor trace sees them: they are not in these rows."""
+    cached free blocks the segments add (reserved peak minus allocated peak), the cuBLAS/cuBLASLt workspaces
+    (``workspace_bytes``, cited by ``workspace_source``: they come from the allocator, but no fake-tensor trace sees
+    them; :func:`memlab.predict.gpu.device.workspace_bytes`) and the CUDA context outside the allocator
+    (``context_bytes``, cited by ``context_source``). The rows add up to reserved + workspaces + context, what
+    nvidia-smi counts for the process [pytorch-cuda-memory]."""
     import pandas as pd
 
     _check_bytes("context_bytes", context_bytes, allow_zero=True)
+    _check_bytes("workspace_bytes", workspace_bytes, allow_zero=True)
     t = result.total
     model = "allocator model (torch 2.13 rules), not measured"
     rows = [("the tensors (requested peak)", t.requested_bytes, "fake-tensor trace"),
             ("+ rounding to 512 B blocks", t.active_bytes - t.requested_bytes, model),
             ("+ cached free blocks in the segments", t.reserved_bytes - t.active_bytes, model),
+            *([("+ cuBLAS workspaces", workspace_bytes, workspace_source)] if workspace_bytes else []),
             ("+ CUDA context and kernels", context_bytes, context_source)]
     return pd.DataFrame([{"layer": name, "bytes": b, "source": src} for name, b, src in rows])
