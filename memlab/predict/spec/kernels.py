@@ -30,11 +30,11 @@ from typing import Any
 from memlab.errors import SetupError
 
 COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
-    "v100-sxm2-32gb": (7, 0), "t4": (7, 5),
+    "v100-sxm2-32gb": (7, 0), "v100-sxm2-16gb": (7, 0), "t4": (7, 5),
     "a100-40gb-sxm": (8, 0), "a100-80gb-sxm": (8, 0), "a100-40gb-pcie": (8, 0), "a100-80gb-pcie": (8, 0),
     "a10g": (8, 6), "rtx-3090": (8, 6), "l4": (8, 9), "l40s": (8, 9), "rtx-4090": (8, 9),
     "h100-sxm": (9, 0), "h100-pcie": (9, 0), "h100-nvl": (9, 0), "h200-sxm": (9, 0), "h200-nvl": (9, 0),
-    "h20": (9, 0), "b200": (10, 0), "gb200": (10, 0),
+    "h20": (9, 0), "gh200-96gb": (9, 0), "b200": (10, 0), "gb200": (10, 0),
 }
 """CUDA compute capability of each NVIDIA row of :data:`memlab.predict.hardware.table.GPUS` (NVIDIA, "CUDA GPUs -
 Compute Capability", developer.nvidia.com/cuda-gpus): what torch's SDPA dispatch reads (``cudaDeviceProp.major``,
