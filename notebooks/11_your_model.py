@@ -448,8 +448,13 @@ ch.save_table(published_cells, "published_shootout_rows")
 ch.save_table(shootout.shootout_table(published_cells), "published_shootout_table")
 published_summary = shootout.shootout_summary(published_cells)
 ch.save_table(published_summary, "published_shootout_summary")
-published_summary.set_index(["tool", "kind"]).style.format(
-    {"median_abs_residual": "{:.1%}", "worst_residual": "{:+.1%}"}, na_rep="-")
+published_summary.assign(
+    median_abs_residual=published_summary["median_abs_residual"].map(lambda v: "-" if pd.isna(v) else f"{v:.1%}"),
+    worst_residual=published_summary["worst_residual"].map(lambda v: "-" if pd.isna(v) else f"{v:+.1%}"),
+    worst_row=published_summary["worst_row"].fillna("-"),
+).rename(columns={"median_abs_residual": "median |residual|", "worst_residual": "worst residual",
+                  "worst_row": "worst row", "bound": "bounds", "bound_exceeded": "bounds exceeded",
+                  "not_expressible": "not expressible"}).set_index(["tool", "kind"])
 
 # %% [markdown]
 # ## 4. The residuals, operation by operation

@@ -129,10 +129,18 @@ class PublishedEvidence:
                 "for the row's setup (one device's peak allocated bytes, or the MFU of the published throughput); "
                 "residual = (memlab - published) / published.")
 
+    shown_rows: int = 40
+    """At most this many rows on a page (pandas would cut a longer table with "..." rows); the rest is one
+    command away, which the page names."""
+
     def _repr_html_(self) -> str:
         import html
 
-        return f"<p><b>{html.escape(self.label)}</b></p>" + reader_html(self.frame, index=False)
+        more = len(self.frame) - self.shown_rows
+        rest = (f"<p>{more} more published rows bear on this chapter: <code>memlab ledger --published --chapter "
+                f"{self.chapter}</code> prints every one.</p>") if more > 0 else ""
+        return (f"<p><b>{html.escape(self.label)}</b></p>" + reader_html(self.frame.head(self.shown_rows), index=False)
+                + rest)
 
 
 @dataclass(frozen=True)

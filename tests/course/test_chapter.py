@@ -266,3 +266,13 @@ def test_every_chapter_has_published_rows() -> None:
 
     for number in range(13):
         assert published_rows(chapter=f"{number:02d}"), f"no published row bears on chapter {number:02d}"
+
+
+def test_a_long_published_table_is_never_cut_and_names_the_command_for_the_rest(tmp_path: Path) -> None:
+    """Chapter 11 has 80 published rows: pandas cut the table with '...' rows (the browser test's cut cells). The
+    page shows the first rows whole and names the command that prints every one."""
+    shown = chapter("ci", "cpu", 0, tmp_path).published("11")
+    page = shown._repr_html_()
+    assert len(shown.frame) > shown.shown_rows and ">...<" not in page and "…" not in page
+    assert f"{len(shown.frame) - shown.shown_rows} more published rows" in page
+    assert "memlab ledger --published --chapter 11" in page
