@@ -38,9 +38,8 @@ STEPS: tuple[tuple[str, str, dict[str, Any], str], ...] = (
 )
 """(name, preset, Setup fields, PYTORCH_CUDA_ALLOC_CONF): GPT-2 small, which fits every card a session lends."""
 
-DRY_STEPS = (("tiny_fp32", "tiny-gpt", {"batch": 2, "seq": 32, "precision": "fp32"}, ""),
-             ("tiny_fp32_expandable", "tiny-gpt", {"batch": 2, "seq": 32, "precision": "fp32"},
-              "expandable_segments:True"))
+DRY_STEPS = (("tiny_fp32_expandable", "tiny-gpt", {"batch": 2, "seq": 32, "precision": "fp32"},
+              "expandable_segments:True"),)
 """What ``--dry-run`` runs on a CPU: the same plumbing (a process per step) on the tiny reference GPT."""
 
 

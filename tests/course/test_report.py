@@ -305,6 +305,7 @@ def test_a_full_disk_while_writing_a_page_fails_that_chapter(tmp_path: Path,
     assert not (tmp_path / "10_passes.html").exists(), "no page from a truncated source"
 
 
+@pytest.mark.wide  # make bench; the full disk while writing a page stays in make test
 def test_a_full_disk_while_writing_the_index_leaves_no_ok_index(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch,
                                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,6 +100,7 @@ def test_hf_bad_input_is_one_clear_error(tmp_path: Path) -> None:
         trace_hf(hf_config("llama", **LLAMA), Setup(seq=32, recompute="selective"))
 
 
+@pytest.mark.wide  # make bench: a fresh clone's make test was over 5 minutes
 def test_an_all_ones_mask_is_traced_as_the_call_without_one_with_its_tensor_held() -> None:
     """An all-ones mask saves what no mask saves (transformers builds none for SDPA, the same causal one for eager):
     the trace holds the loop's int64 mask beside the ids, 8 b s B more in every phase."""

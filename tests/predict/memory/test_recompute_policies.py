@@ -71,7 +71,7 @@ def test_hf_every_k_saves_what_the_formula_counts(family: str, attention: str) -
     assert m.saved_bytes == sum(activation_bytes(cfg, setup, device_type="cpu").values())
 
 
-@pytest.mark.slow
+@pytest.mark.wide  # make bench: the formula-vs-trace tests of both policies stay in make test
 def test_hf_trace_runs_both_torchtitan_policies() -> None:
     """trace_hf under recompute_every 2 and under the op policy keeps more than full recompute and less than none."""
     from memlab.tracing.hf import trace_hf
