@@ -130,9 +130,10 @@ for name, e in est.items():
     print(f"{name}: peak {e.peak_gib:.1f} GiB in the {e.peak_step} {e.peak_phase}: "
           f"{v.margin()} on the {card.memory_bytes / GiB:.0f} GiB {card.name} (headroom {v.headroom_bytes / GiB:+.1f} "
           f"GiB before the CUDA context)")
-print(f"borderline: the peak fits, but the peak plus the CUDA context ({CUDA_CONTEXT_BYTES / 1e6:.0f} MB, the upper "
-      f"figure PyTorch's maintainers cite) is above {BORDERLINE_SHARE:.0%} of the card (seed 000's empirical line "
-      "for training memory): the allocator's fragmentation and workspaces, which no CPU run measures, decide it")
+print(f"borderline: the peak fits, but the peak plus the CUDA context ({CUDA_CONTEXT_BYTES / 2**20:.0f} MiB, the "
+      f"high end of the documented range a --gpu verdict counts) is above {BORDERLINE_SHARE:.0%} of the card (seed "
+      "000's empirical line for training memory): the allocator's fragmentation and workspaces, which no CPU run "
+      "measures, decide it")
 
 # %% [markdown]
 # What is predicted only: **the CUDA kernel's dequantised copy and where paged optimizers' states live**. QLoRA

@@ -12,14 +12,16 @@ from typing import Any
 
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
+from memlab.predict.gpu.device import CUDA_CONTEXT_HIGH_BYTES
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, Setup
 from memlab.predict.spec.validate import LIMITS, check_int, show
 from memlab.units import GiB
 
-CUDA_CONTEXT_BYTES = 400 * 10**6
-"""The CUDA context's upper figure, outside the caching allocator: PyTorch maintainers cite about 300-400 MB with
-lazy module loading (pytorch/pytorch#107667, #109888; :data:`memlab.tracing.tracer.CUDA_TERMS`). Bytes."""
+CUDA_CONTEXT_BYTES = CUDA_CONTEXT_HIGH_BYTES
+"""The CUDA context's upper figure, outside the caching allocator, with lazy module loading: the high end of the
+documented range a ``--gpu`` verdict counts (:data:`memlab.predict.gpu.device.CUDA_CONTEXT_HIGH_BYTES`, 426 MiB;
+PyTorch maintainers' "about 300-400 MB", pytorch/pytorch#107667 and #109888, lies inside it). Bytes."""
 BORDERLINE_SHARE = 0.95
 """Seed 000's rule of thumb for training memory, "empirical, not a hard standard" [seed-000]: above 95 % of the card
 the risk of an out-of-memory error rises sharply (fragmentation, workspaces, the peak's step-to-step variation)."""

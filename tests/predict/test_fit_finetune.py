@@ -130,8 +130,8 @@ def test_bad_fine_tuning_combinations_are_one_error_line(argv: list[str], says: 
 
 
 def test_fit_margin_is_borderline_when_the_context_takes_the_card_past_95_percent() -> None:
-    """A peak that fits with less than the CUDA context (400 MB) + 5 % of the card left reads borderline, not fits
-    (review 11.3: LoRA on a 24 GiB card with +0.6 GiB of headroom)."""
+    """A peak that fits with less than the CUDA context (426 MiB, the --gpu verdict's) + 5 % of the card left reads
+    borderline, not fits (review 11.3: LoRA on a 24 GiB card with +0.6 GiB of headroom)."""
     from memlab.predict.fit import BORDERLINE_SHARE, CUDA_CONTEXT_BYTES, FitVerdict
     from memlab.units import GiB
 
