@@ -37,6 +37,11 @@ KINDS = ("max_allocated", "reserved", "active", "nvidia_smi_used", "step_time_s"
 (NVML's) used memory; a step or call time; a throughput; model FLOPs utilisation; ``other`` (a figure whose source
 does not say which of these it is, or a samples/s throughput)."""
 
+KIND_WORDS = {"max_allocated": "peak allocated", "reserved": "peak reserved", "active": "peak active",
+              "nvidia_smi_used": "nvidia-smi used", "step_time_s": "step time", "tokens_per_s": "throughput",
+              "mfu": "MFU", "other": "a peak the source does not name"}
+"""Each of :data:`KINDS` as a page says it."""
+
 MEMORY_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "MB": 10**6, "GB": 10**9}
 """Byte units a figure may carry, as the source writes them (GB = 1e9 B, GiB = 2**30 B)."""
 

@@ -23,7 +23,7 @@ from functools import lru_cache
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from memlab.compare.published import MEMORY_UNITS, PublishedRow, parse_setup, published_rows
+from memlab.compare.published import KIND_WORDS, MEMORY_UNITS, PublishedRow, parse_setup, published_rows
 from memlab.errors import MemlabError
 from memlab.predict.compute.flops import mfu
 from memlab.predict.estimate import MemoryBreakdown, estimate
@@ -340,7 +340,7 @@ def chapter_frame(chapter: str) -> pd.DataFrame:
             else p.status
         out.append({"row": r.row_id, "source (published)": r.source, "where": f"{r.locator}; {_short_url(r.url)}",
                     "hardware": f"{r.devices} x {r.gpu}" if r.devices else r.gpu,
-                    "what the number is": f"{r.kind} ({r.unit})", "setup": _setup_text(r),
+                    "what the number is": f"{KIND_WORDS[r.kind]} ({r.unit})", "setup": _setup_text(r),
                     "published": _figure_text(r.figure, r.unit), "memlab": memlab,
                     "memlab allocated / reserved / device-used": _device_text(p, r.unit),
                     "residual": "-" if p.residual is None else f"{100 * p.residual:+.1f} %", "why": p.note})

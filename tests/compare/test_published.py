@@ -160,3 +160,12 @@ def test_memory_rows_carry_allocated_reserved_and_device_used_and_match_their_ki
         assert p.predicted == match and p.residual == pytest.approx((match - r.figure) / r.figure)
     summary = residual_summary(published_frame()).set_index("kind")
     assert summary.loc["reserved", "within_range"] <= summary.loc["reserved", "predicted"]
+
+
+def test_every_kind_has_words_for_a_page() -> None:
+    from memlab.compare.published import KIND_WORDS, KINDS
+    from memlab.compare.published_predict import chapter_frame
+
+    assert set(KIND_WORDS) == set(KINDS)
+    shown = chapter_frame("09")["what the number is"]
+    assert not shown.str.contains("_").any(), list(shown)
