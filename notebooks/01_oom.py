@@ -57,6 +57,7 @@ from memlab import (
     trace_gpt,
 )
 from memlab.compare import plots
+from memlab.compare.published import KIND_WORDS
 from memlab.labs import allocator, oom
 from memlab.model.step import build_training, token_batch, train_step
 from memlab.units import GB, GiB, KiB, MiB
@@ -463,7 +464,7 @@ published_01
 
 # %%
 pub = published_01.frame
-pub_reserved = pub[pub["what the number is"].str.startswith("reserved")]
+pub_reserved = pub[pub["what the number is"].str.startswith(KIND_WORDS["reserved"])]
 steady = step_trace.replay().total
 display(Markdown(
     "Published beside the model: torchtitan's reserved peaks (GPU measurements, labelled published) are "
