@@ -31,6 +31,10 @@ counts the documented range (:data:`memlab.predict.gpu.device.CUDA_CONTEXT_HIGH_
 BORDERLINE_SHARE = 0.95
 """Seed 000's rule of thumb for training memory, "empirical, not a hard standard" [seed-000]: above 95 % of the card
 the risk of an out-of-memory error rises sharply (fragmentation, workspaces, the peak's step-to-step variation)."""
+ALLOCATED_ONLY = DeviceOverheads(cuda_context_bytes=0, workspace_bytes=0, reserve_bytes=0, nccl_channels=0,
+                                 ddp_buckets=False)
+"""Every device term 0: pass ``device=ALLOCATED_ONLY`` to decide on the tensor peak alone, against a budget that caps
+the step's tensors rather than a card (chapter 01's budget, a CPU's live bytes); device-used then equals the peak."""
 DECIDED_ON = "device-used (nvidia-smi), its high end, against the card's capacity"
 """What every fit of this module decides on (:attr:`memlab.predict.gpu.device.DevicePeaks.fits`)."""
 

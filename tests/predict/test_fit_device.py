@@ -13,7 +13,7 @@ from memlab import cli
 from memlab.errors import SetupError
 from memlab.predict.estimate import Overheads, estimate
 from memlab.predict.families.resolver import resolve_with_raw
-from memlab.predict.fit import fits, levers, max_batch, max_seq, plan_to_fit, serving_table
+from memlab.predict.fit import ALLOCATED_ONLY, fits, levers, max_batch, max_seq, plan_to_fit, serving_table
 from memlab.predict.gpu.device import DeviceOverheads, for_estimate
 from memlab.predict.hardware.gpus import gpu
 from memlab.predict.spec.model import preset
@@ -21,7 +21,7 @@ from memlab.predict.spec.setup import Setup
 
 CFG = preset("gpt2")
 TRAIN = Setup(batch=4, seq=512)
-NOTHING = DeviceOverheads(cuda_context_bytes=0, workspace_bytes=0, reserve_bytes=0)
+NOTHING = ALLOCATED_ONLY
 """Every device term 0: device-used is the tensor peak (what the fits decided on before)."""
 
 
@@ -44,7 +44,8 @@ def test_fits_decides_on_device_used_and_keeps_the_tensor_peak() -> None:
     assert v.peak_bytes <= v.capacity_bytes and v.tensors_headroom_bytes >= 0  # fits on its tensors
     assert not v.fits and v.headroom_bytes < 0 and v.used_bytes == v.device.device_high_bytes
     assert v.to_dict()["decided_on"].startswith("device-used")
-    assert fits(bd, _card(_between(TRAIN)), device=NOTHING).fits  # every term 0: the tensor peak decides
+    alone = fits(bd, _card(_between(TRAIN)), device=NOTHING)  # every term 0: the tensor peak decides
+    assert alone.fits and alone.used_bytes == bd.peak_bytes
 
 
 def test_max_batch_and_max_seq_stop_where_device_used_stops_fitting() -> None:
