@@ -48,16 +48,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cover instead of tracing it")
     g.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
                    help="time bound of a trace (default 300 s); it prints its progress to stderr")
-    g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose predicted peak fits --gpu")
+    g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose device-used peak fits --gpu "
+                   "(decided as the verdict is: the peak + the reserve, context, workspaces; the options above apply)")
     g.add_argument("--longest-seq", action="store_true",
-                   help="the longest sequence (up to the model's max_seq) whose predicted peak fits --gpu")
+                   help="the longest sequence (up to the model's max_seq) whose device-used peak fits --gpu")
     g.add_argument("--serving", type=context_list, metavar="C1,C2,...",
                    help="with --mode inference: the largest batch at each context length (tokens per sequence, "
-                   "prompt + generated) whose predicted peak fits --gpu (memlab.predict.fit.serving_table)")
+                   "prompt + generated) whose device-used peak fits --gpu (memlab.predict.fit.serving_table)")
     g.add_argument("--levers", action="store_true", help="rank what to switch on (recompute, attention kernel, "
                    "precision, fused optimizer, chunked/fused loss, logits_to_keep, offload, ZeRO-3, LoRA, QLoRA, "
-                   "frozen blocks, 8-bit AdamW) by the peak each gives on --gpu, with its cost, and the levers that "
-                   "together make the step fit")
+                   "frozen blocks, 8-bit AdamW) by the device-used peak each gives on --gpu, with its cost, and the "
+                   "levers that together make the step fit")
     g.add_argument("--lever-ranks", type=bounded_int(2, LIMITS["ranks"].max, LIMITS["ranks"].why), default=8,
                    metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
