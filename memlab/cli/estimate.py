@@ -382,7 +382,7 @@ def _print_verdict(verdict: Any, device: Any = None) -> None:
             print_peaks(device, f"{verdict.gpu_name} ({verdict.gpu})")
         print(f"tensors alone: peak {verdict.peak_bytes / GiB:.2f} GiB ({verdict.peak_phase}) of "
               f"{verdict.capacity_bytes / GiB:.2f} GiB ({verdict.capacity_bytes / GB:.1f} GB, the table's); headroom "
-              f"{verdict.tensors_headroom_bytes / GiB:+.2f} GiB before the device terms above")
+              f"{verdict.headroom_bytes / GiB:+.2f} GiB before the device terms above")
         if verdict.paged_bytes:
             print(f"  {verdict.paged_note()}")
     else:
@@ -553,7 +553,7 @@ def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[
         names, fitted, peak = plan_to_fit(model, setup, gpu, world_size=args.lever_ranks, overheads=ov, device=dev)
         v = fits(estimate(model, fitted, overheads=ov), gpu, device=dev)
         out["to_fit"] = {"levers": names, "peak_bytes": peak, "setup": fitted.to_dict(), "fits": v.fits,
-                         "device_bytes": v.used_bytes, "margin_bytes": v.headroom_bytes}
+                         "device_bytes": v.used_bytes, "margin_bytes": v.margin_bytes}
     return out
 
 

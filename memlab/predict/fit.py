@@ -42,11 +42,11 @@ DECIDED_ON = "device-used (nvidia-smi), its high end, against the card's capacit
 @dataclass(frozen=True)
 class FitVerdict:
     """Whether a predicted step fits a device's memory, decided on device-used (``device``: allocated, reserved and
-    device-used peaks, :class:`~memlab.predict.gpu.device.DevicePeaks`), bytes. ``headroom_bytes`` = capacity -
-    device-used's high end (the margin, negative when it does not fit); ``peak_bytes`` is the tensor peak alone
-    (the allocated-only figure, :attr:`tensors_headroom_bytes` its headroom); ``total_bytes`` is the sum of
-    components, shown beside the peak. A verdict built without ``device`` (by hand, e.g. a trace's paged note)
-    decides on ``peak_bytes``."""
+    device-used peaks, :class:`~memlab.predict.gpu.device.DevicePeaks`), bytes. :attr:`margin_bytes` = capacity -
+    device-used's high end (negative when it does not fit); ``peak_bytes`` is the tensor peak alone and
+    ``headroom_bytes`` = capacity - peak_bytes (the allocated-only figures, before the device's terms);
+    ``total_bytes`` is the sum of components, shown beside the peak. A verdict built without ``device`` (by hand,
+    e.g. a trace's paged note) decides on ``peak_bytes``."""
 
     fits: bool
     total_bytes: int
@@ -68,9 +68,9 @@ class FitVerdict:
         return self.device.device_high_bytes if self.device is not None else self.peak_bytes
 
     @property
-    def tensors_headroom_bytes(self) -> int:
-        """Capacity - the tensor peak: the headroom before the device's own terms (allocated-only)."""
-        return self.capacity_bytes - self.peak_bytes
+    def margin_bytes(self) -> int:
+        """Capacity - :attr:`used_bytes`: the margin the verdict is decided on (negative when it does not fit)."""
+        return self.capacity_bytes - self.used_bytes
 
     @property
     def paged_resident(self) -> bool:
@@ -88,7 +88,7 @@ class FitVerdict:
         if self.paged_resident:
             both = (self.used_bytes + self.paged_bytes) / GiB
             return f"{paged} fit beside the peak: the device shows up to {both:.2f} GiB while they are resident"
-        return (f"{paged} do not fit in the {self.headroom_bytes / GiB:.2f} GiB left beside the peak: the step still "
+        return (f"{paged} do not fit in the {self.margin_bytes / GiB:.2f} GiB left beside the peak: the step still "
                 "fits (torch's allocator never sees them), and the driver pages them to host RAM and back for each "
                 "optimizer step: no out-of-memory error, slower steps")
 
@@ -111,7 +111,7 @@ class FitVerdict:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields, :meth:`paged_note`, the margin's word and what the verdict is decided on."""
         return {**asdict(self), "paged_note": self.paged_note(), "margin": self.margin(),
-                "tensors_headroom_bytes": self.tensors_headroom_bytes,
+                "margin_bytes": self.margin_bytes, "used_bytes": self.used_bytes,
                 "decided_on": DECIDED_ON if self.device is not None else "the tensor peak (no device terms)"}
 
 
@@ -200,11 +200,12 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
     ``memlab estimate --gpu`` decides: the peak (``MemoryBreakdown.peak_bytes``) plus the allocator's reserve (up
     to :func:`memlab.predict.gpu.device.reserve_bound`), the CUDA context's documented range, cuBLAS/cuBLASLt
     workspaces, NCCL and DDP buffers where the setup has them; fits when device-used's high end <= capacity, the
-    margin in ``headroom_bytes``. ``device`` overrides those terms (:class:`DeviceOverheads`); without it the terms
-    ``overheads`` (or the given breakdown) names replace their defaults (:func:`device_overheads`). The tensor peak
-    stays in ``peak_bytes``. A paged optimizer's states (``paged_bytes``) are not in the peak: torch's allocator
-    never sees them, and where they do not fit beside it the driver pages them to host RAM
-    (:meth:`FitVerdict.paged_note` says which).
+    margin in ``margin_bytes`` (``headroom_bytes``: capacity - the tensor peak, before those terms). ``device``
+    overrides those terms (:class:`DeviceOverheads`; :data:`ALLOCATED_ONLY` decides on the tensor peak alone);
+    without it the terms ``overheads`` (or the given breakdown) names replace their defaults
+    (:func:`device_overheads`); a CPU device has none of them (:func:`on_device`). A paged optimizer's states
+    (``paged_bytes``) are not in the peak: torch's allocator never sees them, and where they do not fit beside it
+    the driver pages them to host RAM (:meth:`FitVerdict.paged_note` says which).
     """
     key, name, cap = _capacity(gpu)
     ov = on_device(gpu, device_overheads(what if isinstance(what, MemoryBreakdown) else None, overheads, device))
@@ -213,8 +214,8 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
             raise SetupError("fits() needs a setup when given a model config or parameter count")
         what = estimate(what, setup, overheads=overheads)
     p = device_peaks_of(what, key, cap, ov)
-    return FitVerdict(p.fits, what.total_bytes, cap, p.margin_bytes, key, name, what.peak_bytes, what.peak_phase,
-                      what.paged_bytes, p)
+    return FitVerdict(p.fits, what.total_bytes, cap, cap - what.peak_bytes, key, name, what.peak_bytes,
+                      what.peak_phase, what.paged_bytes, p)
 
 
 def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit: int,

@@ -358,8 +358,8 @@ def test_fits_verdict_is_device_used_against_capacity() -> None:
     bd = E.estimate(preset("llama-2-7b"), setup)
     v = FIT.fits(bd, "h100-sxm")
     used = for_estimate(bd, setup, "h100-sxm", acc.memory_bytes).device_high_bytes
-    assert v.capacity_bytes == acc.memory_bytes and v.headroom_bytes == acc.memory_bytes - used
-    assert v.tensors_headroom_bytes == acc.memory_bytes - bd.peak_bytes and v.peak_bytes == bd.peak_bytes
+    assert v.capacity_bytes == acc.memory_bytes and v.margin_bytes == acc.memory_bytes - used
+    assert v.headroom_bytes == acc.memory_bytes - bd.peak_bytes and v.peak_bytes == bd.peak_bytes
     assert v.fits == (used <= acc.memory_bytes) and v.gpu == "h100-sxm" and v.total_bytes == bd.total_bytes
     assert FIT.fits(preset("llama-2-7b"), acc, Setup(precision="fp32", seq=4096)).fits is False
 

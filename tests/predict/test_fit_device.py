@@ -41,8 +41,8 @@ def _between(setup: Setup, **over: int) -> int:
 def test_fits_decides_on_device_used_and_keeps_the_tensor_peak() -> None:
     bd = estimate(CFG, TRAIN)
     v = fits(bd, _card(_between(TRAIN)))
-    assert v.peak_bytes <= v.capacity_bytes and v.tensors_headroom_bytes >= 0  # fits on its tensors
-    assert not v.fits and v.headroom_bytes < 0 and v.used_bytes == v.device.device_high_bytes
+    assert v.peak_bytes <= v.capacity_bytes and v.headroom_bytes >= 0  # fits on its tensors
+    assert not v.fits and v.margin_bytes < 0 and v.used_bytes == v.device.device_high_bytes
     assert v.to_dict()["decided_on"].startswith("device-used")
     alone = fits(bd, _card(_between(TRAIN)), device=NOTHING)  # every term 0: the tensor peak decides
     assert alone.fits and alone.used_bytes == bd.peak_bytes

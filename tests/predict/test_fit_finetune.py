@@ -55,7 +55,7 @@ def test_levers_rank_the_fine_tuning_levers_by_the_peak_each_gives(seed: int) ->
         alone = estimate(cfg, setup.with_(**r.changes))
         assert r.peak_bytes == alone.peak_bytes and r.peak_phase == alone.peak_phase  # the peak, never the sum
         verdict = fits(alone, "rtx-4090")  # decided on device-used, as the --gpu verdict is
-        assert (r.fits, r.device_bytes, r.margin_bytes) == (verdict.fits, verdict.used_bytes, verdict.headroom_bytes)
+        assert (r.fits, r.device_bytes, r.margin_bytes) == (verdict.fits, verdict.used_bytes, verdict.margin_bytes)
     lora = next(r for n, r in by_name.items() if n.startswith("LoRA"))
     qlora = next(r for n, r in by_name.items() if n.startswith("QLoRA"))
     assert qlora.changes == {"finetune": "qlora", "precision": "bf16"}
