@@ -20,6 +20,17 @@ def capacity_bytes(args: argparse.Namespace) -> int:
     return round(custom * GiB) if custom is not None else int(lookup(args.gpu).memory_bytes)
 
 
+def card(args: argparse.Namespace) -> Any:
+    """The ``Accelerator`` row of ``--gpu``, its memory replaced by ``--gpu-memory-gib`` when given: what every fit
+    of the command (the verdict, the searches, the levers) is decided against."""
+    from dataclasses import replace
+
+    from memlab.predict.hardware.gpus import gpu as lookup
+
+    row = lookup(args.gpu)
+    return row if getattr(args, "gpu_memory_gib", None) is None else replace(row, memory_bytes=capacity_bytes(args))
+
+
 def refuse_capacity_without_gpu(args: argparse.Namespace) -> None:
     """``--gpu-memory-gib`` without ``--gpu``: one line (the card's architecture sets the workspaces)."""
     from memlab.errors import MemlabError
@@ -37,13 +48,15 @@ def given_overheads(args: argparse.Namespace) -> dict[str, float]:
 
 def overheads_of(args: argparse.Namespace) -> Any:
     """The :class:`~memlab.predict.gpu.device.DeviceOverheads` of the options: each given one replaces its default
-    term; the reserve is given only through ``--fragmentation`` (resolved in :func:`peaks`)."""
+    term; the reserve is given only through ``--fragmentation`` (a fraction of allocated). The verdict, the fit
+    searches and the levers all decide with it."""
     from memlab.predict.gpu.device import DeviceOverheads
 
     g = given_overheads(args)
     return DeviceOverheads(
         cuda_context_bytes=round(g["cuda_context_mib"] * MIB) if "cuda_context_mib" in g else None,
-        workspace_bytes=round(g["workspace_mib"] * MIB) if "workspace_mib" in g else None)
+        workspace_bytes=round(g["workspace_mib"] * MIB) if "workspace_mib" in g else None,
+        reserve_fraction=g.get("fragmentation"))
 
 
 def peaks(args: argparse.Namespace, setup: Any, tensors_bytes: int, grads_bytes: int, reserve: tuple[int, int],
@@ -53,24 +66,9 @@ def peaks(args: argparse.Namespace, setup: Any, tensors_bytes: int, grads_bytes:
     ``rounding``: the replayed blocks' rounding (allocated - requested), an allocated term."""
     from memlab.predict.gpu.device import device_peaks, rounding_term, terms
 
-    extra = ([rounding_term(rounding)] if rounding else []) + terms(args.gpu, setup, overheads_of(args), grads_bytes)
-    frac = given_overheads(args).get("fragmentation")
-    if frac is not None:
-        allocated = tensors_bytes + sum(t.high for t in extra if t.layer == "allocated")
-        given = round(frac * allocated)
-        reserve, reserve_source = (given, given), f"--fragmentation {frac:g} x allocated (given)"
-    return device_peaks(tensors_bytes, reserve, capacity_bytes(args), extra, reserve_source)
-
-
-def estimate_peaks(args: argparse.Namespace, setup: Any, bd: Any) -> Any:
-    """The device peaks of a formula estimate (:func:`memlab.predict.gpu.device.for_estimate`), ``--fragmentation``
-    as :func:`peaks` takes it."""
-    from memlab.predict.gpu.device import for_estimate
-
-    p = for_estimate(bd, setup, args.gpu, capacity_bytes(args), overheads_of(args))
-    if "fragmentation" not in given_overheads(args):
-        return p
-    return peaks(args, setup, p.tensors_bytes, bd.grads_bytes, (0, 0), "")
+    ov = overheads_of(args)
+    extra = ([rounding_term(rounding)] if rounding else []) + terms(args.gpu, setup, ov, grads_bytes)
+    return device_peaks(tensors_bytes, reserve, capacity_bytes(args), extra, reserve_source, ov.reserve_fraction)
 
 
 def print_peaks(p: Any, gpu_name: str) -> None:

@@ -20,7 +20,7 @@ from memlab.cli.args import (
     print_json,
     setup_from_args,
 )
-from memlab.cli.device_view import estimate_peaks, print_peaks, refuse_capacity_without_gpu
+from memlab.cli.device_view import card, overheads_of, print_peaks, refuse_capacity_without_gpu
 from memlab.cli.hf_source import hf_path, model_info, published_twin, with_task
 from memlab.errors import ConfigError, MemlabError, SetupError
 from memlab.predict.families.resolver import resolve_with_raw
@@ -48,16 +48,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cover instead of tracing it")
     g.add_argument("--timeout", type=positive_float, default=300.0, metavar="SECONDS",
                    help="time bound of a trace (default 300 s); it prints its progress to stderr")
-    g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose predicted peak fits --gpu")
+    g.add_argument("--max-batch", action="store_true", help="the largest micro-batch whose device-used peak fits --gpu "
+                   "(decided as the verdict is: the peak + the reserve, context, workspaces; the options above apply)")
     g.add_argument("--longest-seq", action="store_true",
-                   help="the longest sequence (up to the model's max_seq) whose predicted peak fits --gpu")
+                   help="the longest sequence (up to the model's max_seq) whose device-used peak fits --gpu")
     g.add_argument("--serving", type=context_list, metavar="C1,C2,...",
                    help="with --mode inference: the largest batch at each context length (tokens per sequence, "
-                   "prompt + generated) whose predicted peak fits --gpu (memlab.predict.fit.serving_table)")
+                   "prompt + generated) whose device-used peak fits --gpu (memlab.predict.fit.serving_table)")
     g.add_argument("--levers", action="store_true", help="rank what to switch on (recompute, attention kernel, "
                    "precision, fused optimizer, chunked/fused loss, logits_to_keep, offload, ZeRO-3, LoRA, QLoRA, "
-                   "frozen blocks, 8-bit AdamW) by the peak each gives on --gpu, with its cost, and the levers that "
-                   "together make the step fit")
+                   "frozen blocks, 8-bit AdamW) by the device-used peak each gives on --gpu, with its cost, and the "
+                   "levers that together make the step fit")
     g.add_argument("--lever-ranks", type=bounded_int(2, LIMITS["ranks"].max, LIMITS["ranks"].why), default=8,
                    metavar="N", help="ranks the ZeRO-3 lever shards over (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -132,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
         traced = _traced_beside(args, model, raw, setup, bd, guard)
         if traced is not None:
             return traced
-    verdict = fits(bd, args.gpu) if args.gpu is not None else None
-    device = estimate_peaks(args, setup, bd) if args.gpu is not None else None
+    verdict = fits(bd, card(args), device=overheads_of(args)) if args.gpu is not None else None
+    device = verdict.device if verdict is not None else None
     # the published twin runs its own library default where the user named no kernel
     auto = getattr(args, "assumed_attention", None) is not None
     twin = published_twin(model, setup.with_(attention="auto") if auto else setup, ov) if ranked is None else None
@@ -529,23 +530,30 @@ def _traced_setup(args: argparse.Namespace, model: Any, raw: dict[str, Any] | No
 
 
 def _answers(args: argparse.Namespace, model: Any, setup: Any, ov: Any) -> dict[str, Any]:
-    """``--max-batch``, ``--max-seq`` and ``--levers`` answered from the phase-aware peak (memlab.predict.fit)."""
+    """``--max-batch``, ``--longest-seq``, ``--serving`` and ``--levers`` answered from the phase-aware peak
+    (memlab.predict.fit), each decided on device-used as the verdict is: the card of :func:`card` (``--gpu``,
+    ``--gpu-memory-gib``) and the device terms of the options (:func:`memlab.cli.device_view.overheads_of`)."""
     from memlab.predict.estimate import estimate
     from memlab.predict.fit import fits, levers, max_batch, max_seq, plan_to_fit, serving_table
 
     out: dict[str, Any] = {}
+    if args.gpu is None:  # no answer is asked without a card (_asked_answers refused them)
+        return out
+    gpu, dev = card(args), overheads_of(args)
     if args.max_batch:
-        out["max_batch"] = max_batch(model, setup, args.gpu, overheads=ov).to_dict()
+        out["max_batch"] = max_batch(model, setup, gpu, overheads=ov, device=dev).to_dict()
     if args.longest_seq:
-        out["max_seq"] = max_seq(model, setup, args.gpu, overheads=ov).to_dict()
+        out["max_seq"] = max_seq(model, setup, gpu, overheads=ov, device=dev).to_dict()
     if args.serving:
-        out["serving"] = serving_table(model, setup, args.gpu, args.serving, overheads=ov)
+        out["serving"] = serving_table(model, setup, gpu, args.serving, overheads=ov, device=dev)
         out["serving_gpu"] = args.gpu
     if args.levers:
-        out["levers"] = [r.to_dict() for r in levers(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)]
-        names, fitted, peak = plan_to_fit(model, setup, args.gpu, world_size=args.lever_ranks, overheads=ov)
-        out["to_fit"] = {"levers": names, "peak_bytes": peak, "setup": fitted.to_dict(),
-                         "fits": fits(estimate(model, fitted, overheads=ov), args.gpu).fits}
+        out["levers"] = [r.to_dict() for r in levers(model, setup, gpu, world_size=args.lever_ranks, overheads=ov,
+                                                     device=dev)]
+        names, fitted, peak = plan_to_fit(model, setup, gpu, world_size=args.lever_ranks, overheads=ov, device=dev)
+        v = fits(estimate(model, fitted, overheads=ov), gpu, device=dev)
+        out["to_fit"] = {"levers": names, "peak_bytes": peak, "setup": fitted.to_dict(), "fits": v.fits,
+                         "device_bytes": v.used_bytes, "margin_bytes": v.margin_bytes}
     return out
 
 
@@ -553,9 +561,6 @@ def lever_answers(args: argparse.Namespace) -> dict[str, Any]:
     """``--levers`` for the model and setup options of ``args`` on ``args.gpu`` (``memlab oom`` calls it): the
     levers ranked and the plan that fits (:func:`_answers`), with the card's capacity. A model the formula does not
     cover is one error line (the levers search with the formula)."""
-    from memlab.predict.estimate import estimate
-    from memlab.predict.fit import fits
-
     for flag in ("no_trace", "max_batch", "longest_seq", "serving", "fsdp", "zero_stage", "cuda_context_mib",
                  "workspace_mib", "fragmentation"):
         if not hasattr(args, flag):
@@ -567,7 +572,7 @@ def lever_answers(args: argparse.Namespace) -> dict[str, Any]:
     setup = setup_of(args, model)
     _asked_answers(args, model, setup)
     found = _answers(args, model, setup, None)
-    found["capacity_bytes"] = fits(estimate(model, setup), args.gpu).capacity_bytes
+    found["capacity_bytes"] = card(args).memory_bytes
     return found
 
 
@@ -582,30 +587,36 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
     for key in ("max_batch", "max_seq"):
         if key in found:
             r = found[key]
-            print(f"\n{key.replace('_', ' ')} on {r['gpu']}: {r['value']:,} ({r['reason']}; peak, never the sum)")
+            print(f"\n{key.replace('_', ' ')} on {r['gpu']}: {r['value']:,} ({r['reason']}; decided on device-used: "
+                  "the peak, never the sum, + the device terms of the verdict)")
     if "serving" in found:
         print(f"\nserving on {found['serving_gpu']}: the largest batch per context (generate()'s prefill and decode; "
-              "peak, never the sum)")
-        print(f"  {'context':>9} {'max batch':>9} {'peak GiB':>9} {'at':8} {'KV cache GiB':>12}")
+              "peak, never the sum; decided on device-used, the margin = capacity - its high end)")
+        print(f"  {'context':>9} {'max batch':>9} {'peak GiB':>9} {'at':8} {'KV cache GiB':>12} {'device GiB':>10} "
+              f"{'margin GiB':>10}")
         for r in found["serving"]:
             print(f"  {r['context']:>9,} {r['max_batch']:>9,} {r['peak_bytes'] / GiB:>9.2f} {r['peak_phase']:8} "
-                  f"{r['kv_cache_bytes'] / GiB:>12.2f}")
+                  f"{r['kv_cache_bytes'] / GiB:>12.2f} {r['device_bytes'] / GiB:>10.2f} "
+                  f"{r['margin_bytes'] / GiB:>+10.2f}")
     if "levers" in found:
-        print(f"\nlevers, ranked by the predicted peak each gives alone (capacity "
-              f"{verdict.capacity_bytes / GiB:.2f} GiB):")
+        print(f"\nlevers, ranked by the device-used peak each gives alone (capacity "
+              f"{verdict.capacity_bytes / GiB:.2f} GiB; 'peak' = the tensors, 'device' = + the verdict's device "
+              "terms, what fits is decided on):")
         for r in found["levers"]:
             extra = []
             if r["extra_flops"]:
                 extra.append(f"+{r['extra_flops'] / 1e12:,.1f} TFLOP/step")
             if r["host_bytes"]:
                 extra.append(f"host {r['host_bytes'] / GiB:,.2f} GiB pinned")
-            print(f"  {r['name']:<52}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}"
-                  f"{'fits' if r['fits'] else 'does not fit':<13}{', '.join(extra)}")
+            print(f"  {r['name']:<52}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}device "
+                  f"{r['device_bytes'] / GiB:>6.2f} GiB  {'fits' if r['fits'] else 'does not fit':<13}"
+                  f"margin {r['margin_bytes'] / GiB:+.2f} GiB  {', '.join(extra)}".rstrip())
             print(f"      cost: {r['cost']}")
         fit = found["to_fit"]
         names = " + ".join(fit["levers"]) or "nothing (it fits already)"
+        dev = f"device-used {fit['device_bytes'] / GiB:.2f} GiB, margin {fit['margin_bytes'] / GiB:+.2f} GiB"
         if fit["fits"]:
-            print(f"to fit, switch on: {names} -> peak {fit['peak_bytes'] / GiB:.2f} GiB")
+            print(f"to fit, switch on: {names} -> peak {fit['peak_bytes'] / GiB:.2f} GiB, {dev}")
         else:
             print(f"no combination of these levers fits (best: {' + '.join(fit['levers']) or 'none'}, peak "
-                  f"{fit['peak_bytes'] / GiB:.2f} GiB): a smaller model, a bigger card or more ranks")
+                  f"{fit['peak_bytes'] / GiB:.2f} GiB, {dev}): a smaller model, a bigger card or more ranks")

@@ -1,18 +1,29 @@
 """Will it fit? A predicted step against a device's memory, and the largest batch or sequence that fits.
 
-The verdict compares the estimator's **peak** (the most a step holds at once, :mod:`memlab.predict.memory.phases`), not
-the sum of components, with the capacity torch reports (a detected device) or the datasheet (a table row).
+Every verdict, search and lever here decides on what the device shows, as ``memlab estimate --gpu`` does: the
+estimator's **peak** (the most a step holds at once, :mod:`memlab.predict.memory.phases`, never the sum of components)
+plus the caching allocator's reserve, the CUDA context, cuBLAS/cuBLASLt workspaces and NCCL/DDP buffers where they
+apply (:func:`memlab.predict.gpu.device.for_estimate`, the one copy of those terms): "fits" is device-used's high
+end <= the capacity torch reports (a detected device) or the datasheet's (a table row), the margin named. The
+tensor peak (what ``torch.cuda.max_memory_allocated`` counts of the step's tensors) stays beside it in each result.
 This module imports no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from memlab.errors import MemlabError, SetupError
 from memlab.predict.estimate import MemoryBreakdown, Overheads, estimate
-from memlab.predict.gpu.device import CUDA_CONTEXT_HIGH_BYTES
+from memlab.predict.gpu.device import (
+    CUDA_CONTEXT_HIGH_BYTES,
+    DeviceOverheads,
+    DevicePeaks,
+    for_estimate,
+    from_overheads,
+)
 from memlab.predict.spec.model import TransformerConfig
 from memlab.predict.spec.setup import LORA_DEFAULT_RANK, LORA_DEFAULT_TARGETS, Setup
 from memlab.predict.spec.validate import LIMITS, check_int, show
@@ -21,16 +32,27 @@ from memlab.units import GiB
 CUDA_CONTEXT_BYTES = CUDA_CONTEXT_HIGH_BYTES
 """The CUDA context's upper figure, outside the caching allocator, with lazy module loading: the high end of the
 documented range a ``--gpu`` verdict counts (:data:`memlab.predict.gpu.device.CUDA_CONTEXT_HIGH_BYTES`, 426 MiB;
-PyTorch maintainers' "about 300-400 MB", pytorch/pytorch#107667 and #109888, lies inside it). Bytes."""
+PyTorch maintainers' "about 300-400 MB", pytorch/pytorch#107667 and #109888, lies inside it). Bytes. Used only by
+:meth:`FitVerdict.margin` of a verdict built without its device peaks (a tensors-only verdict)."""
 BORDERLINE_SHARE = 0.95
 """Seed 000's rule of thumb for training memory, "empirical, not a hard standard" [seed-000]: above 95 % of the card
 the risk of an out-of-memory error rises sharply (fragmentation, workspaces, the peak's step-to-step variation)."""
+ALLOCATED_ONLY = DeviceOverheads(cuda_context_bytes=0, workspace_bytes=0, reserve_bytes=0, nccl_channels=0,
+                                 ddp_buckets=False)
+"""Every device term 0: pass ``device=ALLOCATED_ONLY`` to decide on the tensor peak alone, against a budget that caps
+the step's tensors rather than a card (chapter 01's budget, a CPU's live bytes); device-used then equals the peak."""
+DECIDED_ON = "device-used (nvidia-smi), its high end, against the card's capacity"
+"""What every fit of this module decides on (:attr:`memlab.predict.gpu.device.DevicePeaks.fits`)."""
 
 
 @dataclass(frozen=True)
 class FitVerdict:
-    """Whether a predicted step's peak fits a device's memory (bytes; headroom = capacity - peak, negative when it
-    does not). ``total_bytes`` is the sum of components, shown beside the peak."""
+    """Whether a predicted step fits a device's memory, decided on device-used (``device``: allocated, reserved and
+    device-used peaks, :class:`~memlab.predict.gpu.device.DevicePeaks`), bytes. :attr:`margin_bytes` = capacity -
+    device-used's high end (negative when it does not fit); ``peak_bytes`` is the tensor peak alone and
+    ``headroom_bytes`` = capacity - peak_bytes (the allocated-only figures, before the device's terms);
+    ``total_bytes`` is the sum of components, shown beside the peak. A verdict built without ``device`` (by hand,
+    e.g. a trace's paged note) decides on ``peak_bytes``."""
 
     fits: bool
     total_bytes: int
@@ -42,11 +64,24 @@ class FitVerdict:
     peak_phase: str = ""
     paged_bytes: int = 0
     """Paged optimizer states in CUDA managed memory (``MemoryBreakdown.paged_bytes``): not in the peak that fits."""
+    device: DevicePeaks | None = None
+    """The three peaks the verdict is decided on (None: a tensors-only verdict)."""
+
+    @property
+    def used_bytes(self) -> int:
+        """What the verdict compares with the capacity: device-used's high end (the tensor peak without
+        ``device``)."""
+        return self.device.device_high_bytes if self.device is not None else self.peak_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """Capacity - :attr:`used_bytes`: the margin the verdict is decided on (negative when it does not fit)."""
+        return self.capacity_bytes - self.used_bytes
 
     @property
     def paged_resident(self) -> bool:
-        """Whether the paged optimizer states fit beside the allocator's peak (they stay on the device)."""
-        return self.peak_bytes + self.paged_bytes <= self.capacity_bytes
+        """Whether the paged optimizer states fit beside the device's peak (they stay on the device)."""
+        return self.used_bytes + self.paged_bytes <= self.capacity_bytes
 
     def paged_note(self) -> str:
         """What the paged optimizer states mean for this fit, in one sentence ('' without them)."""
@@ -55,32 +90,42 @@ class FitVerdict:
         paged = (f"paged optimizer states {self.paged_bytes / GiB:.2f} GiB (CUDA managed memory, outside torch's "
                  "allocator)")
         if not self.fits:
-            return f"{paged} come on top: the allocator's peak alone does not fit"
+            return f"{paged} come on top: the step alone does not fit"
         if self.paged_resident:
-            both = (self.peak_bytes + self.paged_bytes) / GiB
+            both = (self.used_bytes + self.paged_bytes) / GiB
             return f"{paged} fit beside the peak: the device shows up to {both:.2f} GiB while they are resident"
-        return (f"{paged} do not fit in the {self.headroom_bytes / GiB:.2f} GiB left beside the peak: the step still "
+        return (f"{paged} do not fit in the {self.margin_bytes / GiB:.2f} GiB left beside the peak: the step still "
                 "fits (torch's allocator never sees them), and the driver pages them to host RAM and back for each "
                 "optimizer step: no out-of-memory error, slower steps")
 
     def margin(self) -> str:
-        """``fits``, ``borderline`` or ``does not fit``: borderline when the peak fits the card but the peak plus the
-        CUDA context (:data:`CUDA_CONTEXT_BYTES`) is above :data:`BORDERLINE_SHARE` of it, so what the allocator
-        reserves beyond the peak (fragmentation, workspaces) decides. An unmeasured margin, stated, not a fit."""
+        """``fits``, ``borderline`` or ``does not fit``. With ``device``: does not fit when device-used's low end is
+        above the card; borderline when its range straddles the card, or its high end fits but is above
+        :data:`BORDERLINE_SHARE` of it (seed 000's rule of thumb: the step-to-step variation decides). Without
+        ``device`` (a tensors-only verdict): borderline when the peak plus the CUDA context
+        (:data:`CUDA_CONTEXT_BYTES`) is above that share. A stated margin, not a measured one."""
+        cap = self.capacity_bytes
+        if self.device is not None:
+            if self.device.device_low_bytes > cap:
+                return "does not fit"
+            return "borderline" if not self.fits or self.device.device_high_bytes > BORDERLINE_SHARE * cap \
+                else "fits"
         if not self.fits:
             return "does not fit"
-        return "borderline" if self.peak_bytes + CUDA_CONTEXT_BYTES > BORDERLINE_SHARE * self.capacity_bytes \
-            else "fits"
+        return "borderline" if self.peak_bytes + CUDA_CONTEXT_BYTES > BORDERLINE_SHARE * cap else "fits"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of the fields, and :meth:`paged_note`."""
-        return {**asdict(self), "paged_note": self.paged_note()}
+        """Plain dict of the fields, :meth:`paged_note`, the margin's word and what the verdict is decided on."""
+        return {**asdict(self), "paged_note": self.paged_note(), "margin": self.margin(),
+                "margin_bytes": self.margin_bytes, "used_bytes": self.used_bytes,
+                "decided_on": DECIDED_ON if self.device is not None else "the tensor peak (no device terms)"}
 
 
 @dataclass(frozen=True)
 class FitSearch:
-    """Result of :func:`max_batch` / :func:`max_seq`: the largest ``value`` of ``field`` whose peak fits (0 if none);
-    ``total_bytes`` is the peak at that value (or at 1 when nothing fits)."""
+    """Result of :func:`max_batch` / :func:`max_seq`: the largest ``value`` of ``field`` whose device-used peak
+    fits (0 if none). At that value (or at 1 when nothing fits): ``total_bytes`` the tensor peak (allocated-only),
+    ``device_bytes`` device-used's high end, ``margin_bytes`` capacity - device_bytes."""
 
     field: str
     value: int
@@ -88,10 +133,46 @@ class FitSearch:
     total_bytes: int | None
     capacity_bytes: int
     gpu: str
+    device_bytes: int | None = None
+    margin_bytes: int | None = None
+    decided_on: str = DECIDED_ON
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields."""
         return asdict(self)
+
+
+def device_overheads(what: MemoryBreakdown | None, overheads: Overheads | None,
+                     device: DeviceOverheads | None) -> DeviceOverheads:
+    """The device terms a fit decides with: ``device`` when given (``memlab estimate`` builds it from its options),
+    else those ``overheads`` names (:func:`memlab.predict.gpu.device.from_overheads`), else the terms a given
+    breakdown was estimated with (its ``overhead`` component: each term > 0 replaces its default), else every
+    default."""
+    if device is not None or overheads is not None or what is None:
+        return from_overheads(overheads, device)
+    named = {k: int(what.overhead.get(k, 0)) or None for k in ("cuda_context", "workspace", "fragmentation")}
+    return DeviceOverheads(cuda_context_bytes=named["cuda_context"], workspace_bytes=named["workspace"],
+                           reserve_bytes=named["fragmentation"])
+
+
+def on_device(gpu: Any, ov: DeviceOverheads) -> DeviceOverheads:
+    """``ov`` for the device ``gpu`` names: a CPU (``detect()``'s DeviceInfo of kind ``cpu``) has no CUDA context,
+    cuBLAS workspaces, caching-allocator reserve or NCCL buffers, so those terms are 0 there (DDP's bucket copy
+    stays: gloo's DDP keeps it too); a GPU keeps ``ov``."""
+    from dataclasses import replace
+
+    from memlab.predict.hardware.gpus import DeviceInfo
+
+    if not isinstance(gpu, DeviceInfo) or gpu.kind != "cpu":
+        return ov
+    return replace(ov, cuda_context_bytes=0, workspace_bytes=0, nccl_channels=0,
+                   reserve_bytes=0 if ov.reserve_fraction is None else None)
+
+
+def device_peaks_of(bd: MemoryBreakdown, key: str, capacity_bytes: int, device: DeviceOverheads) -> DevicePeaks:
+    """The device peaks of an estimate on the card ``key`` of ``capacity_bytes``: the one shared call
+    (:func:`memlab.predict.gpu.device.for_estimate`), the setup read back from the breakdown."""
+    return for_estimate(bd, SimpleNamespace(**bd.setup), key, capacity_bytes, device)
 
 
 def _capacity(gpu: Any) -> tuple[str, str, int]:
@@ -117,28 +198,34 @@ def _capacity(gpu: Any) -> tuple[str, str, int]:
 
 
 def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup | None = None, *,
-         overheads: Overheads | None = None) -> FitVerdict:
+         overheads: Overheads | None = None, device: DeviceOverheads | None = None) -> FitVerdict:
     """Does ``what`` (a breakdown, or a config/count with ``setup``) fit in ``gpu``'s memory?
 
     ``gpu``: a name for :func:`memlab.predict.hardware.gpus.gpu`, an ``Accelerator`` row (its table memory), or
-    ``memlab.measure.machine.detect()``'s ``DeviceInfo`` (the memory torch reports). The
-    CUDA context and fragmentation count only when given in ``overheads`` (see the assumptions). Fits when the
-    peak (``MemoryBreakdown.peak_bytes``) <= capacity. A paged optimizer's states (``paged_bytes``) are not in the
-    peak: torch's allocator never sees them, and where they do not fit beside it the driver pages them to host RAM
-    (:meth:`FitVerdict.paged_note` says which).
+    ``memlab.measure.machine.detect()``'s ``DeviceInfo`` (the memory torch reports). Decided on device-used, as
+    ``memlab estimate --gpu`` decides: the peak (``MemoryBreakdown.peak_bytes``) plus the allocator's reserve (up
+    to :func:`memlab.predict.gpu.device.reserve_bound`), the CUDA context's documented range, cuBLAS/cuBLASLt
+    workspaces, NCCL and DDP buffers where the setup has them; fits when device-used's high end <= capacity, the
+    margin in ``margin_bytes`` (``headroom_bytes``: capacity - the tensor peak, before those terms). ``device``
+    overrides those terms (:class:`DeviceOverheads`; :data:`ALLOCATED_ONLY` decides on the tensor peak alone);
+    without it the terms ``overheads`` (or the given breakdown) names replace their defaults
+    (:func:`device_overheads`); a CPU device has none of them (:func:`on_device`). A paged optimizer's states
+    (``paged_bytes``) are not in the peak: torch's allocator never sees them, and where they do not fit beside it
+    the driver pages them to host RAM (:meth:`FitVerdict.paged_note` says which).
     """
     key, name, cap = _capacity(gpu)
+    ov = on_device(gpu, device_overheads(what if isinstance(what, MemoryBreakdown) else None, overheads, device))
     if not isinstance(what, MemoryBreakdown):
         if setup is None:
             raise SetupError("fits() needs a setup when given a model config or parameter count")
         what = estimate(what, setup, overheads=overheads)
-    peak = what.peak_bytes
-    return FitVerdict(peak <= cap, what.total_bytes, cap, cap - peak, key, name, peak, what.peak_phase,
-                      what.paged_bytes)
+    p = device_peaks_of(what, key, cap, ov)
+    return FitVerdict(p.fits, what.total_bytes, cap, cap - what.peak_bytes, key, name, what.peak_bytes,
+                      what.peak_phase, what.paged_bytes, p)
 
 
 def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit: int,
-            overheads: Overheads | None) -> FitSearch:
+            overheads: Overheads | None, device: DeviceOverheads | None) -> FitSearch:
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"max_{field} needs a model config: with a bare parameter count {field} changes nothing")
     if not isinstance(setup, Setup):
@@ -146,53 +233,71 @@ def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit
     hi = LIMITS[field].max
     check_int("limit", limit, hi=hi, why=f"Setup's bound on {field}", err=SetupError)
     key, _, cap = _capacity(gpu)
+    ov = on_device(gpu, device_overheads(None, overheads, device))
 
-    def total(v: int) -> int:
-        return estimate(config, setup.with_(**{field: v}), overheads=overheads).peak_bytes
+    def at(v: int) -> tuple[int, DevicePeaks]:
+        bd = estimate(config, setup.with_(**{field: v}), overheads=overheads)
+        return bd.peak_bytes, device_peaks_of(bd, key, cap, ov)
 
-    first = total(1)
-    if first > cap:
-        return FitSearch(field, 0, f"even {field}=1 needs {first / GiB:.2f} GiB > {cap / GiB:.2f} GiB on {key}",
-                         first, cap, key)
-    top = total(limit)
-    if top <= cap:
-        return FitSearch(field, limit, f"{field}={limit} (the search limit) fits", top, cap, key)
-    lo, hi = 1, limit  # total(lo) fits, total(hi) does not; memory is non-decreasing in batch and seq
+    def found(v: int, reason: str, tensors: int, p: DevicePeaks) -> FitSearch:
+        return FitSearch(field, v, reason, tensors, cap, key, p.device_high_bytes, p.margin_bytes)
+
+    first = at(1)
+    if not first[1].fits:
+        p = first[1]
+        return found(0, f"even {field}=1 needs device-used {p.device_high_bytes / GiB:.2f} GiB > {cap / GiB:.2f} "
+                     f"GiB on {key}: margin {p.margin_bytes / GiB:+.2f} GiB (tensors {first[0] / GiB:.2f} GiB)",
+                     *first)
+    top = at(limit)
+    if top[1].fits:
+        return found(limit, f"{field}={limit} (the search limit) fits: {_used(top[1])}", *top)
+    lo, hi = 1, limit  # at(lo) fits, at(hi) does not; every term is non-decreasing in batch and seq
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if total(mid) <= cap else (lo, mid)
-    return FitSearch(field, lo, f"{field}={lo} fits; {field}={lo + 1} does not", total(lo), cap, key)
+        lo, hi = (mid, hi) if at(mid)[1].fits else (lo, mid)
+    best, over = at(lo), at(hi)
+    return found(lo, f"{field}={lo} fits: {_used(best[1])}; {field}={hi} does not: {_used(over[1])}", *best)
+
+
+def _used(p: DevicePeaks) -> str:
+    """device-used's high end and the margin, in words (GiB)."""
+    return f"device-used {p.device_high_bytes / GiB:.2f} GiB, margin {p.margin_bytes / GiB:+.2f} GiB"
 
 
 def max_batch(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int = 1 << 16,
-              overheads: Overheads | None = None) -> FitSearch:
-    """Largest micro-batch (1..``limit``) whose predicted peak fits ``gpu``, by bisection (memory grows with batch)."""
-    return _search(config, setup, gpu, "batch", limit, overheads)
+              overheads: Overheads | None = None, device: DeviceOverheads | None = None) -> FitSearch:
+    """Largest micro-batch (1..``limit``) whose device-used peak fits ``gpu`` (as :func:`fits` decides), by
+    bisection (memory grows with batch)."""
+    return _search(config, setup, gpu, "batch", limit, overheads, device)
 
 
 def max_seq(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int | None = None,
-            overheads: Overheads | None = None) -> FitSearch:
-    """Largest sequence length (1..``limit``, default the model's ``max_seq``) that fits ``gpu``, by bisection."""
-    return _search(config, setup, gpu, "seq", config.max_seq if limit is None else limit, overheads)
+            overheads: Overheads | None = None, device: DeviceOverheads | None = None) -> FitSearch:
+    """Largest sequence length (1..``limit``, default the model's ``max_seq``) whose device-used peak fits ``gpu``
+    (as :func:`fits` decides), by bisection."""
+    return _search(config, setup, gpu, "seq", config.max_seq if limit is None else limit, overheads, device)
 
 
 def serving_table(config: TransformerConfig, setup: Setup, gpu: Any, contexts: tuple[int, ...] | list[int], *,
-                  limit: int = 1 << 12, overheads: Overheads | None = None) -> list[dict[str, Any]]:
+                  limit: int = 1 << 12, overheads: Overheads | None = None,
+                  device: DeviceOverheads | None = None) -> list[dict[str, Any]]:
     """The serving search: for each context length in ``contexts`` (tokens per sequence, prompt + generated), the
-    largest batch of sequences whose predicted inference peak fits ``gpu`` (:func:`max_batch` at ``seq`` =
-    context), with the peak and the phase it falls in at that batch. ``setup`` must be an inference setup (its
-    weights, KV dtype, cache kind, kept logits and attention kernel); ``limit`` caps the search (a batch of 4096
-    sequences is beyond what any engine schedules at once). Rows: ``context``, ``max_batch``, ``peak_bytes``,
-    ``peak_phase``, ``kv_cache_bytes`` at that batch, ``reason``."""
+    largest batch of sequences whose predicted device-used peak fits ``gpu`` (:func:`max_batch` at ``seq`` =
+    context), with the tensor peak and the phase it falls in at that batch. ``setup`` must be an inference setup
+    (its weights, KV dtype, cache kind, kept logits and attention kernel); ``limit`` caps the search (a batch of
+    4096 sequences is beyond what any engine schedules at once). Rows: ``context``, ``max_batch``, ``peak_bytes``
+    (tensors), ``peak_phase``, ``kv_cache_bytes`` at that batch, ``device_bytes`` (device-used's high end),
+    ``margin_bytes`` (capacity - device_bytes), ``reason``."""
     if not isinstance(setup, Setup) or setup.mode != "inference":
         raise SetupError("serving_table searches inference setups: pass a Setup with mode='inference'")
     rows = []
     for context in contexts:
         at = setup.with_(seq=context)  # a bad context is one SetupError line here
-        found = max_batch(config, at, gpu, limit=limit, overheads=overheads)
+        found = max_batch(config, at, gpu, limit=limit, overheads=overheads, device=device)
         bd = estimate(config, at.with_(batch=max(found.value, 1)), overheads=overheads)
         rows.append({"context": context, "max_batch": found.value, "peak_bytes": bd.peak_bytes,
                      "peak_phase": bd.peak_phase, "kv_cache_bytes": bd.kv_cache_bytes if found.value else 0,
+                     "device_bytes": found.device_bytes, "margin_bytes": found.margin_bytes,
                      "reason": found.reason})
     return rows
 
@@ -292,7 +397,8 @@ LEVERS: tuple[Lever, ...] = (
 
 @dataclass(frozen=True)
 class LeverResult:
-    """One lever applied to a setup: its predicted peak (bytes, phase) and whether it fits, beside the baseline's;
+    """One lever applied to a setup: its predicted tensor peak (bytes, phase) and whether it fits (decided on
+    device-used, ``device_bytes``, with ``margin_bytes`` = capacity - device_bytes), beside the baseline's;
     ``extra_flops`` (hardware FLOPs per step beyond the baseline's) and ``host_bytes`` are what it costs."""
 
     name: str
@@ -304,6 +410,8 @@ class LeverResult:
     extra_flops: float
     host_bytes: int
     cost: str
+    device_bytes: int = 0
+    margin_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields."""
@@ -311,9 +419,11 @@ class LeverResult:
 
 
 def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int = 8,
-           overheads: Overheads | None = None, table: tuple[Lever, ...] = LEVERS) -> list[LeverResult]:
-    """Each lever of ``table`` applied alone to ``setup``, ranked by the predicted **peak** it gives (lowest
-    first; :mod:`memlab.predict.memory.phases`, never the sum), with whether it then fits ``gpu`` and its cost. Levers
+           overheads: Overheads | None = None, table: tuple[Lever, ...] = LEVERS,
+           device: DeviceOverheads | None = None) -> list[LeverResult]:
+    """Each lever of ``table`` applied alone to ``setup``, ranked by the device-used peak it gives (lowest first:
+    the **peak** of :mod:`memlab.predict.memory.phases`, never the sum, plus the device's terms as :func:`fits`
+    counts them, ``device`` overriding), with whether it then fits ``gpu`` and its cost. Levers
     that change nothing (already on), that do not apply (:attr:`Lever.needs`) or that this setup or model cannot
     take (a SetupError or ConfigError: e.g. a fused optimizer for Adafactor, frozen embeddings tied to the head)
     are left out. ``world_size``: the ranks the ZeRO lever shards over."""
@@ -324,7 +434,8 @@ def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int
     if not isinstance(setup, Setup) or setup.mode != "train":
         raise SetupError("levers rank ways to fit a training step: pass a Setup with mode='train'")
     check_int("world_size", world_size, hi=LIMITS["ranks"].max, why=LIMITS["ranks"].why, err=SetupError)
-    _, _, cap = _capacity(gpu)
+    key, _, cap = _capacity(gpu)
+    ov = on_device(gpu, device_overheads(None, overheads, device))
     base = estimate(config, setup, overheads=overheads)
 
     def flops(s: Setup) -> float:
@@ -345,28 +456,33 @@ def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int
             continue
         extra = flops(changed) - base_flops + (head if changed.loss == "chunked" and setup.loss != "chunked" else 0)
         name = lever.name.replace(" N ", f" {world_size} ")
+        p = device_peaks_of(bd, key, cap, ov)
         out.append(LeverResult(name, {k: getattr(changed, k) for k, _ in lever.changes}, bd.peak_bytes,
-                               bd.peak_phase, bd.peak_bytes <= cap, base.peak_bytes - bd.peak_bytes, extra,
-                               bd.host_bytes, lever.cost))
-    return sorted(out, key=lambda r: (r.peak_bytes, r.name))
+                               bd.peak_phase, p.fits, base.peak_bytes - bd.peak_bytes, extra, bd.host_bytes,
+                               lever.cost, p.device_high_bytes, p.margin_bytes))
+    return sorted(out, key=lambda r: (r.device_bytes, r.peak_bytes, r.name))
 
 
 def plan_to_fit(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int = 8,
                 overheads: Overheads | None = None, table: tuple[Lever, ...] = LEVERS,
-                exclude: tuple[str, ...] = ("logits_to_keep=1",)) -> tuple[list[str], Setup, int]:
-    """What to switch on to fit: levers added one at a time, each time the one giving the lowest peak, until the
-    peak fits ``gpu`` or no lever lowers it. Returns (lever names in order, the setup, its peak bytes). Levers
-    named in ``exclude`` (by default the one that changes the objective) are not chosen."""
-    _, _, cap = _capacity(gpu)
+                exclude: tuple[str, ...] = ("logits_to_keep=1",),
+                device: DeviceOverheads | None = None) -> tuple[list[str], Setup, int]:
+    """What to switch on to fit: levers added one at a time, each time the one giving the lowest device-used peak
+    (:func:`levers`), until it fits ``gpu`` (as :func:`fits` decides) or no lever lowers it. Returns (lever names
+    in order, the setup, its tensor peak bytes; :func:`fits` on that setup gives its device-used peak and margin).
+    Levers named in ``exclude`` (by default the one that changes the objective) are not chosen."""
+    key, _, cap = _capacity(gpu)
+    ov = on_device(gpu, device_overheads(None, overheads, device))
     chosen: list[str] = []
-    current, peak = setup, estimate(config, setup, overheads=overheads).peak_bytes
+    bd = estimate(config, setup, overheads=overheads)
+    current, peak, used = setup, bd.peak_bytes, device_peaks_of(bd, key, cap, ov).device_high_bytes
     pool = tuple(lv for lv in table if lv.name not in exclude)
-    while peak > cap:
-        ranked = [r for r in levers(config, current, gpu, world_size=world_size, overheads=overheads, table=pool)
-                  if r.name not in chosen and r.peak_bytes < peak]
+    while used > cap:
+        ranked = [r for r in levers(config, current, gpu, world_size=world_size, overheads=overheads, table=pool,
+                                    device=device) if r.name not in chosen and r.device_bytes < used]
         if not ranked:
             break
         best = ranked[0]
         chosen.append(best.name)
-        current, peak = current.with_(**best.changes), best.peak_bytes  # the resolved values
+        current, peak, used = current.with_(**best.changes), best.peak_bytes, best.device_bytes  # resolved values
     return chosen, current, peak

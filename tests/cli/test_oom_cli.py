@@ -58,7 +58,7 @@ def test_with_a_model_and_a_card_it_prints_the_levers_estimate_gives(capsys: pyt
     assert code == code2 == 0 and got["kind"] == "fragmentation candidate"
     assert got["levers"]["levers"] == json.loads(est)["levers"] and got["levers"]["to_fit"]["levers"]
     code, out, _ = run(capsys, "oom", FRAGMENTED, *setup)
-    assert code == 0 and "levers, ranked by the predicted peak" in out and "to fit, switch on:" in out
+    assert code == 0 and "levers, ranked by the device-used peak" in out and "to fit, switch on:" in out
 
 
 def test_a_model_without_a_card_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

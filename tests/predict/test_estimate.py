@@ -349,12 +349,18 @@ def test_zero_on_one_rank_equals_stage_zero(cfg: TransformerConfig, setup: Setup
 
 
 # -- fits and fit search -----------------------------------------------------------------------------------------
-def test_fits_verdict_is_peak_against_capacity() -> None:
+def test_fits_verdict_is_device_used_against_capacity() -> None:
+    """Decided on device-used (the --gpu verdict's peaks), the tensor peak and its headroom kept beside (issue 38)."""
+    from memlab.predict.gpu.device import for_estimate
+
     acc = gpu("h100-sxm")
-    bd = E.estimate(preset("llama-2-7b"), Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096))
+    setup = Setup(precision="mixed-bf16", zero_stage=3, world_size=8, seq=4096)
+    bd = E.estimate(preset("llama-2-7b"), setup)
     v = FIT.fits(bd, "h100-sxm")
-    assert v.capacity_bytes == acc.memory_bytes and v.headroom_bytes == acc.memory_bytes - bd.peak_bytes
-    assert v.fits == (bd.peak_bytes <= acc.memory_bytes) and v.gpu == "h100-sxm" and v.total_bytes == bd.total_bytes
+    used = for_estimate(bd, setup, "h100-sxm", acc.memory_bytes).device_high_bytes
+    assert v.capacity_bytes == acc.memory_bytes and v.margin_bytes == acc.memory_bytes - used
+    assert v.headroom_bytes == acc.memory_bytes - bd.peak_bytes and v.peak_bytes == bd.peak_bytes
+    assert v.fits == (used <= acc.memory_bytes) and v.gpu == "h100-sxm" and v.total_bytes == bd.total_bytes
     assert FIT.fits(preset("llama-2-7b"), acc, Setup(precision="fp32", seq=4096)).fits is False
 
 
@@ -362,9 +368,9 @@ def test_max_batch_is_the_largest_that_fits() -> None:
     cfg, acc = preset("gpt2"), gpu("t4")
     setup = Setup(precision="amp-fp16", seq=1024)
     found = FIT.max_batch(cfg, setup, acc)
-    assert found.value > 0
-    assert E.estimate(cfg, setup.with_(batch=found.value)).peak_bytes <= acc.memory_bytes
-    assert E.estimate(cfg, setup.with_(batch=found.value + 1)).peak_bytes > acc.memory_bytes
+    assert found.value > 0  # the largest that fits on device-used, as fits() decides
+    assert FIT.fits(cfg, acc, setup.with_(batch=found.value)).fits
+    assert not FIT.fits(cfg, acc, setup.with_(batch=found.value + 1)).fits
 
 
 def test_max_seq_and_no_fit_reason() -> None:

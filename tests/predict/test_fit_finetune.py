@@ -13,7 +13,7 @@ import pytest
 from memlab import cli
 from memlab.predict.estimate import estimate
 from memlab.predict.families.reader import from_hf, read_config_json
-from memlab.predict.fit import LEVERS, levers, max_batch, plan_to_fit
+from memlab.predict.fit import LEVERS, fits, levers, max_batch, plan_to_fit
 from memlab.predict.spec.setup import Setup
 
 CONFIGS = Path(__file__).resolve().parents[2] / "memlab" / "predict" / "families" / "configs" / "full"
@@ -48,13 +48,14 @@ def test_levers_rank_the_fine_tuning_levers_by_the_peak_each_gives(seed: int) ->
     name, setup = _generated(seed)
     cfg = _config(name)
     ranked = levers(cfg, setup, "rtx-4090")
-    assert [r.peak_bytes for r in ranked] == sorted(r.peak_bytes for r in ranked)
+    assert [r.device_bytes for r in ranked] == sorted(r.device_bytes for r in ranked)  # ranked on device-used
     by_name = {r.name: r for r in ranked}
     for start in ("LoRA", "QLoRA", "frozen"):
         r = next(r for n, r in by_name.items() if n.startswith(start))
         alone = estimate(cfg, setup.with_(**r.changes))
         assert r.peak_bytes == alone.peak_bytes and r.peak_phase == alone.peak_phase  # the peak, never the sum
-        assert r.fits == (alone.peak_bytes <= 24 * 2**30)
+        verdict = fits(alone, "rtx-4090")  # decided on device-used, as the --gpu verdict is
+        assert (r.fits, r.device_bytes, r.margin_bytes) == (verdict.fits, verdict.used_bytes, verdict.margin_bytes)
     lora = next(r for n, r in by_name.items() if n.startswith("LoRA"))
     qlora = next(r for n, r in by_name.items() if n.startswith("QLoRA"))
     assert qlora.changes == {"finetune": "qlora", "precision": "bf16"}
@@ -88,7 +89,7 @@ def test_plan_to_fit_a_7b_full_fine_tune_on_24_gb_switches_on_a_peft_lever() -> 
     setup = Setup(seq=512, precision="bf16")
     assert estimate(cfg, setup).peak_bytes > 24 * 2**30
     names, fitted, peak = plan_to_fit(cfg, setup, "rtx-4090", world_size=1)
-    assert peak <= 24 * 2**30 and estimate(cfg, fitted).peak_bytes == peak
+    assert estimate(cfg, fitted).peak_bytes == peak and fits(estimate(cfg, fitted), "rtx-4090").fits  # device-used
     assert fitted.finetune in ("lora", "qlora", "frozen") or fitted.optimizer == "adam-8bit", names
 
 

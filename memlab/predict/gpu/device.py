@@ -70,6 +70,9 @@ class DeviceOverheads:
     """All cuBLAS/cuBLASLt workspaces; None: per handle from the card's architecture (:func:`workspace_bytes`)."""
     reserve_bytes: int | None = None
     """The allocator's reserve; None: replayed (trace) or :func:`reserve_bound` (formula)."""
+    reserve_fraction: float | None = None
+    """The allocator's reserve as this fraction of the allocated peak (``--fragmentation``,
+    ``Overheads.fragmentation_fraction``); None: as ``reserve_bytes`` says. Not with ``reserve_bytes``."""
     nccl_buffsize_bytes: int = NCCL_BUFFSIZE_BYTES
     nccl_channels: int | None = None
     """None: the range 1 .. :data:`NCCL_MAX_CHANNELS`."""
@@ -81,8 +84,41 @@ class DeviceOverheads:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise SetupError(f"DeviceOverheads.{name} must be a whole number >= 0 or None, got {v!r}")
+        f = self.reserve_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f < 1):
+            raise SetupError(f"DeviceOverheads.reserve_fraction must be a fraction in [0, 1) or None, got {f!r}")
+        if f is not None and self.reserve_bytes is not None:
+            raise SetupError("DeviceOverheads: give reserve_bytes or reserve_fraction, not both")
         if self.nccl_buffsize_bytes < 0:
             raise SetupError(f"DeviceOverheads.nccl_buffsize_bytes must be >= 0, got {self.nccl_buffsize_bytes}")
+
+
+def from_overheads(overheads: Any, device: DeviceOverheads | None = None) -> DeviceOverheads:
+    """The device terms a fit decides with: ``device`` when given (the command line builds it from its options),
+    else the terms an estimate's :class:`~memlab.predict.estimate.Overheads` names (a term > 0 replaces its default:
+    ``cuda_context_bytes``, ``workspace_bytes``, ``fragmentation_fraction`` as the reserve's fraction of allocated),
+    else every default (None: no overheads)."""
+    if device is not None and overheads is not None:
+        _same_terms(overheads, device)
+    if device is not None:
+        return device
+    if overheads is None:
+        return DeviceOverheads()
+    frac = overheads.fragmentation_fraction
+    return DeviceOverheads(cuda_context_bytes=overheads.cuda_context_bytes or None,
+                           workspace_bytes=overheads.workspace_bytes or None, reserve_fraction=frac or None)
+
+
+def _same_terms(overheads: Any, device: DeviceOverheads) -> None:
+    """One SetupError line where ``overheads`` names a term (> 0) that ``device`` gives differently: a term is given
+    in one place (the command line builds both from the same option, so they agree there)."""
+    pairs = (("cuda_context_bytes", overheads.cuda_context_bytes, device.cuda_context_bytes),
+             ("workspace_bytes", overheads.workspace_bytes, device.workspace_bytes),
+             ("fragmentation_fraction", overheads.fragmentation_fraction, device.reserve_fraction))
+    for name, given, dev in pairs:
+        if given and given != dev:
+            raise SetupError(f"Overheads.{name}={given!r} and the device terms ({dev!r}) disagree: give the term in "
+                             "one place (device=DeviceOverheads(...) for a fit)")
 
 
 @dataclass(frozen=True)
@@ -217,10 +253,13 @@ def rounding_term(nbytes: int) -> Term:
 
 
 def device_peaks(tensors_bytes: int, reserve: tuple[int, int], capacity_bytes: int, extra: list[Term],
-                 reserve_source: str) -> DevicePeaks:
-    """Stack ``extra`` terms on the tensor peak: allocated, reserved (+ ``reserve``: its low and high end),
-    device-used (a range where a term is one)."""
+                 reserve_source: str, reserve_fraction: float | None = None) -> DevicePeaks:
+    """Stack ``extra`` terms on the tensor peak: allocated, reserved (+ ``reserve``: its low and high end, or
+    ``reserve_fraction`` x allocated when given), device-used (a range where a term is one)."""
     allocated = tensors_bytes + sum(t.high for t in extra if t.layer == "allocated")
+    if reserve_fraction is not None:
+        given = round(reserve_fraction * allocated)
+        reserve, reserve_source = (given, given), f"--fragmentation {reserve_fraction:g} x allocated (given)"
     outside = [t for t in extra if t.layer == "device"]
     low = allocated + reserve[0] + sum(t.low for t in outside)
     high = allocated + reserve[1] + sum(t.high for t in outside)
@@ -244,7 +283,7 @@ def for_estimate(bd: Any, setup: Any, gpu_key: str, capacity_bytes: int,
         reserve = (0, reserve_bound(tensors, bd.params_bytes + bd.optimizer_bytes))
         src = ("0 up to the bound (peak - params - optimizer states) + 20 MiB + 2 MiB, from the allocator's rules "
                "(memlab.predict.gpu.device.reserve_bound); memlab trace --gpu replays it")
-    return device_peaks(tensors, reserve, capacity_bytes, extra, src)
+    return device_peaks(tensors, reserve, capacity_bytes, extra, src, ov.reserve_fraction)
 
 
 def for_replay(tensors_bytes: int, replay: Any, setup: Any, gpu_key: str, capacity_bytes: int, *,
@@ -259,4 +298,4 @@ def for_replay(tensors_bytes: int, replay: Any, setup: Any, gpu_key: str, capaci
     src = ("replayed: the caching allocator model on the traced allocations (peak reserved - peak allocated over "
            "the step)" if ov.reserve_bytes is None else "given")
     extra = ([rounding_term(rounding)] if rounding else []) + terms(gpu_key, setup, ov, grads_bytes)
-    return device_peaks(tensors_bytes, (reserve, reserve), capacity_bytes, extra, src)
+    return device_peaks(tensors_bytes, (reserve, reserve), capacity_bytes, extra, src, ov.reserve_fraction)
