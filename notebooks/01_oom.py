@@ -60,6 +60,8 @@ from memlab.compare import plots
 from memlab.compare.published import KIND_WORDS
 from memlab.labs import allocator, oom
 from memlab.model.step import build_training, token_batch, train_step
+from memlab.predict.fit import ALLOCATED_ONLY
+from memlab.predict.gpu.device import DeviceOverheads
 from memlab.units import GB, GiB, KiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models: more threads only add contention
@@ -251,10 +253,12 @@ batches = SIZES["batches"]
 found = oom.fit_sweep(model, setup, batches, card_spec.memory_bytes, ch.device, steps=2, seed=seed)
 predicted_total = [estimate(model, setup.with_(batch=b)).total_bytes for b in batches]
 found["predicted (sum of components)"] = predicted_total
-fit = max_batch(model, setup, card_spec)
+# a budget caps the step's tensors (a CPU's live bytes); set_per_process_memory_fraction caps the allocator's
+# reserved bytes, so on a GPU the reserve and the workspaces count, the CUDA context does not
+fit = max_batch(model, setup, card_spec, device=ALLOCATED_ONLY if ch.on_cpu else DeviceOverheads(cuda_context_bytes=0))
 measured_max = int(found.loc[found["status"] == "ok", "batch"].max()) if (found["status"] == "ok").any() else 0
 checked = "CPU live-bytes check" if ch.on_cpu else "measured"  # a CPU refuses nothing: peaks against a budget
-display(Markdown(f"fit search (estimator): batch {fit.value}; {checked}: batch {measured_max} ({fit.reason})"))
+display(Markdown(f"fit search (estimator): batch {fit.words()}; {checked}: batch {measured_max} ({fit.reason})"))
 ch.record_ledger(pd.DataFrame([{"experiment": f"{model.name} fp32 AdamW s={seq} on {card_spec.name}",
                                 "component": "largest batch" + (f" ({checked})" if ch.on_cpu else ""),
                                 "unit": "batch", "predicted": fit.value, "measured": measured_max,

@@ -54,6 +54,7 @@ from memlab import (
     trace_gpt,
 )
 from memlab.course.chapter import as_percent
+from memlab.predict.fit import ALLOCATED_ONLY
 from memlab.units import GB, GiB, MiB
 
 ch = chapter(scale, device, seed, out_dir, ci_threads=1)  # tiny models on a shared machine: 1 thread
@@ -403,8 +404,9 @@ check("07.seed-undercount-b4", answer)
 
 # %% [markdown]
 # **Exercise 3 (predict, then search).** Llama-2-7B, mixed-bf16 AdamW, ZeRO-3 over 8 H100-SXM (memlab's table
-# capacity), batch 1, no recompute: what is the longest sequence that the estimator's fit search (`max_seq`) says
-# fits with *eager* attention? Guess first; the cell after runs the search, and the trace after it checks it.
+# capacity), batch 1, no recompute: what is the longest sequence whose *tensors* fit with *eager* attention, by the
+# estimator's fit search (`max_seq(..., device=ALLOCATED_ONLY)`: the step's peak against the card, nothing else)?
+# Guess first; the cell after runs the search, and the trace after it checks it.
 
 # %%
 fit_setup = Setup(batch=1, precision="mixed-bf16", attention="eager", zero_stage=3, world_size=8)
@@ -414,14 +416,22 @@ answer = ...
 check("07.eager-max-seq", answer, setup=fit_setup, card="h100-sxm")
 
 # %%
-fit = pd.DataFrame([{"attention": a, **max_seq(llama, fit_setup.with_(attention=a), "h100-sxm",
-                                               limit=1 << 17).to_dict()} for a in ("eager", "flash")])
-fit[["attention", "value", "reason"]]
+fit = pd.DataFrame([{"attention": a, **max_seq(llama, fit_setup.with_(attention=a), "h100-sxm", limit=1 << 17,
+                                               device=ALLOCATED_ONLY).to_dict()} for a in ("eager", "flash")])
+on_device = {a: max_seq(llama, fit_setup.with_(attention=a), "h100-sxm", limit=1 << 17) for a in ("eager", "flash")}
+fit["device-used: fits for certain"] = [on_device[a].value for a in fit["attention"]]
+fit["device-used: may fit up to"] = [on_device[a].up_to for a in fit["attention"]]
+fit[["attention", "value", "device-used: fits for certain", "device-used: may fit up to"]].rename(
+    columns={"value": "tensors fit up to"})
 
 # %% [markdown]
-# The fit search adds the estimator's terms. `memlab.tracing` runs the reference GPT's real step at the answer, at
-# full size, on fake tensors: FSDP2 over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank 0's bytes,
-# nothing allocated. At ci scale it traces the eager answer; at full scale both.
+# The first column is the exercise's: the tensors alone. On a GPU the CUDA context, cuBLAS workspaces, NCCL's
+# buffers and the caching allocator's reserve come on top, so `max_seq` without `device=ALLOCATED_ONLY` answers from
+# both ends of device-used: the sequence that fits for certain (the reserve at its bound) and the one above which
+# nothing fits (no reserve); `memlab trace --gpu h100-sxm --longest-seq` settles between them by replaying the
+# allocator. The fit search adds the estimator's terms. `memlab.tracing` runs the reference GPT's real step at the
+# answer, at full size, on fake tensors: FSDP2 over a fake 8-rank process group (`memlab.tracing.fake_dist`), rank
+# 0's bytes, nothing allocated. At ci scale it traces the eager answer; at full scale both.
 
 # %%
 confirm = []

@@ -219,6 +219,7 @@ for name in serve_models:
                       "plain forward, SDPA": max_batch(cfg, plain_sdpa, card).value,
                       "generate(), eager": max_batch(cfg, gen_eager, card).value,
                       "generate(), SDPA": max_batch(cfg, gen_sdpa, card).value,
+                      "generate(), SDPA, may fit up to": max_batch(cfg, gen_sdpa, card).up_to,
                       "weights + KV, 100 % of the card": max_sequences(cfg, gpu(card).memory_bytes, context),
                       "vLLM pool (0.9)": vllm_budget(cfg, card).sequences(context),
                       "largest plain-forward moment": max(detail, key=detail.get),
@@ -260,8 +261,13 @@ serve.pivot_table(index="model", columns="card", values="vLLM pool (0.9)", sort=
 # Mistral-7B (8 KV heads) per token. Mixtral and Llama-2-70B do not fit most single cards at all; they need tensor
 # parallelism (`Setup(tp=...)`).
 #
+# The `max_batch` columns decide on what the device shows (the CUDA context, cuBLAS workspaces and the caching
+# allocator's reserve on top of the tensors) and give the batch that fits **for certain**: the reserve at the bound
+# memlab derives from the allocator's rules. "may fit up to" is the other end, with no reserve at all; between
+# them the allocator decides, and `memlab trace --gpu CARD --max-batch` replays it on the traced step.
+#
 # **The serving search.** `serving_table` runs `max_batch` at each context length: the most sequences
-# `generate()` can prefill together and then decode, on a 24 GB and an 80 GB card (SDPA, bf16).
+# `generate()` can prefill together and then decode, on a 24 GB and an 80 GB card (SDPA, bf16), from both ends.
 
 # %%
 search_ctx = [1024, 2048, 4096, 8192, 16384, 32768]
@@ -270,16 +276,21 @@ search = pd.DataFrame([{**row, "model": name, "card": card}
                        for row in serving_table(preset(name), Setup(mode="inference", attention="flash"), card,
                                                 search_ctx)])
 ch.save_table(search, "serving_search")
-search.pivot_table(index=["model", "card"], columns="context", values="max_batch", sort=False)
+search.assign(both=[f"{a:,}" if a == b else f"{a:,}-{b:,}" for a, b in zip(search["max_batch"],
+                                                                            search["max_batch_up_to"], strict=True)]
+              ).pivot_table(index=["model", "card"], columns="context", values="both", aggfunc="first", sort=False)
 
 # %%
 fig, ax = plt.subplots(figsize=(7.5, 3.6), layout="constrained")
 for i, ((name, card), part) in enumerate(search.groupby(["model", "card"], sort=False)):
     fits = part[part["max_batch"] > 0]  # a context where not even one sequence fits is left off the log axis
     ax.plot(fits["context"], fits["max_batch"], marker="o", color=f"C{i}",
-            label=f"{name} on {gpu(card).name}")
+            label=f"{name} on {gpu(card).name}: for certain")
+    may = part[part["max_batch_up_to"] > 0]
+    ax.plot(may["context"], may["max_batch_up_to"], ls="--", color=f"C{i}", alpha=0.6, label="  may fit up to")
 ax.set(xscale="log", yscale="log", xlabel="context per sequence (tokens)",
-       ylabel="sequences served at once", title="generate()'s largest batch per context (predicted, bf16, SDPA)")
+       ylabel="sequences served at once",
+       title="generate()'s largest batch per context (predicted on device-used, bf16, SDPA)")
 ax.set_xticks(search_ctx, [f"{c // 1024}k" for c in search_ctx])
 ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "serving_search")

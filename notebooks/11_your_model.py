@@ -68,9 +68,11 @@ from memlab import (
 from memlab.compare import plots
 from memlab.model.hf import attention_implementations
 from memlab.predict.families.reader import SUPPORTED
+from memlab.predict.fit import ALLOCATED_ONLY
 from memlab.predict.spec.traits import trait_meanings
 from memlab.run.hf import measure_run
 from memlab.studies import calculators
+from memlab.tracing.fit import traced_search
 from memlab.units import GiB
 
 warnings.filterwarnings("ignore", module="transformers")
@@ -504,8 +506,9 @@ pd.concat(listings, names=["family"]).drop(columns="nbytes")
 # ## 5. Will it fit? A 24 GB card
 #
 # **Exercise 3.** Pythia-1.4B (the shipped `pythia-1.4b` config), pure bf16 weights, gradients and AdamW states,
-# the fused SDPA kernel, 2,048 tokens per sequence, on an RTX 4090 (24 GB): what is the largest micro-batch that
-# fits? Use `max_batch(config, setup, "rtx-4090")`, or the formula by hand.
+# the fused SDPA kernel, 2,048 tokens per sequence, on an RTX 4090 (24 GB): what is the largest micro-batch whose
+# **tensors** fit the card (the step's peak against `gpu("rtx-4090").memory_bytes`, nothing else)? Use the formula by
+# hand, or `max_batch(config, setup, "rtx-4090", device=ALLOCATED_ONLY)`.
 
 # %%
 pythia = configs["pythia-1.4b"]
@@ -515,28 +518,40 @@ fit_setup = Setup(batch=1, seq=2048, precision="bf16", attention="flash")
 answer = ...
 check("11.pythia-4090-batch", answer, model=pythia, setup=fit_setup, card="rtx-4090")
 
-# %%
+# %% [markdown]
+# The card holds more than the step's tensors: the CUDA context, cuBLAS workspaces and the caching allocator's
+# reserve. `max_batch` decides on what the device shows and answers from both ends: the batch that fits for certain
+# (the reserve at its bound) and the batch above which nothing fits (no reserve at all). Between them only the
+# allocator's order of events decides, so the trace settles it: each candidate batch traced at full size and its
+# allocations replayed through the allocator model on the card (`traced_search`).
+
+# %% tags=["reveals-11.pythia-4090-batch"]
+tensors_only = max_batch(pythia, fit_setup, "rtx-4090", device=ALLOCATED_ONLY)
 fit = max_batch(pythia, fit_setup, "rtx-4090")
-fit_check = []
-for b in (fit.value, fit.value + 1):
-    run_b = calculators.Run(full["pythia-1.4b"], b, 2048, "bf16", "sdpa", device_type="cuda", name="pythia-1.4b")
-    t = calculators.trace_run(run_b)
-    fit_check.append({"batch": b, "predicted peak GiB": estimate(pythia, fit_setup.with_(batch=b)).peak_bytes / GiB,
-                      "traced peak GiB": t.peak_bytes / GiB, "traced peak in": f"{t.peak_step} {t.peak_phase}",
-                      "card GiB": fit.capacity_bytes / GiB})
-fit_check = pd.DataFrame(fit_check)
-fit_check["fits (traced)"] = fit_check["traced peak GiB"] <= fit_check["card GiB"]
-agree = (fit_check["fits (traced)"] == (fit_check["predicted peak GiB"] <= fit_check["card GiB"])).all()
-print(f"fit search: batch {fit.value}; the trace {'agrees' if agree else 'DISAGREES'} at batches {fit.value} and "
-      f"{fit.value + 1}")
+
+
+def trace_pythia(setup):
+    run = calculators.Run(full["pythia-1.4b"], setup.batch, setup.seq, "bf16", "sdpa", device_type="cuda",
+                          name="pythia-1.4b")
+    return calculators.trace_run(run)
+
+
+settled = traced_search(trace_pythia, fit_setup, "batch", "rtx-4090", formula=fit)
+fit_check = pd.DataFrame([{"batch": b,
+                           "predicted tensor peak GiB": estimate(pythia, fit_setup.with_(batch=b)).peak_bytes / GiB,
+                           "traced tensor peak GiB": peak / GiB, "traced device-used GiB": used / GiB,
+                           "card GiB": fit.capacity_bytes / GiB, "fits (traced, replayed)": ok}
+                          for b, peak, used, ok in settled.tried])
+print(f"tensors alone: batch {tensors_only.value}; device-used, the formula: batch {fit.words()}; "
+      f"the trace's replay settles it: batch {settled.value} ({len(settled.tried)} traces)")
 ch.save_table(fit_check, "pythia_fit_traced")
 fit_check.round(3)
 
 # %% [markdown]
-# The trace runs the real GPT-NeoX code at full size, allocating nothing; where its peak lies on the same side of the
-# card as the formula's at both batches, the fit search's answer holds for this implementation. What a CUDA run adds
-# on top (the allocator's rounding and cache, the CUDA context, kernel workspaces) no trace sees:
-# `memlab.tracing.tracer.CUDA_TERMS` lists them with their sources.
+# The trace runs the real GPT-NeoX code at full size, allocating nothing, and the replay applies PyTorch's caching
+# allocator rules to its allocations in order: a model of the allocator, not a GPU measurement. The CUDA context is
+# taken at its documented high end (`memlab.predict.gpu.device`); `memlab trace --gpu rtx-4090 --max-batch` runs the
+# same search from the command line.
 
 # %% [markdown]
 # **Exercise 4.** In full-size GPT-2 (d_ff 3,072) trained in pure bf16, how many more bytes per token does one

@@ -39,7 +39,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from memlab import Setup, chapter, check, estimate, fits, from_hf, gpu, load_config, trace_hf
-from memlab.predict.fit import BORDERLINE_SHARE, CUDA_CONTEXT_BYTES, levers, plan_to_fit
+from memlab.predict.fit import BORDERLINE_SHARE, levers, plan_to_fit
 from memlab.predict.memory.finetune import adapter_elements, qlora_base_bytes
 from memlab.run.hf import predict_hf, run_hf
 from memlab.studies import calculators
@@ -128,12 +128,13 @@ print(f"QLoRA's base: {quantised:,} weights in NF4 (4 bits each plus the quantis
 for name, e in est.items():
     v = fits(e, card)
     print(f"{name}: peak {e.peak_gib:.1f} GiB in the {e.peak_step} {e.peak_phase}: "
-          f"{v.margin()} on the {card.memory_bytes / GiB:.0f} GiB {card.name} (headroom {v.headroom_bytes / GiB:+.1f} "
-          f"GiB before the CUDA context)")
-print(f"borderline: the peak fits, but the peak plus the CUDA context ({CUDA_CONTEXT_BYTES / 2**20:.0f} MiB, the "
-      f"high end of the documented range a --gpu verdict counts) is above {BORDERLINE_SHARE:.0%} of the card (seed "
-      "000's empirical line for training memory): the allocator's fragmentation and workspaces, which no CPU run "
-      "measures, decide it")
+          f"{v.margin()} on the {card.memory_bytes / GiB:.0f} GiB {card.name} (device-used "
+          f"{v.device.device_low_bytes / GiB:.1f} to {v.device.device_high_bytes / GiB:.1f} GiB; the tensors' "
+          f"headroom {v.headroom_bytes / GiB:+.1f} GiB)")
+print(f"device-used adds to the peak the CUDA context, cuBLAS workspaces and the caching allocator's reserve (from 0 "
+      f"to the bound memlab derives from its rules); borderline: that range straddles the card, or its high end is "
+      f"above {BORDERLINE_SHARE:.0%} of it (seed 000's empirical line for training memory): the allocator, which no "
+      "CPU run measures, decides it (memlab trace --gpu replays it on the traced step)")
 
 # %% [markdown]
 # What is predicted only: **the CUDA kernel's dequantised copy and where paged optimizers' states live**. QLoRA
@@ -152,32 +153,36 @@ print(f"borderline: the peak fits, but the peak plus the CUDA context ({CUDA_CON
 # **What to switch on, ranked.** Start from full fine-tuning (mixed-bf16) and switch on each lever of
 # `memlab.predict.fit.LEVERS` alone: recompute, kernels, precision, the loss options, offload, sharding, and the
 # fine-tuning ones (LoRA, QLoRA, frozen blocks, 8-bit AdamW). `levers()` ranks them by the **peak** each gives,
-# the most a step holds at once over its phases (never the sum of components), each with its cost; `plan_to_fit()`
-# adds the best one at a time until the step fits the card.
+# the most a step holds at once over its phases (never the sum of components), plus what the device adds
+# (device-used), each with its cost; `plan_to_fit()` adds the best one at a time until the step fits the card for
+# certain.
 
 # %%
 ranked = levers(cfg7, plans["full (mixed-bf16)"], card, world_size=8)
 lever_table = pd.DataFrame([{"lever": r.name, "peak (GiB)": r.peak_bytes / GiB, "peak phase": r.peak_phase,
-                             f"fits {card.name}": r.fits, "extra TFLOP/step": r.extra_flops / 1e12,
+                             "device-used (GiB)": f"{r.device_low_bytes / GiB:.1f}-{r.device_bytes / GiB:.1f}",
+                             f"on the {card.name}": r.word(), "extra TFLOP/step": r.extra_flops / 1e12,
                              "host (GiB)": r.host_bytes / GiB, "cost": r.cost} for r in ranked])
 ch.save_table(lever_table, "llama7b_levers")
 chosen, fitted, fitted_peak = plan_to_fit(cfg7, plans["full (mixed-bf16)"], card, world_size=8)
+fitted_verdict = fits(estimate(cfg7, fitted), card)
 print(f"full fine-tuning peaks at {full.peak_gib:.1f} GiB; {sum(r.fits for r in ranked)} of {len(ranked)} levers "
-      f"fit the {card.memory_bytes / GiB:.0f} GiB {card.name} alone; to fit, switch on: "
-      f"{' + '.join(chosen) or 'nothing'} -> peak {fitted_peak / GiB:.2f} GiB "
-      f"({'fits' if fitted_peak <= card.memory_bytes else 'still does not fit'})")
+      f"fit the {card.memory_bytes / GiB:.0f} GiB {card.name} alone for certain, "
+      f"{sum(r.may_fit and not r.fits for r in ranked)} more if the allocator's reserve stays small; to fit, switch "
+      f"on: {' + '.join(chosen) or 'nothing'} -> peak {fitted_peak / GiB:.2f} GiB, device-used up to "
+      f"{fitted_verdict.used_bytes / GiB:.2f} GiB ({'fits' if fitted_verdict.fits else 'still does not fit'})")
 lever_table.round(2)
 
 # %%
 fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
-ax.barh(lever_table["lever"], lever_table["peak (GiB)"],
-        color=["tab:green" if f else "tab:gray" for f in lever_table[f"fits {card.name}"]])
+shade = {"fits": "tab:green", "reserve decides": "tab:orange", "does not fit": "tab:gray"}
+ax.barh(lever_table["lever"], lever_table["peak (GiB)"], color=[shade[w] for w in lever_table[f"on the {card.name}"]])
 ax.axvline(full.peak_gib, color="black", ls=":", label=f"full fine-tuning (mixed-bf16): {full.peak_gib:.1f} GiB")
 ax.axvline(card.memory_bytes / GiB, color="red", ls="--", label=f"{card.name}: {card.memory_bytes / GiB:.0f} GiB")
 ax.invert_yaxis()
 ax.tick_params(axis="y", labelsize=7)
-ax.set(xlabel="predicted peak (GiB)", title=f"Llama-2-7B, batch 1, seq {SIZES['seq']}: each lever alone, ranked by "
-       "the peak it gives (green: fits)")
+ax.set(xlabel="predicted tensor peak (GiB)", title=f"Llama-2-7B, batch 1, seq {SIZES['seq']}: each lever alone, "
+       "ranked by device-used\n(green: fits for certain; orange: the allocator's reserve decides; grey: does not fit)")
 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
 ch.save_figure(fig, "llama7b_levers")
 
@@ -210,7 +215,8 @@ for name, setup in recipes.items():
     e = estimate(cfg7, setup, device_type=dt)
     rows.append({"recipe": name, "attention": setup.attention, "peak at batch 1 (GiB)": e.peak_gib,
                  "peak phase": f"{e.peak_step} {e.peak_phase}",
-                 f"largest batch on the {card.name}": max_batch(cfg7, setup, card.key).value})
+                 f"largest batch on the {card.name}, for certain": max_batch(cfg7, setup, card.key).value,
+                 "may fit up to": max_batch(cfg7, setup, card.key).up_to})
 recipe_table = pd.DataFrame(rows)
 ch.save_table(recipe_table, "llama7b_recipes")
 print(resolved(cfg7, recipe, device_type=dt, gpu=card.key)[1])
@@ -270,8 +276,8 @@ t4_recipe, t4_why = resolved(cfg7, recipe.with_(precision="amp-fp16"), device_ty
 t4_est = estimate(cfg7, t4_recipe, device_type=dt)
 print(t4_why)
 print(f"QLoRA recipe on the {t4.memory_bytes / GiB:.0f} GiB {t4.name}: peak {t4_est.peak_gib:.2f} GiB at batch 1 "
-      f"({t4_est.peak_step} {t4_est.peak_phase}); largest micro-batch that fits: "
-      f"{max_batch(cfg7, t4_recipe, t4.key).value}")
+      f"({t4_est.peak_step} {t4_est.peak_phase}); largest micro-batch that fits on device-used: "
+      f"{max_batch(cfg7, t4_recipe, t4.key).words()}")
 
 # %% [markdown]
 # **Paged optimizers.** The QLoRA paper's script trains with `paged_adamw_32bit` `[dettmers2023]`: bitsandbytes
@@ -331,8 +337,9 @@ fsdp_table.round(3)
 
 # %% [markdown]
 # **Exercise 4 (predict first).** The QLoRA recipe above (r=16 on every linear layer, checkpointing, bf16, the
-# attention transformers picks, seq 2048): what is the largest micro-batch whose predicted peak fits the 24 GB
-# RTX 4090? Work it out from the table's batch-1 peak and what one more sequence adds, then check.
+# attention transformers picks, seq 2048): what is the largest micro-batch whose predicted **tensor** peak fits the
+# 24 GB RTX 4090 (the tensors alone, before the context, workspaces and reserve the recipe table's two ends count)?
+# Work it out from the table's batch-1 peak and what one more sequence adds, then check.
 
 # %%
 answer = ...
@@ -523,7 +530,8 @@ errors_in_percent(shoot[shoot["truth"] == "measured"])
 
 # %%
 full_e, qv_fit = est["full (mixed-bf16)"], fits(est["LoRA r=16 on q,v"], card)
-recipe_batch = int(recipe_table.iloc[0][f"largest batch on the {card.name}"])
+recipe_batch = int(recipe_table.iloc[0][f"largest batch on the {card.name}, for certain"])
+recipe_up_to = int(recipe_table.iloc[0]["may fit up to"])
 tight = full_e.peak_bytes > card.memory_bytes
 ch.seed_claims([
     ("004", "fine-tuning a 7B LLaMA on one card: even 24 GB looks tight",
@@ -531,8 +539,9 @@ ch.seed_claims([
       "holds" if tight else "does not hold"),
      f"full fine-tuning peaks at {full_e.peak_gib:.0f} GiB, {full_e.peak_bytes / card.memory_bytes:.1f}x the "
      f"{card.memory_bytes / GiB:.0f} GiB card; LoRA r=16 on q,v without checkpointing is {qv_fit.margin()} "
-     f"({qv_fit.headroom_bytes / GiB:+.1f} GiB); QLoRA r=16 all-linear with checkpointing fits up to batch "
-     f"{recipe_batch} at {SIZES['seq']:,} tokens (predicted for CUDA)"),
+     f"(device-used margin {qv_fit.margin_bytes / GiB:+.1f} GiB); QLoRA r=16 all-linear with checkpointing fits "
+     f"batch {recipe_batch} for certain and up to {recipe_up_to} at {SIZES['seq']:,} tokens (predicted for CUDA, "
+     "on device-used)"),
 ], columns=["seed", "claim", "verdict", "number (this run)"])
 
 # %%

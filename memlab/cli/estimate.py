@@ -587,21 +587,27 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
     for key in ("max_batch", "max_seq"):
         if key in found:
             r = found[key]
-            print(f"\n{key.replace('_', ' ')} on {r['gpu']}: {r['value']:,} ({r['reason']}; decided on device-used: "
-                  "the peak, never the sum, + the device terms of the verdict)")
+            both = f"{r['value']:,}" if r["up_to"] in (None, r["value"]) else \
+                f"{r['value']:,} for certain, up to {r['up_to']:,}"
+            print(f"\n{key.replace('_', ' ')} on {r['gpu']}: {both} ({r['reason']}; decided on device-used: the peak, "
+                  "never the sum, + the device terms of the verdict, the allocator's reserve from 0 to its bound)")
     if "serving" in found:
         print(f"\nserving on {found['serving_gpu']}: the largest batch per context (generate()'s prefill and decode; "
               "peak, never the sum; decided on device-used, the margin = capacity - its high end)")
-        print(f"  {'context':>9} {'max batch':>9} {'peak GiB':>9} {'at':8} {'KV cache GiB':>12} {'device GiB':>10} "
-              f"{'margin GiB':>10}")
+        print("  'max batch' fits for certain (the allocator's reserve at its bound); up to 'may fit' the reserve "
+              "decides (memlab trace --gpu --max-batch replays it); above it nothing fits")
+        print(f"  {'context':>9} {'max batch':>9} {'may fit':>8} {'peak GiB':>9} {'at':8} {'KV cache GiB':>12} "
+              f"{'device GiB':>10} {'margin GiB':>10}")
         for r in found["serving"]:
-            print(f"  {r['context']:>9,} {r['max_batch']:>9,} {r['peak_bytes'] / GiB:>9.2f} {r['peak_phase']:8} "
+            print(f"  {r['context']:>9,} {r['max_batch']:>9,} {r['max_batch_up_to']:>8,} {r['peak_bytes'] / GiB:>9.2f} "
+                  f"{r['peak_phase']:8} "
                   f"{r['kv_cache_bytes'] / GiB:>12.2f} {r['device_bytes'] / GiB:>10.2f} "
                   f"{r['margin_bytes'] / GiB:>+10.2f}")
     if "levers" in found:
         print(f"\nlevers, ranked by the device-used peak each gives alone (capacity "
               f"{verdict.capacity_bytes / GiB:.2f} GiB; 'peak' = the tensors, 'device' = + the verdict's device "
-              "terms, what fits is decided on):")
+              "terms at their high end, what fits is decided on; 'reserve decides': fits only with a reserve under the "
+              "bound):")
         for r in found["levers"]:
             extra = []
             if r["extra_flops"]:
@@ -609,7 +615,7 @@ def _print_answers(found: dict[str, Any], verdict: Any) -> None:
             if r["host_bytes"]:
                 extra.append(f"host {r['host_bytes'] / GiB:,.2f} GiB pinned")
             print(f"  {r['name']:<52}{r['peak_bytes'] / GiB:>9.2f} GiB  {r['peak_phase']:<15}device "
-                  f"{r['device_bytes'] / GiB:>6.2f} GiB  {'fits' if r['fits'] else 'does not fit':<13}"
+                  f"{r['device_bytes'] / GiB:>6.2f} GiB  {r['word']:<16}"
                   f"margin {r['margin_bytes'] / GiB:+.2f} GiB  {', '.join(extra)}".rstrip())
             print(f"      cost: {r['cost']}")
         fit = found["to_fit"]

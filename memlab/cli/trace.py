@@ -128,15 +128,70 @@ def run(args: argparse.Namespace) -> int:
         from memlab.predict.gpu.alloc_conf import parse_alloc_conf
 
         parse_alloc_conf(alloc_conf_text(args))  # a bad setting is one line before the trace, not after
+    _refuse_formula_searches(args)
     with warnings.catch_warnings(record=True) as caught:
-        result, setup, predicted, extra = _trace(args)
+        result, setup, predicted, extra, trace_at, config = _trace(args)
+        found = _searches(args, setup, config if predicted is not None else None, trace_at)
     for w in caught:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    return print_trace(args, result, setup, predicted, extra=extra)
+    code = print_trace(args, result, setup, predicted, extra={**extra, **found} if args.json else extra)
+    if not args.json:
+        _print_searches(found)
+    return code
 
 
-def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
-    """(trace, setup, formula or None, what --json says about the model) of the command's target."""
+def _refuse_formula_searches(args: argparse.Namespace) -> None:
+    """``--serving`` and ``--levers`` search with the formula (memlab estimate); ``--max-batch`` and
+    ``--longest-seq`` need the card they search against: one line each, before any trace."""
+    formula_only = [flag for key, flag in (("serving", "--serving"), ("levers", "--levers")) if getattr(args, key)]
+    if formula_only:
+        raise MemlabError(f"{', '.join(formula_only)}: memlab estimate answers them with the formula; memlab trace "
+                          "searches --max-batch and --longest-seq by tracing")
+    if (args.max_batch or args.longest_seq) and args.gpu is None:
+        flag = "--max-batch" if args.max_batch else "--longest-seq"
+        raise MemlabError(f"{flag} searches what fits a card: add --gpu NAME (see memlab gpus)")
+
+
+def _searches(args: argparse.Namespace, setup: Any, config: Any, trace_at: Any) -> dict[str, Any]:
+    """``--max-batch`` / ``--longest-seq`` by tracing (:func:`memlab.tracing.fit.traced_search`), between the
+    formula's two ends where the formula answers (``config``: its model, None where it does not); {} when neither
+    is asked."""
+    asked = [(k, f) for k, f, on in (("max_batch", "batch", args.max_batch), ("max_seq", "seq", args.longest_seq))
+             if on]
+    if not asked:
+        return {}
+    from memlab.cli.device_view import card, overheads_of
+    from memlab.predict.fit import max_batch, max_seq
+    from memlab.predict.gpu.alloc_conf import parse_alloc_conf
+    from memlab.tracing.fit import traced_search
+
+    gpu, ov, conf = card(args), overheads_of(args), parse_alloc_conf(alloc_conf_text(args))
+    out: dict[str, Any] = {}
+    for key, field in asked:
+        formula = None
+        limit = None
+        if field == "seq":
+            limit = config.max_seq if config is not None else None
+        if config is not None:
+            search = max_batch if field == "batch" else max_seq
+            formula = search(config, setup, gpu, device=ov)
+        found = traced_search(trace_at, setup, field, gpu, formula=formula, limit=limit, overheads=ov,
+                              alloc_conf=conf, progress=lambda line: print(f"memlab: {line}", file=sys.stderr))
+        out[key] = {**found.to_dict(), "formula": formula.to_dict() if formula is not None else None}
+    return out
+
+
+def _print_searches(found: dict[str, Any]) -> None:
+    """The traced answers, the formula's two ends beside them."""
+    for key, r in found.items():
+        ends = "" if r["formula"] is not None else "; the formula does not cover this setup"
+        print(f"\n{key.replace('_', ' ')} on {r['gpu']} (traced): {r['value']:,} ({r['reason']}{ends})")
+        print(f"  decided on {r['decided_on']}")
+
+
+def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], Any, Any]:
+    """(trace, setup, formula or None, what --json says about the model, a function tracing the same target under
+    another setup, the model's TransformerConfig or None) of the command's target."""
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.versions import unverified_line
 
@@ -160,10 +215,12 @@ def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any]]:
             from memlab.predict import coverage
 
             refused = coverage.refusal(model, setup)
-        return result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused,
-                                                    task=setup.task)
+        return (result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused,
+                                                     task=setup.task),
+                lambda s: trace_config(args, target, s)[0], model)
     from memlab.tracing.gpt import trace_gpt
 
     setup = _setup(args, target)
     result = trace_gpt(target, setup)
-    return result, setup, estimate(target, setup), model_info(target, source="trace")
+    return (result, setup, estimate(target, setup), model_info(target, source="trace"),
+            lambda s: trace_gpt(target, s), target)

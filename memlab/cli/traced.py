@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memlab.cli.device_view import capacity_bytes, given_overheads, peaks, print_peaks
+from memlab.cli.device_view import capacity_bytes, given_overheads, print_peaks
 from memlab.errors import MemlabError
 from memlab.units import byte_unit, fmt_bytes
 
@@ -45,28 +45,37 @@ def alloc_conf_text(args: argparse.Namespace) -> str:
     return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
 
 
-def _replay(args: argparse.Namespace, result: Any) -> dict[str, Any] | None:
-    """With ``--gpu``: the trace's allocations replayed through the caching allocator model on that card's memory
-    (:meth:`memlab.tracing.tracer.Trace.replay`), with the settings of :func:`alloc_conf_text` and with
-    ``expandable_segments:True`` added; None without ``--gpu`` or without a log."""
+def _replay(args: argparse.Namespace, result: Any, setup: Any, predicted: Any) -> tuple[dict[str, Any], Any] | None:
+    """With ``--gpu``: the trace's allocations replayed through the caching allocator model in the room the card
+    leaves it (:func:`memlab.predict.gpu.device.for_trace`: the capacity less the context, NCCL's buffers and the
+    workspaces), with the settings of :func:`alloc_conf_text` and with ``expandable_segments:True`` added; and the
+    device peaks decided on that replay. None without ``--gpu`` or without a log."""
     if args.gpu is None or not result.allocations.events:
         return None
     from dataclasses import asdict, replace
 
+    from memlab.cli.device_view import overheads_of
     from memlab.predict.gpu.alloc_conf import parse_alloc_conf
+    from memlab.predict.gpu.device import allocator_room, for_trace, terms
+
     cap, text = capacity_bytes(args), alloc_conf_text(args)
-    conf = parse_alloc_conf(text)
-    r = result.replay(conf, capacity_bytes=cap)
-    e = result.replay(replace(conf, expandable_segments=True), capacity_bytes=cap)
+    conf, ov = parse_alloc_conf(text), overheads_of(args)
+    grads = predicted.grads_bytes if predicted is not None else 0
+    device, r = for_trace(result, setup, args.gpu, cap, config=conf, grads_bytes=grads, overheads=ov)
+    room = allocator_room(cap, terms(args.gpu, setup, ov, grads))
+    e = result.replay(replace(conf, expandable_segments=True), capacity_bytes=room)
     whole = r if r.fits else result.replay(conf)  # where the card runs out: the reserve the whole step would ask
-    return {"alloc_conf": text, "capacity_bytes": cap, "fits": r.fits, "oom_event": r.oom_event,
-            "uncapped_reserve_bytes": whole.total.reserved_bytes - whole.total.requested_bytes,
-            "oom_request_bytes": r.oom_request_bytes, "total": asdict(r.total),
-            "phases": [{**asdict(p), "reliable": row.reliable} for p, row in zip(r.phases, result.phases, strict=True)],
-            "expandable_reserved_peak_bytes": e.total.reserved_bytes,
-            "expandable_fits": e.fits, "events": len(result.allocations),
-            "source": "a model of PyTorch's CUDA caching allocator (torch 2.13 rules, memlab.predict.gpu) replayed on "
-                      "the traced allocations: not a GPU measurement; before the CUDA context and workspaces"}
+    rep = {"alloc_conf": text, "capacity_bytes": cap, "allocator_room_bytes": room, "fits": r.fits,
+           "oom_event": r.oom_event, "alloc_retries": r.alloc_retries,
+           "uncapped_reserve_bytes": whole.total.reserved_bytes - whole.total.requested_bytes,
+           "oom_request_bytes": r.oom_request_bytes, "total": asdict(r.total),
+           "phases": [{**asdict(p), "reliable": row.reliable} for p, row in zip(r.phases, result.phases, strict=True)],
+           "expandable_reserved_peak_bytes": e.total.reserved_bytes,
+           "expandable_fits": e.fits, "events": len(result.allocations),
+           "source": "a model of PyTorch's CUDA caching allocator (torch 2.13 rules, memlab.predict.gpu) replayed on "
+                     "the traced allocations in the room the card leaves it (capacity - the CUDA context, NCCL's "
+                     "buffers and the workspaces): not a GPU measurement"}
+    return rep, device
 
 
 def _print_replay(rep: dict[str, Any]) -> None:
@@ -87,8 +96,13 @@ def _print_replay(rep: dict[str, Any]) -> None:
           f"blocks), requested {fmt_bytes(t['requested_bytes'], digits=3)} (the trace's peak); largest cached free "
           f"block at the requested peak {fmt_bytes(t['largest_free_bytes'], digits=3)}; with "
           f"expandable_segments:True reserved {fmt_bytes(rep['expandable_reserved_peak_bytes'], digits=3)}")
+    if rep["fits"] and rep["alloc_retries"]:
+        print(f"  on the card the allocator runs out of room {rep['alloc_retries']:,} time(s), frees its cached blocks "
+              "and retries: the step fits, each flush costs time (torch.cuda.memory_stats()['num_alloc_retries'])")
     if not rep["fits"]:
-        print(f"  the replay runs out of the card's {fmt_bytes(rep['capacity_bytes'], digits=3)} at allocation event "
+        print(f"  the replay runs out of the {fmt_bytes(rep['allocator_room_bytes'], digits=3)} the card leaves the "
+              f"allocator ({fmt_bytes(rep['capacity_bytes'], digits=3)} less the context, NCCL and workspaces) at "
+              "allocation event "
               f"{rep['oom_event']:,} ({fmt_bytes(rep['oom_request_bytes'], digits=3)} requested), after releasing "
               "its cached blocks" + ("; with expandable_segments:True it fits" if rep["expandable_fits"] else ""))
 
@@ -143,8 +157,8 @@ def print_trace(args: argparse.Namespace, result: Any, setup: Any, predicted: An
                         capacity_bytes(args))
                if args.gpu is not None
                else None)
-    rep = _replay(args, result) if verdict is not None else None
-    device = _device(args, result, setup, predicted, rep) if verdict is not None else None
+    replayed = _replay(args, result, setup, predicted) if verdict is not None else None
+    rep, device = replayed if replayed is not None else (None, None)
     if args.json:
         return _print_json(args, result, predicted, extra, verdict, rep, device)
     unit, size = byte_unit(result.peak_bytes)
@@ -204,19 +218,6 @@ def refuse_overheads_without_gpu(args: argparse.Namespace) -> None:
     if given and args.gpu is None:
         raise MemlabError(f"{', '.join(given)}: a trace uses them in the --gpu verdict (device-used peak): give "
                           "--gpu NAME too, or drop them")
-
-
-def _device(args: argparse.Namespace, result: Any, setup: Any, predicted: Any, rep: dict[str, Any] | None) -> Any:
-    """The device peaks of a trace: its peak, the replayed reserve (the whole step's where the card runs out),
-    the terms outside the allocator; DDP's buckets from the formula's gradients where it answers."""
-    if rep is None:
-        return None
-    rounding = rep["total"]["active_bytes"] - rep["total"]["requested_bytes"]
-    reserve = rep["uncapped_reserve_bytes"] - rounding
-    grads = predicted.grads_bytes if predicted is not None else 0
-    return peaks(args, setup, result.peak_bytes, grads, (reserve, reserve),
-                 "replayed: the caching allocator model on the traced allocations (peak reserved - peak allocated "
-                 "over the step)", rounding)
 
 
 def _print_verdict(verdict: dict[str, Any], rep: dict[str, Any] | None, device: Any = None) -> None:

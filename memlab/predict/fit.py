@@ -123,9 +123,16 @@ class FitVerdict:
 
 @dataclass(frozen=True)
 class FitSearch:
-    """Result of :func:`max_batch` / :func:`max_seq`: the largest ``value`` of ``field`` whose device-used peak
-    fits (0 if none). At that value (or at 1 when nothing fits): ``total_bytes`` the tensor peak (allocated-only),
-    ``device_bytes`` device-used's high end, ``margin_bytes`` capacity - device_bytes."""
+    """Result of :func:`max_batch` / :func:`max_seq`: the largest ``value`` of ``field`` that fits, from both ends of
+    device-used's range (0 if none).
+
+    ``value`` fits **for certain** as the formula models the device: device-used's high end (the allocator's
+    reserve at its bound, :func:`memlab.predict.gpu.device.reserve_bound`, the CUDA context's documented high end)
+    is under the capacity, as ``memlab estimate --gpu`` says FITS. ``up_to`` is the largest whose **low** end fits
+    (no reserve, the context's low end): above it nothing fits, and between the two the caching allocator's reserve
+    decides, which the formula bounds but does not give (``memlab trace --gpu --max-batch`` replays it,
+    :func:`memlab.tracing.fit.traced_search`). At ``value`` (or at 1 when nothing fits): ``total_bytes`` the tensor
+    peak (allocated-only), ``device_bytes`` device-used's high end, ``margin_bytes`` capacity - device_bytes."""
 
     field: str
     value: int
@@ -136,6 +143,21 @@ class FitSearch:
     device_bytes: int | None = None
     margin_bytes: int | None = None
     decided_on: str = DECIDED_ON
+    up_to: int | None = None
+    """The largest value whose device-used low end fits (>= ``value``; None where not searched)."""
+    tried: tuple[tuple[int, int, int, bool], ...] = ()
+    """A traced search's candidates in value order: (value, traced tensor peak, device-used's high end, fits)."""
+
+    @property
+    def settled(self) -> bool:
+        """Whether the two ends agree (no value is left to the allocator's reserve)."""
+        return self.up_to is None or self.up_to == self.value
+
+    def words(self) -> str:
+        """The answer in a phrase: ``9`` where settled, else ``9 for certain, up to 19``."""
+        if self.settled:
+            return f"{self.value:,}"
+        return f"{self.value:,} for certain, up to {self.up_to:,}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields."""
@@ -175,7 +197,7 @@ def device_peaks_of(bd: MemoryBreakdown, key: str, capacity_bytes: int, device: 
     return for_estimate(bd, SimpleNamespace(**bd.setup), key, capacity_bytes, device)
 
 
-def _capacity(gpu: Any) -> tuple[str, str, int]:
+def card_capacity(gpu: Any) -> tuple[str, str, int]:
     """(key, name, memory bytes) of a GPU name, an ``Accelerator`` row, or the DeviceInfo of
     ``memlab.measure.machine.detect()``. A memory that is not a whole number of bytes >= 1 (zero, negative, a
     float) is a :class:`SetupError`: no step fits in it, and a verdict against it would be meaningless."""
@@ -213,7 +235,7 @@ def fits(what: MemoryBreakdown | TransformerConfig | int, gpu: Any, setup: Setup
     (``paged_bytes``) are not in the peak: torch's allocator never sees them, and where they do not fit beside it
     the driver pages them to host RAM (:meth:`FitVerdict.paged_note` says which).
     """
-    key, name, cap = _capacity(gpu)
+    key, name, cap = card_capacity(gpu)
     ov = on_device(gpu, device_overheads(what if isinstance(what, MemoryBreakdown) else None, overheads, device))
     if not isinstance(what, MemoryBreakdown):
         if setup is None:
@@ -232,36 +254,71 @@ def _search(config: TransformerConfig, setup: Setup, gpu: Any, field: str, limit
         raise SetupError(f"setup must be a memlab.predict.spec.setup.Setup, got {type(setup).__name__}")
     hi = LIMITS[field].max
     check_int("limit", limit, hi=hi, why=f"Setup's bound on {field}", err=SetupError)
-    key, _, cap = _capacity(gpu)
+    key, _, cap = card_capacity(gpu)
     ov = on_device(gpu, device_overheads(None, overheads, device))
+    seen: dict[int, tuple[int, DevicePeaks]] = {}
 
     def at(v: int) -> tuple[int, DevicePeaks]:
-        bd = estimate(config, setup.with_(**{field: v}), overheads=overheads)
-        return bd.peak_bytes, device_peaks_of(bd, key, cap, ov)
+        if v not in seen:
+            bd = estimate(config, setup.with_(**{field: v}), overheads=overheads)
+            seen[v] = bd.peak_bytes, device_peaks_of(bd, key, cap, ov)
+        return seen[v]
 
-    def found(v: int, reason: str, tensors: int, p: DevicePeaks) -> FitSearch:
-        return FitSearch(field, v, reason, tensors, cap, key, p.device_high_bytes, p.margin_bytes)
+    certain = largest_fitting(lambda v: at(v)[1].device_high_bytes <= cap, limit)
+    up_to = largest_fitting(lambda v: at(v)[1].device_low_bytes <= cap, limit, start=max(certain, 1))
+    tensors, p = at(max(certain, 1))
+    return FitSearch(field, certain, _search_reason(field, certain, up_to, limit, at, cap, key), tensors, cap, key,
+                     p.device_high_bytes, p.margin_bytes, up_to=up_to)
 
-    first = at(1)
-    if not first[1].fits:
-        p = first[1]
-        return found(0, f"even {field}=1 needs device-used {p.device_high_bytes / GiB:.2f} GiB > {cap / GiB:.2f} "
-                     f"GiB on {key}: margin {p.margin_bytes / GiB:+.2f} GiB (tensors {first[0] / GiB:.2f} GiB)",
-                     *first)
-    top = at(limit)
-    if top[1].fits:
-        return found(limit, f"{field}={limit} (the search limit) fits: {_used(top[1])}", *top)
-    lo, hi = 1, limit  # at(lo) fits, at(hi) does not; every term is non-decreasing in batch and seq
+
+def largest_fitting(fits_at: Any, limit: int, *, start: int = 1) -> int:
+    """The largest ``v`` in ``start``..``limit`` with ``fits_at(v)`` (0 when even ``start`` does not fit), by
+    bisection: ``fits_at`` must be monotone (true up to a value, false above it), as every device-used end is in
+    batch and sequence. ``start`` (>= 1) is a value known or assumed to fit."""
+    if not fits_at(start):
+        return 0
+    if fits_at(limit):
+        return limit
+    lo, hi = start, limit  # fits at lo, not at hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid)[1].fits else (lo, mid)
-    best, over = at(lo), at(hi)
-    return found(lo, f"{field}={lo} fits: {_used(best[1])}; {field}={hi} does not: {_used(over[1])}", *best)
+        lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+    return lo
 
 
 def _used(p: DevicePeaks) -> str:
     """device-used's high end and the margin, in words (GiB)."""
     return f"device-used {p.device_high_bytes / GiB:.2f} GiB, margin {p.margin_bytes / GiB:+.2f} GiB"
+
+
+_FLAG = {"batch": "--max-batch", "seq": "--longest-seq"}
+"""The command-line option of each search."""
+
+
+def _search_reason(field: str, certain: int, up_to: int, limit: int, at: Any, cap: int, key: str) -> str:
+    """Why the search stopped where it did, both ends in words."""
+    if up_to == 0:
+        tensors, p = at(1)
+        return (f"even {field}=1 needs device-used {p.device_low_bytes / GiB:.2f} GiB > {cap / GiB:.2f} GiB on {key} "
+                f"with no allocator reserve (tensors {tensors / GiB:.2f} GiB)")
+    parts = []
+    if certain:
+        parts.append(f"{field}={certain} fits for certain: {_used(at(certain)[1])}")
+    else:
+        p = at(1)[1]
+        parts.append(f"no {field} fits for certain: {field}=1 needs device-used up to {p.device_high_bytes / GiB:.2f} "
+                     f"GiB, margin {p.margin_bytes / GiB:+.2f} GiB")
+    if up_to > certain:
+        span = f"{field}={certain + 1}" + (f"..{up_to} fit" if up_to > certain + 1 else " fits")
+        parts.append(f"{span} only if the caching allocator's reserve stays under the margin (the formula bounds "
+                     f"it; memlab trace --gpu {_FLAG[field]} replays it)")
+    if up_to < limit:
+        low = at(up_to + 1)[1].device_low_bytes
+        parts.append(f"{field}={up_to + 1} does not fit: device-used at least {low / GiB:.2f} GiB > "
+                     f"{cap / GiB:.2f} GiB")
+    else:
+        parts.append(f"{limit} is the search limit")
+    return "; ".join(parts)
 
 
 def max_batch(config: TransformerConfig, setup: Setup, gpu: Any, *, limit: int = 1 << 16,
@@ -283,11 +340,13 @@ def serving_table(config: TransformerConfig, setup: Setup, gpu: Any, contexts: t
                   device: DeviceOverheads | None = None) -> list[dict[str, Any]]:
     """The serving search: for each context length in ``contexts`` (tokens per sequence, prompt + generated), the
     largest batch of sequences whose predicted device-used peak fits ``gpu`` (:func:`max_batch` at ``seq`` =
-    context), with the tensor peak and the phase it falls in at that batch. ``setup`` must be an inference setup
-    (its weights, KV dtype, cache kind, kept logits and attention kernel); ``limit`` caps the search (a batch of
-    4096 sequences is beyond what any engine schedules at once). Rows: ``context``, ``max_batch``, ``peak_bytes``
-    (tensors), ``peak_phase``, ``kv_cache_bytes`` at that batch, ``device_bytes`` (device-used's high end),
-    ``margin_bytes`` (capacity - device_bytes), ``reason``."""
+    context; ``max_batch`` fits for certain, ``max_batch_up_to`` where device-used's low end stops fitting, as
+    :class:`FitSearch` says), with the tensor peak and the phase it falls in at that batch. ``setup`` must be an
+    inference setup (its weights, KV dtype, cache kind, kept logits and attention kernel); ``limit`` caps the
+    search (a batch of 4096 sequences is beyond what any engine schedules at once). Rows: ``context``,
+    ``max_batch``, ``max_batch_up_to``, ``peak_bytes`` (tensors), ``peak_phase``, ``kv_cache_bytes`` at that batch,
+    ``device_bytes`` (device-used's high end at ``max_batch``), ``margin_bytes`` (capacity - device_bytes),
+    ``reason``."""
     if not isinstance(setup, Setup) or setup.mode != "inference":
         raise SetupError("serving_table searches inference setups: pass a Setup with mode='inference'")
     rows = []
@@ -295,7 +354,8 @@ def serving_table(config: TransformerConfig, setup: Setup, gpu: Any, contexts: t
         at = setup.with_(seq=context)  # a bad context is one SetupError line here
         found = max_batch(config, at, gpu, limit=limit, overheads=overheads, device=device)
         bd = estimate(config, at.with_(batch=max(found.value, 1)), overheads=overheads)
-        rows.append({"context": context, "max_batch": found.value, "peak_bytes": bd.peak_bytes,
+        rows.append({"context": context, "max_batch": found.value, "max_batch_up_to": found.up_to,
+                     "peak_bytes": bd.peak_bytes,
                      "peak_phase": bd.peak_phase, "kv_cache_bytes": bd.kv_cache_bytes if found.value else 0,
                      "device_bytes": found.device_bytes, "margin_bytes": found.margin_bytes,
                      "reason": found.reason})
@@ -412,10 +472,22 @@ class LeverResult:
     cost: str
     device_bytes: int = 0
     margin_bytes: int = 0
+    device_low_bytes: int = 0
+    """device-used's low end (no allocator reserve, the context's low end): above the capacity, it does not fit."""
+
+    @property
+    def may_fit(self) -> bool:
+        """Whether device-used's low end fits: True where :attr:`fits` is, and where the allocator's reserve
+        decides."""
+        return self.device_low_bytes <= self.device_bytes + self.margin_bytes  # the capacity
+
+    def word(self) -> str:
+        """``fits`` (for certain), ``reserve decides`` (only the low end fits) or ``does not fit``."""
+        return "fits" if self.fits else "reserve decides" if self.may_fit else "does not fit"
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of the fields."""
-        return asdict(self)
+        """Plain dict of the fields and :meth:`word`."""
+        return {**asdict(self), "word": self.word()}
 
 
 def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int = 8,
@@ -434,7 +506,7 @@ def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int
     if not isinstance(setup, Setup) or setup.mode != "train":
         raise SetupError("levers rank ways to fit a training step: pass a Setup with mode='train'")
     check_int("world_size", world_size, hi=LIMITS["ranks"].max, why=LIMITS["ranks"].why, err=SetupError)
-    key, _, cap = _capacity(gpu)
+    key, _, cap = card_capacity(gpu)
     ov = on_device(gpu, device_overheads(None, overheads, device))
     base = estimate(config, setup, overheads=overheads)
 
@@ -459,7 +531,7 @@ def levers(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size: int
         p = device_peaks_of(bd, key, cap, ov)
         out.append(LeverResult(name, {k: getattr(changed, k) for k, _ in lever.changes}, bd.peak_bytes,
                                bd.peak_phase, p.fits, base.peak_bytes - bd.peak_bytes, extra, bd.host_bytes,
-                               lever.cost, p.device_high_bytes, p.margin_bytes))
+                               lever.cost, p.device_high_bytes, p.margin_bytes, p.device_low_bytes))
     return sorted(out, key=lambda r: (r.device_bytes, r.peak_bytes, r.name))
 
 
@@ -471,7 +543,7 @@ def plan_to_fit(config: TransformerConfig, setup: Setup, gpu: Any, *, world_size
     (:func:`levers`), until it fits ``gpu`` (as :func:`fits` decides) or no lever lowers it. Returns (lever names
     in order, the setup, its tensor peak bytes; :func:`fits` on that setup gives its device-used peak and margin).
     Levers named in ``exclude`` (by default the one that changes the objective) are not chosen."""
-    key, _, cap = _capacity(gpu)
+    key, _, cap = card_capacity(gpu)
     ov = on_device(gpu, device_overheads(None, overheads, device))
     chosen: list[str] = []
     bd = estimate(config, setup, overheads=overheads)

@@ -12,6 +12,8 @@
 - ``context_parallel``: ring attention written on point-to-point ops (torch's CP refuses the CPU kernel), any rank.
 - ``experts``: expert parallelism (experts split over ranks, all_to_all_single dispatch and combine) on that fake
   group, rank 0 traced.
+- ``fit``: :func:`memlab.tracing.fit.traced_search`, the largest batch or sequence that fits a card, each candidate
+  traced and its allocations replayed through the caching allocator model (between the formula's two ends).
 - ``peer``: torchtitan's memory-estimation protocol (FSDPMemTracker, its FSDP2 plan) on the reference GPT.
 - ``arguments``: the traces' argument checks (functions, what they return, setup and device type): one SetupError.
 

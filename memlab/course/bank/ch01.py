@@ -24,9 +24,15 @@ def _sample_fit() -> dict[str, Any]:
 
 
 def _largest_batch(model: Any, setup: Any, card: Any) -> int:
-    from memlab.predict.fit import max_batch
+    """memlab's fit search on the chapter's card: a budget (key ``budget``) caps the step's tensors, so it decides
+    on them alone (``ALLOCATED_ONLY``); a card emulated with ``set_per_process_memory_fraction`` caps the
+    allocator's reserved bytes, so the reserve and workspaces count and the CUDA context does not. The value that
+    fits for certain."""
+    from memlab.predict.fit import ALLOCATED_ONLY, max_batch
+    from memlab.predict.gpu.device import DeviceOverheads
 
-    return max_batch(model, setup, card).value
+    terms = ALLOCATED_ONLY if card.key == "budget" else DeviceOverheads(cuda_context_bytes=0)
+    return max_batch(model, setup, card, device=terms).value
 
 
 def _largest_by_sum(model: Any, setup: Any, card: Any) -> int:

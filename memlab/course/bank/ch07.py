@@ -27,9 +27,10 @@ def _scores(batch: int, seq: int) -> float:
 
 
 def _eager_max_seq(setup: Any, card: str) -> int:
-    from memlab.predict.fit import max_seq
+    """The longest sequence whose tensor peak fits the card (allocated only: the device's terms come after)."""
+    from memlab.predict.fit import ALLOCATED_ONLY, max_seq
 
-    return max_seq(_llama(), setup, card, limit=1 << 17).value
+    return max_seq(_llama(), setup, card, limit=1 << 17, device=ALLOCATED_ONLY).value
 
 
 def _capacity_gib(card: str) -> float:
@@ -82,12 +83,14 @@ EXERCISES = (
                    "batch (one matrix per sequence, 4 of them)."},
     ),
     Numeric(
-        "07.eager-max-seq", "Longest sequence the estimator's fit search (max_seq) admits, eager attention",
+        "07.eager-max-seq",
+        "Longest sequence whose tensors the estimator's fit search (max_seq, ALLOCATED_ONLY) admits, eager attention",
         reference=_eager_max_seq, unit="", rtol=0.1,
         hint="model states are 16 B/param / 8 ranks; activations grow with s (linear terms) and s² (the "
              "probabilities): the card holds what is left after the states",
         why=lambda setup, card: (
-            f"max_seq answers {_eager_max_seq(setup, card):,} tokens against the {_capacity_gib(card):.0f} GiB of "
+            f"max_seq(..., device=ALLOCATED_ONLY) answers {_eager_max_seq(setup, card):,} tokens against the "
+            f"{_capacity_gib(card):.0f} GiB of "
             f"memlab's {card} row. It is "
             "the estimator's answer: the trace below runs the real step there, and FSDP2's gathered parameters and "
             "buffers, which the estimate counts only with Overheads(gathered_layers=...), can put it over the card."),

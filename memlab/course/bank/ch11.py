@@ -36,9 +36,10 @@ def _sample_families() -> dict[str, Any]:
 
 
 def _largest_batch(model: Any, setup: Any, card: str) -> int:
-    from memlab.predict.fit import max_batch
+    """The largest batch whose tensor peak fits the card (allocated only: the device's terms come after)."""
+    from memlab.predict.fit import ALLOCATED_ONLY, max_batch
 
-    return max_batch(model, setup, card).value
+    return max_batch(model, setup, card, device=ALLOCATED_ONLY).value
 
 
 def _by_decimal_gb(model: Any, setup: Any, card: str) -> int:
@@ -150,14 +151,16 @@ EXERCISES = (
         sample=_sample_families,
     ),
     Numeric(
-        "11.pythia-4090-batch", "Largest micro-batch of Pythia-1.4B (pure bf16, SDPA, 2,048 tokens) on an RTX 4090",
+        "11.pythia-4090-batch",
+        "Largest micro-batch of Pythia-1.4B (pure bf16, SDPA, 2,048 tokens) whose tensors fit an RTX 4090",
         reference=_largest_batch, unit="", rtol=0.01,
         hint="model states are 8 B/param in pure bf16 with Adam; divide what is left of the card's "
              "gpu('rtx-4090').memory_bytes (memlab's table reads its '24 GB' as 24 GiB) by the peak bytes one more "
-             "sequence adds, or call max_batch(config, setup, 'rtx-4090')",
+             "sequence adds, or call max_batch(config, setup, 'rtx-4090', device=ALLOCATED_ONLY)",
         why=lambda model, setup, card: (
-            f"batch {_largest_batch(model, setup, card)} is the largest whose phase-aware peak fits the card's "
-            "memory_bytes; the trace below checks it and the next batch."),
+            f"batch {_largest_batch(model, setup, card)} is the largest whose phase-aware tensor peak fits the card's "
+            "memory_bytes; what the device adds (context, workspaces, the allocator's reserve) comes below, and the "
+            "trace's replay settles it."),
         diagnoses={_by_decimal_gb: "That reads the card as 24 × 10^9 bytes; memlab's table stores 24 GiB "
                                    "(24 × 2^30), as the card reports.",
                    When(lambda v: v != round(v)): "A batch is a whole number of sequences."},

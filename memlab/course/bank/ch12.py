@@ -70,18 +70,19 @@ def _no_dq_bits() -> float:
 
 def _recipe_max_batch(recompute: str = "full", attention: str = "auto") -> float:
     """The largest micro-batch of chapter 12's QLoRA recipe (Llama-2-7B, r=16 on every linear layer, bf16, seq 2048,
-    the library's attention on the card) whose predicted peak fits a 24 GB RTX 4090
-    (:func:`memlab.predict.fit.max_batch`)."""
+    the library's attention on the card) whose predicted tensor peak fits a 24 GB RTX 4090
+    (:func:`memlab.predict.fit.max_batch` with ``ALLOCATED_ONLY``: the device's terms come after)."""
     from memlab.course.hf_configs import load_config
     from memlab.predict.families.reader import from_hf
-    from memlab.predict.fit import max_batch
+    from memlab.predict.fit import ALLOCATED_ONLY, max_batch
     from memlab.predict.spec.kernels import resolved
     from memlab.predict.spec.setup import Setup
 
     cfg = from_hf(load_config("llama-2-7b", "full"))
     setup = Setup(seq=2048, precision="bf16", finetune="qlora", lora_rank=16, lora_targets="all-linear",
                   recompute=recompute, grad_accum_steps=4, attention=attention)
-    return float(max_batch(cfg, resolved(cfg, setup, device_type="cuda", gpu="rtx-4090")[0], "rtx-4090").value)
+    return float(max_batch(cfg, resolved(cfg, setup, device_type="cuda", gpu="rtx-4090")[0], "rtx-4090",
+                           device=ALLOCATED_ONLY).value)
 
 
 def _sample_tiny() -> dict[str, Any]:
@@ -133,12 +134,13 @@ EXERCISES = (
     ),
     Numeric(
         "12.recipe-max-batch", "Largest micro-batch of the QLoRA recipe (r=16 all-linear, checkpointing, bf16, seq "
-                               "2048, the library's attention) that fits a 24 GB RTX 4090",
+                               "2048, the library's attention) whose tensors fit a 24 GB RTX 4090",
         reference=_recipe_max_batch, unit="", rtol=0.01,  # an integer: 1 % takes only the answer
         hint="under checkpointing each block keeps only its input (b x s x h in bf16); one block is recomputed at a "
              "time; the base is 4-bit and only the fp32 adapters have gradients and Adam moments",
-        why=lambda: (f"memlab.predict.fit.max_batch: {_recipe_max_batch():.0f} sequences of 2048 tokens (live "
-                     "tensors; the CUDA context and the allocator's reserve come on top). Without checkpointing "
+        why=lambda: (f"memlab.predict.fit.max_batch(..., device=ALLOCATED_ONLY): {_recipe_max_batch():.0f} "
+                     "sequences of 2048 tokens (live tensors; the CUDA context, workspaces and the allocator's "
+                     "reserve come on top: the recipe table's two ends). Without checkpointing "
                      f"{_recipe_max_batch('none'):.0f}; under eager attention "
                      f"{_recipe_max_batch(attention='eager'):.0f}."),
         diagnoses={lambda: _recipe_max_batch("none"): "That is without gradient checkpointing: every block's "

@@ -20,7 +20,7 @@ is defined, and in memlab/SOURCES.md). Pure Python, no torch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from memlab.errors import SetupError
@@ -299,3 +299,33 @@ def for_replay(tensors_bytes: int, replay: Any, setup: Any, gpu_key: str, capaci
            "the step)" if ov.reserve_bytes is None else "given")
     extra = ([rounding_term(rounding)] if rounding else []) + terms(gpu_key, setup, ov, grads_bytes)
     return device_peaks(tensors_bytes, (reserve, reserve), capacity_bytes, extra, src, ov.reserve_fraction)
+
+
+def allocator_room(capacity_bytes: int, extra: list[Term]) -> int:
+    """The bytes the caching allocator can cudaMalloc on a card of ``capacity_bytes``: the capacity less what lives
+    outside it (the context, NCCL's buffers: their high ends) and less the allocator-managed blocks a traced log
+    does not hold (cuBLAS workspaces, DDP's buckets: :func:`terms`' ``allocated`` layer). Never below 0."""
+    held = sum(t.high for t in extra if t.layer in ("device", "allocated"))
+    return max(0, capacity_bytes - held)
+
+
+def for_trace(trace: Any, setup: Any, gpu_key: str, capacity_bytes: int, *, config: Any = None,
+              grads_bytes: int = 0, overheads: DeviceOverheads | None = None) -> tuple[DevicePeaks, Any]:
+    """The device peaks of a traced step on a card, decided as the allocator decides: the trace's allocations
+    replayed (``trace.replay(config, capacity_bytes=...)``, :mod:`memlab.predict.gpu.replay`) with the room the
+    card leaves it (:func:`allocator_room`), so that where the whole step's reserve would pass the card the
+    allocator frees its cached blocks and retries, as ``DeviceCachingAllocator::malloc`` does
+    [pytorch-caching-allocator]. Where even that runs out, the reserve is the whole step's (an uncapped replay), so
+    device-used is above the capacity and the step does not fit. Returns (peaks, the replay on the card: its
+    ``alloc_retries`` are the cache flushes a fitting step pays, its ``oom_event`` where it runs out)."""
+    ov = overheads or DeviceOverheads()
+    extra = terms(gpu_key, setup, ov, grads_bytes)
+    on_card = trace.replay(config, capacity_bytes=allocator_room(capacity_bytes, extra))
+    whole = on_card if on_card.fits else trace.replay(config)
+    src = ("replayed: the caching allocator model on the traced allocations, in the room the card leaves it "
+           "(peak reserved - peak allocated over the step)" + (
+               f"; it frees its cache and retries {on_card.alloc_retries} time(s) to fit" if on_card.fits
+               and on_card.alloc_retries else "" if on_card.fits else "; it runs out even after freeing its cache"))
+    p = for_replay(trace.peak_bytes, whole, setup, gpu_key, capacity_bytes, grads_bytes=grads_bytes, overheads=ov)
+    return replace(p, reserve_source=src if ov.reserve_bytes is None and ov.reserve_fraction is None
+                   else p.reserve_source), on_card
