@@ -21,7 +21,7 @@ def _calls() -> list[str]:
 def test_the_session_script_parses_records_the_allocator_first_and_calls_only_what_exists() -> None:
     assert subprocess.run(["bash", "-n", str(SESSION)], capture_output=True).returncode == 0
     calls = _calls()
-    assert calls[0] == "scripts/record_allocator_snapshot.py", calls
+    assert calls[:2] == ["scripts/record_allocator_snapshot.py", "scripts/record_max_batch.py"], calls
     for call in calls:
         assert call in ("pytest", "memlab.course.report") or (ROOT / call).is_file(), call
 
@@ -51,3 +51,29 @@ def test_every_wheel_the_session_carries_is_pinned_in_the_lock() -> None:
     lock = (ROOT / "requirements.lock").read_text().lower()
     assert names and all(re.search(rf"^{re.escape(n)}==", lock, re.M) for n in names), names
     assert "carry" in text and ".whl" in (ROOT / ".gitignore").read_text()
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_max_batch_recording_dry_runs_on_a_cpu_and_refuses_without_a_gpu(tmp_path: Path, capsys) -> None:
+    """memlab's side (the formula's two ends, the traced search in the cap) and the bisection's plumbing on a CPU;
+    without --dry-run on a CPU, one line and exit 2."""
+    record = _script("record_max_batch")
+    assert record.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "max_batch.json").read_text())
+    assert "dry run" in data["provenance"]["kind"] and len(data["rows"]) == 1
+    row = data["rows"][0]
+    m = row["memlab"]
+    assert m["formula_certain"] <= m["traced"] <= m["formula_up_to"] and row["measured"] is None
+    assert row["plumbing"]["max_batch"] == 3  # the stand-in accepts batches up to 3
+    capsys.readouterr()
+    assert record.main(["--out", str(tmp_path / "gpu")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "never recorded on a CPU" in err
