@@ -105,25 +105,25 @@ def test_the_allocators_room_is_the_card_less_what_lives_outside_it() -> None:
 def test_the_traced_search_is_the_brute_force_answer_inside_the_formulas_ends() -> None:
     ov = DeviceOverheads(cuda_context_bytes=0, workspace_bytes=0)
     setup = TRAIN
-    setup = setup.with_(seq=32)
-    traces = {b: trace_gpt(TINY, setup.with_(batch=b)) for b in range(1, 9)}
+    setup = setup.with_(seq=16)
+    traces = {b: trace_gpt(TINY, setup.with_(batch=b)) for b in range(1, 7)}
     devices = {b: for_trace(t, setup.with_(batch=b), "rtx-4090", 1, overheads=ov)[0] for b, t in traces.items()}
-    cap = (devices[5].device_high_bytes + devices[6].device_high_bytes) // 2
+    cap = (devices[3].device_high_bytes + devices[4].device_high_bytes) // 2
     card = _card(cap)
-    formula = max_batch(TINY, setup, card, device=ov, limit=8)
+    formula = max_batch(TINY, setup, card, device=ov, limit=6)
     calls: list[int] = []
 
     def trace_at(s: Setup):
         calls.append(s.batch)
         return traces[s.batch]
 
-    found = traced_search(trace_at, setup, "batch", card, formula=formula, limit=8, overheads=ov)
+    found = traced_search(trace_at, setup, "batch", card, formula=formula, limit=6, overheads=ov)
     brute = max(b for b in traces if for_trace(traces[b], setup.with_(batch=b), "rtx-4090", cap,
                                                overheads=ov)[0].fits)
     assert found.value == brute and found.settled and found.decided_on == DECIDED_ON_TRACE
     assert formula.value <= found.value <= formula.up_to
     assert len(set(calls)) <= 5 and found.margin_bytes >= 0
-    alone = traced_search(trace_at, setup, "batch", card, limit=8, overheads=ov)  # no formula: double, bisect
+    alone = traced_search(trace_at, setup, "batch", card, limit=6, overheads=ov)  # no formula: double, bisect
     assert alone.value == brute
 
 
@@ -135,8 +135,8 @@ def test_fits_agrees_with_the_formula_search_at_its_certain_end() -> None:
 
 
 def test_memlab_trace_searches_by_tracing(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["trace", "tiny-gpt", "--batch", "2", "--seq", "32", "--gpu", "rtx-4090", "--gpu-memory-gib", "0.48",
-            "--max-batch", "--json"]
+    argv = ["trace", "tiny-gpt", "--batch", "2", "--seq", "16", "--gpu", "rtx-4090", "--gpu-memory-gib", "0.02",
+            "--cuda-context-mib", "0", "--workspace-mib", "0", "--max-batch", "--json"]
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     r = out["max_batch"]

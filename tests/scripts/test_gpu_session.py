@@ -26,7 +26,7 @@ def test_the_session_script_parses_records_the_allocator_first_and_calls_only_wh
         assert call in ("pytest", "memlab.course.report") or (ROOT / call).is_file(), call
 
 
-def test_the_allocator_recording_dry_runs_on_a_cpu_and_refuses_without_a_gpu(tmp_path: Path) -> None:
+def test_the_allocator_recording_dry_runs_on_a_cpu(tmp_path: Path) -> None:
     script = str(ROOT / "scripts" / "record_allocator_snapshot.py")
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, script, "--dry-run", "--out", str(tmp_path)], capture_output=True,
@@ -38,9 +38,13 @@ def test_the_allocator_recording_dry_runs_on_a_cpu_and_refuses_without_a_gpu(tmp
         assert "error" not in row, row
         m = row["model_of_the_trace"]
         assert m["reserved_peak_bytes"] >= m["allocated_peak_bytes"] >= m["requested_peak_bytes"] > 0
-    proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "gpu")], capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "never recorded on a CPU" in proc.stderr
+
+
+
+def test_the_allocator_recording_refuses_without_a_gpu_in_one_line(tmp_path: Path, capsys) -> None:
+    assert _script("record_allocator_snapshot").main(["--out", str(tmp_path / "gpu")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "never recorded on a CPU" in err
 
 
 def test_every_wheel_the_session_carries_is_pinned_in_the_lock() -> None:
