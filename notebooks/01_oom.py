@@ -57,7 +57,7 @@ from memlab import (
     trace_gpt,
 )
 from memlab.compare import plots
-from memlab.compare.published import KIND_WORDS
+from memlab.compare.published import KIND_WORDS, snapshot_checks
 from memlab.labs import allocator, oom
 from memlab.model.step import build_training, token_batch, train_step
 from memlab.predict.fit import ALLOCATED_ONLY
@@ -478,6 +478,33 @@ display(Markdown(
       f"{100 * (steady.reserved_bytes / steady.requested_bytes - 1):.0f} % above the requested peak. The rest is "
       "named, not fitted: those runs are FSDP2 over 8 GPUs (communication buffers, reduce-scatter outputs) and "
       "some use torch.compile or Float8, none of which this single-GPU eager trace replays."))
+
+# %% [markdown]
+# **Is the model of the allocator right? Real GPUs' snapshots.** Others have published allocator snapshots
+# (`torch.cuda.memory._snapshot()`) recorded on their GPUs: a fine-tuning course, Stanford CS336 students profiling a
+# Transformer LM, a research script. Each history is replayed through memlab's model from the segments the
+# allocator already held when recording began; the model must make the segments the GPU made, in the same order,
+# and end with the GPU's layout and reserved bytes. Published GPU data, replayed here; `data/published/README.md`
+# cites each file at its commit.
+
+# %%
+snapshots = pd.DataFrame(snapshot_checks())
+snapshots.assign(**{"reserved at the end, GPU (MiB)": snapshots["gpu_reserved_bytes"] / MiB,
+                    "model (MiB)": snapshots["model_reserved_bytes"] / MiB,
+                    "model vs GPU (%)": 100 * snapshots["reserved_error"],
+                    "segments made, GPU / model": [f"{g} / {m}" for g, m in zip(
+                        snapshots["gpu_segments_made"], snapshots["model_segments_made"], strict=True)]})[
+    ["snapshot", "events", "segments made, GPU / model", "segments_match", "layout_match",
+     "reserved at the end, GPU (MiB)", "model (MiB)", "model vs GPU (%)"]].round(2)
+
+# %%
+exact = snapshots[snapshots["segments_match"] & snapshots["layout_match"]]
+display(Markdown(
+    f"In {len(exact)} of {len(snapshots)} published snapshots the model makes the GPU's segments in order and ends "
+    "with its layout and reserved bytes exactly. The others miss by at most "
+    f"{100 * snapshots['reserved_error'].abs().max():.2f} % of the reserved bytes, and each miss has a reason: "
+    "blocks allocated before recording and freed during it, whose places the snapshot does not record, or a torch "
+    "version the snapshot does not name."))
 
 # %% [markdown]
 # **Got an OOM? Read these, in this order.** The message (section 1), then `torch.cuda.memory_stats()` at the

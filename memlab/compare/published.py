@@ -249,3 +249,35 @@ def to_frame(rows: tuple[PublishedRow, ...] | None = None) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame([r.to_dict() for r in (published_rows() if rows is None else rows)], columns=list(COLUMNS))
+
+
+SNAPSHOTS_DIR = PUBLISHED_CSV.parent / "allocator_snapshots"
+"""Allocator snapshots others recorded on real GPUs, reduced (``scripts/reduce_snapshot.py``); its README says more."""
+
+
+def snapshot_checks(folder: Path | str = SNAPSHOTS_DIR) -> list[dict[str, Any]]:
+    """memlab's caching allocator model against each published snapshot in ``folder``: one row per file, with its
+    source, the events replayed, the segments the allocator held when the history began (rebuilt first), the
+    segments the GPU and the model made during it and whether they agree (sizes, in order; ``first_difference``
+    where not), whether the final layouts agree, and the GPU's and the model's reserved bytes at the end
+    (:func:`memlab.measure.snapshot.segment_check`). Published GPU data replayed on a CPU; nothing is fitted."""
+    import json
+
+    from memlab.measure.snapshot import expand_reduced, segment_check
+
+    out = []
+    for path in sorted(Path(folder).glob("*.json")):
+        reduced = json.loads(path.read_text())
+        r = segment_check(expand_reduced(reduced))
+        gpu, model = r["snapshot_reserved_bytes"], r["model_end_reserved_bytes"]
+        pairs = list(zip(r["snapshot"], r["model"], strict=False))
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b),
+                     None if len(r["snapshot"]) == len(r["model"]) else len(pairs))
+        out.append({"snapshot": path.stem, "source": reduced["provenance"].get("source", ""),
+                    "note": reduced["provenance"].get("note", ""), "events": len(reduced["events"]),
+                    "seeded_segments": r["seeded_segments"], "gpu_segments_made": len(r["snapshot"]),
+                    "model_segments_made": len(r["model"]), "segments_match": r["match"],
+                    "first_difference": first, "layout_match": r["layout_match"], "gpu_reserved_bytes": gpu,
+                    "model_reserved_bytes": model, "reserved_error": (model - gpu) / gpu if gpu else 0.0,
+                    "unplaced": r["source"]})
+    return out

@@ -16,7 +16,11 @@
   file (its own, a user's, a published one) never runs code; :func:`snapshot_timeline` reads files through it.
 - :func:`snapshot_allocation_log` and :func:`segment_check`: a snapshot's device trace as the allocation log the
   allocator model replays (:mod:`memlab.predict.gpu.replay`), and the segments torch cudaMalloc'd beside the ones
-  the model would, so the model can be checked byte for byte against a real run.
+  the model would, so the model can be checked byte for byte against a real run; :func:`seed_events` rebuilds the
+  segments the allocator held before the history began, so a snapshot recorded mid-run compares from its start.
+- :func:`reduce_snapshot` / :func:`expand_reduced`: what the check reads of a snapshot as a small JSON (no frames,
+  addresses replaced by their rank), so a snapshot can be shared and checked offline
+  (``data/published/allocator_snapshots/``).
 
 Both need CUDA for real data; :func:`snapshot_timeline` also reads a snapshot dict, which is how it is tested on
 a CPU. Introduced for chapter 01 (anatomy of an OOM).
@@ -175,19 +179,142 @@ def snapshot_allocation_log(snapshot: dict[str, Any] | str | Path, device: int =
 _GROWS = ("segment_alloc", "segment_map")
 
 
+def _snapshot_dict(snapshot: dict[str, Any] | str | Path) -> dict[str, Any]:
+    return snapshot if isinstance(snapshot, dict) else load_snapshot(snapshot)
+
+
+def seed_events(snapshot: dict[str, Any] | str | Path, device: int = 0) -> list[tuple[int, int] | tuple[int]]:
+    """Events that rebuild, in an empty allocator model, the segments the allocator already held when the snapshot's
+    history began (a segment of the final ``segments`` list whose address no ``segment_alloc`` of the trace made),
+    with the blocks that stayed live through the whole trace (allocated blocks whose address the trace never
+    allocates) where they sit and the rest of each segment free, so the model starts where the GPU's allocator
+    started. Each segment is filled in address order (a live-through block as itself; the free stretch between
+    them as one block, or in a small-pool segment as pieces of at most 1 MiB, the small pool's largest request)
+    and the free stretches are released at the end, so they merge as the allocator merges them. Keys are negative
+    (a snapshot's keys are addresses). A block allocated before the history and freed during it is not placed (its
+    place is not recorded): :func:`snapshot_allocation_log` counts those frees. Expandable segments are not
+    seeded."""
+    from memlab.predict.gpu.alloc_conf import K_SMALL_SIZE
+
+    snap = _snapshot_dict(snapshot)
+    trace = _device_trace(snap, device)
+    grown = {ev.get("addr") for ev in trace if ev.get("action") in _GROWS}
+    allocated = {ev.get("addr") for ev in trace if ev.get("action") == "alloc"}
+    events: list[tuple[int, int] | tuple[int]] = []
+    frees: list[tuple[int]] = []
+    key = -1
+    for seg in sorted(snap.get("segments", ()), key=lambda x: x.get("address", 0)):
+        if seg.get("device", device) != device or seg.get("address") in grown or seg.get("is_expandable"):
+            continue
+        small = seg.get("segment_type") == "small"
+        for size, kept in _stretches(seg, allocated):
+            pieces = ([size] if kept or not small
+                      else [min(K_SMALL_SIZE, size - i) for i in range(0, size, K_SMALL_SIZE)])
+            for piece in pieces:
+                events.append((key, piece))
+                if not kept:
+                    frees.append((key,))
+                key -= 1
+    return events + frees
+
+
+def _stretches(segment: dict[str, Any], allocated: set[Any]) -> list[tuple[int, bool]]:
+    """A segment's blocks in address order as (bytes, live through the trace), free neighbours merged."""
+    out: list[tuple[int, bool]] = []
+    for block in segment.get("blocks", ()):
+        kept = block.get("state") == "active_allocated" and block.get("address") not in allocated
+        size = int(block.get("size", 0))
+        if out and not kept and not out[-1][1]:
+            out[-1] = (out[-1][0] + size, False)
+        else:
+            out.append((size, kept))
+    return out
+
+
 def segment_check(snapshot: dict[str, Any] | str | Path, config: AllocatorConfig | None = None,
                   device: int = 0) -> dict[str, Any]:
     """The segments torch cudaMalloc'd (or mapped, with expandable segments) in a snapshot's device trace beside
     those the allocator model cudaMallocs replaying the same allocations (:func:`snapshot_allocation_log`), in
-    order: ``snapshot`` and ``model`` (lists of (action, bytes)), ``match``, and the model's peaks. Releases are
-    not compared: an ``empty_cache()`` call frees segments, and the trace does not say when the program made one.
-    ``config`` must be the ``PYTORCH_CUDA_ALLOC_CONF`` the run used (torch's defaults when None)."""
-    seen = [(ev["action"], int(ev.get("size", 0))) for ev in _device_trace(snapshot, device)
+    order: ``snapshot`` and ``model`` (lists of (action, bytes)), ``match``, and the model's peaks. The segments the
+    allocator held before the history began are rebuilt first (:func:`seed_events`; ``seeded_segments`` says how
+    many), so a snapshot recorded mid-run compares from the same start. Releases are not compared: an
+    ``empty_cache()`` call frees segments, and the trace does not say when the program made one. ``config`` must be
+    the ``PYTORCH_CUDA_ALLOC_CONF`` the run used (torch's defaults when None). ``layout_match``: whether the model's
+    segments at the end hold the snapshot's blocks (sizes, in use or free, in address order), segment by segment."""
+    from memlab.predict.gpu.allocator import CachingAllocatorModel
+    from memlab.predict.gpu.replay import _apply_event
+
+    snap = _snapshot_dict(snapshot)
+    seen = [(ev["action"], int(ev.get("size", 0))) for ev in _device_trace(snap, device)
             if ev.get("action") in _GROWS]
-    r = replay(snapshot_allocation_log(snapshot, device), config)
-    model = [(action, size) for action, size in r.segment_log if action in _GROWS]
-    return {"snapshot": seen, "model": model, "match": seen == model, "model_reserved_peak_bytes":
-            r.total.reserved_bytes, "model_requested_peak_bytes": r.total.requested_bytes, "fits": r.fits}
+    seed = seed_events(snap, device)
+    m = CachingAllocatorModel(config)
+    live: dict[int, Any] = {}
+    for i, ev in enumerate(seed):
+        _apply_event(m, live, i, ev)
+    seeded = len(m.segment_log)
+    log = snapshot_allocation_log(snap, device)
+    r = replay(AllocationLog(tuple(seed) + log.events, (), log.source), config)
+    model = [(action, size) for action, size in r.segment_log[seeded:] if action in _GROWS]
+    for i, ev in enumerate(log.events):
+        _apply_event(m, live, i, ev)
+    layout = sorted(tuple(seg) for seg in m.segments()) == sorted(
+        tuple((int(b.get("size", 0)), b.get("state") != "inactive") for b in seg.get("blocks", ()))
+        for seg in snap.get("segments", ()) if seg.get("device", device) == device)
+    return {"snapshot": seen, "model": model, "match": seen == model, "seeded_segments": seeded,
+            "layout_match": layout, "model_reserved_peak_bytes": r.total.reserved_bytes,
+            "model_end_reserved_bytes": r.total.end_reserved_bytes,
+            "snapshot_reserved_bytes": sum(int(x.get("total_size", 0)) for x in snap.get("segments", ())
+                                           if x.get("device", device) == device),
+            "model_requested_peak_bytes": r.total.requested_bytes, "fits": r.fits, "source": log.source}
+
+
+_REDUCED_ACTIONS = ("alloc", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
+REDUCED_FORMAT = "memlab reduced allocator snapshot v1"
+"""The ``format`` key of :func:`reduce_snapshot`'s dict."""
+
+
+def reduce_snapshot(snapshot: dict[str, Any] | str | Path, device: int = 0, *,
+                    provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What :func:`segment_check` reads of a snapshot, as a small JSON-ready dict: the device trace's allocator
+    events (action, address rank, bytes) and the final segments' blocks (bytes, state, address rank). Addresses are
+    replaced by their rank among the snapshot's addresses (order and identity kept, nothing else); no frame, file
+    or stack is kept, so a snapshot can be shared and checked without the program that made it. ``provenance``
+    (where the snapshot came from) is stored beside. :func:`expand_reduced` gives back a snapshot-shaped dict."""
+    snap = _snapshot_dict(snapshot)
+    trace = [ev for ev in _device_trace(snap, device) if ev.get("action") in _REDUCED_ACTIONS]
+    segs = [seg for seg in snap.get("segments", ()) if seg.get("device", device) == device]
+    addrs = sorted({ev.get("addr") for ev in trace if isinstance(ev.get("addr"), int)}
+                   | {seg.get("address") for seg in segs} | {b.get("address") for seg in segs
+                                                           for b in seg.get("blocks", ()) if "address" in b})
+    rank = {a: i for i, a in enumerate(addrs)}
+    return {"format": REDUCED_FORMAT, "provenance": provenance or {},
+            "events": [[_REDUCED_ACTIONS.index(ev["action"]), rank[ev.get("addr")], int(ev.get("size", 0))]
+                       for ev in trace],
+            "segments": [{"address": rank[seg.get("address")], "total_size": int(seg.get("total_size", 0)),
+                          "segment_type": seg.get("segment_type", "large"),
+                          "is_expandable": bool(seg.get("is_expandable", False)),
+                          "blocks": [[int(b.get("size", 0)), b.get("state", ""), rank.get(b.get("address"), -1)]
+                                     for b in seg.get("blocks", ())]} for seg in segs]}
+
+
+def expand_reduced(reduced: dict[str, Any] | str | Path) -> dict[str, Any]:
+    """A :func:`reduce_snapshot` dict (or its JSON file) as the snapshot-shaped dict :func:`segment_check` and
+    :func:`snapshot_allocation_log` read (device 0). A file of another format is one :class:`MemlabError` line."""
+    d = reduced
+    if not isinstance(d, dict):
+        try:
+            d = json.loads(Path(reduced).read_text())
+        except (OSError, ValueError) as exc:
+            raise MemlabError(f"cannot read a reduced snapshot from {reduced}: {exc}") from None
+    if not isinstance(d, dict) or d.get("format") != REDUCED_FORMAT:
+        raise MemlabError(f"not a reduced allocator snapshot (format {REDUCED_FORMAT!r}): {str(reduced)[:80]}")
+    trace = [{"action": _REDUCED_ACTIONS[a], "addr": k, "size": n, "stream": 0} for a, k, n in d["events"]]
+    segments = [{"device": 0, "address": seg["address"], "total_size": seg["total_size"], "stream": 0,
+                 "segment_type": seg["segment_type"], "is_expandable": seg["is_expandable"],
+                 "blocks": [{"size": n, "state": state, "address": k} for n, state, k in seg["blocks"]]}
+                for seg in d["segments"]]
+    return {"segments": segments, "device_traces": [trace]}
 
 
 _PROBE = r"""
