@@ -134,14 +134,18 @@ def test_fits_agrees_with_the_formula_search_at_its_certain_end() -> None:
     assert not fits(cfg, "rtx-4090", setup.with_(batch=found.value + 1)).fits
 
 
-def test_memlab_trace_searches_by_tracing(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["trace", "tiny-gpt", "--batch", "2", "--seq", "16", "--gpu", "rtx-4090", "--gpu-memory-gib", "0.02",
-            "--cuda-context-mib", "0", "--workspace-mib", "0", "--max-batch", "--json"]
+def test_memlab_trace_searches_by_tracing_with_the_options_honoured(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command line's traced search, the verdict's options honoured on it: --fragmentation fixes the reserve
+    (so the formula's ends meet and two traces settle it), the card and terms are the options'."""
+    argv = ["trace", "tiny-gpt", "--batch", "1", "--seq", "8", "--gpu", "rtx-4090", "--gpu-memory-gib", "0.0105",
+            "--cuda-context-mib", "0", "--workspace-mib", "0", "--fragmentation", "0.1", "--max-batch", "--json"]
     assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     r = out["max_batch"]
     assert r["decided_on"] == DECIDED_ON_TRACE and r["up_to"] == r["value"] and r["formula"]["field"] == "batch"
-    assert r["value"] >= r["formula"]["value"] and r["margin_bytes"] >= 0
+    assert r["value"] >= r["formula"]["value"] > 0 and r["margin_bytes"] >= 0 and len(r["tried"]) <= 3
+    assert r["capacity_bytes"] == round(0.0105 * 2**30)
+    assert [fits for *_, fits in r["tried"]] == [v <= r["value"] for v, *_ in r["tried"]]
 
 
 @pytest.mark.parametrize(("argv", "says"), [
