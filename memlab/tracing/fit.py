@@ -74,7 +74,7 @@ def traced_search(trace_at: Callable[[Setup], Any], setup: Setup, field: str, gp
     reason = (f"{field}={value:,} fits: device-used {p.device_high_bytes / GiB:.2f} GiB, margin "
               f"{p.margin_bytes / GiB:+.2f} GiB" if value else
               f"even {field}=1 does not fit: device-used {p.device_high_bytes / GiB:.2f} GiB > {cap / GiB:.2f} GiB")
-    if over is not None:
+    if over is not None and value:
         reason += (f"; {field}={value + 1:,} does not: device-used {over[1].device_high_bytes / GiB:.2f} GiB"
                    if not over[1].fits else "")
     elif value == top:
