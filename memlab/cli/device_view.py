@@ -90,6 +90,9 @@ def print_peaks(p: Any, gpu_name: str) -> None:
             print(f"  + {t.name:<24}{_span(t.low, t.high):>16} GiB  ({t.source}; outside the allocator)")
     print(f"  = {'device-used peak':<24}{_span(p.device_low_bytes, p.device_high_bytes):>16} GiB  (nvidia-smi; a "
           "range where a source gives one: the verdict takes its high end)")
+    if not p.fits and p.device_low_bytes <= p.capacity_bytes and p.reserved_low_bytes != p.reserved_bytes:
+        print("  the allocator's reserve decides: memlab trace with the same options replays the traced step's "
+              "allocations on this card and gives its number")
 
 
 def _span(low: int, high: int) -> str:
