@@ -225,8 +225,9 @@ recipe_table.round(2)
 # %% [markdown]
 # Checkpointing is what makes the recipe roomy: each block keeps only its input, and one block at a time is
 # recomputed in backward, so the batch can grow several-fold. Without it the adapters' fp32 input copies and the
-# frozen base's activations of every block stay until backward. These are live-tensor peaks: the CUDA context and
-# the caching allocator's reserve come on top on a real card.
+# frozen base's activations of every block stay until backward. The peaks are live tensors; the largest-batch
+# columns add what a real card adds (the CUDA context, cuBLAS workspaces, and the caching allocator's reserve from
+# none to its bound): the batch that fits for certain, and the batch above which nothing fits.
 #
 # **The recipe as QLoRA scripts write it.** Many scripts call peft's `prepare_model_for_kbit_training(model)` before
 # `get_peft_model` `[peft]`. It does two things the table above leaves out:
