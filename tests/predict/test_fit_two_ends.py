@@ -55,7 +55,7 @@ def test_nothing_fits_when_even_the_low_end_does_not() -> None:
 
 def test_serving_rows_and_levers_carry_both_ends() -> None:
     inf = Setup(mode="inference", batch=1, seq=1024, inference_weights="bf16")
-    row = serving_table(preset("llama-2-7b"), inf, "rtx-4090", [1024], limit=64)[0]
+    row = serving_table(preset("llama-2-7b"), inf, "rtx-4090", [1024], limit=54)[0]
     assert 0 < row["max_batch"] <= row["max_batch_up_to"]
     ranked = levers(preset("gpt2"), Setup(batch=16, seq=1024), "rtx-4090")
     words = {r.word() for r in ranked}
@@ -105,25 +105,25 @@ def test_the_allocators_room_is_the_card_less_what_lives_outside_it() -> None:
 def test_the_traced_search_is_the_brute_force_answer_inside_the_formulas_ends() -> None:
     ov = DeviceOverheads(cuda_context_bytes=0, workspace_bytes=0)
     setup = TRAIN
-    setup = setup.with_(seq=16)
-    traces = {b: trace_gpt(TINY, setup.with_(batch=b)) for b in range(1, 7)}
+    setup = setup.with_(seq=8)
+    traces = {b: trace_gpt(TINY, setup.with_(batch=b)) for b in range(1, 6)}
     devices = {b: for_trace(t, setup.with_(batch=b), "rtx-4090", 1, overheads=ov)[0] for b, t in traces.items()}
-    cap = (devices[3].device_high_bytes + devices[4].device_high_bytes) // 2
+    cap = (devices[2].device_high_bytes + devices[3].device_high_bytes) // 2
     card = _card(cap)
-    formula = max_batch(TINY, setup, card, device=ov, limit=6)
+    formula = max_batch(TINY, setup, card, device=ov, limit=5)
     calls: list[int] = []
 
     def trace_at(s: Setup):
         calls.append(s.batch)
         return traces[s.batch]
 
-    found = traced_search(trace_at, setup, "batch", card, formula=formula, limit=6, overheads=ov)
+    found = traced_search(trace_at, setup, "batch", card, formula=formula, limit=5, overheads=ov)
     brute = max(b for b in traces if for_trace(traces[b], setup.with_(batch=b), "rtx-4090", cap,
                                                overheads=ov)[0].fits)
     assert found.value == brute and found.settled and found.decided_on == DECIDED_ON_TRACE
     assert formula.value <= found.value <= formula.up_to
     assert len(set(calls)) <= 5 and found.margin_bytes >= 0
-    alone = traced_search(trace_at, setup, "batch", card, limit=6, overheads=ov)  # no formula: double, bisect
+    alone = traced_search(trace_at, setup, "batch", card, limit=5, overheads=ov)  # no formula: double, bisect
     assert alone.value == brute
 
 
