@@ -6,7 +6,10 @@ plus the caching allocator's reserve, the CUDA context, cuBLAS/cuBLASLt workspac
 apply (:func:`memlab.predict.gpu.device.for_estimate`, the one copy of those terms): "fits" is device-used's high
 end <= the capacity torch reports (a detected device) or the datasheet's (a table row), the margin named. The
 tensor peak (what ``torch.cuda.max_memory_allocated`` counts of the step's tensors) stays beside it in each result.
-This module imports no torch.
+The formula bounds the allocator's reserve but does not give it, so a search answers from both ends
+(:class:`FitSearch`: ``value`` fits for certain, ``up_to`` is where even no reserve stops fitting) and a lever says
+whether the reserve decides; :func:`memlab.tracing.fit.traced_search` settles between the ends by replaying the
+traced step's allocations. This module imports no torch.
 """
 
 from __future__ import annotations
