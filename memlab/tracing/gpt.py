@@ -113,6 +113,11 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
     check_trace_setup(setup, device_type, fake)
+    if fake and config.n_experts > 1:
+        raise SetupError(f"{config.name}: the reference MoE routes each token by its router's values "
+                         "(torch.nonzero), which fake tensors do not have: trace rank 0 under expert parallelism with "
+                         "balanced routing (memlab.tracing.experts.trace_gpt_ep), run it for real at a small size "
+                         "(fake=False), or take the formula's answer (memlab estimate)")
     if setup.task not in ("auto", "causal-lm"):
         raise SetupError(f"task={setup.task!r}: the reference GPT is a causal LM; trace a Hugging Face config with "
                          "that head (memlab.tracing.hf.trace_hf)")

@@ -11,6 +11,7 @@ from memlab.predict.parallel.experts import expert_estimate
 from memlab.predict.spec.model import TransformerConfig, preset
 from memlab.predict.spec.setup import Setup
 from memlab.tracing.experts import trace_gpt_ep
+from memlab.tracing.gpt import trace_gpt
 
 SHAPES = [
     (preset("tiny-moe").with_(n_layers=1, vocab_size=128, n_experts=4), Setup(batch=2, seq=16, world_size=2, ep=2)),
@@ -44,8 +45,18 @@ def test_trace_refuses_what_it_does_not_run() -> None:
 
 
 def test_other_traces_refuse_ep() -> None:
-    from memlab.tracing.gpt import trace_gpt
-
     with pytest.raises(SetupError, match="trace_gpt_ep") as info:
         trace_gpt(preset("tiny-moe"), Setup(ep=2, world_size=2, zero_stage=3, seq=16))
     assert "\n" not in str(info.value)
+
+
+def test_the_reference_moe_on_one_device_is_refused_in_one_line_on_fake_tensors(capsys) -> None:
+    """Its routing reads the router's values (torch.nonzero), which fake tensors lack: one line naming the ways out,
+    never a DynamicOutputShapeException traceback (found by the generated traced-search test)."""
+    from memlab import cli
+
+    with pytest.raises(SetupError, match="routes each token by its router's values"):
+        trace_gpt(preset("tiny-moe"), Setup(batch=1, seq=8))
+    assert cli.main(["trace", "tiny-moe", "--batch", "1", "--seq", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trace_gpt_ep" in err[0] and "memlab estimate" in err[0]
