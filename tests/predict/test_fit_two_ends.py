@@ -159,3 +159,31 @@ def test_memlab_trace_refuses_the_formulas_searches_in_one_line(argv: list[str],
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in out + err
+
+
+@pytest.mark.wide
+@pytest.mark.parametrize("seed", range(16))
+def test_on_generated_steps_the_traced_answer_lies_between_the_formulas_ends(seed: int) -> None:
+    """Drawn setups (model, sequence, precision, recompute, card): the formula's certain end fits on the trace's
+    replay, its upper end + 1 does not (the trace's tensors are the formula's where it is exact), and the traced
+    search is the brute-force answer over every batch up to there."""
+    import random
+
+    rng = random.Random(seed)
+    cfg = preset(rng.choice(["tiny-gpt", "tiny-llama"]))  # the reference MoE is refused on fake tensors
+    setup = Setup(batch=1, seq=rng.choice([8, 16, 32]), precision=rng.choice(["fp32", "amp-bf16", "bf16"]),
+                  recompute=rng.choice(["none", "full"]))
+    ov = DeviceOverheads(cuda_context_bytes=0, workspace_bytes=0)
+    top = 12
+    traces = {b: trace_gpt(cfg, setup.with_(batch=b)) for b in range(1, top + 1)}
+    used = {b: for_trace(t, setup.with_(batch=b), "rtx-4090", 1, overheads=ov)[0].device_high_bytes
+            for b, t in traces.items()}
+    k = rng.randint(1, top - 1)
+    card = _card((used[k] + used[k + 1]) // 2 if used[k + 1] > used[k] else used[k])
+    formula = max_batch(cfg, setup, card, device=ov, limit=top)
+    found = traced_search(lambda s: traces[s.batch], setup, "batch", card, formula=formula, limit=top, overheads=ov)
+    brute = max((b for b, t in traces.items()
+                 if for_trace(t, setup.with_(batch=b), "rtx-4090", card.memory_bytes, overheads=ov)[0].fits),
+                default=0)
+    assert found.value == brute, (seed, found.reason)
+    assert formula.value <= brute <= formula.up_to, (seed, cfg.name, setup, formula.reason, brute)
