@@ -489,22 +489,35 @@ display(Markdown(
 
 # %%
 snapshots = pd.DataFrame(snapshot_checks())
-snapshots.assign(**{"reserved at the end, GPU (MiB)": snapshots["gpu_reserved_bytes"] / MiB,
+snapshots.assign(**{"segments made, GPU / model": [f"{g} / {m}" for g, m in zip(
+                        snapshots["gpu_segments_made"], snapshots["model_segments_made"], strict=True)],
+                    "same segments, in order": snapshots["segments_match"].map({True: "yes", False: "no"}),
+                    "same final layout": snapshots["layout_match"].map({True: "yes", False: "no"}),
+                    "reserved at the end, GPU (MiB)": snapshots["gpu_reserved_bytes"] / MiB,
                     "model (MiB)": snapshots["model_reserved_bytes"] / MiB,
                     "model vs GPU (%)": 100 * snapshots["reserved_error"],
-                    "segments made, GPU / model": [f"{g} / {m}" for g, m in zip(
-                        snapshots["gpu_segments_made"], snapshots["model_segments_made"], strict=True)]})[
-    ["snapshot", "events", "segments made, GPU / model", "segments_match", "layout_match",
-     "reserved at the end, GPU (MiB)", "model (MiB)", "model vs GPU (%)"]].round(2)
+                    "frees of blocks from before the history": snapshots["unplaced_frees"]})[
+    ["snapshot", "events", "segments made, GPU / model", "same segments, in order", "same final layout",
+     "reserved at the end, GPU (MiB)", "model (MiB)", "model vs GPU (%)",
+     "frees of blocks from before the history"]].round(2)
 
 # %%
 exact = snapshots[snapshots["segments_match"] & snapshots["layout_match"]]
+misses = snapshots.drop(exact.index)
+unplaced = misses[misses["unplaced_frees"] > 0]
+unexplained = misses[misses["unplaced_frees"] == 0]
 display(Markdown(
     f"In {len(exact)} of {len(snapshots)} published snapshots the model makes the GPU's segments in order and ends "
-    "with its layout and reserved bytes exactly. The others miss by at most "
-    f"{100 * snapshots['reserved_error'].abs().max():.2f} % of the reserved bytes, and each miss has a reason: "
-    "blocks allocated before recording and freed during it, whose places the snapshot does not record, or a torch "
-    "version the snapshot does not name."))
+    "with its layout and reserved bytes exactly."
+    + (f" {len(misses)} miss, by at most {100 * misses['reserved_error'].abs().max():.2f} % of the reserved bytes."
+       if len(misses) else "")
+    + (f" In {', '.join(unplaced['snapshot'])} the history frees blocks allocated before it began "
+       f"({', '.join(f'{n:,}' for n in unplaced['unplaced_frees'])}), whose places the snapshot does not record, so "
+       "the model cannot start where the GPU started." if len(unplaced) else "")
+    + (f" In {', '.join(unexplained['snapshot'])} the start is recorded whole and the model still differs from the "
+       "GPU's segment number " + ", ".join(str(int(i) + 1) for i in unexplained["first_difference"])
+       + ": the snapshot names no torch version or allocator settings, and the cause is not found." if len(unexplained)
+       else "")))
 
 # %% [markdown]
 # **Got an OOM? Read these, in this order.** The message (section 1), then `torch.cuda.memory_stats()` at the

@@ -128,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         total = torch.cuda.get_device_properties(0).total_memory
         cap = int(args.cap_gib * 2**30)
         torch.cuda.set_per_process_memory_fraction(cap / total)
-        key = (detect().accelerator.key if detect().accelerator else "h100-sxm")
+        info = detect(measure_cpu_peak=False)
+        if info.accelerator is None:
+            print(f"record_max_batch: {info.name} is not in memlab's GPU table (memlab gpus), so its cuBLAS "
+                  "workspace size is unknown; add its row first", file=sys.stderr)
+            return 2
+        key = info.accelerator.key
         cases = CASES
     card = replace(gpu(key), key=key, memory_bytes=cap)
     rows = []

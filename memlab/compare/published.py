@@ -259,7 +259,8 @@ def snapshot_checks(folder: Path | str = SNAPSHOTS_DIR) -> list[dict[str, Any]]:
     """memlab's caching allocator model against each published snapshot in ``folder``: one row per file, with its
     source, the events replayed, the segments the allocator held when the history began (rebuilt first), the
     segments the GPU and the model made during it and whether they agree (sizes, in order; ``first_difference``
-    where not), whether the final layouts agree, and the GPU's and the model's reserved bytes at the end
+    where not), whether the final layouts agree, the GPU's and the model's reserved bytes at the end, and the
+    frees of blocks allocated before the history (``unplaced_frees``: a start no seed can rebuild whole)
     (:func:`memlab.measure.snapshot.segment_check`). Published GPU data replayed on a CPU; nothing is fitted."""
     import json
 
@@ -279,5 +280,5 @@ def snapshot_checks(folder: Path | str = SNAPSHOTS_DIR) -> list[dict[str, Any]]:
                     "model_segments_made": len(r["model"]), "segments_match": r["match"],
                     "first_difference": first, "layout_match": r["layout_match"], "gpu_reserved_bytes": gpu,
                     "model_reserved_bytes": model, "reserved_error": (model - gpu) / gpu if gpu else 0.0,
-                    "unplaced": r["source"]})
+                    "unplaced_frees": r["unplaced_frees"]})
     return out

@@ -158,6 +158,13 @@ def snapshot_allocation_log(snapshot: dict[str, Any] | str | Path, device: int =
     allocator model replays. A free of a block allocated before recording began is left out (its allocation is not
     in the trace); how many is said in the log's ``source``. A snapshot recorded from an empty cache (after
     ``torch.cuda.empty_cache()``) gives the model the allocator's whole history."""
+    events, dropped = _history(snapshot, device)
+    return AllocationLog(events, (), f"snapshot device {device} trace ({dropped} frees of blocks allocated "
+                                     "before recording left out)")
+
+
+def _history(snapshot: dict[str, Any] | str | Path, device: int) -> tuple[tuple[Any, ...], int]:
+    """(the trace's allocations and frees as replay events, the frees of blocks allocated before recording)."""
     events: list[tuple[int, int] | tuple[int]] = []
     live: set[int] = set()
     dropped = 0
@@ -172,8 +179,7 @@ def snapshot_allocation_log(snapshot: dict[str, Any] | str | Path, device: int =
                 live.discard(addr)
             else:
                 dropped += 1
-    return AllocationLog(tuple(events), (), f"snapshot device {device} trace ({dropped} frees of blocks allocated "
-                                            "before recording left out)")
+    return tuple(events), dropped
 
 
 _GROWS = ("segment_alloc", "segment_map")
@@ -240,7 +246,8 @@ def segment_check(snapshot: dict[str, Any] | str | Path, config: AllocatorConfig
     many), so a snapshot recorded mid-run compares from the same start. Releases are not compared: an
     ``empty_cache()`` call frees segments, and the trace does not say when the program made one. ``config`` must be
     the ``PYTORCH_CUDA_ALLOC_CONF`` the run used (torch's defaults when None). ``layout_match``: whether the model's
-    segments at the end hold the snapshot's blocks (sizes, in use or free, in address order), segment by segment."""
+    segments at the end hold the snapshot's blocks (sizes, in use or free, in address order), segment by segment;
+    ``unplaced_frees``: frees of blocks allocated before the history, which no seed can place."""
     from memlab.predict.gpu.allocator import CachingAllocatorModel
     from memlab.predict.gpu.replay import _apply_event
 
@@ -254,6 +261,7 @@ def segment_check(snapshot: dict[str, Any] | str | Path, config: AllocatorConfig
         _apply_event(m, live, i, ev)
     seeded = len(m.segment_log)
     log = snapshot_allocation_log(snap, device)
+    unplaced = _history(snap, device)[1]
     r = replay(AllocationLog(tuple(seed) + log.events, (), log.source), config)
     model = [(action, size) for action, size in r.segment_log[seeded:] if action in _GROWS]
     for i, ev in enumerate(log.events):
@@ -266,7 +274,8 @@ def segment_check(snapshot: dict[str, Any] | str | Path, config: AllocatorConfig
             "model_end_reserved_bytes": r.total.end_reserved_bytes,
             "snapshot_reserved_bytes": sum(int(x.get("total_size", 0)) for x in snap.get("segments", ())
                                            if x.get("device", device) == device),
-            "model_requested_peak_bytes": r.total.requested_bytes, "fits": r.fits, "source": log.source}
+            "model_requested_peak_bytes": r.total.requested_bytes, "fits": r.fits, "source": log.source,
+            "unplaced_frees": unplaced}
 
 
 _REDUCED_ACTIONS = ("alloc", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
