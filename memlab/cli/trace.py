@@ -130,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
         parse_alloc_conf(alloc_conf_text(args))  # a bad setting is one line before the trace, not after
     _refuse_formula_searches(args)
     with warnings.catch_warnings(record=True) as caught:
-        result, setup, predicted, extra, trace_at, config = _trace(args)
-        found = _searches(args, setup, config if predicted is not None else None, trace_at)
+        result, setup, predicted, extra, trace_at, config, seq_limit = _trace(args)
+        found = _searches(args, setup, config if predicted is not None else None, trace_at, seq_limit)
     for w in caught:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     code = print_trace(args, result, setup, predicted, extra={**extra, **found} if args.json else extra)
@@ -152,10 +152,11 @@ def _refuse_formula_searches(args: argparse.Namespace) -> None:
         raise MemlabError(f"{flag} searches what fits a card: add --gpu NAME (see memlab gpus)")
 
 
-def _searches(args: argparse.Namespace, setup: Any, config: Any, trace_at: Any) -> dict[str, Any]:
+def _searches(args: argparse.Namespace, setup: Any, config: Any, trace_at: Any,
+              seq_limit: int | None) -> dict[str, Any]:
     """``--max-batch`` / ``--longest-seq`` by tracing (:func:`memlab.tracing.fit.traced_search`), between the
-    formula's two ends where the formula answers (``config``: its model, None where it does not); {} when neither
-    is asked."""
+    formula's two ends where the formula answers (``config``: its model, None where it does not); ``seq_limit``:
+    the model's longest sequence (its position table), the sequence search's bound. {} when neither is asked."""
     asked = [(k, f) for k, f, on in (("max_batch", "batch", args.max_batch), ("max_seq", "seq", args.longest_seq))
              if on]
     if not asked:
@@ -171,7 +172,10 @@ def _searches(args: argparse.Namespace, setup: Any, config: Any, trace_at: Any) 
         formula = None
         limit = None
         if field == "seq":
-            limit = config.max_seq if config is not None else None
+            if seq_limit is None:
+                raise MemlabError("--longest-seq needs the model's longest sequence, and its config names none "
+                                  "(max_position_embeddings, n_positions, ...): search --max-batch at a --seq instead")
+            limit = seq_limit
         if config is not None:
             search = max_batch if field == "batch" else max_seq
             formula = search(config, setup, gpu, device=ov)
@@ -179,6 +183,19 @@ def _searches(args: argparse.Namespace, setup: Any, config: Any, trace_at: Any) 
                               alloc_conf=conf, progress=lambda line: print(f"memlab: {line}", file=sys.stderr))
         out[key] = {**found.to_dict(), "formula": formula.to_dict() if formula is not None else None}
     return out
+
+
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+"""Where Hugging Face configs name their longest sequence (the position table transformers builds)."""
+
+
+def _positions(raw: dict[str, Any]) -> int | None:
+    """The longest sequence a Hugging Face config names (:data:`_POSITION_KEYS`, the first whole number), else None."""
+    for key in _POSITION_KEYS:
+        value = raw.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _print_searches(found: dict[str, Any]) -> None:
@@ -189,9 +206,9 @@ def _print_searches(found: dict[str, Any]) -> None:
         print(f"  decided on {r['decided_on']}")
 
 
-def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], Any, Any]:
+def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], Any, Any, int | None]:
     """(trace, setup, formula or None, what --json says about the model, a function tracing the same target under
-    another setup, the model's TransformerConfig or None) of the command's target."""
+    another setup, the model's TransformerConfig or None, its longest sequence or None) of the command's target."""
     from memlab.predict.estimate import estimate
     from memlab.predict.spec.versions import unverified_line
 
@@ -217,10 +234,11 @@ def _trace(args: argparse.Namespace) -> tuple[Any, Any, Any, dict[str, Any], Any
             refused = coverage.refusal(model, setup)
         return (result, setup, predicted, model_info(model, source="trace", config=raw, refused=refused,
                                                      task=setup.task),
-                lambda s: trace_config(args, target, s)[0], model)
+                lambda s: trace_config(args, target, s)[0], model,
+                model.max_seq if model is not None else _positions(raw))
     from memlab.tracing.gpt import trace_gpt
 
     setup = _setup(args, target)
     result = trace_gpt(target, setup)
     return (result, setup, estimate(target, setup), model_info(target, source="trace"),
-            lambda s: trace_gpt(target, s), target)
+            lambda s: trace_gpt(target, s), target, target.max_seq)

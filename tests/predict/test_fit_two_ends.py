@@ -187,3 +187,20 @@ def test_on_generated_steps_the_traced_answer_lies_between_the_formulas_ends(see
                 default=0)
     assert found.value == brute, (seed, found.reason)
     assert formula.value <= brute <= formula.up_to, (seed, cfg.name, setup, formula.reason, brute)
+
+
+def test_the_traced_sequence_search_stops_at_the_models_position_table(tmp_path, capsys) -> None:
+    """A Hugging Face config's longest sequence bounds --longest-seq (a trace past it would be refused), read from
+    the config where the formula does not answer."""
+    from memlab.cli.trace import _positions
+
+    cfg = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 64}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    argv = ["trace", "--hf", str(path), "--batch", "1", "--seq", "16", "--gpu", "rtx-4090", "--gpu-memory-gib",
+            "0.02", "--cuda-context-mib", "0", "--workspace-mib", "0", "--longest-seq", "--json"]
+    assert cli.main(argv) == 0
+    r = json.loads(capsys.readouterr().out)["max_seq"]
+    assert 0 < r["value"] <= 64 and all(v <= 64 for v, *_ in r["tried"])
+    assert _positions(cfg) == 64 and _positions({"max_position_embeddings": 4096, "n_positions": 9}) == 4096
+    assert _positions({"hidden_size": 8}) is None and _positions({"n_ctx": True}) is None
