@@ -113,11 +113,11 @@ def trace_gpt(config: TransformerConfig, setup: Setup, *, fake: bool = True, dev
     if not isinstance(config, TransformerConfig):
         raise SetupError(f"trace_gpt needs a TransformerConfig, got {type(config).__name__}")
     check_trace_setup(setup, device_type, fake)
-    if fake and config.n_experts > 1:
-        raise SetupError(f"{config.name}: the reference MoE routes each token by its router's values "
-                         "(torch.nonzero), which fake tensors do not have: trace rank 0 under expert parallelism with "
-                         "balanced routing (memlab.tracing.experts.trace_gpt_ep), run it for real at a small size "
-                         "(fake=False), or take the formula's answer (memlab estimate)")
+    if fake and config.is_moe:  # training and inference alike
+        raise SetupError(f"{config.name}: the reference mixture of experts routes each token by its router's values "
+                         "(torch.nonzero), which fake tensors do not have: trace rank 0 of a training step under "
+                         "expert parallelism with balanced routing (memlab.tracing.experts.trace_gpt_ep), run it for "
+                         "real at a small shape (fake=False), or take the formula's answer (memlab estimate)")
     if setup.task not in ("auto", "causal-lm"):
         raise SetupError(f"task={setup.task!r}: the reference GPT is a causal LM; trace a Hugging Face config with "
                          "that head (memlab.tracing.hf.trace_hf)")
@@ -160,9 +160,6 @@ def _trace_inference(config: TransformerConfig, setup: Setup, *, fake: bool) -> 
     """
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-    if config.is_moe and fake:
-        raise SetupError("traced inference of a mixture of experts routes tokens by value (the router's nonzero), "
-                         "which a fake tensor does not have: trace it with fake=False at a small shape")
     try:
         return _inference_phases(config, setup, fake=fake)
     except (DataDependentOutputException, DynamicOutputShapeException) as exc:
